@@ -1,0 +1,123 @@
+//! Fixed window.
+//!
+//! Time is cut into windows of the quota's length, aligned to the clock's epoch (so every key
+//! shares the same boundaries), and each key counts the units it spends in the current window.
+//! **Limit**: units per window. **Burst**: none; a fresh window allows the whole limit at once.
+//! **Remaining**: limit minus the units spent in the current window. **Reset**: the time until
+//! the current window ends (zero for a key with nothing spent). **Retry after**: the same time,
+//! since the next window starts empty; a request whose cost exceeds the limit is never admitted.
+//! Across a boundary a client can spend the limit at the end of one window and again at the start
+//! of the next: up to **twice the limit** in any window-long span. Memory per key: two integers
+//! (window start, count).
+
+use super::Verdict;
+use crate::quota::Quota;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct FixedWindow {
+    pub(crate) limit: u64,
+    pub(crate) window: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct State {
+    pub(crate) start: u64,
+    pub(crate) count: u64,
+}
+
+impl FixedWindow {
+    pub(crate) fn new(quota: Quota) -> Self {
+        FixedWindow {
+            limit: quota.limit() as u64,
+            window: quota.window_us(),
+        }
+    }
+
+    /// The current window's start and count. A state from a later window (the clock went
+    /// back) is kept as the current one.
+    fn current(&self, state: Option<&State>, now: u64) -> (u64, u64) {
+        let start = now - now % self.window;
+        match state {
+            Some(s) if s.start >= start => (s.start, s.count),
+            _ => (start, 0),
+        }
+    }
+
+    pub(crate) fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
+        let (start, count) = self.current(state, now);
+        let window_left = (start + self.window).saturating_sub(now);
+        let remaining = self.limit.saturating_sub(count);
+        if cost > self.limit {
+            return Verdict::deny(remaining, reset(count, window_left), None);
+        }
+        if count + cost <= self.limit {
+            Verdict::allow(remaining - cost, reset(count + cost, window_left))
+        } else {
+            Verdict::deny(remaining, reset(count, window_left), Some(window_left))
+        }
+    }
+
+    pub(crate) fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
+        let (start, count) = self.current(state.as_ref(), now);
+        *state = Some(State {
+            start,
+            count: count + cost,
+        });
+        start + self.window
+    }
+}
+
+fn reset(count: u64, window_left: u64) -> u64 {
+    if count == 0 { 0 } else { window_left }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fw(limit: u32, window_us: u64) -> FixedWindow {
+        FixedWindow::new(Quota::new(limit, std::time::Duration::from_micros(window_us)).unwrap())
+    }
+
+    /// (time, cost) -> (allowed, remaining, reset, retry)
+    #[test]
+    fn table() {
+        let a = fw(3, 1000);
+        let mut st = None;
+        let cases: &[(u64, u64, bool, u64, u64, Option<u64>)] = &[
+            (10_000, 1, true, 2, 1000, None),
+            (10_100, 1, true, 1, 900, None),
+            (10_500, 1, true, 0, 500, None),
+            (10_999, 1, false, 0, 1, Some(1)),
+            (11_000, 2, true, 1, 1000, None),
+            (11_001, 2, false, 1, 999, Some(999)),
+            (11_001, 4, false, 1, 999, None),
+            (11_002, 0, true, 1, 998, None),
+            (13_500, 3, true, 0, 500, None),
+        ];
+        for &(t, cost, allowed, remaining, reset, retry) in cases {
+            let v = a.evaluate(st.as_ref(), t, cost);
+            assert_eq!(
+                v,
+                Verdict {
+                    allowed,
+                    remaining,
+                    reset_after_us: reset,
+                    retry_after_us: retry
+                },
+                "at t={t} cost={cost}"
+            );
+            if v.allowed {
+                a.commit(&mut st, t, cost);
+            }
+        }
+    }
+
+    #[test]
+    fn clock_going_back_keeps_the_later_window() {
+        let a = fw(1, 1000);
+        let mut st = None;
+        a.commit(&mut st, 5_500, 1);
+        assert!(!a.evaluate(st.as_ref(), 4_900, 1).allowed);
+    }
+}

@@ -1,0 +1,117 @@
+//! GCRA, the generic cell rate algorithm.
+//!
+//! Each key stores one number, its theoretical arrival time (TAT): when the key would be fully
+//! rested if it spent at exactly the quota's rate. A unit costs one emission interval
+//! `T = window / limit`, rounded **up** to a whole microsecond so the rate never exceeds the
+//! quota. A request of `cost` units is admitted when `max(TAT, now) + cost·T − now ≤ burst·T`.
+//! **Limit** reported to clients: the burst (default: the limit). **Burst**: how many units a
+//! rested key may spend at once. **Remaining**: how many more units could be spent right now.
+//! **Reset**: the time until the key is fully rested (`TAT − now`). **Retry after**: the time
+//! until the request fits in the tolerance; a request whose cost exceeds the burst is never
+//! admitted. It admits exactly what a token bucket of the same burst and rate admits, with one
+//! integer of state. Memory per key: one integer.
+
+use super::{Algorithm, Verdict, check_exact};
+use crate::error::ConfigError;
+use crate::quota::Quota;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Gcra {
+    /// Emission interval in microseconds.
+    pub(crate) interval: u64,
+    pub(crate) burst: u64,
+    /// `burst · interval`.
+    pub(crate) tolerance: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct State {
+    pub(crate) tat: u64,
+}
+
+impl Gcra {
+    pub(crate) fn new(quota: Quota) -> Result<Self, ConfigError> {
+        let interval = quota.window_us().div_ceil(quota.limit() as u64);
+        let burst = quota.burst_or_limit() as u64;
+        check_exact(
+            burst as u128 * interval as u128,
+            Algorithm::Gcra,
+            "burst × emission interval",
+        )?;
+        Ok(Gcra {
+            interval,
+            burst,
+            tolerance: burst * interval,
+        })
+    }
+
+    pub(crate) fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
+        let tat = state.map_or(now, |s| s.tat.max(now));
+        let backlog = tat - now;
+        let remaining_now = (self.tolerance - backlog.min(self.tolerance)) / self.interval;
+        if cost > self.burst {
+            return Verdict::deny(remaining_now, backlog, None);
+        }
+        let new_backlog = backlog + cost * self.interval;
+        if new_backlog <= self.tolerance {
+            Verdict::allow((self.tolerance - new_backlog) / self.interval, new_backlog)
+        } else {
+            Verdict::deny(remaining_now, backlog, Some(new_backlog - self.tolerance))
+        }
+    }
+
+    pub(crate) fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
+        let tat = state.as_ref().map_or(now, |s| s.tat.max(now)) + cost * self.interval;
+        *state = Some(State { tat });
+        tat
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn table() {
+        // 2 per 1000us, burst 3: interval 500, tolerance 1500.
+        let q = Quota::new(2, Duration::from_micros(1000))
+            .unwrap()
+            .try_with_burst(3)
+            .unwrap();
+        let a = Gcra::new(q).unwrap();
+        let mut st = None;
+        let cases: &[(u64, u64, bool, u64, u64, Option<u64>)] = &[
+            (10_000, 1, true, 2, 500, None),
+            (10_000, 2, true, 0, 1500, None),
+            (10_000, 1, false, 0, 1500, Some(500)),
+            (10_500, 1, true, 0, 1500, None),
+            (10_600, 1, false, 0, 1400, Some(400)),
+            (10_600, 4, false, 0, 1400, None),
+            (11_000, 1, true, 0, 1500, None),
+            (14_000, 0, true, 3, 0, None),
+        ];
+        for &(t, cost, allowed, remaining, reset, retry) in cases {
+            let v = a.evaluate(st.as_ref(), t, cost);
+            assert_eq!(
+                v,
+                Verdict {
+                    allowed,
+                    remaining,
+                    reset_after_us: reset,
+                    retry_after_us: retry
+                },
+                "at t={t} cost={cost}"
+            );
+            if v.allowed {
+                a.commit(&mut st, t, cost);
+            }
+        }
+    }
+
+    #[test]
+    fn interval_rounds_up() {
+        let a = Gcra::new(Quota::new(3, Duration::from_secs(1)).unwrap()).unwrap();
+        assert_eq!(a.interval, 333_334);
+    }
+}

@@ -1,0 +1,116 @@
+//! Leaky bucket, as a meter.
+//!
+//! Each key has a bucket of capacity `burst` (default: the limit) that leaks continuously at
+//! `limit` units per window; a request pours `cost` units in and is admitted when they fit
+//! without overflowing. Requests are never queued or delayed: this is the "leaky bucket as a
+//! meter", which admits exactly what a token bucket of the same capacity and rate admits; the
+//! state counts what is in the bucket instead of what is left. Levels are exact, in the same
+//! scaled units as the token bucket.
+//! **Limit** reported to clients: the capacity. **Burst**: the capacity; an empty bucket takes
+//! that many units at once. **Remaining**: whole units of free space. **Reset**: the time until the
+//! bucket has drained empty. **Retry after**: the time until enough has leaked out for this
+//! request to fit; a request whose cost exceeds the capacity is never admitted.
+//! Memory per key: two integers (level, last update).
+
+use super::token_bucket::Scaled;
+use super::{Algorithm, Verdict};
+use crate::error::ConfigError;
+use crate::quota::Quota;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct LeakyBucket {
+    pub(crate) capacity: u64,
+    pub(crate) scaled: Scaled,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct State {
+    /// Water level, in scaled units.
+    pub(crate) level: u64,
+    /// Time of the last update.
+    pub(crate) last: u64,
+}
+
+impl LeakyBucket {
+    pub(crate) fn new(quota: Quota) -> Result<Self, ConfigError> {
+        let scaled = Scaled::new(quota, Algorithm::LeakyBucket)?;
+        Ok(LeakyBucket {
+            capacity: scaled.capacity,
+            scaled,
+        })
+    }
+
+    fn level(&self, state: Option<&State>, now: u64) -> u64 {
+        match state {
+            None => 0,
+            Some(s) => self.scaled.drain(s.level, now.saturating_sub(s.last)),
+        }
+    }
+
+    pub(crate) fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
+        let s = &self.scaled;
+        let level = self.level(state, now);
+        let drain_time = |l: u64| l.div_ceil(s.rate);
+        if cost > self.capacity {
+            return Verdict::deny((s.full - level) / s.unit, drain_time(level), None);
+        }
+        let after = level + cost * s.unit;
+        if after <= s.full {
+            Verdict::allow((s.full - after) / s.unit, drain_time(after))
+        } else {
+            Verdict::deny(
+                (s.full - level) / s.unit,
+                drain_time(level),
+                Some((after - s.full).div_ceil(s.rate)),
+            )
+        }
+    }
+
+    pub(crate) fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
+        let level = self.level(state.as_ref(), now) + cost * self.scaled.unit;
+        let last = state.as_ref().map_or(now, |s| s.last.max(now));
+        *state = Some(State { level, last });
+        last + level.div_ceil(self.scaled.rate)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn table() {
+        // 2 per 1000us, capacity 4: unit = 500, rate = 1 per us; a unit leaks every 500us.
+        let q = Quota::new(2, Duration::from_micros(1000))
+            .unwrap()
+            .try_with_burst(4)
+            .unwrap();
+        let a = LeakyBucket::new(q).unwrap();
+        let mut st = None;
+        let cases: &[(u64, u64, bool, u64, u64, Option<u64>)] = &[
+            (10_000, 3, true, 1, 1500, None),
+            (10_000, 2, false, 1, 1500, Some(500)),
+            (10_250, 2, false, 1, 1250, Some(250)),
+            (10_500, 2, true, 0, 2000, None),
+            (10_500, 5, false, 0, 2000, None),
+            (12_600, 0, true, 4, 0, None),
+        ];
+        for &(t, cost, allowed, remaining, reset, retry) in cases {
+            let v = a.evaluate(st.as_ref(), t, cost);
+            assert_eq!(
+                v,
+                Verdict {
+                    allowed,
+                    remaining,
+                    reset_after_us: reset,
+                    retry_after_us: retry
+                },
+                "at t={t} cost={cost}"
+            );
+            if v.allowed {
+                a.commit(&mut st, t, cost);
+            }
+        }
+    }
+}

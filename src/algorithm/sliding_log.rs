@@ -1,0 +1,171 @@
+//! Sliding log.
+//!
+//! Each key keeps the time and cost of every request it was admitted for in the last window,
+//! and a request is admitted when the units inside the window `(now − window, now]` plus its cost
+//! stay within the limit. This is the only exact window algorithm: in **every** window-long span
+//! at most `limit` units are admitted.
+//! **Limit**: units per window. **Burst**: none; an idle key may spend the whole limit at once.
+//! **Remaining**: limit minus the units inside the window. **Reset**: the time until the newest
+//! logged request leaves the window. **Retry after**: the time until enough of the oldest logged
+//! requests have left the window for this request to fit; a request whose cost exceeds the limit
+//! is never admitted.
+//! Memory per key: one entry (time and cost, 16 bytes) per admitted request in the window, so up
+//! to `limit` entries; limits above [`MAX_LIMIT`] are refused when the policy is built.
+
+use std::collections::VecDeque;
+
+use super::Verdict;
+use crate::error::ConfigError;
+use crate::quota::Quota;
+
+/// The largest limit a sliding log accepts: the log holds up to one entry per unit.
+pub(crate) const MAX_LIMIT: u64 = 10_000;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SlidingLog {
+    pub(crate) limit: u64,
+    pub(crate) window: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct State {
+    /// `(time, cost)` of admitted requests, oldest first; may include expired entries until
+    /// the next commit prunes them.
+    pub(crate) entries: VecDeque<(u64, u32)>,
+    /// Sum of the costs in `entries`.
+    pub(crate) total: u64,
+}
+
+impl SlidingLog {
+    pub(crate) fn new(quota: Quota) -> Result<Self, ConfigError> {
+        let limit = quota.limit() as u64;
+        if limit > MAX_LIMIT {
+            return Err(ConfigError::new(format!(
+                "sliding_log keeps one entry per admitted request, so its limit is capped at {MAX_LIMIT} (got {limit}); use sliding_window for large limits"
+            )));
+        }
+        Ok(SlidingLog {
+            limit,
+            window: quota.window_us(),
+        })
+    }
+
+    /// Time as the log sees it: never before its newest entry.
+    fn now(state: Option<&State>, now: u64) -> u64 {
+        match state.and_then(|s| s.entries.back()) {
+            Some(&(t, _)) => now.max(t),
+            None => now,
+        }
+    }
+
+    /// Index of the first live entry and the units still inside the window.
+    fn live(&self, state: &State, now: u64) -> (usize, u64) {
+        let mut used = state.total;
+        let mut first = 0;
+        for &(t, c) in &state.entries {
+            if t + self.window > now {
+                break;
+            }
+            used -= c as u64;
+            first += 1;
+        }
+        (first, used)
+    }
+
+    pub(crate) fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
+        let now = Self::now(state, now);
+        let Some(state) = state else {
+            return if cost > self.limit {
+                Verdict::deny(self.limit, 0, None)
+            } else {
+                Verdict::allow(self.limit - cost, if cost > 0 { self.window } else { 0 })
+            };
+        };
+        let (first, used) = self.live(state, now);
+        let newest_left = match state.entries.back() {
+            Some(&(t, _)) if used > 0 => t + self.window - now,
+            _ => 0,
+        };
+        if cost > self.limit {
+            return Verdict::deny(self.limit - used, newest_left, None);
+        }
+        if used + cost <= self.limit {
+            let reset = if cost > 0 { self.window } else { newest_left };
+            return Verdict::allow(self.limit - used - cost, reset);
+        }
+        let need = used + cost - self.limit;
+        let mut freed = 0;
+        let mut retry = None;
+        for &(t, c) in state.entries.iter().skip(first) {
+            freed += c as u64;
+            if freed >= need {
+                retry = Some(t + self.window - now);
+                break;
+            }
+        }
+        Verdict::deny(self.limit - used, newest_left, retry)
+    }
+
+    pub(crate) fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
+        let now = Self::now(state.as_ref(), now);
+        let st = state.get_or_insert_with(State::default);
+        let (first, used) = self.live(st, now);
+        st.entries.drain(..first);
+        st.total = used;
+        if cost > 0 {
+            match st.entries.back_mut() {
+                Some((t, c)) if *t == now => *c += cost as u32,
+                _ => st.entries.push_back((now, cost as u32)),
+            }
+            st.total += cost;
+        }
+        match st.entries.back() {
+            Some(&(t, _)) => t + self.window,
+            None => now,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn table() {
+        let a = SlidingLog::new(Quota::new(3, Duration::from_micros(1000)).unwrap()).unwrap();
+        let mut st = None;
+        let cases: &[(u64, u64, bool, u64, u64, Option<u64>)] = &[
+            (10_000, 1, true, 2, 1000, None),
+            (10_400, 2, true, 0, 1000, None),
+            (10_900, 1, false, 0, 500, Some(100)),
+            (10_999, 2, false, 0, 401, Some(401)),
+            (11_000, 1, true, 0, 1000, None),
+            (11_000, 4, false, 0, 1000, None),
+            (11_400, 1, true, 1, 1000, None),
+            (12_400, 0, true, 3, 0, None),
+        ];
+        for &(t, cost, allowed, remaining, reset, retry) in cases {
+            let v = a.evaluate(st.as_ref(), t, cost);
+            assert_eq!(
+                v,
+                Verdict {
+                    allowed,
+                    remaining,
+                    reset_after_us: reset,
+                    retry_after_us: retry
+                },
+                "at t={t} cost={cost}"
+            );
+            if v.allowed {
+                a.commit(&mut st, t, cost);
+            }
+        }
+    }
+
+    #[test]
+    fn limit_is_capped() {
+        let q = Quota::new(10_001, Duration::from_secs(1)).unwrap();
+        assert!(SlidingLog::new(q).unwrap_err().to_string().contains("sliding_window"));
+    }
+}

@@ -1,0 +1,232 @@
+//! Sliding window counter.
+//!
+//! The window is cut into `buckets` sub-windows (default [`DEFAULT_BUCKETS`]), aligned to the
+//! clock's epoch, and each key counts the units spent in each. The units spent in the last
+//! window are estimated as the sum of the buckets wholly inside it plus the oldest bucket weighted
+//! by the share of it still inside the window (rounded up), and a request is admitted when that
+//! estimate plus its cost stays within the limit. Any span of `window − window/buckets` admits at
+//! most `limit` units; a full window-long span can exceed it only by what the oldest bucket held,
+//! and only if its requests came at the bucket's end, so more buckets mean a tighter bound.
+//! **Limit**: units per window. **Burst**: none. **Remaining**: limit minus the estimate.
+//! **Reset**: the time until the newest non-empty bucket has slid out of the window. **Retry
+//! after**: the exact time at which the estimate will have fallen enough for this request; a
+//! request whose cost exceeds the limit is never admitted.
+//! Memory per key: one 32-bit counter per bucket, plus one, and the index of the newest bucket.
+
+use super::{Algorithm, Verdict, check_exact};
+use crate::error::ConfigError;
+use crate::quota::Quota;
+
+/// Sub-window buckets per window when none is configured.
+pub(crate) const DEFAULT_BUCKETS: u32 = 10;
+/// The most buckets a window may be cut into.
+pub(crate) const MAX_BUCKETS: u32 = 1_000;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SlidingWindow {
+    pub(crate) limit: u64,
+    /// Number of buckets wholly inside a window.
+    pub(crate) buckets: u64,
+    /// Length of one bucket in microseconds.
+    pub(crate) bucket: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct State {
+    /// Absolute index of the newest bucket written.
+    pub(crate) head: u64,
+    /// Counters for buckets `head − buckets ..= head`, indexed by `index % (buckets + 1)`.
+    pub(crate) counts: Box<[u32]>,
+}
+
+impl SlidingWindow {
+    pub(crate) fn new(quota: Quota, buckets: Option<u32>) -> Result<Self, ConfigError> {
+        let n = buckets.unwrap_or(DEFAULT_BUCKETS);
+        if n == 0 || n > MAX_BUCKETS {
+            return Err(ConfigError::new(format!(
+                "sliding_window buckets must be between 1 and {MAX_BUCKETS} (got {n})"
+            )));
+        }
+        let window = quota.window_us();
+        if window % n as u64 != 0 {
+            return Err(ConfigError::new(format!(
+                "sliding_window: a window of {window}us cannot be cut into {n} equal buckets of whole microseconds"
+            )));
+        }
+        let bucket = window / n as u64;
+        let limit = quota.limit() as u64;
+        check_exact(
+            limit as u128 * bucket as u128,
+            Algorithm::SlidingWindow,
+            "limit × bucket length",
+        )?;
+        Ok(SlidingWindow {
+            limit,
+            buckets: n as u64,
+            bucket,
+        })
+    }
+
+    fn slots(&self) -> u64 {
+        self.buckets + 1
+    }
+
+    /// The current bucket index and offset into it; never before the state's head.
+    fn position(&self, state: Option<&State>, now: u64) -> (u64, u64) {
+        let c = now / self.bucket;
+        match state {
+            Some(s) if s.head > c => (s.head, 0),
+            _ => (c, now % self.bucket),
+        }
+    }
+
+    fn count(&self, state: Option<&State>, index: u64) -> u64 {
+        match state {
+            Some(s) if index <= s.head && index + self.buckets >= s.head => {
+                s.counts[(index % self.slots()) as usize] as u64
+            }
+            _ => 0,
+        }
+    }
+
+    /// The estimate at bucket `c`, offset `x`: whole buckets plus the weighted oldest one.
+    fn estimate(&self, state: Option<&State>, c: u64, x: u64) -> u64 {
+        let whole: u64 = ((c + 1).saturating_sub(self.buckets)..=c)
+            .map(|i| self.count(state, i))
+            .sum();
+        let oldest = c
+            .checked_sub(self.buckets)
+            .map_or(0, |i| self.count(state, i));
+        whole + (oldest * (self.bucket - x)).div_ceil(self.bucket)
+    }
+
+    /// Time until the newest non-empty bucket stops counting.
+    fn reset(&self, state: Option<&State>, c: u64, x: u64) -> u64 {
+        let now = c * self.bucket + x;
+        (c.saturating_sub(self.buckets)..=c)
+            .rev()
+            .find(|&i| self.count(state, i) > 0)
+            .map_or(0, |j| (j + self.buckets + 1) * self.bucket - now)
+    }
+
+    pub(crate) fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
+        let (c, x) = self.position(state, now);
+        let used = self.estimate(state, c, x);
+        let remaining = self.limit.saturating_sub(used);
+        let reset_now = self.reset(state, c, x);
+        if cost > self.limit {
+            return Verdict::deny(remaining, reset_now, None);
+        }
+        if used + cost <= self.limit {
+            let reset = if cost > 0 {
+                (self.buckets + 1) * self.bucket - x
+            } else {
+                reset_now
+            };
+            return Verdict::allow(remaining - cost, reset);
+        }
+        // Find the first instant at which the estimate leaves room for `cost`.
+        let now_abs = c * self.bucket + x;
+        for k in 0..=self.buckets + 1 {
+            let p = c + k;
+            let whole: u64 = ((p + 1).saturating_sub(self.buckets)..=p)
+                .map(|i| if i <= c { self.count(state, i) } else { 0 })
+                .sum();
+            let Some(avail) = self.limit.checked_sub(cost + whole) else {
+                continue;
+            };
+            let oldest = match p.checked_sub(self.buckets) {
+                Some(i) if i <= c => self.count(state, i),
+                _ => 0,
+            };
+            let x0 = if k == 0 { x } else { 0 };
+            let xmin = if oldest == 0 {
+                x0
+            } else {
+                x0.max(self.bucket.saturating_sub(avail * self.bucket / oldest))
+            };
+            if xmin < self.bucket {
+                let retry = p * self.bucket + xmin - now_abs;
+                return Verdict::deny(remaining, reset_now, Some(retry));
+            }
+        }
+        unreachable!("an empty window always admits a request within the limit")
+    }
+
+    pub(crate) fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
+        let (c, _) = self.position(state.as_ref(), now);
+        if cost > 0 {
+            let slots = self.slots();
+            let st = state.get_or_insert_with(|| State {
+                head: c,
+                counts: vec![0; slots as usize].into_boxed_slice(),
+            });
+            if c > st.head {
+                let stale = (c - st.head).min(slots);
+                for i in 0..stale {
+                    st.counts[((c - i) % slots) as usize] = 0;
+                }
+                st.head = c;
+            }
+            st.counts[(c % slots) as usize] += cost as u32;
+        }
+        match state {
+            Some(s) => (s.head + self.buckets + 1) * self.bucket,
+            None => now,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn table() {
+        // 4 per 1000us in 2 buckets of 500us.
+        let a = SlidingWindow::new(Quota::new(4, Duration::from_micros(1000)).unwrap(), Some(2))
+            .unwrap();
+        let mut st = None;
+        let cases: &[(u64, u64, bool, u64, u64, Option<u64>)] = &[
+            // bucket 20 (10_000..10_500)
+            (10_000, 2, true, 2, 1500, None),
+            (10_400, 2, true, 0, 1100, None),
+            (10_499, 1, false, 0, 1001, Some(626)),
+            // bucket 21: estimate = 4 (bucket 20 whole).
+            (10_600, 1, false, 0, 900, Some(525)),
+            // bucket 22: bucket 20 is the oldest, weighted (500 - x)/500.
+            // at x = 250: ceil(4 * 250 / 500) = 2, so 2 left.
+            (11_250, 2, true, 0, 1250, None),
+            // at 11_300: oldest 20 → ceil(4*200/500) = 2, bucket 22 = 2 → 4. Need 1: when
+            // ceil(4*(500-x)/500) <= 1 → x >= 375 → t = 11_375.
+            (11_300, 1, false, 0, 1200, Some(75)),
+            (11_375, 1, true, 0, 1125, None),
+            (11_375, 5, false, 0, 1125, None),
+        ];
+        for &(t, cost, allowed, remaining, reset, retry) in cases {
+            let v = a.evaluate(st.as_ref(), t, cost);
+            assert_eq!(
+                v,
+                Verdict {
+                    allowed,
+                    remaining,
+                    reset_after_us: reset,
+                    retry_after_us: retry
+                },
+                "at t={t} cost={cost}"
+            );
+            if v.allowed {
+                a.commit(&mut st, t, cost);
+            }
+        }
+    }
+
+    #[test]
+    fn window_must_split_evenly() {
+        let q = Quota::new(4, Duration::from_micros(1001)).unwrap();
+        assert!(SlidingWindow::new(q, Some(2)).is_err());
+        assert!(SlidingWindow::new(q, Some(0)).is_err());
+        assert!(SlidingWindow::new(q, Some(7)).is_ok());
+    }
+}

@@ -1,0 +1,167 @@
+//! Token bucket.
+//!
+//! Each key has a bucket holding up to `burst` tokens (default: the limit), refilled
+//! continuously at `limit` tokens per window; a request takes `cost` tokens and is admitted when
+//! the bucket holds that many. Tokens are counted exactly, in fractions of `1/(window/gcd)`, so
+//! `3/s` refills exactly three tokens per second with no rounding drift.
+//! **Limit** reported to clients: the capacity (burst). **Burst**: the capacity; a full bucket
+//! admits that many units at once. **Remaining**: whole tokens left. **Reset**: the time until the
+//! bucket is full again. **Retry after**: the time until enough tokens have dripped in for this
+//! request; a request whose cost exceeds the capacity is never admitted.
+//! Memory per key: two integers (tokens, last update).
+
+use super::{Algorithm, Verdict, check_exact, gcd};
+use crate::error::ConfigError;
+use crate::quota::Quota;
+
+/// Shared by the token and leaky buckets: capacity and rate in exact scaled units.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Scaled {
+    /// Capacity in tokens.
+    pub(crate) capacity: u64,
+    /// Scaled units per token (`window / gcd(limit, window)`).
+    pub(crate) unit: u64,
+    /// Scaled units added per microsecond (`limit / gcd(limit, window)`).
+    pub(crate) rate: u64,
+    /// `capacity · unit`.
+    pub(crate) full: u64,
+}
+
+impl Scaled {
+    pub(crate) fn new(quota: Quota, algorithm: Algorithm) -> Result<Self, ConfigError> {
+        let limit = quota.limit() as u64;
+        let window = quota.window_us();
+        let g = gcd(limit, window);
+        let unit = window / g;
+        let rate = limit / g;
+        let capacity = quota.burst_or_limit() as u64;
+        check_exact(capacity as u128 * unit as u128, algorithm, "capacity × window")?;
+        Ok(Scaled {
+            capacity,
+            unit,
+            rate,
+            full: capacity * unit,
+        })
+    }
+
+    /// `amount` after `elapsed` microseconds of flow at `rate`, capped at `full`.
+    pub(crate) fn fill(&self, amount: u64, elapsed: u64) -> u64 {
+        let missing = self.full - amount.min(self.full);
+        if elapsed >= missing.div_ceil(self.rate) {
+            self.full
+        } else {
+            amount + elapsed * self.rate
+        }
+    }
+
+    /// `amount` after `elapsed` microseconds of draining at `rate`, floored at zero.
+    pub(crate) fn drain(&self, amount: u64, elapsed: u64) -> u64 {
+        if elapsed >= amount.div_ceil(self.rate) {
+            0
+        } else {
+            amount - elapsed * self.rate
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TokenBucket {
+    pub(crate) capacity: u64,
+    pub(crate) scaled: Scaled,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct State {
+    /// Tokens, in scaled units.
+    pub(crate) tokens: u64,
+    /// Time of the last update.
+    pub(crate) last: u64,
+}
+
+impl TokenBucket {
+    pub(crate) fn new(quota: Quota) -> Result<Self, ConfigError> {
+        let scaled = Scaled::new(quota, Algorithm::TokenBucket)?;
+        Ok(TokenBucket {
+            capacity: scaled.capacity,
+            scaled,
+        })
+    }
+
+    fn tokens(&self, state: Option<&State>, now: u64) -> u64 {
+        match state {
+            None => self.scaled.full,
+            Some(s) => self.scaled.fill(s.tokens, now.saturating_sub(s.last)),
+        }
+    }
+
+    pub(crate) fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
+        let s = &self.scaled;
+        let tokens = self.tokens(state, now);
+        let refill_time = |t: u64| (s.full - t).div_ceil(s.rate);
+        if cost > self.capacity {
+            return Verdict::deny(tokens / s.unit, refill_time(tokens), None);
+        }
+        let need = cost * s.unit;
+        if tokens >= need {
+            let left = tokens - need;
+            Verdict::allow(left / s.unit, refill_time(left))
+        } else {
+            Verdict::deny(
+                tokens / s.unit,
+                refill_time(tokens),
+                Some((need - tokens).div_ceil(s.rate)),
+            )
+        }
+    }
+
+    pub(crate) fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
+        let tokens = self.tokens(state.as_ref(), now) - cost * self.scaled.unit;
+        let last = state.as_ref().map_or(now, |s| s.last.max(now));
+        *state = Some(State { tokens, last });
+        last + (self.scaled.full - tokens).div_ceil(self.scaled.rate)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn table() {
+        // 3 per 1000us, capacity 3: unit = 1000, rate = 3 per us; a token every 333.33us.
+        let a = TokenBucket::new(Quota::new(3, Duration::from_micros(1000)).unwrap()).unwrap();
+        let mut st = None;
+        let cases: &[(u64, u64, bool, u64, u64, Option<u64>)] = &[
+            (10_000, 3, true, 0, 1000, None),
+            (10_000, 1, false, 0, 1000, Some(334)),
+            (10_333, 1, false, 0, 667, Some(1)),
+            (10_334, 1, true, 0, 1000, None),
+            (10_334, 4, false, 0, 1000, None),
+            (11_000, 0, true, 2, 334, None),
+            (20_000, 2, true, 1, 667, None),
+        ];
+        for &(t, cost, allowed, remaining, reset, retry) in cases {
+            let v = a.evaluate(st.as_ref(), t, cost);
+            assert_eq!(
+                v,
+                Verdict {
+                    allowed,
+                    remaining,
+                    reset_after_us: reset,
+                    retry_after_us: retry
+                },
+                "at t={t} cost={cost}"
+            );
+            if v.allowed {
+                a.commit(&mut st, t, cost);
+            }
+        }
+    }
+
+    #[test]
+    fn exact_arithmetic_bound_is_checked() {
+        let q = Quota::new(999_983, Duration::from_secs(366 * 86_400)).unwrap();
+        assert!(TokenBucket::new(q).is_err());
+    }
+}

@@ -1,0 +1,124 @@
+//! What the store decided for one request.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::algorithm::Verdict;
+
+/// The outcome of one policy for one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyOutcome {
+    policy: Arc<str>,
+    allowed: bool,
+    limit: u64,
+    remaining: u64,
+    reset_after: Duration,
+    retry_after: Option<Duration>,
+}
+
+impl PolicyOutcome {
+    pub(crate) fn new(policy: Arc<str>, limit: u64, verdict: Verdict) -> Self {
+        PolicyOutcome {
+            policy,
+            allowed: verdict.allowed,
+            limit,
+            remaining: verdict.remaining,
+            reset_after: Duration::from_micros(verdict.reset_after_us),
+            retry_after: verdict.retry_after_us.map(Duration::from_micros),
+        }
+    }
+
+    /// The policy's name.
+    pub fn policy(&self) -> &str {
+        &self.policy
+    }
+
+    /// Whether this policy admitted the request.
+    pub fn is_allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// The limit clients are told about: units per window, or the burst for bucket algorithms.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Units left: after this request if it was admitted, right now if it was not.
+    pub fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    /// Time until the key is back to a fresh, unused state.
+    pub fn reset_after(&self) -> Duration {
+        self.reset_after
+    }
+
+    /// For a denied request, how long until the same request would be admitted; `None` when it
+    /// was admitted, or when it never can be (its cost exceeds the policy's capacity).
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+}
+
+/// The decision for one request: one [`PolicyOutcome`] per policy that applied.
+///
+/// The layer puts it in the request's extensions, so handlers can read it (with axum, take it
+/// as an extractor or with `Extension<Decision>`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    outcomes: Vec<PolicyOutcome>,
+    allowed: bool,
+}
+
+impl Decision {
+    /// A decision from its outcomes: allowed when every outcome is.
+    pub(crate) fn new(outcomes: Vec<PolicyOutcome>) -> Self {
+        let allowed = outcomes.iter().all(|o| o.allowed);
+        Decision { outcomes, allowed }
+    }
+
+    /// Whether the request may go on.
+    pub fn is_allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// Every policy's outcome, in the order the policies were configured.
+    pub fn outcomes(&self) -> &[PolicyOutcome] {
+        &self.outcomes
+    }
+
+    /// The policies that denied the request.
+    pub fn violated(&self) -> impl Iterator<Item = &PolicyOutcome> {
+        self.outcomes.iter().filter(|o| !o.allowed)
+    }
+
+    /// The outcome that governs the response headers: for a denied request, the violated policy
+    /// with the longest wait; for an admitted one, the policy with the fewest units left.
+    pub fn binding(&self) -> &PolicyOutcome {
+        let first = &self.outcomes[0];
+        if self.allowed {
+            self.outcomes
+                .iter()
+                .fold(first, |b, o| if o.remaining < b.remaining { o } else { b })
+        } else {
+            let wait = |o: &PolicyOutcome| o.retry_after.unwrap_or(Duration::MAX);
+            self.violated()
+                .fold(None::<&PolicyOutcome>, |b, o| match b {
+                    Some(b) if wait(b) >= wait(o) => Some(b),
+                    _ => Some(o),
+                })
+                .unwrap_or(first)
+        }
+    }
+
+    /// For a denied request, how long until every violated policy would admit it; `None` when
+    /// it was admitted or can never be.
+    pub fn retry_after(&self) -> Option<Duration> {
+        if self.allowed {
+            return None;
+        }
+        self.violated()
+            .map(|o| o.retry_after)
+            .try_fold(Duration::ZERO, |acc, r| r.map(|r| acc.max(r)))
+    }
+}

@@ -1,0 +1,149 @@
+//! Errors: configuration mistakes, store failures, requests without a key, and what to do when
+//! the store fails.
+
+use std::fmt;
+
+use http::StatusCode;
+
+use crate::quota::QuotaError;
+
+/// A configuration mistake, reported when the layer is built, never on a request.
+///
+/// The message names what is wrong and, where it can, how to fix it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    message: String,
+}
+
+impl ConfigError {
+    pub(crate) fn new(message: impl Into<String>) -> Self {
+        ConfigError {
+            message: message.into(),
+        }
+    }
+
+    /// Prefixes the message with where the mistake is, e.g. a policy's name.
+    pub(crate) fn context(self, what: &str) -> Self {
+        ConfigError::new(format!("{what}: {}", self.message))
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl From<QuotaError> for ConfigError {
+    fn from(e: QuotaError) -> Self {
+        ConfigError::new(e.to_string())
+    }
+}
+
+impl From<std::convert::Infallible> for ConfigError {
+    fn from(e: std::convert::Infallible) -> Self {
+        match e {}
+    }
+}
+
+/// A store could not decide: Redis unreachable, a timeout, a script error.
+///
+/// Opaque on purpose, so that the backing client's error types are not part of this crate's
+/// API. What the layer does with it is chosen by [`FailurePolicy`].
+#[derive(Debug)]
+pub struct StoreError {
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl StoreError {
+    /// Wraps any error as a store error.
+    pub fn new(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        StoreError {
+            source: source.into(),
+        }
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rate-limit store failed: {}", self.source)
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+/// What the layer does with a request when the store fails to decide.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailurePolicy {
+    /// Let the request through (and log a warning): the API stays up while its limiter is down.
+    /// The default.
+    #[default]
+    Open,
+    /// Answer `503 Service Unavailable` with `Retry-After: 1`: nothing gets through unchecked.
+    Closed,
+}
+
+/// A request the layer could not find a rate-limit key for.
+///
+/// Extractors return it instead of falling back to a shared bucket. By default the layer answers
+/// with [`status`](KeyRejection::status) and a small JSON body carrying
+/// [`code`](KeyRejection::code) and [`message`](KeyRejection::message); see
+/// [`RateLimitLayerBuilder::on_key_rejected`](crate::RateLimitLayerBuilder::on_key_rejected) to
+/// answer differently.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyRejection {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl KeyRejection {
+    /// A rejection with a status, a machine-readable code and a human-readable message.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        KeyRejection {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The client sent a request without what the key is made of: `400 Bad Request`.
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, code, message)
+    }
+
+    /// The server is set up wrong (e.g. no peer address available): `500 Internal Server Error`.
+    pub fn misconfigured(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, code, message)
+    }
+
+    /// The status the default response uses.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// A short machine-readable code, e.g. `missing_header`.
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+
+    /// What is missing or wrong, for people.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for KeyRejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for KeyRejection {}

@@ -1,0 +1,130 @@
+//! Rate limiting for HTTP APIs, as a [tower] middleware.
+//!
+//! A [`RateLimitLayer`] wraps any tower service that takes an [`http::Request`]: an axum
+//! `Router` or a single route, a hyper or tonic service. For each request it extracts a
+//! [key](key) (client IP, API key, user, or anything else), asks an [algorithm](Algorithm)
+//! whether that key may go on, and either forwards the request or answers
+//! `429 Too Many Requests` with `Retry-After` and rate-limit [headers](headers).
+//!
+//! ```
+//! use axum::{Router, routing::get};
+//! use tower_ratelimit::{Policy, RateLimitLayer, key::PeerIp};
+//!
+//! # fn main() -> Result<(), tower_ratelimit::ConfigError> {
+//! let app: Router = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     // 10 requests per second per client IP, bursts of up to 10.
+//!     .layer(RateLimitLayer::builder().policy(Policy::gcra("10/s")).key(PeerIp::new()).build()?);
+//! # Ok(()) }
+//! ```
+//!
+//! # Concepts
+//!
+//! * A [`Quota`] is a rate: `limit` units per `window` (`"10/s"`, `"100/min"`, `"20/10s"`),
+//!   with a burst for the bucket algorithms. Zero limits and windows cannot be expressed.
+//! * A [`Policy`] applies an [`Algorithm`] to a quota under a name. A layer may hold several;
+//!   a request goes on only when all admit it, and then all are charged.
+//! * A [key extractor](key::KeyExtractor) says whom a request is charged to. A request
+//!   without a key is rejected (400 by default), never counted in a shared bucket.
+//! * A [`Store`] keeps the per-key state and makes each decision atomically.
+//!   [`MemoryStore`] is the in-process store: sharded, bounded, exact under concurrency.
+//! * The [`Decision`] names each policy's outcome; the layer puts it in the request extensions
+//!   for handlers, and builds the response headers from it.
+//! * A [`Clock`] gives the time; tests inject a [`ManualClock`] and never sleep.
+//!
+//! # Choosing an algorithm
+//!
+//! | algorithm | pick it when | memory per key |
+//! |---|---|---|
+//! | [GCRA](Algorithm::Gcra) | the default: a steady rate with bounded bursts, smallest state | 1 integer |
+//! | [token bucket](Algorithm::TokenBucket) | clients may save up a burst and spend it at once | 2 integers |
+//! | [leaky bucket](Algorithm::LeakyBucket) | you think in "capacity that drains" (same admissions as the token bucket) | 2 integers |
+//! | [fixed window](Algorithm::FixedWindow) | simple quotas reset on the clock ("1000 per hour, resets on the hour"); allows 2× across a boundary | 2 integers |
+//! | [sliding window](Algorithm::SlidingWindow) | window semantics without the boundary burst, at bounded memory | 1 counter per sub-window |
+//! | [sliding log](Algorithm::SlidingLog) | exactness in every window matters more than memory (small limits, e.g. logins) | 1 entry per request |
+//!
+//! # Choosing a key
+//!
+//! [`PeerIp`](key::PeerIp) is right only when clients connect directly. Behind a load balancer
+//! or reverse proxy every request comes from the proxy's address, and the whole world shares
+//! one bucket; do not key on the leftmost `X-Forwarded-For` entry either, since the client
+//! writes it. [`HeaderKey`](key::HeaderKey) keys on an API key header; [`key::from_fn`] on
+//! anything else, such as a user id an authentication layer put in the extensions.
+//!
+//! # Where to put the layer
+//!
+//! * `Router::layer`: every route, and also unmatched paths (a 404 still costs a unit).
+//! * `Router::route_layer` or `MethodRouter::route_layer`: only matched routes, so unmatched
+//!   paths stay `404` and consume nothing. Use it for per-route limits.
+//! * `tower::ServiceBuilder::layer` around any `Service<http::Request<B>>`.
+//!
+//! # Testing with a manual clock
+//!
+//! ```
+//! use std::time::Duration;
+//! use http::{Request, StatusCode};
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//! use tower_ratelimit::{ManualClock, MemoryStore, Policy, RateLimitLayer, key::GlobalKey};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let clock = ManualClock::new();
+//! let layer = RateLimitLayer::builder()
+//!     .policy(Policy::fixed_window("2/s"))
+//!     .key(GlobalKey)
+//!     .store(MemoryStore::with_clock(clock.clone()))
+//!     .build()?;
+//! let svc = ServiceBuilder::new().layer(layer).service(service_fn(|_req: Request<()>| async {
+//!     Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+//! }));
+//!
+//! let status = |svc: &_| {
+//!     let svc = Clone::clone(svc);
+//!     async move { svc.oneshot(Request::new(())).await.unwrap().status() }
+//! };
+//! assert_eq!(status(&svc).await, StatusCode::OK);
+//! assert_eq!(status(&svc).await, StatusCode::OK);
+//! assert_eq!(status(&svc).await, StatusCode::TOO_MANY_REQUESTS);
+//! clock.advance(Duration::from_secs(1));
+//! assert_eq!(status(&svc).await, StatusCode::OK);
+//! # Ok(()) }
+//! ```
+//!
+//! # Feature flags
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `axum` | yes | `ConnectInfo`/`MockConnectInfo` peer addresses; [`Decision`] as an axum extractor |
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod algorithm;
+mod body;
+mod clock;
+mod decision;
+mod error;
+mod future;
+pub mod headers;
+pub mod key;
+mod layer;
+mod policy;
+mod quota;
+mod response;
+mod service;
+mod store;
+
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub mod axum;
+
+pub use algorithm::Algorithm;
+pub use body::ResponseBody;
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use decision::{Decision, PolicyOutcome};
+pub use error::{ConfigError, FailurePolicy, KeyRejection, StoreError};
+pub use future::ResponseFuture;
+pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
+pub use policy::Policy;
+pub use quota::{MAX_WINDOW, Quota, QuotaError};
+pub use service::RateLimit;
+pub use store::{Check, MemoryStore, MemoryStoreBuilder, Store};

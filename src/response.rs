@@ -1,0 +1,152 @@
+//! The responses the limiter writes itself: 429, rejected keys, unavailable store.
+//!
+//! By default they are small `application/problem+json` documents (RFC 9457) that say what
+//! happened in a machine-readable way:
+//!
+//! ```json
+//! {"type":"about:blank","title":"Too Many Requests","status":429,
+//!  "detail":"rate limit exceeded","violated":["gcra:10/s"],"retry_after":1}
+//! ```
+//!
+//! The status of a limited response and the whole response can be changed on the builder.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderValue, Response, StatusCode};
+
+use crate::decision::Decision;
+use crate::error::KeyRejection;
+use crate::headers::RateLimitHeaders;
+
+pub(crate) type LimitedHook = Arc<dyn Fn(&Decision) -> Response<Bytes> + Send + Sync>;
+pub(crate) type RejectedHook = Arc<dyn Fn(&KeyRejection) -> Response<Bytes> + Send + Sync>;
+
+const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+
+/// How the limiter answers when it does not forward a request.
+#[derive(Clone)]
+pub(crate) struct Responses {
+    pub(crate) status: StatusCode,
+    pub(crate) on_limited: Option<LimitedHook>,
+    pub(crate) on_rejected: Option<RejectedHook>,
+}
+
+impl std::fmt::Debug for Responses {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Responses")
+            .field("status", &self.status)
+            .field("on_limited", &self.on_limited.as_ref().map(|_| "custom"))
+            .field("on_rejected", &self.on_rejected.as_ref().map(|_| "custom"))
+            .finish()
+    }
+}
+
+impl Default for Responses {
+    fn default() -> Self {
+        Responses {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            on_limited: None,
+            on_rejected: None,
+        }
+    }
+}
+
+impl Responses {
+    /// The response to a denied request, with the rate-limit headers and `Retry-After`.
+    pub(crate) fn limited(&self, decision: &Decision, headers: &RateLimitHeaders) -> Response<Bytes> {
+        let mut response = match &self.on_limited {
+            Some(hook) => hook(decision),
+            None => {
+                let mut body = problem(self.status, "rate limit exceeded");
+                body.push_str(",\"violated\":[");
+                for (i, o) in decision.violated().enumerate() {
+                    if i > 0 {
+                        body.push(',');
+                    }
+                    push_json_str(&mut body, o.policy());
+                }
+                body.push(']');
+                match headers.retry_after() {
+                    Some(s) => write!(body, ",\"retry_after\":{s}").unwrap(),
+                    None => body.push_str(",\"retry_after\":null"),
+                }
+                body.push('}');
+                let mut r = Response::new(Bytes::from(body));
+                *r.status_mut() = self.status;
+                r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+                r
+            }
+        };
+        headers.apply(response.headers_mut());
+        response
+    }
+
+    /// The response to a request without a key.
+    pub(crate) fn rejected(&self, rejection: &KeyRejection) -> Response<Bytes> {
+        if let Some(hook) = &self.on_rejected {
+            return hook(rejection);
+        }
+        let mut body = problem(rejection.status(), rejection.message());
+        body.push_str(",\"code\":");
+        push_json_str(&mut body, rejection.code());
+        body.push('}');
+        let mut r = Response::new(Bytes::from(body));
+        *r.status_mut() = rejection.status();
+        r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+        r
+    }
+
+    /// The response when the store failed and the failure policy is closed.
+    pub(crate) fn unavailable(&self) -> Response<Bytes> {
+        let status = StatusCode::SERVICE_UNAVAILABLE;
+        let mut body = problem(status, "the rate limiter is unavailable");
+        body.push('}');
+        let mut r = Response::new(Bytes::from(body));
+        *r.status_mut() = status;
+        r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+        r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(1u32));
+        r
+    }
+}
+
+/// The common members of a problem document, without the closing brace.
+fn problem(status: StatusCode, detail: &str) -> String {
+    let mut s = String::with_capacity(160);
+    s.push_str("{\"type\":\"about:blank\",\"title\":");
+    push_json_str(&mut s, status.canonical_reason().unwrap_or("Error"));
+    write!(s, ",\"status\":{},\"detail\":", status.as_u16()).unwrap();
+    push_json_str(&mut s, detail);
+    s
+}
+
+/// Appends `value` as a JSON string literal.
+pub(crate) fn push_json_str(out: &mut String, value: &str) {
+    out.push('"');
+    for c in value.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => write!(out, "\\u{:04x}", c as u32).unwrap(),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes() {
+        let mut s = String::new();
+        push_json_str(&mut s, "a\"b\\c\n\u{1}é");
+        assert_eq!(s, r#""a\"b\\c\n\u0001é""#);
+    }
+}

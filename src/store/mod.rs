@@ -1,0 +1,56 @@
+//! Stores: where the per-key state lives and where each decision is made atomically.
+//!
+//! [`MemoryStore`] keeps state in this process. Every store runs the same algorithms with the
+//! same arithmetic, so a configuration behaves identically whichever store backs it.
+
+mod memory;
+
+use std::future::Future;
+use std::sync::Arc;
+
+pub use memory::{MemoryStore, MemoryStoreBuilder};
+
+use crate::algorithm::Compiled;
+use crate::decision::Decision;
+use crate::error::{ConfigError, StoreError};
+use crate::key::Key;
+
+/// A policy as a store knows it: name, id in the store, algorithm.
+#[derive(Debug)]
+pub(crate) struct PolicyHandle {
+    pub(crate) name: Arc<str>,
+    pub(crate) id: u32,
+    pub(crate) algorithm: Compiled,
+}
+
+/// One policy to decide for one key at some cost.
+#[derive(Debug)]
+pub struct Check {
+    pub(crate) policy: Arc<PolicyHandle>,
+    pub(crate) key: Key,
+    pub(crate) cost: u64,
+}
+
+/// Where rate-limit state lives: [`MemoryStore`], or Redis.
+///
+/// The trait is sealed: the algorithms' arithmetic is private, and every store must reproduce
+/// it exactly.
+pub trait Store: Clone + Send + Sync + 'static + private::Sealed {
+    /// The future of one decision.
+    type Future: Future<Output = Result<Decision, StoreError>> + Send + 'static;
+
+    /// Decides a request against one or more policies atomically: nothing is charged unless
+    /// every policy admits it.
+    fn check(&self, checks: Vec<Check>) -> Self::Future;
+}
+
+pub(crate) mod private {
+    use super::*;
+
+    #[allow(private_interfaces)]
+    pub trait Sealed {
+        /// Registers a policy under its name, failing if the name is taken by a different
+        /// policy; returns its id in this store.
+        fn register(&self, name: Arc<str>, algorithm: Compiled) -> Result<u32, ConfigError>;
+    }
+}

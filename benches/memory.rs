@@ -1,1 +1,70 @@
-fn main() {}
+//! In-memory decision cost per algorithm, and the layer's overhead over a bare service, both
+//! measured in the same run.
+//!
+//! `cargo bench --bench memory`
+
+use std::convert::Infallible;
+use std::hint::black_box;
+
+use bytes::Bytes;
+use criterion::{Criterion, criterion_group, criterion_main};
+use http::{Request, Response};
+use http_body_util::Full;
+use tower::{Service, ServiceExt, service_fn};
+use tower_ratelimit::key::{self, Key};
+use tower_ratelimit::{Algorithm, Policy, RateLimitLayer};
+use tower_layer::Layer;
+
+fn hello(_: Request<()>) -> std::future::Ready<Result<Response<Full<Bytes>>, Infallible>> {
+    std::future::ready(Ok(Response::new(Full::new(Bytes::from_static(b"hello")))))
+}
+
+/// A key from the `x-client` header, so a benchmark can spread requests over many keys.
+fn client_key() -> impl key::KeyExtractor {
+    key::from_fn(|req| {
+        Ok(Key::from(
+            req.headers()
+                .get("x-client")
+                .map_or(0, |v| v.as_bytes().iter().fold(0u64, |a, b| a * 10 + u64::from(b - b'0'))),
+        ))
+    })
+}
+
+fn requests(n: usize) -> Vec<String> {
+    (0..n).map(|i| i.to_string()).collect()
+}
+
+fn layer_overhead(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let keys = requests(10_000);
+    let mut group = c.benchmark_group("service");
+    group.bench_function("bare", |b| {
+        let mut svc = service_fn(hello);
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % keys.len();
+            let req = Request::builder().header("x-client", &keys[i]).body(()).unwrap();
+            rt.block_on(async { black_box(svc.ready().await.unwrap().call(req).await.unwrap()) })
+        })
+    });
+    for algorithm in Algorithm::ALL {
+        let layer = RateLimitLayer::builder()
+            .policy(Policy::new(algorithm, "10000/s"))
+            .key(client_key())
+            .build()
+            .unwrap();
+        let mut svc = layer.layer(service_fn(hello));
+        let mut i = 0;
+        group.bench_function(format!("limited/{algorithm}"), |b| {
+            b.iter(|| {
+                i = (i + 1) % keys.len();
+                let req = Request::builder().header("x-client", &keys[i]).body(()).unwrap();
+                rt.block_on(async { black_box(svc.ready().await.unwrap().call(req).await.unwrap()) })
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, layer_overhead);
+criterion_main!(benches);

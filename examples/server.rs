@@ -1,1 +1,131 @@
-fn main() {}
+//! The demo server: an axum app behind a `RateLimitLayer`, configured by environment variables.
+//!
+//! ```text
+//! cargo run --example server
+//! for i in $(seq 1 15); do curl -s -o /dev/null -w '%{http_code}\n' localhost:3000/; done
+//! ```
+//!
+//! Run `cargo run --example server -- --help` for the variables.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use axum::{Router, routing::get};
+use tower_ratelimit::key::{GlobalKey, HeaderKey, KeyExtractor, PeerIp};
+use tower_ratelimit::{Algorithm, Policy, RateLimitLayer};
+
+const HELP: &str = "\
+tower-ratelimit demo server
+
+Environment variables:
+  BIND        address to listen on                  (default 127.0.0.1:3000)
+  REDIS_URL   unset: in-memory store; set: Redis    (default unset)
+  ALGORITHM   gcra | token_bucket | leaky_bucket | fixed_window | sliding_window | sliding_log
+                                                    (default gcra)
+  RATE_LIMIT  a quota such as 10/s, 100/min, 20/10s (default 10/s)
+  KEY         ip | global | header:<name>           (default ip)
+
+Routes:
+  GET /        rate limited, answers 200 with a short text
+  GET /health  never limited
+";
+
+struct Config {
+    bind: SocketAddr,
+    algorithm: Algorithm,
+    rate_limit: String,
+    key: String,
+}
+
+fn env_or(name: &str, default: &str) -> Result<String, String> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => Ok(v.trim().to_owned()),
+        Ok(_) | Err(std::env::VarError::NotPresent) => Ok(default.to_owned()),
+        Err(std::env::VarError::NotUnicode(_)) => Err(format!("{name}: not valid UTF-8")),
+    }
+}
+
+fn key_extractor(spec: &str) -> Result<Box<dyn KeyExtractor>, String> {
+    match spec {
+        "ip" => Ok(Box::new(PeerIp::new())),
+        "global" => Ok(Box::new(GlobalKey)),
+        _ => match spec.strip_prefix("header:") {
+            Some(name) => HeaderKey::try_new(name)
+                .map(|k| Box::new(k) as Box<dyn KeyExtractor>)
+                .map_err(|e| format!("KEY: {e}")),
+            None => Err(format!(
+                "KEY: unknown key {spec:?}; expected ip, global or header:<name>"
+            )),
+        },
+    }
+}
+
+fn config() -> Result<Config, String> {
+    let bind = env_or("BIND", "127.0.0.1:3000")?;
+    let bind = bind
+        .parse()
+        .map_err(|_| format!("BIND: {bind:?} is not an address such as 127.0.0.1:3000"))?;
+    let algorithm = env_or("ALGORITHM", "gcra")?
+        .parse()
+        .map_err(|e| format!("ALGORITHM: {e}"))?;
+    Ok(Config {
+        bind,
+        algorithm,
+        rate_limit: env_or("RATE_LIMIT", "10/s")?,
+        key: env_or("KEY", "ip")?,
+    })
+}
+
+fn app(config: &Config) -> Result<Router, String> {
+    if std::env::var_os("REDIS_URL").is_some() {
+        return Err("REDIS_URL: the Redis store is not available in this version; unset REDIS_URL to use the in-memory store".into());
+    }
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::new(config.algorithm, config.rate_limit.as_str()))
+        .key(key_extractor(&config.key)?)
+        .build()
+        .map_err(|e| format!("RATE_LIMIT: {e}"))?;
+    Ok(Router::new()
+        .route("/", get(|| async { "hello from tower-ratelimit\n" }))
+        .route_layer(layer)
+        .route("/health", get(|| async { "ok\n" })))
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    if std::env::args().skip(1).any(|a| a == "--help" || a == "-h") {
+        print!("{HELP}");
+        return ExitCode::SUCCESS;
+    }
+    let result = async {
+        let config = config()?;
+        let app = app(&config)?;
+        let listener = tokio::net::TcpListener::bind(config.bind)
+            .await
+            .map_err(|e| format!("BIND: cannot listen on {}: {e}", config.bind))?;
+        println!(
+            "listening on http://{} | store=memory algorithm={} RATE_LIMIT={} KEY={} | --help lists the variables",
+            listener.local_addr().map_err(|e| e.to_string())?,
+            config.algorithm,
+            config.rate_limit,
+            config.key,
+        );
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+        .map_err(|e| format!("server error: {e}"))
+    }
+    .await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::from(2)
+        }
+    }
+}

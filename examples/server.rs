@@ -12,14 +12,17 @@ use std::process::ExitCode;
 
 use axum::{Router, routing::get};
 use tower_ratelimit::key::{GlobalKey, HeaderKey, KeyExtractor, PeerIp};
-use tower_ratelimit::{Algorithm, Policy, RateLimitLayer};
+use tower_ratelimit::{Algorithm, Policy, RateLimitLayer, RedisStore, Store};
 
 const HELP: &str = "\
 tower-ratelimit demo server
 
 Environment variables:
   BIND        address to listen on                  (default 127.0.0.1:3000)
-  REDIS_URL   unset: in-memory store; set: Redis    (default unset)
+  REDIS_URL   unset: in-memory store; set: Redis, e.g. redis://127.0.0.1:6379 or
+              redis+cluster://127.0.0.1:7000,127.0.0.1:7001 for a Redis Cluster
+                                                    (default unset)
+  PREFIX      key prefix in Redis                   (default rl:)
   ALGORITHM   gcra | token_bucket | leaky_bucket | fixed_window | sliding_window | sliding_log
                                                     (default gcra)
   RATE_LIMIT  a quota such as 10/s, 100/min, 20/10s (default 10/s)
@@ -32,6 +35,8 @@ Routes:
 
 struct Config {
     bind: SocketAddr,
+    redis_url: Option<String>,
+    prefix: String,
     algorithm: Algorithm,
     rate_limit: String,
     key: String,
@@ -68,27 +73,56 @@ fn config() -> Result<Config, String> {
     let algorithm = env_or("ALGORITHM", "gcra")?
         .parse()
         .map_err(|e| format!("ALGORITHM: {e}"))?;
+    let redis_url = match env_or("REDIS_URL", "")? {
+        url if url.is_empty() => None,
+        url => Some(url),
+    };
     Ok(Config {
         bind,
+        redis_url,
+        prefix: env_or("PREFIX", "rl:")?,
         algorithm,
         rate_limit: env_or("RATE_LIMIT", "10/s")?,
         key: env_or("KEY", "ip")?,
     })
 }
 
-fn app(config: &Config) -> Result<Router, String> {
-    if std::env::var_os("REDIS_URL").is_some() {
-        return Err("REDIS_URL: the Redis store is not available in this version; unset REDIS_URL to use the in-memory store".into());
-    }
+fn policy(config: &Config) -> Policy {
+    Policy::new(config.algorithm, config.rate_limit.as_str())
+}
+
+fn app<St: Store>(config: &Config, store: St) -> Result<Router, String> {
     let layer = RateLimitLayer::builder()
-        .policy(Policy::new(config.algorithm, config.rate_limit.as_str()))
+        .policy(policy(config))
         .key(key_extractor(&config.key)?)
+        .store(store)
         .build()
         .map_err(|e| format!("RATE_LIMIT: {e}"))?;
     Ok(Router::new()
         .route("/", get(|| async { "hello from tower-ratelimit\n" }))
         .route_layer(layer)
         .route("/health", get(|| async { "ok\n" })))
+}
+
+/// The app and a description of its store.
+async fn build(config: &Config) -> Result<(Router, String), String> {
+    match &config.redis_url {
+        None => Ok((app(config, tower_ratelimit::MemoryStore::new())?, "memory".into())),
+        Some(url) => {
+            // Check the quota before connecting, so a typo is reported as such.
+            RateLimitLayer::builder()
+                .policy(policy(config))
+                .build()
+                .map_err(|e| format!("RATE_LIMIT: {e}"))?;
+            let store = RedisStore::builder(url)
+                .prefix(config.prefix.as_str())
+                .build()
+                .await
+                .map_err(|e| format!("REDIS_URL: {e}"))?;
+            let described = format!("redis prefix={}", config.prefix);
+            Ok((app(config, store)?, described))
+        }
+    }
 }
 
 #[tokio::main]
@@ -99,12 +133,12 @@ async fn main() -> ExitCode {
     }
     let result = async {
         let config = config()?;
-        let app = app(&config)?;
+        let (app, store) = build(&config).await?;
         let listener = tokio::net::TcpListener::bind(config.bind)
             .await
             .map_err(|e| format!("BIND: cannot listen on {}: {e}", config.bind))?;
         println!(
-            "listening on http://{} | store=memory algorithm={} RATE_LIMIT={} KEY={} | --help lists the variables",
+            "listening on http://{} | store={store} algorithm={} RATE_LIMIT={} KEY={} | --help lists the variables",
             listener.local_addr().map_err(|e| e.to_string())?,
             config.algorithm,
             config.rate_limit,

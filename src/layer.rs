@@ -8,12 +8,12 @@ use http::{Response, StatusCode};
 use tower_layer::Layer;
 
 use crate::decision::Decision;
-use crate::error::{ConfigError, FailurePolicy, KeyRejection};
-use crate::key::{KeyExtractor, PeerIp};
+use crate::error::{ConfigError, FailurePolicy, KeyRejection, StoreError};
+use crate::key::{Key, KeyExtractor, PeerIp};
 use crate::policy::Policy;
 use crate::response::Responses;
 use crate::service::RateLimit;
-use crate::store::{MemoryStore, PolicyHandle, Store};
+use crate::store::{Check, MemoryStore, PolicyHandle, Store};
 
 /// Applies rate limits to every request that reaches the wrapped service.
 ///
@@ -100,6 +100,43 @@ impl<St> RateLimitLayer<St> {
     /// The store the layer decides in.
     pub fn store(&self) -> &St {
         &self.shared.store
+    }
+
+    /// The names of the layer's policies, in order.
+    pub fn policy_names(&self) -> impl Iterator<Item = &str> {
+        self.shared.policies.iter().map(|p| &*p.handle.name)
+    }
+}
+
+impl<St: Store> RateLimitLayer<St> {
+    /// Decides for `key` at `cost` against every policy of the layer, without a request: the
+    /// same atomic decision the middleware makes, for rate-limiting work that is not an HTTP
+    /// request (jobs, messages) or for tests. A cost of 0 only looks: nothing is charged.
+    ///
+    /// ```
+    /// use tower_ratelimit::{Policy, RateLimitLayer, key::Key};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RateLimitLayer::builder().policy(Policy::fixed_window("2/min")).build()?;
+    /// let job = Key::from("nightly-export");
+    /// assert!(limiter.check(&job, 1).await?.is_allowed());
+    /// assert!(limiter.check(&job, 1).await?.is_allowed());
+    /// assert!(!limiter.check(&job, 1).await?.is_allowed());
+    /// # Ok(()) }
+    /// ```
+    pub async fn check(&self, key: &Key, cost: u32) -> Result<Decision, StoreError> {
+        let checks = self
+            .shared
+            .policies
+            .iter()
+            .map(|p| Check {
+                policy: p.handle.clone(),
+                key: key.clone(),
+                cost: u64::from(cost),
+            })
+            .collect();
+        self.shared.store.check(checks).await
     }
 }
 

@@ -128,3 +128,6 @@ pub use policy::Policy;
 pub use quota::{MAX_WINDOW, Quota, QuotaError};
 pub use service::RateLimit;
 pub use store::{Check, MemoryStore, MemoryStoreBuilder, Store};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use store::{RedisStore, RedisStoreBuilder};

@@ -24,6 +24,9 @@ pub(crate) mod sliding_log;
 pub(crate) mod sliding_window;
 pub(crate) mod token_bucket;
 
+#[cfg(test)]
+mod properties;
+
 use std::fmt;
 use std::str::FromStr;
 
@@ -229,6 +232,32 @@ impl Compiled {
             Compiled::Gcra(a) => a.burst,
         }
     }
+
+    /// The algorithm's number and its four parameters, as the Lua twin takes them.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn lua_args(&self) -> (u8, [u64; 4]) {
+        match self {
+            Compiled::FixedWindow(a) => (1, [a.limit, a.window, 0, 0]),
+            Compiled::SlidingWindow(a) => (2, [a.limit, a.buckets, a.bucket, 0]),
+            Compiled::SlidingLog(a) => (3, [a.limit, a.window, 0, 0]),
+            Compiled::TokenBucket(a) => (4, [a.capacity, a.scaled.unit, a.scaled.rate, a.scaled.full]),
+            Compiled::LeakyBucket(a) => (5, [a.capacity, a.scaled.unit, a.scaled.rate, a.scaled.full]),
+            Compiled::Gcra(a) => (6, [a.interval, a.burst, a.tolerance, 0]),
+        }
+    }
+
+    /// The Lua twin of every algorithm and the script that decides with them, as one script.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) const LUA: &'static str = concat!(
+        include_str!("lua/prelude.lua"),
+        include_str!("lua/fixed_window.lua"),
+        include_str!("lua/sliding_window.lua"),
+        include_str!("lua/sliding_log.lua"),
+        include_str!("lua/token_bucket.lua"),
+        include_str!("lua/leaky_bucket.lua"),
+        include_str!("lua/gcra.lua"),
+        include_str!("lua/decide.lua"),
+    );
 
     /// Phase one: decide without changing anything.
     pub(crate) fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {

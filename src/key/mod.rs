@@ -152,6 +152,14 @@ impl Key {
         }
     }
 
+    pub(crate) fn parts(&self) -> KeyParts<'_> {
+        match &self.0 {
+            Repr::Global => KeyParts::Global,
+            Repr::Ip(ip) => KeyParts::Ip(*ip),
+            Repr::Bytes(b) => KeyParts::Bytes(b),
+        }
+    }
+
     /// The IP address, if the key is one.
     pub fn as_ip(&self) -> Option<IpAddr> {
         match self.0 {
@@ -159,6 +167,14 @@ impl Key {
             _ => None,
         }
     }
+}
+
+/// A borrowed view of a key's representation.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) enum KeyParts<'a> {
+    Global,
+    Ip(IpAddr),
+    Bytes(&'a [u8]),
 }
 
 impl fmt::Debug for Key {

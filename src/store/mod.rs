@@ -4,11 +4,15 @@
 //! same arithmetic, so a configuration behaves identically whichever store backs it.
 
 mod memory;
+#[cfg(feature = "redis")]
+mod redis;
 
 use std::future::Future;
 use std::sync::Arc;
 
 pub use memory::{MemoryStore, MemoryStoreBuilder};
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisStore, RedisStoreBuilder};
 
 use crate::algorithm::Compiled;
 use crate::decision::Decision;

@@ -1,0 +1,58 @@
+-- Decides one request against one or more policies, atomically.
+-- KEYS[i]: the key of policy i. ARGV[1]: the time in microseconds, or '' to use Redis TIME.
+-- ARGV[2]: milliseconds added to every TTL (0 unless the time is injected: Redis then expires
+-- keys on its own clock, which an injected clock may outrun or lag).
+-- Then 6 arguments per policy: algorithm, four parameters, cost.
+-- Phase one evaluates every policy; phase two charges them all, only if all admit the request.
+-- Reply: { now, then per policy: allowed, remaining, reset_after_us, retry_after_us or -1 }.
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+TTL_SLACK = tonumber(ARGV[2]) or 0
+
+local n = #KEYS
+local algs, params, costs, states = {}, {}, {}, {}
+local reply = { now }
+local all = true
+for i = 1, n do
+  local base = 2 + (i - 1) * 6
+  local alg = ALG[tonumber(ARGV[base + 1])]
+  if not alg then
+    return redis.error_reply('tower-ratelimit: unknown algorithm ' .. tostring(ARGV[base + 1]))
+  end
+  local p = {
+    tonumber(ARGV[base + 2]),
+    tonumber(ARGV[base + 3]),
+    tonumber(ARGV[base + 4]),
+    tonumber(ARGV[base + 5]),
+  }
+  local cost = tonumber(ARGV[base + 6])
+  local st = alg.load(KEYS[i], p)
+  local allowed, remaining, reset, retry = alg:evaluate(p, st, now, cost, KEYS[i])
+  if allowed == 0 then
+    all = false
+  end
+  algs[i], params[i], costs[i], states[i] = alg, p, cost, st
+  reply[#reply + 1] = allowed
+  reply[#reply + 1] = remaining
+  reply[#reply + 1] = reset
+  reply[#reply + 1] = retry
+end
+
+for i = 1, n do
+  if all and costs[i] > 0 then
+    algs[i]:commit(KEYS[i], params[i], states[i], now, costs[i])
+  elseif redis.call('PTTL', KEYS[i]) == -1 then
+    -- A key without a TTL (written by something else, or lost its TTL): repair it.
+    local ttl = cdiv(reply[2 + (i - 1) * 4 + 2], 1000) + TTL_SLACK
+    if ttl < 1 then
+      ttl = 1
+    end
+    redis.call('PEXPIRE', KEYS[i], ttl)
+  end
+end
+
+return reply

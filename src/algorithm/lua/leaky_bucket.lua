@@ -1,0 +1,40 @@
+-- Leaky bucket (meter): twin of leaky_bucket.rs. Params: capacity, unit, rate, full.
+-- State: "level last" (level in scaled units).
+ALG[5] = {
+  load = function(key)
+    return parse(get(key), 2)
+  end,
+  level = function(p, st, now)
+    if not st then
+      return 0
+    end
+    local elapsed = now - st[2]
+    if elapsed < 0 then
+      elapsed = 0
+    end
+    if elapsed >= cdiv(st[1], p[3]) then
+      return 0
+    end
+    return st[1] - elapsed * p[3]
+  end,
+  evaluate = function(self, p, st, now, cost)
+    local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
+    local level = self.level(p, st, now)
+    if cost > capacity then
+      return 0, fdiv(full - level, unit), cdiv(level, rate), -1
+    end
+    local after = level + cost * unit
+    if after <= full then
+      return 1, fdiv(full - after, unit), cdiv(after, rate), -1
+    end
+    return 0, fdiv(full - level, unit), cdiv(level, rate), cdiv(after - full, rate)
+  end,
+  commit = function(self, key, p, st, now, cost)
+    local level = self.level(p, st, now) + cost * p[2]
+    local last = now
+    if st and st[2] > now then
+      last = st[2]
+    end
+    store(key, int(level) .. ' ' .. int(last), now, last + cdiv(level, p[3]))
+  end,
+}

@@ -1,0 +1,73 @@
+-- Sliding log: twin of sliding_log.rs. Params: limit, window. State: a sorted set with one
+-- member per admitted unit, scored by its time; members are "time:sequence".
+ALG[3] = {
+  load = function(key)
+    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    if #newest == 0 then
+      return nil
+    end
+    return { tonumber(newest[2]) }
+  end,
+  -- Time as the log sees it: never before its newest entry.
+  clamp = function(st, now)
+    if st and st[1] > now then
+      return st[1]
+    end
+    return now
+  end,
+  evaluate = function(self, p, st, now, cost, key)
+    local limit, window = p[1], p[2]
+    now = self.clamp(st, now)
+    if not st then
+      if cost > limit then
+        return 0, limit, 0, -1
+      end
+      local reset = 0
+      if cost > 0 then
+        reset = window
+      end
+      return 1, limit - cost, reset, -1
+    end
+    local expired = redis.call('ZCOUNT', key, '-inf', int(now - window))
+    local used = redis.call('ZCARD', key) - expired
+    local newest_left = 0
+    if used > 0 then
+      newest_left = st[1] + window - now
+    end
+    if cost > limit then
+      return 0, limit - used, newest_left, -1
+    end
+    if used + cost <= limit then
+      local reset = newest_left
+      if cost > 0 then
+        reset = window
+      end
+      return 1, limit - used - cost, reset, -1
+    end
+    local need = used + cost - limit
+    local entry = redis.call('ZRANGE', key, expired + need - 1, expired + need - 1, 'WITHSCORES')
+    return 0, limit - used, newest_left, tonumber(entry[2]) + window - now
+  end,
+  commit = function(self, key, p, st, now, cost)
+    local window = p[2]
+    now = self.clamp(st, now)
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - window))
+    local card = redis.call('ZCARD', key)
+    -- One member per unit, added in batches (Lua's unpack has a small stack).
+    local i = 1
+    while i <= cost do
+      local args = {}
+      local last = i + 499
+      if last > cost then
+        last = cost
+      end
+      for j = i, last do
+        args[#args + 1] = int(now)
+        args[#args + 1] = int(now) .. ':' .. int(card + j)
+      end
+      redis.call('ZADD', key, unpack(args))
+      i = last + 1
+    end
+    redis.call('PEXPIRE', key, cdiv(window, 1000) + TTL_SLACK)
+  end,
+}

@@ -1,0 +1,58 @@
+-- Token bucket: twin of token_bucket.rs. Params: capacity, unit, rate, full.
+-- State: "tokens last" (tokens in scaled units).
+local function fill(p, amount, elapsed)
+  local full, rate = p[4], p[3]
+  local a = amount
+  if a > full then
+    a = full
+  end
+  if elapsed >= cdiv(full - a, rate) then
+    return full
+  end
+  return amount + elapsed * rate
+end
+
+local function elapsed_since(st, now)
+  local e = now - st[2]
+  if e < 0 then
+    return 0
+  end
+  return e
+end
+
+local function last_after(st, now)
+  if st and st[2] > now then
+    return st[2]
+  end
+  return now
+end
+
+ALG[4] = {
+  load = function(key)
+    return parse(get(key), 2)
+  end,
+  tokens = function(p, st, now)
+    if not st then
+      return p[4]
+    end
+    return fill(p, st[1], elapsed_since(st, now))
+  end,
+  evaluate = function(self, p, st, now, cost)
+    local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
+    local tokens = self.tokens(p, st, now)
+    if cost > capacity then
+      return 0, fdiv(tokens, unit), cdiv(full - tokens, rate), -1
+    end
+    local need = cost * unit
+    if tokens >= need then
+      local left = tokens - need
+      return 1, fdiv(left, unit), cdiv(full - left, rate), -1
+    end
+    return 0, fdiv(tokens, unit), cdiv(full - tokens, rate), cdiv(need - tokens, rate)
+  end,
+  commit = function(self, key, p, st, now, cost)
+    local tokens = self.tokens(p, st, now) - cost * p[2]
+    local last = last_after(st, now)
+    store(key, int(tokens) .. ' ' .. int(last), now, last + cdiv(p[4] - tokens, p[3]))
+  end,
+}

@@ -1,0 +1,517 @@
+//! The Redis store (feature `redis`).
+
+mod key;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, ErrorKind, ServerErrorKind};
+
+use super::{Check, Store, private};
+use crate::algorithm::{Compiled, Verdict};
+use crate::clock::Clock;
+use crate::decision::{Decision, PolicyOutcome};
+use crate::error::{ConfigError, StoreError};
+
+pub(crate) use key::redis_key;
+
+/// Milliseconds added to every TTL when a clock is injected.
+const INJECTED_CLOCK_TTL_SLACK_MS: u64 = 60_000;
+
+/// The default key prefix.
+pub(crate) const DEFAULT_PREFIX: &str = "rl:";
+
+/// Rate-limit state in Redis, shared by every instance of an API.
+///
+/// Each decision is one `EVALSHA` of one Lua script that holds the Lua twin of every algorithm:
+/// it reads the state of every policy's key, evaluates them all, and charges them only if all
+/// admit the request, in one atomic step and one round trip. Every key it writes gets a TTL in
+/// the same step (no longer than the algorithm needs), and a key found without one is given one.
+/// The script is loaded when the store is built and reloaded transparently when Redis answers
+/// `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`; on every primary of a cluster).
+///
+/// Time comes from Redis `TIME`, so application servers with skewed clocks agree; a
+/// [`Clock`] can be injected for tests.
+///
+/// ```no_run
+/// use tower_ratelimit::{Policy, RateLimitLayer, RedisStore, key::PeerIp};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = RedisStore::builder("redis://127.0.0.1:6379").prefix("myapi:").build().await?;
+/// let layer = RateLimitLayer::builder()
+///     .policy(Policy::gcra("10/s"))
+///     .key(PeerIp::new())
+///     .store(store)
+///     .build()?;
+/// # Ok(()) }
+/// ```
+///
+/// # Connections
+///
+/// By default the store shares one multiplexed connection (redis-rs's `ConnectionManager`,
+/// which reconnects by itself): concurrent decisions are pipelined on one socket.
+/// [`RedisStoreBuilder::pool`] uses a deadpool-redis pool instead, one connection per
+/// in-flight decision. A URL of the form `redis+cluster://host:port,host:port` (or
+/// [`RedisStore::cluster_builder`]) connects to a Redis Cluster.
+///
+/// # Keys
+///
+/// A key is `<prefix><policy name>:{<caller key>}`: the caller's key, escaped (or hashed when
+/// longer than 64 bytes), is the cluster hash tag, so every policy of one caller key lives in
+/// one slot, and nothing a client sends can choose the slot or reach another key.
+///
+/// # Memory per key
+///
+/// `MEMORY USAGE` on Redis 7.0 (jemalloc, 64-bit) of one key such as
+/// `rl:gcra:{b:203.0.113.9}` (the test `memory_usage_per_key` measures it):
+///
+/// | algorithm | bytes |
+/// |---|---|
+/// | GCRA | 72 |
+/// | fixed window, token bucket, leaky bucket | 120 |
+/// | sliding window (10 buckets) | 136 |
+/// | sliding log | 136, plus about 36 per admitted unit in the window (3,672 at 100) |
+///
+/// The sliding log's limit is capped at 10,000 units per window (about 360 KB per key at the
+/// cap); use the sliding window counter for larger limits.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Conn,
+    prefix: String,
+    clock: Option<Arc<dyn Clock>>,
+    sha: String,
+    target: String,
+    registry: Mutex<HashMap<Arc<str>, (u32, Compiled)>>,
+}
+
+enum Conn {
+    Multiplexed(ConnectionManager),
+    Pool(deadpool_redis::Pool),
+    Cluster(ClusterConnection),
+    ClusterPool(deadpool_redis::cluster::Pool),
+}
+
+impl Conn {
+    fn kind(&self) -> &'static str {
+        match self {
+            Conn::Multiplexed(_) => "multiplexed",
+            Conn::Pool(_) => "pool",
+            Conn::Cluster(_) => "cluster",
+            Conn::ClusterPool(_) => "cluster-pool",
+        }
+    }
+
+    fn is_cluster(&self) -> bool {
+        matches!(self, Conn::Cluster(_) | Conn::ClusterPool(_))
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("target", &self.inner.target)
+            .field("connection", &self.inner.conn.kind())
+            .field("prefix", &self.inner.prefix)
+            .field("clock", &self.inner.clock)
+            .finish()
+    }
+}
+
+/// Configures a [`RedisStore`].
+#[must_use]
+pub struct RedisStoreBuilder {
+    nodes: Vec<String>,
+    cluster: bool,
+    pool: Option<usize>,
+    prefix: String,
+    clock: Option<Arc<dyn Clock>>,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("nodes", &self.nodes.iter().map(|n| redact(n)).collect::<Vec<_>>())
+            .field("cluster", &self.cluster)
+            .field("pool", &self.pool)
+            .field("prefix", &self.prefix)
+            .field("clock", &self.clock)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .finish()
+    }
+}
+
+/// `scheme://host:port` of a URL, without credentials or path, for messages.
+fn redact(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    let host = rest.split('/').next().unwrap_or(rest);
+    format!("{scheme}://{host}")
+}
+
+impl RedisStore {
+    /// Configures a store for `url`: `redis://[user:password@]host[:port][/db]`, `rediss://…`
+    /// (TLS, if redis-rs was built with it), `redis+unix:///path`, or
+    /// `redis+cluster://[user:password@]host:port,host:port,…` for a Redis Cluster.
+    pub fn builder(url: &str) -> RedisStoreBuilder {
+        let url = url.trim();
+        for (scheme, node_scheme) in [("redis+cluster://", "redis://"), ("rediss+cluster://", "rediss://")] {
+            if let Some(rest) = url.strip_prefix(scheme) {
+                let (auth, hosts) = match rest.rsplit_once('@') {
+                    Some((auth, hosts)) => (format!("{auth}@"), hosts),
+                    None => (String::new(), rest),
+                };
+                let nodes = hosts
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|h| !h.is_empty())
+                    .map(|h| format!("{node_scheme}{auth}{h}"))
+                    .collect();
+                return Self::new_builder(nodes, true);
+            }
+        }
+        Self::new_builder(vec![url.to_owned()], false)
+    }
+
+    /// Configures a store for a Redis Cluster reached through any of `nodes` (`redis://` URLs).
+    pub fn cluster_builder<I, S>(nodes: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::new_builder(nodes.into_iter().map(Into::into).collect(), true)
+    }
+
+    fn new_builder(nodes: Vec<String>, cluster: bool) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            nodes,
+            cluster,
+            pool: None,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            clock: None,
+            connect_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(1),
+        }
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The SHA-1 of the decision script, as `SCRIPT EXISTS` and `EVALSHA` know it.
+    pub fn script_sha(&self) -> &str {
+        &self.inner.sha
+    }
+
+    /// The decision script's source: the Lua twin of every algorithm.
+    pub fn script_source() -> &'static str {
+        Compiled::LUA
+    }
+
+    /// The Redis key holding the state of `key` under the policy named `policy`.
+    pub fn key_for(&self, policy: &str, key: &crate::key::Key) -> Vec<u8> {
+        redis_key(&self.inner.prefix, policy, key)
+    }
+}
+
+impl RedisStoreBuilder {
+    /// The prefix of every key the store writes (default `rl:`): at most 64 printable ASCII
+    /// characters without braces or spaces.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Uses a deadpool-redis pool of up to `max_size` connections instead of one shared
+    /// multiplexed connection.
+    pub fn pool(mut self, max_size: usize) -> Self {
+        self.pool = Some(max_size.max(1));
+        self
+    }
+
+    /// Decides on `clock`'s time instead of Redis `TIME` (for deterministic tests; every
+    /// instance sharing the Redis must then share the clock).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// How long to wait for a connection (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for a reply (default 1 s).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Connects, loads the script, and returns the store. Fails with a one-line message when
+    /// the URL is invalid or Redis cannot be reached within the connect timeout.
+    pub async fn build(self) -> Result<RedisStore, StoreError> {
+        key::validate_prefix(&self.prefix).map_err(StoreError::new)?;
+        if self.nodes.is_empty() {
+            return Err(StoreError::new(ConfigError::new("no Redis node given")));
+        }
+        let target = self.nodes.iter().map(|n| redact(n)).collect::<Vec<_>>().join(",");
+        let fail = |what: &str, e: &dyn fmt::Display| {
+            StoreError::new(format!("cannot {what} Redis at {target}: {e}"))
+        };
+        let conn = match (self.cluster, self.pool) {
+            (false, None) => {
+                let client = redis::Client::open(self.nodes[0].as_str())
+                    .map_err(|e| fail("parse the URL of", &e))?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.connect_timeout))
+                    .set_response_timeout(Some(self.response_timeout))
+                    .set_number_of_retries(1);
+                let manager = tokio::time::timeout(
+                    self.connect_timeout * 2,
+                    ConnectionManager::new_with_config(client, config),
+                )
+                .await
+                .map_err(|_| fail("connect to", &"timed out"))?
+                .map_err(|e| fail("connect to", &e))?;
+                Conn::Multiplexed(manager)
+            }
+            (false, Some(size)) => {
+                let mut config = deadpool_redis::Config::from_url(self.nodes[0].clone());
+                config.pool = Some(deadpool_redis::PoolConfig {
+                    max_size: size,
+                    timeouts: deadpool_redis::Timeouts {
+                        wait: Some(self.connect_timeout),
+                        create: Some(self.connect_timeout),
+                        recycle: Some(self.response_timeout),
+                    },
+                    ..Default::default()
+                });
+                let pool = config
+                    .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+                    .map_err(|e| fail("configure a pool for", &e))?;
+                Conn::Pool(pool)
+            }
+            (true, None) => {
+                let client = redis::cluster::ClusterClientBuilder::new(self.nodes.clone())
+                    .connection_timeout(self.connect_timeout)
+                    .response_timeout(self.response_timeout)
+                    .retries(2)
+                    .build()
+                    .map_err(|e| fail("parse the URLs of", &e))?;
+                let conn = tokio::time::timeout(self.connect_timeout * 2, client.get_async_connection())
+                    .await
+                    .map_err(|_| fail("connect to", &"timed out"))?
+                    .map_err(|e| fail("connect to", &e))?;
+                Conn::Cluster(conn)
+            }
+            (true, Some(size)) => {
+                let mut config = deadpool_redis::cluster::Config::from_urls(self.nodes.clone());
+                config.pool = Some(deadpool_redis::PoolConfig {
+                    max_size: size,
+                    timeouts: deadpool_redis::Timeouts {
+                        wait: Some(self.connect_timeout),
+                        create: Some(self.connect_timeout),
+                        recycle: Some(self.response_timeout),
+                    },
+                    ..Default::default()
+                });
+                let pool = config
+                    .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+                    .map_err(|e| fail("configure a pool for", &e))?;
+                Conn::ClusterPool(pool)
+            }
+        };
+        let script = redis::Script::new(Compiled::LUA);
+        let store = RedisStore {
+            inner: Arc::new(Inner {
+                conn,
+                prefix: self.prefix,
+                clock: self.clock,
+                sha: script.get_hash().to_owned(),
+                target,
+                registry: Mutex::new(HashMap::new()),
+            }),
+        };
+        let load = store.inner.with_conn(|mut c| async move {
+            let mut cmd = redis::cmd("SCRIPT");
+            cmd.arg("LOAD").arg(Compiled::LUA);
+            cmd.query_async::<redis::Value>(&mut c).await.map(drop)
+        });
+        tokio::time::timeout(self.connect_timeout * 2, load)
+            .await
+            .map_err(|_| StoreError::new(format!("cannot load the script into Redis at {}: timed out", store.inner.target)))?
+            .map_err(|e| StoreError::new(format!("cannot load the script into Redis at {}: {e}", store.inner.target)))?;
+        Ok(store)
+    }
+}
+
+impl Inner {
+    /// Runs `f` with a connection of the configured kind.
+    async fn with_conn<F, Fut, T>(&self, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(AnyConn) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let conn = match &self.conn {
+            Conn::Multiplexed(m) => AnyConn::Multiplexed(m.clone()),
+            Conn::Cluster(c) => AnyConn::Cluster(c.clone()),
+            Conn::Pool(p) => AnyConn::Pool(p.get().await.map_err(StoreError::new)?),
+            Conn::ClusterPool(p) => AnyConn::ClusterPool(p.get().await.map_err(StoreError::new)?),
+        };
+        f(conn).await.map_err(StoreError::new)
+    }
+
+    async fn decide(&self, checks: Vec<Check>) -> Result<Decision, StoreError> {
+        if self.conn.is_cluster() {
+            if let Some(first) = checks.first() {
+                if checks.iter().any(|c| c.key != first.key) {
+                    return Err(StoreError::new(
+                        "policies keyed differently cannot be decided in one script on Redis Cluster",
+                    ));
+                }
+            }
+        }
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.sha).arg(checks.len());
+        for check in &checks {
+            cmd.arg(redis_key(&self.prefix, &check.policy.name, &check.key));
+        }
+        match &self.clock {
+            // Redis expires keys on its own clock, which an injected one may outrun or lag.
+            Some(clock) => cmd.arg(clock.now_micros()).arg(INJECTED_CLOCK_TTL_SLACK_MS),
+            None => cmd.arg("").arg(0),
+        };
+        for check in &checks {
+            let (code, params) = check.policy.algorithm.lua_args();
+            cmd.arg(code).arg(&params[..]).arg(check.cost);
+        }
+        let reply: Vec<i64> = self
+            .with_conn(|mut c| async move { invoke(&cmd, &mut c).await })
+            .await?;
+        if reply.len() != 1 + 4 * checks.len() {
+            return Err(StoreError::new(format!(
+                "unexpected reply of {} integers from the decision script",
+                reply.len()
+            )));
+        }
+        let outcomes = checks
+            .iter()
+            .zip(reply[1..].chunks_exact(4))
+            .map(|(check, r)| {
+                let verdict = Verdict {
+                    allowed: r[0] == 1,
+                    remaining: r[1].max(0) as u64,
+                    reset_after_us: r[2].max(0) as u64,
+                    retry_after_us: (r[3] >= 0).then_some(r[3] as u64),
+                };
+                PolicyOutcome::new(
+                    check.policy.name.clone(),
+                    check.policy.algorithm.reported_limit(),
+                    verdict,
+                )
+            })
+            .collect();
+        Ok(Decision::new(outcomes))
+    }
+}
+
+/// `EVALSHA`, loading the script and trying once more if Redis does not have it. A script that
+/// may have run is never retried: only `NOSCRIPT` (the script did not run) leads to a retry.
+async fn invoke(cmd: &Cmd, conn: &mut AnyConn) -> redis::RedisResult<Vec<i64>> {
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            tracing::info!("decision script missing from Redis (NOSCRIPT); loading it again");
+            redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(Compiled::LUA)
+                .query_async::<redis::Value>(conn)
+                .await?;
+            cmd.query_async(conn).await
+        }
+        other => other,
+    }
+}
+
+/// One connection of any kind, for the duration of a call.
+enum AnyConn {
+    Multiplexed(ConnectionManager),
+    Cluster(ClusterConnection),
+    Pool(deadpool_redis::Connection),
+    ClusterPool(deadpool_redis::cluster::Connection),
+}
+
+impl ConnectionLike for AnyConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            AnyConn::Multiplexed(c) => c.req_packed_command(cmd),
+            AnyConn::Cluster(c) => c.req_packed_command(cmd),
+            AnyConn::Pool(c) => c.req_packed_command(cmd),
+            AnyConn::ClusterPool(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            AnyConn::Multiplexed(c) => c.req_packed_commands(cmd, offset, count),
+            AnyConn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            AnyConn::Pool(c) => c.req_packed_commands(cmd, offset, count),
+            AnyConn::ClusterPool(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            AnyConn::Multiplexed(c) => c.get_db(),
+            AnyConn::Cluster(c) => c.get_db(),
+            AnyConn::Pool(c) => c.get_db(),
+            AnyConn::ClusterPool(c) => c.get_db(),
+        }
+    }
+}
+
+impl Store for RedisStore {
+    type Future = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'static>>;
+
+    fn check(&self, checks: Vec<Check>) -> Self::Future {
+        let inner = self.inner.clone();
+        Box::pin(async move { inner.decide(checks).await })
+    }
+}
+
+#[allow(private_interfaces)]
+impl private::Sealed for RedisStore {
+    fn register(&self, name: Arc<str>, algorithm: Compiled) -> Result<u32, ConfigError> {
+        let mut registry = self.inner.registry.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((id, existing)) = registry.get(&name) {
+            return if *existing == algorithm {
+                Ok(*id)
+            } else {
+                Err(ConfigError::new(format!(
+                    "policy name {name:?} is already used in this store by a different policy; give each policy its own name"
+                )))
+            };
+        }
+        let id = registry.len() as u32;
+        registry.insert(name, (id, algorithm));
+        Ok(id)
+    }
+}

@@ -1,0 +1,147 @@
+//! The Redis store on a real 3-primary Redis Cluster started by the test: exactness under
+//! contention, hostile keys in the crate's chosen slot, NOSCRIPT on every node, TTLs.
+
+mod support;
+
+use support::{RedisCluster, assert_no_key_without_ttl};
+use tower_ratelimit::key::Key;
+use tower_ratelimit::{Algorithm, ManualClock, Policy, RateLimitLayer, RedisStore};
+
+/// One cluster, started once (it takes a few seconds) and stopped when the suite ends, even
+/// when a scenario fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_suite() {
+    let cluster = RedisCluster::start();
+    let c = &cluster;
+    two_instances_admit_exactly_the_limit_on_the_cluster(c).await;
+    hostile_keys_land_in_the_crates_slot(c).await;
+    script_flush_on_every_node_is_survived(c).await;
+    redis_time_works_on_the_cluster(c).await;
+}
+
+async fn store(cluster: &RedisCluster, prefix: &str, clock: &ManualClock, pool: bool) -> RedisStore {
+    let mut b = RedisStore::builder(&cluster.url()).prefix(prefix).clock(clock.clone());
+    if pool {
+        b = b.pool(8);
+    }
+    b.build().await.expect("connect to the test cluster")
+}
+
+fn check_all_nodes(cluster: &RedisCluster, prefix: &str) {
+    for node in &cluster.nodes {
+        assert_no_key_without_ttl(node, prefix);
+    }
+}
+
+async fn two_instances_admit_exactly_the_limit_on_the_cluster(cluster: &RedisCluster) {
+    let clock = ManualClock::new();
+    for algorithm in Algorithm::ALL {
+        let a = store(cluster, "crace:", &clock, false).await;
+        let b = store(cluster, "crace:", &clock, true).await;
+        let policy = Policy::new(algorithm, "50/h").name(algorithm.name());
+        let la = RateLimitLayer::builder().policy(policy.clone()).store(a).build().unwrap();
+        let lb = RateLimitLayer::builder().policy(policy).store(b).build().unwrap();
+        let mut tasks = Vec::new();
+        for i in 0..1_000 {
+            let layer = if i % 2 == 0 { la.clone() } else { lb.clone() };
+            // Several keys, so the race spans several slots and nodes.
+            let key = Key::from(format!("client-{}", i % 4));
+            tasks.push(tokio::spawn(async move { layer.check(&key, 1).await.unwrap().is_allowed() }));
+        }
+        let mut admitted = 0;
+        for t in tasks {
+            admitted += usize::from(t.await.unwrap());
+        }
+        assert_eq!(admitted, 4 * 50, "{algorithm}");
+    }
+    check_all_nodes(cluster, "crace:");
+}
+
+async fn hostile_keys_land_in_the_crates_slot(cluster: &RedisCluster) {
+    let clock = ManualClock::new();
+    let s = store(cluster, "chostile:", &clock, false).await;
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::fixed_window("1/h").name("p"))
+        .store(s.clone())
+        .build()
+        .unwrap();
+    let hostile = [
+        Key::from("{victim}"),
+        Key::from("x}{victim"),
+        Key::from("{}"),
+        Key::from("a:b"),
+        Key::from("new\nline"),
+        Key::from(&b"\xc3\x28 bad utf-8"[..]),
+        Key::from(vec![b'{'; 64 * 1024]),
+        Key::from("victim"),
+    ];
+    let victim_key = String::from_utf8(s.key_for("p", &Key::from("victim"))).unwrap();
+    let victim_slot = cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", &victim_key]);
+    for key in &hostile {
+        assert!(layer.check(key, 1).await.unwrap().is_allowed(), "{key:?}");
+        let rk = String::from_utf8(s.key_for("p", key)).unwrap();
+        // The slot is the one of the crate's hash tag, i.e. of the tag's body alone.
+        let tag = &rk[rk.find('{').unwrap() + 1..rk.find('}').unwrap()];
+        let slot = cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", &rk]);
+        assert_eq!(slot, cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", tag]), "{rk}");
+        if *key != Key::from("victim") {
+            assert!(rk != victim_key);
+        }
+        // The key is stored on the node that owns that slot, with a TTL.
+        let node = cluster.node_for(rk.as_bytes());
+        assert_eq!(node.cli(&["EXISTS", &rk]), "1", "{rk} on its node");
+        assert!(node.cli(&["PTTL", &rk]).parse::<i64>().unwrap() > 0);
+    }
+    // "{victim}" and friends did not land in the victim's bucket (or its slot, but by chance).
+    assert_ne!(
+        cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", &String::from_utf8(s.key_for("p", &Key::from("{victim}"))).unwrap()]),
+        victim_slot
+    );
+    for key in &hostile {
+        assert!(!layer.check(key, 1).await.unwrap().is_allowed(), "{key:?} has its own bucket");
+    }
+    check_all_nodes(cluster, "chostile:");
+}
+
+async fn script_flush_on_every_node_is_survived(cluster: &RedisCluster) {
+    let clock = ManualClock::new();
+    for pool in [false, true] {
+        let s = store(cluster, "cflush:", &clock, pool).await;
+        let layer = RateLimitLayer::builder()
+            .policy(Policy::gcra("1000/h").name("g"))
+            .store(s.clone())
+            .build()
+            .unwrap();
+        for round in 0..5 {
+            for node in &cluster.nodes {
+                node.cli(&["SCRIPT", "FLUSH"]);
+                assert_eq!(node.cli(&["SCRIPT", "EXISTS", s.script_sha()]), "0");
+            }
+            for i in 0..12 {
+                layer
+                    .check(&Key::from(format!("k{i}")), 1)
+                    .await
+                    .unwrap_or_else(|e| panic!("round {round}, key {i}, pool {pool}: {e}"));
+            }
+        }
+    }
+    check_all_nodes(cluster, "cflush:");
+}
+
+async fn redis_time_works_on_the_cluster(cluster: &RedisCluster) {
+    let s = RedisStore::builder(&cluster.url()).prefix("ctime:").build().await.unwrap();
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::sliding_log("3/h").name("l"))
+        .store(s)
+        .build()
+        .unwrap();
+    let key = Key::from("t");
+    for _ in 0..3 {
+        assert!(layer.check(&key, 1).await.unwrap().is_allowed());
+    }
+    let d = layer.check(&key, 1).await.unwrap();
+    assert!(!d.is_allowed());
+    let retry = d.retry_after().unwrap();
+    assert!(retry > std::time::Duration::from_secs(3590) && retry <= std::time::Duration::from_secs(3600));
+    check_all_nodes(cluster, "ctime:");
+}

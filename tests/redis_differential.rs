@@ -1,0 +1,97 @@
+//! The Redis store's Lua twins against the in-memory Rust algorithms: the same random
+//! sequences of (time step, cost) must give identical decisions, remaining counts, reset and
+//! retry-after times, on a real redis-server, with one injected clock.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{RedisServer, Rng, assert_no_key_without_ttl};
+use tower_ratelimit::key::Key;
+use tower_ratelimit::{
+    Algorithm, Decision, ManualClock, MemoryStore, Policy, Quota, RateLimitLayer, RedisStore,
+};
+
+fn summary(d: &Decision) -> Vec<(bool, u64, Duration, Option<Duration>)> {
+    d.outcomes()
+        .iter()
+        .map(|o| (o.is_allowed(), o.remaining(), o.reset_after(), o.retry_after()))
+        .collect()
+}
+
+fn random_policy(rng: &mut Rng, algorithm: Algorithm, name: String) -> Policy {
+    let limit = rng.range(1, 12) as u32;
+    let (window, buckets) = if algorithm == Algorithm::SlidingWindow {
+        let buckets = rng.range(1, 6);
+        (rng.range(1, 400) * buckets * 7, Some(buckets as u32))
+    } else {
+        (rng.range(1, 5_000), None)
+    };
+    let quota = Quota::new(limit, Duration::from_micros(window)).unwrap();
+    let mut policy = Policy::new(algorithm, quota).name(name);
+    if algorithm.has_burst() && rng.range(0, 1) == 1 {
+        policy = policy.burst(rng.range(1, 15) as u32);
+    }
+    if let Some(b) = buckets {
+        policy = policy.buckets(b);
+    }
+    policy
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lua_twins_match_the_rust_algorithms() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let redis = RedisStore::builder(&server.url())
+        .prefix("diff:")
+        .clock(clock.clone())
+        .build()
+        .await
+        .expect("connect to the test redis-server");
+    let memory = MemoryStore::with_clock(clock.clone());
+    let sequences_per_algorithm = 200;
+    let mut decisions = 0;
+    for algorithm in Algorithm::ALL {
+        for seq in 0..sequences_per_algorithm {
+            let seed = (algorithm as u64) << 32 | seq;
+            let mut rng = Rng::new(seed);
+            let name = format!("{}-{seq}", algorithm.name());
+            let policy = random_policy(&mut rng, algorithm, name);
+            let on_memory = RateLimitLayer::builder()
+                .policy(policy.clone())
+                .store(memory.clone())
+                .build()
+                .unwrap();
+            let on_redis = RateLimitLayer::builder()
+                .policy(policy)
+                .store(redis.clone())
+                .build()
+                .unwrap();
+            let key = Key::from(format!("k{seq}"));
+            let window_hint = 6_000;
+            for step in 0..30 {
+                let dt = match rng.range(0, 3) {
+                    0 => 0,
+                    1 => rng.range(1, 50),
+                    _ => rng.range(1, window_hint),
+                };
+                clock.advance_micros(dt);
+                let cost = match rng.range(0, 9) {
+                    0 => 0,
+                    1 => rng.range(2, 20) as u32,
+                    _ => 1,
+                };
+                let m = on_memory.check(&key, cost).await.unwrap();
+                let r = on_redis.check(&key, cost).await.unwrap();
+                assert_eq!(
+                    summary(&m),
+                    summary(&r),
+                    "{algorithm} seed {seed} step {step}: memory vs redis (cost {cost})"
+                );
+                decisions += 1;
+            }
+        }
+    }
+    assert_eq!(decisions, 6 * sequences_per_algorithm as usize * 30);
+    assert_no_key_without_ttl(&server, "diff:");
+}

@@ -1,0 +1,285 @@
+//! The Redis store on a real, standalone redis-server: exactness under contention from two
+//! application instances, TTLs on every key, NOSCRIPT recovery, key repair, memory per key,
+//! hostile keys, and a clear error for an unreachable server.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::{RedisServer, assert_no_key_without_ttl, free_port, keys_with_ttl};
+use tower_ratelimit::key::Key;
+use tower_ratelimit::{Algorithm, ManualClock, Policy, RateLimitLayer, RedisStore};
+
+async fn store(server: &RedisServer, prefix: &str, clock: Option<&ManualClock>) -> RedisStore {
+    let mut builder = RedisStore::builder(&server.url()).prefix(prefix);
+    if let Some(clock) = clock {
+        builder = builder.clock(clock.clone());
+    }
+    builder.build().await.expect("connect to the test redis-server")
+}
+
+fn policy(algorithm: Algorithm, limit: u32) -> Policy {
+    Policy::new(algorithm, format!("{limit}/h").as_str()).name(format!("{algorithm}-{limit}"))
+}
+
+/// Two application instances (two stores, two connections) race 1,000 checks at one key.
+async fn contention(a: RedisStore, b: RedisStore, algorithm: Algorithm, limit: u32) -> usize {
+    let la = RateLimitLayer::builder().policy(policy(algorithm, limit)).store(a).build().unwrap();
+    let lb = RateLimitLayer::builder().policy(policy(algorithm, limit)).store(b).build().unwrap();
+    let key = Key::from("contended");
+    let mut tasks = Vec::new();
+    for i in 0..1_000 {
+        let layer = if i % 2 == 0 { la.clone() } else { lb.clone() };
+        let key = key.clone();
+        tasks.push(tokio::spawn(async move { layer.check(&key, 1).await.unwrap().is_allowed() }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += usize::from(t.await.unwrap());
+    }
+    admitted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_admit_exactly_the_limit() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    for algorithm in Algorithm::ALL {
+        let a = store(&server, "race:", Some(&clock)).await;
+        let b = store(&server, "race:", Some(&clock)).await;
+        assert_eq!(contention(a, b, algorithm, 100).await, 100, "{algorithm}");
+    }
+    // With Redis TIME, and a pool on one side: quotas per hour do not refill measurably
+    // during the test.
+    for algorithm in Algorithm::ALL {
+        let a = RedisStore::builder(&server.url()).prefix("race-time:").build().await.unwrap();
+        let b = RedisStore::builder(&server.url()).prefix("race-time:").pool(8).build().await.unwrap();
+        let admitted = contention(a, b, algorithm, 37).await;
+        if algorithm == Algorithm::FixedWindow {
+            // An hour boundary may fall inside the test: at most twice the limit.
+            assert!((37..=74).contains(&admitted), "{algorithm}: {admitted}");
+        } else {
+            assert_eq!(admitted, 37, "{algorithm}");
+        }
+    }
+    assert_no_key_without_ttl(&server, "race");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_key_gets_a_ttl_no_longer_than_needed() {
+    let server = RedisServer::start();
+    let s = store(&server, "ttl:", None).await;
+    for algorithm in Algorithm::ALL {
+        let layer = RateLimitLayer::builder()
+            .policy(Policy::new(algorithm, "10/min").name(algorithm.name()))
+            .store(s.clone())
+            .build()
+            .unwrap();
+        for i in 0..12 {
+            layer.check(&Key::from(format!("u{i}")), 1).await.unwrap();
+        }
+        layer.check(&Key::from("u0"), 1).await.unwrap();
+    }
+    let keys = keys_with_ttl(&server, "ttl:");
+    assert_eq!(keys.len(), 6 * 12, "{keys:?}");
+    for (key, ttl) in keys {
+        // One unit of 10/min drains in 6 s (two units in 12 s); a window lasts at most 60 s,
+        // plus one sub-window of 6 s for the sliding window counter.
+        let bucket = ["gcra", "token_bucket", "leaky_bucket"].iter().any(|a| key.starts_with(&format!("ttl:{a}:")));
+        let max = if bucket { 12_000 } else { 66_000 };
+        assert!(ttl > 0 && ttl <= max, "{key}: PTTL {ttl}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_without_ttl_is_repaired() {
+    let server = RedisServer::start();
+    let clock = ManualClock::starting_at(1_000_000_000_000);
+    let s = RedisStore::builder(&server.url()).prefix("fix:").clock(clock.clone()).build().await.unwrap();
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::gcra("1/min").name("g"))
+        .store(s.clone())
+        .build()
+        .unwrap();
+    let key = Key::from("victim");
+    let redis_key = String::from_utf8(s.key_for("g", &key)).unwrap();
+    // Something else wrote a TAT one hour ahead without a TTL: the key is limited.
+    let tat = 1_000_000_000_000u64 + 3_600_000_000;
+    server.cli(&["SET", &redis_key, &tat.to_string()]);
+    assert_eq!(server.cli(&["PTTL", &redis_key]), "-1");
+    let d = layer.check(&key, 1).await.unwrap();
+    assert!(!d.is_allowed());
+    let ttl: i64 = server.cli(&["PTTL", &redis_key]).parse().unwrap();
+    assert!(ttl > 3_500_000, "repaired TTL {ttl}");
+    // A garbage value is treated as a fresh key and replaced.
+    server.cli(&["SET", &redis_key, "not a number"]);
+    assert!(layer.check(&key, 1).await.unwrap().is_allowed());
+    assert!(server.cli(&["PTTL", &redis_key]).parse::<i64>().unwrap() > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_loses_no_decision() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let s = store(&server, "flush:", Some(&clock)).await;
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::fixed_window("1000/h").name("f"))
+        .store(s.clone())
+        .build()
+        .unwrap();
+    // Between checks.
+    for _ in 0..20 {
+        server.cli(&["SCRIPT", "FLUSH"]);
+        assert_eq!(server.cli(&["SCRIPT", "EXISTS", s.script_sha()]), "0");
+        layer.check(&Key::from("a"), 1).await.expect("decision after SCRIPT FLUSH");
+    }
+    // During checks: a thread flushes in a loop while 600 checks run.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let port = server.port;
+    let flusher = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut flushes = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = std::process::Command::new("redis-cli")
+                    .args(["-p", &port.to_string(), "SCRIPT", "FLUSH"])
+                    .output();
+                flushes += 1;
+            }
+            flushes
+        })
+    };
+    let mut tasks = Vec::new();
+    for i in 0..600 {
+        let layer = layer.clone();
+        tasks.push(tokio::spawn(async move { layer.check(&Key::from(format!("k{}", i % 7)), 1).await }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        t.await.unwrap().expect("no decision fails during SCRIPT FLUSH");
+        ok += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(flusher.join().unwrap() > 0);
+    assert_eq!(ok, 600);
+    // Every decision was counted exactly once: 20 + 600 units over the 8 keys.
+    let mut total = 0;
+    for k in ["a", "k0", "k1", "k2", "k3", "k4", "k5", "k6"] {
+        let d = layer.check(&Key::from(k), 0).await.unwrap();
+        total += 1000 - d.outcomes()[0].remaining();
+    }
+    assert_eq!(total, 620);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_keys_stay_in_their_own_bucket() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let s = store(&server, "hostile:", Some(&clock)).await;
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::fixed_window("1/h").name("p"))
+        .store(s.clone())
+        .build()
+        .unwrap();
+    let hostile: Vec<Key> = vec![
+        Key::from("{victim}"),
+        Key::from("victim}"),
+        Key::from("{"),
+        Key::from("}{"),
+        Key::from("a:b:c"),
+        Key::from("line\nbreak"),
+        Key::from(&b"\xff\xfe invalid utf-8"[..]),
+        Key::from(vec![b'x'; 64 * 1024]),
+        Key::from(vec![b'x'; 64 * 1024 + 1]),
+        Key::from("victim"),
+        Key::from("g"),
+        Key::global(),
+    ];
+    for key in &hostile {
+        let rk = s.key_for("p", key);
+        assert!(rk.len() <= 3 * 64 + 16, "bounded key length: {}", rk.len());
+        let text = String::from_utf8(rk).expect("keys are ASCII");
+        assert_eq!(text.matches('{').count(), 1, "{text}");
+        assert_eq!(text.matches('}').count(), 1, "{text}");
+        assert!(layer.check(key, 1).await.unwrap().is_allowed(), "{key:?} starts fresh");
+    }
+    // Every one of them got its own bucket: each is now limited, and there is one key each.
+    for key in &hostile {
+        assert!(!layer.check(key, 1).await.unwrap().is_allowed(), "{key:?}");
+    }
+    assert_eq!(keys_with_ttl(&server, "hostile:").len(), hostile.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_usage_per_key() {
+    let server = RedisServer::start();
+    let s = store(&server, "mem:", None).await;
+    let mut report = Vec::new();
+    for algorithm in Algorithm::ALL {
+        let layer = RateLimitLayer::builder()
+            .policy(Policy::new(algorithm, "1000/h").name(algorithm.name()))
+            .store(s.clone())
+            .build()
+            .unwrap();
+        let key = Key::from("203.0.113.9");
+        layer.check(&key, 1).await.unwrap();
+        let rk = String::from_utf8(s.key_for(algorithm.name(), &key)).unwrap();
+        let one: u64 = server.cli(&["MEMORY", "USAGE", &rk]).parse().unwrap();
+        for _ in 0..99 {
+            layer.check(&key, 1).await.unwrap();
+        }
+        let hundred: u64 = server.cli(&["MEMORY", "USAGE", &rk]).parse().unwrap();
+        report.push(format!("{algorithm}: {one} bytes after 1 request, {hundred} after 100"));
+        if algorithm == Algorithm::SlidingLog {
+            assert!(hundred > one, "the log grows with requests");
+            assert!(hundred < 100 * 100, "{hundred}");
+        } else {
+            assert!(one <= 200 && hundred <= 200, "{algorithm}: {one} / {hundred}");
+        }
+    }
+    println!("{}", report.join("\n"));
+}
+
+#[tokio::test]
+async fn unreachable_redis_is_a_clear_error() {
+    let port = free_port();
+    let started = std::time::Instant::now();
+    let err = RedisStore::builder(&format!("redis://user:secret@127.0.0.1:{port}"))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(started.elapsed() < Duration::from_secs(5), "no hang");
+    assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    assert!(!err.contains("secret"), "no password in messages: {err}");
+    let err = RedisStore::builder("http://nope").build().await.unwrap_err().to_string();
+    assert!(err.contains("Redis"), "{err}");
+    let err = RedisStore::builder("redis://127.0.0.1:1").prefix("bad{prefix").build().await.unwrap_err();
+    assert!(err.to_string().contains("prefix"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_resume_after_a_restart() {
+    let mut server = RedisServer::start();
+    let s = store(&server, "restart:", None).await;
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::gcra("100/s").name("g"))
+        .store(s)
+        .build()
+        .unwrap();
+    assert!(layer.check(&Key::from("a"), 1).await.is_ok());
+    server.restart();
+    // The connection reconnects and the script is reloaded (NOSCRIPT) on its own.
+    let mut ok = false;
+    for _ in 0..50 {
+        if layer.check(&Key::from("a"), 1).await.is_ok() {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ok, "decisions resume after redis-server restarts");
+    assert_no_key_without_ttl(&server, "restart:");
+}

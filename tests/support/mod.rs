@@ -1,0 +1,236 @@
+//! Real Redis servers for the tests: a standalone `redis-server` or a 3-primary Redis Cluster,
+//! each on free ports, stopped (killed) when dropped. Nothing here is a mock. A test that needs
+//! Redis fails loudly when it cannot start one: run `scripts/test.sh`, which installs it.
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind an ephemeral port")
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn redis_cli(port: u16, args: &[&str]) -> std::io::Result<std::process::Output> {
+    Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+}
+
+/// Polls `cond` every few milliseconds until it holds or `timeout` passes.
+pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One `redis-server` process.
+pub struct RedisServer {
+    pub port: u16,
+    child: Option<Child>,
+    dir: PathBuf,
+    extra: Vec<String>,
+}
+
+impl RedisServer {
+    /// Starts a standalone server on a free port.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra command-line options (e.g. `--cluster-enabled yes`).
+    pub fn start_with(extra: &[&str]) -> Self {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("tower-ratelimit-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut server = RedisServer {
+            port,
+            child: None,
+            dir,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(["--dir", self.dir.to_str().unwrap()])
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start redis-server ({e}); run scripts/test.sh, which installs it")
+            });
+        self.child = Some(child);
+        let port = self.port;
+        wait_until(Duration::from_secs(10), "redis-server to answer PING", || {
+            redis_cli(port, &["PING"]).is_ok_and(|o| o.stdout.starts_with(b"PONG"))
+        });
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Runs a command with redis-cli and returns its trimmed standard output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = redis_cli(self.port, args).expect("run redis-cli");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Kills the server with SIGKILL.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port (with empty data).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// The OS process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("server running").id()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A real Redis Cluster of three primaries on free ports.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| {
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-node-timeout",
+                    "5000",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                ])
+            })
+            .collect();
+        let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let mut args = vec!["--cluster".to_string(), "create".to_string()];
+        args.extend(addrs.iter().cloned());
+        args.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
+        let out = Command::new("redis-cli")
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        for node in &nodes {
+            wait_until(Duration::from_secs(20), "the cluster to be ok", || {
+                node.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok")
+            });
+        }
+        RedisCluster { nodes }
+    }
+
+    /// `redis+cluster://host:port,host:port,host:port`.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        format!("redis+cluster://{}", hosts.join(","))
+    }
+
+    /// The node that serves `key`'s slot.
+    pub fn node_for(&self, key: &[u8]) -> &RedisServer {
+        let slot: u16 = self.nodes[0]
+            .cli(&["CLUSTER", "KEYSLOT", std::str::from_utf8(key).expect("utf-8 key")])
+            .parse()
+            .unwrap();
+        self.nodes
+            .iter()
+            .find(|n| owns_slot(n, slot))
+            .expect("a node owns the slot")
+    }
+}
+
+fn owns_slot(node: &RedisServer, slot: u16) -> bool {
+    // CLUSTER SLOTS lists ranges and the primary's port.
+    let out = node.cli(&["CLUSTER", "NODES"]);
+    out.lines().filter(|l| l.contains("myself")).any(|line| {
+        line.split_whitespace().skip(8).any(|range| {
+            let (a, b) = range.split_once('-').unwrap_or((range, range));
+            match (a.parse::<u16>(), b.parse::<u16>()) {
+                (Ok(a), Ok(b)) => (a..=b).contains(&slot),
+                _ => false,
+            }
+        })
+    })
+}
+
+/// Every key under `prefix` on `server`, with its PTTL.
+pub fn keys_with_ttl(server: &RedisServer, prefix: &str) -> Vec<(String, i64)> {
+    let keys = server.cli(&["--scan", "--pattern", &format!("{prefix}*")]);
+    keys.lines()
+        .filter(|k| !k.is_empty())
+        .map(|k| (k.to_owned(), server.cli(&["PTTL", k]).parse().unwrap_or(-3)))
+        .collect()
+}
+
+/// Fails if any key under `prefix` has no TTL.
+pub fn assert_no_key_without_ttl(server: &RedisServer, prefix: &str) {
+    let leaked: Vec<_> = keys_with_ttl(server, prefix)
+        .into_iter()
+        .filter(|(_, ttl)| *ttl < 0)
+        .collect();
+    assert!(leaked.is_empty(), "keys without a TTL: {leaked:?}");
+}
+
+/// A small deterministic pseudo-random generator (xorshift64*), so failures replay exactly.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+}

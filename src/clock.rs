@@ -75,10 +75,11 @@ pub struct ManualClock {
 }
 
 impl ManualClock {
-    /// A clock at an arbitrary fixed instant (one billion seconds after the Unix epoch), so
-    /// window boundaries do not coincide with zero.
+    /// A clock at a fixed instant that starts a UTC day (2001-09-08T00:00:00Z, 999,993,600
+    /// seconds after the Unix epoch): every second, minute, hour and day window starts there,
+    /// and it is far from zero.
     pub fn new() -> Self {
-        Self::starting_at(1_000_000_000_000_000)
+        Self::starting_at(999_993_600_000_000)
     }
 
     /// A clock at `micros` microseconds.

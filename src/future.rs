@@ -132,7 +132,9 @@ where
                                 policy = decision.binding().policy(),
                                 "rate limit exceeded"
                             );
-                            let response = this.shared.responses.limited(&decision, &headers);
+                            let mut response =
+                                this.shared.responses.limited(&decision, &headers);
+                            response.extensions_mut().insert(decision);
                             return Poll::Ready(Ok(response.map(ResponseBody::full)));
                         }
                         Err(error) => match this.shared.failure {

@@ -14,6 +14,12 @@
 //! admitted when it comes back, and `Retry-After: 0` is never sent to a client that is still
 //! limited. A request whose cost exceeds a policy's capacity can never be admitted and gets no
 //! `Retry-After`.
+//!
+//! Rounding up has visible effects worth knowing: GCRA's emission interval is rounded up to a
+//! whole microsecond, so after three requests a `3/s` key reports `X-RateLimit-Reset: 2` (its
+//! exact reset is 1.000002 s); and a sliding window counter reports the exact time at which its
+//! weighted estimate leaves room, which can be more than one window-length-divided-by-limit
+//! away (a `10/s` key may be told `Retry-After: 2`).
 
 use std::time::Duration;
 

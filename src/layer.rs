@@ -239,17 +239,19 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 "no policy: add one with .policy(Policy::gcra(\"10/s\")) or similar",
             ));
         }
-        let mut policies = Vec::with_capacity(self.policies.len());
+        // Check everything before registering anything in the (maybe shared) store.
+        let mut compiled: Vec<(Arc<str>, _, _)> = Vec::with_capacity(self.policies.len());
         for policy in &self.policies {
             let (name, algorithm) = policy.compile()?;
-            if policies
-                .iter()
-                .any(|p: &PolicyRuntime| p.handle.name == name)
-            {
+            if compiled.iter().any(|(n, _, _)| *n == name) {
                 return Err(ConfigError::new(format!(
                     "two policies are named {name:?}; give each its own name"
                 )));
             }
+            compiled.push((name, algorithm, policy.key.clone()));
+        }
+        let mut policies = Vec::with_capacity(compiled.len());
+        for (name, algorithm, key) in compiled {
             let id = self.store.register(name.clone(), algorithm.clone())?;
             policies.push(PolicyRuntime {
                 handle: Arc::new(PolicyHandle {
@@ -257,7 +259,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                     id,
                     algorithm,
                 }),
-                key: policy.key.clone().unwrap_or_else(|| self.key.clone()),
+                key: key.unwrap_or_else(|| self.key.clone()),
             });
         }
         Ok(RateLimitLayer {

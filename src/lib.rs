@@ -78,15 +78,12 @@
 //!     Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
 //! }));
 //!
-//! let status = |svc: &_| {
-//!     let svc = Clone::clone(svc);
-//!     async move { svc.oneshot(Request::new(())).await.unwrap().status() }
-//! };
-//! assert_eq!(status(&svc).await, StatusCode::OK);
-//! assert_eq!(status(&svc).await, StatusCode::OK);
-//! assert_eq!(status(&svc).await, StatusCode::TOO_MANY_REQUESTS);
+//! for expected in [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS] {
+//!     let response = svc.clone().oneshot(Request::new(())).await?;
+//!     assert_eq!(response.status(), expected);
+//! }
 //! clock.advance(Duration::from_secs(1));
-//! assert_eq!(status(&svc).await, StatusCode::OK);
+//! assert_eq!(svc.clone().oneshot(Request::new(())).await?.status(), StatusCode::OK);
 //! # Ok(()) }
 //! ```
 //!
@@ -97,6 +94,11 @@
 //! | `axum` | yes | `ConnectInfo`/`MockConnectInfo` peer addresses; [`Decision`] as an axum extractor |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+
+// The README's Rust examples are compiled (not run) as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 mod algorithm;
 mod body;

@@ -32,7 +32,8 @@ use crate::quota::Quota;
 ///
 /// The name appears in response bodies, in the [`Decision`](crate::Decision) and in store keys;
 /// two policies with the same name in one store share their buckets. It defaults to
-/// `ALGORITHM:QUOTA`, e.g. `gcra:10/s`.
+/// `ALGORITHM:QUOTA`, e.g. `gcra:10/s`, followed by the burst and the number of buckets when
+/// they are set, e.g. `token_bucket:100/min:burst20`.
 #[derive(Clone)]
 pub struct Policy {
     pub(crate) algorithm: Algorithm,
@@ -187,7 +188,18 @@ impl Policy {
                 validate_name(n).map_err(|e| e.context(&described))?;
                 n.clone()
             }
-            None => format!("{}:{quota}", self.algorithm),
+            None => {
+                // Parameters that change the policy are part of its default name, so two
+                // different policies never share one by accident.
+                let mut name = format!("{}:{quota}", self.algorithm);
+                if let Some(burst) = self.burst {
+                    name.push_str(&format!(":burst{burst}"));
+                }
+                if let Some(buckets) = self.options.buckets {
+                    name.push_str(&format!(":buckets{buckets}"));
+                }
+                name
+            }
         };
         Ok((Arc::from(name), compiled))
     }

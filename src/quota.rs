@@ -150,7 +150,7 @@ impl fmt::Display for Quota {
             (1, "us"),
         ];
         for (size, name) in UNITS {
-            if us % size == 0 {
+            if us.is_multiple_of(size) {
                 let n = us / size;
                 return if n == 1 {
                     write!(f, "{name}")

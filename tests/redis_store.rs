@@ -283,3 +283,46 @@ async fn decisions_resume_after_a_restart() {
     assert!(ok, "decisions resume after redis-server restarts");
     assert_no_key_without_ttl(&server, "restart:");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_policy_applies_when_redis_is_killed() {
+    use http::{Request, Response, StatusCode};
+    use tower::{ServiceExt, service_fn};
+    use tower_layer::Layer;
+    use tower_ratelimit::FailurePolicy;
+
+    let mut server = RedisServer::start();
+    let s = store(&server, "fail:", None).await;
+    let inner = service_fn(|_: Request<()>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+    });
+    let make = |policy: FailurePolicy| {
+        RateLimitLayer::builder()
+            .policy(Policy::gcra("100/s").name("g"))
+            .key(tower_ratelimit::key::GlobalKey)
+            .store(s.clone())
+            .on_store_error(policy)
+            .build()
+            .unwrap()
+            .layer(inner)
+    };
+    let open = make(FailurePolicy::Open);
+    let closed = make(FailurePolicy::Closed);
+    let status = |svc: &tower_ratelimit::RateLimit<_, RedisStore>| {
+        let svc = svc.clone();
+        async move { svc.oneshot(Request::new(())).await.unwrap() }
+    };
+    let ok = status(&open).await;
+    assert_eq!(ok.status(), StatusCode::OK);
+    assert!(ok.headers().contains_key("x-ratelimit-remaining"));
+
+    server.kill();
+    let started = std::time::Instant::now();
+    let through = status(&open).await;
+    assert_eq!(through.status(), StatusCode::OK, "fail open lets the request through");
+    assert!(!through.headers().contains_key("x-ratelimit-remaining"), "no decision, no headers");
+    let refused = status(&closed).await;
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE, "fail closed answers 503");
+    assert_eq!(refused.headers()["retry-after"], "1");
+    assert!(started.elapsed() < Duration::from_secs(5), "no hang: {:?}", started.elapsed());
+}

@@ -247,7 +247,8 @@ impl MemoryStore {
 
 impl Shard {
     fn live_state(&self, check: &Check, now: u64) -> Option<&State> {
-        // Lookup by reference: the key is only cloned when a new entry is inserted.
+        // The lookup key is a (policy, key) tuple, so the key is cloned: a copy for an IP
+        // address, a reference-count increment for bytes.
         let entry = self.map.get(&(check.policy.id, check.key.clone()))?;
         if entry.expires_at <= now {
             None

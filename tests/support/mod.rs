@@ -203,11 +203,12 @@ pub fn keys_with_ttl(server: &RedisServer, prefix: &str) -> Vec<(String, i64)> {
         .collect()
 }
 
-/// Fails if any key under `prefix` has no TTL.
+/// Fails if any key under `prefix` has no TTL (PTTL -1; -2 is a key that expired between
+/// the scan and the PTTL).
 pub fn assert_no_key_without_ttl(server: &RedisServer, prefix: &str) {
     let leaked: Vec<_> = keys_with_ttl(server, prefix)
         .into_iter()
-        .filter(|(_, ttl)| *ttl < 0)
+        .filter(|(_, ttl)| *ttl == -1)
         .collect();
     assert!(leaked.is_empty(), "keys without a TTL: {leaked:?}");
 }

@@ -376,14 +376,12 @@ impl Inner {
     }
 
     async fn decide(&self, checks: Vec<Check>) -> Result<Decision, StoreError> {
-        if self.conn.is_cluster() {
-            if let Some(first) = checks.first() {
-                if checks.iter().any(|c| c.key != first.key) {
-                    return Err(StoreError::new(
-                        "policies keyed differently cannot be decided in one script on Redis Cluster",
-                    ));
-                }
-            }
+        if let (true, Some(first)) = (self.conn.is_cluster(), checks.first())
+            && checks.iter().any(|c| c.key != first.key)
+        {
+            return Err(StoreError::new(
+                "policies keyed differently cannot be decided in one script on Redis Cluster",
+            ));
         }
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&self.sha).arg(checks.len());

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use axum::{Router, routing::get};
-use tower_ratelimit::key::{GlobalKey, HeaderKey, KeyExtractor, PeerIp};
+use tower_ratelimit::key::{ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
 use tower_ratelimit::{Algorithm, Policy, RateLimitLayer, RedisStore, Store};
 
 const HELP: &str = "\
@@ -26,7 +26,12 @@ Environment variables:
   ALGORITHM   gcra | token_bucket | leaky_bucket | fixed_window | sliding_window | sliding_log
                                                     (default gcra)
   RATE_LIMIT  a quota such as 10/s, 100/min, 20/10s (default 10/s)
-  KEY         ip | global | header:<name>           (default ip)
+  KEY         ip | client_ip | global | header:<name> (default ip)
+              ip: the socket peer; client_ip: the client behind TRUSTED_PROXIES
+  TRUSTED_PROXIES
+              with KEY=client_ip: comma-separated networks or addresses of the proxies
+              in front of the server, e.g. 10.0.0.0/8,2001:db8::/32; X-Forwarded-For is
+              read only from them, from the right   (default empty: trust no proxy)
 
 Routes:
   GET /        rate limited, answers 200 with a short text
@@ -40,6 +45,7 @@ struct Config {
     algorithm: Algorithm,
     rate_limit: String,
     key: String,
+    trusted_proxies: Vec<String>,
 }
 
 fn env_or(name: &str, default: &str) -> Result<String, String> {
@@ -50,16 +56,24 @@ fn env_or(name: &str, default: &str) -> Result<String, String> {
     }
 }
 
-fn key_extractor(spec: &str) -> Result<Box<dyn KeyExtractor>, String> {
+fn key_extractor(spec: &str, trusted_proxies: &[String]) -> Result<Box<dyn KeyExtractor>, String> {
+    if spec != "client_ip" && !trusted_proxies.is_empty() {
+        return Err(format!(
+            "TRUSTED_PROXIES: only used with KEY=client_ip, but KEY is {spec:?}"
+        ));
+    }
     match spec {
         "ip" => Ok(Box::new(PeerIp::new())),
+        "client_ip" => ClientIp::new(trusted_proxies)
+            .map(|k| Box::new(k) as Box<dyn KeyExtractor>)
+            .map_err(|e| format!("TRUSTED_PROXIES: {e}")),
         "global" => Ok(Box::new(GlobalKey)),
         _ => match spec.strip_prefix("header:") {
             Some(name) => HeaderKey::try_new(name)
                 .map(|k| Box::new(k) as Box<dyn KeyExtractor>)
                 .map_err(|e| format!("KEY: {e}")),
             None => Err(format!(
-                "KEY: unknown key {spec:?}; expected ip, global or header:<name>"
+                "KEY: unknown key {spec:?}; expected ip, client_ip, global or header:<name>"
             )),
         },
     }
@@ -84,6 +98,12 @@ fn config() -> Result<Config, String> {
         algorithm,
         rate_limit: env_or("RATE_LIMIT", "10/s")?,
         key: env_or("KEY", "ip")?,
+        trusted_proxies: env_or("TRUSTED_PROXIES", "")?
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect(),
     })
 }
 
@@ -94,7 +114,7 @@ fn policy(config: &Config) -> Policy {
 fn app<St: Store>(config: &Config, store: St) -> Result<Router, String> {
     let layer = RateLimitLayer::builder()
         .policy(policy(config))
-        .key(key_extractor(&config.key)?)
+        .key(key_extractor(&config.key, &config.trusted_proxies)?)
         .store(store)
         .build()
         .map_err(|e| format!("RATE_LIMIT: {e}"))?;
@@ -106,8 +126,13 @@ fn app<St: Store>(config: &Config, store: St) -> Result<Router, String> {
 
 /// The app and a description of its store.
 async fn build(config: &Config) -> Result<(Router, String), String> {
+    // Check the key before connecting, so a typo is reported as such.
+    key_extractor(&config.key, &config.trusted_proxies)?;
     match &config.redis_url {
-        None => Ok((app(config, tower_ratelimit::MemoryStore::new())?, "memory".into())),
+        None => Ok((
+            app(config, tower_ratelimit::MemoryStore::new())?,
+            "memory".into(),
+        )),
         Some(url) => {
             // Check the quota before connecting, so a typo is reported as such.
             RateLimitLayer::builder()
@@ -138,11 +163,16 @@ async fn main() -> ExitCode {
             .await
             .map_err(|e| format!("BIND: cannot listen on {}: {e}", config.bind))?;
         println!(
-            "listening on http://{} | store={store} algorithm={} RATE_LIMIT={} KEY={} | --help lists the variables",
+            "listening on http://{} | store={store} algorithm={} RATE_LIMIT={} KEY={}{} | --help lists the variables",
             listener.local_addr().map_err(|e| e.to_string())?,
             config.algorithm,
             config.rate_limit,
             config.key,
+            if config.key == "client_ip" {
+                format!(" TRUSTED_PROXIES={}", config.trusted_proxies.join(","))
+            } else {
+                String::new()
+            },
         );
         axum::serve(
             listener,

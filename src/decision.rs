@@ -4,24 +4,29 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::Verdict;
+use crate::store::PolicyHandle;
 
 /// The outcome of one policy for one request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PolicyOutcome {
     policy: Arc<str>,
     allowed: bool,
+    shadow: bool,
     limit: u64,
+    window: Duration,
     remaining: u64,
     reset_after: Duration,
     retry_after: Option<Duration>,
 }
 
 impl PolicyOutcome {
-    pub(crate) fn new(policy: Arc<str>, limit: u64, verdict: Verdict) -> Self {
+    pub(crate) fn new(policy: &PolicyHandle, shadow: bool, verdict: Verdict) -> Self {
         PolicyOutcome {
-            policy,
+            policy: policy.name.clone(),
             allowed: verdict.allowed,
-            limit,
+            shadow,
+            limit: policy.algorithm.reported_limit(),
+            window: Duration::from_micros(policy.algorithm.window_us()),
             remaining: verdict.remaining,
             reset_after: Duration::from_micros(verdict.reset_after_us),
             retry_after: verdict.retry_after_us.map(Duration::from_micros),
@@ -36,6 +41,16 @@ impl PolicyOutcome {
     /// Whether this policy admitted the request.
     pub fn is_allowed(&self) -> bool {
         self.allowed
+    }
+
+    /// Whether the policy runs in shadow mode: decided and reported, never enforced.
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
+    }
+
+    /// The policy's window (for bucket algorithms, the time in which `limit` units refill).
+    pub fn window(&self) -> Duration {
+        self.window
     }
 
     /// The limit clients are told about: units per window, or the burst for bucket algorithms.
@@ -71,9 +86,9 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// A decision from its outcomes: allowed when every outcome is.
+    /// A decision from its outcomes: allowed when every enforced outcome is.
     pub(crate) fn new(outcomes: Vec<PolicyOutcome>) -> Self {
-        let allowed = outcomes.iter().all(|o| o.allowed);
+        let allowed = outcomes.iter().all(|o| o.allowed || o.shadow);
         Decision { outcomes, allowed }
     }
 
@@ -87,18 +102,29 @@ impl Decision {
         &self.outcomes
     }
 
-    /// The policies that denied the request.
+    /// The enforced policies that denied the request.
     pub fn violated(&self) -> impl Iterator<Item = &PolicyOutcome> {
-        self.outcomes.iter().filter(|o| !o.allowed)
+        self.outcomes.iter().filter(|o| !o.allowed && !o.shadow)
     }
 
-    /// The outcome that governs the response headers: for a denied request, the violated policy
-    /// with the longest wait; for an admitted one, the policy with the fewest units left.
+    /// The shadow policies that would have denied the request.
+    pub fn shadow_violated(&self) -> impl Iterator<Item = &PolicyOutcome> {
+        self.outcomes.iter().filter(|o| !o.allowed && o.shadow)
+    }
+
+    /// The outcome that governs the legacy response headers: for a denied request, the violated
+    /// policy with the longest wait; for an admitted one, the enforced policy with the fewest
+    /// units left (any policy, if all are shadows).
     pub fn binding(&self) -> &PolicyOutcome {
-        let first = &self.outcomes[0];
+        let first = self
+            .outcomes
+            .iter()
+            .find(|o| !o.shadow)
+            .unwrap_or(&self.outcomes[0]);
         if self.allowed {
             self.outcomes
                 .iter()
+                .filter(|o| o.shadow == first.shadow)
                 .fold(first, |b, o| if o.remaining < b.remaining { o } else { b })
         } else {
             let wait = |o: &PolicyOutcome| o.retry_after.unwrap_or(Duration::MAX);

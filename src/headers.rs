@@ -1,7 +1,8 @@
 //! Rate-limit response headers.
 //!
-//! Every response that went through the limiter carries, for the binding policy (see
-//! [`Decision::binding`](crate::Decision::binding)):
+//! Which headers responses carry is chosen with [`HeaderStyle`]. By default
+//! ([`HeaderStyle::Legacy`]) every response that went through the limiter carries, for the
+//! binding policy (see [`Decision::binding`](crate::Decision::binding)):
 //!
 //! | header | value |
 //! |---|---|
@@ -9,6 +10,19 @@
 //! | `X-RateLimit-Remaining` | units left |
 //! | `X-RateLimit-Reset` | seconds until the key is fully reset, rounded up |
 //! | `Retry-After` | on a 429 only: seconds until the request would be admitted, rounded up, at least 1 |
+//!
+//! With [`HeaderStyle::Ietf`] (or [`HeaderStyle::Both`]) it carries the fields of the IETF
+//! draft `draft-ietf-httpapi-ratelimit-headers`, with one list item per policy, shadow policies
+//! included:
+//!
+//! ```text
+//! RateLimit-Policy: "per-ip";q=10;w=1, "per-user";q=1000;w=3600
+//! RateLimit: "per-ip";r=7;t=1, "per-user";r=998;t=3600
+//! ```
+//!
+//! `q` is the policy's limit, `w` its window in seconds, `r` the units remaining and `t` the
+//! seconds until the key is fully reset, or, for a violated policy, until it admits the request
+//! again; `Retry-After` is never earlier than the `t` of any violated policy.
 //!
 //! Seconds are always rounded **up**: a client told to wait 1 second after a 300 ms wait is
 //! admitted when it comes back, and `Retry-After: 0` is never sent to a client that is still
@@ -21,6 +35,7 @@
 //! weighted estimate leaves room, which can be more than one window-length-divided-by-limit
 //! away (a `10/s` key may be told `Retry-After: 2`).
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use http::header::RETRY_AFTER;
@@ -40,38 +55,140 @@ pub(crate) fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
-/// The header values of a decision, computed once and cheap to apply.
-#[derive(Clone, Copy, Debug)]
+/// Which rate-limit headers responses carry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HeaderStyle {
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` for the binding
+    /// policy (the default).
+    #[default]
+    Legacy,
+    /// The IETF draft fields `RateLimit-Policy` and `RateLimit`
+    /// (draft-ietf-httpapi-ratelimit-headers), one list item per policy.
+    Ietf,
+    /// Both.
+    Both,
+    /// No rate-limit headers (`Retry-After` is still sent on a 429).
+    None,
+}
+
+impl std::str::FromStr for HeaderStyle {
+    type Err = crate::ConfigError;
+
+    /// Parses `legacy`, `ietf`, `both` or `none`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "legacy" => Ok(HeaderStyle::Legacy),
+            "ietf" => Ok(HeaderStyle::Ietf),
+            "both" => Ok(HeaderStyle::Both),
+            "none" => Ok(HeaderStyle::None),
+            _ => Err(crate::ConfigError::new(format!(
+                "unknown header style {s:?}; expected legacy, ietf, both or none"
+            ))),
+        }
+    }
+}
+
+/// How `X-RateLimit-Reset` is written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ResetFormat {
+    /// Seconds from now until the key is fully reset, rounded up (the default).
+    #[default]
+    DeltaSeconds,
+    /// The Unix time (seconds) at which the key is fully reset, rounded up.
+    UnixTime,
+}
+
+/// Header configuration of a layer.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct HeaderConfig {
+    pub(crate) style: HeaderStyle,
+    pub(crate) reset: ResetFormat,
+}
+
+/// `RateLimit-Policy` (IETF draft).
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit` (IETF draft).
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// The header values of a decision, computed once and applied to the response.
+#[derive(Clone, Debug)]
 pub(crate) struct RateLimitHeaders {
-    limit: u64,
-    remaining: u64,
-    reset: u64,
+    fields: Vec<(HeaderName, HeaderValue)>,
     retry_after: Option<u64>,
 }
 
 impl RateLimitHeaders {
-    pub(crate) fn new(decision: &Decision) -> Self {
-        let binding = decision.binding();
+    pub(crate) fn new(decision: &Decision, config: HeaderConfig) -> Self {
+        let retry_after = decision.retry_after().map(|d| ceil_secs(d).max(1));
+        let mut fields = Vec::with_capacity(5);
+        if matches!(config.style, HeaderStyle::Legacy | HeaderStyle::Both) {
+            let binding = decision.binding();
+            let reset = ceil_secs(binding.reset_after());
+            let reset = match config.reset {
+                ResetFormat::DeltaSeconds => reset,
+                ResetFormat::UnixTime => {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default();
+                    ceil_secs(now) + reset
+                }
+            };
+            fields.push((X_RATELIMIT_LIMIT, HeaderValue::from(binding.limit())));
+            fields.push((
+                X_RATELIMIT_REMAINING,
+                HeaderValue::from(binding.remaining()),
+            ));
+            fields.push((X_RATELIMIT_RESET, HeaderValue::from(reset)));
+        }
+        if matches!(config.style, HeaderStyle::Ietf | HeaderStyle::Both) {
+            let mut policy = String::new();
+            let mut state = String::new();
+            for (i, o) in decision.outcomes().iter().enumerate() {
+                if i > 0 {
+                    policy.push_str(", ");
+                    state.push_str(", ");
+                }
+                // Policy names are restricted to characters that need no escaping in an
+                // sf-string (letters, digits and -_.:/).
+                let _ = write!(
+                    policy,
+                    "\"{}\";q={};w={}",
+                    o.policy(),
+                    o.limit(),
+                    ceil_secs(o.window()).max(1)
+                );
+                // For a violated policy, `t` is when it admits the request again, which
+                // Retry-After never precedes; otherwise when its key is fully reset.
+                let t = match o.retry_after() {
+                    Some(retry) if !o.is_allowed() => ceil_secs(retry).max(1),
+                    _ => ceil_secs(o.reset_after()),
+                };
+                let _ = write!(state, "\"{}\";r={};t={}", o.policy(), o.remaining(), t);
+            }
+            if let (Ok(p), Ok(s)) = (HeaderValue::try_from(policy), HeaderValue::try_from(state)) {
+                fields.push((RATELIMIT_POLICY, p));
+                fields.push((RATELIMIT, s));
+            }
+        }
         RateLimitHeaders {
-            limit: binding.limit(),
-            remaining: binding.remaining(),
-            reset: ceil_secs(binding.reset_after()),
-            retry_after: decision.retry_after().map(|d| ceil_secs(d).max(1)),
+            fields,
+            retry_after,
         }
     }
 
     /// Adds the headers that are not already there (an inner, more specific limiter wins).
     pub(crate) fn apply(&self, headers: &mut HeaderMap) {
-        let mut set = |name: HeaderName, value: u64| {
-            if !headers.contains_key(&name) {
-                headers.insert(name, HeaderValue::from(value));
+        for (name, value) in &self.fields {
+            if !headers.contains_key(name) {
+                headers.insert(name.clone(), value.clone());
             }
-        };
-        set(X_RATELIMIT_LIMIT, self.limit);
-        set(X_RATELIMIT_REMAINING, self.remaining);
-        set(X_RATELIMIT_RESET, self.reset);
-        if let Some(retry) = self.retry_after {
-            set(RETRY_AFTER, retry);
+        }
+        if let Some(retry) = self.retry_after
+            && !headers.contains_key(RETRY_AFTER)
+        {
+            headers.insert(RETRY_AFTER, HeaderValue::from(retry));
         }
     }
 

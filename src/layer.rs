@@ -1,5 +1,6 @@
 //! [`RateLimitLayer`] and its builder.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -9,11 +10,12 @@ use tower_layer::Layer;
 
 use crate::decision::Decision;
 use crate::error::{ConfigError, FailurePolicy, KeyRejection, StoreError};
-use crate::key::{Key, KeyExtractor, PeerIp};
-use crate::policy::Policy;
+use crate::headers::{HeaderConfig, HeaderStyle, ResetFormat};
+use crate::key::{Key, KeyExtractor, PeerIp, RequestRef};
+use crate::policy::{CostFn, Policy, RequestFn, Route, StatusFn, TierFn};
 use crate::response::Responses;
 use crate::service::RateLimit;
-use crate::store::{Check, MemoryStore, PolicyHandle, Store};
+use crate::store::{Check, MemoryStore, Mode, PolicyHandle, Store};
 
 /// Applies rate limits to every request that reaches the wrapped service.
 ///
@@ -60,11 +62,63 @@ pub(crate) struct Shared<St> {
     pub(crate) policies: Box<[PolicyRuntime]>,
     pub(crate) responses: Responses,
     pub(crate) failure: FailurePolicy,
+    pub(crate) headers: HeaderConfig,
+    pub(crate) exempt: Option<RequestFn>,
 }
 
+/// A policy ready to run: its tiers' handles (the policy's own quota first) and its options.
 pub(crate) struct PolicyRuntime {
-    pub(crate) handle: Arc<PolicyHandle>,
+    pub(crate) tiers: Box<[Arc<PolicyHandle>]>,
+    pub(crate) tier_names: HashMap<String, usize>,
+    pub(crate) tier_of: Option<TierFn>,
+    pub(crate) tier_overrides: HashMap<Key, usize>,
     pub(crate) key: Arc<dyn KeyExtractor>,
+    pub(crate) cost: Option<CostFn>,
+    pub(crate) shadow: bool,
+    pub(crate) charge_if: Option<StatusFn>,
+    pub(crate) refund_if: Option<StatusFn>,
+    pub(crate) routes: Vec<Route>,
+    pub(crate) exempt: Option<RequestFn>,
+}
+
+impl PolicyRuntime {
+    /// Whether the policy applies to `request` (its routes match and it is not exempt).
+    pub(crate) fn applies(&self, request: &RequestRef<'_>) -> bool {
+        (self.routes.is_empty() || self.routes.iter().any(|r| r.matches(request)))
+            && !self.exempt.as_ref().is_some_and(|f| f(request))
+    }
+
+    /// The tier for this request and key.
+    pub(crate) fn handle(&self, request: &RequestRef<'_>, key: &Key) -> &Arc<PolicyHandle> {
+        if self.tiers.len() > 1 {
+            if let Some(&i) = self.tier_overrides.get(key) {
+                return &self.tiers[i];
+            }
+            if let Some(i) = self
+                .tier_of
+                .as_ref()
+                .and_then(|f| f(request))
+                .and_then(|t| self.tier_names.get(&t).copied())
+            {
+                return &self.tiers[i];
+            }
+        }
+        &self.tiers[0]
+    }
+
+    pub(crate) fn cost(&self, request: &RequestRef<'_>) -> u64 {
+        self.cost.as_ref().map_or(1, |f| u64::from(f(request)))
+    }
+
+    pub(crate) fn mode(&self) -> Mode {
+        if self.shadow {
+            Mode::Shadow
+        } else if self.charge_if.is_some() {
+            Mode::Dry
+        } else {
+            Mode::Enforce
+        }
+    }
 }
 
 impl<St: fmt::Debug> fmt::Debug for Shared<St> {
@@ -72,14 +126,15 @@ impl<St: fmt::Debug> fmt::Debug for Shared<St> {
         let policies: Vec<_> = self
             .policies
             .iter()
-            .map(|p| (&*p.handle.name, &p.key))
+            .map(|p| (&*p.tiers[0].name, &p.key))
             .collect();
         f.debug_struct("RateLimitLayer")
             .field("store", &self.store)
             .field("policies", &policies)
             .field("responses", &self.responses)
             .field("failure", &self.failure)
-            .finish()
+            .field("headers", &self.headers)
+            .finish_non_exhaustive()
     }
 }
 
@@ -92,6 +147,9 @@ impl RateLimitLayer<MemoryStore> {
             key: Arc::new(PeerIp::new()),
             responses: Responses::default(),
             failure: FailurePolicy::default(),
+            headers: HeaderConfig::default(),
+            exempt: None,
+            cost: None,
         }
     }
 }
@@ -104,14 +162,15 @@ impl<St> RateLimitLayer<St> {
 
     /// The names of the layer's policies, in order.
     pub fn policy_names(&self) -> impl Iterator<Item = &str> {
-        self.shared.policies.iter().map(|p| &*p.handle.name)
+        self.shared.policies.iter().map(|p| &*p.tiers[0].name)
     }
 }
 
 impl<St: Store> RateLimitLayer<St> {
-    /// Decides for `key` at `cost` against every policy of the layer, without a request: the
-    /// same atomic decision the middleware makes, for rate-limiting work that is not an HTTP
-    /// request (jobs, messages) or for tests. A cost of 0 only looks: nothing is charged.
+    /// Decides for `key` at `cost` against every policy of the layer (in its own tier), without
+    /// a request: the same atomic decision the middleware makes, for rate-limiting work that is
+    /// not an HTTP request (jobs, messages) or for tests. A cost of 0 only looks: nothing is
+    /// charged.
     ///
     /// ```
     /// use tower_ratelimit::{Policy, RateLimitLayer, key::Key};
@@ -130,10 +189,27 @@ impl<St: Store> RateLimitLayer<St> {
             .shared
             .policies
             .iter()
-            .map(|p| Check {
-                policy: p.handle.clone(),
-                key: key.clone(),
-                cost: u64::from(cost),
+            .map(|p| Check::new(p.tiers[0].clone(), key.clone(), u64::from(cost), p.mode()))
+            .collect();
+        self.shared.store.check(checks).await
+    }
+
+    /// Gives `units` back to `key` in every policy of the layer (in its own tier), as if that
+    /// many units had never been charged: the inverse of a charge, never past a fresh state
+    /// (a token bucket never above its capacity, a window never below zero). Returns the
+    /// decision a request of cost 0 would get afterwards.
+    pub async fn refund(&self, key: &Key, units: u32) -> Result<Decision, StoreError> {
+        let checks = self
+            .shared
+            .policies
+            .iter()
+            .map(|p| {
+                Check::new(
+                    p.tiers[0].clone(),
+                    key.clone(),
+                    u64::from(units),
+                    Mode::Refund,
+                )
             })
             .collect();
         self.shared.store.check(checks).await
@@ -156,6 +232,9 @@ pub struct RateLimitLayerBuilder<St = MemoryStore> {
     key: Arc<dyn KeyExtractor>,
     responses: Responses,
     failure: FailurePolicy,
+    headers: HeaderConfig,
+    exempt: Option<RequestFn>,
+    cost: Option<CostFn>,
 }
 
 impl<St: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<St> {
@@ -166,7 +245,8 @@ impl<St: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<St> {
             .field("key", &self.key)
             .field("responses", &self.responses)
             .field("failure", &self.failure)
-            .finish()
+            .field("headers", &self.headers)
+            .finish_non_exhaustive()
     }
 }
 
@@ -194,7 +274,42 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             key: self.key,
             responses: self.responses,
             failure: self.failure,
+            headers: self.headers,
+            exempt: self.exempt,
+            cost: self.cost,
         }
+    }
+
+    /// Which rate-limit headers responses carry (default [`HeaderStyle::Legacy`]).
+    pub fn headers(mut self, style: HeaderStyle) -> Self {
+        self.headers.style = style;
+        self
+    }
+
+    /// How `X-RateLimit-Reset` is written (default [`ResetFormat::DeltaSeconds`]).
+    pub fn reset_format(mut self, format: ResetFormat) -> Self {
+        self.headers.reset = format;
+        self
+    }
+
+    /// Lets requests the predicate accepts through without any policy (an allow-list, e.g.
+    /// health checks or internal callers): they consume nothing and get no rate-limit headers.
+    pub fn exempt_if<F>(mut self, predicate: F) -> Self
+    where
+        F: Fn(&RequestRef<'_>) -> bool + Send + Sync + 'static,
+    {
+        self.exempt = Some(Arc::new(predicate));
+        self
+    }
+
+    /// How many units a request costs, for every policy without its own
+    /// ([`Policy::cost`]); default 1.
+    pub fn cost<F>(mut self, cost: F) -> Self
+    where
+        F: Fn(&RequestRef<'_>) -> u32 + Send + Sync + 'static,
+    {
+        self.cost = Some(Arc::new(cost));
+        self
     }
 
     /// The status of a limited response (default `429 Too Many Requests`).
@@ -240,26 +355,54 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             ));
         }
         // Check everything before registering anything in the (maybe shared) store.
-        let mut compiled: Vec<(Arc<str>, _, _)> = Vec::with_capacity(self.policies.len());
+        let mut compiled = Vec::with_capacity(self.policies.len());
+        let mut names: Vec<Arc<str>> = Vec::new();
         for policy in &self.policies {
-            let (name, algorithm) = policy.compile()?;
-            if compiled.iter().any(|(n, _, _)| *n == name) {
-                return Err(ConfigError::new(format!(
-                    "two policies are named {name:?}; give each its own name"
-                )));
+            let tiers = policy.compile()?;
+            for (name, _) in &tiers {
+                if names.contains(name) {
+                    return Err(ConfigError::new(format!(
+                        "two policies are named {name:?}; give each its own name"
+                    )));
+                }
+                names.push(name.clone());
             }
-            compiled.push((name, algorithm, policy.key.clone()));
+            compiled.push((policy, tiers));
         }
         let mut policies = Vec::with_capacity(compiled.len());
-        for (name, algorithm, key) in compiled {
-            let id = self.store.register(name.clone(), algorithm.clone())?;
-            policies.push(PolicyRuntime {
-                handle: Arc::new(PolicyHandle {
+        for (policy, tiers) in compiled {
+            let mut handles = Vec::with_capacity(tiers.len());
+            for (name, algorithm) in tiers {
+                let id = self.store.register(name.clone(), algorithm.clone())?;
+                handles.push(Arc::new(PolicyHandle {
                     name,
                     id,
                     algorithm,
-                }),
-                key: key.unwrap_or_else(|| self.key.clone()),
+                }));
+            }
+            let tier_names: HashMap<String, usize> = policy
+                .tiers
+                .iter()
+                .enumerate()
+                .map(|(i, (t, _))| (t.clone(), i + 1))
+                .collect();
+            let tier_overrides = policy
+                .tier_overrides
+                .iter()
+                .map(|(k, t)| (k.clone(), tier_names[t]))
+                .collect();
+            policies.push(PolicyRuntime {
+                tiers: handles.into_boxed_slice(),
+                tier_names,
+                tier_of: policy.tier_of.clone(),
+                tier_overrides,
+                key: policy.key.clone().unwrap_or_else(|| self.key.clone()),
+                cost: policy.cost.clone().or_else(|| self.cost.clone()),
+                shadow: policy.shadow,
+                charge_if: policy.charge_if.clone(),
+                refund_if: policy.refund_if.clone(),
+                routes: policy.routes.clone(),
+                exempt: policy.exempt.clone(),
             });
         }
         Ok(RateLimitLayer {
@@ -268,6 +411,8 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 policies: policies.into_boxed_slice(),
                 responses: self.responses,
                 failure: self.failure,
+                headers: self.headers,
+                exempt: self.exempt,
             }),
         })
     }

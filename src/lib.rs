@@ -48,8 +48,16 @@
 //! [`PeerIp`](key::PeerIp) is right only when clients connect directly. Behind a load balancer
 //! or reverse proxy every request comes from the proxy's address, and the whole world shares
 //! one bucket; do not key on the leftmost `X-Forwarded-For` entry either, since the client
-//! writes it. [`HeaderKey`](key::HeaderKey) keys on an API key header; [`key::from_fn`] on
-//! anything else, such as a user id an authentication layer put in the extensions.
+//! writes it (a new fake address per request is never limited; a victim's address drains the
+//! victim's bucket). [`ClientIp`](key::ClientIp) takes the networks of your proxies and reads
+//! only what they appended, from the right. Both group IPv6 clients by `/64`.
+//!
+//! [`ApiKey`](key::ApiKey) keys on the hash of an API key or bearer token;
+//! [`key::extension`] on a user id an authentication layer put in the extensions;
+//! [`key::matched_route`] on the route pattern and method. [`key::first_of`] (or
+//! [`.or`](key::KeyExtractor::or)) takes the first key found, such as the user id, else the
+//! client IP; [`key::all`] combines several, such as route and client. [`key::from_fn`] keys on
+//! anything else.
 //!
 //! # Where to put the layer
 //!

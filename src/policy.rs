@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use crate::algorithm::{Algorithm, Compiled, Options};
 use crate::error::ConfigError;
-use crate::key::KeyExtractor;
+use http::{Method, StatusCode};
+
+use crate::key::{Key, KeyExtractor, RequestRef};
 use crate::quota::Quota;
 
 /// One rate limit: an [`Algorithm`] applied to a [`Quota`], under a name.
@@ -42,6 +44,58 @@ pub struct Policy {
     pub(crate) burst: Option<u32>,
     pub(crate) options: Options,
     pub(crate) key: Option<Arc<dyn KeyExtractor>>,
+    pub(crate) cost: Option<CostFn>,
+    pub(crate) shadow: bool,
+    pub(crate) charge_if: Option<StatusFn>,
+    pub(crate) refund_if: Option<StatusFn>,
+    pub(crate) routes: Vec<Route>,
+    pub(crate) exempt: Option<RequestFn>,
+    pub(crate) tiers: Vec<(String, Result<Quota, ConfigError>)>,
+    pub(crate) tier_of: Option<TierFn>,
+    pub(crate) tier_overrides: Vec<(Key, String)>,
+}
+
+pub(crate) type CostFn = Arc<dyn Fn(&RequestRef<'_>) -> u32 + Send + Sync>;
+pub(crate) type StatusFn = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
+pub(crate) type RequestFn = Arc<dyn Fn(&RequestRef<'_>) -> bool + Send + Sync>;
+pub(crate) type TierFn = Arc<dyn Fn(&RequestRef<'_>) -> Option<String> + Send + Sync>;
+
+/// A method and path pattern a policy applies to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Route {
+    pub(crate) method: Option<Method>,
+    pub(crate) path: String,
+}
+
+impl Route {
+    /// Matches the request's route: axum's matched route template when there is one (so
+    /// `/users/{id}` matches every user), else the URI path. A pattern ending in `*` matches by
+    /// prefix.
+    pub(crate) fn matches(&self, request: &RequestRef<'_>) -> bool {
+        if let Some(m) = &self.method
+            && m != request.method()
+        {
+            return false;
+        }
+        let path = matched_path(request).unwrap_or_else(|| request.uri().path());
+        match self.path.strip_suffix('*') {
+            Some(prefix) => path.starts_with(prefix),
+            None => path == self.path,
+        }
+    }
+}
+
+#[cfg(feature = "axum")]
+fn matched_path<'a>(request: &RequestRef<'a>) -> Option<&'a str> {
+    request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|m| m.as_str())
+}
+
+#[cfg(not(feature = "axum"))]
+fn matched_path<'a>(_: &RequestRef<'a>) -> Option<&'a str> {
+    None
 }
 
 impl fmt::Debug for Policy {
@@ -52,7 +106,10 @@ impl fmt::Debug for Policy {
             .field("name", &self.name)
             .field("burst", &self.burst)
             .field("key", &self.key)
-            .finish()
+            .field("shadow", &self.shadow)
+            .field("routes", &self.routes)
+            .field("tiers", &self.tiers)
+            .finish_non_exhaustive()
     }
 }
 
@@ -70,6 +127,15 @@ impl Policy {
             burst: None,
             options: Options::default(),
             key: None,
+            cost: None,
+            shadow: false,
+            charge_if: None,
+            refund_if: None,
+            routes: Vec::new(),
+            exempt: None,
+            tiers: Vec::new(),
+            tier_of: None,
+            tier_overrides: Vec::new(),
         }
     }
 
@@ -157,33 +223,159 @@ impl Policy {
         self
     }
 
+    /// How many units a request costs (default 1; a cost of 0 only looks). The cost is
+    /// computed from the request head, e.g. from a header or the route. A request costing more
+    /// than the policy's capacity is denied and never admitted.
+    #[must_use]
+    pub fn cost<F>(mut self, cost: F) -> Self
+    where
+        F: Fn(&RequestRef<'_>) -> u32 + Send + Sync + 'static,
+    {
+        self.cost = Some(Arc::new(cost));
+        self
+    }
+
+    /// Runs the policy in shadow mode (dry run): it is decided and charged like any other,
+    /// reported in the [`Decision`](crate::Decision), in the IETF headers and in logs, but it
+    /// never rejects a request. Use it to roll out a new limit safely.
+    #[must_use]
+    pub fn shadow(mut self) -> Self {
+        self.shadow = true;
+        self
+    }
+
+    /// Charges the policy only for responses whose status matches, e.g. failed logins:
+    /// the request is let through while the key has room for it (nothing is charged), and
+    /// the charge is made after the response, with one more store call only for matching
+    /// responses.
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use tower_ratelimit::Policy;
+    ///
+    /// // Five failed logins per minute; successful ones are free.
+    /// let logins = Policy::sliding_log("5/min")
+    ///     .name("failed-logins")
+    ///     .charge_if(|status| status == StatusCode::UNAUTHORIZED);
+    /// # let _ = logins;
+    /// ```
+    #[must_use]
+    pub fn charge_if<F>(mut self, predicate: F) -> Self
+    where
+        F: Fn(StatusCode) -> bool + Send + Sync + 'static,
+    {
+        self.charge_if = Some(Arc::new(predicate));
+        self
+    }
+
+    /// Gives the cost back after responses whose status matches (e.g. `5xx`, so clients are
+    /// not charged for the server's failures), with one more store call only for those.
+    #[must_use]
+    pub fn refund_if<F>(mut self, predicate: F) -> Self
+    where
+        F: Fn(StatusCode) -> bool + Send + Sync + 'static,
+    {
+        self.refund_if = Some(Arc::new(predicate));
+        self
+    }
+
+    /// Applies the policy only to requests with this method (`None`: any method) and path
+    /// pattern; may be called several times. The pattern is compared with axum's matched route
+    /// (e.g. `/users/{id}`) when there is one, else with the URI path; a trailing `*` matches
+    /// by prefix. Without any route, the policy applies to every request.
+    #[must_use]
+    pub fn route(mut self, method: Option<Method>, path: impl Into<String>) -> Self {
+        self.routes.push(Route {
+            method,
+            path: path.into(),
+        });
+        self
+    }
+
+    /// Skips the policy for requests the predicate accepts (an allow-list): they consume
+    /// nothing from it.
+    #[must_use]
+    pub fn exempt_if<F>(mut self, predicate: F) -> Self
+    where
+        F: Fn(&RequestRef<'_>) -> bool + Send + Sync + 'static,
+    {
+        self.exempt = Some(Arc::new(predicate));
+        self
+    }
+
+    /// Adds a tier: the same algorithm with another quota, chosen per request by
+    /// [`select_tier`](Self::select_tier) or per key by [`tier_for_key`](Self::tier_for_key).
+    /// Each tier keeps its own state, named `POLICY:TIER`.
+    ///
+    /// ```
+    /// use tower_ratelimit::{Policy, key::Key};
+    ///
+    /// #[derive(Clone)]
+    /// enum Plan { Free, Pro }
+    ///
+    /// // Free users 100 per hour, pro users 10,000; the plan comes from an auth layer.
+    /// let plans = Policy::gcra("100/h")
+    ///     .name("plan")
+    ///     .tier("pro", "10000/h")
+    ///     .select_tier(|req| match req.extensions().get::<Plan>() {
+    ///         Some(Plan::Pro) => Some("pro".to_owned()),
+    ///         _ => None, // the policy's own quota
+    ///     })
+    ///     .tier_for_key(Key::from("partner-42"), "pro");
+    /// # let _ = plans;
+    /// ```
+    #[must_use]
+    pub fn tier<Q>(mut self, name: impl Into<String>, quota: Q) -> Self
+    where
+        Q: TryInto<Quota>,
+        Q::Error: Into<ConfigError>,
+    {
+        self.tiers
+            .push((name.into(), quota.try_into().map_err(Into::into)));
+        self
+    }
+
+    /// Chooses a tier per request; `None`, or a name that is not a tier, means the policy's
+    /// own quota.
+    #[must_use]
+    pub fn select_tier<F>(mut self, select: F) -> Self
+    where
+        F: Fn(&RequestRef<'_>) -> Option<String> + Send + Sync + 'static,
+    {
+        self.tier_of = Some(Arc::new(select));
+        self
+    }
+
+    /// Puts one key in a tier, whatever [`select_tier`](Self::select_tier) says.
+    #[must_use]
+    pub fn tier_for_key(mut self, key: impl Into<Key>, tier: impl Into<String>) -> Self {
+        self.tier_overrides.push((key.into(), tier.into()));
+        self
+    }
+
     /// The algorithm.
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm
     }
 
-    /// Validates everything and precomputes the algorithm's constants.
-    pub(crate) fn compile(&self) -> Result<(Arc<str>, Compiled), ConfigError> {
+    /// Validates everything and precomputes the algorithm's constants: the policy's own quota
+    /// first, then one entry per tier.
+    pub(crate) fn compile(&self) -> Result<Vec<(Arc<str>, Compiled)>, ConfigError> {
         let described = match &self.name {
             Some(n) => format!("policy {n:?}"),
             None => format!("{} policy", self.algorithm),
         };
-        let mut quota = self.quota.clone().map_err(|e| e.context(&described))?;
-        if let Some(burst) = self.burst {
-            if !self.algorithm.has_burst() {
-                return Err(ConfigError::new(format!(
-                    "{} has no burst; use token_bucket, leaky_bucket or gcra for a burst different from the limit",
-                    self.algorithm
-                ))
-                .context(&described));
-            }
-            quota = quota
-                .try_with_burst(burst)
-                .map_err(|e| ConfigError::from(e).context(&described))?;
+        if self.shadow && self.charge_if.is_some() {
+            return Err(ConfigError::new(
+                "a shadow policy cannot charge after the response; use one or the other",
+            )
+            .context(&described));
         }
-        let compiled = Compiled::new(self.algorithm, quota, self.options)
-            .map_err(|e| e.context(&described))?;
-        let name = match &self.name {
+        if !self.tiers.is_empty() && self.name.is_none() {
+            return Err(ConfigError::new("a policy with tiers needs a name").context(&described));
+        }
+        let quota = self.quota.clone().map_err(|e| e.context(&described))?;
+        let base = match &self.name {
             Some(n) => {
                 validate_name(n).map_err(|e| e.context(&described))?;
                 n.clone()
@@ -201,7 +393,45 @@ impl Policy {
                 name
             }
         };
-        Ok((Arc::from(name), compiled))
+        let mut out = vec![(
+            Arc::from(base.as_str()),
+            self.compile_quota(quota, &described)?,
+        )];
+        for (tier, quota) in &self.tiers {
+            let described = format!("{described}, tier {tier:?}");
+            let name = format!("{base}:{tier}");
+            validate_name(&name).map_err(|e| e.context(&described))?;
+            if out.iter().any(|(n, _)| **n == *name) {
+                return Err(ConfigError::new("two tiers share a name").context(&described));
+            }
+            let quota = quota.clone().map_err(|e| e.context(&described))?;
+            out.push((Arc::from(name), self.compile_quota(quota, &described)?));
+        }
+        for (_, tier) in &self.tier_overrides {
+            if !self.tiers.iter().any(|(t, _)| t == tier) {
+                return Err(ConfigError::new(format!(
+                    "tier_for_key names the tier {tier:?}, which was not added with .tier()"
+                ))
+                .context(&described));
+            }
+        }
+        Ok(out)
+    }
+
+    fn compile_quota(&self, mut quota: Quota, described: &str) -> Result<Compiled, ConfigError> {
+        if let Some(burst) = self.burst {
+            if !self.algorithm.has_burst() {
+                return Err(ConfigError::new(format!(
+                    "{} has no burst; use token_bucket, leaky_bucket or gcra for a burst different from the limit",
+                    self.algorithm
+                ))
+                .context(described));
+            }
+            quota = quota
+                .try_with_burst(burst)
+                .map_err(|e| ConfigError::from(e).context(described))?;
+        }
+        Compiled::new(self.algorithm, quota, self.options).map_err(|e| e.context(described))
     }
 }
 

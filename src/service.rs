@@ -9,10 +9,11 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::body::ResponseBody;
+use crate::future::AfterResponse;
 use crate::future::ResponseFuture;
 use crate::key::RequestRef;
 use crate::layer::Shared;
-use crate::store::{Check, Store};
+use crate::store::{Check, Mode, Store};
 
 /// The middleware made by [`RateLimitLayer`](crate::RateLimitLayer).
 ///
@@ -81,28 +82,44 @@ where
     fn call(&mut self, request: Request<ReqB>) -> Self::Future {
         let shared = &self.shared;
         let view = RequestRef::new(&request);
+        // The inner service was driven to readiness; keep that one and leave a clone behind.
+        let clone = self.inner.clone();
+        let mut inner = mem::replace(&mut self.inner, clone);
+        if shared.exempt.as_ref().is_some_and(|f| f(&view)) {
+            return ResponseFuture::unlimited(shared.clone(), inner.call(request));
+        }
         let mut checks = Vec::with_capacity(shared.policies.len());
+        let mut after = Vec::new();
         for policy in shared.policies.iter() {
-            match policy.key.extract(&view) {
-                Ok(key) => checks.push(Check {
-                    policy: policy.handle.clone(),
-                    key,
-                    cost: 1,
-                }),
+            if !policy.applies(&view) {
+                continue;
+            }
+            let key = match policy.key.extract(&view) {
+                Ok(key) => key,
                 Err(rejection) => {
                     tracing::debug!(
-                        policy = &*policy.handle.name,
+                        policy = &*policy.tiers[0].name,
                         code = rejection.code(),
                         "rate-limit key rejected"
                     );
-                    return ResponseFuture::ready(shared.clone(), shared.responses.rejected(&rejection));
+                    let response = shared.responses.rejected(&rejection);
+                    return ResponseFuture::ready(shared.clone(), response);
                 }
+            };
+            let handle = policy.handle(&view, &key).clone();
+            let cost = policy.cost(&view);
+            if let Some(when) = &policy.charge_if {
+                after.push(AfterResponse::new(&handle, &key, cost, Mode::Enforce, when));
             }
+            if let Some(when) = &policy.refund_if {
+                after.push(AfterResponse::new(&handle, &key, cost, Mode::Refund, when));
+            }
+            checks.push(Check::new(handle, key, cost, policy.mode()));
+        }
+        if checks.is_empty() {
+            return ResponseFuture::unlimited(shared.clone(), inner.call(request));
         }
         let check = shared.store.check(checks);
-        // The inner service was driven to readiness; keep that one and leave a clone behind.
-        let clone = self.inner.clone();
-        let inner = mem::replace(&mut self.inner, clone);
-        ResponseFuture::checking(shared.clone(), check, request, inner)
+        ResponseFuture::checking(shared.clone(), check, request, inner, after)
     }
 }

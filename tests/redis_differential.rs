@@ -81,12 +81,22 @@ async fn lua_twins_match_the_rust_algorithms() {
                     1 => rng.range(2, 20) as u32,
                     _ => 1,
                 };
-                let m = on_memory.check(&key, cost).await.unwrap();
-                let r = on_redis.check(&key, cost).await.unwrap();
+                let refund = rng.range(0, 11) == 0;
+                let (m, r) = if refund {
+                    (
+                        on_memory.refund(&key, cost).await.unwrap(),
+                        on_redis.refund(&key, cost).await.unwrap(),
+                    )
+                } else {
+                    (
+                        on_memory.check(&key, cost).await.unwrap(),
+                        on_redis.check(&key, cost).await.unwrap(),
+                    )
+                };
                 assert_eq!(
                     summary(&m),
                     summary(&r),
-                    "{algorithm} seed {seed} step {step}: memory vs redis (cost {cost})"
+                    "{algorithm} seed {seed} step {step}: memory vs redis (cost {cost}, refund {refund})"
                 );
                 decisions += 1;
             }

@@ -57,6 +57,17 @@ impl FixedWindow {
         }
     }
 
+    /// Gives back up to `units` of the current window's count.
+    pub(crate) fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
+        state.as_ref()?;
+        let (start, count) = self.current(state.as_ref(), now);
+        *state = Some(State {
+            start,
+            count: count - count.min(units),
+        });
+        Some(start + self.window)
+    }
+
     pub(crate) fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
         let (start, count) = self.current(state.as_ref(), now);
         *state = Some(State {

@@ -22,6 +22,8 @@ pub(crate) struct Gcra {
     pub(crate) burst: u64,
     /// `burst · interval`.
     pub(crate) tolerance: u64,
+    /// The quota's window in microseconds.
+    pub(crate) window: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,6 +44,7 @@ impl Gcra {
             interval,
             burst,
             tolerance: burst * interval,
+            window: quota.window_us(),
         })
     }
 
@@ -58,6 +61,14 @@ impl Gcra {
         } else {
             Verdict::deny(remaining_now, backlog, Some(new_backlog - self.tolerance))
         }
+    }
+
+    /// Gives back up to `units` emission intervals, never before `now`.
+    pub(crate) fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
+        let tat = state.as_ref()?.tat.max(now);
+        let tat = tat.saturating_sub(units * self.interval).max(now);
+        *state = Some(State { tat });
+        Some(tat)
     }
 
     pub(crate) fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {

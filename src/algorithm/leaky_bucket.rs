@@ -66,6 +66,20 @@ impl LeakyBucket {
         }
     }
 
+    /// Takes back up to `units` from the bucket, never below empty.
+    pub(crate) fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
+        let last = state.as_ref()?.last.max(now);
+        let level = self.level(state.as_ref(), now);
+        let s = &self.scaled;
+        let level = if units >= s.capacity {
+            0
+        } else {
+            level - level.min(units * s.unit)
+        };
+        *state = Some(State { level, last });
+        Some(last + level.div_ceil(s.rate))
+    }
+
     pub(crate) fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
         let level = self.level(state.as_ref(), now) + cost * self.scaled.unit;
         let last = state.as_ref().map_or(now, |s| s.last.max(now));

@@ -187,6 +187,33 @@ pub(crate) struct Options {
     pub(crate) buckets: Option<u32>,
 }
 
+/// Runs `$body` with the algorithm `$alg` and its own state type `$st` taken out of `$slot`
+/// (a state of another algorithm counts as none), then puts the state back.
+macro_rules! on_state {
+    ($self:expr, $slot:expr, $alg:ident, $st:ident => $body:expr) => {{
+        macro_rules! arm {
+            ($variant:ident, $a:ident) => {{
+                let mut $st = match $slot.take() {
+                    Some(State::$variant(s)) => Some(s),
+                    _ => None,
+                };
+                let $alg = $a;
+                let result = $body;
+                *$slot = $st.map(State::$variant);
+                result
+            }};
+        }
+        match $self {
+            Compiled::FixedWindow(a) => arm!(FixedWindow, a),
+            Compiled::SlidingWindow(a) => arm!(SlidingWindow, a),
+            Compiled::SlidingLog(a) => arm!(SlidingLog, a),
+            Compiled::TokenBucket(a) => arm!(TokenBucket, a),
+            Compiled::LeakyBucket(a) => arm!(LeakyBucket, a),
+            Compiled::Gcra(a) => arm!(Gcra, a),
+        }
+    }};
+}
+
 impl Compiled {
     /// Checks `quota` for `algorithm` and precomputes its constants.
     pub(crate) fn new(
@@ -218,6 +245,18 @@ impl Compiled {
             }
             Algorithm::Gcra => Compiled::Gcra(gcra::Gcra::new(quota)?),
         })
+    }
+
+    /// The quota's window in microseconds.
+    pub(crate) fn window_us(&self) -> u64 {
+        match self {
+            Compiled::FixedWindow(a) => a.window,
+            Compiled::SlidingWindow(a) => a.buckets * a.bucket,
+            Compiled::SlidingLog(a) => a.window,
+            Compiled::TokenBucket(a) => a.scaled.window,
+            Compiled::LeakyBucket(a) => a.scaled.window,
+            Compiled::Gcra(a) => a.window,
+        }
     }
 
     /// The limit reported to clients (`X-RateLimit-Limit`): the burst for bucket algorithms,
@@ -283,28 +322,16 @@ impl Compiled {
         }
     }
 
+    /// Gives back `units` (a refund, or a reward): the inverse of a charge, never past a fresh
+    /// state. Returns the new expiry, or `None` when there was no state to change.
+    pub(crate) fn refund(&self, slot: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
+        on_state!(self, slot, a, st => a.refund(&mut st, now, units))
+    }
+
     /// Phase two: charge an admitted request. Returns when the state expires (becomes the same
     /// as a fresh key), in microseconds on the same clock as `now`.
     pub(crate) fn commit(&self, slot: &mut Option<State>, now: u64, cost: u64) -> u64 {
-        macro_rules! go {
-            ($variant:ident, $alg:ident) => {{
-                let mut st = match slot.take() {
-                    Some(State::$variant(s)) => Some(s),
-                    _ => None,
-                };
-                let expires = $alg.commit(&mut st, now, cost);
-                *slot = st.map(State::$variant);
-                expires
-            }};
-        }
-        match self {
-            Compiled::FixedWindow(a) => go!(FixedWindow, a),
-            Compiled::SlidingWindow(a) => go!(SlidingWindow, a),
-            Compiled::SlidingLog(a) => go!(SlidingLog, a),
-            Compiled::TokenBucket(a) => go!(TokenBucket, a),
-            Compiled::LeakyBucket(a) => go!(LeakyBucket, a),
-            Compiled::Gcra(a) => go!(Gcra, a),
-        }
+        on_state!(self, slot, a, st => a.commit(&mut st, now, cost))
     }
 }
 

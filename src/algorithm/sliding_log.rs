@@ -106,6 +106,29 @@ impl SlidingLog {
         Verdict::deny(self.limit - used, newest_left, retry)
     }
 
+    /// Forgets up to `units` of the newest logged units.
+    pub(crate) fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
+        let now = Self::now(state.as_ref(), now);
+        let st = state.as_mut()?;
+        let mut left = units;
+        while left > 0 {
+            let Some(back) = st.entries.back_mut() else {
+                break;
+            };
+            let take = left.min(back.1 as u64);
+            back.1 -= take as u32;
+            st.total -= take;
+            left -= take;
+            if back.1 == 0 {
+                st.entries.pop_back();
+            }
+        }
+        Some(match st.entries.back() {
+            Some(&(t, _)) => t + self.window,
+            None => now,
+        })
+    }
+
     pub(crate) fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
         let now = Self::now(state.as_ref(), now);
         let st = state.get_or_insert_with(State::default);

@@ -153,6 +153,29 @@ impl SlidingWindow {
         unreachable!("an empty window always admits a request within the limit")
     }
 
+    /// Gives back up to `units` from the newest buckets first.
+    pub(crate) fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
+        let (c, _) = self.position(state.as_ref(), now);
+        let slots = self.slots();
+        let st = state.as_mut()?;
+        let mut left = units;
+        let oldest = c
+            .saturating_sub(self.buckets)
+            .max(st.head.saturating_sub(self.buckets));
+        let mut i = st.head.min(c);
+        while left > 0 && i >= oldest {
+            let slot = &mut st.counts[(i % slots) as usize];
+            let take = left.min(*slot as u64);
+            *slot -= take as u32;
+            left -= take;
+            if i == 0 {
+                break;
+            }
+            i -= 1;
+        }
+        Some((st.head + self.buckets + 1) * self.bucket)
+    }
+
     pub(crate) fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
         let (c, _) = self.position(state.as_ref(), now);
         if cost > 0 {

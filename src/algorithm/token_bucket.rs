@@ -25,6 +25,8 @@ pub(crate) struct Scaled {
     pub(crate) rate: u64,
     /// `capacity · unit`.
     pub(crate) full: u64,
+    /// The quota's window in microseconds (the time in which `limit` tokens refill).
+    pub(crate) window: u64,
 }
 
 impl Scaled {
@@ -41,6 +43,7 @@ impl Scaled {
             unit,
             rate,
             full: capacity * unit,
+            window,
         })
     }
 
@@ -112,6 +115,20 @@ impl TokenBucket {
                 Some((need - tokens).div_ceil(s.rate)),
             )
         }
+    }
+
+    /// Puts back up to `units` tokens, never above the capacity.
+    pub(crate) fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
+        let last = state.as_ref()?.last.max(now);
+        let s = &self.scaled;
+        let tokens = self.tokens(state.as_ref(), now);
+        let tokens = if units >= s.capacity {
+            s.full
+        } else {
+            (tokens + units * s.unit).min(s.full)
+        };
+        *state = Some(State { tokens, last });
+        Some(last + (s.full - tokens).div_ceil(s.rate))
     }
 
     pub(crate) fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {

@@ -7,9 +7,20 @@
 //! | extractor | key |
 //! |---|---|
 //! | [`GlobalKey`] | one bucket for every request |
-//! | [`PeerIp`] | the socket peer's IP address (axum `ConnectInfo`, `MockConnectInfo`, or a `SocketAddr` extension) |
-//! | [`HeaderKey`] | the value of one request header, e.g. `x-api-key` |
+//! | [`PeerIp`] | the socket peer's IP address (axum `ConnectInfo`, `MockConnectInfo`, or a `SocketAddr` extension); IPv6 by `/64` |
+//! | [`ClientIp`] | the client's IP address behind [trusted proxies](Cidr), from `X-Forwarded-For`, `Forwarded` or a header you name, walked from the right; IPv6 by `/64` |
+//! | [`ApiKey`] | the SHA-256 of an API key or bearer token (never the secret itself) |
+//! | [`HeaderKey`] | the value of one request header |
+//! | [`extension`], [`extension_with`] | a value an earlier layer put in the extensions, e.g. the user id |
+//! | [`matched_route`] | the route pattern the router matched, and the method |
+//! | [`first_of`], [`KeyExtractor::or`] | the first of several that finds a key (user id, else client IP) |
+//! | [`all`] | several keys combined into one (route and client) |
 //! | [`from_fn`] | anything a closure computes from the request |
+//!
+//! Behind a load balancer or reverse proxy, [`PeerIp`] sees only the proxy, so every client
+//! shares one bucket. Never key on the leftmost `X-Forwarded-For` entry instead: the client
+//! writes it, and could send a new one with each request (a fresh bucket every time) or a
+//! victim's (draining theirs). [`ClientIp`] reads only what your proxies wrote.
 //!
 //! ```
 //! use tower_ratelimit::key::{self, Key, KeyRejection, RequestRef};
@@ -24,10 +35,18 @@
 //! # let _ = tenant;
 //! ```
 
+mod api_key;
+mod cidr;
+mod client_ip;
+mod composite;
+mod extension;
+mod forwarded;
 mod from_fn;
 mod global;
 mod header;
+mod ip_group;
 mod peer_ip;
+mod route;
 
 use std::fmt;
 use std::net::IpAddr;
@@ -36,15 +55,38 @@ use bytes::Bytes;
 use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 
 pub use crate::error::KeyRejection;
+pub use api_key::ApiKey;
+pub use cidr::Cidr;
+pub use client_ip::{Basis, ClientIp, ClientIpBuilder, DEFAULT_MAX_HOPS, ProxyHeader, Resolution};
+pub use composite::{All, FirstOf, all, first_of};
+pub use extension::{ExtensionKey, extension, extension_with};
 pub use from_fn::{FromFn, from_fn};
 pub use global::GlobalKey;
 pub use header::HeaderKey;
 pub use peer_ip::PeerIp;
+pub use route::{MatchedRoute, matched_route};
 
 /// Finds the key a request is charged to.
 pub trait KeyExtractor: Send + Sync + fmt::Debug + 'static {
     /// The key for `request`, or why there is none.
     fn extract(&self, request: &RequestRef<'_>) -> Result<Key, KeyRejection>;
+
+    /// This extractor's key, or else `other`'s: [`first_of`] with two.
+    ///
+    /// ```
+    /// use tower_ratelimit::key::{ApiKey, ClientIp, KeyExtractor};
+    ///
+    /// // Clients with an API key by key, the others by address.
+    /// let key = ApiKey::bearer().or(ClientIp::new(["10.0.0.0/8"])?);
+    /// # let _ = key;
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    fn or<K: KeyExtractor>(self, other: K) -> FirstOf<(Self, K)>
+    where
+        Self: Sized,
+    {
+        first_of((self, other))
+    }
 }
 
 impl<K: KeyExtractor + ?Sized> KeyExtractor for std::sync::Arc<K> {

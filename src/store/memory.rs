@@ -6,7 +6,7 @@ use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{Check, Store, private};
+use super::{Check, Mode, Store, private};
 use crate::algorithm::{Compiled, State};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, PolicyOutcome};
@@ -191,13 +191,17 @@ impl MemoryStore {
     /// Decides synchronously; [`Store::check`] wraps this in a ready future.
     pub(crate) fn decide(&self, checks: &[Check]) -> Decision {
         let now = self.inner.clock.now_micros();
-        if let [check] = checks {
+        let capacity = self.inner.per_shard;
+        if let [check] = checks
+            && check.mode == Mode::Enforce
+        {
+            // The common case: one enforced policy, one shard, no allocation but the outcome.
             let mut shard = lock(&self.inner.shards[self.shard_of(check.policy.id, &check.key)]);
-            let outcome = shard.decide_one(check, now, self.inner.per_shard);
+            let outcome = shard.decide_one(check, now, capacity);
             return Decision::new(vec![outcome]);
         }
-        // Several policies: lock every shard involved, in index order so that concurrent
-        // multi-policy checks cannot deadlock, then evaluate all before committing any.
+        // Lock every shard involved, in index order so that concurrent multi-policy checks
+        // cannot deadlock; then evaluate all before committing any.
         let indexes: Vec<usize> = checks
             .iter()
             .map(|c| self.shard_of(c.policy.id, &c.key))
@@ -209,25 +213,43 @@ impl MemoryStore {
             .iter()
             .map(|&i| (i, lock(&self.inner.shards[i])))
             .collect();
-        let guard_of = |i: usize| -> usize {
-            guards
-                .iter()
-                .position(|(j, _)| *j == i)
-                .expect("every shard index was locked")
-        };
-        let slots: Vec<usize> = indexes.iter().map(|&i| guard_of(i)).collect();
+        let slots: Vec<usize> = indexes
+            .iter()
+            .map(|&i| {
+                guards
+                    .iter()
+                    .position(|(j, _)| *j == i)
+                    .expect("every shard index was locked")
+            })
+            .collect();
+        for (c, &g) in checks.iter().zip(&slots) {
+            if c.mode == Mode::Refund {
+                guards[g].1.refund(c, now);
+            }
+        }
         let verdicts: Vec<_> = checks
             .iter()
             .zip(&slots)
             .map(|(c, &g)| {
+                let cost = if c.mode == Mode::Refund { 0 } else { c.cost };
                 let state = guards[g].1.live_state(c, now);
-                c.policy.algorithm.evaluate(state, now, c.cost)
+                c.policy.algorithm.evaluate(state, now, cost)
             })
             .collect();
-        let allowed = verdicts.iter().all(|v| v.allowed);
-        if allowed {
-            for (c, &g) in checks.iter().zip(&slots) {
-                guards[g].1.commit(c, now, self.inner.per_shard);
+        let admitted = checks
+            .iter()
+            .zip(&verdicts)
+            .all(|(c, v)| v.allowed || matches!(c.mode, Mode::Shadow | Mode::Refund));
+        if admitted {
+            for ((c, v), &g) in checks.iter().zip(&verdicts).zip(&slots) {
+                let charge = match c.mode {
+                    Mode::Enforce => true,
+                    Mode::Shadow => v.allowed,
+                    Mode::Dry | Mode::Refund => false,
+                };
+                if charge {
+                    guards[g].1.commit(c, now, capacity);
+                }
             }
         }
         for (_, g) in &mut guards {
@@ -237,9 +259,7 @@ impl MemoryStore {
             checks
                 .iter()
                 .zip(verdicts)
-                .map(|(c, v)| {
-                    PolicyOutcome::new(c.policy.name.clone(), c.policy.algorithm.reported_limit(), v)
-                })
+                .map(|(c, v)| PolicyOutcome::new(&c.policy, c.mode == Mode::Shadow, v))
                 .collect(),
         )
     }
@@ -266,11 +286,23 @@ impl Shard {
             self.commit(check, now, capacity);
         }
         self.tick(now);
-        PolicyOutcome::new(
-            check.policy.name.clone(),
-            check.policy.algorithm.reported_limit(),
-            verdict,
-        )
+        PolicyOutcome::new(&check.policy, false, verdict)
+    }
+
+    fn refund(&mut self, check: &Check, now: u64) {
+        if let Some(entry) = self.map.get_mut(&(check.policy.id, check.key.clone())) {
+            if entry.expires_at <= now {
+                entry.state = None;
+            }
+            if let Some(expires_at) =
+                check
+                    .policy
+                    .algorithm
+                    .refund(&mut entry.state, now, check.cost)
+            {
+                entry.expires_at = expires_at;
+            }
+        }
     }
 
     fn commit(&mut self, check: &Check, now: u64, capacity: usize) {
@@ -335,7 +367,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-
 impl Store for MemoryStore {
     type Future = std::future::Ready<Result<Decision, StoreError>>;
 
@@ -362,4 +393,3 @@ impl private::Sealed for MemoryStore {
         Ok(id)
     }
 }
-

@@ -27,12 +27,37 @@ pub(crate) struct PolicyHandle {
     pub(crate) algorithm: Compiled,
 }
 
+/// How a check takes part in a decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Decides the request; charged only if every enforced and dry check admits it.
+    Enforce = 0,
+    /// Reported, never decides; charged if it admits and the request goes on.
+    Shadow = 1,
+    /// Decides the request but is never charged (the charge comes after the response).
+    Dry = 2,
+    /// Gives `cost` units back; then reports like a look at cost 0.
+    Refund = 3,
+}
+
 /// One policy to decide for one key at some cost.
 #[derive(Debug)]
 pub struct Check {
     pub(crate) policy: Arc<PolicyHandle>,
     pub(crate) key: Key,
     pub(crate) cost: u64,
+    pub(crate) mode: Mode,
+}
+
+impl Check {
+    pub(crate) fn new(policy: Arc<PolicyHandle>, key: Key, cost: u64, mode: Mode) -> Self {
+        Check {
+            policy,
+            key,
+            cost,
+            mode,
+        }
+    }
 }
 
 /// Where rate-limit state lives: [`MemoryStore`], or Redis.

@@ -2,8 +2,11 @@
 -- KEYS[i]: the key of policy i. ARGV[1]: the time in microseconds, or '' to use Redis TIME.
 -- ARGV[2]: milliseconds added to every TTL (0 unless the time is injected: Redis then expires
 -- keys on its own clock, which an injected clock may outrun or lag).
--- Then 6 arguments per policy: algorithm, four parameters, cost.
--- Phase one evaluates every policy; phase two charges them all, only if all admit the request.
+-- Then 7 arguments per policy: algorithm, four parameters, cost, mode.
+-- Modes: 0 enforce (decides; charged only if every enforce and dry policy admits the request),
+-- 1 shadow (reported, never decides; charged if it admits and the request goes on),
+-- 2 dry (decides, never charged), 3 refund (gives `cost` units back, then looks at cost 0).
+-- Phase one evaluates every policy; phase two charges them, only if all that decide admit.
 -- Reply: { now, then per policy: allowed, remaining, reset_after_us, retry_after_us or -1 }.
 local now = tonumber(ARGV[1])
 if not now then
@@ -14,11 +17,11 @@ end
 TTL_SLACK = tonumber(ARGV[2]) or 0
 
 local n = #KEYS
-local algs, params, costs, states = {}, {}, {}, {}
+local algs, params, costs, modes, states, allowed = {}, {}, {}, {}, {}, {}
 local reply = { now }
-local all = true
+local admitted = true
 for i = 1, n do
-  local base = 2 + (i - 1) * 6
+  local base = 2 + (i - 1) * 7
   local alg = ALG[tonumber(ARGV[base + 1])]
   if not alg then
     return redis.error_reply('tower-ratelimit: unknown algorithm ' .. tostring(ARGV[base + 1]))
@@ -30,20 +33,27 @@ for i = 1, n do
     tonumber(ARGV[base + 5]),
   }
   local cost = tonumber(ARGV[base + 6])
+  local mode = tonumber(ARGV[base + 7])
   local st = alg.load(KEYS[i], p)
-  local allowed, remaining, reset, retry = alg:evaluate(p, st, now, cost, KEYS[i])
-  if allowed == 0 then
-    all = false
+  if mode == 3 then
+    alg:refund(KEYS[i], p, st, now, cost)
+    st = alg.load(KEYS[i], p)
+    cost = 0
   end
-  algs[i], params[i], costs[i], states[i] = alg, p, cost, st
-  reply[#reply + 1] = allowed
+  local ok, remaining, reset, retry = alg:evaluate(p, st, now, cost, KEYS[i])
+  if ok == 0 and (mode == 0 or mode == 2) then
+    admitted = false
+  end
+  algs[i], params[i], costs[i], modes[i], states[i], allowed[i] = alg, p, cost, mode, st, ok
+  reply[#reply + 1] = ok
   reply[#reply + 1] = remaining
   reply[#reply + 1] = reset
   reply[#reply + 1] = retry
 end
 
 for i = 1, n do
-  if all and costs[i] > 0 then
+  local charge = admitted and costs[i] > 0 and (modes[i] == 0 or (modes[i] == 1 and allowed[i] == 1))
+  if charge then
     algs[i]:commit(KEYS[i], params[i], states[i], now, costs[i])
   elseif redis.call('PTTL', KEYS[i]) == -1 then
     -- A key without a TTL (written by something else, or lost its TTL): repair it.

@@ -35,6 +35,17 @@ ALG[1] = {
     end
     return 0, remaining, reset(count), left
   end,
+  refund = function(self, key, p, st, now, units)
+    if not st then
+      return
+    end
+    local start, count = self.current(p, st, now)
+    local left = count - units
+    if left < 0 then
+      left = 0
+    end
+    store(key, int(start) .. ' ' .. int(left), now, start + p[2])
+  end,
   commit = function(self, key, p, st, now, cost)
     local start, count = self.current(p, st, now)
     store(key, int(start) .. ' ' .. int(count + cost), now, start + p[2])

@@ -24,6 +24,20 @@ ALG[6] = {
     end
     return 0, remaining_now, backlog, new_backlog - tolerance
   end,
+  refund = function(self, key, p, st, now, units)
+    if not st then
+      return
+    end
+    local tat = st[1]
+    if tat < now then
+      tat = now
+    end
+    tat = tat - units * p[1]
+    if tat < now then
+      tat = now
+    end
+    store(key, int(tat), now, tat)
+  end,
   commit = function(self, key, p, st, now, cost)
     local tat = now
     if st and st[1] > now then

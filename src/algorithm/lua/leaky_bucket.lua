@@ -29,6 +29,25 @@ ALG[5] = {
     end
     return 0, fdiv(full - level, unit), cdiv(level, rate), cdiv(after - full, rate)
   end,
+  refund = function(self, key, p, st, now, units)
+    if not st then
+      return
+    end
+    local level = self.level(p, st, now)
+    if units >= p[1] then
+      level = 0
+    else
+      level = level - units * p[2]
+      if level < 0 then
+        level = 0
+      end
+    end
+    local last = now
+    if st[2] > now then
+      last = st[2]
+    end
+    store(key, int(level) .. ' ' .. int(last), now, last + cdiv(level, p[3]))
+  end,
   commit = function(self, key, p, st, now, cost)
     local level = self.level(p, st, now) + cost * p[2]
     local last = now

@@ -48,6 +48,12 @@ ALG[3] = {
     local entry = redis.call('ZRANGE', key, expired + need - 1, expired + need - 1, 'WITHSCORES')
     return 0, limit - used, newest_left, tonumber(entry[2]) + window - now
   end,
+  refund = function(self, key, p, st, now, units)
+    if st and units > 0 then
+      -- The newest members have the highest scores.
+      redis.call('ZPOPMAX', key, units)
+    end
+  end,
   commit = function(self, key, p, st, now, cost)
     local window = p[2]
     now = self.clamp(st, now)

@@ -108,6 +108,42 @@ ALG[2] = {
     end
     return redis.error_reply('sliding_window: no retry time found')
   end,
+  refund = function(self, key, p, st, now, units)
+    if not st then
+      return
+    end
+    local n, g = p[2], p[3]
+    local slots = n + 1
+    local c = sw_position(p, st, now)
+    local head = st[1]
+    local oldest = c - n
+    if head - n > oldest then
+      oldest = head - n
+    end
+    if oldest < 0 then
+      oldest = 0
+    end
+    local i = head
+    if c < i then
+      i = c
+    end
+    local left = units
+    while left > 0 and i >= oldest do
+      local slot = i - fdiv(i, slots) * slots + 2
+      local take = st[slot]
+      if take > left then
+        take = left
+      end
+      st[slot] = st[slot] - take
+      left = left - take
+      i = i - 1
+    end
+    local parts = {}
+    for k = 1, slots + 1 do
+      parts[k] = int(st[k])
+    end
+    store(key, table.concat(parts, ' '), now, (head + n + 1) * g)
+  end,
   commit = function(self, key, p, st, now, cost)
     local n, g = p[2], p[3]
     local slots = n + 1

@@ -50,6 +50,22 @@ ALG[4] = {
     end
     return 0, fdiv(tokens, unit), cdiv(full - tokens, rate), cdiv(need - tokens, rate)
   end,
+  refund = function(self, key, p, st, now, units)
+    if not st then
+      return
+    end
+    local tokens = self.tokens(p, st, now)
+    if units >= p[1] then
+      tokens = p[4]
+    else
+      tokens = tokens + units * p[2]
+      if tokens > p[4] then
+        tokens = p[4]
+      end
+    end
+    local last = last_after(st, now)
+    store(key, int(tokens) .. ' ' .. int(last), now, last + cdiv(p[4] - tokens, p[3]))
+  end,
   commit = function(self, key, p, st, now, cost)
     local tokens = self.tokens(p, st, now) - cost * p[2]
     local last = last_after(st, now)

@@ -13,7 +13,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, ServerErrorKind};
 
-use super::{Check, Store, private};
+use super::{Check, Mode, Store, private};
 use crate::algorithm::{Compiled, Verdict};
 use crate::clock::Clock;
 use crate::decision::{Decision, PolicyOutcome};
@@ -395,7 +395,10 @@ impl Inner {
         };
         for check in &checks {
             let (code, params) = check.policy.algorithm.lua_args();
-            cmd.arg(code).arg(&params[..]).arg(check.cost);
+            cmd.arg(code)
+                .arg(&params[..])
+                .arg(check.cost)
+                .arg(check.mode as u8);
         }
         let reply: Vec<i64> = self
             .with_conn(|mut c| async move { invoke(&cmd, &mut c).await })
@@ -416,11 +419,7 @@ impl Inner {
                     reset_after_us: r[2].max(0) as u64,
                     retry_after_us: (r[3] >= 0).then_some(r[3] as u64),
                 };
-                PolicyOutcome::new(
-                    check.policy.name.clone(),
-                    check.policy.algorithm.reported_limit(),
-                    verdict,
-                )
+                PolicyOutcome::new(&check.policy, check.mode == Mode::Shadow, verdict)
             })
             .collect();
         Ok(Decision::new(outcomes))

@@ -1,0 +1,711 @@
+//! Property tests for the six algorithms.
+//!
+//! Every test builds a policy with [`Compiled::new`] from a small random quota (limit 1..=50,
+//! window 1..=10 000µs, a burst 1..=50 for the bucket algorithms, a bucket count that divides the
+//! window for the sliding window) and drives it as a store does: `evaluate` each request, and
+//! `commit` it only when it is allowed. Requests are random `(time step, cost)` sequences.
+//!
+//! Two kinds of clocks are used:
+//!
+//! * **forward**: time never goes back, as the [`Clock`](crate::Clock) contract requires. The
+//!   guarantees about what is admitted over time (window and rate bounds) and the accuracy of
+//!   `Retry-After` are stated for such clocks;
+//! * **wandering**: time may also jump backwards (as a [`ManualClock`](crate::ManualClock) set
+//!   back can do). The statements that do not depend on elapsed time (remaining, expiry,
+//!   token/leaky equivalence, robustness) are checked under it.
+//!
+//! The per-algorithm properties live in one module per property, with one test per algorithm,
+//! so a failure names both and shrinks for that algorithm alone.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::sample::select;
+
+use super::{Algorithm, Compiled, Options, State, Verdict};
+use crate::quota::Quota;
+
+/// Most sub-window buckets generated: the sliding window's retry search is quadratic in them.
+const MAX_TEST_BUCKETS: u64 = 64;
+
+/// A random quota that every algorithm accepts once the options it does not take are dropped.
+#[derive(Clone, Debug)]
+struct Spec {
+    limit: u32,
+    window: u64,
+    /// Burst of the bucket algorithms (token bucket, leaky bucket, GCRA); ignored by the others.
+    burst: Option<u32>,
+    /// Sub-window buckets of the sliding window (divides `window`); ignored by the others.
+    buckets: u32,
+}
+
+impl Spec {
+    fn compile(&self, algorithm: Algorithm) -> Compiled {
+        let mut quota = Quota::new(self.limit, Duration::from_micros(self.window)).unwrap();
+        if let (true, Some(burst)) = (algorithm.has_burst(), self.burst) {
+            quota = quota.try_with_burst(burst).unwrap();
+        }
+        let mut options = Options::default();
+        if algorithm == Algorithm::SlidingWindow {
+            options.buckets = Some(self.buckets);
+        }
+        let compiled = Compiled::new(algorithm, quota, options).unwrap();
+        assert_eq!(compiled.reported_limit(), self.capacity(algorithm));
+        compiled
+    }
+
+    /// The largest cost `algorithm` can ever admit: the burst, or the limit.
+    fn capacity(&self, algorithm: Algorithm) -> u64 {
+        match self.burst {
+            Some(burst) if algorithm.has_burst() => burst as u64,
+            _ => self.limit as u64,
+        }
+    }
+
+    /// The largest capacity over all algorithms, to scale generated costs.
+    fn top(&self) -> u64 {
+        self.limit.max(self.burst.unwrap_or(0)) as u64
+    }
+}
+
+fn spec() -> impl Strategy<Value = Spec> {
+    // Short windows (often shorter than the limit: fractional per-microsecond rates) as often
+    // as long ones.
+    let window = prop_oneof![1u64..=100, 1u64..=10_000];
+    (1u32..=50, window, proptest::option::of(1u32..=50)).prop_flat_map(|(limit, window, burst)| {
+        let divisors: Vec<u32> = (1..=window.min(MAX_TEST_BUCKETS))
+            .filter(|d| window % d == 0)
+            .map(|d| d as u32)
+            .collect();
+        select(divisors).prop_map(move |buckets| Spec {
+            limit,
+            window,
+            burst,
+            buckets,
+        })
+    })
+}
+
+/// Where the clock starts: zero, anywhere, or where `ManualClock::new` starts.
+fn start() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        1 => Just(0u64),
+        4 => 0u64..1_000_000_000_000,
+        1 => Just(1_000_000_000_000_000u64),
+    ]
+}
+
+/// Costs: mostly one or two units, sometimes zero, up to the largest capacity, or just above.
+fn cost(top: u64) -> impl Strategy<Value = u64> {
+    prop_oneof![
+        1 => Just(0u64),
+        8 => 1u64..=2,
+        3 => 1..=top,
+        1 => top + 1..=top + 3,
+    ]
+}
+
+/// Microseconds between two requests on a forward clock, relative to the window.
+fn forward_step(window: u64) -> impl Strategy<Value = u64> {
+    prop_oneof![
+        3 => Just(0u64),
+        4 => 0..=window / 4,
+        3 => 0..=window,
+        2 => 0..=3 * window,
+        1 => 0..=20 * window,
+    ]
+}
+
+/// A quota and requests `(now, cost)` at non-decreasing times.
+fn forward_case(max_len: usize) -> impl Strategy<Value = (Spec, Vec<(u64, u64)>)> {
+    spec()
+        .prop_flat_map(move |spec| {
+            let steps = proptest::collection::vec(
+                (forward_step(spec.window), cost(spec.top())),
+                1..=max_len,
+            );
+            (Just(spec), start(), steps)
+        })
+        .prop_map(|(spec, start, steps)| {
+            let mut now = start;
+            let requests = steps
+                .into_iter()
+                .map(|(dt, cost)| {
+                    now += dt;
+                    (now, cost)
+                })
+                .collect();
+            (spec, requests)
+        })
+}
+
+/// How the clock moves between two requests on a wandering clock.
+#[derive(Clone, Copy, Debug)]
+enum Move {
+    /// Forward or backward by this many microseconds (saturating at zero).
+    By(i64),
+    /// To this absolute time.
+    To(u64),
+}
+
+fn wandering_step(window: u64) -> impl Strategy<Value = Move> {
+    let w = window as i64;
+    prop_oneof![
+        2 => Just(Move::By(0)),
+        4 => (-w..=w).prop_map(Move::By),
+        3 => (-3 * w..=3 * w).prop_map(Move::By),
+        1 => (0..=20 * w).prop_map(Move::By),
+        1 => (0u64..1 << 50).prop_map(Move::To),
+    ]
+}
+
+fn wander(start: u64, moves: Vec<(Move, u64)>) -> Vec<(u64, u64)> {
+    let mut now = start;
+    moves
+        .into_iter()
+        .map(|(m, cost)| {
+            now = match m {
+                Move::By(d) => now.saturating_add_signed(d),
+                Move::To(t) => t,
+            };
+            (now, cost)
+        })
+        .collect()
+}
+
+/// A quota and requests `(now, cost)` whose times may go backwards.
+fn wandering_case(max_len: usize) -> impl Strategy<Value = (Spec, Vec<(u64, u64)>)> {
+    spec()
+        .prop_flat_map(move |spec| {
+            let steps = proptest::collection::vec(
+                (wandering_step(spec.window), cost(spec.top())),
+                1..=max_len,
+            );
+            (Just(spec), start(), steps)
+        })
+        .prop_map(|(spec, start, moves)| (spec, wander(start, moves)))
+}
+
+/// Like [`wandering_case`], with costs anywhere in `u64` as well.
+fn hostile_case(max_len: usize) -> impl Strategy<Value = (Spec, Vec<(u64, u64)>)> {
+    spec()
+        .prop_flat_map(move |spec| {
+            let costs = prop_oneof![
+                6 => cost(spec.top()),
+                1 => Just(u32::MAX as u64),
+                1 => Just(u64::MAX),
+                1 => any::<u64>(),
+            ];
+            let steps =
+                proptest::collection::vec((wandering_step(spec.window), costs), 1..=max_len);
+            (Just(spec), start(), steps)
+        })
+        .prop_map(|(spec, start, moves)| (spec, wander(start, moves)))
+}
+
+/// One request as a store handles it.
+#[derive(Clone, Debug)]
+struct Step {
+    now: u64,
+    cost: u64,
+    /// The key's state when the request came.
+    before: Option<State>,
+    verdict: Verdict,
+    /// The key's state after the request (charged if it was allowed).
+    after: Option<State>,
+    /// What `commit` returned, when the request was charged.
+    expires_at: Option<u64>,
+}
+
+/// Evaluates every request and commits those allowed.
+fn drive(algorithm: &Compiled, requests: &[(u64, u64)]) -> Vec<Step> {
+    let mut state = None;
+    requests
+        .iter()
+        .map(|&(now, cost)| {
+            let before = state.clone();
+            let verdict = algorithm.evaluate(state.as_ref(), now, cost);
+            let expires_at = verdict
+                .allowed
+                .then(|| algorithm.commit(&mut state, now, cost));
+            Step {
+                now,
+                cost,
+                before,
+                verdict,
+                after: state.clone(),
+                expires_at,
+            }
+        })
+        .collect()
+}
+
+/// `(time, cost)` of the admitted requests that cost something, in order.
+fn admitted(trace: &[Step]) -> Vec<(u64, u64)> {
+    trace
+        .iter()
+        .filter(|s| s.verdict.allowed && s.cost > 0)
+        .map(|s| (s.now, s.cost))
+        .collect()
+}
+
+/// The most units admitted in any span `(t − len, t]`, and the `t` it ends at. Admission times
+/// must be non-decreasing. The worst span ends at an admission, so only those are tried.
+fn busiest_span(admitted: &[(u64, u64)], len: u64) -> (u64, u64) {
+    let mut best = (0, 0);
+    let mut lo = 0;
+    let mut sum = 0;
+    for (hi, &(t, c)) in admitted.iter().enumerate() {
+        sum += c;
+        while lo <= hi && admitted[lo].0 + len <= t {
+            sum -= admitted[lo].1;
+            lo += 1;
+        }
+        if sum > best.0 {
+            best = (sum, t);
+        }
+    }
+    best
+}
+
+/// Checks `sum of costs admitted in [a, b] <= bound(b − a)` for every closed interval whose ends
+/// are admission times (the worst intervals are among those). Times must be non-decreasing.
+fn check_intervals(
+    admitted: &[(u64, u64)],
+    bound: impl Fn(u64) -> u64,
+) -> Result<(), TestCaseError> {
+    for i in 0..admitted.len() {
+        let mut sum = 0;
+        for j in i..admitted.len() {
+            sum += admitted[j].1;
+            let (a, b) = (admitted[i].0, admitted[j].0);
+            prop_assert!(
+                sum <= bound(b - a),
+                "{sum} units admitted in [{a}, {b}], more than the bound {}",
+                bound(b - a)
+            );
+        }
+    }
+    Ok(())
+}
+
+// Properties 1–4: how much is admitted over time (forward clock).
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    /// Property 1: The sliding log is exact: every window-long span `(t − window, t]` admits at
+    /// most `limit` units.
+    #[test]
+    fn sliding_log_never_exceeds_the_limit_in_any_window((spec, requests) in forward_case(80)) {
+        let trace = drive(&spec.compile(Algorithm::SlidingLog), &requests);
+        let (most, end) = busiest_span(&admitted(&trace), spec.window);
+        prop_assert!(
+            most <= spec.limit as u64,
+            "{most} units admitted in ({}, {end}]", end.saturating_sub(spec.window)
+        );
+    }
+
+    /// Property 2: The fixed window admits at most `limit` units per aligned window, hence at most
+    /// twice the limit in any window-long span (the end of one window and the start of the next).
+    #[test]
+    fn fixed_window_admits_the_limit_per_window_and_twice_across_a_boundary(
+        (spec, requests) in forward_case(80)
+    ) {
+        let trace = drive(&spec.compile(Algorithm::FixedWindow), &requests);
+        let admitted = admitted(&trace);
+        let (most, end) = busiest_span(&admitted, spec.window);
+        prop_assert!(
+            most <= 2 * spec.limit as u64,
+            "{most} units admitted in ({}, {end}]", end.saturating_sub(spec.window)
+        );
+        for chunk in admitted.chunk_by(|a, b| a.0 / spec.window == b.0 / spec.window) {
+            let units: u64 = chunk.iter().map(|&(_, c)| c).sum();
+            let start = chunk[0].0 / spec.window * spec.window;
+            prop_assert!(
+                units <= spec.limit as u64,
+                "{units} units admitted in the window starting at {start}"
+            );
+        }
+    }
+
+    /// Property 3: The sliding window counter admits at most `limit` units in any span of
+    /// `window − window/buckets`: a request at bucket `c`, offset `x`, is admitted only if the
+    /// buckets `c − buckets + 1 ..= c`, which cover `[t − (window − bucket) − x, t]`, hold at most
+    /// `limit` minus its cost, the weighted oldest bucket only adding to the estimate.
+    #[test]
+    fn sliding_window_never_exceeds_the_limit_in_a_window_minus_one_bucket(
+        (spec, requests) in forward_case(80)
+    ) {
+        let trace = drive(&spec.compile(Algorithm::SlidingWindow), &requests);
+        let span = spec.window - spec.window / spec.buckets as u64;
+        let (most, end) = busiest_span(&admitted(&trace), span);
+        prop_assert!(
+            most <= spec.limit as u64,
+            "{most} units admitted in ({}, {end}] (span {span})", end.saturating_sub(span)
+        );
+    }
+
+    /// Property 4, token bucket: at most `burst + floor((b − a)·limit/window)` units in any
+    /// interval `[a, b]`.
+    ///
+    /// Tokens are exact multiples of `1/unit`: the bucket holds at most `burst·unit` when the first
+    /// request of the interval comes, gains exactly `(b − a)·rate` until the last, and never goes
+    /// negative, so `units·unit <= burst·unit + (b − a)·rate`, with `rate/unit = limit/window`.
+    /// (The `ceil` bound is weaker; the `floor` one is tight.)
+    #[test]
+    fn token_bucket_admits_at_most_burst_plus_rate((spec, requests) in forward_case(80)) {
+        let (burst, limit) = (spec.capacity(Algorithm::TokenBucket), spec.limit as u64);
+        let trace = drive(&spec.compile(Algorithm::TokenBucket), &requests);
+        check_intervals(&admitted(&trace), |d| burst + d * limit / spec.window)?;
+    }
+
+    /// Property 4, leaky bucket: the same bound as the token bucket, by the same argument on free
+    /// space.
+    #[test]
+    fn leaky_bucket_admits_at_most_burst_plus_rate((spec, requests) in forward_case(80)) {
+        let (burst, limit) = (spec.capacity(Algorithm::LeakyBucket), spec.limit as u64);
+        let trace = drive(&spec.compile(Algorithm::LeakyBucket), &requests);
+        check_intervals(&admitted(&trace), |d| burst + d * limit / spec.window)?;
+    }
+
+    /// Property 4, GCRA: at most `burst + floor((b − a)/T)` units in any `[a, b]`, `T` the emission
+    /// interval, hence at most `burst + floor((b − a)·limit/window)`.
+    ///
+    /// Each admission moves the TAT to `max(TAT, now) + cost·T` and needs `TAT − now <= burst·T`
+    /// afterwards. Over the admissions in `[a, b]` the TAT thus grows from at least `a` by
+    /// `units·T`, and ends at most at `b + burst·T`: `units·T <= (b − a) + burst·T`. As
+    /// `T = ceil(window/limit) >= window/limit`, the token bucket's bound holds too.
+    #[test]
+    fn gcra_admits_at_most_burst_plus_rate((spec, requests) in forward_case(80)) {
+        let compiled = spec.compile(Algorithm::Gcra);
+        let Compiled::Gcra(gcra) = &compiled else { unreachable!() };
+        let (burst, interval, limit) = (gcra.burst, gcra.interval, spec.limit as u64);
+        let trace = drive(&compiled, &requests);
+        let admitted = admitted(&trace);
+        check_intervals(&admitted, |d| burst + d / interval)?;
+        check_intervals(&admitted, |d| burst + d * limit / spec.window)?;
+    }
+}
+
+// Property 5: the leaky bucket as a meter is the token bucket.
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    /// Property 5: For the same quota and requests (even with the clock going back), the token and
+    /// leaky buckets give the same verdicts (allowed, remaining, reset, retry) and expiries.
+    #[test]
+    fn token_and_leaky_buckets_decide_alike((spec, requests) in wandering_case(80)) {
+        let token = drive(&spec.compile(Algorithm::TokenBucket), &requests);
+        let leaky = drive(&spec.compile(Algorithm::LeakyBucket), &requests);
+        for (t, l) in token.iter().zip(&leaky) {
+            prop_assert_eq!(
+                (t.verdict, t.expires_at),
+                (l.verdict, l.expires_at),
+                "at now={} cost={}", t.now, t.cost
+            );
+        }
+    }
+}
+
+// Properties 6–9: one test per algorithm.
+
+/// Declares module `$name` with one proptest per algorithm, each running `$check(algorithm,
+/// &spec, &requests)` on `$cases` cases drawn from `$strategy`.
+macro_rules! for_each_algorithm {
+    ($(#[$doc:meta])* $name:ident, $cases:expr, $strategy:expr, $check:path) => {
+        $(#[$doc])*
+        mod $name {
+            use super::*;
+
+            proptest! {
+                #![proptest_config(ProptestConfig::with_cases($cases))]
+
+                #[test]
+                fn fixed_window((spec, requests) in $strategy) {
+                    $check(Algorithm::FixedWindow, &spec, &requests)?;
+                }
+
+                #[test]
+                fn sliding_window((spec, requests) in $strategy) {
+                    $check(Algorithm::SlidingWindow, &spec, &requests)?;
+                }
+
+                #[test]
+                fn sliding_log((spec, requests) in $strategy) {
+                    $check(Algorithm::SlidingLog, &spec, &requests)?;
+                }
+
+                #[test]
+                fn token_bucket((spec, requests) in $strategy) {
+                    $check(Algorithm::TokenBucket, &spec, &requests)?;
+                }
+
+                #[test]
+                fn leaky_bucket((spec, requests) in $strategy) {
+                    $check(Algorithm::LeakyBucket, &spec, &requests)?;
+                }
+
+                #[test]
+                fn gcra((spec, requests) in $strategy) {
+                    $check(Algorithm::Gcra, &spec, &requests)?;
+                }
+            }
+        }
+    };
+}
+
+/// Property 6: When a request is denied with `retry_after_us = Some(r)`, the same request with no
+/// traffic in between is admitted at `now + r` and still denied at `now + r − 1`.
+///
+/// Stated for a forward clock. Every algorithm measures the time to wait from `now`, except that
+/// the sliding window, sliding log, token bucket and leaky bucket, seeing a `now` before their
+/// last update, treat it as "no time has passed" and so count the wait from that update instead
+/// (fixed window and GCRA still count from the real `now`): after the clock went back, their
+/// retry-after is short by how far it went back.
+fn retry_after_is_exact(
+    algorithm: Algorithm,
+    spec: &Spec,
+    requests: &[(u64, u64)],
+) -> Result<(), TestCaseError> {
+    let compiled = spec.compile(algorithm);
+    for step in drive(&compiled, requests) {
+        let Some(r) = step.verdict.retry_after_us else {
+            continue;
+        };
+        let (now, cost, before) = (step.now, step.cost, step.before.as_ref());
+        prop_assert!(r > 0, "retry after 0 for a denied request at {now}");
+        prop_assert!(
+            compiled.evaluate(before, now + r, cost).allowed,
+            "denied at {now} with retry after {r}, but still denied at {}",
+            now + r
+        );
+        prop_assert!(
+            !compiled.evaluate(before, now + r - 1, cost).allowed,
+            "denied at {now} with retry after {r}, but already admitted at {}",
+            now + r - 1
+        );
+    }
+    Ok(())
+}
+
+for_each_algorithm!(
+    /// Property 6, see [`retry_after_is_exact`].
+    retry_after_is_exact_and_tight,
+    128,
+    forward_case(64),
+    retry_after_is_exact
+);
+
+/// Property 6, the weaker statement that holds when the clock goes back: the request is still
+/// denied at `now + r − 1`, and is admitted once `r` has passed since both `now` and the latest
+/// time the key was charged at (which is where the algorithms that saw time go back count from).
+fn retry_after_is_enough_from_the_last_update(
+    algorithm: Algorithm,
+    spec: &Spec,
+    requests: &[(u64, u64)],
+) -> Result<(), TestCaseError> {
+    let compiled = spec.compile(algorithm);
+    let mut last_charged = 0;
+    for step in drive(&compiled, requests) {
+        let (now, cost, before) = (step.now, step.cost, step.before.as_ref());
+        if let Some(r) = step.verdict.retry_after_us {
+            let from = now.max(last_charged);
+            prop_assert!(
+                !compiled.evaluate(before, now + r - 1, cost).allowed,
+                "denied at {now} with retry after {r}, but already admitted at {}",
+                now + r - 1
+            );
+            prop_assert!(
+                compiled.evaluate(before, from + r, cost).allowed,
+                "denied at {now} (last charged at {last_charged}) with retry after {r}, but \
+                 still denied at {}",
+                from + r
+            );
+        }
+        if step.expires_at.is_some() {
+            last_charged = last_charged.max(now);
+        }
+    }
+    Ok(())
+}
+
+for_each_algorithm!(
+    /// Property 6 on a wandering clock, see [`retry_after_is_enough_from_the_last_update`].
+    retry_after_when_the_clock_goes_back,
+    96,
+    wandering_case(48),
+    retry_after_is_enough_from_the_last_update
+);
+
+/// Property 7: After a request admitted with `remaining = n`, `n` more requests of cost 1 at the
+/// same instant are admitted and the next one is denied (for `n = 0` too: the next one is denied).
+fn remaining_is_what_can_still_be_spent(
+    algorithm: Algorithm,
+    spec: &Spec,
+    requests: &[(u64, u64)],
+) -> Result<(), TestCaseError> {
+    let compiled = spec.compile(algorithm);
+    for step in drive(&compiled, requests) {
+        if !step.verdict.allowed {
+            continue;
+        }
+        let (now, n) = (step.now, step.verdict.remaining);
+        let mut state = step.after;
+        for i in 0..n {
+            prop_assert!(
+                compiled.evaluate(state.as_ref(), now, 1).allowed,
+                "remaining {n} at {now}, but unit {} of them is denied",
+                i + 1
+            );
+            compiled.commit(&mut state, now, 1);
+        }
+        prop_assert!(
+            !compiled.evaluate(state.as_ref(), now, 1).allowed,
+            "remaining {n} at {now}, but one more unit is admitted"
+        );
+    }
+    Ok(())
+}
+
+for_each_algorithm!(
+    /// Property 7, see [`remaining_is_what_can_still_be_spent`].
+    remaining_is_exact,
+    96,
+    wandering_case(48),
+    remaining_is_what_can_still_be_spent
+);
+
+/// Property 8: A state at or past the `expires_at` its last commit returned is a fresh key: at any
+/// time `>= expires_at`, evaluating any cost with it gives the same verdict as with no state, and
+/// charging it leaves the same state as charging a fresh key. (The memory store relies on this when
+/// it drops such states.)
+fn expired_state_is_a_fresh_key(
+    algorithm: Algorithm,
+    spec: &Spec,
+    requests: &[(u64, u64)],
+) -> Result<(), TestCaseError> {
+    let compiled = spec.compile(algorithm);
+    let capacity = spec.capacity(algorithm);
+    for step in drive(&compiled, requests) {
+        let Some(expires_at) = step.expires_at else {
+            continue;
+        };
+        let offsets = [0, 1, spec.window / 3, spec.window, 7 * spec.window + 5];
+        let costs = [0, 1, 2, capacity, capacity + 1];
+        for now in offsets.map(|o| expires_at + o) {
+            for cost in costs {
+                let verdict = compiled.evaluate(step.after.as_ref(), now, cost);
+                prop_assert_eq!(
+                    verdict,
+                    compiled.evaluate(None, now, cost),
+                    "state {:?} expired at {}, evaluated at {} for cost {}",
+                    &step.after,
+                    expires_at,
+                    now,
+                    cost
+                );
+                if verdict.allowed && cost > 0 {
+                    let (mut old, mut fresh) = (step.after.clone(), None);
+                    prop_assert_eq!(
+                        compiled.commit(&mut old, now, cost),
+                        compiled.commit(&mut fresh, now, cost)
+                    );
+                    prop_assert_eq!(old, fresh, "charged at {} for cost {}", now, cost);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+for_each_algorithm!(
+    /// Property 8, see [`expired_state_is_a_fresh_key`].
+    expired_state_is_fresh,
+    96,
+    wandering_case(48),
+    expired_state_is_a_fresh_key
+);
+
+/// Property 9: Any sequence (time jumping back and forth, cost 0, costs far above the capacity, up
+/// to `u64::MAX`) is handled without panicking, and the verdicts keep their shape: a cost above the
+/// capacity is denied with no retry-after; an admitted request has no retry-after; a denied request
+/// within the capacity has a positive retry-after; `remaining` never exceeds the capacity.
+fn verdicts_are_well_formed(
+    algorithm: Algorithm,
+    spec: &Spec,
+    requests: &[(u64, u64)],
+) -> Result<(), TestCaseError> {
+    let compiled = spec.compile(algorithm);
+    let capacity = spec.capacity(algorithm);
+    for step in drive(&compiled, requests) {
+        let (v, now, cost) = (step.verdict, step.now, step.cost);
+        prop_assert!(
+            v.remaining <= capacity,
+            "remaining {} at {now}",
+            v.remaining
+        );
+        if cost > capacity {
+            prop_assert!(
+                !v.allowed && v.retry_after_us.is_none(),
+                "{v:?} for cost {cost}"
+            );
+        } else if v.allowed {
+            prop_assert_eq!(v.retry_after_us, None);
+        } else {
+            prop_assert!(
+                matches!(v.retry_after_us, Some(r) if r > 0),
+                "{:?} for cost {} at {}",
+                v,
+                cost,
+                now
+            );
+        }
+    }
+    Ok(())
+}
+
+for_each_algorithm!(
+    /// Property 9, see [`verdicts_are_well_formed`].
+    robust_to_any_input,
+    128,
+    hostile_case(64),
+    verdicts_are_well_formed
+);
+
+/// Extra property (cost 0 is a look): on a forward clock, a request of cost 0 right after any
+/// request is admitted, and reports the same `remaining` and `reset_after_us` as that request did.
+///
+/// Only on a forward clock: after time went back, the sliding window (which then looks at its
+/// newest bucket from its start, where the oldest bucket still weighs in full) and GCRA (whose
+/// `TAT − now` then exceeds the tolerance) can count more than the limit as spent, and deny
+/// even cost 0, with a retry-after.
+fn cost_zero_is_a_look(
+    algorithm: Algorithm,
+    spec: &Spec,
+    requests: &[(u64, u64)],
+) -> Result<(), TestCaseError> {
+    let compiled = spec.compile(algorithm);
+    for step in drive(&compiled, requests) {
+        let look = compiled.evaluate(step.after.as_ref(), step.now, 0);
+        let v = step.verdict;
+        prop_assert_eq!(
+            look,
+            Verdict::allow(v.remaining, v.reset_after_us),
+            "a look at {} after {:?} for cost {}",
+            step.now,
+            v,
+            step.cost
+        );
+    }
+    Ok(())
+}
+
+for_each_algorithm!(
+    /// Extra property, see [`cost_zero_is_a_look`].
+    cost_zero_is_a_look_on_a_forward_clock,
+    64,
+    forward_case(64),
+    cost_zero_is_a_look
+);

@@ -11,9 +11,9 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use http::{Request, Response};
 use http_body_util::Full;
 use tower::{Service, ServiceExt, service_fn};
+use tower_layer::Layer;
 use tower_ratelimit::key::{self, Key};
 use tower_ratelimit::{Algorithm, Policy, RateLimitLayer};
-use tower_layer::Layer;
 
 fn hello(_: Request<()>) -> std::future::Ready<Result<Response<Full<Bytes>>, Infallible>> {
     std::future::ready(Ok(Response::new(Full::new(Bytes::from_static(b"hello")))))
@@ -22,11 +22,11 @@ fn hello(_: Request<()>) -> std::future::Ready<Result<Response<Full<Bytes>>, Inf
 /// A key from the `x-client` header, so a benchmark can spread requests over many keys.
 fn client_key() -> impl key::KeyExtractor {
     key::from_fn(|req| {
-        Ok(Key::from(
-            req.headers()
-                .get("x-client")
-                .map_or(0, |v| v.as_bytes().iter().fold(0u64, |a, b| a * 10 + u64::from(b - b'0'))),
-        ))
+        Ok(Key::from(req.headers().get("x-client").map_or(0, |v| {
+            v.as_bytes()
+                .iter()
+                .fold(0u64, |a, b| a * 10 + u64::from(b - b'0'))
+        })))
     })
 }
 
@@ -35,7 +35,9 @@ fn requests(n: usize) -> Vec<String> {
 }
 
 fn layer_overhead(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     let keys = requests(10_000);
     let mut group = c.benchmark_group("service");
     group.bench_function("bare", |b| {
@@ -43,7 +45,10 @@ fn layer_overhead(c: &mut Criterion) {
         let mut i = 0;
         b.iter(|| {
             i = (i + 1) % keys.len();
-            let req = Request::builder().header("x-client", &keys[i]).body(()).unwrap();
+            let req = Request::builder()
+                .header("x-client", &keys[i])
+                .body(())
+                .unwrap();
             rt.block_on(async { black_box(svc.ready().await.unwrap().call(req).await.unwrap()) })
         })
     });
@@ -58,8 +63,13 @@ fn layer_overhead(c: &mut Criterion) {
         group.bench_function(format!("limited/{algorithm}"), |b| {
             b.iter(|| {
                 i = (i + 1) % keys.len();
-                let req = Request::builder().header("x-client", &keys[i]).body(()).unwrap();
-                rt.block_on(async { black_box(svc.ready().await.unwrap().call(req).await.unwrap()) })
+                let req = Request::builder()
+                    .header("x-client", &keys[i])
+                    .body(())
+                    .unwrap();
+                rt.block_on(async {
+                    black_box(svc.ready().await.unwrap().call(req).await.unwrap())
+                })
             })
         });
     }

@@ -37,7 +37,11 @@ fn connections(c: &mut Criterion) {
     let mut group = c.benchmark_group("redis_50_tasks");
     group.throughput(Throughput::Elements((TASKS * per_task) as u64));
     group.measurement_time(Duration::from_secs(5));
-    for (name, pool) in [("multiplexed", None), ("pool_16", Some(16)), ("pool_50", Some(50))] {
+    for (name, pool) in [
+        ("multiplexed", None),
+        ("pool_16", Some(16)),
+        ("pool_50", Some(50)),
+    ] {
         let layer = rt.block_on(async {
             let mut b = RedisStore::builder(&server.url()).prefix("bench:");
             if let Some(size) = pool {

@@ -11,7 +11,8 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use axum::{Router, routing::get};
-use tower_ratelimit::key::{ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
+use tower_ratelimit::headers::HeaderStyle;
+use tower_ratelimit::key::{Cidr, ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
 use tower_ratelimit::{Algorithm, Policy, RateLimitLayer, RedisStore, Store};
 
 const HELP: &str = "\
@@ -25,7 +26,10 @@ Environment variables:
   PREFIX      key prefix in Redis                   (default rl:)
   ALGORITHM   gcra | token_bucket | leaky_bucket | fixed_window | sliding_window | sliding_log
                                                     (default gcra)
-  RATE_LIMIT  a quota such as 10/s, 100/min, 20/10s (default 10/s)
+  RATE_LIMIT  a quota such as 10/s, 100/min, 20/10s, or several separated by commas,
+              all enforced at once, e.g. 10/s,1000/h (default 10/s)
+  HEADERS     legacy (X-RateLimit-*) | ietf (RateLimit-Policy, RateLimit) | both
+                                                    (default legacy)
   KEY         ip | client_ip | global | header:<name> (default ip)
               ip: the socket peer; client_ip: the client behind TRUSTED_PROXIES
   TRUSTED_PROXIES
@@ -44,8 +48,9 @@ struct Config {
     prefix: String,
     algorithm: Algorithm,
     rate_limit: String,
+    headers: HeaderStyle,
     key: String,
-    trusted_proxies: Vec<String>,
+    trusted_proxies: Vec<Cidr>,
 }
 
 fn env_or(name: &str, default: &str) -> Result<String, String> {
@@ -56,7 +61,7 @@ fn env_or(name: &str, default: &str) -> Result<String, String> {
     }
 }
 
-fn key_extractor(spec: &str, trusted_proxies: &[String]) -> Result<Box<dyn KeyExtractor>, String> {
+fn key_extractor(spec: &str, trusted_proxies: &[Cidr]) -> Result<Box<dyn KeyExtractor>, String> {
     if spec != "client_ip" && !trusted_proxies.is_empty() {
         return Err(format!(
             "TRUSTED_PROXIES: only used with KEY=client_ip, but KEY is {spec:?}"
@@ -64,7 +69,10 @@ fn key_extractor(spec: &str, trusted_proxies: &[String]) -> Result<Box<dyn KeyEx
     }
     match spec {
         "ip" => Ok(Box::new(PeerIp::new())),
-        "client_ip" => ClientIp::new(trusted_proxies)
+        "client_ip" => trusted_proxies
+            .iter()
+            .fold(ClientIp::builder(), |b, &net| b.trusted_network(net))
+            .build()
             .map(|k| Box::new(k) as Box<dyn KeyExtractor>)
             .map_err(|e| format!("TRUSTED_PROXIES: {e}")),
         "global" => Ok(Box::new(GlobalKey)),
@@ -97,25 +105,38 @@ fn config() -> Result<Config, String> {
         prefix: env_or("PREFIX", "rl:")?,
         algorithm,
         rate_limit: env_or("RATE_LIMIT", "10/s")?,
+        headers: env_or("HEADERS", "legacy")?
+            .parse()
+            .map_err(|e| format!("HEADERS: {e}"))?,
         key: env_or("KEY", "ip")?,
         trusted_proxies: env_or("TRUSTED_PROXIES", "")?
             .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect(),
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| {
+                s.trim()
+                    .parse()
+                    .map_err(|e| format!("TRUSTED_PROXIES: {e}"))
+            })
+            .collect::<Result<_, _>>()?,
     })
 }
 
-fn policy(config: &Config) -> Policy {
-    Policy::new(config.algorithm, config.rate_limit.as_str())
+/// One policy per quota in `RATE_LIMIT`, all with the chosen algorithm.
+fn policies<St: Store>(
+    config: &Config,
+    mut builder: tower_ratelimit::RateLimitLayerBuilder<St>,
+) -> tower_ratelimit::RateLimitLayerBuilder<St> {
+    for quota in config.rate_limit.split(',') {
+        builder = builder.policy(Policy::new(config.algorithm, quota.trim()));
+    }
+    builder.headers(config.headers)
 }
 
 fn app<St: Store>(config: &Config, store: St) -> Result<Router, String> {
-    let layer = RateLimitLayer::builder()
-        .policy(policy(config))
+    let builder = RateLimitLayer::builder()
         .key(key_extractor(&config.key, &config.trusted_proxies)?)
-        .store(store)
+        .store(store);
+    let layer = policies(config, builder)
         .build()
         .map_err(|e| format!("RATE_LIMIT: {e}"))?;
     Ok(Router::new()
@@ -135,8 +156,7 @@ async fn build(config: &Config) -> Result<(Router, String), String> {
         )),
         Some(url) => {
             // Check the quota before connecting, so a typo is reported as such.
-            RateLimitLayer::builder()
-                .policy(policy(config))
+            policies(config, RateLimitLayer::builder())
                 .build()
                 .map_err(|e| format!("RATE_LIMIT: {e}"))?;
             let store = RedisStore::builder(url)
@@ -163,13 +183,15 @@ async fn main() -> ExitCode {
             .await
             .map_err(|e| format!("BIND: cannot listen on {}: {e}", config.bind))?;
         println!(
-            "listening on http://{} | store={store} algorithm={} RATE_LIMIT={} KEY={}{} | --help lists the variables",
+            "listening on http://{} | store={store} algorithm={} RATE_LIMIT={} HEADERS={:?} KEY={}{} | --help lists the variables",
             listener.local_addr().map_err(|e| e.to_string())?,
             config.algorithm,
             config.rate_limit,
+            config.headers,
             config.key,
             if config.key == "client_ip" {
-                format!(" TRUSTED_PROXIES={}", config.trusted_proxies.join(","))
+                let list: Vec<String> = config.trusted_proxies.iter().map(Cidr::to_string).collect();
+                format!(" TRUSTED_PROXIES={}", list.join(","))
             } else {
                 String::new()
             },

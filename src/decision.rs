@@ -48,7 +48,8 @@ impl PolicyOutcome {
         self.shadow
     }
 
-    /// The policy's window (for bucket algorithms, the time in which `limit` units refill).
+    /// The window that goes with [`limit`](Self::limit): the quota's window, or for bucket
+    /// algorithms the time in which the burst refills (`limit / window` is the real rate).
     pub fn window(&self) -> Duration {
         self.window
     }

@@ -190,8 +190,7 @@ where
                                 policy = decision.binding().policy(),
                                 "rate limit exceeded"
                             );
-                            let mut response =
-                                this.shared.responses.limited(&decision, &headers);
+                            let mut response = this.shared.responses.limited(&decision, &headers);
                             response.extensions_mut().insert(decision);
                             return Poll::Ready(Ok(response.map(ResponseBody::full)));
                         }

@@ -106,6 +106,14 @@ impl PolicyRuntime {
         &self.tiers[0]
     }
 
+    /// The tier for `key` without a request: its override, else the policy's own quota.
+    pub(crate) fn handle_for_key(&self, key: &Key) -> &Arc<PolicyHandle> {
+        match self.tier_overrides.get(key) {
+            Some(&i) => &self.tiers[i],
+            None => &self.tiers[0],
+        }
+    }
+
     pub(crate) fn cost(&self, request: &RequestRef<'_>) -> u64 {
         self.cost.as_ref().map_or(1, |f| u64::from(f(request)))
     }
@@ -167,7 +175,8 @@ impl<St> RateLimitLayer<St> {
 }
 
 impl<St: Store> RateLimitLayer<St> {
-    /// Decides for `key` at `cost` against every policy of the layer (in its own tier), without
+    /// Decides for `key` at `cost` against every policy of the layer (in the tier
+    /// [`Policy::tier_for_key`] puts the key in, else the policy's own quota), without
     /// a request: the same atomic decision the middleware makes, for rate-limiting work that is
     /// not an HTTP request (jobs, messages) or for tests. A cost of 0 only looks: nothing is
     /// charged.
@@ -189,12 +198,20 @@ impl<St: Store> RateLimitLayer<St> {
             .shared
             .policies
             .iter()
-            .map(|p| Check::new(p.tiers[0].clone(), key.clone(), u64::from(cost), p.mode()))
+            .map(|p| {
+                Check::new(
+                    p.handle_for_key(key).clone(),
+                    key.clone(),
+                    u64::from(cost),
+                    p.mode(),
+                )
+            })
             .collect();
         self.shared.store.check(checks).await
     }
 
-    /// Gives `units` back to `key` in every policy of the layer (in its own tier), as if that
+    /// Gives `units` back to `key` in every policy of the layer (in the same tier as
+    /// [`check`](Self::check)), as if that
     /// many units had never been charged: the inverse of a charge, never past a fresh state
     /// (a token bucket never above its capacity, a window never below zero). Returns the
     /// decision a request of cost 0 would get afterwards.

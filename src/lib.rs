@@ -1,10 +1,10 @@
-//! Rate limiting for HTTP APIs, as a [tower] middleware.
+//! Rate limiting for HTTP APIs, as a [tower](https://docs.rs/tower) middleware.
 //!
 //! A [`RateLimitLayer`] wraps any tower service that takes an [`http::Request`]: an axum
 //! `Router` or a single route, a hyper or tonic service. For each request it extracts a
-//! [key](key) (client IP, API key, user, or anything else), asks an [algorithm](Algorithm)
+//! [key] (client IP, API key, user, or anything else), asks an [algorithm](Algorithm)
 //! whether that key may go on, and either forwards the request or answers
-//! `429 Too Many Requests` with `Retry-After` and rate-limit [headers](headers).
+//! `429 Too Many Requests` with `Retry-After` and rate-limit [headers].
 //!
 //! ```
 //! use axum::{Router, routing::get};
@@ -133,6 +133,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, PolicyOutcome};
 pub use error::{ConfigError, FailurePolicy, KeyRejection, StoreError};
 pub use future::ResponseFuture;
+pub use headers::{HeaderStyle, ResetFormat};
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use policy::Policy;
 pub use quota::{MAX_WINDOW, Quota, QuotaError};

@@ -249,6 +249,11 @@ impl Policy {
     /// the charge is made after the response, with one more store call only for matching
     /// responses.
     ///
+    /// The bound is loose under concurrency: requests that are in flight together are all let
+    /// through while the key has room, and charges past the limit are dropped. Where the
+    /// bound must be strict, charge up front and give back what should be free instead:
+    /// `.refund_if(|status| status != StatusCode::UNAUTHORIZED)`.
+    ///
     /// ```
     /// use http::StatusCode;
     /// use tower_ratelimit::Policy;

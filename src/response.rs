@@ -56,7 +56,11 @@ impl Default for Responses {
 
 impl Responses {
     /// The response to a denied request, with the rate-limit headers and `Retry-After`.
-    pub(crate) fn limited(&self, decision: &Decision, headers: &RateLimitHeaders) -> Response<Bytes> {
+    pub(crate) fn limited(
+        &self,
+        decision: &Decision,
+        headers: &RateLimitHeaders,
+    ) -> Response<Bytes> {
         let mut response = match &self.on_limited {
             Some(hook) => hook(decision),
             None => {

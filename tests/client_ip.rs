@@ -438,6 +438,13 @@ fn huge_headers_cost_what_the_trusted_hops_cost() {
     );
     assert!(blob.bytes_examined() <= 129, "{}", blob.bytes_examined());
 
+    // A 400 KB single-value header.
+    let real_ip = client_ip(ProxyHeader::single("x-real-ip").unwrap());
+    let padded = format!("{}198.51.100.7", " ".repeat(400_000));
+    let r = real_ip.resolve_from(ip("10.0.0.1"), &headers(&[("x-real-ip", &padded)]));
+    assert_eq!((r.ip(), r.basis()), (ip("10.0.0.1"), Basis::Malformed));
+    assert!(r.bytes_examined() <= 129, "{}", r.bytes_examined());
+
     // Forwarded: a 400 KB quoted string, and 10,000 elements.
     let fwd = client_ip(ProxyHeader::Forwarded);
     let quoted = format!("for=\"{}", "a,".repeat(200_000));
@@ -1029,7 +1036,7 @@ fn demo_server_behind_a_trusted_proxy_limits_per_real_client() {
     assert!(
         server
             .first_line
-            .contains("KEY=client_ip TRUSTED_PROXIES=10.0.0.0/8,127.0.0.1"),
+            .contains("KEY=client_ip TRUSTED_PROXIES=10.0.0.0/8,127.0.0.1/32"),
         "{}",
         server.first_line
     );

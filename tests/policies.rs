@@ -118,8 +118,8 @@ async fn handler(req: Request<()>) -> Result<Response<Full<Bytes>>, Infallible> 
 
 fn service<St: Store>(
     layer: RateLimitLayer<St>,
-) -> impl Service<Request<()>, Response = Response<ResponseBody<Full<Bytes>>>, Error = Infallible>
-+ Clone {
+) -> impl Service<Request<()>, Response = Response<ResponseBody<Full<Bytes>>>, Error = Infallible> + Clone
+{
     ServiceBuilder::new()
         .layer(layer)
         .service(service_fn(handler))
@@ -211,7 +211,9 @@ impl Reply {
     }
 
     fn decision(&self) -> &Decision {
-        self.decision.as_ref().expect("the response carries a Decision")
+        self.decision
+            .as_ref()
+            .expect("the response carries a Decision")
     }
 
     fn outcome(&self, policy: &str) -> &PolicyOutcome {
@@ -238,7 +240,13 @@ impl Reply {
         self.body[start..end]
             .split(',')
             .filter(|s| !s.is_empty())
-            .map(|s| s.strip_prefix('"').unwrap().strip_suffix('"').unwrap().to_owned())
+            .map(|s| {
+                s.strip_prefix('"')
+                    .unwrap()
+                    .strip_suffix('"')
+                    .unwrap()
+                    .to_owned()
+            })
             .collect()
     }
 
@@ -269,7 +277,11 @@ impl Reply {
                 };
                 let mut policy_keys: Vec<&str> = policy.iter().map(|(k, _)| k.as_str()).collect();
                 policy_keys.sort_unstable();
-                assert_eq!(policy_keys, ["q", "w"], "{name}: RateLimit-Policy parameters");
+                assert_eq!(
+                    policy_keys,
+                    ["q", "w"],
+                    "{name}: RateLimit-Policy parameters"
+                );
                 let mut state_keys: Vec<&str> = state.iter().map(|(k, _)| k.as_str()).collect();
                 state_keys.sort_unstable();
                 assert_eq!(state_keys, ["r", "t"], "{name}: RateLimit parameters");
@@ -303,10 +315,17 @@ impl Reply {
     fn assert_retry_after_covers_every_t(&self, ctx: &str) {
         let retry = self.retry_after().expect("a Retry-After header") as i64;
         let decision = self.decision();
-        assert!(decision.violated().next().is_some(), "{ctx}: a violated policy");
+        assert!(
+            decision.violated().next().is_some(),
+            "{ctx}: a violated policy"
+        );
         for o in decision.violated() {
             let t = self.ietf_of(o.policy()).t;
-            assert!(t <= retry, "{ctx}: t={t} of {} > Retry-After {retry}", o.policy());
+            assert!(
+                t <= retry,
+                "{ctx}: t={t} of {} > Retry-After {retry}",
+                o.policy()
+            );
         }
         assert_eq!(
             self.ietf_of(decision.binding().policy()).t,
@@ -454,7 +473,9 @@ fn parse_integer(b: &[u8], i: &mut usize) -> Result<i64, String> {
     }
     let n = *i - digits;
     if n == 0 || n > 15 {
-        return Err(format!("expected an integer of 1 to 15 digits at byte {start}"));
+        return Err(format!(
+            "expected an integer of 1 to 15 digits at byte {start}"
+        ));
     }
     if b.get(*i) == Some(&b'.') {
         return Err(format!("a decimal at byte {start}, not an integer"));
@@ -468,12 +489,18 @@ fn sf_list_parser_is_strict() {
     assert_eq!(
         ok,
         vec![
-            ("a".to_owned(), vec![("q".to_owned(), 10), ("w".to_owned(), 1)]),
+            (
+                "a".to_owned(),
+                vec![("q".to_owned(), 10), ("w".to_owned(), 1)]
+            ),
             ("b:c/d".to_owned(), vec![("q".to_owned(), -3)]),
             ("e\"\\".to_owned(), vec![("r".to_owned(), 0)]),
         ]
     );
-    assert_eq!(parse_sf_list(r#""a""#).unwrap(), vec![("a".to_owned(), vec![])]);
+    assert_eq!(
+        parse_sf_list(r#""a""#).unwrap(),
+        vec![("a".to_owned(), vec![])]
+    );
     for bad in [
         "",
         "a;q=1",
@@ -522,7 +549,11 @@ async fn multi_policy_atomicity<St: Store>(env: Env<St>) {
         assert_eq!(r.status, StatusCode::OK, "{n}: request {i}");
         assert_eq!(
             r.remaining(),
-            counts(&[("per-ip", 10 - i), ("per-user", 1000 - i), ("hourly", 3 - i)]),
+            counts(&[
+                ("per-ip", 10 - i),
+                ("per-user", 1000 - i),
+                ("hourly", 3 - i)
+            ]),
             "{n}: request {i} charged every policy"
         );
     }
@@ -586,7 +617,11 @@ async fn multi_policy_atomicity<St: Store>(env: Env<St>) {
         Some(Duration::from_millis(100)),
         "{n}: one GCRA emission interval"
     );
-    assert_eq!(d.binding().policy(), "hourly", "{n}: the longest wait binds");
+    assert_eq!(
+        d.binding().policy(),
+        "hourly",
+        "{n}: the longest wait binds"
+    );
     assert_eq!(d.retry_after(), Some(hour_left), "{n}: until both admit");
     assert_eq!(r.retry_after(), Some(3000), "{n}");
     assert_eq!(r.ietf_of("per-ip").t, 1, "{n}");
@@ -625,6 +660,41 @@ async fn multi_policy_atomicity<St: Store>(env: Env<St>) {
         counts(&[("per-ip", 0), ("per-user", 999), ("hourly", 2)]),
         "{n}: w's first charge, so its two denials charged nothing"
     );
+
+    // The same two limits configured the other way round: the wait is still the longest one,
+    // not the last policy's (above, the longest wait was the last violated policy's).
+    let reversed = env
+        .builder()
+        .key(header_key("x-user"))
+        .headers(HeaderStyle::Ietf)
+        .policy(Policy::fixed_window("3/h").name("r-hourly"))
+        .policy(
+            Policy::gcra("10/s")
+                .name("r-per-ip")
+                .key(header_key("x-ip")),
+        )
+        .build()
+        .unwrap();
+    let svc = service(reversed);
+    for i in 0..10 {
+        let user = if i < 3 {
+            "z".to_owned()
+        } else {
+            format!("c{i}")
+        };
+        let r = send(&svc, from("c", &user)).await;
+        assert_eq!(r.status, StatusCode::OK, "{n}: {user}");
+    }
+    let r = send(&svc, from("c", "z")).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{n}");
+    assert_eq!(r.violated_in_body(), ["r-hourly", "r-per-ip"], "{n}");
+    assert_eq!(
+        r.decision().retry_after(),
+        Some(hour_left - Duration::from_millis(100)),
+        "{n}: the longest wait, configured first"
+    );
+    assert_eq!(r.retry_after(), Some(3000), "{n}");
+    r.assert_retry_after_covers_every_t(&format!("{n}: reversed"));
 }
 
 #[tokio::test]
@@ -642,7 +712,8 @@ async fn header_styles<St: Store>(env: Env<St>) {
     let n = env.name;
     // 15 s into an hour.
     env.clock.advance(Duration::from_secs(15));
-    // A token bucket of 4 refilled at 10/min (one token every 6 s) and 100 per hour.
+    // A token bucket of 4 refilled at 10/min (one token every 6 s) and 100 per hour. A bucket
+    // reports its burst as q and the time to refill it as w (4 tokens in 24 s: 10/min).
     let layer = |style: HeaderStyle, reset: ResetFormat, prefix: &str| {
         env.builder()
             .key(header_key("x-user"))
@@ -669,7 +740,7 @@ async fn header_styles<St: Store>(env: Env<St>) {
             assert_eq!(
                 r.ietf(),
                 [
-                    ietf(&tb, 4, 60, r_tb, t_tb),
+                    ietf(&tb, 4, 24, r_tb, t_tb),
                     ietf(&hourly, 100, 3600, 99 - i as i64, 3585),
                 ],
                 "{ctx}"
@@ -689,7 +760,7 @@ async fn header_styles<St: Store>(env: Env<St>) {
         let items = r.ietf();
         assert_eq!(
             items[0],
-            ietf(&tb, 4, 60, 0, 6),
+            ietf(&tb, 4, 24, 0, 6),
             "{ctx}: t is the wait for one token"
         );
         assert_eq!(
@@ -707,7 +778,11 @@ async fn header_styles<St: Store>(env: Env<St>) {
     }
 
     // Legacy: only the X-RateLimit fields, for the binding policy.
-    let svc = service(layer(HeaderStyle::Legacy, ResetFormat::DeltaSeconds, "legacy"));
+    let svc = service(layer(
+        HeaderStyle::Legacy,
+        ResetFormat::DeltaSeconds,
+        "legacy",
+    ));
     for (remaining, reset) in [(3, 6), (2, 12), (1, 18), (0, 24)] {
         let r = send(&svc, user()).await;
         assert_eq!(r.status, StatusCode::OK, "{n}");
@@ -736,7 +811,12 @@ async fn header_styles<St: Store>(env: Env<St>) {
 
     // Unix time: the wall clock (not the manual one) plus the binding policy's reset.
     let svc = service(layer(HeaderStyle::Legacy, ResetFormat::UnixTime, "unix"));
-    let wall = || SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let wall = || {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    };
     let before = wall();
     let r = send(&svc, user()).await;
     let after = wall();
@@ -795,7 +875,8 @@ async fn cost<St: Store>(env: Env<St>) {
     assert_eq!(r.outcome("units").retry_after(), None, "{n}");
     assert_eq!(names(r.decision().violated()), ["units"], "{n}");
     assert!(
-        r.body.ends_with(r#""violated":["units"],"retry_after":null}"#),
+        r.body
+            .ends_with(r#""violated":["units"],"retry_after":null}"#),
         "{n}: {}",
         r.body
     );
@@ -807,11 +888,7 @@ async fn cost<St: Store>(env: Env<St>) {
 
     let r = send(&svc, costing("6")).await;
     assert_eq!(r.status, StatusCode::OK, "{n}: exactly the units left");
-    assert_eq!(
-        r.remaining(),
-        counts(&[("units", 0), ("plain", 94)]),
-        "{n}"
-    );
+    assert_eq!(r.remaining(), counts(&[("units", 0), ("plain", 94)]), "{n}");
 
     let r = send(&svc, costing("1")).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{n}");
@@ -825,15 +902,15 @@ async fn cost<St: Store>(env: Env<St>) {
     // A cost of 0 only looks at "units" (still admitted, nothing left); "plain" costs 3.
     let r = send(&svc, costing("0")).await;
     assert_eq!(r.status, StatusCode::OK, "{n}");
-    assert_eq!(
-        r.remaining(),
-        counts(&[("units", 0), ("plain", 91)]),
-        "{n}"
-    );
+    assert_eq!(r.remaining(), counts(&[("units", 0), ("plain", 91)]), "{n}");
 
     env.clock.advance(Duration::from_secs(45));
     let r = send(&svc, costing("10")).await;
-    assert_eq!(r.status, StatusCode::OK, "{n}: a whole window's worth at once");
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{n}: a whole window's worth at once"
+    );
     assert_eq!(r.outcome("units").remaining(), 0, "{n}");
 }
 
@@ -904,7 +981,11 @@ async fn refund_server_errors<St: Store>(env: Env<St>) {
     // Server errors never use up the quota.
     for i in 0..10 {
         let r = send(&svc, with_status("503")).await;
-        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{n}: 503 number {i}");
+        assert_eq!(
+            r.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{n}: 503 number {i}"
+        );
     }
     assert_eq!(
         left(&layer, "u").await,
@@ -945,11 +1026,12 @@ async fn charge_failures<St: Store>(env: Env<St>) {
                 .name("failed-logins")
                 .charge_if(|s| s == StatusCode::UNAUTHORIZED),
         )
+        // Charged up front for every admitted request.
+        .policy(Policy::fixed_window("100/h").name("api"))
         .build()
         .unwrap();
     let svc = service(layer.clone());
     let login = |user: &str, status: &str| request(&[("x-user", user), ("x-status", status)]);
-    let failures = || counts(&[("failed-logins", 3)]);
 
     for i in 0..5 {
         let r = send(&svc, login("u", "200")).await;
@@ -957,7 +1039,11 @@ async fn charge_failures<St: Store>(env: Env<St>) {
     }
     let r = send(&svc, login("u", "500")).await;
     assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{n}");
-    assert_eq!(left(&layer, "u").await, failures(), "{n}: nothing charged");
+    assert_eq!(
+        left(&layer, "u").await,
+        counts(&[("failed-logins", 3), ("api", 94)]),
+        "{n}: no failure charged"
+    );
 
     for (i, expected) in [2, 1, 0].into_iter().enumerate() {
         if i > 0 {
@@ -967,7 +1053,7 @@ async fn charge_failures<St: Store>(env: Env<St>) {
         assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{n}: failure {i}");
         assert_eq!(
             left(&layer, "u").await,
-            counts(&[("failed-logins", expected)]),
+            counts(&[("failed-logins", expected), ("api", 93 - i as u64)]),
             "{n}: failure {i} charged after the response"
         );
     }
@@ -986,15 +1072,24 @@ async fn charge_failures<St: Store>(env: Env<St>) {
             "{n}"
         );
     }
+    assert_eq!(
+        left(&layer, "u").await,
+        counts(&[("failed-logins", 0), ("api", 91)]),
+        "{n}: denied by failed-logins, so api was not charged either"
+    );
     let r = send(&svc, login("v", "200")).await;
     assert_eq!(r.status, StatusCode::OK, "{n}: other users are unaffected");
 
     env.clock.advance(Duration::from_secs(30));
     let r = send(&svc, login("u", "200")).await;
-    assert_eq!(r.status, StatusCode::OK, "{n}: the first failure left the window");
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{n}: the first failure left the window"
+    );
     assert_eq!(
         left(&layer, "u").await,
-        counts(&[("failed-logins", 1)]),
+        counts(&[("failed-logins", 1), ("api", 90)]),
         "{n}: and the success was free"
     );
     let r = send(&svc, login("u", "401")).await;
@@ -1021,14 +1116,15 @@ async fn charge_if_counts_only_failed_requests() {
 
 async fn shadow<St: Store>(env: Env<St>) {
     let n = env.name;
-    // 20 s into a minute: the fixed windows have 40 s left.
+    // 20 s into a minute: the fixed windows have 40 s left. The GCRA shadow admits one
+    // request per minute.
     env.clock.advance(Duration::from_secs(20));
     let layer = env
         .builder()
         .key(header_key("x-user"))
         .headers(HeaderStyle::Both)
         .policy(Policy::fixed_window("3/min").name("enforced"))
-        .policy(Policy::fixed_window("1/min").name("strict-new").shadow())
+        .policy(Policy::gcra("1/min").name("strict-new").shadow())
         .policy(Policy::fixed_window("10/min").name("loose-new").shadow())
         .build()
         .unwrap();
@@ -1037,7 +1133,11 @@ async fn shadow<St: Store>(env: Env<St>) {
 
     let r = send(&svc, user()).await;
     assert_eq!(r.status, StatusCode::OK, "{n}");
-    assert_eq!(names(r.decision().shadow_violated()), Vec::<&str>::new());
+    assert_eq!(
+        names(r.decision().shadow_violated()),
+        Vec::<&str>::new(),
+        "{n}"
+    );
     assert_eq!(
         r.remaining(),
         counts(&[("enforced", 2), ("strict-new", 0), ("loose-new", 9)]),
@@ -1055,15 +1155,12 @@ async fn shadow<St: Store>(env: Env<St>) {
         assert!(r.outcome("strict-new").is_shadow(), "{ctx}");
         assert_eq!(
             r.ietf_of("strict-new"),
-            ietf("strict-new", 1, 60, 0, 40),
-            "{ctx}: reported in the IETF headers"
+            ietf("strict-new", 1, 60, 0, 60),
+            "{ctx}: reported in the IETF headers, t the full interval: a violated shadow \
+             is not charged"
         );
         // The legacy headers follow the enforced policy, not the violated shadow.
-        assert_eq!(
-            r.legacy(),
-            (Some(3), Some(3 - i), Some(40)),
-            "{ctx}"
-        );
+        assert_eq!(r.legacy(), (Some(3), Some(3 - i), Some(40)), "{ctx}");
         assert_eq!(r.retry_after(), None, "{ctx}");
     }
 
@@ -1073,6 +1170,7 @@ async fn shadow<St: Store>(env: Env<St>) {
     assert_eq!(names(r.decision().violated()), ["enforced"], "{n}");
     assert_eq!(r.violated_in_body(), ["enforced"], "{n}");
     assert_eq!(names(r.decision().shadow_violated()), ["strict-new"], "{n}");
+    assert_eq!(r.ietf_of("strict-new").t, 60, "{n}");
     assert_eq!(r.retry_after(), Some(40), "{n}");
     r.assert_retry_after_covers_every_t(n);
     assert_eq!(
@@ -1091,8 +1189,7 @@ async fn shadow<St: Store>(env: Env<St>) {
                 .charge_if(|s| s.is_client_error()),
         )
         .build()
-        .err()
-        .expect("a shadow policy with charge_if is refused");
+        .expect_err("a shadow policy with charge_if is refused");
     assert!(err.to_string().contains("shadow"), "{n}: {err}");
 }
 
@@ -1175,7 +1272,11 @@ async fn exemptions<St: Store>(env: Env<St>) {
     let r = send(&svc, request(&[("x-user", "u")])).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{n}");
     let r = send(&svc, request(&[("x-partner", "1"), ("x-user", "u")])).await;
-    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{n}: a still applies");
+    assert_eq!(
+        r.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{n}: a still applies"
+    );
     for headers in [
         &[("x-internal", "1"), ("x-user", "u")][..],
         &[("x-trusted", "1"), ("x-user", "u")][..],
@@ -1231,23 +1332,24 @@ async fn tiers<St: Store>(env: Env<St>) {
     // (tier name, limit, seconds per unit)
     let free = ("plan", 2, 1800);
     let pro = ("plan:pro", 5, 720);
-    let exhaust = async |user: &str, plans: &[Option<&str>], (tier, limit, interval): (&str, u64, u64)| {
-        for i in 0..limit {
-            let plan = plans[i as usize % plans.len()];
+    let exhaust =
+        async |user: &str, plans: &[Option<&str>], (tier, limit, interval): (&str, u64, u64)| {
+            for i in 0..limit {
+                let plan = plans[i as usize % plans.len()];
+                let r = send_as(user, plan).await;
+                let ctx = format!("{n}: {user} ({plan:?}) request {}", i + 1);
+                assert_eq!(r.status, StatusCode::OK, "{ctx}");
+                assert_eq!(r.outcome(tier).remaining(), limit - i - 1, "{ctx}");
+                assert_eq!(r.ietf_of(tier).q, limit as i64, "{ctx}");
+                assert_eq!(r.legacy().0, Some(limit), "{ctx}");
+            }
+            let plan = plans[limit as usize % plans.len()];
             let r = send_as(user, plan).await;
-            let ctx = format!("{n}: {user} ({plan:?}) request {}", i + 1);
-            assert_eq!(r.status, StatusCode::OK, "{ctx}");
-            assert_eq!(r.outcome(tier).remaining(), limit - i - 1, "{ctx}");
-            assert_eq!(r.ietf_of(tier).q, limit as i64, "{ctx}");
-            assert_eq!(r.legacy().0, Some(limit), "{ctx}");
-        }
-        let plan = plans[limit as usize % plans.len()];
-        let r = send_as(user, plan).await;
-        let ctx = format!("{n}: {user} ({plan:?}) over {limit}");
-        assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{ctx}");
-        assert_eq!(r.violated_in_body(), [tier], "{ctx}");
-        assert_eq!(r.retry_after(), Some(interval), "{ctx}");
-    };
+            let ctx = format!("{n}: {user} ({plan:?}) over {limit}");
+            assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{ctx}");
+            assert_eq!(r.violated_in_body(), [tier], "{ctx}");
+            assert_eq!(r.retry_after(), Some(interval), "{ctx}");
+        };
 
     exhaust("f", &[None], free).await;
     // Not a tier: the policy's own quota, whose state f has used up.
@@ -1257,7 +1359,12 @@ async fn tiers<St: Store>(env: Env<St>) {
 
     exhaust("p", &[Some("pro")], pro).await;
     // The override wins over whatever the request says.
-    exhaust("vip", &[None, Some("free"), Some("pro"), Some("enterprise")], pro).await;
+    exhaust(
+        "vip",
+        &[None, Some("free"), Some("pro"), Some("enterprise")],
+        pro,
+    )
+    .await;
 
     // Each tier has its own state: s uses up its free quota, then has all of pro's, and the
     // free quota is still used up afterwards; p, whose pro quota is gone, has all of free's.
@@ -1266,9 +1373,9 @@ async fn tiers<St: Store>(env: Env<St>) {
     let r = send_as("s", None).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{n}");
     exhaust("p", &[None], free).await;
-    // vip always went to pro: its own-quota state is untouched. (`check` decides in each
-    // policy's own quota, without the per-key override.)
-    assert_eq!(left(&layer, "vip").await, counts(&[("plan", 2)]), "{n}");
+    // vip always went to pro, and `check` follows the per-key override: vip's pro quota is
+    // used up.
+    assert_eq!(left(&layer, "vip").await, counts(&[("plan:pro", 0)]), "{n}");
     assert_eq!(left(&layer, "s").await, counts(&[("plan", 0)]), "{n}");
 }
 

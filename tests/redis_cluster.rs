@@ -17,10 +17,18 @@ async fn cluster_suite() {
     hostile_keys_land_in_the_crates_slot(c).await;
     script_flush_on_every_node_is_survived(c).await;
     redis_time_works_on_the_cluster(c).await;
+    policies_on_different_slots_charge_all_or_nothing(c).await;
 }
 
-async fn store(cluster: &RedisCluster, prefix: &str, clock: &ManualClock, pool: bool) -> RedisStore {
-    let mut b = RedisStore::builder(&cluster.url()).prefix(prefix).clock(clock.clone());
+async fn store(
+    cluster: &RedisCluster,
+    prefix: &str,
+    clock: &ManualClock,
+    pool: bool,
+) -> RedisStore {
+    let mut b = RedisStore::builder(&cluster.url())
+        .prefix(prefix)
+        .clock(clock.clone());
     if pool {
         b = b.pool(8);
     }
@@ -39,14 +47,24 @@ async fn two_instances_admit_exactly_the_limit_on_the_cluster(cluster: &RedisClu
         let a = store(cluster, "crace:", &clock, false).await;
         let b = store(cluster, "crace:", &clock, true).await;
         let policy = Policy::new(algorithm, "50/h").name(algorithm.name());
-        let la = RateLimitLayer::builder().policy(policy.clone()).store(a).build().unwrap();
-        let lb = RateLimitLayer::builder().policy(policy).store(b).build().unwrap();
+        let la = RateLimitLayer::builder()
+            .policy(policy.clone())
+            .store(a)
+            .build()
+            .unwrap();
+        let lb = RateLimitLayer::builder()
+            .policy(policy)
+            .store(b)
+            .build()
+            .unwrap();
         let mut tasks = Vec::new();
         for i in 0..1_000 {
             let layer = if i % 2 == 0 { la.clone() } else { lb.clone() };
             // Several keys, so the race spans several slots and nodes.
             let key = Key::from(format!("client-{}", i % 4));
-            tasks.push(tokio::spawn(async move { layer.check(&key, 1).await.unwrap().is_allowed() }));
+            tasks.push(tokio::spawn(async move {
+                layer.check(&key, 1).await.unwrap().is_allowed()
+            }));
         }
         let mut admitted = 0;
         for t in tasks {
@@ -83,7 +101,11 @@ async fn hostile_keys_land_in_the_crates_slot(cluster: &RedisCluster) {
         // The slot is the one of the crate's hash tag, i.e. of the tag's body alone.
         let tag = &rk[rk.find('{').unwrap() + 1..rk.find('}').unwrap()];
         let slot = cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", &rk]);
-        assert_eq!(slot, cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", tag]), "{rk}");
+        assert_eq!(
+            slot,
+            cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", tag]),
+            "{rk}"
+        );
         if *key != Key::from("victim") {
             assert!(rk != victim_key);
         }
@@ -94,11 +116,18 @@ async fn hostile_keys_land_in_the_crates_slot(cluster: &RedisCluster) {
     }
     // "{victim}" and friends did not land in the victim's bucket (or its slot, but by chance).
     assert_ne!(
-        cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", &String::from_utf8(s.key_for("p", &Key::from("{victim}"))).unwrap()]),
+        cluster.nodes[0].cli(&[
+            "CLUSTER",
+            "KEYSLOT",
+            &String::from_utf8(s.key_for("p", &Key::from("{victim}"))).unwrap()
+        ]),
         victim_slot
     );
     for key in &hostile {
-        assert!(!layer.check(key, 1).await.unwrap().is_allowed(), "{key:?} has its own bucket");
+        assert!(
+            !layer.check(key, 1).await.unwrap().is_allowed(),
+            "{key:?} has its own bucket"
+        );
     }
     check_all_nodes(cluster, "chostile:");
 }
@@ -129,7 +158,11 @@ async fn script_flush_on_every_node_is_survived(cluster: &RedisCluster) {
 }
 
 async fn redis_time_works_on_the_cluster(cluster: &RedisCluster) {
-    let s = RedisStore::builder(&cluster.url()).prefix("ctime:").build().await.unwrap();
+    let s = RedisStore::builder(&cluster.url())
+        .prefix("ctime:")
+        .build()
+        .await
+        .unwrap();
     let layer = RateLimitLayer::builder()
         .policy(Policy::sliding_log("3/h").name("l"))
         .store(s)
@@ -142,6 +175,69 @@ async fn redis_time_works_on_the_cluster(cluster: &RedisCluster) {
     let d = layer.check(&key, 1).await.unwrap();
     assert!(!d.is_allowed());
     let retry = d.retry_after().unwrap();
-    assert!(retry > std::time::Duration::from_secs(3590) && retry <= std::time::Duration::from_secs(3600));
+    assert!(
+        retry > std::time::Duration::from_secs(3590)
+            && retry <= std::time::Duration::from_secs(3600)
+    );
     check_all_nodes(cluster, "ctime:");
+}
+
+async fn policies_on_different_slots_charge_all_or_nothing(cluster: &RedisCluster) {
+    use http::{HeaderName, Request, Response, StatusCode};
+    use tower::{ServiceExt, service_fn};
+    use tower_layer::Layer;
+    use tower_ratelimit::key::HeaderKey;
+
+    let clock = ManualClock::new();
+    let s = store(cluster, "cslots:", &clock, false).await;
+    let layer = RateLimitLayer::builder()
+        .policy(
+            Policy::fixed_window("100/h")
+                .name("per-ip")
+                .key(HeaderKey::new(HeaderName::from_static("x-ip"))),
+        )
+        .policy(
+            Policy::fixed_window("2/h")
+                .name("per-user")
+                .key(HeaderKey::new(HeaderName::from_static("x-user"))),
+        )
+        .store(s.clone())
+        .build()
+        .unwrap();
+    // The two keys live in different slots of the cluster.
+    let ip_key = String::from_utf8(s.key_for("per-ip", &Key::from("198.51.100.7"))).unwrap();
+    let user_key = String::from_utf8(s.key_for("per-user", &Key::from("alice"))).unwrap();
+    let slot = |k: &str| cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", k]);
+    assert_ne!(slot(&ip_key), slot(&user_key));
+    let svc = layer.layer(service_fn(|_: Request<()>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(
+            http_body_util::Empty::<bytes::Bytes>::new(),
+        ))
+    }));
+    let request = || {
+        Request::builder()
+            .header("x-ip", "198.51.100.7")
+            .header("x-user", "alice")
+            .body(())
+            .unwrap()
+    };
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(svc.clone().oneshot(request()).await.unwrap().status());
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    // The per-IP policy was charged only for the two admitted requests: the denied ones were
+    // refunded on its slot.
+    let node = cluster.node_for(ip_key.as_bytes());
+    let state = node.cli(&["GET", &ip_key]);
+    assert_eq!(state.split(' ').nth(1), Some("2"), "per-ip state {state:?}");
+    check_all_nodes(cluster, "cslots:");
 }

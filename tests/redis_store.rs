@@ -16,7 +16,10 @@ async fn store(server: &RedisServer, prefix: &str, clock: Option<&ManualClock>) 
     if let Some(clock) = clock {
         builder = builder.clock(clock.clone());
     }
-    builder.build().await.expect("connect to the test redis-server")
+    builder
+        .build()
+        .await
+        .expect("connect to the test redis-server")
 }
 
 fn policy(algorithm: Algorithm, limit: u32) -> Policy {
@@ -25,14 +28,24 @@ fn policy(algorithm: Algorithm, limit: u32) -> Policy {
 
 /// Two application instances (two stores, two connections) race 1,000 checks at one key.
 async fn contention(a: RedisStore, b: RedisStore, algorithm: Algorithm, limit: u32) -> usize {
-    let la = RateLimitLayer::builder().policy(policy(algorithm, limit)).store(a).build().unwrap();
-    let lb = RateLimitLayer::builder().policy(policy(algorithm, limit)).store(b).build().unwrap();
+    let la = RateLimitLayer::builder()
+        .policy(policy(algorithm, limit))
+        .store(a)
+        .build()
+        .unwrap();
+    let lb = RateLimitLayer::builder()
+        .policy(policy(algorithm, limit))
+        .store(b)
+        .build()
+        .unwrap();
     let key = Key::from("contended");
     let mut tasks = Vec::new();
     for i in 0..1_000 {
         let layer = if i % 2 == 0 { la.clone() } else { lb.clone() };
         let key = key.clone();
-        tasks.push(tokio::spawn(async move { layer.check(&key, 1).await.unwrap().is_allowed() }));
+        tasks.push(tokio::spawn(async move {
+            layer.check(&key, 1).await.unwrap().is_allowed()
+        }));
     }
     let mut admitted = 0;
     for t in tasks {
@@ -53,8 +66,17 @@ async fn two_instances_admit_exactly_the_limit() {
     // With Redis TIME, and a pool on one side: quotas per hour do not refill measurably
     // during the test.
     for algorithm in Algorithm::ALL {
-        let a = RedisStore::builder(&server.url()).prefix("race-time:").build().await.unwrap();
-        let b = RedisStore::builder(&server.url()).prefix("race-time:").pool(8).build().await.unwrap();
+        let a = RedisStore::builder(&server.url())
+            .prefix("race-time:")
+            .build()
+            .await
+            .unwrap();
+        let b = RedisStore::builder(&server.url())
+            .prefix("race-time:")
+            .pool(8)
+            .build()
+            .await
+            .unwrap();
         let admitted = contention(a, b, algorithm, 37).await;
         if algorithm == Algorithm::FixedWindow {
             // An hour boundary may fall inside the test: at most twice the limit.
@@ -86,7 +108,9 @@ async fn every_key_gets_a_ttl_no_longer_than_needed() {
     for (key, ttl) in keys {
         // One unit of 10/min drains in 6 s (two units in 12 s); a window lasts at most 60 s,
         // plus one sub-window of 6 s for the sliding window counter.
-        let bucket = ["gcra", "token_bucket", "leaky_bucket"].iter().any(|a| key.starts_with(&format!("ttl:{a}:")));
+        let bucket = ["gcra", "token_bucket", "leaky_bucket"]
+            .iter()
+            .any(|a| key.starts_with(&format!("ttl:{a}:")));
         let max = if bucket { 12_000 } else { 66_000 };
         assert!(ttl > 0 && ttl <= max, "{key}: PTTL {ttl}");
     }
@@ -96,7 +120,12 @@ async fn every_key_gets_a_ttl_no_longer_than_needed() {
 async fn a_key_without_ttl_is_repaired() {
     let server = RedisServer::start();
     let clock = ManualClock::starting_at(1_000_000_000_000);
-    let s = RedisStore::builder(&server.url()).prefix("fix:").clock(clock.clone()).build().await.unwrap();
+    let s = RedisStore::builder(&server.url())
+        .prefix("fix:")
+        .clock(clock.clone())
+        .build()
+        .await
+        .unwrap();
     let layer = RateLimitLayer::builder()
         .policy(Policy::gcra("1/min").name("g"))
         .store(s.clone())
@@ -132,7 +161,10 @@ async fn script_flush_loses_no_decision() {
     for _ in 0..20 {
         server.cli(&["SCRIPT", "FLUSH"]);
         assert_eq!(server.cli(&["SCRIPT", "EXISTS", s.script_sha()]), "0");
-        layer.check(&Key::from("a"), 1).await.expect("decision after SCRIPT FLUSH");
+        layer
+            .check(&Key::from("a"), 1)
+            .await
+            .expect("decision after SCRIPT FLUSH");
     }
     // During checks: a thread flushes in a loop while 600 checks run.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -153,11 +185,15 @@ async fn script_flush_loses_no_decision() {
     let mut tasks = Vec::new();
     for i in 0..600 {
         let layer = layer.clone();
-        tasks.push(tokio::spawn(async move { layer.check(&Key::from(format!("k{}", i % 7)), 1).await }));
+        tasks.push(tokio::spawn(async move {
+            layer.check(&Key::from(format!("k{}", i % 7)), 1).await
+        }));
     }
     let mut ok = 0;
     for t in tasks {
-        t.await.unwrap().expect("no decision fails during SCRIPT FLUSH");
+        t.await
+            .unwrap()
+            .expect("no decision fails during SCRIPT FLUSH");
         ok += 1;
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -202,7 +238,10 @@ async fn hostile_keys_stay_in_their_own_bucket() {
         let text = String::from_utf8(rk).expect("keys are ASCII");
         assert_eq!(text.matches('{').count(), 1, "{text}");
         assert_eq!(text.matches('}').count(), 1, "{text}");
-        assert!(layer.check(key, 1).await.unwrap().is_allowed(), "{key:?} starts fresh");
+        assert!(
+            layer.check(key, 1).await.unwrap().is_allowed(),
+            "{key:?} starts fresh"
+        );
     }
     // Every one of them got its own bucket: each is now limited, and there is one key each.
     for key in &hostile {
@@ -230,12 +269,17 @@ async fn memory_usage_per_key() {
             layer.check(&key, 1).await.unwrap();
         }
         let hundred: u64 = server.cli(&["MEMORY", "USAGE", &rk]).parse().unwrap();
-        report.push(format!("{algorithm}: {one} bytes after 1 request, {hundred} after 100"));
+        report.push(format!(
+            "{algorithm}: {one} bytes after 1 request, {hundred} after 100"
+        ));
         if algorithm == Algorithm::SlidingLog {
             assert!(hundred > one, "the log grows with requests");
             assert!(hundred < 100 * 100, "{hundred}");
         } else {
-            assert!(one <= 200 && hundred <= 200, "{algorithm}: {one} / {hundred}");
+            assert!(
+                one <= 200 && hundred <= 200,
+                "{algorithm}: {one} / {hundred}"
+            );
         }
     }
     println!("{}", report.join("\n"));
@@ -254,9 +298,17 @@ async fn unreachable_redis_is_a_clear_error() {
     assert!(started.elapsed() < Duration::from_secs(5), "no hang");
     assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
     assert!(!err.contains("secret"), "no password in messages: {err}");
-    let err = RedisStore::builder("http://nope").build().await.unwrap_err().to_string();
+    let err = RedisStore::builder("http://nope")
+        .build()
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("Redis"), "{err}");
-    let err = RedisStore::builder("redis://127.0.0.1:1").prefix("bad{prefix").build().await.unwrap_err();
+    let err = RedisStore::builder("redis://127.0.0.1:1")
+        .prefix("bad{prefix")
+        .build()
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("prefix"), "{err}");
 }
 
@@ -294,7 +346,9 @@ async fn failure_policy_applies_when_redis_is_killed() {
     let mut server = RedisServer::start();
     let s = store(&server, "fail:", None).await;
     let inner = service_fn(|_: Request<()>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+        Ok::<_, std::convert::Infallible>(Response::new(
+            http_body_util::Empty::<bytes::Bytes>::new(),
+        ))
     });
     let make = |policy: FailurePolicy| {
         RateLimitLayer::builder()
@@ -319,10 +373,25 @@ async fn failure_policy_applies_when_redis_is_killed() {
     server.kill();
     let started = std::time::Instant::now();
     let through = status(&open).await;
-    assert_eq!(through.status(), StatusCode::OK, "fail open lets the request through");
-    assert!(!through.headers().contains_key("x-ratelimit-remaining"), "no decision, no headers");
+    assert_eq!(
+        through.status(),
+        StatusCode::OK,
+        "fail open lets the request through"
+    );
+    assert!(
+        !through.headers().contains_key("x-ratelimit-remaining"),
+        "no decision, no headers"
+    );
     let refused = status(&closed).await;
-    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE, "fail closed answers 503");
+    assert_eq!(
+        refused.status(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "fail closed answers 503"
+    );
     assert_eq!(refused.headers()["retry-after"], "1");
-    assert!(started.elapsed() < Duration::from_secs(5), "no hang: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "no hang: {:?}",
+        started.elapsed()
+    );
 }

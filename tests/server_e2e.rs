@@ -73,8 +73,14 @@ impl Server {
     /// GET `path` over a fresh connection; the status and the headers.
     fn get(&self, path: &str) -> (u16, String) {
         let mut stream = TcpStream::connect(self.addr).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        write!(stream, "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
         let mut response = String::new();
         stream.read_to_string(&mut response).unwrap();
         let status = response[9..12].parse().unwrap();
@@ -102,10 +108,21 @@ fn run_error(env: &[(&str, &str)]) -> String {
 
 #[test]
 fn in_memory_server_limits_per_client_with_every_algorithm() {
-    for algorithm in ["gcra", "token_bucket", "leaky_bucket", "fixed_window", "sliding_window", "sliding_log"] {
+    for algorithm in [
+        "gcra",
+        "token_bucket",
+        "leaky_bucket",
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+    ] {
         // A quota per hour: real time cannot refill it during the test.
         let server = Server::start(&[("ALGORITHM", algorithm), ("RATE_LIMIT", "3/h")]);
-        assert!(server.first_line.contains(&format!("algorithm={algorithm}")));
+        assert!(
+            server
+                .first_line
+                .contains(&format!("algorithm={algorithm}"))
+        );
         let statuses: Vec<u16> = (0..5).map(|_| server.get("/").0).collect();
         assert_eq!(statuses, [200, 200, 200, 429, 429], "{algorithm}");
         let (_, limited) = server.get("/");
@@ -127,7 +144,10 @@ fn bad_configuration_stops_the_server_with_the_variable_named() {
         ("BIND", "localhost", "BIND:"),
     ] {
         let err = run_error(&[(name, value)]);
-        assert!(err.starts_with(&format!("error: {expect}")), "{name}={value}: {err}");
+        assert!(
+            err.starts_with(&format!("error: {expect}")),
+            "{name}={value}: {err}"
+        );
         assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
     }
     let err = run_error(&[("REDIS_URL", "redis://127.0.0.1:1")]);
@@ -138,7 +158,11 @@ fn bad_configuration_stops_the_server_with_the_variable_named() {
 fn two_servers_on_one_redis_share_one_limit() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let env = [("REDIS_URL", url.as_str()), ("RATE_LIMIT", "5/h"), ("PREFIX", "e2e:")];
+    let env = [
+        ("REDIS_URL", url.as_str()),
+        ("RATE_LIMIT", "5/h"),
+        ("PREFIX", "e2e:"),
+    ];
     let a = Server::start(&env);
     let b = Server::start(&env);
     assert!(a.first_line.contains("store=redis"), "{}", a.first_line);

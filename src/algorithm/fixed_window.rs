@@ -85,6 +85,7 @@ fn reset(count: u64, window_left: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::{Compiled, Row, run_table};
 
     fn fw(limit: u32, window_us: u64) -> FixedWindow {
         FixedWindow::new(Quota::new(limit, std::time::Duration::from_micros(window_us)).unwrap())
@@ -94,8 +95,7 @@ mod tests {
     #[test]
     fn table() {
         let a = fw(3, 1000);
-        let mut st = None;
-        let cases: &[(u64, u64, bool, u64, u64, Option<u64>)] = &[
+        let cases: &[Row] = &[
             (10_000, 1, true, 2, 1000, None),
             (10_100, 1, true, 1, 900, None),
             (10_500, 1, true, 0, 500, None),
@@ -106,22 +106,7 @@ mod tests {
             (11_002, 0, true, 1, 998, None),
             (13_500, 3, true, 0, 500, None),
         ];
-        for &(t, cost, allowed, remaining, reset, retry) in cases {
-            let v = a.evaluate(st.as_ref(), t, cost);
-            assert_eq!(
-                v,
-                Verdict {
-                    allowed,
-                    remaining,
-                    reset_after_us: reset,
-                    retry_after_us: retry
-                },
-                "at t={t} cost={cost}"
-            );
-            if v.allowed {
-                a.commit(&mut st, t, cost);
-            }
-        }
+        run_table(&Compiled::FixedWindow(a), cases);
     }
 
     #[test]

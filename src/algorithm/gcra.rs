@@ -81,6 +81,7 @@ impl Gcra {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::{Compiled, Row, run_table};
     use std::time::Duration;
 
     #[test]
@@ -91,8 +92,7 @@ mod tests {
             .try_with_burst(3)
             .unwrap();
         let a = Gcra::new(q).unwrap();
-        let mut st = None;
-        let cases: &[(u64, u64, bool, u64, u64, Option<u64>)] = &[
+        let cases: &[Row] = &[
             (10_000, 1, true, 2, 500, None),
             (10_000, 2, true, 0, 1500, None),
             (10_000, 1, false, 0, 1500, Some(500)),
@@ -102,22 +102,7 @@ mod tests {
             (11_000, 1, true, 0, 1500, None),
             (14_000, 0, true, 3, 0, None),
         ];
-        for &(t, cost, allowed, remaining, reset, retry) in cases {
-            let v = a.evaluate(st.as_ref(), t, cost);
-            assert_eq!(
-                v,
-                Verdict {
-                    allowed,
-                    remaining,
-                    reset_after_us: reset,
-                    retry_after_us: retry
-                },
-                "at t={t} cost={cost}"
-            );
-            if v.allowed {
-                a.commit(&mut st, t, cost);
-            }
-        }
+        run_table(&Compiled::Gcra(a), cases);
     }
 
     #[test]

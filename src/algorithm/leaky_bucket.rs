@@ -91,6 +91,7 @@ impl LeakyBucket {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::{Compiled, Row, run_table};
     use std::time::Duration;
 
     #[test]
@@ -101,8 +102,7 @@ mod tests {
             .try_with_burst(4)
             .unwrap();
         let a = LeakyBucket::new(q).unwrap();
-        let mut st = None;
-        let cases: &[(u64, u64, bool, u64, u64, Option<u64>)] = &[
+        let cases: &[Row] = &[
             (10_000, 3, true, 1, 1500, None),
             (10_000, 2, false, 1, 1500, Some(500)),
             (10_250, 2, false, 1, 1250, Some(250)),
@@ -110,21 +110,6 @@ mod tests {
             (10_500, 5, false, 0, 2000, None),
             (12_600, 0, true, 4, 0, None),
         ];
-        for &(t, cost, allowed, remaining, reset, retry) in cases {
-            let v = a.evaluate(st.as_ref(), t, cost);
-            assert_eq!(
-                v,
-                Verdict {
-                    allowed,
-                    remaining,
-                    reset_after_us: reset,
-                    retry_after_us: retry
-                },
-                "at t={t} cost={cost}"
-            );
-            if v.allowed {
-                a.commit(&mut st, t, cost);
-            }
-        }
+        run_table(&Compiled::LeakyBucket(a), cases);
     }
 }

@@ -233,29 +233,27 @@ impl Compiled {
         }
         Ok(match algorithm {
             Algorithm::FixedWindow => Compiled::FixedWindow(fixed_window::FixedWindow::new(quota)),
-            Algorithm::SlidingWindow => Compiled::SlidingWindow(
-                sliding_window::SlidingWindow::new(quota, options.buckets)?,
-            ),
+            Algorithm::SlidingWindow => {
+                Compiled::SlidingWindow(sliding_window::SlidingWindow::new(quota, options.buckets)?)
+            }
             Algorithm::SlidingLog => Compiled::SlidingLog(sliding_log::SlidingLog::new(quota)?),
-            Algorithm::TokenBucket => {
-                Compiled::TokenBucket(token_bucket::TokenBucket::new(quota)?)
-            }
-            Algorithm::LeakyBucket => {
-                Compiled::LeakyBucket(leaky_bucket::LeakyBucket::new(quota)?)
-            }
+            Algorithm::TokenBucket => Compiled::TokenBucket(token_bucket::TokenBucket::new(quota)?),
+            Algorithm::LeakyBucket => Compiled::LeakyBucket(leaky_bucket::LeakyBucket::new(quota)?),
             Algorithm::Gcra => Compiled::Gcra(gcra::Gcra::new(quota)?),
         })
     }
 
-    /// The quota's window in microseconds.
+    /// The window reported with the limit, in microseconds: the quota's window for window
+    /// algorithms; for bucket algorithms the time in which the reported limit (the burst)
+    /// refills, so that limit and window together state the real rate.
     pub(crate) fn window_us(&self) -> u64 {
         match self {
             Compiled::FixedWindow(a) => a.window,
             Compiled::SlidingWindow(a) => a.buckets * a.bucket,
             Compiled::SlidingLog(a) => a.window,
-            Compiled::TokenBucket(a) => a.scaled.window,
-            Compiled::LeakyBucket(a) => a.scaled.window,
-            Compiled::Gcra(a) => a.window,
+            Compiled::TokenBucket(a) => a.scaled.full.div_ceil(a.scaled.rate),
+            Compiled::LeakyBucket(a) => a.scaled.full.div_ceil(a.scaled.rate),
+            Compiled::Gcra(a) => a.tolerance,
         }
     }
 
@@ -279,8 +277,12 @@ impl Compiled {
             Compiled::FixedWindow(a) => (1, [a.limit, a.window, 0, 0]),
             Compiled::SlidingWindow(a) => (2, [a.limit, a.buckets, a.bucket, 0]),
             Compiled::SlidingLog(a) => (3, [a.limit, a.window, 0, 0]),
-            Compiled::TokenBucket(a) => (4, [a.capacity, a.scaled.unit, a.scaled.rate, a.scaled.full]),
-            Compiled::LeakyBucket(a) => (5, [a.capacity, a.scaled.unit, a.scaled.rate, a.scaled.full]),
+            Compiled::TokenBucket(a) => {
+                (4, [a.capacity, a.scaled.unit, a.scaled.rate, a.scaled.full])
+            }
+            Compiled::LeakyBucket(a) => {
+                (5, [a.capacity, a.scaled.unit, a.scaled.rate, a.scaled.full])
+            }
             Compiled::Gcra(a) => (6, [a.interval, a.burst, a.tolerance, 0]),
         }
     }
@@ -300,8 +302,40 @@ impl Compiled {
 
     /// Phase one: decide without changing anything.
     pub(crate) fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
+        let mut verdict = self.evaluate_at_own_time(state, now, cost);
+        // An algorithm whose state is newer than `now` (the clock went back, e.g. after a Redis
+        // failover) decides as of its last update; its times are moved to be from `now`.
+        let lag = self.lag(state, now);
+        if lag > 0 {
+            if verdict.reset_after_us > 0 {
+                verdict.reset_after_us += lag;
+            }
+            if let Some(retry) = &mut verdict.retry_after_us {
+                *retry += lag;
+            }
+        }
+        verdict
+    }
+
+    /// How far the state's own notion of the present is ahead of `now`.
+    fn lag(&self, state: Option<&State>, now: u64) -> u64 {
+        let own = match (self, state) {
+            (Compiled::SlidingWindow(a), Some(State::SlidingWindow(s))) => s.head * a.bucket,
+            (Compiled::SlidingLog(_), Some(State::SlidingLog(s))) => {
+                s.entries.back().map_or(0, |e| e.0)
+            }
+            (Compiled::TokenBucket(_), Some(State::TokenBucket(s))) => s.last,
+            (Compiled::LeakyBucket(_), Some(State::LeakyBucket(s))) => s.last,
+            _ => 0,
+        };
+        own.saturating_sub(now)
+    }
+
+    fn evaluate_at_own_time(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
         match (self, state) {
-            (Compiled::FixedWindow(a), Some(State::FixedWindow(s))) => a.evaluate(Some(s), now, cost),
+            (Compiled::FixedWindow(a), Some(State::FixedWindow(s))) => {
+                a.evaluate(Some(s), now, cost)
+            }
             (Compiled::FixedWindow(a), _) => a.evaluate(None, now, cost),
             (Compiled::SlidingWindow(a), Some(State::SlidingWindow(s))) => {
                 a.evaluate(Some(s), now, cost)
@@ -335,6 +369,30 @@ impl Compiled {
     }
 }
 
+/// A row of an algorithm's table test: time, cost, then the expected allowed, remaining,
+/// reset and retry-after.
+#[cfg(test)]
+pub(crate) type Row = (u64, u64, bool, u64, u64, Option<u64>);
+
+/// Runs a table test: each row is evaluated, checked, and committed when allowed.
+#[cfg(test)]
+pub(crate) fn run_table(algorithm: &Compiled, rows: &[Row]) {
+    let mut state = None;
+    for &(t, cost, allowed, remaining, reset, retry) in rows {
+        let v = algorithm.evaluate(state.as_ref(), t, cost);
+        let expected = Verdict {
+            allowed,
+            remaining,
+            reset_after_us: reset,
+            retry_after_us: retry,
+        };
+        assert_eq!(v, expected, "at t={t} cost={cost}");
+        if v.allowed {
+            algorithm.commit(&mut state, t, cost);
+        }
+    }
+}
+
 /// Greatest common divisor.
 pub(crate) const fn gcd(mut a: u64, mut b: u64) -> u64 {
     while b != 0 {
@@ -346,7 +404,11 @@ pub(crate) const fn gcd(mut a: u64, mut b: u64) -> u64 {
 }
 
 /// Fails with a helpful message when `value` exceeds the exact-arithmetic bound.
-pub(crate) fn check_exact(value: u128, algorithm: Algorithm, what: &str) -> Result<(), ConfigError> {
+pub(crate) fn check_exact(
+    value: u128,
+    algorithm: Algorithm,
+    what: &str,
+) -> Result<(), ConfigError> {
     if value > MAX_EXACT as u128 {
         Err(ConfigError::new(format!(
             "{algorithm}: {what} is too large for exact arithmetic (over 2^53); use a smaller burst, a smaller limit, or a window that shares more factors with the limit"

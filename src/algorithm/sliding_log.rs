@@ -152,13 +152,13 @@ impl SlidingLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::{Compiled, Row, run_table};
     use std::time::Duration;
 
     #[test]
     fn table() {
         let a = SlidingLog::new(Quota::new(3, Duration::from_micros(1000)).unwrap()).unwrap();
-        let mut st = None;
-        let cases: &[(u64, u64, bool, u64, u64, Option<u64>)] = &[
+        let cases: &[Row] = &[
             (10_000, 1, true, 2, 1000, None),
             (10_400, 2, true, 0, 1000, None),
             (10_900, 1, false, 0, 500, Some(100)),
@@ -168,27 +168,17 @@ mod tests {
             (11_400, 1, true, 1, 1000, None),
             (12_400, 0, true, 3, 0, None),
         ];
-        for &(t, cost, allowed, remaining, reset, retry) in cases {
-            let v = a.evaluate(st.as_ref(), t, cost);
-            assert_eq!(
-                v,
-                Verdict {
-                    allowed,
-                    remaining,
-                    reset_after_us: reset,
-                    retry_after_us: retry
-                },
-                "at t={t} cost={cost}"
-            );
-            if v.allowed {
-                a.commit(&mut st, t, cost);
-            }
-        }
+        run_table(&Compiled::SlidingLog(a), cases);
     }
 
     #[test]
     fn limit_is_capped() {
         let q = Quota::new(10_001, Duration::from_secs(1)).unwrap();
-        assert!(SlidingLog::new(q).unwrap_err().to_string().contains("sliding_window"));
+        assert!(
+            SlidingLog::new(q)
+                .unwrap_err()
+                .to_string()
+                .contains("sliding_window")
+        );
     }
 }

@@ -48,7 +48,7 @@ impl SlidingWindow {
             )));
         }
         let window = quota.window_us();
-        if window % n as u64 != 0 {
+        if !window.is_multiple_of(n as u64) {
             return Err(ConfigError::new(format!(
                 "sliding_window: a window of {window}us cannot be cut into {n} equal buckets of whole microseconds"
             )));
@@ -140,10 +140,9 @@ impl SlidingWindow {
                 _ => 0,
             };
             let x0 = if k == 0 { x } else { 0 };
-            let xmin = if oldest == 0 {
-                x0
-            } else {
-                x0.max(self.bucket.saturating_sub(avail * self.bucket / oldest))
+            let xmin = match (avail * self.bucket).checked_div(oldest) {
+                None => x0,
+                Some(share) => x0.max(self.bucket.saturating_sub(share)),
             };
             if xmin < self.bucket {
                 let retry = p * self.bucket + xmin - now_abs;
@@ -203,6 +202,7 @@ impl SlidingWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::{Compiled, Row, run_table};
     use std::time::Duration;
 
     #[test]
@@ -210,8 +210,7 @@ mod tests {
         // 4 per 1000us in 2 buckets of 500us.
         let a = SlidingWindow::new(Quota::new(4, Duration::from_micros(1000)).unwrap(), Some(2))
             .unwrap();
-        let mut st = None;
-        let cases: &[(u64, u64, bool, u64, u64, Option<u64>)] = &[
+        let cases: &[Row] = &[
             // bucket 20 (10_000..10_500)
             (10_000, 2, true, 2, 1500, None),
             (10_400, 2, true, 0, 1100, None),
@@ -227,22 +226,7 @@ mod tests {
             (11_375, 1, true, 0, 1125, None),
             (11_375, 5, false, 0, 1125, None),
         ];
-        for &(t, cost, allowed, remaining, reset, retry) in cases {
-            let v = a.evaluate(st.as_ref(), t, cost);
-            assert_eq!(
-                v,
-                Verdict {
-                    allowed,
-                    remaining,
-                    reset_after_us: reset,
-                    retry_after_us: retry
-                },
-                "at t={t} cost={cost}"
-            );
-            if v.allowed {
-                a.commit(&mut st, t, cost);
-            }
-        }
+        run_table(&Compiled::SlidingWindow(a), cases);
     }
 
     #[test]

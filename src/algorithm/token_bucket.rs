@@ -37,7 +37,11 @@ impl Scaled {
         let unit = window / g;
         let rate = limit / g;
         let capacity = quota.burst_or_limit() as u64;
-        check_exact(capacity as u128 * unit as u128, algorithm, "capacity × window")?;
+        check_exact(
+            capacity as u128 * unit as u128,
+            algorithm,
+            "capacity × window",
+        )?;
         Ok(Scaled {
             capacity,
             unit,
@@ -142,14 +146,14 @@ impl TokenBucket {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::{Compiled, Row, run_table};
     use std::time::Duration;
 
     #[test]
     fn table() {
         // 3 per 1000us, capacity 3: unit = 1000, rate = 3 per us; a token every 333.33us.
         let a = TokenBucket::new(Quota::new(3, Duration::from_micros(1000)).unwrap()).unwrap();
-        let mut st = None;
-        let cases: &[(u64, u64, bool, u64, u64, Option<u64>)] = &[
+        let cases: &[Row] = &[
             (10_000, 3, true, 0, 1000, None),
             (10_000, 1, false, 0, 1000, Some(334)),
             (10_333, 1, false, 0, 667, Some(1)),
@@ -158,22 +162,7 @@ mod tests {
             (11_000, 0, true, 2, 334, None),
             (20_000, 2, true, 1, 667, None),
         ];
-        for &(t, cost, allowed, remaining, reset, retry) in cases {
-            let v = a.evaluate(st.as_ref(), t, cost);
-            assert_eq!(
-                v,
-                Verdict {
-                    allowed,
-                    remaining,
-                    reset_after_us: reset,
-                    retry_after_us: retry
-                },
-                "at t={t} cost={cost}"
-            );
-            if v.allowed {
-                a.commit(&mut st, t, cost);
-            }
-        }
+        run_table(&Compiled::TokenBucket(a), cases);
     }
 
     #[test]

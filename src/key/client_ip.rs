@@ -80,8 +80,8 @@ static FORWARDED: HeaderName = http::header::FORWARDED;
 ///
 /// Headers are read in place from the right, one element at a time, without allocating. At
 /// most [`max_hops`](ClientIpBuilder::max_hops) elements are examined, and an element longer
-/// than 128 bytes (`X-Forwarded-For`) or 1 KiB (`Forwarded`) is malformed after that many
-/// bytes, so a 400 KB header or ten thousand hops cost what the trusted hops cost.
+/// than 128 bytes (`X-Forwarded-For`, single-value headers) or 1 KiB (`Forwarded`) is malformed
+/// after that many bytes, so a 400 KB header or ten thousand hops cost what the trusted hops cost.
 ///
 /// # Addresses
 ///

@@ -301,8 +301,12 @@ pub(crate) fn parse_forwarded_element(element: &[u8]) -> Hop {
 
 /// A single-value header such as `X-Real-IP: 203.0.113.7`.
 pub(crate) fn parse_single_value(value: &[u8]) -> Hop {
+    // Checked before trimming, so that a huge value is not scanned.
+    if value.len() > MAX_SINGLE_VALUE {
+        return Hop::Malformed;
+    }
     let value = trim_ows(value);
-    if value.is_empty() || value.len() > MAX_SINGLE_VALUE {
+    if value.is_empty() {
         return Hop::Malformed;
     }
     match parse_node(value) {

@@ -194,6 +194,7 @@ impl Key {
         }
     }
 
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn parts(&self) -> KeyParts<'_> {
         match &self.0 {
             Repr::Global => KeyParts::Global,

@@ -74,7 +74,10 @@ impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryStore")
             .field("shards", &self.inner.shards.len())
-            .field("max_keys", &(self.inner.per_shard * self.inner.shards.len()))
+            .field(
+                "max_keys",
+                &(self.inner.per_shard * self.inner.shards.len()),
+            )
             .field("clock", &self.inner.clock)
             .finish()
     }
@@ -175,11 +178,7 @@ impl MemoryStore {
     /// Drops every expired entry now, and returns how many were dropped.
     pub fn sweep(&self) -> usize {
         let now = self.inner.clock.now_micros();
-        self.inner
-            .shards
-            .iter()
-            .map(|s| lock(s).sweep(now))
-            .sum()
+        self.inner.shards.iter().map(|s| lock(s).sweep(now)).sum()
     }
 
     fn shard_of(&self, id: u32, key: &Key) -> usize {
@@ -240,16 +239,22 @@ impl MemoryStore {
             .iter()
             .zip(&verdicts)
             .all(|(c, v)| v.allowed || matches!(c.mode, Mode::Shadow | Mode::Refund));
-        if admitted {
-            for ((c, v), &g) in checks.iter().zip(&verdicts).zip(&slots) {
-                let charge = match c.mode {
+        let mut verdicts = verdicts;
+        for ((c, v), &g) in checks.iter().zip(&mut verdicts).zip(&slots) {
+            let charge = admitted
+                && match c.mode {
                     Mode::Enforce => true,
                     Mode::Shadow => v.allowed,
                     Mode::Dry | Mode::Refund => false,
                 };
-                if charge {
-                    guards[g].1.commit(c, now, capacity);
-                }
+            if charge {
+                guards[g].1.commit(c, now, capacity);
+            } else if v.allowed && c.cost > 0 && c.mode != Mode::Refund {
+                // Admitted by this policy but not charged: report the state as it stays.
+                let state = guards[g].1.live_state(c, now);
+                let stays = c.policy.algorithm.evaluate(state, now, 0);
+                v.remaining = stays.remaining;
+                v.reset_after_us = stays.reset_after_us;
             }
         }
         for (_, g) in &mut guards {
@@ -290,18 +295,14 @@ impl Shard {
     }
 
     fn refund(&mut self, check: &Check, now: u64) {
-        if let Some(entry) = self.map.get_mut(&(check.policy.id, check.key.clone())) {
-            if entry.expires_at <= now {
-                entry.state = None;
-            }
-            if let Some(expires_at) =
-                check
-                    .policy
-                    .algorithm
-                    .refund(&mut entry.state, now, check.cost)
-            {
-                entry.expires_at = expires_at;
-            }
+        // An expired state is handed to the algorithm as it is, not dropped: for time that
+        // moves forward it is the same as a fresh key, and when the clock goes back the
+        // algorithm sees what the Redis script would see.
+        let algorithm = &check.policy.algorithm;
+        if let Some(entry) = self.map.get_mut(&(check.policy.id, check.key.clone()))
+            && let Some(expires_at) = algorithm.refund(&mut entry.state, now, check.cost)
+        {
+            entry.expires_at = expires_at;
         }
     }
 
@@ -311,10 +312,10 @@ impl Shard {
         }
         let map_key = (check.policy.id, check.key.clone());
         if let Some(entry) = self.map.get_mut(&map_key) {
-            if entry.expires_at <= now {
-                entry.state = None;
-            }
-            entry.expires_at = check.policy.algorithm.commit(&mut entry.state, now, check.cost);
+            entry.expires_at = check
+                .policy
+                .algorithm
+                .commit(&mut entry.state, now, check.cost);
             return;
         }
         if self.map.len() >= capacity {

@@ -10,9 +10,9 @@ mod redis;
 use std::future::Future;
 use std::sync::Arc;
 
-pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
+pub use memory::{MemoryStore, MemoryStoreBuilder};
 
 use crate::algorithm::Compiled;
 use crate::decision::Decision;
@@ -64,7 +64,7 @@ impl Check {
 ///
 /// The trait is sealed: the algorithms' arithmetic is private, and every store must reproduce
 /// it exactly.
-pub trait Store: Clone + Send + Sync + 'static + private::Sealed {
+pub trait Store: Clone + Send + Sync + std::fmt::Debug + 'static + private::Sealed {
     /// The future of one decision.
     type Future: Future<Output = Result<Decision, StoreError>> + Send + 'static;
 

@@ -51,7 +51,10 @@ impl RedisServer {
     /// Starts a server with extra command-line options (e.g. `--cluster-enabled yes`).
     pub fn start_with(extra: &[&str]) -> Self {
         let port = free_port();
-        let dir = std::env::temp_dir().join(format!("tower-ratelimit-redis-{}-{port}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!(
+            "tower-ratelimit-redis-{}-{port}",
+            std::process::id()
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         let mut server = RedisServer {
             port,
@@ -78,9 +81,11 @@ impl RedisServer {
             });
         self.child = Some(child);
         let port = self.port;
-        wait_until(Duration::from_secs(10), "redis-server to answer PING", || {
-            redis_cli(port, &["PING"]).is_ok_and(|o| o.stdout.starts_with(b"PONG"))
-        });
+        wait_until(
+            Duration::from_secs(10),
+            "redis-server to answer PING",
+            || redis_cli(port, &["PING"]).is_ok_and(|o| o.stdout.starts_with(b"PONG")),
+        );
     }
 
     pub fn url(&self) -> String {
@@ -139,7 +144,10 @@ impl RedisCluster {
                 ])
             })
             .collect();
-        let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
         let mut args = vec!["--cluster".to_string(), "create".to_string()];
         args.extend(addrs.iter().cloned());
         args.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
@@ -163,14 +171,22 @@ impl RedisCluster {
 
     /// `redis+cluster://host:port,host:port,host:port`.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
         format!("redis+cluster://{}", hosts.join(","))
     }
 
     /// The node that serves `key`'s slot.
     pub fn node_for(&self, key: &[u8]) -> &RedisServer {
         let slot: u16 = self.nodes[0]
-            .cli(&["CLUSTER", "KEYSLOT", std::str::from_utf8(key).expect("utf-8 key")])
+            .cli(&[
+                "CLUSTER",
+                "KEYSLOT",
+                std::str::from_utf8(key).expect("utf-8 key"),
+            ])
             .parse()
             .unwrap();
         self.nodes

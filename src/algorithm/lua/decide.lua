@@ -7,7 +7,8 @@
 -- 1 shadow (reported, never decides; charged if it admits and the request goes on),
 -- 2 dry (decides, never charged), 3 refund (gives `cost` units back, then looks at cost 0).
 -- Phase one evaluates every policy; phase two charges them, only if all that decide admit.
--- Reply: { now, then per policy: allowed, remaining, reset_after_us, retry_after_us or -1 }.
+-- Reply: { now, then per policy: allowed, remaining, reset_after_us, retry_after_us or -1 },
+-- where remaining and reset describe the state after this request's charges.
 local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
@@ -41,6 +42,18 @@ for i = 1, n do
     cost = 0
   end
   local ok, remaining, reset, retry = alg:evaluate(p, st, now, cost, KEYS[i])
+  -- A state newer than `now` (the clock went back): times are moved to be from `now`.
+  if alg.lag then
+    local lag = alg.lag(p, st, now)
+    if lag > 0 then
+      if reset > 0 then
+        reset = reset + lag
+      end
+      if retry >= 0 then
+        retry = retry + lag
+      end
+    end
+  end
   if ok == 0 and (mode == 0 or mode == 2) then
     admitted = false
   end
@@ -55,7 +68,20 @@ for i = 1, n do
   local charge = admitted and costs[i] > 0 and (modes[i] == 0 or (modes[i] == 1 and allowed[i] == 1))
   if charge then
     algs[i]:commit(KEYS[i], params[i], states[i], now, costs[i])
-  elseif redis.call('PTTL', KEYS[i]) == -1 then
+  elseif allowed[i] == 1 and costs[i] > 0 then
+    -- Admitted by this policy but not charged: report the state as it stays.
+    local base = 2 + (i - 1) * 4
+    local _, remaining, reset = algs[i]:evaluate(params[i], states[i], now, 0, KEYS[i])
+    if algs[i].lag then
+      local lag = algs[i].lag(params[i], states[i], now)
+      if lag > 0 and reset > 0 then
+        reset = reset + lag
+      end
+    end
+    reply[base + 1] = remaining
+    reply[base + 2] = reset
+  end
+  if not charge and redis.call('PTTL', KEYS[i]) == -1 then
     -- A key without a TTL (written by something else, or lost its TTL): repair it.
     local ttl = cdiv(reply[2 + (i - 1) * 4 + 2], 1000) + TTL_SLACK
     if ttl < 1 then

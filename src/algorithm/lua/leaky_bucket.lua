@@ -17,6 +17,12 @@ ALG[5] = {
     end
     return st[1] - elapsed * p[3]
   end,
+  lag = function(p, st, now)
+    if st and st[2] > now then
+      return st[2] - now
+    end
+    return 0
+  end,
   evaluate = function(self, p, st, now, cost)
     local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
     local level = self.level(p, st, now)

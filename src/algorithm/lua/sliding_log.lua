@@ -1,12 +1,14 @@
 -- Sliding log: twin of sliding_log.rs. Params: limit, window. State: a sorted set with one
--- member per admitted unit, scored by its time; members are "time:sequence".
+-- member per admitted unit, scored by its time; members are "time:sequence", the sequence
+-- zero-padded so that members of one time sort by it, and numbered on from the newest member
+-- of that time (never reused while that member exists, even after a refund).
 ALG[3] = {
   load = function(key)
     local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
     if #newest == 0 then
       return nil
     end
-    return { tonumber(newest[2]) }
+    return { tonumber(newest[2]), newest[1] }
   end,
   -- Time as the log sees it: never before its newest entry.
   clamp = function(st, now)
@@ -14,6 +16,12 @@ ALG[3] = {
       return st[1]
     end
     return now
+  end,
+  lag = function(p, st, now)
+    if st and st[1] > now then
+      return st[1] - now
+    end
+    return 0
   end,
   evaluate = function(self, p, st, now, cost, key)
     local limit, window = p[1], p[2]
@@ -58,7 +66,10 @@ ALG[3] = {
     local window = p[2]
     now = self.clamp(st, now)
     redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - window))
-    local card = redis.call('ZCARD', key)
+    local seq = 0
+    if st and st[1] == now then
+      seq = tonumber(string.match(st[2], ':(%d+)$')) or 0
+    end
     -- One member per unit, added in batches (Lua's unpack has a small stack).
     local i = 1
     while i <= cost do
@@ -69,7 +80,7 @@ ALG[3] = {
       end
       for j = i, last do
         args[#args + 1] = int(now)
-        args[#args + 1] = int(now) .. ':' .. int(card + j)
+        args[#args + 1] = int(now) .. ':' .. string.format('%010d', seq + j)
       end
       redis.call('ZADD', key, unpack(args))
       i = last + 1

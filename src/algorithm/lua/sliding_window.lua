@@ -52,6 +52,12 @@ ALG[2] = {
   load = function(key, p)
     return parse(get(key), p[2] + 2)
   end,
+  lag = function(p, st, now)
+    if st and st[1] * p[3] > now then
+      return st[1] * p[3] - now
+    end
+    return 0
+  end,
   evaluate = function(self, p, st, now, cost)
     local limit, n, g = p[1], p[2], p[3]
     local c, x = sw_position(p, st, now)

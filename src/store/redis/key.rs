@@ -97,8 +97,16 @@ mod tests {
     #[test]
     fn layout() {
         assert_eq!(k(&Key::global()), "rl:p:{g}");
-        assert_eq!(k(&Key::from("192.0.2.1".parse::<std::net::IpAddr>().unwrap())), "rl:p:{4:192.0.2.1}");
-        assert_eq!(k(&Key::from("2001:db8::1".parse::<std::net::IpAddr>().unwrap())), "rl:p:{6:2001:db8::1}");
+        assert_eq!(
+            k(&Key::from("192.0.2.1".parse::<std::net::IpAddr>().unwrap())),
+            "rl:p:{4:192.0.2.1}"
+        );
+        assert_eq!(
+            k(&Key::from(
+                "2001:db8::1".parse::<std::net::IpAddr>().unwrap()
+            )),
+            "rl:p:{6:2001:db8::1}"
+        );
         assert_eq!(k(&Key::from("alice")), "rl:p:{b:alice}");
         assert_eq!(k(&Key::from("{evil}")), "rl:p:{x:7b6576696c7d}");
         let long = k(&Key::from(vec![b'a'; 65_536]));

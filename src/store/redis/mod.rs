@@ -33,8 +33,9 @@ pub(crate) const DEFAULT_PREFIX: &str = "rl:";
 /// it reads the state of every policy's key, evaluates them all, and charges them only if all
 /// admit the request, in one atomic step and one round trip. Every key it writes gets a TTL in
 /// the same step (no longer than the algorithm needs), and a key found without one is given one.
-/// The script is loaded when the store is built and reloaded transparently when Redis answers
-/// `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`; on every primary of a cluster).
+/// The script is loaded when the store is built; when Redis answers `NOSCRIPT` (after a
+/// restart, a failover or `SCRIPT FLUSH`, on any primary of a cluster) the same call is sent
+/// once as `EVAL` with the script's source, which caches it again.
 ///
 /// Time comes from Redis `TIME`, so application servers with skewed clocks agree; a
 /// [`Clock`] can be injected for tests.
@@ -76,9 +77,9 @@ pub(crate) const DEFAULT_PREFIX: &str = "rl:";
 /// | GCRA | 72 |
 /// | fixed window, token bucket, leaky bucket | 120 |
 /// | sliding window (10 buckets) | 136 |
-/// | sliding log | 136, plus about 36 per admitted unit in the window (3,672 at 100) |
+/// | sliding log | 136, plus about 41 per admitted unit in the window (4,184 at 100) |
 ///
-/// The sliding log's limit is capped at 10,000 units per window (about 360 KB per key at the
+/// The sliding log's limit is capped at 10,000 units per window (about 410 KB per key at the
 /// cap); use the sliding window counter for larger limits.
 #[derive(Clone)]
 pub struct RedisStore {
@@ -142,7 +143,10 @@ pub struct RedisStoreBuilder {
 impl fmt::Debug for RedisStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStoreBuilder")
-            .field("nodes", &self.nodes.iter().map(|n| redact(n)).collect::<Vec<_>>())
+            .field(
+                "nodes",
+                &self.nodes.iter().map(|n| redact(n)).collect::<Vec<_>>(),
+            )
             .field("cluster", &self.cluster)
             .field("pool", &self.pool)
             .field("prefix", &self.prefix)
@@ -167,7 +171,10 @@ impl RedisStore {
     /// `redis+cluster://[user:password@]host:port,host:port,…` for a Redis Cluster.
     pub fn builder(url: &str) -> RedisStoreBuilder {
         let url = url.trim();
-        for (scheme, node_scheme) in [("redis+cluster://", "redis://"), ("rediss+cluster://", "rediss://")] {
+        for (scheme, node_scheme) in [
+            ("redis+cluster://", "redis://"),
+            ("rediss+cluster://", "rediss://"),
+        ] {
             if let Some(rest) = url.strip_prefix(scheme) {
                 let (auth, hosts) = match rest.rsplit_once('@') {
                     Some((auth, hosts)) => (format!("{auth}@"), hosts),
@@ -268,7 +275,12 @@ impl RedisStoreBuilder {
         if self.nodes.is_empty() {
             return Err(StoreError::new(ConfigError::new("no Redis node given")));
         }
-        let target = self.nodes.iter().map(|n| redact(n)).collect::<Vec<_>>().join(",");
+        let target = self
+            .nodes
+            .iter()
+            .map(|n| redact(n))
+            .collect::<Vec<_>>()
+            .join(",");
         let fail = |what: &str, e: &dyn fmt::Display| {
             StoreError::new(format!("cannot {what} Redis at {target}: {e}"))
         };
@@ -312,10 +324,11 @@ impl RedisStoreBuilder {
                     .retries(2)
                     .build()
                     .map_err(|e| fail("parse the URLs of", &e))?;
-                let conn = tokio::time::timeout(self.connect_timeout * 2, client.get_async_connection())
-                    .await
-                    .map_err(|_| fail("connect to", &"timed out"))?
-                    .map_err(|e| fail("connect to", &e))?;
+                let conn =
+                    tokio::time::timeout(self.connect_timeout * 2, client.get_async_connection())
+                        .await
+                        .map_err(|_| fail("connect to", &"timed out"))?
+                        .map_err(|e| fail("connect to", &e))?;
                 Conn::Cluster(conn)
             }
             (true, Some(size)) => {
@@ -353,8 +366,18 @@ impl RedisStoreBuilder {
         });
         tokio::time::timeout(self.connect_timeout * 2, load)
             .await
-            .map_err(|_| StoreError::new(format!("cannot load the script into Redis at {}: timed out", store.inner.target)))?
-            .map_err(|e| StoreError::new(format!("cannot load the script into Redis at {}: {e}", store.inner.target)))?;
+            .map_err(|_| {
+                StoreError::new(format!(
+                    "cannot load the script into Redis at {}: timed out",
+                    store.inner.target
+                ))
+            })?
+            .map_err(|e| {
+                StoreError::new(format!(
+                    "cannot load the script into Redis at {}: {e}",
+                    store.inner.target
+                ))
+            })?;
         Ok(store)
     }
 }
@@ -376,32 +399,115 @@ impl Inner {
     }
 
     async fn decide(&self, checks: Vec<Check>) -> Result<Decision, StoreError> {
-        if let (true, Some(first)) = (self.conn.is_cluster(), checks.first())
-            && checks.iter().any(|c| c.key != first.key)
-        {
-            return Err(StoreError::new(
-                "policies keyed differently cannot be decided in one script on Redis Cluster",
-            ));
-        }
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&self.sha).arg(checks.len());
-        for check in &checks {
-            cmd.arg(redis_key(&self.prefix, &check.policy.name, &check.key));
-        }
-        match &self.clock {
-            // Redis expires keys on its own clock, which an injected one may outrun or lag.
-            Some(clock) => cmd.arg(clock.now_micros()).arg(INJECTED_CLOCK_TTL_SLACK_MS),
-            None => cmd.arg("").arg(0),
+        let one_slot = checks.iter().all(|c| c.key == checks[0].key);
+        let verdicts = if !self.conn.is_cluster() || one_slot {
+            self.run(&checks).await?
+        } else {
+            self.decide_across_slots(&checks).await?
         };
-        for check in &checks {
-            let (code, params) = check.policy.algorithm.lua_args();
-            cmd.arg(code)
-                .arg(&params[..])
-                .arg(check.cost)
-                .arg(check.mode as u8);
+        let outcomes = checks
+            .iter()
+            .zip(verdicts)
+            .map(|(check, verdict)| {
+                PolicyOutcome::new(&check.policy, check.mode == Mode::Shadow, verdict)
+            })
+            .collect();
+        Ok(Decision::new(outcomes))
+    }
+
+    /// On a cluster, policies keyed by different caller keys live in different slots, which
+    /// no single script may touch. Each key's policies are decided by one script, in order;
+    /// once one denies the request, the rest are only looked at, and what the earlier scripts
+    /// charged is refunded. No request is ever admitted past a limit; a concurrent request may
+    /// briefly see a charge that is then refunded, so the error is on the strict side.
+    async fn decide_across_slots(&self, checks: &[Check]) -> Result<Vec<Verdict>, StoreError> {
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        for (i, c) in checks.iter().enumerate() {
+            match groups.iter_mut().find(|g| checks[g[0]].key == c.key) {
+                Some(g) => g.push(i),
+                None => groups.push(vec![i]),
+            }
         }
+        let mut verdicts = vec![None; checks.len()];
+        let mut charged: Vec<usize> = Vec::new();
+        let mut denied = false;
+        for group in groups {
+            let batch: Vec<Check> = group
+                .iter()
+                .map(|&i| {
+                    let c = &checks[i];
+                    let mode = if denied { Mode::Dry } else { c.mode };
+                    Check::new(c.policy.clone(), c.key.clone(), c.cost, mode)
+                })
+                .collect();
+            let result = self.run(&batch).await?;
+            let admitted = batch
+                .iter()
+                .zip(&result)
+                .all(|(c, v)| v.allowed || matches!(c.mode, Mode::Shadow | Mode::Refund));
+            if !denied && admitted {
+                charged.extend(group.iter().zip(&result).filter_map(|(&i, v)| {
+                    let charge = match checks[i].mode {
+                        Mode::Enforce => true,
+                        Mode::Shadow => v.allowed,
+                        Mode::Dry | Mode::Refund => false,
+                    };
+                    (charge && checks[i].cost > 0).then_some(i)
+                }));
+            }
+            if !admitted {
+                denied = true;
+            }
+            for (&i, v) in group.iter().zip(result) {
+                verdicts[i] = Some(v);
+            }
+        }
+        if denied {
+            for &i in &charged {
+                let c = &checks[i];
+                let refund = [Check::new(
+                    c.policy.clone(),
+                    c.key.clone(),
+                    c.cost,
+                    Mode::Refund,
+                )];
+                if let Err(error) = self.run(&refund).await {
+                    tracing::warn!(%error, "could not refund a charge on another cluster slot");
+                }
+            }
+        }
+        Ok(verdicts
+            .into_iter()
+            .map(|v| v.expect("every check was decided"))
+            .collect())
+    }
+
+    /// One script call deciding `checks`, whose keys must share a slot on a cluster.
+    async fn run(&self, checks: &[Check]) -> Result<Vec<Verdict>, StoreError> {
+        let command = |name: &str, script: &str| {
+            let mut cmd = redis::cmd(name);
+            cmd.arg(script).arg(checks.len());
+            for check in checks {
+                cmd.arg(redis_key(&self.prefix, &check.policy.name, &check.key));
+            }
+            match &self.clock {
+                // Redis expires keys on its own clock, which an injected one may outrun or lag.
+                Some(clock) => cmd.arg(clock.now_micros()).arg(INJECTED_CLOCK_TTL_SLACK_MS),
+                None => cmd.arg("").arg(0),
+            };
+            for check in checks {
+                let (code, params) = check.policy.algorithm.lua_args();
+                cmd.arg(code)
+                    .arg(&params[..])
+                    .arg(check.cost)
+                    .arg(check.mode as u8);
+            }
+            cmd
+        };
+        let evalsha = command("EVALSHA", &self.sha);
+        let eval = || command("EVAL", Compiled::LUA);
         let reply: Vec<i64> = self
-            .with_conn(|mut c| async move { invoke(&cmd, &mut c).await })
+            .with_conn(|mut c| async move { invoke(&evalsha, eval, &mut c).await })
             .await?;
         if reply.len() != 1 + 4 * checks.len() {
             return Err(StoreError::new(format!(
@@ -409,35 +515,30 @@ impl Inner {
                 reply.len()
             )));
         }
-        let outcomes = checks
-            .iter()
-            .zip(reply[1..].chunks_exact(4))
-            .map(|(check, r)| {
-                let verdict = Verdict {
-                    allowed: r[0] == 1,
-                    remaining: r[1].max(0) as u64,
-                    reset_after_us: r[2].max(0) as u64,
-                    retry_after_us: (r[3] >= 0).then_some(r[3] as u64),
-                };
-                PolicyOutcome::new(&check.policy, check.mode == Mode::Shadow, verdict)
+        Ok(reply[1..]
+            .chunks_exact(4)
+            .map(|r| Verdict {
+                allowed: r[0] == 1,
+                remaining: r[1].max(0) as u64,
+                reset_after_us: r[2].max(0) as u64,
+                retry_after_us: (r[3] >= 0).then_some(r[3] as u64),
             })
-            .collect();
-        Ok(Decision::new(outcomes))
+            .collect())
     }
 }
 
-/// `EVALSHA`, loading the script and trying once more if Redis does not have it. A script that
-/// may have run is never retried: only `NOSCRIPT` (the script did not run) leads to a retry.
-async fn invoke(cmd: &Cmd, conn: &mut AnyConn) -> redis::RedisResult<Vec<i64>> {
-    match cmd.query_async(conn).await {
+/// `EVALSHA`; if Redis does not have the script (`NOSCRIPT`: after a restart, a failover or
+/// `SCRIPT FLUSH`; the script did not run), the same call as `EVAL` with the script's source,
+/// which also caches it again. A call that may have run is never retried.
+async fn invoke(
+    evalsha: &Cmd,
+    eval: impl FnOnce() -> Cmd,
+    conn: &mut AnyConn,
+) -> redis::RedisResult<Vec<i64>> {
+    match evalsha.query_async(conn).await {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            tracing::info!("decision script missing from Redis (NOSCRIPT); loading it again");
-            redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(Compiled::LUA)
-                .query_async::<redis::Value>(conn)
-                .await?;
-            cmd.query_async(conn).await
+            tracing::info!("decision script missing from Redis (NOSCRIPT); sending it again");
+            eval().query_async(conn).await
         }
         other => other,
     }
@@ -497,7 +598,11 @@ impl Store for RedisStore {
 #[allow(private_interfaces)]
 impl private::Sealed for RedisStore {
     fn register(&self, name: Arc<str>, algorithm: Compiled) -> Result<u32, ConfigError> {
-        let mut registry = self.inner.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let mut registry = self
+            .inner
+            .registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if let Some((id, existing)) = registry.get(&name) {
             return if *existing == algorithm {
                 Ok(*id)

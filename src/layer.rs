@@ -194,16 +194,27 @@ impl<St: Store> RateLimitLayer<St> {
     /// # Ok(()) }
     /// ```
     pub async fn check(&self, key: &Key, cost: u32) -> Result<Decision, StoreError> {
+        self.decide_key(key, cost, None).await
+    }
+
+    /// Every policy's check for `key`, in the mode given or the policy's own.
+    async fn decide_key(
+        &self,
+        key: &Key,
+        units: u32,
+        mode: Option<Mode>,
+    ) -> Result<Decision, StoreError> {
         let checks = self
             .shared
             .policies
             .iter()
             .map(|p| {
+                let handle = p.handle_for_key(key).clone();
                 Check::new(
-                    p.handle_for_key(key).clone(),
+                    handle,
                     key.clone(),
-                    u64::from(cost),
-                    p.mode(),
+                    u64::from(units),
+                    mode.unwrap_or(p.mode()),
                 )
             })
             .collect();
@@ -211,25 +222,11 @@ impl<St: Store> RateLimitLayer<St> {
     }
 
     /// Gives `units` back to `key` in every policy of the layer (in the same tier as
-    /// [`check`](Self::check)), as if that
-    /// many units had never been charged: the inverse of a charge, never past a fresh state
+    /// [`check`](Self::check)), as if that many units had never been charged: the inverse of a charge, never past a fresh state
     /// (a token bucket never above its capacity, a window never below zero). Returns the
     /// decision a request of cost 0 would get afterwards.
     pub async fn refund(&self, key: &Key, units: u32) -> Result<Decision, StoreError> {
-        let checks = self
-            .shared
-            .policies
-            .iter()
-            .map(|p| {
-                Check::new(
-                    p.tiers[0].clone(),
-                    key.clone(),
-                    u64::from(units),
-                    Mode::Refund,
-                )
-            })
-            .collect();
-        self.shared.store.check(checks).await
+        self.decide_key(key, units, Some(Mode::Refund)).await
     }
 }
 

@@ -3,12 +3,11 @@
 //! one-time misconfiguration warnings, the other keys (API key, extension, matched route,
 //! composites), and end to end through axum and the demo server.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+mod support;
+
+use std::net::{IpAddr, SocketAddr};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use axum::body::Body;
@@ -17,6 +16,7 @@ use axum::extract::connect_info::MockConnectInfo;
 use axum::routing::get;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
 use proptest::prelude::*;
+use support::demo::{DemoServer, server_binary};
 use tower::ServiceExt;
 use tower_ratelimit::key::{
     self, ApiKey, Basis, ClientIp, Key, KeyExtractor, PeerIp, ProxyHeader, RequestRef, Resolution,
@@ -944,91 +944,15 @@ async fn api_keys_have_their_own_buckets_and_are_stored_hashed() {
 // The demo server
 // ---------------------------------------------------------------------------------------------
 
-/// Builds the example once and returns its path.
-fn server_binary() -> &'static PathBuf {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "--quiet", "--example", "server"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("run cargo build --example server");
-        assert!(status.success(), "the demo server builds");
-        let mut path = std::env::current_exe().unwrap();
-        path.pop(); // deps
-        path.pop(); // debug
-        path.push("examples");
-        path.push("server");
-        path
-    })
-}
-
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-    first_line: String,
-}
-
-impl Server {
-    fn start(env: &[(&str, &str)]) -> Self {
-        let mut child = Command::new(server_binary())
-            .env_clear()
-            .env("BIND", "127.0.0.1:0")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start the demo server");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .strip_prefix("listening on http://")
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| {
-                let mut err = String::new();
-                let _ = child.stderr.take().unwrap().read_to_string(&mut err);
-                panic!("unexpected first line {line:?}, stderr {err:?}")
-            })
-            .parse()
-            .unwrap();
-        Server {
-            child,
-            addr,
-            first_line: line,
-        }
-    }
-
-    /// GET / with an X-Forwarded-For header; the status.
-    fn get_from(&self, xff: &str) -> u16 {
-        let mut stream = TcpStream::connect(self.addr).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        write!(
-            stream,
-            "GET / HTTP/1.1\r\nHost: test\r\nX-Forwarded-For: {xff}\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        response[9..12].parse().unwrap()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// GET / with an X-Forwarded-For header; the status.
+fn get_from(server: &DemoServer, xff: &str) -> u16 {
+    server.get("/", &[("X-Forwarded-For", xff)]).0
 }
 
 #[test]
 fn demo_server_behind_a_trusted_proxy_limits_per_real_client() {
     // The test connects from 127.0.0.1, which plays the proxy.
-    let server = Server::start(&[
+    let server = DemoServer::start(&[
         ("KEY", "client_ip"),
         ("TRUSTED_PROXIES", "10.0.0.0/8, 127.0.0.1"),
         ("RATE_LIMIT", "2/h"),
@@ -1040,20 +964,20 @@ fn demo_server_behind_a_trusted_proxy_limits_per_real_client() {
         "{}",
         server.first_line
     );
-    let alice: Vec<u16> = (0..3).map(|_| server.get_from("198.51.100.1")).collect();
+    let alice: Vec<u16> = (0..3).map(|_| get_from(&server, "198.51.100.1")).collect();
     assert_eq!(alice, [200, 200, 429]);
     assert_eq!(
-        server.get_from("198.51.100.2"),
+        get_from(&server, "198.51.100.2"),
         200,
         "another client, another bucket"
     );
     assert_eq!(
-        server.get_from("203.0.113.77, 198.51.100.1"),
+        get_from(&server, "203.0.113.77, 198.51.100.1"),
         429,
         "a spoofed leftmost entry changes nothing"
     );
     assert_eq!(
-        server.get_from("198.51.100.1, 10.0.0.2"),
+        get_from(&server, "198.51.100.1, 10.0.0.2"),
         429,
         "trusted hops are skipped"
     );
@@ -1061,9 +985,9 @@ fn demo_server_behind_a_trusted_proxy_limits_per_real_client() {
 
 #[test]
 fn demo_server_ignores_forwarding_headers_from_untrusted_clients() {
-    let server = Server::start(&[("KEY", "client_ip"), ("RATE_LIMIT", "2/h")]);
+    let server = DemoServer::start(&[("KEY", "client_ip"), ("RATE_LIMIT", "2/h")]);
     let statuses: Vec<u16> = (0..5)
-        .map(|i| server.get_from(&format!("198.51.100.{i}")))
+        .map(|i| get_from(&server, &format!("198.51.100.{i}")))
         .collect();
     assert_eq!(statuses, [200, 200, 429, 429, 429]);
 }

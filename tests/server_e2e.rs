@@ -3,97 +3,10 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::process::{Command, Stdio};
 
 use support::RedisServer;
-
-/// Builds the example once and returns its path.
-fn server_binary() -> &'static PathBuf {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "--quiet", "--example", "server"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("run cargo build --example server");
-        assert!(status.success(), "the demo server builds");
-        let mut path = std::env::current_exe().unwrap();
-        path.pop(); // deps
-        path.pop(); // debug
-        path.push("examples");
-        path.push("server");
-        assert!(path.exists(), "{} exists", path.display());
-        path
-    })
-}
-
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-    first_line: String,
-}
-
-impl Server {
-    fn start(env: &[(&str, &str)]) -> Self {
-        let mut child = Command::new(server_binary())
-            .env_clear()
-            .env("BIND", "127.0.0.1:0")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start the demo server");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .strip_prefix("listening on http://")
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| {
-                let mut err = String::new();
-                let _ = child.stderr.take().unwrap().read_to_string(&mut err);
-                panic!("unexpected first line {line:?}, stderr {err:?}")
-            })
-            .parse()
-            .unwrap();
-        Server {
-            child,
-            addr,
-            first_line: line,
-        }
-    }
-
-    /// GET `path` over a fresh connection; the status and the headers.
-    fn get(&self, path: &str) -> (u16, String) {
-        let mut stream = TcpStream::connect(self.addr).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        let status = response[9..12].parse().unwrap();
-        (status, response.to_ascii_lowercase())
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use support::demo::{DemoServer, server_binary};
 
 fn run_error(env: &[(&str, &str)]) -> String {
     let out = Command::new(server_binary())
@@ -117,20 +30,20 @@ fn in_memory_server_limits_per_client_with_every_algorithm() {
         "sliding_log",
     ] {
         // A quota per hour: real time cannot refill it during the test.
-        let server = Server::start(&[("ALGORITHM", algorithm), ("RATE_LIMIT", "3/h")]);
+        let server = DemoServer::start(&[("ALGORITHM", algorithm), ("RATE_LIMIT", "3/h")]);
         assert!(
             server
                 .first_line
                 .contains(&format!("algorithm={algorithm}"))
         );
-        let statuses: Vec<u16> = (0..5).map(|_| server.get("/").0).collect();
+        let statuses: Vec<u16> = (0..5).map(|_| server.get("/", &[]).0).collect();
         assert_eq!(statuses, [200, 200, 200, 429, 429], "{algorithm}");
-        let (_, limited) = server.get("/");
+        let (_, limited) = server.get("/", &[]);
         assert!(limited.contains("retry-after: "), "{limited}");
         assert!(limited.contains("x-ratelimit-remaining: 0"), "{limited}");
         assert!(limited.contains("application/problem+json"), "{limited}");
         // /health is never limited.
-        assert_eq!(server.get("/health").0, 200);
+        assert_eq!(server.get("/health", &[]).0, 200);
     }
 }
 
@@ -163,13 +76,13 @@ fn two_servers_on_one_redis_share_one_limit() {
         ("RATE_LIMIT", "5/h"),
         ("PREFIX", "e2e:"),
     ];
-    let a = Server::start(&env);
-    let b = Server::start(&env);
+    let a = DemoServer::start(&env);
+    let b = DemoServer::start(&env);
     assert!(a.first_line.contains("store=redis"), "{}", a.first_line);
     let mut admitted = 0;
     for i in 0..12 {
         let server = if i % 2 == 0 { &a } else { &b };
-        if server.get("/").0 == 200 {
+        if server.get("/", &[]).0 == 200 {
             admitted += 1;
         }
     }

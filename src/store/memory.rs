@@ -6,7 +6,7 @@ use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{Check, Mode, Store, private};
+use super::{Check, Mode, Registry, Store, private};
 use crate::algorithm::{Compiled, State};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, PolicyOutcome};
@@ -55,7 +55,7 @@ struct Inner {
     per_shard: usize,
     hasher: RandomState,
     clock: Arc<dyn Clock>,
-    registry: Mutex<HashMap<Arc<str>, (u32, Compiled)>>,
+    registry: Registry,
 }
 
 #[derive(Default)]
@@ -128,7 +128,7 @@ impl MemoryStoreBuilder {
                 per_shard,
                 hasher: RandomState::new(),
                 clock: self.clock,
-                registry: Mutex::new(HashMap::new()),
+                registry: Registry::default(),
             }),
         }
     }
@@ -379,18 +379,6 @@ impl Store for MemoryStore {
 #[allow(private_interfaces)]
 impl private::Sealed for MemoryStore {
     fn register(&self, name: Arc<str>, algorithm: Compiled) -> Result<u32, ConfigError> {
-        let mut registry = lock(&self.inner.registry);
-        if let Some((id, existing)) = registry.get(&name) {
-            return if *existing == algorithm {
-                Ok(*id)
-            } else {
-                Err(ConfigError::new(format!(
-                    "policy name {name:?} is already used in this store by a different policy; give each policy its own name"
-                )))
-            };
-        }
-        let id = registry.len() as u32;
-        registry.insert(name, (id, algorithm));
-        Ok(id)
+        self.inner.registry.register(name, algorithm)
     }
 }

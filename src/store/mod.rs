@@ -27,6 +27,31 @@ pub(crate) struct PolicyHandle {
     pub(crate) algorithm: Compiled,
 }
 
+/// The policies a store knows, by name: one name, one definition, one id.
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    policies: std::sync::Mutex<std::collections::HashMap<Arc<str>, (u32, Compiled)>>,
+}
+
+impl Registry {
+    /// The id of `name`, registering it; fails if the name is taken by a different policy.
+    pub(crate) fn register(&self, name: Arc<str>, algorithm: Compiled) -> Result<u32, ConfigError> {
+        let mut policies = self.policies.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((id, existing)) = policies.get(&name) {
+            return if *existing == algorithm {
+                Ok(*id)
+            } else {
+                Err(ConfigError::new(format!(
+                    "policy name {name:?} is already used in this store by a different policy; give each policy its own name"
+                )))
+            };
+        }
+        let id = policies.len() as u32;
+        policies.insert(name, (id, algorithm));
+        Ok(id)
+    }
+}
+
 /// How a check takes part in a decision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Mode {

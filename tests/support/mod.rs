@@ -3,6 +3,8 @@
 //! Redis fails loudly when it cannot start one: run `scripts/test.sh`, which installs it.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod demo;
+
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

@@ -2,18 +2,17 @@
 
 mod key;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, ServerErrorKind};
 
-use super::{Check, Mode, Store, private};
+use super::{Check, Mode, Registry, Store, private};
 use crate::algorithm::{Compiled, Verdict};
 use crate::clock::Clock;
 use crate::decision::{Decision, PolicyOutcome};
@@ -92,7 +91,7 @@ struct Inner {
     clock: Option<Arc<dyn Clock>>,
     sha: String,
     target: String,
-    registry: Mutex<HashMap<Arc<str>, (u32, Compiled)>>,
+    registry: Registry,
 }
 
 enum Conn {
@@ -268,6 +267,18 @@ impl RedisStoreBuilder {
         self
     }
 
+    fn pool_config(&self, max_size: usize) -> deadpool_redis::PoolConfig {
+        deadpool_redis::PoolConfig {
+            max_size,
+            timeouts: deadpool_redis::Timeouts {
+                wait: Some(self.connect_timeout),
+                create: Some(self.connect_timeout),
+                recycle: Some(self.response_timeout),
+            },
+            ..Default::default()
+        }
+    }
+
     /// Connects, loads the script, and returns the store. Fails with a one-line message when
     /// the URL is invalid or Redis cannot be reached within the connect timeout.
     pub async fn build(self) -> Result<RedisStore, StoreError> {
@@ -303,15 +314,7 @@ impl RedisStoreBuilder {
             }
             (false, Some(size)) => {
                 let mut config = deadpool_redis::Config::from_url(self.nodes[0].clone());
-                config.pool = Some(deadpool_redis::PoolConfig {
-                    max_size: size,
-                    timeouts: deadpool_redis::Timeouts {
-                        wait: Some(self.connect_timeout),
-                        create: Some(self.connect_timeout),
-                        recycle: Some(self.response_timeout),
-                    },
-                    ..Default::default()
-                });
+                config.pool = Some(self.pool_config(size));
                 let pool = config
                     .create_pool(Some(deadpool_redis::Runtime::Tokio1))
                     .map_err(|e| fail("configure a pool for", &e))?;
@@ -333,15 +336,7 @@ impl RedisStoreBuilder {
             }
             (true, Some(size)) => {
                 let mut config = deadpool_redis::cluster::Config::from_urls(self.nodes.clone());
-                config.pool = Some(deadpool_redis::PoolConfig {
-                    max_size: size,
-                    timeouts: deadpool_redis::Timeouts {
-                        wait: Some(self.connect_timeout),
-                        create: Some(self.connect_timeout),
-                        recycle: Some(self.response_timeout),
-                    },
-                    ..Default::default()
-                });
+                config.pool = Some(self.pool_config(size));
                 let pool = config
                     .create_pool(Some(deadpool_redis::Runtime::Tokio1))
                     .map_err(|e| fail("configure a pool for", &e))?;
@@ -356,7 +351,7 @@ impl RedisStoreBuilder {
                 clock: self.clock,
                 sha: script.get_hash().to_owned(),
                 target,
-                registry: Mutex::new(HashMap::new()),
+                registry: Registry::default(),
             }),
         };
         let load = store.inner.with_conn(|mut c| async move {
@@ -598,22 +593,6 @@ impl Store for RedisStore {
 #[allow(private_interfaces)]
 impl private::Sealed for RedisStore {
     fn register(&self, name: Arc<str>, algorithm: Compiled) -> Result<u32, ConfigError> {
-        let mut registry = self
-            .inner
-            .registry
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if let Some((id, existing)) = registry.get(&name) {
-            return if *existing == algorithm {
-                Ok(*id)
-            } else {
-                Err(ConfigError::new(format!(
-                    "policy name {name:?} is already used in this store by a different policy; give each policy its own name"
-                )))
-            };
-        }
-        let id = registry.len() as u32;
-        registry.insert(name, (id, algorithm));
-        Ok(id)
+        self.inner.registry.register(name, algorithm)
     }
 }

@@ -1,0 +1,95 @@
+//! The demo server (`examples/server.rs`) as a child process, over real TCP.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// Builds the example once and returns its path.
+pub fn server_binary() -> &'static PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--quiet", "--example", "server"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("run cargo build --example server");
+        assert!(status.success(), "the demo server builds");
+        let mut path = std::env::current_exe().unwrap();
+        path.pop(); // deps
+        path.pop(); // debug
+        path.push("examples");
+        path.push("server");
+        assert!(path.exists(), "{} exists", path.display());
+        path
+    })
+}
+
+/// A running demo server, killed when dropped.
+pub struct DemoServer {
+    child: Child,
+    pub addr: SocketAddr,
+    pub first_line: String,
+}
+
+impl DemoServer {
+    /// Starts the server on a free port with `env` as its only environment.
+    pub fn start(env: &[(&str, &str)]) -> Self {
+        let mut child = Command::new(server_binary())
+            .env_clear()
+            .env("BIND", "127.0.0.1:0")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the demo server");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .strip_prefix("listening on http://")
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| {
+                let mut err = String::new();
+                let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+                panic!("unexpected first line {line:?}, stderr {err:?}")
+            })
+            .parse()
+            .unwrap();
+        DemoServer {
+            child,
+            addr,
+            first_line: line,
+        }
+    }
+
+    /// GET `path` with extra header lines over a fresh connection: the status and the whole
+    /// response, lowercased.
+    pub fn get(&self, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+        let mut stream = TcpStream::connect(self.addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str("\r\n");
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        let status = response[9..12].parse().unwrap();
+        (status, response.to_ascii_lowercase())
+    }
+}
+
+impl Drop for DemoServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

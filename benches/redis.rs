@@ -43,7 +43,9 @@ fn connections(c: &mut Criterion) {
         ("pool_50", Some(50)),
     ] {
         let layer = rt.block_on(async {
-            let mut b = RedisStore::builder(&server.url()).prefix("bench:");
+            let mut b = RedisStore::builder(&server.url())
+                .deadline(std::time::Duration::from_secs(10))
+                .prefix("bench:");
             if let Some(size) = pool {
                 b = b.pool(size);
             }

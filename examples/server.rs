@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use axum::{Router, routing::get};
 use tower_ratelimit::headers::HeaderStyle;
 use tower_ratelimit::key::{Cidr, ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
-use tower_ratelimit::{Algorithm, Policy, RateLimitLayer, RedisStore, Store};
+use tower_ratelimit::{Algorithm, FailurePolicy, Policy, RateLimitLayer, RedisStore, Store};
 
 const HELP: &str = "\
 tower-ratelimit demo server
@@ -24,6 +24,12 @@ Environment variables:
               redis+cluster://127.0.0.1:7000,127.0.0.1:7001 for a Redis Cluster
                                                     (default unset)
   PREFIX      key prefix in Redis                   (default rl:)
+  ON_STORE_ERROR
+              what to do when Redis fails or is slow: open (let requests through),
+              closed (503), local (decide in memory, each instance with the full limit)
+                                                    (default open)
+  STORE_TIMEOUT_MS
+              the deadline of one decision in Redis, in milliseconds (default 50)
   ALGORITHM   gcra | token_bucket | leaky_bucket | fixed_window | sliding_window | sliding_log
                                                     (default gcra)
   RATE_LIMIT  a quota such as 10/s, 100/min, 20/10s, or several separated by commas,
@@ -46,6 +52,8 @@ struct Config {
     bind: SocketAddr,
     redis_url: Option<String>,
     prefix: String,
+    on_store_error: FailurePolicy,
+    store_timeout: std::time::Duration,
     algorithm: Algorithm,
     rate_limit: String,
     headers: HeaderStyle,
@@ -103,6 +111,27 @@ fn config() -> Result<Config, String> {
         bind,
         redis_url,
         prefix: env_or("PREFIX", "rl:")?,
+        on_store_error: match env_or("ON_STORE_ERROR", "open")?.as_str() {
+            "open" => FailurePolicy::Open,
+            "closed" => FailurePolicy::Closed,
+            "local" => FailurePolicy::Local { divisor: 1 },
+            other => {
+                return Err(format!(
+                    "ON_STORE_ERROR: unknown value {other:?}; expected open, closed or local"
+                ));
+            }
+        },
+        store_timeout: {
+            let ms = env_or("STORE_TIMEOUT_MS", "50")?;
+            match ms.parse::<u64>() {
+                Ok(ms) if ms > 0 => std::time::Duration::from_millis(ms),
+                _ => {
+                    return Err(format!(
+                        "STORE_TIMEOUT_MS: {ms:?} is not a positive number of milliseconds"
+                    ));
+                }
+            }
+        },
         algorithm,
         rate_limit: env_or("RATE_LIMIT", "10/s")?,
         headers: env_or("HEADERS", "legacy")?
@@ -129,7 +158,9 @@ fn policies<St: Store>(
     for quota in config.rate_limit.split(',') {
         builder = builder.policy(Policy::new(config.algorithm, quota.trim()));
     }
-    builder.headers(config.headers)
+    builder
+        .headers(config.headers)
+        .on_store_error(config.on_store_error)
 }
 
 fn app<St: Store>(config: &Config, store: St) -> Result<Router, String> {
@@ -161,10 +192,16 @@ async fn build(config: &Config) -> Result<(Router, String), String> {
                 .map_err(|e| format!("RATE_LIMIT: {e}"))?;
             let store = RedisStore::builder(url)
                 .prefix(config.prefix.as_str())
+                .deadline(config.store_timeout)
                 .build()
                 .await
                 .map_err(|e| format!("REDIS_URL: {e}"))?;
-            let described = format!("redis prefix={}", config.prefix);
+            let described = format!(
+                "redis prefix={} ON_STORE_ERROR={:?} STORE_TIMEOUT_MS={}",
+                config.prefix,
+                config.on_store_error,
+                config.store_timeout.as_millis()
+            );
             Ok((app(config, store)?, described))
         }
     }

@@ -33,6 +33,22 @@ impl PolicyOutcome {
         }
     }
 
+    /// The same denial, `wait` before the policy admits the request again.
+    pub(crate) fn waiting(&self, wait: u64) -> Self {
+        let wait = Duration::from_micros(wait);
+        PolicyOutcome {
+            remaining: 0,
+            reset_after: self.reset_after.max(wait),
+            retry_after: Some(wait),
+            ..self.clone()
+        }
+    }
+
+    /// The policy's name, shared.
+    pub(crate) fn policy_name(&self) -> Arc<str> {
+        self.policy.clone()
+    }
+
     /// The policy's name.
     pub fn policy(&self) -> &str {
         &self.policy

@@ -54,15 +54,52 @@ impl From<std::convert::Infallible> for ConfigError {
 /// API. What the layer does with it is chosen by [`FailurePolicy`].
 #[derive(Debug)]
 pub struct StoreError {
+    kind: StoreErrorKind,
     source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+/// What kind of failure a [`StoreError`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The store answered with an error, or could not be reached.
+    Failed,
+    /// The decision missed its deadline.
+    Timeout,
+    /// The circuit breaker is open: the store was not asked.
+    CircuitOpen,
+}
+
+impl StoreErrorKind {
+    /// A short name for logs and metrics: `failed`, `timeout` or `circuit_open`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreErrorKind::Failed => "failed",
+            StoreErrorKind::Timeout => "timeout",
+            StoreErrorKind::CircuitOpen => "circuit_open",
+        }
+    }
 }
 
 impl StoreError {
     /// Wraps any error as a store error.
     pub fn new(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
         StoreError {
+            kind: StoreErrorKind::Failed,
             source: source.into(),
         }
+    }
+
+    pub(crate) fn with_kind(kind: StoreErrorKind, message: impl Into<String>) -> Self {
+        StoreError {
+            kind,
+            source: message.into().into(),
+        }
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
     }
 }
 
@@ -78,16 +115,26 @@ impl std::error::Error for StoreError {
     }
 }
 
-/// What the layer does with a request when the store fails to decide.
+/// What the layer does with a request when the store fails to decide (an error, a missed
+/// deadline, or an open circuit breaker).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum FailurePolicy {
-    /// Let the request through (and log a warning): the API stays up while its limiter is down.
-    /// The default.
+    /// Let the request through (and log a warning): the API stays up while its limiter is down,
+    /// and nothing is limited meanwhile. The default.
     #[default]
     Open,
-    /// Answer `503 Service Unavailable` with `Retry-After: 1`: nothing gets through unchecked.
+    /// Answer `503 Service Unavailable` with `Retry-After: 1`: nothing gets through unchecked,
+    /// and nothing gets through at all while the store is down.
     Closed,
+    /// Decide in this process instead, with every policy's limit divided by `divisor` (the
+    /// number of instances sharing the store, so that together they stay near the global
+    /// limit). Each instance counts on its own while the store is down.
+    Local {
+        /// What each policy's limit and burst are divided by (at least 1; results below 1
+        /// become 1).
+        divisor: u32,
+    },
 }
 
 /// A request the layer could not find a rate-limit key for.

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -12,11 +13,13 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::body::ResponseBody;
-use crate::error::FailurePolicy;
+use crate::decision::Decision;
+use crate::error::{FailurePolicy, StoreError, StoreErrorKind};
 use crate::headers::RateLimitHeaders;
 use crate::key::Key;
 use crate::layer::Shared;
 use crate::policy::StatusFn;
+use crate::resilience::Permit;
 use crate::store::{Check, Mode, PolicyHandle, Store};
 
 /// A charge or refund that depends on the response's status.
@@ -46,6 +49,37 @@ impl AfterResponse {
     }
 }
 
+/// What a request's decision needs besides the store: the breaker's permit, the local fallback
+/// checks, and what to remember in the deny cache.
+pub(crate) struct Guard {
+    pub(crate) permit: Permit,
+    pub(crate) fallback: Option<Vec<Check>>,
+    pub(crate) remember: Option<Vec<(u32, Key)>>,
+    pub(crate) started: Instant,
+    /// The decision, on its way into the request's extensions.
+    pub(crate) decision: Option<Decision>,
+}
+
+impl Guard {
+    fn none() -> Self {
+        Guard {
+            permit: Permit::Call,
+            fallback: None,
+            remember: None,
+            started: Instant::now(),
+            decision: None,
+        }
+    }
+}
+
+/// What to do once the decision is known.
+enum Settled {
+    /// Call the inner service, adding these headers (none when the limiter failed open).
+    Call(Option<RateLimitHeaders>),
+    /// Answer with the limiter's own response.
+    Respond(Response<Bytes>),
+}
+
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit): waits for the decision, then
     /// either calls the inner service or yields the limiter's own response; after the inner
@@ -59,6 +93,7 @@ pin_project! {
         state: State<S, ReqB, S::Future, St::Future, S::Response>,
         shared: Arc<Shared<St>>,
         after: Vec<AfterResponse>,
+        guard: Guard,
     }
 }
 
@@ -68,6 +103,11 @@ pin_project! {
         Checking {
             #[pin]
             check: C,
+            request: Option<Request<ReqB>>,
+            inner: Option<S>,
+        },
+        Failed {
+            error: Option<StoreError>,
             request: Option<Request<ReqB>>,
             inner: Option<S>,
         },
@@ -98,6 +138,7 @@ where
         request: Request<ReqB>,
         inner: S,
         after: Vec<AfterResponse>,
+        guard: Guard,
     ) -> Self {
         ResponseFuture {
             state: State::Checking {
@@ -107,7 +148,36 @@ where
             },
             shared,
             after,
+            guard,
         }
+    }
+
+    /// The store was not asked (the breaker is open): straight to the failure policy.
+    pub(crate) fn failed(
+        shared: Arc<Shared<St>>,
+        error: StoreError,
+        request: Request<ReqB>,
+        inner: S,
+        guard: Guard,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Failed {
+                error: Some(error),
+                request: Some(request),
+                inner: Some(inner),
+            },
+            shared,
+            after: Vec::new(),
+            guard,
+        }
+    }
+
+    /// A denial known without asking the store (the deny cache).
+    pub(crate) fn denied(shared: Arc<Shared<St>>, decision: Decision) -> Self {
+        let headers = RateLimitHeaders::new(&decision, shared.headers);
+        let mut response = shared.responses.limited(&decision, &headers);
+        response.extensions_mut().insert(decision);
+        Self::ready(shared, response)
     }
 
     /// A request no policy applies to: the inner service's response, without headers.
@@ -119,6 +189,7 @@ where
             },
             shared,
             after: Vec::new(),
+            guard: Guard::none(),
         }
     }
 
@@ -129,6 +200,7 @@ where
             },
             shared,
             after: Vec::new(),
+            guard: Guard::none(),
         }
     }
 }
@@ -141,6 +213,7 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Checking { .. } => "checking",
+            State::Failed { .. } => "failed",
             State::Calling { .. } => "calling",
             State::Adjusting { .. } => "adjusting",
             State::Ready { .. } => "ready",
@@ -170,48 +243,32 @@ where
                     inner,
                 } => {
                     let result = ready!(check.poll(cx));
-                    let mut request = request.take().expect(POLLED_AFTER_READY);
-                    let mut inner = inner.take().expect(POLLED_AFTER_READY);
-                    let headers = match result {
-                        Ok(decision) if decision.is_allowed() => {
-                            let headers = RateLimitHeaders::new(&decision, this.shared.headers);
-                            if decision.shadow_violated().next().is_some() {
-                                tracing::info!(
-                                    policies = ?decision.shadow_violated().map(|o| o.policy()).collect::<Vec<_>>(),
-                                    "shadow rate limit exceeded; request let through"
-                                );
-                            }
-                            request.extensions_mut().insert(decision);
-                            Some(headers)
+                    let request = request.take().expect(POLLED_AFTER_READY);
+                    let inner = inner.take().expect(POLLED_AFTER_READY);
+                    let settled = settle(this.shared, this.guard, this.after, result);
+                    match settled {
+                        Settled::Respond(r) => return Poll::Ready(Ok(r.map(ResponseBody::full))),
+                        Settled::Call(headers) => {
+                            let future = call(inner, request, this.guard);
+                            this.state.set(State::Calling { future, headers });
                         }
-                        Ok(decision) => {
-                            let headers = RateLimitHeaders::new(&decision, this.shared.headers);
-                            tracing::debug!(
-                                policy = decision.binding().policy(),
-                                "rate limit exceeded"
-                            );
-                            let mut response = this.shared.responses.limited(&decision, &headers);
-                            response.extensions_mut().insert(decision);
-                            return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                    }
+                }
+                StateProj::Failed {
+                    error,
+                    request,
+                    inner,
+                } => {
+                    let error = error.take().expect(POLLED_AFTER_READY);
+                    let request = request.take().expect(POLLED_AFTER_READY);
+                    let inner = inner.take().expect(POLLED_AFTER_READY);
+                    match settle(this.shared, this.guard, this.after, Err(error)) {
+                        Settled::Respond(r) => return Poll::Ready(Ok(r.map(ResponseBody::full))),
+                        Settled::Call(headers) => {
+                            let future = call(inner, request, this.guard);
+                            this.state.set(State::Calling { future, headers });
                         }
-                        Err(error) => {
-                            // No decision, so nothing to charge or refund afterwards.
-                            this.after.clear();
-                            match this.shared.failure {
-                                FailurePolicy::Open => {
-                                    tracing::warn!(%error, "rate-limit store failed; letting the request through");
-                                    None
-                                }
-                                FailurePolicy::Closed => {
-                                    tracing::warn!(%error, "rate-limit store failed; answering 503");
-                                    let response = this.shared.responses.unavailable();
-                                    return Poll::Ready(Ok(response.map(ResponseBody::full)));
-                                }
-                            }
-                        }
-                    };
-                    let future = inner.call(request);
-                    this.state.set(State::Calling { future, headers });
+                    }
                 }
                 StateProj::Calling { future, headers } => {
                     let mut response = ready!(future.poll(cx))?;
@@ -247,5 +304,105 @@ where
                 }
             }
         }
+    }
+}
+
+/// Calls the inner service, with the decision (if any) in the request's extensions.
+fn call<S, ReqB>(mut inner: S, mut request: Request<ReqB>, guard: &mut Guard) -> S::Future
+where
+    S: Service<Request<ReqB>>,
+{
+    if let Some(decision) = guard.decision.take() {
+        request.extensions_mut().insert(decision);
+    }
+    inner.call(request)
+}
+
+/// Turns the store's answer into what to do, applying the breaker, the deny cache, the failure
+/// policy and the metrics.
+fn settle<St: Store>(
+    shared: &Shared<St>,
+    guard: &mut Guard,
+    after: &mut Vec<AfterResponse>,
+    result: Result<Decision, StoreError>,
+) -> Settled {
+    let now = shared.clock.now_micros();
+    metrics::histogram!("ratelimit_store_duration_seconds")
+        .record(guard.started.elapsed().as_secs_f64());
+    let decision = match result {
+        Ok(decision) => {
+            if let Some(breaker) = &shared.breaker {
+                breaker.success(guard.permit);
+            }
+            if let (Some(cache), Some(keys), false) =
+                (&shared.deny_cache, &guard.remember, decision.is_allowed())
+            {
+                cache.remember(keys, &decision, now);
+            }
+            decision
+        }
+        Err(error) => {
+            if let (Some(breaker), true) =
+                (&shared.breaker, error.kind() != StoreErrorKind::CircuitOpen)
+            {
+                breaker.failure(guard.permit, now);
+            }
+            // No decision from the store: nothing to charge or refund there afterwards.
+            after.clear();
+            let policy = match shared.failure {
+                FailurePolicy::Open => "open",
+                FailurePolicy::Closed => "closed",
+                FailurePolicy::Local { .. } => "local",
+            };
+            metrics::counter!(
+                "ratelimit_degraded_total",
+                "reason" => error.kind().as_str(),
+                "failure_policy" => policy
+            )
+            .increment(1);
+            match (shared.failure, &shared.fallback, guard.fallback.take()) {
+                (FailurePolicy::Local { .. }, Some(local), Some(checks)) => {
+                    tracing::warn!(%error, "rate-limit store failed; deciding locally");
+                    local.decide(&checks)
+                }
+                (FailurePolicy::Closed, _, _) => {
+                    tracing::warn!(%error, "rate-limit store failed; answering 503");
+                    return Settled::Respond(shared.responses.unavailable());
+                }
+                _ => {
+                    tracing::warn!(%error, "rate-limit store failed; letting the request through");
+                    return Settled::Call(None);
+                }
+            }
+        }
+    };
+    for o in decision.outcomes() {
+        let outcome = match (o.is_allowed(), o.is_shadow()) {
+            (true, _) => "allowed",
+            (false, false) => "limited",
+            (false, true) => "shadow_limited",
+        };
+        metrics::counter!(
+            "ratelimit_decisions_total",
+            "policy" => o.policy_name(),
+            "outcome" => outcome
+        )
+        .increment(1);
+    }
+    let headers = RateLimitHeaders::new(&decision, shared.headers);
+    if decision.is_allowed() {
+        if decision.shadow_violated().next().is_some() {
+            tracing::info!(
+                policies = ?decision.shadow_violated().map(|o| o.policy()).collect::<Vec<_>>(),
+                "shadow rate limit exceeded; request let through"
+            );
+        }
+        guard.decision = Some(decision);
+        Settled::Call(Some(headers))
+    } else {
+        tracing::debug!(policy = decision.binding().policy(), "rate limit exceeded");
+        let mut response = shared.responses.limited(&decision, &headers);
+        response.extensions_mut().insert(decision);
+        Settled::Respond(response)
     }
 }

@@ -8,13 +8,17 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 use tower_layer::Layer;
 
+use crate::algorithm::Compiled;
+use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, FailurePolicy, KeyRejection, StoreError};
 use crate::headers::{HeaderConfig, HeaderStyle, ResetFormat};
 use crate::key::{Key, KeyExtractor, PeerIp, RequestRef};
 use crate::policy::{CostFn, Policy, RequestFn, Route, StatusFn, TierFn};
+use crate::resilience::{Breaker, CircuitBreaker, DenyCache};
 use crate::response::Responses;
 use crate::service::RateLimit;
+use crate::store::private::Sealed as _;
 use crate::store::{Check, MemoryStore, Mode, PolicyHandle, Store};
 
 /// Applies rate limits to every request that reaches the wrapped service.
@@ -64,11 +68,18 @@ pub(crate) struct Shared<St> {
     pub(crate) failure: FailurePolicy,
     pub(crate) headers: HeaderConfig,
     pub(crate) exempt: Option<RequestFn>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) breaker: Option<Breaker>,
+    pub(crate) deny_cache: Option<DenyCache>,
+    /// The local store of [`FailurePolicy::Local`].
+    pub(crate) fallback: Option<MemoryStore>,
 }
 
 /// A policy ready to run: its tiers' handles (the policy's own quota first) and its options.
 pub(crate) struct PolicyRuntime {
     pub(crate) tiers: Box<[Arc<PolicyHandle>]>,
+    /// The same tiers, divided, in the local fallback store.
+    pub(crate) fallback: Option<Box<[Arc<PolicyHandle>]>>,
     pub(crate) tier_names: HashMap<String, usize>,
     pub(crate) tier_of: Option<TierFn>,
     pub(crate) tier_overrides: HashMap<Key, usize>,
@@ -88,11 +99,11 @@ impl PolicyRuntime {
             && !self.exempt.as_ref().is_some_and(|f| f(request))
     }
 
-    /// The tier for this request and key.
-    pub(crate) fn handle(&self, request: &RequestRef<'_>, key: &Key) -> &Arc<PolicyHandle> {
+    /// The index of the tier for this request and key.
+    pub(crate) fn tier(&self, request: &RequestRef<'_>, key: &Key) -> usize {
         if self.tiers.len() > 1 {
             if let Some(&i) = self.tier_overrides.get(key) {
-                return &self.tiers[i];
+                return i;
             }
             if let Some(i) = self
                 .tier_of
@@ -100,10 +111,10 @@ impl PolicyRuntime {
                 .and_then(|f| f(request))
                 .and_then(|t| self.tier_names.get(&t).copied())
             {
-                return &self.tiers[i];
+                return i;
             }
         }
-        &self.tiers[0]
+        0
     }
 
     /// The tier for `key` without a request: its override, else the policy's own quota.
@@ -151,13 +162,18 @@ impl RateLimitLayer<MemoryStore> {
     pub fn builder() -> RateLimitLayerBuilder<MemoryStore> {
         RateLimitLayerBuilder {
             store: MemoryStore::new(),
-            policies: Vec::new(),
-            key: Arc::new(PeerIp::new()),
-            responses: Responses::default(),
-            failure: FailurePolicy::default(),
-            headers: HeaderConfig::default(),
-            exempt: None,
-            cost: None,
+            o: Options {
+                policies: Vec::new(),
+                key: Arc::new(PeerIp::new()),
+                responses: Responses::default(),
+                failure: FailurePolicy::default(),
+                headers: HeaderConfig::default(),
+                exempt: None,
+                cost: None,
+                clock: Arc::new(SystemClock::new()),
+                breaker: Some(CircuitBreaker::default()),
+                deny_cache: None,
+            },
         }
     }
 }
@@ -242,6 +258,11 @@ impl<S, St> Layer<S> for RateLimitLayer<St> {
 #[must_use]
 pub struct RateLimitLayerBuilder<St = MemoryStore> {
     store: St,
+    o: Options,
+}
+
+/// Everything a builder holds but the store.
+struct Options {
     policies: Vec<Policy>,
     key: Arc<dyn KeyExtractor>,
     responses: Responses,
@@ -249,17 +270,22 @@ pub struct RateLimitLayerBuilder<St = MemoryStore> {
     headers: HeaderConfig,
     exempt: Option<RequestFn>,
     cost: Option<CostFn>,
+    clock: Arc<dyn Clock>,
+    breaker: Option<CircuitBreaker>,
+    deny_cache: Option<usize>,
 }
 
 impl<St: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayerBuilder")
             .field("store", &self.store)
-            .field("policies", &self.policies)
-            .field("key", &self.key)
-            .field("responses", &self.responses)
-            .field("failure", &self.failure)
-            .field("headers", &self.headers)
+            .field("policies", &self.o.policies)
+            .field("key", &self.o.key)
+            .field("responses", &self.o.responses)
+            .field("failure", &self.o.failure)
+            .field("headers", &self.o.headers)
+            .field("breaker", &self.o.breaker)
+            .field("deny_cache", &self.o.deny_cache)
             .finish_non_exhaustive()
     }
 }
@@ -268,41 +294,32 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// Adds a policy. A request goes on only when every policy admits it, and then every policy
     /// is charged; when one denies it, none is.
     pub fn policy(mut self, policy: Policy) -> Self {
-        self.policies.push(policy);
+        self.o.policies.push(policy);
         self
     }
 
     /// The key requests are charged to, for every policy without its own
     /// ([`Policy::key`]). Defaults to [`PeerIp`].
     pub fn key(mut self, key: impl KeyExtractor) -> Self {
-        self.key = Arc::new(key);
+        self.o.key = Arc::new(key);
         self
     }
 
     /// Decides in `store` instead of a fresh [`MemoryStore`]. Layers given clones of one store
     /// share its state.
     pub fn store<T: Store>(self, store: T) -> RateLimitLayerBuilder<T> {
-        RateLimitLayerBuilder {
-            store,
-            policies: self.policies,
-            key: self.key,
-            responses: self.responses,
-            failure: self.failure,
-            headers: self.headers,
-            exempt: self.exempt,
-            cost: self.cost,
-        }
+        RateLimitLayerBuilder { store, o: self.o }
     }
 
     /// Which rate-limit headers responses carry (default [`HeaderStyle::Legacy`]).
     pub fn headers(mut self, style: HeaderStyle) -> Self {
-        self.headers.style = style;
+        self.o.headers.style = style;
         self
     }
 
     /// How `X-RateLimit-Reset` is written (default [`ResetFormat::DeltaSeconds`]).
     pub fn reset_format(mut self, format: ResetFormat) -> Self {
-        self.headers.reset = format;
+        self.o.headers.reset = format;
         self
     }
 
@@ -312,7 +329,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     where
         F: Fn(&RequestRef<'_>) -> bool + Send + Sync + 'static,
     {
-        self.exempt = Some(Arc::new(predicate));
+        self.o.exempt = Some(Arc::new(predicate));
         self
     }
 
@@ -322,13 +339,13 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     where
         F: Fn(&RequestRef<'_>) -> u32 + Send + Sync + 'static,
     {
-        self.cost = Some(Arc::new(cost));
+        self.o.cost = Some(Arc::new(cost));
         self
     }
 
     /// The status of a limited response (default `429 Too Many Requests`).
     pub fn limited_status(mut self, status: StatusCode) -> Self {
-        self.responses.status = status;
+        self.o.responses.status = status;
         self
     }
 
@@ -338,7 +355,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     where
         F: Fn(&Decision) -> Response<Bytes> + Send + Sync + 'static,
     {
-        self.responses.on_limited = Some(Arc::new(f));
+        self.o.responses.on_limited = Some(Arc::new(f));
         self
     }
 
@@ -348,13 +365,39 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     where
         F: Fn(&KeyRejection) -> Response<Bytes> + Send + Sync + 'static,
     {
-        self.responses.on_rejected = Some(Arc::new(f));
+        self.o.responses.on_rejected = Some(Arc::new(f));
         self
     }
 
-    /// What to do when the store cannot decide (default [`FailurePolicy::Open`]).
+    /// What to do when the store cannot decide: an error, a missed deadline, or an open
+    /// circuit breaker (default [`FailurePolicy::Open`]).
     pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
-        self.failure = policy;
+        self.o.failure = policy;
+        self
+    }
+
+    /// The circuit breaker in front of the store (default [`CircuitBreaker::default`]: opens
+    /// after 5 failures in a row, for 1 second); `None` asks the store every time.
+    pub fn circuit_breaker(mut self, breaker: Option<CircuitBreaker>) -> Self {
+        self.o.breaker = breaker;
+        self
+    }
+
+    /// Remembers, in this process, up to `max_entries` keys the store said are limited, until
+    /// they may go on again: further requests for them are answered `429` without a round trip
+    /// to the store (default: off).
+    ///
+    /// The trade-off: until that time this instance does not see changes made elsewhere, such
+    /// as an admin reset of the key or a refund from another instance.
+    pub fn deny_cache(mut self, max_entries: usize) -> Self {
+        self.o.deny_cache = Some(max_entries.max(1));
+        self
+    }
+
+    /// The clock of the circuit breaker and the deny cache (default [`SystemClock`]). The
+    /// store keeps its own clock.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.o.clock = Arc::new(clock);
         self
     }
 
@@ -363,15 +406,16 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// Fails when no policy was given, when a policy is invalid (see [`Policy`]), or when two
     /// different policies share a name in one store.
     pub fn build(self) -> Result<RateLimitLayer<St>, ConfigError> {
-        if self.policies.is_empty() {
+        let o = self.o;
+        if o.policies.is_empty() {
             return Err(ConfigError::new(
                 "no policy: add one with .policy(Policy::gcra(\"10/s\")) or similar",
             ));
         }
         // Check everything before registering anything in the (maybe shared) store.
-        let mut compiled = Vec::with_capacity(self.policies.len());
+        let mut compiled = Vec::with_capacity(o.policies.len());
         let mut names: Vec<Arc<str>> = Vec::new();
-        for policy in &self.policies {
+        for policy in &o.policies {
             let tiers = policy.compile()?;
             for (name, _) in &tiers {
                 if names.contains(name) {
@@ -381,19 +425,36 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 }
                 names.push(name.clone());
             }
-            compiled.push((policy, tiers));
+            let fallback = match o.failure {
+                FailurePolicy::Local { divisor } => Some(policy.divided(divisor).compile()?),
+                _ => None,
+            };
+            compiled.push((policy, tiers, fallback));
         }
+        let fallback_store = matches!(o.failure, FailurePolicy::Local { .. })
+            .then(|| MemoryStore::builder().clock(o.clock.clone()).build());
+        let register = |store: &dyn Fn(Arc<str>, Compiled) -> Result<u32, ConfigError>,
+                        tiers: Vec<(Arc<str>, Compiled)>|
+         -> Result<Box<[Arc<PolicyHandle>]>, ConfigError> {
+            tiers
+                .into_iter()
+                .map(|(name, algorithm)| {
+                    let id = store(name.clone(), algorithm.clone())?;
+                    Ok(Arc::new(PolicyHandle {
+                        name,
+                        id,
+                        algorithm,
+                    }))
+                })
+                .collect()
+        };
         let mut policies = Vec::with_capacity(compiled.len());
-        for (policy, tiers) in compiled {
-            let mut handles = Vec::with_capacity(tiers.len());
-            for (name, algorithm) in tiers {
-                let id = self.store.register(name.clone(), algorithm.clone())?;
-                handles.push(Arc::new(PolicyHandle {
-                    name,
-                    id,
-                    algorithm,
-                }));
-            }
+        for (policy, tiers, fallback) in compiled {
+            let handles = register(&|n, a| self.store.register(n, a), tiers)?;
+            let fallback = match (fallback, &fallback_store) {
+                (Some(tiers), Some(store)) => Some(register(&|n, a| store.register(n, a), tiers)?),
+                _ => None,
+            };
             let tier_names: HashMap<String, usize> = policy
                 .tiers
                 .iter()
@@ -406,12 +467,13 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 .map(|(k, t)| (k.clone(), tier_names[t]))
                 .collect();
             policies.push(PolicyRuntime {
-                tiers: handles.into_boxed_slice(),
+                tiers: handles,
+                fallback,
                 tier_names,
                 tier_of: policy.tier_of.clone(),
                 tier_overrides,
-                key: policy.key.clone().unwrap_or_else(|| self.key.clone()),
-                cost: policy.cost.clone().or_else(|| self.cost.clone()),
+                key: policy.key.clone().unwrap_or_else(|| o.key.clone()),
+                cost: policy.cost.clone().or_else(|| o.cost.clone()),
                 shadow: policy.shadow,
                 charge_if: policy.charge_if.clone(),
                 refund_if: policy.refund_if.clone(),
@@ -423,10 +485,14 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             shared: Arc::new(Shared {
                 store: self.store,
                 policies: policies.into_boxed_slice(),
-                responses: self.responses,
-                failure: self.failure,
-                headers: self.headers,
-                exempt: self.exempt,
+                responses: o.responses,
+                failure: o.failure,
+                headers: o.headers,
+                exempt: o.exempt,
+                clock: o.clock,
+                breaker: o.breaker.map(Breaker::new),
+                deny_cache: o.deny_cache.map(DenyCache::new),
+                fallback: fallback_store,
             }),
         })
     }

@@ -358,6 +358,22 @@ impl Policy {
         self
     }
 
+    /// The same policy with every limit and burst divided by `divisor` (never below 1), for
+    /// the local fallback of [`FailurePolicy::Local`](crate::FailurePolicy::Local).
+    pub(crate) fn divided(&self, divisor: u32) -> Policy {
+        let d = divisor.max(1);
+        let divide = |q: &Result<Quota, ConfigError>| q.clone().and_then(|q| Ok(q.divided(d)?));
+        let mut p = self.clone();
+        p.quota = divide(&self.quota);
+        p.burst = self.burst.map(|b| (b / d).max(1));
+        p.tiers = self
+            .tiers
+            .iter()
+            .map(|(name, q)| (name.clone(), divide(q)))
+            .collect();
+        p
+    }
+
     /// The algorithm.
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm

@@ -104,6 +104,16 @@ impl Quota {
         Ok(self.with_burst(burst))
     }
 
+    /// The quota with its limit and burst divided by `divisor`, rounded down but never below 1.
+    pub(crate) fn divided(self, divisor: u32) -> Result<Self, QuotaError> {
+        let d = divisor.max(1);
+        let q = Quota::new((self.limit() / d).max(1), self.window())?;
+        match self.burst() {
+            Some(b) => q.try_with_burst((b / d).max(1)),
+            None => Ok(q),
+        }
+    }
+
     /// Units allowed per window.
     pub const fn limit(&self) -> u32 {
         self.limit.get()

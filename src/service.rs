@@ -9,10 +9,12 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::body::ResponseBody;
-use crate::future::AfterResponse;
+use crate::error::{StoreError, StoreErrorKind};
 use crate::future::ResponseFuture;
+use crate::future::{AfterResponse, Guard};
 use crate::key::RequestRef;
 use crate::layer::Shared;
+use crate::resilience::Permit;
 use crate::store::{Check, Mode, Store};
 
 /// The middleware made by [`RateLimitLayer`](crate::RateLimitLayer).
@@ -89,6 +91,7 @@ where
             return ResponseFuture::unlimited(shared.clone(), inner.call(request));
         }
         let mut checks = Vec::with_capacity(shared.policies.len());
+        let mut fallback = shared.fallback.as_ref().map(|_| Vec::new());
         let mut after = Vec::new();
         for policy in shared.policies.iter() {
             if !policy.applies(&view) {
@@ -106,20 +109,62 @@ where
                     return ResponseFuture::ready(shared.clone(), response);
                 }
             };
-            let handle = policy.handle(&view, &key).clone();
+            let tier = policy.tier(&view, &key);
+            let handle = &policy.tiers[tier];
             let cost = policy.cost(&view);
             if let Some(when) = &policy.charge_if {
-                after.push(AfterResponse::new(&handle, &key, cost, Mode::Enforce, when));
+                after.push(AfterResponse::new(handle, &key, cost, Mode::Enforce, when));
             }
             if let Some(when) = &policy.refund_if {
-                after.push(AfterResponse::new(&handle, &key, cost, Mode::Refund, when));
+                after.push(AfterResponse::new(handle, &key, cost, Mode::Refund, when));
             }
-            checks.push(Check::new(handle, key, cost, policy.mode()));
+            if let (Some(fallback), Some(local)) = (&mut fallback, &policy.fallback) {
+                fallback.push(Check::new(
+                    local[tier].clone(),
+                    key.clone(),
+                    cost,
+                    policy.mode(),
+                ));
+            }
+            checks.push(Check::new(handle.clone(), key, cost, policy.mode()));
         }
         if checks.is_empty() {
             return ResponseFuture::unlimited(shared.clone(), inner.call(request));
         }
+        let now = shared.clock.now_micros();
+        if let Some(decision) = shared
+            .deny_cache
+            .as_ref()
+            .and_then(|c| c.lookup(&checks, now))
+        {
+            metrics::counter!("ratelimit_deny_cache_hits_total").increment(1);
+            return ResponseFuture::denied(shared.clone(), decision);
+        }
+        let remember = shared.deny_cache.is_some().then(|| {
+            checks
+                .iter()
+                .map(|c| (c.policy.id, c.key.clone()))
+                .collect()
+        });
+        let permit = shared
+            .breaker
+            .as_ref()
+            .map_or(Permit::Call, |b| b.permit(now));
+        let guard = Guard {
+            permit,
+            fallback,
+            remember,
+            started: std::time::Instant::now(),
+            decision: None,
+        };
+        if permit == Permit::Reject {
+            let error = StoreError::with_kind(
+                StoreErrorKind::CircuitOpen,
+                "the circuit breaker is open; the store was not asked",
+            );
+            return ResponseFuture::failed(shared.clone(), error, request, inner, guard);
+        }
         let check = shared.store.check(checks);
-        ResponseFuture::checking(shared.clone(), check, request, inner, after)
+        ResponseFuture::checking(shared.clone(), check, request, inner, after, guard)
     }
 }

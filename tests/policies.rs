@@ -62,6 +62,7 @@ async fn stores() -> (Env<MemoryStore>, Env<RedisStore>, RedisServer) {
     let server = RedisServer::start();
     let clock = ManualClock::new();
     let store = RedisStore::builder(&server.url())
+        .deadline(std::time::Duration::from_secs(10))
         .clock(clock.clone())
         .build()
         .await

@@ -27,6 +27,7 @@ async fn store(
     pool: bool,
 ) -> RedisStore {
     let mut b = RedisStore::builder(&cluster.url())
+        .deadline(std::time::Duration::from_secs(10))
         .prefix(prefix)
         .clock(clock.clone());
     if pool {
@@ -159,6 +160,7 @@ async fn script_flush_on_every_node_is_survived(cluster: &RedisCluster) {
 
 async fn redis_time_works_on_the_cluster(cluster: &RedisCluster) {
     let s = RedisStore::builder(&cluster.url())
+        .deadline(std::time::Duration::from_secs(10))
         .prefix("ctime:")
         .build()
         .await

@@ -50,6 +50,7 @@ async fn lua_twins_match_the_rust_algorithms() {
     let server = RedisServer::start();
     let clock = ManualClock::new();
     let redis = RedisStore::builder(&server.url())
+        .deadline(std::time::Duration::from_secs(10))
         .prefix("diff:")
         .clock(clock.clone())
         .build()

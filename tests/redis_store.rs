@@ -12,7 +12,9 @@ use tower_ratelimit::key::Key;
 use tower_ratelimit::{Algorithm, ManualClock, Policy, RateLimitLayer, RedisStore};
 
 async fn store(server: &RedisServer, prefix: &str, clock: Option<&ManualClock>) -> RedisStore {
-    let mut builder = RedisStore::builder(&server.url()).prefix(prefix);
+    let mut builder = RedisStore::builder(&server.url())
+        .deadline(std::time::Duration::from_secs(10))
+        .prefix(prefix);
     if let Some(clock) = clock {
         builder = builder.clock(clock.clone());
     }
@@ -67,11 +69,13 @@ async fn two_instances_admit_exactly_the_limit() {
     // during the test.
     for algorithm in Algorithm::ALL {
         let a = RedisStore::builder(&server.url())
+            .deadline(std::time::Duration::from_secs(10))
             .prefix("race-time:")
             .build()
             .await
             .unwrap();
         let b = RedisStore::builder(&server.url())
+            .deadline(std::time::Duration::from_secs(10))
             .prefix("race-time:")
             .pool(8)
             .build()
@@ -121,6 +125,7 @@ async fn a_key_without_ttl_is_repaired() {
     let server = RedisServer::start();
     let clock = ManualClock::starting_at(1_000_000_000_000);
     let s = RedisStore::builder(&server.url())
+        .deadline(std::time::Duration::from_secs(10))
         .prefix("fix:")
         .clock(clock.clone())
         .build()
@@ -290,6 +295,7 @@ async fn unreachable_redis_is_a_clear_error() {
     let port = free_port();
     let started = std::time::Instant::now();
     let err = RedisStore::builder(&format!("redis://user:secret@127.0.0.1:{port}"))
+        .deadline(std::time::Duration::from_secs(10))
         .connect_timeout(Duration::from_millis(500))
         .build()
         .await
@@ -299,12 +305,14 @@ async fn unreachable_redis_is_a_clear_error() {
     assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
     assert!(!err.contains("secret"), "no password in messages: {err}");
     let err = RedisStore::builder("http://nope")
+        .deadline(std::time::Duration::from_secs(10))
         .build()
         .await
         .unwrap_err()
         .to_string();
     assert!(err.contains("Redis"), "{err}");
     let err = RedisStore::builder("redis://127.0.0.1:1")
+        .deadline(std::time::Duration::from_secs(10))
         .prefix("bad{prefix")
         .build()
         .await

@@ -55,6 +55,8 @@ fn bad_configuration_stops_the_server_with_the_variable_named() {
         ("RATE_LIMIT", "ten per second", "RATE_LIMIT:"),
         ("KEY", "cookie", "KEY:"),
         ("BIND", "localhost", "BIND:"),
+        ("ON_STORE_ERROR", "maybe", "ON_STORE_ERROR:"),
+        ("STORE_TIMEOUT_MS", "0", "STORE_TIMEOUT_MS:"),
     ] {
         let err = run_error(&[(name, value)]);
         assert!(
@@ -75,6 +77,8 @@ fn two_servers_on_one_redis_share_one_limit() {
         ("REDIS_URL", url.as_str()),
         ("RATE_LIMIT", "5/h"),
         ("PREFIX", "e2e:"),
+        // A generous deadline: on a loaded machine the default 50 ms could fail open.
+        ("STORE_TIMEOUT_MS", "10000"),
     ];
     let a = DemoServer::start(&env);
     let b = DemoServer::start(&env);

@@ -16,7 +16,7 @@ use super::{Check, Mode, Registry, Store, private};
 use crate::algorithm::{Compiled, Verdict};
 use crate::clock::Clock;
 use crate::decision::{Decision, PolicyOutcome};
-use crate::error::{ConfigError, StoreError};
+use crate::error::{ConfigError, StoreError, StoreErrorKind};
 
 pub(crate) use key::redis_key;
 
@@ -25,6 +25,9 @@ const INJECTED_CLOCK_TTL_SLACK_MS: u64 = 60_000;
 
 /// The default key prefix.
 pub(crate) const DEFAULT_PREFIX: &str = "rl:";
+
+/// The default deadline of one decision.
+pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_millis(50);
 
 /// Rate-limit state in Redis, shared by every instance of an API.
 ///
@@ -87,6 +90,7 @@ pub struct RedisStore {
 
 struct Inner {
     conn: Conn,
+    deadline: Duration,
     prefix: String,
     clock: Option<Arc<dyn Clock>>,
     sha: String,
@@ -137,6 +141,7 @@ pub struct RedisStoreBuilder {
     clock: Option<Arc<dyn Clock>>,
     connect_timeout: Duration,
     response_timeout: Duration,
+    deadline: Duration,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -152,6 +157,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("clock", &self.clock)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
+            .field("deadline", &self.deadline)
             .finish()
     }
 }
@@ -209,6 +215,7 @@ impl RedisStore {
             clock: None,
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(1),
+            deadline: DEFAULT_DEADLINE,
         }
     }
 
@@ -261,9 +268,18 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How long to wait for a reply (default 1 s).
+    /// How long to wait for a reply on the connection (default 1 s).
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
+        self
+    }
+
+    /// The deadline of one decision (default 50 ms): a decision that misses it fails with
+    /// [`StoreErrorKind::Timeout`](crate::StoreErrorKind::Timeout) and the layer applies its
+    /// [`FailurePolicy`](crate::FailurePolicy). The script may still run after the deadline;
+    /// it is never sent again, so nothing is counted twice.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
         self
     }
 
@@ -347,6 +363,7 @@ impl RedisStoreBuilder {
         let store = RedisStore {
             inner: Arc::new(Inner {
                 conn,
+                deadline: self.deadline,
                 prefix: self.prefix,
                 clock: self.clock,
                 sha: script.get_hash().to_owned(),
@@ -586,7 +603,15 @@ impl Store for RedisStore {
 
     fn check(&self, checks: Vec<Check>) -> Self::Future {
         let inner = self.inner.clone();
-        Box::pin(async move { inner.decide(checks).await })
+        Box::pin(async move {
+            match tokio::time::timeout(inner.deadline, inner.decide(checks)).await {
+                Ok(result) => result,
+                Err(_) => Err(StoreError::with_kind(
+                    StoreErrorKind::Timeout,
+                    format!("no decision from Redis within {:?}", inner.deadline),
+                )),
+            }
+        })
     }
 }
 

@@ -1,0 +1,157 @@
+//! The circuit breaker.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Stops asking a failing store for a while.
+///
+/// After `failures` decisions in a row have failed (errors or missed deadlines), the breaker
+/// opens: for `open_for`, decisions go straight to the
+/// [`FailurePolicy`](crate::FailurePolicy) without calling the store, so a dead Redis costs no
+/// latency. Then one decision is let through as a probe: if it succeeds the breaker closes,
+/// if it fails the breaker opens again.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_ratelimit::CircuitBreaker;
+///
+/// let breaker = CircuitBreaker::new(5, Duration::from_secs(1));
+/// assert_eq!(breaker, CircuitBreaker::default());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CircuitBreaker {
+    failures: u32,
+    open_for: Duration,
+}
+
+impl CircuitBreaker {
+    /// Opens after `failures` failures in a row (at least 1), for `open_for`.
+    pub const fn new(failures: u32, open_for: Duration) -> Self {
+        CircuitBreaker {
+            failures: if failures == 0 { 1 } else { failures },
+            open_for,
+        }
+    }
+}
+
+impl Default for CircuitBreaker {
+    /// Opens after 5 failures in a row, for 1 second.
+    fn default() -> Self {
+        CircuitBreaker::new(5, Duration::from_secs(1))
+    }
+}
+
+/// The breaker's state, shared by every clone of a layer.
+#[derive(Debug)]
+pub(crate) struct Breaker {
+    config: CircuitBreaker,
+    failures: AtomicU32,
+    /// While non-zero: the breaker is open until this time (microseconds, layer clock).
+    open_until: AtomicU64,
+    /// A probe is in flight.
+    probing: AtomicBool,
+}
+
+/// What the breaker says about one decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Permit {
+    /// Ask the store.
+    Call,
+    /// Ask the store: this decision is the probe.
+    Probe,
+    /// Do not ask the store.
+    Reject,
+}
+
+impl Breaker {
+    pub(crate) fn new(config: CircuitBreaker) -> Self {
+        Breaker {
+            config,
+            failures: AtomicU32::new(0),
+            open_until: AtomicU64::new(0),
+            probing: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn permit(&self, now: u64) -> Permit {
+        let until = self.open_until.load(Ordering::Acquire);
+        if until == 0 {
+            return Permit::Call;
+        }
+        if now < until {
+            return Permit::Reject;
+        }
+        match self
+            .probing
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => Permit::Probe,
+            Err(_) => Permit::Reject,
+        }
+    }
+
+    pub(crate) fn success(&self, permit: Permit) {
+        self.failures.store(0, Ordering::Release);
+        if permit == Permit::Probe || self.open_until.load(Ordering::Acquire) != 0 {
+            self.open_until.store(0, Ordering::Release);
+            self.probing.store(false, Ordering::Release);
+            tracing::info!("rate-limit store is back; circuit breaker closed");
+            metrics::gauge!("ratelimit_circuit_open").set(0.0);
+        }
+    }
+
+    pub(crate) fn failure(&self, permit: Permit, now: u64) {
+        let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        if permit == Permit::Probe || failures >= self.config.failures {
+            let until = now + (self.config.open_for.as_micros() as u64).max(1);
+            if self.open_until.swap(until, Ordering::AcqRel) == 0 {
+                tracing::warn!(
+                    failures,
+                    open_for = ?self.config.open_for,
+                    "rate-limit store keeps failing; circuit breaker open"
+                );
+            }
+            self.probing.store(false, Ordering::Release);
+            metrics::gauge!("ratelimit_circuit_open").set(1.0);
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn is_open(&self) -> bool {
+        self.open_until.load(Ordering::Acquire) != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_probes_and_closes() {
+        let b = Breaker::new(CircuitBreaker::new(2, Duration::from_micros(100)));
+        assert_eq!(b.permit(0), Permit::Call);
+        b.failure(Permit::Call, 0);
+        assert_eq!(b.permit(1), Permit::Call);
+        b.failure(Permit::Call, 1);
+        assert!(b.is_open());
+        assert_eq!(b.permit(50), Permit::Reject);
+        assert_eq!(b.permit(101), Permit::Probe);
+        assert_eq!(b.permit(101), Permit::Reject, "one probe at a time");
+        b.failure(Permit::Probe, 101);
+        assert_eq!(
+            b.permit(150),
+            Permit::Reject,
+            "a failed probe opens it again"
+        );
+        assert_eq!(b.permit(201), Permit::Probe);
+        b.success(Permit::Probe);
+        assert!(!b.is_open());
+        assert_eq!(b.permit(202), Permit::Call);
+        b.failure(Permit::Call, 203);
+        assert_eq!(
+            b.permit(204),
+            Permit::Call,
+            "the count restarted after success"
+        );
+    }
+}

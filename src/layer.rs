@@ -244,6 +244,37 @@ impl<St: Store> RateLimitLayer<St> {
     pub async fn refund(&self, key: &Key, units: u32) -> Result<Decision, StoreError> {
         self.decide_key(key, units, Some(Mode::Refund)).await
     }
+
+    /// Looks at `key` in every policy without charging it: the decision a request of cost 0
+    /// would get. The same as [`check`](Self::check) with a cost of 0.
+    pub async fn peek(&self, key: &Key) -> Result<Decision, StoreError> {
+        self.decide_key(key, 0, None).await
+    }
+
+    /// Forgets everything about `key` in every policy, as if it had never been seen. Returns
+    /// the decision a request of cost 0 gets afterwards.
+    pub async fn reset(&self, key: &Key) -> Result<Decision, StoreError> {
+        self.decide_key(key, 0, Some(Mode::Reset)).await
+    }
+
+    /// Charges `key` `units` in every policy whatever its state (a penalty, e.g. for abuse),
+    /// at most each policy's capacity (its limit, or the burst of a bucket algorithm): a
+    /// window counts them, a bucket empties (a token bucket never below zero tokens), GCRA
+    /// moves its theoretical arrival time on. Returns the decision a request of cost 0 gets
+    /// afterwards. [`refund`](Self::refund) is the reward.
+    pub async fn penalize(&self, key: &Key, units: u32) -> Result<Decision, StoreError> {
+        let checks = self
+            .shared
+            .policies
+            .iter()
+            .map(|p| {
+                let handle = p.handle_for_key(key).clone();
+                let units = u64::from(units).min(handle.algorithm.reported_limit());
+                Check::new(handle, key.clone(), units, Mode::Penalize)
+            })
+            .collect();
+        self.shared.store.check(checks).await
+    }
 }
 
 impl<S, St> Layer<S> for RateLimitLayer<St> {

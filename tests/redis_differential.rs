@@ -95,23 +95,36 @@ async fn lua_twins_match_the_rust_algorithms() {
                     1 => rng.range(2, 20) as u32,
                     _ => 1,
                 };
-                let refund = rng.range(0, 11) == 0;
-                let (m, r) = if refund {
-                    (
+                // Mostly checks; now and then an administrative operation.
+                let op = match rng.range(0, 23) {
+                    0 | 1 => "refund",
+                    2 | 3 => "penalize",
+                    4 => "reset",
+                    _ => "check",
+                };
+                let (m, r) = match op {
+                    "refund" => (
                         on_memory.refund(&key, cost).await.unwrap(),
                         on_redis.refund(&key, cost).await.unwrap(),
-                    )
-                } else {
-                    (
+                    ),
+                    "penalize" => (
+                        on_memory.penalize(&key, cost).await.unwrap(),
+                        on_redis.penalize(&key, cost).await.unwrap(),
+                    ),
+                    "reset" => (
+                        on_memory.reset(&key).await.unwrap(),
+                        on_redis.reset(&key).await.unwrap(),
+                    ),
+                    _ => (
                         on_memory.check(&key, cost).await.unwrap(),
                         on_redis.check(&key, cost).await.unwrap(),
-                    )
+                    ),
                 };
                 if std::env::var_os("DIFF_TRACE").is_some()
                     && seed == std::env::var("DIFF_TRACE").unwrap().parse::<u64>().unwrap()
                 {
                     eprintln!(
-                        "step {step} t={} cost={cost} refund={refund} m={:?} r={:?}",
+                        "step {step} t={} cost={cost} op={op} m={:?} r={:?}",
                         tower_ratelimit::Clock::now_micros(&clock),
                         summary(&m),
                         summary(&r)
@@ -120,7 +133,7 @@ async fn lua_twins_match_the_rust_algorithms() {
                 assert_eq!(
                     summary(&m),
                     summary(&r),
-                    "{algorithm} seed {seed} step {step}: memory vs redis (cost {cost}, refund {refund})"
+                    "{algorithm} seed {seed} step {step}: memory vs redis (cost {cost}, {op})"
                 );
                 decisions += 1;
             }

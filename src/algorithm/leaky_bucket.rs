@@ -52,14 +52,18 @@ impl LeakyBucket {
         let level = self.level(state, now);
         let drain_time = |l: u64| l.div_ceil(s.rate);
         if cost > self.capacity {
-            return Verdict::deny((s.full - level) / s.unit, drain_time(level), None);
+            return Verdict::deny(
+                s.full.saturating_sub(level) / s.unit,
+                drain_time(level),
+                None,
+            );
         }
         let after = level + cost * s.unit;
         if after <= s.full {
             Verdict::allow((s.full - after) / s.unit, drain_time(after))
         } else {
             Verdict::deny(
-                (s.full - level) / s.unit,
+                s.full.saturating_sub(level) / s.unit,
                 drain_time(level),
                 Some((after - s.full).div_ceil(s.rate)),
             )

@@ -87,7 +87,7 @@ impl SlidingLog {
             _ => 0,
         };
         if cost > self.limit {
-            return Verdict::deny(self.limit - used, newest_left, None);
+            return Verdict::deny(self.limit.saturating_sub(used), newest_left, None);
         }
         if used + cost <= self.limit {
             let reset = if cost > 0 { self.window } else { newest_left };
@@ -103,7 +103,7 @@ impl SlidingLog {
                 break;
             }
         }
-        Verdict::deny(self.limit - used, newest_left, retry)
+        Verdict::deny(self.limit.saturating_sub(used), newest_left, retry)
     }
 
     /// Forgets up to `units` of the newest logged units.
@@ -137,7 +137,7 @@ impl SlidingLog {
         st.total = used;
         if cost > 0 {
             match st.entries.back_mut() {
-                Some((t, c)) if *t == now => *c += cost as u32,
+                Some((t, c)) if *t == now => *c = c.saturating_add(cost as u32),
                 _ => st.entries.push_back((now, cost as u32)),
             }
             st.total += cost;

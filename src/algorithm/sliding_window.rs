@@ -190,7 +190,8 @@ impl SlidingWindow {
                 }
                 st.head = c;
             }
-            st.counts[(c % slots) as usize] += cost as u32;
+            let slot = &mut st.counts[(c % slots) as usize];
+            *slot = slot.saturating_add(cost.min(u64::from(u32::MAX)) as u32);
         }
         match state {
             Some(s) => (s.head + self.buckets + 1) * self.bucket,

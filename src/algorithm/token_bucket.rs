@@ -136,7 +136,9 @@ impl TokenBucket {
     }
 
     pub(crate) fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
-        let tokens = self.tokens(state.as_ref(), now) - cost * self.scaled.unit;
+        let tokens = self
+            .tokens(state.as_ref(), now)
+            .saturating_sub(cost * self.scaled.unit);
         let last = state.as_ref().map_or(now, |s| s.last.max(now));
         *state = Some(State { tokens, last });
         last + (self.scaled.full - tokens).div_ceil(self.scaled.rate)

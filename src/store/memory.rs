@@ -222,15 +222,20 @@ impl MemoryStore {
             })
             .collect();
         for (c, &g) in checks.iter().zip(&slots) {
-            if c.mode == Mode::Refund {
-                guards[g].1.refund(c, now);
+            match c.mode {
+                Mode::Refund => guards[g].1.refund(c, now),
+                Mode::Reset => {
+                    guards[g].1.map.remove(&(c.policy.id, c.key.clone()));
+                }
+                Mode::Penalize => guards[g].1.commit(c, now, capacity),
+                Mode::Enforce | Mode::Shadow | Mode::Dry => {}
             }
         }
         let verdicts: Vec<_> = checks
             .iter()
             .zip(&slots)
             .map(|(c, &g)| {
-                let cost = if c.mode == Mode::Refund { 0 } else { c.cost };
+                let cost = if c.mode.is_admin() { 0 } else { c.cost };
                 let state = guards[g].1.live_state(c, now);
                 c.policy.algorithm.evaluate(state, now, cost)
             })
@@ -238,18 +243,18 @@ impl MemoryStore {
         let admitted = checks
             .iter()
             .zip(&verdicts)
-            .all(|(c, v)| v.allowed || matches!(c.mode, Mode::Shadow | Mode::Refund));
+            .all(|(c, v)| v.allowed || c.mode == Mode::Shadow || c.mode.is_admin());
         let mut verdicts = verdicts;
         for ((c, v), &g) in checks.iter().zip(&mut verdicts).zip(&slots) {
             let charge = admitted
                 && match c.mode {
                     Mode::Enforce => true,
                     Mode::Shadow => v.allowed,
-                    Mode::Dry | Mode::Refund => false,
+                    Mode::Dry | Mode::Refund | Mode::Reset | Mode::Penalize => false,
                 };
             if charge {
                 guards[g].1.commit(c, now, capacity);
-            } else if v.allowed && c.cost > 0 && c.mode != Mode::Refund {
+            } else if v.allowed && c.cost > 0 && !c.mode.is_admin() {
                 // Admitted by this policy but not charged: report the state as it stays.
                 let state = guards[g].1.live_state(c, now);
                 let stays = c.policy.algorithm.evaluate(state, now, 0);

@@ -63,6 +63,17 @@ pub(crate) enum Mode {
     Dry = 2,
     /// Gives `cost` units back; then reports like a look at cost 0.
     Refund = 3,
+    /// Forgets the key; then reports like a look at cost 0.
+    Reset = 4,
+    /// Charges `cost` units whatever the state; then reports like a look at cost 0.
+    Penalize = 5,
+}
+
+impl Mode {
+    /// An administrative change made before the look at cost 0.
+    pub(crate) fn is_admin(self) -> bool {
+        matches!(self, Mode::Refund | Mode::Reset | Mode::Penalize)
+    }
 }
 
 /// One policy to decide for one key at some cost.

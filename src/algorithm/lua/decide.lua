@@ -5,7 +5,9 @@
 -- Then 7 arguments per policy: algorithm, four parameters, cost, mode.
 -- Modes: 0 enforce (decides; charged only if every enforce and dry policy admits the request),
 -- 1 shadow (reported, never decides; charged if it admits and the request goes on),
--- 2 dry (decides, never charged), 3 refund (gives `cost` units back, then looks at cost 0).
+-- 2 dry (decides, never charged), 3 refund (gives `cost` units back, then looks at cost 0),
+-- 4 reset (forgets the key, then looks), 5 penalize (charges `cost` units whatever the
+-- state, then looks).
 -- Phase one evaluates every policy; phase two charges them, only if all that decide admit.
 -- Reply: { now, then per policy: allowed, remaining, reset_after_us, retry_after_us or -1 },
 -- where remaining and reset describe the state after this request's charges.
@@ -38,6 +40,16 @@ for i = 1, n do
   local st = alg.load(KEYS[i], p)
   if mode == 3 then
     alg:refund(KEYS[i], p, st, now, cost)
+    st = alg.load(KEYS[i], p)
+    cost = 0
+  elseif mode == 4 then
+    redis.call('DEL', KEYS[i])
+    st = nil
+    cost = 0
+  elseif mode == 5 then
+    if cost > 0 then
+      alg:commit(KEYS[i], p, st, now, cost)
+    end
     st = alg.load(KEYS[i], p)
     cost = 0
   end

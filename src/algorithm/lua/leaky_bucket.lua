@@ -26,14 +26,18 @@ ALG[5] = {
   evaluate = function(self, p, st, now, cost)
     local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
     local level = self.level(p, st, now)
+    local room = full - level
+    if room < 0 then
+      room = 0
+    end
     if cost > capacity then
-      return 0, fdiv(full - level, unit), cdiv(level, rate), -1
+      return 0, fdiv(room, unit), cdiv(level, rate), -1
     end
     local after = level + cost * unit
     if after <= full then
       return 1, fdiv(full - after, unit), cdiv(after, rate), -1
     end
-    return 0, fdiv(full - level, unit), cdiv(level, rate), cdiv(after - full, rate)
+    return 0, fdiv(room, unit), cdiv(level, rate), cdiv(after - full, rate)
   end,
   refund = function(self, key, p, st, now, units)
     if not st then

@@ -42,8 +42,12 @@ ALG[3] = {
     if used > 0 then
       newest_left = st[1] + window - now
     end
+    local left = limit - used
+    if left < 0 then
+      left = 0
+    end
     if cost > limit then
-      return 0, limit - used, newest_left, -1
+      return 0, left, newest_left, -1
     end
     if used + cost <= limit then
       local reset = newest_left
@@ -54,7 +58,7 @@ ALG[3] = {
     end
     local need = used + cost - limit
     local entry = redis.call('ZRANGE', key, expired + need - 1, expired + need - 1, 'WITHSCORES')
-    return 0, limit - used, newest_left, tonumber(entry[2]) + window - now
+    return 0, left, newest_left, tonumber(entry[2]) + window - now
   end,
   refund = function(self, key, p, st, now, units)
     if st and units > 0 then

@@ -74,6 +74,9 @@ ALG[4] = {
   end,
   commit = function(self, key, p, st, now, cost)
     local tokens = self.tokens(p, st, now) - cost * p[2]
+    if tokens < 0 then
+      tokens = 0
+    end
     local last = last_after(st, now)
     store(key, int(tokens) .. ' ' .. int(last), now, last + cdiv(p[4] - tokens, p[3]))
   end,

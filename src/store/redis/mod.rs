@@ -456,13 +456,13 @@ impl Inner {
             let admitted = batch
                 .iter()
                 .zip(&result)
-                .all(|(c, v)| v.allowed || matches!(c.mode, Mode::Shadow | Mode::Refund));
+                .all(|(c, v)| v.allowed || c.mode == Mode::Shadow || c.mode.is_admin());
             if !denied && admitted {
                 charged.extend(group.iter().zip(&result).filter_map(|(&i, v)| {
                     let charge = match checks[i].mode {
                         Mode::Enforce => true,
                         Mode::Shadow => v.allowed,
-                        Mode::Dry | Mode::Refund => false,
+                        Mode::Dry | Mode::Refund | Mode::Reset | Mode::Penalize => false,
                     };
                     (charge && checks[i].cost > 0).then_some(i)
                 }));

@@ -17,10 +17,12 @@ const SAMPLE: usize = 8;
 /// the soonest to expire of a small sample.
 #[derive(Debug)]
 pub(crate) struct DenyCache {
-    shards: Box<[Mutex<HashMap<(u32, Key), Entry>>]>,
+    shards: Box<[Shard]>,
     per_shard: usize,
     hasher: RandomState,
 }
+
+type Shard = Mutex<HashMap<(u32, Key), Entry>>;
 
 #[derive(Debug)]
 struct Entry {
@@ -38,7 +40,7 @@ impl DenyCache {
         }
     }
 
-    fn shard(&self, id: u32, key: &Key) -> &Mutex<HashMap<(u32, Key), Entry>> {
+    fn shard(&self, id: u32, key: &Key) -> &Shard {
         let h = self.hasher.hash_one((id, key));
         &self.shards[(h >> 40) as usize % self.shards.len()]
     }

@@ -87,6 +87,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     _ => None,
                 }),
         )
+        // A new limit, rolled out in shadow mode: reported, never enforced.
+        .policy(Policy::fixed_window("1000/h").name("hourly").shadow())
         .headers(HeaderStyle::Both)
         .build()?;
 

@@ -129,7 +129,8 @@ pub enum FailurePolicy {
     Closed,
     /// Decide in this process instead, with every policy's limit divided by `divisor` (the
     /// number of instances sharing the store, so that together they stay near the global
-    /// limit). Each instance counts on its own while the store is down.
+    /// limit). Each instance counts on its own while the store is down, and charges made after
+    /// the response ([`Policy::charge_if`](crate::Policy::charge_if)) are not counted then.
     Local {
         /// What each policy's limit and burst are divided by (at least 1; results below 1
         /// become 1).

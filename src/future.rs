@@ -54,7 +54,7 @@ impl AfterResponse {
 pub(crate) struct Guard {
     pub(crate) permit: Permit,
     pub(crate) fallback: Option<Vec<Check>>,
-    pub(crate) remember: Option<Vec<(u32, Key)>>,
+    pub(crate) remember: Option<Vec<(u32, Key, u64)>>,
     pub(crate) started: Instant,
     /// The decision, on its way into the request's extensions.
     pub(crate) decision: Option<Decision>,

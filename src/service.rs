@@ -143,7 +143,7 @@ where
         let remember = shared.deny_cache.is_some().then(|| {
             checks
                 .iter()
-                .map(|c| (c.policy.id, c.key.clone()))
+                .map(|c| (c.policy.id, c.key.clone(), c.cost))
                 .collect()
         });
         let permit = shared

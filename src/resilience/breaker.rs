@@ -1,6 +1,6 @@
 //! The circuit breaker.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Stops asking a failing store for a while.
@@ -46,10 +46,10 @@ impl Default for CircuitBreaker {
 pub(crate) struct Breaker {
     config: CircuitBreaker,
     failures: AtomicU32,
-    /// While non-zero: the breaker is open until this time (microseconds, layer clock).
+    /// While non-zero: the breaker is open until this time (microseconds, layer clock). A
+    /// probe moves it one period on, so that there is one probe per period, and a probe that
+    /// never reports (its request was dropped) cannot keep the breaker open for good.
     open_until: AtomicU64,
-    /// A probe is in flight.
-    probing: AtomicBool,
 }
 
 /// What the breaker says about one decision.
@@ -69,7 +69,6 @@ impl Breaker {
             config,
             failures: AtomicU32::new(0),
             open_until: AtomicU64::new(0),
-            probing: AtomicBool::new(false),
         }
     }
 
@@ -81,10 +80,12 @@ impl Breaker {
         if now < until {
             return Permit::Reject;
         }
-        match self
-            .probing
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-        {
+        match self.open_until.compare_exchange(
+            until,
+            self.reopen_at(now),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
             Ok(_) => Permit::Probe,
             Err(_) => Permit::Reject,
         }
@@ -94,7 +95,6 @@ impl Breaker {
         self.failures.store(0, Ordering::Release);
         if permit == Permit::Probe || self.open_until.load(Ordering::Acquire) != 0 {
             self.open_until.store(0, Ordering::Release);
-            self.probing.store(false, Ordering::Release);
             tracing::info!("rate-limit store is back; circuit breaker closed");
             metrics::gauge!("ratelimit_circuit_open").set(0.0);
         }
@@ -103,17 +103,20 @@ impl Breaker {
     pub(crate) fn failure(&self, permit: Permit, now: u64) {
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
         if permit == Permit::Probe || failures >= self.config.failures {
-            let until = now + (self.config.open_for.as_micros() as u64).max(1);
-            if self.open_until.swap(until, Ordering::AcqRel) == 0 {
+            if self.open_until.swap(self.reopen_at(now), Ordering::AcqRel) == 0 {
                 tracing::warn!(
                     failures,
                     open_for = ?self.config.open_for,
                     "rate-limit store keeps failing; circuit breaker open"
                 );
             }
-            self.probing.store(false, Ordering::Release);
             metrics::gauge!("ratelimit_circuit_open").set(1.0);
         }
+    }
+
+    /// The end of an open period starting at `now`.
+    fn reopen_at(&self, now: u64) -> u64 {
+        now + (self.config.open_for.as_micros() as u64).max(1)
     }
 
     #[cfg(test)]
@@ -153,5 +156,21 @@ mod tests {
             Permit::Call,
             "the count restarted after success"
         );
+    }
+
+    #[test]
+    fn a_probe_that_never_reports_does_not_keep_it_open() {
+        let b = Breaker::new(CircuitBreaker::new(1, Duration::from_micros(100)));
+        b.failure(Permit::Call, 0);
+        assert_eq!(b.permit(100), Permit::Probe);
+        // The probe's request is dropped: neither success nor failure is reported.
+        assert_eq!(b.permit(150), Permit::Reject);
+        assert_eq!(
+            b.permit(200),
+            Permit::Probe,
+            "the next period brings a probe"
+        );
+        b.success(Permit::Probe);
+        assert_eq!(b.permit(201), Permit::Call);
     }
 }

@@ -13,7 +13,9 @@ const SHARDS: usize = 16;
 const SAMPLE: usize = 8;
 
 /// Keys the store said are limited until some time, remembered in this process so that a flood
-/// on a limited key costs no round trip. Bounded: when full, expired entries go first, then
+/// on a limited key costs no round trip. A denial is remembered with the cost of the request it
+/// refused, and answers only requests that cost at least as much (a cheaper one may fit).
+/// Bounded: when full, expired entries go first, then
 /// the soonest to expire of a small sample.
 #[derive(Debug)]
 pub(crate) struct DenyCache {
@@ -27,6 +29,8 @@ type Shard = Mutex<HashMap<(u32, Key), Entry>>;
 #[derive(Debug)]
 struct Entry {
     until: u64,
+    /// The cost of the denied request.
+    cost: u64,
     outcome: PolicyOutcome,
 }
 
@@ -57,10 +61,12 @@ impl DenyCache {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
             match shard.get(&map_key) {
-                Some(e) if e.until > now => {
+                Some(e) if e.until > now && c.cost >= e.cost => {
                     let outcome = e.outcome.waiting(e.until - now);
                     return Some(Decision::new(vec![outcome]));
                 }
+                // A cheaper request than the one denied may fit: the store decides.
+                Some(e) if e.until > now => {}
                 Some(_) => {
                     shard.remove(&map_key);
                 }
@@ -70,9 +76,10 @@ impl DenyCache {
         None
     }
 
-    /// Remembers the violated enforced policies of a denied decision.
-    pub(crate) fn remember(&self, checks: &[(u32, Key)], decision: &Decision, now: u64) {
-        for ((id, key), outcome) in checks.iter().zip(decision.outcomes()) {
+    /// Remembers the violated enforced policies of a denied decision: `checks` are the policy
+    /// id, key and cost of each of its outcomes.
+    pub(crate) fn remember(&self, checks: &[(u32, Key, u64)], decision: &Decision, now: u64) {
+        for ((id, key, cost), outcome) in checks.iter().zip(decision.outcomes()) {
             let Some(retry) = outcome.retry_after() else {
                 continue;
             };
@@ -85,22 +92,23 @@ impl DenyCache {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
             if shard.len() >= self.per_shard && !shard.contains_key(&(*id, key.clone())) {
-                shard.retain(|_, e| e.until > now);
-                if shard.len() >= self.per_shard {
-                    let victim = shard
-                        .iter()
-                        .take(SAMPLE)
-                        .min_by_key(|(_, e)| e.until)
-                        .map(|(k, _)| k.clone());
-                    if let Some(v) = victim {
-                        shard.remove(&v);
-                    }
+                // Evict from a small sample, not a scan of the shard, so a flood of distinct
+                // limited keys costs constant time per entry: the sample's soonest to expire
+                // (an expired one, if the sample has any).
+                let victim = shard
+                    .iter()
+                    .take(SAMPLE)
+                    .min_by_key(|(_, e)| e.until)
+                    .map(|(k, _)| k.clone());
+                if let Some(v) = victim {
+                    shard.remove(&v);
                 }
             }
             shard.insert(
                 (*id, key.clone()),
                 Entry {
                     until,
+                    cost: *cost,
                     outcome: outcome.clone(),
                 },
             );
@@ -114,5 +122,107 @@ impl DenyCache {
             .iter()
             .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len())
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::algorithm::Verdict;
+    use crate::policy::Policy;
+    use crate::store::PolicyHandle;
+
+    fn handle(id: u32) -> Arc<PolicyHandle> {
+        let (name, algorithm) = Policy::gcra("10/s").compile().unwrap().remove(0);
+        Arc::new(PolicyHandle {
+            name,
+            id,
+            algorithm,
+        })
+    }
+
+    /// A denial of `key` by `policy`, for `retry_us`.
+    fn denied(policy: &PolicyHandle, retry_us: u64) -> Decision {
+        let verdict = Verdict {
+            allowed: false,
+            remaining: 0,
+            reset_after_us: retry_us,
+            retry_after_us: Some(retry_us),
+        };
+        Decision::new(vec![PolicyOutcome::new(policy, false, verdict)])
+    }
+
+    fn check(policy: &Arc<PolicyHandle>, key: &Key, cost: u64) -> Vec<Check> {
+        vec![Check::new(policy.clone(), key.clone(), cost, Mode::Enforce)]
+    }
+
+    #[test]
+    fn stays_bounded_under_a_flood_of_distinct_limited_keys() {
+        for max in [1, 5, 17, 100, 1_000] {
+            let cache = DenyCache::new(max);
+            let policy = handle(0);
+            let decision = denied(&policy, 60_000_000);
+            for i in 0..20_000u64 {
+                cache.remember(&[(0, Key::from(i), 1)], &decision, i);
+                assert!(cache.len() <= max, "{} entries, at most {max}", cache.len());
+            }
+            assert!(cache.len() >= max / 2, "{max}: most of the room is used");
+            // The newest key is answered from the cache.
+            let newest = Key::from(19_999u64);
+            assert!(cache.lookup(&check(&policy, &newest, 1), 20_000).is_some());
+        }
+    }
+
+    #[test]
+    fn nothing_is_answered_at_or_after_its_time() {
+        let cache = DenyCache::new(16);
+        let policy = handle(0);
+        // 16 shards of one entry: fill them with short denials.
+        for i in 0..1_000u64 {
+            cache.remember(&[(0, Key::from(i), 1)], &denied(&policy, 10), 0);
+        }
+        let held = cache.len();
+        assert!(held <= 16);
+        assert!(
+            (0..1_000u64).all(|i| cache
+                .lookup(&check(&policy, &Key::from(i), 1), 10)
+                .is_none()),
+            "nothing is answered at or after its time"
+        );
+        assert_eq!(cache.len(), 0, "lookups drop what expired");
+    }
+
+    #[test]
+    fn answers_the_policy_and_cost_it_was_told_about() {
+        let cache = DenyCache::new(100);
+        let (a, b) = (handle(0), handle(1));
+        let key = Key::from("k");
+        cache.remember(&[(0, key.clone(), 5)], &denied(&a, 1_000), 0);
+        let hit = cache.lookup(&check(&a, &key, 5), 400).expect("a hit");
+        assert_eq!(
+            hit.binding().retry_after(),
+            Some(std::time::Duration::from_micros(600))
+        );
+        assert!(cache.lookup(&check(&a, &key, 9), 400).is_some(), "costlier");
+        assert!(
+            cache.lookup(&check(&a, &key, 1), 400).is_none(),
+            "a cheaper request may fit: ask the store"
+        );
+        assert!(
+            cache.lookup(&check(&b, &key, 5), 400).is_none(),
+            "another policy"
+        );
+        assert!(
+            cache
+                .lookup(&check(&a, &Key::from("other"), 5), 400)
+                .is_none(),
+            "another key"
+        );
+        assert!(
+            cache.lookup(&check(&a, &key, 5), 1_000).is_none(),
+            "expired"
+        );
     }
 }

@@ -32,6 +32,47 @@
 //!   for handlers, and builds the response headers from it.
 //! * A [`Clock`] gives the time; tests inject a [`ManualClock`] and never sleep.
 //!
+//! # Several limits, per route, per plan
+//!
+//! One layer can hold a whole API's limits. Each [`Policy`] may have its own key, apply only to
+//! some routes ([`Policy::route`]), cost more than one unit ([`Policy::cost`]), charge only
+//! failed requests ([`Policy::charge_if`]) or give server errors back ([`Policy::refund_if`]),
+//! choose its quota per request ([`Policy::tier`]), or run in shadow mode
+//! ([`Policy::shadow`]) to roll a new limit out safely. Every applicable policy is decided in
+//! one atomic step (one Lua script on Redis): nothing is charged unless all admit the request,
+//! and the 429 names every violated policy.
+//!
+//! ```
+//! use http::{Method, StatusCode};
+//! use tower_ratelimit::{HeaderStyle, Policy, RateLimitLayer, key::{ApiKey, PeerIp}};
+//!
+//! # fn main() -> Result<(), tower_ratelimit::ConfigError> {
+//! let limits = RateLimitLayer::builder()
+//!     .key(PeerIp::new())
+//!     .policy(Policy::gcra("20/s").burst(40).name("per-ip"))
+//!     .policy(Policy::fixed_window("10000/d").name("per-key").key(ApiKey::bearer()))
+//!     .policy(
+//!         Policy::sliding_log("5/15min")
+//!             .name("failed-logins")
+//!             .route(Some(Method::POST), "/login")
+//!             .charge_if(|status| status == StatusCode::UNAUTHORIZED),
+//!     )
+//!     .headers(HeaderStyle::Both) // X-RateLimit-* and the IETF RateLimit fields
+//!     .build()?;
+//! # let _ = limits;
+//! # Ok(()) }
+//! ```
+//!
+//! # When the store fails
+//!
+//! A decision in Redis has a deadline ([`RedisStoreBuilder::deadline`], 50 ms by default).
+//! A failed or late decision goes to the [`FailurePolicy`]: let the request through, answer
+//! `503`, or decide in memory with the limits divided among the instances. A
+//! [`CircuitBreaker`] stops asking a failing store for a while, and an optional deny cache
+//! ([`RateLimitLayerBuilder::deny_cache`]) answers a flood on a limited key without a round
+//! trip. [`RateLimitLayer`] also has administrative operations: `peek`, `penalize`,
+//! `refund` and `reset`.
+//!
 //! # Choosing an algorithm
 //!
 //! | algorithm | pick it when | memory per key |

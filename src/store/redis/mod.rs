@@ -238,6 +238,20 @@ impl RedisStore {
     pub fn key_for(&self, policy: &str, key: &crate::key::Key) -> Vec<u8> {
         redis_key(&self.inner.prefix, policy, key)
     }
+
+    /// For benchmarks only (`scripts/bench.sh`), not part of the API: the arguments after the
+    /// SHA of the `EVALSHA` that decides `key` at cost 1 under `policy` alone (enforce mode,
+    /// Redis `TIME`): `numkeys, key, time, slack, algorithm, 4 parameters, cost, mode`.
+    #[doc(hidden)]
+    pub fn script_args(&self, policy: &crate::Policy, key: &crate::key::Key) -> Vec<Vec<u8>> {
+        let (name, algorithm) = policy.compile().expect("a valid policy").swap_remove(0);
+        let (code, params) = algorithm.lua_args();
+        let mut args = vec![b"1".to_vec(), redis_key(&self.inner.prefix, &name, key)];
+        args.extend([String::new(), 0.to_string(), code.to_string()].map(String::into_bytes));
+        args.extend(params.iter().map(|p| p.to_string().into_bytes()));
+        args.extend([b"1".to_vec(), b"0".to_vec()]);
+        args
+    }
 }
 
 impl RedisStoreBuilder {

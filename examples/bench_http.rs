@@ -1,0 +1,167 @@
+//! The HTTP servers of `scripts/bench.sh`: one axum hello-world, with or without a limiter,
+//! listening on a free port of 127.0.0.1 that it prints as `port=N`. Not an example of how to
+//! use the crate.
+//!
+//! ```text
+//! bench_http MODE [REDIS_URL] [--threads 1]
+//! ```
+//!
+//! | mode | what |
+//! |---|---|
+//! | `bare` | the handler alone |
+//! | `memory` | our layer, memory store, GCRA 1,000,000/s per peer IP (never limits) |
+//! | `governor` | `tower_governor`, in-memory GCRA, one cell per nanosecond, per peer IP |
+//! | `redis` | our layer, Redis store (multiplexed), the same policy |
+//! | `evalsha` | no layer: the handler does the same `EVALSHA` on one multiplexed connection |
+//! | `deny-memory` | our layer, memory store, fixed window 1/hour: every request but one is 429 |
+//! | `deny-redis` | the same on the Redis store with the deny cache on |
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use tower_ratelimit::key::Key;
+use tower_ratelimit::{Policy, RateLimitLayer, RedisStore};
+
+async fn hello() -> &'static str {
+    "hello"
+}
+
+fn open_policy() -> Policy {
+    Policy::gcra("1000000/s").name("g")
+}
+
+fn deny_policy() -> Policy {
+    Policy::fixed_window("1/h").name("d")
+}
+
+async fn redis_store(url: &str) -> RedisStore {
+    RedisStore::builder(url)
+        .prefix("bench:")
+        .deadline(Duration::from_secs(10))
+        .build()
+        .await
+        .expect("connect to Redis")
+}
+
+/// The `EVALSHA` our layer sends for the peer 127.0.0.1, sent by the handler itself.
+struct Evalsha {
+    conn: redis::aio::ConnectionManager,
+    sha: String,
+    args: Vec<Vec<u8>>,
+}
+
+async fn evalsha(State(e): State<Arc<Evalsha>>) -> Result<&'static str, StatusCode> {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(&e.sha);
+    for a in &e.args {
+        cmd.arg(&a[..]);
+    }
+    let mut conn = e.conn.clone();
+    let reply: Vec<i64> = cmd
+        .query_async(&mut conn)
+        .await
+        .map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?;
+    if reply.get(1) == Some(&1) {
+        Ok("hello")
+    } else {
+        Err(StatusCode::TOO_MANY_REQUESTS)
+    }
+}
+
+async fn app(mode: &str, url: &str) -> Router {
+    let base = Router::new().route("/", get(hello));
+    match mode {
+        "bare" => base,
+        "memory" => base.layer(
+            RateLimitLayer::builder()
+                .policy(open_policy())
+                .build()
+                .unwrap(),
+        ),
+        "deny-memory" => base.layer(
+            RateLimitLayer::builder()
+                .policy(deny_policy())
+                .build()
+                .unwrap(),
+        ),
+        "redis" => base.layer(
+            RateLimitLayer::builder()
+                .policy(open_policy())
+                .store(redis_store(url).await)
+                .build()
+                .unwrap(),
+        ),
+        "deny-redis" => base.layer(
+            RateLimitLayer::builder()
+                .policy(deny_policy())
+                .store(redis_store(url).await)
+                .deny_cache(10_000)
+                .build()
+                .unwrap(),
+        ),
+        "governor" => {
+            let config = tower_governor::governor::GovernorConfigBuilder::default()
+                .per_nanosecond(1)
+                .burst_size(1_000_000)
+                .finish()
+                .expect("a valid governor config");
+            base.layer(tower_governor::GovernorLayer::new(config))
+        }
+        "evalsha" => {
+            let store = redis_store(url).await;
+            let peer = Key::from(std::net::IpAddr::from([127, 0, 0, 1]));
+            let mut args = store.script_args(&open_policy(), &peer);
+            args[1] = store.key_for("g", &peer);
+            let client = redis::Client::open(url).expect("URL");
+            let conn = redis::aio::ConnectionManager::new(client)
+                .await
+                .expect("connect to Redis");
+            let state = Arc::new(Evalsha {
+                conn,
+                sha: store.script_sha().to_owned(),
+                args,
+            });
+            Router::new().route("/", get(evalsha)).with_state(state)
+        }
+        other => {
+            eprintln!("unknown mode {other:?}; see examples/bench_http.rs");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mode = args.first().cloned().unwrap_or_default();
+    let url = args
+        .get(1)
+        .filter(|a| !a.starts_with("--"))
+        .cloned()
+        .unwrap_or_default();
+    let threads = args
+        .iter()
+        .position(|a| a == "--threads")
+        .and_then(|i| args.get(i + 1))
+        .map_or(1, |t| t.parse().expect("a number"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let app = app(&mode, &url).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        println!("port={}", listener.local_addr().unwrap().port());
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+}

@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# The whole comparison of BENCHMARKS.md, in one run:
+#
+#     scripts/bench.sh            # writes BENCHMARKS.md and prints the table
+#
+# Builds the drivers in release mode, starts its own redis-server on a free port, and measures
+# every figure next to its baseline in the same run (runs interleaved, median of several runs
+# after a warm-up): our Redis decisions against redis-benchmark's EVALSHA of the same script,
+# axum with and without the layer (and with tower_governor) under wrk, our in-memory decision
+# against governor's keyed limiter (criterion), the deny cache, and each algorithm's Redis
+# cost. Then scripts/bench_report.py prints the table of ratios and writes BENCHMARKS.md with
+# an SVG chart (benchmarks.svg).
+#
+# Environment: BENCH_RUNS (default 5) runs per figure, BENCH_HTTP_SECONDS (default 5) per wrk
+# run, BENCH_MAX_LOAD (default 1.0) and BENCH_WAIT (default 600 s): how long to wait for the
+# machine's 1-minute load average to fall below BENCH_MAX_LOAD before measuring (the load is
+# recorded either way). Needs redis-server, redis-benchmark, wrk and python3; installs the
+# Debian packages when they are missing and apt-get is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RUNS=${BENCH_RUNS:-5}
+HTTP_SECONDS=${BENCH_HTTP_SECONDS:-5}
+MAX_LOAD=${BENCH_MAX_LOAD:-1.0}
+WAIT=${BENCH_WAIT:-600}
+OUT=target/bench
+RAW=$OUT/raw
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+missing=()
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v redis-benchmark >/dev/null || missing+=(redis-tools)
+command -v redis-cli >/dev/null || missing+=(redis-tools)
+command -v wrk >/dev/null || missing+=(wrk)
+command -v python3 >/dev/null || missing+=(python3)
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "bench.sh: installing ${missing[*]}" >&2
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+echo "== building (release)" >&2
+cargo build --release --all-features --example bench_redis --example bench_http
+cargo bench --all-features --bench peers --no-run
+BR=target/release/examples/bench_redis
+BH=target/release/examples/bench_http
+
+rm -rf "$RAW"
+mkdir -p "$RAW"
+
+# Wait for a quiet machine (other builds and test suites share it), then record its load.
+waited=0
+while awk -v max="$MAX_LOAD" '{ exit !($1 > max) }' /proc/loadavg && [ "$waited" -lt "$WAIT" ]; do
+    echo "bench.sh: 1-minute load $(cut -d' ' -f1 /proc/loadavg) > $MAX_LOAD; waiting ($waited s)" >&2
+    sleep 15
+    waited=$((waited + 15))
+done
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+PIDS=()
+REDIS_DIR=$(mktemp -d)
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$REDIS_DIR"
+}
+trap cleanup EXIT
+
+PORT=$(free_port)
+redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
+    --dir "$REDIS_DIR" >"$RAW/redis-server.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 100); do
+    redis-cli -p "$PORT" PING 2>/dev/null | grep -q PONG && break
+    sleep 0.1
+done
+URL=redis://127.0.0.1:$PORT
+
+{
+    echo "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "nproc=$(nproc)"
+    echo "cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+    echo "redis=$(redis-server --version)"
+    echo "rustc=$(rustc --version)"
+    echo "wrk=$(wrk --version 2>&1 | head -1)"
+    echo "load_before=$(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "waited_s=$waited"
+    echo "runs=$RUNS"
+    echo "http_seconds=$HTTP_SECONDS"
+} >"$RAW/machine.txt"
+
+# The exact EVALSHA our store sends, with redis-benchmark's random key in place of ours.
+mapfile -t EVAL < <("$BR" args "$URL")
+SHA=${EVAL[0]}
+ARGS=("${EVAL[@]:1}")
+ARGS[1]=${ARGS[1]/RANDINT/__rand_int__}
+RB=(redis-benchmark -h 127.0.0.1 -p "$PORT" -r 10000 --csv)
+echo "evalsha=EVALSHA $SHA ${ARGS[*]}" >>"$RAW/machine.txt"
+
+echo "== 1-3: Redis decisions (50 tasks), latency (1 task), pool vs multiplexed" >&2
+"$BR" throughput "$URL" --seconds 1 >/dev/null # warm-up
+"${RB[@]}" -c 50 -n 50000 EVALSHA "$SHA" "${ARGS[@]}" >/dev/null
+for r in $(seq "$RUNS"); do
+    "$BR" throughput "$URL" --tasks 50 --seconds 2 >"$RAW/ours_c50.$r.txt"
+    "${RB[@]}" -c 50 -n 100000 EVALSHA "$SHA" "${ARGS[@]}" >"$RAW/rb_c50.$r.csv"
+    "${RB[@]}" -c 50 -n 200000 -P 16 EVALSHA "$SHA" "${ARGS[@]}" >"$RAW/rb_p16.$r.csv"
+    "$BR" latency "$URL" --n 20000 >"$RAW/ours_c1.$r.txt"
+    "${RB[@]}" -c 1 -n 20000 EVALSHA "$SHA" "${ARGS[@]}" >"$RAW/rb_c1.$r.csv"
+    "$BR" throughput "$URL" --tasks 50 --seconds 2 --pool 50 >"$RAW/pool50.$r.txt"
+    echo "   run $r/$RUNS" >&2
+done
+
+echo "== 4, 5, 7: HTTP under wrk" >&2
+MODES=(bare memory governor redis evalsha deny-memory deny-redis)
+declare -A HTTP_PORT
+for mode in "${MODES[@]}"; do
+    log="$RAW/server-$mode.log"
+    "$BH" "$mode" "$URL" --threads 1 >"$log" 2>&1 &
+    PIDS+=($!)
+    for _ in $(seq 100); do grep -q '^port=' "$log" && break; sleep 0.1; done
+    HTTP_PORT[$mode]=$(sed -n 's/^port=//p' "$log")
+    wrk -t1 -c32 -d1s "http://127.0.0.1:${HTTP_PORT[$mode]}/" >/dev/null # warm-up
+done
+evalsha_calls() {
+    redis-cli -p "$PORT" INFO commandstats | tr -d '\r' |
+        sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\).*/\1/p' | grep . || echo 0
+}
+deny_calls=0
+for r in $(seq "$RUNS"); do
+    for mode in "${MODES[@]}"; do
+        before=$(evalsha_calls)
+        wrk -t1 -c32 -d"${HTTP_SECONDS}s" --latency "http://127.0.0.1:${HTTP_PORT[$mode]}/" \
+            >"$RAW/http-$mode.$r.txt"
+        if [ "$mode" = deny-redis ]; then
+            deny_calls=$((deny_calls + $(evalsha_calls) - before))
+        fi
+    done
+    echo "   run $r/$RUNS" >&2
+done
+echo "deny_redis_evalsha_calls=$deny_calls" >>"$RAW/machine.txt"
+
+echo "== 6: in-memory decision vs governor (criterion)" >&2
+rm -rf target/criterion/decision
+cargo bench --all-features --bench peers -- --warm-up-time 2 --measurement-time 4 --noplot \
+    >"$RAW/criterion.txt" 2>&1
+cp -r target/criterion/decision "$RAW/criterion"
+
+echo "== 8: each algorithm's Redis cost and memory per key" >&2
+"$BR" algorithms "$URL" --n 50000 >"$RAW/algorithms.txt"
+for algorithm in fixed_window sliding_window sliding_log token_bucket leaky_bucket gcra; do
+    "$BR" memory-per-key "$algorithm" --keys 200000 >>"$RAW/memory.txt"
+done
+
+echo "load_after=$(cut -d' ' -f1-3 /proc/loadavg)" >>"$RAW/machine.txt"
+python3 scripts/bench_report.py "$RAW" BENCHMARKS.md benchmarks.svg

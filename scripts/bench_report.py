@@ -1,0 +1,270 @@
+#!/usr/bin/env python3
+"""Turns the raw output of scripts/bench.sh into the table of ratios (printed), BENCHMARKS.md
+and an SVG bar chart. Standard library only.
+
+    python3 scripts/bench_report.py RAW_DIR BENCHMARKS.md benchmarks.svg
+"""
+
+import csv
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+RAW, MD, SVG = sys.argv[1], sys.argv[2], sys.argv[3]
+
+
+def kv(path):
+    out = {}
+    if os.path.exists(path):
+        for line in open(path):
+            if "=" in line:
+                k, v = line.rstrip("\n").split("=", 1)
+                out[k] = v
+    return out
+
+
+def runs(pattern):
+    return sorted(glob.glob(os.path.join(RAW, pattern)))
+
+
+def median_kv(pattern, field):
+    vals = [float(kv(p)[field]) for p in runs(pattern) if field in kv(p)]
+    return statistics.median(vals) if vals else None
+
+
+def median_rb(pattern, column):
+    """A column of redis-benchmark --csv (latencies in ms are returned in microseconds)."""
+    vals = []
+    for p in runs(pattern):
+        rows = list(csv.DictReader(open(p)))
+        if rows:
+            v = float(rows[-1][column])
+            vals.append(v * 1000 if column.endswith("_ms") else v)
+    return statistics.median(vals) if vals else None
+
+
+UNITS = {"us": 1.0, "ms": 1000.0, "s": 1e6}
+
+
+def wrk(path):
+    text = open(path).read()
+    rps = re.search(r"Requests/sec:\s*([\d.]+)", text)
+    p99 = re.search(r"^\s*99%\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s*(\d+)", text)
+    total = re.search(r"(\d+) requests in", text)
+    return (
+        float(rps.group(1)) if rps else None,
+        float(p99.group(1)) * UNITS[p99.group(2)] if p99 else None,
+        int(non2xx.group(1)) if non2xx else 0,
+        int(total.group(1)) if total else 0,
+    )
+
+
+def median_wrk(mode, index):
+    vals = [wrk(p)[index] for p in runs(f"http-{mode}.*.txt")]
+    vals = [v for v in vals if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def criterion_ns(name):
+    path = os.path.join(RAW, "criterion", name, "new", "estimates.json")
+    if not os.path.exists(path):
+        return None
+    return json.load(open(path))["median"]["point_estimate"]
+
+
+machine = kv(os.path.join(RAW, "machine.txt"))
+rows = []  # (comparison, ours label, ours, baseline label, baseline, unit, ratio, goal, verdict)
+
+
+def add(comp, what, ours, base_what, base, unit, goal_op=None, goal=None):
+    ratio = ours / base if ours is not None and base else None
+    if ratio is None:
+        verdict = "n/a"
+    elif goal_op == ">=":
+        verdict = "PASS" if ratio >= goal else "MISS"
+    elif goal_op == "<=":
+        verdict = "PASS" if ratio <= goal else "MISS"
+    else:
+        verdict = "info"
+    goal_text = f"{goal_op} {goal}x" if goal_op else "-"
+    rows.append((comp, what, ours, base_what, base, unit, ratio, goal_text, verdict))
+
+
+# 1. Redis decisions/s, 50 concurrent.
+ours_c50 = median_kv("ours_c50.*.txt", "rps")
+add("1 Redis decisions/s, 50 tasks", "ours (multiplexed)", ours_c50,
+    "redis-benchmark -c 50 -P 1", median_rb("rb_c50.*.csv", "rps"), "req/s", ">=", 0.9)
+add("1 Redis decisions/s, 50 tasks", "ours (multiplexed)", ours_c50,
+    "redis-benchmark -c 50 -P 16", median_rb("rb_p16.*.csv", "rps"), "req/s")
+# 2. Latency at concurrency 1.
+add("2 Redis latency p50, 1 task", "ours", median_kv("ours_c1.*.txt", "p50_us"),
+    "redis-benchmark -c 1", median_rb("rb_c1.*.csv", "p50_latency_ms"), "µs", "<=", 1.3)
+add("2 Redis latency p99, 1 task", "ours", median_kv("ours_c1.*.txt", "p99_us"),
+    "redis-benchmark -c 1", median_rb("rb_c1.*.csv", "p99_latency_ms"), "µs")
+# 3. Pool vs multiplexed.
+add("3 deadpool vs multiplexed, 50 tasks", "pool of 50", median_kv("pool50.*.txt", "rps"),
+    "multiplexed", ours_c50, "req/s")
+# 4. HTTP, memory store.
+bare = median_wrk("bare", 0)
+add("4 HTTP req/s, memory store", "with layer", median_wrk("memory", 0),
+    "without", bare, "req/s", ">=", 0.9)
+add("4 HTTP p99, memory store", "with layer", median_wrk("memory", 1),
+    "without", median_wrk("bare", 1), "µs", "<=", 1.1)
+add("4 HTTP req/s vs tower_governor", "with layer", median_wrk("memory", 0),
+    "tower_governor", median_wrk("governor", 0), "req/s", ">=", 1.0)
+# 5. HTTP, Redis store.
+add("5 HTTP req/s, Redis store", "with layer", median_wrk("redis", 0),
+    "handler doing one EVALSHA", median_wrk("evalsha", 0), "req/s", ">=", 0.9)
+# 6. In-memory decision cost.
+add("6 in-memory decision (GCRA)", "ours check()", criterion_ns("ours_gcra"),
+    "governor keyed (Key)", criterion_ns("governor_keyed_key"), "ns", "<=", 1.5)
+add("6 in-memory decision (GCRA)", "ours check()", criterion_ns("ours_gcra"),
+    "governor keyed (u64)", criterion_ns("governor_keyed_u64"), "ns")
+# 7. Deny cache flood.
+add("7 flood of a limited key", "Redis + deny cache", median_wrk("deny-redis", 0),
+    "memory store", median_wrk("deny-memory", 0), "req/s", ">=", 0.9)
+# 8. Per algorithm.
+algos = kv(os.path.join(RAW, "algorithms.txt"))
+mem = kv(os.path.join(RAW, "memory.txt"))
+names = ["fixed_window", "sliding_window", "sliding_log", "token_bucket", "leaky_bucket", "gcra"]
+fw = float(algos.get("fixed_window.usec_per_call", "nan"))
+for a in names:
+    if f"{a}.usec_per_call" in algos:
+        add("8 Redis server µs/call", a, float(algos[f"{a}.usec_per_call"]),
+            "fixed_window", fw, "µs")
+
+
+def fmt(v, unit):
+    if v is None:
+        return "n/a"
+    if unit in ("req/s", "ns") and v >= 100:
+        return f"{v:,.0f}"
+    return f"{v:,.1f}"
+
+
+header = ["comparison", "ours", "value", "baseline", "value", "ratio", "goal", "result"]
+table = [header, ["---"] * len(header)]
+for comp, what, ours, bwhat, base, unit, ratio, goal, verdict in rows:
+    table.append([comp, what, f"{fmt(ours, unit)} {unit}", bwhat, f"{fmt(base, unit)} {unit}",
+                  f"{ratio:.2f}x" if ratio is not None else "n/a", goal, verdict])
+md_table = "\n".join("| " + " | ".join(r) + " |" for r in table)
+
+deny_calls = machine.get("deny_redis_evalsha_calls", "n/a")
+mem_rows = ["| algorithm | Redis µs/call | Redis bytes/key (MEMORY USAGE) | memory store bytes/key (RSS growth) |",
+            "|---|---|---|---|"]
+for a in names:
+    mem_rows.append(f"| {a} | {algos.get(a + '.usec_per_call', 'n/a')} | "
+                    f"{algos.get(a + '.redis_bytes_per_key', 'n/a')} | "
+                    f"{mem.get(a + '.memory_bytes_per_key', 'n/a')} |")
+
+# The chart: one bar per ratio, a line at 1.0x and a tick at the goal.
+W, LABEL, BAR_H, GAP, MAXR = 760, 330, 18, 8, 2.0
+scale = (W - LABEL - 60) / MAXR
+chart = [r for r in rows if r[6] is not None]
+H = 40 + len(chart) * (BAR_H + GAP) + 20
+svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+       f'font-family="sans-serif" font-size="12">',
+       f'<rect width="{W}" height="{H}" fill="white"/>',
+       f'<text x="10" y="20" font-size="14" font-weight="bold">Ratios, ours / baseline '
+       f'(same run); tick = goal</text>']
+colors = {"PASS": "#2e8b57", "MISS": "#c0392b", "info": "#7f8c8d"}
+for i, (comp, what, _, bwhat, _, _, ratio, goal, verdict) in enumerate(chart):
+    y = 40 + i * (BAR_H + GAP)
+    label = f"{comp.split(' ', 1)[1]}: vs {bwhat}"
+    label = label if len(label) <= 52 else label[:51] + "…"
+    label = label.replace("&", "&amp;").replace("<", "&lt;")
+    svg.append(f'<text x="{LABEL - 6}" y="{y + 13}" text-anchor="end">{comp.split()[0]}. {label}</text>')
+    width = min(ratio, MAXR) * scale
+    svg.append(f'<rect x="{LABEL}" y="{y}" width="{width:.1f}" height="{BAR_H}" fill="{colors[verdict]}"/>')
+    svg.append(f'<text x="{LABEL + width + 4:.1f}" y="{y + 13}">{ratio:.2f}x</text>')
+    m = re.match(r"[<>]= ([\d.]+)x", goal)
+    if m:
+        gx = LABEL + float(m.group(1)) * scale
+        svg.append(f'<line x1="{gx:.1f}" y1="{y - 2}" x2="{gx:.1f}" y2="{y + BAR_H + 2}" '
+                   f'stroke="black" stroke-width="2"/>')
+one = LABEL + scale
+svg.append(f'<line x1="{one:.1f}" y1="30" x2="{one:.1f}" y2="{H - 10}" stroke="#999" '
+           f'stroke-dasharray="4 3"/>')
+svg.append(f'<text x="{one:.1f}" y="{H - 2}" text-anchor="middle" fill="#555">1.0x</text>')
+svg.append("</svg>")
+open(SVG, "w").write("\n".join(svg) + "\n")
+
+misses = [r for r in rows if r[8] == "MISS"]
+md = f"""# Benchmarks
+
+Written by `scripts/bench.sh` (do not edit by hand; run it again). Every figure is the median
+of {machine.get('runs', '?')} runs after a warm-up, next to its baseline measured in the same
+run on the same machine (runs interleaved), with the same script bytes, keyspace (10,000 keys)
+and concurrency. The ratio is ours / baseline.
+
+![ratios]({os.path.basename(SVG)})
+
+{md_table}
+
+## Machine
+
+| | |
+|---|---|
+| date | {machine.get('date', '?')} |
+| cores (`nproc`) | {machine.get('nproc', '?')} |
+| CPU | {machine.get('cpu', '?')} |
+| Redis | {machine.get('redis', '?')} |
+| rustc | {machine.get('rustc', '?')} |
+| wrk | {machine.get('wrk', '?')} |
+| load average before / after | {machine.get('load_before', '?')} / {machine.get('load_after', '?')} (waited {machine.get('waited_s', '?')} s for a 1-minute load ≤ 1.0) |
+
+**Two cores share client and server.** Redis comparisons: redis-server (one thread) plus either
+our driver (`examples/bench_redis.rs`, a tokio runtime with one worker thread, 50 tasks sharing
+one multiplexed connection) or `redis-benchmark` (one thread, 50 connections). HTTP
+comparisons: the server (`examples/bench_http.rs`, one tokio worker) plus `wrk -t1 -c32
+-d{machine.get('http_seconds', '?')}s`, and redis-server for modes that use it: three
+processes on two cores, so absolute numbers are low and HTTP figures are bounded by the
+machine, not by the middleware alone. Other engineers' builds may share the machine; the
+load average above says how busy it was.
+
+## What is measured
+
+1. Redis decisions/s with 50 concurrent tasks and no HTTP: `RateLimitLayer::check` on the
+   Redis store against `redis-benchmark -c 50 -r 10000 EVALSHA <sha> …` with the exact
+   arguments our store sends (`{machine.get('evalsha', '?')}`, a GCRA policy at 1,000,000/s so
+   every decision admits and writes), and with `-P 16` as the server's ceiling.
+2. Single-decision latency at concurrency 1: our p50/p99 (client-side, per call) against
+   `redis-benchmark -c 1`'s.
+3. The same as 1 with a deadpool pool of 50 connections instead of the multiplexed
+   connection.
+4. axum hello-world under wrk: with our layer (memory store, GCRA per peer IP, never limits)
+   vs without it, and vs `tower_governor` (GCRA per peer IP, never limits).
+5. The same with the Redis store vs a handler that sends the same `EVALSHA` on one
+   multiplexed connection and nothing else.
+6. In-memory decision cost (criterion, `benches/peers.rs`): `RateLimitLayer::check` on the
+   memory store polled once, vs `governor::RateLimiter::keyed` `check_key` on the same
+   10,000 keys (as our `Key` values, and as `u64`).
+7. A flood of one limited key (fixed window 1/h): Redis store with the deny cache vs the memory
+   store. `EVALSHA` calls seen by Redis (`INFO commandstats`) during the measured runs:
+   **{deny_calls}**.
+8. Each algorithm's server time per `EVALSHA` (`INFO commandstats` usec_per_call after 50,000
+   decisions from 50 tasks over 10,000 keys) relative to fixed window, and memory per key:
+
+{chr(10).join(mem_rows)}
+
+Redis bytes per key: `MEMORY USAGE` of one key after one admitted request. Memory store bytes
+per key: growth of the process's resident memory over 200,000 keys divided by 200,000
+(includes the hash map's spare capacity).
+
+## Goals missed in this run
+
+{chr(10).join(f"- {r[0]}: {r[6]:.2f}x against a goal of {r[7]}" for r in misses) or "None."}
+"""
+open(MD, "w").write(md)
+
+print()
+print(md_table)
+print()
+print(f"deny cache flood: {deny_calls} EVALSHA calls during the measured runs")
+print(f"machine: nproc={machine.get('nproc')} {machine.get('redis')} | {machine.get('rustc')} | "
+      f"load before {machine.get('load_before')} after {machine.get('load_after')}")
+print(f"wrote {MD} and {SVG}")

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::Verdict;
+use crate::few::Few;
 use crate::store::PolicyHandle;
 
 /// The outcome of one policy for one request.
@@ -98,13 +99,14 @@ impl PolicyOutcome {
 /// as an extractor or with `Extension<Decision>`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
-    outcomes: Vec<PolicyOutcome>,
+    outcomes: Few<PolicyOutcome>,
     allowed: bool,
 }
 
 impl Decision {
     /// A decision from its outcomes: allowed when every enforced outcome is.
-    pub(crate) fn new(outcomes: Vec<PolicyOutcome>) -> Self {
+    pub(crate) fn new(outcomes: impl Into<Few<PolicyOutcome>>) -> Self {
+        let outcomes = outcomes.into();
         let allowed = outcomes.iter().all(|o| o.allowed || o.shadow);
         Decision { outcomes, allowed }
     }

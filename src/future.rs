@@ -20,7 +20,7 @@ use crate::key::Key;
 use crate::layer::Shared;
 use crate::policy::StatusFn;
 use crate::resilience::Permit;
-use crate::store::{Check, Mode, PolicyHandle, Store};
+use crate::store::{Check, Checks, Mode, PolicyHandle, Store};
 
 /// A charge or refund that depends on the response's status.
 pub(crate) struct AfterResponse {
@@ -53,7 +53,7 @@ impl AfterResponse {
 /// checks, and what to remember in the deny cache.
 pub(crate) struct Guard {
     pub(crate) permit: Permit,
-    pub(crate) fallback: Option<Vec<Check>>,
+    pub(crate) fallback: Option<Checks>,
     pub(crate) remember: Option<Vec<(u32, Key, u64)>>,
     pub(crate) started: Instant,
     /// The decision, on its way into the request's extensions.
@@ -276,7 +276,7 @@ where
                         headers.apply(response.headers_mut());
                     }
                     let status = response.status();
-                    let adjust: Vec<Check> = this
+                    let adjust: Checks = this
                         .after
                         .drain(..)
                         .filter(|a| (a.when)(status))

@@ -50,6 +50,19 @@ pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelim
 /// `X-RateLimit-Reset`.
 pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
+/// A header value for `n`; the small numbers most responses carry are formatted once and
+/// shared, not allocated per response.
+fn number(n: u64) -> HeaderValue {
+    const CACHED: usize = 1024;
+    static VALUES: std::sync::OnceLock<Vec<HeaderValue>> = std::sync::OnceLock::new();
+    match usize::try_from(n) {
+        Ok(i) if i < CACHED => {
+            VALUES.get_or_init(|| (0..CACHED as u64).map(HeaderValue::from).collect())[i].clone()
+        }
+        _ => HeaderValue::from(n),
+    }
+}
+
 /// Whole seconds, rounded up.
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
@@ -188,7 +201,7 @@ impl RateLimitHeaders {
         if let Some(retry) = self.retry_after
             && !headers.contains_key(RETRY_AFTER)
         {
-            headers.insert(RETRY_AFTER, HeaderValue::from(retry));
+            headers.insert(RETRY_AFTER, number(retry));
         }
     }
 
@@ -200,6 +213,13 @@ impl RateLimitHeaders {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numbers() {
+        for n in [0, 1, 999, 1023, 1024, 86_400, u64::MAX] {
+            assert_eq!(number(n), HeaderValue::from(n));
+        }
+    }
 
     #[test]
     fn rounds_up() {

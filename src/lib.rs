@@ -154,6 +154,7 @@ mod body;
 mod clock;
 mod decision;
 mod error;
+mod few;
 mod future;
 pub mod headers;
 pub mod key;

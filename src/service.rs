@@ -15,7 +15,7 @@ use crate::future::{AfterResponse, Guard};
 use crate::key::RequestRef;
 use crate::layer::Shared;
 use crate::resilience::Permit;
-use crate::store::{Check, Mode, Store};
+use crate::store::{Check, Checks, Mode, Store};
 
 /// The middleware made by [`RateLimitLayer`](crate::RateLimitLayer).
 ///
@@ -90,8 +90,8 @@ where
         if shared.exempt.as_ref().is_some_and(|f| f(&view)) {
             return ResponseFuture::unlimited(shared.clone(), inner.call(request));
         }
-        let mut checks = Vec::with_capacity(shared.policies.len());
-        let mut fallback = shared.fallback.as_ref().map(|_| Vec::new());
+        let mut checks = Checks::default();
+        let mut fallback = shared.fallback.as_ref().map(|_| Checks::default());
         let mut after = Vec::new();
         for policy in shared.policies.iter() {
             if !policy.applies(&view) {

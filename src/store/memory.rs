@@ -1,16 +1,18 @@
 //! The in-memory store.
 
-use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{Check, Mode, Registry, Store, private};
+use hashbrown::HashTable;
+
+use super::{Check, Checks, Mode, Registry, Store, private};
 use crate::algorithm::{Compiled, State};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, PolicyOutcome};
 use crate::error::{ConfigError, StoreError};
+use crate::few::Few;
 use crate::key::Key;
 
 /// The default [`MemoryStoreBuilder::max_keys`].
@@ -58,16 +60,39 @@ struct Inner {
     registry: Registry,
 }
 
-#[derive(Default)]
+/// One shard: a hash table keyed by (policy id, key), hashed once per decision with the
+/// store's seeded hasher, and looked up by reference (no key is cloned but on insert).
 struct Shard {
-    map: HashMap<(u32, Key), Entry>,
+    table: HashTable<Slot>,
     ops: u32,
     last_sweep: u64,
+    /// A lower bound of the entries' expiry times (exact after a sweep).
+    min_expiry: u64,
 }
 
-struct Entry {
+struct Slot {
+    hash: u64,
+    id: u32,
+    key: Key,
     state: Option<State>,
     expires_at: u64,
+}
+
+impl Default for Shard {
+    fn default() -> Self {
+        Shard {
+            table: HashTable::new(),
+            ops: 0,
+            last_sweep: 0,
+            min_expiry: u64::MAX,
+        }
+    }
+}
+
+impl Slot {
+    fn is(&self, id: u32, key: &Key) -> bool {
+        self.id == id && self.key == *key
+    }
 }
 
 impl fmt::Debug for MemoryStore {
@@ -162,7 +187,7 @@ impl MemoryStore {
 
     /// The number of entries held, including expired ones not yet swept.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).map.len()).sum()
+        self.inner.shards.iter().map(|s| lock(s).table.len()).sum()
     }
 
     /// Whether the store holds no entry.
@@ -181,10 +206,11 @@ impl MemoryStore {
         self.inner.shards.iter().map(|s| lock(s).sweep(now)).sum()
     }
 
-    fn shard_of(&self, id: u32, key: &Key) -> usize {
-        let h = self.inner.hasher.hash_one((id, key));
-        // The high bits: the map uses the low ones.
-        ((h >> 32) as usize) % self.inner.shards.len()
+    /// The hash of a check's (policy, key) and its shard.
+    fn locate(&self, check: &Check) -> (u64, usize) {
+        let h = self.inner.hasher.hash_one((check.policy.id, &check.key));
+        // The high bits pick the shard: the table uses the low ones.
+        (h, ((h >> 32) as usize) % self.inner.shards.len())
     }
 
     /// Decides synchronously; [`Store::check`] wraps this in a ready future.
@@ -195,48 +221,46 @@ impl MemoryStore {
             && check.mode == Mode::Enforce
         {
             // The common case: one enforced policy, one shard, no allocation but the outcome.
-            let mut shard = lock(&self.inner.shards[self.shard_of(check.policy.id, &check.key)]);
-            let outcome = shard.decide_one(check, now, capacity);
-            return Decision::new(vec![outcome]);
+            let (hash, index) = self.locate(check);
+            let mut shard = lock(&self.inner.shards[index]);
+            let outcome = shard.decide_one(check, hash, now, capacity);
+            return Decision::new(Few::One(outcome));
         }
         // Lock every shard involved, in index order so that concurrent multi-policy checks
         // cannot deadlock; then evaluate all before committing any.
-        let indexes: Vec<usize> = checks
-            .iter()
-            .map(|c| self.shard_of(c.policy.id, &c.key))
-            .collect();
-        let mut order = indexes.clone();
+        let located: Vec<(u64, usize)> = checks.iter().map(|c| self.locate(c)).collect();
+        let mut order: Vec<usize> = located.iter().map(|&(_, i)| i).collect();
         order.sort_unstable();
         order.dedup();
         let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = order
             .iter()
             .map(|&i| (i, lock(&self.inner.shards[i])))
             .collect();
-        let slots: Vec<usize> = indexes
+        let slots: Vec<usize> = located
             .iter()
-            .map(|&i| {
+            .map(|&(_, i)| {
                 guards
                     .iter()
                     .position(|(j, _)| *j == i)
                     .expect("every shard index was locked")
             })
             .collect();
-        for (c, &g) in checks.iter().zip(&slots) {
+        let hashes: Vec<u64> = located.iter().map(|&(h, _)| h).collect();
+        for ((c, &g), &h) in checks.iter().zip(&slots).zip(&hashes) {
             match c.mode {
-                Mode::Refund => guards[g].1.refund(c, now),
-                Mode::Reset => {
-                    guards[g].1.map.remove(&(c.policy.id, c.key.clone()));
-                }
-                Mode::Penalize => guards[g].1.commit(c, now, capacity),
+                Mode::Refund => guards[g].1.refund(c, h, now),
+                Mode::Reset => guards[g].1.remove(c, h),
+                Mode::Penalize => guards[g].1.commit(c, h, now, capacity),
                 Mode::Enforce | Mode::Shadow | Mode::Dry => {}
             }
         }
         let verdicts: Vec<_> = checks
             .iter()
             .zip(&slots)
-            .map(|(c, &g)| {
+            .zip(&hashes)
+            .map(|((c, &g), &h)| {
                 let cost = if c.mode.is_admin() { 0 } else { c.cost };
-                let state = guards[g].1.live_state(c, now);
+                let state = guards[g].1.live_state(c, h, now);
                 c.policy.algorithm.evaluate(state, now, cost)
             })
             .collect();
@@ -245,7 +269,7 @@ impl MemoryStore {
             .zip(&verdicts)
             .all(|(c, v)| v.allowed || c.mode == Mode::Shadow || c.mode.is_admin());
         let mut verdicts = verdicts;
-        for ((c, v), &g) in checks.iter().zip(&mut verdicts).zip(&slots) {
+        for (((c, v), &g), &h) in checks.iter().zip(&mut verdicts).zip(&slots).zip(&hashes) {
             let charge = admitted
                 && match c.mode {
                     Mode::Enforce => true,
@@ -253,10 +277,10 @@ impl MemoryStore {
                     Mode::Dry | Mode::Refund | Mode::Reset | Mode::Penalize => false,
                 };
             if charge {
-                guards[g].1.commit(c, now, capacity);
+                guards[g].1.commit(c, h, now, capacity);
             } else if v.allowed && c.cost > 0 && !c.mode.is_admin() {
                 // Admitted by this policy but not charged: report the state as it stays.
-                let state = guards[g].1.live_state(c, now);
+                let state = guards[g].1.live_state(c, h, now);
                 let stays = c.policy.algorithm.evaluate(state, now, 0);
                 v.remaining = stays.remaining;
                 v.reset_after_us = stays.reset_after_us;
@@ -270,89 +294,153 @@ impl MemoryStore {
                 .iter()
                 .zip(verdicts)
                 .map(|(c, v)| PolicyOutcome::new(&c.policy, c.mode == Mode::Shadow, v))
-                .collect(),
+                .collect::<Vec<_>>(),
         )
     }
 }
 
 impl Shard {
-    fn live_state(&self, check: &Check, now: u64) -> Option<&State> {
-        // The lookup key is a (policy, key) tuple, so the key is cloned: a copy for an IP
-        // address, a reference-count increment for bytes.
-        let entry = self.map.get(&(check.policy.id, check.key.clone()))?;
-        if entry.expires_at <= now {
+    fn find(&self, check: &Check, hash: u64) -> Option<&Slot> {
+        self.table.find(hash, |s| s.is(check.policy.id, &check.key))
+    }
+
+    fn find_mut(&mut self, check: &Check, hash: u64) -> Option<&mut Slot> {
+        self.table
+            .find_mut(hash, |s| s.is(check.policy.id, &check.key))
+    }
+
+    fn live_state(&self, check: &Check, hash: u64, now: u64) -> Option<&State> {
+        let slot = self.find(check, hash)?;
+        if slot.expires_at <= now {
             None
         } else {
-            entry.state.as_ref()
+            slot.state.as_ref()
         }
     }
 
-    fn decide_one(&mut self, check: &Check, now: u64, capacity: usize) -> PolicyOutcome {
-        let verdict = check
-            .policy
-            .algorithm
-            .evaluate(self.live_state(check, now), now, check.cost);
-        if verdict.allowed {
-            self.commit(check, now, capacity);
-        }
+    /// One enforced policy: evaluate and commit with a single lookup.
+    fn decide_one(&mut self, check: &Check, hash: u64, now: u64, capacity: usize) -> PolicyOutcome {
+        let algorithm = &check.policy.algorithm;
+        let verdict = match self.find_mut(check, hash) {
+            Some(slot) => {
+                let live = if slot.expires_at <= now {
+                    None
+                } else {
+                    slot.state.as_ref()
+                };
+                let verdict = algorithm.evaluate(live, now, check.cost);
+                if verdict.allowed && check.cost > 0 {
+                    // An expired state is handed to the algorithm as it is: for time that moves
+                    // forward it is the same as a fresh key, and when the clock goes back the
+                    // algorithm sees what the Redis script would see.
+                    slot.expires_at = algorithm.commit(&mut slot.state, now, check.cost);
+                }
+                verdict
+            }
+            None => {
+                let verdict = algorithm.evaluate(None, now, check.cost);
+                if verdict.allowed && check.cost > 0 {
+                    self.insert(check, hash, now, capacity);
+                }
+                verdict
+            }
+        };
         self.tick(now);
         PolicyOutcome::new(&check.policy, false, verdict)
     }
 
-    fn refund(&mut self, check: &Check, now: u64) {
-        // An expired state is handed to the algorithm as it is, not dropped: for time that
-        // moves forward it is the same as a fresh key, and when the clock goes back the
-        // algorithm sees what the Redis script would see.
+    fn refund(&mut self, check: &Check, hash: u64, now: u64) {
         let algorithm = &check.policy.algorithm;
-        if let Some(entry) = self.map.get_mut(&(check.policy.id, check.key.clone()))
-            && let Some(expires_at) = algorithm.refund(&mut entry.state, now, check.cost)
+        if let Some(slot) = self.find_mut(check, hash)
+            && let Some(expires_at) = algorithm.refund(&mut slot.state, now, check.cost)
         {
-            entry.expires_at = expires_at;
+            slot.expires_at = expires_at;
+            self.min_expiry = self.min_expiry.min(expires_at);
         }
     }
 
-    fn commit(&mut self, check: &Check, now: u64, capacity: usize) {
+    fn remove(&mut self, check: &Check, hash: u64) {
+        if let Ok(entry) = self
+            .table
+            .find_entry(hash, |s| s.is(check.policy.id, &check.key))
+        {
+            entry.remove();
+        }
+    }
+
+    fn commit(&mut self, check: &Check, hash: u64, now: u64, capacity: usize) {
         if check.cost == 0 {
             return;
         }
-        let map_key = (check.policy.id, check.key.clone());
-        if let Some(entry) = self.map.get_mut(&map_key) {
-            entry.expires_at = check
-                .policy
-                .algorithm
-                .commit(&mut entry.state, now, check.cost);
-            return;
+        match self.find_mut(check, hash) {
+            Some(slot) => {
+                slot.expires_at = check
+                    .policy
+                    .algorithm
+                    .commit(&mut slot.state, now, check.cost);
+            }
+            None => self.insert(check, hash, now, capacity),
         }
-        if self.map.len() >= capacity {
+    }
+
+    /// A new entry for a key not in the table, making room first when the shard is full.
+    fn insert(&mut self, check: &Check, hash: u64, now: u64, capacity: usize) {
+        if self.table.len() >= capacity {
             self.make_room(now);
         }
         let mut state = None;
         let expires_at = check.policy.algorithm.commit(&mut state, now, check.cost);
-        self.map.insert(map_key, Entry { state, expires_at });
+        let slot = Slot {
+            hash,
+            id: check.policy.id,
+            key: check.key.clone(),
+            state,
+            expires_at,
+        };
+        self.min_expiry = self.min_expiry.min(expires_at);
+        self.table.insert_unique(hash, slot, |s| s.hash);
     }
 
-    /// Frees at least one slot: expired entries first, else the soonest-expiring of a sample.
+    /// Frees one slot: an expired entry from a small sample if it has one; else, when an entry
+    /// may have expired, a sweep of the whole shard; else the soonest to expire of the sample,
+    /// a live key.
     fn make_room(&mut self, now: u64) {
-        if self.sweep(now) > 0 {
-            return;
-        }
-        let victim = self
-            .map
+        let sample = self
+            .table
             .iter()
             .take(EVICTION_SAMPLE)
-            .min_by_key(|(_, e)| e.expires_at)
-            .map(|(k, _)| k.clone());
-        if let Some(k) = victim {
-            self.map.remove(&k);
+            .min_by_key(|s| s.expires_at)
+            .map(|s| (s.hash, s.id, s.key.clone(), s.expires_at));
+        let Some((hash, id, key, expires_at)) = sample else {
+            return;
+        };
+        if expires_at > now {
+            // Sweep only when some entry may have expired (the lower bound says so), so a flood
+            // of live keys never scans the shard; a sweep recomputes the bound exactly.
+            if now >= self.min_expiry && self.sweep(now) > 0 {
+                return;
+            }
+            tracing::debug!("memory store shard full; evicting a live key");
+        }
+        if let Ok(entry) = self.table.find_entry(hash, |s| s.is(id, &key)) {
+            entry.remove();
         }
     }
 
     fn sweep(&mut self, now: u64) -> usize {
-        let before = self.map.len();
-        self.map.retain(|_, e| e.expires_at > now);
+        let before = self.table.len();
+        let mut min_expiry = u64::MAX;
+        self.table.retain(|s| {
+            let keep = s.expires_at > now;
+            if keep {
+                min_expiry = min_expiry.min(s.expires_at);
+            }
+            keep
+        });
+        self.min_expiry = min_expiry;
         self.last_sweep = now;
         self.ops = 0;
-        before - self.map.len()
+        before - self.table.len()
     }
 
     /// Counts an operation and sweeps when it is time.
@@ -376,7 +464,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Store for MemoryStore {
     type Future = std::future::Ready<Result<Decision, StoreError>>;
 
-    fn check(&self, checks: Vec<Check>) -> Self::Future {
+    fn check(&self, checks: Checks) -> Self::Future {
         std::future::ready(Ok(self.decide(&checks)))
     }
 }

@@ -17,6 +17,7 @@ pub use memory::{MemoryStore, MemoryStoreBuilder};
 use crate::algorithm::Compiled;
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
+use crate::few::Few;
 use crate::key::Key;
 
 /// A policy as a store knows it: name, id in the store, algorithm.
@@ -76,6 +77,29 @@ impl Mode {
     }
 }
 
+/// The checks of one decision, one per policy that applies (one is kept without allocating).
+#[derive(Debug, Default)]
+pub struct Checks(Few<Check>);
+
+impl Checks {
+    pub(crate) fn push(&mut self, check: Check) {
+        self.0.push(check);
+    }
+}
+
+impl std::ops::Deref for Checks {
+    type Target = [Check];
+    fn deref(&self) -> &[Check] {
+        &self.0
+    }
+}
+
+impl FromIterator<Check> for Checks {
+    fn from_iter<I: IntoIterator<Item = Check>>(iter: I) -> Self {
+        Checks(iter.into_iter().collect())
+    }
+}
+
 /// One policy to decide for one key at some cost.
 #[derive(Debug)]
 pub struct Check {
@@ -106,7 +130,7 @@ pub trait Store: Clone + Send + Sync + std::fmt::Debug + 'static + private::Seal
 
     /// Decides a request against one or more policies atomically: nothing is charged unless
     /// every policy admits it.
-    fn check(&self, checks: Vec<Check>) -> Self::Future;
+    fn check(&self, checks: Checks) -> Self::Future;
 }
 
 pub(crate) mod private {

@@ -12,7 +12,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, ServerErrorKind};
 
-use super::{Check, Mode, Registry, Store, private};
+use super::{Check, Checks, Mode, Registry, Store, private};
 use crate::algorithm::{Compiled, Verdict};
 use crate::clock::Clock;
 use crate::decision::{Decision, PolicyOutcome};
@@ -424,14 +424,14 @@ impl Inner {
         f(conn).await.map_err(StoreError::new)
     }
 
-    async fn decide(&self, checks: Vec<Check>) -> Result<Decision, StoreError> {
+    async fn decide(&self, checks: Checks) -> Result<Decision, StoreError> {
         let one_slot = checks.iter().all(|c| c.key == checks[0].key);
         let verdicts = if !self.conn.is_cluster() || one_slot {
             self.run(&checks).await?
         } else {
             self.decide_across_slots(&checks).await?
         };
-        let outcomes = checks
+        let outcomes: Vec<PolicyOutcome> = checks
             .iter()
             .zip(verdicts)
             .map(|(check, verdict)| {
@@ -615,7 +615,7 @@ impl ConnectionLike for AnyConn {
 impl Store for RedisStore {
     type Future = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'static>>;
 
-    fn check(&self, checks: Vec<Check>) -> Self::Future {
+    fn check(&self, checks: Checks) -> Self::Future {
         let inner = self.inner.clone();
         Box::pin(async move {
             match tokio::time::timeout(inner.deadline, inner.decide(checks)).await {

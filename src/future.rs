@@ -326,7 +326,7 @@ fn settle<St: Store>(
     after: &mut Vec<AfterResponse>,
     result: Result<Decision, StoreError>,
 ) -> Settled {
-    let now = shared.clock.now_micros();
+    let now = || shared.clock.now_micros();
     metrics::histogram!("ratelimit_store_duration_seconds")
         .record(guard.started.elapsed().as_secs_f64());
     let decision = match result {
@@ -337,7 +337,7 @@ fn settle<St: Store>(
             if let (Some(cache), Some(keys), false) =
                 (&shared.deny_cache, &guard.remember, decision.is_allowed())
             {
-                cache.remember(keys, &decision, now);
+                cache.remember(keys, &decision, now());
             }
             decision
         }
@@ -345,7 +345,7 @@ fn settle<St: Store>(
             if let (Some(breaker), true) =
                 (&shared.breaker, error.kind() != StoreErrorKind::CircuitOpen)
             {
-                breaker.failure(guard.permit, now);
+                breaker.failure(guard.permit, now());
             }
             // No decision from the store: nothing to charge or refund there afterwards.
             after.clear();

@@ -131,11 +131,13 @@ where
         if checks.is_empty() {
             return ResponseFuture::unlimited(shared.clone(), inner.call(request));
         }
-        let now = shared.clock.now_micros();
+        // The layer's clock is read only when the deny cache or an open breaker needs it.
+        let now = std::cell::OnceCell::new();
+        let now = || *now.get_or_init(|| shared.clock.now_micros());
         if let Some(decision) = shared
             .deny_cache
             .as_ref()
-            .and_then(|c| c.lookup(&checks, now))
+            .and_then(|c| c.lookup(&checks, now()))
         {
             metrics::counter!("ratelimit_deny_cache_hits_total").increment(1);
             return ResponseFuture::denied(shared.clone(), decision);

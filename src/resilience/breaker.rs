@@ -72,11 +72,13 @@ impl Breaker {
         }
     }
 
-    pub(crate) fn permit(&self, now: u64) -> Permit {
+    /// `now` is only called when the breaker is open.
+    pub(crate) fn permit(&self, now: impl FnOnce() -> u64) -> Permit {
         let until = self.open_until.load(Ordering::Acquire);
         if until == 0 {
             return Permit::Call;
         }
+        let now = now();
         if now < until {
             return Permit::Reject;
         }
@@ -132,27 +134,27 @@ mod tests {
     #[test]
     fn opens_probes_and_closes() {
         let b = Breaker::new(CircuitBreaker::new(2, Duration::from_micros(100)));
-        assert_eq!(b.permit(0), Permit::Call);
+        assert_eq!(b.permit(|| 0), Permit::Call);
         b.failure(Permit::Call, 0);
-        assert_eq!(b.permit(1), Permit::Call);
+        assert_eq!(b.permit(|| 1), Permit::Call);
         b.failure(Permit::Call, 1);
         assert!(b.is_open());
-        assert_eq!(b.permit(50), Permit::Reject);
-        assert_eq!(b.permit(101), Permit::Probe);
-        assert_eq!(b.permit(101), Permit::Reject, "one probe at a time");
+        assert_eq!(b.permit(|| 50), Permit::Reject);
+        assert_eq!(b.permit(|| 101), Permit::Probe);
+        assert_eq!(b.permit(|| 101), Permit::Reject, "one probe at a time");
         b.failure(Permit::Probe, 101);
         assert_eq!(
-            b.permit(150),
+            b.permit(|| 150),
             Permit::Reject,
             "a failed probe opens it again"
         );
-        assert_eq!(b.permit(201), Permit::Probe);
+        assert_eq!(b.permit(|| 201), Permit::Probe);
         b.success(Permit::Probe);
         assert!(!b.is_open());
-        assert_eq!(b.permit(202), Permit::Call);
+        assert_eq!(b.permit(|| 202), Permit::Call);
         b.failure(Permit::Call, 203);
         assert_eq!(
-            b.permit(204),
+            b.permit(|| 204),
             Permit::Call,
             "the count restarted after success"
         );
@@ -162,15 +164,15 @@ mod tests {
     fn a_probe_that_never_reports_does_not_keep_it_open() {
         let b = Breaker::new(CircuitBreaker::new(1, Duration::from_micros(100)));
         b.failure(Permit::Call, 0);
-        assert_eq!(b.permit(100), Permit::Probe);
+        assert_eq!(b.permit(|| 100), Permit::Probe);
         // The probe's request is dropped: neither success nor failure is reported.
-        assert_eq!(b.permit(150), Permit::Reject);
+        assert_eq!(b.permit(|| 150), Permit::Reject);
         assert_eq!(
-            b.permit(200),
+            b.permit(|| 200),
             Permit::Probe,
             "the next period brings a probe"
         );
         b.success(Permit::Probe);
-        assert_eq!(b.permit(201), Permit::Call);
+        assert_eq!(b.permit(|| 201), Permit::Call);
     }
 }

@@ -117,6 +117,7 @@ async fn app(mode: &str, url: &str) -> Router {
             let peer = Key::from(std::net::IpAddr::from([127, 0, 0, 1]));
             let mut args = store.script_args(&open_policy(), &peer);
             args[1] = store.key_for("g", &peer);
+            args[2] = [&args[1][..], b":block"].concat();
             let client = redis::Client::open(url).expect("URL");
             let conn = redis::aio::ConnectionManager::new(client)
                 .await

@@ -99,6 +99,7 @@ mapfile -t EVAL < <("$BR" args "$URL")
 SHA=${EVAL[0]}
 ARGS=("${EVAL[@]:1}")
 ARGS[1]=${ARGS[1]/RANDINT/__rand_int__}
+ARGS[2]=${ARGS[2]/RANDINT/__rand_int__}
 RB=(redis-benchmark -h 127.0.0.1 -p "$PORT" -r 10000 --csv)
 echo "evalsha=EVALSHA $SHA ${ARGS[*]}" >>"$RAW/machine.txt"
 

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
@@ -245,13 +246,36 @@ impl<St: Store> RateLimitLayer<St> {
         self.decide_key(key, units, Some(Mode::Refund)).await
     }
 
+    /// Denies `key` in every policy for `duration` (at most [`MAX_WINDOW`](crate::MAX_WINDOW)),
+    /// whatever its state: every request is answered `429` with a `Retry-After` that runs to
+    /// the end of the block. [`reset`](Self::reset) lifts it. Returns the decision a request of
+    /// cost 0 gets afterwards.
+    pub async fn block_for(&self, key: &Key, duration: Duration) -> Result<Decision, StoreError> {
+        let micros = duration.min(crate::MAX_WINDOW).as_micros() as u64;
+        let checks = self
+            .shared
+            .policies
+            .iter()
+            .map(|p| {
+                Check::new(
+                    p.handle_for_key(key).clone(),
+                    key.clone(),
+                    micros,
+                    Mode::Block,
+                )
+            })
+            .collect();
+        self.shared.store.check(checks).await
+    }
+
     /// Looks at `key` in every policy without charging it: the decision a request of cost 0
     /// would get. The same as [`check`](Self::check) with a cost of 0.
     pub async fn peek(&self, key: &Key) -> Result<Decision, StoreError> {
         self.decide_key(key, 0, None).await
     }
 
-    /// Forgets everything about `key` in every policy, as if it had never been seen. Returns
+    /// Forgets everything about `key` in every policy, as if it had never been seen, and lifts
+    /// any block. Returns
     /// the decision a request of cost 0 gets afterwards.
     pub async fn reset(&self, key: &Key) -> Result<Decision, StoreError> {
         self.decide_key(key, 0, Some(Mode::Reset)).await

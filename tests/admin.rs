@@ -15,7 +15,7 @@ fn remaining(d: &Decision) -> u64 {
     d.outcomes()[0].remaining()
 }
 
-async fn scenario<St: Store>(store: St, algorithm: Algorithm, label: &str) {
+async fn scenario<St: Store>(store: St, clock: ManualClock, algorithm: Algorithm, label: &str) {
     let layer = RateLimitLayer::builder()
         .policy(Policy::new(algorithm, "10/h").name(format!("admin-{algorithm}")))
         .store(store)
@@ -77,6 +77,37 @@ async fn scenario<St: Store>(store: St, algorithm: Algorithm, label: &str) {
     );
     assert!(layer.check(&key, 1).await.unwrap().is_allowed(), "{ctx}");
     assert_eq!(remaining(&layer.peek(&key).await.unwrap()), 9, "{ctx}");
+    // Block: denied whatever the state until the block ends, then back to its state.
+    let d = layer
+        .block_for(&key, Duration::from_secs(7_200))
+        .await
+        .unwrap();
+    assert!(!d.is_allowed(), "{ctx}: blocked");
+    assert_eq!(d.retry_after(), Some(Duration::from_secs(7_200)), "{ctx}");
+    let denied = layer.check(&key, 1).await.unwrap();
+    assert!(!denied.is_allowed(), "{ctx}: a blocked key is denied");
+    assert_eq!(remaining(&denied), 0, "{ctx}");
+    assert_eq!(
+        denied.retry_after(),
+        Some(Duration::from_secs(7_200)),
+        "{ctx}"
+    );
+    clock.advance(Duration::from_secs(7_200));
+    assert!(
+        layer.check(&key, 1).await.unwrap().is_allowed(),
+        "{ctx}: block over"
+    );
+    // Reset lifts a block.
+    layer
+        .block_for(&other, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(!layer.check(&other, 1).await.unwrap().is_allowed(), "{ctx}");
+    assert_eq!(remaining(&layer.reset(&other).await.unwrap()), 10, "{ctx}");
+    assert!(
+        layer.check(&other, 1).await.unwrap().is_allowed(),
+        "{ctx}: unblocked"
+    );
     // Operations on a key never seen are harmless.
     let fresh = Key::from("never-seen");
     assert_eq!(
@@ -91,7 +122,13 @@ async fn scenario<St: Store>(store: St, algorithm: Algorithm, label: &str) {
 async fn admin_operations_on_the_memory_store() {
     for algorithm in Algorithm::ALL {
         let clock = ManualClock::new();
-        scenario(MemoryStore::with_clock(clock), algorithm, "memory").await;
+        scenario(
+            MemoryStore::with_clock(clock.clone()),
+            clock,
+            algorithm,
+            "memory",
+        )
+        .await;
     }
 }
 
@@ -103,11 +140,11 @@ async fn admin_operations_on_redis() {
         let store = RedisStore::builder(&server.url())
             .deadline(Duration::from_secs(10))
             .prefix("admin:")
-            .clock(clock)
+            .clock(clock.clone())
             .build()
             .await
             .unwrap();
-        scenario(store, algorithm, "redis").await;
+        scenario(store, clock, algorithm, "redis").await;
     }
     support::assert_no_key_without_ttl(&server, "admin:");
 }

@@ -96,10 +96,11 @@ async fn lua_twins_match_the_rust_algorithms() {
                     _ => 1,
                 };
                 // Mostly checks; now and then an administrative operation.
-                let op = match rng.range(0, 23) {
+                let op = match rng.range(0, 24) {
                     0 | 1 => "refund",
                     2 | 3 => "penalize",
                     4 => "reset",
+                    5 => "block",
                     _ => "check",
                 };
                 let (m, r) = match op {
@@ -115,6 +116,13 @@ async fn lua_twins_match_the_rust_algorithms() {
                         on_memory.reset(&key).await.unwrap(),
                         on_redis.reset(&key).await.unwrap(),
                     ),
+                    "block" => {
+                        let d = std::time::Duration::from_micros(rng.range(1, 5_000));
+                        (
+                            on_memory.block_for(&key, d).await.unwrap(),
+                            on_redis.block_for(&key, d).await.unwrap(),
+                        )
+                    }
                     _ => (
                         on_memory.check(&key, cost).await.unwrap(),
                         on_redis.check(&key, cost).await.unwrap(),

@@ -393,6 +393,22 @@ pub(crate) fn run_table(algorithm: &Compiled, rows: &[Row]) {
     }
 }
 
+/// A blocked key is denied until the block ends (`until`, on the store's clock), whatever its
+/// state; a request that could never be admitted still gets no retry time. Twin of the block
+/// step in `decide.lua`.
+pub(crate) fn apply_block(verdict: &mut Verdict, until: u64, now: u64) {
+    if until <= now {
+        return;
+    }
+    let wait = until - now;
+    if verdict.allowed || verdict.retry_after_us.is_some() {
+        verdict.retry_after_us = Some(verdict.retry_after_us.unwrap_or(0).max(wait));
+    }
+    verdict.allowed = false;
+    verdict.remaining = 0;
+    verdict.reset_after_us = verdict.reset_after_us.max(wait);
+}
+
 /// Greatest common divisor.
 pub(crate) const fn gcd(mut a: u64, mut b: u64) -> u64 {
     while b != 0 {

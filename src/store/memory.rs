@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use hashbrown::HashTable;
 
 use super::{Check, Checks, Mode, Registry, Store, private};
-use crate::algorithm::{Compiled, State};
+use crate::algorithm::{Compiled, State, apply_block};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, PolicyOutcome};
 use crate::error::{ConfigError, StoreError};
@@ -76,6 +76,8 @@ struct Slot {
     key: Key,
     state: Option<State>,
     expires_at: u64,
+    /// Denied whatever the state until then (0: not blocked).
+    blocked_until: u64,
 }
 
 impl Default for Shard {
@@ -251,6 +253,7 @@ impl MemoryStore {
                 Mode::Refund => guards[g].1.refund(c, h, now),
                 Mode::Reset => guards[g].1.remove(c, h),
                 Mode::Penalize => guards[g].1.commit(c, h, now, capacity),
+                Mode::Block => guards[g].1.block(c, h, now, capacity),
                 Mode::Enforce | Mode::Shadow | Mode::Dry => {}
             }
         }
@@ -261,7 +264,9 @@ impl MemoryStore {
             .map(|((c, &g), &h)| {
                 let cost = if c.mode.is_admin() { 0 } else { c.cost };
                 let state = guards[g].1.live_state(c, h, now);
-                c.policy.algorithm.evaluate(state, now, cost)
+                let mut verdict = c.policy.algorithm.evaluate(state, now, cost);
+                apply_block(&mut verdict, guards[g].1.blocked_until(c, h), now);
+                verdict
             })
             .collect();
         let admitted = checks
@@ -274,7 +279,7 @@ impl MemoryStore {
                 && match c.mode {
                     Mode::Enforce => true,
                     Mode::Shadow => v.allowed,
-                    Mode::Dry | Mode::Refund | Mode::Reset | Mode::Penalize => false,
+                    Mode::Dry | Mode::Refund | Mode::Reset | Mode::Penalize | Mode::Block => false,
                 };
             if charge {
                 guards[g].1.commit(c, h, now, capacity);
@@ -309,6 +314,35 @@ impl Shard {
             .find_mut(hash, |s| s.is(check.policy.id, &check.key))
     }
 
+    /// Until when the key is blocked (0: not blocked).
+    fn blocked_until(&self, check: &Check, hash: u64) -> u64 {
+        self.find(check, hash).map_or(0, |s| s.blocked_until)
+    }
+
+    /// Blocks the key for `check.cost` microseconds from `now`.
+    fn block(&mut self, check: &Check, hash: u64, now: u64, capacity: usize) {
+        let until = now + check.cost;
+        if self.find(check, hash).is_none() {
+            if self.table.len() >= capacity {
+                self.make_room(now);
+            }
+            let slot = Slot {
+                hash,
+                id: check.policy.id,
+                key: check.key.clone(),
+                state: None,
+                expires_at: until,
+                blocked_until: until,
+            };
+            self.table.insert_unique(hash, slot, |s| s.hash);
+        }
+        if let Some(slot) = self.find_mut(check, hash) {
+            slot.blocked_until = until;
+            slot.expires_at = slot.expires_at.max(until);
+        }
+        self.min_expiry = self.min_expiry.min(until);
+    }
+
     fn live_state(&self, check: &Check, hash: u64, now: u64) -> Option<&State> {
         let slot = self.find(check, hash)?;
         if slot.expires_at <= now {
@@ -328,7 +362,8 @@ impl Shard {
                 } else {
                     slot.state.as_ref()
                 };
-                let verdict = algorithm.evaluate(live, now, check.cost);
+                let mut verdict = algorithm.evaluate(live, now, check.cost);
+                apply_block(&mut verdict, slot.blocked_until, now);
                 if verdict.allowed && check.cost > 0 {
                     // An expired state is handed to the algorithm as it is: for time that moves
                     // forward it is the same as a fresh key, and when the clock goes back the
@@ -396,6 +431,7 @@ impl Shard {
             key: check.key.clone(),
             state,
             expires_at,
+            blocked_until: 0,
         };
         self.min_expiry = self.min_expiry.min(expires_at);
         self.table.insert_unique(hash, slot, |s| s.hash);

@@ -68,12 +68,17 @@ pub(crate) enum Mode {
     Reset = 4,
     /// Charges `cost` units whatever the state; then reports like a look at cost 0.
     Penalize = 5,
+    /// Denies the key for the next `cost` microseconds; then reports like a look at cost 0.
+    Block = 6,
 }
 
 impl Mode {
     /// An administrative change made before the look at cost 0.
     pub(crate) fn is_admin(self) -> bool {
-        matches!(self, Mode::Refund | Mode::Reset | Mode::Penalize)
+        matches!(
+            self,
+            Mode::Refund | Mode::Reset | Mode::Penalize | Mode::Block
+        )
     }
 }
 

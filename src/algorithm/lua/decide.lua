@@ -1,13 +1,15 @@
 -- Decides one request against one or more policies, atomically.
--- KEYS[i]: the key of policy i. ARGV[1]: the time in microseconds, or '' to use Redis TIME.
+-- KEYS[2i-1], KEYS[2i]: the state key and the block key of policy i (one slot).
+-- ARGV[1]: the time in microseconds, or '' to use Redis TIME.
 -- ARGV[2]: milliseconds added to every TTL (0 unless the time is injected: Redis then expires
 -- keys on its own clock, which an injected clock may outrun or lag).
 -- Then 7 arguments per policy: algorithm, four parameters, cost, mode.
 -- Modes: 0 enforce (decides; charged only if every enforce and dry policy admits the request),
 -- 1 shadow (reported, never decides; charged if it admits and the request goes on),
 -- 2 dry (decides, never charged), 3 refund (gives `cost` units back, then looks at cost 0),
--- 4 reset (forgets the key, then looks), 5 penalize (charges `cost` units whatever the
--- state, then looks).
+-- 4 reset (forgets the key and any block, then looks), 5 penalize (charges `cost` units
+-- whatever the state, then looks), 6 block (denies the key for the next `cost` microseconds,
+-- then looks). A blocked key is denied whatever its state, until the block ends.
 -- Phase one evaluates every policy; phase two charges them, only if all that decide admit.
 -- Reply: { now, then per policy: allowed, remaining, reset_after_us, retry_after_us or -1 },
 -- where remaining and reset describe the state after this request's charges.
@@ -19,7 +21,7 @@ end
 
 TTL_SLACK = tonumber(ARGV[2]) or 0
 
-local n = #KEYS
+local n = #KEYS / 2
 local algs, params, costs, modes, states, allowed = {}, {}, {}, {}, {}, {}
 local reply = { now }
 local admitted = true
@@ -37,23 +39,36 @@ for i = 1, n do
   }
   local cost = tonumber(ARGV[base + 6])
   local mode = tonumber(ARGV[base + 7])
-  local st = alg.load(KEYS[i], p)
-  if mode == 3 then
-    alg:refund(KEYS[i], p, st, now, cost)
-    st = alg.load(KEYS[i], p)
+  local key, bkey = KEYS[2 * i - 1], KEYS[2 * i]
+  if mode == 6 then
+    local ms = cdiv(cost, 1000)
+    if ms < 1 then
+      ms = 1
+    end
+    redis.call('SET', bkey, int(now + cost), 'PX', ms + TTL_SLACK)
     cost = 0
   elseif mode == 4 then
-    redis.call('DEL', KEYS[i])
+    redis.call('DEL', bkey)
+  end
+  local raw = redis.call('GET', bkey)
+  local blocked = raw and tonumber(raw)
+  local st = alg.load(key, p)
+  if mode == 3 then
+    alg:refund(key, p, st, now, cost)
+    st = alg.load(key, p)
+    cost = 0
+  elseif mode == 4 then
+    redis.call('DEL', key)
     st = nil
     cost = 0
   elseif mode == 5 then
     if cost > 0 then
-      alg:commit(KEYS[i], p, st, now, cost)
+      alg:commit(key, p, st, now, cost)
     end
-    st = alg.load(KEYS[i], p)
+    st = alg.load(key, p)
     cost = 0
   end
-  local ok, remaining, reset, retry = alg:evaluate(p, st, now, cost, KEYS[i])
+  local ok, remaining, reset, retry = alg:evaluate(p, st, now, cost, key)
   -- A state newer than `now` (the clock went back): times are moved to be from `now`.
   if alg.lag then
     local lag = alg.lag(p, st, now)
@@ -64,6 +79,20 @@ for i = 1, n do
       if retry >= 0 then
         retry = retry + lag
       end
+    end
+  end
+  if blocked and blocked > now then
+    -- Blocked: denied until the block ends, whatever the state (twin of `apply_block`).
+    local wait = blocked - now
+    if ok == 1 or retry >= 0 then
+      if retry < wait then
+        retry = wait
+      end
+    end
+    ok = 0
+    remaining = 0
+    if reset < wait then
+      reset = wait
     end
   end
   if ok == 0 and (mode == 0 or mode == 2) then
@@ -79,11 +108,11 @@ end
 for i = 1, n do
   local charge = admitted and costs[i] > 0 and (modes[i] == 0 or (modes[i] == 1 and allowed[i] == 1))
   if charge then
-    algs[i]:commit(KEYS[i], params[i], states[i], now, costs[i])
+    algs[i]:commit(KEYS[2 * i - 1], params[i], states[i], now, costs[i])
   elseif allowed[i] == 1 and costs[i] > 0 then
     -- Admitted by this policy but not charged: report the state as it stays.
     local base = 2 + (i - 1) * 4
-    local _, remaining, reset = algs[i]:evaluate(params[i], states[i], now, 0, KEYS[i])
+    local _, remaining, reset = algs[i]:evaluate(params[i], states[i], now, 0, KEYS[2 * i - 1])
     if algs[i].lag then
       local lag = algs[i].lag(params[i], states[i], now)
       if lag > 0 and reset > 0 then
@@ -93,13 +122,13 @@ for i = 1, n do
     reply[base + 1] = remaining
     reply[base + 2] = reset
   end
-  if not charge and redis.call('PTTL', KEYS[i]) == -1 then
+  if not charge and redis.call('PTTL', KEYS[2 * i - 1]) == -1 then
     -- A key without a TTL (written by something else, or lost its TTL): repair it.
     local ttl = cdiv(reply[2 + (i - 1) * 4 + 2], 1000) + TTL_SLACK
     if ttl < 1 then
       ttl = 1
     end
-    redis.call('PEXPIRE', KEYS[i], ttl)
+    redis.call('PEXPIRE', KEYS[2 * i - 1], ttl)
   end
 end
 

@@ -241,12 +241,16 @@ impl RedisStore {
 
     /// For benchmarks only (`scripts/bench.sh`), not part of the API: the arguments after the
     /// SHA of the `EVALSHA` that decides `key` at cost 1 under `policy` alone (enforce mode,
-    /// Redis `TIME`): `numkeys, key, time, slack, algorithm, 4 parameters, cost, mode`.
+    /// Redis `TIME`): `numkeys, key, block key, time, slack, algorithm, 4 parameters, cost,
+    /// mode`.
     #[doc(hidden)]
     pub fn script_args(&self, policy: &crate::Policy, key: &crate::key::Key) -> Vec<Vec<u8>> {
         let (name, algorithm) = policy.compile().expect("a valid policy").swap_remove(0);
         let (code, params) = algorithm.lua_args();
-        let mut args = vec![b"1".to_vec(), redis_key(&self.inner.prefix, &name, key)];
+        let state = redis_key(&self.inner.prefix, &name, key);
+        let mut block = state.clone();
+        block.extend_from_slice(b":block");
+        let mut args = vec![b"2".to_vec(), state, block];
         args.extend([String::new(), 0.to_string(), code.to_string()].map(String::into_bytes));
         args.extend(params.iter().map(|p| p.to_string().into_bytes()));
         args.extend([b"1".to_vec(), b"0".to_vec()]);
@@ -476,7 +480,9 @@ impl Inner {
                     let charge = match checks[i].mode {
                         Mode::Enforce => true,
                         Mode::Shadow => v.allowed,
-                        Mode::Dry | Mode::Refund | Mode::Reset | Mode::Penalize => false,
+                        Mode::Dry | Mode::Refund | Mode::Reset | Mode::Penalize | Mode::Block => {
+                            false
+                        }
                     };
                     (charge && checks[i].cost > 0).then_some(i)
                 }));
@@ -512,9 +518,12 @@ impl Inner {
     async fn run(&self, checks: &[Check]) -> Result<Vec<Verdict>, StoreError> {
         let command = |name: &str, script: &str| {
             let mut cmd = redis::cmd(name);
-            cmd.arg(script).arg(checks.len());
+            cmd.arg(script).arg(2 * checks.len());
             for check in checks {
-                cmd.arg(redis_key(&self.prefix, &check.policy.name, &check.key));
+                let key = redis_key(&self.prefix, &check.policy.name, &check.key);
+                let mut block = key.clone();
+                block.extend_from_slice(b":block");
+                cmd.arg(key).arg(block);
             }
             match &self.clock {
                 // Redis expires keys on its own clock, which an injected one may outrun or lag.

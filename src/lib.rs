@@ -71,7 +71,7 @@
 //! [`CircuitBreaker`] stops asking a failing store for a while, and an optional deny cache
 //! ([`RateLimitLayerBuilder::deny_cache`]) answers a flood on a limited key without a round
 //! trip. [`RateLimitLayer`] also has administrative operations: `peek`, `penalize`,
-//! `refund` and `reset`.
+//! `refund`, `block_for` and `reset`.
 //!
 //! # Choosing an algorithm
 //!

@@ -67,7 +67,9 @@ pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_millis(50);
 ///
 /// A key is `<prefix><policy name>:{<caller key>}`: the caller's key, escaped (or hashed when
 /// longer than 64 bytes), is the cluster hash tag, so every policy of one caller key lives in
-/// one slot, and nothing a client sends can choose the slot or reach another key.
+/// one slot, and nothing a client sends can choose the slot or reach another key. A block
+/// ([`RateLimitLayer::block_for`](crate::RateLimitLayer::block_for)) lives beside it, in
+/// `<same key>:block`, with a TTL to the block's end.
 ///
 /// # Memory per key
 ///

@@ -236,23 +236,16 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            match this.state.as_mut().project() {
+            // Waiting for the decision (or failed without one) ends here; every other state
+            // finishes or moves on by itself.
+            let (result, request, inner) = match this.state.as_mut().project() {
                 StateProj::Checking {
                     check,
                     request,
                     inner,
                 } => {
                     let result = ready!(check.poll(cx));
-                    let request = request.take().expect(POLLED_AFTER_READY);
-                    let inner = inner.take().expect(POLLED_AFTER_READY);
-                    let settled = settle(this.shared, this.guard, this.after, result);
-                    match settled {
-                        Settled::Respond(r) => return Poll::Ready(Ok(r.map(ResponseBody::full))),
-                        Settled::Call(headers) => {
-                            let future = call(inner, request, this.guard);
-                            this.state.set(State::Calling { future, headers });
-                        }
-                    }
+                    (result, request.take(), inner.take())
                 }
                 StateProj::Failed {
                     error,
@@ -260,15 +253,7 @@ where
                     inner,
                 } => {
                     let error = error.take().expect(POLLED_AFTER_READY);
-                    let request = request.take().expect(POLLED_AFTER_READY);
-                    let inner = inner.take().expect(POLLED_AFTER_READY);
-                    match settle(this.shared, this.guard, this.after, Err(error)) {
-                        Settled::Respond(r) => return Poll::Ready(Ok(r.map(ResponseBody::full))),
-                        Settled::Call(headers) => {
-                            let future = call(inner, request, this.guard);
-                            this.state.set(State::Calling { future, headers });
-                        }
-                    }
+                    (Err(error), request.take(), inner.take())
                 }
                 StateProj::Calling { future, headers } => {
                     let mut response = ready!(future.poll(cx))?;
@@ -290,6 +275,7 @@ where
                         adjust,
                         response: Some(response),
                     });
+                    continue;
                 }
                 StateProj::Adjusting { adjust, response } => {
                     if let Err(error) = ready!(adjust.poll(cx)) {
@@ -301,6 +287,15 @@ where
                 StateProj::Ready { response } => {
                     let response = response.take().expect(POLLED_AFTER_READY);
                     return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                }
+            };
+            let request = request.expect(POLLED_AFTER_READY);
+            let inner = inner.expect(POLLED_AFTER_READY);
+            match settle(this.shared, this.guard, this.after, result) {
+                Settled::Respond(r) => return Poll::Ready(Ok(r.map(ResponseBody::full))),
+                Settled::Call(headers) => {
+                    let future = call(inner, request, this.guard);
+                    this.state.set(State::Calling { future, headers });
                 }
             }
         }

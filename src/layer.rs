@@ -102,28 +102,20 @@ impl PolicyRuntime {
 
     /// The index of the tier for this request and key.
     pub(crate) fn tier(&self, request: &RequestRef<'_>, key: &Key) -> usize {
-        if self.tiers.len() > 1 {
-            if let Some(&i) = self.tier_overrides.get(key) {
-                return i;
-            }
-            if let Some(i) = self
-                .tier_of
-                .as_ref()
-                .and_then(|f| f(request))
-                .and_then(|t| self.tier_names.get(&t).copied())
-            {
-                return i;
-            }
+        if self.tiers.len() == 1 {
+            return 0;
         }
-        0
+        self.tier_for_key(key)
+            .or_else(|| {
+                let tier = self.tier_of.as_ref()?(request)?;
+                self.tier_names.get(&tier).copied()
+            })
+            .unwrap_or(0)
     }
 
-    /// The tier for `key` without a request: its override, else the policy's own quota.
-    pub(crate) fn handle_for_key(&self, key: &Key) -> &Arc<PolicyHandle> {
-        match self.tier_overrides.get(key) {
-            Some(&i) => &self.tiers[i],
-            None => &self.tiers[0],
-        }
+    /// The tier `key` is put in by [`Policy::tier_for_key`], if any.
+    pub(crate) fn tier_for_key(&self, key: &Key) -> Option<usize> {
+        self.tier_overrides.get(key).copied()
     }
 
     pub(crate) fn cost(&self, request: &RequestRef<'_>) -> u64 {
@@ -211,28 +203,25 @@ impl<St: Store> RateLimitLayer<St> {
     /// # Ok(()) }
     /// ```
     pub async fn check(&self, key: &Key, cost: u32) -> Result<Decision, StoreError> {
-        self.decide_key(key, cost, None).await
+        self.decide_key(key, None, |_| u64::from(cost)).await
     }
 
-    /// Every policy's check for `key`, in the mode given or the policy's own.
+    /// Every policy's check for `key` (in the tier the key is put in), in the mode given or the
+    /// policy's own, at the units `units` gives for the policy's handle.
     async fn decide_key(
         &self,
         key: &Key,
-        units: u32,
         mode: Option<Mode>,
+        units: impl Fn(&PolicyHandle) -> u64,
     ) -> Result<Decision, StoreError> {
         let checks = self
             .shared
             .policies
             .iter()
             .map(|p| {
-                let handle = p.handle_for_key(key).clone();
-                Check::new(
-                    handle,
-                    key.clone(),
-                    u64::from(units),
-                    mode.unwrap_or(p.mode()),
-                )
+                let handle = &p.tiers[p.tier_for_key(key).unwrap_or(0)];
+                let mode = mode.unwrap_or(p.mode());
+                Check::new(handle.clone(), key.clone(), units(handle), mode)
             })
             .collect();
         self.shared.store.check(checks).await
@@ -243,7 +232,8 @@ impl<St: Store> RateLimitLayer<St> {
     /// (a token bucket never above its capacity, a window never below zero). Returns the
     /// decision a request of cost 0 would get afterwards.
     pub async fn refund(&self, key: &Key, units: u32) -> Result<Decision, StoreError> {
-        self.decide_key(key, units, Some(Mode::Refund)).await
+        self.decide_key(key, Some(Mode::Refund), |_| u64::from(units))
+            .await
     }
 
     /// Denies `key` in every policy for `duration` (at most [`MAX_WINDOW`](crate::MAX_WINDOW)),
@@ -252,33 +242,20 @@ impl<St: Store> RateLimitLayer<St> {
     /// cost 0 gets afterwards.
     pub async fn block_for(&self, key: &Key, duration: Duration) -> Result<Decision, StoreError> {
         let micros = duration.min(crate::MAX_WINDOW).as_micros() as u64;
-        let checks = self
-            .shared
-            .policies
-            .iter()
-            .map(|p| {
-                Check::new(
-                    p.handle_for_key(key).clone(),
-                    key.clone(),
-                    micros,
-                    Mode::Block,
-                )
-            })
-            .collect();
-        self.shared.store.check(checks).await
+        self.decide_key(key, Some(Mode::Block), |_| micros).await
     }
 
     /// Looks at `key` in every policy without charging it: the decision a request of cost 0
     /// would get. The same as [`check`](Self::check) with a cost of 0.
     pub async fn peek(&self, key: &Key) -> Result<Decision, StoreError> {
-        self.decide_key(key, 0, None).await
+        self.decide_key(key, None, |_| 0).await
     }
 
     /// Forgets everything about `key` in every policy, as if it had never been seen, and lifts
     /// any block. Returns
     /// the decision a request of cost 0 gets afterwards.
     pub async fn reset(&self, key: &Key) -> Result<Decision, StoreError> {
-        self.decide_key(key, 0, Some(Mode::Reset)).await
+        self.decide_key(key, Some(Mode::Reset), |_| 0).await
     }
 
     /// Charges `key` `units` in every policy whatever its state (a penalty, e.g. for abuse),
@@ -287,17 +264,10 @@ impl<St: Store> RateLimitLayer<St> {
     /// moves its theoretical arrival time on. Returns the decision a request of cost 0 gets
     /// afterwards. [`refund`](Self::refund) is the reward.
     pub async fn penalize(&self, key: &Key, units: u32) -> Result<Decision, StoreError> {
-        let checks = self
-            .shared
-            .policies
-            .iter()
-            .map(|p| {
-                let handle = p.handle_for_key(key).clone();
-                let units = u64::from(units).min(handle.algorithm.reported_limit());
-                Check::new(handle, key.clone(), units, Mode::Penalize)
-            })
-            .collect();
-        self.shared.store.check(checks).await
+        self.decide_key(key, Some(Mode::Penalize), |handle| {
+            u64::from(units).min(handle.algorithm.reported_limit())
+        })
+        .await
     }
 }
 

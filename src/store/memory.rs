@@ -92,8 +92,28 @@ impl Default for Shard {
 }
 
 impl Slot {
+    fn new(check: &Check, hash: u64, state: Option<State>, expires_at: u64) -> Self {
+        Slot {
+            hash,
+            id: check.policy.id,
+            key: check.key.clone(),
+            state,
+            expires_at,
+            blocked_until: 0,
+        }
+    }
+
     fn is(&self, id: u32, key: &Key) -> bool {
         self.id == id && self.key == *key
+    }
+
+    /// The state, unless it has expired (then the key is as good as fresh).
+    fn live(&self, now: u64) -> Option<&State> {
+        if self.expires_at <= now {
+            None
+        } else {
+            self.state.as_ref()
+        }
     }
 }
 
@@ -272,16 +292,10 @@ impl MemoryStore {
         let admitted = checks
             .iter()
             .zip(&verdicts)
-            .all(|(c, v)| v.allowed || c.mode == Mode::Shadow || c.mode.is_admin());
+            .all(|(c, v)| v.allowed || !c.mode.decides());
         let mut verdicts = verdicts;
         for (((c, v), &g), &h) in checks.iter().zip(&mut verdicts).zip(&slots).zip(&hashes) {
-            let charge = admitted
-                && match c.mode {
-                    Mode::Enforce => true,
-                    Mode::Shadow => v.allowed,
-                    Mode::Dry | Mode::Refund | Mode::Reset | Mode::Penalize | Mode::Block => false,
-                };
-            if charge {
+            if admitted && c.mode.charged(v.allowed) {
                 guards[g].1.commit(c, h, now, capacity);
             } else if v.allowed && c.cost > 0 && !c.mode.is_admin() {
                 // Admitted by this policy but not charged: report the state as it stays.
@@ -322,34 +336,23 @@ impl Shard {
     /// Blocks the key for `check.cost` microseconds from `now`.
     fn block(&mut self, check: &Check, hash: u64, now: u64, capacity: usize) {
         let until = now + check.cost;
-        if self.find(check, hash).is_none() {
-            if self.table.len() >= capacity {
-                self.make_room(now);
+        match self.find_mut(check, hash) {
+            Some(slot) => {
+                slot.blocked_until = until;
+                slot.expires_at = slot.expires_at.max(until);
             }
-            let slot = Slot {
-                hash,
-                id: check.policy.id,
-                key: check.key.clone(),
-                state: None,
-                expires_at: until,
-                blocked_until: until,
-            };
-            self.table.insert_unique(hash, slot, |s| s.hash);
+            None => {
+                let slot = Slot {
+                    blocked_until: until,
+                    ..Slot::new(check, hash, None, until)
+                };
+                self.insert_slot(slot, now, capacity);
+            }
         }
-        if let Some(slot) = self.find_mut(check, hash) {
-            slot.blocked_until = until;
-            slot.expires_at = slot.expires_at.max(until);
-        }
-        self.min_expiry = self.min_expiry.min(until);
     }
 
     fn live_state(&self, check: &Check, hash: u64, now: u64) -> Option<&State> {
-        let slot = self.find(check, hash)?;
-        if slot.expires_at <= now {
-            None
-        } else {
-            slot.state.as_ref()
-        }
+        self.find(check, hash)?.live(now)
     }
 
     /// One enforced policy: evaluate and commit with a single lookup.
@@ -357,12 +360,7 @@ impl Shard {
         let algorithm = &check.policy.algorithm;
         let verdict = match self.find_mut(check, hash) {
             Some(slot) => {
-                let live = if slot.expires_at <= now {
-                    None
-                } else {
-                    slot.state.as_ref()
-                };
-                let mut verdict = algorithm.evaluate(live, now, check.cost);
+                let mut verdict = algorithm.evaluate(slot.live(now), now, check.cost);
                 apply_block(&mut verdict, slot.blocked_until, now);
                 if verdict.allowed && check.cost > 0 {
                     // An expired state is handed to the algorithm as it is: for time that moves
@@ -418,23 +416,21 @@ impl Shard {
         }
     }
 
-    /// A new entry for a key not in the table, making room first when the shard is full.
+    /// A new entry for a key not in the table, charged `check.cost`.
     fn insert(&mut self, check: &Check, hash: u64, now: u64, capacity: usize) {
+        let mut state = None;
+        let expires_at = check.policy.algorithm.commit(&mut state, now, check.cost);
+        let slot = Slot::new(check, hash, state, expires_at);
+        self.insert_slot(slot, now, capacity);
+    }
+
+    /// Adds a slot for a key not in the table, making room first when the shard is full.
+    fn insert_slot(&mut self, slot: Slot, now: u64, capacity: usize) {
         if self.table.len() >= capacity {
             self.make_room(now);
         }
-        let mut state = None;
-        let expires_at = check.policy.algorithm.commit(&mut state, now, check.cost);
-        let slot = Slot {
-            hash,
-            id: check.policy.id,
-            key: check.key.clone(),
-            state,
-            expires_at,
-            blocked_until: 0,
-        };
-        self.min_expiry = self.min_expiry.min(expires_at);
-        self.table.insert_unique(hash, slot, |s| s.hash);
+        self.min_expiry = self.min_expiry.min(slot.expires_at);
+        self.table.insert_unique(slot.hash, slot, |s| s.hash);
     }
 
     /// Frees one slot: an expired entry from a small sample if it has one; else, when an entry

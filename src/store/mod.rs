@@ -73,6 +73,20 @@ pub(crate) enum Mode {
 }
 
 impl Mode {
+    /// Whether a denial by this check denies the request.
+    pub(crate) fn decides(self) -> bool {
+        matches!(self, Mode::Enforce | Mode::Dry)
+    }
+
+    /// Whether this check is charged when the request is admitted, given its own verdict.
+    pub(crate) fn charged(self, allowed: bool) -> bool {
+        match self {
+            Mode::Enforce => true,
+            Mode::Shadow => allowed,
+            Mode::Dry | Mode::Refund | Mode::Reset | Mode::Penalize | Mode::Block => false,
+        }
+    }
+
     /// An administrative change made before the look at cost 0.
     pub(crate) fn is_admin(self) -> bool {
         matches!(

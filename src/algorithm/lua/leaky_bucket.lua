@@ -17,12 +17,7 @@ ALG[5] = {
     end
     return st[1] - elapsed * p[3]
   end,
-  lag = function(p, st, now)
-    if st and st[2] > now then
-      return st[2] - now
-    end
-    return 0
-  end,
+  lag = bucket_lag,
   evaluate = function(self, p, st, now, cost)
     local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
     local level = self.level(p, st, now)
@@ -52,18 +47,12 @@ ALG[5] = {
         level = 0
       end
     end
-    local last = now
-    if st[2] > now then
-      last = st[2]
-    end
+    local last = last_after(st, now)
     store(key, int(level) .. ' ' .. int(last), now, last + cdiv(level, p[3]))
   end,
   commit = function(self, key, p, st, now, cost)
     local level = self.level(p, st, now) + cost * p[2]
-    local last = now
-    if st and st[2] > now then
-      last = st[2]
-    end
+    local last = last_after(st, now)
     store(key, int(level) .. ' ' .. int(last), now, last + cdiv(level, p[3]))
   end,
 }

@@ -60,4 +60,17 @@ local function get(key)
   return raw
 end
 
+-- The token and leaky buckets keep "amount last": the time of their last update, which is
+-- never moved back, and how far it is ahead of `now` when the clock went back.
+local function last_after(st, now)
+  if st and st[2] > now then
+    return st[2]
+  end
+  return now
+end
+
+local function bucket_lag(p, st, now)
+  return last_after(st, now) - now
+end
+
 local ALG = {}

@@ -20,13 +20,6 @@ local function elapsed_since(st, now)
   return e
 end
 
-local function last_after(st, now)
-  if st and st[2] > now then
-    return st[2]
-  end
-  return now
-end
-
 ALG[4] = {
   load = function(key)
     return parse(get(key), 2)
@@ -37,12 +30,7 @@ ALG[4] = {
     end
     return fill(p, st[1], elapsed_since(st, now))
   end,
-  lag = function(p, st, now)
-    if st and st[2] > now then
-      return st[2] - now
-    end
-    return 0
-  end,
+  lag = bucket_lag,
   evaluate = function(self, p, st, now, cost)
     local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
     local tokens = self.tokens(p, st, now)

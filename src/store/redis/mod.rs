@@ -476,17 +476,10 @@ impl Inner {
             let admitted = batch
                 .iter()
                 .zip(&result)
-                .all(|(c, v)| v.allowed || c.mode == Mode::Shadow || c.mode.is_admin());
+                .all(|(c, v)| v.allowed || !c.mode.decides());
             if !denied && admitted {
                 charged.extend(group.iter().zip(&result).filter_map(|(&i, v)| {
-                    let charge = match checks[i].mode {
-                        Mode::Enforce => true,
-                        Mode::Shadow => v.allowed,
-                        Mode::Dry | Mode::Refund | Mode::Reset | Mode::Penalize | Mode::Block => {
-                            false
-                        }
-                    };
-                    (charge && checks[i].cost > 0).then_some(i)
+                    (checks[i].mode.charged(v.allowed) && checks[i].cost > 0).then_some(i)
                 }));
             }
             if !admitted {

@@ -10,7 +10,9 @@
 //! |---|---|
 //! | `bare` | the handler alone |
 //! | `memory` | our layer, memory store, GCRA 1,000,000/s per peer IP (never limits) |
+//! | `memory-no-headers` | the same without rate-limit headers (`HeaderStyle::None`) |
 //! | `governor` | `tower_governor`, in-memory GCRA, one cell per nanosecond, per peer IP |
+//! | `governor-headers` | the same with its `x-ratelimit-*` headers (`use_headers`) |
 //! | `redis` | our layer, Redis store (multiplexed), the same policy |
 //! | `evalsha` | no layer: the handler does the same `EVALSHA` on one multiplexed connection |
 //! | `deny-memory` | our layer, memory store, fixed window 1/hour: every request but one is 429 |
@@ -25,7 +27,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use tower_ratelimit::key::Key;
-use tower_ratelimit::{Policy, RateLimitLayer, RedisStore};
+use tower_ratelimit::{HeaderStyle, Policy, RateLimitLayer, RedisStore};
 
 async fn hello() -> &'static str {
     "hello"
@@ -83,6 +85,13 @@ async fn app(mode: &str, url: &str) -> Router {
                 .build()
                 .unwrap(),
         ),
+        "memory-no-headers" => base.layer(
+            RateLimitLayer::builder()
+                .policy(open_policy())
+                .headers(HeaderStyle::None)
+                .build()
+                .unwrap(),
+        ),
         "deny-memory" => base.layer(
             RateLimitLayer::builder()
                 .policy(deny_policy())
@@ -108,6 +117,15 @@ async fn app(mode: &str, url: &str) -> Router {
             let config = tower_governor::governor::GovernorConfigBuilder::default()
                 .per_nanosecond(1)
                 .burst_size(1_000_000)
+                .finish()
+                .expect("a valid governor config");
+            base.layer(tower_governor::GovernorLayer::new(config))
+        }
+        "governor-headers" => {
+            let config = tower_governor::governor::GovernorConfigBuilder::default()
+                .per_nanosecond(1)
+                .burst_size(1_000_000)
+                .use_headers()
                 .finish()
                 .expect("a valid governor config");
             base.layer(tower_governor::GovernorLayer::new(config))

@@ -44,6 +44,7 @@ fi
 echo "== building (release)" >&2
 cargo build --release --all-features --example bench_redis --example bench_http
 cargo bench --all-features --bench peers --no-run
+cargo bench --all-features --bench memory --no-run
 BR=target/release/examples/bench_redis
 BH=target/release/examples/bench_http
 
@@ -117,7 +118,7 @@ for r in $(seq "$RUNS"); do
 done
 
 echo "== 4, 5, 7: HTTP under wrk" >&2
-MODES=(bare memory governor redis evalsha deny-memory deny-redis)
+MODES=(bare memory memory-no-headers governor governor-headers redis evalsha deny-memory deny-redis)
 declare -A HTTP_PORT
 for mode in "${MODES[@]}"; do
     log="$RAW/server-$mode.log"
@@ -150,6 +151,11 @@ rm -rf target/criterion/decision
 cargo bench --all-features --bench peers -- --warm-up-time 2 --measurement-time 4 --noplot \
     >"$RAW/criterion.txt" 2>&1
 cp -r target/criterion/decision "$RAW/criterion"
+# The same request through a bare service and through the layer, in process (no sockets).
+rm -rf target/criterion/service
+cargo bench --all-features --bench memory -- --warm-up-time 2 --measurement-time 4 --noplot \
+    'service/(bare|limited/gcra)$' >"$RAW/criterion-service.txt" 2>&1
+cp -r target/criterion/service "$RAW/criterion-service"
 
 echo "== 8: each algorithm's Redis cost and memory per key" >&2
 "$BR" algorithms "$URL" --n 50000 >"$RAW/algorithms.txt"

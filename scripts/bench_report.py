@@ -69,8 +69,8 @@ def median_wrk(mode, index):
     return statistics.median(vals) if vals else None
 
 
-def criterion_ns(name):
-    path = os.path.join(RAW, "criterion", name, "new", "estimates.json")
+def criterion_ns(name, group="criterion"):
+    path = os.path.join(RAW, group, name, "new", "estimates.json")
     if not os.path.exists(path):
         return None
     return json.load(open(path))["median"]["point_estimate"]
@@ -114,8 +114,16 @@ add("4 HTTP req/s, memory store", "with layer", median_wrk("memory", 0),
     "without", bare, "req/s", ">=", 0.9)
 add("4 HTTP p99, memory store", "with layer", median_wrk("memory", 1),
     "without", median_wrk("bare", 1), "µs", "<=", 1.1)
-add("4 HTTP req/s vs tower_governor", "with layer", median_wrk("memory", 0),
-    "tower_governor", median_wrk("governor", 0), "req/s", ">=", 1.0)
+add("4 HTTP req/s vs tower_governor, both with headers", "with layer", median_wrk("memory", 0),
+    "tower_governor use_headers", median_wrk("governor-headers", 0), "req/s", ">=", 1.0)
+add("4 HTTP req/s vs tower_governor, no headers", "HeaderStyle::None",
+    median_wrk("memory-no-headers", 0), "tower_governor", median_wrk("governor", 0), "req/s",
+    ">=", 1.0)
+add("4 HTTP req/s, tower_governor vs bare", "tower_governor", median_wrk("governor", 0),
+    "without", bare, "req/s")
+add("4 one request in process, memory store", "with layer",
+    criterion_ns("limited_gcra", "criterion-service"), "bare service",
+    criterion_ns("bare", "criterion-service"), "ns")
 # 5. HTTP, Redis store.
 add("5 HTTP req/s, Redis store", "with layer", median_wrk("redis", 0),
     "handler doing one EVALSHA", median_wrk("evalsha", 0), "req/s", ">=", 0.9)
@@ -232,12 +240,16 @@ load average above says how busy it was.
    Redis store against `redis-benchmark -c 50 -r 10000 EVALSHA <sha> …` with the exact
    arguments our store sends (`{machine.get('evalsha', '?')}`, a GCRA policy at 1,000,000/s so
    every decision admits and writes), and with `-P 16` as the server's ceiling.
-2. Single-decision latency at concurrency 1: our p50/p99 (client-side, per call) against
-   `redis-benchmark -c 1`'s.
+2. Single-decision latency at concurrency 1: our p50/p99 (client-side, per call, from a task
+   on the runtime's worker thread, as a server's handlers run) against `redis-benchmark -c 1`'s.
 3. The same as 1 with a deadpool pool of 50 connections instead of the multiplexed
    connection.
 4. axum hello-world under wrk: with our layer (memory store, GCRA per peer IP, never limits)
-   vs without it, and vs `tower_governor` (GCRA per peer IP, never limits).
+   vs without it, and vs `tower_governor` (GCRA per peer IP, never limits) like for like:
+   both sending their rate-limit headers (`tower_governor`'s `use_headers`), and neither
+   (`HeaderStyle::None`). Also, without sockets: one request through a bare `service_fn` and
+   through the layer over it (criterion, `benches/memory.rs`, `service/*`), the layer's own
+   cost per request.
 5. The same with the Redis store vs a handler that sends the same `EVALSHA` on one
    multiplexed connection and nothing else.
 6. In-memory decision cost (criterion, `benches/peers.rs`): `RateLimitLayer::check` on the

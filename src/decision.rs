@@ -1,36 +1,78 @@
 //! What the store decided for one request.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::Verdict;
 use crate::few::Few;
-use crate::store::PolicyHandle;
+use crate::store::{Outcome, PolicyHandle};
 
 /// The outcome of one policy for one request.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct PolicyOutcome {
-    policy: Arc<str>,
+    /// The policy: its name, limit and window, shared with the layer.
+    policy: Arc<PolicyHandle>,
     allowed: bool,
     shadow: bool,
-    limit: u64,
-    window: Duration,
     remaining: u64,
     reset_after: Duration,
     retry_after: Option<Duration>,
 }
 
+impl PartialEq for PolicyOutcome {
+    fn eq(&self, other: &Self) -> bool {
+        self.policy() == other.policy()
+            && self.limit() == other.limit()
+            && self.window() == other.window()
+            && self.allowed == other.allowed
+            && self.shadow == other.shadow
+            && self.remaining == other.remaining
+            && self.reset_after == other.reset_after
+            && self.retry_after == other.retry_after
+    }
+}
+
+impl Eq for PolicyOutcome {}
+
+impl fmt::Debug for PolicyOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PolicyOutcome")
+            .field("policy", &self.policy())
+            .field("allowed", &self.allowed)
+            .field("shadow", &self.shadow)
+            .field("limit", &self.limit())
+            .field("window", &self.window())
+            .field("remaining", &self.remaining)
+            .field("reset_after", &self.reset_after)
+            .field("retry_after", &self.retry_after)
+            .finish()
+    }
+}
+
 impl PolicyOutcome {
-    pub(crate) fn new(policy: &PolicyHandle, shadow: bool, verdict: Verdict) -> Self {
+    pub(crate) fn new(policy: &Arc<PolicyHandle>, shadow: bool, verdict: Verdict) -> Self {
         PolicyOutcome {
-            policy: policy.name.clone(),
+            policy: policy.clone(),
             allowed: verdict.allowed,
             shadow,
-            limit: policy.algorithm.reported_limit(),
-            window: Duration::from_micros(policy.algorithm.window_us()),
             remaining: verdict.remaining,
             reset_after: Duration::from_micros(verdict.reset_after_us),
             retry_after: verdict.retry_after_us.map(Duration::from_micros),
+        }
+    }
+
+    /// The policy this is the outcome of.
+    pub(crate) fn handle(&self) -> &Arc<PolicyHandle> {
+        &self.policy
+    }
+
+    /// How this outcome is counted in the metrics.
+    pub(crate) fn outcome(&self) -> Outcome {
+        match (self.allowed, self.shadow) {
+            (true, _) => Outcome::Allowed,
+            (false, false) => Outcome::Limited,
+            (false, true) => Outcome::ShadowLimited,
         }
     }
 
@@ -45,14 +87,9 @@ impl PolicyOutcome {
         }
     }
 
-    /// The policy's name, shared.
-    pub(crate) fn policy_name(&self) -> Arc<str> {
-        self.policy.clone()
-    }
-
     /// The policy's name.
     pub fn policy(&self) -> &str {
-        &self.policy
+        &self.policy.name
     }
 
     /// Whether this policy admitted the request.
@@ -68,12 +105,12 @@ impl PolicyOutcome {
     /// The window that goes with [`limit`](Self::limit): the quota's window, or for bucket
     /// algorithms the time in which the burst refills (`limit / window` is the real rate).
     pub fn window(&self) -> Duration {
-        self.window
+        Duration::from_micros(self.policy.algorithm.window_us())
     }
 
     /// The limit clients are told about: units per window, or the burst for bucket algorithms.
     pub fn limit(&self) -> u64 {
-        self.limit
+        self.policy.algorithm.reported_limit()
     }
 
     /// Units left: after this request if it was admitted, right now if it was not.

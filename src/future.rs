@@ -55,21 +55,11 @@ pub(crate) struct Guard {
     pub(crate) permit: Permit,
     pub(crate) fallback: Option<Checks>,
     pub(crate) remember: Option<Vec<(u32, Key, u64)>>,
-    pub(crate) started: Instant,
+    /// When the store was asked, for `ratelimit_store_duration_seconds` (not timed for a store
+    /// that decides synchronously).
+    pub(crate) started: Option<Instant>,
     /// The decision, on its way into the request's extensions.
     pub(crate) decision: Option<Decision>,
-}
-
-impl Guard {
-    fn none() -> Self {
-        Guard {
-            permit: Permit::Call,
-            fallback: None,
-            remember: None,
-            started: Instant::now(),
-            decision: None,
-        }
-    }
 }
 
 /// What to do once the decision is known.
@@ -93,8 +83,16 @@ pin_project! {
         state: State<S, ReqB, S::Future, St::Future, S::Response>,
         shared: Arc<Shared<St>>,
         after: Vec<AfterResponse>,
-        guard: Guard,
     }
+}
+
+/// What waits for a decision from an asynchronous store: boxed, so that the response future,
+/// which is moved several times on its way into the server, stays the size of the inner
+/// service's future plus a little.
+struct Pending<S, ReqB> {
+    request: Request<ReqB>,
+    inner: S,
+    guard: Guard,
 }
 
 pin_project! {
@@ -103,13 +101,11 @@ pin_project! {
         Checking {
             #[pin]
             check: C,
-            request: Option<Request<ReqB>>,
-            inner: Option<S>,
+            pending: Option<Box<Pending<S, ReqB>>>,
         },
         Failed {
             error: Option<StoreError>,
-            request: Option<Request<ReqB>>,
-            inner: Option<S>,
+            pending: Option<Box<Pending<S, ReqB>>>,
         },
         Calling {
             #[pin]
@@ -143,12 +139,39 @@ where
         ResponseFuture {
             state: State::Checking {
                 check,
-                request: Some(request),
-                inner: Some(inner),
+                pending: Some(Box::new(Pending {
+                    request,
+                    inner,
+                    guard,
+                })),
             },
             shared,
             after,
-            guard,
+        }
+    }
+
+    /// A decision made synchronously (the memory store): settled, and the inner service
+    /// called, before the future is first polled.
+    pub(crate) fn decided(
+        shared: Arc<Shared<St>>,
+        decision: Decision,
+        request: Request<ReqB>,
+        inner: S,
+        mut after: Vec<AfterResponse>,
+        mut guard: Guard,
+    ) -> Self {
+        let state = decided(
+            &shared,
+            &mut guard,
+            &mut after,
+            Ok(decision),
+            request,
+            inner,
+        );
+        ResponseFuture {
+            state,
+            shared,
+            after,
         }
     }
 
@@ -163,12 +186,14 @@ where
         ResponseFuture {
             state: State::Failed {
                 error: Some(error),
-                request: Some(request),
-                inner: Some(inner),
+                pending: Some(Box::new(Pending {
+                    request,
+                    inner,
+                    guard,
+                })),
             },
             shared,
             after: Vec::new(),
-            guard,
         }
     }
 
@@ -189,7 +214,6 @@ where
             },
             shared,
             after: Vec::new(),
-            guard: Guard::none(),
         }
     }
 
@@ -200,7 +224,6 @@ where
             },
             shared,
             after: Vec::new(),
-            guard: Guard::none(),
         }
     }
 }
@@ -238,22 +261,14 @@ where
         loop {
             // Waiting for the decision (or failed without one) ends here; every other state
             // finishes or moves on by itself.
-            let (result, request, inner) = match this.state.as_mut().project() {
-                StateProj::Checking {
-                    check,
-                    request,
-                    inner,
-                } => {
+            let (result, pending) = match this.state.as_mut().project() {
+                StateProj::Checking { check, pending } => {
                     let result = ready!(check.poll(cx));
-                    (result, request.take(), inner.take())
+                    (result, pending.take())
                 }
-                StateProj::Failed {
-                    error,
-                    request,
-                    inner,
-                } => {
+                StateProj::Failed { error, pending } => {
                     let error = error.take().expect(POLLED_AFTER_READY);
-                    (Err(error), request.take(), inner.take())
+                    (Err(error), pending.take())
                 }
                 StateProj::Calling { future, headers } => {
                     let mut response = ready!(future.poll(cx))?;
@@ -289,16 +304,38 @@ where
                     return Poll::Ready(Ok(response.map(ResponseBody::full)));
                 }
             };
-            let request = request.expect(POLLED_AFTER_READY);
-            let inner = inner.expect(POLLED_AFTER_READY);
-            match settle(this.shared, this.guard, this.after, result) {
-                Settled::Respond(r) => return Poll::Ready(Ok(r.map(ResponseBody::full))),
-                Settled::Call(headers) => {
-                    let future = call(inner, request, this.guard);
-                    this.state.set(State::Calling { future, headers });
-                }
-            }
+            let Pending {
+                request,
+                inner,
+                mut guard,
+            } = *pending.expect(POLLED_AFTER_READY);
+            let next = decided(this.shared, &mut guard, this.after, result, request, inner);
+            this.state.set(next);
         }
+    }
+}
+
+/// The state that follows the store's answer: the limiter's own response, or the inner
+/// service called.
+fn decided<S, ReqB, St: Store>(
+    shared: &Shared<St>,
+    guard: &mut Guard,
+    after: &mut Vec<AfterResponse>,
+    result: Result<Decision, StoreError>,
+    request: Request<ReqB>,
+    inner: S,
+) -> State<S, ReqB, S::Future, St::Future, S::Response>
+where
+    S: Service<Request<ReqB>>,
+{
+    match settle(shared, guard, after, result) {
+        Settled::Respond(response) => State::Ready {
+            response: Some(response),
+        },
+        Settled::Call(headers) => State::Calling {
+            future: call(inner, request, guard),
+            headers,
+        },
     }
 }
 
@@ -322,8 +359,10 @@ fn settle<St: Store>(
     result: Result<Decision, StoreError>,
 ) -> Settled {
     let now = || shared.clock.now_micros();
-    metrics::histogram!("ratelimit_store_duration_seconds")
-        .record(guard.started.elapsed().as_secs_f64());
+    if let Some(started) = guard.started {
+        metrics::histogram!("ratelimit_store_duration_seconds")
+            .record(started.elapsed().as_secs_f64());
+    }
     let decision = match result {
         Ok(decision) => {
             if let Some(breaker) = &shared.breaker {
@@ -372,17 +411,7 @@ fn settle<St: Store>(
         }
     };
     for o in decision.outcomes() {
-        let outcome = match (o.is_allowed(), o.is_shadow()) {
-            (true, _) => "allowed",
-            (false, false) => "limited",
-            (false, true) => "shadow_limited",
-        };
-        metrics::counter!(
-            "ratelimit_decisions_total",
-            "policy" => o.policy_name(),
-            "outcome" => outcome
-        )
-        .increment(1);
+        o.handle().count(o.outcome());
     }
     let headers = RateLimitHeaders::new(&decision, shared.headers);
     if decision.is_allowed() {

@@ -38,10 +38,14 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use http::header::Entry;
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
+use std::sync::Arc;
+
 use crate::decision::Decision;
+use crate::store::PolicyHandle;
 
 /// `X-RateLimit-Limit`.
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -125,18 +129,21 @@ pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-poli
 /// `RateLimit` (IETF draft).
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
-/// The header values of a decision, computed once and applied to the response.
+/// The headers of a decision, computed once and applied to the response; small, because it
+/// waits in the response future beside the inner service's future.
 #[derive(Clone, Debug)]
 pub(crate) struct RateLimitHeaders {
-    fields: Vec<(HeaderName, HeaderValue)>,
+    /// `X-RateLimit-Limit` (the policy's, formatted once), `-Remaining` and `-Reset`.
+    legacy: Option<(Arc<PolicyHandle>, u64, u64)>,
+    /// `RateLimit-Policy` and `RateLimit`.
+    ietf: Option<Box<[HeaderValue; 2]>>,
     retry_after: Option<u64>,
 }
 
 impl RateLimitHeaders {
     pub(crate) fn new(decision: &Decision, config: HeaderConfig) -> Self {
         let retry_after = decision.retry_after().map(|d| ceil_secs(d).max(1));
-        let mut fields = Vec::with_capacity(5);
-        if matches!(config.style, HeaderStyle::Legacy | HeaderStyle::Both) {
+        let legacy = matches!(config.style, HeaderStyle::Legacy | HeaderStyle::Both).then(|| {
             let binding = decision.binding();
             let reset = ceil_secs(binding.reset_after());
             let reset = match config.reset {
@@ -148,66 +155,75 @@ impl RateLimitHeaders {
                     ceil_secs(now) + reset
                 }
             };
-            fields.push((X_RATELIMIT_LIMIT, HeaderValue::from(binding.limit())));
-            fields.push((
-                X_RATELIMIT_REMAINING,
-                HeaderValue::from(binding.remaining()),
-            ));
-            fields.push((X_RATELIMIT_RESET, HeaderValue::from(reset)));
-        }
-        if matches!(config.style, HeaderStyle::Ietf | HeaderStyle::Both) {
-            let mut policy = String::new();
-            let mut state = String::new();
-            for (i, o) in decision.outcomes().iter().enumerate() {
-                if i > 0 {
-                    policy.push_str(", ");
-                    state.push_str(", ");
-                }
-                // Policy names are restricted to characters that need no escaping in an
-                // sf-string (letters, digits and -_.:/).
-                let _ = write!(
-                    policy,
-                    "\"{}\";q={};w={}",
-                    o.policy(),
-                    o.limit(),
-                    ceil_secs(o.window()).max(1)
-                );
-                // For a violated policy, `t` is when it admits the request again, which
-                // Retry-After never precedes; otherwise when its key is fully reset.
-                let t = match o.retry_after() {
-                    Some(retry) if !o.is_allowed() => ceil_secs(retry).max(1),
-                    _ => ceil_secs(o.reset_after()),
-                };
-                let _ = write!(state, "\"{}\";r={};t={}", o.policy(), o.remaining(), t);
-            }
-            if let (Ok(p), Ok(s)) = (HeaderValue::try_from(policy), HeaderValue::try_from(state)) {
-                fields.push((RATELIMIT_POLICY, p));
-                fields.push((RATELIMIT, s));
-            }
-        }
+            (binding.handle().clone(), binding.remaining(), reset)
+        });
+        let ietf = matches!(config.style, HeaderStyle::Ietf | HeaderStyle::Both)
+            .then(|| ietf_fields(decision).map(Box::new))
+            .flatten();
         RateLimitHeaders {
-            fields,
+            legacy,
+            ietf,
             retry_after,
         }
     }
 
     /// Adds the headers that are not already there (an inner, more specific limiter wins).
     pub(crate) fn apply(&self, headers: &mut HeaderMap) {
-        for (name, value) in &self.fields {
-            if !headers.contains_key(name) {
-                headers.insert(name.clone(), value.clone());
+        fn put(headers: &mut HeaderMap, name: HeaderName, value: HeaderValue) {
+            if let Entry::Vacant(slot) = headers.entry(name) {
+                slot.insert(value);
             }
         }
-        if let Some(retry) = self.retry_after
-            && !headers.contains_key(RETRY_AFTER)
-        {
-            headers.insert(RETRY_AFTER, number(retry));
+        if let Some((policy, remaining, reset)) = &self.legacy {
+            put(headers, X_RATELIMIT_LIMIT, policy.limit_header.clone());
+            put(headers, X_RATELIMIT_REMAINING, number(*remaining));
+            put(headers, X_RATELIMIT_RESET, number(*reset));
+        }
+        if let Some(ietf) = &self.ietf {
+            let [policy, state] = &**ietf;
+            put(headers, RATELIMIT_POLICY, policy.clone());
+            put(headers, RATELIMIT, state.clone());
+        }
+        if let Some(retry) = self.retry_after {
+            put(headers, RETRY_AFTER, number(retry));
         }
     }
 
     pub(crate) fn retry_after(&self) -> Option<u64> {
         self.retry_after
     }
+}
+
+/// `RateLimit-Policy` and `RateLimit`: one list item per policy, shadow policies included.
+fn ietf_fields(decision: &Decision) -> Option<[HeaderValue; 2]> {
+    let mut policy = String::new();
+    let mut state = String::new();
+    for (i, o) in decision.outcomes().iter().enumerate() {
+        if i > 0 {
+            policy.push_str(", ");
+            state.push_str(", ");
+        }
+        // Policy names are restricted to characters that need no escaping in an sf-string
+        // (letters, digits and -_.:/).
+        let _ = write!(
+            policy,
+            "\"{}\";q={};w={}",
+            o.policy(),
+            o.limit(),
+            ceil_secs(o.window()).max(1)
+        );
+        // For a violated policy, `t` is when it admits the request again, which Retry-After
+        // never precedes; otherwise when its key is fully reset.
+        let t = match o.retry_after() {
+            Some(retry) if !o.is_allowed() => ceil_secs(retry).max(1),
+            _ => ceil_secs(o.reset_after()),
+        };
+        let _ = write!(state, "\"{}\";r={};t={}", o.policy(), o.remaining(), t);
+    }
+    Some([
+        HeaderValue::try_from(policy).ok()?,
+        HeaderValue::try_from(state).ok()?,
+    ])
 }
 
 #[cfg(test)]

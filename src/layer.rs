@@ -20,7 +20,7 @@ use crate::resilience::{Breaker, CircuitBreaker, DenyCache};
 use crate::response::Responses;
 use crate::service::RateLimit;
 use crate::store::private::Sealed as _;
-use crate::store::{Check, MemoryStore, Mode, PolicyHandle, Store};
+use crate::store::{Check, Checks, MemoryStore, Mode, PolicyHandle, Store};
 
 /// Applies rate limits to every request that reaches the wrapped service.
 ///
@@ -223,7 +223,10 @@ impl<St: Store> RateLimitLayer<St> {
                 let mode = mode.unwrap_or(p.mode());
                 Check::new(handle.clone(), key.clone(), units(handle), mode)
             })
-            .collect();
+            .collect::<Checks>();
+        if let Some(decision) = self.shared.store.decide_now(&checks) {
+            return Ok(decision);
+        }
         self.shared.store.check(checks).await
     }
 
@@ -465,11 +468,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 .into_iter()
                 .map(|(name, algorithm)| {
                     let id = store(name.clone(), algorithm.clone())?;
-                    Ok(Arc::new(PolicyHandle {
-                        name,
-                        id,
-                        algorithm,
-                    }))
+                    Ok(Arc::new(PolicyHandle::new(name, id, algorithm)))
                 })
                 .collect()
         };

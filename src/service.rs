@@ -152,11 +152,11 @@ where
             .breaker
             .as_ref()
             .map_or(Permit::Call, |b| b.permit(now));
-        let guard = Guard {
+        let mut guard = Guard {
             permit,
             fallback,
             remember,
-            started: std::time::Instant::now(),
+            started: None,
             decision: None,
         };
         if permit == Permit::Reject {
@@ -166,6 +166,10 @@ where
             );
             return ResponseFuture::failed(shared.clone(), error, request, inner, guard);
         }
+        if let Some(decision) = shared.store.decide_now(&checks) {
+            return ResponseFuture::decided(shared.clone(), decision, request, inner, after, guard);
+        }
+        guard.started = Some(std::time::Instant::now());
         let check = shared.store.check(checks);
         ResponseFuture::checking(shared.clone(), check, request, inner, after, guard)
     }

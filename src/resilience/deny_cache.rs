@@ -136,15 +136,11 @@ mod tests {
 
     fn handle(id: u32) -> Arc<PolicyHandle> {
         let (name, algorithm) = Policy::gcra("10/s").compile().unwrap().remove(0);
-        Arc::new(PolicyHandle {
-            name,
-            id,
-            algorithm,
-        })
+        Arc::new(PolicyHandle::new(name, id, algorithm))
     }
 
     /// A denial of `key` by `policy`, for `retry_us`.
-    fn denied(policy: &PolicyHandle, retry_us: u64) -> Decision {
+    fn denied(policy: &Arc<PolicyHandle>, retry_us: u64) -> Decision {
         let verdict = Verdict {
             allowed: false,
             remaining: 0,

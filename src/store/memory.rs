@@ -506,4 +506,8 @@ impl private::Sealed for MemoryStore {
     fn register(&self, name: Arc<str>, algorithm: Compiled) -> Result<u32, ConfigError> {
         self.inner.registry.register(name, algorithm)
     }
+
+    fn decide_now(&self, checks: &[Check]) -> Option<Decision> {
+        Some(self.decide(checks))
+    }
 }

@@ -20,12 +20,68 @@ use crate::error::{ConfigError, StoreError};
 use crate::few::Few;
 use crate::key::Key;
 
-/// A policy as a store knows it: name, id in the store, algorithm.
+/// A policy as a store knows it: name, id in the store, algorithm; and what every response
+/// for it reuses, built once: its limit as a header value and its metrics keys.
 #[derive(Debug)]
 pub(crate) struct PolicyHandle {
     pub(crate) name: Arc<str>,
     pub(crate) id: u32,
     pub(crate) algorithm: Compiled,
+    /// The limit clients are told, as a header value.
+    pub(crate) limit_header: http::HeaderValue,
+    /// `ratelimit_decisions_total{policy, outcome}` for each [`Outcome`], so that counting a
+    /// decision allocates no label list.
+    decisions_metric: [metrics::Key; 3],
+}
+
+/// How one policy judged one request, as counted by `ratelimit_decisions_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Allowed = 0,
+    Limited = 1,
+    ShadowLimited = 2,
+}
+
+impl Outcome {
+    const ALL: [Outcome; 3] = [Outcome::Allowed, Outcome::Limited, Outcome::ShadowLimited];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Limited => "limited",
+            Outcome::ShadowLimited => "shadow_limited",
+        }
+    }
+}
+
+impl PolicyHandle {
+    pub(crate) fn new(name: Arc<str>, id: u32, algorithm: Compiled) -> Self {
+        let limit_header = http::HeaderValue::from(algorithm.reported_limit());
+        let decisions_metric = Outcome::ALL.map(|outcome| {
+            metrics::Key::from_parts(
+                "ratelimit_decisions_total",
+                vec![
+                    metrics::Label::new("policy", metrics::SharedString::from(name.clone())),
+                    metrics::Label::from_static_parts("outcome", outcome.as_str()),
+                ],
+            )
+        });
+        PolicyHandle {
+            name,
+            id,
+            algorithm,
+            limit_header,
+            decisions_metric,
+        }
+    }
+
+    /// Counts one decision of this policy in `ratelimit_decisions_total`.
+    pub(crate) fn count(&self, outcome: Outcome) {
+        static METADATA: metrics::Metadata<'static> =
+            metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+        let key = &self.decisions_metric[outcome as usize];
+        metrics::with_recorder(|r| r.register_counter(key, &METADATA).increment(1));
+    }
 }
 
 /// The policies a store knows, by name: one name, one definition, one id.
@@ -160,5 +216,12 @@ pub(crate) mod private {
         /// Registers a policy under its name, failing if the name is taken by a different
         /// policy; returns its id in this store.
         fn register(&self, name: Arc<str>, algorithm: Compiled) -> Result<u32, ConfigError>;
+
+        /// The decision, when the store makes it synchronously and cannot fail (the memory
+        /// store): the layer then settles the request without a future in between.
+        fn decide_now(&self, checks: &[Check]) -> Option<Decision> {
+            let _ = checks;
+            None
+        }
     }
 }

@@ -54,17 +54,28 @@ pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelim
 /// `X-RateLimit-Reset`.
 pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
-/// A header value for `n`; the small numbers most responses carry are formatted once and
-/// shared, not allocated per response.
-fn number(n: u64) -> HeaderValue {
-    const CACHED: usize = 1024;
-    static VALUES: std::sync::OnceLock<Vec<HeaderValue>> = std::sync::OnceLock::new();
-    match usize::try_from(n) {
-        Ok(i) if i < CACHED => {
-            VALUES.get_or_init(|| (0..CACHED as u64).map(HeaderValue::from).collect())[i].clone()
-        }
-        _ => HeaderValue::from(n),
+/// A header value for `n`. Numbers below 10,000 (most limits, counts and waits) point into one
+/// static buffer, formatted once: nothing is allocated or reference-counted per response.
+pub(crate) fn number(n: u64) -> HeaderValue {
+    /// Each number below `STATIC` takes `WIDTH` bytes of the buffer, left-aligned.
+    const STATIC: u64 = 10_000;
+    const WIDTH: usize = 4;
+    static DIGITS: std::sync::OnceLock<Box<[u8]>> = std::sync::OnceLock::new();
+    if n >= STATIC {
+        return HeaderValue::from(n);
     }
+    let digits = DIGITS.get_or_init(|| {
+        let mut buf = vec![b' '; STATIC as usize * WIDTH];
+        for (i, slot) in buf.chunks_exact_mut(WIDTH).enumerate() {
+            let text = i.to_string();
+            slot[..text.len()].copy_from_slice(text.as_bytes());
+        }
+        buf.into_boxed_slice()
+    });
+    let start = n as usize * WIDTH;
+    let len = n.checked_ilog10().map_or(1, |d| d as usize + 1);
+    let bytes = bytes::Bytes::from_static(&digits[start..start + len]);
+    HeaderValue::from_maybe_shared(bytes).unwrap_or_else(|_| HeaderValue::from(n))
 }
 
 /// Whole seconds, rounded up.
@@ -232,7 +243,21 @@ mod tests {
 
     #[test]
     fn numbers() {
-        for n in [0, 1, 999, 1023, 1024, 86_400, u64::MAX] {
+        for n in [
+            0,
+            1,
+            9,
+            10,
+            99,
+            100,
+            999,
+            1023,
+            1024,
+            9_999,
+            10_000,
+            86_400,
+            u64::MAX,
+        ] {
             assert_eq!(number(n), HeaderValue::from(n));
         }
     }

@@ -68,7 +68,7 @@ impl ApiKey {
     /// The key a token is charged to: its SHA-256 hash. Useful to find or reset a client's
     /// bucket without storing its secret.
     pub fn key_for(token: &[u8]) -> Key {
-        Key::from(Sha256::digest(token).to_vec())
+        Key::from(Sha256::digest(token).as_slice())
     }
 
     fn name(&self) -> &HeaderName {

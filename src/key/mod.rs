@@ -49,6 +49,7 @@ mod peer_ip;
 mod route;
 
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 
 use bytes::Bytes;
@@ -153,13 +154,26 @@ impl<'a> RequestRef<'a> {
 ///
 /// Keys compare by value; `Key::from("alice")` and `Key::from(b"alice".as_slice())` are the same
 /// key, while an IP address and its text form are different keys.
-#[derive(Clone, PartialEq, Eq, Hash)]
+///
+/// A key of up to 38 bytes is held inline: making, cloning and comparing one allocates nothing
+/// and follows no pointer.
+#[derive(Clone)]
 pub struct Key(Repr);
 
-#[derive(Clone, PartialEq, Eq, Hash)]
+/// The longest byte key held inline; longer ones are shared [`Bytes`].
+const INLINE: usize = 38;
+
+#[derive(Clone)]
 enum Repr {
     Global,
     Ip(IpAddr),
+    /// `len` bytes, at most [`INLINE`]; the rest is zero.
+    Inline {
+        len: u8,
+        bytes: [u8; INLINE],
+    },
+    /// More than [`INLINE`] bytes (a key of fewer is always inline, so each value has one
+    /// representation).
     Bytes(Bytes),
 }
 
@@ -171,7 +185,34 @@ impl Key {
 
     /// A key made of arbitrary bytes.
     pub fn from_bytes(bytes: impl Into<Bytes>) -> Self {
-        Key(Repr::Bytes(bytes.into()))
+        let bytes = bytes.into();
+        Key::inline(&bytes).unwrap_or(Key(Repr::Bytes(bytes)))
+    }
+
+    /// A key of `bytes`, copied inline when they are short enough, else into a [`Bytes`].
+    fn copied(bytes: &[u8]) -> Self {
+        Key::inline(bytes).unwrap_or_else(|| Key(Repr::Bytes(Bytes::copy_from_slice(bytes))))
+    }
+
+    /// A key of `bytes` held inline, if they fit.
+    fn inline(bytes: &[u8]) -> Option<Self> {
+        (bytes.len() <= INLINE).then(|| {
+            let mut inline = [0; INLINE];
+            inline[..bytes.len()].copy_from_slice(bytes);
+            Key(Repr::Inline {
+                len: bytes.len() as u8,
+                bytes: inline,
+            })
+        })
+    }
+
+    /// The bytes of a byte key.
+    fn bytes(&self) -> Option<&[u8]> {
+        match &self.0 {
+            Repr::Inline { len, bytes } => Some(&bytes[..usize::from(*len)]),
+            Repr::Bytes(b) => Some(b),
+            Repr::Global | Repr::Ip(_) => None,
+        }
     }
 
     /// Appends a stable, unambiguous binary encoding of the key to `out` (a tag byte, then the
@@ -187,9 +228,9 @@ impl Key {
                 out.push(b'6');
                 out.extend_from_slice(&ip.octets());
             }
-            Repr::Bytes(b) => {
+            Repr::Inline { .. } | Repr::Bytes(_) => {
                 out.push(b'b');
-                out.extend_from_slice(b);
+                out.extend_from_slice(self.bytes().unwrap_or_default());
             }
         }
     }
@@ -199,7 +240,9 @@ impl Key {
         match &self.0 {
             Repr::Global => KeyParts::Global,
             Repr::Ip(ip) => KeyParts::Ip(*ip),
-            Repr::Bytes(b) => KeyParts::Bytes(b),
+            Repr::Inline { .. } | Repr::Bytes(_) => {
+                KeyParts::Bytes(self.bytes().unwrap_or_default())
+            }
         }
     }
 
@@ -220,12 +263,40 @@ pub(crate) enum KeyParts<'a> {
     Bytes(&'a [u8]),
 }
 
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (Repr::Global, Repr::Global) => true,
+            (Repr::Ip(a), Repr::Ip(b)) => a == b,
+            _ => self.bytes().is_some() && self.bytes() == other.bytes(),
+        }
+    }
+}
+
+impl Eq for Key {}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        match &self.0 {
+            Repr::Global => state.write_u8(0),
+            Repr::Ip(ip) => {
+                state.write_u8(1);
+                ip.hash(state);
+            }
+            Repr::Inline { .. } | Repr::Bytes(_) => {
+                state.write_u8(2);
+                self.bytes().unwrap_or_default().hash(state);
+            }
+        }
+    }
+}
+
 impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.0 {
-            Repr::Global => f.write_str("Key(global)"),
-            Repr::Ip(ip) => write!(f, "Key({ip})"),
-            Repr::Bytes(b) => write!(f, "Key({} bytes)", b.len()),
+        match (&self.0, self.bytes()) {
+            (Repr::Global, _) => f.write_str("Key(global)"),
+            (Repr::Ip(ip), _) => write!(f, "Key({ip})"),
+            (_, bytes) => write!(f, "Key({} bytes)", bytes.unwrap_or_default().len()),
         }
     }
 }
@@ -238,25 +309,25 @@ impl From<IpAddr> for Key {
 
 impl From<&str> for Key {
     fn from(s: &str) -> Self {
-        Key::from_bytes(Bytes::copy_from_slice(s.as_bytes()))
+        Key::copied(s.as_bytes())
     }
 }
 
 impl From<String> for Key {
     fn from(s: String) -> Self {
-        Key::from_bytes(s)
+        Key::inline(s.as_bytes()).unwrap_or_else(|| Key::from_bytes(s))
     }
 }
 
 impl From<&[u8]> for Key {
     fn from(b: &[u8]) -> Self {
-        Key::from_bytes(Bytes::copy_from_slice(b))
+        Key::copied(b)
     }
 }
 
 impl From<Vec<u8>> for Key {
     fn from(b: Vec<u8>) -> Self {
-        Key::from_bytes(b)
+        Key::inline(&b).unwrap_or_else(|| Key::from_bytes(b))
     }
 }
 
@@ -268,6 +339,55 @@ impl From<Bytes> for Key {
 
 impl From<u64> for Key {
     fn from(n: u64) -> Self {
-        Key::from_bytes(Bytes::copy_from_slice(&n.to_be_bytes()))
+        Key::copied(&n.to_be_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::hash::BuildHasher;
+
+    use super::*;
+
+    /// Every way of making a byte key gives the same key, inline or not, on both sides of the
+    /// inline limit.
+    #[test]
+    fn byte_keys_are_equal_and_hash_alike_whatever_their_representation() {
+        let hasher = std::collections::hash_map::RandomState::new();
+        for len in [0, 1, 8, INLINE - 1, INLINE, INLINE + 1, 64, 200] {
+            let text: String = (0..len)
+                .map(|i| char::from(b'a' + (i % 26) as u8))
+                .collect();
+            let made = [
+                Key::from(text.as_str()),
+                Key::from(text.clone()),
+                Key::from(text.as_bytes()),
+                Key::from(text.as_bytes().to_vec()),
+                Key::from(Bytes::from(text.clone())),
+                Key::from_bytes(text.clone()),
+            ];
+            for key in &made {
+                assert_eq!(*key, made[0], "length {len}");
+                assert_eq!(
+                    hasher.hash_one(key),
+                    hasher.hash_one(&made[0]),
+                    "length {len}"
+                );
+                assert_eq!(key.bytes(), Some(text.as_bytes()));
+                assert_eq!(matches!(key.0, Repr::Inline { .. }), len <= INLINE);
+                let mut encoded = Vec::new();
+                key.encode(&mut encoded);
+                assert_eq!(encoded, [b"b", text.as_bytes()].concat());
+            }
+            let mut longer = text.clone();
+            longer.push('z');
+            assert_ne!(Key::from(longer), made[0]);
+        }
+        assert_ne!(Key::from(""), Key::global());
+        assert_ne!(
+            Key::from([127u8, 0, 0, 1].as_slice()),
+            Key::from(IpAddr::from([127, 0, 0, 1]))
+        );
+        assert_eq!(std::mem::size_of::<Key>(), 40);
     }
 }

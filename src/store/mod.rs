@@ -56,7 +56,7 @@ impl Outcome {
 
 impl PolicyHandle {
     pub(crate) fn new(name: Arc<str>, id: u32, algorithm: Compiled) -> Self {
-        let limit_header = http::HeaderValue::from(algorithm.reported_limit());
+        let limit_header = crate::headers::number(algorithm.reported_limit());
         let decisions_metric = Outcome::ALL.map(|outcome| {
             metrics::Key::from_parts(
                 "ratelimit_decisions_total",

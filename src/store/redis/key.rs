@@ -41,7 +41,21 @@ pub(crate) fn push_body(out: &mut Vec<u8>, key: &Key) {
     match key.parts() {
         KeyParts::Global => out.push(b'g'),
         KeyParts::Ip(std::net::IpAddr::V4(ip)) => {
-            let _ = write!(out, "4:{ip}");
+            // The dotted quad, written without the formatting machinery (every request of a
+            // per-IP policy comes here).
+            out.extend_from_slice(b"4:");
+            for (i, octet) in ip.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'.');
+                }
+                if octet >= 100 {
+                    out.push(b'0' + octet / 100);
+                }
+                if octet >= 10 {
+                    out.push(b'0' + octet / 10 % 10);
+                }
+                out.push(b'0' + octet % 10);
+            }
         }
         KeyParts::Ip(std::net::IpAddr::V6(ip)) => {
             let _ = write!(out, "6:{ip}");
@@ -63,7 +77,7 @@ pub(crate) fn push_body(out: &mut Vec<u8>, key: &Key) {
 
 /// The full Redis key of `key` under `policy`.
 pub(crate) fn redis_key(prefix: &str, policy: &str, key: &Key) -> Vec<u8> {
-    let mut out = Vec::with_capacity(prefix.len() + policy.len() + 24);
+    let mut out = Vec::with_capacity(prefix.len() + policy.len() + 32);
     out.extend_from_slice(prefix.as_bytes());
     out.extend_from_slice(policy.as_bytes());
     out.extend_from_slice(b":{");
@@ -111,6 +125,21 @@ mod tests {
         assert_eq!(k(&Key::from("{evil}")), "rl:p:{x:7b6576696c7d}");
         let long = k(&Key::from(vec![b'a'; 65_536]));
         assert!(long.starts_with("rl:p:{h:") && long.len() == "rl:p:{h:}".len() + 64);
+    }
+
+    #[test]
+    fn ipv4_bodies_are_the_dotted_quad() {
+        for octet in [0u8, 1, 9, 10, 99, 100, 101, 199, 200, 255] {
+            for ip in [
+                std::net::Ipv4Addr::new(octet, 0, 255, octet),
+                std::net::Ipv4Addr::new(255, octet, 10, 7),
+            ] {
+                assert_eq!(
+                    k(&Key::from(std::net::IpAddr::V4(ip))),
+                    format!("rl:p:{{4:{ip}}}")
+                );
+            }
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@ use crate::algorithm::{Compiled, Verdict};
 use crate::clock::Clock;
 use crate::decision::{Decision, PolicyOutcome};
 use crate::error::{ConfigError, StoreError, StoreErrorKind};
+use crate::few::Few;
 
 pub(crate) use key::redis_key;
 
@@ -424,8 +425,12 @@ impl Inner {
         let conn = match &self.conn {
             Conn::Multiplexed(m) => AnyConn::Multiplexed(m.clone()),
             Conn::Cluster(c) => AnyConn::Cluster(c.clone()),
-            Conn::Pool(p) => AnyConn::Pool(p.get().await.map_err(StoreError::new)?),
-            Conn::ClusterPool(p) => AnyConn::ClusterPool(p.get().await.map_err(StoreError::new)?),
+            // Boxed: the pools' futures are large, and every decision's future would carry
+            // room for them.
+            Conn::Pool(p) => AnyConn::Pool(Box::pin(p.get()).await.map_err(StoreError::new)?),
+            Conn::ClusterPool(p) => {
+                AnyConn::ClusterPool(Box::pin(p.get()).await.map_err(StoreError::new)?)
+            }
         };
         f(conn).await.map_err(StoreError::new)
     }
@@ -435,9 +440,10 @@ impl Inner {
         let verdicts = if !self.conn.is_cluster() || one_slot {
             self.run(&checks).await?
         } else {
-            self.decide_across_slots(&checks).await?
+            // Boxed, as the pools' futures are: only clusters take this path.
+            Box::pin(self.decide_across_slots(&checks)).await?
         };
-        let outcomes: Vec<PolicyOutcome> = checks
+        let outcomes: Few<PolicyOutcome> = checks
             .iter()
             .zip(verdicts)
             .map(|(check, verdict)| {
@@ -515,10 +521,11 @@ impl Inner {
             let mut cmd = redis::cmd(name);
             cmd.arg(script).arg(2 * checks.len());
             for check in checks {
-                let key = redis_key(&self.prefix, &check.policy.name, &check.key);
-                let mut block = key.clone();
-                block.extend_from_slice(b":block");
-                cmd.arg(key).arg(block);
+                // The state key, then the block key beside it: one buffer for both.
+                let mut key = redis_key(&self.prefix, &check.policy.name, &check.key);
+                cmd.arg(&key[..]);
+                key.extend_from_slice(b":block");
+                cmd.arg(key);
             }
             match &self.clock {
                 // Redis expires keys on its own clock, which an injected one may outrun or lag.

@@ -1,11 +1,16 @@
-//! In-memory decision cost against the peer crate `governor`'s keyed limiter, on the same
-//! keys, in the same run (comparison 6 of `scripts/bench.sh`).
+//! Our costs against the peer crates, in the same run (comparisons 4 and 6 of
+//! `scripts/bench.sh`).
 //!
 //! `cargo bench --bench peers`
 //!
-//! Both decide one request for a key cycling through 10,000 keys under an in-memory GCRA
-//! that never limits. Ours is `RateLimitLayer::check` on the memory store, polled once with a
-//! no-op waker (the memory store's future is always ready), so no runtime is measured.
+//! * `decision/*`: one decision for a key cycling through 10,000 keys under an in-memory GCRA
+//!   that never limits. Ours is `RateLimitLayer::check` on the memory store, polled once with
+//!   a no-op waker (the memory store's future is always ready), so no runtime is measured;
+//!   governor's is `RateLimiter::keyed` `check_key`.
+//! * `request/*`: one request through an axum hello-world `Router`, bare, with our layer and
+//!   with `tower_governor`'s (each an in-memory GCRA per peer IP that never limits, with and
+//!   without rate-limit headers): the middleware's whole cost per request, without the
+//!   sockets that dominate (and blur) the same comparison under wrk.
 
 use std::future::Future;
 use std::hint::black_box;
@@ -67,5 +72,74 @@ fn decision_cost(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, decision_cost);
+async fn hello() -> &'static str {
+    "hello"
+}
+
+fn request_cost(c: &mut Criterion) {
+    use axum::Router;
+    use axum::body::Body;
+    use axum::extract::ConnectInfo;
+    use axum::routing::get;
+    use tower::{Service, ServiceExt};
+    use tower_governor::GovernorLayer;
+    use tower_governor::governor::GovernorConfigBuilder;
+    use tower_ratelimit::HeaderStyle;
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let base = || Router::new().route("/", get(hello));
+    let ours = |headers| {
+        let layer = RateLimitLayer::builder()
+            .policy(Policy::gcra("1000000/s"))
+            .headers(headers)
+            .build()
+            .unwrap();
+        base().layer(layer)
+    };
+    let governor = GovernorConfigBuilder::default()
+        .per_nanosecond(1)
+        .burst_size(1_000_000)
+        .finish()
+        .unwrap();
+    let governor_headers = GovernorConfigBuilder::default()
+        .per_nanosecond(1)
+        .burst_size(1_000_000)
+        .use_headers()
+        .finish()
+        .unwrap();
+    let routers = [
+        ("bare", base()),
+        ("ours", ours(HeaderStyle::Legacy)),
+        ("ours_no_headers", ours(HeaderStyle::None)),
+        (
+            "tower_governor",
+            base().layer(GovernorLayer::new(governor)),
+        ),
+        (
+            "tower_governor_headers",
+            base().layer(GovernorLayer::new(governor_headers)),
+        ),
+    ];
+    let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 40_000));
+    let mut group = c.benchmark_group("request");
+    for (name, mut router) in routers {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let mut request = http::Request::new(Body::empty());
+                request.extensions_mut().insert(ConnectInfo(peer));
+                rt.block_on(async {
+                    let ready = ServiceExt::<http::Request<Body>>::ready(&mut router).await;
+                    let response = ready.unwrap().call(request).await.unwrap();
+                    assert!(response.status().is_success());
+                    black_box(response)
+                })
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, decision_cost, request_cost);
 criterion_main!(benches);

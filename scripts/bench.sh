@@ -44,7 +44,6 @@ fi
 echo "== building (release)" >&2
 cargo build --release --all-features --example bench_redis --example bench_http
 cargo bench --all-features --bench peers --no-run
-cargo bench --all-features --bench memory --no-run
 BR=target/release/examples/bench_redis
 BH=target/release/examples/bench_http
 
@@ -146,16 +145,12 @@ for r in $(seq "$RUNS"); do
 done
 echo "deny_redis_evalsha_calls=$deny_calls" >>"$RAW/machine.txt"
 
-echo "== 6: in-memory decision vs governor (criterion)" >&2
-rm -rf target/criterion/decision
+echo "== 4, 6: one request through axum in process, in-memory decision (criterion)" >&2
+rm -rf target/criterion/decision target/criterion/request
 cargo bench --all-features --bench peers -- --warm-up-time 2 --measurement-time 4 --noplot \
     >"$RAW/criterion.txt" 2>&1
 cp -r target/criterion/decision "$RAW/criterion"
-# The same request through a bare service and through the layer, in process (no sockets).
-rm -rf target/criterion/service
-cargo bench --all-features --bench memory -- --warm-up-time 2 --measurement-time 4 --noplot \
-    'service/(bare|limited/gcra)$' >"$RAW/criterion-service.txt" 2>&1
-cp -r target/criterion/service "$RAW/criterion-service"
+cp -r target/criterion/request "$RAW/criterion-request"
 
 echo "== 8: each algorithm's Redis cost and memory per key" >&2
 "$BR" algorithms "$URL" --n 50000 >"$RAW/algorithms.txt"

@@ -156,7 +156,7 @@ where
         shared: Arc<Shared<St>>,
         decision: Decision,
         request: Request<ReqB>,
-        inner: S,
+        inner: &mut S,
         mut after: Vec<AfterResponse>,
         mut guard: Guard,
     ) -> Self {
@@ -306,10 +306,10 @@ where
             };
             let Pending {
                 request,
-                inner,
+                mut inner,
                 mut guard,
             } = *pending.expect(POLLED_AFTER_READY);
-            let next = decided(this.shared, &mut guard, this.after, result, request, inner);
+            let next = decided(this.shared, &mut guard, this.after, result, request, &mut inner);
             this.state.set(next);
         }
     }
@@ -323,7 +323,7 @@ fn decided<S, ReqB, St: Store>(
     after: &mut Vec<AfterResponse>,
     result: Result<Decision, StoreError>,
     request: Request<ReqB>,
-    inner: S,
+    inner: &mut S,
 ) -> State<S, ReqB, S::Future, St::Future, S::Response>
 where
     S: Service<Request<ReqB>>,
@@ -340,7 +340,7 @@ where
 }
 
 /// Calls the inner service, with the decision (if any) in the request's extensions.
-fn call<S, ReqB>(mut inner: S, mut request: Request<ReqB>, guard: &mut Guard) -> S::Future
+fn call<S, ReqB>(inner: &mut S, mut request: Request<ReqB>, guard: &mut Guard) -> S::Future
 where
     S: Service<Request<ReqB>>,
 {

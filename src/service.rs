@@ -84,9 +84,14 @@ where
     fn call(&mut self, request: Request<ReqB>) -> Self::Future {
         let shared = &self.shared;
         let view = RequestRef::new(&request);
-        // The inner service was driven to readiness; keep that one and leave a clone behind.
-        let clone = self.inner.clone();
-        let mut inner = mem::replace(&mut self.inner, clone);
+        // The inner service was driven to readiness. It is called right here when the answer
+        // is known at once; when it must wait for the store, the ready one goes with the
+        // future and a clone stays behind.
+        let inner = &mut self.inner;
+        let take_ready = |inner: &mut S| {
+            let clone = inner.clone();
+            mem::replace(inner, clone)
+        };
         if shared.exempt.as_ref().is_some_and(|f| f(&view)) {
             return ResponseFuture::unlimited(shared.clone(), inner.call(request));
         }
@@ -164,6 +169,7 @@ where
                 StoreErrorKind::CircuitOpen,
                 "the circuit breaker is open; the store was not asked",
             );
+            let inner = take_ready(inner);
             return ResponseFuture::failed(shared.clone(), error, request, inner, guard);
         }
         if let Some(decision) = shared.store.decide_now(&checks) {
@@ -171,6 +177,7 @@ where
         }
         guard.started = Some(std::time::Instant::now());
         let check = shared.store.check(checks);
+        let inner = take_ready(inner);
         ResponseFuture::checking(shared.clone(), check, request, inner, after, guard)
     }
 }

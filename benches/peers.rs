@@ -113,10 +113,7 @@ fn request_cost(c: &mut Criterion) {
         ("bare", base()),
         ("ours", ours(HeaderStyle::Legacy)),
         ("ours_no_headers", ours(HeaderStyle::None)),
-        (
-            "tower_governor",
-            base().layer(GovernorLayer::new(governor)),
-        ),
+        ("tower_governor", base().layer(GovernorLayer::new(governor))),
         (
             "tower_governor_headers",
             base().layer(GovernorLayer::new(governor_headers)),

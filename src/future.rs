@@ -81,7 +81,9 @@ pin_project! {
     {
         #[pin]
         state: State<S, ReqB, S::Future, St::Future, S::Response>,
-        shared: Arc<Shared<St>>,
+        // The layer, kept only while the future still needs it (a decision to wait for, or
+        // charges after the response): most requests touch no shared reference count.
+        shared: Option<Arc<Shared<St>>>,
         after: Vec<AfterResponse>,
     }
 }
@@ -129,7 +131,7 @@ where
     St: Store,
 {
     pub(crate) fn checking(
-        shared: Arc<Shared<St>>,
+        shared: &Arc<Shared<St>>,
         check: St::Future,
         request: Request<ReqB>,
         inner: S,
@@ -145,7 +147,7 @@ where
                     guard,
                 })),
             },
-            shared,
+            shared: Some(shared.clone()),
             after,
         }
     }
@@ -153,31 +155,24 @@ where
     /// A decision made synchronously (the memory store): settled, and the inner service
     /// called, before the future is first polled.
     pub(crate) fn decided(
-        shared: Arc<Shared<St>>,
+        shared: &Arc<Shared<St>>,
         decision: Decision,
         request: Request<ReqB>,
         inner: &mut S,
         mut after: Vec<AfterResponse>,
         mut guard: Guard,
     ) -> Self {
-        let state = decided(
-            &shared,
-            &mut guard,
-            &mut after,
-            Ok(decision),
-            request,
-            inner,
-        );
+        let state = decided(shared, &mut guard, &mut after, Ok(decision), request, inner);
         ResponseFuture {
             state,
-            shared,
+            shared: (!after.is_empty()).then(|| shared.clone()),
             after,
         }
     }
 
     /// The store was not asked (the breaker is open): straight to the failure policy.
     pub(crate) fn failed(
-        shared: Arc<Shared<St>>,
+        shared: &Arc<Shared<St>>,
         error: StoreError,
         request: Request<ReqB>,
         inner: S,
@@ -192,37 +187,37 @@ where
                     guard,
                 })),
             },
-            shared,
+            shared: Some(shared.clone()),
             after: Vec::new(),
         }
     }
 
     /// A denial known without asking the store (the deny cache).
-    pub(crate) fn denied(shared: Arc<Shared<St>>, decision: Decision) -> Self {
+    pub(crate) fn denied(shared: &Shared<St>, decision: Decision) -> Self {
         let headers = RateLimitHeaders::new(&decision, shared.headers);
         let mut response = shared.responses.limited(&decision, &headers);
         response.extensions_mut().insert(decision);
-        Self::ready(shared, response)
+        Self::ready(response)
     }
 
     /// A request no policy applies to: the inner service's response, without headers.
-    pub(crate) fn unlimited(shared: Arc<Shared<St>>, future: S::Future) -> Self {
+    pub(crate) fn unlimited(future: S::Future) -> Self {
         ResponseFuture {
             state: State::Calling {
                 future,
                 headers: None,
             },
-            shared,
+            shared: None,
             after: Vec::new(),
         }
     }
 
-    pub(crate) fn ready(shared: Arc<Shared<St>>, response: Response<Bytes>) -> Self {
+    pub(crate) fn ready(response: Response<Bytes>) -> Self {
         ResponseFuture {
             state: State::Ready {
                 response: Some(response),
             },
-            shared,
+            shared: None,
             after: Vec::new(),
         }
     }
@@ -248,6 +243,7 @@ where
 }
 
 const POLLED_AFTER_READY: &str = "ResponseFuture polled after completion";
+const KEPT_FOR_LATER: &str = "the layer is kept while a decision or a charge is to come";
 
 impl<S, ReqB, ResB, St> Future for ResponseFuture<S, ReqB, St>
 where
@@ -285,7 +281,8 @@ where
                     if adjust.is_empty() {
                         return Poll::Ready(Ok(response.map(ResponseBody::inner)));
                     }
-                    let adjust = this.shared.store.check(adjust);
+                    let shared = this.shared.as_ref().expect(KEPT_FOR_LATER);
+                    let adjust = shared.store.check(adjust);
                     this.state.set(State::Adjusting {
                         adjust,
                         response: Some(response),
@@ -309,7 +306,8 @@ where
                 mut inner,
                 mut guard,
             } = *pending.expect(POLLED_AFTER_READY);
-            let next = decided(this.shared, &mut guard, this.after, result, request, &mut inner);
+            let shared = this.shared.as_ref().expect(KEPT_FOR_LATER);
+            let next = decided(shared, &mut guard, this.after, result, request, &mut inner);
             this.state.set(next);
         }
     }

@@ -93,7 +93,7 @@ where
             mem::replace(inner, clone)
         };
         if shared.exempt.as_ref().is_some_and(|f| f(&view)) {
-            return ResponseFuture::unlimited(shared.clone(), inner.call(request));
+            return ResponseFuture::unlimited(inner.call(request));
         }
         let mut checks = Checks::default();
         let mut fallback = shared.fallback.as_ref().map(|_| Checks::default());
@@ -111,7 +111,7 @@ where
                         "rate-limit key rejected"
                     );
                     let response = shared.responses.rejected(&rejection);
-                    return ResponseFuture::ready(shared.clone(), response);
+                    return ResponseFuture::ready(response);
                 }
             };
             let tier = policy.tier(&view, &key);
@@ -134,7 +134,7 @@ where
             checks.push(Check::new(handle.clone(), key, cost, policy.mode()));
         }
         if checks.is_empty() {
-            return ResponseFuture::unlimited(shared.clone(), inner.call(request));
+            return ResponseFuture::unlimited(inner.call(request));
         }
         // The layer's clock is read only when the deny cache or an open breaker needs it.
         let now = std::cell::OnceCell::new();
@@ -145,7 +145,7 @@ where
             .and_then(|c| c.lookup(&checks, now()))
         {
             metrics::counter!("ratelimit_deny_cache_hits_total").increment(1);
-            return ResponseFuture::denied(shared.clone(), decision);
+            return ResponseFuture::denied(shared, decision);
         }
         let remember = shared.deny_cache.is_some().then(|| {
             checks
@@ -170,14 +170,14 @@ where
                 "the circuit breaker is open; the store was not asked",
             );
             let inner = take_ready(inner);
-            return ResponseFuture::failed(shared.clone(), error, request, inner, guard);
+            return ResponseFuture::failed(shared, error, request, inner, guard);
         }
         if let Some(decision) = shared.store.decide_now(&checks) {
-            return ResponseFuture::decided(shared.clone(), decision, request, inner, after, guard);
+            return ResponseFuture::decided(shared, decision, request, inner, after, guard);
         }
         guard.started = Some(std::time::Instant::now());
         let check = shared.store.check(checks);
         let inner = take_ready(inner);
-        ResponseFuture::checking(shared.clone(), check, request, inner, after, guard)
+        ResponseFuture::checking(shared, check, request, inner, after, guard)
     }
 }

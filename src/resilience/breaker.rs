@@ -94,7 +94,10 @@ impl Breaker {
     }
 
     pub(crate) fn success(&self, permit: Permit) {
-        self.failures.store(0, Ordering::Release);
+        // Read first: a write on every decision would bounce this line between cores.
+        if self.failures.load(Ordering::Relaxed) != 0 {
+            self.failures.store(0, Ordering::Release);
+        }
         if permit == Permit::Probe || self.open_until.load(Ordering::Acquire) != 0 {
             self.open_until.store(0, Ordering::Release);
             tracing::info!("rate-limit store is back; circuit breaker closed");

@@ -7,7 +7,8 @@ use std::convert::Infallible;
 use std::hint::black_box;
 
 use bytes::Bytes;
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
 use http::{Request, Response};
 use http_body_util::Full;
 use tower::{Service, ServiceExt, service_fn};
@@ -34,15 +35,18 @@ fn requests(n: usize) -> Vec<String> {
     (0..n).map(|i| i.to_string()).collect()
 }
 
-fn layer_overhead(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    let keys = requests(10_000);
-    let mut group = c.benchmark_group("service");
-    group.bench_function("bare", |b| {
-        let mut svc = service_fn(hello);
-        let mut i = 0;
+/// Sends one request per iteration through `svc`, the key cycling through `keys`.
+fn bench_service<S, B>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    rt: &tokio::runtime::Runtime,
+    keys: &[String],
+    mut svc: S,
+) where
+    S: Service<Request<()>, Response = Response<B>, Error = Infallible>,
+{
+    let mut i = 0;
+    group.bench_function(name, |b| {
         b.iter(|| {
             i = (i + 1) % keys.len();
             let req = Request::builder()
@@ -52,26 +56,29 @@ fn layer_overhead(c: &mut Criterion) {
             rt.block_on(async { black_box(svc.ready().await.unwrap().call(req).await.unwrap()) })
         })
     });
+}
+
+fn layer_overhead(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let keys = requests(10_000);
+    let mut group = c.benchmark_group("service");
+    bench_service(&mut group, "bare", &rt, &keys, service_fn(hello));
     for algorithm in Algorithm::ALL {
         let layer = RateLimitLayer::builder()
             .policy(Policy::new(algorithm, "10000/s"))
             .key(client_key())
             .build()
             .unwrap();
-        let mut svc = layer.layer(service_fn(hello));
-        let mut i = 0;
-        group.bench_function(format!("limited/{algorithm}"), |b| {
-            b.iter(|| {
-                i = (i + 1) % keys.len();
-                let req = Request::builder()
-                    .header("x-client", &keys[i])
-                    .body(())
-                    .unwrap();
-                rt.block_on(async {
-                    black_box(svc.ready().await.unwrap().call(req).await.unwrap())
-                })
-            })
-        });
+        let name = format!("limited/{algorithm}");
+        bench_service(
+            &mut group,
+            &name,
+            &rt,
+            &keys,
+            layer.layer(service_fn(hello)),
+        );
     }
     group.finish();
 }

@@ -1,11 +1,13 @@
 //! The deny cache.
 
-use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
+
+use hashbrown::HashTable;
 
 use crate::decision::{Decision, PolicyOutcome};
+use crate::few::Few;
 use crate::key::Key;
 use crate::store::{Check, Mode};
 
@@ -17,36 +19,48 @@ const SAMPLE: usize = 8;
 /// refused, and answers only requests that cost at least as much (a cheaper one may fit).
 /// Bounded: when full, expired entries go first, then
 /// the soonest to expire of a small sample.
+///
+/// Like the memory store, each (policy, key) is hashed once per lookup: the high bits pick the
+/// shard, the table uses the hash itself, and lookups go by reference.
 #[derive(Debug)]
 pub(crate) struct DenyCache {
-    shards: Box<[Shard]>,
+    shards: Box<[Mutex<HashTable<Entry>>]>,
     per_shard: usize,
     hasher: RandomState,
 }
 
-type Shard = Mutex<HashMap<(u32, Key), Entry>>;
-
 #[derive(Debug)]
 struct Entry {
+    hash: u64,
+    id: u32,
+    key: Key,
     until: u64,
     /// The cost of the denied request.
     cost: u64,
     outcome: PolicyOutcome,
 }
 
+impl Entry {
+    fn is(&self, id: u32, key: &Key) -> bool {
+        self.id == id && self.key == *key
+    }
+}
+
 impl DenyCache {
     pub(crate) fn new(max_entries: usize) -> Self {
         let shards = SHARDS.min(max_entries.max(1));
         DenyCache {
-            shards: (0..shards).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..shards).map(|_| Mutex::new(HashTable::new())).collect(),
             per_shard: (max_entries / shards).max(1),
             hasher: RandomState::new(),
         }
     }
 
-    fn shard(&self, id: u32, key: &Key) -> &Shard {
-        let h = self.hasher.hash_one((id, key));
-        &self.shards[(h >> 40) as usize % self.shards.len()]
+    /// The hash of (`id`, `key`) and its shard, locked.
+    fn locate(&self, id: u32, key: &Key) -> (u64, MutexGuard<'_, HashTable<Entry>>) {
+        let hash = self.hasher.hash_one((id, key));
+        let shard = &self.shards[(hash >> 40) as usize % self.shards.len()];
+        (hash, shard.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// A denial for `checks` if one of their enforced policies is known to be limited at `now`.
@@ -55,22 +69,15 @@ impl DenyCache {
             .iter()
             .filter(|c| c.mode == Mode::Enforce && c.cost > 0)
         {
-            let map_key = (c.policy.id, c.key.clone());
-            let mut shard = self
-                .shard(c.policy.id, &c.key)
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            match shard.get(&map_key) {
-                Some(e) if e.until > now && c.cost >= e.cost => {
-                    let outcome = e.outcome.waiting(e.until - now);
-                    return Some(Decision::new(vec![outcome]));
+            let (hash, mut shard) = self.locate(c.policy.id, &c.key);
+            if let Ok(entry) = shard.find_entry(hash, |e| e.is(c.policy.id, &c.key)) {
+                let e = entry.get();
+                if e.until <= now {
+                    entry.remove();
+                } else if c.cost >= e.cost {
+                    return Some(Decision::new(Few::One(e.outcome.waiting(e.until - now))));
                 }
-                // A cheaper request than the one denied may fit: the store decides.
-                Some(e) if e.until > now => {}
-                Some(_) => {
-                    shard.remove(&map_key);
-                }
-                None => {}
+                // Else a cheaper request than the one denied may fit: the store decides.
             }
         }
         None
@@ -86,32 +93,35 @@ impl DenyCache {
             if outcome.is_allowed() || outcome.is_shadow() {
                 continue;
             }
-            let until = now + retry.as_micros() as u64;
-            let mut shard = self
-                .shard(*id, key)
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if shard.len() >= self.per_shard && !shard.contains_key(&(*id, key.clone())) {
+            let (hash, mut shard) = self.locate(*id, key);
+            let entry = Entry {
+                hash,
+                id: *id,
+                key: key.clone(),
+                until: now + retry.as_micros() as u64,
+                cost: *cost,
+                outcome: outcome.clone(),
+            };
+            if let Some(known) = shard.find_mut(hash, |e| e.is(*id, key)) {
+                *known = entry;
+                continue;
+            }
+            if shard.len() >= self.per_shard {
                 // Evict from a small sample, not a scan of the shard, so a flood of distinct
                 // limited keys costs constant time per entry: the sample's soonest to expire
                 // (an expired one, if the sample has any).
                 let victim = shard
                     .iter()
                     .take(SAMPLE)
-                    .min_by_key(|(_, e)| e.until)
-                    .map(|(k, _)| k.clone());
-                if let Some(v) = victim {
-                    shard.remove(&v);
+                    .min_by_key(|e| e.until)
+                    .map(|e| (e.hash, e.id, e.key.clone()));
+                if let Some((h, id, key)) = victim
+                    && let Ok(victim) = shard.find_entry(h, |e| e.is(id, &key))
+                {
+                    victim.remove();
                 }
             }
-            shard.insert(
-                (*id, key.clone()),
-                Entry {
-                    until,
-                    cost: *cost,
-                    outcome: outcome.clone(),
-                },
-            );
+            shard.insert_unique(hash, entry, |e| e.hash);
         }
     }
 

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use hashbrown::HashTable;
 
 use super::{Check, Checks, Mode, Registry, Store, private};
-use crate::algorithm::{Compiled, State, apply_block};
+use crate::algorithm::{Compiled, State, Verdict, apply_block};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, PolicyOutcome};
 use crate::error::{ConfigError, StoreError};
@@ -250,62 +250,50 @@ impl MemoryStore {
         }
         // Lock every shard involved, in index order so that concurrent multi-policy checks
         // cannot deadlock; then evaluate all before committing any.
-        let located: Vec<(u64, usize)> = checks.iter().map(|c| self.locate(c)).collect();
-        let mut order: Vec<usize> = located.iter().map(|&(_, i)| i).collect();
+        let mut at: Vec<(u64, usize)> = checks.iter().map(|c| self.locate(c)).collect();
+        let mut order: Vec<usize> = at.iter().map(|&(_, i)| i).collect();
         order.sort_unstable();
         order.dedup();
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = order
-            .iter()
-            .map(|&i| (i, lock(&self.inner.shards[i])))
-            .collect();
-        let slots: Vec<usize> = located
-            .iter()
-            .map(|&(_, i)| {
-                guards
-                    .iter()
-                    .position(|(j, _)| *j == i)
-                    .expect("every shard index was locked")
-            })
-            .collect();
-        let hashes: Vec<u64> = located.iter().map(|&(h, _)| h).collect();
-        for ((c, &g), &h) in checks.iter().zip(&slots).zip(&hashes) {
+        let mut guards: Vec<MutexGuard<'_, Shard>> =
+            order.iter().map(|&i| lock(&self.inner.shards[i])).collect();
+        // From here on, a check's shard is named by its place among the guards.
+        for (_, shard) in &mut at {
+            *shard = order
+                .binary_search(shard)
+                .expect("every shard involved is locked");
+        }
+        for (c, &(h, g)) in checks.iter().zip(&at) {
             match c.mode {
-                Mode::Refund => guards[g].1.refund(c, h, now),
-                Mode::Reset => guards[g].1.remove(c, h),
-                Mode::Penalize => guards[g].1.commit(c, h, now, capacity),
-                Mode::Block => guards[g].1.block(c, h, now, capacity),
+                Mode::Refund => guards[g].refund(c, h, now),
+                Mode::Reset => guards[g].remove(c, h),
+                Mode::Penalize => guards[g].commit(c, h, now, capacity),
+                Mode::Block => guards[g].block(c, h, now, capacity),
                 Mode::Enforce | Mode::Shadow | Mode::Dry => {}
             }
         }
-        let verdicts: Vec<_> = checks
+        let mut verdicts: Vec<_> = checks
             .iter()
-            .zip(&slots)
-            .zip(&hashes)
-            .map(|((c, &g), &h)| {
+            .zip(&at)
+            .map(|(c, &(h, g))| {
                 let cost = if c.mode.is_admin() { 0 } else { c.cost };
-                let state = guards[g].1.live_state(c, h, now);
-                let mut verdict = c.policy.algorithm.evaluate(state, now, cost);
-                apply_block(&mut verdict, guards[g].1.blocked_until(c, h), now);
-                verdict
+                guards[g].evaluate(c, h, now, cost)
             })
             .collect();
         let admitted = checks
             .iter()
             .zip(&verdicts)
             .all(|(c, v)| v.allowed || !c.mode.decides());
-        let mut verdicts = verdicts;
-        for (((c, v), &g), &h) in checks.iter().zip(&mut verdicts).zip(&slots).zip(&hashes) {
+        for ((c, v), &(h, g)) in checks.iter().zip(&mut verdicts).zip(&at) {
             if admitted && c.mode.charged(v.allowed) {
-                guards[g].1.commit(c, h, now, capacity);
+                guards[g].commit(c, h, now, capacity);
             } else if v.allowed && c.cost > 0 && !c.mode.is_admin() {
                 // Admitted by this policy but not charged: report the state as it stays.
-                let state = guards[g].1.live_state(c, h, now);
-                let stays = c.policy.algorithm.evaluate(state, now, 0);
+                let stays = guards[g].evaluate(c, h, now, 0);
                 v.remaining = stays.remaining;
                 v.reset_after_us = stays.reset_after_us;
             }
         }
-        for (_, g) in &mut guards {
+        for g in &mut guards {
             g.tick(now);
         }
         Decision::new(
@@ -313,7 +301,7 @@ impl MemoryStore {
                 .iter()
                 .zip(verdicts)
                 .map(|(c, v)| PolicyOutcome::new(&c.policy, c.mode == Mode::Shadow, v))
-                .collect::<Vec<_>>(),
+                .collect::<Few<_>>(),
         )
     }
 }
@@ -328,9 +316,13 @@ impl Shard {
             .find_mut(hash, |s| s.is(check.policy.id, &check.key))
     }
 
-    /// Until when the key is blocked (0: not blocked).
-    fn blocked_until(&self, check: &Check, hash: u64) -> u64 {
-        self.find(check, hash).map_or(0, |s| s.blocked_until)
+    /// The verdict on `check` at `cost` (0: a look), its block included, with one lookup.
+    fn evaluate(&self, check: &Check, hash: u64, now: u64, cost: u64) -> Verdict {
+        let slot = self.find(check, hash);
+        let state = slot.and_then(|s| s.live(now));
+        let mut verdict = check.policy.algorithm.evaluate(state, now, cost);
+        apply_block(&mut verdict, slot.map_or(0, |s| s.blocked_until), now);
+        verdict
     }
 
     /// Blocks the key for `check.cost` microseconds from `now`.
@@ -349,10 +341,6 @@ impl Shard {
                 self.insert_slot(slot, now, capacity);
             }
         }
-    }
-
-    fn live_state(&self, check: &Check, hash: u64, now: u64) -> Option<&State> {
-        self.find(check, hash)?.live(now)
     }
 
     /// One enforced policy: evaluate and commit with a single lookup.

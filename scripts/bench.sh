@@ -42,10 +42,15 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 echo "== building (release)" >&2
-cargo build --release --all-features --example bench_redis --example bench_http
+# The drivers are benchmark targets; cargo names their executables with a hash.
+driver() {
+    cargo bench --all-features --bench "$1" --no-run 2>&1 |
+        sed -n "s/.*Executable .*(\(target\/release\/deps\/$1-[0-9a-f]*\)).*/\1/p" | tail -1
+}
+BR=$(driver driver_redis)
+BH=$(driver driver_http)
 cargo bench --all-features --bench peers --no-run
-BR=target/release/examples/bench_redis
-BH=target/release/examples/bench_http
+[ -x "$BR" ] && [ -x "$BH" ] || { echo "bench.sh: cannot find the driver executables" >&2; exit 1; }
 
 rm -rf "$RAW"
 mkdir -p "$RAW"

@@ -232,9 +232,9 @@ and concurrency. The ratio is ours / baseline.
 | load average before / after | {machine.get('load_before', '?')} / {machine.get('load_after', '?')} (waited {machine.get('waited_s', '?')} s for a 1-minute load ≤ 1.0) |
 
 **Two cores share client and server.** Redis comparisons: redis-server (one thread) plus either
-our driver (`examples/bench_redis.rs`, a tokio runtime with one worker thread, 50 tasks sharing
+our driver (`benches/driver_redis.rs`, a tokio runtime with one worker thread, 50 tasks sharing
 one multiplexed connection) or `redis-benchmark` (one thread, 50 connections). HTTP
-comparisons: the server (`examples/bench_http.rs`, one tokio worker) plus `wrk -t1 -c32
+comparisons: the server (`benches/driver_http.rs`, one tokio worker) plus `wrk -t1 -c32
 -d{machine.get('http_seconds', '?')}s`, and redis-server for modes that use it: three
 processes on two cores, so absolute numbers are low and HTTP figures are bounded by the
 machine, not by the middleware alone. Other engineers' builds may share the machine; the

@@ -4,15 +4,16 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use crate::algorithm::Verdict;
-use crate::few::Few;
-use crate::store::{Outcome, PolicyHandle};
+use crate::policy::Tier;
 
 /// The outcome of one policy for one request.
 #[derive(Clone)]
 pub struct PolicyOutcome {
-    /// The policy: its name, limit and window, shared with the layer.
-    policy: Arc<PolicyHandle>,
+    /// The policy's tier decided: its name, limit and window, shared with the layer.
+    policy: Arc<Tier>,
     allowed: bool,
     shadow: bool,
     remaining: u64,
@@ -51,7 +52,7 @@ impl fmt::Debug for PolicyOutcome {
 }
 
 impl PolicyOutcome {
-    pub(crate) fn new(policy: &Arc<PolicyHandle>, shadow: bool, verdict: Verdict) -> Self {
+    pub(crate) fn new(policy: &Arc<Tier>, shadow: bool, verdict: Verdict) -> Self {
         PolicyOutcome {
             policy: policy.clone(),
             allowed: verdict.allowed,
@@ -62,18 +63,9 @@ impl PolicyOutcome {
         }
     }
 
-    /// The policy this is the outcome of.
-    pub(crate) fn handle(&self) -> &Arc<PolicyHandle> {
+    /// The policy tier this is the outcome of.
+    pub(crate) fn tier(&self) -> &Arc<Tier> {
         &self.policy
-    }
-
-    /// How this outcome is counted in the metrics.
-    pub(crate) fn outcome(&self) -> Outcome {
-        match (self.allowed, self.shadow) {
-            (true, _) => Outcome::Allowed,
-            (false, false) => Outcome::Limited,
-            (false, true) => Outcome::ShadowLimited,
-        }
     }
 
     /// The same denial, `wait` before the policy admits the request again.
@@ -89,7 +81,7 @@ impl PolicyOutcome {
 
     /// The policy's name.
     pub fn policy(&self) -> &str {
-        &self.policy.name
+        self.policy.name()
     }
 
     /// Whether this policy admitted the request.
@@ -105,12 +97,12 @@ impl PolicyOutcome {
     /// The window that goes with [`limit`](Self::limit): the quota's window, or for bucket
     /// algorithms the time in which the burst refills (`limit / window` is the real rate).
     pub fn window(&self) -> Duration {
-        Duration::from_micros(self.policy.algorithm.window_us())
+        Duration::from_micros(self.policy.algorithm().window_us())
     }
 
     /// The limit clients are told about: units per window, or the burst for bucket algorithms.
     pub fn limit(&self) -> u64 {
-        self.policy.algorithm.reported_limit()
+        self.policy.algorithm().reported_limit()
     }
 
     /// Units left: after this request if it was admitted, right now if it was not.
@@ -136,14 +128,13 @@ impl PolicyOutcome {
 /// as an extractor or with `Extension<Decision>`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
-    outcomes: Few<PolicyOutcome>,
+    outcomes: SmallVec<[PolicyOutcome; 1]>,
     allowed: bool,
 }
 
 impl Decision {
     /// A decision from its outcomes: allowed when every enforced outcome is.
-    pub(crate) fn new(outcomes: impl Into<Few<PolicyOutcome>>) -> Self {
-        let outcomes = outcomes.into();
+    pub(crate) fn new(outcomes: SmallVec<[PolicyOutcome; 1]>) -> Self {
         let allowed = outcomes.iter().all(|o| o.allowed || o.shadow);
         Decision { outcomes, allowed }
     }

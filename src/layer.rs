@@ -1,6 +1,5 @@
 //! [`RateLimitLayer`] and its builder.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,18 +8,17 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 use tower_layer::Layer;
 
-use crate::algorithm::Compiled;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, FailurePolicy, KeyRejection, StoreError};
 use crate::headers::{HeaderConfig, HeaderStyle, ResetFormat};
 use crate::key::{Key, KeyExtractor, PeerIp, RequestRef};
-use crate::policy::{CostFn, Policy, RequestFn, Route, StatusFn, TierFn};
-use crate::resilience::{Breaker, CircuitBreaker, DenyCache};
+use crate::limiter::{Config, Limiter};
+use crate::policy::Policy;
+use crate::resilience::CircuitBreaker;
 use crate::response::Responses;
 use crate::service::RateLimit;
-use crate::store::private::Sealed as _;
-use crate::store::{Check, Checks, MemoryStore, Mode, PolicyHandle, Store};
+use crate::store::{MemoryStore, Mode, Store};
 
 /// Applies rate limits to every request that reaches the wrapped service.
 ///
@@ -44,109 +42,20 @@ use crate::store::{Check, Checks, MemoryStore, Mode, PolicyHandle, Store};
 /// # Ok(()) }
 /// ```
 pub struct RateLimitLayer<St = MemoryStore> {
-    shared: Arc<Shared<St>>,
+    limiter: Arc<Limiter<St>>,
 }
 
 impl<St> Clone for RateLimitLayer<St> {
     fn clone(&self) -> Self {
         RateLimitLayer {
-            shared: self.shared.clone(),
+            limiter: self.limiter.clone(),
         }
     }
 }
 
 impl<St: fmt::Debug> fmt::Debug for RateLimitLayer<St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.shared.fmt(f)
-    }
-}
-
-/// Everything a layer and its services share.
-pub(crate) struct Shared<St> {
-    pub(crate) store: St,
-    pub(crate) policies: Box<[PolicyRuntime]>,
-    pub(crate) responses: Responses,
-    pub(crate) failure: FailurePolicy,
-    pub(crate) headers: HeaderConfig,
-    pub(crate) exempt: Option<RequestFn>,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) breaker: Option<Breaker>,
-    pub(crate) deny_cache: Option<DenyCache>,
-    /// The local store of [`FailurePolicy::Local`].
-    pub(crate) fallback: Option<MemoryStore>,
-}
-
-/// A policy ready to run: its tiers' handles (the policy's own quota first) and its options.
-pub(crate) struct PolicyRuntime {
-    pub(crate) tiers: Box<[Arc<PolicyHandle>]>,
-    /// The same tiers, divided, in the local fallback store.
-    pub(crate) fallback: Option<Box<[Arc<PolicyHandle>]>>,
-    pub(crate) tier_names: HashMap<String, usize>,
-    pub(crate) tier_of: Option<TierFn>,
-    pub(crate) tier_overrides: HashMap<Key, usize>,
-    pub(crate) key: Arc<dyn KeyExtractor>,
-    pub(crate) cost: Option<CostFn>,
-    pub(crate) shadow: bool,
-    pub(crate) charge_if: Option<StatusFn>,
-    pub(crate) refund_if: Option<StatusFn>,
-    pub(crate) routes: Vec<Route>,
-    pub(crate) exempt: Option<RequestFn>,
-}
-
-impl PolicyRuntime {
-    /// Whether the policy applies to `request` (its routes match and it is not exempt).
-    pub(crate) fn applies(&self, request: &RequestRef<'_>) -> bool {
-        (self.routes.is_empty() || self.routes.iter().any(|r| r.matches(request)))
-            && !self.exempt.as_ref().is_some_and(|f| f(request))
-    }
-
-    /// The index of the tier for this request and key.
-    pub(crate) fn tier(&self, request: &RequestRef<'_>, key: &Key) -> usize {
-        if self.tiers.len() == 1 {
-            return 0;
-        }
-        self.tier_for_key(key)
-            .or_else(|| {
-                let tier = self.tier_of.as_ref()?(request)?;
-                self.tier_names.get(&tier).copied()
-            })
-            .unwrap_or(0)
-    }
-
-    /// The tier `key` is put in by [`Policy::tier_for_key`], if any.
-    pub(crate) fn tier_for_key(&self, key: &Key) -> Option<usize> {
-        self.tier_overrides.get(key).copied()
-    }
-
-    pub(crate) fn cost(&self, request: &RequestRef<'_>) -> u64 {
-        self.cost.as_ref().map_or(1, |f| u64::from(f(request)))
-    }
-
-    pub(crate) fn mode(&self) -> Mode {
-        if self.shadow {
-            Mode::Shadow
-        } else if self.charge_if.is_some() {
-            Mode::Dry
-        } else {
-            Mode::Enforce
-        }
-    }
-}
-
-impl<St: fmt::Debug> fmt::Debug for Shared<St> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let policies: Vec<_> = self
-            .policies
-            .iter()
-            .map(|p| (&*p.tiers[0].name, &p.key))
-            .collect();
-        f.debug_struct("RateLimitLayer")
-            .field("store", &self.store)
-            .field("policies", &policies)
-            .field("responses", &self.responses)
-            .field("failure", &self.failure)
-            .field("headers", &self.headers)
-            .finish_non_exhaustive()
+        self.limiter.fmt(f)
     }
 }
 
@@ -155,7 +64,7 @@ impl RateLimitLayer<MemoryStore> {
     pub fn builder() -> RateLimitLayerBuilder<MemoryStore> {
         RateLimitLayerBuilder {
             store: MemoryStore::new(),
-            o: Options {
+            o: Config {
                 policies: Vec::new(),
                 key: Arc::new(PeerIp::new()),
                 responses: Responses::default(),
@@ -174,12 +83,12 @@ impl RateLimitLayer<MemoryStore> {
 impl<St> RateLimitLayer<St> {
     /// The store the layer decides in.
     pub fn store(&self) -> &St {
-        &self.shared.store
+        self.limiter.store()
     }
 
     /// The names of the layer's policies, in order.
     pub fn policy_names(&self) -> impl Iterator<Item = &str> {
-        self.shared.policies.iter().map(|p| &*p.tiers[0].name)
+        self.limiter.policy_names()
     }
 }
 
@@ -203,31 +112,9 @@ impl<St: Store> RateLimitLayer<St> {
     /// # Ok(()) }
     /// ```
     pub async fn check(&self, key: &Key, cost: u32) -> Result<Decision, StoreError> {
-        self.decide_key(key, None, |_| u64::from(cost)).await
-    }
-
-    /// Every policy's check for `key` (in the tier the key is put in), in the mode given or the
-    /// policy's own, at the units `units` gives for the policy's handle.
-    async fn decide_key(
-        &self,
-        key: &Key,
-        mode: Option<Mode>,
-        units: impl Fn(&PolicyHandle) -> u64,
-    ) -> Result<Decision, StoreError> {
-        let checks = self
-            .shared
-            .policies
-            .iter()
-            .map(|p| {
-                let handle = &p.tiers[p.tier_for_key(key).unwrap_or(0)];
-                let mode = mode.unwrap_or(p.mode());
-                Check::new(handle.clone(), key.clone(), units(handle), mode)
-            })
-            .collect::<Checks>();
-        if let Some(decision) = self.shared.store.decide_now(&checks) {
-            return Ok(decision);
-        }
-        self.shared.store.check(checks).await
+        self.limiter
+            .decide_key(key, None, |_| u64::from(cost))
+            .await
     }
 
     /// Gives `units` back to `key` in every policy of the layer (in the same tier as
@@ -235,7 +122,8 @@ impl<St: Store> RateLimitLayer<St> {
     /// (a token bucket never above its capacity, a window never below zero). Returns the
     /// decision a request of cost 0 would get afterwards.
     pub async fn refund(&self, key: &Key, units: u32) -> Result<Decision, StoreError> {
-        self.decide_key(key, Some(Mode::Refund), |_| u64::from(units))
+        self.limiter
+            .decide_key(key, Some(Mode::Refund), |_| u64::from(units))
             .await
     }
 
@@ -245,20 +133,22 @@ impl<St: Store> RateLimitLayer<St> {
     /// cost 0 gets afterwards.
     pub async fn block_for(&self, key: &Key, duration: Duration) -> Result<Decision, StoreError> {
         let micros = duration.min(crate::MAX_WINDOW).as_micros() as u64;
-        self.decide_key(key, Some(Mode::Block), |_| micros).await
+        self.limiter
+            .decide_key(key, Some(Mode::Block), |_| micros)
+            .await
     }
 
     /// Looks at `key` in every policy without charging it: the decision a request of cost 0
     /// would get. The same as [`check`](Self::check) with a cost of 0.
     pub async fn peek(&self, key: &Key) -> Result<Decision, StoreError> {
-        self.decide_key(key, None, |_| 0).await
+        self.limiter.decide_key(key, None, |_| 0).await
     }
 
     /// Forgets everything about `key` in every policy, as if it had never been seen, and lifts
     /// any block. Returns
     /// the decision a request of cost 0 gets afterwards.
     pub async fn reset(&self, key: &Key) -> Result<Decision, StoreError> {
-        self.decide_key(key, Some(Mode::Reset), |_| 0).await
+        self.limiter.decide_key(key, Some(Mode::Reset), |_| 0).await
     }
 
     /// Charges `key` `units` in every policy whatever its state (a penalty, e.g. for abuse),
@@ -267,10 +157,11 @@ impl<St: Store> RateLimitLayer<St> {
     /// moves its theoretical arrival time on. Returns the decision a request of cost 0 gets
     /// afterwards. [`refund`](Self::refund) is the reward.
     pub async fn penalize(&self, key: &Key, units: u32) -> Result<Decision, StoreError> {
-        self.decide_key(key, Some(Mode::Penalize), |handle| {
-            u64::from(units).min(handle.algorithm.reported_limit())
-        })
-        .await
+        self.limiter
+            .decide_key(key, Some(Mode::Penalize), |tier| {
+                u64::from(units).min(tier.algorithm().reported_limit())
+            })
+            .await
     }
 }
 
@@ -278,7 +169,7 @@ impl<S, St> Layer<S> for RateLimitLayer<St> {
     type Service = RateLimit<S, St>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimit::new(inner, self.shared.clone())
+        RateLimit::new(inner, self.limiter.clone())
     }
 }
 
@@ -286,34 +177,14 @@ impl<S, St> Layer<S> for RateLimitLayer<St> {
 #[must_use]
 pub struct RateLimitLayerBuilder<St = MemoryStore> {
     store: St,
-    o: Options,
-}
-
-/// Everything a builder holds but the store.
-struct Options {
-    policies: Vec<Policy>,
-    key: Arc<dyn KeyExtractor>,
-    responses: Responses,
-    failure: FailurePolicy,
-    headers: HeaderConfig,
-    exempt: Option<RequestFn>,
-    cost: Option<CostFn>,
-    clock: Arc<dyn Clock>,
-    breaker: Option<CircuitBreaker>,
-    deny_cache: Option<usize>,
+    o: Config,
 }
 
 impl<St: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayerBuilder")
             .field("store", &self.store)
-            .field("policies", &self.o.policies)
-            .field("key", &self.o.key)
-            .field("responses", &self.o.responses)
-            .field("failure", &self.o.failure)
-            .field("headers", &self.o.headers)
-            .field("breaker", &self.o.breaker)
-            .field("deny_cache", &self.o.deny_cache)
+            .field("config", &self.o)
             .finish_non_exhaustive()
     }
 }
@@ -434,90 +305,8 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// Fails when no policy was given, when a policy is invalid (see [`Policy`]), or when two
     /// different policies share a name in one store.
     pub fn build(self) -> Result<RateLimitLayer<St>, ConfigError> {
-        let o = self.o;
-        if o.policies.is_empty() {
-            return Err(ConfigError::new(
-                "no policy: add one with .policy(Policy::gcra(\"10/s\")) or similar",
-            ));
-        }
-        // Check everything before registering anything in the (maybe shared) store.
-        let mut compiled = Vec::with_capacity(o.policies.len());
-        let mut names: Vec<Arc<str>> = Vec::new();
-        for policy in &o.policies {
-            let tiers = policy.compile()?;
-            for (name, _) in &tiers {
-                if names.contains(name) {
-                    return Err(ConfigError::new(format!(
-                        "two policies are named {name:?}; give each its own name"
-                    )));
-                }
-                names.push(name.clone());
-            }
-            let fallback = match o.failure {
-                FailurePolicy::Local { divisor } => Some(policy.divided(divisor).compile()?),
-                _ => None,
-            };
-            compiled.push((policy, tiers, fallback));
-        }
-        let fallback_store = matches!(o.failure, FailurePolicy::Local { .. })
-            .then(|| MemoryStore::builder().clock(o.clock.clone()).build());
-        let register = |store: &dyn Fn(Arc<str>, Compiled) -> Result<u32, ConfigError>,
-                        tiers: Vec<(Arc<str>, Compiled)>|
-         -> Result<Box<[Arc<PolicyHandle>]>, ConfigError> {
-            tiers
-                .into_iter()
-                .map(|(name, algorithm)| {
-                    let id = store(name.clone(), algorithm.clone())?;
-                    Ok(Arc::new(PolicyHandle::new(name, id, algorithm)))
-                })
-                .collect()
-        };
-        let mut policies = Vec::with_capacity(compiled.len());
-        for (policy, tiers, fallback) in compiled {
-            let handles = register(&|n, a| self.store.register(n, a), tiers)?;
-            let fallback = match (fallback, &fallback_store) {
-                (Some(tiers), Some(store)) => Some(register(&|n, a| store.register(n, a), tiers)?),
-                _ => None,
-            };
-            let tier_names: HashMap<String, usize> = policy
-                .tiers
-                .iter()
-                .enumerate()
-                .map(|(i, (t, _))| (t.clone(), i + 1))
-                .collect();
-            let tier_overrides = policy
-                .tier_overrides
-                .iter()
-                .map(|(k, t)| (k.clone(), tier_names[t]))
-                .collect();
-            policies.push(PolicyRuntime {
-                tiers: handles,
-                fallback,
-                tier_names,
-                tier_of: policy.tier_of.clone(),
-                tier_overrides,
-                key: policy.key.clone().unwrap_or_else(|| o.key.clone()),
-                cost: policy.cost.clone().or_else(|| o.cost.clone()),
-                shadow: policy.shadow,
-                charge_if: policy.charge_if.clone(),
-                refund_if: policy.refund_if.clone(),
-                routes: policy.routes.clone(),
-                exempt: policy.exempt.clone(),
-            });
-        }
         Ok(RateLimitLayer {
-            shared: Arc::new(Shared {
-                store: self.store,
-                policies: policies.into_boxed_slice(),
-                responses: o.responses,
-                failure: o.failure,
-                headers: o.headers,
-                exempt: o.exempt,
-                clock: o.clock,
-                breaker: o.breaker.map(Breaker::new),
-                deny_cache: o.deny_cache.map(DenyCache::new),
-                fallback: fallback_store,
-            }),
+            limiter: Arc::new(Limiter::new(self.store, self.o)?),
         })
     }
 }

@@ -154,11 +154,11 @@ mod body;
 mod clock;
 mod decision;
 mod error;
-mod few;
 mod future;
 pub mod headers;
 pub mod key;
 mod layer;
+mod limiter;
 mod policy;
 mod quota;
 mod resilience;
@@ -182,7 +182,7 @@ pub use policy::Policy;
 pub use quota::{MAX_WINDOW, Quota, QuotaError};
 pub use resilience::CircuitBreaker;
 pub use service::RateLimit;
-pub use store::{Check, MemoryStore, MemoryStoreBuilder, Store};
+pub use store::{MemoryStore, MemoryStoreBuilder, Store};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use store::{RedisStore, RedisStoreBuilder};

@@ -3,12 +3,16 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::algorithm::{Algorithm, Compiled, Options};
-use crate::error::ConfigError;
-use http::{Method, StatusCode};
+use std::collections::HashMap;
 
+use http::{HeaderValue, Method, StatusCode};
+
+use crate::algorithm::{Algorithm, Compiled, Options};
+use crate::error::{ConfigError, KeyRejection};
+use crate::headers::value::number;
 use crate::key::{Key, KeyExtractor, RequestRef};
 use crate::quota::Quota;
+use crate::store::Mode;
 
 /// One rate limit: an [`Algorithm`] applied to a [`Quota`], under a name.
 ///
@@ -38,21 +42,21 @@ use crate::quota::Quota;
 /// they are set, e.g. `token_bucket:100/min:burst20`.
 #[derive(Clone)]
 pub struct Policy {
-    pub(crate) algorithm: Algorithm,
-    pub(crate) quota: Result<Quota, ConfigError>,
-    pub(crate) name: Option<String>,
-    pub(crate) burst: Option<u32>,
-    pub(crate) options: Options,
-    pub(crate) key: Option<Arc<dyn KeyExtractor>>,
-    pub(crate) cost: Option<CostFn>,
-    pub(crate) shadow: bool,
-    pub(crate) charge_if: Option<StatusFn>,
-    pub(crate) refund_if: Option<StatusFn>,
-    pub(crate) routes: Vec<Route>,
-    pub(crate) exempt: Option<RequestFn>,
-    pub(crate) tiers: Vec<(String, Result<Quota, ConfigError>)>,
-    pub(crate) tier_of: Option<TierFn>,
-    pub(crate) tier_overrides: Vec<(Key, String)>,
+    algorithm: Algorithm,
+    quota: Result<Quota, ConfigError>,
+    name: Option<String>,
+    burst: Option<u32>,
+    options: Options,
+    key: Option<Arc<dyn KeyExtractor>>,
+    cost: Option<CostFn>,
+    shadow: bool,
+    charge_if: Option<StatusFn>,
+    refund_if: Option<StatusFn>,
+    routes: Vec<Route>,
+    exempt: Option<RequestFn>,
+    tiers: Vec<(String, Result<Quota, ConfigError>)>,
+    tier_of: Option<TierFn>,
+    tier_overrides: Vec<(Key, String)>,
 }
 
 pub(crate) type CostFn = Arc<dyn Fn(&RequestRef<'_>) -> u32 + Send + Sync>;
@@ -62,16 +66,16 @@ pub(crate) type TierFn = Arc<dyn Fn(&RequestRef<'_>) -> Option<String> + Send + 
 
 /// A method and path pattern a policy applies to.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Route {
-    pub(crate) method: Option<Method>,
-    pub(crate) path: String,
+struct Route {
+    method: Option<Method>,
+    path: String,
 }
 
 impl Route {
     /// Matches the request's route: axum's matched route template when there is one (so
     /// `/users/{id}` matches every user), else the URI path. A pattern ending in `*` matches by
     /// prefix.
-    pub(crate) fn matches(&self, request: &RequestRef<'_>) -> bool {
+    fn matches(&self, request: &RequestRef<'_>) -> bool {
         if let Some(m) = &self.method
             && m != request.method()
         {
@@ -360,7 +364,7 @@ impl Policy {
 
     /// The same policy with every limit and burst divided by `divisor` (never below 1), for
     /// the local fallback of [`FailurePolicy::Local`](crate::FailurePolicy::Local).
-    pub(crate) fn divided(&self, divisor: u32) -> Policy {
+    fn divided(&self, divisor: u32) -> Policy {
         let d = divisor.max(1);
         let divide = |q: &Result<Quota, ConfigError>| q.clone().and_then(|q| Ok(q.divided(d)?));
         let mut p = self.clone();
@@ -379,9 +383,26 @@ impl Policy {
         self.algorithm
     }
 
-    /// Validates everything and precomputes the algorithm's constants: the policy's own quota
-    /// first, then one entry per tier.
-    pub(crate) fn compile(&self) -> Result<Vec<(Arc<str>, Compiled)>, ConfigError> {
+    /// Validates everything and precomputes the algorithm's constants, registering nothing:
+    /// the policy's own quota first, then one entry per tier; and the same, divided by
+    /// `fallback_divisor`, for the local fallback store.
+    pub(crate) fn prepare(
+        &self,
+        fallback_divisor: Option<u32>,
+    ) -> Result<Prepared<'_>, ConfigError> {
+        let fallback = match fallback_divisor {
+            Some(divisor) => Some(self.divided(divisor).tiers_compiled()?),
+            None => None,
+        };
+        Ok(Prepared {
+            policy: self,
+            tiers: self.tiers_compiled()?,
+            fallback,
+        })
+    }
+
+    /// The policy's own quota and each tier, named and compiled.
+    fn tiers_compiled(&self) -> Result<Vec<(Arc<str>, Compiled)>, ConfigError> {
         let described = match &self.name {
             Some(n) => format!("policy {n:?}"),
             None => format!("{} policy", self.algorithm),
@@ -464,4 +485,243 @@ fn validate_name(name: &str) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
+}
+
+/// A policy validated and precomputed, not yet registered in a store.
+pub(crate) struct Prepared<'p> {
+    policy: &'p Policy,
+    tiers: Vec<(Arc<str>, Compiled)>,
+    fallback: Option<Vec<(Arc<str>, Compiled)>>,
+}
+
+/// Registers a tier in a store under its name; returns its id there.
+pub(crate) type Register<'a> = &'a dyn Fn(Arc<str>, Compiled) -> Result<u32, ConfigError>;
+
+impl Prepared<'_> {
+    /// The names of the policy's tiers, its own quota first.
+    pub(crate) fn names(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.tiers.iter().map(|(name, _)| name)
+    }
+
+    /// Registers the tiers (and the fallback's) and compiles the policy into its runtime form;
+    /// `key` and `cost` are the layer's, for a policy without its own.
+    pub(crate) fn register(
+        self,
+        key: &Arc<dyn KeyExtractor>,
+        cost: &Option<CostFn>,
+        store: Register<'_>,
+        fallback: Option<Register<'_>>,
+    ) -> Result<CompiledPolicy, ConfigError> {
+        let register = |register: Register<'_>, tiers: Vec<(Arc<str>, Compiled)>| {
+            tiers
+                .into_iter()
+                .map(|(name, algorithm)| {
+                    let id = register(name.clone(), algorithm.clone())?;
+                    Ok(Arc::new(Tier::new(name, id, algorithm)))
+                })
+                .collect::<Result<Box<[_]>, ConfigError>>()
+        };
+        let p = self.policy;
+        let tiers = register(store, self.tiers)?;
+        let fallback = match (self.fallback, fallback) {
+            (Some(tiers), Some(store)) => Some(register(store, tiers)?),
+            _ => None,
+        };
+        let tier_names: HashMap<String, usize> = p
+            .tiers
+            .iter()
+            .enumerate()
+            .map(|(i, (t, _))| (t.clone(), i + 1))
+            .collect();
+        let tier_overrides = p
+            .tier_overrides
+            .iter()
+            .map(|(k, t)| (k.clone(), tier_names[t]))
+            .collect();
+        let mode = if p.shadow {
+            Mode::Shadow
+        } else if p.charge_if.is_some() {
+            Mode::ChargeLater
+        } else {
+            Mode::Enforce
+        };
+        Ok(CompiledPolicy {
+            tiers,
+            fallback,
+            tier_names,
+            tier_of: p.tier_of.clone(),
+            tier_overrides,
+            key: p.key.clone().unwrap_or_else(|| key.clone()),
+            cost: p.cost.clone().or_else(|| cost.clone()),
+            mode,
+            charge_if: p.charge_if.clone(),
+            refund_if: p.refund_if.clone(),
+            routes: p.routes.clone(),
+            exempt: p.exempt.clone(),
+        })
+    }
+}
+
+/// A policy ready to run: its tiers (the policy's own quota first), the same tiers divided in
+/// the local fallback store, and its options.
+pub(crate) struct CompiledPolicy {
+    tiers: Box<[Arc<Tier>]>,
+    fallback: Option<Box<[Arc<Tier>]>>,
+    tier_names: HashMap<String, usize>,
+    tier_of: Option<TierFn>,
+    tier_overrides: HashMap<Key, usize>,
+    key: Arc<dyn KeyExtractor>,
+    cost: Option<CostFn>,
+    mode: Mode,
+    charge_if: Option<StatusFn>,
+    refund_if: Option<StatusFn>,
+    routes: Vec<Route>,
+    exempt: Option<RequestFn>,
+}
+
+impl fmt::Debug for CompiledPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policy")
+            .field("name", &self.name())
+            .field("key", &self.key)
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CompiledPolicy {
+    /// The policy's name (its own quota's tier).
+    pub(crate) fn name(&self) -> &str {
+        self.tiers[0].name()
+    }
+
+    /// Whether the policy applies to `request` (its routes match and it is not exempt).
+    pub(crate) fn applies(&self, request: &RequestRef<'_>) -> bool {
+        (self.routes.is_empty() || self.routes.iter().any(|r| r.matches(request)))
+            && !self.exempt.as_ref().is_some_and(|f| f(request))
+    }
+
+    /// The key `request` is charged to.
+    pub(crate) fn key(&self, request: &RequestRef<'_>) -> Result<Key, KeyRejection> {
+        self.key.extract(request)
+    }
+
+    /// The index of the tier for this request and key.
+    pub(crate) fn tier_index(&self, request: &RequestRef<'_>, key: &Key) -> usize {
+        if self.tiers.len() == 1 {
+            return 0;
+        }
+        self.tier_overrides
+            .get(key)
+            .copied()
+            .or_else(|| {
+                let tier = self.tier_of.as_ref()?(request)?;
+                self.tier_names.get(&tier).copied()
+            })
+            .unwrap_or(0)
+    }
+
+    /// The tier `key` is in without a request: the one [`Policy::tier_for_key`] puts it in,
+    /// else the policy's own quota.
+    pub(crate) fn tier_of_key(&self, key: &Key) -> &Arc<Tier> {
+        &self.tiers[self.tier_overrides.get(key).copied().unwrap_or(0)]
+    }
+
+    /// The tier at `index`.
+    pub(crate) fn tier(&self, index: usize) -> &Arc<Tier> {
+        &self.tiers[index]
+    }
+
+    /// The tier at `index` in the local fallback store, if there is one.
+    pub(crate) fn fallback_tier(&self, index: usize) -> Option<&Arc<Tier>> {
+        self.fallback.as_ref().map(|tiers| &tiers[index])
+    }
+
+    /// The units `request` costs.
+    pub(crate) fn cost(&self, request: &RequestRef<'_>) -> u64 {
+        self.cost.as_ref().map_or(1, |f| u64::from(f(request)))
+    }
+
+    /// How the policy takes part in a request's decision.
+    pub(crate) fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Charge after responses whose status matches.
+    pub(crate) fn charge_if(&self) -> Option<&StatusFn> {
+        self.charge_if.as_ref()
+    }
+
+    /// Give the cost back after responses whose status matches.
+    pub(crate) fn refund_if(&self) -> Option<&StatusFn> {
+        self.refund_if.as_ref()
+    }
+}
+
+/// One quota of a compiled policy, as stores and decisions know it (the policy's own quota is
+/// its first tier): name, id in the store, algorithm; and what every response for it reuses,
+/// built once: its limit as a header value and its metrics keys.
+#[derive(Debug)]
+pub(crate) struct Tier {
+    name: Arc<str>,
+    id: u32,
+    algorithm: Compiled,
+    /// The limit clients are told, as a header value.
+    limit_header: HeaderValue,
+    /// `ratelimit_decisions_total{policy, outcome}` for allowed, limited and shadow-limited,
+    /// so that counting a decision allocates no label list.
+    decisions_metric: [metrics::Key; 3],
+}
+
+impl Tier {
+    pub(crate) fn new(name: Arc<str>, id: u32, algorithm: Compiled) -> Self {
+        let limit_header = number(algorithm.reported_limit());
+        let decisions_metric = ["allowed", "limited", "shadow_limited"].map(|outcome| {
+            metrics::Key::from_parts(
+                "ratelimit_decisions_total",
+                vec![
+                    metrics::Label::new("policy", metrics::SharedString::from(name.clone())),
+                    metrics::Label::from_static_parts("outcome", outcome),
+                ],
+            )
+        });
+        Tier {
+            name,
+            id,
+            algorithm,
+            limit_header,
+            decisions_metric,
+        }
+    }
+
+    /// The tier's name: the policy's, then `:TIER` for a named tier.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The tier's id in its store.
+    pub(crate) fn id(&self) -> u32 {
+        self.id
+    }
+
+    pub(crate) fn algorithm(&self) -> &Compiled {
+        &self.algorithm
+    }
+
+    /// `X-RateLimit-Limit`.
+    pub(crate) fn limit_header(&self) -> &HeaderValue {
+        &self.limit_header
+    }
+
+    /// Counts one decision of this tier in `ratelimit_decisions_total`.
+    pub(crate) fn count(&self, allowed: bool, shadow: bool) {
+        static METADATA: metrics::Metadata<'static> =
+            metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+        let key = &self.decisions_metric[match (allowed, shadow) {
+            (true, _) => 0,
+            (false, false) => 1,
+            (false, true) => 2,
+        }];
+        metrics::with_recorder(|r| r.register_counter(key, &METADATA).increment(1));
+    }
 }

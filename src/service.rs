@@ -9,13 +9,10 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::body::ResponseBody;
-use crate::error::{StoreError, StoreErrorKind};
 use crate::future::ResponseFuture;
-use crate::future::{AfterResponse, Guard};
 use crate::key::RequestRef;
-use crate::layer::Shared;
-use crate::resilience::Permit;
-use crate::store::{Check, Checks, Mode, Store};
+use crate::limiter::{Begin, Limiter};
+use crate::store::Store;
 
 /// The middleware made by [`RateLimitLayer`](crate::RateLimitLayer).
 ///
@@ -26,12 +23,12 @@ use crate::store::{Check, Checks, Mode, Store};
 /// [`FailurePolicy`](crate::FailurePolicy), so the error type is the inner service's.
 pub struct RateLimit<S, St> {
     inner: S,
-    shared: Arc<Shared<St>>,
+    limiter: Arc<Limiter<St>>,
 }
 
 impl<S, St> RateLimit<S, St> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared<St>>) -> Self {
-        RateLimit { inner, shared }
+    pub(crate) fn new(inner: S, limiter: Arc<Limiter<St>>) -> Self {
+        RateLimit { inner, limiter }
     }
 
     /// The inner service.
@@ -54,7 +51,7 @@ impl<S: Clone, St> Clone for RateLimit<S, St> {
     fn clone(&self) -> Self {
         RateLimit {
             inner: self.inner.clone(),
-            shared: self.shared.clone(),
+            limiter: self.limiter.clone(),
         }
     }
 }
@@ -63,7 +60,7 @@ impl<S: fmt::Debug, St: fmt::Debug> fmt::Debug for RateLimit<S, St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
-            .field("limiter", &self.shared)
+            .field("limiter", &self.limiter)
             .finish()
     }
 }
@@ -82,102 +79,19 @@ where
     }
 
     fn call(&mut self, request: Request<ReqB>) -> Self::Future {
-        let shared = &self.shared;
-        let view = RequestRef::new(&request);
-        // The inner service was driven to readiness. It is called right here when the answer
-        // is known at once; when it must wait for the store, the ready one goes with the
-        // future and a clone stays behind.
-        let inner = &mut self.inner;
-        let take_ready = |inner: &mut S| {
-            let clone = inner.clone();
-            mem::replace(inner, clone)
-        };
-        if shared.exempt.as_ref().is_some_and(|f| f(&view)) {
-            return ResponseFuture::unlimited(inner.call(request));
-        }
-        let mut checks = Checks::default();
-        let mut fallback = shared.fallback.as_ref().map(|_| Checks::default());
-        let mut after = Vec::new();
-        for policy in shared.policies.iter() {
-            if !policy.applies(&view) {
-                continue;
+        let begin = self.limiter.begin(&RequestRef::new(&request));
+        match begin {
+            Begin::Unlimited => ResponseFuture::unlimited(self.inner.call(request)),
+            Begin::Settled(settled, after) => {
+                ResponseFuture::settled(&self.limiter, settled, after, request, &mut self.inner)
             }
-            let key = match policy.key.extract(&view) {
-                Ok(key) => key,
-                Err(rejection) => {
-                    tracing::debug!(
-                        policy = &*policy.tiers[0].name,
-                        code = rejection.code(),
-                        "rate-limit key rejected"
-                    );
-                    let response = shared.responses.rejected(&rejection);
-                    return ResponseFuture::ready(response);
-                }
-            };
-            let tier = policy.tier(&view, &key);
-            let handle = &policy.tiers[tier];
-            let cost = policy.cost(&view);
-            if let Some(when) = &policy.charge_if {
-                after.push(AfterResponse::new(handle, &key, cost, Mode::Enforce, when));
+            Begin::Wait(check, ticket) => {
+                // The inner service was driven to readiness: that one goes with the future, and
+                // a clone stays behind.
+                let clone = self.inner.clone();
+                let inner = mem::replace(&mut self.inner, clone);
+                ResponseFuture::waiting(&self.limiter, check, ticket, request, inner)
             }
-            if let Some(when) = &policy.refund_if {
-                after.push(AfterResponse::new(handle, &key, cost, Mode::Refund, when));
-            }
-            if let (Some(fallback), Some(local)) = (&mut fallback, &policy.fallback) {
-                fallback.push(Check::new(
-                    local[tier].clone(),
-                    key.clone(),
-                    cost,
-                    policy.mode(),
-                ));
-            }
-            checks.push(Check::new(handle.clone(), key, cost, policy.mode()));
         }
-        if checks.is_empty() {
-            return ResponseFuture::unlimited(inner.call(request));
-        }
-        // The layer's clock is read only when the deny cache or an open breaker needs it.
-        let now = std::cell::OnceCell::new();
-        let now = || *now.get_or_init(|| shared.clock.now_micros());
-        if let Some(decision) = shared
-            .deny_cache
-            .as_ref()
-            .and_then(|c| c.lookup(&checks, now()))
-        {
-            metrics::counter!("ratelimit_deny_cache_hits_total").increment(1);
-            return ResponseFuture::denied(shared, decision);
-        }
-        let remember = shared.deny_cache.is_some().then(|| {
-            checks
-                .iter()
-                .map(|c| (c.policy.id, c.key.clone(), c.cost))
-                .collect()
-        });
-        let permit = shared
-            .breaker
-            .as_ref()
-            .map_or(Permit::Call, |b| b.permit(now));
-        let mut guard = Guard {
-            permit,
-            fallback,
-            remember,
-            started: None,
-            decision: None,
-        };
-        if permit == Permit::Reject {
-            let error = StoreError::with_kind(
-                StoreErrorKind::CircuitOpen,
-                "the circuit breaker is open; the store was not asked",
-            );
-            let inner = take_ready(inner);
-            return ResponseFuture::failed(shared, error, request, inner, guard);
-        }
-        if let Some(decision) = shared.store.decide_now(&checks) {
-            return ResponseFuture::decided(shared, decision, request, inner, after, guard);
-        }
-        guard.started = Some(std::time::Instant::now());
-        let check = shared.store.check(checks);
-        let inner = take_ready(inner);
-        ResponseFuture::checking(shared, check, request, inner, after, guard)
     }
 }

@@ -10,7 +10,8 @@
 //! of the next: up to **twice the limit** in any window-long span. Memory per key: two integers
 //! (window start, count).
 
-use super::Verdict;
+use super::{Options, Step, Verdict};
+use crate::error::ConfigError;
 use crate::quota::Quota;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,8 +43,29 @@ impl FixedWindow {
             _ => (start, 0),
         }
     }
+}
 
-    pub(crate) fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
+impl Step for FixedWindow {
+    type State = State;
+    const LUA: &'static str = include_str!("lua/fixed_window.lua");
+
+    fn compile(quota: Quota, _: Options) -> Result<Self, ConfigError> {
+        Ok(Self::new(quota))
+    }
+
+    fn window_us(&self) -> u64 {
+        self.window
+    }
+
+    fn reported_limit(&self) -> u64 {
+        self.limit
+    }
+
+    fn lua_params(&self) -> [u64; 4] {
+        [self.limit, self.window, 0, 0]
+    }
+
+    fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
         let (start, count) = self.current(state, now);
         let window_left = (start + self.window).saturating_sub(now);
         let remaining = self.limit.saturating_sub(count);
@@ -58,7 +80,7 @@ impl FixedWindow {
     }
 
     /// Gives back up to `units` of the current window's count.
-    pub(crate) fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
+    fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
         state.as_ref()?;
         let (start, count) = self.current(state.as_ref(), now);
         *state = Some(State {
@@ -68,7 +90,7 @@ impl FixedWindow {
         Some(start + self.window)
     }
 
-    pub(crate) fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
+    fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
         let (start, count) = self.current(state.as_ref(), now);
         *state = Some(State {
             start,

@@ -11,7 +11,7 @@
 //! admitted. It admits exactly what a token bucket of the same burst and rate admits, with one
 //! integer of state. Memory per key: one integer.
 
-use super::{Algorithm, Verdict, check_exact};
+use super::{Algorithm, Options, Step, Verdict, check_exact};
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
@@ -47,8 +47,29 @@ impl Gcra {
             window: quota.window_us(),
         })
     }
+}
 
-    pub(crate) fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
+impl Step for Gcra {
+    type State = State;
+    const LUA: &'static str = include_str!("lua/gcra.lua");
+
+    fn compile(quota: Quota, _: Options) -> Result<Self, ConfigError> {
+        Self::new(quota)
+    }
+
+    fn window_us(&self) -> u64 {
+        self.tolerance
+    }
+
+    fn reported_limit(&self) -> u64 {
+        self.burst
+    }
+
+    fn lua_params(&self) -> [u64; 4] {
+        [self.interval, self.burst, self.tolerance, 0]
+    }
+
+    fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
         let tat = state.map_or(now, |s| s.tat.max(now));
         let backlog = tat - now;
         let remaining_now = (self.tolerance - backlog.min(self.tolerance)) / self.interval;
@@ -64,14 +85,14 @@ impl Gcra {
     }
 
     /// Gives back up to `units` emission intervals, never before `now`.
-    pub(crate) fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
+    fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
         let tat = state.as_ref()?.tat.max(now);
         let tat = tat.saturating_sub(units * self.interval).max(now);
         *state = Some(State { tat });
         Some(tat)
     }
 
-    pub(crate) fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
+    fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
         let tat = state.as_ref().map_or(now, |s| s.tat.max(now)) + cost * self.interval;
         *state = Some(State { tat });
         tat

@@ -12,8 +12,8 @@
 //! request to fit; a request whose cost exceeds the capacity is never admitted.
 //! Memory per key: two integers (level, last update).
 
-use super::token_bucket::Scaled;
-use super::{Algorithm, Verdict};
+use super::Algorithm;
+use super::{Options, Step, Verdict, token_bucket::Scaled};
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
@@ -46,8 +46,34 @@ impl LeakyBucket {
             Some(s) => self.scaled.drain(s.level, now.saturating_sub(s.last)),
         }
     }
+}
 
-    pub(crate) fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
+impl Step for LeakyBucket {
+    type State = State;
+    const LUA: &'static str = include_str!("lua/leaky_bucket.lua");
+
+    fn compile(quota: Quota, _: Options) -> Result<Self, ConfigError> {
+        Self::new(quota)
+    }
+
+    fn window_us(&self) -> u64 {
+        self.scaled.full.div_ceil(self.scaled.rate)
+    }
+
+    fn reported_limit(&self) -> u64 {
+        self.capacity
+    }
+
+    fn lua_params(&self) -> [u64; 4] {
+        let s = &self.scaled;
+        [self.capacity, s.unit, s.rate, s.full]
+    }
+
+    fn own_time(&self, state: &State) -> u64 {
+        state.last
+    }
+
+    fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
         let s = &self.scaled;
         let level = self.level(state, now);
         let drain_time = |l: u64| l.div_ceil(s.rate);
@@ -71,7 +97,7 @@ impl LeakyBucket {
     }
 
     /// Takes back up to `units` from the bucket, never below empty.
-    pub(crate) fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
+    fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
         let last = state.as_ref()?.last.max(now);
         let level = self.level(state.as_ref(), now);
         let s = &self.scaled;
@@ -84,7 +110,7 @@ impl LeakyBucket {
         Some(last + level.div_ceil(s.rate))
     }
 
-    pub(crate) fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
+    fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
         let level = self.level(state.as_ref(), now) + cost * self.scaled.unit;
         let last = state.as_ref().map_or(now, |s| s.last.max(now));
         *state = Some(State { level, last });

@@ -93,6 +93,13 @@ impl Algorithm {
         }
     }
 
+    /// The algorithm's id in the Redis script: its place in [`Algorithm::ALL`], from 1. The
+    /// script's prelude is generated from the same numbers, so they are written nowhere else.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) const fn lua_id(self) -> u8 {
+        self as u8 + 1
+    }
+
     /// Whether the algorithm takes a burst different from its limit.
     pub const fn has_burst(self) -> bool {
         matches!(
@@ -158,60 +165,186 @@ impl Verdict {
     }
 }
 
-/// A policy's algorithm with its parameters checked and precomputed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Compiled {
-    FixedWindow(fixed_window::FixedWindow),
-    SlidingWindow(sliding_window::SlidingWindow),
-    SlidingLog(sliding_log::SlidingLog),
-    TokenBucket(token_bucket::TokenBucket),
-    LeakyBucket(leaky_bucket::LeakyBucket),
-    Gcra(gcra::Gcra),
+/// The contract every algorithm implements: its parameters (`Self`, checked and precomputed from
+/// a quota) and its per-key state, with the two phases of a decision. Each implementation has a
+/// Lua twin beside it (`lua/<name>.lua`) that computes the same integers.
+pub(crate) trait Step: Sized {
+    /// Per-key state.
+    type State;
+    /// The Lua twin: defines `ALG[<NAME>]`, where `<NAME>` is the algorithm's upper-case name,
+    /// bound to its id by the script's generated prelude.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    const LUA: &'static str;
+
+    /// Checks `quota` (and `options`) for this algorithm and precomputes its constants.
+    fn compile(quota: Quota, options: Options) -> Result<Self, ConfigError>;
+
+    /// Phase one: decides without changing anything, as of `now` or, when the state is ahead
+    /// of `now` (the clock went back), as of the state's own time ([`Step::own_time`]).
+    fn evaluate(&self, state: Option<&Self::State>, now: u64, cost: u64) -> Verdict;
+
+    /// Phase two: charges an admitted request. Returns when the state expires (becomes the same
+    /// as a fresh key), in microseconds on the same clock as `now`.
+    fn commit(&self, state: &mut Option<Self::State>, now: u64, cost: u64) -> u64;
+
+    /// Gives back `units` (a refund, or a reward): the inverse of a charge, never past a fresh
+    /// state. Returns the new expiry, or `None` when there was no state to change.
+    fn refund(&self, state: &mut Option<Self::State>, now: u64, units: u64) -> Option<u64>;
+
+    /// The state's own notion of the present, for algorithms that never move it back (0: none).
+    fn own_time(&self, state: &Self::State) -> u64 {
+        let _ = state;
+        0
+    }
+
+    /// The window reported with the limit, in microseconds: the quota's window for window
+    /// algorithms; for bucket algorithms the time in which the reported limit (the burst)
+    /// refills, so that limit and window together state the real rate.
+    fn window_us(&self) -> u64;
+
+    /// The limit reported to clients (`X-RateLimit-Limit`): the burst for bucket algorithms,
+    /// the per-window limit for window algorithms.
+    fn reported_limit(&self) -> u64;
+
+    /// The four parameters the Lua twin takes, in its order.
+    fn lua_params(&self) -> [u64; 4];
 }
 
-/// Per-key state of any algorithm.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum State {
-    FixedWindow(fixed_window::State),
-    SlidingWindow(sliding_window::State),
-    SlidingLog(sliding_log::State),
-    TokenBucket(token_bucket::State),
-    LeakyBucket(leaky_bucket::State),
-    Gcra(gcra::State),
-}
-
-/// Options that only some algorithms take.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub(crate) struct Options {
-    /// Number of sub-window buckets of the sliding window counter.
-    pub(crate) buckets: Option<u32>,
-}
-
-/// Runs `$body` with the algorithm `$alg` and its own state type `$st` taken out of `$slot`
-/// (a state of another algorithm counts as none), then puts the state back.
-macro_rules! on_state {
-    ($self:expr, $slot:expr, $alg:ident, $st:ident => $body:expr) => {{
-        macro_rules! arm {
-            ($variant:ident, $a:ident) => {{
-                let mut $st = match $slot.take() {
-                    Some(State::$variant(s)) => Some(s),
-                    _ => None,
-                };
-                let $alg = $a;
-                let result = $body;
-                *$slot = $st.map(State::$variant);
-                result
-            }};
+/// Phase one with the clock-lag adjustment (the one place it is written in Rust; its Lua twin
+/// is `judge` in `decide.lua`): a state newer than `now` decides as of its own time, and its
+/// times are moved to be from `now`.
+fn evaluate_with_lag<A: Step>(a: &A, state: Option<&A::State>, now: u64, cost: u64) -> Verdict {
+    let mut verdict = a.evaluate(state, now, cost);
+    let lag = state.map_or(0, |s| a.own_time(s).saturating_sub(now));
+    if lag > 0 {
+        if verdict.reset_after_us > 0 {
+            verdict.reset_after_us += lag;
         }
-        match $self {
-            Compiled::FixedWindow(a) => arm!(FixedWindow, a),
-            Compiled::SlidingWindow(a) => arm!(SlidingWindow, a),
-            Compiled::SlidingLog(a) => arm!(SlidingLog, a),
-            Compiled::TokenBucket(a) => arm!(TokenBucket, a),
-            Compiled::LeakyBucket(a) => arm!(LeakyBucket, a),
-            Compiled::Gcra(a) => arm!(Gcra, a),
+        if let Some(retry) = &mut verdict.retry_after_us {
+            *retry += lag;
         }
-    }};
+    }
+    verdict
+}
+
+/// Registers the algorithms: one line each, `Algorithm` variant and the type implementing
+/// [`Step`]. Generates the compiled form ([`Compiled`]), the state of any algorithm ([`State`]),
+/// the one dispatch from one to the other, and the list of Lua twins.
+macro_rules! algorithms {
+    ($($variant:ident => $ty:ty,)*) => {
+        /// A policy's algorithm with its parameters checked and precomputed.
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        pub(crate) enum Compiled {
+            $($variant($ty),)*
+        }
+
+        /// Per-key state of any algorithm.
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        pub(crate) enum State {
+            $($variant(<$ty as Step>::State),)*
+        }
+
+        impl Compiled {
+            /// Checks `quota` for `algorithm` and precomputes its constants.
+            fn compile(algorithm: Algorithm, quota: Quota, options: Options) -> Result<Self, ConfigError> {
+                match algorithm {
+                    $(Algorithm::$variant => <$ty as Step>::compile(quota, options).map(Compiled::$variant),)*
+                }
+            }
+
+            /// Which algorithm this is.
+            pub(crate) fn algorithm(&self) -> Algorithm {
+                match self {
+                    $(Compiled::$variant(_) => Algorithm::$variant,)*
+                }
+            }
+
+            /// Phase one: decide without changing anything. A state of another algorithm
+            /// counts as none.
+            pub(crate) fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
+                match self {
+                    $(Compiled::$variant(a) => {
+                        let state = match state {
+                            Some(State::$variant(s)) => Some(s),
+                            _ => None,
+                        };
+                        evaluate_with_lag(a, state, now, cost)
+                    })*
+                }
+            }
+
+            /// Phase two: charge an admitted request. Returns when the state expires.
+            pub(crate) fn commit(&self, slot: &mut Option<State>, now: u64, cost: u64) -> u64 {
+                match self {
+                    $(Compiled::$variant(a) => {
+                        let mut own = match slot.take() {
+                            Some(State::$variant(s)) => Some(s),
+                            _ => None,
+                        };
+                        let expires_at = a.commit(&mut own, now, cost);
+                        *slot = own.map(State::$variant);
+                        expires_at
+                    })*
+                }
+            }
+
+            /// Gives back `units`: the inverse of a charge, never past a fresh state. Returns
+            /// the new expiry, or `None` when there was no state to change.
+            pub(crate) fn refund(&self, slot: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
+                match self {
+                    $(Compiled::$variant(a) => {
+                        let mut own = match slot.take() {
+                            Some(State::$variant(s)) => Some(s),
+                            _ => None,
+                        };
+                        let expires_at = a.refund(&mut own, now, units);
+                        *slot = own.map(State::$variant);
+                        expires_at
+                    })*
+                }
+            }
+
+            /// See [`Step::window_us`].
+            pub(crate) fn window_us(&self) -> u64 {
+                match self {
+                    $(Compiled::$variant(a) => a.window_us(),)*
+                }
+            }
+
+            /// See [`Step::reported_limit`].
+            pub(crate) fn reported_limit(&self) -> u64 {
+                match self {
+                    $(Compiled::$variant(a) => a.reported_limit(),)*
+                }
+            }
+
+            /// See [`Step::lua_params`].
+            pub(crate) fn lua_params(&self) -> [u64; 4] {
+                match self {
+                    $(Compiled::$variant(a) => a.lua_params(),)*
+                }
+            }
+        }
+
+        /// The Lua twin of every algorithm, with the algorithm it is the twin of.
+        #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+        pub(crate) const LUA_TWINS: &[(Algorithm, &str)] = &[
+            $((Algorithm::$variant, <$ty as Step>::LUA),)*
+        ];
+    };
+}
+
+/// The helpers every Lua twin uses (integer division, state parsing, writes with a TTL).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) const LUA_HELPERS: &str = include_str!("lua/helpers.lua");
+
+algorithms! {
+    FixedWindow => fixed_window::FixedWindow,
+    SlidingWindow => sliding_window::SlidingWindow,
+    SlidingLog => sliding_log::SlidingLog,
+    TokenBucket => token_bucket::TokenBucket,
+    LeakyBucket => leaky_bucket::LeakyBucket,
+    Gcra => gcra::Gcra,
 }
 
 impl Compiled {
@@ -231,142 +364,21 @@ impl Compiled {
                 "{algorithm} has no burst; use token_bucket, leaky_bucket or gcra for a burst different from the limit"
             )));
         }
-        Ok(match algorithm {
-            Algorithm::FixedWindow => Compiled::FixedWindow(fixed_window::FixedWindow::new(quota)),
-            Algorithm::SlidingWindow => {
-                Compiled::SlidingWindow(sliding_window::SlidingWindow::new(quota, options.buckets)?)
-            }
-            Algorithm::SlidingLog => Compiled::SlidingLog(sliding_log::SlidingLog::new(quota)?),
-            Algorithm::TokenBucket => Compiled::TokenBucket(token_bucket::TokenBucket::new(quota)?),
-            Algorithm::LeakyBucket => Compiled::LeakyBucket(leaky_bucket::LeakyBucket::new(quota)?),
-            Algorithm::Gcra => Compiled::Gcra(gcra::Gcra::new(quota)?),
-        })
+        Self::compile(algorithm, quota, options)
     }
 
-    /// The window reported with the limit, in microseconds: the quota's window for window
-    /// algorithms; for bucket algorithms the time in which the reported limit (the burst)
-    /// refills, so that limit and window together state the real rate.
-    pub(crate) fn window_us(&self) -> u64 {
-        match self {
-            Compiled::FixedWindow(a) => a.window,
-            Compiled::SlidingWindow(a) => a.buckets * a.bucket,
-            Compiled::SlidingLog(a) => a.window,
-            Compiled::TokenBucket(a) => a.scaled.full.div_ceil(a.scaled.rate),
-            Compiled::LeakyBucket(a) => a.scaled.full.div_ceil(a.scaled.rate),
-            Compiled::Gcra(a) => a.tolerance,
-        }
-    }
-
-    /// The limit reported to clients (`X-RateLimit-Limit`): the burst for bucket algorithms,
-    /// the per-window limit for window algorithms.
-    pub(crate) fn reported_limit(&self) -> u64 {
-        match self {
-            Compiled::FixedWindow(a) => a.limit,
-            Compiled::SlidingWindow(a) => a.limit,
-            Compiled::SlidingLog(a) => a.limit,
-            Compiled::TokenBucket(a) => a.capacity,
-            Compiled::LeakyBucket(a) => a.capacity,
-            Compiled::Gcra(a) => a.burst,
-        }
-    }
-
-    /// The algorithm's number and its four parameters, as the Lua twin takes them.
+    /// The algorithm's id in the Lua script and its four parameters.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn lua_args(&self) -> (u8, [u64; 4]) {
-        match self {
-            Compiled::FixedWindow(a) => (1, [a.limit, a.window, 0, 0]),
-            Compiled::SlidingWindow(a) => (2, [a.limit, a.buckets, a.bucket, 0]),
-            Compiled::SlidingLog(a) => (3, [a.limit, a.window, 0, 0]),
-            Compiled::TokenBucket(a) => {
-                (4, [a.capacity, a.scaled.unit, a.scaled.rate, a.scaled.full])
-            }
-            Compiled::LeakyBucket(a) => {
-                (5, [a.capacity, a.scaled.unit, a.scaled.rate, a.scaled.full])
-            }
-            Compiled::Gcra(a) => (6, [a.interval, a.burst, a.tolerance, 0]),
-        }
+        (self.algorithm().lua_id(), self.lua_params())
     }
+}
 
-    /// The Lua twin of every algorithm and the script that decides with them, as one script.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) const LUA: &'static str = concat!(
-        include_str!("lua/prelude.lua"),
-        include_str!("lua/fixed_window.lua"),
-        include_str!("lua/sliding_window.lua"),
-        include_str!("lua/sliding_log.lua"),
-        include_str!("lua/token_bucket.lua"),
-        include_str!("lua/leaky_bucket.lua"),
-        include_str!("lua/gcra.lua"),
-        include_str!("lua/decide.lua"),
-    );
-
-    /// Phase one: decide without changing anything.
-    pub(crate) fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
-        let mut verdict = self.evaluate_at_own_time(state, now, cost);
-        // An algorithm whose state is newer than `now` (the clock went back, e.g. after a Redis
-        // failover) decides as of its last update; its times are moved to be from `now`.
-        let lag = self.lag(state, now);
-        if lag > 0 {
-            if verdict.reset_after_us > 0 {
-                verdict.reset_after_us += lag;
-            }
-            if let Some(retry) = &mut verdict.retry_after_us {
-                *retry += lag;
-            }
-        }
-        verdict
-    }
-
-    /// How far the state's own notion of the present is ahead of `now`.
-    fn lag(&self, state: Option<&State>, now: u64) -> u64 {
-        let own = match (self, state) {
-            (Compiled::SlidingWindow(a), Some(State::SlidingWindow(s))) => s.head * a.bucket,
-            (Compiled::SlidingLog(_), Some(State::SlidingLog(s))) => {
-                s.entries.back().map_or(0, |e| e.0)
-            }
-            (Compiled::TokenBucket(_), Some(State::TokenBucket(s))) => s.last,
-            (Compiled::LeakyBucket(_), Some(State::LeakyBucket(s))) => s.last,
-            _ => 0,
-        };
-        own.saturating_sub(now)
-    }
-
-    fn evaluate_at_own_time(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
-        match (self, state) {
-            (Compiled::FixedWindow(a), Some(State::FixedWindow(s))) => {
-                a.evaluate(Some(s), now, cost)
-            }
-            (Compiled::FixedWindow(a), _) => a.evaluate(None, now, cost),
-            (Compiled::SlidingWindow(a), Some(State::SlidingWindow(s))) => {
-                a.evaluate(Some(s), now, cost)
-            }
-            (Compiled::SlidingWindow(a), _) => a.evaluate(None, now, cost),
-            (Compiled::SlidingLog(a), Some(State::SlidingLog(s))) => a.evaluate(Some(s), now, cost),
-            (Compiled::SlidingLog(a), _) => a.evaluate(None, now, cost),
-            (Compiled::TokenBucket(a), Some(State::TokenBucket(s))) => {
-                a.evaluate(Some(s), now, cost)
-            }
-            (Compiled::TokenBucket(a), _) => a.evaluate(None, now, cost),
-            (Compiled::LeakyBucket(a), Some(State::LeakyBucket(s))) => {
-                a.evaluate(Some(s), now, cost)
-            }
-            (Compiled::LeakyBucket(a), _) => a.evaluate(None, now, cost),
-            (Compiled::Gcra(a), Some(State::Gcra(s))) => a.evaluate(Some(s), now, cost),
-            (Compiled::Gcra(a), _) => a.evaluate(None, now, cost),
-        }
-    }
-
-    /// Gives back `units` (a refund, or a reward): the inverse of a charge, never past a fresh
-    /// state. Returns the new expiry, or `None` when there was no state to change.
-    pub(crate) fn refund(&self, slot: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
-        on_state!(self, slot, a, st => a.refund(&mut st, now, units))
-    }
-
-    /// Phase two: charge an admitted request. Returns when the state expires (becomes the same
-    /// as a fresh key), in microseconds on the same clock as `now`.
-    pub(crate) fn commit(&self, slot: &mut Option<State>, now: u64, cost: u64) -> u64 {
-        on_state!(self, slot, a, st => a.commit(&mut st, now, cost))
-    }
+/// Options that only some algorithms take.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct Options {
+    /// Number of sub-window buckets of the sliding window counter.
+    pub(crate) buckets: Option<u32>,
 }
 
 /// A row of an algorithm's table test: time, cost, then the expected allowed, remaining,

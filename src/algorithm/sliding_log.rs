@@ -14,7 +14,7 @@
 
 use std::collections::VecDeque;
 
-use super::Verdict;
+use super::{Options, Step, Verdict};
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
@@ -71,8 +71,33 @@ impl SlidingLog {
         }
         (first, used)
     }
+}
 
-    pub(crate) fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
+impl Step for SlidingLog {
+    type State = State;
+    const LUA: &'static str = include_str!("lua/sliding_log.lua");
+
+    fn compile(quota: Quota, _: Options) -> Result<Self, ConfigError> {
+        Self::new(quota)
+    }
+
+    fn window_us(&self) -> u64 {
+        self.window
+    }
+
+    fn reported_limit(&self) -> u64 {
+        self.limit
+    }
+
+    fn lua_params(&self) -> [u64; 4] {
+        [self.limit, self.window, 0, 0]
+    }
+
+    fn own_time(&self, state: &State) -> u64 {
+        state.entries.back().map_or(0, |e| e.0)
+    }
+
+    fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
         let now = Self::now(state, now);
         let Some(state) = state else {
             return if cost > self.limit {
@@ -107,7 +132,7 @@ impl SlidingLog {
     }
 
     /// Forgets up to `units` of the newest logged units.
-    pub(crate) fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
+    fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
         let now = Self::now(state.as_ref(), now);
         let st = state.as_mut()?;
         let mut left = units;
@@ -129,7 +154,7 @@ impl SlidingLog {
         })
     }
 
-    pub(crate) fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
+    fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
         let now = Self::now(state.as_ref(), now);
         let st = state.get_or_insert_with(State::default);
         let (first, used) = self.live(st, now);

@@ -13,7 +13,7 @@
 //! request whose cost exceeds the limit is never admitted.
 //! Memory per key: one 32-bit counter per bucket, plus one, and the index of the newest bucket.
 
-use super::{Algorithm, Verdict, check_exact};
+use super::{Algorithm, Options, Step, Verdict, check_exact};
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
@@ -108,8 +108,33 @@ impl SlidingWindow {
             .find(|&i| self.count(state, i) > 0)
             .map_or(0, |j| (j + self.buckets + 1) * self.bucket - now)
     }
+}
 
-    pub(crate) fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
+impl Step for SlidingWindow {
+    type State = State;
+    const LUA: &'static str = include_str!("lua/sliding_window.lua");
+
+    fn compile(quota: Quota, options: Options) -> Result<Self, ConfigError> {
+        Self::new(quota, options.buckets)
+    }
+
+    fn window_us(&self) -> u64 {
+        self.buckets * self.bucket
+    }
+
+    fn reported_limit(&self) -> u64 {
+        self.limit
+    }
+
+    fn lua_params(&self) -> [u64; 4] {
+        [self.limit, self.buckets, self.bucket, 0]
+    }
+
+    fn own_time(&self, state: &State) -> u64 {
+        state.head * self.bucket
+    }
+
+    fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
         let (c, x) = self.position(state, now);
         let used = self.estimate(state, c, x);
         let remaining = self.limit.saturating_sub(used);
@@ -153,7 +178,7 @@ impl SlidingWindow {
     }
 
     /// Gives back up to `units` from the newest buckets first.
-    pub(crate) fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
+    fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
         let (c, _) = self.position(state.as_ref(), now);
         let slots = self.slots();
         let st = state.as_mut()?;
@@ -175,7 +200,7 @@ impl SlidingWindow {
         Some((st.head + self.buckets + 1) * self.bucket)
     }
 
-    pub(crate) fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
+    fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
         let (c, _) = self.position(state.as_ref(), now);
         if cost > 0 {
             let slots = self.slots();

@@ -10,7 +10,7 @@
 //! request; a request whose cost exceeds the capacity is never admitted.
 //! Memory per key: two integers (tokens, last update).
 
-use super::{Algorithm, Verdict, check_exact, gcd};
+use super::{Algorithm, Options, Step, Verdict, check_exact, gcd};
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
@@ -100,8 +100,34 @@ impl TokenBucket {
             Some(s) => self.scaled.fill(s.tokens, now.saturating_sub(s.last)),
         }
     }
+}
 
-    pub(crate) fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
+impl Step for TokenBucket {
+    type State = State;
+    const LUA: &'static str = include_str!("lua/token_bucket.lua");
+
+    fn compile(quota: Quota, _: Options) -> Result<Self, ConfigError> {
+        Self::new(quota)
+    }
+
+    fn window_us(&self) -> u64 {
+        self.scaled.full.div_ceil(self.scaled.rate)
+    }
+
+    fn reported_limit(&self) -> u64 {
+        self.capacity
+    }
+
+    fn lua_params(&self) -> [u64; 4] {
+        let s = &self.scaled;
+        [self.capacity, s.unit, s.rate, s.full]
+    }
+
+    fn own_time(&self, state: &State) -> u64 {
+        state.last
+    }
+
+    fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
         let s = &self.scaled;
         let tokens = self.tokens(state, now);
         let refill_time = |t: u64| (s.full - t).div_ceil(s.rate);
@@ -122,7 +148,7 @@ impl TokenBucket {
     }
 
     /// Puts back up to `units` tokens, never above the capacity.
-    pub(crate) fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
+    fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
         let last = state.as_ref()?.last.max(now);
         let s = &self.scaled;
         let tokens = self.tokens(state.as_ref(), now);
@@ -135,7 +161,7 @@ impl TokenBucket {
         Some(last + (s.full - tokens).div_ceil(s.rate))
     }
 
-    pub(crate) fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
+    fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
         let tokens = self
             .tokens(state.as_ref(), now)
             .saturating_sub(cost * self.scaled.unit);

@@ -7,9 +7,9 @@ use std::sync::{Mutex, MutexGuard};
 use hashbrown::HashTable;
 
 use crate::decision::{Decision, PolicyOutcome};
-use crate::few::Few;
 use crate::key::Key;
 use crate::store::{Check, Mode};
+use smallvec::smallvec;
 
 const SHARDS: usize = 16;
 const SAMPLE: usize = 8;
@@ -67,15 +67,15 @@ impl DenyCache {
     pub(crate) fn lookup(&self, checks: &[Check], now: u64) -> Option<Decision> {
         for c in checks
             .iter()
-            .filter(|c| c.mode == Mode::Enforce && c.cost > 0)
+            .filter(|c| c.mode() == Mode::Enforce && c.cost() > 0)
         {
-            let (hash, mut shard) = self.locate(c.policy.id, &c.key);
-            if let Ok(entry) = shard.find_entry(hash, |e| e.is(c.policy.id, &c.key)) {
+            let (hash, mut shard) = self.locate(c.tier().id(), c.key());
+            if let Ok(entry) = shard.find_entry(hash, |e| e.is(c.tier().id(), c.key())) {
                 let e = entry.get();
                 if e.until <= now {
                     entry.remove();
-                } else if c.cost >= e.cost {
-                    return Some(Decision::new(Few::One(e.outcome.waiting(e.until - now))));
+                } else if c.cost() >= e.cost {
+                    return Some(Decision::new(smallvec![e.outcome.waiting(e.until - now)]));
                 }
                 // Else a cheaper request than the one denied may fit: the store decides.
             }
@@ -140,27 +140,29 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::algorithm::Verdict;
-    use crate::policy::Policy;
-    use crate::store::PolicyHandle;
+    use crate::Algorithm;
+    use crate::algorithm::{Compiled, Verdict};
+    use crate::policy::Tier;
+    use crate::quota::Quota;
 
-    fn handle(id: u32) -> Arc<PolicyHandle> {
-        let (name, algorithm) = Policy::gcra("10/s").compile().unwrap().remove(0);
-        Arc::new(PolicyHandle::new(name, id, algorithm))
+    fn handle(id: u32) -> Arc<Tier> {
+        let quota: Quota = "10/s".parse().unwrap();
+        let algorithm = Compiled::new(Algorithm::Gcra, quota, Default::default()).unwrap();
+        Arc::new(Tier::new(Arc::from("gcra:10/s"), id, algorithm))
     }
 
     /// A denial of `key` by `policy`, for `retry_us`.
-    fn denied(policy: &Arc<PolicyHandle>, retry_us: u64) -> Decision {
+    fn denied(policy: &Arc<Tier>, retry_us: u64) -> Decision {
         let verdict = Verdict {
             allowed: false,
             remaining: 0,
             reset_after_us: retry_us,
             retry_after_us: Some(retry_us),
         };
-        Decision::new(vec![PolicyOutcome::new(policy, false, verdict)])
+        Decision::new(smallvec![PolicyOutcome::new(policy, false, verdict)])
     }
 
-    fn check(policy: &Arc<PolicyHandle>, key: &Key, cost: u64) -> Vec<Check> {
+    fn check(policy: &Arc<Tier>, key: &Key, cost: u64) -> Vec<Check> {
         vec![Check::new(policy.clone(), key.clone(), cost, Mode::Enforce)]
     }
 

@@ -7,13 +7,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use hashbrown::HashTable;
 
-use super::{Check, Checks, Mode, Registry, Store, private};
+use super::{Check, Checks, Mode, Registry, private};
 use crate::algorithm::{Compiled, State, Verdict, apply_block};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, PolicyOutcome};
 use crate::error::{ConfigError, StoreError};
-use crate::few::Few;
 use crate::key::Key;
+use smallvec::{SmallVec, smallvec};
 
 /// The default [`MemoryStoreBuilder::max_keys`].
 pub(crate) const DEFAULT_MAX_KEYS: usize = 100_000;
@@ -95,8 +95,8 @@ impl Slot {
     fn new(check: &Check, hash: u64, state: Option<State>, expires_at: u64) -> Self {
         Slot {
             hash,
-            id: check.policy.id,
-            key: check.key.clone(),
+            id: check.tier().id(),
+            key: check.key().clone(),
             state,
             expires_at,
             blocked_until: 0,
@@ -230,7 +230,7 @@ impl MemoryStore {
 
     /// The hash of a check's (policy, key) and its shard.
     fn locate(&self, check: &Check) -> (u64, usize) {
-        let h = self.inner.hasher.hash_one((check.policy.id, &check.key));
+        let h = self.inner.hasher.hash_one((check.tier().id(), check.key()));
         // The high bits pick the shard: the table uses the low ones.
         (h, ((h >> 32) as usize) % self.inner.shards.len())
     }
@@ -240,13 +240,13 @@ impl MemoryStore {
         let now = self.inner.clock.now_micros();
         let capacity = self.inner.per_shard;
         if let [check] = checks
-            && check.mode == Mode::Enforce
+            && check.mode() == Mode::Enforce
         {
             // The common case: one enforced policy, one shard, no allocation but the outcome.
             let (hash, index) = self.locate(check);
             let mut shard = lock(&self.inner.shards[index]);
             let outcome = shard.decide_one(check, hash, now, capacity);
-            return Decision::new(Few::One(outcome));
+            return Decision::new(smallvec![outcome]);
         }
         // Lock every shard involved, in index order so that concurrent multi-policy checks
         // cannot deadlock; then evaluate all before committing any.
@@ -263,30 +263,30 @@ impl MemoryStore {
                 .expect("every shard involved is locked");
         }
         for (c, &(h, g)) in checks.iter().zip(&at) {
-            match c.mode {
+            match c.mode() {
                 Mode::Refund => guards[g].refund(c, h, now),
                 Mode::Reset => guards[g].remove(c, h),
                 Mode::Penalize => guards[g].commit(c, h, now, capacity),
                 Mode::Block => guards[g].block(c, h, now, capacity),
-                Mode::Enforce | Mode::Shadow | Mode::Dry => {}
+                Mode::Enforce | Mode::Shadow | Mode::ChargeLater => {}
             }
         }
         let mut verdicts: Vec<_> = checks
             .iter()
             .zip(&at)
             .map(|(c, &(h, g))| {
-                let cost = if c.mode.is_admin() { 0 } else { c.cost };
+                let cost = if c.mode().is_admin() { 0 } else { c.cost() };
                 guards[g].evaluate(c, h, now, cost)
             })
             .collect();
         let admitted = checks
             .iter()
             .zip(&verdicts)
-            .all(|(c, v)| v.allowed || !c.mode.decides());
+            .all(|(c, v)| v.allowed || !c.mode().decides());
         for ((c, v), &(h, g)) in checks.iter().zip(&mut verdicts).zip(&at) {
-            if admitted && c.mode.charged(v.allowed) {
+            if admitted && c.mode().charged(v.allowed) {
                 guards[g].commit(c, h, now, capacity);
-            } else if v.allowed && c.cost > 0 && !c.mode.is_admin() {
+            } else if v.allowed && c.cost() > 0 && !c.mode().is_admin() {
                 // Admitted by this policy but not charged: report the state as it stays.
                 let stays = guards[g].evaluate(c, h, now, 0);
                 v.remaining = stays.remaining;
@@ -300,34 +300,35 @@ impl MemoryStore {
             checks
                 .iter()
                 .zip(verdicts)
-                .map(|(c, v)| PolicyOutcome::new(&c.policy, c.mode == Mode::Shadow, v))
-                .collect::<Few<_>>(),
+                .map(|(c, v)| PolicyOutcome::new(c.tier(), c.mode() == Mode::Shadow, v))
+                .collect::<SmallVec<_>>(),
         )
     }
 }
 
 impl Shard {
     fn find(&self, check: &Check, hash: u64) -> Option<&Slot> {
-        self.table.find(hash, |s| s.is(check.policy.id, &check.key))
+        self.table
+            .find(hash, |s| s.is(check.tier().id(), check.key()))
     }
 
     fn find_mut(&mut self, check: &Check, hash: u64) -> Option<&mut Slot> {
         self.table
-            .find_mut(hash, |s| s.is(check.policy.id, &check.key))
+            .find_mut(hash, |s| s.is(check.tier().id(), check.key()))
     }
 
     /// The verdict on `check` at `cost` (0: a look), its block included, with one lookup.
     fn evaluate(&self, check: &Check, hash: u64, now: u64, cost: u64) -> Verdict {
         let slot = self.find(check, hash);
         let state = slot.and_then(|s| s.live(now));
-        let mut verdict = check.policy.algorithm.evaluate(state, now, cost);
+        let mut verdict = check.tier().algorithm().evaluate(state, now, cost);
         apply_block(&mut verdict, slot.map_or(0, |s| s.blocked_until), now);
         verdict
     }
 
-    /// Blocks the key for `check.cost` microseconds from `now`.
+    /// Blocks the key for `check.cost()` microseconds from `now`.
     fn block(&mut self, check: &Check, hash: u64, now: u64, capacity: usize) {
-        let until = now + check.cost;
+        let until = now + check.cost();
         match self.find_mut(check, hash) {
             Some(slot) => {
                 slot.blocked_until = until;
@@ -345,35 +346,35 @@ impl Shard {
 
     /// One enforced policy: evaluate and commit with a single lookup.
     fn decide_one(&mut self, check: &Check, hash: u64, now: u64, capacity: usize) -> PolicyOutcome {
-        let algorithm = &check.policy.algorithm;
+        let algorithm = &check.tier().algorithm();
         let verdict = match self.find_mut(check, hash) {
             Some(slot) => {
-                let mut verdict = algorithm.evaluate(slot.live(now), now, check.cost);
+                let mut verdict = algorithm.evaluate(slot.live(now), now, check.cost());
                 apply_block(&mut verdict, slot.blocked_until, now);
-                if verdict.allowed && check.cost > 0 {
+                if verdict.allowed && check.cost() > 0 {
                     // An expired state is handed to the algorithm as it is: for time that moves
                     // forward it is the same as a fresh key, and when the clock goes back the
                     // algorithm sees what the Redis script would see.
-                    slot.expires_at = algorithm.commit(&mut slot.state, now, check.cost);
+                    slot.expires_at = algorithm.commit(&mut slot.state, now, check.cost());
                 }
                 verdict
             }
             None => {
-                let verdict = algorithm.evaluate(None, now, check.cost);
-                if verdict.allowed && check.cost > 0 {
+                let verdict = algorithm.evaluate(None, now, check.cost());
+                if verdict.allowed && check.cost() > 0 {
                     self.insert(check, hash, now, capacity);
                 }
                 verdict
             }
         };
         self.tick(now);
-        PolicyOutcome::new(&check.policy, false, verdict)
+        PolicyOutcome::new(check.tier(), false, verdict)
     }
 
     fn refund(&mut self, check: &Check, hash: u64, now: u64) {
-        let algorithm = &check.policy.algorithm;
+        let algorithm = &check.tier().algorithm();
         if let Some(slot) = self.find_mut(check, hash)
-            && let Some(expires_at) = algorithm.refund(&mut slot.state, now, check.cost)
+            && let Some(expires_at) = algorithm.refund(&mut slot.state, now, check.cost())
         {
             slot.expires_at = expires_at;
             self.min_expiry = self.min_expiry.min(expires_at);
@@ -383,31 +384,35 @@ impl Shard {
     fn remove(&mut self, check: &Check, hash: u64) {
         if let Ok(entry) = self
             .table
-            .find_entry(hash, |s| s.is(check.policy.id, &check.key))
+            .find_entry(hash, |s| s.is(check.tier().id(), check.key()))
         {
             entry.remove();
         }
     }
 
     fn commit(&mut self, check: &Check, hash: u64, now: u64, capacity: usize) {
-        if check.cost == 0 {
+        if check.cost() == 0 {
             return;
         }
         match self.find_mut(check, hash) {
             Some(slot) => {
-                slot.expires_at = check
-                    .policy
-                    .algorithm
-                    .commit(&mut slot.state, now, check.cost);
+                slot.expires_at =
+                    check
+                        .tier()
+                        .algorithm()
+                        .commit(&mut slot.state, now, check.cost());
             }
             None => self.insert(check, hash, now, capacity),
         }
     }
 
-    /// A new entry for a key not in the table, charged `check.cost`.
+    /// A new entry for a key not in the table, charged `check.cost()`.
     fn insert(&mut self, check: &Check, hash: u64, now: u64, capacity: usize) {
         let mut state = None;
-        let expires_at = check.policy.algorithm.commit(&mut state, now, check.cost);
+        let expires_at = check
+            .tier()
+            .algorithm()
+            .commit(&mut state, now, check.cost());
         let slot = Slot::new(check, hash, state, expires_at);
         self.insert_slot(slot, now, capacity);
     }
@@ -481,16 +486,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl Store for MemoryStore {
+#[allow(private_interfaces)]
+impl private::Sealed for MemoryStore {
     type Future = std::future::Ready<Result<Decision, StoreError>>;
 
     fn check(&self, checks: Checks) -> Self::Future {
         std::future::ready(Ok(self.decide(&checks)))
     }
-}
 
-#[allow(private_interfaces)]
-impl private::Sealed for MemoryStore {
     fn register(&self, name: Arc<str>, algorithm: Compiled) -> Result<u32, ConfigError> {
         self.inner.registry.register(name, algorithm)
     }

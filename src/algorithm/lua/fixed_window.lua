@@ -1,5 +1,5 @@
 -- Fixed window: twin of fixed_window.rs. Params: limit, window. State: "start count".
-ALG[1] = {
+ALG[FIXED_WINDOW] = {
   load = function(key)
     return parse(get(key), 2)
   end,

@@ -1,5 +1,5 @@
 -- GCRA: twin of gcra.rs. Params: interval, burst, tolerance. State: "tat".
-ALG[6] = {
+ALG[GCRA] = {
   load = function(key)
     return parse(get(key), 1)
   end,

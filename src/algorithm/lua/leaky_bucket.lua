@@ -1,6 +1,6 @@
 -- Leaky bucket (meter): twin of leaky_bucket.rs. Params: capacity, unit, rate, full.
 -- State: "level last" (level in scaled units).
-ALG[5] = {
+ALG[LEAKY_BUCKET] = {
   load = function(key)
     return parse(get(key), 2)
   end,

@@ -2,7 +2,7 @@
 -- member per admitted unit, scored by its time; members are "time:sequence", the sequence
 -- zero-padded so that members of one time sort by it, and numbered on from the newest member
 -- of that time (never reused while that member exists, even after a refund).
-ALG[3] = {
+ALG[SLIDING_LOG] = {
   load = function(key)
     local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
     if #newest == 0 then

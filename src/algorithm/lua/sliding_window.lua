@@ -48,7 +48,7 @@ local function sw_reset(p, st, c, x)
   return 0
 end
 
-ALG[2] = {
+ALG[SLIDING_WINDOW] = {
   load = function(key, p)
     return parse(get(key), p[2] + 2)
   end,

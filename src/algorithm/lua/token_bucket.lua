@@ -20,7 +20,7 @@ local function elapsed_since(st, now)
   return e
 end
 
-ALG[4] = {
+ALG[TOKEN_BUCKET] = {
   load = function(key)
     return parse(get(key), 2)
   end,

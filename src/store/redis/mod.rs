@@ -1,6 +1,7 @@
 //! The Redis store (feature `redis`).
 
 mod key;
+mod script;
 
 use std::fmt;
 use std::future::Future;
@@ -12,12 +13,13 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, ServerErrorKind};
 
-use super::{Check, Checks, Mode, Registry, Store, private};
+use self::script::SCRIPT;
+use super::{Check, Checks, Mode, Registry, private};
 use crate::algorithm::{Compiled, Verdict};
 use crate::clock::Clock;
 use crate::decision::{Decision, PolicyOutcome};
 use crate::error::{ConfigError, StoreError, StoreErrorKind};
-use crate::few::Few;
+use smallvec::SmallVec;
 
 pub(crate) use key::redis_key;
 
@@ -234,30 +236,12 @@ impl RedisStore {
 
     /// The decision script's source: the Lua twin of every algorithm.
     pub fn script_source() -> &'static str {
-        Compiled::LUA
+        SCRIPT.source()
     }
 
     /// The Redis key holding the state of `key` under the policy named `policy`.
     pub fn key_for(&self, policy: &str, key: &crate::key::Key) -> Vec<u8> {
         redis_key(&self.inner.prefix, policy, key)
-    }
-
-    /// For benchmarks only (`scripts/bench.sh`), not part of the API: the arguments after the
-    /// SHA of the `EVALSHA` that decides `key` at cost 1 under `policy` alone (enforce mode,
-    /// Redis `TIME`): `numkeys, key, block key, time, slack, algorithm, 4 parameters, cost,
-    /// mode`.
-    #[doc(hidden)]
-    pub fn script_args(&self, policy: &crate::Policy, key: &crate::key::Key) -> Vec<Vec<u8>> {
-        let (name, algorithm) = policy.compile().expect("a valid policy").swap_remove(0);
-        let (code, params) = algorithm.lua_args();
-        let state = redis_key(&self.inner.prefix, &name, key);
-        let mut block = state.clone();
-        block.extend_from_slice(b":block");
-        let mut args = vec![b"2".to_vec(), state, block];
-        args.extend([String::new(), 0.to_string(), code.to_string()].map(String::into_bytes));
-        args.extend(params.iter().map(|p| p.to_string().into_bytes()));
-        args.extend([b"1".to_vec(), b"0".to_vec()]);
-        args
     }
 }
 
@@ -380,7 +364,7 @@ impl RedisStoreBuilder {
                 Conn::ClusterPool(pool)
             }
         };
-        let script = redis::Script::new(Compiled::LUA);
+        let script = redis::Script::new(SCRIPT.source());
         let store = RedisStore {
             inner: Arc::new(Inner {
                 conn,
@@ -394,7 +378,7 @@ impl RedisStoreBuilder {
         };
         let load = store.inner.with_conn(|mut c| async move {
             let mut cmd = redis::cmd("SCRIPT");
-            cmd.arg("LOAD").arg(Compiled::LUA);
+            cmd.arg("LOAD").arg(SCRIPT.source());
             cmd.query_async::<redis::Value>(&mut c).await.map(drop)
         });
         tokio::time::timeout(self.connect_timeout * 2, load)
@@ -436,18 +420,18 @@ impl Inner {
     }
 
     async fn decide(&self, checks: Checks) -> Result<Decision, StoreError> {
-        let one_slot = checks.iter().all(|c| c.key == checks[0].key);
+        let one_slot = checks.iter().all(|c| c.key() == checks[0].key());
         let verdicts = if !self.conn.is_cluster() || one_slot {
             self.run(&checks).await?
         } else {
             // Boxed, as the pools' futures are: only clusters take this path.
             Box::pin(self.decide_across_slots(&checks)).await?
         };
-        let outcomes: Few<PolicyOutcome> = checks
+        let outcomes: SmallVec<[PolicyOutcome; 1]> = checks
             .iter()
             .zip(verdicts)
             .map(|(check, verdict)| {
-                PolicyOutcome::new(&check.policy, check.mode == Mode::Shadow, verdict)
+                PolicyOutcome::new(check.tier(), check.mode() == Mode::Shadow, verdict)
             })
             .collect();
         Ok(Decision::new(outcomes))
@@ -461,7 +445,7 @@ impl Inner {
     async fn decide_across_slots(&self, checks: &[Check]) -> Result<Vec<Verdict>, StoreError> {
         let mut groups: Vec<Vec<usize>> = Vec::new();
         for (i, c) in checks.iter().enumerate() {
-            match groups.iter_mut().find(|g| checks[g[0]].key == c.key) {
+            match groups.iter_mut().find(|g| checks[g[0]].key() == c.key()) {
                 Some(g) => g.push(i),
                 None => groups.push(vec![i]),
             }
@@ -474,18 +458,17 @@ impl Inner {
                 .iter()
                 .map(|&i| {
                     let c = &checks[i];
-                    let mode = if denied { Mode::Dry } else { c.mode };
-                    Check::new(c.policy.clone(), c.key.clone(), c.cost, mode)
+                    c.with_mode(if denied { Mode::ChargeLater } else { c.mode() })
                 })
                 .collect();
             let result = self.run(&batch).await?;
             let admitted = batch
                 .iter()
                 .zip(&result)
-                .all(|(c, v)| v.allowed || !c.mode.decides());
+                .all(|(c, v)| v.allowed || !c.mode().decides());
             if !denied && admitted {
                 charged.extend(group.iter().zip(&result).filter_map(|(&i, v)| {
-                    (checks[i].mode.charged(v.allowed) && checks[i].cost > 0).then_some(i)
+                    (checks[i].mode().charged(v.allowed) && checks[i].cost() > 0).then_some(i)
                 }));
             }
             if !admitted {
@@ -498,12 +481,7 @@ impl Inner {
         if denied {
             for &i in &charged {
                 let c = &checks[i];
-                let refund = [Check::new(
-                    c.policy.clone(),
-                    c.key.clone(),
-                    c.cost,
-                    Mode::Refund,
-                )];
+                let refund = [c.with_mode(Mode::Refund)];
                 if let Err(error) = self.run(&refund).await {
                     tracing::warn!(%error, "could not refund a charge on another cluster slot");
                 }
@@ -522,7 +500,7 @@ impl Inner {
             cmd.arg(script).arg(2 * checks.len());
             for check in checks {
                 // The state key, then the block key beside it: one buffer for both.
-                let mut key = redis_key(&self.prefix, &check.policy.name, &check.key);
+                let mut key = redis_key(&self.prefix, check.tier().name(), check.key());
                 cmd.arg(&key[..]);
                 key.extend_from_slice(b":block");
                 cmd.arg(key);
@@ -533,16 +511,16 @@ impl Inner {
                 None => cmd.arg("").arg(0),
             };
             for check in checks {
-                let (code, params) = check.policy.algorithm.lua_args();
+                let (code, params) = check.tier().algorithm().lua_args();
                 cmd.arg(code)
                     .arg(&params[..])
-                    .arg(check.cost)
-                    .arg(check.mode as u8);
+                    .arg(check.cost())
+                    .arg(check.mode() as u8);
             }
             cmd
         };
         let evalsha = command("EVALSHA", &self.sha);
-        let eval = || command("EVAL", Compiled::LUA);
+        let eval = || command("EVAL", SCRIPT.source());
         let reply: Vec<i64> = self
             .with_conn(|mut c| async move { invoke(&evalsha, eval, &mut c).await })
             .await?;
@@ -623,7 +601,8 @@ impl ConnectionLike for AnyConn {
     }
 }
 
-impl Store for RedisStore {
+#[allow(private_interfaces)]
+impl private::Sealed for RedisStore {
     type Future = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'static>>;
 
     fn check(&self, checks: Checks) -> Self::Future {
@@ -638,10 +617,7 @@ impl Store for RedisStore {
             }
         })
     }
-}
 
-#[allow(private_interfaces)]
-impl private::Sealed for RedisStore {
     fn register(&self, name: Arc<str>, algorithm: Compiled) -> Result<u32, ConfigError> {
         self.inner.registry.register(name, algorithm)
     }

@@ -35,17 +35,16 @@
 //! weighted estimate leaves room, which can be more than one window-length-divided-by-limit
 //! away (a `10/s` key may be told `Retry-After: 2`).
 
+pub(crate) mod value;
+
 use std::fmt::Write as _;
-use std::time::Duration;
 
 use http::header::Entry;
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use std::sync::Arc;
-
+use self::value::{ceil_secs, number};
 use crate::decision::Decision;
-use crate::store::PolicyHandle;
 
 /// `X-RateLimit-Limit`.
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -53,35 +52,6 @@ pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-l
 pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 /// `X-RateLimit-Reset`.
 pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-
-/// A header value for `n`. Numbers below 10,000 (most limits, counts and waits) point into one
-/// static buffer, formatted once: nothing is allocated or reference-counted per response.
-pub(crate) fn number(n: u64) -> HeaderValue {
-    /// Each number below `STATIC` takes `WIDTH` bytes of the buffer, left-aligned.
-    const STATIC: u64 = 10_000;
-    const WIDTH: usize = 4;
-    static DIGITS: std::sync::OnceLock<Box<[u8]>> = std::sync::OnceLock::new();
-    if n >= STATIC {
-        return HeaderValue::from(n);
-    }
-    let digits = DIGITS.get_or_init(|| {
-        let mut buf = vec![b' '; STATIC as usize * WIDTH];
-        for (i, slot) in buf.chunks_exact_mut(WIDTH).enumerate() {
-            let text = i.to_string();
-            slot[..text.len()].copy_from_slice(text.as_bytes());
-        }
-        buf.into_boxed_slice()
-    });
-    let start = n as usize * WIDTH;
-    let len = n.checked_ilog10().map_or(1, |d| d as usize + 1);
-    let bytes = bytes::Bytes::from_static(&digits[start..start + len]);
-    HeaderValue::from_maybe_shared(bytes).unwrap_or_else(|_| HeaderValue::from(n))
-}
-
-/// Whole seconds, rounded up.
-pub(crate) fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
-}
 
 /// Which rate-limit headers responses carry.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -145,28 +115,33 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 #[derive(Clone, Debug)]
 pub(crate) struct RateLimitHeaders {
     /// `X-RateLimit-Limit` (the policy's, formatted once), `-Remaining` and `-Reset`.
-    legacy: Option<(Arc<PolicyHandle>, u64, u64)>,
+    legacy: Option<(HeaderValue, u64, u64)>,
     /// `RateLimit-Policy` and `RateLimit`.
     ietf: Option<Box<[HeaderValue; 2]>>,
     retry_after: Option<u64>,
 }
 
 impl RateLimitHeaders {
-    pub(crate) fn new(decision: &Decision, config: HeaderConfig) -> Self {
+    /// The headers of `decision`; `now_us` (the layer's clock, Unix microseconds) is read only
+    /// for [`ResetFormat::UnixTime`].
+    pub(crate) fn new(
+        decision: &Decision,
+        config: HeaderConfig,
+        now_us: impl FnOnce() -> u64,
+    ) -> Self {
         let retry_after = decision.retry_after().map(|d| ceil_secs(d).max(1));
         let legacy = matches!(config.style, HeaderStyle::Legacy | HeaderStyle::Both).then(|| {
             let binding = decision.binding();
             let reset = ceil_secs(binding.reset_after());
             let reset = match config.reset {
                 ResetFormat::DeltaSeconds => reset,
-                ResetFormat::UnixTime => {
-                    let now = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .unwrap_or_default();
-                    ceil_secs(now) + reset
-                }
+                ResetFormat::UnixTime => now_us().div_ceil(1_000_000) + reset,
             };
-            (binding.handle().clone(), binding.remaining(), reset)
+            (
+                binding.tier().limit_header().clone(),
+                binding.remaining(),
+                reset,
+            )
         });
         let ietf = matches!(config.style, HeaderStyle::Ietf | HeaderStyle::Both)
             .then(|| ietf_fields(decision).map(Box::new))
@@ -186,7 +161,7 @@ impl RateLimitHeaders {
             }
         }
         if let Some((policy, remaining, reset)) = &self.legacy {
-            put(headers, X_RATELIMIT_LIMIT, policy.limit_header.clone());
+            put(headers, X_RATELIMIT_LIMIT, policy.clone());
             put(headers, X_RATELIMIT_REMAINING, number(*remaining));
             put(headers, X_RATELIMIT_RESET, number(*reset));
         }
@@ -235,38 +210,4 @@ fn ietf_fields(decision: &Decision) -> Option<[HeaderValue; 2]> {
         HeaderValue::try_from(policy).ok()?,
         HeaderValue::try_from(state).ok()?,
     ])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn numbers() {
-        for n in [
-            0,
-            1,
-            9,
-            10,
-            99,
-            100,
-            999,
-            1023,
-            1024,
-            9_999,
-            10_000,
-            86_400,
-            u64::MAX,
-        ] {
-            assert_eq!(number(n), HeaderValue::from(n));
-        }
-    }
-
-    #[test]
-    fn rounds_up() {
-        assert_eq!(ceil_secs(Duration::ZERO), 0);
-        assert_eq!(ceil_secs(Duration::from_micros(1)), 1);
-        assert_eq!(ceil_secs(Duration::from_millis(1000)), 1);
-        assert_eq!(ceil_secs(Duration::from_millis(1001)), 2);
-    }
 }

@@ -3,7 +3,7 @@
 //! use the crate.
 //!
 //! ```text
-//! bench_http MODE [REDIS_URL] [--threads 1]
+//! driver_http MODE [REDIS_URL] [--threads 1]
 //! ```
 //!
 //! | mode | what |
@@ -17,6 +17,8 @@
 //! | `evalsha` | no layer: the handler does the same `EVALSHA` on one multiplexed connection |
 //! | `deny-memory` | our layer, memory store, fixed window 1/hour: every request but one is 429 |
 //! | `deny-redis` | the same on the Redis store with the deny cache on |
+
+mod common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -131,24 +133,24 @@ async fn app(mode: &str, url: &str) -> Router {
             base.layer(tower_governor::GovernorLayer::new(config))
         }
         "evalsha" => {
-            let store = redis_store(url).await;
+            let layer = RateLimitLayer::builder()
+                .policy(open_policy())
+                .store(redis_store(url).await)
+                .build()
+                .unwrap();
             let peer = Key::from(std::net::IpAddr::from([127, 0, 0, 1]));
-            let mut args = store.script_args(&open_policy(), &peer);
-            args[1] = store.key_for("g", &peer);
-            args[2] = [&args[1][..], b":block"].concat();
+            let mut command = common::captured_evalsha(url, &layer, &peer).await;
+            let sha = command.remove(0);
             let client = redis::Client::open(url).expect("URL");
             let conn = redis::aio::ConnectionManager::new(client)
                 .await
                 .expect("connect to Redis");
-            let state = Arc::new(Evalsha {
-                conn,
-                sha: store.script_sha().to_owned(),
-                args,
-            });
+            let args = command.into_iter().map(String::into_bytes).collect();
+            let state = Arc::new(Evalsha { conn, sha, args });
             Router::new().route("/", get(evalsha)).with_state(state)
         }
         other => {
-            eprintln!("unknown mode {other:?}; see examples/bench_http.rs");
+            eprintln!("unknown mode {other:?}; see benches/driver_http.rs");
             std::process::exit(2);
         }
     }
@@ -156,6 +158,9 @@ async fn app(mode: &str, url: &str) -> Router {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if common::started_by_cargo_bench(&args) {
+        return;
+    }
     let mode = args.first().cloned().unwrap_or_default();
     let url = args
         .get(1)

@@ -3,16 +3,38 @@
 -- ARGV[1]: the time in microseconds, or '' to use Redis TIME.
 -- ARGV[2]: milliseconds added to every TTL (0 unless the time is injected: Redis then expires
 -- keys on its own clock, which an injected clock may outrun or lag).
--- Then 7 arguments per policy: algorithm, four parameters, cost, mode.
--- Modes: 0 enforce (decides; charged only if every enforce and dry policy admits the request),
--- 1 shadow (reported, never decides; charged if it admits and the request goes on),
--- 2 dry (decides, never charged), 3 refund (gives `cost` units back, then looks at cost 0),
--- 4 reset (forgets the key and any block, then looks), 5 penalize (charges `cost` units
--- whatever the state, then looks), 6 block (denies the key for the next `cost` microseconds,
--- then looks). A blocked key is denied whatever its state, until the block ends.
+-- Then 7 arguments per policy: algorithm, four parameters, cost, mode. The algorithm ids and
+-- the modes are the constants of the generated prelude (from `Algorithm` and `Mode` in Rust):
+-- ENFORCE decides, and is charged only if every policy that decides admits the request;
+-- SHADOW is reported, never decides, and is charged if it admits and the request goes on;
+-- CHARGE_LATER decides and is never charged here (the charge comes after the response);
+-- REFUND gives `cost` units back, RESET forgets the key and any block, PENALIZE charges `cost`
+-- units whatever the state, BLOCK denies the key for the next `cost` microseconds; each of
+-- these four then looks at cost 0. A blocked key is denied whatever its state, until the block
+-- ends.
 -- Phase one evaluates every policy; phase two charges them, only if all that decide admit.
 -- Reply: { now, then per policy: allowed, remaining, reset_after_us, retry_after_us or -1 },
 -- where remaining and reset describe the state after this request's charges.
+
+-- Phase one of one policy, with the clock-lag adjustment (twin of `evaluate_with_lag`): a state
+-- newer than `now` (the clock went back) decides as of its own time; its times are moved to be
+-- from `now`.
+local function judge(alg, p, st, now, cost, key)
+  local ok, remaining, reset, retry = alg:evaluate(p, st, now, cost, key)
+  if alg.lag then
+    local lag = alg.lag(p, st, now)
+    if lag > 0 then
+      if reset > 0 then
+        reset = reset + lag
+      end
+      if retry >= 0 then
+        retry = retry + lag
+      end
+    end
+  end
+  return ok, remaining, reset, retry
+end
+
 local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
@@ -40,47 +62,35 @@ for i = 1, n do
   local cost = tonumber(ARGV[base + 6])
   local mode = tonumber(ARGV[base + 7])
   local key, bkey = KEYS[2 * i - 1], KEYS[2 * i]
-  if mode == 6 then
+  if mode == BLOCK then
     local ms = cdiv(cost, 1000)
     if ms < 1 then
       ms = 1
     end
     redis.call('SET', bkey, int(now + cost), 'PX', ms + TTL_SLACK)
     cost = 0
-  elseif mode == 4 then
+  elseif mode == RESET then
     redis.call('DEL', bkey)
   end
   local raw = redis.call('GET', bkey)
   local blocked = raw and tonumber(raw)
   local st = alg.load(key, p)
-  if mode == 3 then
+  if mode == REFUND then
     alg:refund(key, p, st, now, cost)
     st = alg.load(key, p)
     cost = 0
-  elseif mode == 4 then
+  elseif mode == RESET then
     redis.call('DEL', key)
     st = nil
     cost = 0
-  elseif mode == 5 then
+  elseif mode == PENALIZE then
     if cost > 0 then
       alg:commit(key, p, st, now, cost)
     end
     st = alg.load(key, p)
     cost = 0
   end
-  local ok, remaining, reset, retry = alg:evaluate(p, st, now, cost, key)
-  -- A state newer than `now` (the clock went back): times are moved to be from `now`.
-  if alg.lag then
-    local lag = alg.lag(p, st, now)
-    if lag > 0 then
-      if reset > 0 then
-        reset = reset + lag
-      end
-      if retry >= 0 then
-        retry = retry + lag
-      end
-    end
-  end
+  local ok, remaining, reset, retry = judge(alg, p, st, now, cost, key)
   if blocked and blocked > now then
     -- Blocked: denied until the block ends, whatever the state (twin of `apply_block`).
     local wait = blocked - now
@@ -95,7 +105,7 @@ for i = 1, n do
       reset = wait
     end
   end
-  if ok == 0 and (mode == 0 or mode == 2) then
+  if ok == 0 and (mode == ENFORCE or mode == CHARGE_LATER) then
     admitted = false
   end
   algs[i], params[i], costs[i], modes[i], states[i], allowed[i] = alg, p, cost, mode, st, ok
@@ -106,19 +116,13 @@ for i = 1, n do
 end
 
 for i = 1, n do
-  local charge = admitted and costs[i] > 0 and (modes[i] == 0 or (modes[i] == 1 and allowed[i] == 1))
+  local charge = admitted and costs[i] > 0 and (modes[i] == ENFORCE or (modes[i] == SHADOW and allowed[i] == 1))
   if charge then
     algs[i]:commit(KEYS[2 * i - 1], params[i], states[i], now, costs[i])
   elseif allowed[i] == 1 and costs[i] > 0 then
     -- Admitted by this policy but not charged: report the state as it stays.
     local base = 2 + (i - 1) * 4
-    local _, remaining, reset = algs[i]:evaluate(params[i], states[i], now, 0, KEYS[2 * i - 1])
-    if algs[i].lag then
-      local lag = algs[i].lag(params[i], states[i], now)
-      if lag > 0 and reset > 0 then
-        reset = reset + lag
-      end
-    end
+    local _, remaining, reset = judge(algs[i], params[i], states[i], now, 0, KEYS[2 * i - 1])
     reply[base + 1] = remaining
     reply[base + 2] = reset
   end

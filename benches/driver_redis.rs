@@ -3,17 +3,19 @@
 //! can put the two side by side. Not an example of how to use the crate.
 //!
 //! ```text
-//! bench_redis args URL              # SHA, then the EVALSHA arguments, one per line
-//! bench_redis throughput URL [--tasks 50] [--seconds 2] [--pool N] [--threads 1]
-//! bench_redis latency URL [--n 20000]
-//! bench_redis algorithms URL [--n 20000]
-//! bench_redis memory-per-key ALGORITHM [--keys 200000]
+//! driver_redis args URL              # SHA, then the EVALSHA arguments, one per line
+//! driver_redis throughput URL [--tasks 50] [--seconds 2] [--pool N] [--threads 1]
+//! driver_redis latency URL [--n 20000]
+//! driver_redis algorithms URL [--n 20000]
+//! driver_redis memory-per-key ALGORITHM [--keys 200000]
 //! ```
 //!
 //! Every decision is `RateLimitLayer::check` of one GCRA policy (1,000,000/s, so every
 //! request is admitted and written) on a key drawn from 10,000 keys whose Redis key is
 //! `bench:g:{b:NNNNNNNNNNNN}`, the exact bytes `redis-benchmark -r 10000` makes of
 //! `bench:g:{b:__rand_int__}`. Output is `name=value` lines.
+
+mod common;
 
 use std::time::{Duration, Instant};
 
@@ -151,19 +153,6 @@ async fn commandstat(url: &str, command: &str) -> (u64, f64) {
     (field("calls") as u64, field("usec_per_call"))
 }
 
-async fn redis_cmd(url: &str, args: &[&str]) -> redis::Value {
-    let client = redis::Client::open(url).expect("URL");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    cmd.query_async(&mut conn).await.expect("command")
-}
-
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
     let pages: u64 = statm
@@ -176,6 +165,9 @@ fn rss_bytes() -> u64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if common::started_by_cargo_bench(&args) {
+        return;
+    }
     let command = args.first().map(String::as_str).unwrap_or("");
     let url = args.get(1).cloned().unwrap_or_default();
     let threads = flag(&args, "--threads", 1) as usize;
@@ -187,10 +179,9 @@ fn main() {
     rt.block_on(async {
         match command {
             "args" => {
-                let store = store(&url, 0).await;
-                println!("{}", store.script_sha());
-                for arg in store.script_args(&policy(Algorithm::Gcra), &Key::from("RANDINT")) {
-                    println!("{}", String::from_utf8(arg).expect("ASCII"));
+                let layer = layer(&url, 0, Algorithm::Gcra).await;
+                for arg in common::captured_evalsha(&url, &layer, &Key::from("RANDINT")).await {
+                    println!("{arg}");
                 }
             }
             "throughput" => {
@@ -216,10 +207,10 @@ fn main() {
                 let n = flag(&args, "--n", 20_000);
                 for algorithm in Algorithm::ALL {
                     let layer = layer(&url, 0, algorithm).await;
-                    redis_cmd(&url, &["FLUSHALL"]).await;
+                    common::redis_cmd(&url, &["FLUSHALL"]).await;
                     // Warm-up, then the measured calls on fresh statistics.
                     throughput(&layer, 50, 0.3).await;
-                    redis_cmd(&url, &["CONFIG", "RESETSTAT"]).await;
+                    common::redis_cmd(&url, &["CONFIG", "RESETSTAT"]).await;
                     let mut rng = Rng(11);
                     let mut tasks = Vec::new();
                     for _ in 0..50 {
@@ -283,7 +274,7 @@ fn main() {
                 }
             }
             _ => {
-                eprintln!("usage: see the comment at the top of examples/bench_redis.rs");
+                eprintln!("usage: see the comment at the top of benches/driver_redis.rs");
                 std::process::exit(2);
             }
         }

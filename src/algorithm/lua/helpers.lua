@@ -73,4 +73,3 @@ local function bucket_lag(p, st, now)
   return last_after(st, now) - now
 end
 
-local ALG = {}

@@ -1,0 +1,441 @@
+//! The request engine: where a request is decided.
+//!
+//! A [`Limiter`] owns the compiled policies, the store and everything around it (deny cache,
+//! circuit breaker, failure policy, responses, metrics). A request goes through three steps,
+//! all of them here:
+//!
+//! 1. **plan**: which policies apply, each one's key, tier and cost, the checks of the local
+//!    fallback, and the charges that wait for the response's status;
+//! 2. **pre-check**: the deny cache may answer at once, the circuit breaker may keep the store
+//!    from being asked; otherwise the store decides, at once (memory) or later (Redis);
+//! 3. **settle**: the store's answer, or its failure, becomes what to do: call the inner
+//!    service with headers to add, or answer with the limiter's own response. The breaker, the
+//!    deny cache, the failure policy and the metrics are updated on the way.
+//!
+//! [`Limiter::begin`] does the first two and settles when the answer is known at once;
+//! [`Limiter::settle`] takes an answer that came later, and [`Limiter::after_response`] the
+//! charges that depend on the response's status. The service and its future only move requests,
+//! responses and futures between these calls. The administrative operations of
+//! [`RateLimitLayer`](crate::RateLimitLayer) are decided here too.
+
+use std::cell::OnceCell;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::error::{ConfigError, FailurePolicy, StoreError, StoreErrorKind};
+use crate::headers::{HeaderConfig, RateLimitHeaders};
+use crate::key::{Key, KeyExtractor, RequestRef};
+use crate::policy::{CompiledPolicy, CostFn, Policy, RequestFn, StatusFn, Tier};
+use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Permit};
+use crate::response::Responses;
+use crate::store::private::Sealed as _;
+use crate::store::{Check, Checks, MemoryStore, Mode, Store};
+
+/// What a layer is configured with, besides its store: the builder fills it in, and
+/// [`Limiter::new`] checks and compiles it.
+pub(crate) struct Config {
+    pub(crate) policies: Vec<Policy>,
+    pub(crate) key: Arc<dyn KeyExtractor>,
+    pub(crate) cost: Option<CostFn>,
+    pub(crate) exempt: Option<RequestFn>,
+    pub(crate) responses: Responses,
+    pub(crate) failure: FailurePolicy,
+    pub(crate) headers: HeaderConfig,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) breaker: Option<CircuitBreaker>,
+    pub(crate) deny_cache: Option<usize>,
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("policies", &self.policies)
+            .field("key", &self.key)
+            .field("responses", &self.responses)
+            .field("failure", &self.failure)
+            .field("headers", &self.headers)
+            .field("breaker", &self.breaker)
+            .field("deny_cache", &self.deny_cache)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The engine every clone of a layer, and every service it makes, shares.
+pub(crate) struct Limiter<St> {
+    store: St,
+    policies: Box<[CompiledPolicy]>,
+    responses: Responses,
+    failure: FailurePolicy,
+    headers: HeaderConfig,
+    exempt: Option<RequestFn>,
+    clock: Arc<dyn Clock>,
+    breaker: Option<Breaker>,
+    deny_cache: Option<DenyCache>,
+    /// The local store of [`FailurePolicy::Local`].
+    fallback: Option<MemoryStore>,
+}
+
+impl<St: fmt::Debug> fmt::Debug for Limiter<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("store", &self.store)
+            .field("policies", &self.policies)
+            .field("responses", &self.responses)
+            .field("failure", &self.failure)
+            .field("headers", &self.headers)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a request starts.
+pub(crate) enum Begin<F> {
+    /// No policy applies: call the inner service and add nothing.
+    Unlimited,
+    /// The answer is known at once (memory store, deny cache, rejected key, open breaker).
+    Settled(Settled, Charges),
+    /// The store answers later: wait for `F`, then [`Limiter::settle`] with the ticket.
+    Wait(F, Ticket),
+}
+
+/// What to do once the decision is known.
+pub(crate) enum Settled {
+    /// Call the inner service, with the decision (if any) in the request's extensions, and add
+    /// these headers (none when the limiter failed open) to its response.
+    Call(Option<RateLimitHeaders>, Option<Decision>),
+    /// Answer with the limiter's own response.
+    Respond(Response<Bytes>),
+}
+
+/// What the failure policy makes of a failed store.
+enum Degraded {
+    /// The local fallback decided.
+    Local(Decision),
+    /// No decision: what to do without one.
+    Settled(Settled),
+}
+
+/// What settling a decision that comes later needs: the breaker's permit, the local fallback's
+/// checks, what to remember in the deny cache, when the store was asked, and the charges that
+/// wait for the response.
+pub(crate) struct Ticket {
+    permit: Permit,
+    fallback: Option<Checks>,
+    remember: Option<Vec<(u32, Key, u64)>>,
+    /// When the store was asked, for `ratelimit_store_duration_seconds` (not timed for a
+    /// store that decides synchronously).
+    started: Option<Instant>,
+    after: Charges,
+}
+
+/// Charges and refunds that depend on the response's status.
+pub(crate) type Charges = Vec<AfterResponse>;
+
+/// A charge or refund that depends on the response's status.
+pub(crate) struct AfterResponse {
+    tier: Arc<Tier>,
+    key: Key,
+    cost: u64,
+    mode: Mode,
+    when: StatusFn,
+}
+
+impl<St> Limiter<St> {
+    /// The store.
+    pub(crate) fn store(&self) -> &St {
+        &self.store
+    }
+
+    /// The policies' names, in order.
+    pub(crate) fn policy_names(&self) -> impl Iterator<Item = &str> {
+        self.policies.iter().map(CompiledPolicy::name)
+    }
+}
+
+impl<St: Store> Limiter<St> {
+    /// Checks the whole configuration, registers the policies in `store`, and builds the engine.
+    pub(crate) fn new(store: St, config: Config) -> Result<Self, ConfigError> {
+        if config.policies.is_empty() {
+            return Err(ConfigError::new(
+                "no policy: add one with .policy(Policy::gcra(\"10/s\")) or similar",
+            ));
+        }
+        let divisor = match config.failure {
+            FailurePolicy::Local { divisor } => Some(divisor),
+            _ => None,
+        };
+        // Check everything before registering anything in the (maybe shared) store.
+        let mut prepared = Vec::with_capacity(config.policies.len());
+        let mut names: Vec<Arc<str>> = Vec::new();
+        for policy in &config.policies {
+            let p = policy.prepare(divisor)?;
+            for name in p.names() {
+                if names.contains(name) {
+                    return Err(ConfigError::new(format!(
+                        "two policies are named {name:?}; give each its own name"
+                    )));
+                }
+                names.push(name.clone());
+            }
+            prepared.push(p);
+        }
+        let fallback = divisor.map(|_| MemoryStore::builder().clock(config.clock.clone()).build());
+        let in_store = |name, algorithm| store.register(name, algorithm);
+        let in_fallback = |name, algorithm| match &fallback {
+            Some(local) => local.register(name, algorithm),
+            None => Ok(0),
+        };
+        let policies = prepared
+            .into_iter()
+            .map(|p| {
+                let fallback = divisor.map(|_| &in_fallback as _);
+                p.register(&config.key, &config.cost, &in_store, fallback)
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Limiter {
+            store,
+            policies,
+            responses: config.responses,
+            failure: config.failure,
+            headers: config.headers,
+            exempt: config.exempt,
+            clock: config.clock,
+            breaker: config.breaker.map(Breaker::new),
+            deny_cache: config.deny_cache.map(DenyCache::new),
+            fallback,
+        })
+    }
+
+    /// Plans `request` and, where it can, decides it at once (steps 1 and 2).
+    pub(crate) fn begin(&self, request: &RequestRef<'_>) -> Begin<St::Future> {
+        if self.exempt.as_ref().is_some_and(|f| f(request)) {
+            return Begin::Unlimited;
+        }
+        // Plan.
+        let mut checks = Checks::new();
+        let mut fallback = self.fallback.as_ref().map(|_| Checks::new());
+        let mut after = Charges::new();
+        for policy in &self.policies {
+            if !policy.applies(request) {
+                continue;
+            }
+            let key = match policy.key(request) {
+                Ok(key) => key,
+                Err(rejection) => {
+                    tracing::debug!(
+                        policy = policy.name(),
+                        code = rejection.code(),
+                        "rate-limit key rejected"
+                    );
+                    let response = self.responses.rejected(&rejection);
+                    return Begin::Settled(Settled::Respond(response), Charges::new());
+                }
+            };
+            let index = policy.tier_index(request, &key);
+            let tier = policy.tier(index);
+            let cost = policy.cost(request);
+            for (when, mode) in [
+                (policy.charge_if(), Mode::Enforce),
+                (policy.refund_if(), Mode::Refund),
+            ] {
+                if let Some(when) = when {
+                    after.push(AfterResponse {
+                        tier: tier.clone(),
+                        key: key.clone(),
+                        cost,
+                        mode,
+                        when: when.clone(),
+                    });
+                }
+            }
+            if let (Some(fallback), Some(local)) = (&mut fallback, policy.fallback_tier(index)) {
+                fallback.push(Check::new(local.clone(), key.clone(), cost, policy.mode()));
+            }
+            checks.push(Check::new(tier.clone(), key, cost, policy.mode()));
+        }
+        if checks.is_empty() {
+            return Begin::Unlimited;
+        }
+        // Pre-check. The layer's clock is read only when the deny cache or an open breaker
+        // needs it.
+        let now = OnceCell::new();
+        let now = || *now.get_or_init(|| self.clock.now_micros());
+        if let Some(decision) = self
+            .deny_cache
+            .as_ref()
+            .and_then(|c| c.lookup(&checks, now()))
+        {
+            metrics::counter!("ratelimit_deny_cache_hits_total").increment(1);
+            let headers = self.response_headers(&decision);
+            return Begin::Settled(self.limited(decision, &headers), Charges::new());
+        }
+        let remember = self.deny_cache.is_some().then(|| {
+            checks
+                .iter()
+                .map(|c| (c.tier().id(), c.key().clone(), c.cost()))
+                .collect()
+        });
+        let permit = self
+            .breaker
+            .as_ref()
+            .map_or(Permit::Call, |b| b.permit(now));
+        let mut ticket = Ticket {
+            permit,
+            fallback,
+            remember,
+            started: None,
+            after,
+        };
+        if permit == Permit::Reject {
+            let error = StoreError::with_kind(
+                StoreErrorKind::CircuitOpen,
+                "the circuit breaker is open; the store was not asked",
+            );
+            let (settled, after) = self.settle(ticket, Err(error));
+            return Begin::Settled(settled, after);
+        }
+        if let Some(decision) = self.store.decide_now(&checks) {
+            let (settled, after) = self.settle(ticket, Ok(decision));
+            return Begin::Settled(settled, after);
+        }
+        ticket.started = Some(Instant::now());
+        Begin::Wait(self.store.check(checks), ticket)
+    }
+
+    /// Turns the store's answer into what to do (step 3), applying the breaker, the deny
+    /// cache, the failure policy and the metrics. Returns the charges still to make after the
+    /// response (none when the store failed: nothing was charged there).
+    pub(crate) fn settle(
+        &self,
+        mut ticket: Ticket,
+        result: Result<Decision, StoreError>,
+    ) -> (Settled, Charges) {
+        if let Some(started) = ticket.started {
+            metrics::histogram!("ratelimit_store_duration_seconds")
+                .record(started.elapsed().as_secs_f64());
+        }
+        let decision = match result {
+            Ok(decision) => {
+                if let Some(breaker) = &self.breaker {
+                    breaker.success(ticket.permit);
+                }
+                if let (Some(cache), Some(keys), false) =
+                    (&self.deny_cache, &ticket.remember, decision.is_allowed())
+                {
+                    cache.remember(keys, &decision, self.clock.now_micros());
+                }
+                decision
+            }
+            Err(error) => match self.degraded(&mut ticket, error) {
+                Degraded::Local(decision) => decision,
+                Degraded::Settled(settled) => return (settled, Charges::new()),
+            },
+        };
+        for o in decision.outcomes() {
+            o.tier().count(o.is_allowed(), o.is_shadow());
+        }
+        let headers = self.response_headers(&decision);
+        if !decision.is_allowed() {
+            tracing::debug!(policy = decision.binding().policy(), "rate limit exceeded");
+            return (self.limited(decision, &headers), Charges::new());
+        }
+        if decision.shadow_violated().next().is_some() {
+            tracing::info!(
+                policies = ?decision.shadow_violated().map(|o| o.policy()).collect::<Vec<_>>(),
+                "shadow rate limit exceeded; request let through"
+            );
+        }
+        (Settled::Call(Some(headers), Some(decision)), ticket.after)
+    }
+
+    /// The store failed: the failure policy's answer, a decision of the local fallback or
+    /// what to do without one.
+    fn degraded(&self, ticket: &mut Ticket, error: StoreError) -> Degraded {
+        if let (Some(breaker), true) = (&self.breaker, error.kind() != StoreErrorKind::CircuitOpen)
+        {
+            breaker.failure(ticket.permit, self.clock.now_micros());
+        }
+        let policy = match self.failure {
+            FailurePolicy::Open => "open",
+            FailurePolicy::Closed => "closed",
+            FailurePolicy::Local { .. } => "local",
+        };
+        metrics::counter!(
+            "ratelimit_degraded_total",
+            "reason" => error.kind().as_str(),
+            "failure_policy" => policy
+        )
+        .increment(1);
+        match (self.failure, &self.fallback, ticket.fallback.take()) {
+            (FailurePolicy::Local { .. }, Some(local), Some(checks)) => {
+                tracing::warn!(%error, "rate-limit store failed; deciding locally");
+                // Charges after the response go to the store, which did not decide: none.
+                ticket.after.clear();
+                Degraded::Local(local.decide(&checks))
+            }
+            (FailurePolicy::Closed, _, _) => {
+                tracing::warn!(%error, "rate-limit store failed; answering 503");
+                Degraded::Settled(Settled::Respond(self.responses.unavailable()))
+            }
+            _ => {
+                tracing::warn!(%error, "rate-limit store failed; letting the request through");
+                Degraded::Settled(Settled::Call(None, None))
+            }
+        }
+    }
+
+    /// The response to a denied request, with the decision in its extensions.
+    fn limited(&self, decision: Decision, headers: &RateLimitHeaders) -> Settled {
+        let mut response = self.responses.limited(&decision, headers);
+        response.extensions_mut().insert(decision);
+        Settled::Respond(response)
+    }
+
+    fn response_headers(&self, decision: &Decision) -> RateLimitHeaders {
+        RateLimitHeaders::new(decision, self.headers, || self.clock.now_micros())
+    }
+
+    /// The charges and refunds `charges` makes for a response of `status`, as one store call;
+    /// `None` when there are none.
+    pub(crate) fn after_response(
+        &self,
+        charges: Charges,
+        status: StatusCode,
+    ) -> Option<St::Future> {
+        let checks: Checks = charges
+            .into_iter()
+            .filter(|a| (a.when)(status))
+            .map(|a| Check::new(a.tier, a.key, a.cost, a.mode))
+            .collect();
+        (!checks.is_empty()).then(|| self.store.check(checks))
+    }
+
+    /// Every policy's check for `key` without a request (in the tier the key is put in), in the
+    /// mode given or the policy's own, at the units `units` gives for the tier: the
+    /// administrative operations.
+    pub(crate) async fn decide_key(
+        &self,
+        key: &Key,
+        mode: Option<Mode>,
+        units: impl Fn(&Tier) -> u64,
+    ) -> Result<Decision, StoreError> {
+        let checks = self
+            .policies
+            .iter()
+            .map(|p| {
+                let tier = p.tier_of_key(key);
+                let mode = mode.unwrap_or(p.mode());
+                Check::new(tier.clone(), key.clone(), units(tier), mode)
+            })
+            .collect::<Checks>();
+        if let Some(decision) = self.store.decide_now(&checks) {
+            return Ok(decision);
+        }
+        self.store.check(checks).await
+    }
+}

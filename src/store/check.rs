@@ -1,0 +1,128 @@
+//! What a store is asked: one [`Check`] per policy that applies to a request, each with its
+//! [`Mode`], decided together.
+
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use crate::key::Key;
+use crate::policy::Tier;
+
+/// How a check takes part in a decision. The Redis script's prelude gets these numbers from
+/// [`Mode::ALL`], under the names of [`Mode::lua_name`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Decides the request; charged only if every check that decides admits it.
+    Enforce = 0,
+    /// A shadow policy: reported, never decides; charged if it admits and the request goes on.
+    Shadow = 1,
+    /// Decides the request but is never charged here: the charge comes after the response
+    /// ([`Policy::charge_if`](crate::Policy::charge_if)).
+    ChargeLater = 2,
+    /// Gives `cost` units back; then reports like a look at cost 0.
+    Refund = 3,
+    /// Forgets the key; then reports like a look at cost 0.
+    Reset = 4,
+    /// Charges `cost` units whatever the state; then reports like a look at cost 0.
+    Penalize = 5,
+    /// Denies the key for the next `cost` microseconds; then reports like a look at cost 0.
+    Block = 6,
+}
+
+impl Mode {
+    /// Every mode, in the order of its number.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) const ALL: [Mode; 7] = [
+        Mode::Enforce,
+        Mode::Shadow,
+        Mode::ChargeLater,
+        Mode::Refund,
+        Mode::Reset,
+        Mode::Penalize,
+        Mode::Block,
+    ];
+
+    /// The name of the mode's constant in the Redis script.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) const fn lua_name(self) -> &'static str {
+        match self {
+            Mode::Enforce => "ENFORCE",
+            Mode::Shadow => "SHADOW",
+            Mode::ChargeLater => "CHARGE_LATER",
+            Mode::Refund => "REFUND",
+            Mode::Reset => "RESET",
+            Mode::Penalize => "PENALIZE",
+            Mode::Block => "BLOCK",
+        }
+    }
+
+    /// Whether a denial by this check denies the request.
+    pub(crate) fn decides(self) -> bool {
+        matches!(self, Mode::Enforce | Mode::ChargeLater)
+    }
+
+    /// Whether this check is charged when the request is admitted, given its own verdict.
+    pub(crate) fn charged(self, allowed: bool) -> bool {
+        match self {
+            Mode::Enforce => true,
+            Mode::Shadow => allowed,
+            Mode::ChargeLater | Mode::Refund | Mode::Reset | Mode::Penalize | Mode::Block => false,
+        }
+    }
+
+    /// An administrative change made before the look at cost 0.
+    pub(crate) fn is_admin(self) -> bool {
+        matches!(
+            self,
+            Mode::Refund | Mode::Reset | Mode::Penalize | Mode::Block
+        )
+    }
+}
+
+/// The checks of one decision, one per policy that applies (one is kept without allocating).
+pub(crate) type Checks = SmallVec<[Check; 1]>;
+
+/// One tier of one policy to decide for one key at some cost.
+#[derive(Debug)]
+pub(crate) struct Check {
+    tier: Arc<Tier>,
+    key: Key,
+    cost: u64,
+    mode: Mode,
+}
+
+impl Check {
+    pub(crate) fn new(tier: Arc<Tier>, key: Key, cost: u64, mode: Mode) -> Self {
+        Check {
+            tier,
+            key,
+            cost,
+            mode,
+        }
+    }
+
+    /// The policy tier decided.
+    pub(crate) fn tier(&self) -> &Arc<Tier> {
+        &self.tier
+    }
+
+    /// The caller's key.
+    pub(crate) fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// Units charged (or, for [`Mode::Block`], microseconds blocked).
+    pub(crate) fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    pub(crate) fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The same check in another mode.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn with_mode(&self, mode: Mode) -> Check {
+        Check::new(self.tier.clone(), self.key.clone(), self.cost, mode)
+    }
+}

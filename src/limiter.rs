@@ -254,9 +254,14 @@ impl<St: Store> Limiter<St> {
                 }
             }
             if let (Some(fallback), Some(local)) = (&mut fallback, policy.fallback_tier(index)) {
-                fallback.push(Check::new(local.clone(), key.clone(), cost, policy.mode()));
+                fallback.push(Check::new(
+                    local.clone(),
+                    key.clone(),
+                    cost,
+                    mode_of(policy),
+                ));
             }
-            checks.push(Check::new(tier.clone(), key, cost, policy.mode()));
+            checks.push(Check::new(tier.clone(), key, cost, mode_of(policy)));
         }
         if checks.is_empty() {
             return Begin::Unlimited;
@@ -429,7 +434,7 @@ impl<St: Store> Limiter<St> {
             .iter()
             .map(|p| {
                 let tier = p.tier_of_key(key);
-                let mode = mode.unwrap_or(p.mode());
+                let mode = mode.unwrap_or(mode_of(p));
                 Check::new(tier.clone(), key.clone(), units(tier), mode)
             })
             .collect::<Checks>();
@@ -437,5 +442,16 @@ impl<St: Store> Limiter<St> {
             return Ok(decision);
         }
         self.store.check(checks).await
+    }
+}
+
+/// How a policy takes part in a request's decision.
+fn mode_of(policy: &CompiledPolicy) -> Mode {
+    if policy.is_shadow() {
+        Mode::Shadow
+    } else if policy.charge_if().is_some() {
+        Mode::ChargeLater
+    } else {
+        Mode::Enforce
     }
 }

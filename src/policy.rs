@@ -12,7 +12,6 @@ use crate::error::{ConfigError, KeyRejection};
 use crate::headers::value::number;
 use crate::key::{Key, KeyExtractor, RequestRef};
 use crate::quota::Quota;
-use crate::store::Mode;
 
 /// One rate limit: an [`Algorithm`] applied to a [`Quota`], under a name.
 ///
@@ -538,13 +537,6 @@ impl Prepared<'_> {
             .iter()
             .map(|(k, t)| (k.clone(), tier_names[t]))
             .collect();
-        let mode = if p.shadow {
-            Mode::Shadow
-        } else if p.charge_if.is_some() {
-            Mode::ChargeLater
-        } else {
-            Mode::Enforce
-        };
         Ok(CompiledPolicy {
             tiers,
             fallback,
@@ -553,7 +545,7 @@ impl Prepared<'_> {
             tier_overrides,
             key: p.key.clone().unwrap_or_else(|| key.clone()),
             cost: p.cost.clone().or_else(|| cost.clone()),
-            mode,
+            shadow: p.shadow,
             charge_if: p.charge_if.clone(),
             refund_if: p.refund_if.clone(),
             routes: p.routes.clone(),
@@ -572,7 +564,7 @@ pub(crate) struct CompiledPolicy {
     tier_overrides: HashMap<Key, usize>,
     key: Arc<dyn KeyExtractor>,
     cost: Option<CostFn>,
-    mode: Mode,
+    shadow: bool,
     charge_if: Option<StatusFn>,
     refund_if: Option<StatusFn>,
     routes: Vec<Route>,
@@ -584,7 +576,7 @@ impl fmt::Debug for CompiledPolicy {
         f.debug_struct("Policy")
             .field("name", &self.name())
             .field("key", &self.key)
-            .field("mode", &self.mode)
+            .field("shadow", &self.shadow)
             .finish_non_exhaustive()
     }
 }
@@ -642,9 +634,9 @@ impl CompiledPolicy {
         self.cost.as_ref().map_or(1, |f| u64::from(f(request)))
     }
 
-    /// How the policy takes part in a request's decision.
-    pub(crate) fn mode(&self) -> Mode {
-        self.mode
+    /// Whether the policy runs in shadow mode: decided and reported, never enforced.
+    pub(crate) fn is_shadow(&self) -> bool {
+        self.shadow
     }
 
     /// Charge after responses whose status matches.

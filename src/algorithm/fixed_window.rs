@@ -16,14 +16,14 @@ use crate::quota::Quota;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct FixedWindow {
-    pub(crate) limit: u64,
-    pub(crate) window: u64,
+    limit: u64,
+    window: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct State {
-    pub(crate) start: u64,
-    pub(crate) count: u64,
+    start: u64,
+    count: u64,
 }
 
 impl FixedWindow {

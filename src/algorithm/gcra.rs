@@ -18,17 +18,17 @@ use crate::quota::Quota;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Gcra {
     /// Emission interval in microseconds.
-    pub(crate) interval: u64,
-    pub(crate) burst: u64,
+    interval: u64,
+    burst: u64,
     /// `burst · interval`.
-    pub(crate) tolerance: u64,
+    tolerance: u64,
     /// The quota's window in microseconds.
-    pub(crate) window: u64,
+    window: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct State {
-    pub(crate) tat: u64,
+    tat: u64,
 }
 
 impl Gcra {

@@ -19,16 +19,16 @@ use crate::quota::Quota;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct LeakyBucket {
-    pub(crate) capacity: u64,
-    pub(crate) scaled: Scaled,
+    capacity: u64,
+    scaled: Scaled,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct State {
     /// Water level, in scaled units.
-    pub(crate) level: u64,
+    level: u64,
     /// Time of the last update.
-    pub(crate) last: u64,
+    last: u64,
 }
 
 impl LeakyBucket {

@@ -380,7 +380,8 @@ proptest! {
     fn gcra_admits_at_most_burst_plus_rate((spec, requests) in forward_case(80)) {
         let compiled = spec.compile(Algorithm::Gcra);
         let Compiled::Gcra(gcra) = &compiled else { unreachable!() };
-        let (burst, interval, limit) = (gcra.burst, gcra.interval, spec.limit as u64);
+        let [interval, burst, _, _] = super::Step::lua_params(gcra);
+        let limit = spec.limit as u64;
         let trace = drive(&compiled, &requests);
         let admitted = admitted(&trace);
         check_intervals(&admitted, |d| burst + d / interval)?;

@@ -23,17 +23,17 @@ pub(crate) const MAX_LIMIT: u64 = 10_000;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct SlidingLog {
-    pub(crate) limit: u64,
-    pub(crate) window: u64,
+    limit: u64,
+    window: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct State {
     /// `(time, cost)` of admitted requests, oldest first; may include expired entries until
     /// the next commit prunes them.
-    pub(crate) entries: VecDeque<(u64, u32)>,
+    entries: VecDeque<(u64, u32)>,
     /// Sum of the costs in `entries`.
-    pub(crate) total: u64,
+    total: u64,
 }
 
 impl SlidingLog {

@@ -24,19 +24,19 @@ pub(crate) const MAX_BUCKETS: u32 = 1_000;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct SlidingWindow {
-    pub(crate) limit: u64,
+    limit: u64,
     /// Number of buckets wholly inside a window.
-    pub(crate) buckets: u64,
+    buckets: u64,
     /// Length of one bucket in microseconds.
-    pub(crate) bucket: u64,
+    bucket: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct State {
     /// Absolute index of the newest bucket written.
-    pub(crate) head: u64,
+    head: u64,
     /// Counters for buckets `head − buckets ..= head`, indexed by `index % (buckets + 1)`.
-    pub(crate) counts: Box<[u32]>,
+    counts: Box<[u32]>,
 }
 
 impl SlidingWindow {

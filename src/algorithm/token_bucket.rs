@@ -73,16 +73,16 @@ impl Scaled {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct TokenBucket {
-    pub(crate) capacity: u64,
-    pub(crate) scaled: Scaled,
+    capacity: u64,
+    scaled: Scaled,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct State {
     /// Tokens, in scaled units.
-    pub(crate) tokens: u64,
+    tokens: u64,
     /// Time of the last update.
-    pub(crate) last: u64,
+    last: u64,
 }
 
 impl TokenBucket {

@@ -35,10 +35,10 @@ pub(crate) mod private {
     use std::future::Future;
     use std::sync::Arc;
 
-    use super::Check;
     use crate::algorithm::Compiled;
     use crate::decision::Decision;
     use crate::error::{ConfigError, StoreError};
+    use crate::store::Check;
 
     /// What a store does; out of reach of users (see [`Store`](super::Store)).
     #[allow(private_interfaces)]
@@ -48,7 +48,7 @@ pub(crate) mod private {
 
         /// Decides a request against one or more policies atomically: nothing is charged
         /// unless every policy that decides admits it.
-        fn check(&self, checks: super::Checks) -> Self::Future;
+        fn check(&self, checks: crate::store::Checks) -> Self::Future;
 
         /// Registers a policy tier under its name, failing if the name is taken by a
         /// different definition; returns its id in this store.

@@ -60,6 +60,32 @@ impl<St: fmt::Debug> fmt::Debug for RateLimitLayer<St> {
 }
 
 impl RateLimitLayer<MemoryStore> {
+    /// A layer with one policy, charged to `key`, in a fresh [`MemoryStore`]: the common case
+    /// in one line. [`RateLimitLayer::builder`] configures everything else (several policies,
+    /// headers, responses, failure policy), and [`with_store`](Self::with_store) takes a
+    /// store, such as Redis.
+    ///
+    /// ```
+    /// use axum::{Router, routing::get};
+    /// use tower_ratelimit::{Policy, RateLimitLayer, key::PeerIp, quota};
+    ///
+    /// let app: Router = Router::new()
+    ///     .route("/", get(|| async { "hello" }))
+    ///     .layer(RateLimitLayer::new(Policy::gcra(quota!("10/s")), PeerIp::new()));
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// When the policy is invalid (a quota that does not parse, a burst on an algorithm without
+    /// one, numbers too large), with the message of the [`ConfigError`] that
+    /// [`build`](RateLimitLayerBuilder::build) would return, which names the policy and what is
+    /// wrong. A quota written with [`quota!`](crate::quota!) is checked at compile time
+    /// instead. Use the builder for configuration read at run time: it returns the error.
+    #[track_caller]
+    pub fn new(policy: Policy, key: impl KeyExtractor) -> Self {
+        Self::with_store(MemoryStore::new(), policy, key)
+    }
+
     /// Starts configuring a layer; it uses a fresh [`MemoryStore`] unless given another store.
     pub fn builder() -> RateLimitLayerBuilder<MemoryStore> {
         RateLimitLayerBuilder {
@@ -93,6 +119,36 @@ impl<St> RateLimitLayer<St> {
 }
 
 impl<St: Store> RateLimitLayer<St> {
+    /// A layer with one policy, charged to `key`, deciding in `store`: with a
+    /// [`RedisStore`](crate::RedisStore), one line for a limit shared by every instance.
+    ///
+    /// ```no_run
+    /// use tower_ratelimit::{Policy, RateLimitLayer, RedisStore, key::PeerIp, quota};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redis = RedisStore::builder("redis://127.0.0.1:6379").build().await?;
+    /// let layer = RateLimitLayer::with_store(redis, Policy::gcra(quota!("10/s")), PeerIp::new());
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// As [`RateLimitLayer::new`]; also when the store already holds a different policy
+    /// under the same name.
+    #[track_caller]
+    pub fn with_store(store: St, policy: Policy, key: impl KeyExtractor) -> Self {
+        match RateLimitLayer::builder()
+            .store(store)
+            .policy(policy)
+            .key(key)
+            .build()
+        {
+            Ok(layer) => layer,
+            Err(e) => panic!("RateLimitLayer: {e}"),
+        }
+    }
+
     /// Decides for `key` at `cost` against every policy of the layer (in the tier
     /// [`Policy::tier_for_key`] puts the key in, else the policy's own quota), without
     /// a request: the same atomic decision the middleware makes, for rate-limiting work that is

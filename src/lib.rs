@@ -8,15 +8,19 @@
 //!
 //! ```
 //! use axum::{Router, routing::get};
-//! use tower_ratelimit::{Policy, RateLimitLayer, key::PeerIp};
+//! use tower_ratelimit::{Policy, RateLimitLayer, key::PeerIp, quota};
 //!
-//! # fn main() -> Result<(), tower_ratelimit::ConfigError> {
 //! let app: Router = Router::new()
 //!     .route("/", get(|| async { "hello" }))
 //!     // 10 requests per second per client IP, bursts of up to 10.
-//!     .layer(RateLimitLayer::builder().policy(Policy::gcra("10/s")).key(PeerIp::new()).build()?);
-//! # Ok(()) }
+//!     .layer(RateLimitLayer::new(Policy::gcra(quota!("10/s")), PeerIp::new()));
 //! ```
+//!
+//! [`RateLimitLayer::new`] is the common case: one policy and a key, in memory (a quota written
+//! with [`quota!`] is checked at compile time). [`RateLimitLayer::with_store`] is the same on a
+//! [`RedisStore`] shared by every instance, and [`RateLimitLayer::builder`] configures the rest,
+//! returning every mistake in configuration read at run time as a [`ConfigError`] from
+//! [`build`](RateLimitLayerBuilder::build).
 //!
 //! # Concepts
 //!

@@ -181,48 +181,196 @@ impl FromStr for Quota {
     /// Spaces around the parts are ignored. Examples: `10/s`, `100/min`, `5000/h`, `20/10s`,
     /// `1/500ms`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = |reason: &'static str| QuotaError::Syntax {
-            input: truncate(s),
-            reason,
-        };
-        let (limit, window) = s
-            .split_once('/')
-            .ok_or_else(|| bad("expected LIMIT/WINDOW, e.g. 10/s or 20/10s"))?;
-        let limit = limit.trim();
-        if limit.is_empty() || !limit.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(bad("the limit must be a whole number"));
+        Quota::parse(s).map_err(|e| match e {
+            ParseError::Syntax(reason) => QuotaError::Syntax {
+                input: truncate(s),
+                reason,
+            },
+            ParseError::ZeroLimit => QuotaError::ZeroLimit,
+            ParseError::ZeroWindow => QuotaError::ZeroWindow,
+            ParseError::WindowTooLong(us) => QuotaError::WindowTooLong(Duration::from_micros(us)),
+        })
+    }
+}
+
+/// Why [`Quota::parse`] failed, without allocating (it runs at compile time too).
+enum ParseError {
+    Syntax(&'static str),
+    ZeroLimit,
+    ZeroWindow,
+    /// The window, in microseconds (saturated).
+    WindowTooLong(u64),
+}
+
+impl ParseError {
+    /// The message of a compile-time failure.
+    const fn message(&self) -> &'static str {
+        match self {
+            ParseError::Syntax(reason) => reason,
+            ParseError::ZeroLimit => "quota limit is zero; it must be at least 1",
+            ParseError::ZeroWindow => "quota window is zero",
+            ParseError::WindowTooLong(_) => "quota window is too long; the maximum is 366 days",
         }
-        let limit: u32 = limit
-            .parse()
-            .map_err(|_| bad("the limit does not fit in 32 bits"))?;
-        let window = window.trim();
-        let digits = window.bytes().take_while(|b| b.is_ascii_digit()).count();
+    }
+}
+
+/// `s` without ASCII whitespace at either end.
+const fn trim(mut s: &[u8]) -> &[u8] {
+    while let [first, rest @ ..] = s
+        && first.is_ascii_whitespace()
+    {
+        s = rest;
+    }
+    while let [rest @ .., last] = s
+        && last.is_ascii_whitespace()
+    {
+        s = rest;
+    }
+    s
+}
+
+/// Whether `a` is one of `options`.
+const fn one_of(a: &[u8], options: &[&str]) -> bool {
+    let mut i = 0;
+    while i < options.len() {
+        let o = options[i].as_bytes();
+        if a.len() == o.len() {
+            let mut j = 0;
+            while j < a.len() && a[j] == o[j] {
+                j += 1;
+            }
+            if j == a.len() {
+                return true;
+            }
+        }
+        i += 1;
+    }
+    false
+}
+
+/// The decimal number `digits` (ASCII digits only), or `None` when it exceeds `max`.
+const fn number(digits: &[u8], max: u64) -> Option<u64> {
+    let mut n: u64 = 0;
+    let mut i = 0;
+    while i < digits.len() {
+        n = match n.checked_mul(10) {
+            Some(n) => match n.checked_add((digits[i] - b'0') as u64) {
+                Some(n) if n <= max => n,
+                _ => return None,
+            },
+            None => return None,
+        };
+        i += 1;
+    }
+    Some(n)
+}
+
+impl Quota {
+    /// The one parser of the quota syntax, for [`FromStr`] and, at compile time, for
+    /// [`quota!`](crate::quota!).
+    const fn parse(s: &str) -> Result<Quota, ParseError> {
+        let s = s.as_bytes();
+        let mut slash = 0;
+        while slash < s.len() && s[slash] != b'/' {
+            slash += 1;
+        }
+        if slash == s.len() {
+            return Err(ParseError::Syntax(
+                "expected LIMIT/WINDOW, e.g. 10/s or 20/10s",
+            ));
+        }
+        let (limit, window) = s.split_at(slash);
+        let limit = trim(limit);
+        let mut i = 0;
+        while i < limit.len() && limit[i].is_ascii_digit() {
+            i += 1;
+        }
+        if limit.is_empty() || i < limit.len() {
+            return Err(ParseError::Syntax("the limit must be a whole number"));
+        }
+        let Some(limit) = number(limit, u32::MAX as u64) else {
+            return Err(ParseError::Syntax("the limit does not fit in 32 bits"));
+        };
+        let window = trim(window.split_at(1).1);
+        let mut digits = 0;
+        while digits < window.len() && window[digits].is_ascii_digit() {
+            digits += 1;
+        }
         let (count, unit) = window.split_at(digits);
-        let count: u64 = if count.is_empty() {
+        let count = if count.is_empty() {
             1
         } else {
-            count
-                .parse()
-                .map_err(|_| bad("the window count is too large"))?
+            match number(count, u64::MAX) {
+                Some(n) => n,
+                None => return Err(ParseError::Syntax("the window count is too large")),
+            }
         };
-        let unit_us: u64 = match unit.trim() {
-            "us" | "µs" => 1,
-            "ms" => 1_000,
-            "s" | "sec" | "secs" | "second" | "seconds" => 1_000_000,
-            "m" | "min" | "mins" | "minute" | "minutes" => 60_000_000,
-            "h" | "hr" | "hour" | "hours" => 3_600_000_000,
-            "d" | "day" | "days" => 86_400_000_000,
-            "" => return Err(bad("the window needs a unit: us, ms, s, min, h or d")),
-            _ => return Err(bad("unknown window unit; use us, ms, s, min, h or d")),
+        let unit = trim(unit);
+        let unit_us: u64 = if one_of(unit, &["us", "µs"]) {
+            1
+        } else if one_of(unit, &["ms"]) {
+            1_000
+        } else if one_of(unit, &["s", "sec", "secs", "second", "seconds"]) {
+            1_000_000
+        } else if one_of(unit, &["m", "min", "mins", "minute", "minutes"]) {
+            60_000_000
+        } else if one_of(unit, &["h", "hr", "hour", "hours"]) {
+            3_600_000_000
+        } else if one_of(unit, &["d", "day", "days"]) {
+            86_400_000_000
+        } else if unit.is_empty() {
+            return Err(ParseError::Syntax(
+                "the window needs a unit: us, ms, s, min, h or d",
+            ));
+        } else {
+            return Err(ParseError::Syntax(
+                "unknown window unit; use us, ms, s, min, h or d",
+            ));
         };
         if count == 0 {
-            return Err(QuotaError::ZeroWindow);
+            return Err(ParseError::ZeroWindow);
         }
-        let window_us = count
-            .checked_mul(unit_us)
-            .ok_or(QuotaError::WindowTooLong(MAX_WINDOW))?;
-        Quota::new(limit, Duration::from_micros(window_us))
+        let Some(window_us) = count.checked_mul(unit_us) else {
+            return Err(ParseError::WindowTooLong(MAX_WINDOW.as_micros() as u64));
+        };
+        let Some(limit) = NonZeroU32::new(limit as u32) else {
+            return Err(ParseError::ZeroLimit);
+        };
+        if window_us > MAX_WINDOW.as_micros() as u64 {
+            return Err(ParseError::WindowTooLong(window_us));
+        }
+        Ok(Quota::from_micros(limit, window_us))
     }
+
+    /// Parses a quota at compile time; a mistake is a compile error. Use it through
+    /// [`quota!`](crate::quota!).
+    #[doc(hidden)]
+    pub const fn parse_or_panic(s: &str) -> Quota {
+        match Quota::parse(s) {
+            Ok(q) => q,
+            Err(e) => panic!("{}", e.message()),
+        }
+    }
+}
+
+/// A [`Quota`] from a literal such as `"10/s"`, checked at compile time: a quota that does not
+/// parse, a zero limit or window, or a window over [`MAX_WINDOW`] does not compile.
+///
+/// ```
+/// use tower_ratelimit::{Policy, RateLimitLayer, key::PeerIp, quota};
+///
+/// let layer = RateLimitLayer::new(Policy::gcra(quota!("10/s")), PeerIp::new());
+/// # let _ = layer;
+/// ```
+///
+/// ```compile_fail
+/// let q = tower_ratelimit::quota!("0/s"); // error: quota limit is zero
+/// ```
+#[macro_export]
+macro_rules! quota {
+    ($quota:literal) => {
+        const { $crate::Quota::parse_or_panic($quota) }
+    };
 }
 
 impl TryFrom<&str> for Quota {
@@ -293,3 +441,59 @@ impl fmt::Display for QuotaError {
 }
 
 impl std::error::Error for QuotaError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AT_COMPILE_TIME: Quota = crate::quota!("20/10s");
+
+    #[test]
+    fn parses_every_unit_and_count() {
+        let cases = [
+            ("10/s", 10, 1_000_000),
+            (" 10 / second ", 10, 1_000_000),
+            ("100/min", 100, 60_000_000),
+            ("5/m", 5, 60_000_000),
+            ("5000/h", 5000, 3_600_000_000),
+            ("1/d", 1, 86_400_000_000),
+            ("1/500ms", 1, 500_000),
+            ("3/250us", 3, 250),
+            ("3/250µs", 3, 250),
+            ("20/10s", 20, 10_000_000),
+            ("4294967295/366d", u32::MAX, MAX_WINDOW.as_micros() as u64),
+        ];
+        for (text, limit, window_us) in cases {
+            let q: Quota = text.parse().unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!((q.limit(), q.window_us()), (limit, window_us), "{text}");
+            assert_eq!(
+                q.to_string().parse::<Quota>().unwrap(),
+                q,
+                "{text} round trip"
+            );
+        }
+        assert_eq!(AT_COMPILE_TIME, "20/10s".parse().unwrap());
+    }
+
+    #[test]
+    fn says_what_is_wrong() {
+        let cases = [
+            ("10", "expected LIMIT/WINDOW"),
+            ("ten/s", "whole number"),
+            ("/s", "whole number"),
+            ("4294967296/s", "32 bits"),
+            ("10/", "needs a unit"),
+            ("10/5", "needs a unit"),
+            ("10/fortnight", "unknown window unit"),
+            ("10/99999999999999999999s", "window count is too large"),
+            ("0/s", "limit is zero"),
+            ("10/0s", "window is zero"),
+            ("10/367d", "too long"),
+            ("10/9999999999999d", "too long"),
+        ];
+        for (text, expected) in cases {
+            let err = text.parse::<Quota>().unwrap_err().to_string();
+            assert!(err.contains(expected), "{text}: {err}");
+        }
+    }
+}

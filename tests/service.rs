@@ -672,6 +672,55 @@ async fn limited_status_is_honoured() {
 // Configuration errors
 // ---------------------------------------------------------------------------------------------
 
+#[tokio::test]
+async fn new_is_one_policy_and_a_key_in_memory() {
+    let layer = RateLimitLayer::new(
+        Policy::fixed_window(tower_ratelimit::quota!("2/min")),
+        GlobalKey,
+    );
+    let svc = wrap(&layer);
+    let statuses = [get(&svc).await, get(&svc).await, get(&svc).await].map(|r| r.status);
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    let shared = MemoryStore::new();
+    let a = RateLimitLayer::with_store(shared.clone(), Policy::gcra("1/h").name("one"), GlobalKey);
+    let b = RateLimitLayer::with_store(shared, Policy::gcra("1/h").name("one"), GlobalKey);
+    let key = tower_ratelimit::key::Key::from("k");
+    assert!(a.check(&key, 1).await.unwrap().is_allowed());
+    assert!(
+        !b.check(&key, 1).await.unwrap().is_allowed(),
+        "one store, one bucket"
+    );
+}
+
+#[test]
+fn new_panics_naming_the_policy_and_the_mistake() {
+    let message = |f: fn()| {
+        let err = std::panic::catch_unwind(f).expect_err("a panic");
+        err.downcast_ref::<String>().cloned().unwrap_or_default()
+    };
+    let msg = message(|| {
+        RateLimitLayer::new(Policy::gcra("10/fortnight").name("api"), GlobalKey);
+    });
+    assert!(
+        msg.contains("policy \"api\"") && msg.contains("unknown window unit"),
+        "{msg}"
+    );
+    let msg = message(|| {
+        RateLimitLayer::new(Policy::fixed_window("10/s").burst(20), GlobalKey);
+    });
+    assert!(
+        msg.contains("fixed_window") && msg.contains("no burst"),
+        "{msg}"
+    );
+}
+
 #[test]
 fn configuration_errors_are_reported_at_build_time() {
     let clock = ManualClock::new();

@@ -673,6 +673,24 @@ async fn limited_status_is_honoured() {
 // ---------------------------------------------------------------------------------------------
 
 #[tokio::test]
+async fn unix_time_reset_reads_the_layers_clock() {
+    let clock = ManualClock::starting_at(1_700_000_000_250_000); // .25 s into a second
+    let layer = builder(Policy::fixed_window("2/min"), &clock)
+        .reset_format(tower_ratelimit::ResetFormat::UnixTime)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let svc = wrap(&layer);
+    let r = get(&svc).await;
+    // The window ends at 1_700_000_040 (minutes are aligned to the epoch): 39.75 s away,
+    // rounded up to 40, added to the clock's time rounded up.
+    assert_eq!(r.num(X_RATELIMIT_RESET), Some(1_700_000_001 + 40));
+    clock.advance(Duration::from_secs(10));
+    let r = get(&svc).await;
+    assert_eq!(r.num(X_RATELIMIT_RESET), Some(1_700_000_011 + 30));
+}
+
+#[tokio::test]
 async fn new_is_one_policy_and_a_key_in_memory() {
     let layer = RateLimitLayer::new(
         Policy::fixed_window(tower_ratelimit::quota!("2/min")),

@@ -2,7 +2,6 @@ use http::HeaderName;
 use http::header::AUTHORIZATION;
 use sha2::{Digest, Sha256};
 
-use super::forwarded::trim_ows;
 use super::{Key, KeyExtractor, KeyRejection, RequestRef};
 use crate::error::ConfigError;
 
@@ -103,7 +102,7 @@ impl KeyExtractor for ApiKey {
             ));
         }
         let token = match self.source {
-            Source::Header(_) => trim_ows(bytes),
+            Source::Header(_) => bytes.trim_ascii(),
             Source::Bearer => bearer_token(bytes).ok_or_else(|| {
                 KeyRejection::bad_request(
                     "missing_api_key",
@@ -124,12 +123,12 @@ impl KeyExtractor for ApiKey {
 /// The token of `Bearer <token>`: the scheme in any case, one or more spaces, then a token
 /// without spaces.
 fn bearer_token(value: &[u8]) -> Option<&[u8]> {
-    let value = trim_ows(value);
+    let value = value.trim_ascii();
     let (scheme, rest) = value.split_at_checked(6)?;
     if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
         return None;
     }
-    let token = trim_ows(rest);
+    let token = rest.trim_ascii();
     if token.is_empty() || token.iter().any(|&b| b == b' ' || b == b'\t') {
         return None;
     }

@@ -2,7 +2,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-use super::ip_group::{canonical, mask32, mask128};
+use super::ip_group::{mask32, mask128};
 use crate::error::ConfigError;
 
 /// A network of IP addresses: an address and a prefix length, such as `10.0.0.0/8` or
@@ -39,7 +39,7 @@ impl Cidr {
         let (addr, prefix) = match addr {
             // An IPv4-mapped network is the IPv4 network it maps.
             IpAddr::V6(v6) if (96..=128).contains(&prefix) && v6.to_ipv4_mapped().is_some() => {
-                (canonical(addr), prefix - 96)
+                (addr.to_canonical(), prefix - 96)
             }
             _ => (addr, prefix),
         };
@@ -64,7 +64,7 @@ impl Cidr {
 
     /// The single-address network of `addr` (`/32` or `/128`).
     pub fn host(addr: IpAddr) -> Self {
-        let addr = canonical(addr);
+        let addr = addr.to_canonical();
         let prefix = if addr.is_ipv4() { 32 } else { 128 };
         Cidr { addr, prefix }
     }
@@ -89,7 +89,7 @@ impl Cidr {
     /// Whether `ip` is in the network. IPv4-mapped IPv6 addresses are compared as the IPv4
     /// address they carry.
     pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.addr, canonical(ip)) {
+        match (self.addr, ip.to_canonical()) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {
                 (u32::from(net) ^ u32::from(ip)) & mask32(self.prefix) == 0
             }

@@ -10,7 +10,7 @@ use super::forwarded::{
     Hop, MAX_FORWARDED_ELEMENT, MAX_XFF_ELEMENT, RevElements, parse_forwarded_element,
     parse_single_value, parse_xff_element,
 };
-use super::ip_group::{DEFAULT_IPV6_PREFIX, canonical, group, valid_prefix};
+use super::ip_group::{DEFAULT_IPV6_PREFIX, group, valid_prefix};
 use super::{Key, KeyExtractor, KeyRejection, PeerIp, RequestRef};
 use crate::error::ConfigError;
 
@@ -281,7 +281,7 @@ impl ClientIp {
     /// Finds the client of a request that came from `peer` with `headers`.
     pub fn resolve_from(&self, peer: IpAddr, headers: &HeaderMap) -> Resolution {
         let inner = &*self.inner;
-        let peer = canonical(peer);
+        let peer = peer.to_canonical();
         if !self.is_trusted(peer) {
             if headers.contains_key(&X_FORWARDED_FOR)
                 || headers.contains_key(&FORWARDED)
@@ -353,7 +353,7 @@ impl ClientIp {
                     Hop::Empty => None,
                     Hop::Addr(ip) => {
                         seen_any = true;
-                        let ip = canonical(ip);
+                        let ip = ip.to_canonical();
                         if self.is_trusted(ip) {
                             last_trusted = ip;
                             None
@@ -389,7 +389,7 @@ fn single(peer: IpAddr, headers: &HeaderMap, name: &HeaderName) -> Resolution {
         (Some(value), None) => {
             let bytes = value.len().min(super::forwarded::MAX_SINGLE_VALUE + 1);
             match parse_single_value(value.as_bytes()) {
-                Hop::Addr(ip) => (Basis::Header, canonical(ip), bytes),
+                Hop::Addr(ip) => (Basis::Header, ip.to_canonical(), bytes),
                 Hop::Unidentified => (Basis::Unidentified, peer, bytes),
                 Hop::Empty | Hop::Malformed => (Basis::Malformed, peer, bytes),
             }

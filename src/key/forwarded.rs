@@ -114,23 +114,6 @@ impl<'a> Iterator for RevElements<'a> {
     }
 }
 
-fn is_ows(b: u8) -> bool {
-    b == b' ' || b == b'\t'
-}
-
-/// `bytes` without leading and trailing spaces and tabs.
-pub(crate) fn trim_ows(bytes: &[u8]) -> &[u8] {
-    let start = bytes
-        .iter()
-        .position(|&b| !is_ows(b))
-        .unwrap_or(bytes.len());
-    let end = bytes
-        .iter()
-        .rposition(|&b| !is_ows(b))
-        .map_or(start, |i| i + 1);
-    &bytes[start..end]
-}
-
 /// An obfuscated identifier or port after its leading `_`: `1*( ALPHA / DIGIT / "." / "_" / "-" )`.
 fn obfuscated(rest: &[u8]) -> bool {
     !rest.is_empty()
@@ -205,7 +188,7 @@ pub(crate) fn parse_node(node: &[u8]) -> Hop {
 
 /// One `X-Forwarded-For` element.
 pub(crate) fn parse_xff_element(element: &[u8]) -> Hop {
-    let node = trim_ows(element);
+    let node = element.trim_ascii();
     if node.is_empty() {
         Hop::Empty
     } else {
@@ -244,13 +227,13 @@ fn is_tchar(b: u8) -> bool {
 /// One `Forwarded` element, such as `for=192.0.2.60;proto=http;by=203.0.113.43`: the hop its
 /// `for=` parameter names.
 pub(crate) fn parse_forwarded_element(element: &[u8]) -> Hop {
-    let element = trim_ows(element);
+    let element = element.trim_ascii();
     if element.is_empty() {
         return Hop::Empty;
     }
     let mut node = None;
     for pair in pairs(element) {
-        let pair = trim_ows(pair);
+        let pair = pair.trim_ascii();
         if pair.is_empty() {
             continue;
         }
@@ -305,7 +288,7 @@ pub(crate) fn parse_single_value(value: &[u8]) -> Hop {
     if value.len() > MAX_SINGLE_VALUE {
         return Hop::Malformed;
     }
-    let value = trim_ows(value);
+    let value = value.trim_ascii();
     if value.is_empty() {
         return Hop::Malformed;
     }

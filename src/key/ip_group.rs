@@ -29,18 +29,10 @@ pub(crate) const fn mask32(prefix: u8) -> u32 {
     }
 }
 
-/// `ip` with an IPv4-mapped IPv6 address turned into its IPv4 address.
-///
-/// Only `::ffff:a.b.c.d` is mapped; `::a.b.c.d` (the deprecated "compatible" form) and
-/// addresses such as `2001:db8::1.2.3.4` are ordinary IPv6 addresses.
-pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
-    ip.to_canonical()
-}
-
 /// The address `ip`'s bucket is keyed on: IPv4 as is (mapped IPv6 included), IPv6 masked to
 /// its first `ipv6_prefix` bits (at most 128).
 pub(crate) fn group(ip: IpAddr, ipv6_prefix: u8) -> IpAddr {
-    match canonical(ip) {
+    match ip.to_canonical() {
         IpAddr::V4(v4) => IpAddr::V4(v4),
         IpAddr::V6(v6) => {
             let bits = u128::from(v6) & mask128(ipv6_prefix.min(128));

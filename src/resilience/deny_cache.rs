@@ -17,8 +17,9 @@ const SAMPLE: usize = 8;
 /// Keys the store said are limited until some time, remembered in this process so that a flood
 /// on a limited key costs no round trip. A denial is remembered with the cost of the request it
 /// refused, and answers only requests that cost at least as much (a cheaper one may fit).
-/// Bounded: when full, expired entries go first, then
-/// the soonest to expire of a small sample.
+/// Bounded: a full shard drops the soonest to expire (an expired one first) of the first eight
+/// entries of its table (in the table's order, arbitrary under the random hash seed, not a
+/// uniform sample).
 ///
 /// Like the memory store, each (policy, key) is hashed once per lookup: the high bits pick the
 /// shard, the table uses the hash itself, and lookups go by reference.
@@ -107,9 +108,9 @@ impl DenyCache {
                 continue;
             }
             if shard.len() >= self.per_shard {
-                // Evict from a small sample, not a scan of the shard, so a flood of distinct
-                // limited keys costs constant time per entry: the sample's soonest to expire
-                // (an expired one, if the sample has any).
+                // Evict from the table's first few entries, not a scan of the shard, so a flood
+                // of distinct limited keys costs constant time per entry: their soonest to
+                // expire (an expired one, if they hold any).
                 let victim = shard
                     .iter()
                     .take(SAMPLE)

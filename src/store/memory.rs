@@ -22,7 +22,8 @@ pub(crate) const DEFAULT_MAX_KEYS: usize = 100_000;
 const SWEEP_CHECK_EVERY: u32 = 1024;
 /// The least time between two periodic sweeps of one shard, in microseconds.
 const SWEEP_INTERVAL_US: u64 = 10_000_000;
-/// How many entries to sample when a full shard must evict a live key.
+/// How many entries a full shard looks at (the first in its table's order) to choose one to
+/// evict.
 const EVICTION_SAMPLE: usize = 8;
 
 /// Rate-limit state in this process: sharded, bounded, exact under concurrency.
@@ -35,8 +36,10 @@ const EVICTION_SAMPLE: usize = 8;
 /// The store holds at most [`max_keys`](MemoryStoreBuilder::max_keys) keys. An entry is dropped
 /// once its state is back to that of a fresh key: lazily when it is next used, and by a sweep of
 /// each shard at most every ten seconds of activity. When a shard is full and holds no expired
-/// entry, it evicts the entry that expires soonest among a small random sample, which forgets
-/// that key's usage: size `max_keys` above the number of keys active within one window.
+/// entry, it evicts the entry that expires soonest among the first eight of its table (in the
+/// table's own order, which the random hash seed makes arbitrary but which is not a uniform
+/// sample), which forgets that key's usage: size `max_keys` above the number of keys active
+/// within one window.
 ///
 /// Clones share the same state.
 ///
@@ -426,9 +429,10 @@ impl Shard {
         self.table.insert_unique(slot.hash, slot, |s| s.hash);
     }
 
-    /// Frees one slot: an expired entry from a small sample if it has one; else, when an entry
-    /// may have expired, a sweep of the whole shard; else the soonest to expire of the sample,
-    /// a live key.
+    /// Frees one slot, looking at the first [`EVICTION_SAMPLE`] entries of the table (constant
+    /// time, whatever the shard's size): an expired one if there is one; else, when an entry
+    /// may have expired, a sweep of the whole shard; else the soonest to expire of those, a
+    /// live key.
     fn make_room(&mut self, now: u64) {
         let sample = self
             .table

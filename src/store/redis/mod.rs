@@ -545,6 +545,12 @@ impl Inner {
 /// `EVALSHA`; if Redis does not have the script (`NOSCRIPT`: after a restart, a failover or
 /// `SCRIPT FLUSH`; the script did not run), the same call as `EVAL` with the script's source,
 /// which also caches it again. A call that may have run is never retried.
+///
+/// Not `redis::Script::invoke_async`: on `NOSCRIPT` it sends `SCRIPT LOAD` and then the
+/// `EVALSHA` again, two more round trips inside the decision's deadline, and a `SCRIPT FLUSH`
+/// between the two (the test `script_flush_in_a_loop_fails_no_decision` makes them) fails the
+/// decision; one `EVAL` carries the source and runs in the same step. It also copies every key
+/// and argument into buffers of its own before building the command we build directly.
 async fn invoke(
     evalsha: &Cmd,
     eval: impl FnOnce() -> Cmd,

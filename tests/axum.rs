@@ -1,54 +1,25 @@
 //! The middleware in axum: `Router::layer` vs `route_layer`, per-route limits, peer addresses
-//! from `MockConnectInfo`, the `Decision` extractor, and a real server over TCP.
+//! from `MockConnectInfo` (in `keys.rs`), the `Decision` extractor, and a real server over TCP.
+
+mod support;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use support::http::get_path;
+
 use axum::Router;
-use axum::body::Body;
-use axum::extract::connect_info::MockConnectInfo;
 use axum::routing::get;
-use http::{HeaderMap, Request, StatusCode};
+use http::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tower::ServiceExt;
-use tower_ratelimit::headers::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING};
+use tower_ratelimit::headers::X_RATELIMIT_LIMIT;
 use tower_ratelimit::key::{GlobalKey, PeerIp};
 use tower_ratelimit::{Decision, ManualClock, MemoryStore, Policy, RateLimitLayer};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
-
-#[derive(Debug)]
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: String,
-}
-
-impl Reply {
-    fn remaining(&self) -> Option<u64> {
-        self.headers
-            .get(X_RATELIMIT_REMAINING)
-            .map(|v| v.to_str().unwrap().parse().unwrap())
-    }
-}
-
-async fn send(app: &Router, req: Request<Body>) -> Reply {
-    let response = app.clone().oneshot(req).await.unwrap();
-    let (parts, body) = response.into_parts();
-    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
-    Reply {
-        status: parts.status,
-        headers: parts.headers,
-        body: String::from_utf8(body.to_vec()).unwrap(),
-    }
-}
-
-async fn get_path(app: &Router, path: &str) -> Reply {
-    send(app, Request::get(path).body(Body::empty()).unwrap()).await
-}
 
 /// A global fixed-window limit on a manual clock that never moves unless told.
 fn global(quota: &str, name: &str, store: &MemoryStore) -> RateLimitLayer {
@@ -180,73 +151,6 @@ async fn one_layer_on_several_routes_is_one_bucket() {
 // ---------------------------------------------------------------------------------------------
 // Peer addresses
 // ---------------------------------------------------------------------------------------------
-
-#[tokio::test]
-async fn mock_connect_info_keys_each_peer_separately() {
-    let store = MemoryStore::with_clock(ManualClock::new());
-    let limited = Router::new().route("/", get(remaining)).layer(
-        RateLimitLayer::builder()
-            .policy(Policy::fixed_window("2/s"))
-            .key(PeerIp::new())
-            .store(store.clone())
-            .build()
-            .unwrap(),
-    );
-    let as_peer = |peer: &str| {
-        limited
-            .clone()
-            .layer(MockConnectInfo(peer.parse::<SocketAddr>().unwrap()))
-    };
-    let a = as_peer("192.0.2.1:1111");
-    let b = as_peer("192.0.2.2:1111");
-
-    assert_eq!(get_path(&a, "/").await.body, "1");
-    assert_eq!(get_path(&a, "/").await.body, "0");
-    assert_eq!(
-        get_path(&a, "/").await.status,
-        StatusCode::TOO_MANY_REQUESTS
-    );
-
-    let r = get_path(&b, "/").await;
-    assert_eq!(r.status, StatusCode::OK, "another peer has its own bucket");
-    assert_eq!(r.body, "1");
-
-    // An IPv4-mapped IPv6 peer is the same client as the IPv4 address.
-    let v4 = as_peer("1.2.3.4:5000");
-    let mapped = as_peer("[::ffff:1.2.3.4]:6000");
-    let other_v6 = as_peer("[::ffff:1.2.3.5]:6000");
-    assert_eq!(get_path(&mapped, "/").await.body, "1");
-    assert_eq!(get_path(&v4, "/").await.body, "0");
-    assert_eq!(
-        get_path(&mapped, "/").await.status,
-        StatusCode::TOO_MANY_REQUESTS
-    );
-    assert_eq!(
-        get_path(&v4, "/").await.status,
-        StatusCode::TOO_MANY_REQUESTS
-    );
-    assert_eq!(get_path(&other_v6, "/").await.body, "1");
-
-    assert_eq!(store.len(), 4, "four distinct clients");
-}
-
-#[tokio::test]
-async fn without_connect_info_peer_ip_answers_500() {
-    let app = Router::new().route("/", get(remaining)).layer(
-        RateLimitLayer::builder()
-            .policy(Policy::gcra("2/s"))
-            .build()
-            .unwrap(),
-    );
-    let r = get_path(&app, "/").await;
-    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert!(r.body.contains(r#""code":"no_peer_address""#), "{}", r.body);
-    assert!(
-        r.body.contains("into_make_service_with_connect_info"),
-        "the message says how to fix it: {}",
-        r.body
-    );
-}
 
 // ---------------------------------------------------------------------------------------------
 // The Decision extractor

@@ -1,11 +1,9 @@
-//! The middleware as a plain tower service: statuses, headers, bodies, keys, configuration,
-//! sharing between clones, several policies, and readiness.
+//! The middleware as a plain tower service: statuses, headers, bodies, responses,
+//! configuration, sharing between clones, several policies, and readiness (keys: `keys.rs`).
 //!
 //! Time only moves through a `ManualClock`; nothing sleeps.
 
 use std::convert::Infallible;
-use std::fmt::Debug;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
@@ -13,121 +11,23 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
-use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+use http::{HeaderValue, Request, Response, StatusCode};
+use http_body_util::Full;
+use tower::{Service, ServiceBuilder, service_fn};
 use tower_ratelimit::headers::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
-use tower_ratelimit::key::{GlobalKey, HeaderKey, PeerIp};
+use tower_ratelimit::key::GlobalKey;
 use tower_ratelimit::{
     Algorithm, ConfigError, Decision, ManualClock, MemoryStore, Policy, RateLimitLayer,
     RateLimitLayerBuilder, ResponseBody,
 };
 
-const PROBLEM_JSON: &str = "application/problem+json";
+mod support;
+
+use support::http::{PROBLEM_JSON, Seen, get, inner};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
-
-/// A response, with its body read.
-#[derive(Debug)]
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: String,
-}
-
-impl Reply {
-    fn header(&self, name: impl http::header::AsHeaderName) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().unwrap())
-    }
-
-    fn num(&self, name: impl http::header::AsHeaderName) -> Option<u64> {
-        self.header(name).map(|v| v.parse().unwrap())
-    }
-
-    /// `(limit, remaining, reset, retry_after)` from the headers.
-    fn rate_headers(&self) -> (Option<u64>, Option<u64>, Option<u64>, Option<u64>) {
-        (
-            self.num(X_RATELIMIT_LIMIT),
-            self.num(X_RATELIMIT_REMAINING),
-            self.num(X_RATELIMIT_RESET),
-            self.num(RETRY_AFTER),
-        )
-    }
-
-    fn retry_after(&self) -> u64 {
-        self.num(RETRY_AFTER).expect("a Retry-After header")
-    }
-}
-
-async fn send<S, B>(svc: &S, req: Request<()>) -> Reply
-where
-    S: Service<Request<()>, Response = Response<B>> + Clone,
-    S::Error: Debug,
-    B: http_body::Body,
-    B::Error: Debug,
-{
-    let response = svc.clone().oneshot(req).await.unwrap();
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.unwrap().to_bytes();
-    Reply {
-        status: parts.status,
-        headers: parts.headers,
-        body: String::from_utf8(body.to_vec()).unwrap(),
-    }
-}
-
-async fn get<S, B>(svc: &S) -> Reply
-where
-    S: Service<Request<()>, Response = Response<B>> + Clone,
-    S::Error: Debug,
-    B: http_body::Body,
-    B::Error: Debug,
-{
-    send(svc, Request::new(())).await
-}
-
-/// What the inner service saw: how often it was called and the decisions it found.
-#[derive(Clone, Default)]
-struct Seen {
-    calls: Arc<AtomicUsize>,
-    decisions: Arc<Mutex<Vec<Option<Decision>>>>,
-}
-
-impl Seen {
-    fn calls(&self) -> usize {
-        self.calls.load(Ordering::SeqCst)
-    }
-
-    fn last_decision(&self) -> Decision {
-        self.decisions
-            .lock()
-            .unwrap()
-            .last()
-            .cloned()
-            .expect("the inner service was called")
-            .expect("the request carried a Decision")
-    }
-}
-
-/// The inner service: answers 200 "ok", records its calls and the request's `Decision`.
-fn inner(
-    seen: &Seen,
-) -> impl Service<Request<()>, Response = Response<Full<Bytes>>, Error = Infallible, Future: Send>
-+ Clone
-+ Send
-+ use<> {
-    let seen = seen.clone();
-    service_fn(move |req: Request<()>| {
-        seen.calls.fetch_add(1, Ordering::SeqCst);
-        seen.decisions
-            .lock()
-            .unwrap()
-            .push(req.extensions().get::<Decision>().cloned());
-        async move { Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok")))) }
-    })
-}
 
 /// A builder with one policy, the global key, and a memory store on `clock`.
 fn builder(policy: Policy, clock: &ManualClock) -> RateLimitLayerBuilder {
@@ -144,21 +44,6 @@ fn layer(policy: Policy, clock: &ManualClock) -> RateLimitLayer {
 fn build_err(builder: RateLimitLayerBuilder) -> String {
     let err: ConfigError = builder.build().unwrap_err();
     err.to_string()
-}
-
-fn with_header(name: &'static str, values: &[&'static str]) -> Request<()> {
-    let mut req = Request::new(());
-    for v in values {
-        req.headers_mut().append(name, HeaderValue::from_static(v));
-    }
-    req
-}
-
-fn with_peer(addr: &str) -> Request<()> {
-    let mut req = Request::new(());
-    req.extensions_mut()
-        .insert(addr.parse::<SocketAddr>().unwrap());
-    req
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -432,154 +317,9 @@ async fn the_inner_service_sees_the_decision() {
 // Keys
 // ---------------------------------------------------------------------------------------------
 
-fn api_key_layer(clock: &ManualClock) -> RateLimitLayerBuilder {
-    RateLimitLayer::builder()
-        .policy(Policy::fixed_window("2/s"))
-        .key(HeaderKey::new(HeaderName::from_static("x-api-key")))
-        .store(MemoryStore::with_clock(clock.clone()))
-}
-
-#[tokio::test]
-async fn header_key_rejections_are_400_problem_json_and_never_reach_the_service() {
-    let clock = ManualClock::new();
-    let seen = Seen::default();
-    let svc = ServiceBuilder::new()
-        .layer(api_key_layer(&clock).build().unwrap())
-        .service(inner(&seen));
-
-    let cases = [
-        (with_header("x-api-key", &[]), "missing_header"),
-        (with_header("x-api-key", &["a", "b"]), "ambiguous_header"),
-        (with_header("x-api-key", &[""]), "empty_header"),
-        (with_header("x-other", &["a"]), "missing_header"),
-    ];
-    for (req, code) in cases {
-        let r = send(&svc, req).await;
-        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{code}");
-        assert_eq!(r.header(CONTENT_TYPE), Some(PROBLEM_JSON));
-        assert!(
-            r.body.contains(&format!(r#""code":"{code}""#)),
-            "{}",
-            r.body
-        );
-        assert!(r.body.contains(r#""status":400"#), "{}", r.body);
-        assert!(
-            r.body.contains("x-api-key"),
-            "the message names the header: {}",
-            r.body
-        );
-        assert_eq!(
-            r.rate_headers(),
-            (None, None, None, None),
-            "a request without a key was not counted"
-        );
-    }
-    assert_eq!(seen.calls(), 0, "rejected requests never reach the service");
-
-    // Rejected requests were not charged to anyone, and each key has its own bucket.
-    for key in ["alice", "bob"] {
-        for remaining in [1, 0] {
-            let r = send(&svc, with_header("x-api-key", &[key])).await;
-            assert_eq!(r.status, StatusCode::OK, "{key}");
-            assert_eq!(r.num(X_RATELIMIT_REMAINING), Some(remaining), "{key}");
-        }
-        let r = send(&svc, with_header("x-api-key", &[key])).await;
-        assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{key}");
-    }
-    assert_eq!(seen.calls(), 4);
-}
-
-#[tokio::test]
-async fn peer_ip_without_an_address_is_a_500() {
-    let clock = ManualClock::new();
-    let seen = Seen::default();
-    let svc = ServiceBuilder::new()
-        .layer(
-            RateLimitLayer::builder()
-                .policy(Policy::fixed_window("2/s"))
-                .key(PeerIp::new())
-                .store(MemoryStore::with_clock(clock.clone()))
-                .build()
-                .unwrap(),
-        )
-        .service(inner(&seen));
-
-    let r = get(&svc).await;
-    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(r.header(CONTENT_TYPE), Some(PROBLEM_JSON));
-    assert!(r.body.contains(r#""code":"no_peer_address""#), "{}", r.body);
-    assert!(r.body.contains(r#""status":500"#), "{}", r.body);
-    assert_eq!(seen.calls(), 0);
-}
-
-#[tokio::test]
-async fn peer_ip_reads_a_socket_addr_extension() {
-    let clock = ManualClock::new();
-    let seen = Seen::default();
-    // PeerIp is the default key.
-    let svc = ServiceBuilder::new()
-        .layer(
-            RateLimitLayer::builder()
-                .policy(Policy::fixed_window("2/s"))
-                .store(MemoryStore::with_clock(clock.clone()))
-                .build()
-                .unwrap(),
-        )
-        .service(inner(&seen));
-
-    // Ports do not matter; the IPv4-mapped IPv6 form is the same client.
-    for peer in ["10.0.0.1:1000", "[::ffff:10.0.0.1]:2000"] {
-        assert_eq!(
-            send(&svc, with_peer(peer)).await.status,
-            StatusCode::OK,
-            "{peer}"
-        );
-    }
-    let r = send(&svc, with_peer("10.0.0.1:3000")).await;
-    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
-
-    // Another address has its own bucket.
-    for peer in ["10.0.0.2:1000", "[2001:db8::1]:443"] {
-        let r = send(&svc, with_peer(peer)).await;
-        assert_eq!(r.status, StatusCode::OK, "{peer}");
-        assert_eq!(r.num(X_RATELIMIT_REMAINING), Some(1), "{peer}");
-    }
-    assert_eq!(seen.calls(), 4);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Customized responses
 // ---------------------------------------------------------------------------------------------
-
-#[tokio::test]
-async fn on_key_rejected_writes_the_response() {
-    let clock = ManualClock::new();
-    let seen = Seen::default();
-    let svc = ServiceBuilder::new()
-        .layer(
-            api_key_layer(&clock)
-                .on_key_rejected(|rejection| {
-                    let mut r = Response::new(Bytes::from(format!(
-                        "no key ({}, default {})",
-                        rejection.code(),
-                        rejection.status().as_u16()
-                    )));
-                    *r.status_mut() = StatusCode::UNAUTHORIZED;
-                    r
-                })
-                .build()
-                .unwrap(),
-        )
-        .service(inner(&seen));
-
-    let r = get(&svc).await;
-    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
-    assert_eq!(r.body, "no key (missing_header, default 400)");
-    assert_eq!(r.header(CONTENT_TYPE), None);
-    let r = send(&svc, with_header("x-api-key", &["a", "b"])).await;
-    assert_eq!(r.body, "no key (ambiguous_header, default 400)");
-    assert_eq!(seen.calls(), 0);
-}
 
 #[tokio::test]
 async fn on_limited_writes_the_response_and_gets_the_rate_limit_headers() {

@@ -4,6 +4,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod demo;
+pub mod http;
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -33,6 +34,24 @@ pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool)
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Fails the test with one line saying how to get Redis when `redis-server` or `redis-cli`
+/// is not installed.
+fn require_redis() {
+    for tool in ["redis-server", "redis-cli"] {
+        let found = Command::new(tool)
+            .arg("--version")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok();
+        assert!(
+            found,
+            "{tool} is not installed: run scripts/test.sh, which installs it (Debian/Ubuntu: apt-get install redis-server redis-tools)"
+        );
     }
 }
 
@@ -69,6 +88,7 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) {
+        require_redis();
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])

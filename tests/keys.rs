@@ -1,7 +1,8 @@
-//! Client identity that cannot be spoofed: `ClientIp` behind trusted proxies (X-Forwarded-For,
-//! Forwarded, single-value headers), IPv6 grouping in `ClientIp` and `PeerIp`, bounded parsing,
-//! one-time misconfiguration warnings, the other keys (API key, extension, matched route,
-//! composites), and end to end through axum and the demo server.
+//! Every key extractor: `PeerIp` (from a `SocketAddr` extension or axum's `ConnectInfo`),
+//! client identity that cannot be spoofed with `ClientIp` behind trusted proxies
+//! (X-Forwarded-For, Forwarded, single-value headers), IPv6 grouping, bounded parsing, one-time
+//! misconfiguration warnings, `HeaderKey` and its rejections, the other keys (API key,
+//! extension, matched route, composites), and end to end through axum and the demo server.
 
 mod support;
 
@@ -14,14 +15,21 @@ use axum::body::Body;
 use axum::extract::MatchedPath;
 use axum::extract::connect_info::MockConnectInfo;
 use axum::routing::get;
-use http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use proptest::prelude::*;
 use support::demo::{DemoServer, server_binary};
-use tower::ServiceExt;
+use support::http::{PROBLEM_JSON, Seen, get_path, inner, send, with_header, with_peer};
+use tower::{ServiceBuilder, ServiceExt};
+use tower_ratelimit::headers::X_RATELIMIT_REMAINING;
 use tower_ratelimit::key::{
-    self, ApiKey, Basis, ClientIp, Key, KeyExtractor, PeerIp, ProxyHeader, RequestRef, Resolution,
+    self, ApiKey, Basis, ClientIp, HeaderKey, Key, KeyExtractor, PeerIp, ProxyHeader, RequestRef,
+    Resolution,
 };
-use tower_ratelimit::{ManualClock, MemoryStore, Policy, RateLimitLayer};
+use tower_ratelimit::{
+    Decision, ManualClock, MemoryStore, Policy, RateLimitLayer, RateLimitLayerBuilder,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -1032,4 +1040,229 @@ fn demo_server_rejects_bad_trusted_proxies_with_the_variable_named() {
         help.contains("TRUSTED_PROXIES") && help.contains("client_ip"),
         "{help}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// PeerIp
+// ---------------------------------------------------------------------------------------------
+
+/// Reports the remaining count of the decision that let the request through.
+async fn remaining(decision: Decision) -> String {
+    decision.binding().remaining().to_string()
+}
+
+#[tokio::test]
+async fn mock_connect_info_keys_each_peer_separately() {
+    let store = MemoryStore::with_clock(ManualClock::new());
+    let limited = Router::new().route("/", get(remaining)).layer(
+        RateLimitLayer::builder()
+            .policy(Policy::fixed_window("2/s"))
+            .key(PeerIp::new())
+            .store(store.clone())
+            .build()
+            .unwrap(),
+    );
+    let as_peer = |peer: &str| {
+        limited
+            .clone()
+            .layer(MockConnectInfo(peer.parse::<SocketAddr>().unwrap()))
+    };
+    let a = as_peer("192.0.2.1:1111");
+    let b = as_peer("192.0.2.2:1111");
+
+    assert_eq!(get_path(&a, "/").await.body, "1");
+    assert_eq!(get_path(&a, "/").await.body, "0");
+    assert_eq!(
+        get_path(&a, "/").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    let r = get_path(&b, "/").await;
+    assert_eq!(r.status, StatusCode::OK, "another peer has its own bucket");
+    assert_eq!(r.body, "1");
+
+    // An IPv4-mapped IPv6 peer is the same client as the IPv4 address.
+    let v4 = as_peer("1.2.3.4:5000");
+    let mapped = as_peer("[::ffff:1.2.3.4]:6000");
+    let other_v6 = as_peer("[::ffff:1.2.3.5]:6000");
+    assert_eq!(get_path(&mapped, "/").await.body, "1");
+    assert_eq!(get_path(&v4, "/").await.body, "0");
+    assert_eq!(
+        get_path(&mapped, "/").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        get_path(&v4, "/").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(get_path(&other_v6, "/").await.body, "1");
+
+    assert_eq!(store.len(), 4, "four distinct clients");
+}
+
+#[tokio::test]
+async fn without_connect_info_peer_ip_answers_500() {
+    let app = Router::new().route("/", get(remaining)).layer(
+        RateLimitLayer::builder()
+            .policy(Policy::gcra("2/s"))
+            .build()
+            .unwrap(),
+    );
+    let r = get_path(&app, "/").await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(r.body.contains(r#""code":"no_peer_address""#), "{}", r.body);
+    assert!(
+        r.body.contains("into_make_service_with_connect_info"),
+        "the message says how to fix it: {}",
+        r.body
+    );
+}
+
+#[tokio::test]
+async fn peer_ip_without_an_address_is_a_500() {
+    let clock = ManualClock::new();
+    let seen = Seen::default();
+    let svc = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::builder()
+                .policy(Policy::fixed_window("2/s"))
+                .key(PeerIp::new())
+                .store(MemoryStore::with_clock(clock.clone()))
+                .build()
+                .unwrap(),
+        )
+        .service(inner(&seen));
+
+    let r = support::http::get(&svc).await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(r.header(CONTENT_TYPE), Some(PROBLEM_JSON));
+    assert!(r.body.contains(r#""code":"no_peer_address""#), "{}", r.body);
+    assert!(r.body.contains(r#""status":500"#), "{}", r.body);
+    assert_eq!(seen.calls(), 0);
+}
+
+#[tokio::test]
+async fn peer_ip_reads_a_socket_addr_extension() {
+    let clock = ManualClock::new();
+    let seen = Seen::default();
+    // PeerIp is the default key.
+    let svc = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::builder()
+                .policy(Policy::fixed_window("2/s"))
+                .store(MemoryStore::with_clock(clock.clone()))
+                .build()
+                .unwrap(),
+        )
+        .service(inner(&seen));
+
+    // Ports do not matter; the IPv4-mapped IPv6 form is the same client.
+    for peer in ["10.0.0.1:1000", "[::ffff:10.0.0.1]:2000"] {
+        assert_eq!(
+            send(&svc, with_peer(peer)).await.status,
+            StatusCode::OK,
+            "{peer}"
+        );
+    }
+    let r = send(&svc, with_peer("10.0.0.1:3000")).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+
+    // Another address has its own bucket.
+    for peer in ["10.0.0.2:1000", "[2001:db8::1]:443"] {
+        let r = send(&svc, with_peer(peer)).await;
+        assert_eq!(r.status, StatusCode::OK, "{peer}");
+        assert_eq!(r.num(X_RATELIMIT_REMAINING), Some(1), "{peer}");
+    }
+    assert_eq!(seen.calls(), 4);
+}
+
+// ---------------------------------------------------------------------------------------------
+// HeaderKey and rejected keys
+// ---------------------------------------------------------------------------------------------
+
+fn api_key_layer(clock: &ManualClock) -> RateLimitLayerBuilder {
+    RateLimitLayer::builder()
+        .policy(Policy::fixed_window("2/s"))
+        .key(HeaderKey::new(HeaderName::from_static("x-api-key")))
+        .store(MemoryStore::with_clock(clock.clone()))
+}
+
+#[tokio::test]
+async fn header_key_rejections_are_400_problem_json_and_never_reach_the_service() {
+    let clock = ManualClock::new();
+    let seen = Seen::default();
+    let svc = ServiceBuilder::new()
+        .layer(api_key_layer(&clock).build().unwrap())
+        .service(inner(&seen));
+
+    let cases = [
+        (with_header("x-api-key", &[]), "missing_header"),
+        (with_header("x-api-key", &["a", "b"]), "ambiguous_header"),
+        (with_header("x-api-key", &[""]), "empty_header"),
+        (with_header("x-other", &["a"]), "missing_header"),
+    ];
+    for (req, code) in cases {
+        let r = send(&svc, req).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{code}");
+        assert_eq!(r.header(CONTENT_TYPE), Some(PROBLEM_JSON));
+        assert!(
+            r.body.contains(&format!(r#""code":"{code}""#)),
+            "{}",
+            r.body
+        );
+        assert!(r.body.contains(r#""status":400"#), "{}", r.body);
+        assert!(
+            r.body.contains("x-api-key"),
+            "the message names the header: {}",
+            r.body
+        );
+        assert_eq!(
+            r.rate_headers(),
+            (None, None, None, None),
+            "a request without a key was not counted"
+        );
+    }
+    assert_eq!(seen.calls(), 0, "rejected requests never reach the service");
+
+    // Rejected requests were not charged to anyone, and each key has its own bucket.
+    for key in ["alice", "bob"] {
+        for remaining in [1, 0] {
+            let r = send(&svc, with_header("x-api-key", &[key])).await;
+            assert_eq!(r.status, StatusCode::OK, "{key}");
+            assert_eq!(r.num(X_RATELIMIT_REMAINING), Some(remaining), "{key}");
+        }
+        let r = send(&svc, with_header("x-api-key", &[key])).await;
+        assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{key}");
+    }
+    assert_eq!(seen.calls(), 4);
+}
+
+#[tokio::test]
+async fn on_key_rejected_writes_the_response() {
+    let clock = ManualClock::new();
+    let seen = Seen::default();
+    let svc = ServiceBuilder::new()
+        .layer(
+            api_key_layer(&clock)
+                .on_key_rejected(|rejection| {
+                    let mut r = Response::new(Bytes::from(format!(
+                        "no key ({}, default {})",
+                        rejection.code(),
+                        rejection.status().as_u16()
+                    )));
+                    *r.status_mut() = StatusCode::UNAUTHORIZED;
+                    r
+                })
+                .build()
+                .unwrap(),
+        )
+        .service(inner(&seen));
+
+    let r = support::http::get(&svc).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(r.body, "no key (missing_header, default 400)");
+    assert_eq!(r.header(CONTENT_TYPE), None);
+    let r = send(&svc, with_header("x-api-key", &["a", "b"])).await;
+    assert_eq!(r.body, "no key (ambiguous_header, default 400)");
+    assert_eq!(seen.calls(), 0);
 }

@@ -153,22 +153,25 @@
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
-mod algorithm;
-mod body;
-mod clock;
-mod decision;
-mod error;
-mod future;
-pub mod headers;
-pub mod key;
+// In reading order: the layer users build, the engine that decides each request, policies and
+// their algorithms, the stores that keep state, the keys requests are charged to; then the
+// tower glue (service, future, body), and the values around them.
 mod layer;
 mod limiter;
 mod policy;
 mod quota;
-mod resilience;
-mod response;
-mod service;
+mod algorithm;
 mod store;
+pub mod key;
+mod decision;
+pub mod headers;
+mod response;
+mod resilience;
+mod service;
+mod future;
+mod body;
+mod clock;
+mod error;
 
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]

@@ -52,6 +52,7 @@ impl Gcra {
 impl Step for Gcra {
     type State = State;
     const LUA: &'static str = include_str!("lua/gcra.lua");
+    const HAS_BURST: bool = true;
 
     fn compile(quota: Quota, _: Options) -> Result<Self, ConfigError> {
         Self::new(quota)

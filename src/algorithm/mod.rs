@@ -16,13 +16,13 @@
 //! Time is an integer number of microseconds. All arithmetic is on integers that stay below
 //! 2<sup>53</sup> (checked when a policy is built), so that the Lua twins, which compute with
 //! doubles, are exact too.
-
-pub(crate) mod fixed_window;
-pub(crate) mod gcra;
-pub(crate) mod leaky_bucket;
-pub(crate) mod sliding_log;
-pub(crate) mod sliding_window;
-pub(crate) mod token_bucket;
+//!
+//! Each algorithm implements [`Step`] in its own file, with its Lua twin beside it in `lua/`
+//! (which defines `ALG[<NAME>]`), and is registered by one entry in `algorithms!` below. That
+//! entry makes the public [`Algorithm`] variant and its name, the compiled form, the state,
+//! the dispatch, and puts the twin in the Redis script, whose prelude binds `<NAME>` to the
+//! id Rust gives it. Adding an algorithm touches those three places and nothing else (then the
+//! property, differential and per-algorithm tests run it, as they run every `Algorithm::ALL`).
 
 #[cfg(test)]
 mod properties;
@@ -36,76 +36,12 @@ use crate::quota::Quota;
 /// Largest integer all algorithm arithmetic may reach (exact in an IEEE double, as in Lua).
 pub(crate) const MAX_EXACT: u64 = 1 << 53;
 
-/// The rate-limiting algorithms, by the names users know them by.
-///
-/// | algorithm | exact? | burst | state per key |
-/// |---|---|---|---|
-/// | [`FixedWindow`](Algorithm::FixedWindow) | per aligned window; up to 2× the limit across a boundary | no | 2 integers |
-/// | [`SlidingWindow`](Algorithm::SlidingWindow) | approximate (weighted sub-window buckets) | no | one counter per bucket |
-/// | [`SlidingLog`](Algorithm::SlidingLog) | exact in every window | no | one entry per admitted request |
-/// | [`TokenBucket`](Algorithm::TokenBucket) | exact rate, bursts up to capacity | yes | 2 integers |
-/// | [`LeakyBucket`](Algorithm::LeakyBucket) | exact rate, bursts up to capacity | yes | 2 integers |
-/// | [`Gcra`](Algorithm::Gcra) | exact rate, bursts up to burst | yes | 1 integer |
-///
-/// Names parse from and print as `fixed_window`, `sliding_window`, `sliding_log`,
-/// `token_bucket`, `leaky_bucket` and `gcra`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Algorithm {
-    /// Counts units in windows aligned to the clock's epoch; the count resets at each boundary.
-    /// See the `fixed_window` module docs in the source for exact semantics.
-    FixedWindow,
-    /// Counts units in sub-window buckets and weighs the oldest bucket by how much of it is
-    /// still inside the window (the "sliding window counter").
-    SlidingWindow,
-    /// Remembers the time of every admitted unit: exact, at a memory cost proportional to the
-    /// limit.
-    SlidingLog,
-    /// A bucket of `burst` tokens refilled at `limit` per window; a request takes `cost` tokens.
-    TokenBucket,
-    /// A bucket of capacity `burst` that drains at `limit` per window; a request pours `cost`
-    /// units in (the leaky bucket as a meter).
-    LeakyBucket,
-    /// The generic cell rate algorithm: one "theoretical arrival time" per key.
-    Gcra,
-}
-
 impl Algorithm {
-    /// Every algorithm, in documentation order.
-    pub const ALL: [Algorithm; 6] = [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindow,
-        Algorithm::SlidingLog,
-        Algorithm::TokenBucket,
-        Algorithm::LeakyBucket,
-        Algorithm::Gcra,
-    ];
-
-    /// The snake_case name, as accepted by [`FromStr`].
-    pub const fn name(self) -> &'static str {
-        match self {
-            Algorithm::FixedWindow => "fixed_window",
-            Algorithm::SlidingWindow => "sliding_window",
-            Algorithm::SlidingLog => "sliding_log",
-            Algorithm::TokenBucket => "token_bucket",
-            Algorithm::LeakyBucket => "leaky_bucket",
-            Algorithm::Gcra => "gcra",
-        }
-    }
-
     /// The algorithm's id in the Redis script: its place in [`Algorithm::ALL`], from 1. The
     /// script's prelude is generated from the same numbers, so they are written nowhere else.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) const fn lua_id(self) -> u8 {
         self as u8 + 1
-    }
-
-    /// Whether the algorithm takes a burst different from its limit.
-    pub const fn has_burst(self) -> bool {
-        matches!(
-            self,
-            Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra
-        )
     }
 }
 
@@ -123,8 +59,10 @@ impl FromStr for Algorithm {
             .into_iter()
             .find(|a| a.name() == norm)
             .ok_or_else(|| {
+                let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
                 ConfigError::new(format!(
-                    "unknown algorithm {s:?}; expected one of gcra, token_bucket, leaky_bucket, fixed_window, sliding_window, sliding_log"
+                    "unknown algorithm {s:?}; expected one of {}",
+                    names.join(", ")
                 ))
             })
     }
@@ -175,6 +113,8 @@ pub(crate) trait Step: Sized {
     /// bound to its id by the script's generated prelude.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     const LUA: &'static str;
+    /// Whether the algorithm takes a burst different from its limit.
+    const HAS_BURST: bool = false;
 
     /// Checks `quota` (and `options`) for this algorithm and precomputes its constants.
     fn compile(quota: Quota, options: Options) -> Result<Self, ConfigError>;
@@ -227,28 +167,69 @@ fn evaluate_with_lag<A: Step>(a: &A, state: Option<&A::State>, now: u64, cost: u
     verdict
 }
 
-/// Registers the algorithms: one line each, `Algorithm` variant and the type implementing
-/// [`Step`]. Generates the compiled form ([`Compiled`]), the state of any algorithm ([`State`]),
-/// the one dispatch from one to the other, and the list of Lua twins.
+/// Registers the algorithms: one entry each, with the public variant's documentation, its
+/// name, and the type implementing [`Step`]. Generates the public [`Algorithm`] with its names,
+/// the compiled form ([`Compiled`]), the state of any algorithm ([`State`]), the one dispatch
+/// from one to the other, and the list of Lua twins.
 macro_rules! algorithms {
-    ($($variant:ident => $ty:ty,)*) => {
+    ($($(#[doc = $doc:literal])* $variant:ident => $module:ident :: $ty:ident,)*) => {
+        $(pub(crate) mod $module;)*
+
+        /// The rate-limiting algorithms, by the names users know them by.
+        ///
+        /// | algorithm | exact? | burst | state per key |
+        /// |---|---|---|---|
+        /// | [`FixedWindow`](Algorithm::FixedWindow) | per aligned window; up to 2× the limit across a boundary | no | 2 integers |
+        /// | [`SlidingWindow`](Algorithm::SlidingWindow) | approximate (weighted sub-window buckets) | no | one counter per bucket |
+        /// | [`SlidingLog`](Algorithm::SlidingLog) | exact in every window | no | one entry per admitted request |
+        /// | [`TokenBucket`](Algorithm::TokenBucket) | exact rate, bursts up to capacity | yes | 2 integers |
+        /// | [`LeakyBucket`](Algorithm::LeakyBucket) | exact rate, bursts up to capacity | yes | 2 integers |
+        /// | [`Gcra`](Algorithm::Gcra) | exact rate, bursts up to burst | yes | 1 integer |
+        ///
+        /// Names parse from and print as `fixed_window`, `sliding_window`, `sliding_log`,
+        /// `token_bucket`, `leaky_bucket` and `gcra`.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum Algorithm {
+            $($(#[doc = $doc])* $variant,)*
+        }
+
+        impl Algorithm {
+            /// Every algorithm, in documentation order.
+            pub const ALL: [Algorithm; [$(Algorithm::$variant),*].len()] = [$(Algorithm::$variant),*];
+
+            /// The snake_case name, as accepted by [`FromStr`].
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Algorithm::$variant => stringify!($module),)*
+                }
+            }
+
+            /// Whether the algorithm takes a burst different from its limit.
+            pub const fn has_burst(self) -> bool {
+                match self {
+                    $(Algorithm::$variant => <$module::$ty as Step>::HAS_BURST,)*
+                }
+            }
+        }
+
         /// A policy's algorithm with its parameters checked and precomputed.
         #[derive(Clone, Debug, PartialEq, Eq)]
         pub(crate) enum Compiled {
-            $($variant($ty),)*
+            $($variant($module::$ty),)*
         }
 
         /// Per-key state of any algorithm.
         #[derive(Clone, Debug, PartialEq, Eq)]
         pub(crate) enum State {
-            $($variant(<$ty as Step>::State),)*
+            $($variant(<$module::$ty as Step>::State),)*
         }
 
         impl Compiled {
             /// Checks `quota` for `algorithm` and precomputes its constants.
             fn compile(algorithm: Algorithm, quota: Quota, options: Options) -> Result<Self, ConfigError> {
                 match algorithm {
-                    $(Algorithm::$variant => <$ty as Step>::compile(quota, options).map(Compiled::$variant),)*
+                    $(Algorithm::$variant => <$module::$ty as Step>::compile(quota, options).map(Compiled::$variant),)*
                 }
             }
 
@@ -329,7 +310,7 @@ macro_rules! algorithms {
         /// The Lua twin of every algorithm, with the algorithm it is the twin of.
         #[cfg_attr(not(feature = "redis"), allow(dead_code))]
         pub(crate) const LUA_TWINS: &[(Algorithm, &str)] = &[
-            $((Algorithm::$variant, <$ty as Step>::LUA),)*
+            $((Algorithm::$variant, <$module::$ty as Step>::LUA),)*
         ];
     };
 }
@@ -339,11 +320,21 @@ macro_rules! algorithms {
 pub(crate) const LUA_HELPERS: &str = include_str!("lua/helpers.lua");
 
 algorithms! {
+    /// Counts units in windows aligned to the clock's epoch; the count resets at each boundary.
+    /// See the `fixed_window` module docs in the source for exact semantics.
     FixedWindow => fixed_window::FixedWindow,
+    /// Counts units in sub-window buckets and weighs the oldest bucket by how much of it is
+    /// still inside the window (the "sliding window counter").
     SlidingWindow => sliding_window::SlidingWindow,
+    /// Remembers the time of every admitted unit: exact, at a memory cost proportional to the
+    /// limit.
     SlidingLog => sliding_log::SlidingLog,
+    /// A bucket of `burst` tokens refilled at `limit` per window; a request takes `cost` tokens.
     TokenBucket => token_bucket::TokenBucket,
+    /// A bucket of capacity `burst` that drains at `limit` per window; a request pours `cost`
+    /// units in (the leaky bucket as a meter).
     LeakyBucket => leaky_bucket::LeakyBucket,
+    /// The generic cell rate algorithm: one "theoretical arrival time" per key.
     Gcra => gcra::Gcra,
 }
 

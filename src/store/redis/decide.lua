@@ -3,7 +3,7 @@
 -- ARGV[1]: the time in microseconds, or '' to use Redis TIME.
 -- ARGV[2]: milliseconds added to every TTL (0 unless the time is injected: Redis then expires
 -- keys on its own clock, which an injected clock may outrun or lag).
--- Then 7 arguments per policy: algorithm, four parameters, cost, mode. The algorithm ids and
+-- Then ARGS_PER_POLICY arguments per policy: algorithm, four parameters, cost, mode. The algorithm ids and
 -- the modes are the constants of the generated prelude (from `Algorithm` and `Mode` in Rust):
 -- ENFORCE decides, and is charged only if every policy that decides admits the request;
 -- SHADOW is reported, never decides, and is charged if it admits and the request goes on;
@@ -13,7 +13,8 @@
 -- these four then looks at cost 0. A blocked key is denied whatever its state, until the block
 -- ends.
 -- Phase one evaluates every policy; phase two charges them, only if all that decide admit.
--- Reply: { now, then per policy: allowed, remaining, reset_after_us, retry_after_us or -1 },
+-- Reply: { now, then REPLY_PER_POLICY integers per policy: allowed, remaining, reset_after_us,
+-- retry_after_us or -1 },
 -- where remaining and reset describe the state after this request's charges.
 
 -- Phase one of one policy, with the clock-lag adjustment (twin of `evaluate_with_lag`): a state
@@ -48,7 +49,7 @@ local algs, params, costs, modes, states, allowed = {}, {}, {}, {}, {}, {}
 local reply = { now }
 local admitted = true
 for i = 1, n do
-  local base = 2 + (i - 1) * 7
+  local base = 2 + (i - 1) * ARGS_PER_POLICY
   local alg = ALG[tonumber(ARGV[base + 1])]
   if not alg then
     return redis.error_reply('tower-ratelimit: unknown algorithm ' .. tostring(ARGV[base + 1]))
@@ -121,14 +122,14 @@ for i = 1, n do
     algs[i]:commit(KEYS[2 * i - 1], params[i], states[i], now, costs[i])
   elseif allowed[i] == 1 and costs[i] > 0 then
     -- Admitted by this policy but not charged: report the state as it stays.
-    local base = 2 + (i - 1) * 4
+    local base = 2 + (i - 1) * REPLY_PER_POLICY
     local _, remaining, reset = judge(algs[i], params[i], states[i], now, 0, KEYS[2 * i - 1])
     reply[base + 1] = remaining
     reply[base + 2] = reset
   end
   if not charge and redis.call('PTTL', KEYS[2 * i - 1]) == -1 then
     -- A key without a TTL (written by something else, or lost its TTL): repair it.
-    local ttl = cdiv(reply[2 + (i - 1) * 4 + 2], 1000) + TTL_SLACK
+    local ttl = cdiv(reply[2 + (i - 1) * REPLY_PER_POLICY + 2], 1000) + TTL_SLACK
     if ttl < 1 then
       ttl = 1
     end

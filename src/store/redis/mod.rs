@@ -13,7 +13,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, ServerErrorKind};
 
-use self::script::SCRIPT;
+use self::script::{ARGS_PER_CHECK, REPLY_PER_CHECK, SCRIPT};
 use super::{Check, Checks, Mode, Registry, private};
 use crate::algorithm::{Compiled, Verdict};
 use crate::clock::Clock;
@@ -511,7 +511,9 @@ impl Inner {
                 None => cmd.arg("").arg(0),
             };
             for check in checks {
-                let (code, params) = check.tier().algorithm().lua_args();
+                // ARGS_PER_CHECK arguments: the id, the four parameters, the cost, the mode.
+                let (code, params @ [_, _, _, _]) = check.tier().algorithm().lua_args();
+                const _: () = assert!(ARGS_PER_CHECK == 1 + 4 + 2);
                 cmd.arg(code)
                     .arg(&params[..])
                     .arg(check.cost())
@@ -524,14 +526,14 @@ impl Inner {
         let reply: Vec<i64> = self
             .with_conn(|mut c| async move { invoke(&evalsha, eval, &mut c).await })
             .await?;
-        if reply.len() != 1 + 4 * checks.len() {
+        if reply.len() != 1 + REPLY_PER_CHECK * checks.len() {
             return Err(StoreError::new(format!(
                 "unexpected reply of {} integers from the decision script",
                 reply.len()
             )));
         }
         Ok(reply[1..]
-            .chunks_exact(4)
+            .chunks_exact(REPLY_PER_CHECK)
             .map(|r| Verdict {
                 allowed: r[0] == 1,
                 remaining: r[1].max(0) as u64,

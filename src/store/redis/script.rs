@@ -1,11 +1,17 @@
-//! The decision script: a prelude generated from the Rust constants (algorithm ids, modes),
-//! the helpers the algorithms' Lua twins share, every twin, and the decision itself.
+//! The decision script: a prelude generated from the Rust constants (algorithm ids, modes, the
+//! shape of its arguments and reply), the helpers the algorithms' Lua twins share, every twin,
+//! and the decision itself.
 
 use std::fmt::Write as _;
 use std::sync::LazyLock;
 
 use crate::algorithm::{LUA_HELPERS, LUA_TWINS};
 use crate::store::Mode;
+
+/// Arguments per policy after `ARGV[2]`: algorithm id, its four parameters, cost, mode.
+pub(crate) const ARGS_PER_CHECK: usize = 7;
+/// Integers per policy in the reply (after the time): allowed, remaining, reset, retry.
+pub(crate) const REPLY_PER_CHECK: usize = 4;
 
 /// The one script every decision runs, assembled once.
 pub(crate) static SCRIPT: LazyLock<Script> = LazyLock::new(Script::assemble);
@@ -29,6 +35,8 @@ impl Script {
                 algorithm.lua_id()
             );
         }
+        let _ = writeln!(source, "local ARGS_PER_POLICY = {ARGS_PER_CHECK}");
+        let _ = writeln!(source, "local REPLY_PER_POLICY = {REPLY_PER_CHECK}");
         for mode in Mode::ALL {
             let _ = writeln!(source, "local {} = {}", mode.lua_name(), mode as u8);
         }
@@ -66,6 +74,8 @@ mod tests {
         for mode in Mode::ALL {
             assert!(source.contains(&format!("local {} = {}\n", mode.lua_name(), mode as u8)));
         }
+        assert!(source.contains(&format!("local ARGS_PER_POLICY = {ARGS_PER_CHECK}\n")));
+        assert!(source.contains(&format!("local REPLY_PER_POLICY = {REPLY_PER_CHECK}\n")));
         // No number is retyped in Lua: algorithms and modes are named, never numbered.
         assert!(!source.contains("ALG[1]") && !source.contains("mode == 0"));
     }

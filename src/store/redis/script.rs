@@ -1,8 +1,12 @@
-//! The decision script: a prelude generated from the Rust constants (algorithm ids, modes, the
-//! shape of its arguments and reply), the helpers the algorithms' Lua twins share, every twin,
-//! and the decision itself.
+//! The decision script: the helpers the algorithms' Lua twins share, every twin, and the
+//! decision itself, with the numbers both languages must agree on (algorithm ids, modes, the
+//! shape of the arguments and the reply) taken from Rust.
+//!
+//! The Lua sources name those numbers (`ALG[GCRA]`, `mode == BLOCK`, `ARGS_PER_POLICY`);
+//! assembling the script puts in their values from [`Algorithm::lua_id`](crate::Algorithm),
+//! [`Mode`] and the constants below, so each number is written once, in Rust, and the script
+//! Redis runs holds literals: no per-call cost for the names.
 
-use std::fmt::Write as _;
 use std::sync::LazyLock;
 
 use crate::algorithm::{LUA_HELPERS, LUA_TWINS};
@@ -23,29 +27,22 @@ pub(crate) struct Script {
 
 impl Script {
     fn assemble() -> Script {
-        let mut source = String::from(
-            "-- tower-ratelimit. Generated from the Rust sources: the algorithms' ids and the modes.\n",
-        );
-        source.push_str("local ALG = {}\n");
-        for (algorithm, _) in LUA_TWINS {
-            let _ = writeln!(
-                source,
-                "local {} = {}",
-                algorithm.name().to_ascii_uppercase(),
-                algorithm.lua_id()
-            );
-        }
-        let _ = writeln!(source, "local ARGS_PER_POLICY = {ARGS_PER_CHECK}");
-        let _ = writeln!(source, "local REPLY_PER_POLICY = {REPLY_PER_CHECK}");
-        for mode in Mode::ALL {
-            let _ = writeln!(source, "local {} = {}", mode.lua_name(), mode as u8);
-        }
-        source.push_str(LUA_HELPERS);
+        let mut names: Vec<(String, String)> = LUA_TWINS
+            .iter()
+            .map(|(a, _)| (a.name().to_ascii_uppercase(), a.lua_id().to_string()))
+            .collect();
+        names.extend(Mode::ALL.map(|m| (m.lua_name().to_owned(), (m as u8).to_string())));
+        names.push(("ARGS_PER_POLICY".into(), ARGS_PER_CHECK.to_string()));
+        names.push(("REPLY_PER_POLICY".into(), REPLY_PER_CHECK.to_string()));
+        let mut lua = String::from("-- tower-ratelimit: its decision script.\nlocal ALG = {}\n");
+        lua.push_str(LUA_HELPERS);
         for (_, twin) in LUA_TWINS {
-            source.push_str(twin);
+            lua.push_str(twin);
         }
-        source.push_str(include_str!("decide.lua"));
-        Script { source }
+        lua.push_str(include_str!("decide.lua"));
+        Script {
+            source: substitute(&lua, &names),
+        }
     }
 
     /// The whole script.
@@ -54,29 +51,94 @@ impl Script {
     }
 }
 
+/// `lua` with every identifier that is one of `names` replaced by its value. String literals
+/// and comments are copied as they are.
+fn substitute(lua: &str, names: &[(String, String)]) -> String {
+    let b = lua.as_bytes();
+    let mut out = String::with_capacity(lua.len());
+    let mut i = 0;
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    while i < b.len() {
+        let start = i;
+        if b[i..].starts_with(b"--") {
+            while i < b.len() && b[i] != b'\n' {
+                i += 1;
+            }
+        } else if b[i] == b'\'' || b[i] == b'"' {
+            let quote = b[i];
+            i += 1;
+            while i < b.len() && b[i] != quote {
+                i += if b[i] == b'\\' { 2 } else { 1 };
+            }
+            i += 1;
+        } else if ident(b[i]) {
+            while i < b.len() && ident(b[i]) {
+                i += 1;
+            }
+            if let Some((_, value)) = names.iter().find(|(n, _)| n.as_bytes() == &b[start..i]) {
+                out.push_str(value);
+                continue;
+            }
+        } else {
+            i += 1;
+        }
+        out.push_str(&lua[start..i.min(b.len())]);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::Algorithm;
 
     #[test]
-    fn ids_and_modes_come_from_rust() {
+    fn numbers_come_from_rust() {
         let source = SCRIPT.source();
-        for (i, algorithm) in Algorithm::ALL.into_iter().enumerate() {
-            assert_eq!(algorithm.lua_id() as usize, i + 1);
+        for algorithm in Algorithm::ALL {
+            let id = algorithm.lua_id();
+            assert_eq!(
+                id as usize,
+                1 + Algorithm::ALL.iter().position(|a| *a == algorithm).unwrap()
+            );
+            let twin = LUA_TWINS.iter().find(|(a, _)| *a == algorithm).unwrap().1;
             let name = algorithm.name().to_ascii_uppercase();
-            assert!(source.contains(&format!("local {name} = {}\n", i + 1)));
             assert!(
-                source.contains(&format!("ALG[{name}] = {{")),
-                "{name} has a Lua twin"
+                twin.contains(&format!("ALG[{name}] = {{")),
+                "{name} registers itself by name"
+            );
+            assert!(
+                source.contains(&format!("ALG[{id}] = {{")),
+                "{name} is ALG[{id}]"
             );
         }
+        let decide = include_str!("decide.lua");
         for mode in Mode::ALL {
-            assert!(source.contains(&format!("local {} = {}\n", mode.lua_name(), mode as u8)));
+            let named = format!("mode == {}", mode.lua_name());
+            let named_at_charge = format!("modes[i] == {}", mode.lua_name());
+            assert!(
+                decide.contains(&named) || decide.contains(&named_at_charge),
+                "decide.lua compares with {}",
+                mode.lua_name()
+            );
+            assert!(
+                !source.contains(&format!("== {}", mode.lua_name())),
+                "{mode:?} substituted"
+            );
         }
-        assert!(source.contains(&format!("local ARGS_PER_POLICY = {ARGS_PER_CHECK}\n")));
-        assert!(source.contains(&format!("local REPLY_PER_POLICY = {REPLY_PER_CHECK}\n")));
-        // No number is retyped in Lua: algorithms and modes are named, never numbered.
-        assert!(!source.contains("ALG[1]") && !source.contains("mode == 0"));
+        assert!(source.contains(&format!("(i - 1) * {ARGS_PER_CHECK}")));
+        assert!(source.contains(&format!("(i - 1) * {REPLY_PER_CHECK}")));
+        // Strings and comments are left alone.
+        assert!(source.contains("redis.call('SET', key, value, 'PX', ttl)"));
+    }
+
+    #[test]
+    fn substitution_touches_whole_identifiers_only() {
+        let names = [("BLOCK".to_owned(), "6".to_owned())];
+        let lua = "if mode == BLOCK then x = BLOCKED .. 'BLOCK' .. \"BLOCK\" end -- BLOCK\nBLOCK";
+        assert_eq!(
+            substitute(lua, &names),
+            "if mode == 6 then x = BLOCKED .. 'BLOCK' .. \"BLOCK\" end -- BLOCK\n6"
+        );
     }
 }

@@ -1,0 +1,64 @@
+//! The driver of `scripts/instructions.sh`: a loop of in-process requests (or `check` calls) to
+//! count under callgrind, where instruction counts are the same from run to run whatever else
+//! the machine does (wall-clock figures on a shared 2-core machine are not).
+//!
+//! ```text
+//! instructions MODE N    # MODE: bare, legacy, none (a request through axum) or check
+//! ```
+//!
+//! `bare` is an axum hello-world router; `legacy` and `none` add our layer (memory store, GCRA
+//! 1,000,000/s per peer IP, never limiting) with `X-RateLimit-*` headers or none; `check` is
+//! `RateLimitLayer::check` on 10,000 keys. Peers cycle through 10,240 addresses.
+
+use std::net::SocketAddr;
+
+use axum::{Router, body::Body, routing::get};
+use http::Request;
+use tower::ServiceExt;
+use tower_ratelimit::key::{Key, PeerIp};
+use tower_ratelimit::{HeaderStyle, Policy, RateLimitLayer};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--bench") {
+        eprintln!("a driver of scripts/instructions.sh; run that script to count with it");
+        return;
+    }
+    let mode = args.first().map_or("", String::as_str).to_owned();
+    let n: u64 = args.get(1).and_then(|n| n.parse().ok()).unwrap_or(10_000);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let layer = |style| {
+            RateLimitLayer::builder()
+                .policy(Policy::gcra("1000000/s").name("g"))
+                .key(PeerIp::new())
+                .headers(style)
+                .build()
+                .expect("a valid layer")
+        };
+        let base = Router::new().route("/", get(|| async { "hello" }));
+        let app = match mode.as_str() {
+            "check" => {
+                let limiter = layer(HeaderStyle::Legacy);
+                let keys: Vec<Key> = (0..10_000u64).map(Key::from).collect();
+                for i in 0..n {
+                    let decision = limiter.check(&keys[(i % 10_000) as usize], 1).await;
+                    std::hint::black_box(decision.expect("a decision"));
+                }
+                return;
+            }
+            "bare" => base,
+            "legacy" => base.layer(layer(HeaderStyle::Legacy)),
+            "none" => base.layer(layer(HeaderStyle::None)),
+            other => panic!("unknown mode {other:?}: bare, legacy, none or check"),
+        };
+        for i in 0..n {
+            let peer = SocketAddr::from(([10, 0, (i / 256 % 40) as u8, (i % 256) as u8], 1000));
+            let mut req = Request::get("/").body(Body::empty()).expect("a request");
+            req.extensions_mut().insert(peer);
+            std::hint::black_box(app.clone().oneshot(req).await.expect("a response"));
+        }
+    });
+}

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Instructions per request, counted by callgrind: the same figure from run to run, whatever
+# else the machine is doing, so a change of a few percent in the layer's cost shows.
+#
+#     scripts/instructions.sh
+#
+# For each mode of benches/instructions.rs (bare router, our layer with and without headers,
+# a check() call) it counts two runs of different lengths and prints the difference per
+# request, which leaves out start-up. Installs valgrind (Debian package) when it is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+if ! command -v valgrind >/dev/null; then
+    echo "instructions.sh: installing valgrind" >&2
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
+fi
+BIN=$(cargo bench --all-features --bench instructions --no-run 2>&1 |
+    sed -n 's/.*Executable .*(\(target\/release\/deps\/instructions-[0-9a-f]*\)).*/\1/p' | tail -1)
+[ -x "$BIN" ] || { echo "instructions.sh: cannot find the driver" >&2; exit 1; }
+
+count() {
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null "$BIN" "$@" 2>&1 |
+        sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
+}
+declare -A per
+for mode in bare legacy none check; do
+    short=$(count "$mode" 10000)
+    long=$(count "$mode" 30000)
+    per[$mode]=$(( (long - short) / 20000 ))
+done
+echo "instructions per request (callgrind, difference of 30,000 and 10,000 requests):"
+echo "  bare axum router:              ${per[bare]}"
+echo "  with the layer, legacy headers: ${per[legacy]} (layer: $(( per[legacy] - per[bare] )))"
+echo "  with the layer, no headers:     ${per[none]} (layer: $(( per[none] - per[bare] )))"
+echo "  RateLimitLayer::check:          ${per[check]}"

@@ -58,7 +58,7 @@ impl Step for LeakyBucket {
     }
 
     fn window_us(&self) -> u64 {
-        self.scaled.full.div_ceil(self.scaled.rate)
+        self.scaled.window_us()
     }
 
     fn reported_limit(&self) -> u64 {
@@ -66,8 +66,7 @@ impl Step for LeakyBucket {
     }
 
     fn lua_params(&self) -> [u64; 4] {
-        let s = &self.scaled;
-        [self.capacity, s.unit, s.rate, s.full]
+        self.scaled.lua_params()
     }
 
     fn own_time(&self, state: &State) -> u64 {

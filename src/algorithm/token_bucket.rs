@@ -61,6 +61,16 @@ impl Scaled {
         }
     }
 
+    /// The time in which the whole capacity flows, the window reported with it.
+    pub(crate) fn window_us(&self) -> u64 {
+        self.full.div_ceil(self.rate)
+    }
+
+    /// The parameters of both buckets' Lua twins: capacity, unit, rate, full.
+    pub(crate) fn lua_params(&self) -> [u64; 4] {
+        [self.capacity, self.unit, self.rate, self.full]
+    }
+
     /// `amount` after `elapsed` microseconds of draining at `rate`, floored at zero.
     pub(crate) fn drain(&self, amount: u64, elapsed: u64) -> u64 {
         if elapsed >= amount.div_ceil(self.rate) {
@@ -112,7 +122,7 @@ impl Step for TokenBucket {
     }
 
     fn window_us(&self) -> u64 {
-        self.scaled.full.div_ceil(self.scaled.rate)
+        self.scaled.window_us()
     }
 
     fn reported_limit(&self) -> u64 {
@@ -120,8 +130,7 @@ impl Step for TokenBucket {
     }
 
     fn lua_params(&self) -> [u64; 4] {
-        let s = &self.scaled;
-        [self.capacity, s.unit, s.rate, s.full]
+        self.scaled.lua_params()
     }
 
     fn own_time(&self, state: &State) -> u64 {

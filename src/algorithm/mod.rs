@@ -151,7 +151,7 @@ pub(crate) trait Step: Sized {
 }
 
 /// Phase one with the clock-lag adjustment (the one place it is written in Rust; its Lua twin
-/// is `judge` in `decide.lua`): a state newer than `now` decides as of its own time, and its
+/// is `shift` in `decide.lua`): a state newer than `now` decides as of its own time, and its
 /// times are moved to be from `now`.
 fn evaluate_with_lag<A: Step>(a: &A, state: Option<&A::State>, now: u64, cost: u64) -> Verdict {
     let mut verdict = a.evaluate(state, now, cost);

@@ -17,23 +17,21 @@
 -- retry_after_us or -1 },
 -- where remaining and reset describe the state after this request's charges.
 
--- Phase one of one policy, with the clock-lag adjustment (twin of `evaluate_with_lag`): a state
--- newer than `now` (the clock went back) decides as of its own time; its times are moved to be
--- from `now`.
-local function judge(alg, p, st, now, cost, key)
-  local ok, remaining, reset, retry = alg:evaluate(p, st, now, cost, key)
-  if alg.lag then
-    local lag = alg.lag(p, st, now)
-    if lag > 0 then
-      if reset > 0 then
-        reset = reset + lag
-      end
-      if retry >= 0 then
-        retry = retry + lag
-      end
+-- The clock-lag adjustment (twin of `evaluate_with_lag`), for the algorithms that keep their own
+-- time (`alg.lag`): a state newer than `now` (the clock went back) decides as of its own time,
+-- and its times are moved to be from `now`. Called only for those algorithms, so the others pay
+-- nothing for it.
+local function shift(alg, p, st, now, reset, retry)
+  local lag = alg.lag(p, st, now)
+  if lag > 0 then
+    if reset > 0 then
+      reset = reset + lag
+    end
+    if retry >= 0 then
+      retry = retry + lag
     end
   end
-  return ok, remaining, reset, retry
+  return reset, retry
 end
 
 local now = tonumber(ARGV[1])
@@ -91,7 +89,10 @@ for i = 1, n do
     st = alg.load(key, p)
     cost = 0
   end
-  local ok, remaining, reset, retry = judge(alg, p, st, now, cost, key)
+  local ok, remaining, reset, retry = alg:evaluate(p, st, now, cost, key)
+  if alg.lag then
+    reset, retry = shift(alg, p, st, now, reset, retry)
+  end
   if blocked and blocked > now then
     -- Blocked: denied until the block ends, whatever the state (twin of `apply_block`).
     local wait = blocked - now
@@ -123,7 +124,10 @@ for i = 1, n do
   elseif allowed[i] == 1 and costs[i] > 0 then
     -- Admitted by this policy but not charged: report the state as it stays.
     local base = 2 + (i - 1) * REPLY_PER_POLICY
-    local _, remaining, reset = judge(algs[i], params[i], states[i], now, 0, KEYS[2 * i - 1])
+    local _, remaining, reset, retry = algs[i]:evaluate(params[i], states[i], now, 0, KEYS[2 * i - 1])
+    if algs[i].lag then
+      reset = shift(algs[i], params[i], states[i], now, reset, retry)
+    end
     reply[base + 1] = remaining
     reply[base + 2] = reset
   end

@@ -3,7 +3,7 @@
 //! can put the two side by side. Not an example of how to use the crate.
 //!
 //! ```text
-//! driver_redis args URL              # SHA, then the EVALSHA arguments, one per line
+//! driver_redis args URL [ALGORITHM]  # SHA, then the EVALSHA arguments, one per line
 //! driver_redis throughput URL [--tasks 50] [--seconds 2] [--pool N] [--threads 1]
 //! driver_redis latency URL [--n 20000]
 //! driver_redis algorithms URL [--n 20000]
@@ -179,7 +179,11 @@ fn main() {
     rt.block_on(async {
         match command {
             "args" => {
-                let layer = layer(&url, 0, Algorithm::Gcra).await;
+                let algorithm = match args.get(2).filter(|a| !a.starts_with("--")) {
+                    Some(name) => name.parse().expect("an algorithm name"),
+                    None => Algorithm::Gcra,
+                };
+                let layer = layer(&url, 0, algorithm).await;
                 for arg in common::captured_evalsha(&url, &layer, &Key::from("RANDINT")).await {
                     println!("{arg}");
                 }

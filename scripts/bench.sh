@@ -108,6 +108,7 @@ ARGS[2]=${ARGS[2]/RANDINT/__rand_int__}
 RB=(redis-benchmark -h 127.0.0.1 -p "$PORT" -r 10000 --csv)
 echo "evalsha=EVALSHA $SHA ${ARGS[*]}" >>"$RAW/machine.txt"
 
+if [ -z "${BENCH_ONLY:-}" ]; then
 echo "== 1-3: Redis decisions (50 tasks), latency (1 task), pool vs multiplexed" >&2
 "$BR" throughput "$URL" --seconds 1 >/dev/null # warm-up
 "${RB[@]}" -c 50 -n 50000 EVALSHA "$SHA" "${ARGS[@]}" >/dev/null
@@ -156,8 +157,53 @@ cargo bench --all-features --bench peers -- --warm-up-time 2 --measurement-time 
     >"$RAW/criterion.txt" 2>&1
 cp -r target/criterion/decision "$RAW/criterion"
 cp -r target/criterion/request "$RAW/criterion-request"
+fi
 
-echo "== 8: each algorithm's Redis cost and memory per key" >&2
+echo "== 8: each algorithm's script against a minimal script of the same algorithm" >&2
+# The EVALSHA our store sends for each algorithm's bench policy (1,000,000/s; the sliding log
+# 1,000/s), and a minimal script of that algorithm (benches/reference/, for comparison only)
+# with the same quota, on the same keyspace and concurrency: redis-benchmark -c 50 -P 16, the
+# server's time per call from INFO commandstats, runs interleaved.
+declare -A REF_ARGS=(
+    [fixed_window]="1000000 1000"
+    [sliding_window]="1000000 10 100000"
+    [sliding_log]="1000 1000000"
+    [token_bucket]="1000000 1"
+    [leaky_bucket]="1000000 1"
+    [gcra]="1 1000000"
+)
+usec_per_call() {
+    redis-cli -p "$PORT" INFO commandstats | tr -d '\r' |
+        sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p'
+}
+script_run() { # label, then the EVALSHA arguments
+    local out=$1
+    shift
+    redis-cli -p "$PORT" FLUSHALL >/dev/null
+    redis-cli -p "$PORT" CONFIG RESETSTAT >/dev/null
+    redis-benchmark -h 127.0.0.1 -p "$PORT" -r 10000 -c 50 -P 16 -n "$SCRIPT_CALLS" EVALSHA "$@" \
+        >/dev/null
+    echo "usec_per_call=$(usec_per_call)" >"$out"
+}
+SCRIPT_CALLS=${BENCH_SCRIPT_CALLS:-100000}
+for algorithm in "${!REF_ARGS[@]}"; do
+    mapfile -t EV < <("$BR" args "$URL" "$algorithm")
+    OURS=("${EV[@]}")
+    OURS[2]=${OURS[2]/RANDINT/__rand_int__}
+    OURS[3]=${OURS[3]/RANDINT/__rand_int__}
+    REF_SHA=$(redis-cli -p "$PORT" SCRIPT LOAD "$(cat "benches/reference/$algorithm.lua")")
+    read -r -a ref_args <<<"${REF_ARGS[$algorithm]}"
+    REF=("$REF_SHA" 1 "ref:$algorithm:{__rand_int__}" "${ref_args[@]}")
+    [ "$(redis-cli -p "$PORT" EVALSHA "${REF[@]/__rand_int__/0}")" = 1 ] ||
+        { echo "bench.sh: the minimal $algorithm script does not admit" >&2; exit 1; }
+    for r in $(seq "$RUNS"); do
+        script_run "$RAW/script-$algorithm-ours.$r.txt" "${OURS[@]}"
+        script_run "$RAW/script-$algorithm-minimal.$r.txt" "${REF[@]}"
+    done
+    echo "   $algorithm" >&2
+done
+
+echo "== 8: each algorithm's Redis cost from our client, and memory per key" >&2
 "$BR" algorithms "$URL" --n 50000 >"$RAW/algorithms.txt"
 for algorithm in fixed_window sliding_window sliding_log token_bucket leaky_bucket gcra; do
     "$BR" memory-per-key "$algorithm" --keys 200000 >>"$RAW/memory.txt"

@@ -1,0 +1,15 @@
+-- Minimal GCRA, for comparison only (scripts/bench.sh): TIME, GET of the theoretical arrival
+-- time, SET ... PX of the new one. ARGV: emission interval in µs, tolerance in µs.
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local interval, tolerance = tonumber(ARGV[1]), tonumber(ARGV[2])
+local tat = tonumber(redis.call('GET', KEYS[1])) or now
+if tat < now then
+  tat = now
+end
+local new = tat + interval
+if new - now > tolerance then
+  return 0
+end
+redis.call('SET', KEYS[1], string.format('%.0f', new), 'PX', math.ceil((new - now) / 1000))
+return 1

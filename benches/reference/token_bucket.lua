@@ -1,0 +1,18 @@
+-- Minimal token bucket, for comparison only (scripts/bench.sh): TIME, GET of "tokens last",
+-- SET ... PX of the new state. ARGV: capacity, tokens added per µs (a whole number here).
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local capacity, rate = tonumber(ARGV[1]), tonumber(ARGV[2])
+local tokens, last = capacity, now
+local raw = redis.call('GET', KEYS[1])
+if raw then
+  local a, b = string.match(raw, '(%d+) (%d+)')
+  tokens = math.min(capacity, tonumber(a) + (now - tonumber(b)) * rate)
+end
+if tokens < 1 then
+  return 0
+end
+tokens = tokens - 1
+local ttl = math.ceil((capacity - tokens) / rate / 1000)
+redis.call('SET', KEYS[1], string.format('%.0f %.0f', tokens, now), 'PX', math.max(ttl, 1))
+return 1

@@ -18,7 +18,7 @@
 //! doubles, are exact too.
 //!
 //! Each algorithm implements [`Step`] in its own file, with its Lua twin beside it in `lua/`
-//! (which defines `ALG[<NAME>]`), and is registered by one entry in `algorithms!` below. That
+//! (which defines `ALG[<NAME>]`, built only when a decision uses it), and is registered by one entry in `algorithms!` below. That
 //! entry makes the public [`Algorithm`] variant and its name, the compiled form, the state,
 //! the dispatch, and puts the twin in the Redis script, whose prelude binds `<NAME>` to the
 //! id Rust gives it. Adding an algorithm touches those three places and nothing else (then the
@@ -109,8 +109,9 @@ impl Verdict {
 pub(crate) trait Step: Sized {
     /// Per-key state.
     type State;
-    /// The Lua twin: defines `ALG[<NAME>]`, where `<NAME>` is the algorithm's upper-case name,
-    /// bound to its id by the script's generated prelude.
+    /// The Lua twin: defines `ALG[<NAME>]`, a function that builds the algorithm's table of
+    /// functions (`load`, `evaluate`, `commit`, `refund`, maybe `lag`), where `<NAME>` is the
+    /// algorithm's upper-case name, replaced by its id when the script is assembled.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     const LUA: &'static str;
     /// Whether the algorithm takes a burst different from its limit.

@@ -1,53 +1,56 @@
 -- Fixed window: twin of fixed_window.rs. Params: limit, window. State: "start count".
-ALG[FIXED_WINDOW] = {
-  load = function(key)
-    return parse(get(key), 2)
-  end,
-  current = function(p, st, now)
-    local start = fdiv(now, p[2]) * p[2]
-    if st and st[1] >= start then
-      return st[1], st[2]
-    end
-    return start, 0
-  end,
-  evaluate = function(self, p, st, now, cost)
-    local limit, window = p[1], p[2]
-    local start, count = self.current(p, st, now)
-    local left = start + window - now
-    if left < 0 then
-      left = 0
-    end
-    local remaining = limit - count
-    if remaining < 0 then
-      remaining = 0
-    end
-    local function reset(c)
-      if c == 0 then
-        return 0
+-- Built only when a decision uses it: the script runs whole on every call.
+ALG[FIXED_WINDOW] = function()
+  return {
+    load = function(key)
+      return parse(get(key), 2)
+    end,
+    current = function(p, st, now)
+      local start = fdiv(now, p[2]) * p[2]
+      if st and st[1] >= start then
+        return st[1], st[2]
       end
-      return left
-    end
-    if cost > limit then
-      return 0, remaining, reset(count), -1
-    end
-    if count + cost <= limit then
-      return 1, remaining - cost, reset(count + cost), -1
-    end
-    return 0, remaining, reset(count), left
-  end,
-  refund = function(self, key, p, st, now, units)
-    if not st then
-      return
-    end
-    local start, count = self.current(p, st, now)
-    local left = count - units
-    if left < 0 then
-      left = 0
-    end
-    store(key, int(start) .. ' ' .. int(left), now, start + p[2])
-  end,
-  commit = function(self, key, p, st, now, cost)
-    local start, count = self.current(p, st, now)
-    store(key, int(start) .. ' ' .. int(count + cost), now, start + p[2])
-  end,
-}
+      return start, 0
+    end,
+    evaluate = function(self, p, st, now, cost)
+      local limit, window = p[1], p[2]
+      local start, count = self.current(p, st, now)
+      local left = start + window - now
+      if left < 0 then
+        left = 0
+      end
+      local remaining = limit - count
+      if remaining < 0 then
+        remaining = 0
+      end
+      local function reset(c)
+        if c == 0 then
+          return 0
+        end
+        return left
+      end
+      if cost > limit then
+        return 0, remaining, reset(count), -1
+      end
+      if count + cost <= limit then
+        return 1, remaining - cost, reset(count + cost), -1
+      end
+      return 0, remaining, reset(count), left
+    end,
+    refund = function(self, key, p, st, now, units)
+      if not st then
+        return
+      end
+      local start, count = self.current(p, st, now)
+      local left = count - units
+      if left < 0 then
+        left = 0
+      end
+      store(key, int(start) .. ' ' .. int(left), now, start + p[2])
+    end,
+    commit = function(self, key, p, st, now, cost)
+      local start, count = self.current(p, st, now)
+      store(key, int(start) .. ' ' .. int(count + cost), now, start + p[2])
+    end,
+  }
+end

@@ -1,49 +1,52 @@
 -- GCRA: twin of gcra.rs. Params: interval, burst, tolerance. State: "tat".
-ALG[GCRA] = {
-  load = function(key)
-    return parse(get(key), 1)
-  end,
-  evaluate = function(self, p, st, now, cost)
-    local interval, burst, tolerance = p[1], p[2], p[3]
-    local tat = now
-    if st and st[1] > now then
-      tat = st[1]
-    end
-    local backlog = tat - now
-    local capped = backlog
-    if capped > tolerance then
-      capped = tolerance
-    end
-    local remaining_now = fdiv(tolerance - capped, interval)
-    if cost > burst then
-      return 0, remaining_now, backlog, -1
-    end
-    local new_backlog = backlog + cost * interval
-    if new_backlog <= tolerance then
-      return 1, fdiv(tolerance - new_backlog, interval), new_backlog, -1
-    end
-    return 0, remaining_now, backlog, new_backlog - tolerance
-  end,
-  refund = function(self, key, p, st, now, units)
-    if not st then
-      return
-    end
-    local tat = st[1]
-    if tat < now then
-      tat = now
-    end
-    tat = tat - units * p[1]
-    if tat < now then
-      tat = now
-    end
-    store(key, int(tat), now, tat)
-  end,
-  commit = function(self, key, p, st, now, cost)
-    local tat = now
-    if st and st[1] > now then
-      tat = st[1]
-    end
-    tat = tat + cost * p[1]
-    store(key, int(tat), now, tat)
-  end,
-}
+-- Built only when a decision uses it: the script runs whole on every call.
+ALG[GCRA] = function()
+  return {
+    load = function(key)
+      return parse(get(key), 1)
+    end,
+    evaluate = function(self, p, st, now, cost)
+      local interval, burst, tolerance = p[1], p[2], p[3]
+      local tat = now
+      if st and st[1] > now then
+        tat = st[1]
+      end
+      local backlog = tat - now
+      local capped = backlog
+      if capped > tolerance then
+        capped = tolerance
+      end
+      local remaining_now = fdiv(tolerance - capped, interval)
+      if cost > burst then
+        return 0, remaining_now, backlog, -1
+      end
+      local new_backlog = backlog + cost * interval
+      if new_backlog <= tolerance then
+        return 1, fdiv(tolerance - new_backlog, interval), new_backlog, -1
+      end
+      return 0, remaining_now, backlog, new_backlog - tolerance
+    end,
+    refund = function(self, key, p, st, now, units)
+      if not st then
+        return
+      end
+      local tat = st[1]
+      if tat < now then
+        tat = now
+      end
+      tat = tat - units * p[1]
+      if tat < now then
+        tat = now
+      end
+      store(key, int(tat), now, tat)
+    end,
+    commit = function(self, key, p, st, now, cost)
+      local tat = now
+      if st and st[1] > now then
+        tat = st[1]
+      end
+      tat = tat + cost * p[1]
+      store(key, int(tat), now, tat)
+    end,
+  }
+end

@@ -1,58 +1,61 @@
 -- Leaky bucket (meter): twin of leaky_bucket.rs. Params: capacity, unit, rate, full.
 -- State: "level last" (level in scaled units).
-ALG[LEAKY_BUCKET] = {
-  load = function(key)
-    return parse(get(key), 2)
-  end,
-  level = function(p, st, now)
-    if not st then
-      return 0
-    end
-    local elapsed = now - st[2]
-    if elapsed < 0 then
-      elapsed = 0
-    end
-    if elapsed >= cdiv(st[1], p[3]) then
-      return 0
-    end
-    return st[1] - elapsed * p[3]
-  end,
-  lag = bucket_lag,
-  evaluate = function(self, p, st, now, cost)
-    local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
-    local level = self.level(p, st, now)
-    local room = full - level
-    if room < 0 then
-      room = 0
-    end
-    if cost > capacity then
-      return 0, fdiv(room, unit), cdiv(level, rate), -1
-    end
-    local after = level + cost * unit
-    if after <= full then
-      return 1, fdiv(full - after, unit), cdiv(after, rate), -1
-    end
-    return 0, fdiv(room, unit), cdiv(level, rate), cdiv(after - full, rate)
-  end,
-  refund = function(self, key, p, st, now, units)
-    if not st then
-      return
-    end
-    local level = self.level(p, st, now)
-    if units >= p[1] then
-      level = 0
-    else
-      level = level - units * p[2]
-      if level < 0 then
-        level = 0
+-- Built only when a decision uses it: the script runs whole on every call.
+ALG[LEAKY_BUCKET] = function()
+  return {
+    load = function(key)
+      return parse(get(key), 2)
+    end,
+    level = function(p, st, now)
+      if not st then
+        return 0
       end
-    end
-    local last = last_after(st, now)
-    store(key, int(level) .. ' ' .. int(last), now, last + cdiv(level, p[3]))
-  end,
-  commit = function(self, key, p, st, now, cost)
-    local level = self.level(p, st, now) + cost * p[2]
-    local last = last_after(st, now)
-    store(key, int(level) .. ' ' .. int(last), now, last + cdiv(level, p[3]))
-  end,
-}
+      local elapsed = now - st[2]
+      if elapsed < 0 then
+        elapsed = 0
+      end
+      if elapsed >= cdiv(st[1], p[3]) then
+        return 0
+      end
+      return st[1] - elapsed * p[3]
+    end,
+    lag = bucket_lag,
+    evaluate = function(self, p, st, now, cost)
+      local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
+      local level = self.level(p, st, now)
+      local room = full - level
+      if room < 0 then
+        room = 0
+      end
+      if cost > capacity then
+        return 0, fdiv(room, unit), cdiv(level, rate), -1
+      end
+      local after = level + cost * unit
+      if after <= full then
+        return 1, fdiv(full - after, unit), cdiv(after, rate), -1
+      end
+      return 0, fdiv(room, unit), cdiv(level, rate), cdiv(after - full, rate)
+    end,
+    refund = function(self, key, p, st, now, units)
+      if not st then
+        return
+      end
+      local level = self.level(p, st, now)
+      if units >= p[1] then
+        level = 0
+      else
+        level = level - units * p[2]
+        if level < 0 then
+          level = 0
+        end
+      end
+      local last = last_after(st, now)
+      store(key, int(level) .. ' ' .. int(last), now, last + cdiv(level, p[3]))
+    end,
+    commit = function(self, key, p, st, now, cost)
+      local level = self.level(p, st, now) + cost * p[2]
+      local last = last_after(st, now)
+      store(key, int(level) .. ' ' .. int(last), now, last + cdiv(level, p[3]))
+    end,
+  }
+end

@@ -1,188 +1,191 @@
 -- Sliding window counter: twin of sliding_window.rs. Params: limit, buckets, bucket.
 -- State: "head c0 c1 ... cN", the ring of N + 1 counters indexed by bucket index mod (N + 1).
-local function sw_count(p, st, index)
-  if st and index <= st[1] and index + p[2] >= st[1] then
-    local slot = index - fdiv(index, p[2] + 1) * (p[2] + 1)
-    return st[slot + 2]
-  end
-  return 0
-end
-
-local function sw_position(p, st, now)
-  local c = fdiv(now, p[3])
-  if st and st[1] > c then
-    return st[1], 0
-  end
-  return c, now - c * p[3]
-end
-
-local function sw_estimate(p, st, c, x)
-  local n, g = p[2], p[3]
-  local whole = 0
-  local from = c + 1 - n
-  if from < 0 then
-    from = 0
-  end
-  for i = from, c do
-    whole = whole + sw_count(p, st, i)
-  end
-  local oldest = 0
-  if c >= n then
-    oldest = sw_count(p, st, c - n)
-  end
-  return whole + cdiv(oldest * (g - x), g)
-end
-
-local function sw_reset(p, st, c, x)
-  local n, g = p[2], p[3]
-  local now = c * g + x
-  local from = c - n
-  if from < 0 then
-    from = 0
-  end
-  for j = c, from, -1 do
-    if sw_count(p, st, j) > 0 then
-      return (j + n + 1) * g - now
-    end
-  end
-  return 0
-end
-
-ALG[SLIDING_WINDOW] = {
-  load = function(key, p)
-    return parse(get(key), p[2] + 2)
-  end,
-  lag = function(p, st, now)
-    if st and st[1] * p[3] > now then
-      return st[1] * p[3] - now
+-- Built only when a decision uses it: the script runs whole on every call.
+ALG[SLIDING_WINDOW] = function()
+  local function sw_count(p, st, index)
+    if st and index <= st[1] and index + p[2] >= st[1] then
+      local slot = index - fdiv(index, p[2] + 1) * (p[2] + 1)
+      return st[slot + 2]
     end
     return 0
-  end,
-  evaluate = function(self, p, st, now, cost)
-    local limit, n, g = p[1], p[2], p[3]
-    local c, x = sw_position(p, st, now)
-    local used = sw_estimate(p, st, c, x)
-    local remaining = limit - used
-    if remaining < 0 then
-      remaining = 0
+  end
+
+  local function sw_position(p, st, now)
+    local c = fdiv(now, p[3])
+    if st and st[1] > c then
+      return st[1], 0
     end
-    local reset_now = sw_reset(p, st, c, x)
-    if cost > limit then
-      return 0, remaining, reset_now, -1
+    return c, now - c * p[3]
+  end
+
+  local function sw_estimate(p, st, c, x)
+    local n, g = p[2], p[3]
+    local whole = 0
+    local from = c + 1 - n
+    if from < 0 then
+      from = 0
     end
-    if used + cost <= limit then
-      local reset = reset_now
-      if cost > 0 then
-        reset = (n + 1) * g - x
-      end
-      return 1, remaining - cost, reset, -1
+    for i = from, c do
+      whole = whole + sw_count(p, st, i)
     end
-    local now_abs = c * g + x
-    for k = 0, n + 1 do
-      local q = c + k
-      local whole = 0
-      local from = q + 1 - n
-      if from < 0 then
-        from = 0
+    local oldest = 0
+    if c >= n then
+      oldest = sw_count(p, st, c - n)
+    end
+    return whole + cdiv(oldest * (g - x), g)
+  end
+
+  local function sw_reset(p, st, c, x)
+    local n, g = p[2], p[3]
+    local now = c * g + x
+    local from = c - n
+    if from < 0 then
+      from = 0
+    end
+    for j = c, from, -1 do
+      if sw_count(p, st, j) > 0 then
+        return (j + n + 1) * g - now
       end
-      for i = from, q do
-        if i <= c then
-          whole = whole + sw_count(p, st, i)
-        end
+    end
+    return 0
+  end
+
+  return {
+    load = function(key, p)
+      return parse(get(key), p[2] + 2)
+    end,
+    lag = function(p, st, now)
+      if st and st[1] * p[3] > now then
+        return st[1] * p[3] - now
       end
-      local avail = limit - (cost + whole)
-      if avail >= 0 then
-        local oldest = 0
-        if q >= n and q - n <= c then
-          oldest = sw_count(p, st, q - n)
+      return 0
+    end,
+    evaluate = function(self, p, st, now, cost)
+      local limit, n, g = p[1], p[2], p[3]
+      local c, x = sw_position(p, st, now)
+      local used = sw_estimate(p, st, c, x)
+      local remaining = limit - used
+      if remaining < 0 then
+        remaining = 0
+      end
+      local reset_now = sw_reset(p, st, c, x)
+      if cost > limit then
+        return 0, remaining, reset_now, -1
+      end
+      if used + cost <= limit then
+        local reset = reset_now
+        if cost > 0 then
+          reset = (n + 1) * g - x
         end
-        local x0 = 0
-        if k == 0 then
-          x0 = x
+        return 1, remaining - cost, reset, -1
+      end
+      local now_abs = c * g + x
+      for k = 0, n + 1 do
+        local q = c + k
+        local whole = 0
+        local from = q + 1 - n
+        if from < 0 then
+          from = 0
         end
-        local xmin = x0
-        if oldest > 0 then
-          local bound = g - fdiv(avail * g, oldest)
-          if bound > xmin then
-            xmin = bound
+        for i = from, q do
+          if i <= c then
+            whole = whole + sw_count(p, st, i)
           end
         end
-        if xmin < g then
-          return 0, remaining, reset_now, q * g + xmin - now_abs
+        local avail = limit - (cost + whole)
+        if avail >= 0 then
+          local oldest = 0
+          if q >= n and q - n <= c then
+            oldest = sw_count(p, st, q - n)
+          end
+          local x0 = 0
+          if k == 0 then
+            x0 = x
+          end
+          local xmin = x0
+          if oldest > 0 then
+            local bound = g - fdiv(avail * g, oldest)
+            if bound > xmin then
+              xmin = bound
+            end
+          end
+          if xmin < g then
+            return 0, remaining, reset_now, q * g + xmin - now_abs
+          end
         end
       end
-    end
-    return redis.error_reply('sliding_window: no retry time found')
-  end,
-  refund = function(self, key, p, st, now, units)
-    if not st then
-      return
-    end
-    local n, g = p[2], p[3]
-    local slots = n + 1
-    local c = sw_position(p, st, now)
-    local head = st[1]
-    local oldest = c - n
-    if head - n > oldest then
-      oldest = head - n
-    end
-    if oldest < 0 then
-      oldest = 0
-    end
-    local i = head
-    if c < i then
-      i = c
-    end
-    local left = units
-    while left > 0 and i >= oldest do
-      local slot = i - fdiv(i, slots) * slots + 2
-      local take = st[slot]
-      if take > left then
-        take = left
+      return redis.error_reply('sliding_window: no retry time found')
+    end,
+    refund = function(self, key, p, st, now, units)
+      if not st then
+        return
       end
-      st[slot] = st[slot] - take
-      left = left - take
-      i = i - 1
-    end
-    local parts = {}
-    for k = 1, slots + 1 do
-      parts[k] = int(st[k])
-    end
-    store(key, table.concat(parts, ' '), now, (head + n + 1) * g)
-  end,
-  commit = function(self, key, p, st, now, cost)
-    local n, g = p[2], p[3]
-    local slots = n + 1
-    local c = sw_position(p, st, now)
-    local ring = {}
-    local head = c
-    if st then
-      head = st[1]
+      local n, g = p[2], p[3]
+      local slots = n + 1
+      local c = sw_position(p, st, now)
+      local head = st[1]
+      local oldest = c - n
+      if head - n > oldest then
+        oldest = head - n
+      end
+      if oldest < 0 then
+        oldest = 0
+      end
+      local i = head
+      if c < i then
+        i = c
+      end
+      local left = units
+      while left > 0 and i >= oldest do
+        local slot = i - fdiv(i, slots) * slots + 2
+        local take = st[slot]
+        if take > left then
+          take = left
+        end
+        st[slot] = st[slot] - take
+        left = left - take
+        i = i - 1
+      end
+      local parts = {}
+      for k = 1, slots + 1 do
+        parts[k] = int(st[k])
+      end
+      store(key, table.concat(parts, ' '), now, (head + n + 1) * g)
+    end,
+    commit = function(self, key, p, st, now, cost)
+      local n, g = p[2], p[3]
+      local slots = n + 1
+      local c = sw_position(p, st, now)
+      local ring = {}
+      local head = c
+      if st then
+        head = st[1]
+        for i = 1, slots do
+          ring[i] = st[i + 1]
+        end
+      else
+        for i = 1, slots do
+          ring[i] = 0
+        end
+      end
+      if c > head then
+        local stale = c - head
+        if stale > slots then
+          stale = slots
+        end
+        for i = 0, stale - 1 do
+          local idx = c - i
+          ring[idx - fdiv(idx, slots) * slots + 1] = 0
+        end
+        head = c
+      end
+      local slot = c - fdiv(c, slots) * slots + 1
+      ring[slot] = ring[slot] + cost
+      local parts = { int(head) }
       for i = 1, slots do
-        ring[i] = st[i + 1]
+        parts[i + 1] = int(ring[i])
       end
-    else
-      for i = 1, slots do
-        ring[i] = 0
-      end
-    end
-    if c > head then
-      local stale = c - head
-      if stale > slots then
-        stale = slots
-      end
-      for i = 0, stale - 1 do
-        local idx = c - i
-        ring[idx - fdiv(idx, slots) * slots + 1] = 0
-      end
-      head = c
-    end
-    local slot = c - fdiv(c, slots) * slots + 1
-    ring[slot] = ring[slot] + cost
-    local parts = { int(head) }
-    for i = 1, slots do
-      parts[i + 1] = int(ring[i])
-    end
-    store(key, table.concat(parts, ' '), now, (head + n + 1) * g)
-  end,
-}
+      store(key, table.concat(parts, ' '), now, (head + n + 1) * g)
+    end,
+  }
+end

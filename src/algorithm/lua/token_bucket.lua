@@ -1,71 +1,74 @@
 -- Token bucket: twin of token_bucket.rs. Params: capacity, unit, rate, full.
 -- State: "tokens last" (tokens in scaled units).
-local function fill(p, amount, elapsed)
-  local full, rate = p[4], p[3]
-  local a = amount
-  if a > full then
-    a = full
+-- Built only when a decision uses it: the script runs whole on every call.
+ALG[TOKEN_BUCKET] = function()
+  local function fill(p, amount, elapsed)
+    local full, rate = p[4], p[3]
+    local a = amount
+    if a > full then
+      a = full
+    end
+    if elapsed >= cdiv(full - a, rate) then
+      return full
+    end
+    return amount + elapsed * rate
   end
-  if elapsed >= cdiv(full - a, rate) then
-    return full
-  end
-  return amount + elapsed * rate
-end
 
-local function elapsed_since(st, now)
-  local e = now - st[2]
-  if e < 0 then
-    return 0
+  local function elapsed_since(st, now)
+    local e = now - st[2]
+    if e < 0 then
+      return 0
+    end
+    return e
   end
-  return e
-end
 
-ALG[TOKEN_BUCKET] = {
-  load = function(key)
-    return parse(get(key), 2)
-  end,
-  tokens = function(p, st, now)
-    if not st then
-      return p[4]
-    end
-    return fill(p, st[1], elapsed_since(st, now))
-  end,
-  lag = bucket_lag,
-  evaluate = function(self, p, st, now, cost)
-    local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
-    local tokens = self.tokens(p, st, now)
-    if cost > capacity then
-      return 0, fdiv(tokens, unit), cdiv(full - tokens, rate), -1
-    end
-    local need = cost * unit
-    if tokens >= need then
-      local left = tokens - need
-      return 1, fdiv(left, unit), cdiv(full - left, rate), -1
-    end
-    return 0, fdiv(tokens, unit), cdiv(full - tokens, rate), cdiv(need - tokens, rate)
-  end,
-  refund = function(self, key, p, st, now, units)
-    if not st then
-      return
-    end
-    local tokens = self.tokens(p, st, now)
-    if units >= p[1] then
-      tokens = p[4]
-    else
-      tokens = tokens + units * p[2]
-      if tokens > p[4] then
-        tokens = p[4]
+  return {
+    load = function(key)
+      return parse(get(key), 2)
+    end,
+    tokens = function(p, st, now)
+      if not st then
+        return p[4]
       end
-    end
-    local last = last_after(st, now)
-    store(key, int(tokens) .. ' ' .. int(last), now, last + cdiv(p[4] - tokens, p[3]))
-  end,
-  commit = function(self, key, p, st, now, cost)
-    local tokens = self.tokens(p, st, now) - cost * p[2]
-    if tokens < 0 then
-      tokens = 0
-    end
-    local last = last_after(st, now)
-    store(key, int(tokens) .. ' ' .. int(last), now, last + cdiv(p[4] - tokens, p[3]))
-  end,
-}
+      return fill(p, st[1], elapsed_since(st, now))
+    end,
+    lag = bucket_lag,
+    evaluate = function(self, p, st, now, cost)
+      local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
+      local tokens = self.tokens(p, st, now)
+      if cost > capacity then
+        return 0, fdiv(tokens, unit), cdiv(full - tokens, rate), -1
+      end
+      local need = cost * unit
+      if tokens >= need then
+        local left = tokens - need
+        return 1, fdiv(left, unit), cdiv(full - left, rate), -1
+      end
+      return 0, fdiv(tokens, unit), cdiv(full - tokens, rate), cdiv(need - tokens, rate)
+    end,
+    refund = function(self, key, p, st, now, units)
+      if not st then
+        return
+      end
+      local tokens = self.tokens(p, st, now)
+      if units >= p[1] then
+        tokens = p[4]
+      else
+        tokens = tokens + units * p[2]
+        if tokens > p[4] then
+          tokens = p[4]
+        end
+      end
+      local last = last_after(st, now)
+      store(key, int(tokens) .. ' ' .. int(last), now, last + cdiv(p[4] - tokens, p[3]))
+    end,
+    commit = function(self, key, p, st, now, cost)
+      local tokens = self.tokens(p, st, now) - cost * p[2]
+      if tokens < 0 then
+        tokens = 0
+      end
+      local last = last_after(st, now)
+      store(key, int(tokens) .. ' ' .. int(last), now, last + cdiv(p[4] - tokens, p[3]))
+    end,
+  }
+end

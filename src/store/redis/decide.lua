@@ -48,10 +48,11 @@ local reply = { now }
 local admitted = true
 for i = 1, n do
   local base = 2 + (i - 1) * ARGS_PER_POLICY
-  local alg = ALG[tonumber(ARGV[base + 1])]
-  if not alg then
+  local make = ALG[tonumber(ARGV[base + 1])]
+  if not make then
     return redis.error_reply('tower-ratelimit: unknown algorithm ' .. tostring(ARGV[base + 1]))
   end
+  local alg = make()
   local p = {
     tonumber(ARGV[base + 2]),
     tonumber(ARGV[base + 3]),

@@ -104,11 +104,11 @@ mod tests {
             let twin = LUA_TWINS.iter().find(|(a, _)| *a == algorithm).unwrap().1;
             let name = algorithm.name().to_ascii_uppercase();
             assert!(
-                twin.contains(&format!("ALG[{name}] = {{")),
+                twin.contains(&format!("ALG[{name}] = function()")),
                 "{name} registers itself by name"
             );
             assert!(
-                source.contains(&format!("ALG[{id}] = {{")),
+                source.contains(&format!("ALG[{id}] = function()")),
                 "{name} is ALG[{id}]"
             );
         }

@@ -172,11 +172,7 @@ fn main() {
         .position(|a| a == "--threads")
         .and_then(|i| args.get(i + 1))
         .map_or(1, |t| t.parse().expect("a number"));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let rt = common::runtime(threads);
     rt.block_on(async {
         let app = app(&mode, &url).await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -171,11 +171,7 @@ fn main() {
     let command = args.first().map(String::as_str).unwrap_or("");
     let url = args.get(1).cloned().unwrap_or_default();
     let threads = flag(&args, "--threads", 1) as usize;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let rt = common::runtime(threads);
     rt.block_on(async {
         match command {
             "args" => {

@@ -136,12 +136,10 @@ pub(crate) struct Ticket {
 /// Charges and refunds that depend on the response's status.
 pub(crate) type Charges = Vec<AfterResponse>;
 
-/// A charge or refund that depends on the response's status.
+/// A charge or refund that depends on the response's status: the check to send the store
+/// when `when` accepts the status.
 pub(crate) struct AfterResponse {
-    tier: Arc<Tier>,
-    key: Key,
-    cost: u64,
-    mode: Mode,
+    check: Check,
     when: StatusFn,
 }
 
@@ -186,14 +184,13 @@ impl<St: Store> Limiter<St> {
         }
         let fallback = divisor.map(|_| MemoryStore::builder().clock(config.clock.clone()).build());
         let in_store = |name, algorithm| store.register(name, algorithm);
-        let in_fallback = |name, algorithm| match &fallback {
-            Some(local) => local.register(name, algorithm),
-            None => Ok(0),
-        };
+        let in_fallback = fallback
+            .as_ref()
+            .map(|local| move |name, algorithm| local.register(name, algorithm));
         let policies = prepared
             .into_iter()
             .map(|p| {
-                let fallback = divisor.map(|_| &in_fallback as _);
+                let fallback = in_fallback.as_ref().map(|f| f as _);
                 p.register(&config.key, &config.cost, &in_store, fallback)
             })
             .collect::<Result<_, _>>()?;
@@ -239,29 +236,22 @@ impl<St: Store> Limiter<St> {
             let index = policy.tier_index(request, &key);
             let tier = policy.tier(index);
             let cost = policy.cost(request);
-            for (when, mode) in [
+            let mode = mode_of(policy);
+            for (when, charge) in [
                 (policy.charge_if(), Mode::Enforce),
                 (policy.refund_if(), Mode::Refund),
             ] {
                 if let Some(when) = when {
                     after.push(AfterResponse {
-                        tier: tier.clone(),
-                        key: key.clone(),
-                        cost,
-                        mode,
+                        check: Check::new(tier.clone(), key.clone(), cost, charge),
                         when: when.clone(),
                     });
                 }
             }
             if let (Some(fallback), Some(local)) = (&mut fallback, policy.fallback_tier(index)) {
-                fallback.push(Check::new(
-                    local.clone(),
-                    key.clone(),
-                    cost,
-                    mode_of(policy),
-                ));
+                fallback.push(Check::new(local.clone(), key.clone(), cost, mode));
             }
-            checks.push(Check::new(tier.clone(), key, cost, mode_of(policy)));
+            checks.push(Check::new(tier.clone(), key, cost, mode));
         }
         if checks.is_empty() {
             return Begin::Unlimited;
@@ -415,7 +405,7 @@ impl<St: Store> Limiter<St> {
         let checks: Checks = charges
             .into_iter()
             .filter(|a| (a.when)(status))
-            .map(|a| Check::new(a.tier, a.key, a.cost, a.mode))
+            .map(|a| a.check)
             .collect();
         (!checks.is_empty()).then(|| self.store.check(checks))
     }

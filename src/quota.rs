@@ -214,55 +214,16 @@ impl ParseError {
     }
 }
 
-/// `s` without ASCII whitespace at either end.
-const fn trim(mut s: &[u8]) -> &[u8] {
-    while let [first, rest @ ..] = s
-        && first.is_ascii_whitespace()
-    {
-        s = rest;
+/// The decimal number `digits` (ASCII digits only, checked by the caller), or `None` when it
+/// does not fit.
+const fn number(digits: &[u8]) -> Option<u64> {
+    match core::str::from_utf8(digits) {
+        Ok(text) => match u64::from_str_radix(text, 10) {
+            Ok(n) => Some(n),
+            Err(_) => None,
+        },
+        Err(_) => None,
     }
-    while let [rest @ .., last] = s
-        && last.is_ascii_whitespace()
-    {
-        s = rest;
-    }
-    s
-}
-
-/// Whether `a` is one of `options`.
-const fn one_of(a: &[u8], options: &[&str]) -> bool {
-    let mut i = 0;
-    while i < options.len() {
-        let o = options[i].as_bytes();
-        if a.len() == o.len() {
-            let mut j = 0;
-            while j < a.len() && a[j] == o[j] {
-                j += 1;
-            }
-            if j == a.len() {
-                return true;
-            }
-        }
-        i += 1;
-    }
-    false
-}
-
-/// The decimal number `digits` (ASCII digits only), or `None` when it exceeds `max`.
-const fn number(digits: &[u8], max: u64) -> Option<u64> {
-    let mut n: u64 = 0;
-    let mut i = 0;
-    while i < digits.len() {
-        n = match n.checked_mul(10) {
-            Some(n) => match n.checked_add((digits[i] - b'0') as u64) {
-                Some(n) if n <= max => n,
-                _ => return None,
-            },
-            None => return None,
-        };
-        i += 1;
-    }
-    Some(n)
 }
 
 impl Quota {
@@ -280,7 +241,7 @@ impl Quota {
             ));
         }
         let (limit, window) = s.split_at(slash);
-        let limit = trim(limit);
+        let limit = limit.trim_ascii();
         let mut i = 0;
         while i < limit.len() && limit[i].is_ascii_digit() {
             i += 1;
@@ -288,10 +249,11 @@ impl Quota {
         if limit.is_empty() || i < limit.len() {
             return Err(ParseError::Syntax("the limit must be a whole number"));
         }
-        let Some(limit) = number(limit, u32::MAX as u64) else {
-            return Err(ParseError::Syntax("the limit does not fit in 32 bits"));
+        let limit = match number(limit) {
+            Some(n) if n <= u32::MAX as u64 => n,
+            _ => return Err(ParseError::Syntax("the limit does not fit in 32 bits")),
         };
-        let window = trim(window.split_at(1).1);
+        let window = window.split_at(1).1.trim_ascii();
         let mut digits = 0;
         while digits < window.len() && window[digits].is_ascii_digit() {
             digits += 1;
@@ -300,32 +262,28 @@ impl Quota {
         let count = if count.is_empty() {
             1
         } else {
-            match number(count, u64::MAX) {
+            match number(count) {
                 Some(n) => n,
                 None => return Err(ParseError::Syntax("the window count is too large")),
             }
         };
-        let unit = trim(unit);
-        let unit_us: u64 = if one_of(unit, &["us", "µs"]) {
-            1
-        } else if one_of(unit, &["ms"]) {
-            1_000
-        } else if one_of(unit, &["s", "sec", "secs", "second", "seconds"]) {
-            1_000_000
-        } else if one_of(unit, &["m", "min", "mins", "minute", "minutes"]) {
-            60_000_000
-        } else if one_of(unit, &["h", "hr", "hour", "hours"]) {
-            3_600_000_000
-        } else if one_of(unit, &["d", "day", "days"]) {
-            86_400_000_000
-        } else if unit.is_empty() {
-            return Err(ParseError::Syntax(
-                "the window needs a unit: us, ms, s, min, h or d",
-            ));
-        } else {
-            return Err(ParseError::Syntax(
-                "unknown window unit; use us, ms, s, min, h or d",
-            ));
+        let unit_us: u64 = match unit.trim_ascii() {
+            b"us" | b"\xc2\xb5s" => 1, // "µs" in UTF-8
+            b"ms" => 1_000,
+            b"s" | b"sec" | b"secs" | b"second" | b"seconds" => 1_000_000,
+            b"m" | b"min" | b"mins" | b"minute" | b"minutes" => 60_000_000,
+            b"h" | b"hr" | b"hour" | b"hours" => 3_600_000_000,
+            b"d" | b"day" | b"days" => 86_400_000_000,
+            b"" => {
+                return Err(ParseError::Syntax(
+                    "the window needs a unit: us, ms, s, min, h or d",
+                ));
+            }
+            _ => {
+                return Err(ParseError::Syntax(
+                    "unknown window unit; use us, ms, s, min, h or d",
+                ));
+            }
         };
         if count == 0 {
             return Err(ParseError::ZeroWindow);

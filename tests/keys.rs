@@ -7,7 +7,7 @@
 mod support;
 
 use std::net::{IpAddr, SocketAddr};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -1020,14 +1020,7 @@ fn demo_server_rejects_bad_trusted_proxies_with_the_variable_named() {
         ),
         (&[("KEY", "client-ip")][..], "error: KEY:"),
     ] {
-        let out = Command::new(server_binary())
-            .env_clear()
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let err = String::from_utf8(out.stderr).unwrap();
-        assert_eq!(out.status.code(), Some(2), "{env:?}: {err}");
+        let err = support::demo::start_error(env);
         assert!(err.starts_with(expect), "{env:?}: {err}");
         assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
     }

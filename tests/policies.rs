@@ -18,10 +18,10 @@ use axum::body::Body;
 use axum::routing::get;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderMap, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
 use support::RedisServer;
-use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+use tower::{Service, ServiceBuilder, service_fn};
 use tower_ratelimit::headers::{
     HeaderStyle, RATELIMIT, RATELIMIT_POLICY, ResetFormat, X_RATELIMIT_LIMIT,
     X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
@@ -131,13 +131,16 @@ fn service<St: Store>(
 }
 
 /// A response with its body read, and the decision it carries: the middleware puts it in the
-/// extensions of a limited response, the handler copies it into the others.
+/// extensions of a limited response, the handler copies it into the others. The shared reply,
+/// with what these tests read of it.
 #[derive(Debug)]
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: String,
-    decision: Option<Decision>,
+struct Reply(support::http::Reply);
+
+impl std::ops::Deref for Reply {
+    type Target = support::http::Reply;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
 async fn send<S, ReqB, B>(svc: &S, req: Request<ReqB>) -> Reply
@@ -147,15 +150,7 @@ where
     B: http_body::Body,
     B::Error: Debug,
 {
-    let response = svc.clone().oneshot(req).await.unwrap();
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.unwrap().to_bytes();
-    Reply {
-        status: parts.status,
-        headers: parts.headers,
-        body: String::from_utf8(body.to_vec()).unwrap(),
-        decision: parts.extensions.get::<Decision>().cloned(),
-    }
+    Reply(support::http::send(svc, req).await)
 }
 
 /// One policy as the IETF fields describe it.
@@ -179,14 +174,6 @@ fn ietf(policy: &str, q: i64, w: i64, r: i64, t: i64) -> Ietf {
 }
 
 impl Reply {
-    fn header(&self, name: impl http::header::AsHeaderName) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().unwrap())
-    }
-
-    fn num(&self, name: impl http::header::AsHeaderName) -> Option<u64> {
-        self.header(name).map(|v| v.parse().unwrap())
-    }
-
     fn retry_after(&self) -> Option<u64> {
         self.num(RETRY_AFTER)
     }

@@ -3,21 +3,8 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
-
 use support::RedisServer;
-use support::demo::{DemoServer, server_binary};
-
-fn run_error(env: &[(&str, &str)]) -> String {
-    let out = Command::new(server_binary())
-        .env_clear()
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2), "exit code for {env:?}");
-    String::from_utf8(out.stderr).unwrap()
-}
+use support::demo::{DemoServer, start_error};
 
 #[test]
 fn in_memory_server_limits_per_client_with_every_algorithm() {
@@ -58,14 +45,14 @@ fn bad_configuration_stops_the_server_with_the_variable_named() {
         ("ON_STORE_ERROR", "maybe", "ON_STORE_ERROR:"),
         ("STORE_TIMEOUT_MS", "0", "STORE_TIMEOUT_MS:"),
     ] {
-        let err = run_error(&[(name, value)]);
+        let err = start_error(&[(name, value)]);
         assert!(
             err.starts_with(&format!("error: {expect}")),
             "{name}={value}: {err}"
         );
         assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
     }
-    let err = run_error(&[("REDIS_URL", "redis://127.0.0.1:1")]);
+    let err = start_error(&[("REDIS_URL", "redis://127.0.0.1:1")]);
     assert!(err.starts_with("error: REDIS_URL:"), "{err}");
 }
 

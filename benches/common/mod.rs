@@ -49,3 +49,12 @@ pub(crate) fn started_by_cargo_bench(args: &[String]) -> bool {
     }
     false
 }
+
+/// A runtime with `threads` worker threads, as the drivers measure with.
+pub(crate) fn runtime(threads: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}

@@ -148,7 +148,7 @@ pub(crate) trait Step: Sized {
     fn reported_limit(&self) -> u64;
 
     /// The four parameters the Lua twin takes, in its order.
-    fn lua_params(&self) -> [u64; 4];
+    fn lua_params(&self) -> [u64; LUA_PARAMS];
 }
 
 /// Phase one with the clock-lag adjustment (the one place it is written in Rust; its Lua twin
@@ -301,7 +301,7 @@ macro_rules! algorithms {
             }
 
             /// See [`Step::lua_params`].
-            pub(crate) fn lua_params(&self) -> [u64; 4] {
+            pub(crate) fn lua_params(&self) -> [u64; LUA_PARAMS] {
                 match self {
                     $(Compiled::$variant(a) => a.lua_params(),)*
                 }
@@ -315,6 +315,9 @@ macro_rules! algorithms {
         ];
     };
 }
+
+/// How many parameters every algorithm's Lua twin takes (unused ones are 0).
+pub(crate) const LUA_PARAMS: usize = 4;
 
 /// The helpers every Lua twin uses (integer division, state parsing, writes with a TTL).
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
@@ -361,7 +364,7 @@ impl Compiled {
 
     /// The algorithm's id in the Lua script and its four parameters.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn lua_args(&self) -> (u8, [u64; 4]) {
+    pub(crate) fn lua_args(&self) -> (u8, [u64; LUA_PARAMS]) {
         (self.algorithm().lua_id(), self.lua_params())
     }
 }

@@ -27,6 +27,20 @@ pub fn server_binary() -> &'static PathBuf {
     })
 }
 
+/// Runs the demo server with `env` as its only environment, expecting it to refuse to start
+/// (exit code 2), and returns what it wrote to standard error.
+pub fn start_error(env: &[(&str, &str)]) -> String {
+    let out = Command::new(server_binary())
+        .env_clear()
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "exit code for {env:?}: {err}");
+    err
+}
+
 /// A running demo server, killed when dropped.
 pub struct DemoServer {
     child: Child,

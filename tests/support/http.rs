@@ -17,12 +17,14 @@ use tower_ratelimit::headers::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATEL
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
-/// A response, with its body read.
+/// A response, with its body read, and the `Decision` in its extensions if it carries one
+/// (the middleware puts it in those of a limited response).
 #[derive(Debug)]
 pub struct Reply {
     pub status: StatusCode,
     pub headers: HeaderMap,
     pub body: String,
+    pub decision: Option<Decision>,
 }
 
 impl Reply {
@@ -69,6 +71,7 @@ where
         status: parts.status,
         headers: parts.headers,
         body: String::from_utf8(body.to_vec()).unwrap(),
+        decision: parts.extensions.get::<Decision>().cloned(),
     }
 }
 

@@ -40,7 +40,9 @@ pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool)
 /// Fails the test with one line saying how to get Redis when `redis-server` or `redis-cli`
 /// is not installed.
 fn require_redis() {
-    for tool in ["redis-server", "redis-cli"] {
+    static CHECKED: std::sync::Once = std::sync::Once::new();
+    CHECKED.call_once(|| {
+        for tool in ["redis-server", "redis-cli"] {
         let found = Command::new(tool)
             .arg("--version")
             .stdin(Stdio::null())
@@ -52,7 +54,8 @@ fn require_redis() {
             found,
             "{tool} is not installed: run scripts/test.sh, which installs it (Debian/Ubuntu: apt-get install redis-server redis-tools)"
         );
-    }
+        }
+    });
 }
 
 /// One `redis-server` process.

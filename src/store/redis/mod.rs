@@ -13,7 +13,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, ServerErrorKind};
 
-use self::script::{ARGS_PER_CHECK, REPLY_PER_CHECK, SCRIPT};
+use self::script::{REPLY_PER_CHECK, SCRIPT};
 use super::{Check, Checks, Mode, Registry, private};
 use crate::algorithm::{Compiled, Verdict};
 use crate::clock::Clock;
@@ -512,8 +512,7 @@ impl Inner {
             };
             for check in checks {
                 // ARGS_PER_CHECK arguments: the id, the four parameters, the cost, the mode.
-                let (code, params @ [_, _, _, _]) = check.tier().algorithm().lua_args();
-                const _: () = assert!(ARGS_PER_CHECK == 1 + 4 + 2);
+                let (code, params) = check.tier().algorithm().lua_args();
                 cmd.arg(code)
                     .arg(&params[..])
                     .arg(check.cost())

@@ -9,11 +9,11 @@
 
 use std::sync::LazyLock;
 
-use crate::algorithm::{LUA_HELPERS, LUA_TWINS};
+use crate::algorithm::{LUA_HELPERS, LUA_PARAMS, LUA_TWINS};
 use crate::store::Mode;
 
-/// Arguments per policy after `ARGV[2]`: algorithm id, its four parameters, cost, mode.
-pub(crate) const ARGS_PER_CHECK: usize = 7;
+/// Arguments per policy after `ARGV[2]`: algorithm id, its parameters, cost, mode.
+pub(crate) const ARGS_PER_CHECK: usize = 1 + LUA_PARAMS + 2;
 /// Integers per policy in the reply (after the time): allowed, remaining, reset, retry.
 pub(crate) const REPLY_PER_CHECK: usize = 4;
 

@@ -184,6 +184,7 @@ fn main() {
                     println!("{arg}");
                 }
             }
+            "script" => print!("{}", RedisStore::script_source()),
             "throughput" => {
                 let layer = layer(&url, flag(&args, "--pool", 0), Algorithm::Gcra).await;
                 let tasks = flag(&args, "--tasks", 50);

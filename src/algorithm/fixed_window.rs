@@ -10,7 +10,7 @@
 //! of the next: up to **twice the limit** in any window-long span. Memory per key: two integers
 //! (window start, count).
 
-use super::{Options, Step, Verdict};
+use super::{LuaParams, Options, Step, Verdict};
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
@@ -61,8 +61,8 @@ impl Step for FixedWindow {
         self.limit
     }
 
-    fn lua_params(&self) -> [u64; 4] {
-        [self.limit, self.window, 0, 0]
+    fn lua_params(&self) -> LuaParams {
+        smallvec::smallvec![self.limit, self.window]
     }
 
     fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {

@@ -11,7 +11,7 @@
 //! admitted. It admits exactly what a token bucket of the same burst and rate admits, with one
 //! integer of state. Memory per key: one integer.
 
-use super::{Algorithm, Options, Step, Verdict, check_exact};
+use super::{Algorithm, LuaParams, Options, Step, Verdict, check_exact};
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
@@ -66,8 +66,8 @@ impl Step for Gcra {
         self.burst
     }
 
-    fn lua_params(&self) -> [u64; 4] {
-        [self.interval, self.burst, self.tolerance, 0]
+    fn lua_params(&self) -> LuaParams {
+        smallvec::smallvec![self.interval, self.tolerance]
     }
 
     fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {

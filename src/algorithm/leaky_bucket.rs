@@ -13,7 +13,7 @@
 //! Memory per key: two integers (level, last update).
 
 use super::Algorithm;
-use super::{Options, Step, Verdict, token_bucket::Scaled};
+use super::{LuaParams, Options, Step, Verdict, token_bucket::Scaled};
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
@@ -65,7 +65,7 @@ impl Step for LeakyBucket {
         self.capacity
     }
 
-    fn lua_params(&self) -> [u64; 4] {
+    fn lua_params(&self) -> LuaParams {
         self.scaled.lua_params()
     }
 

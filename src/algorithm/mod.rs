@@ -147,8 +147,8 @@ pub(crate) trait Step: Sized {
     /// the per-window limit for window algorithms.
     fn reported_limit(&self) -> u64;
 
-    /// The four parameters the Lua twin takes, in its order.
-    fn lua_params(&self) -> [u64; LUA_PARAMS];
+    /// The parameters the Lua twin takes, in its order.
+    fn lua_params(&self) -> LuaParams;
 }
 
 /// Phase one with the clock-lag adjustment (the one place it is written in Rust; its Lua twin
@@ -301,7 +301,7 @@ macro_rules! algorithms {
             }
 
             /// See [`Step::lua_params`].
-            pub(crate) fn lua_params(&self) -> [u64; LUA_PARAMS] {
+            pub(crate) fn lua_params(&self) -> LuaParams {
                 match self {
                     $(Compiled::$variant(a) => a.lua_params(),)*
                 }
@@ -316,8 +316,8 @@ macro_rules! algorithms {
     };
 }
 
-/// How many parameters every algorithm's Lua twin takes (unused ones are 0).
-pub(crate) const LUA_PARAMS: usize = 4;
+/// The parameters of an algorithm's Lua twin: at most four, sent as they are.
+pub(crate) type LuaParams = smallvec::SmallVec<[u64; 4]>;
 
 /// The helpers every Lua twin uses (integer division, state parsing, writes with a TTL).
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
@@ -362,9 +362,9 @@ impl Compiled {
         Self::compile(algorithm, quota, options)
     }
 
-    /// The algorithm's id in the Lua script and its four parameters.
+    /// The algorithm's id in the Lua script and its parameters.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn lua_args(&self) -> (u8, [u64; LUA_PARAMS]) {
+    pub(crate) fn lua_args(&self) -> (u8, LuaParams) {
         (self.algorithm().lua_id(), self.lua_params())
     }
 }

@@ -380,7 +380,8 @@ proptest! {
     fn gcra_admits_at_most_burst_plus_rate((spec, requests) in forward_case(80)) {
         let compiled = spec.compile(Algorithm::Gcra);
         let Compiled::Gcra(gcra) = &compiled else { unreachable!() };
-        let [interval, burst, _, _] = super::Step::lua_params(gcra);
+        let params = super::Step::lua_params(gcra);
+        let (interval, burst) = (params[0], params[1] / params[0]);
         let limit = spec.limit as u64;
         let trace = drive(&compiled, &requests);
         let admitted = admitted(&trace);

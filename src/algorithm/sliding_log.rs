@@ -14,7 +14,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Options, Step, Verdict};
+use super::{LuaParams, Options, Step, Verdict};
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
@@ -89,8 +89,8 @@ impl Step for SlidingLog {
         self.limit
     }
 
-    fn lua_params(&self) -> [u64; 4] {
-        [self.limit, self.window, 0, 0]
+    fn lua_params(&self) -> LuaParams {
+        smallvec::smallvec![self.limit, self.window]
     }
 
     fn own_time(&self, state: &State) -> u64 {

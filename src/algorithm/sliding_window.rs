@@ -13,7 +13,7 @@
 //! request whose cost exceeds the limit is never admitted.
 //! Memory per key: one 32-bit counter per bucket, plus one, and the index of the newest bucket.
 
-use super::{Algorithm, Options, Step, Verdict, check_exact};
+use super::{Algorithm, LuaParams, Options, Step, Verdict, check_exact};
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
@@ -126,8 +126,8 @@ impl Step for SlidingWindow {
         self.limit
     }
 
-    fn lua_params(&self) -> [u64; 4] {
-        [self.limit, self.buckets, self.bucket, 0]
+    fn lua_params(&self) -> LuaParams {
+        smallvec::smallvec![self.limit, self.buckets, self.bucket]
     }
 
     fn own_time(&self, state: &State) -> u64 {

@@ -10,7 +10,7 @@
 //! request; a request whose cost exceeds the capacity is never admitted.
 //! Memory per key: two integers (tokens, last update).
 
-use super::{Algorithm, Options, Step, Verdict, check_exact, gcd};
+use super::{Algorithm, LuaParams, Options, Step, Verdict, check_exact, gcd};
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
@@ -67,8 +67,8 @@ impl Scaled {
     }
 
     /// The parameters of both buckets' Lua twins: capacity, unit, rate, full.
-    pub(crate) fn lua_params(&self) -> [u64; 4] {
-        [self.capacity, self.unit, self.rate, self.full]
+    pub(crate) fn lua_params(&self) -> LuaParams {
+        smallvec::smallvec![self.capacity, self.unit, self.rate, self.full]
     }
 
     /// `amount` after `elapsed` microseconds of draining at `rate`, floored at zero.
@@ -129,7 +129,7 @@ impl Step for TokenBucket {
         self.capacity
     }
 
-    fn lua_params(&self) -> [u64; 4] {
+    fn lua_params(&self) -> LuaParams {
         self.scaled.lua_params()
     }
 

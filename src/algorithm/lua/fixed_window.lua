@@ -1,9 +1,11 @@
 -- Fixed window: twin of fixed_window.rs. Params: limit, window. State: "start count".
--- Built only when a decision uses it: the script runs whole on every call.
+-- Built when a decision first uses it (`algorithm` in decide.lua).
 ALG[FIXED_WINDOW] = function()
   return {
+    block = block_in_value,
     load = function(key)
-      return parse(get(key), 2)
+      local raw, ends = read(key)
+      return parse2(raw), ends
     end,
     current = function(p, st, now)
       local start = fdiv(now, p[2]) * p[2]

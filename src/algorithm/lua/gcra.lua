@@ -1,12 +1,19 @@
--- GCRA: twin of gcra.rs. Params: interval, burst, tolerance. State: "tat".
--- Built only when a decision uses it: the script runs whole on every call.
+-- GCRA: twin of gcra.rs. Params: interval, tolerance (burst · interval, so a cost above the
+-- burst is one whose cost · interval exceeds it). State: "tat".
+-- Built when a decision first uses it (`algorithm` in decide.lua).
 ALG[GCRA] = function()
   return {
+    block = block_in_value,
     load = function(key)
-      return parse(get(key), 1)
+      local raw, ends = read(key)
+      local tat = tonumber(raw)
+      if tat then
+        return { tat }, ends
+      end
+      return nil, ends
     end,
     evaluate = function(self, p, st, now, cost)
-      local interval, burst, tolerance = p[1], p[2], p[3]
+      local interval, tolerance = p[1], p[2]
       local tat = now
       if st and st[1] > now then
         tat = st[1]
@@ -17,7 +24,7 @@ ALG[GCRA] = function()
         capped = tolerance
       end
       local remaining_now = fdiv(tolerance - capped, interval)
-      if cost > burst then
+      if cost * interval > tolerance then
         return 0, remaining_now, backlog, -1
       end
       local new_backlog = backlog + cost * interval

@@ -41,23 +41,69 @@ local function parse(raw, count)
   return t
 end
 
--- Writes a string state with a TTL (milliseconds, rounded up, at least 1) until expires_at.
+-- Milliseconds added to every TTL; set by each decision (0 unless the time is injected).
 local TTL_SLACK = 0
+-- The end of the block on record for the key that `store` writes, kept in its value (set
+-- around each write of a key that has one).
+local KEEP_BLOCK = nil
 
-local function store(key, value, now, expires_at)
-  local ttl = cdiv(expires_at - now, 1000) + TTL_SLACK
-  if ttl < 1 then
-    ttl = 1
-  end
-  redis.call('SET', key, value, 'PX', ttl)
-end
-
-local function get(key)
+-- The string states keep a block in the same value, after a bar: "state|end". A key that
+-- was never blocked has no bar, so a decision reads its block with the GET it makes anyway.
+-- Returns the state part (nil when the key is missing) and the block's end, if any.
+local function read(key)
   local raw = redis.call('GET', key)
-  if raw == false then
+  if not raw then
     return nil
   end
-  return raw
+  local bar = string.find(raw, '|', 1, true)
+  if not bar then
+    return raw
+  end
+  return string.sub(raw, 1, bar - 1), tonumber(string.sub(raw, bar + 1))
+end
+
+-- Two space-separated integers ("start count", "tokens last"), or nil.
+local function parse2(raw)
+  if not raw then
+    return nil
+  end
+  local a, b = string.match(raw, '^(%d+) (%d+)$')
+  if not a then
+    return nil
+  end
+  return { tonumber(a), tonumber(b) }
+end
+
+local function ttl_ms(now, expires_at)
+  local ttl = cdiv(expires_at - now, 1000) + TTL_SLACK
+  if ttl < 1 then
+    return 1
+  end
+  return ttl
+end
+
+-- Writes a string state with a TTL (milliseconds, rounded up, at least 1) until expires_at,
+-- keeping the block in force beside it.
+local function store(key, value, now, expires_at)
+  if KEEP_BLOCK then
+    value = value .. '|' .. int(KEEP_BLOCK)
+    if KEEP_BLOCK > expires_at then
+      expires_at = KEEP_BLOCK
+    end
+  end
+  redis.call('SET', key, value, 'PX', ttl_ms(now, expires_at))
+end
+
+-- Blocks a key with a string state until `ends`: its state stays as it is, and the key lives
+-- at least until the block ends.
+local function block_in_value(self, key, p, st, now, ends)
+  local raw = read(key) or ''
+  local ttl = ttl_ms(now, ends)
+  local left = redis.call('PTTL', key)
+  if left > ttl then
+    ttl = left
+  end
+  redis.call('SET', key, raw .. '|' .. int(ends), 'PX', ttl)
 end
 
 -- The token and leaky buckets keep "amount last": the time of their last update, which is

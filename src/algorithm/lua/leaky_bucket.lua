@@ -1,10 +1,12 @@
 -- Leaky bucket (meter): twin of leaky_bucket.rs. Params: capacity, unit, rate, full.
 -- State: "level last" (level in scaled units).
--- Built only when a decision uses it: the script runs whole on every call.
+-- Built when a decision first uses it (`algorithm` in decide.lua).
 ALG[LEAKY_BUCKET] = function()
   return {
+    block = block_in_value,
     load = function(key)
-      return parse(get(key), 2)
+      local raw, ends = read(key)
+      return parse2(raw), ends
     end,
     level = function(p, st, now)
       if not st then

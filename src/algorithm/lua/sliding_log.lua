@@ -2,15 +2,50 @@
 -- member per admitted unit, scored by its time; members are "time:sequence", the sequence
 -- zero-padded so that members of one time sort by it, and numbered on from the newest member
 -- of that time (never reused while that member exists, even after a refund).
--- Built only when a decision uses it: the script runs whole on every call.
+-- A block is one more member, "block:end", scored +inf: always the highest, never inside a
+-- window (counts stop short of +inf), so the read of the newest entry finds it too.
 ALG[SLIDING_LOG] = function()
+  local LETTER_B = 98 -- the first byte of "block:"
+
+  -- In-window entries: scores after `cutoff`, short of the block's +inf.
+  local function in_window(key, cutoff)
+    return redis.call('ZCOUNT', key, '(' .. int(cutoff), '(+inf')
+  end
+
+  local function keep_alive(key, now, expires_at)
+    if KEEP_BLOCK and KEEP_BLOCK > expires_at then
+      expires_at = KEEP_BLOCK
+    end
+    redis.call('PEXPIRE', key, ttl_ms(now, expires_at))
+  end
+
   return {
-    load = function(key)
-      local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-      if #newest == 0 then
+    -- The newest entry, and the end of the block on record, if any.
+    load = function(key, p, now)
+      local top = redis.call('ZRANGE', key, -2, -1, 'WITHSCORES')
+      local n = #top
+      if n == 0 then
         return nil
       end
-      return { tonumber(newest[2]), newest[1] }
+      local ends
+      if string.byte(top[n - 1], 1) == LETTER_B then
+        ends = tonumber(string.sub(top[n - 1], 7))
+        n = n - 2
+        if n == 0 then
+          return nil, ends
+        end
+      end
+      return { tonumber(top[n]), top[n - 1] }, ends
+    end,
+    block = function(self, key, p, st, now, ends)
+      redis.call('ZREMRANGEBYSCORE', key, '+inf', '+inf')
+      redis.call('ZADD', key, '+inf', 'block:' .. int(ends))
+      local ttl = ttl_ms(now, ends)
+      local left = redis.call('PTTL', key)
+      if left > ttl then
+        ttl = left
+      end
+      redis.call('PEXPIRE', key, ttl)
     end,
     -- Time as the log sees it: never before its newest entry.
     clamp = function(st, now)
@@ -38,8 +73,7 @@ ALG[SLIDING_LOG] = function()
         end
         return 1, limit - cost, reset, -1
       end
-      local expired = redis.call('ZCOUNT', key, '-inf', int(now - window))
-      local used = redis.call('ZCARD', key) - expired
+      local used = in_window(key, now - window)
       local newest_left = 0
       if used > 0 then
         newest_left = st[1] + window - now
@@ -58,14 +92,21 @@ ALG[SLIDING_LOG] = function()
         end
         return 1, limit - used - cost, reset, -1
       end
+      -- The entry whose leaving the window makes room.
       local need = used + cost - limit
-      local entry = redis.call('ZRANGE', key, expired + need - 1, expired + need - 1, 'WITHSCORES')
+      local entry = redis.call('ZRANGEBYSCORE', key, '(' .. int(now - window), '(+inf',
+        'WITHSCORES', 'LIMIT', need - 1, 1)
       return 0, left, newest_left, tonumber(entry[2]) + window - now
     end,
     refund = function(self, key, p, st, now, units)
       if st and units > 0 then
-        -- The newest members have the highest scores.
-        redis.call('ZPOPMAX', key, units)
+        -- The newest entries have the highest ranks below the block's.
+        local entries = redis.call('ZCOUNT', key, '-inf', '(+inf')
+        local from = entries - units
+        if from < 0 then
+          from = 0
+        end
+        redis.call('ZREMRANGEBYRANK', key, from, entries - 1)
       end
     end,
     commit = function(self, key, p, st, now, cost)
@@ -76,22 +117,26 @@ ALG[SLIDING_LOG] = function()
       if st and st[1] == now then
         seq = tonumber(string.match(st[2], ':(%d+)$')) or 0
       end
+      local at = int(now)
+      if cost == 1 then
+        redis.call('ZADD', key, at, at .. ':' .. string.format('%010d', seq + 1))
+      end
       -- One member per unit, added in batches (Lua's unpack has a small stack).
       local i = 1
-      while i <= cost do
+      while cost > 1 and i <= cost do
         local args = {}
         local last = i + 499
         if last > cost then
           last = cost
         end
         for j = i, last do
-          args[#args + 1] = int(now)
-          args[#args + 1] = int(now) .. ':' .. string.format('%010d', seq + j)
+          args[#args + 1] = at
+          args[#args + 1] = at .. ':' .. string.format('%010d', seq + j)
         end
         redis.call('ZADD', key, unpack(args))
         i = last + 1
       end
-      redis.call('PEXPIRE', key, cdiv(window, 1000) + TTL_SLACK)
+      keep_alive(key, now, now + window)
     end,
   }
 end

@@ -1,6 +1,6 @@
 -- Sliding window counter: twin of sliding_window.rs. Params: limit, buckets, bucket.
 -- State: "head c0 c1 ... cN", the ring of N + 1 counters indexed by bucket index mod (N + 1).
--- Built only when a decision uses it: the script runs whole on every call.
+-- Built when a decision first uses it (`algorithm` in decide.lua).
 ALG[SLIDING_WINDOW] = function()
   local function sw_count(p, st, index)
     if st and index <= st[1] and index + p[2] >= st[1] then
@@ -51,8 +51,10 @@ ALG[SLIDING_WINDOW] = function()
   end
 
   return {
+    block = block_in_value,
     load = function(key, p)
-      return parse(get(key), p[2] + 2)
+      local raw, ends = read(key)
+      return parse(raw, p[2] + 2), ends
     end,
     lag = function(p, st, now)
       if st and st[1] * p[3] > now then

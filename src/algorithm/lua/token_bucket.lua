@@ -1,6 +1,6 @@
 -- Token bucket: twin of token_bucket.rs. Params: capacity, unit, rate, full.
 -- State: "tokens last" (tokens in scaled units).
--- Built only when a decision uses it: the script runs whole on every call.
+-- Built when a decision first uses it (`algorithm` in decide.lua).
 ALG[TOKEN_BUCKET] = function()
   local function fill(p, amount, elapsed)
     local full, rate = p[4], p[3]
@@ -23,8 +23,10 @@ ALG[TOKEN_BUCKET] = function()
   end
 
   return {
+    block = block_in_value,
     load = function(key)
-      return parse(get(key), 2)
+      local raw, ends = read(key)
+      return parse2(raw), ends
     end,
     tokens = function(p, st, now)
       if not st then

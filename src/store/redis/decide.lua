@@ -1,21 +1,103 @@
 -- Decides one request against one or more policies, atomically.
--- KEYS[2i-1], KEYS[2i]: the state key and the block key of policy i (one slot).
--- ARGV[1]: the time in microseconds, or '' to use Redis TIME.
--- ARGV[2]: milliseconds added to every TTL (0 unless the time is injected: Redis then expires
--- keys on its own clock, which an injected clock may outrun or lag).
--- Then ARGS_PER_POLICY arguments per policy: algorithm, four parameters, cost, mode. The algorithm ids and
--- the modes are the constants of the generated prelude (from `Algorithm` and `Mode` in Rust):
+-- KEYS[i]: the state key of policy i (all in one slot).
+-- ARGV: for each policy, its shape, then its cost when the shape says one follows, then its
+-- parameters; after the last policy, when the first shape says the time is injected, the
+-- time in microseconds and the milliseconds added to every TTL (Redis expires keys on its
+-- own clock, which an injected clock may outrun or lag). Otherwise the time is Redis TIME.
+-- A shape is one integer: algorithm + MODE_UNIT * mode + ARITY_UNIT * parameter count,
+-- plus COST_FLAG when a cost other than 1 follows and CLOCK_FLAG when the time is injected.
+-- The algorithm ids and the modes are the constants of the generated prelude (from
+-- `Algorithm` and `Mode` in Rust):
 -- ENFORCE decides, and is charged only if every policy that decides admits the request;
 -- SHADOW is reported, never decides, and is charged if it admits and the request goes on;
 -- CHARGE_LATER decides and is never charged here (the charge comes after the response);
 -- REFUND gives `cost` units back, RESET forgets the key and any block, PENALIZE charges `cost`
 -- units whatever the state, BLOCK denies the key for the next `cost` microseconds; each of
 -- these four then looks at cost 0. A blocked key is denied whatever its state, until the block
--- ends.
--- Phase one evaluates every policy; phase two charges them, only if all that decide admit.
--- Reply: { now, then REPLY_PER_POLICY integers per policy: allowed, remaining, reset_after_us,
--- retry_after_us or -1 },
--- where remaining and reset describe the state after this request's charges.
+-- ends; the block is kept in the state key itself (see `read` and the sliding log), so a
+-- decision finds it with the read it makes anyway, and stays on record while the key lives
+-- (a clock that goes back finds it again, as the memory store does).
+-- Each policy is evaluated, then charged only if all that decide admit.
+-- Reply: REPLY_PER_POLICY integers per policy: the verdict (ADMITTED, or the retry-after in
+-- microseconds, or NEVER when no wait admits it), remaining, reset_after_us; remaining and
+-- reset describe the state after this request's charges.
+
+-- Each algorithm's functions, built the first time a decision uses it: once per call when
+-- this runs as a script (which runs whole on every call), once per load as a function.
+local BUILT = {}
+local function algorithm(id)
+  local alg = BUILT[id]
+  if not alg then
+    local make = ALG[id]
+    if not make then
+      return nil
+    end
+    alg = make()
+    BUILT[id] = alg
+  end
+  return alg
+end
+
+-- The policy whose shape is at args[at]: its algorithm, mode, parameters and cost, where the
+-- next policy starts, and whether the time is injected.
+local function read_policy(args, at)
+  local shape = tonumber(args[at])
+  if not shape then
+    return nil
+  end
+  local id = shape % MODE_UNIT
+  local alg = algorithm(id)
+  if not alg then
+    return nil
+  end
+  local mode = (shape % ARITY_UNIT - id) / MODE_UNIT
+  local arity = (shape % COST_FLAG - shape % ARITY_UNIT) / ARITY_UNIT
+  local cost = 1
+  at = at + 1
+  if shape % CLOCK_FLAG >= COST_FLAG then
+    cost = tonumber(args[at])
+    at = at + 1
+  end
+  local p
+  if arity == 2 then
+    p = { tonumber(args[at]), tonumber(args[at + 1]) }
+  elseif arity == 3 then
+    p = { tonumber(args[at]), tonumber(args[at + 1]), tonumber(args[at + 2]) }
+  else
+    p = {}
+    for k = 1, arity do
+      p[k] = tonumber(args[at + k - 1])
+    end
+  end
+  return alg, mode, p, cost, at + arity, shape >= CLOCK_FLAG
+end
+
+-- The state of a policy's key, and its block's end if any, after the admin modes have acted
+-- on it; and the cost the decision then looks at.
+local function prepare(alg, key, p, now, cost, mode)
+  local st, ends = alg.load(key, p, now)
+  if mode == ENFORCE or mode == SHADOW or mode == CHARGE_LATER then
+    return st, ends, cost
+  end
+  if mode == RESET then
+    redis.call('DEL', key)
+    return nil, nil, 0
+  end
+  if mode == BLOCK then
+    ends = now + cost
+    alg:block(key, p, st, now, ends)
+    return st, ends, 0
+  end
+  KEEP_BLOCK = ends
+  if mode == REFUND then
+    alg:refund(key, p, st, now, cost)
+  elseif mode == PENALIZE and cost > 0 then
+    alg:commit(key, p, st, now, cost)
+  end
+  KEEP_BLOCK = nil
+  st, ends = alg.load(key, p, now)
+  return st, ends, 0
+end
 
 -- The clock-lag adjustment (twin of `evaluate_with_lag`), for the algorithms that keep their own
 -- time (`alg.lag`): a state newer than `now` (the clock went back) decides as of its own time,
@@ -34,69 +116,15 @@ local function shift(alg, p, st, now, reset, retry)
   return reset, retry
 end
 
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
-TTL_SLACK = tonumber(ARGV[2]) or 0
-
-local n = #KEYS / 2
-local algs, params, costs, modes, states, allowed = {}, {}, {}, {}, {}, {}
-local reply = { now }
-local admitted = true
-for i = 1, n do
-  local base = 2 + (i - 1) * ARGS_PER_POLICY
-  local make = ALG[tonumber(ARGV[base + 1])]
-  if not make then
-    return redis.error_reply('tower-ratelimit: unknown algorithm ' .. tostring(ARGV[base + 1]))
-  end
-  local alg = make()
-  local p = {
-    tonumber(ARGV[base + 2]),
-    tonumber(ARGV[base + 3]),
-    tonumber(ARGV[base + 4]),
-    tonumber(ARGV[base + 5]),
-  }
-  local cost = tonumber(ARGV[base + 6])
-  local mode = tonumber(ARGV[base + 7])
-  local key, bkey = KEYS[2 * i - 1], KEYS[2 * i]
-  if mode == BLOCK then
-    local ms = cdiv(cost, 1000)
-    if ms < 1 then
-      ms = 1
-    end
-    redis.call('SET', bkey, int(now + cost), 'PX', ms + TTL_SLACK)
-    cost = 0
-  elseif mode == RESET then
-    redis.call('DEL', bkey)
-  end
-  local raw = redis.call('GET', bkey)
-  local blocked = raw and tonumber(raw)
-  local st = alg.load(key, p)
-  if mode == REFUND then
-    alg:refund(key, p, st, now, cost)
-    st = alg.load(key, p)
-    cost = 0
-  elseif mode == RESET then
-    redis.call('DEL', key)
-    st = nil
-    cost = 0
-  elseif mode == PENALIZE then
-    if cost > 0 then
-      alg:commit(key, p, st, now, cost)
-    end
-    st = alg.load(key, p)
-    cost = 0
-  end
+-- Phase one for a policy: its verdict as the reply gives it, remaining and reset.
+local function judge(alg, p, st, ends, now, cost, key)
   local ok, remaining, reset, retry = alg:evaluate(p, st, now, cost, key)
   if alg.lag then
     reset, retry = shift(alg, p, st, now, reset, retry)
   end
-  if blocked and blocked > now then
+  if ends and ends > now then
     -- Blocked: denied until the block ends, whatever the state (twin of `apply_block`).
-    local wait = blocked - now
+    local wait = ends - now
     if ok == 1 or retry >= 0 then
       if retry < wait then
         retry = wait
@@ -108,38 +136,96 @@ for i = 1, n do
       reset = wait
     end
   end
-  if ok == 0 and (mode == ENFORCE or mode == CHARGE_LATER) then
-    admitted = false
+  if ok == 1 then
+    return ADMITTED, remaining, reset
   end
-  algs[i], params[i], costs[i], modes[i], states[i], allowed[i] = alg, p, cost, mode, st, ok
-  reply[#reply + 1] = ok
-  reply[#reply + 1] = remaining
-  reply[#reply + 1] = reset
-  reply[#reply + 1] = retry
+  if retry < 0 then
+    return NEVER, remaining, reset
+  end
+  return retry, remaining, reset
 end
 
-for i = 1, n do
-  local charge = admitted and costs[i] > 0 and (modes[i] == ENFORCE or (modes[i] == SHADOW and allowed[i] == 1))
+-- Phase two for a policy whose reply starts at reply[at + 1]: charges it (keeping its block,
+-- `ends`, on record), or reports the state as it stays and gives the key a TTL if it lost its
+-- own.
+local function settle(alg, key, p, st, ends, now, cost, charge, reply, at)
   if charge then
-    algs[i]:commit(KEYS[2 * i - 1], params[i], states[i], now, costs[i])
-  elseif allowed[i] == 1 and costs[i] > 0 then
-    -- Admitted by this policy but not charged: report the state as it stays.
-    local base = 2 + (i - 1) * REPLY_PER_POLICY
-    local _, remaining, reset, retry = algs[i]:evaluate(params[i], states[i], now, 0, KEYS[2 * i - 1])
-    if algs[i].lag then
-      reset = shift(algs[i], params[i], states[i], now, reset, retry)
-    end
-    reply[base + 1] = remaining
-    reply[base + 2] = reset
+    KEEP_BLOCK = ends
+    alg:commit(key, p, st, now, cost)
+    KEEP_BLOCK = nil
+    return
   end
-  if not charge and redis.call('PTTL', KEYS[2 * i - 1]) == -1 then
-    -- A key without a TTL (written by something else, or lost its TTL): repair it.
-    local ttl = cdiv(reply[2 + (i - 1) * REPLY_PER_POLICY + 2], 1000) + TTL_SLACK
-    if ttl < 1 then
-      ttl = 1
+  if reply[at + 1] == ADMITTED and cost > 0 then
+    -- Admitted by this policy but not charged: report the state as it stays.
+    local _, remaining, reset, retry = alg:evaluate(p, st, now, 0, key)
+    if alg.lag then
+      reset = shift(alg, p, st, now, reset, retry)
     end
-    redis.call('PEXPIRE', KEYS[2 * i - 1], ttl)
+    reply[at + 2] = remaining
+    reply[at + 3] = reset
+  end
+  if redis.call('PTTL', key) == -1 then
+    -- A key without a TTL (written by something else, or lost its TTL): repair it.
+    redis.call('PEXPIRE', key, ttl_ms(now, now + reply[at + 3]))
   end
 end
 
-return reply
+local function decide(keys, args)
+  KEEP_BLOCK = nil
+  local n = #keys
+  local alg, mode, p, cost, at, injected = read_policy(args, 1)
+  if not alg then
+    return redis.error_reply('tower-ratelimit: malformed policy ' .. tostring(args[1]))
+  end
+  local now
+  if injected then
+    now = tonumber(args[#args - 1])
+    TTL_SLACK = tonumber(args[#args])
+  else
+    local t = redis.call('TIME')
+    now = t[1] * 1000000 + t[2]
+    TTL_SLACK = 0
+  end
+
+  if n == 1 then
+    -- One policy, the usual case: no tables beyond its parameters and the reply.
+    local key = keys[1]
+    local st, ends
+    st, ends, cost = prepare(alg, key, p, now, cost, mode)
+    local verdict, remaining, reset = judge(alg, p, st, ends, now, cost, key)
+    local reply = { verdict, remaining, reset }
+    local charge = verdict == ADMITTED and cost > 0 and (mode == ENFORCE or mode == SHADOW)
+    settle(alg, key, p, st, ends, now, cost, charge, reply, 0)
+    return reply
+  end
+
+  local algs, params, costs, modes, states, blocks = {}, {}, {}, {}, {}, {}
+  local reply = {}
+  local admitted = true
+  for i = 1, n do
+    if i > 1 then
+      alg, mode, p, cost, at = read_policy(args, at)
+      if not alg then
+        return redis.error_reply('tower-ratelimit: malformed policy ' .. tostring(args[at]))
+      end
+    end
+    local key = keys[i]
+    local st, ends
+    st, ends, cost = prepare(alg, key, p, now, cost, mode)
+    local verdict, remaining, reset = judge(alg, p, st, ends, now, cost, key)
+    if verdict ~= ADMITTED and (mode == ENFORCE or mode == CHARGE_LATER) then
+      admitted = false
+    end
+    algs[i], params[i], costs[i], modes[i], states[i], blocks[i] = alg, p, cost, mode, st, ends
+    reply[#reply + 1] = verdict
+    reply[#reply + 1] = remaining
+    reply[#reply + 1] = reset
+  end
+  for i = 1, n do
+    local base = (i - 1) * REPLY_PER_POLICY
+    local charge = admitted and costs[i] > 0
+      and (modes[i] == ENFORCE or (modes[i] == SHADOW and reply[base + 1] == ADMITTED))
+    settle(algs[i], keys[i], params[i], states[i], blocks[i], now, costs[i], charge, reply, base)
+  end
+  return reply
+end

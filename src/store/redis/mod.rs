@@ -13,7 +13,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, ServerErrorKind};
 
-use self::script::{REPLY_PER_CHECK, SCRIPT};
+use self::script::{ADMITTED, REPLY_PER_CHECK, SCRIPT, shape};
 use super::{Check, Checks, Mode, Registry, private};
 use crate::algorithm::{Compiled, Verdict};
 use crate::clock::Clock;
@@ -71,8 +71,10 @@ pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_millis(50);
 /// A key is `<prefix><policy name>:{<caller key>}`: the caller's key, escaped (or hashed when
 /// longer than 64 bytes), is the cluster hash tag, so every policy of one caller key lives in
 /// one slot, and nothing a client sends can choose the slot or reach another key. A block
-/// ([`RateLimitLayer::block_for`](crate::RateLimitLayer::block_for)) lives beside it, in
-/// `<same key>:block`, with a TTL to the block's end.
+/// ([`RateLimitLayer::block_for`](crate::RateLimitLayer::block_for)) is kept in that key
+/// itself (after a `|` in a string state; as a member `block:<end>` scored `+inf` in the
+/// sliding log's sorted set), whose TTL then lasts at least to the block's end: a decision
+/// finds a block with the read it makes anyway, and a key never blocked pays nothing for it.
 ///
 /// # Memory per key
 ///
@@ -497,26 +499,23 @@ impl Inner {
     async fn run(&self, checks: &[Check]) -> Result<Vec<Verdict>, StoreError> {
         let command = |name: &str, script: &str| {
             let mut cmd = redis::cmd(name);
-            cmd.arg(script).arg(2 * checks.len());
+            cmd.arg(script).arg(checks.len());
             for check in checks {
-                // The state key, then the block key beside it: one buffer for both.
-                let mut key = redis_key(&self.prefix, check.tier().name(), check.key());
-                cmd.arg(&key[..]);
-                key.extend_from_slice(b":block");
-                cmd.arg(key);
+                cmd.arg(redis_key(&self.prefix, check.tier().name(), check.key()));
             }
-            match &self.clock {
-                // Redis expires keys on its own clock, which an injected one may outrun or lag.
-                Some(clock) => cmd.arg(clock.now_micros()).arg(INJECTED_CLOCK_TTL_SLACK_MS),
-                None => cmd.arg("").arg(0),
-            };
+            let injected = self.clock.is_some();
             for check in checks {
-                // ARGS_PER_CHECK arguments: the id, the four parameters, the cost, the mode.
-                let (code, params) = check.tier().algorithm().lua_args();
-                cmd.arg(code)
-                    .arg(&params[..])
-                    .arg(check.cost())
-                    .arg(check.mode() as u8);
+                // The shape, the cost unless it is 1, the parameters (see decide.lua).
+                let (id, params) = check.tier().algorithm().lua_args();
+                cmd.arg(shape(id, check.mode(), &params, check.cost(), injected));
+                if check.cost() != 1 {
+                    cmd.arg(check.cost());
+                }
+                cmd.arg(&params[..]);
+            }
+            if let Some(clock) = &self.clock {
+                // Redis expires keys on its own clock, which an injected one may outrun or lag.
+                cmd.arg(clock.now_micros()).arg(INJECTED_CLOCK_TTL_SLACK_MS);
             }
             cmd
         };
@@ -525,19 +524,19 @@ impl Inner {
         let reply: Vec<i64> = self
             .with_conn(|mut c| async move { invoke(&evalsha, eval, &mut c).await })
             .await?;
-        if reply.len() != 1 + REPLY_PER_CHECK * checks.len() {
+        if reply.len() != REPLY_PER_CHECK * checks.len() {
             return Err(StoreError::new(format!(
                 "unexpected reply of {} integers from the decision script",
                 reply.len()
             )));
         }
-        Ok(reply[1..]
+        Ok(reply
             .chunks_exact(REPLY_PER_CHECK)
             .map(|r| Verdict {
-                allowed: r[0] == 1,
+                allowed: r[0] == ADMITTED,
                 remaining: r[1].max(0) as u64,
                 reset_after_us: r[2].max(0) as u64,
-                retry_after_us: (r[3] >= 0).then_some(r[3] as u64),
+                retry_after_us: (r[0] >= 0).then_some(r[0] as u64),
             })
             .collect())
     }

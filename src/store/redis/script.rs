@@ -9,13 +9,43 @@
 
 use std::sync::LazyLock;
 
-use crate::algorithm::{LUA_HELPERS, LUA_PARAMS, LUA_TWINS};
+use crate::algorithm::{LUA_HELPERS, LUA_TWINS, LuaParams};
 use crate::store::Mode;
 
-/// Arguments per policy after `ARGV[2]`: algorithm id, its parameters, cost, mode.
-pub(crate) const ARGS_PER_CHECK: usize = 1 + LUA_PARAMS + 2;
-/// Integers per policy in the reply (after the time): allowed, remaining, reset, retry.
-pub(crate) const REPLY_PER_CHECK: usize = 4;
+/// Integers per policy in the reply: the verdict, remaining, reset.
+pub(crate) const REPLY_PER_CHECK: usize = 3;
+/// The verdict of a policy that admits the request.
+pub(crate) const ADMITTED: i64 = -2;
+/// The verdict of a policy that denies a request no wait would admit.
+pub(crate) const NEVER: i64 = -1;
+
+/// A policy's shape, the first of its arguments: its algorithm, mode and parameter count, and
+/// two flags, one integer (the script decodes it with `%`, as Lua 5.1 has no bit operators).
+/// Algorithm ids and modes are below 8 and at most 4 parameters are sent.
+const MODE_UNIT: u64 = 8;
+const ARITY_UNIT: u64 = 64;
+/// The policy's cost follows the shape (it is 1 when it does not).
+const COST_FLAG: u64 = 512;
+/// The time and the TTL slack are the last two arguments (an injected clock).
+const CLOCK_FLAG: u64 = 1024;
+
+const _: () = {
+    assert!(crate::Algorithm::ALL.len() < MODE_UNIT as usize);
+    assert!(Mode::ALL.len() <= (ARITY_UNIT / MODE_UNIT) as usize);
+    assert!(4 < (COST_FLAG / ARITY_UNIT) as usize);
+};
+
+/// The shape of a policy with the algorithm `id`, `mode` and `params` whose cost is `cost`.
+pub(crate) fn shape(id: u8, mode: Mode, params: &LuaParams, cost: u64, injected: bool) -> u64 {
+    let mut shape = id as u64 + MODE_UNIT * mode as u64 + ARITY_UNIT * params.len() as u64;
+    if cost != 1 {
+        shape += COST_FLAG;
+    }
+    if injected {
+        shape += CLOCK_FLAG;
+    }
+    shape
+}
 
 /// The one script every decision runs, assembled once.
 pub(crate) static SCRIPT: LazyLock<Script> = LazyLock::new(Script::assemble);
@@ -32,14 +62,25 @@ impl Script {
             .map(|(a, _)| (a.name().to_ascii_uppercase(), a.lua_id().to_string()))
             .collect();
         names.extend(Mode::ALL.map(|m| (m.lua_name().to_owned(), (m as u8).to_string())));
-        names.push(("ARGS_PER_POLICY".into(), ARGS_PER_CHECK.to_string()));
-        names.push(("REPLY_PER_POLICY".into(), REPLY_PER_CHECK.to_string()));
+        names.extend(
+            [
+                ("REPLY_PER_POLICY", REPLY_PER_CHECK as i64),
+                ("ADMITTED", ADMITTED),
+                ("NEVER", NEVER),
+                ("MODE_UNIT", MODE_UNIT as i64),
+                ("ARITY_UNIT", ARITY_UNIT as i64),
+                ("COST_FLAG", COST_FLAG as i64),
+                ("CLOCK_FLAG", CLOCK_FLAG as i64),
+            ]
+            .map(|(name, value)| (name.to_owned(), value.to_string())),
+        );
         let mut lua = String::from("-- tower-ratelimit: its decision script.\nlocal ALG = {}\n");
         lua.push_str(LUA_HELPERS);
         for (_, twin) in LUA_TWINS {
             lua.push_str(twin);
         }
         lua.push_str(include_str!("decide.lua"));
+        lua.push_str("return decide(KEYS, ARGV)\n");
         Script {
             source: substitute(&lua, &names),
         }
@@ -126,10 +167,10 @@ mod tests {
                 "{mode:?} substituted"
             );
         }
-        assert!(source.contains(&format!("(i - 1) * {ARGS_PER_CHECK}")));
         assert!(source.contains(&format!("(i - 1) * {REPLY_PER_CHECK}")));
+        assert!(source.contains(&format!("shape % {MODE_UNIT}")));
         // Strings and comments are left alone.
-        assert!(source.contains("redis.call('SET', key, value, 'PX', ttl)"));
+        assert!(source.contains("redis.call('SET', key, value, 'PX', ttl_ms(now, expires_at))"));
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //! | `governor` | `tower_governor`, in-memory GCRA, one cell per nanosecond, per peer IP |
 //! | `governor-headers` | the same with its `x-ratelimit-*` headers (`use_headers`) |
 //! | `redis` | our layer, Redis store (multiplexed), the same policy |
-//! | `evalsha` | no layer: the handler does the same `EVALSHA` on one multiplexed connection |
+//! | `evalsha` | no layer: the handler sends the same call (`FCALL`) on one multiplexed connection |
 //! | `deny-memory` | our layer, memory store, fixed window 1/hour: every request but one is 429 |
 //! | `deny-redis` | the same on the Redis store with the deny cache on |
 
@@ -52,16 +52,16 @@ async fn redis_store(url: &str) -> RedisStore {
         .expect("connect to Redis")
 }
 
-/// The `EVALSHA` our layer sends for the peer 127.0.0.1, sent by the handler itself.
+/// The call our layer sends for the peer 127.0.0.1 (`FCALL`, or `EVALSHA` on a Redis without
+/// functions), sent by the handler itself.
 struct Evalsha {
     conn: redis::aio::ConnectionManager,
-    sha: String,
+    command: String,
     args: Vec<Vec<u8>>,
 }
 
 async fn evalsha(State(e): State<Arc<Evalsha>>) -> Result<&'static str, StatusCode> {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(&e.sha);
+    let mut cmd = redis::cmd(&e.command);
     for a in &e.args {
         cmd.arg(&a[..]);
     }
@@ -70,7 +70,7 @@ async fn evalsha(State(e): State<Arc<Evalsha>>) -> Result<&'static str, StatusCo
         .query_async(&mut conn)
         .await
         .map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?;
-    if reply.get(1) == Some(&1) {
+    if reply.first() == Some(&-2) {
         Ok("hello")
     } else {
         Err(StatusCode::TOO_MANY_REQUESTS)
@@ -139,14 +139,18 @@ async fn app(mode: &str, url: &str) -> Router {
                 .build()
                 .unwrap();
             let peer = Key::from(std::net::IpAddr::from([127, 0, 0, 1]));
-            let mut command = common::captured_evalsha(url, &layer, &peer).await;
-            let sha = command.remove(0);
+            let mut args = common::captured_call(url, &layer, &peer).await;
+            let command = args.remove(0);
             let client = redis::Client::open(url).expect("URL");
             let conn = redis::aio::ConnectionManager::new(client)
                 .await
                 .expect("connect to Redis");
-            let args = command.into_iter().map(String::into_bytes).collect();
-            let state = Arc::new(Evalsha { conn, sha, args });
+            let args = args.into_iter().map(String::into_bytes).collect();
+            let state = Arc::new(Evalsha {
+                conn,
+                command,
+                args,
+            });
             Router::new().route("/", get(evalsha)).with_state(state)
         }
         other => {

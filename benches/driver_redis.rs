@@ -3,7 +3,7 @@
 //! can put the two side by side. Not an example of how to use the crate.
 //!
 //! ```text
-//! driver_redis args URL [ALGORITHM]  # SHA, then the EVALSHA arguments, one per line
+//! driver_redis args URL [ALGORITHM]  # the decision call (FCALL name …), one word per line
 //! driver_redis throughput URL [--tasks 50] [--seconds 2] [--pool N] [--threads 1]
 //! driver_redis latency URL [--n 20000]
 //! driver_redis algorithms URL [--n 20000]
@@ -180,7 +180,7 @@ fn main() {
                     None => Algorithm::Gcra,
                 };
                 let layer = layer(&url, 0, algorithm).await;
-                for arg in common::captured_evalsha(&url, &layer, &Key::from("RANDINT")).await {
+                for arg in common::captured_call(&url, &layer, &Key::from("RANDINT")).await {
                     println!("{arg}");
                 }
             }
@@ -226,7 +226,12 @@ fn main() {
                     for t in tasks {
                         t.await.unwrap();
                     }
-                    let (calls, usec) = commandstat(&url, "evalsha").await;
+                    let command = if layer.store().uses_functions() {
+                        "fcall"
+                    } else {
+                        "evalsha"
+                    };
+                    let (calls, usec) = commandstat(&url, command).await;
                     // Memory of one key after one admitted request, under a quota slow enough
                     // for the key to live until it is measured.
                     let probe = key(KEYSPACE + 1);

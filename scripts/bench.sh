@@ -5,7 +5,7 @@
 #
 # Builds the drivers in release mode, starts its own redis-server on a free port, and measures
 # every figure next to its baseline in the same run (runs interleaved, median of several runs
-# after a warm-up): our Redis decisions against redis-benchmark's EVALSHA of the same script,
+# after a warm-up): our Redis decisions against redis-benchmark sending the same call (FCALL),
 # axum with and without the layer (and with tower_governor) under wrk, our in-memory decision
 # against governor's keyed limiter (criterion), the deny cache, and each algorithm's Redis
 # cost. Then scripts/bench_report.py prints the table of ratios and writes BENCHMARKS.md with
@@ -99,25 +99,24 @@ URL=redis://127.0.0.1:$PORT
     echo "http_seconds=$HTTP_SECONDS"
 } >"$RAW/machine.txt"
 
-# The exact EVALSHA our store sends, with redis-benchmark's random key in place of ours.
-mapfile -t EVAL < <("$BR" args "$URL")
-SHA=${EVAL[0]}
-ARGS=("${EVAL[@]:1}")
-ARGS[1]=${ARGS[1]/RANDINT/__rand_int__}
-ARGS[2]=${ARGS[2]/RANDINT/__rand_int__}
+# The exact call our store sends (FCALL of the decision function), with redis-benchmark's
+# random key in place of ours.
+mapfile -t CALL < <("$BR" args "$URL")
+CALL[3]=${CALL[3]/RANDINT/__rand_int__}
+CMD=$(echo "${CALL[0]}" | tr 'A-Z' 'a-z')
 RB=(redis-benchmark -h 127.0.0.1 -p "$PORT" -r 10000 --csv)
-echo "evalsha=EVALSHA $SHA ${ARGS[*]}" >>"$RAW/machine.txt"
+echo "evalsha=${CALL[*]}" >>"$RAW/machine.txt"
 
 if [ -z "${BENCH_ONLY:-}" ]; then
 echo "== 1-3: Redis decisions (50 tasks), latency (1 task), pool vs multiplexed" >&2
 "$BR" throughput "$URL" --seconds 1 >/dev/null # warm-up
-"${RB[@]}" -c 50 -n 50000 EVALSHA "$SHA" "${ARGS[@]}" >/dev/null
+"${RB[@]}" -c 50 -n 50000 "${CALL[@]}" >/dev/null
 for r in $(seq "$RUNS"); do
     "$BR" throughput "$URL" --tasks 50 --seconds 2 >"$RAW/ours_c50.$r.txt"
-    "${RB[@]}" -c 50 -n 100000 EVALSHA "$SHA" "${ARGS[@]}" >"$RAW/rb_c50.$r.csv"
-    "${RB[@]}" -c 50 -n 200000 -P 16 EVALSHA "$SHA" "${ARGS[@]}" >"$RAW/rb_p16.$r.csv"
+    "${RB[@]}" -c 50 -n 100000 "${CALL[@]}" >"$RAW/rb_c50.$r.csv"
+    "${RB[@]}" -c 50 -n 200000 -P 16 "${CALL[@]}" >"$RAW/rb_p16.$r.csv"
     "$BR" latency "$URL" --n 20000 >"$RAW/ours_c1.$r.txt"
-    "${RB[@]}" -c 1 -n 20000 EVALSHA "$SHA" "${ARGS[@]}" >"$RAW/rb_c1.$r.csv"
+    "${RB[@]}" -c 1 -n 20000 "${CALL[@]}" >"$RAW/rb_c1.$r.csv"
     "$BR" throughput "$URL" --tasks 50 --seconds 2 --pool 50 >"$RAW/pool50.$r.txt"
     echo "   run $r/$RUNS" >&2
 done
@@ -135,7 +134,7 @@ for mode in "${MODES[@]}"; do
 done
 evalsha_calls() {
     redis-cli -p "$PORT" INFO commandstats | tr -d '\r' |
-        sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\).*/\1/p' | grep . || echo 0
+        sed -n "s/^cmdstat_$CMD:calls=\([0-9]*\).*/\1/p" | grep . || echo 0
 }
 deny_calls=0
 for r in $(seq "$RUNS"); do
@@ -160,7 +159,7 @@ cp -r target/criterion/request "$RAW/criterion-request"
 fi
 
 echo "== 8: each algorithm's script against a minimal script of the same algorithm" >&2
-# The EVALSHA our store sends for each algorithm's bench policy (1,000,000/s; the sliding log
+# The call our store sends for each algorithm's bench policy (1,000,000/s; the sliding log
 # 1,000/s), and a minimal script of that algorithm (benches/reference/, for comparison only)
 # with the same quota, on the same keyspace and concurrency: redis-benchmark -c 50 -P 16, the
 # server's time per call from INFO commandstats, runs interleaved.
@@ -172,29 +171,28 @@ declare -A REF_ARGS=(
     [leaky_bucket]="1000000 1"
     [gcra]="1 1000000"
 )
-usec_per_call() {
+usec_per_call() { # command
     redis-cli -p "$PORT" INFO commandstats | tr -d '\r' |
-        sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p'
+        sed -n "s/^cmdstat_$1:.*usec_per_call=\([0-9.]*\).*/\1/p"
 }
-script_run() { # label, then the EVALSHA arguments
+script_run() { # label, then the call (FCALL or EVALSHA, then its arguments)
     local out=$1
     shift
     redis-cli -p "$PORT" FLUSHALL >/dev/null
     redis-cli -p "$PORT" CONFIG RESETSTAT >/dev/null
-    redis-benchmark -h 127.0.0.1 -p "$PORT" -r 10000 -c 50 -P 16 -n "$SCRIPT_CALLS" EVALSHA "$@" \
+    redis-benchmark -h 127.0.0.1 -p "$PORT" -r 10000 -c 50 -P 16 -n "$SCRIPT_CALLS" "$@" \
         >/dev/null
-    echo "usec_per_call=$(usec_per_call)" >"$out"
+    echo "usec_per_call=$(usec_per_call "$(echo "$1" | tr 'A-Z' 'a-z')")" >"$out"
 }
 SCRIPT_CALLS=${BENCH_SCRIPT_CALLS:-100000}
 for algorithm in "${!REF_ARGS[@]}"; do
     mapfile -t EV < <("$BR" args "$URL" "$algorithm")
     OURS=("${EV[@]}")
-    OURS[2]=${OURS[2]/RANDINT/__rand_int__}
     OURS[3]=${OURS[3]/RANDINT/__rand_int__}
     REF_SHA=$(redis-cli -p "$PORT" SCRIPT LOAD "$(cat "benches/reference/$algorithm.lua")")
     read -r -a ref_args <<<"${REF_ARGS[$algorithm]}"
-    REF=("$REF_SHA" 1 "ref:$algorithm:{__rand_int__}" "${ref_args[@]}")
-    [ "$(redis-cli -p "$PORT" EVALSHA "${REF[@]/__rand_int__/0}")" = 1 ] ||
+    REF=(EVALSHA "$REF_SHA" 1 "ref:$algorithm:{__rand_int__}" "${ref_args[@]}")
+    [ "$(redis-cli -p "$PORT" "${REF[@]/__rand_int__/0}")" = 1 ] ||
         { echo "bench.sh: the minimal $algorithm script does not admit" >&2; exit 1; }
     for r in $(seq "$RUNS"); do
         script_run "$RAW/script-$algorithm-ours.$r.txt" "${OURS[@]}"

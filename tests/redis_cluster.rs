@@ -135,8 +135,27 @@ async fn hostile_keys_land_in_the_crates_slot(cluster: &RedisCluster) {
 
 async fn script_flush_on_every_node_is_survived(cluster: &RedisCluster) {
     let clock = ManualClock::new();
-    for pool in [false, true] {
-        let s = store(cluster, "cflush:", &clock, pool).await;
+    for (pool, functions) in [(false, true), (true, true), (false, false), (true, false)] {
+        let mut b = RedisStore::builder(&cluster.url())
+            .deadline(std::time::Duration::from_secs(10))
+            .prefix("cflush:")
+            .clock(clock.clone())
+            .functions(functions);
+        if pool {
+            b = b.pool(8);
+        }
+        let s = b.build().await.expect("connect to the test cluster");
+        assert_eq!(s.uses_functions(), functions);
+        for node in &cluster.nodes {
+            let loaded = node
+                .cli(&["FUNCTION", "LIST"])
+                .contains(RedisStore::function_name());
+            assert!(
+                !functions || loaded,
+                "the function is loaded on every primary"
+            );
+        }
+        let flush = if functions { "FUNCTION" } else { "SCRIPT" };
         let layer = RateLimitLayer::builder()
             .policy(Policy::gcra("1000/h").name("g"))
             .store(s.clone())
@@ -144,14 +163,18 @@ async fn script_flush_on_every_node_is_survived(cluster: &RedisCluster) {
             .unwrap();
         for round in 0..5 {
             for node in &cluster.nodes {
-                node.cli(&["SCRIPT", "FLUSH"]);
-                assert_eq!(node.cli(&["SCRIPT", "EXISTS", s.script_sha()]), "0");
+                node.cli(&[flush, "FLUSH"]);
+                if !functions {
+                    assert_eq!(node.cli(&["SCRIPT", "EXISTS", s.script_sha()]), "0");
+                }
             }
             for i in 0..12 {
                 layer
                     .check(&Key::from(format!("k{i}")), 1)
                     .await
-                    .unwrap_or_else(|e| panic!("round {round}, key {i}, pool {pool}: {e}"));
+                    .unwrap_or_else(|e| {
+                        panic!("round {round}, key {i}, pool {pool}, {flush} FLUSH: {e}")
+                    });
             }
         }
     }

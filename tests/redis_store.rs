@@ -154,9 +154,29 @@ async fn a_key_without_ttl_is_repaired() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_loses_no_decision() {
+    flush_loses_no_decision(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn function_flush_loses_no_decision() {
+    flush_loses_no_decision(true).await;
+}
+
+/// `SCRIPT FLUSH` (deciding with `EVALSHA`) or `FUNCTION FLUSH` (with `FCALL`) between and
+/// during decisions: none fails, none is counted twice.
+async fn flush_loses_no_decision(functions: bool) {
     let server = RedisServer::start();
     let clock = ManualClock::new();
-    let s = store(&server, "flush:", Some(&clock)).await;
+    let s = RedisStore::builder(&server.url())
+        .deadline(std::time::Duration::from_secs(10))
+        .prefix("flush:")
+        .clock(clock.clone())
+        .functions(functions)
+        .build()
+        .await
+        .expect("connect to the test redis-server");
+    assert_eq!(s.uses_functions(), functions);
+    let flush = if functions { "FUNCTION" } else { "SCRIPT" };
     let layer = RateLimitLayer::builder()
         .policy(Policy::fixed_window("1000/h").name("f"))
         .store(s.clone())
@@ -164,12 +184,19 @@ async fn script_flush_loses_no_decision() {
         .unwrap();
     // Between checks.
     for _ in 0..20 {
-        server.cli(&["SCRIPT", "FLUSH"]);
-        assert_eq!(server.cli(&["SCRIPT", "EXISTS", s.script_sha()]), "0");
+        server.cli(&[flush, "FLUSH"]);
+        if !functions {
+            assert_eq!(server.cli(&["SCRIPT", "EXISTS", s.script_sha()]), "0");
+        }
+        assert!(
+            !server
+                .cli(&["FUNCTION", "LIST"])
+                .contains(RedisStore::function_name())
+        );
         layer
             .check(&Key::from("a"), 1)
             .await
-            .expect("decision after SCRIPT FLUSH");
+            .expect("decision after a flush");
     }
     // During checks: a thread flushes in a loop while 600 checks run.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -180,7 +207,7 @@ async fn script_flush_loses_no_decision() {
             let mut flushes = 0;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let _ = std::process::Command::new("redis-cli")
-                    .args(["-p", &port.to_string(), "SCRIPT", "FLUSH"])
+                    .args(["-p", &port.to_string(), flush, "FLUSH"])
                     .output();
                 flushes += 1;
             }
@@ -196,9 +223,7 @@ async fn script_flush_loses_no_decision() {
     }
     let mut ok = 0;
     for t in tasks {
-        t.await
-            .unwrap()
-            .expect("no decision fails during SCRIPT FLUSH");
+        t.await.unwrap().expect("no decision fails during a flush");
         ok += 1;
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -401,5 +426,50 @@ async fn failure_policy_applies_when_redis_is_killed() {
         started.elapsed() < Duration::from_secs(5),
         "no hang: {:?}",
         started.elapsed()
+    );
+}
+
+/// A Redis that refuses functions (here an ACL without `FUNCTION`; before 7.0, the command
+/// does not exist) gets `EVALSHA`s of the script, with the same decisions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_functions_the_store_decides_with_evalsha() {
+    let server = RedisServer::start();
+    server.cli(&[
+        "ACL",
+        "SETUSER",
+        "nofn",
+        "on",
+        ">secret",
+        "~*",
+        "+@all",
+        "-function",
+    ]);
+    let url = format!("redis://nofn:secret@127.0.0.1:{}", server.port);
+    let s = RedisStore::builder(&url)
+        .deadline(std::time::Duration::from_secs(10))
+        .build()
+        .await
+        .expect("a store without functions");
+    assert!(!s.uses_functions());
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::gcra("2/h").name("g"))
+        .store(s)
+        .build()
+        .unwrap();
+    let key = Key::from("a");
+    assert!(layer.check(&key, 1).await.unwrap().is_allowed());
+    assert!(layer.check(&key, 1).await.unwrap().is_allowed());
+    assert!(!layer.check(&key, 1).await.unwrap().is_allowed());
+    let stats = server.cli(&["INFO", "commandstats"]);
+    assert!(stats.contains("cmdstat_evalsha:calls=3"), "{stats}");
+    assert!(!stats.contains("cmdstat_fcall"), "{stats}");
+
+    // With the default user, the same Redis gets the function.
+    let s = store(&server, "fn:", None).await;
+    assert!(s.uses_functions());
+    assert!(
+        server
+            .cli(&["FUNCTION", "LIST"])
+            .contains(RedisStore::function_name())
     );
 }

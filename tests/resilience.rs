@@ -306,6 +306,11 @@ fn calls(server: &RedisServer, command: &str) -> u64 {
         .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
 }
 
+/// The decisions Redis ran: `FCALL`s of the decision function, or `EVALSHA`s of the script.
+fn decisions(server: &RedisServer) -> u64 {
+    calls(server, "fcall") + calls(server, "evalsha")
+}
+
 fn wait_for_ping(server: &RedisServer) {
     blocking(|| {
         wait_until(
@@ -545,7 +550,7 @@ async fn circuit_breaker_stops_calling_a_paused_redis_probes_and_closes() {
         send(&app, key).await.header("x-ratelimit-remaining"),
         Some("9")
     );
-    let evalsha_before = blocking(|| calls(&server, "evalsha"));
+    let evalsha_before = blocking(|| decisions(&server));
 
     signal(&server, "-STOP");
     // Three decisions wait for the deadline, fail, and open the breaker.
@@ -586,7 +591,7 @@ async fn circuit_breaker_stops_calling_a_paused_redis_probes_and_closes() {
     // The decisions that timed out had been sent, and ran once Redis went on: each charged one
     // unit, none was sent twice, and none of the 100 + 1 made while the breaker was open was
     // sent at all.
-    let ran = blocking(|| calls(&server, "evalsha")) - evalsha_before;
+    let ran = blocking(|| decisions(&server)) - evalsha_before;
     eprintln!("breaker: {ran} EVALSHA ran after SIGCONT (3 failed decisions and 1 failed probe)");
     assert!(ran <= 3 + 1, "{ran} EVALSHA");
     let remaining = LIMIT as u64 - 1 - ran;
@@ -610,7 +615,7 @@ async fn circuit_breaker_stops_calling_a_paused_redis_probes_and_closes() {
         );
     }
     assert_eq!(send(&app, key).await.status, StatusCode::TOO_MANY_REQUESTS);
-    let evalsha = blocking(|| calls(&server, "evalsha")) - evalsha_before;
+    let evalsha = blocking(|| decisions(&server)) - evalsha_before;
     assert_eq!(
         evalsha,
         ran + remaining + 1,
@@ -664,8 +669,27 @@ async fn a_cancelled_probe_does_not_keep_the_breaker_open() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_in_a_loop_fails_no_decision() {
+    flush_in_a_loop_fails_no_decision(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn function_flush_in_a_loop_fails_no_decision() {
+    flush_in_a_loop_fails_no_decision(true).await;
+}
+
+/// Redis loses the decision script (`SCRIPT FLUSH`) or function (`FUNCTION FLUSH`) again and
+/// again while decisions run: each is made once, none fails, none is counted twice.
+async fn flush_in_a_loop_fails_no_decision(functions: bool) {
     let server = RedisServer::start();
-    let layer = builder(store(&server, Duration::from_secs(10)).await)
+    let store = RedisStore::builder(&server.url())
+        .deadline(Duration::from_secs(10))
+        .functions(functions)
+        .build()
+        .await
+        .expect("connect to the test redis-server");
+    assert_eq!(store.uses_functions(), functions);
+    let flush = if functions { "FUNCTION" } else { "SCRIPT" };
+    let layer = builder(store)
         .on_store_error(FailurePolicy::Closed)
         .build()
         .unwrap();
@@ -678,7 +702,7 @@ async fn script_flush_in_a_loop_fails_no_decision() {
             let mut flushes = 0;
             while !stop.load(Ordering::Relaxed) && flushes < 10_000 {
                 let out = Command::new("redis-cli")
-                    .args(["-h", "127.0.0.1", "-p", &port, "SCRIPT", "FLUSH"])
+                    .args(["-h", "127.0.0.1", "-p", &port, flush, "FLUSH"])
                     .output()
                     .expect("run redis-cli");
                 assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
@@ -712,13 +736,26 @@ async fn script_flush_in_a_loop_fails_no_decision() {
             "{key}: exactly the limit, nothing counted twice"
         );
     }
-    let (evalsha, eval) = blocking(|| (calls(&server, "evalsha"), calls(&server, "eval")));
+    let (called, eval) = blocking(|| (decisions(&server), calls(&server, "eval")));
     eprintln!(
-        "SCRIPT FLUSH: {flushes} flushes during {} decisions; {evalsha} EVALSHA, {eval} EVAL (after NOSCRIPT)",
+        "{flush} FLUSH: {flushes} flushes during {} decisions; {called} calls, {eval} EVAL (after a miss)",
         seen.len()
     );
     assert!(flushes > 0);
     assert!(eval > 0, "the flushes really made Redis lose the script");
+    if functions {
+        // The library is loaded again once the flushes stop (by the first decision that
+        // finds it missing).
+        send(&app, "after").await;
+        let name = RedisStore::function_name().to_owned();
+        blocking(|| {
+            wait_until(
+                Duration::from_secs(10),
+                "the function to be loaded again",
+                || server.cli(&["FUNCTION", "LIST"]).contains(&name),
+            )
+        });
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -747,7 +784,7 @@ async fn deny_cache_answers_a_flood_on_a_limited_key_without_calling_redis() {
     assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
     let retry_after: u64 = denied.header("retry-after").unwrap().parse().unwrap();
     assert_eq!(retry_after, 1_200, "one unit every 20 minutes");
-    let before = blocking(|| calls(&server, "evalsha"));
+    let before = blocking(|| decisions(&server));
     assert_eq!(before, 4);
 
     let flood = burst(&app, &["hot".to_owned()], 500).await;
@@ -757,20 +794,20 @@ async fn deny_cache_answers_a_flood_on_a_limited_key_without_calling_redis() {
         assert_eq!(s.header("x-ratelimit-remaining"), Some("0"), "{s:?}");
     }
     assert_eq!(
-        blocking(|| calls(&server, "evalsha")),
+        blocking(|| decisions(&server)),
         before,
         "500 limited requests, no Redis call"
     );
     // Another key still goes to Redis.
     assert_eq!(send(&app, "cold").await.status, StatusCode::OK);
-    assert_eq!(blocking(|| calls(&server, "evalsha")), before + 1);
+    assert_eq!(blocking(|| decisions(&server)), before + 1);
 
     clock.advance(Duration::from_secs(retry_after));
     let after = send(&app, "hot").await;
     assert_eq!(after.status, StatusCode::OK, "admitted again: {after:?}");
     assert_eq!(after.header("x-ratelimit-remaining"), Some("0"));
     assert_eq!(
-        blocking(|| calls(&server, "evalsha")),
+        blocking(|| decisions(&server)),
         before + 2,
         "the request after the retry time reached Redis"
     );

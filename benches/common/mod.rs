@@ -18,10 +18,11 @@ pub(crate) async fn redis_cmd(url: &str, args: &[&str]) -> redis::Value {
     cmd.query_async(&mut conn).await.expect("command")
 }
 
-/// The `EVALSHA` that `layer` sends to decide `key` at cost 1, as Redis received it: the SHA,
-/// then every argument. Read from the slow log, told to log every command for the moment, so
-/// the benchmarks replay the exact bytes without the crate exposing its script's arguments.
-pub(crate) async fn captured_evalsha(
+/// The call that `layer` sends to decide `key` at cost 1, as Redis received it: the command
+/// (`FCALL` or `EVALSHA`), the function's name or the script's SHA, then every argument. Read
+/// from the slow log, told to log every command for the moment, so the benchmarks replay the
+/// exact bytes without the crate exposing its script's arguments.
+pub(crate) async fn captured_call(
     url: &str,
     layer: &RateLimitLayer<RedisStore>,
     key: &Key,
@@ -32,12 +33,13 @@ pub(crate) async fn captured_evalsha(
     let log = redis_cmd(url, &["SLOWLOG", "GET", "16"]).await;
     redis_cmd(url, &["CONFIG", "SET", "slowlog-log-slower-than", "10000"]).await;
     let entries: Vec<Vec<redis::Value>> = redis::from_redis_value(log).expect("SLOWLOG");
-    let command: Vec<String> = entries
+    entries
         .into_iter()
         .filter_map(|entry| redis::from_redis_value(entry.get(3)?.clone()).ok())
-        .find(|args: &Vec<String>| args[0].eq_ignore_ascii_case("evalsha"))
-        .expect("the decision's EVALSHA in the slow log");
-    command[1..].to_vec()
+        .find(|args: &Vec<String>| {
+            args[0].eq_ignore_ascii_case("fcall") || args[0].eq_ignore_ascii_case("evalsha")
+        })
+        .expect("the decision's call in the slow log")
 }
 
 /// Whether `cargo bench` started this driver (it passes `--bench`) rather than

@@ -7,6 +7,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -29,18 +30,25 @@ const INJECTED_CLOCK_TTL_SLACK_MS: u64 = 60_000;
 /// The default key prefix.
 pub(crate) const DEFAULT_PREFIX: &str = "rl:";
 
+/// How long a reload of the decision library may take.
+const RELOAD_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The default deadline of one decision.
 pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_millis(50);
 
 /// Rate-limit state in Redis, shared by every instance of an API.
 ///
-/// Each decision is one `EVALSHA` of one Lua script that holds the Lua twin of every algorithm:
+/// Each decision is one call of one Lua function that holds the Lua twin of every algorithm:
 /// it reads the state of every policy's key, evaluates them all, and charges them only if all
 /// admit the request, in one atomic step and one round trip. Every key it writes gets a TTL in
 /// the same step (no longer than the algorithm needs), and a key found without one is given one.
-/// The script is loaded when the store is built; when Redis answers `NOSCRIPT` (after a
-/// restart, a failover or `SCRIPT FLUSH`, on any primary of a cluster) the same call is sent
-/// once as `EVAL` with the script's source, which caches it again.
+/// The function is loaded as a library when the store is built (`FUNCTION LOAD`, on every
+/// primary of a cluster) and called with `FCALL`; Redis keeps it across restarts and copies it
+/// to replicas. On a Redis that refuses functions (before 7.0, or an ACL without `FUNCTION`)
+/// the same code is a script called with `EVALSHA` ([`RedisStoreBuilder::functions`]). When
+/// Redis has lost it (`FUNCTION FLUSH`, `SCRIPT FLUSH`, a restart without persistence, a new
+/// cluster node) the same call is sent once as `EVAL` with the source, which decides in the
+/// same step; a lost function is then loaded again.
 ///
 /// Time comes from Redis `TIME`, so application servers with skewed clocks agree; a
 /// [`Clock`] can be injected for tests.
@@ -100,7 +108,12 @@ struct Inner {
     deadline: Duration,
     prefix: String,
     clock: Option<Arc<dyn Clock>>,
-    sha: String,
+    /// Whether decisions are `FCALL`s of the loaded library (else `EVALSHA`s).
+    functions: bool,
+    /// A decision found the function missing: load the library again.
+    reload: AtomicBool,
+    /// A reload is under way.
+    reloading: AtomicBool,
     target: String,
     registry: Registry,
 }
@@ -149,6 +162,7 @@ pub struct RedisStoreBuilder {
     connect_timeout: Duration,
     response_timeout: Duration,
     deadline: Duration,
+    functions: bool,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -223,6 +237,7 @@ impl RedisStore {
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(1),
             deadline: DEFAULT_DEADLINE,
+            functions: true,
         }
     }
 
@@ -233,7 +248,20 @@ impl RedisStore {
 
     /// The SHA-1 of the decision script, as `SCRIPT EXISTS` and `EVALSHA` know it.
     pub fn script_sha(&self) -> &str {
-        &self.inner.sha
+        SCRIPT.sha()
+    }
+
+    /// The name of the decision function (and of its library), as `FCALL` and
+    /// `FUNCTION LIST` know it: `tower_ratelimit_` and 16 hex digits of the script's SHA-1, so
+    /// each version of the crate has its own.
+    pub fn function_name() -> &'static str {
+        SCRIPT.function()
+    }
+
+    /// Whether decisions are `FCALL`s of the decision function (Redis 7 and later, when
+    /// allowed) rather than `EVALSHA`s of the script. See [`RedisStoreBuilder::functions`].
+    pub fn uses_functions(&self) -> bool {
+        self.inner.functions
     }
 
     /// The decision script's source: the Lua twin of every algorithm.
@@ -287,6 +315,19 @@ impl RedisStoreBuilder {
     /// it is never sent again, so nothing is counted twice.
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
+        self
+    }
+
+    /// Whether to decide with a Redis function (default `true`): the store loads the decision
+    /// as a library (`FUNCTION LOAD`, on every primary of a cluster) and each decision is an
+    /// `FCALL`. Redis keeps functions across restarts (in the RDB and AOF files) and copies them
+    /// to replicas, so a failover finds them in place, and a call skips the setup a script
+    /// repeats on every `EVALSHA`. When Redis refuses (before 7.0, or an ACL without
+    /// `FUNCTION`), the store says so in the log and uses `EVALSHA`, as it does when this is
+    /// `false`. A function flushed away (`FUNCTION FLUSH`) costs one decision an `EVAL` of the
+    /// script's source, and the library is loaded again.
+    pub fn functions(mut self, enabled: bool) -> Self {
+        self.functions = enabled;
         self
     }
 
@@ -366,37 +407,57 @@ impl RedisStoreBuilder {
                 Conn::ClusterPool(pool)
             }
         };
-        let script = redis::Script::new(SCRIPT.source());
-        let store = RedisStore {
+        let connect_timeout = self.connect_timeout;
+        let mut store = RedisStore {
             inner: Arc::new(Inner {
                 conn,
                 deadline: self.deadline,
                 prefix: self.prefix,
                 clock: self.clock,
-                sha: script.get_hash().to_owned(),
+                functions: false,
+                reload: AtomicBool::new(false),
+                reloading: AtomicBool::new(false),
                 target,
                 registry: Registry::default(),
             }),
         };
-        let load = store.inner.with_conn(|mut c| async move {
-            let mut cmd = redis::cmd("SCRIPT");
-            cmd.arg("LOAD").arg(SCRIPT.source());
-            cmd.query_async::<redis::Value>(&mut c).await.map(drop)
-        });
-        tokio::time::timeout(self.connect_timeout * 2, load)
-            .await
-            .map_err(|_| {
-                StoreError::new(format!(
-                    "cannot load the script into Redis at {}: timed out",
-                    store.inner.target
-                ))
-            })?
-            .map_err(|e| {
+        let inner = &store.inner;
+        let load = |what: &'static str, source: &'static str| async move {
+            let loading = inner.with_conn(|mut c| async move {
+                let mut cmd = redis::cmd(what);
+                cmd.arg("LOAD");
+                if what == "FUNCTION" {
+                    cmd.arg("REPLACE");
+                }
+                cmd.arg(source);
+                cmd.query_async::<redis::Value>(&mut c).await.map(drop)
+            });
+            match tokio::time::timeout(connect_timeout * 2, loading).await {
+                Ok(result) => result.map_err(|e| e.to_string()),
+                Err(_) => Err("timed out".to_owned()),
+            }
+        };
+        let mut functions = false;
+        if self.functions {
+            match load("FUNCTION", SCRIPT.library()).await {
+                Ok(()) => functions = true,
+                Err(e) => tracing::info!(
+                    error = %e,
+                    "Redis did not load the decision function; deciding with EVALSHA"
+                ),
+            }
+        }
+        if !functions {
+            load("SCRIPT", SCRIPT.source()).await.map_err(|e| {
                 StoreError::new(format!(
                     "cannot load the script into Redis at {}: {e}",
-                    store.inner.target
+                    inner.target
                 ))
             })?;
+        }
+        Arc::get_mut(&mut store.inner)
+            .expect("the store is not shared yet")
+            .functions = functions;
         Ok(store)
     }
 }
@@ -519,10 +580,14 @@ impl Inner {
             }
             cmd
         };
-        let evalsha = command("EVALSHA", &self.sha);
+        let call = if self.functions {
+            command("FCALL", SCRIPT.function())
+        } else {
+            command("EVALSHA", SCRIPT.sha())
+        };
         let eval = || command("EVAL", SCRIPT.source());
         let reply: Vec<i64> = self
-            .with_conn(|mut c| async move { invoke(&evalsha, eval, &mut c).await })
+            .with_conn(|mut c| async move { self.invoke(&call, eval, &mut c).await })
             .await?;
         if reply.len() != REPLY_PER_CHECK * checks.len() {
             return Err(StoreError::new(format!(
@@ -542,27 +607,63 @@ impl Inner {
     }
 }
 
-/// `EVALSHA`; if Redis does not have the script (`NOSCRIPT`: after a restart, a failover or
-/// `SCRIPT FLUSH`; the script did not run), the same call as `EVAL` with the script's source,
-/// which also caches it again. A call that may have run is never retried.
-///
-/// Not `redis::Script::invoke_async`: on `NOSCRIPT` it sends `SCRIPT LOAD` and then the
-/// `EVALSHA` again, two more round trips inside the decision's deadline, and a `SCRIPT FLUSH`
-/// between the two (the test `script_flush_in_a_loop_fails_no_decision` makes them) fails the
-/// decision; one `EVAL` carries the source and runs in the same step. It also copies every key
-/// and argument into buffers of its own before building the command we build directly.
-async fn invoke(
-    evalsha: &Cmd,
-    eval: impl FnOnce() -> Cmd,
-    conn: &mut AnyConn,
-) -> redis::RedisResult<Vec<i64>> {
-    match evalsha.query_async(conn).await {
-        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            tracing::info!("decision script missing from Redis (NOSCRIPT); sending it again");
-            eval().query_async(conn).await
+impl Inner {
+    /// The decision's `FCALL` or `EVALSHA`; if Redis has neither the function nor the script
+    /// (`NOSCRIPT` or "Function not found": after `SCRIPT FLUSH` or `FUNCTION FLUSH`, on a new
+    /// node, or after a restart without persistence; the call did not run), the same call as
+    /// `EVAL` with the script's source, which decides in the same step and caches the script
+    /// again. A call that may have run is never retried. After a missing function, the library
+    /// is loaded again by a task of its own, outside the decision and its deadline.
+    ///
+    /// Not `redis::Script::invoke_async`: on `NOSCRIPT` it sends `SCRIPT LOAD` and then the
+    /// `EVALSHA` again, two more round trips inside the decision's deadline, and a `SCRIPT FLUSH`
+    /// between the two (the test `script_flush_loses_no_decision` makes them) fails the
+    /// decision; one `EVAL` carries the source and runs in the same step. It also copies every
+    /// key and argument into buffers of its own before building the command we build directly.
+    async fn invoke(
+        &self,
+        call: &Cmd,
+        eval: impl FnOnce() -> Cmd,
+        conn: &mut AnyConn,
+    ) -> redis::RedisResult<Vec<i64>> {
+        match call.query_async(conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                tracing::info!("decision script missing from Redis (NOSCRIPT); sending it again");
+                eval().query_async(conn).await
+            }
+            Err(e) if is_missing_function(&e) => {
+                tracing::info!("decision function missing from Redis; loading it again");
+                self.reload.store(true, Ordering::Release);
+                eval().query_async(conn).await
+            }
+            other => other,
         }
-        other => other,
     }
+}
+
+/// Loads the decision library again, after a decision found it missing; one load at a time.
+async fn reload(inner: Arc<Inner>) {
+    if inner.reloading.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let load = inner.with_conn(|mut c| async move {
+        let mut cmd = redis::cmd("FUNCTION");
+        cmd.arg("LOAD").arg("REPLACE").arg(SCRIPT.library());
+        cmd.query_async::<redis::Value>(&mut c).await.map(drop)
+    });
+    match tokio::time::timeout(RELOAD_TIMEOUT, load).await {
+        Ok(Ok(())) => tracing::info!("decision function loaded again"),
+        Ok(Err(error)) => tracing::warn!(%error, "could not load the decision function again"),
+        Err(_) => tracing::warn!("could not load the decision function again: timed out"),
+    }
+    inner.reloading.store(false, Ordering::Release);
+}
+
+/// Whether `e` says the function called is not loaded.
+fn is_missing_function(e: &redis::RedisError) -> bool {
+    e.code() == Some("ERR")
+        && e.detail()
+            .is_some_and(|d| d.starts_with("Function not found"))
 }
 
 /// One connection of any kind, for the duration of a call.
@@ -614,13 +715,17 @@ impl private::Sealed for RedisStore {
     fn check(&self, checks: Checks) -> Self::Future {
         let inner = self.inner.clone();
         Box::pin(async move {
-            match tokio::time::timeout(inner.deadline, inner.decide(checks)).await {
+            let result = match tokio::time::timeout(inner.deadline, inner.decide(checks)).await {
                 Ok(result) => result,
                 Err(_) => Err(StoreError::with_kind(
                     StoreErrorKind::Timeout,
                     format!("no decision from Redis within {:?}", inner.deadline),
                 )),
+            };
+            if inner.reload.swap(false, Ordering::AcqRel) {
+                tokio::spawn(reload(inner));
             }
+            result
         })
     }
 

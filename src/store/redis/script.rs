@@ -50,9 +50,12 @@ pub(crate) fn shape(id: u8, mode: Mode, params: &LuaParams, cost: u64, injected:
 /// The one script every decision runs, assembled once.
 pub(crate) static SCRIPT: LazyLock<Script> = LazyLock::new(Script::assemble);
 
-/// The script's source.
+/// The decision, as a script for `EVAL` and as a library of one function for `FCALL`.
 pub(crate) struct Script {
     source: String,
+    sha: String,
+    library: String,
+    function: String,
 }
 
 impl Script {
@@ -80,15 +83,40 @@ impl Script {
             lua.push_str(twin);
         }
         lua.push_str(include_str!("decide.lua"));
-        lua.push_str("return decide(KEYS, ARGV)\n");
+        let body = substitute(&lua, &names);
+        let source = format!("{body}return decide(KEYS, ARGV)\n");
+        let sha = redis::Script::new(&source).get_hash().to_owned();
+        // Named after the source, so versions of the crate sharing a Redis (a rolling deploy)
+        // each call their own.
+        let function = format!("tower_ratelimit_{}", &sha[..16]);
+        let library =
+            format!("#!lua name={function}\n{body}redis.register_function('{function}', decide)\n");
         Script {
-            source: substitute(&lua, &names),
+            source,
+            sha,
+            library,
+            function,
         }
     }
 
-    /// The whole script.
+    /// The whole script, for `EVAL`.
     pub(crate) fn source(&self) -> &str {
         &self.source
+    }
+
+    /// The script's SHA-1, for `EVALSHA`.
+    pub(crate) fn sha(&self) -> &str {
+        &self.sha
+    }
+
+    /// The library, for `FUNCTION LOAD`.
+    pub(crate) fn library(&self) -> &str {
+        &self.library
+    }
+
+    /// The name of the library's one function, for `FCALL`.
+    pub(crate) fn function(&self) -> &str {
+        &self.function
     }
 }
 

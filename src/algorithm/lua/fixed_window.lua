@@ -3,10 +3,7 @@
 ALG[FIXED_WINDOW] = function()
   return {
     block = block_in_value,
-    load = function(key)
-      local raw, ends = read(key)
-      return parse2(raw), ends
-    end,
+    load = read2,
     current = function(p, st, now)
       local start = fdiv(now, p[2]) * p[2]
       if st and st[1] >= start then

@@ -1,24 +1,21 @@
 -- GCRA: twin of gcra.rs. Params: interval, tolerance (burst · interval, so a cost above the
--- burst is one whose cost · interval exceeds it). State: "tat".
+-- burst is one whose cost · interval exceeds it). State: "tat" (a number, not a table).
 -- Built when a decision first uses it (`algorithm` in decide.lua).
 ALG[GCRA] = function()
   return {
     block = block_in_value,
-    load = function(key)
-      local raw, ends = read(key)
-      local tat = tonumber(raw)
-      if tat then
-        return { tat }, ends
-      end
-      return nil, ends
-    end,
+    load = read1,
     evaluate = function(self, p, st, now, cost)
       local interval, tolerance = p[1], p[2]
       local tat = now
-      if st and st[1] > now then
-        tat = st[1]
+      if st and st > now then
+        tat = st
       end
       local backlog = tat - now
+      local new_backlog = backlog + cost * interval
+      if new_backlog <= tolerance then
+        return 1, fdiv(tolerance - new_backlog, interval), new_backlog, -1
+      end
       local capped = backlog
       if capped > tolerance then
         capped = tolerance
@@ -27,17 +24,13 @@ ALG[GCRA] = function()
       if cost * interval > tolerance then
         return 0, remaining_now, backlog, -1
       end
-      local new_backlog = backlog + cost * interval
-      if new_backlog <= tolerance then
-        return 1, fdiv(tolerance - new_backlog, interval), new_backlog, -1
-      end
       return 0, remaining_now, backlog, new_backlog - tolerance
     end,
     refund = function(self, key, p, st, now, units)
       if not st then
         return
       end
-      local tat = st[1]
+      local tat = st
       if tat < now then
         tat = now
       end
@@ -49,8 +42,8 @@ ALG[GCRA] = function()
     end,
     commit = function(self, key, p, st, now, cost)
       local tat = now
-      if st and st[1] > now then
-        tat = st[1]
+      if st and st > now then
+        tat = st
       end
       tat = tat + cost * p[1]
       store(key, int(tat), now, tat)

@@ -4,10 +4,7 @@
 ALG[LEAKY_BUCKET] = function()
   return {
     block = block_in_value,
-    load = function(key)
-      local raw, ends = read(key)
-      return parse2(raw), ends
-    end,
+    load = read2,
     level = function(p, st, now)
       if not st then
         return 0

@@ -29,7 +29,7 @@ ALG[SLIDING_LOG] = function()
       end
       local ends
       if string.byte(top[n - 1], 1) == LETTER_B then
-        ends = tonumber(string.sub(top[n - 1], 7))
+        ends = tonumber(sub(top[n - 1], 7))
         n = n - 2
         if n == 0 then
           return nil, ends
@@ -115,11 +115,11 @@ ALG[SLIDING_LOG] = function()
       redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - window))
       local seq = 0
       if st and st[1] == now then
-        seq = tonumber(string.match(st[2], ':(%d+)$')) or 0
+        seq = tonumber(match(st[2], ':(%d+)$')) or 0
       end
       local at = int(now)
       if cost == 1 then
-        redis.call('ZADD', key, at, at .. ':' .. string.format('%010d', seq + 1))
+        redis.call('ZADD', key, at, at .. ':' .. format('%010d', seq + 1))
       end
       -- One member per unit, added in batches (Lua's unpack has a small stack).
       local i = 1
@@ -131,7 +131,7 @@ ALG[SLIDING_LOG] = function()
         end
         for j = i, last do
           args[#args + 1] = at
-          args[#args + 1] = at .. ':' .. string.format('%010d', seq + j)
+          args[#args + 1] = at .. ':' .. format('%010d', seq + j)
         end
         redis.call('ZADD', key, unpack(args))
         i = last + 1

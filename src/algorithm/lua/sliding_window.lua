@@ -53,7 +53,7 @@ ALG[SLIDING_WINDOW] = function()
   return {
     block = block_in_value,
     load = function(key, p)
-      local raw, ends = read(key)
+      local raw, ends = split_block(redis.call('GET', key))
       return parse(raw, p[2] + 2), ends
     end,
     lag = function(p, st, now)

@@ -24,10 +24,7 @@ ALG[TOKEN_BUCKET] = function()
 
   return {
     block = block_in_value,
-    load = function(key)
-      local raw, ends = read(key)
-      return parse2(raw), ends
-    end,
+    load = read2,
     tokens = function(p, st, now)
       if not st then
         return p[4]

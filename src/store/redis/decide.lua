@@ -46,7 +46,7 @@ local function read_policy(args, at)
     return nil
   end
   local id = shape % MODE_UNIT
-  local alg = algorithm(id)
+  local alg = BUILT[id] or algorithm(id)
   if not alg then
     return nil
   end
@@ -171,6 +171,9 @@ local function settle(alg, key, p, st, ends, now, cost, charge, reply, at)
 end
 
 local function decide(keys, args)
+  if not format then
+    bind_libraries()
+  end
   KEEP_BLOCK = nil
   local n = #keys
   local alg, mode, p, cost, at, injected = read_policy(args, 1)
@@ -191,11 +194,20 @@ local function decide(keys, args)
     -- One policy, the usual case: no tables beyond its parameters and the reply.
     local key = keys[1]
     local st, ends
-    st, ends, cost = prepare(alg, key, p, now, cost, mode)
+    if mode == ENFORCE then
+      st, ends = alg.load(key, p, now)
+    else
+      st, ends, cost = prepare(alg, key, p, now, cost, mode)
+    end
     local verdict, remaining, reset = judge(alg, p, st, ends, now, cost, key)
     local reply = { verdict, remaining, reset }
-    local charge = verdict == ADMITTED and cost > 0 and (mode == ENFORCE or mode == SHADOW)
-    settle(alg, key, p, st, ends, now, cost, charge, reply, 0)
+    if verdict == ADMITTED and cost > 0 and (mode == ENFORCE or mode == SHADOW) then
+      KEEP_BLOCK = ends
+      alg:commit(key, p, st, now, cost)
+      KEEP_BLOCK = nil
+    else
+      settle(alg, key, p, st, ends, now, cost, false, reply, 0)
+    end
     return reply
   end
 

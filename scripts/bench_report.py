@@ -132,7 +132,7 @@ add("4 one request through axum, in process, no headers", "HeaderStyle::None",
     request("ours_no_headers"), "tower_governor", request("tower_governor"), "ns", "<=", 1.0)
 # 5. HTTP, Redis store.
 add("5 HTTP req/s, Redis store", "with layer", median_wrk("redis", 0),
-    "handler doing one EVALSHA", median_wrk("evalsha", 0), "req/s", ">=", 0.9)
+    "handler doing the same FCALL", median_wrk("evalsha", 0), "req/s", ">=", 0.9)
 # 6. In-memory decision cost.
 add("6 in-memory decision (GCRA)", "ours check()", criterion_ns("ours_gcra"),
     "governor keyed (Key)", criterion_ns("governor_keyed_key"), "ns", "<=", 1.5)
@@ -242,7 +242,7 @@ load average above says how busy it was.
 ## What is measured
 
 1. Redis decisions/s with 50 concurrent tasks and no HTTP: `RateLimitLayer::check` on the
-   Redis store against `redis-benchmark -c 50 -r 10000 EVALSHA <sha> …` with the exact
+   Redis store against `redis-benchmark -c 50 -r 10000 FCALL <function> …` with the exact
    arguments our store sends (`{machine.get('evalsha', '?')}`, a GCRA policy at 1,000,000/s so
    every decision admits and writes), and with `-P 16` as the server's ceiling.
 2. Single-decision latency at concurrency 1: our p50/p99 (client-side, per call, from a task
@@ -256,15 +256,15 @@ load average above says how busy it was.
    its `ConnectInfo` and sent through the `Router` in process (criterion, `benches/peers.rs`,
    `request/*`), where the middleware's own cost per request shows without the kernel's
    networking (which dominates the wrk figures here and moves them by ±10% between runs).
-5. The same with the Redis store vs a handler that sends the same `EVALSHA` on one
+5. The same with the Redis store vs a handler that sends the same `FCALL` on one
    multiplexed connection and nothing else.
 6. In-memory decision cost (criterion, `benches/peers.rs`): `RateLimitLayer::check` on the
    memory store polled once, vs `governor::RateLimiter::keyed` `check_key` on the same
    10,000 keys (as our `Key` values, and as `u64`).
 7. A flood of one limited key (fixed window 1/h): Redis store with the deny cache vs the memory
-   store. `EVALSHA` calls seen by Redis (`INFO commandstats`) during the measured runs:
+   store. Decision calls (`FCALL`) seen by Redis (`INFO commandstats`) during the measured runs:
    **{deny_calls}**.
-8. Each algorithm's server time per call (`INFO commandstats` usec_per_call), our `EVALSHA`
+8. Each algorithm's server time per call (`INFO commandstats` usec_per_call), our `FCALL`
    against a minimal script of the same algorithm (`benches/reference/`, written for this
    comparison and not used by the crate: `TIME` and the algorithm's own reads and writes for
    one policy, no blocks, no multi-policy), both with the same quota from
@@ -318,7 +318,7 @@ open(MD, "w").write(md)
 print()
 print(md_table)
 print()
-print(f"deny cache flood: {deny_calls} EVALSHA calls during the measured runs")
+print(f"deny cache flood: {deny_calls} decision calls (FCALL) during the measured runs")
 print(f"machine: nproc={machine.get('nproc')} {machine.get('redis')} | {machine.get('rustc')} | "
       f"load before {machine.get('load_before')} after {machine.get('load_after')}")
 print(f"wrote {MD} and {SVG}")

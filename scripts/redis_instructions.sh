@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The Redis CPU of one decision, in instructions counted by callgrind inside the command
+# (fcallCommand / evalShaCommand): the same figure from run to run, whatever else the machine
+# is doing, where usec_per_call moves by a third between runs on a busy 2-core machine.
+#
+#     scripts/redis_instructions.sh
+#
+# For each algorithm: the call our store sends (captured by benches/driver_redis.rs, the bench
+# policy of scripts/bench.sh) against the minimal script of the same algorithm
+# (benches/reference/), each called 2,000 times on 10,000 random keys after 500 warm-up calls.
+# Installs valgrind (Debian package) when it is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+if ! command -v valgrind >/dev/null; then
+    echo "redis_instructions.sh: installing valgrind" >&2
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
+fi
+BR=$(cargo bench --all-features --bench driver_redis --no-run 2>&1 |
+    sed -n 's/.*Executable .*(\(target\/release\/deps\/driver_redis-[0-9a-f]*\)).*/\1/p' | tail -1)
+[ -x "$BR" ] || { echo "redis_instructions.sh: cannot find the driver" >&2; exit 1; }
+
+WORK=$(mktemp -d)
+PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.out" \
+    --toggle-collect=fcallCommand --toggle-collect=evalShaCommand \
+    redis-server --port "$PORT" --save "" --appendonly no --dir "$WORK" >"$WORK/redis.log" 2>&1 &
+PID=$!
+trap 'kill $PID 2>/dev/null; rm -rf "$WORK"' EXIT
+for _ in $(seq 100); do redis-cli -p "$PORT" PING >/dev/null 2>&1 && break; sleep 0.2; done
+URL="redis://127.0.0.1:$PORT"
+
+count() { # the call, with __rand_int__ in its key -> instructions per call
+    redis-benchmark -p "$PORT" -r 10000 -c 1 -n 500 "$@" >/dev/null
+    callgrind_control -z "$PID" >/dev/null 2>&1
+    redis-benchmark -p "$PORT" -r 10000 -c 1 -n 2000 "$@" >/dev/null
+    rm -f "$WORK"/cg.out.*
+    callgrind_control -d "$PID" >/dev/null 2>&1
+    local dump=""
+    for _ in $(seq 50); do
+        dump=$(ls "$WORK"/cg.out.* 2>/dev/null | head -1)
+        [ -n "$dump" ] && grep -q '^totals:\|^summary:' "$dump" && break
+        sleep 0.1
+    done
+    echo $(($(sed -n 's/^\(totals\|summary\): *\([0-9]*\).*/\2/p' "$dump" | head -1) / 2000))
+}
+
+declare -A REF_ARGS=(
+    [fixed_window]="1000000 1000"
+    [sliding_window]="1000000 10 100000"
+    [sliding_log]="1000 1000000"
+    [token_bucket]="1000000 1"
+    [leaky_bucket]="1000000 1"
+    [gcra]="1 1000000"
+)
+echo "Redis instructions per decision (callgrind, 2,000 calls on 10,000 keys):"
+printf '  %-15s %8s %8s %6s\n' algorithm ours minimal ratio
+for algorithm in fixed_window sliding_window sliding_log token_bucket leaky_bucket gcra; do
+    redis-cli -p "$PORT" FLUSHALL >/dev/null
+    mapfile -t OURS < <("$BR" args "$URL" "$algorithm")
+    OURS[3]=${OURS[3]/RANDINT/__rand_int__}
+    [ "${OURS[0]^^}" = FCALL ] ||
+        echo "redis_instructions.sh: the store fell back to ${OURS[0]} (see the driver's log)" >&2
+    REF_SHA=$(redis-cli -p "$PORT" SCRIPT LOAD "$(cat "benches/reference/$algorithm.lua")")
+    read -r -a ref_args <<<"${REF_ARGS[$algorithm]}"
+    ours=$(count "${OURS[@]}")
+    minimal=$(count EVALSHA "$REF_SHA" 1 "ref:{__rand_int__}" "${ref_args[@]}")
+    printf '  %-15s %8d %8d %6s\n' "$algorithm" "$ours" "$minimal" \
+        "$(python3 -c "print(f'{$ours / $minimal:.2f}x')")"
+done

@@ -473,3 +473,37 @@ async fn without_functions_the_store_decides_with_evalsha() {
             .contains(RedisStore::function_name())
     );
 }
+
+/// The sliding window counter keeps its ring sparse in Redis ("head slot:count ..."), and
+/// still reads the dense form earlier versions wrote ("head c0 c1 ... c10").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_window_state_is_sparse_and_reads_the_dense_form() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    // 10/h in 10 buckets of 360 s: at bucket index 1000 exactly, slot 1000 mod 11 = 10.
+    clock.set_micros(360_000_000 * 1000);
+    let s = store(&server, "sw:", Some(&clock)).await;
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::sliding_window("10/h").name("sw"))
+        .store(s.clone())
+        .build()
+        .unwrap();
+    let key = Key::from("a");
+    let redis_key = String::from_utf8(s.key_for("sw", &key)).unwrap();
+    server.cli(&[
+        "SET",
+        &redis_key,
+        "1000 0 0 0 0 0 0 0 0 0 0 4",
+        "PX",
+        "600000",
+    ]);
+    let peek = layer.check(&key, 0).await.unwrap();
+    assert_eq!(
+        peek.outcomes()[0].remaining(),
+        6,
+        "4 of 10 used, read from the dense form"
+    );
+    let charged = layer.check(&key, 1).await.unwrap();
+    assert_eq!(charged.outcomes()[0].remaining(), 5);
+    assert_eq!(server.cli(&["GET", &redis_key]), "1000 10:5");
+}

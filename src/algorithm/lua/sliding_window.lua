@@ -1,7 +1,46 @@
 -- Sliding window counter: twin of sliding_window.rs. Params: limit, buckets, bucket.
--- State: "head c0 c1 ... cN", the ring of N + 1 counters indexed by bucket index mod (N + 1).
+-- State: the ring of N + 1 counters indexed by bucket index mod (N + 1), after the head
+-- bucket's index, written sparse: "head slot:count ...", the counters that are not zero (a
+-- key spends a few buckets of its ring, so a decision parses and writes a few numbers, not
+-- N + 2). Read as a table { head, c0, c1, ..., cN }. The dense form of earlier versions,
+-- "head c0 c1 ... cN", is still read.
 -- Built when a decision first uses it (`algorithm` in decide.lua).
 ALG[SLIDING_WINDOW] = function()
+  local function sw_read(raw, slots)
+    if not raw then
+      return nil
+    end
+    if not find(raw, ':', 1, true) and find(raw, ' ', 1, true) then
+      return parse(raw, slots + 1)
+    end
+    local head = tonumber(match(raw, '^(%d+)'))
+    if not head then
+      return nil
+    end
+    local st = { head }
+    for k = 2, slots + 1 do
+      st[k] = 0
+    end
+    for slot, count in string.gmatch(raw, ' (%d+):(%d+)') do
+      slot = tonumber(slot)
+      if slot >= slots then
+        return nil
+      end
+      st[slot + 2] = tonumber(count)
+    end
+    return st
+  end
+
+  local function sw_write(key, head, ring, now, expires_at)
+    local parts = { int(head) }
+    for i = 1, #ring do
+      if ring[i] > 0 then
+        parts[#parts + 1] = (i - 1) .. ':' .. int(ring[i])
+      end
+    end
+    store(key, table.concat(parts, ' '), now, expires_at)
+  end
+
   local function sw_count(p, st, index)
     if st and index <= st[1] and index + p[2] >= st[1] then
       local slot = index - fdiv(index, p[2] + 1) * (p[2] + 1)
@@ -54,7 +93,7 @@ ALG[SLIDING_WINDOW] = function()
     block = block_in_value,
     load = function(key, p)
       local raw, ends = split_block(redis.call('GET', key))
-      return parse(raw, p[2] + 2), ends
+      return sw_read(raw, p[2] + 1), ends
     end,
     lag = function(p, st, now)
       if st and st[1] * p[3] > now then
@@ -148,11 +187,11 @@ ALG[SLIDING_WINDOW] = function()
         left = left - take
         i = i - 1
       end
-      local parts = {}
-      for k = 1, slots + 1 do
-        parts[k] = int(st[k])
+      local ring = {}
+      for k = 1, slots do
+        ring[k] = st[k + 1]
       end
-      store(key, table.concat(parts, ' '), now, (head + n + 1) * g)
+      sw_write(key, head, ring, now, (head + n + 1) * g)
     end,
     commit = function(self, key, p, st, now, cost)
       local n, g = p[2], p[3]
@@ -183,11 +222,7 @@ ALG[SLIDING_WINDOW] = function()
       end
       local slot = c - fdiv(c, slots) * slots + 1
       ring[slot] = ring[slot] + cost
-      local parts = { int(head) }
-      for i = 1, slots do
-        parts[i + 1] = int(ring[i])
-      end
-      store(key, table.concat(parts, ' '), now, (head + n + 1) * g)
+      sw_write(key, head, ring, now, (head + n + 1) * g)
     end,
   }
 end

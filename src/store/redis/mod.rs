@@ -93,7 +93,7 @@ pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_millis(50);
 /// |---|---|
 /// | GCRA | 72 |
 /// | fixed window, token bucket, leaky bucket | 120 |
-/// | sliding window (10 buckets) | 104 with one live bucket, 120 with ten |
+/// | sliding window (10 buckets) | 104 after one request, 120 after a hundred (only live buckets are kept) |
 /// | sliding log | 136, plus about 41 per admitted unit in the window (4,184 at 100) |
 ///
 /// The sliding log's limit is capped at 10,000 units per window (about 410 KB per key at the

@@ -60,12 +60,28 @@ ALG[SLIDING_WINDOW] = function()
   local function sw_estimate(p, st, c, x)
     local n, g = p[2], p[3]
     local whole = 0
-    local from = c + 1 - n
-    if from < 0 then
-      from = 0
-    end
-    for i = from, c do
-      whole = whole + sw_count(p, st, i)
+    if st then
+      -- The buckets c + 1 - n .. c that the ring holds (head - n .. head), walked slot by
+      -- slot: one division, not one per bucket.
+      local lo, hi = c + 1 - n, c
+      if lo < 0 then
+        lo = 0
+      end
+      if lo < st[1] - n then
+        lo = st[1] - n
+      end
+      if hi > st[1] then
+        hi = st[1]
+      end
+      local slots = n + 1
+      local slot = lo - fdiv(lo, slots) * slots
+      for _ = lo, hi do
+        whole = whole + st[slot + 2]
+        slot = slot + 1
+        if slot == slots then
+          slot = 0
+        end
+      end
     end
     local oldest = 0
     if c >= n then

@@ -26,27 +26,12 @@ WAIT=${BENCH_WAIT:-600}
 OUT=target/bench
 RAW=$OUT/raw
 
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
-}
-missing=()
-command -v redis-server >/dev/null || missing+=(redis-server)
-command -v redis-benchmark >/dev/null || missing+=(redis-tools)
-command -v redis-cli >/dev/null || missing+=(redis-tools)
-command -v wrk >/dev/null || missing+=(wrk)
-command -v python3 >/dev/null || missing+=(python3)
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "bench.sh: installing ${missing[*]}" >&2
-    as_root apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+# shellcheck source=scripts/common.sh
+. scripts/common.sh
+install_packages redis-server=redis-server redis-benchmark=redis-tools redis-cli=redis-tools \
+    wrk=wrk python3=python3
 
 echo "== building (release)" >&2
-# The drivers are benchmark targets; cargo names their executables with a hash.
-driver() {
-    cargo bench --all-features --bench "$1" --no-run 2>&1 |
-        sed -n "s/.*Executable .*(\(target\/release\/deps\/$1-[0-9a-f]*\)).*/\1/p" | tail -1
-}
 BR=$(driver driver_redis)
 BH=$(driver driver_http)
 cargo bench --all-features --bench peers --no-run
@@ -162,15 +147,7 @@ echo "== 8: each algorithm's script against a minimal script of the same algorit
 # The call our store sends for each algorithm's bench policy (1,000,000/s; the sliding log
 # 1,000/s), and a minimal script of that algorithm (benches/reference/, for comparison only)
 # with the same quota, on the same keyspace and concurrency: redis-benchmark -c 50 -P 16, the
-# server's time per call from INFO commandstats, runs interleaved.
-declare -A REF_ARGS=(
-    [fixed_window]="1000000 1000"
-    [sliding_window]="1000000 10 100000"
-    [sliding_log]="1000 1000000"
-    [token_bucket]="1000000 1"
-    [leaky_bucket]="1000000 1"
-    [gcra]="1 1000000"
-)
+# server's time per call from INFO commandstats, runs interleaved (REF_ARGS: common.sh).
 usec_per_call() { # command
     redis-cli -p "$PORT" INFO commandstats | tr -d '\r' |
         sed -n "s/^cmdstat_$1:.*usec_per_call=\([0-9.]*\).*/\1/p"

@@ -10,16 +10,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
-}
-if ! command -v valgrind >/dev/null; then
-    echo "instructions.sh: installing valgrind" >&2
-    as_root apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
-fi
-BIN=$(cargo bench --all-features --bench instructions --no-run 2>&1 |
-    sed -n 's/.*Executable .*(\(target\/release\/deps\/instructions-[0-9a-f]*\)).*/\1/p' | tail -1)
+# shellcheck source=scripts/common.sh
+. scripts/common.sh
+install_packages valgrind=valgrind
+BIN=$(driver instructions)
 [ -x "$BIN" ] || { echo "instructions.sh: cannot find the driver" >&2; exit 1; }
 
 count() {

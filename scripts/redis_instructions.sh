@@ -8,20 +8,15 @@
 # For each algorithm: the call our store sends (captured by benches/driver_redis.rs, the bench
 # policy of scripts/bench.sh) against the minimal script of the same algorithm
 # (benches/reference/), each called 2,000 times on 10,000 random keys after 500 warm-up calls.
-# Installs valgrind (Debian package) when it is missing.
+# Installs valgrind and Redis (Debian packages) when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
-}
-if ! command -v valgrind >/dev/null; then
-    echo "redis_instructions.sh: installing valgrind" >&2
-    as_root apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
-fi
-BR=$(cargo bench --all-features --bench driver_redis --no-run 2>&1 |
-    sed -n 's/.*Executable .*(\(target\/release\/deps\/driver_redis-[0-9a-f]*\)).*/\1/p' | tail -1)
+# shellcheck source=scripts/common.sh
+. scripts/common.sh
+install_packages valgrind=valgrind redis-server=redis-server redis-benchmark=redis-tools \
+    redis-cli=redis-tools python3=python3
+BR=$(driver driver_redis)
 [ -x "$BR" ] || { echo "redis_instructions.sh: cannot find the driver" >&2; exit 1; }
 
 WORK=$(mktemp -d)
@@ -49,14 +44,6 @@ count() { # the call, with __rand_int__ in its key -> instructions per call
     echo $(($(sed -n 's/^\(totals\|summary\): *\([0-9]*\).*/\2/p' "$dump" | head -1) / 2000))
 }
 
-declare -A REF_ARGS=(
-    [fixed_window]="1000000 1000"
-    [sliding_window]="1000000 10 100000"
-    [sliding_log]="1000 1000000"
-    [token_bucket]="1000000 1"
-    [leaky_bucket]="1000000 1"
-    [gcra]="1 1000000"
-)
 echo "Redis instructions per decision (callgrind, 2,000 calls on 10,000 keys):"
 printf '  %-15s %8s %8s %6s\n' algorithm ours minimal ratio
 for algorithm in fixed_window sliding_window sliding_log token_bucket leaky_bucket gcra; do

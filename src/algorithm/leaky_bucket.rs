@@ -19,7 +19,6 @@ use crate::quota::Quota;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct LeakyBucket {
-    capacity: u64,
     scaled: Scaled,
 }
 
@@ -33,10 +32,8 @@ pub(crate) struct State {
 
 impl LeakyBucket {
     pub(crate) fn new(quota: Quota) -> Result<Self, ConfigError> {
-        let scaled = Scaled::new(quota, Algorithm::LeakyBucket)?;
         Ok(LeakyBucket {
-            capacity: scaled.capacity,
-            scaled,
+            scaled: Scaled::new(quota, Algorithm::LeakyBucket)?,
         })
     }
 
@@ -62,7 +59,7 @@ impl Step for LeakyBucket {
     }
 
     fn reported_limit(&self) -> u64 {
-        self.capacity
+        self.scaled.capacity
     }
 
     fn lua_params(&self) -> LuaParams {
@@ -77,7 +74,7 @@ impl Step for LeakyBucket {
         let s = &self.scaled;
         let level = self.level(state, now);
         let drain_time = |l: u64| l.div_ceil(s.rate);
-        if cost > self.capacity {
+        if cost > self.scaled.capacity {
             return Verdict::deny(
                 s.full.saturating_sub(level) / s.unit,
                 drain_time(level),

@@ -83,7 +83,6 @@ impl Scaled {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct TokenBucket {
-    capacity: u64,
     scaled: Scaled,
 }
 
@@ -97,10 +96,8 @@ pub(crate) struct State {
 
 impl TokenBucket {
     pub(crate) fn new(quota: Quota) -> Result<Self, ConfigError> {
-        let scaled = Scaled::new(quota, Algorithm::TokenBucket)?;
         Ok(TokenBucket {
-            capacity: scaled.capacity,
-            scaled,
+            scaled: Scaled::new(quota, Algorithm::TokenBucket)?,
         })
     }
 
@@ -126,7 +123,7 @@ impl Step for TokenBucket {
     }
 
     fn reported_limit(&self) -> u64 {
-        self.capacity
+        self.scaled.capacity
     }
 
     fn lua_params(&self) -> LuaParams {
@@ -141,7 +138,7 @@ impl Step for TokenBucket {
         let s = &self.scaled;
         let tokens = self.tokens(state, now);
         let refill_time = |t: u64| (s.full - t).div_ceil(s.rate);
-        if cost > self.capacity {
+        if cost > self.scaled.capacity {
             return Verdict::deny(tokens / s.unit, refill_time(tokens), None);
         }
         let need = cost * s.unit;

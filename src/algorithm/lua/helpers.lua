@@ -120,14 +120,30 @@ local function ttl_ms(now, expires_at)
   return ms
 end
 
+-- When a key whose state expires at `expires_at` may expire, keeping the block on record.
+local function until_block_ends(expires_at)
+  if KEEP_BLOCK and KEEP_BLOCK > expires_at then
+    return KEEP_BLOCK
+  end
+  return expires_at
+end
+
+-- The TTL of a key being blocked until `ends`: what it has left, or to the block's end.
+local function ttl_to_block_end(key, now, ends)
+  local ttl = ttl_ms(now, ends)
+  local left = redis.call('PTTL', key)
+  if left > ttl then
+    return left
+  end
+  return ttl
+end
+
 -- Writes a string state with a TTL (milliseconds, rounded up, at least 1) until expires_at,
--- keeping the block in force beside it.
+-- keeping the block on record beside it.
 local function store(key, value, now, expires_at)
   if KEEP_BLOCK then
     value = value .. '|' .. int(KEEP_BLOCK)
-    if KEEP_BLOCK > expires_at then
-      expires_at = KEEP_BLOCK
-    end
+    expires_at = until_block_ends(expires_at)
   end
   redis.call('SET', key, value, 'PX', ttl_ms(now, expires_at))
 end
@@ -136,12 +152,7 @@ end
 -- at least until the block ends.
 local function block_in_value(self, key, p, st, now, ends)
   local raw = split_block(redis.call('GET', key)) or ''
-  local ttl = ttl_ms(now, ends)
-  local left = redis.call('PTTL', key)
-  if left > ttl then
-    ttl = left
-  end
-  redis.call('SET', key, raw .. '|' .. int(ends), 'PX', ttl)
+  redis.call('SET', key, raw .. '|' .. int(ends), 'PX', ttl_to_block_end(key, now, ends))
 end
 
 -- The token and leaky buckets keep "amount last": the time of their last update, which is

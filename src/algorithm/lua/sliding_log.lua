@@ -12,13 +12,6 @@ ALG[SLIDING_LOG] = function()
     return redis.call('ZCOUNT', key, '(' .. int(cutoff), '(+inf')
   end
 
-  local function keep_alive(key, now, expires_at)
-    if KEEP_BLOCK and KEEP_BLOCK > expires_at then
-      expires_at = KEEP_BLOCK
-    end
-    redis.call('PEXPIRE', key, ttl_ms(now, expires_at))
-  end
-
   return {
     -- The newest entry, and the end of the block on record, if any.
     load = function(key, p, now)
@@ -40,12 +33,7 @@ ALG[SLIDING_LOG] = function()
     block = function(self, key, p, st, now, ends)
       redis.call('ZREMRANGEBYSCORE', key, '+inf', '+inf')
       redis.call('ZADD', key, '+inf', 'block:' .. int(ends))
-      local ttl = ttl_ms(now, ends)
-      local left = redis.call('PTTL', key)
-      if left > ttl then
-        ttl = left
-      end
-      redis.call('PEXPIRE', key, ttl)
+      redis.call('PEXPIRE', key, ttl_to_block_end(key, now, ends))
     end,
     -- Time as the log sees it: never before its newest entry.
     clamp = function(st, now)
@@ -136,7 +124,7 @@ ALG[SLIDING_LOG] = function()
         redis.call('ZADD', key, unpack(args))
         i = last + 1
       end
-      keep_alive(key, now, now + window)
+      redis.call('PEXPIRE', key, ttl_ms(now, until_block_ends(now + window)))
     end,
   }
 end

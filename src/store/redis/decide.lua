@@ -194,20 +194,11 @@ local function decide(keys, args)
     -- One policy, the usual case: no tables beyond its parameters and the reply.
     local key = keys[1]
     local st, ends
-    if mode == ENFORCE then
-      st, ends = alg.load(key, p, now)
-    else
-      st, ends, cost = prepare(alg, key, p, now, cost, mode)
-    end
+    st, ends, cost = prepare(alg, key, p, now, cost, mode)
     local verdict, remaining, reset = judge(alg, p, st, ends, now, cost, key)
     local reply = { verdict, remaining, reset }
-    if verdict == ADMITTED and cost > 0 and (mode == ENFORCE or mode == SHADOW) then
-      KEEP_BLOCK = ends
-      alg:commit(key, p, st, now, cost)
-      KEEP_BLOCK = nil
-    else
-      settle(alg, key, p, st, ends, now, cost, false, reply, 0)
-    end
+    local charge = verdict == ADMITTED and cost > 0 and (mode == ENFORCE or mode == SHADOW)
+    settle(alg, key, p, st, ends, now, cost, charge, reply, 0)
     return reply
   end
 

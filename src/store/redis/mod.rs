@@ -407,39 +407,9 @@ impl RedisStoreBuilder {
                 Conn::ClusterPool(pool)
             }
         };
-        let connect_timeout = self.connect_timeout;
-        let mut store = RedisStore {
-            inner: Arc::new(Inner {
-                conn,
-                deadline: self.deadline,
-                prefix: self.prefix,
-                clock: self.clock,
-                functions: false,
-                reload: AtomicBool::new(false),
-                reloading: AtomicBool::new(false),
-                target,
-                registry: Registry::default(),
-            }),
-        };
-        let inner = &store.inner;
-        let load = |what: &'static str, source: &'static str| async move {
-            let loading = inner.with_conn(|mut c| async move {
-                let mut cmd = redis::cmd(what);
-                cmd.arg("LOAD");
-                if what == "FUNCTION" {
-                    cmd.arg("REPLACE");
-                }
-                cmd.arg(source);
-                cmd.query_async::<redis::Value>(&mut c).await.map(drop)
-            });
-            match tokio::time::timeout(connect_timeout * 2, loading).await {
-                Ok(result) => result.map_err(|e| e.to_string()),
-                Err(_) => Err("timed out".to_owned()),
-            }
-        };
         let mut functions = false;
         if self.functions {
-            match load("FUNCTION", SCRIPT.library()).await {
+            match load(&conn, true, self.connect_timeout * 2).await {
                 Ok(()) => functions = true,
                 Err(e) => tracing::info!(
                     error = %e,
@@ -448,28 +418,39 @@ impl RedisStoreBuilder {
             }
         }
         if !functions {
-            load("SCRIPT", SCRIPT.source()).await.map_err(|e| {
-                StoreError::new(format!(
-                    "cannot load the script into Redis at {}: {e}",
-                    inner.target
-                ))
-            })?;
+            load(&conn, false, self.connect_timeout * 2)
+                .await
+                .map_err(|e| {
+                    StoreError::new(format!(
+                        "cannot load the script into Redis at {target}: {e}"
+                    ))
+                })?;
         }
-        Arc::get_mut(&mut store.inner)
-            .expect("the store is not shared yet")
-            .functions = functions;
+        let store = RedisStore {
+            inner: Arc::new(Inner {
+                conn,
+                deadline: self.deadline,
+                prefix: self.prefix,
+                clock: self.clock,
+                functions,
+                reload: AtomicBool::new(false),
+                reloading: AtomicBool::new(false),
+                target,
+                registry: Registry::default(),
+            }),
+        };
         Ok(store)
     }
 }
 
-impl Inner {
-    /// Runs `f` with a connection of the configured kind.
-    async fn with_conn<F, Fut, T>(&self, f: F) -> Result<T, StoreError>
+impl Conn {
+    /// Runs `f` with a connection of this kind.
+    async fn with<F, Fut, T>(&self, f: F) -> Result<T, StoreError>
     where
         F: FnOnce(AnyConn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
-        let conn = match &self.conn {
+        let conn = match self {
             Conn::Multiplexed(m) => AnyConn::Multiplexed(m.clone()),
             Conn::Cluster(c) => AnyConn::Cluster(c.clone()),
             // Boxed: the pools' futures are large, and every decision's future would carry
@@ -481,7 +462,9 @@ impl Inner {
         };
         f(conn).await.map_err(StoreError::new)
     }
+}
 
+impl Inner {
     async fn decide(&self, checks: Checks) -> Result<Decision, StoreError> {
         let one_slot = checks.iter().all(|c| c.key() == checks[0].key());
         let verdicts = if !self.conn.is_cluster() || one_slot {
@@ -587,7 +570,8 @@ impl Inner {
         };
         let eval = || command("EVAL", SCRIPT.source());
         let reply: Vec<i64> = self
-            .with_conn(|mut c| async move { self.invoke(&call, eval, &mut c).await })
+            .conn
+            .with(|mut c| async move { self.invoke(&call, eval, &mut c).await })
             .await?;
         if reply.len() != REPLY_PER_CHECK * checks.len() {
             return Err(StoreError::new(format!(
@@ -641,20 +625,35 @@ impl Inner {
     }
 }
 
+/// Loads the decision into Redis within `timeout`: the library (`FUNCTION LOAD REPLACE`, on
+/// every primary of a cluster) or the script (`SCRIPT LOAD`).
+async fn load(conn: &Conn, functions: bool, timeout: Duration) -> Result<(), String> {
+    let loading = conn.with(|mut c| async move {
+        let cmd = if functions {
+            let mut cmd = redis::cmd("FUNCTION");
+            cmd.arg("LOAD").arg("REPLACE").arg(SCRIPT.library());
+            cmd
+        } else {
+            let mut cmd = redis::cmd("SCRIPT");
+            cmd.arg("LOAD").arg(SCRIPT.source());
+            cmd
+        };
+        cmd.query_async::<redis::Value>(&mut c).await.map(drop)
+    });
+    match tokio::time::timeout(timeout, loading).await {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(_) => Err("timed out".to_owned()),
+    }
+}
+
 /// Loads the decision library again, after a decision found it missing; one load at a time.
 async fn reload(inner: Arc<Inner>) {
     if inner.reloading.swap(true, Ordering::AcqRel) {
         return;
     }
-    let load = inner.with_conn(|mut c| async move {
-        let mut cmd = redis::cmd("FUNCTION");
-        cmd.arg("LOAD").arg("REPLACE").arg(SCRIPT.library());
-        cmd.query_async::<redis::Value>(&mut c).await.map(drop)
-    });
-    match tokio::time::timeout(RELOAD_TIMEOUT, load).await {
-        Ok(Ok(())) => tracing::info!("decision function loaded again"),
-        Ok(Err(error)) => tracing::warn!(%error, "could not load the decision function again"),
-        Err(_) => tracing::warn!("could not load the decision function again: timed out"),
+    match load(&inner.conn, true, RELOAD_TIMEOUT).await {
+        Ok(()) => tracing::info!("decision function loaded again"),
+        Err(error) => tracing::warn!(%error, "could not load the decision function again"),
     }
     inner.reloading.store(false, Ordering::Release);
 }

@@ -6,7 +6,7 @@ local window = tonumber(ARGV[2])
 local key = KEYS[1] .. ':' .. math.floor(now_ms / window)
 local n = redis.call('INCR', key)
 if n == 1 then
-  redis.call('PEXPIRE', key, window)
+  redis.call('PEXPIRE', key, ARGV[2])
 end
 if n > tonumber(ARGV[1]) then
   return 0

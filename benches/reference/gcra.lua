@@ -11,5 +11,5 @@ local new = tat + interval
 if new - now > tolerance then
   return 0
 end
-redis.call('SET', KEYS[1], string.format('%.0f', new), 'PX', math.ceil((new - now) / 1000))
+redis.call('SET', KEYS[1], string.format('%d', new), 'PX', string.format('%d', math.ceil((new - now) / 1000)))
 return 1

@@ -14,5 +14,5 @@ if level + 1 > capacity then
 end
 level = level + 1
 local ttl = math.ceil(level / rate / 1000)
-redis.call('SET', KEYS[1], string.format('%.0f %.0f', level, now), 'PX', math.max(ttl, 1))
+redis.call('SET', KEYS[1], string.format('%d %d', level, now), 'PX', string.format('%d', math.max(ttl, 1)))
 return 1

@@ -24,6 +24,6 @@ end
 if used + 1 > limit then
   return 0
 end
-redis.call('HINCRBY', KEYS[1], current, 1)
-redis.call('PEXPIRE', KEYS[1], math.ceil((n + 1) * len / 1000))
+redis.call('HINCRBY', KEYS[1], string.format('%d', current), 1)
+redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil((n + 1) * len / 1000)))
 return 1

@@ -14,5 +14,5 @@ if tokens < 1 then
 end
 tokens = tokens - 1
 local ttl = math.ceil((capacity - tokens) / rate / 1000)
-redis.call('SET', KEYS[1], string.format('%.0f %.0f', tokens, now), 'PX', math.max(ttl, 1))
+redis.call('SET', KEYS[1], string.format('%d %d', tokens, now), 'PX', string.format('%d', math.max(ttl, 1)))
 return 1

@@ -45,11 +45,11 @@ ALG[FIXED_WINDOW] = function()
       if left < 0 then
         left = 0
       end
-      store(key, format('%.0f %.0f', start, left), now, start + p[2])
+      store(key, format(INT2, start, left), now, start + p[2])
     end,
     commit = function(self, key, p, st, now, cost)
       local start, count = self.current(p, st, now)
-      store(key, format('%.0f %.0f', start, count + cost), now, start + p[2])
+      store(key, format(INT2, start, count + cost), now, start + p[2])
     end,
   }
 end

@@ -38,7 +38,7 @@ ALG[GCRA] = function()
       if tat < now then
         tat = now
       end
-      store(key, format('%.0f', tat), now, tat)
+      store(key, format(INT, tat), now, tat)
     end,
     commit = function(self, key, p, st, now, cost)
       local tat = now
@@ -46,7 +46,7 @@ ALG[GCRA] = function()
         tat = st
       end
       tat = tat + cost * p[1]
-      store(key, format('%.0f', tat), now, tat)
+      store(key, format(INT, tat), now, tat)
     end,
   }
 end

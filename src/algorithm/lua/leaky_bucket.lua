@@ -49,12 +49,12 @@ ALG[LEAKY_BUCKET] = function()
         end
       end
       local last = last_after(st, now)
-      store(key, format('%.0f %.0f', level, last), now, last + cdiv(level, p[3]))
+      store(key, format(INT2, level, last), now, last + cdiv(level, p[3]))
     end,
     commit = function(self, key, p, st, now, cost)
       local level = self.level(p, st, now) + cost * p[2]
       local last = last_after(st, now)
-      store(key, format('%.0f %.0f', level, last), now, last + cdiv(level, p[3]))
+      store(key, format(INT2, level, last), now, last + cdiv(level, p[3]))
     end,
   }
 end

@@ -59,7 +59,7 @@ ALG[TOKEN_BUCKET] = function()
         end
       end
       local last = last_after(st, now)
-      store(key, format('%.0f %.0f', tokens, last), now, last + cdiv(p[4] - tokens, p[3]))
+      store(key, format(INT2, tokens, last), now, last + cdiv(p[4] - tokens, p[3]))
     end,
     commit = function(self, key, p, st, now, cost)
       local tokens = self.tokens(p, st, now) - cost * p[2]
@@ -67,7 +67,7 @@ ALG[TOKEN_BUCKET] = function()
         tokens = 0
       end
       local last = last_after(st, now)
-      store(key, format('%.0f %.0f', tokens, last), now, last + cdiv(p[4] - tokens, p[3]))
+      store(key, format(INT2, tokens, last), now, last + cdiv(p[4] - tokens, p[3]))
     end,
   }
 end

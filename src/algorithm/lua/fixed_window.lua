@@ -22,19 +22,14 @@ ALG[FIXED_WINDOW] = function()
       if remaining < 0 then
         remaining = 0
       end
-      local function reset(c)
-        if c == 0 then
-          return 0
-        end
-        return left
-      end
+      -- The reset after `count` units: none when the window is empty.
       if cost > limit then
-        return 0, remaining, reset(count), -1
+        return 0, remaining, count == 0 and 0 or left, -1
       end
       if count + cost <= limit then
-        return 1, remaining - cost, reset(count + cost), -1
+        return 1, remaining - cost, count + cost == 0 and 0 or left, -1
       end
-      return 0, remaining, reset(count), left
+      return 0, remaining, count == 0 and 0 or left, left
     end,
     refund = function(self, key, p, st, now, units)
       if not st then

@@ -1,10 +1,10 @@
 -- tower-ratelimit: shared helpers. Every number is an integer below 2^53, so doubles are exact;
 -- divisions go through fdiv/cdiv, which correct the rounding of a / b. The library functions
--- used on every decision are upvalues, set by the first decision (a Redis function's library
--- cannot reach `string` while it loads): no global lookups per call. Calls cost: a Lua call
--- is about 500 instructions of Redis's interpreter, a table about 1,100 (callgrind), so the
--- decision path makes few of either.
-local format, find, sub, match
+-- used on every decision, and `redis.call` (as `call`), are upvalues set by the first decision
+-- (a Redis function's library cannot reach `string` while it loads): no global lookups per
+-- call. Calls cost: a Lua call is about 500 instructions of Redis's interpreter, a table about
+-- 1,100 (callgrind), so the decision path makes few of either.
+local format, find, sub, match, call
 -- How an integer is formatted: '%d' where Lua's integer format is 64 bits wide (as on every
 -- 64-bit Redis), which costs a fifth of '%.0f' (glibc formats doubles slowly); '%.0f' elsewhere.
 -- INT2 formats two.
@@ -12,6 +12,7 @@ local INT, INT2 = '%.0f', '%.0f %.0f'
 
 local function bind_libraries()
   format, find, sub, match = string.format, string.find, string.sub, string.match
+  call = redis.call
   if format('%d', 2 ^ 53) == '9007199254740992' then
     INT, INT2 = '%d', '%d %d'
   end
@@ -84,7 +85,7 @@ end
 
 -- A one-integer state ("tat"), as a number, and the block's end, if any.
 local function read1(key)
-  local raw = redis.call('GET', key)
+  local raw = call('GET', key)
   local n = tonumber(raw)
   if n then
     return n
@@ -97,7 +98,7 @@ end
 -- position, reused from call to call: no table built per decision), and the block's end, if
 -- any; nil for the state when the key is missing.
 local function read2(key, _, _, into)
-  local raw = redis.call('GET', key)
+  local raw = call('GET', key)
   if not raw then
     return nil
   end
@@ -142,7 +143,7 @@ end
 -- The TTL of a key being blocked until `ends`: what it has left, or to the block's end.
 local function ttl_to_block_end(key, now, ends)
   local ttl = ttl_ms(now, ends)
-  local left = redis.call('PTTL', key)
+  local left = call('PTTL', key)
   if left > ttl then
     return left
   end
@@ -157,14 +158,14 @@ local function store(key, value, now, expires_at)
     expires_at = until_block_ends(expires_at)
   end
   -- The TTL formatted here: Redis formats a number argument with '%.17g', at four times the cost.
-  redis.call('SET', key, value, 'PX', format(INT, ttl_ms(now, expires_at)))
+  call('SET', key, value, 'PX', format(INT, ttl_ms(now, expires_at)))
 end
 
 -- Blocks a key with a string state until `ends`: its state stays as it is, and the key lives
 -- at least until the block ends.
 local function block_in_value(self, key, p, st, now, ends)
-  local raw = split_block(redis.call('GET', key)) or ''
-  redis.call('SET', key, raw .. '|' .. int(ends), 'PX', ttl_to_block_end(key, now, ends))
+  local raw = split_block(call('GET', key)) or ''
+  call('SET', key, raw .. '|' .. int(ends), 'PX', ttl_to_block_end(key, now, ends))
 end
 
 -- The token and leaky buckets keep "amount last": the time of their last update, which is

@@ -9,13 +9,13 @@ ALG[SLIDING_LOG] = function()
 
   -- In-window entries: scores after `cutoff`, short of the block's +inf.
   local function in_window(key, cutoff)
-    return redis.call('ZCOUNT', key, '(' .. int(cutoff), '(+inf')
+    return call('ZCOUNT', key, '(' .. int(cutoff), '(+inf')
   end
 
   return {
     -- The newest entry, and the end of the block on record, if any.
     load = function(key, p, now)
-      local top = redis.call('ZRANGE', key, -2, -1, 'WITHSCORES')
+      local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
       local n = #top
       if n == 0 then
         return nil
@@ -31,9 +31,9 @@ ALG[SLIDING_LOG] = function()
       return { tonumber(top[n]), top[n - 1] }, ends
     end,
     block = function(self, key, p, st, now, ends)
-      redis.call('ZREMRANGEBYSCORE', key, '+inf', '+inf')
-      redis.call('ZADD', key, '+inf', 'block:' .. int(ends))
-      redis.call('PEXPIRE', key, ttl_to_block_end(key, now, ends))
+      call('ZREMRANGEBYSCORE', key, '+inf', '+inf')
+      call('ZADD', key, '+inf', 'block:' .. int(ends))
+      call('PEXPIRE', key, ttl_to_block_end(key, now, ends))
     end,
     -- Time as the log sees it: never before its newest entry.
     clamp = function(st, now)
@@ -82,32 +82,32 @@ ALG[SLIDING_LOG] = function()
       end
       -- The entry whose leaving the window makes room.
       local need = used + cost - limit
-      local entry = redis.call('ZRANGEBYSCORE', key, '(' .. int(now - window), '(+inf',
+      local entry = call('ZRANGEBYSCORE', key, '(' .. int(now - window), '(+inf',
         'WITHSCORES', 'LIMIT', need - 1, 1)
       return 0, left, newest_left, tonumber(entry[2]) + window - now
     end,
     refund = function(self, key, p, st, now, units)
       if st and units > 0 then
         -- The newest entries have the highest ranks below the block's.
-        local entries = redis.call('ZCOUNT', key, '-inf', '(+inf')
+        local entries = call('ZCOUNT', key, '-inf', '(+inf')
         local from = entries - units
         if from < 0 then
           from = 0
         end
-        redis.call('ZREMRANGEBYRANK', key, from, entries - 1)
+        call('ZREMRANGEBYRANK', key, from, entries - 1)
       end
     end,
     commit = function(self, key, p, st, now, cost)
       local window = p[2]
       now = self.clamp(st, now)
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - window))
+      call('ZREMRANGEBYSCORE', key, '-inf', int(now - window))
       local seq = 0
       if st and st[1] == now then
         seq = tonumber(match(st[2], ':(%d+)$')) or 0
       end
       local at = int(now)
       if cost == 1 then
-        redis.call('ZADD', key, at, at .. ':' .. format('%010d', seq + 1))
+        call('ZADD', key, at, at .. ':' .. format('%010d', seq + 1))
       end
       -- One member per unit, added in batches (Lua's unpack has a small stack).
       local i = 1
@@ -121,10 +121,10 @@ ALG[SLIDING_LOG] = function()
           args[#args + 1] = at
           args[#args + 1] = at .. ':' .. format('%010d', seq + j)
         end
-        redis.call('ZADD', key, unpack(args))
+        call('ZADD', key, unpack(args))
         i = last + 1
       end
-      redis.call('PEXPIRE', key, ttl_ms(now, until_block_ends(now + window)))
+      call('PEXPIRE', key, ttl_ms(now, until_block_ends(now + window)))
     end,
   }
 end

@@ -108,7 +108,7 @@ ALG[SLIDING_WINDOW] = function()
   return {
     block = block_in_value,
     load = function(key, p)
-      local raw, ends = split_block(redis.call('GET', key))
+      local raw, ends = split_block(call('GET', key))
       return sw_read(raw, p[2] + 1), ends
     end,
     lag = function(p, st, now)

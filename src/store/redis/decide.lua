@@ -82,7 +82,7 @@ local function prepare(alg, key, p, now, cost, mode, into)
     return st, ends, cost
   end
   if mode == RESET then
-    redis.call('DEL', key)
+    call('DEL', key)
     return nil, nil, 0
   end
   if mode == BLOCK then
@@ -166,9 +166,9 @@ local function settle(alg, key, p, st, ends, now, cost, charge, reply, at)
     reply[at + 2] = remaining
     reply[at + 3] = reset
   end
-  if redis.call('PTTL', key) == -1 then
+  if call('PTTL', key) == -1 then
     -- A key without a TTL (written by something else, or lost its TTL): repair it.
-    redis.call('PEXPIRE', key, ttl_ms(now, now + reply[at + 3]))
+    call('PEXPIRE', key, ttl_ms(now, now + reply[at + 3]))
   end
 end
 
@@ -187,7 +187,7 @@ local function decide(keys, args)
     now = tonumber(args[#args - 1])
     TTL_SLACK = tonumber(args[#args])
   else
-    local t = redis.call('TIME')
+    local t = call('TIME')
     now = t[1] * 1000000 + t[2]
     TTL_SLACK = 0
   end

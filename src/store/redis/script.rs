@@ -198,7 +198,9 @@ mod tests {
         assert!(source.contains(&format!("(i - 1) * {REPLY_PER_CHECK}")));
         assert!(source.contains(&format!("shape % {MODE_UNIT}")));
         // Strings and comments are left alone.
-        assert!(source.contains("redis.call('SET', key, value, 'PX', ttl_ms(now, expires_at))"));
+        assert!(
+            source.contains("call('SET', key, value, 'PX', format(INT, ttl_ms(now, expires_at)))")
+        );
     }
 
     #[test]

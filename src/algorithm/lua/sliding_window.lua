@@ -31,11 +31,14 @@ ALG[SLIDING_WINDOW] = function()
     return st
   end
 
-  local function sw_write(key, head, ring, now, expires_at)
-    local parts = { int(head) }
-    for i = 1, #ring do
-      if ring[i] > 0 then
-        parts[#parts + 1] = (i - 1) .. ':' .. int(ring[i])
+  -- Writes the ring of `st` (its counters at st[2] .. st[slots + 1]) after `head`, sparse.
+  local function sw_write(key, head, st, slots, now, expires_at)
+    local bucket = '%d:' .. INT
+    local parts = { format(INT, head) }
+    for i = 1, slots do
+      local count = st[i + 1]
+      if count > 0 then
+        parts[#parts + 1] = format(bucket, i - 1, count)
       end
     end
     store(key, table.concat(parts, ' '), now, expires_at)
@@ -125,16 +128,16 @@ ALG[SLIDING_WINDOW] = function()
       if remaining < 0 then
         remaining = 0
       end
+      if used + cost <= limit and cost > 0 then
+        -- Admitted and charged: the window is empty once this bucket has left it.
+        return 1, remaining - cost, (n + 1) * g - x, -1
+      end
       local reset_now = sw_reset(p, st, c, x)
       if cost > limit then
         return 0, remaining, reset_now, -1
       end
       if used + cost <= limit then
-        local reset = reset_now
-        if cost > 0 then
-          reset = (n + 1) * g - x
-        end
-        return 1, remaining - cost, reset, -1
+        return 1, remaining - cost, reset_now, -1
       end
       local now_abs = c * g + x
       for k = 0, n + 1 do
@@ -203,28 +206,20 @@ ALG[SLIDING_WINDOW] = function()
         left = left - take
         i = i - 1
       end
-      local ring = {}
-      for k = 1, slots do
-        ring[k] = st[k + 1]
-      end
-      sw_write(key, head, ring, now, (head + n + 1) * g)
+      sw_write(key, head, st, slots, now, (head + slots) * g)
     end,
     commit = function(self, key, p, st, now, cost)
       local n, g = p[2], p[3]
       local slots = n + 1
       local c = sw_position(p, st, now)
-      local ring = {}
-      local head = c
-      if st then
-        head = st[1]
-        for i = 1, slots do
-          ring[i] = st[i + 1]
-        end
-      else
-        for i = 1, slots do
-          ring[i] = 0
-        end
+      local slot = c - fdiv(c, slots) * slots
+      if not st then
+        -- A new key: one bucket, written without building its ring.
+        store(key, format(INT .. ' %d:' .. INT, c, slot, cost), now, (c + slots) * g)
+        return
       end
+      -- The ring read for this decision, updated in place: buckets that left it emptied.
+      local head = st[1]
       if c > head then
         local stale = c - head
         if stale > slots then
@@ -232,13 +227,12 @@ ALG[SLIDING_WINDOW] = function()
         end
         for i = 0, stale - 1 do
           local idx = c - i
-          ring[idx - fdiv(idx, slots) * slots + 1] = 0
+          st[idx - fdiv(idx, slots) * slots + 2] = 0
         end
         head = c
       end
-      local slot = c - fdiv(c, slots) * slots + 1
-      ring[slot] = ring[slot] + cost
-      sw_write(key, head, ring, now, (head + n + 1) * g)
+      st[slot + 2] = st[slot + 2] + cost
+      sw_write(key, head, st, slots, now, (head + slots) * g)
     end,
   }
 end

@@ -4,14 +4,14 @@
 -- (a Redis function's library cannot reach `string` while it loads): no global lookups per
 -- call. Calls cost: a Lua call is about 500 instructions of Redis's interpreter, a table about
 -- 1,100 (callgrind), so the decision path makes few of either.
-local format, find, sub, match, call
+local format, find, sub, match, byte, call
 -- How an integer is formatted: '%d' where Lua's integer format is 64 bits wide (as on every
 -- 64-bit Redis), which costs a fifth of '%.0f' (glibc formats doubles slowly); '%.0f' elsewhere.
 -- INT2 formats two.
 local INT, INT2 = '%.0f', '%.0f %.0f'
 
 local function bind_libraries()
-  format, find, sub, match = string.format, string.find, string.sub, string.match
+  format, find, sub, match, byte = string.format, string.find, string.sub, string.match, string.byte
   call = redis.call
   if format('%d', 2 ^ 53) == '9007199254740992' then
     INT, INT2 = '%d', '%d %d'
@@ -31,9 +31,15 @@ local function fdiv(a, b)
 end
 
 local function cdiv(a, b)
-  local q = fdiv(a, b)
+  -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
+  -- costs more than these lines).
+  local r = a / b
+  local q = r - r % 1
   if q * b < a then
     q = q + 1
+  end
+  if (q - 1) * b >= a then
+    q = q - 1
   end
   return q
 end

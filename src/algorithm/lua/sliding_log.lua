@@ -21,7 +21,7 @@ ALG[SLIDING_LOG] = function()
         return nil
       end
       local ends
-      if string.byte(top[n - 1], 1) == LETTER_B then
+      if byte(top[n - 1], 1) == LETTER_B then
         ends = tonumber(sub(top[n - 1], 7))
         n = n - 2
         if n == 0 then
@@ -124,7 +124,7 @@ ALG[SLIDING_LOG] = function()
         call('ZADD', key, unpack(args))
         i = last + 1
       end
-      call('PEXPIRE', key, ttl_ms(now, until_block_ends(now + window)))
+      call('PEXPIRE', key, format(INT, ttl_ms(now, until_block_ends(now + window))))
     end,
   }
 end

@@ -14,9 +14,9 @@
 //! ```
 
 use std::fmt::Debug;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A source of time for rate-limit decisions, in whole microseconds.
 ///
@@ -35,11 +35,20 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
 
 /// The real clock: microseconds since the Unix epoch, read at start and advanced monotonically.
 ///
-/// A wall-clock step backwards (NTP) does not make time run backwards for the limiter.
+/// A wall-clock step backwards (NTP) does not make time run backwards for the limiter. Time
+/// advances by the processor's time-stamp counter where it is invariant (through `quanta`,
+/// calibrated once per process against the monotonic clock), which costs a few nanoseconds
+/// where a system clock read costs 20 to 30; elsewhere by the monotonic clock.
 #[derive(Clone, Copy, Debug)]
 pub struct SystemClock {
-    start: Instant,
+    start_raw: u64,
     start_unix_us: u64,
+}
+
+/// The process's counter clock, calibrated on first use.
+fn counter() -> &'static quanta::Clock {
+    static COUNTER: OnceLock<quanta::Clock> = OnceLock::new();
+    COUNTER.get_or_init(quanta::Clock::new)
 }
 
 impl SystemClock {
@@ -50,7 +59,7 @@ impl SystemClock {
             .map(|d| d.as_micros() as u64)
             .unwrap_or(0);
         SystemClock {
-            start: Instant::now(),
+            start_raw: counter().raw(),
             start_unix_us,
         }
     }
@@ -64,7 +73,8 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now_micros(&self) -> u64 {
-        self.start_unix_us + self.start.elapsed().as_micros() as u64
+        let counter = counter();
+        self.start_unix_us + counter.delta_as_nanos(self.start_raw, counter.raw()) / 1_000
     }
 }
 

@@ -429,3 +429,73 @@ fn answer(r: &Reply) -> (u16, Option<u64>, Option<u64>, Option<u64>, Option<u64>
         num(r, RETRY_AFTER),
     )
 }
+
+/// A clock whose first reading waits (up to `HOLD`) until the test lets it go, and which moves
+/// one millisecond per reading: it holds one decision between reading the time and using it.
+#[derive(Debug)]
+struct HeldClock {
+    now: std::sync::atomic::AtomicU64,
+    entered: std::sync::mpsc::SyncSender<()>,
+    released: (std::sync::Mutex<bool>, std::sync::Condvar),
+}
+
+/// How long the held reading waits for the test: long enough for the other decision to run
+/// when it can; it cannot when the held one holds the key's lock.
+const HOLD: Duration = Duration::from_millis(300);
+
+impl tower_ratelimit::Clock for HeldClock {
+    fn now_micros(&self) -> u64 {
+        let now = self
+            .now
+            .fetch_add(1_000, std::sync::atomic::Ordering::SeqCst);
+        if now == MINUTE_ALIGNED {
+            let _ = self.entered.try_send(());
+            let (released, wake) = &self.released;
+            let guard = released.lock().unwrap();
+            let _ = wake.wait_timeout_while(guard, HOLD, |r| !*r).unwrap();
+        }
+        now
+    }
+}
+
+#[test]
+fn a_decision_reads_the_time_in_the_order_it_is_made() {
+    // Decision A reads the time and is held; decision B, on the same key, then runs. If A had
+    // read its time before taking the key's lock, B would commit first, at a later time, and A
+    // would see time go back: two requests admitted with the same `remaining` (or one
+    // skipped). Reading the time under the lock, A decides first and B waits for it.
+    let (entered, entered_rx) = std::sync::mpsc::sync_channel(1);
+    let clock = Arc::new(HeldClock {
+        now: std::sync::atomic::AtomicU64::new(MINUTE_ALIGNED),
+        entered,
+        released: Default::default(),
+    });
+    let store = MemoryStore::with_clock(clock.clone());
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::gcra("5/h").name("held"))
+        .store(store)
+        .build()
+        .unwrap();
+    let decide = |layer: RateLimitLayer<MemoryStore>| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let decision = rt.block_on(layer.check(&Key::from(7u64), 1)).unwrap();
+        assert!(decision.is_allowed());
+        decision.binding().remaining()
+    };
+    let a = std::thread::spawn({
+        let layer = layer.clone();
+        move || decide(layer)
+    });
+    entered_rx.recv().unwrap();
+    let b = decide(layer.clone());
+    *clock.released.0.lock().unwrap() = true;
+    clock.released.1.notify_all();
+    let a = a.join().unwrap();
+    assert_eq!(
+        (a, b),
+        (4, 3),
+        "A decided first, then B, each leaving one less"
+    );
+}

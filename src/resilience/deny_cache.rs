@@ -1,7 +1,6 @@
 //! The deny cache.
 
 use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard};
 
 use hashbrown::HashTable;
@@ -59,7 +58,7 @@ impl DenyCache {
 
     /// The hash of (`id`, `key`) and its shard, locked.
     fn locate(&self, id: u32, key: &Key) -> (u64, MutexGuard<'_, HashTable<Entry>>) {
-        let hash = self.hasher.hash_one((id, key));
+        let hash = key.hash_with(id, &self.hasher);
         let shard = &self.shards[(hash >> 40) as usize % self.shards.len()];
         (hash, shard.lock().unwrap_or_else(|e| e.into_inner()))
     }

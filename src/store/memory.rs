@@ -2,7 +2,6 @@
 
 use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use hashbrown::HashTable;
@@ -233,14 +232,17 @@ impl MemoryStore {
 
     /// The hash of a check's (policy, key) and its shard.
     fn locate(&self, check: &Check) -> (u64, usize) {
-        let h = self.inner.hasher.hash_one((check.tier().id(), check.key()));
+        let h = check.key().hash_with(check.tier().id(), &self.inner.hasher);
         // The high bits pick the shard: the table uses the low ones.
         (h, ((h >> 32) as usize) % self.inner.shards.len())
     }
 
     /// Decides synchronously; [`Store::check`] wraps this in a ready future.
+    ///
+    /// The time is read once the shards are locked: decisions on one key then see times in the
+    /// order they are made, so each reports exactly what it left (read before the lock, a
+    /// decision could be made after a later one and see time go back).
     pub(crate) fn decide(&self, checks: &[Check]) -> Decision {
-        let now = self.inner.clock.now_micros();
         let capacity = self.inner.per_shard;
         if let [check] = checks
             && check.mode() == Mode::Enforce
@@ -248,6 +250,7 @@ impl MemoryStore {
             // The common case: one enforced policy, one shard, no allocation but the outcome.
             let (hash, index) = self.locate(check);
             let mut shard = lock(&self.inner.shards[index]);
+            let now = self.inner.clock.now_micros();
             let outcome = shard.decide_one(check, hash, now, capacity);
             return Decision::new(smallvec![outcome]);
         }
@@ -259,6 +262,7 @@ impl MemoryStore {
         order.dedup();
         let mut guards: Vec<MutexGuard<'_, Shard>> =
             order.iter().map(|&i| lock(&self.inner.shards[i])).collect();
+        let now = self.inner.clock.now_micros();
         // From here on, a check's shard is named by its place among the guards.
         for (_, shard) in &mut at {
             *shard = order

@@ -3,12 +3,15 @@
 //! the machine does (wall-clock figures on a shared 2-core machine are not).
 //!
 //! ```text
-//! instructions MODE N    # MODE: bare, legacy, none (a request through axum) or check
+//! instructions MODE N    # MODE: bare, legacy, none, governor, governor_headers, check or
+//!                         # governor_check
 //! ```
 //!
 //! `bare` is an axum hello-world router; `legacy` and `none` add our layer (memory store, GCRA
-//! 1,000,000/s per peer IP, never limiting) with `X-RateLimit-*` headers or none; `check` is
-//! `RateLimitLayer::check` on 10,000 keys. Peers cycle through 10,240 addresses.
+//! 1,000,000/s per peer IP, never limiting) with `X-RateLimit-*` headers or none; `governor`
+//! and `governor_headers` add `tower_governor`'s instead (the same quota, per peer IP), without
+//! and with its headers. `check` is `RateLimitLayer::check` on 10,000 keys, `governor_check`
+//! governor's keyed `check_key` on the same keys. Peers cycle through 10,240 addresses.
 
 use std::net::SocketAddr;
 
@@ -49,16 +52,47 @@ fn main() {
                 }
                 return;
             }
+            "governor_check" => {
+                let quota =
+                    governor::Quota::per_second(std::num::NonZeroU32::new(1_000_000).unwrap());
+                let limiter = governor::RateLimiter::keyed(quota);
+                let keys: Vec<Key> = (0..10_000u64).map(Key::from).collect();
+                for i in 0..n {
+                    std::hint::black_box(limiter.check_key(&keys[(i % 10_000) as usize]).is_ok());
+                }
+                return;
+            }
+            "governor" | "governor_headers" => {
+                use tower_governor::GovernorLayer;
+                use tower_governor::governor::GovernorConfigBuilder;
+                let mut config = GovernorConfigBuilder::default();
+                config.per_nanosecond(1).burst_size(1_000_000);
+                if mode == "governor" {
+                    base.layer(GovernorLayer::new(config.finish().expect("a valid config")))
+                } else {
+                    let config = config.use_headers().finish().expect("a valid config");
+                    base.layer(GovernorLayer::new(config))
+                }
+            }
             "bare" => base,
             "legacy" => base.layer(layer(HeaderStyle::Legacy)),
             "none" => base.layer(layer(HeaderStyle::None)),
-            other => panic!("unknown mode {other:?}: bare, legacy, none or check"),
+            other => panic!("unknown mode {other:?}: see the file's documentation"),
         };
         for i in 0..n {
             let peer = SocketAddr::from(([10, 0, (i / 256 % 40) as u8, (i % 256) as u8], 1000));
             let mut req = Request::get("/").body(Body::empty()).expect("a request");
-            req.extensions_mut().insert(peer);
-            std::hint::black_box(app.clone().oneshot(req).await.expect("a response"));
+            // How axum's `into_make_service_with_connect_info` hands over the peer; both layers
+            // read it.
+            req.extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
+            let response = app.clone().oneshot(req).await.expect("a response");
+            assert!(
+                response.status().is_success(),
+                "{mode}: {}",
+                response.status()
+            );
+            std::hint::black_box(response);
         }
     });
 }

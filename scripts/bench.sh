@@ -7,8 +7,8 @@
 # every figure next to its baseline in the same run (runs interleaved, median of several runs
 # after a warm-up): our Redis decisions against redis-benchmark sending the same call (FCALL),
 # axum with and without the layer (and with tower_governor) under wrk, our in-memory decision
-# against governor's keyed limiter (criterion), the deny cache, and each algorithm's Redis
-# cost. Then scripts/bench_report.py prints the table of ratios and writes BENCHMARKS.md with
+# against governor's keyed limiter (criterion), the deny cache, each algorithm's Redis cost,
+# two threads deciding on shared keys (ours and governor's), and allocations per request. Then scripts/bench_report.py prints the table of ratios and writes BENCHMARKS.md with
 # an SVG chart (benchmarks.svg).
 #
 # Environment: BENCH_RUNS (default 5) runs per figure, BENCH_HTTP_SECONDS (default 5) per wrk
@@ -141,6 +141,10 @@ cargo bench --all-features --bench peers -- --warm-up-time 2 --measurement-time 
     >"$RAW/criterion.txt" 2>&1
 cp -r target/criterion/decision "$RAW/criterion"
 cp -r target/criterion/request "$RAW/criterion-request"
+
+echo "== 9, 10: two threads on shared keys; allocations per request" >&2
+"$(driver contention)" "$RUNS" 1 >"$RAW/contention.txt"
+"$(driver allocations)" >"$RAW/allocations.txt"
 fi
 
 echo "== 8: each algorithm's script against a minimal script of the same algorithm" >&2

@@ -150,11 +150,30 @@ for a in names:
         f"minimal {a} script", median_kv(f"script-{a}-minimal.*.txt", "usec_per_call"), "µs",
         "<=", 1.25)
 
+# 9. Two threads deciding on the same keys (benches/contention.rs).
+cont = kv(os.path.join(RAW, "contention.txt"))
+num = lambda d, k: float(d[k]) if k in d else None
+for w, label in [("spread", "10,000 keys"), ("hot", "one hot key")]:
+    add(f"9 two threads, {label}", "ours check()", num(cont, f"ours/{w}"),
+        "governor keyed", num(cont, f"governor/{w}"), "dec/s", ">=", 0.67)
+# 10. Allocations per request through axum (benches/allocations.rs); the baseline is the same
+# router with a layer that does nothing (what Router::layer itself allocates).
+allocs = kv(os.path.join(RAW, "allocations.txt"))
+add("10 allocations per request", "ours, no headers, no Decision extension",
+    num(allocs, "ours_no_headers_no_extension"), "a layer doing nothing",
+    num(allocs, "identity"), "allocs", "<=", 1.0)
+add("10 allocations per request", "ours (defaults: headers, Decision extension)",
+    num(allocs, "ours"), "a layer doing nothing", num(allocs, "identity"), "allocs")
+add("10 allocations per request", "tower_governor", num(allocs, "tower_governor"),
+    "a layer doing nothing", num(allocs, "identity"), "allocs")
+add("10 allocations per request", "a layer doing nothing", num(allocs, "identity"),
+    "bare router", num(allocs, "bare"), "allocs")
+
 
 def fmt(v, unit):
     if v is None:
         return "n/a"
-    if unit in ("req/s", "ns") and v >= 100:
+    if unit in ("req/s", "ns", "dec/s") and v >= 100:
         return f"{v:,.0f}"
     return f"{v:,.1f}"
 
@@ -276,6 +295,15 @@ load average above says how busy it was.
 Redis bytes per key: `MEMORY USAGE` of one key after one admitted request. Memory store bytes
 per key: growth of the process's resident memory over 200,000 keys divided by 200,000
 (includes the hash map's spare capacity).
+9. Two threads deciding at once for a second (`benches/contention.rs`, median of the runs,
+   ours and governor's alternating): `RateLimitLayer::check` on the memory store against
+   governor's keyed `check_key`, both GCRA 1,000,000/s with a burst of 1,000,000, on the same
+   10,000 keys (the threads start half the keyspace apart) and on one hot key.
+10. Heap allocations per request through the axum router of 4, counted by a counting global
+   allocator (`benches/allocations.rs`, dhat's) over 10,240 requests after 20,480 of warm-up:
+   against the same router with a layer that does nothing (`tower::layer::util::Identity`),
+   which is what `Router::layer` allocates for any layer. The first row is ours with no
+   headers and `RateLimitLayerBuilder::decision_extension(false)`.
 
 ## Goals missed in this run
 

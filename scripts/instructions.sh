@@ -21,7 +21,7 @@ count() {
         sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }
 declare -A per
-for mode in bare legacy none check; do
+for mode in bare legacy none governor governor_headers check governor_check; do
     short=$(count "$mode" 10000)
     long=$(count "$mode" 30000)
     per[$mode]=$(( (long - short) / 20000 ))
@@ -30,4 +30,7 @@ echo "instructions per request (callgrind, difference of 30,000 and 10,000 reque
 echo "  bare axum router:              ${per[bare]}"
 echo "  with the layer, legacy headers: ${per[legacy]} (layer: $(( per[legacy] - per[bare] )))"
 echo "  with the layer, no headers:     ${per[none]} (layer: $(( per[none] - per[bare] )))"
+echo "  tower_governor, no headers:     ${per[governor]} (layer: $(( per[governor] - per[bare] )))"
+echo "  tower_governor, its headers:    ${per[governor_headers]} (layer: $(( per[governor_headers] - per[bare] )))"
 echo "  RateLimitLayer::check:          ${per[check]}"
+echo "  governor keyed check_key:       ${per[governor_check]}"

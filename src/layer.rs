@@ -101,6 +101,7 @@ impl RateLimitLayer<MemoryStore> {
                 clock: Arc::new(SystemClock::new()),
                 breaker: Some(CircuitBreaker::default()),
                 deny_cache: None,
+                decision_extension: true,
             },
         }
     }
@@ -335,6 +336,18 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// after 5 failures in a row, for 1 second); `None` asks the store every time.
     pub fn circuit_breaker(mut self, breaker: Option<CircuitBreaker>) -> Self {
         self.o.breaker = breaker;
+        self
+    }
+
+    /// Whether an admitted request carries its [`Decision`](crate::Decision) in its extensions,
+    /// for the handler (default: yes; with the `axum` feature, `Decision` is an extractor).
+    ///
+    /// Off, a request costs one allocation less (the extension's box): worth it for a service
+    /// whose handlers never look at the decision. A handler extracting `Decision` then gets
+    /// `500` (or `None` as `Option<Decision>`); rejected requests keep theirs in the `429`
+    /// response's extensions either way.
+    pub fn decision_extension(mut self, enabled: bool) -> Self {
+        self.o.decision_extension = enabled;
         self
     }
 

@@ -50,6 +50,8 @@ pub(crate) struct Config {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) breaker: Option<CircuitBreaker>,
     pub(crate) deny_cache: Option<usize>,
+    /// Whether an admitted request carries its [`Decision`] in its extensions.
+    pub(crate) decision_extension: bool,
 }
 
 impl fmt::Debug for Config {
@@ -62,6 +64,7 @@ impl fmt::Debug for Config {
             .field("headers", &self.headers)
             .field("breaker", &self.breaker)
             .field("deny_cache", &self.deny_cache)
+            .field("decision_extension", &self.decision_extension)
             .finish_non_exhaustive()
     }
 }
@@ -77,6 +80,7 @@ pub(crate) struct Limiter<St> {
     clock: Arc<dyn Clock>,
     breaker: Option<Breaker>,
     deny_cache: Option<DenyCache>,
+    decision_extension: bool,
     /// The local store of [`FailurePolicy::Local`].
     fallback: Option<MemoryStore>,
 }
@@ -204,6 +208,7 @@ impl<St: Store> Limiter<St> {
             clock: config.clock,
             breaker: config.breaker.map(Breaker::new),
             deny_cache: config.deny_cache.map(DenyCache::new),
+            decision_extension: config.decision_extension,
             fallback,
         })
     }
@@ -345,7 +350,8 @@ impl<St: Store> Limiter<St> {
                 "shadow rate limit exceeded; request let through"
             );
         }
-        (Settled::Call(Some(headers), Some(decision)), ticket.after)
+        let decision = self.decision_extension.then_some(decision);
+        (Settled::Call(Some(headers), decision), ticket.after)
     }
 
     /// The store failed: the failure policy's answer, a decision of the local fallback or

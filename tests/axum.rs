@@ -191,6 +191,33 @@ async fn the_decision_extractor_sees_the_remaining_count() {
     assert!(r.body.contains("RateLimitLayer"), "{}", r.body);
 }
 
+#[tokio::test]
+async fn without_the_decision_extension_handlers_see_none_and_headers_stay() {
+    let store = MemoryStore::with_clock(ManualClock::new());
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::fixed_window("2/s").name("quiet"))
+        .key(GlobalKey)
+        .store(store)
+        .decision_extension(false)
+        .build()
+        .unwrap();
+    let app = Router::new().route("/", get(maybe_remaining).route_layer(layer));
+
+    let r = get_path(&app, "/").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body, "none", "no Decision in the request's extensions");
+    assert_eq!(
+        r.header("x-ratelimit-remaining"),
+        Some("1"),
+        "headers as before"
+    );
+    assert_eq!(get_path(&app, "/").await.status, StatusCode::OK);
+    assert_eq!(
+        get_path(&app, "/").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // A real server
 // ---------------------------------------------------------------------------------------------

@@ -304,10 +304,17 @@ pub(crate) enum KeyParts<'a> {
 
 impl PartialEq for Key {
     fn eq(&self, other: &Self) -> bool {
+        // Each value has one representation (a key that fits inline is always inline), so two
+        // representations never hold the same key; inline bytes are zero past `len`, so the
+        // whole arrays compare (one fixed-size comparison, not a slice of each).
         match (&self.0, &other.0) {
             (Repr::Global, Repr::Global) => true,
             (Repr::Ip(a), Repr::Ip(b)) => a == b,
-            _ => self.bytes().is_some() && self.bytes() == other.bytes(),
+            (Repr::Inline { len: a, bytes: x }, Repr::Inline { len: b, bytes: y }) => {
+                a == b && x == y
+            }
+            (Repr::Bytes(a), Repr::Bytes(b)) => a == b,
+            _ => false,
         }
     }
 }

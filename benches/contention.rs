@@ -1,0 +1,102 @@
+//! Decisions per second from two threads at once, ours against governor's keyed limiter, on
+//! the same keys (row 9 of `scripts/bench.sh`):
+//!
+//! ```text
+//! cargo bench --bench contention -- [RUNS] [SECONDS]
+//! ```
+//!
+//! Two workloads: `spread`, each thread cycling through the same 10,000 keys (from different
+//! starting points), and `hot`, both threads on one key. Ours is `RateLimitLayer::check` on the
+//! memory store (polled once: its future is always ready); governor's is `check_key`. Both
+//! limit at 1,000,000/s with a burst of 1,000,000, so the hot key is also denied once its burst
+//! is spent, by both. Runs alternate between the two limiters; prints the median of each as
+//! `limiter/workload=decisions per second`.
+
+use std::future::Future;
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use governor::{Quota, RateLimiter};
+use tower_ratelimit::key::Key;
+use tower_ratelimit::{Policy, RateLimitLayer};
+
+const KEYS: usize = 10_000;
+const THREADS: usize = 2;
+
+/// Polls a future that is ready at once.
+fn now<F: Future>(f: F) -> F::Output {
+    let mut cx = Context::from_waker(Waker::noop());
+    match pin!(f).poll(&mut cx) {
+        Poll::Ready(out) => out,
+        Poll::Pending => unreachable!("the memory store decides at once"),
+    }
+}
+
+/// Decisions per second of `THREADS` threads running `decide(thread, i)` for `seconds`.
+fn rate(seconds: f64, decide: impl Fn(usize, usize) + Sync) -> f64 {
+    let stop = AtomicBool::new(false);
+    let start = Instant::now();
+    let total: u64 = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (stop, decide) = (&stop, &decide);
+                s.spawn(move || {
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        for i in 0..256 {
+                            decide(t, n as usize + i);
+                        }
+                        n += 256;
+                    }
+                    n
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs_f64(seconds));
+        stop.store(true, Ordering::Relaxed);
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
+    });
+    total as f64 / start.elapsed().as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let runs: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(5);
+    let seconds: f64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(1.0);
+    let keys: Vec<Key> = (0..KEYS as u64).map(Key::from).collect();
+    let spread = |t: usize, i: usize| (i + t * KEYS / THREADS) % KEYS;
+    for (workload, pick) in [
+        ("spread", &spread as &(dyn Fn(usize, usize) -> usize + Sync)),
+        ("hot", &|_, _| 0),
+    ] {
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for _ in 0..runs {
+            let layer = RateLimitLayer::builder()
+                .policy(Policy::gcra("1000000/s").burst(1_000_000))
+                .build()
+                .expect("a valid layer");
+            ours.push(rate(seconds, |t, i| {
+                black_box(now(layer.check(&keys[pick(t, i)], 1)).unwrap().is_allowed());
+            }));
+            let quota = Quota::per_second(NonZeroU32::new(1_000_000).unwrap());
+            let governor = RateLimiter::keyed(quota);
+            theirs.push(rate(seconds, |t, i| {
+                black_box(governor.check_key(&keys[pick(t, i)]).is_ok());
+            }));
+        }
+        println!("ours/{workload}={:.0}", median(ours));
+        println!("governor/{workload}={:.0}", median(theirs));
+    }
+}

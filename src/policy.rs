@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use std::collections::HashMap;
 
@@ -516,7 +517,9 @@ impl Prepared<'_> {
                 .into_iter()
                 .map(|(name, algorithm)| {
                     let id = register(name.clone(), algorithm.clone())?;
-                    Ok(Arc::new(Tier::new(name, id, algorithm)))
+                    Ok(Striped::new(|| {
+                        Tier::new(name.clone(), id, algorithm.clone())
+                    }))
                 })
                 .collect::<Result<Box<[_]>, ConfigError>>()
         };
@@ -557,8 +560,8 @@ impl Prepared<'_> {
 /// A policy ready to run: its tiers (the policy's own quota first), the same tiers divided in
 /// the local fallback store, and its options.
 pub(crate) struct CompiledPolicy {
-    tiers: Box<[Arc<Tier>]>,
-    fallback: Option<Box<[Arc<Tier>]>>,
+    tiers: Box<[Striped]>,
+    fallback: Option<Box<[Striped]>>,
     tier_names: HashMap<String, usize>,
     tier_of: Option<TierFn>,
     tier_overrides: HashMap<Key, usize>,
@@ -584,7 +587,7 @@ impl fmt::Debug for CompiledPolicy {
 impl CompiledPolicy {
     /// The policy's name (its own quota's tier).
     pub(crate) fn name(&self) -> &str {
-        self.tiers[0].name()
+        self.tiers[0].get().name()
     }
 
     /// Whether the policy applies to `request` (its routes match and it is not exempt).
@@ -616,17 +619,17 @@ impl CompiledPolicy {
     /// The tier `key` is in without a request: the one [`Policy::tier_for_key`] puts it in,
     /// else the policy's own quota.
     pub(crate) fn tier_of_key(&self, key: &Key) -> &Arc<Tier> {
-        &self.tiers[self.tier_overrides.get(key).copied().unwrap_or(0)]
+        self.tiers[self.tier_overrides.get(key).copied().unwrap_or(0)].get()
     }
 
     /// The tier at `index`.
     pub(crate) fn tier(&self, index: usize) -> &Arc<Tier> {
-        &self.tiers[index]
+        self.tiers[index].get()
     }
 
     /// The tier at `index` in the local fallback store, if there is one.
     pub(crate) fn fallback_tier(&self, index: usize) -> Option<&Arc<Tier>> {
-        self.fallback.as_ref().map(|tiers| &tiers[index])
+        self.fallback.as_ref().map(|tiers| tiers[index].get())
     }
 
     /// The units `request` costs.
@@ -647,6 +650,36 @@ impl CompiledPolicy {
     /// Give the cost back after responses whose status matches.
     pub(crate) fn refund_if(&self) -> Option<&StatusFn> {
         self.refund_if.as_ref()
+    }
+}
+
+/// How many copies of each tier a policy keeps (see [`Striped`]).
+const STRIPES: usize = 8;
+
+/// A tier as [`STRIPES`] equal copies, each behind its own `Arc`: every decision clones a
+/// tier's `Arc` (its checks and its outcomes hold one), and threads that cloned the same one
+/// would fight over its reference count's cache line (measured: the largest cost of two
+/// threads deciding at once). Each thread takes the copy of its own stripe.
+pub(crate) struct Striped(Box<[Arc<Tier>]>);
+
+impl Striped {
+    fn new(make: impl Fn() -> Tier) -> Self {
+        Striped((0..STRIPES).map(|_| Arc::new(make())).collect())
+    }
+
+    /// This thread's copy.
+    pub(crate) fn get(&self) -> &Arc<Tier> {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        thread_local! {
+            static STRIPE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+        }
+        &self.0[STRIPE.with(|s| *s)]
+    }
+}
+
+impl fmt::Debug for Striped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0[0].fmt(f)
     }
 }
 

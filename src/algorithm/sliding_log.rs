@@ -31,7 +31,11 @@ pub(crate) struct SlidingLog {
 pub(crate) struct State {
     /// `(time, cost)` of admitted requests, oldest first; may include expired entries until
     /// the next commit prunes them.
-    entries: VecDeque<(u64, u32)>,
+    ///
+    /// Boxed: the state of every algorithm is stored in one enum, which the queue inline would
+    /// make 40 bytes wide for all of them (the memory store keeps one per key).
+    #[expect(clippy::box_collection, reason = "keeps every algorithm's state 32 bytes wide")]
+    entries: Box<VecDeque<(u64, u32)>>,
     /// Sum of the costs in `entries`.
     total: u64,
 }
@@ -62,7 +66,7 @@ impl SlidingLog {
     fn live(&self, state: &State, now: u64) -> (usize, u64) {
         let mut used = state.total;
         let mut first = 0;
-        for &(t, c) in &state.entries {
+        for &(t, c) in state.entries.iter() {
             if t + self.window > now {
                 break;
             }

@@ -66,6 +66,9 @@ struct Inner {
 /// store's seeded hasher, and looked up by reference (no key is cloned but on insert).
 struct Shard {
     table: HashTable<Slot>,
+    /// The store's hasher, to hash a slot again when the table grows or evicts (a slot does
+    /// not keep its hash: 8 bytes per key).
+    hasher: RandomState,
     ops: u32,
     last_sweep: u64,
     /// A lower bound of the entries' expiry times (exact after a sweep).
@@ -73,7 +76,6 @@ struct Shard {
 }
 
 struct Slot {
-    hash: u64,
     id: u32,
     key: Key,
     state: Option<State>,
@@ -82,9 +84,10 @@ struct Slot {
     blocked_until: u64,
 }
 
-impl Default for Shard {
-    fn default() -> Self {
+impl Shard {
+    fn new(hasher: RandomState) -> Self {
         Shard {
+            hasher,
             table: HashTable::new(),
             ops: 0,
             last_sweep: 0,
@@ -94,9 +97,8 @@ impl Default for Shard {
 }
 
 impl Slot {
-    fn new(check: &Check, hash: u64, state: Option<State>, expires_at: u64) -> Self {
+    fn new(check: &Check, state: Option<State>, expires_at: u64) -> Self {
         Slot {
-            hash,
             id: check.tier().id(),
             key: check.key().clone(),
             state,
@@ -148,8 +150,9 @@ impl MemoryStoreBuilder {
         self
     }
 
-    /// The number of shards (default: four per available core, rounded up to a power of two).
-    /// Never more than `max_keys`.
+    /// The number of shards (default: four per available core), rounded up to a power of two
+    /// (a key's shard is then picked by a mask, not a division); never more than `max_keys`
+    /// (then the largest power of two below it).
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = Some(shards.max(1));
         self
@@ -163,19 +166,21 @@ impl MemoryStoreBuilder {
 
     /// Builds the store.
     pub fn build(self) -> MemoryStore {
-        let shards = self
+        let wanted = self
             .shards
-            .unwrap_or_else(|| {
-                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-                (cores * 4).next_power_of_two()
-            })
-            .min(self.max_keys);
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()) * 4);
+        // Powers of two: the largest at most `max_keys` caps the smallest at least `wanted`.
+        let most = 1 << self.max_keys.ilog2();
+        let shards = wanted.next_power_of_two().min(most);
         let per_shard = self.max_keys / shards;
+        let hasher = RandomState::new();
         MemoryStore {
             inner: Arc::new(Inner {
-                shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+                shards: (0..shards)
+                    .map(|_| Mutex::new(Shard::new(hasher.clone())))
+                    .collect(),
                 per_shard,
-                hasher: RandomState::new(),
+                hasher,
                 clock: self.clock,
                 registry: Registry::default(),
             }),
@@ -234,7 +239,7 @@ impl MemoryStore {
     fn locate(&self, check: &Check) -> (u64, usize) {
         let h = check.key().hash_with(check.tier().id(), &self.inner.hasher);
         // The high bits pick the shard: the table uses the low ones.
-        (h, ((h >> 32) as usize) % self.inner.shards.len())
+        (h, ((h >> 32) as usize) & (self.inner.shards.len() - 1))
     }
 
     /// Decides synchronously; [`Store::check`] wraps this in a ready future.
@@ -344,9 +349,9 @@ impl Shard {
             None => {
                 let slot = Slot {
                     blocked_until: until,
-                    ..Slot::new(check, hash, None, until)
+                    ..Slot::new(check, None, until)
                 };
-                self.insert_slot(slot, now, capacity);
+                self.insert_slot(slot, hash, now, capacity);
             }
         }
     }
@@ -420,17 +425,19 @@ impl Shard {
             .tier()
             .algorithm()
             .commit(&mut state, now, check.cost());
-        let slot = Slot::new(check, hash, state, expires_at);
-        self.insert_slot(slot, now, capacity);
+        let slot = Slot::new(check, state, expires_at);
+        self.insert_slot(slot, hash, now, capacity);
     }
 
     /// Adds a slot for a key not in the table, making room first when the shard is full.
-    fn insert_slot(&mut self, slot: Slot, now: u64, capacity: usize) {
+    fn insert_slot(&mut self, slot: Slot, hash: u64, now: u64, capacity: usize) {
         if self.table.len() >= capacity {
             self.make_room(now);
         }
         self.min_expiry = self.min_expiry.min(slot.expires_at);
-        self.table.insert_unique(slot.hash, slot, |s| s.hash);
+        let hasher = &self.hasher;
+        self.table
+            .insert_unique(hash, slot, |s| s.key.hash_with(s.id, hasher));
     }
 
     /// Frees one slot, looking at the first [`EVICTION_SAMPLE`] entries of the table (constant
@@ -443,7 +450,14 @@ impl Shard {
             .iter()
             .take(EVICTION_SAMPLE)
             .min_by_key(|s| s.expires_at)
-            .map(|s| (s.hash, s.id, s.key.clone(), s.expires_at));
+            .map(|s| {
+                (
+                    s.key.hash_with(s.id, &self.hasher),
+                    s.id,
+                    s.key.clone(),
+                    s.expires_at,
+                )
+            });
         let Some((hash, id, key, expires_at)) = sample else {
             return;
         };

@@ -3,12 +3,14 @@
 //! the machine does (wall-clock figures on a shared 2-core machine are not).
 //!
 //! ```text
-//! instructions MODE N    # MODE: bare, legacy, none, governor, governor_headers, check or
-//!                         # governor_check
+//! instructions MODE N    # MODE: bare, identity, legacy, none, quiet, governor,
+//!                         # governor_headers, check or governor_check
 //! ```
 //!
-//! `bare` is an axum hello-world router; `legacy` and `none` add our layer (memory store, GCRA
-//! 1,000,000/s per peer IP, never limiting) with `X-RateLimit-*` headers or none; `governor`
+//! `bare` is an axum hello-world router, `identity` the same with `tower`'s layer that does
+//! nothing; `legacy` and `none` add our layer (memory store, GCRA 1,000,000/s per peer IP,
+//! never limiting) with `X-RateLimit-*` headers or none, `quiet` with neither headers nor the
+//! `Decision` in the request's extensions; `governor`
 //! and `governor_headers` add `tower_governor`'s instead (the same quota, per peer IP), without
 //! and with its headers. `check` is `RateLimitLayer::check` on 10,000 keys, `governor_check`
 //! governor's keyed `check_key` on the same keys. Peers cycle through 10,240 addresses.
@@ -38,6 +40,7 @@ fn main() {
                 .policy(Policy::gcra("1000000/s").name("g"))
                 .key(PeerIp::new())
                 .headers(style)
+                .decision_extension(mode != "quiet")
                 .build()
                 .expect("a valid layer")
         };
@@ -75,8 +78,9 @@ fn main() {
                 }
             }
             "bare" => base,
+            "identity" => base.layer(tower::layer::util::Identity::new()),
             "legacy" => base.layer(layer(HeaderStyle::Legacy)),
-            "none" => base.layer(layer(HeaderStyle::None)),
+            "none" | "quiet" => base.layer(layer(HeaderStyle::None)),
             other => panic!("unknown mode {other:?}: see the file's documentation"),
         };
         for i in 0..n {

@@ -4,8 +4,8 @@
 #
 #     scripts/instructions.sh
 #
-# For each mode of benches/instructions.rs (bare router, our layer with and without headers,
-# a check() call) it counts two runs of different lengths and prints the difference per
+# For each mode of benches/instructions.rs (bare router, a layer doing nothing, our layer with
+# and without headers, tower_governor's, a check() call and governor's check_key) it counts two runs of different lengths and prints the difference per
 # request, which leaves out start-up. Installs valgrind (Debian package) when it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ count() {
         sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }
 declare -A per
-for mode in bare legacy none governor governor_headers check governor_check; do
+for mode in bare identity legacy none quiet governor governor_headers check governor_check; do
     short=$(count "$mode" 10000)
     long=$(count "$mode" 30000)
     per[$mode]=$(( (long - short) / 20000 ))
@@ -30,6 +30,8 @@ echo "instructions per request (callgrind, difference of 30,000 and 10,000 reque
 echo "  bare axum router:              ${per[bare]}"
 echo "  with the layer, legacy headers: ${per[legacy]} (layer: $(( per[legacy] - per[bare] )))"
 echo "  with the layer, no headers:     ${per[none]} (layer: $(( per[none] - per[bare] )))"
+echo "  ... and no Decision extension:  ${per[quiet]} (layer: $(( per[quiet] - per[bare] )))"
+echo "  a layer doing nothing:          ${per[identity]} (layer: $(( per[identity] - per[bare] )))"
 echo "  tower_governor, no headers:     ${per[governor]} (layer: $(( per[governor] - per[bare] )))"
 echo "  tower_governor, its headers:    ${per[governor_headers]} (layer: $(( per[governor_headers] - per[bare] )))"
 echo "  RateLimitLayer::check:          ${per[check]}"

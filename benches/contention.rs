@@ -12,29 +12,21 @@
 //! is spent, by both. Runs alternate between the two limiters; prints the median of each as
 //! `limiter/workload=decisions per second`.
 
-use std::future::Future;
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use governor::{Quota, RateLimiter};
 use tower_ratelimit::key::Key;
 use tower_ratelimit::{Policy, RateLimitLayer};
 
+#[path = "common/ready.rs"]
+mod ready;
+use ready::now;
+
 const KEYS: usize = 10_000;
 const THREADS: usize = 2;
-
-/// Polls a future that is ready at once.
-fn now<F: Future>(f: F) -> F::Output {
-    let mut cx = Context::from_waker(Waker::noop());
-    match pin!(f).poll(&mut cx) {
-        Poll::Ready(out) => out,
-        Poll::Pending => unreachable!("the memory store decides at once"),
-    }
-}
 
 /// Decisions per second of `THREADS` threads running `decide(thread, i)` for `seconds`.
 fn rate(seconds: f64, decide: impl Fn(usize, usize) + Sync) -> f64 {

@@ -12,27 +12,19 @@
 //!   without rate-limit headers): the middleware's whole cost per request, without the
 //!   sockets that dominate (and blur) the same comparison under wrk.
 
-use std::future::Future;
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
 use tower_ratelimit::key::Key;
 use tower_ratelimit::{Algorithm, Policy, RateLimitLayer};
 
-const KEYS: u64 = 10_000;
+#[path = "common/ready.rs"]
+mod ready;
+use ready::now;
 
-/// Polls a future that is ready at once.
-fn now<F: Future>(f: F) -> F::Output {
-    let mut cx = Context::from_waker(Waker::noop());
-    match pin!(f).poll(&mut cx) {
-        Poll::Ready(out) => out,
-        Poll::Pending => unreachable!("the memory store decides at once"),
-    }
-}
+const KEYS: u64 = 10_000;
 
 fn decision_cost(c: &mut Criterion) {
     let mut group = c.benchmark_group("decision");

@@ -6,7 +6,9 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{SyncSender, sync_channel};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -434,9 +436,9 @@ fn answer(r: &Reply) -> (u16, Option<u64>, Option<u64>, Option<u64>, Option<u64>
 /// one millisecond per reading: it holds one decision between reading the time and using it.
 #[derive(Debug)]
 struct HeldClock {
-    now: std::sync::atomic::AtomicU64,
-    entered: std::sync::mpsc::SyncSender<()>,
-    released: (std::sync::Mutex<bool>, std::sync::Condvar),
+    now: AtomicU64,
+    entered: SyncSender<()>,
+    released: (Mutex<bool>, Condvar),
 }
 
 /// How long the held reading waits for the test: long enough for the other decision to run
@@ -445,9 +447,7 @@ const HOLD: Duration = Duration::from_millis(300);
 
 impl tower_ratelimit::Clock for HeldClock {
     fn now_micros(&self) -> u64 {
-        let now = self
-            .now
-            .fetch_add(1_000, std::sync::atomic::Ordering::SeqCst);
+        let now = self.now.fetch_add(1_000, Ordering::SeqCst);
         if now == MINUTE_ALIGNED {
             let _ = self.entered.try_send(());
             let (released, wake) = &self.released;
@@ -464,9 +464,9 @@ fn a_decision_reads_the_time_in_the_order_it_is_made() {
     // read its time before taking the key's lock, B would commit first, at a later time, and A
     // would see time go back: two requests admitted with the same `remaining` (or one
     // skipped). Reading the time under the lock, A decides first and B waits for it.
-    let (entered, entered_rx) = std::sync::mpsc::sync_channel(1);
+    let (entered, entered_rx) = sync_channel(1);
     let clock = Arc::new(HeldClock {
-        now: std::sync::atomic::AtomicU64::new(MINUTE_ALIGNED),
+        now: AtomicU64::new(MINUTE_ALIGNED),
         entered,
         released: Default::default(),
     });

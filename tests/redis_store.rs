@@ -24,22 +24,23 @@ async fn store(server: &RedisServer, prefix: &str, clock: Option<&ManualClock>) 
         .expect("connect to the test redis-server")
 }
 
+/// A layer of one policy on `store`.
+fn layer_on(store: RedisStore, policy: Policy) -> RateLimitLayer<RedisStore> {
+    RateLimitLayer::builder()
+        .policy(policy)
+        .store(store)
+        .build()
+        .unwrap()
+}
+
 fn policy(algorithm: Algorithm, limit: u32) -> Policy {
     Policy::new(algorithm, format!("{limit}/h").as_str()).name(format!("{algorithm}-{limit}"))
 }
 
 /// Two application instances (two stores, two connections) race 1,000 checks at one key.
 async fn contention(a: RedisStore, b: RedisStore, algorithm: Algorithm, limit: u32) -> usize {
-    let la = RateLimitLayer::builder()
-        .policy(policy(algorithm, limit))
-        .store(a)
-        .build()
-        .unwrap();
-    let lb = RateLimitLayer::builder()
-        .policy(policy(algorithm, limit))
-        .store(b)
-        .build()
-        .unwrap();
+    let la = layer_on(a, policy(algorithm, limit));
+    let lb = layer_on(b, policy(algorithm, limit));
     let key = Key::from("contended");
     let mut tasks = Vec::new();
     for i in 0..1_000 {
@@ -97,11 +98,10 @@ async fn every_key_gets_a_ttl_no_longer_than_needed() {
     let server = RedisServer::start();
     let s = store(&server, "ttl:", None).await;
     for algorithm in Algorithm::ALL {
-        let layer = RateLimitLayer::builder()
-            .policy(Policy::new(algorithm, "10/min").name(algorithm.name()))
-            .store(s.clone())
-            .build()
-            .unwrap();
+        let layer = layer_on(
+            s.clone(),
+            Policy::new(algorithm, "10/min").name(algorithm.name()),
+        );
         for i in 0..12 {
             layer.check(&Key::from(format!("u{i}")), 1).await.unwrap();
         }
@@ -124,18 +124,8 @@ async fn every_key_gets_a_ttl_no_longer_than_needed() {
 async fn a_key_without_ttl_is_repaired() {
     let server = RedisServer::start();
     let clock = ManualClock::starting_at(1_000_000_000_000);
-    let s = RedisStore::builder(&server.url())
-        .deadline(std::time::Duration::from_secs(10))
-        .prefix("fix:")
-        .clock(clock.clone())
-        .build()
-        .await
-        .unwrap();
-    let layer = RateLimitLayer::builder()
-        .policy(Policy::gcra("1/min").name("g"))
-        .store(s.clone())
-        .build()
-        .unwrap();
+    let s = store(&server, "fix:", Some(&clock)).await;
+    let layer = layer_on(s.clone(), Policy::gcra("1/min").name("g"));
     let key = Key::from("victim");
     let redis_key = String::from_utf8(s.key_for("g", &key)).unwrap();
     // Something else wrote a TAT one hour ahead without a TTL: the key is limited.
@@ -177,11 +167,7 @@ async fn flush_loses_no_decision(functions: bool) {
         .expect("connect to the test redis-server");
     assert_eq!(s.uses_functions(), functions);
     let flush = if functions { "FUNCTION" } else { "SCRIPT" };
-    let layer = RateLimitLayer::builder()
-        .policy(Policy::fixed_window("1000/h").name("f"))
-        .store(s.clone())
-        .build()
-        .unwrap();
+    let layer = layer_on(s.clone(), Policy::fixed_window("1000/h").name("f"));
     // Between checks.
     for _ in 0..20 {
         server.cli(&[flush, "FLUSH"]);
@@ -243,11 +229,7 @@ async fn hostile_keys_stay_in_their_own_bucket() {
     let server = RedisServer::start();
     let clock = ManualClock::new();
     let s = store(&server, "hostile:", Some(&clock)).await;
-    let layer = RateLimitLayer::builder()
-        .policy(Policy::fixed_window("1/h").name("p"))
-        .store(s.clone())
-        .build()
-        .unwrap();
+    let layer = layer_on(s.clone(), Policy::fixed_window("1/h").name("p"));
     let hostile: Vec<Key> = vec![
         Key::from("{victim}"),
         Key::from("victim}"),
@@ -286,11 +268,10 @@ async fn memory_usage_per_key() {
     let s = store(&server, "mem:", None).await;
     let mut report = Vec::new();
     for algorithm in Algorithm::ALL {
-        let layer = RateLimitLayer::builder()
-            .policy(Policy::new(algorithm, "1000/h").name(algorithm.name()))
-            .store(s.clone())
-            .build()
-            .unwrap();
+        let layer = layer_on(
+            s.clone(),
+            Policy::new(algorithm, "1000/h").name(algorithm.name()),
+        );
         let key = Key::from("203.0.113.9");
         layer.check(&key, 1).await.unwrap();
         let rk = String::from_utf8(s.key_for(algorithm.name(), &key)).unwrap();
@@ -349,11 +330,7 @@ async fn unreachable_redis_is_a_clear_error() {
 async fn decisions_resume_after_a_restart() {
     let mut server = RedisServer::start();
     let s = store(&server, "restart:", None).await;
-    let layer = RateLimitLayer::builder()
-        .policy(Policy::gcra("100/s").name("g"))
-        .store(s)
-        .build()
-        .unwrap();
+    let layer = layer_on(s, Policy::gcra("100/s").name("g"));
     assert!(layer.check(&Key::from("a"), 1).await.is_ok());
     server.restart();
     // The connection reconnects and the script is reloaded (NOSCRIPT) on its own.
@@ -451,11 +428,7 @@ async fn without_functions_the_store_decides_with_evalsha() {
         .await
         .expect("a store without functions");
     assert!(!s.uses_functions());
-    let layer = RateLimitLayer::builder()
-        .policy(Policy::gcra("2/h").name("g"))
-        .store(s)
-        .build()
-        .unwrap();
+    let layer = layer_on(s, Policy::gcra("2/h").name("g"));
     let key = Key::from("a");
     assert!(layer.check(&key, 1).await.unwrap().is_allowed());
     assert!(layer.check(&key, 1).await.unwrap().is_allowed());
@@ -483,11 +456,7 @@ async fn sliding_window_state_is_sparse_and_reads_the_dense_form() {
     // 10/h in 10 buckets of 360 s: at bucket index 1000 exactly, slot 1000 mod 11 = 10.
     clock.set_micros(360_000_000 * 1000);
     let s = store(&server, "sw:", Some(&clock)).await;
-    let layer = RateLimitLayer::builder()
-        .policy(Policy::sliding_window("10/h").name("sw"))
-        .store(s.clone())
-        .build()
-        .unwrap();
+    let layer = layer_on(s.clone(), Policy::sliding_window("10/h").name("sw"));
     let key = Key::from("a");
     let redis_key = String::from_utf8(s.key_for("sw", &key)).unwrap();
     server.cli(&[

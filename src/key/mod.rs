@@ -215,62 +215,53 @@ impl Key {
         }
     }
 
-    /// Appends a stable, unambiguous binary encoding of the key to `out` (a tag byte, then the
-    /// address octets or the raw bytes).
-    pub fn encode(&self, out: &mut Vec<u8>) {
+    /// The key's binary form: a tag byte and the address octets (put in `octets`) or the raw
+    /// bytes. What [`encode`](Self::encode) writes and [`hash_with`](Self::hash_with) hashes.
+    fn tagged<'a>(&'a self, octets: &'a mut [u8; 16]) -> (u8, &'a [u8]) {
         match &self.0 {
-            Repr::Global => out.push(b'g'),
+            Repr::Global => (b'g', &[]),
             Repr::Ip(IpAddr::V4(ip)) => {
-                out.push(b'4');
-                out.extend_from_slice(&ip.octets());
+                octets[..4].copy_from_slice(&ip.octets());
+                (b'4', &octets[..4])
             }
             Repr::Ip(IpAddr::V6(ip)) => {
-                out.push(b'6');
-                out.extend_from_slice(&ip.octets());
+                *octets = ip.octets();
+                (b'6', &octets[..])
             }
-            Repr::Inline { .. } | Repr::Bytes(_) => {
-                out.push(b'b');
-                out.extend_from_slice(self.bytes().unwrap_or_default());
-            }
+            Repr::Inline { .. } | Repr::Bytes(_) => (b'b', self.bytes().unwrap_or_default()),
         }
     }
 
-    /// The hash of (`id`, this key) from `hasher`, for the stores' tables: the id, a tag and the
-    /// key's bytes in one `write` (two for a key too long to be inline), where hashing the pair
+    /// Appends a stable, unambiguous binary encoding of the key to `out` (a tag byte, then the
+    /// address octets or the raw bytes).
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let mut octets = [0; 16];
+        let (tag, bytes) = self.tagged(&mut octets);
+        out.push(tag);
+        out.extend_from_slice(bytes);
+    }
+
+    /// The hash of (`id`, this key) from `hasher`, for the stores' tables: the id and the key's
+    /// binary form in one `write` (two for a key too long to be inline), where hashing the pair
     /// field by field makes four, each paying SipHash's own buffering.
     pub(crate) fn hash_with(&self, id: u32, hasher: &impl BuildHasher) -> u64 {
+        let mut octets = [0; 16];
+        let (tag, bytes) = self.tagged(&mut octets);
         let mut h = hasher.build_hasher();
         let mut buf = [0u8; 5 + INLINE];
         buf[..4].copy_from_slice(&id.to_le_bytes());
-        let len = match &self.0 {
-            Repr::Global => {
-                buf[4] = b'g';
-                5
+        buf[4] = tag;
+        match buf.get_mut(5..5 + bytes.len()) {
+            Some(rest) => {
+                rest.copy_from_slice(bytes);
+                h.write(&buf[..5 + bytes.len()]);
             }
-            Repr::Ip(IpAddr::V4(ip)) => {
-                buf[4] = b'4';
-                buf[5..9].copy_from_slice(&ip.octets());
-                9
-            }
-            Repr::Ip(IpAddr::V6(ip)) => {
-                buf[4] = b'6';
-                buf[5..21].copy_from_slice(&ip.octets());
-                21
-            }
-            Repr::Inline { len, bytes } => {
-                let len = usize::from(*len);
-                buf[4] = b'b';
-                buf[5..5 + len].copy_from_slice(&bytes[..len]);
-                5 + len
-            }
-            Repr::Bytes(bytes) => {
-                buf[4] = b'b';
+            None => {
+                // SipHash streams: the same hash as one write of both.
                 h.write(&buf[..5]);
                 h.write(bytes);
-                return h.finish();
             }
-        };
-        h.write(&buf[..len]);
+        }
         h.finish()
     }
 

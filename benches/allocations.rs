@@ -10,7 +10,8 @@
 //! layer does: what `Router::layer` itself allocates; axum boxes the layer per request, which
 //! allocates nothing for a zero-sized layer such as `tower::layer::util::Identity`),
 //! our layer (memory store, GCRA 1,000,000/s per peer IP) with `X-RateLimit-*` headers or none,
-//! each with and without the `Decision` in the request's extensions, and `tower_governor`'s
+//! each with and without the `Decision` in the request's extensions, the same in axum's own
+//! body (`RateLimitLayer::body::<AxumBody>()`, which axum does not box again), and `tower_governor`'s
 //! with and without its headers. Each router serves 20,480 requests from 10,240 peers first, so
 //! every key exists and the tables have grown, then 10,240 counted ones.
 
@@ -23,6 +24,7 @@ use tower::Layer;
 use tower::ServiceExt;
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
+use tower_ratelimit::axum::AxumBody;
 use tower_ratelimit::{HeaderStyle, Policy, RateLimitLayer};
 
 /// Counts every allocation (dhat's heap profiler, in its testing mode: no file written).
@@ -68,15 +70,15 @@ fn main() {
         .build()
         .expect("a runtime");
     let base = || Router::new().route("/", get(|| async { "hello" }));
-    let ours = |style, extension| {
-        let layer = RateLimitLayer::builder()
+    let ours_layer = |style, extension| {
+        RateLimitLayer::builder()
             .policy(Policy::gcra("1000000/s"))
             .headers(style)
             .decision_extension(extension)
             .build()
-            .expect("a valid layer");
-        base().layer(layer)
+            .expect("a valid layer")
     };
+    let ours = |style, extension| base().layer(ours_layer(style, extension));
     let governor = |headers: bool| {
         let mut config = GovernorConfigBuilder::default();
         config.per_nanosecond(1).burst_size(1_000_000);
@@ -96,6 +98,14 @@ fn main() {
         (
             "ours_no_headers_no_extension",
             ours(HeaderStyle::None, false),
+        ),
+        (
+            "ours_no_headers_no_extension_axum_body",
+            base().layer(ours_layer(HeaderStyle::None, false).body::<AxumBody>()),
+        ),
+        (
+            "ours_axum_body",
+            base().layer(ours_layer(HeaderStyle::Legacy, true).body::<AxumBody>()),
         ),
         ("tower_governor", governor(false)),
         ("tower_governor_headers", governor(true)),

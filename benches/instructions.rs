@@ -3,14 +3,14 @@
 //! the machine does (wall-clock figures on a shared 2-core machine are not).
 //!
 //! ```text
-//! instructions MODE N    # MODE: bare, identity, legacy, none, quiet, governor,
+//! instructions MODE N    # MODE: bare, identity, legacy, none, quiet, axum_body, governor,
 //!                         # governor_headers, check or governor_check
 //! ```
 //!
 //! `bare` is an axum hello-world router, `identity` the same with `tower`'s layer that does
 //! nothing; `legacy` and `none` add our layer (memory store, GCRA 1,000,000/s per peer IP,
 //! never limiting) with `X-RateLimit-*` headers or none, `quiet` with neither headers nor the
-//! `Decision` in the request's extensions; `governor`
+//! `Decision` in the request's extensions, `axum_body` the same in axum's own body; `governor`
 //! and `governor_headers` add `tower_governor`'s instead (the same quota, per peer IP), without
 //! and with its headers. `check` is `RateLimitLayer::check` on 10,000 keys, `governor_check`
 //! governor's keyed `check_key` on the same keys. Peers cycle through 10,240 addresses.
@@ -20,6 +20,7 @@ use std::net::SocketAddr;
 use axum::{Router, body::Body, routing::get};
 use http::Request;
 use tower::ServiceExt;
+use tower_ratelimit::axum::AxumBody;
 use tower_ratelimit::key::{Key, PeerIp};
 use tower_ratelimit::{HeaderStyle, Policy, RateLimitLayer};
 
@@ -40,7 +41,7 @@ fn main() {
                 .policy(Policy::gcra("1000000/s").name("g"))
                 .key(PeerIp::new())
                 .headers(style)
-                .decision_extension(mode != "quiet")
+                .decision_extension(mode != "quiet" && mode != "axum_body")
                 .build()
                 .expect("a valid layer")
         };
@@ -81,6 +82,7 @@ fn main() {
             "identity" => base.layer(tower::layer::util::Identity::new()),
             "legacy" => base.layer(layer(HeaderStyle::Legacy)),
             "none" | "quiet" => base.layer(layer(HeaderStyle::None)),
+            "axum_body" => base.layer(layer(HeaderStyle::None).body::<AxumBody>()),
             other => panic!("unknown mode {other:?}: see the file's documentation"),
         };
         for i in 0..n {

@@ -10,7 +10,9 @@
 //! * `request/*`: one request through an axum hello-world `Router`, bare, with our layer and
 //!   with `tower_governor`'s (each an in-memory GCRA per peer IP that never limits, with and
 //!   without rate-limit headers): the middleware's whole cost per request, without the
-//!   sockets that dominate (and blur) the same comparison under wrk.
+//!   sockets that dominate (and blur) the same comparison under wrk. `ours_lean*` is ours as a
+//!   service that never reads the `Decision` would configure it: `decision_extension(false)`
+//!   and `body::<AxumBody>()`.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -77,19 +79,24 @@ fn request_cost(c: &mut Criterion) {
     use tower_governor::GovernorLayer;
     use tower_governor::governor::GovernorConfigBuilder;
     use tower_ratelimit::HeaderStyle;
+    use tower_ratelimit::axum::AxumBody;
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
     let base = || Router::new().route("/", get(hello));
-    let ours = |headers| {
-        let layer = RateLimitLayer::builder()
+    let layer = |headers, extension| {
+        RateLimitLayer::builder()
             .policy(Policy::gcra("1000000/s"))
             .headers(headers)
+            .decision_extension(extension)
             .build()
-            .unwrap();
-        base().layer(layer)
+            .unwrap()
     };
+    let ours = |headers| base().layer(layer(headers, true));
+    // What an axum service that never reads the `Decision` would configure: no extension, and
+    // responses in axum's own body.
+    let lean = |headers| base().layer(layer(headers, false).body::<AxumBody>());
     let governor = GovernorConfigBuilder::default()
         .per_nanosecond(1)
         .burst_size(1_000_000)
@@ -105,6 +112,8 @@ fn request_cost(c: &mut Criterion) {
         ("bare", base()),
         ("ours", ours(HeaderStyle::Legacy)),
         ("ours_no_headers", ours(HeaderStyle::None)),
+        ("ours_lean", lean(HeaderStyle::Legacy)),
+        ("ours_lean_no_headers", lean(HeaderStyle::None)),
         ("tower_governor", base().layer(GovernorLayer::new(governor))),
         (
             "tower_governor_headers",

@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use axum::{Router, routing::get};
+use tower_ratelimit::axum::AxumBody;
 use tower_ratelimit::headers::HeaderStyle;
 use tower_ratelimit::key::{Cidr, ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
 use tower_ratelimit::{Algorithm, FailurePolicy, Policy, RateLimitLayer, RedisStore, Store};
@@ -172,7 +173,8 @@ fn app<St: Store>(config: &Config, store: St) -> Result<Router, String> {
         .map_err(|e| format!("RATE_LIMIT: {e}"))?;
     Ok(Router::new()
         .route("/", get(|| async { "hello from tower-ratelimit\n" }))
-        .route_layer(layer)
+        // Responses in axum's own body: axum does not box them again.
+        .route_layer(layer.body::<AxumBody>())
         .route("/health", get(|| async { "ok\n" })))
 }
 

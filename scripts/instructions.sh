@@ -21,7 +21,7 @@ count() {
         sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }
 declare -A per
-for mode in bare identity legacy none quiet governor governor_headers check governor_check; do
+for mode in bare identity legacy none quiet axum_body governor governor_headers check governor_check; do
     short=$(count "$mode" 10000)
     long=$(count "$mode" 30000)
     per[$mode]=$(( (long - short) / 20000 ))
@@ -31,6 +31,7 @@ echo "  bare axum router:              ${per[bare]}"
 echo "  with the layer, legacy headers: ${per[legacy]} (layer: $(( per[legacy] - per[bare] )))"
 echo "  with the layer, no headers:     ${per[none]} (layer: $(( per[none] - per[bare] )))"
 echo "  ... and no Decision extension:  ${per[quiet]} (layer: $(( per[quiet] - per[bare] )))"
+echo "  ... and in axum's own body:    ${per[axum_body]} (layer: $(( per[axum_body] - per[bare] )))"
 echo "  a layer doing nothing:          ${per[identity]} (layer: $(( per[identity] - per[bare] )))"
 echo "  tower_governor, no headers:     ${per[governor]} (layer: $(( per[governor] - per[bare] )))"
 echo "  tower_governor, its headers:    ${per[governor_headers]} (layer: $(( per[governor_headers] - per[bare] )))"

@@ -1,4 +1,5 @@
-//! axum integration (feature `axum`): the [`Decision`] as an extractor.
+//! axum integration (feature `axum`): the [`Decision`] as an extractor, and responses in
+//! axum's own body ([`AxumBody`]).
 //!
 //! [`PeerIp`](crate::key::PeerIp) already reads axum's `ConnectInfo<SocketAddr>` and
 //! `MockConnectInfo<SocketAddr>`. Handlers behind a [`RateLimitLayer`](crate::RateLimitLayer)
@@ -20,10 +21,51 @@
 //! ```
 
 use axum::extract::{FromRequestParts, OptionalFromRequestParts};
+use bytes::Bytes;
 use http::StatusCode;
 use http::request::Parts;
 
+use crate::body::MakeBody;
 use crate::decision::Decision;
+
+/// A [`MakeBody`] for axum: responses carry [`axum::body::Body`], so a router does not box them
+/// into its body type once more (one allocation per request less). An inner service whose body
+/// is already axum's (a `Router`, a handler) passes it through untouched; another body is
+/// boxed once, as axum would.
+///
+/// ```
+/// use axum::{Router, routing::get};
+/// use tower_ratelimit::{Policy, RateLimitLayer, axum::AxumBody, key::PeerIp};
+///
+/// # fn main() -> Result<(), tower_ratelimit::ConfigError> {
+/// let limit = RateLimitLayer::builder()
+///     .policy(Policy::gcra("10/s"))
+///     .key(PeerIp::new())
+///     .build()?
+///     .body::<AxumBody>();
+/// let app: Router = Router::new().route("/", get(|| async { "hello" })).layer(limit);
+/// # let _ = app;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AxumBody;
+
+impl<B> MakeBody<B> for AxumBody
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    type Body = axum::body::Body;
+
+    fn inner(body: B) -> Self::Body {
+        // `Body::new` hands an axum body back as it is, and boxes any other.
+        axum::body::Body::new(body)
+    }
+
+    fn full(data: Bytes) -> Self::Body {
+        axum::body::Body::from(data)
+    }
+}
 
 impl<S: Send + Sync> FromRequestParts<S> for Decision {
     type Rejection = (StatusCode, &'static str);

@@ -1,4 +1,7 @@
 //! The response body: the inner service's, or the limiter's own short one.
+//!
+//! [`MakeBody`] says how a response carries it: by default in a [`ResponseBody`]; behind axum,
+//! in axum's own body ([`AxumBody`](crate::axum::AxumBody)), which axum does not box again.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -6,6 +9,40 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+
+/// How [`RateLimit`](crate::RateLimit)'s responses carry their bodies: the inner service's
+/// body `B`, or a short complete body written by the limiter (a 429, a rejected key, an
+/// unavailable store). Chosen with [`RateLimitLayer::body`](crate::RateLimitLayer::body).
+///
+/// [`Wrapped`] (the default) works with every inner service; a framework with a body type of
+/// its own can take responses in it directly, as [`AxumBody`](crate::axum::AxumBody) does.
+pub trait MakeBody<B> {
+    /// The response body.
+    type Body;
+
+    /// The body of the inner service's response.
+    fn inner(body: B) -> Self::Body;
+
+    /// The limiter's own body.
+    fn full(data: Bytes) -> Self::Body;
+}
+
+/// The default [`MakeBody`]: responses carry a [`ResponseBody<B>`] around the inner service's
+/// body `B`, whatever it is.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Wrapped;
+
+impl<B> MakeBody<B> for Wrapped {
+    type Body = ResponseBody<B>;
+
+    fn inner(body: B) -> Self::Body {
+        ResponseBody::inner(body)
+    }
+
+    fn full(data: Bytes) -> Self::Body {
+        ResponseBody::full(data)
+    }
+}
 
 pin_project! {
     /// The body of a response from [`RateLimit`](crate::RateLimit): either the inner service's

@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -12,7 +13,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::body::ResponseBody;
+use crate::body::{MakeBody, Wrapped};
 use crate::headers::RateLimitHeaders;
 use crate::limiter::{Charges, Limiter, Settled, Ticket};
 use crate::store::Store;
@@ -22,7 +23,9 @@ pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit): waits for the decision, then
     /// either calls the inner service or yields the limiter's own response; after the inner
     /// response, makes the charges and refunds that depend on its status.
-    pub struct ResponseFuture<S, ReqB, St>
+    ///
+    /// `M` says how the response carries its body (see [`MakeBody`]).
+    pub struct ResponseFuture<S, ReqB, St, M = Wrapped>
     where
         S: Service<Request<ReqB>>,
         St: Store,
@@ -33,6 +36,7 @@ pin_project! {
         // charges after the response): most requests touch no shared reference count.
         limiter: Option<Arc<Limiter<St>>>,
         after: Charges,
+        body: PhantomData<fn() -> M>,
     }
 }
 
@@ -69,7 +73,7 @@ pin_project! {
     }
 }
 
-impl<S, ReqB, St> ResponseFuture<S, ReqB, St>
+impl<S, ReqB, St, M> ResponseFuture<S, ReqB, St, M>
 where
     S: Service<Request<ReqB>>,
     St: Store,
@@ -94,6 +98,7 @@ where
             },
             limiter: Some(limiter.clone()),
             after: Charges::new(),
+            body: PhantomData,
         }
     }
 
@@ -109,6 +114,7 @@ where
             state: next(settled, request, inner),
             limiter: (!after.is_empty()).then(|| limiter.clone()),
             after,
+            body: PhantomData,
         }
     }
 
@@ -121,6 +127,7 @@ where
             },
             limiter: None,
             after: Charges::new(),
+            body: PhantomData,
         }
     }
 }
@@ -150,7 +157,7 @@ where
     }
 }
 
-impl<S, ReqB, St> fmt::Debug for ResponseFuture<S, ReqB, St>
+impl<S, ReqB, St, M> fmt::Debug for ResponseFuture<S, ReqB, St, M>
 where
     S: Service<Request<ReqB>>,
     St: Store,
@@ -171,12 +178,13 @@ where
 const POLLED_AFTER_READY: &str = "ResponseFuture polled after completion";
 const KEPT_FOR_LATER: &str = "the engine is kept while a decision or a charge is to come";
 
-impl<S, ReqB, ResB, St> Future for ResponseFuture<S, ReqB, St>
+impl<S, ReqB, ResB, St, M> Future for ResponseFuture<S, ReqB, St, M>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
     St: Store,
+    M: MakeBody<ResB>,
 {
-    type Output = Result<Response<ResponseBody<ResB>>, S::Error>;
+    type Output = Result<Response<M::Body>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -207,7 +215,7 @@ where
                         _ => None,
                     };
                     let Some(adjust) = adjust else {
-                        return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+                        return Poll::Ready(Ok(response.map(M::inner)));
                     };
                     this.state.set(State::Adjusting {
                         adjust,
@@ -219,11 +227,11 @@ where
                         tracing::warn!(%error, "rate-limit charge or refund after the response failed");
                     }
                     let response = response.take().expect(POLLED_AFTER_READY);
-                    return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+                    return Poll::Ready(Ok(response.map(M::inner)));
                 }
                 StateProj::Ready { response } => {
                     let response = response.take().expect(POLLED_AFTER_READY);
-                    return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                    return Poll::Ready(Ok(response.map(M::full)));
                 }
             }
         }

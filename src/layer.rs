@@ -1,6 +1,7 @@
 //! [`RateLimitLayer`] and its builder.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 use tower_layer::Layer;
 
+use crate::body::Wrapped;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, FailurePolicy, KeyRejection, StoreError};
@@ -41,19 +43,26 @@ use crate::store::{MemoryStore, Mode, Store};
 ///     .layer(limit);
 /// # Ok(()) }
 /// ```
-pub struct RateLimitLayer<St = MemoryStore> {
+///
+/// `M` says how responses carry their bodies (see [`MakeBody`](crate::MakeBody)): a [`ResponseBody`] around the
+/// inner service's by default, or axum's own with [`body`](Self::body).
+///
+/// [`ResponseBody`]: crate::ResponseBody
+pub struct RateLimitLayer<St = MemoryStore, M = Wrapped> {
     limiter: Arc<Limiter<St>>,
+    body: PhantomData<fn() -> M>,
 }
 
-impl<St> Clone for RateLimitLayer<St> {
+impl<St, M> Clone for RateLimitLayer<St, M> {
     fn clone(&self) -> Self {
         RateLimitLayer {
             limiter: self.limiter.clone(),
+            body: PhantomData,
         }
     }
 }
 
-impl<St: fmt::Debug> fmt::Debug for RateLimitLayer<St> {
+impl<St: fmt::Debug, M> fmt::Debug for RateLimitLayer<St, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.limiter.fmt(f)
     }
@@ -107,7 +116,29 @@ impl RateLimitLayer<MemoryStore> {
     }
 }
 
-impl<St> RateLimitLayer<St> {
+impl<St, M> RateLimitLayer<St, M> {
+    /// The same layer, its responses carrying their bodies as `M2` says: behind axum,
+    /// [`AxumBody`](crate::axum::AxumBody) saves the allocation of axum boxing each response's
+    /// body into its own type.
+    ///
+    /// ```
+    /// use tower_ratelimit::{Policy, RateLimitLayer, axum::AxumBody};
+    ///
+    /// # fn main() -> Result<(), tower_ratelimit::ConfigError> {
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::gcra("10/s"))
+    ///     .build()?
+    ///     .body::<AxumBody>();
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    pub fn body<M2>(self) -> RateLimitLayer<St, M2> {
+        RateLimitLayer {
+            limiter: self.limiter,
+            body: PhantomData,
+        }
+    }
+
     /// The store the layer decides in.
     pub fn store(&self) -> &St {
         self.limiter.store()
@@ -149,7 +180,9 @@ impl<St: Store> RateLimitLayer<St> {
             Err(e) => panic!("RateLimitLayer: {e}"),
         }
     }
+}
 
+impl<St: Store, M> RateLimitLayer<St, M> {
     /// Decides for `key` at `cost` against every policy of the layer (in the tier
     /// [`Policy::tier_for_key`] puts the key in, else the policy's own quota), without
     /// a request: the same atomic decision the middleware makes, for rate-limiting work that is
@@ -222,8 +255,8 @@ impl<St: Store> RateLimitLayer<St> {
     }
 }
 
-impl<S, St> Layer<S> for RateLimitLayer<St> {
-    type Service = RateLimit<S, St>;
+impl<S, St, M> Layer<S> for RateLimitLayer<St, M> {
+    type Service = RateLimit<S, St, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit::new(inner, self.limiter.clone())
@@ -376,6 +409,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     pub fn build(self) -> Result<RateLimitLayer<St>, ConfigError> {
         Ok(RateLimitLayer {
             limiter: Arc::new(Limiter::new(self.store, self.o)?),
+            body: PhantomData,
         })
     }
 }

@@ -178,7 +178,7 @@ mod error;
 pub mod axum;
 
 pub use algorithm::Algorithm;
-pub use body::ResponseBody;
+pub use body::{MakeBody, ResponseBody, Wrapped};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, PolicyOutcome};
 pub use error::{ConfigError, FailurePolicy, KeyRejection, StoreError, StoreErrorKind};

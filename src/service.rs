@@ -1,6 +1,7 @@
 //! [`RateLimit`], the middleware service.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::mem;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -8,7 +9,7 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::body::ResponseBody;
+use crate::body::{MakeBody, Wrapped};
 use crate::future::ResponseFuture;
 use crate::key::RequestRef;
 use crate::limiter::{Begin, Limiter};
@@ -21,14 +22,21 @@ use crate::store::Store;
 /// `poll_ready` only asks the inner service: being over the limit is a `429` response, never
 /// back-pressure, and store failures are answered according to the
 /// [`FailurePolicy`](crate::FailurePolicy), so the error type is the inner service's.
-pub struct RateLimit<S, St> {
+///
+/// `M` says how responses carry their bodies (see [`MakeBody`]).
+pub struct RateLimit<S, St, M = Wrapped> {
     inner: S,
     limiter: Arc<Limiter<St>>,
+    body: PhantomData<fn() -> M>,
 }
 
-impl<S, St> RateLimit<S, St> {
+impl<S, St, M> RateLimit<S, St, M> {
     pub(crate) fn new(inner: S, limiter: Arc<Limiter<St>>) -> Self {
-        RateLimit { inner, limiter }
+        RateLimit {
+            inner,
+            limiter,
+            body: PhantomData,
+        }
     }
 
     /// The inner service.
@@ -47,16 +55,17 @@ impl<S, St> RateLimit<S, St> {
     }
 }
 
-impl<S: Clone, St> Clone for RateLimit<S, St> {
+impl<S: Clone, St, M> Clone for RateLimit<S, St, M> {
     fn clone(&self) -> Self {
         RateLimit {
             inner: self.inner.clone(),
             limiter: self.limiter.clone(),
+            body: PhantomData,
         }
     }
 }
 
-impl<S: fmt::Debug, St: fmt::Debug> fmt::Debug for RateLimit<S, St> {
+impl<S: fmt::Debug, St: fmt::Debug, M> fmt::Debug for RateLimit<S, St, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
@@ -65,14 +74,15 @@ impl<S: fmt::Debug, St: fmt::Debug> fmt::Debug for RateLimit<S, St> {
     }
 }
 
-impl<S, St, ReqB, ResB> Service<Request<ReqB>> for RateLimit<S, St>
+impl<S, St, M, ReqB, ResB> Service<Request<ReqB>> for RateLimit<S, St, M>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
     St: Store,
+    M: MakeBody<ResB>,
 {
-    type Response = Response<ResponseBody<ResB>>;
+    type Response = Response<M::Body>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, ReqB, St>;
+    type Future = ResponseFuture<S, ReqB, St, M>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)

@@ -10,9 +10,11 @@ use support::http::get_path;
 
 use axum::Router;
 use axum::routing::get;
-use http::StatusCode;
+use http::{Request, StatusCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tower::{Layer, ServiceExt};
+use tower_ratelimit::axum::AxumBody;
 use tower_ratelimit::headers::X_RATELIMIT_LIMIT;
 use tower_ratelimit::key::{GlobalKey, PeerIp};
 use tower_ratelimit::{Decision, ManualClock, MemoryStore, Policy, RateLimitLayer};
@@ -214,6 +216,65 @@ async fn without_the_decision_extension_handlers_see_none_and_headers_stay() {
     assert_eq!(get_path(&app, "/").await.status, StatusCode::OK);
     assert_eq!(
         get_path(&app, "/").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn axum_body_answers_in_axums_own_body_with_the_same_responses() {
+    let layer = || {
+        RateLimitLayer::builder()
+            .policy(Policy::fixed_window("1/s").name("api"))
+            .key(GlobalKey)
+            .store(MemoryStore::with_clock(ManualClock::new()))
+            .build()
+            .unwrap()
+    };
+    let wrapped = Router::new().route("/", get(|| async { "hello" }).route_layer(layer()));
+    let svc = layer()
+        .body::<AxumBody>()
+        .layer(Router::new().route("/", get(|| async { "hello" })));
+    // The response's body is axum's own (the annotation fails to compile otherwise).
+    let request = Request::get("/").body(axum::body::Body::empty()).unwrap();
+    let first: http::Response<axum::body::Body> = svc.clone().oneshot(request).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(first.headers()["x-ratelimit-remaining"], "0");
+
+    // Admitted and limited responses are the same as the default body's, byte for byte.
+    let expected_ok = get_path(&wrapped, "/").await;
+    let expected_limited = get_path(&wrapped, "/").await;
+    let limited = get_path(&svc, "/").await;
+    assert_eq!(expected_ok.status, StatusCode::OK);
+    assert_eq!(expected_ok.body, "hello");
+    assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(limited.body, expected_limited.body);
+    assert!(!limited.body.is_empty());
+    assert_eq!(
+        limited.header(X_RATELIMIT_LIMIT),
+        expected_limited.header(X_RATELIMIT_LIMIT)
+    );
+    assert_eq!(limited.header("retry-after"), Some("1"));
+}
+
+#[tokio::test]
+async fn axum_body_boxes_another_inner_body_once() {
+    // A plain tower service answering with `String` bodies, not axum's.
+    let inner = tower::service_fn(|_: Request<axum::body::Body>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(String::from("plain")))
+    });
+    let svc = RateLimitLayer::builder()
+        .policy(Policy::fixed_window("1/s").name("plain"))
+        .key(GlobalKey)
+        .store(MemoryStore::with_clock(ManualClock::new()))
+        .build()
+        .unwrap()
+        .body::<AxumBody>()
+        .layer(inner);
+    let r = get_path(&svc, "/").await;
+    assert_eq!((r.status, r.body.as_str()), (StatusCode::OK, "plain"));
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(
+        get_path(&svc, "/").await.status,
         StatusCode::TOO_MANY_REQUESTS
     );
 }

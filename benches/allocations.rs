@@ -24,8 +24,12 @@ use tower::Layer;
 use tower::ServiceExt;
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
+use tower_ratelimit::HeaderStyle;
 use tower_ratelimit::axum::AxumBody;
-use tower_ratelimit::{HeaderStyle, Policy, RateLimitLayer};
+
+#[path = "common/open_layer.rs"]
+mod open_layer;
+use open_layer::open_layer;
 
 /// Counts every allocation (dhat's heap profiler, in its testing mode: no file written).
 #[global_allocator]
@@ -70,15 +74,7 @@ fn main() {
         .build()
         .expect("a runtime");
     let base = || Router::new().route("/", get(|| async { "hello" }));
-    let ours_layer = |style, extension| {
-        RateLimitLayer::builder()
-            .policy(Policy::gcra("1000000/s"))
-            .headers(style)
-            .decision_extension(extension)
-            .build()
-            .expect("a valid layer")
-    };
-    let ours = |style, extension| base().layer(ours_layer(style, extension));
+    let ours = |style, extension| base().layer(open_layer(style, extension));
     let governor = |headers: bool| {
         let mut config = GovernorConfigBuilder::default();
         config.per_nanosecond(1).burst_size(1_000_000);
@@ -101,11 +97,11 @@ fn main() {
         ),
         (
             "ours_no_headers_no_extension_axum_body",
-            base().layer(ours_layer(HeaderStyle::None, false).body::<AxumBody>()),
+            base().layer(open_layer(HeaderStyle::None, false).body::<AxumBody>()),
         ),
         (
             "ours_axum_body",
-            base().layer(ours_layer(HeaderStyle::Legacy, true).body::<AxumBody>()),
+            base().layer(open_layer(HeaderStyle::Legacy, true).body::<AxumBody>()),
         ),
         ("tower_governor", governor(false)),
         ("tower_governor_headers", governor(true)),

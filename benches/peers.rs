@@ -22,6 +22,9 @@ use governor::{Quota, RateLimiter};
 use tower_ratelimit::key::Key;
 use tower_ratelimit::{Algorithm, Policy, RateLimitLayer};
 
+#[path = "common/open_layer.rs"]
+mod open_layer;
+use open_layer::open_layer;
 #[path = "common/ready.rs"]
 mod ready;
 use ready::now;
@@ -85,18 +88,10 @@ fn request_cost(c: &mut Criterion) {
         .build()
         .unwrap();
     let base = || Router::new().route("/", get(hello));
-    let layer = |headers, extension| {
-        RateLimitLayer::builder()
-            .policy(Policy::gcra("1000000/s"))
-            .headers(headers)
-            .decision_extension(extension)
-            .build()
-            .unwrap()
-    };
-    let ours = |headers| base().layer(layer(headers, true));
+    let ours = |headers| base().layer(open_layer(headers, true));
     // What an axum service that never reads the `Decision` would configure: no extension, and
     // responses in axum's own body.
-    let lean = |headers| base().layer(layer(headers, false).body::<AxumBody>());
+    let lean = |headers| base().layer(open_layer(headers, false).body::<AxumBody>());
     let governor = GovernorConfigBuilder::default()
         .per_nanosecond(1)
         .burst_size(1_000_000)

@@ -1,0 +1,15 @@
+//! The layer the axum benches put in front of their hello-world router (included by path, as
+//! the rest of `common` needs the `redis` feature).
+
+use tower_ratelimit::{HeaderStyle, Policy, RateLimitLayer};
+
+/// Our layer on the memory store: GCRA 1,000,000/s per peer IP, which never limits, with
+/// `headers` and with or without the `Decision` in the request's extensions.
+pub(crate) fn open_layer(headers: HeaderStyle, extension: bool) -> RateLimitLayer {
+    RateLimitLayer::builder()
+        .policy(Policy::gcra("1000000/s"))
+        .headers(headers)
+        .decision_extension(extension)
+        .build()
+        .expect("a valid layer")
+}

@@ -19,6 +19,17 @@ pub struct PolicyOutcome {
     remaining: u64,
     reset_after: Duration,
     retry_after: Option<Duration>,
+    /// The lease granted with this outcome, if the check asked for one and got units.
+    grant: Option<Box<Grant>>,
+}
+
+/// A lease a store granted with a decision: its units (the request's cost among them), its
+/// end on the store's clock, and the microseconds from the decision until then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Grant {
+    pub(crate) units: u64,
+    pub(crate) end: u64,
+    pub(crate) lasts_us: u64,
 }
 
 impl PartialEq for PolicyOutcome {
@@ -31,6 +42,7 @@ impl PartialEq for PolicyOutcome {
             && self.remaining == other.remaining
             && self.reset_after == other.reset_after
             && self.retry_after == other.retry_after
+            && self.grant == other.grant
     }
 }
 
@@ -47,6 +59,7 @@ impl fmt::Debug for PolicyOutcome {
             .field("remaining", &self.remaining)
             .field("reset_after", &self.reset_after)
             .field("retry_after", &self.retry_after)
+            .field("grant", &self.grant)
             .finish()
     }
 }
@@ -60,7 +73,19 @@ impl PolicyOutcome {
             remaining: verdict.remaining,
             reset_after: Duration::from_micros(verdict.reset_after_us),
             retry_after: verdict.retry_after_us.map(Duration::from_micros),
+            grant: None,
         }
+    }
+
+    /// The same outcome with the lease granted with it (none when it has no units).
+    pub(crate) fn with_grant(mut self, grant: Grant) -> Self {
+        self.grant = (grant.units > 0).then(|| Box::new(grant));
+        self
+    }
+
+    /// The lease granted with this outcome, if any.
+    pub(crate) fn grant(&self) -> Option<&Grant> {
+        self.grant.as_deref()
     }
 
     /// The policy tier this is the outcome of.

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use std::collections::HashMap;
 
@@ -57,6 +58,8 @@ pub struct Policy {
     tiers: Vec<(String, Result<Quota, ConfigError>)>,
     tier_of: Option<TierFn>,
     tier_overrides: Vec<(Key, String)>,
+    lease: Option<u32>,
+    lease_ttl: Option<Duration>,
 }
 
 pub(crate) type CostFn = Arc<dyn Fn(&RequestRef<'_>) -> u32 + Send + Sync>;
@@ -140,6 +143,8 @@ impl Policy {
             tiers: Vec::new(),
             tier_of: None,
             tier_overrides: Vec::new(),
+            lease: None,
+            lease_ttl: None,
         }
     }
 
@@ -362,12 +367,112 @@ impl Policy {
         self
     }
 
+    /// Lets each instance take `units` units of a key's limit from the store at once, and
+    /// admit the key's requests from them locally, without a store call, until they are spent
+    /// or the lease ends ([`lease_ttl`](Self::lease_ttl)); units left are given back.
+    ///
+    /// A lease turns a hot key's store calls from one per request into about one per `units`
+    /// requests, and a lease in hand keeps admitting while the store is down, until it ends.
+    /// The limit still holds across every instance: the store counts a lease's units as
+    /// spent at the worst moment the lease allows, so no interleaving of instances admits
+    /// more than a request-by-request decision would. What it trades is the other way: units
+    /// in another instance's lease are not available here, so up to `instances × units` units
+    /// may go unused until the leases end, and the headers of a request admitted from a lease
+    /// describe the key as of the lease's start. See the crate docs' section on leases.
+    ///
+    /// The units are capped by the policy's limit (burst for the bucket algorithms): a lease
+    /// of 0 units, or of more than that, is a configuration error. A lease cannot be combined
+    /// with [`shadow`](Self::shadow) or [`charge_if`](Self::charge_if), which never charge
+    /// up front. On a [`MemoryStore`](crate::MemoryStore) a lease works the same but saves
+    /// nothing: the store is already in the process.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimit::Policy;
+    ///
+    /// // A global budget of 10,000 requests a minute, taken 50 at a time per instance.
+    /// let global = Policy::gcra("10000/min")
+    ///     .name("global")
+    ///     .lease(50)
+    ///     .lease_ttl(Duration::from_millis(500));
+    /// # let _ = global;
+    /// ```
+    #[must_use]
+    pub fn lease(mut self, units: u32) -> Self {
+        self.lease = Some(units);
+        self
+    }
+
+    /// How long a lease lives at most: its units are spent within this time of being taken,
+    /// or given back. Default: the smaller of one second and a tenth of the quota's window.
+    /// A fixed-window lease also ends with its window, a sliding-window lease with its
+    /// sub-window bucket. Shorter leases bring unused units back sooner; longer ones let a
+    /// quiet key keep its lease.
+    #[must_use]
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = Some(ttl);
+        self
+    }
+
+    /// The lease of a tier with `quota` and `compiled`, checked.
+    fn lease_for(
+        &self,
+        quota: &Quota,
+        compiled: &Compiled,
+        described: &str,
+    ) -> Result<Option<LeaseSpec>, ConfigError> {
+        let Some(units) = self.lease else {
+            return match self.lease_ttl {
+                Some(_) => Err(ConfigError::new(
+                    "lease_ttl without a lease; add .lease(units) or drop .lease_ttl()",
+                )
+                .context(described)),
+                None => Ok(None),
+            };
+        };
+        let fail = |message: String| Err(ConfigError::new(message).context(described));
+        if self.shadow {
+            return fail("a shadow policy cannot take leases: it never charges up front".into());
+        }
+        if self.charge_if.is_some() {
+            return fail(
+                "a policy that charges after the response (charge_if) cannot take leases".into(),
+            );
+        }
+        let capacity = compiled.reported_limit();
+        if units == 0 || u64::from(units) > capacity {
+            return fail(format!(
+                "a lease must be between 1 unit and the policy's limit of {capacity} (got {units})"
+            ));
+        }
+        let window = quota.window_us();
+        let ttl_us = match self.lease_ttl {
+            Some(ttl) => {
+                let us = u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX);
+                if us == 0 || us > window {
+                    return fail(format!(
+                        "lease_ttl must be between 1 microsecond and the quota's window of {window}us (got {us}us)"
+                    ));
+                }
+                us
+            }
+            None => (window / 10).clamp(1, 1_000_000),
+        };
+        Ok(Some(LeaseSpec {
+            units: u64::from(units),
+            ttl_us,
+        }))
+    }
+
     /// The same policy with every limit and burst divided by `divisor` (never below 1), for
-    /// the local fallback of [`FailurePolicy::Local`](crate::FailurePolicy::Local).
+    /// the local fallback of [`FailurePolicy::Local`](crate::FailurePolicy::Local), which
+    /// takes no leases.
     fn divided(&self, divisor: u32) -> Policy {
         let d = divisor.max(1);
         let divide = |q: &Result<Quota, ConfigError>| q.clone().and_then(|q| Ok(q.divided(d)?));
         let mut p = self.clone();
+        p.lease = None;
+        p.lease_ttl = None;
         p.quota = divide(&self.quota);
         p.burst = self.burst.map(|b| (b / d).max(1));
         p.tiers = self
@@ -402,7 +507,7 @@ impl Policy {
     }
 
     /// The policy's own quota and each tier, named and compiled.
-    fn tiers_compiled(&self) -> Result<Vec<(Arc<str>, Compiled)>, ConfigError> {
+    fn tiers_compiled(&self) -> Result<Vec<CompiledTier>, ConfigError> {
         let described = match &self.name {
             Some(n) => format!("policy {n:?}"),
             None => format!("{} policy", self.algorithm),
@@ -435,19 +540,20 @@ impl Policy {
                 name
             }
         };
-        let mut out = vec![(
-            Arc::from(base.as_str()),
-            self.compile_quota(quota, &described)?,
-        )];
+        let compiled = self.compile_quota(quota, &described)?;
+        let lease = self.lease_for(&quota, &compiled, &described)?;
+        let mut out = vec![(Arc::from(base.as_str()), compiled, lease)];
         for (tier, quota) in &self.tiers {
             let described = format!("{described}, tier {tier:?}");
             let name = format!("{base}:{tier}");
             validate_name(&name).map_err(|e| e.context(&described))?;
-            if out.iter().any(|(n, _)| **n == *name) {
+            if out.iter().any(|(n, _, _)| **n == *name) {
                 return Err(ConfigError::new("two tiers share a name").context(&described));
             }
             let quota = quota.clone().map_err(|e| e.context(&described))?;
-            out.push((Arc::from(name), self.compile_quota(quota, &described)?));
+            let compiled = self.compile_quota(quota, &described)?;
+            let lease = self.lease_for(&quota, &compiled, &described)?;
+            out.push((Arc::from(name), compiled, lease));
         }
         for (_, tier) in &self.tier_overrides {
             if !self.tiers.iter().any(|(t, _)| t == tier) {
@@ -487,11 +593,14 @@ fn validate_name(name: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// A tier's name, compiled algorithm and lease.
+type CompiledTier = (Arc<str>, Compiled, Option<LeaseSpec>);
+
 /// A policy validated and precomputed, not yet registered in a store.
 pub(crate) struct Prepared<'p> {
     policy: &'p Policy,
-    tiers: Vec<(Arc<str>, Compiled)>,
-    fallback: Option<Vec<(Arc<str>, Compiled)>>,
+    tiers: Vec<CompiledTier>,
+    fallback: Option<Vec<CompiledTier>>,
 }
 
 /// Registers a tier in a store under its name; returns its id there.
@@ -500,7 +609,7 @@ pub(crate) type Register<'a> = &'a dyn Fn(Arc<str>, Compiled) -> Result<u32, Con
 impl Prepared<'_> {
     /// The names of the policy's tiers, its own quota first.
     pub(crate) fn names(&self) -> impl Iterator<Item = &Arc<str>> {
-        self.tiers.iter().map(|(name, _)| name)
+        self.tiers.iter().map(|(name, _, _)| name)
     }
 
     /// Registers the tiers (and the fallback's) and compiles the policy into its runtime form;
@@ -512,13 +621,13 @@ impl Prepared<'_> {
         store: Register<'_>,
         fallback: Option<Register<'_>>,
     ) -> Result<CompiledPolicy, ConfigError> {
-        let register = |register: Register<'_>, tiers: Vec<(Arc<str>, Compiled)>| {
+        let register = |register: Register<'_>, tiers: Vec<CompiledTier>| {
             tiers
                 .into_iter()
-                .map(|(name, algorithm)| {
+                .map(|(name, algorithm, lease)| {
                     let id = register(name.clone(), algorithm.clone())?;
                     Ok(Striped::new(|| {
-                        Tier::new(name.clone(), id, algorithm.clone())
+                        Tier::new(name.clone(), id, algorithm.clone()).with_lease(lease)
                     }))
                 })
                 .collect::<Result<Box<[_]>, ConfigError>>()
@@ -696,6 +805,32 @@ pub(crate) struct Tier {
     /// `ratelimit_decisions_total{policy, outcome}` for allowed, limited and shadow-limited,
     /// so that counting a decision allocates no label list.
     decisions_metric: [metrics::Key; 3],
+    /// The lease each instance takes of a key, if the policy takes leases.
+    lease: Option<LeaseSpec>,
+}
+
+/// A policy tier's lease: how many units an instance takes at once, and for how long at most.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LeaseSpec {
+    units: u64,
+    ttl_us: u64,
+}
+
+impl LeaseSpec {
+    #[cfg(test)]
+    pub(crate) fn new(units: u64, ttl_us: u64) -> Self {
+        LeaseSpec { units, ttl_us }
+    }
+
+    /// Units taken at once.
+    pub(crate) fn units(&self) -> u64 {
+        self.units
+    }
+
+    /// The longest life of a lease, in microseconds.
+    pub(crate) fn ttl_us(&self) -> u64 {
+        self.ttl_us
+    }
 }
 
 impl Tier {
@@ -716,7 +851,19 @@ impl Tier {
             algorithm,
             limit_header,
             decisions_metric,
+            lease: None,
         }
+    }
+
+    /// The same tier taking `lease`.
+    pub(crate) fn with_lease(mut self, lease: Option<LeaseSpec>) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// The tier's lease, if it takes leases.
+    pub(crate) fn lease(&self) -> Option<LeaseSpec> {
+        self.lease
     }
 
     /// The tier's name: the policy's, then `:TIER` for a named tier.

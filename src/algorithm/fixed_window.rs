@@ -90,6 +90,31 @@ impl Step for FixedWindow {
         Some(start + self.window)
     }
 
+    /// A lease ends with the window its units are counted in.
+    fn lease_end(&self, state: Option<&State>, now: u64, ttl: u64) -> u64 {
+        let (start, _) = self.current(state, now);
+        (now.max(start) + ttl).min(start + self.window - 1)
+    }
+
+    /// Gives back to the lease's window only: once another has begun, the units went with it.
+    fn give_back(
+        &self,
+        state: &mut Option<State>,
+        now: u64,
+        end: u64,
+        units: u64,
+    ) -> Option<u64> {
+        let (start, count) = self.current(state.as_ref(), now);
+        if state.is_none() || start != end - end % self.window {
+            return None;
+        }
+        *state = Some(State {
+            start,
+            count: count - count.min(units),
+        });
+        Some(start + self.window)
+    }
+
     fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
         let (start, count) = self.current(state.as_ref(), now);
         *state = Some(State {

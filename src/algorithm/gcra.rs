@@ -93,6 +93,12 @@ impl Step for Gcra {
         Some(tat)
     }
 
+    /// The TAT no earlier than the lease's end: the units are charged as if spent then.
+    fn lease_state(&self, state: Option<&State>, now: u64, end: u64) -> Option<State> {
+        let tat = state.map_or(now, |s| s.tat.max(now)).max(end);
+        Some(State { tat })
+    }
+
     fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
         let tat = state.as_ref().map_or(now, |s| s.tat.max(now)) + cost * self.interval;
         *state = Some(State { tat });

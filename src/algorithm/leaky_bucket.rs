@@ -107,6 +107,16 @@ impl Step for LeakyBucket {
         Some(last + level.div_ceil(s.rate))
     }
 
+    /// A level no lower than what drains until the lease's end: a drain the lease's units
+    /// could find the bucket empty for is not counted.
+    fn lease_state(&self, state: Option<&State>, now: u64, end: u64) -> Option<State> {
+        let level = self
+            .level(state, now)
+            .max(self.scaled.fill(0, end.saturating_sub(now)));
+        let last = state.map_or(now, |st| st.last.max(now));
+        Some(State { level, last })
+    }
+
     fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
         let level = self.level(state.as_ref(), now) + cost * self.scaled.unit;
         let last = state.as_ref().map_or(now, |s| s.last.max(now));

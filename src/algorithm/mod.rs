@@ -108,7 +108,7 @@ impl Verdict {
 /// Lua twin beside it (`lua/<name>.lua`) that computes the same integers.
 pub(crate) trait Step: Sized {
     /// Per-key state.
-    type State;
+    type State: Clone;
     /// The Lua twin: defines `ALG[<NAME>]`, a function that builds the algorithm's table of
     /// functions (`load`, `evaluate`, `commit`, `refund`, maybe `lag`), where `<NAME>` is the
     /// algorithm's upper-case name, replaced by its id when the script is assembled.
@@ -131,6 +131,53 @@ pub(crate) trait Step: Sized {
     /// Gives back `units` (a refund, or a reward): the inverse of a charge, never past a fresh
     /// state. Returns the new expiry, or `None` when there was no state to change.
     fn refund(&self, state: &mut Option<Self::State>, now: u64, units: u64) -> Option<u64>;
+
+    /// The last moment a lease taken at `now` for `ttl` microseconds may spend its units:
+    /// `now + ttl`, or sooner where the algorithm counts units per period (the fixed window's
+    /// window, the sliding window's bucket), so that a lease never outlives the period its
+    /// units are counted in.
+    fn lease_end(&self, state: Option<&Self::State>, now: u64, ttl: u64) -> u64 {
+        let _ = state;
+        now + ttl
+    }
+
+    /// The state a lease ending at `end` is decided and charged on: `state` made as strict as
+    /// the units could make it if each were spent at the worst moment up to `end` (GCRA: its
+    /// TAT no earlier than `end`; the buckets: no refill or drain the lease's time could waste).
+    /// Deciding and charging the lease on it is never more generous than deciding each unit
+    /// when it is spent.
+    fn lease_state(&self, state: Option<&Self::State>, now: u64, end: u64) -> Option<Self::State> {
+        let _ = (now, end);
+        state.cloned()
+    }
+
+    /// Charges a lease of `units` ending at `end` (on the state [`Step::lease_state`] gave):
+    /// a charge at `now`, except for the sliding log, which logs the units at `end`. Returns
+    /// when the state expires.
+    fn lease_commit(&self, state: &mut Option<Self::State>, now: u64, end: u64, units: u64) -> u64 {
+        let _ = end;
+        self.commit(state, now, units)
+    }
+
+    /// Gives back `units` a lease ending at `end` did not spend. By default a refund, made
+    /// only until the lease ends: a refund is the inverse of a charge only while nothing has
+    /// absorbed the charge since (a bucket that refilled to the brim, a TAT the present caught
+    /// up with), and until its end a lease's own charge keeps that from happening; later, the
+    /// units stay spent. The algorithms that count units per period (the lease's period only)
+    /// or per entry (the sliding log forgets the entries logged at `end`) give back at any
+    /// time. Returns the new expiry, or `None` when nothing changed.
+    fn give_back(
+        &self,
+        state: &mut Option<Self::State>,
+        now: u64,
+        end: u64,
+        units: u64,
+    ) -> Option<u64> {
+        if now > end {
+            return None;
+        }
+        self.refund(state, now, units)
+    }
 
     /// The state's own notion of the present, for algorithms that never move it back (0: none).
     fn own_time(&self, state: &Self::State) -> u64 {
@@ -166,6 +213,64 @@ fn evaluate_with_lag<A: Step>(a: &A, state: Option<&A::State>, now: u64, cost: u
         }
     }
     verdict
+}
+
+/// What a store grants a request that asks for a lease: the request's verdict, now counting
+/// the whole lease as spent; the units leased (the request's cost included; 0 when none);
+/// the lease's end, and when the key's state expires.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Lease {
+    pub(crate) verdict: Verdict,
+    pub(crate) units: u64,
+    pub(crate) end: u64,
+    pub(crate) expires_at: Option<u64>,
+}
+
+/// The verdict on `cost` of a lease taken at `now` for `ttl`, and the lease's end: phase one
+/// of a request that asks for a lease, on the state [`Step::lease_state`] makes (twin of the
+/// `LEASE` steps of `prepare` in `decide.lua`).
+fn lease_verdict<A: Step>(
+    a: &A,
+    state: Option<&A::State>,
+    now: u64,
+    ttl: u64,
+    cost: u64,
+) -> (Verdict, u64) {
+    let end = a.lease_end(state, now, ttl);
+    let worst = a.lease_state(state, now, end);
+    (evaluate_with_lag(a, worst.as_ref(), now, cost), end)
+}
+
+/// Phase two of a request that asks for a lease and was admitted: leases what is left now, at
+/// least `cost` and at most `want` units (twin of `lease` in `decide.lua`).
+fn take_lease<A: Step>(
+    a: &A,
+    state: &mut Option<A::State>,
+    now: u64,
+    ttl: u64,
+    cost: u64,
+    want: u64,
+) -> Lease {
+    let end = a.lease_end(state.as_ref(), now, ttl);
+    let mut worst = a.lease_state(state.as_ref(), now, end);
+    let left = evaluate_with_lag(a, worst.as_ref(), now, 0).remaining;
+    let mut units = left.min(want).max(cost);
+    let mut verdict = evaluate_with_lag(a, worst.as_ref(), now, units);
+    if !verdict.allowed && units > cost {
+        units = cost;
+        verdict = evaluate_with_lag(a, worst.as_ref(), now, cost);
+    }
+    let mut expires_at = None;
+    if units > 0 {
+        expires_at = Some(a.lease_commit(&mut worst, now, end, units));
+        *state = worst;
+    }
+    Lease {
+        verdict,
+        units,
+        end,
+        expires_at,
+    }
 }
 
 /// Registers the algorithms: one entry each, with the public variant's documentation, its
@@ -280,6 +385,51 @@ macro_rules! algorithms {
                             _ => None,
                         };
                         let expires_at = a.refund(&mut own, now, units);
+                        *slot = own.map(State::$variant);
+                        expires_at
+                    })*
+                }
+            }
+
+            /// A lease's verdict for `cost` (see [`Lease`]) and the lease's end, without
+            /// changing anything.
+            pub(crate) fn lease_verdict(&self, state: Option<&State>, now: u64, ttl: u64, cost: u64) -> (Verdict, u64) {
+                match self {
+                    $(Compiled::$variant(a) => {
+                        let state = match state {
+                            Some(State::$variant(s)) => Some(s),
+                            _ => None,
+                        };
+                        lease_verdict(a, state, now, ttl, cost)
+                    })*
+                }
+            }
+
+            /// Charges a lease of at least `cost` and at most `want` units lasting at most
+            /// `ttl` (see [`Lease`]); the request's verdict for `cost` must have admitted it.
+            pub(crate) fn take_lease(&self, slot: &mut Option<State>, now: u64, ttl: u64, cost: u64, want: u64) -> Lease {
+                match self {
+                    $(Compiled::$variant(a) => {
+                        let mut own = match slot.take() {
+                            Some(State::$variant(s)) => Some(s),
+                            _ => None,
+                        };
+                        let lease = take_lease(a, &mut own, now, ttl, cost, want);
+                        *slot = own.map(State::$variant);
+                        lease
+                    })*
+                }
+            }
+
+            /// See [`Step::give_back`].
+            pub(crate) fn give_back(&self, slot: &mut Option<State>, now: u64, end: u64, units: u64) -> Option<u64> {
+                match self {
+                    $(Compiled::$variant(a) => {
+                        let mut own = match slot.take() {
+                            Some(State::$variant(s)) => Some(s),
+                            _ => None,
+                        };
+                        let expires_at = a.give_back(&mut own, now, end, units);
                         *slot = own.map(State::$variant);
                         expires_at
                     })*

@@ -462,9 +462,9 @@ macro_rules! for_each_algorithm {
 /// traffic in between is admitted at `now + r` and still denied at `now + r − 1`.
 ///
 /// Stated for a forward clock. Every algorithm measures the time to wait from `now`, except that
-/// the sliding window, sliding log, token bucket and leaky bucket, seeing a `now` before their
-/// last update, treat it as "no time has passed" and so count the wait from that update instead
-/// (fixed window and GCRA still count from the real `now`): after the clock went back, their
+/// the sliding window, token bucket and leaky bucket, seeing a `now` before their last update,
+/// treat it as "no time has passed" and so count the wait from that update instead (fixed
+/// window, sliding log and GCRA still count from the real `now`): after the clock went back, their
 /// retry-after is short by how far it went back.
 fn retry_after_is_exact(
     algorithm: Algorithm,
@@ -711,3 +711,152 @@ for_each_algorithm!(
     forward_case(64),
     cost_zero_is_a_look
 );
+
+// Leases: instances that take units of a key at once and spend them locally.
+
+/// One event of the lease simulation: after `dt` microseconds, instance `who` has a request of
+/// `cost` units; `plain` requests are decided by the store one by one (a policy without a lease
+/// on the same key), and an instance `idle` gives back what its lease has left.
+#[derive(Clone, Debug)]
+struct LeaseEvent {
+    dt: u64,
+    who: usize,
+    cost: u64,
+    plain: bool,
+    idle: bool,
+}
+
+/// A lease held by an instance: units left and the last moment they may be spent.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    left: u64,
+    end: u64,
+}
+
+fn lease_case() -> impl Strategy<Value = (Spec, u64, u64, u64, Vec<LeaseEvent>)> {
+    spec().prop_flat_map(|spec| {
+        let top = spec.top();
+        let events = proptest::collection::vec(
+            (
+                forward_step(spec.window / 4 + 1),
+                0usize..3,
+                prop_oneof![1 => Just(0u64), 8 => Just(1u64), 2 => 1..=top],
+                prop_oneof![6 => Just(false), 1 => Just(true)],
+                prop_oneof![8 => Just(false), 1 => Just(true)],
+            )
+                .prop_map(|(dt, who, cost, plain, idle)| LeaseEvent {
+                    dt,
+                    who,
+                    cost,
+                    plain,
+                    idle,
+                }),
+            1..=120,
+        );
+        (
+            Just(spec.clone()),
+            start(),
+            1..=spec.window,
+            1..=top,
+            events,
+        )
+    })
+}
+
+/// Runs the lease simulation for `algorithm`: three instances sharing one store state, each
+/// spending its lease locally until it ends, giving back what is left when it asks for the
+/// next one or goes idle. Returns the units admitted, in time order.
+fn drive_leases(
+    compiled: &Compiled,
+    start: u64,
+    ttl: u64,
+    want: u64,
+    events: &[LeaseEvent],
+) -> Vec<(u64, u64)> {
+    let mut state = None;
+    let mut held: [Option<Held>; 3] = [None; 3];
+    let mut now = start;
+    let mut admitted = Vec::new();
+    for e in events {
+        now += e.dt;
+        let mine = &mut held[e.who];
+        if e.idle {
+            if let Some(h) = mine.take() {
+                compiled.give_back(&mut state, now, h.end, h.left);
+            }
+            continue;
+        }
+        if e.plain {
+            if compiled.evaluate(state.as_ref(), now, e.cost).allowed {
+                compiled.commit(&mut state, now, e.cost);
+                admitted.push((now, e.cost));
+            }
+            continue;
+        }
+        if let Some(h) = mine
+            && now <= h.end
+            && h.left >= e.cost
+        {
+            h.left -= e.cost;
+            admitted.push((now, e.cost));
+            continue;
+        }
+        // The store: what is left of the old lease goes back in the same step.
+        if let Some(h) = mine.take() {
+            compiled.give_back(&mut state, now, h.end, h.left);
+        }
+        let (verdict, _) = compiled.lease_verdict(state.as_ref(), now, ttl, e.cost);
+        if verdict.allowed {
+            let lease = compiled.take_lease(&mut state, now, ttl, e.cost, want.max(e.cost));
+            assert!(lease.verdict.allowed, "a lease admitted at {now} was then refused");
+            assert!(lease.units >= e.cost && lease.units <= want.max(e.cost));
+            assert!(lease.end >= now && lease.end <= now + ttl);
+            *mine = Some(Held {
+                left: lease.units - e.cost,
+                end: lease.end,
+            });
+            admitted.push((now, e.cost));
+        }
+    }
+    admitted.retain(|&(_, c)| c > 0);
+    admitted
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Leases never admit more than the algorithm's own bound (properties 1–4), whatever the
+    /// interleaving of instances spending leases, requests decided one by one, and units given
+    /// back: the store counts each lease as spent at its worst moment.
+    #[test]
+    fn leases_never_exceed_the_limit((spec, start, ttl, want, events) in lease_case()) {
+        let limit = spec.limit as u64;
+        for algorithm in Algorithm::ALL {
+            let compiled = spec.compile(algorithm);
+            let want = want.min(spec.capacity(algorithm));
+            let admitted = drive_leases(&compiled, start, ttl, want, &events);
+            match algorithm {
+                Algorithm::SlidingLog => {
+                    let (most, end) = busiest_span(&admitted, spec.window);
+                    prop_assert!(most <= limit, "{algorithm}: {most} units in the window ending {end}");
+                }
+                Algorithm::FixedWindow => {
+                    for chunk in admitted.chunk_by(|a, b| a.0 / spec.window == b.0 / spec.window) {
+                        let units: u64 = chunk.iter().map(|&(_, c)| c).sum();
+                        prop_assert!(units <= limit, "{algorithm}: {units} units in one window");
+                    }
+                }
+                Algorithm::SlidingWindow => {
+                    let span = spec.window - spec.window / spec.buckets as u64;
+                    let (most, end) = busiest_span(&admitted, span);
+                    prop_assert!(most <= limit, "{algorithm}: {most} units in the span ending {end}");
+                }
+                Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => {
+                    let burst = spec.capacity(algorithm);
+                    check_intervals(&admitted, |d| burst + d * limit / spec.window)
+                        .map_err(|e| TestCaseError::fail(format!("{algorithm}: {e}")))?;
+                }
+            }
+        }
+    }
+}

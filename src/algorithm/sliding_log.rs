@@ -3,7 +3,9 @@
 //! Each key keeps the time and cost of every request it was admitted for in the last window,
 //! and a request is admitted when the units inside the window `(now − window, now]` plus its cost
 //! stay within the limit. This is the only exact window algorithm: in **every** window-long span
-//! at most `limit` units are admitted.
+//! at most `limit` units are admitted. Entries newer than `now` (a lease's units, logged at the
+//! lease's end; or any, after the clock went back) count in full until a window after their
+//! own time.
 //! **Limit**: units per window. **Burst**: none; an idle key may spend the whole limit at once.
 //! **Remaining**: limit minus the units inside the window. **Reset**: the time until the newest
 //! logged request leaves the window. **Retry after**: the time until enough of the oldest logged
@@ -54,12 +56,35 @@ impl SlidingLog {
         })
     }
 
-    /// Time as the log sees it: never before its newest entry.
-    fn now(state: Option<&State>, now: u64) -> u64 {
-        match state.and_then(|s| s.entries.back()) {
-            Some(&(t, _)) => now.max(t),
-            None => now,
+    /// Logs `cost` units at `at`, keeping the entries in time order (an entry may be newer
+    /// than the present: a lease's units are logged at its end).
+    fn log(state: &mut State, at: u64, cost: u64) {
+        let cost = cost.min(u64::from(u32::MAX)) as u32;
+        match state.entries.back_mut() {
+            Some((t, c)) if *t == at => *c = c.saturating_add(cost),
+            Some(&mut (t, _)) if t > at => {
+                let i = state.entries.partition_point(|e| e.0 < at);
+                match state.entries.get_mut(i) {
+                    Some((t, c)) if *t == at => *c = c.saturating_add(cost),
+                    _ => state.entries.insert(i, (at, cost)),
+                }
+            }
+            _ => state.entries.push_back((at, cost)),
         }
+        state.total += cost as u64;
+    }
+
+    /// Drops the entries out of the window at `now`; returns when the newest leaves it.
+    fn prune(&self, state: &mut State, now: u64) -> u64 {
+        let (first, used) = self.live(state, now);
+        state.entries.drain(..first);
+        state.total = used;
+        self.expiry(state, now)
+    }
+
+    /// When the newest entry leaves the window (`now` for an empty log).
+    fn expiry(&self, state: &State, now: u64) -> u64 {
+        state.entries.back().map_or(now, |&(t, _)| t + self.window)
     }
 
     /// Index of the first live entry and the units still inside the window.
@@ -97,12 +122,7 @@ impl Step for SlidingLog {
         smallvec::smallvec![self.limit, self.window]
     }
 
-    fn own_time(&self, state: &State) -> u64 {
-        state.entries.back().map_or(0, |e| e.0)
-    }
-
     fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
-        let now = Self::now(state, now);
         let Some(state) = state else {
             return if cost > self.limit {
                 Verdict::deny(self.limit, 0, None)
@@ -137,7 +157,6 @@ impl Step for SlidingLog {
 
     /// Forgets up to `units` of the newest logged units.
     fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
-        let now = Self::now(state.as_ref(), now);
         let st = state.as_mut()?;
         let mut left = units;
         while left > 0 {
@@ -152,29 +171,45 @@ impl Step for SlidingLog {
                 st.entries.pop_back();
             }
         }
-        Some(match st.entries.back() {
-            Some(&(t, _)) => t + self.window,
-            None => now,
-        })
+        Some(self.expiry(st, now))
     }
 
     fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
-        let now = Self::now(state.as_ref(), now);
         let st = state.get_or_insert_with(State::default);
-        let (first, used) = self.live(st, now);
-        st.entries.drain(..first);
-        st.total = used;
         if cost > 0 {
-            match st.entries.back_mut() {
-                Some((t, c)) if *t == now => *c = c.saturating_add(cost as u32),
-                _ => st.entries.push_back((now, cost as u32)),
-            }
-            st.total += cost;
+            Self::log(st, now, cost);
         }
-        match st.entries.back() {
-            Some(&(t, _)) => t + self.window,
-            None => now,
+        self.prune(st, now)
+    }
+
+    /// Logs the lease's units at its end: each counts until a window after the latest moment
+    /// it may be spent.
+    fn lease_commit(&self, state: &mut Option<State>, now: u64, end: u64, units: u64) -> u64 {
+        let st = state.get_or_insert_with(State::default);
+        if units > 0 {
+            Self::log(st, end, units);
         }
+        self.prune(st, now)
+    }
+
+    /// Forgets up to `units` of those logged at the lease's end.
+    fn give_back(
+        &self,
+        state: &mut Option<State>,
+        now: u64,
+        end: u64,
+        units: u64,
+    ) -> Option<u64> {
+        let st = state.as_mut()?;
+        let i = st.entries.partition_point(|e| e.0 < end);
+        let entry = st.entries.get_mut(i).filter(|e| e.0 == end)?;
+        let take = units.min(entry.1 as u64);
+        entry.1 -= take as u32;
+        st.total -= take;
+        if entry.1 == 0 {
+            st.entries.remove(i);
+        }
+        Some(self.expiry(st, now))
     }
 }
 

@@ -200,6 +200,30 @@ impl Step for SlidingWindow {
         Some((st.head + self.buckets + 1) * self.bucket)
     }
 
+    /// A lease ends with the bucket its units are counted in.
+    fn lease_end(&self, state: Option<&State>, now: u64, ttl: u64) -> u64 {
+        let (c, _) = self.position(state, now);
+        (now.max(c * self.bucket) + ttl).min((c + 1) * self.bucket - 1)
+    }
+
+    /// Gives back to the lease's bucket, while the state still counts it.
+    fn give_back(
+        &self,
+        state: &mut Option<State>,
+        _now: u64,
+        end: u64,
+        units: u64,
+    ) -> Option<u64> {
+        let st = state.as_mut()?;
+        let b = end / self.bucket;
+        if b > st.head || b + self.buckets < st.head {
+            return None;
+        }
+        let slot = &mut st.counts[(b % self.slots()) as usize];
+        *slot -= units.min(*slot as u64) as u32;
+        Some((st.head + self.buckets + 1) * self.bucket)
+    }
+
     fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
         let (c, _) = self.position(state.as_ref(), now);
         if cost > 0 {

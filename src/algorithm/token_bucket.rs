@@ -168,6 +168,17 @@ impl Step for TokenBucket {
         Some(last + (s.full - tokens).div_ceil(s.rate))
     }
 
+    /// No more tokens than a bucket that still has room for the refill until the lease's end:
+    /// a refill the lease's units could make overflow the bucket is not counted.
+    fn lease_state(&self, state: Option<&State>, now: u64, end: u64) -> Option<State> {
+        let s = &self.scaled;
+        let tokens = self
+            .tokens(state, now)
+            .min(s.full - s.fill(0, end.saturating_sub(now)));
+        let last = state.map_or(now, |st| st.last.max(now));
+        Some(State { tokens, last })
+    }
+
     fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
         let tokens = self
             .tokens(state.as_ref(), now)

@@ -27,12 +27,19 @@ pub(crate) enum Mode {
     Penalize = 5,
     /// Denies the key for the next `cost` microseconds; then reports like a look at cost 0.
     Block = 6,
+    /// Decides like [`Mode::Enforce`], on the state as strict as a lease could make it; when
+    /// the request is admitted, charges a lease of what is left instead of the cost (at least
+    /// the cost, at most the tier's lease size), to be spent by the caller until it ends.
+    Lease = 7,
+    /// Gives back `cost` units of the lease that ended at [`Check::lease_end`]; then reports
+    /// like a look at cost 0.
+    GiveBack = 8,
 }
 
 impl Mode {
     /// Every mode, in the order of its number.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) const ALL: [Mode; 7] = [
+    pub(crate) const ALL: [Mode; 9] = [
         Mode::Enforce,
         Mode::Shadow,
         Mode::ChargeLater,
@@ -40,6 +47,8 @@ impl Mode {
         Mode::Reset,
         Mode::Penalize,
         Mode::Block,
+        Mode::Lease,
+        Mode::GiveBack,
     ];
 
     /// The name of the mode's constant in the Redis script.
@@ -53,20 +62,27 @@ impl Mode {
             Mode::Reset => "RESET",
             Mode::Penalize => "PENALIZE",
             Mode::Block => "BLOCK",
+            Mode::Lease => "LEASE",
+            Mode::GiveBack => "GIVE_BACK",
         }
     }
 
     /// Whether a denial by this check denies the request.
     pub(crate) fn decides(self) -> bool {
-        matches!(self, Mode::Enforce | Mode::ChargeLater)
+        matches!(self, Mode::Enforce | Mode::ChargeLater | Mode::Lease)
     }
 
     /// Whether this check is charged when the request is admitted, given its own verdict.
     pub(crate) fn charged(self, allowed: bool) -> bool {
         match self {
-            Mode::Enforce => true,
+            Mode::Enforce | Mode::Lease => true,
             Mode::Shadow => allowed,
-            Mode::ChargeLater | Mode::Refund | Mode::Reset | Mode::Penalize | Mode::Block => false,
+            Mode::ChargeLater
+            | Mode::Refund
+            | Mode::Reset
+            | Mode::Penalize
+            | Mode::Block
+            | Mode::GiveBack => false,
         }
     }
 
@@ -74,7 +90,7 @@ impl Mode {
     pub(crate) fn is_admin(self) -> bool {
         matches!(
             self,
-            Mode::Refund | Mode::Reset | Mode::Penalize | Mode::Block
+            Mode::Refund | Mode::Reset | Mode::Penalize | Mode::Block | Mode::GiveBack
         )
     }
 }
@@ -89,6 +105,8 @@ pub(crate) struct Check {
     key: Key,
     cost: u64,
     mode: Mode,
+    /// For [`Mode::GiveBack`], the end of the lease whose units come back (store time).
+    lease_end: u64,
 }
 
 impl Check {
@@ -98,7 +116,29 @@ impl Check {
             key,
             cost,
             mode,
+            lease_end: 0,
         }
+    }
+
+    /// Gives back `units` of the lease on `key` that ended at `lease_end` (store time).
+    pub(crate) fn give_back(tier: Arc<Tier>, key: Key, units: u64, lease_end: u64) -> Self {
+        Check {
+            lease_end,
+            ..Check::new(tier, key, units, Mode::GiveBack)
+        }
+    }
+
+    /// For [`Mode::GiveBack`], the end of the lease whose units come back.
+    pub(crate) fn lease_end(&self) -> u64 {
+        self.lease_end
+    }
+
+    /// For [`Mode::Lease`], the tier's lease: the units wanted and the longest life in
+    /// microseconds (a tier without one asks for the cost alone, for no time).
+    pub(crate) fn lease(&self) -> (u64, u64) {
+        self.tier
+            .lease()
+            .map_or((self.cost, 0), |l| (l.units(), l.ttl_us()))
     }
 
     /// The policy tier decided.
@@ -123,6 +163,12 @@ impl Check {
     /// The same check in another mode.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn with_mode(&self, mode: Mode) -> Check {
-        Check::new(self.tier.clone(), self.key.clone(), self.cost, mode)
+        Check {
+            tier: self.tier.clone(),
+            key: self.key.clone(),
+            cost: self.cost,
+            mode,
+            lease_end: self.lease_end,
+        }
     }
 }

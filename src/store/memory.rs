@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use hashbrown::HashTable;
 
 use super::{Check, Checks, Mode, Registry, private};
-use crate::algorithm::{Compiled, State, Verdict, apply_block};
+use crate::algorithm::{Compiled, Lease, State, Verdict, apply_block};
 use crate::clock::{Clock, SystemClock};
-use crate::decision::{Decision, PolicyOutcome};
+use crate::decision::{Decision, Grant, PolicyOutcome};
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use smallvec::{SmallVec, smallvec};
@@ -280,7 +280,8 @@ impl MemoryStore {
                 Mode::Reset => guards[g].remove(c, h),
                 Mode::Penalize => guards[g].commit(c, h, now, capacity),
                 Mode::Block => guards[g].block(c, h, now, capacity),
-                Mode::Enforce | Mode::Shadow | Mode::ChargeLater => {}
+                Mode::GiveBack => guards[g].give_back(c, h, now),
+                Mode::Enforce | Mode::Shadow | Mode::ChargeLater | Mode::Lease => {}
             }
         }
         let mut verdicts: Vec<_> = checks
@@ -295,8 +296,17 @@ impl MemoryStore {
             .iter()
             .zip(&verdicts)
             .all(|(c, v)| v.allowed || !c.mode().decides());
+        let mut grants = Vec::new();
         for ((c, v), &(h, g)) in checks.iter().zip(&mut verdicts).zip(&at) {
-            if admitted && c.mode().charged(v.allowed) {
+            if admitted && c.mode() == Mode::Lease {
+                let lease = guards[g].take_lease(c, h, now, capacity);
+                *v = lease.verdict;
+                grants.push(Grant {
+                    units: lease.units,
+                    end: lease.end,
+                    lasts_us: lease.end - now,
+                });
+            } else if admitted && c.mode().charged(v.allowed) {
                 guards[g].commit(c, h, now, capacity);
             } else if v.allowed && c.cost() > 0 && !c.mode().is_admin() {
                 // Admitted by this policy but not charged: report the state as it stays.
@@ -308,11 +318,20 @@ impl MemoryStore {
         for g in &mut guards {
             g.tick(now);
         }
+        let mut grants = grants.into_iter();
         Decision::new(
             checks
                 .iter()
                 .zip(verdicts)
-                .map(|(c, v)| PolicyOutcome::new(c.tier(), c.mode() == Mode::Shadow, v))
+                .map(|(c, v)| {
+                    let outcome = PolicyOutcome::new(c.tier(), c.mode() == Mode::Shadow, v);
+                    match (c.mode(), admitted) {
+                        (Mode::Lease, true) => {
+                            outcome.with_grant(grants.next().expect("one grant per lease"))
+                        }
+                        _ => outcome,
+                    }
+                })
                 .collect::<SmallVec<_>>(),
         )
     }
@@ -329,11 +348,16 @@ impl Shard {
             .find_mut(hash, |s| s.is(check.tier().id(), check.key()))
     }
 
-    /// The verdict on `check` at `cost` (0: a look), its block included, with one lookup.
+    /// The verdict on `check` at `cost` (0: a look), its block included, with one lookup; for
+    /// a lease, on the state as strict as the lease could make it.
     fn evaluate(&self, check: &Check, hash: u64, now: u64, cost: u64) -> Verdict {
         let slot = self.find(check, hash);
         let state = slot.and_then(|s| s.live(now));
-        let mut verdict = check.tier().algorithm().evaluate(state, now, cost);
+        let algorithm = check.tier().algorithm();
+        let mut verdict = match check.mode() {
+            Mode::Lease => algorithm.lease_verdict(state, now, check.lease().1, cost).0,
+            _ => algorithm.evaluate(state, now, cost),
+        };
         apply_block(&mut verdict, slot.map_or(0, |s| s.blocked_until), now);
         verdict
     }
@@ -390,6 +414,45 @@ impl Shard {
         {
             slot.expires_at = expires_at;
             self.min_expiry = self.min_expiry.min(expires_at);
+        }
+    }
+
+    /// Gives back `check.cost()` units of the lease that ended at `check.lease_end()`.
+    fn give_back(&mut self, check: &Check, hash: u64, now: u64) {
+        let algorithm = &check.tier().algorithm();
+        if let Some(slot) = self.find_mut(check, hash)
+            && let Some(expires_at) =
+                algorithm.give_back(&mut slot.state, now, check.lease_end(), check.cost())
+        {
+            slot.expires_at = expires_at;
+            self.min_expiry = self.min_expiry.min(expires_at);
+        }
+    }
+
+    /// Charges the lease `check` asks for (its request admitted): what is left, at least the
+    /// cost and at most the tier's lease size.
+    fn take_lease(&mut self, check: &Check, hash: u64, now: u64, capacity: usize) -> Lease {
+        let algorithm = check.tier().algorithm();
+        let (want, ttl) = check.lease();
+        let want = want.max(check.cost());
+        match self.find_mut(check, hash) {
+            Some(slot) => {
+                // As a charge does, on the state as it is (see `decide_one`).
+                let lease = algorithm.take_lease(&mut slot.state, now, ttl, check.cost(), want);
+                if let Some(expires_at) = lease.expires_at {
+                    slot.expires_at = expires_at;
+                }
+                lease
+            }
+            None => {
+                let mut state = None;
+                let lease = algorithm.take_lease(&mut state, now, ttl, check.cost(), want);
+                if let Some(expires_at) = lease.expires_at {
+                    let slot = Slot::new(check, state, expires_at);
+                    self.insert_slot(slot, hash, now, capacity);
+                }
+                lease
+            }
         }
     }
 

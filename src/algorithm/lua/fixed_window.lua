@@ -31,6 +31,34 @@ ALG[FIXED_WINDOW] = function()
       end
       return 0, remaining, count == 0 and 0 or left, left
     end,
+    -- A lease ends with the window its units are counted in.
+    lease_end = function(self, p, st, now, ttl)
+      local start = self.current(p, st, now)
+      local from = now
+      if start > from then
+        from = start
+      end
+      local e = from + ttl
+      if e > start + p[2] - 1 then
+        e = start + p[2] - 1
+      end
+      return e
+    end,
+    -- Gives back to the lease's window only: once another has begun, the units went with it.
+    give_back = function(self, key, p, st, now, lease_end, units)
+      if not st then
+        return
+      end
+      local start, count = self.current(p, st, now)
+      if start ~= fdiv(lease_end, p[2]) * p[2] then
+        return
+      end
+      local left = count - units
+      if left < 0 then
+        left = 0
+      end
+      store(key, format(INT2, start, left), now, start + p[2])
+    end,
     refund = function(self, key, p, st, now, units)
       if not st then
         return

@@ -26,6 +26,17 @@ ALG[GCRA] = function()
       end
       return 0, remaining_now, backlog, new_backlog - tolerance
     end,
+    -- The TAT no earlier than the lease's end: the units are charged as if spent then.
+    lease_state = function(self, p, st, now, lease_end)
+      local tat = now
+      if st and st > now then
+        tat = st
+      end
+      if lease_end > tat then
+        tat = lease_end
+      end
+      return tat
+    end,
     refund = function(self, key, p, st, now, units)
       if not st then
         return

@@ -35,6 +35,20 @@ ALG[LEAKY_BUCKET] = function()
       end
       return 0, fdiv(room, unit), cdiv(level, rate), cdiv(after - full, rate)
     end,
+    -- A level no lower than what drains until the lease's end.
+    lease_state = function(self, p, st, now, lease_end, into)
+      local level = self.level(p, st, now)
+      local full, rate, d = p[4], p[3], lease_end - now
+      local drain = full
+      if d < cdiv(full, rate) then
+        drain = d * rate
+      end
+      if level < drain then
+        level = drain
+      end
+      into[1], into[2] = level, last_after(st, now)
+      return into
+    end,
     refund = function(self, key, p, st, now, units)
       if not st then
         return

@@ -12,6 +12,51 @@ ALG[SLIDING_LOG] = function()
     return call('ZCOUNT', key, '(' .. int(cutoff), '(+inf')
   end
 
+  -- Logs `cost` units at `at` (now, or a lease's end) and drops the entries out of the window
+  -- at `now`. The members of one time are numbered on from the highest there: the newest
+  -- entry's when it has that time, else found with one more read (only when something newer
+  -- than `at` is logged: a lease's units, or a clock that went back).
+  local function log(key, p, st, now, at, cost)
+    local window = p[2]
+    call('ZREMRANGEBYSCORE', key, '-inf', int(now - window))
+    local seq = 0
+    local t = int(at)
+    if st and st[1] == at then
+      seq = tonumber(match(st[2], ':(%d+)$')) or 0
+    elseif st and st[1] > at then
+      local top = call('ZREVRANGEBYSCORE', key, t, t, 'LIMIT', 0, 1)
+      if top[1] then
+        seq = tonumber(match(top[1], ':(%d+)$')) or 0
+      end
+    end
+    if cost == 1 then
+      call('ZADD', key, t, t .. ':' .. format('%010d', seq + 1))
+    end
+    -- One member per unit, added in batches (Lua's unpack has a small stack).
+    local i = 1
+    while cost > 1 and i <= cost do
+      local args = {}
+      local last = i + 499
+      if last > cost then
+        last = cost
+      end
+      for j = i, last do
+        args[#args + 1] = t
+        args[#args + 1] = t .. ':' .. format('%010d', seq + j)
+      end
+      call('ZADD', key, unpack(args))
+      i = last + 1
+    end
+    local newest = now
+    if st and st[1] > newest then
+      newest = st[1]
+    end
+    if cost > 0 and at > newest then
+      newest = at
+    end
+    call('PEXPIRE', key, format(INT, ttl_ms(now, until_block_ends(newest + window))))
+  end
+
   return {
     -- The newest entry, and the end of the block on record, if any.
     load = function(key, p, now)
@@ -35,22 +80,8 @@ ALG[SLIDING_LOG] = function()
       call('ZADD', key, '+inf', 'block:' .. int(ends))
       call('PEXPIRE', key, ttl_to_block_end(key, now, ends))
     end,
-    -- Time as the log sees it: never before its newest entry.
-    clamp = function(st, now)
-      if st and st[1] > now then
-        return st[1]
-      end
-      return now
-    end,
-    lag = function(p, st, now)
-      if st and st[1] > now then
-        return st[1] - now
-      end
-      return 0
-    end,
     evaluate = function(self, p, st, now, cost, key)
       local limit, window = p[1], p[2]
-      now = self.clamp(st, now)
       if not st then
         if cost > limit then
           return 0, limit, 0, -1
@@ -98,33 +129,21 @@ ALG[SLIDING_LOG] = function()
       end
     end,
     commit = function(self, key, p, st, now, cost)
-      local window = p[2]
-      now = self.clamp(st, now)
-      call('ZREMRANGEBYSCORE', key, '-inf', int(now - window))
-      local seq = 0
-      if st and st[1] == now then
-        seq = tonumber(match(st[2], ':(%d+)$')) or 0
-      end
-      local at = int(now)
-      if cost == 1 then
-        call('ZADD', key, at, at .. ':' .. format('%010d', seq + 1))
-      end
-      -- One member per unit, added in batches (Lua's unpack has a small stack).
-      local i = 1
-      while cost > 1 and i <= cost do
-        local args = {}
-        local last = i + 499
-        if last > cost then
-          last = cost
+      log(key, p, st, now, now, cost)
+    end,
+    -- A lease's units are logged at its end.
+    lease_commit = function(self, key, p, st, now, ends, units)
+      log(key, p, st, now, ends, units)
+    end,
+    -- Forgets up to `units` of those logged at the lease's end (`ends`).
+    give_back = function(self, key, p, st, now, ends, units)
+      if st and units > 0 then
+        local at = int(ends)
+        local members = call('ZRANGEBYSCORE', key, at, at, 'LIMIT', 0, units)
+        if #members > 0 then
+          call('ZREM', key, unpack(members))
         end
-        for j = i, last do
-          args[#args + 1] = at
-          args[#args + 1] = at .. ':' .. format('%010d', seq + j)
-        end
-        call('ZADD', key, unpack(args))
-        i = last + 1
       end
-      call('PEXPIRE', key, format(INT, ttl_ms(now, until_block_ends(now + window))))
     end,
   }
 end

@@ -176,6 +176,40 @@ ALG[SLIDING_WINDOW] = function()
       end
       return redis.error_reply('sliding_window: no retry time found')
     end,
+    -- A lease ends with the bucket its units are counted in.
+    lease_end = function(self, p, st, now, ttl)
+      local g = p[3]
+      local c = sw_position(p, st, now)
+      local from = now
+      if c * g > from then
+        from = c * g
+      end
+      local e = from + ttl
+      if e > (c + 1) * g - 1 then
+        e = (c + 1) * g - 1
+      end
+      return e
+    end,
+    -- Gives back to the lease's bucket, while the ring still counts it.
+    give_back = function(self, key, p, st, now, lease_end, units)
+      if not st then
+        return
+      end
+      local n, g = p[2], p[3]
+      local slots = n + 1
+      local b = fdiv(lease_end, g)
+      local head = st[1]
+      if b > head or b + n < head then
+        return
+      end
+      local slot = b - fdiv(b, slots) * slots + 2
+      local take = st[slot]
+      if take > units then
+        take = units
+      end
+      st[slot] = st[slot] - take
+      sw_write(key, head, st, slots, now, (head + slots) * g)
+    end,
     refund = function(self, key, p, st, now, units)
       if not st then
         return

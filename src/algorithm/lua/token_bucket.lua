@@ -45,6 +45,16 @@ ALG[TOKEN_BUCKET] = function()
       end
       return 0, fdiv(tokens, unit), cdiv(full - tokens, rate), cdiv(need - tokens, rate)
     end,
+    -- No more tokens than a bucket with room for the refill until the lease's end.
+    lease_state = function(self, p, st, now, lease_end, into)
+      local tokens = self.tokens(p, st, now)
+      local cap = p[4] - fill(p, 0, lease_end - now)
+      if tokens > cap then
+        tokens = cap
+      end
+      into[1], into[2] = tokens, last_after(st, now)
+      return into
+    end,
     refund = function(self, key, p, st, now, units)
       if not st then
         return

@@ -6,6 +6,9 @@
 -- own clock, which an injected clock may outrun or lag). Otherwise the time is Redis TIME.
 -- A shape is one integer: algorithm + MODE_UNIT * mode + ARITY_UNIT * parameter count,
 -- plus COST_FLAG when a cost other than 1 follows and CLOCK_FLAG when the time is injected.
+-- After the cost, a LEASE policy has two more integers (the lease's longest life in
+-- microseconds, the units wanted) and a GIVE_BACK policy one (the end of the lease whose
+-- units it gives back); then come the parameters.
 -- The algorithm ids and the modes are the constants of the generated prelude (from
 -- `Algorithm` and `Mode` in Rust):
 -- ENFORCE decides, and is charged only if every policy that decides admits the request;
@@ -13,14 +16,21 @@
 -- CHARGE_LATER decides and is never charged here (the charge comes after the response);
 -- REFUND gives `cost` units back, RESET forgets the key and any block, PENALIZE charges `cost`
 -- units whatever the state, BLOCK denies the key for the next `cost` microseconds; each of
--- these four then looks at cost 0. A blocked key is denied whatever its state, until the block
--- ends; the block is kept in the state key itself (see `read` and the sliding log), so a
--- decision finds it with the read it makes anyway, and stays on record while the key lives
--- (a clock that goes back finds it again, as the memory store does).
+-- these four then looks at cost 0.
+-- LEASE decides like ENFORCE, on the state as strict as a lease could make it (`lease_state`);
+-- when the request is admitted it is charged a lease instead of its cost: what is left, at
+-- least the cost and at most the units wanted, counted as the algorithm counts a lease ending
+-- at its end (`lease_commit`). GIVE_BACK gives `cost` units of the lease that ended at the
+-- given time back (`give_back`, else a refund), then looks at cost 0.
+-- A blocked key is denied whatever its state, until the block ends; the block is kept in the
+-- state key itself (see `read` and the sliding log), so a decision finds it with the read it
+-- makes anyway, and stays on record while the key lives (a clock that goes back finds it
+-- again, as the memory store does).
 -- Each policy is evaluated, then charged only if all that decide admit.
 -- Reply: REPLY_PER_POLICY integers per policy: the verdict (ADMITTED, or the retry-after in
 -- microseconds, or NEVER when no wait admits it), remaining, reset_after_us; remaining and
--- reset describe the state after this request's charges.
+-- reset describe the state after this request's charges. A LEASE policy's reply has three
+-- more: the units leased (0 when none), the lease's end, and the microseconds until then.
 
 -- Each algorithm's functions, built the first time a decision uses it: once per call when
 -- this runs as a script (which runs whole on every call), once per load as a function.
@@ -39,12 +49,15 @@ local function algorithm(id)
 end
 
 -- Tables reused from call to call (a table costs Redis about 1,100 instructions to build and
--- collect): the parameters and the state of the policy at each position, and the reply of a
--- one-policy decision. A call runs alone, and Redis has read the reply before the next one.
-local PARAMS, STATES, REPLY1 = {}, {}, { 0, 0, 0 }
+-- collect): the parameters, the state and the lease state of the policy at each position, and
+-- the replies of a one-policy decision. A call runs alone, and Redis has read the reply before
+-- the next one.
+local PARAMS, STATES, LEASED, REPLY1, REPLY1_LEASE = {}, {}, {}, { 0, 0, 0 }, { 0, 0, 0, 0, 0, 0 }
 
 -- The policy whose shape is at args[at], the i-th of the call: its algorithm, mode, parameters
--- (in PARAMS[i]) and cost, where the next policy starts, and whether the time is injected.
+-- (in PARAMS[i]) and cost, where the next policy starts, whether the time is injected, and
+-- the mode's own integers (LEASE: the lease's longest life in microseconds and the units
+-- wanted; GIVE_BACK: the end of the lease whose units come back).
 local function read_policy(args, at, i)
   local shape = tonumber(args[at])
   if not shape then
@@ -63,23 +76,42 @@ local function read_policy(args, at, i)
     cost = tonumber(args[at])
     at = at + 1
   end
+  local x, y
+  if mode == LEASE then
+    x, y = tonumber(args[at]), tonumber(args[at + 1])
+    at = at + 2
+  elseif mode == GIVE_BACK then
+    x = tonumber(args[at])
+    at = at + 1
+  end
   local p = PARAMS[i]
   if not p then
     p = {}
-    PARAMS[i], STATES[i] = p, {}
+    PARAMS[i], STATES[i], LEASED[i] = p, {}, {}
   end
   for k = 1, arity do
     p[k] = tonumber(args[at + k - 1])
   end
-  return alg, mode, p, cost, at + arity, shape >= CLOCK_FLAG
+  return alg, mode, p, cost, at + arity, shape >= CLOCK_FLAG, x, y
 end
 
 -- The state of a policy's key, and its block's end if any, after the admin modes have acted
--- on it; and the cost the decision then looks at.
-local function prepare(alg, key, p, now, cost, mode, into)
+-- on it; the cost the decision then looks at; and for a LEASE, the lease's end, with the state
+-- as strict as the lease could make it (twin of `lease_verdict` in Rust).
+local function prepare(alg, key, p, now, cost, mode, into, x, leased)
   local st, ends = alg.load(key, p, now, into)
   if mode == ENFORCE or mode == SHADOW or mode == CHARGE_LATER then
     return st, ends, cost
+  end
+  if mode == LEASE then
+    local lease_end = now + x
+    if alg.lease_end then
+      lease_end = alg:lease_end(p, st, now, x)
+    end
+    if alg.lease_state then
+      st = alg:lease_state(p, st, now, lease_end, leased)
+    end
+    return st, ends, cost, lease_end
   end
   if mode == RESET then
     call('DEL', key)
@@ -93,6 +125,14 @@ local function prepare(alg, key, p, now, cost, mode, into)
   KEEP_BLOCK = ends
   if mode == REFUND then
     alg:refund(key, p, st, now, cost)
+  elseif mode == GIVE_BACK then
+    -- The algorithm's own give-back, else a refund until the lease's end (`x`): see
+    -- `Step::give_back` in Rust.
+    if alg.give_back then
+      alg:give_back(key, p, st, now, x, cost)
+    elseif now <= x then
+      alg:refund(key, p, st, now, cost)
+    end
   elseif mode == PENALIZE and cost > 0 then
     alg:commit(key, p, st, now, cost)
   end
@@ -100,7 +140,6 @@ local function prepare(alg, key, p, now, cost, mode, into)
   st, ends = alg.load(key, p, now, into)
   return st, ends, 0
 end
-
 -- The clock-lag adjustment (twin of `evaluate_with_lag`), for the algorithms that keep their own
 -- time (`alg.lag`): a state newer than `now` (the clock went back) decides as of its own time,
 -- and its times are moved to be from `now`. Called only for those algorithms, so the others pay
@@ -147,10 +186,49 @@ local function judge(alg, p, st, ends, now, cost, key)
   return retry, remaining, reset
 end
 
+-- Phase two for an admitted LEASE (`lease` holds the units wanted and the lease's end): leases
+-- what is left, at least the cost and at most the units wanted, and reports the verdict with
+-- the lease counted as spent (twin of `take_lease` in Rust).
+local function take_lease(alg, key, p, st, ends, now, cost, lease, reply, at)
+  local want, lease_end = lease[1], lease[2]
+  local _, left = alg:evaluate(p, st, now, 0, key)
+  local units = left
+  if units > want then
+    units = want
+  end
+  if units < cost then
+    units = cost
+  end
+  local verdict, remaining, reset = judge(alg, p, st, ends, now, units, key)
+  if verdict ~= ADMITTED and units > cost then
+    units = cost
+    verdict, remaining, reset = judge(alg, p, st, ends, now, units, key)
+  end
+  if units > 0 then
+    KEEP_BLOCK = ends
+    if alg.lease_commit then
+      alg:lease_commit(key, p, st, now, lease_end, units)
+    else
+      alg:commit(key, p, st, now, units)
+    end
+    KEEP_BLOCK = nil
+  end
+  reply[at + 1], reply[at + 2], reply[at + 3] = verdict, remaining, reset
+  reply[at + 4], reply[at + 5], reply[at + 6] = units, lease_end, lease_end - now
+end
+
 -- Phase two for a policy whose reply starts at reply[at + 1]: charges it (keeping its block,
 -- `ends`, on record), or reports the state as it stays and gives the key a TTL if it lost its
 -- own.
-local function settle(alg, key, p, st, ends, now, cost, charge, reply, at)
+local function settle(alg, key, p, st, ends, now, cost, charge, reply, at, lease)
+  if lease then
+    -- A lease: its units, its end and the microseconds until then follow the verdict.
+    reply[at + 4], reply[at + 5], reply[at + 6] = 0, 0, 0
+    if charge then
+      take_lease(alg, key, p, st, ends, now, cost, lease, reply, at)
+      return
+    end
+  end
   if charge then
     KEEP_BLOCK = ends
     alg:commit(key, p, st, now, cost)
@@ -178,7 +256,7 @@ local function decide(keys, args)
   end
   KEEP_BLOCK = nil
   local n = #keys
-  local alg, mode, p, cost, at, injected = read_policy(args, 1, 1)
+  local alg, mode, p, cost, at, injected, x, y = read_policy(args, 1, 1)
   if not alg then
     return redis.error_reply('tower-ratelimit: malformed policy ' .. tostring(args[1]))
   end
@@ -195,43 +273,58 @@ local function decide(keys, args)
   if n == 1 then
     -- One policy, the usual case: no tables beyond its parameters and the reply.
     local key = keys[1]
-    local st, ends
-    st, ends, cost = prepare(alg, key, p, now, cost, mode, STATES[1])
+    local st, ends, lease_end
+    st, ends, cost, lease_end = prepare(alg, key, p, now, cost, mode, STATES[1], x, LEASED[1])
     local verdict, remaining, reset = judge(alg, p, st, ends, now, cost, key)
-    local reply = REPLY1
+    local reply, lease = REPLY1, nil
+    if mode == LEASE then
+      reply, lease = REPLY1_LEASE, { y, lease_end }
+    end
     reply[1], reply[2], reply[3] = verdict, remaining, reset
     local charge = verdict == ADMITTED and cost > 0 and (mode == ENFORCE or mode == SHADOW)
-    settle(alg, key, p, st, ends, now, cost, charge, reply, 0)
+    if lease then
+      charge = verdict == ADMITTED
+    end
+    settle(alg, key, p, st, ends, now, cost, charge, reply, 0, lease)
     return reply
   end
 
-  local algs, params, costs, modes, states, blocks = {}, {}, {}, {}, {}, {}
+  local algs, params, costs, modes, states, blocks, leases, bases = {}, {}, {}, {}, {}, {}, {}, {}
   local reply = {}
   local admitted = true
   for i = 1, n do
     if i > 1 then
-      alg, mode, p, cost, at = read_policy(args, at, i)
+      alg, mode, p, cost, at, _, x, y = read_policy(args, at, i)
       if not alg then
         return redis.error_reply('tower-ratelimit: malformed policy ' .. tostring(args[at]))
       end
     end
     local key = keys[i]
-    local st, ends
-    st, ends, cost = prepare(alg, key, p, now, cost, mode, STATES[i])
+    local st, ends, lease_end
+    st, ends, cost, lease_end = prepare(alg, key, p, now, cost, mode, STATES[i], x, LEASED[i])
     local verdict, remaining, reset = judge(alg, p, st, ends, now, cost, key)
-    if verdict ~= ADMITTED and (mode == ENFORCE or mode == CHARGE_LATER) then
+    if verdict ~= ADMITTED and (mode == ENFORCE or mode == CHARGE_LATER or mode == LEASE) then
       admitted = false
     end
     algs[i], params[i], costs[i], modes[i], states[i], blocks[i] = alg, p, cost, mode, st, ends
+    bases[i] = #reply
     reply[#reply + 1] = verdict
     reply[#reply + 1] = remaining
     reply[#reply + 1] = reset
+    if mode == LEASE then
+      leases[i] = { y, lease_end }
+      reply[#reply + 1] = 0
+      reply[#reply + 1] = 0
+      reply[#reply + 1] = 0
+    end
   end
   for i = 1, n do
-    local base = (i - 1) * REPLY_PER_POLICY
-    local charge = admitted and costs[i] > 0
-      and (modes[i] == ENFORCE or (modes[i] == SHADOW and reply[base + 1] == ADMITTED))
-    settle(algs[i], keys[i], params[i], states[i], blocks[i], now, costs[i], charge, reply, base)
+    local base = bases[i]
+    local m = modes[i]
+    local charge = admitted and (m == LEASE or (costs[i] > 0
+      and (m == ENFORCE or (m == SHADOW and reply[base + 1] == ADMITTED))))
+    settle(algs[i], keys[i], params[i], states[i], blocks[i], now, costs[i], charge, reply, base,
+      leases[i])
   end
   return reply
 end

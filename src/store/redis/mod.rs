@@ -14,11 +14,11 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, ServerErrorKind};
 
-use self::script::{ADMITTED, REPLY_PER_CHECK, SCRIPT, shape};
+use self::script::{ADMITTED, REPLY_PER_CHECK, REPLY_PER_LEASE, SCRIPT, shape};
 use super::{Check, Checks, Mode, Registry, private};
 use crate::algorithm::{Compiled, Verdict};
 use crate::clock::Clock;
-use crate::decision::{Decision, PolicyOutcome};
+use crate::decision::{Decision, Grant, PolicyOutcome};
 use crate::error::{ConfigError, StoreError, StoreErrorKind};
 use smallvec::SmallVec;
 
@@ -464,6 +464,9 @@ impl Conn {
     }
 }
 
+/// What the script says of one check: its verdict, and the lease granted with it, if any.
+type Reply = (Verdict, Option<Grant>);
+
 impl Inner {
     async fn decide(&self, checks: Checks) -> Result<Decision, StoreError> {
         let one_slot = checks.iter().all(|c| c.key() == checks[0].key());
@@ -476,8 +479,13 @@ impl Inner {
         let outcomes: SmallVec<[PolicyOutcome; 1]> = checks
             .iter()
             .zip(verdicts)
-            .map(|(check, verdict)| {
-                PolicyOutcome::new(check.tier(), check.mode() == Mode::Shadow, verdict)
+            .map(|(check, (verdict, grant))| {
+                let outcome =
+                    PolicyOutcome::new(check.tier(), check.mode() == Mode::Shadow, verdict);
+                match grant {
+                    Some(grant) => outcome.with_grant(grant),
+                    None => outcome,
+                }
             })
             .collect();
         Ok(Decision::new(outcomes))
@@ -488,7 +496,7 @@ impl Inner {
     /// once one denies the request, the rest are only looked at, and what the earlier scripts
     /// charged is refunded. No request is ever admitted past a limit; a concurrent request may
     /// briefly see a charge that is then refunded, so the error is on the strict side.
-    async fn decide_across_slots(&self, checks: &[Check]) -> Result<Vec<Verdict>, StoreError> {
+    async fn decide_across_slots(&self, checks: &[Check]) -> Result<Vec<Reply>, StoreError> {
         let mut groups: Vec<Vec<usize>> = Vec::new();
         for (i, c) in checks.iter().enumerate() {
             match groups.iter_mut().find(|g| checks[g[0]].key() == c.key()) {
@@ -497,7 +505,7 @@ impl Inner {
             }
         }
         let mut verdicts = vec![None; checks.len()];
-        let mut charged: Vec<usize> = Vec::new();
+        let mut charged: Vec<Check> = Vec::new();
         let mut denied = false;
         for group in groups {
             let batch: Vec<Check> = group
@@ -511,10 +519,21 @@ impl Inner {
             let admitted = batch
                 .iter()
                 .zip(&result)
-                .all(|(c, v)| v.allowed || !c.mode().decides());
+                .all(|(c, (v, _))| v.allowed || !c.mode().decides());
             if !denied && admitted {
-                charged.extend(group.iter().zip(&result).filter_map(|(&i, v)| {
-                    (checks[i].mode().charged(v.allowed) && checks[i].cost() > 0).then_some(i)
+                charged.extend(group.iter().zip(&result).filter_map(|(&i, (v, grant))| {
+                    let c = &checks[i];
+                    match grant {
+                        // A lease's units go back as a lease's do.
+                        Some(g) => Some(Check::give_back(
+                            c.tier().clone(),
+                            c.key().clone(),
+                            g.units,
+                            g.end,
+                        )),
+                        None => (c.mode().charged(v.allowed) && c.cost() > 0)
+                            .then(|| c.with_mode(Mode::Refund)),
+                    }
                 }));
             }
             if !admitted {
@@ -525,10 +544,8 @@ impl Inner {
             }
         }
         if denied {
-            for &i in &charged {
-                let c = &checks[i];
-                let refund = [c.with_mode(Mode::Refund)];
-                if let Err(error) = self.run(&refund).await {
+            for refund in charged {
+                if let Err(error) = self.run(&[refund]).await {
                     tracing::warn!(%error, "could not refund a charge on another cluster slot");
                 }
             }
@@ -540,7 +557,7 @@ impl Inner {
     }
 
     /// One script call deciding `checks`, whose keys must share a slot on a cluster.
-    async fn run(&self, checks: &[Check]) -> Result<Vec<Verdict>, StoreError> {
+    async fn run(&self, checks: &[Check]) -> Result<Vec<Reply>, StoreError> {
         let command = |name: &str, script: &str| {
             let mut cmd = redis::cmd(name);
             cmd.arg(script).arg(checks.len());
@@ -554,6 +571,16 @@ impl Inner {
                 cmd.arg(shape(id, check.mode(), &params, check.cost(), injected));
                 if check.cost() != 1 {
                     cmd.arg(check.cost());
+                }
+                match check.mode() {
+                    Mode::Lease => {
+                        let (want, ttl) = check.lease();
+                        cmd.arg(ttl).arg(want.max(check.cost()));
+                    }
+                    Mode::GiveBack => {
+                        cmd.arg(check.lease_end());
+                    }
+                    _ => {}
                 }
                 cmd.arg(&params[..]);
             }
@@ -573,19 +600,41 @@ impl Inner {
             .conn
             .with(|mut c| async move { self.invoke(&call, eval, &mut c).await })
             .await?;
-        if reply.len() != REPLY_PER_CHECK * checks.len() {
+        let expected: usize = checks
+            .iter()
+            .map(|c| match c.mode() {
+                Mode::Lease => REPLY_PER_CHECK + REPLY_PER_LEASE,
+                _ => REPLY_PER_CHECK,
+            })
+            .sum();
+        if reply.len() != expected {
             return Err(StoreError::new(format!(
                 "unexpected reply of {} integers from the decision script",
                 reply.len()
             )));
         }
-        Ok(reply
-            .chunks_exact(REPLY_PER_CHECK)
-            .map(|r| Verdict {
-                allowed: r[0] == ADMITTED,
-                remaining: r[1].max(0) as u64,
-                reset_after_us: r[2].max(0) as u64,
-                retry_after_us: (r[0] >= 0).then_some(r[0] as u64),
+        let mut rest = &reply[..];
+        Ok(checks
+            .iter()
+            .map(|c| {
+                let (r, tail) = rest.split_at(REPLY_PER_CHECK);
+                rest = tail;
+                let verdict = Verdict {
+                    allowed: r[0] == ADMITTED,
+                    remaining: r[1].max(0) as u64,
+                    reset_after_us: r[2].max(0) as u64,
+                    retry_after_us: (r[0] >= 0).then_some(r[0] as u64),
+                };
+                let grant = (c.mode() == Mode::Lease).then(|| {
+                    let (g, tail) = rest.split_at(REPLY_PER_LEASE);
+                    rest = tail;
+                    Grant {
+                        units: g[0].max(0) as u64,
+                        end: g[1].max(0) as u64,
+                        lasts_us: g[2].max(0) as u64,
+                    }
+                });
+                (verdict, grant.filter(|g| g.units > 0))
             })
             .collect())
     }

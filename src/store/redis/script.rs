@@ -14,6 +14,9 @@ use crate::store::Mode;
 
 /// Integers per policy in the reply: the verdict, remaining, reset.
 pub(crate) const REPLY_PER_CHECK: usize = 3;
+/// Integers a [`Mode::Lease`] policy's reply has after those: the units leased, the lease's
+/// end and the microseconds until then.
+pub(crate) const REPLY_PER_LEASE: usize = 3;
 /// The verdict of a policy that admits the request.
 pub(crate) const ADMITTED: i64 = -2;
 /// The verdict of a policy that denies a request no wait would admit.
@@ -21,13 +24,13 @@ pub(crate) const NEVER: i64 = -1;
 
 /// A policy's shape, the first of its arguments: its algorithm, mode and parameter count, and
 /// two flags, one integer (the script decodes it with `%`, as Lua 5.1 has no bit operators).
-/// Algorithm ids and modes are below 8 and at most 4 parameters are sent.
+/// Algorithm ids are below 8, modes below 16, and at most 4 parameters are sent.
 const MODE_UNIT: u64 = 8;
-const ARITY_UNIT: u64 = 64;
+const ARITY_UNIT: u64 = 128;
 /// The policy's cost follows the shape (it is 1 when it does not).
-const COST_FLAG: u64 = 512;
+const COST_FLAG: u64 = 1024;
 /// The time and the TTL slack are the last two arguments (an injected clock).
-const CLOCK_FLAG: u64 = 1024;
+const CLOCK_FLAG: u64 = 2048;
 
 const _: () = {
     assert!(crate::Algorithm::ALL.len() < MODE_UNIT as usize);
@@ -184,7 +187,7 @@ mod tests {
         let decide = include_str!("decide.lua");
         for mode in Mode::ALL {
             let named = format!("mode == {}", mode.lua_name());
-            let named_at_charge = format!("modes[i] == {}", mode.lua_name());
+            let named_at_charge = format!("m == {}", mode.lua_name());
             assert!(
                 decide.contains(&named) || decide.contains(&named_at_charge),
                 "decide.lua compares with {}",
@@ -195,7 +198,6 @@ mod tests {
                 "{mode:?} substituted"
             );
         }
-        assert!(source.contains(&format!("(i - 1) * {REPLY_PER_CHECK}")));
         assert!(source.contains(&format!("shape % {MODE_UNIT}")));
         // Strings and comments are left alone.
         assert!(

@@ -88,6 +88,11 @@ impl PolicyOutcome {
         self.grant.as_deref()
     }
 
+    /// Counts `units` more as remaining (the units of a lease held by this instance).
+    pub(crate) fn add_remaining(&mut self, units: u64) {
+        self.remaining += units;
+    }
+
     /// The policy tier this is the outcome of.
     pub(crate) fn tier(&self) -> &Arc<Tier> {
         &self.policy
@@ -162,6 +167,19 @@ impl Decision {
     pub(crate) fn new(outcomes: SmallVec<[PolicyOutcome; 1]>) -> Self {
         let allowed = outcomes.iter().all(|o| o.allowed || o.shadow);
         Decision { outcomes, allowed }
+    }
+
+    /// The outcomes, to update the leases' remaining units in.
+    pub(crate) fn outcomes_mut(&mut self) -> &mut [PolicyOutcome] {
+        &mut self.outcomes
+    }
+
+    /// The same decision without its last `n` outcomes (the checks a store call carried for
+    /// other purposes: units given back).
+    pub(crate) fn truncated(mut self, n: usize) -> Self {
+        let keep = self.outcomes.len().saturating_sub(n);
+        self.outcomes.truncate(keep);
+        Decision::new(self.outcomes)
     }
 
     /// Whether the request may go on.

@@ -157,6 +157,7 @@ struct ReadmeDoctests;
 // their algorithms, the stores that keep state, the keys requests are charged to; then the
 // tower glue (service, future, body), and the values around them.
 mod layer;
+mod lease;
 mod limiter;
 mod policy;
 mod quota;

@@ -31,6 +31,7 @@ use crate::decision::Decision;
 use crate::error::{ConfigError, FailurePolicy, StoreError, StoreErrorKind};
 use crate::headers::{HeaderConfig, RateLimitHeaders};
 use crate::key::{Key, KeyExtractor, RequestRef};
+use crate::lease::{self, Asking, Leases};
 use crate::policy::{CompiledPolicy, CostFn, Policy, RequestFn, StatusFn, Tier};
 use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Permit};
 use crate::response::Responses;
@@ -83,6 +84,8 @@ pub(crate) struct Limiter<St> {
     decision_extension: bool,
     /// The local store of [`FailurePolicy::Local`].
     fallback: Option<MemoryStore>,
+    /// The leases this instance holds, when a policy takes leases.
+    leases: Option<Arc<Leases>>,
 }
 
 impl<St: fmt::Debug> fmt::Debug for Limiter<St> {
@@ -129,6 +132,8 @@ enum Degraded {
 /// wait for the response.
 pub(crate) struct Ticket {
     permit: Permit,
+    /// The checks asking for a lease, with when (layer clock) the store was asked.
+    asking: Option<(Asking, u64)>,
     fallback: Option<Checks>,
     remember: Option<Vec<(u32, Key, u64)>>,
     /// When the store was asked, for `ratelimit_store_duration_seconds` (not timed for a
@@ -145,6 +150,9 @@ pub(crate) type Charges = Vec<AfterResponse>;
 pub(crate) struct AfterResponse {
     check: Check,
     when: StatusFn,
+    /// The end of the lease the request's units came from, if they came from one: a refund
+    /// goes back to it.
+    lease_end: Option<u64>,
 }
 
 impl<St> Limiter<St> {
@@ -187,6 +195,11 @@ impl<St: Store> Limiter<St> {
             prepared.push(p);
         }
         let fallback = divisor.map(|_| MemoryStore::builder().clock(config.clock.clone()).build());
+        let leases = config
+            .policies
+            .iter()
+            .any(Policy::takes_leases)
+            .then(Leases::new);
         let in_store = |name, algorithm| store.register(name, algorithm);
         let in_fallback = fallback
             .as_ref()
@@ -210,6 +223,7 @@ impl<St: Store> Limiter<St> {
             deny_cache: config.deny_cache.map(DenyCache::new),
             decision_extension: config.decision_extension,
             fallback,
+            leases,
         })
     }
 
@@ -250,6 +264,7 @@ impl<St: Store> Limiter<St> {
                     after.push(AfterResponse {
                         check: Check::new(tier.clone(), key.clone(), cost, charge),
                         when: when.clone(),
+                        lease_end: None,
                     });
                 }
             }
@@ -280,12 +295,32 @@ impl<St: Store> Limiter<St> {
                 .map(|c| (c.tier().id(), c.key().clone(), c.cost()))
                 .collect()
         });
+        // Leases: every check admitted from one held here (no store call, whatever the
+        // breaker says), or the checks that ask the store for one.
+        let mut asking = None;
+        if let Some(leases) = &self.leases {
+            let all_leased = checks.iter().all(|c| c.tier().lease().is_some());
+            match leases.plan(&mut checks, all_leased, now()) {
+                lease::Plan::Local(outcomes, ends) => {
+                    for a in &mut after {
+                        a.lease_end = checks
+                            .iter()
+                            .position(|c| c.tier().id() == a.check.tier().id())
+                            .map(|i| ends[i]);
+                    }
+                    let (settled, after) = self.finish(Decision::new(outcomes), after);
+                    return Begin::Settled(settled, after);
+                }
+                lease::Plan::Store(a) => asking = a.map(|a| (a, now())),
+            }
+        }
         let permit = self
             .breaker
             .as_ref()
             .map_or(Permit::Call, |b| b.permit(now));
         let mut ticket = Ticket {
             permit,
+            asking,
             fallback,
             remember,
             started: None,
@@ -320,9 +355,21 @@ impl<St: Store> Limiter<St> {
                 .record(started.elapsed().as_secs_f64());
         }
         let decision = match result {
-            Ok(decision) => {
+            Ok(mut decision) => {
                 if let Some(breaker) = &self.breaker {
                     breaker.success(ticket.permit);
+                }
+                if let Some((asking, sent)) = ticket.asking.take() {
+                    decision = decision.truncated(asking.give_backs);
+                    asking.granted(decision.outcomes_mut(), sent, self.clock.now_micros());
+                    for a in &mut ticket.after {
+                        a.lease_end = decision
+                            .outcomes()
+                            .iter()
+                            .find(|o| o.tier().id() == a.check.tier().id())
+                            .and_then(|o| o.grant())
+                            .map(|g| g.end);
+                    }
                 }
                 if let (Some(cache), Some(keys), false) =
                     (&self.deny_cache, &ticket.remember, decision.is_allowed())
@@ -336,6 +383,12 @@ impl<St: Store> Limiter<St> {
                 Degraded::Settled(settled) => return (settled, Charges::new()),
             },
         };
+        self.finish(decision, ticket.after)
+    }
+
+    /// The decision's response (step 3's end): counts, headers, the limiter's own response
+    /// for a denied request; for an admitted one, the charges still to make after the response.
+    fn finish(&self, decision: Decision, after: Charges) -> (Settled, Charges) {
         for o in decision.outcomes() {
             o.tier().count(o.is_allowed(), o.is_shadow());
         }
@@ -351,7 +404,7 @@ impl<St: Store> Limiter<St> {
             );
         }
         let decision = self.decision_extension.then_some(decision);
-        (Settled::Call(Some(headers), decision), ticket.after)
+        (Settled::Call(Some(headers), decision), after)
     }
 
     /// The store failed: the failure policy's answer, a decision of the local fallback or
@@ -408,11 +461,21 @@ impl<St: Store> Limiter<St> {
         charges: Charges,
         status: StatusCode,
     ) -> Option<St::Future> {
-        let checks: Checks = charges
-            .into_iter()
-            .filter(|a| (a.when)(status))
-            .map(|a| a.check)
-            .collect();
+        let mut checks = Checks::new();
+        for a in charges.into_iter().filter(|a| (a.when)(status)) {
+            match (a.lease_end, &self.leases) {
+                // Units from a lease go back to it while it is held here, else to the store
+                // as that lease's.
+                (Some(end), Some(leases)) => {
+                    let now = self.clock.now_micros();
+                    if !leases.put_back(&a.check, end, a.check.cost(), now) {
+                        let c = a.check;
+                        checks.push(Check::give_back(c.tier().clone(), c.key().clone(), c.cost(), end));
+                    }
+                }
+                _ => checks.push(a.check),
+            }
+        }
         (!checks.is_empty()).then(|| self.store.check(checks))
     }
 
@@ -430,6 +493,10 @@ impl<St: Store> Limiter<St> {
         let mut checks = Checks::new();
         for p in &self.policies {
             let tier = p.tier_of_key(key);
+            if let (Some(leases), Some(Mode::Reset | Mode::Block)) = (&self.leases, mode) {
+                // The administrator's word is seen here at once, elsewhere by the leases' end.
+                leases.forget(tier.id(), key);
+            }
             let mode = mode.unwrap_or(mode_of(p));
             checks.push(Check::new(tier.clone(), key.clone(), units(tier), mode));
         }

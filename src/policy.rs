@@ -414,6 +414,11 @@ impl Policy {
         self
     }
 
+    /// Whether the policy takes leases.
+    pub(crate) fn takes_leases(&self) -> bool {
+        self.lease.is_some()
+    }
+
     /// The lease of a tier with `quota` and `compiled`, checked.
     fn lease_for(
         &self,
@@ -817,11 +822,6 @@ pub(crate) struct LeaseSpec {
 }
 
 impl LeaseSpec {
-    #[cfg(test)]
-    pub(crate) fn new(units: u64, ttl_us: u64) -> Self {
-        LeaseSpec { units, ttl_us }
-    }
-
     /// Units taken at once.
     pub(crate) fn units(&self) -> u64 {
         self.units

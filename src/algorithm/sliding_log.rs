@@ -155,20 +155,21 @@ impl Step for SlidingLog {
         Verdict::deny(self.limit.saturating_sub(used), newest_left, retry)
     }
 
-    /// Forgets up to `units` of the newest logged units.
+    /// Forgets up to `units` of the newest units logged at or before `now` (those logged
+    /// later are a lease's, which gives back its own).
     fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
         let st = state.as_mut()?;
         let mut left = units;
-        while left > 0 {
-            let Some(back) = st.entries.back_mut() else {
-                break;
-            };
-            let take = left.min(back.1 as u64);
-            back.1 -= take as u32;
+        let mut i = st.entries.partition_point(|e| e.0 <= now);
+        while left > 0 && i > 0 {
+            i -= 1;
+            let entry = &mut st.entries[i];
+            let take = left.min(entry.1 as u64);
+            entry.1 -= take as u32;
             st.total -= take;
             left -= take;
-            if back.1 == 0 {
-                st.entries.pop_back();
+            if entry.1 == 0 {
+                st.entries.remove(i);
             }
         }
         Some(self.expiry(st, now))

@@ -117,15 +117,18 @@ ALG[SLIDING_LOG] = function()
         'WITHSCORES', 'LIMIT', need - 1, 1)
       return 0, left, newest_left, tonumber(entry[2]) + window - now
     end,
+    -- Forgets up to `units` of the newest entries at or before `now` (later ones are a
+    -- lease's): they have the highest ranks of those.
     refund = function(self, key, p, st, now, units)
       if st and units > 0 then
-        -- The newest entries have the highest ranks below the block's.
-        local entries = call('ZCOUNT', key, '-inf', '(+inf')
+        local entries = call('ZCOUNT', key, '-inf', int(now))
         local from = entries - units
         if from < 0 then
           from = 0
         end
-        call('ZREMRANGEBYRANK', key, from, entries - 1)
+        if entries > 0 then
+          call('ZREMRANGEBYRANK', key, from, entries - 1)
+        end
       end
     end,
     commit = function(self, key, p, st, now, cost)
@@ -138,10 +141,16 @@ ALG[SLIDING_LOG] = function()
     -- Forgets up to `units` of those logged at the lease's end (`ends`).
     give_back = function(self, key, p, st, now, ends, units)
       if st and units > 0 then
+        -- The entries at `ends` hold the ranks after those before it.
         local at = int(ends)
-        local members = call('ZRANGEBYSCORE', key, at, at, 'LIMIT', 0, units)
-        if #members > 0 then
-          call('ZREM', key, unpack(members))
+        local before = call('ZCOUNT', key, '-inf', '(' .. at)
+        local here = call('ZCOUNT', key, at, at)
+        local take = units
+        if take > here then
+          take = here
+        end
+        if take > 0 then
+          call('ZREMRANGEBYRANK', key, before + here - take, before + here - 1)
         end
       end
     end,

@@ -294,7 +294,8 @@ local function decide(keys, args)
   local admitted = true
   for i = 1, n do
     if i > 1 then
-      alg, mode, p, cost, at, _, x, y = read_policy(args, at, i)
+      local clock
+      alg, mode, p, cost, at, clock, x, y = read_policy(args, at, i)
       if not alg then
         return redis.error_reply('tower-ratelimit: malformed policy ' .. tostring(args[at]))
       end

@@ -1,0 +1,263 @@
+//! Leases: an instance takes several units of a key at once and admits from them locally.
+//! On the memory store with an injected clock (what is charged, given back, and when a lease
+//! ends), and on a real redis-server (two instances hammering one key stay within the limit
+//! and close to it; a lease keeps admitting while Redis is down, until it ends).
+
+mod support;
+
+use std::time::Duration;
+
+use http::{Request, StatusCode};
+use support::http::{Seen, get, inner, send};
+use support::{RedisServer, assert_no_key_without_ttl};
+use tower::Layer;
+use tower_ratelimit::key::{GlobalKey, Key};
+use tower_ratelimit::{
+    Algorithm, FailurePolicy, ManualClock, MemoryStore, Policy, RateLimitLayer,
+    RedisStore, Store,
+};
+
+/// A layer of `policy` on `store`, keyed by one global key, on `clock`.
+fn layer<St: Store>(store: St, policy: Policy, clock: &ManualClock) -> RateLimitLayer<St> {
+    RateLimitLayer::builder()
+        .policy(policy)
+        .key(GlobalKey)
+        .store(store)
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+/// What the store has left for the global key, looked at by a layer without a lease.
+async fn left_in_store<St: Store>(store: &St, policy: Policy, clock: &ManualClock) -> u64 {
+    let plain = layer(store.clone(), policy, clock);
+    plain.check(&Key::global(), 0).await.unwrap().outcomes()[0].remaining()
+}
+
+fn gcra(limit: &str) -> Policy {
+    Policy::gcra(limit).name("g")
+}
+
+fn window(limit: &str) -> Policy {
+    Policy::fixed_window(limit).name("w")
+}
+
+#[tokio::test]
+async fn a_lease_is_taken_once_and_spent_locally() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let seen = Seen::default();
+    let svc = layer(store.clone(), window("100/h").lease(10), &clock).layer(inner(&seen));
+    // The first request takes a lease of 10 (itself among them): the store counts all 10.
+    let first = get(&svc).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(left_in_store(&store, window("100/h"), &clock).await, 90);
+    // The headers count the lease's units left here among the remaining.
+    assert_eq!(first.remaining(), Some(99));
+    // Nine more come from the lease: the store is not asked.
+    for i in 0..9 {
+        let r = get(&svc).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.remaining(), Some(98 - i));
+    }
+    assert_eq!(left_in_store(&store, window("100/h"), &clock).await, 90);
+    // The eleventh takes the next lease.
+    get(&svc).await;
+    assert_eq!(left_in_store(&store, window("100/h"), &clock).await, 80);
+    assert_eq!(seen.calls(), 11);
+}
+
+#[tokio::test]
+async fn a_gcra_lease_counts_its_units_as_spent_at_its_end() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let svc = layer(store.clone(), gcra("100/h").lease(10), &clock).layer(inner(&Seen::default()));
+    get(&svc).await;
+    // 100/h is one unit per 36 s. Ten units spent as late as the lease's end, a second
+    // away, leave 89 units to spend right now, and 90 once the second has passed.
+    assert_eq!(left_in_store(&store, gcra("100/h"), &clock).await, 89);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(left_in_store(&store, gcra("100/h"), &clock).await, 90);
+}
+
+#[tokio::test]
+async fn units_left_go_back_with_the_next_lease_and_an_ended_lease_is_not_spent() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    // A fixed window gives units back whenever its window is the lease's.
+    let policy = || Policy::fixed_window("100/h").name("w");
+    let svc = layer(
+        store.clone(),
+        policy().lease(10).lease_ttl(Duration::from_secs(1)),
+        &clock,
+    )
+    .layer(inner(&Seen::default()));
+    get(&svc).await;
+    get(&svc).await;
+    assert_eq!(left_in_store(&store, policy(), &clock).await, 90);
+    // The lease ends after a second: the next request asks for a new one, giving back the
+    // eight units the first did not spend.
+    clock.advance(Duration::from_millis(1_001));
+    get(&svc).await;
+    assert_eq!(left_in_store(&store, policy(), &clock).await, 100 - 2 - 10);
+}
+
+#[tokio::test]
+async fn refunds_go_back_to_the_lease() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let policy = window("100/h")
+        .lease(5)
+        .refund_if(|status| status.is_server_error());
+    let failing = tower::service_fn(|_req: Request<()>| async {
+        Ok::<_, std::convert::Infallible>(
+            http::Response::builder()
+                .status(StatusCode::SERVICE_UNAVAILABLE)
+                .body(String::new())
+                .unwrap(),
+        )
+    });
+    let svc = layer(store.clone(), policy, &clock).layer(failing);
+    for _ in 0..20 {
+        let r = send(&svc, Request::new(())).await;
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    // Every unit came back to the lease: one lease taken, nothing more.
+    assert_eq!(left_in_store(&store, window("100/h"), &clock).await, 95);
+}
+
+#[tokio::test]
+async fn a_reset_forgets_the_lease_held_here() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let l = layer(store.clone(), window("100/h").lease(10), &clock);
+    let svc = l.clone().layer(inner(&Seen::default()));
+    get(&svc).await;
+    l.reset(&Key::global()).await.unwrap();
+    assert_eq!(left_in_store(&store, window("100/h"), &clock).await, 100);
+    // The next request asks for a lease again.
+    get(&svc).await;
+    assert_eq!(left_in_store(&store, window("100/h"), &clock).await, 90);
+}
+
+#[test]
+fn absurd_leases_are_refused_when_the_layer_is_built() {
+    let build = |p: Policy| {
+        RateLimitLayer::builder()
+            .policy(p)
+            .build()
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(build(gcra("10/s").lease(0)).contains("between 1 unit"));
+    assert!(build(gcra("10/s").lease(11)).contains("limit of 10"));
+    assert!(build(gcra("10/s").shadow().lease(2)).contains("shadow"));
+    assert!(build(gcra("10/s").lease(2).lease_ttl(Duration::ZERO)).contains("lease_ttl"));
+    assert!(build(gcra("10/s").lease(2).lease_ttl(Duration::from_secs(2))).contains("lease_ttl"));
+    assert!(build(gcra("10/s").lease_ttl(Duration::from_millis(10))).contains("without a lease"));
+    assert!(
+        build(
+            gcra("10/s")
+                .lease(2)
+                .charge_if(|s| s == StatusCode::UNAUTHORIZED)
+        )
+        .contains("charge_if")
+    );
+}
+
+async fn redis_store(server: &RedisServer, prefix: &str) -> RedisStore {
+    RedisStore::builder(&server.url())
+        .deadline(Duration::from_secs(10))
+        .prefix(prefix)
+        .build()
+        .await
+        .expect("connect to the test redis-server")
+}
+
+/// Two instances, each with its own connection, send `per_instance` concurrent requests for
+/// one key under `policy`; returns how many were admitted.
+pub async fn hammer<St: Store>(a: St, b: St, policy: Policy, per_instance: usize) -> usize {
+    let build = |store: St| {
+        RateLimitLayer::builder()
+            .policy(policy.clone())
+            .key(GlobalKey)
+            .store(store)
+            .build()
+            .unwrap()
+            .layer(inner(&Seen::default()))
+    };
+    let (sa, sb) = (build(a), build(b));
+    let mut tasks = Vec::new();
+    for i in 0..2 * per_instance {
+        let svc = if i % 2 == 0 { sa.clone() } else { sb.clone() };
+        tasks.push(tokio::spawn(async move { get(&svc).await.status }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += usize::from(t.await.unwrap() == StatusCode::OK);
+    }
+    admitted
+}
+
+/// The fewest units two instances with leases of `lease` must admit of `limit`: all but what
+/// their leases hold unspent at the end, and for GCRA and the buckets, which count a lease's
+/// units as spent at its end, the refill of one lease's life (a second of 100/h: under one
+/// unit, one once rounded) while the first lease lives.
+pub fn fewest_admitted(algorithm: Algorithm, limit: usize, lease: usize) -> usize {
+    let spent_at_the_end = matches!(
+        algorithm,
+        Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::LeakyBucket
+    );
+    limit - 2 * lease - usize::from(spent_at_the_end)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_one_redis_admit_between_the_limit_less_two_leases_and_the_limit() {
+    let server = RedisServer::start();
+    let (limit, lease) = (100, 10);
+    for algorithm in Algorithm::ALL {
+        let policy = Policy::new(algorithm, format!("{limit}/h").as_str())
+            .name(format!("lease-{algorithm}"))
+            .lease(lease as u32);
+        let a = redis_store(&server, "lease:").await;
+        let b = redis_store(&server, "lease:").await;
+        let admitted = hammer(a, b, policy, 240).await;
+        let fewest = fewest_admitted(algorithm, limit, lease);
+        assert!(
+            (fewest..=limit).contains(&admitted),
+            "{algorithm}: {admitted} admitted, not within {fewest}..={limit}"
+        );
+    }
+    assert_no_key_without_ttl(&server, "lease:");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_in_hand_keeps_admitting_while_redis_is_down_until_it_ends() {
+    let mut server = RedisServer::start();
+    let clock = ManualClock::new();
+    let store = RedisStore::builder(&server.url())
+        .deadline(Duration::from_millis(500))
+        .prefix("down:")
+        .build()
+        .await
+        .unwrap();
+    let svc = RateLimitLayer::builder()
+        .policy(gcra("1000/min").lease(50))
+        .key(GlobalKey)
+        .store(store)
+        .clock(clock.clone())
+        .on_store_error(FailurePolicy::Closed)
+        .build()
+        .unwrap()
+        .layer(inner(&Seen::default()));
+    assert_eq!(get(&svc).await.status, StatusCode::OK);
+    server.kill();
+    // The lease (of one second by default) still holds 49 units.
+    for _ in 0..20 {
+        assert_eq!(get(&svc).await.status, StatusCode::OK);
+    }
+    // Once it has ended, the store is asked, and is down: the failure policy answers.
+    clock.advance(Duration::from_millis(1_001));
+    assert_eq!(get(&svc).await.status, StatusCode::SERVICE_UNAVAILABLE);
+}

@@ -15,7 +15,8 @@ use tower_service::Service;
 
 use crate::body::{MakeBody, Wrapped};
 use crate::headers::RateLimitHeaders;
-use crate::limiter::{Charges, Limiter, Settled, Ticket};
+use crate::lease::LeaseWait;
+use crate::limiter::{Begin, Charges, Limiter, Planned, Settled, Ticket};
 use crate::store::Store;
 use crate::store::private::Sealed;
 
@@ -40,13 +41,13 @@ pin_project! {
     }
 }
 
-/// What waits for a decision from an asynchronous store: boxed, so that the response future,
-/// which is moved several times on its way into the server, stays the size of the inner
-/// service's future plus a little.
-struct Pending<S, ReqB> {
+/// What waits for a decision from an asynchronous store, or for a lease another request is
+/// asking for: boxed, so that the response future, which is moved several times on its way
+/// into the server, stays the size of the inner service's future plus a little.
+struct Pending<S, ReqB, T> {
     request: Request<ReqB>,
     inner: S,
-    ticket: Ticket,
+    then: T,
 }
 
 pin_project! {
@@ -55,7 +56,12 @@ pin_project! {
         Checking {
             #[pin]
             check: C,
-            pending: Option<Box<Pending<S, ReqB>>>,
+            pending: Option<Box<Pending<S, ReqB, Ticket>>>,
+        },
+        Leasing {
+            #[pin]
+            wait: LeaseWait,
+            pending: Option<Box<Pending<S, ReqB, Box<Planned>>>>,
         },
         Calling {
             #[pin]
@@ -78,26 +84,20 @@ where
     S: Service<Request<ReqB>>,
     St: Store,
 {
-    /// Waits for the store's decision, then settles it.
+    /// A request whose decision is yet to come (`begin`, as the engine began it): waits for
+    /// the store's decision or a lease, then goes on from there.
     pub(crate) fn waiting(
         limiter: &Arc<Limiter<St>>,
-        check: <St as Sealed>::Future,
-        ticket: Ticket,
+        begin: Begin<<St as Sealed>::Future>,
         request: Request<ReqB>,
         inner: S,
     ) -> Self {
-        let pending = Box::new(Pending {
-            request,
-            inner,
-            ticket,
-        });
+        let mut after = Charges::new();
+        let state = resume(begin, request, inner, &mut after);
         ResponseFuture {
-            state: State::Checking {
-                check,
-                pending: Some(pending),
-            },
+            state,
             limiter: Some(limiter.clone()),
-            after: Charges::new(),
+            after,
             body: PhantomData,
         }
     }
@@ -129,6 +129,45 @@ where
             after: Charges::new(),
             body: PhantomData,
         }
+    }
+}
+
+/// The state a request goes on in from `begin`, the inner service moved along with it when
+/// there is more to wait for (the charges after the response go to `after`).
+fn resume<S, ReqB, C, R>(
+    begin: Begin<C>,
+    request: Request<ReqB>,
+    mut inner: S,
+    after: &mut Charges,
+) -> State<S, ReqB, S::Future, C, R>
+where
+    S: Service<Request<ReqB>>,
+{
+    match begin {
+        Begin::Unlimited => State::Calling {
+            future: inner.call(request),
+            headers: None,
+        },
+        Begin::Settled(settled, charges) => {
+            *after = charges;
+            next(settled, request, &mut inner)
+        }
+        Begin::Wait(check, ticket) => State::Checking {
+            check,
+            pending: Some(Box::new(Pending {
+                request,
+                inner,
+                then: ticket,
+            })),
+        },
+        Begin::Lease(wait, planned) => State::Leasing {
+            wait,
+            pending: Some(Box::new(Pending {
+                request,
+                inner,
+                then: planned,
+            })),
+        },
     }
 }
 
@@ -165,6 +204,7 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Checking { .. } => "checking",
+            State::Leasing { .. } => "waiting for a lease",
             State::Calling { .. } => "calling",
             State::Adjusting { .. } => "adjusting",
             State::Ready { .. } => "ready",
@@ -195,12 +235,24 @@ where
                     let Pending {
                         request,
                         mut inner,
-                        ticket,
+                        then: ticket,
                     } = *pending.take().expect(POLLED_AFTER_READY);
                     let limiter = this.limiter.as_ref().expect(KEPT_FOR_LATER);
                     let (settled, after) = limiter.settle(ticket, result);
                     *this.after = after;
                     this.state.set(next(settled, request, &mut inner));
+                }
+                StateProj::Leasing { wait, pending } => {
+                    ready!(wait.poll(cx));
+                    let Pending {
+                        request,
+                        inner,
+                        then: planned,
+                    } = *pending.take().expect(POLLED_AFTER_READY);
+                    let limiter = this.limiter.as_ref().expect(KEPT_FOR_LATER);
+                    let begin = limiter.decide(*planned);
+                    let state = resume(begin, request, inner, this.after);
+                    this.state.set(state);
                 }
                 StateProj::Calling { future, headers } => {
                     let mut response = ready!(future.poll(cx))?;

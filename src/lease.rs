@@ -14,8 +14,11 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
+use std::future::Future;
 use std::hash::BuildHasher;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 
 use smallvec::SmallVec;
 
@@ -47,6 +50,8 @@ struct Entry {
     held: Option<Held>,
     /// Whether a request of this instance is asking the store for a lease on this key.
     asking: bool,
+    /// The requests waiting for that answer.
+    waiters: Vec<Waker>,
 }
 
 /// A lease in hand.
@@ -80,6 +85,8 @@ pub(crate) enum Plan {
     Local(SmallVec<[PolicyOutcome; 1]>, SmallVec<[u64; 1]>),
     /// The store decides; these checks ask it for a lease. `None` when none does.
     Store(Option<Asking>),
+    /// Another request of this instance is asking for the lease a check needs: wait for it.
+    Wait(LeaseWait),
 }
 
 /// The checks of a store call that ask for a lease: where they are among its checks and their
@@ -102,18 +109,12 @@ impl Leases {
 
     fn shard(&self, tier: u32, key: &Key) -> MutexGuard<'_, Shard> {
         let index = self.hasher.hash_one((tier, key)) as usize % SHARDS;
-        self.shards[index]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.shards[index].lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Admits `checks` from the leases held here if every one of them has a lease with room
     /// for its cost (all or nothing); `None` otherwise, with nothing spent.
-    fn spend(
-        &self,
-        checks: &[Check],
-        now: u64,
-    ) -> Option<Spent> {
+    fn spend(&self, checks: &[Check], now: u64) -> Option<Spent> {
         let mut outcomes = SmallVec::new();
         let mut ends = SmallVec::new();
         for (i, c) in checks.iter().enumerate() {
@@ -147,8 +148,25 @@ impl Leases {
     /// every one has a lease with room, else marks those with none (and no request asking) to
     /// ask the store for one, appending a give-back of what their old lease has left.
     pub(crate) fn plan(self: &Arc<Self>, checks: &mut Checks, all_leased: bool, now: u64) -> Plan {
-        if all_leased && let Some((outcomes, ends)) = self.spend(checks, now) {
-            return Plan::Local(outcomes, ends);
+        if all_leased {
+            if let Some((outcomes, ends)) = self.spend(checks, now) {
+                return Plan::Local(outcomes, ends);
+            }
+            // A request that only needs leases waits for one that is on its way.
+            for c in checks.iter() {
+                let (tier, key) = (c.tier().id(), c.key());
+                let shard = self.shard(tier, key);
+                if let Some(entry) = shard.entries.get(&(tier, key.clone()))
+                    && entry.asking
+                    && !entry.held.is_some_and(|h| h.usable(now, c.cost()))
+                {
+                    return Plan::Wait(LeaseWait {
+                        leases: self.clone(),
+                        tier,
+                        key: key.clone(),
+                    });
+                }
+            }
         }
         let mut asking = SmallVec::new();
         let mut give_backs = Checks::new();
@@ -171,7 +189,12 @@ impl Leases {
             {
                 metrics::counter!("ratelimit_lease_units_returned_total", "policy" => c.tier().name().to_owned())
                     .increment(old.left);
-                give_backs.push(Check::give_back(c.tier().clone(), key.clone(), old.left, old.end));
+                give_backs.push(Check::give_back(
+                    c.tier().clone(),
+                    key.clone(),
+                    old.left,
+                    old.end,
+                ));
             }
             *c = c.with_mode(Mode::Lease);
             asking.push((i, tier, key, c.cost()));
@@ -271,10 +294,38 @@ impl Drop for Asking {
             let mut shard = self.leases.shard(*tier, key);
             if let Some(entry) = shard.entries.get_mut(&(*tier, key.clone())) {
                 entry.asking = false;
+                for waker in entry.waiters.drain(..) {
+                    waker.wake();
+                }
                 if entry.held.is_none() {
                     shard.entries.remove(&(*tier, key.clone()));
                 }
             }
+        }
+    }
+}
+
+/// Waits for the answer to another request's asking for a lease on a key (granted or not,
+/// or the asking request gone).
+pub(crate) struct LeaseWait {
+    leases: Arc<Leases>,
+    tier: u32,
+    key: Key,
+}
+
+impl Future for LeaseWait {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut shard = self.leases.shard(self.tier, &self.key);
+        match shard.entries.get_mut(&(self.tier, self.key.clone())) {
+            Some(entry) if entry.asking => {
+                if !entry.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                    entry.waiters.push(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+            _ => Poll::Ready(()),
         }
     }
 }

@@ -31,7 +31,7 @@ use crate::decision::Decision;
 use crate::error::{ConfigError, FailurePolicy, StoreError, StoreErrorKind};
 use crate::headers::{HeaderConfig, RateLimitHeaders};
 use crate::key::{Key, KeyExtractor, RequestRef};
-use crate::lease::{self, Asking, Leases};
+use crate::lease::{self, Asking, LeaseWait, Leases};
 use crate::policy::{CompiledPolicy, CostFn, Policy, RequestFn, StatusFn, Tier};
 use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Permit};
 use crate::response::Responses;
@@ -108,6 +108,17 @@ pub(crate) enum Begin<F> {
     Settled(Settled, Charges),
     /// The store answers later: wait for `F`, then [`Limiter::settle`] with the ticket.
     Wait(F, Ticket),
+    /// Another request of this instance is asking the store for the lease this one needs:
+    /// wait for its answer, then [`Limiter::decide`] again.
+    Lease(LeaseWait, Box<Planned>),
+}
+
+/// A request's checks, planned: the store's, the local fallback's, and the charges that wait
+/// for the response.
+pub(crate) struct Planned {
+    checks: Checks,
+    fallback: Option<Checks>,
+    after: Charges,
 }
 
 /// What to do once the decision is known.
@@ -276,19 +287,32 @@ impl<St: Store> Limiter<St> {
         if checks.is_empty() {
             return Begin::Unlimited;
         }
-        // Pre-check. The layer's clock is read only when the deny cache or an open breaker
-        // needs it.
-        let now = OnceCell::new();
-        let now = || *now.get_or_init(|| self.clock.now_micros());
-        if let Some(decision) = self
-            .deny_cache
-            .as_ref()
-            .and_then(|c| c.lookup(&checks, now()))
+        // Pre-check. The layer's clock is read only when the deny cache, a lease or an open
+        // breaker needs it.
+        if let Some(cache) = &self.deny_cache
+            && let Some(decision) = cache.lookup(&checks, self.clock.now_micros())
         {
             metrics::counter!("ratelimit_deny_cache_hits_total").increment(1);
             let headers = self.response_headers(&decision);
             return Begin::Settled(self.limited(decision, &headers), Charges::new());
         }
+        self.decide(Planned {
+            checks,
+            fallback,
+            after,
+        })
+    }
+
+    /// The rest of step 2 for a planned request: the leases held here, the breaker, the store.
+    /// Called again for a request that waited for another's lease.
+    pub(crate) fn decide(&self, planned: Planned) -> Begin<St::Future> {
+        let Planned {
+            mut checks,
+            fallback,
+            mut after,
+        } = planned;
+        let now = OnceCell::new();
+        let now = || *now.get_or_init(|| self.clock.now_micros());
         let remember = self.deny_cache.is_some().then(|| {
             checks
                 .iter()
@@ -312,6 +336,14 @@ impl<St: Store> Limiter<St> {
                     return Begin::Settled(settled, after);
                 }
                 lease::Plan::Store(a) => asking = a.map(|a| (a, now())),
+                lease::Plan::Wait(wait) => {
+                    let planned = Planned {
+                        checks,
+                        fallback,
+                        after,
+                    };
+                    return Begin::Lease(wait, Box::new(planned));
+                }
             }
         }
         let permit = self
@@ -470,7 +502,12 @@ impl<St: Store> Limiter<St> {
                     let now = self.clock.now_micros();
                     if !leases.put_back(&a.check, end, a.check.cost(), now) {
                         let c = a.check;
-                        checks.push(Check::give_back(c.tier().clone(), c.key().clone(), c.cost(), end));
+                        checks.push(Check::give_back(
+                            c.tier().clone(),
+                            c.key().clone(),
+                            c.cost(),
+                            end,
+                        ));
                     }
                 }
                 _ => checks.push(a.check),

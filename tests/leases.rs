@@ -13,8 +13,7 @@ use support::{RedisServer, assert_no_key_without_ttl};
 use tower::Layer;
 use tower_ratelimit::key::{GlobalKey, Key};
 use tower_ratelimit::{
-    Algorithm, FailurePolicy, ManualClock, MemoryStore, Policy, RateLimitLayer,
-    RedisStore, Store,
+    Algorithm, FailurePolicy, ManualClock, MemoryStore, Policy, RateLimitLayer, RedisStore, Store,
 };
 
 /// A layer of `policy` on `store`, keyed by one global key, on `clock`.

@@ -808,7 +808,10 @@ fn drive_leases(
         let (verdict, _) = compiled.lease_verdict(state.as_ref(), now, ttl, e.cost);
         if verdict.allowed {
             let lease = compiled.take_lease(&mut state, now, ttl, e.cost, want.max(e.cost));
-            assert!(lease.verdict.allowed, "a lease admitted at {now} was then refused");
+            assert!(
+                lease.verdict.allowed,
+                "a lease admitted at {now} was then refused"
+            );
             assert!(lease.units >= e.cost && lease.units <= want.max(e.cost));
             assert!(lease.end >= now && lease.end <= now + ttl);
             *mine = Some(Held {

@@ -174,11 +174,13 @@ impl Decision {
         &mut self.outcomes
     }
 
-    /// The same decision without its last `n` outcomes (the checks a store call carried for
+    /// The same decision without its first `n` outcomes (the checks a store call carried for
     /// other purposes: units given back).
-    pub(crate) fn truncated(mut self, n: usize) -> Self {
-        let keep = self.outcomes.len().saturating_sub(n);
-        self.outcomes.truncate(keep);
+    pub(crate) fn without_first(mut self, n: usize) -> Self {
+        if n == 0 {
+            return self;
+        }
+        self.outcomes.drain(..n.min(self.outcomes.len()));
         Decision::new(self.outcomes)
     }
 

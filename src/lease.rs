@@ -95,7 +95,7 @@ pub(crate) struct Asking {
     leases: Arc<Leases>,
     /// `(index among the checks, tier id, key, cost)`.
     checks: SmallVec<[(usize, u32, Key, u64); 1]>,
-    /// Give-back checks appended after the request's own.
+    /// Give-back checks put before the request's own.
     pub(crate) give_backs: usize,
 }
 
@@ -144,11 +144,17 @@ impl Leases {
         Some((outcomes, ends))
     }
 
-    /// Plans `checks` (whose tiers all take leases when `all_leased`): admits them here when
-    /// every one has a lease with room, else marks those with none (and no request asking) to
-    /// ask the store for one, appending a give-back of what their old lease has left.
+    /// Plans `checks`. Unless every one's tier takes leases (`all_leased`), the store decides
+    /// them one by one as usual: the request needs a store call anyway. Otherwise they are
+    /// admitted here when every one has a lease with room; else the request waits for a
+    /// lease another request is asking for; else those with none ask the store for one, each
+    /// with a give-back of what its old lease has left.
     pub(crate) fn plan(self: &Arc<Self>, checks: &mut Checks, all_leased: bool, now: u64) -> Plan {
-        if all_leased {
+        if !all_leased {
+            // Another policy needs the store anyway: a lease would save nothing here.
+            return Plan::Store(None);
+        }
+        {
             if let Some((outcomes, ends)) = self.spend(checks, now) {
                 return Plan::Local(outcomes, ends);
             }
@@ -168,7 +174,7 @@ impl Leases {
                 }
             }
         }
-        let mut asking = SmallVec::new();
+        let mut asking: SmallVec<[(usize, u32, Key, u64); 1]> = SmallVec::new();
         let mut give_backs = Checks::new();
         for (i, c) in checks.iter_mut().enumerate() {
             if c.mode() != Mode::Enforce || c.tier().lease().is_none() {
@@ -202,8 +208,13 @@ impl Leases {
         if asking.is_empty() {
             return Plan::Store(None);
         }
+        // The give-backs go first: a store call makes each check's changes in order, and the
+        // lease on the same key must be decided on what they leave.
         let give_backs_len = give_backs.len();
-        checks.extend(give_backs);
+        for a in &mut asking {
+            a.0 += give_backs_len;
+        }
+        checks.insert_many(0, give_backs);
         Plan::Store(Some(Asking {
             leases: self.clone(),
             checks: asking,

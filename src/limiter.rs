@@ -392,8 +392,10 @@ impl<St: Store> Limiter<St> {
                     breaker.success(ticket.permit);
                 }
                 if let Some((asking, sent)) = ticket.asking.take() {
-                    decision = decision.truncated(asking.give_backs);
-                    asking.granted(decision.outcomes_mut(), sent, self.clock.now_micros());
+                    decision = decision.without_first(asking.give_backs);
+                    if decision.is_allowed() {
+                        asking.granted(decision.outcomes_mut(), sent, self.clock.now_micros());
+                    }
                     for a in &mut ticket.after {
                         a.lease_end = decision
                             .outcomes()

@@ -3,6 +3,7 @@
 
 mod support;
 
+use support::lease::{fewest_admitted, hammer};
 use support::{RedisCluster, assert_no_key_without_ttl};
 use tower_ratelimit::key::Key;
 use tower_ratelimit::{Algorithm, ManualClock, Policy, RateLimitLayer, RedisStore};
@@ -18,6 +19,8 @@ async fn cluster_suite() {
     script_flush_on_every_node_is_survived(c).await;
     redis_time_works_on_the_cluster(c).await;
     policies_on_different_slots_charge_all_or_nothing(c).await;
+    leases_keep_two_instances_within_the_limit_on_the_cluster(c).await;
+    leased_policies_on_different_slots_charge_all_or_nothing(c).await;
 }
 
 async fn store(
@@ -265,4 +268,100 @@ async fn policies_on_different_slots_charge_all_or_nothing(cluster: &RedisCluste
     let state = node.cli(&["GET", &ip_key]);
     assert_eq!(state.split(' ').nth(1), Some("2"), "per-ip state {state:?}");
     check_all_nodes(cluster, "cslots:");
+}
+
+async fn leases_keep_two_instances_within_the_limit_on_the_cluster(cluster: &RedisCluster) {
+    let (limit, lease) = (100, 10);
+    for algorithm in Algorithm::ALL {
+        let policy = Policy::new(algorithm, format!("{limit}/h").as_str())
+            .name(format!("lease-{algorithm}"))
+            .lease(lease as u32);
+        let connect = |pool: bool| {
+            let mut b = RedisStore::builder(&cluster.url())
+                .deadline(std::time::Duration::from_secs(10))
+                .prefix("clease:");
+            if pool {
+                b = b.pool(8);
+            }
+            b.build()
+        };
+        let a = connect(false).await.unwrap();
+        let b = connect(true).await.unwrap();
+        let admitted = hammer(a, b, policy, 240).await;
+        let fewest = fewest_admitted(algorithm, limit, lease);
+        assert!(
+            (fewest..=limit).contains(&admitted),
+            "{algorithm}: {admitted} admitted, not within {fewest}..={limit}"
+        );
+    }
+    check_all_nodes(cluster, "clease:");
+}
+
+async fn leased_policies_on_different_slots_charge_all_or_nothing(cluster: &RedisCluster) {
+    use http::{HeaderName, Request, Response, StatusCode};
+    use tower::{ServiceExt, service_fn};
+    use tower_layer::Layer;
+    use tower_ratelimit::key::HeaderKey;
+
+    let clock = ManualClock::new();
+    let s = store(cluster, "cleased:", &clock, false).await;
+    let layer = RateLimitLayer::builder()
+        .policy(
+            Policy::fixed_window("100/h")
+                .name("per-ip")
+                .key(HeaderKey::new(HeaderName::from_static("x-ip")))
+                .lease(5),
+        )
+        .policy(
+            Policy::fixed_window("2/h")
+                .name("per-user")
+                .key(HeaderKey::new(HeaderName::from_static("x-user")))
+                .lease(1),
+        )
+        .store(s.clone())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let ip_key = String::from_utf8(s.key_for("per-ip", &Key::from("198.51.100.7"))).unwrap();
+    let user_key = String::from_utf8(s.key_for("per-user", &Key::from("alice"))).unwrap();
+    let slot = |k: &str| cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", k]);
+    assert_ne!(slot(&ip_key), slot(&user_key));
+    let svc = layer.layer(service_fn(|_: Request<()>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(
+            http_body_util::Empty::<bytes::Bytes>::new(),
+        ))
+    }));
+    let request = || {
+        Request::builder()
+            .header("x-ip", "198.51.100.7")
+            .header("x-user", "alice")
+            .body(())
+            .unwrap()
+    };
+    let mut statuses = Vec::new();
+    for i in 0..4 {
+        if i == 2 {
+            // The per-IP lease ends: the next requests ask for a new one on its slot, which
+            // the per-user slot then denies.
+            clock.advance(std::time::Duration::from_secs(2));
+        }
+        statuses.push(svc.clone().oneshot(request()).await.unwrap().status());
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    // What the per-IP policy counts is what was spent: the first request's unit (of its
+    // lease, whose four units left went back with the next asking) and the second's (charged
+    // by the store, as its per-user lease was spent). The leases the denied requests took on
+    // the per-IP slot were given back when the per-user slot denied them.
+    let node = cluster.node_for(ip_key.as_bytes());
+    let state = node.cli(&["GET", &ip_key]);
+    assert_eq!(state.split(' ').nth(1), Some("2"), "per-ip state {state:?}");
+    check_all_nodes(cluster, "cleased:");
 }

@@ -156,3 +156,108 @@ async fn lua_twins_match_the_rust_algorithms() {
     assert_eq!(decisions, 6 * sequences_per_algorithm as usize * 30);
     assert_no_key_without_ttl(&server, "diff:");
 }
+
+/// Leases, decided by the twins: the same requests at the same times, through a layer whose
+/// policy takes leases, leave the same state in both stores (looked at by a layer without a
+/// lease after every step) and get the same answers. Covers the `LEASE` and `GIVE_BACK` steps
+/// of every algorithm: leases taken, spent, ended by the clock, and given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_are_counted_alike_in_both_stores() {
+    use support::http::{Seen, get, inner};
+    use tower::Layer;
+    use tower_ratelimit::key::GlobalKey;
+
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let redis = RedisStore::builder(&server.url())
+        .deadline(std::time::Duration::from_secs(10))
+        .prefix("diffl:")
+        .clock(clock.clone())
+        .build()
+        .await
+        .expect("connect to the test redis-server");
+    let sequences_per_algorithm = 60;
+    let mut steps = 0;
+    for algorithm in Algorithm::ALL {
+        for seq in 0..sequences_per_algorithm {
+            let seed = (algorithm as u64) << 32 | seq | 1 << 31;
+            let mut rng = Rng::new(seed);
+            let name = format!("{}-{seq}", algorithm.name());
+            let plain = random_policy(&mut rng, algorithm, name);
+            let capacity = {
+                let l = RateLimitLayer::builder()
+                    .policy(plain.clone())
+                    .build()
+                    .unwrap();
+                l.check(&Key::global(), 0).await.unwrap().outcomes()[0].limit()
+            };
+            let window = {
+                let l = RateLimitLayer::builder()
+                    .policy(plain.clone())
+                    .build()
+                    .unwrap();
+                l.check(&Key::global(), 0).await.unwrap().outcomes()[0].window()
+            };
+            let units = rng.range(1, capacity) as u32;
+            // A lease life up to the reported window, where the quota's window allows it (a
+            // bucket's reported window can be longer), else the default one.
+            let ttl = Duration::from_micros(rng.range(1, window.as_micros().max(1) as u64));
+            let mut leased = plain.clone().lease(units).lease_ttl(ttl);
+            if RateLimitLayer::builder()
+                .policy(leased.clone())
+                .build()
+                .is_err()
+            {
+                leased = plain.clone().lease(units);
+            }
+            let memory = MemoryStore::with_clock(clock.clone());
+            let build = |policy: &Policy, redis_store: bool| {
+                let b = RateLimitLayer::builder()
+                    .policy(policy.clone())
+                    .key(GlobalKey)
+                    .clock(clock.clone());
+                if redis_store {
+                    Err(b.store(redis.clone()).build().unwrap())
+                } else {
+                    Ok(b.store(memory.clone()).build().unwrap())
+                }
+            };
+            let (Ok(on_memory), Err(on_redis)) = (build(&leased, false), build(&leased, true))
+            else {
+                unreachable!()
+            };
+            let (Ok(look_memory), Err(look_redis)) = (build(&plain, false), build(&plain, true))
+            else {
+                unreachable!()
+            };
+            let seen = Seen::default();
+            let (svc_m, svc_r) = (on_memory.layer(inner(&seen)), on_redis.layer(inner(&seen)));
+            for step in 0..30 {
+                match rng.range(0, 3) {
+                    0 => {}
+                    1 => clock.advance_micros(rng.range(1, ttl.as_micros() as u64 + 1)),
+                    _ => clock.advance_micros(rng.range(1, 6_000)),
+                }
+                let (m, r) = (get(&svc_m).await, get(&svc_r).await);
+                assert_eq!(
+                    (m.status, m.rate_headers()),
+                    (r.status, r.rate_headers()),
+                    "{algorithm} seed {seed} step {step}: memory vs redis"
+                );
+                let key = Key::global();
+                let (m, r) = (
+                    look_memory.check(&key, 0).await.unwrap(),
+                    look_redis.check(&key, 0).await.unwrap(),
+                );
+                assert_eq!(
+                    summary(&m),
+                    summary(&r),
+                    "{algorithm} seed {seed} step {step}: the stores' states differ"
+                );
+                steps += 1;
+            }
+        }
+    }
+    assert_eq!(steps, 6 * sequences_per_algorithm as usize * 30);
+    assert_no_key_without_ttl(&server, "diffl:");
+}

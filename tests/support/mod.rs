@@ -5,6 +5,7 @@
 
 pub mod demo;
 pub mod http;
+pub mod lease;
 
 use std::net::TcpListener;
 use std::path::PathBuf;

@@ -552,7 +552,11 @@ impl Inner {
         }
         Ok(verdicts
             .into_iter()
-            .map(|v| v.expect("every check was decided"))
+            .map(|v| {
+                let (verdict, grant) = v.expect("every check was decided");
+                // A denied request's leases were given back.
+                (verdict, grant.filter(|_| !denied))
+            })
             .collect())
     }
 

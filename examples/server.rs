@@ -35,6 +35,9 @@ Environment variables:
                                                     (default gcra)
   RATE_LIMIT  a quota such as 10/s, 100/min, 20/10s, or several separated by commas,
               all enforced at once, e.g. 10/s,1000/h (default 10/s)
+  LEASE       with REDIS_URL: units each instance takes of a key at once and admits
+              from without asking Redis, until spent or a lease ends (default unset:
+              every request asks Redis)
   HEADERS     legacy (X-RateLimit-*) | ietf (RateLimit-Policy, RateLimit) | both
                                                     (default legacy)
   KEY         ip | client_ip | global | header:<name> (default ip)
@@ -57,6 +60,7 @@ struct Config {
     store_timeout: std::time::Duration,
     algorithm: Algorithm,
     rate_limit: String,
+    lease: Option<u32>,
     headers: HeaderStyle,
     key: String,
     trusted_proxies: Vec<Cidr>,
@@ -108,6 +112,22 @@ fn config() -> Result<Config, String> {
         url if url.is_empty() => None,
         url => Some(url),
     };
+    let lease = match env_or("LEASE", "")?.as_str() {
+        "" => None,
+        units => match (units.parse::<u32>(), &redis_url) {
+            (Ok(units), Some(_)) if units > 0 => Some(units),
+            (Ok(_), None) => {
+                return Err(format!(
+                    "LEASE: leases share a limit kept in Redis between instances; set REDIS_URL too, or drop LEASE={units}"
+                ));
+            }
+            _ => {
+                return Err(format!(
+                    "LEASE: {units:?} is not a positive number of units"
+                ));
+            }
+        },
+    };
     Ok(Config {
         bind,
         redis_url,
@@ -135,6 +155,7 @@ fn config() -> Result<Config, String> {
         },
         algorithm,
         rate_limit: env_or("RATE_LIMIT", "10/s")?,
+        lease,
         headers: env_or("HEADERS", "legacy")?
             .parse()
             .map_err(|e| format!("HEADERS: {e}"))?,
@@ -157,7 +178,11 @@ fn policies<St: Store>(
     mut builder: tower_ratelimit::RateLimitLayerBuilder<St>,
 ) -> tower_ratelimit::RateLimitLayerBuilder<St> {
     for quota in config.rate_limit.split(',') {
-        builder = builder.policy(Policy::new(config.algorithm, quota.trim()));
+        let mut policy = Policy::new(config.algorithm, quota.trim());
+        if let Some(units) = config.lease {
+            policy = policy.lease(units);
+        }
+        builder = builder.policy(policy);
     }
     builder
         .headers(config.headers)
@@ -199,10 +224,11 @@ async fn build(config: &Config) -> Result<(Router, String), String> {
                 .await
                 .map_err(|e| format!("REDIS_URL: {e}"))?;
             let described = format!(
-                "redis prefix={} ON_STORE_ERROR={:?} STORE_TIMEOUT_MS={}",
+                "redis prefix={} ON_STORE_ERROR={:?} STORE_TIMEOUT_MS={} LEASE={}",
                 config.prefix,
                 config.on_store_error,
-                config.store_timeout.as_millis()
+                config.store_timeout.as_millis(),
+                config.lease.map_or("off".into(), |u| u.to_string())
             );
             Ok((app(config, store)?, described))
         }

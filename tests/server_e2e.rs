@@ -44,6 +44,8 @@ fn bad_configuration_stops_the_server_with_the_variable_named() {
         ("BIND", "localhost", "BIND:"),
         ("ON_STORE_ERROR", "maybe", "ON_STORE_ERROR:"),
         ("STORE_TIMEOUT_MS", "0", "STORE_TIMEOUT_MS:"),
+        ("LEASE", "5", "LEASE:"),
+        ("LEASE", "none", "LEASE:"),
     ] {
         let err = start_error(&[(name, value)]);
         assert!(
@@ -80,4 +82,43 @@ fn two_servers_on_one_redis_share_one_limit() {
     assert_eq!(admitted, 5, "one global limit across both instances");
     let keys = redis.cli(&["--scan", "--pattern", "e2e:*"]);
     assert_eq!(keys, "e2e:gcra:5/h:{4:127.0.0.1}");
+}
+
+#[test]
+fn two_servers_with_leases_share_one_limit_and_ask_redis_once_per_lease() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let env = [
+        ("REDIS_URL", url.as_str()),
+        ("RATE_LIMIT", "20/h"),
+        ("LEASE", "4"),
+        ("PREFIX", "e2el:"),
+        ("STORE_TIMEOUT_MS", "10000"),
+    ];
+    let a = DemoServer::start(&env);
+    let b = DemoServer::start(&env);
+    assert!(a.first_line.contains("LEASE=4"), "{}", a.first_line);
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    let mut admitted = 0;
+    for i in 0..30 {
+        let server = if i % 2 == 0 { &a } else { &b };
+        if server.get("/", &[]).0 == 200 {
+            admitted += 1;
+        }
+    }
+    // Each instance holds at most one lease of 4: at most 8 units of the 20 sit unspent.
+    assert!((12..=20).contains(&admitted), "{admitted} admitted");
+    // Requests admitted from a lease do not ask Redis: one call per lease of 4, plus the
+    // calls of the denied requests.
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    let calls: u64 = stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_fcall:") || l.starts_with("cmdstat_evalsha:"))
+        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+        .sum();
+    let denied = 30 - admitted;
+    assert!(
+        calls <= (admitted as u64).div_ceil(4) + denied as u64,
+        "{calls} calls for {admitted} admitted and {denied} denied"
+    );
 }

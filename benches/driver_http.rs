@@ -17,6 +17,9 @@
 //! | `evalsha` | no layer: the handler sends the same call (`FCALL`) on one multiplexed connection |
 //! | `deny-memory` | our layer, memory store, fixed window 1/hour: every request but one is 429 |
 //! | `deny-redis` | the same on the Redis store with the deny cache on |
+//! | `redis-lease` | `redis` with leases of 20 units (`Policy::lease(20)`) |
+//! | `redis-cold` | `redis`, keyed by the `x-key` header (a new key per request, see `scripts/cold_keys.lua`) |
+//! | `redis-cold-lease` | `redis-cold` with leases of 20 units |
 
 mod common;
 
@@ -26,14 +29,18 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
+use axum::http::HeaderName;
 use axum::http::StatusCode;
 use axum::routing::get;
-use tower_ratelimit::key::Key;
+use tower_ratelimit::key::{HeaderKey, Key};
 use tower_ratelimit::{HeaderStyle, Policy, RateLimitLayer, RedisStore};
 
 async fn hello() -> &'static str {
     "hello"
 }
+
+/// The units of a lease in the `*-lease` modes.
+const LEASE: u32 = 20;
 
 fn open_policy() -> Policy {
     Policy::gcra("1000000/s").name("g")
@@ -107,6 +114,27 @@ async fn app(mode: &str, url: &str) -> Router {
                 .build()
                 .unwrap(),
         ),
+        "redis-lease" => base.layer(
+            RateLimitLayer::builder()
+                .policy(open_policy().lease(LEASE))
+                .store(redis_store(url).await)
+                .build()
+                .unwrap(),
+        ),
+        "redis-cold" | "redis-cold-lease" => {
+            let mut policy = open_policy();
+            if mode == "redis-cold-lease" {
+                policy = policy.lease(LEASE);
+            }
+            base.layer(
+                RateLimitLayer::builder()
+                    .policy(policy)
+                    .key(HeaderKey::new(HeaderName::from_static("x-key")))
+                    .store(redis_store(url).await)
+                    .build()
+                    .unwrap(),
+            )
+        }
         "deny-redis" => base.layer(
             RateLimitLayer::builder()
                 .policy(deny_policy())

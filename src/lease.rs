@@ -25,6 +25,7 @@ use smallvec::SmallVec;
 use crate::algorithm::Verdict;
 use crate::decision::{Grant, PolicyOutcome};
 use crate::key::Key;
+use crate::policy::Tier;
 use crate::store::{Check, Checks, Mode};
 
 /// Shards of the lease table: requests for different keys rarely wait for each other.
@@ -45,13 +46,29 @@ struct Shard {
     ops: u32,
 }
 
+/// What this instance knows of one key of one leasing policy.
 #[derive(Debug, Default)]
 struct Entry {
+    /// The lease being spent.
     held: Option<Held>,
+    /// A lease taken while `held` ran low, spent once `held` is spent or has ended.
+    next: Option<Held>,
     /// Whether a request of this instance is asking the store for a lease on this key.
     asking: bool,
     /// The requests waiting for that answer.
     waiters: Vec<Waker>,
+    /// The units of the next lease: 0 for a key seen once (decided by the store as usual),
+    /// then doubling as leases are taken, up to the policy's lease, and halving when a lease
+    /// goes back mostly unspent. A key seen once costs what it costs without leases.
+    size: u64,
+    /// Units of ended leases, with their ends, to give back with the next asking.
+    returns: SmallVec<[(u64, u64); 1]>,
+    /// Until when (layer clock) the entry is worth keeping without a lease in use.
+    keep_until: u64,
+    /// What the store had left beyond the leases when it granted the latest, for the headers.
+    remaining: u64,
+    /// When (layer clock) the key would be fully reset, as of the latest grant.
+    reset_at: u64,
 }
 
 /// A lease in hand.
@@ -59,19 +76,83 @@ struct Entry {
 struct Held {
     /// Units left to spend.
     left: u64,
+    /// Units granted.
+    size: u64,
     /// The last moment (layer clock) they may be spent.
     until: u64,
     /// The lease's end on the store's clock, to give units back.
     end: u64,
-    /// What the store had left beyond the lease when it granted it, for the headers.
-    remaining: u64,
-    /// When (layer clock) the key would be fully reset, as of the grant.
-    reset_at: u64,
 }
 
 impl Held {
     fn usable(&self, now: u64, cost: u64) -> bool {
         now <= self.until && self.left >= cost
+    }
+
+    /// Five sixths spent or more: time to ask for the next lease, so that it comes before
+    /// this one is spent. (The next lease takes what this one has left off its size: asked for
+    /// later, it comes too late more often; sooner, leases get smaller and store calls more
+    /// frequent, one per five sixths of a lease at worst.)
+    fn low(&self) -> bool {
+        self.left * 6 <= self.size
+    }
+}
+
+impl Entry {
+    /// The lease a request of `cost` would spend now: the one held, else the next one.
+    fn usable(&self, now: u64, cost: u64) -> Option<&Held> {
+        [&self.held, &self.next]
+            .into_iter()
+            .flatten()
+            .find(|h| h.usable(now, cost))
+    }
+
+    /// Spends `cost` units, moving on to the next lease when the one held is spent or has
+    /// ended (what it has left goes back with the next asking). Returns the lease's end and
+    /// the request's verdict: what the store had left at the latest grant, plus the units
+    /// in hand here.
+    fn spend(&mut self, now: u64, cost: u64) -> Option<(u64, Verdict)> {
+        if !self.held.is_some_and(|h| h.usable(now, cost)) {
+            let next = self.next.filter(|n| n.usable(now, cost))?;
+            self.next = None;
+            if let Some(old) = self.held.replace(next) {
+                self.retire(old);
+            }
+        }
+        let held = self.held.as_mut()?;
+        held.left -= cost;
+        let (end, until) = (held.end, held.until);
+        self.keep_until = self.keep_until.max(until);
+        let in_hand = self.in_hand(now);
+        let verdict = Verdict::allow(self.remaining + in_hand, self.reset_at.saturating_sub(now));
+        Some((end, verdict))
+    }
+
+    /// Units in the leases here that may still be spent.
+    fn in_hand(&self, now: u64) -> u64 {
+        [&self.held, &self.next]
+            .into_iter()
+            .flatten()
+            .filter(|h| now <= h.until)
+            .map(|h| h.left)
+            .sum()
+    }
+
+    /// A lease this instance is done with: its units left go back with the next asking, and
+    /// a lease that went back mostly unspent halves the next one.
+    fn retire(&mut self, old: Held) {
+        if old.left > 0 {
+            self.returns.push((old.left, old.end));
+            if old.left * 2 > old.size {
+                self.size = (self.size / 2).max(1);
+            }
+        }
+    }
+
+    /// Whether the entry is of no more use: no lease in use, no request asking, nothing to
+    /// give back, and idle for a lease's life.
+    fn idle(&self, now: u64) -> bool {
+        !self.asking && self.returns.is_empty() && now > self.keep_until
     }
 }
 
@@ -89,14 +170,30 @@ pub(crate) enum Plan {
     Wait(LeaseWait),
 }
 
+/// What one check needs, as the entries stand.
+enum Need {
+    /// A lease here has room.
+    Local,
+    /// A lease to ask for: none here has room, or the one held runs low (asked for ahead of
+    /// time, so the next is there before this one is spent).
+    Ask,
+    /// None here has room and another request is asking for one.
+    Wait,
+}
+
+/// A check that asks for a lease: where it is among the store call's checks, its tier, key
+/// and cost.
+struct Asked(usize, Arc<Tier>, Key, u64);
+
 /// The checks of a store call that ask for a lease: where they are among its checks and their
 /// keys. Dropping it (the answer came, or the request went away) lets the next request ask.
 pub(crate) struct Asking {
     leases: Arc<Leases>,
-    /// `(index among the checks, tier id, key, cost)`.
-    checks: SmallVec<[(usize, u32, Key, u64); 1]>,
+    checks: SmallVec<[Asked; 1]>,
     /// Give-back checks put before the request's own.
     pub(crate) give_backs: usize,
+    /// The request's own checks.
+    of: usize,
 }
 
 impl Leases {
@@ -112,105 +209,130 @@ impl Leases {
         self.shards[index].lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn need(&self, check: &Check, now: u64) -> Need {
+        let shard = self.shard(check.tier().id(), check.key());
+        let Some(entry) = shard.entries.get(&(check.tier().id(), check.key().clone())) else {
+            return Need::Ask;
+        };
+        match entry.usable(now, check.cost()) {
+            Some(h) if entry.asking || entry.next.is_some() || !h.low() => Need::Local,
+            Some(_) => Need::Ask,
+            None if entry.asking => Need::Wait,
+            None => Need::Ask,
+        }
+    }
+
     /// Admits `checks` from the leases held here if every one of them has a lease with room
     /// for its cost (all or nothing); `None` otherwise, with nothing spent.
     fn spend(&self, checks: &[Check], now: u64) -> Option<Spent> {
         let mut outcomes = SmallVec::new();
         let mut ends = SmallVec::new();
         for (i, c) in checks.iter().enumerate() {
-            let spent = {
-                let mut shard = self.shard(c.tier().id(), c.key());
-                shard
-                    .entries
-                    .get_mut(&(c.tier().id(), c.key().clone()))
-                    .and_then(|e| e.held.as_mut())
-                    .filter(|h| h.usable(now, c.cost()))
-                    .map(|h| {
-                        h.left -= c.cost();
-                        *h
-                    })
-            };
-            let Some(h) = spent else {
+            let spent = self
+                .shard(c.tier().id(), c.key())
+                .entries
+                .get_mut(&(c.tier().id(), c.key().clone()))
+                .and_then(|e| e.spend(now, c.cost()));
+            let Some((end, verdict)) = spent else {
                 // Put back what the earlier checks took.
                 for (c, end) in checks[..i].iter().zip(&ends) {
                     self.put_back(c, *end, c.cost(), now);
                 }
                 return None;
             };
-            let verdict = Verdict::allow(h.remaining + h.left, h.reset_at.saturating_sub(now));
             outcomes.push(PolicyOutcome::new(c.tier(), false, verdict));
-            ends.push(h.end);
+            ends.push(end);
         }
         Some((outcomes, ends))
     }
 
     /// Plans `checks`. Unless every one's tier takes leases (`all_leased`), the store decides
     /// them one by one as usual: the request needs a store call anyway. Otherwise they are
-    /// admitted here when every one has a lease with room; else the request waits for a
-    /// lease another request is asking for; else those with none ask the store for one, each
-    /// with a give-back of what its old lease has left.
+    /// admitted here when every one has a lease with room (and none runs low); else those
+    /// that need a lease and have none on its way ask the store for one, with what their
+    /// ended leases left to give back; else the request waits for a lease another request is
+    /// asking for.
     pub(crate) fn plan(self: &Arc<Self>, checks: &mut Checks, all_leased: bool, now: u64) -> Plan {
         if !all_leased {
             // Another policy needs the store anyway: a lease would save nothing here.
             return Plan::Store(None);
         }
-        {
+        let mut ask: SmallVec<[usize; 1]> = SmallVec::new();
+        let mut wait = None;
+        for (i, c) in checks.iter().enumerate() {
+            match self.need(c, now) {
+                Need::Local => {}
+                Need::Ask => ask.push(i),
+                Need::Wait => wait = wait.or(Some(i)),
+            }
+        }
+        if ask.is_empty() {
+            if let Some(i) = wait {
+                let c = &checks[i];
+                return Plan::Wait(LeaseWait {
+                    leases: self.clone(),
+                    tier: c.tier().id(),
+                    key: c.key().clone(),
+                });
+            }
             if let Some((outcomes, ends)) = self.spend(checks, now) {
                 return Plan::Local(outcomes, ends);
             }
-            // A request that only needs leases waits for one that is on its way.
-            for c in checks.iter() {
-                let (tier, key) = (c.tier().id(), c.key());
-                let shard = self.shard(tier, key);
-                if let Some(entry) = shard.entries.get(&(tier, key.clone()))
-                    && entry.asking
-                    && !entry.held.is_some_and(|h| h.usable(now, c.cost()))
-                {
-                    return Plan::Wait(LeaseWait {
-                        leases: self.clone(),
-                        tier,
-                        key: key.clone(),
-                    });
-                }
-            }
+            // Another request spent the units in between: ask for every check.
+            ask.extend(0..checks.len());
         }
-        let mut asking: SmallVec<[(usize, u32, Key, u64); 1]> = SmallVec::new();
+        let mut asking: SmallVec<[Asked; 1]> = SmallVec::new();
         let mut give_backs = Checks::new();
-        for (i, c) in checks.iter_mut().enumerate() {
-            if c.mode() != Mode::Enforce || c.tier().lease().is_none() {
+        for i in ask {
+            let c = &checks[i];
+            let Some(lease) = c.tier().lease() else {
                 continue;
-            }
+            };
             let (tier, key) = (c.tier().id(), c.key().clone());
             let mut shard = self.shard(tier, &key);
             shard.tick(now);
             let entry = shard.entries.entry((tier, key.clone())).or_default();
-            if entry.asking || entry.held.is_some_and(|h| h.usable(now, c.cost())) {
-                // Decided by the store one by one: a lease is on its way, or the one here has
-                // room (another check of the request has none).
+            entry.keep_until = entry.keep_until.max(now + lease.ttl_us());
+            if entry.asking {
+                // Another request asked in between: decided by the store one by one.
                 continue;
             }
-            entry.asking = true;
-            if let Some(old) = entry.held.take()
-                && old.left > 0
-            {
-                metrics::counter!("ratelimit_lease_units_returned_total", "policy" => c.tier().name().to_owned())
-                    .increment(old.left);
-                give_backs.push(Check::give_back(
-                    c.tier().clone(),
-                    key.clone(),
-                    old.left,
-                    old.end,
-                ));
+            for held in [&mut entry.held, &mut entry.next] {
+                if let Some(h) = held.take_if(|h| now > h.until) {
+                    entry.returns.push((h.left, h.end));
+                }
             }
-            *c = c.with_mode(Mode::Lease);
-            asking.push((i, tier, key, c.cost()));
+            entry.returns.retain(|r| r.0 > 0);
+            if entry.size == 0 {
+                // A key seen for the first time: decided as without leases; the next request
+                // within a lease's life takes one.
+                entry.size = 1;
+                continue;
+            }
+            for (units, end) in entry.returns.drain(..) {
+                give_backs.push(Check::give_back(c.tier().clone(), key.clone(), units, end));
+            }
+            entry.size = (entry.size * 2).clamp(1, lease.units());
+            // What the leases in hand keep counts toward the size: an instance never holds
+            // more than one lease's units of a key.
+            let kept = entry.usable(now, 0).map_or(0, |h| h.left);
+            let want = entry.size.saturating_sub(kept);
+            entry.asking = true;
+            drop(shard);
+            checks[i] = checks[i].leasing(want);
+            asking.push(Asked(i, checks[i].tier().clone(), key, checks[i].cost()));
         }
         if asking.is_empty() {
             return Plan::Store(None);
         }
+        for g in &give_backs {
+            metrics::counter!("ratelimit_lease_units_returned_total", "policy" => g.tier().name().to_owned())
+                .increment(g.cost());
+        }
         // The give-backs go first: a store call makes each check's changes in order, and the
         // lease on the same key must be decided on what they leave.
         let give_backs_len = give_backs.len();
+        let of = checks.len();
         for a in &mut asking {
             a.0 += give_backs_len;
         }
@@ -219,48 +341,53 @@ impl Leases {
             leases: self.clone(),
             checks: asking,
             give_backs: give_backs_len,
+            of,
         }))
     }
 
-    /// Gives `units` back to the lease that ended (store clock) at `end`, if it is still the
-    /// one held here and has not ended; false when it is gone.
+    /// Gives `units` back to the lease that ended (store clock) at `end`, if it is still one
+    /// held here and has not ended; false when it is gone.
     pub(crate) fn put_back(&self, check: &Check, end: u64, units: u64, now: u64) -> bool {
         let mut shard = self.shard(check.tier().id(), check.key());
-        match shard
+        let Some(entry) = shard
             .entries
             .get_mut(&(check.tier().id(), check.key().clone()))
-            .and_then(|e| e.held.as_mut())
+        else {
+            return false;
+        };
+        match [&mut entry.held, &mut entry.next]
+            .into_iter()
+            .flatten()
+            .find(|h| h.end == end && now <= h.until)
         {
-            Some(h) if h.end == end && now <= h.until => {
+            Some(h) => {
                 h.left += units;
                 true
             }
-            _ => false,
+            None => false,
         }
     }
 
-    /// Forgets the lease on `key` of the tier `tier` (an administrator reset or blocked it).
+    /// Forgets the leases on `key` of the tier `tier` (an administrator reset or blocked it):
+    /// their units are not given back, the store has forgotten them.
     pub(crate) fn forget(&self, tier: u32, key: &Key) {
         let mut shard = self.shard(tier, key);
         if let Some(entry) = shard.entries.get_mut(&(tier, key.clone())) {
             entry.held = None;
-            if !entry.asking {
-                shard.entries.remove(&(tier, key.clone()));
-            }
+            entry.next = None;
+            entry.returns.clear();
         }
     }
 }
 
 impl Shard {
-    /// Counts an operation and, every [`SWEEP_EVERY`], drops the entries whose lease has
-    /// ended and that no request is asking for: the table holds the keys in use, not every
-    /// key ever seen.
+    /// Counts an operation and, every [`SWEEP_EVERY`], drops the idle entries: the table
+    /// holds the keys in use, not every key ever seen.
     fn tick(&mut self, now: u64) {
         self.ops += 1;
         if self.ops >= SWEEP_EVERY {
             self.ops = 0;
-            self.entries
-                .retain(|_, e| e.asking || e.held.is_some_and(|h| now <= h.until));
+            self.entries.retain(|_, e| !e.idle(now));
         }
     }
 }
@@ -270,7 +397,8 @@ impl Asking {
     /// checks): `sent` is when the store was asked, `now` the present (layer clock). The
     /// asking request's own outcome reports the lease's units left here as remaining.
     pub(crate) fn granted(&self, outcomes: &mut [PolicyOutcome], sent: u64, now: u64) {
-        for (i, tier, key, cost) in &self.checks {
+        for Asked(i, tier, key, cost) in &self.checks {
+            let tier = &tier.id();
             let Some(outcome) = outcomes.get_mut(*i) else {
                 continue;
             };
@@ -287,29 +415,71 @@ impl Asking {
                 .increment(1);
             let held = Held {
                 left,
+                size: units,
                 until: sent + lasts_us,
                 end,
-                remaining: outcome.remaining(),
-                reset_at: now + outcome.reset_after().as_micros() as u64,
             };
-            outcome.add_remaining(left);
             let mut shard = self.leases.shard(*tier, key);
-            shard.entries.entry((*tier, key.clone())).or_default().held = Some(held);
+            let entry = shard.entries.entry((*tier, key.clone())).or_default();
+            entry.remaining = outcome.remaining();
+            entry.reset_at = now + outcome.reset_after().as_micros() as u64;
+            // The units this instance holds of the key count as its own in the headers.
+            outcome.add_remaining(left + entry.in_hand(now));
+            entry.keep_until = entry.keep_until.max(held.until);
+            if entry.held.is_some_and(|h| h.usable(now, 1)) {
+                // Asked for ahead of time: spent once the one held is.
+                if let Some(old) = entry.next.replace(held) {
+                    entry.retire(old);
+                }
+            } else {
+                if let Some(old) = entry.held.replace(held) {
+                    entry.retire(old);
+                }
+            }
         }
+    }
+}
+
+impl Asking {
+    /// When the store failed: the request admitted from the leases in hand instead, if every
+    /// one of its checks asked for a lease and each still has one with room (a lease keeps
+    /// admitting while the store is down, until it ends).
+    pub(crate) fn spend_instead(&self, now: u64) -> Option<Spent> {
+        if self.checks.len() != self.of {
+            return None;
+        }
+        let mut outcomes = SmallVec::new();
+        let mut ends = SmallVec::new();
+        for (i, Asked(_, tier, key, cost)) in self.checks.iter().enumerate() {
+            let spent = self
+                .leases
+                .shard(tier.id(), key)
+                .entries
+                .get_mut(&(tier.id(), key.clone()))
+                .and_then(|e| e.spend(now, *cost));
+            let Some((end, verdict)) = spent else {
+                for (Asked(_, tier, key, cost), end) in self.checks[..i].iter().zip(&ends) {
+                    let c = Check::new(tier.clone(), key.clone(), *cost, Mode::Enforce);
+                    self.leases.put_back(&c, *end, *cost, now);
+                }
+                return None;
+            };
+            outcomes.push(PolicyOutcome::new(tier, false, verdict));
+            ends.push(end);
+        }
+        Some((outcomes, ends))
     }
 }
 
 impl Drop for Asking {
     fn drop(&mut self) {
-        for (_, tier, key, _) in &self.checks {
-            let mut shard = self.leases.shard(*tier, key);
-            if let Some(entry) = shard.entries.get_mut(&(*tier, key.clone())) {
+        for Asked(_, tier, key, _) in &self.checks {
+            let tier = tier.id();
+            let mut shard = self.leases.shard(tier, key);
+            if let Some(entry) = shard.entries.get_mut(&(tier, key.clone())) {
                 entry.asking = false;
                 for waker in entry.waiters.drain(..) {
                     waker.wake();
-                }
-                if entry.held.is_none() {
-                    shard.entries.remove(&(*tier, key.clone()));
                 }
             }
         }

@@ -27,7 +27,7 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 
 use crate::clock::Clock;
-use crate::decision::Decision;
+use crate::decision::{Decision, PolicyOutcome};
 use crate::error::{ConfigError, FailurePolicy, StoreError, StoreErrorKind};
 use crate::headers::{HeaderConfig, RateLimitHeaders};
 use crate::key::{Key, KeyExtractor, RequestRef};
@@ -326,12 +326,7 @@ impl<St: Store> Limiter<St> {
             let all_leased = checks.iter().all(|c| c.tier().lease().is_some());
             match leases.plan(&mut checks, all_leased, now()) {
                 lease::Plan::Local(outcomes, ends) => {
-                    for a in &mut after {
-                        a.lease_end = checks
-                            .iter()
-                            .position(|c| c.tier().id() == a.check.tier().id())
-                            .map(|i| ends[i]);
-                    }
+                    set_lease_ends(&mut after, &outcomes, &ends);
                     let (settled, after) = self.finish(Decision::new(outcomes), after);
                     return Begin::Settled(settled, after);
                 }
@@ -448,10 +443,17 @@ impl<St: Store> Limiter<St> {
         {
             breaker.failure(ticket.permit, self.clock.now_micros());
         }
-        let policy = match self.failure {
-            FailurePolicy::Open => "open",
-            FailurePolicy::Closed => "closed",
-            FailurePolicy::Local { .. } => "local",
+        // A request that asked for a lease ahead of time, while the one in hand has room.
+        let now = self.clock.now_micros();
+        let leased = ticket
+            .asking
+            .take()
+            .and_then(|(asking, _)| asking.spend_instead(now));
+        let policy = match (self.failure, &leased) {
+            (_, Some(_)) => "lease",
+            (FailurePolicy::Open, _) => "open",
+            (FailurePolicy::Closed, _) => "closed",
+            (FailurePolicy::Local { .. }, _) => "local",
         };
         metrics::counter!(
             "ratelimit_degraded_total",
@@ -459,6 +461,11 @@ impl<St: Store> Limiter<St> {
             "failure_policy" => policy
         )
         .increment(1);
+        if let Some((outcomes, ends)) = leased {
+            tracing::debug!(%error, "rate-limit store failed; admitted from a lease in hand");
+            set_lease_ends(&mut ticket.after, &outcomes, &ends);
+            return Degraded::Local(Decision::new(outcomes));
+        }
         match (self.failure, &self.fallback, ticket.fallback.take()) {
             (FailurePolicy::Local { .. }, Some(local), Some(checks)) => {
                 tracing::warn!(%error, "rate-limit store failed; deciding locally");
@@ -543,6 +550,17 @@ impl<St: Store> Limiter<St> {
             return Ok(decision);
         }
         self.store.check(checks).await
+    }
+}
+
+/// Marks the charges after the response of checks admitted from leases (`outcomes`, each of
+/// the lease ending at `ends`), so that refunds go back to those leases.
+fn set_lease_ends(after: &mut Charges, outcomes: &[PolicyOutcome], ends: &[u64]) {
+    for a in after {
+        a.lease_end = outcomes
+            .iter()
+            .position(|o| o.tier().id() == a.check.tier().id())
+            .map(|i| ends[i]);
     }
 }
 

@@ -43,28 +43,69 @@ fn window(limit: &str) -> Policy {
 }
 
 #[tokio::test]
-async fn a_lease_is_taken_once_and_spent_locally() {
+async fn a_key_seen_once_costs_what_it_costs_without_leases() {
     let clock = ManualClock::new();
     let store = MemoryStore::with_clock(clock.clone());
-    let seen = Seen::default();
-    let svc = layer(store.clone(), window("100/h").lease(10), &clock).layer(inner(&seen));
-    // The first request takes a lease of 10 (itself among them): the store counts all 10.
+    let svc =
+        layer(store.clone(), window("1000/h").lease(20), &clock).layer(inner(&Seen::default()));
     let first = get(&svc).await;
     assert_eq!(first.status, StatusCode::OK);
-    assert_eq!(left_in_store(&store, window("100/h"), &clock).await, 90);
-    // The headers count the lease's units left here among the remaining.
-    assert_eq!(first.remaining(), Some(99));
-    // Nine more come from the lease: the store is not asked.
-    for i in 0..9 {
+    assert_eq!(first.remaining(), Some(999));
+    assert_eq!(left_in_store(&store, window("1000/h"), &clock).await, 999);
+}
+
+#[tokio::test]
+async fn a_hot_key_asks_the_store_about_once_per_lease_and_holds_at_most_one_lease() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let svc =
+        layer(store.clone(), window("10000/h").lease(20), &clock).layer(inner(&Seen::default()));
+    let mut left = 10_000;
+    let mut store_changes = 0;
+    for k in 1..=400 {
         let r = get(&svc).await;
         assert_eq!(r.status, StatusCode::OK);
-        assert_eq!(r.remaining(), Some(98 - i));
+        // Exact in the headers: one instance, whose lease's units count as its own.
+        assert_eq!(r.remaining(), Some(10_000 - k));
+        let now = left_in_store(&store, window("10000/h"), &clock).await;
+        // Never more than one lease's units held here, unspent.
+        assert!(
+            (10_000 - k - 20..=10_000 - k).contains(&now),
+            "after {k} requests the store has {now} left"
+        );
+        store_changes += u64::from(now != left);
+        left = now;
     }
-    assert_eq!(left_in_store(&store, window("100/h"), &clock).await, 90);
-    // The eleventh takes the next lease.
+    // Leases grow from the second request (2, 4, 8, 16, then 20), and each is asked for when
+    // the one in hand is five sixths spent: at most one store call per 20 - 3 requests once
+    // grown.
+    assert!(
+        store_changes <= 6 + 400 / 17,
+        "{store_changes} store calls for 400 requests"
+    );
+}
+
+#[tokio::test]
+async fn units_left_go_back_with_the_next_lease_and_an_ended_lease_is_not_spent() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    // A fixed window gives units back whenever its window is the lease's.
+    let policy = || Policy::fixed_window("1000/h").name("w");
+    let svc = layer(
+        store.clone(),
+        policy().lease(10).lease_ttl(Duration::from_secs(1)),
+        &clock,
+    )
+    .layer(inner(&Seen::default()));
+    // The first request is decided by the store; the second takes a lease of 2.
     get(&svc).await;
-    assert_eq!(left_in_store(&store, window("100/h"), &clock).await, 80);
-    assert_eq!(seen.calls(), 11);
+    get(&svc).await;
+    assert_eq!(left_in_store(&store, policy(), &clock).await, 997);
+    // The lease ends after a second: the next request asks for a new one (of 4), giving back
+    // the unit the last one did not spend.
+    clock.advance(Duration::from_millis(1_001));
+    get(&svc).await;
+    assert_eq!(left_in_store(&store, policy(), &clock).await, 1000 - 2 - 4);
 }
 
 #[tokio::test]
@@ -73,33 +114,14 @@ async fn a_gcra_lease_counts_its_units_as_spent_at_its_end() {
     let store = MemoryStore::with_clock(clock.clone());
     let svc = layer(store.clone(), gcra("100/h").lease(10), &clock).layer(inner(&Seen::default()));
     get(&svc).await;
-    // 100/h is one unit per 36 s. Ten units spent as late as the lease's end, a second
-    // away, leave 89 units to spend right now, and 90 once the second has passed.
-    assert_eq!(left_in_store(&store, gcra("100/h"), &clock).await, 89);
+    // A rested key: the second request takes a lease of 2. 100/h is one unit per 36 s. Two
+    // units spent as late as the lease's end, a second away, leave 97 units to spend right
+    // now, and 98 once the second has passed.
+    clock.advance(Duration::from_secs(3600));
+    get(&svc).await;
+    assert_eq!(left_in_store(&store, gcra("100/h"), &clock).await, 97);
     clock.advance(Duration::from_secs(1));
-    assert_eq!(left_in_store(&store, gcra("100/h"), &clock).await, 90);
-}
-
-#[tokio::test]
-async fn units_left_go_back_with_the_next_lease_and_an_ended_lease_is_not_spent() {
-    let clock = ManualClock::new();
-    let store = MemoryStore::with_clock(clock.clone());
-    // A fixed window gives units back whenever its window is the lease's.
-    let policy = || Policy::fixed_window("100/h").name("w");
-    let svc = layer(
-        store.clone(),
-        policy().lease(10).lease_ttl(Duration::from_secs(1)),
-        &clock,
-    )
-    .layer(inner(&Seen::default()));
-    get(&svc).await;
-    get(&svc).await;
-    assert_eq!(left_in_store(&store, policy(), &clock).await, 90);
-    // The lease ends after a second: the next request asks for a new one, giving back the
-    // eight units the first did not spend.
-    clock.advance(Duration::from_millis(1_001));
-    get(&svc).await;
-    assert_eq!(left_in_store(&store, policy(), &clock).await, 100 - 2 - 10);
+    assert_eq!(left_in_store(&store, gcra("100/h"), &clock).await, 98);
 }
 
 #[tokio::test]
@@ -122,22 +144,25 @@ async fn refunds_go_back_to_the_lease() {
         let r = send(&svc, Request::new(())).await;
         assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
     }
-    // Every unit came back to the lease: one lease taken, nothing more.
-    assert_eq!(left_in_store(&store, window("100/h"), &clock).await, 95);
+    // The first request's unit was refunded by the store; every later one went back to the
+    // lease the second took (of 2 units), which is all the store counts.
+    assert_eq!(left_in_store(&store, window("100/h"), &clock).await, 98);
 }
 
 #[tokio::test]
 async fn a_reset_forgets_the_lease_held_here() {
     let clock = ManualClock::new();
     let store = MemoryStore::with_clock(clock.clone());
-    let l = layer(store.clone(), window("100/h").lease(10), &clock);
+    let l = layer(store.clone(), window("1000/h").lease(10), &clock);
     let svc = l.clone().layer(inner(&Seen::default()));
     get(&svc).await;
-    l.reset(&Key::global()).await.unwrap();
-    assert_eq!(left_in_store(&store, window("100/h"), &clock).await, 100);
-    // The next request asks for a lease again.
     get(&svc).await;
-    assert_eq!(left_in_store(&store, window("100/h"), &clock).await, 90);
+    assert_eq!(left_in_store(&store, window("1000/h"), &clock).await, 997);
+    l.reset(&Key::global()).await.unwrap();
+    assert_eq!(left_in_store(&store, window("1000/h"), &clock).await, 1000);
+    // The unit left in the forgotten lease is not spent: the next request asks the store.
+    get(&svc).await;
+    assert!(left_in_store(&store, window("1000/h"), &clock).await < 1000);
 }
 
 #[test]
@@ -214,13 +239,23 @@ async fn a_lease_in_hand_keeps_admitting_while_redis_is_down_until_it_ends() {
         .build()
         .unwrap()
         .layer(inner(&Seen::default()));
-    assert_eq!(get(&svc).await.status, StatusCode::OK);
-    server.kill();
-    // The lease (of one second by default) still holds 49 units.
-    for _ in 0..20 {
+    // Leases grow to 50 units.
+    for _ in 0..60 {
         assert_eq!(get(&svc).await.status, StatusCode::OK);
     }
-    // Once it has ended, the store is asked, and is down: the failure policy answers.
+    server.kill();
+    // What the lease in hand has left is still admitted, even by the requests that find it
+    // running low and ask Redis for the next one in vain.
+    let mut admitted = 0;
+    while get(&svc).await.status == StatusCode::OK {
+        admitted += 1;
+        assert!(admitted <= 50, "more admitted than a lease holds");
+    }
+    assert!(
+        admitted > 0,
+        "the lease in hand admitted nothing once Redis was down"
+    );
+    // Once spent (or ended), the store is asked, and is down: the failure policy answers.
     clock.advance(Duration::from_millis(1_001));
     assert_eq!(get(&svc).await.status, StatusCode::SERVICE_UNAVAILABLE);
 }

@@ -108,17 +108,25 @@ fn two_servers_with_leases_share_one_limit_and_ask_redis_once_per_lease() {
     }
     // Each instance holds at most one lease of 4: at most 8 units of the 20 sit unspent.
     assert!((12..=20).contains(&admitted), "{admitted} admitted");
-    // Requests admitted from a lease do not ask Redis: one call per lease of 4, plus the
-    // calls of the denied requests.
+    // Requests admitted from a lease do not ask Redis: about one call per lease of 4 (each
+    // instance's first request is decided by Redis alone and its first lease is of 2), plus
+    // the calls of the denied requests.
     let stats = redis.cli(&["INFO", "commandstats"]);
     let calls: u64 = stats
         .lines()
         .filter(|l| l.starts_with("cmdstat_fcall:") || l.starts_with("cmdstat_evalsha:"))
-        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
         .sum();
     let denied = 30 - admitted;
     assert!(
-        calls <= (admitted as u64).div_ceil(4) + denied as u64,
+        calls <= (admitted as u64).div_ceil(4) + 4 + denied as u64,
         "{calls} calls for {admitted} admitted and {denied} denied"
     );
 }

@@ -29,7 +29,7 @@ pub(crate) enum Mode {
     Block = 6,
     /// Decides like [`Mode::Enforce`], on the state as strict as a lease could make it; when
     /// the request is admitted, charges a lease of what is left instead of the cost (at least
-    /// the cost, at most the tier's lease size), to be spent by the caller until it ends.
+    /// the cost, at most the units wanted), to be spent by the caller until it ends.
     Lease = 7,
     /// Gives back `cost` units of the lease that ended at [`Check::lease_end`]; then reports
     /// like a look at cost 0.
@@ -105,8 +105,9 @@ pub(crate) struct Check {
     key: Key,
     cost: u64,
     mode: Mode,
-    /// For [`Mode::GiveBack`], the end of the lease whose units come back (store time).
-    lease_end: u64,
+    /// For [`Mode::GiveBack`], the end of the lease whose units come back (store time); for
+    /// [`Mode::Lease`], the units wanted.
+    arg: u64,
 }
 
 impl Check {
@@ -116,29 +117,38 @@ impl Check {
             key,
             cost,
             mode,
-            lease_end: 0,
+            arg: 0,
         }
     }
 
     /// Gives back `units` of the lease on `key` that ended at `lease_end` (store time).
     pub(crate) fn give_back(tier: Arc<Tier>, key: Key, units: u64, lease_end: u64) -> Self {
         Check {
-            lease_end,
+            arg: lease_end,
             ..Check::new(tier, key, units, Mode::GiveBack)
+        }
+    }
+
+    /// The same check asking for a lease of `want` units (the cost among them).
+    pub(crate) fn leasing(&self, want: u64) -> Self {
+        Check {
+            arg: want.max(self.cost),
+            ..self.with_mode(Mode::Lease)
         }
     }
 
     /// For [`Mode::GiveBack`], the end of the lease whose units come back.
     pub(crate) fn lease_end(&self) -> u64 {
-        self.lease_end
+        self.arg
     }
 
-    /// For [`Mode::Lease`], the tier's lease: the units wanted and the longest life in
-    /// microseconds (a tier without one asks for the cost alone, for no time).
+    /// For [`Mode::Lease`], the units wanted and the lease's longest life in microseconds (a
+    /// tier without a lease lives for no time).
     pub(crate) fn lease(&self) -> (u64, u64) {
-        self.tier
-            .lease()
-            .map_or((self.cost, 0), |l| (l.units(), l.ttl_us()))
+        (
+            self.arg.max(self.cost),
+            self.tier.lease().map_or(0, |l| l.ttl_us()),
+        )
     }
 
     /// The policy tier decided.
@@ -168,7 +178,7 @@ impl Check {
             key: self.key.clone(),
             cost: self.cost,
             mode,
-            lease_end: self.lease_end,
+            arg: self.arg,
         }
     }
 }

@@ -434,7 +434,6 @@ impl Shard {
     fn take_lease(&mut self, check: &Check, hash: u64, now: u64, capacity: usize) -> Lease {
         let algorithm = check.tier().algorithm();
         let (want, ttl) = check.lease();
-        let want = want.max(check.cost());
         match self.find_mut(check, hash) {
             Some(slot) => {
                 // As a charge does, on the state as it is (see `decide_one`).

@@ -579,7 +579,7 @@ impl Inner {
                 match check.mode() {
                     Mode::Lease => {
                         let (want, ttl) = check.lease();
-                        cmd.arg(ttl).arg(want.max(check.cost()));
+                        cmd.arg(ttl).arg(want);
                     }
                     Mode::GiveBack => {
                         cmd.arg(check.lease_end());

@@ -1,17 +1,16 @@
--- wrk script: every request carries a new `x-key` (a counter per wrk thread, prefixed by the
--- thread's id), so each key is seen once: the cold keys of `scripts/bench.sh`.
-local counter = 0
-local prefix = ""
+-- wrk script: every request carries a new `x-key`, so each key is seen once: the cold keys
+-- of `scripts/bench.sh`. The keys start with the time and the thread's number, so that no two
+-- runs share one.
+local threads = 0
 
 function setup(thread)
-  thread:set("id", tostring(math.random(1, 1000000000)))
+  threads = threads + 1
+  thread:set("id", os.time() .. "-" .. threads)
 end
 
-function init(args)
-  prefix = (id or "0") .. "-"
-end
+local counter = 0
 
 function request()
   counter = counter + 1
-  return wrk.format("GET", "/", { ["x-key"] = prefix .. counter })
+  return wrk.format("GET", "/", { ["x-key"] = id .. "-" .. counter })
 end

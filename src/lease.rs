@@ -12,20 +12,19 @@
 //! A lease's end is measured on the layer's clock from when the store was asked, so it ends
 //! here no later than the store counted it: the store's end minus the round trip.
 
-use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::future::Future;
-use std::hash::BuildHasher;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
-use smallvec::SmallVec;
+use hashbrown::HashTable;
+use smallvec::{SmallVec, smallvec};
 
 use crate::algorithm::Verdict;
 use crate::decision::{Grant, PolicyOutcome};
 use crate::key::Key;
-use crate::policy::Tier;
+use crate::policy::{LeaseSpec, Tier};
 use crate::store::{Check, Checks, Mode};
 
 /// Shards of the lease table: requests for different keys rarely wait for each other.
@@ -40,10 +39,28 @@ pub(crate) struct Leases {
     hasher: RandomState,
 }
 
+/// One shard of the table: the entries hashed with the table's seeded hasher and looked up
+/// by reference (a key is cloned only when its entry is made).
 #[derive(Debug, Default)]
 struct Shard {
-    entries: HashMap<(u32, Key), Entry>,
+    entries: HashTable<Slot>,
     ops: u32,
+}
+
+#[derive(Debug)]
+struct Slot {
+    tier: u32,
+    key: Key,
+    /// The slot's hash, kept for the table to move it when it grows.
+    hash: u64,
+    entry: Entry,
+}
+
+/// Where a check's entry lives: its hash, and its shard.
+#[derive(Clone, Copy)]
+struct Place {
+    hash: u64,
+    shard: usize,
 }
 
 /// What this instance knows of one key of one leasing policy.
@@ -149,6 +166,58 @@ impl Entry {
         }
     }
 
+    /// What a request of `cost` needs.
+    fn need(&self, now: u64, cost: u64) -> Need {
+        match self.usable(now, cost) {
+            Some(h) if self.asking || self.next.is_some() || !h.low() => Need::Local,
+            Some(_) => Need::Ask,
+            None if self.asking => Need::Wait,
+            None => Need::Ask,
+        }
+    }
+
+    /// Makes a request of `check` ask for a lease: the units it asks for, or `None` when it
+    /// is to be decided by the store as usual (another request is asking; or the key is new
+    /// here, and the next request within a lease's life takes the first lease). Pushes what
+    /// the ended leases left to give back to `give_backs`.
+    fn ask(
+        &mut self,
+        now: u64,
+        lease: LeaseSpec,
+        give_backs: &mut Checks,
+        check: &Check,
+    ) -> Option<u64> {
+        self.keep_until = self.keep_until.max(now + lease.ttl_us());
+        if self.asking {
+            return None;
+        }
+        for held in [&mut self.held, &mut self.next] {
+            if let Some(h) = held.take_if(|h| now > h.until)
+                && h.left > 0
+            {
+                self.returns.push((h.left, h.end));
+            }
+        }
+        if self.size == 0 {
+            self.size = 1;
+            return None;
+        }
+        for (units, end) in self.returns.drain(..) {
+            give_backs.push(Check::give_back(
+                check.tier().clone(),
+                check.key().clone(),
+                units,
+                end,
+            ));
+        }
+        self.size = (self.size * 2).clamp(1, lease.units());
+        // What the leases in hand keep counts toward the size: an instance never holds more
+        // than one lease's units of a key.
+        let kept = self.usable(now, 0).map_or(0, |h| h.left);
+        self.asking = true;
+        Some(self.size.saturating_sub(kept))
+    }
+
     /// Whether the entry is of no more use: no lease in use, no request asking, nothing to
     /// give back, and idle for a lease's life.
     fn idle(&self, now: u64) -> bool {
@@ -204,22 +273,24 @@ impl Leases {
         })
     }
 
-    fn shard(&self, tier: u32, key: &Key) -> MutexGuard<'_, Shard> {
-        let index = self.hasher.hash_one((tier, key)) as usize % SHARDS;
-        self.shards[index].lock().unwrap_or_else(|e| e.into_inner())
+    fn place(&self, tier: u32, key: &Key) -> Place {
+        let hash = key.hash_with(tier, &self.hasher);
+        // The high bits pick the shard: the table uses the low ones.
+        let shard = ((hash >> 32) as usize) % SHARDS;
+        Place { hash, shard }
     }
 
-    fn need(&self, check: &Check, now: u64) -> Need {
-        let shard = self.shard(check.tier().id(), check.key());
-        let Some(entry) = shard.entries.get(&(check.tier().id(), check.key().clone())) else {
-            return Need::Ask;
-        };
-        match entry.usable(now, check.cost()) {
-            Some(h) if entry.asking || entry.next.is_some() || !h.low() => Need::Local,
-            Some(_) => Need::Ask,
-            None if entry.asking => Need::Wait,
-            None => Need::Ask,
-        }
+    fn lock(&self, place: Place) -> MutexGuard<'_, Shard> {
+        self.shards[place.shard]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The entry of `tier` and `key`, if any.
+    fn with<T>(&self, tier: u32, key: &Key, f: impl FnOnce(Option<&mut Entry>) -> T) -> T {
+        let place = self.place(tier, key);
+        let mut shard = self.lock(place);
+        f(shard.get_mut(place.hash, tier, key))
     }
 
     /// Admits `checks` from the leases held here if every one of them has a lease with room
@@ -228,11 +299,7 @@ impl Leases {
         let mut outcomes = SmallVec::new();
         let mut ends = SmallVec::new();
         for (i, c) in checks.iter().enumerate() {
-            let spent = self
-                .shard(c.tier().id(), c.key())
-                .entries
-                .get_mut(&(c.tier().id(), c.key().clone()))
-                .and_then(|e| e.spend(now, c.cost()));
+            let spent = self.with(c.tier().id(), c.key(), |e| e?.spend(now, c.cost()));
             let Some((end, verdict)) = spent else {
                 // Put back what the earlier checks took.
                 for (c, end) in checks[..i].iter().zip(&ends) {
@@ -258,69 +325,82 @@ impl Leases {
             return Plan::Store(None);
         }
         let mut ask: SmallVec<[usize; 1]> = SmallVec::new();
-        let mut wait = None;
-        for (i, c) in checks.iter().enumerate() {
-            match self.need(c, now) {
-                Need::Local => {}
-                Need::Ask => ask.push(i),
-                Need::Wait => wait = wait.or(Some(i)),
+        if let [c] = &checks[..] {
+            // One policy, the usual case: one look at the table decides.
+            let (tier, cost) = (c.tier().id(), c.cost());
+            let place = self.place(tier, c.key());
+            let mut shard = self.lock(place);
+            match shard.get_mut(place.hash, tier, c.key()) {
+                Some(entry) => match entry.need(now, cost) {
+                    Need::Local => {
+                        if let Some((end, verdict)) = entry.spend(now, cost) {
+                            let outcome = PolicyOutcome::new(c.tier(), false, verdict);
+                            return Plan::Local(smallvec![outcome], smallvec![end]);
+                        }
+                        ask.push(0);
+                    }
+                    Need::Wait => return Plan::Wait(self.wait(c)),
+                    Need::Ask => ask.push(0),
+                },
+                None => ask.push(0),
             }
-        }
-        if ask.is_empty() {
-            if let Some(i) = wait {
-                let c = &checks[i];
-                return Plan::Wait(LeaseWait {
-                    leases: self.clone(),
-                    tier: c.tier().id(),
-                    key: c.key().clone(),
+        } else {
+            let mut wait = None;
+            for (i, c) in checks.iter().enumerate() {
+                let need = self.with(c.tier().id(), c.key(), |e| {
+                    e.map_or(Need::Ask, |e| e.need(now, c.cost()))
                 });
+                match need {
+                    Need::Local => {}
+                    Need::Ask => ask.push(i),
+                    Need::Wait => wait = wait.or(Some(i)),
+                }
             }
-            if let Some((outcomes, ends)) = self.spend(checks, now) {
-                return Plan::Local(outcomes, ends);
+            if ask.is_empty() {
+                if let Some(i) = wait {
+                    return Plan::Wait(self.wait(&checks[i]));
+                }
+                if let Some((outcomes, ends)) = self.spend(checks, now) {
+                    return Plan::Local(outcomes, ends);
+                }
+                // Another request spent the units in between: ask for every check.
+                ask.extend(0..checks.len());
             }
-            // Another request spent the units in between: ask for every check.
-            ask.extend(0..checks.len());
         }
+        self.ask(checks, &ask, now)
+    }
+
+    fn wait(self: &Arc<Self>, check: &Check) -> LeaseWait {
+        LeaseWait {
+            leases: self.clone(),
+            tier: check.tier().id(),
+            key: check.key().clone(),
+        }
+    }
+
+    /// The store call of `checks`, those at `ask` asking for a lease where they can (no other
+    /// request asking, the key seen before), each with what its ended leases left to give
+    /// back.
+    fn ask(self: &Arc<Self>, checks: &mut Checks, ask: &[usize], now: u64) -> Plan {
         let mut asking: SmallVec<[Asked; 1]> = SmallVec::new();
         let mut give_backs = Checks::new();
-        for i in ask {
+        for &i in ask {
             let c = &checks[i];
             let Some(lease) = c.tier().lease() else {
                 continue;
             };
-            let (tier, key) = (c.tier().id(), c.key().clone());
-            let mut shard = self.shard(tier, &key);
+            let tier = c.tier().id();
+            let place = self.place(tier, c.key());
+            let mut shard = self.lock(place);
             shard.tick(now);
-            let entry = shard.entries.entry((tier, key.clone())).or_default();
-            entry.keep_until = entry.keep_until.max(now + lease.ttl_us());
-            if entry.asking {
-                // Another request asked in between: decided by the store one by one.
+            let entry = shard.entry(place.hash, tier, c.key());
+            let Some(want) = entry.ask(now, lease, &mut give_backs, c) else {
                 continue;
-            }
-            for held in [&mut entry.held, &mut entry.next] {
-                if let Some(h) = held.take_if(|h| now > h.until) {
-                    entry.returns.push((h.left, h.end));
-                }
-            }
-            entry.returns.retain(|r| r.0 > 0);
-            if entry.size == 0 {
-                // A key seen for the first time: decided as without leases; the next request
-                // within a lease's life takes one.
-                entry.size = 1;
-                continue;
-            }
-            for (units, end) in entry.returns.drain(..) {
-                give_backs.push(Check::give_back(c.tier().clone(), key.clone(), units, end));
-            }
-            entry.size = (entry.size * 2).clamp(1, lease.units());
-            // What the leases in hand keep counts toward the size: an instance never holds
-            // more than one lease's units of a key.
-            let kept = entry.usable(now, 0).map_or(0, |h| h.left);
-            let want = entry.size.saturating_sub(kept);
-            entry.asking = true;
+            };
             drop(shard);
             checks[i] = checks[i].leasing(want);
-            asking.push(Asked(i, checks[i].tier().clone(), key, checks[i].cost()));
+            let c = &checks[i];
+            asking.push(Asked(i, c.tier().clone(), c.key().clone(), c.cost()));
         }
         if asking.is_empty() {
             return Plan::Store(None);
@@ -348,46 +428,65 @@ impl Leases {
     /// Gives `units` back to the lease that ended (store clock) at `end`, if it is still one
     /// held here and has not ended; false when it is gone.
     pub(crate) fn put_back(&self, check: &Check, end: u64, units: u64, now: u64) -> bool {
-        let mut shard = self.shard(check.tier().id(), check.key());
-        let Some(entry) = shard
-            .entries
-            .get_mut(&(check.tier().id(), check.key().clone()))
-        else {
-            return false;
-        };
-        match [&mut entry.held, &mut entry.next]
-            .into_iter()
-            .flatten()
-            .find(|h| h.end == end && now <= h.until)
-        {
-            Some(h) => {
-                h.left += units;
-                true
+        self.with(check.tier().id(), check.key(), |entry| {
+            let Some(entry) = entry else {
+                return false;
+            };
+            match [&mut entry.held, &mut entry.next]
+                .into_iter()
+                .flatten()
+                .find(|h| h.end == end && now <= h.until)
+            {
+                Some(h) => {
+                    h.left += units;
+                    true
+                }
+                None => false,
             }
-            None => false,
-        }
+        })
     }
 
     /// Forgets the leases on `key` of the tier `tier` (an administrator reset or blocked it):
     /// their units are not given back, the store has forgotten them.
     pub(crate) fn forget(&self, tier: u32, key: &Key) {
-        let mut shard = self.shard(tier, key);
-        if let Some(entry) = shard.entries.get_mut(&(tier, key.clone())) {
-            entry.held = None;
-            entry.next = None;
-            entry.returns.clear();
-        }
+        self.with(tier, key, |entry| {
+            if let Some(entry) = entry {
+                entry.held = None;
+                entry.next = None;
+                entry.returns.clear();
+            }
+        });
     }
 }
 
 impl Shard {
+    fn get_mut(&mut self, hash: u64, tier: u32, key: &Key) -> Option<&mut Entry> {
+        self.entries
+            .find_mut(hash, |s| s.tier == tier && s.key == *key)
+            .map(|s| &mut s.entry)
+    }
+
+    /// The entry of `tier` and `key`, made if there is none.
+    fn entry(&mut self, hash: u64, tier: u32, key: &Key) -> &mut Entry {
+        let slot = self
+            .entries
+            .entry(hash, |s| s.tier == tier && s.key == *key, |s| s.hash)
+            .or_insert_with(|| Slot {
+                tier,
+                key: key.clone(),
+                hash,
+                entry: Entry::default(),
+            });
+        &mut slot.into_mut().entry
+    }
+
     /// Counts an operation and, every [`SWEEP_EVERY`], drops the idle entries: the table
     /// holds the keys in use, not every key ever seen.
     fn tick(&mut self, now: u64) {
         self.ops += 1;
         if self.ops >= SWEEP_EVERY {
             self.ops = 0;
-            self.entries.retain(|_, e| !e.idle(now));
+            self.entries.retain(|s| !s.entry.idle(now));
         }
     }
 }
@@ -419,8 +518,9 @@ impl Asking {
                 until: sent + lasts_us,
                 end,
             };
-            let mut shard = self.leases.shard(*tier, key);
-            let entry = shard.entries.entry((*tier, key.clone())).or_default();
+            let place = self.leases.place(*tier, key);
+            let mut shard = self.leases.lock(place);
+            let entry = shard.entry(place.hash, *tier, key);
             entry.remaining = outcome.remaining();
             entry.reset_at = now + outcome.reset_after().as_micros() as u64;
             // The units this instance holds of the key count as its own in the headers.
@@ -451,12 +551,7 @@ impl Asking {
         let mut outcomes = SmallVec::new();
         let mut ends = SmallVec::new();
         for (i, Asked(_, tier, key, cost)) in self.checks.iter().enumerate() {
-            let spent = self
-                .leases
-                .shard(tier.id(), key)
-                .entries
-                .get_mut(&(tier.id(), key.clone()))
-                .and_then(|e| e.spend(now, *cost));
+            let spent = self.leases.with(tier.id(), key, |e| e?.spend(now, *cost));
             let Some((end, verdict)) = spent else {
                 for (Asked(_, tier, key, cost), end) in self.checks[..i].iter().zip(&ends) {
                     let c = Check::new(tier.clone(), key.clone(), *cost, Mode::Enforce);
@@ -474,14 +569,14 @@ impl Asking {
 impl Drop for Asking {
     fn drop(&mut self) {
         for Asked(_, tier, key, _) in &self.checks {
-            let tier = tier.id();
-            let mut shard = self.leases.shard(tier, key);
-            if let Some(entry) = shard.entries.get_mut(&(tier, key.clone())) {
-                entry.asking = false;
-                for waker in entry.waiters.drain(..) {
-                    waker.wake();
+            self.leases.with(tier.id(), key, |entry| {
+                if let Some(entry) = entry {
+                    entry.asking = false;
+                    for waker in entry.waiters.drain(..) {
+                        waker.wake();
+                    }
                 }
-            }
+            });
         }
     }
 }
@@ -498,8 +593,7 @@ impl Future for LeaseWait {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let mut shard = self.leases.shard(self.tier, &self.key);
-        match shard.entries.get_mut(&(self.tier, self.key.clone())) {
+        self.leases.with(self.tier, &self.key, |entry| match entry {
             Some(entry) if entry.asking => {
                 if !entry.waiters.iter().any(|w| w.will_wake(cx.waker())) {
                     entry.waiters.push(cx.waker().clone());
@@ -507,6 +601,6 @@ impl Future for LeaseWait {
                 Poll::Pending
             }
             _ => Poll::Ready(()),
-        }
+        })
     }
 }

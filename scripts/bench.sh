@@ -107,7 +107,8 @@ for r in $(seq "$RUNS"); do
 done
 
 echo "== 4, 5, 7: HTTP under wrk" >&2
-MODES=(bare memory memory-no-headers governor governor-headers redis evalsha deny-memory deny-redis)
+MODES=(bare memory memory-no-headers governor governor-headers redis evalsha deny-memory deny-redis
+    redis-lease redis-cold redis-cold-lease)
 declare -A HTTP_PORT
 for mode in "${MODES[@]}"; do
     log="$RAW/server-$mode.log"
@@ -115,25 +116,42 @@ for mode in "${MODES[@]}"; do
     PIDS+=($!)
     for _ in $(seq 100); do grep -q '^port=' "$log" && break; sleep 0.1; done
     HTTP_PORT[$mode]=$(sed -n 's/^port=//p' "$log")
-    wrk -t1 -c32 -d1s "http://127.0.0.1:${HTTP_PORT[$mode]}/" >/dev/null # warm-up
+    wrk -t1 -c32 -d1s -s scripts/cold_keys.lua "http://127.0.0.1:${HTTP_PORT[$mode]}/" \
+        >/dev/null # warm-up
 done
+# The cold-key modes see a new key per request (scripts/cold_keys.lua); the others one key.
+wrk_script() { # mode
+    case $1 in redis-cold*) echo "-s scripts/cold_keys.lua" ;; esac
+}
 evalsha_calls() {
     redis-cli -p "$PORT" INFO commandstats | tr -d '\r' |
         sed -n "s/^cmdstat_$CMD:calls=\([0-9]*\).*/\1/p" | grep . || echo 0
 }
 deny_calls=0
+lease_calls=0
+lease_requests=0
 for r in $(seq "$RUNS"); do
     for mode in "${MODES[@]}"; do
         before=$(evalsha_calls)
-        wrk -t1 -c32 -d"${HTTP_SECONDS}s" --latency "http://127.0.0.1:${HTTP_PORT[$mode]}/" \
-            >"$RAW/http-$mode.$r.txt"
-        if [ "$mode" = deny-redis ]; then
-            deny_calls=$((deny_calls + $(evalsha_calls) - before))
-        fi
+        # shellcheck disable=SC2046
+        wrk -t1 -c32 -d"${HTTP_SECONDS}s" --latency $(wrk_script "$mode") \
+            "http://127.0.0.1:${HTTP_PORT[$mode]}/" >"$RAW/http-$mode.$r.txt"
+        case $mode in
+        deny-redis) deny_calls=$((deny_calls + $(evalsha_calls) - before)) ;;
+        redis-lease)
+            lease_calls=$((lease_calls + $(evalsha_calls) - before))
+            lease_requests=$((lease_requests + $(sed -n 's/ *\([0-9]*\) requests in.*/\1/p' \
+                "$RAW/http-$mode.$r.txt")))
+            ;;
+        esac
     done
     echo "   run $r/$RUNS" >&2
 done
-echo "deny_redis_evalsha_calls=$deny_calls" >>"$RAW/machine.txt"
+{
+    echo "deny_redis_evalsha_calls=$deny_calls"
+    echo "lease_evalsha_calls=$lease_calls"
+    echo "lease_requests=$lease_requests"
+} >>"$RAW/machine.txt"
 
 echo "== 4, 6: one request through axum in process, in-memory decision (criterion)" >&2
 rm -rf target/criterion/decision target/criterion/request

@@ -179,11 +179,24 @@ add("10 allocations per request", "tower_governor", num(allocs, "tower_governor"
     "a layer doing nothing", num(allocs, "identity"), "allocs")
 add("10 allocations per request", "a layer doing nothing", num(allocs, "identity"),
     "bare router", num(allocs, "bare"), "allocs")
+# 11. Leases (Policy::lease(20)) on the Redis store.
+LEASE = 20
+add("11 leases, one hot key: HTTP req/s", "Redis store, lease 20", median_wrk("redis-lease", 0),
+    "memory store", median_wrk("memory", 0), "req/s", ">=", 0.9)
+lease_calls, lease_requests = num(machine, "lease_evalsha_calls"), num(machine, "lease_requests")
+add("11 leases, one hot key: FCALLs per request", "Redis store, lease 20",
+    lease_calls / lease_requests if lease_calls is not None and lease_requests else None,
+    "one per lease (1/20)", 1 / LEASE, "calls", "<=", 1.2)
+add("11 leases, cold keys (one request each): HTTP req/s", "lease 20",
+    median_wrk("redis-cold-lease", 0), "no lease", median_wrk("redis-cold", 0), "req/s", ">=",
+    0.95)
 
 
 def fmt(v, unit):
     if v is None:
         return "n/a"
+    if unit == "calls":
+        return f"{v:.4f}"
     if unit in ("req/s", "ns", "dec/s") and v >= 100:
         return f"{v:,.0f}"
     return f"{v:,.1f}"
@@ -319,6 +332,11 @@ per key: growth of the process's resident memory over 200,000 keys divided by 20
    headers, `RateLimitLayerBuilder::decision_extension(false)` and `RateLimitLayer::body::<AxumBody>()`
    (responses in axum's own body, which axum does not box again); the second the same in the
    default body.
+11. Leases (`Policy::lease(20)`, `benches/driver_http.rs`): the Redis store's router of 5 with
+   leases of 20 units, one hot key (the peer's address) that is never limited, against the
+   memory store's router of 4; the decision calls Redis saw (`INFO commandstats`) per request
+   in those runs, against one call per lease; and cold keys, a new `x-key` header per request
+   (`scripts/cold_keys.lua`), with leases of 20 against none.
 
 ## Goals missed in this run
 

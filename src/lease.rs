@@ -1,13 +1,22 @@
-//! Leases on the instance's side: the units each key's lease has left here, spent without a
-//! store call until they run out or the lease ends.
+//! Leases on the instance's side: the units each key's leases have left here, spent without a
+//! store call until they run out or the leases end.
 //!
-//! A policy with [`Policy::lease`](crate::Policy::lease) asks the store for a lease
-//! ([`Mode::Lease`]) when a request finds none here with room for its cost, and no other
-//! request of this instance is asking for one already (those are decided by the store one by
-//! one meanwhile, so one instance holds at most one lease per key). The store answers with the
-//! units leased and when the lease ends; the units left after the asking request are spent
-//! here by the next requests until then. What a lease has left when the next one is asked for
-//! goes back to the store in the same call ([`Mode::GiveBack`]).
+//! A request whose every policy takes leases ([`Policy::lease`](crate::Policy::lease)) is
+//! admitted here when each policy's key has a lease with room for its cost. Otherwise it asks
+//! the store for a lease ([`Mode::Lease`]) where it needs one, unless another request of this
+//! instance is asking for that key already: then it waits for that answer ([`LeaseWait`]) and
+//! plans again. The store answers with the units leased and the lease's end; the units left
+//! after the asking request's cost are spent here by the next requests until then.
+//!
+//! * **Sizes.** A key seen for the first time is decided by the store as without leases; from
+//!   its next request (within a lease's life) leases double, up to the policy's size, and
+//!   halve when one goes back mostly unspent.
+//! * **Ahead of time.** When the lease in hand is five sixths spent, the next request asks for
+//!   the next lease, of the size less what is in hand, so that it comes before this one is
+//!   spent: an instance never holds more than one lease's units of a key.
+//! * **Given back.** What an ended lease left goes back to the store with the key's next
+//!   asking ([`Mode::GiveBack`], in the same call, before the new lease is decided), and a
+//!   refund after the response goes back to the lease its unit came from.
 //!
 //! A lease's end is measured on the layer's clock from when the store was asked, so it ends
 //! here no later than the store counted it: the store's end minus the round trip.
@@ -218,10 +227,12 @@ impl Entry {
         Some(self.size.saturating_sub(kept))
     }
 
-    /// Whether the entry is of no more use: no lease in use, no request asking, nothing to
-    /// give back, and idle for a lease's life.
+    /// Whether the entry is of no more use: no request asking, and idle for a lease's life.
+    /// What its ended leases left to give back stays counted by the store (until the window
+    /// passes, for the window algorithms; a give-back to GCRA or a bucket after a lease's end
+    /// would change nothing anyway).
     fn idle(&self, now: u64) -> bool {
-        !self.asking && self.returns.is_empty() && now > self.keep_until
+        !self.asking && now > self.keep_until
     }
 }
 

@@ -77,6 +77,46 @@
 //! trip. [`RateLimitLayer`] also has administrative operations: `peek`, `penalize`,
 //! `refund`, `block_for` and `reset`.
 //!
+//! # Leases: a hot key at memory speed, still within the limit
+//!
+//! On Redis every decision is a round trip, and one hot key (a global limit, a big tenant's
+//! quota) puts all of them on one Redis shard. With [`Policy::lease`] an instance takes
+//! several units of a key at once and admits the key's next requests from them, without a
+//! store call, until they are spent or the lease ends ([`Policy::lease_ttl`], by default the
+//! smaller of one second and a tenth of the window). The next lease is asked for a little
+//! before the one in hand is spent; what a lease leaves unspent goes back to the store with
+//! the next asking. Lease sizes start small and grow while a key stays busy, so a key seen
+//! once costs what it costs without leases.
+//!
+//! Leases never admit more than the limit, whatever the number of instances: the store counts
+//! a lease's units as spent at the latest moment the lease allows (GCRA moves its TAT to the
+//! lease's end, the sliding log logs the units there, a fixed-window lease ends with its
+//! window). What they trade is the other way round:
+//!
+//! * units in another instance's lease are not available here: up to `instances × units`
+//!   units may sit unused, until the leases are spent or end (for GCRA and the buckets, one
+//!   lease's life of refill as well);
+//! * a request admitted from a lease reports the key as of the lease's grant in its headers;
+//! * an administrator's reset or block of a key is seen by other instances when their leases
+//!   end;
+//! * a lease keeps admitting while the store is down, until it ends.
+//!
+//! A lease saves store calls for requests whose every policy takes leases: a request that also
+//! needs a policy without one is decided by the store, all its policies together.
+//!
+//! ```
+//! use tower_ratelimit::{Policy, RateLimitLayer};
+//!
+//! # fn main() -> Result<(), tower_ratelimit::ConfigError> {
+//! // 10,000 requests a minute across every instance, taken 50 at a time.
+//! let global = RateLimitLayer::builder()
+//!     .policy(Policy::gcra("10000/min").name("global").lease(50))
+//!     .key(tower_ratelimit::key::GlobalKey)
+//!     .build()?;
+//! # let _ = global;
+//! # Ok(()) }
+//! ```
+//!
 //! # Choosing an algorithm
 //!
 //! | algorithm | pick it when | memory per key |

@@ -367,18 +367,20 @@ impl Policy {
         self
     }
 
-    /// Lets each instance take `units` units of a key's limit from the store at once, and
-    /// admit the key's requests from them locally, without a store call, until they are spent
-    /// or the lease ends ([`lease_ttl`](Self::lease_ttl)); units left are given back.
+    /// Lets each instance take up to `units` units of a key's limit from the store at once,
+    /// and admit the key's requests from them locally, without a store call, until they are
+    /// spent or the lease ends ([`lease_ttl`](Self::lease_ttl)); units left are given back.
     ///
     /// A lease turns a hot key's store calls from one per request into about one per `units`
     /// requests, and a lease in hand keeps admitting while the store is down, until it ends.
     /// The limit still holds across every instance: the store counts a lease's units as
     /// spent at the worst moment the lease allows, so no interleaving of instances admits
-    /// more than a request-by-request decision would. What it trades is the other way: units
-    /// in another instance's lease are not available here, so up to `instances × units` units
-    /// may go unused until the leases end, and the headers of a request admitted from a lease
-    /// describe the key as of the lease's start. See the crate docs' section on leases.
+    /// more than the algorithm would. What it trades is the other way: units in another
+    /// instance's lease are not available here, so up to `instances × units` units may go
+    /// unused until the leases end, and the headers of a request admitted from a lease
+    /// describe the key as of the lease's grant. Sizes start small and grow while the key is
+    /// busy: a key seen once is decided as without a lease. See the crate docs' section on
+    /// leases.
     ///
     /// The units are capped by the policy's limit (burst for the bucket algorithms): a lease
     /// of 0 units, or of more than that, is a configuration error. A lease cannot be combined

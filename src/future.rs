@@ -250,7 +250,7 @@ where
                         then: planned,
                     } = *pending.take().expect(POLLED_AFTER_READY);
                     let limiter = this.limiter.as_ref().expect(KEPT_FOR_LATER);
-                    let begin = limiter.decide(*planned);
+                    let begin = limiter.resume(*planned);
                     let state = resume(begin, request, inner, this.after);
                     this.state.set(state);
                 }

@@ -109,7 +109,7 @@ pub(crate) enum Begin<F> {
     /// The store answers later: wait for `F`, then [`Limiter::settle`] with the ticket.
     Wait(F, Ticket),
     /// Another request of this instance is asking the store for the lease this one needs:
-    /// wait for its answer, then [`Limiter::decide`] again.
+    /// wait for its answer, then [`Limiter::resume`].
     Lease(LeaseWait, Box<Planned>),
 }
 
@@ -143,8 +143,9 @@ enum Degraded {
 /// wait for the response.
 pub(crate) struct Ticket {
     permit: Permit,
-    /// The checks asking for a lease, with when (layer clock) the store was asked.
-    asking: Option<(Asking, u64)>,
+    /// The checks asking for a lease, with when (layer clock) the store was asked (boxed: most
+    /// decisions ask for none, and the ticket is moved along with every one).
+    asking: Option<Box<(Asking, u64)>>,
     fallback: Option<Checks>,
     remember: Option<Vec<(u32, Key, u64)>>,
     /// When the store was asked, for `ratelimit_store_duration_seconds` (not timed for a
@@ -296,21 +297,27 @@ impl<St: Store> Limiter<St> {
             let headers = self.response_headers(&decision);
             return Begin::Settled(self.limited(decision, &headers), Charges::new());
         }
-        self.decide(Planned {
+        self.decide(checks, fallback, after)
+    }
+
+    /// [`Limiter::decide`] for a request that waited for another's lease.
+    pub(crate) fn resume(&self, planned: Planned) -> Begin<St::Future> {
+        let Planned {
             checks,
             fallback,
             after,
-        })
+        } = planned;
+        self.decide(checks, fallback, after)
     }
 
     /// The rest of step 2 for a planned request: the leases held here, the breaker, the store.
-    /// Called again for a request that waited for another's lease.
-    pub(crate) fn decide(&self, planned: Planned) -> Begin<St::Future> {
-        let Planned {
-            mut checks,
-            fallback,
-            mut after,
-        } = planned;
+    #[inline(always)]
+    fn decide(
+        &self,
+        mut checks: Checks,
+        fallback: Option<Checks>,
+        mut after: Charges,
+    ) -> Begin<St::Future> {
         let now = OnceCell::new();
         let now = || *now.get_or_init(|| self.clock.now_micros());
         let remember = self.deny_cache.is_some().then(|| {
@@ -330,7 +337,7 @@ impl<St: Store> Limiter<St> {
                     let (settled, after) = self.finish(Decision::new(outcomes), after);
                     return Begin::Settled(settled, after);
                 }
-                lease::Plan::Store(a) => asking = a.map(|a| (a, now())),
+                lease::Plan::Store(a) => asking = a.map(|a| Box::new((a, now()))),
                 lease::Plan::Wait(wait) => {
                     let planned = Planned {
                         checks,
@@ -386,7 +393,8 @@ impl<St: Store> Limiter<St> {
                 if let Some(breaker) = &self.breaker {
                     breaker.success(ticket.permit);
                 }
-                if let Some((asking, sent)) = ticket.asking.take() {
+                if let Some(asked) = ticket.asking.take() {
+                    let (asking, sent) = *asked;
                     decision = decision.without_first(asking.give_backs);
                     if decision.is_allowed() {
                         asking.granted(decision.outcomes_mut(), sent, self.clock.now_micros());
@@ -417,6 +425,7 @@ impl<St: Store> Limiter<St> {
 
     /// The decision's response (step 3's end): counts, headers, the limiter's own response
     /// for a denied request; for an admitted one, the charges still to make after the response.
+    #[inline(always)]
     fn finish(&self, decision: Decision, after: Charges) -> (Settled, Charges) {
         for o in decision.outcomes() {
             o.tier().count(o.is_allowed(), o.is_shadow());
@@ -448,7 +457,7 @@ impl<St: Store> Limiter<St> {
         let leased = ticket
             .asking
             .take()
-            .and_then(|(asking, _)| asking.spend_instead(now));
+            .and_then(|asked| asked.0.spend_instead(now));
         let policy = match (self.failure, &leased) {
             (_, Some(_)) => "lease",
             (FailurePolicy::Open, _) => "open",

@@ -200,12 +200,12 @@ impl Entry {
         if self.asking {
             return None;
         }
-        for held in [&mut self.held, &mut self.next] {
-            if let Some(h) = held.take_if(|h| now > h.until)
-                && h.left > 0
-            {
-                self.returns.push((h.left, h.end));
-            }
+        let ended = [
+            self.held.take_if(|h| now > h.until),
+            self.next.take_if(|h| now > h.until),
+        ];
+        for h in ended.into_iter().flatten() {
+            self.retire(h);
         }
         if self.size == 0 {
             self.size = 1;
@@ -337,24 +337,23 @@ impl Leases {
         }
         let mut ask: SmallVec<[usize; 1]> = SmallVec::new();
         if let [c] = &checks[..] {
-            // One policy, the usual case: one look at the table decides.
+            // One policy, the usual case: one look at the table decides, and asks.
             let (tier, cost) = (c.tier().id(), c.cost());
             let place = self.place(tier, c.key());
             let mut shard = self.lock(place);
-            match shard.get_mut(place.hash, tier, c.key()) {
-                Some(entry) => match entry.need(now, cost) {
+            if let Some(entry) = shard.get_mut(place.hash, tier, c.key()) {
+                match entry.need(now, cost) {
                     Need::Local => {
                         if let Some((end, verdict)) = entry.spend(now, cost) {
                             let outcome = PolicyOutcome::new(c.tier(), false, verdict);
                             return Plan::Local(smallvec![outcome], smallvec![end]);
                         }
-                        ask.push(0);
                     }
                     Need::Wait => return Plan::Wait(self.wait(c)),
-                    Need::Ask => ask.push(0),
-                },
-                None => ask.push(0),
+                    Need::Ask => {}
+                }
             }
+            return self.ask(checks, &[0], now, Some((place, shard)));
         } else {
             let mut wait = None;
             for (i, c) in checks.iter().enumerate() {
@@ -378,7 +377,7 @@ impl Leases {
                 ask.extend(0..checks.len());
             }
         }
-        self.ask(checks, &ask, now)
+        self.ask(checks, &ask, now, None)
     }
 
     fn wait(self: &Arc<Self>, check: &Check) -> LeaseWait {
@@ -392,7 +391,14 @@ impl Leases {
     /// The store call of `checks`, those at `ask` asking for a lease where they can (no other
     /// request asking, the key seen before), each with what its ended leases left to give
     /// back.
-    fn ask(self: &Arc<Self>, checks: &mut Checks, ask: &[usize], now: u64) -> Plan {
+    /// `locked` is the shard of a one-policy request's key, already locked.
+    fn ask(
+        self: &Arc<Self>,
+        checks: &mut Checks,
+        ask: &[usize],
+        now: u64,
+        mut locked: Option<(Place, MutexGuard<'_, Shard>)>,
+    ) -> Plan {
         let mut asking: SmallVec<[Asked; 1]> = SmallVec::new();
         let mut give_backs = Checks::new();
         for &i in ask {
@@ -401,8 +407,10 @@ impl Leases {
                 continue;
             };
             let tier = c.tier().id();
-            let place = self.place(tier, c.key());
-            let mut shard = self.lock(place);
+            let (place, mut shard) = locked.take().unwrap_or_else(|| {
+                let place = self.place(tier, c.key());
+                (place, self.lock(place))
+            });
             shard.tick(now);
             let entry = shard.entry(place.hash, tier, c.key());
             let Some(want) = entry.ask(now, lease, &mut give_backs, c) else {

@@ -259,3 +259,25 @@ async fn a_lease_in_hand_keeps_admitting_while_redis_is_down_until_it_ends() {
     clock.advance(Duration::from_millis(1_001));
     assert_eq!(get(&svc).await.status, StatusCode::SERVICE_UNAVAILABLE);
 }
+
+#[tokio::test]
+async fn a_block_through_another_instance_is_seen_when_the_lease_here_ends() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let policy = || window("1000/h").lease(10).lease_ttl(Duration::from_secs(1));
+    let here = layer(store.clone(), policy(), &clock).layer(inner(&Seen::default()));
+    let elsewhere = layer(store.clone(), policy(), &clock);
+    // Two requests: the second takes a lease of 2, of which one unit is left here.
+    get(&here).await;
+    get(&here).await;
+    elsewhere
+        .block_for(&Key::global(), Duration::from_secs(60))
+        .await
+        .unwrap();
+    // The lease in hand still admits: the block is not seen here yet.
+    assert_eq!(get(&here).await.status, StatusCode::OK);
+    // Once the lease is spent (or has ended), the store is asked and the block holds.
+    assert_eq!(get(&here).await.status, StatusCode::TOO_MANY_REQUESTS);
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(get(&here).await.status, StatusCode::TOO_MANY_REQUESTS);
+}

@@ -211,25 +211,39 @@ async fn redis_time_works_on_the_cluster(cluster: &RedisCluster) {
 }
 
 async fn policies_on_different_slots_charge_all_or_nothing(cluster: &RedisCluster) {
+    on_different_slots(cluster, "cslots:", None).await;
+}
+
+async fn leased_policies_on_different_slots_charge_all_or_nothing(cluster: &RedisCluster) {
+    on_different_slots(cluster, "cleased:", Some((5, 1))).await;
+}
+
+/// A per-IP policy (100/h) and a per-user one (2/h) whose keys live on different slots, each
+/// taking leases of the sizes given, if any: four requests, the last two denied by the
+/// per-user policy, and the per-IP policy charged for the two admitted only.
+async fn on_different_slots(cluster: &RedisCluster, prefix: &str, leases: Option<(u32, u32)>) {
     use http::{HeaderName, Request, Response, StatusCode};
     use tower::{ServiceExt, service_fn};
     use tower_layer::Layer;
     use tower_ratelimit::key::HeaderKey;
 
     let clock = ManualClock::new();
-    let s = store(cluster, "cslots:", &clock, false).await;
+    let s = store(cluster, prefix, &clock, false).await;
+    let mut per_ip = Policy::fixed_window("100/h")
+        .name("per-ip")
+        .key(HeaderKey::new(HeaderName::from_static("x-ip")));
+    let mut per_user = Policy::fixed_window("2/h")
+        .name("per-user")
+        .key(HeaderKey::new(HeaderName::from_static("x-user")));
+    if let Some((ip, user)) = leases {
+        per_ip = per_ip.lease(ip);
+        per_user = per_user.lease(user);
+    }
     let layer = RateLimitLayer::builder()
-        .policy(
-            Policy::fixed_window("100/h")
-                .name("per-ip")
-                .key(HeaderKey::new(HeaderName::from_static("x-ip"))),
-        )
-        .policy(
-            Policy::fixed_window("2/h")
-                .name("per-user")
-                .key(HeaderKey::new(HeaderName::from_static("x-user"))),
-        )
+        .policy(per_ip)
+        .policy(per_user)
         .store(s.clone())
+        .clock(clock.clone())
         .build()
         .unwrap();
     // The two keys live in different slots of the cluster.
@@ -250,7 +264,12 @@ async fn policies_on_different_slots_charge_all_or_nothing(cluster: &RedisCluste
             .unwrap()
     };
     let mut statuses = Vec::new();
-    for _ in 0..4 {
+    for i in 0..4 {
+        if i == 2 {
+            // With leases: the per-IP lease ends, and the next requests ask for a new one on
+            // its slot, which the per-user slot then denies.
+            clock.advance(std::time::Duration::from_secs(2));
+        }
         statuses.push(svc.clone().oneshot(request()).await.unwrap().status());
     }
     assert_eq!(
@@ -262,12 +281,14 @@ async fn policies_on_different_slots_charge_all_or_nothing(cluster: &RedisCluste
             StatusCode::TOO_MANY_REQUESTS
         ]
     );
-    // The per-IP policy was charged only for the two admitted requests: the denied ones were
-    // refunded on its slot.
+    // The per-IP policy was charged only for the two admitted requests: what the denied ones
+    // charged on its slot was refunded, and the leases they took there given back. With
+    // leases, the first request was decided as without (a key seen once), the second took a
+    // lease whose units left went back with the next asking.
     let node = cluster.node_for(ip_key.as_bytes());
     let state = node.cli(&["GET", &ip_key]);
     assert_eq!(state.split(' ').nth(1), Some("2"), "per-ip state {state:?}");
-    check_all_nodes(cluster, "cslots:");
+    check_all_nodes(cluster, prefix);
 }
 
 async fn leases_keep_two_instances_within_the_limit_on_the_cluster(cluster: &RedisCluster) {
@@ -295,73 +316,4 @@ async fn leases_keep_two_instances_within_the_limit_on_the_cluster(cluster: &Red
         );
     }
     check_all_nodes(cluster, "clease:");
-}
-
-async fn leased_policies_on_different_slots_charge_all_or_nothing(cluster: &RedisCluster) {
-    use http::{HeaderName, Request, Response, StatusCode};
-    use tower::{ServiceExt, service_fn};
-    use tower_layer::Layer;
-    use tower_ratelimit::key::HeaderKey;
-
-    let clock = ManualClock::new();
-    let s = store(cluster, "cleased:", &clock, false).await;
-    let layer = RateLimitLayer::builder()
-        .policy(
-            Policy::fixed_window("100/h")
-                .name("per-ip")
-                .key(HeaderKey::new(HeaderName::from_static("x-ip")))
-                .lease(5),
-        )
-        .policy(
-            Policy::fixed_window("2/h")
-                .name("per-user")
-                .key(HeaderKey::new(HeaderName::from_static("x-user")))
-                .lease(1),
-        )
-        .store(s.clone())
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    let ip_key = String::from_utf8(s.key_for("per-ip", &Key::from("198.51.100.7"))).unwrap();
-    let user_key = String::from_utf8(s.key_for("per-user", &Key::from("alice"))).unwrap();
-    let slot = |k: &str| cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", k]);
-    assert_ne!(slot(&ip_key), slot(&user_key));
-    let svc = layer.layer(service_fn(|_: Request<()>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(
-            http_body_util::Empty::<bytes::Bytes>::new(),
-        ))
-    }));
-    let request = || {
-        Request::builder()
-            .header("x-ip", "198.51.100.7")
-            .header("x-user", "alice")
-            .body(())
-            .unwrap()
-    };
-    let mut statuses = Vec::new();
-    for i in 0..4 {
-        if i == 2 {
-            // The per-IP lease ends: the next requests ask for a new one on its slot, which
-            // the per-user slot then denies.
-            clock.advance(std::time::Duration::from_secs(2));
-        }
-        statuses.push(svc.clone().oneshot(request()).await.unwrap().status());
-    }
-    assert_eq!(
-        statuses,
-        [
-            StatusCode::OK,
-            StatusCode::OK,
-            StatusCode::TOO_MANY_REQUESTS,
-            StatusCode::TOO_MANY_REQUESTS
-        ]
-    );
-    // What the per-IP policy counts is what was spent: the first request's unit (of its
-    // lease, whose four units left went back with the next asking) and the second's (charged
-    // by the store, as its per-user lease was spent). The leases the denied requests took on
-    // the per-IP slot were given back when the per-user slot denied them.
-    let node = cluster.node_for(ip_key.as_bytes());
-    let state = node.cli(&["GET", &ip_key]);
-    assert_eq!(state.split(' ').nth(1), Some("2"), "per-ip state {state:?}");
-    check_all_nodes(cluster, "cleased:");
 }

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! instructions MODE N    # MODE: bare, identity, legacy, none, quiet, axum_body, governor,
-//!                         # governor_headers, check or governor_check
+//!                         # governor_headers, check, governor_check, hot or hot_lease
 //! ```
 //!
 //! `bare` is an axum hello-world router, `identity` the same with `tower`'s layer that does
@@ -13,7 +13,9 @@
 //! `Decision` in the request's extensions, `axum_body` the same in axum's own body; `governor`
 //! and `governor_headers` add `tower_governor`'s instead (the same quota, per peer IP), without
 //! and with its headers. `check` is `RateLimitLayer::check` on 10,000 keys, `governor_check`
-//! governor's keyed `check_key` on the same keys. Peers cycle through 10,240 addresses.
+//! governor's keyed `check_key` on the same keys. Peers cycle through 10,240 addresses, but in
+//! `hot` (as `legacy`) and `hot_lease` (the same with `Policy::lease(20)`: the requests the
+//! leases admit without a store call), where every request comes from one peer.
 
 use std::net::SocketAddr;
 
@@ -37,8 +39,12 @@ fn main() {
         .expect("a runtime");
     rt.block_on(async {
         let layer = |style| {
+            let mut policy = Policy::gcra("1000000/s").name("g");
+            if mode == "hot_lease" {
+                policy = policy.lease(20);
+            }
             RateLimitLayer::builder()
-                .policy(Policy::gcra("1000000/s").name("g"))
+                .policy(policy)
                 .key(PeerIp::new())
                 .headers(style)
                 .decision_extension(mode != "quiet" && mode != "axum_body")
@@ -80,13 +86,16 @@ fn main() {
             }
             "bare" => base,
             "identity" => base.layer(tower::layer::util::Identity::new()),
-            "legacy" => base.layer(layer(HeaderStyle::Legacy)),
+            "legacy" | "hot" | "hot_lease" => base.layer(layer(HeaderStyle::Legacy)),
             "none" | "quiet" => base.layer(layer(HeaderStyle::None)),
             "axum_body" => base.layer(layer(HeaderStyle::None).body::<AxumBody>()),
             other => panic!("unknown mode {other:?}: see the file's documentation"),
         };
         for i in 0..n {
-            let peer = SocketAddr::from(([10, 0, (i / 256 % 40) as u8, (i % 256) as u8], 1000));
+            let peer = match mode.as_str() {
+                "hot" | "hot_lease" => SocketAddr::from(([10, 0, 0, 1], 1000)),
+                _ => SocketAddr::from(([10, 0, (i / 256 % 40) as u8, (i % 256) as u8], 1000)),
+            };
             let mut req = Request::get("/").body(Body::empty()).expect("a request");
             // How axum's `into_make_service_with_connect_info` hands over the peer; both layers
             // read it.

@@ -21,7 +21,8 @@ count() {
         sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }
 declare -A per
-for mode in bare identity legacy none quiet axum_body governor governor_headers check governor_check; do
+for mode in bare identity legacy none quiet axum_body governor governor_headers check governor_check \
+    hot hot_lease; do
     short=$(count "$mode" 10000)
     long=$(count "$mode" 30000)
     per[$mode]=$(( (long - short) / 20000 ))
@@ -37,3 +38,5 @@ echo "  tower_governor, no headers:     ${per[governor]} (layer: $(( per[governo
 echo "  tower_governor, its headers:    ${per[governor_headers]} (layer: $(( per[governor_headers] - per[bare] )))"
 echo "  RateLimitLayer::check:          ${per[check]}"
 echo "  governor keyed check_key:       ${per[governor_check]}"
+echo "  one hot key, legacy headers:    ${per[hot]}"
+echo "  ... with leases of 20:          ${per[hot_lease]} (the requests leases admit here)"

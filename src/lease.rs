@@ -15,8 +15,10 @@
 //!   the next lease, of the size less what is in hand, so that it comes before this one is
 //!   spent: an instance never holds more than one lease's units of a key.
 //! * **Given back.** What an ended lease left goes back to the store with the key's next
-//!   asking ([`Mode::GiveBack`], in the same call, before the new lease is decided), and a
-//!   refund after the response goes back to the lease its unit came from.
+//!   asking ([`Mode::GiveBack`], in the same call, before the new lease is decided). A key
+//!   idle for a lease's life after its last lease ended is forgotten here, and what its leases
+//!   left goes back with the store call of the request whose asking swept its shard. A refund
+//!   after the response goes back to the lease its unit came from.
 //!
 //! A lease's end is measured on the layer's clock from when the store was asked, so it ends
 //! here no later than the store counted it: the store's end minus the round trip.
@@ -38,8 +40,13 @@ use crate::store::{Check, Checks, Mode};
 
 /// Shards of the lease table: requests for different keys rarely wait for each other.
 const SHARDS: usize = 16;
-/// Operations on a shard between two sweeps of its ended leases.
+/// Operations on a shard between two sweeps of its idle keys, at most.
 const SWEEP_EVERY: u32 = 1024;
+/// Microseconds between two sweeps of a shard, at most (on a request that asks for a lease).
+const SWEEP_INTERVAL_US: u64 = 1_000_000;
+/// Idle keys whose unspent units one store call gives back, at most (the others' stay
+/// counted until the store forgets them).
+const IDLE_GIVE_BACKS: usize = 16;
 
 /// The leases this instance holds, by policy tier and key.
 #[derive(Debug)]
@@ -54,11 +61,14 @@ pub(crate) struct Leases {
 struct Shard {
     entries: HashTable<Slot>,
     ops: u32,
+    last_sweep: u64,
 }
 
 #[derive(Debug)]
 struct Slot {
     tier: u32,
+    /// The policy tier, to give units back with once the key is idle.
+    policy: Arc<Tier>,
     key: Key,
     /// The slot's hash, kept for the table to move it when it grows.
     hash: u64,
@@ -89,7 +99,8 @@ struct Entry {
     size: u64,
     /// Units of ended leases, with their ends, to give back with the next asking.
     returns: SmallVec<[(u64, u64); 1]>,
-    /// Until when (layer clock) the entry is worth keeping without a lease in use.
+    /// Until when (layer clock) the entry is worth keeping: a lease's life after the last
+    /// lease ends, or two after the last asking.
     keep_until: u64,
     /// What the store had left beyond the leases when it granted the latest, for the headers.
     remaining: u64,
@@ -147,8 +158,7 @@ impl Entry {
         }
         let held = self.held.as_mut()?;
         held.left -= cost;
-        let (end, until) = (held.end, held.until);
-        self.keep_until = self.keep_until.max(until);
+        let end = held.end;
         let in_hand = self.in_hand(now);
         let verdict = Verdict::allow(self.remaining + in_hand, self.reset_at.saturating_sub(now));
         Some((end, verdict))
@@ -196,7 +206,7 @@ impl Entry {
         give_backs: &mut Checks,
         check: &Check,
     ) -> Option<u64> {
-        self.keep_until = self.keep_until.max(now + lease.ttl_us());
+        self.keep_until = self.keep_until.max(now + 2 * lease.ttl_us());
         if self.asking {
             return None;
         }
@@ -228,6 +238,7 @@ impl Entry {
     }
 
     /// Whether the entry is of no more use: no request asking, and idle for a lease's life.
+    /// A key used less often than that is decided as a key seen once again.
     /// What its ended leases left to give back stays counted by the store (until the window
     /// passes, for the window algorithms; a give-back to GCRA or a bucket after a lease's end
     /// would change nothing anyway).
@@ -411,8 +422,8 @@ impl Leases {
                 let place = self.place(tier, c.key());
                 (place, self.lock(place))
             });
-            shard.tick(now);
-            let entry = shard.entry(place.hash, tier, c.key());
+            shard.tick(now, &mut give_backs);
+            let entry = shard.entry(place.hash, c.tier(), c.key());
             let Some(want) = entry.ask(now, lease, &mut give_backs, c) else {
                 continue;
             };
@@ -421,7 +432,7 @@ impl Leases {
             let c = &checks[i];
             asking.push(Asked(i, c.tier().clone(), c.key().clone(), c.cost()));
         }
-        if asking.is_empty() {
+        if asking.is_empty() && give_backs.is_empty() {
             return Plan::Store(None);
         }
         for g in &give_backs {
@@ -485,13 +496,15 @@ impl Shard {
             .map(|s| &mut s.entry)
     }
 
-    /// The entry of `tier` and `key`, made if there is none.
-    fn entry(&mut self, hash: u64, tier: u32, key: &Key) -> &mut Entry {
+    /// The entry of `policy`'s tier and `key`, made if there is none.
+    fn entry(&mut self, hash: u64, policy: &Arc<Tier>, key: &Key) -> &mut Entry {
+        let tier = policy.id();
         let slot = self
             .entries
             .entry(hash, |s| s.tier == tier && s.key == *key, |s| s.hash)
             .or_insert_with(|| Slot {
                 tier,
+                policy: policy.clone(),
                 key: key.clone(),
                 hash,
                 entry: Entry::default(),
@@ -499,14 +512,38 @@ impl Shard {
         &mut slot.into_mut().entry
     }
 
-    /// Counts an operation and, every [`SWEEP_EVERY`], drops the idle entries: the table
-    /// holds the keys in use, not every key ever seen.
-    fn tick(&mut self, now: u64) {
+    /// Counts an operation and, every [`SWEEP_EVERY`] operations or [`SWEEP_INTERVAL_US`],
+    /// drops the idle entries, so that the table holds the keys in use, not every key ever
+    /// seen; what their leases left unspent goes to `give_backs` (for the store call being
+    /// made, up to [`IDLE_GIVE_BACKS`] keys).
+    fn tick(&mut self, now: u64, give_backs: &mut Checks) {
         self.ops += 1;
-        if self.ops >= SWEEP_EVERY {
-            self.ops = 0;
-            self.entries.retain(|s| !s.entry.idle(now));
+        if self.ops < SWEEP_EVERY && now < self.last_sweep + SWEEP_INTERVAL_US {
+            return;
         }
+        self.ops = 0;
+        self.last_sweep = now;
+        self.entries.retain(|s| {
+            if !s.entry.idle(now) {
+                return true;
+            }
+            let e = &s.entry;
+            let ended = [e.held, e.next]
+                .into_iter()
+                .flatten()
+                .map(|h| (h.left, h.end));
+            for (units, end) in e.returns.iter().copied().chain(ended) {
+                if units > 0 && give_backs.len() < IDLE_GIVE_BACKS {
+                    give_backs.push(Check::give_back(
+                        s.policy.clone(),
+                        s.key.clone(),
+                        units,
+                        end,
+                    ));
+                }
+            }
+            false
+        });
     }
 }
 
@@ -515,8 +552,8 @@ impl Asking {
     /// checks): `sent` is when the store was asked, `now` the present (layer clock). The
     /// asking request's own outcome reports the lease's units left here as remaining.
     pub(crate) fn granted(&self, outcomes: &mut [PolicyOutcome], sent: u64, now: u64) {
-        for Asked(i, tier, key, cost) in &self.checks {
-            let tier = &tier.id();
+        for Asked(i, policy, key, cost) in &self.checks {
+            let tier = &policy.id();
             let Some(outcome) = outcomes.get_mut(*i) else {
                 continue;
             };
@@ -539,12 +576,14 @@ impl Asking {
             };
             let place = self.leases.place(*tier, key);
             let mut shard = self.leases.lock(place);
-            let entry = shard.entry(place.hash, *tier, key);
+            let entry = shard.entry(place.hash, policy, key);
             entry.remaining = outcome.remaining();
             entry.reset_at = now + outcome.reset_after().as_micros() as u64;
             // The units this instance holds of the key count as its own in the headers.
             outcome.add_remaining(left + entry.in_hand(now));
-            entry.keep_until = entry.keep_until.max(held.until);
+            // Kept a lease's life after this one ends: a key still in use asks again by then.
+            let ttl = policy.lease().map_or(0, |l| l.ttl_us());
+            entry.keep_until = entry.keep_until.max(held.until + ttl);
             if entry.held.is_some_and(|h| h.usable(now, 1)) {
                 // Asked for ahead of time: spent once the one held is.
                 if let Some(old) = entry.next.replace(held) {

@@ -85,7 +85,7 @@
 //! store call, until they are spent or the lease ends ([`Policy::lease_ttl`], by default the
 //! smaller of one second and a tenth of the window). The next lease is asked for a little
 //! before the one in hand is spent; what a lease leaves unspent goes back to the store with
-//! the next asking. Lease sizes start small and grow while a key stays busy, so a key seen
+//! the next asking, or, once the key is idle, with another request's store call. Lease sizes start small and grow while a key stays busy, so a key seen
 //! once costs what it costs without leases.
 //!
 //! Leases never admit more than the limit, whatever the number of instances: the store counts

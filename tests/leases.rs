@@ -112,15 +112,18 @@ async fn units_left_go_back_with_the_next_lease_and_an_ended_lease_is_not_spent(
 async fn a_gcra_lease_counts_its_units_as_spent_at_its_end() {
     let clock = ManualClock::new();
     let store = MemoryStore::with_clock(clock.clone());
-    let svc = layer(store.clone(), gcra("100/h").lease(10), &clock).layer(inner(&Seen::default()));
+    let policy = gcra("100/h").lease(10).lease_ttl(Duration::from_secs(60));
+    let svc = layer(store.clone(), policy, &clock).layer(inner(&Seen::default()));
+    // 100/h is one unit per 36 s. The first request is decided by the store: its TAT is 36 s
+    // away. 35.5 s later the second takes a lease of 2 that may be spent for 60 s: the store
+    // counts both units as spent then, 96 s after the first request, so 96 units are left
+    // to spend right now (97 if they were counted as spent now).
     get(&svc).await;
-    // A rested key: the second request takes a lease of 2. 100/h is one unit per 36 s. Two
-    // units spent as late as the lease's end, a second away, leave 97 units to spend right
-    // now, and 98 once the second has passed.
-    clock.advance(Duration::from_secs(3600));
+    clock.advance(Duration::from_millis(35_500));
     get(&svc).await;
-    assert_eq!(left_in_store(&store, gcra("100/h"), &clock).await, 97);
-    clock.advance(Duration::from_secs(1));
+    assert_eq!(left_in_store(&store, gcra("100/h"), &clock).await, 96);
+    // Once the lease has ended, the two units weigh what two units weigh: 98 left.
+    clock.advance(Duration::from_secs(60));
     assert_eq!(left_in_store(&store, gcra("100/h"), &clock).await, 98);
 }
 
@@ -280,4 +283,48 @@ async fn a_block_through_another_instance_is_seen_when_the_lease_here_ends() {
     assert_eq!(get(&here).await.status, StatusCode::TOO_MANY_REQUESTS);
     clock.advance(Duration::from_secs(2));
     assert_eq!(get(&here).await.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn an_idle_keys_unspent_units_go_back_with_another_keys_store_call() {
+    use tower_ratelimit::key::HeaderKey;
+
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let policy = || Policy::fixed_window("1000/h").name("w");
+    let svc = RateLimitLayer::builder()
+        .policy(policy().lease(10).lease_ttl(Duration::from_secs(1)))
+        .key(HeaderKey::new(http::HeaderName::from_static("x-key")))
+        .store(store.clone())
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+        .layer(inner(&Seen::default()));
+    let look = layer(store.clone(), policy(), &clock);
+    let request = |key: String| {
+        let mut r = Request::new(());
+        r.headers_mut().insert("x-key", key.parse().unwrap());
+        r
+    };
+    let left = || async { look.check(&Key::from("a"), 0).await.unwrap().outcomes()[0].remaining() };
+    // Key a: decided by the store, then a lease of 2 of which one unit is left unspent.
+    send(&svc, request("a".into())).await;
+    send(&svc, request("a".into())).await;
+    assert_eq!(left().await, 997);
+    // Key a goes idle: its lease ends, and a lease's life later it is forgotten here.
+    // Requests for other keys sweep the table, and the sweep of a's shard gives a's unit back
+    // with the store call of the request that made it.
+    clock.advance(Duration::from_secs(3));
+    let mut given_back_after = None;
+    for i in 0..1_000 {
+        send(&svc, request(format!("b{i}"))).await;
+        if left().await == 998 {
+            given_back_after = Some(i);
+            break;
+        }
+    }
+    assert!(
+        given_back_after.is_some(),
+        "the idle key's unit never came back"
+    );
 }

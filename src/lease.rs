@@ -36,7 +36,7 @@ use crate::algorithm::Verdict;
 use crate::decision::{Grant, PolicyOutcome};
 use crate::key::Key;
 use crate::policy::{LeaseSpec, Tier};
-use crate::store::{Check, Checks, Mode};
+use crate::store::{Check, Checks};
 
 /// Shards of the lease table: requests for different keys rarely wait for each other.
 const SHARDS: usize = 16;
@@ -318,18 +318,27 @@ impl Leases {
     /// Admits `checks` from the leases held here if every one of them has a lease with room
     /// for its cost (all or nothing); `None` otherwise, with nothing spent.
     fn spend(&self, checks: &[Check], now: u64) -> Option<Spent> {
+        self.spend_each(checks.iter().map(|c| (c.tier(), c.key(), c.cost())), now)
+    }
+
+    /// Spends each `(tier, key, cost)` from the leases here, all or nothing.
+    fn spend_each<'a>(
+        &self,
+        items: impl Iterator<Item = (&'a Arc<Tier>, &'a Key, u64)> + Clone,
+        now: u64,
+    ) -> Option<Spent> {
         let mut outcomes = SmallVec::new();
         let mut ends = SmallVec::new();
-        for (i, c) in checks.iter().enumerate() {
-            let spent = self.with(c.tier().id(), c.key(), |e| e?.spend(now, c.cost()));
+        for (i, (tier, key, cost)) in items.clone().enumerate() {
+            let spent = self.with(tier.id(), key, |e| e?.spend(now, cost));
             let Some((end, verdict)) = spent else {
-                // Put back what the earlier checks took.
-                for (c, end) in checks[..i].iter().zip(&ends) {
-                    self.put_back(c, *end, c.cost(), now);
+                // Put back what the earlier ones took.
+                for ((tier, key, cost), end) in items.take(i).zip(&ends) {
+                    self.put_back(tier.id(), key, *end, cost, now);
                 }
                 return None;
             };
-            outcomes.push(PolicyOutcome::new(c.tier(), false, verdict));
+            outcomes.push(PolicyOutcome::new(tier, false, verdict));
             ends.push(end);
         }
         Some((outcomes, ends))
@@ -457,8 +466,8 @@ impl Leases {
 
     /// Gives `units` back to the lease that ended (store clock) at `end`, if it is still one
     /// held here and has not ended; false when it is gone.
-    pub(crate) fn put_back(&self, check: &Check, end: u64, units: u64, now: u64) -> bool {
-        self.with(check.tier().id(), check.key(), |entry| {
+    pub(crate) fn put_back(&self, tier: u32, key: &Key, end: u64, units: u64, now: u64) -> bool {
+        self.with(tier, key, |entry| {
             let Some(entry) = entry else {
                 return false;
             };
@@ -606,21 +615,11 @@ impl Asking {
         if self.checks.len() != self.of {
             return None;
         }
-        let mut outcomes = SmallVec::new();
-        let mut ends = SmallVec::new();
-        for (i, Asked(_, tier, key, cost)) in self.checks.iter().enumerate() {
-            let spent = self.leases.with(tier.id(), key, |e| e?.spend(now, *cost));
-            let Some((end, verdict)) = spent else {
-                for (Asked(_, tier, key, cost), end) in self.checks[..i].iter().zip(&ends) {
-                    let c = Check::new(tier.clone(), key.clone(), *cost, Mode::Enforce);
-                    self.leases.put_back(&c, *end, *cost, now);
-                }
-                return None;
-            };
-            outcomes.push(PolicyOutcome::new(tier, false, verdict));
-            ends.push(end);
-        }
-        Some((outcomes, ends))
+        let items = self
+            .checks
+            .iter()
+            .map(|Asked(_, tier, key, cost)| (tier, key, *cost));
+        self.leases.spend_each(items, now)
     }
 }
 

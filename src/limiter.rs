@@ -518,14 +518,10 @@ impl<St: Store> Limiter<St> {
                 // as that lease's.
                 (Some(end), Some(leases)) => {
                     let now = self.clock.now_micros();
-                    if !leases.put_back(&a.check, end, a.check.cost(), now) {
-                        let c = a.check;
-                        checks.push(Check::give_back(
-                            c.tier().clone(),
-                            c.key().clone(),
-                            c.cost(),
-                            end,
-                        ));
+                    let c = a.check;
+                    if !leases.put_back(c.tier().id(), c.key(), end, c.cost(), now) {
+                        let (units, key) = (c.cost(), c.key().clone());
+                        checks.push(Check::give_back(c.tier().clone(), key, units, end));
                     }
                 }
                 _ => checks.push(a.check),

@@ -77,9 +77,9 @@ impl PolicyOutcome {
         }
     }
 
-    /// The same outcome with the lease granted with it (none when it has no units).
-    pub(crate) fn with_grant(mut self, grant: Grant) -> Self {
-        self.grant = (grant.units > 0).then(|| Box::new(grant));
+    /// The same outcome with the lease granted with it, if any (none when it has no units).
+    pub(crate) fn with_grant(mut self, grant: Option<Grant>) -> Self {
+        self.grant = grant.filter(|g| g.units > 0).map(Box::new);
         self
     }
 

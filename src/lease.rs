@@ -36,7 +36,7 @@ use crate::algorithm::Verdict;
 use crate::decision::{Grant, PolicyOutcome};
 use crate::key::Key;
 use crate::policy::{LeaseSpec, Tier};
-use crate::store::{Check, Checks};
+use crate::store::{Check, Checks, lock};
 
 /// Shards of the lease table: requests for different keys rarely wait for each other.
 const SHARDS: usize = 16;
@@ -66,8 +66,7 @@ struct Shard {
 
 #[derive(Debug)]
 struct Slot {
-    tier: u32,
-    /// The policy tier, to give units back with once the key is idle.
+    /// The policy tier (also to give units back with once the key is idle).
     policy: Arc<Tier>,
     key: Key,
     /// The slot's hash, kept for the table to move it when it grows.
@@ -254,7 +253,7 @@ type Spent = (SmallVec<[PolicyOutcome; 1]>, SmallVec<[u64; 1]>);
 pub(crate) enum Plan {
     /// Every check was admitted from a lease here: the outcomes, and each check's lease end
     /// (to give a refunded unit back to the lease it came from).
-    Local(SmallVec<[PolicyOutcome; 1]>, SmallVec<[u64; 1]>),
+    Local(Spent),
     /// The store decides; these checks ask it for a lease. `None` when none does.
     Store(Option<Asking>),
     /// Another request of this instance is asking for the lease a check needs: wait for it.
@@ -303,9 +302,7 @@ impl Leases {
     }
 
     fn lock(&self, place: Place) -> MutexGuard<'_, Shard> {
-        self.shards[place.shard]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        lock(&self.shards[place.shard])
     }
 
     /// The entry of `tier` and `key`, if any.
@@ -315,13 +312,8 @@ impl Leases {
         f(shard.get_mut(place.hash, tier, key))
     }
 
-    /// Admits `checks` from the leases held here if every one of them has a lease with room
+    /// Spends each `(tier, key, cost)` from the leases here if every one has a lease with room
     /// for its cost (all or nothing); `None` otherwise, with nothing spent.
-    fn spend(&self, checks: &[Check], now: u64) -> Option<Spent> {
-        self.spend_each(checks.iter().map(|c| (c.tier(), c.key(), c.cost())), now)
-    }
-
-    /// Spends each `(tier, key, cost)` from the leases here, all or nothing.
     fn spend_each<'a>(
         &self,
         items: impl Iterator<Item = (&'a Arc<Tier>, &'a Key, u64)> + Clone,
@@ -366,7 +358,7 @@ impl Leases {
                     Need::Local => {
                         if let Some((end, verdict)) = entry.spend(now, cost) {
                             let outcome = PolicyOutcome::new(c.tier(), false, verdict);
-                            return Plan::Local(smallvec![outcome], smallvec![end]);
+                            return Plan::Local((smallvec![outcome], smallvec![end]));
                         }
                     }
                     Need::Wait => return Plan::Wait(self.wait(c)),
@@ -390,8 +382,9 @@ impl Leases {
                 if let Some(i) = wait {
                     return Plan::Wait(self.wait(&checks[i]));
                 }
-                if let Some((outcomes, ends)) = self.spend(checks, now) {
-                    return Plan::Local(outcomes, ends);
+                let items = checks.iter().map(|c| (c.tier(), c.key(), c.cost()));
+                if let Some(spent) = self.spend_each(items, now) {
+                    return Plan::Local(spent);
                 }
                 // Another request spent the units in between: ask for every check.
                 ask.extend(0..checks.len());
@@ -501,7 +494,7 @@ impl Leases {
 impl Shard {
     fn get_mut(&mut self, hash: u64, tier: u32, key: &Key) -> Option<&mut Entry> {
         self.entries
-            .find_mut(hash, |s| s.tier == tier && s.key == *key)
+            .find_mut(hash, |s| s.policy.id() == tier && s.key == *key)
             .map(|s| &mut s.entry)
     }
 
@@ -510,9 +503,8 @@ impl Shard {
         let tier = policy.id();
         let slot = self
             .entries
-            .entry(hash, |s| s.tier == tier && s.key == *key, |s| s.hash)
+            .entry(hash, |s| s.policy.id() == tier && s.key == *key, |s| s.hash)
             .or_insert_with(|| Slot {
-                tier,
                 policy: policy.clone(),
                 key: key.clone(),
                 hash,

@@ -27,7 +27,7 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 
 use crate::clock::Clock;
-use crate::decision::{Decision, PolicyOutcome};
+use crate::decision::Decision;
 use crate::error::{ConfigError, FailurePolicy, StoreError, StoreErrorKind};
 use crate::headers::{HeaderConfig, RateLimitHeaders};
 use crate::key::{Key, KeyExtractor, RequestRef};
@@ -320,20 +320,17 @@ impl<St: Store> Limiter<St> {
     ) -> Begin<St::Future> {
         let now = OnceCell::new();
         let now = || *now.get_or_init(|| self.clock.now_micros());
-        let remember = self.deny_cache.is_some().then(|| {
-            checks
-                .iter()
-                .map(|c| (c.tier().id(), c.key().clone(), c.cost()))
-                .collect()
-        });
         // Leases: every check admitted from one held here (no store call, whatever the
         // breaker says), or the checks that ask the store for one.
         let mut asking = None;
         if let Some(leases) = &self.leases {
             let all_leased = checks.iter().all(|c| c.tier().lease().is_some());
             match leases.plan(&mut checks, all_leased, now()) {
-                lease::Plan::Local(outcomes, ends) => {
-                    set_lease_ends(&mut after, &outcomes, &ends);
+                lease::Plan::Local((outcomes, ends)) => {
+                    set_lease_ends(&mut after, |tier| {
+                        let i = outcomes.iter().position(|o| o.tier().id() == tier)?;
+                        Some(ends[i])
+                    });
                     let (settled, after) = self.finish(Decision::new(outcomes), after);
                     return Begin::Settled(settled, after);
                 }
@@ -348,6 +345,17 @@ impl<St: Store> Limiter<St> {
                 }
             }
         }
+        // What the deny cache is to remember of a denial: the request's own checks, not the
+        // give-backs a lease's asking put before them.
+        let remember = self.deny_cache.is_some().then(|| {
+            let own = asking
+                .as_deref()
+                .map_or(0, |(a, _): &(Asking, u64)| a.give_backs);
+            checks[own..]
+                .iter()
+                .map(|c| (c.tier().id(), c.key().clone(), c.cost()))
+                .collect()
+        });
         let permit = self
             .breaker
             .as_ref()
@@ -399,14 +407,10 @@ impl<St: Store> Limiter<St> {
                     if decision.is_allowed() {
                         asking.granted(decision.outcomes_mut(), sent, self.clock.now_micros());
                     }
-                    for a in &mut ticket.after {
-                        a.lease_end = decision
-                            .outcomes()
-                            .iter()
-                            .find(|o| o.tier().id() == a.check.tier().id())
-                            .and_then(|o| o.grant())
-                            .map(|g| g.end);
-                    }
+                    set_lease_ends(&mut ticket.after, |tier| {
+                        let o = decision.outcomes().iter().find(|o| o.tier().id() == tier)?;
+                        Some(o.grant()?.end)
+                    });
                 }
                 if let (Some(cache), Some(keys), false) =
                     (&self.deny_cache, &ticket.remember, decision.is_allowed())
@@ -453,11 +457,10 @@ impl<St: Store> Limiter<St> {
             breaker.failure(ticket.permit, self.clock.now_micros());
         }
         // A request that asked for a lease ahead of time, while the one in hand has room.
-        let now = self.clock.now_micros();
         let leased = ticket
             .asking
             .take()
-            .and_then(|asked| asked.0.spend_instead(now));
+            .and_then(|asked| asked.0.spend_instead(self.clock.now_micros()));
         let policy = match (self.failure, &leased) {
             (_, Some(_)) => "lease",
             (FailurePolicy::Open, _) => "open",
@@ -472,7 +475,10 @@ impl<St: Store> Limiter<St> {
         .increment(1);
         if let Some((outcomes, ends)) = leased {
             tracing::debug!(%error, "rate-limit store failed; admitted from a lease in hand");
-            set_lease_ends(&mut ticket.after, &outcomes, &ends);
+            set_lease_ends(&mut ticket.after, |tier| {
+                let i = outcomes.iter().position(|o| o.tier().id() == tier)?;
+                Some(ends[i])
+            });
             return Degraded::Local(Decision::new(outcomes));
         }
         match (self.failure, &self.fallback, ticket.fallback.take()) {
@@ -558,14 +564,12 @@ impl<St: Store> Limiter<St> {
     }
 }
 
-/// Marks the charges after the response of checks admitted from leases (`outcomes`, each of
-/// the lease ending at `ends`), so that refunds go back to those leases.
-fn set_lease_ends(after: &mut Charges, outcomes: &[PolicyOutcome], ends: &[u64]) {
+/// Marks each charge after the response with the end of the lease its policy tier's units
+/// came from (`lease_end` of the tier's id; `None` when not from a lease), so that refunds go
+/// back to that lease.
+fn set_lease_ends(after: &mut Charges, lease_end: impl Fn(u32) -> Option<u64>) {
     for a in after {
-        a.lease_end = outcomes
-            .iter()
-            .position(|o| o.tier().id() == a.check.tier().id())
-            .map(|i| ends[i]);
+        a.lease_end = lease_end(a.check.tier().id());
     }
 }
 

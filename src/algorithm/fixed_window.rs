@@ -104,15 +104,11 @@ impl Step for FixedWindow {
         end: u64,
         units: u64,
     ) -> Option<u64> {
-        let (start, count) = self.current(state.as_ref(), now);
-        if state.is_none() || start != end - end % self.window {
+        let (start, _) = self.current(state.as_ref(), now);
+        if start != end - end % self.window {
             return None;
         }
-        *state = Some(State {
-            start,
-            count: count - count.min(units),
-        });
-        Some(start + self.window)
+        self.refund(state, now, units)
     }
 
     fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {

@@ -74,6 +74,19 @@ impl SlidingLog {
         state.total += cost as u64;
     }
 
+    /// Forgets up to `units` of the entry at `i`, removing it once empty; returns the units
+    /// forgotten.
+    fn forget(state: &mut State, i: usize, units: u64) -> u64 {
+        let entry = &mut state.entries[i];
+        let take = units.min(entry.1 as u64);
+        entry.1 -= take as u32;
+        state.total -= take;
+        if entry.1 == 0 {
+            state.entries.remove(i);
+        }
+        take
+    }
+
     /// Drops the entries out of the window at `now`; returns when the newest leaves it.
     fn prune(&self, state: &mut State, now: u64) -> u64 {
         let (first, used) = self.live(state, now);
@@ -163,28 +176,17 @@ impl Step for SlidingLog {
         let mut i = st.entries.partition_point(|e| e.0 <= now);
         while left > 0 && i > 0 {
             i -= 1;
-            let entry = &mut st.entries[i];
-            let take = left.min(entry.1 as u64);
-            entry.1 -= take as u32;
-            st.total -= take;
-            left -= take;
-            if entry.1 == 0 {
-                st.entries.remove(i);
-            }
+            left -= Self::forget(st, i, left);
         }
         Some(self.expiry(st, now))
     }
 
     fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
-        let st = state.get_or_insert_with(State::default);
-        if cost > 0 {
-            Self::log(st, now, cost);
-        }
-        self.prune(st, now)
+        self.lease_commit(state, now, now, cost)
     }
 
     /// Logs the lease's units at its end: each counts until a window after the latest moment
-    /// it may be spent.
+    /// it may be spent. (A charge is the same, logged at `now`.)
     fn lease_commit(&self, state: &mut Option<State>, now: u64, end: u64, units: u64) -> u64 {
         let st = state.get_or_insert_with(State::default);
         if units > 0 {
@@ -203,13 +205,8 @@ impl Step for SlidingLog {
     ) -> Option<u64> {
         let st = state.as_mut()?;
         let i = st.entries.partition_point(|e| e.0 < end);
-        let entry = st.entries.get_mut(i).filter(|e| e.0 == end)?;
-        let take = units.min(entry.1 as u64);
-        entry.1 -= take as u32;
-        st.total -= take;
-        if entry.1 == 0 {
-            st.entries.remove(i);
-        }
+        st.entries.get(i).filter(|e| e.0 == end)?;
+        Self::forget(st, i, units);
         Some(self.expiry(st, now))
     }
 }

@@ -7,7 +7,7 @@ use hashbrown::HashTable;
 
 use crate::decision::{Decision, PolicyOutcome};
 use crate::key::Key;
-use crate::store::{Check, Mode};
+use crate::store::{Check, Mode, lock};
 use smallvec::smallvec;
 
 const SHARDS: usize = 16;
@@ -60,7 +60,7 @@ impl DenyCache {
     fn locate(&self, id: u32, key: &Key) -> (u64, MutexGuard<'_, HashTable<Entry>>) {
         let hash = key.hash_with(id, &self.hasher);
         let shard = &self.shards[(hash >> 40) as usize % self.shards.len()];
-        (hash, shard.lock().unwrap_or_else(|e| e.into_inner()))
+        (hash, lock(shard))
     }
 
     /// A denial for `checks` if one of their enforced policies is known to be limited at `now`.
@@ -128,10 +128,7 @@ impl DenyCache {
     /// Entries held, expired or not.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len())
-            .sum()
+        self.shards.iter().map(|s| lock(s).len()).sum()
     }
 }
 

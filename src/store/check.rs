@@ -142,13 +142,10 @@ impl Check {
         self.arg
     }
 
-    /// For [`Mode::Lease`], the units wanted and the lease's longest life in microseconds (a
-    /// tier without a lease lives for no time).
+    /// For [`Mode::Lease`], the units wanted (the cost among them) and the lease's longest
+    /// life in microseconds (a tier without a lease lives for no time).
     pub(crate) fn lease(&self) -> (u64, u64) {
-        (
-            self.arg.max(self.cost),
-            self.tier.lease().map_or(0, |l| l.ttl_us()),
-        )
+        (self.arg, self.tier.lease().map_or(0, |l| l.ttl_us()))
     }
 
     /// The policy tier decided.

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use hashbrown::HashTable;
 
-use super::{Check, Checks, Mode, Registry, private};
+use super::{Check, Checks, Mode, Registry, lock, private};
 use crate::algorithm::{Compiled, Lease, State, Verdict, apply_block};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Grant, PolicyOutcome};
@@ -296,12 +296,13 @@ impl MemoryStore {
             .iter()
             .zip(&verdicts)
             .all(|(c, v)| v.allowed || !c.mode().decides());
-        let mut grants = Vec::new();
-        for ((c, v), &(h, g)) in checks.iter().zip(&mut verdicts).zip(&at) {
+        let mut grants: SmallVec<[Option<Grant>; 1]> = smallvec![None; checks.len()];
+        for (((c, v), &(h, g)), grant) in checks.iter().zip(&mut verdicts).zip(&at).zip(&mut grants)
+        {
             if admitted && c.mode() == Mode::Lease {
                 let lease = guards[g].take_lease(c, h, now, capacity);
                 *v = lease.verdict;
-                grants.push(Grant {
+                *grant = Some(Grant {
                     units: lease.units,
                     end: lease.end,
                     lasts_us: lease.end - now,
@@ -318,19 +319,13 @@ impl MemoryStore {
         for g in &mut guards {
             g.tick(now);
         }
-        let mut grants = grants.into_iter();
         Decision::new(
             checks
                 .iter()
                 .zip(verdicts)
-                .map(|(c, v)| {
-                    let outcome = PolicyOutcome::new(c.tier(), c.mode() == Mode::Shadow, v);
-                    match (c.mode(), admitted) {
-                        (Mode::Lease, true) => {
-                            outcome.with_grant(grants.next().expect("one grant per lease"))
-                        }
-                        _ => outcome,
-                    }
+                .zip(grants)
+                .map(|((c, v), grant)| {
+                    PolicyOutcome::new(c.tier(), c.mode() == Mode::Shadow, v).with_grant(grant)
                 })
                 .collect::<SmallVec<_>>(),
         )
@@ -562,12 +557,6 @@ impl Shard {
             }
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding a shard cannot leave it inconsistent (every update is a single
-    // assignment), so a poisoned lock is still usable.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[allow(private_interfaces)]

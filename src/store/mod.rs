@@ -10,7 +10,7 @@ mod memory;
 mod redis;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
@@ -72,7 +72,7 @@ pub(crate) struct Registry {
 impl Registry {
     /// The id of `name`, registering it; fails if the name is taken by a different policy.
     pub(crate) fn register(&self, name: Arc<str>, algorithm: Compiled) -> Result<u32, ConfigError> {
-        let mut policies = self.policies.lock().unwrap_or_else(|e| e.into_inner());
+        let mut policies = lock(&self.policies);
         if let Some((id, existing)) = policies.get(&name) {
             return if *existing == algorithm {
                 Ok(*id)
@@ -86,4 +86,11 @@ impl Registry {
         policies.insert(name, (id, algorithm));
         Ok(id)
     }
+}
+
+/// Locks `m`, poisoned or not: the crate's tables (the memory store's shards, the registry,
+/// the deny cache, the leases) are updated by single assignments that a panic cannot leave
+/// half done, so a lock poisoned by a panic elsewhere is still usable.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

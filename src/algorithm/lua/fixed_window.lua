@@ -46,18 +46,9 @@ ALG[FIXED_WINDOW] = function()
     end,
     -- Gives back to the lease's window only: once another has begun, the units went with it.
     give_back = function(self, key, p, st, now, lease_end, units)
-      if not st then
-        return
+      if self.current(p, st, now) == fdiv(lease_end, p[2]) * p[2] then
+        self:refund(key, p, st, now, units)
       end
-      local start, count = self.current(p, st, now)
-      if start ~= fdiv(lease_end, p[2]) * p[2] then
-        return
-      end
-      local left = count - units
-      if left < 0 then
-        left = 0
-      end
-      store(key, format(INT2, start, left), now, start + p[2])
     end,
     refund = function(self, key, p, st, now, units)
       if not st then

@@ -186,11 +186,10 @@ local function judge(alg, p, st, ends, now, cost, key)
   return retry, remaining, reset
 end
 
--- Phase two for an admitted LEASE (`lease` holds the units wanted and the lease's end): leases
+-- Phase two for an admitted LEASE of up to `want` units ending at `lease_end`: leases
 -- what is left, at least the cost and at most the units wanted, and reports the verdict with
 -- the lease counted as spent (twin of `take_lease` in Rust).
-local function take_lease(alg, key, p, st, ends, now, cost, lease, reply, at)
-  local want, lease_end = lease[1], lease[2]
+local function take_lease(alg, key, p, st, ends, now, cost, want, lease_end, reply, at)
   local _, left = alg:evaluate(p, st, now, 0, key)
   local units = left
   if units > want then
@@ -220,12 +219,12 @@ end
 -- Phase two for a policy whose reply starts at reply[at + 1]: charges it (keeping its block,
 -- `ends`, on record), or reports the state as it stays and gives the key a TTL if it lost its
 -- own.
-local function settle(alg, key, p, st, ends, now, cost, charge, reply, at, lease)
-  if lease then
+local function settle(alg, key, p, st, ends, now, cost, charge, reply, at, want, lease_end)
+  if want then
     -- A lease: its units, its end and the microseconds until then follow the verdict.
     reply[at + 4], reply[at + 5], reply[at + 6] = 0, 0, 0
     if charge then
-      take_lease(alg, key, p, st, ends, now, cost, lease, reply, at)
+      take_lease(alg, key, p, st, ends, now, cost, want, lease_end, reply, at)
       return
     end
   end
@@ -276,20 +275,19 @@ local function decide(keys, args)
     local st, ends, lease_end
     st, ends, cost, lease_end = prepare(alg, key, p, now, cost, mode, STATES[1], x, LEASED[1])
     local verdict, remaining, reset = judge(alg, p, st, ends, now, cost, key)
-    local reply, lease = REPLY1, nil
+    local reply, want = REPLY1, nil
     if mode == LEASE then
-      reply, lease = REPLY1_LEASE, { y, lease_end }
+      reply, want = REPLY1_LEASE, y
     end
     reply[1], reply[2], reply[3] = verdict, remaining, reset
-    local charge = verdict == ADMITTED and cost > 0 and (mode == ENFORCE or mode == SHADOW)
-    if lease then
-      charge = verdict == ADMITTED
-    end
-    settle(alg, key, p, st, ends, now, cost, charge, reply, 0, lease)
+    local charge = verdict == ADMITTED
+      and (mode == LEASE or (cost > 0 and (mode == ENFORCE or mode == SHADOW)))
+    settle(alg, key, p, st, ends, now, cost, charge, reply, 0, want, lease_end)
     return reply
   end
 
-  local algs, params, costs, modes, states, blocks, leases, bases = {}, {}, {}, {}, {}, {}, {}, {}
+  local algs, params, costs, modes, states, blocks = {}, {}, {}, {}, {}, {}
+  local wants, lease_ends, bases = {}, {}, {}
   local reply = {}
   local admitted = true
   for i = 1, n do
@@ -313,7 +311,7 @@ local function decide(keys, args)
     reply[#reply + 1] = remaining
     reply[#reply + 1] = reset
     if mode == LEASE then
-      leases[i] = { y, lease_end }
+      wants[i], lease_ends[i] = y, lease_end
       reply[#reply + 1] = 0
       reply[#reply + 1] = 0
       reply[#reply + 1] = 0
@@ -325,7 +323,7 @@ local function decide(keys, args)
     local charge = admitted and (m == LEASE or (costs[i] > 0
       and (m == ENFORCE or (m == SHADOW and reply[base + 1] == ADMITTED))))
     settle(algs[i], keys[i], params[i], states[i], blocks[i], now, costs[i], charge, reply, base,
-      leases[i])
+      wants[i], lease_ends[i])
   end
   return reply
 end

@@ -480,12 +480,8 @@ impl Inner {
             .iter()
             .zip(verdicts)
             .map(|(check, (verdict, grant))| {
-                let outcome =
-                    PolicyOutcome::new(check.tier(), check.mode() == Mode::Shadow, verdict);
-                match grant {
-                    Some(grant) => outcome.with_grant(grant),
-                    None => outcome,
-                }
+                PolicyOutcome::new(check.tier(), check.mode() == Mode::Shadow, verdict)
+                    .with_grant(grant)
             })
             .collect();
         Ok(Decision::new(outcomes))

@@ -105,6 +105,7 @@ impl RateLimitLayer<MemoryStore> {
                 responses: Responses::default(),
                 failure: FailurePolicy::default(),
                 headers: HeaderConfig::default(),
+                partition_secret: None,
                 exempt: None,
                 cost: None,
                 clock: Arc::new(SystemClock::new()),
@@ -309,6 +310,38 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// How `X-RateLimit-Reset` is written (default [`ResetFormat::DeltaSeconds`]).
     pub fn reset_format(mut self, format: ResetFormat) -> Self {
         self.o.headers.reset = format;
+        self
+    }
+
+    /// Adds the IETF `pk` parameter to `RateLimit-Policy` and `RateLimit` (with
+    /// [`HeaderStyle::Ietf`] or [`HeaderStyle::Both`]): a byte sequence that tells a client
+    /// which partition (key) each policy counted it against, without revealing the key. It is
+    /// the first 16 bytes of an HMAC-SHA-256 of the key under `secret`; give every instance the
+    /// same secret, at least 16 random bytes (shorter fails [`build`](Self::build)).
+    ///
+    /// ```
+    /// use tower_ratelimit::{HeaderStyle, Policy, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::gcra("10/s").name("per-ip"))
+    ///     .headers(HeaderStyle::Ietf)
+    ///     .partition_keys(b"0123456789abcdef-keep-me-secret")
+    ///     .build();
+    /// assert!(layer.is_ok());
+    /// // RateLimit: "per-ip";r=9;t=1;pk=:x3cA1PfqtxDkXJ4BH6VIxA==:
+    /// ```
+    pub fn partition_keys(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.o.partition_secret = Some(secret.as_ref().to_vec());
+        self
+    }
+
+    /// Delays every time a response tells (`t`, `Retry-After`, `X-RateLimit-Reset`) by one
+    /// random duration up to `max`, drawn afresh for each response, so that clients limited at
+    /// the same moment spread their retries (draft-ietf-httpapi-ratelimit-headers, section on
+    /// resource exhaustion). The times are never earlier than the truth: a client that obeys
+    /// them is admitted. Default: none.
+    pub fn jitter(mut self, max: Duration) -> Self {
+        self.o.headers.jitter = max;
         self
     }
 

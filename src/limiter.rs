@@ -48,6 +48,8 @@ pub(crate) struct Config {
     pub(crate) responses: Responses,
     pub(crate) failure: FailurePolicy,
     pub(crate) headers: HeaderConfig,
+    /// The secret of the IETF `pk` parameter, if it is sent.
+    pub(crate) partition_secret: Option<Vec<u8>>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) breaker: Option<CircuitBreaker>,
     pub(crate) deny_cache: Option<usize>,
@@ -139,20 +141,25 @@ enum Degraded {
 }
 
 /// What settling a decision that comes later needs: the breaker's permit, the local fallback's
-/// checks, what to remember in the deny cache, when the store was asked, and the charges that
-/// wait for the response.
+/// checks, the request's keys (for the deny cache and the IETF `pk`), when the store was asked,
+/// and the charges that wait for the response.
 pub(crate) struct Ticket {
     permit: Permit,
     /// The checks asking for a lease, with when (layer clock) the store was asked (boxed: most
     /// decisions ask for none, and the ticket is moved along with every one).
     asking: Option<Box<(Asking, u64)>>,
     fallback: Option<Checks>,
-    remember: Option<Vec<(u32, Key, u64)>>,
+    /// Each of the request's own checks as (tier id, key, cost), when the deny cache or the
+    /// IETF `pk` needs them.
+    keys: Option<Keys>,
     /// When the store was asked, for `ratelimit_store_duration_seconds` (not timed for a
     /// store that decides synchronously).
     started: Option<Instant>,
     after: Charges,
 }
+
+/// A request's checks as (tier id, key, cost).
+type Keys = Vec<(u32, Key, u64)>;
 
 /// Charges and refunds that depend on the response's status.
 pub(crate) type Charges = Vec<AfterResponse>;
@@ -206,6 +213,9 @@ impl<St: Store> Limiter<St> {
             }
             prepared.push(p);
         }
+        let headers = config
+            .headers
+            .with_partition(config.partition_secret.as_deref())?;
         let fallback = divisor.map(|_| MemoryStore::builder().clock(config.clock.clone()).build());
         let leases = config
             .policies
@@ -228,7 +238,7 @@ impl<St: Store> Limiter<St> {
             policies,
             responses: config.responses,
             failure: config.failure,
-            headers: config.headers,
+            headers,
             exempt: config.exempt,
             clock: config.clock,
             breaker: config.breaker.map(Breaker::new),
@@ -294,7 +304,7 @@ impl<St: Store> Limiter<St> {
             && let Some(decision) = cache.lookup(&checks, self.clock.now_micros())
         {
             metrics::counter!("ratelimit_deny_cache_hits_total").increment(1);
-            let headers = self.response_headers(&decision);
+            let headers = self.response_headers(&decision, self.keys(&checks).as_deref());
             return Begin::Settled(self.limited(decision, &headers), Charges::new());
         }
         self.decide(checks, fallback, after)
@@ -331,7 +341,9 @@ impl<St: Store> Limiter<St> {
                         let i = outcomes.iter().position(|o| o.tier().id() == tier)?;
                         Some(ends[i])
                     });
-                    let (settled, after) = self.finish(Decision::new(outcomes), after);
+                    let keys = self.keys(&checks);
+                    let decision = Decision::new(outcomes);
+                    let (settled, after) = self.finish(decision, after, keys.as_deref());
                     return Begin::Settled(settled, after);
                 }
                 lease::Plan::Store(a) => asking = a.map(|a| Box::new((a, now()))),
@@ -345,17 +357,11 @@ impl<St: Store> Limiter<St> {
                 }
             }
         }
-        // What the deny cache is to remember of a denial: the request's own checks, not the
-        // give-backs a lease's asking put before them.
-        let remember = self.deny_cache.is_some().then(|| {
-            let own = asking
-                .as_deref()
-                .map_or(0, |(a, _): &(Asking, u64)| a.give_backs);
-            checks[own..]
-                .iter()
-                .map(|c| (c.tier().id(), c.key().clone(), c.cost()))
-                .collect()
-        });
+        // The request's own checks, not the give-backs a lease's asking put before them.
+        let own = asking
+            .as_deref()
+            .map_or(0, |(a, _): &(Asking, u64)| a.give_backs);
+        let keys = self.keys(&checks[own..]);
         let permit = self
             .breaker
             .as_ref()
@@ -364,7 +370,7 @@ impl<St: Store> Limiter<St> {
             permit,
             asking,
             fallback,
-            remember,
+            keys,
             started: None,
             after,
         };
@@ -413,7 +419,7 @@ impl<St: Store> Limiter<St> {
                     });
                 }
                 if let (Some(cache), Some(keys), false) =
-                    (&self.deny_cache, &ticket.remember, decision.is_allowed())
+                    (&self.deny_cache, &ticket.keys, decision.is_allowed())
                 {
                     cache.remember(keys, &decision, self.clock.now_micros());
                 }
@@ -424,17 +430,22 @@ impl<St: Store> Limiter<St> {
                 Degraded::Settled(settled) => return (settled, Charges::new()),
             },
         };
-        self.finish(decision, ticket.after)
+        self.finish(decision, ticket.after, ticket.keys.as_deref())
     }
 
     /// The decision's response (step 3's end): counts, headers, the limiter's own response
     /// for a denied request; for an admitted one, the charges still to make after the response.
     #[inline(always)]
-    fn finish(&self, decision: Decision, after: Charges) -> (Settled, Charges) {
+    fn finish(
+        &self,
+        decision: Decision,
+        after: Charges,
+        keys: Option<&[(u32, Key, u64)]>,
+    ) -> (Settled, Charges) {
         for o in decision.outcomes() {
             o.tier().count(o.is_allowed(), o.is_shadow());
         }
-        let headers = self.response_headers(&decision);
+        let headers = self.response_headers(&decision, keys);
         if !decision.is_allowed() {
             tracing::debug!(policy = decision.binding().policy(), "rate limit exceeded");
             return (self.limited(decision, &headers), Charges::new());
@@ -506,8 +517,23 @@ impl<St: Store> Limiter<St> {
         Settled::Respond(response)
     }
 
-    fn response_headers(&self, decision: &Decision) -> RateLimitHeaders {
-        RateLimitHeaders::new(decision, self.headers, || self.clock.now_micros())
+    fn response_headers(
+        &self,
+        decision: &Decision,
+        keys: Option<&[(u32, Key, u64)]>,
+    ) -> RateLimitHeaders {
+        let key_of = |tier| Some(&keys?.iter().find(|(id, _, _)| *id == tier)?.1);
+        RateLimitHeaders::new(decision, &self.headers, || self.clock.now_micros(), key_of)
+    }
+
+    /// `checks` as the ticket keeps them, when the deny cache or the IETF `pk` needs them.
+    fn keys(&self, checks: &[Check]) -> Option<Keys> {
+        (self.deny_cache.is_some() || self.headers.partition.is_some()).then(|| {
+            checks
+                .iter()
+                .map(|c| (c.tier().id(), c.key().clone(), c.cost()))
+                .collect()
+        })
     }
 
     /// The charges and refunds `charges` makes for a response of `status`, as one store call;

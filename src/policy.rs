@@ -14,6 +14,7 @@ use crate::error::{ConfigError, KeyRejection};
 use crate::headers::value::number;
 use crate::key::{Key, KeyExtractor, RequestRef};
 use crate::quota::Quota;
+use crate::quota::QuotaUnit;
 
 /// One rate limit: an [`Algorithm`] applied to a [`Quota`], under a name.
 ///
@@ -60,6 +61,7 @@ pub struct Policy {
     tier_overrides: Vec<(Key, String)>,
     lease: Option<u32>,
     lease_ttl: Option<Duration>,
+    unit: QuotaUnit,
 }
 
 pub(crate) type CostFn = Arc<dyn Fn(&RequestRef<'_>) -> u32 + Send + Sync>;
@@ -145,6 +147,7 @@ impl Policy {
             tier_overrides: Vec::new(),
             lease: None,
             lease_ttl: None,
+            unit: QuotaUnit::Requests,
         }
     }
 
@@ -416,6 +419,31 @@ impl Policy {
         self
     }
 
+    /// What the policy's units are, for the IETF `RateLimit-Policy` field's `qu` parameter
+    /// (default [`QuotaUnit::Requests`], which is not written). Say
+    /// [`QuotaUnit::ContentBytes`] for a policy whose [`cost`](Self::cost) counts bytes:
+    ///
+    /// ```
+    /// use tower_ratelimit::{Policy, QuotaUnit};
+    ///
+    /// // 10 MB of uploads a minute: `"uploads";q=10000000;qu="content-bytes";w=60`.
+    /// let uploads = Policy::token_bucket("10000000/min")
+    ///     .name("uploads")
+    ///     .unit(QuotaUnit::ContentBytes)
+    ///     .cost(|req| {
+    ///         req.headers()
+    ///             .get(http::header::CONTENT_LENGTH)
+    ///             .and_then(|v| v.to_str().ok()?.parse().ok())
+    ///             .unwrap_or(1)
+    ///     });
+    /// # let _ = uploads;
+    /// ```
+    #[must_use]
+    pub fn unit(mut self, unit: QuotaUnit) -> Self {
+        self.unit = unit;
+        self
+    }
+
     /// Whether the policy takes leases.
     pub(crate) fn takes_leases(&self) -> bool {
         self.lease.is_some()
@@ -525,6 +553,13 @@ impl Policy {
             )
             .context(&described));
         }
+        if self.unit == QuotaUnit::ConcurrentRequests {
+            return Err(ConfigError::new(
+                "a rate policy counts requests over time, not requests in flight; \
+                 use QuotaUnit::Requests or QuotaUnit::ContentBytes",
+            )
+            .context(&described));
+        }
         if !self.tiers.is_empty() && self.name.is_none() {
             return Err(ConfigError::new("a policy with tiers needs a name").context(&described));
         }
@@ -628,18 +663,20 @@ impl Prepared<'_> {
         store: Register<'_>,
         fallback: Option<Register<'_>>,
     ) -> Result<CompiledPolicy, ConfigError> {
+        let p = self.policy;
         let register = |register: Register<'_>, tiers: Vec<CompiledTier>| {
             tiers
                 .into_iter()
                 .map(|(name, algorithm, lease)| {
                     let id = register(name.clone(), algorithm.clone())?;
                     Ok(Striped::new(|| {
-                        Tier::new(name.clone(), id, algorithm.clone()).with_lease(lease)
+                        Tier::new(name.clone(), id, algorithm.clone())
+                            .with_lease(lease)
+                            .with_unit(p.unit)
                     }))
                 })
                 .collect::<Result<Box<[_]>, ConfigError>>()
         };
-        let p = self.policy;
         let tiers = register(store, self.tiers)?;
         let fallback = match (self.fallback, fallback) {
             (Some(tiers), Some(store)) => Some(register(store, tiers)?),
@@ -814,6 +851,8 @@ pub(crate) struct Tier {
     decisions_metric: [metrics::Key; 3],
     /// The lease each instance takes of a key, if the policy takes leases.
     lease: Option<LeaseSpec>,
+    /// What the tier's units are (the IETF `qu`).
+    unit: QuotaUnit,
 }
 
 /// A policy tier's lease: how many units an instance takes at once, and for how long at most.
@@ -854,7 +893,19 @@ impl Tier {
             limit_header,
             decisions_metric,
             lease: None,
+            unit: QuotaUnit::Requests,
         }
+    }
+
+    /// The same tier counting `unit`s.
+    pub(crate) fn with_unit(mut self, unit: QuotaUnit) -> Self {
+        self.unit = unit;
+        self
+    }
+
+    /// What the tier's units are.
+    pub(crate) fn unit(&self) -> QuotaUnit {
+        self.unit
     }
 
     /// The same tier taking `lease`.

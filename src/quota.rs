@@ -400,6 +400,57 @@ impl fmt::Display for QuotaError {
 
 impl std::error::Error for QuotaError {}
 
+/// What a policy's units are, as the IETF `qu` parameter says it
+/// ([`Policy::unit`](crate::Policy::unit)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum QuotaUnit {
+    /// Requests (the default: `qu` is not sent).
+    #[default]
+    Requests,
+    /// Bytes of content, e.g. with a cost function that charges a request's
+    /// `Content-Length`: `qu="content-bytes"`.
+    ContentBytes,
+    /// Requests in flight at once: `qu="concurrent-requests"`.
+    ConcurrentRequests,
+}
+
+impl QuotaUnit {
+    /// The unit's name in the `qu` parameter.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            QuotaUnit::Requests => "requests",
+            QuotaUnit::ContentBytes => "content-bytes",
+            QuotaUnit::ConcurrentRequests => "concurrent-requests",
+        }
+    }
+}
+
+impl fmt::Display for QuotaUnit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for QuotaUnit {
+    type Err = QuotaError;
+
+    /// Parses `requests`, `content-bytes` or `concurrent-requests`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [
+            QuotaUnit::Requests,
+            QuotaUnit::ContentBytes,
+            QuotaUnit::ConcurrentRequests,
+        ]
+        .into_iter()
+        .find(|u| u.as_str() == s.trim())
+        .ok_or_else(|| QuotaError::Syntax {
+            input: s.chars().take(64).collect(),
+            reason: "unknown quota unit; expected requests, content-bytes or concurrent-requests",
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,12 +1,21 @@
 //! The responses the limiter writes itself: 429, rejected keys, unavailable store.
 //!
 //! By default they are small `application/problem+json` documents (RFC 9457) that say what
-//! happened in a machine-readable way:
+//! happened in a machine-readable way. A limited request gets the problem type that
+//! draft-ietf-httpapi-ratelimit-headers defines for an exceeded quota, with its
+//! `violated-policies` member (the policies' names, as in the headers), and two members of our
+//! own: `violated` (the same names) and `retry_after` (the `Retry-After` seconds, `null` when
+//! the request can never be admitted):
 //!
 //! ```json
-//! {"type":"about:blank","title":"Too Many Requests","status":429,
-//!  "detail":"rate limit exceeded","violated":["gcra:10/s"],"retry_after":1}
+//! {"type":"https://iana.org/assignments/http-problem-types#quota-exceeded",
+//!  "title":"Quota exceeded","status":429,"detail":"rate limit exceeded",
+//!  "violated-policies":["gcra:10/s"],"violated":["gcra:10/s"],"retry_after":1}
 //! ```
+//!
+//! When the store fails under [`FailurePolicy::Closed`](crate::FailurePolicy::Closed), the
+//! `503` uses the draft's `temporary-reduced-capacity` type. A rejected key (no client
+//! address, a malformed header) gets `about:blank` with its status and a `code` member.
 //!
 //! The status of a limited response and the whole response can be changed on the builder.
 
@@ -25,6 +34,14 @@ pub(crate) type LimitedHook = Arc<dyn Fn(&Decision) -> Response<Bytes> + Send + 
 pub(crate) type RejectedHook = Arc<dyn Fn(&KeyRejection) -> Response<Bytes> + Send + Sync>;
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+
+/// The problem type of an exceeded quota (draft-ietf-httpapi-ratelimit-headers).
+pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// The problem type of a service that cannot serve at its full capacity for a while
+/// (draft-ietf-httpapi-ratelimit-headers): the limiter's store failed.
+pub const TEMPORARY_REDUCED_CAPACITY: &str =
+    "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
 
 /// How the limiter answers when it does not forward a request.
 #[derive(Clone)]
@@ -64,15 +81,22 @@ impl Responses {
         let mut response = match &self.on_limited {
             Some(hook) => hook(decision),
             None => {
-                let mut body = problem(self.status, "rate limit exceeded");
-                body.push_str(",\"violated\":[");
-                for (i, o) in decision.violated().enumerate() {
-                    if i > 0 {
-                        body.push(',');
+                let mut body = problem(
+                    QUOTA_EXCEEDED,
+                    "Quota exceeded",
+                    self.status,
+                    "rate limit exceeded",
+                );
+                for member in ["violated-policies", "violated"] {
+                    write!(body, ",\"{member}\":[").unwrap();
+                    for (i, o) in decision.violated().enumerate() {
+                        if i > 0 {
+                            body.push(',');
+                        }
+                        push_json_str(&mut body, o.policy());
                     }
-                    push_json_str(&mut body, o.policy());
+                    body.push(']');
                 }
-                body.push(']');
                 match headers.retry_after() {
                     Some(s) => write!(body, ",\"retry_after\":{s}").unwrap(),
                     None => body.push_str(",\"retry_after\":null"),
@@ -93,7 +117,9 @@ impl Responses {
         if let Some(hook) = &self.on_rejected {
             return hook(rejection);
         }
-        let mut body = problem(rejection.status(), rejection.message());
+        let status = rejection.status();
+        let title = status.canonical_reason().unwrap_or("Error");
+        let mut body = problem("about:blank", title, status, rejection.message());
         body.push_str(",\"code\":");
         push_json_str(&mut body, rejection.code());
         body.push('}');
@@ -106,7 +132,12 @@ impl Responses {
     /// The response when the store failed and the failure policy is closed.
     pub(crate) fn unavailable(&self) -> Response<Bytes> {
         let status = StatusCode::SERVICE_UNAVAILABLE;
-        let mut body = problem(status, "the rate limiter is unavailable");
+        let mut body = problem(
+            TEMPORARY_REDUCED_CAPACITY,
+            "Temporary reduced capacity",
+            status,
+            "the rate limiter is unavailable",
+        );
         body.push('}');
         let mut r = Response::new(Bytes::from(body));
         *r.status_mut() = status;
@@ -117,10 +148,12 @@ impl Responses {
 }
 
 /// The common members of a problem document, without the closing brace.
-fn problem(status: StatusCode, detail: &str) -> String {
-    let mut s = String::with_capacity(160);
-    s.push_str("{\"type\":\"about:blank\",\"title\":");
-    push_json_str(&mut s, status.canonical_reason().unwrap_or("Error"));
+fn problem(kind: &str, title: &str, status: StatusCode, detail: &str) -> String {
+    let mut s = String::with_capacity(192);
+    s.push_str("{\"type\":");
+    push_json_str(&mut s, kind);
+    s.push_str(",\"title\":");
+    push_json_str(&mut s, title);
     write!(s, ",\"status\":{},\"detail\":", status.as_u16()).unwrap();
     push_json_str(&mut s, detail);
     s

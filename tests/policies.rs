@@ -225,20 +225,23 @@ impl Reply {
             .collect()
     }
 
-    /// The policies named in the problem+json body's `violated` array.
+    /// The policies named in the problem+json body's `violated-policies` array (the IETF
+    /// draft's member), after checking the document's type and that our own `violated` member
+    /// names the same.
     fn violated_in_body(&self) -> Vec<String> {
-        let start = self.body.find("\"violated\":[").expect("a violated array") + 12;
-        let end = start + self.body[start..].find(']').unwrap();
-        self.body[start..end]
-            .split(',')
-            .filter(|s| !s.is_empty())
-            .map(|s| {
-                s.strip_prefix('"')
-                    .unwrap()
-                    .strip_suffix('"')
-                    .unwrap()
-                    .to_owned()
-            })
+        let doc: serde_json::Value = serde_json::from_str(&self.body).expect("a JSON body");
+        assert_eq!(
+            doc["type"], "https://iana.org/assignments/http-problem-types#quota-exceeded",
+            "{doc}"
+        );
+        assert_eq!(doc["status"], 429, "{doc}");
+        assert_eq!(doc["violated-policies"], doc["violated"], "{doc}");
+        let names = doc["violated-policies"]
+            .as_array()
+            .expect("violated-policies");
+        names
+            .iter()
+            .map(|n| n.as_str().expect("a policy name").to_owned())
             .collect()
     }
 
@@ -476,7 +479,7 @@ async fn multi_policy_atomicity<St: Store>(env: Env<St>) {
         );
         assert_eq!(
             r.body,
-            r#"{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"rate limit exceeded","violated":["hourly"],"retry_after":3000}"#,
+            r#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Quota exceeded","status":429,"detail":"rate limit exceeded","violated-policies":["hourly"],"violated":["hourly"],"retry_after":3000}"#,
             "{ctx}"
         );
         let d = r.decision();

@@ -405,6 +405,16 @@ async fn failure_policy_applies_when_redis_is_killed() {
         "fail closed answers 503"
     );
     assert_eq!(refused.headers()["retry-after"], "1");
+    let body = http_body_util::BodyExt::collect(refused.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        doc["type"], "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity",
+        "the IETF draft's problem type for a service that cannot serve fully: {doc}"
+    );
+    assert_eq!(doc["status"], 503, "{doc}");
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "no hang: {:?}",

@@ -24,6 +24,19 @@
 //! seconds until the key is fully reset, or, for a violated policy, until it admits the request
 //! again; `Retry-After` is never earlier than the `t` of any violated policy.
 //!
+//! Three optional parts of the draft are available on the builder:
+//!
+//! - a policy whose units are not requests says so with `qu` ([`Policy::unit`](crate::Policy::unit)):
+//!   `"upload";q=10000000;qu="content-bytes";w=60`;
+//! - [`partition_keys`](crate::RateLimitLayerBuilder::partition_keys) adds `pk`, a byte
+//!   sequence identifying the key the policy counted the request against: the first 16 bytes
+//!   of an HMAC-SHA-256 of the key under a secret of yours, never the key itself. Every
+//!   instance configured with the same secret sends the same `pk` for the same key;
+//! - [`jitter`](crate::RateLimitLayerBuilder::jitter) adds one random delay, drawn afresh for
+//!   each response, to every time the response tells (`t`, `Retry-After`,
+//!   `X-RateLimit-Reset`), so that clients limited together do not all come back in the same
+//!   second. The values are only ever made later, never earlier than the truth.
+//!
 //! Seconds are always rounded **up**: a client told to wait 1 second after a 300 ms wait is
 //! admitted when it comes back, and `Retry-After: 0` is never sent to a client that is still
 //! limited. A request whose cost exceeds a policy's capacity can never be admitted and gets no
@@ -37,14 +50,22 @@
 
 pub(crate) mod value;
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
+use std::hash::BuildHasher as _;
+use std::sync::Arc;
+use std::time::Duration;
 
+use base64::Engine as _;
+use hmac::{Hmac, Mac as _};
 use http::header::Entry;
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use self::value::{ceil_secs, number};
-use crate::decision::Decision;
+use crate::decision::{Decision, PolicyOutcome};
+use crate::error::ConfigError;
+use crate::key::Key;
+use crate::quota::QuotaUnit;
 
 /// `X-RateLimit-Limit`.
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -99,10 +120,80 @@ pub enum ResetFormat {
 }
 
 /// Header configuration of a layer.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct HeaderConfig {
     pub(crate) style: HeaderStyle,
     pub(crate) reset: ResetFormat,
+    /// The most one response's times are delayed by (zero: no jitter).
+    pub(crate) jitter: Duration,
+    /// The secret of the IETF `pk` parameter, if it is sent.
+    pub(crate) partition: Option<PartitionKeys>,
+}
+
+/// The shortest secret [`PartitionKeys`] accept: 128 bits.
+const MIN_SECRET: usize = 16;
+
+/// How many bytes of the HMAC a `pk` carries.
+const PK_BYTES: usize = 16;
+
+/// Makes the IETF `pk` parameter of a key: an HMAC-SHA-256 of the key's binary form under a
+/// secret, cut to [`PK_BYTES`].
+#[derive(Clone)]
+pub(crate) struct PartitionKeys(Arc<Hmac<sha2::Sha256>>);
+
+impl fmt::Debug for PartitionKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PartitionKeys(<secret>)")
+    }
+}
+
+impl PartitionKeys {
+    /// Keys under `secret`, which must be at least 16 bytes long.
+    pub(crate) fn new(secret: &[u8]) -> Result<Self, ConfigError> {
+        if secret.len() < MIN_SECRET {
+            return Err(ConfigError::new(format!(
+                "the partition key secret is {} bytes long; it needs at least {MIN_SECRET} \
+                 (random bytes, the same on every instance)",
+                secret.len()
+            )));
+        }
+        let mac = Hmac::<sha2::Sha256>::new_from_slice(secret)
+            .map_err(|e| ConfigError::new(format!("partition key secret: {e}")))?;
+        Ok(PartitionKeys(Arc::new(mac)))
+    }
+
+    /// `key`'s `pk`, as the structured-field byte sequence `:BASE64:`.
+    pub(crate) fn of(&self, key: &Key) -> String {
+        let mut bytes = Vec::with_capacity(48);
+        key.encode(&mut bytes);
+        let mut mac = (*self.0).clone();
+        mac.update(&bytes);
+        let digest = mac.finalize().into_bytes();
+        let mut out = String::with_capacity(2 + 4 * PK_BYTES.div_ceil(3));
+        out.push(':');
+        base64::engine::general_purpose::STANDARD.encode_string(&digest[..PK_BYTES], &mut out);
+        out.push(':');
+        out
+    }
+}
+
+impl HeaderConfig {
+    /// Checks what the builder was given; `secret` is the partition key secret, if any.
+    pub(crate) fn with_partition(mut self, secret: Option<&[u8]>) -> Result<Self, ConfigError> {
+        self.partition = secret.map(PartitionKeys::new).transpose()?;
+        Ok(self)
+    }
+
+    /// This response's delay: uniform in `[0, jitter]`, drawn from the standard library's
+    /// per-process random keys, which change with every draw.
+    fn draw_jitter(&self) -> Duration {
+        if self.jitter.is_zero() {
+            return Duration::ZERO;
+        }
+        let span = u64::try_from(self.jitter.as_nanos()).unwrap_or(u64::MAX);
+        let random = std::collections::hash_map::RandomState::new().hash_one(0u8);
+        Duration::from_nanos(random % span.saturating_add(1))
+    }
 }
 
 /// `RateLimit-Policy` (IETF draft).
@@ -123,16 +214,20 @@ pub(crate) struct RateLimitHeaders {
 
 impl RateLimitHeaders {
     /// The headers of `decision`; `now_us` (the layer's clock, Unix microseconds) is read only
-    /// for [`ResetFormat::UnixTime`].
-    pub(crate) fn new(
+    /// for [`ResetFormat::UnixTime`], and `key_of` (the key a policy tier counted the request
+    /// against, by tier id) only for `pk`.
+    pub(crate) fn new<'k>(
         decision: &Decision,
-        config: HeaderConfig,
+        config: &HeaderConfig,
         now_us: impl FnOnce() -> u64,
+        key_of: impl Fn(u32) -> Option<&'k Key>,
     ) -> Self {
-        let retry_after = decision.retry_after().map(|d| ceil_secs(d).max(1));
+        let jitter = config.draw_jitter();
+        let secs = |d: Duration| ceil_secs(d.saturating_add(jitter));
+        let retry_after = decision.retry_after().map(|d| secs(d).max(1));
         let legacy = matches!(config.style, HeaderStyle::Legacy | HeaderStyle::Both).then(|| {
             let binding = decision.binding();
-            let reset = ceil_secs(binding.reset_after());
+            let reset = secs(binding.reset_after());
             let reset = match config.reset {
                 ResetFormat::DeltaSeconds => reset,
                 ResetFormat::UnixTime => now_us().div_ceil(1_000_000) + reset,
@@ -144,7 +239,13 @@ impl RateLimitHeaders {
             )
         });
         let ietf = matches!(config.style, HeaderStyle::Ietf | HeaderStyle::Both)
-            .then(|| ietf_fields(decision).map(Box::new))
+            .then(|| {
+                let pk = |o: &PolicyOutcome| {
+                    let partition = config.partition.as_ref()?;
+                    Some(partition.of(key_of(o.tier().id())?))
+                };
+                ietf_fields(decision, secs, pk).map(Box::new)
+            })
             .flatten();
         RateLimitHeaders {
             legacy,
@@ -180,8 +281,13 @@ impl RateLimitHeaders {
     }
 }
 
-/// `RateLimit-Policy` and `RateLimit`: one list item per policy, shadow policies included.
-fn ietf_fields(decision: &Decision) -> Option<[HeaderValue; 2]> {
+/// `RateLimit-Policy` and `RateLimit`: one list item per policy, shadow policies included;
+/// `secs` writes a time in seconds (rounded up, jitter added), `pk` gives a policy's `pk`.
+fn ietf_fields(
+    decision: &Decision,
+    secs: impl Fn(Duration) -> u64,
+    pk: impl Fn(&PolicyOutcome) -> Option<String>,
+) -> Option<[HeaderValue; 2]> {
     let mut policy = String::new();
     let mut state = String::new();
     for (i, o) in decision.outcomes().iter().enumerate() {
@@ -191,20 +297,23 @@ fn ietf_fields(decision: &Decision) -> Option<[HeaderValue; 2]> {
         }
         // Policy names are restricted to characters that need no escaping in an sf-string
         // (letters, digits and -_.:/).
-        let _ = write!(
-            policy,
-            "\"{}\";q={};w={}",
-            o.policy(),
-            o.limit(),
-            ceil_secs(o.window()).max(1)
-        );
+        let _ = write!(policy, "\"{}\";q={}", o.policy(), o.limit());
+        let unit = o.tier().unit();
+        if unit != QuotaUnit::Requests {
+            let _ = write!(policy, ";qu=\"{unit}\"");
+        }
+        let _ = write!(policy, ";w={}", ceil_secs(o.window()).max(1));
         // For a violated policy, `t` is when it admits the request again, which Retry-After
         // never precedes; otherwise when its key is fully reset.
         let t = match o.retry_after() {
-            Some(retry) if !o.is_allowed() => ceil_secs(retry).max(1),
-            _ => ceil_secs(o.reset_after()),
+            Some(retry) if !o.is_allowed() => secs(retry).max(1),
+            _ => secs(o.reset_after()),
         };
         let _ = write!(state, "\"{}\";r={};t={}", o.policy(), o.remaining(), t);
+        if let Some(pk) = pk(o) {
+            let _ = write!(policy, ";pk={pk}");
+            let _ = write!(state, ";pk={pk}");
+        }
     }
     Some([
         HeaderValue::try_from(policy).ok()?,

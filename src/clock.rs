@@ -109,8 +109,8 @@ impl ManualClock {
         self.now.fetch_add(micros, Ordering::SeqCst);
     }
 
-    /// Sets the clock to `micros`. Moving it backwards is allowed; the algorithms treat time
-    /// before their last update as "no time has passed".
+    /// Sets the clock to `micros`. Moving it backwards is allowed; a key updated at a later
+    /// time admits nothing until that time comes again.
     pub fn set_micros(&self, micros: u64) {
         self.now.store(micros, Ordering::SeqCst);
     }

@@ -65,9 +65,15 @@ impl Step for FixedWindow {
         smallvec::smallvec![self.limit, self.window]
     }
 
+    /// A state from a later window (a reserved slot, or the clock went back) starts there.
+    fn own_time(&self, state: &State) -> u64 {
+        state.start
+    }
+
     fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
         let (start, count) = self.current(state, now);
-        let window_left = (start + self.window).saturating_sub(now);
+        // As of the state's own time when it is ahead (see `own_time`).
+        let window_left = (start + self.window) - now.max(start);
         let remaining = self.limit.saturating_sub(count);
         if cost > self.limit {
             return Verdict::deny(remaining, reset(count, window_left), None);

@@ -179,6 +179,15 @@ pub(crate) trait Step: Sized {
         self.refund(state, now, units)
     }
 
+    /// Charges a request that reserved the slot `at` (later than `now`): a charge made at
+    /// `at` (the state then counts from its slot: a later window, a bucket's update time),
+    /// except for the sliding log, which logs the units at `at` and keeps, at `now`, the
+    /// entries still inside the present's window. Returns when the state expires.
+    fn reserve_commit(&self, state: &mut Option<Self::State>, now: u64, at: u64, cost: u64) -> u64 {
+        let _ = now;
+        self.commit(state, at, cost)
+    }
+
     /// The state's own notion of the present, for algorithms that never move it back (0: none).
     fn own_time(&self, state: &Self::State) -> u64 {
         let _ = state;
@@ -199,8 +208,12 @@ pub(crate) trait Step: Sized {
 }
 
 /// Phase one with the clock-lag adjustment (the one place it is written in Rust; its Lua twin
-/// is `shift` in `decide.lua`): a state newer than `now` decides as of its own time, and its
-/// times are moved to be from `now`.
+/// is `shift` in `decide.lua`): a state newer than `now` (the clock went back, or a request
+/// reserved a later slot) decides as of its own time, its times moved to be from `now`, and
+/// admits no cost before that time (nothing remains until then): a request it would admit
+/// then waits until then. Admitting
+/// it now would spend, before they exist, units the state counts as there only from its own
+/// time (the refill of a bucket, the room of a later window).
 fn evaluate_with_lag<A: Step>(a: &A, state: Option<&A::State>, now: u64, cost: u64) -> Verdict {
     let mut verdict = a.evaluate(state, now, cost);
     let lag = state.map_or(0, |s| a.own_time(s).saturating_sub(now));
@@ -211,8 +224,29 @@ fn evaluate_with_lag<A: Step>(a: &A, state: Option<&A::State>, now: u64, cost: u
         if let Some(retry) = &mut verdict.retry_after_us {
             *retry += lag;
         }
+        verdict.remaining = 0;
+        if verdict.allowed && cost > 0 {
+            verdict = Verdict::deny(0, verdict.reset_after_us.max(lag), Some(lag));
+        }
     }
     verdict
+}
+
+/// When a request denied now with `verdict` is admitted instead by reserving its slot: the
+/// microseconds until then (its retry-after), when that is at most `max_wait` and the
+/// request is admitted then on the state as it is (twin of `reserve` in `decide.lua`).
+fn reservation<A: Step>(
+    a: &A,
+    state: Option<&A::State>,
+    now: u64,
+    cost: u64,
+    verdict: &Verdict,
+    max_wait: u64,
+) -> Option<u64> {
+    let wait = verdict.retry_after_us.filter(|&r| r <= max_wait)?;
+    evaluate_with_lag(a, state, now + wait, cost)
+        .allowed
+        .then_some(wait)
 }
 
 /// What a store grants a request that asks for a lease: the request's verdict, now counting
@@ -417,6 +451,35 @@ macro_rules! algorithms {
                         let lease = take_lease(a, &mut own, now, ttl, cost, want);
                         *slot = own.map(State::$variant);
                         lease
+                    })*
+                }
+            }
+
+            /// For a request denied now with `verdict`: the wait until the slot that admits
+            /// it, when it is at most `max_wait` (see [`reservation`]).
+            pub(crate) fn reservation(&self, state: Option<&State>, now: u64, cost: u64, verdict: &Verdict, max_wait: u64) -> Option<u64> {
+                match self {
+                    $(Compiled::$variant(a) => {
+                        let state = match state {
+                            Some(State::$variant(s)) => Some(s),
+                            _ => None,
+                        };
+                        reservation(a, state, now, cost, verdict, max_wait)
+                    })*
+                }
+            }
+
+            /// Charges a request that reserved the slot `at`. Returns when the state expires.
+            pub(crate) fn reserve_commit(&self, slot: &mut Option<State>, now: u64, at: u64, cost: u64) -> u64 {
+                match self {
+                    $(Compiled::$variant(a) => {
+                        let mut own = match slot.take() {
+                            Some(State::$variant(s)) => Some(s),
+                            _ => None,
+                        };
+                        let expires_at = a.reserve_commit(&mut own, now, at, cost);
+                        *slot = own.map(State::$variant);
+                        expires_at
                     })*
                 }
             }

@@ -195,6 +195,11 @@ impl Step for SlidingLog {
         self.prune(st, now)
     }
 
+    /// Logs a reserved request's units at its slot, as a lease's at its end.
+    fn reserve_commit(&self, state: &mut Option<State>, now: u64, at: u64, cost: u64) -> u64 {
+        self.lease_commit(state, now, at, cost)
+    }
+
     /// Forgets up to `units` of those logged at the lease's end.
     fn give_back(
         &self,

@@ -11,13 +11,22 @@ ALG[FIXED_WINDOW] = function()
       end
       return start, 0
     end,
+    -- A state from a later window (a reserved slot, or the clock went back) starts there.
+    lag = function(p, st, now)
+      if st and st[1] > now then
+        return st[1] - now
+      end
+      return 0
+    end,
     evaluate = function(self, p, st, now, cost)
       local limit, window = p[1], p[2]
       local start, count = self.current(p, st, now)
-      local left = start + window - now
-      if left < 0 then
-        left = 0
+      -- As of the state's own time when it is ahead (see `lag`).
+      local from = now
+      if start > from then
+        from = start
       end
+      local left = start + window - from
       local remaining = limit - count
       if remaining < 0 then
         remaining = 0

@@ -141,27 +141,34 @@ local function prepare(alg, key, p, now, cost, mode, into, x, leased)
   return st, ends, 0
 end
 -- The clock-lag adjustment (twin of `evaluate_with_lag`), for the algorithms that keep their own
--- time (`alg.lag`): a state newer than `now` (the clock went back) decides as of its own time,
--- and its times are moved to be from `now`. Called only for those algorithms, so the others pay
--- nothing for it.
-local function shift(alg, p, st, now, reset, retry)
+-- time (`alg.lag`): a state newer than `now` (the clock went back, or a request reserved a
+-- later slot) decides as of its own time, its times moved to be from `now`, and admits no cost
+-- before then. Called only for those algorithms, so the others pay nothing for it.
+local function shift(alg, p, st, now, cost, ok, remaining, reset, retry)
   local lag = alg.lag(p, st, now)
   if lag > 0 then
+    remaining = 0
     if reset > 0 then
       reset = reset + lag
     end
     if retry >= 0 then
       retry = retry + lag
     end
+    if ok == 1 and cost > 0 then
+      ok, retry = 0, lag
+      if reset < lag then
+        reset = lag
+      end
+    end
   end
-  return reset, retry
+  return ok, remaining, reset, retry
 end
 
 -- Phase one for a policy: its verdict as the reply gives it, remaining and reset.
 local function judge(alg, p, st, ends, now, cost, key)
   local ok, remaining, reset, retry = alg:evaluate(p, st, now, cost, key)
   if alg.lag then
-    reset, retry = shift(alg, p, st, now, reset, retry)
+    ok, remaining, reset, retry = shift(alg, p, st, now, cost, ok, remaining, reset, retry)
   end
   if ends and ends > now then
     -- Blocked: denied until the block ends, whatever the state (twin of `apply_block`).
@@ -236,9 +243,9 @@ local function settle(alg, key, p, st, ends, now, cost, charge, reply, at, want,
   end
   if reply[at + 1] == ADMITTED and cost > 0 then
     -- Admitted by this policy but not charged: report the state as it stays.
-    local _, remaining, reset, retry = alg:evaluate(p, st, now, 0, key)
+    local ok, remaining, reset, retry = alg:evaluate(p, st, now, 0, key)
     if alg.lag then
-      reset = shift(alg, p, st, now, reset, retry)
+      _, remaining, reset = shift(alg, p, st, now, 0, ok, remaining, reset, retry)
     end
     reply[at + 2] = remaining
     reply[at + 3] = reset

@@ -109,6 +109,21 @@ impl PolicyOutcome {
         }
     }
 
+    /// How long the request waits for the slot this policy reserved for it
+    /// ([`Policy::wait_up_to`](crate::Policy::wait_up_to)): zero when it was admitted at once,
+    /// or denied.
+    pub fn wait(&self) -> Duration {
+        match (&self.grant, self.policy.wait_us()) {
+            (Some(g), 1..) => Duration::from_micros(g.lasts_us),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// The slot this policy reserved for the request, on the store's clock, with its units.
+    pub(crate) fn reservation(&self) -> Option<&Grant> {
+        self.grant.as_deref().filter(|_| self.policy.wait_us() > 0)
+    }
+
     /// The policy's name.
     pub fn policy(&self) -> &str {
         self.policy.name()
@@ -227,6 +242,16 @@ impl Decision {
                 })
                 .unwrap_or(first)
         }
+    }
+
+    /// How long an admitted request waits before it goes on: the longest of its policies'
+    /// [`wait`](PolicyOutcome::wait)s (zero for most requests).
+    pub fn wait(&self) -> Duration {
+        self.outcomes
+            .iter()
+            .map(PolicyOutcome::wait)
+            .max()
+            .unwrap_or_default()
     }
 
     /// For a denied request, how long until every violated policy would admit it; `None` when

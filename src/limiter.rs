@@ -605,6 +605,8 @@ fn mode_of(policy: &CompiledPolicy) -> Mode {
         Mode::Shadow
     } else if policy.charge_if().is_some() {
         Mode::ChargeLater
+    } else if policy.waits() {
+        Mode::Reserve
     } else {
         Mode::Enforce
     }

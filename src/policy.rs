@@ -62,7 +62,11 @@ pub struct Policy {
     lease: Option<u32>,
     lease_ttl: Option<Duration>,
     unit: QuotaUnit,
+    wait: Option<Duration>,
 }
+
+/// The longest a request may wait for its slot ([`Policy::wait_up_to`]).
+const MAX_WAIT: Duration = Duration::from_secs(3600);
 
 pub(crate) type CostFn = Arc<dyn Fn(&RequestRef<'_>) -> u32 + Send + Sync>;
 pub(crate) type StatusFn = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
@@ -148,6 +152,7 @@ impl Policy {
             lease: None,
             lease_ttl: None,
             unit: QuotaUnit::Requests,
+            wait: None,
         }
     }
 
@@ -444,6 +449,59 @@ impl Policy {
         self
     }
 
+    /// Makes a request this policy would reject wait instead, when it can be admitted within
+    /// `max`: its slot in the future is reserved (charged) in the store in the same atomic step
+    /// that decides it, so instances sharing a store queue on one schedule, first come first
+    /// served; the layer then waits until that slot before calling the inner service. A
+    /// request whose slot is further away than `max` is rejected at once, as without a wait
+    /// (NGINX's `limit_req ... delay`, governor's `until_ready`).
+    ///
+    /// Every algorithm can reserve: GCRA and the buckets book their next free moment, the
+    /// windows the first window (or sub-window) with room, the sliding log stamps the entry at
+    /// its slot. A request whose client goes away while it waits gives its slot back. How many
+    /// requests wait at once is bounded by what the policy admits within `max`.
+    ///
+    /// `max` must be between 1 microsecond and one hour; a shadow policy, a policy that
+    /// charges after the response ([`charge_if`](Self::charge_if)) and a policy that takes
+    /// leases cannot wait: [`build`](crate::RateLimitLayerBuilder::build) says so.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimit::Policy;
+    ///
+    /// // 10 requests a second; a burst beyond that is smoothed out over up to half a second.
+    /// let smooth = Policy::gcra("10/s").wait_up_to(Duration::from_millis(500));
+    /// # let _ = smooth;
+    /// ```
+    #[must_use]
+    pub fn wait_up_to(mut self, max: Duration) -> Self {
+        self.wait = Some(max);
+        self
+    }
+
+    /// The longest wait, checked: see [`wait_up_to`](Self::wait_up_to).
+    fn wait_us(&self, described: &str) -> Result<Option<u64>, ConfigError> {
+        let Some(wait) = self.wait else {
+            return Ok(None);
+        };
+        let fail = |message: &str| Err(ConfigError::new(message).context(described));
+        if wait.is_zero() || wait > MAX_WAIT {
+            return fail("wait_up_to must be between 1 microsecond and one hour");
+        }
+        if self.shadow {
+            return fail("a shadow policy never rejects, so it cannot make a request wait");
+        }
+        if self.charge_if.is_some() {
+            return fail(
+                "a policy that charges after the response (charge_if) cannot reserve a slot ahead",
+            );
+        }
+        if self.lease.is_some() {
+            return fail("a policy cannot both take leases and make requests wait; pick one");
+        }
+        Ok(Some(u64::try_from(wait.as_micros()).unwrap_or(u64::MAX)))
+    }
+
     /// Whether the policy takes leases.
     pub(crate) fn takes_leases(&self) -> bool {
         self.lease.is_some()
@@ -560,6 +618,7 @@ impl Policy {
             )
             .context(&described));
         }
+        self.wait_us(&described)?;
         if !self.tiers.is_empty() && self.name.is_none() {
             return Err(ConfigError::new("a policy with tiers needs a name").context(&described));
         }
@@ -664,6 +723,7 @@ impl Prepared<'_> {
         fallback: Option<Register<'_>>,
     ) -> Result<CompiledPolicy, ConfigError> {
         let p = self.policy;
+        let wait = p.wait_us("")?;
         let register = |register: Register<'_>, tiers: Vec<CompiledTier>| {
             tiers
                 .into_iter()
@@ -673,6 +733,7 @@ impl Prepared<'_> {
                         Tier::new(name.clone(), id, algorithm.clone())
                             .with_lease(lease)
                             .with_unit(p.unit)
+                            .with_wait(wait)
                     }))
                 })
                 .collect::<Result<Box<[_]>, ConfigError>>()
@@ -702,6 +763,7 @@ impl Prepared<'_> {
             key: p.key.clone().unwrap_or_else(|| key.clone()),
             cost: p.cost.clone().or_else(|| cost.clone()),
             shadow: p.shadow,
+            waits: wait.is_some(),
             charge_if: p.charge_if.clone(),
             refund_if: p.refund_if.clone(),
             routes: p.routes.clone(),
@@ -721,6 +783,8 @@ pub(crate) struct CompiledPolicy {
     key: Arc<dyn KeyExtractor>,
     cost: Option<CostFn>,
     shadow: bool,
+    /// Whether a request may wait for a reserved slot ([`Policy::wait_up_to`]).
+    waits: bool,
     charge_if: Option<StatusFn>,
     refund_if: Option<StatusFn>,
     routes: Vec<Route>,
@@ -795,6 +859,11 @@ impl CompiledPolicy {
         self.shadow
     }
 
+    /// Whether a request may wait for a reserved slot.
+    pub(crate) fn waits(&self) -> bool {
+        self.waits
+    }
+
     /// Charge after responses whose status matches.
     pub(crate) fn charge_if(&self) -> Option<&StatusFn> {
         self.charge_if.as_ref()
@@ -853,6 +922,8 @@ pub(crate) struct Tier {
     lease: Option<LeaseSpec>,
     /// What the tier's units are (the IETF `qu`).
     unit: QuotaUnit,
+    /// The longest wait for a reserved slot, in microseconds, if requests may wait.
+    wait_us: Option<u64>,
 }
 
 /// A policy tier's lease: how many units an instance takes at once, and for how long at most.
@@ -894,7 +965,19 @@ impl Tier {
             decisions_metric,
             lease: None,
             unit: QuotaUnit::Requests,
+            wait_us: None,
         }
+    }
+
+    /// The same tier letting requests wait up to `wait_us` for a reserved slot.
+    pub(crate) fn with_wait(mut self, wait_us: Option<u64>) -> Self {
+        self.wait_us = wait_us;
+        self
+    }
+
+    /// The longest wait for a reserved slot, in microseconds (0: requests never wait).
+    pub(crate) fn wait_us(&self) -> u64 {
+        self.wait_us.unwrap_or(0)
     }
 
     /// The same tier counting `unit`s.

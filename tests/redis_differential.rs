@@ -157,6 +157,106 @@ async fn lua_twins_match_the_rust_algorithms() {
     assert_no_key_without_ttl(&server, "diff:");
 }
 
+/// Reservations, decided by the twins: a policy that lets requests wait reserves the same
+/// slots in both stores (the same waits, remaining counts and resets), whatever the
+/// algorithm, with the clock moving on or going back, refunds and penalties in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_are_made_alike_in_both_stores() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let redis = RedisStore::builder(&server.url())
+        .deadline(std::time::Duration::from_secs(10))
+        .prefix("wait:")
+        .clock(clock.clone())
+        .build()
+        .await
+        .expect("connect to the test redis-server");
+    let sequences_per_algorithm = 80;
+    let (mut decisions, mut waited) = (0, 0);
+    for algorithm in Algorithm::ALL {
+        for seq in 0..sequences_per_algorithm {
+            let seed = 7 << 40 | (algorithm as u64) << 32 | seq;
+            let mut rng = Rng::new(seed);
+            let name = format!("w-{}-{seq}", algorithm.name());
+            let wait = Duration::from_micros(rng.range(1, 8_000));
+            let policy = random_policy(&mut rng, algorithm, name).wait_up_to(wait);
+            let memory = MemoryStore::with_clock(clock.clone());
+            let layer = |store| {
+                RateLimitLayer::builder()
+                    .policy(policy.clone())
+                    .store(store)
+                    .build()
+                    .unwrap()
+            };
+            let on_memory = layer(memory);
+            let on_redis = RateLimitLayer::builder()
+                .policy(policy.clone())
+                .store(redis.clone())
+                .build()
+                .unwrap();
+            let key = Key::from(format!("k{seq}"));
+            for step in 0..30 {
+                match rng.range(0, 12) {
+                    0 => {
+                        let now = tower_ratelimit::Clock::now_micros(&clock);
+                        clock.set_micros(now - rng.range(1, 3_000));
+                    }
+                    1..=4 => {}
+                    _ => clock.advance_micros(rng.range(1, 3_000)),
+                }
+                let cost = match rng.range(0, 9) {
+                    0 => 0,
+                    1 => rng.range(2, 6) as u32,
+                    _ => 1,
+                };
+                let op = match rng.range(0, 20) {
+                    0 => "refund",
+                    1 => "penalize",
+                    _ => "check",
+                };
+                let (m, r) = match op {
+                    "refund" => (
+                        on_memory.refund(&key, cost).await.unwrap(),
+                        on_redis.refund(&key, cost).await.unwrap(),
+                    ),
+                    "penalize" => (
+                        on_memory.penalize(&key, cost).await.unwrap(),
+                        on_redis.penalize(&key, cost).await.unwrap(),
+                    ),
+                    _ => (
+                        on_memory.check(&key, cost).await.unwrap(),
+                        on_redis.check(&key, cost).await.unwrap(),
+                    ),
+                };
+                if std::env::var("DIFF_TRACE").is_ok_and(|s| s == seed.to_string()) {
+                    eprintln!(
+                        "step {step} t={} cost={cost} op={op} m={:?} {:?} r={:?} {:?}",
+                        tower_ratelimit::Clock::now_micros(&clock),
+                        summary(&m),
+                        m.wait(),
+                        summary(&r),
+                        r.wait()
+                    );
+                }
+                assert_eq!(
+                    (summary(&m), m.wait()),
+                    (summary(&r), r.wait()),
+                    "{algorithm} seed {seed} step {step}: memory vs redis (cost {cost}, {op})"
+                );
+                assert!(m.wait() <= wait, "{algorithm}: waits at most {wait:?}");
+                if m.wait() > Duration::ZERO {
+                    assert!(m.is_allowed(), "a request that waits is admitted");
+                    waited += 1;
+                }
+                decisions += 1;
+            }
+        }
+    }
+    assert_eq!(decisions, 6 * sequences_per_algorithm as usize * 30);
+    assert!(waited > 500, "the sequences reserve slots: {waited} waits");
+    assert_no_key_without_ttl(&server, "wait:");
+}
+
 /// Leases, decided by the twins: the same requests at the same times, through a layer whose
 /// policy takes leases, leave the same state in both stores (looked at by a layer without a
 /// lease after every step) and get the same answers. Covers the `LEASE` and `GIVE_BACK` steps

@@ -234,7 +234,7 @@ fn evaluate_with_lag<A: Step>(a: &A, state: Option<&A::State>, now: u64, cost: u
 
 /// When a request denied now with `verdict` is admitted instead by reserving its slot: the
 /// microseconds until then (its retry-after), when that is at most `max_wait` and the
-/// request is admitted then on the state as it is (twin of `reserve` in `decide.lua`).
+/// request (of a cost above 0: a look reserves nothing) is admitted then on the state as it is (twin of `reserve` in `decide.lua`).
 fn reservation<A: Step>(
     a: &A,
     state: Option<&A::State>,
@@ -243,6 +243,10 @@ fn reservation<A: Step>(
     verdict: &Verdict,
     max_wait: u64,
 ) -> Option<u64> {
+    if cost == 0 {
+        // A look reserves nothing.
+        return None;
+    }
     let wait = verdict.retry_after_us.filter(|&r| r <= max_wait)?;
     evaluate_with_lag(a, state, now + wait, cost)
         .allowed

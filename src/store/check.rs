@@ -34,12 +34,15 @@ pub(crate) enum Mode {
     /// Gives back `cost` units of the lease that ended at [`Check::lease_end`]; then reports
     /// like a look at cost 0.
     GiveBack = 8,
+    /// Decides like [`Mode::Enforce`]; a request denied now that the policy admits within its
+    /// tier's longest wait is admitted instead, its units charged at that slot, later.
+    Reserve = 9,
 }
 
 impl Mode {
     /// Every mode, in the order of its number.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) const ALL: [Mode; 9] = [
+    pub(crate) const ALL: [Mode; 10] = [
         Mode::Enforce,
         Mode::Shadow,
         Mode::ChargeLater,
@@ -49,6 +52,7 @@ impl Mode {
         Mode::Block,
         Mode::Lease,
         Mode::GiveBack,
+        Mode::Reserve,
     ];
 
     /// The name of the mode's constant in the Redis script.
@@ -64,18 +68,22 @@ impl Mode {
             Mode::Block => "BLOCK",
             Mode::Lease => "LEASE",
             Mode::GiveBack => "GIVE_BACK",
+            Mode::Reserve => "RESERVE",
         }
     }
 
     /// Whether a denial by this check denies the request.
     pub(crate) fn decides(self) -> bool {
-        matches!(self, Mode::Enforce | Mode::ChargeLater | Mode::Lease)
+        matches!(
+            self,
+            Mode::Enforce | Mode::ChargeLater | Mode::Lease | Mode::Reserve
+        )
     }
 
     /// Whether this check is charged when the request is admitted, given its own verdict.
     pub(crate) fn charged(self, allowed: bool) -> bool {
         match self {
-            Mode::Enforce | Mode::Lease => true,
+            Mode::Enforce | Mode::Lease | Mode::Reserve => true,
             Mode::Shadow => allowed,
             Mode::ChargeLater
             | Mode::Refund

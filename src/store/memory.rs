@@ -281,7 +281,7 @@ impl MemoryStore {
                 Mode::Penalize => guards[g].commit(c, h, now, capacity),
                 Mode::Block => guards[g].block(c, h, now, capacity),
                 Mode::GiveBack => guards[g].give_back(c, h, now),
-                Mode::Enforce | Mode::Shadow | Mode::ChargeLater | Mode::Lease => {}
+                Mode::Enforce | Mode::Shadow | Mode::ChargeLater | Mode::Lease | Mode::Reserve => {}
             }
         }
         let mut verdicts: Vec<_> = checks
@@ -292,14 +292,42 @@ impl MemoryStore {
                 guards[g].evaluate(c, h, now, cost)
             })
             .collect();
+        // A request a RESERVE check denies now may be admitted at a later slot.
+        let waits: SmallVec<[Option<u64>; 1]> = checks
+            .iter()
+            .zip(&verdicts)
+            .zip(&at)
+            .map(|((c, v), &(h, g))| match c.mode() {
+                Mode::Reserve if !v.allowed => guards[g].reservation(c, h, now, v),
+                _ => None,
+            })
+            .collect();
         let admitted = checks
             .iter()
             .zip(&verdicts)
-            .all(|(c, v)| v.allowed || !c.mode().decides());
+            .zip(&waits)
+            .all(|((c, v), w)| v.allowed || w.is_some() || !c.mode().decides());
         let mut grants: SmallVec<[Option<Grant>; 1]> = smallvec![None; checks.len()];
-        for (((c, v), &(h, g)), grant) in checks.iter().zip(&mut verdicts).zip(&at).zip(&mut grants)
+        for ((((c, v), &(h, g)), grant), wait) in checks
+            .iter()
+            .zip(&mut verdicts)
+            .zip(&at)
+            .zip(&mut grants)
+            .zip(&waits)
         {
-            if admitted && c.mode() == Mode::Lease {
+            if let (true, Some(wait)) = (admitted, *wait) {
+                let slot = now + wait;
+                guards[g].reserve_commit(c, h, now, slot, capacity);
+                // Admitted, the state reported as it is seen now (a look may deny: the
+                // sliding log still counts, now, entries that are gone at the slot).
+                let seen = guards[g].evaluate(c, h, now, 0);
+                *v = Verdict::allow(seen.remaining, seen.reset_after_us);
+                *grant = Some(Grant {
+                    units: c.cost(),
+                    end: slot,
+                    lasts_us: wait,
+                });
+            } else if admitted && c.mode() == Mode::Lease {
                 let lease = guards[g].take_lease(c, h, now, capacity);
                 *v = lease.verdict;
                 *grant = Some(Grant {
@@ -355,6 +383,35 @@ impl Shard {
         };
         apply_block(&mut verdict, slot.map_or(0, |s| s.blocked_until), now);
         verdict
+    }
+
+    /// For a RESERVE check denied now with `verdict`: the wait until the slot that admits it,
+    /// if it is within the tier's longest wait and the key is not blocked.
+    fn reservation(&self, check: &Check, hash: u64, now: u64, verdict: &Verdict) -> Option<u64> {
+        let slot = self.find(check, hash);
+        if slot.is_some_and(|s| s.blocked_until > now) {
+            return None;
+        }
+        let state = slot.and_then(|s| s.live(now));
+        let max_wait = check.tier().wait_us();
+        let algorithm = check.tier().algorithm();
+        algorithm.reservation(state, now, check.cost(), verdict, max_wait)
+    }
+
+    /// Charges a request that reserved the slot `at`.
+    fn reserve_commit(&mut self, check: &Check, hash: u64, now: u64, at: u64, capacity: usize) {
+        let algorithm = check.tier().algorithm();
+        match self.find_mut(check, hash) {
+            Some(slot) => {
+                slot.expires_at = algorithm.reserve_commit(&mut slot.state, now, at, check.cost());
+            }
+            None => {
+                let mut state = None;
+                let expires_at = algorithm.reserve_commit(&mut state, now, at, check.cost());
+                let slot = Slot::new(check, state, expires_at);
+                self.insert_slot(slot, hash, now, capacity);
+            }
+        }
     }
 
     /// Blocks the key for `check.cost()` microseconds from `now`.

@@ -138,6 +138,10 @@ ALG[SLIDING_LOG] = function()
     lease_commit = function(self, key, p, st, now, ends, units)
       log(key, p, st, now, ends, units)
     end,
+    -- A reserved request's units are logged at its slot, as a lease's at its end.
+    reserve_commit = function(self, key, p, st, now, at, cost)
+      log(key, p, st, now, at, cost)
+    end,
     -- Forgets up to `units` of those logged at the lease's end (`ends`).
     give_back = function(self, key, p, st, now, ends, units)
       if st and units > 0 then

@@ -22,6 +22,11 @@
 -- least the cost and at most the units wanted, counted as the algorithm counts a lease ending
 -- at its end (`lease_commit`). GIVE_BACK gives `cost` units of the lease that ended at the
 -- given time back (`give_back`, else a refund), then looks at cost 0.
+-- RESERVE decides like ENFORCE; a request it denies now is admitted instead when it would be
+-- admitted after a wait of at most the given microseconds (its retry-after), and is then
+-- charged at that slot (`reserve_commit`, else a charge made at the slot). Its reply has the
+-- three integers of a LEASE: the units reserved (0 when it did not wait), the slot, and the
+-- microseconds until then.
 -- A blocked key is denied whatever its state, until the block ends; the block is kept in the
 -- state key itself (see `read` and the sliding log), so a decision finds it with the read it
 -- makes anyway, and stays on record while the key lives (a clock that goes back finds it
@@ -80,7 +85,7 @@ local function read_policy(args, at, i)
   if mode == LEASE then
     x, y = tonumber(args[at]), tonumber(args[at + 1])
     at = at + 2
-  elseif mode == GIVE_BACK then
+  elseif mode == GIVE_BACK or mode == RESERVE then
     x = tonumber(args[at])
     at = at + 1
   end
@@ -100,7 +105,7 @@ end
 -- as strict as the lease could make it (twin of `lease_verdict` in Rust).
 local function prepare(alg, key, p, now, cost, mode, into, x, leased)
   local st, ends = alg.load(key, p, now, into)
-  if mode == ENFORCE or mode == SHADOW or mode == CHARGE_LATER then
+  if mode == ENFORCE or mode == SHADOW or mode == CHARGE_LATER or mode == RESERVE then
     return st, ends, cost
   end
   if mode == LEASE then
@@ -193,6 +198,44 @@ local function judge(alg, p, st, ends, now, cost, key)
   return retry, remaining, reset
 end
 
+-- For a RESERVE policy denied now with `verdict`: the wait until the slot that admits it, when
+-- it is a retry-after of at most `max_wait`, the cost is not 0 (a look reserves nothing) and
+-- the key is not blocked (twin of
+-- `reservation` in Rust); else nil.
+local function reservation(alg, p, st, ends, now, cost, key, verdict, max_wait)
+  if cost == 0 or verdict < 0 or verdict > max_wait or (ends and ends > now) then
+    return nil
+  end
+  if judge(alg, p, st, ends, now + verdict, cost, key) == ADMITTED then
+    return verdict
+  end
+  return nil
+end
+
+-- Phase two for a RESERVE policy admitted at the slot `wait` microseconds away: charges it
+-- there (the key's TTL still counted from now), then reports the state as it is seen now,
+-- with the units, the slot and the wait after the verdict. `scratch` is a table to load the
+-- new state in.
+local function reserve(alg, key, p, st, ends, now, cost, wait, reply, at, scratch)
+  local slot = now + wait
+  KEEP_BLOCK = ends
+  if alg.reserve_commit then
+    alg:reserve_commit(key, p, st, now, slot, cost)
+  else
+    local slack = TTL_SLACK
+    TTL_SLACK = slack + cdiv(wait, 1000)
+    alg:commit(key, p, st, slot, cost)
+    TTL_SLACK = slack
+  end
+  KEEP_BLOCK = nil
+  -- Admitted, the state reported as it is seen now (a look may deny: the sliding log still
+  -- counts, now, entries that are gone at the slot).
+  local seen = alg.load(key, p, now, scratch)
+  local _, remaining, reset = judge(alg, p, seen, nil, now, 0, key)
+  reply[at + 1], reply[at + 2], reply[at + 3] = ADMITTED, remaining, reset
+  reply[at + 4], reply[at + 5], reply[at + 6] = cost, slot, wait
+end
+
 -- Phase two for an admitted LEASE of up to `want` units ending at `lease_end`: leases
 -- what is left, at least the cost and at most the units wanted, and reports the verdict with
 -- the lease counted as spent (twin of `take_lease` in Rust).
@@ -282,6 +325,19 @@ local function decide(keys, args)
     local st, ends, lease_end
     st, ends, cost, lease_end = prepare(alg, key, p, now, cost, mode, STATES[1], x, LEASED[1])
     local verdict, remaining, reset = judge(alg, p, st, ends, now, cost, key)
+    if mode == RESERVE then
+      REPLY1_LEASE[1], REPLY1_LEASE[2], REPLY1_LEASE[3] = verdict, remaining, reset
+      REPLY1_LEASE[4], REPLY1_LEASE[5], REPLY1_LEASE[6] = 0, 0, 0
+      local wait = verdict ~= ADMITTED
+        and reservation(alg, p, st, ends, now, cost, key, verdict, x)
+      if wait then
+        reserve(alg, key, p, st, ends, now, cost, wait, REPLY1_LEASE, 0, LEASED[1])
+      else
+        settle(alg, key, p, st, ends, now, cost, verdict == ADMITTED and cost > 0,
+          REPLY1_LEASE, 0)
+      end
+      return REPLY1_LEASE
+    end
     local reply, want = REPLY1, nil
     if mode == LEASE then
       reply, want = REPLY1_LEASE, y
@@ -294,7 +350,7 @@ local function decide(keys, args)
   end
 
   local algs, params, costs, modes, states, blocks = {}, {}, {}, {}, {}, {}
-  local wants, lease_ends, bases = {}, {}, {}
+  local wants, lease_ends, bases, waits = {}, {}, {}, {}
   local reply = {}
   local admitted = true
   for i = 1, n do
@@ -309,7 +365,11 @@ local function decide(keys, args)
     local st, ends, lease_end
     st, ends, cost, lease_end = prepare(alg, key, p, now, cost, mode, STATES[i], x, LEASED[i])
     local verdict, remaining, reset = judge(alg, p, st, ends, now, cost, key)
-    if verdict ~= ADMITTED and (mode == ENFORCE or mode == CHARGE_LATER or mode == LEASE) then
+    if mode == RESERVE and verdict ~= ADMITTED then
+      waits[i] = reservation(alg, p, st, ends, now, cost, key, verdict, x)
+    end
+    if verdict ~= ADMITTED and not waits[i]
+      and (mode == ENFORCE or mode == CHARGE_LATER or mode == LEASE or mode == RESERVE) then
       admitted = false
     end
     algs[i], params[i], costs[i], modes[i], states[i], blocks[i] = alg, p, cost, mode, st, ends
@@ -317,8 +377,8 @@ local function decide(keys, args)
     reply[#reply + 1] = verdict
     reply[#reply + 1] = remaining
     reply[#reply + 1] = reset
-    if mode == LEASE then
-      wants[i], lease_ends[i] = y, lease_end
+    if mode == LEASE or mode == RESERVE then
+      wants[i], lease_ends[i] = mode == LEASE and y or nil, lease_end
       reply[#reply + 1] = 0
       reply[#reply + 1] = 0
       reply[#reply + 1] = 0
@@ -327,10 +387,15 @@ local function decide(keys, args)
   for i = 1, n do
     local base = bases[i]
     local m = modes[i]
-    local charge = admitted and (m == LEASE or (costs[i] > 0
-      and (m == ENFORCE or (m == SHADOW and reply[base + 1] == ADMITTED))))
-    settle(algs[i], keys[i], params[i], states[i], blocks[i], now, costs[i], charge, reply, base,
-      wants[i], lease_ends[i])
+    if admitted and waits[i] then
+      reserve(algs[i], keys[i], params[i], states[i], blocks[i], now, costs[i], waits[i], reply,
+        base, LEASED[i])
+    else
+      local charge = admitted and (m == LEASE or (costs[i] > 0
+        and (m == ENFORCE or m == RESERVE or (m == SHADOW and reply[base + 1] == ADMITTED))))
+      settle(algs[i], keys[i], params[i], states[i], blocks[i], now, costs[i], charge, reply,
+        base, wants[i], lease_ends[i])
+    end
   end
   return reply
 end

@@ -464,7 +464,8 @@ impl Conn {
     }
 }
 
-/// What the script says of one check: its verdict, and the lease granted with it, if any.
+/// What the script says of one check: its verdict, and the lease granted or the slot
+/// reserved with it, if any.
 type Reply = (Verdict, Option<Grant>);
 
 impl Inner {
@@ -580,6 +581,9 @@ impl Inner {
                     Mode::GiveBack => {
                         cmd.arg(check.lease_end());
                     }
+                    Mode::Reserve => {
+                        cmd.arg(check.tier().wait_us());
+                    }
                     _ => {}
                 }
                 cmd.arg(&params[..]);
@@ -603,7 +607,7 @@ impl Inner {
         let expected: usize = checks
             .iter()
             .map(|c| match c.mode() {
-                Mode::Lease => REPLY_PER_CHECK + REPLY_PER_LEASE,
+                Mode::Lease | Mode::Reserve => REPLY_PER_CHECK + REPLY_PER_LEASE,
                 _ => REPLY_PER_CHECK,
             })
             .sum();
@@ -625,7 +629,7 @@ impl Inner {
                     reset_after_us: r[2].max(0) as u64,
                     retry_after_us: (r[0] >= 0).then_some(r[0] as u64),
                 };
-                let grant = (c.mode() == Mode::Lease).then(|| {
+                let grant = matches!(c.mode(), Mode::Lease | Mode::Reserve).then(|| {
                     let (g, tail) = rest.split_at(REPLY_PER_LEASE);
                     rest = tail;
                     Grant {

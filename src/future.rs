@@ -16,7 +16,7 @@ use tower_service::Service;
 use crate::body::{MakeBody, Wrapped};
 use crate::headers::RateLimitHeaders;
 use crate::lease::LeaseWait;
-use crate::limiter::{Begin, Charges, Limiter, Planned, Settled, Ticket};
+use crate::limiter::{Begin, Charges, Delayed, Limiter, Planned, Settled, Ticket};
 use crate::store::Store;
 use crate::store::private::Sealed;
 
@@ -62,6 +62,10 @@ pin_project! {
             #[pin]
             wait: LeaseWait,
             pending: Option<Box<Pending<S, ReqB, Box<Planned>>>>,
+        },
+        Delaying {
+            sleep: Pin<Box<tokio::time::Sleep>>,
+            pending: Option<Box<Pending<S, ReqB, Box<Delayed>>>>,
         },
         Calling {
             #[pin]
@@ -150,7 +154,7 @@ where
         },
         Begin::Settled(settled, charges) => {
             *after = charges;
-            next(settled, request, &mut inner)
+            next_owned(settled, request, inner)
         }
         Begin::Wait(check, ticket) => State::Checking {
             check,
@@ -171,7 +175,30 @@ where
     }
 }
 
-/// The state that follows a settled decision.
+/// The state that follows a settled decision, the inner service moved along when the request
+/// waits for its slot.
+fn next_owned<S, ReqB, C, R>(
+    settled: Settled,
+    request: Request<ReqB>,
+    mut inner: S,
+) -> State<S, ReqB, S::Future, C, R>
+where
+    S: Service<Request<ReqB>>,
+{
+    match settled {
+        Settled::Wait(delayed) => State::Delaying {
+            sleep: Box::pin(tokio::time::sleep(delayed.wait)),
+            pending: Some(Box::new(Pending {
+                request,
+                inner,
+                then: delayed,
+            })),
+        },
+        settled => next(settled, request, &mut inner),
+    }
+}
+
+/// The state that follows a settled decision that does not wait (see [`Settled::waits`]).
 fn next<S, ReqB, C, R>(
     settled: Settled,
     mut request: Request<ReqB>,
@@ -193,6 +220,18 @@ where
                 headers,
             }
         }
+        Settled::Wait(delayed) => {
+            // Only `next_owned` is given a waiting request; should one come here, it goes on
+            // at once rather than not at all.
+            let Delayed {
+                headers,
+                decision,
+                release,
+                ..
+            } = *delayed;
+            release.disarm();
+            next(Settled::Call(Some(headers), decision), request, inner)
+        }
     }
 }
 
@@ -205,6 +244,7 @@ where
         let state = match &self.state {
             State::Checking { .. } => "checking",
             State::Leasing { .. } => "waiting for a lease",
+            State::Delaying { .. } => "waiting for its slot",
             State::Calling { .. } => "calling",
             State::Adjusting { .. } => "adjusting",
             State::Ready { .. } => "ready",
@@ -234,13 +274,13 @@ where
                     let result = ready!(check.poll(cx));
                     let Pending {
                         request,
-                        mut inner,
+                        inner,
                         then: ticket,
                     } = *pending.take().expect(POLLED_AFTER_READY);
                     let limiter = this.limiter.as_ref().expect(KEPT_FOR_LATER);
                     let (settled, after) = limiter.settle(ticket, result);
                     *this.after = after;
-                    this.state.set(next(settled, request, &mut inner));
+                    this.state.set(next_owned(settled, request, inner));
                 }
                 StateProj::Leasing { wait, pending } => {
                     ready!(wait.poll(cx));
@@ -253,6 +293,23 @@ where
                     let begin = limiter.resume(*planned);
                     let state = resume(begin, request, inner, this.after);
                     this.state.set(state);
+                }
+                StateProj::Delaying { sleep, pending } => {
+                    ready!(sleep.as_mut().poll(cx));
+                    let Pending {
+                        request,
+                        mut inner,
+                        then: delayed,
+                    } = *pending.take().expect(POLLED_AFTER_READY);
+                    let Delayed {
+                        headers,
+                        decision,
+                        release,
+                        ..
+                    } = *delayed;
+                    release.disarm();
+                    let go = Settled::Call(Some(headers), decision);
+                    this.state.set(next(go, request, &mut inner));
                 }
                 StateProj::Calling { future, headers } => {
                     let mut response = ready!(future.poll(cx))?;

@@ -88,6 +88,8 @@ pub(crate) struct Limiter<St> {
     fallback: Option<MemoryStore>,
     /// The leases this instance holds, when a policy takes leases.
     leases: Option<Arc<Leases>>,
+    /// Whether a policy lets requests wait for a reserved slot.
+    waits: bool,
 }
 
 impl<St: fmt::Debug> fmt::Debug for Limiter<St> {
@@ -130,6 +132,45 @@ pub(crate) enum Settled {
     Call(Option<RateLimitHeaders>, Option<Decision>),
     /// Answer with the limiter's own response.
     Respond(Response<Bytes>),
+    /// Wait until the slots reserved for the request come, then call the inner service as
+    /// [`Settled::Call`] does.
+    Wait(Box<Delayed>),
+}
+
+impl Settled {
+    /// Whether the request waits for its slot before the inner service is called.
+    pub(crate) fn waits(&self) -> bool {
+        matches!(self, Settled::Wait(_))
+    }
+}
+
+/// A request admitted at slots reserved later: how long it waits, what it then goes on with,
+/// and what gives its slots back if it never does.
+pub(crate) struct Delayed {
+    pub(crate) wait: std::time::Duration,
+    pub(crate) headers: RateLimitHeaders,
+    pub(crate) decision: Option<Decision>,
+    pub(crate) release: Release,
+}
+
+/// Gives a waiting request's reserved units back to the store when dropped armed: its client
+/// went away before its slot came.
+pub(crate) struct Release(Option<Box<dyn FnOnce() + Send>>);
+
+impl Release {
+    /// The request goes on: its units are spent.
+    pub(crate) fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        if let Some(release) = self.0.take() {
+            metrics::counter!("ratelimit_reservations_released_total").increment(1);
+            release();
+        }
+    }
 }
 
 /// What the failure policy makes of a failed store.
@@ -246,6 +287,7 @@ impl<St: Store> Limiter<St> {
             decision_extension: config.decision_extension,
             fallback,
             leases,
+            waits: config.policies.iter().any(Policy::waits),
         })
     }
 
@@ -343,7 +385,7 @@ impl<St: Store> Limiter<St> {
                     });
                     let keys = self.keys(&checks);
                     let decision = Decision::new(outcomes);
-                    let (settled, after) = self.finish(decision, after, keys.as_deref());
+                    let (settled, after) = self.finish(decision, after, keys.as_deref(), false);
                     return Begin::Settled(settled, after);
                 }
                 lease::Plan::Store(a) => asking = a.map(|a| Box::new((a, now()))),
@@ -402,6 +444,7 @@ impl<St: Store> Limiter<St> {
             metrics::histogram!("ratelimit_store_duration_seconds")
                 .record(started.elapsed().as_secs_f64());
         }
+        let mut local = false;
         let decision = match result {
             Ok(mut decision) => {
                 if let Some(breaker) = &self.breaker {
@@ -426,21 +469,26 @@ impl<St: Store> Limiter<St> {
                 decision
             }
             Err(error) => match self.degraded(&mut ticket, error) {
-                Degraded::Local(decision) => decision,
+                Degraded::Local(decision) => {
+                    local = true;
+                    decision
+                }
                 Degraded::Settled(settled) => return (settled, Charges::new()),
             },
         };
-        self.finish(decision, ticket.after, ticket.keys.as_deref())
+        self.finish(decision, ticket.after, ticket.keys.as_deref(), local)
     }
 
     /// The decision's response (step 3's end): counts, headers, the limiter's own response
-    /// for a denied request; for an admitted one, the charges still to make after the response.
+    /// for a denied request; for an admitted one, the charges still to make after the response
+    /// (`local`: the decision is the local fallback's, where reserved slots go back to).
     #[inline(always)]
     fn finish(
         &self,
         decision: Decision,
         after: Charges,
         keys: Option<&[(u32, Key, u64)]>,
+        local: bool,
     ) -> (Settled, Charges) {
         for o in decision.outcomes() {
             o.tier().count(o.is_allowed(), o.is_shadow());
@@ -456,8 +504,60 @@ impl<St: Store> Limiter<St> {
                 "shadow rate limit exceeded; request let through"
             );
         }
+        let wait = decision.wait();
+        if !wait.is_zero() {
+            let release = self.release(&decision, keys, local);
+            let policy = decision
+                .outcomes()
+                .iter()
+                .max_by_key(|o| o.wait())
+                .map_or("", |o| o.policy())
+                .to_owned();
+            metrics::counter!("ratelimit_requests_delayed_total", "policy" => policy.clone())
+                .increment(1);
+            metrics::histogram!("ratelimit_delay_seconds", "policy" => policy)
+                .record(wait.as_secs_f64());
+            let decision = self.decision_extension.then_some(decision);
+            let delayed = Delayed {
+                wait,
+                headers,
+                decision,
+                release,
+            };
+            return (Settled::Wait(Box::new(delayed)), after);
+        }
         let decision = self.decision_extension.then_some(decision);
         (Settled::Call(Some(headers), decision), after)
+    }
+
+    /// What gives the slots reserved for an admitted request back, should it never go on:
+    /// one `RELEASE` per reserved slot, sent to the store when dropped armed.
+    fn release(
+        &self,
+        decision: &Decision,
+        keys: Option<&[(u32, Key, u64)]>,
+        local: bool,
+    ) -> Release {
+        let mut checks = Checks::new();
+        for o in decision.outcomes() {
+            let (Some(slot), Some(keys)) = (o.reservation(), keys) else {
+                continue;
+            };
+            if let Some((_, key, _)) = keys.iter().find(|(id, _, _)| *id == o.tier().id()) {
+                let tier = o.tier().clone();
+                checks.push(Check::release(tier, key.clone(), slot.units, slot.end));
+            }
+        }
+        match (local, &self.fallback) {
+            (true, Some(fallback)) => {
+                let fallback = fallback.clone();
+                Release(Some(Box::new(move || fallback.check_detached(checks))))
+            }
+            _ => {
+                let store = self.store.clone();
+                Release(Some(Box::new(move || store.check_detached(checks))))
+            }
+        }
     }
 
     /// The store failed: the failure policy's answer, a decision of the local fallback or
@@ -526,9 +626,10 @@ impl<St: Store> Limiter<St> {
         RateLimitHeaders::new(decision, &self.headers, || self.clock.now_micros(), key_of)
     }
 
-    /// `checks` as the ticket keeps them, when the deny cache or the IETF `pk` needs them.
+    /// `checks` as the ticket keeps them, when the deny cache, the IETF `pk` or a reserved
+    /// slot to give back needs them.
     fn keys(&self, checks: &[Check]) -> Option<Keys> {
-        (self.deny_cache.is_some() || self.headers.partition.is_some()).then(|| {
+        (self.deny_cache.is_some() || self.headers.partition.is_some() || self.waits).then(|| {
             checks
                 .iter()
                 .map(|c| (c.tier().id(), c.key().clone(), c.cost()))

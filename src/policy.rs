@@ -502,6 +502,11 @@ impl Policy {
         Ok(Some(u64::try_from(wait.as_micros()).unwrap_or(u64::MAX)))
     }
 
+    /// Whether requests may wait for a reserved slot.
+    pub(crate) fn waits(&self) -> bool {
+        self.wait.is_some()
+    }
+
     /// Whether the policy takes leases.
     pub(crate) fn takes_leases(&self) -> bool {
         self.lease.is_some()

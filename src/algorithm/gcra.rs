@@ -93,6 +93,14 @@ impl Step for Gcra {
         Some(tat)
     }
 
+    /// Gives back the latest slot only: its charge put the TAT at `slot + tolerance`.
+    fn release(&self, state: &mut Option<State>, now: u64, slot: u64, units: u64) -> Option<u64> {
+        if state.as_ref()?.tat != slot + self.tolerance {
+            return None;
+        }
+        self.refund(state, now, units)
+    }
+
     /// The TAT no earlier than the lease's end: the units are charged as if spent then.
     fn lease_state(&self, state: Option<&State>, now: u64, end: u64) -> Option<State> {
         let tat = state.map_or(now, |s| s.tat.max(now)).max(end);

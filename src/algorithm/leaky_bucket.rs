@@ -93,6 +93,14 @@ impl Step for LeakyBucket {
         }
     }
 
+    /// Gives back the latest slot only: the bucket was last updated there.
+    fn release(&self, state: &mut Option<State>, now: u64, slot: u64, units: u64) -> Option<u64> {
+        if state.as_ref()?.last != slot {
+            return None;
+        }
+        self.refund(state, now, units)
+    }
+
     /// Takes back up to `units` from the bucket, never below empty.
     fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
         let last = state.as_ref()?.last.max(now);

@@ -179,6 +179,24 @@ pub(crate) trait Step: Sized {
         self.refund(state, now, units)
     }
 
+    /// Gives back `units` a request reserved at `slot` and will not spend (its client went
+    /// away while it waited). By default as a lease's units are given back: the algorithms
+    /// whose state is a record of what went on (the windows and the log) forget the units
+    /// counted at the slot, and the requests queued behind it keep their slots. GCRA and the
+    /// buckets keep a summary instead (a TAT, a level and its time), from which the units of
+    /// one slot cannot be taken out while later slots are booked on top of it without moving
+    /// those: they give back only the latest slot, else nothing (the slot stays empty). Returns
+    /// the new expiry, or `None` when nothing changed.
+    fn release(
+        &self,
+        state: &mut Option<Self::State>,
+        now: u64,
+        slot: u64,
+        units: u64,
+    ) -> Option<u64> {
+        self.give_back(state, now, slot, units)
+    }
+
     /// Charges a request that reserved the slot `at` (later than `now`): a charge made at
     /// `at` (the state then counts from its slot: a later window, a bucket's update time),
     /// except for the sliding log, which logs the units at `at` and keeps, at `now`, the
@@ -218,9 +236,8 @@ fn evaluate_with_lag<A: Step>(a: &A, state: Option<&A::State>, now: u64, cost: u
     let mut verdict = a.evaluate(state, now, cost);
     let lag = state.map_or(0, |s| a.own_time(s).saturating_sub(now));
     if lag > 0 {
-        if verdict.reset_after_us > 0 {
-            verdict.reset_after_us += lag;
-        }
+        // Not a fresh key before its own time, even with nothing counted there.
+        verdict.reset_after_us += lag;
         if let Some(retry) = &mut verdict.retry_after_us {
             *retry += lag;
         }
@@ -497,6 +514,21 @@ macro_rules! algorithms {
                             _ => None,
                         };
                         let expires_at = a.give_back(&mut own, now, end, units);
+                        *slot = own.map(State::$variant);
+                        expires_at
+                    })*
+                }
+            }
+
+            /// See [`Step::release`].
+            pub(crate) fn release(&self, slot: &mut Option<State>, now: u64, at: u64, units: u64) -> Option<u64> {
+                match self {
+                    $(Compiled::$variant(a) => {
+                        let mut own = match slot.take() {
+                            Some(State::$variant(s)) => Some(s),
+                            _ => None,
+                        };
+                        let expires_at = a.release(&mut own, now, at, units);
                         *slot = own.map(State::$variant);
                         expires_at
                     })*

@@ -833,33 +833,147 @@ proptest! {
     /// back: the store counts each lease as spent at its worst moment.
     #[test]
     fn leases_never_exceed_the_limit((spec, start, ttl, want, events) in lease_case()) {
-        let limit = spec.limit as u64;
         for algorithm in Algorithm::ALL {
             let compiled = spec.compile(algorithm);
             let want = want.min(spec.capacity(algorithm));
             let admitted = drive_leases(&compiled, start, ttl, want, &events);
-            match algorithm {
-                Algorithm::SlidingLog => {
-                    let (most, end) = busiest_span(&admitted, spec.window);
-                    prop_assert!(most <= limit, "{algorithm}: {most} units in the window ending {end}");
-                }
-                Algorithm::FixedWindow => {
-                    for chunk in admitted.chunk_by(|a, b| a.0 / spec.window == b.0 / spec.window) {
-                        let units: u64 = chunk.iter().map(|&(_, c)| c).sum();
-                        prop_assert!(units <= limit, "{algorithm}: {units} units in one window");
-                    }
-                }
-                Algorithm::SlidingWindow => {
-                    let span = spec.window - spec.window / spec.buckets as u64;
-                    let (most, end) = busiest_span(&admitted, span);
-                    prop_assert!(most <= limit, "{algorithm}: {most} units in the span ending {end}");
-                }
-                Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => {
-                    let burst = spec.capacity(algorithm);
-                    check_intervals(&admitted, |d| burst + d * limit / spec.window)
-                        .map_err(|e| TestCaseError::fail(format!("{algorithm}: {e}")))?;
-                }
+            check_bounds(&spec, algorithm, &admitted)?;
+        }
+    }
+}
+
+/// Each algorithm's bound on what it admits over time (properties 1–4), on `admitted`:
+/// `(time, cost)` in time order.
+fn check_bounds(
+    spec: &Spec,
+    algorithm: Algorithm,
+    admitted: &[(u64, u64)],
+) -> Result<(), TestCaseError> {
+    let limit = spec.limit as u64;
+    match algorithm {
+        Algorithm::SlidingLog => {
+            let (most, end) = busiest_span(admitted, spec.window);
+            prop_assert!(
+                most <= limit,
+                "{algorithm}: {most} units in the window ending {end}"
+            );
+        }
+        Algorithm::FixedWindow => {
+            for chunk in admitted.chunk_by(|a, b| a.0 / spec.window == b.0 / spec.window) {
+                let units: u64 = chunk.iter().map(|&(_, c)| c).sum();
+                prop_assert!(units <= limit, "{algorithm}: {units} units in one window");
             }
+        }
+        Algorithm::SlidingWindow => {
+            let span = spec.window - spec.window / spec.buckets as u64;
+            let (most, end) = busiest_span(admitted, span);
+            prop_assert!(
+                most <= limit,
+                "{algorithm}: {most} units in the span ending {end}"
+            );
+        }
+        Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => {
+            let burst = spec.capacity(algorithm);
+            check_intervals(admitted, |d| burst + d * limit / spec.window)
+                .map_err(|e| TestCaseError::fail(format!("{algorithm}: {e}")))?;
+        }
+    }
+    Ok(())
+}
+
+/// One request of a reservation case: when it comes (a forward step), its cost, whether it
+/// may wait, and, if it waits, whether its client goes away first (and when, as a share of its
+/// wait in 0..=255).
+type Waiter = (u64, u64, bool, Option<u8>);
+
+fn reservation_case() -> impl Strategy<Value = (Spec, u64, u64, Vec<Waiter>)> {
+    spec().prop_flat_map(|spec| {
+        let max_wait = prop_oneof![1..=spec.window, 1..=4 * spec.window];
+        let request = (
+            forward_step(spec.window),
+            cost(spec.top()),
+            proptest::bool::weighted(0.7),
+            proptest::option::weighted(0.2, any::<u8>()),
+        );
+        (
+            Just(spec),
+            start(),
+            max_wait,
+            proptest::collection::vec(request, 1..=60),
+        )
+    })
+}
+
+/// Runs the requests as a store with reservations does: a request that may wait and is denied
+/// now reserves its slot when it is at most `max_wait` away, and is charged there; a waiting
+/// request whose client goes away gives its units back (a `GIVE_BACK` of its slot) before its
+/// slot. Returns `(time, cost)` of what went on, at the time it went on, in time order.
+fn drive_reservations(
+    compiled: &Compiled,
+    start: u64,
+    max_wait: u64,
+    requests: &[Waiter],
+) -> Result<Vec<(u64, u64)>, TestCaseError> {
+    let mut state = None;
+    let mut now = start;
+    // Waiting requests: (slot, cost, when the client goes away).
+    let mut waiting: Vec<(u64, u64, Option<u64>)> = Vec::new();
+    let mut went_on = Vec::new();
+    for &(dt, cost, may_wait, leaves) in requests {
+        now += dt;
+        // Clients that went away by now give back; those whose slot came went on.
+        waiting.retain(|&(slot, cost, gone)| match gone {
+            Some(gone) if gone <= now => {
+                compiled.release(&mut state, now, slot, cost);
+                false
+            }
+            _ if slot <= now => {
+                went_on.push((slot, cost));
+                false
+            }
+            _ => true,
+        });
+        let verdict = compiled.evaluate(state.as_ref(), now, cost);
+        if verdict.allowed {
+            if cost > 0 {
+                compiled.commit(&mut state, now, cost);
+                went_on.push((now, cost));
+            }
+            continue;
+        }
+        if !may_wait {
+            continue;
+        }
+        if let Some(wait) = compiled.reservation(state.as_ref(), now, cost, &verdict, max_wait) {
+            prop_assert!(wait > 0 && wait <= max_wait, "a wait of {wait}");
+            let slot = now + wait;
+            compiled.reserve_commit(&mut state, now, slot, cost);
+            let gone = leaves.map(|share| now + wait * u64::from(share) / 256);
+            waiting.push((slot, cost, gone));
+        }
+    }
+    went_on.extend(
+        waiting
+            .into_iter()
+            .filter(|&(_, _, gone)| gone.is_none())
+            .map(|(slot, cost, _)| (slot, cost)),
+    );
+    went_on.sort_unstable();
+    Ok(went_on)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Property 11: Reservations keep every algorithm's bound, counted at the time requests
+    /// go on (their slot for those that waited): requests that wait mixed with requests that
+    /// do not, some of the waiting ones' clients going away and giving their slot back.
+    #[test]
+    fn reservations_keep_every_bound((spec, start, max_wait, requests) in reservation_case()) {
+        for algorithm in Algorithm::ALL {
+            let compiled = spec.compile(algorithm);
+            let went_on = drive_reservations(&compiled, start, max_wait, &requests)?;
+            check_bounds(&spec, algorithm, &went_on)?;
         }
     }
 }

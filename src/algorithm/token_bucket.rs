@@ -168,6 +168,14 @@ impl Step for TokenBucket {
         Some(last + (s.full - tokens).div_ceil(s.rate))
     }
 
+    /// Gives back the latest slot only: the bucket was last updated there.
+    fn release(&self, state: &mut Option<State>, now: u64, slot: u64, units: u64) -> Option<u64> {
+        if state.as_ref()?.last != slot {
+            return None;
+        }
+        self.refund(state, now, units)
+    }
+
     /// No more tokens than a bucket that still has room for the refill until the lease's end:
     /// a refill the lease's units could make overflow the bucket is not counted.
     fn lease_state(&self, state: Option<&State>, now: u64, end: u64) -> Option<State> {

@@ -37,12 +37,15 @@ pub(crate) enum Mode {
     /// Decides like [`Mode::Enforce`]; a request denied now that the policy admits within its
     /// tier's longest wait is admitted instead, its units charged at that slot, later.
     Reserve = 9,
+    /// Gives back `cost` units a request reserved at the slot [`Check::lease_end`] and will not
+    /// spend; then reports like a look at cost 0.
+    Release = 10,
 }
 
 impl Mode {
     /// Every mode, in the order of its number.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) const ALL: [Mode; 10] = [
+    pub(crate) const ALL: [Mode; 11] = [
         Mode::Enforce,
         Mode::Shadow,
         Mode::ChargeLater,
@@ -53,6 +56,7 @@ impl Mode {
         Mode::Lease,
         Mode::GiveBack,
         Mode::Reserve,
+        Mode::Release,
     ];
 
     /// The name of the mode's constant in the Redis script.
@@ -69,6 +73,7 @@ impl Mode {
             Mode::Lease => "LEASE",
             Mode::GiveBack => "GIVE_BACK",
             Mode::Reserve => "RESERVE",
+            Mode::Release => "RELEASE",
         }
     }
 
@@ -90,7 +95,8 @@ impl Mode {
             | Mode::Reset
             | Mode::Penalize
             | Mode::Block
-            | Mode::GiveBack => false,
+            | Mode::GiveBack
+            | Mode::Release => false,
         }
     }
 
@@ -98,7 +104,12 @@ impl Mode {
     pub(crate) fn is_admin(self) -> bool {
         matches!(
             self,
-            Mode::Refund | Mode::Reset | Mode::Penalize | Mode::Block | Mode::GiveBack
+            Mode::Refund
+                | Mode::Reset
+                | Mode::Penalize
+                | Mode::Block
+                | Mode::GiveBack
+                | Mode::Release
         )
     }
 }
@@ -114,6 +125,7 @@ pub(crate) struct Check {
     cost: u64,
     mode: Mode,
     /// For [`Mode::GiveBack`], the end of the lease whose units come back (store time); for
+    /// [`Mode::Release`], the slot given back; for
     /// [`Mode::Lease`], the units wanted.
     arg: u64,
 }
@@ -137,6 +149,14 @@ impl Check {
         }
     }
 
+    /// Gives back `units` reserved on `key` at `slot` (store time), not to be spent.
+    pub(crate) fn release(tier: Arc<Tier>, key: Key, units: u64, slot: u64) -> Self {
+        Check {
+            arg: slot,
+            ..Check::new(tier, key, units, Mode::Release)
+        }
+    }
+
     /// The same check asking for a lease of `want` units (the cost among them).
     pub(crate) fn leasing(&self, want: u64) -> Self {
         Check {
@@ -145,7 +165,8 @@ impl Check {
         }
     }
 
-    /// For [`Mode::GiveBack`], the end of the lease whose units come back.
+    /// For [`Mode::GiveBack`], the end of the lease whose units come back; for
+    /// [`Mode::Release`], the slot.
     pub(crate) fn lease_end(&self) -> u64 {
         self.arg
     }

@@ -281,6 +281,7 @@ impl MemoryStore {
                 Mode::Penalize => guards[g].commit(c, h, now, capacity),
                 Mode::Block => guards[g].block(c, h, now, capacity),
                 Mode::GiveBack => guards[g].give_back(c, h, now),
+                Mode::Release => guards[g].release(c, h, now),
                 Mode::Enforce | Mode::Shadow | Mode::ChargeLater | Mode::Lease | Mode::Reserve => {}
             }
         }
@@ -463,6 +464,18 @@ impl Shard {
         let algorithm = &check.tier().algorithm();
         if let Some(slot) = self.find_mut(check, hash)
             && let Some(expires_at) = algorithm.refund(&mut slot.state, now, check.cost())
+        {
+            slot.expires_at = expires_at;
+            self.min_expiry = self.min_expiry.min(expires_at);
+        }
+    }
+
+    /// Gives back `check.cost()` units reserved at the slot `check.lease_end()`.
+    fn release(&mut self, check: &Check, hash: u64, now: u64) {
+        let algorithm = &check.tier().algorithm();
+        if let Some(slot) = self.find_mut(check, hash)
+            && let Some(expires_at) =
+                algorithm.release(&mut slot.state, now, check.lease_end(), check.cost())
         {
             slot.expires_at = expires_at;
             self.min_expiry = self.min_expiry.min(expires_at);

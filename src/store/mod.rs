@@ -60,6 +60,13 @@ pub(crate) mod private {
             let _ = checks;
             None
         }
+
+        /// Sends `checks` (units given back) without waiting for the answer: from a `Drop`,
+        /// which cannot wait. By default decided at once; a store that decides later starts
+        /// the decision on its own.
+        fn check_detached(&self, checks: crate::store::Checks) {
+            let _ = self.decide_now(&checks);
+        }
     }
 }
 

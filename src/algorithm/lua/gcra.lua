@@ -37,6 +37,12 @@ ALG[GCRA] = function()
       end
       return tat
     end,
+    -- Gives back the latest slot only: its charge put the TAT at `slot + tolerance`.
+    release = function(self, key, p, st, now, slot, units)
+      if st and st == slot + p[2] then
+        self:refund(key, p, st, now, units)
+      end
+    end,
     refund = function(self, key, p, st, now, units)
       if not st then
         return

@@ -22,6 +22,8 @@
 -- least the cost and at most the units wanted, counted as the algorithm counts a lease ending
 -- at its end (`lease_commit`). GIVE_BACK gives `cost` units of the lease that ended at the
 -- given time back (`give_back`, else a refund), then looks at cost 0.
+-- RELEASE gives back `cost` units reserved at the given slot (`release`, else `give_back`),
+-- then looks at cost 0.
 -- RESERVE decides like ENFORCE; a request it denies now is admitted instead when it would be
 -- admitted after a wait of at most the given microseconds (its retry-after), and is then
 -- charged at that slot (`reserve_commit`, else a charge made at the slot). Its reply has the
@@ -85,7 +87,7 @@ local function read_policy(args, at, i)
   if mode == LEASE then
     x, y = tonumber(args[at]), tonumber(args[at + 1])
     at = at + 2
-  elseif mode == GIVE_BACK or mode == RESERVE then
+  elseif mode == GIVE_BACK or mode == RESERVE or mode == RELEASE then
     x = tonumber(args[at])
     at = at + 1
   end
@@ -138,6 +140,13 @@ local function prepare(alg, key, p, now, cost, mode, into, x, leased)
     elseif now <= x then
       alg:refund(key, p, st, now, cost)
     end
+  elseif mode == RELEASE then
+    -- The algorithm's own release, else its give-back (`Step::release` in Rust).
+    if alg.release then
+      alg:release(key, p, st, now, x, cost)
+    elseif alg.give_back then
+      alg:give_back(key, p, st, now, x, cost)
+    end
   elseif mode == PENALIZE and cost > 0 then
     alg:commit(key, p, st, now, cost)
   end
@@ -153,9 +162,8 @@ local function shift(alg, p, st, now, cost, ok, remaining, reset, retry)
   local lag = alg.lag(p, st, now)
   if lag > 0 then
     remaining = 0
-    if reset > 0 then
-      reset = reset + lag
-    end
+    -- Not a fresh key before its own time, even with nothing counted there.
+    reset = reset + lag
     if retry >= 0 then
       retry = retry + lag
     end
@@ -288,7 +296,7 @@ local function settle(alg, key, p, st, ends, now, cost, charge, reply, at, want,
     -- Admitted by this policy but not charged: report the state as it stays.
     local ok, remaining, reset, retry = alg:evaluate(p, st, now, 0, key)
     if alg.lag then
-      _, remaining, reset = shift(alg, p, st, now, 0, ok, remaining, reset, retry)
+      ok, remaining, reset = shift(alg, p, st, now, 0, ok, remaining, reset, retry)
     end
     reply[at + 2] = remaining
     reply[at + 3] = reset

@@ -520,14 +520,13 @@ impl Inner {
             if !denied && admitted {
                 charged.extend(group.iter().zip(&result).filter_map(|(&i, (v, grant))| {
                     let c = &checks[i];
+                    let (tier, key) = (c.tier().clone(), c.key().clone());
                     match grant {
-                        // A lease's units go back as a lease's do.
-                        Some(g) => Some(Check::give_back(
-                            c.tier().clone(),
-                            c.key().clone(),
-                            g.units,
-                            g.end,
-                        )),
+                        // A reserved slot is released, a lease's units go back as a lease's do.
+                        Some(g) if c.mode() == Mode::Reserve => {
+                            Some(Check::release(tier, key, g.units, g.end))
+                        }
+                        Some(g) => Some(Check::give_back(tier, key, g.units, g.end)),
                         None => (c.mode().charged(v.allowed) && c.cost() > 0)
                             .then(|| c.with_mode(Mode::Refund)),
                     }
@@ -578,7 +577,7 @@ impl Inner {
                         let (want, ttl) = check.lease();
                         cmd.arg(ttl).arg(want);
                     }
-                    Mode::GiveBack => {
+                    Mode::GiveBack | Mode::Release => {
                         cmd.arg(check.lease_end());
                     }
                     Mode::Reserve => {
@@ -783,5 +782,21 @@ impl private::Sealed for RedisStore {
 
     fn register(&self, name: Arc<str>, algorithm: Compiled) -> Result<u32, ConfigError> {
         self.inner.registry.register(name, algorithm)
+    }
+
+    /// Spawned on the current runtime; outside one (a future dropped after its runtime shut
+    /// down), the units stay spent and a warning says so.
+    fn check_detached(&self, checks: Checks) {
+        let decision = self.check(checks);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if let Err(error) = decision.await {
+                        tracing::warn!(%error, "could not give reserved units back");
+                    }
+                });
+            }
+            Err(_) => tracing::warn!("no runtime to give reserved units back on"),
+        }
     }
 }

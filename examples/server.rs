@@ -38,6 +38,9 @@ Environment variables:
   LEASE       with REDIS_URL: units each instance takes of a key at once and admits
               from without asking Redis, until spent or a lease ends (default unset:
               every request asks Redis)
+  WAIT_MS     a request over the limit that a slot within this many milliseconds
+              admits waits for it instead of getting 429 (at most 3600000; default
+              unset: never wait; not with LEASE)
   HEADERS     legacy (X-RateLimit-*) | ietf (RateLimit-Policy, RateLimit) | both
                                                     (default legacy)
   KEY         ip | client_ip | global | header:<name> (default ip)
@@ -61,6 +64,7 @@ struct Config {
     algorithm: Algorithm,
     rate_limit: String,
     lease: Option<u32>,
+    wait: Option<std::time::Duration>,
     headers: HeaderStyle,
     key: String,
     trusted_proxies: Vec<Cidr>,
@@ -128,6 +132,22 @@ fn config() -> Result<Config, String> {
             }
         },
     };
+    let wait = match env_or("WAIT_MS", "")?.as_str() {
+        "" => None,
+        ms => match ms.parse::<u64>() {
+            Ok(ms) if (1..=3_600_000).contains(&ms) => Some(std::time::Duration::from_millis(ms)),
+            _ => {
+                return Err(format!(
+                    "WAIT_MS: {ms:?} is not a number of milliseconds from 1 to 3600000"
+                ));
+            }
+        },
+    };
+    if let (Some(_), Some(_)) = (wait, lease) {
+        return Err(
+            "WAIT_MS: a request cannot wait for a slot of a lease; drop WAIT_MS or LEASE".into(),
+        );
+    }
     Ok(Config {
         bind,
         redis_url,
@@ -156,6 +176,7 @@ fn config() -> Result<Config, String> {
         algorithm,
         rate_limit: env_or("RATE_LIMIT", "10/s")?,
         lease,
+        wait,
         headers: env_or("HEADERS", "legacy")?
             .parse()
             .map_err(|e| format!("HEADERS: {e}"))?,
@@ -181,6 +202,9 @@ fn policies<St: Store>(
         let mut policy = Policy::new(config.algorithm, quota.trim());
         if let Some(units) = config.lease {
             policy = policy.lease(units);
+        }
+        if let Some(wait) = config.wait {
+            policy = policy.wait_up_to(wait);
         }
         builder = builder.policy(policy);
     }
@@ -248,10 +272,11 @@ async fn main() -> ExitCode {
             .await
             .map_err(|e| format!("BIND: cannot listen on {}: {e}", config.bind))?;
         println!(
-            "listening on http://{} | store={store} algorithm={} RATE_LIMIT={} HEADERS={:?} KEY={}{} | --help lists the variables",
+            "listening on http://{} | store={store} algorithm={} RATE_LIMIT={} WAIT_MS={} HEADERS={:?} KEY={}{} | --help lists the variables",
             listener.local_addr().map_err(|e| e.to_string())?,
             config.algorithm,
             config.rate_limit,
+            config.wait.map_or("off".into(), |w| w.as_millis().to_string()),
             config.headers,
             config.key,
             if config.key == "client_ip" {

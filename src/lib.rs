@@ -117,6 +117,28 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Waiting instead of rejecting
+//!
+//! With [`Policy::wait_up_to`], a request the policy would reject now but admits within the
+//! wait is admitted for that later slot instead: the store charges it there, in the same
+//! atomic step that decides it, and the layer holds the request until the slot comes before
+//! calling the inner service. Instances sharing a store queue on one schedule; a request whose
+//! slot is further away than the wait gets its `429` at once; a waiting request that is dropped
+//! gives its slot back. The handler reads the wait from [`Decision::wait`].
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_ratelimit::{Policy, RateLimitLayer};
+//!
+//! # fn main() -> Result<(), tower_ratelimit::ConfigError> {
+//! // Bursts above 5 a second are smoothed out over up to a second instead of rejected.
+//! let smooth = RateLimitLayer::builder()
+//!     .policy(Policy::token_bucket("5/s").wait_up_to(Duration::from_secs(1)))
+//!     .build()?;
+//! # let _ = smooth;
+//! # Ok(()) }
+//! ```
+//!
 //! # Choosing an algorithm
 //!
 //! | algorithm | pick it when | memory per key |

@@ -21,6 +21,8 @@ async fn cluster_suite() {
     policies_on_different_slots_charge_all_or_nothing(c).await;
     leases_keep_two_instances_within_the_limit_on_the_cluster(c).await;
     leased_policies_on_different_slots_charge_all_or_nothing(c).await;
+    waits_share_one_schedule_on_the_cluster(c).await;
+    a_wait_on_one_slot_is_released_when_another_slot_denies(c).await;
 }
 
 async fn store(
@@ -316,4 +318,99 @@ async fn leases_keep_two_instances_within_the_limit_on_the_cluster(cluster: &Red
         );
     }
     check_all_nodes(cluster, "clease:");
+}
+
+fn smooth() -> Policy {
+    Policy::gcra("2/s")
+        .name("smooth")
+        .wait_up_to(std::time::Duration::from_secs(1))
+}
+
+/// Two instances (one multiplexed connection, one pool) queue on one schedule on the cluster.
+async fn waits_share_one_schedule_on_the_cluster(cluster: &RedisCluster) {
+    let clock = ManualClock::new();
+    let layer = |store| {
+        RateLimitLayer::builder()
+            .policy(smooth())
+            .store(store)
+            .build()
+            .unwrap()
+    };
+    let a = layer(store(cluster, "cwait:", &clock, false).await);
+    let b = layer(store(cluster, "cwait:", &clock, true).await);
+    let mut got = Vec::new();
+    for i in 0..5 {
+        let l = if i % 2 == 0 { &a } else { &b };
+        let d = l.check(&Key::from("k"), 1).await.unwrap();
+        got.push(d.is_allowed().then(|| d.wait().as_millis()));
+    }
+    assert_eq!(got, [Some(0), Some(0), Some(500), Some(1000), None]);
+    check_all_nodes(cluster, "cwait:");
+}
+
+/// A per-IP policy that lets requests wait and a per-user one that does not, on different
+/// slots: a request the per-IP slot would reserve but the per-user slot denies is rejected,
+/// and its per-IP slot released, so the next request gets that slot.
+async fn a_wait_on_one_slot_is_released_when_another_slot_denies(cluster: &RedisCluster) {
+    use http::{HeaderName, Request, Response, StatusCode};
+    use tower::{ServiceExt, service_fn};
+    use tower_layer::Layer;
+    use tower_ratelimit::key::HeaderKey;
+
+    let clock = ManualClock::new();
+    let s = store(cluster, "cwslots:", &clock, false).await;
+    let per_ip = smooth().key(HeaderKey::new(HeaderName::from_static("x-ip")));
+    let per_user = Policy::fixed_window("3/h")
+        .name("per-user")
+        .key(HeaderKey::new(HeaderName::from_static("x-user")));
+    let layer = RateLimitLayer::builder()
+        .policy(per_ip.clone())
+        .policy(per_user)
+        .store(s.clone())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let ip_key = String::from_utf8(s.key_for("smooth", &Key::from("198.51.100.7"))).unwrap();
+    let user_key = String::from_utf8(s.key_for("per-user", &Key::from("alice"))).unwrap();
+    let slot = |k: &str| cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", k]);
+    assert_ne!(slot(&ip_key), slot(&user_key));
+    let svc = layer.layer(service_fn(|_: Request<()>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(
+            http_body_util::Empty::<bytes::Bytes>::new(),
+        ))
+    }));
+    let request = || {
+        Request::builder()
+            .header("x-ip", "198.51.100.7")
+            .header("x-user", "alice")
+            .body(())
+            .unwrap()
+    };
+    let mut statuses = Vec::new();
+    let started = std::time::Instant::now();
+    for _ in 0..4 {
+        statuses.push(svc.clone().oneshot(request()).await.unwrap().status());
+    }
+    // Two at once, the third after waiting 500 ms for its per-IP slot (the user's third of
+    // three), the fourth denied by the per-user slot.
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    assert!(started.elapsed() >= std::time::Duration::from_millis(500));
+    // The fourth's per-IP slot (a second away) was released: the next per-IP request gets it.
+    let ip_only = RateLimitLayer::builder()
+        .policy(per_ip)
+        .store(s)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let next = ip_only.check(&Key::from("198.51.100.7"), 1).await.unwrap();
+    assert_eq!(next.wait(), std::time::Duration::from_millis(1000));
+    check_all_nodes(cluster, "cwslots:");
 }

@@ -46,6 +46,8 @@ fn bad_configuration_stops_the_server_with_the_variable_named() {
         ("STORE_TIMEOUT_MS", "0", "STORE_TIMEOUT_MS:"),
         ("LEASE", "5", "LEASE:"),
         ("LEASE", "none", "LEASE:"),
+        ("WAIT_MS", "0", "WAIT_MS:"),
+        ("WAIT_MS", "soon", "WAIT_MS:"),
     ] {
         let err = start_error(&[(name, value)]);
         assert!(
@@ -129,4 +131,48 @@ fn two_servers_with_leases_share_one_limit_and_ask_redis_once_per_lease() {
         calls <= (admitted as u64).div_ceil(4) + 4 + denied as u64,
         "{calls} calls for {admitted} admitted and {denied} denied"
     );
+}
+
+/// `WAIT_MS`: two servers on one Redis, at 2 requests a second with waits of up to a second:
+/// of requests sent together, the first two go on at once, the next two after waiting for
+/// their slots (500 ms apart, whichever server they reach), the rest get 429 at once.
+#[test]
+fn two_servers_with_waits_queue_on_one_schedule() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let env = [
+        ("REDIS_URL", url.as_str()),
+        ("RATE_LIMIT", "2/s"),
+        ("WAIT_MS", "1000"),
+        ("PREFIX", "e2ew:"),
+        ("STORE_TIMEOUT_MS", "10000"),
+    ];
+    let a = DemoServer::start(&env);
+    let b = DemoServer::start(&env);
+    assert!(a.first_line.contains("WAIT_MS=1000"), "{}", a.first_line);
+    let started = std::time::Instant::now();
+    let replies: Vec<(u16, std::time::Duration)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..6)
+            .map(|i| {
+                let server = if i % 2 == 0 { &a } else { &b };
+                s.spawn(move || {
+                    let (status, _) = server.get("/", &[]);
+                    (status, started.elapsed())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let ok: Vec<_> = replies.iter().filter(|(s, _)| *s == 200).collect();
+    let limited = replies.iter().filter(|(s, _)| *s == 429).count();
+    // Six requests sent together: two at once, two waiting for the slots 500 ms and a second
+    // away, the rest rejected; on a slow machine, requests that arrive late may find a later
+    // slot within their wait, never fewer.
+    assert!(ok.len() >= 4, "{replies:?}");
+    assert_eq!(ok.len() + limited, 6, "{replies:?}");
+    let waited = ok
+        .iter()
+        .filter(|(_, t)| *t >= std::time::Duration::from_millis(450))
+        .count();
+    assert!(waited >= 2, "two waited for their slots: {replies:?}");
 }

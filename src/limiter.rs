@@ -504,7 +504,12 @@ impl<St: Store> Limiter<St> {
                 "shadow rate limit exceeded; request let through"
             );
         }
-        let wait = decision.wait();
+        // Only a layer with a policy that waits pays for looking.
+        let wait = if self.waits {
+            decision.wait()
+        } else {
+            std::time::Duration::ZERO
+        };
         if !wait.is_zero() {
             let release = self.release(&decision, keys, local);
             let policy = decision

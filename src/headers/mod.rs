@@ -186,10 +186,16 @@ impl HeaderConfig {
 
     /// This response's delay: uniform in `[0, jitter]`, drawn from the standard library's
     /// per-process random keys, which change with every draw.
+    #[inline]
     fn draw_jitter(&self) -> Duration {
         if self.jitter.is_zero() {
             return Duration::ZERO;
         }
+        self.draw_nonzero_jitter()
+    }
+
+    #[cold]
+    fn draw_nonzero_jitter(&self) -> Duration {
         let span = u64::try_from(self.jitter.as_nanos()).unwrap_or(u64::MAX);
         let random = std::collections::hash_map::RandomState::new().hash_one(0u8);
         Duration::from_nanos(random % span.saturating_add(1))

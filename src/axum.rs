@@ -65,6 +65,10 @@ where
     fn full(data: Bytes) -> Self::Body {
         axum::body::Body::from(data)
     }
+
+    fn held(body: B, held: crate::HeldSlots) -> Self::Body {
+        axum::body::Body::new(crate::ResponseBody::held(body, held))
+    }
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for Decision {

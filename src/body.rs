@@ -25,6 +25,43 @@ pub trait MakeBody<B> {
 
     /// The limiter's own body.
     fn full(data: Bytes) -> Self::Body;
+
+    /// The body of the inner service's response to a request that holds slots of a
+    /// concurrency limit ([`Policy::concurrency`](crate::Policy::concurrency)): the slots
+    /// must be given back (`held` dropped) once the body has sent its last frame, or is
+    /// dropped, whichever comes first.
+    fn held(body: B, held: HeldSlots) -> Self::Body;
+}
+
+/// Slots a request holds in a store: of a concurrency limit, held until its response body
+/// ends; or reserved for a request that waits for its slot. Dropping it gives them back
+/// (without waiting for the store's answer); a [`MakeBody`] keeps it with the body.
+pub struct HeldSlots(Option<Box<dyn FnOnce() + Send + Sync>>);
+
+impl HeldSlots {
+    /// Slots given back by `release`, when dropped.
+    pub(crate) fn new(release: impl FnOnce() + Send + Sync + 'static) -> Self {
+        HeldSlots(Some(Box::new(release)))
+    }
+
+    /// The request went on with its reserved slot: it is spent, not given back.
+    pub(crate) fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for HeldSlots {
+    fn drop(&mut self) {
+        if let Some(release) = self.0.take() {
+            release();
+        }
+    }
+}
+
+impl std::fmt::Debug for HeldSlots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HeldSlots")
+    }
 }
 
 /// The default [`MakeBody`]: responses carry a [`ResponseBody<B>`] around the inner service's
@@ -42,6 +79,10 @@ impl<B> MakeBody<B> for Wrapped {
     fn full(data: Bytes) -> Self::Body {
         ResponseBody::full(data)
     }
+
+    fn held(body: B, held: HeldSlots) -> Self::Body {
+        ResponseBody::held(body, held)
+    }
 }
 
 pin_project! {
@@ -51,6 +92,8 @@ pin_project! {
     pub struct ResponseBody<B> {
         #[pin]
         kind: Kind<B>,
+        // Slots of a concurrency limit, given back at the end of the body (or when dropped).
+        held: Option<HeldSlots>,
     }
 }
 
@@ -66,6 +109,7 @@ impl<B> ResponseBody<B> {
     pub(crate) fn inner(body: B) -> Self {
         ResponseBody {
             kind: Kind::Inner { body },
+            held: None,
         }
     }
 
@@ -74,6 +118,15 @@ impl<B> ResponseBody<B> {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
             },
+            held: None,
+        }
+    }
+
+    /// The inner service's body, holding `held` until its last frame.
+    pub(crate) fn held(body: B, held: HeldSlots) -> Self {
+        ResponseBody {
+            kind: Kind::Inner { body },
+            held: Some(held),
         }
     }
 }
@@ -101,8 +154,22 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        match self.project().kind.project() {
-            KindProj::Inner { body } => body.poll_frame(cx),
+        let this = self.project();
+        match this.kind.project() {
+            KindProj::Inner { mut body } => {
+                let frame = body.as_mut().poll_frame(cx);
+                // The last frame sent (or an error, which ends the body): the slots go back.
+                if this.held.is_some()
+                    && match &frame {
+                        Poll::Ready(None | Some(Err(_))) => true,
+                        Poll::Ready(Some(Ok(_))) => body.is_end_stream(),
+                        Poll::Pending => false,
+                    }
+                {
+                    this.held.take();
+                }
+                frame
+            }
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         }
     }

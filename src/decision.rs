@@ -72,7 +72,11 @@ impl PolicyOutcome {
             shadow,
             remaining: verdict.remaining,
             reset_after: Duration::from_micros(verdict.reset_after_us),
-            retry_after: verdict.retry_after_us.map(Duration::from_micros),
+            // A concurrency slot frees when a request in flight ends: no time is known.
+            retry_after: verdict
+                .retry_after_us
+                .filter(|_| !policy.holds())
+                .map(Duration::from_micros),
             grant: None,
         }
     }
@@ -124,6 +128,11 @@ impl PolicyOutcome {
         self.grant.as_deref().filter(|_| self.policy.wait_us() > 0)
     }
 
+    /// The concurrency slots this policy gave the request, with when they were taken.
+    pub(crate) fn held(&self) -> Option<&Grant> {
+        self.grant.as_deref().filter(|_| self.policy.holds())
+    }
+
     /// The policy's name.
     pub fn policy(&self) -> &str {
         self.policy.name()
@@ -161,7 +170,9 @@ impl PolicyOutcome {
     }
 
     /// For a denied request, how long until the same request would be admitted; `None` when it
-    /// was admitted, or when it never can be (its cost exceeds the policy's capacity).
+    /// was admitted, when it never can be (its cost exceeds the policy's capacity), or for a
+    /// [concurrency](crate::Policy::concurrency) policy, whose slots free when requests in
+    /// flight end, at a time no one knows.
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after
     }

@@ -13,7 +13,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::body::{MakeBody, Wrapped};
+use crate::body::{HeldSlots, MakeBody, Wrapped};
 use crate::headers::RateLimitHeaders;
 use crate::lease::LeaseWait;
 use crate::limiter::{Begin, Charges, Delayed, Limiter, Planned, Settled, Ticket};
@@ -71,11 +71,13 @@ pin_project! {
             #[pin]
             future: F,
             headers: Option<RateLimitHeaders>,
+            held: Option<HeldSlots>,
         },
         Adjusting {
             #[pin]
             adjust: C,
             response: Option<R>,
+            held: Option<HeldSlots>,
         },
         Ready {
             response: Option<Response<Bytes>>,
@@ -128,6 +130,7 @@ where
             state: State::Calling {
                 future,
                 headers: None,
+                held: None,
             },
             limiter: None,
             after: Charges::new(),
@@ -151,6 +154,7 @@ where
         Begin::Unlimited => State::Calling {
             future: inner.call(request),
             headers: None,
+            held: None,
         },
         Begin::Settled(settled, charges) => {
             *after = charges;
@@ -198,6 +202,21 @@ where
     }
 }
 
+/// A waiting request whose slots came: they are spent, and it goes on.
+fn go_on(delayed: Delayed) -> Settled {
+    let Delayed {
+        headers,
+        decision,
+        release,
+        held,
+        ..
+    } = delayed;
+    if let Some(release) = release {
+        release.keep();
+    }
+    Settled::Call(Some(headers), decision, held)
+}
+
 /// The state that follows a settled decision that does not wait (see [`Settled::waits`]).
 fn next<S, ReqB, C, R>(
     settled: Settled,
@@ -211,26 +230,20 @@ where
         Settled::Respond(response) => State::Ready {
             response: Some(response),
         },
-        Settled::Call(headers, decision) => {
+        Settled::Call(headers, decision, held) => {
             if let Some(decision) = decision {
                 request.extensions_mut().insert(decision);
             }
             State::Calling {
                 future: inner.call(request),
                 headers,
+                held,
             }
         }
         Settled::Wait(delayed) => {
             // Only `next_owned` is given a waiting request; should one come here, it goes on
             // at once rather than not at all.
-            let Delayed {
-                headers,
-                decision,
-                release,
-                ..
-            } = *delayed;
-            release.disarm();
-            next(Settled::Call(Some(headers), decision), request, inner)
+            next(go_on(*delayed), request, inner)
         }
     }
 }
@@ -301,17 +314,13 @@ where
                         mut inner,
                         then: delayed,
                     } = *pending.take().expect(POLLED_AFTER_READY);
-                    let Delayed {
-                        headers,
-                        decision,
-                        release,
-                        ..
-                    } = *delayed;
-                    release.disarm();
-                    let go = Settled::Call(Some(headers), decision);
-                    this.state.set(next(go, request, &mut inner));
+                    this.state.set(next(go_on(*delayed), request, &mut inner));
                 }
-                StateProj::Calling { future, headers } => {
+                StateProj::Calling {
+                    future,
+                    headers,
+                    held,
+                } => {
                     let mut response = ready!(future.poll(cx))?;
                     if let Some(headers) = headers.take() {
                         headers.apply(response.headers_mut());
@@ -324,19 +333,25 @@ where
                         _ => None,
                     };
                     let Some(adjust) = adjust else {
-                        return Poll::Ready(Ok(response.map(M::inner)));
+                        return Poll::Ready(Ok(body::<M, _>(response, held.take())));
                     };
+                    let held = held.take();
                     this.state.set(State::Adjusting {
                         adjust,
                         response: Some(response),
+                        held,
                     });
                 }
-                StateProj::Adjusting { adjust, response } => {
+                StateProj::Adjusting {
+                    adjust,
+                    response,
+                    held,
+                } => {
                     if let Err(error) = ready!(adjust.poll(cx)) {
                         tracing::warn!(%error, "rate-limit charge or refund after the response failed");
                     }
                     let response = response.take().expect(POLLED_AFTER_READY);
-                    return Poll::Ready(Ok(response.map(M::inner)));
+                    return Poll::Ready(Ok(body::<M, _>(response, held.take())));
                 }
                 StateProj::Ready { response } => {
                     let response = response.take().expect(POLLED_AFTER_READY);
@@ -344,5 +359,14 @@ where
                 }
             }
         }
+    }
+}
+
+/// The inner service's response in the body `M` makes, holding `held` (the slots of its
+/// concurrency limits) until the body ends.
+fn body<M: MakeBody<B>, B>(response: Response<B>, held: Option<HeldSlots>) -> Response<M::Body> {
+    match held {
+        None => response.map(M::inner),
+        Some(held) => response.map(|b| M::held(b, held)),
     }
 }

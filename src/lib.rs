@@ -241,14 +241,14 @@ mod error;
 pub mod axum;
 
 pub use algorithm::Algorithm;
-pub use body::{MakeBody, ResponseBody, Wrapped};
+pub use body::{HeldSlots, MakeBody, ResponseBody, Wrapped};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, PolicyOutcome};
 pub use error::{ConfigError, FailurePolicy, KeyRejection, StoreError, StoreErrorKind};
 pub use future::ResponseFuture;
 pub use headers::{HeaderStyle, ResetFormat};
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
-pub use policy::Policy;
+pub use policy::{DEFAULT_MAX_DURATION, Policy};
 pub use quota::{MAX_WINDOW, Quota, QuotaError, QuotaUnit};
 pub use resilience::CircuitBreaker;
 pub use service::RateLimit;

@@ -26,8 +26,9 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::{Response, StatusCode};
 
+use crate::body::HeldSlots;
 use crate::clock::Clock;
-use crate::decision::Decision;
+use crate::decision::{Decision, Grant, PolicyOutcome};
 use crate::error::{ConfigError, FailurePolicy, StoreError, StoreErrorKind};
 use crate::headers::{HeaderConfig, RateLimitHeaders};
 use crate::key::{Key, KeyExtractor, RequestRef};
@@ -90,6 +91,8 @@ pub(crate) struct Limiter<St> {
     leases: Option<Arc<Leases>>,
     /// Whether a policy lets requests wait for a reserved slot.
     waits: bool,
+    /// Whether a policy limits requests in flight.
+    holds: bool,
 }
 
 impl<St: fmt::Debug> fmt::Debug for Limiter<St> {
@@ -129,7 +132,12 @@ pub(crate) struct Planned {
 pub(crate) enum Settled {
     /// Call the inner service, with the decision (if any) in the request's extensions, and add
     /// these headers (none when the limiter failed open) to its response.
-    Call(Option<RateLimitHeaders>, Option<Decision>),
+    /// The slots of concurrency limits the request holds, if any, go with its response body.
+    Call(
+        Option<RateLimitHeaders>,
+        Option<Decision>,
+        Option<HeldSlots>,
+    ),
     /// Answer with the limiter's own response.
     Respond(Response<Bytes>),
     /// Wait until the slots reserved for the request come, then call the inner service as
@@ -150,27 +158,9 @@ pub(crate) struct Delayed {
     pub(crate) wait: std::time::Duration,
     pub(crate) headers: RateLimitHeaders,
     pub(crate) decision: Option<Decision>,
-    pub(crate) release: Release,
-}
-
-/// Gives a waiting request's reserved units back to the store when dropped armed: its client
-/// went away before its slot came.
-pub(crate) struct Release(Option<Box<dyn FnOnce() + Send>>);
-
-impl Release {
-    /// The request goes on: its units are spent.
-    pub(crate) fn disarm(mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for Release {
-    fn drop(&mut self) {
-        if let Some(release) = self.0.take() {
-            metrics::counter!("ratelimit_reservations_released_total").increment(1);
-            release();
-        }
-    }
+    pub(crate) release: Option<HeldSlots>,
+    /// The slots of concurrency limits the request holds once it goes on.
+    pub(crate) held: Option<HeldSlots>,
 }
 
 /// What the failure policy makes of a failed store.
@@ -288,6 +278,7 @@ impl<St: Store> Limiter<St> {
             fallback,
             leases,
             waits: config.policies.iter().any(Policy::waits),
+            holds: config.policies.iter().any(Policy::holds),
         })
     }
 
@@ -504,14 +495,20 @@ impl<St: Store> Limiter<St> {
                 "shadow rate limit exceeded; request let through"
             );
         }
-        // Only a layer with a policy that waits pays for looking.
+        // Only a layer with a concurrency policy, or one that waits, pays for looking.
+        let held = if self.holds {
+            self.slots(&decision, keys, local, PolicyOutcome::held, None)
+        } else {
+            None
+        };
         let wait = if self.waits {
             decision.wait()
         } else {
             std::time::Duration::ZERO
         };
         if !wait.is_zero() {
-            let release = self.release(&decision, keys, local);
+            let released = Some("ratelimit_reservations_released_total");
+            let release = self.slots(&decision, keys, local, PolicyOutcome::reservation, released);
             let policy = decision
                 .outcomes()
                 .iter()
@@ -528,24 +525,29 @@ impl<St: Store> Limiter<St> {
                 headers,
                 decision,
                 release,
+                held,
             };
             return (Settled::Wait(Box::new(delayed)), after);
         }
         let decision = self.decision_extension.then_some(decision);
-        (Settled::Call(Some(headers), decision), after)
+        (Settled::Call(Some(headers), decision, held), after)
     }
 
-    /// What gives the slots reserved for an admitted request back, should it never go on:
-    /// one `RELEASE` per reserved slot, sent to the store when dropped armed.
-    fn release(
+    /// What gives back the slots `pick` finds in the decision's outcomes (reserved for a
+    /// waiting request, or of a concurrency limit) when dropped: one `RELEASE` per slot, sent
+    /// to the store that decided (`local`: the local fallback), counted in `counter`. `None`
+    /// when the decision has none.
+    fn slots(
         &self,
         decision: &Decision,
         keys: Option<&[(u32, Key, u64)]>,
         local: bool,
-    ) -> Release {
+        pick: fn(&PolicyOutcome) -> Option<&Grant>,
+        counter: Option<&'static str>,
+    ) -> Option<HeldSlots> {
         let mut checks = Checks::new();
         for o in decision.outcomes() {
-            let (Some(slot), Some(keys)) = (o.reservation(), keys) else {
+            let (Some(slot), Some(keys)) = (pick(o), keys) else {
                 continue;
             };
             if let Some((_, key, _)) = keys.iter().find(|(id, _, _)| *id == o.tier().id()) {
@@ -553,16 +555,30 @@ impl<St: Store> Limiter<St> {
                 checks.push(Check::release(tier, key.clone(), slot.units, slot.end));
             }
         }
-        match (local, &self.fallback) {
+        if checks.is_empty() {
+            return None;
+        }
+        let count = move || {
+            if let Some(name) = counter {
+                metrics::counter!(name).increment(1);
+            }
+        };
+        Some(match (local, &self.fallback) {
             (true, Some(fallback)) => {
                 let fallback = fallback.clone();
-                Release(Some(Box::new(move || fallback.check_detached(checks))))
+                HeldSlots::new(move || {
+                    count();
+                    fallback.check_detached(checks)
+                })
             }
             _ => {
                 let store = self.store.clone();
-                Release(Some(Box::new(move || store.check_detached(checks))))
+                HeldSlots::new(move || {
+                    count();
+                    store.check_detached(checks)
+                })
             }
-        }
+        })
     }
 
     /// The store failed: the failure policy's answer, a decision of the local fallback or
@@ -610,7 +626,7 @@ impl<St: Store> Limiter<St> {
             }
             _ => {
                 tracing::warn!(%error, "rate-limit store failed; letting the request through");
-                Degraded::Settled(Settled::Call(None, None))
+                Degraded::Settled(Settled::Call(None, None, None))
             }
         }
     }
@@ -634,7 +650,11 @@ impl<St: Store> Limiter<St> {
     /// `checks` as the ticket keeps them, when the deny cache, the IETF `pk` or a reserved
     /// slot to give back needs them.
     fn keys(&self, checks: &[Check]) -> Option<Keys> {
-        (self.deny_cache.is_some() || self.headers.partition.is_some() || self.waits).then(|| {
+        let needed = self.deny_cache.is_some()
+            || self.headers.partition.is_some()
+            || self.waits
+            || self.holds;
+        needed.then(|| {
             checks
                 .iter()
                 .map(|c| (c.tier().id(), c.key().clone(), c.cost()))
@@ -711,6 +731,8 @@ fn mode_of(policy: &CompiledPolicy) -> Mode {
         Mode::Shadow
     } else if policy.charge_if().is_some() {
         Mode::ChargeLater
+    } else if policy.holds() {
+        Mode::Hold
     } else if policy.waits() {
         Mode::Reserve
     } else {

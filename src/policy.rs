@@ -1,6 +1,7 @@
 //! Policies: an algorithm, a quota and a name.
 
 use std::fmt;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -63,7 +64,13 @@ pub struct Policy {
     lease_ttl: Option<Duration>,
     unit: QuotaUnit,
     wait: Option<Duration>,
+    /// For a concurrency policy, the requests in flight at once, and how long a slot is held
+    /// at most (`None`: [`DEFAULT_MAX_DURATION`]).
+    concurrency: Option<(u32, Option<Duration>)>,
 }
+
+/// How long a concurrency slot is held at most by default ([`Policy::max_duration`]).
+pub const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(60);
 
 /// The longest a request may wait for its slot ([`Policy::wait_up_to`]).
 const MAX_WAIT: Duration = Duration::from_secs(3600);
@@ -153,7 +160,67 @@ impl Policy {
             lease_ttl: None,
             unit: QuotaUnit::Requests,
             wait: None,
+            concurrency: None,
         }
+    }
+
+    /// At most `n` requests of a key in flight at once, across every instance sharing the store
+    /// (Stripe's concurrent-requests limiter). A request takes a slot when it is admitted and
+    /// holds it until its response body has sent its last frame or is dropped, not merely until
+    /// the headers are sent: a streamed response holds its slot while it streams.
+    ///
+    /// In the store, a slot is a lease that ends after [`max_duration`](Self::max_duration)
+    /// (default one minute): an instance that dies while holding slots (a `kill -9`, a lost
+    /// network) does not keep them longer; the next request on the key clears them. Combined
+    /// with rate policies, the decision is atomic as always: no slot is taken when a rate policy
+    /// rejects the request, and no rate unit is charged when no slot is free.
+    ///
+    /// Headers: `X-RateLimit-Limit` is `n`, `-Remaining` the slots free; the IETF item says
+    /// `qu="concurrent-requests"` and leaves out `w` and `t`, which have no meaning for it. A
+    /// request rejected because no slot is free gets no `Retry-After`: a slot frees when a
+    /// request in flight ends, which no one knows in advance (the slots' leases only bound it,
+    /// by up to a minute). [`cost`](Self::cost) takes several slots at once.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimit::{Policy, RateLimitLayer};
+    ///
+    /// # fn main() -> Result<(), tower_ratelimit::ConfigError> {
+    /// // At most 5 reports in flight per client, and 100 requests a minute.
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::concurrency(5).name("reports").max_duration(Duration::from_secs(30)))
+    ///     .policy(Policy::gcra("100/min"))
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    pub fn concurrency(n: u32) -> Self {
+        let mut policy = Self::new(Algorithm::SlidingLog, Quota::per_minute(NonZeroU32::MIN));
+        policy.quota = Quota::new(n, DEFAULT_MAX_DURATION)
+            .map_err(|e| ConfigError::new(format!("a concurrency limit of {n}: {e}")));
+        policy.concurrency = Some((n, None));
+        policy.unit = QuotaUnit::ConcurrentRequests;
+        policy
+    }
+
+    /// How long a slot of a [concurrency](Self::concurrency) policy is held at most (default
+    /// one minute): a request still in flight after that no longer counts. Set it above the
+    /// longest response you serve, streaming included; it is what bounds how long the slots
+    /// of a crashed instance stay taken. At most [`MAX_WINDOW`](crate::MAX_WINDOW).
+    #[must_use]
+    pub fn max_duration(mut self, max: Duration) -> Self {
+        match &mut self.concurrency {
+            Some((n, max_duration)) => {
+                *max_duration = Some(max);
+                self.quota = Quota::new(*n, max).map_err(Into::into);
+            }
+            None => {
+                self.quota = Err(ConfigError::new(
+                    "max_duration is for concurrency policies; use Policy::concurrency(n)",
+                ));
+            }
+        }
+        self
     }
 
     /// A [fixed window](Algorithm::FixedWindow) policy.
@@ -502,6 +569,40 @@ impl Policy {
         Ok(Some(u64::try_from(wait.as_micros()).unwrap_or(u64::MAX)))
     }
 
+    /// What a concurrency policy cannot be combined with.
+    fn concurrency_checks(&self) -> Result<(), ConfigError> {
+        let conflict = if self.shadow {
+            Some("shadow()")
+        } else if self.charge_if.is_some() {
+            Some("charge_if")
+        } else if self.refund_if.is_some() {
+            Some("refund_if")
+        } else if self.wait.is_some() {
+            Some("wait_up_to")
+        } else if self.lease.is_some() {
+            Some("lease")
+        } else if !self.tiers.is_empty() {
+            Some("tiers")
+        } else if self.burst.is_some() {
+            Some("a burst")
+        } else if self.unit != QuotaUnit::ConcurrentRequests {
+            Some("another unit than concurrent requests")
+        } else {
+            None
+        };
+        match conflict {
+            Some(what) => Err(ConfigError::new(format!(
+                "a concurrency policy counts requests in flight; it takes no {what}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the policy limits requests in flight.
+    pub(crate) fn holds(&self) -> bool {
+        self.concurrency.is_some()
+    }
+
     /// Whether requests may wait for a reserved slot.
     pub(crate) fn waits(&self) -> bool {
         self.wait.is_some()
@@ -616,7 +717,10 @@ impl Policy {
             )
             .context(&described));
         }
-        if self.unit == QuotaUnit::ConcurrentRequests {
+        if self.concurrency.is_some() {
+            self.concurrency_checks()
+                .map_err(|e| e.context(&described))?;
+        } else if self.unit == QuotaUnit::ConcurrentRequests {
             return Err(ConfigError::new(
                 "a rate policy counts requests over time, not requests in flight; \
                  use QuotaUnit::Requests or QuotaUnit::ContentBytes",
@@ -633,6 +737,7 @@ impl Policy {
                 validate_name(n).map_err(|e| e.context(&described))?;
                 n.clone()
             }
+            None if self.concurrency.is_some() => format!("concurrency:{}", quota.limit()),
             None => {
                 // Parameters that change the policy are part of its default name, so two
                 // different policies never share one by accident.
@@ -739,6 +844,7 @@ impl Prepared<'_> {
                             .with_lease(lease)
                             .with_unit(p.unit)
                             .with_wait(wait)
+                            .with_holds(p.holds())
                     }))
                 })
                 .collect::<Result<Box<[_]>, ConfigError>>()
@@ -769,6 +875,7 @@ impl Prepared<'_> {
             cost: p.cost.clone().or_else(|| cost.clone()),
             shadow: p.shadow,
             waits: wait.is_some(),
+            holds: p.holds(),
             charge_if: p.charge_if.clone(),
             refund_if: p.refund_if.clone(),
             routes: p.routes.clone(),
@@ -790,6 +897,8 @@ pub(crate) struct CompiledPolicy {
     shadow: bool,
     /// Whether a request may wait for a reserved slot ([`Policy::wait_up_to`]).
     waits: bool,
+    /// Whether the policy limits requests in flight ([`Policy::concurrency`]).
+    holds: bool,
     charge_if: Option<StatusFn>,
     refund_if: Option<StatusFn>,
     routes: Vec<Route>,
@@ -869,6 +978,11 @@ impl CompiledPolicy {
         self.waits
     }
 
+    /// Whether the policy limits requests in flight.
+    pub(crate) fn holds(&self) -> bool {
+        self.holds
+    }
+
     /// Charge after responses whose status matches.
     pub(crate) fn charge_if(&self) -> Option<&StatusFn> {
         self.charge_if.as_ref()
@@ -929,6 +1043,8 @@ pub(crate) struct Tier {
     unit: QuotaUnit,
     /// The longest wait for a reserved slot, in microseconds, if requests may wait.
     wait_us: Option<u64>,
+    /// Whether the tier limits requests in flight, each holding a slot until its response ends.
+    holds: bool,
 }
 
 /// A policy tier's lease: how many units an instance takes at once, and for how long at most.
@@ -971,7 +1087,19 @@ impl Tier {
             lease: None,
             unit: QuotaUnit::Requests,
             wait_us: None,
+            holds: false,
         }
+    }
+
+    /// The same tier limiting requests in flight, when `holds`.
+    pub(crate) fn with_holds(mut self, holds: bool) -> Self {
+        self.holds = holds;
+        self
+    }
+
+    /// Whether the tier limits requests in flight.
+    pub(crate) fn holds(&self) -> bool {
+        self.holds
     }
 
     /// The same tier letting requests wait up to `wait_us` for a reserved slot.

@@ -23,6 +23,7 @@ async fn cluster_suite() {
     leased_policies_on_different_slots_charge_all_or_nothing(c).await;
     waits_share_one_schedule_on_the_cluster(c).await;
     a_wait_on_one_slot_is_released_when_another_slot_denies(c).await;
+    concurrency_on_the_cluster(c).await;
 }
 
 async fn store(
@@ -413,4 +414,97 @@ async fn a_wait_on_one_slot_is_released_when_another_slot_denies(cluster: &Redis
     let next = ip_only.check(&Key::from("198.51.100.7"), 1).await.unwrap();
     assert_eq!(next.wait(), std::time::Duration::from_millis(1000));
     check_all_nodes(cluster, "cwslots:");
+}
+
+/// A concurrency limit on the cluster: two instances share one count (slots taken by admin
+/// checks, which never give them back, free at `max_duration`); with a per-user rate policy on
+/// another slot, a request the rate policy denies gives back the slot it took on the first.
+async fn concurrency_on_the_cluster(cluster: &RedisCluster) {
+    use http::{HeaderName, Request, Response, StatusCode};
+    use std::time::Duration;
+    use tower::{ServiceExt, service_fn};
+    use tower_layer::Layer;
+    use tower_ratelimit::key::HeaderKey;
+
+    let clock = ManualClock::new();
+    let conc = || {
+        Policy::concurrency(2)
+            .name("cconc")
+            .max_duration(Duration::from_secs(10))
+    };
+    let layer = |store, policies: Vec<Policy>| {
+        policies
+            .into_iter()
+            .fold(RateLimitLayer::builder(), |b, p| b.policy(p))
+            .store(store)
+            .clock(clock.clone())
+            .build()
+            .unwrap()
+    };
+    let a = layer(store(cluster, "cconc:", &clock, false).await, vec![conc()]);
+    let b = layer(store(cluster, "cconc:", &clock, true).await, vec![conc()]);
+    let key = Key::from("k");
+    assert!(a.check(&key, 1).await.unwrap().is_allowed());
+    assert!(b.check(&key, 1).await.unwrap().is_allowed());
+    assert!(!a.check(&key, 1).await.unwrap().is_allowed(), "one count");
+    clock.advance(Duration::from_secs(10));
+    assert!(
+        b.check(&key, 1).await.unwrap().is_allowed(),
+        "freed at max_duration"
+    );
+
+    let s = store(cluster, "cconc2:", &clock, false).await;
+    let per_ip = Policy::concurrency(1)
+        .name("ip-conc")
+        .key(HeaderKey::new(HeaderName::from_static("x-ip")));
+    let per_user = Policy::fixed_window("1/h")
+        .name("user-hourly")
+        .key(HeaderKey::new(HeaderName::from_static("x-user")));
+    let both = layer(s.clone(), vec![per_ip.clone(), per_user]);
+    let ip_key = String::from_utf8(s.key_for("ip-conc", &Key::from("203.0.113.9"))).unwrap();
+    let user_key = String::from_utf8(s.key_for("user-hourly", &Key::from("bob"))).unwrap();
+    let slot = |k: &str| cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", k]);
+    assert_ne!(slot(&ip_key), slot(&user_key));
+    let svc = both.layer(service_fn(|_: Request<()>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
+            bytes::Bytes::from_static(b"ok"),
+        )))
+    }));
+    let request = || {
+        Request::builder()
+            .header("x-ip", "203.0.113.9")
+            .header("x-user", "bob")
+            .body(())
+            .unwrap()
+    };
+    let free = async || {
+        let ip_only = layer(s.clone(), vec![per_ip.clone()]);
+        let d = ip_only.check(&Key::from("203.0.113.9"), 0).await.unwrap();
+        d.outcomes()[0].remaining()
+    };
+    let first = svc.clone().oneshot(request()).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    drop(first);
+    // The body dropped: its slot goes back (sent without waiting for the answer).
+    let started = std::time::Instant::now();
+    while free().await != 1 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "slot given back"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let second = svc.clone().oneshot(request()).await.unwrap();
+    assert_eq!(
+        second.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "bob's hour is spent"
+    );
+    assert_eq!(
+        free().await,
+        1,
+        "the per-IP slot the denied request took went back"
+    );
+    check_all_nodes(cluster, "cconc:");
+    check_all_nodes(cluster, "cconc2:");
 }

@@ -308,14 +308,19 @@ fn ietf_fields(
         if unit != QuotaUnit::Requests {
             let _ = write!(policy, ";qu=\"{unit}\"");
         }
-        let _ = write!(policy, ";w={}", ceil_secs(o.window()).max(1));
-        // For a violated policy, `t` is when it admits the request again, which Retry-After
-        // never precedes; otherwise when its key is fully reset.
-        let t = match o.retry_after() {
-            Some(retry) if !o.is_allowed() => secs(retry).max(1),
-            _ => secs(o.reset_after()),
-        };
-        let _ = write!(state, "\"{}\";r={};t={}", o.policy(), o.remaining(), t);
+        let _ = write!(state, "\"{}\";r={}", o.policy(), o.remaining());
+        // A concurrency limit has no window, and no time at which it resets: its slots free
+        // when requests end. Its item leaves `w` and `t` out (both optional).
+        if !o.tier().holds() {
+            let _ = write!(policy, ";w={}", ceil_secs(o.window()).max(1));
+            // For a violated policy, `t` is when it admits the request again, which
+            // Retry-After never precedes; otherwise when its key is fully reset.
+            let t = match o.retry_after() {
+                Some(retry) if !o.is_allowed() => secs(retry).max(1),
+                _ => secs(o.reset_after()),
+            };
+            let _ = write!(state, ";t={t}");
+        }
         if let Some(pk) = pk(o) {
             let _ = write!(policy, ";pk={pk}");
             let _ = write!(state, ";pk={pk}");

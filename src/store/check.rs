@@ -40,12 +40,16 @@ pub(crate) enum Mode {
     /// Gives back `cost` units a request reserved at the slot [`Check::lease_end`] and will not
     /// spend; then reports like a look at cost 0.
     Release = 10,
+    /// Decides and charges like [`Mode::Enforce`]; the units charged are a concurrency
+    /// limit's slots, held until the request ends and then given back with [`Mode::Release`]
+    /// of the time they were charged at, which the store reports with the decision.
+    Hold = 11,
 }
 
 impl Mode {
     /// Every mode, in the order of its number.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) const ALL: [Mode; 11] = [
+    pub(crate) const ALL: [Mode; 12] = [
         Mode::Enforce,
         Mode::Shadow,
         Mode::ChargeLater,
@@ -57,6 +61,7 @@ impl Mode {
         Mode::GiveBack,
         Mode::Reserve,
         Mode::Release,
+        Mode::Hold,
     ];
 
     /// The name of the mode's constant in the Redis script.
@@ -74,6 +79,7 @@ impl Mode {
             Mode::GiveBack => "GIVE_BACK",
             Mode::Reserve => "RESERVE",
             Mode::Release => "RELEASE",
+            Mode::Hold => "HOLD",
         }
     }
 
@@ -81,14 +87,14 @@ impl Mode {
     pub(crate) fn decides(self) -> bool {
         matches!(
             self,
-            Mode::Enforce | Mode::ChargeLater | Mode::Lease | Mode::Reserve
+            Mode::Enforce | Mode::ChargeLater | Mode::Lease | Mode::Reserve | Mode::Hold
         )
     }
 
     /// Whether this check is charged when the request is admitted, given its own verdict.
     pub(crate) fn charged(self, allowed: bool) -> bool {
         match self {
-            Mode::Enforce | Mode::Lease | Mode::Reserve => true,
+            Mode::Enforce | Mode::Lease | Mode::Reserve | Mode::Hold => true,
             Mode::Shadow => allowed,
             Mode::ChargeLater
             | Mode::Refund

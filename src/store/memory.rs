@@ -282,7 +282,12 @@ impl MemoryStore {
                 Mode::Block => guards[g].block(c, h, now, capacity),
                 Mode::GiveBack => guards[g].give_back(c, h, now),
                 Mode::Release => guards[g].release(c, h, now),
-                Mode::Enforce | Mode::Shadow | Mode::ChargeLater | Mode::Lease | Mode::Reserve => {}
+                Mode::Enforce
+                | Mode::Shadow
+                | Mode::ChargeLater
+                | Mode::Lease
+                | Mode::Reserve
+                | Mode::Hold => {}
             }
         }
         let mut verdicts: Vec<_> = checks
@@ -338,6 +343,14 @@ impl MemoryStore {
                 });
             } else if admitted && c.mode().charged(v.allowed) {
                 guards[g].commit(c, h, now, capacity);
+                if c.mode() == Mode::Hold && c.cost() > 0 {
+                    // The slots, charged now: given back as charged at `now`.
+                    *grant = Some(Grant {
+                        units: c.cost(),
+                        end: now,
+                        lasts_us: 0,
+                    });
+                }
             } else if v.allowed && c.cost() > 0 && !c.mode().is_admin() {
                 // Admitted by this policy but not charged: report the state as it stays.
                 let stays = guards[g].evaluate(c, h, now, 0);

@@ -22,6 +22,9 @@
 -- least the cost and at most the units wanted, counted as the algorithm counts a lease ending
 -- at its end (`lease_commit`). GIVE_BACK gives `cost` units of the lease that ended at the
 -- given time back (`give_back`, else a refund), then looks at cost 0.
+-- HOLD decides and charges like ENFORCE; its reply has the three integers of a LEASE: the
+-- units charged (0 when none), the time they were charged at (to be given back with RELEASE
+-- of that time when the request ends), and 0.
 -- RELEASE gives back `cost` units reserved at the given slot (`release`, else `give_back`),
 -- then looks at cost 0.
 -- RESERVE decides like ENFORCE; a request it denies now is admitted instead when it would be
@@ -107,7 +110,8 @@ end
 -- as strict as the lease could make it (twin of `lease_verdict` in Rust).
 local function prepare(alg, key, p, now, cost, mode, into, x, leased)
   local st, ends = alg.load(key, p, now, into)
-  if mode == ENFORCE or mode == SHADOW or mode == CHARGE_LATER or mode == RESERVE then
+  if mode == ENFORCE or mode == SHADOW or mode == CHARGE_LATER or mode == RESERVE
+    or mode == HOLD then
     return st, ends, cost
   end
   if mode == LEASE then
@@ -333,6 +337,16 @@ local function decide(keys, args)
     local st, ends, lease_end
     st, ends, cost, lease_end = prepare(alg, key, p, now, cost, mode, STATES[1], x, LEASED[1])
     local verdict, remaining, reset = judge(alg, p, st, ends, now, cost, key)
+    if mode == HOLD then
+      local charge = verdict == ADMITTED and cost > 0
+      REPLY1_LEASE[1], REPLY1_LEASE[2], REPLY1_LEASE[3] = verdict, remaining, reset
+      REPLY1_LEASE[4], REPLY1_LEASE[5], REPLY1_LEASE[6] = 0, 0, 0
+      settle(alg, key, p, st, ends, now, cost, charge, REPLY1_LEASE, 0)
+      if charge then
+        REPLY1_LEASE[4], REPLY1_LEASE[5] = cost, now
+      end
+      return REPLY1_LEASE
+    end
     if mode == RESERVE then
       REPLY1_LEASE[1], REPLY1_LEASE[2], REPLY1_LEASE[3] = verdict, remaining, reset
       REPLY1_LEASE[4], REPLY1_LEASE[5], REPLY1_LEASE[6] = 0, 0, 0
@@ -377,7 +391,8 @@ local function decide(keys, args)
       waits[i] = reservation(alg, p, st, ends, now, cost, key, verdict, x)
     end
     if verdict ~= ADMITTED and not waits[i]
-      and (mode == ENFORCE or mode == CHARGE_LATER or mode == LEASE or mode == RESERVE) then
+      and (mode == ENFORCE or mode == CHARGE_LATER or mode == LEASE or mode == RESERVE
+        or mode == HOLD) then
       admitted = false
     end
     algs[i], params[i], costs[i], modes[i], states[i], blocks[i] = alg, p, cost, mode, st, ends
@@ -385,7 +400,7 @@ local function decide(keys, args)
     reply[#reply + 1] = verdict
     reply[#reply + 1] = remaining
     reply[#reply + 1] = reset
-    if mode == LEASE or mode == RESERVE then
+    if mode == LEASE or mode == RESERVE or mode == HOLD then
       wants[i], lease_ends[i] = mode == LEASE and y or nil, lease_end
       reply[#reply + 1] = 0
       reply[#reply + 1] = 0
@@ -400,9 +415,13 @@ local function decide(keys, args)
         base, LEASED[i])
     else
       local charge = admitted and (m == LEASE or (costs[i] > 0
-        and (m == ENFORCE or m == RESERVE or (m == SHADOW and reply[base + 1] == ADMITTED))))
+        and (m == ENFORCE or m == RESERVE or m == HOLD
+          or (m == SHADOW and reply[base + 1] == ADMITTED))))
       settle(algs[i], keys[i], params[i], states[i], blocks[i], now, costs[i], charge, reply,
         base, wants[i], lease_ends[i])
+      if charge and m == HOLD then
+        reply[base + 4], reply[base + 5] = costs[i], now
+      end
     end
   end
   return reply

@@ -523,7 +523,7 @@ impl Inner {
                     let (tier, key) = (c.tier().clone(), c.key().clone());
                     match grant {
                         // A reserved slot is released, a lease's units go back as a lease's do.
-                        Some(g) if c.mode() == Mode::Reserve => {
+                        Some(g) if matches!(c.mode(), Mode::Reserve | Mode::Hold) => {
                             Some(Check::release(tier, key, g.units, g.end))
                         }
                         Some(g) => Some(Check::give_back(tier, key, g.units, g.end)),
@@ -606,7 +606,7 @@ impl Inner {
         let expected: usize = checks
             .iter()
             .map(|c| match c.mode() {
-                Mode::Lease | Mode::Reserve => REPLY_PER_CHECK + REPLY_PER_LEASE,
+                Mode::Lease | Mode::Reserve | Mode::Hold => REPLY_PER_CHECK + REPLY_PER_LEASE,
                 _ => REPLY_PER_CHECK,
             })
             .sum();
@@ -628,15 +628,16 @@ impl Inner {
                     reset_after_us: r[2].max(0) as u64,
                     retry_after_us: (r[0] >= 0).then_some(r[0] as u64),
                 };
-                let grant = matches!(c.mode(), Mode::Lease | Mode::Reserve).then(|| {
-                    let (g, tail) = rest.split_at(REPLY_PER_LEASE);
-                    rest = tail;
-                    Grant {
-                        units: g[0].max(0) as u64,
-                        end: g[1].max(0) as u64,
-                        lasts_us: g[2].max(0) as u64,
-                    }
-                });
+                let grant =
+                    matches!(c.mode(), Mode::Lease | Mode::Reserve | Mode::Hold).then(|| {
+                        let (g, tail) = rest.split_at(REPLY_PER_LEASE);
+                        rest = tail;
+                        Grant {
+                            units: g[0].max(0) as u64,
+                            end: g[1].max(0) as u64,
+                            lasts_us: g[2].max(0) as u64,
+                        }
+                    });
                 (verdict, grant.filter(|g| g.units > 0))
             })
             .collect())

@@ -41,6 +41,11 @@ Environment variables:
   WAIT_MS     a request over the limit that a slot within this many milliseconds
               admits waits for it instead of getting 429 (at most 3600000; default
               unset: never wait; not with LEASE)
+  CONCURRENCY at most this many requests per key in flight at once, across every
+              instance (default unset: no concurrency limit)
+  CONCURRENCY_MAX_MS
+              with CONCURRENCY: how long a slot is held at most, so that the slots of an
+              instance that died are freed (default 60000)
   HEADERS     legacy (X-RateLimit-*) | ietf (RateLimit-Policy, RateLimit) | both
                                                     (default legacy)
   KEY         ip | client_ip | global | header:<name> (default ip)
@@ -52,6 +57,9 @@ Environment variables:
 
 Routes:
   GET /        rate limited, answers 200 with a short text
+  GET /slow?ms=<n>
+               rate limited, answers after n milliseconds (at most 10000), to see
+               CONCURRENCY at work
   GET /health  never limited
 ";
 
@@ -65,6 +73,7 @@ struct Config {
     rate_limit: String,
     lease: Option<u32>,
     wait: Option<std::time::Duration>,
+    concurrency: Option<(u32, std::time::Duration)>,
     headers: HeaderStyle,
     key: String,
     trusted_proxies: Vec<Cidr>,
@@ -143,6 +152,29 @@ fn config() -> Result<Config, String> {
             }
         },
     };
+    let concurrency = match env_or("CONCURRENCY", "")?.as_str() {
+        "" => None,
+        n => {
+            let n = match n.parse::<u32>() {
+                Ok(n) if n > 0 => n,
+                _ => {
+                    return Err(format!(
+                        "CONCURRENCY: {n:?} is not a positive number of requests"
+                    ));
+                }
+            };
+            let ms = env_or("CONCURRENCY_MAX_MS", "60000")?;
+            let max = match ms.parse::<u64>() {
+                Ok(ms) if ms > 0 => std::time::Duration::from_millis(ms),
+                _ => {
+                    return Err(format!(
+                        "CONCURRENCY_MAX_MS: {ms:?} is not a positive number of milliseconds"
+                    ));
+                }
+            };
+            Some((n, max))
+        }
+    };
     if let (Some(_), Some(_)) = (wait, lease) {
         return Err(
             "WAIT_MS: a request cannot wait for a slot of a lease; drop WAIT_MS or LEASE".into(),
@@ -177,6 +209,7 @@ fn config() -> Result<Config, String> {
         rate_limit: env_or("RATE_LIMIT", "10/s")?,
         lease,
         wait,
+        concurrency,
         headers: env_or("HEADERS", "legacy")?
             .parse()
             .map_err(|e| format!("HEADERS: {e}"))?,
@@ -208,6 +241,9 @@ fn policies<St: Store>(
         }
         builder = builder.policy(policy);
     }
+    if let Some((n, max)) = config.concurrency {
+        builder = builder.policy(Policy::concurrency(n).max_duration(max));
+    }
     builder
         .headers(config.headers)
         .on_store_error(config.on_store_error)
@@ -222,9 +258,29 @@ fn app<St: Store>(config: &Config, store: St) -> Result<Router, String> {
         .map_err(|e| format!("RATE_LIMIT: {e}"))?;
     Ok(Router::new()
         .route("/", get(|| async { "hello from tower-ratelimit\n" }))
+        .route("/slow", get(slow))
         // Responses in axum's own body: axum does not box them again.
         .route_layer(layer.body::<AxumBody>())
         .route("/health", get(|| async { "ok\n" })))
+}
+
+/// `GET /slow?ms=<n>`: answers after `n` milliseconds (at most 10,000).
+async fn slow(
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> Result<String, (axum::http::StatusCode, &'static str)> {
+    let bad = (
+        axum::http::StatusCode::BAD_REQUEST,
+        "ms must be a number of milliseconds from 0 to 10000\n",
+    );
+    let ms: u64 = match q.get("ms") {
+        None => 1000,
+        Some(ms) => ms.parse().map_err(|_| bad)?,
+    };
+    if ms > 10_000 {
+        return Err(bad);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    Ok(format!("answered after {ms} ms\n"))
 }
 
 /// The app and a description of its store.
@@ -272,11 +328,12 @@ async fn main() -> ExitCode {
             .await
             .map_err(|e| format!("BIND: cannot listen on {}: {e}", config.bind))?;
         println!(
-            "listening on http://{} | store={store} algorithm={} RATE_LIMIT={} WAIT_MS={} HEADERS={:?} KEY={}{} | --help lists the variables",
+            "listening on http://{} | store={store} algorithm={} RATE_LIMIT={} WAIT_MS={} CONCURRENCY={} HEADERS={:?} KEY={}{} | --help lists the variables",
             listener.local_addr().map_err(|e| e.to_string())?,
             config.algorithm,
             config.rate_limit,
             config.wait.map_or("off".into(), |w| w.as_millis().to_string()),
+            config.concurrency.map_or("off".into(), |(n, max)| format!("{n} (max {} ms)", max.as_millis())),
             config.headers,
             config.key,
             if config.key == "client_ip" {

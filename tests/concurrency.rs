@@ -370,6 +370,27 @@ async fn two_instances_on_one_redis_share_one_count() {
     support::assert_no_key_without_ttl(&server, "conc:");
 }
 
+/// A client sending its requests one after the other never finds its previous request's slot
+/// still taken: the slot's release is queued on the instance's connection to Redis before the
+/// response ends, ahead of the next request's decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_to_back_requests_never_see_their_own_previous_slot() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let l = layer(
+        redis_store(&server, &clock).await,
+        &[Policy::concurrency(1).name("one")],
+        &clock,
+    );
+    let svc = l.layer(service_fn(|_: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+    }));
+    for i in 0..200 {
+        let r = send(&svc, Request::new(())).await;
+        assert_eq!(r.status, StatusCode::OK, "request {i}");
+    }
+}
+
 #[test]
 fn concurrency_limits_that_cannot_work_fail_the_build() {
     let build = |p: Policy| {

@@ -48,6 +48,8 @@ fn bad_configuration_stops_the_server_with_the_variable_named() {
         ("LEASE", "none", "LEASE:"),
         ("WAIT_MS", "0", "WAIT_MS:"),
         ("WAIT_MS", "soon", "WAIT_MS:"),
+        ("CONCURRENCY", "0", "CONCURRENCY:"),
+        ("CONCURRENCY", "many", "CONCURRENCY:"),
     ] {
         let err = start_error(&[(name, value)]);
         assert!(
@@ -175,4 +177,90 @@ fn two_servers_with_waits_queue_on_one_schedule() {
         .filter(|(_, t)| *t >= std::time::Duration::from_millis(450))
         .count();
     assert!(waited >= 2, "two waited for their slots: {replies:?}");
+}
+
+/// `CONCURRENCY` on one server: while a `/slow` request is in flight, its slot is taken; once
+/// it answers, the slot is free again.
+#[test]
+fn concurrency_holds_a_slot_while_a_slow_request_is_in_flight() {
+    let server = DemoServer::start(&[
+        ("CONCURRENCY", "1"),
+        ("RATE_LIMIT", "1000/s"),
+        ("KEY", "global"),
+    ]);
+    assert!(
+        server.first_line.contains("CONCURRENCY=1"),
+        "{}",
+        server.first_line
+    );
+    assert_eq!(server.get("/slow?ms=20000", &[]).0, 400, "at most 10 s");
+    let (status, body) = std::thread::scope(|s| {
+        let slow = s.spawn(|| server.get("/slow?ms=1500", &[]));
+        let started = std::time::Instant::now();
+        // Until the slow request holds the slot.
+        while server.get("/", &[]).0 != 429 {
+            assert!(started.elapsed() < std::time::Duration::from_secs(10));
+        }
+        let (_, limited) = server.get("/", &[]);
+        assert!(
+            !limited.contains("retry-after"),
+            "no time is known: {limited}"
+        );
+        slow.join().unwrap()
+    });
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("answered after 1500 ms"), "{body}");
+    assert_eq!(server.get("/", &[]).0, 200, "the slot is free again");
+}
+
+/// `kill -9` of a server holding a concurrency slot on Redis: the other server sees the slot
+/// taken until the slot's lease (`CONCURRENCY_MAX_MS`) ends, never before, then free.
+#[test]
+fn a_killed_servers_concurrency_slot_frees_after_max_duration() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let env = [
+        ("REDIS_URL", url.as_str()),
+        ("CONCURRENCY", "1"),
+        ("CONCURRENCY_MAX_MS", "3000"),
+        ("RATE_LIMIT", "1000/s"),
+        ("KEY", "global"),
+        ("PREFIX", "e2ec:"),
+        ("STORE_TIMEOUT_MS", "10000"),
+    ];
+    let mut a = DemoServer::start(&env);
+    let b = DemoServer::start(&env);
+    // A slow request to a takes the slot (sent again should one of b's own requests hold the
+    // slot at that moment).
+    let (sent, _in_flight) = 'taken: {
+        for _ in 0..10 {
+            let sent = std::time::Instant::now();
+            let in_flight = a.send_only("/slow?ms=10000");
+            while sent.elapsed() < std::time::Duration::from_secs(1) {
+                if b.get("/", &[]).0 == 429 {
+                    break 'taken (sent, in_flight);
+                }
+            }
+        }
+        panic!("a slow request to the first server never took the slot");
+    };
+    a.kill();
+    // The slot was taken after `sent`, for 3 s: not free before then.
+    loop {
+        let (status, _) = b.get("/", &[]);
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 429);
+        assert!(
+            sent.elapsed() < std::time::Duration::from_secs(30),
+            "the slot frees"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        sent.elapsed() >= std::time::Duration::from_millis(2_950),
+        "freed after {:?}, before its lease ended",
+        sent.elapsed()
+    );
 }

@@ -101,6 +101,24 @@ impl DemoServer {
     }
 }
 
+impl DemoServer {
+    /// Sends GET `path` and returns the open connection without reading the answer.
+    #[allow(dead_code)]
+    pub fn send_only(&self, path: &str) -> TcpStream {
+        let mut stream = TcpStream::connect(self.addr).unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).unwrap();
+        stream
+    }
+
+    /// Kills the server with SIGKILL (`kill -9`): nothing it holds is given back.
+    #[allow(dead_code)]
+    pub fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
 impl Drop for DemoServer {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -785,19 +785,30 @@ impl private::Sealed for RedisStore {
         self.inner.registry.register(name, algorithm)
     }
 
-    /// Spawned on the current runtime; outside one (a future dropped after its runtime shut
-    /// down), the units stay spent and a warning says so.
+    /// Polled once at once, which queues the command on the connection (a multiplexed
+    /// connection sends its commands in the order they are queued: this instance's next
+    /// decision on the key, for a client's next request, comes after it), then finished by a
+    /// task of its own. Outside a runtime (a future dropped after its runtime shut down), the
+    /// units stay spent until their lease ends, and a warning says so.
     fn check_detached(&self, checks: Checks) {
-        let decision = self.check(checks);
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!("no runtime to give units back to the store on");
+            return;
+        };
+        let mut decision = self.check(checks);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match decision.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(Err(error)) => {
+                tracing::warn!(%error, "could not give units back to the store");
+            }
+            std::task::Poll::Ready(Ok(_)) => {}
+            std::task::Poll::Pending => {
                 runtime.spawn(async move {
                     if let Err(error) = decision.await {
-                        tracing::warn!(%error, "could not give reserved units back");
+                        tracing::warn!(%error, "could not give units back to the store");
                     }
                 });
             }
-            Err(_) => tracing::warn!("no runtime to give reserved units back on"),
         }
     }
 }

@@ -139,6 +139,25 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Concurrency limits
+//!
+//! [`Policy::concurrency`] bounds the requests of a key in flight at once, across instances:
+//! a request holds its slot until its response body ends or is dropped, and each slot is a
+//! lease of [`Policy::max_duration`] in the store, so the slots of an instance that crashed
+//! free by themselves. It combines atomically with rate policies.
+//!
+//! ```
+//! use tower_ratelimit::{Policy, RateLimitLayer};
+//!
+//! # fn main() -> Result<(), tower_ratelimit::ConfigError> {
+//! let exports = RateLimitLayer::builder()
+//!     .policy(Policy::concurrency(2).name("exports"))
+//!     .policy(Policy::gcra("30/min").name("per-minute"))
+//!     .build()?;
+//! # let _ = exports;
+//! # Ok(()) }
+//! ```
+//!
 //! # Choosing an algorithm
 //!
 //! | algorithm | pick it when | memory per key |

@@ -23,7 +23,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_ratelimit::headers::{HeaderStyle, RATELIMIT, RATELIMIT_POLICY};
 use tower_ratelimit::key::{GlobalKey, Key};
-use tower_ratelimit::{ManualClock, MemoryStore, Policy, RateLimitLayer, RedisStore, Store};
+use tower_ratelimit::{ManualClock, MemoryStore, Policy, RateLimitLayer, Store};
 
 fn layer<St: Store>(store: St, policies: &[Policy], clock: &ManualClock) -> RateLimitLayer<St> {
     policies
@@ -305,7 +305,7 @@ macro_rules! on_each_store {
                 async fn $test() {
                     let server = RedisServer::start();
                     let clock = ManualClock::new();
-                    let run = super::$test(redis_store(&server, &clock).await, clock);
+                    let run = super::$test(server.store("conc:", &clock).await, clock);
                     tokio::time::timeout(Duration::from_secs(60), run).await.expect("done in a minute");
                     support::assert_no_key_without_ttl(&server, "conc:");
                 }
@@ -321,16 +321,6 @@ on_each_store! {
     vanished_slots_free_after_max_duration,
 }
 
-async fn redis_store(server: &RedisServer, clock: &ManualClock) -> RedisStore {
-    RedisStore::builder(&server.url())
-        .deadline(Duration::from_secs(10))
-        .prefix("conc:")
-        .clock(clock.clone())
-        .build()
-        .await
-        .expect("connect to the test redis-server")
-}
-
 /// Two instances, each with its own connection to one Redis, share one count of requests in
 /// flight.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -338,8 +328,8 @@ async fn two_instances_on_one_redis_share_one_count() {
     let server = RedisServer::start();
     let clock = ManualClock::new();
     let policy = [Policy::concurrency(2).name("shared")];
-    let a = layer(redis_store(&server, &clock).await, &policy, &clock);
-    let b = layer(redis_store(&server, &clock).await, &policy, &clock);
+    let a = layer(server.store("conc:", &clock).await, &policy, &clock);
+    let b = layer(server.store("conc:", &clock).await, &policy, &clock);
     let gate = Gate::default();
     let (sa, sb) = (
         a.clone().layer(gate.service()),
@@ -378,7 +368,7 @@ async fn back_to_back_requests_never_see_their_own_previous_slot() {
     let server = RedisServer::start();
     let clock = ManualClock::new();
     let l = layer(
-        redis_store(&server, &clock).await,
+        server.store("conc:", &clock).await,
         &[Policy::concurrency(1).name("one")],
         &clock,
     );

@@ -16,9 +16,7 @@ use support::RedisServer;
 use support::http::{Seen, inner, send};
 use tower::Layer;
 use tower_ratelimit::key::{GlobalKey, Key};
-use tower_ratelimit::{
-    Algorithm, ManualClock, MemoryStore, Policy, Quota, RateLimitLayer, RedisStore, Store,
-};
+use tower_ratelimit::{Algorithm, ManualClock, MemoryStore, Policy, Quota, RateLimitLayer, Store};
 
 /// A layer of `policy` on `store`, keyed by one global key, on `clock`.
 fn layer<St: Store>(store: St, policy: Policy, clock: &ManualClock) -> RateLimitLayer<St> {
@@ -259,24 +257,14 @@ fn waits_that_cannot_work_fail_the_build() {
 // On a real redis-server
 // ---------------------------------------------------------------------------------------------
 
-async fn redis_store(server: &RedisServer, clock: &ManualClock) -> RedisStore {
-    RedisStore::builder(&server.url())
-        .deadline(Duration::from_secs(10))
-        .prefix("wait:")
-        .clock(clock.clone())
-        .build()
-        .await
-        .expect("connect to the test redis-server")
-}
-
 /// Two instances, each with its own connection to one Redis, queue on one schedule: the
 /// slots they are given interleave as if one instance had taken them all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_on_one_redis_share_one_schedule() {
     let server = RedisServer::start();
     let clock = ManualClock::new();
-    let a = layer(redis_store(&server, &clock).await, smooth(), &clock);
-    let b = layer(redis_store(&server, &clock).await, smooth(), &clock);
+    let a = layer(server.store("wait:", &clock).await, smooth(), &clock);
+    let b = layer(server.store("wait:", &clock).await, smooth(), &clock);
     let mut got = Vec::new();
     for i in 0..6 {
         let l = if i % 2 == 0 { &a } else { &b };
@@ -302,7 +290,7 @@ async fn two_instances_on_one_redis_share_one_schedule() {
 async fn on_redis_a_request_waits_and_a_dropped_one_gives_its_slot_back() {
     let server = RedisServer::start();
     let clock = ManualClock::new();
-    let l = layer(redis_store(&server, &clock).await, smooth(), &clock);
+    let l = layer(server.store("wait:", &clock).await, smooth(), &clock);
     let seen = Seen::default();
     let svc = l.clone().layer(inner(&seen));
     for _ in 0..2 {
@@ -366,7 +354,7 @@ async fn every_algorithm_gives_a_slot_back_alike_in_both_stores() {
             policy.clone(),
             &clock,
         );
-        let redis = layer(redis_store(&server, &clock).await, policy, &clock);
+        let redis = layer(server.store("wait:", &clock).await, policy, &clock);
         let seen = [probe(&memory).await, probe(&redis).await];
         assert_eq!(seen[0], seen[1], "{algorithm}: memory vs redis");
         let (waits, next) = &seen[0];

@@ -280,8 +280,7 @@ impl MemoryStore {
                 Mode::Reset => guards[g].remove(c, h),
                 Mode::Penalize => guards[g].commit(c, h, now, capacity),
                 Mode::Block => guards[g].block(c, h, now, capacity),
-                Mode::GiveBack => guards[g].give_back(c, h, now),
-                Mode::Release => guards[g].release(c, h, now),
+                Mode::GiveBack | Mode::Release => guards[g].give_back(c, h, now),
                 Mode::Enforce
                 | Mode::Shadow
                 | Mode::ChargeLater
@@ -483,24 +482,22 @@ impl Shard {
         }
     }
 
-    /// Gives back `check.cost()` units reserved at the slot `check.lease_end()`.
-    fn release(&mut self, check: &Check, hash: u64, now: u64) {
-        let algorithm = &check.tier().algorithm();
-        if let Some(slot) = self.find_mut(check, hash)
-            && let Some(expires_at) =
-                algorithm.release(&mut slot.state, now, check.lease_end(), check.cost())
-        {
-            slot.expires_at = expires_at;
-            self.min_expiry = self.min_expiry.min(expires_at);
-        }
-    }
-
-    /// Gives back `check.cost()` units of the lease that ended at `check.lease_end()`.
+    /// Gives back `check.cost()` units of the lease that ended at `check.lease_end()`, or for
+    /// [`Mode::Release`], of the slot taken at that time.
     fn give_back(&mut self, check: &Check, hash: u64, now: u64) {
         let algorithm = &check.tier().algorithm();
+        let give_back = match check.mode() {
+            Mode::Release => Compiled::release,
+            _ => Compiled::give_back,
+        };
         if let Some(slot) = self.find_mut(check, hash)
-            && let Some(expires_at) =
-                algorithm.give_back(&mut slot.state, now, check.lease_end(), check.cost())
+            && let Some(expires_at) = give_back(
+                algorithm,
+                &mut slot.state,
+                now,
+                check.lease_end(),
+                check.cost(),
+            )
         {
             slot.expires_at = expires_at;
             self.min_expiry = self.min_expiry.min(expires_at);

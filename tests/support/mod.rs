@@ -277,3 +277,21 @@ impl Rng {
         lo + self.next() % (hi - lo + 1)
     }
 }
+
+impl RedisServer {
+    /// A store on this server with keys under `prefix`, deciding on `clock`, with a deadline
+    /// no loaded machine misses.
+    pub async fn store(
+        &self,
+        prefix: &str,
+        clock: &tower_ratelimit::ManualClock,
+    ) -> tower_ratelimit::RedisStore {
+        tower_ratelimit::RedisStore::builder(&self.url())
+            .deadline(Duration::from_secs(10))
+            .prefix(prefix)
+            .clock(clock.clone())
+            .build()
+            .await
+            .expect("connect to the test redis-server")
+    }
+}

@@ -24,6 +24,7 @@ async fn cluster_suite() {
     waits_share_one_schedule_on_the_cluster(c).await;
     a_wait_on_one_slot_is_released_when_another_slot_denies(c).await;
     concurrency_on_the_cluster(c).await;
+    ietf_fields_on_the_cluster(c).await;
 }
 
 async fn store(
@@ -507,4 +508,54 @@ async fn concurrency_on_the_cluster(cluster: &RedisCluster) {
     );
     check_all_nodes(cluster, "cconc:");
     check_all_nodes(cluster, "cconc2:");
+}
+
+/// The IETF fields of a decision made on the cluster, read with a structured-field parser:
+/// a rate policy and a concurrency limit, each item with the key's `pk`.
+async fn ietf_fields_on_the_cluster(cluster: &RedisCluster) {
+    use http::{Request, Response};
+    use tower::{ServiceExt, service_fn};
+    use tower_layer::Layer;
+    use tower_ratelimit::headers::{HeaderStyle, RATELIMIT, RATELIMIT_POLICY};
+    use tower_ratelimit::key::GlobalKey;
+
+    let clock = ManualClock::new();
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::gcra("10/s").name("rate"))
+        .policy(Policy::concurrency(3).name("conc"))
+        .key(GlobalKey)
+        .headers(HeaderStyle::Ietf)
+        .partition_keys(b"sixteen bytes or more of secret")
+        .store(store(cluster, "cietf:", &clock, false).await)
+        .build()
+        .unwrap();
+    let svc = layer.layer(service_fn(|_: Request<()>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
+            bytes::Bytes::from_static(b"ok"),
+        )))
+    }));
+    let response = svc.oneshot(Request::new(())).await.unwrap();
+    let field = |name| -> sfv::List {
+        let value = response.headers()[&name].to_str().unwrap();
+        sfv::Parser::new(value).parse().unwrap()
+    };
+    let (policy, state) = (field(RATELIMIT_POLICY), field(RATELIMIT));
+    let pk = |list: &sfv::List, i: usize| match &list[i] {
+        sfv::ListEntry::Item(item) => item.params.get("pk").cloned(),
+        _ => panic!("an inner list"),
+    };
+    let first = pk(&policy, 0).expect("a pk");
+    assert!(matches!(&first, sfv::BareItem::ByteSequence(b) if b.len() == 16));
+    for i in 0..2 {
+        assert_eq!(pk(&policy, i).as_ref(), Some(&first), "one key, one pk");
+        assert_eq!(pk(&state, i).as_ref(), Some(&first));
+    }
+    let sfv::ListEntry::Item(conc) = &policy[1] else {
+        panic!("an inner list")
+    };
+    match conc.params.get("qu") {
+        Some(sfv::BareItem::String(qu)) => assert_eq!(qu.as_str(), "concurrent-requests"),
+        other => panic!("qu is {other:?}"),
+    }
+    check_all_nodes(cluster, "cietf:");
 }

@@ -16,7 +16,7 @@ use tower_service::Service;
 use crate::body::{HeldSlots, MakeBody, Wrapped};
 use crate::headers::RateLimitHeaders;
 use crate::lease::LeaseWait;
-use crate::limiter::{Begin, Charges, Delayed, Limiter, Planned, Settled, Ticket};
+use crate::limiter::{Abandoned, Begin, Charges, Delayed, Limiter, Planned, Settled, Ticket};
 use crate::store::Store;
 use crate::store::private::Sealed;
 
@@ -41,6 +41,22 @@ pin_project! {
     }
 }
 
+/// A store's decision on its way. Dropped before it comes (the client went away), it lets the
+/// decision finish on its own and gives back the slots it took (of a concurrency limit, or
+/// reserved for a wait), which would otherwise stay taken until their leases end.
+struct InFlight<C> {
+    check: Option<C>,
+    abandoned: Option<Abandoned<C>>,
+}
+
+impl<C> Drop for InFlight<C> {
+    fn drop(&mut self) {
+        if let (Some(check), Some(abandoned)) = (self.check.take(), self.abandoned.take()) {
+            abandoned(check);
+        }
+    }
+}
+
 /// What waits for a decision from an asynchronous store, or for a lease another request is
 /// asking for: boxed, so that the response future, which is moved several times on its way
 /// into the server, stays the size of the inner service's future plus a little.
@@ -54,8 +70,7 @@ pin_project! {
     #[project = StateProj]
     enum State<S, ReqB, F, C, R> {
         Checking {
-            #[pin]
-            check: C,
+            check: InFlight<C>,
             pending: Option<Box<Pending<S, ReqB, Ticket>>>,
         },
         Leasing {
@@ -99,7 +114,7 @@ where
         inner: S,
     ) -> Self {
         let mut after = Charges::new();
-        let state = resume(begin, request, inner, &mut after);
+        let state = resume(limiter, begin, request, inner, &mut after);
         ResponseFuture {
             state,
             limiter: Some(limiter.clone()),
@@ -141,14 +156,16 @@ where
 
 /// The state a request goes on in from `begin`, the inner service moved along with it when
 /// there is more to wait for (the charges after the response go to `after`).
-fn resume<S, ReqB, C, R>(
-    begin: Begin<C>,
+fn resume<S, ReqB, St, R>(
+    limiter: &Arc<Limiter<St>>,
+    begin: Begin<<St as Sealed>::Future>,
     request: Request<ReqB>,
     mut inner: S,
     after: &mut Charges,
-) -> State<S, ReqB, S::Future, C, R>
+) -> State<S, ReqB, S::Future, <St as Sealed>::Future, R>
 where
     S: Service<Request<ReqB>>,
+    St: Store,
 {
     match begin {
         Begin::Unlimited => State::Calling {
@@ -161,7 +178,10 @@ where
             next_owned(settled, request, inner)
         }
         Begin::Wait(check, ticket) => State::Checking {
-            check,
+            check: InFlight {
+                abandoned: limiter.abandoned(&ticket),
+                check: Some(check),
+            },
             pending: Some(Box::new(Pending {
                 request,
                 inner,
@@ -284,7 +304,10 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Checking { check, pending } => {
-                    let result = ready!(check.poll(cx));
+                    let decision = check.check.as_mut().expect(POLLED_AFTER_READY);
+                    let result = ready!(Pin::new(decision).poll(cx));
+                    // Come: nothing to finish or give back on a drop.
+                    check.check = None;
                     let Pending {
                         request,
                         inner,
@@ -304,7 +327,7 @@ where
                     } = *pending.take().expect(POLLED_AFTER_READY);
                     let limiter = this.limiter.as_ref().expect(KEPT_FOR_LATER);
                     let begin = limiter.resume(*planned);
-                    let state = resume(begin, request, inner, this.after);
+                    let state = resume(limiter, begin, request, inner, this.after);
                     this.state.set(state);
                 }
                 StateProj::Delaying { sleep, pending } => {

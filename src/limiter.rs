@@ -186,8 +186,19 @@ pub(crate) struct Ticket {
     /// When the store was asked, for `ratelimit_store_duration_seconds` (not timed for a
     /// store that decides synchronously).
     started: Option<Instant>,
+    /// Whether the decision may take slots (of a concurrency limit, or reserved) that must
+    /// be given back should the request go away before the decision comes.
+    takes_slots: bool,
     after: Charges,
 }
+
+/// The slots an outcome took: of a concurrency limit, or reserved for a wait.
+fn taken(o: &PolicyOutcome) -> Option<&Grant> {
+    o.held().or_else(|| o.reservation())
+}
+
+/// What lets an abandoned decision finish and gives back the slots it took.
+pub(crate) type Abandoned<F> = Box<dyn FnOnce(F) + Send>;
 
 /// A request's checks as (tier id, key, cost).
 type Keys = Vec<(u32, Key, u64)>;
@@ -405,6 +416,7 @@ impl<St: Store> Limiter<St> {
             fallback,
             keys,
             started: None,
+            takes_slots: false,
             after,
         };
         if permit == Permit::Reject {
@@ -420,6 +432,10 @@ impl<St: Store> Limiter<St> {
             return Begin::Settled(settled, after);
         }
         ticket.started = Some(Instant::now());
+        ticket.takes_slots = (self.holds || self.waits)
+            && checks
+                .iter()
+                .any(|c| matches!(c.mode(), Mode::Hold | Mode::Reserve));
         Begin::Wait(self.store.check(checks), ticket)
     }
 
@@ -468,6 +484,23 @@ impl<St: Store> Limiter<St> {
             },
         };
         self.finish(decision, ticket.after, ticket.keys.as_deref(), local)
+    }
+
+    /// A request that went away while the store decided: when it asked for slots, what
+    /// gives them back once the decision comes (`None` when it asked for none).
+    pub(crate) fn abandoned(self: &Arc<Self>, ticket: &Ticket) -> Option<Abandoned<St::Future>> {
+        if !ticket.takes_slots {
+            return None;
+        }
+        let (limiter, keys) = (self.clone(), ticket.keys.clone());
+        Some(Box::new(move |decision: St::Future| {
+            let store = limiter.store.clone();
+            let give_back = move |decision: Decision| {
+                // Dropped: the slots go back.
+                drop(limiter.slots(&decision, keys.as_deref(), false, taken, None));
+            };
+            store.finish_detached(decision, Box::new(give_back));
+        }))
     }
 
     /// The decision's response (step 3's end): counts, headers, the limiter's own response

@@ -381,6 +381,44 @@ async fn back_to_back_requests_never_see_their_own_previous_slot() {
     }
 }
 
+/// A request whose client goes away while Redis decides (Redis paused with `CLIENT PAUSE`, so
+/// the decision is still on its way when the request is dropped) does not keep the slot the
+/// decision takes: the decision finishes on its own and the slot is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_dropped_while_redis_decides_gives_its_slot_back() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let l = layer(
+        server.store("conc:", &clock).await,
+        &[Policy::concurrency(1).name("abandoned")],
+        &clock,
+    );
+    let gate = Gate::default();
+    let svc = l.clone().layer(gate.service());
+    assert_eq!(free(&l, "abandoned").await, 1);
+    server.cli(&["CLIENT", "PAUSE", "300", "WRITE"]);
+    let request = tokio::spawn(async move { send(&svc, Request::new(())).await });
+    // Until Redis holds the decision's call, blocked by the pause.
+    let started = std::time::Instant::now();
+    while !server
+        .cli(&["CLIENT", "LIST"])
+        .lines()
+        .any(|c| c.contains("flags=b ") && c.contains("cmd=fcall"))
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the call reaches Redis"
+        );
+        tokio::task::yield_now().await;
+    }
+    request.abort();
+    assert!(request.await.unwrap_err().is_cancelled());
+    // Once Redis resumes, the decision takes the slot, and gives it back.
+    until_free(&l, "abandoned", 1).await;
+    assert_eq!(gate.entered.load(Ordering::SeqCst), 0);
+    support::assert_no_key_without_ttl(&server, "conc:");
+}
+
 #[test]
 fn concurrency_limits_that_cannot_work_fail_the_build() {
     let build = |p: Policy| {

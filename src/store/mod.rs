@@ -44,7 +44,7 @@ pub(crate) mod private {
     #[allow(private_interfaces)]
     pub trait Sealed {
         /// The future of one decision.
-        type Future: Future<Output = Result<Decision, StoreError>> + Send + 'static;
+        type Future: Future<Output = Result<Decision, StoreError>> + Send + Unpin + 'static;
 
         /// Decides a request against one or more policies atomically: nothing is charged
         /// unless every policy that decides admits it.
@@ -66,6 +66,21 @@ pub(crate) mod private {
         /// the decision on its own.
         fn check_detached(&self, checks: crate::store::Checks) {
             let _ = self.decide_now(&checks);
+        }
+
+        /// Lets a decision whose request went away finish without it, then hands it to
+        /// `then`. By default polled once (a store that decides at once is done by then).
+        fn finish_detached(
+            &self,
+            mut decision: Self::Future,
+            then: Box<dyn FnOnce(Decision) + Send>,
+        ) {
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            if let std::task::Poll::Ready(Ok(decision)) =
+                std::pin::Pin::new(&mut decision).poll(&mut cx)
+            {
+                then(decision);
+            }
         }
     }
 }

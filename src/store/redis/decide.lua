@@ -337,37 +337,27 @@ local function decide(keys, args)
     local st, ends, lease_end
     st, ends, cost, lease_end = prepare(alg, key, p, now, cost, mode, STATES[1], x, LEASED[1])
     local verdict, remaining, reset = judge(alg, p, st, ends, now, cost, key)
-    if mode == HOLD then
-      local charge = verdict == ADMITTED and cost > 0
-      REPLY1_LEASE[1], REPLY1_LEASE[2], REPLY1_LEASE[3] = verdict, remaining, reset
-      REPLY1_LEASE[4], REPLY1_LEASE[5], REPLY1_LEASE[6] = 0, 0, 0
-      settle(alg, key, p, st, ends, now, cost, charge, REPLY1_LEASE, 0)
-      if charge then
-        REPLY1_LEASE[4], REPLY1_LEASE[5] = cost, now
-      end
-      return REPLY1_LEASE
-    end
-    if mode == RESERVE then
-      REPLY1_LEASE[1], REPLY1_LEASE[2], REPLY1_LEASE[3] = verdict, remaining, reset
-      REPLY1_LEASE[4], REPLY1_LEASE[5], REPLY1_LEASE[6] = 0, 0, 0
-      local wait = verdict ~= ADMITTED
-        and reservation(alg, p, st, ends, now, cost, key, verdict, x)
-      if wait then
-        reserve(alg, key, p, st, ends, now, cost, wait, REPLY1_LEASE, 0, LEASED[1])
-      else
-        settle(alg, key, p, st, ends, now, cost, verdict == ADMITTED and cost > 0,
-          REPLY1_LEASE, 0)
-      end
-      return REPLY1_LEASE
-    end
     local reply, want = REPLY1, nil
-    if mode == LEASE then
-      reply, want = REPLY1_LEASE, y
+    if mode == LEASE or mode == RESERVE or mode == HOLD then
+      reply = REPLY1_LEASE
+      reply[4], reply[5], reply[6] = 0, 0, 0
+      if mode == LEASE then
+        want = y
+      end
     end
     reply[1], reply[2], reply[3] = verdict, remaining, reset
-    local charge = verdict == ADMITTED
-      and (mode == LEASE or (cost > 0 and (mode == ENFORCE or mode == SHADOW)))
+    local wait = mode == RESERVE and verdict ~= ADMITTED
+      and reservation(alg, p, st, ends, now, cost, key, verdict, x)
+    if wait then
+      reserve(alg, key, p, st, ends, now, cost, wait, reply, 0, LEASED[1])
+      return reply
+    end
+    local charge = verdict == ADMITTED and (mode == LEASE or (cost > 0
+      and (mode == ENFORCE or mode == SHADOW or mode == RESERVE or mode == HOLD)))
     settle(alg, key, p, st, ends, now, cost, charge, reply, 0, want, lease_end)
+    if charge and mode == HOLD then
+      reply[4], reply[5] = cost, now
+    end
     return reply
   end
 

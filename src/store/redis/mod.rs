@@ -785,6 +785,20 @@ impl private::Sealed for RedisStore {
         self.inner.registry.register(name, algorithm)
     }
 
+    /// On a task of its own; outside a runtime, the slots the decision took stay taken until
+    /// their lease ends, and a warning says so.
+    fn finish_detached(&self, decision: Self::Future, then: Box<dyn FnOnce(Decision) + Send>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!("no runtime to finish an abandoned decision on");
+            return;
+        };
+        runtime.spawn(async move {
+            if let Ok(decision) = decision.await {
+                then(decision);
+            }
+        });
+    }
+
     /// Polled once at once, which queues the command on the connection (a multiplexed
     /// connection sends its commands in the order they are queued: this instance's next
     /// decision on the key, for a client's next request, comes after it), then finished by a

@@ -102,7 +102,7 @@ pin_project! {
 
 impl<S, ReqB, St, M> ResponseFuture<S, ReqB, St, M>
 where
-    S: Service<Request<ReqB>>,
+    S: Service<Request<ReqB>> + Clone,
     St: Store,
 {
     /// A request whose decision is yet to come (`begin`, as the engine began it): waits for
@@ -164,7 +164,7 @@ fn resume<S, ReqB, St, R>(
     after: &mut Charges,
 ) -> State<S, ReqB, S::Future, <St as Sealed>::Future, R>
 where
-    S: Service<Request<ReqB>>,
+    S: Service<Request<ReqB>> + Clone,
     St: Store,
 {
     match begin {
@@ -207,7 +207,7 @@ fn next_owned<S, ReqB, C, R>(
     mut inner: S,
 ) -> State<S, ReqB, S::Future, C, R>
 where
-    S: Service<Request<ReqB>>,
+    S: Service<Request<ReqB>> + Clone,
 {
     match settled {
         Settled::Wait(delayed) => State::Delaying {
@@ -237,14 +237,15 @@ fn go_on(delayed: Delayed) -> Settled {
     Settled::Call(Some(headers), decision, held)
 }
 
-/// The state that follows a settled decision that does not wait (see [`Settled::waits`]).
+/// The state that follows a settled decision. A request that waits for its slot takes the
+/// inner service, which was made ready, along, and leaves a clone in its place.
 fn next<S, ReqB, C, R>(
     settled: Settled,
     mut request: Request<ReqB>,
     inner: &mut S,
 ) -> State<S, ReqB, S::Future, C, R>
 where
-    S: Service<Request<ReqB>>,
+    S: Service<Request<ReqB>> + Clone,
 {
     match settled {
         Settled::Respond(response) => State::Ready {
@@ -261,9 +262,9 @@ where
             }
         }
         Settled::Wait(delayed) => {
-            // Only `next_owned` is given a waiting request; should one come here, it goes on
-            // at once rather than not at all.
-            next(go_on(*delayed), request, inner)
+            let clone = inner.clone();
+            let ready = std::mem::replace(inner, clone);
+            next_owned(Settled::Wait(delayed), request, ready)
         }
     }
 }
@@ -293,7 +294,7 @@ const KEPT_FOR_LATER: &str = "the engine is kept while a decision or a charge is
 
 impl<S, ReqB, ResB, St, M> Future for ResponseFuture<S, ReqB, St, M>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
     St: Store,
     M: MakeBody<ResB>,
 {

@@ -438,7 +438,7 @@ impl Leases {
             return Plan::Store(None);
         }
         for g in &give_backs {
-            metrics::counter!("ratelimit_lease_units_returned_total", "policy" => g.tier().name().to_owned())
+            metrics::counter!("ratelimit_lease_units_returned_total", "policy" => g.tier().label())
                 .increment(g.cost());
         }
         // The give-backs go first: a store call makes each check's changes in order, and the
@@ -567,7 +567,7 @@ impl Asking {
                 continue;
             };
             let left = units.saturating_sub(*cost);
-            metrics::counter!("ratelimit_leases_total", "policy" => outcome.policy().to_owned())
+            metrics::counter!("ratelimit_leases_total", "policy" => outcome.tier().label())
                 .increment(1);
             let held = Held {
                 left,

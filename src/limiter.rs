@@ -145,13 +145,6 @@ pub(crate) enum Settled {
     Wait(Box<Delayed>),
 }
 
-impl Settled {
-    /// Whether the request waits for its slot before the inner service is called.
-    pub(crate) fn waits(&self) -> bool {
-        matches!(self, Settled::Wait(_))
-    }
-}
-
 /// A request admitted at slots reserved later: how long it waits, what it then goes on with,
 /// and what gives its slots back if it never does.
 pub(crate) struct Delayed {
@@ -546,8 +539,7 @@ impl<St: Store> Limiter<St> {
                 .outcomes()
                 .iter()
                 .max_by_key(|o| o.wait())
-                .map_or("", |o| o.policy())
-                .to_owned();
+                .map_or(metrics::SharedString::const_str(""), |o| o.tier().label());
             metrics::counter!("ratelimit_requests_delayed_total", "policy" => policy.clone())
                 .increment(1);
             metrics::histogram!("ratelimit_delay_seconds", "policy" => policy)

@@ -1140,6 +1140,11 @@ impl Tier {
         &self.name
     }
 
+    /// The tier's name as a metric label value, shared, not copied.
+    pub(crate) fn label(&self) -> metrics::SharedString {
+        metrics::SharedString::from(self.name.clone())
+    }
+
     /// The tier's id in its store.
     pub(crate) fn id(&self) -> u32 {
         self.id

@@ -92,7 +92,7 @@ where
         let begin = self.limiter.begin(&RequestRef::new(&request));
         match begin {
             Begin::Unlimited => ResponseFuture::unlimited(self.inner.call(request)),
-            Begin::Settled(settled, after) if !settled.waits() => {
+            Begin::Settled(settled, after) => {
                 ResponseFuture::settled(&self.limiter, settled, after, request, &mut self.inner)
             }
             begin => {

@@ -17,8 +17,8 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full};
-use support::RedisServer;
 use support::http::send;
+use support::{RedisServer, eventually};
 use tokio::sync::{Semaphore, mpsc};
 use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_ratelimit::headers::{HeaderStyle, RATELIMIT, RATELIMIT_POLICY};
@@ -77,14 +77,8 @@ impl Gate {
     }
 
     async fn until_entered(&self, n: usize) {
-        let started = std::time::Instant::now();
-        while self.entered.load(Ordering::SeqCst) < n {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "{n} requests in flight"
-            );
-            tokio::task::yield_now().await;
-        }
+        let in_flight = async || self.entered.load(Ordering::SeqCst) >= n;
+        eventually(&format!("{n} requests are in flight"), in_flight).await;
     }
 }
 
@@ -99,14 +93,10 @@ async fn free<St: Store>(l: &RateLimitLayer<St>, policy: &str) -> u64 {
 }
 
 async fn until_free<St: Store>(l: &RateLimitLayer<St>, policy: &str, n: u64) {
-    let started = std::time::Instant::now();
-    while free(l, policy).await != n {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "{n} slots free"
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    eventually(&format!("{n} slots are free"), async || {
+        free(l, policy).await == n
+    })
+    .await;
 }
 
 /// Two requests in flight fill a limit of two; a third is rejected at once, with no

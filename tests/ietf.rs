@@ -53,12 +53,7 @@ fn memory() -> Env<MemoryStore> {
 async fn redis() -> (Env<RedisStore>, RedisServer) {
     let server = RedisServer::start();
     let clock = ManualClock::new();
-    let store = RedisStore::builder(&server.url())
-        .deadline(Duration::from_secs(10))
-        .clock(clock.clone())
-        .build()
-        .await
-        .expect("connect to the test redis-server");
+    let store = server.store("ietf:", &clock).await;
     let env = Env {
         store,
         clock,

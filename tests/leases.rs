@@ -10,23 +10,12 @@ use std::time::Duration;
 use http::{Request, StatusCode};
 use support::http::{Seen, get, inner, send};
 use support::lease::{fewest_admitted, hammer};
-use support::{RedisServer, assert_no_key_without_ttl};
+use support::{RedisServer, assert_no_key_without_ttl, global_layer as layer};
 use tower::Layer;
 use tower_ratelimit::key::{GlobalKey, Key};
 use tower_ratelimit::{
     Algorithm, FailurePolicy, ManualClock, MemoryStore, Policy, RateLimitLayer, RedisStore, Store,
 };
-
-/// A layer of `policy` on `store`, keyed by one global key, on `clock`.
-fn layer<St: Store>(store: St, policy: Policy, clock: &ManualClock) -> RateLimitLayer<St> {
-    RateLimitLayer::builder()
-        .policy(policy)
-        .key(GlobalKey)
-        .store(store)
-        .clock(clock.clone())
-        .build()
-        .unwrap()
-}
 
 /// What the store has left for the global key, looked at by a layer without a lease.
 async fn left_in_store<St: Store>(store: &St, policy: Policy, clock: &ManualClock) -> u64 {

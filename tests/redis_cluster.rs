@@ -226,47 +226,25 @@ async fn leased_policies_on_different_slots_charge_all_or_nothing(cluster: &Redi
 /// taking leases of the sizes given, if any: four requests, the last two denied by the
 /// per-user policy, and the per-IP policy charged for the two admitted only.
 async fn on_different_slots(cluster: &RedisCluster, prefix: &str, leases: Option<(u32, u32)>) {
-    use http::{HeaderName, Request, Response, StatusCode};
-    use tower::{ServiceExt, service_fn};
-    use tower_layer::Layer;
-    use tower_ratelimit::key::HeaderKey;
+    use http::StatusCode;
+    use tower::ServiceExt;
 
     let clock = ManualClock::new();
     let s = store(cluster, prefix, &clock, false).await;
-    let mut per_ip = Policy::fixed_window("100/h")
-        .name("per-ip")
-        .key(HeaderKey::new(HeaderName::from_static("x-ip")));
-    let mut per_user = Policy::fixed_window("2/h")
-        .name("per-user")
-        .key(HeaderKey::new(HeaderName::from_static("x-user")));
+    let mut per_ip = Policy::fixed_window("100/h").name("per-ip");
+    let mut per_user = Policy::fixed_window("2/h").name("per-user");
     if let Some((ip, user)) = leases {
         per_ip = per_ip.lease(ip);
         per_user = per_user.lease(user);
     }
-    let layer = RateLimitLayer::builder()
-        .policy(per_ip)
-        .policy(per_user)
-        .store(s.clone())
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    // The two keys live in different slots of the cluster.
+    let svc = ip_and_user_service(
+        cluster,
+        &s,
+        &clock,
+        (per_ip, "per-ip"),
+        (per_user, "per-user"),
+    );
     let ip_key = String::from_utf8(s.key_for("per-ip", &Key::from("198.51.100.7"))).unwrap();
-    let user_key = String::from_utf8(s.key_for("per-user", &Key::from("alice"))).unwrap();
-    let slot = |k: &str| cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", k]);
-    assert_ne!(slot(&ip_key), slot(&user_key));
-    let svc = layer.layer(service_fn(|_: Request<()>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(
-            http_body_util::Empty::<bytes::Bytes>::new(),
-        ))
-    }));
-    let request = || {
-        Request::builder()
-            .header("x-ip", "198.51.100.7")
-            .header("x-user", "alice")
-            .body(())
-            .unwrap()
-    };
     let mut statuses = Vec::new();
     for i in 0..4 {
         if i == 2 {
@@ -274,7 +252,13 @@ async fn on_different_slots(cluster: &RedisCluster, prefix: &str, leases: Option
             // its slot, which the per-user slot then denies.
             clock.advance(std::time::Duration::from_secs(2));
         }
-        statuses.push(svc.clone().oneshot(request()).await.unwrap().status());
+        statuses.push(
+            svc.clone()
+                .oneshot(ip_and_user_request())
+                .await
+                .unwrap()
+                .status(),
+        );
     }
     assert_eq!(
         statuses,
@@ -322,6 +306,53 @@ async fn leases_keep_two_instances_within_the_limit_on_the_cluster(cluster: &Red
     check_all_nodes(cluster, "clease:");
 }
 
+/// A service behind one layer of a per-IP policy (`per_ip`, keyed by `x-ip`) and a per-user
+/// one (`per_user`, keyed by `x-user`) on `s`, after checking that the keys of the requests
+/// [`ip_and_user_request`] makes live on different slots of the cluster.
+fn ip_and_user_service(
+    cluster: &RedisCluster,
+    s: &RedisStore,
+    clock: &ManualClock,
+    (per_ip, ip_name): (Policy, &str),
+    (per_user, user_name): (Policy, &str),
+) -> impl tower::Service<
+    http::Request<()>,
+    Response = http::Response<tower_ratelimit::ResponseBody<http_body_util::Full<bytes::Bytes>>>,
+    Error = std::convert::Infallible,
+    Future: Send,
+> + Clone
++ use<> {
+    use http::HeaderName;
+    use tower_layer::Layer;
+    use tower_ratelimit::key::HeaderKey;
+
+    let layer = RateLimitLayer::builder()
+        .policy(per_ip.key(HeaderKey::new(HeaderName::from_static("x-ip"))))
+        .policy(per_user.key(HeaderKey::new(HeaderName::from_static("x-user"))))
+        .store(s.clone())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let ip_key = String::from_utf8(s.key_for(ip_name, &Key::from("198.51.100.7"))).unwrap();
+    let user_key = String::from_utf8(s.key_for(user_name, &Key::from("alice"))).unwrap();
+    let slot = |k: &str| cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", k]);
+    assert_ne!(slot(&ip_key), slot(&user_key));
+    layer.layer(tower::service_fn(|_: http::Request<()>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
+            bytes::Bytes::from_static(b"ok"),
+        )))
+    }))
+}
+
+/// A request from 198.51.100.7 as alice.
+fn ip_and_user_request() -> http::Request<()> {
+    http::Request::builder()
+        .header("x-ip", "198.51.100.7")
+        .header("x-user", "alice")
+        .body(())
+        .unwrap()
+}
+
 fn smooth() -> Policy {
     Policy::gcra("2/s")
         .name("smooth")
@@ -354,44 +385,30 @@ async fn waits_share_one_schedule_on_the_cluster(cluster: &RedisCluster) {
 /// slots: a request the per-IP slot would reserve but the per-user slot denies is rejected,
 /// and its per-IP slot released, so the next request gets that slot.
 async fn a_wait_on_one_slot_is_released_when_another_slot_denies(cluster: &RedisCluster) {
-    use http::{HeaderName, Request, Response, StatusCode};
-    use tower::{ServiceExt, service_fn};
-    use tower_layer::Layer;
-    use tower_ratelimit::key::HeaderKey;
+    use http::StatusCode;
+    use tower::ServiceExt;
 
     let clock = ManualClock::new();
     let s = store(cluster, "cwslots:", &clock, false).await;
-    let per_ip = smooth().key(HeaderKey::new(HeaderName::from_static("x-ip")));
-    let per_user = Policy::fixed_window("3/h")
-        .name("per-user")
-        .key(HeaderKey::new(HeaderName::from_static("x-user")));
-    let layer = RateLimitLayer::builder()
-        .policy(per_ip.clone())
-        .policy(per_user)
-        .store(s.clone())
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    let ip_key = String::from_utf8(s.key_for("smooth", &Key::from("198.51.100.7"))).unwrap();
-    let user_key = String::from_utf8(s.key_for("per-user", &Key::from("alice"))).unwrap();
-    let slot = |k: &str| cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", k]);
-    assert_ne!(slot(&ip_key), slot(&user_key));
-    let svc = layer.layer(service_fn(|_: Request<()>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(
-            http_body_util::Empty::<bytes::Bytes>::new(),
-        ))
-    }));
-    let request = || {
-        Request::builder()
-            .header("x-ip", "198.51.100.7")
-            .header("x-user", "alice")
-            .body(())
-            .unwrap()
-    };
+    let per_ip = smooth();
+    let per_user = Policy::fixed_window("3/h").name("per-user");
+    let svc = ip_and_user_service(
+        cluster,
+        &s,
+        &clock,
+        (per_ip.clone(), "smooth"),
+        (per_user, "per-user"),
+    );
     let mut statuses = Vec::new();
     let started = std::time::Instant::now();
     for _ in 0..4 {
-        statuses.push(svc.clone().oneshot(request()).await.unwrap().status());
+        statuses.push(
+            svc.clone()
+                .oneshot(ip_and_user_request())
+                .await
+                .unwrap()
+                .status(),
+        );
     }
     // Two at once, the third after waiting 500 ms for its per-IP slot (the user's third of
     // three), the fourth denied by the per-user slot.

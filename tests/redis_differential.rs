@@ -9,7 +9,7 @@ use std::time::Duration;
 use support::{RedisServer, Rng, assert_no_key_without_ttl};
 use tower_ratelimit::key::Key;
 use tower_ratelimit::{
-    Algorithm, Decision, ManualClock, MemoryStore, Policy, Quota, RateLimitLayer, RedisStore,
+    Algorithm, Decision, ManualClock, MemoryStore, Policy, Quota, RateLimitLayer, Store,
 };
 
 fn summary(d: &Decision) -> Vec<(bool, u64, Duration, Option<Duration>)> {
@@ -24,6 +24,15 @@ fn summary(d: &Decision) -> Vec<(bool, u64, Duration, Option<Duration>)> {
             )
         })
         .collect()
+}
+
+/// A layer of `policy` alone on `store`.
+fn layer_of<St: Store>(policy: &Policy, store: St) -> RateLimitLayer<St> {
+    RateLimitLayer::builder()
+        .policy(policy.clone())
+        .store(store)
+        .build()
+        .unwrap()
 }
 
 fn random_policy(rng: &mut Rng, algorithm: Algorithm, name: String) -> Policy {
@@ -49,13 +58,7 @@ fn random_policy(rng: &mut Rng, algorithm: Algorithm, name: String) -> Policy {
 async fn lua_twins_match_the_rust_algorithms() {
     let server = RedisServer::start();
     let clock = ManualClock::new();
-    let redis = RedisStore::builder(&server.url())
-        .deadline(std::time::Duration::from_secs(10))
-        .prefix("diff:")
-        .clock(clock.clone())
-        .build()
-        .await
-        .expect("connect to the test redis-server");
+    let redis = server.store("diff:", &clock).await;
     let sequences_per_algorithm = 200;
     let mut decisions = 0;
     for algorithm in Algorithm::ALL {
@@ -71,16 +74,8 @@ async fn lua_twins_match_the_rust_algorithms() {
             // time: a difference of the test's set-up (with Redis TIME, Redis forgets expired
             // keys as the sweep does), not of the twins. Thirty steps never reach a sweep.
             let memory = MemoryStore::with_clock(clock.clone());
-            let on_memory = RateLimitLayer::builder()
-                .policy(policy.clone())
-                .store(memory.clone())
-                .build()
-                .unwrap();
-            let on_redis = RateLimitLayer::builder()
-                .policy(policy)
-                .store(redis.clone())
-                .build()
-                .unwrap();
+            let on_memory = layer_of(&policy, memory.clone());
+            let on_redis = layer_of(&policy, redis.clone());
             let key = Key::from(format!("k{seq}"));
             let window_hint = 6_000;
             for step in 0..30 {
@@ -164,13 +159,7 @@ async fn lua_twins_match_the_rust_algorithms() {
 async fn reservations_are_made_alike_in_both_stores() {
     let server = RedisServer::start();
     let clock = ManualClock::new();
-    let redis = RedisStore::builder(&server.url())
-        .deadline(std::time::Duration::from_secs(10))
-        .prefix("wait:")
-        .clock(clock.clone())
-        .build()
-        .await
-        .expect("connect to the test redis-server");
+    let redis = server.store("wait:", &clock).await;
     let sequences_per_algorithm = 80;
     let (mut decisions, mut waited) = (0, 0);
     for algorithm in Algorithm::ALL {
@@ -181,19 +170,8 @@ async fn reservations_are_made_alike_in_both_stores() {
             let wait = Duration::from_micros(rng.range(1, 8_000));
             let policy = random_policy(&mut rng, algorithm, name).wait_up_to(wait);
             let memory = MemoryStore::with_clock(clock.clone());
-            let layer = |store| {
-                RateLimitLayer::builder()
-                    .policy(policy.clone())
-                    .store(store)
-                    .build()
-                    .unwrap()
-            };
-            let on_memory = layer(memory);
-            let on_redis = RateLimitLayer::builder()
-                .policy(policy.clone())
-                .store(redis.clone())
-                .build()
-                .unwrap();
+            let on_memory = layer_of(&policy, memory);
+            let on_redis = layer_of(&policy, redis.clone());
             let key = Key::from(format!("k{seq}"));
             for step in 0..30 {
                 match rng.range(0, 12) {
@@ -269,13 +247,7 @@ async fn leases_are_counted_alike_in_both_stores() {
 
     let server = RedisServer::start();
     let clock = ManualClock::new();
-    let redis = RedisStore::builder(&server.url())
-        .deadline(std::time::Duration::from_secs(10))
-        .prefix("diffl:")
-        .clock(clock.clone())
-        .build()
-        .await
-        .expect("connect to the test redis-server");
+    let redis = server.store("diffl:", &clock).await;
     let sequences_per_algorithm = 60;
     let mut steps = 0;
     for algorithm in Algorithm::ALL {

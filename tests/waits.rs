@@ -12,22 +12,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, StatusCode};
-use support::RedisServer;
 use support::http::{Seen, inner, send};
+use support::{RedisServer, eventually, global_layer as layer};
 use tower::Layer;
-use tower_ratelimit::key::{GlobalKey, Key};
+use tower_ratelimit::key::Key;
 use tower_ratelimit::{Algorithm, ManualClock, MemoryStore, Policy, Quota, RateLimitLayer, Store};
-
-/// A layer of `policy` on `store`, keyed by one global key, on `clock`.
-fn layer<St: Store>(store: St, policy: Policy, clock: &ManualClock) -> RateLimitLayer<St> {
-    RateLimitLayer::builder()
-        .policy(policy)
-        .key(GlobalKey)
-        .store(store)
-        .clock(clock.clone())
-        .build()
-        .unwrap()
-}
 
 /// GCRA at 2 per second (a slot every 500 ms, two at once), waiting up to one second.
 fn smooth() -> Policy {
@@ -49,18 +38,6 @@ async fn waits<St: Store>(layer: &RateLimitLayer<St>, n: usize) -> Vec<Option<Du
         out.push(d.is_allowed().then(|| d.wait()));
     }
     out
-}
-
-/// Until `cond` holds, checking every millisecond of real time, for at most 10 seconds.
-async fn until(what: &str, mut cond: impl AsyncFnMut() -> bool) {
-    let started = std::time::Instant::now();
-    while !cond().await {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(ms(1)).await;
-    }
 }
 
 /// The time until the key is fully reset, which grows with every slot reserved.
@@ -322,7 +299,7 @@ async fn drop_one_waiting<St: Store>(l: &RateLimitLayer<St>, before: Duration) {
     let svc = l.clone().layer(inner(&Seen::default()));
     let gone = tokio::spawn(async move { send(&svc, Request::new(())).await });
     let reserved = Arc::new(std::sync::Mutex::new(before));
-    until("the slot is reserved", async || {
+    eventually("the slot is reserved", async || {
         let now = booked(l).await;
         *reserved.lock().unwrap() = now;
         now != before
@@ -331,7 +308,7 @@ async fn drop_one_waiting<St: Store>(l: &RateLimitLayer<St>, before: Duration) {
     gone.abort();
     assert!(gone.await.unwrap_err().is_cancelled());
     let reserved = *reserved.lock().unwrap();
-    until("the slot is given back", async || {
+    eventually("the slot is given back", async || {
         booked(l).await != reserved
     })
     .await;

@@ -38,6 +38,34 @@ pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool)
     }
 }
 
+/// Awaits `cond` every millisecond of real time until it holds; fails the test, naming
+/// `what`, after 10 seconds.
+pub async fn eventually(what: &str, mut cond: impl AsyncFnMut() -> bool) {
+    let started = Instant::now();
+    while !cond().await {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// A layer of `policy` on `store`, keyed by one global key, on `clock`.
+pub fn global_layer<St: tower_ratelimit::Store>(
+    store: St,
+    policy: tower_ratelimit::Policy,
+    clock: &tower_ratelimit::ManualClock,
+) -> tower_ratelimit::RateLimitLayer<St> {
+    tower_ratelimit::RateLimitLayer::builder()
+        .policy(policy)
+        .key(tower_ratelimit::key::GlobalKey)
+        .store(store)
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
 /// Fails the test with one line saying how to get Redis when `redis-server` or `redis-cli`
 /// is not installed.
 fn require_redis() {

@@ -187,3 +187,11 @@ local function bucket_lag(p, st, now)
   return last_after(st, now) - now
 end
 
+-- The buckets' `release` (twin of their `Step::release`): gives back the latest slot only,
+-- the one the bucket was last updated at.
+local function bucket_release(self, key, p, st, now, slot, units)
+  if st and st[2] == slot then
+    self:refund(key, p, st, now, units)
+  end
+end
+

@@ -49,12 +49,7 @@ ALG[LEAKY_BUCKET] = function()
       into[1], into[2] = level, last_after(st, now)
       return into
     end,
-    -- Gives back the latest slot only: the bucket was last updated there.
-    release = function(self, key, p, st, now, slot, units)
-      if st and st[2] == slot then
-        self:refund(key, p, st, now, units)
-      end
-    end,
+    release = bucket_release,
     refund = function(self, key, p, st, now, units)
       if not st then
         return

@@ -138,6 +138,16 @@ pub enum FailurePolicy {
     },
 }
 
+impl FailurePolicy {
+    /// The divisor of the local fallback, if the policy is [`FailurePolicy::Local`].
+    pub(crate) fn divisor(self) -> Option<u32> {
+        match self {
+            FailurePolicy::Local { divisor } => Some(divisor),
+            _ => None,
+        }
+    }
+}
+
 /// A request the layer could not find a rate-limit key for.
 ///
 /// Extractors return it instead of falling back to a shared bucket. By default the layer answers

@@ -17,6 +17,7 @@ use crate::headers::{HeaderConfig, HeaderStyle, ResetFormat};
 use crate::key::{Key, KeyExtractor, PeerIp, RequestRef};
 use crate::limiter::{Config, Limiter};
 use crate::policy::Policy;
+use crate::reload::ReloadReport;
 use crate::resilience::CircuitBreaker;
 use crate::response::Responses;
 use crate::service::RateLimit;
@@ -146,7 +147,7 @@ impl<St, M> RateLimitLayer<St, M> {
     }
 
     /// The names of the layer's policies, in order.
-    pub fn policy_names(&self) -> impl Iterator<Item = &str> {
+    pub fn policy_names(&self) -> Vec<String> {
         self.limiter.policy_names()
     }
 }
@@ -184,6 +185,57 @@ impl<St: Store> RateLimitLayer<St> {
 }
 
 impl<St: Store, M> RateLimitLayer<St, M> {
+    /// Replaces the layer's policies with `policies`, for every clone of the layer and every
+    /// service it made, without a restart: each request is planned with the old policies or
+    /// with the new ones, never a mix, and requests in flight finish with the policies they
+    /// started with.
+    ///
+    /// **Usage carries over.** A policy (or tier) that keeps its name keeps its keys' state,
+    /// re-counted under its new quota: a key that used 5 of `10/min` has used 5 of `20/min`,
+    /// and 15 remain, on every algorithm and in every store. The state is converted when the
+    /// key is next used, by whichever instance uses it, so instances sharing a Redis store
+    /// that are reloaded one after the other agree on every key meanwhile: each converts it
+    /// to the quota it runs. Where a window's length changes, each algorithm's docs (the
+    /// crate docs' section on reloading) say what "the same usage" is. A policy whose name
+    /// is gone stops being checked; its keys expire in the store by their TTL. A name may not
+    /// change its algorithm (a state of one means nothing to another): give the policy a
+    /// new name.
+    ///
+    /// What this instance remembers of a tier that changed or is gone is dropped: the deny
+    /// cache's entries (a raised limit admits at once) and its leases (their unspent units
+    /// stay counted as spent until the leases end).
+    ///
+    /// Fails, and changes nothing, on any error [`build`](RateLimitLayerBuilder::build) would
+    /// report for these policies: the old ones stay in force. The layer's key, cost, headers,
+    /// responses and failure policy stay as built. Returns what changed.
+    ///
+    /// ```
+    /// use tower_ratelimit::{Policy, RateLimitLayer, key::Key};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::fixed_window("10/min").name("api"))
+    ///     .build()?;
+    /// let client = Key::from("client-7");
+    /// for _ in 0..5 {
+    ///     layer.check(&client, 1).await?;
+    /// }
+    ///
+    /// let report = layer.reload([Policy::fixed_window("20/min").name("api")])?;
+    /// assert_eq!(report.to_string(), r#"changed "api": fixed_window 10/min -> fixed_window 20/min; 0 unchanged"#);
+    /// // The 5 used still count: 15 of the new 20 remain.
+    /// assert_eq!(layer.peek(&client).await?.binding().remaining(), 15);
+    /// # Ok(()) }
+    /// ```
+    pub fn reload(
+        &self,
+        policies: impl IntoIterator<Item = Policy>,
+    ) -> Result<ReloadReport, ConfigError> {
+        let policies: Vec<Policy> = policies.into_iter().collect();
+        self.limiter.reload(&policies)
+    }
+
     /// Decides for `key` at `cost` against every policy of the layer (in the tier
     /// [`Policy::tier_for_key`] puts the key in, else the policy's own quota), without
     /// a request: the same atomic decision the middleware makes, for rate-limiting work that is

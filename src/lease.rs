@@ -491,6 +491,21 @@ impl Leases {
     }
 }
 
+impl Leases {
+    /// Forgets every lease of the tiers `ids` (a reload changed or removed them): their units
+    /// are not given back, and stay counted in the store as spent until the leases end.
+    pub(crate) fn forget_tiers(&self, ids: &[u32]) {
+        if ids.is_empty() {
+            return;
+        }
+        for shard in self.shards.iter() {
+            lock(shard)
+                .entries
+                .retain(|s| !ids.contains(&s.policy.id()));
+        }
+    }
+}
+
 impl Shard {
     fn get_mut(&mut self, hash: u64, tier: u32, key: &Key) -> Option<&mut Entry> {
         self.entries

@@ -67,6 +67,44 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## Per-key limits from your own data
+//!
+//! A limit that depends on who the caller is (a plan in a database, a header an auth layer
+//! sets) is a tier: name each plan's quota with [`Policy::tier`], and let
+//! [`Policy::select_tier`] pick the plan per request, from a request extension or from a table
+//! you keep up to date. The lookup is synchronous, so keep the table in memory (refreshed by
+//! your own task) rather than querying per request; [`Policy::tier_for_key`] pins single keys,
+//! and [`RateLimitLayer::reload`] changes the plans' quotas while keeping every key's usage.
+//!
+//! ```
+//! use std::collections::HashMap;
+//! use std::sync::{Arc, RwLock};
+//! use tower_ratelimit::{Policy, RateLimitLayer, key::ApiKey};
+//!
+//! # fn main() -> Result<(), tower_ratelimit::ConfigError> {
+//! // API key -> plan, refreshed from the database by a task of yours.
+//! let plans: Arc<RwLock<HashMap<String, String>>> = Arc::default();
+//! plans.write().unwrap().insert("key-of-acme".into(), "pro".into());
+//!
+//! let lookup = plans.clone();
+//! let layer = RateLimitLayer::builder()
+//!     .key(ApiKey::bearer())
+//!     .policy(
+//!         Policy::gcra("100/h")
+//!             .name("plan")
+//!             .tier("pro", "10000/h")
+//!             .tier("enterprise", "100000/h")
+//!             .select_tier(move |req| {
+//!                 let token = req.headers().get("authorization")?.to_str().ok()?;
+//!                 let key = token.strip_prefix("Bearer ")?;
+//!                 lookup.read().ok()?.get(key).cloned() // None: the free quota
+//!             }),
+//!     )
+//!     .build()?;
+//! # let _ = layer;
+//! # Ok(()) }
+//! ```
+//!
 //! # When the store fails
 //!
 //! A decision in Redis has a deadline ([`RedisStoreBuilder::deadline`], 50 ms by default).
@@ -158,6 +196,43 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Changing limits while running
+//!
+//! [`RateLimitLayer::reload`] swaps a layer's policies for every clone at once, and keeps what
+//! each key has used: a policy (or tier) that keeps its name keeps its keys' state, re-counted
+//! under its new quota when the key is next used, in either store. 5 used of `10/min` are 5
+//! used of `20/min` (15 remain) or of `3/min` (2 past the limit, waited off at the new rate).
+//! Instances sharing a Redis store that are reloaded one after the other agree meanwhile: each
+//! converts the key to the quota it runs, and back, without losing what was used. A name keeps
+//! its algorithm; a policy that is gone is no longer checked, and its keys expire by their TTL.
+//!
+//! When the window changes too, "the same usage" is, per algorithm:
+//!
+//! | algorithm | what carries over to a new window (or rate) |
+//! |---|---|
+//! | GCRA, token bucket, leaky bucket | the units used and not yet refilled (drained) at the present, which then come back at the new rate |
+//! | fixed window | the count of the window running at the present, counted in the new window that holds the present; a longer window does not see the old windows before it |
+//! | sliding window | each sub-window bucket's count, moved to the new bucket that holds its end; it leaves the window no sooner than it would have. A shorter window forgets what it no longer counts |
+//! | sliding log | every entry the store still holds (the old window's at least); the new window counts those inside it |
+//!
+//! ```
+//! use tower_ratelimit::{Policy, RateLimitLayer, key::Key};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let layer = RateLimitLayer::builder()
+//!     .policy(Policy::gcra("10/min").name("api"))
+//!     .build()?;
+//! let client = Key::from("client-7");
+//! for _ in 0..5 {
+//!     layer.check(&client, 1).await?;
+//! }
+//! let report = layer.reload([Policy::gcra("20/min").name("api")])?;
+//! println!("{report}"); // changed "api": gcra 10/min -> gcra 20/min; 0 unchanged
+//! assert_eq!(layer.peek(&client).await?.binding().remaining(), 15);
+//! # Ok(()) }
+//! ```
+//!
 //! # Choosing an algorithm
 //!
 //! | algorithm | pick it when | memory per key |
@@ -242,6 +317,7 @@ mod lease;
 mod limiter;
 mod policy;
 mod quota;
+mod reload;
 mod algorithm;
 mod store;
 pub mod key;
@@ -269,6 +345,7 @@ pub use headers::{HeaderStyle, ResetFormat};
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use policy::{DEFAULT_MAX_DURATION, Policy};
 pub use quota::{MAX_WINDOW, Quota, QuotaError, QuotaUnit};
+pub use reload::ReloadReport;
 pub use resilience::CircuitBreaker;
 pub use service::RateLimit;
 pub use store::{MemoryStore, MemoryStoreBuilder, Store};

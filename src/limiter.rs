@@ -20,8 +20,11 @@
 
 use std::cell::OnceCell;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
+
+use arc_swap::ArcSwap;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
@@ -34,10 +37,11 @@ use crate::headers::{HeaderConfig, RateLimitHeaders};
 use crate::key::{Key, KeyExtractor, RequestRef};
 use crate::lease::{self, Asking, LeaseWait, Leases};
 use crate::policy::{CompiledPolicy, CostFn, Policy, RequestFn, StatusFn, Tier};
+use crate::reload::{ReloadReport, TierSummary};
 use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Permit};
 use crate::response::Responses;
 use crate::store::private::Sealed as _;
-use crate::store::{Check, Checks, MemoryStore, Mode, Store};
+use crate::store::{Check, Checks, MemoryStore, Mode, Store, lock};
 
 /// What a layer is configured with, besides its store: the builder fills it in, and
 /// [`Limiter::new`] checks and compiles it.
@@ -76,7 +80,16 @@ impl fmt::Debug for Config {
 /// The engine every clone of a layer, and every service it makes, shares.
 pub(crate) struct Limiter<St> {
     store: St,
-    policies: Box<[CompiledPolicy]>,
+    /// The policies, swapped whole by [`Limiter::reload`]: a request plans with the set it
+    /// loads, and keeps the tiers it planned with until it is done.
+    policies: ArcSwap<Box<[CompiledPolicy]>>,
+    /// The layer's key and cost, for the policies of a reload without their own.
+    key: Arc<dyn KeyExtractor>,
+    cost: Option<CostFn>,
+    /// One reload at a time.
+    reloading: Mutex<()>,
+    /// What each tier of the present policies is, by name.
+    summary: Mutex<Vec<TierSummary>>,
     responses: Responses,
     failure: FailurePolicy,
     headers: HeaderConfig,
@@ -87,12 +100,13 @@ pub(crate) struct Limiter<St> {
     decision_extension: bool,
     /// The local store of [`FailurePolicy::Local`].
     fallback: Option<MemoryStore>,
-    /// The leases this instance holds, when a policy takes leases.
-    leases: Option<Arc<Leases>>,
-    /// Whether a policy lets requests wait for a reserved slot.
-    waits: bool,
-    /// Whether a policy limits requests in flight.
-    holds: bool,
+    /// The leases this instance holds, once a policy takes leases.
+    leases: OnceLock<Arc<Leases>>,
+    /// Whether a policy lets requests wait for a reserved slot (since the layer was built or
+    /// reloaded with one: only what the layer looks for, never what it decides).
+    waits: AtomicBool,
+    /// Whether a policy limits requests in flight (as `waits`).
+    holds: AtomicBool,
 }
 
 impl<St: fmt::Debug> fmt::Debug for Limiter<St> {
@@ -216,61 +230,120 @@ impl<St> Limiter<St> {
     }
 
     /// The policies' names, in order.
-    pub(crate) fn policy_names(&self) -> impl Iterator<Item = &str> {
-        self.policies.iter().map(CompiledPolicy::name)
+    pub(crate) fn policy_names(&self) -> Vec<String> {
+        let policies = self.policies.load();
+        policies.iter().map(|p| p.name().to_owned()).collect()
     }
+
+    /// The leases this instance holds, if a policy takes leases.
+    fn leases(&self) -> Option<&Arc<Leases>> {
+        self.leases.get()
+    }
+
+    fn waits(&self) -> bool {
+        self.waits.load(Ordering::Relaxed)
+    }
+
+    fn holds(&self) -> bool {
+        self.holds.load(Ordering::Relaxed)
+    }
+}
+
+/// Policies checked and compiled, with their tiers registered.
+struct CompiledSet {
+    policies: Box<[CompiledPolicy]>,
+    /// What each tier is, by name, for a reload's report.
+    summary: Vec<TierSummary>,
+    leases: bool,
+    waits: bool,
+    holds: bool,
+}
+
+/// Checks `policies`, registers their tiers in `store` (and `fallback`) all or none, the names
+/// `replacing` accepts taking new definitions, and compiles them.
+fn compile<St: Store>(
+    policies: &[Policy],
+    store: &St,
+    fallback: Option<&MemoryStore>,
+    divisor: Option<u32>,
+    key: &Arc<dyn KeyExtractor>,
+    cost: &Option<CostFn>,
+    replacing: &dyn Fn(&str) -> bool,
+) -> Result<CompiledSet, ConfigError> {
+    if policies.is_empty() {
+        return Err(ConfigError::new(
+            "no policy: add one with .policy(Policy::gcra(\"10/s\")) or similar",
+        ));
+    }
+    // Check everything before registering anything in the (maybe shared) store.
+    let mut prepared = Vec::with_capacity(policies.len());
+    let mut names: Vec<Arc<str>> = Vec::new();
+    for policy in policies {
+        let p = policy.prepare(divisor)?;
+        for name in p.names() {
+            if names.contains(name) {
+                return Err(ConfigError::new(format!(
+                    "two policies are named {name:?}; give each its own name"
+                )));
+            }
+            names.push(name.clone());
+        }
+        prepared.push(p);
+    }
+    let tiers: Vec<_> = prepared.iter().flat_map(|p| p.tiers()).collect();
+    let summary = prepared.iter().flat_map(|p| p.summary()).collect();
+    let mut in_store = store.register(&tiers, replacing)?.into_iter();
+    let mut in_fallback = match fallback {
+        Some(local) => {
+            let tiers: Vec<_> = prepared.iter().flat_map(|p| p.fallback_tiers()).collect();
+            local.register(&tiers, replacing)?
+        }
+        None => Vec::new(),
+    }
+    .into_iter();
+    let compiled = prepared
+        .into_iter()
+        .map(|p| p.build(key, cost, &mut in_store, &mut in_fallback))
+        .collect();
+    Ok(CompiledSet {
+        policies: compiled,
+        summary,
+        leases: policies.iter().any(Policy::takes_leases),
+        waits: policies.iter().any(Policy::waits),
+        holds: policies.iter().any(Policy::holds),
+    })
 }
 
 impl<St: Store> Limiter<St> {
     /// Checks the whole configuration, registers the policies in `store`, and builds the engine.
     pub(crate) fn new(store: St, config: Config) -> Result<Self, ConfigError> {
-        if config.policies.is_empty() {
-            return Err(ConfigError::new(
-                "no policy: add one with .policy(Policy::gcra(\"10/s\")) or similar",
-            ));
-        }
-        let divisor = match config.failure {
-            FailurePolicy::Local { divisor } => Some(divisor),
-            _ => None,
-        };
-        // Check everything before registering anything in the (maybe shared) store.
-        let mut prepared = Vec::with_capacity(config.policies.len());
-        let mut names: Vec<Arc<str>> = Vec::new();
-        for policy in &config.policies {
-            let p = policy.prepare(divisor)?;
-            for name in p.names() {
-                if names.contains(name) {
-                    return Err(ConfigError::new(format!(
-                        "two policies are named {name:?}; give each its own name"
-                    )));
-                }
-                names.push(name.clone());
-            }
-            prepared.push(p);
-        }
         let headers = config
             .headers
             .with_partition(config.partition_secret.as_deref())?;
-        let fallback = divisor.map(|_| MemoryStore::builder().clock(config.clock.clone()).build());
-        let leases = config
-            .policies
-            .iter()
-            .any(Policy::takes_leases)
-            .then(Leases::new);
-        let in_store = |name, algorithm| store.register(name, algorithm);
-        let in_fallback = fallback
-            .as_ref()
-            .map(|local| move |name, algorithm| local.register(name, algorithm));
-        let policies = prepared
-            .into_iter()
-            .map(|p| {
-                let fallback = in_fallback.as_ref().map(|f| f as _);
-                p.register(&config.key, &config.cost, &in_store, fallback)
-            })
-            .collect::<Result<_, _>>()?;
+        let fallback = config
+            .failure
+            .divisor()
+            .map(|_| MemoryStore::builder().clock(config.clock.clone()).build());
+        let set = compile(
+            &config.policies,
+            &store,
+            fallback.as_ref(),
+            config.failure.divisor(),
+            &config.key,
+            &config.cost,
+            &|_| false,
+        )?;
+        let leases = OnceLock::new();
+        if set.leases {
+            let _ = leases.set(Leases::new());
+        }
         Ok(Limiter {
             store,
-            policies,
+            policies: ArcSwap::from_pointee(set.policies),
+            key: config.key,
+            cost: config.cost,
+            reloading: Mutex::new(()),
+            summary: Mutex::new(set.summary),
             responses: config.responses,
             failure: config.failure,
             headers,
@@ -281,9 +354,49 @@ impl<St: Store> Limiter<St> {
             decision_extension: config.decision_extension,
             fallback,
             leases,
-            waits: config.policies.iter().any(Policy::waits),
-            holds: config.policies.iter().any(Policy::holds),
+            waits: AtomicBool::new(set.waits),
+            holds: AtomicBool::new(set.holds),
         })
+    }
+
+    /// Replaces every policy with `policies`, at once for every request planned after it: see
+    /// [`RateLimitLayer::reload`](crate::RateLimitLayer::reload). Fails, changing nothing, on
+    /// any error a build would report, and when a policy would change its algorithm.
+    pub(crate) fn reload(&self, policies: &[Policy]) -> Result<ReloadReport, ConfigError> {
+        let _one_at_a_time = lock(&self.reloading);
+        let old = self.policies.load_full();
+        let old_summary = lock(&self.summary).clone();
+        let owned = |name: &str| old_summary.iter().any(|t| t.name() == name);
+        let set = compile(
+            policies,
+            &self.store,
+            self.fallback.as_ref(),
+            self.failure.divisor(),
+            &self.key,
+            &self.cost,
+            &owned,
+        )?;
+        let report = ReloadReport::between(&old_summary, &set.summary);
+        // The leases this instance holds of a tier whose definition changed, or that is gone,
+        // are forgotten (the units stay counted in the store, as spent, until the leases end).
+        // The deny cache forgets a denial made under another definition when it finds it.
+        let stale: Vec<u32> = old
+            .iter()
+            .flat_map(|p| p.tiers())
+            .filter(|tier| !report.kept(tier.name()))
+            .map(|tier| tier.id())
+            .collect();
+        if let Some(leases) = self.leases() {
+            leases.forget_tiers(&stale);
+        }
+        if set.leases {
+            self.leases.get_or_init(Leases::new);
+        }
+        self.waits.fetch_or(set.waits, Ordering::Relaxed);
+        self.holds.fetch_or(set.holds, Ordering::Relaxed);
+        self.policies.store(Arc::new(set.policies));
+        *lock(&self.summary) = set.summary;
+        Ok(report)
     }
 
     /// Plans `request` and, where it can, decides it at once (steps 1 and 2).
@@ -295,7 +408,8 @@ impl<St: Store> Limiter<St> {
         let mut checks = Checks::new();
         let mut fallback = self.fallback.as_ref().map(|_| Checks::new());
         let mut after = Charges::new();
-        for policy in &self.policies {
+        let policies = self.policies.load();
+        for policy in policies.iter() {
             if !policy.applies(request) {
                 continue;
             }
@@ -370,7 +484,7 @@ impl<St: Store> Limiter<St> {
         // Leases: every check admitted from one held here (no store call, whatever the
         // breaker says), or the checks that ask the store for one.
         let mut asking = None;
-        if let Some(leases) = &self.leases {
+        if let Some(leases) = self.leases() {
             let all_leased = checks.iter().all(|c| c.tier().lease().is_some());
             match leases.plan(&mut checks, all_leased, now()) {
                 lease::Plan::Local((outcomes, ends)) => {
@@ -425,7 +539,7 @@ impl<St: Store> Limiter<St> {
             return Begin::Settled(settled, after);
         }
         ticket.started = Some(Instant::now());
-        ticket.takes_slots = (self.holds || self.waits)
+        ticket.takes_slots = (self.holds() || self.waits())
             && checks
                 .iter()
                 .any(|c| matches!(c.mode(), Mode::Hold | Mode::Reserve));
@@ -522,12 +636,12 @@ impl<St: Store> Limiter<St> {
             );
         }
         // Only a layer with a concurrency policy, or one that waits, pays for looking.
-        let held = if self.holds {
+        let held = if self.holds() {
             self.slots(&decision, keys, local, PolicyOutcome::held, None)
         } else {
             None
         };
-        let wait = if self.waits {
+        let wait = if self.waits() {
             decision.wait()
         } else {
             std::time::Duration::ZERO
@@ -677,8 +791,8 @@ impl<St: Store> Limiter<St> {
     fn keys(&self, checks: &[Check]) -> Option<Keys> {
         let needed = self.deny_cache.is_some()
             || self.headers.partition.is_some()
-            || self.waits
-            || self.holds;
+            || self.waits()
+            || self.holds();
         needed.then(|| {
             checks
                 .iter()
@@ -696,7 +810,7 @@ impl<St: Store> Limiter<St> {
     ) -> Option<St::Future> {
         let mut checks = Checks::new();
         for a in charges.into_iter().filter(|a| (a.when)(status)) {
-            match (a.lease_end, &self.leases) {
+            match (a.lease_end, self.leases()) {
                 // Units from a lease go back to it while it is held here, else to the store
                 // as that lease's.
                 (Some(end), Some(leases)) => {
@@ -725,15 +839,17 @@ impl<St: Store> Limiter<St> {
         // Pushed one by one: `collect` into a SmallVec goes through its generic `extend`, which
         // costs a `check` about 100 instructions more.
         let mut checks = Checks::new();
-        for p in &self.policies {
+        let policies = self.policies.load();
+        for p in policies.iter() {
             let tier = p.tier_of_key(key);
-            if let (Some(leases), Some(Mode::Reset | Mode::Block)) = (&self.leases, mode) {
+            if let (Some(leases), Some(Mode::Reset | Mode::Block)) = (self.leases(), mode) {
                 // The administrator's word is seen here at once, elsewhere by the leases' end.
                 leases.forget(tier.id(), key);
             }
             let mode = mode.unwrap_or(mode_of(p));
             checks.push(Check::new(tier.clone(), key.clone(), units(tier), mode));
         }
+        drop(policies);
         if let Some(decision) = self.store.decide_now(&checks) {
             return Ok(decision);
         }

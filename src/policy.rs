@@ -16,6 +16,7 @@ use crate::headers::value::number;
 use crate::key::{Key, KeyExtractor, RequestRef};
 use crate::quota::Quota;
 use crate::quota::QuotaUnit;
+use crate::reload::TierSummary;
 
 /// One rate limit: an [`Algorithm`] applied to a [`Quota`], under a name.
 ///
@@ -753,18 +754,23 @@ impl Policy {
         };
         let compiled = self.compile_quota(quota, &described)?;
         let lease = self.lease_for(&quota, &compiled, &described)?;
-        let mut out = vec![(Arc::from(base.as_str()), compiled, lease)];
+        let mut out = vec![(
+            Arc::from(base.as_str()),
+            compiled,
+            lease,
+            self.about(&quota),
+        )];
         for (tier, quota) in &self.tiers {
             let described = format!("{described}, tier {tier:?}");
             let name = format!("{base}:{tier}");
             validate_name(&name).map_err(|e| e.context(&described))?;
-            if out.iter().any(|(n, _, _)| **n == *name) {
+            if out.iter().any(|(n, _, _, _)| **n == *name) {
                 return Err(ConfigError::new("two tiers share a name").context(&described));
             }
             let quota = quota.clone().map_err(|e| e.context(&described))?;
             let compiled = self.compile_quota(quota, &described)?;
             let lease = self.lease_for(&quota, &compiled, &described)?;
-            out.push((Arc::from(name), compiled, lease));
+            out.push((Arc::from(name), compiled, lease, self.about(&quota)));
         }
         for (_, tier) in &self.tier_overrides {
             if !self.tiers.iter().any(|(t, _)| t == tier) {
@@ -775,6 +781,25 @@ impl Policy {
             }
         }
         Ok(out)
+    }
+
+    /// What a tier of the policy with `quota` is, in a few words (e.g. `gcra 10/s burst 20`),
+    /// for the report of a reload.
+    fn about(&self, quota: &Quota) -> String {
+        let mut about = match self.concurrency {
+            Some((n, _)) => format!(
+                "concurrency {n}, held at most {:?}",
+                Duration::from_micros(quota.window_us())
+            ),
+            None => format!("{} {quota}", self.algorithm),
+        };
+        if let Some(burst) = self.burst {
+            about.push_str(&format!(" burst {burst}"));
+        }
+        if let Some(buckets) = self.options.buckets {
+            about.push_str(&format!(" buckets {buckets}"));
+        }
+        about
     }
 
     fn compile_quota(&self, mut quota: Quota, described: &str) -> Result<Compiled, ConfigError> {
@@ -804,8 +829,17 @@ fn validate_name(name: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// Where a policy tier is registered in a store: its id, the same for every definition its
+/// name has had (so a reloaded policy finds its keys again), and the number of its present
+/// definition (a state written under another is converted before it is used).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Registered {
+    pub(crate) id: u32,
+    pub(crate) def: u32,
+}
+
 /// A tier's name, compiled algorithm and lease.
-type CompiledTier = (Arc<str>, Compiled, Option<LeaseSpec>);
+type CompiledTier = (Arc<str>, Compiled, Option<LeaseSpec>, String);
 
 /// A policy validated and precomputed, not yet registered in a store.
 pub(crate) struct Prepared<'p> {
@@ -814,46 +848,63 @@ pub(crate) struct Prepared<'p> {
     fallback: Option<Vec<CompiledTier>>,
 }
 
-/// Registers a tier in a store under its name; returns its id there.
-pub(crate) type Register<'a> = &'a dyn Fn(Arc<str>, Compiled) -> Result<u32, ConfigError>;
-
 impl Prepared<'_> {
     /// The names of the policy's tiers, its own quota first.
     pub(crate) fn names(&self) -> impl Iterator<Item = &Arc<str>> {
-        self.tiers.iter().map(|(name, _, _)| name)
+        self.tiers.iter().map(|(name, _, _, _)| name)
     }
 
-    /// Registers the tiers (and the fallback's) and compiles the policy into its runtime form;
-    /// `key` and `cost` are the layer's, for a policy without its own.
-    pub(crate) fn register(
+    /// The tiers to register in the store, by name.
+    pub(crate) fn tiers(&self) -> impl Iterator<Item = (Arc<str>, Compiled)> + '_ {
+        self.tiers.iter().map(|(n, a, _, _)| (n.clone(), a.clone()))
+    }
+
+    /// What each tier is, by name, for the report of a reload.
+    pub(crate) fn summary(&self) -> impl Iterator<Item = TierSummary> + '_ {
+        self.tiers
+            .iter()
+            .map(|(n, a, _, about)| TierSummary::new(n.clone(), a.clone(), about.clone()))
+    }
+
+    /// The tiers to register in the local fallback store, by name (none without one).
+    pub(crate) fn fallback_tiers(&self) -> impl Iterator<Item = (Arc<str>, Compiled)> + '_ {
+        self.fallback
+            .iter()
+            .flatten()
+            .map(|(n, a, _, _)| (n.clone(), a.clone()))
+    }
+
+    /// Compiles the policy into its runtime form, its tiers registered as `store` (and
+    /// `fallback`) say, in the order of [`tiers`](Self::tiers) (and of
+    /// [`fallback_tiers`](Self::fallback_tiers)); `key` and `cost` are the layer's, for a
+    /// policy without its own.
+    pub(crate) fn build(
         self,
         key: &Arc<dyn KeyExtractor>,
         cost: &Option<CostFn>,
-        store: Register<'_>,
-        fallback: Option<Register<'_>>,
-    ) -> Result<CompiledPolicy, ConfigError> {
+        store: &mut dyn Iterator<Item = Registered>,
+        fallback: &mut dyn Iterator<Item = Registered>,
+    ) -> CompiledPolicy {
         let p = self.policy;
-        let wait = p.wait_us("")?;
-        let register = |register: Register<'_>, tiers: Vec<CompiledTier>| {
+        // Checked by `prepare`.
+        let wait = p.wait_us("").ok().flatten();
+        let build = |at: &mut dyn Iterator<Item = Registered>, tiers: Vec<CompiledTier>| {
             tiers
                 .into_iter()
-                .map(|(name, algorithm, lease)| {
-                    let id = register(name.clone(), algorithm.clone())?;
-                    Ok(Striped::new(|| {
-                        Tier::new(name.clone(), id, algorithm.clone())
+                .map(|(name, algorithm, lease, _)| {
+                    let at = at.next().expect("one registration per tier");
+                    Striped::new(|| {
+                        Tier::new(name.clone(), at, algorithm.clone())
                             .with_lease(lease)
                             .with_unit(p.unit)
                             .with_wait(wait)
                             .with_holds(p.holds())
-                    }))
+                    })
                 })
-                .collect::<Result<Box<[_]>, ConfigError>>()
+                .collect::<Box<[_]>>()
         };
-        let tiers = register(store, self.tiers)?;
-        let fallback = match (self.fallback, fallback) {
-            (Some(tiers), Some(store)) => Some(register(store, tiers)?),
-            _ => None,
-        };
+        let tiers = build(store, self.tiers);
+        let fallback = self.fallback.map(|tiers| build(fallback, tiers));
         let tier_names: HashMap<String, usize> = p
             .tiers
             .iter()
@@ -865,7 +916,7 @@ impl Prepared<'_> {
             .iter()
             .map(|(k, t)| (k.clone(), tier_names[t]))
             .collect();
-        Ok(CompiledPolicy {
+        CompiledPolicy {
             tiers,
             fallback,
             tier_names,
@@ -880,7 +931,7 @@ impl Prepared<'_> {
             refund_if: p.refund_if.clone(),
             routes: p.routes.clone(),
             exempt: p.exempt.clone(),
-        })
+        }
     }
 }
 
@@ -951,6 +1002,11 @@ impl CompiledPolicy {
     /// else the policy's own quota.
     pub(crate) fn tier_of_key(&self, key: &Key) -> &Arc<Tier> {
         self.tiers[self.tier_overrides.get(key).copied().unwrap_or(0)].get()
+    }
+
+    /// The policy's tiers, its own quota first.
+    pub(crate) fn tiers(&self) -> impl Iterator<Item = &Arc<Tier>> {
+        self.tiers.iter().map(Striped::get)
     }
 
     /// The tier at `index`.
@@ -1031,7 +1087,13 @@ impl fmt::Debug for Striped {
 pub(crate) struct Tier {
     name: Arc<str>,
     id: u32,
+    /// The number of the tier's definition in its store: a state written under another is
+    /// converted before it is used.
+    def: u32,
     algorithm: Compiled,
+    /// The tag of the tier's definition in the Redis script: the algorithm's id and
+    /// parameters, written with every state (see `store` in `helpers.lua`).
+    tag: Box<str>,
     /// The limit clients are told, as a header value.
     limit_header: HeaderValue,
     /// `ratelimit_decisions_total{policy, outcome}` for allowed, limited and shadow-limited,
@@ -1067,7 +1129,10 @@ impl LeaseSpec {
 }
 
 impl Tier {
-    pub(crate) fn new(name: Arc<str>, id: u32, algorithm: Compiled) -> Self {
+    pub(crate) fn new(name: Arc<str>, at: Registered, algorithm: Compiled) -> Self {
+        let (lua_id, params) = algorithm.lua_args();
+        let params: Vec<String> = params.iter().map(u64::to_string).collect();
+        let tag = format!("{lua_id}:{}", params.join(",")).into_boxed_str();
         let limit_header = number(algorithm.reported_limit());
         let decisions_metric = ["allowed", "limited", "shadow_limited"].map(|outcome| {
             metrics::Key::from_parts(
@@ -1080,8 +1145,10 @@ impl Tier {
         });
         Tier {
             name,
-            id,
+            id: at.id,
+            def: at.def,
             algorithm,
+            tag,
             limit_header,
             decisions_metric,
             lease: None,
@@ -1148,6 +1215,17 @@ impl Tier {
     /// The tier's id in its store.
     pub(crate) fn id(&self) -> u32 {
         self.id
+    }
+
+    /// The number of the tier's definition in its store.
+    pub(crate) fn def(&self) -> u32 {
+        self.def
+    }
+
+    /// The tag of the tier's definition in the Redis script.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn tag(&self) -> &str {
+        &self.tag
     }
 
     pub(crate) fn algorithm(&self) -> &Compiled {

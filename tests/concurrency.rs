@@ -439,7 +439,7 @@ fn concurrency_limits_that_cannot_work_fail_the_build() {
         .policy(Policy::concurrency(3))
         .build()
         .unwrap();
-    assert_eq!(l.policy_names().collect::<Vec<_>>(), ["concurrency:3"]);
+    assert_eq!(l.policy_names(), ["concurrency:3"]);
 }
 
 /// A body streamed from a channel: a frame per message, the end when the sender is dropped.

@@ -25,6 +25,7 @@ async fn cluster_suite() {
     a_wait_on_one_slot_is_released_when_another_slot_denies(c).await;
     concurrency_on_the_cluster(c).await;
     ietf_fields_on_the_cluster(c).await;
+    reloads_keep_usage_on_the_cluster(c).await;
 }
 
 async fn store(
@@ -275,7 +276,9 @@ async fn on_different_slots(cluster: &RedisCluster, prefix: &str, leases: Option
     // lease whose units left went back with the next asking.
     let node = cluster.node_for(ip_key.as_bytes());
     let state = node.cli(&["GET", &ip_key]);
-    assert_eq!(state.split(' ').nth(1), Some("2"), "per-ip state {state:?}");
+    // "tokens-or-count ... ~tag": the state, then the tag of the parameters it was written under.
+    let count = state.split('~').next().and_then(|s| s.split(' ').nth(1));
+    assert_eq!(count, Some("2"), "per-ip state {state:?}");
     check_all_nodes(cluster, prefix);
 }
 
@@ -575,4 +578,53 @@ async fn ietf_fields_on_the_cluster(cluster: &RedisCluster) {
         other => panic!("qu is {other:?}"),
     }
     check_all_nodes(cluster, "cietf:");
+}
+
+/// Two instances on the cluster, one reloaded from 10 to 20 a minute while the other still
+/// runs 10: on keys spread over the slots, each converts the state to its own quota, so
+/// together they admit 20 per key, as one would; reloaded too, the other sees every unit used.
+async fn reloads_keep_usage_on_the_cluster(cluster: &RedisCluster) {
+    let clock = ManualClock::new();
+    for algorithm in Algorithm::ALL {
+        let prefix = format!("creload-{}:", algorithm.name());
+        let api = |limit: u32| {
+            let quota = tower_ratelimit::Quota::new(limit, std::time::Duration::from_secs(60));
+            Policy::new(algorithm, quota.unwrap()).name("api")
+        };
+        let layer = |store: RedisStore| {
+            RateLimitLayer::builder()
+                .policy(api(10))
+                .store(store)
+                .build()
+                .unwrap()
+        };
+        let a = layer(store(cluster, &prefix, &clock, false).await);
+        let b = layer(store(cluster, &prefix, &clock, true).await);
+        let keys: Vec<Key> = (0..6).map(|i| Key::from(format!("user-{i}"))).collect();
+        for key in &keys {
+            for _ in 0..4 {
+                assert!(a.check(key, 1).await.unwrap().is_allowed());
+            }
+        }
+        b.reload([api(20)]).unwrap();
+        for key in &keys {
+            let mut admitted = 4;
+            for i in 0..40 {
+                let instance = if i % 2 == 0 { &a } else { &b };
+                if instance.check(key, 1).await.unwrap().is_allowed() {
+                    admitted += 1;
+                }
+            }
+            assert_eq!(admitted, 20, "{algorithm} {key:?}");
+        }
+        a.reload([api(20)]).unwrap();
+        for key in &keys {
+            assert_eq!(
+                a.peek(key).await.unwrap().binding().remaining(),
+                0,
+                "{algorithm}"
+            );
+        }
+        check_all_nodes(cluster, &prefix);
+    }
 }

@@ -152,6 +152,108 @@ async fn lua_twins_match_the_rust_algorithms() {
     assert_no_key_without_ttl(&server, "diff:");
 }
 
+/// Reloads, converted by the twins: both stores run the same requests while the policy is
+/// reloaded, now and then, with another random quota of the same algorithm under the same
+/// name (another limit, window, burst or number of buckets; sometimes letting requests wait),
+/// so each converts the key's state to the new quota when it next sees it. The decisions must
+/// stay identical, through blocks, refunds, penalties, reserved slots and a clock going back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_convert_alike_in_both_stores() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let redis = server.store("reload:", &clock).await;
+    let sequences_per_algorithm = 120;
+    let (mut decisions, mut reloads) = (0, 0);
+    let reloaded = |rng: &mut Rng, algorithm, name: &str| {
+        let policy = random_policy(rng, algorithm, name.to_owned());
+        match rng.range(0, 2) {
+            0 => policy.wait_up_to(Duration::from_micros(rng.range(1, 6_000))),
+            _ => policy,
+        }
+    };
+    for algorithm in Algorithm::ALL {
+        for seq in 0..sequences_per_algorithm {
+            let seed = 9 << 40 | (algorithm as u64) << 32 | seq;
+            let mut rng = Rng::new(seed);
+            let name = format!("r-{}-{seq}", algorithm.name());
+            let policy = reloaded(&mut rng, algorithm, &name);
+            let on_memory = layer_of(&policy, MemoryStore::with_clock(clock.clone()));
+            let on_redis = layer_of(&policy, redis.clone());
+            let key = Key::from(format!("k{seq}"));
+            for step in 0..30 {
+                if rng.range(0, 5) == 0 {
+                    let policy = reloaded(&mut rng, algorithm, &name);
+                    if std::env::var("DIFF_TRACE").is_ok_and(|s| s == seed.to_string()) {
+                        eprintln!("reload {policy:?}");
+                    }
+                    on_memory.reload([policy.clone()]).unwrap();
+                    on_redis.reload([policy]).unwrap();
+                    reloads += 1;
+                }
+                match rng.range(0, 14) {
+                    0 => {
+                        let now = tower_ratelimit::Clock::now_micros(&clock);
+                        clock.set_micros(now - rng.range(1, 3_000));
+                    }
+                    1..=3 => {}
+                    _ => clock.advance_micros(rng.range(1, 4_000)),
+                }
+                let cost = match rng.range(0, 9) {
+                    0 => 0,
+                    1 => rng.range(2, 8) as u32,
+                    _ => 1,
+                };
+                let op = match rng.range(0, 24) {
+                    0 => "refund",
+                    1 | 2 => "penalize",
+                    3 => "block",
+                    _ => "check",
+                };
+                let (m, r) = match op {
+                    "refund" => (
+                        on_memory.refund(&key, cost).await.unwrap(),
+                        on_redis.refund(&key, cost).await.unwrap(),
+                    ),
+                    "penalize" => (
+                        on_memory.penalize(&key, cost).await.unwrap(),
+                        on_redis.penalize(&key, cost).await.unwrap(),
+                    ),
+                    "block" => {
+                        let d = Duration::from_micros(rng.range(1, 3_000));
+                        (
+                            on_memory.block_for(&key, d).await.unwrap(),
+                            on_redis.block_for(&key, d).await.unwrap(),
+                        )
+                    }
+                    _ => (
+                        on_memory.check(&key, cost).await.unwrap(),
+                        on_redis.check(&key, cost).await.unwrap(),
+                    ),
+                };
+                if std::env::var("DIFF_TRACE").is_ok_and(|s| s == seed.to_string()) {
+                    eprintln!(
+                        "step {step} t={} cost={cost} op={op} m={:?} {:?} r={:?} {:?}",
+                        tower_ratelimit::Clock::now_micros(&clock),
+                        summary(&m),
+                        m.wait(),
+                        summary(&r),
+                        r.wait()
+                    );
+                }
+                assert_eq!(
+                    (summary(&m), m.wait()),
+                    (summary(&r), r.wait()),
+                    "{algorithm} seed {seed} step {step}: memory vs redis (cost {cost}, {op})"
+                );
+                decisions += 1;
+            }
+        }
+    }
+    assert_eq!(decisions, 6 * sequences_per_algorithm as usize * 30);
+    assert!(reloads > 3_000, "the sequences reload: {reloads}");
+    assert_no_key_without_ttl(&server, "reload:");
+}
+
 /// Reservations, decided by the twins: a policy that lets requests wait reserves the same
 /// slots in both stores (the same waits, remaining counts and resets), whatever the
 /// algorithm, with the clock moving on or going back, refunds and penalties in between.

@@ -70,6 +70,28 @@ impl Step for FixedWindow {
         state.start
     }
 
+    /// The count of the window still running carries over into the new window that holds the
+    /// present (or the state's later window): with the window unchanged, 5 used of 10 are 5
+    /// used of 20. A window that has ended carries nothing; a longer window starts from the
+    /// count of the old window that was running (the windows before it are forgotten), a
+    /// shorter one keeps that count until it ends.
+    fn convert(&self, from: &Self, state: &mut Option<State>, now: u64, _: u64) -> u64 {
+        let Some(s) = state.as_ref() else {
+            return now;
+        };
+        if s.start + from.window <= now {
+            *state = None;
+            return now;
+        }
+        let at = s.start.max(now);
+        let start = at - at % self.window;
+        *state = Some(State {
+            start,
+            count: s.count,
+        });
+        start + self.window
+    }
+
     fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
         let (start, count) = self.current(state, now);
         // As of the state's own time when it is ahead (see `own_time`).

@@ -11,7 +11,7 @@
 //! admitted. It admits exactly what a token bucket of the same burst and rate admits, with one
 //! integer of state. Memory per key: one integer.
 
-use super::{Algorithm, LuaParams, Options, Step, Verdict, check_exact};
+use super::{Algorithm, LuaParams, Options, Step, Verdict, check_exact, rescale};
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
@@ -99,6 +99,20 @@ impl Step for Gcra {
             return None;
         }
         self.refund(state, now, units)
+    }
+
+    /// The backlog (`TAT − now`, a time) is re-counted in the new emission interval: 5 units
+    /// used of `10/min` are 5 units used of `20/min`, and 5 used of `3/min` are 2 more than
+    /// the burst, which the key waits for.
+    fn convert(&self, from: &Self, state: &mut Option<State>, now: u64, _: u64) -> u64 {
+        let backlog = state.as_ref().map_or(0, |s| s.tat.saturating_sub(now));
+        if backlog == 0 {
+            *state = None;
+            return now;
+        }
+        let tat = now + rescale(backlog, from.interval, self.interval);
+        *state = Some(State { tat });
+        tat
     }
 
     /// The TAT no earlier than the lease's end: the units are charged as if spent then.

@@ -70,6 +70,27 @@ impl Step for LeakyBucket {
         state.last
     }
 
+    /// The level now (units poured in, not yet drained; a state ahead of now counts the drain
+    /// up to its time as well) is re-counted in the new unit: 5 units in a bucket of 10 are 5
+    /// in a bucket of 20, and 5 in a bucket of 3 overflow it until 3 have drained.
+    fn convert(&self, from: &Self, state: &mut Option<State>, now: u64, _: u64) -> u64 {
+        let Some(s) = state.as_ref() else {
+            return now;
+        };
+        let level = if s.last > now {
+            s.level + (s.last - now) * from.scaled.rate
+        } else {
+            from.level(Some(s), now)
+        };
+        if level == 0 {
+            *state = None;
+            return now;
+        }
+        let level = self.scaled.rescaled(&from.scaled, level);
+        *state = Some(State { level, last: now });
+        now + level.div_ceil(self.scaled.rate)
+    }
+
     fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
         let s = &self.scaled;
         let level = self.level(state, now);

@@ -206,6 +206,24 @@ pub(crate) trait Step: Sized {
         self.commit(state, at, cost)
     }
 
+    /// Re-expresses a state written under `from` (the same algorithm with other parameters,
+    /// before a reload) under `self`, so that a key keeps its usage: the units it has used as
+    /// of `now` (as of its own time when that is ahead) count against the new quota (see the
+    /// algorithm's file for what "the same usage" means when the window changes). `expires_at`
+    /// is when the state expired under `from`; returns when it expires now. A state with
+    /// nothing used becomes `None`. By default the state is kept as it is (the sliding log,
+    /// whose entries mean the same under any quota).
+    fn convert(
+        &self,
+        from: &Self,
+        state: &mut Option<Self::State>,
+        now: u64,
+        expires_at: u64,
+    ) -> u64 {
+        let _ = (from, state, now);
+        expires_at
+    }
+
     /// The state's own notion of the present, for algorithms that never move it back (0: none).
     fn own_time(&self, state: &Self::State) -> u64 {
         let _ = state;
@@ -535,6 +553,26 @@ macro_rules! algorithms {
                 }
             }
 
+            /// Re-expresses a state written under `from` under `self` (see [`Step::convert`]);
+            /// a state of another algorithm becomes `None`. Returns when the state expires.
+            pub(crate) fn convert(&self, from: &Compiled, slot: &mut Option<State>, now: u64, expires_at: u64) -> u64 {
+                match (self, from) {
+                    $((Compiled::$variant(a), Compiled::$variant(old)) => {
+                        let mut own = match slot.take() {
+                            Some(State::$variant(s)) => Some(s),
+                            _ => None,
+                        };
+                        let expires_at = a.convert(old, &mut own, now, expires_at);
+                        *slot = own.map(State::$variant);
+                        expires_at
+                    })*
+                    _ => {
+                        *slot = None;
+                        now
+                    }
+                }
+            }
+
             /// See [`Step::window_us`].
             pub(crate) fn window_us(&self) -> u64 {
                 match self {
@@ -663,6 +701,29 @@ pub(crate) fn apply_block(verdict: &mut Verdict, until: u64, now: u64) {
     verdict.allowed = false;
     verdict.remaining = 0;
     verdict.reset_after_us = verdict.reset_after_us.max(wait);
+}
+
+/// `amount`, counted in `from` per unit, counted in `to` per unit instead: what a state's
+/// usage becomes when a reload changes the size of its unit (a GCRA emission interval, a
+/// bucket's scaled unit). Whole units convert exactly; the part of a unit is converted in
+/// IEEE double arithmetic and rounded up, the same operations as the Lua twin (`rescale` in
+/// `helpers.lua`), so both stores agree to the microsecond. Nothing is capped: a usage above
+/// the new capacity stays above it (and converts back whole), except that the result stays
+/// below 2<sup>53</sup>, where the arithmetic is exact.
+pub(crate) fn rescale(amount: u64, from: u64, to: u64) -> u64 {
+    let most = MAX_EXACT / to - 1;
+    let whole = amount / from;
+    if whole >= most {
+        return most * to;
+    }
+    let part = amount % from;
+    let part = if part == 0 {
+        0
+    } else {
+        // Below `to` (a fraction of it), and at least 1.
+        ((part as f64 / from as f64) * to as f64).ceil() as u64
+    };
+    whole * to + part
 }
 
 /// Greatest common divisor.

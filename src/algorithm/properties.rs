@@ -977,3 +977,64 @@ proptest! {
         }
     }
 }
+
+/// A reload's conversion ([`Compiled::convert`]), after random traffic on a forward clock.
+mod conversion {
+    use super::*;
+
+    /// The state at `gap` after the last request, as the store holds it.
+    fn state_after(old: &Compiled, requests: &[(u64, u64)], gap: u64) -> (Option<State>, u64) {
+        let trace = drive(old, requests);
+        let last = trace.last().expect("at least one request");
+        (last.after.clone(), last.now + gap)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(600))]
+
+        /// Property 10: a new limit (and burst) over the same window keeps the units used:
+        /// `remaining` under the new quota is its capacity less what was used under the old
+        /// one (5 used of 10, then 15 of 20), on every algorithm.
+        #[test]
+        fn a_new_limit_keeps_the_units_used(
+            algorithm in select(Algorithm::ALL.to_vec()),
+            (spec, requests) in forward_case(40),
+            limit in 1u32..=50,
+            burst in proptest::option::of(1u32..=50),
+            gap in prop_oneof![Just(0u64), 0u64..=200],
+        ) {
+            let new_spec = Spec { limit, burst, ..spec.clone() };
+            let (old, new) = (spec.compile(algorithm), new_spec.compile(algorithm));
+            let (mut state, now) = state_after(&old, &requests, gap);
+            let used = spec.capacity(algorithm) - old.evaluate(state.as_ref(), now, 0).remaining;
+            new.convert(&old, &mut state, now, 0);
+            let remaining = new.evaluate(state.as_ref(), now, 0).remaining;
+            prop_assert_eq!(remaining, new_spec.capacity(algorithm).saturating_sub(used));
+        }
+
+        /// Property 11: converting to any other quota (window and buckets too) and back is never
+        /// more generous than the state was, and is at most one unit stricter; except the
+        /// sliding window, whose buckets merge when they grow (then it is only never more
+        /// generous), and which forgets, through a shorter window, the buckets that window no
+        /// longer counts (so it is checked through windows at least as long).
+        #[test]
+        fn a_round_trip_never_gives_units_away(
+            algorithm in select(Algorithm::ALL.to_vec()),
+            (spec, requests) in forward_case(40),
+            other in spec(),
+            gap in prop_oneof![Just(0u64), 0u64..=200],
+        ) {
+            prop_assume!(algorithm != Algorithm::SlidingWindow || other.window >= spec.window);
+            let (a, b) = (spec.compile(algorithm), other.compile(algorithm));
+            let (mut state, now) = state_after(&a, &requests, gap);
+            let before = a.evaluate(state.as_ref(), now, 0).remaining;
+            b.convert(&a, &mut state, now, 0);
+            a.convert(&b, &mut state, now, 0);
+            let after = a.evaluate(state.as_ref(), now, 0).remaining;
+            prop_assert!(after <= before, "{after} > {before}");
+            if algorithm != Algorithm::SlidingWindow {
+                prop_assert!(after + 1 >= before, "{after} + 1 < {before}");
+            }
+        }
+    }
+}

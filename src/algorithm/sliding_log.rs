@@ -185,6 +185,15 @@ impl Step for SlidingLog {
         self.lease_commit(state, now, now, cost)
     }
 
+    /// The entries mean the same under any quota: a new limit counts them as they are, a new
+    /// window counts those inside it, of the entries the store still holds (a log keeps its
+    /// entries for the old window at least, and until the key expires).
+    fn convert(&self, _: &Self, state: &mut Option<State>, now: u64, expires_at: u64) -> u64 {
+        state
+            .as_ref()
+            .map_or(expires_at, |s| expires_at.max(self.expiry(s, now)))
+    }
+
     /// Logs the lease's units at its end: each counts until a window after the latest moment
     /// it may be spent. (A charge is the same, logged at `now`.)
     fn lease_commit(&self, state: &mut Option<State>, now: u64, end: u64, units: u64) -> u64 {

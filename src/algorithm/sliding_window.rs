@@ -134,6 +134,45 @@ impl Step for SlidingWindow {
         state.head * self.bucket
     }
 
+    /// Each old bucket moves, with its count, to the new bucket that holds its last
+    /// microsecond (the present's bucket for the bucket the present is in, so that nothing
+    /// moves ahead of the present; the oldest bucket the new ring holds for one older than
+    /// that), and is kept if the new window counts it there: the units used stay used, and
+    /// leave the window no sooner than they would have. With the window unchanged, 5 used of
+    /// 10 are 5 used of 20. (As the sliding log's entries, a longer window counts the buckets
+    /// the store still holds.)
+    fn convert(&self, from: &Self, state: &mut Option<State>, now: u64, _: u64) -> u64 {
+        let Some(old) = state.take() else {
+            return now;
+        };
+        let present = now / self.bucket;
+        let mut moved: Vec<(u64, u64)> = Vec::new();
+        for i in old.head.saturating_sub(from.buckets)..=old.head {
+            let count = from.count(Some(&old), i);
+            let first = i * from.bucket / self.bucket;
+            let last = ((i + 1) * from.bucket - 1) / self.bucket;
+            let j = last.min(first.max(present));
+            // Kept while the new window counts it (a round trip through a shorter window
+            // keeps what the longer one counts).
+            if count > 0 && (j + self.buckets + 1) * self.bucket > now {
+                moved.push((j, count));
+            }
+        }
+        let Some(head) = moved.iter().map(|&(j, _)| j).max() else {
+            return now;
+        };
+        let slots = self.slots();
+        let mut counts = vec![0u32; slots as usize].into_boxed_slice();
+        for (j, count) in moved {
+            // A bucket older than the new ring holds goes to its oldest: later, never lost.
+            let j = j.max(head.saturating_sub(self.buckets));
+            let c = &mut counts[(j % slots) as usize];
+            *c = c.saturating_add(u32::try_from(count).unwrap_or(u32::MAX));
+        }
+        *state = Some(State { head, counts });
+        (head + self.buckets + 1) * self.bucket
+    }
+
     fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
         let (c, x) = self.position(state, now);
         let used = self.estimate(state, c, x);

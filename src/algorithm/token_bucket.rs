@@ -10,7 +10,7 @@
 //! request; a request whose cost exceeds the capacity is never admitted.
 //! Memory per key: two integers (tokens, last update).
 
-use super::{Algorithm, LuaParams, Options, Step, Verdict, check_exact, gcd};
+use super::{Algorithm, LuaParams, Options, Step, Verdict, check_exact, gcd, rescale};
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
@@ -59,6 +59,11 @@ impl Scaled {
         } else {
             amount + elapsed * self.rate
         }
+    }
+
+    /// `amount` (of `from`'s scaled units) in this bucket's scaled units (see [`rescale`]).
+    pub(crate) fn rescaled(&self, from: &Scaled, amount: u64) -> u64 {
+        rescale(amount, from.unit, self.unit)
     }
 
     /// The time in which the whole capacity flows, the window reported with it.
@@ -132,6 +137,35 @@ impl Step for TokenBucket {
 
     fn own_time(&self, state: &State) -> u64 {
         state.last
+    }
+
+    /// The tokens missing now (used, not yet refilled; a state ahead of now owes the refill
+    /// up to its time as well) are re-counted in the new unit: 5 tokens used of 10 are 5 used
+    /// of 20, and 15 are left. More missing than the new capacity is an empty bucket that
+    /// starts refilling only once the rest has refilled (its time ahead of now), so that
+    /// converting it back gives the same usage.
+    fn convert(&self, from: &Self, state: &mut Option<State>, now: u64, _: u64) -> u64 {
+        let Some(s) = state.as_ref() else {
+            return now;
+        };
+        let old = &from.scaled;
+        let missing = if s.last > now {
+            old.full - s.tokens.min(old.full) + (s.last - now) * old.rate
+        } else {
+            old.full - from.tokens(Some(s), now).min(old.full)
+        };
+        if missing == 0 {
+            *state = None;
+            return now;
+        }
+        let new = &self.scaled;
+        let missing = new.rescaled(old, missing);
+        let (tokens, last) = match missing.checked_sub(new.full) {
+            Some(owed) if owed > 0 => (0, now + owed.div_ceil(new.rate)),
+            _ => (new.full - missing, now),
+        };
+        *state = Some(State { tokens, last });
+        last + (new.full - tokens).div_ceil(new.rate)
     }
 
     fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {

@@ -72,7 +72,9 @@ impl DenyCache {
             let (hash, mut shard) = self.locate(c.tier().id(), c.key());
             if let Ok(entry) = shard.find_entry(hash, |e| e.is(c.tier().id(), c.key())) {
                 let e = entry.get();
-                if e.until <= now {
+                // A denial under another definition of the policy (before a reload) is
+                // forgotten: a raised limit admits at once.
+                if e.until <= now || e.outcome.tier().def() != c.tier().def() {
                     entry.remove();
                 } else if c.cost() >= e.cost {
                     return Some(Decision::new(smallvec![e.outcome.waiting(e.until - now)]));
@@ -145,7 +147,8 @@ mod tests {
     fn handle(id: u32) -> Arc<Tier> {
         let quota: Quota = "10/s".parse().unwrap();
         let algorithm = Compiled::new(Algorithm::Gcra, quota, Default::default()).unwrap();
-        Arc::new(Tier::new(Arc::from("gcra:10/s"), id, algorithm))
+        let at = crate::store::Registered { id, def: 0 };
+        Arc::new(Tier::new(Arc::from("gcra:10/s"), at, algorithm))
     }
 
     /// A denial of `key` by `policy`, for `retry_us`.

@@ -77,6 +77,8 @@ struct Shard {
 
 struct Slot {
     id: u32,
+    /// The definition the state was written under (see [`Registry`]).
+    def: u32,
     key: Key,
     state: Option<State>,
     expires_at: u64,
@@ -100,6 +102,7 @@ impl Slot {
     fn new(check: &Check, state: Option<State>, expires_at: u64) -> Self {
         Slot {
             id: check.tier().id(),
+            def: check.tier().def(),
             key: check.key().clone(),
             state,
             expires_at,
@@ -109,6 +112,18 @@ impl Slot {
 
     fn is(&self, id: u32, key: &Key) -> bool {
         self.id == id && self.key == *key
+    }
+
+    /// Converts a state written under another definition of the policy (before a reload) to
+    /// the check's (twin of `adopt` in `decide.lua`).
+    fn adopt(&mut self, check: &Check, now: u64, registry: &Registry) {
+        let tier = check.tier();
+        let from = registry.definition(self.def);
+        let expires_at = tier
+            .algorithm()
+            .convert(&from, &mut self.state, now, self.expires_at);
+        self.expires_at = expires_at.max(self.blocked_until);
+        self.def = tier.def();
     }
 
     /// The state, unless it has expired (then the key is as good as fresh).
@@ -256,7 +271,7 @@ impl MemoryStore {
             let (hash, index) = self.locate(check);
             let mut shard = lock(&self.inner.shards[index]);
             let now = self.inner.clock.now_micros();
-            let outcome = shard.decide_one(check, hash, now, capacity);
+            let outcome = shard.decide_one(check, hash, now, capacity, &self.inner.registry);
             return Decision::new(smallvec![outcome]);
         }
         // Lock every shard involved, in index order so that concurrent multi-policy checks
@@ -274,7 +289,13 @@ impl MemoryStore {
                 .binary_search(shard)
                 .expect("every shard involved is locked");
         }
+        let registry = &self.inner.registry;
         for (c, &(h, g)) in checks.iter().zip(&at) {
+            if let Some(slot) = guards[g].find_mut(c, h)
+                && slot.def != c.tier().def()
+            {
+                slot.adopt(c, now, registry);
+            }
             match c.mode() {
                 Mode::Refund => guards[g].refund(c, h, now),
                 Mode::Reset => guards[g].remove(c, h),
@@ -446,10 +467,20 @@ impl Shard {
     }
 
     /// One enforced policy: evaluate and commit with a single lookup.
-    fn decide_one(&mut self, check: &Check, hash: u64, now: u64, capacity: usize) -> PolicyOutcome {
+    fn decide_one(
+        &mut self,
+        check: &Check,
+        hash: u64,
+        now: u64,
+        capacity: usize,
+        registry: &Registry,
+    ) -> PolicyOutcome {
         let algorithm = &check.tier().algorithm();
         let verdict = match self.find_mut(check, hash) {
             Some(slot) => {
+                if slot.def != check.tier().def() {
+                    slot.adopt(check, now, registry);
+                }
                 let mut verdict = algorithm.evaluate(slot.live(now), now, check.cost());
                 apply_block(&mut verdict, slot.blocked_until, now);
                 if verdict.allowed && check.cost() > 0 {
@@ -647,8 +678,12 @@ impl private::Sealed for MemoryStore {
         std::future::ready(Ok(self.decide(&checks)))
     }
 
-    fn register(&self, name: Arc<str>, algorithm: Compiled) -> Result<u32, ConfigError> {
-        self.inner.registry.register(name, algorithm)
+    fn register(
+        &self,
+        tiers: &[(Arc<str>, Compiled)],
+        replacing: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<super::Registered>, ConfigError> {
+        self.inner.registry.register(tiers, replacing)
     }
 
     fn decide_now(&self, checks: &[Check]) -> Option<Decision> {

@@ -19,6 +19,7 @@ pub use memory::{MemoryStore, MemoryStoreBuilder};
 
 use crate::algorithm::Compiled;
 use crate::error::ConfigError;
+pub(crate) use crate::policy::Registered;
 
 /// Where rate-limit state lives: [`MemoryStore`], or [`RedisStore`] (feature `redis`).
 ///
@@ -38,7 +39,7 @@ pub(crate) mod private {
     use crate::algorithm::Compiled;
     use crate::decision::Decision;
     use crate::error::{ConfigError, StoreError};
-    use crate::store::Check;
+    use crate::store::{Check, Registered};
 
     /// What a store does; out of reach of users (see [`Store`](super::Store)).
     #[allow(private_interfaces)]
@@ -50,9 +51,12 @@ pub(crate) mod private {
         /// unless every policy that decides admits it.
         fn check(&self, checks: crate::store::Checks) -> Self::Future;
 
-        /// Registers a policy tier under its name, failing if the name is taken by a
-        /// different definition; returns its id in this store.
-        fn register(&self, name: Arc<str>, algorithm: Compiled) -> Result<u32, ConfigError>;
+        /// Registers policy tiers under their names, all or none (see [`Registry::register`]).
+        fn register(
+            &self,
+            tiers: &[(Arc<str>, Compiled)],
+            replacing: &dyn Fn(&str) -> bool,
+        ) -> Result<Vec<Registered>, ConfigError>;
 
         /// The decision, when the store makes it synchronously and cannot fail (the memory
         /// store): the layer then settles the request without a future in between.
@@ -85,28 +89,77 @@ pub(crate) mod private {
     }
 }
 
-/// The policies a store knows, by name: one name, one definition, one id.
+/// The policies a store knows, by name: one name, one id, one present definition, and every
+/// definition it has had, by number.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
-    policies: Mutex<HashMap<Arc<str>, (u32, Compiled)>>,
+    book: Mutex<Book>,
+}
+
+#[derive(Debug, Default)]
+struct Book {
+    /// Each name's id and present definition.
+    names: HashMap<Arc<str>, Registered>,
+    /// Every definition registered, by number.
+    defs: Vec<Compiled>,
 }
 
 impl Registry {
-    /// The id of `name`, registering it; fails if the name is taken by a different policy.
-    pub(crate) fn register(&self, name: Arc<str>, algorithm: Compiled) -> Result<u32, ConfigError> {
-        let mut policies = lock(&self.policies);
-        if let Some((id, existing)) = policies.get(&name) {
-            return if *existing == algorithm {
-                Ok(*id)
-            } else {
-                Err(ConfigError::new(format!(
-                    "policy name {name:?} is already used in this store by a different policy; give each policy its own name"
-                )))
+    /// Registers `tiers` under their names, all or none. A name already registered keeps its
+    /// id; with another definition it fails, unless `replacing` accepts the name (a reload of
+    /// the layer that owns it): then the new definition is the name's present one, and states
+    /// written under the old one are converted when they are next used. A definition may not
+    /// change the algorithm: a state of one algorithm means nothing to another.
+    pub(crate) fn register(
+        &self,
+        tiers: &[(Arc<str>, Compiled)],
+        replacing: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<Registered>, ConfigError> {
+        let mut book = lock(&self.book);
+        for (name, algorithm) in tiers {
+            let Some(at) = book.names.get(name) else {
+                continue;
             };
+            let existing = &book.defs[at.def as usize];
+            if existing == algorithm {
+                continue;
+            }
+            if !replacing(name) {
+                return Err(ConfigError::new(format!(
+                    "policy name {name:?} is already used in this store by a different policy; give each policy its own name"
+                )));
+            }
+            if existing.algorithm() != algorithm.algorithm() {
+                return Err(ConfigError::new(format!(
+                    "policy {name:?} would change its algorithm from {} to {}; the state of one algorithm means nothing to another, so give the policy a new name (its old keys expire on their own)",
+                    existing.algorithm(),
+                    algorithm.algorithm()
+                )));
+            }
         }
-        let id = policies.len() as u32;
-        policies.insert(name, (id, algorithm));
-        Ok(id)
+        let book = &mut *book;
+        Ok(tiers
+            .iter()
+            .map(|(name, algorithm)| {
+                let at = book.names.get(name).copied();
+                if let Some(at) = at
+                    && book.defs[at.def as usize] == *algorithm
+                {
+                    return at;
+                }
+                let def = book.defs.len() as u32;
+                book.defs.push(algorithm.clone());
+                let id = at.map_or(book.names.len() as u32, |at| at.id);
+                let registered = Registered { id, def };
+                book.names.insert(name.clone(), registered);
+                registered
+            })
+            .collect())
+    }
+
+    /// The definition numbered `def`.
+    pub(crate) fn definition(&self, def: u32) -> Compiled {
+        lock(&self.book).defs[def as usize].clone()
     }
 }
 

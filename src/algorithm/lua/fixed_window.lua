@@ -40,6 +40,20 @@ ALG[FIXED_WINDOW] = function()
       end
       return 0, remaining, count == 0 and 0 or left, left
     end,
+    -- Twin of `FixedWindow::convert`: the running window's count carried into the new window
+    -- that holds the present (or the state's later window).
+    convert = function(self, key, q, p, st, now)
+      if st[1] + q[2] <= now then
+        return false
+      end
+      local at = st[1]
+      if now > at then
+        at = now
+      end
+      local start = fdiv(at, p[2]) * p[2]
+      store(key, p, format(INT2, start, st[2]), now, start + p[2])
+      return true
+    end,
     -- A lease ends with the window its units are counted in.
     lease_end = function(self, p, st, now, ttl)
       local start = self.current(p, st, now)
@@ -68,11 +82,11 @@ ALG[FIXED_WINDOW] = function()
       if left < 0 then
         left = 0
       end
-      store(key, format(INT2, start, left), now, start + p[2])
+      store(key, p, format(INT2, start, left), now, start + p[2])
     end,
     commit = function(self, key, p, st, now, cost)
       local start, count = self.current(p, st, now)
-      store(key, format(INT2, start, count + cost), now, start + p[2])
+      store(key, p, format(INT2, start, count + cost), now, start + p[2])
     end,
   }
 end

@@ -37,6 +37,15 @@ ALG[GCRA] = function()
       end
       return tat
     end,
+    -- Twin of `Gcra::convert`: the backlog re-counted in the new interval.
+    convert = function(self, key, q, p, st, now)
+      if not st or st <= now then
+        return false
+      end
+      local tat = now + rescale(st - now, q[1], p[1])
+      store(key, p, format(INT, tat), now, tat)
+      return true
+    end,
     -- Gives back the latest slot only: its charge put the TAT at `slot + tolerance`.
     release = function(self, key, p, st, now, slot, units)
       if st and st == slot + p[2] then
@@ -55,7 +64,7 @@ ALG[GCRA] = function()
       if tat < now then
         tat = now
       end
-      store(key, format(INT, tat), now, tat)
+      store(key, p, format(INT, tat), now, tat)
     end,
     commit = function(self, key, p, st, now, cost)
       local tat = now
@@ -63,7 +72,7 @@ ALG[GCRA] = function()
         tat = st
       end
       tat = tat + cost * p[1]
-      store(key, format(INT, tat), now, tat)
+      store(key, p, format(INT, tat), now, tat)
     end,
   }
 end

@@ -89,37 +89,87 @@ local function split_block(raw)
   return sub(raw, 1, bar - 1), tonumber(sub(raw, bar + 1))
 end
 
--- A one-integer state ("tat"), as a number, and the block's end, if any.
-local function read1(key)
-  local raw = call('GET', key)
-  local n = tonumber(raw)
-  if n then
-    return n
-  end
+-- A string state is written with the tag of the parameters it was written under, after a
+-- tilde: "state~tag", or "state~tag|end" when blocked. The tag is the algorithm's id and its
+-- parameters, "id:p1,p2,...", sent with each policy (`p.tag`, made by `Tier` in Rust). A
+-- decision that finds another tag (the policy was reloaded with another quota, or another
+-- instance still runs the old one) converts the state to its own parameters first (`adopt` in
+-- decide.lua); a state without a tag is taken as written under the present parameters.
+-- `raw` split into the state part, its tag (nil when none) and the block's end (nil when none).
+local function split_state(raw)
   local state, ends = split_block(raw)
-  return tonumber(state), ends
+  if not state then
+    return nil
+  end
+  local tilde = find(state, '~', 1, true)
+  if not tilde then
+    return state, nil, ends
+  end
+  return sub(state, 1, tilde - 1), sub(state, tilde + 1), ends
 end
 
--- A two-integer state ("start count", "tokens last") in the table `into` (one per policy
--- position, reused from call to call: no table built per decision), and the block's end, if
--- any; nil for the state when the key is missing.
-local function read2(key, _, _, into)
+-- A one-integer state ("tat"), as a number, the block's end, if any, and the state's tag when
+-- it is not the present one (`p.tag`).
+local function read1(key, p)
   local raw = call('GET', key)
   if not raw then
     return nil
   end
-  local a, b = match(raw, '^(%d+) (%d+)$')
+  local n, tag = match(raw, '^(%d+)~([^|]*)$')
+  if n and tag == p.tag then
+    return tonumber(n)
+  end
+  local state, ends
+  state, tag, ends = split_state(raw)
+  if tag == p.tag then
+    tag = nil
+  end
+  return tonumber(state), ends, tag
+end
+
+-- A two-integer state ("start count", "tokens last") in the table `into` (one per policy
+-- position, reused from call to call: no table built per decision), the block's end, if any,
+-- and the state's tag when it is not the present one; nil for the state when the key is
+-- missing.
+local function read2(key, p, _, into)
+  local raw = call('GET', key)
+  if not raw then
+    return nil
+  end
+  local a, b, tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
   local ends
-  if not a then
+  if not a or tag ~= p.tag then
     local state
-    state, ends = split_block(raw)
+    state, tag, ends = split_state(raw)
+    if tag == p.tag then
+      tag = nil
+    end
     a, b = match(state or '', '^(%d+) (%d+)$')
     if not a then
-      return nil, ends
+      return nil, ends, tag
     end
+  else
+    tag = nil
   end
   into[1], into[2] = tonumber(a), tonumber(b)
-  return into, ends
+  return into, ends, tag
+end
+
+-- `amount`, counted in `from` per unit, counted in `to` per unit instead (twin of `rescale` in
+-- Rust): whole units exactly, the part of a unit in double arithmetic (the same operations as
+-- Rust's f64), rounded up; below 2^53.
+local function rescale(amount, from, to)
+  local most = fdiv(9007199254740992, to) - 1
+  local whole = fdiv(amount, from)
+  if whole >= most then
+    return most * to
+  end
+  local part = amount - whole * from
+  local r = whole * to
+  if part > 0 then
+    r = r + math.ceil(part / from * to)
+  end
+  return r
 end
 
 -- Milliseconds from `now` to `expires_at`, rounded up (TTLs are far below 2^43 µs, where
@@ -156,9 +206,11 @@ local function ttl_to_block_end(key, now, ends)
   return ttl
 end
 
--- Writes a string state with a TTL (milliseconds, rounded up, at least 1) until expires_at,
--- keeping the block on record beside it.
-local function store(key, value, now, expires_at)
+-- Writes a string state, tagged with the parameters `p` it was written under, with a TTL
+-- (milliseconds, rounded up, at least 1) until expires_at, keeping the block on record beside
+-- it.
+local function store(key, p, value, now, expires_at)
+  value = value .. '~' .. p.tag
   if KEEP_BLOCK then
     value = value .. '|' .. int(KEEP_BLOCK)
     expires_at = until_block_ends(expires_at)

@@ -49,6 +49,22 @@ ALG[LEAKY_BUCKET] = function()
       into[1], into[2] = level, last_after(st, now)
       return into
     end,
+    -- Twin of `LeakyBucket::convert`: the level now (and the drain owed, ahead of now)
+    -- re-counted in the new unit.
+    convert = function(self, key, q, p, st, now)
+      local level
+      if st[2] > now then
+        level = st[1] + (st[2] - now) * q[3]
+      else
+        level = self.level(q, st, now)
+      end
+      if level == 0 then
+        return false
+      end
+      level = rescale(level, q[2], p[2])
+      store(key, p, format(INT2, level, now), now, now + cdiv(level, p[3]))
+      return true
+    end,
     release = bucket_release,
     refund = function(self, key, p, st, now, units)
       if not st then
@@ -64,12 +80,12 @@ ALG[LEAKY_BUCKET] = function()
         end
       end
       local last = last_after(st, now)
-      store(key, format(INT2, level, last), now, last + cdiv(level, p[3]))
+      store(key, p, format(INT2, level, last), now, last + cdiv(level, p[3]))
     end,
     commit = function(self, key, p, st, now, cost)
       local level = self.level(p, st, now) + cost * p[2]
       local last = last_after(st, now)
-      store(key, format(INT2, level, last), now, last + cdiv(level, p[3]))
+      store(key, p, format(INT2, level, last), now, last + cdiv(level, p[3]))
     end,
   }
 end

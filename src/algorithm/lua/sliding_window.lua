@@ -32,7 +32,7 @@ ALG[SLIDING_WINDOW] = function()
   end
 
   -- Writes the ring of `st` (its counters at st[2] .. st[slots + 1]) after `head`, sparse.
-  local function sw_write(key, head, st, slots, now, expires_at)
+  local function sw_write(key, p, head, st, slots, now, expires_at)
     local bucket = '%d:' .. INT
     local parts = { format(INT, head) }
     for i = 1, slots do
@@ -41,7 +41,7 @@ ALG[SLIDING_WINDOW] = function()
         parts[#parts + 1] = format(bucket, i - 1, count)
       end
     end
-    store(key, table.concat(parts, ' '), now, expires_at)
+    store(key, p, table.concat(parts, ' '), now, expires_at)
   end
 
   local function sw_count(p, st, index)
@@ -111,8 +111,67 @@ ALG[SLIDING_WINDOW] = function()
   return {
     block = block_in_value,
     load = function(key, p)
-      local raw, ends = split_block(call('GET', key))
+      local raw, tag, ends = split_state(call('GET', key))
+      if tag and tag ~= p.tag then
+        -- Written under other parameters: read with their ring (their number of buckets is
+        -- the tag's second parameter).
+        local n = tonumber(match(tag, '^%d+:%d+,(%d+)'))
+        return n and sw_read(raw, n + 1), ends, tag
+      end
       return sw_read(raw, p[2] + 1), ends
+    end,
+    -- Twin of `SlidingWindow::convert`: each old bucket still in the window moves, with its
+    -- count, to the new bucket holding its last microsecond (the present's for the present's).
+    convert = function(self, key, q, p, st, now)
+      local n, g = p[2], p[3]
+      local present = fdiv(now, g)
+      local from = st[1] - q[2]
+      if from < 0 then
+        from = 0
+      end
+      local moved, head = {}, nil
+      for i = from, st[1] do
+        local count = sw_count(q, st, i)
+        local j = fdiv(i * q[3], g)
+        if present > j then
+          j = present
+        end
+        local last = fdiv((i + 1) * q[3] - 1, g)
+        if last < j then
+          j = last
+        end
+        -- Kept while the new window counts it.
+        if count > 0 and (j + n + 1) * g > now then
+          moved[#moved + 1] = j
+          moved[#moved + 1] = count
+          if not head or j > head then
+            head = j
+          end
+        end
+      end
+      if not head then
+        return false
+      end
+      local slots = n + 1
+      local ring = { head }
+      for k = 2, slots + 1 do
+        ring[k] = 0
+      end
+      for k = 1, #moved, 2 do
+        local j = moved[k]
+        if j + n < head then
+          -- Older than the new ring holds: into its oldest bucket.
+          j = head - n
+        end
+        local slot = j - fdiv(j, slots) * slots + 2
+        local c = ring[slot] + moved[k + 1]
+        if c > 4294967295 then
+          c = 4294967295
+        end
+        ring[slot] = c
+      end
+      sw_write(key, p, head, ring, slots, now, (head + slots) * g)
+      return true
     end,
     lag = function(p, st, now)
       if st and st[1] * p[3] > now then
@@ -208,7 +267,7 @@ ALG[SLIDING_WINDOW] = function()
         take = units
       end
       st[slot] = st[slot] - take
-      sw_write(key, head, st, slots, now, (head + slots) * g)
+      sw_write(key, p, head, st, slots, now, (head + slots) * g)
     end,
     refund = function(self, key, p, st, now, units)
       if not st then
@@ -240,7 +299,7 @@ ALG[SLIDING_WINDOW] = function()
         left = left - take
         i = i - 1
       end
-      sw_write(key, head, st, slots, now, (head + slots) * g)
+      sw_write(key, p, head, st, slots, now, (head + slots) * g)
     end,
     commit = function(self, key, p, st, now, cost)
       local n, g = p[2], p[3]
@@ -249,7 +308,7 @@ ALG[SLIDING_WINDOW] = function()
       local slot = c - fdiv(c, slots) * slots
       if not st then
         -- A new key: one bucket, written without building its ring.
-        store(key, format(INT .. ' %d:' .. INT, c, slot, cost), now, (c + slots) * g)
+        store(key, p, format(INT .. ' %d:' .. INT, c, slot, cost), now, (c + slots) * g)
         return
       end
       -- The ring read for this decision, updated in place: buckets that left it emptied.
@@ -266,7 +325,7 @@ ALG[SLIDING_WINDOW] = function()
         head = c
       end
       st[slot + 2] = st[slot + 2] + cost
-      sw_write(key, head, st, slots, now, (head + slots) * g)
+      sw_write(key, p, head, st, slots, now, (head + slots) * g)
     end,
   }
 end

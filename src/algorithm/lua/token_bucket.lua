@@ -55,6 +55,35 @@ ALG[TOKEN_BUCKET] = function()
       into[1], into[2] = tokens, last_after(st, now)
       return into
     end,
+    -- Twin of `TokenBucket::convert`: the tokens missing now (and owed, ahead of now)
+    -- re-counted in the new unit; more than the capacity is owed as time ahead.
+    convert = function(self, key, q, p, st, now)
+      local tokens = st[1]
+      if tokens > q[4] then
+        tokens = q[4]
+      end
+      local missing
+      if st[2] > now then
+        missing = q[4] - tokens + (st[2] - now) * q[3]
+      else
+        missing = q[4] - self.tokens(q, st, now)
+        if missing < 0 then
+          missing = 0
+        end
+      end
+      if missing == 0 then
+        return false
+      end
+      missing = rescale(missing, q[2], p[2])
+      local last = now
+      tokens = p[4] - missing
+      if tokens < 0 then
+        last = now + cdiv(-tokens, p[3])
+        tokens = 0
+      end
+      store(key, p, format(INT2, tokens, last), now, last + cdiv(p[4] - tokens, p[3]))
+      return true
+    end,
     release = bucket_release,
     refund = function(self, key, p, st, now, units)
       if not st then
@@ -70,7 +99,7 @@ ALG[TOKEN_BUCKET] = function()
         end
       end
       local last = last_after(st, now)
-      store(key, format(INT2, tokens, last), now, last + cdiv(p[4] - tokens, p[3]))
+      store(key, p, format(INT2, tokens, last), now, last + cdiv(p[4] - tokens, p[3]))
     end,
     commit = function(self, key, p, st, now, cost)
       local tokens = self.tokens(p, st, now) - cost * p[2]
@@ -78,7 +107,7 @@ ALG[TOKEN_BUCKET] = function()
         tokens = 0
       end
       local last = last_after(st, now)
-      store(key, format(INT2, tokens, last), now, last + cdiv(p[4] - tokens, p[3]))
+      store(key, p, format(INT2, tokens, last), now, last + cdiv(p[4] - tokens, p[3]))
     end,
   }
 end

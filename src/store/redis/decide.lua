@@ -102,14 +102,49 @@ local function read_policy(args, at, i)
   for k = 1, arity do
     p[k] = tonumber(args[at + k - 1])
   end
-  return alg, mode, p, cost, at + arity, shape >= CLOCK_FLAG, x, y
+  -- The tag a state written under these parameters carries (see `store`).
+  p.tag = args[at + arity]
+  return alg, mode, p, cost, at + arity + 1, shape >= CLOCK_FLAG, x, y
+end
+
+-- Old parameters read from a tag, reused from call to call.
+local OLD = {}
+
+-- A state found written under other parameters (`stale`, its tag: the policy was reloaded, or
+-- another instance runs another version of it), converted to the present ones and written
+-- back (twin of `Compiled::convert`): the state and the block's end then. A state of another
+-- algorithm, or one left with nothing used, is forgotten; the key keeps its block.
+local function adopt(alg, key, p, st, ends, now, stale, into)
+  local id, rest = match(stale, '^(%d+):(.*)$')
+  if st and alg.convert and id and id == match(p.tag, '^(%d+):') then
+    local k = 0
+    for word in string.gmatch(rest, '[^,]+') do
+      k = k + 1
+      OLD[k] = tonumber(word)
+    end
+    KEEP_BLOCK = ends
+    local kept = alg:convert(key, OLD, p, st, now)
+    KEEP_BLOCK = nil
+    if kept then
+      return alg.load(key, p, now, into)
+    end
+  end
+  if ends then
+    call('SET', key, '|' .. int(ends), 'KEEPTTL')
+  else
+    call('DEL', key)
+  end
+  return nil, ends
 end
 
 -- The state of a policy's key, and its block's end if any, after the admin modes have acted
 -- on it; the cost the decision then looks at; and for a LEASE, the lease's end, with the state
 -- as strict as the lease could make it (twin of `lease_verdict` in Rust).
 local function prepare(alg, key, p, now, cost, mode, into, x, leased)
-  local st, ends = alg.load(key, p, now, into)
+  local st, ends, stale = alg.load(key, p, now, into)
+  if stale then
+    st, ends = adopt(alg, key, p, st, ends, now, stale, into)
+  end
   if mode == ENFORCE or mode == SHADOW or mode == CHARGE_LATER or mode == RESERVE
     or mode == HOLD then
     return st, ends, cost

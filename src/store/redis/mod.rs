@@ -566,7 +566,8 @@ impl Inner {
             }
             let injected = self.clock.is_some();
             for check in checks {
-                // The shape, the cost unless it is 1, the parameters (see decide.lua).
+                // The shape, the cost unless it is 1, the mode's own integers, the parameters
+                // and their tag (see decide.lua).
                 let (id, params) = check.tier().algorithm().lua_args();
                 cmd.arg(shape(id, check.mode(), &params, check.cost(), injected));
                 if check.cost() != 1 {
@@ -585,7 +586,7 @@ impl Inner {
                     }
                     _ => {}
                 }
-                cmd.arg(&params[..]);
+                cmd.arg(&params[..]).arg(check.tier().tag());
             }
             if let Some(clock) = &self.clock {
                 // Redis expires keys on its own clock, which an injected one may outrun or lag.
@@ -781,8 +782,12 @@ impl private::Sealed for RedisStore {
         })
     }
 
-    fn register(&self, name: Arc<str>, algorithm: Compiled) -> Result<u32, ConfigError> {
-        self.inner.registry.register(name, algorithm)
+    fn register(
+        &self,
+        tiers: &[(Arc<str>, Compiled)],
+        replacing: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<super::Registered>, ConfigError> {
+        self.inner.registry.register(tiers, replacing)
     }
 
     /// On a task of its own; outside a runtime, the slots the decision took stay taken until

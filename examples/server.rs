@@ -10,8 +10,10 @@
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
-use axum::{Router, routing::get};
+use axum::Router;
+use axum::routing::{get, post};
 use tower_ratelimit::axum::AxumBody;
+use tower_ratelimit::config::Limits;
 use tower_ratelimit::headers::HeaderStyle;
 use tower_ratelimit::key::{Cidr, ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
 use tower_ratelimit::{Algorithm, FailurePolicy, Policy, RateLimitLayer, RedisStore, Store};
@@ -21,6 +23,11 @@ tower-ratelimit demo server
 
 Environment variables:
   BIND        address to listen on                  (default 127.0.0.1:3000)
+  CONFIG      a TOML file of policies, e.g. examples/limits.toml, instead of ALGORITHM,
+              RATE_LIMIT, KEY, TRUSTED_PROXIES, LEASE, WAIT_MS and CONCURRENCY (which it
+              replaces; setting both is an error). Reloaded on SIGHUP, keeping every key's
+              usage; a file with a mistake is rejected and the old limits stay.
+                                                    (default unset)
   REDIS_URL   unset: in-memory store; set: Redis, e.g. redis://127.0.0.1:6379 or
               redis+cluster://127.0.0.1:7000,127.0.0.1:7001 for a Redis Cluster
                                                     (default unset)
@@ -57,6 +64,9 @@ Environment variables:
 
 Routes:
   GET /        rate limited, answers 200 with a short text
+  POST /login  rate limited, answers 401 unless the header x-password is \"letmein\"
+  GET /reports, GET /exports/{id}
+               rate limited, answer 200 (routes of examples/limits.toml)
   GET /slow?ms=<n>
                rate limited, answers after n milliseconds (at most 10000), to see
                CONCURRENCY at work
@@ -65,6 +75,8 @@ Routes:
 
 struct Config {
     bind: SocketAddr,
+    /// The policy file, and its policies as read at start.
+    file: Option<(String, Limits)>,
     redis_url: Option<String>,
     prefix: String,
     on_store_error: FailurePolicy,
@@ -113,7 +125,48 @@ fn key_extractor(spec: &str, trusted_proxies: &[Cidr]) -> Result<Box<dyn KeyExtr
     }
 }
 
+/// The policies of the file at `path`; a mistake names the file and its line.
+fn read_limits(path: &str) -> Result<Limits, String> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("CONFIG {path}: cannot read it: {e}"))?;
+    let limits = Limits::from_toml(&text).map_err(|e| format!("CONFIG {path}: {e}"))?;
+    limits
+        .policies()
+        .and_then(|p| RateLimitLayer::builder().policies(p).build())
+        .map_err(|e| format!("CONFIG {path}: {e}"))?;
+    Ok(limits)
+}
+
+/// The variables a policy file replaces.
+const REPLACED_BY_CONFIG: [&str; 8] = [
+    "ALGORITHM",
+    "RATE_LIMIT",
+    "KEY",
+    "TRUSTED_PROXIES",
+    "LEASE",
+    "WAIT_MS",
+    "CONCURRENCY",
+    "CONCURRENCY_MAX_MS",
+];
+
 fn config() -> Result<Config, String> {
+    let file = match env_or("CONFIG", "")?.as_str() {
+        "" => None,
+        path => {
+            let set: Vec<&str> = REPLACED_BY_CONFIG
+                .into_iter()
+                .filter(|name| env_or(name, "").is_ok_and(|v| !v.is_empty()))
+                .collect();
+            if !set.is_empty() {
+                return Err(format!(
+                    "CONFIG: the file {path} describes the policies whole, so {} cannot be set with it; drop {} (or drop CONFIG)",
+                    set.join(", "),
+                    set.join(" and ")
+                ));
+            }
+            Some((path.to_owned(), read_limits(path)?))
+        }
+    };
     let bind = env_or("BIND", "127.0.0.1:3000")?;
     let bind = bind
         .parse()
@@ -182,6 +235,7 @@ fn config() -> Result<Config, String> {
     }
     Ok(Config {
         bind,
+        file,
         redis_url,
         prefix: env_or("PREFIX", "rl:")?,
         on_store_error: match env_or("ON_STORE_ERROR", "open")?.as_str() {
@@ -226,11 +280,21 @@ fn config() -> Result<Config, String> {
     })
 }
 
-/// One policy per quota in `RATE_LIMIT`, all with the chosen algorithm.
+/// The file's policies, or one policy per quota in `RATE_LIMIT`, all with the chosen
+/// algorithm.
 fn policies<St: Store>(
     config: &Config,
     mut builder: tower_ratelimit::RateLimitLayerBuilder<St>,
-) -> tower_ratelimit::RateLimitLayerBuilder<St> {
+) -> Result<tower_ratelimit::RateLimitLayerBuilder<St>, String> {
+    if let Some((path, limits)) = &config.file {
+        let policies = limits
+            .policies()
+            .map_err(|e| format!("CONFIG {path}: {e}"))?;
+        return Ok(builder
+            .policies(policies)
+            .headers(config.headers)
+            .on_store_error(config.on_store_error));
+    }
     for quota in config.rate_limit.split(',') {
         let mut policy = Policy::new(config.algorithm, quota.trim());
         if let Some(units) = config.lease {
@@ -244,24 +308,69 @@ fn policies<St: Store>(
     if let Some((n, max)) = config.concurrency {
         builder = builder.policy(Policy::concurrency(n).max_duration(max));
     }
-    builder
+    Ok(builder
         .headers(config.headers)
-        .on_store_error(config.on_store_error)
+        .on_store_error(config.on_store_error))
 }
 
 fn app<St: Store>(config: &Config, store: St) -> Result<Router, String> {
-    let builder = RateLimitLayer::builder()
-        .key(key_extractor(&config.key, &config.trusted_proxies)?)
-        .store(store);
-    let layer = policies(config, builder)
+    let mut builder = RateLimitLayer::builder().store(store);
+    if config.file.is_none() {
+        builder = builder.key(key_extractor(&config.key, &config.trusted_proxies)?);
+    }
+    let layer = policies(config, builder)?
         .build()
         .map_err(|e| format!("RATE_LIMIT: {e}"))?;
+    if let Some((path, _)) = &config.file {
+        reload_on_sighup(layer.clone(), path.clone());
+    }
     Ok(Router::new()
         .route("/", get(|| async { "hello from tower-ratelimit\n" }))
         .route("/slow", get(slow))
+        .route("/login", post(login))
+        .route("/reports", get(|| async { "reports\n" }))
+        .route("/exports/{id}", get(|| async { "export\n" }))
         // Responses in axum's own body: axum does not box them again.
         .route_layer(layer.body::<AxumBody>())
         .route("/health", get(|| async { "ok\n" })))
+}
+
+/// Reads the policy file again on each `SIGHUP` and swaps the layer's policies, keeping
+/// every key's usage; a file with a mistake is rejected, and the old limits stay.
+fn reload_on_sighup<St: Store>(layer: RateLimitLayer<St>, path: String) {
+    #[cfg(unix)]
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+            eprintln!("CONFIG {path}: cannot listen for SIGHUP; the file will not be reloaded");
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            let reloaded = read_limits(&path).and_then(|limits| {
+                let policies = limits
+                    .policies()
+                    .map_err(|e| format!("CONFIG {path}: {e}"))?;
+                layer
+                    .reload(policies)
+                    .map_err(|e| format!("CONFIG {path}: {e}"))
+            });
+            match reloaded {
+                Ok(report) => println!("reloaded CONFIG {path}: {report}"),
+                Err(e) => eprintln!("{e}; the file was not reloaded, the old limits stay"),
+            }
+        }
+    });
+    #[cfg(not(unix))]
+    let _ = (layer, path);
+}
+
+/// `POST /login`: 401 unless the header `x-password` is `letmein` (for a policy that counts
+/// failed logins, `charge_if_status = [401]`).
+async fn login(headers: axum::http::HeaderMap) -> (axum::http::StatusCode, &'static str) {
+    match headers.get("x-password").map(|v| v.as_bytes()) {
+        Some(b"letmein") => (axum::http::StatusCode::OK, "welcome\n"),
+        _ => (axum::http::StatusCode::UNAUTHORIZED, "wrong password\n"),
+    }
 }
 
 /// `GET /slow?ms=<n>`: answers after `n` milliseconds (at most 10,000).
@@ -286,7 +395,9 @@ async fn slow(
 /// The app and a description of its store.
 async fn build(config: &Config) -> Result<(Router, String), String> {
     // Check the key before connecting, so a typo is reported as such.
-    key_extractor(&config.key, &config.trusted_proxies)?;
+    if config.file.is_none() {
+        key_extractor(&config.key, &config.trusted_proxies)?;
+    }
     match &config.redis_url {
         None => Ok((
             app(config, tower_ratelimit::MemoryStore::new())?,
@@ -294,7 +405,7 @@ async fn build(config: &Config) -> Result<(Router, String), String> {
         )),
         Some(url) => {
             // Check the quota before connecting, so a typo is reported as such.
-            policies(config, RateLimitLayer::builder())
+            policies(config, RateLimitLayer::builder())?
                 .build()
                 .map_err(|e| format!("RATE_LIMIT: {e}"))?;
             let store = RedisStore::builder(url)
@@ -327,21 +438,37 @@ async fn main() -> ExitCode {
         let listener = tokio::net::TcpListener::bind(config.bind)
             .await
             .map_err(|e| format!("BIND: cannot listen on {}: {e}", config.bind))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let limits = match &config.file {
+            Some((path, limits)) => {
+                let names: Vec<&str> = limits
+                    .policy_configs()
+                    .iter()
+                    .map(|p| p.name().unwrap_or("unnamed"))
+                    .collect();
+                format!("CONFIG={path} ({}; SIGHUP reloads it)", names.join(", "))
+            }
+            None => format!(
+                "algorithm={} RATE_LIMIT={} WAIT_MS={} CONCURRENCY={} KEY={}{}",
+                config.algorithm,
+                config.rate_limit,
+                config.wait.map_or("off".into(), |w| w.as_millis().to_string()),
+                config.concurrency.map_or("off".into(), |(n, max)| {
+                    format!("{n} (max {} ms)", max.as_millis())
+                }),
+                config.key,
+                if config.key == "client_ip" {
+                    let list: Vec<String> =
+                        config.trusted_proxies.iter().map(Cidr::to_string).collect();
+                    format!(" TRUSTED_PROXIES={}", list.join(","))
+                } else {
+                    String::new()
+                },
+            ),
+        };
         println!(
-            "listening on http://{} | store={store} algorithm={} RATE_LIMIT={} WAIT_MS={} CONCURRENCY={} HEADERS={:?} KEY={}{} | --help lists the variables",
-            listener.local_addr().map_err(|e| e.to_string())?,
-            config.algorithm,
-            config.rate_limit,
-            config.wait.map_or("off".into(), |w| w.as_millis().to_string()),
-            config.concurrency.map_or("off".into(), |(n, max)| format!("{n} (max {} ms)", max.as_millis())),
+            "listening on http://{addr} | store={store} {limits} HEADERS={:?} | --help lists the variables",
             config.headers,
-            config.key,
-            if config.key == "client_ip" {
-                let list: Vec<String> = config.trusted_proxies.iter().map(Cidr::to_string).collect();
-                format!(" TRUSTED_PROXIES={}", list.join(","))
-            } else {
-                String::new()
-            },
         );
         axum::serve(
             listener,

@@ -340,6 +340,13 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         self
     }
 
+    /// Adds every policy of `policies`, in order (e.g. from a configuration file:
+    /// [`config::Limits::policies`](crate::config::Limits::policies) with the `serde` feature).
+    pub fn policies(mut self, policies: impl IntoIterator<Item = Policy>) -> Self {
+        self.o.policies.extend(policies);
+        self
+    }
+
     /// The key requests are charged to, for every policy without its own
     /// ([`Policy::key`]). Defaults to [`PeerIp`].
     pub fn key(mut self, key: impl KeyExtractor) -> Self {

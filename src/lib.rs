@@ -317,6 +317,9 @@ mod lease;
 mod limiter;
 mod policy;
 mod quota;
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub mod config;
 mod reload;
 mod algorithm;
 mod store;

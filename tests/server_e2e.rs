@@ -269,3 +269,122 @@ fn a_killed_servers_concurrency_slot_frees_after_max_duration() {
 fn slot_taken((status, response): (u16, String)) -> bool {
     status == 429 && response.contains(r#""violated-policies":["concurrency:1"]"#)
 }
+
+/// A policy file in a fresh temporary directory: `write` replaces its text.
+struct PolicyFile(std::path::PathBuf);
+
+impl PolicyFile {
+    fn new(name: &str, text: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("tower-ratelimit-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = PolicyFile(dir.join("limits.toml"));
+        file.write(text);
+        file
+    }
+
+    fn write(&self, text: &str) {
+        std::fs::write(&self.0, text).unwrap();
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for PolicyFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(self.0.parent().unwrap());
+    }
+}
+
+fn api(quota: &str) -> String {
+    format!(
+        "key = \"global\"\n\n[[policy]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nquota = \"{quota}\"\n"
+    )
+}
+
+/// `CONFIG`: the server runs the file's policies and reloads it on a real `SIGHUP`, keeping
+/// what was used; a file with a mistake is rejected with its line, and the old limits stay.
+#[test]
+fn a_policy_file_is_reloaded_on_sighup_keeping_usage() {
+    let file = PolicyFile::new("sighup", &api("3/h"));
+    let server = DemoServer::start(&[("CONFIG", file.path())]);
+    assert!(
+        server.first_line.contains("CONFIG=") && server.first_line.contains("(api;"),
+        "{}",
+        server.first_line
+    );
+    assert_eq!([server.get("/", &[]).0, server.get("/", &[]).0], [200, 200]);
+    file.write(&api("5/h"));
+    server.hangup();
+    let reloaded = server.line_with("reloaded CONFIG");
+    assert!(
+        reloaded.contains(r#"changed "api": fixed_window 3/h -> fixed_window 5/h"#),
+        "{reloaded}"
+    );
+    // 2 of the new 5 used: 3 more.
+    let statuses: Vec<u16> = (0..4).map(|_| server.get("/", &[]).0).collect();
+    assert_eq!(statuses, [200, 200, 200, 429]);
+
+    file.write(&api("5/fortnight"));
+    server.hangup();
+    let rejected = server.line_with("old limits stay");
+    assert!(rejected.contains("line 6 (quota)"), "{rejected}");
+    let (status, response) = server.get("/", &[]);
+    assert_eq!(status, 429);
+    assert!(response.contains("x-ratelimit-limit: 5"), "{response}");
+}
+
+/// Two servers on one Redis, each with its own copy of the file: one is reloaded to a higher
+/// limit while the other still runs the old one, and the usage is one.
+#[test]
+fn two_servers_reloaded_one_after_the_other_share_usage_in_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let (file_a, file_b) = (
+        PolicyFile::new("rolling-a", &api("3/h")),
+        PolicyFile::new("rolling-b", &api("3/h")),
+    );
+    let a = DemoServer::start(&[("CONFIG", file_a.path()), ("REDIS_URL", &url)]);
+    let b = DemoServer::start(&[("CONFIG", file_b.path()), ("REDIS_URL", &url)]);
+    assert_eq!([a.get("/", &[]).0, b.get("/", &[]).0], [200, 200]);
+    file_b.write(&api("5/h"));
+    b.hangup();
+    b.line_with("reloaded CONFIG");
+    // 2 used: A (3/h) admits one more, B (5/h) two more after it; then both deny.
+    let statuses = [
+        a.get("/", &[]).0,
+        a.get("/", &[]).0,
+        b.get("/", &[]).0,
+        b.get("/", &[]).0,
+        b.get("/", &[]).0,
+    ];
+    assert_eq!(statuses, [200, 429, 200, 200, 429]);
+}
+
+#[test]
+fn a_policy_file_and_its_mistakes_at_start() {
+    let err = start_error(&[("CONFIG", "examples/limits.toml"), ("RATE_LIMIT", "5/s")]);
+    assert!(err.contains("drop RATE_LIMIT (or drop CONFIG)"), "{err}");
+    let file = PolicyFile::new(
+        "bad",
+        "[[policy]]\nname = \"x\"\nquota = \"10/s\"\nburts = 2\n",
+    );
+    let err = start_error(&[("CONFIG", file.path())]);
+    assert!(
+        err.contains(&format!("CONFIG {}: line 4 (burts)", file.path())),
+        "{err}"
+    );
+    let err = start_error(&[("CONFIG", "/nonexistent/limits.toml")]);
+    assert!(err.contains("cannot read it"), "{err}");
+    // The example file starts, with its five policies.
+    let server = DemoServer::start(&[("CONFIG", "examples/limits.toml")]);
+    assert!(
+        server
+            .first_line
+            .contains("per-ip, failed-logins, reports, exports, hourly"),
+        "{}",
+        server.first_line
+    );
+}

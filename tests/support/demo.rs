@@ -46,6 +46,8 @@ pub struct DemoServer {
     child: Child,
     pub addr: SocketAddr,
     pub first_line: String,
+    /// The lines it writes after the first, standard output and error mixed.
+    lines: std::sync::Mutex<std::sync::mpsc::Receiver<String>>,
 }
 
 impl DemoServer {
@@ -61,9 +63,8 @@ impl DemoServer {
             .spawn()
             .expect("start the demo server");
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        stdout.read_line(&mut line).unwrap();
         let addr = line
             .strip_prefix("listening on http://")
             .and_then(|rest| rest.split_whitespace().next())
@@ -74,11 +75,50 @@ impl DemoServer {
             })
             .parse()
             .unwrap();
+        let (send, lines) = std::sync::mpsc::channel();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        for out in [
+            Box::new(stdout) as Box<dyn BufRead + Send>,
+            Box::new(stderr),
+        ] {
+            let send = send.clone();
+            std::thread::spawn(move || {
+                for line in out.lines().map_while(Result::ok) {
+                    let _ = send.send(line);
+                }
+            });
+        }
         DemoServer {
             child,
             addr,
             first_line: line,
+            lines: std::sync::Mutex::new(lines),
         }
+    }
+
+    /// Waits (up to a minute) for a line the server writes that contains `needle`, and
+    /// returns it.
+    #[allow(dead_code)]
+    pub fn line_with(&self, needle: &str) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.lock().unwrap().recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(_) => panic!("the demo server wrote no line with {needle:?}"),
+            }
+        }
+    }
+
+    /// Sends the server `SIGHUP`.
+    #[allow(dead_code)]
+    pub fn hangup(&self) {
+        let status = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -HUP");
     }
 
     /// GET `path` with extra header lines over a fresh connection: the status and the whole

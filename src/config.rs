@@ -1,0 +1,515 @@
+//! Policies from a configuration file (feature `serde`): [`Limits`] and [`PolicyConfig`].
+//!
+//! Both deserialize from any serde format. Each policy is checked as it is read, so a
+//! format that tracks positions (TOML, YAML) reports a bad policy at its line, with the
+//! field and what is wrong; [`Limits::policies`] then builds the [`Policy`] values for
+//! [`RateLimitLayerBuilder::policy`](crate::RateLimitLayerBuilder::policy) or
+//! [`RateLimitLayer::reload`](crate::RateLimitLayer::reload).
+//!
+//! ```
+//! use tower_ratelimit::{RateLimitLayer, config::Limits};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // Any serde format; here JSON (TOML is shown in the README).
+//! let limits: Limits = serde_json::from_str(r#"{
+//!     "key": "ip",
+//!     "policy": [
+//!         { "name": "per-ip", "algorithm": "gcra", "quota": "20/s", "burst": 40 },
+//!         { "name": "logins", "algorithm": "sliding_log", "quota": "5/15min",
+//!           "routes": ["POST /login"], "charge_if_status": [401] }
+//!     ]
+//! }"#)?;
+//! let layer = RateLimitLayer::builder().policies(limits.policies()?).build()?;
+//! assert_eq!(layer.policy_names(), ["per-ip", "logins"]);
+//! # Ok(()) }
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use serde::Deserialize;
+
+use crate::algorithm::Algorithm;
+use crate::error::ConfigError;
+use crate::key::{ApiKey, Cidr, ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
+use crate::policy::Policy;
+use crate::quota::{Quota, QuotaUnit};
+
+/// A whole configuration: the policies, and the key of those that do not name their own.
+///
+/// Fields (all optional but `policy`):
+///
+/// | field | meaning |
+/// |---|---|
+/// | `key` | the key of every policy without its own (default `"ip"`); see [`KeySpec`] |
+/// | `trusted_proxies` | networks of the proxies in front of the service, for `key = "client_ip"` |
+/// | `policy` | the policies, in order: a list of [`PolicyConfig`] |
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    #[serde(default)]
+    key: Option<KeySpec>,
+    #[serde(default)]
+    trusted_proxies: Vec<CidrText>,
+    #[serde(rename = "policy")]
+    policies: Vec<PolicyConfig>,
+}
+
+impl Limits {
+    /// The policies, each with its key (its own, else the configuration's).
+    ///
+    /// Fails only for a `client_ip` key whose proxies cannot be used; everything else was
+    /// checked when the configuration was read.
+    pub fn policies(&self) -> Result<Vec<Policy>, ConfigError> {
+        let proxies: Vec<Cidr> = self.trusted_proxies.iter().map(|c| c.0).collect();
+        let default = self.key.clone().unwrap_or(KeySpec::Ip);
+        if default != KeySpec::ClientIp
+            && !proxies.is_empty()
+            && !self
+                .policies
+                .iter()
+                .any(|p| p.key == Some(KeySpec::ClientIp))
+        {
+            return Err(ConfigError::new(
+                "trusted_proxies is only read by the client_ip key, which no policy uses",
+            ));
+        }
+        self.policies
+            .iter()
+            .map(|p| {
+                let spec = p.key().unwrap_or(&default);
+                Ok(p.policy().key(spec.extractor(&proxies)?))
+            })
+            .collect()
+    }
+
+    /// The configured policies, as read.
+    pub fn policy_configs(&self) -> &[PolicyConfig] {
+        &self.policies
+    }
+
+    /// Reads a TOML configuration (feature `toml`). A mistake is reported with its line, the
+    /// field when there is one, and what is wrong, e.g. `line 7 (quota): invalid quota
+    /// "10/fortnight": unknown window unit; use us, ms, s, min, h or d`; a mistake in how a
+    /// policy's fields go together is reported at the policy's `[[policy]]` line, e.g.
+    /// `line 12: policy #3: policy "b": fixed_window has no burst; ...`.
+    ///
+    /// ```
+    /// use tower_ratelimit::config::Limits;
+    ///
+    /// let limits = Limits::from_toml(r#"
+    /// [[policy]]
+    /// name = "api"
+    /// quota = "100/min"
+    /// "#).unwrap();
+    /// assert_eq!(limits.policy_configs()[0].name(), Some("api"));
+    ///
+    /// let err = Limits::from_toml("[[policy]]\nquota = \"10/fortnight\"\n").unwrap_err();
+    /// assert!(err.to_string().starts_with("line 2 (quota): "), "{err}");
+    /// ```
+    #[cfg(feature = "toml")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "toml")))]
+    pub fn from_toml(text: &str) -> Result<Limits, ConfigError> {
+        toml::from_str(text).map_err(|e| toml_error(text, &e))
+    }
+}
+
+/// A TOML mistake with its line and field. TOML reports a mistake in how a policy's fields go
+/// together at the first `[[policy]]` header, whichever policy it is in: each policy is then
+/// read alone to find it.
+#[cfg(feature = "toml")]
+fn toml_error(text: &str, e: &toml::de::Error) -> ConfigError {
+    let line = |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
+    let Some(span) = e.span() else {
+        return ConfigError::new(e.message().to_owned());
+    };
+    if text[span.clone()].trim_start().starts_with("[[policy]]") {
+        #[derive(Deserialize)]
+        struct Outline {
+            #[serde(default)]
+            policy: Vec<toml::Spanned<toml::Table>>,
+        }
+        if let Ok(outline) = toml::from_str::<Outline>(text) {
+            for (i, table) in outline.policy.into_iter().enumerate() {
+                let at = line(table.span().start);
+                if let Err(e) = toml::Value::Table(table.into_inner()).try_into::<PolicyConfig>() {
+                    let n = i + 1;
+                    return ConfigError::new(format!("line {at}: policy #{n}: {}", e.message()));
+                }
+            }
+        }
+    }
+    let at = line(span.start);
+    // The field: the key the line assigns, if it assigns one.
+    let field = text
+        .lines()
+        .nth(at - 1)
+        .and_then(|l| l.split_once('='))
+        .map(|(key, _)| key.trim())
+        .filter(|key| !key.is_empty() && !key.starts_with('['));
+    match field {
+        Some(field) => ConfigError::new(format!("line {at} ({field}): {}", e.message())),
+        None => ConfigError::new(format!("line {at}: {}", e.message())),
+    }
+}
+
+/// How a configured policy finds its key, as a string:
+///
+/// | string | key |
+/// |---|---|
+/// | `"ip"` | the connection's peer address ([`PeerIp`]) |
+/// | `"client_ip"` | the client behind the configuration's `trusted_proxies` ([`ClientIp`]) |
+/// | `"global"` | one key for every request ([`GlobalKey`]) |
+/// | `"bearer"` | the token of `Authorization: Bearer` ([`ApiKey::bearer`]) |
+/// | `"header:<name>"` | the value of a request header ([`HeaderKey`]) |
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeySpec {
+    /// `"ip"`.
+    Ip,
+    /// `"client_ip"`.
+    ClientIp,
+    /// `"global"`.
+    Global,
+    /// `"bearer"`.
+    Bearer,
+    /// `"header:<name>"`.
+    Header(String),
+}
+
+impl std::str::FromStr for KeySpec {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        Ok(match s.trim() {
+            "ip" => KeySpec::Ip,
+            "client_ip" => KeySpec::ClientIp,
+            "global" => KeySpec::Global,
+            "bearer" => KeySpec::Bearer,
+            other => match other.strip_prefix("header:") {
+                Some(name) => {
+                    HeaderKey::try_new(name)?;
+                    KeySpec::Header(name.to_owned())
+                }
+                None => {
+                    return Err(ConfigError::new(format!(
+                        "unknown key {other:?}; expected ip, client_ip, global, bearer or header:<name>"
+                    )));
+                }
+            },
+        })
+    }
+}
+
+impl KeySpec {
+    /// The extractor; `proxies` are the trusted proxies of `client_ip`.
+    pub fn extractor(&self, proxies: &[Cidr]) -> Result<Arc<dyn KeyExtractor>, ConfigError> {
+        Ok(match self {
+            KeySpec::Ip => Arc::new(PeerIp::new()),
+            KeySpec::ClientIp => Arc::new(
+                proxies
+                    .iter()
+                    .fold(ClientIp::builder(), |b, &net| b.trusted_network(net))
+                    .build()
+                    .map_err(|e| e.context("trusted_proxies"))?,
+            ),
+            KeySpec::Global => Arc::new(GlobalKey),
+            KeySpec::Bearer => Arc::new(ApiKey::bearer()),
+            KeySpec::Header(name) => Arc::new(HeaderKey::try_new(name)?),
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for KeySpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A network read from a string such as `10.0.0.0/8`.
+#[derive(Clone, Debug)]
+struct CidrText(Cidr);
+
+impl<'de> Deserialize<'de> for CidrText {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse()
+            .map(CidrText)
+            .map_err(|e: ConfigError| serde::de::Error::custom(e.context("trusted_proxies")))
+    }
+}
+
+/// One policy as configured, checked when it is read.
+///
+/// | field | type | meaning ([`Policy`] method) |
+/// |---|---|---|
+/// | `name` | string | the policy's name ([`name`](Policy::name)); required for tiers |
+/// | `algorithm` | string | `gcra` (default), `token_bucket`, `leaky_bucket`, `fixed_window`, `sliding_window`, `sliding_log` |
+/// | `quota` | string | e.g. `"10/s"`, `"100/min"`, `"20/10s"`; required but for `concurrency` |
+/// | `burst` | integer | bucket algorithms ([`burst`](Policy::burst)) |
+/// | `buckets` | integer | sliding window ([`buckets`](Policy::buckets)) |
+/// | `key` | string | this policy's key ([`KeySpec`]) |
+/// | `routes` | strings | `"/path"`, `"GET /path"`, `"/prefix/*"` ([`route`](Policy::route)) |
+/// | `cost` | integer | units per request ([`cost`](Policy::cost)) |
+/// | `shadow` | bool | dry run ([`shadow`](Policy::shadow)) |
+/// | `charge_if_status` | integers | charge only responses with these statuses ([`charge_if`](Policy::charge_if)) |
+/// | `refund_if_status` | integers | give the cost back for these statuses ([`refund_if`](Policy::refund_if)) |
+/// | `unit` | string | `requests` (default) or `content-bytes` ([`unit`](Policy::unit)) |
+/// | `tiers` | table | tier name to quota ([`tier`](Policy::tier)) |
+/// | `tier_header` | string | a request header naming the tier, e.g. set by an auth layer ([`select_tier`](Policy::select_tier)) |
+/// | `tier_keys` | table | key to tier ([`tier_for_key`](Policy::tier_for_key)) |
+/// | `lease`, `lease_ttl` | integer, duration | leases ([`lease`](Policy::lease), [`lease_ttl`](Policy::lease_ttl)) |
+/// | `wait` | duration | wait for a slot instead of a 429 ([`wait_up_to`](Policy::wait_up_to)) |
+/// | `concurrency`, `max_duration` | integer, duration | a concurrency limit ([`concurrency`](Policy::concurrency), [`max_duration`](Policy::max_duration)) |
+///
+/// Durations are strings such as `"500ms"`, `"30s"`, `"2min"`, `"1h"` (the units of a quota's
+/// window).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(try_from = "RawPolicy")]
+pub struct PolicyConfig {
+    raw: RawPolicy,
+    /// The policy, without a key when it has none of its own.
+    policy: Policy,
+    key: Option<KeySpec>,
+}
+
+impl PolicyConfig {
+    /// The policy, without its key: the layer's applies, or the one [`Limits::policies`]
+    /// gives it (its own [`key`](Self::key), else the configuration's).
+    pub fn policy(&self) -> Policy {
+        self.policy.clone()
+    }
+
+    /// The policy's own key, if it names one.
+    pub fn key(&self) -> Option<&KeySpec> {
+        self.key.as_ref()
+    }
+
+    /// The policy's name, if it was given one.
+    pub fn name(&self) -> Option<&str> {
+        self.raw.name.as_deref()
+    }
+}
+
+/// A policy as written. Each field is checked as it is read (so a format that tracks
+/// positions reports a bad value at its own line); what depends on several fields is checked
+/// by [`PolicyConfig::try_from`].
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawPolicy {
+    name: Option<String>,
+    algorithm: Option<Text<Algorithm>>,
+    quota: Option<Text<Quota>>,
+    burst: Option<u32>,
+    buckets: Option<u32>,
+    key: Option<KeySpec>,
+    routes: Vec<Text<RouteText>>,
+    cost: Option<u32>,
+    shadow: bool,
+    charge_if_status: Vec<Text<Status>>,
+    refund_if_status: Vec<Text<Status>>,
+    unit: Option<Text<QuotaUnit>>,
+    tiers: BTreeMap<String, Text<Quota>>,
+    tier_header: Option<Text<HeaderNameText>>,
+    tier_keys: BTreeMap<String, String>,
+    lease: Option<u32>,
+    lease_ttl: Option<Text<DurationText>>,
+    wait: Option<Text<DurationText>>,
+    concurrency: Option<u32>,
+    max_duration: Option<Text<DurationText>>,
+}
+
+/// A value read from a string (or, for a status, a number) and parsed with `FromStr`.
+#[derive(Clone, Debug)]
+struct Text<T>(T);
+
+impl<'de, T> Deserialize<'de> for Text<T>
+where
+    T: std::str::FromStr,
+    T::Err: fmt::Display,
+{
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Text(String),
+            Number(u64),
+        }
+        let text = match Written::deserialize(d)? {
+            Written::Text(text) => text,
+            Written::Number(n) => n.to_string(),
+        };
+        text.parse().map(Text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A duration written as a quota's window, e.g. `500ms`, `30s`, `2min`.
+#[derive(Clone, Debug)]
+struct DurationText(Duration);
+
+impl std::str::FromStr for DurationText {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        format!("1/{text}")
+            .parse::<Quota>()
+            .map(|q| DurationText(q.window()))
+            .map_err(|_| format!("{text:?} is not a duration such as 500ms, 30s, 2min or 1h"))
+    }
+}
+
+/// An HTTP status.
+#[derive(Clone, Copy, Debug)]
+struct Status(StatusCode);
+
+impl std::str::FromStr for Status {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        text.parse::<u16>()
+            .ok()
+            .and_then(|c| StatusCode::from_u16(c).ok())
+            .map(Status)
+            .ok_or_else(|| format!("{text:?} is not an HTTP status such as 401"))
+    }
+}
+
+/// A header name.
+#[derive(Clone, Debug)]
+struct HeaderNameText(http::HeaderName);
+
+impl std::str::FromStr for HeaderNameText {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        http::HeaderName::from_bytes(text.as_bytes())
+            .map(HeaderNameText)
+            .map_err(|_| format!("{text:?} is not a header name"))
+    }
+}
+
+/// A route as written: `"/path"` or `"METHOD /path"`.
+#[derive(Clone, Debug)]
+struct RouteText(Option<Method>, String);
+
+impl std::str::FromStr for RouteText {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        let (method, path) = match text.split_once(char::is_whitespace) {
+            Some((m, p)) => {
+                let m = Method::from_bytes(m.as_bytes())
+                    .map_err(|_| format!("{m:?} is not a method"))?;
+                (Some(m), p.trim())
+            }
+            None => (None, text),
+        };
+        if !path.starts_with('/') {
+            return Err(format!(
+                "{text:?} is not a route such as \"/items\", \"GET /items/{{id}}\" or \"/admin/*\""
+            ));
+        }
+        Ok(RouteText(method, path.to_owned()))
+    }
+}
+
+/// Status codes as a list a predicate can search.
+fn statuses(codes: &[Text<Status>]) -> Arc<[StatusCode]> {
+    codes.iter().map(|c| c.0.0).collect()
+}
+
+impl TryFrom<RawPolicy> for PolicyConfig {
+    type Error = ConfigError;
+
+    fn try_from(raw: RawPolicy) -> Result<Self, ConfigError> {
+        let r = &raw;
+        let mut policy = match (r.concurrency, r.quota.clone(), &r.algorithm) {
+            (Some(_), Some(_), _) => {
+                return Err(ConfigError::new(
+                    "a concurrency policy takes no quota (its limit is `concurrency`)",
+                ));
+            }
+            (Some(_), None, Some(_)) => {
+                return Err(ConfigError::new(
+                    "a concurrency policy takes no algorithm (it counts requests in flight)",
+                ));
+            }
+            (Some(n), None, None) => Policy::concurrency(n),
+            (None, None, _) => {
+                return Err(ConfigError::new(
+                    "missing field `quota` (e.g. quota = \"10/s\"), or `concurrency`",
+                ));
+            }
+            (None, Some(Text(quota)), algorithm) => {
+                let algorithm = algorithm.as_ref().map_or(Algorithm::Gcra, |a| a.0);
+                Policy::new(algorithm, quota)
+            }
+        };
+        if let Some(name) = &r.name {
+            policy = policy.name(name);
+        }
+        if let Some(burst) = r.burst {
+            policy = policy.burst(burst);
+        }
+        if let Some(buckets) = r.buckets {
+            policy = policy.buckets(buckets);
+        }
+        for Text(RouteText(method, path)) in &r.routes {
+            policy = policy.route(method.clone(), path);
+        }
+        if let Some(cost) = r.cost {
+            policy = policy.cost(move |_| cost);
+        }
+        if r.shadow {
+            policy = policy.shadow();
+        }
+        if !r.charge_if_status.is_empty() {
+            let codes = statuses(&r.charge_if_status);
+            policy = policy.charge_if(move |s| codes.contains(&s));
+        }
+        if !r.refund_if_status.is_empty() {
+            let codes = statuses(&r.refund_if_status);
+            policy = policy.refund_if(move |s| codes.contains(&s));
+        }
+        if let Some(Text(unit)) = r.unit {
+            policy = policy.unit(unit);
+        }
+        for (tier, Text(quota)) in &r.tiers {
+            policy = policy.tier(tier, *quota);
+        }
+        if let Some(Text(HeaderNameText(name))) = r.tier_header.clone() {
+            policy = policy
+                .select_tier(move |req| Some(req.headers().get(&name)?.to_str().ok()?.to_owned()));
+        }
+        for (key, tier) in &r.tier_keys {
+            policy = policy.tier_for_key(key.as_str(), tier.as_str());
+        }
+        if let Some(units) = r.lease {
+            policy = policy.lease(units);
+        }
+        if let Some(Text(DurationText(ttl))) = r.lease_ttl {
+            policy = policy.lease_ttl(ttl);
+        }
+        if let Some(Text(DurationText(wait))) = r.wait {
+            policy = policy.wait_up_to(wait);
+        }
+        if let Some(Text(DurationText(max))) = r.max_duration {
+            policy = policy.max_duration(max);
+        }
+        // Everything a build would say about the policy, said now, where the policy is read.
+        policy.prepare(None)?;
+        Ok(PolicyConfig {
+            key: raw.key.clone(),
+            policy,
+            raw,
+        })
+    }
+}
+
+impl fmt::Display for PolicyConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.raw.name {
+            Some(name) => write!(f, "policy {name:?}"),
+            None => f.write_str("unnamed policy"),
+        }
+    }
+}

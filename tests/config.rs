@@ -1,0 +1,164 @@
+//! Policies from a TOML file (feature `serde`): the README's example builds the layer it
+//! describes, mistakes are reported at their line with the field, and a changed file reloads
+//! a running layer keeping every key's usage.
+#![cfg(feature = "toml")]
+
+mod support;
+
+use http::{Method, Request, StatusCode};
+use support::http::{Seen, inner, send};
+use tower::Layer;
+use tower_ratelimit::config::Limits;
+use tower_ratelimit::key::Key;
+use tower_ratelimit::{ManualClock, MemoryStore, RateLimitLayer};
+
+/// The README's example file.
+const EXAMPLE: &str = include_str!("../examples/limits.toml");
+
+fn read(text: &str) -> Result<Limits, String> {
+    Limits::from_toml(text).map_err(|e| e.to_string())
+}
+
+#[test]
+fn the_readme_example_reads_and_builds() {
+    let limits = read(EXAMPLE).unwrap();
+    let layer = RateLimitLayer::builder()
+        .policies(limits.policies().unwrap())
+        .build()
+        .unwrap();
+    assert_eq!(
+        layer.policy_names(),
+        ["per-ip", "failed-logins", "reports", "exports", "hourly"]
+    );
+}
+
+#[test]
+fn the_readme_shows_the_example_file() {
+    let readme = include_str!("../README.md");
+    let body = EXAMPLE.split_once("\n\n").map(|(_, rest)| rest).unwrap();
+    assert!(
+        readme.contains(body),
+        "README.md shows examples/limits.toml"
+    );
+}
+
+#[test]
+fn mistakes_name_the_line_and_the_field() {
+    let cases = [
+        (
+            "[[policy]]\nname = \"a\"\nquota = \"10/fortnight\"\n",
+            &["line 3 (quota): ", "unit"][..],
+        ),
+        (
+            "[[policy]]\nname = \"a\"\nquota = \"10/s\"\nbrust = 3\n",
+            &["line 4 (brust): ", "unknown field `brust`"],
+        ),
+        (
+            "[[policy]]\nquota = \"10/s\"\n\n[[policy]]\nname = \"b\"\nalgorithm = \"fixed_window\"\nquota = \"10/s\"\nburst = 3\n",
+            &["line 4: policy #2: ", "fixed_window has no burst"],
+        ),
+        (
+            "[[policy]]\nname = \"c\"\nconcurrency = 2\nquota = \"1/s\"\n",
+            &["line 1: policy #1: ", "concurrency policy takes no quota"],
+        ),
+        (
+            "[[policy]]\nname = \"d\"\nquota = \"10/s\"\nwait = \"forever\"\n",
+            &["line 4 (wait): ", "not a duration"],
+        ),
+        (
+            "[[policy]]\nname = \"e\"\nquota = \"10/s\"\nroutes = [\"items\"]\n",
+            &["line 4 (routes): ", "not a route"],
+        ),
+        (
+            "[[policy]]\nname = \"f\"\nquota = \"10/s\"\nkey = \"cookie\"\n",
+            &["line 4 (key): ", "unknown key"],
+        ),
+        ("key = \"ip\"\n", &["missing field `policy`"]),
+    ];
+    for (text, wanted) in cases {
+        let err = read(text).unwrap_err();
+        for w in wanted {
+            assert!(err.contains(w), "{text:?}: {err:?} lacks {w:?}");
+        }
+    }
+}
+
+/// A policy per route, a tier from a header, statuses that charge: what the file says is what
+/// the layer does.
+#[tokio::test]
+async fn a_file_configures_routes_tiers_and_statuses() {
+    let limits = read(
+        r#"
+key = "global"
+
+[[policy]]
+name = "reports"
+algorithm = "fixed_window"
+quota = "1/min"
+routes = ["GET /reports"]
+tiers = { pro = "3/min" }
+tier_header = "x-plan"
+"#,
+    )
+    .unwrap();
+    let layer = RateLimitLayer::builder()
+        .policies(limits.policies().unwrap())
+        .build()
+        .unwrap();
+    let seen = Seen::default();
+    let service = layer.layer(inner(&seen));
+    let get = |path: &str, plan: Option<&str>| {
+        let mut r = Request::builder().method(Method::GET).uri(path);
+        if let Some(plan) = plan {
+            r = r.header("x-plan", plan);
+        }
+        r.body(()).unwrap()
+    };
+    assert_eq!(
+        send(&service, get("/reports", None)).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&service, get("/reports", None)).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            send(&service, get("/reports", Some("pro"))).await.status,
+            StatusCode::OK
+        );
+    }
+    assert_eq!(
+        send(&service, get("/reports", Some("pro"))).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Another route: no policy applies.
+    assert_eq!(
+        send(&service, get("/items", None)).await.status,
+        StatusCode::OK
+    );
+}
+
+/// The file changes (a raised quota): reloading the layer with it keeps what keys used.
+#[tokio::test]
+async fn a_changed_file_reloads_the_layer_keeping_usage() {
+    let clock = ManualClock::new();
+    let file = |quota: &str| {
+        read(&format!("key = \"global\"\n[[policy]]\nname = \"api\"\nalgorithm = \"sliding_window\"\nquota = \"{quota}\"\n")).unwrap()
+    };
+    let layer = RateLimitLayer::builder()
+        .store(MemoryStore::with_clock(clock.clone()))
+        .policies(file("10/min").policies().unwrap())
+        .build()
+        .unwrap();
+    let key = Key::from("anyone");
+    for _ in 0..5 {
+        assert!(layer.check(&key, 1).await.unwrap().is_allowed());
+    }
+    let report = layer.reload(file("20/min").policies().unwrap()).unwrap();
+    assert_eq!(
+        report.to_string(),
+        r#"changed "api": sliding_window 10/min -> sliding_window 20/min; 0 unchanged"#
+    );
+    assert_eq!(layer.peek(&key).await.unwrap().binding().remaining(), 15);
+}

@@ -838,6 +838,20 @@ pub(crate) struct Registered {
     pub(crate) def: u32,
 }
 
+/// `n` in base 36, lowercase (Lua reads it back with `tonumber(text, 36)`).
+fn base36(mut n: u64) -> String {
+    let mut digits = Vec::new();
+    loop {
+        digits.push(b"0123456789abcdefghijklmnopqrstuvwxyz"[(n % 36) as usize]);
+        n /= 36;
+        if n == 0 {
+            break;
+        }
+    }
+    digits.reverse();
+    String::from_utf8(digits).expect("ASCII digits")
+}
+
 /// A tier's name, compiled algorithm and lease.
 type CompiledTier = (Arc<str>, Compiled, Option<LeaseSpec>, String);
 
@@ -1091,8 +1105,8 @@ pub(crate) struct Tier {
     /// converted before it is used.
     def: u32,
     algorithm: Compiled,
-    /// The tag of the tier's definition in the Redis script: the algorithm's id and
-    /// parameters, written with every state (see `store` in `helpers.lua`).
+    /// The tag of the tier's definition in the Redis script: a tilde, the algorithm's id and
+    /// its parameters in base 36, written after every state (see `store` in `helpers.lua`).
     tag: Box<str>,
     /// The limit clients are told, as a header value.
     limit_header: HeaderValue,
@@ -1131,8 +1145,10 @@ impl LeaseSpec {
 impl Tier {
     pub(crate) fn new(name: Arc<str>, at: Registered, algorithm: Compiled) -> Self {
         let (lua_id, params) = algorithm.lua_args();
-        let params: Vec<String> = params.iter().map(u64::to_string).collect();
-        let tag = format!("{lua_id}:{}", params.join(",")).into_boxed_str();
+        // In base 36, to keep a state and its tag within the 44 bytes Redis stores in one
+        // allocation (an "embstr").
+        let params: Vec<String> = params.iter().map(|&n| base36(n)).collect();
+        let tag = format!("~{lua_id}:{}", params.join(",")).into_boxed_str();
         let limit_header = number(algorithm.reported_limit());
         let decisions_metric = ["allowed", "limited", "shadow_limited"].map(|outcome| {
             metrics::Key::from_parts(

@@ -89,12 +89,13 @@ local function split_block(raw)
   return sub(raw, 1, bar - 1), tonumber(sub(raw, bar + 1))
 end
 
--- A string state is written with the tag of the parameters it was written under, after a
--- tilde: "state~tag", or "state~tag|end" when blocked. The tag is the algorithm's id and its
--- parameters, "id:p1,p2,...", sent with each policy (`p.tag`, made by `Tier` in Rust). A
--- decision that finds another tag (the policy was reloaded with another quota, or another
--- instance still runs the old one) converts the state to its own parameters first (`adopt` in
--- decide.lua); a state without a tag is taken as written under the present parameters.
+-- A string state is written with the tag of the parameters it was written under:
+-- "state~tag", or "state~tag|end" when blocked. The tag ("~id:p1,p2,...", the algorithm's id
+-- and its parameters in base 36, with its tilde) is sent with each policy (`p.tag`, made by `Tier` in
+-- Rust). A decision that finds another tag (the policy was reloaded with another quota, or
+-- another instance still runs the old one) converts the state to its own parameters first
+-- (`adopt` in decide.lua); a state without a tag is taken as written under the present
+-- parameters.
 -- `raw` split into the state part, its tag (nil when none) and the block's end (nil when none).
 local function split_state(raw)
   local state, ends = split_block(raw)
@@ -105,7 +106,7 @@ local function split_state(raw)
   if not tilde then
     return state, nil, ends
   end
-  return sub(state, 1, tilde - 1), sub(state, tilde + 1), ends
+  return sub(state, 1, tilde - 1), sub(state, tilde), ends
 end
 
 -- A one-integer state ("tat"), as a number, the block's end, if any, and the state's tag when
@@ -115,9 +116,14 @@ local function read1(key, p)
   if not raw then
     return nil
   end
-  local n, tag = match(raw, '^(%d+)~([^|]*)$')
-  if n and tag == p.tag then
-    return tonumber(n)
+  local tag = p.tag
+  -- Whether `raw` ends with the tag (no block after it): a plain search from where the tag
+  -- would start, which builds no string (written here, not called: a Lua call costs more).
+  if find(raw, tag, #raw - #tag + 1, true) then
+    local n = tonumber(sub(raw, 1, #raw - #tag))
+    if n then
+      return n
+    end
   end
   local state, ends
   state, tag, ends = split_state(raw)
@@ -136,9 +142,12 @@ local function read2(key, p, _, into)
   if not raw then
     return nil
   end
-  local a, b, tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
-  local ends
-  if not a or tag ~= p.tag then
+  local a, b, tag, ends
+  local t = p.tag
+  if find(raw, t, #raw - #t + 1, true) then
+    a, b = match(raw, '^(%d+) (%d+)~')
+  end
+  if not a then
     local state
     state, tag, ends = split_state(raw)
     if tag == p.tag then
@@ -148,8 +157,6 @@ local function read2(key, p, _, into)
     if not a then
       return nil, ends, tag
     end
-  else
-    tag = nil
   end
   into[1], into[2] = tonumber(a), tonumber(b)
   return into, ends, tag
@@ -210,7 +217,7 @@ end
 -- (milliseconds, rounded up, at least 1) until expires_at, keeping the block on record beside
 -- it.
 local function store(key, p, value, now, expires_at)
-  value = value .. '~' .. p.tag
+  value = value .. p.tag
   if KEEP_BLOCK then
     value = value .. '|' .. int(KEEP_BLOCK)
     expires_at = until_block_ends(expires_at)

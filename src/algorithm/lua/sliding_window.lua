@@ -111,11 +111,21 @@ ALG[SLIDING_WINDOW] = function()
   return {
     block = block_in_value,
     load = function(key, p)
-      local raw, tag, ends = split_state(call('GET', key))
+      local raw = call('GET', key)
+      if not raw then
+        return nil
+      end
+      local t = p.tag
+      if find(raw, t, #raw - #t + 1, true) then
+        -- Tagged with the present parameters, no block: the state is what precedes the tag.
+        return sw_read(sub(raw, 1, #raw - #t), p[2] + 1)
+      end
+      local tag, ends
+      raw, tag, ends = split_state(raw)
       if tag and tag ~= p.tag then
         -- Written under other parameters: read with their ring (their number of buckets is
         -- the tag's second parameter).
-        local n = tonumber(match(tag, '^%d+:%d+,(%d+)'))
+        local n = tonumber(match(tag, '^~%d+:%w+,(%w+)') or '', 36)
         return n and sw_read(raw, n + 1), ends, tag
       end
       return sw_read(raw, p[2] + 1), ends

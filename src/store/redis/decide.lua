@@ -115,12 +115,12 @@ local OLD = {}
 -- back (twin of `Compiled::convert`): the state and the block's end then. A state of another
 -- algorithm, or one left with nothing used, is forgotten; the key keeps its block.
 local function adopt(alg, key, p, st, ends, now, stale, into)
-  local id, rest = match(stale, '^(%d+):(.*)$')
-  if st and alg.convert and id and id == match(p.tag, '^(%d+):') then
+  local id, rest = match(stale, '^~(%d+):(.*)$')
+  if st and alg.convert and id and id == match(p.tag, '^~(%d+):') then
     local k = 0
     for word in string.gmatch(rest, '[^,]+') do
       k = k + 1
-      OLD[k] = tonumber(word)
+      OLD[k] = tonumber(word, 36)
     end
     KEEP_BLOCK = ends
     local kept = alg:convert(key, OLD, p, st, now)

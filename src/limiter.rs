@@ -86,9 +86,8 @@ pub(crate) struct Limiter<St> {
     /// The layer's key and cost, for the policies of a reload without their own.
     key: Arc<dyn KeyExtractor>,
     cost: Option<CostFn>,
-    /// One reload at a time.
-    reloading: Mutex<()>,
-    /// What each tier of the present policies is, by name.
+    /// What each tier of the present policies is, by name; held by a reload while it runs,
+    /// so that reloads run one at a time.
     summary: Mutex<Vec<TierSummary>>,
     responses: Responses,
     failure: FailurePolicy,
@@ -342,7 +341,6 @@ impl<St: Store> Limiter<St> {
             policies: ArcSwap::from_pointee(set.policies),
             key: config.key,
             cost: config.cost,
-            reloading: Mutex::new(()),
             summary: Mutex::new(set.summary),
             responses: config.responses,
             failure: config.failure,
@@ -363,10 +361,9 @@ impl<St: Store> Limiter<St> {
     /// [`RateLimitLayer::reload`](crate::RateLimitLayer::reload). Fails, changing nothing, on
     /// any error a build would report, and when a policy would change its algorithm.
     pub(crate) fn reload(&self, policies: &[Policy]) -> Result<ReloadReport, ConfigError> {
-        let _one_at_a_time = lock(&self.reloading);
+        let mut summary = lock(&self.summary);
         let old = self.policies.load_full();
-        let old_summary = lock(&self.summary).clone();
-        let owned = |name: &str| old_summary.iter().any(|t| t.name() == name);
+        let owned = |name: &str| summary.iter().any(|t| t.name() == name);
         let set = compile(
             policies,
             &self.store,
@@ -376,7 +373,7 @@ impl<St: Store> Limiter<St> {
             &self.cost,
             &owned,
         )?;
-        let report = ReloadReport::between(&old_summary, &set.summary);
+        let report = ReloadReport::between(&summary, &set.summary);
         // The leases this instance holds of a tier whose definition changed, or that is gone,
         // are forgotten (the units stay counted in the store, as spent, until the leases end).
         // The deny cache forgets a denial made under another definition when it finds it.
@@ -395,7 +392,7 @@ impl<St: Store> Limiter<St> {
         self.waits.fetch_or(set.waits, Ordering::Relaxed);
         self.holds.fetch_or(set.holds, Ordering::Relaxed);
         self.policies.store(Arc::new(set.policies));
-        *lock(&self.summary) = set.summary;
+        *summary = set.summary;
         Ok(report)
     }
 

@@ -54,6 +54,53 @@ fn random_policy(rng: &mut Rng, algorithm: Algorithm, name: String) -> Policy {
     policy
 }
 
+/// An operation run on both stores.
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Check,
+    Refund,
+    Penalize,
+    Reset,
+    Block(Duration),
+}
+
+/// Runs `op` at `cost` on both layers: memory's decision and Redis's.
+async fn on_both<A: Store, B: Store>(
+    op: Op,
+    memory: &RateLimitLayer<A>,
+    redis: &RateLimitLayer<B>,
+    key: &Key,
+    cost: u32,
+) -> (Decision, Decision) {
+    match op {
+        Op::Check => (
+            memory.check(key, cost).await.unwrap(),
+            redis.check(key, cost).await.unwrap(),
+        ),
+        Op::Refund => (
+            memory.refund(key, cost).await.unwrap(),
+            redis.refund(key, cost).await.unwrap(),
+        ),
+        Op::Penalize => (
+            memory.penalize(key, cost).await.unwrap(),
+            redis.penalize(key, cost).await.unwrap(),
+        ),
+        Op::Reset => (
+            memory.reset(key).await.unwrap(),
+            redis.reset(key).await.unwrap(),
+        ),
+        Op::Block(d) => (
+            memory.block_for(key, d).await.unwrap(),
+            redis.block_for(key, d).await.unwrap(),
+        ),
+    }
+}
+
+/// Whether `DIFF_TRACE` asks for the steps of the sequence of `seed`.
+fn traced(seed: u64) -> bool {
+    std::env::var("DIFF_TRACE").is_ok_and(|s| s == seed.to_string())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lua_twins_match_the_rust_algorithms() {
     let server = RedisServer::start();
@@ -98,42 +145,16 @@ async fn lua_twins_match_the_rust_algorithms() {
                 };
                 // Mostly checks; now and then an administrative operation.
                 let op = match rng.range(0, 24) {
-                    0 | 1 => "refund",
-                    2 | 3 => "penalize",
-                    4 => "reset",
-                    5 => "block",
-                    _ => "check",
+                    0 | 1 => Op::Refund,
+                    2 | 3 => Op::Penalize,
+                    4 => Op::Reset,
+                    5 => Op::Block(Duration::from_micros(rng.range(1, 5_000))),
+                    _ => Op::Check,
                 };
-                let (m, r) = match op {
-                    "refund" => (
-                        on_memory.refund(&key, cost).await.unwrap(),
-                        on_redis.refund(&key, cost).await.unwrap(),
-                    ),
-                    "penalize" => (
-                        on_memory.penalize(&key, cost).await.unwrap(),
-                        on_redis.penalize(&key, cost).await.unwrap(),
-                    ),
-                    "reset" => (
-                        on_memory.reset(&key).await.unwrap(),
-                        on_redis.reset(&key).await.unwrap(),
-                    ),
-                    "block" => {
-                        let d = std::time::Duration::from_micros(rng.range(1, 5_000));
-                        (
-                            on_memory.block_for(&key, d).await.unwrap(),
-                            on_redis.block_for(&key, d).await.unwrap(),
-                        )
-                    }
-                    _ => (
-                        on_memory.check(&key, cost).await.unwrap(),
-                        on_redis.check(&key, cost).await.unwrap(),
-                    ),
-                };
-                if std::env::var_os("DIFF_TRACE").is_some()
-                    && seed == std::env::var("DIFF_TRACE").unwrap().parse::<u64>().unwrap()
-                {
+                let (m, r) = on_both(op, &on_memory, &on_redis, &key, cost).await;
+                if traced(seed) {
                     eprintln!(
-                        "step {step} t={} cost={cost} op={op} m={:?} r={:?}",
+                        "step {step} t={} cost={cost} op={op:?} m={:?} r={:?}",
                         tower_ratelimit::Clock::now_micros(&clock),
                         summary(&m),
                         summary(&r)
@@ -142,7 +163,7 @@ async fn lua_twins_match_the_rust_algorithms() {
                 assert_eq!(
                     summary(&m),
                     summary(&r),
-                    "{algorithm} seed {seed} step {step}: memory vs redis (cost {cost}, {op})"
+                    "{algorithm} seed {seed} step {step}: memory vs redis (cost {cost}, {op:?})"
                 );
                 decisions += 1;
             }
@@ -183,7 +204,7 @@ async fn reloads_convert_alike_in_both_stores() {
             for step in 0..30 {
                 if rng.range(0, 5) == 0 {
                     let policy = reloaded(&mut rng, algorithm, &name);
-                    if std::env::var("DIFF_TRACE").is_ok_and(|s| s == seed.to_string()) {
+                    if traced(seed) {
                         eprintln!("reload {policy:?}");
                     }
                     on_memory.reload([policy.clone()]).unwrap();
@@ -204,35 +225,15 @@ async fn reloads_convert_alike_in_both_stores() {
                     _ => 1,
                 };
                 let op = match rng.range(0, 24) {
-                    0 => "refund",
-                    1 | 2 => "penalize",
-                    3 => "block",
-                    _ => "check",
+                    0 => Op::Refund,
+                    1 | 2 => Op::Penalize,
+                    3 => Op::Block(Duration::from_micros(rng.range(1, 3_000))),
+                    _ => Op::Check,
                 };
-                let (m, r) = match op {
-                    "refund" => (
-                        on_memory.refund(&key, cost).await.unwrap(),
-                        on_redis.refund(&key, cost).await.unwrap(),
-                    ),
-                    "penalize" => (
-                        on_memory.penalize(&key, cost).await.unwrap(),
-                        on_redis.penalize(&key, cost).await.unwrap(),
-                    ),
-                    "block" => {
-                        let d = Duration::from_micros(rng.range(1, 3_000));
-                        (
-                            on_memory.block_for(&key, d).await.unwrap(),
-                            on_redis.block_for(&key, d).await.unwrap(),
-                        )
-                    }
-                    _ => (
-                        on_memory.check(&key, cost).await.unwrap(),
-                        on_redis.check(&key, cost).await.unwrap(),
-                    ),
-                };
-                if std::env::var("DIFF_TRACE").is_ok_and(|s| s == seed.to_string()) {
+                let (m, r) = on_both(op, &on_memory, &on_redis, &key, cost).await;
+                if traced(seed) {
                     eprintln!(
-                        "step {step} t={} cost={cost} op={op} m={:?} {:?} r={:?} {:?}",
+                        "step {step} t={} cost={cost} op={op:?} m={:?} {:?} r={:?} {:?}",
                         tower_ratelimit::Clock::now_micros(&clock),
                         summary(&m),
                         m.wait(),
@@ -243,7 +244,7 @@ async fn reloads_convert_alike_in_both_stores() {
                 assert_eq!(
                     (summary(&m), m.wait()),
                     (summary(&r), r.wait()),
-                    "{algorithm} seed {seed} step {step}: memory vs redis (cost {cost}, {op})"
+                    "{algorithm} seed {seed} step {step}: memory vs redis (cost {cost}, {op:?})"
                 );
                 decisions += 1;
             }
@@ -290,27 +291,14 @@ async fn reservations_are_made_alike_in_both_stores() {
                     _ => 1,
                 };
                 let op = match rng.range(0, 20) {
-                    0 => "refund",
-                    1 => "penalize",
-                    _ => "check",
+                    0 => Op::Refund,
+                    1 => Op::Penalize,
+                    _ => Op::Check,
                 };
-                let (m, r) = match op {
-                    "refund" => (
-                        on_memory.refund(&key, cost).await.unwrap(),
-                        on_redis.refund(&key, cost).await.unwrap(),
-                    ),
-                    "penalize" => (
-                        on_memory.penalize(&key, cost).await.unwrap(),
-                        on_redis.penalize(&key, cost).await.unwrap(),
-                    ),
-                    _ => (
-                        on_memory.check(&key, cost).await.unwrap(),
-                        on_redis.check(&key, cost).await.unwrap(),
-                    ),
-                };
-                if std::env::var("DIFF_TRACE").is_ok_and(|s| s == seed.to_string()) {
+                let (m, r) = on_both(op, &on_memory, &on_redis, &key, cost).await;
+                if traced(seed) {
                     eprintln!(
-                        "step {step} t={} cost={cost} op={op} m={:?} {:?} r={:?} {:?}",
+                        "step {step} t={} cost={cost} op={op:?} m={:?} {:?} r={:?} {:?}",
                         tower_ratelimit::Clock::now_micros(&clock),
                         summary(&m),
                         m.wait(),
@@ -321,7 +309,7 @@ async fn reservations_are_made_alike_in_both_stores() {
                 assert_eq!(
                     (summary(&m), m.wait()),
                     (summary(&r), r.wait()),
-                    "{algorithm} seed {seed} step {step}: memory vs redis (cost {cost}, {op})"
+                    "{algorithm} seed {seed} step {step}: memory vs redis (cost {cost}, {op:?})"
                 );
                 assert!(m.wait() <= wait, "{algorithm}: waits at most {wait:?}");
                 if m.wait() > Duration::ZERO {

@@ -56,20 +56,35 @@ fn clock() -> ManualClock {
     clock
 }
 
+/// A layer of `algorithm` at 10 a minute on a fresh store of `stores`, and a key that has
+/// used `n` of it.
+async fn used<S: Stores>(
+    stores: &S,
+    algorithm: Algorithm,
+    clock: &ManualClock,
+    n: usize,
+) -> (RateLimitLayer<S::Store>, Key) {
+    let layer = layer(
+        stores.store(algorithm, clock).await,
+        api(algorithm, 10),
+        clock,
+    );
+    let key = Key::from("client");
+    for _ in 0..n {
+        assert!(
+            layer.check(&key, 1).await.unwrap().is_allowed(),
+            "{algorithm}"
+        );
+    }
+    (layer, key)
+}
+
 /// The example on every algorithm: 5 used of 10 a minute, the limit raised to 20:
 /// 15 remain, and exactly 15 more are admitted; back to 10, the key has used them all.
 async fn raised_limit_keeps_usage(stores: impl Stores) {
     for algorithm in Algorithm::ALL {
         let clock = clock();
-        let layer = layer(
-            stores.store(algorithm, &clock).await,
-            api(algorithm, 10),
-            &clock,
-        );
-        let key = Key::from("client");
-        for _ in 0..5 {
-            assert!(layer.check(&key, 1).await.unwrap().is_allowed());
-        }
+        let (layer, key) = used(&stores, algorithm, &clock, 5).await;
         clock.advance(Duration::from_millis(10));
         let report = layer.reload([api(algorithm, 20)]).unwrap();
         assert_eq!(report.changed.len(), 1, "{algorithm}: {report}");
@@ -115,15 +130,7 @@ async fn usage_survives_a_raised_limit_on_every_algorithm_in_redis() {
 async fn lowered_limit_keeps_usage(stores: impl Stores) {
     for algorithm in Algorithm::ALL {
         let clock = clock();
-        let layer = layer(
-            stores.store(algorithm, &clock).await,
-            api(algorithm, 10),
-            &clock,
-        );
-        let key = Key::from("client");
-        for _ in 0..5 {
-            layer.check(&key, 1).await.unwrap();
-        }
+        let (layer, key) = used(&stores, algorithm, &clock, 5).await;
         layer.reload([api(algorithm, 3)]).unwrap();
         let d = layer.check(&key, 1).await.unwrap();
         assert!(!d.is_allowed(), "{algorithm}: 5 used of 3");
@@ -148,12 +155,12 @@ async fn lowered_limit_keeps_usage(stores: impl Stores) {
 }
 
 #[tokio::test]
-async fn a_lowered_limit_keeps_usage_up_to_its_capacity_in_memory() {
+async fn a_lowered_limit_keeps_the_whole_usage_in_memory() {
     lowered_limit_keeps_usage(InMemory).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lowered_limit_keeps_usage_up_to_its_capacity_in_redis() {
+async fn a_lowered_limit_keeps_the_whole_usage_in_redis() {
     lowered_limit_keeps_usage(InRedis(RedisServer::start())).await;
 }
 
@@ -162,15 +169,7 @@ async fn a_lowered_limit_keeps_usage_up_to_its_capacity_in_redis() {
 async fn longer_window(stores: impl Stores) {
     for algorithm in Algorithm::ALL {
         let clock = clock();
-        let layer = layer(
-            stores.store(algorithm, &clock).await,
-            api(algorithm, 10),
-            &clock,
-        );
-        let key = Key::from("client");
-        for _ in 0..6 {
-            layer.check(&key, 1).await.unwrap();
-        }
+        let (layer, key) = used(&stores, algorithm, &clock, 6).await;
         clock.advance(Duration::from_secs(1));
         let hour = Duration::from_secs(3600);
         layer.reload([api_per(algorithm, 10, hour)]).unwrap();

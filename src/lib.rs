@@ -301,6 +301,9 @@
 //! | feature | default | what it adds |
 //! |---|---|---|
 //! | `axum` | yes | `ConnectInfo`/`MockConnectInfo` peer addresses; [`Decision`] as an axum extractor |
+//! | `redis` | yes | the Redis store: standalone Redis and Redis Cluster |
+//! | `serde` | with `toml` | `config::Limits`: policies from any serde format |
+//! | `toml` | yes | `config::Limits::from_toml`: a TOML file whose mistakes are reported at their line |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -129,12 +129,15 @@ fn key_extractor(spec: &str, trusted_proxies: &[Cidr]) -> Result<Box<dyn KeyExtr
 fn read_limits(path: &str) -> Result<Limits, String> {
     let text =
         std::fs::read_to_string(path).map_err(|e| format!("CONFIG {path}: cannot read it: {e}"))?;
-    let limits = Limits::from_toml(&text).map_err(|e| format!("CONFIG {path}: {e}"))?;
-    limits
-        .policies()
-        .and_then(|p| RateLimitLayer::builder().policies(p).build())
-        .map_err(|e| format!("CONFIG {path}: {e}"))?;
-    Ok(limits)
+    Limits::from_toml(&text).map_err(|e| format!("CONFIG {path}: {e}"))
+}
+
+/// Where the policies come from, to name it in an error.
+fn source(config: &Config) -> String {
+    match &config.file {
+        Some((path, _)) => format!("CONFIG {path}"),
+        None => "RATE_LIMIT".into(),
+    }
 }
 
 /// The variables a policy file replaces.
@@ -320,7 +323,7 @@ fn app<St: Store>(config: &Config, store: St) -> Result<Router, String> {
     }
     let layer = policies(config, builder)?
         .build()
-        .map_err(|e| format!("RATE_LIMIT: {e}"))?;
+        .map_err(|e| format!("{}: {e}", source(config)))?;
     if let Some((path, _)) = &config.file {
         reload_on_sighup(layer.clone(), path.clone());
     }
@@ -407,7 +410,7 @@ async fn build(config: &Config) -> Result<(Router, String), String> {
             // Check the quota before connecting, so a typo is reported as such.
             policies(config, RateLimitLayer::builder())?
                 .build()
-                .map_err(|e| format!("RATE_LIMIT: {e}"))?;
+                .map_err(|e| format!("{}: {e}", source(config)))?;
             let store = RedisStore::builder(url)
                 .prefix(config.prefix.as_str())
                 .deadline(config.store_timeout)

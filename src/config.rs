@@ -269,9 +269,9 @@ impl<'de> Deserialize<'de> for CidrText {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(try_from = "RawPolicy")]
 pub struct PolicyConfig {
-    raw: RawPolicy,
-    /// The policy, without a key when it has none of its own.
+    /// The policy, without its key.
     policy: Policy,
+    name: Option<String>,
     key: Option<KeySpec>,
 }
 
@@ -289,14 +289,14 @@ impl PolicyConfig {
 
     /// The policy's name, if it was given one.
     pub fn name(&self) -> Option<&str> {
-        self.raw.name.as_deref()
+        self.name.as_deref()
     }
 }
 
 /// A policy as written. Each field is checked as it is read (so a format that tracks
 /// positions reports a bad value at its own line); what depends on several fields is checked
 /// by [`PolicyConfig::try_from`].
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 struct RawPolicy {
     name: Option<String>,
@@ -420,9 +420,8 @@ fn statuses(codes: &[Text<Status>]) -> Arc<[StatusCode]> {
 impl TryFrom<RawPolicy> for PolicyConfig {
     type Error = ConfigError;
 
-    fn try_from(raw: RawPolicy) -> Result<Self, ConfigError> {
-        let r = &raw;
-        let mut policy = match (r.concurrency, r.quota.clone(), &r.algorithm) {
+    fn try_from(r: RawPolicy) -> Result<Self, ConfigError> {
+        let mut policy = match (r.concurrency, r.quota, r.algorithm) {
             (Some(_), Some(_), _) => {
                 return Err(ConfigError::new(
                     "a concurrency policy takes no quota (its limit is `concurrency`)",
@@ -440,12 +439,11 @@ impl TryFrom<RawPolicy> for PolicyConfig {
                 ));
             }
             (None, Some(Text(quota)), algorithm) => {
-                let algorithm = algorithm.as_ref().map_or(Algorithm::Gcra, |a| a.0);
-                Policy::new(algorithm, quota)
+                Policy::new(algorithm.map_or(Algorithm::Gcra, |a| a.0), quota)
             }
         };
         if let Some(name) = &r.name {
-            policy = policy.name(name);
+            policy = policy.name(name.as_str());
         }
         if let Some(burst) = r.burst {
             policy = policy.burst(burst);
@@ -453,8 +451,8 @@ impl TryFrom<RawPolicy> for PolicyConfig {
         if let Some(buckets) = r.buckets {
             policy = policy.buckets(buckets);
         }
-        for Text(RouteText(method, path)) in &r.routes {
-            policy = policy.route(method.clone(), path);
+        for Text(RouteText(method, path)) in r.routes {
+            policy = policy.route(method, path);
         }
         if let Some(cost) = r.cost {
             policy = policy.cost(move |_| cost);
@@ -473,15 +471,15 @@ impl TryFrom<RawPolicy> for PolicyConfig {
         if let Some(Text(unit)) = r.unit {
             policy = policy.unit(unit);
         }
-        for (tier, Text(quota)) in &r.tiers {
-            policy = policy.tier(tier, *quota);
+        for (tier, Text(quota)) in r.tiers {
+            policy = policy.tier(tier, quota);
         }
-        if let Some(Text(HeaderNameText(name))) = r.tier_header.clone() {
+        if let Some(Text(HeaderNameText(name))) = r.tier_header {
             policy = policy
                 .select_tier(move |req| Some(req.headers().get(&name)?.to_str().ok()?.to_owned()));
         }
-        for (key, tier) in &r.tier_keys {
-            policy = policy.tier_for_key(key.as_str(), tier.as_str());
+        for (key, tier) in r.tier_keys {
+            policy = policy.tier_for_key(key, tier);
         }
         if let Some(units) = r.lease {
             policy = policy.lease(units);
@@ -498,18 +496,9 @@ impl TryFrom<RawPolicy> for PolicyConfig {
         // Everything a build would say about the policy, said now, where the policy is read.
         policy.prepare(None)?;
         Ok(PolicyConfig {
-            key: raw.key.clone(),
             policy,
-            raw,
+            name: r.name,
+            key: r.key,
         })
-    }
-}
-
-impl fmt::Display for PolicyConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.raw.name {
-            Some(name) => write!(f, "policy {name:?}"),
-            None => f.write_str("unnamed policy"),
-        }
     }
 }

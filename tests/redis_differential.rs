@@ -96,6 +96,16 @@ async fn on_both<A: Store, B: Store>(
     }
 }
 
+/// Fails unless memory's decision `m` and Redis's `r` are the same (waits included); prints
+/// both when `trace`. `what` names the step.
+fn assert_alike(what: &str, trace: bool, m: &Decision, r: &Decision) {
+    let (m, r) = ((summary(m), m.wait()), (summary(r), r.wait()));
+    if trace {
+        eprintln!("{what}: m={m:?} r={r:?}");
+    }
+    assert_eq!(m, r, "{what}: memory vs redis");
+}
+
 /// Whether `DIFF_TRACE` asks for the steps of the sequence of `seed`.
 fn traced(seed: u64) -> bool {
     std::env::var("DIFF_TRACE").is_ok_and(|s| s == seed.to_string())
@@ -231,21 +241,9 @@ async fn reloads_convert_alike_in_both_stores() {
                     _ => Op::Check,
                 };
                 let (m, r) = on_both(op, &on_memory, &on_redis, &key, cost).await;
-                if traced(seed) {
-                    eprintln!(
-                        "step {step} t={} cost={cost} op={op:?} m={:?} {:?} r={:?} {:?}",
-                        tower_ratelimit::Clock::now_micros(&clock),
-                        summary(&m),
-                        m.wait(),
-                        summary(&r),
-                        r.wait()
-                    );
-                }
-                assert_eq!(
-                    (summary(&m), m.wait()),
-                    (summary(&r), r.wait()),
-                    "{algorithm} seed {seed} step {step}: memory vs redis (cost {cost}, {op:?})"
-                );
+                let at = tower_ratelimit::Clock::now_micros(&clock);
+                let what = format!("{algorithm} seed {seed} step {step} t={at} cost={cost} {op:?}");
+                assert_alike(&what, traced(seed), &m, &r);
                 decisions += 1;
             }
         }
@@ -296,21 +294,9 @@ async fn reservations_are_made_alike_in_both_stores() {
                     _ => Op::Check,
                 };
                 let (m, r) = on_both(op, &on_memory, &on_redis, &key, cost).await;
-                if traced(seed) {
-                    eprintln!(
-                        "step {step} t={} cost={cost} op={op:?} m={:?} {:?} r={:?} {:?}",
-                        tower_ratelimit::Clock::now_micros(&clock),
-                        summary(&m),
-                        m.wait(),
-                        summary(&r),
-                        r.wait()
-                    );
-                }
-                assert_eq!(
-                    (summary(&m), m.wait()),
-                    (summary(&r), r.wait()),
-                    "{algorithm} seed {seed} step {step}: memory vs redis (cost {cost}, {op:?})"
-                );
+                let at = tower_ratelimit::Clock::now_micros(&clock);
+                let what = format!("{algorithm} seed {seed} step {step} t={at} cost={cost} {op:?}");
+                assert_alike(&what, traced(seed), &m, &r);
                 assert!(m.wait() <= wait, "{algorithm}: waits at most {wait:?}");
                 if m.wait() > Duration::ZERO {
                     assert!(m.is_allowed(), "a request that waits is admitted");

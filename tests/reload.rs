@@ -89,7 +89,7 @@ async fn raised_limit_keeps_usage(stores: impl Stores) {
         let report = layer.reload([api(algorithm, 20)]).unwrap();
         assert_eq!(report.changed.len(), 1, "{algorithm}: {report}");
         assert_eq!(
-            layer.peek(&key).await.unwrap().binding().remaining(),
+            remaining(&layer, &key).await,
             15,
             "{algorithm}: 5 used of 20"
         );
@@ -103,7 +103,7 @@ async fn raised_limit_keeps_usage(stores: impl Stores) {
         );
         layer.reload([api(algorithm, 10)]).unwrap();
         assert_eq!(
-            layer.peek(&key).await.unwrap().binding().remaining(),
+            remaining(&layer, &key).await,
             0,
             "{algorithm}: 20 used of 10"
         );
@@ -112,16 +112,6 @@ async fn raised_limit_keeps_usage(stores: impl Stores) {
             "{algorithm}"
         );
     }
-}
-
-#[tokio::test]
-async fn usage_survives_a_raised_limit_on_every_algorithm_in_memory() {
-    raised_limit_keeps_usage(InMemory).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn usage_survives_a_raised_limit_on_every_algorithm_in_redis() {
-    raised_limit_keeps_usage(InRedis(RedisServer::start())).await;
 }
 
 /// A lowered limit keeps the whole usage: 5 used of 10, lowered to 3, is a key 2 units past
@@ -147,21 +137,11 @@ async fn lowered_limit_keeps_usage(stores: impl Stores) {
         }
         layer.reload([api(algorithm, 10)]).unwrap();
         assert_eq!(
-            d_remaining(&layer, &key).await,
+            remaining(&layer, &key).await,
             5,
             "{algorithm}: 5 used of 10"
         );
     }
-}
-
-#[tokio::test]
-async fn a_lowered_limit_keeps_the_whole_usage_in_memory() {
-    lowered_limit_keeps_usage(InMemory).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lowered_limit_keeps_the_whole_usage_in_redis() {
-    lowered_limit_keeps_usage(InRedis(RedisServer::start())).await;
 }
 
 /// What "the same usage" is when the window changes, per algorithm (the crate docs' table):
@@ -200,7 +180,8 @@ async fn longer_window(stores: impl Stores) {
     }
 }
 
-async fn d_remaining<St: Store>(layer: &RateLimitLayer<St>, key: &Key) -> u64 {
+/// What a look at `key` finds remaining.
+async fn remaining<St: Store>(layer: &RateLimitLayer<St>, key: &Key) -> u64 {
     layer.peek(key).await.unwrap().binding().remaining()
 }
 
@@ -208,14 +189,36 @@ fn clock_now(clock: &ManualClock) -> u64 {
     tower_ratelimit::Clock::now_micros(clock)
 }
 
-#[tokio::test]
-async fn a_longer_window_keeps_the_usage_each_algorithm_says_in_memory() {
-    longer_window(InMemory).await;
+/// Runs each scenario as `in_memory::<test>` and `on_redis::<test>` (on a redis-server of its
+/// own).
+macro_rules! on_each_store {
+    ($($test:ident => $scenario:ident,)*) => {
+        mod in_memory {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    $scenario(InMemory).await;
+                }
+            )*
+        }
+
+        mod on_redis {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    $scenario(InRedis(RedisServer::start())).await;
+                }
+            )*
+        }
+    };
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_longer_window_keeps_the_usage_each_algorithm_says_in_redis() {
-    longer_window(InRedis(RedisServer::start())).await;
+on_each_store! {
+    usage_survives_a_raised_limit_on_every_algorithm => raised_limit_keeps_usage,
+    a_lowered_limit_keeps_the_whole_usage => lowered_limit_keeps_usage,
+    a_longer_window_keeps_the_usage_each_algorithm_says => longer_window,
 }
 
 /// Eight clients hammer a service through clones of one layer; once 50 requests went through,
@@ -318,22 +321,10 @@ async fn two_instances_reloaded_one_after_the_other_share_one_usage() {
         }
         // A admits while the key has used fewer than 10, B while fewer than 20.
         assert_eq!(admitted, 20, "{algorithm}");
-        assert_eq!(
-            a.peek(&key).await.unwrap().binding().remaining(),
-            0,
-            "{algorithm}"
-        );
-        assert_eq!(
-            b.peek(&key).await.unwrap().binding().remaining(),
-            0,
-            "{algorithm}"
-        );
+        assert_eq!(remaining(&a, &key).await, 0, "{algorithm}");
+        assert_eq!(remaining(&b, &key).await, 0, "{algorithm}");
         a.reload([api(algorithm, 20)]).unwrap();
-        assert_eq!(
-            a.peek(&key).await.unwrap().binding().remaining(),
-            0,
-            "{algorithm}"
-        );
+        assert_eq!(remaining(&a, &key).await, 0, "{algorithm}");
     }
 }
 

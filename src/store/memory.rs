@@ -10,7 +10,7 @@ use super::{Check, Checks, Mode, Registry, lock, private};
 use crate::algorithm::{Compiled, Lease, State, Verdict, apply_block};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Grant, PolicyOutcome};
-use crate::error::{ConfigError, StoreError};
+use crate::error::StoreError;
 use crate::key::Key;
 use smallvec::{SmallVec, smallvec};
 
@@ -290,8 +290,11 @@ impl MemoryStore {
                 .expect("every shard involved is locked");
         }
         let registry = &self.inner.registry;
+        let redefined = registry.redefined();
         for (c, &(h, g)) in checks.iter().zip(&at) {
-            if let Some(slot) = guards[g].find_mut(c, h)
+            // One more lookup per check, only in a store where a policy was ever redefined.
+            if redefined
+                && let Some(slot) = guards[g].find_mut(c, h)
                 && slot.def != c.tier().def()
             {
                 slot.adopt(c, now, registry);
@@ -678,12 +681,8 @@ impl private::Sealed for MemoryStore {
         std::future::ready(Ok(self.decide(&checks)))
     }
 
-    fn register(
-        &self,
-        tiers: &[(Arc<str>, Compiled)],
-        replacing: &dyn Fn(&str) -> bool,
-    ) -> Result<Vec<super::Registered>, ConfigError> {
-        self.inner.registry.register(tiers, replacing)
+    fn registry(&self) -> &Registry {
+        &self.inner.registry
     }
 
     fn decide_now(&self, checks: &[Check]) -> Option<Decision> {

@@ -10,6 +10,7 @@ mod memory;
 mod redis;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 #[cfg(feature = "redis")]
@@ -39,7 +40,7 @@ pub(crate) mod private {
     use crate::algorithm::Compiled;
     use crate::decision::Decision;
     use crate::error::{ConfigError, StoreError};
-    use crate::store::{Check, Registered};
+    use crate::store::{Check, Registered, Registry};
 
     /// What a store does; out of reach of users (see [`Store`](super::Store)).
     #[allow(private_interfaces)]
@@ -51,12 +52,17 @@ pub(crate) mod private {
         /// unless every policy that decides admits it.
         fn check(&self, checks: crate::store::Checks) -> Self::Future;
 
+        /// The policies the store knows.
+        fn registry(&self) -> &Registry;
+
         /// Registers policy tiers under their names, all or none (see [`Registry::register`]).
         fn register(
             &self,
             tiers: &[(Arc<str>, Compiled)],
             replacing: &dyn Fn(&str) -> bool,
-        ) -> Result<Vec<Registered>, ConfigError>;
+        ) -> Result<Vec<Registered>, ConfigError> {
+            self.registry().register(tiers, replacing)
+        }
 
         /// The decision, when the store makes it synchronously and cannot fail (the memory
         /// store): the layer then settles the request without a future in between.
@@ -94,6 +100,9 @@ pub(crate) mod private {
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
     book: Mutex<Book>,
+    /// Whether a name has ever taken a new definition: until then every state is written
+    /// under its tier's definition, and no decision needs to look.
+    redefined: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -149,12 +158,20 @@ impl Registry {
                 }
                 let def = book.defs.len() as u32;
                 book.defs.push(algorithm.clone());
+                if at.is_some() {
+                    self.redefined.store(true, Ordering::Relaxed);
+                }
                 let id = at.map_or(book.names.len() as u32, |at| at.id);
                 let registered = Registered { id, def };
                 book.names.insert(name.clone(), registered);
                 registered
             })
             .collect())
+    }
+
+    /// Whether a name has ever taken a new definition (a state may then need converting).
+    pub(crate) fn redefined(&self) -> bool {
+        self.redefined.load(Ordering::Relaxed)
     }
 
     /// The definition numbered `def`.

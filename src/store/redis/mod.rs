@@ -16,7 +16,7 @@ use redis::{Cmd, ErrorKind, ServerErrorKind};
 
 use self::script::{ADMITTED, REPLY_PER_CHECK, REPLY_PER_LEASE, SCRIPT, shape};
 use super::{Check, Checks, Mode, Registry, private};
-use crate::algorithm::{Compiled, Verdict};
+use crate::algorithm::Verdict;
 use crate::clock::Clock;
 use crate::decision::{Decision, Grant, PolicyOutcome};
 use crate::error::{ConfigError, StoreError, StoreErrorKind};
@@ -782,12 +782,8 @@ impl private::Sealed for RedisStore {
         })
     }
 
-    fn register(
-        &self,
-        tiers: &[(Arc<str>, Compiled)],
-        replacing: &dyn Fn(&str) -> bool,
-    ) -> Result<Vec<super::Registered>, ConfigError> {
-        self.inner.registry.register(tiers, replacing)
+    fn registry(&self) -> &Registry {
+        &self.inner.registry
     }
 
     /// On a task of its own; outside a runtime, the slots the decision took stay taken until

@@ -34,7 +34,7 @@ use serde::Deserialize;
 
 use crate::algorithm::Algorithm;
 use crate::error::ConfigError;
-use crate::key::{ApiKey, Cidr, ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
+use crate::key::{ApiKey, Cidr, ClientIp, GlobalKey, GrpcMethod, HeaderKey, KeyExtractor, PeerIp};
 use crate::policy::Policy;
 use crate::quota::{Quota, QuotaUnit};
 
@@ -164,7 +164,8 @@ fn toml_error(text: &str, e: &toml::de::Error) -> ConfigError {
 /// | `"client_ip"` | the client behind the configuration's `trusted_proxies` ([`ClientIp`]) |
 /// | `"global"` | one key for every request ([`GlobalKey`]) |
 /// | `"bearer"` | the token of `Authorization: Bearer` ([`ApiKey::bearer`]) |
-/// | `"header:<name>"` | the value of a request header ([`HeaderKey`]) |
+/// | `"header:<name>"` | the value of a request header ([`HeaderKey`]), gRPC metadata included |
+/// | `"grpc_method"` | the full gRPC method name, `/package.Service/Method` ([`GrpcMethod`]) |
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KeySpec {
     /// `"ip"`.
@@ -177,6 +178,8 @@ pub enum KeySpec {
     Bearer,
     /// `"header:<name>"`.
     Header(String),
+    /// `"grpc_method"`.
+    GrpcMethod,
 }
 
 impl std::str::FromStr for KeySpec {
@@ -187,6 +190,7 @@ impl std::str::FromStr for KeySpec {
             "client_ip" => KeySpec::ClientIp,
             "global" => KeySpec::Global,
             "bearer" => KeySpec::Bearer,
+            "grpc_method" => KeySpec::GrpcMethod,
             other => match other.strip_prefix("header:") {
                 Some(name) => {
                     HeaderKey::try_new(name)?;
@@ -194,7 +198,7 @@ impl std::str::FromStr for KeySpec {
                 }
                 None => {
                     return Err(ConfigError::new(format!(
-                        "unknown key {other:?}; expected ip, client_ip, global, bearer or header:<name>"
+                        "unknown key {other:?}; expected ip, client_ip, global, bearer, grpc_method or header:<name>"
                     )));
                 }
             },
@@ -217,6 +221,7 @@ impl KeySpec {
             KeySpec::Global => Arc::new(GlobalKey),
             KeySpec::Bearer => Arc::new(ApiKey::bearer()),
             KeySpec::Header(name) => Arc::new(HeaderKey::try_new(name)?),
+            KeySpec::GrpcMethod => Arc::new(GrpcMethod::new()),
         })
     }
 }

@@ -14,6 +14,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::body::{HeldSlots, MakeBody, Wrapped};
+use crate::grpc::{self, ResponseStyle};
 use crate::headers::RateLimitHeaders;
 use crate::lease::LeaseWait;
 use crate::limiter::{Abandoned, Begin, Charges, Delayed, Limiter, Planned, Settled, Ticket};
@@ -132,7 +133,7 @@ where
         inner: &mut S,
     ) -> Self {
         ResponseFuture {
-            state: next(settled, request, inner),
+            state: next(settled, request, inner, limiter.style()),
             limiter: (!after.is_empty()).then(|| limiter.clone()),
             after,
             body: PhantomData,
@@ -175,7 +176,7 @@ where
         },
         Begin::Settled(settled, charges) => {
             *after = charges;
-            next_owned(settled, request, inner)
+            next_owned(settled, request, inner, limiter.style())
         }
         Begin::Wait(check, ticket) => State::Checking {
             check: InFlight {
@@ -205,6 +206,7 @@ fn next_owned<S, ReqB, C, R>(
     settled: Settled,
     request: Request<ReqB>,
     mut inner: S,
+    style: ResponseStyle,
 ) -> State<S, ReqB, S::Future, C, R>
 where
     S: Service<Request<ReqB>> + Clone,
@@ -218,7 +220,7 @@ where
                 then: delayed,
             })),
         },
-        settled => next(settled, request, &mut inner),
+        settled => next(settled, request, &mut inner, style),
     }
 }
 
@@ -238,18 +240,24 @@ fn go_on(delayed: Delayed) -> Settled {
 }
 
 /// The state that follows a settled decision. A request that waits for its slot takes the
-/// inner service, which was made ready, along, and leaves a clone in its place.
+/// inner service, which was made ready, along, and leaves a clone in its place. The limiter's
+/// own response takes the form `style` gives the request.
 fn next<S, ReqB, C, R>(
     settled: Settled,
     mut request: Request<ReqB>,
     inner: &mut S,
+    style: ResponseStyle,
 ) -> State<S, ReqB, S::Future, C, R>
 where
     S: Service<Request<ReqB>> + Clone,
 {
     match settled {
         Settled::Respond(response) => State::Ready {
-            response: Some(response),
+            response: Some(if style.is_grpc(&request) {
+                grpc::answer(response)
+            } else {
+                response
+            }),
         },
         Settled::Call(headers, decision, held) => {
             if let Some(decision) = decision {
@@ -264,7 +272,7 @@ where
         Settled::Wait(delayed) => {
             let clone = inner.clone();
             let ready = std::mem::replace(inner, clone);
-            next_owned(Settled::Wait(delayed), request, ready)
+            next_owned(Settled::Wait(delayed), request, ready, style)
         }
     }
 }
@@ -317,7 +325,8 @@ where
                     let limiter = this.limiter.as_ref().expect(KEPT_FOR_LATER);
                     let (settled, after) = limiter.settle(ticket, result);
                     *this.after = after;
-                    this.state.set(next_owned(settled, request, inner));
+                    this.state
+                        .set(next_owned(settled, request, inner, limiter.style()));
                 }
                 StateProj::Leasing { wait, pending } => {
                     ready!(wait.poll(cx));
@@ -338,7 +347,10 @@ where
                         mut inner,
                         then: delayed,
                     } = *pending.take().expect(POLLED_AFTER_READY);
-                    this.state.set(next(go_on(*delayed), request, &mut inner));
+                    // Going on: no response of the limiter's own, whatever the style.
+                    let go = go_on(*delayed);
+                    this.state
+                        .set(next(go, request, &mut inner, ResponseStyle::Http));
                 }
                 StateProj::Calling {
                     future,

@@ -13,6 +13,7 @@ use crate::body::Wrapped;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, FailurePolicy, KeyRejection, StoreError};
+use crate::grpc::ResponseStyle;
 use crate::headers::{HeaderConfig, HeaderStyle, ResetFormat};
 use crate::key::{Key, KeyExtractor, PeerIp, RequestRef};
 use crate::limiter::{Config, Limiter};
@@ -421,6 +422,16 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         F: Fn(&RequestRef<'_>) -> u32 + Send + Sync + 'static,
     {
         self.o.cost = Some(Arc::new(cost));
+        self
+    }
+
+    /// How requests the layer does not forward are answered (default [`ResponseStyle::Auto`]:
+    /// gRPC requests the gRPC way, see [`grpc`](crate::grpc), the others with HTTP statuses).
+    /// Under the gRPC form, the hooks' responses ([`on_limited`](Self::on_limited),
+    /// [`on_key_rejected`](Self::on_key_rejected)) are turned into gRPC answers too, unless
+    /// they set a `grpc-status` themselves.
+    pub fn response_style(mut self, style: ResponseStyle) -> Self {
+        self.o.responses.style = style;
         self
     }
 

@@ -266,6 +266,9 @@
 //! * `Router::route_layer` or `MethodRouter::route_layer`: only matched routes, so unmatched
 //!   paths stay `404` and consume nothing. Use it for per-route limits.
 //! * `tower::ServiceBuilder::layer` around any `Service<http::Request<B>>`.
+//! * `tonic::transport::Server::builder().layer(..)`: a gRPC server. Limited calls are answered
+//!   the gRPC way (`RESOURCE_EXHAUSTED`, the retry delay in the status details): see [`grpc`],
+//!   and [`key::GrpcMethod`] to key by method.
 //!
 //! # Testing with a manual clock
 //!
@@ -330,6 +333,7 @@ pub mod key;
 mod decision;
 pub mod headers;
 pub mod response;
+pub mod grpc;
 mod resilience;
 mod service;
 mod future;
@@ -347,6 +351,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, PolicyOutcome};
 pub use error::{ConfigError, FailurePolicy, KeyRejection, StoreError, StoreErrorKind};
 pub use future::ResponseFuture;
+pub use grpc::ResponseStyle;
 pub use headers::{HeaderStyle, ResetFormat};
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use policy::{DEFAULT_MAX_DURATION, Policy};

@@ -33,6 +33,7 @@ use crate::body::HeldSlots;
 use crate::clock::Clock;
 use crate::decision::{Decision, Grant, PolicyOutcome};
 use crate::error::{ConfigError, FailurePolicy, StoreError, StoreErrorKind};
+use crate::grpc::ResponseStyle;
 use crate::headers::{HeaderConfig, RateLimitHeaders};
 use crate::key::{Key, KeyExtractor, RequestRef};
 use crate::lease::{self, Asking, LeaseWait, Leases};
@@ -223,6 +224,11 @@ pub(crate) struct AfterResponse {
 }
 
 impl<St> Limiter<St> {
+    /// How the limiter's own responses are written.
+    pub(crate) fn style(&self) -> ResponseStyle {
+        self.responses.style
+    }
+
     /// The store.
     pub(crate) fn store(&self) -> &St {
         &self.store

@@ -28,6 +28,7 @@ use http::{HeaderValue, Response, StatusCode};
 
 use crate::decision::Decision;
 use crate::error::KeyRejection;
+use crate::grpc::ResponseStyle;
 use crate::headers::RateLimitHeaders;
 
 pub(crate) type LimitedHook = Arc<dyn Fn(&Decision) -> Response<Bytes> + Send + Sync>;
@@ -47,6 +48,7 @@ pub const TEMPORARY_REDUCED_CAPACITY: &str =
 #[derive(Clone)]
 pub(crate) struct Responses {
     pub(crate) status: StatusCode,
+    pub(crate) style: ResponseStyle,
     pub(crate) on_limited: Option<LimitedHook>,
     pub(crate) on_rejected: Option<RejectedHook>,
 }
@@ -55,6 +57,7 @@ impl std::fmt::Debug for Responses {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Responses")
             .field("status", &self.status)
+            .field("style", &self.style)
             .field("on_limited", &self.on_limited.as_ref().map(|_| "custom"))
             .field("on_rejected", &self.on_rejected.as_ref().map(|_| "custom"))
             .finish()
@@ -65,6 +68,7 @@ impl Default for Responses {
     fn default() -> Self {
         Responses {
             status: StatusCode::TOO_MANY_REQUESTS,
+            style: ResponseStyle::Auto,
             on_limited: None,
             on_rejected: None,
         }
@@ -113,7 +117,14 @@ impl Responses {
     }
 
     /// The response to a request without a key.
+    /// (The rejection goes in its extensions, for the gRPC form.)
     pub(crate) fn rejected(&self, rejection: &KeyRejection) -> Response<Bytes> {
+        let mut r = self.rejected_response(rejection);
+        r.extensions_mut().insert(rejection.clone());
+        r
+    }
+
+    fn rejected_response(&self, rejection: &KeyRejection) -> Response<Bytes> {
         if let Some(hook) = &self.on_rejected {
             return hook(rejection);
         }

@@ -13,6 +13,7 @@
 //! | [`HeaderKey`] | the value of one request header |
 //! | [`extension`], [`extension_with`] | a value an earlier layer put in the extensions, e.g. the user id |
 //! | [`matched_route`] | the route pattern the router matched, and the method |
+//! | [`GrpcMethod`] | the full gRPC method name, `/package.Service/Method` |
 //! | [`first_of`], [`KeyExtractor::or`] | the first of several that finds a key (user id, else client IP) |
 //! | [`all`] | several keys combined into one (route and client) |
 //! | [`from_fn`] | anything a closure computes from the request |
@@ -43,6 +44,7 @@ mod extension;
 mod forwarded;
 mod from_fn;
 mod global;
+mod grpc;
 mod header;
 mod ip_group;
 mod peer_ip;
@@ -63,6 +65,7 @@ pub use composite::{All, FirstOf, all, first_of};
 pub use extension::{ExtensionKey, extension, extension_with};
 pub use from_fn::{FromFn, from_fn};
 pub use global::GlobalKey;
+pub use grpc::GrpcMethod;
 pub use header::HeaderKey;
 pub use peer_ip::PeerIp;
 pub use route::{MatchedRoute, matched_route};

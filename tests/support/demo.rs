@@ -1,4 +1,5 @@
-//! The demo server (`examples/server.rs`) as a child process, over real TCP.
+//! The demo servers (`examples/server.rs`, `examples/grpc.rs`) as child processes, over real
+//! TCP.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -7,24 +8,34 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-/// Builds the example once and returns its path.
+/// Builds the demo server once and returns its path.
 pub fn server_binary() -> &'static PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "--quiet", "--example", "server"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("run cargo build --example server");
-        assert!(status.success(), "the demo server builds");
-        let mut path = std::env::current_exe().unwrap();
-        path.pop(); // deps
-        path.pop(); // debug
-        path.push("examples");
-        path.push("server");
-        assert!(path.exists(), "{} exists", path.display());
-        path
-    })
+    PATH.get_or_init(|| example_binary("server"))
+}
+
+/// Builds the example `name` and returns its path.
+fn example_binary(name: &str) -> PathBuf {
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "--example", name])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .unwrap_or_else(|e| panic!("run cargo build --example {name}: {e}"));
+    assert!(status.success(), "the example {name} builds");
+    let mut path = std::env::current_exe().unwrap();
+    path.pop(); // deps
+    path.pop(); // debug
+    path.push("examples");
+    path.push(name);
+    assert!(path.exists(), "{} exists", path.display());
+    path
+}
+
+/// Builds the gRPC demo server once and returns its path.
+#[allow(dead_code)]
+pub fn grpc_binary() -> &'static PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| example_binary("grpc"))
 }
 
 /// Runs the demo server with `env` as its only environment, expecting it to refuse to start
@@ -53,7 +64,17 @@ pub struct DemoServer {
 impl DemoServer {
     /// Starts the server on a free port with `env` as its only environment.
     pub fn start(env: &[(&str, &str)]) -> Self {
-        let mut child = Command::new(server_binary())
+        Self::start_binary(server_binary(), "http", env)
+    }
+
+    /// Starts the gRPC demo server on a free port with `env` as its only environment.
+    #[allow(dead_code)]
+    pub fn start_grpc(env: &[(&str, &str)]) -> Self {
+        Self::start_binary(grpc_binary(), "grpc", env)
+    }
+
+    fn start_binary(binary: &PathBuf, scheme: &str, env: &[(&str, &str)]) -> Self {
+        let mut child = Command::new(binary)
             .env_clear()
             .env("BIND", "127.0.0.1:0")
             .envs(env.iter().copied())
@@ -66,7 +87,7 @@ impl DemoServer {
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         stdout.read_line(&mut line).unwrap();
         let addr = line
-            .strip_prefix("listening on http://")
+            .strip_prefix(&format!("listening on {scheme}://"))
             .and_then(|rest| rest.split_whitespace().next())
             .unwrap_or_else(|| {
                 let mut err = String::new();

@@ -122,7 +122,7 @@ mod tests {
             extract(&key, "/grpc.health.v1.Health/Check").unwrap(),
             Key::from("/grpc.health.v1.Health/Check")
         );
-        for bad in ["/", "/a", "/a/", "//b", "/a/b/c", "/a b/c", "/a/b%20"] {
+        for bad in ["/", "/a", "/a/", "//b", "/a/b/c", "/a-b/c", "/a/b%20"] {
             let err = extract(&key, bad).unwrap_err();
             assert_eq!(err.code(), "not_a_grpc_method", "{bad}");
         }

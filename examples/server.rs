@@ -28,9 +28,10 @@ Environment variables:
               replaces; setting both is an error). Reloaded on SIGHUP, keeping every key's
               usage; a file with a mistake is rejected and the old limits stay.
                                                     (default unset)
-  REDIS_URL   unset: in-memory store; set: Redis, e.g. redis://127.0.0.1:6379 or
-              redis+cluster://127.0.0.1:7000,127.0.0.1:7001 for a Redis Cluster
-                                                    (default unset)
+  REDIS_URL   unset: in-memory store; set: Redis, e.g. redis://127.0.0.1:6379,
+              redis+cluster://127.0.0.1:7000,127.0.0.1:7001 for a Redis Cluster, or
+              redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster for the primary
+              Redis Sentinel names              (default unset)
   PREFIX      key prefix in Redis                   (default rl:)
   ON_STORE_ERROR
               what to do when Redis fails or is slow: open (let requests through),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite. Installs what the suite needs when it is missing:
-# redis-server and redis-cli (Debian/Ubuntu packages) for the Redis tests, which start their own
-# servers on free ports, and cargo-nextest when cargo can install it.
+# redis-server, redis-cli and redis-sentinel (Debian/Ubuntu packages) for the Redis tests, which
+# start their own servers and sentinels on free ports, and cargo-nextest when cargo can install it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,17 +9,20 @@ as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }
 
-if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
-    echo "test.sh: installing redis-server and redis-tools" >&2
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null \
+    || ! command -v redis-sentinel >/dev/null; then
+    echo "test.sh: installing redis-server, redis-tools and redis-sentinel" >&2
     if command -v apt-get >/dev/null; then
         as_root apt-get update -qq
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            redis-server redis-tools redis-sentinel >/dev/null
     else
         echo "test.sh: redis-server is missing and apt-get is not available; install Redis 7+ and retry" >&2
         exit 1
     fi
 fi
-# The Debian package may start a system-wide server on 6379; the tests never use it.
+# The Debian packages may start a system-wide server on 6379 and a sentinel on 26379; the tests
+# never use them.
 
 if ! cargo nextest --version >/dev/null 2>&1; then
     echo "test.sh: installing cargo-nextest" >&2

@@ -1,5 +1,6 @@
-//! Real Redis servers for the tests: a standalone `redis-server` or a 3-primary Redis Cluster,
-//! each on free ports, stopped (killed) when dropped. Nothing here is a mock. A test that needs
+//! Real Redis servers for the tests: a standalone `redis-server`, a 3-primary Redis Cluster, or
+//! a primary with a replica watched by three `redis-sentinel`s, each on free ports, stopped
+//! (killed) when dropped. Nothing here is a mock. A test that needs
 //! Redis fails loudly when it cannot start one: run `scripts/test.sh`, which installs it.
 #![allow(dead_code, unreachable_pub)]
 
@@ -175,6 +176,140 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A primary, its replica, and three `redis-sentinel` processes watching them (quorum 2, the
+/// primary judged down after 500 ms), on free ports.
+pub struct Sentinels {
+    pub primary: RedisServer,
+    pub replica: RedisServer,
+    pub ports: Vec<u16>,
+    children: Vec<Child>,
+    dir: PathBuf,
+}
+
+/// The name the sentinels know the primary by.
+pub const MASTER: &str = "mymaster";
+
+impl Sentinels {
+    pub fn start() -> Self {
+        let primary = RedisServer::start();
+        let replica =
+            RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
+        wait_until(Duration::from_secs(20), "the replica to sync", || {
+            replica
+                .cli(&["INFO", "replication"])
+                .contains("master_link_status:up")
+        });
+        let found = Command::new("redis-sentinel")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+            .is_ok();
+        assert!(
+            found,
+            "redis-sentinel is not installed: run scripts/test.sh, which installs it (Debian/Ubuntu: apt-get install redis-sentinel)"
+        );
+        let dir = std::env::temp_dir().join(format!(
+            "tower-ratelimit-sentinel-{}-{}",
+            std::process::id(),
+            primary.port
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut children = Vec::new();
+        let mut ports = Vec::new();
+        for i in 0..3 {
+            let port = free_port();
+            // Sentinel rewrites its file, so each gets one of its own.
+            let conf = dir.join(format!("sentinel-{i}.conf"));
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\n\
+                     sentinel monitor {MASTER} 127.0.0.1 {primary} 2\n\
+                     sentinel down-after-milliseconds {MASTER} 500\n\
+                     sentinel failover-timeout {MASTER} 10000\n",
+                    dir = dir.display(),
+                    primary = primary.port,
+                ),
+            )
+            .unwrap();
+            let child = Command::new("redis-sentinel")
+                .arg(&conf)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start redis-sentinel");
+            children.push(child);
+            ports.push(port);
+        }
+        // Ready when each sentinel knows the replica and the two other sentinels (they find
+        // each other through the primary, every two seconds): only then can they fail over.
+        for &port in &ports {
+            wait_until(
+                Duration::from_secs(30),
+                "the sentinels to know each other",
+                || {
+                    let out = redis_cli(port, &["SENTINEL", "MASTER", MASTER]);
+                    let Ok(out) = out else { return false };
+                    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+                        .lines()
+                        .map(str::to_owned)
+                        .collect();
+                    let field = |name: &str| {
+                        lines
+                            .iter()
+                            .position(|l| l == name)
+                            .and_then(|i| lines.get(i + 1).cloned())
+                    };
+                    field("num-slaves").as_deref() == Some("1")
+                        && field("num-other-sentinels").as_deref() == Some("2")
+                },
+            );
+        }
+        Sentinels {
+            primary,
+            replica,
+            ports,
+            children,
+            dir,
+        }
+    }
+
+    /// `redis+sentinel://127.0.0.1:<port>,…/mymaster`.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+sentinel://{}/{MASTER}", hosts.join(","))
+    }
+
+    /// The port of the primary the first sentinel names.
+    pub fn primary_port(&self) -> u16 {
+        let out = redis_cli(
+            self.ports[0],
+            &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER],
+        )
+        .unwrap();
+        let out = String::from_utf8_lossy(&out.stdout).to_string();
+        out.lines()
+            .nth(1)
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Sentinels {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

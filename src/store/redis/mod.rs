@@ -2,6 +2,7 @@
 
 mod key;
 mod script;
+mod sentinel;
 
 use std::fmt;
 use std::future::Future;
@@ -74,6 +75,22 @@ pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_millis(50);
 /// in-flight decision. A URL of the form `redis+cluster://host:port,host:port` (or
 /// [`RedisStore::cluster_builder`]) connects to a Redis Cluster.
 ///
+/// # Sentinel
+///
+/// `redis+sentinel://host:port,host:port/<master name>` asks the sentinels for the primary
+/// (and checks with `ROLE` that it is one), and keeps one multiplexed connection to it. When a
+/// decision finds the primary gone (the connection closed or refused, `READONLY` from a
+/// demoted node, no reply) the store asks the sentinels again on a task of its own, every
+/// 100 ms until they name a primary that answers; meanwhile decisions fail at once and the
+/// layer's [`FailurePolicy`](crate::FailurePolicy) answers them. The decision function was
+/// copied to the replicas with the data, so the promoted one decides at once.
+///
+/// Replication is asynchronous: what the old primary admitted in its last moments before it
+/// died, and had not yet sent to the replica, is lost with it, so the promoted replica may
+/// admit up to that many requests again within their window (at most the requests of one
+/// replication round trip, typically under a millisecond's worth). Everything replicated before
+/// the failover is kept, and limits stay exact afterwards.
+///
 /// # Keys
 ///
 /// A key is `<prefix><policy name>:{<caller key>}`: the caller's key, escaped (or hashed when
@@ -120,6 +137,7 @@ struct Inner {
 
 enum Conn {
     Multiplexed(ConnectionManager),
+    Sentinel(Arc<sentinel::Primary>),
     Pool(deadpool_redis::Pool),
     Cluster(ClusterConnection),
     ClusterPool(deadpool_redis::cluster::Pool),
@@ -129,6 +147,7 @@ impl Conn {
     fn kind(&self) -> &'static str {
         match self {
             Conn::Multiplexed(_) => "multiplexed",
+            Conn::Sentinel(_) => "sentinel",
             Conn::Pool(_) => "pool",
             Conn::Cluster(_) => "cluster",
             Conn::ClusterPool(_) => "cluster-pool",
@@ -156,6 +175,8 @@ impl fmt::Debug for RedisStore {
 pub struct RedisStoreBuilder {
     nodes: Vec<String>,
     cluster: bool,
+    /// A `redis+sentinel://` URL, read.
+    sentinel: Option<Result<sentinel::Target, ConfigError>>,
     pool: Option<usize>,
     prefix: String,
     clock: Option<Arc<dyn Clock>>,
@@ -173,6 +194,13 @@ impl fmt::Debug for RedisStoreBuilder {
                 &self.nodes.iter().map(|n| redact(n)).collect::<Vec<_>>(),
             )
             .field("cluster", &self.cluster)
+            .field(
+                "sentinel",
+                &self.sentinel.as_ref().map(|t| {
+                    t.as_ref()
+                        .map(|t| format!("{} via {}", t.master, t.sentinels.join(",")))
+                }),
+            )
             .field("pool", &self.pool)
             .field("prefix", &self.prefix)
             .field("clock", &self.clock)
@@ -194,9 +222,23 @@ fn redact(url: &str) -> String {
 impl RedisStore {
     /// Configures a store for `url`: `redis://[user:password@]host[:port][/db]`, `rediss://…`
     /// (TLS, if redis-rs was built with it), `redis+unix:///path`, or
-    /// `redis+cluster://[user:password@]host:port,host:port,…` for a Redis Cluster.
+    /// `redis+cluster://[user:password@]host:port,host:port,…` for a Redis Cluster, or
+    /// `redis+sentinel://[user:password@]host:port,host:port,…/<master name>[/<db>]` for the
+    /// primary that Redis Sentinel names (the sentinels' addresses, port 26379 by default;
+    /// the credentials and database are the primary's). A malformed URL is reported by
+    /// [`build`](RedisStoreBuilder::build).
     pub fn builder(url: &str) -> RedisStoreBuilder {
         let url = url.trim();
+        if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+            let target = sentinel::Target::parse(rest);
+            let nodes = match &target {
+                Ok(t) => t.sentinels.iter().map(|h| format!("redis://{h}")).collect(),
+                Err(_) => vec![],
+            };
+            let mut builder = Self::new_builder(nodes, false);
+            builder.sentinel = Some(target);
+            return builder;
+        }
         for (scheme, node_scheme) in [
             ("redis+cluster://", "redis://"),
             ("rediss+cluster://", "rediss://"),
@@ -231,6 +273,7 @@ impl RedisStore {
         RedisStoreBuilder {
             nodes,
             cluster,
+            sentinel: None,
             pool: None,
             prefix: DEFAULT_PREFIX.to_owned(),
             clock: None,
@@ -345,21 +388,37 @@ impl RedisStoreBuilder {
 
     /// Connects, loads the script, and returns the store. Fails with a one-line message when
     /// the URL is invalid or Redis cannot be reached within the connect timeout.
-    pub async fn build(self) -> Result<RedisStore, StoreError> {
+    pub async fn build(mut self) -> Result<RedisStore, StoreError> {
         key::validate_prefix(&self.prefix).map_err(StoreError::new)?;
+        let sentinel = self.sentinel.take().transpose().map_err(StoreError::new)?;
+        if let (Some(_), Some(_)) = (&sentinel, self.pool) {
+            return Err(StoreError::new(ConfigError::new(
+                "a pool is not available with Sentinel: the store keeps one multiplexed connection to the primary, which it finds again after a failover",
+            )));
+        }
         if self.nodes.is_empty() {
             return Err(StoreError::new(ConfigError::new("no Redis node given")));
         }
-        let target = self
+        let mut target = self
             .nodes
             .iter()
             .map(|n| redact(n))
             .collect::<Vec<_>>()
             .join(",");
+        if let Some(t) = &sentinel {
+            target = format!("the primary {:?} of the sentinels {target}", t.master);
+        }
         let fail = |what: &str, e: &dyn fmt::Display| {
             StoreError::new(format!("cannot {what} Redis at {target}: {e}"))
         };
         let conn = match (self.cluster, self.pool) {
+            (false, None) if let Some(t) = &sentinel => {
+                let primary =
+                    sentinel::Primary::connect(t, self.connect_timeout, self.response_timeout)
+                        .await
+                        .map_err(|e| fail("connect to", &e))?;
+                Conn::Sentinel(primary)
+            }
             (false, None) => {
                 let client = redis::Client::open(self.nodes[0].as_str())
                     .map_err(|e| fail("parse the URL of", &e))?;
@@ -451,6 +510,14 @@ impl Conn {
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let conn = match self {
+            Conn::Sentinel(primary) => {
+                let (number, conn) = primary.get()?;
+                let result = f(AnyConn::Direct(conn)).await;
+                if let Err(e) = &result {
+                    primary.failed(number, e);
+                }
+                return result.map_err(StoreError::new);
+            }
             Conn::Multiplexed(m) => AnyConn::Multiplexed(m.clone()),
             Conn::Cluster(c) => AnyConn::Cluster(c.clone()),
             // Boxed: the pools' futures are large, and every decision's future would carry
@@ -722,6 +789,7 @@ fn is_missing_function(e: &redis::RedisError) -> bool {
 /// One connection of any kind, for the duration of a call.
 enum AnyConn {
     Multiplexed(ConnectionManager),
+    Direct(redis::aio::MultiplexedConnection),
     Cluster(ClusterConnection),
     Pool(deadpool_redis::Connection),
     ClusterPool(deadpool_redis::cluster::Connection),
@@ -731,6 +799,7 @@ impl ConnectionLike for AnyConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, redis::Value> {
         match self {
             AnyConn::Multiplexed(c) => c.req_packed_command(cmd),
+            AnyConn::Direct(c) => c.req_packed_command(cmd),
             AnyConn::Cluster(c) => c.req_packed_command(cmd),
             AnyConn::Pool(c) => c.req_packed_command(cmd),
             AnyConn::ClusterPool(c) => c.req_packed_command(cmd),
@@ -745,6 +814,7 @@ impl ConnectionLike for AnyConn {
     ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
         match self {
             AnyConn::Multiplexed(c) => c.req_packed_commands(cmd, offset, count),
+            AnyConn::Direct(c) => c.req_packed_commands(cmd, offset, count),
             AnyConn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
             AnyConn::Pool(c) => c.req_packed_commands(cmd, offset, count),
             AnyConn::ClusterPool(c) => c.req_packed_commands(cmd, offset, count),
@@ -754,6 +824,7 @@ impl ConnectionLike for AnyConn {
     fn get_db(&self) -> i64 {
         match self {
             AnyConn::Multiplexed(c) => c.get_db(),
+            AnyConn::Direct(c) => c.get_db(),
             AnyConn::Cluster(c) => c.get_db(),
             AnyConn::Pool(c) => c.get_db(),
             AnyConn::ClusterPool(c) => c.get_db(),
@@ -770,10 +841,15 @@ impl private::Sealed for RedisStore {
         Box::pin(async move {
             let result = match tokio::time::timeout(inner.deadline, inner.decide(checks)).await {
                 Ok(result) => result,
-                Err(_) => Err(StoreError::with_kind(
-                    StoreErrorKind::Timeout,
-                    format!("no decision from Redis within {:?}", inner.deadline),
-                )),
+                Err(_) => {
+                    if let Conn::Sentinel(primary) = &inner.conn {
+                        primary.missed_deadline();
+                    }
+                    Err(StoreError::with_kind(
+                        StoreErrorKind::Timeout,
+                        format!("no decision from Redis within {:?}", inner.deadline),
+                    ))
+                }
             };
             if inner.reload.swap(false, Ordering::AcqRel) {
                 tokio::spawn(reload(inner));

@@ -14,13 +14,13 @@ mod support;
 
 use support::Sentinels;
 use support::demo::DemoServer;
-use support::http::{PROBLEM_JSON, Seen, get, inner};
+use support::http::{PROBLEM_JSON, Reply, Seen, get, inner};
 
 /// The deadline of one decision in these tests.
 const DEADLINE: Duration = Duration::from_millis(100);
 
-async fn store(sentinels: &Sentinels, clock: &ManualClock) -> RedisStore {
-    RedisStore::builder(&sentinels.url())
+async fn store(url: &str, clock: &ManualClock) -> RedisStore {
+    RedisStore::builder(url)
         .deadline(DEADLINE)
         .prefix("sentinel:")
         .clock(clock.clone())
@@ -29,20 +29,27 @@ async fn store(sentinels: &Sentinels, clock: &ManualClock) -> RedisStore {
         .expect("connect through the sentinels")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failover_gets_the_failure_policy_then_decisions_resume_exactly() {
-    let mut sentinels = Sentinels::start();
-    let clock = ManualClock::new();
-    // Two instances, each with its own store and connection, sharing the limit.
-    let seen = Seen::default();
+/// Instances of one API, each with its own store (and connection) through the sentinels,
+/// sharing a limit of 10 an hour. The store decides on the manual clock; the layer's circuit
+/// breaker counts its open second on the real one.
+async fn instances(
+    n: usize,
+    url: String,
+    clock: ManualClock,
+    seen: Seen,
+) -> Vec<
+    impl tower::Service<
+        http::Request<()>,
+        Response = http::Response<impl http_body::Body<Error: std::fmt::Debug>>,
+        Error: std::fmt::Debug,
+    > + Clone,
+> {
     let mut instances = Vec::new();
-    for _ in 0..2 {
+    for _ in 0..n {
         let layer = RateLimitLayer::builder()
             .policy(Policy::fixed_window("10/h").name("hourly"))
             .key(GlobalKey)
-            // The store decides on the manual clock; the layer's circuit breaker counts its
-            // open second on the real one.
-            .store(store(&sentinels, &clock).await)
+            .store(store(&url, &clock).await)
             .on_store_error(FailurePolicy::Closed)
             .build()
             .unwrap();
@@ -52,60 +59,119 @@ async fn a_failover_gets_the_failure_policy_then_decisions_resume_exactly() {
                 .service(inner(&seen)),
         );
     }
-    for i in 0..6 {
-        assert_eq!(get(&instances[i % 2]).await.status, StatusCode::OK);
-    }
-    // Everything so far is on the replica before the primary dies.
-    assert_eq!(sentinels.primary.cli(&["WAIT", "1", "5000"]), "1");
-    let old_primary = sentinels.primary.port;
-    let killed = Instant::now();
-    sentinels.primary.kill();
+    instances
+}
 
-    // Until a decision comes back, every request gets the failure policy (503), each within
-    // the deadline (plus a margin for a loaded machine).
+/// Sends requests to `instances` in turn until one is decided (not the failure policy's 503),
+/// asserting that each is answered within the deadline (plus a margin for a loaded machine);
+/// returns the decided reply and how many got the failure policy.
+async fn until_decided<S, B>(instances: &[S], since: Instant, what: &str) -> (Reply, usize)
+where
+    S: tower::Service<http::Request<()>, Response = http::Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
     let mut slowest = Duration::ZERO;
     let mut degraded = 0;
-    let first = loop {
+    loop {
         let started = Instant::now();
-        let reply = get(&instances[degraded % 2]).await;
+        let reply = get(&instances[degraded % instances.len()]).await;
         slowest = slowest.max(started.elapsed());
         assert!(
-            started.elapsed() < DEADLINE + Duration::from_secs(1),
-            "a request took {:?} during the failover",
-            started.elapsed()
+            slowest < DEADLINE + Duration::from_secs(1),
+            "a request took {slowest:?} after {what}"
         );
         if reply.status != StatusCode::SERVICE_UNAVAILABLE {
-            break reply;
+            eprintln!(
+                "decisions resumed {:?} after {what}; {degraded} requests got the failure policy, the slowest in {slowest:?}",
+                since.elapsed()
+            );
+            return (reply, degraded);
         }
         assert_eq!(reply.header("content-type"), Some(PROBLEM_JSON));
         degraded += 1;
         assert!(
-            killed.elapsed() < Duration::from_secs(60),
-            "no decision a minute after the primary died"
+            since.elapsed() < Duration::from_secs(60),
+            "no decision a minute after {what}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let resumed = killed.elapsed();
-    eprintln!(
-        "decisions resumed {resumed:?} after kill -9 of the primary; {degraded} requests got the failure policy, the slowest in {slowest:?}"
-    );
-    assert!(degraded > 0, "the failover was noticed");
-    // The replica is the primary now, and the sentinels say so.
-    assert_ne!(sentinels.primary_port(), old_primary);
-    assert!(sentinels.replica.cli(&["ROLE"]).starts_with("master"));
+    }
+}
 
-    // Exact afterwards: 6 admitted before the kill, so 4 in all after it, on both instances.
-    assert_eq!(first.status, StatusCode::OK);
-    let mut admitted = 1;
-    for i in 0..10 {
-        match get(&instances[i % 2]).await.status {
+/// How many of `n` requests to `instances` in turn are admitted (the others limited).
+async fn admitted<S, B>(instances: &[S], n: usize) -> usize
+where
+    S: tower::Service<http::Request<()>, Response = http::Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    let mut admitted = 0;
+    for i in 0..n {
+        match get(&instances[i % instances.len()]).await.status {
             StatusCode::OK => admitted += 1,
             StatusCode::TOO_MANY_REQUESTS => {}
             other => panic!("{other} after the failover"),
         }
     }
-    assert_eq!(admitted, 4);
+    admitted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_gets_the_failure_policy_then_decisions_resume_exactly() {
+    let mut sentinels = Sentinels::start();
+    let (clock, seen) = (ManualClock::new(), Seen::default());
+    // Two instances sharing the limit.
+    let instances = instances(2, sentinels.url(), clock, seen.clone()).await;
+    assert_eq!(admitted(&instances, 6).await, 6);
+    // Everything so far is on the replica before the primary dies.
+    assert_eq!(sentinels.primary.cli(&["WAIT", "1", "5000"]), "1");
+    let old_primary = sentinels.primary.port;
+    let killed = Instant::now();
+    sentinels.primary.kill();
+    let (first, degraded) = until_decided(&instances, killed, "kill -9 of the primary").await;
+    assert!(degraded > 0, "the failover was noticed");
+    // The replica is the primary now, and the sentinels say so.
+    assert_ne!(sentinels.primary_port(), old_primary);
+    assert!(sentinels.replica.cli(&["ROLE"]).starts_with("master"));
+    // Exact afterwards: 6 admitted before the kill, so 4 in all after it, on both instances.
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(1 + admitted(&instances, 10).await, 4);
     assert_eq!(seen.calls(), 10);
+}
+
+/// A primary that stops answering without closing its connections (`SIGSTOP`) is failed over
+/// too: decisions miss their deadline, a `PING` after one misses its own, and the store asks
+/// the sentinels again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_primary_is_failed_over_too() {
+    let sentinels = Sentinels::start();
+    let (clock, seen) = (ManualClock::new(), Seen::default());
+    let instances = instances(1, sentinels.url(), clock, seen).await;
+    assert_eq!(admitted(&instances, 3).await, 3);
+    assert_eq!(sentinels.primary.cli(&["WAIT", "1", "5000"]), "1");
+    let paused = sentinels.primary.pid().to_string();
+    signal("-STOP", &paused);
+    let (first, degraded) =
+        until_decided(&instances, Instant::now(), "SIGSTOP of the primary").await;
+    signal("-CONT", &paused);
+    assert!(degraded > 0);
+    assert!(sentinels.replica.cli(&["ROLE"]).starts_with("master"));
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(
+        1 + admitted(&instances, 10).await,
+        7,
+        "3 before the pause, 7 after"
+    );
+}
+
+fn signal(which: &str, pid: &str) {
+    let status = std::process::Command::new("kill")
+        .args([which, pid])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {which} {pid}");
 }
 
 #[tokio::test]
@@ -155,73 +221,4 @@ async fn a_bad_sentinel_url_or_master_name_is_a_clear_error() {
         error.contains("pool is not available with Sentinel"),
         "{error}"
     );
-}
-
-/// A primary that stops answering without closing its connections (`SIGSTOP`) is failed over
-/// too: decisions miss their deadline, a `PING` after one misses its own, and the store asks
-/// the sentinels again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_primary_is_failed_over_too() {
-    let sentinels = Sentinels::start();
-    let clock = ManualClock::new();
-    let seen = Seen::default();
-    let layer = RateLimitLayer::builder()
-        .policy(Policy::fixed_window("10/h").name("hourly"))
-        .key(GlobalKey)
-        .store(store(&sentinels, &clock).await)
-        .on_store_error(FailurePolicy::Closed)
-        .build()
-        .unwrap();
-    let svc = tower::ServiceBuilder::new()
-        .layer(layer)
-        .service(inner(&seen));
-    for _ in 0..3 {
-        assert_eq!(get(&svc).await.status, StatusCode::OK);
-    }
-    assert_eq!(sentinels.primary.cli(&["WAIT", "1", "5000"]), "1");
-    let paused = sentinels.primary.pid().to_string();
-    signal("-STOP", &paused);
-    let stopped = Instant::now();
-    let mut degraded = 0;
-    let first = loop {
-        let started = Instant::now();
-        let reply = get(&svc).await;
-        assert!(
-            started.elapsed() < DEADLINE + Duration::from_secs(1),
-            "a request took {:?} while the primary was paused",
-            started.elapsed()
-        );
-        if reply.status != StatusCode::SERVICE_UNAVAILABLE {
-            break reply;
-        }
-        degraded += 1;
-        assert!(
-            stopped.elapsed() < Duration::from_secs(60),
-            "no decision a minute after the primary stopped"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    eprintln!(
-        "decisions resumed {:?} after SIGSTOP of the primary; {degraded} requests got the failure policy",
-        stopped.elapsed()
-    );
-    signal("-CONT", &paused);
-    assert!(degraded > 0);
-    assert!(sentinels.replica.cli(&["ROLE"]).starts_with("master"));
-    assert_eq!(first.status, StatusCode::OK);
-    let mut admitted = 1;
-    for _ in 0..10 {
-        if get(&svc).await.status == StatusCode::OK {
-            admitted += 1;
-        }
-    }
-    assert_eq!(admitted, 7, "3 before the pause, 7 after");
-}
-
-fn signal(which: &str, pid: &str) {
-    let status = std::process::Command::new("kill")
-        .args([which, pid])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill {which} {pid}");
 }

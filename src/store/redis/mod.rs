@@ -327,7 +327,8 @@ impl RedisStoreBuilder {
     }
 
     /// Uses a deadpool-redis pool of up to `max_size` connections instead of one shared
-    /// multiplexed connection.
+    /// multiplexed connection (not behind Sentinel, where the store keeps one connection to
+    /// the primary and replaces it after a failover: `build` says so).
     pub fn pool(mut self, max_size: usize) -> Self {
         self.pool = Some(max_size.max(1));
         self

@@ -143,7 +143,7 @@ async fn a_failover_gets_the_failure_policy_then_decisions_resume_exactly() {
 
 /// A primary that stops answering without closing its connections (`SIGSTOP`) is failed over
 /// too: decisions miss their deadline, a `PING` after one misses its own, and the store asks
-/// the sentinels again.
+/// the sentinels again. The new primary's lost function is loaded again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_primary_is_failed_over_too() {
     let sentinels = Sentinels::start();
@@ -164,6 +164,18 @@ async fn a_paused_primary_is_failed_over_too() {
         7,
         "3 before the pause, 7 after"
     );
+    // The promoted primary loses the decision function: the next decision still comes (sent
+    // as EVAL), and the function is loaded again, through the sentinels' primary.
+    sentinels.replica.cli(&["FUNCTION", "FLUSH"]);
+    assert_eq!(admitted(&instances, 1).await, 0, "still limited");
+    let function = RedisStore::function_name();
+    support::eventually("the function is loaded again", async || {
+        sentinels
+            .replica
+            .cli(&["FUNCTION", "LIST"])
+            .contains(function)
+    })
+    .await;
 }
 
 fn signal(which: &str, pid: &str) {

@@ -116,8 +116,8 @@ impl Responses {
         response
     }
 
-    /// The response to a request without a key.
-    /// (The rejection goes in its extensions, for the gRPC form.)
+    /// The response to a request without a key, with the rejection in its extensions (the
+    /// gRPC form reads it).
     pub(crate) fn rejected(&self, rejection: &KeyRejection) -> Response<Bytes> {
         let mut r = self.rejected_response(rejection);
         r.extensions_mut().insert(rejection.clone());

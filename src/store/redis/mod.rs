@@ -412,15 +412,15 @@ impl RedisStoreBuilder {
         let fail = |what: &str, e: &dyn fmt::Display| {
             StoreError::new(format!("cannot {what} Redis at {target}: {e}"))
         };
-        let conn = match (self.cluster, self.pool) {
-            (false, None) if let Some(t) = &sentinel => {
+        let conn = match (self.cluster, self.pool, &sentinel) {
+            (_, _, Some(t)) => {
                 let primary =
                     sentinel::Primary::connect(t, self.connect_timeout, self.response_timeout)
                         .await
                         .map_err(|e| fail("connect to", &e))?;
                 Conn::Sentinel(primary)
             }
-            (false, None) => {
+            (false, None, None) => {
                 let client = redis::Client::open(self.nodes[0].as_str())
                     .map_err(|e| fail("parse the URL of", &e))?;
                 let config = ConnectionManagerConfig::new()
@@ -436,7 +436,7 @@ impl RedisStoreBuilder {
                 .map_err(|e| fail("connect to", &e))?;
                 Conn::Multiplexed(manager)
             }
-            (false, Some(size)) => {
+            (false, Some(size), None) => {
                 let mut config = deadpool_redis::Config::from_url(self.nodes[0].clone());
                 config.pool = Some(self.pool_config(size));
                 let pool = config
@@ -444,7 +444,7 @@ impl RedisStoreBuilder {
                     .map_err(|e| fail("configure a pool for", &e))?;
                 Conn::Pool(pool)
             }
-            (true, None) => {
+            (true, None, None) => {
                 let client = redis::cluster::ClusterClientBuilder::new(self.nodes.clone())
                     .connection_timeout(self.connect_timeout)
                     .response_timeout(self.response_timeout)
@@ -458,7 +458,7 @@ impl RedisStoreBuilder {
                         .map_err(|e| fail("connect to", &e))?;
                 Conn::Cluster(conn)
             }
-            (true, Some(size)) => {
+            (true, Some(size), None) => {
                 let mut config = deadpool_redis::cluster::Config::from_urls(self.nodes.clone());
                 config.pool = Some(self.pool_config(size));
                 let pool = config

@@ -239,33 +239,34 @@ impl Primary {
     }
 
     /// Seeks the primary on a task of its own (one at a time), until the sentinels name one
-    /// that answers.
+    /// that answers, or the store is dropped.
     fn seek(self: &Arc<Self>) {
         if self.seeking.swap(true, Ordering::AcqRel) {
             return;
         }
-        let primary = self.clone();
+        let store = Arc::downgrade(self);
         tokio::spawn(async move {
             let started = std::time::Instant::now();
-            loop {
+            while let Some(primary) = store.upgrade() {
                 match primary.find().await {
                     Ok(conn) => {
                         let number = primary.numbers.fetch_add(1, Ordering::Relaxed);
                         *primary.current.lock().unwrap() = Some((number, conn));
-                        break;
+                        primary.seeking.store(false, Ordering::Release);
+                        tracing::info!(
+                            master = %primary.master,
+                            after_ms = started.elapsed().as_millis() as u64,
+                            "connected to the Redis primary the sentinels name"
+                        );
+                        return;
                     }
                     Err(error) => {
                         tracing::debug!(%error, "no Redis primary from the sentinels yet");
+                        drop(primary);
                         tokio::time::sleep(RETRY).await;
                     }
                 }
             }
-            tracing::info!(
-                master = %primary.master,
-                after_ms = started.elapsed().as_millis() as u64,
-                "connected to the Redis primary the sentinels name"
-            );
-            primary.seeking.store(false, Ordering::Release);
         });
     }
 }

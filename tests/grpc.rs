@@ -227,6 +227,40 @@ async fn methods_are_routes_and_keys_and_metadata_is_a_header() {
     assert!(status.message().contains("x-api-key"), "{status:?}");
 }
 
+/// A concurrency policy holds its slot until the response body ends: for a streaming call,
+/// while the stream is open.
+#[tokio::test]
+async fn a_concurrency_limit_counts_open_streams() {
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::concurrency(1).name("streams").route(None, WATCH))
+        .key(GlobalKey)
+        .build()
+        .unwrap();
+    let server = serve(layer).await;
+    let mut client = client(server.addr).await;
+    let open = |mut client: HealthClient<Channel>| async move {
+        let request = HealthCheckRequest {
+            service: String::new(),
+        };
+        let mut stream = client.watch(request).await?.into_inner();
+        stream.message().await?;
+        Ok::<_, Status>(stream)
+    };
+    let first = open(client.clone()).await.expect("the first stream");
+    let status = open(client.clone()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert_eq!(status.message(), "rate limit exceeded (streams)");
+    check(&mut client, None)
+        .await
+        .expect("unary calls are not counted");
+    // The client closes the stream: its slot goes back once the server sees it.
+    drop(first);
+    support::eventually("the closed stream's slot to go back", async || {
+        open(client.clone()).await.is_ok()
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_failed_store_under_closed_is_unavailable() {
     let mut redis = RedisServer::start();

@@ -129,13 +129,13 @@ impl Primary {
         target: &Target,
         connect_timeout: Duration,
         response_timeout: Duration,
-    ) -> Result<Arc<Primary>, StoreError> {
+    ) -> Result<Arc<Primary>, String> {
         let mut builder = SentinelClientBuilder::new(
             target.addrs.clone(),
             &target.master,
             SentinelServerType::Master,
         )
-        .map_err(StoreError::new)?
+        .map_err(|e| e.to_string())?
         .set_client_to_redis_db(target.db);
         if let Some(user) = &target.username {
             builder = builder.set_client_to_redis_username(user);
@@ -143,7 +143,7 @@ impl Primary {
         if let Some(password) = &target.password {
             builder = builder.set_client_to_redis_password(password);
         }
-        let client = builder.build().map_err(StoreError::new)?;
+        let client = builder.build().map_err(|e| e.to_string())?;
         let primary = Arc::new(Primary {
             client: tokio::sync::Mutex::new(client),
             current: Mutex::new(None),
@@ -156,7 +156,7 @@ impl Primary {
             ping_timeout: response_timeout,
             master: target.master.clone(),
         });
-        let conn = primary.find().await.map_err(StoreError::new)?;
+        let conn = primary.find().await?;
         *primary.current.lock().unwrap() = Some((0, conn));
         Ok(primary)
     }

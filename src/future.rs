@@ -14,6 +14,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::body::{HeldSlots, MakeBody, Wrapped};
+use crate::decision::Decision;
 use crate::grpc::{self, ResponseStyle};
 use crate::headers::RateLimitHeaders;
 use crate::lease::LeaseWait;
@@ -225,7 +226,14 @@ where
 }
 
 /// A waiting request whose slots came: they are spent, and it goes on.
-fn go_on(delayed: Delayed) -> Settled {
+fn go_on<S, ReqB, C, R>(
+    delayed: Delayed,
+    request: Request<ReqB>,
+    inner: &mut S,
+) -> State<S, ReqB, S::Future, C, R>
+where
+    S: Service<Request<ReqB>>,
+{
     let Delayed {
         headers,
         decision,
@@ -236,7 +244,29 @@ fn go_on(delayed: Delayed) -> Settled {
     if let Some(release) = release {
         release.keep();
     }
-    Settled::Call(Some(headers), decision, held)
+    call(Some(headers), decision, held, request, inner)
+}
+
+/// Calls the inner service with the decision (if any) in the request's extensions; `headers`
+/// go on its response, and `held` with its body.
+fn call<S, ReqB, C, R>(
+    headers: Option<RateLimitHeaders>,
+    decision: Option<Decision>,
+    held: Option<HeldSlots>,
+    mut request: Request<ReqB>,
+    inner: &mut S,
+) -> State<S, ReqB, S::Future, C, R>
+where
+    S: Service<Request<ReqB>>,
+{
+    if let Some(decision) = decision {
+        request.extensions_mut().insert(decision);
+    }
+    State::Calling {
+        future: inner.call(request),
+        headers,
+        held,
+    }
 }
 
 /// The state that follows a settled decision. A request that waits for its slot takes the
@@ -244,7 +274,7 @@ fn go_on(delayed: Delayed) -> Settled {
 /// own response takes the form `style` gives the request.
 fn next<S, ReqB, C, R>(
     settled: Settled,
-    mut request: Request<ReqB>,
+    request: Request<ReqB>,
     inner: &mut S,
     style: ResponseStyle,
 ) -> State<S, ReqB, S::Future, C, R>
@@ -259,16 +289,7 @@ where
                 response
             }),
         },
-        Settled::Call(headers, decision, held) => {
-            if let Some(decision) = decision {
-                request.extensions_mut().insert(decision);
-            }
-            State::Calling {
-                future: inner.call(request),
-                headers,
-                held,
-            }
-        }
+        Settled::Call(headers, decision, held) => call(headers, decision, held, request, inner),
         Settled::Wait(delayed) => {
             let clone = inner.clone();
             let ready = std::mem::replace(inner, clone);
@@ -347,10 +368,7 @@ where
                         mut inner,
                         then: delayed,
                     } = *pending.take().expect(POLLED_AFTER_READY);
-                    // Going on: no response of the limiter's own, whatever the style.
-                    let go = go_on(*delayed);
-                    this.state
-                        .set(next(go, request, &mut inner, ResponseStyle::Http));
+                    this.state.set(go_on(*delayed, request, &mut inner));
                 }
                 StateProj::Calling {
                     future,

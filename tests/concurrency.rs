@@ -411,13 +411,6 @@ async fn a_request_dropped_while_redis_decides_gives_its_slot_back() {
 
 #[test]
 fn concurrency_limits_that_cannot_work_fail_the_build() {
-    let build = |p: Policy| {
-        RateLimitLayer::builder()
-            .policy(p)
-            .build()
-            .unwrap_err()
-            .to_string()
-    };
     let second = Duration::from_secs(1);
     for (policy, says) in [
         (Policy::concurrency(0), "zero"),
@@ -431,7 +424,7 @@ fn concurrency_limits_that_cannot_work_fail_the_build() {
         (Policy::concurrency(2).max_duration(Duration::ZERO), "zero"),
         (Policy::gcra("1/s").max_duration(second), "concurrency"),
     ] {
-        let error = build(policy);
+        let error = support::build_error(policy);
         assert!(error.contains(says), "{error:?} should say {says:?}");
     }
     // The default name says what it is.

@@ -59,6 +59,15 @@ async fn serve<St: Store + Clone>(layer: RateLimitLayer<St>) -> GrpcServer {
     GrpcServer { addr, task }
 }
 
+/// A server behind `layer`, and a client of it.
+async fn started<St: Store + Clone>(
+    layer: RateLimitLayer<St>,
+) -> (GrpcServer, HealthClient<Channel>) {
+    let server = serve(layer).await;
+    let client = client(server.addr).await;
+    (server, client)
+}
+
 async fn client(addr: SocketAddr) -> HealthClient<Channel> {
     let channel = Channel::from_shared(format!("http://{addr}"))
         .unwrap()
@@ -133,8 +142,7 @@ async fn a_limited_call_is_resource_exhausted_with_its_retry_delay() {
         .clock(clock.clone())
         .build()
         .unwrap();
-    let server = serve(layer).await;
-    let mut client = client(server.addr).await;
+    let (_server, mut client) = started(layer).await;
     for _ in 0..2 {
         let ok = check(&mut client, None).await.expect("admitted");
         // The rate-limit headers are initial metadata of an admitted call.
@@ -182,8 +190,7 @@ async fn methods_are_routes_and_keys_and_metadata_is_a_header() {
         .clock(clock.clone())
         .build()
         .unwrap();
-    let server = serve(layer).await;
-    let mut client = client(server.addr).await;
+    let (server, mut client) = started(layer).await;
     // Each caller its own budget, read from the metadata.
     for _ in 0..2 {
         check(&mut client, Some("alice")).await.expect("alice");
@@ -236,8 +243,7 @@ async fn a_concurrency_limit_counts_open_streams() {
         .key(GlobalKey)
         .build()
         .unwrap();
-    let server = serve(layer).await;
-    let mut client = client(server.addr).await;
+    let (_server, mut client) = started(layer).await;
     let open = |mut client: HealthClient<Channel>| async move {
         let request = HealthCheckRequest {
             service: String::new(),
@@ -277,8 +283,7 @@ async fn a_failed_store_under_closed_is_unavailable() {
         .circuit_breaker(None)
         .build()
         .unwrap();
-    let server = serve(layer).await;
-    let mut client = client(server.addr).await;
+    let (_server, mut client) = started(layer).await;
     check(&mut client, None).await.expect("admitted");
     redis.kill();
     let status = check(&mut client, None).await.unwrap_err();
@@ -393,8 +398,8 @@ async fn the_cluster_limits_grpc_calls() {
         .clock(clock.clone())
         .build()
         .unwrap();
-    let server = serve(layer).await;
-    let mut clients = [client(server.addr).await];
+    let (_server, client) = started(layer).await;
+    let mut clients = [client];
     assert_eq!(admitted(&mut clients, 7).await, 4);
     let status = check(&mut clients[0], None).await.unwrap_err();
     assert_eq!(status.message(), "rate limit exceeded (method)");

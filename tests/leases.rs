@@ -159,14 +159,7 @@ async fn a_reset_forgets_the_lease_held_here() {
 
 #[test]
 fn absurd_leases_are_refused_when_the_layer_is_built() {
-    let build = |p: Policy| {
-        RateLimitLayer::builder()
-            .policy(p)
-            .build()
-            .map(|_| ())
-            .unwrap_err()
-            .to_string()
-    };
+    let build = support::build_error;
     assert!(build(gcra("10/s").lease(0)).contains("between 1 unit"));
     assert!(build(gcra("10/s").lease(11)).contains("limit of 10"));
     assert!(build(gcra("10/s").shadow().lease(2)).contains("shadow"));

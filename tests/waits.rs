@@ -202,13 +202,6 @@ async fn a_waiting_request_whose_client_goes_away_gives_its_slot_back() {
 
 #[test]
 fn waits_that_cannot_work_fail_the_build() {
-    let build = |p: Policy| {
-        RateLimitLayer::builder()
-            .policy(p)
-            .build()
-            .unwrap_err()
-            .to_string()
-    };
     let wait = Duration::from_secs(1);
     for (policy, says) in [
         (Policy::gcra("1/s").wait_up_to(Duration::ZERO), "between"),
@@ -225,7 +218,7 @@ fn waits_that_cannot_work_fail_the_build() {
         ),
         (Policy::gcra("10/s").lease(5).wait_up_to(wait), "leases"),
     ] {
-        let error = build(policy);
+        let error = support::build_error(policy);
         assert!(error.contains(says), "{error:?} should say {says:?}");
     }
 }

@@ -346,6 +346,28 @@ fn take_lease<A: Step>(
     }
 }
 
+/// The state of the algorithm `$variant` in `$state` (an `Option<State>` or an
+/// `Option<&State>`): another algorithm's state counts as none.
+macro_rules! own_state {
+    ($state:expr, $variant:ident) => {
+        match $state {
+            Some(State::$variant(s)) => Some(s),
+            _ => None,
+        }
+    };
+}
+
+/// Takes the state of `$variant` out of `$slot` as `$own` (another algorithm's is dropped),
+/// evaluates `$body`, which may change it, and puts it back.
+macro_rules! with_own_state {
+    ($slot:ident, $variant:ident, |$own:ident| $body:expr) => {{
+        let mut $own = own_state!($slot.take(), $variant);
+        let out = $body;
+        *$slot = $own.map(State::$variant);
+        out
+    }};
+}
+
 /// Registers the algorithms: one entry each, with the public variant's documentation, its
 /// name, and the type implementing [`Step`]. Generates the public [`Algorithm`] with its names,
 /// the compiled form ([`Compiled`]), the state of any algorithm ([`State`]), the one dispatch
@@ -423,28 +445,14 @@ macro_rules! algorithms {
             /// counts as none.
             pub(crate) fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
                 match self {
-                    $(Compiled::$variant(a) => {
-                        let state = match state {
-                            Some(State::$variant(s)) => Some(s),
-                            _ => None,
-                        };
-                        evaluate_with_lag(a, state, now, cost)
-                    })*
+                    $(Compiled::$variant(a) => evaluate_with_lag(a, own_state!(state, $variant), now, cost),)*
                 }
             }
 
             /// Phase two: charge an admitted request. Returns when the state expires.
             pub(crate) fn commit(&self, slot: &mut Option<State>, now: u64, cost: u64) -> u64 {
                 match self {
-                    $(Compiled::$variant(a) => {
-                        let mut own = match slot.take() {
-                            Some(State::$variant(s)) => Some(s),
-                            _ => None,
-                        };
-                        let expires_at = a.commit(&mut own, now, cost);
-                        *slot = own.map(State::$variant);
-                        expires_at
-                    })*
+                    $(Compiled::$variant(a) => with_own_state!(slot, $variant, |own| a.commit(&mut own, now, cost)),)*
                 }
             }
 
@@ -452,15 +460,7 @@ macro_rules! algorithms {
             /// the new expiry, or `None` when there was no state to change.
             pub(crate) fn refund(&self, slot: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
                 match self {
-                    $(Compiled::$variant(a) => {
-                        let mut own = match slot.take() {
-                            Some(State::$variant(s)) => Some(s),
-                            _ => None,
-                        };
-                        let expires_at = a.refund(&mut own, now, units);
-                        *slot = own.map(State::$variant);
-                        expires_at
-                    })*
+                    $(Compiled::$variant(a) => with_own_state!(slot, $variant, |own| a.refund(&mut own, now, units)),)*
                 }
             }
 
@@ -468,13 +468,7 @@ macro_rules! algorithms {
             /// changing anything.
             pub(crate) fn lease_verdict(&self, state: Option<&State>, now: u64, ttl: u64, cost: u64) -> (Verdict, u64) {
                 match self {
-                    $(Compiled::$variant(a) => {
-                        let state = match state {
-                            Some(State::$variant(s)) => Some(s),
-                            _ => None,
-                        };
-                        lease_verdict(a, state, now, ttl, cost)
-                    })*
+                    $(Compiled::$variant(a) => lease_verdict(a, own_state!(state, $variant), now, ttl, cost),)*
                 }
             }
 
@@ -482,15 +476,7 @@ macro_rules! algorithms {
             /// `ttl` (see [`Lease`]); the request's verdict for `cost` must have admitted it.
             pub(crate) fn take_lease(&self, slot: &mut Option<State>, now: u64, ttl: u64, cost: u64, want: u64) -> Lease {
                 match self {
-                    $(Compiled::$variant(a) => {
-                        let mut own = match slot.take() {
-                            Some(State::$variant(s)) => Some(s),
-                            _ => None,
-                        };
-                        let lease = take_lease(a, &mut own, now, ttl, cost, want);
-                        *slot = own.map(State::$variant);
-                        lease
-                    })*
+                    $(Compiled::$variant(a) => with_own_state!(slot, $variant, |own| take_lease(a, &mut own, now, ttl, cost, want)),)*
                 }
             }
 
@@ -498,58 +484,28 @@ macro_rules! algorithms {
             /// it, when it is at most `max_wait` (see [`reservation`]).
             pub(crate) fn reservation(&self, state: Option<&State>, now: u64, cost: u64, verdict: &Verdict, max_wait: u64) -> Option<u64> {
                 match self {
-                    $(Compiled::$variant(a) => {
-                        let state = match state {
-                            Some(State::$variant(s)) => Some(s),
-                            _ => None,
-                        };
-                        reservation(a, state, now, cost, verdict, max_wait)
-                    })*
+                    $(Compiled::$variant(a) => reservation(a, own_state!(state, $variant), now, cost, verdict, max_wait),)*
                 }
             }
 
             /// Charges a request that reserved the slot `at`. Returns when the state expires.
             pub(crate) fn reserve_commit(&self, slot: &mut Option<State>, now: u64, at: u64, cost: u64) -> u64 {
                 match self {
-                    $(Compiled::$variant(a) => {
-                        let mut own = match slot.take() {
-                            Some(State::$variant(s)) => Some(s),
-                            _ => None,
-                        };
-                        let expires_at = a.reserve_commit(&mut own, now, at, cost);
-                        *slot = own.map(State::$variant);
-                        expires_at
-                    })*
+                    $(Compiled::$variant(a) => with_own_state!(slot, $variant, |own| a.reserve_commit(&mut own, now, at, cost)),)*
                 }
             }
 
             /// See [`Step::give_back`].
             pub(crate) fn give_back(&self, slot: &mut Option<State>, now: u64, end: u64, units: u64) -> Option<u64> {
                 match self {
-                    $(Compiled::$variant(a) => {
-                        let mut own = match slot.take() {
-                            Some(State::$variant(s)) => Some(s),
-                            _ => None,
-                        };
-                        let expires_at = a.give_back(&mut own, now, end, units);
-                        *slot = own.map(State::$variant);
-                        expires_at
-                    })*
+                    $(Compiled::$variant(a) => with_own_state!(slot, $variant, |own| a.give_back(&mut own, now, end, units)),)*
                 }
             }
 
             /// See [`Step::release`].
             pub(crate) fn release(&self, slot: &mut Option<State>, now: u64, at: u64, units: u64) -> Option<u64> {
                 match self {
-                    $(Compiled::$variant(a) => {
-                        let mut own = match slot.take() {
-                            Some(State::$variant(s)) => Some(s),
-                            _ => None,
-                        };
-                        let expires_at = a.release(&mut own, now, at, units);
-                        *slot = own.map(State::$variant);
-                        expires_at
-                    })*
+                    $(Compiled::$variant(a) => with_own_state!(slot, $variant, |own| a.release(&mut own, now, at, units)),)*
                 }
             }
 
@@ -557,15 +513,7 @@ macro_rules! algorithms {
             /// a state of another algorithm becomes `None`. Returns when the state expires.
             pub(crate) fn convert(&self, from: &Compiled, slot: &mut Option<State>, now: u64, expires_at: u64) -> u64 {
                 match (self, from) {
-                    $((Compiled::$variant(a), Compiled::$variant(old)) => {
-                        let mut own = match slot.take() {
-                            Some(State::$variant(s)) => Some(s),
-                            _ => None,
-                        };
-                        let expires_at = a.convert(old, &mut own, now, expires_at);
-                        *slot = own.map(State::$variant);
-                        expires_at
-                    })*
+                    $((Compiled::$variant(a), Compiled::$variant(old)) => with_own_state!(slot, $variant, |own| a.convert(old, &mut own, now, expires_at)),)*
                     _ => {
                         *slot = None;
                         now

@@ -322,7 +322,7 @@ impl MemoryStore {
             })
             .collect();
         // A request a RESERVE check denies now may be admitted at a later slot.
-        let waits: SmallVec<[Option<u64>; 1]> = checks
+        let waits: SmallVec<[Option<u64>; 4]> = checks
             .iter()
             .zip(&verdicts)
             .zip(&at)

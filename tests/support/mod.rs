@@ -52,6 +52,15 @@ pub async fn eventually(what: &str, mut cond: impl AsyncFnMut() -> bool) {
     }
 }
 
+/// The error that building a layer of `policy` alone fails with.
+pub fn build_error(policy: tower_ratelimit::Policy) -> String {
+    tower_ratelimit::RateLimitLayer::builder()
+        .policy(policy)
+        .build()
+        .unwrap_err()
+        .to_string()
+}
+
 /// A layer of `policy` on `store`, keyed by one global key, on `clock`.
 pub fn global_layer<St: tower_ratelimit::Store>(
     store: St,

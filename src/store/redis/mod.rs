@@ -512,10 +512,10 @@ impl Conn {
     {
         let conn = match self {
             Conn::Sentinel(primary) => {
-                let (number, conn) = primary.get()?;
-                let result = f(AnyConn::Direct(conn)).await;
+                let conn = primary.get()?;
+                let result = f(AnyConn::Direct((*conn).clone())).await;
                 if let Err(e) = &result {
-                    primary.failed(number, e);
+                    primary.failed(&conn, e);
                 }
                 return result.map_err(StoreError::new);
             }

@@ -10,8 +10,10 @@
 //! (the layer's failure policy answers them, well within the deadline), without waiting for a
 //! connection that is not there.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use arc_swap::ArcSwapOption;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -109,10 +111,9 @@ impl Target {
 /// The connection to the primary of a Sentinel-watched Redis.
 pub(super) struct Primary {
     client: tokio::sync::Mutex<SentinelClient>,
-    /// The current connection and its number; `None` while the primary is sought.
-    current: Mutex<Option<(u64, MultiplexedConnection)>>,
-    /// The number of the next connection.
-    numbers: AtomicU64,
+    /// The current connection; `None` while the primary is sought. Read by every decision,
+    /// without a lock.
+    current: ArcSwapOption<MultiplexedConnection>,
     /// A task is seeking the primary, or checking the current one.
     seeking: AtomicBool,
     config: AsyncConnectionConfig,
@@ -146,8 +147,7 @@ impl Primary {
         let client = builder.build().map_err(|e| e.to_string())?;
         let primary = Arc::new(Primary {
             client: tokio::sync::Mutex::new(client),
-            current: Mutex::new(None),
-            numbers: AtomicU64::new(1),
+            current: ArcSwapOption::empty(),
             seeking: AtomicBool::new(false),
             config: AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(connect_timeout))
@@ -157,7 +157,7 @@ impl Primary {
             master: target.master.clone(),
         });
         let conn = primary.find().await?;
-        *primary.current.lock().unwrap() = Some((0, conn));
+        primary.current.store(Some(Arc::new(conn)));
         Ok(primary)
     }
 
@@ -173,10 +173,10 @@ impl Primary {
         }
     }
 
-    /// The current connection and its number, or an error (and a search for the primary
-    /// under way) when there is none.
-    pub(super) fn get(self: &Arc<Self>) -> Result<(u64, MultiplexedConnection), StoreError> {
-        if let Some(current) = self.current.lock().unwrap().clone() {
+    /// The current connection, or an error (and a search for the primary under way) when
+    /// there is none.
+    pub(super) fn get(self: &Arc<Self>) -> Result<Arc<MultiplexedConnection>, StoreError> {
+        if let Some(current) = self.current.load_full() {
             return Ok(current);
         }
         self.seek();
@@ -186,9 +186,13 @@ impl Primary {
         )))
     }
 
-    /// A decision on connection `number` failed with `error`: when it says the primary is
-    /// gone or is one no longer, the connection is dropped and the primary sought.
-    pub(super) fn failed(self: &Arc<Self>, number: u64, error: &redis::RedisError) {
+    /// A decision on `conn` failed with `error`: when it says the primary is gone or is one
+    /// no longer, the connection is dropped and the primary sought.
+    pub(super) fn failed(
+        self: &Arc<Self>,
+        conn: &Arc<MultiplexedConnection>,
+        error: &redis::RedisError,
+    ) {
         let gone = error.is_io_error()
             || error.is_connection_dropped()
             || error.is_connection_refusal()
@@ -199,14 +203,14 @@ impl Primary {
                 ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
             );
         if gone {
-            self.drop_connection(number, error);
+            self.drop_connection(conn, error);
         }
     }
 
     /// A decision missed its deadline: one `PING` (within the response timeout) tells a slow
     /// primary from one that is gone without a word.
     pub(super) fn missed_deadline(self: &Arc<Self>) {
-        let Some((number, mut conn)) = self.current.lock().unwrap().clone() else {
+        let Some(current) = self.current.load_full() else {
             return;
         };
         if self.seeking.swap(true, Ordering::AcqRel) {
@@ -214,25 +218,28 @@ impl Primary {
         }
         let primary = self.clone();
         tokio::spawn(async move {
-            let cmd = redis::cmd("PING");
+            let (cmd, mut conn) = (redis::cmd("PING"), (*current).clone());
             let ping = cmd.query_async::<()>(&mut conn);
             let result = tokio::time::timeout(primary.ping_timeout, ping).await;
             primary.seeking.store(false, Ordering::Release);
             match result {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => primary.drop_connection(number, &e),
-                Err(_) => primary.drop_connection(number, &"no answer to PING"),
+                Ok(Err(e)) => primary.drop_connection(&current, &e),
+                Err(_) => primary.drop_connection(&current, &"no answer to PING"),
             }
         });
     }
 
-    fn drop_connection(self: &Arc<Self>, number: u64, why: &dyn std::fmt::Display) {
-        {
-            let mut current = self.current.lock().unwrap();
-            match &*current {
-                Some((n, _)) if *n == number => *current = None,
-                _ => return,
-            }
+    /// Drops `conn`, unless another decision dropped it already (and a new one may have come
+    /// since), and seeks the primary.
+    fn drop_connection(
+        self: &Arc<Self>,
+        conn: &Arc<MultiplexedConnection>,
+        why: &dyn std::fmt::Display,
+    ) {
+        let previous = self.current.compare_and_swap(conn, None::<Arc<_>>);
+        if !previous.as_ref().is_some_and(|p| Arc::ptr_eq(p, conn)) {
+            return;
         }
         tracing::warn!(error = %why, master = %self.master, "lost the Redis primary; asking the sentinels");
         self.seek();
@@ -250,8 +257,7 @@ impl Primary {
             while let Some(primary) = store.upgrade() {
                 match primary.find().await {
                     Ok(conn) => {
-                        let number = primary.numbers.fetch_add(1, Ordering::Relaxed);
-                        *primary.current.lock().unwrap() = Some((number, conn));
+                        primary.current.store(Some(Arc::new(conn)));
                         primary.seeking.store(false, Ordering::Release);
                         tracing::info!(
                             master = %primary.master,

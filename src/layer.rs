@@ -23,6 +23,7 @@ use crate::resilience::CircuitBreaker;
 use crate::response::Responses;
 use crate::service::RateLimit;
 use crate::store::{MemoryStore, Mode, Store};
+use crate::top::{LimitedKey, TopLimited, TopLimitedService, TopReport};
 
 /// Applies rate limits to every request that reaches the wrapped service.
 ///
@@ -114,6 +115,7 @@ impl RateLimitLayer<MemoryStore> {
                 breaker: Some(CircuitBreaker::default()),
                 deny_cache: None,
                 decision_extension: true,
+                top: None,
             },
         }
     }
@@ -186,6 +188,51 @@ impl<St: Store> RateLimitLayer<St> {
 }
 
 impl<St: Store, M> RateLimitLayer<St, M> {
+    /// The `n` keys `policy` denied most over the period of the layer's
+    /// [`top_limited`](RateLimitLayerBuilder::top_limited) summary, the heaviest first; empty
+    /// when the layer keeps none, or when the policy denied nothing.
+    ///
+    /// ```
+    /// use tower::{Service, ServiceExt, service_fn};
+    /// use tower_ratelimit::{Policy, RateLimitLayer, key::HeaderKey, top::TopLimited};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = RateLimitLayer::builder()
+    ///     .key(HeaderKey::try_new("x-user")?)
+    ///     .policy(Policy::fixed_window("1/min").name("per-user"))
+    ///     .top_limited(TopLimited::new())
+    ///     .build()?;
+    /// let mut service = tower::ServiceBuilder::new()
+    ///     .layer(layer.clone())
+    ///     .service(service_fn(|_: http::Request<String>| async {
+    ///         Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    ///     }));
+    /// for user in ["alice", "bob", "bob", "bob", "alice"] {
+    ///     let request = http::Request::builder().header("x-user", user).body(String::new())?;
+    ///     service.ready().await?.call(request).await?;
+    /// }
+    /// let top = layer.top_limited("per-user", 10);
+    /// let top: Vec<(&str, u64)> = top.iter().map(|k| (k.text(), k.count())).collect();
+    /// assert_eq!(top, [("bob", 2), ("alice", 1)]);
+    /// # Ok(()) }
+    /// ```
+    pub fn top_limited(&self, policy: &str, n: usize) -> Vec<LimitedKey> {
+        self.limiter.top_limited(policy, n)
+    }
+
+    /// [`top_limited`](Self::top_limited) for every policy, with how many requests each
+    /// denied in the period.
+    pub fn top_limited_reports(&self, n: usize) -> Vec<TopReport> {
+        self.limiter.top_limited_reports(n)
+    }
+
+    /// A service answering `GET` with the [`top_limited_reports`](Self::top_limited_reports)
+    /// as JSON: an admin route for operators (see [`TopLimitedService`]).
+    pub fn top_limited_service(&self) -> TopLimitedService {
+        self.limiter.top_limited_service()
+    }
+
     /// Replaces the layer's policies with `policies`, for every clone of the layer and every
     /// service it made, without a restart: each request is planned with the old policies or
     /// with the new ones, never a mix, and requests in flight finish with the policies they
@@ -498,8 +545,20 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         self
     }
 
-    /// The clock of the circuit breaker and the deny cache (default [`SystemClock`]). The
-    /// store keeps its own clock.
+    /// Keeps, per policy, a summary of the keys it denied over a sliding period, in fixed
+    /// memory, to answer "who is being limited right now?" (default: off): see the
+    /// [`top`](crate::top) module, [`RateLimitLayer::top_limited`] and
+    /// [`RateLimitLayer::top_limited_service`].
+    ///
+    /// Only denied requests pay for it (a lock and a hash lookup); admitted ones carry their
+    /// keys along, as they do with the deny cache.
+    pub fn top_limited(mut self, top: TopLimited) -> Self {
+        self.o.top = Some(top);
+        self
+    }
+
+    /// The clock of the circuit breaker, the deny cache and the summary of limited keys
+    /// (default [`SystemClock`]). The store keeps its own clock.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.o.clock = Arc::new(clock);
         self
@@ -507,8 +566,9 @@ impl<St: Store> RateLimitLayerBuilder<St> {
 
     /// Checks the whole configuration and builds the layer.
     ///
-    /// Fails when no policy was given, when a policy is invalid (see [`Policy`]), or when two
-    /// different policies share a name in one store.
+    /// Fails when no policy was given, when a policy is invalid (see [`Policy`]), when two
+    /// different policies share a name in one store, or when another setting is out of its
+    /// range (such as [`top_limited`](Self::top_limited)'s).
     pub fn build(self) -> Result<RateLimitLayer<St>, ConfigError> {
         Ok(RateLimitLayer {
             limiter: Arc::new(Limiter::new(self.store, self.o)?),

@@ -43,6 +43,7 @@ use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Permit};
 use crate::response::Responses;
 use crate::store::private::Sealed as _;
 use crate::store::{Check, Checks, MemoryStore, Mode, Store, lock};
+use crate::top::{LimitedKey, TopLimited, TopLimitedService, TopReport, Tracker};
 
 /// What a layer is configured with, besides its store: the builder fills it in, and
 /// [`Limiter::new`] checks and compiles it.
@@ -61,6 +62,8 @@ pub(crate) struct Config {
     pub(crate) deny_cache: Option<usize>,
     /// Whether an admitted request carries its [`Decision`] in its extensions.
     pub(crate) decision_extension: bool,
+    /// The summary of the keys each policy denied, if kept.
+    pub(crate) top: Option<TopLimited>,
 }
 
 impl fmt::Debug for Config {
@@ -74,6 +77,7 @@ impl fmt::Debug for Config {
             .field("breaker", &self.breaker)
             .field("deny_cache", &self.deny_cache)
             .field("decision_extension", &self.decision_extension)
+            .field("top", &self.top)
             .finish_non_exhaustive()
     }
 }
@@ -107,6 +111,8 @@ pub(crate) struct Limiter<St> {
     waits: AtomicBool,
     /// Whether a policy limits requests in flight (as `waits`).
     holds: AtomicBool,
+    /// The keys each policy denied most, when the layer keeps them.
+    top: Option<Arc<Tracker>>,
 }
 
 impl<St: fmt::Debug> fmt::Debug for Limiter<St> {
@@ -338,6 +344,12 @@ impl<St: Store> Limiter<St> {
             &config.cost,
             &|_| false,
         )?;
+        let names = set.policies.iter().map(|p| p.name().into()).collect();
+        let top = config
+            .top
+            .map(|top| Tracker::new(&top, headers.partition.as_ref(), names))
+            .transpose()?
+            .map(Arc::new);
         let leases = OnceLock::new();
         if set.leases {
             let _ = leases.set(Leases::new());
@@ -360,6 +372,7 @@ impl<St: Store> Limiter<St> {
             leases,
             waits: AtomicBool::new(set.waits),
             holds: AtomicBool::new(set.holds),
+            top,
         })
     }
 
@@ -397,6 +410,9 @@ impl<St: Store> Limiter<St> {
         }
         self.waits.fetch_or(set.waits, Ordering::Relaxed);
         self.holds.fetch_or(set.holds, Ordering::Relaxed);
+        if let Some(top) = &self.top {
+            top.set_policies(set.policies.iter().map(|p| p.name().into()).collect());
+        }
         self.policies.store(Arc::new(set.policies));
         *summary = set.summary;
         Ok(report)
@@ -458,7 +474,9 @@ impl<St: Store> Limiter<St> {
             && let Some(decision) = cache.lookup(&checks, self.clock.now_micros())
         {
             metrics::counter!("ratelimit_deny_cache_hits_total").increment(1);
-            let headers = self.response_headers(&decision, self.keys(&checks).as_deref());
+            let keys = self.keys(&checks);
+            self.record_limited(&decision, keys.as_deref());
+            let headers = self.response_headers(&decision, keys.as_deref());
             return Begin::Settled(self.limited(decision, &headers), Charges::new());
         }
         self.decide(checks, fallback, after)
@@ -628,6 +646,7 @@ impl<St: Store> Limiter<St> {
             o.tier().count(o.is_allowed(), o.is_shadow());
         }
         let headers = self.response_headers(&decision, keys);
+        self.record_limited(&decision, keys);
         if !decision.is_allowed() {
             tracing::debug!(policy = decision.binding().policy(), "rate limit exceeded");
             return (self.limited(decision, &headers), Charges::new());
@@ -773,6 +792,43 @@ impl<St: Store> Limiter<St> {
         }
     }
 
+    /// Counts each policy that denied the request (shadow or not) in its summary of the keys
+    /// denied, when the layer keeps one.
+    #[inline]
+    fn record_limited(&self, decision: &Decision, keys: Option<&[(u32, Key, u64)]>) {
+        if let (Some(top), Some(keys)) = (&self.top, keys) {
+            let mut now = None;
+            for o in decision.outcomes().iter().filter(|o| !o.is_allowed()) {
+                if let Some((_, key, _)) = keys.iter().find(|(id, _, _)| *id == o.tier().id()) {
+                    let now = *now.get_or_insert_with(|| self.clock.now_micros());
+                    top.record(o.policy(), key, now);
+                }
+            }
+        }
+    }
+
+    /// The `n` keys `policy` denied most (none when the layer keeps no summary).
+    pub(crate) fn top_limited(&self, policy: &str, n: usize) -> Vec<LimitedKey> {
+        let Some(top) = &self.top else {
+            return Vec::new();
+        };
+        let report = top.top(policy, n, self.clock.now_micros());
+        report.keys().to_vec()
+    }
+
+    /// [`Limiter::top_limited`] of every policy, with how many requests each denied.
+    pub(crate) fn top_limited_reports(&self, n: usize) -> Vec<TopReport> {
+        match &self.top {
+            Some(top) => top.top_all(n, self.clock.now_micros()),
+            None => Vec::new(),
+        }
+    }
+
+    /// The JSON admin route of the summary.
+    pub(crate) fn top_limited_service(&self) -> TopLimitedService {
+        TopLimitedService::new(self.top.clone(), self.clock.clone())
+    }
+
     /// The response to a denied request, with the decision in its extensions.
     fn limited(&self, decision: Decision, headers: &RateLimitHeaders) -> Settled {
         let mut response = self.responses.limited(&decision, headers);
@@ -793,6 +849,7 @@ impl<St: Store> Limiter<St> {
     /// slot to give back needs them.
     fn keys(&self, checks: &[Check]) -> Option<Keys> {
         let needed = self.deny_cache.is_some()
+            || self.top.is_some()
             || self.headers.partition.is_some()
             || self.waits()
             || self.holds();

@@ -1,0 +1,765 @@
+//! Who is being limited right now: a summary of the keys each policy denied, in fixed memory.
+//!
+//! A per-key metric label would give a metrics backend one series per client, and a flood of
+//! made-up keys would bring it down. Instead the layer can keep, per policy, a *heavy-hitters*
+//! summary of the keys it denied over a sliding period
+//! ([`RateLimitLayerBuilder::top_limited`](crate::RateLimitLayerBuilder::top_limited)), and
+//! report the heaviest on demand: [`RateLimitLayer::top_limited`](crate::RateLimitLayer::top_limited)
+//! in code, [`TopLimitedService`] as a JSON admin route.
+//!
+//! ```
+//! use tower_ratelimit::{Policy, RateLimitLayer, key::PeerIp, top::TopLimited};
+//!
+//! # fn main() -> Result<(), tower_ratelimit::ConfigError> {
+//! let layer = RateLimitLayer::builder()
+//!     .key(PeerIp::new())
+//!     .policy(Policy::gcra("10/s").name("per-ip"))
+//!     // The 128 heaviest denied keys of each policy over the last minute.
+//!     .top_limited(TopLimited::new())
+//!     .build()?;
+//! for limited in layer.top_limited("per-ip", 10) {
+//!     println!("{}: {} requests denied", limited.text(), limited.count());
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # How it counts
+//!
+//! The summary is the *space-saving* algorithm (Metwally, Agrawal and El Abbadi, 2005): it
+//! holds at most `keys` counters per policy; a denied key without a counter takes the one of
+//! the key with the smallest count, and starts from that count. So whatever the flood of
+//! distinct keys, the memory is fixed, allocated whole when the layer is built (or reloaded
+//! with a new policy), and:
+//!
+//! * a reported [`count`](LimitedKey::count) is never below the key's true number of denials,
+//!   and [`count`](LimitedKey::count) minus [`error`](LimitedKey::error) is never above it;
+//! * every key denied more than `total / keys` times in the period is reported, `total`
+//!   being all the policy's denials in it ([`TopReport::limited`]): the error of any count is
+//!   at most that.
+//!
+//! A key denied steadily while a flood of others churns through the summary keeps its counter
+//! and a small error; the error is large only for keys barely above the churn, whose rank
+//! among themselves is then uncertain. The summary counts requests denied, one per request,
+//! whatever its cost; a shadow policy's summary holds the keys it *would* have denied.
+//!
+//! The period slides in four steps: a report covers the last `period`, give or take a
+//! quarter of it. The summary is this instance's: with several instances behind a load
+//! balancer, ask each (a key limited everywhere is at the top everywhere).
+//!
+//! # Which text a key is reported as
+//!
+//! A key is reported as its text ([`LimitedKey::text`]): an IP address as written, the global
+//! key as `global`, a text key as itself, and bytes that are not printable UTF-8 in hex after
+//! `0x`. [`ApiKey`](crate::key::ApiKey) keys are the SHA-256 of the token, so they show as
+//! that hash, never the secret; compare with [`ApiKey::key_for`](crate::key::ApiKey::key_for).
+//! Where even the key text must stay private (user ids, addresses),
+//! [`TopLimited::hashed`] reports each key as its IETF partition key instead: the `pk` the
+//! client itself sees in its `RateLimit` header (an HMAC under the secret of
+//! [`partition_keys`](crate::RateLimitLayerBuilder::partition_keys)).
+
+use std::convert::Infallible;
+use std::fmt::{self, Write as _};
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hashbrown::HashTable;
+use http::{Method, Request, Response, StatusCode, header};
+
+use crate::clock::Clock;
+use crate::error::ConfigError;
+use crate::headers::PartitionKeys;
+use crate::key::{Key, KeyParts};
+use crate::store::lock;
+
+/// Shards of a summary, each behind its own lock: a key always goes to the same one, so a
+/// report is the union of the shards, and denials of different keys rarely wait for each
+/// other.
+const SHARDS: usize = 4;
+/// The steps a period slides in.
+const STEPS: u64 = 4;
+/// The most keys a summary may hold per policy.
+pub const MAX_KEYS: usize = 65_536;
+
+/// What [`RateLimitLayerBuilder::top_limited`](crate::RateLimitLayerBuilder::top_limited)
+/// keeps: how many keys per policy, over which period, reported how.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopLimited {
+    keys: usize,
+    period: Duration,
+    hashed: bool,
+}
+
+impl Default for TopLimited {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TopLimited {
+    /// 128 keys per policy over the last 60 seconds, reported as their text: 44 KiB per
+    /// policy.
+    pub fn new() -> Self {
+        TopLimited {
+            keys: 128,
+            period: Duration::from_secs(60),
+            hashed: false,
+        }
+    }
+
+    /// How many keys each policy's summary holds (1 to [`MAX_KEYS`]): the more, the smaller
+    /// the error under a flood of distinct keys (at most `denials / keys`), at about 350
+    /// bytes a key.
+    pub fn keys(mut self, keys: usize) -> Self {
+        self.keys = keys;
+        self
+    }
+
+    /// The period a report covers (1 second to 1 day), sliding in steps of a quarter of it.
+    pub fn period(mut self, period: Duration) -> Self {
+        self.period = period;
+        self
+    }
+
+    /// Reports each key as its IETF partition key (`pk`) instead of its text; the layer must
+    /// have a [`partition_keys`](crate::RateLimitLayerBuilder::partition_keys) secret.
+    pub fn hashed(mut self) -> Self {
+        self.hashed = true;
+        self
+    }
+
+    /// The number of keys each policy's summary holds.
+    pub fn key_count(&self) -> usize {
+        self.keys
+    }
+
+    /// The period a report covers.
+    pub fn period_length(&self) -> Duration {
+        self.period
+    }
+
+    fn check(&self, partition: Option<&PartitionKeys>) -> Result<(), ConfigError> {
+        if !(1..=MAX_KEYS).contains(&self.keys) {
+            return Err(ConfigError::new(format!(
+                "top_limited: {} keys per policy; it takes 1 to {MAX_KEYS}",
+                self.keys
+            )));
+        }
+        if !(Duration::from_secs(1)..=Duration::from_secs(86_400)).contains(&self.period) {
+            return Err(ConfigError::new(format!(
+                "top_limited: a period of {:?}; it takes 1 second to 1 day",
+                self.period
+            )));
+        }
+        if self.hashed && partition.is_none() {
+            return Err(ConfigError::new(
+                "top_limited: hashed() reports keys as their partition key, so the layer needs \
+                 partition_keys(secret) too",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One of the keys a policy denied most, as [`RateLimitLayer::top_limited`](crate::RateLimitLayer::top_limited)
+/// reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LimitedKey {
+    key: Option<Key>,
+    text: String,
+    count: u64,
+    error: u64,
+}
+
+impl LimitedKey {
+    /// The key, unless the summary reports keys [`hashed`](TopLimited::hashed).
+    pub fn key(&self) -> Option<&Key> {
+        self.key.as_ref()
+    }
+
+    /// The key as text, or its partition key when [`hashed`](TopLimited::hashed) (see the
+    /// [module docs](self)).
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// How many requests of this key the policy denied in the period: never fewer than it
+    /// did, at most [`error`](Self::error) more.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// How much [`count`](Self::count) may overstate (0: it is exact).
+    pub fn error(&self) -> u64 {
+        self.error
+    }
+}
+
+/// A policy's heaviest denied keys, with how many requests it denied in all.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopReport {
+    policy: String,
+    limited: u64,
+    keys: Vec<LimitedKey>,
+}
+
+impl TopReport {
+    /// The policy's name.
+    pub fn policy(&self) -> &str {
+        &self.policy
+    }
+
+    /// How many requests the policy denied in the period (exactly).
+    pub fn limited(&self) -> u64 {
+        self.limited
+    }
+
+    /// The heaviest keys, the heaviest first.
+    pub fn keys(&self) -> &[LimitedKey] {
+        &self.keys
+    }
+}
+
+/// A counted key of a [`Summary`].
+struct Entry {
+    key: Key,
+    hash: u64,
+    count: u64,
+    error: u64,
+}
+
+/// The position of an entry being moved in the heap, in the index.
+const MOVING: u32 = u32::MAX;
+
+/// The space-saving summary of one step of one shard: at most `capacity` entries in a min-heap
+/// by count, found by key through `index` (positions in the heap). Its memory is allocated
+/// whole when it is made, and never grows.
+struct Summary {
+    step: u64,
+    total: u64,
+    capacity: usize,
+    heap: Vec<Entry>,
+    index: HashTable<u32>,
+}
+
+impl Summary {
+    fn new(capacity: usize) -> Self {
+        Summary {
+            step: 0,
+            total: 0,
+            capacity,
+            heap: Vec::with_capacity(capacity),
+            // Twice what it holds: a table at most half full rehashes its tombstones in
+            // place, where a fuller one would grow.
+            index: HashTable::with_capacity(2 * capacity),
+        }
+    }
+
+    fn clear(&mut self, step: u64) {
+        self.step = step;
+        self.total = 0;
+        self.heap.clear();
+        self.index.clear();
+    }
+
+    /// The smallest count a key without an entry may have had here: 0 until the summary is
+    /// full, then the smallest count held.
+    fn floor(&self) -> u64 {
+        if self.heap.len() < self.capacity {
+            0
+        } else {
+            self.heap.first().map_or(0, |e| e.count)
+        }
+    }
+
+    fn find(&self, key: &Key, hash: u64) -> Option<&Entry> {
+        let heap = &self.heap;
+        let i = *self
+            .index
+            .find(hash, |&i| i != MOVING && heap[i as usize].key == *key)?;
+        Some(&heap[i as usize])
+    }
+
+    /// Counts `weight` denials of `key`.
+    fn add(&mut self, key: &Key, hash: u64, weight: u64) {
+        self.total += weight;
+        let heap = &self.heap;
+        if let Some(&i) = self.index.find(hash, |&i| heap[i as usize].key == *key) {
+            self.heap[i as usize].count += weight;
+            self.sift_down(i as usize);
+            return;
+        }
+        let entry = |count, error| Entry {
+            key: key.clone(),
+            hash,
+            count,
+            error,
+        };
+        if self.heap.len() < self.capacity {
+            let i = self.heap.len();
+            self.heap.push(entry(weight, 0));
+            let heap = &self.heap;
+            self.index
+                .insert_unique(hash, i as u32, |&j| heap[j as usize].hash);
+            self.sift_up(i);
+            return;
+        }
+        // Full: the key takes the counter of the smallest count, and starts from it.
+        let smallest = self.heap[0].hash;
+        if let Ok(slot) = self.index.find_entry(smallest, |&j| j == 0) {
+            slot.remove();
+        }
+        let floor = self.heap[0].count;
+        self.heap[0] = entry(floor + weight, floor);
+        let heap = &self.heap;
+        self.index.insert_unique(hash, 0, |&j| heap[j as usize].hash);
+        self.sift_down(0);
+    }
+
+    /// Points the index entry of the entry at `from` to `to`.
+    fn moved(&mut self, hash: u64, from: u32, to: u32) {
+        if let Some(i) = self.index.find_mut(hash, |&j| j == from) {
+            *i = to;
+        }
+    }
+
+    fn sift_down(&mut self, mut i: usize) {
+        let hash = self.heap[i].hash;
+        self.moved(hash, i as u32, MOVING);
+        loop {
+            let (left, right) = (2 * i + 1, 2 * i + 2);
+            let mut smallest = i;
+            for child in [left, right] {
+                if child < self.heap.len() && self.heap[child].count < self.heap[smallest].count {
+                    smallest = child;
+                }
+            }
+            if smallest == i {
+                break;
+            }
+            self.heap.swap(i, smallest);
+            let other = self.heap[i].hash;
+            self.moved(other, smallest as u32, i as u32);
+            i = smallest;
+        }
+        self.moved(hash, MOVING, i as u32);
+    }
+
+    fn sift_up(&mut self, mut i: usize) {
+        let hash = self.heap[i].hash;
+        self.moved(hash, i as u32, MOVING);
+        while i > 0 {
+            let parent = (i - 1) / 2;
+            if self.heap[parent].count <= self.heap[i].count {
+                break;
+            }
+            self.heap.swap(i, parent);
+            let other = self.heap[i].hash;
+            self.moved(other, parent as u32, i as u32);
+            i = parent;
+        }
+        self.moved(hash, MOVING, i as u32);
+    }
+
+    /// The bytes this summary holds, whatever it counts.
+    #[cfg(test)]
+    fn footprint(&self) -> usize {
+        self.heap.capacity() * std::mem::size_of::<Entry>()
+            + self.index.allocation_size()
+            + std::mem::size_of::<Self>()
+    }
+}
+
+/// One policy's summaries in one shard: one per step of the period.
+struct Steps {
+    policy: Box<str>,
+    steps: Box<[Summary]>,
+}
+
+/// The heavy-hitters summaries of a layer: per policy, per shard, per step.
+pub(crate) struct Tracker {
+    shards: [Mutex<Vec<Steps>>; SHARDS],
+    /// Entries per summary.
+    capacity: usize,
+    /// The length of a step, in microseconds.
+    step: u64,
+    period: Duration,
+    partition: Option<PartitionKeys>,
+    hasher: RandomState,
+    /// The present policies' names, in order, for a report of them all.
+    policies: Mutex<Vec<Box<str>>>,
+}
+
+impl fmt::Debug for Tracker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tracker")
+            .field("capacity", &(self.capacity * SHARDS))
+            .field("period", &self.period)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tracker {
+    /// A tracker as `config` says, for the policies named; `partition` is the layer's
+    /// partition keys, if any.
+    pub(crate) fn new(
+        config: &TopLimited,
+        partition: Option<&PartitionKeys>,
+        policies: Vec<Box<str>>,
+    ) -> Result<Self, ConfigError> {
+        config.check(partition)?;
+        let micros = u64::try_from(config.period.as_micros()).unwrap_or(u64::MAX);
+        let tracker = Tracker {
+            shards: Default::default(),
+            capacity: config.keys.div_ceil(SHARDS),
+            step: (micros / STEPS).max(1),
+            period: config.period,
+            partition: config.hashed.then(|| partition.cloned()).flatten(),
+            hasher: RandomState::new(),
+            policies: Mutex::new(Vec::new()),
+        };
+        tracker.set_policies(policies);
+        Ok(tracker)
+    }
+
+    /// The policies are now these: the summaries of the others are dropped, and those of
+    /// new ones made (all the memory a policy's summary will ever take).
+    pub(crate) fn set_policies(&self, policies: Vec<Box<str>>) {
+        for shard in &self.shards {
+            let mut shard = lock(shard);
+            shard.retain(|s| policies.contains(&s.policy));
+            for name in &policies {
+                if !shard.iter().any(|s| s.policy == *name) {
+                    shard.push(Steps {
+                        policy: name.clone(),
+                        steps: (0..STEPS).map(|_| Summary::new(self.capacity)).collect(),
+                    });
+                }
+            }
+        }
+        *lock(&self.policies) = policies;
+    }
+
+    /// Counts a request of `key` that `policy` denied at `now` (microseconds); nothing when
+    /// the policy is no longer present (a request planned before a reload).
+    pub(crate) fn record(&self, policy: &str, key: &Key, now: u64) {
+        let hash = self.hasher.hash_one(key);
+        // The low bits pick the shard; the table uses the high ones.
+        let mut shard = lock(&self.shards[hash as usize % SHARDS]);
+        let Some(steps) = shard.iter_mut().find(|s| *s.policy == *policy) else {
+            return;
+        };
+        let step = now / self.step;
+        let summary = &mut steps.steps[(step % STEPS) as usize];
+        if summary.step < step || summary.total == 0 {
+            summary.clear(step);
+        }
+        summary.add(key, hash, 1);
+    }
+
+    /// The `n` keys `policy` denied most in the period up to `now`.
+    pub(crate) fn top(&self, policy: &str, n: usize, now: u64) -> TopReport {
+        let step = now / self.step;
+        let live = |s: &&Summary| s.total > 0 && s.step <= step && step - s.step < STEPS;
+        let mut limited = 0;
+        let mut found: Vec<(Key, u64, u64)> = Vec::new();
+        for shard in &self.shards {
+            let shard = lock(shard);
+            let Some(steps) = shard.iter().find(|s| *s.policy == *policy) else {
+                continue;
+            };
+            let live: Vec<&Summary> = steps.steps.iter().filter(live).collect();
+            for (at, summary) in live.iter().enumerate() {
+                limited += summary.total;
+                for e in &summary.heap {
+                    // Each key once: from the first live step that holds it.
+                    if live[..at].iter().any(|s| s.find(&e.key, e.hash).is_some()) {
+                        continue;
+                    }
+                    let (mut count, mut error) = (0, 0);
+                    for s in &live {
+                        match s.find(&e.key, e.hash) {
+                            Some(held) => {
+                                count += held.count;
+                                error += held.error;
+                            }
+                            None => {
+                                count += s.floor();
+                                error += s.floor();
+                            }
+                        }
+                    }
+                    found.push((e.key.clone(), count, error));
+                }
+            }
+        }
+        found.sort_by(|a, b| b.1.cmp(&a.1).then(a.2.cmp(&b.2)));
+        found.truncate(n);
+        let keys = found
+            .into_iter()
+            .map(|(key, count, error)| match &self.partition {
+                Some(partition) => LimitedKey {
+                    text: partition.of(&key),
+                    key: None,
+                    count,
+                    error,
+                },
+                None => LimitedKey {
+                    text: text_of(&key),
+                    key: Some(key),
+                    count,
+                    error,
+                },
+            })
+            .collect();
+        TopReport {
+            policy: policy.to_owned(),
+            limited,
+            keys,
+        }
+    }
+
+    /// [`Tracker::top`] of every present policy.
+    pub(crate) fn top_all(&self, n: usize, now: u64) -> Vec<TopReport> {
+        let policies = lock(&self.policies).clone();
+        policies.iter().map(|p| self.top(p, n, now)).collect()
+    }
+
+    /// The bytes the summaries hold.
+    #[cfg(test)]
+    pub(crate) fn footprint(&self) -> usize {
+        let shards = self.shards.iter().map(|shard| {
+            let shard = lock(shard);
+            let summaries = shard.iter().flat_map(|s| s.steps.iter());
+            summaries.map(Summary::footprint).sum::<usize>()
+        });
+        shards.sum()
+    }
+}
+
+/// A key's text: see the [module docs](self).
+fn text_of(key: &Key) -> String {
+    match key.parts() {
+        KeyParts::Global => "global".into(),
+        KeyParts::Ip(ip) => ip.to_string(),
+        KeyParts::Bytes(bytes) => match std::str::from_utf8(bytes) {
+            Ok(text) if !text.is_empty() && !text.chars().any(char::is_control) => text.into(),
+            _ => {
+                let mut hex = String::with_capacity(2 + 2 * bytes.len());
+                hex.push_str("0x");
+                for b in bytes {
+                    let _ = write!(hex, "{b:02x}");
+                }
+                hex
+            }
+        },
+    }
+}
+
+/// A JSON admin route reporting the heaviest denied keys, made by
+/// [`RateLimitLayer::top_limited_service`](crate::RateLimitLayer::top_limited_service).
+///
+/// `GET` answers `200` with every policy's report, or one policy's with `?policy=<name>`;
+/// `n=<count>` sets how many keys each report lists (default 10, at most the summary's size):
+///
+/// ```json
+/// {"period_seconds":60,"keys_as":"text","policies":[
+///   {"policy":"per-ip","limited":2113,"keys":[{"key":"203.0.113.7","count":1980,"error":0}]}]}
+/// ```
+///
+/// `keys_as` is `text`, or `partition_key` when the summary is [`hashed`](TopLimited::hashed).
+/// A layer built without [`top_limited`](crate::RateLimitLayerBuilder::top_limited) answers
+/// `404`, as does an unknown policy; a malformed `n`, `400`; another method, `405`. Every error
+/// is JSON `{"error": "..."}`.
+///
+/// Mount it where only operators reach it, and outside the rate limit:
+///
+/// ```
+/// use axum::{Router, routing::get};
+/// use tower_ratelimit::{Policy, RateLimitLayer, key::PeerIp, top::TopLimited};
+///
+/// # fn main() -> Result<(), tower_ratelimit::ConfigError> {
+/// let layer = RateLimitLayer::builder()
+///     .key(PeerIp::new())
+///     .policy(Policy::gcra("10/s"))
+///     .top_limited(TopLimited::new())
+///     .build()?;
+/// let admin: Router = Router::new().route_service("/admin/top", layer.top_limited_service());
+/// let app: Router = Router::new().route("/", get(|| async { "hi" })).layer(layer);
+/// # let _ = (admin, app);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct TopLimitedService {
+    tracker: Option<Arc<Tracker>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for TopLimitedService {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TopLimitedService")
+            .field("tracker", &self.tracker)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TopLimitedService {
+    pub(crate) fn new(tracker: Option<Arc<Tracker>>, clock: Arc<dyn Clock>) -> Self {
+        TopLimitedService { tracker, clock }
+    }
+
+    /// The answer to a request for `query` (the URI's query string).
+    fn answer(&self, method: &Method, query: Option<&str>) -> (StatusCode, String) {
+        if method != Method::GET && method != Method::HEAD {
+            return error(StatusCode::METHOD_NOT_ALLOWED, "only GET is answered");
+        }
+        let Some(tracker) = &self.tracker else {
+            return error(
+                StatusCode::NOT_FOUND,
+                "top limited keys are not tracked: build the layer with top_limited",
+            );
+        };
+        let (mut policy, mut n) = (None, 10);
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let value = percent_decode(value);
+            match name {
+                "policy" => policy = Some(value),
+                "n" => match value.parse::<usize>() {
+                    Ok(v) if v > 0 => n = v.min(tracker.capacity * SHARDS),
+                    _ => {
+                        return error(
+                            StatusCode::BAD_REQUEST,
+                            &format!("n={value:?} is not a positive number of keys"),
+                        );
+                    }
+                },
+                _ => {}
+            }
+        }
+        let now = self.clock.now_micros();
+        let reports = match policy {
+            None => tracker.top_all(n, now),
+            Some(name) => {
+                if !lock(&tracker.policies).iter().any(|p| **p == *name) {
+                    return error(
+                        StatusCode::NOT_FOUND,
+                        &format!("no policy is named {name:?}"),
+                    );
+                }
+                vec![tracker.top(&name, n, now)]
+            }
+        };
+        let mut out = format!(
+            r#"{{"period_seconds":{},"keys_as":"{}","policies":["#,
+            tracker.period.as_secs_f64(),
+            if tracker.partition.is_some() {
+                "partition_key"
+            } else {
+                "text"
+            }
+        );
+        for (i, report) in reports.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(r#"{"policy":"#);
+            json_string(&mut out, report.policy());
+            let _ = write!(out, r#","limited":{},"keys":["#, report.limited());
+            for (j, key) in report.keys().iter().enumerate() {
+                if j > 0 {
+                    out.push(',');
+                }
+                out.push_str(r#"{"key":"#);
+                json_string(&mut out, key.text());
+                let _ = write!(
+                    out,
+                    r#","count":{},"error":{}}}"#,
+                    key.count(),
+                    key.error()
+                );
+            }
+            out.push_str("]}");
+        }
+        out.push_str("]}\n");
+        (StatusCode::OK, out)
+    }
+}
+
+fn error(status: StatusCode, message: &str) -> (StatusCode, String) {
+    let mut out = String::from(r#"{"error":"#);
+    json_string(&mut out, message);
+    out.push_str("}\n");
+    (status, out)
+}
+
+/// `text` as a JSON string.
+fn json_string(out: &mut String, text: &str) {
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// A query value with `%XX` and `+` decoded (bytes that are not UTF-8 replaced).
+fn percent_decode(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                    (Some(h), Some(l)) => {
+                        out.push((h * 16 + l) as u8);
+                        i += 3;
+                        continue;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl<B> tower_service::Service<Request<B>> for TopLimitedService {
+    type Response = Response<String>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Response<String>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let (status, body) = self.answer(request.method(), request.uri().query());
+        let mut response = Response::new(body);
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/json"),
+        );
+        response.headers_mut().insert(
+            header::CACHE_CONTROL,
+            header::HeaderValue::from_static("no-store"),
+        );
+        std::future::ready(Ok(response))
+    }
+}
+
+#[cfg(test)]
+mod tests;

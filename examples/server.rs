@@ -6,16 +6,21 @@
 //! ```
 //!
 //! Run `cargo run --example server -- --help` for the variables.
+//!
+//! `GET /metrics` (Prometheus) and `GET /admin/top` (the keys limited most) are never rate
+//! limited, and are served on `ADMIN_BIND` instead of `BIND` when it is set.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use axum::Router;
 use axum::routing::{get, post};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tower_ratelimit::axum::AxumBody;
 use tower_ratelimit::config::Limits;
 use tower_ratelimit::headers::HeaderStyle;
 use tower_ratelimit::key::{Cidr, ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
+use tower_ratelimit::top::TopLimited;
 use tower_ratelimit::{Algorithm, FailurePolicy, Policy, RateLimitLayer, RedisStore, Store};
 
 const HELP: &str = "\
@@ -23,6 +28,8 @@ tower-ratelimit demo server
 
 Environment variables:
   BIND        address to listen on                  (default 127.0.0.1:3000)
+  ADMIN_BIND  address of /metrics and /admin/top, to keep them off the public address
+                                                    (default unset: served on BIND)
   CONFIG      a TOML file of policies, e.g. examples/limits.toml, instead of ALGORITHM,
               RATE_LIMIT, KEY, TRUSTED_PROXIES, LEASE, WAIT_MS and CONCURRENCY (which it
               replaces; setting both is an error). Reloaded on SIGHUP, keeping every key's
@@ -72,10 +79,16 @@ Routes:
                rate limited, answers after n milliseconds (at most 10000), to see
                CONCURRENCY at work
   GET /health  never limited
+  GET /metrics every metric of the layer, in Prometheus text format; never limited
+  GET /admin/top?policy=<name>&n=<count>
+               the keys each policy denied most over the last minute, as JSON (policy
+               and n are optional; n defaults to 10); never limited
+  With ADMIN_BIND set, /metrics and /admin/top are answered there, and not on BIND.
 ";
 
 struct Config {
     bind: SocketAddr,
+    admin_bind: Option<SocketAddr>,
     /// The policy file, and its policies as read at start.
     file: Option<(String, Limits)>,
     redis_url: Option<String>,
@@ -175,6 +188,12 @@ fn config() -> Result<Config, String> {
     let bind = bind
         .parse()
         .map_err(|_| format!("BIND: {bind:?} is not an address such as 127.0.0.1:3000"))?;
+    let admin_bind = match env_or("ADMIN_BIND", "")?.as_str() {
+        "" => None,
+        addr => Some(addr.parse().map_err(|_| {
+            format!("ADMIN_BIND: {addr:?} is not an address such as 127.0.0.1:9090")
+        })?),
+    };
     let algorithm = env_or("ALGORITHM", "gcra")?
         .parse()
         .map_err(|e| format!("ALGORITHM: {e}"))?;
@@ -239,6 +258,7 @@ fn config() -> Result<Config, String> {
     }
     Ok(Config {
         bind,
+        admin_bind,
         file,
         redis_url,
         prefix: env_or("PREFIX", "rl:")?,
@@ -317,8 +337,16 @@ fn policies<St: Store>(
         .on_store_error(config.on_store_error))
 }
 
-fn app<St: Store>(config: &Config, store: St) -> Result<Router, String> {
-    let mut builder = RateLimitLayer::builder().store(store);
+/// The public app and the admin routes.
+struct Apps {
+    public: Router,
+    admin: Router,
+}
+
+fn app<St: Store>(config: &Config, store: St, metrics: PrometheusHandle) -> Result<Apps, String> {
+    let mut builder = RateLimitLayer::builder()
+        .store(store)
+        .top_limited(TopLimited::new());
     if config.file.is_none() {
         builder = builder.key(key_extractor(&config.key, &config.trusted_proxies)?);
     }
@@ -328,7 +356,16 @@ fn app<St: Store>(config: &Config, store: St) -> Result<Router, String> {
     if let Some((path, _)) = &config.file {
         reload_on_sighup(layer.clone(), path.clone());
     }
-    Ok(Router::new()
+    let admin = Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let text = metrics.render();
+                async move { ([("content-type", "text/plain; version=0.0.4")], text) }
+            }),
+        )
+        .route_service("/admin/top", layer.top_limited_service());
+    let public = Router::new()
         .route("/", get(|| async { "hello from tower-ratelimit\n" }))
         .route("/slow", get(slow))
         .route("/login", post(login))
@@ -336,7 +373,30 @@ fn app<St: Store>(config: &Config, store: St) -> Result<Router, String> {
         .route("/exports/{id}", get(|| async { "export\n" }))
         // Responses in axum's own body: axum does not box them again.
         .route_layer(layer.body::<AxumBody>())
-        .route("/health", get(|| async { "ok\n" })))
+        .route("/health", get(|| async { "ok\n" }));
+    Ok(Apps { public, admin })
+}
+
+/// The Prometheus recorder of every metric the layer emits, its histograms with buckets from
+/// 0.5 ms to 10 s.
+fn prometheus() -> Result<PrometheusHandle, String> {
+    let buckets = [
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+    ];
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &buckets)
+        .and_then(|b| b.install_recorder())
+        .map_err(|e| format!("metrics: {e}"))?;
+    tower_ratelimit::telemetry::describe_metrics();
+    // The recorder keeps histogram samples until upkeep folds them into the buckets.
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
 }
 
 /// Reads the policy file again on each `SIGHUP` and swaps the layer's policies, keeping
@@ -396,15 +456,16 @@ async fn slow(
     Ok(format!("answered after {ms} ms\n"))
 }
 
-/// The app and a description of its store.
-async fn build(config: &Config) -> Result<(Router, String), String> {
+/// The apps and a description of their store.
+async fn build(config: &Config) -> Result<(Apps, String), String> {
+    let metrics = prometheus()?;
     // Check the key before connecting, so a typo is reported as such.
     if config.file.is_none() {
         key_extractor(&config.key, &config.trusted_proxies)?;
     }
     match &config.redis_url {
         None => Ok((
-            app(config, tower_ratelimit::MemoryStore::new())?,
+            app(config, tower_ratelimit::MemoryStore::new(), metrics)?,
             "memory".into(),
         )),
         Some(url) => {
@@ -425,7 +486,7 @@ async fn build(config: &Config) -> Result<(Router, String), String> {
                 config.store_timeout.as_millis(),
                 config.lease.map_or("off".into(), |u| u.to_string())
             );
-            Ok((app(config, store)?, described))
+            Ok((app(config, store, metrics)?, described))
         }
     }
 }
@@ -438,11 +499,27 @@ async fn main() -> ExitCode {
     }
     let result = async {
         let config = config()?;
-        let (app, store) = build(&config).await?;
+        let (apps, store) = build(&config).await?;
         let listener = tokio::net::TcpListener::bind(config.bind)
             .await
             .map_err(|e| format!("BIND: cannot listen on {}: {e}", config.bind))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let (app, admin) = match config.admin_bind {
+            None => (apps.public.merge(apps.admin), format!("http://{addr}")),
+            Some(admin_bind) => {
+                let admin = tokio::net::TcpListener::bind(admin_bind)
+                    .await
+                    .map_err(|e| format!("ADMIN_BIND: cannot listen on {admin_bind}: {e}"))?;
+                let admin_addr = admin.local_addr().map_err(|e| e.to_string())?;
+                let router = apps.admin;
+                tokio::spawn(async move {
+                    if let Err(e) = axum::serve(admin, router).await {
+                        eprintln!("admin server error: {e}");
+                    }
+                });
+                (apps.public, format!("http://{admin_addr}"))
+            }
+        };
         let limits = match &config.file {
             Some((path, limits)) => {
                 let names: Vec<&str> = limits
@@ -471,7 +548,7 @@ async fn main() -> ExitCode {
             ),
         };
         println!(
-            "listening on http://{addr} | store={store} {limits} HEADERS={:?} | --help lists the variables",
+            "listening on http://{addr} | store={store} {limits} HEADERS={:?} | admin={admin} (/metrics, /admin/top) | --help lists the variables",
             config.headers,
         );
         axum::serve(

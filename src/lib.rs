@@ -334,6 +334,7 @@ mod decision;
 pub mod headers;
 pub mod response;
 pub mod grpc;
+pub mod telemetry;
 pub mod top;
 mod resilience;
 mod service;

@@ -20,11 +20,12 @@
 
 use std::cell::OnceCell;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
+use tracing::Span;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
@@ -113,6 +114,10 @@ pub(crate) struct Limiter<St> {
     holds: AtomicBool,
     /// The keys each policy denied most, when the layer keeps them.
     top: Option<Arc<Tracker>>,
+    /// When (layer clock) a store failure was last logged at `warn`, and how many were
+    /// logged at `debug` since.
+    warned: AtomicU64,
+    unwarned: AtomicU64,
 }
 
 impl<St: fmt::Debug> fmt::Debug for Limiter<St> {
@@ -146,6 +151,7 @@ pub(crate) struct Planned {
     checks: Checks,
     fallback: Option<Checks>,
     after: Charges,
+    span: Span,
 }
 
 /// What to do once the decision is known.
@@ -203,6 +209,8 @@ pub(crate) struct Ticket {
     /// be given back should the request go away before the decision comes.
     takes_slots: bool,
     after: Charges,
+    /// The decision's `debug` span, disabled unless a subscriber wants it.
+    span: Span,
 }
 
 /// The slots an outcome took: of a concurrency limit, or reserved for a wait.
@@ -373,6 +381,8 @@ impl<St: Store> Limiter<St> {
             waits: AtomicBool::new(set.waits),
             holds: AtomicBool::new(set.holds),
             top,
+            warned: AtomicU64::new(0),
+            unwarned: AtomicU64::new(0),
         })
     }
 
@@ -435,6 +445,12 @@ impl<St: Store> Limiter<St> {
             let key = match policy.key(request) {
                 Ok(key) => key,
                 Err(rejection) => {
+                    let span = decision_span();
+                    let _entered = span.enter();
+                    traced(&span, |span| {
+                        span.record("policies", policy.name());
+                        span.record("outcome", "key_rejected");
+                    });
                     tracing::debug!(
                         policy = policy.name(),
                         code = rejection.code(),
@@ -468,18 +484,28 @@ impl<St: Store> Limiter<St> {
         if checks.is_empty() {
             return Begin::Unlimited;
         }
+        let span = decision_span();
+        let _entered = span.enter();
+        traced(&span, |span| {
+            let names: Vec<&str> = checks.iter().map(|c| c.tier().name()).collect();
+            span.record("policies", names.join(","));
+        });
         // Pre-check. The layer's clock is read only when the deny cache, a lease or an open
         // breaker needs it.
         if let Some(cache) = &self.deny_cache
             && let Some(decision) = cache.lookup(&checks, self.clock.now_micros())
         {
+            traced(&span, |span| {
+                span.record("deny_cache", true);
+                record_outcome(span, &decision, false);
+            });
             metrics::counter!("ratelimit_deny_cache_hits_total").increment(1);
             let keys = self.keys(&checks);
             self.record_limited(&decision, keys.as_deref());
             let headers = self.response_headers(&decision, keys.as_deref());
             return Begin::Settled(self.limited(decision, &headers), Charges::new());
         }
-        self.decide(checks, fallback, after)
+        self.decide(checks, fallback, after, &span)
     }
 
     /// [`Limiter::decide`] for a request that waited for another's lease.
@@ -488,8 +514,10 @@ impl<St: Store> Limiter<St> {
             checks,
             fallback,
             after,
+            span,
         } = planned;
-        self.decide(checks, fallback, after)
+        let _entered = span.enter();
+        self.decide(checks, fallback, after, &span)
     }
 
     /// The rest of step 2 for a planned request: the leases held here, the breaker, the store.
@@ -499,6 +527,7 @@ impl<St: Store> Limiter<St> {
         mut checks: Checks,
         fallback: Option<Checks>,
         mut after: Charges,
+        span: &Span,
     ) -> Begin<St::Future> {
         let now = OnceCell::new();
         let now = || *now.get_or_init(|| self.clock.now_micros());
@@ -515,7 +544,11 @@ impl<St: Store> Limiter<St> {
                     });
                     let keys = self.keys(&checks);
                     let decision = Decision::new(outcomes);
-                    let (settled, after) = self.finish(decision, after, keys.as_deref(), false);
+                    traced(span, |span| {
+                        span.record("lease", true);
+                    });
+                    let (settled, after) =
+                        self.finish(decision, after, keys.as_deref(), false, span);
                     return Begin::Settled(settled, after);
                 }
                 lease::Plan::Store(a) => asking = a.map(|a| Box::new((a, now()))),
@@ -524,6 +557,7 @@ impl<St: Store> Limiter<St> {
                         checks,
                         fallback,
                         after,
+                        span: span.clone(),
                     };
                     return Begin::Lease(wait, Box::new(planned));
                 }
@@ -546,6 +580,7 @@ impl<St: Store> Limiter<St> {
             started: None,
             takes_slots: false,
             after,
+            span: span.clone(),
         };
         if permit == Permit::Reject {
             let error = StoreError::with_kind(
@@ -575,9 +610,14 @@ impl<St: Store> Limiter<St> {
         mut ticket: Ticket,
         result: Result<Decision, StoreError>,
     ) -> (Settled, Charges) {
+        let span = std::mem::replace(&mut ticket.span, Span::none());
+        let _entered = span.enter();
         if let Some(started) = ticket.started {
-            metrics::histogram!("ratelimit_store_duration_seconds")
-                .record(started.elapsed().as_secs_f64());
+            let elapsed = started.elapsed();
+            traced(&span, |span| {
+                span.record("store_us", elapsed.as_micros() as u64);
+            });
+            metrics::histogram!("ratelimit_store_duration_seconds").record(elapsed.as_secs_f64());
         }
         let mut local = false;
         let decision = match result {
@@ -603,7 +643,7 @@ impl<St: Store> Limiter<St> {
                 }
                 decision
             }
-            Err(error) => match self.degraded(&mut ticket, error) {
+            Err(error) => match self.degraded(&mut ticket, error, &span) {
                 Degraded::Local(decision) => {
                     local = true;
                     decision
@@ -611,7 +651,7 @@ impl<St: Store> Limiter<St> {
                 Degraded::Settled(settled) => return (settled, Charges::new()),
             },
         };
-        self.finish(decision, ticket.after, ticket.keys.as_deref(), local)
+        self.finish(decision, ticket.after, ticket.keys.as_deref(), local, &span)
     }
 
     /// A request that went away while the store decided: when it asked for slots, what
@@ -641,7 +681,9 @@ impl<St: Store> Limiter<St> {
         after: Charges,
         keys: Option<&[(u32, Key, u64)]>,
         local: bool,
+        span: &Span,
     ) -> (Settled, Charges) {
+        traced(span, |span| record_outcome(span, &decision, self.waits()));
         for o in decision.outcomes() {
             o.tier().count(o.is_allowed(), o.is_shadow());
         }
@@ -652,7 +694,7 @@ impl<St: Store> Limiter<St> {
             return (self.limited(decision, &headers), Charges::new());
         }
         if decision.shadow_violated().next().is_some() {
-            tracing::info!(
+            tracing::debug!(
                 policies = ?decision.shadow_violated().map(|o| o.policy()).collect::<Vec<_>>(),
                 "shadow rate limit exceeded; request let through"
             );
@@ -744,7 +786,7 @@ impl<St: Store> Limiter<St> {
 
     /// The store failed: the failure policy's answer, a decision of the local fallback or
     /// what to do without one.
-    fn degraded(&self, ticket: &mut Ticket, error: StoreError) -> Degraded {
+    fn degraded(&self, ticket: &mut Ticket, error: StoreError, span: &Span) -> Degraded {
         if let (Some(breaker), true) = (&self.breaker, error.kind() != StoreErrorKind::CircuitOpen)
         {
             breaker.failure(ticket.permit, self.clock.now_micros());
@@ -766,6 +808,20 @@ impl<St: Store> Limiter<St> {
             "failure_policy" => policy
         )
         .increment(1);
+        traced(span, |span| {
+            span.record("degraded", error.kind().as_str());
+            span.record("failure_policy", policy);
+            if !matches!(policy, "lease" | "local") {
+                span.record(
+                    "outcome",
+                    if policy == "closed" {
+                        "unavailable"
+                    } else {
+                        "allowed"
+                    },
+                );
+            }
+        });
         if let Some((outcomes, ends)) = leased {
             tracing::debug!(%error, "rate-limit store failed; admitted from a lease in hand");
             set_lease_ends(&mut ticket.after, |tier| {
@@ -776,17 +832,17 @@ impl<St: Store> Limiter<St> {
         }
         match (self.failure, &self.fallback, ticket.fallback.take()) {
             (FailurePolicy::Local { .. }, Some(local), Some(checks)) => {
-                tracing::warn!(%error, "rate-limit store failed; deciding locally");
+                self.store_failed(&error, "deciding locally");
                 // Charges after the response go to the store, which did not decide: none.
                 ticket.after.clear();
                 Degraded::Local(local.decide(&checks))
             }
             (FailurePolicy::Closed, _, _) => {
-                tracing::warn!(%error, "rate-limit store failed; answering 503");
+                self.store_failed(&error, "answering 503");
                 Degraded::Settled(Settled::Respond(self.responses.unavailable()))
             }
             _ => {
-                tracing::warn!(%error, "rate-limit store failed; letting the request through");
+                self.store_failed(&error, "letting the request through");
                 Degraded::Settled(Settled::Call(None, None, None))
             }
         }
@@ -827,6 +883,26 @@ impl<St: Store> Limiter<St> {
     /// The JSON admin route of the summary.
     pub(crate) fn top_limited_service(&self) -> TopLimitedService {
         TopLimitedService::new(self.top.clone(), self.clock.clone())
+    }
+
+    /// Logs a decision the store failed: at `warn` at most once a second (with how many
+    /// failed since), else at `debug`, so that an outage does not log every request.
+    fn store_failed(&self, error: &StoreError, then: &str) {
+        let now = self.clock.now_micros();
+        let last = self.warned.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= 1_000_000;
+        if due
+            && self
+                .warned
+                .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let since = self.unwarned.swap(0, Ordering::Relaxed);
+            tracing::warn!(%error, more_since_last = since, "rate-limit store failed; {then}");
+        } else {
+            self.unwarned.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%error, "rate-limit store failed; {then}");
+        }
     }
 
     /// The response to a denied request, with the decision in its extensions.
@@ -923,6 +999,61 @@ impl<St: Store> Limiter<St> {
 fn set_lease_ends(after: &mut Charges, lease_end: impl Fn(u32) -> Option<u64>) {
     for a in after {
         a.lease_end = lease_end(a.check.tier().id());
+    }
+}
+
+/// The `debug` span of one decision: the policies that apply, what was decided, and how long
+/// the store took. Disabled (and free but for a check) unless a subscriber enables `debug`
+/// for this crate.
+#[inline]
+fn decision_span() -> Span {
+    tracing::debug_span!(
+        "rate_limit",
+        policies = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        limited_by = tracing::field::Empty,
+        wait_ms = tracing::field::Empty,
+        store_us = tracing::field::Empty,
+        deny_cache = tracing::field::Empty,
+        lease = tracing::field::Empty,
+        degraded = tracing::field::Empty,
+        failure_policy = tracing::field::Empty,
+    )
+}
+
+/// Runs `f` on `span` only when it is enabled: recording a field looks it up by name.
+#[inline(always)]
+fn traced(span: &Span, f: impl FnOnce(&Span)) {
+    if !span.is_disabled() {
+        f(span);
+    }
+}
+
+/// Records what `decision` says in its span: `outcome` (`allowed`, `delayed` or `limited`),
+/// and the policies that denied it (shadow ones too) in `limited_by`.
+fn record_outcome(span: &Span, decision: &Decision, waits: bool) {
+    let wait = if waits {
+        decision.wait()
+    } else {
+        Default::default()
+    };
+    let outcome = match (decision.is_allowed(), wait.is_zero()) {
+        (false, _) => "limited",
+        (true, false) => "delayed",
+        (true, true) => "allowed",
+    };
+    span.record("outcome", outcome);
+    if !wait.is_zero() {
+        span.record("wait_ms", wait.as_millis() as u64);
+    }
+    let limited: Vec<&str> = decision
+        .outcomes()
+        .iter()
+        .filter(|o| !o.is_allowed())
+        .map(|o| o.policy())
+        .collect();
+    if !limited.is_empty() {
+        span.record("limited_by", limited.join(","));
     }
 }
 

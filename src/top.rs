@@ -313,7 +313,8 @@ impl Summary {
         let floor = self.heap[0].count;
         self.heap[0] = entry(floor + weight, floor);
         let heap = &self.heap;
-        self.index.insert_unique(hash, 0, |&j| heap[j as usize].hash);
+        self.index
+            .insert_unique(hash, 0, |&j| heap[j as usize].hash);
         self.sift_down(0);
     }
 
@@ -463,7 +464,7 @@ impl Tracker {
         let step = now / self.step;
         let live = |s: &&Summary| s.total > 0 && s.step <= step && step - s.step < STEPS;
         let mut limited = 0;
-        let mut found: Vec<(Key, u64, u64)> = Vec::new();
+        let mut found: Vec<(String, Key, u64, u64)> = Vec::new();
         for shard in &self.shards {
             let shard = lock(shard);
             let Some(steps) = shard.iter().find(|s| *s.policy == *policy) else {
@@ -490,15 +491,16 @@ impl Tracker {
                             }
                         }
                     }
-                    found.push((e.key.clone(), count, error));
+                    found.push((text_of(&e.key), e.key.clone(), count, error));
                 }
             }
         }
-        found.sort_by(|a, b| b.1.cmp(&a.1).then(a.2.cmp(&b.2)));
+        // The heaviest first; the surest of equal counts, then by text.
+        found.sort_by(|a, b| b.2.cmp(&a.2).then(a.3.cmp(&b.3)).then(a.0.cmp(&b.0)));
         found.truncate(n);
         let keys = found
             .into_iter()
-            .map(|(key, count, error)| match &self.partition {
+            .map(|(text, key, count, error)| match &self.partition {
                 Some(partition) => LimitedKey {
                     text: partition.of(&key),
                     key: None,
@@ -506,7 +508,7 @@ impl Tracker {
                     error,
                 },
                 None => LimitedKey {
-                    text: text_of(&key),
+                    text,
                     key: Some(key),
                     count,
                     error,
@@ -673,12 +675,7 @@ impl TopLimitedService {
                 }
                 out.push_str(r#"{"key":"#);
                 json_string(&mut out, key.text());
-                let _ = write!(
-                    out,
-                    r#","count":{},"error":{}}}"#,
-                    key.count(),
-                    key.error()
-                );
+                let _ = write!(out, r#","count":{},"error":{}}}"#, key.count(), key.error());
             }
             out.push_str("]}");
         }
@@ -718,16 +715,14 @@ fn percent_decode(value: &str) -> String {
     while i < bytes.len() {
         let hex = |b: u8| (b as char).to_digit(16);
         match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                    (Some(h), Some(l)) => {
-                        out.push((h * 16 + l) as u8);
-                        i += 3;
-                        continue;
-                    }
-                    _ => out.push(b'%'),
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 3;
+                    continue;
                 }
-            }
+                _ => out.push(b'%'),
+            },
             b'+' => out.push(b' '),
             b => out.push(b),
         }

@@ -42,6 +42,7 @@ fn bad_configuration_stops_the_server_with_the_variable_named() {
         ("RATE_LIMIT", "ten per second", "RATE_LIMIT:"),
         ("KEY", "cookie", "KEY:"),
         ("BIND", "localhost", "BIND:"),
+        ("ADMIN_BIND", "nowhere", "ADMIN_BIND:"),
         ("ON_STORE_ERROR", "maybe", "ON_STORE_ERROR:"),
         ("STORE_TIMEOUT_MS", "0", "STORE_TIMEOUT_MS:"),
         ("LEASE", "5", "LEASE:"),

@@ -180,7 +180,10 @@ fn denials_leave_the_report_a_period_later() {
     assert_eq!(at(90 * s), (0, vec![]));
     // 60 s later the same step is used again, from scratch.
     tracker.record("p", &Key::from("again"), 60 * s);
-    assert_eq!(at(61 * s), (4, vec![("late".into(), 3), ("again".into(), 1)]));
+    assert_eq!(
+        at(61 * s),
+        (4, vec![("late".into(), 3), ("again".into(), 1)])
+    );
 }
 
 #[test]

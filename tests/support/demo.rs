@@ -186,3 +186,54 @@ impl Drop for DemoServer {
         let _ = self.child.wait();
     }
 }
+
+/// GET `path` from `addr` over a fresh connection, with extra header lines: the status and
+/// the body, as sent.
+#[allow(dead_code)]
+pub fn fetch(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response[9..12].parse().unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    // A body sent in chunks: the chunks joined.
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut joined = String::new();
+        let mut rest = body;
+        while let Some((size, after)) = rest.split_once("\r\n") {
+            let size = usize::from_str_radix(size.trim(), 16).unwrap();
+            if size == 0 {
+                break;
+            }
+            joined.push_str(&after[..size]);
+            rest = &after[size + 2..];
+        }
+        return (status, joined);
+    }
+    (status, body.to_owned())
+}
+
+impl DemoServer {
+    /// The address the server answers `/metrics` and `/admin/top` on, from its first line.
+    #[allow(dead_code)]
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.first_line
+            .split("admin=http://")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|addr| addr.parse().ok())
+            .unwrap_or_else(|| panic!("no admin address in {:?}", self.first_line))
+    }
+}

@@ -1,0 +1,169 @@
+//! What the layer reports: the metrics it emits, and its tracing.
+//!
+//! # Metrics
+//!
+//! The layer counts its decisions through the [`metrics`](https://docs.rs/metrics) facade, so
+//! any recorder sees them; [`METRICS`] lists every metric it emits, and
+//! [`describe_metrics`] gives their help texts and units to the installed recorder. With
+//! `metrics-exporter-prometheus`, the two histograms need buckets to be histograms
+//! in Prometheus (otherwise they are summaries):
+//!
+//! ```
+//! use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let prometheus = PrometheusBuilder::new()
+//!     .set_buckets_for_metric(
+//!         Matcher::Suffix("_seconds".into()),
+//!         &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0],
+//!     )?
+//!     .install_recorder()?;
+//! tower_ratelimit::telemetry::describe_metrics();
+//! // Answer `GET /metrics` with `prometheus.render()`, outside the rate limit.
+//! # let _ = prometheus.render();
+//! # Ok(()) }
+//! ```
+//!
+//! The repository's `dashboards/tower-ratelimit.json` is a Grafana dashboard of them all.
+//! Metrics never carry a key: one series per client would overwhelm the backend. To see which
+//! keys are limited, keep a [summary of them](crate::top).
+//!
+//! # Tracing
+//!
+//! Each decision is a `debug` span named `rate_limit`, a child of the request's span, with
+//! these fields:
+//!
+//! | field | what |
+//! |---|---|
+//! | `policies` | the policies that applied, comma-separated |
+//! | `outcome` | `allowed`, `delayed` (waits for a reserved slot), `limited`, `key_rejected`, or for a failed store `allowed` (failure policy open) or `unavailable` (closed) |
+//! | `limited_by` | the policies that denied the request, shadow ones included |
+//! | `wait_ms` | how long a `delayed` request waits |
+//! | `store_us` | how long an asynchronous store (Redis) took to decide |
+//! | `deny_cache` | `true` when the deny cache answered |
+//! | `lease` | `true` when a lease held here admitted the request |
+//! | `degraded`, `failure_policy` | why the store did not decide (`failed`, `timeout`, `circuit_open`), and what answered instead (`open`, `closed`, `local`, `lease`) |
+//!
+//! Nothing is logged at `info` or above per request. A failing store is logged at `warn` at
+//! most once a second, with how many failures went by since; the breaker logs when it opens
+//! and closes.
+
+/// The kind of a metric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MetricKind {
+    /// Only goes up.
+    Counter,
+    /// Goes up and down.
+    Gauge,
+    /// A distribution of values (in Prometheus, `_bucket`, `_sum` and `_count` series).
+    Histogram,
+}
+
+/// One metric the layer emits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Metric {
+    /// Its name.
+    pub name: &'static str,
+    /// Its kind.
+    pub kind: MetricKind,
+    /// The labels it carries.
+    pub labels: &'static [&'static str],
+    /// What it counts.
+    pub help: &'static str,
+}
+
+const fn metric(
+    name: &'static str,
+    kind: MetricKind,
+    labels: &'static [&'static str],
+    help: &'static str,
+) -> Metric {
+    Metric {
+        name,
+        kind,
+        labels,
+        help,
+    }
+}
+
+/// Every metric the layer emits.
+pub const METRICS: &[Metric] = &[
+    metric(
+        "ratelimit_decisions_total",
+        MetricKind::Counter,
+        &["policy", "outcome"],
+        "Decisions per policy, made by the store or the local fallback; outcome is allowed, \
+         limited or shadow_limited",
+    ),
+    metric(
+        "ratelimit_degraded_total",
+        MetricKind::Counter,
+        &["reason", "failure_policy"],
+        "Decisions the store did not make (reason failed, timeout or circuit_open), and what \
+         answered instead (failure_policy open, closed, local or lease)",
+    ),
+    metric(
+        "ratelimit_store_duration_seconds",
+        MetricKind::Histogram,
+        &[],
+        "Time an asynchronous store (Redis) took to answer a decision, failures included",
+    ),
+    metric(
+        "ratelimit_circuit_open",
+        MetricKind::Gauge,
+        &[],
+        "1 while the circuit breaker keeps the store from being asked, 0 once it is closed",
+    ),
+    metric(
+        "ratelimit_deny_cache_hits_total",
+        MetricKind::Counter,
+        &[],
+        "Requests the deny cache answered 429 without asking the store",
+    ),
+    metric(
+        "ratelimit_leases_total",
+        MetricKind::Counter,
+        &["policy"],
+        "Leases the store granted to this instance",
+    ),
+    metric(
+        "ratelimit_lease_units_returned_total",
+        MetricKind::Counter,
+        &["policy"],
+        "Unspent units of ended leases given back to the store",
+    ),
+    metric(
+        "ratelimit_requests_delayed_total",
+        MetricKind::Counter,
+        &["policy"],
+        "Requests admitted at a later slot, which waited for it (policy: the longest wait)",
+    ),
+    metric(
+        "ratelimit_delay_seconds",
+        MetricKind::Histogram,
+        &["policy"],
+        "How long delayed requests waited for their slot",
+    ),
+    metric(
+        "ratelimit_reservations_released_total",
+        MetricKind::Counter,
+        &[],
+        "Delayed requests whose client went away, whose reserved slots were given back",
+    ),
+];
+
+/// Describes every metric of [`METRICS`] to the installed `metrics` recorder: help text, and
+/// the unit of the histograms (seconds). Call it once, after installing the recorder.
+pub fn describe_metrics() {
+    for m in METRICS {
+        match m.kind {
+            MetricKind::Counter => metrics::describe_counter!(m.name, m.help),
+            MetricKind::Gauge => metrics::describe_gauge!(m.name, m.help),
+            MetricKind::Histogram => {
+                metrics::describe_histogram!(m.name, metrics::Unit::Seconds, m.help)
+            }
+        }
+    }
+}

@@ -378,10 +378,11 @@ fn app<St: Store>(config: &Config, store: St, metrics: PrometheusHandle) -> Resu
 }
 
 /// The Prometheus recorder of every metric the layer emits, its histograms with buckets from
-/// 0.5 ms to 10 s.
+/// 0.1 ms to 10 s.
 fn prometheus() -> Result<PrometheusHandle, String> {
     let buckets = [
-        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+        10.0,
     ];
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &buckets)

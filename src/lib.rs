@@ -233,6 +233,16 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Seeing who is limited
+//!
+//! The layer counts every decision through the [`metrics`](https://docs.rs/metrics) facade
+//! ([`telemetry::METRICS`] lists them; a Grafana dashboard of them is in the repository), and
+//! traces each one as a `debug` span (see [`telemetry`]). Metrics carry no keys; to answer
+//! "who is being limited right now?", keep a bounded summary of the keys each policy denied
+//! with [`RateLimitLayerBuilder::top_limited`], and read it with
+//! [`RateLimitLayer::top_limited`] or serve it as JSON with
+//! [`RateLimitLayer::top_limited_service`] (see [`top`]).
+//!
 //! # Choosing an algorithm
 //!
 //! | algorithm | pick it when | memory per key |

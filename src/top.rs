@@ -14,7 +14,7 @@
 //! let layer = RateLimitLayer::builder()
 //!     .key(PeerIp::new())
 //!     .policy(Policy::gcra("10/s").name("per-ip"))
-//!     // The 128 heaviest denied keys of each policy over the last minute.
+//!     // The 256 heaviest denied keys of each policy over the last minute.
 //!     .top_limited(TopLimited::new())
 //!     .build()?;
 //! for limited in layer.top_limited("per-ip", 10) {
@@ -98,11 +98,11 @@ impl Default for TopLimited {
 }
 
 impl TopLimited {
-    /// 128 keys per policy over the last 60 seconds, reported as their text: 44 KiB per
+    /// 256 keys per policy over the last 60 seconds, reported as their text: 86 KiB per
     /// policy.
     pub fn new() -> Self {
         TopLimited {
-            keys: 128,
+            keys: 256,
             period: Duration::from_secs(60),
             hashed: false,
         }
@@ -238,6 +238,8 @@ const MOVING: u32 = u32::MAX;
 struct Summary {
     step: u64,
     total: u64,
+    /// Whether a key took another's counter: until then every key counted is held, exactly.
+    evicted: bool,
     capacity: usize,
     heap: Vec<Entry>,
     index: HashTable<u32>,
@@ -248,6 +250,7 @@ impl Summary {
         Summary {
             step: 0,
             total: 0,
+            evicted: false,
             capacity,
             heap: Vec::with_capacity(capacity),
             // Twice what it holds: a table at most half full rehashes its tombstones in
@@ -259,17 +262,18 @@ impl Summary {
     fn clear(&mut self, step: u64) {
         self.step = step;
         self.total = 0;
+        self.evicted = false;
         self.heap.clear();
         self.index.clear();
     }
 
-    /// The smallest count a key without an entry may have had here: 0 until the summary is
-    /// full, then the smallest count held.
+    /// The most a key without an entry may have been counted here: 0 until a key took
+    /// another's counter, then the smallest count held.
     fn floor(&self) -> u64 {
-        if self.heap.len() < self.capacity {
-            0
-        } else {
+        if self.evicted {
             self.heap.first().map_or(0, |e| e.count)
+        } else {
+            0
         }
     }
 
@@ -306,6 +310,7 @@ impl Summary {
             return;
         }
         // Full: the key takes the counter of the smallest count, and starts from it.
+        self.evicted = true;
         let smallest = self.heap[0].hash;
         if let Ok(slot) = self.index.find_entry(smallest, |&j| j == 0) {
             slot.remove();

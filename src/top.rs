@@ -35,7 +35,9 @@
 //!   and [`count`](LimitedKey::count) minus [`error`](LimitedKey::error) is never above it;
 //! * every key denied more than `total / keys` times in the period is reported, `total`
 //!   being all the policy's denials in it ([`TopReport::limited`]): the error of any count is
-//!   at most that.
+//!   at most that. (The summary is four shards by key hash, each with a quarter of the
+//!   counters, so the bound holds per shard: overall as stated when the denials spread over
+//!   the shards, as a flood of distinct keys does.)
 //!
 //! A key denied steadily while a flood of others churns through the summary keeps its counter
 //! and a small error; the error is large only for keys barely above the churn, whose rank

@@ -727,3 +727,23 @@ fn admin_bind_keeps_metrics_off_the_public_address() {
         "{top}"
     );
 }
+
+/// Requests the deny cache answers count as denials of the policy too: the summary sees the
+/// whole flood on a limited key, not just the store's first no.
+#[tokio::test]
+async fn denials_from_the_deny_cache_are_counted() {
+    let clock = ManualClock::new();
+    let layer = RateLimitLayer::builder()
+        .key(HeaderKey::try_new("x-user").unwrap())
+        .policy(Policy::fixed_window("1/h").name("per-user"))
+        .store(MemoryStore::builder().clock(clock.clone()).build())
+        .clock(clock.clone())
+        .deny_cache(100)
+        .top_limited(TopLimited::new())
+        .build()
+        .unwrap();
+    for _ in 0..50 {
+        status_of(&layer, "oscar").await;
+    }
+    assert_eq!(top(&layer, "per-user", 1), [("oscar".to_owned(), 49)]);
+}

@@ -145,18 +145,7 @@ impl DemoServer {
     /// GET `path` with extra header lines over a fresh connection: the status and the whole
     /// response, lowercased.
     pub fn get(&self, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
-        let mut stream = TcpStream::connect(self.addr).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        let mut request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
-        for (name, value) in headers {
-            request.push_str(&format!("{name}: {value}\r\n"));
-        }
-        request.push_str("\r\n");
-        stream.write_all(request.as_bytes()).unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
+        let response = exchange(self.addr, path, headers);
         let status = response[9..12].parse().unwrap();
         (status, response.to_ascii_lowercase())
     }
@@ -187,10 +176,9 @@ impl Drop for DemoServer {
     }
 }
 
-/// GET `path` from `addr` over a fresh connection, with extra header lines: the status and
-/// the body, as sent.
-#[allow(dead_code)]
-pub fn fetch(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+/// GET `path` from `addr` over a fresh connection, with extra header lines: the whole
+/// response.
+fn exchange(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> String {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
@@ -203,6 +191,14 @@ pub fn fetch(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> (u16, St
     stream.write_all(request.as_bytes()).unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
+    response
+}
+
+/// GET `path` from `addr` over a fresh connection, with extra header lines: the status and
+/// the body, as sent.
+#[allow(dead_code)]
+pub fn fetch(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let response = exchange(addr, path, headers);
     let status = response[9..12].parse().unwrap();
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
     // A body sent in chunks: the chunks joined.

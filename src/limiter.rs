@@ -811,16 +811,6 @@ impl<St: Store> Limiter<St> {
         traced(span, |span| {
             span.record("degraded", error.kind().as_str());
             span.record("failure_policy", policy);
-            if !matches!(policy, "lease" | "local") {
-                span.record(
-                    "outcome",
-                    if policy == "closed" {
-                        "unavailable"
-                    } else {
-                        "allowed"
-                    },
-                );
-            }
         });
         if let Some((outcomes, ends)) = leased {
             tracing::debug!(%error, "rate-limit store failed; admitted from a lease in hand");
@@ -838,10 +828,16 @@ impl<St: Store> Limiter<St> {
                 Degraded::Local(local.decide(&checks))
             }
             (FailurePolicy::Closed, _, _) => {
+                traced(span, |span| {
+                    span.record("outcome", "unavailable");
+                });
                 self.store_failed(&error, "answering 503");
                 Degraded::Settled(Settled::Respond(self.responses.unavailable()))
             }
             _ => {
+                traced(span, |span| {
+                    span.record("outcome", "allowed");
+                });
                 self.store_failed(&error, "letting the request through");
                 Degraded::Settled(Settled::Call(None, None, None))
             }

@@ -352,7 +352,7 @@ impl<St: Store> Limiter<St> {
             &config.cost,
             &|_| false,
         )?;
-        let names = set.policies.iter().map(|p| p.name().into()).collect();
+        let names = set.policies.iter().map(|p| p.name());
         let top = config
             .top
             .map(|top| Tracker::new(&top, headers.partition.as_ref(), names))
@@ -421,7 +421,7 @@ impl<St: Store> Limiter<St> {
         self.waits.fetch_or(set.waits, Ordering::Relaxed);
         self.holds.fetch_or(set.holds, Ordering::Relaxed);
         if let Some(top) = &self.top {
-            top.set_policies(set.policies.iter().map(|p| p.name().into()).collect());
+            top.set_policies(set.policies.iter().map(|p| p.name()));
         }
         self.policies.store(Arc::new(set.policies));
         *summary = set.summary;
@@ -864,8 +864,7 @@ impl<St: Store> Limiter<St> {
         let Some(top) = &self.top else {
             return Vec::new();
         };
-        let report = top.top(policy, n, self.clock.now_micros());
-        report.keys().to_vec()
+        top.top(policy, n, self.clock.now_micros()).into_keys()
     }
 
     /// [`Limiter::top_limited`] of every policy, with how many requests each denied.

@@ -73,6 +73,7 @@ use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::headers::PartitionKeys;
 use crate::key::{Key, KeyParts};
+use crate::response::push_json_str;
 use crate::store::lock;
 
 /// Shards of a summary, each behind its own lock: a key always goes to the same one, so a
@@ -129,16 +130,6 @@ impl TopLimited {
     pub fn hashed(mut self) -> Self {
         self.hashed = true;
         self
-    }
-
-    /// The number of keys each policy's summary holds.
-    pub fn key_count(&self) -> usize {
-        self.keys
-    }
-
-    /// The period a report covers.
-    pub fn period_length(&self) -> Duration {
-        self.period
     }
 
     fn check(&self, partition: Option<&PartitionKeys>) -> Result<(), ConfigError> {
@@ -221,6 +212,10 @@ impl TopReport {
     pub fn keys(&self) -> &[LimitedKey] {
         &self.keys
     }
+
+    pub(crate) fn into_keys(self) -> Vec<LimitedKey> {
+        self.keys
+    }
 }
 
 /// A counted key of a [`Summary`].
@@ -281,9 +276,7 @@ impl Summary {
 
     fn find(&self, key: &Key, hash: u64) -> Option<&Entry> {
         let heap = &self.heap;
-        let i = *self
-            .index
-            .find(hash, |&i| i != MOVING && heap[i as usize].key == *key)?;
+        let i = *self.index.find(hash, |&i| heap[i as usize].key == *key)?;
         Some(&heap[i as usize])
     }
 
@@ -395,8 +388,6 @@ pub(crate) struct Tracker {
     period: Duration,
     partition: Option<PartitionKeys>,
     hasher: RandomState,
-    /// The present policies' names, in order, for a report of them all.
-    policies: Mutex<Vec<Box<str>>>,
 }
 
 impl fmt::Debug for Tracker {
@@ -411,10 +402,10 @@ impl fmt::Debug for Tracker {
 impl Tracker {
     /// A tracker as `config` says, for the policies named; `partition` is the layer's
     /// partition keys, if any.
-    pub(crate) fn new(
+    pub(crate) fn new<'a>(
         config: &TopLimited,
         partition: Option<&PartitionKeys>,
-        policies: Vec<Box<str>>,
+        policies: impl IntoIterator<Item = &'a str>,
     ) -> Result<Self, ConfigError> {
         config.check(partition)?;
         let micros = u64::try_from(config.period.as_micros()).unwrap_or(u64::MAX);
@@ -425,28 +416,37 @@ impl Tracker {
             period: config.period,
             partition: config.hashed.then(|| partition.cloned()).flatten(),
             hasher: RandomState::new(),
-            policies: Mutex::new(Vec::new()),
         };
         tracker.set_policies(policies);
         Ok(tracker)
     }
 
-    /// The policies are now these: the summaries of the others are dropped, and those of
-    /// new ones made (all the memory a policy's summary will ever take).
-    pub(crate) fn set_policies(&self, policies: Vec<Box<str>>) {
+    /// The policies are now these, in this order: the summaries of the others are dropped,
+    /// and those of new ones made (all the memory a policy's summary will ever take).
+    pub(crate) fn set_policies<'a>(&self, policies: impl IntoIterator<Item = &'a str>) {
+        let policies: Vec<&str> = policies.into_iter().collect();
         for shard in &self.shards {
             let mut shard = lock(shard);
-            shard.retain(|s| policies.contains(&s.policy));
-            for name in &policies {
-                if !shard.iter().any(|s| s.policy == *name) {
-                    shard.push(Steps {
-                        policy: name.clone(),
+            let mut old = std::mem::take(&mut *shard);
+            *shard = policies
+                .iter()
+                .map(|&name| match old.iter().position(|s| *s.policy == *name) {
+                    Some(at) => old.swap_remove(at),
+                    None => Steps {
+                        policy: name.into(),
                         steps: (0..STEPS).map(|_| Summary::new(self.capacity)).collect(),
-                    });
-                }
-            }
+                    },
+                })
+                .collect();
         }
-        *lock(&self.policies) = policies;
+    }
+
+    /// The present policies' names, in order (every shard holds them all).
+    fn policies(&self) -> Vec<Box<str>> {
+        lock(&self.shards[0])
+            .iter()
+            .map(|s| s.policy.clone())
+            .collect()
     }
 
     /// Counts a request of `key` that `policy` denied at `now` (microseconds); nothing when
@@ -531,7 +531,7 @@ impl Tracker {
 
     /// [`Tracker::top`] of every present policy.
     pub(crate) fn top_all(&self, n: usize, now: u64) -> Vec<TopReport> {
-        let policies = lock(&self.policies).clone();
+        let policies = self.policies();
         policies.iter().map(|p| self.top(p, n, now)).collect()
     }
 
@@ -651,7 +651,7 @@ impl TopLimitedService {
         let reports = match policy {
             None => tracker.top_all(n, now),
             Some(name) => {
-                if !lock(&tracker.policies).iter().any(|p| **p == *name) {
+                if !tracker.policies().iter().any(|p| **p == *name) {
                     return error(
                         StatusCode::NOT_FOUND,
                         &format!("no policy is named {name:?}"),
@@ -674,14 +674,14 @@ impl TopLimitedService {
                 out.push(',');
             }
             out.push_str(r#"{"policy":"#);
-            json_string(&mut out, report.policy());
+            push_json_str(&mut out, report.policy());
             let _ = write!(out, r#","limited":{},"keys":["#, report.limited());
             for (j, key) in report.keys().iter().enumerate() {
                 if j > 0 {
                     out.push(',');
                 }
                 out.push_str(r#"{"key":"#);
-                json_string(&mut out, key.text());
+                push_json_str(&mut out, key.text());
                 let _ = write!(out, r#","count":{},"error":{}}}"#, key.count(), key.error());
             }
             out.push_str("]}");
@@ -693,25 +693,9 @@ impl TopLimitedService {
 
 fn error(status: StatusCode, message: &str) -> (StatusCode, String) {
     let mut out = String::from(r#"{"error":"#);
-    json_string(&mut out, message);
+    push_json_str(&mut out, message);
     out.push_str("}\n");
     (status, out)
-}
-
-/// `text` as a JSON string.
-fn json_string(out: &mut String, text: &str) {
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
 }
 
 /// A query value with `%XX` and `+` decoded (bytes that are not UTF-8 replaced).

@@ -73,7 +73,7 @@ proptest! {
         keys in 1usize..24,
     ) {
         let config = TopLimited::new().keys(keys).period(Duration::from_secs(4));
-        let tracker = Tracker::new(&config, None, vec!["p".into()]).unwrap();
+        let tracker = Tracker::new(&config, None, ["p"]).unwrap();
         // Times in whole seconds (a step is one second), never going back.
         let mut now = 0;
         let mut events = Vec::new();
@@ -115,7 +115,7 @@ impl Rng {
 /// the truth.
 #[test]
 fn a_flood_of_distinct_keys_keeps_the_memory_and_the_ten_heaviest() {
-    let tracker = Tracker::new(&TopLimited::new(), None, vec!["per-ip".into()]).unwrap();
+    let tracker = Tracker::new(&TopLimited::new(), None, ["per-ip"]).unwrap();
     let heavy: Vec<(String, u64)> = (0..10)
         .map(|i| (format!("heavy-{i}"), 20_000 - 2_000 * i as u64))
         .collect();
@@ -154,7 +154,7 @@ fn a_flood_of_distinct_keys_keeps_the_memory_and_the_ten_heaviest() {
 #[test]
 fn denials_leave_the_report_a_period_later() {
     let config = TopLimited::new().period(Duration::from_secs(60));
-    let tracker = Tracker::new(&config, None, vec!["p".into()]).unwrap();
+    let tracker = Tracker::new(&config, None, ["p"]).unwrap();
     let s = 1_000_000;
     for _ in 0..5 {
         tracker.record("p", &Key::from("early"), 0);
@@ -201,7 +201,7 @@ fn keys_are_reported_as_text_hex_or_partition_keys() {
     let secret = b"0123456789abcdef-secret";
     let partition = PartitionKeys::new(secret).unwrap();
     let config = TopLimited::new().hashed();
-    let tracker = Tracker::new(&config, Some(&partition), vec!["p".into()]).unwrap();
+    let tracker = Tracker::new(&config, Some(&partition), ["p"]).unwrap();
     tracker.record("p", &Key::from("alice"), 0);
     let report = tracker.top("p", 1, 0);
     assert_eq!(report.keys()[0].text(), partition.of(&Key::from("alice")));
@@ -211,9 +211,8 @@ fn keys_are_reported_as_text_hex_or_partition_keys() {
 #[test]
 fn absurd_configurations_are_refused() {
     let partition = PartitionKeys::new(b"0123456789abcdef").unwrap();
-    let refused = |c: TopLimited, p: Option<&PartitionKeys>| {
-        Tracker::new(&c, p, vec![]).unwrap_err().to_string()
-    };
+    let refused =
+        |c: TopLimited, p: Option<&PartitionKeys>| Tracker::new(&c, p, []).unwrap_err().to_string();
     assert!(refused(TopLimited::new().keys(0), None).contains("1 to 65536"));
     assert!(refused(TopLimited::new().keys(MAX_KEYS + 1), None).contains("1 to 65536"));
     let zero = TopLimited::new().period(Duration::ZERO);
@@ -221,15 +220,12 @@ fn absurd_configurations_are_refused() {
     let long = TopLimited::new().period(Duration::from_secs(86_401));
     assert!(refused(long, None).contains("1 second to 1 day"));
     assert!(refused(TopLimited::new().hashed(), None).contains("partition_keys"));
-    assert!(Tracker::new(&TopLimited::new().hashed(), Some(&partition), vec![]).is_ok());
-    assert!(Tracker::new(&TopLimited::new().keys(1), None, vec![]).is_ok());
+    assert!(Tracker::new(&TopLimited::new().hashed(), Some(&partition), []).is_ok());
+    assert!(Tracker::new(&TopLimited::new().keys(1), None, []).is_ok());
 }
 
 #[test]
-fn json_strings_and_query_values_are_escaped_and_decoded() {
-    let mut out = String::new();
-    json_string(&mut out, "a\"b\\c\u{1}é");
-    assert_eq!(out, r#""a\"b\\c\u0001é""#);
+fn query_values_are_decoded() {
     assert_eq!(percent_decode("per%2Dip+x"), "per-ip x");
     assert_eq!(percent_decode("100%"), "100%");
     assert_eq!(percent_decode("%zz%4"), "%zz%4");

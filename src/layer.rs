@@ -22,7 +22,7 @@ use crate::reload::ReloadReport;
 use crate::resilience::CircuitBreaker;
 use crate::response::Responses;
 use crate::service::RateLimit;
-use crate::store::{MemoryStore, Mode, Store};
+use crate::store::{MemoryStore, Op, Store};
 use crate::top::{LimitedKey, TopLimited, TopLimitedService, TopReport};
 
 /// Applies rate limits to every request that reaches the wrapped service.
@@ -314,7 +314,7 @@ impl<St: Store, M> RateLimitLayer<St, M> {
     /// decision a request of cost 0 would get afterwards.
     pub async fn refund(&self, key: &Key, units: u32) -> Result<Decision, StoreError> {
         self.limiter
-            .decide_key(key, Some(Mode::Refund), |_| u64::from(units))
+            .decide_key(key, Some(Op::Refund), |_| u64::from(units))
             .await
     }
 
@@ -324,9 +324,8 @@ impl<St: Store, M> RateLimitLayer<St, M> {
     /// cost 0 gets afterwards.
     pub async fn block_for(&self, key: &Key, duration: Duration) -> Result<Decision, StoreError> {
         let micros = duration.min(crate::MAX_WINDOW).as_micros() as u64;
-        self.limiter
-            .decide_key(key, Some(Mode::Block), |_| micros)
-            .await
+        let block = Op::Block { us: micros };
+        self.limiter.decide_key(key, Some(block), |_| 0).await
     }
 
     /// Looks at `key` in every policy without charging it: the decision a request of cost 0
@@ -339,7 +338,7 @@ impl<St: Store, M> RateLimitLayer<St, M> {
     /// any block. Returns
     /// the decision a request of cost 0 gets afterwards.
     pub async fn reset(&self, key: &Key) -> Result<Decision, StoreError> {
-        self.limiter.decide_key(key, Some(Mode::Reset), |_| 0).await
+        self.limiter.decide_key(key, Some(Op::Reset), |_| 0).await
     }
 
     /// Charges `key` `units` in every policy whatever its state (a penalty, e.g. for abuse),
@@ -349,7 +348,7 @@ impl<St: Store, M> RateLimitLayer<St, M> {
     /// afterwards. [`refund`](Self::refund) is the reward.
     pub async fn penalize(&self, key: &Key, units: u32) -> Result<Decision, StoreError> {
         self.limiter
-            .decide_key(key, Some(Mode::Penalize), |tier| {
+            .decide_key(key, Some(Op::Penalize), |tier| {
                 u64::from(units).min(tier.algorithm().reported_limit())
             })
             .await

@@ -3,7 +3,7 @@
 //!
 //! A request whose every policy takes leases ([`Policy::lease`](crate::Policy::lease)) is
 //! admitted here when each policy's key has a lease with room for its cost. Otherwise it asks
-//! the store for a lease ([`Mode::Lease`]) where it needs one, unless another request of this
+//! the store for a lease ([`Op::Lease`](crate::store::Op)) where it needs one, unless another request of this
 //! instance is asking for that key already: then it waits for that answer ([`LeaseWait`]) and
 //! plans again. The store answers with the units leased and the lease's end; the units left
 //! after the asking request's cost are spent here by the next requests until then.
@@ -15,7 +15,7 @@
 //!   the next lease, of the size less what is in hand, so that it comes before this one is
 //!   spent: an instance never holds more than one lease's units of a key.
 //! * **Given back.** What an ended lease left goes back to the store with the key's next
-//!   asking ([`Mode::GiveBack`], in the same call, before the new lease is decided). A key
+//!   asking ([`Op::GiveBack`](crate::store::Op), in the same call, before the new lease is decided). A key
 //!   idle for a lease's life after its last lease ended is forgotten here, and what its leases
 //!   left goes back with the store call of the request whose asking swept its shard. A refund
 //!   after the response goes back to the lease its unit came from.
@@ -36,7 +36,7 @@ use crate::algorithm::Verdict;
 use crate::decision::{Grant, PolicyOutcome};
 use crate::key::Key;
 use crate::policy::{LeaseSpec, Tier};
-use crate::store::{Check, Checks, lock};
+use crate::store::{Check, Checks, Op, lock};
 
 /// Shards of the lease table: requests for different keys rarely wait for each other.
 const SHARDS: usize = 16;
@@ -221,11 +221,11 @@ impl Entry {
             return None;
         }
         for (units, end) in self.returns.drain(..) {
-            give_backs.push(Check::give_back(
+            give_backs.push(Check::new(
                 check.tier().clone(),
                 check.key().clone(),
                 units,
-                end,
+                Op::GiveBack { end },
             ));
         }
         self.size = (self.size * 2).clamp(1, lease.units());
@@ -550,11 +550,11 @@ impl Shard {
                 .map(|h| (h.left, h.end));
             for (units, end) in e.returns.iter().copied().chain(ended) {
                 if units > 0 && give_backs.len() < IDLE_GIVE_BACKS {
-                    give_backs.push(Check::give_back(
+                    give_backs.push(Check::new(
                         s.policy.clone(),
                         s.key.clone(),
                         units,
-                        end,
+                        Op::GiveBack { end },
                     ));
                 }
             }

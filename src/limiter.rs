@@ -43,7 +43,7 @@ use crate::reload::{ReloadReport, TierSummary};
 use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Permit};
 use crate::response::Responses;
 use crate::store::private::Sealed as _;
-use crate::store::{Check, Checks, MemoryStore, Mode, Store, lock};
+use crate::store::{Check, Checks, MemoryStore, Op, Store, lock};
 use crate::top::{LimitedKey, TopLimited, TopLimitedService, TopReport, Tracker};
 
 /// What a layer is configured with, besides its store: the builder fills it in, and
@@ -465,8 +465,8 @@ impl<St: Store> Limiter<St> {
             let cost = policy.cost(request);
             let mode = mode_of(policy);
             for (when, charge) in [
-                (policy.charge_if(), Mode::Enforce),
-                (policy.refund_if(), Mode::Refund),
+                (policy.charge_if(), Op::Enforce),
+                (policy.refund_if(), Op::Refund),
             ] {
                 if let Some(when) = when {
                     after.push(AfterResponse {
@@ -598,7 +598,7 @@ impl<St: Store> Limiter<St> {
         ticket.takes_slots = (self.holds() || self.waits())
             && checks
                 .iter()
-                .any(|c| matches!(c.mode(), Mode::Hold | Mode::Reserve));
+                .any(|c| matches!(c.op(), Op::Hold | Op::Reserve { .. }));
         Begin::Wait(self.store.check(checks), ticket)
     }
 
@@ -755,7 +755,12 @@ impl<St: Store> Limiter<St> {
             };
             if let Some((_, key, _)) = keys.iter().find(|(id, _, _)| *id == o.tier().id()) {
                 let tier = o.tier().clone();
-                checks.push(Check::release(tier, key.clone(), slot.units, slot.end));
+                checks.push(Check::new(
+                    tier,
+                    key.clone(),
+                    slot.units,
+                    Op::Release { slot: slot.end },
+                ));
             }
         }
         if checks.is_empty() {
@@ -949,7 +954,12 @@ impl<St: Store> Limiter<St> {
                     let c = a.check;
                     if !leases.put_back(c.tier().id(), c.key(), end, c.cost(), now) {
                         let (units, key) = (c.cost(), c.key().clone());
-                        checks.push(Check::give_back(c.tier().clone(), key, units, end));
+                        checks.push(Check::new(
+                            c.tier().clone(),
+                            key,
+                            units,
+                            Op::GiveBack { end },
+                        ));
                     }
                 }
                 _ => checks.push(a.check),
@@ -958,13 +968,13 @@ impl<St: Store> Limiter<St> {
         (!checks.is_empty()).then(|| self.store.check(checks))
     }
 
-    /// Every policy's check for `key` without a request (in the tier the key is put in), in the
-    /// mode given or the policy's own, at the units `units` gives for the tier: the
+    /// Every policy's check for `key` without a request (in the tier the key is put in), making
+    /// the operation given or the policy's own, of the units `units` gives for the tier: the
     /// administrative operations.
     pub(crate) async fn decide_key(
         &self,
         key: &Key,
-        mode: Option<Mode>,
+        op: Option<Op>,
         units: impl Fn(&Tier) -> u64,
     ) -> Result<Decision, StoreError> {
         // Pushed one by one: `collect` into a SmallVec goes through its generic `extend`, which
@@ -973,12 +983,12 @@ impl<St: Store> Limiter<St> {
         let policies = self.policies.load();
         for p in policies.iter() {
             let tier = p.tier_of_key(key);
-            if let (Some(leases), Some(Mode::Reset | Mode::Block)) = (self.leases(), mode) {
+            if let (Some(leases), Some(Op::Reset | Op::Block { .. })) = (self.leases(), op) {
                 // The administrator's word is seen here at once, elsewhere by the leases' end.
                 leases.forget(tier.id(), key);
             }
-            let mode = mode.unwrap_or(mode_of(p));
-            checks.push(Check::new(tier.clone(), key.clone(), units(tier), mode));
+            let op = op.unwrap_or(mode_of(p));
+            checks.push(Check::new(tier.clone(), key.clone(), units(tier), op));
         }
         drop(policies);
         if let Some(decision) = self.store.decide_now(&checks) {
@@ -1058,16 +1068,18 @@ fn record_outcome(span: &Span, decision: &Decision, waits: bool) {
 }
 
 /// How a policy takes part in a request's decision.
-fn mode_of(policy: &CompiledPolicy) -> Mode {
+fn mode_of(policy: &CompiledPolicy) -> Op {
     if policy.is_shadow() {
-        Mode::Shadow
+        Op::Shadow
     } else if policy.charge_if().is_some() {
-        Mode::ChargeLater
+        Op::ChargeLater
     } else if policy.holds() {
-        Mode::Hold
+        Op::Hold
     } else if policy.waits() {
-        Mode::Reserve
+        Op::Reserve {
+            max_wait_us: policy.tier(0).wait_us(),
+        }
     } else {
-        Mode::Enforce
+        Op::Enforce
     }
 }

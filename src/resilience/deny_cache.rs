@@ -7,7 +7,7 @@ use hashbrown::HashTable;
 
 use crate::decision::{Decision, PolicyOutcome};
 use crate::key::Key;
-use crate::store::{Check, Mode, lock};
+use crate::store::{Check, Op, lock};
 use smallvec::smallvec;
 
 const SHARDS: usize = 16;
@@ -67,7 +67,7 @@ impl DenyCache {
     pub(crate) fn lookup(&self, checks: &[Check], now: u64) -> Option<Decision> {
         for c in checks
             .iter()
-            .filter(|c| c.mode() == Mode::Enforce && c.cost() > 0)
+            .filter(|c| c.op() == Op::Enforce && c.cost() > 0)
         {
             let (hash, mut shard) = self.locate(c.tier().id(), c.key());
             if let Ok(entry) = shard.find_entry(hash, |e| e.is(c.tier().id(), c.key())) {
@@ -163,7 +163,7 @@ mod tests {
     }
 
     fn check(policy: &Arc<Tier>, key: &Key, cost: u64) -> Vec<Check> {
-        vec![Check::new(policy.clone(), key.clone(), cost, Mode::Enforce)]
+        vec![Check::new(policy.clone(), key.clone(), cost, Op::Enforce)]
     }
 
     #[test]

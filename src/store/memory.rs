@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use hashbrown::HashTable;
 
-use super::{Check, Checks, Mode, Registry, lock, private};
-use crate::algorithm::{Compiled, Lease, State, Verdict, apply_block};
+use super::{Check, Checks, Op, Registry, lock, private};
+use crate::algorithm::{Lease, State, Verdict, apply_block};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Grant, PolicyOutcome};
 use crate::error::StoreError;
@@ -265,7 +265,7 @@ impl MemoryStore {
     pub(crate) fn decide(&self, checks: &[Check]) -> Decision {
         let capacity = self.inner.per_shard;
         if let [check] = checks
-            && check.mode() == Mode::Enforce
+            && check.op() == Op::Enforce
         {
             // The common case: one enforced policy, one shard, no allocation but the outcome.
             let (hash, index) = self.locate(check);
@@ -274,126 +274,97 @@ impl MemoryStore {
             let outcome = shard.decide_one(check, hash, now, capacity, &self.inner.registry);
             return Decision::new(smallvec![outcome]);
         }
-        // Lock every shard involved, in index order so that concurrent multi-policy checks
-        // cannot deadlock; then evaluate all before committing any.
-        let mut at: Vec<(u64, usize)> = checks.iter().map(|c| self.locate(c)).collect();
-        let mut order: Vec<usize> = at.iter().map(|&(_, i)| i).collect();
-        order.sort_unstable();
-        order.dedup();
-        let mut guards: Vec<MutexGuard<'_, Shard>> =
-            order.iter().map(|&i| lock(&self.inner.shards[i])).collect();
+        let (mut guards, mut steps) = self.lock_all(checks);
         let now = self.inner.clock.now_micros();
-        // From here on, a check's shard is named by its place among the guards.
-        for (_, shard) in &mut at {
-            *shard = order
-                .binary_search(shard)
-                .expect("every shard involved is locked");
-        }
         let registry = &self.inner.registry;
         let redefined = registry.redefined();
-        for (c, &(h, g)) in checks.iter().zip(&at) {
+        // Phase one: the operations that act on their own, in order; then every verdict.
+        for (c, s) in checks.iter().zip(&steps) {
+            let shard = &mut guards[s.guard];
             // One more lookup per check, only in a store where a policy was ever redefined.
             if redefined
-                && let Some(slot) = guards[g].find_mut(c, h)
+                && let Some(slot) = shard.find_mut(c, s.hash)
                 && slot.def != c.tier().def()
             {
                 slot.adopt(c, now, registry);
             }
-            match c.mode() {
-                Mode::Refund => guards[g].refund(c, h, now),
-                Mode::Reset => guards[g].remove(c, h),
-                Mode::Penalize => guards[g].commit(c, h, now, capacity),
-                Mode::Block => guards[g].block(c, h, now, capacity),
-                Mode::GiveBack | Mode::Release => guards[g].give_back(c, h, now),
-                Mode::Enforce
-                | Mode::Shadow
-                | Mode::ChargeLater
-                | Mode::Lease
-                | Mode::Reserve
-                | Mode::Hold => {}
+            shard.act(c, s.hash, now, capacity);
+        }
+        for (c, s) in checks.iter().zip(&mut steps) {
+            let shard = &guards[s.guard];
+            // An operation that acted on its own reports like a look.
+            let cost = if c.op().acts() { 0 } else { c.cost() };
+            s.verdict = shard.evaluate(c, s.hash, now, cost);
+            if let Op::Reserve { max_wait_us } = c.op()
+                && !s.verdict.allowed
+            {
+                // Denied now, it may be admitted at a later slot.
+                s.wait = shard.reservation(c, s.hash, now, &s.verdict, max_wait_us);
             }
         }
-        let mut verdicts: Vec<_> = checks
-            .iter()
-            .zip(&at)
-            .map(|(c, &(h, g))| {
-                let cost = if c.mode().is_admin() { 0 } else { c.cost() };
-                guards[g].evaluate(c, h, now, cost)
-            })
-            .collect();
-        // A request a RESERVE check denies now may be admitted at a later slot.
-        let waits: SmallVec<[Option<u64>; 4]> = checks
-            .iter()
-            .zip(&verdicts)
-            .zip(&at)
-            .map(|((c, v), &(h, g))| match c.mode() {
-                Mode::Reserve if !v.allowed => guards[g].reservation(c, h, now, v),
-                _ => None,
-            })
-            .collect();
         let admitted = checks
             .iter()
-            .zip(&verdicts)
-            .zip(&waits)
-            .all(|((c, v), w)| v.allowed || w.is_some() || !c.mode().decides());
-        let mut grants: SmallVec<[Option<Grant>; 1]> = smallvec![None; checks.len()];
-        for ((((c, v), &(h, g)), grant), wait) in checks
-            .iter()
-            .zip(&mut verdicts)
-            .zip(&at)
-            .zip(&mut grants)
-            .zip(&waits)
-        {
-            if let (true, Some(wait)) = (admitted, *wait) {
-                let slot = now + wait;
-                guards[g].reserve_commit(c, h, now, slot, capacity);
-                // Admitted, the state reported as it is seen now (a look may deny: the
-                // sliding log still counts, now, entries that are gone at the slot).
-                let seen = guards[g].evaluate(c, h, now, 0);
-                *v = Verdict::allow(seen.remaining, seen.reset_after_us);
-                *grant = Some(Grant {
-                    units: c.cost(),
-                    end: slot,
-                    lasts_us: wait,
-                });
-            } else if admitted && c.mode() == Mode::Lease {
-                let lease = guards[g].take_lease(c, h, now, capacity);
-                *v = lease.verdict;
-                *grant = Some(Grant {
-                    units: lease.units,
-                    end: lease.end,
-                    lasts_us: lease.end - now,
-                });
-            } else if admitted && c.mode().charged(v.allowed) {
-                guards[g].commit(c, h, now, capacity);
-                if c.mode() == Mode::Hold && c.cost() > 0 {
-                    // The slots, charged now: given back as charged at `now`.
-                    *grant = Some(Grant {
-                        units: c.cost(),
-                        end: now,
-                        lasts_us: 0,
-                    });
-                }
-            } else if v.allowed && c.cost() > 0 && !c.mode().is_admin() {
-                // Admitted by this policy but not charged: report the state as it stays.
-                let stays = guards[g].evaluate(c, h, now, 0);
-                v.remaining = stays.remaining;
-                v.reset_after_us = stays.reset_after_us;
-            }
+            .zip(&steps)
+            .all(|(c, s)| s.verdict.allowed || s.wait.is_some() || !c.op().decides());
+        // Phase two: charged only if every check that decides admits the request.
+        for (c, s) in checks.iter().zip(&mut steps) {
+            guards[s.guard].settle(c, s, now, admitted, capacity);
         }
         for g in &mut guards {
             g.tick(now);
         }
-        Decision::new(
-            checks
-                .iter()
-                .zip(verdicts)
-                .zip(grants)
-                .map(|((c, v), grant)| {
-                    PolicyOutcome::new(c.tier(), c.mode() == Mode::Shadow, v).with_grant(grant)
-                })
-                .collect::<SmallVec<_>>(),
-        )
+        let outcomes = checks.iter().zip(steps).map(|(c, s)| {
+            PolicyOutcome::new(c.tier(), c.op() == Op::Shadow, s.verdict).with_grant(s.grant)
+        });
+        Decision::new(outcomes.collect())
+    }
+
+    /// Locks every shard `checks` involve, in index order so that concurrent multi-policy
+    /// decisions cannot deadlock; each check's step names its shard by its place among the
+    /// guards.
+    fn lock_all(&self, checks: &[Check]) -> (Vec<MutexGuard<'_, Shard>>, Steps) {
+        let mut steps: Steps = checks
+            .iter()
+            .map(|c| {
+                let (hash, shard) = self.locate(c);
+                Step::new(hash, shard)
+            })
+            .collect();
+        let mut order: SmallVec<[usize; 4]> = steps.iter().map(|s| s.guard).collect();
+        order.sort_unstable();
+        order.dedup();
+        let guards = order.iter().map(|&i| lock(&self.inner.shards[i])).collect();
+        for s in &mut steps {
+            s.guard = order
+                .binary_search(&s.guard)
+                .expect("every shard involved is locked");
+        }
+        (guards, steps)
+    }
+}
+
+/// One check's way through a decision: where its entry is, its verdict, the wait until the
+/// slot it reserved (if it waits) and what it was granted.
+struct Step {
+    hash: u64,
+    /// The check's shard: its index, then its place among the locked guards.
+    guard: usize,
+    verdict: Verdict,
+    wait: Option<u64>,
+    grant: Option<Grant>,
+}
+
+type Steps = SmallVec<[Step; 2]>;
+
+impl Step {
+    fn new(hash: u64, shard: usize) -> Self {
+        Step {
+            hash,
+            guard: shard,
+            verdict: Verdict::allow(0, 0),
+            wait: None,
+            grant: None,
+        }
     }
 }
 
@@ -414,25 +385,103 @@ impl Shard {
         let slot = self.find(check, hash);
         let state = slot.and_then(|s| s.live(now));
         let algorithm = check.tier().algorithm();
-        let mut verdict = match check.mode() {
-            Mode::Lease => algorithm.lease_verdict(state, now, check.lease().1, cost).0,
+        let mut verdict = match check.op() {
+            Op::Lease { .. } => {
+                algorithm
+                    .lease_verdict(state, now, lease_ttl(check), cost)
+                    .0
+            }
             _ => algorithm.evaluate(state, now, cost),
         };
         apply_block(&mut verdict, slot.map_or(0, |s| s.blocked_until), now);
         verdict
     }
 
-    /// For a RESERVE check denied now with `verdict`: the wait until the slot that admits it,
-    /// if it is within the tier's longest wait and the key is not blocked.
-    fn reservation(&self, check: &Check, hash: u64, now: u64, verdict: &Verdict) -> Option<u64> {
+    /// For a check denied now with `verdict`: the wait until the slot that admits it, if it
+    /// is within `max_wait` and the key is not blocked.
+    fn reservation(
+        &self,
+        check: &Check,
+        hash: u64,
+        now: u64,
+        verdict: &Verdict,
+        max_wait: u64,
+    ) -> Option<u64> {
         let slot = self.find(check, hash);
         if slot.is_some_and(|s| s.blocked_until > now) {
             return None;
         }
         let state = slot.and_then(|s| s.live(now));
-        let max_wait = check.tier().wait_us();
         let algorithm = check.tier().algorithm();
         algorithm.reservation(state, now, check.cost(), verdict, max_wait)
+    }
+
+    /// What an operation that acts on its own does, before any verdict (nothing for the
+    /// others).
+    fn act(&mut self, check: &Check, hash: u64, now: u64, capacity: usize) {
+        let algorithm = check.tier().algorithm();
+        let units = check.cost();
+        match check.op() {
+            Op::Refund => self.update(check, hash, |s| algorithm.refund(s, now, units)),
+            Op::Reset => self.remove(check, hash),
+            Op::Penalize => self.commit(check, hash, now, capacity),
+            Op::Block { us } => self.block(check, hash, now, now + us, capacity),
+            Op::GiveBack { end } => {
+                self.update(check, hash, |s| algorithm.give_back(s, now, end, units))
+            }
+            Op::Release { slot } => {
+                self.update(check, hash, |s| algorithm.release(s, now, slot, units))
+            }
+            Op::Enforce
+            | Op::Shadow
+            | Op::ChargeLater
+            | Op::Hold
+            | Op::Reserve { .. }
+            | Op::Lease { .. } => {}
+        }
+    }
+
+    /// Phase two for one check, the request `admitted` or not: charges it as its operation
+    /// says (at its reserved slot, a lease, its cost), or reports the state as it stays.
+    fn settle(&mut self, check: &Check, step: &mut Step, now: u64, admitted: bool, cap: usize) {
+        let (hash, cost) = (step.hash, check.cost());
+        let op = check.op();
+        if let (true, Some(wait)) = (admitted, step.wait) {
+            let slot = now + wait;
+            self.reserve_commit(check, hash, now, slot, cap);
+            // Admitted, the state reported as it is seen now (a look may deny: the sliding log
+            // still counts, now, entries that are gone at the slot).
+            let seen = self.evaluate(check, hash, now, 0);
+            step.verdict = Verdict::allow(seen.remaining, seen.reset_after_us);
+            step.grant = Some(Grant {
+                units: cost,
+                end: slot,
+                lasts_us: wait,
+            });
+        } else if let (true, Op::Lease { want }) = (admitted, op) {
+            let lease = self.take_lease(check, hash, now, want, cap);
+            step.verdict = lease.verdict;
+            step.grant = Some(Grant {
+                units: lease.units,
+                end: lease.end,
+                lasts_us: lease.end - now,
+            });
+        } else if admitted && op.charged(step.verdict.allowed) {
+            self.commit(check, hash, now, cap);
+            if op == Op::Hold && cost > 0 {
+                // The slots, charged now: given back as charged at `now`.
+                step.grant = Some(Grant {
+                    units: cost,
+                    end: now,
+                    lasts_us: 0,
+                });
+            }
+        } else if step.verdict.allowed && cost > 0 && !op.acts() {
+            // Admitted by this policy but not charged: report the state as it stays.
+            let stays = self.evaluate(check, hash, now, 0);
+            step.verdict.remaining = stays.remaining;
+            step.verdict.reset_after_us = stays.reset_after_us;
+        }
     }
 
     /// Charges a request that reserved the slot `at`.
@@ -451,9 +500,8 @@ impl Shard {
         }
     }
 
-    /// Blocks the key for `check.cost()` microseconds from `now`.
-    fn block(&mut self, check: &Check, hash: u64, now: u64, capacity: usize) {
-        let until = now + check.cost();
+    /// Blocks the key from `now` until `until`.
+    fn block(&mut self, check: &Check, hash: u64, now: u64, until: u64, capacity: usize) {
         match self.find_mut(check, hash) {
             Some(slot) => {
                 slot.blocked_until = until;
@@ -506,32 +554,16 @@ impl Shard {
         PolicyOutcome::new(check.tier(), false, verdict)
     }
 
-    fn refund(&mut self, check: &Check, hash: u64, now: u64) {
-        let algorithm = &check.tier().algorithm();
+    /// Changes the state of `check`'s key with `change` (a refund, units given back), if
+    /// there is one; `change` returns the new expiry, or `None` when nothing changed.
+    fn update(
+        &mut self,
+        check: &Check,
+        hash: u64,
+        change: impl FnOnce(&mut Option<State>) -> Option<u64>,
+    ) {
         if let Some(slot) = self.find_mut(check, hash)
-            && let Some(expires_at) = algorithm.refund(&mut slot.state, now, check.cost())
-        {
-            slot.expires_at = expires_at;
-            self.min_expiry = self.min_expiry.min(expires_at);
-        }
-    }
-
-    /// Gives back `check.cost()` units of the lease that ended at `check.lease_end()`, or for
-    /// [`Mode::Release`], of the slot taken at that time.
-    fn give_back(&mut self, check: &Check, hash: u64, now: u64) {
-        let algorithm = &check.tier().algorithm();
-        let give_back = match check.mode() {
-            Mode::Release => Compiled::release,
-            _ => Compiled::give_back,
-        };
-        if let Some(slot) = self.find_mut(check, hash)
-            && let Some(expires_at) = give_back(
-                algorithm,
-                &mut slot.state,
-                now,
-                check.lease_end(),
-                check.cost(),
-            )
+            && let Some(expires_at) = change(&mut slot.state)
         {
             slot.expires_at = expires_at;
             self.min_expiry = self.min_expiry.min(expires_at);
@@ -540,9 +572,9 @@ impl Shard {
 
     /// Charges the lease `check` asks for (its request admitted): what is left, at least the
     /// cost and at most the tier's lease size.
-    fn take_lease(&mut self, check: &Check, hash: u64, now: u64, capacity: usize) -> Lease {
+    fn take_lease(&mut self, check: &Check, hash: u64, now: u64, want: u64, cap: usize) -> Lease {
         let algorithm = check.tier().algorithm();
-        let (want, ttl) = check.lease();
+        let ttl = lease_ttl(check);
         match self.find_mut(check, hash) {
             Some(slot) => {
                 // As a charge does, on the state as it is (see `decide_one`).
@@ -557,7 +589,7 @@ impl Shard {
                 let lease = algorithm.take_lease(&mut state, now, ttl, check.cost(), want);
                 if let Some(expires_at) = lease.expires_at {
                     let slot = Slot::new(check, state, expires_at);
-                    self.insert_slot(slot, hash, now, capacity);
+                    self.insert_slot(slot, hash, now, cap);
                 }
                 lease
             }
@@ -671,6 +703,11 @@ impl Shard {
             }
         }
     }
+}
+
+/// The longest life of a lease on `check`'s tier (0 for a tier without leases).
+fn lease_ttl(check: &Check) -> u64 {
+    check.tier().lease().map_or(0, |l| l.ttl_us())
 }
 
 #[allow(private_interfaces)]

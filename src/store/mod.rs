@@ -4,8 +4,8 @@
 //! Every store runs the same algorithms with the same arithmetic, so a configuration behaves
 //! identically whichever store backs it.
 
-mod check;
 mod memory;
+mod op;
 #[cfg(feature = "redis")]
 mod redis;
 
@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
-pub(crate) use check::{Check, Checks, Mode};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
+pub(crate) use op::{Check, Checks, Op};
 
 use crate::algorithm::Compiled;
 use crate::error::ConfigError;

@@ -1,46 +1,34 @@
 -- Decides one request against one or more policies, atomically.
 -- KEYS[i]: the state key of policy i (all in one slot).
--- ARGV: for each policy, its shape, then its cost when the shape says one follows, then its
--- parameters; after the last policy, when the first shape says the time is injected, the
--- time in microseconds and the milliseconds added to every TTL (Redis expires keys on its
--- own clock, which an injected clock may outrun or lag). Otherwise the time is Redis TIME.
--- A shape is one integer: algorithm + MODE_UNIT * mode + ARITY_UNIT * parameter count,
+-- ARGV: for each policy, its shape, then its cost when the shape says one follows, then the
+-- ARGS[op] integers of its operation, then its parameters and their tag; after the last
+-- policy, when the first shape says the time is injected, the time in microseconds and the
+-- milliseconds added to every TTL (Redis expires keys on its own clock, which an injected
+-- clock may outrun or lag). Otherwise the time is Redis TIME.
+-- A shape is one integer: algorithm + MODE_UNIT * operation + ARITY_UNIT * parameter count,
 -- plus COST_FLAG when a cost other than 1 follows and CLOCK_FLAG when the time is injected.
--- After the cost, a LEASE policy has two more integers (the lease's longest life in
--- microseconds, the units wanted) and a GIVE_BACK policy one (the end of the lease whose
--- units it gives back); then come the parameters.
--- The algorithm ids and the modes are the constants of the generated prelude (from
--- `Algorithm` and `Mode` in Rust):
--- ENFORCE decides, and is charged only if every policy that decides admits the request;
--- SHADOW is reported, never decides, and is charged if it admits and the request goes on;
--- CHARGE_LATER decides and is never charged here (the charge comes after the response);
--- REFUND gives `cost` units back, RESET forgets the key and any block, PENALIZE charges `cost`
--- units whatever the state, BLOCK denies the key for the next `cost` microseconds; each of
--- these four then looks at cost 0.
--- LEASE decides like ENFORCE, on the state as strict as a lease could make it (`lease_state`);
--- when the request is admitted it is charged a lease instead of its cost: what is left, at
--- least the cost and at most the units wanted, counted as the algorithm counts a lease ending
--- at its end (`lease_commit`). GIVE_BACK gives `cost` units of the lease that ended at the
--- given time back (`give_back`, else a refund), then looks at cost 0.
--- HOLD decides and charges like ENFORCE; its reply has the three integers of a LEASE: the
--- units charged (0 when none), the time they were charged at (to be given back with RELEASE
--- of that time when the request ends), and 0.
--- RELEASE gives back `cost` units reserved at the given slot (`release`, else `give_back`),
--- then looks at cost 0.
--- RESERVE decides like ENFORCE; a request it denies now is admitted instead when it would be
--- admitted after a wait of at most the given microseconds (its retry-after), and is then
--- charged at that slot (`reserve_commit`, else a charge made at the slot). Its reply has the
--- three integers of a LEASE: the units reserved (0 when it did not wait), the slot, and the
--- microseconds until then.
+-- The algorithm ids, the operations and each operation's facts are generated from Rust
+-- (`Algorithm`, and `Op` in `store/op.rs`, which says what each operation is): the tables
+-- DECIDES (a denial denies the request), CHARGES (0: never charged here; 1: when its own
+-- verdict admits; 2: always, if the request is admitted), ACTS (changes the state on its own,
+-- then looks at cost 0: its arm is ACT[op] below), ARGS (its integers) and GRANTS (its reply
+-- has the three integers of a grant).
+-- The operations' own arms are here and nowhere else: ACT[op] for those that act; LEASE
+-- (decided on the state as strict as a lease could make it, `lease_state`, and charged a
+-- lease of what is left instead of its cost, `take_lease`), RESERVE (a request it denies now
+-- is admitted when a wait of at most its integer would admit it, `reservation` and
+-- `reserve`), HOLD (its grant is the slots charged and the time they were charged at).
 -- A blocked key is denied whatever its state, until the block ends; the block is kept in the
 -- state key itself (see `read` and the sliding log), so a decision finds it with the read it
 -- makes anyway, and stays on record while the key lives (a clock that goes back finds it
 -- again, as the memory store does).
--- Each policy is evaluated, then charged only if all that decide admit.
--- Reply: REPLY_PER_POLICY integers per policy: the verdict (ADMITTED, or the retry-after in
--- microseconds, or NEVER when no wait admits it), remaining, reset_after_us; remaining and
--- reset describe the state after this request's charges. A LEASE policy's reply has three
--- more: the units leased (0 when none), the lease's end, and the microseconds until then.
+-- Every operation that acts does so first, in order; then each policy is evaluated; then
+-- charged only if all that decide admit.
+-- Reply: 3 integers per policy: the verdict (ADMITTED, or the retry-after in microseconds, or
+-- NEVER when no wait admits it), remaining, reset_after_us; remaining and reset describe the
+-- state after this request's charges. A granting operation's reply has REPLY_GRANT more: the
+-- units granted (0 when none), the grant's end (a lease's end, a reserved slot, the time held
+-- slots were charged at), and the microseconds until then.
 
 -- Each algorithm's functions, built the first time a decision uses it: once per call when
 -- this runs as a script (which runs whole on every call), once per load as a function.
@@ -59,15 +47,16 @@ local function algorithm(id)
 end
 
 -- Tables reused from call to call (a table costs Redis about 1,100 instructions to build and
--- collect): the parameters, the state and the lease state of the policy at each position, and
--- the replies of a one-policy decision. A call runs alone, and Redis has read the reply before
--- the next one.
-local PARAMS, STATES, LEASED, REPLY1, REPLY1_LEASE = {}, {}, {}, { 0, 0, 0 }, { 0, 0, 0, 0, 0, 0 }
+-- collect), one entry per policy position: its algorithm, operation, parameters, cost, the
+-- operation's integers, the state and block loaded, the state as strict as a lease makes it,
+-- the lease's end, and the wait for a reserved slot; and the reply. A call runs alone, and
+-- Redis has read the reply before the next one.
+local ALGS, OPS, PARAMS, COSTS, XS, YS = {}, {}, {}, {}, {}, {}
+local STATES, LOADED, BLOCKS, LEASED, LEASE_ENDS, WAITS = {}, {}, {}, {}, {}, {}
+local REPLY = {}
 
--- The policy whose shape is at args[at], the i-th of the call: its algorithm, mode, parameters
--- (in PARAMS[i]) and cost, where the next policy starts, whether the time is injected, and
--- the mode's own integers (LEASE: the lease's longest life in microseconds and the units
--- wanted; GIVE_BACK: the end of the lease whose units come back).
+-- Reads the policy whose shape is at args[at], the i-th of the call, into the tables above.
+-- Returns where the next policy starts and whether the time is injected; nil when malformed.
 local function read_policy(args, at, i)
   local shape = tonumber(args[at])
   if not shape then
@@ -75,10 +64,10 @@ local function read_policy(args, at, i)
   end
   local id = shape % MODE_UNIT
   local alg = BUILT[id] or algorithm(id)
-  if not alg then
+  local op = (shape % ARITY_UNIT - id) / MODE_UNIT
+  if not alg or not ARGS[op] then
     return nil
   end
-  local mode = (shape % ARITY_UNIT - id) / MODE_UNIT
   local arity = (shape % COST_FLAG - shape % ARITY_UNIT) / ARITY_UNIT
   local cost = 1
   at = at + 1
@@ -86,13 +75,13 @@ local function read_policy(args, at, i)
     cost = tonumber(args[at])
     at = at + 1
   end
-  local x, y
-  if mode == LEASE then
-    x, y = tonumber(args[at]), tonumber(args[at + 1])
-    at = at + 2
-  elseif mode == GIVE_BACK or mode == RESERVE or mode == RELEASE then
-    x = tonumber(args[at])
-    at = at + 1
+  local count = ARGS[op]
+  if count > 0 then
+    XS[i] = tonumber(args[at])
+    if count > 1 then
+      YS[i] = tonumber(args[at + 1])
+    end
+    at = at + count
   end
   local p = PARAMS[i]
   if not p then
@@ -104,7 +93,19 @@ local function read_policy(args, at, i)
   end
   -- The tag a state written under these parameters carries (see `store`).
   p.tag = args[at + arity]
-  return alg, mode, p, cost, at + arity + 1, shape >= CLOCK_FLAG, x, y
+  ALGS[i], OPS[i], COSTS[i] = alg, op, cost
+  return at + arity + 1, shape >= CLOCK_FLAG
+end
+
+-- The time: the injected one (and the TTL slack) at the end of the arguments, else Redis TIME.
+local function clock(args, injected)
+  if injected then
+    TTL_SLACK = tonumber(args[#args])
+    return tonumber(args[#args - 1])
+  end
+  TTL_SLACK = 0
+  local t = call('TIME')
+  return t[1] * 1000000 + t[2]
 end
 
 -- Old parameters read from a tag, reused from call to call.
@@ -137,62 +138,61 @@ local function adopt(alg, key, p, st, ends, now, stale, into)
   return nil, ends
 end
 
--- The state of a policy's key, and its block's end if any, after the admin modes have acted
--- on it; the cost the decision then looks at; and for a LEASE, the lease's end, with the state
--- as strict as the lease could make it (twin of `lease_verdict` in Rust).
-local function prepare(alg, key, p, now, cost, mode, into, x, leased)
+-- The state of a policy's key and its block's end, if any, converted first when it was written
+-- under other parameters.
+local function load(alg, key, p, now, into)
   local st, ends, stale = alg.load(key, p, now, into)
   if stale then
     st, ends = adopt(alg, key, p, st, ends, now, stale, into)
   end
-  if mode == ENFORCE or mode == SHADOW or mode == CHARGE_LATER or mode == RESERVE
-    or mode == HOLD then
-    return st, ends, cost
-  end
-  if mode == LEASE then
-    local lease_end = now + x
-    if alg.lease_end then
-      lease_end = alg:lease_end(p, st, now, x)
-    end
-    if alg.lease_state then
-      st = alg:lease_state(p, st, now, lease_end, leased)
-    end
-    return st, ends, cost, lease_end
-  end
-  if mode == RESET then
-    call('DEL', key)
-    return nil, nil, 0
-  end
-  if mode == BLOCK then
-    ends = now + cost
-    alg:block(key, p, st, now, ends)
-    return st, ends, 0
-  end
-  KEEP_BLOCK = ends
-  if mode == REFUND then
-    alg:refund(key, p, st, now, cost)
-  elseif mode == GIVE_BACK then
-    -- The algorithm's own give-back, else a refund until the lease's end (`x`): see
-    -- `Step::give_back` in Rust.
-    if alg.give_back then
-      alg:give_back(key, p, st, now, x, cost)
-    elseif now <= x then
-      alg:refund(key, p, st, now, cost)
-    end
-  elseif mode == RELEASE then
-    -- The algorithm's own release, else its give-back (`Step::release` in Rust).
-    if alg.release then
-      alg:release(key, p, st, now, x, cost)
-    elseif alg.give_back then
-      alg:give_back(key, p, st, now, x, cost)
-    end
-  elseif mode == PENALIZE and cost > 0 then
-    alg:commit(key, p, st, now, cost)
-  end
-  KEEP_BLOCK = nil
-  st, ends = alg.load(key, p, now, into)
-  return st, ends, 0
+  return st, ends
 end
+
+-- The arms of the operations that act on their own (twin of `act` in the memory store), each
+-- called with the policy's algorithm, key, parameters, state, the time, the units and the
+-- operation's integer; the block on record is kept by every write they make.
+local ACT = {}
+ACT[REFUND] = function(alg, key, p, st, now, units)
+  alg:refund(key, p, st, now, units)
+end
+ACT[RESET] = function(_, key)
+  call('DEL', key)
+end
+ACT[PENALIZE] = function(alg, key, p, st, now, units)
+  if units > 0 then
+    alg:commit(key, p, st, now, units)
+  end
+end
+ACT[BLOCK] = function(alg, key, p, st, now, _, us)
+  alg:block(key, p, st, now, now + us)
+end
+-- The algorithm's own give-back, else a refund until the lease's end: see `Step::give_back`.
+ACT[GIVE_BACK] = function(alg, key, p, st, now, units, lease_end)
+  if alg.give_back then
+    alg:give_back(key, p, st, now, lease_end, units)
+  elseif now <= lease_end then
+    alg:refund(key, p, st, now, units)
+  end
+end
+-- The algorithm's own release, else its give-back: see `Step::release`.
+ACT[RELEASE] = function(alg, key, p, st, now, units, slot)
+  if alg.release then
+    alg:release(key, p, st, now, slot, units)
+  elseif alg.give_back then
+    alg:give_back(key, p, st, now, slot, units)
+  end
+end
+
+-- Runs the act of the operation at position i; it then looks at cost 0.
+local function act(i, key, now)
+  local alg, p = ALGS[i], PARAMS[i]
+  local st, ends = load(alg, key, p, now, STATES[i])
+  KEEP_BLOCK = ends
+  ACT[OPS[i]](alg, key, p, st, now, COSTS[i], XS[i])
+  KEEP_BLOCK = nil
+  COSTS[i] = 0
+end
+
 -- The clock-lag adjustment (twin of `evaluate_with_lag`), for the algorithms that keep their own
 -- time (`alg.lag`): a state newer than `now` (the clock went back, or a request reserved a
 -- later slot) decides as of its own time, its times moved to be from `now`, and admits no cost
@@ -313,36 +313,74 @@ local function take_lease(alg, key, p, st, ends, now, cost, want, lease_end, rep
   reply[at + 4], reply[at + 5], reply[at + 6] = units, lease_end, lease_end - now
 end
 
--- Phase two for a policy whose reply starts at reply[at + 1]: charges it (keeping its block,
--- `ends`, on record), or reports the state as it stays and gives the key a TTL if it lost its
--- own.
-local function settle(alg, key, p, st, ends, now, cost, charge, reply, at, want, lease_end)
-  if want then
-    -- A lease: its units, its end and the microseconds until then follow the verdict.
-    reply[at + 4], reply[at + 5], reply[at + 6] = 0, 0, 0
-    if charge then
-      take_lease(alg, key, p, st, ends, now, cost, want, lease_end, reply, at)
-      return
+-- Phase one for the policy at position i, whose reply starts at REPLY[base + 1]: its state as
+-- it stands after every act (as strict as a lease could make it, for a LEASE: twin of
+-- `lease_verdict` in Rust), its verdict in the reply, and for a RESERVE denied now, the wait
+-- until the slot that would admit it. Returns whether it admits the request.
+local function evaluate(i, key, now, base)
+  local alg, op, p, cost = ALGS[i], OPS[i], PARAMS[i], COSTS[i]
+  local st, ends = load(alg, key, p, now, STATES[i])
+  if op == LEASE then
+    local lease_end = now + XS[i]
+    if alg.lease_end then
+      lease_end = alg:lease_end(p, st, now, XS[i])
     end
+    if alg.lease_state then
+      st = alg:lease_state(p, st, now, lease_end, LEASED[i])
+    end
+    LEASE_ENDS[i] = lease_end
   end
-  if charge then
+  LOADED[i], BLOCKS[i], WAITS[i] = st, ends, nil
+  local verdict, remaining, reset = judge(alg, p, st, ends, now, cost, key)
+  REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = verdict, remaining, reset
+  if GRANTS[op] then
+    REPLY[base + 4], REPLY[base + 5], REPLY[base + 6] = 0, 0, 0
+  end
+  if verdict == ADMITTED then
+    return true
+  end
+  if op == RESERVE then
+    WAITS[i] = reservation(alg, p, st, ends, now, cost, key, verdict, XS[i])
+    return WAITS[i] ~= nil
+  end
+  return false
+end
+
+-- Phase two for the policy at position i, the request `admitted` or not: charged as its
+-- operation says (at its reserved slot, a lease, its cost; keeping its block on record), or
+-- the state reported as it stays, its key given a TTL if it lost its own.
+local function settle(i, key, now, admitted, base)
+  local alg, op, p, cost, st, ends = ALGS[i], OPS[i], PARAMS[i], COSTS[i], LOADED[i], BLOCKS[i]
+  if admitted and WAITS[i] then
+    reserve(alg, key, p, st, ends, now, cost, WAITS[i], REPLY, base, LEASED[i])
+    return
+  end
+  if admitted and op == LEASE then
+    take_lease(alg, key, p, st, ends, now, cost, YS[i], LEASE_ENDS[i], REPLY, base)
+    return
+  end
+  local charges = CHARGES[op]
+  if admitted and cost > 0 and (charges == 2 or (charges == 1 and REPLY[base + 1] == ADMITTED)) then
     KEEP_BLOCK = ends
     alg:commit(key, p, st, now, cost)
     KEEP_BLOCK = nil
+    if op == HOLD then
+      REPLY[base + 4], REPLY[base + 5] = cost, now
+    end
     return
   end
-  if reply[at + 1] == ADMITTED and cost > 0 then
+  if REPLY[base + 1] == ADMITTED and cost > 0 then
     -- Admitted by this policy but not charged: report the state as it stays.
     local ok, remaining, reset, retry = alg:evaluate(p, st, now, 0, key)
     if alg.lag then
       ok, remaining, reset = shift(alg, p, st, now, 0, ok, remaining, reset, retry)
     end
-    reply[at + 2] = remaining
-    reply[at + 3] = reset
+    REPLY[base + 2] = remaining
+    REPLY[base + 3] = reset
   end
   if call('PTTL', key) == -1 then
     -- A key without a TTL (written by something else, or lost its TTL): repair it.
-    call('PEXPIRE', key, ttl_ms(now, now + reply[at + 3]))
+    call('PEXPIRE', key, ttl_ms(now, now + REPLY[base + 3]))
   end
 end
 
@@ -351,103 +389,35 @@ local function decide(keys, args)
     bind_libraries()
   end
   KEEP_BLOCK = nil
-  local n = #keys
-  local alg, mode, p, cost, at, injected, x, y = read_policy(args, 1, 1)
-  if not alg then
-    return redis.error_reply('tower-ratelimit: malformed policy ' .. tostring(args[1]))
-  end
-  local now
-  if injected then
-    now = tonumber(args[#args - 1])
-    TTL_SLACK = tonumber(args[#args])
-  else
-    local t = call('TIME')
-    now = t[1] * 1000000 + t[2]
-    TTL_SLACK = 0
-  end
-
-  if n == 1 then
-    -- One policy, the usual case: no tables beyond its parameters and the reply.
-    local key = keys[1]
-    local st, ends, lease_end
-    st, ends, cost, lease_end = prepare(alg, key, p, now, cost, mode, STATES[1], x, LEASED[1])
-    local verdict, remaining, reset = judge(alg, p, st, ends, now, cost, key)
-    local reply, want = REPLY1, nil
-    if mode == LEASE or mode == RESERVE or mode == HOLD then
-      reply = REPLY1_LEASE
-      reply[4], reply[5], reply[6] = 0, 0, 0
-      if mode == LEASE then
-        want = y
-      end
-    end
-    reply[1], reply[2], reply[3] = verdict, remaining, reset
-    local wait = mode == RESERVE and verdict ~= ADMITTED
-      and reservation(alg, p, st, ends, now, cost, key, verdict, x)
-    if wait then
-      reserve(alg, key, p, st, ends, now, cost, wait, reply, 0, LEASED[1])
-      return reply
-    end
-    local charge = verdict == ADMITTED and (mode == LEASE or (cost > 0
-      and (mode == ENFORCE or mode == SHADOW or mode == RESERVE or mode == HOLD)))
-    settle(alg, key, p, st, ends, now, cost, charge, reply, 0, want, lease_end)
-    if charge and mode == HOLD then
-      reply[4], reply[5] = cost, now
-    end
-    return reply
-  end
-
-  local algs, params, costs, modes, states, blocks = {}, {}, {}, {}, {}, {}
-  local wants, lease_ends, bases, waits = {}, {}, {}, {}
-  local reply = {}
-  local admitted = true
+  local n, at, injected = #keys, 1, false
   for i = 1, n do
-    if i > 1 then
-      local clock
-      alg, mode, p, cost, at, clock, x, y = read_policy(args, at, i)
-      if not alg then
-        return redis.error_reply('tower-ratelimit: malformed policy ' .. tostring(args[at]))
-      end
+    local next_at, clock_flag = read_policy(args, at, i)
+    if not next_at then
+      return redis.error_reply('tower-ratelimit: malformed policy ' .. tostring(args[at]))
     end
-    local key = keys[i]
-    local st, ends, lease_end
-    st, ends, cost, lease_end = prepare(alg, key, p, now, cost, mode, STATES[i], x, LEASED[i])
-    local verdict, remaining, reset = judge(alg, p, st, ends, now, cost, key)
-    if mode == RESERVE and verdict ~= ADMITTED then
-      waits[i] = reservation(alg, p, st, ends, now, cost, key, verdict, x)
+    at = next_at
+    if i == 1 then
+      injected = clock_flag
     end
-    if verdict ~= ADMITTED and not waits[i]
-      and (mode == ENFORCE or mode == CHARGE_LATER or mode == LEASE or mode == RESERVE
-        or mode == HOLD) then
+  end
+  local now = clock(args, injected)
+  for i = 1, n do
+    if ACTS[OPS[i]] then
+      act(i, keys[i], now)
+    end
+  end
+  local admitted, base = true, 0
+  for i = 1, n do
+    if not evaluate(i, keys[i], now, base) and DECIDES[OPS[i]] then
       admitted = false
     end
-    algs[i], params[i], costs[i], modes[i], states[i], blocks[i] = alg, p, cost, mode, st, ends
-    bases[i] = #reply
-    reply[#reply + 1] = verdict
-    reply[#reply + 1] = remaining
-    reply[#reply + 1] = reset
-    if mode == LEASE or mode == RESERVE or mode == HOLD then
-      wants[i], lease_ends[i] = mode == LEASE and y or nil, lease_end
-      reply[#reply + 1] = 0
-      reply[#reply + 1] = 0
-      reply[#reply + 1] = 0
-    end
+    base = base + WIDTH[OPS[i]]
   end
+  REPLY[base + 1] = nil
+  base = 0
   for i = 1, n do
-    local base = bases[i]
-    local m = modes[i]
-    if admitted and waits[i] then
-      reserve(algs[i], keys[i], params[i], states[i], blocks[i], now, costs[i], waits[i], reply,
-        base, LEASED[i])
-    else
-      local charge = admitted and (m == LEASE or (costs[i] > 0
-        and (m == ENFORCE or m == RESERVE or m == HOLD
-          or (m == SHADOW and reply[base + 1] == ADMITTED))))
-      settle(algs[i], keys[i], params[i], states[i], blocks[i], now, costs[i], charge, reply,
-        base, wants[i], lease_ends[i])
-      if charge and m == HOLD then
-        reply[base + 4], reply[base + 5] = costs[i], now
-      end
-    end
+    settle(i, keys[i], now, admitted, base)
+    base = base + WIDTH[OPS[i]]
   end
-  return reply
+  return REPLY
 end

@@ -15,8 +15,8 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, ServerErrorKind};
 
-use self::script::{ADMITTED, REPLY_PER_CHECK, REPLY_PER_LEASE, SCRIPT, shape};
-use super::{Check, Checks, Mode, Registry, private};
+use self::script::{ADMITTED, SCRIPT, shape};
+use super::{Check, Checks, Op, Registry, private};
 use crate::algorithm::Verdict;
 use crate::clock::Clock;
 use crate::decision::{Decision, Grant, PolicyOutcome};
@@ -549,7 +549,7 @@ impl Inner {
             .iter()
             .zip(verdicts)
             .map(|(check, (verdict, grant))| {
-                PolicyOutcome::new(check.tier(), check.mode() == Mode::Shadow, verdict)
+                PolicyOutcome::new(check.tier(), check.op() == Op::Shadow, verdict)
                     .with_grant(grant)
             })
             .collect();
@@ -573,31 +573,28 @@ impl Inner {
         let mut charged: Vec<Check> = Vec::new();
         let mut denied = false;
         for group in groups {
+            // Once denied, the rest are only looked at: they decide without being charged.
             let batch: Vec<Check> = group
                 .iter()
                 .map(|&i| {
-                    let c = &checks[i];
-                    c.with_mode(if denied { Mode::ChargeLater } else { c.mode() })
+                    checks[i].with_op(if denied {
+                        Op::ChargeLater
+                    } else {
+                        checks[i].op()
+                    })
                 })
                 .collect();
             let result = self.run(&batch).await?;
             let admitted = batch
                 .iter()
                 .zip(&result)
-                .all(|(c, (v, _))| v.allowed || !c.mode().decides());
+                .all(|(c, (v, _))| v.allowed || !c.op().decides());
             if !denied && admitted {
                 charged.extend(group.iter().zip(&result).filter_map(|(&i, (v, grant))| {
                     let c = &checks[i];
-                    let (tier, key) = (c.tier().clone(), c.key().clone());
-                    match grant {
-                        // A reserved slot is released, a lease's units go back as a lease's do.
-                        Some(g) if matches!(c.mode(), Mode::Reserve | Mode::Hold) => {
-                            Some(Check::release(tier, key, g.units, g.end))
-                        }
-                        Some(g) => Some(Check::give_back(tier, key, g.units, g.end)),
-                        None => (c.mode().charged(v.allowed) && c.cost() > 0)
-                            .then(|| c.with_mode(Mode::Refund)),
-                    }
+                    let undo = c.op().undo(v.allowed, c.cost(), grant.as_ref())?;
+                    let units = grant.as_ref().map_or(c.cost(), |g| g.units);
+                    Some(Check::new(c.tier().clone(), c.key().clone(), units, undo))
                 }));
             }
             if !admitted {
@@ -634,26 +631,16 @@ impl Inner {
             }
             let injected = self.clock.is_some();
             for check in checks {
-                // The shape, the cost unless it is 1, the mode's own integers, the parameters
-                // and their tag (see decide.lua).
+                // The shape, the cost unless it is 1, the operation's own integers, the
+                // parameters and their tag (see decide.lua).
                 let (id, params) = check.tier().algorithm().lua_args();
-                cmd.arg(shape(id, check.mode(), &params, check.cost(), injected));
-                if check.cost() != 1 {
-                    cmd.arg(check.cost());
+                let (op, cost) = (check.op(), check.cost());
+                cmd.arg(shape(id, op, &params, cost, injected));
+                if cost != 1 {
+                    cmd.arg(cost);
                 }
-                match check.mode() {
-                    Mode::Lease => {
-                        let (want, ttl) = check.lease();
-                        cmd.arg(ttl).arg(want);
-                    }
-                    Mode::GiveBack | Mode::Release => {
-                        cmd.arg(check.lease_end());
-                    }
-                    Mode::Reserve => {
-                        cmd.arg(check.tier().wait_us());
-                    }
-                    _ => {}
-                }
+                let lease_ttl = check.tier().lease().map_or(0, |l| l.ttl_us());
+                cmd.arg(&op.args(lease_ttl)[..]);
                 cmd.arg(&params[..]).arg(check.tier().tag());
             }
             if let Some(clock) = &self.clock {
@@ -672,13 +659,7 @@ impl Inner {
             .conn
             .with(|mut c| async move { self.invoke(&call, eval, &mut c).await })
             .await?;
-        let expected: usize = checks
-            .iter()
-            .map(|c| match c.mode() {
-                Mode::Lease | Mode::Reserve | Mode::Hold => REPLY_PER_CHECK + REPLY_PER_LEASE,
-                _ => REPLY_PER_CHECK,
-            })
-            .sum();
+        let expected: usize = checks.iter().map(|c| c.op().reply_width()).sum();
         if reply.len() != expected {
             return Err(StoreError::new(format!(
                 "unexpected reply of {} integers from the decision script",
@@ -689,7 +670,7 @@ impl Inner {
         Ok(checks
             .iter()
             .map(|c| {
-                let (r, tail) = rest.split_at(REPLY_PER_CHECK);
+                let (r, tail) = rest.split_at(c.op().reply_width());
                 rest = tail;
                 let verdict = Verdict {
                     allowed: r[0] == ADMITTED,
@@ -697,16 +678,11 @@ impl Inner {
                     reset_after_us: r[2].max(0) as u64,
                     retry_after_us: (r[0] >= 0).then_some(r[0] as u64),
                 };
-                let grant =
-                    matches!(c.mode(), Mode::Lease | Mode::Reserve | Mode::Hold).then(|| {
-                        let (g, tail) = rest.split_at(REPLY_PER_LEASE);
-                        rest = tail;
-                        Grant {
-                            units: g[0].max(0) as u64,
-                            end: g[1].max(0) as u64,
-                            lasts_us: g[2].max(0) as u64,
-                        }
-                    });
+                let grant = c.op().grants().then(|| Grant {
+                    units: r[3].max(0) as u64,
+                    end: r[4].max(0) as u64,
+                    lasts_us: r[5].max(0) as u64,
+                });
                 (verdict, grant.filter(|g| g.units > 0))
             })
             .collect())

@@ -1,30 +1,28 @@
 //! The decision script: the helpers the algorithms' Lua twins share, every twin, and the
-//! decision itself, with the numbers both languages must agree on (algorithm ids, modes, the
-//! shape of the arguments and the reply) taken from Rust.
+//! decision itself, with what both languages must agree on (algorithm ids, operations and
+//! their facts, the shape of the arguments and the reply) taken from Rust.
 //!
-//! The Lua sources name those numbers (`ALG[GCRA]`, `mode == BLOCK`, `ARGS_PER_POLICY`);
+//! The Lua sources name those numbers (`ALG[GCRA]`, `op == LEASE`, `REPLY_GRANT`);
 //! assembling the script puts in their values from [`Algorithm::lua_id`](crate::Algorithm),
-//! [`Mode`] and the constants below, so each number is written once, in Rust, and the script
-//! Redis runs holds literals: no per-call cost for the names.
+//! [`Op`] and the constants below, so each number is written once, in Rust, and the script
+//! Redis runs holds literals: no per-call cost for the names. The facts of each operation
+//! ([`Op::decides`], [`Op::charge`], [`Op::acts`], [`Op::arg_count`], [`Op::grants`]) become
+//! the tables of the script's prelude (`DECIDES[op]`, ...), generated from [`Op::KINDS`].
 
 use std::sync::LazyLock;
 
 use crate::algorithm::{LUA_HELPERS, LUA_TWINS, LuaParams};
-use crate::store::Mode;
-
-/// Integers per policy in the reply: the verdict, remaining, reset.
-pub(crate) const REPLY_PER_CHECK: usize = 3;
-/// Integers a [`Mode::Lease`] policy's reply has after those: the units leased, the lease's
-/// end and the microseconds until then.
-pub(crate) const REPLY_PER_LEASE: usize = 3;
+use crate::store::Op;
+use crate::store::op::Charge;
 /// The verdict of a policy that admits the request.
 pub(crate) const ADMITTED: i64 = -2;
 /// The verdict of a policy that denies a request no wait would admit.
 pub(crate) const NEVER: i64 = -1;
 
-/// A policy's shape, the first of its arguments: its algorithm, mode and parameter count, and
-/// two flags, one integer (the script decodes it with `%`, as Lua 5.1 has no bit operators).
-/// Algorithm ids are below 8, modes below 16, and at most 4 parameters are sent.
+/// A policy's shape, the first of its arguments: its algorithm, operation and parameter count,
+/// and two flags, one integer (the script decodes it with `%`, as Lua 5.1 has no bit
+/// operators). Algorithm ids are below 8, operation ids below 16, and at most 4 parameters are
+/// sent.
 const MODE_UNIT: u64 = 8;
 const ARITY_UNIT: u64 = 128;
 /// The policy's cost follows the shape (it is 1 when it does not).
@@ -34,13 +32,14 @@ const CLOCK_FLAG: u64 = 2048;
 
 const _: () = {
     assert!(crate::Algorithm::ALL.len() < MODE_UNIT as usize);
-    assert!(Mode::ALL.len() <= (ARITY_UNIT / MODE_UNIT) as usize);
+    assert!(Op::KINDS.len() < (ARITY_UNIT / MODE_UNIT) as usize);
     assert!(4 < (COST_FLAG / ARITY_UNIT) as usize);
 };
 
-/// The shape of a policy with the algorithm `id`, `mode` and `params` whose cost is `cost`.
-pub(crate) fn shape(id: u8, mode: Mode, params: &LuaParams, cost: u64, injected: bool) -> u64 {
-    let mut shape = id as u64 + MODE_UNIT * mode as u64 + ARITY_UNIT * params.len() as u64;
+/// The shape of a policy with the algorithm `id`, operation `op` and `params` whose cost is
+/// `cost`.
+pub(crate) fn shape(id: u8, op: Op, params: &LuaParams, cost: u64, injected: bool) -> u64 {
+    let mut shape = id as u64 + MODE_UNIT * op.id() as u64 + ARITY_UNIT * params.len() as u64;
     if cost != 1 {
         shape += COST_FLAG;
     }
@@ -67,10 +66,10 @@ impl Script {
             .iter()
             .map(|(a, _)| (a.name().to_ascii_uppercase(), a.lua_id().to_string()))
             .collect();
-        names.extend(Mode::ALL.map(|m| (m.lua_name().to_owned(), (m as u8).to_string())));
+        names.extend(Op::KINDS.map(|op| (op.lua_name().to_owned(), op.id().to_string())));
         names.extend(
             [
-                ("REPLY_PER_POLICY", REPLY_PER_CHECK as i64),
+                ("REPLY_GRANT", Op::REPLY_GRANT as i64),
                 ("ADMITTED", ADMITTED),
                 ("NEVER", NEVER),
                 ("MODE_UNIT", MODE_UNIT as i64),
@@ -81,6 +80,7 @@ impl Script {
             .map(|(name, value)| (name.to_owned(), value.to_string())),
         );
         let mut lua = String::from("-- tower-ratelimit: its decision script.\nlocal ALG = {}\n");
+        lua.push_str(&facts());
         lua.push_str(LUA_HELPERS);
         for (_, twin) in LUA_TWINS {
             lua.push_str(twin);
@@ -121,6 +121,32 @@ impl Script {
     pub(crate) fn function(&self) -> &str {
         &self.function
     }
+}
+
+/// The facts of every operation as Lua tables indexed by its id, written from [`Op`]'s own
+/// methods: `DECIDES` (a denial denies the request), `CHARGES` (0 never, 1 when its own verdict
+/// admits, 2 always, if the request is admitted), `ACTS` (changes the state on its own, then
+/// looks), `ARGS` (integers after the cost), `GRANTS` (its reply has the three integers of a
+/// grant) and `WIDTH` (the integers of its reply).
+fn facts() -> String {
+    let table = |name: &str, fact: &dyn Fn(Op) -> String| {
+        let values: Vec<String> = Op::KINDS.iter().map(|&op| fact(op)).collect();
+        format!("local {name} = {{ {} }}\n", values.join(", "))
+    };
+    let charge = |op: Op| match op.charge() {
+        Charge::Never => "0",
+        Charge::IfAllowed => "1",
+        Charge::Always => "2",
+    };
+    [
+        table("DECIDES", &|op| op.decides().to_string()),
+        table("CHARGES", &|op| charge(op).to_owned()),
+        table("ACTS", &|op| op.acts().to_string()),
+        table("ARGS", &|op| op.arg_count().to_string()),
+        table("GRANTS", &|op| op.grants().to_string()),
+        table("WIDTH", &|op| op.reply_width().to_string()),
+    ]
+    .concat()
 }
 
 /// `lua` with every identifier that is one of `names` replaced by its value. String literals
@@ -184,24 +210,66 @@ mod tests {
                 "{name} is ALG[{id}]"
             );
         }
-        let decide = include_str!("decide.lua");
-        for mode in Mode::ALL {
-            let named = format!("mode == {}", mode.lua_name());
-            let named_at_charge = format!("m == {}", mode.lua_name());
+        for op in Op::KINDS {
             assert!(
-                decide.contains(&named) || decide.contains(&named_at_charge),
-                "decide.lua compares with {}",
-                mode.lua_name()
-            );
-            assert!(
-                !source.contains(&format!("== {}", mode.lua_name())),
-                "{mode:?} substituted"
+                !source.contains(&format!("== {}", op.lua_name())),
+                "{op:?} substituted"
             );
         }
         assert!(source.contains(&format!("shape % {MODE_UNIT}")));
         // Strings and comments are left alone.
         assert!(
             source.contains("call('SET', key, value, 'PX', format(INT, ttl_ms(now, expires_at)))")
+        );
+    }
+
+    /// `decide.lua` reads what an operation is from the generated tables, and writes an arm
+    /// only for what an operation does: an `ACT[...]` arm for exactly the operations whose
+    /// fact says they act, and a named branch for exactly the operations with a grant (the
+    /// lease, the reservation, the held slots); no other operation is compared by name.
+    #[test]
+    fn lua_branches_follow_the_facts() {
+        let decide = include_str!("decide.lua");
+        let code: String = decide
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("--"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for op in Op::KINDS {
+            let name = op.lua_name();
+            let arm = code.contains(&format!("ACT[{name}] = function"));
+            assert_eq!(arm, op.acts(), "{name}: an ACT arm exactly when it acts");
+            let compared = code.contains(&format!("op == {name}"));
+            let own_branch = matches!(op, Op::Lease { .. } | Op::Reserve { .. } | Op::Hold);
+            assert_eq!(
+                compared, own_branch,
+                "{name}: compared by name only for its own arm"
+            );
+            assert_eq!(
+                own_branch,
+                op.grants() && !op.acts(),
+                "{name}: the granting ones"
+            );
+        }
+        // The facts are the tables, in the order of the ids.
+        let facts = facts();
+        for op in Op::KINDS {
+            assert_eq!(
+                op.id() as usize,
+                1 + Op::KINDS.iter().position(|o| *o == op).unwrap()
+            );
+        }
+        let decides: Vec<String> = Op::KINDS.iter().map(|o| o.decides().to_string()).collect();
+        assert!(facts.contains(&format!("local DECIDES = {{ {} }}", decides.join(", "))));
+        assert!(
+            SCRIPT
+                .source()
+                .contains("local WIDTH = { 3, 3, 3, 6, 6, 6, 3, 3, 3, 3, 3, 3 }")
+        );
+        assert!(
+            SCRIPT
+                .source()
+                .contains("local ARGS = { 0, 0, 0, 0, 1, 2, 0, 0, 0, 1, 1, 1 }")
         );
     }
 

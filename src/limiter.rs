@@ -463,7 +463,7 @@ impl<St: Store> Limiter<St> {
             let index = policy.tier_index(request, &key);
             let tier = policy.tier(index);
             let cost = policy.cost(request);
-            let mode = mode_of(policy);
+            let op = Op::of(tier.part());
             for (when, charge) in [
                 (policy.charge_if(), Op::Enforce),
                 (policy.refund_if(), Op::Refund),
@@ -477,9 +477,9 @@ impl<St: Store> Limiter<St> {
                 }
             }
             if let (Some(fallback), Some(local)) = (&mut fallback, policy.fallback_tier(index)) {
-                fallback.push(Check::new(local.clone(), key.clone(), cost, mode));
+                fallback.push(Check::new(local.clone(), key.clone(), cost, op));
             }
-            checks.push(Check::new(tier.clone(), key, cost, mode));
+            checks.push(Check::new(tier.clone(), key, cost, op));
         }
         if checks.is_empty() {
             return Begin::Unlimited;
@@ -987,7 +987,7 @@ impl<St: Store> Limiter<St> {
                 // The administrator's word is seen here at once, elsewhere by the leases' end.
                 leases.forget(tier.id(), key);
             }
-            let op = op.unwrap_or(mode_of(p));
+            let op = op.unwrap_or(Op::of(tier.part()));
             checks.push(Check::new(tier.clone(), key.clone(), units(tier), op));
         }
         drop(policies);
@@ -1064,22 +1064,5 @@ fn record_outcome(span: &Span, decision: &Decision, waits: bool) {
         .collect();
     if !limited.is_empty() {
         span.record("limited_by", limited.join(","));
-    }
-}
-
-/// How a policy takes part in a request's decision.
-fn mode_of(policy: &CompiledPolicy) -> Op {
-    if policy.is_shadow() {
-        Op::Shadow
-    } else if policy.charge_if().is_some() {
-        Op::ChargeLater
-    } else if policy.holds() {
-        Op::Hold
-    } else if policy.waits() {
-        Op::Reserve {
-            max_wait_us: policy.tier(0).wait_us(),
-        }
-    } else {
-        Op::Enforce
     }
 }

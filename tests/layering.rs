@@ -338,8 +338,9 @@ fn no_import_cycle_among_source_files() {
     // The checker sees real dependencies: the engine depends on the store and the policies,
     // and nothing it depends on depends on it.
     let engine = vec!["limiter".to_owned()];
-    assert!(edges[&engine].contains(&vec!["policy".to_owned()]));
-    assert!(edges[&engine].contains(&vec!["store".to_owned()]));
+    let depends_on = |top: &str| edges[&engine].iter().any(|m| m[0] == top);
+    assert!(depends_on("policy"));
+    assert!(depends_on("store"));
     assert!(edges.values().filter(|to| to.contains(&engine)).count() >= 2);
     if std::env::var_os("LAYERING_PRINT").is_some() {
         for (m, to) in &edges {

@@ -12,9 +12,8 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use crate::decision::Grant;
 use crate::key::Key;
-use crate::policy::Tier;
+use crate::policy::{Part, Tier};
 
 /// One operation on one key of one policy tier, with its own payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +81,20 @@ pub(crate) enum Charge {
 }
 
 impl Op {
+    /// The operation a request's check makes on a tier that takes part `part` way (a lease is
+    /// asked for by the leases' own planning, when a key is busy: see `lease.rs`).
+    pub(crate) fn of(part: &Part) -> Op {
+        match part {
+            Part::Enforce | Part::Lease(_) => Op::Enforce,
+            Part::Shadow => Op::Shadow,
+            Part::ChargeLater(_) => Op::ChargeLater,
+            Part::Reserve { max_wait_us } => Op::Reserve {
+                max_wait_us: *max_wait_us,
+            },
+            Part::Hold => Op::Hold,
+        }
+    }
+
     /// One operation of each kind (payloads 0), in the order of their ids.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) const KINDS: [Op; 12] = [
@@ -200,8 +213,8 @@ impl Op {
         self.args(0).len()
     }
 
-    /// Whether the store reports a [`Grant`] with the outcome: a lease's units, the slot a
-    /// request reserved, the slots a concurrency limit gave it. Its reply then has
+    /// Whether the store reports a grant with the outcome: a lease's units, the slot a
+    /// request reserved, the slots a concurrency limit gave it (a `Grant`, in `decision.rs`). Its reply then has
     /// [`Op::REPLY_GRANT`] more integers.
     pub(crate) const fn grants(self) -> bool {
         matches!(self, Op::Hold | Op::Reserve { .. } | Op::Lease { .. })
@@ -224,13 +237,13 @@ impl Op {
 
     /// The operation that undoes what this one charged, when the request turns out denied
     /// after all (a cluster decides a request's keys in several calls): a grant's units are
-    /// released or given back as a lease's, a charge is refunded. `None` when nothing was
-    /// charged.
+    /// released or given back as a lease's (`granted`: the grant's end), a charge is refunded.
+    /// `None` when nothing was charged.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn undo(self, allowed: bool, units: u64, grant: Option<&Grant>) -> Option<Op> {
-        match (self, grant) {
-            (Op::Reserve { .. } | Op::Hold, Some(g)) => Some(Op::Release { slot: g.end }),
-            (_, Some(g)) => Some(Op::GiveBack { end: g.end }),
+    pub(crate) fn undo(self, allowed: bool, units: u64, granted: Option<u64>) -> Option<Op> {
+        match (self, granted) {
+            (Op::Reserve { .. } | Op::Hold, Some(end)) => Some(Op::Release { slot: end }),
+            (_, Some(end)) => Some(Op::GiveBack { end }),
             (op, None) => (op.charged(allowed) && units > 0).then_some(Op::Refund),
         }
     }

@@ -47,16 +47,16 @@ local function algorithm(id)
 end
 
 -- Tables reused from call to call (a table costs Redis about 1,100 instructions to build and
--- collect), one entry per policy position: its algorithm, operation, parameters, cost, the
--- operation's integers, the state and block loaded, the state as strict as a lease makes it,
--- the lease's end, and the wait for a reserved slot; and the reply. A call runs alone, and
--- Redis has read the reply before the next one.
-local ALGS, OPS, PARAMS, COSTS, XS, YS = {}, {}, {}, {}, {}, {}
-local STATES, LOADED, BLOCKS, LEASED, LEASE_ENDS, WAITS = {}, {}, {}, {}, {}, {}
+-- collect): per policy position, its parameters, a table to load its state in and one for the
+-- state as strict as a lease makes it; the reply. A call runs alone, and Redis has read the
+-- reply before the next one. A call of several policies keeps each one's phase-one results
+-- in the tables of `decide_many`; a call of one keeps them in locals.
+local PARAMS, STATES, LEASED = {}, {}, {}
 local REPLY = {}
 
--- Reads the policy whose shape is at args[at], the i-th of the call, into the tables above.
--- Returns where the next policy starts and whether the time is injected; nil when malformed.
+-- The policy whose shape is at args[at], the i-th of the call: its algorithm, operation,
+-- parameters (in PARAMS[i]), cost and the operation's integers; where the next policy starts
+-- and whether the time is injected. Nil when malformed.
 local function read_policy(args, at, i)
   local shape = tonumber(args[at])
   if not shape then
@@ -75,11 +75,11 @@ local function read_policy(args, at, i)
     cost = tonumber(args[at])
     at = at + 1
   end
-  local count = ARGS[op]
+  local count, x, y = ARGS[op], nil, nil
   if count > 0 then
-    XS[i] = tonumber(args[at])
+    x = tonumber(args[at])
     if count > 1 then
-      YS[i] = tonumber(args[at + 1])
+      y = tonumber(args[at + 1])
     end
     at = at + count
   end
@@ -93,19 +93,7 @@ local function read_policy(args, at, i)
   end
   -- The tag a state written under these parameters carries (see `store`).
   p.tag = args[at + arity]
-  ALGS[i], OPS[i], COSTS[i] = alg, op, cost
-  return at + arity + 1, shape >= CLOCK_FLAG
-end
-
--- The time: the injected one (and the TTL slack) at the end of the arguments, else Redis TIME.
-local function clock(args, injected)
-  if injected then
-    TTL_SLACK = tonumber(args[#args])
-    return tonumber(args[#args - 1])
-  end
-  TTL_SLACK = 0
-  local t = call('TIME')
-  return t[1] * 1000000 + t[2]
+  return alg, op, p, cost, x, y, at + arity + 1, shape >= CLOCK_FLAG
 end
 
 -- Old parameters read from a tag, reused from call to call.
@@ -138,15 +126,6 @@ local function adopt(alg, key, p, st, ends, now, stale, into)
   return nil, ends
 end
 
--- The state of a policy's key and its block's end, if any, converted first when it was written
--- under other parameters.
-local function load(alg, key, p, now, into)
-  local st, ends, stale = alg.load(key, p, now, into)
-  if stale then
-    st, ends = adopt(alg, key, p, st, ends, now, stale, into)
-  end
-  return st, ends
-end
 
 -- The arms of the operations that act on their own (twin of `act` in the memory store), each
 -- called with the policy's algorithm, key, parameters, state, the time, the units and the
@@ -183,14 +162,16 @@ ACT[RELEASE] = function(alg, key, p, st, now, units, slot)
   end
 end
 
--- Runs the act of the operation at position i; it then looks at cost 0.
-local function act(i, key, now)
-  local alg, p = ALGS[i], PARAMS[i]
-  local st, ends = load(alg, key, p, now, STATES[i])
+-- Runs the act of `op` on the key (its state loaded in `into`, converted first when it was
+-- written under other parameters).
+local function act(alg, op, key, p, now, units, x, into)
+  local st, ends, stale = alg.load(key, p, now, into)
+  if stale then
+    st, ends = adopt(alg, key, p, st, ends, now, stale, into)
+  end
   KEEP_BLOCK = ends
-  ACT[OPS[i]](alg, key, p, st, now, COSTS[i], XS[i])
+  ACT[op](alg, key, p, st, now, units, x)
   KEEP_BLOCK = nil
-  COSTS[i] = 0
 end
 
 -- The clock-lag adjustment (twin of `evaluate_with_lag`), for the algorithms that keep their own
@@ -313,50 +294,54 @@ local function take_lease(alg, key, p, st, ends, now, cost, want, lease_end, rep
   reply[at + 4], reply[at + 5], reply[at + 6] = units, lease_end, lease_end - now
 end
 
--- Phase one for the policy at position i, whose reply starts at REPLY[base + 1]: its state as
--- it stands after every act (as strict as a lease could make it, for a LEASE: twin of
--- `lease_verdict` in Rust), its verdict in the reply, and for a RESERVE denied now, the wait
--- until the slot that would admit it. Returns whether it admits the request.
-local function evaluate(i, key, now, base)
-  local alg, op, p, cost = ALGS[i], OPS[i], PARAMS[i], COSTS[i]
-  local st, ends = load(alg, key, p, now, STATES[i])
+-- Phase one for a policy whose reply starts at REPLY[base + 1]: its state, loaded in `into`
+-- (converted first when written under other parameters; as strict as a lease could make it,
+-- in `leased`, for a LEASE whose longest life is `x`: twin of `lease_verdict` in Rust), its
+-- verdict in the reply, and for a RESERVE denied now, the wait of at most `x` until the slot
+-- that would admit it. Returns whether it admits the request, the state and block decided
+-- on, the lease's end and the wait.
+local function evaluate(alg, op, key, p, now, cost, x, into, leased, base)
+  local st, ends, stale = alg.load(key, p, now, into)
+  if stale then
+    st, ends = adopt(alg, key, p, st, ends, now, stale, into)
+  end
+  local lease_end
   if op == LEASE then
-    local lease_end = now + XS[i]
+    lease_end = now + x
     if alg.lease_end then
-      lease_end = alg:lease_end(p, st, now, XS[i])
+      lease_end = alg:lease_end(p, st, now, x)
     end
     if alg.lease_state then
-      st = alg:lease_state(p, st, now, lease_end, LEASED[i])
+      st = alg:lease_state(p, st, now, lease_end, leased)
     end
-    LEASE_ENDS[i] = lease_end
   end
-  LOADED[i], BLOCKS[i], WAITS[i] = st, ends, nil
   local verdict, remaining, reset = judge(alg, p, st, ends, now, cost, key)
   REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = verdict, remaining, reset
   if GRANTS[op] then
     REPLY[base + 4], REPLY[base + 5], REPLY[base + 6] = 0, 0, 0
   end
   if verdict == ADMITTED then
-    return true
+    return true, st, ends, lease_end
   end
   if op == RESERVE then
-    WAITS[i] = reservation(alg, p, st, ends, now, cost, key, verdict, XS[i])
-    return WAITS[i] ~= nil
+    local wait = reservation(alg, p, st, ends, now, cost, key, verdict, x)
+    return wait ~= nil, st, ends, lease_end, wait
   end
-  return false
+  return false, st, ends
 end
 
--- Phase two for the policy at position i, the request `admitted` or not: charged as its
--- operation says (at its reserved slot, a lease, its cost; keeping its block on record), or
--- the state reported as it stays, its key given a TTL if it lost its own.
-local function settle(i, key, now, admitted, base)
-  local alg, op, p, cost, st, ends = ALGS[i], OPS[i], PARAMS[i], COSTS[i], LOADED[i], BLOCKS[i]
-  if admitted and WAITS[i] then
-    reserve(alg, key, p, st, ends, now, cost, WAITS[i], REPLY, base, LEASED[i])
+-- Phase two for a policy, the request `admitted` or not: charged as its operation says (at
+-- its reserved slot `wait` away, a lease of up to `y` units ending at `lease_end`, its cost;
+-- keeping its block on record), or the state reported as it stays, its key given a TTL if it
+-- lost its own.
+local function settle(alg, op, key, p, now, cost, y, st, ends, lease_end, wait, admitted, leased,
+    base)
+  if admitted and wait then
+    reserve(alg, key, p, st, ends, now, cost, wait, REPLY, base, leased)
     return
   end
   if admitted and op == LEASE then
-    take_lease(alg, key, p, st, ends, now, cost, YS[i], LEASE_ENDS[i], REPLY, base)
+    take_lease(alg, key, p, st, ends, now, cost, y, lease_end, REPLY, base)
     return
   end
   local charges = CHARGES[op]
@@ -384,40 +369,96 @@ local function settle(i, key, now, admitted, base)
   end
 end
 
+-- The time: the injected one (and the TTL slack) at the end of the arguments, else Redis TIME.
+local function clock(args, injected)
+  if injected then
+    TTL_SLACK = tonumber(args[#args])
+    return tonumber(args[#args - 1])
+  end
+  TTL_SLACK = 0
+  local t = call('TIME')
+  return t[1] * 1000000 + t[2]
+end
+
+local function malformed(args, at)
+  return redis.error_reply('tower-ratelimit: malformed policy ' .. tostring(args[at]))
+end
+
+-- Several policies: each read (all before anything is done: a malformed call changes
+-- nothing); every act, in order; phase one for each, what phase two needs kept in tables;
+-- then phase two for each.
+local ALGS, OPS, COSTS, XS, YS, STS, ENDS, LEASE_ENDS, WAITS = {}, {}, {}, {}, {}, {}, {}, {}, {}
+local function decide_many(keys, args, n)
+  local at, injected = 1, false
+  for i = 1, n do
+    local alg, op, _p, cost, x, y, next_at, clock_flag
+    alg, op, _p, cost, x, y, next_at, clock_flag = read_policy(args, at, i)
+    if not alg then
+      return malformed(args, at)
+    end
+    ALGS[i], OPS[i], COSTS[i], XS[i], YS[i], at = alg, op, cost, x, y, next_at
+    injected = injected or (i == 1 and clock_flag)
+  end
+  local now = clock(args, injected)
+  for i = 1, n do
+    if ACTS[OPS[i]] then
+      act(ALGS[i], OPS[i], keys[i], PARAMS[i], now, COSTS[i], XS[i], STATES[i])
+      COSTS[i] = 0
+    end
+  end
+  local admitted, base = true, 0
+  for i = 1, n do
+    local op = OPS[i]
+    local ok, st, ends, lease_end, wait = evaluate(ALGS[i], op, keys[i], PARAMS[i], now,
+      COSTS[i], XS[i], STATES[i], LEASED[i], base)
+    if not ok and DECIDES[op] then
+      admitted = false
+    end
+    STS[i], ENDS[i], LEASE_ENDS[i], WAITS[i] = st, ends, lease_end, wait
+    base = base + WIDTH[op]
+  end
+  REPLY[base + 1] = nil
+  base = 0
+  for i = 1, n do
+    local op = OPS[i]
+    settle(ALGS[i], op, keys[i], PARAMS[i], now, COSTS[i], YS[i], STS[i], ENDS[i], LEASE_ENDS[i],
+      WAITS[i], admitted, LEASED[i], base)
+    base = base + WIDTH[op]
+  end
+  return REPLY
+end
+
 local function decide(keys, args)
   if not format then
     bind_libraries()
   end
   KEEP_BLOCK = nil
-  local n, at, injected = #keys, 1, false
-  for i = 1, n do
-    local next_at, clock_flag = read_policy(args, at, i)
-    if not next_at then
-      return redis.error_reply('tower-ratelimit: malformed policy ' .. tostring(args[at]))
-    end
-    at = next_at
-    if i == 1 then
-      injected = clock_flag
-    end
+  if #keys ~= 1 then
+    return decide_many(keys, args, #keys)
   end
-  local now = clock(args, injected)
-  for i = 1, n do
-    if ACTS[OPS[i]] then
-      act(i, keys[i], now)
-    end
+  -- One policy, the usual case: the same phases, what they hand on kept in locals.
+  local key = keys[1]
+  local alg, op, p, cost, x, y, _, injected = read_policy(args, 1, 1)
+  if not alg then
+    return malformed(args, 1)
   end
-  local admitted, base = true, 0
-  for i = 1, n do
-    if not evaluate(i, keys[i], now, base) and DECIDES[OPS[i]] then
-      admitted = false
-    end
-    base = base + WIDTH[OPS[i]]
+  local now
+  if injected then
+    now = clock(args, true)
+  else
+    -- Read here, not through `clock`: a Lua call costs more than these lines.
+    TTL_SLACK = 0
+    local t = call('TIME')
+    now = t[1] * 1000000 + t[2]
   end
-  REPLY[base + 1] = nil
-  base = 0
-  for i = 1, n do
-    settle(i, keys[i], now, admitted, base)
-    base = base + WIDTH[OPS[i]]
+  if ACTS[op] then
+    act(alg, op, key, p, now, cost, x, STATES[1])
+    cost = 0
   end
+  local ok, st, ends, lease_end, wait = evaluate(alg, op, key, p, now, cost, x, STATES[1],
+    LEASED[1], 0)
+  REPLY[WIDTH[op] + 1] = nil
+  settle(alg, op, key, p, now, cost, y, st, ends, lease_end, wait, ok or not DECIDES[op],
+    LEASED[1], 0)
   return REPLY
 end

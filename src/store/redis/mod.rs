@@ -592,7 +592,9 @@ impl Inner {
             if !denied && admitted {
                 charged.extend(group.iter().zip(&result).filter_map(|(&i, (v, grant))| {
                     let c = &checks[i];
-                    let undo = c.op().undo(v.allowed, c.cost(), grant.as_ref())?;
+                    let undo = c
+                        .op()
+                        .undo(v.allowed, c.cost(), grant.as_ref().map(|g| g.end))?;
                     let units = grant.as_ref().map_or(c.cost(), |g| g.units);
                     Some(Check::new(c.tier().clone(), c.key().clone(), units, undo))
                 }));

@@ -1,0 +1,598 @@
+//! [`Policy`], the public builder of one rate limit, and [`Takes`], how it takes part in a
+//! decision.
+
+use std::fmt;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+
+use crate::algorithm::{Algorithm, Options};
+use crate::error::ConfigError;
+use crate::key::{Key, KeyExtractor, RequestRef};
+use crate::quota::Quota;
+use crate::quota::QuotaUnit;
+
+/// One rate limit: an [`Algorithm`] applied to a [`Quota`], under a name.
+///
+/// Mistakes (a quota string that does not parse, a burst on an algorithm without one, numbers
+/// too large) are kept and reported by
+/// [`RateLimitLayerBuilder::build`](crate::RateLimitLayerBuilder::build), so a whole
+/// configuration can be written without a `?` on every line:
+///
+/// ```
+/// use tower_ratelimit::{Algorithm, Policy, RateLimitLayer};
+///
+/// let layer = RateLimitLayer::builder()
+///     .policy(Policy::token_bucket("100/min").burst(20).name("api"))
+///     .build();
+/// assert!(layer.is_ok());
+///
+/// let err = RateLimitLayer::builder()
+///     .policy(Policy::new(Algorithm::FixedWindow, "100/fortnight"))
+///     .build()
+///     .unwrap_err();
+/// assert!(err.to_string().contains("unit"));
+/// ```
+///
+/// The name appears in response bodies, in the [`Decision`](crate::Decision) and in store keys;
+/// two policies with the same name in one store share their buckets. It defaults to
+/// `ALGORITHM:QUOTA`, e.g. `gcra:10/s`, followed by the burst and the number of buckets when
+/// they are set, e.g. `token_bucket:100/min:burst20`.
+#[derive(Clone)]
+pub struct Policy {
+    pub(super) algorithm: Algorithm,
+    pub(super) quota: Result<Quota, ConfigError>,
+    pub(super) name: Option<String>,
+    pub(super) burst: Option<u32>,
+    pub(super) options: Options,
+    pub(super) key: Option<Arc<dyn KeyExtractor>>,
+    pub(super) cost: Option<CostFn>,
+    /// How the policy takes part in a decision, or why it cannot (two ways were asked for).
+    pub(super) takes: Result<Takes, ConfigError>,
+    pub(super) refund_if: Option<StatusFn>,
+    pub(super) routes: Vec<Route>,
+    pub(super) exempt: Option<RequestFn>,
+    pub(super) tiers: Vec<(String, Result<Quota, ConfigError>)>,
+    pub(super) tier_of: Option<TierFn>,
+    pub(super) tier_overrides: Vec<(Key, String)>,
+    pub(super) unit: QuotaUnit,
+}
+
+/// How a policy takes part in a decision: one way, chosen by one builder method
+/// ([`Policy::shadow`], [`Policy::charge_if`], [`Policy::lease`], [`Policy::wait_up_to`],
+/// [`Policy::concurrency`]); enforced unless one is called. Asking for a second way is an
+/// error [`build`](crate::RateLimitLayerBuilder::build) reports.
+#[derive(Clone)]
+pub(crate) enum Takes {
+    /// Decided and charged up front.
+    Enforce,
+    /// Decided, charged and reported, never rejecting ([`Policy::shadow`]).
+    Shadow,
+    /// Decided up front, charged after responses whose status matches ([`Policy::charge_if`]).
+    ChargeIf(StatusFn),
+    /// Decided up front from leases of `units` taken by each instance ([`Policy::lease`]),
+    /// living at most `ttl` (`None`: the default).
+    Lease { units: u32, ttl: Option<Duration> },
+    /// Decided up front; a request admitted within `max` waits for its reserved slot
+    /// ([`Policy::wait_up_to`]).
+    Wait { max: Duration },
+    /// Each request holds one of `slots` while it is in flight ([`Policy::concurrency`]).
+    Hold { slots: u32 },
+}
+
+impl Takes {
+    /// What a policy taking part this way does, for messages.
+    fn describe(&self) -> &'static str {
+        match self {
+            Takes::Enforce => "is enforced",
+            Takes::Shadow => "runs in shadow (shadow())",
+            Takes::ChargeIf(_) => "charges after the response (charge_if)",
+            Takes::Lease { .. } => "takes leases (lease)",
+            Takes::Wait { .. } => "makes requests wait (wait_up_to)",
+            Takes::Hold { .. } => "limits requests in flight (concurrency)",
+        }
+    }
+}
+
+/// How long a concurrency slot is held at most by default ([`Policy::max_duration`]).
+pub const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(60);
+
+/// The longest a request may wait for its slot ([`Policy::wait_up_to`]).
+pub(super) const MAX_WAIT: Duration = Duration::from_secs(3600);
+
+pub(crate) type CostFn = Arc<dyn Fn(&RequestRef<'_>) -> u32 + Send + Sync>;
+pub(crate) type StatusFn = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
+pub(crate) type RequestFn = Arc<dyn Fn(&RequestRef<'_>) -> bool + Send + Sync>;
+pub(crate) type TierFn = Arc<dyn Fn(&RequestRef<'_>) -> Option<String> + Send + Sync>;
+
+/// A method and path pattern a policy applies to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Route {
+    method: Option<Method>,
+    path: String,
+}
+
+impl Route {
+    /// Matches the request's route: axum's matched route template when there is one (so
+    /// `/users/{id}` matches every user), else the URI path. A pattern ending in `*` matches by
+    /// prefix.
+    pub(super) fn matches(&self, request: &RequestRef<'_>) -> bool {
+        if let Some(m) = &self.method
+            && m != request.method()
+        {
+            return false;
+        }
+        let path = matched_path(request).unwrap_or_else(|| request.uri().path());
+        match self.path.strip_suffix('*') {
+            Some(prefix) => path.starts_with(prefix),
+            None => path == self.path,
+        }
+    }
+}
+
+#[cfg(feature = "axum")]
+fn matched_path<'a>(request: &RequestRef<'a>) -> Option<&'a str> {
+    request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|m| m.as_str())
+}
+
+#[cfg(not(feature = "axum"))]
+fn matched_path<'a>(_: &RequestRef<'a>) -> Option<&'a str> {
+    None
+}
+
+impl fmt::Debug for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policy")
+            .field("algorithm", &self.algorithm)
+            .field("quota", &self.quota)
+            .field("name", &self.name)
+            .field("burst", &self.burst)
+            .field("key", &self.key)
+            .field("takes", &self.takes.as_ref().map(Takes::describe))
+            .field("routes", &self.routes)
+            .field("tiers", &self.tiers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Policy {
+    /// A policy applying `algorithm` to `quota` (a [`Quota`] or a string such as `"10/s"`).
+    pub fn new<Q>(algorithm: Algorithm, quota: Q) -> Self
+    where
+        Q: TryInto<Quota>,
+        Q::Error: Into<ConfigError>,
+    {
+        Policy {
+            algorithm,
+            quota: quota.try_into().map_err(Into::into),
+            name: None,
+            burst: None,
+            options: Options::default(),
+            key: None,
+            cost: None,
+            takes: Ok(Takes::Enforce),
+            refund_if: None,
+            routes: Vec::new(),
+            exempt: None,
+            tiers: Vec::new(),
+            tier_of: None,
+            tier_overrides: Vec::new(),
+            unit: QuotaUnit::Requests,
+        }
+    }
+
+    /// Makes the policy take part in decisions `takes` way: the same way again replaces it,
+    /// another way is an error.
+    fn take_part(mut self, takes: Takes) -> Self {
+        self.takes = match self.takes {
+            Ok(Takes::Enforce) => Ok(takes),
+            Ok(old) if std::mem::discriminant(&old) == std::mem::discriminant(&takes) => Ok(takes),
+            Ok(old) => Err(ConfigError::new(format!(
+                "a policy takes part in a decision one way, and this one both {} and {}; pick one",
+                old.describe(),
+                takes.describe()
+            ))),
+            Err(e) => Err(e),
+        };
+        self
+    }
+
+    /// At most `n` requests of a key in flight at once, across every instance sharing the store
+    /// (Stripe's concurrent-requests limiter). A request takes a slot when it is admitted and
+    /// holds it until its response body has sent its last frame or is dropped, not merely until
+    /// the headers are sent: a streamed response holds its slot while it streams.
+    ///
+    /// In the store, a slot is a lease that ends after [`max_duration`](Self::max_duration)
+    /// (default one minute): an instance that dies while holding slots (a `kill -9`, a lost
+    /// network) does not keep them longer; the next request on the key clears them. Combined
+    /// with rate policies, the decision is atomic as always: no slot is taken when a rate policy
+    /// rejects the request, and no rate unit is charged when no slot is free.
+    ///
+    /// Headers: `X-RateLimit-Limit` is `n`, `-Remaining` the slots free; the IETF item says
+    /// `qu="concurrent-requests"` and leaves out `w` and `t`, which have no meaning for it. A
+    /// request rejected because no slot is free gets no `Retry-After`: a slot frees when a
+    /// request in flight ends, which no one knows in advance (the slots' leases only bound it,
+    /// by up to a minute). [`cost`](Self::cost) takes several slots at once.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimit::{Policy, RateLimitLayer};
+    ///
+    /// # fn main() -> Result<(), tower_ratelimit::ConfigError> {
+    /// // At most 5 reports in flight per client, and 100 requests a minute.
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::concurrency(5).name("reports").max_duration(Duration::from_secs(30)))
+    ///     .policy(Policy::gcra("100/min"))
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    pub fn concurrency(n: u32) -> Self {
+        let mut policy = Self::new(Algorithm::SlidingLog, Quota::per_minute(NonZeroU32::MIN));
+        policy.quota = Quota::new(n, DEFAULT_MAX_DURATION)
+            .map_err(|e| ConfigError::new(format!("a concurrency limit of {n}: {e}")));
+        policy.unit = QuotaUnit::ConcurrentRequests;
+        policy.take_part(Takes::Hold { slots: n })
+    }
+
+    /// How long a slot of a [concurrency](Self::concurrency) policy is held at most (default
+    /// one minute): a request still in flight after that no longer counts. Set it above the
+    /// longest response you serve, streaming included; it is what bounds how long the slots
+    /// of a crashed instance stay taken. At most [`MAX_WINDOW`](crate::MAX_WINDOW).
+    #[must_use]
+    pub fn max_duration(mut self, max: Duration) -> Self {
+        match &self.takes {
+            Ok(Takes::Hold { slots }) => {
+                self.quota = Quota::new(*slots, max).map_err(Into::into);
+            }
+            _ => {
+                self.quota = Err(ConfigError::new(
+                    "max_duration is for concurrency policies; use Policy::concurrency(n)",
+                ));
+            }
+        }
+        self
+    }
+
+    /// A [fixed window](Algorithm::FixedWindow) policy.
+    pub fn fixed_window<Q>(quota: Q) -> Self
+    where
+        Q: TryInto<Quota>,
+        Q::Error: Into<ConfigError>,
+    {
+        Self::new(Algorithm::FixedWindow, quota)
+    }
+
+    /// A [sliding window counter](Algorithm::SlidingWindow) policy.
+    pub fn sliding_window<Q>(quota: Q) -> Self
+    where
+        Q: TryInto<Quota>,
+        Q::Error: Into<ConfigError>,
+    {
+        Self::new(Algorithm::SlidingWindow, quota)
+    }
+
+    /// A [sliding log](Algorithm::SlidingLog) policy.
+    pub fn sliding_log<Q>(quota: Q) -> Self
+    where
+        Q: TryInto<Quota>,
+        Q::Error: Into<ConfigError>,
+    {
+        Self::new(Algorithm::SlidingLog, quota)
+    }
+
+    /// A [token bucket](Algorithm::TokenBucket) policy.
+    pub fn token_bucket<Q>(quota: Q) -> Self
+    where
+        Q: TryInto<Quota>,
+        Q::Error: Into<ConfigError>,
+    {
+        Self::new(Algorithm::TokenBucket, quota)
+    }
+
+    /// A [leaky bucket](Algorithm::LeakyBucket) policy.
+    pub fn leaky_bucket<Q>(quota: Q) -> Self
+    where
+        Q: TryInto<Quota>,
+        Q::Error: Into<ConfigError>,
+    {
+        Self::new(Algorithm::LeakyBucket, quota)
+    }
+
+    /// A [GCRA](Algorithm::Gcra) policy.
+    pub fn gcra<Q>(quota: Q) -> Self
+    where
+        Q: TryInto<Quota>,
+        Q::Error: Into<ConfigError>,
+    {
+        Self::new(Algorithm::Gcra, quota)
+    }
+
+    /// Names the policy (1 to 64 characters: letters, digits and `-_.:/`).
+    #[must_use]
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Sets the burst of a bucket algorithm (token bucket, leaky bucket, GCRA): how many units a
+    /// rested key may spend at once. Defaults to the limit.
+    #[must_use]
+    pub fn burst(mut self, burst: u32) -> Self {
+        self.burst = Some(burst);
+        self
+    }
+
+    /// Sets the number of sub-window buckets of a sliding window counter (default 10). More
+    /// buckets approximate the exact sliding window more closely, at 4 bytes each per key.
+    #[must_use]
+    pub fn buckets(mut self, buckets: u32) -> Self {
+        self.options.buckets = Some(buckets);
+        self
+    }
+
+    /// Charges this policy to a different key than the layer's.
+    #[must_use]
+    pub fn key(mut self, key: impl KeyExtractor) -> Self {
+        self.key = Some(Arc::new(key));
+        self
+    }
+
+    /// How many units a request costs (default 1; a cost of 0 only looks). The cost is
+    /// computed from the request head, e.g. from a header or the route. A request costing more
+    /// than the policy's capacity is denied and never admitted.
+    #[must_use]
+    pub fn cost<F>(mut self, cost: F) -> Self
+    where
+        F: Fn(&RequestRef<'_>) -> u32 + Send + Sync + 'static,
+    {
+        self.cost = Some(Arc::new(cost));
+        self
+    }
+
+    /// Runs the policy in shadow mode (dry run): it is decided and charged like any other,
+    /// reported in the [`Decision`](crate::Decision), in the IETF headers and in logs, but it
+    /// never rejects a request. Use it to roll out a new limit safely.
+    #[must_use]
+    pub fn shadow(self) -> Self {
+        self.take_part(Takes::Shadow)
+    }
+
+    /// Charges the policy only for responses whose status matches, e.g. failed logins:
+    /// the request is let through while the key has room for it (nothing is charged), and
+    /// the charge is made after the response, with one more store call only for matching
+    /// responses.
+    ///
+    /// The bound is loose under concurrency: requests that are in flight together are all let
+    /// through while the key has room, and charges past the limit are dropped. Where the
+    /// bound must be strict, charge up front and give back what should be free instead:
+    /// `.refund_if(|status| status != StatusCode::UNAUTHORIZED)`.
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use tower_ratelimit::Policy;
+    ///
+    /// // Five failed logins per minute; successful ones are free.
+    /// let logins = Policy::sliding_log("5/min")
+    ///     .name("failed-logins")
+    ///     .charge_if(|status| status == StatusCode::UNAUTHORIZED);
+    /// # let _ = logins;
+    /// ```
+    #[must_use]
+    pub fn charge_if<F>(self, predicate: F) -> Self
+    where
+        F: Fn(StatusCode) -> bool + Send + Sync + 'static,
+    {
+        self.take_part(Takes::ChargeIf(Arc::new(predicate)))
+    }
+
+    /// Gives the cost back after responses whose status matches (e.g. `5xx`, so clients are
+    /// not charged for the server's failures), with one more store call only for those.
+    #[must_use]
+    pub fn refund_if<F>(mut self, predicate: F) -> Self
+    where
+        F: Fn(StatusCode) -> bool + Send + Sync + 'static,
+    {
+        self.refund_if = Some(Arc::new(predicate));
+        self
+    }
+
+    /// Applies the policy only to requests with this method (`None`: any method) and path
+    /// pattern; may be called several times. The pattern is compared with axum's matched route
+    /// (e.g. `/users/{id}`) when there is one, else with the URI path; a trailing `*` matches
+    /// by prefix. Without any route, the policy applies to every request.
+    #[must_use]
+    pub fn route(mut self, method: Option<Method>, path: impl Into<String>) -> Self {
+        self.routes.push(Route {
+            method,
+            path: path.into(),
+        });
+        self
+    }
+
+    /// Skips the policy for requests the predicate accepts (an allow-list): they consume
+    /// nothing from it.
+    #[must_use]
+    pub fn exempt_if<F>(mut self, predicate: F) -> Self
+    where
+        F: Fn(&RequestRef<'_>) -> bool + Send + Sync + 'static,
+    {
+        self.exempt = Some(Arc::new(predicate));
+        self
+    }
+
+    /// Adds a tier: the same algorithm with another quota, chosen per request by
+    /// [`select_tier`](Self::select_tier) or per key by [`tier_for_key`](Self::tier_for_key).
+    /// Each tier keeps its own state, named `POLICY:TIER`.
+    ///
+    /// ```
+    /// use tower_ratelimit::{Policy, key::Key};
+    ///
+    /// #[derive(Clone)]
+    /// enum Plan { Free, Pro }
+    ///
+    /// // Free users 100 per hour, pro users 10,000; the plan comes from an auth layer.
+    /// let plans = Policy::gcra("100/h")
+    ///     .name("plan")
+    ///     .tier("pro", "10000/h")
+    ///     .select_tier(|req| match req.extensions().get::<Plan>() {
+    ///         Some(Plan::Pro) => Some("pro".to_owned()),
+    ///         _ => None, // the policy's own quota
+    ///     })
+    ///     .tier_for_key(Key::from("partner-42"), "pro");
+    /// # let _ = plans;
+    /// ```
+    #[must_use]
+    pub fn tier<Q>(mut self, name: impl Into<String>, quota: Q) -> Self
+    where
+        Q: TryInto<Quota>,
+        Q::Error: Into<ConfigError>,
+    {
+        self.tiers
+            .push((name.into(), quota.try_into().map_err(Into::into)));
+        self
+    }
+
+    /// Chooses a tier per request; `None`, or a name that is not a tier, means the policy's
+    /// own quota.
+    #[must_use]
+    pub fn select_tier<F>(mut self, select: F) -> Self
+    where
+        F: Fn(&RequestRef<'_>) -> Option<String> + Send + Sync + 'static,
+    {
+        self.tier_of = Some(Arc::new(select));
+        self
+    }
+
+    /// Puts one key in a tier, whatever [`select_tier`](Self::select_tier) says.
+    #[must_use]
+    pub fn tier_for_key(mut self, key: impl Into<Key>, tier: impl Into<String>) -> Self {
+        self.tier_overrides.push((key.into(), tier.into()));
+        self
+    }
+
+    /// Lets each instance take up to `units` units of a key's limit from the store at once,
+    /// and admit the key's requests from them locally, without a store call, until they are
+    /// spent or the lease ends ([`lease_ttl`](Self::lease_ttl)); units left are given back.
+    ///
+    /// A lease turns a hot key's store calls from one per request into about one per `units`
+    /// requests, and a lease in hand keeps admitting while the store is down, until it ends.
+    /// The limit still holds across every instance: the store counts a lease's units as
+    /// spent at the worst moment the lease allows, so no interleaving of instances admits
+    /// more than the algorithm would. What it trades is the other way: units in another
+    /// instance's lease are not available here, so up to `instances × units` units may go
+    /// unused until the leases end, and the headers of a request admitted from a lease
+    /// describe the key as of the lease's grant. Sizes start small and grow while the key is
+    /// busy: a key seen once is decided as without a lease. See the crate docs' section on
+    /// leases.
+    ///
+    /// The units are capped by the policy's limit (burst for the bucket algorithms): a lease
+    /// of 0 units, or of more than that, is a configuration error. A lease cannot be combined
+    /// with [`shadow`](Self::shadow) or [`charge_if`](Self::charge_if), which never charge
+    /// up front. On a [`MemoryStore`](crate::MemoryStore) a lease works the same but saves
+    /// nothing: the store is already in the process.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimit::Policy;
+    ///
+    /// // A global budget of 10,000 requests a minute, taken 50 at a time per instance.
+    /// let global = Policy::gcra("10000/min")
+    ///     .name("global")
+    ///     .lease(50)
+    ///     .lease_ttl(Duration::from_millis(500));
+    /// # let _ = global;
+    /// ```
+    #[must_use]
+    pub fn lease(self, units: u32) -> Self {
+        let ttl = match &self.takes {
+            Ok(Takes::Lease { ttl, .. }) => *ttl,
+            _ => None,
+        };
+        self.take_part(Takes::Lease { units, ttl })
+    }
+
+    /// How long a lease lives at most: its units are spent within this time of being taken,
+    /// or given back. Default: the smaller of one second and a tenth of the quota's window.
+    /// A fixed-window lease also ends with its window, a sliding-window lease with its
+    /// sub-window bucket. Shorter leases bring unused units back sooner; longer ones let a
+    /// quiet key keep its lease. Call it after [`lease`](Self::lease).
+    #[must_use]
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.takes = match self.takes {
+            Ok(Takes::Lease { units, .. }) => Ok(Takes::Lease {
+                units,
+                ttl: Some(ttl),
+            }),
+            Ok(_) => Err(ConfigError::new(
+                "lease_ttl without a lease; add .lease(units) before .lease_ttl()",
+            )),
+            Err(e) => Err(e),
+        };
+        self
+    }
+
+    /// What the policy's units are, for the IETF `RateLimit-Policy` field's `qu` parameter
+    /// (default [`QuotaUnit::Requests`], which is not written). Say
+    /// [`QuotaUnit::ContentBytes`] for a policy whose [`cost`](Self::cost) counts bytes:
+    ///
+    /// ```
+    /// use tower_ratelimit::{Policy, QuotaUnit};
+    ///
+    /// // 10 MB of uploads a minute: `"uploads";q=10000000;qu="content-bytes";w=60`.
+    /// let uploads = Policy::token_bucket("10000000/min")
+    ///     .name("uploads")
+    ///     .unit(QuotaUnit::ContentBytes)
+    ///     .cost(|req| {
+    ///         req.headers()
+    ///             .get(http::header::CONTENT_LENGTH)
+    ///             .and_then(|v| v.to_str().ok()?.parse().ok())
+    ///             .unwrap_or(1)
+    ///     });
+    /// # let _ = uploads;
+    /// ```
+    #[must_use]
+    pub fn unit(mut self, unit: QuotaUnit) -> Self {
+        self.unit = unit;
+        self
+    }
+
+    /// Makes a request this policy would reject wait instead, when it can be admitted within
+    /// `max`: its slot in the future is reserved (charged) in the store in the same atomic step
+    /// that decides it, so instances sharing a store queue on one schedule, first come first
+    /// served; the layer then waits until that slot before calling the inner service. A
+    /// request whose slot is further away than `max` is rejected at once, as without a wait
+    /// (NGINX's `limit_req ... delay`, governor's `until_ready`).
+    ///
+    /// Every algorithm can reserve: GCRA and the buckets book their next free moment, the
+    /// windows the first window (or sub-window) with room, the sliding log stamps the entry at
+    /// its slot. A request whose client goes away while it waits gives its slot back. How many
+    /// requests wait at once is bounded by what the policy admits within `max`.
+    ///
+    /// `max` must be between 1 microsecond and one hour; a shadow policy, a policy that
+    /// charges after the response ([`charge_if`](Self::charge_if)) and a policy that takes
+    /// leases cannot wait: [`build`](crate::RateLimitLayerBuilder::build) says so.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimit::Policy;
+    ///
+    /// // 10 requests a second; a burst beyond that is smoothed out over up to half a second.
+    /// let smooth = Policy::gcra("10/s").wait_up_to(Duration::from_millis(500));
+    /// # let _ = smooth;
+    /// ```
+    #[must_use]
+    pub fn wait_up_to(self, max: Duration) -> Self {
+        self.take_part(Takes::Wait { max })
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+}

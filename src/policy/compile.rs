@@ -1,0 +1,372 @@
+//! A [`Policy`] checked and compiled: its tiers named, their algorithms precomputed, how they
+//! take part in a decision ([`Part`]), ready to register in a store and to build into a
+//! [`CompiledPolicy`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::builder::{CostFn, MAX_WAIT, Policy, Takes};
+use super::compiled::{CompiledPolicy, Striped};
+use super::tier::{LeaseSpec, Part, Registered, Tier};
+use crate::algorithm::Compiled;
+use crate::error::ConfigError;
+use crate::key::KeyExtractor;
+use crate::quota::{Quota, QuotaUnit};
+use crate::reload::TierSummary;
+
+impl Policy {
+    /// Whether the policy limits requests in flight.
+    pub(crate) fn holds(&self) -> bool {
+        matches!(self.takes, Ok(Takes::Hold { .. }))
+    }
+
+    /// Whether requests may wait for a reserved slot.
+    pub(crate) fn waits(&self) -> bool {
+        matches!(self.takes, Ok(Takes::Wait { .. }))
+    }
+
+    /// Whether the policy takes leases.
+    pub(crate) fn takes_leases(&self) -> bool {
+        matches!(self.takes, Ok(Takes::Lease { .. }))
+    }
+
+    /// How a tier of the policy with `quota` and `compiled` takes part in a decision, checked.
+    fn part(&self, quota: &Quota, compiled: &Compiled) -> Result<Part, ConfigError> {
+        Ok(match self.takes.clone()? {
+            Takes::Enforce => Part::Enforce,
+            Takes::Shadow => Part::Shadow,
+            Takes::ChargeIf(when) => Part::ChargeLater(when),
+            Takes::Hold { .. } => Part::Hold,
+            Takes::Wait { max } => {
+                if max.is_zero() || max > MAX_WAIT {
+                    return Err(ConfigError::new(
+                        "wait_up_to must be between 1 microsecond and one hour",
+                    ));
+                }
+                Part::Reserve {
+                    max_wait_us: max.as_micros() as u64,
+                }
+            }
+            Takes::Lease { units, ttl } => Part::Lease(lease(units, ttl, quota, compiled)?),
+        })
+    }
+
+    /// What a policy limiting requests in flight cannot have, checked; a rate policy cannot
+    /// count requests in flight.
+    fn check_unit(&self) -> Result<(), ConfigError> {
+        if !self.holds() {
+            if self.unit == QuotaUnit::ConcurrentRequests {
+                return Err(ConfigError::new(
+                    "a rate policy counts requests over time, not requests in flight; \
+                     use QuotaUnit::Requests or QuotaUnit::ContentBytes",
+                ));
+            }
+            return Ok(());
+        }
+        let conflict = if self.refund_if.is_some() {
+            Some("refund_if")
+        } else if !self.tiers.is_empty() {
+            Some("tiers")
+        } else if self.burst.is_some() {
+            Some("a burst")
+        } else if self.unit != QuotaUnit::ConcurrentRequests {
+            Some("another unit than concurrent requests")
+        } else {
+            None
+        };
+        match conflict {
+            Some(what) => Err(ConfigError::new(format!(
+                "a concurrency policy counts requests in flight; it takes no {what}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The same policy with every limit and burst divided by `divisor` (never below 1), for
+    /// the local fallback of [`FailurePolicy::Local`](crate::FailurePolicy::Local), which
+    /// takes no leases.
+    fn divided(&self, divisor: u32) -> Policy {
+        let d = divisor.max(1);
+        let divide = |q: &Result<Quota, ConfigError>| q.clone().and_then(|q| Ok(q.divided(d)?));
+        let mut p = self.clone();
+        if p.takes_leases() {
+            p.takes = Ok(Takes::Enforce);
+        }
+        p.quota = divide(&self.quota);
+        p.burst = self.burst.map(|b| (b / d).max(1));
+        p.tiers = self
+            .tiers
+            .iter()
+            .map(|(name, q)| (name.clone(), divide(q)))
+            .collect();
+        p
+    }
+
+    /// Validates everything and precomputes the algorithm's constants, registering nothing:
+    /// the policy's own quota first, then one entry per tier; and the same, divided by
+    /// `fallback_divisor`, for the local fallback store.
+    pub(crate) fn prepare(
+        &self,
+        fallback_divisor: Option<u32>,
+    ) -> Result<Prepared<'_>, ConfigError> {
+        let fallback = match fallback_divisor {
+            Some(divisor) => Some(self.divided(divisor).tiers_compiled()?),
+            None => None,
+        };
+        Ok(Prepared {
+            policy: self,
+            tiers: self.tiers_compiled()?,
+            fallback,
+        })
+    }
+
+    /// The policy's own quota and each tier, named and compiled.
+    fn tiers_compiled(&self) -> Result<Vec<CompiledTier>, ConfigError> {
+        let described = match &self.name {
+            Some(n) => format!("policy {n:?}"),
+            None => format!("{} policy", self.algorithm),
+        };
+        let context = |e: ConfigError| e.context(&described);
+        self.takes.as_ref().map_err(|e| context(e.clone()))?;
+        self.check_unit().map_err(context)?;
+        if !self.tiers.is_empty() && self.name.is_none() {
+            return Err(context(ConfigError::new(
+                "a policy with tiers needs a name",
+            )));
+        }
+        let quota = self.quota.clone().map_err(context)?;
+        let base = match &self.name {
+            Some(n) => {
+                validate_name(n).map_err(context)?;
+                n.clone()
+            }
+            None => self.default_name(&quota),
+        };
+        let mut out = vec![self.tier_compiled(Arc::from(base.as_str()), quota, &described)?];
+        for (tier, quota) in &self.tiers {
+            let described = format!("{described}, tier {tier:?}");
+            let name = format!("{base}:{tier}");
+            validate_name(&name).map_err(|e| e.context(&described))?;
+            if out.iter().any(|t| *t.name == *name) {
+                return Err(ConfigError::new("two tiers share a name").context(&described));
+            }
+            let quota = quota.clone().map_err(|e| e.context(&described))?;
+            out.push(self.tier_compiled(Arc::from(name), quota, &described)?);
+        }
+        for (_, tier) in &self.tier_overrides {
+            if !self.tiers.iter().any(|(t, _)| t == tier) {
+                return Err(context(ConfigError::new(format!(
+                    "tier_for_key names the tier {tier:?}, which was not added with .tier()"
+                ))));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The name of a policy without one: what it is, with the parameters that change it, so
+    /// that two different policies never share one by accident.
+    fn default_name(&self, quota: &Quota) -> String {
+        if self.holds() {
+            return format!("concurrency:{}", quota.limit());
+        }
+        let mut name = format!("{}:{quota}", self.algorithm);
+        if let Some(burst) = self.burst {
+            name.push_str(&format!(":burst{burst}"));
+        }
+        if let Some(buckets) = self.options.buckets {
+            name.push_str(&format!(":buckets{buckets}"));
+        }
+        name
+    }
+
+    /// One tier of the policy, with `quota`, compiled under `name`.
+    fn tier_compiled(
+        &self,
+        name: Arc<str>,
+        quota: Quota,
+        described: &str,
+    ) -> Result<CompiledTier, ConfigError> {
+        let algorithm = self.compile_quota(quota, described)?;
+        let part = self
+            .part(&quota, &algorithm)
+            .map_err(|e| e.context(described))?;
+        Ok(CompiledTier {
+            name,
+            algorithm,
+            part,
+            about: self.about(&quota),
+        })
+    }
+
+    /// What a tier of the policy with `quota` is, in a few words (e.g. `gcra 10/s burst 20`),
+    /// for the report of a reload.
+    fn about(&self, quota: &Quota) -> String {
+        let mut about = match self.holds() {
+            true => format!(
+                "concurrency {}, held at most {:?}",
+                quota.limit(),
+                Duration::from_micros(quota.window_us())
+            ),
+            false => format!("{} {quota}", self.algorithm),
+        };
+        if let Some(burst) = self.burst {
+            about.push_str(&format!(" burst {burst}"));
+        }
+        if let Some(buckets) = self.options.buckets {
+            about.push_str(&format!(" buckets {buckets}"));
+        }
+        about
+    }
+
+    fn compile_quota(&self, mut quota: Quota, described: &str) -> Result<Compiled, ConfigError> {
+        if let Some(burst) = self.burst {
+            if !self.algorithm.has_burst() {
+                return Err(ConfigError::new(format!(
+                    "{} has no burst; use token_bucket, leaky_bucket or gcra for a burst different from the limit",
+                    self.algorithm
+                ))
+                .context(described));
+            }
+            quota = quota
+                .try_with_burst(burst)
+                .map_err(|e| ConfigError::from(e).context(described))?;
+        }
+        Compiled::new(self.algorithm, quota, self.options).map_err(|e| e.context(described))
+    }
+}
+
+/// The lease of `units` living at most `ttl` of a tier with `quota` and `compiled`, checked.
+fn lease(
+    units: u32,
+    ttl: Option<Duration>,
+    quota: &Quota,
+    compiled: &Compiled,
+) -> Result<LeaseSpec, ConfigError> {
+    let capacity = compiled.reported_limit();
+    if units == 0 || u64::from(units) > capacity {
+        return Err(ConfigError::new(format!(
+            "a lease must be between 1 unit and the policy's limit of {capacity} (got {units})"
+        )));
+    }
+    let window = quota.window_us();
+    let ttl_us = match ttl {
+        Some(ttl) => {
+            let us = u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX);
+            if us == 0 || us > window {
+                return Err(ConfigError::new(format!(
+                    "lease_ttl must be between 1 microsecond and the quota's window of {window}us (got {us}us)"
+                )));
+            }
+            us
+        }
+        None => (window / 10).clamp(1, 1_000_000),
+    };
+    Ok(LeaseSpec::new(u64::from(units), ttl_us))
+}
+
+fn validate_name(name: &str) -> Result<(), ConfigError> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || "-_.:/".contains(c);
+    if name.is_empty() || name.len() > 64 || !name.chars().all(ok_char) {
+        return Err(ConfigError::new(
+            "a policy name must be 1 to 64 characters of letters, digits and -_.:/",
+        ));
+    }
+    Ok(())
+}
+
+/// A tier of a policy compiled: its name, algorithm, how it takes part in a decision, and
+/// what it is in a few words.
+struct CompiledTier {
+    name: Arc<str>,
+    algorithm: Compiled,
+    part: Part,
+    about: String,
+}
+
+/// A policy validated and precomputed, not yet registered in a store.
+pub(crate) struct Prepared<'p> {
+    policy: &'p Policy,
+    tiers: Vec<CompiledTier>,
+    fallback: Option<Vec<CompiledTier>>,
+}
+
+impl Prepared<'_> {
+    /// The names of the policy's tiers, its own quota first.
+    pub(crate) fn names(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.tiers.iter().map(|t| &t.name)
+    }
+
+    /// The tiers to register in the store, by name.
+    pub(crate) fn tiers(&self) -> impl Iterator<Item = (Arc<str>, Compiled)> + '_ {
+        self.tiers
+            .iter()
+            .map(|t| (t.name.clone(), t.algorithm.clone()))
+    }
+
+    /// What each tier is, by name, for the report of a reload.
+    pub(crate) fn summary(&self) -> impl Iterator<Item = TierSummary> + '_ {
+        self.tiers
+            .iter()
+            .map(|t| TierSummary::new(t.name.clone(), t.algorithm.clone(), t.about.clone()))
+    }
+
+    /// The tiers to register in the local fallback store, by name (none without one).
+    pub(crate) fn fallback_tiers(&self) -> impl Iterator<Item = (Arc<str>, Compiled)> + '_ {
+        self.fallback
+            .iter()
+            .flatten()
+            .map(|t| (t.name.clone(), t.algorithm.clone()))
+    }
+
+    /// Compiles the policy into its runtime form, its tiers registered as `store` (and
+    /// `fallback`) say, in the order of [`tiers`](Self::tiers) (and of
+    /// [`fallback_tiers`](Self::fallback_tiers)); `key` and `cost` are the layer's, for a
+    /// policy without its own.
+    pub(crate) fn build(
+        self,
+        key: &Arc<dyn KeyExtractor>,
+        cost: &Option<CostFn>,
+        store: &mut dyn Iterator<Item = Registered>,
+        fallback: &mut dyn Iterator<Item = Registered>,
+    ) -> CompiledPolicy {
+        let p = self.policy;
+        let build = |at: &mut dyn Iterator<Item = Registered>, tiers: Vec<CompiledTier>| {
+            tiers
+                .into_iter()
+                .map(|t| {
+                    let at = at.next().expect("one registration per tier");
+                    Striped::new(|| {
+                        Tier::new(t.name.clone(), at, t.algorithm.clone(), t.part.clone())
+                            .with_unit(p.unit)
+                    })
+                })
+                .collect::<Box<[_]>>()
+        };
+        let tiers = build(store, self.tiers);
+        let fallback = self.fallback.map(|tiers| build(fallback, tiers));
+        let tier_names: HashMap<String, usize> = p
+            .tiers
+            .iter()
+            .enumerate()
+            .map(|(i, (t, _))| (t.clone(), i + 1))
+            .collect();
+        let tier_overrides = p
+            .tier_overrides
+            .iter()
+            .map(|(k, t)| (k.clone(), tier_names[t]))
+            .collect();
+        CompiledPolicy {
+            tiers,
+            fallback,
+            tier_names,
+            tier_of: p.tier_of.clone(),
+            tier_overrides,
+            key: p.key.clone().unwrap_or_else(|| key.clone()),
+            cost: p.cost.clone().or_else(|| cost.clone()),
+            refund_if: p.refund_if.clone(),
+            routes: p.routes.clone(),
+            exempt: p.exempt.clone(),
+        }
+    }
+}

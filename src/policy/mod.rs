@@ -1,0 +1,13 @@
+//! Policies: an algorithm, a quota and a name ([`Policy`], the public builder), how each takes
+//! part in a decision ([`Takes`], one value), and their compiled forms: [`CompiledPolicy`] as
+//! the engine plans a request with it, [`Tier`] as stores and decisions know each quota.
+
+mod builder;
+mod compile;
+mod compiled;
+mod tier;
+
+pub(crate) use builder::{CostFn, RequestFn, StatusFn};
+pub use builder::{DEFAULT_MAX_DURATION, Policy};
+pub(crate) use compiled::CompiledPolicy;
+pub(crate) use tier::{LeaseSpec, Part, Registered, Tier};

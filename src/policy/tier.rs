@@ -1,0 +1,232 @@
+//! [`Tier`]: one quota of a compiled policy as stores and decisions know it, with how it takes
+//! part in a decision ([`Part`]).
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::HeaderValue;
+
+use super::builder::StatusFn;
+use crate::algorithm::Compiled;
+use crate::headers::value::number;
+use crate::quota::QuotaUnit;
+
+/// Where a policy tier is registered in a store: its id, the same for every definition its
+/// name has had (so a reloaded policy finds its keys again), and the number of its present
+/// definition (a state written under another is converted before it is used).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Registered {
+    pub(crate) id: u32,
+    pub(crate) def: u32,
+}
+
+/// `n` in base 36, lowercase (Lua reads it back with `tonumber(text, 36)`).
+fn base36(mut n: u64) -> String {
+    let mut digits = Vec::new();
+    loop {
+        digits.push(b"0123456789abcdefghijklmnopqrstuvwxyz"[(n % 36) as usize]);
+        n /= 36;
+        if n == 0 {
+            break;
+        }
+    }
+    digits.reverse();
+    String::from_utf8(digits).expect("ASCII digits")
+}
+
+/// One quota of a compiled policy, as stores and decisions know it (the policy's own quota is
+/// its first tier): name, id in the store, algorithm; and what every response for it reuses,
+/// built once: its limit as a header value and its metrics keys.
+#[derive(Debug)]
+pub(crate) struct Tier {
+    name: Arc<str>,
+    id: u32,
+    /// The number of the tier's definition in its store: a state written under another is
+    /// converted before it is used.
+    def: u32,
+    algorithm: Compiled,
+    /// The tag of the tier's definition in the Redis script: a tilde, the algorithm's id and
+    /// its parameters in base 36, written after every state (see `store` in `helpers.lua`).
+    tag: Box<str>,
+    /// The limit clients are told, as a header value.
+    limit_header: HeaderValue,
+    /// `ratelimit_decisions_total{policy, outcome}` for allowed, limited and shadow-limited,
+    /// so that counting a decision allocates no label list.
+    decisions_metric: [metrics::Key; 3],
+    /// How the tier takes part in a decision.
+    part: Part,
+    /// What the tier's units are (the IETF `qu`).
+    unit: QuotaUnit,
+}
+
+/// How a policy tier takes part in a decision (its [`Takes`](super::builder::Takes),
+/// checked and compiled for the tier): the one value every other piece asks.
+#[derive(Clone)]
+pub(crate) enum Part {
+    /// Decided and charged up front.
+    Enforce,
+    /// Decided, charged and reported, never rejecting.
+    Shadow,
+    /// Decided up front, charged after responses whose status matches.
+    ChargeLater(StatusFn),
+    /// Decided up front, from the leases each instance takes of a key.
+    Lease(LeaseSpec),
+    /// Decided up front; a request admitted within `max_wait_us` waits for its slot.
+    Reserve { max_wait_us: u64 },
+    /// Each request holds its slots while it is in flight.
+    Hold,
+}
+
+impl fmt::Debug for Part {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Part::Enforce => f.write_str("Enforce"),
+            Part::Shadow => f.write_str("Shadow"),
+            Part::ChargeLater(_) => f.write_str("ChargeLater"),
+            Part::Lease(spec) => f.debug_tuple("Lease").field(spec).finish(),
+            Part::Reserve { max_wait_us } => f
+                .debug_struct("Reserve")
+                .field("max_wait_us", max_wait_us)
+                .finish(),
+            Part::Hold => f.write_str("Hold"),
+        }
+    }
+}
+
+/// A policy tier's lease: how many units an instance takes at once, and for how long at most.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LeaseSpec {
+    units: u64,
+    ttl_us: u64,
+}
+
+impl LeaseSpec {
+    pub(crate) fn new(units: u64, ttl_us: u64) -> Self {
+        LeaseSpec { units, ttl_us }
+    }
+
+    /// Units taken at once.
+    pub(crate) fn units(&self) -> u64 {
+        self.units
+    }
+
+    /// The longest life of a lease, in microseconds.
+    pub(crate) fn ttl_us(&self) -> u64 {
+        self.ttl_us
+    }
+}
+
+impl Tier {
+    pub(crate) fn new(name: Arc<str>, at: Registered, algorithm: Compiled, part: Part) -> Self {
+        let (lua_id, params) = algorithm.lua_args();
+        // In base 36, to keep a state and its tag within the 44 bytes Redis stores in one
+        // allocation (an "embstr").
+        let params: Vec<String> = params.iter().map(|&n| base36(n)).collect();
+        let tag = format!("~{lua_id}:{}", params.join(",")).into_boxed_str();
+        let limit_header = number(algorithm.reported_limit());
+        let decisions_metric = ["allowed", "limited", "shadow_limited"].map(|outcome| {
+            metrics::Key::from_parts(
+                "ratelimit_decisions_total",
+                vec![
+                    metrics::Label::new("policy", metrics::SharedString::from(name.clone())),
+                    metrics::Label::from_static_parts("outcome", outcome),
+                ],
+            )
+        });
+        Tier {
+            name,
+            id: at.id,
+            def: at.def,
+            algorithm,
+            tag,
+            limit_header,
+            decisions_metric,
+            part,
+            unit: QuotaUnit::Requests,
+        }
+    }
+
+    /// How the tier takes part in a decision.
+    pub(crate) fn part(&self) -> &Part {
+        &self.part
+    }
+
+    /// Whether the tier limits requests in flight.
+    pub(crate) fn holds(&self) -> bool {
+        matches!(self.part, Part::Hold)
+    }
+
+    /// The longest wait for a reserved slot, in microseconds (0: requests never wait).
+    pub(crate) fn wait_us(&self) -> u64 {
+        match self.part {
+            Part::Reserve { max_wait_us } => max_wait_us,
+            _ => 0,
+        }
+    }
+
+    /// The same tier counting `unit`s.
+    pub(crate) fn with_unit(mut self, unit: QuotaUnit) -> Self {
+        self.unit = unit;
+        self
+    }
+
+    /// What the tier's units are.
+    pub(crate) fn unit(&self) -> QuotaUnit {
+        self.unit
+    }
+
+    /// The tier's lease, if it takes leases.
+    pub(crate) fn lease(&self) -> Option<LeaseSpec> {
+        match self.part {
+            Part::Lease(spec) => Some(spec),
+            _ => None,
+        }
+    }
+
+    /// The tier's name: the policy's, then `:TIER` for a named tier.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The tier's name as a metric label value, shared, not copied.
+    pub(crate) fn label(&self) -> metrics::SharedString {
+        metrics::SharedString::from(self.name.clone())
+    }
+
+    /// The tier's id in its store.
+    pub(crate) fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The number of the tier's definition in its store.
+    pub(crate) fn def(&self) -> u32 {
+        self.def
+    }
+
+    /// The tag of the tier's definition in the Redis script.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn tag(&self) -> &str {
+        &self.tag
+    }
+
+    pub(crate) fn algorithm(&self) -> &Compiled {
+        &self.algorithm
+    }
+
+    /// `X-RateLimit-Limit`.
+    pub(crate) fn limit_header(&self) -> &HeaderValue {
+        &self.limit_header
+    }
+
+    /// Counts one decision of this tier in `ratelimit_decisions_total`.
+    pub(crate) fn count(&self, allowed: bool, shadow: bool) {
+        static METADATA: metrics::Metadata<'static> =
+            metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+        let key = &self.decisions_metric[match (allowed, shadow) {
+            (true, _) => 0,
+            (false, false) => 1,
+            (false, true) => 2,
+        }];
+        metrics::with_recorder(|r| r.register_counter(key, &METADATA).increment(1));
+    }
+}

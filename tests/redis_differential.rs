@@ -409,3 +409,109 @@ async fn leases_are_counted_alike_in_both_stores() {
     assert_eq!(steps, 6 * sequences_per_algorithm as usize * 30);
     assert_no_key_without_ttl(&server, "diffl:");
 }
+
+/// Concurrency limits, decided by the twins (`HOLD` and `RELEASE`): the same requests start,
+/// end, are dropped before their decision comes, or are lost with their instance (their slots
+/// never given back, until the limit's longest hold frees them), at the same times, through a
+/// layer whose concurrency policy is alone or beside a rate policy (decided atomically: no slot
+/// taken when the rate policy rejects). Both stores answer alike and keep the same slots taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_limits_hold_alike_in_both_stores() {
+    use http::{Request, Response};
+    use support::http::{Seen, inner};
+    use tower::{Layer, ServiceExt};
+    use tower_ratelimit::key::GlobalKey;
+
+    /// A response's status and rate-limit headers.
+    fn seen<B>(r: &Response<B>) -> (u16, Vec<Option<String>>) {
+        let names = ["x-ratelimit-limit", "x-ratelimit-remaining", "retry-after"];
+        let header = |n: &str| r.headers().get(n).map(|v| v.to_str().unwrap().to_owned());
+        (
+            r.status().as_u16(),
+            names.iter().map(|n| header(n)).collect(),
+        )
+    }
+
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let redis = server.store("diffc:", &clock).await;
+    let sequences = 80;
+    let (mut steps, mut held, mut lost) = (0, 0, 0);
+    for seq in 0..sequences {
+        let seed = 11 << 40 | seq;
+        let mut rng = Rng::new(seed);
+        let max = Duration::from_micros(rng.range(2_000, 20_000));
+        let mut policies = vec![
+            Policy::concurrency(rng.range(1, 4) as u32)
+                .name(format!("c-{seq}"))
+                .max_duration(max),
+        ];
+        if rng.range(0, 1) == 1 {
+            let algorithm = Algorithm::ALL[rng.range(0, 5) as usize];
+            policies.push(random_policy(&mut rng, algorithm, format!("c-{seq}-rate")));
+        }
+        let builder = || {
+            RateLimitLayer::builder()
+                .policies(policies.clone())
+                .key(GlobalKey)
+                .clock(clock.clone())
+        };
+        let memory = MemoryStore::with_clock(clock.clone());
+        let on_memory = builder().store(memory).build().unwrap();
+        let on_redis = builder().store(redis.clone()).build().unwrap();
+        let seen_by = Seen::default();
+        let (svc_m, svc_r) = (
+            on_memory.clone().layer(inner(&seen_by)),
+            on_redis.clone().layer(inner(&seen_by)),
+        );
+        let mut in_flight = Vec::new();
+        for step in 0..30 {
+            let what = format!("seed {seed} step {step}");
+            match rng.range(0, 11) {
+                0..=4 => {
+                    let (m, r) = (
+                        svc_m.clone().oneshot(Request::new(())).await.unwrap(),
+                        svc_r.clone().oneshot(Request::new(())).await.unwrap(),
+                    );
+                    assert_eq!(seen(&m), seen(&r), "{what}: a request starts");
+                    if m.status().is_success() {
+                        in_flight.push((m, r));
+                        held += 1;
+                    }
+                }
+                5 | 6 if !in_flight.is_empty() => {
+                    // A request ends: its body is dropped, and its slots go back.
+                    let i = rng.range(0, in_flight.len() as u64 - 1) as usize;
+                    drop(in_flight.swap_remove(i));
+                }
+                7 if !in_flight.is_empty() => {
+                    // Its instance is lost: the slots are never given back.
+                    let i = rng.range(0, in_flight.len() as u64 - 1) as usize;
+                    std::mem::forget(in_flight.swap_remove(i));
+                    lost += 1;
+                }
+                8 => {
+                    // A request dropped before its decision is read: whatever it took goes
+                    // back (in Redis, once the abandoned decision has come).
+                    drop(svc_m.clone().oneshot(Request::new(())));
+                    drop(svc_r.clone().oneshot(Request::new(())));
+                }
+                _ => clock.advance_micros(rng.range(1, max.as_micros() as u64 / 2)),
+            }
+            let key = Key::global();
+            let memory_sees = summary(&on_memory.check(&key, 0).await.unwrap());
+            support::eventually(
+                &format!("{what}: both stores hold the same slots"),
+                async || summary(&on_redis.check(&key, 0).await.unwrap()) == memory_sees,
+            )
+            .await;
+            steps += 1;
+        }
+    }
+    assert_eq!(steps, sequences as usize * 30);
+    assert!(
+        held > 300 && lost > 20,
+        "the sequences hold slots: {held}, lose {lost}"
+    );
+    assert_no_key_without_ttl(&server, "diffc:");
+}

@@ -32,19 +32,26 @@ use http::{Response, StatusCode};
 
 use crate::body::HeldSlots;
 use crate::clock::Clock;
-use crate::decision::{Decision, Grant, PolicyOutcome};
+use crate::decision::{Decision, PolicyOutcome};
 use crate::error::{ConfigError, FailurePolicy, StoreError, StoreErrorKind};
 use crate::grpc::ResponseStyle;
 use crate::headers::{HeaderConfig, RateLimitHeaders};
 use crate::key::{Key, KeyExtractor, RequestRef};
 use crate::lease::{self, Asking, LeaseWait, Leases};
-use crate::policy::{CompiledPolicy, CostFn, Policy, RequestFn, StatusFn, Tier};
-use crate::reload::{ReloadReport, TierSummary};
+use crate::policy::{CompiledPolicy, CostFn, Policy, RequestFn, StatusFn};
+use crate::reload::TierSummary;
 use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Permit};
 use crate::response::Responses;
-use crate::store::private::Sealed as _;
-use crate::store::{Check, Checks, MemoryStore, Op, Store, lock};
-use crate::top::{LimitedKey, TopLimited, TopLimitedService, TopReport, Tracker};
+use crate::store::{Check, Checks, MemoryStore, Op, Store};
+use crate::telemetry::{decision_span, record_outcome, traced};
+use crate::top::{TopLimited, Tracker};
+
+mod admin;
+mod policies;
+mod slots;
+mod trace;
+
+pub(crate) use slots::Abandoned;
 
 /// What a layer is configured with, besides its store: the builder fills it in, and
 /// [`Limiter::new`] checks and compiles it.
@@ -213,14 +220,6 @@ pub(crate) struct Ticket {
     span: Span,
 }
 
-/// The slots an outcome took: of a concurrency limit, or reserved for a wait.
-fn taken(o: &PolicyOutcome) -> Option<&Grant> {
-    o.held().or_else(|| o.reservation())
-}
-
-/// What lets an abandoned decision finish and gives back the slots it took.
-pub(crate) type Abandoned<F> = Box<dyn FnOnce(F) + Send>;
-
 /// A request's checks as (tier id, key, cost).
 type Keys = Vec<(u32, Key, u64)>;
 
@@ -268,71 +267,6 @@ impl<St> Limiter<St> {
     }
 }
 
-/// Policies checked and compiled, with their tiers registered.
-struct CompiledSet {
-    policies: Box<[CompiledPolicy]>,
-    /// What each tier is, by name, for a reload's report.
-    summary: Vec<TierSummary>,
-    leases: bool,
-    waits: bool,
-    holds: bool,
-}
-
-/// Checks `policies`, registers their tiers in `store` (and `fallback`) all or none, the names
-/// `replacing` accepts taking new definitions, and compiles them.
-fn compile<St: Store>(
-    policies: &[Policy],
-    store: &St,
-    fallback: Option<&MemoryStore>,
-    divisor: Option<u32>,
-    key: &Arc<dyn KeyExtractor>,
-    cost: &Option<CostFn>,
-    replacing: &dyn Fn(&str) -> bool,
-) -> Result<CompiledSet, ConfigError> {
-    if policies.is_empty() {
-        return Err(ConfigError::new(
-            "no policy: add one with .policy(Policy::gcra(\"10/s\")) or similar",
-        ));
-    }
-    // Check everything before registering anything in the (maybe shared) store.
-    let mut prepared = Vec::with_capacity(policies.len());
-    let mut names: Vec<Arc<str>> = Vec::new();
-    for policy in policies {
-        let p = policy.prepare(divisor)?;
-        for name in p.names() {
-            if names.contains(name) {
-                return Err(ConfigError::new(format!(
-                    "two policies are named {name:?}; give each its own name"
-                )));
-            }
-            names.push(name.clone());
-        }
-        prepared.push(p);
-    }
-    let tiers: Vec<_> = prepared.iter().flat_map(|p| p.tiers()).collect();
-    let summary = prepared.iter().flat_map(|p| p.summary()).collect();
-    let mut in_store = store.register(&tiers, replacing)?.into_iter();
-    let mut in_fallback = match fallback {
-        Some(local) => {
-            let tiers: Vec<_> = prepared.iter().flat_map(|p| p.fallback_tiers()).collect();
-            local.register(&tiers, replacing)?
-        }
-        None => Vec::new(),
-    }
-    .into_iter();
-    let compiled = prepared
-        .into_iter()
-        .map(|p| p.build(key, cost, &mut in_store, &mut in_fallback))
-        .collect();
-    Ok(CompiledSet {
-        policies: compiled,
-        summary,
-        leases: policies.iter().any(Policy::takes_leases),
-        waits: policies.iter().any(Policy::waits),
-        holds: policies.iter().any(Policy::holds),
-    })
-}
-
 impl<St: Store> Limiter<St> {
     /// Checks the whole configuration, registers the policies in `store`, and builds the engine.
     pub(crate) fn new(store: St, config: Config) -> Result<Self, ConfigError> {
@@ -343,7 +277,7 @@ impl<St: Store> Limiter<St> {
             .failure
             .divisor()
             .map(|_| MemoryStore::builder().clock(config.clock.clone()).build());
-        let set = compile(
+        let set = Self::compile(
             &config.policies,
             &store,
             fallback.as_ref(),
@@ -384,48 +318,6 @@ impl<St: Store> Limiter<St> {
             warned: AtomicU64::new(0),
             unwarned: AtomicU64::new(0),
         })
-    }
-
-    /// Replaces every policy with `policies`, at once for every request planned after it: see
-    /// [`RateLimitLayer::reload`](crate::RateLimitLayer::reload). Fails, changing nothing, on
-    /// any error a build would report, and when a policy would change its algorithm.
-    pub(crate) fn reload(&self, policies: &[Policy]) -> Result<ReloadReport, ConfigError> {
-        let mut summary = lock(&self.summary);
-        let old = self.policies.load_full();
-        let owned = |name: &str| summary.iter().any(|t| t.name() == name);
-        let set = compile(
-            policies,
-            &self.store,
-            self.fallback.as_ref(),
-            self.failure.divisor(),
-            &self.key,
-            &self.cost,
-            &owned,
-        )?;
-        let report = ReloadReport::between(&summary, &set.summary);
-        // The leases this instance holds of a tier whose definition changed, or that is gone,
-        // are forgotten (the units stay counted in the store, as spent, until the leases end).
-        // The deny cache forgets a denial made under another definition when it finds it.
-        let stale: Vec<u32> = old
-            .iter()
-            .flat_map(|p| p.tiers())
-            .filter(|tier| !report.kept(tier.name()))
-            .map(|tier| tier.id())
-            .collect();
-        if let Some(leases) = self.leases() {
-            leases.forget_tiers(&stale);
-        }
-        if set.leases {
-            self.leases.get_or_init(Leases::new);
-        }
-        self.waits.fetch_or(set.waits, Ordering::Relaxed);
-        self.holds.fetch_or(set.holds, Ordering::Relaxed);
-        if let Some(top) = &self.top {
-            top.set_policies(set.policies.iter().map(|p| p.name()));
-        }
-        self.policies.store(Arc::new(set.policies));
-        *summary = set.summary;
-        Ok(report)
     }
 
     /// Plans `request` and, where it can, decides it at once (steps 1 and 2).
@@ -654,23 +546,6 @@ impl<St: Store> Limiter<St> {
         self.finish(decision, ticket.after, ticket.keys.as_deref(), local, &span)
     }
 
-    /// A request that went away while the store decided: when it asked for slots, what
-    /// gives them back once the decision comes (`None` when it asked for none).
-    pub(crate) fn abandoned(self: &Arc<Self>, ticket: &Ticket) -> Option<Abandoned<St::Future>> {
-        if !ticket.takes_slots {
-            return None;
-        }
-        let (limiter, keys) = (self.clone(), ticket.keys.clone());
-        Some(Box::new(move |decision: St::Future| {
-            let store = limiter.store.clone();
-            let give_back = move |decision: Decision| {
-                // Dropped: the slots go back.
-                drop(limiter.slots(&decision, keys.as_deref(), false, taken, None));
-            };
-            store.finish_detached(decision, Box::new(give_back));
-        }))
-    }
-
     /// The decision's response (step 3's end): counts, headers, the limiter's own response
     /// for a denied request; for an admitted one, the charges still to make after the response
     /// (`local`: the decision is the local fallback's, where reserved slots go back to).
@@ -736,59 +611,6 @@ impl<St: Store> Limiter<St> {
         (Settled::Call(Some(headers), decision, held), after)
     }
 
-    /// What gives back the slots `pick` finds in the decision's outcomes (reserved for a
-    /// waiting request, or of a concurrency limit) when dropped: one `RELEASE` per slot, sent
-    /// to the store that decided (`local`: the local fallback), counted in `counter`. `None`
-    /// when the decision has none.
-    fn slots(
-        &self,
-        decision: &Decision,
-        keys: Option<&[(u32, Key, u64)]>,
-        local: bool,
-        pick: fn(&PolicyOutcome) -> Option<&Grant>,
-        counter: Option<&'static str>,
-    ) -> Option<HeldSlots> {
-        let mut checks = Checks::new();
-        for o in decision.outcomes() {
-            let (Some(slot), Some(keys)) = (pick(o), keys) else {
-                continue;
-            };
-            if let Some((_, key, _)) = keys.iter().find(|(id, _, _)| *id == o.tier().id()) {
-                let tier = o.tier().clone();
-                checks.push(Check::new(
-                    tier,
-                    key.clone(),
-                    slot.units,
-                    Op::Release { slot: slot.end },
-                ));
-            }
-        }
-        if checks.is_empty() {
-            return None;
-        }
-        let count = move || {
-            if let Some(name) = counter {
-                metrics::counter!(name).increment(1);
-            }
-        };
-        Some(match (local, &self.fallback) {
-            (true, Some(fallback)) => {
-                let fallback = fallback.clone();
-                HeldSlots::new(move || {
-                    count();
-                    fallback.check_detached(checks)
-                })
-            }
-            _ => {
-                let store = self.store.clone();
-                HeldSlots::new(move || {
-                    count();
-                    store.check_detached(checks)
-                })
-            }
-        })
-    }
-
     /// The store failed: the failure policy's answer, a decision of the local fallback or
     /// what to do without one.
     fn degraded(&self, ticket: &mut Ticket, error: StoreError, span: &Span) -> Degraded {
@@ -846,62 +668,6 @@ impl<St: Store> Limiter<St> {
                 self.store_failed(&error, "letting the request through");
                 Degraded::Settled(Settled::Call(None, None, None))
             }
-        }
-    }
-
-    /// Counts each policy that denied the request (shadow or not) in its summary of the keys
-    /// denied, when the layer keeps one.
-    #[inline]
-    fn record_limited(&self, decision: &Decision, keys: Option<&[(u32, Key, u64)]>) {
-        if let (Some(top), Some(keys)) = (&self.top, keys) {
-            let mut now = None;
-            for o in decision.outcomes().iter().filter(|o| !o.is_allowed()) {
-                if let Some((_, key, _)) = keys.iter().find(|(id, _, _)| *id == o.tier().id()) {
-                    let now = *now.get_or_insert_with(|| self.clock.now_micros());
-                    top.record(o.policy(), key, now);
-                }
-            }
-        }
-    }
-
-    /// The `n` keys `policy` denied most (none when the layer keeps no summary).
-    pub(crate) fn top_limited(&self, policy: &str, n: usize) -> Vec<LimitedKey> {
-        let Some(top) = &self.top else {
-            return Vec::new();
-        };
-        top.top(policy, n, self.clock.now_micros()).into_keys()
-    }
-
-    /// [`Limiter::top_limited`] of every policy, with how many requests each denied.
-    pub(crate) fn top_limited_reports(&self, n: usize) -> Vec<TopReport> {
-        match &self.top {
-            Some(top) => top.top_all(n, self.clock.now_micros()),
-            None => Vec::new(),
-        }
-    }
-
-    /// The JSON admin route of the summary.
-    pub(crate) fn top_limited_service(&self) -> TopLimitedService {
-        TopLimitedService::new(self.top.clone(), self.clock.clone())
-    }
-
-    /// Logs a decision the store failed: at `warn` at most once a second (with how many
-    /// failed since), else at `debug`, so that an outage does not log every request.
-    fn store_failed(&self, error: &StoreError, then: &str) {
-        let now = self.clock.now_micros();
-        let last = self.warned.load(Ordering::Relaxed);
-        let due = last == 0 || now.saturating_sub(last) >= 1_000_000;
-        if due
-            && self
-                .warned
-                .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            let since = self.unwarned.swap(0, Ordering::Relaxed);
-            tracing::warn!(%error, more_since_last = since, "rate-limit store failed; {then}");
-        } else {
-            self.unwarned.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(%error, "rate-limit store failed; {then}");
         }
     }
 
@@ -967,35 +733,6 @@ impl<St: Store> Limiter<St> {
         }
         (!checks.is_empty()).then(|| self.store.check(checks))
     }
-
-    /// Every policy's check for `key` without a request (in the tier the key is put in), making
-    /// the operation given or the policy's own, of the units `units` gives for the tier: the
-    /// administrative operations.
-    pub(crate) async fn decide_key(
-        &self,
-        key: &Key,
-        op: Option<Op>,
-        units: impl Fn(&Tier) -> u64,
-    ) -> Result<Decision, StoreError> {
-        // Pushed one by one: `collect` into a SmallVec goes through its generic `extend`, which
-        // costs a `check` about 100 instructions more.
-        let mut checks = Checks::new();
-        let policies = self.policies.load();
-        for p in policies.iter() {
-            let tier = p.tier_of_key(key);
-            if let (Some(leases), Some(Op::Reset | Op::Block { .. })) = (self.leases(), op) {
-                // The administrator's word is seen here at once, elsewhere by the leases' end.
-                leases.forget(tier.id(), key);
-            }
-            let op = op.unwrap_or(Op::of(tier.part()));
-            checks.push(Check::new(tier.clone(), key.clone(), units(tier), op));
-        }
-        drop(policies);
-        if let Some(decision) = self.store.decide_now(&checks) {
-            return Ok(decision);
-        }
-        self.store.check(checks).await
-    }
 }
 
 /// Marks each charge after the response with the end of the lease its policy tier's units
@@ -1004,65 +741,5 @@ impl<St: Store> Limiter<St> {
 fn set_lease_ends(after: &mut Charges, lease_end: impl Fn(u32) -> Option<u64>) {
     for a in after {
         a.lease_end = lease_end(a.check.tier().id());
-    }
-}
-
-/// The `debug` span of one decision: the policies that apply, what was decided, and how long
-/// the store took. `Span::none()` unless a subscriber enables `debug` for this crate: a
-/// disabled span of ten fields would still have its fields gathered for the `log` crate
-/// when tracing's `log` feature is on (axum's default features turn it on), several hundred
-/// instructions a request for nothing.
-#[inline]
-fn decision_span() -> Span {
-    if !tracing::enabled!(tracing::Level::DEBUG) {
-        return Span::none();
-    }
-    tracing::debug_span!(
-        "rate_limit",
-        policies = tracing::field::Empty,
-        outcome = tracing::field::Empty,
-        limited_by = tracing::field::Empty,
-        wait_ms = tracing::field::Empty,
-        store_us = tracing::field::Empty,
-        deny_cache = tracing::field::Empty,
-        lease = tracing::field::Empty,
-        degraded = tracing::field::Empty,
-        failure_policy = tracing::field::Empty,
-    )
-}
-
-/// Runs `f` on `span` only when it is enabled: recording a field looks it up by name.
-#[inline(always)]
-fn traced(span: &Span, f: impl FnOnce(&Span)) {
-    if !span.is_disabled() {
-        f(span);
-    }
-}
-
-/// Records what `decision` says in its span: `outcome` (`allowed`, `delayed` or `limited`),
-/// and the policies that denied it (shadow ones too) in `limited_by`.
-fn record_outcome(span: &Span, decision: &Decision, waits: bool) {
-    let wait = if waits {
-        decision.wait()
-    } else {
-        Default::default()
-    };
-    let outcome = match (decision.is_allowed(), wait.is_zero()) {
-        (false, _) => "limited",
-        (true, false) => "delayed",
-        (true, true) => "allowed",
-    };
-    span.record("outcome", outcome);
-    if !wait.is_zero() {
-        span.record("wait_ms", wait.as_millis() as u64);
-    }
-    let limited: Vec<&str> = decision
-        .outcomes()
-        .iter()
-        .filter(|o| !o.is_allowed())
-        .map(|o| o.policy())
-        .collect();
-    if !limited.is_empty() {
-        span.record("limited_by", limited.join(","));
     }
 }

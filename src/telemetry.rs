@@ -48,6 +48,10 @@
 //! most once a second, with how many failures went by since; the breaker logs when it opens
 //! and closes.
 
+use tracing::Span;
+
+use crate::decision::Decision;
+
 /// The kind of a metric.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -165,5 +169,65 @@ pub fn describe_metrics() {
                 metrics::describe_histogram!(m.name, metrics::Unit::Seconds, m.help)
             }
         }
+    }
+}
+
+/// The `debug` span of one decision: the policies that apply, what was decided, and how long
+/// the store took. `Span::none()` unless a subscriber enables `debug` for this crate: a
+/// disabled span of ten fields would still have its fields gathered for the `log` crate
+/// when tracing's `log` feature is on (axum's default features turn it on), several hundred
+/// instructions a request for nothing.
+#[inline]
+pub(crate) fn decision_span() -> Span {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return Span::none();
+    }
+    tracing::debug_span!(
+        "rate_limit",
+        policies = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        limited_by = tracing::field::Empty,
+        wait_ms = tracing::field::Empty,
+        store_us = tracing::field::Empty,
+        deny_cache = tracing::field::Empty,
+        lease = tracing::field::Empty,
+        degraded = tracing::field::Empty,
+        failure_policy = tracing::field::Empty,
+    )
+}
+
+/// Runs `f` on `span` only when it is enabled: recording a field looks it up by name.
+#[inline(always)]
+pub(crate) fn traced(span: &Span, f: impl FnOnce(&Span)) {
+    if !span.is_disabled() {
+        f(span);
+    }
+}
+
+/// Records what `decision` says in its span: `outcome` (`allowed`, `delayed` or `limited`),
+/// and the policies that denied it (shadow ones too) in `limited_by`.
+pub(crate) fn record_outcome(span: &Span, decision: &Decision, waits: bool) {
+    let wait = if waits {
+        decision.wait()
+    } else {
+        Default::default()
+    };
+    let outcome = match (decision.is_allowed(), wait.is_zero()) {
+        (false, _) => "limited",
+        (true, false) => "delayed",
+        (true, true) => "allowed",
+    };
+    span.record("outcome", outcome);
+    if !wait.is_zero() {
+        span.record("wait_ms", wait.as_millis() as u64);
+    }
+    let limited: Vec<&str> = decision
+        .outcomes()
+        .iter()
+        .filter(|o| !o.is_allowed())
+        .map(|o| o.policy())
+        .collect();
+    if !limited.is_empty() {
+        span.record("limited_by", limited.join(","));
     }
 }

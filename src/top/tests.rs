@@ -2,6 +2,7 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 
+use super::service::percent_decode;
 use super::*;
 
 /// A summary's heap is a min-heap by count, and its index finds each entry where it is.

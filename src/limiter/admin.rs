@@ -1,0 +1,77 @@
+//! What the layer's administrative operations ask the engine: a key's decision without a
+//! request (check, peek, refund, penalize, block, reset), and the keys each policy denied most.
+
+use super::Limiter;
+use crate::decision::Decision;
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::policy::Tier;
+use crate::store::{Check, Checks, Op, Store};
+use crate::top::{LimitedKey, TopLimitedService, TopReport};
+
+impl<St: Store> Limiter<St> {
+    /// The `n` keys `policy` denied most (none when the layer keeps no summary).
+    pub(crate) fn top_limited(&self, policy: &str, n: usize) -> Vec<LimitedKey> {
+        let Some(top) = &self.top else {
+            return Vec::new();
+        };
+        top.top(policy, n, self.clock.now_micros()).into_keys()
+    }
+
+    /// [`Limiter::top_limited`] of every policy, with how many requests each denied.
+    pub(crate) fn top_limited_reports(&self, n: usize) -> Vec<TopReport> {
+        match &self.top {
+            Some(top) => top.top_all(n, self.clock.now_micros()),
+            None => Vec::new(),
+        }
+    }
+
+    /// The JSON admin route of the summary.
+    pub(crate) fn top_limited_service(&self) -> TopLimitedService {
+        TopLimitedService::new(self.top.clone(), self.clock.clone())
+    }
+
+    /// Counts each policy that denied the request (shadow or not) in its summary of the keys
+    /// denied, when the layer keeps one.
+    #[inline]
+    pub(super) fn record_limited(&self, decision: &Decision, keys: Option<&[(u32, Key, u64)]>) {
+        if let (Some(top), Some(keys)) = (&self.top, keys) {
+            let mut now = None;
+            for o in decision.outcomes().iter().filter(|o| !o.is_allowed()) {
+                if let Some((_, key, _)) = keys.iter().find(|(id, _, _)| *id == o.tier().id()) {
+                    let now = *now.get_or_insert_with(|| self.clock.now_micros());
+                    top.record(o.policy(), key, now);
+                }
+            }
+        }
+    }
+
+    /// Every policy's check for `key` without a request (in the tier the key is put in), making
+    /// the operation given or the policy's own, of the units `units` gives for the tier: the
+    /// administrative operations.
+    pub(crate) async fn decide_key(
+        &self,
+        key: &Key,
+        op: Option<Op>,
+        units: impl Fn(&Tier) -> u64,
+    ) -> Result<Decision, StoreError> {
+        // Pushed one by one: `collect` into a SmallVec goes through its generic `extend`, which
+        // costs a `check` about 100 instructions more.
+        let mut checks = Checks::new();
+        let policies = self.policies.load();
+        for p in policies.iter() {
+            let tier = p.tier_of_key(key);
+            if let (Some(leases), Some(Op::Reset | Op::Block { .. })) = (self.leases(), op) {
+                // The administrator's word is seen here at once, elsewhere by the leases' end.
+                leases.forget(tier.id(), key);
+            }
+            let op = op.unwrap_or(Op::of(tier.part()));
+            checks.push(Check::new(tier.clone(), key.clone(), units(tier), op));
+        }
+        drop(policies);
+        if let Some(decision) = self.store.decide_now(&checks) {
+            return Ok(decision);
+        }
+        self.store.check(checks).await
+    }
+}

@@ -1,0 +1,91 @@
+//! The slots a request takes and must give back when it ends or goes away: those of a
+//! concurrency limit (held with its response body) and those reserved for a wait.
+
+use std::sync::Arc;
+
+use super::{Limiter, Ticket};
+use crate::body::HeldSlots;
+use crate::decision::{Decision, Grant, PolicyOutcome};
+use crate::key::Key;
+use crate::store::private::Sealed as _;
+use crate::store::{Check, Checks, Op, Store};
+
+/// The slots an outcome took: of a concurrency limit, or reserved for a wait.
+fn taken(o: &PolicyOutcome) -> Option<&Grant> {
+    o.held().or_else(|| o.reservation())
+}
+
+/// What lets an abandoned decision finish and gives back the slots it took.
+pub(crate) type Abandoned<F> = Box<dyn FnOnce(F) + Send>;
+
+impl<St: Store> Limiter<St> {
+    /// What gives back the slots `pick` finds in the decision's outcomes (reserved for a
+    /// waiting request, or of a concurrency limit) when dropped: one `RELEASE` per slot, sent
+    /// to the store that decided (`local`: the local fallback), counted in `counter`. `None`
+    /// when the decision has none.
+    pub(super) fn slots(
+        &self,
+        decision: &Decision,
+        keys: Option<&[(u32, Key, u64)]>,
+        local: bool,
+        pick: fn(&PolicyOutcome) -> Option<&Grant>,
+        counter: Option<&'static str>,
+    ) -> Option<HeldSlots> {
+        let mut checks = Checks::new();
+        for o in decision.outcomes() {
+            let (Some(slot), Some(keys)) = (pick(o), keys) else {
+                continue;
+            };
+            if let Some((_, key, _)) = keys.iter().find(|(id, _, _)| *id == o.tier().id()) {
+                let tier = o.tier().clone();
+                checks.push(Check::new(
+                    tier,
+                    key.clone(),
+                    slot.units,
+                    Op::Release { slot: slot.end },
+                ));
+            }
+        }
+        if checks.is_empty() {
+            return None;
+        }
+        let count = move || {
+            if let Some(name) = counter {
+                metrics::counter!(name).increment(1);
+            }
+        };
+        Some(match (local, &self.fallback) {
+            (true, Some(fallback)) => {
+                let fallback = fallback.clone();
+                HeldSlots::new(move || {
+                    count();
+                    fallback.check_detached(checks)
+                })
+            }
+            _ => {
+                let store = self.store.clone();
+                HeldSlots::new(move || {
+                    count();
+                    store.check_detached(checks)
+                })
+            }
+        })
+    }
+
+    /// A request that went away while the store decided: when it asked for slots, what
+    /// gives them back once the decision comes (`None` when it asked for none).
+    pub(crate) fn abandoned(self: &Arc<Self>, ticket: &Ticket) -> Option<Abandoned<St::Future>> {
+        if !ticket.takes_slots {
+            return None;
+        }
+        let (limiter, keys) = (self.clone(), ticket.keys.clone());
+        Some(Box::new(move |decision: St::Future| {
+            let store = limiter.store.clone();
+            let give_back = move |decision: Decision| {
+                // Dropped: the slots go back.
+                drop(limiter.slots(&decision, keys.as_deref(), false, taken, None));
+            };
+            store.finish_detached(decision, Box::new(give_back));
+        }))
+    }
+}

@@ -14,11 +14,11 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::body::{HeldSlots, MakeBody, Wrapped};
+use crate::deciding::Deciding;
 use crate::decision::Decision;
 use crate::grpc::{self, ResponseStyle};
 use crate::headers::RateLimitHeaders;
-use crate::lease::LeaseWait;
-use crate::limiter::{Abandoned, Begin, Charges, Delayed, Limiter, Planned, Settled, Ticket};
+use crate::limiter::{Charges, Delayed, Later, Limiter, Settled};
 use crate::store::Store;
 use crate::store::private::Sealed;
 
@@ -43,59 +43,49 @@ pin_project! {
     }
 }
 
-/// A store's decision on its way. Dropped before it comes (the client went away), it lets the
-/// decision finish on its own and gives back the slots it took (of a concurrency limit, or
-/// reserved for a wait), which would otherwise stay taken until their leases end.
-struct InFlight<C> {
-    check: Option<C>,
-    abandoned: Option<Abandoned<C>>,
+/// What goes with the inner service's response: the headers to add, and the slots of
+/// concurrency limits its body holds.
+struct With {
+    headers: Option<RateLimitHeaders>,
+    held: Option<HeldSlots>,
 }
 
-impl<C> Drop for InFlight<C> {
-    fn drop(&mut self) {
-        if let (Some(check), Some(abandoned)) = (self.check.take(), self.abandoned.take()) {
-            abandoned(check);
-        }
-    }
-}
-
-/// What waits for a decision from an asynchronous store, or for a lease another request is
-/// asking for: boxed, so that the response future, which is moved several times on its way
-/// into the server, stays the size of the inner service's future plus a little.
-struct Pending<S, ReqB, T> {
+/// The request and the inner service it goes to, kept while the request waits (for its
+/// decision or its reserved slot): boxed, so that the response future, which is moved several
+/// times on its way into the server, stays the size of the inner service's future plus a
+/// little.
+struct Pending<S, ReqB> {
     request: Request<ReqB>,
     inner: S,
-    then: T,
 }
 
 pin_project! {
     #[project = StateProj]
     enum State<S, ReqB, F, C, R> {
-        Checking {
-            check: InFlight<C>,
-            pending: Option<Box<Pending<S, ReqB, Ticket>>>,
+        // Waiting for the decision.
+        Deciding {
+            deciding: Deciding<C>,
+            pending: Option<Box<Pending<S, ReqB>>>,
         },
-        Leasing {
-            #[pin]
-            wait: LeaseWait,
-            pending: Option<Box<Pending<S, ReqB, Box<Planned>>>>,
-        },
+        // Admitted at a reserved slot: waiting until it comes.
         Delaying {
             sleep: Pin<Box<tokio::time::Sleep>>,
-            pending: Option<Box<Pending<S, ReqB, Box<Delayed>>>>,
+            pending: Option<Box<(Pending<S, ReqB>, Delayed)>>,
         },
+        // The inner service called.
         Calling {
             #[pin]
             future: F,
-            headers: Option<RateLimitHeaders>,
-            held: Option<HeldSlots>,
+            with: With,
         },
+        // The charges after the response on their way to the store, with the response and the
+        // slots it holds.
         Adjusting {
             #[pin]
             adjust: C,
-            response: Option<R>,
-            held: Option<HeldSlots>,
+            done: Option<(R, Option<HeldSlots>)>,
         },
+        // The limiter's own response.
         Ready {
             response: Option<Response<Bytes>>,
         },
@@ -107,20 +97,20 @@ where
     S: Service<Request<ReqB>> + Clone,
     St: Store,
 {
-    /// A request whose decision is yet to come (`begin`, as the engine began it): waits for
-    /// the store's decision or a lease, then goes on from there.
-    pub(crate) fn waiting(
+    /// A request whose decision comes later, as the engine began it.
+    pub(crate) fn deciding(
         limiter: &Arc<Limiter<St>>,
-        begin: Begin<<St as Sealed>::Future>,
+        later: Later<<St as Sealed>::Future>,
         request: Request<ReqB>,
         inner: S,
     ) -> Self {
-        let mut after = Charges::new();
-        let state = resume(limiter, begin, request, inner, &mut after);
         ResponseFuture {
-            state,
+            state: State::Deciding {
+                deciding: Deciding::new(limiter, later),
+                pending: Some(Box::new(Pending { request, inner })),
+            },
             limiter: Some(limiter.clone()),
-            after,
+            after: Charges::new(),
             body: PhantomData,
         }
     }
@@ -133,8 +123,18 @@ where
         request: Request<ReqB>,
         inner: &mut S,
     ) -> Self {
+        let state = match settled {
+            Settled::Wait(delayed) => {
+                // The inner service was made ready: that one waits with the request, and a
+                // clone stays behind.
+                let clone = inner.clone();
+                let ready = std::mem::replace(inner, clone);
+                wait_for_slot(delayed, request, ready)
+            }
+            settled => respond_or_call(settled, request, inner, limiter.style()),
+        };
         ResponseFuture {
-            state: next(settled, request, inner, limiter.style()),
+            state,
             limiter: (!after.is_empty()).then(|| limiter.clone()),
             after,
             body: PhantomData,
@@ -143,12 +143,12 @@ where
 
     /// A request no policy applies to: the inner service's response, without headers.
     pub(crate) fn unlimited(future: S::Future) -> Self {
+        let with = With {
+            headers: None,
+            held: None,
+        };
         ResponseFuture {
-            state: State::Calling {
-                future,
-                headers: None,
-                held: None,
-            },
+            state: State::Calling { future, with },
             limiter: None,
             after: Charges::new(),
             body: PhantomData,
@@ -156,95 +156,75 @@ where
     }
 }
 
-/// The state a request goes on in from `begin`, the inner service moved along with it when
-/// there is more to wait for (the charges after the response go to `after`).
-fn resume<S, ReqB, St, R>(
-    limiter: &Arc<Limiter<St>>,
-    begin: Begin<<St as Sealed>::Future>,
-    request: Request<ReqB>,
-    mut inner: S,
-    after: &mut Charges,
-) -> State<S, ReqB, S::Future, <St as Sealed>::Future, R>
-where
-    S: Service<Request<ReqB>> + Clone,
-    St: Store,
-{
-    match begin {
-        Begin::Unlimited => State::Calling {
-            future: inner.call(request),
-            headers: None,
-            held: None,
-        },
-        Begin::Settled(settled, charges) => {
-            *after = charges;
-            next_owned(settled, request, inner, limiter.style())
-        }
-        Begin::Wait(check, ticket) => State::Checking {
-            check: InFlight {
-                abandoned: limiter.abandoned(&ticket),
-                check: Some(check),
-            },
-            pending: Some(Box::new(Pending {
-                request,
-                inner,
-                then: ticket,
-            })),
-        },
-        Begin::Lease(wait, planned) => State::Leasing {
-            wait,
-            pending: Some(Box::new(Pending {
-                request,
-                inner,
-                then: planned,
-            })),
-        },
-    }
-}
-
-/// The state that follows a settled decision, the inner service moved along when the request
-/// waits for its slot.
-fn next_owned<S, ReqB, C, R>(
+/// The state after a decision that came later: as [`respond_or_call`], the inner service
+/// waiting with the request when it is admitted at a reserved slot.
+fn decided<S, ReqB, C, R>(
     settled: Settled,
-    request: Request<ReqB>,
-    mut inner: S,
+    Pending { request, mut inner }: Pending<S, ReqB>,
     style: ResponseStyle,
-) -> State<S, ReqB, S::Future, C, R>
-where
-    S: Service<Request<ReqB>> + Clone,
-{
-    match settled {
-        Settled::Wait(delayed) => State::Delaying {
-            sleep: Box::pin(tokio::time::sleep(delayed.wait)),
-            pending: Some(Box::new(Pending {
-                request,
-                inner,
-                then: delayed,
-            })),
-        },
-        settled => next(settled, request, &mut inner, style),
-    }
-}
-
-/// A waiting request whose slots came: they are spent, and it goes on.
-fn go_on<S, ReqB, C, R>(
-    delayed: Delayed,
-    request: Request<ReqB>,
-    inner: &mut S,
 ) -> State<S, ReqB, S::Future, C, R>
 where
     S: Service<Request<ReqB>>,
 {
-    let Delayed {
-        headers,
-        decision,
-        release,
-        held,
-        ..
-    } = delayed;
-    if let Some(release) = release {
-        release.keep();
+    match settled {
+        Settled::Wait(delayed) => wait_for_slot(delayed, request, inner),
+        settled => respond_or_call(settled, request, &mut inner, style),
     }
-    call(Some(headers), decision, held, request, inner)
+}
+
+/// Sleeps until the slot reserved for the request, with the inner service it then calls.
+fn wait_for_slot<S, ReqB, C, R>(
+    delayed: Box<Delayed>,
+    request: Request<ReqB>,
+    inner: S,
+) -> State<S, ReqB, S::Future, C, R>
+where
+    S: Service<Request<ReqB>>,
+{
+    State::Delaying {
+        sleep: Box::pin(tokio::time::sleep(delayed.wait)),
+        pending: Some(Box::new((Pending { request, inner }, *delayed))),
+    }
+}
+
+/// The limiter's own response (in the form `style` gives the request), or the inner service
+/// called: [`Settled::Call`]'s, or a waiting request's whose slot came (its slots are then
+/// spent, not given back).
+fn respond_or_call<S, ReqB, C, R>(
+    settled: Settled,
+    request: Request<ReqB>,
+    inner: &mut S,
+    style: ResponseStyle,
+) -> State<S, ReqB, S::Future, C, R>
+where
+    S: Service<Request<ReqB>>,
+{
+    let (headers, decision, held) = match settled {
+        Settled::Respond(response) => {
+            let response = match style.is_grpc(&request) {
+                true => grpc::answer(response),
+                false => response,
+            };
+            return State::Ready {
+                response: Some(response),
+            };
+        }
+        Settled::Call(headers, decision, held) => (headers, decision, held),
+        Settled::Wait(delayed) => {
+            let Delayed {
+                headers,
+                decision,
+                release,
+                held,
+                ..
+            } = *delayed;
+            if let Some(release) = release {
+                release.keep();
+            }
+            (Some(headers), decision, held)
+        }
+    };
+    call(headers, decision, held, request, inner)
 }
 
 /// Calls the inner service with the decision (if any) in the request's extensions; `headers`
@@ -262,40 +242,22 @@ where
     if let Some(decision) = decision {
         request.extensions_mut().insert(decision);
     }
+    let with = With { headers, held };
     State::Calling {
         future: inner.call(request),
-        headers,
-        held,
+        with,
     }
 }
 
-/// The state that follows a settled decision. A request that waits for its slot takes the
-/// inner service, which was made ready, along, and leaves a clone in its place. The limiter's
-/// own response takes the form `style` gives the request.
-fn next<S, ReqB, C, R>(
-    settled: Settled,
-    request: Request<ReqB>,
-    inner: &mut S,
-    style: ResponseStyle,
+/// A waiting request whose slot came: it goes on (see [`respond_or_call`]).
+fn slot_came<S, ReqB, C, R>(
+    (Pending { request, mut inner }, delayed): (Pending<S, ReqB>, Delayed),
 ) -> State<S, ReqB, S::Future, C, R>
 where
-    S: Service<Request<ReqB>> + Clone,
+    S: Service<Request<ReqB>>,
 {
-    match settled {
-        Settled::Respond(response) => State::Ready {
-            response: Some(if style.is_grpc(&request) {
-                grpc::answer(response)
-            } else {
-                response
-            }),
-        },
-        Settled::Call(headers, decision, held) => call(headers, decision, held, request, inner),
-        Settled::Wait(delayed) => {
-            let clone = inner.clone();
-            let ready = std::mem::replace(inner, clone);
-            next_owned(Settled::Wait(delayed), request, ready, style)
-        }
-    }
+    let settled = Settled::Wait(Box::new(delayed));
+    respond_or_call(settled, request, &mut inner, ResponseStyle::Http)
 }
 
 impl<S, ReqB, St, M> fmt::Debug for ResponseFuture<S, ReqB, St, M>
@@ -305,8 +267,7 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
-            State::Checking { .. } => "checking",
-            State::Leasing { .. } => "waiting for a lease",
+            State::Deciding { .. } => "deciding",
             State::Delaying { .. } => "waiting for its slot",
             State::Calling { .. } => "calling",
             State::Adjusting { .. } => "adjusting",
@@ -332,87 +293,75 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            match this.state.as_mut().project() {
-                StateProj::Checking { check, pending } => {
-                    let decision = check.check.as_mut().expect(POLLED_AFTER_READY);
-                    let result = ready!(Pin::new(decision).poll(cx));
-                    // Come: nothing to finish or give back on a drop.
-                    check.check = None;
-                    let Pending {
-                        request,
-                        inner,
-                        then: ticket,
-                    } = *pending.take().expect(POLLED_AFTER_READY);
+            let next = match this.state.as_mut().project() {
+                StateProj::Deciding { deciding, pending } => {
                     let limiter = this.limiter.as_ref().expect(KEPT_FOR_LATER);
-                    let (settled, after) = limiter.settle(ticket, result);
+                    let (settled, after) = ready!(deciding.poll_settled(limiter, cx));
                     *this.after = after;
-                    this.state
-                        .set(next_owned(settled, request, inner, limiter.style()));
-                }
-                StateProj::Leasing { wait, pending } => {
-                    ready!(wait.poll(cx));
-                    let Pending {
-                        request,
-                        inner,
-                        then: planned,
-                    } = *pending.take().expect(POLLED_AFTER_READY);
-                    let limiter = this.limiter.as_ref().expect(KEPT_FOR_LATER);
-                    let begin = limiter.resume(*planned);
-                    let state = resume(limiter, begin, request, inner, this.after);
-                    this.state.set(state);
+                    let pending = *pending.take().expect(POLLED_AFTER_READY);
+                    decided(settled, pending, limiter.style())
                 }
                 StateProj::Delaying { sleep, pending } => {
                     ready!(sleep.as_mut().poll(cx));
-                    let Pending {
-                        request,
-                        mut inner,
-                        then: delayed,
-                    } = *pending.take().expect(POLLED_AFTER_READY);
-                    this.state.set(go_on(*delayed, request, &mut inner));
+                    slot_came(*pending.take().expect(POLLED_AFTER_READY))
                 }
-                StateProj::Calling {
-                    future,
-                    headers,
-                    held,
-                } => {
+                StateProj::Calling { future, with } => {
                     let mut response = ready!(future.poll(cx))?;
-                    if let Some(headers) = headers.take() {
-                        headers.apply(response.headers_mut());
+                    let (held, after) = (with.held.take(), std::mem::take(this.after));
+                    let limiter = this.limiter.as_deref();
+                    match charge_after(&mut response, with.headers.take(), limiter, after) {
+                        None => return Poll::Ready(Ok(body::<M, _>(response, held))),
+                        Some(adjust) => adjusting(adjust, response, held),
                     }
-                    let adjust = match this.limiter.as_ref() {
-                        Some(limiter) if !this.after.is_empty() => {
-                            let after = std::mem::take(this.after);
-                            limiter.after_response(after, response.status())
-                        }
-                        _ => None,
-                    };
-                    let Some(adjust) = adjust else {
-                        return Poll::Ready(Ok(body::<M, _>(response, held.take())));
-                    };
-                    let held = held.take();
-                    this.state.set(State::Adjusting {
-                        adjust,
-                        response: Some(response),
-                        held,
-                    });
                 }
-                StateProj::Adjusting {
-                    adjust,
-                    response,
-                    held,
-                } => {
-                    if let Err(error) = ready!(adjust.poll(cx)) {
-                        tracing::warn!(%error, "rate-limit charge or refund after the response failed");
-                    }
-                    let response = response.take().expect(POLLED_AFTER_READY);
-                    return Poll::Ready(Ok(body::<M, _>(response, held.take())));
+                StateProj::Adjusting { adjust, done } => {
+                    adjusted(ready!(adjust.poll(cx)));
+                    let (response, held) = done.take().expect(POLLED_AFTER_READY);
+                    return Poll::Ready(Ok(body::<M, _>(response, held)));
                 }
                 StateProj::Ready { response } => {
                     let response = response.take().expect(POLLED_AFTER_READY);
                     return Poll::Ready(Ok(response.map(M::full)));
                 }
-            }
+            };
+            this.state.set(next);
         }
+    }
+}
+
+/// The response waits for the charges after it.
+fn adjusting<S, ReqB, F, C, R>(
+    adjust: C,
+    response: R,
+    held: Option<HeldSlots>,
+) -> State<S, ReqB, F, C, R> {
+    State::Adjusting {
+        adjust,
+        done: Some((response, held)),
+    }
+}
+
+/// The charges after the response are made, or failed (then logged: the response goes on).
+fn adjusted(result: Result<crate::decision::Decision, crate::error::StoreError>) {
+    if let Err(error) = result {
+        tracing::warn!(%error, "rate-limit charge or refund after the response failed");
+    }
+}
+
+/// Adds `headers` to the inner service's response, and starts the charges and refunds
+/// `after` makes for its status, if any.
+fn charge_after<St: Store, B>(
+    response: &mut Response<B>,
+    headers: Option<RateLimitHeaders>,
+    limiter: Option<&Limiter<St>>,
+    after: Charges,
+) -> Option<<St as Sealed>::Future> {
+    if let Some(headers) = headers {
+        headers.apply(response.headers_mut());
+    }
+    match limiter {
+        Some(limiter) if !after.is_empty() => limiter.after_response(after, response.status()),
+        _ => None,
     }
 }
 

@@ -33,7 +33,7 @@ use hashbrown::HashTable;
 use smallvec::{SmallVec, smallvec};
 
 use crate::algorithm::Verdict;
-use crate::decision::{Grant, PolicyOutcome};
+use crate::decision::{Decision, Grant, PolicyOutcome};
 use crate::key::Key;
 use crate::policy::{LeaseSpec, Tier};
 use crate::store::{Check, Checks, Op, lock};
@@ -246,14 +246,21 @@ impl Entry {
     }
 }
 
-/// The outcomes of checks admitted from leases, and each one's lease end.
-type Spent = (SmallVec<[PolicyOutcome; 1]>, SmallVec<[u64; 1]>);
+/// The outcome of a check admitted from a lease here: its grant is the lease's end (where a
+/// refunded unit goes back to) and the units spent.
+fn spent(tier: &Arc<Tier>, verdict: Verdict, end: u64, cost: u64) -> PolicyOutcome {
+    PolicyOutcome::new(tier, false, verdict).with_grant(Some(Grant {
+        units: cost,
+        end,
+        lasts_us: 0,
+    }))
+}
 
 /// What a request's checks do about leases.
 pub(crate) enum Plan {
-    /// Every check was admitted from a lease here: the outcomes, and each check's lease end
-    /// (to give a refunded unit back to the lease it came from).
-    Local(Spent),
+    /// Every check was admitted from a lease here: the decision, each outcome's grant the
+    /// lease it spent.
+    Local(Decision),
     /// The store decides; these checks ask it for a lease. `None` when none does.
     Store(Option<Asking>),
     /// Another request of this instance is asking for the lease a check needs: wait for it.
@@ -281,9 +288,11 @@ pub(crate) struct Asking {
     leases: Arc<Leases>,
     checks: SmallVec<[Asked; 1]>,
     /// Give-back checks put before the request's own.
-    pub(crate) give_backs: usize,
+    give_backs: usize,
     /// The request's own checks.
     of: usize,
+    /// When (layer clock) the store was asked: a lease ends here no later than it does there.
+    sent: u64,
 }
 
 impl Leases {
@@ -318,32 +327,31 @@ impl Leases {
         &self,
         items: impl Iterator<Item = (&'a Arc<Tier>, &'a Key, u64)> + Clone,
         now: u64,
-    ) -> Option<Spent> {
-        let mut outcomes = SmallVec::new();
-        let mut ends = SmallVec::new();
+    ) -> Option<Decision> {
+        let mut outcomes: SmallVec<[PolicyOutcome; 1]> = SmallVec::new();
         for (i, (tier, key, cost)) in items.clone().enumerate() {
-            let spent = self.with(tier.id(), key, |e| e?.spend(now, cost));
-            let Some((end, verdict)) = spent else {
+            let spent_here = self.with(tier.id(), key, |e| e?.spend(now, cost));
+            let Some((end, verdict)) = spent_here else {
                 // Put back what the earlier ones took.
-                for ((tier, key, cost), end) in items.take(i).zip(&ends) {
-                    self.put_back(tier.id(), key, *end, cost, now);
+                for ((tier, key, cost), o) in items.take(i).zip(&outcomes) {
+                    let end = o.grant().map_or(0, |g| g.end);
+                    self.put_back(tier.id(), key, end, cost, now);
                 }
                 return None;
             };
-            outcomes.push(PolicyOutcome::new(tier, false, verdict));
-            ends.push(end);
+            outcomes.push(spent(tier, verdict, end, cost));
         }
-        Some((outcomes, ends))
+        Some(Decision::new(outcomes))
     }
 
-    /// Plans `checks`. Unless every one's tier takes leases (`all_leased`), the store decides
-    /// them one by one as usual: the request needs a store call anyway. Otherwise they are
-    /// admitted here when every one has a lease with room (and none runs low); else those
-    /// that need a lease and have none on its way ask the store for one, with what their
-    /// ended leases left to give back; else the request waits for a lease another request is
-    /// asking for.
-    pub(crate) fn plan(self: &Arc<Self>, checks: &mut Checks, all_leased: bool, now: u64) -> Plan {
-        if !all_leased {
+    /// Plans `checks`. Unless every one's tier takes leases, the store decides them one by one
+    /// as usual: the request needs a store call anyway. Otherwise they are admitted here when
+    /// every one has a lease with room (and none runs low); else those that need a lease and
+    /// have none on its way ask the store for one (their checks become [`Op::Lease`]), with
+    /// what their ended leases left to give back (checks put in front of the request's own);
+    /// else the request waits for a lease another request is asking for.
+    pub(crate) fn plan(self: &Arc<Self>, checks: &mut Checks, now: u64) -> Plan {
+        if !checks.iter().all(|c| c.tier().lease().is_some()) {
             // Another policy needs the store anyway: a lease would save nothing here.
             return Plan::Store(None);
         }
@@ -357,8 +365,8 @@ impl Leases {
                 match entry.need(now, cost) {
                     Need::Local => {
                         if let Some((end, verdict)) = entry.spend(now, cost) {
-                            let outcome = PolicyOutcome::new(c.tier(), false, verdict);
-                            return Plan::Local((smallvec![outcome], smallvec![end]));
+                            let outcome = spent(c.tier(), verdict, end, cost);
+                            return Plan::Local(Decision::new(smallvec![outcome]));
                         }
                     }
                     Need::Wait => return Plan::Wait(self.wait(c)),
@@ -454,6 +462,7 @@ impl Leases {
             checks: asking,
             give_backs: give_backs_len,
             of,
+            sent: now,
         }))
     }
 
@@ -564,11 +573,30 @@ impl Shard {
 }
 
 impl Asking {
-    /// Takes the leases the store granted with `outcomes` (the call's, in the order of its
-    /// checks): `sent` is when the store was asked, `now` the present (layer clock). The
-    /// asking request's own outcome reports the lease's units left here as remaining.
-    pub(crate) fn granted(&self, outcomes: &mut [PolicyOutcome], sent: u64, now: u64) {
+    /// The request's own checks among `sent`, the checks of the store call (after the
+    /// give-backs put in front of them).
+    pub(crate) fn own<'c>(&self, sent: &'c [Check]) -> &'c [Check] {
+        &sent[self.give_backs..]
+    }
+
+    /// The request's decision from the store's answer to the call (the give-backs' outcomes
+    /// left out), taking the leases it granted when the request is admitted (`now`: the layer's
+    /// clock). The asking request's own outcome reports the lease's units left here as
+    /// remaining.
+    pub(crate) fn answered(self, decision: Decision, now: u64) -> Decision {
+        let mut decision = decision.without_first(self.give_backs);
+        if decision.is_allowed() {
+            self.granted(decision.outcomes_mut(), now);
+        }
+        decision
+    }
+
+    /// Takes the leases the store granted with `outcomes` (the request's own, in the order of
+    /// its checks).
+    fn granted(&self, outcomes: &mut [PolicyOutcome], now: u64) {
+        let sent = self.sent;
         for Asked(i, policy, key, cost) in &self.checks {
+            let i = &(i - self.give_backs);
             let tier = &policy.id();
             let Some(outcome) = outcomes.get_mut(*i) else {
                 continue;
@@ -618,7 +646,7 @@ impl Asking {
     /// When the store failed: the request admitted from the leases in hand instead, if every
     /// one of its checks asked for a lease and each still has one with room (a lease keeps
     /// admitting while the store is down, until it ends).
-    pub(crate) fn spend_instead(&self, now: u64) -> Option<Spent> {
+    pub(crate) fn spend_instead(&self, now: u64) -> Option<Decision> {
         if self.checks.len() != self.of {
             return None;
         }

@@ -348,6 +348,7 @@ pub mod telemetry;
 pub mod top;
 mod resilience;
 mod service;
+mod deciding;
 mod future;
 mod body;
 mod clock;

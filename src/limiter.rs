@@ -145,10 +145,16 @@ pub(crate) enum Begin<F> {
     Unlimited,
     /// The answer is known at once (memory store, deny cache, rejected key, open breaker).
     Settled(Settled, Charges),
-    /// The store answers later: wait for `F`, then [`Limiter::settle`] with the ticket.
-    Wait(F, Ticket),
-    /// Another request of this instance is asking the store for the lease this one needs:
-    /// wait for its answer, then [`Limiter::resume`].
+    /// The answer comes later: see [`Deciding`](crate::deciding::Deciding).
+    Later(Later<F>),
+}
+
+/// What a request whose answer comes later waits for.
+pub(crate) enum Later<F> {
+    /// The store's answer: wait for `F`, then [`Limiter::settle`] with the ticket.
+    Store(F, Ticket),
+    /// The answer to another request of this instance, which is asking the store for the
+    /// lease this one needs: wait for it, then [`Limiter::resume`].
     Lease(LeaseWait, Box<Planned>),
 }
 
@@ -202,9 +208,9 @@ enum Degraded {
 /// and the charges that wait for the response.
 pub(crate) struct Ticket {
     permit: Permit,
-    /// The checks asking for a lease, with when (layer clock) the store was asked (boxed: most
-    /// decisions ask for none, and the ticket is moved along with every one).
-    asking: Option<Box<(Asking, u64)>>,
+    /// The checks asking for a lease (boxed: most decisions ask for none, and the ticket is
+    /// moved along with every one).
+    asking: Option<Box<Asking>>,
     fallback: Option<Checks>,
     /// Each of the request's own checks as (tier id, key, cost), when the deny cache or the
     /// IETF `pk` needs them.
@@ -418,7 +424,7 @@ impl<St: Store> Limiter<St> {
         &self,
         mut checks: Checks,
         fallback: Option<Checks>,
-        mut after: Charges,
+        after: Charges,
         span: &Span,
     ) -> Begin<St::Future> {
         let now = OnceCell::new();
@@ -427,15 +433,9 @@ impl<St: Store> Limiter<St> {
         // breaker says), or the checks that ask the store for one.
         let mut asking = None;
         if let Some(leases) = self.leases() {
-            let all_leased = checks.iter().all(|c| c.tier().lease().is_some());
-            match leases.plan(&mut checks, all_leased, now()) {
-                lease::Plan::Local((outcomes, ends)) => {
-                    set_lease_ends(&mut after, |tier| {
-                        let i = outcomes.iter().position(|o| o.tier().id() == tier)?;
-                        Some(ends[i])
-                    });
+            match leases.plan(&mut checks, now()) {
+                lease::Plan::Local(decision) => {
                     let keys = self.keys(&checks);
-                    let decision = Decision::new(outcomes);
                     traced(span, |span| {
                         span.record("lease", true);
                     });
@@ -443,7 +443,7 @@ impl<St: Store> Limiter<St> {
                         self.finish(decision, after, keys.as_deref(), false, span);
                     return Begin::Settled(settled, after);
                 }
-                lease::Plan::Store(a) => asking = a.map(|a| Box::new((a, now()))),
+                lease::Plan::Store(a) => asking = a.map(Box::new),
                 lease::Plan::Wait(wait) => {
                     let planned = Planned {
                         checks,
@@ -451,15 +451,11 @@ impl<St: Store> Limiter<St> {
                         after,
                         span: span.clone(),
                     };
-                    return Begin::Lease(wait, Box::new(planned));
+                    return Begin::Later(Later::Lease(wait, Box::new(planned)));
                 }
             }
         }
-        // The request's own checks, not the give-backs a lease's asking put before them.
-        let own = asking
-            .as_deref()
-            .map_or(0, |(a, _): &(Asking, u64)| a.give_backs);
-        let keys = self.keys(&checks[own..]);
+        let keys = self.keys(asking.as_ref().map_or(&checks[..], |a| a.own(&checks)));
         let permit = self
             .breaker
             .as_ref()
@@ -491,7 +487,7 @@ impl<St: Store> Limiter<St> {
             && checks
                 .iter()
                 .any(|c| matches!(c.op(), Op::Hold | Op::Reserve { .. }));
-        Begin::Wait(self.store.check(checks), ticket)
+        Begin::Later(Later::Store(self.store.check(checks), ticket))
     }
 
     /// Turns the store's answer into what to do (step 3), applying the breaker, the deny
@@ -517,16 +513,8 @@ impl<St: Store> Limiter<St> {
                 if let Some(breaker) = &self.breaker {
                     breaker.success(ticket.permit);
                 }
-                if let Some(asked) = ticket.asking.take() {
-                    let (asking, sent) = *asked;
-                    decision = decision.without_first(asking.give_backs);
-                    if decision.is_allowed() {
-                        asking.granted(decision.outcomes_mut(), sent, self.clock.now_micros());
-                    }
-                    set_lease_ends(&mut ticket.after, |tier| {
-                        let o = decision.outcomes().iter().find(|o| o.tier().id() == tier)?;
-                        Some(o.grant()?.end)
-                    });
+                if let Some(asking) = ticket.asking.take() {
+                    decision = asking.answered(decision, self.clock.now_micros());
                 }
                 if let (Some(cache), Some(keys), false) =
                     (&self.deny_cache, &ticket.keys, decision.is_allowed())
@@ -553,12 +541,15 @@ impl<St: Store> Limiter<St> {
     fn finish(
         &self,
         decision: Decision,
-        after: Charges,
+        mut after: Charges,
         keys: Option<&[(u32, Key, u64)]>,
         local: bool,
         span: &Span,
     ) -> (Settled, Charges) {
         traced(span, |span| record_outcome(span, &decision, self.waits()));
+        if self.leases().is_some() {
+            set_lease_ends(&mut after, &decision);
+        }
         for o in decision.outcomes() {
             o.tier().count(o.is_allowed(), o.is_shadow());
         }
@@ -622,7 +613,7 @@ impl<St: Store> Limiter<St> {
         let leased = ticket
             .asking
             .take()
-            .and_then(|asked| asked.0.spend_instead(self.clock.now_micros()));
+            .and_then(|asking| asking.spend_instead(self.clock.now_micros()));
         let policy = match (self.failure, &leased) {
             (_, Some(_)) => "lease",
             (FailurePolicy::Open, _) => "open",
@@ -639,13 +630,9 @@ impl<St: Store> Limiter<St> {
             span.record("degraded", error.kind().as_str());
             span.record("failure_policy", policy);
         });
-        if let Some((outcomes, ends)) = leased {
+        if let Some(decision) = leased {
             tracing::debug!(%error, "rate-limit store failed; admitted from a lease in hand");
-            set_lease_ends(&mut ticket.after, |tier| {
-                let i = outcomes.iter().position(|o| o.tier().id() == tier)?;
-                Some(ends[i])
-            });
-            return Degraded::Local(Decision::new(outcomes));
+            return Degraded::Local(decision);
         }
         match (self.failure, &self.fallback, ticket.fallback.take()) {
             (FailurePolicy::Local { .. }, Some(local), Some(checks)) => {
@@ -736,10 +723,17 @@ impl<St: Store> Limiter<St> {
 }
 
 /// Marks each charge after the response with the end of the lease its policy tier's units
-/// came from (`lease_end` of the tier's id; `None` when not from a lease), so that refunds go
-/// back to that lease.
-fn set_lease_ends(after: &mut Charges, lease_end: impl Fn(u32) -> Option<u64>) {
+/// came from, as the decision's outcome for the tier says (`None` when not from a lease), so
+/// that refunds go back to that lease.
+fn set_lease_ends(after: &mut Charges, decision: &Decision) {
     for a in after {
-        a.lease_end = lease_end(a.check.tier().id());
+        let tier = a.check.tier();
+        a.lease_end = tier.lease().and_then(|_| {
+            let o = decision
+                .outcomes()
+                .iter()
+                .find(|o| o.tier().id() == tier.id())?;
+            Some(o.grant()?.end)
+        });
     }
 }

@@ -95,12 +95,12 @@ where
             Begin::Settled(settled, after) => {
                 ResponseFuture::settled(&self.limiter, settled, after, request, &mut self.inner)
             }
-            begin => {
+            Begin::Later(later) => {
                 // The inner service was driven to readiness: that one goes with the future, and
                 // a clone stays behind.
                 let clone = self.inner.clone();
                 let inner = mem::replace(&mut self.inner, clone);
-                ResponseFuture::waiting(&self.limiter, begin, request, inner)
+                ResponseFuture::deciding(&self.limiter, later, request, inner)
             }
         }
     }

@@ -422,11 +422,10 @@ fn statuses(codes: &[Text<Status>]) -> Arc<[StatusCode]> {
     codes.iter().map(|c| c.0.0).collect()
 }
 
-impl TryFrom<RawPolicy> for PolicyConfig {
-    type Error = ConfigError;
-
-    fn try_from(r: RawPolicy) -> Result<Self, ConfigError> {
-        let mut policy = match (r.concurrency, r.quota, r.algorithm) {
+impl RawPolicy {
+    /// The policy the entry's `concurrency`, `quota` and `algorithm` make (the last two taken).
+    fn base(&mut self) -> Result<Policy, ConfigError> {
+        let policy = match (self.concurrency, self.quota.take(), self.algorithm.take()) {
             (Some(_), Some(_), _) => {
                 return Err(ConfigError::new(
                     "a concurrency policy takes no quota (its limit is `concurrency`)",
@@ -447,6 +446,15 @@ impl TryFrom<RawPolicy> for PolicyConfig {
                 Policy::new(algorithm.map_or(Algorithm::Gcra, |a| a.0), quota)
             }
         };
+        Ok(policy)
+    }
+}
+
+impl TryFrom<RawPolicy> for PolicyConfig {
+    type Error = ConfigError;
+
+    fn try_from(mut r: RawPolicy) -> Result<Self, ConfigError> {
+        let mut policy = r.base()?;
         if let Some(name) = &r.name {
             policy = policy.name(name.as_str());
         }

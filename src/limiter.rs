@@ -49,7 +49,7 @@ use crate::top::{TopLimited, Tracker};
 mod admin;
 mod policies;
 mod slots;
-mod trace;
+mod failure;
 
 pub(crate) use slots::Abandoned;
 
@@ -600,62 +600,6 @@ impl<St: Store> Limiter<St> {
         }
         let decision = self.decision_extension.then_some(decision);
         (Settled::Call(Some(headers), decision, held), after)
-    }
-
-    /// The store failed: the failure policy's answer, a decision of the local fallback or
-    /// what to do without one.
-    fn degraded(&self, ticket: &mut Ticket, error: StoreError, span: &Span) -> Degraded {
-        if let (Some(breaker), true) = (&self.breaker, error.kind() != StoreErrorKind::CircuitOpen)
-        {
-            breaker.failure(ticket.permit, self.clock.now_micros());
-        }
-        // A request that asked for a lease ahead of time, while the one in hand has room.
-        let leased = ticket
-            .asking
-            .take()
-            .and_then(|asking| asking.spend_instead(self.clock.now_micros()));
-        let policy = match (self.failure, &leased) {
-            (_, Some(_)) => "lease",
-            (FailurePolicy::Open, _) => "open",
-            (FailurePolicy::Closed, _) => "closed",
-            (FailurePolicy::Local { .. }, _) => "local",
-        };
-        metrics::counter!(
-            "ratelimit_degraded_total",
-            "reason" => error.kind().as_str(),
-            "failure_policy" => policy
-        )
-        .increment(1);
-        traced(span, |span| {
-            span.record("degraded", error.kind().as_str());
-            span.record("failure_policy", policy);
-        });
-        if let Some(decision) = leased {
-            tracing::debug!(%error, "rate-limit store failed; admitted from a lease in hand");
-            return Degraded::Local(decision);
-        }
-        match (self.failure, &self.fallback, ticket.fallback.take()) {
-            (FailurePolicy::Local { .. }, Some(local), Some(checks)) => {
-                self.store_failed(&error, "deciding locally");
-                // Charges after the response go to the store, which did not decide: none.
-                ticket.after.clear();
-                Degraded::Local(local.decide(&checks))
-            }
-            (FailurePolicy::Closed, _, _) => {
-                traced(span, |span| {
-                    span.record("outcome", "unavailable");
-                });
-                self.store_failed(&error, "answering 503");
-                Degraded::Settled(Settled::Respond(self.responses.unavailable()))
-            }
-            _ => {
-                traced(span, |span| {
-                    span.record("outcome", "allowed");
-                });
-                self.store_failed(&error, "letting the request through");
-                Degraded::Settled(Settled::Call(None, None, None))
-            }
-        }
     }
 
     /// The response to a denied request, with the decision in its extensions.

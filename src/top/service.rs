@@ -22,7 +22,7 @@ use crate::response::push_json_str;
 ///   {"policy":"per-ip","limited":2113,"keys":[{"key":"203.0.113.7","count":1980,"error":0}]}]}
 /// ```
 ///
-/// `keys_as` is `text`, or `partition_key` when the summary is [`hashed`](TopLimited::hashed).
+/// `keys_as` is `text`, or `partition_key` when the summary is [`hashed`](super::TopLimited::hashed).
 /// A layer built without [`top_limited`](crate::RateLimitLayerBuilder::top_limited) answers
 /// `404`, as does an unknown policy; a malformed `n`, `400`; another method, `405`. Every error
 /// is JSON `{"error": "..."}`.

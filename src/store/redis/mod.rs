@@ -1,5 +1,7 @@
 //! The Redis store (feature `redis`).
 
+mod call;
+mod conn;
 mod key;
 mod script;
 mod sentinel;
@@ -11,22 +13,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, ErrorKind, ServerErrorKind};
-
-use self::script::{ADMITTED, SCRIPT, shape};
-use super::{Check, Checks, Op, Registry, private};
-use crate::algorithm::Verdict;
+use self::conn::{Conn, Connect, load_decision};
+use self::script::SCRIPT;
+use super::{Checks, Registry, private};
 use crate::clock::Clock;
-use crate::decision::{Decision, Grant, PolicyOutcome};
+use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError, StoreErrorKind};
-use smallvec::SmallVec;
 
 pub(crate) use key::redis_key;
-
-/// Milliseconds added to every TTL when a clock is injected.
-const INJECTED_CLOCK_TTL_SLACK_MS: u64 = 60_000;
 
 /// The default key prefix.
 pub(crate) const DEFAULT_PREFIX: &str = "rl:";
@@ -133,30 +127,6 @@ struct Inner {
     reloading: AtomicBool,
     target: String,
     registry: Registry,
-}
-
-enum Conn {
-    Multiplexed(ConnectionManager),
-    Sentinel(Arc<sentinel::Primary>),
-    Pool(deadpool_redis::Pool),
-    Cluster(ClusterConnection),
-    ClusterPool(deadpool_redis::cluster::Pool),
-}
-
-impl Conn {
-    fn kind(&self) -> &'static str {
-        match self {
-            Conn::Multiplexed(_) => "multiplexed",
-            Conn::Sentinel(_) => "sentinel",
-            Conn::Pool(_) => "pool",
-            Conn::Cluster(_) => "cluster",
-            Conn::ClusterPool(_) => "cluster-pool",
-        }
-    }
-
-    fn is_cluster(&self) -> bool {
-        matches!(self, Conn::Cluster(_) | Conn::ClusterPool(_))
-    }
 }
 
 impl fmt::Debug for RedisStore {
@@ -412,80 +382,18 @@ impl RedisStoreBuilder {
         let fail = |what: &str, e: &dyn fmt::Display| {
             StoreError::new(format!("cannot {what} Redis at {target}: {e}"))
         };
-        let conn = match (self.cluster, self.pool, &sentinel) {
-            (_, _, Some(t)) => {
-                let primary =
-                    sentinel::Primary::connect(t, self.connect_timeout, self.response_timeout)
-                        .await
-                        .map_err(|e| fail("connect to", &e))?;
-                Conn::Sentinel(primary)
-            }
-            (false, None, None) => {
-                let client = redis::Client::open(self.nodes[0].as_str())
-                    .map_err(|e| fail("parse the URL of", &e))?;
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.connect_timeout))
-                    .set_response_timeout(Some(self.response_timeout))
-                    .set_number_of_retries(1);
-                let manager = tokio::time::timeout(
-                    self.connect_timeout * 2,
-                    ConnectionManager::new_with_config(client, config),
-                )
-                .await
-                .map_err(|_| fail("connect to", &"timed out"))?
-                .map_err(|e| fail("connect to", &e))?;
-                Conn::Multiplexed(manager)
-            }
-            (false, Some(size), None) => {
-                let mut config = deadpool_redis::Config::from_url(self.nodes[0].clone());
-                config.pool = Some(self.pool_config(size));
-                let pool = config
-                    .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-                    .map_err(|e| fail("configure a pool for", &e))?;
-                Conn::Pool(pool)
-            }
-            (true, None, None) => {
-                let client = redis::cluster::ClusterClientBuilder::new(self.nodes.clone())
-                    .connection_timeout(self.connect_timeout)
-                    .response_timeout(self.response_timeout)
-                    .retries(2)
-                    .build()
-                    .map_err(|e| fail("parse the URLs of", &e))?;
-                let conn =
-                    tokio::time::timeout(self.connect_timeout * 2, client.get_async_connection())
-                        .await
-                        .map_err(|_| fail("connect to", &"timed out"))?
-                        .map_err(|e| fail("connect to", &e))?;
-                Conn::Cluster(conn)
-            }
-            (true, Some(size), None) => {
-                let mut config = deadpool_redis::cluster::Config::from_urls(self.nodes.clone());
-                config.pool = Some(self.pool_config(size));
-                let pool = config
-                    .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-                    .map_err(|e| fail("configure a pool for", &e))?;
-                Conn::ClusterPool(pool)
-            }
+        let pool = self.pool.map(|size| self.pool_config(size));
+        let connect = Connect {
+            nodes: &self.nodes,
+            cluster: self.cluster,
+            pool,
+            sentinel: sentinel.as_ref(),
+            connect_timeout: self.connect_timeout,
+            response_timeout: self.response_timeout,
         };
-        let mut functions = false;
-        if self.functions {
-            match load(&conn, true, self.connect_timeout * 2).await {
-                Ok(()) => functions = true,
-                Err(e) => tracing::info!(
-                    error = %e,
-                    "Redis did not load the decision function; deciding with EVALSHA"
-                ),
-            }
-        }
-        if !functions {
-            load(&conn, false, self.connect_timeout * 2)
-                .await
-                .map_err(|e| {
-                    StoreError::new(format!(
-                        "cannot load the script into Redis at {target}: {e}"
-                    ))
-                })?;
-        }
+        let conn = connect.connect(&fail).await?;
+        let wait = self.connect_timeout * 2;
+        let functions = load_decision(&conn, self.functions, wait, &target).await?;
         let store = RedisStore {
             inner: Arc::new(Inner {
                 conn,
@@ -500,314 +408,6 @@ impl RedisStoreBuilder {
             }),
         };
         Ok(store)
-    }
-}
-
-impl Conn {
-    /// Runs `f` with a connection of this kind.
-    async fn with<F, Fut, T>(&self, f: F) -> Result<T, StoreError>
-    where
-        F: FnOnce(AnyConn) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>>,
-    {
-        let conn = match self {
-            Conn::Sentinel(primary) => {
-                let conn = primary.get()?;
-                let result = f(AnyConn::Direct((*conn).clone())).await;
-                if let Err(e) = &result {
-                    primary.failed(&conn, e);
-                }
-                return result.map_err(StoreError::new);
-            }
-            Conn::Multiplexed(m) => AnyConn::Multiplexed(m.clone()),
-            Conn::Cluster(c) => AnyConn::Cluster(c.clone()),
-            // Boxed: the pools' futures are large, and every decision's future would carry
-            // room for them.
-            Conn::Pool(p) => AnyConn::Pool(Box::pin(p.get()).await.map_err(StoreError::new)?),
-            Conn::ClusterPool(p) => {
-                AnyConn::ClusterPool(Box::pin(p.get()).await.map_err(StoreError::new)?)
-            }
-        };
-        f(conn).await.map_err(StoreError::new)
-    }
-}
-
-/// What the script says of one check: its verdict, and the lease granted or the slot
-/// reserved with it, if any.
-type Reply = (Verdict, Option<Grant>);
-
-impl Inner {
-    async fn decide(&self, checks: Checks) -> Result<Decision, StoreError> {
-        let one_slot = checks.iter().all(|c| c.key() == checks[0].key());
-        let verdicts = if !self.conn.is_cluster() || one_slot {
-            self.run(&checks).await?
-        } else {
-            // Boxed, as the pools' futures are: only clusters take this path.
-            Box::pin(self.decide_across_slots(&checks)).await?
-        };
-        let outcomes: SmallVec<[PolicyOutcome; 1]> = checks
-            .iter()
-            .zip(verdicts)
-            .map(|(check, (verdict, grant))| {
-                PolicyOutcome::new(check.tier(), check.op() == Op::Shadow, verdict)
-                    .with_grant(grant)
-            })
-            .collect();
-        Ok(Decision::new(outcomes))
-    }
-
-    /// On a cluster, policies keyed by different caller keys live in different slots, which
-    /// no single script may touch. Each key's policies are decided by one script, in order;
-    /// once one denies the request, the rest are only looked at, and what the earlier scripts
-    /// charged is refunded. No request is ever admitted past a limit; a concurrent request may
-    /// briefly see a charge that is then refunded, so the error is on the strict side.
-    async fn decide_across_slots(&self, checks: &[Check]) -> Result<Vec<Reply>, StoreError> {
-        let mut groups: Vec<Vec<usize>> = Vec::new();
-        for (i, c) in checks.iter().enumerate() {
-            match groups.iter_mut().find(|g| checks[g[0]].key() == c.key()) {
-                Some(g) => g.push(i),
-                None => groups.push(vec![i]),
-            }
-        }
-        let mut verdicts = vec![None; checks.len()];
-        let mut charged: Vec<Check> = Vec::new();
-        let mut denied = false;
-        for group in groups {
-            // Once denied, the rest are only looked at: they decide without being charged.
-            let batch: Vec<Check> = group
-                .iter()
-                .map(|&i| {
-                    checks[i].with_op(if denied {
-                        Op::ChargeLater
-                    } else {
-                        checks[i].op()
-                    })
-                })
-                .collect();
-            let result = self.run(&batch).await?;
-            let admitted = batch
-                .iter()
-                .zip(&result)
-                .all(|(c, (v, _))| v.allowed || !c.op().decides());
-            if !denied && admitted {
-                charged.extend(group.iter().zip(&result).filter_map(|(&i, (v, grant))| {
-                    let c = &checks[i];
-                    let undo = c
-                        .op()
-                        .undo(v.allowed, c.cost(), grant.as_ref().map(|g| g.end))?;
-                    let units = grant.as_ref().map_or(c.cost(), |g| g.units);
-                    Some(Check::new(c.tier().clone(), c.key().clone(), units, undo))
-                }));
-            }
-            if !admitted {
-                denied = true;
-            }
-            for (&i, v) in group.iter().zip(result) {
-                verdicts[i] = Some(v);
-            }
-        }
-        if denied {
-            for refund in charged {
-                if let Err(error) = self.run(&[refund]).await {
-                    tracing::warn!(%error, "could not refund a charge on another cluster slot");
-                }
-            }
-        }
-        Ok(verdicts
-            .into_iter()
-            .map(|v| {
-                let (verdict, grant) = v.expect("every check was decided");
-                // A denied request's leases were given back.
-                (verdict, grant.filter(|_| !denied))
-            })
-            .collect())
-    }
-
-    /// One script call deciding `checks`, whose keys must share a slot on a cluster.
-    async fn run(&self, checks: &[Check]) -> Result<Vec<Reply>, StoreError> {
-        let command = |name: &str, script: &str| {
-            let mut cmd = redis::cmd(name);
-            cmd.arg(script).arg(checks.len());
-            for check in checks {
-                cmd.arg(redis_key(&self.prefix, check.tier().name(), check.key()));
-            }
-            let injected = self.clock.is_some();
-            for check in checks {
-                // The shape, the cost unless it is 1, the operation's own integers, the
-                // parameters and their tag (see decide.lua).
-                let (id, params) = check.tier().algorithm().lua_args();
-                let (op, cost) = (check.op(), check.cost());
-                cmd.arg(shape(id, op, &params, cost, injected));
-                if cost != 1 {
-                    cmd.arg(cost);
-                }
-                let lease_ttl = check.tier().lease().map_or(0, |l| l.ttl_us());
-                cmd.arg(&op.args(lease_ttl)[..]);
-                cmd.arg(&params[..]).arg(check.tier().tag());
-            }
-            if let Some(clock) = &self.clock {
-                // Redis expires keys on its own clock, which an injected one may outrun or lag.
-                cmd.arg(clock.now_micros()).arg(INJECTED_CLOCK_TTL_SLACK_MS);
-            }
-            cmd
-        };
-        let call = if self.functions {
-            command("FCALL", SCRIPT.function())
-        } else {
-            command("EVALSHA", SCRIPT.sha())
-        };
-        let eval = || command("EVAL", SCRIPT.source());
-        let reply: Vec<i64> = self
-            .conn
-            .with(|mut c| async move { self.invoke(&call, eval, &mut c).await })
-            .await?;
-        let expected: usize = checks.iter().map(|c| c.op().reply_width()).sum();
-        if reply.len() != expected {
-            return Err(StoreError::new(format!(
-                "unexpected reply of {} integers from the decision script",
-                reply.len()
-            )));
-        }
-        let mut rest = &reply[..];
-        Ok(checks
-            .iter()
-            .map(|c| {
-                let (r, tail) = rest.split_at(c.op().reply_width());
-                rest = tail;
-                let verdict = Verdict {
-                    allowed: r[0] == ADMITTED,
-                    remaining: r[1].max(0) as u64,
-                    reset_after_us: r[2].max(0) as u64,
-                    retry_after_us: (r[0] >= 0).then_some(r[0] as u64),
-                };
-                let grant = c.op().grants().then(|| Grant {
-                    units: r[3].max(0) as u64,
-                    end: r[4].max(0) as u64,
-                    lasts_us: r[5].max(0) as u64,
-                });
-                (verdict, grant.filter(|g| g.units > 0))
-            })
-            .collect())
-    }
-}
-
-impl Inner {
-    /// The decision's `FCALL` or `EVALSHA`; if Redis has neither the function nor the script
-    /// (`NOSCRIPT` or "Function not found": after `SCRIPT FLUSH` or `FUNCTION FLUSH`, on a new
-    /// node, or after a restart without persistence; the call did not run), the same call as
-    /// `EVAL` with the script's source, which decides in the same step and caches the script
-    /// again. A call that may have run is never retried. After a missing function, the library
-    /// is loaded again by a task of its own, outside the decision and its deadline.
-    ///
-    /// Not `redis::Script::invoke_async`: on `NOSCRIPT` it sends `SCRIPT LOAD` and then the
-    /// `EVALSHA` again, two more round trips inside the decision's deadline, and a `SCRIPT FLUSH`
-    /// between the two (the test `script_flush_loses_no_decision` makes them) fails the
-    /// decision; one `EVAL` carries the source and runs in the same step. It also copies every
-    /// key and argument into buffers of its own before building the command we build directly.
-    async fn invoke(
-        &self,
-        call: &Cmd,
-        eval: impl FnOnce() -> Cmd,
-        conn: &mut AnyConn,
-    ) -> redis::RedisResult<Vec<i64>> {
-        match call.query_async(conn).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                tracing::info!("decision script missing from Redis (NOSCRIPT); sending it again");
-                eval().query_async(conn).await
-            }
-            Err(e) if is_missing_function(&e) => {
-                tracing::info!("decision function missing from Redis; loading it again");
-                self.reload.store(true, Ordering::Release);
-                eval().query_async(conn).await
-            }
-            other => other,
-        }
-    }
-}
-
-/// Loads the decision into Redis within `timeout`: the library (`FUNCTION LOAD REPLACE`, on
-/// every primary of a cluster) or the script (`SCRIPT LOAD`).
-async fn load(conn: &Conn, functions: bool, timeout: Duration) -> Result<(), String> {
-    let loading = conn.with(|mut c| async move {
-        let cmd = if functions {
-            let mut cmd = redis::cmd("FUNCTION");
-            cmd.arg("LOAD").arg("REPLACE").arg(SCRIPT.library());
-            cmd
-        } else {
-            let mut cmd = redis::cmd("SCRIPT");
-            cmd.arg("LOAD").arg(SCRIPT.source());
-            cmd
-        };
-        cmd.query_async::<redis::Value>(&mut c).await.map(drop)
-    });
-    match tokio::time::timeout(timeout, loading).await {
-        Ok(result) => result.map_err(|e| e.to_string()),
-        Err(_) => Err("timed out".to_owned()),
-    }
-}
-
-/// Loads the decision library again, after a decision found it missing; one load at a time.
-async fn reload(inner: Arc<Inner>) {
-    if inner.reloading.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    match load(&inner.conn, true, RELOAD_TIMEOUT).await {
-        Ok(()) => tracing::info!("decision function loaded again"),
-        Err(error) => tracing::warn!(%error, "could not load the decision function again"),
-    }
-    inner.reloading.store(false, Ordering::Release);
-}
-
-/// Whether `e` says the function called is not loaded.
-fn is_missing_function(e: &redis::RedisError) -> bool {
-    e.code() == Some("ERR")
-        && e.detail()
-            .is_some_and(|d| d.starts_with("Function not found"))
-}
-
-/// One connection of any kind, for the duration of a call.
-enum AnyConn {
-    Multiplexed(ConnectionManager),
-    Direct(redis::aio::MultiplexedConnection),
-    Cluster(ClusterConnection),
-    Pool(deadpool_redis::Connection),
-    ClusterPool(deadpool_redis::cluster::Connection),
-}
-
-impl ConnectionLike for AnyConn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, redis::Value> {
-        match self {
-            AnyConn::Multiplexed(c) => c.req_packed_command(cmd),
-            AnyConn::Direct(c) => c.req_packed_command(cmd),
-            AnyConn::Cluster(c) => c.req_packed_command(cmd),
-            AnyConn::Pool(c) => c.req_packed_command(cmd),
-            AnyConn::ClusterPool(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
-        match self {
-            AnyConn::Multiplexed(c) => c.req_packed_commands(cmd, offset, count),
-            AnyConn::Direct(c) => c.req_packed_commands(cmd, offset, count),
-            AnyConn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
-            AnyConn::Pool(c) => c.req_packed_commands(cmd, offset, count),
-            AnyConn::ClusterPool(c) => c.req_packed_commands(cmd, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            AnyConn::Multiplexed(c) => c.get_db(),
-            AnyConn::Direct(c) => c.get_db(),
-            AnyConn::Cluster(c) => c.get_db(),
-            AnyConn::Pool(c) => c.get_db(),
-            AnyConn::ClusterPool(c) => c.get_db(),
-        }
     }
 }
 
@@ -831,7 +431,7 @@ impl private::Sealed for RedisStore {
                 }
             };
             if inner.reload.swap(false, Ordering::AcqRel) {
-                tokio::spawn(reload(inner));
+                tokio::spawn(inner.reload_function());
             }
             result
         })

@@ -1,0 +1,92 @@
+//! When the store fails: what the failure policy answers (a lease in hand, the local
+//! fallback, a 503, or the request let through), and the failure logged at `warn` at most
+//! once a second.
+
+use std::sync::atomic::Ordering;
+
+use tracing::Span;
+
+use super::{Degraded, Limiter, Settled, Ticket};
+use crate::error::{FailurePolicy, StoreError, StoreErrorKind};
+use crate::store::Store;
+use crate::telemetry::traced;
+
+impl<St> Limiter<St> {
+    /// Logs a decision the store failed: at `warn` at most once a second (with how many
+    /// failed since), else at `debug`, so that an outage does not log every request.
+    pub(super) fn store_failed(&self, error: &StoreError, then: &str) {
+        let now = self.clock.now_micros();
+        let last = self.warned.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= 1_000_000;
+        if due
+            && self
+                .warned
+                .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let since = self.unwarned.swap(0, Ordering::Relaxed);
+            tracing::warn!(%error, more_since_last = since, "rate-limit store failed; {then}");
+        } else {
+            self.unwarned.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%error, "rate-limit store failed; {then}");
+        }
+    }
+}
+
+impl<St: Store> Limiter<St> {
+    /// The store failed: the failure policy's answer, a decision of the local fallback or
+    /// what to do without one.
+    pub(super) fn degraded(&self, ticket: &mut Ticket, error: StoreError, span: &Span) -> Degraded {
+        if let (Some(breaker), true) = (&self.breaker, error.kind() != StoreErrorKind::CircuitOpen)
+        {
+            breaker.failure(ticket.permit, self.clock.now_micros());
+        }
+        // A request that asked for a lease ahead of time, while the one in hand has room.
+        let leased = ticket
+            .asking
+            .take()
+            .and_then(|asking| asking.spend_instead(self.clock.now_micros()));
+        let policy = match (self.failure, &leased) {
+            (_, Some(_)) => "lease",
+            (FailurePolicy::Open, _) => "open",
+            (FailurePolicy::Closed, _) => "closed",
+            (FailurePolicy::Local { .. }, _) => "local",
+        };
+        metrics::counter!(
+            "ratelimit_degraded_total",
+            "reason" => error.kind().as_str(),
+            "failure_policy" => policy
+        )
+        .increment(1);
+        traced(span, |span| {
+            span.record("degraded", error.kind().as_str());
+            span.record("failure_policy", policy);
+        });
+        if let Some(decision) = leased {
+            tracing::debug!(%error, "rate-limit store failed; admitted from a lease in hand");
+            return Degraded::Local(decision);
+        }
+        match (self.failure, &self.fallback, ticket.fallback.take()) {
+            (FailurePolicy::Local { .. }, Some(local), Some(checks)) => {
+                self.store_failed(&error, "deciding locally");
+                // Charges after the response go to the store, which did not decide: none.
+                ticket.after.clear();
+                Degraded::Local(local.decide(&checks))
+            }
+            (FailurePolicy::Closed, _, _) => {
+                traced(span, |span| {
+                    span.record("outcome", "unavailable");
+                });
+                self.store_failed(&error, "answering 503");
+                Degraded::Settled(Settled::Respond(self.responses.unavailable()))
+            }
+            _ => {
+                traced(span, |span| {
+                    span.record("outcome", "allowed");
+                });
+                self.store_failed(&error, "letting the request through");
+                Degraded::Settled(Settled::Call(None, None, None))
+            }
+        }
+    }
+}

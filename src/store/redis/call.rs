@@ -1,0 +1,235 @@
+//! One decision in Redis: the checks encoded as one call of the decision function (or
+//! script), its reply read back; on a cluster, a request's keys in different slots decided in
+//! turn and undone when one denies.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use redis::{Cmd, ErrorKind, ServerErrorKind};
+use smallvec::SmallVec;
+
+use super::conn::{AnyConn, load};
+use super::script::{ADMITTED, SCRIPT, shape};
+use super::{Inner, RELOAD_TIMEOUT, redis_key};
+use crate::algorithm::Verdict;
+use crate::decision::{Decision, Grant, PolicyOutcome};
+use crate::error::StoreError;
+use crate::store::{Check, Checks, Op};
+
+/// Milliseconds added to every TTL when a clock is injected.
+const INJECTED_CLOCK_TTL_SLACK_MS: u64 = 60_000;
+
+/// What the script says of one check: its verdict, and the lease granted or the slot
+/// reserved with it, if any.
+type Reply = (Verdict, Option<Grant>);
+
+impl Inner {
+    pub(super) async fn decide(&self, checks: Checks) -> Result<Decision, StoreError> {
+        let one_slot = checks.iter().all(|c| c.key() == checks[0].key());
+        let verdicts = if !self.conn.is_cluster() || one_slot {
+            self.run(&checks).await?
+        } else {
+            // Boxed, as the pools' futures are: only clusters take this path.
+            Box::pin(self.decide_across_slots(&checks)).await?
+        };
+        let outcomes: SmallVec<[PolicyOutcome; 1]> = checks
+            .iter()
+            .zip(verdicts)
+            .map(|(check, (verdict, grant))| {
+                PolicyOutcome::new(check.tier(), check.op() == Op::Shadow, verdict)
+                    .with_grant(grant)
+            })
+            .collect();
+        Ok(Decision::new(outcomes))
+    }
+
+    /// On a cluster, policies keyed by different caller keys live in different slots, which
+    /// no single script may touch. Each key's policies are decided by one script, in order;
+    /// once one denies the request, the rest are only looked at, and what the earlier scripts
+    /// charged is refunded. No request is ever admitted past a limit; a concurrent request may
+    /// briefly see a charge that is then refunded, so the error is on the strict side.
+    async fn decide_across_slots(&self, checks: &[Check]) -> Result<Vec<Reply>, StoreError> {
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        for (i, c) in checks.iter().enumerate() {
+            match groups.iter_mut().find(|g| checks[g[0]].key() == c.key()) {
+                Some(g) => g.push(i),
+                None => groups.push(vec![i]),
+            }
+        }
+        let mut verdicts = vec![None; checks.len()];
+        let mut charged: Vec<Check> = Vec::new();
+        let mut denied = false;
+        for group in groups {
+            // Once denied, the rest are only looked at: they decide without being charged.
+            let batch: Vec<Check> = group
+                .iter()
+                .map(|&i| {
+                    checks[i].with_op(if denied {
+                        Op::ChargeLater
+                    } else {
+                        checks[i].op()
+                    })
+                })
+                .collect();
+            let result = self.run(&batch).await?;
+            let admitted = batch
+                .iter()
+                .zip(&result)
+                .all(|(c, (v, _))| v.allowed || !c.op().decides());
+            if !denied && admitted {
+                charged.extend(group.iter().zip(&result).filter_map(|(&i, (v, grant))| {
+                    let c = &checks[i];
+                    let undo = c
+                        .op()
+                        .undo(v.allowed, c.cost(), grant.as_ref().map(|g| g.end))?;
+                    let units = grant.as_ref().map_or(c.cost(), |g| g.units);
+                    Some(Check::new(c.tier().clone(), c.key().clone(), units, undo))
+                }));
+            }
+            if !admitted {
+                denied = true;
+            }
+            for (&i, v) in group.iter().zip(result) {
+                verdicts[i] = Some(v);
+            }
+        }
+        if denied {
+            for refund in charged {
+                if let Err(error) = self.run(&[refund]).await {
+                    tracing::warn!(%error, "could not refund a charge on another cluster slot");
+                }
+            }
+        }
+        Ok(verdicts
+            .into_iter()
+            .map(|v| {
+                let (verdict, grant) = v.expect("every check was decided");
+                // A denied request's leases were given back.
+                (verdict, grant.filter(|_| !denied))
+            })
+            .collect())
+    }
+
+    /// One script call deciding `checks`, whose keys must share a slot on a cluster.
+    async fn run(&self, checks: &[Check]) -> Result<Vec<Reply>, StoreError> {
+        let command = |name: &str, script: &str| {
+            let mut cmd = redis::cmd(name);
+            cmd.arg(script).arg(checks.len());
+            for check in checks {
+                cmd.arg(redis_key(&self.prefix, check.tier().name(), check.key()));
+            }
+            let injected = self.clock.is_some();
+            for check in checks {
+                // The shape, the cost unless it is 1, the operation's own integers, the
+                // parameters and their tag (see decide.lua).
+                let (id, params) = check.tier().algorithm().lua_args();
+                let (op, cost) = (check.op(), check.cost());
+                cmd.arg(shape(id, op, &params, cost, injected));
+                if cost != 1 {
+                    cmd.arg(cost);
+                }
+                let lease_ttl = check.tier().lease().map_or(0, |l| l.ttl_us());
+                cmd.arg(&op.args(lease_ttl)[..]);
+                cmd.arg(&params[..]).arg(check.tier().tag());
+            }
+            if let Some(clock) = &self.clock {
+                // Redis expires keys on its own clock, which an injected one may outrun or lag.
+                cmd.arg(clock.now_micros()).arg(INJECTED_CLOCK_TTL_SLACK_MS);
+            }
+            cmd
+        };
+        let call = if self.functions {
+            command("FCALL", SCRIPT.function())
+        } else {
+            command("EVALSHA", SCRIPT.sha())
+        };
+        let eval = || command("EVAL", SCRIPT.source());
+        let reply: Vec<i64> = self
+            .conn
+            .with(|mut c| async move { self.invoke(&call, eval, &mut c).await })
+            .await?;
+        let expected: usize = checks.iter().map(|c| c.op().reply_width()).sum();
+        if reply.len() != expected {
+            return Err(StoreError::new(format!(
+                "unexpected reply of {} integers from the decision script",
+                reply.len()
+            )));
+        }
+        let mut rest = &reply[..];
+        Ok(checks
+            .iter()
+            .map(|c| {
+                let (r, tail) = rest.split_at(c.op().reply_width());
+                rest = tail;
+                let verdict = Verdict {
+                    allowed: r[0] == ADMITTED,
+                    remaining: r[1].max(0) as u64,
+                    reset_after_us: r[2].max(0) as u64,
+                    retry_after_us: (r[0] >= 0).then_some(r[0] as u64),
+                };
+                let grant = c.op().grants().then(|| Grant {
+                    units: r[3].max(0) as u64,
+                    end: r[4].max(0) as u64,
+                    lasts_us: r[5].max(0) as u64,
+                });
+                (verdict, grant.filter(|g| g.units > 0))
+            })
+            .collect())
+    }
+}
+
+impl Inner {
+    /// The decision's `FCALL` or `EVALSHA`; if Redis has neither the function nor the script
+    /// (`NOSCRIPT` or "Function not found": after `SCRIPT FLUSH` or `FUNCTION FLUSH`, on a new
+    /// node, or after a restart without persistence; the call did not run), the same call as
+    /// `EVAL` with the script's source, which decides in the same step and caches the script
+    /// again. A call that may have run is never retried. After a missing function, the library
+    /// is loaded again by a task of its own, outside the decision and its deadline.
+    ///
+    /// Not `redis::Script::invoke_async`: on `NOSCRIPT` it sends `SCRIPT LOAD` and then the
+    /// `EVALSHA` again, two more round trips inside the decision's deadline, and a `SCRIPT FLUSH`
+    /// between the two (the test `script_flush_loses_no_decision` makes them) fails the
+    /// decision; one `EVAL` carries the source and runs in the same step. It also copies every
+    /// key and argument into buffers of its own before building the command we build directly.
+    async fn invoke(
+        &self,
+        call: &Cmd,
+        eval: impl FnOnce() -> Cmd,
+        conn: &mut AnyConn,
+    ) -> redis::RedisResult<Vec<i64>> {
+        match call.query_async(conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                tracing::info!("decision script missing from Redis (NOSCRIPT); sending it again");
+                eval().query_async(conn).await
+            }
+            Err(e) if is_missing_function(&e) => {
+                tracing::info!("decision function missing from Redis; loading it again");
+                self.reload.store(true, Ordering::Release);
+                eval().query_async(conn).await
+            }
+            other => other,
+        }
+    }
+}
+
+impl Inner {
+    /// Loads the decision library again, after a decision found it missing; one load at a
+    /// time.
+    pub(super) async fn reload_function(self: Arc<Self>) {
+        if self.reloading.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        match load(&self.conn, true, RELOAD_TIMEOUT).await {
+            Ok(()) => tracing::info!("decision function loaded again"),
+            Err(error) => tracing::warn!(%error, "could not load the decision function again"),
+        }
+        self.reloading.store(false, Ordering::Release);
+    }
+}
+
+/// Whether `e` says the function called is not loaded.
+fn is_missing_function(e: &redis::RedisError) -> bool {
+    e.code() == Some("ERR")
+        && e.detail()
+            .is_some_and(|d| d.starts_with("Function not found"))
+}

@@ -1,0 +1,237 @@
+//! Connections to Redis of every kind the store supports (one multiplexed connection, a pool,
+//! a cluster, the primary behind Sentinel), and loading the decision into Redis.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Cmd;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+
+use super::script::SCRIPT;
+use super::sentinel;
+use crate::error::StoreError;
+
+pub(super) enum Conn {
+    Multiplexed(ConnectionManager),
+    Sentinel(Arc<sentinel::Primary>),
+    Pool(deadpool_redis::Pool),
+    Cluster(ClusterConnection),
+    ClusterPool(deadpool_redis::cluster::Pool),
+}
+
+impl Conn {
+    pub(super) fn kind(&self) -> &'static str {
+        match self {
+            Conn::Multiplexed(_) => "multiplexed",
+            Conn::Sentinel(_) => "sentinel",
+            Conn::Pool(_) => "pool",
+            Conn::Cluster(_) => "cluster",
+            Conn::ClusterPool(_) => "cluster-pool",
+        }
+    }
+
+    pub(super) fn is_cluster(&self) -> bool {
+        matches!(self, Conn::Cluster(_) | Conn::ClusterPool(_))
+    }
+}
+
+/// How to connect, as the builder says.
+pub(super) struct Connect<'a> {
+    pub(super) nodes: &'a [String],
+    pub(super) cluster: bool,
+    pub(super) pool: Option<deadpool_redis::PoolConfig>,
+    pub(super) sentinel: Option<&'a sentinel::Target>,
+    pub(super) connect_timeout: Duration,
+    pub(super) response_timeout: Duration,
+}
+
+impl Connect<'_> {
+    /// Connects; `fail` says what could not be done, and why.
+    pub(super) async fn connect(
+        self,
+        fail: &dyn Fn(&str, &dyn fmt::Display) -> StoreError,
+    ) -> Result<Conn, StoreError> {
+        Ok(match (self.cluster, self.pool, self.sentinel) {
+            (_, _, Some(t)) => {
+                let primary =
+                    sentinel::Primary::connect(t, self.connect_timeout, self.response_timeout)
+                        .await
+                        .map_err(|e| fail("connect to", &e))?;
+                Conn::Sentinel(primary)
+            }
+            (false, None, None) => {
+                let client = redis::Client::open(self.nodes[0].as_str())
+                    .map_err(|e| fail("parse the URL of", &e))?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.connect_timeout))
+                    .set_response_timeout(Some(self.response_timeout))
+                    .set_number_of_retries(1);
+                let manager = tokio::time::timeout(
+                    self.connect_timeout * 2,
+                    ConnectionManager::new_with_config(client, config),
+                )
+                .await
+                .map_err(|_| fail("connect to", &"timed out"))?
+                .map_err(|e| fail("connect to", &e))?;
+                Conn::Multiplexed(manager)
+            }
+            (false, Some(size), None) => {
+                let mut config = deadpool_redis::Config::from_url(self.nodes[0].clone());
+                config.pool = Some(size);
+                let pool = config
+                    .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+                    .map_err(|e| fail("configure a pool for", &e))?;
+                Conn::Pool(pool)
+            }
+            (true, None, None) => {
+                let client = redis::cluster::ClusterClientBuilder::new(self.nodes.to_vec())
+                    .connection_timeout(self.connect_timeout)
+                    .response_timeout(self.response_timeout)
+                    .retries(2)
+                    .build()
+                    .map_err(|e| fail("parse the URLs of", &e))?;
+                let conn =
+                    tokio::time::timeout(self.connect_timeout * 2, client.get_async_connection())
+                        .await
+                        .map_err(|_| fail("connect to", &"timed out"))?
+                        .map_err(|e| fail("connect to", &e))?;
+                Conn::Cluster(conn)
+            }
+            (true, Some(size), None) => {
+                let mut config = deadpool_redis::cluster::Config::from_urls(self.nodes.to_vec());
+                config.pool = Some(size);
+                let pool = config
+                    .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+                    .map_err(|e| fail("configure a pool for", &e))?;
+                Conn::ClusterPool(pool)
+            }
+        })
+    }
+}
+
+impl Conn {
+    /// Runs `f` with a connection of this kind.
+    pub(super) async fn with<F, Fut, T>(&self, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(AnyConn) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let conn = match self {
+            Conn::Sentinel(primary) => {
+                let conn = primary.get()?;
+                let result = f(AnyConn::Direct((*conn).clone())).await;
+                if let Err(e) = &result {
+                    primary.failed(&conn, e);
+                }
+                return result.map_err(StoreError::new);
+            }
+            Conn::Multiplexed(m) => AnyConn::Multiplexed(m.clone()),
+            Conn::Cluster(c) => AnyConn::Cluster(c.clone()),
+            // Boxed: the pools' futures are large, and every decision's future would carry
+            // room for them.
+            Conn::Pool(p) => AnyConn::Pool(Box::pin(p.get()).await.map_err(StoreError::new)?),
+            Conn::ClusterPool(p) => {
+                AnyConn::ClusterPool(Box::pin(p.get()).await.map_err(StoreError::new)?)
+            }
+        };
+        f(conn).await.map_err(StoreError::new)
+    }
+}
+
+/// Loads the decision into Redis within `timeout`: as a library of functions when `wanted` and
+/// Redis accepts it, else as a script. Returns whether decisions are `FCALL`s.
+pub(super) async fn load_decision(
+    conn: &Conn,
+    wanted: bool,
+    timeout: Duration,
+    target: &str,
+) -> Result<bool, StoreError> {
+    let mut functions = false;
+    if wanted {
+        match load(conn, true, timeout).await {
+            Ok(()) => functions = true,
+            Err(e) => tracing::info!(
+                error = %e,
+                "Redis did not load the decision function; deciding with EVALSHA"
+            ),
+        }
+    }
+    if !functions {
+        load(conn, false, timeout).await.map_err(|e| {
+            StoreError::new(format!(
+                "cannot load the script into Redis at {target}: {e}"
+            ))
+        })?;
+    }
+    Ok(functions)
+}
+
+/// Loads the decision into Redis within `timeout`: the library (`FUNCTION LOAD REPLACE`, on
+/// every primary of a cluster) or the script (`SCRIPT LOAD`).
+pub(super) async fn load(conn: &Conn, functions: bool, timeout: Duration) -> Result<(), String> {
+    let loading = conn.with(|mut c| async move {
+        let cmd = if functions {
+            let mut cmd = redis::cmd("FUNCTION");
+            cmd.arg("LOAD").arg("REPLACE").arg(SCRIPT.library());
+            cmd
+        } else {
+            let mut cmd = redis::cmd("SCRIPT");
+            cmd.arg("LOAD").arg(SCRIPT.source());
+            cmd
+        };
+        cmd.query_async::<redis::Value>(&mut c).await.map(drop)
+    });
+    match tokio::time::timeout(timeout, loading).await {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(_) => Err("timed out".to_owned()),
+    }
+}
+
+/// One connection of any kind, for the duration of a call.
+pub(super) enum AnyConn {
+    Multiplexed(ConnectionManager),
+    Direct(redis::aio::MultiplexedConnection),
+    Cluster(ClusterConnection),
+    Pool(deadpool_redis::Connection),
+    ClusterPool(deadpool_redis::cluster::Connection),
+}
+
+impl ConnectionLike for AnyConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            AnyConn::Multiplexed(c) => c.req_packed_command(cmd),
+            AnyConn::Direct(c) => c.req_packed_command(cmd),
+            AnyConn::Cluster(c) => c.req_packed_command(cmd),
+            AnyConn::Pool(c) => c.req_packed_command(cmd),
+            AnyConn::ClusterPool(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            AnyConn::Multiplexed(c) => c.req_packed_commands(cmd, offset, count),
+            AnyConn::Direct(c) => c.req_packed_commands(cmd, offset, count),
+            AnyConn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            AnyConn::Pool(c) => c.req_packed_commands(cmd, offset, count),
+            AnyConn::ClusterPool(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            AnyConn::Multiplexed(c) => c.get_db(),
+            AnyConn::Direct(c) => c.get_db(),
+            AnyConn::Cluster(c) => c.get_db(),
+            AnyConn::Pool(c) => c.get_db(),
+            AnyConn::ClusterPool(c) => c.get_db(),
+        }
+    }
+}

@@ -483,10 +483,8 @@ impl<St: Store> Limiter<St> {
             return Begin::Settled(settled, after);
         }
         ticket.started = Some(Instant::now());
-        ticket.takes_slots = (self.holds() || self.waits())
-            && checks
-                .iter()
-                .any(|c| matches!(c.op(), Op::Hold | Op::Reserve { .. }));
+        ticket.takes_slots =
+            (self.holds() || self.waits()) && checks.iter().any(|c| c.op().takes_slots());
         Begin::Later(Later::Store(self.store.check(checks), ticket))
     }
 

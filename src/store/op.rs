@@ -220,6 +220,12 @@ impl Op {
         matches!(self, Op::Hold | Op::Reserve { .. } | Op::Lease { .. })
     }
 
+    /// Whether the units it charges are slots the request gives back when it ends or goes
+    /// away ([`Op::Release`]): a concurrency limit's, or a reserved slot.
+    pub(crate) const fn takes_slots(self) -> bool {
+        matches!(self, Op::Hold | Op::Reserve { .. })
+    }
+
     /// Integers in every check's reply: the verdict, remaining and reset.
     pub(crate) const REPLY: usize = 3;
     /// Integers a granting check's reply has after those: units, end, microseconds to it.
@@ -242,7 +248,7 @@ impl Op {
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn undo(self, allowed: bool, units: u64, granted: Option<u64>) -> Option<Op> {
         match (self, granted) {
-            (Op::Reserve { .. } | Op::Hold, Some(end)) => Some(Op::Release { slot: end }),
+            (op, Some(end)) if op.takes_slots() => Some(Op::Release { slot: end }),
             (_, Some(end)) => Some(Op::GiveBack { end }),
             (op, None) => (op.charged(allowed) && units > 0).then_some(Op::Refund),
         }

@@ -16,6 +16,7 @@ use tower_service::Service;
 use crate::body::{HeldSlots, MakeBody, Wrapped};
 use crate::deciding::Deciding;
 use crate::decision::Decision;
+use crate::error::StoreError;
 use crate::grpc::{self, ResponseStyle};
 use crate::headers::RateLimitHeaders;
 use crate::limiter::{Charges, Delayed, Later, Limiter, Settled};
@@ -342,7 +343,7 @@ fn adjusting<S, ReqB, F, C, R>(
 }
 
 /// The charges after the response are made, or failed (then logged: the response goes on).
-fn adjusted(result: Result<crate::decision::Decision, crate::error::StoreError>) {
+fn adjusted(result: Result<Decision, StoreError>) {
     if let Err(error) = result {
         tracing::warn!(%error, "rate-limit charge or refund after the response failed");
     }

@@ -596,9 +596,8 @@ impl Asking {
     fn granted(&self, outcomes: &mut [PolicyOutcome], now: u64) {
         let sent = self.sent;
         for Asked(i, policy, key, cost) in &self.checks {
-            let i = &(i - self.give_backs);
             let tier = &policy.id();
-            let Some(outcome) = outcomes.get_mut(*i) else {
+            let Some(outcome) = outcomes.get_mut(i - self.give_backs) else {
                 continue;
             };
             let Some(&Grant {

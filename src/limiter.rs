@@ -33,7 +33,7 @@ use http::{Response, StatusCode};
 use crate::body::HeldSlots;
 use crate::clock::Clock;
 use crate::decision::{Decision, PolicyOutcome};
-use crate::error::{ConfigError, FailurePolicy, StoreError, StoreErrorKind};
+use crate::error::{ConfigError, FailurePolicy, KeyRejection, StoreError, StoreErrorKind};
 use crate::grpc::ResponseStyle;
 use crate::headers::{HeaderConfig, RateLimitHeaders};
 use crate::key::{Key, KeyExtractor, RequestRef};
@@ -342,21 +342,7 @@ impl<St: Store> Limiter<St> {
             }
             let key = match policy.key(request) {
                 Ok(key) => key,
-                Err(rejection) => {
-                    let span = decision_span();
-                    let _entered = span.enter();
-                    traced(&span, |span| {
-                        span.record("policies", policy.name());
-                        span.record("outcome", "key_rejected");
-                    });
-                    tracing::debug!(
-                        policy = policy.name(),
-                        code = rejection.code(),
-                        "rate-limit key rejected"
-                    );
-                    let response = self.responses.rejected(&rejection);
-                    return Begin::Settled(Settled::Respond(response), Charges::new());
-                }
+                Err(rejection) => return self.key_rejected(policy, &rejection),
             };
             let index = policy.tier_index(request, &key);
             let tier = policy.tier(index);
@@ -404,6 +390,23 @@ impl<St: Store> Limiter<St> {
             return Begin::Settled(self.limited(decision, &headers), Charges::new());
         }
         self.decide(checks, fallback, after, &span)
+    }
+
+    /// The answer to a request whose key `policy` rejected.
+    fn key_rejected(&self, policy: &CompiledPolicy, rejection: &KeyRejection) -> Begin<St::Future> {
+        let span = decision_span();
+        let _entered = span.enter();
+        traced(&span, |span| {
+            span.record("policies", policy.name());
+            span.record("outcome", "key_rejected");
+        });
+        tracing::debug!(
+            policy = policy.name(),
+            code = rejection.code(),
+            "rate-limit key rejected"
+        );
+        let response = self.responses.rejected(rejection);
+        Begin::Settled(Settled::Respond(response), Charges::new())
     }
 
     /// [`Limiter::decide`] for a request that waited for another's lease.

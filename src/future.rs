@@ -52,9 +52,9 @@ struct With {
 }
 
 /// The request and the inner service it goes to, kept while the request waits (for its
-/// decision or its reserved slot): boxed, so that the response future, which is moved several
-/// times on its way into the server, stays the size of the inner service's future plus a
-/// little.
+/// decision or its reserved slot): boxed with what it waits for, so that the response future,
+/// which is moved several times on its way into the server, stays the size of the inner
+/// service's future plus a little.
 struct Pending<S, ReqB> {
     request: Request<ReqB>,
     inner: S,
@@ -63,10 +63,9 @@ struct Pending<S, ReqB> {
 pin_project! {
     #[project = StateProj]
     enum State<S, ReqB, F, C, R> {
-        // Waiting for the decision.
+        // Waiting for the decision, boxed with the request.
         Deciding {
-            deciding: Deciding<C>,
-            pending: Option<Box<Pending<S, ReqB>>>,
+            deciding: Option<Box<(Deciding<C>, Pending<S, ReqB>)>>,
         },
         // Admitted at a reserved slot: waiting until it comes.
         Delaying {
@@ -107,8 +106,10 @@ where
     ) -> Self {
         ResponseFuture {
             state: State::Deciding {
-                deciding: Deciding::new(limiter, later),
-                pending: Some(Box::new(Pending { request, inner })),
+                deciding: Some(Box::new((
+                    Deciding::new(limiter, later),
+                    Pending { request, inner },
+                ))),
             },
             limiter: Some(limiter.clone()),
             after: Charges::new(),
@@ -295,11 +296,12 @@ where
         let mut this = self.project();
         loop {
             let next = match this.state.as_mut().project() {
-                StateProj::Deciding { deciding, pending } => {
+                StateProj::Deciding { deciding } => {
                     let limiter = this.limiter.as_ref().expect(KEPT_FOR_LATER);
-                    let (settled, after) = ready!(deciding.poll_settled(limiter, cx));
+                    let waiting = &mut deciding.as_mut().expect(POLLED_AFTER_READY).0;
+                    let (settled, after) = ready!(waiting.poll_settled(limiter, cx));
                     *this.after = after;
-                    let pending = *pending.take().expect(POLLED_AFTER_READY);
+                    let (_, pending) = *deciding.take().expect(POLLED_AFTER_READY);
                     decided(settled, pending, limiter.style())
                 }
                 StateProj::Delaying { sleep, pending } => {

@@ -247,13 +247,17 @@ impl Entry {
 }
 
 /// The outcome of a check admitted from a lease here: its grant is the lease's end (where a
-/// refunded unit goes back to) and the units spent.
-fn spent(tier: &Arc<Tier>, verdict: Verdict, end: u64, cost: u64) -> PolicyOutcome {
-    PolicyOutcome::new(tier, false, verdict).with_grant(Some(Grant {
-        units: cost,
-        end,
-        lasts_us: 0,
-    }))
+/// refunded unit goes back to) and the units spent, when `ends` asks for it.
+fn spent(tier: &Arc<Tier>, verdict: Verdict, end: u64, cost: u64, ends: bool) -> PolicyOutcome {
+    let outcome = PolicyOutcome::new(tier, false, verdict);
+    match ends {
+        true => outcome.with_grant(Some(Grant {
+            units: cost,
+            end,
+            lasts_us: 0,
+        })),
+        false => outcome,
+    }
 }
 
 /// What a request's checks do about leases.
@@ -327,19 +331,21 @@ impl Leases {
         &self,
         items: impl Iterator<Item = (&'a Arc<Tier>, &'a Key, u64)> + Clone,
         now: u64,
+        ends: bool,
     ) -> Option<Decision> {
         let mut outcomes: SmallVec<[PolicyOutcome; 1]> = SmallVec::new();
+        let mut taken: SmallVec<[u64; 2]> = SmallVec::new();
         for (i, (tier, key, cost)) in items.clone().enumerate() {
             let spent_here = self.with(tier.id(), key, |e| e?.spend(now, cost));
             let Some((end, verdict)) = spent_here else {
                 // Put back what the earlier ones took.
-                for ((tier, key, cost), o) in items.take(i).zip(&outcomes) {
-                    let end = o.grant().map_or(0, |g| g.end);
+                for ((tier, key, cost), end) in items.take(i).zip(taken) {
                     self.put_back(tier.id(), key, end, cost, now);
                 }
                 return None;
             };
-            outcomes.push(spent(tier, verdict, end, cost));
+            outcomes.push(spent(tier, verdict, end, cost, ends));
+            taken.push(end);
         }
         Some(Decision::new(outcomes))
     }
@@ -349,8 +355,10 @@ impl Leases {
     /// every one has a lease with room (and none runs low); else those that need a lease and
     /// have none on its way ask the store for one (their checks become [`Op::Lease`]), with
     /// what their ended leases left to give back (checks put in front of the request's own);
-    /// else the request waits for a lease another request is asking for.
-    pub(crate) fn plan(self: &Arc<Self>, checks: &mut Checks, now: u64) -> Plan {
+    /// else the request waits for a lease another request is asking for. A decision made here
+    /// tells each outcome's lease when `ends` (the request gives units back after the
+    /// response, to the lease they came from).
+    pub(crate) fn plan(self: &Arc<Self>, checks: &mut Checks, now: u64, ends: bool) -> Plan {
         if !checks.iter().all(|c| c.tier().lease().is_some()) {
             // Another policy needs the store anyway: a lease would save nothing here.
             return Plan::Store(None);
@@ -365,7 +373,7 @@ impl Leases {
                 match entry.need(now, cost) {
                     Need::Local => {
                         if let Some((end, verdict)) = entry.spend(now, cost) {
-                            let outcome = spent(c.tier(), verdict, end, cost);
+                            let outcome = spent(c.tier(), verdict, end, cost, ends);
                             return Plan::Local(Decision::new(smallvec![outcome]));
                         }
                     }
@@ -391,7 +399,7 @@ impl Leases {
                     return Plan::Wait(self.wait(&checks[i]));
                 }
                 let items = checks.iter().map(|c| (c.tier(), c.key(), c.cost()));
-                if let Some(spent) = self.spend_each(items, now) {
+                if let Some(spent) = self.spend_each(items, now, ends) {
                     return Plan::Local(spent);
                 }
                 // Another request spent the units in between: ask for every check.
@@ -653,7 +661,7 @@ impl Asking {
             .checks
             .iter()
             .map(|Asked(_, tier, key, cost)| (tier, key, *cost));
-        self.leases.spend_each(items, now)
+        self.leases.spend_each(items, now, true)
     }
 }
 

@@ -436,7 +436,7 @@ impl<St: Store> Limiter<St> {
         // breaker says), or the checks that ask the store for one.
         let mut asking = None;
         if let Some(leases) = self.leases() {
-            match leases.plan(&mut checks, now()) {
+            match leases.plan(&mut checks, now(), !after.is_empty()) {
                 lease::Plan::Local(decision) => {
                     let keys = self.keys(&checks);
                     traced(span, |span| {

@@ -294,13 +294,14 @@ local function take_lease(alg, key, p, st, ends, now, cost, want, lease_end, rep
   reply[at + 4], reply[at + 5], reply[at + 6] = units, lease_end, lease_end - now
 end
 
--- Phase one for a policy whose reply starts at REPLY[base + 1]: its state, loaded in `into`
--- (converted first when written under other parameters; as strict as a lease could make it,
--- in `leased`, for a LEASE whose longest life is `x`: twin of `lease_verdict` in Rust), its
--- verdict in the reply, and for a RESERVE denied now, the wait of at most `x` until the slot
--- that would admit it. Returns whether it admits the request, the state and block decided
--- on, the lease's end and the wait.
-local function evaluate(alg, op, key, p, now, cost, x, into, leased, base)
+-- Phase one for the policy at position i, whose reply starts at REPLY[base + 1]: its state,
+-- loaded in STATES[i] (converted first when written under other parameters; as strict as a
+-- lease could make it, in LEASED[i], for a LEASE whose longest life is `x`: twin of
+-- `lease_verdict` in Rust), its verdict in the reply, and for a RESERVE denied now, the wait of
+-- at most `x` until the slot that would admit it. Returns whether it admits the request, the
+-- state and block decided on, the lease's end and the wait.
+local function evaluate(i, alg, op, key, p, now, cost, x, base)
+  local into = STATES[i]
   local st, ends, stale = alg.load(key, p, now, into)
   if stale then
     st, ends = adopt(alg, key, p, st, ends, now, stale, into)
@@ -312,7 +313,7 @@ local function evaluate(alg, op, key, p, now, cost, x, into, leased, base)
       lease_end = alg:lease_end(p, st, now, x)
     end
     if alg.lease_state then
-      st = alg:lease_state(p, st, now, lease_end, leased)
+      st = alg:lease_state(p, st, now, lease_end, LEASED[i])
     end
   end
   local verdict, remaining, reset = judge(alg, p, st, ends, now, cost, key)
@@ -330,29 +331,30 @@ local function evaluate(alg, op, key, p, now, cost, x, into, leased, base)
   return false, st, ends
 end
 
--- Phase two for a policy, the request `admitted` or not: charged as its operation says (at
--- its reserved slot `wait` away, a lease of up to `y` units ending at `lease_end`, its cost;
--- keeping its block on record), or the state reported as it stays, its key given a TTL if it
--- lost its own.
-local function settle(alg, op, key, p, now, cost, y, st, ends, lease_end, wait, admitted, leased,
-    base)
-  if admitted and wait then
-    reserve(alg, key, p, st, ends, now, cost, wait, REPLY, base, leased)
-    return
-  end
-  if admitted and op == LEASE then
-    take_lease(alg, key, p, st, ends, now, cost, y, lease_end, REPLY, base)
-    return
-  end
-  local charges = CHARGES[op]
-  if admitted and cost > 0 and (charges == 2 or (charges == 1 and REPLY[base + 1] == ADMITTED)) then
-    KEEP_BLOCK = ends
-    alg:commit(key, p, st, now, cost)
-    KEEP_BLOCK = nil
-    if op == HOLD then
-      REPLY[base + 4], REPLY[base + 5] = cost, now
+-- Phase two for the policy at position i, the request `admitted` or not: charged as its
+-- operation says (at its reserved slot `wait` away, a lease of up to `y` units ending at
+-- `lease_end`, its cost; keeping its block on record), or the state reported as it stays, its
+-- key given a TTL if it lost its own.
+local function settle(i, alg, op, key, p, now, cost, y, st, ends, lease_end, wait, admitted, base)
+  if admitted then
+    if wait then
+      reserve(alg, key, p, st, ends, now, cost, wait, REPLY, base, LEASED[i])
+      return
     end
-    return
+    if op == LEASE then
+      take_lease(alg, key, p, st, ends, now, cost, y, lease_end, REPLY, base)
+      return
+    end
+    local charges = CHARGES[op]
+    if cost > 0 and (charges == 2 or (charges == 1 and REPLY[base + 1] == ADMITTED)) then
+      KEEP_BLOCK = ends
+      alg:commit(key, p, st, now, cost)
+      KEEP_BLOCK = nil
+      if op == HOLD then
+        REPLY[base + 4], REPLY[base + 5] = cost, now
+      end
+      return
+    end
   end
   if REPLY[base + 1] == ADMITTED and cost > 0 then
     -- Admitted by this policy but not charged: report the state as it stays.
@@ -409,8 +411,8 @@ local function decide_many(keys, args, n)
   local admitted, base = true, 0
   for i = 1, n do
     local op = OPS[i]
-    local ok, st, ends, lease_end, wait = evaluate(ALGS[i], op, keys[i], PARAMS[i], now,
-      COSTS[i], XS[i], STATES[i], LEASED[i], base)
+    local ok, st, ends, lease_end, wait = evaluate(i, ALGS[i], op, keys[i], PARAMS[i], now,
+      COSTS[i], XS[i], base)
     if not ok and DECIDES[op] then
       admitted = false
     end
@@ -421,8 +423,8 @@ local function decide_many(keys, args, n)
   base = 0
   for i = 1, n do
     local op = OPS[i]
-    settle(ALGS[i], op, keys[i], PARAMS[i], now, COSTS[i], YS[i], STS[i], ENDS[i], LEASE_ENDS[i],
-      WAITS[i], admitted, LEASED[i], base)
+    settle(i, ALGS[i], op, keys[i], PARAMS[i], now, COSTS[i], YS[i], STS[i], ENDS[i],
+      LEASE_ENDS[i], WAITS[i], admitted, base)
     base = base + WIDTH[op]
   end
   return REPLY
@@ -455,10 +457,8 @@ local function decide(keys, args)
     act(alg, op, key, p, now, cost, x, STATES[1])
     cost = 0
   end
-  local ok, st, ends, lease_end, wait = evaluate(alg, op, key, p, now, cost, x, STATES[1],
-    LEASED[1], 0)
+  local ok, st, ends, lease_end, wait = evaluate(1, alg, op, key, p, now, cost, x, 0)
   REPLY[WIDTH[op] + 1] = nil
-  settle(alg, op, key, p, now, cost, y, st, ends, lease_end, wait, ok or not DECIDES[op],
-    LEASED[1], 0)
+  settle(1, alg, op, key, p, now, cost, y, st, ends, lease_end, wait, ok or not DECIDES[op], 0)
   return REPLY
 end

@@ -118,6 +118,7 @@ where
     }
 
     /// A request already settled: the limiter's response, or the inner service called.
+    #[inline]
     pub(crate) fn settled(
         limiter: &Arc<Limiter<St>>,
         settled: Settled,
@@ -192,6 +193,7 @@ where
 /// The limiter's own response (in the form `style` gives the request), or the inner service
 /// called: [`Settled::Call`]'s, or a waiting request's whose slot came (its slots are then
 /// spent, not given back).
+#[inline]
 fn respond_or_call<S, ReqB, C, R>(
     settled: Settled,
     request: Request<ReqB>,
@@ -201,17 +203,17 @@ fn respond_or_call<S, ReqB, C, R>(
 where
     S: Service<Request<ReqB>>,
 {
-    let (headers, decision, held) = match settled {
+    match settled {
+        Settled::Call(headers, decision, held) => call(headers, decision, held, request, inner),
         Settled::Respond(response) => {
             let response = match style.is_grpc(&request) {
                 true => grpc::answer(response),
                 false => response,
             };
-            return State::Ready {
+            State::Ready {
                 response: Some(response),
-            };
+            }
         }
-        Settled::Call(headers, decision, held) => (headers, decision, held),
         Settled::Wait(delayed) => {
             let Delayed {
                 headers,
@@ -223,14 +225,14 @@ where
             if let Some(release) = release {
                 release.keep();
             }
-            (Some(headers), decision, held)
+            call(Some(headers), decision, held, request, inner)
         }
-    };
-    call(headers, decision, held, request, inner)
+    }
 }
 
 /// Calls the inner service with the decision (if any) in the request's extensions; `headers`
 /// go on its response, and `held` with its body.
+#[inline]
 fn call<S, ReqB, C, R>(
     headers: Option<RateLimitHeaders>,
     decision: Option<Decision>,
@@ -353,6 +355,7 @@ fn adjusted(result: Result<Decision, StoreError>) {
 
 /// Adds `headers` to the inner service's response, and starts the charges and refunds
 /// `after` makes for its status, if any.
+#[inline]
 fn charge_after<St: Store, B>(
     response: &mut Response<B>,
     headers: Option<RateLimitHeaders>,

@@ -349,7 +349,7 @@ impl<St: Store> Limiter<St> {
             let cost = policy.cost(request);
             let op = Op::of(tier.part());
             for (when, charge) in [
-                (policy.charge_if(), Op::Enforce),
+                (tier.charge_if(), Op::Enforce),
                 (policy.refund_if(), Op::Refund),
             ] {
                 if let Some(when) = when {

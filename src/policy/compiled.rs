@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::builder::{CostFn, RequestFn, Route, StatusFn, TierFn};
-use super::tier::{Part, Tier};
+use super::tier::Tier;
 use crate::error::KeyRejection;
 use crate::key::{Key, KeyExtractor, RequestRef};
 
@@ -91,14 +91,6 @@ impl CompiledPolicy {
     /// The units `request` costs.
     pub(crate) fn cost(&self, request: &RequestRef<'_>) -> u64 {
         self.cost.as_ref().map_or(1, |f| u64::from(f(request)))
-    }
-
-    /// Charge after responses whose status matches.
-    pub(crate) fn charge_if(&self) -> Option<&StatusFn> {
-        match self.tier(0).part() {
-            Part::ChargeLater(when) => Some(when),
-            _ => None,
-        }
     }
 
     /// Give the cost back after responses whose status matches.

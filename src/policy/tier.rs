@@ -151,6 +151,14 @@ impl Tier {
         &self.part
     }
 
+    /// Charge after responses whose status matches, for a tier charged after the response.
+    pub(crate) fn charge_if(&self) -> Option<&StatusFn> {
+        match &self.part {
+            Part::ChargeLater(when) => Some(when),
+            _ => None,
+        }
+    }
+
     /// Whether the tier limits requests in flight.
     pub(crate) fn holds(&self) -> bool {
         matches!(self.part, Part::Hold)

@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -64,31 +64,32 @@ where
         St: Store + Sealed<Future = C>,
     {
         loop {
-            let Some(later) = self.later.take() else {
+            let Some(later) = self.later.as_mut() else {
                 panic!("a decision polled after it came");
             };
+            // Polled in place; taken only once it came.
             let next = match later {
-                Later::Store(mut call, ticket) => match Pin::new(&mut call).poll(cx) {
-                    Poll::Ready(result) => return Poll::Ready(limiter.settle(ticket, result)),
-                    Poll::Pending => {
-                        self.later = Some(Later::Store(call, ticket));
-                        return Poll::Pending;
-                    }
-                },
-                Later::Lease(mut wait, planned) => match Pin::new(&mut wait).poll(cx) {
+                Later::Store(call, _) => {
+                    let result = ready!(Pin::new(call).poll(cx));
+                    let Some(Later::Store(_, ticket)) = self.later.take() else {
+                        unreachable!("the store's answer came");
+                    };
+                    return Poll::Ready(limiter.settle(ticket, result));
+                }
+                Later::Lease(wait, _) => {
+                    ready!(Pin::new(wait).poll(cx));
+                    let Some(Later::Lease(_, planned)) = self.later.take() else {
+                        unreachable!("the lease came");
+                    };
                     // The lease came (or not): plan again.
-                    Poll::Ready(()) => match limiter.resume(*planned) {
+                    match limiter.resume(*planned) {
                         Begin::Later(later) => later,
                         Begin::Settled(settled, after) => return Poll::Ready((settled, after)),
                         Begin::Unlimited => {
                             return Poll::Ready((Settled::Call(None, None, None), Charges::new()));
                         }
-                    },
-                    Poll::Pending => {
-                        self.later = Some(Later::Lease(wait, planned));
-                        return Poll::Pending;
                     }
-                },
+                }
             };
             *self = Deciding::new(limiter, next);
         }

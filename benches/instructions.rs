@@ -7,6 +7,9 @@
 //!                         # governor_headers, check, governor_check, hot or hot_lease
 //! ```
 //!
+//! It makes 10,240 requests to warm up, then `N` more in `measured`, the only function
+//! callgrind counts (`--toggle-collect`), each polled once and answered at once.
+//!
 //! `bare` is an axum hello-world router, `identity` the same with `tower`'s layer that does
 //! nothing; `legacy` and `none` add our layer (memory store, GCRA 1,000,000/s per peer IP,
 //! never limiting) with `X-RateLimit-*` headers or none, `quiet` with neither headers nor the
@@ -26,6 +29,14 @@ use tower_ratelimit::axum::AxumBody;
 use tower_ratelimit::key::{Key, PeerIp};
 use tower_ratelimit::{HeaderStyle, Policy, RateLimitLayer};
 
+#[path = "common/ready.rs"]
+mod ready;
+use ready::now;
+
+/// Requests made before counting: every peer (or key) seen once, so tables are warm and
+/// nothing counted is a first insert or a table's growth.
+const WARM_UP: u64 = 10_240;
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--bench") {
@@ -34,80 +45,99 @@ fn main() {
     }
     let mode = args.first().map_or("", String::as_str).to_owned();
     let n: u64 = args.get(1).and_then(|n| n.parse().ok()).unwrap_or(10_000);
+    // Some layers look for a runtime (none of these requests waits on it).
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("a runtime");
-    rt.block_on(async {
-        let layer = |style| {
-            let mut policy = Policy::gcra("1000000/s").name("g");
-            if mode == "hot_lease" {
-                policy = policy.lease(20);
-            }
-            RateLimitLayer::builder()
-                .policy(policy)
-                .key(PeerIp::new())
-                .headers(style)
-                .decision_extension(mode != "quiet" && mode != "axum_body")
-                .build()
-                .expect("a valid layer")
-        };
-        let base = Router::new().route("/", get(|| async { "hello" }));
-        let app = match mode.as_str() {
-            "check" => {
-                let limiter = layer(HeaderStyle::Legacy);
-                let keys: Vec<Key> = (0..10_000u64).map(Key::from).collect();
-                for i in 0..n {
-                    let decision = limiter.check(&keys[(i % 10_000) as usize], 1).await;
-                    std::hint::black_box(decision.expect("a decision"));
-                }
-                return;
-            }
-            "governor_check" => {
-                let quota =
-                    governor::Quota::per_second(std::num::NonZeroU32::new(1_000_000).unwrap());
-                let limiter = governor::RateLimiter::keyed(quota);
-                let keys: Vec<Key> = (0..10_000u64).map(Key::from).collect();
-                for i in 0..n {
-                    std::hint::black_box(limiter.check_key(&keys[(i % 10_000) as usize]).is_ok());
-                }
-                return;
-            }
-            "governor" | "governor_headers" => {
-                use tower_governor::GovernorLayer;
-                use tower_governor::governor::GovernorConfigBuilder;
-                let mut config = GovernorConfigBuilder::default();
-                config.per_nanosecond(1).burst_size(1_000_000);
-                if mode == "governor" {
-                    base.layer(GovernorLayer::new(config.finish().expect("a valid config")))
-                } else {
-                    let config = config.use_headers().finish().expect("a valid config");
-                    base.layer(GovernorLayer::new(config))
-                }
-            }
-            "bare" => base,
-            "identity" => base.layer(tower::layer::util::Identity::new()),
-            "legacy" | "hot" | "hot_lease" => base.layer(layer(HeaderStyle::Legacy)),
-            "none" | "quiet" => base.layer(layer(HeaderStyle::None)),
-            "axum_body" => base.layer(layer(HeaderStyle::None).body::<AxumBody>()),
-            other => panic!("unknown mode {other:?}: see the file's documentation"),
-        };
-        for i in 0..n {
-            let peer = match mode.as_str() {
-                "hot" | "hot_lease" => SocketAddr::from(([10, 0, 0, 1], 1000)),
-                _ => SocketAddr::from(([10, 0, (i / 256 % 40) as u8, (i % 256) as u8], 1000)),
-            };
-            let mut req = Request::get("/").body(Body::empty()).expect("a request");
-            // How axum's `into_make_service_with_connect_info` hands over the peer; both layers
-            // read it.
-            req.extensions_mut()
-                .insert(axum::extract::ConnectInfo(peer));
-            let response = app.clone().oneshot(req).await.expect("a response");
-            assert!(
-                response.status().is_success(),
-                "{mode}: {}",
-                response.status()
-            );
-            std::hint::black_box(response);
+    let _entered = rt.enter();
+    let mut request = requests(&mode);
+    for i in 0..WARM_UP {
+        request(i);
+    }
+    measured(WARM_UP, WARM_UP + n, &mut *request);
+}
+
+/// The requests callgrind counts (`--toggle-collect` names this function): the start-up (the
+/// clock's calibration, building the layer, the warm-up) is not counted, so the figure is the
+/// same from run to run.
+#[inline(never)]
+fn measured(from: u64, to: u64, request: &mut dyn FnMut(u64)) {
+    for i in from..to {
+        request(i);
+    }
+}
+
+/// The `i`th request of `mode`, made and answered synchronously (every service here is ready
+/// at once).
+fn requests(mode: &str) -> Box<dyn FnMut(u64)> {
+    let layer = |style| {
+        let mut policy = Policy::gcra("1000000/s").name("g");
+        if mode == "hot_lease" {
+            policy = policy.lease(20);
         }
-    });
+        RateLimitLayer::builder()
+            .policy(policy)
+            .key(PeerIp::new())
+            .headers(style)
+            .decision_extension(mode != "quiet" && mode != "axum_body")
+            .build()
+            .expect("a valid layer")
+    };
+    let keys: Vec<Key> = (0..10_000u64).map(Key::from).collect();
+    let base = Router::new().route("/", get(|| async { "hello" }));
+    let app = match mode {
+        "check" => {
+            let limiter = layer(HeaderStyle::Legacy);
+            return Box::new(move |i| {
+                let decision = now(limiter.check(&keys[(i % 10_000) as usize], 1));
+                std::hint::black_box(decision.expect("a decision"));
+            });
+        }
+        "governor_check" => {
+            let quota = governor::Quota::per_second(std::num::NonZeroU32::new(1_000_000).unwrap());
+            let limiter = governor::RateLimiter::keyed(quota);
+            return Box::new(move |i| {
+                std::hint::black_box(limiter.check_key(&keys[(i % 10_000) as usize]).is_ok());
+            });
+        }
+        "governor" | "governor_headers" => {
+            use tower_governor::GovernorLayer;
+            use tower_governor::governor::GovernorConfigBuilder;
+            let mut config = GovernorConfigBuilder::default();
+            config.per_nanosecond(1).burst_size(1_000_000);
+            if mode == "governor" {
+                base.layer(GovernorLayer::new(config.finish().expect("a valid config")))
+            } else {
+                let config = config.use_headers().finish().expect("a valid config");
+                base.layer(GovernorLayer::new(config))
+            }
+        }
+        "bare" => base,
+        "identity" => base.layer(tower::layer::util::Identity::new()),
+        "legacy" | "hot" | "hot_lease" => base.layer(layer(HeaderStyle::Legacy)),
+        "none" | "quiet" => base.layer(layer(HeaderStyle::None)),
+        "axum_body" => base.layer(layer(HeaderStyle::None).body::<AxumBody>()),
+        other => panic!("unknown mode {other:?}: see the file's documentation"),
+    };
+    let hot = matches!(mode, "hot" | "hot_lease");
+    let mode = mode.to_owned();
+    Box::new(move |i| {
+        let peer = if hot {
+            SocketAddr::from(([10, 0, 0, 1], 1000))
+        } else {
+            SocketAddr::from(([10, 0, (i / 256 % 40) as u8, (i % 256) as u8], 1000))
+        };
+        let mut req = Request::get("/").body(Body::empty()).expect("a request");
+        // How axum's `into_make_service_with_connect_info` hands over the peer; both layers
+        // read it.
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(peer));
+        let response = now(app.clone().oneshot(req)).expect("a response");
+        assert!(
+            response.status().is_success(),
+            "{mode}: {}",
+            response.status()
+        );
+        std::hint::black_box(response);
+    })
 }

@@ -53,9 +53,19 @@ impl Step for Gcra {
     type State = State;
     const LUA: &'static str = include_str!("lua/gcra.lua");
     const HAS_BURST: bool = true;
+    const PACKS: bool = true;
 
     fn compile(quota: Quota, _: Options) -> Result<Self, ConfigError> {
         Self::new(quota)
+    }
+
+    /// The TAT, which is when the state expires.
+    fn pack(&self, state: &State) -> Option<u64> {
+        Some(state.tat)
+    }
+
+    fn unpack(&self, word: u64) -> Option<State> {
+        (word > 0).then_some(State { tat: word })
     }
 
     fn window_us(&self) -> u64 {

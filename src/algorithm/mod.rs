@@ -224,6 +224,24 @@ pub(crate) trait Step: Sized {
         expires_at
     }
 
+    /// Whether the state packs in one word (see [`pack`](Step::pack)).
+    const PACKS: bool = false;
+
+    /// The state as one word, for an algorithm whose state fits in one and is then the time
+    /// the state expires (GCRA's TAT): the memory store keeps such a state in an atomic and
+    /// decides a key's one policy on it by compare-and-swap. `None` (the default): the state
+    /// does not pack, or not this one. A packed 0 is no state.
+    fn pack(&self, state: &Self::State) -> Option<u64> {
+        let _ = state;
+        None
+    }
+
+    /// The state a word [`pack`](Step::pack) made holds (`None` for 0).
+    fn unpack(&self, word: u64) -> Option<Self::State> {
+        let _ = word;
+        None
+    }
+
     /// The state's own notion of the present, for algorithms that never move it back (0: none).
     fn own_time(&self, state: &Self::State) -> u64 {
         let _ = state;
@@ -265,6 +283,18 @@ fn evaluate_with_lag<A: Step>(a: &A, state: Option<&A::State>, now: u64, cost: u
         }
     }
     verdict
+}
+
+/// One request of `cost` on the packed state `word` (see [`Step::pack`]): the verdict, and the
+/// word the charge leaves when it is admitted and charged (the word it was when nothing is).
+fn decide_packed<A: Step>(a: &A, word: u64, now: u64, cost: u64) -> (Verdict, u64) {
+    let mut state = a.unpack(word);
+    let verdict = evaluate_with_lag(a, state.as_ref(), now, cost);
+    if !verdict.allowed || cost == 0 {
+        return (verdict, word);
+    }
+    a.commit(&mut state, now, cost);
+    (verdict, state.as_ref().and_then(|s| a.pack(s)).unwrap_or(0))
 }
 
 /// When a request denied now with `verdict` is admitted instead by reserving its slot: the
@@ -518,6 +548,31 @@ macro_rules! algorithms {
                         *slot = None;
                         now
                     }
+                }
+            }
+
+            /// `state` as one word (see [`Step::pack`]; no state is 0), if it packs.
+            pub(crate) fn pack(&self, state: Option<&State>) -> Option<u64> {
+                match self {
+                    $(Compiled::$variant(a) => match own_state!(state, $variant) {
+                        Some(own) => a.pack(own),
+                        None => <$module::$ty as Step>::PACKS.then_some(0),
+                    },)*
+                }
+            }
+
+            /// The state a packed word holds (see [`Step::unpack`]).
+            pub(crate) fn unpack(&self, word: u64) -> Option<State> {
+                match self {
+                    $(Compiled::$variant(a) => a.unpack(word).map(State::$variant),)*
+                }
+            }
+
+            /// One request on a packed state: its verdict and the word it leaves (see
+            /// [`decide_packed`]).
+            pub(crate) fn decide_packed(&self, word: u64, now: u64, cost: u64) -> (Verdict, u64) {
+                match self {
+                    $(Compiled::$variant(a) => decide_packed(a, word, now, cost),)*
                 }
             }
 

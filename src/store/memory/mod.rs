@@ -1,0 +1,285 @@
+//! The in-memory store.
+
+mod shard;
+
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::sync::{Arc, RwLock, RwLockWriteGuard};
+
+use super::{Check, Checks, Op, Registry, private, read, write};
+use crate::clock::{Clock, SystemClock};
+use crate::decision::{Decision, PolicyOutcome};
+use crate::error::StoreError;
+use shard::{Shard, Step, Steps};
+use smallvec::{SmallVec, smallvec};
+
+/// The default [`MemoryStoreBuilder::max_keys`].
+pub(crate) const DEFAULT_MAX_KEYS: usize = 100_000;
+
+/// Rate-limit state in this process: sharded, bounded, exact under concurrency.
+///
+/// Keys are spread over shards, each a hash map behind its own mutex, so tasks checking
+/// different keys rarely wait for each other, and checks of one key are serialized, so exactly
+/// `limit` of any number of concurrent requests are admitted. The hash is SipHash with a random
+/// seed, so clients cannot choose keys that collide.
+///
+/// The store holds at most [`max_keys`](MemoryStoreBuilder::max_keys) keys. An entry is dropped
+/// once its state is back to that of a fresh key: lazily when it is next used, and by a sweep of
+/// each shard at most every ten seconds of activity. When a shard is full and holds no expired
+/// entry, it evicts the entry that expires soonest among the first eight of its table (in the
+/// table's own order, which the random hash seed makes arbitrary but which is not a uniform
+/// sample), which forgets that key's usage: size `max_keys` above the number of keys active
+/// within one window.
+///
+/// Clones share the same state.
+///
+/// ```
+/// use tower_ratelimit::{ManualClock, MemoryStore};
+///
+/// let clock = ManualClock::new();
+/// let store = MemoryStore::builder().max_keys(10_000).clock(clock.clone()).build();
+/// assert_eq!(store.len(), 0);
+/// ```
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shards: Box<[RwLock<Shard>]>,
+    per_shard: usize,
+    hasher: RandomState,
+    clock: Arc<dyn Clock>,
+    registry: Registry,
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.inner.shards.len())
+            .field(
+                "max_keys",
+                &(self.inner.per_shard * self.inner.shards.len()),
+            )
+            .field("clock", &self.inner.clock)
+            .finish()
+    }
+}
+
+/// Configures a [`MemoryStore`].
+#[derive(Debug)]
+#[must_use]
+pub struct MemoryStoreBuilder {
+    max_keys: usize,
+    shards: Option<usize>,
+    clock: Arc<dyn Clock>,
+}
+
+impl MemoryStoreBuilder {
+    /// The most keys the store holds (default 100,000); at least 1.
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys.max(1);
+        self
+    }
+
+    /// The number of shards (default: four per available core), rounded up to a power of two
+    /// (a key's shard is then picked by a mask, not a division); never more than `max_keys`
+    /// (then the largest power of two below it).
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards.max(1));
+        self
+    }
+
+    /// The clock decisions are made on (default [`SystemClock`]).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Builds the store.
+    pub fn build(self) -> MemoryStore {
+        let wanted = self
+            .shards
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()) * 4);
+        // Powers of two: the largest at most `max_keys` caps the smallest at least `wanted`.
+        let most = 1 << self.max_keys.ilog2();
+        let shards = wanted.next_power_of_two().min(most);
+        let per_shard = self.max_keys / shards;
+        let hasher = RandomState::new();
+        MemoryStore {
+            inner: Arc::new(Inner {
+                shards: (0..shards)
+                    .map(|_| RwLock::new(Shard::new(hasher.clone())))
+                    .collect(),
+                per_shard,
+                hasher,
+                clock: self.clock,
+                registry: Registry::default(),
+            }),
+        }
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// A store with the default size and the system clock.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// A store with the default size and `clock`.
+    pub fn with_clock(clock: impl Clock) -> Self {
+        Self::builder().clock(clock).build()
+    }
+
+    /// Configures a store.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder {
+            max_keys: DEFAULT_MAX_KEYS,
+            shards: None,
+            clock: Arc::new(SystemClock::new()),
+        }
+    }
+
+    /// The number of entries held, including expired ones not yet swept.
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| read(s).len()).sum()
+    }
+
+    /// Whether the store holds no entry.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The most entries the store will hold.
+    pub fn capacity(&self) -> usize {
+        self.inner.per_shard * self.inner.shards.len()
+    }
+
+    /// Drops every expired entry now, and returns how many were dropped.
+    pub fn sweep(&self) -> usize {
+        let now = self.inner.clock.now_micros();
+        self.inner.shards.iter().map(|s| write(s).sweep(now)).sum()
+    }
+
+    /// The hash of a check's (policy, key) and its shard.
+    fn locate(&self, check: &Check) -> (u64, usize) {
+        let h = check.key().hash_with(check.tier().id(), &self.inner.hasher);
+        // The high bits pick the shard: the table uses the low ones.
+        (h, ((h >> 32) as usize) & (self.inner.shards.len() - 1))
+    }
+
+    /// Decides synchronously; [`Store::check`] wraps this in a ready future.
+    ///
+    /// The time is read once the shards are locked: decisions on one key then see times in the
+    /// order they are made, so each reports exactly what it left (read before the lock, a
+    /// decision could be made after a later one and see time go back).
+    pub(crate) fn decide(&self, checks: &[Check]) -> Decision {
+        let capacity = self.inner.per_shard;
+        if let [check] = checks
+            && check.op() == Op::Enforce
+        {
+            // The common case: one enforced policy, one shard, no allocation but the outcome;
+            // decided under the shared lock when the key's state is packed.
+            let (hash, index) = self.locate(check);
+            let clock = || self.inner.clock.now_micros();
+            let shard = &self.inner.shards[index];
+            // The shared guard is dropped at the end of this statement, before the other lock.
+            let packed = read(shard).decide_packed(check, hash, clock);
+            let verdict = match packed {
+                Some(verdict) => verdict,
+                None => {
+                    let mut shard = write(shard);
+                    let registry = &self.inner.registry;
+                    shard.decide_one(check, hash, clock(), capacity, registry)
+                }
+            };
+            return Decision::new(smallvec![PolicyOutcome::new(check.tier(), false, verdict)]);
+        }
+        let (mut guards, mut steps) = self.lock_all(checks);
+        let now = self.inner.clock.now_micros();
+        let registry = &self.inner.registry;
+        let redefined = registry.redefined();
+        // Phase one: the operations that act on their own, in order; then every verdict.
+        for (c, s) in checks.iter().zip(&steps) {
+            let shard = &mut guards[s.guard];
+            // One more lookup per check, only in a store where a policy was ever redefined.
+            if redefined {
+                shard.adopt(c, s.hash, now, registry);
+            }
+            shard.act(c, s.hash, now, capacity);
+        }
+        for (c, s) in checks.iter().zip(&mut steps) {
+            let shard = &guards[s.guard];
+            // An operation that acted on its own reports like a look.
+            let cost = if c.op().acts() { 0 } else { c.cost() };
+            s.verdict = shard.evaluate(c, s.hash, now, cost);
+            if let Op::Reserve { max_wait_us } = c.op()
+                && !s.verdict.allowed
+            {
+                // Denied now, it may be admitted at a later slot.
+                s.wait = shard.reservation(c, s.hash, now, &s.verdict, max_wait_us);
+            }
+        }
+        let admitted = checks
+            .iter()
+            .zip(&steps)
+            .all(|(c, s)| s.verdict.allowed || s.wait.is_some() || !c.op().decides());
+        // Phase two: charged only if every check that decides admits the request.
+        for (c, s) in checks.iter().zip(&mut steps) {
+            guards[s.guard].settle(c, s, now, admitted, capacity);
+        }
+        for g in &mut guards {
+            g.tick(now);
+        }
+        let outcomes = checks.iter().zip(steps).map(|(c, s)| {
+            PolicyOutcome::new(c.tier(), c.op() == Op::Shadow, s.verdict).with_grant(s.grant)
+        });
+        Decision::new(outcomes.collect())
+    }
+
+    /// Locks every shard `checks` involve, in index order so that concurrent multi-policy
+    /// decisions cannot deadlock; each check's step names its shard by its place among the
+    /// guards.
+    fn lock_all(&self, checks: &[Check]) -> (Vec<RwLockWriteGuard<'_, Shard>>, Steps) {
+        let mut steps: Steps = checks
+            .iter()
+            .map(|c| {
+                let (hash, shard) = self.locate(c);
+                Step::new(hash, shard)
+            })
+            .collect();
+        let mut order: SmallVec<[usize; 4]> = steps.iter().map(|s| s.guard).collect();
+        order.sort_unstable();
+        order.dedup();
+        let guards = order.iter().map(|&i| write(&self.inner.shards[i])).collect();
+        for s in &mut steps {
+            s.guard = order
+                .binary_search(&s.guard)
+                .expect("every shard involved is locked");
+        }
+        (guards, steps)
+    }
+}
+
+#[allow(private_interfaces)]
+impl private::Sealed for MemoryStore {
+    type Future = std::future::Ready<Result<Decision, StoreError>>;
+
+    fn check(&self, checks: Checks) -> Self::Future {
+        std::future::ready(Ok(self.decide(&checks)))
+    }
+
+    fn registry(&self) -> &Registry {
+        &self.inner.registry
+    }
+
+    fn decide_now(&self, checks: &[Check]) -> Option<Decision> {
+        Some(self.decide(checks))
+    }
+}

@@ -1,0 +1,647 @@
+//! One shard of the memory store: its table of slots, the shared-lock path that decides a
+//! packed state by compare-and-swap, and the exclusive path for everything else.
+
+use std::collections::hash_map::RandomState;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hashbrown::HashTable;
+
+use smallvec::SmallVec;
+use crate::algorithm::{Compiled, Lease, State, Verdict, apply_block};
+use crate::decision::Grant;
+use crate::key::Key;
+use crate::store::{Check, Op, Registry};
+
+/// How many operations a shard serves under its exclusive lock between checks for a periodic
+/// sweep.
+const SWEEP_CHECK_EVERY: u32 = 1024;
+/// The least time between two periodic sweeps of one shard, in microseconds.
+const SWEEP_INTERVAL_US: u64 = 10_000_000;
+/// How many entries a full shard looks at (the first in its table's order) to choose one to
+/// evict.
+const EVICTION_SAMPLE: usize = 8;
+
+/// One shard: a hash table keyed by (policy id, key), hashed once per decision with the
+/// store's seeded hasher, and looked up by reference (no key is cloned but on insert).
+///
+/// Behind a read-write lock: under the shared lock, a key's one enforced policy whose state
+/// is packed is decided by compare-and-swap of its word, so threads deciding one hot key never
+/// wait for each other's lock; everything else (a new key, several policies at once, leases,
+/// reservations, holds, a block, the sweep) takes the exclusive lock.
+pub(super) struct Shard {
+    table: HashTable<Slot>,
+    /// The store's hasher, to hash a slot again when the table grows or evicts (a slot does
+    /// not keep its hash: 8 bytes per key).
+    hasher: RandomState,
+    ops: u32,
+    last_sweep: u64,
+    /// A lower bound of the entries' expiry times (exact after a sweep; a charge under the
+    /// shared lock only moves an expiry later).
+    min_expiry: u64,
+}
+
+/// A key's entry in one policy: 64 bytes (checked by a test), so that a table of them stays
+/// within 96 bytes a key.
+struct Slot {
+    key: Key,
+    id: u32,
+    /// The definition the state was written under (see [`Registry`]).
+    def: u32,
+    cell: Cell,
+}
+
+/// Where a slot keeps its state.
+enum Cell {
+    /// A state that packs in one word ([`Step::pack`](crate::algorithm::Step::pack)), which is
+    /// also when it expires, and no block: the common case, decided under the shared lock.
+    Packed(AtomicU64),
+    /// Anything else: the state of an algorithm that does not pack, or a blocked key.
+    Full(Box<Entry>),
+}
+
+/// A key's state as the exclusive path reads and changes it.
+struct Entry {
+    state: Option<State>,
+    expires_at: u64,
+    /// Denied whatever the state until then (0: not blocked).
+    blocked_until: u64,
+}
+
+impl Entry {
+    /// What the packed `word` of `algorithm` holds.
+    fn packed(algorithm: &Compiled, word: u64) -> Self {
+        Entry {
+            state: algorithm.unpack(word),
+            expires_at: word,
+            blocked_until: 0,
+        }
+    }
+
+    /// The state, unless it has expired (then the key is as good as fresh).
+    fn live(&self, now: u64) -> Option<&State> {
+        if self.expires_at <= now {
+            None
+        } else {
+            self.state.as_ref()
+        }
+    }
+
+    /// The verdict on this entry of `check`'s algorithm at `cost` (0: a look), its block
+    /// included; for a lease, on the state as strict as the lease could make it.
+    fn verdict(entry: Option<&Entry>, check: &Check, now: u64, cost: u64) -> Verdict {
+        let algorithm = check.tier().algorithm();
+        let state = entry.and_then(|e| e.live(now));
+        let mut verdict = match check.op() {
+            Op::Lease { .. } => {
+                algorithm
+                    .lease_verdict(state, now, lease_ttl(check), cost)
+                    .0
+            }
+            _ => algorithm.evaluate(state, now, cost),
+        };
+        apply_block(&mut verdict, entry.map_or(0, |e| e.blocked_until), now);
+        verdict
+    }
+}
+
+impl Cell {
+    /// The cell that holds `entry` of `algorithm`: packed when it can be.
+    fn new(algorithm: &Compiled, entry: Entry) -> Self {
+        match Cell::word(algorithm, &entry) {
+            Some(word) => Cell::Packed(AtomicU64::new(word)),
+            None => Cell::Full(Box::new(entry)),
+        }
+    }
+
+    /// The word `entry` packs in, if it does: its algorithm packs, it was never blocked (a
+    /// block is kept once it ends, as the Redis store keeps it, for a clock that goes back),
+    /// and it expires when its state says.
+    fn word(algorithm: &Compiled, entry: &Entry) -> Option<u64> {
+        if entry.blocked_until != 0 {
+            return None;
+        }
+        let word = algorithm.pack(entry.state.as_ref())?;
+        (word == entry.expires_at || entry.state.is_none()).then_some(word)
+    }
+}
+
+impl Slot {
+    fn new(check: &Check, entry: Entry) -> Self {
+        let tier = check.tier();
+        Slot {
+            id: tier.id(),
+            def: tier.def(),
+            key: check.key().clone(),
+            cell: Cell::new(tier.algorithm(), entry),
+        }
+    }
+
+    fn is(&self, id: u32, key: &Key) -> bool {
+        self.id == id && self.key == *key
+    }
+
+    fn expires_at(&self) -> u64 {
+        match &self.cell {
+            Cell::Packed(word) => word.load(Ordering::Relaxed),
+            Cell::Full(entry) => entry.expires_at,
+        }
+    }
+
+    /// Reads the entry (the state written under `algorithm`).
+    fn read<R>(&self, algorithm: &Compiled, f: impl FnOnce(&Entry) -> R) -> R {
+        match &self.cell {
+            Cell::Full(entry) => f(entry),
+            Cell::Packed(word) => f(&Entry::packed(algorithm, word.load(Ordering::Relaxed))),
+        }
+    }
+
+    /// Changes the entry (the state written under `algorithm`), and packs it again when it
+    /// can be.
+    fn write<R>(&mut self, algorithm: &Compiled, f: impl FnOnce(&mut Entry) -> R) -> R {
+        match &mut self.cell {
+            Cell::Full(entry) => {
+                let out = f(entry);
+                if let Some(word) = Cell::word(algorithm, entry) {
+                    self.cell = Cell::Packed(AtomicU64::new(word));
+                }
+                out
+            }
+            Cell::Packed(word) => {
+                let mut entry = Entry::packed(algorithm, *word.get_mut());
+                let out = f(&mut entry);
+                match Cell::word(algorithm, &entry) {
+                    Some(packed) => *word.get_mut() = packed,
+                    None => self.cell = Cell::Full(Box::new(entry)),
+                }
+                out
+            }
+        }
+    }
+
+    /// Converts a state written under another definition of the policy (before a reload) to
+    /// the check's (twin of `adopt` in `decide.lua`).
+    fn adopt(&mut self, check: &Check, now: u64, registry: &Registry) {
+        let tier = check.tier();
+        let from = registry.definition(self.def);
+        // Read with the definition it was written under (the algorithm is the same: a
+        // definition may not change it).
+        let mut entry = self.read(&from, |e| Entry {
+            state: e.state.clone(),
+            ..*e
+        });
+        let expires_at = tier
+            .algorithm()
+            .convert(&from, &mut entry.state, now, entry.expires_at);
+        entry.expires_at = expires_at.max(entry.blocked_until);
+        self.def = tier.def();
+        self.cell = Cell::new(tier.algorithm(), entry);
+    }
+}
+
+impl Shard {
+    pub(super) fn new(hasher: RandomState) -> Self {
+        Shard {
+            hasher,
+            table: HashTable::new(),
+            ops: 0,
+            last_sweep: 0,
+            min_expiry: u64::MAX,
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    fn find(&self, check: &Check, hash: u64) -> Option<&Slot> {
+        self.table
+            .find(hash, |s| s.is(check.tier().id(), check.key()))
+    }
+
+    fn find_mut(&mut self, check: &Check, hash: u64) -> Option<&mut Slot> {
+        self.table
+            .find_mut(hash, |s| s.is(check.tier().id(), check.key()))
+    }
+
+    /// One enforced policy decided under the shared lock by compare-and-swap of its packed
+    /// state. The time is read from `clock` after each load of the state, so decisions on a key
+    /// see time in the order they land (a decision that loads a state another one wrote reads
+    /// the time after it). `None` when the key needs the exclusive path: a new key, a state
+    /// that is not packed, a state written under another definition.
+    pub(super) fn decide_packed(
+        &self,
+        check: &Check,
+        hash: u64,
+        clock: impl Fn() -> u64,
+    ) -> Option<Verdict> {
+        let slot = self.find(check, hash)?;
+        let Cell::Packed(word) = &slot.cell else {
+            return None;
+        };
+        if slot.def != check.tier().def() {
+            return None;
+        }
+        let algorithm = check.tier().algorithm();
+        let mut current = word.load(Ordering::Acquire);
+        loop {
+            let (verdict, next) = algorithm.decide_packed(current, clock(), check.cost());
+            if next == current {
+                return Some(verdict);
+            }
+            match word.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some(verdict),
+                Err(seen) => current = seen,
+            }
+        }
+    }
+
+    /// The verdict on `check` at `cost` (0: a look), its block included, with one lookup; for
+    /// a lease, on the state as strict as the lease could make it.
+    pub(super) fn evaluate(&self, check: &Check, hash: u64, now: u64, cost: u64) -> Verdict {
+        let algorithm = check.tier().algorithm();
+        match self.find(check, hash) {
+            Some(slot) => slot.read(algorithm, |e| Entry::verdict(Some(e), check, now, cost)),
+            None => Entry::verdict(None, check, now, cost),
+        }
+    }
+
+    /// For a check denied now with `verdict`: the wait until the slot that admits it, if it
+    /// is within `max_wait` and the key is not blocked.
+    pub(super) fn reservation(
+        &self,
+        check: &Check,
+        hash: u64,
+        now: u64,
+        verdict: &Verdict,
+        max_wait: u64,
+    ) -> Option<u64> {
+        let algorithm = check.tier().algorithm();
+        let reserve = |entry: Option<&Entry>| {
+            if entry.is_some_and(|e| e.blocked_until > now) {
+                return None;
+            }
+            let state = entry.and_then(|e| e.live(now));
+            algorithm.reservation(state, now, check.cost(), verdict, max_wait)
+        };
+        match self.find(check, hash) {
+            Some(slot) => slot.read(algorithm, |e| reserve(Some(e))),
+            None => reserve(None),
+        }
+    }
+
+    /// Adopts the state of `check`'s key under the check's definition, if it was written
+    /// under another one.
+    pub(super) fn adopt(&mut self, check: &Check, hash: u64, now: u64, registry: &Registry) {
+        if let Some(slot) = self.find_mut(check, hash)
+            && slot.def != check.tier().def()
+        {
+            slot.adopt(check, now, registry);
+        }
+    }
+
+    /// What an operation that acts on its own does, before any verdict (nothing for the
+    /// others).
+    pub(super) fn act(&mut self, check: &Check, hash: u64, now: u64, capacity: usize) {
+        let algorithm = check.tier().algorithm();
+        let units = check.cost();
+        match check.op() {
+            Op::Refund => self.update(check, hash, |s| algorithm.refund(s, now, units)),
+            Op::Reset => self.remove(check, hash),
+            Op::Penalize => self.commit(check, hash, now, capacity),
+            Op::Block { us } => self.block(check, hash, now, now + us, capacity),
+            Op::GiveBack { end } => {
+                self.update(check, hash, |s| algorithm.give_back(s, now, end, units))
+            }
+            Op::Release { slot } => {
+                self.update(check, hash, |s| algorithm.release(s, now, slot, units))
+            }
+            Op::Enforce
+            | Op::Shadow
+            | Op::ChargeLater
+            | Op::Hold
+            | Op::Reserve { .. }
+            | Op::Lease { .. } => {}
+        }
+    }
+
+    /// Phase two for one check, the request `admitted` or not: charges it as its operation
+    /// says (at its reserved slot, a lease, its cost), or reports the state as it stays.
+    pub(super) fn settle(
+        &mut self,
+        check: &Check,
+        step: &mut Step,
+        now: u64,
+        admitted: bool,
+        cap: usize,
+    ) {
+        let (hash, cost) = (step.hash, check.cost());
+        let op = check.op();
+        if let (true, Some(wait)) = (admitted, step.wait) {
+            let slot = now + wait;
+            self.charge(check, hash, now, cap, |a, s| {
+                a.reserve_commit(s, now, slot, cost)
+            });
+            // Admitted, the state reported as it is seen now (a look may deny: the sliding log
+            // still counts, now, entries that are gone at the slot).
+            let seen = self.evaluate(check, hash, now, 0);
+            step.verdict = Verdict::allow(seen.remaining, seen.reset_after_us);
+            step.grant = Some(Grant {
+                units: cost,
+                end: slot,
+                lasts_us: wait,
+            });
+        } else if let (true, Op::Lease { want }) = (admitted, op) {
+            let lease = self.take_lease(check, hash, now, want, cap);
+            step.verdict = lease.verdict;
+            step.grant = Some(Grant {
+                units: lease.units,
+                end: lease.end,
+                lasts_us: lease.end - now,
+            });
+        } else if admitted && op.charged(step.verdict.allowed) {
+            self.commit(check, hash, now, cap);
+            if op == Op::Hold && cost > 0 {
+                // The slots, charged now: given back as charged at `now`.
+                step.grant = Some(Grant {
+                    units: cost,
+                    end: now,
+                    lasts_us: 0,
+                });
+            }
+        } else if step.verdict.allowed && cost > 0 && !op.acts() {
+            // Admitted by this policy but not charged: report the state as it stays.
+            let stays = self.evaluate(check, hash, now, 0);
+            step.verdict.remaining = stays.remaining;
+            step.verdict.reset_after_us = stays.reset_after_us;
+        }
+    }
+
+    /// Charges `check`'s key with `charge` (which returns the state's new expiry), inserting
+    /// the key when it is new. An expired state is handed to the algorithm as it is: for time
+    /// that moves forward it is the same as a fresh key, and when the clock goes back the
+    /// algorithm sees what the Redis script would see.
+    fn charge(
+        &mut self,
+        check: &Check,
+        hash: u64,
+        now: u64,
+        capacity: usize,
+        charge: impl FnOnce(&Compiled, &mut Option<State>) -> u64,
+    ) {
+        let algorithm = check.tier().algorithm();
+        match self.find_mut(check, hash) {
+            Some(slot) => slot.write(algorithm, |e| {
+                e.expires_at = charge(algorithm, &mut e.state);
+            }),
+            None => {
+                let mut state = None;
+                let expires_at = charge(algorithm, &mut state);
+                let entry = Entry {
+                    state,
+                    expires_at,
+                    blocked_until: 0,
+                };
+                self.insert_slot(Slot::new(check, entry), hash, now, capacity);
+            }
+        }
+    }
+
+    /// Blocks the key from `now` until `until`.
+    fn block(&mut self, check: &Check, hash: u64, now: u64, until: u64, capacity: usize) {
+        let algorithm = check.tier().algorithm();
+        match self.find_mut(check, hash) {
+            Some(slot) => slot.write(algorithm, |e| {
+                e.blocked_until = until;
+                e.expires_at = e.expires_at.max(until);
+            }),
+            None => {
+                let entry = Entry {
+                    state: None,
+                    expires_at: until,
+                    blocked_until: until,
+                };
+                self.insert_slot(Slot::new(check, entry), hash, now, capacity);
+            }
+        }
+    }
+
+    /// One enforced policy under the exclusive lock: evaluate and commit with a single lookup.
+    pub(super) fn decide_one(
+        &mut self,
+        check: &Check,
+        hash: u64,
+        now: u64,
+        capacity: usize,
+        registry: &Registry,
+    ) -> Verdict {
+        let algorithm = check.tier().algorithm();
+        let cost = check.cost();
+        let verdict = match self.find_mut(check, hash) {
+            Some(slot) => {
+                if slot.def != check.tier().def() {
+                    slot.adopt(check, now, registry);
+                }
+                slot.write(algorithm, |e| {
+                    let verdict = Entry::verdict(Some(e), check, now, cost);
+                    if verdict.allowed && cost > 0 {
+                        // As `charge` does, on the state as it is.
+                        e.expires_at = algorithm.commit(&mut e.state, now, cost);
+                    }
+                    verdict
+                })
+            }
+            None => {
+                let verdict = algorithm.evaluate(None, now, cost);
+                if verdict.allowed && cost > 0 {
+                    self.commit(check, hash, now, capacity);
+                }
+                verdict
+            }
+        };
+        self.tick(now);
+        verdict
+    }
+
+    /// Changes the state of `check`'s key with `change` (a refund, units given back), if
+    /// there is one; `change` returns the new expiry, or `None` when nothing changed.
+    fn update(
+        &mut self,
+        check: &Check,
+        hash: u64,
+        change: impl FnOnce(&mut Option<State>) -> Option<u64>,
+    ) {
+        let algorithm = check.tier().algorithm();
+        if let Some(slot) = self.find_mut(check, hash)
+            && let Some(expires_at) = slot.write(algorithm, |e| {
+                let expires_at = change(&mut e.state)?;
+                e.expires_at = expires_at;
+                Some(expires_at)
+            })
+        {
+            self.min_expiry = self.min_expiry.min(expires_at);
+        }
+    }
+
+    /// Charges the lease `check` asks for (its request admitted): what is left, at least the
+    /// cost and at most the tier's lease size.
+    fn take_lease(&mut self, check: &Check, hash: u64, now: u64, want: u64, cap: usize) -> Lease {
+        let algorithm = check.tier().algorithm();
+        let ttl = lease_ttl(check);
+        let cost = check.cost();
+        match self.find_mut(check, hash) {
+            // As a charge does, on the state as it is (see `charge`).
+            Some(slot) => slot.write(algorithm, |e| {
+                let lease = algorithm.take_lease(&mut e.state, now, ttl, cost, want);
+                if let Some(expires_at) = lease.expires_at {
+                    e.expires_at = expires_at;
+                }
+                lease
+            }),
+            None => {
+                let mut state = None;
+                let lease = algorithm.take_lease(&mut state, now, ttl, cost, want);
+                if let Some(expires_at) = lease.expires_at {
+                    let entry = Entry {
+                        state,
+                        expires_at,
+                        blocked_until: 0,
+                    };
+                    self.insert_slot(Slot::new(check, entry), hash, now, cap);
+                }
+                lease
+            }
+        }
+    }
+
+    fn remove(&mut self, check: &Check, hash: u64) {
+        if let Ok(entry) = self
+            .table
+            .find_entry(hash, |s| s.is(check.tier().id(), check.key()))
+        {
+            entry.remove();
+        }
+    }
+
+    /// Charges `check.cost()` (nothing for a look).
+    fn commit(&mut self, check: &Check, hash: u64, now: u64, capacity: usize) {
+        let cost = check.cost();
+        if cost > 0 {
+            self.charge(check, hash, now, capacity, |a, s| a.commit(s, now, cost));
+        }
+    }
+
+    /// Adds a slot for a key not in the table, making room first when the shard is full.
+    fn insert_slot(&mut self, slot: Slot, hash: u64, now: u64, capacity: usize) {
+        if self.table.len() >= capacity {
+            self.make_room(now);
+        }
+        self.min_expiry = self.min_expiry.min(slot.expires_at());
+        let hasher = &self.hasher;
+        self.table
+            .insert_unique(hash, slot, |s| s.key.hash_with(s.id, hasher));
+    }
+
+    /// Frees one slot, looking at the first [`EVICTION_SAMPLE`] entries of the table (constant
+    /// time, whatever the shard's size): an expired one if there is one; else, when an entry
+    /// may have expired, a sweep of the whole shard; else the soonest to expire of those, a
+    /// live key.
+    fn make_room(&mut self, now: u64) {
+        let sample = self
+            .table
+            .iter()
+            .take(EVICTION_SAMPLE)
+            .min_by_key(|s| s.expires_at())
+            .map(|s| {
+                (
+                    s.key.hash_with(s.id, &self.hasher),
+                    s.id,
+                    s.key.clone(),
+                    s.expires_at(),
+                )
+            });
+        let Some((hash, id, key, expires_at)) = sample else {
+            return;
+        };
+        if expires_at > now {
+            // Sweep only when some entry may have expired (the lower bound says so), so a flood
+            // of live keys never scans the shard; a sweep recomputes the bound exactly.
+            if now >= self.min_expiry && self.sweep(now) > 0 {
+                return;
+            }
+            tracing::debug!("memory store shard full; evicting a live key");
+        }
+        if let Ok(entry) = self.table.find_entry(hash, |s| s.is(id, &key)) {
+            entry.remove();
+        }
+    }
+
+    pub(super) fn sweep(&mut self, now: u64) -> usize {
+        let before = self.table.len();
+        let mut min_expiry = u64::MAX;
+        self.table.retain(|s| {
+            let expires_at = s.expires_at();
+            let keep = expires_at > now;
+            if keep {
+                min_expiry = min_expiry.min(expires_at);
+            }
+            keep
+        });
+        self.min_expiry = min_expiry;
+        self.last_sweep = now;
+        self.ops = 0;
+        before - self.table.len()
+    }
+
+    /// Counts an operation and sweeps when it is time.
+    pub(super) fn tick(&mut self, now: u64) {
+        self.ops += 1;
+        if self.ops >= SWEEP_CHECK_EVERY {
+            self.ops = 0;
+            if now.saturating_sub(self.last_sweep) >= SWEEP_INTERVAL_US {
+                self.sweep(now);
+            }
+        }
+    }
+}
+
+/// One check's way through a decision: where its entry is, its verdict, the wait until the
+/// slot it reserved (if it waits) and what it was granted.
+pub(super) struct Step {
+    pub(super) hash: u64,
+    /// The check's shard: its index, then its place among the locked guards.
+    pub(super) guard: usize,
+    pub(super) verdict: Verdict,
+    pub(super) wait: Option<u64>,
+    pub(super) grant: Option<Grant>,
+}
+
+pub(super) type Steps = SmallVec<[Step; 2]>;
+
+impl Step {
+    pub(super) fn new(hash: u64, shard: usize) -> Self {
+        Step {
+            hash,
+            guard: shard,
+            verdict: Verdict::allow(0, 0),
+            wait: None,
+            grant: None,
+        }
+    }
+}
+
+/// The longest life of a lease on `check`'s tier (0 for a tier without leases).
+fn lease_ttl(check: &Check) -> u64 {
+    check.tier().lease().map_or(0, |l| l.ttl_us())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_fits_in_64_bytes() {
+        // 64 bytes and a control byte, in a table at most 7/8 full: at most 96 bytes a key.
+        assert!(size_of::<Slot>() <= 64, "{} bytes", size_of::<Slot>());
+    }
+}

@@ -17,8 +17,9 @@ pub struct PolicyOutcome {
     allowed: bool,
     shadow: bool,
     remaining: u64,
-    reset_after: Duration,
-    retry_after: Option<Duration>,
+    /// Microseconds (kept as the store gives them: a `Duration` is made when read).
+    reset_after_us: u64,
+    retry_after_us: Option<u64>,
     /// The lease granted with this outcome, if the check asked for one and got units.
     grant: Option<Box<Grant>>,
 }
@@ -40,8 +41,8 @@ impl PartialEq for PolicyOutcome {
             && self.allowed == other.allowed
             && self.shadow == other.shadow
             && self.remaining == other.remaining
-            && self.reset_after == other.reset_after
-            && self.retry_after == other.retry_after
+            && self.reset_after_us == other.reset_after_us
+            && self.retry_after_us == other.retry_after_us
             && self.grant == other.grant
     }
 }
@@ -57,8 +58,8 @@ impl fmt::Debug for PolicyOutcome {
             .field("limit", &self.limit())
             .field("window", &self.window())
             .field("remaining", &self.remaining)
-            .field("reset_after", &self.reset_after)
-            .field("retry_after", &self.retry_after)
+            .field("reset_after", &self.reset_after())
+            .field("retry_after", &self.retry_after())
             .field("grant", &self.grant)
             .finish()
     }
@@ -71,12 +72,9 @@ impl PolicyOutcome {
             allowed: verdict.allowed,
             shadow,
             remaining: verdict.remaining,
-            reset_after: Duration::from_micros(verdict.reset_after_us),
+            reset_after_us: verdict.reset_after_us,
             // A concurrency slot frees when a request in flight ends: no time is known.
-            retry_after: verdict
-                .retry_after_us
-                .filter(|_| !policy.holds())
-                .map(Duration::from_micros),
+            retry_after_us: verdict.retry_after_us.filter(|_| !policy.holds()),
             grant: None,
         }
     }
@@ -104,11 +102,10 @@ impl PolicyOutcome {
 
     /// The same denial, `wait` before the policy admits the request again.
     pub(crate) fn waiting(&self, wait: u64) -> Self {
-        let wait = Duration::from_micros(wait);
         PolicyOutcome {
             remaining: 0,
-            reset_after: self.reset_after.max(wait),
-            retry_after: Some(wait),
+            reset_after_us: self.reset_after_us.max(wait),
+            retry_after_us: Some(wait),
             ..self.clone()
         }
     }
@@ -166,7 +163,7 @@ impl PolicyOutcome {
 
     /// Time until the key is back to a fresh, unused state.
     pub fn reset_after(&self) -> Duration {
-        self.reset_after
+        Duration::from_micros(self.reset_after_us)
     }
 
     /// For a denied request, how long until the same request would be admitted; `None` when it
@@ -174,7 +171,7 @@ impl PolicyOutcome {
     /// [concurrency](crate::Policy::concurrency) policy, whose slots free when requests in
     /// flight end, at a time no one knows.
     pub fn retry_after(&self) -> Option<Duration> {
-        self.retry_after
+        self.retry_after_us.map(Duration::from_micros)
     }
 }
 
@@ -245,7 +242,7 @@ impl Decision {
                 .filter(|o| o.shadow == first.shadow)
                 .fold(first, |b, o| if o.remaining < b.remaining { o } else { b })
         } else {
-            let wait = |o: &PolicyOutcome| o.retry_after.unwrap_or(Duration::MAX);
+            let wait = |o: &PolicyOutcome| o.retry_after_us.unwrap_or(u64::MAX);
             self.violated()
                 .fold(None::<&PolicyOutcome>, |b, o| match b {
                     Some(b) if wait(b) >= wait(o) => Some(b),
@@ -272,7 +269,7 @@ impl Decision {
             return None;
         }
         self.violated()
-            .map(|o| o.retry_after)
+            .map(|o| o.retry_after())
             .try_fold(Duration::ZERO, |acc, r| r.map(|r| acc.max(r)))
     }
 }

@@ -302,10 +302,15 @@ impl<St: Store, M> RateLimitLayer<St, M> {
     /// assert!(!limiter.check(&job, 1).await?.is_allowed());
     /// # Ok(()) }
     /// ```
-    pub async fn check(&self, key: &Key, cost: u32) -> Result<Decision, StoreError> {
-        self.limiter
-            .decide_key(key, None, |_| u64::from(cost))
-            .await
+    ///
+    /// The future borrows neither the layer nor the key; on the memory store it is ready at
+    /// once.
+    pub fn check(
+        &self,
+        key: &Key,
+        cost: u32,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'static + use<St, M> {
+        self.limiter.decide_key(key, None, |_| u64::from(cost))
     }
 
     /// Gives `units` back to `key` in every policy of the layer (in the same tier as

@@ -305,7 +305,7 @@ impl PartialEq for Key {
             (Repr::Global, Repr::Global) => true,
             (Repr::Ip(a), Repr::Ip(b)) => a == b,
             (Repr::Inline { len: a, bytes: x }, Repr::Inline { len: b, bytes: y }) => {
-                a == b && x == y
+                a == b && same_inline(x, y)
             }
             (Repr::Bytes(a), Repr::Bytes(b)) => a == b,
             _ => false,
@@ -314,6 +314,20 @@ impl PartialEq for Key {
 }
 
 impl Eq for Key {}
+
+/// Whether two inline arrays are equal, compared as three 16-byte words (the last two overlap)
+/// where `==` on arrays calls `memcmp`.
+fn same_inline(x: &[u8; INLINE], y: &[u8; INLINE]) -> bool {
+    const _: () = assert!(INLINE > 16 && INLINE <= 48);
+    let word = |b: &[u8; INLINE], at: usize| {
+        let mut w = [0; 16];
+        w.copy_from_slice(&b[at..at + 16]);
+        u128::from_ne_bytes(w)
+    };
+    word(x, 0) == word(y, 0)
+        && word(x, 16) == word(y, 16)
+        && word(x, INLINE - 16) == word(y, INLINE - 16)
+}
 
 impl Hash for Key {
     fn hash<H: Hasher>(&self, state: &mut H) {

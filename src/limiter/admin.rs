@@ -1,8 +1,11 @@
 //! What the layer's administrative operations ask the engine: a key's decision without a
 //! request (check, peek, refund, penalize, block, reset), and the keys each policy denied most.
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use super::Limiter;
-use crate::decision::Decision;
+use crate::decision::{Decision, PolicyOutcome};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Tier;
@@ -49,16 +52,29 @@ impl<St: Store> Limiter<St> {
     /// Every policy's check for `key` without a request (in the tier the key is put in), making
     /// the operation given or the policy's own, of the units `units` gives for the tier: the
     /// administrative operations.
-    pub(crate) async fn decide_key(
+    ///
+    /// Not an `async fn`: a store that decides at once (the memory store) answers with a
+    /// ready value, and no state machine carries the decision.
+    pub(crate) fn decide_key(
         &self,
         key: &Key,
         op: Option<Op>,
         units: impl Fn(&Tier) -> u64,
-    ) -> Result<Decision, StoreError> {
+    ) -> Answer<St::Future> {
         // Pushed one by one: `collect` into a SmallVec goes through its generic `extend`, which
         // costs a `check` about 100 instructions more.
-        let mut checks = Checks::new();
         let policies = self.policies.load();
+        if let (None, [p]) = (op, &policies[..]) {
+            // One policy, enforced: decided on the borrowed tier and key where the store can.
+            let tier = p.tier_of_key(key);
+            if Op::of(tier.part()) == Op::Enforce
+                && let Some(verdict) = self.store.decide_enforced(tier, key, units(tier))
+            {
+                let outcome = PolicyOutcome::new(tier, false, verdict);
+                return Answer::Now(Some(Ok(Decision::new(smallvec::smallvec![outcome]))));
+            }
+        }
+        let mut checks = Checks::new();
         for p in policies.iter() {
             let tier = p.tier_of_key(key);
             if let (Some(leases), Some(Op::Reset | Op::Block { .. })) = (self.leases(), op) {
@@ -69,9 +85,30 @@ impl<St: Store> Limiter<St> {
             checks.push(Check::new(tier.clone(), key.clone(), units(tier), op));
         }
         drop(policies);
-        if let Some(decision) = self.store.decide_now(&checks) {
-            return Ok(decision);
+        match self.store.decide_now(&checks) {
+            Some(decision) => Answer::Now(Some(Ok(decision))),
+            None => Answer::Later(self.store.check(checks)),
         }
-        self.store.check(checks).await
+    }
+}
+
+/// The answer of [`Limiter::decide_key`]: the decision made at once, or the store's future.
+pub(crate) enum Answer<F> {
+    /// Taken when polled.
+    Now(Option<Result<Decision, StoreError>>),
+    Later(F),
+}
+
+impl<F> Future for Answer<F>
+where
+    F: Future<Output = Result<Decision, StoreError>> + Unpin,
+{
+    type Output = Result<Decision, StoreError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Answer::Now(answer) => Poll::Ready(answer.take().expect("polled after completion")),
+            Answer::Later(future) => Pin::new(future).poll(cx),
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! [`CompiledPolicy`]: a policy ready to run, as the engine plans a request with it.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -69,8 +70,21 @@ impl CompiledPolicy {
 
     /// The tier `key` is in without a request: the one [`Policy::tier_for_key`] puts it in,
     /// else the policy's own quota.
+    #[inline]
     pub(crate) fn tier_of_key(&self, key: &Key) -> &Arc<Tier> {
-        self.tiers[self.tier_overrides.get(key).copied().unwrap_or(0)].get()
+        // No key hashed for an empty map (the common case, inlined).
+        let index = if self.tier_overrides.is_empty() {
+            0
+        } else {
+            self.override_of(key)
+        };
+        self.tiers[index].get()
+    }
+
+    /// The tier [`Policy::tier_for_key`] puts `key` in, else 0.
+    #[inline(never)]
+    fn override_of(&self, key: &Key) -> usize {
+        self.tier_overrides.get(key).copied().unwrap_or(0)
     }
 
     /// The policy's tiers, its own quota first.
@@ -114,12 +128,19 @@ impl Striped {
     }
 
     /// This thread's copy.
+    #[inline]
     pub(crate) fn get(&self) -> &Arc<Tier> {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         thread_local! {
-            static STRIPE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+            // Const-initialized (no lazy-init check on each read); `STRIPES` until chosen.
+            static STRIPE: Cell<usize> = const { Cell::new(STRIPES) };
         }
-        &self.0[STRIPE.with(|s| *s)]
+        let mut stripe = STRIPE.get();
+        if stripe == STRIPES {
+            stripe = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+            STRIPE.set(stripe);
+        }
+        &self.0[stripe]
     }
 }
 

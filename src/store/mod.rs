@@ -37,9 +37,11 @@ pub(crate) mod private {
     use std::future::Future;
     use std::sync::Arc;
 
-    use crate::algorithm::Compiled;
+    use crate::algorithm::{Compiled, Verdict};
     use crate::decision::Decision;
     use crate::error::{ConfigError, StoreError};
+    use crate::key::Key;
+    use crate::policy::Tier;
     use crate::store::{Check, Registered, Registry};
 
     /// What a store does; out of reach of users (see [`Store`](super::Store)).
@@ -68,6 +70,14 @@ pub(crate) mod private {
         /// store): the layer then settles the request without a future in between.
         fn decide_now(&self, checks: &[Check]) -> Option<Decision> {
             let _ = checks;
+            None
+        }
+
+        /// Decides one enforced policy on `key` at once, on borrowed values, if the store can
+        /// (the memory store): the verdict, from which the caller builds an outcome only when
+        /// something reads it.
+        fn decide_enforced(&self, tier: &Tier, key: &Key, cost: u64) -> Option<Verdict> {
+            let _ = (tier, key, cost);
             None
         }
 

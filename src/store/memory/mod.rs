@@ -7,10 +7,13 @@ use std::fmt;
 use std::sync::{Arc, RwLock, RwLockWriteGuard};
 
 use super::{Check, Checks, Op, Registry, private, read, write};
+use crate::algorithm::Verdict;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, PolicyOutcome};
 use crate::error::StoreError;
-use shard::{Shard, Step, Steps};
+use crate::key::Key;
+use crate::policy::Tier;
+use shard::{Ask, Shard, Step, Steps};
 use smallvec::{SmallVec, smallvec};
 
 /// The default [`MemoryStoreBuilder::max_keys`].
@@ -168,39 +171,46 @@ impl MemoryStore {
     }
 
     /// The hash of a check's (policy, key) and its shard.
-    fn locate(&self, check: &Check) -> (u64, usize) {
+    fn locate(&self, check: &Ask<'_>) -> (u64, usize) {
         let h = check.key().hash_with(check.tier().id(), &self.inner.hasher);
         // The high bits pick the shard: the table uses the low ones.
         (h, ((h >> 32) as usize) & (self.inner.shards.len() - 1))
     }
 
-    /// Decides synchronously; [`Store::check`] wraps this in a ready future.
+    /// One enforced policy on `key` at `cost`: the common case, decided under the shard's
+    /// shared lock when the key's state is packed, else under its exclusive lock. The checked
+    /// tier and the key are borrowed: nothing is cloned, no reference count changes.
     ///
-    /// The time is read once the shards are locked: decisions on one key then see times in the
-    /// order they are made, so each reports exactly what it left (read before the lock, a
-    /// decision could be made after a later one and see time go back).
+    /// The time is read once the shard is locked (on the shared path, after the state is
+    /// loaded): decisions on one key then see times in the order they are made, so each
+    /// reports exactly what it left (read before, a decision could be made after a later one
+    /// and see time go back).
+    pub(crate) fn decide_enforced(&self, tier: &Tier, key: &Key, cost: u64) -> Verdict {
+        let ask = Ask::enforce(tier, key, cost);
+        let (hash, index) = self.locate(&ask);
+        let clock = || self.inner.clock.now_micros();
+        let shard = &self.inner.shards[index];
+        // The shared guard is dropped at the end of this statement, before the other lock.
+        let packed = read(shard).decide_packed(&ask, hash, clock);
+        packed.unwrap_or_else(|| {
+            let registry = &self.inner.registry;
+            let capacity = self.inner.per_shard;
+            write(shard).decide_one(&ask, hash, clock(), capacity, registry)
+        })
+    }
+
+    /// Decides synchronously; [`Store::check`] wraps this in a ready future.
     pub(crate) fn decide(&self, checks: &[Check]) -> Decision {
-        let capacity = self.inner.per_shard;
         if let [check] = checks
             && check.op() == Op::Enforce
         {
-            // The common case: one enforced policy, one shard, no allocation but the outcome;
-            // decided under the shared lock when the key's state is packed.
-            let (hash, index) = self.locate(check);
-            let clock = || self.inner.clock.now_micros();
-            let shard = &self.inner.shards[index];
-            // The shared guard is dropped at the end of this statement, before the other lock.
-            let packed = read(shard).decide_packed(check, hash, clock);
-            let verdict = match packed {
-                Some(verdict) => verdict,
-                None => {
-                    let mut shard = write(shard);
-                    let registry = &self.inner.registry;
-                    shard.decide_one(check, hash, clock(), capacity, registry)
-                }
-            };
+            let verdict = self.decide_enforced(check.tier(), check.key(), check.cost());
             return Decision::new(smallvec![PolicyOutcome::new(check.tier(), false, verdict)]);
         }
+        let capacity = self.inner.per_shard;
+        let (originals, asks): (_, SmallVec<[Ask<'_>; 2]>) =
+            (checks, checks.iter().map(Ask::from).collect());
+        let checks = &asks[..];
         let (mut guards, mut steps) = self.lock_all(checks);
         let now = self.inner.clock.now_micros();
         let registry = &self.inner.registry;
@@ -237,7 +247,7 @@ impl MemoryStore {
         for g in &mut guards {
             g.tick(now);
         }
-        let outcomes = checks.iter().zip(steps).map(|(c, s)| {
+        let outcomes = originals.iter().zip(steps).map(|(c, s)| {
             PolicyOutcome::new(c.tier(), c.op() == Op::Shadow, s.verdict).with_grant(s.grant)
         });
         Decision::new(outcomes.collect())
@@ -246,7 +256,7 @@ impl MemoryStore {
     /// Locks every shard `checks` involve, in index order so that concurrent multi-policy
     /// decisions cannot deadlock; each check's step names its shard by its place among the
     /// guards.
-    fn lock_all(&self, checks: &[Check]) -> (Vec<RwLockWriteGuard<'_, Shard>>, Steps) {
+    fn lock_all(&self, checks: &[Ask<'_>]) -> (Vec<RwLockWriteGuard<'_, Shard>>, Steps) {
         let mut steps: Steps = checks
             .iter()
             .map(|c| {
@@ -257,7 +267,10 @@ impl MemoryStore {
         let mut order: SmallVec<[usize; 4]> = steps.iter().map(|s| s.guard).collect();
         order.sort_unstable();
         order.dedup();
-        let guards = order.iter().map(|&i| write(&self.inner.shards[i])).collect();
+        let guards = order
+            .iter()
+            .map(|&i| write(&self.inner.shards[i]))
+            .collect();
         for s in &mut steps {
             s.guard = order
                 .binary_search(&s.guard)
@@ -281,5 +294,9 @@ impl private::Sealed for MemoryStore {
 
     fn decide_now(&self, checks: &[Check]) -> Option<Decision> {
         Some(self.decide(checks))
+    }
+
+    fn decide_enforced(&self, tier: &Tier, key: &Key, cost: u64) -> Option<Verdict> {
+        Some(MemoryStore::decide_enforced(self, tier, key, cost))
     }
 }

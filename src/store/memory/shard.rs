@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use hashbrown::HashTable;
 
-use smallvec::SmallVec;
 use crate::algorithm::{Compiled, Lease, State, Verdict, apply_block};
 use crate::decision::Grant;
 use crate::key::Key;
+use crate::policy::Tier;
 use crate::store::{Check, Op, Registry};
+use smallvec::SmallVec;
 
 /// How many operations a shard serves under its exclusive lock between checks for a periodic
 /// sweep.
@@ -48,6 +49,55 @@ struct Slot {
     /// The definition the state was written under (see [`Registry`]).
     def: u32,
     cell: Cell,
+}
+
+/// What a shard needs of a check: its tier and key, borrowed (no reference count changes
+/// hands), its cost and its operation.
+#[derive(Clone, Copy)]
+pub(super) struct Ask<'a> {
+    tier: &'a Tier,
+    key: &'a Key,
+    cost: u64,
+    op: Op,
+}
+
+impl<'a> Ask<'a> {
+    /// One enforced policy.
+    pub(super) fn enforce(tier: &'a Tier, key: &'a Key, cost: u64) -> Self {
+        Ask {
+            tier,
+            key,
+            cost,
+            op: Op::Enforce,
+        }
+    }
+
+    pub(super) fn tier(&self) -> &'a Tier {
+        self.tier
+    }
+
+    pub(super) fn key(&self) -> &'a Key {
+        self.key
+    }
+
+    pub(super) fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    pub(super) fn op(&self) -> Op {
+        self.op
+    }
+}
+
+impl<'a> From<&'a Check> for Ask<'a> {
+    fn from(check: &'a Check) -> Self {
+        Ask {
+            tier: check.tier(),
+            key: check.key(),
+            cost: check.cost(),
+            op: check.op(),
+        }
+    }
 }
 
 /// Where a slot keeps its state.
@@ -88,7 +138,7 @@ impl Entry {
 
     /// The verdict on this entry of `check`'s algorithm at `cost` (0: a look), its block
     /// included; for a lease, on the state as strict as the lease could make it.
-    fn verdict(entry: Option<&Entry>, check: &Check, now: u64, cost: u64) -> Verdict {
+    fn verdict(entry: Option<&Entry>, check: &Ask<'_>, now: u64, cost: u64) -> Verdict {
         let algorithm = check.tier().algorithm();
         let state = entry.and_then(|e| e.live(now));
         let mut verdict = match check.op() {
@@ -126,7 +176,7 @@ impl Cell {
 }
 
 impl Slot {
-    fn new(check: &Check, entry: Entry) -> Self {
+    fn new(check: &Ask<'_>, entry: Entry) -> Self {
         let tier = check.tier();
         Slot {
             id: tier.id(),
@@ -180,7 +230,7 @@ impl Slot {
 
     /// Converts a state written under another definition of the policy (before a reload) to
     /// the check's (twin of `adopt` in `decide.lua`).
-    fn adopt(&mut self, check: &Check, now: u64, registry: &Registry) {
+    fn adopt(&mut self, check: &Ask<'_>, now: u64, registry: &Registry) {
         let tier = check.tier();
         let from = registry.definition(self.def);
         // Read with the definition it was written under (the algorithm is the same: a
@@ -213,12 +263,12 @@ impl Shard {
         self.table.len()
     }
 
-    fn find(&self, check: &Check, hash: u64) -> Option<&Slot> {
+    fn find(&self, check: &Ask<'_>, hash: u64) -> Option<&Slot> {
         self.table
             .find(hash, |s| s.is(check.tier().id(), check.key()))
     }
 
-    fn find_mut(&mut self, check: &Check, hash: u64) -> Option<&mut Slot> {
+    fn find_mut(&mut self, check: &Ask<'_>, hash: u64) -> Option<&mut Slot> {
         self.table
             .find_mut(hash, |s| s.is(check.tier().id(), check.key()))
     }
@@ -230,7 +280,7 @@ impl Shard {
     /// that is not packed, a state written under another definition.
     pub(super) fn decide_packed(
         &self,
-        check: &Check,
+        check: &Ask<'_>,
         hash: u64,
         clock: impl Fn() -> u64,
     ) -> Option<Verdict> {
@@ -248,8 +298,7 @@ impl Shard {
             if next == current {
                 return Some(verdict);
             }
-            match word.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
-            {
+            match word.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return Some(verdict),
                 Err(seen) => current = seen,
             }
@@ -258,7 +307,7 @@ impl Shard {
 
     /// The verdict on `check` at `cost` (0: a look), its block included, with one lookup; for
     /// a lease, on the state as strict as the lease could make it.
-    pub(super) fn evaluate(&self, check: &Check, hash: u64, now: u64, cost: u64) -> Verdict {
+    pub(super) fn evaluate(&self, check: &Ask<'_>, hash: u64, now: u64, cost: u64) -> Verdict {
         let algorithm = check.tier().algorithm();
         match self.find(check, hash) {
             Some(slot) => slot.read(algorithm, |e| Entry::verdict(Some(e), check, now, cost)),
@@ -270,7 +319,7 @@ impl Shard {
     /// is within `max_wait` and the key is not blocked.
     pub(super) fn reservation(
         &self,
-        check: &Check,
+        check: &Ask<'_>,
         hash: u64,
         now: u64,
         verdict: &Verdict,
@@ -292,7 +341,7 @@ impl Shard {
 
     /// Adopts the state of `check`'s key under the check's definition, if it was written
     /// under another one.
-    pub(super) fn adopt(&mut self, check: &Check, hash: u64, now: u64, registry: &Registry) {
+    pub(super) fn adopt(&mut self, check: &Ask<'_>, hash: u64, now: u64, registry: &Registry) {
         if let Some(slot) = self.find_mut(check, hash)
             && slot.def != check.tier().def()
         {
@@ -302,7 +351,7 @@ impl Shard {
 
     /// What an operation that acts on its own does, before any verdict (nothing for the
     /// others).
-    pub(super) fn act(&mut self, check: &Check, hash: u64, now: u64, capacity: usize) {
+    pub(super) fn act(&mut self, check: &Ask<'_>, hash: u64, now: u64, capacity: usize) {
         let algorithm = check.tier().algorithm();
         let units = check.cost();
         match check.op() {
@@ -329,7 +378,7 @@ impl Shard {
     /// says (at its reserved slot, a lease, its cost), or reports the state as it stays.
     pub(super) fn settle(
         &mut self,
-        check: &Check,
+        check: &Ask<'_>,
         step: &mut Step,
         now: u64,
         admitted: bool,
@@ -383,7 +432,7 @@ impl Shard {
     /// algorithm sees what the Redis script would see.
     fn charge(
         &mut self,
-        check: &Check,
+        check: &Ask<'_>,
         hash: u64,
         now: u64,
         capacity: usize,
@@ -408,7 +457,7 @@ impl Shard {
     }
 
     /// Blocks the key from `now` until `until`.
-    fn block(&mut self, check: &Check, hash: u64, now: u64, until: u64, capacity: usize) {
+    fn block(&mut self, check: &Ask<'_>, hash: u64, now: u64, until: u64, capacity: usize) {
         let algorithm = check.tier().algorithm();
         match self.find_mut(check, hash) {
             Some(slot) => slot.write(algorithm, |e| {
@@ -429,7 +478,7 @@ impl Shard {
     /// One enforced policy under the exclusive lock: evaluate and commit with a single lookup.
     pub(super) fn decide_one(
         &mut self,
-        check: &Check,
+        check: &Ask<'_>,
         hash: u64,
         now: u64,
         capacity: usize,
@@ -467,7 +516,7 @@ impl Shard {
     /// there is one; `change` returns the new expiry, or `None` when nothing changed.
     fn update(
         &mut self,
-        check: &Check,
+        check: &Ask<'_>,
         hash: u64,
         change: impl FnOnce(&mut Option<State>) -> Option<u64>,
     ) {
@@ -485,7 +534,7 @@ impl Shard {
 
     /// Charges the lease `check` asks for (its request admitted): what is left, at least the
     /// cost and at most the tier's lease size.
-    fn take_lease(&mut self, check: &Check, hash: u64, now: u64, want: u64, cap: usize) -> Lease {
+    fn take_lease(&mut self, check: &Ask<'_>, hash: u64, now: u64, want: u64, cap: usize) -> Lease {
         let algorithm = check.tier().algorithm();
         let ttl = lease_ttl(check);
         let cost = check.cost();
@@ -514,7 +563,7 @@ impl Shard {
         }
     }
 
-    fn remove(&mut self, check: &Check, hash: u64) {
+    fn remove(&mut self, check: &Ask<'_>, hash: u64) {
         if let Ok(entry) = self
             .table
             .find_entry(hash, |s| s.is(check.tier().id(), check.key()))
@@ -524,7 +573,7 @@ impl Shard {
     }
 
     /// Charges `check.cost()` (nothing for a look).
-    fn commit(&mut self, check: &Check, hash: u64, now: u64, capacity: usize) {
+    fn commit(&mut self, check: &Ask<'_>, hash: u64, now: u64, capacity: usize) {
         let cost = check.cost();
         if cost > 0 {
             self.charge(check, hash, now, capacity, |a, s| a.commit(s, now, cost));
@@ -631,7 +680,7 @@ impl Step {
 }
 
 /// The longest life of a lease on `check`'s tier (0 for a tier without leases).
-fn lease_ttl(check: &Check) -> u64 {
+fn lease_ttl(check: &Ask<'_>) -> u64 {
     check.tier().lease().map_or(0, |l| l.ttl_us())
 }
 

@@ -118,6 +118,63 @@ async fn concurrent_requests_on_one_key_admit_exactly_the_limit() {
     }
 }
 
+/// Polls a future that is ready at once (the memory store's `check`).
+fn ready<F: std::future::Future>(f: F) -> F::Output {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::pin::pin!(f).poll(&mut cx) {
+        std::task::Poll::Ready(out) => out,
+        std::task::Poll::Pending => panic!("the memory store decides at once"),
+    }
+}
+
+#[test]
+fn eight_threads_on_one_hot_key_admit_exactly_the_limit_every_round() {
+    // GCRA's state is packed and decided by compare-and-swap under the shard's shared lock;
+    // the others take the exclusive lock. 8 threads x 10,000 requests race on one key, the
+    // clock still: exactly the limit is admitted, each admitted request saw its own count, and
+    // a new key each round starts with the threads racing to insert it.
+    const THREADS: usize = 8;
+    const EACH: usize = 10_000;
+    const LIMIT: u64 = 5_000;
+    for alg in Algorithm::ALL {
+        let rounds = if alg == Algorithm::Gcra { 10 } else { 2 };
+        let layer = RateLimitLayer::builder()
+            .policy(Policy::new(alg, "5000/h"))
+            .store(MemoryStore::with_clock(ManualClock::new()))
+            .build()
+            .unwrap();
+        for round in 0..rounds {
+            let key = Key::from(round);
+            let start = std::sync::Barrier::new(THREADS);
+            let mut remaining: Vec<u64> = std::thread::scope(|s| {
+                let workers: Vec<_> = (0..THREADS)
+                    .map(|_| {
+                        s.spawn(|| {
+                            start.wait();
+                            (0..EACH)
+                                .map(|_| ready(layer.check(&key, 1)).unwrap())
+                                .filter(Decision::is_allowed)
+                                .map(|d| d.binding().remaining())
+                                .collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                workers
+                    .into_iter()
+                    .flat_map(|w| w.join().unwrap())
+                    .collect()
+            });
+            assert_eq!(remaining.len() as u64, LIMIT, "{alg} round {round}: admitted");
+            remaining.sort_unstable();
+            assert_eq!(
+                remaining,
+                (0..LIMIT).collect::<Vec<_>>(),
+                "{alg} round {round}: remaining values"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 8)]
 async fn concurrent_requests_under_two_policies_are_all_or_nothing() {
     // A global limit of 100 and 5 per key; 50 keys send 20 requests each. Each key can get at

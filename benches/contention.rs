@@ -1,16 +1,18 @@
-//! Decisions per second from two threads at once, ours against governor's keyed limiter, on
-//! the same keys (row 9 of `scripts/bench.sh`):
+//! Decisions per second from 1, 2, 4 and 8 threads at once, ours against governor's keyed
+//! limiter, on the same keys (row 9 of `scripts/bench.sh`):
 //!
 //! ```text
 //! cargo bench --bench contention -- [RUNS] [SECONDS]
 //! ```
 //!
 //! Two workloads: `spread`, each thread cycling through the same 10,000 keys (from different
-//! starting points), and `hot`, both threads on one key. Ours is `RateLimitLayer::check` on the
+//! starting points), and `hot`, every thread on one key. On a machine with fewer cores than
+//! threads the larger counts show oversubscription, and still whether a limiter's cost per
+//! decision grows with the threads. Ours is `RateLimitLayer::check` on the
 //! memory store (polled once: its future is always ready); governor's is `check_key`. Both
 //! limit at 1,000,000/s with a burst of 1,000,000, so the hot key is also denied once its burst
 //! is spent, by both. Runs alternate between the two limiters; prints the median of each as
-//! `limiter/workload=decisions per second`.
+//! `limiter/workload/threads=decisions per second`.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -26,14 +28,14 @@ mod ready;
 use ready::now;
 
 const KEYS: usize = 10_000;
-const THREADS: usize = 2;
+const THREADS: [usize; 4] = [1, 2, 4, 8];
 
-/// Decisions per second of `THREADS` threads running `decide(thread, i)` for `seconds`.
-fn rate(seconds: f64, decide: impl Fn(usize, usize) + Sync) -> f64 {
+/// Decisions per second of `threads` threads running `decide(thread, i)` for `seconds`.
+fn rate(threads: usize, seconds: f64, decide: impl Fn(usize, usize) + Sync) -> f64 {
     let stop = AtomicBool::new(false);
     let start = Instant::now();
     let total: u64 = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..THREADS)
+        let workers: Vec<_> = (0..threads)
             .map(|t| {
                 let (stop, decide) = (&stop, &decide);
                 s.spawn(move || {
@@ -68,27 +70,29 @@ fn main() {
     let runs: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(5);
     let seconds: f64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(1.0);
     let keys: Vec<Key> = (0..KEYS as u64).map(Key::from).collect();
-    let spread = |t: usize, i: usize| (i + t * KEYS / THREADS) % KEYS;
-    for (workload, pick) in [
-        ("spread", &spread as &(dyn Fn(usize, usize) -> usize + Sync)),
-        ("hot", &|_, _| 0),
-    ] {
-        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-        for _ in 0..runs {
-            let layer = RateLimitLayer::builder()
-                .policy(Policy::gcra("1000000/s").burst(1_000_000))
-                .build()
-                .expect("a valid layer");
-            ours.push(rate(seconds, |t, i| {
-                black_box(now(layer.check(&keys[pick(t, i)], 1)).unwrap().is_allowed());
-            }));
-            let quota = Quota::per_second(NonZeroU32::new(1_000_000).unwrap());
-            let governor = RateLimiter::keyed(quota);
-            theirs.push(rate(seconds, |t, i| {
-                black_box(governor.check_key(&keys[pick(t, i)]).is_ok());
-            }));
+    for threads in THREADS {
+        let spread = |t: usize, i: usize| (i + t * KEYS / threads) % KEYS;
+        for (workload, pick) in [
+            ("spread", &spread as &(dyn Fn(usize, usize) -> usize + Sync)),
+            ("hot", &|_, _| 0),
+        ] {
+            let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+            for _ in 0..runs {
+                let layer = RateLimitLayer::builder()
+                    .policy(Policy::gcra("1000000/s").burst(1_000_000))
+                    .build()
+                    .expect("a valid layer");
+                ours.push(rate(threads, seconds, |t, i| {
+                    black_box(now(layer.check(&keys[pick(t, i)], 1)).unwrap().is_allowed());
+                }));
+                let quota = Quota::per_second(NonZeroU32::new(1_000_000).unwrap());
+                let governor = RateLimiter::keyed(quota);
+                theirs.push(rate(threads, seconds, |t, i| {
+                    black_box(governor.check_key(&keys[pick(t, i)]).is_ok());
+                }));
+            }
+            println!("ours/{workload}/{threads}={:.0}", median(ours));
+            println!("governor/{workload}/{threads}={:.0}", median(theirs));
         }
-        println!("ours/{workload}={:.0}", median(ours));
-        println!("governor/{workload}={:.0}", median(theirs));
     }
 }

@@ -164,7 +164,11 @@ fn eight_threads_on_one_hot_key_admit_exactly_the_limit_every_round() {
                     .flat_map(|w| w.join().unwrap())
                     .collect()
             });
-            assert_eq!(remaining.len() as u64, LIMIT, "{alg} round {round}: admitted");
+            assert_eq!(
+                remaining.len() as u64,
+                LIMIT,
+                "{alg} round {round}: admitted"
+            );
             remaining.sort_unstable();
             assert_eq!(
                 remaining,

@@ -6,7 +6,7 @@
 //! memory store reads them; the Redis script's prelude gets them as tables generated from
 //! [`Op::KINDS`] (see `store/redis/script.rs`), and a test holds `decide.lua`'s branches to
 //! them. What an operation does to a state (its own arm) is written once per store: in
-//! `store/memory.rs` and in `decide.lua`.
+//! `store/memory/shard.rs` and in `decide.lua`.
 
 use std::sync::Arc;
 

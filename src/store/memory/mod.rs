@@ -21,14 +21,18 @@ pub(crate) const DEFAULT_MAX_KEYS: usize = 100_000;
 
 /// Rate-limit state in this process: sharded, bounded, exact under concurrency.
 ///
-/// Keys are spread over shards, each a hash map behind its own mutex, so tasks checking
-/// different keys rarely wait for each other, and checks of one key are serialized, so exactly
-/// `limit` of any number of concurrent requests are admitted. The hash is SipHash with a random
-/// seed, so clients cannot choose keys that collide.
+/// Keys are spread over shards, each a hash map behind its own read-write lock, so tasks
+/// checking different keys rarely wait for each other. A GCRA key's state is one atomic word:
+/// one policy on a key already seen is decided by compare-and-swap under the shard's shared
+/// lock, so threads deciding one hot key never wait for a lock another holds. Every other
+/// decision takes the shard's exclusive lock. Either way each change of a key's state is
+/// atomic, so exactly `limit` of any number of concurrent requests are admitted. The hash is
+/// SipHash with a random seed, so clients cannot choose keys that collide.
 ///
 /// The store holds at most [`max_keys`](MemoryStoreBuilder::max_keys) keys. An entry is dropped
-/// once its state is back to that of a fresh key: lazily when it is next used, and by a sweep of
-/// each shard at most every ten seconds of activity. When a shard is full and holds no expired
+/// once its state is back to that of a fresh key, by a sweep of its shard at most every ten
+/// seconds of the shard's exclusive activity (new keys, among others: a shard that takes no new
+/// key does not grow). When a shard is full and holds no expired
 /// entry, it evicts the entry that expires soonest among the first eight of its table (in the
 /// table's own order, which the random hash seed makes arbitrary but which is not a uniform
 /// sample), which forgets that key's usage: size `max_keys` above the number of keys active

@@ -192,6 +192,15 @@ impl Decision {
         Decision { outcomes, allowed }
     }
 
+    /// A decision of one outcome (the common case: no loop, no push).
+    pub(crate) fn one(outcome: PolicyOutcome) -> Self {
+        let allowed = outcome.allowed || outcome.shadow;
+        Decision {
+            outcomes: SmallVec::from_buf([outcome]),
+            allowed,
+        }
+    }
+
     /// The outcomes, to update the leases' remaining units in.
     pub(crate) fn outcomes_mut(&mut self) -> &mut [PolicyOutcome] {
         &mut self.outcomes

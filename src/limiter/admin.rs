@@ -71,7 +71,7 @@ impl<St: Store> Limiter<St> {
                 && let Some(verdict) = self.store.decide_enforced(tier, key, units(tier))
             {
                 let outcome = PolicyOutcome::new(tier, false, verdict);
-                return Answer::Now(Some(Ok(Decision::new(smallvec::smallvec![outcome]))));
+                return Answer::Now(Some(Ok(Decision::one(outcome))));
             }
         }
         let mut checks = Checks::new();

@@ -14,7 +14,7 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Tier;
 use shard::{Ask, Shard, Step, Steps};
-use smallvec::{SmallVec, smallvec};
+use smallvec::SmallVec;
 
 /// The default [`MemoryStoreBuilder::max_keys`].
 pub(crate) const DEFAULT_MAX_KEYS: usize = 100_000;
@@ -209,7 +209,7 @@ impl MemoryStore {
             && check.op() == Op::Enforce
         {
             let verdict = self.decide_enforced(check.tier(), check.key(), check.cost());
-            return Decision::new(smallvec![PolicyOutcome::new(check.tier(), false, verdict)]);
+            return Decision::one(PolicyOutcome::new(check.tier(), false, verdict));
         }
         let capacity = self.inner.per_shard;
         let (originals, asks): (_, SmallVec<[Ask<'_>; 2]>) =

@@ -406,19 +406,24 @@ below are from such profiles, not from this run's table):
     allocation (`body::<AxumBody>()`);
   - it counts a metric.
 
-  Each decision also hashes (policy, key) with SipHash under a shard mutex, where governor
-  takes a DashMap read lock and makes one compare-and-swap.
-- **The in-memory decision** (`perf record` of `benches/instructions.rs check`, 10,000 keys):
-  - About a third of the samples fall on the first touch of the key's entry: the cache miss
-    of the lookup. Governor pays it too, on smaller entries (ours are 96 bytes: the key held
-    inline, the state, the expiry and the block; governor's about 48).
-  - SipHash of (policy, key) is about 15%, the clock (`quanta`, as governor reads it) about
-    10%.
-  - The rest is spread: building the `Decision` (the policy's `Arc`, remaining, reset and
-    retry-after), which governor's `check_key` does not, and moving the 64-byte check and the
-    decision between stack frames.
-- **One hot key from two threads.** Our shard mutex serializes the two threads; governor's
-  compare-and-swap on the entry lets one retry instead of waiting.
+  Each decision hashes (policy, key) once with SipHash (governor hashes its key twice: for
+  DashMap's shard, then for its table); a GCRA decision on a key already seen then takes its
+  shard's read lock and makes one compare-and-swap, as governor does.
+- **The in-memory decision** (callgrind of `benches/instructions.rs check`, 10,000 keys; about
+  800 instructions against governor's 576):
+  - SipHash of (policy, key), about 190; the table's lookup and the compare-and-swap, about
+    150; GCRA's arithmetic with what it reports (remaining, reset), about 70; the clock (`quanta`,
+    as governor reads it), about 40; loading the policy set (`arc-swap`), about 45; the
+    `Decision` (the tier's `Arc`, the outcome), about 60, which governor's `check_key` does not
+    build.
+  - A GCRA entry is 64 bytes (the key held inline, the policy and its definition, the packed
+    state); governor's about 48. The first touch of an entry is a cache miss for both.
+- **One hot key from several threads.** Both make three atomic read-modify-writes on lines
+  the threads share per decision (the shard lock's read and release, the compare-and-swap).
+  Ours makes four more on lines of its own thread (the policy set's load and release, the
+  tier's reference count taken for the `Decision` and dropped with it). On this two-core
+  virtual machine the multi-thread rows move by up to ±50% from one run to the next; the
+  instruction counts (`scripts/instructions.sh`) are the stable figure.
 - **HTTP on the Redis store.** The layer's cost, plus these per decision:
   - a tokio timer for the deadline, registered and then removed;
   - one 1 KB boxed future;

@@ -1,6 +1,7 @@
 //! What the layer's administrative operations ask the engine: a key's decision without a
 //! request (check, peek, refund, penalize, block, reset), and the keys each policy denied most.
 
+use std::future::Ready;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -61,8 +62,6 @@ impl<St: Store> Limiter<St> {
         op: Option<Op>,
         units: impl Fn(&Tier) -> u64,
     ) -> Answer<St::Future> {
-        // Pushed one by one: `collect` into a SmallVec goes through its generic `extend`, which
-        // costs a `check` about 100 instructions more.
         let policies = self.policies.load();
         if let (None, [p]) = (op, &policies[..]) {
             // One policy, enforced: decided on the borrowed tier and key where the store can.
@@ -71,9 +70,11 @@ impl<St: Store> Limiter<St> {
                 && let Some(verdict) = self.store.decide_enforced(tier, key, units(tier))
             {
                 let outcome = PolicyOutcome::new(tier, false, verdict);
-                return Answer::Now(Some(Ok(Decision::one(outcome))));
+                return Answer::Now(std::future::ready(Ok(Decision::one(outcome))));
             }
         }
+        // Pushed one by one: `collect` into a SmallVec goes through its generic `extend`, which
+        // costs a `check` about 100 instructions more.
         let mut checks = Checks::new();
         for p in policies.iter() {
             let tier = p.tier_of_key(key);
@@ -86,7 +87,7 @@ impl<St: Store> Limiter<St> {
         }
         drop(policies);
         match self.store.decide_now(&checks) {
-            Some(decision) => Answer::Now(Some(Ok(decision))),
+            Some(decision) => Answer::Now(std::future::ready(Ok(decision))),
             None => Answer::Later(self.store.check(checks)),
         }
     }
@@ -94,8 +95,7 @@ impl<St: Store> Limiter<St> {
 
 /// The answer of [`Limiter::decide_key`]: the decision made at once, or the store's future.
 pub(crate) enum Answer<F> {
-    /// Taken when polled.
-    Now(Option<Result<Decision, StoreError>>),
+    Now(Ready<Result<Decision, StoreError>>),
     Later(F),
 }
 
@@ -107,7 +107,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.get_mut() {
-            Answer::Now(answer) => Poll::Ready(answer.take().expect("polled after completion")),
+            Answer::Now(ready) => Pin::new(ready).poll(cx),
             Answer::Later(future) => Pin::new(future).poll(cx),
         }
     }

@@ -212,15 +212,13 @@ impl MemoryStore {
             return Decision::one(PolicyOutcome::new(check.tier(), false, verdict));
         }
         let capacity = self.inner.per_shard;
-        let (originals, asks): (_, SmallVec<[Ask<'_>; 2]>) =
-            (checks, checks.iter().map(Ask::from).collect());
-        let checks = &asks[..];
-        let (mut guards, mut steps) = self.lock_all(checks);
+        let asks: SmallVec<[Ask<'_>; 2]> = checks.iter().map(Ask::from).collect();
+        let (mut guards, mut steps) = self.lock_all(&asks);
         let now = self.inner.clock.now_micros();
         let registry = &self.inner.registry;
         let redefined = registry.redefined();
         // Phase one: the operations that act on their own, in order; then every verdict.
-        for (c, s) in checks.iter().zip(&steps) {
+        for (c, s) in asks.iter().zip(&steps) {
             let shard = &mut guards[s.guard];
             // One more lookup per check, only in a store where a policy was ever redefined.
             if redefined {
@@ -228,7 +226,7 @@ impl MemoryStore {
             }
             shard.act(c, s.hash, now, capacity);
         }
-        for (c, s) in checks.iter().zip(&mut steps) {
+        for (c, s) in asks.iter().zip(&mut steps) {
             let shard = &guards[s.guard];
             // An operation that acted on its own reports like a look.
             let cost = if c.op().acts() { 0 } else { c.cost() };
@@ -240,18 +238,18 @@ impl MemoryStore {
                 s.wait = shard.reservation(c, s.hash, now, &s.verdict, max_wait_us);
             }
         }
-        let admitted = checks
+        let admitted = asks
             .iter()
             .zip(&steps)
             .all(|(c, s)| s.verdict.allowed || s.wait.is_some() || !c.op().decides());
         // Phase two: charged only if every check that decides admits the request.
-        for (c, s) in checks.iter().zip(&mut steps) {
+        for (c, s) in asks.iter().zip(&mut steps) {
             guards[s.guard].settle(c, s, now, admitted, capacity);
         }
         for g in &mut guards {
             g.tick(now);
         }
-        let outcomes = originals.iter().zip(steps).map(|(c, s)| {
+        let outcomes = checks.iter().zip(steps).map(|(c, s)| {
             PolicyOutcome::new(c.tier(), c.op() == Op::Shadow, s.verdict).with_grant(s.grant)
         });
         Decision::new(outcomes.collect())

@@ -120,9 +120,14 @@ struct Entry {
 impl Entry {
     /// What the packed `word` of `algorithm` holds.
     fn packed(algorithm: &Compiled, word: u64) -> Self {
+        Entry::unblocked(algorithm.unpack(word), word)
+    }
+
+    /// A state that expires at `expires_at`, not blocked.
+    fn unblocked(state: Option<State>, expires_at: u64) -> Self {
         Entry {
-            state: algorithm.unpack(word),
-            expires_at: word,
+            state,
+            expires_at,
             blocked_until: 0,
         }
     }
@@ -446,11 +451,7 @@ impl Shard {
             None => {
                 let mut state = None;
                 let expires_at = charge(algorithm, &mut state);
-                let entry = Entry {
-                    state,
-                    expires_at,
-                    blocked_until: 0,
-                };
+                let entry = Entry::unblocked(state, expires_at);
                 self.insert_slot(Slot::new(check, entry), hash, now, capacity);
             }
         }
@@ -551,11 +552,7 @@ impl Shard {
                 let mut state = None;
                 let lease = algorithm.take_lease(&mut state, now, ttl, cost, want);
                 if let Some(expires_at) = lease.expires_at {
-                    let entry = Entry {
-                        state,
-                        expires_at,
-                        blocked_until: 0,
-                    };
+                    let entry = Entry::unblocked(state, expires_at);
                     self.insert_slot(Slot::new(check, entry), hash, now, cap);
                 }
                 lease

@@ -118,7 +118,7 @@ where
     }
 
     /// A request already settled: the limiter's response, or the inner service called.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn settled(
         limiter: &Arc<Limiter<St>>,
         settled: Settled,
@@ -138,6 +138,27 @@ where
         };
         ResponseFuture {
             state,
+            limiter: (!after.is_empty()).then(|| limiter.clone()),
+            after,
+            body: PhantomData,
+        }
+    }
+
+    /// A request admitted at once: the inner service called, `headers` to go on its response,
+    /// `held` with its body, and `after` to charge once its status is known.
+    #[inline(always)]
+    pub(crate) fn called(
+        limiter: &Arc<Limiter<St>>,
+        future: S::Future,
+        headers: Option<RateLimitHeaders>,
+        held: Option<HeldSlots>,
+        after: Charges,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Calling {
+                future,
+                with: With { headers, held },
+            },
             limiter: (!after.is_empty()).then(|| limiter.clone()),
             after,
             body: PhantomData,
@@ -193,7 +214,7 @@ where
 /// The limiter's own response (in the form `style` gives the request), or the inner service
 /// called: [`Settled::Call`]'s, or a waiting request's whose slot came (its slots are then
 /// spent, not given back).
-#[inline]
+#[inline(always)]
 fn respond_or_call<S, ReqB, C, R>(
     settled: Settled,
     request: Request<ReqB>,
@@ -232,7 +253,7 @@ where
 
 /// Calls the inner service with the decision (if any) in the request's extensions; `headers`
 /// go on its response, and `held` with its body.
-#[inline]
+#[inline(always)]
 fn call<S, ReqB, C, R>(
     headers: Option<RateLimitHeaders>,
     decision: Option<Decision>,

@@ -35,10 +35,10 @@ use crate::clock::Clock;
 use crate::decision::{Decision, PolicyOutcome};
 use crate::error::{ConfigError, FailurePolicy, KeyRejection, StoreError, StoreErrorKind};
 use crate::grpc::ResponseStyle;
-use crate::headers::{HeaderConfig, RateLimitHeaders};
+use crate::headers::{HeaderConfig, HeaderStyle, RateLimitHeaders};
 use crate::key::{Key, KeyExtractor, RequestRef};
 use crate::lease::{self, Asking, LeaseWait, Leases};
-use crate::policy::{CompiledPolicy, CostFn, Policy, RequestFn, StatusFn};
+use crate::policy::{CompiledPolicy, CostFn, Part, Policy, RequestFn, StatusFn, Tier};
 use crate::reload::TierSummary;
 use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Permit};
 use crate::response::Responses;
@@ -125,6 +125,11 @@ pub(crate) struct Limiter<St> {
     /// logged at `debug` since.
     warned: AtomicU64,
     unwarned: AtomicU64,
+    /// Whether nothing stands between a request and the store but its policies (no deny
+    /// cache or local fallback): a request of one policy may then be decided on its borrowed
+    /// tier and key (see [`Limiter::decide_alone`]). The breaker does not count: a store
+    /// that decides at once never fails, so it never opens one.
+    plain: bool,
 }
 
 impl<St: fmt::Debug> fmt::Debug for Limiter<St> {
@@ -151,8 +156,9 @@ pub(crate) enum Begin<F> {
 
 /// What a request whose answer comes later waits for.
 pub(crate) enum Later<F> {
-    /// The store's answer: wait for `F`, then [`Limiter::settle`] with the ticket.
-    Store(F, Ticket),
+    /// The store's answer: wait for `F`, then [`Limiter::settle`] with the ticket (boxed, so
+    /// that a request decided at once moves a small [`Begin`]).
+    Store(F, Box<Ticket>),
     /// The answer to another request of this instance, which is asking the store for the
     /// lease this one needs: wait for it, then [`Limiter::resume`].
     Lease(LeaseWait, Box<Planned>),
@@ -298,6 +304,7 @@ impl<St: Store> Limiter<St> {
             .map(|top| Tracker::new(&top, headers.partition.as_ref(), names))
             .transpose()?
             .map(Arc::new);
+        let plain = config.deny_cache.is_none() && fallback.is_none();
         let leases = OnceLock::new();
         if set.leases {
             let _ = leases.set(Leases::new());
@@ -323,6 +330,7 @@ impl<St: Store> Limiter<St> {
             top,
             warned: AtomicU64::new(0),
             unwarned: AtomicU64::new(0),
+            plain,
         })
     }
 
@@ -347,6 +355,11 @@ impl<St: Store> Limiter<St> {
             let index = policy.tier_index(request, &key);
             let tier = policy.tier(index);
             let cost = policy.cost(request);
+            if policies.len() == 1
+                && let Some(begin) = self.decide_alone(policy, tier, &key, cost)
+            {
+                return begin;
+            }
             let op = Op::of(tier.part());
             for (when, charge) in [
                 (tier.charge_if(), Op::Enforce),
@@ -390,6 +403,51 @@ impl<St: Store> Limiter<St> {
             return Begin::Settled(self.limited(decision, &headers), Charges::new());
         }
         self.decide(checks, fallback, after, &span)
+    }
+
+    /// The request of one policy, decided on its borrowed tier and key where the store can (the
+    /// memory store) and nothing else has a say: no charge after the response, no lease, no
+    /// reserved or held slot, no deny cache or fallback. No check or ticket is made,
+    /// no tier or key is cloned. `None`: the request goes the general way.
+    #[inline(always)]
+    fn decide_alone(
+        &self,
+        policy: &CompiledPolicy,
+        tier: &Arc<Tier>,
+        key: &Key,
+        cost: u64,
+    ) -> Option<Begin<St::Future>> {
+        if !(self.plain && matches!(tier.part(), Part::Enforce) && policy.refund_if().is_none())
+            || self.leases().is_some()
+            || self.waits()
+            || self.holds()
+        {
+            return None;
+        }
+        let verdict = self.store.decide_enforced(tier, key, cost)?;
+        let span = decision_span();
+        if verdict.allowed
+            && span.is_disabled()
+            && !self.decision_extension
+            && self.headers.style == HeaderStyle::None
+        {
+            // Nothing reads the decision: no `Decision` is made.
+            tier.count(true, false);
+            return Some(Begin::Settled(
+                Settled::Call(None, None, None),
+                Charges::new(),
+            ));
+        }
+        let _entered = span.enter();
+        traced(&span, |span| {
+            span.record("policies", tier.name());
+        });
+        let decision = Decision::one(PolicyOutcome::new(tier, false, verdict));
+        let keys = self
+            .needs_keys()
+            .then(|| vec![(tier.id(), key.clone(), cost)]);
+        let (settled, after) = self.finish(decision, Charges::new(), keys.as_deref(), false, &span);
+        Some(Begin::Settled(settled, after))
     }
 
     /// The answer to a request whose key `policy` rejected.
@@ -488,7 +546,7 @@ impl<St: Store> Limiter<St> {
         ticket.started = Some(Instant::now());
         ticket.takes_slots =
             (self.holds() || self.waits()) && checks.iter().any(|c| c.op().takes_slots());
-        Begin::Later(Later::Store(self.store.check(checks), ticket))
+        Begin::Later(Later::Store(self.store.check(checks), Box::new(ticket)))
     }
 
     /// Turns the store's answer into what to do (step 3), applying the breaker, the deny
@@ -622,17 +680,22 @@ impl<St: Store> Limiter<St> {
     /// `checks` as the ticket keeps them, when the deny cache, the IETF `pk` or a reserved
     /// slot to give back needs them.
     fn keys(&self, checks: &[Check]) -> Option<Keys> {
-        let needed = self.deny_cache.is_some()
-            || self.top.is_some()
-            || self.headers.partition.is_some()
-            || self.waits()
-            || self.holds();
-        needed.then(|| {
+        self.needs_keys().then(|| {
             checks
                 .iter()
                 .map(|c| (c.tier().id(), c.key().clone(), c.cost()))
                 .collect()
         })
+    }
+
+    /// Whether the ticket keeps the request's keys: for the deny cache, the top limited keys,
+    /// the IETF `pk` or a reserved slot to give back.
+    fn needs_keys(&self) -> bool {
+        self.deny_cache.is_some()
+            || self.top.is_some()
+            || self.headers.partition.is_some()
+            || self.waits()
+            || self.holds()
     }
 
     /// The charges and refunds `charges` makes for a response of `status`, as one store call;

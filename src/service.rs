@@ -12,7 +12,7 @@ use tower_service::Service;
 use crate::body::{MakeBody, Wrapped};
 use crate::future::ResponseFuture;
 use crate::key::RequestRef;
-use crate::limiter::{Begin, Limiter};
+use crate::limiter::{Begin, Limiter, Settled};
 use crate::store::Store;
 
 /// The middleware made by [`RateLimitLayer`](crate::RateLimitLayer).
@@ -92,6 +92,15 @@ where
         let begin = self.limiter.begin(&RequestRef::new(&request));
         match begin {
             Begin::Unlimited => ResponseFuture::unlimited(self.inner.call(request)),
+            // The common case, with the request moved as little as it can be.
+            Begin::Settled(Settled::Call(headers, decision, held), after) => {
+                let mut request = request;
+                if let Some(decision) = decision {
+                    request.extensions_mut().insert(decision);
+                }
+                let future = self.inner.call(request);
+                ResponseFuture::called(&self.limiter, future, headers, held, after)
+            }
             Begin::Settled(settled, after) => {
                 ResponseFuture::settled(&self.limiter, settled, after, request, &mut self.inner)
             }

@@ -14,11 +14,12 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::Full;
 use tower::{Service, ServiceBuilder, service_fn};
+use tower_ratelimit::headers::HeaderStyle;
 use tower_ratelimit::headers::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
 use tower_ratelimit::key::GlobalKey;
 use tower_ratelimit::{
-    Algorithm, ConfigError, Decision, ManualClock, MemoryStore, Policy, RateLimitLayer,
-    RateLimitLayerBuilder, ResponseBody,
+    Algorithm, ConfigError, Decision, FailurePolicy, ManualClock, MemoryStore, Policy,
+    RateLimitLayer, RateLimitLayerBuilder, ResponseBody,
 };
 
 mod support;
@@ -108,6 +109,69 @@ async fn allowed_then_limited_with_exact_headers_for_every_algorithm() {
             3,
             "{alg}: denied requests never reach the service"
         );
+    }
+}
+
+/// A request of one policy is decided on a shortcut (no checks, no ticket, and no `Decision`
+/// when nothing reads one), unless something else has a say: a layer with a local fallback goes
+/// the general way. All three answer alike, request after request, for every algorithm.
+#[tokio::test]
+async fn the_one_policy_shortcut_answers_as_the_general_path() {
+    for alg in Algorithm::ALL {
+        let clock = ManualClock::new();
+        let policy = || Policy::new(alg, "5/s").name("p");
+        let (seen_short, seen_general, seen_quiet) =
+            (Seen::default(), Seen::default(), Seen::default());
+        let short = ServiceBuilder::new()
+            .layer(layer(policy(), &clock))
+            .service(inner(&seen_short));
+        let general = builder(policy(), &clock)
+            .on_store_error(FailurePolicy::Local { divisor: 1 })
+            .build()
+            .unwrap();
+        let general = ServiceBuilder::new()
+            .layer(general)
+            .service(inner(&seen_general));
+        let quiet = builder(policy(), &clock)
+            .headers(HeaderStyle::None)
+            .decision_extension(false)
+            .build()
+            .unwrap();
+        let quiet = ServiceBuilder::new()
+            .layer(quiet)
+            .service(inner(&seen_quiet));
+        let mut limited = 0;
+        for step in 0..60 {
+            let (a, b, q) = (get(&short).await, get(&general).await, get(&quiet).await);
+            let at = format!("{alg}, request {step}");
+            assert_eq!(a.status, b.status, "{at}");
+            assert_eq!(a.headers, b.headers, "{at}");
+            assert_eq!(a.decision, b.decision, "{at}: the 429's decision");
+            assert_eq!(q.status, a.status, "{at}: the quiet layer admits the same");
+            assert_eq!(q.header(X_RATELIMIT_REMAINING), None, "{at}: no headers");
+            assert_eq!(q.header(RETRY_AFTER), a.header(RETRY_AFTER), "{at}");
+            if a.status == StatusCode::OK {
+                assert_eq!(
+                    seen_short.last_decision(),
+                    seen_general.last_decision(),
+                    "{at}"
+                );
+            } else {
+                limited += 1;
+            }
+            // Bursts of requests 10 ms apart, with a rest every 20.
+            clock.advance(Duration::from_millis(if step % 20 == 19 {
+                1_000
+            } else {
+                10
+            }));
+        }
+        assert!(
+            limited >= 20,
+            "{alg}: the limit was reached ({limited} limited)"
+        );
+        assert_eq!(seen_short.calls(), seen_quiet.calls(), "{alg}");
+        assert_eq!(seen_short.calls(), 60 - limited, "{alg}");
     }
 }
 

@@ -3,7 +3,7 @@
 //! the machine does (wall-clock figures on a shared 2-core machine are not).
 //!
 //! ```text
-//! instructions MODE N    # MODE: bare, identity, legacy, none, quiet, axum_body, governor,
+//! instructions MODE N    # MODE: bare, identity, headers, none, axum_body, defaults, governor,
 //!                         # governor_headers, check, governor_check, hot or hot_lease
 //! ```
 //!
@@ -11,15 +11,22 @@
 //! callgrind counts (`--toggle-collect`), each polled once and answered at once.
 //!
 //! `bare` is an axum hello-world router, `identity` the same with `tower`'s layer that does
-//! nothing; `legacy` and `none` add our layer (memory store, GCRA of one unit a minute with a
-//! burst of 1,000,000 per peer IP: it never limits here, and a key's state outlives the run, as
-//! governor's entries do, so nothing counted is a key dropped and inserted again) with `X-RateLimit-*` headers or none, `quiet` with neither headers nor the
-//! `Decision` in the request's extensions, `axum_body` the same in axum's own body; `governor`
-//! and `governor_headers` add `tower_governor`'s instead (the same quota, per peer IP), without
-//! and with its headers. `check` is `RateLimitLayer::check` on 10,000 keys, `governor_check`
-//! governor's keyed `check_key` on the same keys. Peers cycle through 10,240 addresses, but in
-//! `hot` (as `legacy`) and `hot_lease` (the same with `Policy::lease(20)`: the requests the
-//! leases admit without a store call), where every request comes from one peer.
+//! nothing. The other router modes add our layer (memory store, GCRA of one unit a minute with
+//! a burst of 1,000,000 per peer IP: it never limits here, and a key's state outlives the run,
+//! as governor's entries do, so nothing counted is a key dropped and inserted again), each
+//! beside the `tower_governor` mode that does the same work:
+//!
+//! - `headers`: `X-RateLimit-*` headers, no `Decision` in the request's extensions (as
+//!   `governor_headers`: `tower_governor`'s layer with its headers, the same quota per peer IP);
+//! - `none`: neither headers nor the extension (as `governor`, without headers);
+//! - `axum_body`: as `none`, answering in axum's own body;
+//! - `defaults`: the builder's defaults, `X-RateLimit-*` headers and the `Decision` extension
+//!   (which `tower_governor` has no counterpart of).
+//!
+//! `check` is `RateLimitLayer::check` on 10,000 keys, `governor_check` governor's keyed
+//! `check_key` on the same keys. Peers cycle through 10,240 addresses, but in `hot` (as
+//! `defaults`) and `hot_lease` (the same with `Policy::lease(20)`: the requests the leases admit
+//! without a store call), where every request comes from one peer.
 
 use std::net::SocketAddr;
 
@@ -80,7 +87,7 @@ fn requests(mode: &str) -> Box<dyn FnMut(u64)> {
             .policy(policy)
             .key(PeerIp::new())
             .headers(style)
-            .decision_extension(mode != "quiet" && mode != "axum_body")
+            .decision_extension(matches!(mode, "defaults" | "hot" | "hot_lease"))
             .build()
             .expect("a valid layer")
     };
@@ -116,8 +123,8 @@ fn requests(mode: &str) -> Box<dyn FnMut(u64)> {
         }
         "bare" => base,
         "identity" => base.layer(tower::layer::util::Identity::new()),
-        "legacy" | "hot" | "hot_lease" => base.layer(layer(HeaderStyle::Legacy)),
-        "none" | "quiet" => base.layer(layer(HeaderStyle::None)),
+        "headers" | "defaults" | "hot" | "hot_lease" => base.layer(layer(HeaderStyle::Legacy)),
+        "none" => base.layer(layer(HeaderStyle::None)),
         "axum_body" => base.layer(layer(HeaderStyle::None).body::<AxumBody>()),
         other => panic!("unknown mode {other:?}: see the file's documentation"),
     };

@@ -24,20 +24,22 @@ count() {
         "$BIN" "$1" "$N" 2>&1 | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }
 declare -A per
-for mode in bare identity legacy none quiet axum_body governor governor_headers check governor_check \
-    hot hot_lease; do
+for mode in bare identity headers none axum_body defaults governor governor_headers check \
+    governor_check hot hot_lease; do
     per[$mode]=$(( $(count "$mode") / N ))
 done
+layer() { echo $(( per[$1] - per[bare] )); }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", a / b }'; }
 echo "instructions per request (callgrind, 20,000 requests after a warm-up):"
-echo "  bare axum router:              ${per[bare]}"
-echo "  with the layer, legacy headers: ${per[legacy]} (layer: $(( per[legacy] - per[bare] )))"
-echo "  with the layer, no headers:     ${per[none]} (layer: $(( per[none] - per[bare] )))"
-echo "  ... and no Decision extension:  ${per[quiet]} (layer: $(( per[quiet] - per[bare] )))"
-echo "  ... and in axum's own body:    ${per[axum_body]} (layer: $(( per[axum_body] - per[bare] )))"
-echo "  a layer doing nothing:          ${per[identity]} (layer: $(( per[identity] - per[bare] )))"
-echo "  tower_governor, no headers:     ${per[governor]} (layer: $(( per[governor] - per[bare] )))"
-echo "  tower_governor, its headers:    ${per[governor_headers]} (layer: $(( per[governor_headers] - per[bare] )))"
-echo "  RateLimitLayer::check:          ${per[check]}"
+echo "  bare axum router:               ${per[bare]}"
+echo "  a layer doing nothing:          ${per[identity]} (layer: $(layer identity))"
+echo "  with the layer, X-RateLimit-*:  ${per[headers]} (layer: $(layer headers); $(ratio "$(layer headers)" "$(layer governor_headers)") tower_governor's with its headers)"
+echo "  tower_governor, its headers:    ${per[governor_headers]} (layer: $(layer governor_headers))"
+echo "  with the layer, no headers:     ${per[none]} (layer: $(layer none); $(ratio "$(layer none)" "$(layer governor)") tower_governor's without)"
+echo "  tower_governor, no headers:     ${per[governor]} (layer: $(layer governor))"
+echo "  ... and in axum's own body:     ${per[axum_body]} (layer: $(layer axum_body))"
+echo "  the layer's defaults:           ${per[defaults]} (layer: $(layer defaults): headers and the Decision extension)"
+echo "  RateLimitLayer::check:          ${per[check]} ($(ratio "${per[check]}" "${per[governor_check]}") governor's)"
 echo "  governor keyed check_key:       ${per[governor_check]}"
-echo "  one hot key, legacy headers:    ${per[hot]}"
+echo "  one hot key, defaults:          ${per[hot]}"
 echo "  ... with leases of 20:          ${per[hot_lease]} (the requests leases admit here)"

@@ -429,12 +429,23 @@ impl<St: Store> Limiter<St> {
         if verdict.allowed
             && span.is_disabled()
             && !self.decision_extension
-            && self.headers.style == HeaderStyle::None
+            && !RateLimitHeaders::writes_ietf(&self.headers)
         {
-            // Nothing reads the decision: no `Decision` is made.
+            // Nothing reads the decision but the `X-RateLimit-*` headers: no `Decision` is made.
             tier.count(true, false);
+            let headers = (self.headers.style != HeaderStyle::None).then(|| {
+                let now = || self.clock.now_micros();
+                let (remaining, reset) = (verdict.remaining, verdict.reset_after_us);
+                RateLimitHeaders::admitted_one(
+                    &self.headers,
+                    now,
+                    tier.limit_header(),
+                    remaining,
+                    reset,
+                )
+            });
             return Some(Begin::Settled(
-                Settled::Call(None, None, None),
+                Settled::Call(headers, None, None),
                 Charges::new(),
             ));
         }

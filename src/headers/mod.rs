@@ -230,21 +230,16 @@ impl RateLimitHeaders {
     ) -> Self {
         let jitter = config.draw_jitter();
         let secs = |d: Duration| ceil_secs(d.saturating_add(jitter));
-        let retry_after = decision.retry_after().map(|d| secs(d).max(1));
-        let legacy = matches!(config.style, HeaderStyle::Legacy | HeaderStyle::Both).then(|| {
-            let binding = decision.binding();
-            let reset = secs(binding.reset_after());
-            let reset = match config.reset {
-                ResetFormat::DeltaSeconds => reset,
-                ResetFormat::UnixTime => now_us().div_ceil(1_000_000) + reset,
-            };
-            (
-                binding.tier().limit_header().clone(),
-                binding.remaining(),
-                reset,
-            )
-        });
-        let ietf = matches!(config.style, HeaderStyle::Ietf | HeaderStyle::Both)
+        let binding = decision.binding();
+        let mut headers = Self::legacy(
+            config,
+            jitter,
+            now_us,
+            (binding.tier().limit_header(), binding.remaining()),
+            binding.reset_after(),
+        );
+        headers.retry_after = decision.retry_after().map(|d| secs(d).max(1));
+        headers.ietf = matches!(config.style, HeaderStyle::Ietf | HeaderStyle::Both)
             .then(|| {
                 let pk = |o: &PolicyOutcome| {
                     let partition = config.partition.as_ref()?;
@@ -253,10 +248,57 @@ impl RateLimitHeaders {
                 ietf_fields(decision, secs, pk).map(Box::new)
             })
             .flatten();
+        headers
+    }
+
+    /// The headers of a request admitted by its one policy, whose limit header is `limit`,
+    /// with `remaining` units left and fully reset after `reset_after_us`, under a
+    /// configuration without IETF fields (see [`RateLimitHeaders::writes_ietf`]): what
+    /// [`RateLimitHeaders::new`] makes of its decision, without one.
+    pub(crate) fn admitted_one(
+        config: &HeaderConfig,
+        now_us: impl FnOnce() -> u64,
+        limit: &HeaderValue,
+        remaining: u64,
+        reset_after_us: u64,
+    ) -> Self {
+        let reset = Duration::from_micros(reset_after_us);
+        Self::legacy(
+            config,
+            config.draw_jitter(),
+            now_us,
+            (limit, remaining),
+            reset,
+        )
+    }
+
+    /// Whether `config` writes the IETF fields (which every policy's outcome goes into).
+    pub(crate) fn writes_ietf(config: &HeaderConfig) -> bool {
+        matches!(config.style, HeaderStyle::Ietf | HeaderStyle::Both)
+    }
+
+    /// The `X-RateLimit-*` headers of the binding policy, `(limit header, remaining)`, fully
+    /// reset after `reset`, if `config` writes them; no other header yet.
+    #[inline]
+    fn legacy(
+        config: &HeaderConfig,
+        jitter: Duration,
+        now_us: impl FnOnce() -> u64,
+        (limit, remaining): (&HeaderValue, u64),
+        reset: Duration,
+    ) -> Self {
+        let legacy = matches!(config.style, HeaderStyle::Legacy | HeaderStyle::Both).then(|| {
+            let reset = ceil_secs(reset.saturating_add(jitter));
+            let reset = match config.reset {
+                ResetFormat::DeltaSeconds => reset,
+                ResetFormat::UnixTime => now_us().div_ceil(1_000_000) + reset,
+            };
+            (limit.clone(), remaining, reset)
+        });
         RateLimitHeaders {
             legacy,
-            ietf,
-            retry_after,
+            ietf: None,
+            retry_after: None,
         }
     }
 

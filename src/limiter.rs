@@ -30,6 +30,7 @@ use tracing::Span;
 use bytes::Bytes;
 use http::{Response, StatusCode};
 
+use crate::algorithm::Verdict;
 use crate::body::HeldSlots;
 use crate::clock::Clock;
 use crate::decision::{Decision, PolicyOutcome};
@@ -43,7 +44,7 @@ use crate::reload::TierSummary;
 use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Permit};
 use crate::response::Responses;
 use crate::store::{Check, Checks, MemoryStore, Op, Store};
-use crate::telemetry::{decision_span, record_outcome, traced};
+use crate::telemetry::{decision_span, record_outcome, spans_enabled, traced};
 use crate::top::{TopLimited, Tracker};
 
 mod admin;
@@ -425,30 +426,14 @@ impl<St: Store> Limiter<St> {
             return None;
         }
         let verdict = self.store.decide_enforced(tier, key, cost)?;
-        let span = decision_span();
         if verdict.allowed
-            && span.is_disabled()
             && !self.decision_extension
             && !RateLimitHeaders::writes_ietf(&self.headers)
+            && !spans_enabled()
         {
-            // Nothing reads the decision but the `X-RateLimit-*` headers: no `Decision` is made.
-            tier.count(true, false);
-            let headers = (self.headers.style != HeaderStyle::None).then(|| {
-                let now = || self.clock.now_micros();
-                let (remaining, reset) = (verdict.remaining, verdict.reset_after_us);
-                RateLimitHeaders::admitted_one(
-                    &self.headers,
-                    now,
-                    tier.limit_header(),
-                    remaining,
-                    reset,
-                )
-            });
-            return Some(Begin::Settled(
-                Settled::Call(headers, None, None),
-                Charges::new(),
-            ));
+            return Some(self.admitted_alone(tier, &verdict));
         }
+        let span = decision_span();
         let _entered = span.enter();
         traced(&span, |span| {
             span.record("policies", tier.name());
@@ -459,6 +444,25 @@ impl<St: Store> Limiter<St> {
             .then(|| vec![(tier.id(), key.clone(), cost)]);
         let (settled, after) = self.finish(decision, Charges::new(), keys.as_deref(), false, &span);
         Some(Begin::Settled(settled, after))
+    }
+
+    /// A request its one policy admitted when nothing reads the decision but the
+    /// `X-RateLimit-*` headers (no extension, no IETF fields, no span): no `Decision` is made.
+    #[inline(always)]
+    fn admitted_alone(&self, tier: &Tier, verdict: &Verdict) -> Begin<St::Future> {
+        tier.count(true, false);
+        let headers = (self.headers.style != HeaderStyle::None).then(|| {
+            let now = || self.clock.now_micros();
+            let (remaining, reset) = (verdict.remaining, verdict.reset_after_us);
+            RateLimitHeaders::admitted_one(
+                &self.headers,
+                now,
+                tier.limit_header(),
+                remaining,
+                reset,
+            )
+        });
+        Begin::Settled(Settled::Call(headers, None, None), Charges::new())
     }
 
     /// The answer to a request whose key `policy` rejected.

@@ -172,6 +172,13 @@ pub fn describe_metrics() {
     }
 }
 
+/// Whether a subscriber wants the decisions' spans: when not, a decision that nothing else
+/// reads needs no span at all.
+#[inline]
+pub(crate) fn spans_enabled() -> bool {
+    tracing::enabled!(tracing::Level::DEBUG)
+}
+
 /// The `debug` span of one decision: the policies that apply, what was decided, and how long
 /// the store took. `Span::none()` unless a subscriber enables `debug` for this crate: a
 /// disabled span of ten fields would still have its fields gathered for the `log` crate
@@ -179,7 +186,7 @@ pub fn describe_metrics() {
 /// instructions a request for nothing.
 #[inline]
 pub(crate) fn decision_span() -> Span {
-    if !tracing::enabled!(tracing::Level::DEBUG) {
+    if !spans_enabled() {
         return Span::none();
     }
     tracing::debug_span!(

@@ -24,7 +24,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use arc_swap::ArcSwap;
 use tracing::Span;
 
 use bytes::Bytes;
@@ -39,7 +38,7 @@ use crate::grpc::ResponseStyle;
 use crate::headers::{HeaderConfig, HeaderStyle, RateLimitHeaders};
 use crate::key::{Key, KeyExtractor, RequestRef};
 use crate::lease::{self, Asking, LeaseWait, Leases};
-use crate::policy::{CompiledPolicy, CostFn, Part, Policy, RequestFn, StatusFn, Tier};
+use crate::policy::{CompiledPolicy, CostFn, Part, Policy, PolicySet, RequestFn, StatusFn, Tier};
 use crate::reload::TierSummary;
 use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Permit};
 use crate::response::Responses;
@@ -94,9 +93,8 @@ impl fmt::Debug for Config {
 /// The engine every clone of a layer, and every service it makes, shares.
 pub(crate) struct Limiter<St> {
     store: St,
-    /// The policies, swapped whole by [`Limiter::reload`]: a request plans with the set it
-    /// loads, and keeps the tiers it planned with until it is done.
-    policies: ArcSwap<Box<[CompiledPolicy]>>,
+    /// The policies, swapped whole by [`Limiter::reload`].
+    policies: PolicySet,
     /// The layer's key and cost, for the policies of a reload without their own.
     key: Arc<dyn KeyExtractor>,
     cost: Option<CostFn>,
@@ -312,7 +310,7 @@ impl<St: Store> Limiter<St> {
         }
         Ok(Limiter {
             store,
-            policies: ArcSwap::from_pointee(set.policies),
+            policies: PolicySet::new(set.policies),
             key: config.key,
             cost: config.cost,
             summary: Mutex::new(set.summary),

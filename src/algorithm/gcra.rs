@@ -83,15 +83,16 @@ impl Step for Gcra {
     fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
         let tat = state.map_or(now, |s| s.tat.max(now));
         let backlog = tat - now;
-        let remaining_now = (self.tolerance - backlog.min(self.tolerance)) / self.interval;
+        // Divisions cost tens of cycles: an admitted request makes one.
+        let remaining_now = || (self.tolerance - backlog.min(self.tolerance)) / self.interval;
         if cost > self.burst {
-            return Verdict::deny(remaining_now, backlog, None);
+            return Verdict::deny(remaining_now(), backlog, None);
         }
         let new_backlog = backlog + cost * self.interval;
         if new_backlog <= self.tolerance {
             Verdict::allow((self.tolerance - new_backlog) / self.interval, new_backlog)
         } else {
-            Verdict::deny(remaining_now, backlog, Some(new_backlog - self.tolerance))
+            Verdict::deny(remaining_now(), backlog, Some(new_backlog - self.tolerance))
         }
     }
 

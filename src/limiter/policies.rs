@@ -84,7 +84,7 @@ impl<St: Store> Limiter<St> {
     /// any error a build would report, and when a policy would change its algorithm.
     pub(crate) fn reload(&self, policies: &[Policy]) -> Result<ReloadReport, ConfigError> {
         let mut summary = lock(&self.summary);
-        let old = self.policies.load_full();
+        let old = self.policies.load();
         let owned = |name: &str| summary.iter().any(|t| t.name() == name);
         let set = Self::compile(
             policies,
@@ -116,7 +116,7 @@ impl<St: Store> Limiter<St> {
         if let Some(top) = &self.top {
             top.set_policies(set.policies.iter().map(|p| p.name()));
         }
-        self.policies.store(Arc::new(set.policies));
+        self.policies.replace(set.policies);
         *summary = set.summary;
         Ok(report)
     }

@@ -11,8 +11,9 @@ use super::CompiledPolicy;
 
 /// The engine's present policies, compiled. Until the first reload they are the set the layer
 /// was built with, read in place: most layers are never reloaded, and their requests then touch
-/// no reference count (an `ArcSwap` load is two locked operations). A reload swaps a new set in whole: a request plans with the set it
-/// loads, and keeps the tiers it planned with until it is done.
+/// no reference count (an `ArcSwap` load is two locked operations). A reload swaps a new set in
+/// whole: a request plans with the set it loads, and keeps the tiers it planned with until it is
+/// done.
 pub(crate) struct PolicySet {
     first: Box<[CompiledPolicy]>,
     /// The set of the last reload; `Some` once `reloaded` is.

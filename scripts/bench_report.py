@@ -356,7 +356,8 @@ load average above says how busy it was.
 8. Each algorithm's server time per call (`INFO commandstats` usec_per_call), our `FCALL`
    against a minimal script of the same algorithm (`benches/reference/`, written for this
    comparison and not used by the crate: `TIME` and the algorithm's own reads and writes for
-   one policy, no blocks, no multi-policy), both with the same quota from
+   one policy, no blocks, no multi-policy, replying with the three integers ours replies for
+   one policy: the verdict or retry time, remaining, reset), both with the same quota from
    `redis-benchmark -c 50 -P 16 -r 10000`, interleaved. Below, the same from our own client
    (50 tasks, no pipelining), and memory per key:
 
@@ -367,8 +368,10 @@ per key: growth of the process's resident memory over 200,000 keys divided by 20
 (includes the hash map's spare capacity).
 9. 1, 2, 4 and 8 threads deciding at once for a second (`benches/contention.rs`, median of
    the runs, ours and governor's alternating): `RateLimitLayer::check` on the memory store
-   against governor's keyed `check_key`, both GCRA 1,000,000/s with a burst of 1,000,000, on
-   the same 10,000 keys (the threads start evenly apart in the keyspace) and on one hot key.
+   against governor's keyed `check_key`, both GCRA of one unit a minute with a burst of
+   1,000,000 (a key's state outlives the run, as governor's entries do; the hot key is denied
+   once its burst is spent, by both), on the same 10,000 keys (the threads start evenly apart
+   in the keyspace) and on one hot key.
    The goals are on two threads.
 10. Heap allocations per request through the axum router of 4, counted by a counting global
    allocator (`benches/allocations.rs`, dhat's) over 10,240 requests after 20,480 of warm-up:

@@ -7,8 +7,10 @@
 #
 # For each algorithm: the call our store sends (captured by benches/driver_redis.rs, the bench
 # policy of scripts/bench.sh) against the minimal script of the same algorithm
-# (benches/reference/; like ours, they format the integers they send with '%d', a fifth of the
-# cost of '%.0f' or of Redis's own '%.17g' for a number argument), each called 2,000 times on 10,000 random keys after 500 warm-up calls.
+# (benches/reference/; like ours, they reply with three integers, the verdict or retry time,
+# remaining and reset, and format the integers they send with '%d', a fifth of the cost of
+# '%.0f' or of Redis's own '%.17g' for a number argument), each called 2,000 times on 10,000
+# random keys after 500 warm-up calls.
 # Installs valgrind and Redis (Debian packages) when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -74,7 +74,7 @@ where
                     let Some(Later::Store(_, ticket)) = self.later.take() else {
                         unreachable!("the store's answer came");
                     };
-                    return Poll::Ready(limiter.settle(*ticket, result));
+                    return Poll::Ready(limiter.settle(ticket, result));
                 }
                 Later::Lease(wait, _) => {
                     ready!(Pin::new(wait).poll(cx));

@@ -118,7 +118,7 @@ where
     }
 
     /// A request already settled: the limiter's response, or the inner service called.
-    #[inline(always)]
+    #[inline]
     pub(crate) fn settled(
         limiter: &Arc<Limiter<St>>,
         settled: Settled,
@@ -214,7 +214,7 @@ where
 /// The limiter's own response (in the form `style` gives the request), or the inner service
 /// called: [`Settled::Call`]'s, or a waiting request's whose slot came (its slots are then
 /// spent, not given back).
-#[inline(always)]
+#[inline]
 fn respond_or_call<S, ReqB, C, R>(
     settled: Settled,
     request: Request<ReqB>,
@@ -253,7 +253,7 @@ where
 
 /// Calls the inner service with the decision (if any) in the request's extensions; `headers`
 /// go on its response, and `held` with its body.
-#[inline(always)]
+#[inline]
 fn call<S, ReqB, C, R>(
     headers: Option<RateLimitHeaders>,
     decision: Option<Decision>,

@@ -155,9 +155,8 @@ pub(crate) enum Begin<F> {
 
 /// What a request whose answer comes later waits for.
 pub(crate) enum Later<F> {
-    /// The store's answer: wait for `F`, then [`Limiter::settle`] with the ticket (boxed, so
-    /// that a request decided at once moves a small [`Begin`]).
-    Store(F, Box<Ticket>),
+    /// The store's answer: wait for `F`, then [`Limiter::settle`] with the ticket.
+    Store(F, Ticket),
     /// The answer to another request of this instance, which is asking the store for the
     /// lease this one needs: wait for it, then [`Limiter::resume`].
     Lease(LeaseWait, Box<Planned>),
@@ -426,7 +425,7 @@ impl<St: Store> Limiter<St> {
         let verdict = self.store.decide_enforced(tier, key, cost)?;
         if verdict.allowed
             && !self.decision_extension
-            && !RateLimitHeaders::writes_ietf(&self.headers)
+            && !self.headers.writes_ietf()
             && !spans_enabled()
         {
             return Some(self.admitted_alone(tier, &verdict));
@@ -559,7 +558,7 @@ impl<St: Store> Limiter<St> {
         ticket.started = Some(Instant::now());
         ticket.takes_slots =
             (self.holds() || self.waits()) && checks.iter().any(|c| c.op().takes_slots());
-        Begin::Later(Later::Store(self.store.check(checks), Box::new(ticket)))
+        Begin::Later(Later::Store(self.store.check(checks), ticket))
     }
 
     /// Turns the store's answer into what to do (step 3), applying the breaker, the deny

@@ -184,6 +184,11 @@ impl HeaderConfig {
         Ok(self)
     }
 
+    /// Whether the IETF fields are written (every policy's outcome goes into them).
+    pub(crate) fn writes_ietf(&self) -> bool {
+        matches!(self.style, HeaderStyle::Ietf | HeaderStyle::Both)
+    }
+
     /// This response's delay: uniform in `[0, jitter]`, drawn from the standard library's
     /// per-process random keys, which change with every draw.
     #[inline]
@@ -239,7 +244,8 @@ impl RateLimitHeaders {
             binding.reset_after(),
         );
         headers.retry_after = decision.retry_after().map(|d| secs(d).max(1));
-        headers.ietf = matches!(config.style, HeaderStyle::Ietf | HeaderStyle::Both)
+        headers.ietf = config
+            .writes_ietf()
             .then(|| {
                 let pk = |o: &PolicyOutcome| {
                     let partition = config.partition.as_ref()?;
@@ -253,7 +259,7 @@ impl RateLimitHeaders {
 
     /// The headers of a request admitted by its one policy, whose limit header is `limit`,
     /// with `remaining` units left and fully reset after `reset_after_us`, under a
-    /// configuration without IETF fields (see [`RateLimitHeaders::writes_ietf`]): what
+    /// configuration without IETF fields (see [`HeaderConfig::writes_ietf`]): what
     /// [`RateLimitHeaders::new`] makes of its decision, without one.
     pub(crate) fn admitted_one(
         config: &HeaderConfig,
@@ -270,11 +276,6 @@ impl RateLimitHeaders {
             (limit, remaining),
             reset,
         )
-    }
-
-    /// Whether `config` writes the IETF fields (which every policy's outcome goes into).
-    pub(crate) fn writes_ietf(config: &HeaderConfig) -> bool {
-        matches!(config.style, HeaderStyle::Ietf | HeaderStyle::Both)
     }
 
     /// The `X-RateLimit-*` headers of the binding policy, `(limit header, remaining)`, fully

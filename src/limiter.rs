@@ -387,20 +387,28 @@ impl<St: Store> Limiter<St> {
         });
         // Pre-check. The layer's clock is read only when the deny cache, a lease or an open
         // breaker needs it.
-        if let Some(cache) = &self.deny_cache
-            && let Some(decision) = cache.lookup(&checks, self.clock.now_micros())
-        {
-            traced(&span, |span| {
-                span.record("deny_cache", true);
-                record_outcome(span, &decision, false);
-            });
-            metrics::counter!("ratelimit_deny_cache_hits_total").increment(1);
-            let keys = self.keys(&checks);
-            self.record_limited(&decision, keys.as_deref());
-            let headers = self.response_headers(&decision, keys.as_deref());
-            return Begin::Settled(self.limited(decision, &headers), Charges::new());
+        if let Some(denied) = self.known_denied(&checks, &span) {
+            return denied;
         }
         self.decide(checks, fallback, after, &span)
+    }
+
+    /// The answer of the deny cache, if it knows one of `checks`' keys to be limited.
+    fn known_denied(&self, checks: &[Check], span: &Span) -> Option<Begin<St::Future>> {
+        let cache = self.deny_cache.as_ref()?;
+        let decision = cache.lookup(checks, self.clock.now_micros())?;
+        traced(span, |span| {
+            span.record("deny_cache", true);
+            record_outcome(span, &decision, false);
+        });
+        metrics::counter!("ratelimit_deny_cache_hits_total").increment(1);
+        let keys = self.keys(checks);
+        self.record_limited(&decision, keys.as_deref());
+        let headers = self.response_headers(&decision, keys.as_deref());
+        Some(Begin::Settled(
+            self.limited(decision, &headers),
+            Charges::new(),
+        ))
     }
 
     /// The request of one policy, decided on its borrowed tier and key where the store can (the

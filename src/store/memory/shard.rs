@@ -690,4 +690,11 @@ mod tests {
         // 64 bytes and a control byte, in a table at most 7/8 full: at most 96 bytes a key.
         assert!(size_of::<Slot>() <= 64, "{} bytes", size_of::<Slot>());
     }
+
+    #[test]
+    fn a_full_entry_takes_a_48_byte_allocation() {
+        // glibc's malloc serves up to 40 bytes from a 48-byte chunk, 41 to 56 from a 64-byte
+        // one: every algorithm's state is at most 16 bytes wide so that the entry fits.
+        assert!(size_of::<Entry>() <= 40, "{} bytes", size_of::<Entry>());
+    }
 }

@@ -144,21 +144,23 @@ where
         }
     }
 
-    /// A request admitted at once: the inner service called, `headers` to go on its response,
-    /// `held` with its body, and `after` to charge once its status is known.
+    /// A request admitted at once ([`Settled::Call`]'s parts): the inner service called with
+    /// the decision (if any) in the request's extensions, the headers to go on its response,
+    /// the held slots with its body, and `after` to charge once its status is known.
     #[inline(always)]
     pub(crate) fn called(
         limiter: &Arc<Limiter<St>>,
-        future: S::Future,
-        headers: Option<RateLimitHeaders>,
-        held: Option<HeldSlots>,
+        (headers, decision, held): (
+            Option<RateLimitHeaders>,
+            Option<Decision>,
+            Option<HeldSlots>,
+        ),
         after: Charges,
+        request: Request<ReqB>,
+        inner: &mut S,
     ) -> Self {
         ResponseFuture {
-            state: State::Calling {
-                future,
-                with: With { headers, held },
-            },
+            state: call(headers, decision, held, request, inner),
             limiter: (!after.is_empty()).then(|| limiter.clone()),
             after,
             body: PhantomData,
@@ -253,7 +255,7 @@ where
 
 /// Calls the inner service with the decision (if any) in the request's extensions; `headers`
 /// go on its response, and `held` with its body.
-#[inline]
+#[inline(always)]
 fn call<S, ReqB, C, R>(
     headers: Option<RateLimitHeaders>,
     decision: Option<Decision>,

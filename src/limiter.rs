@@ -124,11 +124,6 @@ pub(crate) struct Limiter<St> {
     /// logged at `debug` since.
     warned: AtomicU64,
     unwarned: AtomicU64,
-    /// Whether nothing stands between a request and the store but its policies (no deny
-    /// cache or local fallback): a request of one policy may then be decided on its borrowed
-    /// tier and key (see [`Limiter::decide_alone`]). The breaker does not count: a store
-    /// that decides at once never fails, so it never opens one.
-    plain: bool,
 }
 
 impl<St: fmt::Debug> fmt::Debug for Limiter<St> {
@@ -302,7 +297,6 @@ impl<St: Store> Limiter<St> {
             .map(|top| Tracker::new(&top, headers.partition.as_ref(), names))
             .transpose()?
             .map(Arc::new);
-        let plain = config.deny_cache.is_none() && fallback.is_none();
         let leases = OnceLock::new();
         if set.leases {
             let _ = leases.set(Leases::new());
@@ -328,7 +322,6 @@ impl<St: Store> Limiter<St> {
             top,
             warned: AtomicU64::new(0),
             unwarned: AtomicU64::new(0),
-            plain,
         })
     }
 
@@ -423,7 +416,7 @@ impl<St: Store> Limiter<St> {
         key: &Key,
         cost: u64,
     ) -> Option<Begin<St::Future>> {
-        if !(self.plain && matches!(tier.part(), Part::Enforce) && policy.refund_if().is_none())
+        if !(self.plain() && matches!(tier.part(), Part::Enforce) && policy.refund_if().is_none())
             || self.leases().is_some()
             || self.waits()
             || self.holds()
@@ -706,6 +699,14 @@ impl<St: Store> Limiter<St> {
                 .map(|c| (c.tier().id(), c.key().clone(), c.cost()))
                 .collect()
         })
+    }
+
+    /// Whether nothing stands between a request and the store but its policies (no deny
+    /// cache or local fallback): a request of one policy may then be decided on its borrowed
+    /// tier and key (see [`Limiter::decide_alone`]). The breaker does not count: a store
+    /// that decides at once never fails, so it never opens one.
+    fn plain(&self) -> bool {
+        self.deny_cache.is_none() && self.fallback.is_none()
     }
 
     /// Whether the ticket keeps the request's keys: for the deny cache, the top limited keys,

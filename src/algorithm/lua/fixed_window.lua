@@ -1,45 +1,65 @@
 -- Fixed window: twin of fixed_window.rs. Params: limit, window. State: "start count".
 -- Built when a decision first uses it (`algorithm` in decide.lua).
 ALG[FIXED_WINDOW] = function()
+  --@inline
+  local load = read2
+
+  -- The running window's start and count.
+  --@inline
+  local function current(p, st, now)
+    local start = fdiv(now, p[2])
+    start = start * p[2]
+    if st and st[1] >= start then
+      return st[1], st[2]
+    end
+    return start, 0
+  end
+
+  -- A state from a later window (a reserved slot, or the clock went back) starts there.
+  --@inline
+  local function lag(p, st, now)
+    if st and st[1] > now then
+      return st[1] - now
+    end
+    return 0
+  end
+
+  --@inline
+  local function evaluate(self, p, st, now, cost)
+    local limit, window = p[1], p[2]
+    local start, count = current(p, st, now)
+    -- As of the state's own time when it is ahead (see `lag`).
+    local from = now
+    if start > from then
+      from = start
+    end
+    local left = start + window - from
+    local remaining = limit - count
+    if remaining < 0 then
+      remaining = 0
+    end
+    -- The reset after `count` units: none when the window is empty.
+    if cost > limit then
+      return 0, remaining, count == 0 and 0 or left, -1
+    end
+    if count + cost <= limit then
+      return 1, remaining - cost, count + cost == 0 and 0 or left, -1
+    end
+    return 0, remaining, count == 0 and 0 or left, left
+  end
+
+  --@inline
+  local function commit(self, key, p, st, now, cost)
+    local start, count = current(p, st, now)
+    store(key, p, format(INT2, start, count + cost), now, start + p[2])
+  end
+
   return {
     block = block_in_value,
-    load = read2,
-    current = function(p, st, now)
-      local start = fdiv(now, p[2]) * p[2]
-      if st and st[1] >= start then
-        return st[1], st[2]
-      end
-      return start, 0
-    end,
-    -- A state from a later window (a reserved slot, or the clock went back) starts there.
-    lag = function(p, st, now)
-      if st and st[1] > now then
-        return st[1] - now
-      end
-      return 0
-    end,
-    evaluate = function(self, p, st, now, cost)
-      local limit, window = p[1], p[2]
-      local start, count = self.current(p, st, now)
-      -- As of the state's own time when it is ahead (see `lag`).
-      local from = now
-      if start > from then
-        from = start
-      end
-      local left = start + window - from
-      local remaining = limit - count
-      if remaining < 0 then
-        remaining = 0
-      end
-      -- The reset after `count` units: none when the window is empty.
-      if cost > limit then
-        return 0, remaining, count == 0 and 0 or left, -1
-      end
-      if count + cost <= limit then
-        return 1, remaining - cost, count + cost == 0 and 0 or left, -1
-      end
-      return 0, remaining, count == 0 and 0 or left, left
-    end,
+    load = load,
+    current = current,
+    lag = lag,
+    evaluate = evaluate,
     -- Twin of `FixedWindow::convert`: the running window's count carried into the new window
     -- that holds the present (or the state's later window).
     convert = function(self, key, q, p, st, now)
@@ -84,9 +104,6 @@ ALG[FIXED_WINDOW] = function()
       end
       store(key, p, format(INT2, start, left), now, start + p[2])
     end,
-    commit = function(self, key, p, st, now, cost)
-      local start, count = self.current(p, st, now)
-      store(key, p, format(INT2, start, count + cost), now, start + p[2])
-    end,
+    commit = commit,
   }
 end

@@ -2,30 +2,47 @@
 -- burst is one whose cost · interval exceeds it). State: "tat" (a number, not a table).
 -- Built when a decision first uses it (`algorithm` in decide.lua).
 ALG[GCRA] = function()
+  --@inline
+  local load = read1
+
+  --@inline
+  local function evaluate(self, p, st, now, cost)
+    local interval, tolerance = p[1], p[2]
+    local tat = now
+    if st and st > now then
+      tat = st
+    end
+    local backlog = tat - now
+    local new_backlog = backlog + cost * interval
+    if new_backlog <= tolerance then
+      local left = fdiv(tolerance - new_backlog, interval)
+      return 1, left, new_backlog, -1
+    end
+    local capped = backlog
+    if capped > tolerance then
+      capped = tolerance
+    end
+    local remaining_now = fdiv(tolerance - capped, interval)
+    if cost * interval > tolerance then
+      return 0, remaining_now, backlog, -1
+    end
+    return 0, remaining_now, backlog, new_backlog - tolerance
+  end
+
+  --@inline
+  local function commit(self, key, p, st, now, cost)
+    local tat = now
+    if st and st > now then
+      tat = st
+    end
+    tat = tat + cost * p[1]
+    store(key, p, format(INT, tat), now, tat)
+  end
+
   return {
     block = block_in_value,
-    load = read1,
-    evaluate = function(self, p, st, now, cost)
-      local interval, tolerance = p[1], p[2]
-      local tat = now
-      if st and st > now then
-        tat = st
-      end
-      local backlog = tat - now
-      local new_backlog = backlog + cost * interval
-      if new_backlog <= tolerance then
-        return 1, fdiv(tolerance - new_backlog, interval), new_backlog, -1
-      end
-      local capped = backlog
-      if capped > tolerance then
-        capped = tolerance
-      end
-      local remaining_now = fdiv(tolerance - capped, interval)
-      if cost * interval > tolerance then
-        return 0, remaining_now, backlog, -1
-      end
-      return 0, remaining_now, backlog, new_backlog - tolerance
-    end,
+    load = load,
+    evaluate = evaluate,
     -- The TAT no earlier than the lease's end: the units are charged as if spent then.
     lease_state = function(self, p, st, now, lease_end)
       local tat = now
@@ -66,13 +83,6 @@ ALG[GCRA] = function()
       end
       store(key, p, format(INT, tat), now, tat)
     end,
-    commit = function(self, key, p, st, now, cost)
-      local tat = now
-      if st and st > now then
-        tat = st
-      end
-      tat = tat + cost * p[1]
-      store(key, p, format(INT, tat), now, tat)
-    end,
+    commit = commit,
   }
 end

@@ -3,7 +3,9 @@
 -- used on every decision, and `redis.call` (as `call`), are upvalues set by the first decision
 -- (a Redis function's library cannot reach `string` while it loads): no global lookups per
 -- call. Calls cost: a Lua call is about 500 instructions of Redis's interpreter, a table about
--- 1,100 (callgrind), so the decision path makes few of either.
+-- 1,100 (callgrind), so the decision path makes few of either: a function marked `--@inline`
+-- is written into the fused decision in place of its calls (see `store/redis/fuse.rs`), so it
+-- returns only from a line of its own, never from inside a loop.
 local format, find, sub, match, byte, call
 -- How an integer is formatted: '%d' where Lua's integer format is 64 bits wide (as on every
 -- 64-bit Redis), which costs a fifth of '%.0f' (glibc formats doubles slowly); '%.0f' elsewhere.
@@ -18,6 +20,7 @@ local function bind_libraries()
   end
 end
 
+--@inline
 local function fdiv(a, b)
   -- The floor of a / b by `%` (an operator, not a call to math.floor).
   local r = a / b
@@ -30,6 +33,7 @@ local function fdiv(a, b)
   return q
 end
 
+--@inline
 local function cdiv(a, b)
   -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
   -- costs more than these lines).
@@ -44,6 +48,7 @@ local function cdiv(a, b)
   return q
 end
 
+--@inline
 local function int(n)
   return format(INT, n)
 end
@@ -111,6 +116,7 @@ end
 
 -- A one-integer state ("tat"), as a number, the block's end, if any, and the state's tag when
 -- it is not the present one (`p.tag`).
+--@inline
 local function read1(key, p)
   local raw = call('GET', key)
   if not raw then
@@ -137,6 +143,7 @@ end
 -- position, reused from call to call: no table built per decision), the block's end, if any,
 -- and the state's tag when it is not the present one; nil for the state when the key is
 -- missing.
+--@inline
 local function read2(key, p, _, into)
   local raw = call('GET', key)
   if not raw then
@@ -181,6 +188,7 @@ end
 
 -- Milliseconds from `now` to `expires_at`, rounded up (TTLs are far below 2^43 µs, where
 -- the division by 1000 is exact enough for `%`), plus the slack; at least 1.
+--@inline
 local function ttl_ms(now, expires_at)
   local us = expires_at - now
   local ms = us / 1000
@@ -196,6 +204,7 @@ local function ttl_ms(now, expires_at)
 end
 
 -- When a key whose state expires at `expires_at` may expire, keeping the block on record.
+--@inline
 local function until_block_ends(expires_at)
   if KEEP_BLOCK and KEEP_BLOCK > expires_at then
     return KEEP_BLOCK
@@ -216,14 +225,16 @@ end
 -- Writes a string state, tagged with the parameters `p` it was written under, with a TTL
 -- (milliseconds, rounded up, at least 1) until expires_at, keeping the block on record beside
 -- it.
+--@inline
 local function store(key, p, value, now, expires_at)
   value = value .. p.tag
   if KEEP_BLOCK then
     value = value .. '|' .. int(KEEP_BLOCK)
     expires_at = until_block_ends(expires_at)
   end
+  local ms = ttl_ms(now, expires_at)
   -- The TTL formatted here: Redis formats a number argument with '%.17g', at four times the cost.
-  call('SET', key, value, 'PX', format(INT, ttl_ms(now, expires_at)))
+  call('SET', key, value, 'PX', format(INT, ms))
 end
 
 -- Blocks a key with a string state until `ends`: its state stays as it is, and the key lives
@@ -235,6 +246,7 @@ end
 
 -- The token and leaky buckets keep "amount last": the time of their last update, which is
 -- never moved back, and how far it is ahead of `now` when the clock went back.
+--@inline
 local function last_after(st, now)
   if st and st[2] > now then
     return st[2]
@@ -242,8 +254,10 @@ local function last_after(st, now)
   return now
 end
 
+--@inline
 local function bucket_lag(p, st, now)
-  return last_after(st, now) - now
+  local last = last_after(st, now)
+  return last - now
 end
 
 -- The buckets' `release` (twin of their `Step::release`): gives back the latest slot only,
@@ -254,3 +268,72 @@ local function bucket_release(self, key, p, st, now, slot, units)
   end
 end
 
+
+-- Tables reused from call to call (a table costs Redis about 1,100 instructions to build and
+-- collect): per policy position, a table to load its state in and one for the state as strict
+-- as a lease makes it (the first position's made here, the others by the first decision of
+-- that many policies); the reply. A call runs alone, and Redis has read the reply before the
+-- next one.
+local STATES, LEASED = { {} }, { {} }
+local REPLY = {}
+
+-- Numbers read from the strings a call sends, remembered: `tonumber` reads a string with
+-- strtod, about 1,800 instructions, where a table lookup costs a tenth of that. What is
+-- remembered is what the policies send, a bounded set: the shapes, and each tag's parameters
+-- (a tag is the algorithm and its parameters, so it names them). Kept from call to call when
+-- the decision runs as a function; a script starts afresh each call.
+local SHAPES, TAGGED, TAGS = {}, {}, 0
+
+-- The shape sent as `s`, a number; nil when it is not one.
+local function read_shape(s)
+  local shape = tonumber(s)
+  if shape and shape >= 0 and shape < 2 * CLOCK_FLAG then
+    SHAPES[s] = shape
+  end
+  return shape
+end
+
+-- The `arity` parameters sent from `args[at]` on, and their tag after them: a table
+-- { p1, p2, ..., tag = tag }, the same one for every call with that tag (never written to);
+-- nil when the tag is missing.
+--@inline
+local function read_params(args, at, arity)
+  local tag = args[at + arity]
+  local p = TAGGED[tag or '']
+  if not p and tag then
+    p = { tag = tag }
+    for k = 1, arity do
+      p[k] = tonumber(args[at + k - 1])
+    end
+    if TAGS >= 1000 then
+      TAGGED, TAGS = {}, 0
+    end
+    TAGGED[tag] = p
+    TAGS = TAGS + 1
+  end
+  return p
+end
+
+-- The clock-lag adjustment (twin of `evaluate_with_lag`), for the algorithms that keep their own
+-- time (`alg.lag`, which gives `lag`): a state newer than `now` (the clock went back, or a
+-- request reserved a later slot) decides as of its own time, its times moved to be from `now`,
+-- and admits no cost before then. Called only for those algorithms, so the others pay nothing
+-- for it.
+--@inline
+local function shift(lag, cost, ok, remaining, reset, retry)
+  if lag > 0 then
+    remaining = 0
+    -- Not a fresh key before its own time, even with nothing counted there.
+    reset = reset + lag
+    if retry >= 0 then
+      retry = retry + lag
+    end
+    if ok == 1 and cost > 0 then
+      ok, retry = 0, lag
+      if reset < lag then
+        reset = lag
+      end
+    end
+  end
+  return ok, remaining, reset, retry
+end

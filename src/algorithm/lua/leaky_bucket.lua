@@ -2,39 +2,64 @@
 -- State: "level last" (level in scaled units).
 -- Built when a decision first uses it (`algorithm` in decide.lua).
 ALG[LEAKY_BUCKET] = function()
+  --@inline
+  local load = read2
+
+  --@inline
+  local lag = bucket_lag
+
+  -- The level of the bucket now.
+  --@inline
+  local function level(p, st, now)
+    if not st then
+      return 0
+    end
+    local elapsed = now - st[2]
+    if elapsed < 0 then
+      elapsed = 0
+    end
+    local to_empty = cdiv(st[1], p[3])
+    if elapsed >= to_empty then
+      return 0
+    end
+    return st[1] - elapsed * p[3]
+  end
+
+  --@inline
+  local function evaluate(self, p, st, now, cost)
+    local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
+    local now_level = level(p, st, now)
+    local room = full - now_level
+    if room < 0 then
+      room = 0
+    end
+    if cost > capacity then
+      return 0, fdiv(room, unit), cdiv(now_level, rate), -1
+    end
+    local after = now_level + cost * unit
+    if after <= full then
+      local left = fdiv(full - after, unit)
+      local reset = cdiv(after, rate)
+      return 1, left, reset, -1
+    end
+    return 0, fdiv(room, unit), cdiv(now_level, rate), cdiv(after - full, rate)
+  end
+
+  --@inline
+  local function commit(self, key, p, st, now, cost)
+    local after = level(p, st, now)
+    after = after + cost * p[2]
+    local last = last_after(st, now)
+    local to_empty = cdiv(after, p[3])
+    store(key, p, format(INT2, after, last), now, last + to_empty)
+  end
+
   return {
     block = block_in_value,
-    load = read2,
-    level = function(p, st, now)
-      if not st then
-        return 0
-      end
-      local elapsed = now - st[2]
-      if elapsed < 0 then
-        elapsed = 0
-      end
-      if elapsed >= cdiv(st[1], p[3]) then
-        return 0
-      end
-      return st[1] - elapsed * p[3]
-    end,
-    lag = bucket_lag,
-    evaluate = function(self, p, st, now, cost)
-      local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
-      local level = self.level(p, st, now)
-      local room = full - level
-      if room < 0 then
-        room = 0
-      end
-      if cost > capacity then
-        return 0, fdiv(room, unit), cdiv(level, rate), -1
-      end
-      local after = level + cost * unit
-      if after <= full then
-        return 1, fdiv(full - after, unit), cdiv(after, rate), -1
-      end
-      return 0, fdiv(room, unit), cdiv(level, rate), cdiv(after - full, rate)
-    end,
+    load = load,
+    level = level,
+    lag = lag,
+    evaluate = evaluate,
     -- A level no lower than what drains until the lease's end.
     lease_state = function(self, p, st, now, lease_end, into)
       local level = self.level(p, st, now)
@@ -82,10 +107,6 @@ ALG[LEAKY_BUCKET] = function()
       local last = last_after(st, now)
       store(key, p, format(INT2, level, last), now, last + cdiv(level, p[3]))
     end,
-    commit = function(self, key, p, st, now, cost)
-      local level = self.level(p, st, now) + cost * p[2]
-      local last = last_after(st, now)
-      store(key, p, format(INT2, level, last), now, last + cdiv(level, p[3]))
-    end,
+    commit = commit,
   }
 end

@@ -8,17 +8,21 @@ ALG[SLIDING_LOG] = function()
   local LETTER_B = 98 -- the first byte of "block:"
 
   -- In-window entries: scores after `cutoff`, short of the block's +inf.
+  --@inline
   local function in_window(key, cutoff)
-    return call('ZCOUNT', key, '(' .. int(cutoff), '(+inf')
+    local after = int(cutoff)
+    return call('ZCOUNT', key, '(' .. after, '(+inf')
   end
 
   -- Logs `cost` units at `at` (now, or a lease's end) and drops the entries out of the window
   -- at `now`. The members of one time are numbered on from the highest there: the newest
   -- entry's when it has that time, else found with one more read (only when something newer
   -- than `at` is logged: a lease's units, or a clock that went back).
+  --@inline
   local function log(key, p, st, now, at, cost)
     local window = p[2]
-    call('ZREMRANGEBYSCORE', key, '-inf', int(now - window))
+    local gone = int(now - window)
+    call('ZREMRANGEBYSCORE', key, '-inf', gone)
     local seq = 0
     local t = int(at)
     if st and st[1] == at then
@@ -54,69 +58,83 @@ ALG[SLIDING_LOG] = function()
     if cost > 0 and at > newest then
       newest = at
     end
-    call('PEXPIRE', key, format(INT, ttl_ms(now, until_block_ends(newest + window))))
+    local expires_at = until_block_ends(newest + window)
+    local ms = ttl_ms(now, expires_at)
+    call('PEXPIRE', key, format(INT, ms))
+  end
+
+  -- The newest entry (in `into`), and the end of the block on record, if any.
+  --@inline
+  local function load(key, p, now, into)
+    local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
+    local n = #top
+    if n == 0 then
+      return nil
+    end
+    local ends
+    if byte(top[n - 1], 1) == LETTER_B then
+      ends = tonumber(sub(top[n - 1], 7))
+      n = n - 2
+      if n == 0 then
+        return nil, ends
+      end
+    end
+    into[1], into[2] = tonumber(top[n]), top[n - 1]
+    return into, ends
+  end
+
+  --@inline
+  local function evaluate(self, p, st, now, cost, key)
+    local limit, window = p[1], p[2]
+    if not st then
+      if cost > limit then
+        return 0, limit, 0, -1
+      end
+      local reset = 0
+      if cost > 0 then
+        reset = window
+      end
+      return 1, limit - cost, reset, -1
+    end
+    local used = in_window(key, now - window)
+    local newest_left = 0
+    if used > 0 then
+      newest_left = st[1] + window - now
+    end
+    local left = limit - used
+    if left < 0 then
+      left = 0
+    end
+    if cost > limit then
+      return 0, left, newest_left, -1
+    end
+    if used + cost <= limit then
+      local reset = newest_left
+      if cost > 0 then
+        reset = window
+      end
+      return 1, limit - used - cost, reset, -1
+    end
+    -- The entry whose leaving the window makes room.
+    local need = used + cost - limit
+    local entry = call('ZRANGEBYSCORE', key, '(' .. int(now - window), '(+inf',
+      'WITHSCORES', 'LIMIT', need - 1, 1)
+    return 0, left, newest_left, tonumber(entry[2]) + window - now
+  end
+
+  --@inline
+  local function commit(self, key, p, st, now, cost)
+    log(key, p, st, now, now, cost)
   end
 
   return {
-    -- The newest entry, and the end of the block on record, if any.
-    load = function(key, p, now)
-      local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
-      local n = #top
-      if n == 0 then
-        return nil
-      end
-      local ends
-      if byte(top[n - 1], 1) == LETTER_B then
-        ends = tonumber(sub(top[n - 1], 7))
-        n = n - 2
-        if n == 0 then
-          return nil, ends
-        end
-      end
-      return { tonumber(top[n]), top[n - 1] }, ends
-    end,
+    load = load,
     block = function(self, key, p, st, now, ends)
       call('ZREMRANGEBYSCORE', key, '+inf', '+inf')
       call('ZADD', key, '+inf', 'block:' .. int(ends))
       call('PEXPIRE', key, ttl_to_block_end(key, now, ends))
     end,
-    evaluate = function(self, p, st, now, cost, key)
-      local limit, window = p[1], p[2]
-      if not st then
-        if cost > limit then
-          return 0, limit, 0, -1
-        end
-        local reset = 0
-        if cost > 0 then
-          reset = window
-        end
-        return 1, limit - cost, reset, -1
-      end
-      local used = in_window(key, now - window)
-      local newest_left = 0
-      if used > 0 then
-        newest_left = st[1] + window - now
-      end
-      local left = limit - used
-      if left < 0 then
-        left = 0
-      end
-      if cost > limit then
-        return 0, left, newest_left, -1
-      end
-      if used + cost <= limit then
-        local reset = newest_left
-        if cost > 0 then
-          reset = window
-        end
-        return 1, limit - used - cost, reset, -1
-      end
-      -- The entry whose leaving the window makes room.
-      local need = used + cost - limit
-      local entry = call('ZRANGEBYSCORE', key, '(' .. int(now - window), '(+inf',
-        'WITHSCORES', 'LIMIT', need - 1, 1)
-      return 0, left, newest_left, tonumber(entry[2]) + window - now
-    end,
+    evaluate = evaluate,
     -- Forgets up to `units` of the newest entries at or before `now` (later ones are a
     -- lease's): they have the highest ranks of those.
     refund = function(self, key, p, st, now, units)
@@ -131,9 +149,7 @@ ALG[SLIDING_LOG] = function()
         end
       end
     end,
-    commit = function(self, key, p, st, now, cost)
-      log(key, p, st, now, now, cost)
-    end,
+    commit = commit,
     -- A lease's units are logged at its end.
     lease_commit = function(self, key, p, st, now, ends, units)
       log(key, p, st, now, ends, units)

@@ -32,6 +32,7 @@ ALG[SLIDING_WINDOW] = function()
   end
 
   -- Writes the ring of `st` (its counters at st[2] .. st[slots + 1]) after `head`, sparse.
+  --@inline
   local function sw_write(key, p, head, st, slots, now, expires_at)
     local bucket = '%d:' .. INT
     local parts = { format(INT, head) }
@@ -44,14 +45,17 @@ ALG[SLIDING_WINDOW] = function()
     store(key, p, table.concat(parts, ' '), now, expires_at)
   end
 
+  --@inline
   local function sw_count(p, st, index)
     if st and index <= st[1] and index + p[2] >= st[1] then
-      local slot = index - fdiv(index, p[2] + 1) * (p[2] + 1)
+      local wraps = fdiv(index, p[2] + 1)
+      local slot = index - wraps * (p[2] + 1)
       return st[slot + 2]
     end
     return 0
   end
 
+  --@inline
   local function sw_position(p, st, now)
     local c = fdiv(now, p[3])
     if st and st[1] > c then
@@ -60,6 +64,7 @@ ALG[SLIDING_WINDOW] = function()
     return c, now - c * p[3]
   end
 
+  --@inline
   local function sw_estimate(p, st, c, x)
     local n, g = p[2], p[3]
     local whole = 0
@@ -77,7 +82,8 @@ ALG[SLIDING_WINDOW] = function()
         hi = st[1]
       end
       local slots = n + 1
-      local slot = lo - fdiv(lo, slots) * slots
+      local wraps = fdiv(lo, slots)
+      local slot = lo - wraps * slots
       for _ = lo, hi do
         whole = whole + st[slot + 2]
         slot = slot + 1
@@ -90,7 +96,8 @@ ALG[SLIDING_WINDOW] = function()
     if c >= n then
       oldest = sw_count(p, st, c - n)
     end
-    return whole + cdiv(oldest * (g - x), g)
+    local part = cdiv(oldest * (g - x), g)
+    return whole + part
   end
 
   local function sw_reset(p, st, c, x)
@@ -108,28 +115,133 @@ ALG[SLIDING_WINDOW] = function()
     return 0
   end
 
+  --@inline
+  local function load(key, p)
+    local raw = call('GET', key)
+    if not raw then
+      return nil
+    end
+    local t = p.tag
+    if find(raw, t, #raw - #t + 1, true) then
+      -- Tagged with the present parameters, no block: the state is what precedes the tag.
+      return sw_read(sub(raw, 1, #raw - #t), p[2] + 1)
+    end
+    local tag, ends
+    raw, tag, ends = split_state(raw)
+    if tag and tag ~= p.tag then
+      -- Written under other parameters: read with their ring (their number of buckets is
+      -- the tag's second parameter).
+      local n = tonumber(match(tag, '^~%d+:%w+,(%w+)') or '', 36)
+      return n and sw_read(raw, n + 1), ends, tag
+    end
+    return sw_read(raw, p[2] + 1), ends
+  end
+
+  --@inline
+  local function lag(p, st, now)
+    if st and st[1] * p[3] > now then
+      return st[1] * p[3] - now
+    end
+    return 0
+  end
+
+  -- A request denied now, or not charged, at bucket `c` and `x` into it: the verdict, the
+  -- remaining and reset, and when not admitted, the wait until the first bucket with room.
+  local function sw_denied(p, st, c, x, cost, used, remaining)
+    local limit, n, g = p[1], p[2], p[3]
+    local reset_now = sw_reset(p, st, c, x)
+    if cost > limit then
+      return 0, remaining, reset_now, -1
+    end
+    if used + cost <= limit then
+      return 1, remaining - cost, reset_now, -1
+    end
+    local now_abs = c * g + x
+    for k = 0, n + 1 do
+      local q = c + k
+      local whole = 0
+      local from = q + 1 - n
+      if from < 0 then
+        from = 0
+      end
+      for i = from, q do
+        if i <= c then
+          whole = whole + sw_count(p, st, i)
+        end
+      end
+      local avail = limit - (cost + whole)
+      if avail >= 0 then
+        local oldest = 0
+        if q >= n and q - n <= c then
+          oldest = sw_count(p, st, q - n)
+        end
+        local x0 = 0
+        if k == 0 then
+          x0 = x
+        end
+        local xmin = x0
+        if oldest > 0 then
+          local bound = g - fdiv(avail * g, oldest)
+          if bound > xmin then
+            xmin = bound
+          end
+        end
+        if xmin < g then
+          return 0, remaining, reset_now, q * g + xmin - now_abs
+        end
+      end
+    end
+    return redis.error_reply('sliding_window: no retry time found')
+  end
+
+  --@inline
+  local function evaluate(self, p, st, now, cost)
+    local limit, n, g = p[1], p[2], p[3]
+    local c, x = sw_position(p, st, now)
+    local used = sw_estimate(p, st, c, x)
+    local remaining = limit - used
+    if remaining < 0 then
+      remaining = 0
+    end
+    if used + cost <= limit and cost > 0 then
+      -- Admitted and charged: the window is empty once this bucket has left it.
+      return 1, remaining - cost, (n + 1) * g - x, -1
+    end
+    return sw_denied(p, st, c, x, cost, used, remaining)
+  end
+
+  --@inline
+  local function commit(self, key, p, st, now, cost)
+    local n, g = p[2], p[3]
+    local slots = n + 1
+    local c = sw_position(p, st, now)
+    local wraps = fdiv(c, slots)
+    local slot = c - wraps * slots
+    if not st then
+      -- A new key: one bucket, written without building its ring.
+      store(key, p, format(INT .. ' %d:' .. INT, c, slot, cost), now, (c + slots) * g)
+    else
+      -- The ring read for this decision, updated in place: buckets that left it emptied.
+      local head = st[1]
+      if c > head then
+        local stale = c - head
+        if stale > slots then
+          stale = slots
+        end
+        for i = 0, stale - 1 do
+          local idx = c - i
+          st[idx - fdiv(idx, slots) * slots + 2] = 0
+        end
+        head = c
+      end
+      st[slot + 2] = st[slot + 2] + cost
+      sw_write(key, p, head, st, slots, now, (head + slots) * g)
+    end
+  end
+
   return {
     block = block_in_value,
-    load = function(key, p)
-      local raw = call('GET', key)
-      if not raw then
-        return nil
-      end
-      local t = p.tag
-      if find(raw, t, #raw - #t + 1, true) then
-        -- Tagged with the present parameters, no block: the state is what precedes the tag.
-        return sw_read(sub(raw, 1, #raw - #t), p[2] + 1)
-      end
-      local tag, ends
-      raw, tag, ends = split_state(raw)
-      if tag and tag ~= p.tag then
-        -- Written under other parameters: read with their ring (their number of buckets is
-        -- the tag's second parameter).
-        local n = tonumber(match(tag, '^~%d+:%w+,(%w+)') or '', 36)
-        return n and sw_read(raw, n + 1), ends, tag
-      end
-      return sw_read(raw, p[2] + 1), ends
-    end,
+    load = load,
     -- Twin of `SlidingWindow::convert`: each old bucket still in the window moves, with its
     -- count, to the new bucket holding its last microsecond (the present's for the present's).
     convert = function(self, key, q, p, st, now)
@@ -183,68 +295,8 @@ ALG[SLIDING_WINDOW] = function()
       sw_write(key, p, head, ring, slots, now, (head + slots) * g)
       return true
     end,
-    lag = function(p, st, now)
-      if st and st[1] * p[3] > now then
-        return st[1] * p[3] - now
-      end
-      return 0
-    end,
-    evaluate = function(self, p, st, now, cost)
-      local limit, n, g = p[1], p[2], p[3]
-      local c, x = sw_position(p, st, now)
-      local used = sw_estimate(p, st, c, x)
-      local remaining = limit - used
-      if remaining < 0 then
-        remaining = 0
-      end
-      if used + cost <= limit and cost > 0 then
-        -- Admitted and charged: the window is empty once this bucket has left it.
-        return 1, remaining - cost, (n + 1) * g - x, -1
-      end
-      local reset_now = sw_reset(p, st, c, x)
-      if cost > limit then
-        return 0, remaining, reset_now, -1
-      end
-      if used + cost <= limit then
-        return 1, remaining - cost, reset_now, -1
-      end
-      local now_abs = c * g + x
-      for k = 0, n + 1 do
-        local q = c + k
-        local whole = 0
-        local from = q + 1 - n
-        if from < 0 then
-          from = 0
-        end
-        for i = from, q do
-          if i <= c then
-            whole = whole + sw_count(p, st, i)
-          end
-        end
-        local avail = limit - (cost + whole)
-        if avail >= 0 then
-          local oldest = 0
-          if q >= n and q - n <= c then
-            oldest = sw_count(p, st, q - n)
-          end
-          local x0 = 0
-          if k == 0 then
-            x0 = x
-          end
-          local xmin = x0
-          if oldest > 0 then
-            local bound = g - fdiv(avail * g, oldest)
-            if bound > xmin then
-              xmin = bound
-            end
-          end
-          if xmin < g then
-            return 0, remaining, reset_now, q * g + xmin - now_abs
-          end
-        end
-      end
-      return redis.error_reply('sliding_window: no retry time found')
-    end,
+    lag = lag,
+    evaluate = evaluate,
     -- A lease ends with the bucket its units are counted in.
     lease_end = function(self, p, st, now, ttl)
       local g = p[3]
@@ -311,31 +363,6 @@ ALG[SLIDING_WINDOW] = function()
       end
       sw_write(key, p, head, st, slots, now, (head + slots) * g)
     end,
-    commit = function(self, key, p, st, now, cost)
-      local n, g = p[2], p[3]
-      local slots = n + 1
-      local c = sw_position(p, st, now)
-      local slot = c - fdiv(c, slots) * slots
-      if not st then
-        -- A new key: one bucket, written without building its ring.
-        store(key, p, format(INT .. ' %d:' .. INT, c, slot, cost), now, (c + slots) * g)
-        return
-      end
-      -- The ring read for this decision, updated in place: buckets that left it emptied.
-      local head = st[1]
-      if c > head then
-        local stale = c - head
-        if stale > slots then
-          stale = slots
-        end
-        for i = 0, stale - 1 do
-          local idx = c - i
-          st[idx - fdiv(idx, slots) * slots + 2] = 0
-        end
-        head = c
-      end
-      st[slot + 2] = st[slot + 2] + cost
-      sw_write(key, p, head, st, slots, now, (head + slots) * g)
-    end,
+    commit = commit,
   }
 end

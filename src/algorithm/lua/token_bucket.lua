@@ -2,18 +2,27 @@
 -- State: "tokens last" (tokens in scaled units).
 -- Built when a decision first uses it (`algorithm` in decide.lua).
 ALG[TOKEN_BUCKET] = function()
+  --@inline
+  local load = read2
+
+  --@inline
+  local lag = bucket_lag
+
+  --@inline
   local function fill(p, amount, elapsed)
     local full, rate = p[4], p[3]
     local a = amount
     if a > full then
       a = full
     end
-    if elapsed >= cdiv(full - a, rate) then
+    local to_full = cdiv(full - a, rate)
+    if elapsed >= to_full then
       return full
     end
     return amount + elapsed * rate
   end
 
+  --@inline
   local function elapsed_since(st, now)
     local e = now - st[2]
     if e < 0 then
@@ -22,29 +31,52 @@ ALG[TOKEN_BUCKET] = function()
     return e
   end
 
+  -- The tokens in the bucket now.
+  --@inline
+  local function tokens(p, st, now)
+    if not st then
+      return p[4]
+    end
+    local elapsed = elapsed_since(st, now)
+    local have = fill(p, st[1], elapsed)
+    return have
+  end
+
+  --@inline
+  local function evaluate(self, p, st, now, cost)
+    local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
+    local have = tokens(p, st, now)
+    if cost > capacity then
+      return 0, fdiv(have, unit), cdiv(full - have, rate), -1
+    end
+    local need = cost * unit
+    if have >= need then
+      local left = have - need
+      local whole = fdiv(left, unit)
+      local reset = cdiv(full - left, rate)
+      return 1, whole, reset, -1
+    end
+    return 0, fdiv(have, unit), cdiv(full - have, rate), cdiv(need - have, rate)
+  end
+
+  --@inline
+  local function commit(self, key, p, st, now, cost)
+    local have = tokens(p, st, now)
+    have = have - cost * p[2]
+    if have < 0 then
+      have = 0
+    end
+    local last = last_after(st, now)
+    local to_full = cdiv(p[4] - have, p[3])
+    store(key, p, format(INT2, have, last), now, last + to_full)
+  end
+
   return {
     block = block_in_value,
-    load = read2,
-    tokens = function(p, st, now)
-      if not st then
-        return p[4]
-      end
-      return fill(p, st[1], elapsed_since(st, now))
-    end,
-    lag = bucket_lag,
-    evaluate = function(self, p, st, now, cost)
-      local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
-      local tokens = self.tokens(p, st, now)
-      if cost > capacity then
-        return 0, fdiv(tokens, unit), cdiv(full - tokens, rate), -1
-      end
-      local need = cost * unit
-      if tokens >= need then
-        local left = tokens - need
-        return 1, fdiv(left, unit), cdiv(full - left, rate), -1
-      end
-      return 0, fdiv(tokens, unit), cdiv(full - tokens, rate), cdiv(need - tokens, rate)
-    end,
+    load = load,
+    tokens = tokens,
+    lag = lag,
+    evaluate = evaluate,
     -- No more tokens than a bucket with room for the refill until the lease's end.
     lease_state = function(self, p, st, now, lease_end, into)
       local tokens = self.tokens(p, st, now)
@@ -101,13 +133,6 @@ ALG[TOKEN_BUCKET] = function()
       local last = last_after(st, now)
       store(key, p, format(INT2, tokens, last), now, last + cdiv(p[4] - tokens, p[3]))
     end,
-    commit = function(self, key, p, st, now, cost)
-      local tokens = self.tokens(p, st, now) - cost * p[2]
-      if tokens < 0 then
-        tokens = 0
-      end
-      local last = last_after(st, now)
-      store(key, p, format(INT2, tokens, last), now, last + cdiv(p[4] - tokens, p[3]))
-    end,
+    commit = commit,
   }
 end

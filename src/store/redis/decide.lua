@@ -46,19 +46,11 @@ local function algorithm(id)
   return alg
 end
 
--- Tables reused from call to call (a table costs Redis about 1,100 instructions to build and
--- collect): per policy position, its parameters, a table to load its state in and one for the
--- state as strict as a lease makes it; the reply. A call runs alone, and Redis has read the
--- reply before the next one. A call of several policies keeps each one's phase-one results
--- in the tables of `decide_many`; a call of one keeps them in locals.
-local PARAMS, STATES, LEASED = {}, {}, {}
-local REPLY = {}
-
 -- The policy whose shape is at args[at], the i-th of the call: its algorithm, operation,
--- parameters (in PARAMS[i]), cost and the operation's integers; where the next policy starts
+-- parameters (`read_params`), cost and the operation's integers; where the next policy starts
 -- and whether the time is injected. Nil when malformed.
 local function read_policy(args, at, i)
-  local shape = tonumber(args[at])
+  local shape = SHAPES[args[at]] or read_shape(args[at])
   if not shape then
     return nil
   end
@@ -83,16 +75,13 @@ local function read_policy(args, at, i)
     end
     at = at + count
   end
-  local p = PARAMS[i]
+  if not STATES[i] then
+    STATES[i], LEASED[i] = {}, {}
+  end
+  local p = read_params(args, at, arity)
   if not p then
-    p = {}
-    PARAMS[i], STATES[i], LEASED[i] = p, {}, {}
+    return nil
   end
-  for k = 1, arity do
-    p[k] = tonumber(args[at + k - 1])
-  end
-  -- The tag a state written under these parameters carries (see `store`).
-  p.tag = args[at + arity]
   return alg, op, p, cost, x, y, at + arity + 1, shape >= CLOCK_FLAG
 end
 
@@ -174,34 +163,11 @@ local function act(alg, op, key, p, now, units, x, into)
   KEEP_BLOCK = nil
 end
 
--- The clock-lag adjustment (twin of `evaluate_with_lag`), for the algorithms that keep their own
--- time (`alg.lag`): a state newer than `now` (the clock went back, or a request reserved a
--- later slot) decides as of its own time, its times moved to be from `now`, and admits no cost
--- before then. Called only for those algorithms, so the others pay nothing for it.
-local function shift(alg, p, st, now, cost, ok, remaining, reset, retry)
-  local lag = alg.lag(p, st, now)
-  if lag > 0 then
-    remaining = 0
-    -- Not a fresh key before its own time, even with nothing counted there.
-    reset = reset + lag
-    if retry >= 0 then
-      retry = retry + lag
-    end
-    if ok == 1 and cost > 0 then
-      ok, retry = 0, lag
-      if reset < lag then
-        reset = lag
-      end
-    end
-  end
-  return ok, remaining, reset, retry
-end
-
 -- Phase one for a policy: its verdict as the reply gives it, remaining and reset.
 local function judge(alg, p, st, ends, now, cost, key)
   local ok, remaining, reset, retry = alg:evaluate(p, st, now, cost, key)
   if alg.lag then
-    ok, remaining, reset, retry = shift(alg, p, st, now, cost, ok, remaining, reset, retry)
+    ok, remaining, reset, retry = shift(alg.lag(p, st, now), cost, ok, remaining, reset, retry)
   end
   if ends and ends > now then
     -- Blocked: denied until the block ends, whatever the state (twin of `apply_block`).
@@ -360,7 +326,7 @@ local function settle(i, alg, op, key, p, now, cost, y, st, ends, lease_end, wai
     -- Admitted by this policy but not charged: report the state as it stays.
     local ok, remaining, reset, retry = alg:evaluate(p, st, now, 0, key)
     if alg.lag then
-      ok, remaining, reset = shift(alg, p, st, now, 0, ok, remaining, reset, retry)
+      ok, remaining, reset = shift(alg.lag(p, st, now), 0, ok, remaining, reset, retry)
     end
     REPLY[base + 2] = remaining
     REPLY[base + 3] = reset
@@ -389,29 +355,29 @@ end
 -- Several policies: each read (all before anything is done: a malformed call changes
 -- nothing); every act, in order; phase one for each, what phase two needs kept in tables;
 -- then phase two for each.
-local ALGS, OPS, COSTS, XS, YS, STS, ENDS, LEASE_ENDS, WAITS = {}, {}, {}, {}, {}, {}, {}, {}, {}
+local ALGS, OPS, PS, COSTS, XS, YS, STS, ENDS, LEASE_ENDS, WAITS = {}, {}, {}, {}, {}, {}, {}, {},
+  {}, {}
 local function decide_many(keys, args, n)
   local at, injected = 1, false
   for i = 1, n do
-    local alg, op, _p, cost, x, y, next_at, clock_flag
-    alg, op, _p, cost, x, y, next_at, clock_flag = read_policy(args, at, i)
+    local alg, op, p, cost, x, y, next_at, clock_flag = read_policy(args, at, i)
     if not alg then
       return malformed(args, at)
     end
-    ALGS[i], OPS[i], COSTS[i], XS[i], YS[i], at = alg, op, cost, x, y, next_at
+    ALGS[i], OPS[i], PS[i], COSTS[i], XS[i], YS[i], at = alg, op, p, cost, x, y, next_at
     injected = injected or (i == 1 and clock_flag)
   end
   local now = clock(args, injected)
   for i = 1, n do
     if ACTS[OPS[i]] then
-      act(ALGS[i], OPS[i], keys[i], PARAMS[i], now, COSTS[i], XS[i], STATES[i])
+      act(ALGS[i], OPS[i], keys[i], PS[i], now, COSTS[i], XS[i], STATES[i])
       COSTS[i] = 0
     end
   end
   local admitted, base = true, 0
   for i = 1, n do
     local op = OPS[i]
-    local ok, st, ends, lease_end, wait = evaluate(i, ALGS[i], op, keys[i], PARAMS[i], now,
+    local ok, st, ends, lease_end, wait = evaluate(i, ALGS[i], op, keys[i], PS[i], now,
       COSTS[i], XS[i], base)
     if not ok and DECIDES[op] then
       admitted = false
@@ -423,11 +389,27 @@ local function decide_many(keys, args, n)
   base = 0
   for i = 1, n do
     local op = OPS[i]
-    settle(i, ALGS[i], op, keys[i], PARAMS[i], now, COSTS[i], YS[i], STS[i], ENDS[i],
+    settle(i, ALGS[i], op, keys[i], PS[i], now, COSTS[i], YS[i], STS[i], ENDS[i],
       LEASE_ENDS[i], WAITS[i], admitted, base)
     base = base + WIDTH[op]
   end
   return REPLY
+end
+
+-- The fused decision of each shape, false for a shape that has none (`fused_for`).
+local FUSED = {}
+
+-- The fused decision of a policy of this shape decided alone, remembered: its algorithm's,
+-- when its operation is one the fused decision decides (`FUSES`), else false.
+local function fused_for(shape)
+  local id = shape % MODE_UNIT
+  local fused = false
+  if FUSES[(shape % ARITY_UNIT - id) / MODE_UNIT] then
+    local alg = algorithm(id)
+    fused = alg and alg.fused or false
+  end
+  FUSED[shape] = fused
+  return fused
 end
 
 local function decide(keys, args)
@@ -438,8 +420,23 @@ local function decide(keys, args)
   if #keys ~= 1 then
     return decide_many(keys, args, #keys)
   end
-  -- One policy, the usual case: the same phases, what they hand on kept in locals.
   local key = keys[1]
+  -- One policy enforced alone, the usual request: the algorithm's fused decision, unless the
+  -- key is blocked or was written under other parameters.
+  local shape = SHAPES[args[1]] or read_shape(args[1])
+  if shape then
+    local fused = FUSED[shape]
+    if fused == nil then
+      fused = fused_for(shape)
+    end
+    if fused then
+      local reply = fused(key, args, shape)
+      if reply then
+        return reply
+      end
+    end
+  end
+  -- Any other policy alone: the same phases as several, what they hand on kept in locals.
   local alg, op, p, cost, x, y, _, injected = read_policy(args, 1, 1)
   if not alg then
     return malformed(args, 1)

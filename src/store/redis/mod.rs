@@ -2,6 +2,7 @@
 
 mod call;
 mod conn;
+mod fuse;
 mod key;
 mod script;
 mod sentinel;

@@ -11,6 +11,7 @@
 
 use std::sync::LazyLock;
 
+use super::fuse;
 use crate::algorithm::{LUA_HELPERS, LUA_TWINS, LuaParams};
 use crate::store::Op;
 use crate::store::op::Charge;
@@ -83,7 +84,13 @@ impl Script {
         lua.push_str(&facts());
         lua.push_str(LUA_HELPERS);
         for (_, twin) in LUA_TWINS {
-            lua.push_str(twin);
+            let fused = include_str!("fused.lua");
+            lua.push_str(&fuse::fuse(
+                LUA_HELPERS,
+                twin,
+                fused,
+                &["load", "evaluate", "commit"],
+            ));
         }
         lua.push_str(include_str!("decide.lua"));
         let body = substitute(&lua, &names);
@@ -127,7 +134,8 @@ impl Script {
 /// methods: `DECIDES` (a denial denies the request), `CHARGES` (0 never, 1 when its own verdict
 /// admits, 2 always, if the request is admitted), `ACTS` (changes the state on its own, then
 /// looks), `ARGS` (integers after the cost), `GRANTS` (its reply has the three integers of a
-/// grant) and `WIDTH` (the integers of its reply).
+/// grant), `WIDTH` (the integers of its reply) and `FUSES` (decided alone, the algorithm's
+/// fused decision decides it: it decides, is always charged, neither acts nor grants).
 fn facts() -> String {
     let table = |name: &str, fact: &dyn Fn(Op) -> String| {
         let values: Vec<String> = Op::KINDS.iter().map(|&op| fact(op)).collect();
@@ -145,8 +153,15 @@ fn facts() -> String {
         table("ARGS", &|op| op.arg_count().to_string()),
         table("GRANTS", &|op| op.grants().to_string()),
         table("WIDTH", &|op| op.reply_width().to_string()),
+        table("FUSES", &|op| fuses(op).to_string()),
     ]
     .concat()
+}
+
+/// Whether a policy of this operation decided alone is decided by its algorithm's fused
+/// decision (`fused.lua`), which decides and charges as [`Op::Enforce`] does.
+fn fuses(op: Op) -> bool {
+    op.decides() && matches!(op.charge(), Charge::Always) && !op.acts() && !op.grants()
 }
 
 /// `lua` with every identifier that is one of `names` replaced by its value. String literals
@@ -218,9 +233,7 @@ mod tests {
         }
         assert!(source.contains(&format!("shape % {MODE_UNIT}")));
         // Strings and comments are left alone.
-        assert!(
-            source.contains("call('SET', key, value, 'PX', format(INT, ttl_ms(now, expires_at)))")
-        );
+        assert!(source.contains("call('SET', key, value, 'PX', format(INT, ms))"));
     }
 
     /// `decide.lua` reads what an operation is from the generated tables, and writes an arm

@@ -1,0 +1,683 @@
+//! The fused decision: for one policy enforced alone (the usual request), a function per
+//! algorithm, `fused.lua` with the twin's own `load`, `evaluate`, `commit` and `lag` written
+//! into it, so that the decision makes almost no Lua call beyond Redis's commands (a Lua call
+//! costs Redis about 500 instructions, a whole decision about 50,000).
+//!
+//! Nothing is written twice: what is written into it is the twin's code, the functions the
+//! general path calls. A function marked by a line `--@inline` before its `local function`
+//! line (or a name marked so before `local name = other`, an inline function under another
+//! name) is written into its caller in place of a call that is a statement of its own
+//! (`local a, b = f(x)`, `a = f(x)` or `f(x)`):
+//!
+//! ```lua
+//! local _i1_1, _i1_2
+//! repeat
+//!   local params = x
+//!   -- the body, each `return e` turned into `_i1_1, _i1_2 = e break`
+//! until true
+//! local a, b = _i1_1, _i1_2
+//! ```
+//!
+//! `repeat ... until true` compiles to no jump of its own, and `break` leaves it as `return`
+//! leaves the function. So an inline function has no `return` inside a loop of its own (it
+//! would leave the loop instead), no `return` that does not fill its line, no function inside
+//! it and no `...`; and no name it reads from outside is one its caller declares (it would
+//! read the caller's local instead). The generator checks all of this and panics naming the
+//! function, which the script's tests show; a call inside an expression stays a call.
+
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+
+const KEYWORDS: &[&str] = &[
+    "and", "break", "do", "else", "elseif", "end", "false", "for", "function", "if", "in", "local",
+    "nil", "not", "or", "repeat", "return", "then", "true", "until", "while",
+];
+
+/// A token of a line of Lua: a name (or keyword), a number, a string or a symbol, and where
+/// it starts.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Tok<'a> {
+    Name(&'a str),
+    Other(&'a str),
+}
+
+/// The tokens of one line and where its code ends (a comment's start, or the line's end).
+/// Strings are one token; the Lua sources have no long strings or comments (`[[`).
+fn tokens(line: &str) -> (Vec<(usize, Tok<'_>)>, usize) {
+    let b = line.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    while i < b.len() {
+        let start = i;
+        let c = b[i];
+        if c.is_ascii_whitespace() {
+            i += 1;
+            continue;
+        }
+        if b[i..].starts_with(b"--") {
+            assert!(!b[i..].starts_with(b"--[["), "no long comments: {line}");
+            return (out, i);
+        }
+        if c == b'\'' || c == b'"' {
+            i += 1;
+            while i < b.len() && b[i] != c {
+                i += if b[i] == b'\\' { 2 } else { 1 };
+            }
+            i = (i + 1).min(b.len());
+            out.push((start, Tok::Other(&line[start..i])));
+            continue;
+        }
+        if word(c) {
+            while i < b.len() && (word(b[i]) || (c.is_ascii_digit() && b[i] == b'.')) {
+                i += 1;
+            }
+            let text = &line[start..i];
+            out.push((
+                start,
+                if c.is_ascii_digit() {
+                    Tok::Other(text)
+                } else {
+                    Tok::Name(text)
+                },
+            ));
+            continue;
+        }
+        let len = if b[i..].starts_with(b"...") {
+            3
+        } else if [&b".."[..], b"==", b"~=", b"<=", b">="]
+            .iter()
+            .any(|s| b[i..].starts_with(s))
+        {
+            2
+        } else {
+            1
+        };
+        assert!(!b[i..].starts_with(b"[["), "no long strings: {line}");
+        i += len;
+        out.push((start, Tok::Other(&line[start..i])));
+    }
+    (out, b.len())
+}
+
+fn is_name(t: Tok<'_>) -> Option<&str> {
+    match t {
+        Tok::Name(n) if !KEYWORDS.contains(&n) => Some(n),
+        _ => None,
+    }
+}
+
+/// The names `lines` declare: after `local` (and `local function`) and `for`.
+fn declared(lines: &[String]) -> HashSet<String> {
+    let mut names = HashSet::new();
+    for line in lines {
+        let (toks, _) = tokens(line);
+        let mut k = 0;
+        while k < toks.len() {
+            if let Tok::Name("local" | "for" | "function") = toks[k].1 {
+                k += 1;
+                while let Some(&(_, t)) = toks.get(k) {
+                    match t {
+                        Tok::Name("function") | Tok::Other(",") => {}
+                        t => match is_name(t) {
+                            Some(n) => {
+                                names.insert(n.to_owned());
+                            }
+                            None => break,
+                        },
+                    }
+                    k += 1;
+                }
+                // `function f(a, b)`: its parameters too.
+                if toks.get(k).map(|t| t.1) == Some(Tok::Other("(")) {
+                    k += 1;
+                    while let Some(&(_, t)) = toks.get(k) {
+                        if let Some(n) = is_name(t) {
+                            names.insert(n.to_owned());
+                        } else if t != Tok::Other(",") {
+                            break;
+                        }
+                        k += 1;
+                    }
+                }
+            } else {
+                k += 1;
+            }
+        }
+    }
+    names
+}
+
+/// A function that may be written into its callers.
+struct Inline {
+    name: String,
+    params: Vec<String>,
+    body: Vec<String>,
+    /// Its parameters and locals.
+    declared: HashSet<String>,
+    /// The names it reads from outside.
+    free: HashSet<String>,
+    /// Every name it reads or writes, not as a field.
+    used: HashSet<String>,
+    /// The names it assigns to without declaring them (its parameters it changes).
+    assigned: HashSet<String>,
+    /// Whether its one `return` is its last line.
+    tail_return: bool,
+}
+
+impl Inline {
+    /// The function whose `local function` line is `header`, with `body` the lines up to its
+    /// `end`; panics when it cannot be written into a caller.
+    fn new(header: &str, body: Vec<String>) -> Inline {
+        let sig = header
+            .trim()
+            .strip_prefix("local function ")
+            .and_then(|s| s.strip_suffix(')'))
+            .unwrap_or_else(|| panic!("--@inline before `{header}`"));
+        let (name, params) = sig.split_once('(').expect("a function's parameters");
+        let name = name.trim().to_owned();
+        let mut all = body.clone();
+        all.insert(0, header.to_owned());
+        let mut declared = declared(&all);
+        // Its own name is not one of its locals.
+        declared.remove(&name);
+        let (mut free, mut used, mut assigned) = (HashSet::new(), HashSet::new(), HashSet::new());
+        let mut returns = 0;
+        // Whether each enclosing block of the body is a loop.
+        let mut blocks: Vec<bool> = Vec::new();
+        let mut pending_loop = false;
+        for (n, line) in body.iter().enumerate() {
+            let (toks, end) = tokens(line);
+            let statement = !matches!(toks.first(), Some((_, Tok::Name("local" | "for"))));
+            let lhs_end = toks.iter().position(|t| t.1 == Tok::Other("="));
+            for (k, &(at, t)) in toks.iter().enumerate() {
+                let fail = |why: &str| panic!("inline function {name}: {why}: `{}`", line.trim());
+                match t {
+                    Tok::Name("function") => fail("a function inside"),
+                    Tok::Other("...") => fail("`...`"),
+                    Tok::Name("for" | "while") => pending_loop = true,
+                    Tok::Name("do") => blocks.push(std::mem::take(&mut pending_loop)),
+                    Tok::Name("if") => blocks.push(false),
+                    Tok::Name("repeat") => blocks.push(true),
+                    Tok::Name("end" | "until") => {
+                        blocks.pop();
+                    }
+                    Tok::Name("break") if !blocks.contains(&true) => fail("`break` outside a loop"),
+                    Tok::Name("return") => {
+                        returns += 1;
+                        if k != 0 {
+                            fail("a `return` that does not begin its line");
+                        }
+                        if blocks.contains(&true) {
+                            fail("a `return` inside a loop");
+                        }
+                        if end < line.len() || at != line.len() - line.trim_start().len() {
+                            fail("a comment after a `return`");
+                        }
+                        let next = body[n + 1..]
+                            .iter()
+                            .find_map(|l| tokens(l).0.first().map(|t| t.1));
+                        if !matches!(
+                            next,
+                            None | Some(Tok::Name("end" | "else" | "elseif" | "until"))
+                        ) {
+                            fail("a `return` longer than its line");
+                        }
+                    }
+                    t => {
+                        let field = k > 0 && matches!(toks[k - 1].1, Tok::Other("." | ":"));
+                        let Some(n) = is_name(t).filter(|_| !field) else {
+                            continue;
+                        };
+                        used.insert(n.to_owned());
+                        if !declared.contains(n) {
+                            free.insert(n.to_owned());
+                        }
+                        let next = toks.get(k + 1).map(|t| t.1);
+                        if statement
+                            && lhs_end.is_some_and(|e| k < e)
+                            && matches!(next, Some(Tok::Other("," | "=")))
+                        {
+                            assigned.insert(n.to_owned());
+                        }
+                    }
+                }
+            }
+        }
+        let tail_return = returns == 1
+            && body
+                .iter()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .is_some_and(|l| {
+                    l.trim_start().starts_with("return")
+                        && l.len() - l.trim_start().len()
+                            == body
+                                .iter()
+                                .filter(|l| !l.trim().is_empty())
+                                .map(|l| l.len() - l.trim_start().len())
+                                .min()
+                                .unwrap_or(0)
+                });
+        Inline {
+            name,
+            params: split_list(params),
+            body,
+            declared,
+            free,
+            used,
+            assigned,
+            tail_return,
+        }
+    }
+}
+
+/// The items of a comma-separated list (parameters, arguments), split where no bracket is
+/// open.
+fn split_list(list: &str) -> Vec<String> {
+    let mut items = Vec::new();
+    let (mut depth, mut from) = (0i32, 0);
+    let (toks, _) = tokens(list);
+    for (at, t) in toks {
+        match t {
+            Tok::Other("(" | "[" | "{") => depth += 1,
+            Tok::Other(")" | "]" | "}") => depth -= 1,
+            Tok::Other(",") if depth == 0 => {
+                items.push(list[from..at].trim().to_owned());
+                from = at + 1;
+            }
+            _ => {}
+        }
+    }
+    let last = list[from..].trim();
+    if !last.is_empty() || !items.is_empty() {
+        items.push(last.to_owned());
+    }
+    items
+}
+
+/// Whether `expr` is one name or literal.
+fn plain(expr: &str) -> bool {
+    tokens(expr).0.len() == 1
+}
+
+/// Whether evaluating `expr` can do nothing but give its value: it calls nothing (the
+/// tables of the script have no metatables).
+fn pure(expr: &str) -> bool {
+    !tokens(expr).0.iter().any(|t| t.1 == Tok::Other("("))
+}
+
+/// The inline functions of `lua` (and their other names), added to `scope`.
+fn collect(lua: &str, scope: &mut HashMap<String, Rc<Inline>>) {
+    let lines: Vec<&str> = lua.lines().collect();
+    let mut i = 0;
+    while i < lines.len() {
+        if lines[i].trim() != "--@inline" {
+            i += 1;
+            continue;
+        }
+        let header = lines[i + 1];
+        let alias = header
+            .trim()
+            .strip_prefix("local ")
+            .and_then(|s| s.split_once(" = "))
+            .filter(|(name, _)| !name.starts_with("function"));
+        if let Some((name, other)) = alias {
+            let f = scope
+                .get(other.trim())
+                .unwrap_or_else(|| panic!("--@inline: {other} is not inline"))
+                .clone();
+            scope.insert(name.trim().to_owned(), f);
+            i += 2;
+            continue;
+        }
+        let mut depth = 0i32;
+        let mut end = None;
+        for (j, line) in lines.iter().enumerate().skip(i + 1) {
+            for (_, t) in tokens(line).0 {
+                match t {
+                    Tok::Name("function" | "if" | "do" | "repeat") => depth += 1,
+                    Tok::Name("end" | "until") => depth -= 1,
+                    _ => {}
+                }
+            }
+            if depth == 0 {
+                end = Some(j);
+                break;
+            }
+        }
+        let end = end.unwrap_or_else(|| panic!("--@inline: no end for `{header}`"));
+        assert_eq!(
+            lines[end].trim(),
+            "end",
+            "--@inline: `{header}` ends alone on its line"
+        );
+        let body = lines[i + 2..end].iter().map(|l| l.to_string()).collect();
+        let f = Inline::new(header, body);
+        scope.insert(f.name.clone(), Rc::new(f));
+        i = end + 1;
+    }
+}
+
+/// A call that is a statement of its own: `[local] a, b = f(args)` or `f(args)`.
+struct Call<'a> {
+    indent: &'a str,
+    local: bool,
+    outs: Vec<&'a str>,
+    name: &'a str,
+    args: &'a str,
+}
+
+fn call_statement<'a>(line: &'a str, scope: &HashMap<String, Rc<Inline>>) -> Option<Call<'a>> {
+    let (toks, end) = tokens(line);
+    let indent = &line[..line.len() - line.trim_start().len()];
+    let mut k = 0;
+    let local = toks.first()?.1 == Tok::Name("local");
+    if local {
+        k += 1;
+    }
+    let mut outs = Vec::new();
+    // The names assigned, when there is an `=`.
+    if toks.iter().any(|t| t.1 == Tok::Other("=")) {
+        loop {
+            outs.push(is_name(toks.get(k)?.1)?);
+            k += 1;
+            match toks.get(k)?.1 {
+                Tok::Other(",") => k += 1,
+                Tok::Other("=") => break,
+                _ => return None,
+            }
+        }
+        k += 1;
+    } else if local {
+        return None;
+    }
+    let name = is_name(toks.get(k)?.1).filter(|n| scope.contains_key(*n))?;
+    let (open, _) = *toks.get(k + 1).filter(|t| t.1 == Tok::Other("("))?;
+    let mut depth = 0;
+    for (j, &(at, t)) in toks.iter().enumerate().skip(k + 1) {
+        match t {
+            Tok::Other("(") => depth += 1,
+            Tok::Other(")") => depth -= 1,
+            _ => {}
+        }
+        if depth == 0 {
+            // The call must be the whole statement.
+            return (j == toks.len() - 1).then(|| Call {
+                indent,
+                local,
+                outs,
+                name,
+                args: line[open + 1..at].trim(),
+            });
+        }
+    }
+    let _ = end;
+    None
+}
+
+/// Writes inline functions into the lines of one caller.
+struct Fuser<'a> {
+    scope: &'a HashMap<String, Rc<Inline>>,
+    next: usize,
+}
+
+impl Fuser<'_> {
+    /// `lines` with every call of an inline function that is a statement of its own replaced
+    /// by the function's body; `declared` holds every name the caller declares.
+    fn expand(
+        &mut self,
+        lines: &[String],
+        declared: &mut HashSet<String>,
+        depth: u32,
+    ) -> Vec<String> {
+        assert!(depth < 16, "inline functions call each other too deep");
+        let mut out = Vec::with_capacity(lines.len());
+        for line in lines {
+            match call_statement(line, self.scope) {
+                Some(call) => self.inline(&call, line, declared, depth, &mut out),
+                None => out.push(line.clone()),
+            }
+        }
+        out
+    }
+
+    /// Writes the body of the function `call` calls into `out`, in place of the call.
+    fn inline(
+        &mut self,
+        call: &Call<'_>,
+        line: &str,
+        declared: &mut HashSet<String>,
+        depth: u32,
+        out: &mut Vec<String>,
+    ) {
+        let f = self.scope[call.name].clone();
+        if let Some(name) = f.free.iter().find(|n| declared.contains(*n)) {
+            panic!(
+                "inline function {}: reads `{name}`, which its caller declares: `{}`",
+                f.name,
+                line.trim()
+            );
+        }
+        declared.extend(f.declared.iter().cloned());
+        let args = split_list(call.args);
+        for extra in args.iter().skip(f.params.len()) {
+            assert!(
+                pure(extra),
+                "{}: an argument it has no parameter for: {extra}",
+                f.name
+            );
+        }
+        // A parameter is bound to its argument unless nothing reads it, or the argument is
+        // the caller's variable of the same name and the body never changes it.
+        let (mut names, mut values) = (Vec::new(), Vec::new());
+        for (i, param) in f.params.iter().enumerate() {
+            let arg = args.get(i).map_or("nil", String::as_str);
+            let unread = !f.used.contains(param) && pure(arg);
+            if unread || (arg == param && !f.assigned.contains(param)) {
+                continue;
+            }
+            names.push(param.as_str());
+            values.push(arg);
+        }
+        // The results go straight to the caller's names unless the body declares, or reads
+        // from outside, one of them, or an argument names one.
+        let arg_names: HashSet<&str> = tokens(call.args)
+            .0
+            .into_iter()
+            .filter_map(|t| is_name(t.1))
+            .collect();
+        let direct = !call.outs.iter().any(|o| {
+            f.declared.contains(*o) || arg_names.contains(o) || (call.local && f.free.contains(*o))
+        });
+        self.next += 1;
+        let target = if direct {
+            call.outs.join(", ")
+        } else {
+            let temps: Vec<String> = (1..=call.outs.len())
+                .map(|j| format!("_i{}_{j}", self.next))
+                .collect();
+            temps.join(", ")
+        };
+        let indent = call.indent;
+        let mut body = Vec::with_capacity(f.body.len() + 1);
+        if !names.is_empty() {
+            body.push(format!(
+                "{indent}  local {} = {}",
+                names.join(", "),
+                values.join(", ")
+            ));
+        }
+        let margin = f
+            .body
+            .iter()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| l.len() - l.trim_start().len())
+            .min()
+            .unwrap_or(0);
+        let exit = if f.tail_return { "" } else { " break" };
+        for l in &f.body {
+            let l = l.get(margin..).unwrap_or("");
+            let trimmed = l.trim_start();
+            let Some(expr) = trimmed.strip_prefix("return").map(str::trim) else {
+                body.push(format!("{indent}  {l}"));
+                continue;
+            };
+            let pad = &l[..l.len() - trimmed.len()];
+            let assign = match (call.outs.is_empty(), expr.is_empty() || plain(expr)) {
+                (false, true) if expr.is_empty() => format!("{target} = nil"),
+                (false, _) => format!("{target} = {expr}"),
+                (true, true) => String::new(),
+                (true, false) => format!("local _ = {expr}"),
+            };
+            let text = format!("{assign}{exit}");
+            if !text.trim().is_empty() {
+                body.push(format!("{indent}  {pad}{}", text.trim()));
+            }
+        }
+        let body = self.expand(&body, declared, depth + 1);
+        let local = if call.local { "local " } else { "" };
+        if !call.outs.is_empty() && (!direct || call.local) {
+            out.push(format!("{indent}local {target}"));
+        }
+        let (open, close) = if f.tail_return {
+            ("do", "end")
+        } else {
+            ("repeat", "until true")
+        };
+        out.push(format!("{indent}{open} -- {}", f.name));
+        out.extend(body);
+        out.push(format!("{indent}{close}"));
+        if !direct {
+            out.push(format!(
+                "{indent}{local}{} = {target}",
+                call.outs.join(", ")
+            ));
+        }
+    }
+}
+
+/// `twin` with the fused decision (`template`, one `local function fused`) written into it,
+/// before the algorithm's table, and the table's `fused` field; the twin (or `helpers`) must
+/// have the inline functions named in `required`. Lines of the template
+/// between `--@if name` and `--@end` are kept when the twin (or `helpers`) has an inline
+/// function `name`.
+pub(super) fn fuse(helpers: &str, twin: &str, template: &str, required: &[&str]) -> String {
+    let mut scope = HashMap::new();
+    collect(helpers, &mut scope);
+    collect(twin, &mut scope);
+    for &name in required {
+        assert!(
+            scope.contains_key(name),
+            "the twin has no inline `{name}`:\n{twin}"
+        );
+    }
+    let mut lines = Vec::new();
+    let mut keep = true;
+    for line in template.lines() {
+        let trimmed = line.trim();
+        if let Some(name) = trimmed.strip_prefix("--@if ") {
+            keep = scope.contains_key(name.trim());
+        } else if trimmed == "--@end" {
+            keep = true;
+        } else if keep {
+            lines.push(format!("  {line}"));
+        }
+    }
+    let mut names = declared(&lines);
+    let fused = Fuser {
+        scope: &scope,
+        next: 0,
+    }
+    .expand(&lines, &mut names, 0);
+    let table = twin
+        .lines()
+        .position(|l| l == "  return {")
+        .expect("a twin ends with its table: `  return {`");
+    let mut out: Vec<String> = twin.lines().map(str::to_owned).collect();
+    out.insert(table + 1, "    fused = fused,".to_owned());
+    out.splice(table..table, fused);
+    let mut text = out.join("\n");
+    text.push('\n');
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `lua` with every line's indentation taken away.
+    fn squash(lua: &str) -> String {
+        lua.lines().map(str::trim).collect::<Vec<_>>().join("\n")
+    }
+
+    const HELPERS: &str = "\
+--@inline
+local function half(a)
+  local r = a / 2
+  if r < 1 then
+    return 0
+  end
+  return r - r % 1
+end
+";
+
+    #[test]
+    fn a_call_statement_becomes_the_body() {
+        let twin = "ALG[1] = function()\n  --@inline\n  local h = half\n  return {\n  }\nend\n";
+        let template = "local function fused(x)\n  local y = h(x + 1)\n  return y\nend\n";
+        let fused = squash(&fuse(HELPERS, twin, template, &[]));
+        assert!(fused.contains("local y\nrepeat -- half\n"), "{fused}");
+        assert!(fused.contains("local a = x + 1"), "{fused}");
+        assert!(fused.contains("y = 0 break"), "{fused}");
+        assert!(fused.contains("y = r - r % 1 break"), "{fused}");
+        assert!(fused.contains("\nfused = fused,"), "{fused}");
+        assert!(!fused.contains("half("), "{fused}");
+    }
+
+    /// A function whose one `return` ends it is a `do` block; a parameter its caller has
+    /// under the same name, and never changed, is not bound again; one it changes is; results
+    /// a body would shadow go through temporaries.
+    #[test]
+    fn bindings_are_made_only_where_needed() {
+        let helpers =
+            "--@inline\nlocal function add(a, b)\n  a = a + b\n  local s = a\n  return s\nend\n";
+        let twin = "ALG[1] = function()\n  return {\n  }\nend\n";
+        let template =
+            "local function fused(a, b)\n  local s = add(a, b)\n  b = add(b, 1)\n  return s\nend\n";
+        let fused = squash(&fuse(helpers, twin, template, &[]));
+        assert!(fused.contains("do -- add\nlocal a = a\n"), "{fused}");
+        assert!(fused.contains("_i1_1 = s\nend\nlocal s = _i1_1"), "{fused}");
+        assert!(fused.contains("local a, b = b, 1\n"), "{fused}");
+        assert!(!fused.contains("break"), "{fused}");
+    }
+
+    #[test]
+    fn calls_inside_expressions_stay_calls() {
+        let twin = "ALG[1] = function()\n  return {\n  }\nend\n";
+        let template = "local function fused(x)\n  local y = half(x) + 1\n  return y\nend\n";
+        assert!(fuse(HELPERS, twin, template, &[]).contains("local y = half(x) + 1"));
+    }
+
+    #[test]
+    #[should_panic(expected = "which its caller declares")]
+    fn a_name_the_caller_shadows_is_refused() {
+        let helpers = "local k = 2\n--@inline\nlocal function f(a)\n  return a * k\nend\n";
+        let twin = "ALG[1] = function()\n  return {\n  }\nend\n";
+        let template = "local function fused(x)\n  local k = 3\n  local y = f(x)\nend\n";
+        fuse(helpers, twin, template, &[]);
+    }
+
+    #[test]
+    #[should_panic(expected = "a `return` inside a loop")]
+    fn a_return_in_a_loop_is_refused() {
+        let helpers =
+            "--@inline\nlocal function f(a)\n  for i = 1, a do\n    return i\n  end\nend\n";
+        fuse(
+            helpers,
+            "ALG[1] = function()\n  return {\n  }\nend\n",
+            "",
+            &[],
+        );
+    }
+}

@@ -1,0 +1,57 @@
+-- The fused decision of one policy enforced alone, the usual request (`FUSES[op]`): the
+-- phases of `decide` for that case, in one function per algorithm. script.rs (fuse.rs)
+-- writes it into each twin, with the twin's own `load`, `evaluate`, `commit` and `lag`
+-- written in place of their calls. `args` are the policy's arguments, `shape` their first.
+-- A key blocked, or written under other parameters, is left to the general path: nil, having
+-- written nothing.
+local function fused(key, args, shape)
+  local cost, at = 1, 2
+  if shape % CLOCK_FLAG >= COST_FLAG then
+    cost = tonumber(args[2])
+    at = 3
+  end
+  local arity = (shape % COST_FLAG - shape % ARITY_UNIT) / ARITY_UNIT
+  local p = read_params(args, at, arity)
+  if not p then
+    return nil
+  end
+  local now
+  if shape >= CLOCK_FLAG then
+    TTL_SLACK = tonumber(args[#args])
+    now = tonumber(args[#args - 1])
+  else
+    TTL_SLACK = 0
+    local t = call('TIME')
+    now = t[1] * 1000000 + t[2]
+  end
+  local st, ends, stale = load(key, p, now, STATES[1])
+  if ends or stale then
+    return nil
+  end
+  local ok, remaining, reset, retry = evaluate(nil, p, st, now, cost, key)
+  --@if lag
+  local behind = lag(p, st, now)
+  if behind > 0 then
+    ok, remaining, reset, retry = shift(behind, cost, ok, remaining, reset, retry)
+  end
+  --@end
+  REPLY[2], REPLY[3], REPLY[4] = remaining, reset, nil
+  if ok ~= 1 then
+    if retry < 0 then
+      REPLY[1] = NEVER
+    else
+      REPLY[1] = retry
+    end
+  else
+    REPLY[1] = ADMITTED
+    if cost > 0 then
+      commit(nil, key, p, st, now, cost)
+      return REPLY
+    end
+  end
+  -- Not charged: a key that lost its TTL gets one (as `settle` does).
+  if call('PTTL', key) == -1 then
+    call('PEXPIRE', key, ttl_ms(now, now + reset))
+  end
+  return REPLY
+end

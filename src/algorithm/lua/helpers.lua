@@ -280,8 +280,8 @@ local REPLY = {}
 -- Numbers read from the strings a call sends, remembered: `tonumber` reads a string with
 -- strtod, about 1,800 instructions, where a table lookup costs a tenth of that. What is
 -- remembered is what the policies send, a bounded set: the shapes, and each tag's parameters
--- (a tag is the algorithm and its parameters, so it names them). Kept from call to call when
--- the decision runs as a function; a script starts afresh each call.
+-- (a tag is the algorithm and its parameters: they are sent as the tag only). Kept from call
+-- to call when the decision runs as a function; a script starts afresh each call.
 local SHAPES, TAGGED, TAGS = {}, {}, 0
 
 -- The shape sent as `s`, a number; nil when it is not one.
@@ -293,23 +293,37 @@ local function read_shape(s)
   return shape
 end
 
--- The `arity` parameters sent from `args[at]` on, and their tag after them: a table
--- { p1, p2, ..., tag = tag }, the same one for every call with that tag (never written to);
--- nil when the tag is missing.
+-- The parameters a tag names ("~id:p1,p2,...", in base 36) in `into` (from its first
+-- place), and the algorithm's id; nil when `tag` is not one.
+local function tag_params(tag, into)
+  local id, rest = match(tag, '^~(%d+):(.*)$')
+  if not id then
+    return nil
+  end
+  local k = 0
+  for word in string.gmatch(rest, '[^,]+') do
+    k = k + 1
+    into[k] = tonumber(word, 36)
+  end
+  return id
+end
+
+-- The parameters of the policy sent with `tag`: a table { p1, p2, ..., tag = tag }, the same
+-- one for every call with that tag (never written to); nil when the tag is not one.
 --@inline
-local function read_params(args, at, arity)
-  local tag = args[at + arity]
+local function read_params(tag)
   local p = TAGGED[tag or '']
   if not p and tag then
     p = { tag = tag }
-    for k = 1, arity do
-      p[k] = tonumber(args[at + k - 1])
+    if not tag_params(tag, p) then
+      p = nil
+    else
+      if TAGS >= 1000 then
+        TAGGED, TAGS = {}, 0
+      end
+      TAGGED[tag] = p
+      TAGS = TAGS + 1
     end
-    if TAGS >= 1000 then
-      TAGGED, TAGS = {}, 0
-    end
-    TAGGED[tag] = p
-    TAGS = TAGS + 1
   end
   return p
 end

@@ -120,17 +120,17 @@ impl Inner {
             }
             let injected = self.clock.is_some();
             for check in checks {
-                // The shape, the cost unless it is 1, the operation's own integers, the
-                // parameters and their tag (see decide.lua).
-                let (id, params) = check.tier().algorithm().lua_args();
+                // The shape, the cost unless it is 1, the operation's own integers and the
+                // tag, which names the algorithm and its parameters (see decide.lua).
+                let id = check.tier().algorithm().algorithm().lua_id();
                 let (op, cost) = (check.op(), check.cost());
-                cmd.arg(shape(id, op, &params, cost, injected));
+                cmd.arg(shape(id, op, cost, injected));
                 if cost != 1 {
                     cmd.arg(cost);
                 }
                 let lease_ttl = check.tier().lease().map_or(0, |l| l.ttl_us());
                 cmd.arg(&op.args(lease_ttl)[..]);
-                cmd.arg(&params[..]).arg(check.tier().tag());
+                cmd.arg(check.tier().tag());
             }
             if let Some(clock) = &self.clock {
                 // Redis expires keys on its own clock, which an injected one may outrun or lag.

@@ -1,12 +1,13 @@
 -- Decides one request against one or more policies, atomically.
 -- KEYS[i]: the state key of policy i (all in one slot).
 -- ARGV: for each policy, its shape, then its cost when the shape says one follows, then the
--- ARGS[op] integers of its operation, then its parameters and their tag; after the last
+-- ARGS[op] integers of its operation, then its tag (its algorithm and parameters: see
+-- `read_params` and `store`); after the last
 -- policy, when the first shape says the time is injected, the time in microseconds and the
 -- milliseconds added to every TTL (Redis expires keys on its own clock, which an injected
 -- clock may outrun or lag). Otherwise the time is Redis TIME.
--- A shape is one integer: algorithm + MODE_UNIT * operation + ARITY_UNIT * parameter count,
--- plus COST_FLAG when a cost other than 1 follows and CLOCK_FLAG when the time is injected.
+-- A shape is one integer: algorithm + MODE_UNIT * operation, plus COST_FLAG when a cost other
+-- than 1 follows and CLOCK_FLAG when the time is injected.
 -- The algorithm ids, the operations and each operation's facts are generated from Rust
 -- (`Algorithm`, and `Op` in `store/op.rs`, which says what each operation is): the tables
 -- DECIDES (a denial denies the request), CHARGES (0: never charged here; 1: when its own
@@ -56,11 +57,10 @@ local function read_policy(args, at, i)
   end
   local id = shape % MODE_UNIT
   local alg = BUILT[id] or algorithm(id)
-  local op = (shape % ARITY_UNIT - id) / MODE_UNIT
+  local op = (shape % COST_FLAG - id) / MODE_UNIT
   if not alg or not ARGS[op] then
     return nil
   end
-  local arity = (shape % COST_FLAG - shape % ARITY_UNIT) / ARITY_UNIT
   local cost = 1
   at = at + 1
   if shape % CLOCK_FLAG >= COST_FLAG then
@@ -78,11 +78,11 @@ local function read_policy(args, at, i)
   if not STATES[i] then
     STATES[i], LEASED[i] = {}, {}
   end
-  local p = read_params(args, at, arity)
+  local p = read_params(args[at])
   if not p then
     return nil
   end
-  return alg, op, p, cost, x, y, at + arity + 1, shape >= CLOCK_FLAG
+  return alg, op, p, cost, x, y, at + 1, shape >= CLOCK_FLAG
 end
 
 -- Old parameters read from a tag, reused from call to call.
@@ -93,13 +93,7 @@ local OLD = {}
 -- back (twin of `Compiled::convert`): the state and the block's end then. A state of another
 -- algorithm, or one left with nothing used, is forgotten; the key keeps its block.
 local function adopt(alg, key, p, st, ends, now, stale, into)
-  local id, rest = match(stale, '^~(%d+):(.*)$')
-  if st and alg.convert and id and id == match(p.tag, '^~(%d+):') then
-    local k = 0
-    for word in string.gmatch(rest, '[^,]+') do
-      k = k + 1
-      OLD[k] = tonumber(word, 36)
-    end
+  if st and alg.convert and tag_params(stale, OLD) == match(p.tag, '^~(%d+):') then
     KEEP_BLOCK = ends
     local kept = alg:convert(key, OLD, p, st, now)
     KEEP_BLOCK = nil
@@ -404,7 +398,7 @@ local FUSED = {}
 local function fused_for(shape)
   local id = shape % MODE_UNIT
   local fused = false
-  if FUSES[(shape % ARITY_UNIT - id) / MODE_UNIT] then
+  if FUSES[(shape % COST_FLAG - id) / MODE_UNIT] then
     local alg = algorithm(id)
     fused = alg and alg.fused or false
   end

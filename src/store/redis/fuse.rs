@@ -272,6 +272,60 @@ impl Inline {
     }
 }
 
+impl Inline {
+    /// The function with its locals (and parameters) named in `names` renamed, `x` to
+    /// `x_{suffix}`.
+    fn renamed(&self, names: &HashSet<&str>, suffix: usize) -> Inline {
+        let new = |n: &str| format!("{n}_{suffix}");
+        let map = |set: &HashSet<String>| -> HashSet<String> {
+            set.iter()
+                .map(|n| if names.contains(n.as_str()) { new(n) } else { n.clone() })
+                .collect()
+        };
+        let mut braces = 0i32;
+        let body = self
+            .body
+            .iter()
+            .map(|line| {
+                let (toks, _) = tokens(line);
+                let mut out = String::with_capacity(line.len() + 8);
+                let mut from = 0;
+                for (k, &(at, t)) in toks.iter().enumerate() {
+                    match t {
+                        Tok::Other("{") => braces += 1,
+                        Tok::Other("}") => braces -= 1,
+                        _ => {}
+                    }
+                    let Tok::Name(n) = t else { continue };
+                    let field = k > 0 && matches!(toks[k - 1].1, Tok::Other("." | ":"));
+                    let key = braces > 0 && toks.get(k + 1).map(|t| t.1) == Some(Tok::Other("="));
+                    if names.contains(n) && !field && !key {
+                        out.push_str(&line[from..at]);
+                        out.push_str(&new(n));
+                        from = at + n.len();
+                    }
+                }
+                out.push_str(&line[from..]);
+                out
+            })
+            .collect();
+        Inline {
+            name: self.name.clone(),
+            params: self
+                .params
+                .iter()
+                .map(|n| if names.contains(n.as_str()) { new(n) } else { n.clone() })
+                .collect(),
+            body,
+            declared: map(&self.declared),
+            free: self.free.clone(),
+            used: map(&self.used),
+            assigned: map(&self.assigned),
+            tail_return: self.tail_return,
+        }
+    }
+}
+
 /// The items of a comma-separated list (parameters, arguments), split where no bracket is
 /// open.
 fn split_list(list: &str) -> Vec<String> {
@@ -451,7 +505,19 @@ impl Fuser<'_> {
         depth: u32,
         out: &mut Vec<String>,
     ) {
-        let f = self.scope[call.name].clone();
+        let mut f = self.scope[call.name].clone();
+        self.next += 1;
+        // The body's own names that are also the caller's results are renamed, so that the
+        // results can be assigned from inside it.
+        let clashes: HashSet<&str> = call
+            .outs
+            .iter()
+            .copied()
+            .filter(|o| f.declared.contains(*o))
+            .collect();
+        if !clashes.is_empty() {
+            f = Rc::new(f.renamed(&clashes, self.next));
+        }
         if let Some(name) = f.free.iter().find(|n| declared.contains(*n)) {
             panic!(
                 "inline function {}: reads `{name}`, which its caller declares: `{}`",
@@ -480,17 +546,18 @@ impl Fuser<'_> {
             names.push(param.as_str());
             values.push(arg);
         }
-        // The results go straight to the caller's names unless the body declares, or reads
-        // from outside, one of them, or an argument names one.
+        // The results go straight to the caller's names, declared before the body, unless
+        // the body or an argument reads the caller's variable of one of those names.
         let arg_names: HashSet<&str> = tokens(call.args)
             .0
             .into_iter()
             .filter_map(|t| is_name(t.1))
             .collect();
-        let direct = !call.outs.iter().any(|o| {
-            f.declared.contains(*o) || arg_names.contains(o) || (call.local && f.free.contains(*o))
-        });
-        self.next += 1;
+        let direct = !call.local
+            || !call
+                .outs
+                .iter()
+                .any(|o| arg_names.contains(o) || f.free.contains(*o));
         let target = if direct {
             call.outs.join(", ")
         } else {
@@ -636,8 +703,8 @@ end
     }
 
     /// A function whose one `return` ends it is a `do` block; a parameter its caller has
-    /// under the same name, and never changed, is not bound again; one it changes is; results
-    /// a body would shadow go through temporaries.
+    /// under the same name, and never changed, is not bound again; one it changes is; a local
+    /// of the body named as a result of the call is renamed.
     #[test]
     fn bindings_are_made_only_where_needed() {
         let helpers =
@@ -646,9 +713,9 @@ end
         let template =
             "local function fused(a, b)\n  local s = add(a, b)\n  b = add(b, 1)\n  return s\nend\n";
         let fused = squash(&fuse(helpers, twin, template, &[]));
-        assert!(fused.contains("do -- add\nlocal a = a\n"), "{fused}");
-        assert!(fused.contains("_i1_1 = s\nend\nlocal s = _i1_1"), "{fused}");
-        assert!(fused.contains("local a, b = b, 1\n"), "{fused}");
+        assert!(fused.contains("local s\ndo -- add\nlocal a = a\n"), "{fused}");
+        assert!(fused.contains("local s_1 = a\ns = s_1\nend\n"), "{fused}");
+        assert!(fused.contains("local a, b_2 = b, 1\na = a + b_2\n"), "{fused}");
         assert!(!fused.contains("break"), "{fused}");
     }
 

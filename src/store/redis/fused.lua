@@ -5,13 +5,13 @@
 -- A key blocked, or written under other parameters, is left to the general path: nil, having
 -- written nothing.
 local function fused(key, args, shape)
-  local cost, at = 1, 2
+  local cost, p = 1, nil
   if shape % CLOCK_FLAG >= COST_FLAG then
     cost = tonumber(args[2])
-    at = 3
+    p = read_params(args[3])
+  else
+    p = read_params(args[2])
   end
-  local arity = (shape % COST_FLAG - shape % ARITY_UNIT) / ARITY_UNIT
-  local p = read_params(args, at, arity)
   if not p then
     return nil
   end

@@ -12,7 +12,7 @@
 use std::sync::LazyLock;
 
 use super::fuse;
-use crate::algorithm::{LUA_HELPERS, LUA_TWINS, LuaParams};
+use crate::algorithm::{LUA_HELPERS, LUA_TWINS};
 use crate::store::Op;
 use crate::store::op::Charge;
 /// The verdict of a policy that admits the request.
@@ -20,27 +20,23 @@ pub(crate) const ADMITTED: i64 = -2;
 /// The verdict of a policy that denies a request no wait would admit.
 pub(crate) const NEVER: i64 = -1;
 
-/// A policy's shape, the first of its arguments: its algorithm, operation and parameter count,
-/// and two flags, one integer (the script decodes it with `%`, as Lua 5.1 has no bit
-/// operators). Algorithm ids are below 8, operation ids below 16, and at most 4 parameters are
-/// sent.
+/// A policy's shape, the first of its arguments: its algorithm and operation, and two flags,
+/// one integer (the script decodes it with `%`, as Lua 5.1 has no bit operators). Algorithm
+/// ids are below 8, operation ids below 16. Its parameters are not sent: its tag names them.
 const MODE_UNIT: u64 = 8;
-const ARITY_UNIT: u64 = 128;
 /// The policy's cost follows the shape (it is 1 when it does not).
-const COST_FLAG: u64 = 1024;
+const COST_FLAG: u64 = 128;
 /// The time and the TTL slack are the last two arguments (an injected clock).
-const CLOCK_FLAG: u64 = 2048;
+const CLOCK_FLAG: u64 = 256;
 
 const _: () = {
     assert!(crate::Algorithm::ALL.len() < MODE_UNIT as usize);
-    assert!(Op::KINDS.len() < (ARITY_UNIT / MODE_UNIT) as usize);
-    assert!(4 < (COST_FLAG / ARITY_UNIT) as usize);
+    assert!(Op::KINDS.len() < (COST_FLAG / MODE_UNIT) as usize);
 };
 
-/// The shape of a policy with the algorithm `id`, operation `op` and `params` whose cost is
-/// `cost`.
-pub(crate) fn shape(id: u8, op: Op, params: &LuaParams, cost: u64, injected: bool) -> u64 {
-    let mut shape = id as u64 + MODE_UNIT * op.id() as u64 + ARITY_UNIT * params.len() as u64;
+/// The shape of a policy with the algorithm `id` and operation `op` whose cost is `cost`.
+pub(crate) fn shape(id: u8, op: Op, cost: u64, injected: bool) -> u64 {
+    let mut shape = id as u64 + MODE_UNIT * op.id() as u64;
     if cost != 1 {
         shape += COST_FLAG;
     }
@@ -74,7 +70,6 @@ impl Script {
                 ("ADMITTED", ADMITTED),
                 ("NEVER", NEVER),
                 ("MODE_UNIT", MODE_UNIT as i64),
-                ("ARITY_UNIT", ARITY_UNIT as i64),
                 ("COST_FLAG", COST_FLAG as i64),
                 ("CLOCK_FLAG", CLOCK_FLAG as i64),
             ]

@@ -116,6 +116,10 @@ async fn lua_twins_match_the_rust_algorithms() {
     let server = RedisServer::start();
     let clock = ManualClock::new();
     let redis = server.store("diff:", &clock).await;
+    let mut con = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
     let sequences_per_algorithm = 200;
     let mut decisions = 0;
     for algorithm in Algorithm::ALL {
@@ -134,6 +138,9 @@ async fn lua_twins_match_the_rust_algorithms() {
             let on_memory = layer_of(&policy, memory.clone());
             let on_redis = layer_of(&policy, redis.clone());
             let key = Key::from(format!("k{seq}"));
+            let redis_key =
+                String::from_utf8(redis.key_for(&format!("{}-{seq}", algorithm.name()), &key))
+                    .unwrap();
             let window_hint = 6_000;
             for step in 0..30 {
                 let dt = match rng.range(0, 3) {
@@ -161,7 +168,20 @@ async fn lua_twins_match_the_rust_algorithms() {
                     5 => Op::Block(Duration::from_micros(rng.range(1, 5_000))),
                     _ => Op::Check,
                 };
+                // Now and then something else takes the key's TTL away: the decision gives it
+                // one back (the common check on the fused path, the others on the general).
+                let persisted = rng.range(0, 12) == 0;
+                if persisted {
+                    let _: i64 = redis::cmd("PERSIST")
+                        .arg(&redis_key)
+                        .query(&mut con)
+                        .unwrap();
+                }
                 let (m, r) = on_both(op, &on_memory, &on_redis, &key, cost).await;
+                if persisted {
+                    let ttl: i64 = redis::cmd("PTTL").arg(&redis_key).query(&mut con).unwrap();
+                    assert_ne!(ttl, -1, "{algorithm} seed {seed} step {step}: TTL repaired");
+                }
                 if traced(seed) {
                     eprintln!(
                         "step {step} t={} cost={cost} op={op:?} m={:?} r={:?}",

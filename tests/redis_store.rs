@@ -1,6 +1,7 @@
 //! The Redis store on a real, standalone redis-server: exactness under contention from two
 //! application instances, TTLs on every key, NOSCRIPT recovery, key repair, memory per key,
-//! hostile keys, and a clear error for an unreachable server.
+//! hostile keys, a clear error for an unreachable server, and the usual decision on the
+//! fused path.
 
 mod support;
 
@@ -117,6 +118,49 @@ async fn every_key_gets_a_ttl_no_longer_than_needed() {
             .any(|a| key.starts_with(&format!("ttl:{a}:")));
         let max = if bucket { 12_000 } else { 66_000 };
         assert!(ttl > 0 && ttl <= max, "{key}: PTTL {ttl}");
+    }
+}
+
+/// How many times Redis has run `TIME` (each from inside the decision script).
+fn time_calls(server: &RedisServer) -> u64 {
+    let info = server.cli(&["INFO", "commandstats"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_time:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// The usual decision, one policy enforced alone, is its algorithm's fused decision, which
+/// reads Redis's clock once; a blocked key is left to the general path, which reads it again.
+/// (The decisions themselves are held to the Rust algorithms by `redis_differential.rs`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_usual_decision_takes_the_fused_path() {
+    let server = RedisServer::start();
+    let s = store(&server, "fused:", None).await;
+    for algorithm in Algorithm::ALL {
+        let layer = layer_on(s.clone(), policy(algorithm, 1_000));
+        let before = time_calls(&server);
+        for i in 0..20 {
+            let d = layer.check(&Key::from(format!("k{i}")), 1).await.unwrap();
+            assert!(d.is_allowed(), "{algorithm}");
+        }
+        assert_eq!(
+            time_calls(&server) - before,
+            20,
+            "{algorithm}: one TIME each"
+        );
+        let key = Key::from("blocked");
+        layer
+            .block_for(&key, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let before = time_calls(&server);
+        assert!(!layer.check(&key, 1).await.unwrap().is_allowed());
+        assert_eq!(
+            time_calls(&server) - before,
+            2,
+            "{algorithm}: a blocked key is decided on the general path"
+        );
     }
 }
 

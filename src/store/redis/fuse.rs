@@ -279,7 +279,13 @@ impl Inline {
         let new = |n: &str| format!("{n}_{suffix}");
         let map = |set: &HashSet<String>| -> HashSet<String> {
             set.iter()
-                .map(|n| if names.contains(n.as_str()) { new(n) } else { n.clone() })
+                .map(|n| {
+                    if names.contains(n.as_str()) {
+                        new(n)
+                    } else {
+                        n.clone()
+                    }
+                })
                 .collect()
         };
         let mut braces = 0i32;
@@ -314,7 +320,13 @@ impl Inline {
             params: self
                 .params
                 .iter()
-                .map(|n| if names.contains(n.as_str()) { new(n) } else { n.clone() })
+                .map(|n| {
+                    if names.contains(n.as_str()) {
+                        new(n)
+                    } else {
+                        n.clone()
+                    }
+                })
                 .collect(),
             body,
             declared: map(&self.declared),
@@ -713,9 +725,15 @@ end
         let template =
             "local function fused(a, b)\n  local s = add(a, b)\n  b = add(b, 1)\n  return s\nend\n";
         let fused = squash(&fuse(helpers, twin, template, &[]));
-        assert!(fused.contains("local s\ndo -- add\nlocal a = a\n"), "{fused}");
+        assert!(
+            fused.contains("local s\ndo -- add\nlocal a = a\n"),
+            "{fused}"
+        );
         assert!(fused.contains("local s_1 = a\ns = s_1\nend\n"), "{fused}");
-        assert!(fused.contains("local a, b_2 = b, 1\na = a + b_2\n"), "{fused}");
+        assert!(
+            fused.contains("local a, b_2 = b, 1\na = a + b_2\n"),
+            "{fused}"
+        );
         assert!(!fused.contains("break"), "{fused}");
     }
 

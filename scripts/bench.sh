@@ -11,6 +11,11 @@
 # two threads deciding on shared keys (ours and governor's), and allocations per request. Then scripts/bench_report.py prints the table of ratios and writes BENCHMARKS.md with
 # an SVG chart (benchmarks.svg).
 #
+# BENCH_ONLY=1 measures the Redis script alone: row 8 and row 1's pipelined ceiling (our call
+# sent by redis-benchmark -P 16), in a few minutes, and writes target/bench/BENCHMARKS.md
+# instead of the repository's (scripts/bench_commits.sh compares that call with another
+# commit's in one run).
+#
 # Environment: BENCH_RUNS (default 5) runs per figure, BENCH_HTTP_SECONDS (default 5) per wrk
 # run, BENCH_MAX_LOAD (default 1.0) and BENCH_WAIT (default 600 s): how long to wait for the
 # machine's 1-minute load average to fall below BENCH_MAX_LOAD before measuring (the load is
@@ -92,7 +97,13 @@ CMD=$(echo "${CALL[0]}" | tr 'A-Z' 'a-z')
 RB=(redis-benchmark -h 127.0.0.1 -p "$PORT" -r 10000 --csv)
 echo "evalsha=${CALL[*]}" >>"$RAW/machine.txt"
 
-if [ -z "${BENCH_ONLY:-}" ]; then
+if [ -n "${BENCH_ONLY:-}" ]; then
+echo "== 1: redis-benchmark -c 50 -P 16 sending our call" >&2
+"${RB[@]}" -c 50 -n 50000 "${CALL[@]}" >/dev/null # warm-up
+for r in $(seq "$RUNS"); do
+    "${RB[@]}" -c 50 -n 200000 -P 16 "${CALL[@]}" >"$RAW/rb_p16.$r.csv"
+done
+else
 echo "== 1-3: Redis decisions (50 tasks), latency (1 task), pool vs multiplexed" >&2
 "$BR" throughput "$URL" --seconds 1 >/dev/null # warm-up
 "${RB[@]}" -c 50 -n 50000 "${CALL[@]}" >/dev/null
@@ -208,4 +219,8 @@ for algorithm in fixed_window sliding_window sliding_log token_bucket leaky_buck
 done
 
 echo "load_after=$(cut -d' ' -f1-3 /proc/loadavg)" >>"$RAW/machine.txt"
-python3 scripts/bench_report.py "$RAW" BENCHMARKS.md benchmarks.svg
+if [ -n "${BENCH_ONLY:-}" ]; then
+    python3 scripts/bench_report.py "$RAW" "$OUT/BENCHMARKS.md" "$OUT/benchmarks.svg"
+else
+    python3 scripts/bench_report.py "$RAW" BENCHMARKS.md benchmarks.svg
+fi

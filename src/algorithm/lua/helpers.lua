@@ -114,6 +114,17 @@ local function split_state(raw)
   return sub(state, 1, tilde - 1), sub(state, tilde), ends
 end
 
+-- `raw` without its tag when it ends with `tag` (no block after it: a state as it is usually
+-- found, read without splitting it); nil otherwise. The tag is found by a plain search from
+-- where it would start, which builds no string.
+--@inline
+local function untagged(raw, tag)
+  if find(raw, tag, #raw - #tag + 1, true) then
+    return sub(raw, 1, #raw - #tag)
+  end
+  return nil
+end
+
 -- A one-integer state ("tat"), as a number, the block's end, if any, and the state's tag when
 -- it is not the present one (`p.tag`).
 --@inline
@@ -122,17 +133,14 @@ local function read1(key, p)
   if not raw then
     return nil
   end
-  local tag = p.tag
-  -- Whether `raw` ends with the tag (no block after it): a plain search from where the tag
-  -- would start, which builds no string (written here, not called: a Lua call costs more).
-  if find(raw, tag, #raw - #tag + 1, true) then
-    local n = tonumber(sub(raw, 1, #raw - #tag))
+  local bare = untagged(raw, p.tag)
+  if bare then
+    local n = tonumber(bare)
     if n then
       return n
     end
   end
-  local state, ends
-  state, tag, ends = split_state(raw)
+  local state, tag, ends = split_state(raw)
   if tag == p.tag then
     tag = nil
   end

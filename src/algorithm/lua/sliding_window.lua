@@ -121,10 +121,10 @@ ALG[SLIDING_WINDOW] = function()
     if not raw then
       return nil
     end
-    local t = p.tag
-    if find(raw, t, #raw - #t + 1, true) then
+    local bare = untagged(raw, p.tag)
+    if bare then
       -- Tagged with the present parameters, no block: the state is what precedes the tag.
-      return sw_read(sub(raw, 1, #raw - #t), p[2] + 1)
+      return sw_read(bare, p[2] + 1)
     end
     local tag, ends
     raw, tag, ends = split_state(raw)

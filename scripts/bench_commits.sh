@@ -9,7 +9,8 @@
 # -c 50 -P 16 (row 1's load), the two versions interleaved run by run; prints the median
 # decisions/s and the server's usec_per_call of each, and this tree's ratio to BASE. BASE is
 # built in a temporary worktree (its target directory kept in target/bench-base).
-# BENCH_RUNS (default 5) runs per figure, BENCH_SCRIPT_CALLS (default 200000) calls per run.
+# BENCH_RUNS (default 5) runs per figure, BENCH_SCRIPT_CALLS (default 200000) calls per run,
+# BENCH_ALGORITHMS (default all six) which algorithms.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -eq 1 ] || { echo "usage: scripts/bench_commits.sh BASE" >&2; exit 2; }
@@ -42,8 +43,14 @@ BASE_DRIVER="$TREE/$(cd "$TREE" && driver driver_redis)"
     { echo "bench_commits.sh: cannot find the drivers" >&2; exit 1; }
 
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
-    >"$WORK/redis.log" 2>&1 &
+# The server on one core and redis-benchmark on another, where there are two and taskset is
+# there: otherwise the two trade one core, and the client's share moves the figure.
+SERVER_CPU=() CLIENT_CPU=()
+if [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
+    SERVER_CPU=(taskset -c 1) CLIENT_CPU=(taskset -c 0)
+fi
+"${SERVER_CPU[@]}" redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no \
+    --dir "$WORK" >"$WORK/redis.log" 2>&1 &
 PID=$!
 for _ in $(seq 100); do redis-cli -p "$PORT" PING 2>/dev/null | grep -q PONG && break; sleep 0.1; done
 URL="redis://127.0.0.1:$PORT"
@@ -52,7 +59,7 @@ run() { # the call -> "decisions/s usec_per_call"
     redis-cli -p "$PORT" FLUSHALL >/dev/null
     redis-cli -p "$PORT" CONFIG RESETSTAT >/dev/null
     local rps usec
-    rps=$(redis-benchmark -h 127.0.0.1 -p "$PORT" -r 10000 -c 50 -P 16 -n "$CALLS" -q "$@" |
+    rps=$("${CLIENT_CPU[@]}" redis-benchmark -h 127.0.0.1 -p "$PORT" -r 10000 -c 50 -P 16 -n "$CALLS" -q "$@" |
         tr '\r' '\n' | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p' | tail -1)
     usec=$(redis-cli -p "$PORT" INFO commandstats | tr -d '\r' |
         sed -n "s/^cmdstat_$(echo "$1" | tr 'A-Z' 'a-z'):.*usec_per_call=\([0-9.]*\).*/\1/p")
@@ -62,7 +69,7 @@ run() { # the call -> "decisions/s usec_per_call"
 echo "Redis decisions at -P 16, this tree against $(git rev-parse --short "$BASE") (median of $RUNS):"
 printf '  %-15s %12s %12s %6s   %9s %9s %6s\n' algorithm "decisions/s" "base" ratio \
     "usec/call" base ratio
-for algorithm in gcra fixed_window sliding_window sliding_log token_bucket leaky_bucket; do
+for algorithm in ${BENCH_ALGORITHMS:-gcra fixed_window sliding_window sliding_log token_bucket leaky_bucket}; do
     mapfile -t OURS < <("$HEAD_DRIVER" args "$URL" "$algorithm")
     mapfile -t THEIRS < <("$BASE_DRIVER" args "$URL" "$algorithm")
     OURS[3]=${OURS[3]/RANDINT/__rand_int__}

@@ -181,93 +181,133 @@ impl Inline {
         let mut declared = declared(&all);
         // Its own name is not one of its locals.
         declared.remove(&name);
-        let (mut free, mut used, mut assigned) = (HashSet::new(), HashSet::new(), HashSet::new());
-        let mut returns = 0;
-        // Whether each enclosing block of the body is a loop.
-        let mut blocks: Vec<bool> = Vec::new();
-        let mut pending_loop = false;
-        for (n, line) in body.iter().enumerate() {
-            let (toks, end) = tokens(line);
-            let statement = !matches!(toks.first(), Some((_, Tok::Name("local" | "for"))));
-            let lhs_end = toks.iter().position(|t| t.1 == Tok::Other("="));
-            for (k, &(at, t)) in toks.iter().enumerate() {
-                let fail = |why: &str| panic!("inline function {name}: {why}: `{}`", line.trim());
-                match t {
-                    Tok::Name("function") => fail("a function inside"),
-                    Tok::Other("...") => fail("`...`"),
-                    Tok::Name("for" | "while") => pending_loop = true,
-                    Tok::Name("do") => blocks.push(std::mem::take(&mut pending_loop)),
-                    Tok::Name("if") => blocks.push(false),
-                    Tok::Name("repeat") => blocks.push(true),
-                    Tok::Name("end" | "until") => {
-                        blocks.pop();
-                    }
-                    Tok::Name("break") if !blocks.contains(&true) => fail("`break` outside a loop"),
-                    Tok::Name("return") => {
-                        returns += 1;
-                        if k != 0 {
-                            fail("a `return` that does not begin its line");
-                        }
-                        if blocks.contains(&true) {
-                            fail("a `return` inside a loop");
-                        }
-                        if end < line.len() || at != line.len() - line.trim_start().len() {
-                            fail("a comment after a `return`");
-                        }
-                        let next = body[n + 1..]
-                            .iter()
-                            .find_map(|l| tokens(l).0.first().map(|t| t.1));
-                        if !matches!(
-                            next,
-                            None | Some(Tok::Name("end" | "else" | "elseif" | "until"))
-                        ) {
-                            fail("a `return` longer than its line");
-                        }
-                    }
-                    t => {
-                        let field = k > 0 && matches!(toks[k - 1].1, Tok::Other("." | ":"));
-                        let Some(n) = is_name(t).filter(|_| !field) else {
-                            continue;
-                        };
-                        used.insert(n.to_owned());
-                        if !declared.contains(n) {
-                            free.insert(n.to_owned());
-                        }
-                        let next = toks.get(k + 1).map(|t| t.1);
-                        if statement
-                            && lhs_end.is_some_and(|e| k < e)
-                            && matches!(next, Some(Tok::Other("," | "=")))
-                        {
-                            assigned.insert(n.to_owned());
-                        }
-                    }
-                }
-            }
+        let mut scan = Scan::default();
+        for n in 0..body.len() {
+            scan.line(&name, &body, n, &declared);
         }
-        let tail_return = returns == 1
+        // Its one `return` is its last line, at the body's own depth.
+        let tail_return = scan.returns == 1
             && body
                 .iter()
                 .rev()
                 .find(|l| !l.trim().is_empty())
                 .is_some_and(|l| {
-                    l.trim_start().starts_with("return")
-                        && l.len() - l.trim_start().len()
-                            == body
-                                .iter()
-                                .filter(|l| !l.trim().is_empty())
-                                .map(|l| l.len() - l.trim_start().len())
-                                .min()
-                                .unwrap_or(0)
+                    l.trim_start().starts_with("return") && indent(l) == margin(&body)
                 });
         Inline {
             name,
             params: split_list(params),
             body,
             declared,
-            free,
-            used,
-            assigned,
+            free: scan.free,
+            used: scan.used,
+            assigned: scan.assigned,
             tail_return,
+        }
+    }
+}
+
+/// How far `line` is indented.
+fn indent(line: &str) -> usize {
+    line.len() - line.trim_start().len()
+}
+
+/// How far the least indented of `lines` that are not blank is indented.
+fn margin(lines: &[String]) -> usize {
+    lines
+        .iter()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| indent(l))
+        .min()
+        .unwrap_or(0)
+}
+
+/// What a read of an inline function's body finds, line by line.
+#[derive(Default)]
+struct Scan {
+    free: HashSet<String>,
+    used: HashSet<String>,
+    assigned: HashSet<String>,
+    returns: usize,
+    /// Whether each enclosing block of the body is a loop.
+    blocks: Vec<bool>,
+    /// A `for` or `while` whose `do` is still to come.
+    pending_loop: bool,
+}
+
+impl Scan {
+    /// Reads line `n` of the body of the function `name` (whose locals are `declared`).
+    fn line(&mut self, name: &str, body: &[String], n: usize, declared: &HashSet<String>) {
+        let line = &body[n];
+        let (toks, end) = tokens(line);
+        let statement = !matches!(toks.first(), Some((_, Tok::Name("local" | "for"))));
+        let lhs_end = toks.iter().position(|t| t.1 == Tok::Other("="));
+        let fail = |why: &str| -> ! { panic!("inline function {name}: {why}: `{}`", line.trim()) };
+        for (k, &(_, t)) in toks.iter().enumerate() {
+            match t {
+                Tok::Name("function") => fail("a function inside"),
+                Tok::Other("...") => fail("`...`"),
+                Tok::Name("for" | "while") => self.pending_loop = true,
+                Tok::Name("do") => self.blocks.push(std::mem::take(&mut self.pending_loop)),
+                Tok::Name("if") => self.blocks.push(false),
+                Tok::Name("repeat") => self.blocks.push(true),
+                Tok::Name("end" | "until") => {
+                    self.blocks.pop();
+                }
+                Tok::Name("break") if !self.blocks.contains(&true) => {
+                    fail("`break` outside a loop")
+                }
+                Tok::Name("return") => {
+                    self.returns += 1;
+                    if let Err(why) = self.a_return(body, n, k, end) {
+                        fail(why);
+                    }
+                }
+                t => {
+                    let field = k > 0 && matches!(toks[k - 1].1, Tok::Other("." | ":"));
+                    let Some(n) = is_name(t).filter(|_| !field) else {
+                        continue;
+                    };
+                    self.used.insert(n.to_owned());
+                    if !declared.contains(n) {
+                        self.free.insert(n.to_owned());
+                    }
+                    let next = toks.get(k + 1).map(|t| t.1);
+                    if statement
+                        && lhs_end.is_some_and(|e| k < e)
+                        && matches!(next, Some(Tok::Other("," | "=")))
+                    {
+                        self.assigned.insert(n.to_owned());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether the `return`, token `k` of line `n` (whose code ends at `end`), can become an
+    /// assignment and a `break`: it begins its line, fills it, is in no loop of the body.
+    fn a_return(
+        &self,
+        body: &[String],
+        n: usize,
+        k: usize,
+        end: usize,
+    ) -> Result<(), &'static str> {
+        if k != 0 {
+            return Err("a `return` that does not begin its line");
+        }
+        if self.blocks.contains(&true) {
+            return Err("a `return` inside a loop");
+        }
+        if end < body[n].len() {
+            return Err("a comment after a `return`");
+        }
+        let next = body[n + 1..]
+            .iter()
+            .find_map(|l| tokens(l).0.first().map(|t| t.1));
+        match next {
+            None | Some(Tok::Name("end" | "else" | "elseif" | "until")) => Ok(()),
+            _ => Err("a `return` longer than its line"),
         }
     }
 }
@@ -517,47 +557,8 @@ impl Fuser<'_> {
         depth: u32,
         out: &mut Vec<String>,
     ) {
-        let mut f = self.scope[call.name].clone();
         self.next += 1;
-        // The body's own names that are also the caller's results are renamed, so that the
-        // results can be assigned from inside it.
-        let clashes: HashSet<&str> = call
-            .outs
-            .iter()
-            .copied()
-            .filter(|o| f.declared.contains(*o))
-            .collect();
-        if !clashes.is_empty() {
-            f = Rc::new(f.renamed(&clashes, self.next));
-        }
-        if let Some(name) = f.free.iter().find(|n| declared.contains(*n)) {
-            panic!(
-                "inline function {}: reads `{name}`, which its caller declares: `{}`",
-                f.name,
-                line.trim()
-            );
-        }
-        declared.extend(f.declared.iter().cloned());
-        let args = split_list(call.args);
-        for extra in args.iter().skip(f.params.len()) {
-            assert!(
-                pure(extra),
-                "{}: an argument it has no parameter for: {extra}",
-                f.name
-            );
-        }
-        // A parameter is bound to its argument unless nothing reads it, or the argument is
-        // the caller's variable of the same name and the body never changes it.
-        let (mut names, mut values) = (Vec::new(), Vec::new());
-        for (i, param) in f.params.iter().enumerate() {
-            let arg = args.get(i).map_or("nil", String::as_str);
-            let unread = !f.used.contains(param) && pure(arg);
-            if unread || (arg == param && !f.assigned.contains(param)) {
-                continue;
-            }
-            names.push(param.as_str());
-            values.push(arg);
-        }
+        let f = self.callee(call, line, declared);
         // The results go straight to the caller's names, declared before the body, unless
         // the body or an argument reads the caller's variable of one of those names.
         let arg_names: HashSet<&str> = tokens(call.args)
@@ -578,44 +579,8 @@ impl Fuser<'_> {
                 .collect();
             temps.join(", ")
         };
+        let body = self.expand(&body(&f, call, &target), declared, depth + 1);
         let indent = call.indent;
-        let mut body = Vec::with_capacity(f.body.len() + 1);
-        if !names.is_empty() {
-            body.push(format!(
-                "{indent}  local {} = {}",
-                names.join(", "),
-                values.join(", ")
-            ));
-        }
-        let margin = f
-            .body
-            .iter()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| l.len() - l.trim_start().len())
-            .min()
-            .unwrap_or(0);
-        let exit = if f.tail_return { "" } else { " break" };
-        for l in &f.body {
-            let l = l.get(margin..).unwrap_or("");
-            let trimmed = l.trim_start();
-            let Some(expr) = trimmed.strip_prefix("return").map(str::trim) else {
-                body.push(format!("{indent}  {l}"));
-                continue;
-            };
-            let pad = &l[..l.len() - trimmed.len()];
-            let assign = match (call.outs.is_empty(), expr.is_empty() || plain(expr)) {
-                (false, true) if expr.is_empty() => format!("{target} = nil"),
-                (false, _) => format!("{target} = {expr}"),
-                (true, true) => String::new(),
-                (true, false) => format!("local _ = {expr}"),
-            };
-            let text = format!("{assign}{exit}");
-            if !text.trim().is_empty() {
-                body.push(format!("{indent}  {pad}{}", text.trim()));
-            }
-        }
-        let body = self.expand(&body, declared, depth + 1);
-        let local = if call.local { "local " } else { "" };
         if !call.outs.is_empty() && (!direct || call.local) {
             out.push(format!("{indent}local {target}"));
         }
@@ -628,12 +593,91 @@ impl Fuser<'_> {
         out.extend(body);
         out.push(format!("{indent}{close}"));
         if !direct {
+            let local = if call.local { "local " } else { "" };
             out.push(format!(
                 "{indent}{local}{} = {target}",
                 call.outs.join(", ")
             ));
         }
     }
+
+    /// The function `call` calls, its locals named as the call's results renamed (so that
+    /// the results can be assigned from inside it), after checking that it reads none of the
+    /// caller's names; its names are the caller's from then on.
+    fn callee(&self, call: &Call<'_>, line: &str, declared: &mut HashSet<String>) -> Rc<Inline> {
+        let mut f = self.scope[call.name].clone();
+        let clashes: HashSet<&str> = call
+            .outs
+            .iter()
+            .copied()
+            .filter(|o| f.declared.contains(*o))
+            .collect();
+        if !clashes.is_empty() {
+            f = Rc::new(f.renamed(&clashes, self.next));
+        }
+        if let Some(name) = f.free.iter().find(|n| declared.contains(*n)) {
+            panic!(
+                "inline function {}: reads `{name}`, which its caller declares: `{}`",
+                f.name,
+                line.trim()
+            );
+        }
+        declared.extend(f.declared.iter().cloned());
+        f
+    }
+}
+
+/// The lines of `f` written in place of `call`, its results assigned to `target`: its
+/// parameters bound to the arguments, then its body, each `return` an assignment and, unless
+/// it is the body's last line, a `break`.
+fn body(f: &Inline, call: &Call<'_>, target: &str) -> Vec<String> {
+    let args = split_list(call.args);
+    for extra in args.iter().skip(f.params.len()) {
+        assert!(
+            pure(extra),
+            "{}: an argument it has no parameter for: {extra}",
+            f.name
+        );
+    }
+    // A parameter is bound to its argument unless nothing reads it, or the argument is the
+    // caller's variable of the same name and the body never changes it.
+    let (mut names, mut values) = (Vec::new(), Vec::new());
+    for (i, param) in f.params.iter().enumerate() {
+        let arg = args.get(i).map_or("nil", String::as_str);
+        let unread = !f.used.contains(param) && pure(arg);
+        if !unread && (arg != param || f.assigned.contains(param)) {
+            names.push(param.as_str());
+            values.push(arg);
+        }
+    }
+    let indent = call.indent;
+    let mut lines = Vec::with_capacity(f.body.len() + 1);
+    if !names.is_empty() {
+        let (names, values) = (names.join(", "), values.join(", "));
+        lines.push(format!("{indent}  local {names} = {values}"));
+    }
+    let margin = margin(&f.body);
+    let exit = if f.tail_return { "" } else { " break" };
+    for l in &f.body {
+        let l = l.get(margin..).unwrap_or("");
+        let trimmed = l.trim_start();
+        let Some(expr) = trimmed.strip_prefix("return").map(str::trim) else {
+            lines.push(format!("{indent}  {l}"));
+            continue;
+        };
+        let pad = &l[..l.len() - trimmed.len()];
+        let assign = match (call.outs.is_empty(), expr.is_empty() || plain(expr)) {
+            (false, true) if expr.is_empty() => format!("{target} = nil"),
+            (false, _) => format!("{target} = {expr}"),
+            (true, true) => String::new(),
+            (true, false) => format!("local _ = {expr}"),
+        };
+        let text = format!("{assign}{exit}");
+        if !text.trim().is_empty() {
+            lines.push(format!("{indent}  {pad}{}", text.trim()));
+        }
+    }
+    lines
 }
 
 /// `twin` with the fused decision (`template`, one `local function fused`) written into it,

@@ -12,8 +12,9 @@
 -- (`Algorithm`, and `Op` in `store/op.rs`, which says what each operation is): the tables
 -- DECIDES (a denial denies the request), CHARGES (0: never charged here; 1: when its own
 -- verdict admits; 2: always, if the request is admitted), ACTS (changes the state on its own,
--- then looks at cost 0: its arm is ACT[op] below), ARGS (its integers) and GRANTS (its reply
--- has the three integers of a grant).
+-- then looks at cost 0: its arm is ACT[op] below), ARGS (its integers), GRANTS (its reply
+-- has the three integers of a grant) and FUSES (decided alone, by its algorithm's fused
+-- decision: `fused.lua`, written into each twin by script.rs).
 -- The operations' own arms are here and nowhere else: ACT[op] for those that act; LEASE
 -- (decided on the state as strict as a lease could make it, `lease_state`, and charged a
 -- lease of what is left instead of its cost, `take_lease`), RESERVE (a request it denies now

@@ -336,6 +336,18 @@ local function read_params(tag)
   return p
 end
 
+-- The time: the injected one (and the TTL slack) at the end of the arguments, else Redis TIME.
+--@inline
+local function clock(args, injected)
+  if injected then
+    TTL_SLACK = tonumber(args[#args])
+    return tonumber(args[#args - 1])
+  end
+  TTL_SLACK = 0
+  local t = call('TIME')
+  return t[1] * 1000000 + t[2]
+end
+
 -- The clock-lag adjustment (twin of `evaluate_with_lag`), for the algorithms that keep their own
 -- time (`alg.lag`, which gives `lag`): a state newer than `now` (the clock went back, or a
 -- request reserved a later slot) decides as of its own time, its times moved to be from `now`,

@@ -332,17 +332,6 @@ local function settle(i, alg, op, key, p, now, cost, y, st, ends, lease_end, wai
   end
 end
 
--- The time: the injected one (and the TTL slack) at the end of the arguments, else Redis TIME.
-local function clock(args, injected)
-  if injected then
-    TTL_SLACK = tonumber(args[#args])
-    return tonumber(args[#args - 1])
-  end
-  TTL_SLACK = 0
-  local t = call('TIME')
-  return t[1] * 1000000 + t[2]
-end
-
 local function malformed(args, at)
   return redis.error_reply('tower-ratelimit: malformed policy ' .. tostring(args[at]))
 end
@@ -436,15 +425,7 @@ local function decide(keys, args)
   if not alg then
     return malformed(args, 1)
   end
-  local now
-  if injected then
-    now = clock(args, true)
-  else
-    -- Read here, not through `clock`: a Lua call costs more than these lines.
-    TTL_SLACK = 0
-    local t = call('TIME')
-    now = t[1] * 1000000 + t[2]
-  end
+  local now = clock(args, injected)
   if ACTS[op] then
     act(alg, op, key, p, now, cost, x, STATES[1])
     cost = 0

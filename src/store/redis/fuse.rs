@@ -475,7 +475,7 @@ struct Call<'a> {
 }
 
 fn call_statement<'a>(line: &'a str, scope: &HashMap<String, Rc<Inline>>) -> Option<Call<'a>> {
-    let (toks, end) = tokens(line);
+    let (toks, _) = tokens(line);
     let indent = &line[..line.len() - line.trim_start().len()];
     let mut k = 0;
     let local = toks.first()?.1 == Tok::Name("local");
@@ -518,7 +518,6 @@ fn call_statement<'a>(line: &'a str, scope: &HashMap<String, Rc<Inline>>) -> Opt
             });
         }
     }
-    let _ = end;
     None
 }
 

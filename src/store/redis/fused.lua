@@ -5,25 +5,16 @@
 -- A key blocked, or written under other parameters, is left to the general path: nil, having
 -- written nothing.
 local function fused(key, args, shape)
-  local cost, p = 1, nil
+  local cost, at = 1, 2
   if shape % CLOCK_FLAG >= COST_FLAG then
     cost = tonumber(args[2])
-    p = read_params(args[3])
-  else
-    p = read_params(args[2])
+    at = 3
   end
+  local p = read_params(args[at])
   if not p then
     return nil
   end
-  local now
-  if shape >= CLOCK_FLAG then
-    TTL_SLACK = tonumber(args[#args])
-    now = tonumber(args[#args - 1])
-  else
-    TTL_SLACK = 0
-    local t = call('TIME')
-    now = t[1] * 1000000 + t[2]
-  end
+  local now = clock(args, shape >= CLOCK_FLAG)
   local st, ends, stale = load(key, p, now, STATES[1])
   if ends or stale then
     return nil

@@ -66,6 +66,7 @@ impl fmt::Debug for PolicyOutcome {
 }
 
 impl PolicyOutcome {
+    #[inline]
     pub(crate) fn new(policy: &Arc<Tier>, shadow: bool, verdict: Verdict) -> Self {
         PolicyOutcome {
             policy: policy.clone(),
@@ -193,6 +194,7 @@ impl Decision {
     }
 
     /// A decision of one outcome (the common case: no loop, no push).
+    #[inline]
     pub(crate) fn one(outcome: PolicyOutcome) -> Self {
         let allowed = outcome.allowed || outcome.shadow;
         Decision {

@@ -60,10 +60,12 @@ impl Step for Gcra {
     }
 
     /// The TAT, which is when the state expires.
+    #[inline]
     fn pack(&self, state: &State) -> Option<u64> {
         Some(state.tat)
     }
 
+    #[inline]
     fn unpack(&self, word: u64) -> Option<State> {
         (word > 0).then_some(State { tat: word })
     }
@@ -80,6 +82,7 @@ impl Step for Gcra {
         smallvec::smallvec![self.interval, self.tolerance]
     }
 
+    #[inline]
     fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
         let tat = state.map_or(now, |s| s.tat.max(now));
         let backlog = tat - now;
@@ -132,6 +135,7 @@ impl Step for Gcra {
         Some(State { tat })
     }
 
+    #[inline]
     fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
         let tat = state.as_ref().map_or(now, |s| s.tat.max(now)) + cost * self.interval;
         *state = Some(State { tat });

@@ -268,6 +268,7 @@ pub(crate) trait Step: Sized {
 /// then waits until then. Admitting
 /// it now would spend, before they exist, units the state counts as there only from its own
 /// time (the refill of a bucket, the room of a later window).
+#[inline]
 fn evaluate_with_lag<A: Step>(a: &A, state: Option<&A::State>, now: u64, cost: u64) -> Verdict {
     let mut verdict = a.evaluate(state, now, cost);
     let lag = state.map_or(0, |s| a.own_time(s).saturating_sub(now));
@@ -287,6 +288,7 @@ fn evaluate_with_lag<A: Step>(a: &A, state: Option<&A::State>, now: u64, cost: u
 
 /// One request of `cost` on the packed state `word` (see [`Step::pack`]): the verdict, and the
 /// word the charge leaves when it is admitted and charged (the word it was when nothing is).
+#[inline]
 fn decide_packed<A: Step>(a: &A, word: u64, now: u64, cost: u64) -> (Verdict, u64) {
     let mut state = a.unpack(word);
     let verdict = evaluate_with_lag(a, state.as_ref(), now, cost);
@@ -570,6 +572,7 @@ macro_rules! algorithms {
 
             /// One request on a packed state: its verdict and the word it leaves (see
             /// [`decide_packed`]).
+            #[inline]
             pub(crate) fn decide_packed(&self, word: u64, now: u64, cost: u64) -> (Verdict, u64) {
                 match self {
                     $(Compiled::$variant(a) => decide_packed(a, word, now, cost),)*

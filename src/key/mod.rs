@@ -220,6 +220,7 @@ impl Key {
 
     /// The key's binary form: a tag byte and the address octets (put in `octets`) or the raw
     /// bytes. What [`encode`](Self::encode) writes and [`hash_with`](Self::hash_with) hashes.
+    #[inline]
     fn tagged<'a>(&'a self, octets: &'a mut [u8; 16]) -> (u8, &'a [u8]) {
         match &self.0 {
             Repr::Global => (b'g', &[]),
@@ -247,6 +248,7 @@ impl Key {
     /// The hash of (`id`, this key) from `hasher`, for the stores' tables: the id and the key's
     /// binary form in one `write` (two for a key too long to be inline), where hashing the pair
     /// field by field makes four, each paying SipHash's own buffering.
+    #[inline]
     pub(crate) fn hash_with(&self, id: u32, hasher: &impl BuildHasher) -> u64 {
         let mut octets = [0; 16];
         let (tag, bytes) = self.tagged(&mut octets);

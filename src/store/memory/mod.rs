@@ -175,6 +175,7 @@ impl MemoryStore {
     }
 
     /// The hash of a check's (policy, key) and its shard.
+    #[inline]
     fn locate(&self, check: &Ask<'_>) -> (u64, usize) {
         let h = check.key().hash_with(check.tier().id(), &self.inner.hasher);
         // The high bits pick the shard: the table uses the low ones.
@@ -189,6 +190,7 @@ impl MemoryStore {
     /// loaded): decisions on one key then see times in the order they are made, so each
     /// reports exactly what it left (read before, a decision could be made after a later one
     /// and see time go back).
+    #[inline]
     pub(crate) fn decide_enforced(&self, tier: &Tier, key: &Key, cost: u64) -> Verdict {
         let ask = Ask::enforce(tier, key, cost);
         let (hash, index) = self.locate(&ask);
@@ -298,6 +300,7 @@ impl private::Sealed for MemoryStore {
         Some(self.decide(checks))
     }
 
+    #[inline]
     fn decide_enforced(&self, tier: &Tier, key: &Key, cost: u64) -> Option<Verdict> {
         Some(MemoryStore::decide_enforced(self, tier, key, cost))
     }

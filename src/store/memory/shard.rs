@@ -268,6 +268,7 @@ impl Shard {
         self.table.len()
     }
 
+    #[inline]
     fn find(&self, check: &Ask<'_>, hash: u64) -> Option<&Slot> {
         self.table
             .find(hash, |s| s.is(check.tier().id(), check.key()))
@@ -283,6 +284,7 @@ impl Shard {
     /// see time in the order they land (a decision that loads a state another one wrote reads
     /// the time after it). `None` when the key needs the exclusive path: a new key, a state
     /// that is not packed, a state written under another definition.
+    #[inline]
     pub(super) fn decide_packed(
         &self,
         check: &Ask<'_>,

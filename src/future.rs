@@ -1,5 +1,10 @@
 //! [`ResponseFuture`], the state machine of one request: tower glue around the
 //! [engine](crate::limiter), which makes every decision.
+//!
+//! The future is one enum whose common state is the inner service's future and what goes on
+//! its response (a few words): everything rarer (a decision to wait for, a reserved slot, the
+//! charges after the response) is boxed, so that building the future in `call` writes the inner
+//! future where it stays, and each move on its way into the server copies little more than it.
 
 use std::fmt;
 use std::future::Future;
@@ -35,55 +40,61 @@ pin_project! {
         St: Store,
     {
         #[pin]
-        state: State<S, ReqB, S::Future, <St as Sealed>::Future, S::Response>,
-        // The engine, kept only while the future still needs it (a decision to wait for, or
-        // charges after the response): most requests touch no shared reference count.
-        limiter: Option<Arc<Limiter<St>>>,
-        after: Charges,
+        state: State<S, ReqB, S::Future, <St as Sealed>::Future, S::Response, Limiter<St>>,
         body: PhantomData<fn() -> M>,
     }
 }
 
-/// What goes with the inner service's response: the headers to add, and the slots of
-/// concurrency limits its body holds.
-struct With {
+/// The charges and refunds to make once the response's status is known, with the engine that
+/// makes them: boxed, as few requests have any.
+type After<L> = Option<Box<(Arc<L>, Charges)>>;
+
+/// What goes with the inner service's response: the headers to add, the slots of concurrency
+/// limits its body holds, and the charges its status decides.
+struct With<L> {
     headers: Option<RateLimitHeaders>,
     held: Option<HeldSlots>,
+    after: After<L>,
 }
 
 /// The request and the inner service it goes to, kept while the request waits (for its
-/// decision or its reserved slot): boxed with what it waits for, so that the response future,
-/// which is moved several times on its way into the server, stays the size of the inner
-/// service's future plus a little.
+/// decision or its reserved slot), boxed with what it waits for.
 struct Pending<S, ReqB> {
     request: Request<ReqB>,
     inner: S,
 }
 
+/// A request waiting for its decision: what it waits for, the engine that settles it.
+type Waiting<S, ReqB, C, L> = (Deciding<C>, Pending<S, ReqB>, Arc<L>);
+
+/// A request admitted at a reserved slot, waiting until it comes.
+type ForSlot<S, ReqB, L> = (Pending<S, ReqB>, Delayed, After<L>);
+
+/// The inner service's response waiting for the charges after it (`C`), with the slots its
+/// body holds.
+type Adjust<C, R> = (C, Option<(R, Option<HeldSlots>)>);
+
 pin_project! {
     #[project = StateProj]
-    enum State<S, ReqB, F, C, R> {
+    enum State<S, ReqB, F, C, R, L> {
+        // The inner service called: the common state, the only one not boxed.
+        Calling {
+            #[pin]
+            future: F,
+            with: With<L>,
+        },
         // Waiting for the decision, boxed with the request.
         Deciding {
-            deciding: Option<Box<(Deciding<C>, Pending<S, ReqB>)>>,
+            waiting: Option<Box<Waiting<S, ReqB, C, L>>>,
         },
         // Admitted at a reserved slot: waiting until it comes.
         Delaying {
             sleep: Pin<Box<tokio::time::Sleep>>,
-            pending: Option<Box<(Pending<S, ReqB>, Delayed)>>,
+            pending: Option<Box<ForSlot<S, ReqB, L>>>,
         },
-        // The inner service called.
-        Calling {
-            #[pin]
-            future: F,
-            with: With,
-        },
-        // The charges after the response on their way to the store, with the response and the
-        // slots it holds.
+        // The charges after the response on their way to the store.
         Adjusting {
-            #[pin]
-            adjust: C,
-            done: Option<(R, Option<HeldSlots>)>,
+            adjust: Box<Adjust<C, R>>,
         },
         // The limiter's own response.
         Ready {
@@ -97,6 +108,14 @@ where
     S: Service<Request<ReqB>> + Clone,
     St: Store,
 {
+    #[inline(always)]
+    fn new(state: State<S, ReqB, S::Future, St::Future, S::Response, Limiter<St>>) -> Self {
+        ResponseFuture {
+            state,
+            body: PhantomData,
+        }
+    }
+
     /// A request whose decision comes later, as the engine began it.
     pub(crate) fn deciding(
         limiter: &Arc<Limiter<St>>,
@@ -104,21 +123,14 @@ where
         request: Request<ReqB>,
         inner: S,
     ) -> Self {
-        ResponseFuture {
-            state: State::Deciding {
-                deciding: Some(Box::new((
-                    Deciding::new(limiter, later),
-                    Pending { request, inner },
-                ))),
-            },
-            limiter: Some(limiter.clone()),
-            after: Charges::new(),
-            body: PhantomData,
-        }
+        let deciding = Deciding::new(limiter, later);
+        let waiting = (deciding, Pending { request, inner }, limiter.clone());
+        Self::new(State::Deciding {
+            waiting: Some(Box::new(waiting)),
+        })
     }
 
     /// A request already settled: the limiter's response, or the inner service called.
-    #[inline]
     pub(crate) fn settled(
         limiter: &Arc<Limiter<St>>,
         settled: Settled,
@@ -126,116 +138,113 @@ where
         request: Request<ReqB>,
         inner: &mut S,
     ) -> Self {
-        let state = match settled {
+        let after = after_of(limiter, after);
+        Self::new(match settled {
             Settled::Wait(delayed) => {
                 // The inner service was made ready: that one waits with the request, and a
                 // clone stays behind.
                 let clone = inner.clone();
                 let ready = std::mem::replace(inner, clone);
-                wait_for_slot(delayed, request, ready)
+                wait_for_slot(delayed, request, ready, after)
             }
-            settled => respond_or_call(settled, request, inner, limiter.style()),
-        };
-        ResponseFuture {
-            state,
-            limiter: (!after.is_empty()).then(|| limiter.clone()),
-            after,
-            body: PhantomData,
-        }
+            settled => respond_or_call(settled, request, inner, limiter.style(), after),
+        })
     }
 
-    /// A request admitted at once ([`Settled::Call`]'s parts): the inner service called with
-    /// the decision (if any) in the request's extensions, the headers to go on its response,
-    /// the held slots with its body, and `after` to charge once its status is known.
+    /// A request admitted at once ([`Settled::Call`]'s parts), the inner service called
+    /// (with the decision, if any, in the request's extensions): the headers to go on its
+    /// response, the held slots with its body, and `after` to charge once its status is known.
     #[inline(always)]
     pub(crate) fn called(
         limiter: &Arc<Limiter<St>>,
-        (headers, decision, held): (
-            Option<RateLimitHeaders>,
-            Option<Decision>,
-            Option<HeldSlots>,
-        ),
+        headers: Option<RateLimitHeaders>,
+        held: Option<HeldSlots>,
         after: Charges,
-        request: Request<ReqB>,
-        inner: &mut S,
+        future: S::Future,
     ) -> Self {
-        ResponseFuture {
-            state: call(headers, decision, held, request, inner),
-            limiter: (!after.is_empty()).then(|| limiter.clone()),
+        let after = after_of(limiter, after);
+        let with = With {
+            headers,
+            held,
             after,
-            body: PhantomData,
-        }
+        };
+        Self::new(State::Calling { future, with })
     }
 
     /// A request no policy applies to: the inner service's response, without headers.
+    #[inline(always)]
     pub(crate) fn unlimited(future: S::Future) -> Self {
         let with = With {
             headers: None,
             held: None,
+            after: None,
         };
-        ResponseFuture {
-            state: State::Calling { future, with },
-            limiter: None,
-            after: Charges::new(),
-            body: PhantomData,
-        }
+        Self::new(State::Calling { future, with })
     }
+}
+
+/// `charges` with the engine that makes them, if there are any.
+#[inline(always)]
+fn after_of<L>(limiter: &Arc<L>, charges: Charges) -> After<L> {
+    (!charges.is_empty()).then(|| Box::new((limiter.clone(), charges)))
 }
 
 /// The state after a decision that came later: as [`respond_or_call`], the inner service
 /// waiting with the request when it is admitted at a reserved slot.
-fn decided<S, ReqB, C, R>(
+fn decided<S, ReqB, C, R, L>(
     settled: Settled,
     Pending { request, mut inner }: Pending<S, ReqB>,
     style: ResponseStyle,
-) -> State<S, ReqB, S::Future, C, R>
+    after: After<L>,
+) -> State<S, ReqB, S::Future, C, R, L>
 where
     S: Service<Request<ReqB>>,
 {
     match settled {
-        Settled::Wait(delayed) => wait_for_slot(delayed, request, inner),
-        settled => respond_or_call(settled, request, &mut inner, style),
+        Settled::Wait(delayed) => wait_for_slot(delayed, request, inner, after),
+        settled => respond_or_call(settled, request, &mut inner, style, after),
     }
 }
 
 /// Sleeps until the slot reserved for the request, with the inner service it then calls.
-fn wait_for_slot<S, ReqB, C, R>(
+fn wait_for_slot<S, ReqB, C, R, L>(
     delayed: Box<Delayed>,
     request: Request<ReqB>,
     inner: S,
-) -> State<S, ReqB, S::Future, C, R>
+    after: After<L>,
+) -> State<S, ReqB, S::Future, C, R, L>
 where
     S: Service<Request<ReqB>>,
 {
     State::Delaying {
         sleep: Box::pin(tokio::time::sleep(delayed.wait)),
-        pending: Some(Box::new((Pending { request, inner }, *delayed))),
+        pending: Some(Box::new((Pending { request, inner }, *delayed, after))),
     }
 }
 
 /// The limiter's own response (in the form `style` gives the request), or the inner service
 /// called: [`Settled::Call`]'s, or a waiting request's whose slot came (its slots are then
 /// spent, not given back).
-#[inline]
-fn respond_or_call<S, ReqB, C, R>(
+fn respond_or_call<S, ReqB, C, R, L>(
     settled: Settled,
     request: Request<ReqB>,
     inner: &mut S,
     style: ResponseStyle,
-) -> State<S, ReqB, S::Future, C, R>
+    after: After<L>,
+) -> State<S, ReqB, S::Future, C, R, L>
 where
     S: Service<Request<ReqB>>,
 {
-    match settled {
-        Settled::Call(headers, decision, held) => call(headers, decision, held, request, inner),
+    let (headers, decision, held) = match settled {
+        Settled::Call(headers, decision, held) => (headers, decision, held),
         Settled::Respond(response) => {
             let response = match style.is_grpc(&request) {
                 true => grpc::answer(response),
                 false => response,
             };
-            State::Ready {
+            return State::Ready {
                 response: Some(response),
-            }
+            };
         }
         Settled::Wait(delayed) => {
             let Delayed {
@@ -248,28 +257,34 @@ where
             if let Some(release) = release {
                 release.keep();
             }
-            call(Some(headers), decision, held, request, inner)
+            (Some(headers), decision, held)
         }
-    }
+    };
+    call(headers, decision, held, after, request, inner)
 }
 
 /// Calls the inner service with the decision (if any) in the request's extensions; `headers`
-/// go on its response, and `held` with its body.
+/// go on its response, `held` with its body, and `after` is charged once its status is known.
 #[inline(always)]
-fn call<S, ReqB, C, R>(
+fn call<S, ReqB, C, R, L>(
     headers: Option<RateLimitHeaders>,
     decision: Option<Decision>,
     held: Option<HeldSlots>,
+    after: After<L>,
     mut request: Request<ReqB>,
     inner: &mut S,
-) -> State<S, ReqB, S::Future, C, R>
+) -> State<S, ReqB, S::Future, C, R, L>
 where
     S: Service<Request<ReqB>>,
 {
     if let Some(decision) = decision {
         request.extensions_mut().insert(decision);
     }
-    let with = With { headers, held };
+    let with = With {
+        headers,
+        held,
+        after,
+    };
     State::Calling {
         future: inner.call(request),
         with,
@@ -277,14 +292,14 @@ where
 }
 
 /// A waiting request whose slot came: it goes on (see [`respond_or_call`]).
-fn slot_came<S, ReqB, C, R>(
-    (Pending { request, mut inner }, delayed): (Pending<S, ReqB>, Delayed),
-) -> State<S, ReqB, S::Future, C, R>
+fn slot_came<S, ReqB, C, R, L>(
+    (Pending { request, mut inner }, delayed, after): ForSlot<S, ReqB, L>,
+) -> State<S, ReqB, S::Future, C, R, L>
 where
     S: Service<Request<ReqB>>,
 {
     let settled = Settled::Wait(Box::new(delayed));
-    respond_or_call(settled, request, &mut inner, ResponseStyle::Http)
+    respond_or_call(settled, request, &mut inner, ResponseStyle::Http, after)
 }
 
 impl<S, ReqB, St, M> fmt::Debug for ResponseFuture<S, ReqB, St, M>
@@ -307,7 +322,6 @@ where
 }
 
 const POLLED_AFTER_READY: &str = "ResponseFuture polled after completion";
-const KEPT_FOR_LATER: &str = "the engine is kept while a decision or a charge is to come";
 
 impl<S, ReqB, ResB, St, M> Future for ResponseFuture<S, ReqB, St, M>
 where
@@ -318,33 +332,40 @@ where
     type Output = Result<Response<M::Body>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
+        let mut state = self.project().state;
         loop {
-            let next = match this.state.as_mut().project() {
-                StateProj::Deciding { deciding } => {
-                    let limiter = this.limiter.as_ref().expect(KEPT_FOR_LATER);
-                    let waiting = &mut deciding.as_mut().expect(POLLED_AFTER_READY).0;
-                    let (settled, after) = ready!(waiting.poll_settled(limiter, cx));
-                    *this.after = after;
-                    let (_, pending) = *deciding.take().expect(POLLED_AFTER_READY);
-                    decided(settled, pending, limiter.style())
+            let next = match state.as_mut().project() {
+                StateProj::Calling { future, with } => {
+                    let mut response = ready!(future.poll(cx))?;
+                    if let Some(headers) = with.headers.take() {
+                        headers.apply(response.headers_mut());
+                    }
+                    let held = with.held.take();
+                    match with
+                        .after
+                        .take()
+                        .and_then(|after| charge(*after, &response))
+                    {
+                        None => return Poll::Ready(Ok(body::<M, _>(response, held))),
+                        Some(adjust) => State::Adjusting {
+                            adjust: Box::new((adjust, Some((response, held)))),
+                        },
+                    }
+                }
+                StateProj::Deciding { waiting } => {
+                    let (deciding, _, limiter) = &mut **waiting.as_mut().expect(POLLED_AFTER_READY);
+                    let (settled, after) = ready!(deciding.poll_settled(limiter, cx));
+                    let (_, pending, limiter) = *waiting.take().expect(POLLED_AFTER_READY);
+                    let after = after_of(&limiter, after);
+                    decided(settled, pending, limiter.style(), after)
                 }
                 StateProj::Delaying { sleep, pending } => {
                     ready!(sleep.as_mut().poll(cx));
                     slot_came(*pending.take().expect(POLLED_AFTER_READY))
                 }
-                StateProj::Calling { future, with } => {
-                    let mut response = ready!(future.poll(cx))?;
-                    let (held, after) = (with.held.take(), std::mem::take(this.after));
-                    let limiter = this.limiter.as_deref();
-                    match charge_after(&mut response, with.headers.take(), limiter, after) {
-                        None => return Poll::Ready(Ok(body::<M, _>(response, held))),
-                        Some(adjust) => adjusting(adjust, response, held),
-                    }
-                }
-                StateProj::Adjusting { adjust, done } => {
-                    adjusted(ready!(adjust.poll(cx)));
-                    let (response, held) = done.take().expect(POLLED_AFTER_READY);
+                StateProj::Adjusting { adjust } => {
+                    adjusted(ready!(Pin::new(&mut adjust.0).poll(cx)));
+                    let (response, held) = adjust.1.take().expect(POLLED_AFTER_READY);
                     return Poll::Ready(Ok(body::<M, _>(response, held)));
                 }
                 StateProj::Ready { response } => {
@@ -352,45 +373,23 @@ where
                     return Poll::Ready(Ok(response.map(M::full)));
                 }
             };
-            this.state.set(next);
+            state.set(next);
         }
     }
 }
 
-/// The response waits for the charges after it.
-fn adjusting<S, ReqB, F, C, R>(
-    adjust: C,
-    response: R,
-    held: Option<HeldSlots>,
-) -> State<S, ReqB, F, C, R> {
-    State::Adjusting {
-        adjust,
-        done: Some((response, held)),
-    }
+/// Starts the charges and refunds that the response's status decides, if any.
+fn charge<St: Store, B>(
+    (limiter, charges): (Arc<Limiter<St>>, Charges),
+    response: &Response<B>,
+) -> Option<<St as Sealed>::Future> {
+    limiter.after_response(charges, response.status())
 }
 
 /// The charges after the response are made, or failed (then logged: the response goes on).
 fn adjusted(result: Result<Decision, StoreError>) {
     if let Err(error) = result {
         tracing::warn!(%error, "rate-limit charge or refund after the response failed");
-    }
-}
-
-/// Adds `headers` to the inner service's response, and starts the charges and refunds
-/// `after` makes for its status, if any.
-#[inline]
-fn charge_after<St: Store, B>(
-    response: &mut Response<B>,
-    headers: Option<RateLimitHeaders>,
-    limiter: Option<&Limiter<St>>,
-    after: Charges,
-) -> Option<<St as Sealed>::Future> {
-    if let Some(headers) = headers {
-        headers.apply(response.headers_mut());
-    }
-    match limiter {
-        Some(limiter) if !after.is_empty() => limiter.after_response(after, response.status()),
-        _ => None,
     }
 }
 

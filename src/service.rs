@@ -94,8 +94,12 @@ where
             Begin::Unlimited => ResponseFuture::unlimited(self.inner.call(request)),
             // The common case, with the request moved as little as it can be.
             Begin::Settled(Settled::Call(headers, decision, held), after) => {
-                let call = (headers, decision, held);
-                ResponseFuture::called(&self.limiter, call, after, request, &mut self.inner)
+                let mut request = request;
+                if let Some(decision) = decision {
+                    request.extensions_mut().insert(decision);
+                }
+                let future = self.inner.call(request);
+                ResponseFuture::called(&self.limiter, headers, held, after, future)
             }
             Begin::Settled(settled, after) => {
                 ResponseFuture::settled(&self.limiter, settled, after, request, &mut self.inner)

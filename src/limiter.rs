@@ -38,7 +38,7 @@ use crate::grpc::ResponseStyle;
 use crate::headers::{HeaderConfig, HeaderStyle, RateLimitHeaders};
 use crate::key::{Key, KeyExtractor, RequestRef};
 use crate::lease::{self, Asking, LeaseWait, Leases};
-use crate::policy::{CompiledPolicy, CostFn, Part, Policy, PolicySet, RequestFn, StatusFn, Tier};
+use crate::policy::{CompiledPolicy, CostFn, Policy, PolicySet, RequestFn, StatusFn, Tier};
 use crate::reload::TierSummary;
 use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Permit};
 use crate::response::Responses;
@@ -326,16 +326,65 @@ impl<St: Store> Limiter<St> {
     }
 
     /// Plans `request` and, where it can, decides it at once (steps 1 and 2).
+    #[inline]
     pub(crate) fn begin(&self, request: &RequestRef<'_>) -> Begin<St::Future> {
         if self.exempt.as_ref().is_some_and(|f| f(request)) {
             return Begin::Unlimited;
         }
-        // Plan.
+        let policies = self.policies.load();
+        if let [policy] = &policies[..]
+            && self.alone(policy)
+        {
+            return self.begin_alone(policy, request, &policies);
+        }
+        self.plan(request, &policies)
+    }
+
+    /// Whether the requests of `policy`, the only one, are decided alone: on the borrowed
+    /// tier and key, by a store that can (the memory store), with nothing else to say (no
+    /// charge after the response, no lease, no reserved or held slot, no deny cache or
+    /// fallback). Read once a request, before anything is planned.
+    #[inline(always)]
+    fn alone(&self, policy: &CompiledPolicy) -> bool {
+        St::DECIDES_ALONE
+            && policy.up_front()
+            && self.plain()
+            && self.leases().is_none()
+            && !self.waits()
+            && !self.holds()
+    }
+
+    /// The request of one policy decided alone (see [`alone`](Self::alone)): no check or
+    /// ticket is made, no tier or key is cloned.
+    #[inline(always)]
+    fn begin_alone(
+        &self,
+        policy: &CompiledPolicy,
+        request: &RequestRef<'_>,
+        policies: &[CompiledPolicy],
+    ) -> Begin<St::Future> {
+        if !policy.applies(request) {
+            return Begin::Unlimited;
+        }
+        let key = match policy.key(request) {
+            Ok(key) => key,
+            Err(rejection) => return self.key_rejected(policy, &rejection),
+        };
+        let tier = policy.tier(policy.tier_index(request, &key));
+        let cost = policy.cost(request);
+        match self.store.decide_enforced(tier, &key, cost) {
+            Some(verdict) => self.decided_alone(tier, &key, cost, verdict),
+            // A store that says it decides alone always does; were it not to, the general way.
+            None => self.plan(request, policies),
+        }
+    }
+
+    /// Plans `request` against every policy that applies, and decides it (the general way).
+    fn plan(&self, request: &RequestRef<'_>, policies: &[CompiledPolicy]) -> Begin<St::Future> {
         let mut checks = Checks::new();
         let mut fallback = self.fallback.as_ref().map(|_| Checks::new());
         let mut after = Charges::new();
-        let policies = self.policies.load();
-        for policy in policies.iter() {
+        for policy in policies {
             if !policy.applies(request) {
                 continue;
             }
@@ -346,11 +395,6 @@ impl<St: Store> Limiter<St> {
             let index = policy.tier_index(request, &key);
             let tier = policy.tier(index);
             let cost = policy.cost(request);
-            if policies.len() == 1
-                && let Some(begin) = self.decide_alone(policy, tier, &key, cost)
-            {
-                return begin;
-            }
             let op = Op::of(tier.part());
             for (when, charge) in [
                 (tier.charge_if(), Op::Enforce),
@@ -404,32 +448,22 @@ impl<St: Store> Limiter<St> {
         ))
     }
 
-    /// The request of one policy, decided on its borrowed tier and key where the store can (the
-    /// memory store) and nothing else has a say: no charge after the response, no lease, no
-    /// reserved or held slot, no deny cache or fallback. No check or ticket is made,
-    /// no tier or key is cloned. `None`: the request goes the general way.
+    /// The verdict of a request decided alone: the headers of an admitted request made from
+    /// it directly where nothing else reads it, else its `Decision` settled the general way.
     #[inline(always)]
-    fn decide_alone(
+    fn decided_alone(
         &self,
-        policy: &CompiledPolicy,
         tier: &Arc<Tier>,
         key: &Key,
         cost: u64,
-    ) -> Option<Begin<St::Future>> {
-        if !(self.plain() && matches!(tier.part(), Part::Enforce) && policy.refund_if().is_none())
-            || self.leases().is_some()
-            || self.waits()
-            || self.holds()
-        {
-            return None;
-        }
-        let verdict = self.store.decide_enforced(tier, key, cost)?;
+        verdict: Verdict,
+    ) -> Begin<St::Future> {
         if verdict.allowed
             && !self.decision_extension
             && !self.headers.writes_ietf()
             && !spans_enabled()
         {
-            return Some(self.admitted_alone(tier, &verdict));
+            return self.admitted_alone(tier, &verdict);
         }
         let span = decision_span();
         let _entered = span.enter();
@@ -441,7 +475,7 @@ impl<St: Store> Limiter<St> {
             .needs_keys()
             .then(|| vec![(tier.id(), key.clone(), cost)]);
         let (settled, after) = self.finish(decision, Charges::new(), keys.as_deref(), false, &span);
-        Some(Begin::Settled(settled, after))
+        Begin::Settled(settled, after)
     }
 
     /// A request its one policy admitted when nothing reads the decision but the

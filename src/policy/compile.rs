@@ -356,7 +356,12 @@ impl Prepared<'_> {
             .iter()
             .map(|(k, t)| (k.clone(), tier_names[t]))
             .collect();
+        let up_front = p.refund_if.is_none()
+            && tiers
+                .iter()
+                .all(|t| matches!(t.get().part(), Part::Enforce));
         CompiledPolicy {
+            up_front,
             tiers,
             fallback,
             tier_names,

@@ -24,6 +24,8 @@ pub(crate) struct CompiledPolicy {
     pub(super) refund_if: Option<StatusFn>,
     pub(super) routes: Vec<Route>,
     pub(super) exempt: Option<RequestFn>,
+    /// Every tier decided and charged up front, nothing given back after the response.
+    pub(super) up_front: bool,
 }
 
 impl fmt::Debug for CompiledPolicy {
@@ -105,6 +107,14 @@ impl CompiledPolicy {
     /// The units `request` costs.
     pub(crate) fn cost(&self, request: &RequestRef<'_>) -> u64 {
         self.cost.as_ref().map_or(1, |f| u64::from(f(request)))
+    }
+
+    /// Whether every tier is decided and charged up front
+    /// ([`Part::Enforce`](super::tier::Part::Enforce)) and nothing is given back after the
+    /// response: a request of this policy alone needs nothing but its decision.
+    #[inline]
+    pub(crate) fn up_front(&self) -> bool {
+        self.up_front
     }
 
     /// Give the cost back after responses whose status matches.

@@ -73,6 +73,11 @@ pub(crate) mod private {
             None
         }
 
+        /// Whether [`decide_enforced`](Self::decide_enforced) decides (the memory store): the
+        /// engine then plans a request of one policy that nothing else has a say in for it
+        /// alone.
+        const DECIDES_ALONE: bool = false;
+
         /// Decides one enforced policy on `key` at once, on borrowed values, if the store can
         /// (the memory store): the verdict, from which the caller builds an outcome only when
         /// something reads it.

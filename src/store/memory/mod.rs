@@ -288,6 +288,8 @@ impl MemoryStore {
 impl private::Sealed for MemoryStore {
     type Future = std::future::Ready<Result<Decision, StoreError>>;
 
+    const DECIDES_ALONE: bool = true;
+
     fn check(&self, checks: Checks) -> Self::Future {
         std::future::ready(Ok(self.decide(&checks)))
     }

@@ -45,17 +45,20 @@ impl CompiledPolicy {
     }
 
     /// Whether the policy applies to `request` (its routes match and it is not exempt).
+    #[inline]
     pub(crate) fn applies(&self, request: &RequestRef<'_>) -> bool {
         (self.routes.is_empty() || self.routes.iter().any(|r| r.matches(request)))
             && !self.exempt.as_ref().is_some_and(|f| f(request))
     }
 
     /// The key `request` is charged to.
+    #[inline]
     pub(crate) fn key(&self, request: &RequestRef<'_>) -> Result<Key, KeyRejection> {
         self.key.extract(request)
     }
 
     /// The index of the tier for this request and key.
+    #[inline]
     pub(crate) fn tier_index(&self, request: &RequestRef<'_>, key: &Key) -> usize {
         if self.tiers.len() == 1 {
             return 0;
@@ -95,6 +98,7 @@ impl CompiledPolicy {
     }
 
     /// The tier at `index`.
+    #[inline]
     pub(crate) fn tier(&self, index: usize) -> &Arc<Tier> {
         self.tiers[index].get()
     }
@@ -105,6 +109,7 @@ impl CompiledPolicy {
     }
 
     /// The units `request` costs.
+    #[inline]
     pub(crate) fn cost(&self, request: &RequestRef<'_>) -> u64 {
         self.cost.as_ref().map_or(1, |f| u64::from(f(request)))
     }

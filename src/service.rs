@@ -88,13 +88,12 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<ReqB>) -> Self::Future {
+    fn call(&mut self, mut request: Request<ReqB>) -> Self::Future {
         let begin = self.limiter.begin(&RequestRef::new(&request));
         match begin {
             Begin::Unlimited => ResponseFuture::unlimited(self.inner.call(request)),
             // The common case, with the request moved as little as it can be.
             Begin::Settled(Settled::Call(headers, decision, held), after) => {
-                let mut request = request;
                 if let Some(decision) = decision {
                     request.extensions_mut().insert(decision);
                 }

@@ -179,6 +179,69 @@ fn eight_threads_on_one_hot_key_admit_exactly_the_limit_every_round() {
     }
 }
 
+#[test]
+fn eight_threads_through_the_layer_on_one_hot_key_admit_exactly_the_limit() {
+    // The layer's own fast path: one policy, nothing reading a `Decision` (no extension, legacy
+    // headers only), so each request is decided alone on the borrowed tier and key and its
+    // headers are made from the verdict. 8 threads x 10,000 requests race on one key through
+    // the service, the clock still: exactly the limit is admitted, each admitted response
+    // shows its own remaining count, and every denied one shows 0.
+    const THREADS: usize = 8;
+    const EACH: usize = 10_000;
+    const LIMIT: u64 = 5_000;
+    for alg in Algorithm::ALL {
+        let rounds = if alg == Algorithm::Gcra { 3 } else { 1 };
+        for round in 0..rounds {
+            let layer = RateLimitLayer::builder()
+                .policy(Policy::new(alg, "5000/h"))
+                .key(GlobalKey)
+                .decision_extension(false)
+                .store(MemoryStore::with_clock(ManualClock::new()))
+                .build()
+                .unwrap();
+            let svc = wrap(layer, Arc::default());
+            let start = std::sync::Barrier::new(THREADS);
+            let mut remaining: Vec<u64> = std::thread::scope(|s| {
+                let workers: Vec<_> = (0..THREADS)
+                    .map(|_| {
+                        let mut svc = svc.clone();
+                        let start = &start;
+                        s.spawn(move || {
+                            start.wait();
+                            let mut admitted = Vec::new();
+                            for _ in 0..EACH {
+                                let r = ready(svc.call(Request::new(()))).unwrap();
+                                let left = num(&r, X_RATELIMIT_REMAINING).unwrap();
+                                match r.status() {
+                                    StatusCode::OK => admitted.push(left),
+                                    StatusCode::TOO_MANY_REQUESTS => assert_eq!(left, 0),
+                                    status => panic!("unexpected {status}"),
+                                }
+                            }
+                            admitted
+                        })
+                    })
+                    .collect();
+                workers
+                    .into_iter()
+                    .flat_map(|w| w.join().unwrap())
+                    .collect()
+            });
+            assert_eq!(
+                remaining.len() as u64,
+                LIMIT,
+                "{alg} round {round}: admitted"
+            );
+            remaining.sort_unstable();
+            assert_eq!(
+                remaining,
+                (0..LIMIT).collect::<Vec<_>>(),
+                "{alg} round {round}: remaining values"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 8)]
 async fn concurrent_requests_under_two_policies_are_all_or_nothing() {
     // A global limit of 100 and 5 per key; 50 keys send 20 requests each. Each key can get at

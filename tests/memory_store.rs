@@ -127,15 +127,42 @@ fn ready<F: std::future::Future>(f: F) -> F::Output {
     }
 }
 
+/// The threads of the stress tests, the requests each makes, and the limit they race for.
+const THREADS: usize = 8;
+const EACH: usize = 10_000;
+const LIMIT: u64 = 5_000;
+
+/// [`THREADS`] threads released together each make [`EACH`] requests with `request` (which
+/// gives the remaining count of an admitted request, `None` for a denied one); asserts that
+/// exactly [`LIMIT`] were admitted, each with its own remaining count.
+fn race_admits_exactly_the_limit<F: Fn() -> Option<u64> + Sync>(request: F, what: &str) {
+    let start = std::sync::Barrier::new(THREADS);
+    let mut remaining: Vec<u64> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..THREADS)
+            .map(|_| {
+                s.spawn(|| {
+                    start.wait();
+                    (0..EACH).filter_map(|_| request()).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
+    });
+    assert_eq!(remaining.len() as u64, LIMIT, "{what}: admitted");
+    remaining.sort_unstable();
+    let each_once = (0..LIMIT).collect::<Vec<_>>();
+    assert_eq!(remaining, each_once, "{what}: remaining values");
+}
+
 #[test]
 fn eight_threads_on_one_hot_key_admit_exactly_the_limit_every_round() {
     // GCRA's state is packed and decided by compare-and-swap under the shard's shared lock;
     // the others take the exclusive lock. 8 threads x 10,000 requests race on one key, the
     // clock still: exactly the limit is admitted, each admitted request saw its own count, and
     // a new key each round starts with the threads racing to insert it.
-    const THREADS: usize = 8;
-    const EACH: usize = 10_000;
-    const LIMIT: u64 = 5_000;
     for alg in Algorithm::ALL {
         let rounds = if alg == Algorithm::Gcra { 10 } else { 2 };
         let layer = RateLimitLayer::builder()
@@ -145,36 +172,13 @@ fn eight_threads_on_one_hot_key_admit_exactly_the_limit_every_round() {
             .unwrap();
         for round in 0..rounds {
             let key = Key::from(round);
-            let start = std::sync::Barrier::new(THREADS);
-            let mut remaining: Vec<u64> = std::thread::scope(|s| {
-                let workers: Vec<_> = (0..THREADS)
-                    .map(|_| {
-                        s.spawn(|| {
-                            start.wait();
-                            (0..EACH)
-                                .map(|_| ready(layer.check(&key, 1)).unwrap())
-                                .filter(Decision::is_allowed)
-                                .map(|d| d.binding().remaining())
-                                .collect::<Vec<_>>()
-                        })
-                    })
-                    .collect();
-                workers
-                    .into_iter()
-                    .flat_map(|w| w.join().unwrap())
-                    .collect()
-            });
-            assert_eq!(
-                remaining.len() as u64,
-                LIMIT,
-                "{alg} round {round}: admitted"
-            );
-            remaining.sort_unstable();
-            assert_eq!(
-                remaining,
-                (0..LIMIT).collect::<Vec<_>>(),
-                "{alg} round {round}: remaining values"
-            );
+            let check = || {
+                let decision = ready(layer.check(&key, 1)).unwrap();
+                decision
+                    .is_allowed()
+                    .then(|| decision.binding().remaining())
+            };
+            race_admits_exactly_the_limit(check, &format!("{alg} round {round}"));
         }
     }
 }
@@ -186,9 +190,6 @@ fn eight_threads_through_the_layer_on_one_hot_key_admit_exactly_the_limit() {
     // headers are made from the verdict. 8 threads x 10,000 requests race on one key through
     // the service, the clock still: exactly the limit is admitted, each admitted response
     // shows its own remaining count, and every denied one shows 0.
-    const THREADS: usize = 8;
-    const EACH: usize = 10_000;
-    const LIMIT: u64 = 5_000;
     for alg in Algorithm::ALL {
         let rounds = if alg == Algorithm::Gcra { 3 } else { 1 };
         for round in 0..rounds {
@@ -200,44 +201,19 @@ fn eight_threads_through_the_layer_on_one_hot_key_admit_exactly_the_limit() {
                 .build()
                 .unwrap();
             let svc = wrap(layer, Arc::default());
-            let start = std::sync::Barrier::new(THREADS);
-            let mut remaining: Vec<u64> = std::thread::scope(|s| {
-                let workers: Vec<_> = (0..THREADS)
-                    .map(|_| {
-                        let mut svc = svc.clone();
-                        let start = &start;
-                        s.spawn(move || {
-                            start.wait();
-                            let mut admitted = Vec::new();
-                            for _ in 0..EACH {
-                                let r = ready(svc.call(Request::new(()))).unwrap();
-                                let left = num(&r, X_RATELIMIT_REMAINING).unwrap();
-                                match r.status() {
-                                    StatusCode::OK => admitted.push(left),
-                                    StatusCode::TOO_MANY_REQUESTS => assert_eq!(left, 0),
-                                    status => panic!("unexpected {status}"),
-                                }
-                            }
-                            admitted
-                        })
-                    })
-                    .collect();
-                workers
-                    .into_iter()
-                    .flat_map(|w| w.join().unwrap())
-                    .collect()
-            });
-            assert_eq!(
-                remaining.len() as u64,
-                LIMIT,
-                "{alg} round {round}: admitted"
-            );
-            remaining.sort_unstable();
-            assert_eq!(
-                remaining,
-                (0..LIMIT).collect::<Vec<_>>(),
-                "{alg} round {round}: remaining values"
-            );
+            let request = || {
+                let r = ready(svc.clone().call(Request::new(()))).unwrap();
+                let left = num(&r, X_RATELIMIT_REMAINING).unwrap();
+                match r.status() {
+                    StatusCode::OK => Some(left),
+                    StatusCode::TOO_MANY_REQUESTS => {
+                        assert_eq!(left, 0, "a denied request shows none left");
+                        None
+                    }
+                    status => panic!("unexpected {status}"),
+                }
+            };
+            race_admits_exactly_the_limit(request, &format!("{alg} round {round}"));
         }
     }
 }

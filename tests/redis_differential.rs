@@ -9,7 +9,7 @@ use std::time::Duration;
 use support::{RedisServer, Rng, assert_no_key_without_ttl};
 use tower_ratelimit::key::Key;
 use tower_ratelimit::{
-    Algorithm, Decision, ManualClock, MemoryStore, Policy, Quota, RateLimitLayer, Store,
+    Algorithm, Decision, ManualClock, MemoryStore, Policy, Quota, RateLimitLayer, RedisStore, Store,
 };
 
 fn summary(d: &Decision) -> Vec<(bool, u64, Duration, Option<Duration>)> {
@@ -113,14 +113,35 @@ fn traced(seed: u64) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lua_twins_match_the_rust_algorithms() {
+    twins_match(true, 200).await;
+}
+
+/// The same, with the decision sent as a script (`EVALSHA`), as on a Redis without functions
+/// (before 7.0, or an ACL without `FUNCTION`): the same code, loaded and called the other way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lua_twins_match_the_rust_algorithms_through_evalsha() {
+    twins_match(false, 50).await;
+}
+
+/// Random sequences of decisions and administrative operations, `sequences_per_algorithm` for
+/// each algorithm, on both stores: the Redis store deciding with `FCALL` (`functions`) or with
+/// `EVALSHA`.
+async fn twins_match(functions: bool, sequences_per_algorithm: u64) {
     let server = RedisServer::start();
     let clock = ManualClock::new();
-    let redis = server.store("diff:", &clock).await;
+    let redis = RedisStore::builder(&server.url())
+        .deadline(Duration::from_secs(10))
+        .prefix("diff:")
+        .clock(clock.clone())
+        .functions(functions)
+        .build()
+        .await
+        .expect("connect to the test redis-server");
+    assert_eq!(redis.uses_functions(), functions);
     let mut con = redis::Client::open(server.url())
         .unwrap()
         .get_connection()
         .unwrap();
-    let sequences_per_algorithm = 200;
     let mut decisions = 0;
     for algorithm in Algorithm::ALL {
         for seq in 0..sequences_per_algorithm {
@@ -201,6 +222,13 @@ async fn lua_twins_match_the_rust_algorithms() {
     }
     assert_eq!(decisions, 6 * sequences_per_algorithm as usize * 30);
     assert_no_key_without_ttl(&server, "diff:");
+    // Every decision went the way asked.
+    let stats = server.cli(&["INFO", "commandstats"]);
+    let (used, unused) = match functions {
+        true => ("cmdstat_fcall:", "cmdstat_evalsha:"),
+        false => ("cmdstat_evalsha:", "cmdstat_fcall:"),
+    };
+    assert!(stats.contains(used) && !stats.contains(unused), "{stats}");
 }
 
 /// Reloads, converted by the twins: both stores run the same requests while the policy is

@@ -378,12 +378,30 @@ async fn unreachable_redis_is_a_clear_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decisions_resume_after_a_restart() {
+    resume_after_a_restart(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_through_evalsha_resume_after_a_restart() {
+    resume_after_a_restart(false).await;
+}
+
+/// redis-server restarts (without persistence: the function or script is gone with it).
+async fn resume_after_a_restart(functions: bool) {
     let mut server = RedisServer::start();
-    let s = store(&server, "restart:", None).await;
+    let s = RedisStore::builder(&server.url())
+        .deadline(std::time::Duration::from_secs(10))
+        .prefix("restart:")
+        .functions(functions)
+        .build()
+        .await
+        .expect("connect to the test redis-server");
+    assert_eq!(s.uses_functions(), functions);
     let layer = layer_on(s, Policy::gcra("100/s").name("g"));
     assert!(layer.check(&Key::from("a"), 1).await.is_ok());
     server.restart();
-    // The connection reconnects and the script is reloaded (NOSCRIPT) on its own.
+    // The connection reconnects and the function or script is loaded again ("Function not
+    // found" or NOSCRIPT) on its own.
     let mut ok = false;
     for _ in 0..50 {
         if layer.check(&Key::from("a"), 1).await.is_ok() {
@@ -394,6 +412,13 @@ async fn decisions_resume_after_a_restart() {
     }
     assert!(ok, "decisions resume after redis-server restarts");
     assert_no_key_without_ttl(&server, "restart:");
+    // The restarted server saw only calls of the kind asked for.
+    let stats = server.cli(&["INFO", "commandstats"]);
+    let (used, unused) = match functions {
+        true => ("cmdstat_fcall:", "cmdstat_evalsha:"),
+        false => ("cmdstat_evalsha:", "cmdstat_fcall:"),
+    };
+    assert!(stats.contains(used) && !stats.contains(unused), "{stats}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -317,6 +317,16 @@
 //! | `redis` | yes | the Redis store: standalone Redis and Redis Cluster |
 //! | `serde` | with `toml` | `config::Limits`: policies from any serde format |
 //! | `toml` | yes | `config::Limits::from_toml`: a TOML file whose mistakes are reported at their line |
+//!
+//! # Supported servers and Rust
+//!
+//! The Redis store runs on Redis 7.0 and later and on Valkey, deciding with `FCALL` of a
+//! library it loads, and on Redis 6.2 (or under an ACL that denies `FUNCTION`, or when
+//! [`RedisStoreBuilder::functions`](crate::RedisStoreBuilder::functions) says so) with
+//! `EVALSHA` of the same code; on Redis Cluster and behind Redis Sentinel. Versions of Redis
+//! before 6.2 are not tested.
+//!
+//! The minimum supported Rust version is 1.88.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -167,6 +167,7 @@ fn toml_error(text: &str, e: &toml::de::Error) -> ConfigError {
 /// | `"header:<name>"` | the value of a request header ([`HeaderKey`]), gRPC metadata included |
 /// | `"grpc_method"` | the full gRPC method name, `/package.Service/Method` ([`GrpcMethod`]) |
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum KeySpec {
     /// `"ip"`.
     Ip,

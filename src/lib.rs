@@ -327,6 +327,24 @@
 //! before 6.2 are not tested.
 //!
 //! The minimum supported Rust version is 1.88.
+//!
+//! # Other crates' types in this API
+//!
+//! These crates' types appear in public signatures, so a major version of one of them is a
+//! major version of this crate:
+//!
+//! | crate | version | where |
+//! |---|---|---|
+//! | `http` | 1 | requests and responses of [`RateLimit`]; [`RequestRef`](key::RequestRef)'s `Method`, `Uri` and `HeaderMap`; `HeaderName` of the header keys; `StatusCode` of [`KeyRejection`] and the 429's |
+//! | `http-body` | 1 | [`ResponseBody`] is an `http_body::Body` |
+//! | `bytes` | 1 | `Bytes` of [`Key`](key::Key) and [`MakeBody::full`] |
+//! | `tower-service`, `tower-layer` | 0.3 | [`RateLimit`] is a `Service`, [`RateLimitLayer`] a `Layer` |
+//! | `axum` | 0.8 (feature `axum`) | [`AxumBody`](crate::axum::AxumBody); [`Decision`] as an extractor |
+//!
+//! The Redis client (`redis`, `deadpool-redis`), `metrics`, `tracing` and `serde` are used
+//! inside only: the Redis store takes URLs, metrics and spans are named by strings, and
+//! configuration is read from text. Enums and structs that will grow (error kinds, header
+//! styles, key specifications, reports) are `#[non_exhaustive]`.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -374,6 +374,7 @@ pub mod response;
 pub mod grpc;
 pub mod telemetry;
 pub mod top;
+pub mod guide;
 mod resilience;
 mod service;
 mod deciding;

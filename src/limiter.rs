@@ -737,7 +737,7 @@ impl<St: Store> Limiter<St> {
 
     /// Whether nothing stands between a request and the store but its policies (no deny
     /// cache or local fallback): a request of one policy may then be decided on its borrowed
-    /// tier and key (see [`Limiter::decide_alone`]). The breaker does not count: a store
+    /// tier and key (see [`Limiter::begin_alone`]). The breaker does not count: a store
     /// that decides at once never fails, so it never opens one.
     fn plain(&self) -> bool {
         self.deny_cache.is_none() && self.fallback.is_none()

@@ -1,4 +1,4 @@
-//! Policies from a TOML file (feature `serde`): the README's example builds the layer it
+//! Policies from a TOML file (feature `serde`): the reload guide's example builds the layer it
 //! describes, mistakes are reported at their line with the field, and a changed file reloads
 //! a running layer keeping every key's usage.
 #![cfg(feature = "toml")]
@@ -12,7 +12,7 @@ use tower_ratelimit::config::Limits;
 use tower_ratelimit::key::Key;
 use tower_ratelimit::{ManualClock, MemoryStore, RateLimitLayer};
 
-/// The README's example file.
+/// The reload guide's example file.
 const EXAMPLE: &str = include_str!("../examples/limits.toml");
 
 fn read(text: &str) -> Result<Limits, String> {
@@ -33,12 +33,12 @@ fn the_readme_example_reads_and_builds() {
 }
 
 #[test]
-fn the_readme_shows_the_example_file() {
-    let readme = include_str!("../README.md");
+fn the_reload_guide_shows_the_example_file() {
+    let guide = include_str!("../src/guide/reload.md");
     let body = EXAMPLE.split_once("\n\n").map(|(_, rest)| rest).unwrap();
     assert!(
-        readme.contains(body),
-        "README.md shows examples/limits.toml"
+        guide.contains(body),
+        "the reload guide shows examples/limits.toml"
     );
 }
 

@@ -546,12 +546,12 @@ fn the_catalogue_lists_exactly_the_metrics_the_source_emits() {
     let listed: std::collections::BTreeSet<String> =
         METRICS.iter().map(|m| m.name.to_owned()).collect();
     assert_eq!(used, listed);
-    // And the README's table has a row for each.
-    let readme = read("README.md");
+    // And the production guide's table has a row for each.
+    let guide = read("src/guide/production.md");
     for m in METRICS {
         assert!(
-            readme.contains(&format!("| `{}` |", m.name)),
-            "README: {}",
+            guide.contains(&format!("| `{}` |", m.name)),
+            "the production guide: {}",
             m.name
         );
     }

@@ -1,0 +1,43 @@
+//! Guides: how to do each thing the crate does, with examples that run as tests.
+//!
+//! The crate's front page teaches the concepts (policies, keys, stores, what happens when the
+//! store fails); these pages go through one task each.
+//!
+//! | guide | what it shows |
+//! |---|---|
+//! | [`policies`] | several limits in one layer: per route, per plan, failed logins only; the IETF `RateLimit` fields |
+//! | [`keys`] | whom a request is charged to: peer IP, client IP behind proxies, API keys, your own |
+//! | [`waits`] | a request just over the limit waiting for its slot instead of a 429 |
+//! | [`concurrency`] | how many requests may be in flight at once |
+//! | [`reload`] | limits from a TOML file, changed while running |
+//! | [`redis`] | one limit shared by several instances: Redis, Redis Cluster, Sentinel |
+//! | [`grpc`] | a tonic server, answered with gRPC statuses |
+//! | [`production`] | deadlines and failure policies, leases, the circuit breaker, the deny cache, metrics, the top limited keys |
+//! | [`performance`] | what a decision costs, in memory and in Redis, against the crates and scripts it is compared with |
+
+#[doc = include_str!("policies.md")]
+pub mod policies {}
+
+#[doc = include_str!("keys.md")]
+pub mod keys {}
+
+#[doc = include_str!("waits.md")]
+pub mod waits {}
+
+#[doc = include_str!("concurrency.md")]
+pub mod concurrency {}
+
+#[doc = include_str!("reload.md")]
+pub mod reload {}
+
+#[doc = include_str!("redis.md")]
+pub mod redis {}
+
+#[doc = include_str!("grpc.md")]
+pub mod grpc {}
+
+#[doc = include_str!("production.md")]
+pub mod production {}
+
+#[doc = include_str!("performance.md")]
+pub mod performance {}

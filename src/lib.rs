@@ -22,6 +22,10 @@
 //! returning every mistake in configuration read at run time as a [`ConfigError`] from
 //! [`build`](RateLimitLayerBuilder::build).
 //!
+//! This page teaches the concepts; the [`guide`] goes through each task (several limits, keys,
+//! waits, concurrency limits, reload, Redis, gRPC, production, performance) with examples that
+//! run.
+//!
 //! # Concepts
 //!
 //! * A [`Quota`] is a rate: `limit` units per `window` (`"10/s"`, `"100/min"`, `"20/10s"`),

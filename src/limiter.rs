@@ -29,23 +29,23 @@ use tracing::Span;
 use bytes::Bytes;
 use http::{Response, StatusCode};
 
-use crate::algorithm::Verdict;
 use crate::body::HeldSlots;
 use crate::clock::Clock;
 use crate::decision::{Decision, PolicyOutcome};
 use crate::error::{ConfigError, FailurePolicy, KeyRejection, StoreError, StoreErrorKind};
 use crate::grpc::ResponseStyle;
-use crate::headers::{HeaderConfig, HeaderStyle, RateLimitHeaders};
+use crate::headers::{HeaderConfig, RateLimitHeaders};
 use crate::key::{Key, KeyExtractor, RequestRef};
 use crate::lease::{self, Asking, LeaseWait, Leases};
-use crate::policy::{CompiledPolicy, CostFn, Policy, PolicySet, RequestFn, StatusFn, Tier};
+use crate::policy::{CompiledPolicy, CostFn, Policy, PolicySet, RequestFn, StatusFn};
 use crate::reload::TierSummary;
 use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Permit};
 use crate::response::Responses;
 use crate::store::{Check, Checks, MemoryStore, Op, Store};
-use crate::telemetry::{decision_span, record_outcome, spans_enabled, traced};
+use crate::telemetry::{decision_span, record_outcome, traced};
 use crate::top::{TopLimited, Tracker};
 
+mod alone;
 mod admin;
 mod policies;
 mod slots;
@@ -340,45 +340,6 @@ impl<St: Store> Limiter<St> {
         self.plan(request, &policies)
     }
 
-    /// Whether the requests of `policy`, the only one, are decided alone: on the borrowed
-    /// tier and key, by a store that can (the memory store), with nothing else to say (no
-    /// charge after the response, no lease, no reserved or held slot, no deny cache or
-    /// fallback). Read once a request, before anything is planned.
-    #[inline(always)]
-    fn alone(&self, policy: &CompiledPolicy) -> bool {
-        St::DECIDES_ALONE
-            && policy.up_front()
-            && self.plain()
-            && self.leases().is_none()
-            && !self.waits()
-            && !self.holds()
-    }
-
-    /// The request of one policy decided alone (see [`alone`](Self::alone)): no check or
-    /// ticket is made, no tier or key is cloned.
-    #[inline(always)]
-    fn begin_alone(
-        &self,
-        policy: &CompiledPolicy,
-        request: &RequestRef<'_>,
-        policies: &[CompiledPolicy],
-    ) -> Begin<St::Future> {
-        if !policy.applies(request) {
-            return Begin::Unlimited;
-        }
-        let key = match policy.key(request) {
-            Ok(key) => key,
-            Err(rejection) => return self.key_rejected(policy, &rejection),
-        };
-        let tier = policy.tier(policy.tier_index(request, &key));
-        let cost = policy.cost(request);
-        match self.store.decide_enforced(tier, &key, cost) {
-            Some(verdict) => self.decided_alone(tier, &key, cost, verdict),
-            // A store that says it decides alone always does; were it not to, the general way.
-            None => self.plan(request, policies),
-        }
-    }
-
     /// Plans `request` against every policy that applies, and decides it (the general way).
     fn plan(&self, request: &RequestRef<'_>, policies: &[CompiledPolicy]) -> Begin<St::Future> {
         let mut checks = Checks::new();
@@ -446,55 +407,6 @@ impl<St: Store> Limiter<St> {
             self.limited(decision, &headers),
             Charges::new(),
         ))
-    }
-
-    /// The verdict of a request decided alone: the headers of an admitted request made from
-    /// it directly where nothing else reads it, else its `Decision` settled the general way.
-    #[inline(always)]
-    fn decided_alone(
-        &self,
-        tier: &Arc<Tier>,
-        key: &Key,
-        cost: u64,
-        verdict: Verdict,
-    ) -> Begin<St::Future> {
-        if verdict.allowed
-            && !self.decision_extension
-            && !self.headers.writes_ietf()
-            && !spans_enabled()
-        {
-            return self.admitted_alone(tier, &verdict);
-        }
-        let span = decision_span();
-        let _entered = span.enter();
-        traced(&span, |span| {
-            span.record("policies", tier.name());
-        });
-        let decision = Decision::one(PolicyOutcome::new(tier, false, verdict));
-        let keys = self
-            .needs_keys()
-            .then(|| vec![(tier.id(), key.clone(), cost)]);
-        let (settled, after) = self.finish(decision, Charges::new(), keys.as_deref(), false, &span);
-        Begin::Settled(settled, after)
-    }
-
-    /// A request its one policy admitted when nothing reads the decision but the
-    /// `X-RateLimit-*` headers (no extension, no IETF fields, no span): no `Decision` is made.
-    #[inline(always)]
-    fn admitted_alone(&self, tier: &Tier, verdict: &Verdict) -> Begin<St::Future> {
-        tier.count(true, false);
-        let headers = (self.headers.style != HeaderStyle::None).then(|| {
-            let now = || self.clock.now_micros();
-            let (remaining, reset) = (verdict.remaining, verdict.reset_after_us);
-            RateLimitHeaders::admitted_one(
-                &self.headers,
-                now,
-                tier.limit_header(),
-                remaining,
-                reset,
-            )
-        });
-        Begin::Settled(Settled::Call(headers, None, None), Charges::new())
     }
 
     /// The answer to a request whose key `policy` rejected.

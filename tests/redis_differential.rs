@@ -9,7 +9,7 @@ use std::time::Duration;
 use support::{RedisServer, Rng, assert_no_key_without_ttl};
 use tower_ratelimit::key::Key;
 use tower_ratelimit::{
-    Algorithm, Decision, ManualClock, MemoryStore, Policy, Quota, RateLimitLayer, RedisStore, Store,
+    Algorithm, Decision, ManualClock, MemoryStore, Policy, Quota, RateLimitLayer, Store,
 };
 
 fn summary(d: &Decision) -> Vec<(bool, u64, Duration, Option<Duration>)> {
@@ -129,15 +129,7 @@ async fn lua_twins_match_the_rust_algorithms_through_evalsha() {
 async fn twins_match(functions: bool, sequences_per_algorithm: u64) {
     let server = RedisServer::start();
     let clock = ManualClock::new();
-    let redis = RedisStore::builder(&server.url())
-        .deadline(Duration::from_secs(10))
-        .prefix("diff:")
-        .clock(clock.clone())
-        .functions(functions)
-        .build()
-        .await
-        .expect("connect to the test redis-server");
-    assert_eq!(redis.uses_functions(), functions);
+    let redis = server.store_calling("diff:", Some(&clock), functions).await;
     let mut con = redis::Client::open(server.url())
         .unwrap()
         .get_connection()
@@ -223,12 +215,7 @@ async fn twins_match(functions: bool, sequences_per_algorithm: u64) {
     assert_eq!(decisions, 6 * sequences_per_algorithm as usize * 30);
     assert_no_key_without_ttl(&server, "diff:");
     // Every decision went the way asked.
-    let stats = server.cli(&["INFO", "commandstats"]);
-    let (used, unused) = match functions {
-        true => ("cmdstat_fcall:", "cmdstat_evalsha:"),
-        false => ("cmdstat_evalsha:", "cmdstat_fcall:"),
-    };
-    assert!(stats.contains(used) && !stats.contains(unused), "{stats}");
+    server.assert_calls(functions);
 }
 
 /// Reloads, converted by the twins: both stores run the same requests while the policy is

@@ -201,15 +201,9 @@ async fn function_flush_loses_no_decision() {
 async fn flush_loses_no_decision(functions: bool) {
     let server = RedisServer::start();
     let clock = ManualClock::new();
-    let s = RedisStore::builder(&server.url())
-        .deadline(std::time::Duration::from_secs(10))
-        .prefix("flush:")
-        .clock(clock.clone())
-        .functions(functions)
-        .build()
-        .await
-        .expect("connect to the test redis-server");
-    assert_eq!(s.uses_functions(), functions);
+    let s = server
+        .store_calling("flush:", Some(&clock), functions)
+        .await;
     let flush = if functions { "FUNCTION" } else { "SCRIPT" };
     let layer = layer_on(s.clone(), Policy::fixed_window("1000/h").name("f"));
     // Between checks.
@@ -389,14 +383,7 @@ async fn decisions_through_evalsha_resume_after_a_restart() {
 /// redis-server restarts (without persistence: the function or script is gone with it).
 async fn resume_after_a_restart(functions: bool) {
     let mut server = RedisServer::start();
-    let s = RedisStore::builder(&server.url())
-        .deadline(std::time::Duration::from_secs(10))
-        .prefix("restart:")
-        .functions(functions)
-        .build()
-        .await
-        .expect("connect to the test redis-server");
-    assert_eq!(s.uses_functions(), functions);
+    let s = server.store_calling("restart:", None, functions).await;
     let layer = layer_on(s, Policy::gcra("100/s").name("g"));
     assert!(layer.check(&Key::from("a"), 1).await.is_ok());
     server.restart();
@@ -413,12 +400,7 @@ async fn resume_after_a_restart(functions: bool) {
     assert!(ok, "decisions resume after redis-server restarts");
     assert_no_key_without_ttl(&server, "restart:");
     // The restarted server saw only calls of the kind asked for.
-    let stats = server.cli(&["INFO", "commandstats"]);
-    let (used, unused) = match functions {
-        true => ("cmdstat_fcall:", "cmdstat_evalsha:"),
-        false => ("cmdstat_evalsha:", "cmdstat_fcall:"),
-    };
-    assert!(stats.contains(used) && !stats.contains(unused), "{stats}");
+    server.assert_calls(functions);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

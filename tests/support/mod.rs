@@ -466,4 +466,39 @@ impl RedisServer {
             .await
             .expect("connect to the test redis-server")
     }
+
+    /// A store on this server with keys under `prefix`, deciding on `clock` (else Redis's),
+    /// with `FCALL` when `functions` and with `EVALSHA` when not (checked), with a deadline no
+    /// loaded machine misses.
+    pub async fn store_calling(
+        &self,
+        prefix: &str,
+        clock: Option<&tower_ratelimit::ManualClock>,
+        functions: bool,
+    ) -> tower_ratelimit::RedisStore {
+        let mut builder = tower_ratelimit::RedisStore::builder(&self.url())
+            .deadline(Duration::from_secs(10))
+            .prefix(prefix)
+            .functions(functions);
+        if let Some(clock) = clock {
+            builder = builder.clock(clock.clone());
+        }
+        let store = builder
+            .build()
+            .await
+            .expect("connect to the test redis-server");
+        assert_eq!(store.uses_functions(), functions);
+        store
+    }
+
+    /// Asserts that the decisions this server saw were all `FCALL`s (`functions`) or all
+    /// `EVALSHA`s, from its command statistics.
+    pub fn assert_calls(&self, functions: bool) {
+        let stats = self.cli(&["INFO", "commandstats"]);
+        let (used, unused) = match functions {
+            true => ("cmdstat_fcall:", "cmdstat_evalsha:"),
+            false => ("cmdstat_evalsha:", "cmdstat_fcall:"),
+        };
+        assert!(stats.contains(used) && !stats.contains(unused), "{stats}");
+    }
 }

@@ -162,24 +162,38 @@ where
         after: Charges,
         future: S::Future,
     ) -> Self {
-        let after = after_of(limiter, after);
-        let with = With {
-            headers,
-            held,
-            after,
-        };
-        Self::new(State::Calling { future, with })
+        Self::new(calling(future, headers, held, after_of(limiter, after)))
     }
 
     /// A request no policy applies to: the inner service's response, without headers.
     #[inline(always)]
     pub(crate) fn unlimited(future: S::Future) -> Self {
-        let with = With {
-            headers: None,
-            held: None,
-            after: None,
-        };
-        Self::new(State::Calling { future, with })
+        Self::new(calling(future, None, None, None))
+    }
+}
+
+/// The inner service's `future`, with the `headers` to go on its response, the `held` slots
+/// to go with its body, and the charges `after` its status decides.
+#[inline(always)]
+fn calling<S, ReqB, F, C, R, L>(
+    future: F,
+    headers: Option<RateLimitHeaders>,
+    held: Option<HeldSlots>,
+    after: After<L>,
+) -> State<S, ReqB, F, C, R, L> {
+    let with = With {
+        headers,
+        held,
+        after,
+    };
+    State::Calling { future, with }
+}
+
+/// Puts the decision (if any) in `request`'s extensions, for the inner service.
+#[inline(always)]
+pub(crate) fn with_decision<B>(request: &mut Request<B>, decision: Option<Decision>) {
+    if let Some(decision) = decision {
+        request.extensions_mut().insert(decision);
     }
 }
 
@@ -277,18 +291,8 @@ fn call<S, ReqB, C, R, L>(
 where
     S: Service<Request<ReqB>>,
 {
-    if let Some(decision) = decision {
-        request.extensions_mut().insert(decision);
-    }
-    let with = With {
-        headers,
-        held,
-        after,
-    };
-    State::Calling {
-        future: inner.call(request),
-        with,
-    }
+    with_decision(&mut request, decision);
+    calling(inner.call(request), headers, held, after)
 }
 
 /// A waiting request whose slot came: it goes on (see [`respond_or_call`]).

@@ -10,7 +10,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::body::{MakeBody, Wrapped};
-use crate::future::ResponseFuture;
+use crate::future::{ResponseFuture, with_decision};
 use crate::key::RequestRef;
 use crate::limiter::{Begin, Limiter, Settled};
 use crate::store::Store;
@@ -94,9 +94,7 @@ where
             Begin::Unlimited => ResponseFuture::unlimited(self.inner.call(request)),
             // The common case, with the request moved as little as it can be.
             Begin::Settled(Settled::Call(headers, decision, held), after) => {
-                if let Some(decision) = decision {
-                    request.extensions_mut().insert(decision);
-                }
+                with_decision(&mut request, decision);
                 let future = self.inner.call(request);
                 ResponseFuture::called(&self.limiter, headers, held, after, future)
             }

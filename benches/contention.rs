@@ -2,7 +2,7 @@
 //! limiter, on the same keys (row 9 of `scripts/bench.sh`):
 //!
 //! ```text
-//! cargo bench --bench contention -- [RUNS] [SECONDS]
+//! cargo bench --bench contention -- [RUNS] [SECONDS] [WORKLOAD] [THREADS]
 //! ```
 //!
 //! Two workloads: `spread`, each thread cycling through the same 10,000 keys (from different
@@ -72,13 +72,22 @@ fn main() {
         .collect();
     let runs: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(5);
     let seconds: f64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(1.0);
+    // Optionally one workload (`spread`, `hot`) and one thread count, e.g. to profile it.
+    let only = args.get(2).map(String::as_str);
+    let only_threads: Option<usize> = args.get(3).and_then(|a| a.parse().ok());
     let keys: Vec<Key> = (0..KEYS as u64).map(Key::from).collect();
     for threads in THREADS {
+        if only_threads.is_some_and(|t| t != threads) {
+            continue;
+        }
         let spread = |t: usize, i: usize| (i + t * KEYS / threads) % KEYS;
         for (workload, pick) in [
             ("spread", &spread as &(dyn Fn(usize, usize) -> usize + Sync)),
             ("hot", &|_, _| 0),
         ] {
+            if only.is_some_and(|w| w != workload) {
+                continue;
+            }
             let (mut ours, mut theirs) = (Vec::new(), Vec::new());
             for _ in 0..runs {
                 let layer = RateLimitLayer::builder()

@@ -5,11 +5,14 @@
 //! cargo bench --bench contention -- [RUNS] [SECONDS] [WORKLOAD] [THREADS]
 //! ```
 //!
-//! Two workloads: `spread`, each thread cycling through the same 10,000 keys (from different
-//! starting points), and `hot`, every thread on one key. On a machine with fewer cores than
+//! Three workloads: `spread`, each thread cycling through the same 10,000 keys (from different
+//! starting points), `hot`, every thread on one key, and `two`, as `spread` with a second
+//! policy (a fixed window) decided with the first, on the store's exclusive path (ours only:
+//! the price of `per_thread_reads`). On a machine with fewer cores than
 //! threads the larger counts show oversubscription, and still whether a limiter's cost per
 //! decision grows with the threads. Ours is `RateLimitLayer::check` on the
-//! memory store (polled once: its future is always ready); governor's is `check_key`. Both
+//! memory store (polled once: its future is always ready), with its defaults (`ours`) and with
+//! `MemoryStoreBuilder::per_thread_reads` (`ours_per_thread`); governor's is `check_key`. Both
 //! limit at one unit a minute with a burst of 1,000,000, as `benches/instructions.rs` does: a
 //! spread key is never denied and its state outlives the run, as governor's entries do (at a
 //! rate such as 1,000,000/s a key touched every few milliseconds would have expired between
@@ -24,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use governor::{Quota, RateLimiter};
 use tower_ratelimit::key::Key;
-use tower_ratelimit::{Policy, RateLimitLayer};
+use tower_ratelimit::{MemoryStore, Policy, RateLimitLayer};
 
 #[path = "common/ready.rs"]
 mod ready;
@@ -72,7 +75,8 @@ fn main() {
         .collect();
     let runs: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(5);
     let seconds: f64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(1.0);
-    // Optionally one workload (`spread`, `hot`) and one thread count, e.g. to profile it.
+    // Optionally one workload (`spread`, `hot`, `two`) and one thread count, e.g. to profile
+    // it.
     let only = args.get(2).map(String::as_str);
     let only_threads: Option<usize> = args.get(3).and_then(|a| a.parse().ok());
     let keys: Vec<Key> = (0..KEYS as u64).map(Key::from).collect();
@@ -84,19 +88,31 @@ fn main() {
         for (workload, pick) in [
             ("spread", &spread as &(dyn Fn(usize, usize) -> usize + Sync)),
             ("hot", &|_, _| 0),
+            ("two", &spread),
         ] {
             if only.is_some_and(|w| w != workload) {
                 continue;
             }
-            let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+            // `two`: a second policy on the same keys, decided with the first on the store's
+            // exclusive path (governor has no counterpart).
+            let two = workload == "two";
+            let (mut ours, mut per_thread, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..runs {
-                let layer = RateLimitLayer::builder()
-                    .policy(Policy::gcra("1/min").burst(1_000_000))
-                    .build()
-                    .expect("a valid layer");
-                ours.push(rate(threads, seconds, |t, i| {
-                    black_box(now(layer.check(&keys[pick(t, i)], 1)).unwrap().is_allowed());
-                }));
+                for (reads, rates) in [(false, &mut ours), (true, &mut per_thread)] {
+                    let mut builder = RateLimitLayer::builder()
+                        .store(MemoryStore::builder().per_thread_reads(reads).build())
+                        .policy(Policy::gcra("1/min").burst(1_000_000));
+                    if two {
+                        builder = builder.policy(Policy::fixed_window("1000000000/h").name("b"));
+                    }
+                    let layer = builder.build().expect("a valid layer");
+                    rates.push(rate(threads, seconds, |t, i| {
+                        black_box(now(layer.check(&keys[pick(t, i)], 1)).unwrap().is_allowed());
+                    }));
+                }
+                if two {
+                    continue;
+                }
                 let burst = NonZeroU32::new(1_000_000).unwrap();
                 let quota = Quota::per_minute(NonZeroU32::MIN).allow_burst(burst);
                 let governor = RateLimiter::keyed(quota);
@@ -105,7 +121,13 @@ fn main() {
                 }));
             }
             println!("ours/{workload}/{threads}={:.0}", median(ours));
-            println!("governor/{workload}/{threads}={:.0}", median(theirs));
+            println!(
+                "ours_per_thread/{workload}/{threads}={:.0}",
+                median(per_thread)
+            );
+            if !two {
+                println!("governor/{workload}/{threads}={:.0}", median(theirs));
+            }
         }
     }
 }

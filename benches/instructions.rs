@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! instructions MODE N    # MODE: bare, identity, headers, none, axum_body, defaults, governor,
-//!                         # governor_headers, check, governor_check, hot or hot_lease
+//!                         # governor_headers, check, check_two, governor_check, hot
+//!                         # or hot_lease
 //! ```
 //!
 //! It makes 10,240 requests to warm up, then `N` more in `measured`, the only function
@@ -24,7 +25,8 @@
 //!   (which `tower_governor` has no counterpart of).
 //!
 //! `check` is `RateLimitLayer::check` on 10,000 keys, `governor_check` governor's keyed
-//! `check_key` on the same keys. Peers cycle through 10,240 addresses, but in `hot` (as
+//! `check_key` on the same keys; `check_two` is `check` on a layer of two policies (decided
+//! together, on the store's exclusive path). Peers cycle through 10,240 addresses, but in `hot` (as
 //! `defaults`) and `hot_lease` (the same with `Policy::lease(20)`: the requests the leases admit
 //! without a store call), where every request comes from one peer.
 
@@ -96,6 +98,18 @@ fn requests(mode: &str) -> Box<dyn FnMut(u64)> {
     let app = match mode {
         "check" => {
             let limiter = layer(HeaderStyle::Legacy);
+            return Box::new(move |i| {
+                let decision = now(limiter.check(&keys[(i % 10_000) as usize], 1));
+                std::hint::black_box(decision.expect("a decision"));
+            });
+        }
+        "check_two" => {
+            // Two policies decided at once: the store's exclusive path.
+            let limiter = RateLimitLayer::builder()
+                .policy(Policy::gcra("1/min").burst(1_000_000).name("a"))
+                .policy(Policy::fixed_window("1000000/h").name("b"))
+                .build()
+                .expect("a valid layer");
             return Box::new(move |i| {
                 let decision = now(limiter.check(&keys[(i % 10_000) as usize], 1));
                 std::hint::black_box(decision.expect("a decision"));

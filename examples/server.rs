@@ -40,6 +40,9 @@ Environment variables:
               redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster for the primary
               Redis Sentinel names              (default unset)
   PREFIX      key prefix in Redis                   (default rl:)
+  PER_THREAD_READS
+              without REDIS_URL: true gives the memory store's shards a reader lock per
+              thread group, for hot keys decided on many cores (default false)
   ON_STORE_ERROR
               what to do when Redis fails or is slow: open (let requests through),
               closed (503), local (decide in memory, each instance with the full limit)
@@ -103,6 +106,7 @@ struct Config {
     headers: HeaderStyle,
     key: String,
     trusted_proxies: Vec<Cidr>,
+    per_thread_reads: bool,
 }
 
 fn env_or(name: &str, default: &str) -> Result<String, String> {
@@ -256,6 +260,19 @@ fn config() -> Result<Config, String> {
             "WAIT_MS: a request cannot wait for a slot of a lease; drop WAIT_MS or LEASE".into(),
         );
     }
+    let per_thread_reads = match (env_or("PER_THREAD_READS", "false")?.as_str(), &redis_url) {
+        ("false" | "0", _) => false,
+        ("true" | "1", None) => true,
+        ("true" | "1", Some(_)) => {
+            let why = "a choice of the memory store; unset REDIS_URL or PER_THREAD_READS";
+            return Err(format!("PER_THREAD_READS: {why}"));
+        }
+        (other, _) => {
+            return Err(format!(
+                "PER_THREAD_READS: {other:?} is neither true nor false"
+            ));
+        }
+    };
     Ok(Config {
         bind,
         admin_bind,
@@ -292,6 +309,7 @@ fn config() -> Result<Config, String> {
             .parse()
             .map_err(|e| format!("HEADERS: {e}"))?,
         key: env_or("KEY", "ip")?,
+        per_thread_reads,
         trusted_proxies: env_or("TRUSTED_PROXIES", "")?
             .split(',')
             .filter(|s| !s.trim().is_empty())
@@ -466,8 +484,14 @@ async fn build(config: &Config) -> Result<(Apps, String), String> {
     }
     match &config.redis_url {
         None => Ok((
-            app(config, tower_ratelimit::MemoryStore::new(), metrics)?,
-            "memory".into(),
+            app(
+                config,
+                tower_ratelimit::MemoryStore::builder()
+                    .per_thread_reads(config.per_thread_reads)
+                    .build(),
+                metrics,
+            )?,
+            format!("memory PER_THREAD_READS={}", config.per_thread_reads),
         )),
         Some(url) => {
             // Check the quota before connecting, so a typo is reported as such.

@@ -162,23 +162,32 @@ fn eight_threads_on_one_hot_key_admit_exactly_the_limit_every_round() {
     // GCRA's state is packed and decided by compare-and-swap under the shard's shared lock;
     // the others take the exclusive lock. 8 threads x 10,000 requests race on one key, the
     // clock still: exactly the limit is admitted, each admitted request saw its own count, and
-    // a new key each round starts with the threads racing to insert it.
-    for alg in Algorithm::ALL {
-        let rounds = if alg == Algorithm::Gcra { 10 } else { 2 };
-        let layer = RateLimitLayer::builder()
-            .policy(Policy::new(alg, "5000/h"))
-            .store(MemoryStore::with_clock(ManualClock::new()))
-            .build()
-            .unwrap();
-        for round in 0..rounds {
-            let key = Key::from(round);
-            let check = || {
-                let decision = ready(layer.check(&key, 1)).unwrap();
-                decision
-                    .is_allowed()
-                    .then(|| decision.binding().remaining())
-            };
-            race_admits_exactly_the_limit(check, &format!("{alg} round {round}"));
+    // a new key each round starts with the threads racing to insert it. With one lock per
+    // shard and with a reader lock per thread group (`per_thread_reads`), whose writers take
+    // every reader lock.
+    for per_thread in [false, true] {
+        for alg in Algorithm::ALL {
+            let rounds = if alg == Algorithm::Gcra { 10 } else { 2 };
+            let store = MemoryStore::builder()
+                .per_thread_reads(per_thread)
+                .clock(ManualClock::new())
+                .build();
+            let layer = RateLimitLayer::builder()
+                .policy(Policy::new(alg, "5000/h"))
+                .store(store)
+                .build()
+                .unwrap();
+            for round in 0..rounds {
+                let key = Key::from(round);
+                let check = || {
+                    let decision = ready(layer.check(&key, 1)).unwrap();
+                    decision
+                        .is_allowed()
+                        .then(|| decision.binding().remaining())
+                };
+                let what = format!("{alg} round {round}, per-thread reads {per_thread}");
+                race_admits_exactly_the_limit(check, &what);
+            }
         }
     }
 }
@@ -220,6 +229,16 @@ fn eight_threads_through_the_layer_on_one_hot_key_admit_exactly_the_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 8)]
 async fn concurrent_requests_under_two_policies_are_all_or_nothing() {
+    two_policies_are_all_or_nothing(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+async fn with_per_thread_reads_two_policies_are_all_or_nothing() {
+    // The exclusive path takes every reader lock of each shard it locks, in the same order.
+    two_policies_are_all_or_nothing(true).await;
+}
+
+async fn two_policies_are_all_or_nothing(per_thread_reads: bool) {
     // A global limit of 100 and 5 per key; 50 keys send 20 requests each. Each key can get at
     // most 5 through, i.e. 250 in all, so the global limit is what binds: exactly 100 are
     // admitted, and only if denials charge nothing (a request denied by one policy charging the
@@ -234,6 +253,7 @@ async fn concurrent_requests_under_two_policies_are_all_or_nothing() {
         .store(
             MemoryStore::builder()
                 .shards(8)
+                .per_thread_reads(per_thread_reads)
                 .clock(clock.clone())
                 .build(),
         )

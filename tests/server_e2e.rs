@@ -51,6 +51,7 @@ fn bad_configuration_stops_the_server_with_the_variable_named() {
         ("WAIT_MS", "soon", "WAIT_MS:"),
         ("CONCURRENCY", "0", "CONCURRENCY:"),
         ("CONCURRENCY", "many", "CONCURRENCY:"),
+        ("PER_THREAD_READS", "maybe", "PER_THREAD_READS:"),
     ] {
         let err = start_error(&[(name, value)]);
         assert!(
@@ -61,6 +62,29 @@ fn bad_configuration_stops_the_server_with_the_variable_named() {
     }
     let err = start_error(&[("REDIS_URL", "redis://127.0.0.1:1")]);
     assert!(err.starts_with("error: REDIS_URL:"), "{err}");
+    let redis_and_reads = [
+        ("REDIS_URL", "redis://127.0.0.1:1"),
+        ("PER_THREAD_READS", "true"),
+    ];
+    let err = start_error(&redis_and_reads);
+    assert!(err.starts_with("error: PER_THREAD_READS:"), "{err}");
+}
+
+#[test]
+fn in_memory_server_with_per_thread_reads_limits_per_client() {
+    // `PER_THREAD_READS`: the memory store's shards with a reader lock per thread group.
+    for algorithm in ["gcra", "sliding_log"] {
+        let env = [
+            ("ALGORITHM", algorithm),
+            ("RATE_LIMIT", "3/h"),
+            ("PER_THREAD_READS", "true"),
+        ];
+        let server = DemoServer::start(&env);
+        let line = &server.first_line;
+        assert!(line.contains("PER_THREAD_READS=true"), "{line}");
+        let statuses: Vec<u16> = (0..5).map(|_| server.get("/", &[]).0).collect();
+        assert_eq!(statuses, [200, 200, 200, 429, 429], "{algorithm}");
+    }
 }
 
 #[test]

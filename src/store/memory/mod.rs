@@ -1,18 +1,20 @@
 //! The in-memory store.
 
+mod lock;
 mod shard;
 
 use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::sync::{Arc, RwLock, RwLockWriteGuard};
+use std::sync::Arc;
 
-use super::{Check, Checks, Op, Registry, private, read, write};
+use super::{Check, Checks, Op, Registry, private};
 use crate::algorithm::Verdict;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, PolicyOutcome};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Tier;
+use lock::{ShardLock, Write};
 use shard::{Ask, Shard, Step, Steps};
 use smallvec::SmallVec;
 
@@ -53,7 +55,7 @@ pub struct MemoryStore {
 }
 
 struct Inner {
-    shards: Box<[RwLock<Shard>]>,
+    shards: Box<[ShardLock<Shard>]>,
     per_shard: usize,
     hasher: RandomState,
     clock: Arc<dyn Clock>,
@@ -79,6 +81,7 @@ impl fmt::Debug for MemoryStore {
 pub struct MemoryStoreBuilder {
     max_keys: usize,
     shards: Option<usize>,
+    per_thread_reads: bool,
     clock: Arc<dyn Clock>,
 }
 
@@ -94,6 +97,34 @@ impl MemoryStoreBuilder {
     /// (then the largest power of two below it).
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = Some(shards.max(1));
+        self
+    }
+
+    /// Gives each shard eight reader locks, each on its own cache line, where it has one
+    /// (default `false`). A thread takes the reader lock of its group, so threads deciding on
+    /// the same shard at once (one hot key: a global or per-tenant limit) write no common
+    /// cache line but the key's state, and not even that when they are denied; with one lock,
+    /// each decision passes the lock's line from core to core, and the cost of a hot key grows
+    /// with the cores deciding on it.
+    ///
+    /// The price is on the exclusive path, which takes all eight: a key seen for the first
+    /// time, and the decisions that are not one compare-and-swap (several policies decided at
+    /// once, the sliding log, the sliding window, leases, waits, concurrency limits). Choose
+    /// it for layers of one policy (GCRA, the token or leaky bucket, the fixed window) whose
+    /// hot keys many cores decide on; `BENCHMARKS.md` shows both sides.
+    ///
+    /// ```
+    /// use tower_ratelimit::{MemoryStore, Policy, RateLimitLayer};
+    ///
+    /// let store = MemoryStore::builder().per_thread_reads(true).build();
+    /// let layer = RateLimitLayer::builder()
+    ///     .store(store)
+    ///     .policy(Policy::gcra("1000/s"))
+    ///     .build();
+    /// assert!(layer.is_ok());
+    /// ```
+    pub fn per_thread_reads(mut self, yes: bool) -> Self {
+        self.per_thread_reads = yes;
         self
     }
 
@@ -116,7 +147,7 @@ impl MemoryStoreBuilder {
         MemoryStore {
             inner: Arc::new(Inner {
                 shards: (0..shards)
-                    .map(|_| RwLock::new(Shard::new(hasher.clone())))
+                    .map(|_| ShardLock::new(Shard::new(hasher.clone()), self.per_thread_reads))
                     .collect(),
                 per_shard,
                 hasher,
@@ -149,13 +180,14 @@ impl MemoryStore {
         MemoryStoreBuilder {
             max_keys: DEFAULT_MAX_KEYS,
             shards: None,
+            per_thread_reads: false,
             clock: Arc::new(SystemClock::new()),
         }
     }
 
     /// The number of entries held, including expired ones not yet swept.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| read(s).len()).sum()
+        self.inner.shards.iter().map(|s| s.read().len()).sum()
     }
 
     /// Whether the store holds no entry.
@@ -171,7 +203,7 @@ impl MemoryStore {
     /// Drops every expired entry now, and returns how many were dropped.
     pub fn sweep(&self) -> usize {
         let now = self.inner.clock.now_micros();
-        self.inner.shards.iter().map(|s| write(s).sweep(now)).sum()
+        self.inner.shards.iter().map(|s| s.write().sweep(now)).sum()
     }
 
     /// The hash of a check's (policy, key) and its shard.
@@ -197,11 +229,13 @@ impl MemoryStore {
         let clock = || self.inner.clock.now_micros();
         let shard = &self.inner.shards[index];
         // The shared guard is dropped at the end of this statement, before the other lock.
-        let packed = read(shard).decide_packed(&ask, hash, clock);
+        let packed = shard.read().decide_packed(&ask, hash, clock);
         packed.unwrap_or_else(|| {
             let registry = &self.inner.registry;
             let capacity = self.inner.per_shard;
-            write(shard).decide_one(&ask, hash, clock(), capacity, registry)
+            shard
+                .write()
+                .decide_one(&ask, hash, clock(), capacity, registry)
         })
     }
 
@@ -260,7 +294,7 @@ impl MemoryStore {
     /// Locks every shard `checks` involve, in index order so that concurrent multi-policy
     /// decisions cannot deadlock; each check's step names its shard by its place among the
     /// guards.
-    fn lock_all(&self, checks: &[Ask<'_>]) -> (Vec<RwLockWriteGuard<'_, Shard>>, Steps) {
+    fn lock_all(&self, checks: &[Ask<'_>]) -> (Vec<Write<'_, Shard>>, Steps) {
         let mut steps: Steps = checks
             .iter()
             .map(|c| {
@@ -273,7 +307,7 @@ impl MemoryStore {
         order.dedup();
         let guards = order
             .iter()
-            .map(|&i| write(&self.inner.shards[i]))
+            .map(|&i| self.inner.shards[i].write())
             .collect();
         for s in &mut steps {
             s.guard = order

@@ -27,7 +27,9 @@ pub(crate) const DEFAULT_MAX_KEYS: usize = 100_000;
 /// checking different keys rarely wait for each other. A GCRA key's state is one atomic word:
 /// one policy on a key already seen is decided by compare-and-swap under the shard's shared
 /// lock, so threads deciding one hot key never wait for a lock another holds. Every other
-/// decision takes the shard's exclusive lock. Either way each change of a key's state is
+/// decision takes the shard's exclusive lock. The shared lock is one word each reader writes;
+/// for hot keys decided on many cores, [`per_thread_reads`](MemoryStoreBuilder::per_thread_reads)
+/// gives each thread group its own. Either way each change of a key's state is
 /// atomic, so exactly `limit` of any number of concurrent requests are admitted. The hash is
 /// SipHash with a random seed, so clients cannot choose keys that collide.
 ///

@@ -8,11 +8,13 @@
 //! Three workloads: `spread`, each thread cycling through the same 10,000 keys (from different
 //! starting points), `hot`, every thread on one key, and `two`, as `spread` with a second
 //! policy (a fixed window) decided with the first, on the store's exclusive path (ours only:
-//! the price of `per_thread_reads`). On a machine with fewer cores than
+//! what reader locks per thread would cost there). On a machine with fewer cores than
 //! threads the larger counts show oversubscription, and still whether a limiter's cost per
 //! decision grows with the threads. Ours is `RateLimitLayer::check` on the
-//! memory store (polled once: its future is always ready), with its defaults (`ours`) and with
-//! `MemoryStoreBuilder::per_thread_reads` (`ours_per_thread`); governor's is `check_key`. Both
+//! memory store (polled once: its future is always ready), with its defaults (`ours`: the layer
+//! chooses a reader lock per thread group for one GCRA, one lock for two policies) and with the
+//! other choice of `MemoryStoreBuilder::per_thread_reads` (`ours_one_lock`, and
+//! `ours_per_thread` for `two`); governor's is `check_key`. Both
 //! limit at one unit a minute with a burst of 1,000,000, as `benches/instructions.rs` does: a
 //! spread key is never denied and its state outlives the run, as governor's entries do (at a
 //! rate such as 1,000,000/s a key touched every few milliseconds would have expired between
@@ -96,11 +98,22 @@ fn main() {
             // `two`: a second policy on the same keys, decided with the first on the store's
             // exclusive path (governor has no counterpart).
             let two = workload == "two";
-            let (mut ours, mut per_thread, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
+            // Ours with its defaults (the layer chooses the store's locks: a reader lock per
+            // thread group for one GCRA, one lock for two policies) and with the other choice.
+            let other = if two {
+                "ours_per_thread"
+            } else {
+                "ours_one_lock"
+            };
+            let (mut ours, mut other_rates, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..runs {
-                for (reads, rates) in [(false, &mut ours), (true, &mut per_thread)] {
+                for (told, rates) in [(None, &mut ours), (Some(two), &mut other_rates)] {
+                    let mut store = MemoryStore::builder();
+                    if let Some(yes) = told {
+                        store = store.per_thread_reads(yes);
+                    }
                     let mut builder = RateLimitLayer::builder()
-                        .store(MemoryStore::builder().per_thread_reads(reads).build())
+                        .store(store.build())
                         .policy(Policy::gcra("1/min").burst(1_000_000));
                     if two {
                         builder = builder.policy(Policy::fixed_window("1000000000/h").name("b"));
@@ -121,10 +134,7 @@ fn main() {
                 }));
             }
             println!("ours/{workload}/{threads}={:.0}", median(ours));
-            println!(
-                "ours_per_thread/{workload}/{threads}={:.0}",
-                median(per_thread)
-            );
+            println!("{other}/{workload}/{threads}={:.0}", median(other_rates));
             if !two {
                 println!("governor/{workload}/{threads}={:.0}", median(theirs));
             }

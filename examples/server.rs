@@ -42,7 +42,8 @@ Environment variables:
   PREFIX      key prefix in Redis                   (default rl:)
   PER_THREAD_READS
               without REDIS_URL: true gives the memory store's shards a reader lock per
-              thread group, for hot keys decided on many cores (default false)
+              thread group, for hot keys decided on many cores; false one lock each
+              (default unset: the layer chooses, true for one GCRA policy)
   ON_STORE_ERROR
               what to do when Redis fails or is slow: open (let requests through),
               closed (503), local (decide in memory, each instance with the full limit)
@@ -106,7 +107,7 @@ struct Config {
     headers: HeaderStyle,
     key: String,
     trusted_proxies: Vec<Cidr>,
-    per_thread_reads: bool,
+    per_thread_reads: Option<bool>,
 }
 
 fn env_or(name: &str, default: &str) -> Result<String, String> {
@@ -260,9 +261,10 @@ fn config() -> Result<Config, String> {
             "WAIT_MS: a request cannot wait for a slot of a lease; drop WAIT_MS or LEASE".into(),
         );
     }
-    let per_thread_reads = match (env_or("PER_THREAD_READS", "false")?.as_str(), &redis_url) {
-        ("false" | "0", _) => false,
-        ("true" | "1", None) => true,
+    let per_thread_reads = match (env_or("PER_THREAD_READS", "")?.as_str(), &redis_url) {
+        ("", _) => None,
+        ("false" | "0", _) => Some(false),
+        ("true" | "1", None) => Some(true),
         ("true" | "1", Some(_)) => {
             let why = "a choice of the memory store; unset REDIS_URL or PER_THREAD_READS";
             return Err(format!("PER_THREAD_READS: {why}"));
@@ -361,7 +363,13 @@ struct Apps {
     admin: Router,
 }
 
-fn app<St: Store>(config: &Config, store: St, metrics: PrometheusHandle) -> Result<Apps, String> {
+/// The apps, and the store's description that `describe` gives once the layer is built.
+fn app<St: Store>(
+    config: &Config,
+    store: St,
+    metrics: PrometheusHandle,
+    describe: impl FnOnce(&St) -> String,
+) -> Result<(Apps, String), String> {
     let mut builder = RateLimitLayer::builder()
         .store(store)
         .top_limited(TopLimited::new());
@@ -371,6 +379,7 @@ fn app<St: Store>(config: &Config, store: St, metrics: PrometheusHandle) -> Resu
     let layer = policies(config, builder)?
         .build()
         .map_err(|e| format!("{}: {e}", source(config)))?;
+    let described = describe(layer.store());
     if let Some((path, _)) = &config.file {
         reload_on_sighup(layer.clone(), path.clone());
     }
@@ -392,7 +401,7 @@ fn app<St: Store>(config: &Config, store: St, metrics: PrometheusHandle) -> Resu
         // Responses in axum's own body: axum does not box them again.
         .route_layer(layer.body::<AxumBody>())
         .route("/health", get(|| async { "ok\n" }));
-    Ok(Apps { public, admin })
+    Ok((Apps { public, admin }, described))
 }
 
 /// The Prometheus recorder of every metric the layer emits, its histograms with buckets from
@@ -483,16 +492,15 @@ async fn build(config: &Config) -> Result<(Apps, String), String> {
         key_extractor(&config.key, &config.trusted_proxies)?;
     }
     match &config.redis_url {
-        None => Ok((
-            app(
-                config,
-                tower_ratelimit::MemoryStore::builder()
-                    .per_thread_reads(config.per_thread_reads)
-                    .build(),
-                metrics,
-            )?,
-            format!("memory PER_THREAD_READS={}", config.per_thread_reads),
-        )),
+        None => {
+            let mut store = tower_ratelimit::MemoryStore::builder();
+            if let Some(yes) = config.per_thread_reads {
+                store = store.per_thread_reads(yes);
+            }
+            app(config, store.build(), metrics, |store| {
+                format!("memory PER_THREAD_READS={}", store.per_thread_reads())
+            })
+        }
         Some(url) => {
             // Check the quota before connecting, so a typo is reported as such.
             policies(config, RateLimitLayer::builder())?
@@ -511,7 +519,7 @@ async fn build(config: &Config) -> Result<(Apps, String), String> {
                 config.store_timeout.as_millis(),
                 config.lease.map_or("off".into(), |u| u.to_string())
             );
-            Ok((app(config, store, metrics)?, described))
+            app(config, store, metrics, |_| described)
         }
     }
 }

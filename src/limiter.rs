@@ -282,6 +282,11 @@ impl<St: Store> Limiter<St> {
             .failure
             .divisor()
             .map(|_| MemoryStore::builder().clock(config.clock.clone()).build());
+        // Chosen before anything is registered in the store.
+        let one_gcra = matches!(&config.policies[..], [p] if p.is_gcra_up_front())
+            && config.deny_cache.is_none()
+            && fallback.is_none();
+        let store = store.suited(one_gcra);
         let set = Self::compile(
             &config.policies,
             &store,

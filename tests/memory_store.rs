@@ -20,7 +20,8 @@ use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_ratelimit::headers::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
 use tower_ratelimit::key::{self, GlobalKey, Key, KeyExtractor, KeyRejection, RequestRef};
 use tower_ratelimit::{
-    Algorithm, Decision, ManualClock, MemoryStore, Policy, RateLimitLayer, ResponseBody,
+    Algorithm, Decision, ManualClock, MemoryStore, Policy, RateLimitLayer, RateLimitLayerBuilder,
+    ResponseBody,
 };
 
 type Reply = Response<ResponseBody<Full<Bytes>>>;
@@ -225,6 +226,57 @@ fn eight_threads_through_the_layer_on_one_hot_key_admit_exactly_the_limit() {
             race_admits_exactly_the_limit(request, &format!("{alg} round {round}"));
         }
     }
+}
+
+#[test]
+fn the_layer_chooses_per_thread_reads_for_one_gcra_in_a_store_of_its_own() {
+    // Unset, the store's locks are chosen by the layer it is given to alone: a reader lock per
+    // thread group for one GCRA enforced up front (one compare-and-swap a request), one lock
+    // for everything that takes the exclusive path.
+    let reads =
+        |builder: RateLimitLayerBuilder| builder.build().unwrap().store().per_thread_reads();
+    let one = |policy: Policy| RateLimitLayer::builder().policy(policy);
+    assert!(reads(one(Policy::gcra("10/s"))));
+    assert!(reads(one(Policy::gcra("10/s").name("a")).key(GlobalKey)));
+    assert!(!reads(
+        one(Policy::gcra("10/s")).policy(Policy::gcra("1000/h"))
+    ));
+    assert!(!reads(one(Policy::sliding_log("10/s"))));
+    assert!(!reads(one(Policy::token_bucket("10/s"))));
+    assert!(!reads(one(Policy::gcra("10/s").shadow())));
+    assert!(!reads(one(
+        Policy::gcra("10/s").wait_up_to(Duration::from_secs(1))
+    )));
+    assert!(!reads(one(Policy::concurrency(5))));
+    assert!(!reads(one(Policy::gcra("10/s")).deny_cache(100)));
+    // Told, the store keeps what it was told.
+    let told = |yes| MemoryStore::builder().per_thread_reads(yes).build();
+    assert!(!reads(one(Policy::gcra("10/s")).store(told(false))));
+    assert!(reads(one(Policy::sliding_log("10/s")).store(told(true))));
+    // A store of its own but never used: chosen; shared with a clone, or used before: kept.
+    assert!(reads(one(Policy::gcra("10/s")).store(MemoryStore::new())));
+    let shared = MemoryStore::new();
+    assert!(!reads(one(Policy::gcra("10/s")).store(shared.clone())));
+    let used = {
+        let store = MemoryStore::new();
+        let layer = one(Policy::sliding_log("10/s"))
+            .store(store.clone())
+            .build()
+            .unwrap();
+        assert!(
+            ready(layer.check(&Key::from(1u64), 1))
+                .unwrap()
+                .is_allowed()
+        );
+        store
+    };
+    let layer = one(Policy::gcra("10/s")).store(used).build().unwrap();
+    assert!(!layer.store().per_thread_reads());
+    assert_eq!(
+        layer.store().len(),
+        1,
+        "the state of the layer before is kept"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 8)]

@@ -72,18 +72,27 @@ fn bad_configuration_stops_the_server_with_the_variable_named() {
 
 #[test]
 fn in_memory_server_with_per_thread_reads_limits_per_client() {
-    // `PER_THREAD_READS`: the memory store's shards with a reader lock per thread group.
-    for algorithm in ["gcra", "sliding_log"] {
+    // `PER_THREAD_READS`: the memory store's shards with a reader lock per thread group; unset,
+    // the layer chooses them for one GCRA policy, one lock for the others.
+    for (algorithm, told, chosen) in [
+        ("gcra", "", true),
+        ("sliding_log", "", false),
+        ("gcra", "false", false),
+        ("sliding_log", "true", true),
+    ] {
         let env = [
             ("ALGORITHM", algorithm),
             ("RATE_LIMIT", "3/h"),
-            ("PER_THREAD_READS", "true"),
+            ("PER_THREAD_READS", told),
         ];
         let server = DemoServer::start(&env);
         let line = &server.first_line;
-        assert!(line.contains("PER_THREAD_READS=true"), "{line}");
+        assert!(
+            line.contains(&format!("PER_THREAD_READS={chosen}")),
+            "{line}"
+        );
         let statuses: Vec<u16> = (0..5).map(|_| server.get("/", &[]).0).collect();
-        assert_eq!(statuses, [200, 200, 200, 429, 429], "{algorithm}");
+        assert_eq!(statuses, [200, 200, 200, 429, 429], "{algorithm} {told:?}");
     }
 }
 

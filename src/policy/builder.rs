@@ -304,6 +304,14 @@ impl Policy {
         Self::new(Algorithm::LeakyBucket, quota)
     }
 
+    /// Whether the policy is a GCRA enforced up front, nothing given back after the
+    /// response: on the memory store, a request of it alone is one compare-and-swap.
+    pub(crate) fn is_gcra_up_front(&self) -> bool {
+        self.algorithm == Algorithm::Gcra
+            && matches!(self.takes, Ok(Takes::Enforce))
+            && self.refund_if.is_none()
+    }
+
     /// A [GCRA](Algorithm::Gcra) policy.
     pub fn gcra<Q>(quota: Q) -> Self
     where

@@ -73,6 +73,17 @@ pub(crate) mod private {
             None
         }
 
+        /// The same store, suited to a layer whose only policy is a GCRA enforced up front
+        /// (`one_gcra`) or not, where the store may still choose how it works (the memory
+        /// store's locks, see `MemoryStoreBuilder::per_thread_reads`).
+        fn suited(self, one_gcra: bool) -> Self
+        where
+            Self: Sized,
+        {
+            let _ = one_gcra;
+            self
+        }
+
         /// Whether [`decide_enforced`](Self::decide_enforced) decides (the memory store): the
         /// engine then plans a request of one policy that nothing else has a say in for it
         /// alone.
@@ -129,6 +140,11 @@ struct Book {
 }
 
 impl Registry {
+    /// Whether no policy was ever registered.
+    pub(crate) fn is_empty(&self) -> bool {
+        lock(&self.book).defs.is_empty()
+    }
+
     /// Registers `tiers` under their names, all or none. A name already registered keeps its
     /// id; with another definition it fails, unless `replacing` accepts the name (a reload of
     /// the layer that owns it): then the new definition is the name's present one, and states

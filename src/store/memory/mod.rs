@@ -62,6 +62,9 @@ struct Inner {
     hasher: RandomState,
     clock: Arc<dyn Clock>,
     registry: Registry,
+    /// Whether the builder was told [`per_thread_reads`](MemoryStoreBuilder::per_thread_reads)
+    /// (else the layer chooses, see [`MemoryStore::suited`]).
+    chosen: bool,
 }
 
 impl fmt::Debug for MemoryStore {
@@ -83,7 +86,7 @@ impl fmt::Debug for MemoryStore {
 pub struct MemoryStoreBuilder {
     max_keys: usize,
     shards: Option<usize>,
-    per_thread_reads: bool,
+    per_thread_reads: Option<bool>,
     clock: Arc<dyn Clock>,
 }
 
@@ -102,31 +105,46 @@ impl MemoryStoreBuilder {
         self
     }
 
-    /// Gives each shard eight reader locks, each on its own cache line, where it has one
-    /// (default `false`). A thread takes the reader lock of its group, so threads deciding on
-    /// the same shard at once (one hot key: a global or per-tenant limit) write no common
-    /// cache line but the key's state, and not even that when they are denied; with one lock,
-    /// each decision passes the lock's line from core to core, and the cost of a hot key grows
-    /// with the cores deciding on it.
+    /// Whether each shard has eight reader locks, each on its own cache line, instead of one
+    /// lock. A thread takes the reader lock of its group, so threads deciding on the same
+    /// shard at once (one hot key: a global or per-tenant limit) write no common cache line
+    /// but the key's state, and not even that when they are denied; with one lock, each
+    /// decision passes the lock's line from core to core, and the cost of a hot key grows with
+    /// the cores deciding on it.
     ///
     /// The price is on the exclusive path, which takes all eight: a key seen for the first
-    /// time, and the decisions that are not one compare-and-swap (several policies decided at
-    /// once, the sliding log, the sliding window, leases, waits, concurrency limits). Choose
-    /// it for layers of one policy (GCRA, the token or leaky bucket, the fixed window) whose
-    /// hot keys many cores decide on; `BENCHMARKS.md` shows both sides.
+    /// time, and every decision that is not one compare-and-swap (the algorithms other than
+    /// GCRA, several policies decided at once, leases, waits, concurrency limits); there
+    /// `true` costs more than it saves. `BENCHMARKS.md` shows both sides.
+    ///
+    /// Unset, the layer the store is given to chooses when it is built, if the store is
+    /// its alone (no clone of it is kept elsewhere): eight reader locks when the layer's
+    /// only policy is a GCRA enforced up front (no lease, wait, concurrency limit, charge
+    /// after the response, deny cache or fallback), one lock otherwise. A store shared by
+    /// several layers keeps one lock unless told. A reload does not change the choice.
     ///
     /// ```
     /// use tower_ratelimit::{MemoryStore, Policy, RateLimitLayer};
     ///
+    /// // A global limit that every core decides on: eight reader locks.
     /// let store = MemoryStore::builder().per_thread_reads(true).build();
     /// let layer = RateLimitLayer::builder()
     ///     .store(store)
     ///     .policy(Policy::gcra("1000/s"))
-    ///     .build();
-    /// assert!(layer.is_ok());
+    ///     .key(tower_ratelimit::key::GlobalKey)
+    ///     .build()?;
+    /// assert!(layer.store().per_thread_reads());
+    ///
+    /// // Two policies decided together take the exclusive path: the layer chooses one lock.
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::gcra("10/s"))
+    ///     .policy(Policy::gcra("1000/h"))
+    ///     .build()?;
+    /// assert!(!layer.store().per_thread_reads());
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
     /// ```
     pub fn per_thread_reads(mut self, yes: bool) -> Self {
-        self.per_thread_reads = yes;
+        self.per_thread_reads = Some(yes);
         self
     }
 
@@ -146,15 +164,17 @@ impl MemoryStoreBuilder {
         let shards = wanted.next_power_of_two().min(most);
         let per_shard = self.max_keys / shards;
         let hasher = RandomState::new();
+        let per_thread = self.per_thread_reads.unwrap_or(false);
         MemoryStore {
             inner: Arc::new(Inner {
                 shards: (0..shards)
-                    .map(|_| ShardLock::new(Shard::new(hasher.clone()), self.per_thread_reads))
+                    .map(|_| ShardLock::new(Shard::new(hasher.clone()), per_thread))
                     .collect(),
                 per_shard,
                 hasher,
                 clock: self.clock,
                 registry: Registry::default(),
+                chosen: self.per_thread_reads.is_some(),
             }),
         }
     }
@@ -182,9 +202,15 @@ impl MemoryStore {
         MemoryStoreBuilder {
             max_keys: DEFAULT_MAX_KEYS,
             shards: None,
-            per_thread_reads: false,
+            per_thread_reads: None,
             clock: Arc::new(SystemClock::new()),
         }
+    }
+
+    /// Whether each shard has a reader lock per thread group
+    /// ([`MemoryStoreBuilder::per_thread_reads`]).
+    pub fn per_thread_reads(&self) -> bool {
+        matches!(self.inner.shards[0], ShardLock::PerThread(_))
     }
 
     /// The number of entries held, including expired ones not yet swept.
@@ -325,6 +351,28 @@ impl private::Sealed for MemoryStore {
     type Future = std::future::Ready<Result<Decision, StoreError>>;
 
     const DECIDES_ALONE: bool = true;
+
+    /// Rebuilt with the locks that suit the layer, when the builder left the choice open and
+    /// the store is the layer's alone: no clone of it anywhere else, never used (no state, no
+    /// policy registered), so that nothing can tell the new store from the old.
+    fn suited(self, one_gcra: bool) -> Self {
+        let inner = &self.inner;
+        if inner.chosen
+            || self.per_thread_reads() == one_gcra
+            || Arc::strong_count(inner) > 1
+            || !inner.registry.is_empty()
+            || !self.is_empty()
+        {
+            return self;
+        }
+        MemoryStoreBuilder {
+            max_keys: inner.per_shard * inner.shards.len(),
+            shards: Some(inner.shards.len()),
+            per_thread_reads: Some(one_gcra),
+            clock: inner.clock.clone(),
+        }
+        .build()
+    }
 
     fn check(&self, checks: Checks) -> Self::Future {
         std::future::ready(Ok(self.decide(&checks)))

@@ -246,27 +246,44 @@ impl Key {
     }
 
     /// The hash of (`id`, this key) from `hasher`, for the stores' tables: the id and the key's
-    /// binary form in one `write` (two for a key too long to be inline), where hashing the pair
-    /// field by field makes four, each paying SipHash's own buffering.
+    /// binary form (as [`tagged`](Self::tagged) gives it) in one `write` (two for a key too
+    /// long to be inline), where hashing the pair field by field makes four, each paying
+    /// SipHash's own buffering. Every copy into the buffer has a fixed size (an inline key's
+    /// bytes are zero past its length), so none calls `memcpy`.
     #[inline]
     pub(crate) fn hash_with(&self, id: u32, hasher: &impl BuildHasher) -> u64 {
-        let mut octets = [0; 16];
-        let (tag, bytes) = self.tagged(&mut octets);
         let mut h = hasher.build_hasher();
         let mut buf = [0u8; 5 + INLINE];
         buf[..4].copy_from_slice(&id.to_le_bytes());
-        buf[4] = tag;
-        match buf.get_mut(5..5 + bytes.len()) {
-            Some(rest) => {
-                rest.copy_from_slice(bytes);
-                h.write(&buf[..5 + bytes.len()]);
+        let len = match &self.0 {
+            Repr::Global => {
+                buf[4] = b'g';
+                0
             }
-            None => {
+            Repr::Ip(IpAddr::V4(ip)) => {
+                buf[4] = b'4';
+                buf[5..9].copy_from_slice(&ip.octets());
+                4
+            }
+            Repr::Ip(IpAddr::V6(ip)) => {
+                buf[4] = b'6';
+                buf[5..21].copy_from_slice(&ip.octets());
+                16
+            }
+            Repr::Inline { len, bytes } => {
+                buf[4] = b'b';
+                buf[5..].copy_from_slice(bytes);
+                usize::from(*len)
+            }
+            Repr::Bytes(bytes) => {
                 // SipHash streams: the same hash as one write of both.
+                buf[4] = b'b';
                 h.write(&buf[..5]);
                 h.write(bytes);
+                return h.finish();
             }
-        }
+        };
+        h.write(&buf[..5 + len]);
         h.finish()
     }
 
@@ -299,6 +316,7 @@ pub(crate) enum KeyParts<'a> {
 }
 
 impl PartialEq for Key {
+    #[inline]
     fn eq(&self, other: &Self) -> bool {
         // Each value has one representation (a key that fits inline is always inline), so two
         // representations never hold the same key; inline bytes are zero past `len`, so the
@@ -319,6 +337,7 @@ impl Eq for Key {}
 
 /// Whether two inline arrays are equal, compared as three 16-byte words (the last two overlap)
 /// where `==` on arrays calls `memcmp`.
+#[inline]
 fn same_inline(x: &[u8; INLINE], y: &[u8; INLINE]) -> bool {
     const _: () = assert!(INLINE > 16 && INLINE <= 48);
     let word = |b: &[u8; INLINE], at: usize| {
@@ -404,6 +423,36 @@ mod tests {
     use std::hash::BuildHasher;
 
     use super::*;
+
+    /// `hash_with` hashes the id and the key's binary form (`tagged`) as one stream, whatever
+    /// the key's representation: the tables' hash is the form's, and no two forms share one.
+    #[test]
+    fn hash_with_hashes_the_id_and_the_tagged_form() {
+        let hasher = std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default();
+        let long = "k".repeat(INLINE + 1);
+        let keys = [
+            Key::global(),
+            Key::from(IpAddr::from([10, 0, 0, 1])),
+            Key::from(IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 1])),
+            Key::from(""),
+            Key::from("alice"),
+            Key::from("k".repeat(INLINE).as_str()),
+            Key::from(long.as_str()),
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for key in &keys {
+            let mut octets = [0; 16];
+            let (tag, bytes) = key.tagged(&mut octets);
+            let mut form = 7u32.to_le_bytes().to_vec();
+            form.push(tag);
+            form.extend_from_slice(bytes);
+            let mut h = hasher.build_hasher();
+            h.write(&form);
+            assert_eq!(key.hash_with(7, &hasher), h.finish(), "{key:?}");
+            assert!(seen.insert(key.hash_with(7, &hasher)), "{key:?}");
+            assert_ne!(key.hash_with(7, &hasher), key.hash_with(8, &hasher));
+        }
+    }
 
     /// Every way of making a byte key gives the same key, inline or not, on both sides of the
     /// inline limit.

@@ -191,6 +191,7 @@ impl Slot {
         }
     }
 
+    #[inline]
     fn is(&self, id: u32, key: &Key) -> bool {
         self.id == id && self.key == *key
     }

@@ -149,6 +149,9 @@ pub(crate) enum Begin<F> {
 }
 
 /// What a request whose answer comes later waits for.
+// The store's variant is the common one and the lease's is rare; both are moved once, into
+// the response future's boxed `Deciding` state.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Later<F> {
     /// The store's answer: wait for `F`, then [`Limiter::settle`] with the ticket.
     Store(F, Ticket),

@@ -255,8 +255,8 @@ impl Op {
     }
 }
 
-/// The checks of one decision, one per policy that applies (one is kept without allocating).
-pub(crate) type Checks = SmallVec<[Check; 1]>;
+/// The checks of one decision, one per policy that applies (two are kept without allocating).
+pub(crate) type Checks = SmallVec<[Check; 2]>;
 
 /// One operation on one tier of one policy, for one key, of some units.
 #[derive(Debug)]

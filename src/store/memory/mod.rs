@@ -118,7 +118,8 @@ impl MemoryStoreBuilder {
     /// `true` costs more than it saves. `BENCHMARKS.md` shows both sides.
     ///
     /// Unset, the layer the store is given to chooses when it is built, if the store is
-    /// its alone (no clone of it is kept elsewhere): eight reader locks when the layer's
+    /// its alone and was never used (no clone of it kept elsewhere, no state, no policy
+    /// registered): eight reader locks when the layer's
     /// only policy is a GCRA enforced up front (no lease, wait, concurrency limit, charge
     /// after the response, deny cache or fallback), one lock otherwise. A store shared by
     /// several layers keeps one lock unless told. A reload does not change the choice.

@@ -38,7 +38,17 @@ Environment variables:
   REDIS_URL   unset: in-memory store; set: Redis, e.g. redis://127.0.0.1:6379,
               redis+cluster://127.0.0.1:7000,127.0.0.1:7001 for a Redis Cluster, or
               redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster for the primary
-              Redis Sentinel names              (default unset)
+              Redis Sentinel names; rediss://, rediss+cluster:// and rediss+sentinel://
+              are TLS, trusting the system's roots unless REDIS_CA is set
+                                                    (default unset)
+  REDIS_USERNAME, REDIS_PASSWORD
+              with REDIS_URL: the Redis ACL user and its password (or REDIS_PASSWORD
+              alone, for requirepass), kept out of the URL (default unset)
+  REDIS_CA    with a TLS REDIS_URL: a PEM file of the CA that signed Redis's certificate
+                                                    (default unset: the system's roots)
+  REDIS_CLIENT_CERT, REDIS_CLIENT_KEY
+              with a TLS REDIS_URL: PEM files of the certificate and key this server
+              presents to a Redis that asks for one (mutual TLS)  (default unset)
   PREFIX      key prefix in Redis                   (default rl:)
   PER_THREAD_READS
               without REDIS_URL: true gives the memory store's shards a reader lock per
@@ -108,6 +118,72 @@ struct Config {
     key: String,
     trusted_proxies: Vec<Cidr>,
     per_thread_reads: Option<bool>,
+    redis_access: RedisAccess,
+}
+
+/// Credentials and TLS settings for Redis, read (files included) at start.
+#[derive(Default)]
+struct RedisAccess {
+    username: Option<String>,
+    password: Option<String>,
+    tls: Option<tower_ratelimit::RedisTls>,
+}
+
+impl RedisAccess {
+    /// REDIS_USERNAME, REDIS_PASSWORD, REDIS_CA, REDIS_CLIENT_CERT and REDIS_CLIENT_KEY; an
+    /// unreadable file stops the server, naming its variable.
+    fn read() -> Result<RedisAccess, String> {
+        let file = |name: &str| -> Result<Option<Vec<u8>>, String> {
+            match env_or(name, "")?.as_str() {
+                "" => Ok(None),
+                path => std::fs::read(path)
+                    .map(Some)
+                    .map_err(|e| format!("{name}: cannot read {path:?}: {e}")),
+            }
+        };
+        let optional = |name: &str| env_or(name, "").map(|v| Some(v).filter(|v| !v.is_empty()));
+        let (username, password) = (optional("REDIS_USERNAME")?, optional("REDIS_PASSWORD")?);
+        if username.is_some() && password.is_none() {
+            return Err("REDIS_USERNAME: set REDIS_PASSWORD too".into());
+        }
+        let ca = file("REDIS_CA")?;
+        let client = match (file("REDIS_CLIENT_CERT")?, file("REDIS_CLIENT_KEY")?) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            (Some(_), None) => return Err("REDIS_CLIENT_CERT: set REDIS_CLIENT_KEY too".into()),
+            (None, Some(_)) => return Err("REDIS_CLIENT_KEY: set REDIS_CLIENT_CERT too".into()),
+        };
+        let tls = (ca.is_some() || client.is_some()).then(|| {
+            let mut tls = tower_ratelimit::RedisTls::new();
+            if let Some(ca) = ca {
+                tls = tls.ca_pem(ca);
+            }
+            if let Some((cert, key)) = client {
+                tls = tls.client_certificate(cert, key);
+            }
+            tls
+        });
+        Ok(RedisAccess {
+            username,
+            password,
+            tls,
+        })
+    }
+
+    fn apply(
+        &self,
+        mut builder: tower_ratelimit::RedisStoreBuilder,
+    ) -> tower_ratelimit::RedisStoreBuilder {
+        match (&self.username, &self.password) {
+            (Some(user), Some(password)) => builder = builder.credentials(user, password),
+            (None, Some(password)) => builder = builder.password(password),
+            _ => {}
+        }
+        if let Some(tls) = &self.tls {
+            builder = builder.tls(tls.clone());
+        }
+        builder
+    }
 }
 
 fn env_or(name: &str, default: &str) -> Result<String, String> {
@@ -275,11 +351,25 @@ fn config() -> Result<Config, String> {
             ));
         }
     };
+    let redis_access = RedisAccess::read()?;
+    if redis_url.is_none() {
+        for name in [
+            "REDIS_USERNAME",
+            "REDIS_PASSWORD",
+            "REDIS_CA",
+            "REDIS_CLIENT_CERT",
+        ] {
+            if !env_or(name, "")?.is_empty() {
+                return Err(format!("{name}: a setting of Redis; set REDIS_URL too"));
+            }
+        }
+    }
     Ok(Config {
         bind,
         admin_bind,
         file,
         redis_url,
+        redis_access,
         prefix: env_or("PREFIX", "rl:")?,
         on_store_error: match env_or("ON_STORE_ERROR", "open")?.as_str() {
             "open" => FailurePolicy::Open,
@@ -506,7 +596,9 @@ async fn build(config: &Config) -> Result<(Apps, String), String> {
             policies(config, RateLimitLayer::builder())?
                 .build()
                 .map_err(|e| format!("{}: {e}", source(config)))?;
-            let store = RedisStore::builder(url)
+            let store = config
+                .redis_access
+                .apply(RedisStore::builder(url))
                 .prefix(config.prefix.as_str())
                 .deadline(config.store_timeout)
                 .build()

@@ -405,6 +405,9 @@ pub use quota::{MAX_WINDOW, Quota, QuotaError, QuotaUnit};
 pub use reload::ReloadReport;
 pub use resilience::CircuitBreaker;
 pub use service::RateLimit;
+#[cfg(feature = "tls")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+pub use store::RedisTls;
 pub use store::{MemoryStore, MemoryStoreBuilder, Store};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

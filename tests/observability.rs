@@ -5,11 +5,11 @@
 mod support;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{Method, Request, StatusCode};
 use support::http::{inner, send};
+use support::trace::{Recorder, Seen};
 use support::{RedisCluster, RedisServer};
 use tower::{Layer, Service, ServiceExt};
 use tower_ratelimit::key::{HeaderKey, Key};
@@ -311,86 +311,6 @@ async fn hashed_keys_are_the_partition_keys_clients_see() {
 }
 
 // ----- Tracing -----
-
-/// A span or an event, as the test subscriber saw it.
-#[derive(Clone, Debug, Default)]
-struct Seen {
-    name: String,
-    level: String,
-    fields: HashMap<String, String>,
-}
-
-/// A subscriber keeping every span with its fields, and every event.
-#[derive(Clone, Default)]
-struct Recorder {
-    spans: Arc<Mutex<Vec<Seen>>>,
-    events: Arc<Mutex<Vec<Seen>>>,
-}
-
-struct Fields<'a>(&'a mut HashMap<String, String>);
-
-impl tracing::field::Visit for Fields<'_> {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().into(), format!("{value:?}"));
-    }
-    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        self.0.insert(field.name().into(), value.into());
-    }
-}
-
-impl tracing::Subscriber for Recorder {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, attrs: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        let mut seen = Seen {
-            name: attrs.metadata().name().into(),
-            level: attrs.metadata().level().to_string(),
-            ..Seen::default()
-        };
-        attrs.record(&mut Fields(&mut seen.fields));
-        let mut spans = self.spans.lock().unwrap();
-        spans.push(seen);
-        tracing::span::Id::from_u64(spans.len() as u64)
-    }
-    fn record(&self, span: &tracing::span::Id, values: &tracing::span::Record<'_>) {
-        let mut spans = self.spans.lock().unwrap();
-        values.record(&mut Fields(&mut spans[span.into_u64() as usize - 1].fields));
-    }
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        let mut seen = Seen {
-            name: event.metadata().name().into(),
-            level: event.metadata().level().to_string(),
-            ..Seen::default()
-        };
-        event.record(&mut Fields(&mut seen.fields));
-        self.events.lock().unwrap().push(seen);
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
-impl Recorder {
-    /// The `rate_limit` spans: each one's fields, without the empty ones.
-    fn decisions(&self) -> Vec<HashMap<String, String>> {
-        let spans = self.spans.lock().unwrap();
-        let decisions = spans.iter().filter(|s| s.name == "rate_limit");
-        decisions
-            .inspect(|s| assert_eq!(s.level, "DEBUG"))
-            .map(|s| s.fields.clone())
-            .collect()
-    }
-
-    /// The events at `info` or above.
-    fn loud(&self) -> Vec<Seen> {
-        let events = self.events.lock().unwrap();
-        let loud = events
-            .iter()
-            .filter(|e| matches!(e.level.as_str(), "INFO" | "WARN" | "ERROR"));
-        loud.cloned().collect()
-    }
-}
 
 fn fields(pairs: &[(&str, &str)]) -> HashMap<String, String> {
     pairs

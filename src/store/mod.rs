@@ -13,6 +13,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+#[cfg(feature = "tls")]
+pub use self::redis::RedisTls;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
 pub use memory::{MemoryStore, MemoryStoreBuilder};

@@ -7,6 +7,8 @@
 pub mod demo;
 pub mod http;
 pub mod lease;
+pub mod tls;
+pub mod trace;
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -23,8 +25,18 @@ pub fn free_port() -> u16 {
 }
 
 fn redis_cli(port: u16, args: &[&str]) -> std::io::Result<std::process::Output> {
+    redis_cli_as(port, &[], args)
+}
+
+/// redis-cli with `connect` (TLS options, credentials) before the command.
+fn redis_cli_as(
+    port: u16,
+    connect: &[String],
+    args: &[&str],
+) -> std::io::Result<std::process::Output> {
     Command::new("redis-cli")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(connect)
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -103,6 +115,10 @@ pub struct RedisServer {
     child: Option<Child>,
     dir: PathBuf,
     extra: Vec<String>,
+    /// What redis-cli needs to be let in (TLS options, the admin's credentials).
+    cli_connect: Vec<String>,
+    /// Whether `port` is a TLS port (and there is no plain-text one).
+    tls: bool,
 }
 
 impl RedisServer {
@@ -113,6 +129,12 @@ impl RedisServer {
 
     /// Starts a server with extra command-line options (e.g. `--cluster-enabled yes`).
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_as(extra, &[], false)
+    }
+
+    /// Starts a server with extra options, which redis-cli reaches with `cli_connect`; when
+    /// `tls`, its only port is a TLS one (`extra` names the certificates).
+    pub fn start_as(extra: &[&str], cli_connect: &[String], tls: bool) -> Self {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!(
             "tower-ratelimit-redis-{}-{port}",
@@ -124,6 +146,8 @@ impl RedisServer {
             child: None,
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            cli_connect: cli_connect.to_vec(),
+            tls,
         };
         server.spawn();
         server
@@ -131,8 +155,14 @@ impl RedisServer {
 
     fn spawn(&mut self) {
         require_redis();
+        let port = self.port.to_string();
+        let ports = match self.tls {
+            true => ["--port", "0", "--tls-port", &port],
+            false => ["--port", &port, "--tls-port", "0"],
+        };
         let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(ports)
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .args(["--dir", self.dir.to_str().unwrap()])
             .args(&self.extra)
@@ -144,21 +174,25 @@ impl RedisServer {
                 panic!("cannot start redis-server ({e}); run scripts/test.sh, which installs it")
             });
         self.child = Some(child);
-        let port = self.port;
         wait_until(
             Duration::from_secs(10),
             "redis-server to answer PING",
-            || redis_cli(port, &["PING"]).is_ok_and(|o| o.stdout.starts_with(b"PONG")),
+            || self.cli(&["PING"]).starts_with("PONG"),
         );
     }
 
+    /// `redis://127.0.0.1:<port>`, or `rediss://localhost:<port>` for a TLS server (its
+    /// certificate names `localhost`).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match self.tls {
+            true => format!("rediss://localhost:{}", self.port),
+            false => format!("redis://127.0.0.1:{}", self.port),
+        }
     }
 
     /// Runs a command with redis-cli and returns its trimmed standard output.
     pub fn cli(&self, args: &[&str]) -> String {
-        let out = redis_cli(self.port, args).expect("run redis-cli");
+        let out = redis_cli_as(self.port, &self.cli_connect, args).expect("run redis-cli");
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
@@ -197,6 +231,8 @@ pub struct Sentinels {
     pub ports: Vec<u16>,
     children: Vec<Child>,
     dir: PathBuf,
+    cli_connect: Vec<String>,
+    tls: bool,
 }
 
 /// The name the sentinels know the primary by.
@@ -204,9 +240,17 @@ pub const MASTER: &str = "mymaster";
 
 impl Sentinels {
     pub fn start() -> Self {
-        let primary = RedisServer::start();
-        let replica =
-            RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
+        Self::start_as(&[], &[], false)
+    }
+
+    /// Servers and sentinels started with `extra` (TLS options when `tls`: then every port is
+    /// a TLS one), which redis-cli reaches with `cli_connect`.
+    pub fn start_as(extra: &[&str], cli_connect: &[String], tls: bool) -> Self {
+        let primary = RedisServer::start_as(extra, cli_connect, tls);
+        let mut replica_args = extra.to_vec();
+        let primary_port = primary.port.to_string();
+        replica_args.extend(["--replicaof", "127.0.0.1", &primary_port]);
+        let replica = RedisServer::start_as(&replica_args, cli_connect, tls);
         wait_until(Duration::from_secs(20), "the replica to sync", || {
             replica
                 .cli(&["INFO", "replication"])
@@ -231,12 +275,22 @@ impl Sentinels {
         let mut ports = Vec::new();
         for i in 0..3 {
             let port = free_port();
-            // Sentinel rewrites its file, so each gets one of its own.
+            // Sentinel rewrites its file, so each gets one of its own. Its TLS options are the
+            // servers' (`--name value` pairs become `name value` lines).
             let conf = dir.join(format!("sentinel-{i}.conf"));
+            let listen = match tls {
+                true => format!("port 0\ntls-port {port}\n"),
+                false => format!("port {port}\n"),
+            };
+            let options: String = extra
+                .chunks(2)
+                .filter(|kv| kv[0].starts_with("--tls"))
+                .map(|kv| format!("{} {}\n", &kv[0][2..], kv[1]))
+                .collect();
             std::fs::write(
                 &conf,
                 format!(
-                    "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\n\
+                    "{listen}{options}bind 127.0.0.1\ndaemonize no\ndir {dir}\n\
                      sentinel monitor {MASTER} 127.0.0.1 {primary} 2\n\
                      sentinel down-after-milliseconds {MASTER} 500\n\
                      sentinel failover-timeout {MASTER} 10000\n",
@@ -262,7 +316,7 @@ impl Sentinels {
                 Duration::from_secs(30),
                 "the sentinels to know each other",
                 || {
-                    let out = redis_cli(port, &["SENTINEL", "MASTER", MASTER]);
+                    let out = redis_cli_as(port, cli_connect, &["SENTINEL", "MASTER", MASTER]);
                     let Ok(out) = out else { return false };
                     let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
                         .lines()
@@ -285,23 +339,27 @@ impl Sentinels {
             ports,
             children,
             dir,
+            cli_connect: cli_connect.to_vec(),
+            tls,
         }
     }
 
-    /// `redis+sentinel://127.0.0.1:<port>,…/mymaster`.
+    /// `redis+sentinel://127.0.0.1:<port>,…/mymaster` (`rediss+sentinel://` with TLS).
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self
             .ports
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
-        format!("redis+sentinel://{}/{MASTER}", hosts.join(","))
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}+sentinel://{}/{MASTER}", hosts.join(","))
     }
 
     /// The port of the primary the first sentinel names.
     pub fn primary_port(&self) -> u16 {
-        let out = redis_cli(
+        let out = redis_cli_as(
             self.ports[0],
+            &self.cli_connect,
             &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER],
         )
         .unwrap();
@@ -326,27 +384,35 @@ impl Drop for Sentinels {
 /// A real Redis Cluster of three primaries on free ports.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
+    tls: bool,
 }
 
 impl RedisCluster {
     pub fn start() -> Self {
+        Self::start_as(&[], &[], false)
+    }
+
+    /// A cluster whose nodes start with `extra` (TLS options when `tls`), which redis-cli
+    /// reaches with `cli_connect`.
+    pub fn start_as(extra: &[&str], cli_connect: &[String], tls: bool) -> Self {
+        let mut args = vec![
+            "--cluster-enabled",
+            "yes",
+            "--cluster-node-timeout",
+            "5000",
+            "--cluster-config-file",
+            "nodes.conf",
+        ];
+        args.extend_from_slice(extra);
         let nodes: Vec<RedisServer> = (0..3)
-            .map(|_| {
-                RedisServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-node-timeout",
-                    "5000",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                ])
-            })
+            .map(|_| RedisServer::start_as(&args, cli_connect, tls))
             .collect();
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
-        let mut args = vec!["--cluster".to_string(), "create".to_string()];
+        let mut args = cli_connect.to_vec();
+        args.extend(["--cluster".to_string(), "create".to_string()]);
         args.extend(addrs.iter().cloned());
         args.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
         let out = Command::new("redis-cli")
@@ -364,17 +430,18 @@ impl RedisCluster {
                 node.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok")
             });
         }
-        RedisCluster { nodes }
+        RedisCluster { nodes, tls }
     }
 
-    /// `redis+cluster://host:port,host:port,host:port`.
+    /// `redis+cluster://host:port,host:port,host:port` (`rediss+cluster://` with TLS).
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self
             .nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
-        format!("redis+cluster://{}", hosts.join(","))
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}+cluster://{}", hosts.join(","))
     }
 
     /// The node that serves `key`'s slot.

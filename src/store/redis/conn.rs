@@ -6,10 +6,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::Cmd;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, Cmd};
 
+use super::endpoint::Endpoints;
 use super::script::SCRIPT;
 use super::sentinel;
 use crate::error::StoreError;
@@ -40,7 +41,7 @@ impl Conn {
 
 /// How to connect, as the builder says.
 pub(super) struct Connect<'a> {
-    pub(super) nodes: &'a [String],
+    pub(super) endpoints: &'a Endpoints,
     pub(super) cluster: bool,
     pub(super) pool: Option<deadpool_redis::PoolConfig>,
     pub(super) sentinel: Option<&'a sentinel::Target>,
@@ -54,17 +55,22 @@ impl Connect<'_> {
         self,
         fail: &dyn Fn(&str, &dyn fmt::Display) -> StoreError,
     ) -> Result<Conn, StoreError> {
+        let first = || self.endpoints.nodes[0].clone();
+        let within = |e| fail("connect to", &e);
         Ok(match (self.cluster, self.pool, self.sentinel) {
             (_, _, Some(t)) => {
-                let primary =
-                    sentinel::Primary::connect(t, self.connect_timeout, self.response_timeout)
-                        .await
-                        .map_err(|e| fail("connect to", &e))?;
+                let primary = sentinel::Primary::connect(
+                    t,
+                    self.endpoints,
+                    self.connect_timeout,
+                    self.response_timeout,
+                )
+                .await
+                .map_err(within)?;
                 Conn::Sentinel(primary)
             }
             (false, None, None) => {
-                let client = redis::Client::open(self.nodes[0].as_str())
-                    .map_err(|e| fail("parse the URL of", &e))?;
+                let client = redis::Client::open(first()).map_err(|e| fail("open", &e))?;
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(self.connect_timeout))
                     .set_response_timeout(Some(self.response_timeout))
@@ -74,37 +80,52 @@ impl Connect<'_> {
                     ConnectionManager::new_with_config(client, config),
                 )
                 .await
-                .map_err(|_| fail("connect to", &"timed out"))?
-                .map_err(|e| fail("connect to", &e))?;
+                .map_err(|_| fail("connect to", &self.endpoints.timed_out()))?
+                .map_err(|e| within(e.to_string()))?;
                 Conn::Multiplexed(manager)
             }
-            (false, Some(size), None) => {
-                let mut config = deadpool_redis::Config::from_url(self.nodes[0].clone());
-                config.pool = Some(size);
-                let pool = config
-                    .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+            (false, Some(config), None) => {
+                let connection = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(self.connect_timeout))
+                    .set_response_timeout(Some(self.response_timeout));
+                let manager = deadpool_redis::Manager::new_with_config(first(), connection)
+                    .map_err(|e| fail("configure a pool for", &e))?;
+                let pool = deadpool_redis::Pool::builder(manager)
+                    .config(config)
+                    .runtime(deadpool_redis::Runtime::Tokio1)
+                    .build()
                     .map_err(|e| fail("configure a pool for", &e))?;
                 Conn::Pool(pool)
             }
             (true, None, None) => {
-                let client = redis::cluster::ClusterClientBuilder::new(self.nodes.to_vec())
+                let client = self
+                    .endpoints
+                    .cluster()
                     .connection_timeout(self.connect_timeout)
                     .response_timeout(self.response_timeout)
                     .retries(2)
                     .build()
-                    .map_err(|e| fail("parse the URLs of", &e))?;
+                    .map_err(|e| fail("open", &e))?;
                 let conn =
                     tokio::time::timeout(self.connect_timeout * 2, client.get_async_connection())
                         .await
-                        .map_err(|_| fail("connect to", &"timed out"))?
-                        .map_err(|e| fail("connect to", &e))?;
+                        .map_err(|_| fail("connect to", &self.endpoints.timed_out()))?
+                        .map_err(|e| within(e.to_string()))?;
                 Conn::Cluster(conn)
             }
-            (true, Some(size), None) => {
-                let mut config = deadpool_redis::cluster::Config::from_urls(self.nodes.to_vec());
-                config.pool = Some(size);
-                let pool = config
-                    .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+            (true, Some(config), None) => {
+                if self.endpoints.has_certificates() {
+                    return Err(StoreError::new(crate::error::ConfigError::new(
+                        "a cluster pool cannot use a custom CA or client certificate: use the cluster's multiplexed connection (no pool), which does",
+                    )));
+                }
+                let manager =
+                    deadpool_redis::cluster::Manager::new(self.endpoints.nodes.clone(), false)
+                        .map_err(|e| fail("configure a pool for", &e))?;
+                let pool = deadpool_redis::cluster::Pool::builder(manager)
+                    .config(config)
+                    .runtime(deadpool_redis::Runtime::Tokio1)
+                    .build()
                     .map_err(|e| fail("configure a pool for", &e))?;
                 Conn::ClusterPool(pool)
             }
@@ -147,7 +168,7 @@ pub(super) async fn load_decision(
     conn: &Conn,
     wanted: bool,
     timeout: Duration,
-    target: &str,
+    fail: &dyn Fn(&str, &dyn fmt::Display) -> StoreError,
 ) -> Result<bool, StoreError> {
     let mut functions = false;
     if wanted {
@@ -160,11 +181,9 @@ pub(super) async fn load_decision(
         }
     }
     if !functions {
-        load(conn, false, timeout).await.map_err(|e| {
-            StoreError::new(format!(
-                "cannot load the script into Redis at {target}: {e}"
-            ))
-        })?;
+        load(conn, false, timeout)
+            .await
+            .map_err(|e| fail("load the script into", &e))?;
     }
     Ok(functions)
 }

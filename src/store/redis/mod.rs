@@ -2,10 +2,14 @@
 
 mod call;
 mod conn;
+mod endpoint;
 mod fuse;
 mod key;
+mod probe;
 mod script;
 mod sentinel;
+#[cfg(feature = "tls")]
+mod tls;
 
 use std::fmt;
 use std::future::Future;
@@ -15,6 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use self::conn::{Conn, Connect, load_decision};
+use self::endpoint::{Credentials, Endpoints, TlsSettings, redact};
 use self::script::SCRIPT;
 use super::{Checks, Registry, private};
 use crate::clock::Clock;
@@ -22,6 +27,8 @@ use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError, StoreErrorKind};
 
 pub(crate) use key::redis_key;
+#[cfg(feature = "tls")]
+pub use tls::RedisTls;
 
 /// The default key prefix.
 pub(crate) const DEFAULT_PREFIX: &str = "rl:";
@@ -155,6 +162,8 @@ pub struct RedisStoreBuilder {
     response_timeout: Duration,
     deadline: Duration,
     functions: bool,
+    credentials: Option<Credentials>,
+    tls: TlsSettings,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -178,32 +187,37 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("deadline", &self.deadline)
+            .field("credentials", &self.credentials)
+            .field("tls", &self.tls)
             .finish()
     }
 }
 
-/// `scheme://host:port` of a URL, without credentials or path, for messages.
-fn redact(url: &str) -> String {
-    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
-    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
-    let host = rest.split('/').next().unwrap_or(rest);
-    format!("{scheme}://{host}")
-}
-
 impl RedisStore {
     /// Configures a store for `url`: `redis://[user:password@]host[:port][/db]`, `rediss://…`
-    /// (TLS, if redis-rs was built with it), `redis+unix:///path`, or
-    /// `redis+cluster://[user:password@]host:port,host:port,…` for a Redis Cluster, or
-    /// `redis+sentinel://[user:password@]host:port,host:port,…/<master name>[/<db>]` for the
-    /// primary that Redis Sentinel names (the sentinels' addresses, port 26379 by default;
-    /// the credentials and database are the primary's). A malformed URL is reported by
+    /// (TLS, feature `tls`: see [`RedisStoreBuilder::tls`]), `redis+unix:///path`, or
+    /// `redis+cluster://[user:password@]host:port,host:port,…` (`rediss+cluster://`) for a
+    /// Redis Cluster, or
+    /// `redis+sentinel://[user:password@]host:port,host:port,…/<master name>[/<db>]`
+    /// (`rediss+sentinel://`: TLS to the sentinels and the primary) for the primary that Redis
+    /// Sentinel names (the sentinels' addresses, port 26379 by default; the credentials and
+    /// database are the primary's). Credentials can also be given beside the URL
+    /// ([`RedisStoreBuilder::credentials`]). A malformed URL is reported by
     /// [`build`](RedisStoreBuilder::build).
     pub fn builder(url: &str) -> RedisStoreBuilder {
         let url = url.trim();
-        if let Some(rest) = url.strip_prefix("redis+sentinel://") {
-            let target = sentinel::Target::parse(rest);
+        for (scheme, secure) in [("redis+sentinel://", false), ("rediss+sentinel://", true)] {
+            let Some(rest) = url.strip_prefix(scheme) else {
+                continue;
+            };
+            let target = sentinel::Target::parse(rest, secure);
+            let node_scheme = if secure { "rediss" } else { "redis" };
             let nodes = match &target {
-                Ok(t) => t.sentinels.iter().map(|h| format!("redis://{h}")).collect(),
+                Ok(t) => t
+                    .sentinels
+                    .iter()
+                    .map(|h| format!("{node_scheme}://{h}"))
+                    .collect(),
                 Err(_) => vec![],
             };
             let mut builder = Self::new_builder(nodes, false);
@@ -252,6 +266,8 @@ impl RedisStore {
             response_timeout: Duration::from_secs(1),
             deadline: DEFAULT_DEADLINE,
             functions: true,
+            credentials: None,
+            tls: TlsSettings::default(),
         }
     }
 
@@ -346,6 +362,40 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Authenticates as `username` with `password` (an ACL user, Redis 6 and later), in place
+    /// of credentials in the URL. Given here, the password stays out of the URL, which
+    /// configuration tools and logs tend to print; the store never prints it (its `Debug`,
+    /// its errors and its log lines show the username only). With Sentinel these are the
+    /// primary's credentials.
+    pub fn credentials(mut self, username: impl Into<String>, password: impl Into<String>) -> Self {
+        self.credentials = Some(Credentials {
+            username: Some(username.into()),
+            password: password.into(),
+        });
+        self
+    }
+
+    /// Authenticates with `password` alone (the `default` user, or `requirepass`), in place
+    /// of a password in the URL; see [`credentials`](Self::credentials).
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.credentials = Some(Credentials {
+            username: None,
+            password: password.into(),
+        });
+        self
+    }
+
+    /// TLS settings: a CA to trust, a client certificate, or (for development) no
+    /// verification. Whether connections are TLS is the URL's: `rediss://`,
+    /// `rediss+cluster://` or `rediss+sentinel://` (with these settings, a plain-text URL is
+    /// an error of [`build`](Self::build)). Without this, a TLS URL trusts the system's roots.
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls(mut self, tls: RedisTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
     fn pool_config(&self, max_size: usize) -> deadpool_redis::PoolConfig {
         deadpool_redis::PoolConfig {
             max_size,
@@ -358,8 +408,12 @@ impl RedisStoreBuilder {
         }
     }
 
-    /// Connects, loads the script, and returns the store. Fails with a one-line message when
-    /// the URL is invalid or Redis cannot be reached within the connect timeout.
+    /// Connects, loads the script, checks that the Redis user may run every command the
+    /// decision runs (once, on a key under the prefix, left deleted), and returns the store.
+    /// Fails with a one-line message naming the cause when the URL or a TLS setting is
+    /// invalid, Redis cannot be reached within the connect timeout, the TLS handshake or the
+    /// credentials are refused, or the user lacks a permission (the Redis guide gives the ACL
+    /// line).
     pub async fn build(mut self) -> Result<RedisStore, StoreError> {
         key::validate_prefix(&self.prefix).map_err(StoreError::new)?;
         let sentinel = self.sentinel.take().transpose().map_err(StoreError::new)?;
@@ -381,11 +435,27 @@ impl RedisStoreBuilder {
             target = format!("the primary {:?} of the sentinels {target}", t.master);
         }
         let fail = |what: &str, e: &dyn fmt::Display| {
-            StoreError::new(format!("cannot {what} Redis at {target}: {e}"))
+            let e = e.to_string();
+            match endpoint::explain(&e) {
+                Some(cause) => {
+                    StoreError::new(format!("cannot {what} Redis at {target}: {cause} ({e})"))
+                }
+                None => StoreError::new(format!("cannot {what} Redis at {target}: {e}")),
+            }
         };
+        let mut sentinel = sentinel;
+        let credentials = match (&mut sentinel, self.credentials.take()) {
+            (Some(t), Some(c)) => {
+                (t.username, t.password) = (c.username, Some(c.password));
+                None
+            }
+            (_, c) => c,
+        };
+        let endpoints = Endpoints::read(&self.nodes, credentials.as_ref(), &self.tls)
+            .map_err(StoreError::new)?;
         let pool = self.pool.map(|size| self.pool_config(size));
         let connect = Connect {
-            nodes: &self.nodes,
+            endpoints: &endpoints,
             cluster: self.cluster,
             pool,
             sentinel: sentinel.as_ref(),
@@ -394,7 +464,14 @@ impl RedisStoreBuilder {
         };
         let conn = connect.connect(&fail).await?;
         let wait = self.connect_timeout * 2;
-        let functions = load_decision(&conn, self.functions, wait, &target).await?;
+        let functions = load_decision(&conn, self.functions, wait, &fail).await?;
+        let redis_time = self.clock.is_none();
+        if probe::run(&conn, &self.prefix, redis_time, wait).await? == probe::Probed::Full {
+            tracing::warn!(
+                %target,
+                "Redis is out of memory (OOM, maxmemory with noeviction): decisions fail, and the failure policy answers them, until it has room"
+            );
+        }
         let store = RedisStore {
             inner: Arc::new(Inner {
                 conn,

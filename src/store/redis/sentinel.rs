@@ -22,6 +22,7 @@ use redis::{
     AsyncConnectionConfig, ConnectionAddr, ErrorKind, IntoConnectionInfo, ServerErrorKind,
 };
 
+use super::endpoint::Endpoints;
 use crate::error::{ConfigError, StoreError};
 
 /// How long to wait between two rounds of asking the sentinels.
@@ -37,16 +38,17 @@ pub(super) struct Target {
     pub(super) sentinels: Vec<String>,
     addrs: Vec<ConnectionAddr>,
     pub(super) master: String,
-    username: Option<String>,
-    password: Option<String>,
+    pub(super) username: Option<String>,
+    pub(super) password: Option<String>,
     db: i64,
 }
 
 impl Target {
     /// Reads `redis+sentinel://[user:password@]host[:port],host[:port],…/<master name>[/<db>]`
-    /// (without the scheme). The credentials and database are the primary's (and the
-    /// replicas'); the sentinels are asked without credentials.
-    pub(super) fn parse(rest: &str) -> Result<Target, ConfigError> {
+    /// (without the scheme; `secure` for `rediss+sentinel://`, TLS to the sentinels and the
+    /// primary). The credentials and database are the primary's (and the replicas'); the
+    /// sentinels are asked without credentials.
+    pub(super) fn parse(rest: &str, secure: bool) -> Result<Target, ConfigError> {
         let fail = |what: &str| {
             ConfigError::new(format!(
                 "a Sentinel URL is redis+sentinel://[user:password@]host:port,host:port/<master name>[/<db>]: {what}"
@@ -87,7 +89,8 @@ impl Target {
             } else {
                 format!("{host}:{SENTINEL_PORT}")
             };
-            let info = format!("redis://{host}")
+            let scheme = if secure { "rediss" } else { "redis" };
+            let info = format!("{scheme}://{host}")
                 .as_str()
                 .into_connection_info()
                 .map_err(|e| fail(&format!("bad sentinel address {host:?} ({e})")))?;
@@ -128,6 +131,7 @@ impl Primary {
     /// Asks the sentinels for the primary and connects to it, within `timeout`.
     pub(super) async fn connect(
         target: &Target,
+        endpoints: &Endpoints,
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> Result<Arc<Primary>, String> {
@@ -144,7 +148,10 @@ impl Primary {
         if let Some(password) = &target.password {
             builder = builder.set_client_to_redis_password(password);
         }
-        let client = builder.build().map_err(|e| e.to_string())?;
+        let client = endpoints
+            .sentinel(builder)
+            .build()
+            .map_err(|e| e.to_string())?;
         let primary = Arc::new(Primary {
             client: tokio::sync::Mutex::new(client),
             current: ArcSwapOption::empty(),
@@ -283,7 +290,11 @@ mod tests {
 
     #[test]
     fn reads_sentinel_urls() {
-        let t = Target::parse("u:p%40ss@10.0.0.1:26380,10.0.0.2,[::1]:5000/mymaster/3").unwrap();
+        let t = Target::parse(
+            "u:p%40ss@10.0.0.1:26380,10.0.0.2,[::1]:5000/mymaster/3",
+            false,
+        )
+        .unwrap();
         assert_eq!(
             t.sentinels,
             ["10.0.0.1:26380", "10.0.0.2:26379", "[::1]:5000"]
@@ -292,10 +303,10 @@ mod tests {
         assert_eq!(t.db, 3);
         assert_eq!(t.username.as_deref(), Some("u"));
         assert_eq!(t.password.as_deref(), Some("p@ss"));
-        let t = Target::parse("127.0.0.1:26379/m").unwrap();
+        let t = Target::parse("127.0.0.1:26379/m", false).unwrap();
         assert_eq!((t.db, t.username, t.password), (0, None, None));
         for bad in ["127.0.0.1:26379", "127.0.0.1:26379/", "/m", "h:notaport/m"] {
-            assert!(Target::parse(bad).is_err(), "{bad}");
+            assert!(Target::parse(bad, false).is_err(), "{bad}");
         }
     }
 }

@@ -1,0 +1,257 @@
+//! TLS to Redis (feature `tls`): the settings users give, checked, applied to each node's
+//! connection information, and a failed handshake told by its cause.
+//!
+//! Which connections are TLS is the URL's scheme (`rediss://`, `rediss+cluster://`,
+//! `rediss+sentinel://`); [`RedisTls`] says what to trust and how to be known. Everything here
+//! is checked by `build()`, before anything connects.
+
+use std::fmt;
+
+use redis::{ConnectionAddr, ConnectionInfo};
+
+use crate::error::ConfigError;
+
+/// TLS settings of a [`RedisStore`](super::RedisStore) (feature `tls`), given to
+/// [`RedisStoreBuilder::tls`](super::RedisStoreBuilder::tls).
+///
+/// A `rediss://` URL alone is TLS against the system's trusted roots (the platform's
+/// certificate store, read by `rustls-native-certs`), which is what managed services
+/// (ElastiCache, Upstash, Azure Cache, Memorystore, Redis Cloud) need. A `RedisTls` adds what a
+/// self-hosted Redis needs: the CA that signed its certificate, and a client certificate for
+/// mutual TLS (`tls-auth-clients yes`). The server's certificate is always checked against the
+/// host name of the URL.
+///
+/// ```no_run
+/// use tower_ratelimit::{RedisStore, RedisTls};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let tls = RedisTls::new()
+///     .ca_pem(std::fs::read("ca.crt")?)
+///     .client_certificate(std::fs::read("client.crt")?, std::fs::read("client.key")?);
+/// let store = RedisStore::builder("rediss://redis.internal:6380")
+///     .tls(tls)
+///     .build()
+///     .await?;
+/// # Ok(()) }
+/// ```
+///
+/// A certificate or key that is not PEM, a CA file without a certificate, or TLS settings
+/// with a plain-text `redis://` URL are errors of `build()`; so is a handshake that fails (an
+/// unknown CA, a name mismatch, an expired certificate, a port that does not speak TLS), with
+/// its cause named.
+#[derive(Clone, Default)]
+pub struct RedisTls {
+    ca: Option<Vec<u8>>,
+    client: Option<(Vec<u8>, Vec<u8>)>,
+    insecure: bool,
+}
+
+impl fmt::Debug for RedisTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisTls")
+            .field("ca", &self.ca.as_ref().map(|_| "custom"))
+            .field("client_certificate", &self.client.is_some())
+            .field("insecure", &self.insecure)
+            .finish()
+    }
+}
+
+impl RedisTls {
+    /// TLS verified against the system's trusted roots, without a client certificate.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Trusts the CA certificates in `pem` (one or more `BEGIN CERTIFICATE` blocks) instead of
+    /// the system's roots.
+    pub fn ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca = Some(pem.into());
+        self
+    }
+
+    /// Presents this certificate (its chain, PEM) and private key (PEM: PKCS#8, PKCS#1 or
+    /// SEC1) to servers that ask for one (mutual TLS, `tls-auth-clients yes`).
+    pub fn client_certificate(
+        mut self,
+        certificate_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.client = Some((certificate_pem.into(), key_pem.into()));
+        self
+    }
+
+    /// **For development only**: accepts any certificate from the server, unverified: anyone
+    /// on the path can read and change the traffic, credentials included. The store logs a
+    /// warning at `build()`. A custom CA and a client certificate still apply.
+    pub fn danger_accept_invalid_certificates(mut self, accept: bool) -> Self {
+        self.insecure = accept;
+        self
+    }
+
+    /// The settings as redis-rs takes them, each PEM checked.
+    pub(super) fn read(&self) -> Result<Tls, ConfigError> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certificates = |pem: &[u8], what: &str| {
+            let count = CertificateDer::pem_slice_iter(pem)
+                .try_fold(0, |n, c| c.map(|_| n + 1))
+                .map_err(|e| ConfigError::new(format!("TLS: {what} is not valid PEM: {e}")))?;
+            match count {
+                0 => Err(ConfigError::new(format!(
+                    "TLS: {what} holds no certificate (no BEGIN CERTIFICATE block)"
+                ))),
+                _ => Ok(()),
+            }
+        };
+        if let Some(ca) = &self.ca {
+            certificates(ca, "the CA")?;
+        }
+        if let Some((cert, key)) = &self.client {
+            certificates(cert, "the client certificate")?;
+            PrivateKeyDer::from_pem_slice(key).map_err(|e| {
+                ConfigError::new(format!("TLS: the client key is not a PEM private key: {e}"))
+            })?;
+        }
+        let certs = (self.ca.is_some() || self.client.is_some()).then(|| redis::TlsCertificates {
+            client_tls: self
+                .client
+                .as_ref()
+                .map(|(cert, key)| redis::ClientTlsConfig {
+                    client_cert: cert.clone(),
+                    client_key: key.clone(),
+                }),
+            root_cert: self.ca.clone(),
+        });
+        Ok(Tls {
+            certs,
+            insecure: self.insecure,
+        })
+    }
+}
+
+/// The TLS settings, read.
+#[derive(Clone, Default)]
+pub(super) struct Tls {
+    certs: Option<redis::TlsCertificates>,
+    insecure: bool,
+}
+
+impl Tls {
+    /// `info` with the TLS settings applied; `info` must be a `rediss://` one.
+    pub(super) fn apply(&self, info: ConnectionInfo) -> Result<ConnectionInfo, ConfigError> {
+        let ConnectionAddr::TcpTls { host, port, .. } = info.addr().clone() else {
+            return Err(ConfigError::new(
+                "TLS settings were given but the URL is plain text: use rediss:// (rediss+cluster://, rediss+sentinel://)",
+            ));
+        };
+        let mut info = info;
+        if self.insecure {
+            tracing::warn!(
+                %host, port,
+                "TLS to Redis accepts any certificate (danger_accept_invalid_certificates): for development only"
+            );
+            info = info.set_addr(ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: true,
+                tls_params: None,
+            });
+        }
+        match &self.certs {
+            Some(certs) => redis::Client::build_with_tls(info, certs.clone())
+                .map(|client| client.get_connection_info().clone())
+                .map_err(|e| ConfigError::new(format!("TLS: {e}"))),
+            None => Ok(info),
+        }
+    }
+
+    pub(super) fn has_certificates(&self) -> bool {
+        self.certs.is_some()
+    }
+
+    /// `builder` with the certificates.
+    pub(super) fn cluster(
+        &self,
+        builder: redis::cluster::ClusterClientBuilder,
+    ) -> redis::cluster::ClusterClientBuilder {
+        match &self.certs {
+            Some(certs) => builder.certs(certs.clone()),
+            None => builder,
+        }
+    }
+
+    /// `builder` with TLS to the sentinels and to the primary.
+    pub(super) fn sentinel(
+        &self,
+        builder: redis::sentinel::SentinelClientBuilder,
+    ) -> redis::sentinel::SentinelClientBuilder {
+        let mode = match self.insecure {
+            true => redis::TlsMode::Insecure,
+            false => redis::TlsMode::Secure,
+        };
+        let builder = builder
+            .set_client_to_sentinel_tls_mode(mode)
+            .set_client_to_redis_tls_mode(mode);
+        match &self.certs {
+            Some(certs) => builder
+                .set_client_to_sentinel_certificates(certs.clone())
+                .set_client_to_redis_certificates(certs.clone()),
+            None => builder,
+        }
+    }
+}
+
+/// rustls asks for the process's crypto provider: ring's is installed unless the application
+/// installed one (with two providers built in, rustls cannot choose one by itself).
+pub(super) fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Another thread may install one meanwhile; either is fine.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+/// A failed connection's cause in words, when it is a TLS one (`error` lowercased).
+pub(super) fn explain(error: &str) -> Option<&'static str> {
+    const CAUSES: &[(&str, &str)] = &[
+        (
+            "unknownissuer",
+            "the server's certificate is not signed by a trusted CA (give its CA with RedisTls::ca_pem)",
+        ),
+        (
+            "not valid for name",
+            "the server's certificate is not valid for the host name in the URL",
+        ),
+        (
+            "certificate expired",
+            "the server's certificate has expired",
+        ),
+        (
+            "certificaterequired",
+            "the server requires a client certificate (RedisTls::client_certificate)",
+        ),
+        (
+            "unknownca",
+            "the server does not trust the client certificate's CA",
+        ),
+        (
+            "badcertificate",
+            "the server refused the client certificate",
+        ),
+        (
+            "invalid peer certificate",
+            "the server's certificate is not valid",
+        ),
+        (
+            "invalidcontenttype",
+            "the server does not speak TLS on this port (use redis://, or the TLS port)",
+        ),
+        (
+            "corrupt message",
+            "the server does not speak TLS on this port (use redis://, or the TLS port)",
+        ),
+    ];
+    CAUSES
+        .iter()
+        .find(|(needle, _)| error.contains(needle))
+        .map(|(_, cause)| *cause)
+}

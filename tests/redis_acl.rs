@@ -1,0 +1,286 @@
+//! The Redis guide's least-privilege ACL lines, run for real: the store's whole behaviour
+//! under each (every operation, the admin operations, a reload, the fallback to `EVAL` after a
+//! flush, the cluster) leaves Redis's `ACL LOG` empty; a user lacking a command, or a Redis
+//! refusing `TIME` in scripts, fails at `build()` naming it; credentials are never printed.
+
+use std::time::Duration;
+
+use http::StatusCode;
+use tower::ServiceExt;
+use tower_ratelimit::key::{GlobalKey, Key};
+use tower_ratelimit::{Algorithm, Policy, RateLimitLayer, RedisStore, SystemClock};
+
+mod support;
+
+use support::http::{Seen, get, inner};
+use support::trace::Recorder;
+use support::{RedisCluster, RedisServer};
+
+const PASSWORD: &str = "s3cret-Pa55word-for-the-test";
+
+/// The guide's `ACL SETUSER` lines: for Redis functions (`FCALL`), and for `EVALSHA`.
+fn acl_lines() -> Vec<Vec<String>> {
+    let guide = include_str!("../src/guide/redis.md");
+    let lines: Vec<Vec<String>> = guide
+        .lines()
+        .filter(|l| l.starts_with("ACL SETUSER ratelimiter "))
+        .map(|l| {
+            l.replace(">CHANGE-ME", &format!(">{PASSWORD}"))
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        lines.len(),
+        2,
+        "the guide has the FCALL and the EVALSHA lines"
+    );
+    assert!(lines[0].contains(&"+fcall".to_owned()));
+    assert!(lines[1].contains(&"+evalsha".to_owned()));
+    lines
+}
+
+fn set_user(server: &RedisServer, line: &[String]) {
+    let args: Vec<&str> = line.iter().map(String::as_str).collect();
+    assert_eq!(server.cli(&args), "OK", "{line:?}");
+    server.cli(&["ACL", "LOG", "RESET"]);
+}
+
+/// What Redis denied the user, from `ACL LOG`: each entry's `object` (the command or key).
+fn denied(server: &RedisServer) -> Vec<String> {
+    let log = server.cli(&["ACL", "LOG"]);
+    let lines: Vec<&str> = log.lines().collect();
+    lines
+        .windows(2)
+        .filter(|w| w[0] == "object")
+        .map(|w| w[1].to_owned())
+        .collect()
+}
+
+fn store_as_user(url: &str) -> tower_ratelimit::RedisStoreBuilder {
+    RedisStore::builder(url)
+        .credentials("ratelimiter", PASSWORD)
+        .prefix("rl:")
+        .deadline(Duration::from_secs(10))
+}
+
+/// Everything the store does: each algorithm's fused decision and the admin operations,
+/// several policies at once, a lease, a wait, a concurrency slot, a reload, and a decision
+/// after the function or script was flushed.
+async fn everything(store: &RedisStore, flush: impl Fn()) {
+    for algorithm in Algorithm::ALL {
+        let layer = RateLimitLayer::builder()
+            .policy(Policy::new(algorithm, "3/h").name(algorithm.name()))
+            .store(store.clone())
+            .build()
+            .unwrap();
+        let key = Key::from("k");
+        for _ in 0..3 {
+            assert!(layer.check(&key, 1).await.unwrap().is_allowed());
+        }
+        assert!(!layer.check(&key, 1).await.unwrap().is_allowed());
+        layer.peek(&key).await.unwrap();
+        layer.refund(&key, 1).await.unwrap();
+        layer.penalize(&key, 1).await.unwrap();
+        layer
+            .block_for(&key, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert!(!layer.check(&key, 1).await.unwrap().is_allowed());
+        layer.reset(&key).await.unwrap();
+        assert!(layer.check(&key, 1).await.unwrap().is_allowed());
+        layer
+            .reload([Policy::new(algorithm, "5/h").name(algorithm.name())])
+            .unwrap();
+        assert!(layer.check(&key, 1).await.unwrap().is_allowed());
+    }
+    let service = |policies: Vec<Policy>| {
+        let layer = RateLimitLayer::builder()
+            .policies(policies)
+            .key(GlobalKey)
+            .store(store.clone())
+            .build()
+            .unwrap();
+        tower::ServiceBuilder::new()
+            .layer(layer)
+            .service(inner(&Seen::default()))
+    };
+    let two = service(vec![
+        Policy::gcra("5/h").name("two-a"),
+        Policy::sliding_log("10/h").name("two-b"),
+    ]);
+    let leased = service(vec![Policy::fixed_window("10/h").name("leased").lease(2)]);
+    let waits = service(vec![
+        Policy::gcra("20/s")
+            .name("waits")
+            .wait_up_to(Duration::from_secs(1)),
+    ]);
+    let held = service(vec![Policy::concurrency(1).name("held")]);
+    for svc in [&two, &leased, &waits, &held] {
+        for _ in 0..2 {
+            assert_eq!(get(svc).await.status, StatusCode::OK);
+        }
+    }
+    flush();
+    assert_eq!(get(&two).await.status, StatusCode::OK);
+    let _ = held.clone().oneshot(http::Request::new(())).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guides_acl_lines_allow_everything_the_store_does() {
+    for (line, functions) in acl_lines().iter().zip([true, false]) {
+        let server = RedisServer::start();
+        set_user(&server, line);
+        let store = store_as_user(&server.url())
+            .functions(functions)
+            .build()
+            .await
+            .expect("build under the least-privilege user");
+        assert_eq!(store.uses_functions(), functions);
+        let flushed = if functions { "FUNCTION" } else { "SCRIPT" };
+        everything(&store, || assert_eq!(server.cli(&[flushed, "FLUSH"]), "OK")).await;
+        if functions {
+            let name = RedisStore::function_name();
+            support::eventually("the function is loaded again", async || {
+                server.cli(&["FUNCTION", "LIST"]).contains(name)
+            })
+            .await;
+        }
+        assert_eq!(denied(&server), Vec::<String>::new(), "{line:?}");
+        // The EVALSHA line's user, asked for functions, falls back to EVALSHA; Redis denied
+        // FUNCTION LOAD alone.
+        if !functions {
+            let store = store_as_user(&server.url()).build().await.unwrap();
+            assert!(!store.uses_functions());
+            assert_eq!(denied(&server), ["function|load"]);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_acl_line_allows_everything_on_the_cluster() {
+    let cluster = RedisCluster::start();
+    let line = &acl_lines()[0];
+    for node in &cluster.nodes {
+        set_user(node, line);
+    }
+    let store = store_as_user(&cluster.url())
+        .build()
+        .await
+        .expect("build under the least-privilege user");
+    everything(&store, || {
+        for node in &cluster.nodes {
+            node.cli(&["FUNCTION", "FLUSH"]);
+        }
+    })
+    .await;
+    for node in &cluster.nodes {
+        assert_eq!(denied(node), Vec::<String>::new(), "node {}", node.port);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_permission_is_an_error_of_build_naming_the_command() {
+    let server = RedisServer::start();
+    let mut line = acl_lines()[0].clone();
+    line.retain(|w| w != "+zadd");
+    set_user(&server, &line);
+    let error = store_as_user(&server.url())
+        .build()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("may not run ZADD"), "{error}");
+    assert!(error.contains("ACL line"), "{error}");
+    // Keys outside the prefix are refused too.
+    set_user(&server, &acl_lines()[0]);
+    let error = store_as_user(&server.url())
+        .prefix("other:")
+        .build()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("ACL line"), "{error}");
+}
+
+/// A Redis that refuses `TIME` in scripts: `build()` names the option, and with the
+/// instances' clock the store works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_refusing_time_needs_the_instances_clock() {
+    let server = RedisServer::start();
+    let mut line = acl_lines()[0].clone();
+    line.retain(|w| w != "+time");
+    set_user(&server, &line);
+    let error = store_as_user(&server.url())
+        .build()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("Redis refuses TIME"), "{error}");
+    assert!(error.contains("clock(SystemClock::new())"), "{error}");
+    assert_eq!(denied(&server), ["time"]);
+    server.cli(&["ACL", "LOG", "RESET"]);
+    let store = store_as_user(&server.url())
+        .clock(SystemClock::new())
+        .build()
+        .await
+        .expect("the instances' clock");
+    everything(&store, || {
+        server.cli(&["FUNCTION", "FLUSH"]);
+    })
+    .await;
+    assert_eq!(denied(&server), Vec::<String>::new());
+}
+
+/// The password given beside the URL, or in it, appears in no `Debug`, error or log line.
+#[tokio::test(flavor = "current_thread")]
+async fn credentials_are_never_printed() {
+    let recorder = Recorder::default();
+    let _default = tracing::subscriber::set_default(recorder.clone());
+    let server = RedisServer::start();
+    set_user(&server, &acl_lines()[0]);
+    let builder = store_as_user(&server.url());
+    let shown = format!("{builder:?}");
+    assert!(
+        shown.contains("ratelimiter") && !shown.contains(PASSWORD),
+        "{shown}"
+    );
+    let store = builder.build().await.expect("the right password");
+    assert!(!format!("{store:?}").contains(PASSWORD));
+    // A wrong password, beside the URL and in it.
+    let wrong = format!("{PASSWORD}-wrong");
+    let error = RedisStore::builder(&server.url())
+        .credentials("ratelimiter", &wrong)
+        .build()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("refused the credentials"), "{error}");
+    let url = format!("redis://ratelimiter:{wrong}@127.0.0.1:{}", server.port);
+    let in_url = RedisStore::builder(&url).build().await.unwrap_err();
+    for text in [error, in_url.to_string(), format!("{in_url:?}")] {
+        assert!(!text.contains(PASSWORD), "{text}");
+    }
+    // And Redis down: the error, and the failure policy's warning.
+    drop(server);
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::gcra("1/s"))
+        .key(GlobalKey)
+        .store(store)
+        .build()
+        .unwrap();
+    let error = layer.check(&Key::from("k"), 1).await.unwrap_err();
+    assert!(!format!("{error} {error:?}").contains(PASSWORD));
+    let svc = tower::ServiceBuilder::new()
+        .layer(layer)
+        .service(inner(&Seen::default()));
+    assert_eq!(
+        get(&svc).await.status,
+        StatusCode::OK,
+        "the failure policy, open"
+    );
+    let logged = recorder.everything();
+    assert!(logged.contains("WARN"), "the failure was logged: {logged}");
+    assert!(!logged.contains(PASSWORD), "{logged}");
+}

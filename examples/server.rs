@@ -35,7 +35,8 @@ Environment variables:
               replaces; setting both is an error). Reloaded on SIGHUP, keeping every key's
               usage; a file with a mistake is rejected and the old limits stay.
                                                     (default unset)
-  REDIS_URL   unset: in-memory store; set: Redis, e.g. redis://127.0.0.1:6379,
+  REDIS_URL   unset: in-memory store; set: Redis (the server starts while Redis is down;
+              ON_STORE_ERROR answers until it is up), e.g. redis://127.0.0.1:6379,
               redis+cluster://127.0.0.1:7000,127.0.0.1:7001 for a Redis Cluster, or
               redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster for the primary
               Redis Sentinel names; rediss://, rediss+cluster:// and rediss+sentinel://
@@ -555,6 +556,28 @@ async fn login(headers: axum::http::HeaderMap) -> (axum::http::StatusCode, &'sta
     }
 }
 
+/// Prints why the store is not connected to Redis yet, each time the reason changes, and
+/// when it connects.
+fn report_connection(store: RedisStore) {
+    tokio::spawn(async move {
+        let mut said = Some(String::new());
+        loop {
+            let now = store.connection_error();
+            if now != said {
+                match &now {
+                    Some(error) => eprintln!("redis: not connected yet: {error}"),
+                    None => eprintln!("redis: connected; decisions are exact"),
+                }
+            }
+            if now.is_none() {
+                return;
+            }
+            said = now;
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    });
+}
+
 /// `GET /slow?ms=<n>`: answers after `n` milliseconds (at most 10,000).
 async fn slow(
     axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
@@ -596,14 +619,25 @@ async fn build(config: &Config) -> Result<(Apps, String), String> {
             policies(config, RateLimitLayer::builder())?
                 .build()
                 .map_err(|e| format!("{}: {e}", source(config)))?;
+            // The server starts while Redis is down: ON_STORE_ERROR answers until it is up.
             let store = config
                 .redis_access
                 .apply(RedisStore::builder(url))
                 .prefix(config.prefix.as_str())
                 .deadline(config.store_timeout)
+                .connect_lazily(true)
                 .build()
                 .await
                 .map_err(|e| format!("REDIS_URL: {e}"))?;
+            // A Redis that is up is connected within milliseconds: give it a second, so that
+            // the first requests are decided by it, then start anyway.
+            for _ in 0..100 {
+                if store.is_connected() {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            report_connection(store.clone());
             let described = format!(
                 "redis prefix={} ON_STORE_ERROR={:?} STORE_TIMEOUT_MS={} LEASE={}",
                 config.prefix,

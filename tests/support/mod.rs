@@ -135,7 +135,11 @@ impl RedisServer {
     /// Starts a server with extra options, which redis-cli reaches with `cli_connect`; when
     /// `tls`, its only port is a TLS one (`extra` names the certificates).
     pub fn start_as(extra: &[&str], cli_connect: &[String], tls: bool) -> Self {
-        let port = free_port();
+        Self::start_on(free_port(), extra, cli_connect, tls)
+    }
+
+    /// [`RedisServer::start_as`] on `port` (one a store was told of before the server came).
+    pub fn start_on(port: u16, extra: &[&str], cli_connect: &[String], tls: bool) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "tower-ratelimit-redis-{}-{port}",
             std::process::id()

@@ -9,6 +9,7 @@ use redis::{Cmd, ErrorKind, ServerErrorKind};
 use smallvec::SmallVec;
 
 use super::conn::{AnyConn, load};
+use super::link::Link;
 use super::script::{ADMITTED, SCRIPT, shape};
 use super::{Inner, RELOAD_TIMEOUT, redis_key};
 use crate::algorithm::Verdict;
@@ -25,12 +26,13 @@ type Reply = (Verdict, Option<Grant>);
 
 impl Inner {
     pub(super) async fn decide(&self, checks: Checks) -> Result<Decision, StoreError> {
+        let link = self.linking.get(&self.target)?;
         let one_slot = checks.iter().all(|c| c.key() == checks[0].key());
-        let verdicts = if !self.conn.is_cluster() || one_slot {
-            self.run(&checks).await?
+        let verdicts = if !link.conn.is_cluster() || one_slot {
+            self.run(link, &checks).await?
         } else {
             // Boxed, as the pools' futures are: only clusters take this path.
-            Box::pin(self.decide_across_slots(&checks)).await?
+            Box::pin(self.decide_across_slots(link, &checks)).await?
         };
         let outcomes: SmallVec<[PolicyOutcome; 1]> = checks
             .iter()
@@ -48,7 +50,11 @@ impl Inner {
     /// once one denies the request, the rest are only looked at, and what the earlier scripts
     /// charged is refunded. No request is ever admitted past a limit; a concurrent request may
     /// briefly see a charge that is then refunded, so the error is on the strict side.
-    async fn decide_across_slots(&self, checks: &[Check]) -> Result<Vec<Reply>, StoreError> {
+    async fn decide_across_slots(
+        &self,
+        link: &Link,
+        checks: &[Check],
+    ) -> Result<Vec<Reply>, StoreError> {
         let mut groups: Vec<Vec<usize>> = Vec::new();
         for (i, c) in checks.iter().enumerate() {
             match groups.iter_mut().find(|g| checks[g[0]].key() == c.key()) {
@@ -71,7 +77,7 @@ impl Inner {
                     })
                 })
                 .collect();
-            let result = self.run(&batch).await?;
+            let result = self.run(link, &batch).await?;
             let admitted = batch
                 .iter()
                 .zip(&result)
@@ -95,7 +101,7 @@ impl Inner {
         }
         if denied {
             for refund in charged {
-                if let Err(error) = self.run(&[refund]).await {
+                if let Err(error) = self.run(link, &[refund]).await {
                     tracing::warn!(%error, "could not refund a charge on another cluster slot");
                 }
             }
@@ -111,7 +117,7 @@ impl Inner {
     }
 
     /// One script call deciding `checks`, whose keys must share a slot on a cluster.
-    async fn run(&self, checks: &[Check]) -> Result<Vec<Reply>, StoreError> {
+    async fn run(&self, link: &Link, checks: &[Check]) -> Result<Vec<Reply>, StoreError> {
         let command = |name: &str, script: &str| {
             let mut cmd = redis::cmd(name);
             cmd.arg(script).arg(checks.len());
@@ -138,13 +144,13 @@ impl Inner {
             }
             cmd
         };
-        let call = if self.functions {
+        let call = if link.functions {
             command("FCALL", SCRIPT.function())
         } else {
             command("EVALSHA", SCRIPT.sha())
         };
         let eval = || command("EVAL", SCRIPT.source());
-        let reply: Vec<i64> = self
+        let reply: Vec<i64> = link
             .conn
             .with(|mut c| async move { self.invoke(&call, eval, &mut c).await })
             .await?;
@@ -219,7 +225,10 @@ impl Inner {
         if self.reloading.swap(true, Ordering::AcqRel) {
             return;
         }
-        match load(&self.conn, true, RELOAD_TIMEOUT).await {
+        let Ok(link) = self.linking.get(&self.target) else {
+            return;
+        };
+        match load(&link.conn, true, RELOAD_TIMEOUT).await {
             Ok(()) => tracing::info!("decision function loaded again"),
             Err(error) => tracing::warn!(%error, "could not load the decision function again"),
         }

@@ -40,28 +40,28 @@ impl Conn {
 }
 
 /// How to connect, as the builder says.
-pub(super) struct Connect<'a> {
-    pub(super) endpoints: &'a Endpoints,
+pub(super) struct Connect {
+    pub(super) endpoints: Endpoints,
     pub(super) cluster: bool,
     pub(super) pool: Option<deadpool_redis::PoolConfig>,
-    pub(super) sentinel: Option<&'a sentinel::Target>,
+    pub(super) sentinel: Option<sentinel::Target>,
     pub(super) connect_timeout: Duration,
     pub(super) response_timeout: Duration,
 }
 
-impl Connect<'_> {
+impl Connect {
     /// Connects; `fail` says what could not be done, and why.
     pub(super) async fn connect(
-        self,
-        fail: &dyn Fn(&str, &dyn fmt::Display) -> StoreError,
+        &self,
+        fail: &(dyn Fn(&str, &dyn fmt::Display) -> StoreError + Sync),
     ) -> Result<Conn, StoreError> {
         let first = || self.endpoints.nodes[0].clone();
         let within = |e| fail("connect to", &e);
-        Ok(match (self.cluster, self.pool, self.sentinel) {
+        Ok(match (self.cluster, self.pool, &self.sentinel) {
             (_, _, Some(t)) => {
                 let primary = sentinel::Primary::connect(
                     t,
-                    self.endpoints,
+                    &self.endpoints,
                     self.connect_timeout,
                     self.response_timeout,
                 )
@@ -168,7 +168,7 @@ pub(super) async fn load_decision(
     conn: &Conn,
     wanted: bool,
     timeout: Duration,
-    fail: &dyn Fn(&str, &dyn fmt::Display) -> StoreError,
+    fail: &(dyn Fn(&str, &dyn fmt::Display) -> StoreError + Sync),
 ) -> Result<bool, StoreError> {
     let mut functions = false;
     if wanted {

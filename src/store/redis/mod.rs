@@ -5,6 +5,7 @@ mod conn;
 mod endpoint;
 mod fuse;
 mod key;
+mod link;
 mod probe;
 mod script;
 mod sentinel;
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use self::conn::{Conn, Connect, load_decision};
+use self::conn::{Conn, Connect};
 use self::endpoint::{Credentials, Endpoints, TlsSettings, redact};
 use self::script::SCRIPT;
 use super::{Checks, Registry, private};
@@ -123,12 +124,12 @@ pub struct RedisStore {
 }
 
 struct Inner {
-    conn: Conn,
+    /// The connection, and whether decisions are `FCALL`s of the loaded library (else
+    /// `EVALSHA`s); made by `build()`, or in the background.
+    linking: Arc<link::Linking>,
     deadline: Duration,
     prefix: String,
     clock: Option<Arc<dyn Clock>>,
-    /// Whether decisions are `FCALL`s of the loaded library (else `EVALSHA`s).
-    functions: bool,
     /// A decision found the function missing: load the library again.
     reload: AtomicBool,
     /// A reload is under way.
@@ -141,7 +142,14 @@ impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
             .field("target", &self.inner.target)
-            .field("connection", &self.inner.conn.kind())
+            .field(
+                "connection",
+                &self
+                    .inner
+                    .linking
+                    .get("")
+                    .map_or("connecting", |l| l.conn.kind()),
+            )
             .field("prefix", &self.inner.prefix)
             .field("clock", &self.inner.clock)
             .finish()
@@ -164,6 +172,7 @@ pub struct RedisStoreBuilder {
     functions: bool,
     credentials: Option<Credentials>,
     tls: TlsSettings,
+    lazily: bool,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -189,6 +198,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("deadline", &self.deadline)
             .field("credentials", &self.credentials)
             .field("tls", &self.tls)
+            .field("lazily", &self.lazily)
             .finish()
     }
 }
@@ -268,6 +278,7 @@ impl RedisStore {
             functions: true,
             credentials: None,
             tls: TlsSettings::default(),
+            lazily: false,
         }
     }
 
@@ -290,8 +301,24 @@ impl RedisStore {
 
     /// Whether decisions are `FCALL`s of the decision function (Redis 7 and later, when
     /// allowed) rather than `EVALSHA`s of the script. See [`RedisStoreBuilder::functions`].
+    /// `false` while a store built with [`connect_lazily`](RedisStoreBuilder::connect_lazily)
+    /// is not connected yet.
     pub fn uses_functions(&self) -> bool {
-        self.inner.functions
+        self.inner.linking.get("").is_ok_and(|l| l.functions)
+    }
+
+    /// Whether the store is connected to Redis and has its decision loaded: always, for a
+    /// store [`build`](RedisStoreBuilder::build) returned, unless it was built with
+    /// [`connect_lazily`](RedisStoreBuilder::connect_lazily) and Redis has not answered yet
+    /// (a readiness probe can report it).
+    pub fn is_connected(&self) -> bool {
+        self.inner.linking.get("").is_ok()
+    }
+
+    /// Why a store built with [`connect_lazily`](RedisStoreBuilder::connect_lazily) is not
+    /// connected yet: the last attempt's error; `None` once it is.
+    pub fn connection_error(&self) -> Option<String> {
+        self.inner.linking.error()
     }
 
     /// The decision script's source: the Lua twin of every algorithm.
@@ -396,6 +423,19 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Starts without Redis (default `false`): [`build`](Self::build) checks the
+    /// configuration (URLs, TLS files, prefix) and returns at once, and the store connects,
+    /// loads its decision and checks its permissions on a task of its own, trying again with
+    /// backoff (100 ms, doubling up to 5 s) until Redis answers, logging each failure. Until
+    /// then every decision fails at once and the layer's
+    /// [`FailurePolicy`](crate::FailurePolicy) answers it (let through, `503`, or decided in
+    /// memory), counted as a store failure; then decisions are exact, with no restart.
+    /// [`RedisStore::is_connected`] tells which. Needs a Tokio runtime at `build()`.
+    pub fn connect_lazily(mut self, lazily: bool) -> Self {
+        self.lazily = lazily;
+        self
+    }
+
     fn pool_config(&self, max_size: usize) -> deadpool_redis::PoolConfig {
         deadpool_redis::PoolConfig {
             max_size,
@@ -434,15 +474,6 @@ impl RedisStoreBuilder {
         if let Some(t) = &sentinel {
             target = format!("the primary {:?} of the sentinels {target}", t.master);
         }
-        let fail = |what: &str, e: &dyn fmt::Display| {
-            let e = e.to_string();
-            match endpoint::explain(&e) {
-                Some(cause) => {
-                    StoreError::new(format!("cannot {what} Redis at {target}: {cause} ({e})"))
-                }
-                None => StoreError::new(format!("cannot {what} Redis at {target}: {e}")),
-            }
-        };
         let mut sentinel = sentinel;
         let credentials = match (&mut sentinel, self.credentials.take()) {
             (Some(t), Some(c)) => {
@@ -453,39 +484,36 @@ impl RedisStoreBuilder {
         };
         let endpoints = Endpoints::read(&self.nodes, credentials.as_ref(), &self.tls)
             .map_err(StoreError::new)?;
-        let pool = self.pool.map(|size| self.pool_config(size));
-        let connect = Connect {
-            endpoints: &endpoints,
-            cluster: self.cluster,
-            pool,
-            sentinel: sentinel.as_ref(),
-            connect_timeout: self.connect_timeout,
-            response_timeout: self.response_timeout,
+        let plan = link::Plan {
+            connect: Connect {
+                endpoints,
+                cluster: self.cluster,
+                pool: self.pool.map(|size| self.pool_config(size)),
+                sentinel,
+                connect_timeout: self.connect_timeout,
+                response_timeout: self.response_timeout,
+            },
+            target: target.clone(),
+            functions: self.functions,
+            prefix: self.prefix.clone(),
+            redis_time: self.clock.is_none(),
         };
-        let conn = connect.connect(&fail).await?;
-        let wait = self.connect_timeout * 2;
-        let functions = load_decision(&conn, self.functions, wait, &fail).await?;
-        let redis_time = self.clock.is_none();
-        if probe::run(&conn, &self.prefix, redis_time, wait).await? == probe::Probed::Full {
-            tracing::warn!(
-                %target,
-                "Redis is out of memory (OOM, maxmemory with noeviction): decisions fail, and the failure policy answers them, until it has room"
-            );
-        }
-        let store = RedisStore {
+        let linking = match self.lazily {
+            true => link::Linking::in_background(plan),
+            false => link::Linking::made(plan.link().await?),
+        };
+        Ok(RedisStore {
             inner: Arc::new(Inner {
-                conn,
+                linking,
                 deadline: self.deadline,
                 prefix: self.prefix,
                 clock: self.clock,
-                functions,
                 reload: AtomicBool::new(false),
                 reloading: AtomicBool::new(false),
                 target,
                 registry: Registry::default(),
             }),
-        };
-        Ok(store)
+        })
     }
 }
 
@@ -499,7 +527,11 @@ impl private::Sealed for RedisStore {
             let result = match tokio::time::timeout(inner.deadline, inner.decide(checks)).await {
                 Ok(result) => result,
                 Err(_) => {
-                    if let Conn::Sentinel(primary) = &inner.conn {
+                    if let Ok(link::Link {
+                        conn: Conn::Sentinel(primary),
+                        ..
+                    }) = inner.linking.get("")
+                    {
                         primary.missed_deadline();
                     }
                     Err(StoreError::with_kind(

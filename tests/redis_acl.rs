@@ -12,6 +12,7 @@ use tower_ratelimit::{Algorithm, Policy, RateLimitLayer, RedisStore, SystemClock
 
 mod support;
 
+use support::everything::everything;
 use support::http::{Seen, get, inner};
 use support::trace::Recorder;
 use support::{RedisCluster, RedisServer};
@@ -63,68 +64,6 @@ fn store_as_user(url: &str) -> tower_ratelimit::RedisStoreBuilder {
         .credentials("ratelimiter", PASSWORD)
         .prefix("rl:")
         .deadline(Duration::from_secs(10))
-}
-
-/// Everything the store does: each algorithm's fused decision and the admin operations,
-/// several policies at once, a lease, a wait, a concurrency slot, a reload, and a decision
-/// after the function or script was flushed.
-async fn everything(store: &RedisStore, flush: impl Fn()) {
-    for algorithm in Algorithm::ALL {
-        let layer = RateLimitLayer::builder()
-            .policy(Policy::new(algorithm, "3/h").name(algorithm.name()))
-            .store(store.clone())
-            .build()
-            .unwrap();
-        let key = Key::from("k");
-        for _ in 0..3 {
-            assert!(layer.check(&key, 1).await.unwrap().is_allowed());
-        }
-        assert!(!layer.check(&key, 1).await.unwrap().is_allowed());
-        layer.peek(&key).await.unwrap();
-        layer.refund(&key, 1).await.unwrap();
-        layer.penalize(&key, 1).await.unwrap();
-        layer
-            .block_for(&key, Duration::from_secs(60))
-            .await
-            .unwrap();
-        assert!(!layer.check(&key, 1).await.unwrap().is_allowed());
-        layer.reset(&key).await.unwrap();
-        assert!(layer.check(&key, 1).await.unwrap().is_allowed());
-        layer
-            .reload([Policy::new(algorithm, "5/h").name(algorithm.name())])
-            .unwrap();
-        assert!(layer.check(&key, 1).await.unwrap().is_allowed());
-    }
-    let service = |policies: Vec<Policy>| {
-        let layer = RateLimitLayer::builder()
-            .policies(policies)
-            .key(GlobalKey)
-            .store(store.clone())
-            .build()
-            .unwrap();
-        tower::ServiceBuilder::new()
-            .layer(layer)
-            .service(inner(&Seen::default()))
-    };
-    let two = service(vec![
-        Policy::gcra("5/h").name("two-a"),
-        Policy::sliding_log("10/h").name("two-b"),
-    ]);
-    let leased = service(vec![Policy::fixed_window("10/h").name("leased").lease(2)]);
-    let waits = service(vec![
-        Policy::gcra("20/s")
-            .name("waits")
-            .wait_up_to(Duration::from_secs(1)),
-    ]);
-    let held = service(vec![Policy::concurrency(1).name("held")]);
-    for svc in [&two, &leased, &waits, &held] {
-        for _ in 0..2 {
-            assert_eq!(get(svc).await.status, StatusCode::OK);
-        }
-    }
-    flush();
-    assert_eq!(get(&two).await.status, StatusCode::OK);
-    let _ = held.clone().oneshot(http::Request::new(())).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

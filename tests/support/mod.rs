@@ -5,6 +5,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod demo;
+pub mod everything;
 pub mod http;
 pub mod lease;
 pub mod tls;

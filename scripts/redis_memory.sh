@@ -47,8 +47,7 @@ PY
     local after keys one
     after=$(used)
     keys=$(cli DBSIZE)
-    one=$(cli --scan --count 1000 | head -1)
-    one=$(cli MEMORY USAGE "$one")
+    one=$(cli MEMORY USAGE "$(cli RANDOMKEY)")
     echo "$one $(((after - before) / keys)) $keys"
 }
 

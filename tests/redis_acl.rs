@@ -6,9 +6,8 @@
 use std::time::Duration;
 
 use http::StatusCode;
-use tower::ServiceExt;
 use tower_ratelimit::key::{GlobalKey, Key};
-use tower_ratelimit::{Algorithm, Policy, RateLimitLayer, RedisStore, SystemClock};
+use tower_ratelimit::{Policy, RateLimitLayer, RedisStore, SystemClock};
 
 mod support;
 

@@ -3,7 +3,7 @@
 //! can put the two side by side. Not an example of how to use the crate.
 //!
 //! ```text
-//! driver_redis args URL [ALGORITHM]  # the decision call (FCALL name …), one word per line
+//! driver_redis args URL [ALGORITHM] [--quota Q]  # the decision call (FCALL name …), one word per line
 //! driver_redis throughput URL [--tasks 50] [--seconds 2] [--pool N] [--threads 1]
 //! driver_redis latency URL [--n 20000]   # a rediss:// URL trusts the CA in $REDIS_CA
 //! driver_redis algorithms URL [--n 20000]
@@ -75,8 +75,12 @@ async fn store(url: &str, pool: u64) -> RedisStore {
 }
 
 async fn layer(url: &str, pool: u64, algorithm: Algorithm) -> RateLimitLayer<RedisStore> {
+    layer_of(url, pool, policy(algorithm)).await
+}
+
+async fn layer_of(url: &str, pool: u64, policy: Policy) -> RateLimitLayer<RedisStore> {
     RateLimitLayer::builder()
-        .policy(policy(algorithm))
+        .policy(policy)
         .store(store(url, pool).await)
         .build()
         .expect("a valid layer")
@@ -183,7 +187,12 @@ fn main() {
                     Some(name) => name.parse().expect("an algorithm name"),
                     None => Algorithm::Gcra,
                 };
-                let layer = layer(&url, 0, algorithm).await;
+                let quota = args.iter().position(|a| a == "--quota").map(|i| &args[i + 1]);
+                let policy = match quota {
+                    Some(quota) => Policy::new(algorithm, quota.as_str()).name("g"),
+                    None => policy(algorithm),
+                };
+                let layer = layer_of(&url, 0, policy).await;
                 for arg in common::captured_call(&url, &layer, &Key::from("RANDINT")).await {
                     println!("{arg}");
                 }

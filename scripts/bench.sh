@@ -218,6 +218,10 @@ for algorithm in fixed_window sliding_window sliding_log token_bucket leaky_buck
     "$BR" memory-per-key "$algorithm" --keys 200000 >>"$RAW/memory.txt"
 done
 
+echo "== 12: Redis bytes per key against the minimal scripts; TLS against plain TCP" >&2
+scripts/redis_memory.sh >"$RAW/redis_memory.txt"
+scripts/tls_bench.sh >"$RAW/tls.txt"
+
 echo "load_after=$(cut -d' ' -f1-3 /proc/loadavg)" >>"$RAW/machine.txt"
 if [ -n "${BENCH_ONLY:-}" ]; then
     python3 scripts/bench_report.py "$RAW" "$OUT/BENCHMARKS.md" "$OUT/benchmarks.svg"

@@ -26,6 +26,11 @@ def kv(path):
     return out
 
 
+def raw_text(name):
+    path = os.path.join(RAW, name)
+    return open(path).read().rstrip("\n") if os.path.exists(path) else "(not measured in this run)"
+
+
 def runs(pattern):
     return sorted(glob.glob(os.path.join(RAW, pattern)))
 
@@ -397,6 +402,19 @@ per key: growth of the process's resident memory over 200,000 keys divided by 20
    memory store's router of 4; the decision calls Redis saw (`INFO commandstats`) per request
    in those runs, against one call per lease; and cold keys, a new `x-key` header per request
    (`scripts/cold_keys.lua`), with leases of 20 against none.
+
+12. Redis in production (`scripts/redis_memory.sh`, `scripts/tls_bench.sh`): Redis bytes per
+   key after one decision on each of 100,000 keys (a quota of 100 a day, so every key lives
+   through the run), ours against the minimal script of the same algorithm on the same key
+   names: `MEMORY USAGE` of one key, and `used_memory` grown per key; then GCRA decisions over
+   plain TCP and over TLS (rustls, a P-256 certificate) to one `redis-server` listening on both,
+   two rounds interleaved: 50 tasks on the multiplexed connection, and one decision at a time
+   with its p50 and p99.
+
+```text
+{raw_text("redis_memory.txt")}
+{raw_text("tls.txt")}
+```
 
 ## Goals missed in this run
 

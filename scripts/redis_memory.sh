@@ -2,7 +2,8 @@
 # Redis memory per limited key, ours against the minimal script of the same algorithm
 # (benches/reference/): `MEMORY USAGE` of one key, and `used_memory` grown by 100,000 keys each
 # decided once (the call our store sends, captured by benches/driver_redis.rs, piped with
-# redis-cli --pipe), divided by the keys. Same server, same run.
+# redis-cli --pipe), divided by the keys. Same server, same run. The quota is 100 a day, so
+# that every key lives through the run.
 #
 #     scripts/redis_memory.sh [keys]
 #
@@ -53,12 +54,22 @@ PY
 
 echo "Redis bytes per key after one decision ($KEYS keys, $(redis-server --version | cut -d' ' -f3)):"
 printf '  %-15s %14s %14s %10s %10s %6s\n' algorithm "ours (usage)" "minimal" "ours/key" "minimal" ratio
+# The minimal scripts' arguments for 100 a day (86,400 s: 8.64e10 µs).
+declare -A DAY_ARGS=(
+    [fixed_window]="100 86400000"
+    [sliding_window]="100 10 8640000000"
+    [sliding_log]="100 86400000000"
+    [token_bucket]="100 0.000000001157407407"
+    [leaky_bucket]="100 0.000000001157407407"
+    [gcra]="864000000 86400000000"
+)
 for algorithm in fixed_window sliding_window sliding_log token_bucket leaky_bucket gcra; do
-    mapfile -t OURS < <("$BR" args "$URL" "$algorithm")
+    mapfile -t OURS < <("$BR" args "$URL" "$algorithm" --quota 100/day)
     read -r o_one o_per o_keys < <(measure "${OURS[@]}")
     REF_SHA=$(cli SCRIPT LOAD "$(cat "benches/reference/$algorithm.lua")")
-    read -r -a ref_args <<<"${REF_ARGS[$algorithm]}"
-    read -r m_one m_per m_keys < <(measure EVALSHA "$REF_SHA" 1 "ref:{RANDINT}" "${ref_args[@]}")
+    read -r -a ref_args <<<"${DAY_ARGS[$algorithm]}"
+    # The same key names as ours, so that only the values differ.
+    read -r m_one m_per m_keys < <(measure EVALSHA "$REF_SHA" 1 "${OURS[3]}" "${ref_args[@]}")
     [ "$o_keys" = "$KEYS" ] && [ "$m_keys" = "$KEYS" ] ||
         echo "redis_memory.sh: $algorithm wrote $o_keys and $m_keys keys for $KEYS" >&2
     printf '  %-15s %14d %14d %10d %10d %6s\n' "$algorithm" "$o_one" "$m_one" "$o_per" "$m_per" \

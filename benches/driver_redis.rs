@@ -187,7 +187,10 @@ fn main() {
                     Some(name) => name.parse().expect("an algorithm name"),
                     None => Algorithm::Gcra,
                 };
-                let quota = args.iter().position(|a| a == "--quota").map(|i| &args[i + 1]);
+                let quota = args
+                    .iter()
+                    .position(|a| a == "--quota")
+                    .map(|i| &args[i + 1]);
                 let policy = match quota {
                     Some(quota) => Policy::new(algorithm, quota.as_str()).name("g"),
                     None => policy(algorithm),

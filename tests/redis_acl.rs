@@ -86,6 +86,16 @@ async fn the_guides_acl_lines_allow_everything_the_store_does() {
             .await;
         }
         assert_eq!(denied(&server), Vec::<String>::new(), "{line:?}");
+        // A pool's connections (checked with PING and UNWATCH when recycled) too.
+        server.cli(&["FLUSHALL"]);
+        let pooled = store_as_user(&server.url())
+            .functions(functions)
+            .pool(2)
+            .build()
+            .await
+            .expect("a pool under the least-privilege user");
+        everything(&pooled, || {}).await;
+        assert_eq!(denied(&server), Vec::<String>::new(), "{line:?}, pool");
         // The EVALSHA line's user, asked for functions, falls back to EVALSHA; Redis denied
         // FUNCTION LOAD alone.
         if !functions {
@@ -221,4 +231,116 @@ async fn credentials_are_never_printed() {
     let logged = recorder.everything();
     assert!(logged.contains("WARN"), "the failure was logged: {logged}");
     assert!(!logged.contains(PASSWORD), "{logged}");
+}
+
+/// How many `AUTH`s Redis has run, from `INFO commandstats`.
+fn auth_calls(server: &RedisServer) -> u64 {
+    let stats = server.cli(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_auth:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// A password rotated while the layer decides (the user is given the new password, the
+/// provider hands it out, the old one is removed), as with IAM tokens: no decision fails, no
+/// connection is refused (`ACL LOG` is empty), and new connections get the new password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_rotated_while_deciding_fail_no_decision() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    let server = RedisServer::start();
+    set_user(&server, &acl_lines()[0]);
+    let current = Arc::new(Mutex::new(PASSWORD.to_owned()));
+    let asked = Arc::new(AtomicUsize::new(0));
+    let provider = {
+        let (current, asked) = (current.clone(), asked.clone());
+        move || {
+            asked.fetch_add(1, Ordering::SeqCst);
+            let password = current.lock().unwrap().clone();
+            async move { Ok(("ratelimiter".to_owned(), password)) }
+        }
+    };
+    let every = Duration::from_millis(50);
+    for pool in [false, true] {
+        let mut builder = RedisStore::builder(&server.url())
+            .credentials_provider(every, provider.clone())
+            .deadline(Duration::from_secs(10));
+        if pool {
+            builder = builder.pool(2);
+        }
+        let store = builder.build().await.expect("the provider's password");
+        let layer = RateLimitLayer::builder()
+            .policy(Policy::gcra("1000000/s"))
+            .store(store)
+            .build()
+            .unwrap();
+        let (stop, decided) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicUsize::new(0)),
+        );
+        let deciding = {
+            let (stop, decided) = (stop.clone(), decided.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    layer
+                        .check(&Key::from("k"), 1)
+                        .await
+                        .expect("no decision fails");
+                    decided.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        };
+        // Rotate: the new password, handed out, then the old one removed, each after the
+        // connections had time to authenticate again.
+        let (old, new) = (
+            current.lock().unwrap().clone(),
+            format!("{PASSWORD}-{pool}"),
+        );
+        assert_eq!(
+            server.cli(&["ACL", "SETUSER", "ratelimiter", &format!(">{new}")]),
+            "OK"
+        );
+        *current.lock().unwrap() = new.clone();
+        let (since, auths) = (asked.load(Ordering::SeqCst), auth_calls(&server));
+        support::eventually("the provider is asked again, twice", async || {
+            asked.load(Ordering::SeqCst) >= since + 2
+        })
+        .await;
+        // The live connections authenticated again (`AUTH` on them; HELLO for new ones).
+        support::eventually("AUTH on the live connections", async || {
+            auth_calls(&server) >= auths + 2
+        })
+        .await;
+        assert_eq!(
+            server.cli(&["ACL", "SETUSER", "ratelimiter", &format!("<{old}")]),
+            "OK"
+        );
+        let before = decided.load(Ordering::SeqCst);
+        support::eventually("decisions go on", async || {
+            decided.load(Ordering::SeqCst) > before + 100
+        })
+        .await;
+        stop.store(true, Ordering::SeqCst);
+        deciding.await.expect("no decision failed");
+        assert_eq!(denied(&server), Vec::<String>::new(), "no AUTH was refused");
+        // The old password no longer works; a new store gets the new one from the provider.
+        let error = RedisStore::builder(&server.url())
+            .credentials("ratelimiter", &old)
+            .build()
+            .await
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("refused the credentials"),
+            "{error}"
+        );
+        server.cli(&["ACL", "LOG", "RESET"]);
+        RedisStore::builder(&server.url())
+            .credentials_provider(every, provider.clone())
+            .build()
+            .await
+            .expect("the new password");
+    }
 }

@@ -71,10 +71,13 @@ impl Connect {
             }
             (false, None, None) => {
                 let client = redis::Client::open(first()).map_err(|e| fail("open", &e))?;
-                let config = ConnectionManagerConfig::new()
+                let mut config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(self.connect_timeout))
                     .set_response_timeout(Some(self.response_timeout))
                     .set_number_of_retries(1);
+                if let Some(refreshed) = &self.endpoints.refreshed {
+                    config = config.set_credentials_provider(refreshed.clone());
+                }
                 let manager = tokio::time::timeout(
                     self.connect_timeout * 2,
                     ConnectionManager::new_with_config(client, config),
@@ -85,9 +88,11 @@ impl Connect {
                 Conn::Multiplexed(manager)
             }
             (false, Some(config), None) => {
-                let connection = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(self.connect_timeout))
-                    .set_response_timeout(Some(self.response_timeout));
+                let connection = self.endpoints.connection_config(
+                    AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(self.connect_timeout))
+                        .set_response_timeout(Some(self.response_timeout)),
+                );
                 let manager = deadpool_redis::Manager::new_with_config(first(), connection)
                     .map_err(|e| fail("configure a pool for", &e))?;
                 let pool = deadpool_redis::Pool::builder(manager)
@@ -114,10 +119,10 @@ impl Connect {
                 Conn::Cluster(conn)
             }
             (true, Some(config), None) => {
-                if self.endpoints.has_certificates() {
-                    return Err(StoreError::new(crate::error::ConfigError::new(
-                        "a cluster pool cannot use a custom CA or client certificate: use the cluster's multiplexed connection (no pool), which does",
-                    )));
+                if let Some(what) = self.endpoints.beyond_a_cluster_pool() {
+                    return Err(StoreError::new(crate::error::ConfigError::new(format!(
+                        "a cluster pool cannot use {what}: use the cluster's multiplexed connection (no pool), which does"
+                    ))));
                 }
                 let manager =
                     deadpool_redis::cluster::Manager::new(self.endpoints.nodes.clone(), false)

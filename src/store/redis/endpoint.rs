@@ -4,7 +4,14 @@
 
 use std::fmt;
 
-use redis::{ConnectionInfo, IntoConnectionInfo};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::Stream;
+use redis::auth::{BasicAuth, StreamingCredentialsProvider};
+use redis::{ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, RedisResult};
 
 #[cfg(feature = "tls")]
 use super::tls::{RedisTls, Tls};
@@ -39,6 +46,8 @@ impl fmt::Debug for Credentials {
 pub(super) struct Endpoints {
     /// Each node's connection information, credentials and TLS applied.
     pub(super) nodes: Vec<ConnectionInfo>,
+    /// Credentials that expire, asked for by every connection.
+    pub(super) refreshed: Option<Refreshed>,
     /// Whether the connections are TLS (the URL's scheme).
     #[cfg(feature = "tls")]
     secure: bool,
@@ -52,11 +61,67 @@ pub(super) type TlsSettings = Option<RedisTls>;
 #[cfg(not(feature = "tls"))]
 pub(super) type TlsSettings = ();
 
+/// What a credentials provider answers: a username and a password, or why not.
+pub(super) type Fetched = Result<(String, String), Box<dyn std::error::Error + Send + Sync>>;
+
+/// Credentials that expire: asked for before each new connection and every `every` on each
+/// connection, which then authenticates again (`AUTH`) with what it got.
+#[derive(Clone)]
+pub(super) struct Refreshed {
+    fetch: Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Fetched> + Send>> + Send + Sync>,
+    pub(super) every: Duration,
+}
+
+impl fmt::Debug for Refreshed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CredentialsProvider")
+            .field("every", &self.every)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Refreshed {
+    pub(super) fn new<F, Fut>(every: Duration, fetch: F) -> Refreshed
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Fetched> + Send + 'static,
+    {
+        Refreshed {
+            fetch: Arc::new(move || Box::pin(fetch())),
+            every,
+        }
+    }
+}
+
+impl StreamingCredentialsProvider for Refreshed {
+    fn subscribe(&self) -> Pin<Box<dyn Stream<Item = RedisResult<BasicAuth>> + Send + 'static>> {
+        let (fetch, every) = (self.fetch.clone(), self.every);
+        Box::pin(futures_util::stream::unfold(true, move |first| {
+            let fetch = fetch.clone();
+            async move {
+                if !first {
+                    tokio::time::sleep(every).await;
+                }
+                let credentials = match fetch().await {
+                    Ok((user, password)) => Ok(BasicAuth::new(user, password)),
+                    Err(e) => Err(RedisError::from((
+                        ErrorKind::AuthenticationFailed,
+                        "the credentials provider failed",
+                        e.to_string(),
+                    ))),
+                };
+                Some((credentials, false))
+            }
+        }))
+    }
+}
+
 impl Endpoints {
     /// Reads `urls` (a node each), applying `credentials` and `tls`.
     pub(super) fn read(
         urls: &[String],
         credentials: Option<&Credentials>,
+        refreshed: Option<Refreshed>,
         #[cfg_attr(not(feature = "tls"), allow(unused_variables))] tls: &TlsSettings,
     ) -> Result<Endpoints, ConfigError> {
         #[cfg(feature = "tls")]
@@ -89,6 +154,7 @@ impl Endpoints {
         }
         Ok(Endpoints {
             nodes,
+            refreshed,
             #[cfg(feature = "tls")]
             secure,
             #[cfg(feature = "tls")]
@@ -96,18 +162,34 @@ impl Endpoints {
         })
     }
 
-    /// Whether certificates were given that a cluster pool could not use (deadpool builds its
-    /// cluster client from the URLs alone).
-    pub(super) fn has_certificates(&self) -> bool {
+    /// What a cluster pool cannot take (deadpool builds its cluster client from the URLs
+    /// alone): certificates, a credentials provider.
+    pub(super) fn beyond_a_cluster_pool(&self) -> Option<&'static str> {
         #[cfg(feature = "tls")]
-        return self.tls.has_certificates();
-        #[cfg(not(feature = "tls"))]
-        false
+        if self.tls.has_certificates() {
+            return Some("a custom CA or client certificate");
+        }
+        self.refreshed.as_ref().map(|_| "a credentials provider")
     }
 
-    /// A cluster client builder over the nodes, with the TLS settings.
+    /// A connection's settings, with the credentials provider.
+    pub(super) fn connection_config(
+        &self,
+        config: redis::AsyncConnectionConfig,
+    ) -> redis::AsyncConnectionConfig {
+        match &self.refreshed {
+            Some(refreshed) => config.set_credentials_provider(refreshed.clone()),
+            None => config,
+        }
+    }
+
+    /// A cluster client builder over the nodes, with the TLS settings and the credentials
+    /// provider.
     pub(super) fn cluster(&self) -> redis::cluster::ClusterClientBuilder {
-        let builder = redis::cluster::ClusterClientBuilder::new(self.nodes.clone());
+        let mut builder = redis::cluster::ClusterClientBuilder::new(self.nodes.clone());
+        if let Some(refreshed) = &self.refreshed {
+            builder = builder.set_credentials_provider(refreshed.clone());
+        }
         #[cfg(feature = "tls")]
         let builder = self.tls.cluster(builder);
         builder

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use self::conn::{Conn, Connect};
-use self::endpoint::{Credentials, Endpoints, TlsSettings, redact};
+use self::endpoint::{Credentials, Endpoints, Refreshed, TlsSettings, redact};
 use self::script::SCRIPT;
 use super::{Checks, Registry, private};
 use crate::clock::Clock;
@@ -171,6 +171,7 @@ pub struct RedisStoreBuilder {
     deadline: Duration,
     functions: bool,
     credentials: Option<Credentials>,
+    refreshed: Option<Refreshed>,
     tls: TlsSettings,
     lazily: bool,
 }
@@ -197,6 +198,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("response_timeout", &self.response_timeout)
             .field("deadline", &self.deadline)
             .field("credentials", &self.credentials)
+            .field("credentials_provider", &self.refreshed)
             .field("tls", &self.tls)
             .field("lazily", &self.lazily)
             .finish()
@@ -277,6 +279,7 @@ impl RedisStore {
             deadline: DEFAULT_DEADLINE,
             functions: true,
             credentials: None,
+            refreshed: None,
             tls: TlsSettings::default(),
             lazily: false,
         }
@@ -412,6 +415,41 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Credentials that expire (AWS IAM authentication tokens for ElastiCache live 15
+    /// minutes, Azure Entra ID tokens an hour): `provider` is asked for a username and password
+    /// before each new connection, and every `refresh` on each connection, which then
+    /// authenticates again (`AUTH`) with them, without dropping a decision. Choose `refresh`
+    /// well inside the credentials' lifetime (5 minutes for a 15-minute token). An error of
+    /// the provider fails a new connection (the failure policy answers meanwhile) and leaves a
+    /// live one on its present credentials. In place of [`credentials`](Self::credentials);
+    /// not with a cluster pool (`build` says so).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tower_ratelimit::RedisStore;
+    ///
+    /// # async fn token() -> Result<String, std::io::Error> { Ok(String::new()) }
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = RedisStore::builder("rediss://my-cache.example.com:6379")
+    ///     .credentials_provider(Duration::from_secs(300), || async {
+    ///         // e.g. a freshly signed IAM authentication token
+    ///         Ok(("ratelimiter".to_owned(), token().await?))
+    ///     })
+    ///     .build()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn credentials_provider<F, Fut>(mut self, refresh: Duration, provider: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(String, String), Box<dyn std::error::Error + Send + Sync>>>
+            + Send
+            + 'static,
+    {
+        self.refreshed = Some(Refreshed::new(refresh, provider));
+        self
+    }
+
     /// TLS settings: a CA to trust, a client certificate, or (for development) no
     /// verification. Whether connections are TLS is the URL's: `rediss://`,
     /// `rediss+cluster://` or `rediss+sentinel://` (with these settings, a plain-text URL is
@@ -482,8 +520,18 @@ impl RedisStoreBuilder {
             }
             (_, c) => c,
         };
-        let endpoints = Endpoints::read(&self.nodes, credentials.as_ref(), &self.tls)
-            .map_err(StoreError::new)?;
+        if self.refreshed.as_ref().is_some_and(|r| r.every.is_zero()) {
+            return Err(StoreError::new(ConfigError::new(
+                "a credentials provider's refresh period must be longer than zero",
+            )));
+        }
+        let endpoints = Endpoints::read(
+            &self.nodes,
+            credentials.as_ref(),
+            self.refreshed.take(),
+            &self.tls,
+        )
+        .map_err(StoreError::new)?;
         let plan = link::Plan {
             connect: Connect {
                 endpoints,

@@ -156,9 +156,11 @@ impl Primary {
             client: tokio::sync::Mutex::new(client),
             current: ArcSwapOption::empty(),
             seeking: AtomicBool::new(false),
-            config: AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(connect_timeout))
-                .set_response_timeout(Some(response_timeout)),
+            config: endpoints.connection_config(
+                AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_response_timeout(Some(response_timeout)),
+            ),
             timeout: connect_timeout + response_timeout,
             ping_timeout: response_timeout,
             master: target.master.clone(),

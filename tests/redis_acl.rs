@@ -128,17 +128,19 @@ async fn the_acl_line_allows_everything_on_the_cluster() {
     }
 }
 
+/// The error of `build()` as the user of the guide's FCALL line without `permission`.
+async fn error_lacking(server: &RedisServer, permission: &str) -> String {
+    let mut line = acl_lines()[0].clone();
+    line.retain(|w| w != permission);
+    set_user(server, &line);
+    let built = store_as_user(&server.url()).build().await;
+    built.expect_err("build fails").to_string()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_permission_is_an_error_of_build_naming_the_command() {
     let server = RedisServer::start();
-    let mut line = acl_lines()[0].clone();
-    line.retain(|w| w != "+zadd");
-    set_user(&server, &line);
-    let error = store_as_user(&server.url())
-        .build()
-        .await
-        .unwrap_err()
-        .to_string();
+    let error = error_lacking(&server, "+zadd").await;
     assert!(error.contains("may not run ZADD"), "{error}");
     assert!(error.contains("ACL line"), "{error}");
     // Keys outside the prefix are refused too.
@@ -157,14 +159,7 @@ async fn a_missing_permission_is_an_error_of_build_naming_the_command() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_refusing_time_needs_the_instances_clock() {
     let server = RedisServer::start();
-    let mut line = acl_lines()[0].clone();
-    line.retain(|w| w != "+time");
-    set_user(&server, &line);
-    let error = store_as_user(&server.url())
-        .build()
-        .await
-        .unwrap_err()
-        .to_string();
+    let error = error_lacking(&server, "+time").await;
     assert!(error.contains("Redis refuses TIME"), "{error}");
     assert!(error.contains("clock(SystemClock::new())"), "{error}");
     assert_eq!(denied(&server), ["time"]);

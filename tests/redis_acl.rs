@@ -1,6 +1,6 @@
 //! The Redis guide's least-privilege ACL lines, run for real: the store's whole behaviour
 //! under each (every operation, the admin operations, a reload, the fallback to `EVAL` after a
-//! flush, the cluster) leaves Redis's `ACL LOG` empty; a user lacking a command, or a Redis
+//! flush, a pool, the cluster, Sentinel) leaves Redis's `ACL LOG` empty; a user lacking a command, or a Redis
 //! refusing `TIME` in scripts, fails at `build()` naming it; credentials are never printed.
 
 use std::time::Duration;
@@ -113,7 +113,12 @@ async fn the_acl_line_allows_everything_on_the_cluster() {
     for node in &cluster.nodes {
         set_user(node, line);
     }
-    let store = store_as_user(&cluster.url())
+    // Its password from a credentials provider, which every node's connection asks.
+    let store = RedisStore::builder(&cluster.url())
+        .credentials_provider(Duration::from_secs(60), || async {
+            Ok(("ratelimiter".to_owned(), PASSWORD.to_owned()))
+        })
+        .deadline(Duration::from_secs(10))
         .build()
         .await
         .expect("build under the least-privilege user");
@@ -135,6 +140,24 @@ async fn error_lacking(server: &RedisServer, permission: &str) -> String {
     set_user(server, &line);
     let built = store_as_user(&server.url()).build().await;
     built.expect_err("build fails").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_acl_line_allows_everything_behind_sentinel() {
+    let sentinels = support::Sentinels::start();
+    let line = &acl_lines()[0];
+    for server in [&sentinels.primary, &sentinels.replica] {
+        set_user(server, line);
+    }
+    let store = store_as_user(&sentinels.url())
+        .build()
+        .await
+        .expect("build under the least-privilege user");
+    everything(&store, || {
+        sentinels.primary.cli(&["FUNCTION", "FLUSH"]);
+    })
+    .await;
+    assert_eq!(denied(&sentinels.primary), Vec::<String>::new());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -87,6 +87,11 @@ impl Linking {
         linking
     }
 
+    /// The link, when made.
+    pub(super) fn link(&self) -> Option<&Link> {
+        self.link.get()
+    }
+
     /// The link, or an error saying that Redis is not reached yet, and why.
     pub(super) fn get(&self, target: &str) -> Result<&Link, StoreError> {
         match self.link.get() {

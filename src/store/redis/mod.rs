@@ -147,7 +147,7 @@ impl fmt::Debug for RedisStore {
                 &self
                     .inner
                     .linking
-                    .get("")
+                    .link()
                     .map_or("connecting", |l| l.conn.kind()),
             )
             .field("prefix", &self.inner.prefix)
@@ -307,7 +307,7 @@ impl RedisStore {
     /// `false` while a store built with [`connect_lazily`](RedisStoreBuilder::connect_lazily)
     /// is not connected yet.
     pub fn uses_functions(&self) -> bool {
-        self.inner.linking.get("").is_ok_and(|l| l.functions)
+        self.inner.linking.link().is_some_and(|l| l.functions)
     }
 
     /// Whether the store is connected to Redis and has its decision loaded: always, for a
@@ -315,7 +315,7 @@ impl RedisStore {
     /// [`connect_lazily`](RedisStoreBuilder::connect_lazily) and Redis has not answered yet
     /// (a readiness probe can report it).
     pub fn is_connected(&self) -> bool {
-        self.inner.linking.get("").is_ok()
+        self.inner.linking.link().is_some()
     }
 
     /// Why a store built with [`connect_lazily`](RedisStoreBuilder::connect_lazily) is not
@@ -575,10 +575,10 @@ impl private::Sealed for RedisStore {
             let result = match tokio::time::timeout(inner.deadline, inner.decide(checks)).await {
                 Ok(result) => result,
                 Err(_) => {
-                    if let Ok(link::Link {
+                    if let Some(link::Link {
                         conn: Conn::Sentinel(primary),
                         ..
-                    }) = inner.linking.get("")
+                    }) = inner.linking.link()
                     {
                         primary.missed_deadline();
                     }

@@ -55,7 +55,6 @@ impl Connect {
         &self,
         fail: &(dyn Fn(&str, &dyn fmt::Display) -> StoreError + Sync),
     ) -> Result<Conn, StoreError> {
-        let first = || self.endpoints.nodes[0].clone();
         let within = |e| fail("connect to", &e);
         Ok(match (self.cluster, self.pool, &self.sentinel) {
             (_, _, Some(t)) => {
@@ -70,7 +69,8 @@ impl Connect {
                 Conn::Sentinel(primary)
             }
             (false, None, None) => {
-                let client = redis::Client::open(first()).map_err(|e| fail("open", &e))?;
+                let client = redis::Client::open(self.endpoints.nodes[0].clone())
+                    .map_err(|e| fail("open", &e))?;
                 let mut config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(self.connect_timeout))
                     .set_response_timeout(Some(self.response_timeout))
@@ -87,21 +87,9 @@ impl Connect {
                 .map_err(|e| within(e.to_string()))?;
                 Conn::Multiplexed(manager)
             }
-            (false, Some(config), None) => {
-                let connection = self.endpoints.connection_config(
-                    AsyncConnectionConfig::new()
-                        .set_connection_timeout(Some(self.connect_timeout))
-                        .set_response_timeout(Some(self.response_timeout)),
-                );
-                let manager = deadpool_redis::Manager::new_with_config(first(), connection)
-                    .map_err(|e| fail("configure a pool for", &e))?;
-                let pool = deadpool_redis::Pool::builder(manager)
-                    .config(config)
-                    .runtime(deadpool_redis::Runtime::Tokio1)
-                    .build()
-                    .map_err(|e| fail("configure a pool for", &e))?;
-                Conn::Pool(pool)
-            }
+            (false, Some(config), None) => self
+                .pool(config)
+                .map_err(|e| fail("configure a pool for", &e))?,
             (true, None, None) => {
                 let client = self
                     .endpoints
@@ -124,17 +112,44 @@ impl Connect {
                         "a cluster pool cannot use {what}: use the cluster's multiplexed connection (no pool), which does"
                     ))));
                 }
-                let manager =
-                    deadpool_redis::cluster::Manager::new(self.endpoints.nodes.clone(), false)
-                        .map_err(|e| fail("configure a pool for", &e))?;
-                let pool = deadpool_redis::cluster::Pool::builder(manager)
-                    .config(config)
-                    .runtime(deadpool_redis::Runtime::Tokio1)
-                    .build()
-                    .map_err(|e| fail("configure a pool for", &e))?;
-                Conn::ClusterPool(pool)
+                self.cluster_pool(config)
+                    .map_err(|e| fail("configure a pool for", &e))?
             }
         })
+    }
+}
+
+impl Connect {
+    /// A deadpool-redis pool of connections to the first node, each with the store's timeouts
+    /// and credentials provider.
+    fn pool(&self, config: deadpool_redis::PoolConfig) -> Result<Conn, String> {
+        let connection = self.endpoints.connection_config(
+            AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(self.connect_timeout))
+                .set_response_timeout(Some(self.response_timeout)),
+        );
+        let first = self.endpoints.nodes[0].clone();
+        let manager = deadpool_redis::Manager::new_with_config(first, connection)
+            .map_err(|e| e.to_string())?;
+        let pool = deadpool_redis::Pool::builder(manager)
+            .config(config)
+            .runtime(deadpool_redis::Runtime::Tokio1)
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(Conn::Pool(pool))
+    }
+
+    /// A deadpool-redis pool of cluster connections.
+    fn cluster_pool(&self, config: deadpool_redis::PoolConfig) -> Result<Conn, String> {
+        let nodes = self.endpoints.nodes.clone();
+        let manager =
+            deadpool_redis::cluster::Manager::new(nodes, false).map_err(|e| e.to_string())?;
+        let pool = deadpool_redis::cluster::Pool::builder(manager)
+            .config(config)
+            .runtime(deadpool_redis::Runtime::Tokio1)
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(Conn::ClusterPool(pool))
     }
 }
 

@@ -223,9 +223,9 @@ impl Endpoints {
 pub(super) fn explain(error: &str) -> Option<&'static str> {
     let error = error.to_ascii_lowercase();
     #[cfg(feature = "tls")]
-    if let Some(cause) = super::tls::explain(&error) {
-        return Some(cause);
-    }
+    let tls = super::tls::CAUSES;
+    #[cfg(not(feature = "tls"))]
+    let tls: &[(&str, &str)] = &[];
     const CAUSES: &[(&str, &str)] = &[
         (
             "connection reset by peer",
@@ -248,8 +248,8 @@ pub(super) fn explain(error: &str) -> Option<&'static str> {
             "the Redis user lacks a permission the store needs (see the Redis guide's ACL line)",
         ),
     ];
-    CAUSES
-        .iter()
+    tls.iter()
+        .chain(CAUSES)
         .find(|(needle, _)| error.contains(needle))
         .map(|(_, cause)| *cause)
 }

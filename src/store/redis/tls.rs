@@ -210,48 +210,43 @@ pub(super) fn install_crypto_provider() {
     }
 }
 
-/// A failed connection's cause in words, when it is a TLS one (`error` lowercased).
-pub(super) fn explain(error: &str) -> Option<&'static str> {
-    const CAUSES: &[(&str, &str)] = &[
-        (
-            "unknownissuer",
-            "the server's certificate is not signed by a trusted CA (give its CA with RedisTls::ca_pem)",
-        ),
-        (
-            "not valid for name",
-            "the server's certificate is not valid for the host name in the URL",
-        ),
-        (
-            "certificate expired",
-            "the server's certificate has expired",
-        ),
-        (
-            "certificaterequired",
-            "the server requires a client certificate (RedisTls::client_certificate)",
-        ),
-        (
-            "unknownca",
-            "the server does not trust the client certificate's CA",
-        ),
-        (
-            "badcertificate",
-            "the server refused the client certificate",
-        ),
-        (
-            "invalid peer certificate",
-            "the server's certificate is not valid",
-        ),
-        (
-            "invalidcontenttype",
-            "the server does not speak TLS on this port (use redis://, or the TLS port)",
-        ),
-        (
-            "corrupt message",
-            "the server does not speak TLS on this port (use redis://, or the TLS port)",
-        ),
-    ];
-    CAUSES
-        .iter()
-        .find(|(needle, _)| error.contains(needle))
-        .map(|(_, cause)| *cause)
-}
+/// The causes of a failed TLS connection: a needle of the (lowercased) error, and its cause
+/// in words.
+pub(super) const CAUSES: &[(&str, &str)] = &[
+    (
+        "unknownissuer",
+        "the server's certificate is not signed by a trusted CA (give its CA with RedisTls::ca_pem)",
+    ),
+    (
+        "not valid for name",
+        "the server's certificate is not valid for the host name in the URL",
+    ),
+    (
+        "certificate expired",
+        "the server's certificate has expired",
+    ),
+    (
+        "certificaterequired",
+        "the server requires a client certificate (RedisTls::client_certificate)",
+    ),
+    (
+        "unknownca",
+        "the server does not trust the client certificate's CA",
+    ),
+    (
+        "badcertificate",
+        "the server refused the client certificate",
+    ),
+    (
+        "invalid peer certificate",
+        "the server's certificate is not valid",
+    ),
+    (
+        "invalidcontenttype",
+        "the server does not speak TLS on this port (use redis://, or the TLS port)",
+    ),
+    (
+        "corrupt message",
+        "the server does not speak TLS on this port (use redis://, or the TLS port)",
+    ),
+];

@@ -3,7 +3,7 @@
 
 mod support;
 
-use support::lease::{fewest_admitted, hammer};
+use support::lease::{fewest_admitted, hammer, race_on_four_keys};
 use support::{RedisCluster, assert_no_key_without_ttl};
 use tower_ratelimit::key::Key;
 use tower_ratelimit::{Algorithm, ManualClock, Policy, RateLimitLayer, RedisStore};
@@ -66,19 +66,7 @@ async fn two_instances_admit_exactly_the_limit_on_the_cluster(cluster: &RedisClu
             .store(b)
             .build()
             .unwrap();
-        let mut tasks = Vec::new();
-        for i in 0..1_000 {
-            let layer = if i % 2 == 0 { la.clone() } else { lb.clone() };
-            // Several keys, so the race spans several slots and nodes.
-            let key = Key::from(format!("client-{}", i % 4));
-            tasks.push(tokio::spawn(async move {
-                layer.check(&key, 1).await.unwrap().is_allowed()
-            }));
-        }
-        let mut admitted = 0;
-        for t in tasks {
-            admitted += usize::from(t.await.unwrap());
-        }
+        let admitted = race_on_four_keys(&la, &lb, 1_000).await;
         assert_eq!(admitted, 4 * 50, "{algorithm}");
     }
     check_all_nodes(cluster, "crace:");

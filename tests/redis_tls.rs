@@ -180,19 +180,7 @@ async fn a_tls_cluster_decides_exactly_across_its_nodes() {
     let (a, b) = (store().await.unwrap(), store().await.unwrap());
     let policy = Policy::sliding_window("20/h");
     let (la, lb) = (layer(a, policy.clone()), layer(b, policy));
-    let mut tasks = Vec::new();
-    for i in 0..200 {
-        let layer = if i % 2 == 0 { la.clone() } else { lb.clone() };
-        // Keys on several slots, so on several nodes.
-        let key = Key::from(format!("client-{}", i % 4));
-        tasks.push(tokio::spawn(async move {
-            layer.check(&key, 1).await.unwrap().is_allowed()
-        }));
-    }
-    let mut admitted = 0;
-    for t in tasks {
-        admitted += usize::from(t.await.unwrap());
-    }
+    let admitted = support::lease::race_on_four_keys(&la, &lb, 200).await;
     assert_eq!(admitted, 4 * 20);
     let holding = cluster
         .nodes

@@ -7,6 +7,28 @@ use tower_ratelimit::{Algorithm, Policy, RateLimitLayer, Store};
 
 use super::http::{Seen, get, inner};
 
+/// `n` concurrent checks alternating between two layers (two instances), on four keys (so,
+/// on a cluster, several slots and nodes); returns how many were admitted.
+pub async fn race_on_four_keys<St: Store>(
+    a: &RateLimitLayer<St>,
+    b: &RateLimitLayer<St>,
+    n: usize,
+) -> usize {
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let layer = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let key = tower_ratelimit::key::Key::from(format!("client-{}", i % 4));
+        tasks.push(tokio::spawn(async move {
+            layer.check(&key, 1).await.unwrap().is_allowed()
+        }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += usize::from(t.await.unwrap());
+    }
+    admitted
+}
+
 /// Two instances, each with its own connection, send `per_instance` concurrent requests for
 /// one key under `policy`; returns how many were admitted.
 pub async fn hammer<St: Store>(a: St, b: St, policy: Policy, per_instance: usize) -> usize {

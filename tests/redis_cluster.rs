@@ -264,8 +264,12 @@ async fn on_different_slots(cluster: &RedisCluster, prefix: &str, leases: Option
     // lease whose units left went back with the next asking.
     let node = cluster.node_for(ip_key.as_bytes());
     let state = node.cli(&["GET", &ip_key]);
-    // "tokens-or-count ... ~tag": the state, then the tag of the parameters it was written under.
-    let count = state.split('~').next().and_then(|s| s.split(' ').nth(1));
+    // "tokens-or-count ...TAG": the state, then the tag of the parameters it was written under
+    // (from its first letter).
+    let count = state
+        .split(|c: char| c.is_ascii_alphabetic())
+        .next()
+        .and_then(|s| s.split(' ').nth(1));
     assert_eq!(count, Some("2"), "per-ip state {state:?}");
     check_all_nodes(cluster, prefix);
 }

@@ -541,7 +541,7 @@ async fn sliding_window_state_is_sparse_and_reads_the_dense_form() {
     );
     let charged = layer.check(&key, 1).await.unwrap();
     assert_eq!(charged.outcomes()[0].remaining(), 5);
-    // Then the tag of the parameters it was written under: sliding_window (2), 10 per window,
-    // 10 buckets of 360 s, in base 36.
-    assert_eq!(server.cli(&["GET", &redis_key]), "1000 10:5~2:a,a,5yc1s0");
+    // Then the tag of the parameters it was written under: sliding_window (C, its id 2), 10
+    // per window, 10 buckets of 360 s (in base 36, and 36E7 µs).
+    assert_eq!(server.cli(&["GET", &redis_key]), "1000 10:5Ca,a,36E7");
 }

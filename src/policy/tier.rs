@@ -20,7 +20,33 @@ pub(crate) struct Registered {
     pub(crate) def: u32,
 }
 
-/// `n` in base 36, lowercase (Lua reads it back with `tonumber(text, 36)`).
+/// `n` as few characters as Lua reads back exactly: in base 36, lowercase (`tonumber(text,
+/// 36)`), or when shorter, in decimal with its trailing zeros as an exponent, `864E8` for
+/// 86,400,000,000 (`tonumber(text)`: every value is below 2^53, where strtod is exact).
+fn compact(n: u64) -> String {
+    let base36 = base36(n);
+    let zeros = (1..20)
+        .take_while(|&k| n != 0 && n.is_multiple_of(10u64.pow(k)))
+        .count() as u32;
+    if zeros == 0 {
+        return base36;
+    }
+    let decimal = format!("{}E{zeros}", n / 10u64.pow(zeros));
+    if decimal.len() < base36.len() {
+        decimal
+    } else {
+        base36
+    }
+}
+
+/// The letter that starts a tag: `A` for the algorithm of Lua id 0, `B` for 1, and so on. A
+/// state is digits, spaces and colons, so the first letter of a value starts its tag.
+fn tag_letter(lua_id: u8) -> char {
+    debug_assert!(lua_id < 26, "an algorithm id is one letter");
+    char::from(b'A' + lua_id)
+}
+
+/// `n` in base 36, lowercase.
 fn base36(mut n: u64) -> String {
     let mut digits = Vec::new();
     loop {
@@ -45,8 +71,8 @@ pub(crate) struct Tier {
     /// converted before it is used.
     def: u32,
     algorithm: Compiled,
-    /// The tag of the tier's definition in the Redis script: a tilde, the algorithm's id and
-    /// its parameters in base 36, written after every state (see `store` in `helpers.lua`).
+    /// The tag of the tier's definition in the Redis script: the algorithm's letter and its
+    /// parameters (`compact`), written after every state (see `store` in `helpers.lua`).
     tag: Box<str>,
     /// The limit clients are told, as a header value.
     limit_header: HeaderValue,
@@ -119,10 +145,10 @@ impl LeaseSpec {
 impl Tier {
     pub(crate) fn new(name: Arc<str>, at: Registered, algorithm: Compiled, part: Part) -> Self {
         let (lua_id, params) = algorithm.lua_args();
-        // In base 36, to keep a state and its tag within the 44 bytes Redis stores in one
-        // allocation (an "embstr").
-        let params: Vec<String> = params.iter().map(|&n| base36(n)).collect();
-        let tag = format!("~{lua_id}:{}", params.join(",")).into_boxed_str();
+        // As short as it can be: a state and its tag are one string, whose allocation
+        // grows by 16 bytes past 12 and past 28 characters (a GCRA state is 16 digits).
+        let params: Vec<String> = params.iter().map(|&n| compact(n)).collect();
+        let tag = format!("{}{}", tag_letter(lua_id), params.join(",")).into_boxed_str();
         let limit_header = number(algorithm.reported_limit());
         let decisions_metric = ["allowed", "limited", "shadow_limited"].map(|outcome| {
             metrics::Key::from_parts(
@@ -236,5 +262,25 @@ impl Tier {
             (false, true) => 2,
         }];
         metrics::with_recorder(|r| r.register_counter(key, &METADATA).increment(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{compact, tag_letter};
+
+    #[test]
+    fn a_parameter_is_written_in_its_shorter_form() {
+        // Round numbers of microseconds in decimal with an exponent, the others in base 36.
+        assert_eq!(compact(86_400_000_000), "864E8");
+        assert_eq!(compact(6_000_000), "6E6");
+        assert_eq!(compact(360_000_000), "36E7");
+        assert_eq!(compact(333_333), "7579");
+        assert_eq!(compact(10), "a");
+        assert_eq!(compact(100), "2s");
+        assert_eq!(compact(0), "0");
+        assert_eq!(compact(u64::MAX), "3w5e11264sgsf");
+        assert_eq!(tag_letter(0), 'A');
+        assert_eq!(tag_letter(5), 'F');
     }
 }

@@ -95,23 +95,26 @@ local function split_block(raw)
 end
 
 -- A string state is written with the tag of the parameters it was written under:
--- "state~tag", or "state~tag|end" when blocked. The tag ("~id:p1,p2,...", the algorithm's id
--- and its parameters in base 36, with its tilde) is sent with each policy (`p.tag`, made by `Tier` in
--- Rust). A decision that finds another tag (the policy was reloaded with another quota, or
--- another instance still runs the old one) converts the state to its own parameters first
--- (`adopt` in decide.lua); a state without a tag is taken as written under the present
--- parameters.
+-- "stateTAG", or "stateTAG|end" when blocked. The tag ("Cp1,p2,...": a capital letter for the
+-- algorithm's id, A for 0, then its parameters, each in base 36 or, when shorter, in decimal
+-- with its trailing zeros as an exponent, `864E8`) is sent with each policy (`p.tag`, made by
+-- `Tier` in Rust). A state is digits, spaces and colons, so its tag starts at the value's
+-- first letter. It is that short because the value is one allocation that grows by 16 bytes
+-- past 28 characters. A decision that finds another tag (the policy was reloaded with
+-- another quota, or another instance still runs the old one) converts the state to its own
+-- parameters first (`adopt` in decide.lua); a state without a tag is taken as written under
+-- the present parameters.
 -- `raw` split into the state part, its tag (nil when none) and the block's end (nil when none).
 local function split_state(raw)
   local state, ends = split_block(raw)
   if not state then
     return nil
   end
-  local tilde = find(state, '~', 1, true)
-  if not tilde then
+  local letter = find(state, '%a')
+  if not letter then
     return state, nil, ends
   end
-  return sub(state, 1, tilde - 1), sub(state, tilde), ends
+  return sub(state, 1, letter - 1), sub(state, letter), ends
 end
 
 -- `raw` without its tag when it ends with `tag` (no block after it: a state as it is usually
@@ -301,17 +304,24 @@ local function read_shape(s)
   return shape
 end
 
--- The parameters a tag names ("~id:p1,p2,...", in base 36) in `into` (from its first
--- place), and the algorithm's id; nil when `tag` is not one.
+-- The parameters a tag names (see `split_state`) in `into` (from its first place), and the
+-- algorithm's letter; nil when `tag` is not one.
 local function tag_params(tag, into)
-  local id, rest = match(tag, '^~(%d+):(.*)$')
+  local id, rest = match(tag, '^(%u)(.*)$')
   if not id then
     return nil
   end
   local k = 0
   for word in string.gmatch(rest, '[^,]+') do
     k = k + 1
-    into[k] = tonumber(word, 36)
+    if find(word, 'E', 1, true) then
+      into[k] = tonumber(word)
+    else
+      into[k] = tonumber(word, 36)
+    end
+    if not into[k] then
+      return nil
+    end
   end
   return id
 end

@@ -6,6 +6,9 @@
 -- "head c0 c1 ... cN", is still read.
 -- Built when a decision first uses it (`algorithm` in decide.lua).
 ALG[SLIDING_WINDOW] = function()
+  -- The parameters of a tag found in a state written under others.
+  local OLD_RING = {}
+
   local function sw_read(raw, slots)
     if not raw then
       return nil
@@ -131,7 +134,7 @@ ALG[SLIDING_WINDOW] = function()
     if tag and tag ~= p.tag then
       -- Written under other parameters: read with their ring (their number of buckets is
       -- the tag's second parameter).
-      local n = tonumber(match(tag, '^~%d+:%w+,(%w+)') or '', 36)
+      local n = tag_params(tag, OLD_RING) and OLD_RING[2]
       return n and sw_read(raw, n + 1), ends, tag
     end
     return sw_read(raw, p[2] + 1), ends

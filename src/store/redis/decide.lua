@@ -94,7 +94,7 @@ local OLD = {}
 -- back (twin of `Compiled::convert`): the state and the block's end then. A state of another
 -- algorithm, or one left with nothing used, is forgotten; the key keeps its block.
 local function adopt(alg, key, p, st, ends, now, stale, into)
-  if st and alg.convert and tag_params(stale, OLD) == match(p.tag, '^~(%d+):') then
+  if st and alg.convert and tag_params(stale, OLD) == sub(p.tag, 1, 1) then
     KEEP_BLOCK = ends
     local kept = alg:convert(key, OLD, p, st, now)
     KEEP_BLOCK = nil

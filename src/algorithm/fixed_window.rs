@@ -47,7 +47,6 @@ impl FixedWindow {
 
 impl Step for FixedWindow {
     type State = State;
-    const LUA: &'static str = include_str!("lua/fixed_window.lua");
 
     fn compile(quota: Quota, _: Options) -> Result<Self, ConfigError> {
         Ok(Self::new(quota))

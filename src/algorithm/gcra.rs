@@ -51,7 +51,6 @@ impl Gcra {
 
 impl Step for Gcra {
     type State = State;
-    const LUA: &'static str = include_str!("lua/gcra.lua");
     const HAS_BURST: bool = true;
     const PACKS: bool = true;
 

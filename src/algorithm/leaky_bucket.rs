@@ -47,7 +47,6 @@ impl LeakyBucket {
 
 impl Step for LeakyBucket {
     type State = State;
-    const LUA: &'static str = include_str!("lua/leaky_bucket.lua");
     const HAS_BURST: bool = true;
 
     fn compile(quota: Quota, _: Options) -> Result<Self, ConfigError> {

@@ -109,11 +109,6 @@ impl Verdict {
 pub(crate) trait Step: Sized {
     /// Per-key state.
     type State: Clone;
-    /// The Lua twin: defines `ALG[<NAME>]`, a function that builds the algorithm's table of
-    /// functions (`load`, `evaluate`, `commit`, `refund`, maybe `lag`), where `<NAME>` is the
-    /// algorithm's upper-case name, replaced by its id when the script is assembled.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    const LUA: &'static str;
     /// Whether the algorithm takes a burst different from its limit.
     const HAS_BURST: bool = false;
 
@@ -601,10 +596,14 @@ macro_rules! algorithms {
             }
         }
 
-        /// The Lua twin of every algorithm, with the algorithm it is the twin of.
-        #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+        /// The Lua twin of every algorithm (`lua/<module>.lua`), with the algorithm it is the
+        /// twin of: it defines `ALG[<NAME>]`, a function that builds the algorithm's table of
+        /// functions (`load`, `evaluate`, `commit`, `refund`, maybe `lag`), where `<NAME>` is
+        /// the algorithm's upper-case name, replaced by its id when the script is generated
+        /// (the generator, which runs in tests, is the only reader).
+        #[cfg(all(test, feature = "redis"))]
         pub(crate) const LUA_TWINS: &[(Algorithm, &str)] = &[
-            $((Algorithm::$variant, <$module::$ty as Step>::LUA),)*
+            $((Algorithm::$variant, include_str!(concat!("lua/", stringify!($module), ".lua"))),)*
         ];
     };
 }
@@ -613,7 +612,7 @@ macro_rules! algorithms {
 pub(crate) type LuaParams = smallvec::SmallVec<[u64; 4]>;
 
 /// The helpers every Lua twin uses (integer division, state parsing, writes with a TTL).
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+#[cfg(all(test, feature = "redis"))]
 pub(crate) const LUA_HELPERS: &str = include_str!("lua/helpers.lua");
 
 algorithms! {

@@ -117,7 +117,6 @@ impl SlidingLog {
 
 impl Step for SlidingLog {
     type State = State;
-    const LUA: &'static str = include_str!("lua/sliding_log.lua");
 
     fn compile(quota: Quota, _: Options) -> Result<Self, ConfigError> {
         Self::new(quota)

@@ -143,7 +143,6 @@ impl SlidingWindow {
 
 impl Step for SlidingWindow {
     type State = State;
-    const LUA: &'static str = include_str!("lua/sliding_window.lua");
 
     fn compile(quota: Quota, options: Options) -> Result<Self, ConfigError> {
         Self::new(quota, options.buckets)

@@ -116,7 +116,6 @@ impl TokenBucket {
 
 impl Step for TokenBucket {
     type State = State;
-    const LUA: &'static str = include_str!("lua/token_bucket.lua");
     const HAS_BURST: bool = true;
 
     fn compile(quota: Quota, _: Options) -> Result<Self, ConfigError> {

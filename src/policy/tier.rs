@@ -42,7 +42,12 @@ fn compact(n: u64) -> String {
 /// The letter that starts a tag: `A` for the algorithm of Lua id 0, `B` for 1, and so on. A
 /// state is digits, spaces and colons, so the first letter of a value starts its tag.
 fn tag_letter(lua_id: u8) -> char {
-    debug_assert!(lua_id < 26, "an algorithm id is one letter");
+    const {
+        assert!(
+            crate::Algorithm::ALL.len() < 26,
+            "an algorithm id is one letter"
+        )
+    };
     char::from(b'A' + lua_id)
 }
 

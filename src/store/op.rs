@@ -1,11 +1,14 @@
 //! What a store is asked: one [`Check`] per policy that applies to a request, each making one
 //! typed [`Op`], decided together.
 //!
-//! An operation's facts (does it decide the request, is it charged, what it adds to a script
-//! call, how wide its reply is, how a charge it made is undone) are written once, here. The
-//! memory store reads them; the Redis script's prelude gets them as tables generated from
-//! [`Op::KINDS`] (see `store/redis/script.rs`), and a test holds `decide.lua`'s branches to
-//! them. What an operation does to a state (its own arm) is written once per store: in
+//! The operations are one declaration (`operations!`): each one's variant, its name in the
+//! Lua sources and its facts (does it decide the request, when is it charged, does it act on
+//! its own, does it grant, does it take slots), so a new operation states every fact or does
+//! not compile. What follows from the facts (what it adds to a script call, how wide its reply
+//! is, how a charge it made is undone) is written once, here, in `match`es with no catch-all
+//! arm. The memory store reads them; the Redis script's prelude has them as tables generated
+//! from [`Op::KINDS`] (see `store/redis/script.rs`), and a test holds `decide.lua`'s branches
+//! to them. What an operation does to a state (its own arm) is written once per store: in
 //! `store/memory/shard.rs` and in `decide.lua`.
 
 use std::sync::Arc;
@@ -15,58 +18,139 @@ use smallvec::SmallVec;
 use crate::key::Key;
 use crate::policy::{Part, Tier};
 
-/// One operation on one key of one policy tier, with its own payload.
+/// What an operation is, one row of [`operations!`]: every fact a new operation must state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Op {
+struct Facts {
+    /// A denial by its check denies the request.
+    decides: bool,
+    /// When its check is charged, if the request is admitted.
+    charge: Charge,
+    /// It changes the state on its own before the look at cost 0 that reports it.
+    acts: bool,
+    /// The store reports a grant with its outcome.
+    grants: bool,
+    /// The units it charges are slots the request gives back when it ends or goes away.
+    takes_slots: bool,
+}
+
+/// The operations, one declaration: each one's variant (with its payload, at most one
+/// integer), its name in the Redis script's sources, and its [`Facts`]. The enum, its ids
+/// (the place in this list, from 1), [`Op::KINDS`] and every fact follow from it.
+macro_rules! operations {
+    ($(
+        $(#[$doc:meta])*
+        $variant:ident $({ $(#[$fdoc:meta])* $field:ident })? => $lua:literal, $facts:expr;
+    )*) => {
+        /// One operation on one key of one policy tier, with its own payload.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub(crate) enum Op {
+            $($(#[$doc])* $variant $({ $(#[$fdoc])* $field: u64 })?,)*
+        }
+
+        impl Op {
+            /// One operation of each kind (payloads 0), in the order of their ids.
+            #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+            pub(crate) const KINDS: &[Op] = &[$(Op::$variant $({ $field: 0 })?,)*];
+
+            /// The operation's id in the Redis script: its place in [`Op::KINDS`], from 1
+            /// (Lua's tables count from 1).
+            #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+            pub(crate) const fn id(self) -> u8 {
+                let mut id = 0;
+                $(
+                    id += 1;
+                    if let Op::$variant { .. } = self {
+                        return id;
+                    }
+                )*
+                unreachable!()
+            }
+
+            /// The name of the operation's constant in the Redis script's sources.
+            #[cfg(all(test, feature = "redis"))]
+            pub(crate) const fn lua_name(self) -> &'static str {
+                match self {
+                    $(Op::$variant { .. } => $lua,)*
+                }
+            }
+
+            const fn facts(self) -> Facts {
+                match self {
+                    $(Op::$variant { .. } => $facts,)*
+                }
+            }
+        }
+    };
+}
+
+/// The facts of an operation that decides the request and is charged always.
+const DECIDES_CHARGED: Facts = Facts {
+    decides: true,
+    charge: Charge::Always,
+    acts: false,
+    grants: false,
+    takes_slots: false,
+};
+
+/// The facts of an operation that acts on its own, never decides and is never charged.
+const ACTS: Facts = Facts {
+    decides: false,
+    charge: Charge::Never,
+    acts: true,
+    grants: false,
+    takes_slots: false,
+};
+
+operations! {
     /// Decides the request; charged only if every check that decides admits it.
-    Enforce,
+    Enforce => "ENFORCE", DECIDES_CHARGED;
     /// A shadow policy: reported, never decides; charged if it admits and the request goes on.
-    Shadow,
+    Shadow => "SHADOW", Facts { decides: false, charge: Charge::IfAllowed, ..DECIDES_CHARGED };
     /// Decides the request but is never charged here: the charge comes after the response
     /// ([`Policy::charge_if`](crate::Policy::charge_if)).
-    ChargeLater,
+    ChargeLater => "CHARGE_LATER", Facts { charge: Charge::Never, ..DECIDES_CHARGED };
     /// Decides and charges like [`Op::Enforce`]; the units charged are a concurrency limit's
     /// slots, held until the request ends and then given back with [`Op::Release`] of the
     /// time they were charged at, which the store reports as the outcome's grant.
-    Hold,
+    Hold => "HOLD", Facts { grants: true, takes_slots: true, ..DECIDES_CHARGED };
     /// Decides like [`Op::Enforce`]; a request denied now that the policy admits within
     /// `max_wait_us` is admitted instead, its units charged at that slot, later.
     Reserve {
         /// The longest wait, in microseconds.
-        max_wait_us: u64,
-    },
+        max_wait_us
+    } => "RESERVE", Facts { grants: true, takes_slots: true, ..DECIDES_CHARGED };
     /// Decides like [`Op::Enforce`], on the state as strict as a lease could make it; when
     /// the request is admitted, charges a lease of what is left instead of the cost (at least
     /// the cost, at most `want`), to be spent by the caller until it ends (the tier's lease
     /// says for how long at most).
     Lease {
         /// The units wanted, the cost among them.
-        want: u64,
-    },
+        want
+    } => "LEASE", Facts { grants: true, ..DECIDES_CHARGED };
     /// Gives the check's units back; then reports like a look at cost 0.
-    Refund,
+    Refund => "REFUND", ACTS;
     /// Forgets the key and its block; then reports like a look at cost 0.
-    Reset,
+    Reset => "RESET", ACTS;
     /// Charges the check's units whatever the state; then reports like a look at cost 0.
-    Penalize,
+    Penalize => "PENALIZE", ACTS;
     /// Denies the key for the next `us` microseconds; then reports like a look at cost 0.
     Block {
         /// How long the block lasts.
-        us: u64,
-    },
+        us
+    } => "BLOCK", ACTS;
     /// Gives back the check's units of the lease that ended at `end` (store time); then
     /// reports like a look at cost 0.
     GiveBack {
         /// The lease's end.
-        end: u64,
-    },
+        end
+    } => "GIVE_BACK", ACTS;
     /// Gives back the check's units that a request took at `slot` (store time: reserved for
     /// it, or the slots of a concurrency limit) and will not spend; then reports like a look
     /// at cost 0.
     Release {
         /// When the units were charged.
-        slot: u64,
-    },
+        slot
+    } => "RELEASE", ACTS;
 }
 
 /// When a check is charged, if the request is admitted.
@@ -95,77 +179,14 @@ impl Op {
         }
     }
 
-    /// One operation of each kind (payloads 0), in the order of their ids.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) const KINDS: [Op; 12] = [
-        Op::Enforce,
-        Op::Shadow,
-        Op::ChargeLater,
-        Op::Hold,
-        Op::Reserve { max_wait_us: 0 },
-        Op::Lease { want: 0 },
-        Op::Refund,
-        Op::Reset,
-        Op::Penalize,
-        Op::Block { us: 0 },
-        Op::GiveBack { end: 0 },
-        Op::Release { slot: 0 },
-    ];
-
-    /// The operation's id in the Redis script: its place in [`Op::KINDS`], from 1 (Lua's
-    /// tables count from 1).
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) const fn id(self) -> u8 {
-        match self {
-            Op::Enforce => 1,
-            Op::Shadow => 2,
-            Op::ChargeLater => 3,
-            Op::Hold => 4,
-            Op::Reserve { .. } => 5,
-            Op::Lease { .. } => 6,
-            Op::Refund => 7,
-            Op::Reset => 8,
-            Op::Penalize => 9,
-            Op::Block { .. } => 10,
-            Op::GiveBack { .. } => 11,
-            Op::Release { .. } => 12,
-        }
-    }
-
-    /// The name of the operation's constant in the Redis script.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) const fn lua_name(self) -> &'static str {
-        match self {
-            Op::Enforce => "ENFORCE",
-            Op::Shadow => "SHADOW",
-            Op::ChargeLater => "CHARGE_LATER",
-            Op::Hold => "HOLD",
-            Op::Reserve { .. } => "RESERVE",
-            Op::Lease { .. } => "LEASE",
-            Op::Refund => "REFUND",
-            Op::Reset => "RESET",
-            Op::Penalize => "PENALIZE",
-            Op::Block { .. } => "BLOCK",
-            Op::GiveBack { .. } => "GIVE_BACK",
-            Op::Release { .. } => "RELEASE",
-        }
-    }
-
     /// Whether a denial by this check denies the request.
     pub(crate) const fn decides(self) -> bool {
-        matches!(
-            self,
-            Op::Enforce | Op::ChargeLater | Op::Hold | Op::Reserve { .. } | Op::Lease { .. }
-        )
+        self.facts().decides
     }
 
     /// When this check is charged, if the request is admitted.
     pub(crate) const fn charge(self) -> Charge {
-        match self {
-            Op::Enforce | Op::Hold | Op::Reserve { .. } | Op::Lease { .. } => Charge::Always,
-            Op::Shadow => Charge::IfAllowed,
-            _ => Charge::Never,
-        }
+        self.facts().charge
     }
 
     /// Whether the check is charged when the request is admitted, given its own verdict.
@@ -180,15 +201,7 @@ impl Op {
     /// Whether the operation changes the state on its own before the look at cost 0 that
     /// reports it (an administrative change, or units given back).
     pub(crate) const fn acts(self) -> bool {
-        matches!(
-            self,
-            Op::Refund
-                | Op::Reset
-                | Op::Penalize
-                | Op::Block { .. }
-                | Op::GiveBack { .. }
-                | Op::Release { .. }
-        )
+        self.facts().acts
     }
 
     /// The integers the operation adds to a script call after the cost: its payload, and
@@ -202,13 +215,19 @@ impl Op {
             | Op::GiveBack { end: x }
             | Op::Release { slot: x } => args.push(x),
             Op::Lease { want } => args.extend([lease_ttl_us, want]),
-            _ => {}
+            Op::Enforce
+            | Op::Shadow
+            | Op::ChargeLater
+            | Op::Hold
+            | Op::Refund
+            | Op::Reset
+            | Op::Penalize => {}
         }
         args
     }
 
     /// How many integers [`Op::args`] adds.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    #[cfg(all(test, feature = "redis"))]
     pub(crate) fn arg_count(self) -> usize {
         self.args(0).len()
     }
@@ -217,13 +236,13 @@ impl Op {
     /// request reserved, the slots a concurrency limit gave it (a `Grant`, in `decision.rs`). Its reply then has
     /// [`Op::REPLY_GRANT`] more integers.
     pub(crate) const fn grants(self) -> bool {
-        matches!(self, Op::Hold | Op::Reserve { .. } | Op::Lease { .. })
+        self.facts().grants
     }
 
     /// Whether the units it charges are slots the request gives back when it ends or goes
     /// away ([`Op::Release`]): a concurrency limit's, or a reserved slot.
     pub(crate) const fn takes_slots(self) -> bool {
-        matches!(self, Op::Hold | Op::Reserve { .. })
+        self.facts().takes_slots
     }
 
     /// Integers in every check's reply: the verdict, remaining and reset.

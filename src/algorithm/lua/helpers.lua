@@ -4,7 +4,7 @@
 -- (a Redis function's library cannot reach `string` while it loads): no global lookups per
 -- call. Calls cost: a Lua call is about 500 instructions of Redis's interpreter, a table about
 -- 1,100 (callgrind), so the decision path makes few of either: a function marked `--@inline`
--- is written into the fused decision in place of its calls (see `store/redis/fuse.rs`), so it
+-- is written into the fused decision in place of its calls (see `luagen/`), so it
 -- returns only from a line of its own, never from inside a loop.
 local format, find, sub, match, byte, call
 -- How an integer is formatted: '%d' where Lua's integer format is 64 bits wide (as on every
@@ -240,7 +240,8 @@ end
 local function store(key, p, value, now, expires_at)
   value = value .. p.tag
   if KEEP_BLOCK then
-    value = value .. '|' .. int(KEEP_BLOCK)
+    local block_end = int(KEEP_BLOCK)
+    value = value .. '|' .. block_end
     expires_at = until_block_ends(expires_at)
   end
   local ms = ttl_ms(now, expires_at)

@@ -33,16 +33,20 @@ ALG[LEAKY_BUCKET] = function()
     if room < 0 then
       room = 0
     end
-    if cost > capacity then
-      return 0, fdiv(room, unit), cdiv(now_level, rate), -1
-    end
     local after = now_level + cost * unit
-    if after <= full then
+    if cost <= capacity and after <= full then
       local left = fdiv(full - after, unit)
       local reset = cdiv(after, rate)
       return 1, left, reset, -1
     end
-    return 0, fdiv(room, unit), cdiv(now_level, rate), cdiv(after - full, rate)
+    -- Denied: the room left now, and when the bucket is empty.
+    local left = fdiv(room, unit)
+    local reset = cdiv(now_level, rate)
+    if cost > capacity then
+      return 0, left, reset, -1
+    end
+    local retry = cdiv(after - full, rate)
+    return 0, left, reset, retry
   end
 
   --@inline

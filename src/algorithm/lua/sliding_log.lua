@@ -117,8 +117,8 @@ ALG[SLIDING_LOG] = function()
     end
     -- The entry whose leaving the window makes room.
     local need = used + cost - limit
-    local entry = call('ZRANGEBYSCORE', key, '(' .. int(now - window), '(+inf',
-      'WITHSCORES', 'LIMIT', need - 1, 1)
+    local since = int(now - window)
+    local entry = call('ZRANGEBYSCORE', key, '(' .. since, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
     return 0, left, newest_left, tonumber(entry[2]) + window - now
   end
 

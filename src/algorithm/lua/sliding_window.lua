@@ -184,7 +184,8 @@ ALG[SLIDING_WINDOW] = function()
         end
         local xmin = x0
         if oldest > 0 then
-          local bound = g - fdiv(avail * g, oldest)
+          local part = fdiv(avail * g, oldest)
+          local bound = g - part
           if bound > xmin then
             xmin = bound
           end
@@ -231,9 +232,14 @@ ALG[SLIDING_WINDOW] = function()
         if stale > slots then
           stale = slots
         end
-        for i = 0, stale - 1 do
-          local idx = c - i
-          st[idx - fdiv(idx, slots) * slots + 2] = 0
+        -- Bucket c - i is at the ring's slot `slot - i`, wrapped.
+        local back = slot
+        for _ = 1, stale do
+          st[back + 2] = 0
+          back = back - 1
+          if back < 0 then
+            back = slots - 1
+          end
         end
         head = c
       end

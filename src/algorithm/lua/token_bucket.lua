@@ -46,17 +46,21 @@ ALG[TOKEN_BUCKET] = function()
   local function evaluate(self, p, st, now, cost)
     local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
     local have = tokens(p, st, now)
-    if cost > capacity then
-      return 0, fdiv(have, unit), cdiv(full - have, rate), -1
-    end
     local need = cost * unit
-    if have >= need then
+    if cost <= capacity and have >= need then
       local left = have - need
       local whole = fdiv(left, unit)
       local reset = cdiv(full - left, rate)
       return 1, whole, reset, -1
     end
-    return 0, fdiv(have, unit), cdiv(full - have, rate), cdiv(need - have, rate)
+    -- Denied: what is left now, and when the bucket is full again.
+    local whole = fdiv(have, unit)
+    local reset = cdiv(full - have, rate)
+    if cost > capacity then
+      return 0, whole, reset, -1
+    end
+    local retry = cdiv(need - have, rate)
+    return 0, whole, reset, retry
   end
 
   --@inline

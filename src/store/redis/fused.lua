@@ -1,5 +1,5 @@
 -- The fused decision of one policy enforced alone, the usual request (`FUSES[op]`): the
--- phases of `decide` for that case, in one function per algorithm. script.rs (fuse.rs)
+-- phases of `decide` for that case, in one function per algorithm. The generator (luagen/)
 -- writes it into each twin, with the twin's own `load`, `evaluate`, `commit` and `lag`
 -- written in place of their calls. `args` are the policy's arguments, `shape` their first.
 -- A key blocked, or written under other parameters, is left to the general path: nil, having
@@ -42,7 +42,8 @@ local function fused(key, args, shape)
   end
   -- Not charged: a key that lost its TTL gets one (as `settle` does).
   if call('PTTL', key) == -1 then
-    call('PEXPIRE', key, ttl_ms(now, now + reset))
+    local ms = ttl_ms(now, now + reset)
+    call('PEXPIRE', key, ms)
   end
   return REPLY
 end

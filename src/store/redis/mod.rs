@@ -3,7 +3,6 @@
 mod call;
 mod conn;
 mod endpoint;
-mod fuse;
 mod key;
 mod link;
 mod probe;

@@ -1,33 +1,36 @@
-//! The decision script: the helpers the algorithms' Lua twins share, every twin, and the
-//! decision itself, with what both languages must agree on (algorithm ids, operations and
-//! their facts, the shape of the arguments and the reply) taken from Rust.
+//! The decision script, as Redis runs it: `script.lua`, generated from the helpers the
+//! algorithms' Lua twins share, every twin, the fused decision (`fused.lua`) and the decision
+//! itself (`decide.lua`) by the generator in `luagen/` (a tool of development, compiled into
+//! this module's tests only), with what both languages must agree on (algorithm ids,
+//! operations and their facts, the shape of the arguments and the reply) taken from Rust.
 //!
-//! The Lua sources name those numbers (`ALG[GCRA]`, `op == LEASE`, `REPLY_GRANT`);
-//! assembling the script puts in their values from [`Algorithm::lua_id`](crate::Algorithm),
-//! [`Op`] and the constants below, so each number is written once, in Rust, and the script
-//! Redis runs holds literals: no per-call cost for the names. The facts of each operation
-//! ([`Op::decides`], [`Op::charge`], [`Op::acts`], [`Op::arg_count`], [`Op::grants`]) become
-//! the tables of the script's prelude (`DECIDES[op]`, ...), generated from [`Op::KINDS`].
+//! The Lua sources name those numbers (`ALG[GCRA]`, `op == LEASE`, `REPLY_GRANT`); the
+//! generated script holds their values, from [`Algorithm::lua_id`](crate::Algorithm), [`Op`]
+//! and the constants below, so each number is written once, in Rust. The facts of each
+//! operation ([`Op::decides`], [`Op::charge`], [`Op::acts`], [`Op::arg_count`],
+//! [`Op::grants`]) become the tables of the script's prelude (`DECIDES[op]`, ...). The test
+//! `the_committed_script_is_generated` generates the script again and fails on any
+//! difference; `UPDATE_LUA=1 cargo test --lib script` writes it.
 
 use std::sync::LazyLock;
 
-use super::fuse;
-use crate::algorithm::{LUA_HELPERS, LUA_TWINS};
 use crate::store::Op;
-use crate::store::op::Charge;
+
 /// The verdict of a policy that admits the request.
 pub(crate) const ADMITTED: i64 = -2;
-/// The verdict of a policy that denies a request no wait would admit.
+/// The verdict of a policy that denies a request no wait would admit (written into the script
+/// by the generator; read back as a verdict below zero that is not [`ADMITTED`]).
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) const NEVER: i64 = -1;
 
 /// A policy's shape, the first of its arguments: its algorithm and operation, and two flags,
 /// one integer (the script decodes it with `%`, as Lua 5.1 has no bit operators). Algorithm
-/// ids are below 8, operation ids below 16. Its parameters are not sent: its tag names them.
-const MODE_UNIT: u64 = 8;
+/// ids are below 32, operation ids below 32. Its parameters are not sent: its tag names them.
+const MODE_UNIT: u64 = 32;
 /// The policy's cost follows the shape (it is 1 when it does not).
-const COST_FLAG: u64 = 128;
+const COST_FLAG: u64 = 1024;
 /// The time and the TTL slack are the last two arguments (an injected clock).
-const CLOCK_FLAG: u64 = 256;
+const CLOCK_FLAG: u64 = 2048;
 
 const _: () = {
     assert!(crate::Algorithm::ALL.len() < MODE_UNIT as usize);
@@ -57,45 +60,19 @@ pub(crate) struct Script {
     function: String,
 }
 
+/// The generated script (see the module's docs).
+const GENERATED: &str = include_str!("script.lua");
+
 impl Script {
     fn assemble() -> Script {
-        let mut names: Vec<(String, String)> = LUA_TWINS
-            .iter()
-            .map(|(a, _)| (a.name().to_ascii_uppercase(), a.lua_id().to_string()))
-            .collect();
-        names.extend(Op::KINDS.map(|op| (op.lua_name().to_owned(), op.id().to_string())));
-        names.extend(
-            [
-                ("REPLY_GRANT", Op::REPLY_GRANT as i64),
-                ("ADMITTED", ADMITTED),
-                ("NEVER", NEVER),
-                ("MODE_UNIT", MODE_UNIT as i64),
-                ("COST_FLAG", COST_FLAG as i64),
-                ("CLOCK_FLAG", CLOCK_FLAG as i64),
-            ]
-            .map(|(name, value)| (name.to_owned(), value.to_string())),
-        );
-        let mut lua = String::from("-- tower-ratelimit: its decision script.\nlocal ALG = {}\n");
-        lua.push_str(&facts());
-        lua.push_str(LUA_HELPERS);
-        for (_, twin) in LUA_TWINS {
-            let fused = include_str!("fused.lua");
-            lua.push_str(&fuse::fuse(
-                LUA_HELPERS,
-                twin,
-                fused,
-                &["load", "evaluate", "commit"],
-            ));
-        }
-        lua.push_str(include_str!("decide.lua"));
-        let body = substitute(&lua, &names);
-        let source = format!("{body}return decide(KEYS, ARGV)\n");
+        let source = format!("{GENERATED}return decide(KEYS, ARGV)\n");
         let sha = redis::Script::new(&source).get_hash().to_owned();
         // Named after the source, so versions of the crate sharing a Redis (a rolling deploy)
         // each call their own.
         let function = format!("tower_ratelimit_{}", &sha[..16]);
-        let library =
-            format!("#!lua name={function}\n{body}redis.register_function('{function}', decide)\n");
+        let library = format!(
+            "#!lua name={function}\n{GENERATED}redis.register_function('{function}', decide)\n"
+        );
         Script {
             source,
             sha,
@@ -125,80 +102,110 @@ impl Script {
     }
 }
 
-/// The facts of every operation as Lua tables indexed by its id, written from [`Op`]'s own
-/// methods: `DECIDES` (a denial denies the request), `CHARGES` (0 never, 1 when its own verdict
-/// admits, 2 always, if the request is admitted), `ACTS` (changes the state on its own, then
-/// looks), `ARGS` (integers after the cost), `GRANTS` (its reply has the three integers of a
-/// grant), `WIDTH` (the integers of its reply) and `FUSES` (decided alone, the algorithm's
-/// fused decision decides it: it decides, is always charged, neither acts nor grants).
-fn facts() -> String {
-    let table = |name: &str, fact: &dyn Fn(Op) -> String| {
-        let values: Vec<String> = Op::KINDS.iter().map(|&op| fact(op)).collect();
-        format!("local {name} = {{ {} }}\n", values.join(", "))
-    };
-    let charge = |op: Op| match op.charge() {
-        Charge::Never => "0",
-        Charge::IfAllowed => "1",
-        Charge::Always => "2",
-    };
-    [
-        table("DECIDES", &|op| op.decides().to_string()),
-        table("CHARGES", &|op| charge(op).to_owned()),
-        table("ACTS", &|op| op.acts().to_string()),
-        table("ARGS", &|op| op.arg_count().to_string()),
-        table("GRANTS", &|op| op.grants().to_string()),
-        table("WIDTH", &|op| op.reply_width().to_string()),
-        table("FUSES", &|op| fuses(op).to_string()),
-    ]
-    .concat()
-}
-
-/// Whether a policy of this operation decided alone is decided by its algorithm's fused
-/// decision (`fused.lua`), which decides and charges as [`Op::Enforce`] does.
-fn fuses(op: Op) -> bool {
-    op.decides() && matches!(op.charge(), Charge::Always) && !op.acts() && !op.grants()
-}
-
-/// `lua` with every identifier that is one of `names` replaced by its value. String literals
-/// and comments are copied as they are.
-fn substitute(lua: &str, names: &[(String, String)]) -> String {
-    let b = lua.as_bytes();
-    let mut out = String::with_capacity(lua.len());
-    let mut i = 0;
-    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
-    while i < b.len() {
-        let start = i;
-        if b[i..].starts_with(b"--") {
-            while i < b.len() && b[i] != b'\n' {
-                i += 1;
-            }
-        } else if b[i] == b'\'' || b[i] == b'"' {
-            let quote = b[i];
-            i += 1;
-            while i < b.len() && b[i] != quote {
-                i += if b[i] == b'\\' { 2 } else { 1 };
-            }
-            i += 1;
-        } else if ident(b[i]) {
-            while i < b.len() && ident(b[i]) {
-                i += 1;
-            }
-            if let Some((_, value)) = names.iter().find(|(n, _)| n.as_bytes() == &b[start..i]) {
-                out.push_str(value);
-                continue;
-            }
-        } else {
-            i += 1;
-        }
-        out.push_str(&lua[start..i.min(b.len())]);
-    }
-    out
-}
+#[cfg(test)]
+#[path = "../../../luagen/mod.rs"]
+mod luagen;
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::Algorithm;
+    use crate::algorithm::{LUA_HELPERS, LUA_TWINS};
+    use crate::store::op::Charge;
+
+    /// The script, generated from the Lua sources and the numbers Rust gives their names.
+    fn generate() -> String {
+        let mut names: Vec<(String, String)> = LUA_TWINS
+            .iter()
+            .map(|(a, _)| (a.name().to_ascii_uppercase(), a.lua_id().to_string()))
+            .collect();
+        names.extend(
+            Op::KINDS
+                .iter()
+                .map(|op| (op.lua_name().to_owned(), op.id().to_string())),
+        );
+        names.extend(
+            [
+                ("REPLY_GRANT", Op::REPLY_GRANT as i64),
+                ("ADMITTED", ADMITTED),
+                ("NEVER", NEVER),
+                ("MODE_UNIT", MODE_UNIT as i64),
+                ("COST_FLAG", COST_FLAG as i64),
+                ("CLOCK_FLAG", CLOCK_FLAG as i64),
+            ]
+            .map(|(name, value)| (name.to_owned(), value.to_string())),
+        );
+        let mut lua = String::from(concat!(
+            "-- tower-ratelimit: its decision script. Generated (luagen/) from\n",
+            "-- src/algorithm/lua/*.lua and src/store/redis/{fused,decide}.lua, with the numbers\n",
+            "-- Rust gives their names: do not edit it, edit them and run\n",
+            "-- `UPDATE_LUA=1 cargo test --lib script`.\n",
+            "local ALG = {}\n"
+        ));
+        lua.push_str(&facts());
+        lua.push_str(LUA_HELPERS);
+        for (_, twin) in LUA_TWINS {
+            let fused = include_str!("fused.lua");
+            lua.push_str(&luagen::fuse(
+                LUA_HELPERS,
+                twin,
+                fused,
+                &["load", "evaluate", "commit"],
+            ));
+        }
+        lua.push_str(include_str!("decide.lua"));
+        luagen::substitute(&lua, &names)
+    }
+
+    /// `script.lua` is what the sources generate; `UPDATE_LUA=1` writes it.
+    #[test]
+    fn the_committed_script_is_generated() {
+        let generated = generate();
+        if std::env::var_os("UPDATE_LUA").is_some() {
+            let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/store/redis/script.lua");
+            std::fs::write(path, &generated).expect("script.lua written");
+            return;
+        }
+        assert!(
+            GENERATED == generated,
+            "src/store/redis/script.lua is not what its sources generate: run \
+             `UPDATE_LUA=1 cargo test --lib script` and commit the file"
+        );
+    }
+
+    /// The facts of every operation as Lua tables indexed by its id, written from [`Op`]'s own
+    /// methods: `DECIDES` (a denial denies the request), `CHARGES` (0 never, 1 when its own verdict
+    /// admits, 2 always, if the request is admitted), `ACTS` (changes the state on its own, then
+    /// looks), `ARGS` (integers after the cost), `GRANTS` (its reply has the three integers of a
+    /// grant), `WIDTH` (the integers of its reply) and `FUSES` (decided alone, the algorithm's
+    /// fused decision decides it: it decides, is always charged, neither acts nor grants).
+    fn facts() -> String {
+        let table = |name: &str, fact: &dyn Fn(Op) -> String| {
+            let values: Vec<String> = Op::KINDS.iter().map(|&op| fact(op)).collect();
+            format!("local {name} = {{ {} }}\n", values.join(", "))
+        };
+        let charge = |op: Op| match op.charge() {
+            Charge::Never => "0",
+            Charge::IfAllowed => "1",
+            Charge::Always => "2",
+        };
+        [
+            table("DECIDES", &|op| op.decides().to_string()),
+            table("CHARGES", &|op| charge(op).to_owned()),
+            table("ACTS", &|op| op.acts().to_string()),
+            table("ARGS", &|op| op.arg_count().to_string()),
+            table("GRANTS", &|op| op.grants().to_string()),
+            table("WIDTH", &|op| op.reply_width().to_string()),
+            table("FUSES", &|op| fuses(op).to_string()),
+        ]
+        .concat()
+    }
+
+    /// Whether a policy of this operation decided alone is decided by its algorithm's fused
+    /// decision (`fused.lua`), which decides and charges as [`Op::Enforce`] does.
+    fn fuses(op: Op) -> bool {
+        op.decides() && matches!(op.charge(), Charge::Always) && !op.acts() && !op.grants()
+    }
 
     #[test]
     fn numbers_come_from_rust() {
@@ -220,7 +227,7 @@ mod tests {
                 "{name} is ALG[{id}]"
             );
         }
-        for op in Op::KINDS {
+        for &op in Op::KINDS {
             assert!(
                 !source.contains(&format!("== {}", op.lua_name())),
                 "{op:?} substituted"
@@ -243,7 +250,7 @@ mod tests {
             .filter(|l| !l.trim_start().starts_with("--"))
             .collect::<Vec<_>>()
             .join("\n");
-        for op in Op::KINDS {
+        for &op in Op::KINDS {
             let name = op.lua_name();
             let arm = code.contains(&format!("ACT[{name}] = function"));
             assert_eq!(arm, op.acts(), "{name}: an ACT arm exactly when it acts");
@@ -259,35 +266,9 @@ mod tests {
                 "{name}: the granting ones"
             );
         }
-        // The facts are the tables, in the order of the ids.
-        let facts = facts();
-        for op in Op::KINDS {
-            assert_eq!(
-                op.id() as usize,
-                1 + Op::KINDS.iter().position(|o| *o == op).unwrap()
-            );
+        // The ids are the places in the list, from 1.
+        for (place, &op) in Op::KINDS.iter().enumerate() {
+            assert_eq!(op.id() as usize, place + 1, "{op:?}");
         }
-        let decides: Vec<String> = Op::KINDS.iter().map(|o| o.decides().to_string()).collect();
-        assert!(facts.contains(&format!("local DECIDES = {{ {} }}", decides.join(", "))));
-        assert!(
-            SCRIPT
-                .source()
-                .contains("local WIDTH = { 3, 3, 3, 6, 6, 6, 3, 3, 3, 3, 3, 3 }")
-        );
-        assert!(
-            SCRIPT
-                .source()
-                .contains("local ARGS = { 0, 0, 0, 0, 1, 2, 0, 0, 0, 1, 1, 1 }")
-        );
-    }
-
-    #[test]
-    fn substitution_touches_whole_identifiers_only() {
-        let names = [("BLOCK".to_owned(), "6".to_owned())];
-        let lua = "if mode == BLOCK then x = BLOCKED .. 'BLOCK' .. \"BLOCK\" end -- BLOCK\nBLOCK";
-        assert_eq!(
-            substitute(lua, &names),
-            "if mode == 6 then x = BLOCKED .. 'BLOCK' .. \"BLOCK\" end -- BLOCK\n6"
-        );
     }
 }

@@ -1,0 +1,405 @@
+//! The fused decision written: each call of an inline function that is a statement of
+//! its own replaced by the function's body.
+
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+
+use super::inline::{Inline, collect};
+use super::tokens::{Tok, declared, is_name, margin, plain, pure, split_list, tokens};
+
+/// A call that is a statement of its own: `[local] a, b = f(args)` or `f(args)`.
+pub(super) struct Call<'a> {
+    indent: &'a str,
+    local: bool,
+    outs: Vec<&'a str>,
+    name: &'a str,
+    args: &'a str,
+}
+
+pub(super) fn call_statement<'a>(
+    line: &'a str,
+    scope: &HashMap<String, Rc<Inline>>,
+) -> Option<Call<'a>> {
+    let (toks, _) = tokens(line);
+    let indent = &line[..line.len() - line.trim_start().len()];
+    let mut k = 0;
+    let local = toks.first()?.1 == Tok::Name("local");
+    if local {
+        k += 1;
+    }
+    let mut outs = Vec::new();
+    // The names assigned, when there is an `=`.
+    if toks.iter().any(|t| t.1 == Tok::Other("=")) {
+        loop {
+            outs.push(is_name(toks.get(k)?.1)?);
+            k += 1;
+            match toks.get(k)?.1 {
+                Tok::Other(",") => k += 1,
+                Tok::Other("=") => break,
+                _ => return None,
+            }
+        }
+        k += 1;
+    } else if local {
+        return None;
+    }
+    let name = is_name(toks.get(k)?.1).filter(|n| scope.contains_key(*n))?;
+    let (open, _) = *toks.get(k + 1).filter(|t| t.1 == Tok::Other("("))?;
+    let mut depth = 0;
+    for (j, &(at, t)) in toks.iter().enumerate().skip(k + 1) {
+        match t {
+            Tok::Other("(") => depth += 1,
+            Tok::Other(")") => depth -= 1,
+            _ => {}
+        }
+        if depth == 0 {
+            // The call must be the whole statement.
+            return (j == toks.len() - 1).then(|| Call {
+                indent,
+                local,
+                outs,
+                name,
+                args: line[open + 1..at].trim(),
+            });
+        }
+    }
+    None
+}
+
+/// Writes inline functions into the lines of one caller.
+pub(super) struct Fuser<'a> {
+    scope: &'a HashMap<String, Rc<Inline>>,
+    next: usize,
+}
+
+impl Fuser<'_> {
+    /// `lines` with every call of an inline function that is a statement of its own replaced
+    /// by the function's body; `declared` holds every name the caller declares.
+    fn expand(
+        &mut self,
+        lines: &[String],
+        declared: &mut HashSet<String>,
+        depth: u32,
+    ) -> Vec<String> {
+        assert!(depth < 16, "inline functions call each other too deep");
+        let mut out = Vec::with_capacity(lines.len());
+        for line in lines {
+            match call_statement(line, self.scope) {
+                Some(call) => self.inline(&call, line, declared, depth, &mut out),
+                None => out.push(line.clone()),
+            }
+        }
+        out
+    }
+
+    /// Writes the body of the function `call` calls into `out`, in place of the call.
+    fn inline(
+        &mut self,
+        call: &Call<'_>,
+        line: &str,
+        declared: &mut HashSet<String>,
+        depth: u32,
+        out: &mut Vec<String>,
+    ) {
+        self.next += 1;
+        let f = self.callee(call, line, declared);
+        // The results go straight to the caller's names, declared before the body, unless
+        // the body or an argument reads the caller's variable of one of those names.
+        let arg_names: HashSet<&str> = tokens(call.args)
+            .0
+            .into_iter()
+            .filter_map(|t| is_name(t.1))
+            .collect();
+        let direct = !call.local
+            || !call
+                .outs
+                .iter()
+                .any(|o| arg_names.contains(o) || f.free.contains(*o));
+        let target = if direct {
+            call.outs.join(", ")
+        } else {
+            let temps: Vec<String> = (1..=call.outs.len())
+                .map(|j| format!("_i{}_{j}", self.next))
+                .collect();
+            temps.join(", ")
+        };
+        let body = self.expand(&body(&f, call, &target), declared, depth + 1);
+        let indent = call.indent;
+        if !call.outs.is_empty() && (!direct || call.local) {
+            out.push(format!("{indent}local {target}"));
+        }
+        let (open, close) = if f.tail_return {
+            ("do", "end")
+        } else {
+            ("repeat", "until true")
+        };
+        out.push(format!("{indent}{open} -- {}", f.name));
+        out.extend(body);
+        out.push(format!("{indent}{close}"));
+        if !direct {
+            let local = if call.local { "local " } else { "" };
+            out.push(format!(
+                "{indent}{local}{} = {target}",
+                call.outs.join(", ")
+            ));
+        }
+    }
+
+    /// The function `call` calls, its locals named as the call's results renamed (so that
+    /// the results can be assigned from inside it), after checking that it reads none of the
+    /// caller's names; its names are the caller's from then on.
+    fn callee(&self, call: &Call<'_>, line: &str, declared: &mut HashSet<String>) -> Rc<Inline> {
+        let mut f = self.scope[call.name].clone();
+        let clashes: HashSet<&str> = call
+            .outs
+            .iter()
+            .copied()
+            .filter(|o| f.declared.contains(*o))
+            .collect();
+        if !clashes.is_empty() {
+            f = Rc::new(f.renamed(&clashes, self.next));
+        }
+        if let Some(name) = f.free.iter().find(|n| declared.contains(*n)) {
+            panic!(
+                "inline function {}: reads `{name}`, which its caller declares: `{}`",
+                f.name,
+                line.trim()
+            );
+        }
+        declared.extend(f.declared.iter().cloned());
+        f
+    }
+}
+
+/// The lines of `f` written in place of `call`, its results assigned to `target`: its
+/// parameters bound to the arguments, then its body, each `return` an assignment and, unless
+/// it is the body's last line, a `break`.
+pub(super) fn body(f: &Inline, call: &Call<'_>, target: &str) -> Vec<String> {
+    let args = split_list(call.args);
+    for extra in args.iter().skip(f.params.len()) {
+        assert!(
+            pure(extra),
+            "{}: an argument it has no parameter for: {extra}",
+            f.name
+        );
+    }
+    // A parameter is bound to its argument unless nothing reads it, or the argument is the
+    // caller's variable of the same name and the body never changes it.
+    let (mut names, mut values) = (Vec::new(), Vec::new());
+    for (i, param) in f.params.iter().enumerate() {
+        let arg = args.get(i).map_or("nil", String::as_str);
+        let unread = !f.used.contains(param) && pure(arg);
+        if !unread && (arg != param || f.assigned.contains(param)) {
+            names.push(param.as_str());
+            values.push(arg);
+        }
+    }
+    let indent = call.indent;
+    let mut lines = Vec::with_capacity(f.body.len() + 1);
+    if !names.is_empty() {
+        let (names, values) = (names.join(", "), values.join(", "));
+        lines.push(format!("{indent}  local {names} = {values}"));
+    }
+    let margin = margin(&f.body);
+    let exit = if f.tail_return { "" } else { " break" };
+    for l in &f.body {
+        let l = l.get(margin..).unwrap_or("");
+        let trimmed = l.trim_start();
+        // A line that is a `return` statement: its first token is the keyword (a name such
+        // as `returned` is not).
+        let first = tokens(trimmed).0.first().map(|t| t.1);
+        if first != Some(Tok::Name("return")) {
+            lines.push(format!("{indent}  {l}"));
+            continue;
+        }
+        let expr = trimmed["return".len()..].trim();
+        let pad = &l[..l.len() - trimmed.len()];
+        let assign = match (call.outs.is_empty(), expr.is_empty() || plain(expr)) {
+            (false, true) if expr.is_empty() => format!("{target} = nil"),
+            (false, _) => format!("{target} = {expr}"),
+            (true, true) => String::new(),
+            (true, false) => format!("local _ = {expr}"),
+        };
+        let text = format!("{assign}{exit}");
+        if !text.trim().is_empty() {
+            lines.push(format!("{indent}  {pad}{}", text.trim()));
+        }
+    }
+    lines
+}
+
+/// The first call of a function of `scope` among `lines`, and its line.
+fn surviving_call<'a>(
+    lines: &'a [String],
+    scope: &HashMap<String, Rc<Inline>>,
+) -> Option<(String, &'a str)> {
+    lines.iter().find_map(|line| {
+        let (toks, _) = tokens(line);
+        toks.iter().enumerate().find_map(|(k, &(_, t))| {
+            let field = k > 0 && matches!(toks[k - 1].1, Tok::Other("." | ":"));
+            let called = toks.get(k + 1).map(|t| t.1) == Some(Tok::Other("("));
+            let name = is_name(t).filter(|n| !field && called && scope.contains_key(*n))?;
+            Some((name.to_owned(), line.as_str()))
+        })
+    })
+}
+
+/// `twin` with the fused decision (`template`, one `local function fused`) written into it,
+/// before the algorithm's table, and the table's `fused` field; the twin (or `helpers`) must
+/// have the inline functions named in `required`. Lines of the template
+/// between `--@if name` and `--@end` are kept when the twin (or `helpers`) has an inline
+/// function `name`.
+pub(crate) fn fuse(helpers: &str, twin: &str, template: &str, required: &[&str]) -> String {
+    let mut scope = HashMap::new();
+    collect(helpers, &mut scope);
+    collect(twin, &mut scope);
+    for &name in required {
+        assert!(
+            scope.contains_key(name),
+            "the twin has no inline `{name}`:\n{twin}"
+        );
+    }
+    let mut lines = Vec::new();
+    let mut keep = true;
+    for line in template.lines() {
+        let trimmed = line.trim();
+        if let Some(name) = trimmed.strip_prefix("--@if ") {
+            keep = scope.contains_key(name.trim());
+        } else if trimmed == "--@end" {
+            keep = true;
+        } else if keep {
+            lines.push(format!("  {line}"));
+        }
+    }
+    let mut names = declared(&lines);
+    let fused = Fuser {
+        scope: &scope,
+        next: 0,
+    }
+    .expand(&lines, &mut names, 0);
+    if let Some((name, line)) = surviving_call(&fused, &scope) {
+        panic!(
+            "inline function {name}: still called in the fused decision (a call inside an \
+             expression, or over several lines, stays a call): `{}`",
+            line.trim()
+        );
+    }
+    let table = twin
+        .lines()
+        .position(|l| l == "  return {")
+        .expect("a twin ends with its table: `  return {`");
+    let mut out: Vec<String> = twin.lines().map(str::to_owned).collect();
+    out.insert(table + 1, "    fused = fused,".to_owned());
+    out.splice(table..table, fused);
+    let mut text = out.join("\n");
+    text.push('\n');
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `lua` with every line's indentation taken away.
+    fn squash(lua: &str) -> String {
+        lua.lines().map(str::trim).collect::<Vec<_>>().join("\n")
+    }
+
+    const HELPERS: &str = "\
+--@inline
+local function half(a)
+  local r = a / 2
+  if r < 1 then
+    return 0
+  end
+  return r - r % 1
+end
+";
+
+    #[test]
+    fn a_call_statement_becomes_the_body() {
+        let twin = "ALG[1] = function()\n  --@inline\n  local h = half\n  return {\n  }\nend\n";
+        let template = "local function fused(x)\n  local y = h(x + 1)\n  return y\nend\n";
+        let fused = squash(&fuse(HELPERS, twin, template, &[]));
+        assert!(fused.contains("local y\nrepeat -- half\n"), "{fused}");
+        assert!(fused.contains("local a = x + 1"), "{fused}");
+        assert!(fused.contains("y = 0 break"), "{fused}");
+        assert!(fused.contains("y = r - r % 1 break"), "{fused}");
+        assert!(fused.contains("\nfused = fused,"), "{fused}");
+        assert!(!fused.contains("half("), "{fused}");
+    }
+
+    /// A function whose one `return` ends it is a `do` block; a parameter its caller has
+    /// under the same name, and never changed, is not bound again; one it changes is; a local
+    /// of the body named as a result of the call is renamed.
+    #[test]
+    fn bindings_are_made_only_where_needed() {
+        let helpers =
+            "--@inline\nlocal function add(a, b)\n  a = a + b\n  local s = a\n  return s\nend\n";
+        let twin = "ALG[1] = function()\n  return {\n  }\nend\n";
+        let template =
+            "local function fused(a, b)\n  local s = add(a, b)\n  b = add(b, 1)\n  return s\nend\n";
+        let fused = squash(&fuse(helpers, twin, template, &[]));
+        assert!(
+            fused.contains("local s\ndo -- add\nlocal a = a\n"),
+            "{fused}"
+        );
+        assert!(fused.contains("local s_1 = a\ns = s_1\nend\n"), "{fused}");
+        assert!(
+            fused.contains("local a, b_2 = b, 1\na = a + b_2\n"),
+            "{fused}"
+        );
+        assert!(!fused.contains("break"), "{fused}");
+    }
+
+    #[test]
+    #[should_panic(expected = "inline function half: still called in the fused decision")]
+    fn a_call_left_inside_an_expression_fails() {
+        let twin = "ALG[1] = function()\n  return {\n  }\nend\n";
+        let template = "local function fused(x)\n  local y = half(x) + 1\n  return y\nend\n";
+        fuse(HELPERS, twin, template, &[]);
+    }
+
+    #[test]
+    #[should_panic(expected = "inline function half: still called in the fused decision")]
+    fn a_call_over_two_lines_fails() {
+        let twin = "ALG[1] = function()\n  return {\n  }\nend\n";
+        let template = "local function fused(x)\n  local y = half(x +\n    1)\n  return y\nend\n";
+        fuse(HELPERS, twin, template, &[]);
+    }
+
+    /// Only the keyword is a `return`: a name that begins with one is left as it is.
+    #[test]
+    fn a_name_beginning_with_return_is_no_return() {
+        let helpers = "--@inline\nlocal function f(returned)\n  returned = returned + 1\n  return returned\nend\n";
+        let twin = "ALG[1] = function()\n  return {\n  }\nend\n";
+        let template = "local function fused(x)\n  local y = f(x)\n  return y\nend\n";
+        let fused = squash(&fuse(helpers, twin, template, &[]));
+        assert!(
+            fused.contains("\nreturned = returned + 1\ny = returned\n"),
+            "{fused}"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "which its caller declares")]
+    fn a_name_the_caller_shadows_is_refused() {
+        let helpers = "local k = 2\n--@inline\nlocal function f(a)\n  return a * k\nend\n";
+        let twin = "ALG[1] = function()\n  return {\n  }\nend\n";
+        let template = "local function fused(x)\n  local k = 3\n  local y = f(x)\nend\n";
+        fuse(helpers, twin, template, &[]);
+    }
+
+    #[test]
+    #[should_panic(expected = "a `return` inside a loop")]
+    fn a_return_in_a_loop_is_refused() {
+        let helpers =
+            "--@inline\nlocal function f(a)\n  for i = 1, a do\n    return i\n  end\nend\n";
+        fuse(
+            helpers,
+            "ALG[1] = function()\n  return {\n  }\nend\n",
+            "",
+            &[],
+        );
+    }
+}

@@ -47,6 +47,8 @@ impl FixedWindow {
 
 impl Step for FixedWindow {
     type State = State;
+    #[cfg(test)]
+    const GUARANTEE: super::Guarantee = super::Guarantee::AlignedWindows;
 
     fn compile(quota: Quota, _: Options) -> Result<Self, ConfigError> {
         Ok(Self::new(quota))

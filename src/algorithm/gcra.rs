@@ -51,6 +51,8 @@ impl Gcra {
 
 impl Step for Gcra {
     type State = State;
+    #[cfg(test)]
+    const GUARANTEE: super::Guarantee = super::Guarantee::BurstAndRate;
     const HAS_BURST: bool = true;
     const PACKS: bool = true;
 

@@ -47,6 +47,8 @@ impl LeakyBucket {
 
 impl Step for LeakyBucket {
     type State = State;
+    #[cfg(test)]
+    const GUARANTEE: super::Guarantee = super::Guarantee::BurstAndRate;
     const HAS_BURST: bool = true;
 
     fn compile(quota: Quota, _: Options) -> Result<Self, ConfigError> {

@@ -111,6 +111,9 @@ pub(crate) trait Step: Sized {
     type State: Clone;
     /// Whether the algorithm takes a burst different from its limit.
     const HAS_BURST: bool = false;
+    /// What it admits at most over time: the bound its property tests hold it to.
+    #[cfg(test)]
+    const GUARANTEE: Guarantee;
 
     /// Checks `quota` (and `options`) for this algorithm and precomputes its constants.
     fn compile(quota: Quota, options: Options) -> Result<Self, ConfigError>;
@@ -439,6 +442,14 @@ macro_rules! algorithms {
                     $(Algorithm::$variant => <$module::$ty as Step>::HAS_BURST,)*
                 }
             }
+
+            /// See [`Step::GUARANTEE`].
+            #[cfg(test)]
+            pub(crate) const fn guarantee(self) -> Guarantee {
+                match self {
+                    $(Algorithm::$variant => <$module::$ty as Step>::GUARANTEE,)*
+                }
+            }
         }
 
         /// A policy's algorithm with its parameters checked and precomputed.
@@ -606,6 +617,21 @@ macro_rules! algorithms {
             $((Algorithm::$variant, include_str!(concat!("lua/", stringify!($module), ".lua"))),)*
         ];
     };
+}
+
+/// What an algorithm admits at most over time ([`Step::GUARANTEE`]), in units of a quota of
+/// `limit` per `window`.
+#[cfg(test)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Guarantee {
+    /// The limit in any window (the sliding log).
+    AnyWindow,
+    /// The limit in each window aligned to the clock's epoch (the fixed window).
+    AlignedWindows,
+    /// The limit in any span of the window less one bucket (the sliding window counter).
+    WindowLessABucket,
+    /// The burst, plus the limit for each window of time (the buckets, GCRA).
+    BurstAndRate,
 }
 
 /// The parameters of an algorithm's Lua twin: at most four, sent as they are.

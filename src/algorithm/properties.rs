@@ -22,7 +22,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::sample::select;
 
-use super::{Algorithm, Compiled, Options, State, Verdict};
+use super::{Algorithm, Compiled, Guarantee, Options, State, Verdict};
 use crate::quota::Quota;
 
 /// Most sub-window buckets generated: the sliding window's retry search is quadratic in them.
@@ -850,21 +850,21 @@ fn check_bounds(
     admitted: &[(u64, u64)],
 ) -> Result<(), TestCaseError> {
     let limit = spec.limit as u64;
-    match algorithm {
-        Algorithm::SlidingLog => {
+    match algorithm.guarantee() {
+        Guarantee::AnyWindow => {
             let (most, end) = busiest_span(admitted, spec.window);
             prop_assert!(
                 most <= limit,
                 "{algorithm}: {most} units in the window ending {end}"
             );
         }
-        Algorithm::FixedWindow => {
+        Guarantee::AlignedWindows => {
             for chunk in admitted.chunk_by(|a, b| a.0 / spec.window == b.0 / spec.window) {
                 let units: u64 = chunk.iter().map(|&(_, c)| c).sum();
                 prop_assert!(units <= limit, "{algorithm}: {units} units in one window");
             }
         }
-        Algorithm::SlidingWindow => {
+        Guarantee::WindowLessABucket => {
             let span = spec.window - spec.window / spec.buckets as u64;
             let (most, end) = busiest_span(admitted, span);
             prop_assert!(
@@ -872,7 +872,7 @@ fn check_bounds(
                 "{algorithm}: {most} units in the span ending {end}"
             );
         }
-        Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => {
+        Guarantee::BurstAndRate => {
             let burst = spec.capacity(algorithm);
             check_intervals(admitted, |d| burst + d * limit / spec.window)
                 .map_err(|e| TestCaseError::fail(format!("{algorithm}: {e}")))?;

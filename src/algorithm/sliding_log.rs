@@ -117,6 +117,8 @@ impl SlidingLog {
 
 impl Step for SlidingLog {
     type State = State;
+    #[cfg(test)]
+    const GUARANTEE: super::Guarantee = super::Guarantee::AnyWindow;
 
     fn compile(quota: Quota, _: Options) -> Result<Self, ConfigError> {
         Self::new(quota)

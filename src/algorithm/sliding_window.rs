@@ -143,6 +143,8 @@ impl SlidingWindow {
 
 impl Step for SlidingWindow {
     type State = State;
+    #[cfg(test)]
+    const GUARANTEE: super::Guarantee = super::Guarantee::WindowLessABucket;
 
     fn compile(quota: Quota, options: Options) -> Result<Self, ConfigError> {
         Self::new(quota, options.buckets)

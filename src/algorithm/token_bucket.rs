@@ -116,6 +116,8 @@ impl TokenBucket {
 
 impl Step for TokenBucket {
     type State = State;
+    #[cfg(test)]
+    const GUARANTEE: super::Guarantee = super::Guarantee::BurstAndRate;
     const HAS_BURST: bool = true;
 
     fn compile(quota: Quota, _: Options) -> Result<Self, ConfigError> {

@@ -445,7 +445,7 @@ async fn leases_are_counted_alike_in_both_stores() {
     assert_no_key_without_ttl(&server, "diffl:");
 }
 
-/// Concurrency limits, decided by the twins (`HOLD` and `RELEASE`): the same requests start,
+/// Concurrency limits, decided by the twins (`CONCURRENCY` and `RELEASE`): the same requests start,
 /// end, are dropped before their decision comes, or are lost with their instance (their slots
 /// never given back, until the limit's longest hold frees them), at the same times, through a
 /// layer whose concurrency policy is alone or beside a rate policy (decided atomically: no slot

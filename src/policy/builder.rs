@@ -79,7 +79,7 @@ pub(crate) enum Takes {
     /// ([`Policy::wait_up_to`]).
     Wait { max: Duration },
     /// Each request holds one of `slots` while it is in flight ([`Policy::concurrency`]).
-    Hold { slots: u32 },
+    Concurrency { slots: u32 },
 }
 
 impl Takes {
@@ -91,7 +91,7 @@ impl Takes {
             Takes::ChargeIf(_) => "charges after the response (charge_if)",
             Takes::Lease { .. } => "takes leases (lease)",
             Takes::Wait { .. } => "makes requests wait (wait_up_to)",
-            Takes::Hold { .. } => "limits requests in flight (concurrency)",
+            Takes::Concurrency { .. } => "limits requests in flight (concurrency)",
         }
     }
 }
@@ -237,7 +237,7 @@ impl Policy {
         policy.quota = Quota::new(n, DEFAULT_MAX_DURATION)
             .map_err(|e| ConfigError::new(format!("a concurrency limit of {n}: {e}")));
         policy.unit = QuotaUnit::ConcurrentRequests;
-        policy.take_part(Takes::Hold { slots: n })
+        policy.take_part(Takes::Concurrency { slots: n })
     }
 
     /// How long a slot of a [concurrency](Self::concurrency) policy is held at most (default
@@ -247,7 +247,7 @@ impl Policy {
     #[must_use]
     pub fn max_duration(mut self, max: Duration) -> Self {
         match &self.takes {
-            Ok(Takes::Hold { slots }) => {
+            Ok(Takes::Concurrency { slots }) => {
                 self.quota = Quota::new(*slots, max).map_err(Into::into);
             }
             _ => {

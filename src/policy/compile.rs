@@ -18,7 +18,7 @@ use crate::reload::TierSummary;
 impl Policy {
     /// Whether the policy limits requests in flight.
     pub(crate) fn holds(&self) -> bool {
-        matches!(self.takes, Ok(Takes::Hold { .. }))
+        matches!(self.takes, Ok(Takes::Concurrency { .. }))
     }
 
     /// Whether requests may wait for a reserved slot.
@@ -36,15 +36,15 @@ impl Policy {
         Ok(match self.takes.clone()? {
             Takes::Enforce => Part::Enforce,
             Takes::Shadow => Part::Shadow,
-            Takes::ChargeIf(when) => Part::ChargeLater(when),
-            Takes::Hold { .. } => Part::Hold,
+            Takes::ChargeIf(when) => Part::ChargeIf(when),
+            Takes::Concurrency { .. } => Part::Concurrency,
             Takes::Wait { max } => {
                 if max.is_zero() || max > MAX_WAIT {
                     return Err(ConfigError::new(
                         "wait_up_to must be between 1 microsecond and one hour",
                     ));
                 }
-                Part::Reserve {
+                Part::Wait {
                     max_wait_us: max.as_micros() as u64,
                 }
             }

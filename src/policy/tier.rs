@@ -99,13 +99,13 @@ pub(crate) enum Part {
     /// Decided, charged and reported, never rejecting.
     Shadow,
     /// Decided up front, charged after responses whose status matches.
-    ChargeLater(StatusFn),
+    ChargeIf(StatusFn),
     /// Decided up front, from the leases each instance takes of a key.
     Lease(LeaseSpec),
     /// Decided up front; a request admitted within `max_wait_us` waits for its slot.
-    Reserve { max_wait_us: u64 },
+    Wait { max_wait_us: u64 },
     /// Each request holds its slots while it is in flight.
-    Hold,
+    Concurrency,
 }
 
 impl fmt::Debug for Part {
@@ -113,13 +113,13 @@ impl fmt::Debug for Part {
         match self {
             Part::Enforce => f.write_str("Enforce"),
             Part::Shadow => f.write_str("Shadow"),
-            Part::ChargeLater(_) => f.write_str("ChargeLater"),
+            Part::ChargeIf(_) => f.write_str("ChargeIf"),
             Part::Lease(spec) => f.debug_tuple("Lease").field(spec).finish(),
-            Part::Reserve { max_wait_us } => f
-                .debug_struct("Reserve")
+            Part::Wait { max_wait_us } => f
+                .debug_struct("Wait")
                 .field("max_wait_us", max_wait_us)
                 .finish(),
-            Part::Hold => f.write_str("Hold"),
+            Part::Concurrency => f.write_str("Concurrency"),
         }
     }
 }
@@ -185,20 +185,20 @@ impl Tier {
     /// Charge after responses whose status matches, for a tier charged after the response.
     pub(crate) fn charge_if(&self) -> Option<&StatusFn> {
         match &self.part {
-            Part::ChargeLater(when) => Some(when),
+            Part::ChargeIf(when) => Some(when),
             _ => None,
         }
     }
 
     /// Whether the tier limits requests in flight.
     pub(crate) fn holds(&self) -> bool {
-        matches!(self.part, Part::Hold)
+        matches!(self.part, Part::Concurrency)
     }
 
     /// The longest wait for a reserved slot, in microseconds (0: requests never wait).
     pub(crate) fn wait_us(&self) -> u64 {
         match self.part {
-            Part::Reserve { max_wait_us } => max_wait_us,
+            Part::Wait { max_wait_us } => max_wait_us,
             _ => 0,
         }
     }

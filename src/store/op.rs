@@ -108,17 +108,17 @@ operations! {
     Shadow => "SHADOW", Facts { decides: false, charge: Charge::IfAllowed, ..DECIDES_CHARGED };
     /// Decides the request but is never charged here: the charge comes after the response
     /// ([`Policy::charge_if`](crate::Policy::charge_if)).
-    ChargeLater => "CHARGE_LATER", Facts { charge: Charge::Never, ..DECIDES_CHARGED };
+    ChargeIf => "CHARGE_IF", Facts { charge: Charge::Never, ..DECIDES_CHARGED };
     /// Decides and charges like [`Op::Enforce`]; the units charged are a concurrency limit's
     /// slots, held until the request ends and then given back with [`Op::Release`] of the
     /// time they were charged at, which the store reports as the outcome's grant.
-    Hold => "HOLD", Facts { grants: true, takes_slots: true, ..DECIDES_CHARGED };
+    Concurrency => "CONCURRENCY", Facts { grants: true, takes_slots: true, ..DECIDES_CHARGED };
     /// Decides like [`Op::Enforce`]; a request denied now that the policy admits within
     /// `max_wait_us` is admitted instead, its units charged at that slot, later.
-    Reserve {
+    Wait {
         /// The longest wait, in microseconds.
         max_wait_us
-    } => "RESERVE", Facts { grants: true, takes_slots: true, ..DECIDES_CHARGED };
+    } => "WAIT", Facts { grants: true, takes_slots: true, ..DECIDES_CHARGED };
     /// Decides like [`Op::Enforce`], on the state as strict as a lease could make it; when
     /// the request is admitted, charges a lease of what is left instead of the cost (at least
     /// the cost, at most `want`), to be spent by the caller until it ends (the tier's lease
@@ -171,11 +171,11 @@ impl Op {
         match part {
             Part::Enforce | Part::Lease(_) => Op::Enforce,
             Part::Shadow => Op::Shadow,
-            Part::ChargeLater(_) => Op::ChargeLater,
-            Part::Reserve { max_wait_us } => Op::Reserve {
+            Part::ChargeIf(_) => Op::ChargeIf,
+            Part::Wait { max_wait_us } => Op::Wait {
                 max_wait_us: *max_wait_us,
             },
-            Part::Hold => Op::Hold,
+            Part::Concurrency => Op::Concurrency,
         }
     }
 
@@ -210,15 +210,15 @@ impl Op {
     pub(crate) fn args(self, lease_ttl_us: u64) -> SmallVec<[u64; 2]> {
         let mut args = SmallVec::new();
         match self {
-            Op::Reserve { max_wait_us: x }
+            Op::Wait { max_wait_us: x }
             | Op::Block { us: x }
             | Op::GiveBack { end: x }
             | Op::Release { slot: x } => args.push(x),
             Op::Lease { want } => args.extend([lease_ttl_us, want]),
             Op::Enforce
             | Op::Shadow
-            | Op::ChargeLater
-            | Op::Hold
+            | Op::ChargeIf
+            | Op::Concurrency
             | Op::Refund
             | Op::Reset
             | Op::Penalize => {}

@@ -301,7 +301,7 @@ impl MemoryStore {
             // An operation that acted on its own reports like a look.
             let cost = if c.op().acts() { 0 } else { c.cost() };
             s.verdict = shard.evaluate(c, s.hash, now, cost);
-            if let Op::Reserve { max_wait_us } = c.op()
+            if let Op::Wait { max_wait_us } = c.op()
                 && !s.verdict.allowed
             {
                 // Denied now, it may be admitted at a later slot.

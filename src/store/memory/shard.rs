@@ -375,9 +375,9 @@ impl Shard {
             }
             Op::Enforce
             | Op::Shadow
-            | Op::ChargeLater
-            | Op::Hold
-            | Op::Reserve { .. }
+            | Op::ChargeIf
+            | Op::Concurrency
+            | Op::Wait { .. }
             | Op::Lease { .. } => {}
         }
     }
@@ -418,7 +418,7 @@ impl Shard {
             });
         } else if admitted && op.charged(step.verdict.allowed) {
             self.commit(check, hash, now, cap);
-            if op == Op::Hold && cost > 0 {
+            if op == Op::Concurrency && cost > 0 {
                 // The slots, charged now: given back as charged at `now`.
                 step.grant = Some(Grant {
                     units: cost,

@@ -71,7 +71,7 @@ impl Inner {
                 .iter()
                 .map(|&i| {
                     checks[i].with_op(if denied {
-                        Op::ChargeLater
+                        Op::ChargeIf
                     } else {
                         checks[i].op()
                     })

@@ -3193,9 +3193,9 @@ end
 -- decision: `fused.lua`, written into each twin by script.rs).
 -- The operations' own arms are here and nowhere else: ACT[op] for those that act; LEASE
 -- (decided on the state as strict as a lease could make it, `lease_state`, and charged a
--- lease of what is left instead of its cost, `take_lease`), RESERVE (a request it denies now
+-- lease of what is left instead of its cost, `take_lease`), WAIT (a request it denies now
 -- is admitted when a wait of at most its integer would admit it, `reservation` and
--- `reserve`), HOLD (its grant is the slots charged and the time they were charged at).
+-- `reserve`), CONCURRENCY (its grant is the slots charged and the time they were charged at).
 -- A blocked key is denied whatever its state, until the block ends; the block is kept in the
 -- state key itself (see `read` and the sliding log), so a decision finds it with the read it
 -- makes anyway, and stays on record while the key lives (a clock that goes back finds it
@@ -3363,7 +3363,7 @@ local function judge(alg, p, st, ends, now, cost, key)
   return retry, remaining, reset
 end
 
--- For a RESERVE policy denied now with `verdict`: the wait until the slot that admits it, when
+-- For a WAIT policy denied now with `verdict`: the wait until the slot that admits it, when
 -- it is a retry-after of at most `max_wait`, the cost is not 0 (a look reserves nothing) and
 -- the key is not blocked (twin of
 -- `reservation` in Rust); else nil.
@@ -3377,7 +3377,7 @@ local function reservation(alg, p, st, ends, now, cost, key, verdict, max_wait)
   return nil
 end
 
--- Phase two for a RESERVE policy admitted at the slot `wait` microseconds away: charges it
+-- Phase two for a WAIT policy admitted at the slot `wait` microseconds away: charges it
 -- there (the key's TTL still counted from now), then reports the state as it is seen now,
 -- with the units, the slot and the wait after the verdict. `scratch` is a table to load the
 -- new state in.
@@ -3434,7 +3434,7 @@ end
 -- Phase one for the policy at position i, whose reply starts at REPLY[base + 1]: its state,
 -- loaded in STATES[i] (converted first when written under other parameters; as strict as a
 -- lease could make it, in LEASED[i], for a LEASE whose longest life is `x`: twin of
--- `lease_verdict` in Rust), its verdict in the reply, and for a RESERVE denied now, the wait of
+-- `lease_verdict` in Rust), its verdict in the reply, and for a WAIT denied now, the wait of
 -- at most `x` until the slot that would admit it. Returns whether it admits the request, the
 -- state and block decided on, the lease's end and the wait.
 local function evaluate(i, alg, op, key, p, now, cost, x, base)

@@ -255,7 +255,7 @@ mod tests {
             let arm = code.contains(&format!("ACT[{name}] = function"));
             assert_eq!(arm, op.acts(), "{name}: an ACT arm exactly when it acts");
             let compared = code.contains(&format!("op == {name}"));
-            let own_branch = matches!(op, Op::Lease { .. } | Op::Reserve { .. } | Op::Hold);
+            let own_branch = matches!(op, Op::Lease { .. } | Op::Wait { .. } | Op::Concurrency);
             assert_eq!(
                 compared, own_branch,
                 "{name}: compared by name only for its own arm"

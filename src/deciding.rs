@@ -86,7 +86,7 @@ where
                         Begin::Later(later) => later,
                         Begin::Settled(settled, after) => return Poll::Ready((settled, after)),
                         Begin::Unlimited => {
-                            return Poll::Ready((Settled::Call(None, None, None), Charges::new()));
+                            return Poll::Ready((Settled::nothing(), Charges::new()));
                         }
                     }
                 }

@@ -250,7 +250,11 @@ where
     S: Service<Request<ReqB>>,
 {
     let (headers, decision, held) = match settled {
-        Settled::Call(headers, decision, held) => (headers, decision, held),
+        Settled::Call {
+            headers,
+            decision,
+            held,
+        } => (headers, decision, held),
         Settled::Respond(response) => {
             let response = match style.is_grpc(&request) {
                 true => grpc::answer(response),

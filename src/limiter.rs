@@ -27,7 +27,7 @@ use std::time::Instant;
 use tracing::Span;
 
 use bytes::Bytes;
-use http::{Response, StatusCode};
+use http::Response;
 
 use crate::body::HeldSlots;
 use crate::clock::Clock;
@@ -35,18 +35,19 @@ use crate::decision::{Decision, PolicyOutcome};
 use crate::error::{ConfigError, FailurePolicy, KeyRejection, StoreError, StoreErrorKind};
 use crate::grpc::ResponseStyle;
 use crate::headers::{HeaderConfig, RateLimitHeaders};
-use crate::key::{Key, KeyExtractor, RequestRef};
+use crate::key::{KeyExtractor, RequestRef};
 use crate::lease::{self, Asking, LeaseWait, Leases};
 use crate::policy::{CompiledPolicy, CostFn, Policy, PolicySet, RequestFn, StatusFn};
 use crate::reload::TierSummary;
 use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Permit};
 use crate::response::Responses;
-use crate::store::{Check, Checks, MemoryStore, Op, Store};
+use crate::store::{Check, Checks, Keyed, MemoryStore, Op, Store};
 use crate::telemetry::{decision_span, record_outcome, traced};
 use crate::top::{TopLimited, Tracker};
 
 mod alone;
 mod admin;
+mod after;
 mod policies;
 mod slots;
 mod failure;
@@ -174,16 +175,28 @@ pub(crate) enum Settled {
     /// Call the inner service, with the decision (if any) in the request's extensions, and add
     /// these headers (none when the limiter failed open) to its response.
     /// The slots of concurrency limits the request holds, if any, go with its response body.
-    Call(
-        Option<RateLimitHeaders>,
-        Option<Decision>,
-        Option<HeldSlots>,
-    ),
+    Call {
+        headers: Option<RateLimitHeaders>,
+        decision: Option<Decision>,
+        held: Option<HeldSlots>,
+    },
     /// Answer with the limiter's own response.
     Respond(Response<Bytes>),
     /// Wait until the slots reserved for the request come, then call the inner service as
     /// [`Settled::Call`] does.
     Wait(Box<Delayed>),
+}
+
+impl Settled {
+    /// Call the inner service with nothing added: no headers, no decision, no slots held (the
+    /// limiter failed open).
+    pub(crate) fn nothing() -> Settled {
+        Settled::Call {
+            headers: None,
+            decision: None,
+            held: None,
+        }
+    }
 }
 
 /// A request admitted at slots reserved later: how long it waits, what it then goes on with,
@@ -214,9 +227,9 @@ pub(crate) struct Ticket {
     /// moved along with every one).
     asking: Option<Box<Asking>>,
     fallback: Option<Checks>,
-    /// Each of the request's own checks as (tier id, key, cost), when the deny cache or the
-    /// IETF `pk` needs them.
-    keys: Option<Keys>,
+    /// What is kept of each of the request's own checks, when the deny cache or the IETF `pk`
+    /// needs it.
+    keys: Option<Vec<Keyed>>,
     /// When the store was asked, for `ratelimit_store_duration_seconds` (not timed for a
     /// store that decides synchronously).
     started: Option<Instant>,
@@ -227,9 +240,6 @@ pub(crate) struct Ticket {
     /// The decision's `debug` span, disabled unless a subscriber wants it.
     span: Span,
 }
-
-/// A request's checks as (tier id, key, cost).
-type Keys = Vec<(u32, Key, u64)>;
 
 /// Charges and refunds that depend on the response's status.
 pub(crate) type Charges = Vec<AfterResponse>;
@@ -568,13 +578,13 @@ impl<St: Store> Limiter<St> {
         &self,
         decision: Decision,
         mut after: Charges,
-        keys: Option<&[(u32, Key, u64)]>,
+        keys: Option<&[Keyed]>,
         local: bool,
         span: &Span,
     ) -> (Settled, Charges) {
         traced(span, |span| record_outcome(span, &decision, self.waits()));
         if self.leases().is_some() {
-            set_lease_ends(&mut after, &decision);
+            self.set_lease_ends(&mut after, &decision);
         }
         for o in decision.outcomes() {
             o.tier().count(o.is_allowed(), o.is_shadow());
@@ -625,7 +635,14 @@ impl<St: Store> Limiter<St> {
             return (Settled::Wait(Box::new(delayed)), after);
         }
         let decision = self.decision_extension.then_some(decision);
-        (Settled::Call(Some(headers), decision, held), after)
+        (
+            Settled::Call {
+                headers: Some(headers),
+                decision,
+                held,
+            },
+            after,
+        )
     }
 
     /// The response to a denied request, with the decision in its extensions.
@@ -635,24 +652,16 @@ impl<St: Store> Limiter<St> {
         Settled::Respond(response)
     }
 
-    fn response_headers(
-        &self,
-        decision: &Decision,
-        keys: Option<&[(u32, Key, u64)]>,
-    ) -> RateLimitHeaders {
-        let key_of = |tier| Some(&keys?.iter().find(|(id, _, _)| *id == tier)?.1);
+    fn response_headers(&self, decision: &Decision, keys: Option<&[Keyed]>) -> RateLimitHeaders {
+        let key_of = |tier| Keyed::key_of(keys?, tier);
         RateLimitHeaders::new(decision, &self.headers, || self.clock.now_micros(), key_of)
     }
 
     /// `checks` as the ticket keeps them, when the deny cache, the IETF `pk` or a reserved
     /// slot to give back needs them.
-    fn keys(&self, checks: &[Check]) -> Option<Keys> {
-        self.needs_keys().then(|| {
-            checks
-                .iter()
-                .map(|c| (c.tier().id(), c.key().clone(), c.cost()))
-                .collect()
-        })
+    fn keys(&self, checks: &[Check]) -> Option<Vec<Keyed>> {
+        self.needs_keys()
+            .then(|| checks.iter().map(Keyed::of).collect())
     }
 
     /// Whether nothing stands between a request and the store but its policies (no deny
@@ -671,52 +680,5 @@ impl<St: Store> Limiter<St> {
             || self.headers.partition.is_some()
             || self.waits()
             || self.holds()
-    }
-
-    /// The charges and refunds `charges` makes for a response of `status`, as one store call;
-    /// `None` when there are none.
-    pub(crate) fn after_response(
-        &self,
-        charges: Charges,
-        status: StatusCode,
-    ) -> Option<St::Future> {
-        let mut checks = Checks::new();
-        for a in charges.into_iter().filter(|a| (a.when)(status)) {
-            match (a.lease_end, self.leases()) {
-                // Units from a lease go back to it while it is held here, else to the store
-                // as that lease's.
-                (Some(end), Some(leases)) => {
-                    let now = self.clock.now_micros();
-                    let c = a.check;
-                    if !leases.put_back(c.tier().id(), c.key(), end, c.cost(), now) {
-                        let (units, key) = (c.cost(), c.key().clone());
-                        checks.push(Check::new(
-                            c.tier().clone(),
-                            key,
-                            units,
-                            Op::GiveBack { end },
-                        ));
-                    }
-                }
-                _ => checks.push(a.check),
-            }
-        }
-        (!checks.is_empty()).then(|| self.store.check(checks))
-    }
-}
-
-/// Marks each charge after the response with the end of the lease its policy tier's units
-/// came from, as the decision's outcome for the tier says (`None` when not from a lease), so
-/// that refunds go back to that lease.
-fn set_lease_ends(after: &mut Charges, decision: &Decision) {
-    for a in after {
-        let tier = a.check.tier();
-        a.lease_end = tier.lease().and_then(|_| {
-            let o = decision
-                .outcomes()
-                .iter()
-                .find(|o| o.tier().id() == tier.id())?;
-            Some(o.grant()?.end)
-        });
     }
 }

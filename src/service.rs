@@ -93,7 +93,14 @@ where
         match begin {
             Begin::Unlimited => ResponseFuture::unlimited(self.inner.call(request)),
             // The common case, with the request moved as little as it can be.
-            Begin::Settled(Settled::Call(headers, decision, held), after) => {
+            Begin::Settled(
+                Settled::Call {
+                    headers,
+                    decision,
+                    held,
+                },
+                after,
+            ) => {
                 with_decision(&mut request, decision);
                 let future = self.inner.call(request);
                 ResponseFuture::called(&self.limiter, headers, held, after, future)

@@ -10,7 +10,7 @@ use crate::decision::{Decision, PolicyOutcome};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Tier;
-use crate::store::{Check, Checks, Op, Store};
+use crate::store::{Check, Checks, Keyed, Op, Store};
 use crate::top::{LimitedKey, TopLimitedService, TopReport};
 
 impl<St: Store> Limiter<St> {
@@ -38,11 +38,11 @@ impl<St: Store> Limiter<St> {
     /// Counts each policy that denied the request (shadow or not) in its summary of the keys
     /// denied, when the layer keeps one.
     #[inline]
-    pub(super) fn record_limited(&self, decision: &Decision, keys: Option<&[(u32, Key, u64)]>) {
+    pub(super) fn record_limited(&self, decision: &Decision, keys: Option<&[Keyed]>) {
         if let (Some(top), Some(keys)) = (&self.top, keys) {
             let mut now = None;
             for o in decision.outcomes().iter().filter(|o| !o.is_allowed()) {
-                if let Some((_, key, _)) = keys.iter().find(|(id, _, _)| *id == o.tier().id()) {
+                if let Some(key) = Keyed::key_of(keys, o.tier().id()) {
                     let now = *now.get_or_insert_with(|| self.clock.now_micros());
                     top.record(o.policy(), key, now);
                 }

@@ -12,7 +12,7 @@ use crate::decision::{Decision, PolicyOutcome};
 use crate::headers::{HeaderStyle, RateLimitHeaders};
 use crate::key::{Key, RequestRef};
 use crate::policy::{CompiledPolicy, Tier};
-use crate::store::Store;
+use crate::store::{Keyed, Store};
 use crate::telemetry::{decision_span, spans_enabled, traced};
 
 impl<St: Store> Limiter<St> {
@@ -80,7 +80,7 @@ impl<St: Store> Limiter<St> {
         let decision = Decision::one(PolicyOutcome::new(tier, false, verdict));
         let keys = self
             .needs_keys()
-            .then(|| vec![(tier.id(), key.clone(), cost)]);
+            .then(|| vec![Keyed::new(tier.id(), key.clone(), cost)]);
         let (settled, after) = self.finish(decision, Charges::new(), keys.as_deref(), false, &span);
         Begin::Settled(settled, after)
     }
@@ -101,6 +101,13 @@ impl<St: Store> Limiter<St> {
                 reset,
             )
         });
-        Begin::Settled(Settled::Call(headers, None, None), Charges::new())
+        Begin::Settled(
+            Settled::Call {
+                headers,
+                decision: None,
+                held: None,
+            },
+            Charges::new(),
+        )
     }
 }

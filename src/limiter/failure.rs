@@ -85,7 +85,7 @@ impl<St: Store> Limiter<St> {
                     span.record("outcome", "allowed");
                 });
                 self.store_failed(&error, "letting the request through");
-                Degraded::Settled(Settled::Call(None, None, None))
+                Degraded::Settled(Settled::nothing())
             }
         }
     }

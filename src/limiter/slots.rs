@@ -6,9 +6,8 @@ use std::sync::Arc;
 use super::{Limiter, Ticket};
 use crate::body::HeldSlots;
 use crate::decision::{Decision, Grant, PolicyOutcome};
-use crate::key::Key;
 use crate::store::private::Sealed as _;
-use crate::store::{Check, Checks, Op, Store};
+use crate::store::{Check, Checks, Keyed, Op, Store};
 
 /// The slots an outcome took: of a concurrency limit, or reserved for a wait.
 fn taken(o: &PolicyOutcome) -> Option<&Grant> {
@@ -26,7 +25,7 @@ impl<St: Store> Limiter<St> {
     pub(super) fn slots(
         &self,
         decision: &Decision,
-        keys: Option<&[(u32, Key, u64)]>,
+        keys: Option<&[Keyed]>,
         local: bool,
         pick: fn(&PolicyOutcome) -> Option<&Grant>,
         counter: Option<&'static str>,
@@ -36,7 +35,7 @@ impl<St: Store> Limiter<St> {
             let (Some(slot), Some(keys)) = (pick(o), keys) else {
                 continue;
             };
-            if let Some((_, key, _)) = keys.iter().find(|(id, _, _)| *id == o.tier().id()) {
+            if let Some(key) = Keyed::key_of(keys, o.tier().id()) {
                 let tier = o.tier().clone();
                 checks.push(Check::new(
                     tier,

@@ -18,7 +18,7 @@ pub use self::redis::RedisTls;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
-pub(crate) use op::{Check, Checks, Op};
+pub(crate) use op::{Check, Checks, Keyed, Op};
 
 use crate::algorithm::Compiled;
 use crate::error::ConfigError;

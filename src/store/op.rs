@@ -274,6 +274,46 @@ impl Op {
     }
 }
 
+/// What is kept of a request's check once it is sent: its tier's id, its key and its cost
+/// (for the deny cache, the top limited keys, the IETF `pk` and the slots to give back).
+#[derive(Clone, Debug)]
+pub(crate) struct Keyed {
+    tier: u32,
+    key: Key,
+    cost: u64,
+}
+
+impl Keyed {
+    pub(crate) fn new(tier: u32, key: Key, cost: u64) -> Keyed {
+        Keyed { tier, key, cost }
+    }
+
+    /// What is kept of `check`.
+    pub(crate) fn of(check: &Check) -> Keyed {
+        Keyed::new(check.tier().id(), check.key().clone(), check.cost())
+    }
+
+    /// The check's tier id.
+    pub(crate) fn tier(&self) -> u32 {
+        self.tier
+    }
+
+    /// The check's key.
+    pub(crate) fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// The check's cost.
+    pub(crate) fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    /// The key of the tier `tier` among `kept`.
+    pub(crate) fn key_of(kept: &[Keyed], tier: u32) -> Option<&Key> {
+        kept.iter().find(|k| k.tier == tier).map(|k| &k.key)
+    }
+}
+
 /// The checks of one decision, one per policy that applies (two are kept without allocating).
 pub(crate) type Checks = SmallVec<[Check; 2]>;
 

@@ -69,13 +69,7 @@ impl Inner {
             // Once denied, the rest are only looked at: they decide without being charged.
             let batch: Vec<Check> = group
                 .iter()
-                .map(|&i| {
-                    checks[i].with_op(if denied {
-                        Op::ChargeIf
-                    } else {
-                        checks[i].op()
-                    })
-                })
+                .map(|&i| checks[i].with_op(if denied { Op::ChargeIf } else { checks[i].op() }))
                 .collect();
             let result = self.run(link, &batch).await?;
             let admitted = batch

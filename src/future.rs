@@ -1,10 +1,12 @@
 //! [`ResponseFuture`], the state machine of one request: tower glue around the
 //! [engine](crate::limiter), which makes every decision.
 //!
-//! The future is one enum whose common state is the inner service's future and what goes on
-//! its response (a few words): everything rarer (a decision to wait for, a reserved slot, the
-//! charges after the response) is boxed, so that building the future in `call` writes the inner
-//! future where it stays, and each move on its way into the server copies little more than it.
+//! The future is one enum of four states. The common one is the inner service's future and
+//! what goes on its response (a few words); a request waiting (for its decision, then maybe
+//! for a reserved slot) and the charges after the response are boxed; the limiter's own
+//! response (a `429`) is held inline. So the future is the size of the larger of the inner
+//! future plus a few words and that response (`http::Response<Bytes>`), and building it in
+//! `call` writes the inner future where it stays.
 
 use std::fmt;
 use std::future::Future;
@@ -46,8 +48,14 @@ pin_project! {
 }
 
 /// The charges and refunds to make once the response's status is known, with the engine that
-/// makes them: boxed, as few requests have any.
-type After<L> = Option<Box<(Arc<L>, Charges)>>;
+/// makes them.
+struct Charging<L> {
+    limiter: Arc<L>,
+    charges: Charges,
+}
+
+/// [`Charging`], boxed, as few requests have any.
+type After<L> = Option<Box<Charging<L>>>;
 
 /// What goes with the inner service's response: the headers to add, the slots of concurrency
 /// limits its body holds, and the charges its status decides.
@@ -57,46 +65,55 @@ struct With<L> {
     after: After<L>,
 }
 
-/// The request and the inner service it goes to, kept while the request waits (for its
-/// decision or its reserved slot), boxed with what it waits for.
-struct Pending<S, ReqB> {
+/// A request not yet sent to the inner service, with the inner service it goes to and the
+/// engine, while it waits: for its decision, then for a reserved slot.
+struct Waiting<S, ReqB, C, L> {
     request: Request<ReqB>,
     inner: S,
+    limiter: Arc<L>,
+    stage: Stage<C, L>,
 }
 
-/// A request waiting for its decision: what it waits for, the engine that settles it.
-type Waiting<S, ReqB, C, L> = (Deciding<C>, Pending<S, ReqB>, Arc<L>);
+/// What a waiting request waits for. (Its variants differ in size, which costs nothing: it
+/// lives in the box of its [`Waiting`].)
+#[allow(clippy::large_enum_variant)]
+enum Stage<C, L> {
+    /// Its decision (`C`: the store's future).
+    Deciding(Deciding<C>),
+    /// The slot reserved for it, with what it goes on with then.
+    Delaying {
+        sleep: Pin<Box<tokio::time::Sleep>>,
+        delayed: Box<Delayed>,
+        after: After<L>,
+    },
+}
 
-/// A request admitted at a reserved slot, waiting until it comes.
-type ForSlot<S, ReqB, L> = (Pending<S, ReqB>, Delayed, After<L>);
-
-/// The inner service's response waiting for the charges after it (`C`), with the slots its
-/// body holds.
-type Adjust<C, R> = (C, Option<(R, Option<HeldSlots>)>);
+/// The inner service's response (`R`) and the slots its body holds, waiting for the charges
+/// after it (`C`: the store's future).
+struct Adjusting<C, R> {
+    charges: C,
+    response: Option<R>,
+    held: Option<HeldSlots>,
+}
 
 pin_project! {
     #[project = StateProj]
     enum State<S, ReqB, F, C, R, L> {
-        // The inner service called: the common state, the only one not boxed.
+        // The inner service called: the common state, not boxed.
         Calling {
             #[pin]
             future: F,
             with: With<L>,
         },
-        // Waiting for the decision, boxed with the request.
-        Deciding {
+        // Before the inner service is called: boxed with the request.
+        Waiting {
             waiting: Option<Box<Waiting<S, ReqB, C, L>>>,
         },
-        // Admitted at a reserved slot: waiting until it comes.
-        Delaying {
-            sleep: Pin<Box<tokio::time::Sleep>>,
-            pending: Option<Box<ForSlot<S, ReqB, L>>>,
-        },
-        // The charges after the response on their way to the store.
+        // The charges after the response on their way to the store: boxed.
         Adjusting {
-            adjust: Box<Adjust<C, R>>,
+            adjusting: Box<Adjusting<C, R>>,
         },
-        // The limiter's own response.
+        // The limiter's own response, inline (see the module's docs).
         Ready {
             response: Option<Response<Bytes>>,
         },
@@ -123,11 +140,8 @@ where
         request: Request<ReqB>,
         inner: S,
     ) -> Self {
-        let deciding = Deciding::new(limiter, later);
-        let waiting = (deciding, Pending { request, inner }, limiter.clone());
-        Self::new(State::Deciding {
-            waiting: Some(Box::new(waiting)),
-        })
+        let stage = Stage::Deciding(Deciding::new(limiter, later));
+        Self::new(waiting(request, inner, limiter.clone(), stage))
     }
 
     /// A request already settled: the limiter's response, or the inner service called.
@@ -145,7 +159,7 @@ where
                 // clone stays behind.
                 let clone = inner.clone();
                 let ready = std::mem::replace(inner, clone);
-                wait_for_slot(delayed, request, ready, after)
+                waiting(request, ready, limiter.clone(), delaying(delayed, after))
             }
             settled => respond_or_call(settled, request, inner, limiter.style(), after),
         })
@@ -200,40 +214,82 @@ pub(crate) fn with_decision<B>(request: &mut Request<B>, decision: Option<Decisi
 /// `charges` with the engine that makes them, if there are any.
 #[inline(always)]
 fn after_of<L>(limiter: &Arc<L>, charges: Charges) -> After<L> {
-    (!charges.is_empty()).then(|| Box::new((limiter.clone(), charges)))
+    (!charges.is_empty()).then(|| {
+        let limiter = limiter.clone();
+        Box::new(Charging { limiter, charges })
+    })
 }
 
-/// The state after a decision that came later: as [`respond_or_call`], the inner service
-/// waiting with the request when it is admitted at a reserved slot.
-fn decided<S, ReqB, C, R, L>(
-    settled: Settled,
-    Pending { request, mut inner }: Pending<S, ReqB>,
-    style: ResponseStyle,
-    after: After<L>,
-) -> State<S, ReqB, S::Future, C, R, L>
-where
-    S: Service<Request<ReqB>>,
-{
-    match settled {
-        Settled::Wait(delayed) => wait_for_slot(delayed, request, inner, after),
-        settled => respond_or_call(settled, request, &mut inner, style, after),
-    }
-}
-
-/// Sleeps until the slot reserved for the request, with the inner service it then calls.
-fn wait_for_slot<S, ReqB, C, R, L>(
-    delayed: Box<Delayed>,
+/// A request waiting for what `stage` says, with the inner service it then calls.
+fn waiting<S, ReqB, F, C, R, L>(
     request: Request<ReqB>,
     inner: S,
-    after: After<L>,
-) -> State<S, ReqB, S::Future, C, R, L>
+    limiter: Arc<L>,
+    stage: Stage<C, L>,
+) -> State<S, ReqB, F, C, R, L> {
+    let waiting = Waiting {
+        request,
+        inner,
+        limiter,
+        stage,
+    };
+    State::Waiting {
+        waiting: Some(Box::new(waiting)),
+    }
+}
+
+/// Sleeping until the slot reserved for the request comes.
+fn delaying<C, L>(delayed: Box<Delayed>, after: After<L>) -> Stage<C, L> {
+    Stage::Delaying {
+        sleep: Box::pin(tokio::time::sleep(delayed.wait)),
+        delayed,
+        after,
+    }
+}
+
+/// Polls a waiting request: for its decision, then for its reserved slot, if any; then the
+/// state it goes to (the inner service called, or the limiter's response).
+#[allow(clippy::type_complexity)]
+fn poll_waiting<S, ReqB, St, R>(
+    slot: &mut Option<Box<Waiting<S, ReqB, <St as Sealed>::Future, Limiter<St>>>>,
+    cx: &mut Context<'_>,
+) -> Poll<State<S, ReqB, S::Future, <St as Sealed>::Future, R, Limiter<St>>>
 where
     S: Service<Request<ReqB>>,
+    St: Store,
 {
-    State::Delaying {
-        sleep: Box::pin(tokio::time::sleep(delayed.wait)),
-        pending: Some(Box::new((Pending { request, inner }, *delayed, after))),
-    }
+    let waiting = slot.as_mut().expect(POLLED_AFTER_READY);
+    let (settled, after, style) = match &mut waiting.stage {
+        Stage::Deciding(deciding) => {
+            let (settled, after) = ready!(deciding.poll_settled(&waiting.limiter, cx));
+            let after = after_of(&waiting.limiter, after);
+            if let Settled::Wait(delayed) = settled {
+                waiting.stage = delaying(delayed, after);
+                return poll_waiting(slot, cx);
+            }
+            (settled, after, waiting.limiter.style())
+        }
+        Stage::Delaying { sleep, .. } => {
+            ready!(sleep.as_mut().poll(cx));
+            let Waiting {
+                request,
+                mut inner,
+                stage,
+                ..
+            } = *slot.take().expect(POLLED_AFTER_READY);
+            let Stage::Delaying { delayed, after, .. } = stage else {
+                unreachable!("the stage polled is the one taken")
+            };
+            // Its slots are spent now, not given back (see `respond_or_call`).
+            let settled = Settled::Wait(delayed);
+            let http = ResponseStyle::Http;
+            return Poll::Ready(respond_or_call(settled, request, &mut inner, http, after));
+        }
+    };
+    let Waiting {
+        request, mut inner, ..
+    } = *slot.take().expect(POLLED_AFTER_READY);
+    Poll::Ready(respond_or_call(settled, request, &mut inner, style, after))
 }
 
 /// The limiter's own response (in the form `style` gives the request), or the inner service
@@ -299,17 +355,6 @@ where
     calling(inner.call(request), headers, held, after)
 }
 
-/// A waiting request whose slot came: it goes on (see [`respond_or_call`]).
-fn slot_came<S, ReqB, C, R, L>(
-    (Pending { request, mut inner }, delayed, after): ForSlot<S, ReqB, L>,
-) -> State<S, ReqB, S::Future, C, R, L>
-where
-    S: Service<Request<ReqB>>,
-{
-    let settled = Settled::Wait(Box::new(delayed));
-    respond_or_call(settled, request, &mut inner, ResponseStyle::Http, after)
-}
-
 impl<S, ReqB, St, M> fmt::Debug for ResponseFuture<S, ReqB, St, M>
 where
     S: Service<Request<ReqB>>,
@@ -317,8 +362,10 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
-            State::Deciding { .. } => "deciding",
-            State::Delaying { .. } => "waiting for its slot",
+            State::Waiting { waiting } => match waiting.as_deref().map(|w| &w.stage) {
+                Some(Stage::Delaying { .. }) => "waiting for its slot",
+                _ => "deciding",
+            },
             State::Calling { .. } => "calling",
             State::Adjusting { .. } => "adjusting",
             State::Ready { .. } => "ready",
@@ -344,36 +391,17 @@ where
         loop {
             let next = match state.as_mut().project() {
                 StateProj::Calling { future, with } => {
-                    let mut response = ready!(future.poll(cx))?;
-                    if let Some(headers) = with.headers.take() {
-                        headers.apply(response.headers_mut());
-                    }
-                    let held = with.held.take();
-                    match with
-                        .after
-                        .take()
-                        .and_then(|after| charge(*after, &response))
-                    {
-                        None => return Poll::Ready(Ok(body::<M, _>(response, held))),
-                        Some(adjust) => State::Adjusting {
-                            adjust: Box::new((adjust, Some((response, held)))),
-                        },
+                    let response = ready!(future.poll(cx))?;
+                    match responded(with, response) {
+                        Ok((response, held)) => {
+                            return Poll::Ready(Ok(body::<M, _>(response, held)));
+                        }
+                        Err(adjusting) => State::Adjusting { adjusting },
                     }
                 }
-                StateProj::Deciding { waiting } => {
-                    let (deciding, _, limiter) = &mut **waiting.as_mut().expect(POLLED_AFTER_READY);
-                    let (settled, after) = ready!(deciding.poll_settled(limiter, cx));
-                    let (_, pending, limiter) = *waiting.take().expect(POLLED_AFTER_READY);
-                    let after = after_of(&limiter, after);
-                    decided(settled, pending, limiter.style(), after)
-                }
-                StateProj::Delaying { sleep, pending } => {
-                    ready!(sleep.as_mut().poll(cx));
-                    slot_came(*pending.take().expect(POLLED_AFTER_READY))
-                }
-                StateProj::Adjusting { adjust } => {
-                    adjusted(ready!(Pin::new(&mut adjust.0).poll(cx)));
-                    let (response, held) = adjust.1.take().expect(POLLED_AFTER_READY);
+                StateProj::Waiting { waiting } => ready!(poll_waiting(waiting, cx)),
+                StateProj::Adjusting { adjusting } => {
+                    let (response, held) = ready!(adjusting.poll(cx));
                     return Poll::Ready(Ok(body::<M, _>(response, held)));
                 }
                 StateProj::Ready { response } => {
@@ -386,18 +414,43 @@ where
     }
 }
 
-/// Starts the charges and refunds that the response's status decides, if any.
-fn charge<St: Store, B>(
-    (limiter, charges): (Arc<Limiter<St>>, Charges),
-    response: &Response<B>,
-) -> Option<<St as Sealed>::Future> {
-    limiter.after_response(charges, response.status())
+/// The inner service's response with the headers it gets, and the slots its body holds; or,
+/// when its status calls for charges after it, those charges on their way with it.
+#[allow(clippy::type_complexity)]
+fn responded<St: Store, B>(
+    with: &mut With<Limiter<St>>,
+    mut response: Response<B>,
+) -> Result<(Response<B>, Option<HeldSlots>), Box<Adjusting<<St as Sealed>::Future, Response<B>>>> {
+    if let Some(headers) = with.headers.take() {
+        headers.apply(response.headers_mut());
+    }
+    let held = with.held.take();
+    let charges = with.after.take().and_then(|after| {
+        let Charging { limiter, charges } = *after;
+        limiter.after_response(charges, response.status())
+    });
+    match charges {
+        None => Ok((response, held)),
+        Some(charges) => Err(Box::new(Adjusting {
+            charges,
+            response: Some(response),
+            held,
+        })),
+    }
 }
 
-/// The charges after the response are made, or failed (then logged: the response goes on).
-fn adjusted(result: Result<Decision, StoreError>) {
-    if let Err(error) = result {
-        tracing::warn!(%error, "rate-limit charge or refund after the response failed");
+impl<C, R> Adjusting<C, R>
+where
+    C: Future<Output = Result<Decision, StoreError>> + Unpin,
+{
+    /// The response once the charges after it are made, or failed (then logged: the response
+    /// goes on).
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<(R, Option<HeldSlots>)> {
+        if let Err(error) = ready!(Pin::new(&mut self.charges).poll(cx)) {
+            tracing::warn!(%error, "rate-limit charge or refund after the response failed");
+        }
+        let response = self.response.take().expect(POLLED_AFTER_READY);
+        Poll::Ready((response, self.held.take()))
     }
 }
 

@@ -51,27 +51,27 @@ const IDLE_GIVE_BACKS: usize = 16;
 /// The leases this instance holds, by policy tier and key.
 #[derive(Debug)]
 pub(crate) struct Leases {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[Mutex<LeaseShard>]>,
     hasher: RandomState,
 }
 
 /// One shard of the table: the entries hashed with the table's seeded hasher and looked up
 /// by reference (a key is cloned only when its entry is made).
 #[derive(Debug, Default)]
-struct Shard {
-    entries: HashTable<Slot>,
+struct LeaseShard {
+    entries: HashTable<LeaseRow>,
     ops: u32,
     last_sweep: u64,
 }
 
 #[derive(Debug)]
-struct Slot {
+struct LeaseRow {
     /// The policy tier (also to give units back with once the key is idle).
     policy: Arc<Tier>,
     key: Key,
     /// The slot's hash, kept for the table to move it when it grows.
     hash: u64,
-    entry: Entry,
+    entry: KeyLeases,
 }
 
 /// Where a check's entry lives: its hash, and its shard.
@@ -83,7 +83,7 @@ struct Place {
 
 /// What this instance knows of one key of one leasing policy.
 #[derive(Debug, Default)]
-struct Entry {
+struct KeyLeases {
     /// The lease being spent.
     held: Option<Held>,
     /// A lease taken while `held` ran low, spent once `held` is spent or has ended.
@@ -134,7 +134,7 @@ impl Held {
     }
 }
 
-impl Entry {
+impl KeyLeases {
     /// The lease a request of `cost` would spend now: the one held, else the next one.
     fn usable(&self, now: u64, cost: u64) -> Option<&Held> {
         [&self.held, &self.next]
@@ -314,12 +314,12 @@ impl Leases {
         Place { hash, shard }
     }
 
-    fn lock(&self, place: Place) -> MutexGuard<'_, Shard> {
+    fn lock(&self, place: Place) -> MutexGuard<'_, LeaseShard> {
         lock(&self.shards[place.shard])
     }
 
     /// The entry of `tier` and `key`, if any.
-    fn with<T>(&self, tier: u32, key: &Key, f: impl FnOnce(Option<&mut Entry>) -> T) -> T {
+    fn with<T>(&self, tier: u32, key: &Key, f: impl FnOnce(Option<&mut KeyLeases>) -> T) -> T {
         let place = self.place(tier, key);
         let mut shard = self.lock(place);
         f(shard.get_mut(place.hash, tier, key))
@@ -426,7 +426,7 @@ impl Leases {
         checks: &mut Checks,
         ask: &[usize],
         now: u64,
-        mut locked: Option<(Place, MutexGuard<'_, Shard>)>,
+        mut locked: Option<(Place, MutexGuard<'_, LeaseShard>)>,
     ) -> Plan {
         let mut asking: SmallVec<[Asked; 1]> = SmallVec::new();
         let mut give_backs = Checks::new();
@@ -523,24 +523,24 @@ impl Leases {
     }
 }
 
-impl Shard {
-    fn get_mut(&mut self, hash: u64, tier: u32, key: &Key) -> Option<&mut Entry> {
+impl LeaseShard {
+    fn get_mut(&mut self, hash: u64, tier: u32, key: &Key) -> Option<&mut KeyLeases> {
         self.entries
             .find_mut(hash, |s| s.policy.id() == tier && s.key == *key)
             .map(|s| &mut s.entry)
     }
 
     /// The entry of `policy`'s tier and `key`, made if there is none.
-    fn entry(&mut self, hash: u64, policy: &Arc<Tier>, key: &Key) -> &mut Entry {
+    fn entry(&mut self, hash: u64, policy: &Arc<Tier>, key: &Key) -> &mut KeyLeases {
         let tier = policy.id();
         let slot = self
             .entries
             .entry(hash, |s| s.policy.id() == tier && s.key == *key, |s| s.hash)
-            .or_insert_with(|| Slot {
+            .or_insert_with(|| LeaseRow {
                 policy: policy.clone(),
                 key: key.clone(),
                 hash,
-                entry: Entry::default(),
+                entry: KeyLeases::default(),
             });
         &mut slot.into_mut().entry
     }

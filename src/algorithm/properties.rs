@@ -205,7 +205,7 @@ fn hostile_case(max_len: usize) -> impl Strategy<Value = (Spec, Vec<(u64, u64)>)
 
 /// One request as a store handles it.
 #[derive(Clone, Debug)]
-struct Step {
+struct Handled {
     now: u64,
     cost: u64,
     /// The key's state when the request came.
@@ -218,7 +218,7 @@ struct Step {
 }
 
 /// Evaluates every request and commits those allowed.
-fn drive(algorithm: &Compiled, requests: &[(u64, u64)]) -> Vec<Step> {
+fn drive(algorithm: &Compiled, requests: &[(u64, u64)]) -> Vec<Handled> {
     let mut state = None;
     requests
         .iter()
@@ -228,7 +228,7 @@ fn drive(algorithm: &Compiled, requests: &[(u64, u64)]) -> Vec<Step> {
             let expires_at = verdict
                 .allowed
                 .then(|| algorithm.commit(&mut state, now, cost));
-            Step {
+            Handled {
                 now,
                 cost,
                 before,
@@ -241,7 +241,7 @@ fn drive(algorithm: &Compiled, requests: &[(u64, u64)]) -> Vec<Step> {
 }
 
 /// `(time, cost)` of the admitted requests that cost something, in order.
-fn admitted(trace: &[Step]) -> Vec<(u64, u64)> {
+fn admitted(trace: &[Handled]) -> Vec<(u64, u64)> {
     trace
         .iter()
         .filter(|s| s.verdict.allowed && s.cost > 0)

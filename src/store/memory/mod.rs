@@ -15,7 +15,7 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Tier;
 use lock::{ShardLock, Write};
-use shard::{Ask, Shard, Step, Steps};
+use shard::{CheckRef, CheckRun, CheckRuns, Shard};
 use smallvec::SmallVec;
 
 /// The default [`MemoryStoreBuilder::max_keys`].
@@ -237,7 +237,7 @@ impl MemoryStore {
 
     /// The hash of a check's (policy, key) and its shard.
     #[inline]
-    fn locate(&self, check: &Ask<'_>) -> (u64, usize) {
+    fn locate(&self, check: &CheckRef<'_>) -> (u64, usize) {
         let h = check.key().hash_with(check.tier().id(), &self.inner.hasher);
         // The high bits pick the shard: the table uses the low ones.
         (h, ((h >> 32) as usize) & (self.inner.shards.len() - 1))
@@ -253,7 +253,7 @@ impl MemoryStore {
     /// and see time go back).
     #[inline]
     pub(crate) fn decide_enforced(&self, tier: &Tier, key: &Key, cost: u64) -> Verdict {
-        let ask = Ask::enforce(tier, key, cost);
+        let ask = CheckRef::enforce(tier, key, cost);
         let (hash, index) = self.locate(&ask);
         let clock = || self.inner.clock.now_micros();
         let shard = &self.inner.shards[index];
@@ -279,16 +279,16 @@ impl MemoryStore {
         let capacity = self.inner.per_shard;
         // Pushed one by one here and below: `collect` into a SmallVec goes through its generic
         // `extend`, about 70 instructions a collection more.
-        let mut asks: SmallVec<[Ask<'_>; 2]> = SmallVec::new();
+        let mut refs: SmallVec<[CheckRef<'_>; 2]> = SmallVec::new();
         for c in checks {
-            asks.push(Ask::from(c));
+            refs.push(CheckRef::from(c));
         }
-        let (mut guards, mut steps) = self.lock_all(&asks);
+        let (mut guards, mut runs) = self.lock_all(&refs);
         let now = self.inner.clock.now_micros();
         let registry = &self.inner.registry;
         let redefined = registry.redefined();
         // Phase one: the operations that act on their own, in order; then every verdict.
-        for (c, s) in asks.iter().zip(&steps) {
+        for (c, s) in refs.iter().zip(&runs) {
             let shard = &mut guards[s.guard];
             // One more lookup per check, only in a store where a policy was ever redefined.
             if redefined {
@@ -296,7 +296,7 @@ impl MemoryStore {
             }
             shard.act(c, s.hash, now, capacity);
         }
-        for (c, s) in asks.iter().zip(&mut steps) {
+        for (c, s) in refs.iter().zip(&mut runs) {
             let shard = &guards[s.guard];
             // An operation that acted on its own reports like a look.
             let cost = if c.op().acts() { 0 } else { c.cost() };
@@ -308,19 +308,19 @@ impl MemoryStore {
                 s.wait = shard.reservation(c, s.hash, now, &s.verdict, max_wait_us);
             }
         }
-        let admitted = asks
+        let admitted = refs
             .iter()
-            .zip(&steps)
+            .zip(&runs)
             .all(|(c, s)| s.verdict.allowed || s.wait.is_some() || !c.op().decides());
         // Phase two: charged only if every check that decides admits the request.
-        for (c, s) in asks.iter().zip(&mut steps) {
-            guards[s.guard].settle(c, s, now, admitted, capacity);
+        for (c, s) in refs.iter().zip(&mut runs) {
+            guards[s.guard].apply(c, s, now, admitted, capacity);
         }
         for g in &mut guards {
             g.tick(now);
         }
         let mut outcomes = SmallVec::with_capacity(checks.len());
-        for (c, s) in checks.iter().zip(steps) {
+        for (c, s) in checks.iter().zip(runs) {
             let outcome = PolicyOutcome::new(c.tier(), c.op() == Op::Shadow, s.verdict);
             outcomes.push(outcome.with_grant(s.grant));
         }
@@ -328,14 +328,14 @@ impl MemoryStore {
     }
 
     /// Locks every shard `checks` involve (two kept without allocating), in index order so that concurrent multi-policy
-    /// decisions cannot deadlock; each check's step names its shard by its place among the
+    /// decisions cannot deadlock; each check's run names its shard by its place among the
     /// guards.
-    fn lock_all(&self, checks: &[Ask<'_>]) -> (Guards<'_>, Steps) {
-        let mut steps = Steps::new();
+    fn lock_all(&self, checks: &[CheckRef<'_>]) -> (Guards<'_>, CheckRuns) {
+        let mut runs = CheckRuns::new();
         let mut order: SmallVec<[usize; 4]> = SmallVec::new();
         for c in checks {
             let (hash, shard) = self.locate(c);
-            steps.push(Step::new(hash, shard));
+            runs.push(CheckRun::new(hash, shard));
             order.push(shard);
         }
         order.sort_unstable();
@@ -344,12 +344,12 @@ impl MemoryStore {
         for &i in &order {
             guards.push(self.inner.shards[i].write());
         }
-        for s in &mut steps {
+        for s in &mut runs {
             s.guard = order
                 .binary_search(&s.guard)
                 .expect("every shard involved is locked");
         }
-        (guards, steps)
+        (guards, runs)
     }
 }
 

@@ -30,7 +30,7 @@ const EVICTION_SAMPLE: usize = 8;
 /// wait for each other's lock; everything else (a new key, several policies at once, leases,
 /// reservations, holds, a block, the sweep) takes the exclusive lock.
 pub(super) struct Shard {
-    table: HashTable<Slot>,
+    table: HashTable<Row>,
     /// The store's hasher, to hash a slot again when the table grows or evicts (a slot does
     /// not keep its hash: 8 bytes per key).
     hasher: RandomState,
@@ -43,7 +43,7 @@ pub(super) struct Shard {
 
 /// A key's entry in one policy: 64 bytes (checked by a test), so that a table of them stays
 /// within 96 bytes a key.
-struct Slot {
+struct Row {
     key: Key,
     id: u32,
     /// The definition the state was written under (see [`Registry`]).
@@ -54,17 +54,17 @@ struct Slot {
 /// What a shard needs of a check: its tier and key, borrowed (no reference count changes
 /// hands), its cost and its operation.
 #[derive(Clone, Copy)]
-pub(super) struct Ask<'a> {
+pub(super) struct CheckRef<'a> {
     tier: &'a Tier,
     key: &'a Key,
     cost: u64,
     op: Op,
 }
 
-impl<'a> Ask<'a> {
+impl<'a> CheckRef<'a> {
     /// One enforced policy.
     pub(super) fn enforce(tier: &'a Tier, key: &'a Key, cost: u64) -> Self {
-        Ask {
+        CheckRef {
             tier,
             key,
             cost,
@@ -89,9 +89,9 @@ impl<'a> Ask<'a> {
     }
 }
 
-impl<'a> From<&'a Check> for Ask<'a> {
+impl<'a> From<&'a Check> for CheckRef<'a> {
     fn from(check: &'a Check) -> Self {
-        Ask {
+        CheckRef {
             tier: check.tier(),
             key: check.key(),
             cost: check.cost(),
@@ -106,26 +106,26 @@ enum Cell {
     /// also when it expires, and no block: the common case, decided under the shared lock.
     Packed(AtomicU64),
     /// Anything else: the state of an algorithm that does not pack, or a blocked key.
-    Full(Box<Entry>),
+    Full(Box<Unpacked>),
 }
 
 /// A key's state as the exclusive path reads and changes it.
-struct Entry {
+struct Unpacked {
     state: Option<State>,
     expires_at: u64,
     /// Denied whatever the state until then (0: not blocked).
     blocked_until: u64,
 }
 
-impl Entry {
+impl Unpacked {
     /// What the packed `word` of `algorithm` holds.
     fn packed(algorithm: &Compiled, word: u64) -> Self {
-        Entry::unblocked(algorithm.unpack(word), word)
+        Unpacked::unblocked(algorithm.unpack(word), word)
     }
 
     /// A state that expires at `expires_at`, not blocked.
     fn unblocked(state: Option<State>, expires_at: u64) -> Self {
-        Entry {
+        Unpacked {
             state,
             expires_at,
             blocked_until: 0,
@@ -143,7 +143,7 @@ impl Entry {
 
     /// The verdict on this entry of `check`'s algorithm at `cost` (0: a look), its block
     /// included; for a lease, on the state as strict as the lease could make it.
-    fn verdict(entry: Option<&Entry>, check: &Ask<'_>, now: u64, cost: u64) -> Verdict {
+    fn verdict(entry: Option<&Unpacked>, check: &CheckRef<'_>, now: u64, cost: u64) -> Verdict {
         let algorithm = check.tier().algorithm();
         let state = entry.and_then(|e| e.live(now));
         let mut verdict = match check.op() {
@@ -161,7 +161,7 @@ impl Entry {
 
 impl Cell {
     /// The cell that holds `entry` of `algorithm`: packed when it can be.
-    fn new(algorithm: &Compiled, entry: Entry) -> Self {
+    fn new(algorithm: &Compiled, entry: Unpacked) -> Self {
         match Cell::word(algorithm, &entry) {
             Some(word) => Cell::Packed(AtomicU64::new(word)),
             None => Cell::Full(Box::new(entry)),
@@ -171,7 +171,7 @@ impl Cell {
     /// The word `entry` packs in, if it does: its algorithm packs, it was never blocked (a
     /// block is kept once it ends, as the Redis store keeps it, for a clock that goes back),
     /// and it expires when its state says.
-    fn word(algorithm: &Compiled, entry: &Entry) -> Option<u64> {
+    fn word(algorithm: &Compiled, entry: &Unpacked) -> Option<u64> {
         if entry.blocked_until != 0 {
             return None;
         }
@@ -180,10 +180,10 @@ impl Cell {
     }
 }
 
-impl Slot {
-    fn new(check: &Ask<'_>, entry: Entry) -> Self {
+impl Row {
+    fn new(check: &CheckRef<'_>, entry: Unpacked) -> Self {
         let tier = check.tier();
-        Slot {
+        Row {
             id: tier.id(),
             def: tier.def(),
             key: check.key().clone(),
@@ -204,16 +204,16 @@ impl Slot {
     }
 
     /// Reads the entry (the state written under `algorithm`).
-    fn read<R>(&self, algorithm: &Compiled, f: impl FnOnce(&Entry) -> R) -> R {
+    fn read<R>(&self, algorithm: &Compiled, f: impl FnOnce(&Unpacked) -> R) -> R {
         match &self.cell {
             Cell::Full(entry) => f(entry),
-            Cell::Packed(word) => f(&Entry::packed(algorithm, word.load(Ordering::Relaxed))),
+            Cell::Packed(word) => f(&Unpacked::packed(algorithm, word.load(Ordering::Relaxed))),
         }
     }
 
     /// Changes the entry (the state written under `algorithm`), and packs it again when it
     /// can be.
-    fn write<R>(&mut self, algorithm: &Compiled, f: impl FnOnce(&mut Entry) -> R) -> R {
+    fn write<R>(&mut self, algorithm: &Compiled, f: impl FnOnce(&mut Unpacked) -> R) -> R {
         match &mut self.cell {
             Cell::Full(entry) => {
                 let out = f(entry);
@@ -223,7 +223,7 @@ impl Slot {
                 out
             }
             Cell::Packed(word) => {
-                let mut entry = Entry::packed(algorithm, *word.get_mut());
+                let mut entry = Unpacked::packed(algorithm, *word.get_mut());
                 let out = f(&mut entry);
                 match Cell::word(algorithm, &entry) {
                     Some(packed) => *word.get_mut() = packed,
@@ -236,12 +236,12 @@ impl Slot {
 
     /// Converts a state written under another definition of the policy (before a reload) to
     /// the check's (twin of `adopt` in `decide.lua`).
-    fn adopt(&mut self, check: &Ask<'_>, now: u64, registry: &Registry) {
+    fn adopt(&mut self, check: &CheckRef<'_>, now: u64, registry: &Registry) {
         let tier = check.tier();
         let from = registry.definition(self.def);
         // Read with the definition it was written under (the algorithm is the same: a
         // definition may not change it).
-        let mut entry = self.read(&from, |e| Entry {
+        let mut entry = self.read(&from, |e| Unpacked {
             state: e.state.clone(),
             ..*e
         });
@@ -270,12 +270,12 @@ impl Shard {
     }
 
     #[inline]
-    fn find(&self, check: &Ask<'_>, hash: u64) -> Option<&Slot> {
+    fn find(&self, check: &CheckRef<'_>, hash: u64) -> Option<&Row> {
         self.table
             .find(hash, |s| s.is(check.tier().id(), check.key()))
     }
 
-    fn find_mut(&mut self, check: &Ask<'_>, hash: u64) -> Option<&mut Slot> {
+    fn find_mut(&mut self, check: &CheckRef<'_>, hash: u64) -> Option<&mut Row> {
         self.table
             .find_mut(hash, |s| s.is(check.tier().id(), check.key()))
     }
@@ -288,7 +288,7 @@ impl Shard {
     #[inline]
     pub(super) fn decide_packed(
         &self,
-        check: &Ask<'_>,
+        check: &CheckRef<'_>,
         hash: u64,
         clock: impl Fn() -> u64,
     ) -> Option<Verdict> {
@@ -315,11 +315,11 @@ impl Shard {
 
     /// The verdict on `check` at `cost` (0: a look), its block included, with one lookup; for
     /// a lease, on the state as strict as the lease could make it.
-    pub(super) fn evaluate(&self, check: &Ask<'_>, hash: u64, now: u64, cost: u64) -> Verdict {
+    pub(super) fn evaluate(&self, check: &CheckRef<'_>, hash: u64, now: u64, cost: u64) -> Verdict {
         let algorithm = check.tier().algorithm();
         match self.find(check, hash) {
-            Some(slot) => slot.read(algorithm, |e| Entry::verdict(Some(e), check, now, cost)),
-            None => Entry::verdict(None, check, now, cost),
+            Some(slot) => slot.read(algorithm, |e| Unpacked::verdict(Some(e), check, now, cost)),
+            None => Unpacked::verdict(None, check, now, cost),
         }
     }
 
@@ -327,14 +327,14 @@ impl Shard {
     /// is within `max_wait` and the key is not blocked.
     pub(super) fn reservation(
         &self,
-        check: &Ask<'_>,
+        check: &CheckRef<'_>,
         hash: u64,
         now: u64,
         verdict: &Verdict,
         max_wait: u64,
     ) -> Option<u64> {
         let algorithm = check.tier().algorithm();
-        let reserve = |entry: Option<&Entry>| {
+        let reserve = |entry: Option<&Unpacked>| {
             if entry.is_some_and(|e| e.blocked_until > now) {
                 return None;
             }
@@ -349,7 +349,7 @@ impl Shard {
 
     /// Adopts the state of `check`'s key under the check's definition, if it was written
     /// under another one.
-    pub(super) fn adopt(&mut self, check: &Ask<'_>, hash: u64, now: u64, registry: &Registry) {
+    pub(super) fn adopt(&mut self, check: &CheckRef<'_>, hash: u64, now: u64, registry: &Registry) {
         if let Some(slot) = self.find_mut(check, hash)
             && slot.def != check.tier().def()
         {
@@ -359,7 +359,7 @@ impl Shard {
 
     /// What an operation that acts on its own does, before any verdict (nothing for the
     /// others).
-    pub(super) fn act(&mut self, check: &Ask<'_>, hash: u64, now: u64, capacity: usize) {
+    pub(super) fn act(&mut self, check: &CheckRef<'_>, hash: u64, now: u64, capacity: usize) {
         let algorithm = check.tier().algorithm();
         let units = check.cost();
         match check.op() {
@@ -384,17 +384,17 @@ impl Shard {
 
     /// Phase two for one check, the request `admitted` or not: charges it as its operation
     /// says (at its reserved slot, a lease, its cost), or reports the state as it stays.
-    pub(super) fn settle(
+    pub(super) fn apply(
         &mut self,
-        check: &Ask<'_>,
-        step: &mut Step,
+        check: &CheckRef<'_>,
+        run: &mut CheckRun,
         now: u64,
         admitted: bool,
         cap: usize,
     ) {
-        let (hash, cost) = (step.hash, check.cost());
+        let (hash, cost) = (run.hash, check.cost());
         let op = check.op();
-        if let (true, Some(wait)) = (admitted, step.wait) {
+        if let (true, Some(wait)) = (admitted, run.wait) {
             let slot = now + wait;
             self.charge(check, hash, now, cap, |a, s| {
                 a.reserve_commit(s, now, slot, cost)
@@ -402,35 +402,35 @@ impl Shard {
             // Admitted, the state reported as it is seen now (a look may deny: the sliding log
             // still counts, now, entries that are gone at the slot).
             let seen = self.evaluate(check, hash, now, 0);
-            step.verdict = Verdict::allow(seen.remaining, seen.reset_after_us);
-            step.grant = Some(Grant {
+            run.verdict = Verdict::allow(seen.remaining, seen.reset_after_us);
+            run.grant = Some(Grant {
                 units: cost,
                 end: slot,
                 lasts_us: wait,
             });
         } else if let (true, Op::Lease { want }) = (admitted, op) {
             let lease = self.take_lease(check, hash, now, want, cap);
-            step.verdict = lease.verdict;
-            step.grant = Some(Grant {
+            run.verdict = lease.verdict;
+            run.grant = Some(Grant {
                 units: lease.units,
                 end: lease.end,
                 lasts_us: lease.end - now,
             });
-        } else if admitted && op.charged(step.verdict.allowed) {
+        } else if admitted && op.charged(run.verdict.allowed) {
             self.commit(check, hash, now, cap);
             if op == Op::Concurrency && cost > 0 {
                 // The slots, charged now: given back as charged at `now`.
-                step.grant = Some(Grant {
+                run.grant = Some(Grant {
                     units: cost,
                     end: now,
                     lasts_us: 0,
                 });
             }
-        } else if step.verdict.allowed && cost > 0 && !op.acts() {
+        } else if run.verdict.allowed && cost > 0 && !op.acts() {
             // Admitted by this policy but not charged: report the state as it stays.
             let stays = self.evaluate(check, hash, now, 0);
-            step.verdict.remaining = stays.remaining;
-            step.verdict.reset_after_us = stays.reset_after_us;
+            run.verdict.remaining = stays.remaining;
+            run.verdict.reset_after_us = stays.reset_after_us;
         }
     }
 
@@ -440,7 +440,7 @@ impl Shard {
     /// algorithm sees what the Redis script would see.
     fn charge(
         &mut self,
-        check: &Ask<'_>,
+        check: &CheckRef<'_>,
         hash: u64,
         now: u64,
         capacity: usize,
@@ -454,14 +454,14 @@ impl Shard {
             None => {
                 let mut state = None;
                 let expires_at = charge(algorithm, &mut state);
-                let entry = Entry::unblocked(state, expires_at);
-                self.insert_slot(Slot::new(check, entry), hash, now, capacity);
+                let entry = Unpacked::unblocked(state, expires_at);
+                self.insert_slot(Row::new(check, entry), hash, now, capacity);
             }
         }
     }
 
     /// Blocks the key from `now` until `until`.
-    fn block(&mut self, check: &Ask<'_>, hash: u64, now: u64, until: u64, capacity: usize) {
+    fn block(&mut self, check: &CheckRef<'_>, hash: u64, now: u64, until: u64, capacity: usize) {
         let algorithm = check.tier().algorithm();
         match self.find_mut(check, hash) {
             Some(slot) => slot.write(algorithm, |e| {
@@ -469,12 +469,12 @@ impl Shard {
                 e.expires_at = e.expires_at.max(until);
             }),
             None => {
-                let entry = Entry {
+                let entry = Unpacked {
                     state: None,
                     expires_at: until,
                     blocked_until: until,
                 };
-                self.insert_slot(Slot::new(check, entry), hash, now, capacity);
+                self.insert_slot(Row::new(check, entry), hash, now, capacity);
             }
         }
     }
@@ -482,7 +482,7 @@ impl Shard {
     /// One enforced policy under the exclusive lock: evaluate and commit with a single lookup.
     pub(super) fn decide_one(
         &mut self,
-        check: &Ask<'_>,
+        check: &CheckRef<'_>,
         hash: u64,
         now: u64,
         capacity: usize,
@@ -496,7 +496,7 @@ impl Shard {
                     slot.adopt(check, now, registry);
                 }
                 slot.write(algorithm, |e| {
-                    let verdict = Entry::verdict(Some(e), check, now, cost);
+                    let verdict = Unpacked::verdict(Some(e), check, now, cost);
                     if verdict.allowed && cost > 0 {
                         // As `charge` does, on the state as it is.
                         e.expires_at = algorithm.commit(&mut e.state, now, cost);
@@ -520,7 +520,7 @@ impl Shard {
     /// there is one; `change` returns the new expiry, or `None` when nothing changed.
     fn update(
         &mut self,
-        check: &Ask<'_>,
+        check: &CheckRef<'_>,
         hash: u64,
         change: impl FnOnce(&mut Option<State>) -> Option<u64>,
     ) {
@@ -536,9 +536,16 @@ impl Shard {
         }
     }
 
-    /// Charges the lease `check` asks for (its request admitted): what is left, at least the
+    /// Charges the lease `check` refs for (its request admitted): what is left, at least the
     /// cost and at most the tier's lease size.
-    fn take_lease(&mut self, check: &Ask<'_>, hash: u64, now: u64, want: u64, cap: usize) -> Lease {
+    fn take_lease(
+        &mut self,
+        check: &CheckRef<'_>,
+        hash: u64,
+        now: u64,
+        want: u64,
+        cap: usize,
+    ) -> Lease {
         let algorithm = check.tier().algorithm();
         let ttl = lease_ttl(check);
         let cost = check.cost();
@@ -555,15 +562,15 @@ impl Shard {
                 let mut state = None;
                 let lease = algorithm.take_lease(&mut state, now, ttl, cost, want);
                 if let Some(expires_at) = lease.expires_at {
-                    let entry = Entry::unblocked(state, expires_at);
-                    self.insert_slot(Slot::new(check, entry), hash, now, cap);
+                    let entry = Unpacked::unblocked(state, expires_at);
+                    self.insert_slot(Row::new(check, entry), hash, now, cap);
                 }
                 lease
             }
         }
     }
 
-    fn remove(&mut self, check: &Ask<'_>, hash: u64) {
+    fn remove(&mut self, check: &CheckRef<'_>, hash: u64) {
         if let Ok(entry) = self
             .table
             .find_entry(hash, |s| s.is(check.tier().id(), check.key()))
@@ -573,7 +580,7 @@ impl Shard {
     }
 
     /// Charges `check.cost()` (nothing for a look).
-    fn commit(&mut self, check: &Ask<'_>, hash: u64, now: u64, capacity: usize) {
+    fn commit(&mut self, check: &CheckRef<'_>, hash: u64, now: u64, capacity: usize) {
         let cost = check.cost();
         if cost > 0 {
             self.charge(check, hash, now, capacity, |a, s| a.commit(s, now, cost));
@@ -581,7 +588,7 @@ impl Shard {
     }
 
     /// Adds a slot for a key not in the table, making room first when the shard is full.
-    fn insert_slot(&mut self, slot: Slot, hash: u64, now: u64, capacity: usize) {
+    fn insert_slot(&mut self, slot: Row, hash: u64, now: u64, capacity: usize) {
         if self.table.len() >= capacity {
             self.make_room(now);
         }
@@ -656,7 +663,7 @@ impl Shard {
 
 /// One check's way through a decision: where its entry is, its verdict, the wait until the
 /// slot it reserved (if it waits) and what it was granted.
-pub(super) struct Step {
+pub(super) struct CheckRun {
     pub(super) hash: u64,
     /// The check's shard: its index, then its place among the locked guards.
     pub(super) guard: usize,
@@ -665,11 +672,11 @@ pub(super) struct Step {
     pub(super) grant: Option<Grant>,
 }
 
-pub(super) type Steps = SmallVec<[Step; 2]>;
+pub(super) type CheckRuns = SmallVec<[CheckRun; 2]>;
 
-impl Step {
+impl CheckRun {
     pub(super) fn new(hash: u64, shard: usize) -> Self {
-        Step {
+        CheckRun {
             hash,
             guard: shard,
             verdict: Verdict::allow(0, 0),
@@ -680,7 +687,7 @@ impl Step {
 }
 
 /// The longest life of a lease on `check`'s tier (0 for a tier without leases).
-fn lease_ttl(check: &Ask<'_>) -> u64 {
+fn lease_ttl(check: &CheckRef<'_>) -> u64 {
     check.tier().lease().map_or(0, |l| l.ttl_us())
 }
 
@@ -691,13 +698,17 @@ mod tests {
     #[test]
     fn a_slot_fits_in_64_bytes() {
         // 64 bytes and a control byte, in a table at most 7/8 full: at most 96 bytes a key.
-        assert!(size_of::<Slot>() <= 64, "{} bytes", size_of::<Slot>());
+        assert!(size_of::<Row>() <= 64, "{} bytes", size_of::<Row>());
     }
 
     #[test]
     fn a_full_entry_takes_a_48_byte_allocation() {
         // glibc's malloc serves up to 40 bytes from a 48-byte chunk, 41 to 56 from a 64-byte
         // one: every algorithm's state is at most 16 bytes wide so that the entry fits.
-        assert!(size_of::<Entry>() <= 40, "{} bytes", size_of::<Entry>());
+        assert!(
+            size_of::<Unpacked>() <= 40,
+            "{} bytes",
+            size_of::<Unpacked>()
+        );
     }
 }

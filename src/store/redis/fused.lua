@@ -40,7 +40,7 @@ local function fused(key, args, shape)
       return REPLY
     end
   end
-  -- Not charged: a key that lost its TTL gets one (as `settle` does).
+  -- Not charged: a key that lost its TTL gets one (as `apply` does).
   if call('PTTL', key) == -1 then
     local ms = ttl_ms(now, now + reset)
     call('PEXPIRE', key, ms)

@@ -664,7 +664,7 @@ ALG[1] = function()
         return REPLY
       end
     end
-    -- Not charged: a key that lost its TTL gets one (as `settle` does).
+    -- Not charged: a key that lost its TTL gets one (as `apply` does).
     if call('PTTL', key) == -1 then
       local ms
       repeat -- ttl_ms
@@ -1360,7 +1360,7 @@ ALG[2] = function()
         return REPLY
       end
     end
-    -- Not charged: a key that lost its TTL gets one (as `settle` does).
+    -- Not charged: a key that lost its TTL gets one (as `apply` does).
     if call('PTTL', key) == -1 then
       local ms
       repeat -- ttl_ms
@@ -1842,7 +1842,7 @@ ALG[3] = function()
         return REPLY
       end
     end
-    -- Not charged: a key that lost its TTL gets one (as `settle` does).
+    -- Not charged: a key that lost its TTL gets one (as `apply` does).
     if call('PTTL', key) == -1 then
       local ms
       repeat -- ttl_ms
@@ -2341,7 +2341,7 @@ ALG[4] = function()
         return REPLY
       end
     end
-    -- Not charged: a key that lost its TTL gets one (as `settle` does).
+    -- Not charged: a key that lost its TTL gets one (as `apply` does).
     if call('PTTL', key) == -1 then
       local ms
       repeat -- ttl_ms
@@ -2811,7 +2811,7 @@ ALG[5] = function()
         return REPLY
       end
     end
-    -- Not charged: a key that lost its TTL gets one (as `settle` does).
+    -- Not charged: a key that lost its TTL gets one (as `apply` does).
     if call('PTTL', key) == -1 then
       local ms
       repeat -- ttl_ms
@@ -3105,7 +3105,7 @@ ALG[6] = function()
         return REPLY
       end
     end
-    -- Not charged: a key that lost its TTL gets one (as `settle` does).
+    -- Not charged: a key that lost its TTL gets one (as `apply` does).
     if call('PTTL', key) == -1 then
       local ms
       repeat -- ttl_ms
@@ -3472,7 +3472,7 @@ end
 -- operation says (at its reserved slot `wait` away, a lease of up to `y` units ending at
 -- `lease_end`, its cost; keeping its block on record), or the state reported as it stays, its
 -- key given a TTL if it lost its own.
-local function settle(i, alg, op, key, p, now, cost, y, st, ends, lease_end, wait, admitted, base)
+local function apply(i, alg, op, key, p, now, cost, y, st, ends, lease_end, wait, admitted, base)
   if admitted then
     if wait then
       reserve(alg, key, p, st, ends, now, cost, wait, REPLY, base, LEASED[i])
@@ -3549,7 +3549,7 @@ local function decide_many(keys, args, n)
   base = 0
   for i = 1, n do
     local op = OPS[i]
-    settle(i, ALGS[i], op, keys[i], PS[i], now, COSTS[i], YS[i], STS[i], ENDS[i],
+    apply(i, ALGS[i], op, keys[i], PS[i], now, COSTS[i], YS[i], STS[i], ENDS[i],
       LEASE_ENDS[i], WAITS[i], admitted, base)
     base = base + WIDTH[op]
   end
@@ -3608,6 +3608,6 @@ local function decide(keys, args)
   end
   local ok, st, ends, lease_end, wait = evaluate(1, alg, op, key, p, now, cost, x, 0)
   REPLY[WIDTH[op] + 1] = nil
-  settle(1, alg, op, key, p, now, cost, y, st, ends, lease_end, wait, ok or not DECIDES[op], 0)
+  apply(1, alg, op, key, p, now, cost, y, st, ends, lease_end, wait, ok or not DECIDES[op], 0)
   return REPLY
 end

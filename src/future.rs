@@ -417,6 +417,7 @@ where
 /// The inner service's response with the headers it gets, and the slots its body holds; or,
 /// when its status calls for charges after it, those charges on their way with it.
 #[allow(clippy::type_complexity)]
+#[inline(always)]
 fn responded<St: Store, B>(
     with: &mut With<Limiter<St>>,
     mut response: Response<B>,

@@ -49,7 +49,7 @@ pub(crate) fn shape(id: u8, op: Op, cost: u64, injected: bool) -> u64 {
     shape
 }
 
-/// The one script every decision runs, assembled once.
+/// The one script every decision runs, with its SHA-1 and its library, made once.
 pub(crate) static SCRIPT: LazyLock<Script> = LazyLock::new(Script::assemble);
 
 /// The decision, as a script for `EVAL` and as a library of one function for `FCALL`.

@@ -3,7 +3,7 @@
 //! can put the two side by side. Not an example of how to use the crate.
 //!
 //! ```text
-//! driver_redis args URL [ALGORITHM] [--quota Q]  # the decision call (FCALL name …), one word per line
+//! driver_redis args URL [ALGORITHM[,ALGORITHM…]] [--quota Q[,Q…]]  # the decision call (FCALL name …), one word per line
 //! driver_redis throughput URL [--tasks 50] [--seconds 2] [--pool N] [--threads 1]
 //! driver_redis latency URL [--n 20000]   # a rediss:// URL trusts the CA in $REDIS_CA
 //! driver_redis algorithms URL [--n 20000]
@@ -183,19 +183,32 @@ fn main() {
     rt.block_on(async {
         match command {
             "args" => {
-                let algorithm = match args.get(2).filter(|a| !a.starts_with("--")) {
-                    Some(name) => name.parse().expect("an algorithm name"),
-                    None => Algorithm::Gcra,
+                // Several algorithms (and quotas), comma-separated: one policy each, on one key,
+                // named g, h, i, ...
+                let algorithms: Vec<Algorithm> = match args.get(2).filter(|a| !a.starts_with("--"))
+                {
+                    Some(names) => names
+                        .split(',')
+                        .map(|n| n.parse().expect("an algorithm name"))
+                        .collect(),
+                    None => vec![Algorithm::Gcra],
                 };
-                let quota = args
+                let quotas: Vec<&str> = args
                     .iter()
                     .position(|a| a == "--quota")
-                    .map(|i| &args[i + 1]);
-                let policy = match quota {
-                    Some(quota) => Policy::new(algorithm, quota.as_str()).name("g"),
-                    None => policy(algorithm),
-                };
-                let layer = layer_of(&url, 0, policy).await;
+                    .map_or_else(Vec::new, |i| args[i + 1].split(',').collect());
+                let policies = algorithms.iter().enumerate().map(|(i, &algorithm)| {
+                    let name = ["g", "h", "i", "j"][i];
+                    match quotas.get(i) {
+                        Some(quota) => Policy::new(algorithm, *quota).name(name),
+                        None => policy(algorithm).name(name),
+                    }
+                });
+                let layer = RateLimitLayer::builder()
+                    .policies(policies)
+                    .store(store(&url, 0).await)
+                    .build()
+                    .expect("a valid layer");
                 for arg in common::captured_call(&url, &layer, &Key::from("RANDINT")).await {
                     println!("{arg}");
                 }

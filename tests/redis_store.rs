@@ -42,20 +42,7 @@ fn policy(algorithm: Algorithm, limit: u32) -> Policy {
 async fn contention(a: RedisStore, b: RedisStore, algorithm: Algorithm, limit: u32) -> usize {
     let la = layer_on(a, policy(algorithm, limit));
     let lb = layer_on(b, policy(algorithm, limit));
-    let key = Key::from("contended");
-    let mut tasks = Vec::new();
-    for i in 0..1_000 {
-        let layer = if i % 2 == 0 { la.clone() } else { lb.clone() };
-        let key = key.clone();
-        tasks.push(tokio::spawn(async move {
-            layer.check(&key, 1).await.unwrap().is_allowed()
-        }));
-    }
-    let mut admitted = 0;
-    for t in tasks {
-        admitted += usize::from(t.await.unwrap());
-    }
-    admitted
+    support::lease::race(&la, &lb, 1_000, 1).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -25,13 +25,14 @@ pub(crate) struct Registered {
 /// 86,400,000,000 (`tonumber(text)`: every value is below 2^53, where strtod is exact).
 fn compact(n: u64) -> String {
     let base36 = base36(n);
-    let zeros = (1..20)
-        .take_while(|&k| n != 0 && n.is_multiple_of(10u64.pow(k)))
-        .count() as u32;
+    let (mut mantissa, mut zeros) = (n, 0);
+    while mantissa != 0 && mantissa.is_multiple_of(10) {
+        (mantissa, zeros) = (mantissa / 10, zeros + 1);
+    }
     if zeros == 0 {
         return base36;
     }
-    let decimal = format!("{}E{zeros}", n / 10u64.pow(zeros));
+    let decimal = format!("{mantissa}E{zeros}");
     if decimal.len() < base36.len() {
         decimal
     } else {

@@ -14,10 +14,21 @@ pub async fn race_on_four_keys<St: Store>(
     b: &RateLimitLayer<St>,
     n: usize,
 ) -> usize {
+    race(a, b, n, 4).await
+}
+
+/// `n` concurrent checks alternating between two layers (two instances), spread over `keys`
+/// keys; returns how many were admitted.
+pub async fn race<St: Store>(
+    a: &RateLimitLayer<St>,
+    b: &RateLimitLayer<St>,
+    n: usize,
+    keys: usize,
+) -> usize {
     let mut tasks = Vec::new();
     for i in 0..n {
         let layer = if i % 2 == 0 { a.clone() } else { b.clone() };
-        let key = tower_ratelimit::key::Key::from(format!("client-{}", i % 4));
+        let key = tower_ratelimit::key::Key::from(format!("client-{}", i % keys));
         tasks.push(tokio::spawn(async move {
             layer.check(&key, 1).await.unwrap().is_allowed()
         }));

@@ -5,7 +5,7 @@ use http::StatusCode;
 
 use super::{Charges, Limiter};
 use crate::decision::Decision;
-use crate::store::{Check, Checks, Op, Store};
+use crate::store::{Checks, Op, Store};
 
 impl<St: Store> Limiter<St> {
     /// The charges and refunds `charges` makes for a response of `status`, as one store call;
@@ -24,13 +24,7 @@ impl<St: Store> Limiter<St> {
                     let now = self.clock.now_micros();
                     let c = a.check;
                     if !leases.put_back(c.tier().id(), c.key(), end, c.cost(), now) {
-                        let (units, key) = (c.cost(), c.key().clone());
-                        checks.push(Check::new(
-                            c.tier().clone(),
-                            key,
-                            units,
-                            Op::GiveBack { end },
-                        ));
+                        checks.push(c.with_op(Op::GiveBack { end }));
                     }
                 }
                 _ => checks.push(a.check),

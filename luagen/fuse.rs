@@ -244,8 +244,9 @@ fn surviving_call<'a>(
     })
 }
 
-/// `twin` with the fused decision (`template`, one `local function fused`) written into it,
-/// before the algorithm's table, and the table's `fused` field; the twin (or `helpers`) must
+/// `twin` with the fused decisions (`template`: its functions, each a `local function` line
+/// at the margin) written into it, before the algorithm's table, and a field of the table for
+/// each function, of its name; the twin (or `helpers`) must
 /// have the inline functions named in `required`. Lines of the template
 /// between `--@if name` and `--@end` are kept when the twin (or `helpers`) has an inline
 /// function `name`.
@@ -289,7 +290,11 @@ pub(crate) fn fuse(helpers: &str, twin: &str, template: &str, required: &[&str])
         .position(|l| l == "  return {")
         .expect("a twin ends with its table: `  return {`");
     let mut out: Vec<String> = twin.lines().map(str::to_owned).collect();
-    out.insert(table + 1, "    fused = fused,".to_owned());
+    let fields = template.lines().filter_map(|l| {
+        let name = l.strip_prefix("local function ")?.split('(').next()?;
+        Some(format!("    {name} = {name},"))
+    });
+    out.splice(table + 1..table + 1, fields);
     out.splice(table..table, fused);
     let mut text = out.join("\n");
     text.push('\n');

@@ -7,10 +7,12 @@
 //! names become numbers (`substitute`: `ALG[GCRA]` is `ALG[6]`, so each number is written once,
 //! in Rust), and the fused decision is written (`fuse`):
 //!
-//! The fused decision is, for one policy enforced alone (the usual request), a function per
-//! algorithm, `fused.lua` with the twin's own `load`, `evaluate`, `commit` and `lag` written
-//! into it, so that the decision makes almost no Lua call beyond Redis's commands (a Lua call
-//! costs Redis about 500 instructions, a whole decision about 50,000).
+//! The fused decisions are, for policies enforced (the usual request), the functions of
+//! `fused.lua` written into each algorithm's twin (`fused` for one policy alone; `judged` and
+//! `charged`, the two phases of one of several), with the twin's own `load`, `evaluate`,
+//! `commit` and `lag` written into them, so that the decision makes almost no Lua call beyond
+//! Redis's commands (a Lua call costs Redis about 500 instructions, a whole decision about
+//! 50,000).
 //!
 //! Nothing is written twice: what is written into it is the twin's code, the functions the
 //! general path calls. A function marked by a line `--@inline` before its `local function`

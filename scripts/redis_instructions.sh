@@ -10,9 +10,10 @@
 # (benches/reference/; like ours, they reply with three integers, the verdict or retry time,
 # remaining and reset, and format the integers they send with '%d', a fifth of the cost of
 # '%.0f' or of Redis's own '%.17g' for a number argument), each called 2,000 times on 10,000
-# random keys after 500 warm-up calls. Then two policies on one key in one call (GCRA and a
-# fixed window; two sliding logs, 1,000/s and 10,000/h) against one minimal script deciding
-# both before charging either (benches/reference/<a>+<b>.lua).
+# random keys after 500 warm-up calls. Then several policies on one key in one call (GCRA and
+# a fixed window; two sliding logs, 1,000/s and 10,000/h; GCRA and two fixed windows, a minute
+# and a day) against one minimal script deciding all before charging any
+# (benches/reference/<a>+<b>[+<c>].lua).
 # Installs valgrind and Redis (Debian packages) when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,14 +66,15 @@ for algorithm in fixed_window sliding_window sliding_log token_bucket leaky_buck
         "$(python3 -c "print(f'{$ours / $minimal:.2f}x')")"
 done
 
-# Two policies on one key, decided in one call: ours against one minimal script that decides
-# both before charging either (benches/reference/<a>+<b>.lua).
+# Several policies on one key, decided in one call: ours against one minimal script that
+# decides all before charging any (benches/reference/<a>+<b>[+<c>].lua).
 declare -A PAIRS=(
     [gcra+fixed_window]="gcra,fixed_window 1000000/s,1000000/s|1 1000000 1000000 1000"
     [sliding_log+sliding_log]="sliding_log,sliding_log 1000/s,10000/h|1000 1000000 10000 3600000000"
 )
-printf '  %-24s %8s %8s %6s\n' "two policies, one call" ours minimal ratio
-for pair in gcra+fixed_window sliding_log+sliding_log; do
+PAIRS[gcra+fixed_window+fixed_window]="gcra,fixed_window,fixed_window 1000000/s,1000000/min,1000000/day|1 1000000 1000000 60000 1000000 86400000"
+printf '  %-32s %8s %8s %6s\n' "several policies, one call" ours minimal ratio
+for pair in gcra+fixed_window sliding_log+sliding_log gcra+fixed_window+fixed_window; do
     redis-cli -p "$PORT" FLUSHALL >/dev/null
     IFS='|' read -r ours_spec ref_spec <<<"${PAIRS[$pair]}"
     read -r algorithms quotas <<<"$ours_spec"
@@ -81,7 +83,10 @@ for pair in gcra+fixed_window sliding_log+sliding_log; do
     REF_SHA=$(redis-cli -p "$PORT" SCRIPT LOAD "$(cat "benches/reference/$pair.lua")")
     read -r -a ref_args <<<"$ref_spec"
     ours=$(count "${OURS[@]}")
-    minimal=$(count EVALSHA "$REF_SHA" 2 "ref:g:{__rand_int__}" "ref:h:{__rand_int__}" "${ref_args[@]}")
-    printf '  %-24s %8d %8d %6s\n' "$pair" "$ours" "$minimal" \
+    IFS=, read -r -a names <<<"$algorithms"
+    ref_keys=()
+    for i in "${!names[@]}"; do ref_keys+=("ref:$i:{__rand_int__}"); done
+    minimal=$(count EVALSHA "$REF_SHA" "${#ref_keys[@]}" "${ref_keys[@]}" "${ref_args[@]}")
+    printf '  %-32s %8d %8d %6s\n' "$pair" "$ours" "$minimal" \
         "$(python3 -c "print(f'{$ours / $minimal:.2f}x')")"
 done

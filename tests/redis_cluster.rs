@@ -15,6 +15,7 @@ async fn cluster_suite() {
     let cluster = RedisCluster::start();
     let c = &cluster;
     two_instances_admit_exactly_the_limit_on_the_cluster(c).await;
+    two_instances_charge_several_policies_on_the_cluster(c).await;
     hostile_keys_land_in_the_crates_slot(c).await;
     script_flush_on_every_node_is_survived(c).await;
     redis_time_works_on_the_cluster(c).await;
@@ -70,6 +71,18 @@ async fn two_instances_admit_exactly_the_limit_on_the_cluster(cluster: &RedisClu
         assert_eq!(admitted, 4 * 50, "{algorithm}");
     }
     check_all_nodes(cluster, "crace:");
+}
+
+/// Two and three policies of one key (one slot), raced by two instances on four keys (so
+/// several slots and nodes): all or nothing, each key admitted the smallest limit.
+async fn two_instances_charge_several_policies_on_the_cluster(cluster: &RedisCluster) {
+    let clock = ManualClock::new();
+    for (i, set) in support::lease::several_policy_sets().iter().enumerate() {
+        let a = store(cluster, "csrace:", &clock, false).await;
+        let b = store(cluster, "csrace:", &clock, true).await;
+        support::lease::race_several(a, b, &format!("s{i}"), set, 600, 4).await;
+    }
+    check_all_nodes(cluster, "csrace:");
 }
 
 async fn hostile_keys_land_in_the_crates_slot(cluster: &RedisCluster) {

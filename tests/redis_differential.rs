@@ -218,6 +218,92 @@ async fn twins_match(functions: bool, sequences_per_algorithm: u64) {
     server.assert_calls(functions);
 }
 
+/// Several policies on one key (two or three, of random algorithms, a pair of the same one
+/// included): random sequences of decisions and administrative operations, on both stores,
+/// give the same decision for every policy. Redis decides the usual request of several with
+/// the fused decisions (`decide_fused`), the rest on the general path; a request one policy
+/// admits and another denies charges neither, and both report the state as it stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_policies_decide_alike_in_both_stores() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let redis = server.store("diffs:", &clock).await;
+    let mut con = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let (sequences, mut mixed, mut admitted) = (200, 0, 0);
+    for seq in 0..sequences {
+        let seed = 13 << 40 | seq;
+        let mut rng = Rng::new(seed);
+        let count = rng.range(2, 3) as usize;
+        let names: Vec<String> = (0..count).map(|i| format!("s{seq}-{i}")).collect();
+        let policies: Vec<Policy> = names
+            .iter()
+            .map(|name| {
+                let algorithm = Algorithm::ALL[rng.range(0, 5) as usize];
+                random_policy(&mut rng, algorithm, name.clone())
+            })
+            .collect();
+        let algorithms: Vec<Algorithm> = policies.iter().map(|p| p.algorithm()).collect();
+        let builder = || RateLimitLayer::builder().policies(policies.clone());
+        // A memory store per sequence, as in `twins_match`.
+        let memory = MemoryStore::with_clock(clock.clone());
+        let on_memory = builder().store(memory).build().unwrap();
+        let on_redis = builder().store(redis.clone()).build().unwrap();
+        let key = Key::from(format!("k{seq}"));
+        for step in 0..30 {
+            if rng.range(0, 15) == 0 {
+                let now = tower_ratelimit::Clock::now_micros(&clock);
+                clock.set_micros(now - rng.range(1, 3_000));
+            } else {
+                clock.advance_micros(match rng.range(0, 2) {
+                    0 => 0,
+                    1 => rng.range(1, 50),
+                    _ => rng.range(1, 6_000),
+                });
+            }
+            let cost = match rng.range(0, 9) {
+                0 => 0,
+                1 => rng.range(2, 20) as u32,
+                _ => 1,
+            };
+            let op = match rng.range(0, 30) {
+                0 => Op::Refund,
+                1 => Op::Penalize,
+                2 => Op::Reset,
+                3 => Op::Block(Duration::from_micros(rng.range(1, 5_000))),
+                _ => Op::Check,
+            };
+            // Now and then one policy's key loses its TTL: the decision gives it one back.
+            let persisted = (rng.range(0, 12) == 0).then(|| {
+                let name = &names[rng.range(0, count as u64 - 1) as usize];
+                String::from_utf8(redis.key_for(name, &key)).unwrap()
+            });
+            if let Some(k) = &persisted {
+                let _: i64 = redis::cmd("PERSIST").arg(k).query(&mut con).unwrap();
+            }
+            let (m, r) = on_both(op, &on_memory, &on_redis, &key, cost).await;
+            let what = format!("{algorithms:?} seed {seed} step {step} ({op:?}, cost {cost})");
+            assert_alike(&what, traced(seed), &m, &r);
+            if let Some(k) = &persisted {
+                let ttl: i64 = redis::cmd("PTTL").arg(k).query(&mut con).unwrap();
+                assert_ne!(ttl, -1, "{what}: TTL repaired");
+            }
+            if matches!(op, Op::Check) && cost > 0 {
+                let allowed = m.outcomes().iter().filter(|o| o.is_allowed()).count();
+                mixed += usize::from(allowed > 0 && allowed < count);
+                admitted += usize::from(m.is_allowed());
+            }
+        }
+    }
+    assert!(
+        mixed > 200 && admitted > 1_000,
+        "the sequences are admitted ({admitted}) and split between policies ({mixed})"
+    );
+    assert_no_key_without_ttl(&server, "diffs:");
+}
+
 /// Reloads, converted by the twins: both stores run the same requests while the policy is
 /// reloaded, now and then, with another random quota of the same algorithm under the same
 /// name (another limit, window, burst or number of buckets; sometimes letting requests wait),

@@ -45,6 +45,20 @@ async fn contention(a: RedisStore, b: RedisStore, algorithm: Algorithm, limit: u
     support::lease::race(&la, &lb, 1_000, 1).await
 }
 
+/// Two instances race on one key under two and three policies: every key is admitted the
+/// smallest limit, and every policy is charged exactly what was admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_charge_several_policies_all_or_nothing() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    for (i, set) in support::lease::several_policy_sets().iter().enumerate() {
+        let a = store(&server, "srace:", Some(&clock)).await;
+        let b = store(&server, "srace:", Some(&clock)).await;
+        support::lease::race_several(a, b, &format!("s{i}"), set, 400, 1).await;
+    }
+    assert_no_key_without_ttl(&server, "srace:");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_admit_exactly_the_limit() {
     let server = RedisServer::start();
@@ -147,6 +161,61 @@ async fn the_usual_decision_takes_the_fused_path() {
             time_calls(&server) - before,
             2,
             "{algorithm}: a blocked key is decided on the general path"
+        );
+    }
+}
+
+/// The usual decision of several policies, each enforced, is made of their algorithms' fused
+/// phases, which read Redis's clock once; when one key is blocked, they give it to the
+/// general path having written nothing, which reads the clock again (so the fused phases were
+/// tried). A pair of each algorithm with the next, and one of three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_usual_decision_of_several_policies_takes_the_fused_path() {
+    let server = RedisServer::start();
+    let s = store(&server, "fused2:", None).await;
+    let all = Algorithm::ALL;
+    let mut sets: Vec<Vec<Algorithm>> = (0..all.len())
+        .map(|i| vec![all[i], all[(i + 1) % all.len()]])
+        .collect();
+    sets.push(vec![
+        Algorithm::Gcra,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+    ]);
+    for (n, set) in sets.iter().enumerate() {
+        let policies = set
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| policy(a, 1_000).name(format!("p{n}-{i}")));
+        let layer = RateLimitLayer::builder()
+            .policies(policies)
+            .store(s.clone())
+            .build()
+            .unwrap();
+        let before = time_calls(&server);
+        for i in 0..20 {
+            let d = layer.check(&Key::from(format!("k{i}")), 1).await.unwrap();
+            assert!(d.is_allowed(), "{set:?}");
+        }
+        assert_eq!(time_calls(&server) - before, 20, "{set:?}: one TIME each");
+        // One policy's key blocked, by a layer of that policy alone (the layer's own
+        // block_for would block every policy's).
+        let key = Key::from("blocked");
+        let last = set.len() - 1;
+        layer_on(
+            s.clone(),
+            policy(set[last], 1_000).name(format!("p{n}-{last}")),
+        )
+        .block_for(&key, Duration::from_secs(60))
+        .await
+        .unwrap();
+        let before = time_calls(&server);
+        let d = layer.check(&key, 1).await.unwrap();
+        assert!(!d.is_allowed(), "{set:?}: blocked");
+        assert_eq!(
+            time_calls(&server) - before,
+            2,
+            "{set:?}: a blocked key is decided on the general path"
         );
     }
 }

@@ -1,4 +1,5 @@
-//! Leases under contention: two instances hammering one key, and what they must admit.
+//! Races under contention: two instances hammering keys (with leases, or several policies), and
+//! what they must admit.
 
 use http::StatusCode;
 use tower::Layer;
@@ -75,4 +76,70 @@ pub fn fewest_admitted(algorithm: Algorithm, limit: usize, lease: usize) -> usiz
         Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::LeakyBucket
     );
     limit - 2 * lease - usize::from(spent_at_the_end)
+}
+
+/// The sets of algorithms the several-policy races run: each algorithm beside the next (a
+/// pair of every algorithm twice, in both places) and three of different families.
+pub fn several_policy_sets() -> Vec<Vec<Algorithm>> {
+    let all = Algorithm::ALL;
+    let mut sets: Vec<Vec<Algorithm>> = (0..all.len())
+        .map(|i| vec![all[i], all[(i + 1) % all.len()]])
+        .collect();
+    sets.push(vec![
+        Algorithm::Gcra,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+    ]);
+    sets
+}
+
+/// Two instances (layers on `a` and `b`) race `n` checks over `keys` keys under the policies
+/// of `algorithms`, the i-th allowing `limits[i]` an hour, then asserts that every key was
+/// admitted exactly the smallest limit and that each policy was charged exactly that: all or
+/// nothing, whatever the interleaving. The stores share a `ManualClock` that does not move,
+/// so nothing refills. `name` prefixes the policies' names.
+pub async fn race_several<St: Store>(
+    a: St,
+    b: St,
+    name: &str,
+    algorithms: &[Algorithm],
+    n: usize,
+    keys: usize,
+) {
+    let limits: Vec<u32> = [100, 70, 45][..algorithms.len()].to_vec();
+    let policies: Vec<Policy> = algorithms
+        .iter()
+        .zip(&limits)
+        .enumerate()
+        .map(|(i, (&algorithm, limit))| {
+            Policy::new(algorithm, format!("{limit}/h").as_str()).name(format!("{name}-{i}"))
+        })
+        .collect();
+    let build = |store: St| {
+        RateLimitLayer::builder()
+            .policies(policies.clone())
+            .store(store)
+            .build()
+            .unwrap()
+    };
+    let (la, lb) = (build(a), build(b));
+    let fewest = *limits.iter().min().unwrap();
+    let admitted = race(&la, &lb, n, keys).await;
+    assert_eq!(admitted, keys * fewest as usize, "{algorithms:?}");
+    for k in 0..keys {
+        let key = tower_ratelimit::key::Key::from(format!("client-{k}"));
+        let left: Vec<u64> = la
+            .check(&key, 0)
+            .await
+            .unwrap()
+            .outcomes()
+            .iter()
+            .map(|o| o.remaining())
+            .collect();
+        let expected: Vec<u64> = limits.iter().map(|&l| u64::from(l - fewest)).collect();
+        assert_eq!(
+            left, expected,
+            "{algorithms:?} client-{k}: each charged the admitted"
+        );
+    }
 }

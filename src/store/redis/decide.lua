@@ -13,8 +13,8 @@
 -- DECIDES (a denial denies the request), CHARGES (0: never charged here; 1: when its own
 -- verdict admits; 2: always, if the request is admitted), ACTS (changes the state on its own,
 -- then looks at cost 0: its arm is ACT[op] below), ARGS (its integers), GRANTS (its reply
--- has the three integers of a grant) and FUSES (decided alone, by its algorithm's fused
--- decision: `fused.lua`, written into each twin by script.rs).
+-- has the three integers of a grant) and FUSES (decided by its algorithm's fused decisions,
+-- alone or beside others of the same: `fused.lua`, written into each twin by luagen/).
 -- The operations' own arms are here and nowhere else: ACT[op] for those that act; LEASE
 -- (decided on the state as strict as a lease could make it, `lease_state`, and charged a
 -- lease of what is left instead of its cost, `take_lease`), WAIT (a request it denies now
@@ -380,20 +380,84 @@ local function decide_many(keys, args, n)
   return REPLY
 end
 
--- The fused decision of each shape, false for a shape that has none (`fused_for`).
+-- The algorithm of each shape that is decided by its algorithm's fused decisions, false for
+-- a shape that is not (`fused_for`).
 local FUSED = {}
 
--- The fused decision of a policy of this shape decided alone, remembered: its algorithm's,
--- when its operation is one the fused decision decides (`FUSES`), else false.
+-- The algorithm of a policy of this shape, remembered, when its operation is one the fused
+-- decisions decide (`FUSES`), else false.
 local function fused_for(shape)
   local id = shape % MODE_UNIT
   local fused = false
   if FUSES[(shape % COST_FLAG - id) / MODE_UNIT] then
-    local alg = algorithm(id)
-    fused = alg and alg.fused or false
+    fused = algorithm(id) or false
   end
   FUSED[shape] = fused
   return fused
+end
+
+-- Several policies, each enforced (the usual request of several): every one read, the time
+-- read, each judged by its algorithm's fused phase one, then either each charged by its
+-- fused phase two (all admit) or each left as `apply` leaves a denied request's. Nil, having
+-- written nothing, when one is another operation, a cost of 0, a key blocked or written
+-- under other parameters, or malformed: the general path decides it.
+local function decide_fused(keys, args, n)
+  local at, injected = 1, false
+  for i = 1, n do
+    local shape = SHAPES[args[at]] or read_shape(args[at])
+    if not shape then
+      return nil
+    end
+    local alg = FUSED[shape]
+    if alg == nil then
+      alg = fused_for(shape)
+    end
+    if not alg then
+      return nil
+    end
+    local cost = 1
+    at = at + 1
+    if shape % CLOCK_FLAG >= COST_FLAG then
+      cost = tonumber(args[at])
+      if not cost or cost <= 0 then
+        return nil
+      end
+      at = at + 1
+    end
+    local p = read_params(args[at])
+    if not p then
+      return nil
+    end
+    at = at + 1
+    if i == 1 then
+      injected = shape >= CLOCK_FLAG
+    end
+    if not STATES[i] then
+      STATES[i], LEASED[i] = {}, {}
+    end
+    ALGS[i], PS[i], COSTS[i] = alg, p, cost
+  end
+  local now = clock(args, injected)
+  local admitted, base = true, 0
+  for i = 1, n do
+    local ok, st = ALGS[i].judged(keys[i], PS[i], now, COSTS[i], i, base)
+    if ok == nil then
+      return nil
+    end
+    admitted = admitted and ok
+    STS[i] = st
+    base = base + 3
+  end
+  REPLY[base + 1] = nil
+  for i = 1, n do
+    if admitted then
+      ALGS[i].charged(keys[i], PS[i], STS[i], now, COSTS[i])
+    else
+      apply(i, ALGS[i], ENFORCE, keys[i], PS[i], now, COSTS[i], nil, STS[i], nil, nil, nil, false,
+        3 * (i - 1))
+    end
+  end
+  return REPLY
 end
 
 local function decide(keys, args)
@@ -401,8 +465,9 @@ local function decide(keys, args)
     bind_libraries()
   end
   KEEP_BLOCK = nil
-  if #keys ~= 1 then
-    return decide_many(keys, args, #keys)
+  local n = #keys
+  if n ~= 1 then
+    return decide_fused(keys, args, n) or decide_many(keys, args, n)
   end
   local key = keys[1]
   -- One policy enforced alone, the usual request: the algorithm's fused decision, unless the
@@ -414,7 +479,7 @@ local function decide(keys, args)
       fused = fused_for(shape)
     end
     if fused then
-      local reply = fused(key, args, shape)
+      local reply = fused.fused(key, args, shape)
       if reply then
         return reply
       end

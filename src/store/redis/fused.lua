@@ -1,9 +1,10 @@
--- The fused decision of one policy enforced alone, the usual request (`FUSES[op]`): the
--- phases of `decide` for that case, in one function per algorithm. The generator (luagen/)
--- writes it into each twin, with the twin's own `load`, `evaluate`, `commit` and `lag`
--- written in place of their calls. `args` are the policy's arguments, `shape` their first.
--- A key blocked, or written under other parameters, is left to the general path: nil, having
--- written nothing.
+-- The fused decisions of policies enforced (`FUSES[op]`), the usual request: the phases of
+-- `decide` for that case, in functions per algorithm. The generator (luagen/) writes them
+-- into each twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place
+-- of their calls. A key blocked, or written under other parameters, is left to the general
+-- path: nil, having written nothing.
+
+-- One policy alone. `args` are the policy's arguments, `shape` their first.
 local function fused(key, args, shape)
   local cost, at = 1, 2
   if shape % CLOCK_FLAG >= COST_FLAG then
@@ -46,4 +47,37 @@ local function fused(key, args, shape)
     call('PEXPIRE', key, ms)
   end
   return REPLY
+end
+
+-- Phase one of several policies enforced (`decide_fused` in decide.lua), for the one at
+-- position i whose reply starts at REPLY[base + 1]: its verdict, remaining and reset in the
+-- reply; returns whether it admits and the state decided on.
+local function judged(key, p, now, cost, i, base)
+  local st, ends, stale = load(key, p, now, STATES[i])
+  if ends or stale then
+    return nil
+  end
+  local ok, remaining, reset, retry = evaluate(nil, p, st, now, cost, key)
+  --@if lag
+  local behind = lag(p, st, now)
+  if behind > 0 then
+    ok, remaining, reset, retry = shift(behind, cost, ok, remaining, reset, retry)
+  end
+  --@end
+  REPLY[base + 2], REPLY[base + 3] = remaining, reset
+  if ok == 1 then
+    REPLY[base + 1] = ADMITTED
+    return true, st
+  end
+  if retry < 0 then
+    REPLY[base + 1] = NEVER
+  else
+    REPLY[base + 1] = retry
+  end
+  return false, st
+end
+
+-- Phase two of the same, the request admitted by every policy: this one charged its cost.
+local function charged(key, p, st, now, cost)
+  commit(nil, key, p, st, now, cost)
 end

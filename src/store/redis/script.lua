@@ -450,12 +450,13 @@ ALG[1] = function()
     store(key, p, format(INT2, start, count + cost), now, start + p[2])
   end
 
-  -- The fused decision of one policy enforced alone, the usual request (`FUSES[op]`): the
-  -- phases of `decide` for that case, in one function per algorithm. The generator (luagen/)
-  -- writes it into each twin, with the twin's own `load`, `evaluate`, `commit` and `lag`
-  -- written in place of their calls. `args` are the policy's arguments, `shape` their first.
-  -- A key blocked, or written under other parameters, is left to the general path: nil, having
-  -- written nothing.
+  -- The fused decisions of policies enforced (`FUSES[op]`), the usual request: the phases of
+  -- `decide` for that case, in functions per algorithm. The generator (luagen/) writes them
+  -- into each twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place
+  -- of their calls. A key blocked, or written under other parameters, is left to the general
+  -- path: nil, having written nothing.
+  
+  -- One policy alone. `args` are the policy's arguments, `shape` their first.
   local function fused(key, args, shape)
     local cost, at = 1, 2
     if shape % 2048 >= 1024 then
@@ -685,8 +686,188 @@ ALG[1] = function()
     end
     return REPLY
   end
+  
+  -- Phase one of several policies enforced (`decide_fused` in decide.lua), for the one at
+  -- position i whose reply starts at REPLY[base + 1]: its verdict, remaining and reset in the
+  -- reply; returns whether it admits and the state decided on.
+  local function judged(key, p, now, cost, i, base)
+    local st, ends, stale
+    repeat -- read2
+      local into = STATES[i]
+      local raw = call('GET', key)
+      if not raw then
+        st, ends, stale = nil break
+      end
+      local a, b, tag, ends_17
+      local t = p.tag
+      if find(raw, t, #raw - #t + 1, true) then
+        a, b = match(raw, '^(%d+) (%d+)~')
+      end
+      if not a then
+        local state
+        state, tag, ends_17 = split_state(raw)
+        if tag == p.tag then
+          tag = nil
+        end
+        a, b = match(state or '', '^(%d+) (%d+)$')
+        if not a then
+          st, ends, stale = nil, ends_17, tag break
+        end
+      end
+      into[1], into[2] = tonumber(a), tonumber(b)
+      st, ends, stale = into, ends_17, tag break
+    until true
+    if ends or stale then
+      return nil
+    end
+    local ok, remaining, reset, retry
+    repeat -- evaluate
+      local limit, window = p[1], p[2]
+      local start, count
+      repeat -- current
+        local start_19
+        do -- fdiv
+          local a, b = now, p[2]
+          -- The floor of a / b by `%` (an operator, not a call to math.floor).
+          local r = a / b
+          local q = r - r % 1
+          if q * b > a then
+            q = q - 1
+          elseif (q + 1) * b <= a then
+            q = q + 1
+          end
+          start_19 = q
+        end
+        start_19 = start_19 * p[2]
+        if st and st[1] >= start_19 then
+          start, count = st[1], st[2] break
+        end
+        start, count = start_19, 0 break
+      until true
+      -- As of the state's own time when it is ahead (see `lag`).
+      local from = now
+      if start > from then
+        from = start
+      end
+      local left = start + window - from
+      local remaining_18 = limit - count
+      if remaining_18 < 0 then
+        remaining_18 = 0
+      end
+      -- The reset after `count` units: none when the window is empty.
+      if cost > limit then
+        ok, remaining, reset, retry = 0, remaining_18, count == 0 and 0 or left, -1 break
+      end
+      if count + cost <= limit then
+        ok, remaining, reset, retry = 1, remaining_18 - cost, count + cost == 0 and 0 or left, -1 break
+      end
+      ok, remaining, reset, retry = 0, remaining_18, count == 0 and 0 or left, left break
+    until true
+    local behind
+    repeat -- lag
+      if st and st[1] > now then
+        behind = st[1] - now break
+      end
+      behind = 0 break
+    until true
+    if behind > 0 then
+      do -- shift
+        local lag, ok_22, remaining_22, reset_22, retry_22 = behind, ok, remaining, reset, retry
+        if lag > 0 then
+          remaining_22 = 0
+          -- Not a fresh key before its own time, even with nothing counted there.
+          reset_22 = reset_22 + lag
+          if retry_22 >= 0 then
+            retry_22 = retry_22 + lag
+          end
+          if ok_22 == 1 and cost > 0 then
+            ok_22, retry_22 = 0, lag
+            if reset_22 < lag then
+              reset_22 = lag
+            end
+          end
+        end
+        ok, remaining, reset, retry = ok_22, remaining_22, reset_22, retry_22
+      end
+    end
+    REPLY[base + 2], REPLY[base + 3] = remaining, reset
+    if ok == 1 then
+      REPLY[base + 1] = -2
+      return true, st
+    end
+    if retry < 0 then
+      REPLY[base + 1] = -1
+    else
+      REPLY[base + 1] = retry
+    end
+    return false, st
+  end
+  
+  -- Phase two of the same, the request admitted by every policy: this one charged its cost.
+  local function charged(key, p, st, now, cost)
+    repeat -- commit
+      local start, count
+      repeat -- current
+        local start_24
+        do -- fdiv
+          local a, b = now, p[2]
+          -- The floor of a / b by `%` (an operator, not a call to math.floor).
+          local r = a / b
+          local q = r - r % 1
+          if q * b > a then
+            q = q - 1
+          elseif (q + 1) * b <= a then
+            q = q + 1
+          end
+          start_24 = q
+        end
+        start_24 = start_24 * p[2]
+        if st and st[1] >= start_24 then
+          start, count = st[1], st[2] break
+        end
+        start, count = start_24, 0 break
+      until true
+      repeat -- store
+        local value, expires_at = format(INT2, start, count + cost), start + p[2]
+        value = value .. p.tag
+        if KEEP_BLOCK then
+          local block_end
+          do -- int
+            local n = KEEP_BLOCK
+            block_end = format(INT, n)
+          end
+          value = value .. '|' .. block_end
+          repeat -- until_block_ends
+            local expires_at_28 = expires_at
+            if KEEP_BLOCK and KEEP_BLOCK > expires_at_28 then
+              expires_at = KEEP_BLOCK break
+            end
+            expires_at = expires_at_28 break
+          until true
+        end
+        local ms
+        repeat -- ttl_ms
+          local us = expires_at - now
+          local ms_29 = us / 1000
+          ms_29 = ms_29 - ms_29 % 1
+          if ms_29 * 1000 < us then
+            ms_29 = ms_29 + 1
+          end
+          ms_29 = ms_29 + TTL_SLACK
+          if ms_29 < 1 then
+            ms = 1 break
+          end
+          ms = ms_29 break
+        until true
+        -- The TTL formatted here: Redis formats a number argument with '%.17g', at four times the cost.
+        call('SET', key, value, 'PX', format(INT, ms))
+      until true
+    until true
+  end
   return {
     fused = fused,
+    judged = judged,
+    charged = charged,
     block = block_in_value,
     load = load,
     current = current,
@@ -989,12 +1170,13 @@ ALG[2] = function()
     end
   end
 
-  -- The fused decision of one policy enforced alone, the usual request (`FUSES[op]`): the
-  -- phases of `decide` for that case, in one function per algorithm. The generator (luagen/)
-  -- writes it into each twin, with the twin's own `load`, `evaluate`, `commit` and `lag`
-  -- written in place of their calls. `args` are the policy's arguments, `shape` their first.
-  -- A key blocked, or written under other parameters, is left to the general path: nil, having
-  -- written nothing.
+  -- The fused decisions of policies enforced (`FUSES[op]`), the usual request: the phases of
+  -- `decide` for that case, in functions per algorithm. The generator (luagen/) writes them
+  -- into each twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place
+  -- of their calls. A key blocked, or written under other parameters, is left to the general
+  -- path: nil, having written nothing.
+  
+  -- One policy alone. `args` are the policy's arguments, `shape` their first.
   local function fused(key, args, shape)
     local cost, at = 1, 2
     if shape % 2048 >= 1024 then
@@ -1381,8 +1563,345 @@ ALG[2] = function()
     end
     return REPLY
   end
+  
+  -- Phase one of several policies enforced (`decide_fused` in decide.lua), for the one at
+  -- position i whose reply starts at REPLY[base + 1]: its verdict, remaining and reset in the
+  -- reply; returns whether it admits and the state decided on.
+  local function judged(key, p, now, cost, i, base)
+    local st, ends, stale
+    repeat -- load
+      local raw = call('GET', key)
+      if not raw then
+        st, ends, stale = nil break
+      end
+      local bare
+      repeat -- untagged
+        local tag = p.tag
+        if find(raw, tag, #raw - #tag + 1, true) then
+          bare = sub(raw, 1, #raw - #tag) break
+        end
+        bare = nil break
+      until true
+      if bare then
+        -- Tagged with the present parameters, no block: the state is what precedes the tag.
+        st, ends, stale = sw_read(bare, p[2] + 1) break
+      end
+      local tag, ends_29
+      raw, tag, ends_29 = split_state(raw)
+      if tag and tag ~= p.tag then
+        -- Written under other parameters: read with their ring (their number of buckets is
+        -- the tag's second parameter).
+        local n = tag_params(tag, OLD_RING) and OLD_RING[2]
+        st, ends, stale = n and sw_read(raw, n + 1), ends_29, tag break
+      end
+      st, ends, stale = sw_read(raw, p[2] + 1), ends_29 break
+    until true
+    if ends or stale then
+      return nil
+    end
+    local ok, remaining, reset, retry
+    repeat -- evaluate
+      local limit, n, g = p[1], p[2], p[3]
+      local c, x
+      repeat -- sw_position
+        local c_32
+        do -- fdiv
+          local a, b = now, p[3]
+          -- The floor of a / b by `%` (an operator, not a call to math.floor).
+          local r = a / b
+          local q = r - r % 1
+          if q * b > a then
+            q = q - 1
+          elseif (q + 1) * b <= a then
+            q = q + 1
+          end
+          c_32 = q
+        end
+        if st and st[1] > c_32 then
+          c, x = st[1], 0 break
+        end
+        c, x = c_32, now - c_32 * p[3] break
+      until true
+      local used
+      do -- sw_estimate
+        local n, g = p[2], p[3]
+        local whole = 0
+        if st then
+          -- The buckets c + 1 - n .. c that the ring holds (head - n .. head), walked slot by
+          -- slot: one division, not one per bucket.
+          local lo, hi = c + 1 - n, c
+          if lo < 0 then
+            lo = 0
+          end
+          if lo < st[1] - n then
+            lo = st[1] - n
+          end
+          if hi > st[1] then
+            hi = st[1]
+          end
+          local slots = n + 1
+          local wraps
+          do -- fdiv
+            local a, b = lo, slots
+            -- The floor of a / b by `%` (an operator, not a call to math.floor).
+            local r = a / b
+            local q = r - r % 1
+            if q * b > a then
+              q = q - 1
+            elseif (q + 1) * b <= a then
+              q = q + 1
+            end
+            wraps = q
+          end
+          local slot = lo - wraps * slots
+          for _ = lo, hi do
+            whole = whole + st[slot + 2]
+            slot = slot + 1
+            if slot == slots then
+              slot = 0
+            end
+          end
+        end
+        local oldest = 0
+        if c >= n then
+          repeat -- sw_count
+            local index = c - n
+            if st and index <= st[1] and index + p[2] >= st[1] then
+              local wraps
+              do -- fdiv
+                local a, b = index, p[2] + 1
+                -- The floor of a / b by `%` (an operator, not a call to math.floor).
+                local r = a / b
+                local q = r - r % 1
+                if q * b > a then
+                  q = q - 1
+                elseif (q + 1) * b <= a then
+                  q = q + 1
+                end
+                wraps = q
+              end
+              local slot = index - wraps * (p[2] + 1)
+              oldest = st[slot + 2] break
+            end
+            oldest = 0 break
+          until true
+        end
+        local part
+        do -- cdiv
+          local a, b = oldest * (g - x), g
+          -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
+          -- costs more than these lines).
+          local r = a / b
+          local q = r - r % 1
+          if q * b < a then
+            q = q + 1
+          end
+          if (q - 1) * b >= a then
+            q = q - 1
+          end
+          part = q
+        end
+        used = whole + part
+      end
+      local remaining_31 = limit - used
+      if remaining_31 < 0 then
+        remaining_31 = 0
+      end
+      if used + cost <= limit and cost > 0 then
+        -- Admitted and charged: the window is empty once this bucket has left it.
+        ok, remaining, reset, retry = 1, remaining_31 - cost, (n + 1) * g - x, -1 break
+      end
+      ok, remaining, reset, retry = sw_denied(p, st, c, x, cost, used, remaining_31) break
+    until true
+    local behind
+    repeat -- lag
+      if st and st[1] * p[3] > now then
+        behind = st[1] * p[3] - now break
+      end
+      behind = 0 break
+    until true
+    if behind > 0 then
+      do -- shift
+        local lag, ok_40, remaining_40, reset_40, retry_40 = behind, ok, remaining, reset, retry
+        if lag > 0 then
+          remaining_40 = 0
+          -- Not a fresh key before its own time, even with nothing counted there.
+          reset_40 = reset_40 + lag
+          if retry_40 >= 0 then
+            retry_40 = retry_40 + lag
+          end
+          if ok_40 == 1 and cost > 0 then
+            ok_40, retry_40 = 0, lag
+            if reset_40 < lag then
+              reset_40 = lag
+            end
+          end
+        end
+        ok, remaining, reset, retry = ok_40, remaining_40, reset_40, retry_40
+      end
+    end
+    REPLY[base + 2], REPLY[base + 3] = remaining, reset
+    if ok == 1 then
+      REPLY[base + 1] = -2
+      return true, st
+    end
+    if retry < 0 then
+      REPLY[base + 1] = -1
+    else
+      REPLY[base + 1] = retry
+    end
+    return false, st
+  end
+  
+  -- Phase two of the same, the request admitted by every policy: this one charged its cost.
+  local function charged(key, p, st, now, cost)
+    repeat -- commit
+      local n, g = p[2], p[3]
+      local slots = n + 1
+      local c
+      repeat -- sw_position
+        local c_42
+        do -- fdiv
+          local a, b = now, p[3]
+          -- The floor of a / b by `%` (an operator, not a call to math.floor).
+          local r = a / b
+          local q = r - r % 1
+          if q * b > a then
+            q = q - 1
+          elseif (q + 1) * b <= a then
+            q = q + 1
+          end
+          c_42 = q
+        end
+        if st and st[1] > c_42 then
+          c = st[1], 0 break
+        end
+        c = c_42, now - c_42 * p[3] break
+      until true
+      local wraps
+      do -- fdiv
+        local a, b = c, slots
+        -- The floor of a / b by `%` (an operator, not a call to math.floor).
+        local r = a / b
+        local q = r - r % 1
+        if q * b > a then
+          q = q - 1
+        elseif (q + 1) * b <= a then
+          q = q + 1
+        end
+        wraps = q
+      end
+      local slot = c - wraps * slots
+      if not st then
+        -- A new key: one bucket, written without building its ring.
+        repeat -- store
+          local value, expires_at = format(INT .. ' %d:' .. INT, c, slot, cost), (c + slots) * g
+          value = value .. p.tag
+          if KEEP_BLOCK then
+            local block_end
+            do -- int
+              local n = KEEP_BLOCK
+              block_end = format(INT, n)
+            end
+            value = value .. '|' .. block_end
+            repeat -- until_block_ends
+              local expires_at_47 = expires_at
+              if KEEP_BLOCK and KEEP_BLOCK > expires_at_47 then
+                expires_at = KEEP_BLOCK break
+              end
+              expires_at = expires_at_47 break
+            until true
+          end
+          local ms
+          repeat -- ttl_ms
+            local us = expires_at - now
+            local ms_48 = us / 1000
+            ms_48 = ms_48 - ms_48 % 1
+            if ms_48 * 1000 < us then
+              ms_48 = ms_48 + 1
+            end
+            ms_48 = ms_48 + TTL_SLACK
+            if ms_48 < 1 then
+              ms = 1 break
+            end
+            ms = ms_48 break
+          until true
+          -- The TTL formatted here: Redis formats a number argument with '%.17g', at four times the cost.
+          call('SET', key, value, 'PX', format(INT, ms))
+        until true
+      else
+        -- The ring read for this decision, updated in place: buckets that left it emptied.
+        local head = st[1]
+        if c > head then
+          local stale = c - head
+          if stale > slots then
+            stale = slots
+          end
+          -- Bucket c - i is at the ring's slot `slot - i`, wrapped.
+          local back = slot
+          for _ = 1, stale do
+            st[back + 2] = 0
+            back = back - 1
+            if back < 0 then
+              back = slots - 1
+            end
+          end
+          head = c
+        end
+        st[slot + 2] = st[slot + 2] + cost
+        repeat -- sw_write
+          local expires_at = (head + slots) * g
+          local bucket = '%d:' .. INT
+          local parts = { format(INT, head) }
+          for i = 1, slots do
+            local count = st[i + 1]
+            if count > 0 then
+              parts[#parts + 1] = format(bucket, i - 1, count)
+            end
+          end
+          repeat -- store
+            local value, expires_at = table.concat(parts, ' '), expires_at
+            value = value .. p.tag
+            if KEEP_BLOCK then
+              local block_end
+              do -- int
+                local n = KEEP_BLOCK
+                block_end = format(INT, n)
+              end
+              value = value .. '|' .. block_end
+              repeat -- until_block_ends
+                local expires_at_52 = expires_at
+                if KEEP_BLOCK and KEEP_BLOCK > expires_at_52 then
+                  expires_at = KEEP_BLOCK break
+                end
+                expires_at = expires_at_52 break
+              until true
+            end
+            local ms
+            repeat -- ttl_ms
+              local us = expires_at - now
+              local ms_53 = us / 1000
+              ms_53 = ms_53 - ms_53 % 1
+              if ms_53 * 1000 < us then
+                ms_53 = ms_53 + 1
+              end
+              ms_53 = ms_53 + TTL_SLACK
+              if ms_53 < 1 then
+                ms = 1 break
+              end
+              ms = ms_53 break
+            until true
+            -- The TTL formatted here: Redis formats a number argument with '%.17g', at four times the cost.
+            call('SET', key, value, 'PX', format(INT, ms))
+          until true
+        until true
+      end
+    until true
+  end
   return {
     fused = fused,
+    judged = judged,
+    charged = charged,
     block = block_in_value,
     load = load,
     -- Twin of `SlidingWindow::convert`: each old bucket still in the window moves, with its
@@ -1638,12 +2157,13 @@ ALG[3] = function()
     log(key, p, st, now, now, cost)
   end
 
-  -- The fused decision of one policy enforced alone, the usual request (`FUSES[op]`): the
-  -- phases of `decide` for that case, in one function per algorithm. The generator (luagen/)
-  -- writes it into each twin, with the twin's own `load`, `evaluate`, `commit` and `lag`
-  -- written in place of their calls. `args` are the policy's arguments, `shape` their first.
-  -- A key blocked, or written under other parameters, is left to the general path: nil, having
-  -- written nothing.
+  -- The fused decisions of policies enforced (`FUSES[op]`), the usual request: the phases of
+  -- `decide` for that case, in functions per algorithm. The generator (luagen/) writes them
+  -- into each twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place
+  -- of their calls. A key blocked, or written under other parameters, is left to the general
+  -- path: nil, having written nothing.
+  
+  -- One policy alone. `args` are the policy's arguments, `shape` their first.
   local function fused(key, args, shape)
     local cost, at = 1, 2
     if shape % 2048 >= 1024 then
@@ -1863,8 +2383,178 @@ ALG[3] = function()
     end
     return REPLY
   end
+  
+  -- Phase one of several policies enforced (`decide_fused` in decide.lua), for the one at
+  -- position i whose reply starts at REPLY[base + 1]: its verdict, remaining and reset in the
+  -- reply; returns whether it admits and the state decided on.
+  local function judged(key, p, now, cost, i, base)
+    local st, ends, stale
+    repeat -- load
+      local into = STATES[i]
+      local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
+      local n = #top
+      if n == 0 then
+        st, ends, stale = nil break
+      end
+      local ends_15
+      if byte(top[n - 1], 1) == LETTER_B then
+        ends_15 = tonumber(sub(top[n - 1], 7))
+        n = n - 2
+        if n == 0 then
+          st, ends, stale = nil, ends_15 break
+        end
+      end
+      into[1], into[2] = tonumber(top[n]), top[n - 1]
+      st, ends, stale = into, ends_15 break
+    until true
+    if ends or stale then
+      return nil
+    end
+    local ok, remaining, reset, retry
+    repeat -- evaluate
+      local limit, window = p[1], p[2]
+      if not st then
+        if cost > limit then
+          ok, remaining, reset, retry = 0, limit, 0, -1 break
+        end
+        local reset_16 = 0
+        if cost > 0 then
+          reset_16 = window
+        end
+        ok, remaining, reset, retry = 1, limit - cost, reset_16, -1 break
+      end
+      local used
+      do -- in_window
+        local cutoff = now - window
+        local after
+        do -- int
+          local n = cutoff
+          after = format(INT, n)
+        end
+        used = call('ZCOUNT', key, '(' .. after, '(+inf')
+      end
+      local newest_left = 0
+      if used > 0 then
+        newest_left = st[1] + window - now
+      end
+      local left = limit - used
+      if left < 0 then
+        left = 0
+      end
+      if cost > limit then
+        ok, remaining, reset, retry = 0, left, newest_left, -1 break
+      end
+      if used + cost <= limit then
+        local reset_16 = newest_left
+        if cost > 0 then
+          reset_16 = window
+        end
+        ok, remaining, reset, retry = 1, limit - used - cost, reset_16, -1 break
+      end
+      -- The entry whose leaving the window makes room.
+      local need = used + cost - limit
+      local since
+      do -- int
+        local n = now - window
+        since = format(INT, n)
+      end
+      local entry = call('ZRANGEBYSCORE', key, '(' .. since, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
+      ok, remaining, reset, retry = 0, left, newest_left, tonumber(entry[2]) + window - now break
+    until true
+    REPLY[base + 2], REPLY[base + 3] = remaining, reset
+    if ok == 1 then
+      REPLY[base + 1] = -2
+      return true, st
+    end
+    if retry < 0 then
+      REPLY[base + 1] = -1
+    else
+      REPLY[base + 1] = retry
+    end
+    return false, st
+  end
+  
+  -- Phase two of the same, the request admitted by every policy: this one charged its cost.
+  local function charged(key, p, st, now, cost)
+    repeat -- commit
+      repeat -- log
+        local at = now
+        local window = p[2]
+        local gone
+        do -- int
+          local n = now - window
+          gone = format(INT, n)
+        end
+        call('ZREMRANGEBYSCORE', key, '-inf', gone)
+        local seq = 0
+        local t
+        do -- int
+          local n = at
+          t = format(INT, n)
+        end
+        if st and st[1] == at then
+          seq = tonumber(match(st[2], ':(%d+)$')) or 0
+        elseif st and st[1] > at then
+          local top = call('ZREVRANGEBYSCORE', key, t, t, 'LIMIT', 0, 1)
+          if top[1] then
+            seq = tonumber(match(top[1], ':(%d+)$')) or 0
+          end
+        end
+        if cost == 1 then
+          call('ZADD', key, t, t .. ':' .. format('%010d', seq + 1))
+        end
+        -- One member per unit, added in batches (Lua's unpack has a small stack).
+        local i = 1
+        while cost > 1 and i <= cost do
+          local args = {}
+          local last = i + 499
+          if last > cost then
+            last = cost
+          end
+          for j = i, last do
+            args[#args + 1] = t
+            args[#args + 1] = t .. ':' .. format('%010d', seq + j)
+          end
+          call('ZADD', key, unpack(args))
+          i = last + 1
+        end
+        local newest = now
+        if st and st[1] > newest then
+          newest = st[1]
+        end
+        if cost > 0 and at > newest then
+          newest = at
+        end
+        local expires_at
+        repeat -- until_block_ends
+          local expires_at_24 = newest + window
+          if KEEP_BLOCK and KEEP_BLOCK > expires_at_24 then
+            expires_at = KEEP_BLOCK break
+          end
+          expires_at = expires_at_24 break
+        until true
+        local ms
+        repeat -- ttl_ms
+          local us = expires_at - now
+          local ms_25 = us / 1000
+          ms_25 = ms_25 - ms_25 % 1
+          if ms_25 * 1000 < us then
+            ms_25 = ms_25 + 1
+          end
+          ms_25 = ms_25 + TTL_SLACK
+          if ms_25 < 1 then
+            ms = 1 break
+          end
+          ms = ms_25 break
+        until true
+        call('PEXPIRE', key, format(INT, ms))
+      until true
+    until true
+  end
   return {
     fused = fused,
+    judged = judged,
+    charged = charged,
     load = load,
     block = function(self, key, p, st, now, ends)
       call('ZREMRANGEBYSCORE', key, '+inf', '+inf')
@@ -1990,12 +2680,13 @@ ALG[4] = function()
     store(key, p, format(INT2, have, last), now, last + to_full)
   end
 
-  -- The fused decision of one policy enforced alone, the usual request (`FUSES[op]`): the
-  -- phases of `decide` for that case, in one function per algorithm. The generator (luagen/)
-  -- writes it into each twin, with the twin's own `load`, `evaluate`, `commit` and `lag`
-  -- written in place of their calls. `args` are the policy's arguments, `shape` their first.
-  -- A key blocked, or written under other parameters, is left to the general path: nil, having
-  -- written nothing.
+  -- The fused decisions of policies enforced (`FUSES[op]`), the usual request: the phases of
+  -- `decide` for that case, in functions per algorithm. The generator (luagen/) writes them
+  -- into each twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place
+  -- of their calls. A key blocked, or written under other parameters, is left to the general
+  -- path: nil, having written nothing.
+  
+  -- One policy alone. `args` are the policy's arguments, `shape` their first.
   local function fused(key, args, shape)
     local cost, at = 1, 2
     if shape % 2048 >= 1024 then
@@ -2362,8 +3053,325 @@ ALG[4] = function()
     end
     return REPLY
   end
+  
+  -- Phase one of several policies enforced (`decide_fused` in decide.lua), for the one at
+  -- position i whose reply starts at REPLY[base + 1]: its verdict, remaining and reset in the
+  -- reply; returns whether it admits and the state decided on.
+  local function judged(key, p, now, cost, i, base)
+    local st, ends, stale
+    repeat -- read2
+      local into = STATES[i]
+      local raw = call('GET', key)
+      if not raw then
+        st, ends, stale = nil break
+      end
+      local a, b, tag, ends_29
+      local t = p.tag
+      if find(raw, t, #raw - #t + 1, true) then
+        a, b = match(raw, '^(%d+) (%d+)~')
+      end
+      if not a then
+        local state
+        state, tag, ends_29 = split_state(raw)
+        if tag == p.tag then
+          tag = nil
+        end
+        a, b = match(state or '', '^(%d+) (%d+)$')
+        if not a then
+          st, ends, stale = nil, ends_29, tag break
+        end
+      end
+      into[1], into[2] = tonumber(a), tonumber(b)
+      st, ends, stale = into, ends_29, tag break
+    until true
+    if ends or stale then
+      return nil
+    end
+    local ok, remaining, reset, retry
+    repeat -- evaluate
+      local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
+      local have
+      repeat -- tokens
+        if not st then
+          have = p[4] break
+        end
+        local elapsed
+        repeat -- elapsed_since
+          local e = now - st[2]
+          if e < 0 then
+            elapsed = 0 break
+          end
+          elapsed = e break
+        until true
+        local have_31
+        repeat -- fill
+          local amount = st[1]
+          local full, rate = p[4], p[3]
+          local a = amount
+          if a > full then
+            a = full
+          end
+          local to_full
+          do -- cdiv
+            local a, b = full - a, rate
+            -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
+            -- costs more than these lines).
+            local r = a / b
+            local q = r - r % 1
+            if q * b < a then
+              q = q + 1
+            end
+            if (q - 1) * b >= a then
+              q = q - 1
+            end
+            to_full = q
+          end
+          if elapsed >= to_full then
+            have_31 = full break
+          end
+          have_31 = amount + elapsed * rate break
+        until true
+        have = have_31 break
+      until true
+      local need = cost * unit
+      if cost <= capacity and have >= need then
+        local left = have - need
+        local whole
+        do -- fdiv
+          local a, b = left, unit
+          -- The floor of a / b by `%` (an operator, not a call to math.floor).
+          local r = a / b
+          local q = r - r % 1
+          if q * b > a then
+            q = q - 1
+          elseif (q + 1) * b <= a then
+            q = q + 1
+          end
+          whole = q
+        end
+        local reset_30
+        do -- cdiv
+          local a, b = full - left, rate
+          -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
+          -- costs more than these lines).
+          local r = a / b
+          local q = r - r % 1
+          if q * b < a then
+            q = q + 1
+          end
+          if (q - 1) * b >= a then
+            q = q - 1
+          end
+          reset_30 = q
+        end
+        ok, remaining, reset, retry = 1, whole, reset_30, -1 break
+      end
+      -- Denied: what is left now, and when the bucket is full again.
+      local whole
+      do -- fdiv
+        local a, b = have, unit
+        -- The floor of a / b by `%` (an operator, not a call to math.floor).
+        local r = a / b
+        local q = r - r % 1
+        if q * b > a then
+          q = q - 1
+        elseif (q + 1) * b <= a then
+          q = q + 1
+        end
+        whole = q
+      end
+      local reset_30
+      do -- cdiv
+        local a, b = full - have, rate
+        -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
+        -- costs more than these lines).
+        local r = a / b
+        local q = r - r % 1
+        if q * b < a then
+          q = q + 1
+        end
+        if (q - 1) * b >= a then
+          q = q - 1
+        end
+        reset_30 = q
+      end
+      if cost > capacity then
+        ok, remaining, reset, retry = 0, whole, reset_30, -1 break
+      end
+      local retry_30
+      do -- cdiv
+        local a, b = need - have, rate
+        -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
+        -- costs more than these lines).
+        local r = a / b
+        local q = r - r % 1
+        if q * b < a then
+          q = q + 1
+        end
+        if (q - 1) * b >= a then
+          q = q - 1
+        end
+        retry_30 = q
+      end
+      ok, remaining, reset, retry = 0, whole, reset_30, retry_30 break
+    until true
+    local behind
+    do -- bucket_lag
+      local last
+      repeat -- last_after
+        if st and st[2] > now then
+          last = st[2] break
+        end
+        last = now break
+      until true
+      behind = last - now
+    end
+    if behind > 0 then
+      do -- shift
+        local lag, ok_42, remaining_42, reset_42, retry_42 = behind, ok, remaining, reset, retry
+        if lag > 0 then
+          remaining_42 = 0
+          -- Not a fresh key before its own time, even with nothing counted there.
+          reset_42 = reset_42 + lag
+          if retry_42 >= 0 then
+            retry_42 = retry_42 + lag
+          end
+          if ok_42 == 1 and cost > 0 then
+            ok_42, retry_42 = 0, lag
+            if reset_42 < lag then
+              reset_42 = lag
+            end
+          end
+        end
+        ok, remaining, reset, retry = ok_42, remaining_42, reset_42, retry_42
+      end
+    end
+    REPLY[base + 2], REPLY[base + 3] = remaining, reset
+    if ok == 1 then
+      REPLY[base + 1] = -2
+      return true, st
+    end
+    if retry < 0 then
+      REPLY[base + 1] = -1
+    else
+      REPLY[base + 1] = retry
+    end
+    return false, st
+  end
+  
+  -- Phase two of the same, the request admitted by every policy: this one charged its cost.
+  local function charged(key, p, st, now, cost)
+    repeat -- commit
+      local have
+      repeat -- tokens
+        if not st then
+          have = p[4] break
+        end
+        local elapsed
+        repeat -- elapsed_since
+          local e = now - st[2]
+          if e < 0 then
+            elapsed = 0 break
+          end
+          elapsed = e break
+        until true
+        local have_44
+        repeat -- fill
+          local amount = st[1]
+          local full, rate = p[4], p[3]
+          local a = amount
+          if a > full then
+            a = full
+          end
+          local to_full
+          do -- cdiv
+            local a, b = full - a, rate
+            -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
+            -- costs more than these lines).
+            local r = a / b
+            local q = r - r % 1
+            if q * b < a then
+              q = q + 1
+            end
+            if (q - 1) * b >= a then
+              q = q - 1
+            end
+            to_full = q
+          end
+          if elapsed >= to_full then
+            have_44 = full break
+          end
+          have_44 = amount + elapsed * rate break
+        until true
+        have = have_44 break
+      until true
+      have = have - cost * p[2]
+      if have < 0 then
+        have = 0
+      end
+      local last
+      repeat -- last_after
+        if st and st[2] > now then
+          last = st[2] break
+        end
+        last = now break
+      until true
+      local to_full
+      do -- cdiv
+        local a, b = p[4] - have, p[3]
+        -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
+        -- costs more than these lines).
+        local r = a / b
+        local q = r - r % 1
+        if q * b < a then
+          q = q + 1
+        end
+        if (q - 1) * b >= a then
+          q = q - 1
+        end
+        to_full = q
+      end
+      repeat -- store
+        local value, expires_at = format(INT2, have, last), last + to_full
+        value = value .. p.tag
+        if KEEP_BLOCK then
+          local block_end
+          do -- int
+            local n = KEEP_BLOCK
+            block_end = format(INT, n)
+          end
+          value = value .. '|' .. block_end
+          repeat -- until_block_ends
+            local expires_at_52 = expires_at
+            if KEEP_BLOCK and KEEP_BLOCK > expires_at_52 then
+              expires_at = KEEP_BLOCK break
+            end
+            expires_at = expires_at_52 break
+          until true
+        end
+        local ms
+        repeat -- ttl_ms
+          local us = expires_at - now
+          local ms_53 = us / 1000
+          ms_53 = ms_53 - ms_53 % 1
+          if ms_53 * 1000 < us then
+            ms_53 = ms_53 + 1
+          end
+          ms_53 = ms_53 + TTL_SLACK
+          if ms_53 < 1 then
+            ms = 1 break
+          end
+          ms = ms_53 break
+        until true
+        -- The TTL formatted here: Redis formats a number argument with '%.17g', at four times the cost.
+        call('SET', key, value, 'PX', format(INT, ms))
+      until true
+    until true
+  end
   return {
     fused = fused,
+    judged = judged,
+    charged = charged,
     block = block_in_value,
     load = load,
     tokens = tokens,
@@ -2488,12 +3496,13 @@ ALG[5] = function()
     store(key, p, format(INT2, after, last), now, last + to_empty)
   end
 
-  -- The fused decision of one policy enforced alone, the usual request (`FUSES[op]`): the
-  -- phases of `decide` for that case, in one function per algorithm. The generator (luagen/)
-  -- writes it into each twin, with the twin's own `load`, `evaluate`, `commit` and `lag`
-  -- written in place of their calls. `args` are the policy's arguments, `shape` their first.
-  -- A key blocked, or written under other parameters, is left to the general path: nil, having
-  -- written nothing.
+  -- The fused decisions of policies enforced (`FUSES[op]`), the usual request: the phases of
+  -- `decide` for that case, in functions per algorithm. The generator (luagen/) writes them
+  -- into each twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place
+  -- of their calls. A key blocked, or written under other parameters, is left to the general
+  -- path: nil, having written nothing.
+  
+  -- One policy alone. `args` are the policy's arguments, `shape` their first.
   local function fused(key, args, shape)
     local cost, at = 1, 2
     if shape % 2048 >= 1024 then
@@ -2832,8 +3841,297 @@ ALG[5] = function()
     end
     return REPLY
   end
+  
+  -- Phase one of several policies enforced (`decide_fused` in decide.lua), for the one at
+  -- position i whose reply starts at REPLY[base + 1]: its verdict, remaining and reset in the
+  -- reply; returns whether it admits and the state decided on.
+  local function judged(key, p, now, cost, i, base)
+    local st, ends, stale
+    repeat -- read2
+      local into = STATES[i]
+      local raw = call('GET', key)
+      if not raw then
+        st, ends, stale = nil break
+      end
+      local a, b, tag, ends_25
+      local t = p.tag
+      if find(raw, t, #raw - #t + 1, true) then
+        a, b = match(raw, '^(%d+) (%d+)~')
+      end
+      if not a then
+        local state
+        state, tag, ends_25 = split_state(raw)
+        if tag == p.tag then
+          tag = nil
+        end
+        a, b = match(state or '', '^(%d+) (%d+)$')
+        if not a then
+          st, ends, stale = nil, ends_25, tag break
+        end
+      end
+      into[1], into[2] = tonumber(a), tonumber(b)
+      st, ends, stale = into, ends_25, tag break
+    until true
+    if ends or stale then
+      return nil
+    end
+    local ok, remaining, reset, retry
+    repeat -- evaluate
+      local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
+      local now_level
+      repeat -- level
+        if not st then
+          now_level = 0 break
+        end
+        local elapsed = now - st[2]
+        if elapsed < 0 then
+          elapsed = 0
+        end
+        local to_empty
+        do -- cdiv
+          local a, b = st[1], p[3]
+          -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
+          -- costs more than these lines).
+          local r = a / b
+          local q = r - r % 1
+          if q * b < a then
+            q = q + 1
+          end
+          if (q - 1) * b >= a then
+            q = q - 1
+          end
+          to_empty = q
+        end
+        if elapsed >= to_empty then
+          now_level = 0 break
+        end
+        now_level = st[1] - elapsed * p[3] break
+      until true
+      local room = full - now_level
+      if room < 0 then
+        room = 0
+      end
+      local after = now_level + cost * unit
+      if cost <= capacity and after <= full then
+        local left
+        do -- fdiv
+          local a, b = full - after, unit
+          -- The floor of a / b by `%` (an operator, not a call to math.floor).
+          local r = a / b
+          local q = r - r % 1
+          if q * b > a then
+            q = q - 1
+          elseif (q + 1) * b <= a then
+            q = q + 1
+          end
+          left = q
+        end
+        local reset_26
+        do -- cdiv
+          local a, b = after, rate
+          -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
+          -- costs more than these lines).
+          local r = a / b
+          local q = r - r % 1
+          if q * b < a then
+            q = q + 1
+          end
+          if (q - 1) * b >= a then
+            q = q - 1
+          end
+          reset_26 = q
+        end
+        ok, remaining, reset, retry = 1, left, reset_26, -1 break
+      end
+      -- Denied: the room left now, and when the bucket is empty.
+      local left
+      do -- fdiv
+        local a, b = room, unit
+        -- The floor of a / b by `%` (an operator, not a call to math.floor).
+        local r = a / b
+        local q = r - r % 1
+        if q * b > a then
+          q = q - 1
+        elseif (q + 1) * b <= a then
+          q = q + 1
+        end
+        left = q
+      end
+      local reset_26
+      do -- cdiv
+        local a, b = now_level, rate
+        -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
+        -- costs more than these lines).
+        local r = a / b
+        local q = r - r % 1
+        if q * b < a then
+          q = q + 1
+        end
+        if (q - 1) * b >= a then
+          q = q - 1
+        end
+        reset_26 = q
+      end
+      if cost > capacity then
+        ok, remaining, reset, retry = 0, left, reset_26, -1 break
+      end
+      local retry_26
+      do -- cdiv
+        local a, b = after - full, rate
+        -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
+        -- costs more than these lines).
+        local r = a / b
+        local q = r - r % 1
+        if q * b < a then
+          q = q + 1
+        end
+        if (q - 1) * b >= a then
+          q = q - 1
+        end
+        retry_26 = q
+      end
+      ok, remaining, reset, retry = 0, left, reset_26, retry_26 break
+    until true
+    local behind
+    do -- bucket_lag
+      local last
+      repeat -- last_after
+        if st and st[2] > now then
+          last = st[2] break
+        end
+        last = now break
+      until true
+      behind = last - now
+    end
+    if behind > 0 then
+      do -- shift
+        local lag, ok_36, remaining_36, reset_36, retry_36 = behind, ok, remaining, reset, retry
+        if lag > 0 then
+          remaining_36 = 0
+          -- Not a fresh key before its own time, even with nothing counted there.
+          reset_36 = reset_36 + lag
+          if retry_36 >= 0 then
+            retry_36 = retry_36 + lag
+          end
+          if ok_36 == 1 and cost > 0 then
+            ok_36, retry_36 = 0, lag
+            if reset_36 < lag then
+              reset_36 = lag
+            end
+          end
+        end
+        ok, remaining, reset, retry = ok_36, remaining_36, reset_36, retry_36
+      end
+    end
+    REPLY[base + 2], REPLY[base + 3] = remaining, reset
+    if ok == 1 then
+      REPLY[base + 1] = -2
+      return true, st
+    end
+    if retry < 0 then
+      REPLY[base + 1] = -1
+    else
+      REPLY[base + 1] = retry
+    end
+    return false, st
+  end
+  
+  -- Phase two of the same, the request admitted by every policy: this one charged its cost.
+  local function charged(key, p, st, now, cost)
+    repeat -- commit
+      local after
+      repeat -- level
+        if not st then
+          after = 0 break
+        end
+        local elapsed = now - st[2]
+        if elapsed < 0 then
+          elapsed = 0
+        end
+        local to_empty
+        do -- cdiv
+          local a, b = st[1], p[3]
+          -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
+          -- costs more than these lines).
+          local r = a / b
+          local q = r - r % 1
+          if q * b < a then
+            q = q + 1
+          end
+          if (q - 1) * b >= a then
+            q = q - 1
+          end
+          to_empty = q
+        end
+        if elapsed >= to_empty then
+          after = 0 break
+        end
+        after = st[1] - elapsed * p[3] break
+      until true
+      after = after + cost * p[2]
+      local last
+      repeat -- last_after
+        if st and st[2] > now then
+          last = st[2] break
+        end
+        last = now break
+      until true
+      local to_empty
+      do -- cdiv
+        local a, b = after, p[3]
+        -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
+        -- costs more than these lines).
+        local r = a / b
+        local q = r - r % 1
+        if q * b < a then
+          q = q + 1
+        end
+        if (q - 1) * b >= a then
+          q = q - 1
+        end
+        to_empty = q
+      end
+      repeat -- store
+        local value, expires_at = format(INT2, after, last), last + to_empty
+        value = value .. p.tag
+        if KEEP_BLOCK then
+          local block_end
+          do -- int
+            local n = KEEP_BLOCK
+            block_end = format(INT, n)
+          end
+          value = value .. '|' .. block_end
+          repeat -- until_block_ends
+            local expires_at_44 = expires_at
+            if KEEP_BLOCK and KEEP_BLOCK > expires_at_44 then
+              expires_at = KEEP_BLOCK break
+            end
+            expires_at = expires_at_44 break
+          until true
+        end
+        local ms
+        repeat -- ttl_ms
+          local us = expires_at - now
+          local ms_45 = us / 1000
+          ms_45 = ms_45 - ms_45 % 1
+          if ms_45 * 1000 < us then
+            ms_45 = ms_45 + 1
+          end
+          ms_45 = ms_45 + TTL_SLACK
+          if ms_45 < 1 then
+            ms = 1 break
+          end
+          ms = ms_45 break
+        until true
+        -- The TTL formatted here: Redis formats a number argument with '%.17g', at four times the cost.
+        call('SET', key, value, 'PX', format(INT, ms))
+      until true
+    until true
+  end
   return {
     fused = fused,
+    judged = judged,
+    charged = charged,
     block = block_in_value,
     load = load,
     level = level,
@@ -2930,12 +4228,13 @@ ALG[6] = function()
     store(key, p, format(INT, tat), now, tat)
   end
 
-  -- The fused decision of one policy enforced alone, the usual request (`FUSES[op]`): the
-  -- phases of `decide` for that case, in one function per algorithm. The generator (luagen/)
-  -- writes it into each twin, with the twin's own `load`, `evaluate`, `commit` and `lag`
-  -- written in place of their calls. `args` are the policy's arguments, `shape` their first.
-  -- A key blocked, or written under other parameters, is left to the general path: nil, having
-  -- written nothing.
+  -- The fused decisions of policies enforced (`FUSES[op]`), the usual request: the phases of
+  -- `decide` for that case, in functions per algorithm. The generator (luagen/) writes them
+  -- into each twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place
+  -- of their calls. A key blocked, or written under other parameters, is left to the general
+  -- path: nil, having written nothing.
+  
+  -- One policy alone. `args` are the policy's arguments, `shape` their first.
   local function fused(key, args, shape)
     local cost, at = 1, 2
     if shape % 2048 >= 1024 then
@@ -3126,8 +4425,149 @@ ALG[6] = function()
     end
     return REPLY
   end
+  
+  -- Phase one of several policies enforced (`decide_fused` in decide.lua), for the one at
+  -- position i whose reply starts at REPLY[base + 1]: its verdict, remaining and reset in the
+  -- reply; returns whether it admits and the state decided on.
+  local function judged(key, p, now, cost, i, base)
+    local st, ends, stale
+    repeat -- read1
+      local raw = call('GET', key)
+      if not raw then
+        st, ends, stale = nil break
+      end
+      local bare
+      repeat -- untagged
+        local tag = p.tag
+        if find(raw, tag, #raw - #tag + 1, true) then
+          bare = sub(raw, 1, #raw - #tag) break
+        end
+        bare = nil break
+      until true
+      if bare then
+        local n = tonumber(bare)
+        if n then
+          st, ends, stale = n break
+        end
+      end
+      local state, tag, ends_14 = split_state(raw)
+      if tag == p.tag then
+        tag = nil
+      end
+      st, ends, stale = tonumber(state), ends_14, tag break
+    until true
+    if ends or stale then
+      return nil
+    end
+    local ok, remaining, reset, retry
+    repeat -- evaluate
+      local interval, tolerance = p[1], p[2]
+      local tat = now
+      if st and st > now then
+        tat = st
+      end
+      local backlog = tat - now
+      local new_backlog = backlog + cost * interval
+      if new_backlog <= tolerance then
+        local left
+        do -- fdiv
+          local a, b = tolerance - new_backlog, interval
+          -- The floor of a / b by `%` (an operator, not a call to math.floor).
+          local r = a / b
+          local q = r - r % 1
+          if q * b > a then
+            q = q - 1
+          elseif (q + 1) * b <= a then
+            q = q + 1
+          end
+          left = q
+        end
+        ok, remaining, reset, retry = 1, left, new_backlog, -1 break
+      end
+      local capped = backlog
+      if capped > tolerance then
+        capped = tolerance
+      end
+      local remaining_now
+      do -- fdiv
+        local a, b = tolerance - capped, interval
+        -- The floor of a / b by `%` (an operator, not a call to math.floor).
+        local r = a / b
+        local q = r - r % 1
+        if q * b > a then
+          q = q - 1
+        elseif (q + 1) * b <= a then
+          q = q + 1
+        end
+        remaining_now = q
+      end
+      if cost * interval > tolerance then
+        ok, remaining, reset, retry = 0, remaining_now, backlog, -1 break
+      end
+      ok, remaining, reset, retry = 0, remaining_now, backlog, new_backlog - tolerance break
+    until true
+    REPLY[base + 2], REPLY[base + 3] = remaining, reset
+    if ok == 1 then
+      REPLY[base + 1] = -2
+      return true, st
+    end
+    if retry < 0 then
+      REPLY[base + 1] = -1
+    else
+      REPLY[base + 1] = retry
+    end
+    return false, st
+  end
+  
+  -- Phase two of the same, the request admitted by every policy: this one charged its cost.
+  local function charged(key, p, st, now, cost)
+    repeat -- commit
+      local tat = now
+      if st and st > now then
+        tat = st
+      end
+      tat = tat + cost * p[1]
+      repeat -- store
+        local value, expires_at = format(INT, tat), tat
+        value = value .. p.tag
+        if KEEP_BLOCK then
+          local block_end
+          do -- int
+            local n = KEEP_BLOCK
+            block_end = format(INT, n)
+          end
+          value = value .. '|' .. block_end
+          repeat -- until_block_ends
+            local expires_at_22 = expires_at
+            if KEEP_BLOCK and KEEP_BLOCK > expires_at_22 then
+              expires_at = KEEP_BLOCK break
+            end
+            expires_at = expires_at_22 break
+          until true
+        end
+        local ms
+        repeat -- ttl_ms
+          local us = expires_at - now
+          local ms_23 = us / 1000
+          ms_23 = ms_23 - ms_23 % 1
+          if ms_23 * 1000 < us then
+            ms_23 = ms_23 + 1
+          end
+          ms_23 = ms_23 + TTL_SLACK
+          if ms_23 < 1 then
+            ms = 1 break
+          end
+          ms = ms_23 break
+        until true
+        -- The TTL formatted here: Redis formats a number argument with '%.17g', at four times the cost.
+        call('SET', key, value, 'PX', format(INT, ms))
+      until true
+    until true
+  end
   return {
     fused = fused,
+    judged = judged,
+    charged = charged,
     block = block_in_value,
     load = load,
     evaluate = evaluate,
@@ -3189,8 +4629,8 @@ end
 -- DECIDES (a denial denies the request), CHARGES (0: never charged here; 1: when its own
 -- verdict admits; 2: always, if the request is admitted), ACTS (changes the state on its own,
 -- then looks at cost 0: its arm is ACT[op] below), ARGS (its integers), GRANTS (its reply
--- has the three integers of a grant) and FUSES (decided alone, by its algorithm's fused
--- decision: `fused.lua`, written into each twin by script.rs).
+-- has the three integers of a grant) and FUSES (decided by its algorithm's fused decisions,
+-- alone or beside others of the same: `fused.lua`, written into each twin by luagen/).
 -- The operations' own arms are here and nowhere else: ACT[op] for those that act; LEASE
 -- (decided on the state as strict as a lease could make it, `lease_state`, and charged a
 -- lease of what is left instead of its cost, `take_lease`), WAIT (a request it denies now
@@ -3556,20 +4996,84 @@ local function decide_many(keys, args, n)
   return REPLY
 end
 
--- The fused decision of each shape, false for a shape that has none (`fused_for`).
+-- The algorithm of each shape that is decided by its algorithm's fused decisions, false for
+-- a shape that is not (`fused_for`).
 local FUSED = {}
 
--- The fused decision of a policy of this shape decided alone, remembered: its algorithm's,
--- when its operation is one the fused decision decides (`FUSES`), else false.
+-- The algorithm of a policy of this shape, remembered, when its operation is one the fused
+-- decisions decide (`FUSES`), else false.
 local function fused_for(shape)
   local id = shape % 32
   local fused = false
   if FUSES[(shape % 1024 - id) / 32] then
-    local alg = algorithm(id)
-    fused = alg and alg.fused or false
+    fused = algorithm(id) or false
   end
   FUSED[shape] = fused
   return fused
+end
+
+-- Several policies, each enforced (the usual request of several): every one read, the time
+-- read, each judged by its algorithm's fused phase one, then either each charged by its
+-- fused phase two (all admit) or each left as `apply` leaves a denied request's. Nil, having
+-- written nothing, when one is another operation, a cost of 0, a key blocked or written
+-- under other parameters, or malformed: the general path decides it.
+local function decide_fused(keys, args, n)
+  local at, injected = 1, false
+  for i = 1, n do
+    local shape = SHAPES[args[at]] or read_shape(args[at])
+    if not shape then
+      return nil
+    end
+    local alg = FUSED[shape]
+    if alg == nil then
+      alg = fused_for(shape)
+    end
+    if not alg then
+      return nil
+    end
+    local cost = 1
+    at = at + 1
+    if shape % 2048 >= 1024 then
+      cost = tonumber(args[at])
+      if not cost or cost <= 0 then
+        return nil
+      end
+      at = at + 1
+    end
+    local p = read_params(args[at])
+    if not p then
+      return nil
+    end
+    at = at + 1
+    if i == 1 then
+      injected = shape >= 2048
+    end
+    if not STATES[i] then
+      STATES[i], LEASED[i] = {}, {}
+    end
+    ALGS[i], PS[i], COSTS[i] = alg, p, cost
+  end
+  local now = clock(args, injected)
+  local admitted, base = true, 0
+  for i = 1, n do
+    local ok, st = ALGS[i].judged(keys[i], PS[i], now, COSTS[i], i, base)
+    if ok == nil then
+      return nil
+    end
+    admitted = admitted and ok
+    STS[i] = st
+    base = base + 3
+  end
+  REPLY[base + 1] = nil
+  for i = 1, n do
+    if admitted then
+      ALGS[i].charged(keys[i], PS[i], STS[i], now, COSTS[i])
+    else
+      apply(i, ALGS[i], 1, keys[i], PS[i], now, COSTS[i], nil, STS[i], nil, nil, nil, false,
+        3 * (i - 1))
+    end
+  end
+  return REPLY
 end
 
 local function decide(keys, args)
@@ -3577,8 +5081,9 @@ local function decide(keys, args)
     bind_libraries()
   end
   KEEP_BLOCK = nil
-  if #keys ~= 1 then
-    return decide_many(keys, args, #keys)
+  local n = #keys
+  if n ~= 1 then
+    return decide_fused(keys, args, n) or decide_many(keys, args, n)
   end
   local key = keys[1]
   -- One policy enforced alone, the usual request: the algorithm's fused decision, unless the
@@ -3590,7 +5095,7 @@ local function decide(keys, args)
       fused = fused_for(shape)
     end
     if fused then
-      local reply = fused(key, args, shape)
+      local reply = fused.fused(key, args, shape)
       if reply then
         return reply
       end

@@ -177,8 +177,8 @@ mod tests {
     /// methods: `DECIDES` (a denial denies the request), `CHARGES` (0 never, 1 when its own verdict
     /// admits, 2 always, if the request is admitted), `ACTS` (changes the state on its own, then
     /// looks), `ARGS` (integers after the cost), `GRANTS` (its reply has the three integers of a
-    /// grant), `WIDTH` (the integers of its reply) and `FUSES` (decided alone, the algorithm's
-    /// fused decision decides it: it decides, is always charged, neither acts nor grants).
+    /// grant), `WIDTH` (the integers of its reply) and `FUSES` (the algorithm's fused
+    /// decisions decide it: it decides, is always charged, neither acts nor grants).
     fn facts() -> String {
         let table = |name: &str, fact: &dyn Fn(Op) -> String| {
             let values: Vec<String> = Op::KINDS.iter().map(|&op| fact(op)).collect();
@@ -201,8 +201,9 @@ mod tests {
         .concat()
     }
 
-    /// Whether a policy of this operation decided alone is decided by its algorithm's fused
-    /// decision (`fused.lua`), which decides and charges as [`Op::Enforce`] does.
+    /// Whether a policy of this operation, alone or beside others of such operations, is
+    /// decided by its algorithm's fused decisions (`fused.lua`), which decide and charge as
+    /// [`Op::Enforce`] does.
     fn fuses(op: Op) -> bool {
         op.decides() && matches!(op.charge(), Charge::Always) && !op.acts() && !op.grants()
     }

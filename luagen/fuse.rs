@@ -205,6 +205,10 @@ pub(super) fn body(f: &Inline, call: &Call<'_>, target: &str) -> Vec<String> {
     for l in &f.body {
         let l = l.get(margin..).unwrap_or("");
         let trimmed = l.trim_start();
+        if trimmed.starts_with("--") {
+            // Its comments are read where the function is written, not in every copy.
+            continue;
+        }
         // A line that is a `return` statement: its first token is the keyword (a name such
         // as `returned` is not).
         let first = tokens(trimmed).0.first().map(|t| t.1);

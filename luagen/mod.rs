@@ -8,8 +8,8 @@
 //! in Rust), and the fused decision is written (`fuse`):
 //!
 //! The fused decisions are, for policies enforced (the usual request), the functions of
-//! `fused.lua` written into each algorithm's twin (`fused` for one policy alone; `judged` and
-//! `charged`, the two phases of one of several), with the twin's own `load`, `evaluate`,
+//! `fused.lua` written into each algorithm's twin (`fused` for one policy alone; `judged`,
+//! phase one of one of several), with the twin's own `load`, `evaluate`,
 //! `commit` and `lag` written into them, so that the decision makes almost no Lua call beyond
 //! Redis's commands (a Lua call costs Redis about 500 instructions, a whole decision about
 //! 50,000).

@@ -4,6 +4,8 @@
 //! The store is driven through the layer (a `Check` cannot be built outside the crate), with a
 //! `ManualClock` that only moves when told.
 
+mod support;
+
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -277,6 +279,22 @@ fn the_layer_chooses_per_thread_reads_for_one_gcra_in_a_store_of_its_own() {
         1,
         "the state of the layer before is kept"
     );
+}
+
+/// Two layers on one store (two instances' worth of tasks, on 8 threads) race on four keys
+/// under two and three policies of every algorithm pair: each key is admitted the smallest
+/// limit, and every policy is charged exactly what was admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+async fn racing_layers_charge_several_policies_all_or_nothing() {
+    for per_thread_reads in [false, true] {
+        for (i, set) in support::lease::several_policy_sets().iter().enumerate() {
+            let store = MemoryStore::builder()
+                .per_thread_reads(per_thread_reads)
+                .clock(ManualClock::new())
+                .build();
+            support::lease::race_several(store.clone(), store, &format!("s{i}"), set, 800, 4).await;
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 8)]

@@ -69,7 +69,7 @@ impl FromStr for Algorithm {
 }
 
 /// What an algorithm says about one request, before anything is charged.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Verdict {
     /// Whether the request may go on.
     pub(crate) allowed: bool,

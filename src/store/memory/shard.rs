@@ -516,6 +516,76 @@ impl Shard {
         verdict
     }
 
+    /// Phase one of an enforced check decided beside others (`MemoryStore::decide_together`):
+    /// where its row is in the table (none for a new key), for phase two to find it without
+    /// hashing again, and its verdict.
+    pub(super) fn judge(
+        &self,
+        check: &CheckRef<'_>,
+        hash: u64,
+        now: u64,
+    ) -> (Option<usize>, Verdict) {
+        let bucket = self
+            .table
+            .find_bucket_index(hash, |s| s.is(check.tier().id(), check.key()));
+        let cost = check.cost();
+        let verdict = match bucket.and_then(|b| self.table.get_bucket(b)) {
+            Some(row) => row.read(check.tier().algorithm(), |e| {
+                Unpacked::verdict(Some(e), check, now, cost)
+            }),
+            None => Unpacked::verdict(None, check, now, cost),
+        };
+        (bucket, verdict)
+    }
+
+    /// Phase two of the same for a key that has a row, at its place `bucket` (no row was
+    /// inserted or removed since phase one): charged when the request is `admitted`, else,
+    /// when this policy admitted it, the verdict reports the state as it stays (as `apply`).
+    pub(super) fn settle_at(
+        &mut self,
+        check: &CheckRef<'_>,
+        bucket: usize,
+        now: u64,
+        admitted: bool,
+        verdict: &mut Verdict,
+    ) {
+        let algorithm = check.tier().algorithm();
+        let cost = check.cost();
+        let row = self
+            .table
+            .get_bucket_mut(bucket)
+            .expect("the row found in phase one is where it was");
+        if admitted && cost > 0 {
+            row.write(algorithm, |e| {
+                e.expires_at = algorithm.commit(&mut e.state, now, cost);
+            });
+        } else if verdict.allowed && cost > 0 {
+            let stays = row.read(algorithm, |e| Unpacked::verdict(Some(e), check, now, 0));
+            verdict.remaining = stays.remaining;
+            verdict.reset_after_us = stays.reset_after_us;
+        }
+    }
+
+    /// Phase two of the same for a new key: inserted with its charge when the request is
+    /// `admitted`, else reported as a fresh key (as `apply`).
+    pub(super) fn settle_new(
+        &mut self,
+        check: &CheckRef<'_>,
+        hash: u64,
+        now: u64,
+        admitted: bool,
+        verdict: &mut Verdict,
+        capacity: usize,
+    ) {
+        if admitted {
+            self.commit(check, hash, now, capacity);
+        } else if verdict.allowed && check.cost() > 0 {
+            let stays = check.tier().algorithm().evaluate(None, now, 0);
+            verdict.remaining = stays.remaining;
+            verdict.reset_after_us = stays.reset_after_us;
+        }
+    }
+
     /// Changes the state of `check`'s key with `change` (a refund, units given back), if
     /// there is one; `change` returns the new expiry, or `None` when nothing changed.
     fn update(

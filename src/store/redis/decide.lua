@@ -397,8 +397,8 @@ local function fused_for(shape)
 end
 
 -- Several policies, each enforced (the usual request of several): every one read, the time
--- read, each judged by its algorithm's fused phase one, then either each charged by its
--- fused phase two (all admit) or each left as `apply` leaves a denied request's. Nil, having
+-- read, each judged by its algorithm's fused phase one (`judged`), then either each charged
+-- by its algorithm's `commit` (all admit) or each left as `apply` leaves a denied request's. Nil, having
 -- written nothing, when one is another operation, a cost of 0, a key blocked or written
 -- under other parameters, or malformed: the general path decides it.
 local function decide_fused(keys, args, n)
@@ -451,7 +451,7 @@ local function decide_fused(keys, args, n)
   REPLY[base + 1] = nil
   for i = 1, n do
     if admitted then
-      ALGS[i].charged(keys[i], PS[i], STS[i], now, COSTS[i])
+      ALGS[i]:commit(keys[i], PS[i], STS[i], now, COSTS[i])
     else
       apply(i, ALGS[i], ENFORCE, keys[i], PS[i], now, COSTS[i], nil, STS[i], nil, nil, nil, false,
         3 * (i - 1))

@@ -77,7 +77,3 @@ local function judged(key, p, now, cost, i, base)
   return false, st
 end
 
--- Phase two of the same, the request admitted by every policy: this one charged its cost.
-local function charged(key, p, st, now, cost)
-  commit(nil, key, p, st, now, cost)
-end

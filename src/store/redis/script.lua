@@ -532,7 +532,6 @@ ALG[1] = function()
         local start_5
         do -- fdiv
           local a, b = now, p[2]
-          -- The floor of a / b by `%` (an operator, not a call to math.floor).
           local r = a / b
           local q = r - r % 1
           if q * b > a then
@@ -548,7 +547,6 @@ ALG[1] = function()
         end
         start, count = start_5, 0 break
       until true
-      -- As of the state's own time when it is ahead (see `lag`).
       local from = now
       if start > from then
         from = start
@@ -558,7 +556,6 @@ ALG[1] = function()
       if remaining_4 < 0 then
         remaining_4 = 0
       end
-      -- The reset after `count` units: none when the window is empty.
       if cost > limit then
         ok, remaining, reset, retry = 0, remaining_4, count == 0 and 0 or left, -1 break
       end
@@ -579,7 +576,6 @@ ALG[1] = function()
         local lag, ok_8, remaining_8, reset_8, retry_8 = behind, ok, remaining, reset, retry
         if lag > 0 then
           remaining_8 = 0
-          -- Not a fresh key before its own time, even with nothing counted there.
           reset_8 = reset_8 + lag
           if retry_8 >= 0 then
             retry_8 = retry_8 + lag
@@ -610,7 +606,6 @@ ALG[1] = function()
             local start_10
             do -- fdiv
               local a, b = now, p[2]
-              -- The floor of a / b by `%` (an operator, not a call to math.floor).
               local r = a / b
               local q = r - r % 1
               if q * b > a then
@@ -658,7 +653,6 @@ ALG[1] = function()
               end
               ms = ms_15 break
             until true
-            -- The TTL formatted here: Redis formats a number argument with '%.17g', at four times the cost.
             call('SET', key, value, 'PX', format(INT, ms))
           until true
         until true
@@ -728,7 +722,6 @@ ALG[1] = function()
         local start_19
         do -- fdiv
           local a, b = now, p[2]
-          -- The floor of a / b by `%` (an operator, not a call to math.floor).
           local r = a / b
           local q = r - r % 1
           if q * b > a then
@@ -744,7 +737,6 @@ ALG[1] = function()
         end
         start, count = start_19, 0 break
       until true
-      -- As of the state's own time when it is ahead (see `lag`).
       local from = now
       if start > from then
         from = start
@@ -754,7 +746,6 @@ ALG[1] = function()
       if remaining_18 < 0 then
         remaining_18 = 0
       end
-      -- The reset after `count` units: none when the window is empty.
       if cost > limit then
         ok, remaining, reset, retry = 0, remaining_18, count == 0 and 0 or left, -1 break
       end
@@ -775,7 +766,6 @@ ALG[1] = function()
         local lag, ok_22, remaining_22, reset_22, retry_22 = behind, ok, remaining, reset, retry
         if lag > 0 then
           remaining_22 = 0
-          -- Not a fresh key before its own time, even with nothing counted there.
           reset_22 = reset_22 + lag
           if retry_22 >= 0 then
             retry_22 = retry_22 + lag
@@ -803,71 +793,9 @@ ALG[1] = function()
     return false, st
   end
   
-  -- Phase two of the same, the request admitted by every policy: this one charged its cost.
-  local function charged(key, p, st, now, cost)
-    repeat -- commit
-      local start, count
-      repeat -- current
-        local start_24
-        do -- fdiv
-          local a, b = now, p[2]
-          -- The floor of a / b by `%` (an operator, not a call to math.floor).
-          local r = a / b
-          local q = r - r % 1
-          if q * b > a then
-            q = q - 1
-          elseif (q + 1) * b <= a then
-            q = q + 1
-          end
-          start_24 = q
-        end
-        start_24 = start_24 * p[2]
-        if st and st[1] >= start_24 then
-          start, count = st[1], st[2] break
-        end
-        start, count = start_24, 0 break
-      until true
-      repeat -- store
-        local value, expires_at = format(INT2, start, count + cost), start + p[2]
-        value = value .. p.tag
-        if KEEP_BLOCK then
-          local block_end
-          do -- int
-            local n = KEEP_BLOCK
-            block_end = format(INT, n)
-          end
-          value = value .. '|' .. block_end
-          repeat -- until_block_ends
-            local expires_at_28 = expires_at
-            if KEEP_BLOCK and KEEP_BLOCK > expires_at_28 then
-              expires_at = KEEP_BLOCK break
-            end
-            expires_at = expires_at_28 break
-          until true
-        end
-        local ms
-        repeat -- ttl_ms
-          local us = expires_at - now
-          local ms_29 = us / 1000
-          ms_29 = ms_29 - ms_29 % 1
-          if ms_29 * 1000 < us then
-            ms_29 = ms_29 + 1
-          end
-          ms_29 = ms_29 + TTL_SLACK
-          if ms_29 < 1 then
-            ms = 1 break
-          end
-          ms = ms_29 break
-        until true
-        -- The TTL formatted here: Redis formats a number argument with '%.17g', at four times the cost.
-        call('SET', key, value, 'PX', format(INT, ms))
-      until true
-    until true
-  end
   return {
     fused = fused,
     judged = judged,
-    charged = charged,
     block = block_in_value,
     load = load,
     current = current,
@@ -1230,14 +1158,11 @@ ALG[2] = function()
         bare = nil break
       until true
       if bare then
-        -- Tagged with the present parameters, no block: the state is what precedes the tag.
         st, ends, stale = sw_read(bare, p[2] + 1) break
       end
       local tag, ends_3
       raw, tag, ends_3 = split_state(raw)
       if tag and tag ~= p.tag then
-        -- Written under other parameters: read with their ring (their number of buckets is
-        -- the tag's second parameter).
         local n = tag_params(tag, OLD_RING) and OLD_RING[2]
         st, ends, stale = n and sw_read(raw, n + 1), ends_3, tag break
       end
@@ -1254,7 +1179,6 @@ ALG[2] = function()
         local c_6
         do -- fdiv
           local a, b = now, p[3]
-          -- The floor of a / b by `%` (an operator, not a call to math.floor).
           local r = a / b
           local q = r - r % 1
           if q * b > a then
@@ -1274,8 +1198,6 @@ ALG[2] = function()
         local n, g = p[2], p[3]
         local whole = 0
         if st then
-          -- The buckets c + 1 - n .. c that the ring holds (head - n .. head), walked slot by
-          -- slot: one division, not one per bucket.
           local lo, hi = c + 1 - n, c
           if lo < 0 then
             lo = 0
@@ -1290,7 +1212,6 @@ ALG[2] = function()
           local wraps
           do -- fdiv
             local a, b = lo, slots
-            -- The floor of a / b by `%` (an operator, not a call to math.floor).
             local r = a / b
             local q = r - r % 1
             if q * b > a then
@@ -1317,7 +1238,6 @@ ALG[2] = function()
               local wraps
               do -- fdiv
                 local a, b = index, p[2] + 1
-                -- The floor of a / b by `%` (an operator, not a call to math.floor).
                 local r = a / b
                 local q = r - r % 1
                 if q * b > a then
@@ -1336,8 +1256,6 @@ ALG[2] = function()
         local part
         do -- cdiv
           local a, b = oldest * (g - x), g
-          -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-          -- costs more than these lines).
           local r = a / b
           local q = r - r % 1
           if q * b < a then
@@ -1355,7 +1273,6 @@ ALG[2] = function()
         remaining_5 = 0
       end
       if used + cost <= limit and cost > 0 then
-        -- Admitted and charged: the window is empty once this bucket has left it.
         ok, remaining, reset, retry = 1, remaining_5 - cost, (n + 1) * g - x, -1 break
       end
       ok, remaining, reset, retry = sw_denied(p, st, c, x, cost, used, remaining_5) break
@@ -1372,7 +1289,6 @@ ALG[2] = function()
         local lag, ok_14, remaining_14, reset_14, retry_14 = behind, ok, remaining, reset, retry
         if lag > 0 then
           remaining_14 = 0
-          -- Not a fresh key before its own time, even with nothing counted there.
           reset_14 = reset_14 + lag
           if retry_14 >= 0 then
             retry_14 = retry_14 + lag
@@ -1405,7 +1321,6 @@ ALG[2] = function()
             local c_16
             do -- fdiv
               local a, b = now, p[3]
-              -- The floor of a / b by `%` (an operator, not a call to math.floor).
               local r = a / b
               local q = r - r % 1
               if q * b > a then
@@ -1423,7 +1338,6 @@ ALG[2] = function()
           local wraps
           do -- fdiv
             local a, b = c, slots
-            -- The floor of a / b by `%` (an operator, not a call to math.floor).
             local r = a / b
             local q = r - r % 1
             if q * b > a then
@@ -1435,7 +1349,6 @@ ALG[2] = function()
           end
           local slot = c - wraps * slots
           if not st then
-            -- A new key: one bucket, written without building its ring.
             repeat -- store
               local value, expires_at = format(INT .. ' %d:' .. INT, c, slot, cost), (c + slots) * g
               value = value .. p.tag
@@ -1468,18 +1381,15 @@ ALG[2] = function()
                 end
                 ms = ms_22 break
               until true
-              -- The TTL formatted here: Redis formats a number argument with '%.17g', at four times the cost.
               call('SET', key, value, 'PX', format(INT, ms))
             until true
           else
-            -- The ring read for this decision, updated in place: buckets that left it emptied.
             local head = st[1]
             if c > head then
               local stale = c - head
               if stale > slots then
                 stale = slots
               end
-              -- Bucket c - i is at the ring's slot `slot - i`, wrapped.
               local back = slot
               for _ = 1, stale do
                 st[back + 2] = 0
@@ -1533,7 +1443,6 @@ ALG[2] = function()
                   end
                   ms = ms_27 break
                 until true
-                -- The TTL formatted here: Redis formats a number argument with '%.17g', at four times the cost.
                 call('SET', key, value, 'PX', format(INT, ms))
               until true
             until true
@@ -1583,14 +1492,11 @@ ALG[2] = function()
         bare = nil break
       until true
       if bare then
-        -- Tagged with the present parameters, no block: the state is what precedes the tag.
         st, ends, stale = sw_read(bare, p[2] + 1) break
       end
       local tag, ends_29
       raw, tag, ends_29 = split_state(raw)
       if tag and tag ~= p.tag then
-        -- Written under other parameters: read with their ring (their number of buckets is
-        -- the tag's second parameter).
         local n = tag_params(tag, OLD_RING) and OLD_RING[2]
         st, ends, stale = n and sw_read(raw, n + 1), ends_29, tag break
       end
@@ -1607,7 +1513,6 @@ ALG[2] = function()
         local c_32
         do -- fdiv
           local a, b = now, p[3]
-          -- The floor of a / b by `%` (an operator, not a call to math.floor).
           local r = a / b
           local q = r - r % 1
           if q * b > a then
@@ -1627,8 +1532,6 @@ ALG[2] = function()
         local n, g = p[2], p[3]
         local whole = 0
         if st then
-          -- The buckets c + 1 - n .. c that the ring holds (head - n .. head), walked slot by
-          -- slot: one division, not one per bucket.
           local lo, hi = c + 1 - n, c
           if lo < 0 then
             lo = 0
@@ -1643,7 +1546,6 @@ ALG[2] = function()
           local wraps
           do -- fdiv
             local a, b = lo, slots
-            -- The floor of a / b by `%` (an operator, not a call to math.floor).
             local r = a / b
             local q = r - r % 1
             if q * b > a then
@@ -1670,7 +1572,6 @@ ALG[2] = function()
               local wraps
               do -- fdiv
                 local a, b = index, p[2] + 1
-                -- The floor of a / b by `%` (an operator, not a call to math.floor).
                 local r = a / b
                 local q = r - r % 1
                 if q * b > a then
@@ -1689,8 +1590,6 @@ ALG[2] = function()
         local part
         do -- cdiv
           local a, b = oldest * (g - x), g
-          -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-          -- costs more than these lines).
           local r = a / b
           local q = r - r % 1
           if q * b < a then
@@ -1708,7 +1607,6 @@ ALG[2] = function()
         remaining_31 = 0
       end
       if used + cost <= limit and cost > 0 then
-        -- Admitted and charged: the window is empty once this bucket has left it.
         ok, remaining, reset, retry = 1, remaining_31 - cost, (n + 1) * g - x, -1 break
       end
       ok, remaining, reset, retry = sw_denied(p, st, c, x, cost, used, remaining_31) break
@@ -1725,7 +1623,6 @@ ALG[2] = function()
         local lag, ok_40, remaining_40, reset_40, retry_40 = behind, ok, remaining, reset, retry
         if lag > 0 then
           remaining_40 = 0
-          -- Not a fresh key before its own time, even with nothing counted there.
           reset_40 = reset_40 + lag
           if retry_40 >= 0 then
             retry_40 = retry_40 + lag
@@ -1753,155 +1650,9 @@ ALG[2] = function()
     return false, st
   end
   
-  -- Phase two of the same, the request admitted by every policy: this one charged its cost.
-  local function charged(key, p, st, now, cost)
-    repeat -- commit
-      local n, g = p[2], p[3]
-      local slots = n + 1
-      local c
-      repeat -- sw_position
-        local c_42
-        do -- fdiv
-          local a, b = now, p[3]
-          -- The floor of a / b by `%` (an operator, not a call to math.floor).
-          local r = a / b
-          local q = r - r % 1
-          if q * b > a then
-            q = q - 1
-          elseif (q + 1) * b <= a then
-            q = q + 1
-          end
-          c_42 = q
-        end
-        if st and st[1] > c_42 then
-          c = st[1], 0 break
-        end
-        c = c_42, now - c_42 * p[3] break
-      until true
-      local wraps
-      do -- fdiv
-        local a, b = c, slots
-        -- The floor of a / b by `%` (an operator, not a call to math.floor).
-        local r = a / b
-        local q = r - r % 1
-        if q * b > a then
-          q = q - 1
-        elseif (q + 1) * b <= a then
-          q = q + 1
-        end
-        wraps = q
-      end
-      local slot = c - wraps * slots
-      if not st then
-        -- A new key: one bucket, written without building its ring.
-        repeat -- store
-          local value, expires_at = format(INT .. ' %d:' .. INT, c, slot, cost), (c + slots) * g
-          value = value .. p.tag
-          if KEEP_BLOCK then
-            local block_end
-            do -- int
-              local n = KEEP_BLOCK
-              block_end = format(INT, n)
-            end
-            value = value .. '|' .. block_end
-            repeat -- until_block_ends
-              local expires_at_47 = expires_at
-              if KEEP_BLOCK and KEEP_BLOCK > expires_at_47 then
-                expires_at = KEEP_BLOCK break
-              end
-              expires_at = expires_at_47 break
-            until true
-          end
-          local ms
-          repeat -- ttl_ms
-            local us = expires_at - now
-            local ms_48 = us / 1000
-            ms_48 = ms_48 - ms_48 % 1
-            if ms_48 * 1000 < us then
-              ms_48 = ms_48 + 1
-            end
-            ms_48 = ms_48 + TTL_SLACK
-            if ms_48 < 1 then
-              ms = 1 break
-            end
-            ms = ms_48 break
-          until true
-          -- The TTL formatted here: Redis formats a number argument with '%.17g', at four times the cost.
-          call('SET', key, value, 'PX', format(INT, ms))
-        until true
-      else
-        -- The ring read for this decision, updated in place: buckets that left it emptied.
-        local head = st[1]
-        if c > head then
-          local stale = c - head
-          if stale > slots then
-            stale = slots
-          end
-          -- Bucket c - i is at the ring's slot `slot - i`, wrapped.
-          local back = slot
-          for _ = 1, stale do
-            st[back + 2] = 0
-            back = back - 1
-            if back < 0 then
-              back = slots - 1
-            end
-          end
-          head = c
-        end
-        st[slot + 2] = st[slot + 2] + cost
-        repeat -- sw_write
-          local expires_at = (head + slots) * g
-          local bucket = '%d:' .. INT
-          local parts = { format(INT, head) }
-          for i = 1, slots do
-            local count = st[i + 1]
-            if count > 0 then
-              parts[#parts + 1] = format(bucket, i - 1, count)
-            end
-          end
-          repeat -- store
-            local value, expires_at = table.concat(parts, ' '), expires_at
-            value = value .. p.tag
-            if KEEP_BLOCK then
-              local block_end
-              do -- int
-                local n = KEEP_BLOCK
-                block_end = format(INT, n)
-              end
-              value = value .. '|' .. block_end
-              repeat -- until_block_ends
-                local expires_at_52 = expires_at
-                if KEEP_BLOCK and KEEP_BLOCK > expires_at_52 then
-                  expires_at = KEEP_BLOCK break
-                end
-                expires_at = expires_at_52 break
-              until true
-            end
-            local ms
-            repeat -- ttl_ms
-              local us = expires_at - now
-              local ms_53 = us / 1000
-              ms_53 = ms_53 - ms_53 % 1
-              if ms_53 * 1000 < us then
-                ms_53 = ms_53 + 1
-              end
-              ms_53 = ms_53 + TTL_SLACK
-              if ms_53 < 1 then
-                ms = 1 break
-              end
-              ms = ms_53 break
-            until true
-            -- The TTL formatted here: Redis formats a number argument with '%.17g', at four times the cost.
-            call('SET', key, value, 'PX', format(INT, ms))
-          until true
-        until true
-      end
-    until true
-  end
   return {
     fused = fused,
     judged = judged,
-    charged = charged,
     block = block_in_value,
     load = load,
     -- Twin of `SlidingWindow::convert`: each old bucket still in the window moves, with its
@@ -2265,7 +2016,6 @@ ALG[3] = function()
         end
         ok, remaining, reset, retry = 1, limit - used - cost, reset_4, -1 break
       end
-      -- The entry whose leaving the window makes room.
       local need = used + cost - limit
       local since
       do -- int
@@ -2312,7 +2062,6 @@ ALG[3] = function()
             if cost == 1 then
               call('ZADD', key, t, t .. ':' .. format('%010d', seq + 1))
             end
-            -- One member per unit, added in batches (Lua's unpack has a small stack).
             local i = 1
             while cost > 1 and i <= cost do
               local args = {}
@@ -2451,7 +2200,6 @@ ALG[3] = function()
         end
         ok, remaining, reset, retry = 1, limit - used - cost, reset_16, -1 break
       end
-      -- The entry whose leaving the window makes room.
       local need = used + cost - limit
       local since
       do -- int
@@ -2474,87 +2222,9 @@ ALG[3] = function()
     return false, st
   end
   
-  -- Phase two of the same, the request admitted by every policy: this one charged its cost.
-  local function charged(key, p, st, now, cost)
-    repeat -- commit
-      repeat -- log
-        local at = now
-        local window = p[2]
-        local gone
-        do -- int
-          local n = now - window
-          gone = format(INT, n)
-        end
-        call('ZREMRANGEBYSCORE', key, '-inf', gone)
-        local seq = 0
-        local t
-        do -- int
-          local n = at
-          t = format(INT, n)
-        end
-        if st and st[1] == at then
-          seq = tonumber(match(st[2], ':(%d+)$')) or 0
-        elseif st and st[1] > at then
-          local top = call('ZREVRANGEBYSCORE', key, t, t, 'LIMIT', 0, 1)
-          if top[1] then
-            seq = tonumber(match(top[1], ':(%d+)$')) or 0
-          end
-        end
-        if cost == 1 then
-          call('ZADD', key, t, t .. ':' .. format('%010d', seq + 1))
-        end
-        -- One member per unit, added in batches (Lua's unpack has a small stack).
-        local i = 1
-        while cost > 1 and i <= cost do
-          local args = {}
-          local last = i + 499
-          if last > cost then
-            last = cost
-          end
-          for j = i, last do
-            args[#args + 1] = t
-            args[#args + 1] = t .. ':' .. format('%010d', seq + j)
-          end
-          call('ZADD', key, unpack(args))
-          i = last + 1
-        end
-        local newest = now
-        if st and st[1] > newest then
-          newest = st[1]
-        end
-        if cost > 0 and at > newest then
-          newest = at
-        end
-        local expires_at
-        repeat -- until_block_ends
-          local expires_at_24 = newest + window
-          if KEEP_BLOCK and KEEP_BLOCK > expires_at_24 then
-            expires_at = KEEP_BLOCK break
-          end
-          expires_at = expires_at_24 break
-        until true
-        local ms
-        repeat -- ttl_ms
-          local us = expires_at - now
-          local ms_25 = us / 1000
-          ms_25 = ms_25 - ms_25 % 1
-          if ms_25 * 1000 < us then
-            ms_25 = ms_25 + 1
-          end
-          ms_25 = ms_25 + TTL_SLACK
-          if ms_25 < 1 then
-            ms = 1 break
-          end
-          ms = ms_25 break
-        until true
-        call('PEXPIRE', key, format(INT, ms))
-      until true
-    until true
-  end
   return {
     fused = fused,
     judged = judged,
-    charged = charged,
     load = load,
     block = function(self, key, p, st, now, ends)
       call('ZREMRANGEBYSCORE', key, '+inf', '+inf')
@@ -2781,8 +2451,6 @@ ALG[4] = function()
           local to_full
           do -- cdiv
             local a, b = full - a, rate
-            -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-            -- costs more than these lines).
             local r = a / b
             local q = r - r % 1
             if q * b < a then
@@ -2806,7 +2474,6 @@ ALG[4] = function()
         local whole
         do -- fdiv
           local a, b = left, unit
-          -- The floor of a / b by `%` (an operator, not a call to math.floor).
           local r = a / b
           local q = r - r % 1
           if q * b > a then
@@ -2819,8 +2486,6 @@ ALG[4] = function()
         local reset_4
         do -- cdiv
           local a, b = full - left, rate
-          -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-          -- costs more than these lines).
           local r = a / b
           local q = r - r % 1
           if q * b < a then
@@ -2833,11 +2498,9 @@ ALG[4] = function()
         end
         ok, remaining, reset, retry = 1, whole, reset_4, -1 break
       end
-      -- Denied: what is left now, and when the bucket is full again.
       local whole
       do -- fdiv
         local a, b = have, unit
-        -- The floor of a / b by `%` (an operator, not a call to math.floor).
         local r = a / b
         local q = r - r % 1
         if q * b > a then
@@ -2850,8 +2513,6 @@ ALG[4] = function()
       local reset_4
       do -- cdiv
         local a, b = full - have, rate
-        -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-        -- costs more than these lines).
         local r = a / b
         local q = r - r % 1
         if q * b < a then
@@ -2868,8 +2529,6 @@ ALG[4] = function()
       local retry_4
       do -- cdiv
         local a, b = need - have, rate
-        -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-        -- costs more than these lines).
         local r = a / b
         local q = r - r % 1
         if q * b < a then
@@ -2898,7 +2557,6 @@ ALG[4] = function()
         local lag, ok_16, remaining_16, reset_16, retry_16 = behind, ok, remaining, reset, retry
         if lag > 0 then
           remaining_16 = 0
-          -- Not a fresh key before its own time, even with nothing counted there.
           reset_16 = reset_16 + lag
           if retry_16 >= 0 then
             retry_16 = retry_16 + lag
@@ -2948,8 +2606,6 @@ ALG[4] = function()
               local to_full
               do -- cdiv
                 local a, b = full - a, rate
-                -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-                -- costs more than these lines).
                 local r = a / b
                 local q = r - r % 1
                 if q * b < a then
@@ -2981,8 +2637,6 @@ ALG[4] = function()
           local to_full
           do -- cdiv
             local a, b = p[4] - have, p[3]
-            -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-            -- costs more than these lines).
             local r = a / b
             local q = r - r % 1
             if q * b < a then
@@ -3025,7 +2679,6 @@ ALG[4] = function()
               end
               ms = ms_27 break
             until true
-            -- The TTL formatted here: Redis formats a number argument with '%.17g', at four times the cost.
             call('SET', key, value, 'PX', format(INT, ms))
           until true
         until true
@@ -3114,8 +2767,6 @@ ALG[4] = function()
           local to_full
           do -- cdiv
             local a, b = full - a, rate
-            -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-            -- costs more than these lines).
             local r = a / b
             local q = r - r % 1
             if q * b < a then
@@ -3139,7 +2790,6 @@ ALG[4] = function()
         local whole
         do -- fdiv
           local a, b = left, unit
-          -- The floor of a / b by `%` (an operator, not a call to math.floor).
           local r = a / b
           local q = r - r % 1
           if q * b > a then
@@ -3152,8 +2802,6 @@ ALG[4] = function()
         local reset_30
         do -- cdiv
           local a, b = full - left, rate
-          -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-          -- costs more than these lines).
           local r = a / b
           local q = r - r % 1
           if q * b < a then
@@ -3166,11 +2814,9 @@ ALG[4] = function()
         end
         ok, remaining, reset, retry = 1, whole, reset_30, -1 break
       end
-      -- Denied: what is left now, and when the bucket is full again.
       local whole
       do -- fdiv
         local a, b = have, unit
-        -- The floor of a / b by `%` (an operator, not a call to math.floor).
         local r = a / b
         local q = r - r % 1
         if q * b > a then
@@ -3183,8 +2829,6 @@ ALG[4] = function()
       local reset_30
       do -- cdiv
         local a, b = full - have, rate
-        -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-        -- costs more than these lines).
         local r = a / b
         local q = r - r % 1
         if q * b < a then
@@ -3201,8 +2845,6 @@ ALG[4] = function()
       local retry_30
       do -- cdiv
         local a, b = need - have, rate
-        -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-        -- costs more than these lines).
         local r = a / b
         local q = r - r % 1
         if q * b < a then
@@ -3231,7 +2873,6 @@ ALG[4] = function()
         local lag, ok_42, remaining_42, reset_42, retry_42 = behind, ok, remaining, reset, retry
         if lag > 0 then
           remaining_42 = 0
-          -- Not a fresh key before its own time, even with nothing counted there.
           reset_42 = reset_42 + lag
           if retry_42 >= 0 then
             retry_42 = retry_42 + lag
@@ -3259,119 +2900,9 @@ ALG[4] = function()
     return false, st
   end
   
-  -- Phase two of the same, the request admitted by every policy: this one charged its cost.
-  local function charged(key, p, st, now, cost)
-    repeat -- commit
-      local have
-      repeat -- tokens
-        if not st then
-          have = p[4] break
-        end
-        local elapsed
-        repeat -- elapsed_since
-          local e = now - st[2]
-          if e < 0 then
-            elapsed = 0 break
-          end
-          elapsed = e break
-        until true
-        local have_44
-        repeat -- fill
-          local amount = st[1]
-          local full, rate = p[4], p[3]
-          local a = amount
-          if a > full then
-            a = full
-          end
-          local to_full
-          do -- cdiv
-            local a, b = full - a, rate
-            -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-            -- costs more than these lines).
-            local r = a / b
-            local q = r - r % 1
-            if q * b < a then
-              q = q + 1
-            end
-            if (q - 1) * b >= a then
-              q = q - 1
-            end
-            to_full = q
-          end
-          if elapsed >= to_full then
-            have_44 = full break
-          end
-          have_44 = amount + elapsed * rate break
-        until true
-        have = have_44 break
-      until true
-      have = have - cost * p[2]
-      if have < 0 then
-        have = 0
-      end
-      local last
-      repeat -- last_after
-        if st and st[2] > now then
-          last = st[2] break
-        end
-        last = now break
-      until true
-      local to_full
-      do -- cdiv
-        local a, b = p[4] - have, p[3]
-        -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-        -- costs more than these lines).
-        local r = a / b
-        local q = r - r % 1
-        if q * b < a then
-          q = q + 1
-        end
-        if (q - 1) * b >= a then
-          q = q - 1
-        end
-        to_full = q
-      end
-      repeat -- store
-        local value, expires_at = format(INT2, have, last), last + to_full
-        value = value .. p.tag
-        if KEEP_BLOCK then
-          local block_end
-          do -- int
-            local n = KEEP_BLOCK
-            block_end = format(INT, n)
-          end
-          value = value .. '|' .. block_end
-          repeat -- until_block_ends
-            local expires_at_52 = expires_at
-            if KEEP_BLOCK and KEEP_BLOCK > expires_at_52 then
-              expires_at = KEEP_BLOCK break
-            end
-            expires_at = expires_at_52 break
-          until true
-        end
-        local ms
-        repeat -- ttl_ms
-          local us = expires_at - now
-          local ms_53 = us / 1000
-          ms_53 = ms_53 - ms_53 % 1
-          if ms_53 * 1000 < us then
-            ms_53 = ms_53 + 1
-          end
-          ms_53 = ms_53 + TTL_SLACK
-          if ms_53 < 1 then
-            ms = 1 break
-          end
-          ms = ms_53 break
-        until true
-        -- The TTL formatted here: Redis formats a number argument with '%.17g', at four times the cost.
-        call('SET', key, value, 'PX', format(INT, ms))
-      until true
-    until true
-  end
   return {
     fused = fused,
     judged = judged,
-    charged = charged,
     block = block_in_value,
     load = load,
     tokens = tokens,
@@ -3585,8 +3116,6 @@ ALG[5] = function()
         local to_empty
         do -- cdiv
           local a, b = st[1], p[3]
-          -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-          -- costs more than these lines).
           local r = a / b
           local q = r - r % 1
           if q * b < a then
@@ -3611,7 +3140,6 @@ ALG[5] = function()
         local left
         do -- fdiv
           local a, b = full - after, unit
-          -- The floor of a / b by `%` (an operator, not a call to math.floor).
           local r = a / b
           local q = r - r % 1
           if q * b > a then
@@ -3624,8 +3152,6 @@ ALG[5] = function()
         local reset_4
         do -- cdiv
           local a, b = after, rate
-          -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-          -- costs more than these lines).
           local r = a / b
           local q = r - r % 1
           if q * b < a then
@@ -3638,11 +3164,9 @@ ALG[5] = function()
         end
         ok, remaining, reset, retry = 1, left, reset_4, -1 break
       end
-      -- Denied: the room left now, and when the bucket is empty.
       local left
       do -- fdiv
         local a, b = room, unit
-        -- The floor of a / b by `%` (an operator, not a call to math.floor).
         local r = a / b
         local q = r - r % 1
         if q * b > a then
@@ -3655,8 +3179,6 @@ ALG[5] = function()
       local reset_4
       do -- cdiv
         local a, b = now_level, rate
-        -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-        -- costs more than these lines).
         local r = a / b
         local q = r - r % 1
         if q * b < a then
@@ -3673,8 +3195,6 @@ ALG[5] = function()
       local retry_4
       do -- cdiv
         local a, b = after - full, rate
-        -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-        -- costs more than these lines).
         local r = a / b
         local q = r - r % 1
         if q * b < a then
@@ -3703,7 +3223,6 @@ ALG[5] = function()
         local lag, ok_14, remaining_14, reset_14, retry_14 = behind, ok, remaining, reset, retry
         if lag > 0 then
           remaining_14 = 0
-          -- Not a fresh key before its own time, even with nothing counted there.
           reset_14 = reset_14 + lag
           if retry_14 >= 0 then
             retry_14 = retry_14 + lag
@@ -3741,8 +3260,6 @@ ALG[5] = function()
             local to_empty
             do -- cdiv
               local a, b = st[1], p[3]
-              -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-              -- costs more than these lines).
               local r = a / b
               local q = r - r % 1
               if q * b < a then
@@ -3769,8 +3286,6 @@ ALG[5] = function()
           local to_empty
           do -- cdiv
             local a, b = after, p[3]
-            -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-            -- costs more than these lines).
             local r = a / b
             local q = r - r % 1
             if q * b < a then
@@ -3813,7 +3328,6 @@ ALG[5] = function()
               end
               ms = ms_23 break
             until true
-            -- The TTL formatted here: Redis formats a number argument with '%.17g', at four times the cost.
             call('SET', key, value, 'PX', format(INT, ms))
           until true
         until true
@@ -3890,8 +3404,6 @@ ALG[5] = function()
         local to_empty
         do -- cdiv
           local a, b = st[1], p[3]
-          -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-          -- costs more than these lines).
           local r = a / b
           local q = r - r % 1
           if q * b < a then
@@ -3916,7 +3428,6 @@ ALG[5] = function()
         local left
         do -- fdiv
           local a, b = full - after, unit
-          -- The floor of a / b by `%` (an operator, not a call to math.floor).
           local r = a / b
           local q = r - r % 1
           if q * b > a then
@@ -3929,8 +3440,6 @@ ALG[5] = function()
         local reset_26
         do -- cdiv
           local a, b = after, rate
-          -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-          -- costs more than these lines).
           local r = a / b
           local q = r - r % 1
           if q * b < a then
@@ -3943,11 +3452,9 @@ ALG[5] = function()
         end
         ok, remaining, reset, retry = 1, left, reset_26, -1 break
       end
-      -- Denied: the room left now, and when the bucket is empty.
       local left
       do -- fdiv
         local a, b = room, unit
-        -- The floor of a / b by `%` (an operator, not a call to math.floor).
         local r = a / b
         local q = r - r % 1
         if q * b > a then
@@ -3960,8 +3467,6 @@ ALG[5] = function()
       local reset_26
       do -- cdiv
         local a, b = now_level, rate
-        -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-        -- costs more than these lines).
         local r = a / b
         local q = r - r % 1
         if q * b < a then
@@ -3978,8 +3483,6 @@ ALG[5] = function()
       local retry_26
       do -- cdiv
         local a, b = after - full, rate
-        -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-        -- costs more than these lines).
         local r = a / b
         local q = r - r % 1
         if q * b < a then
@@ -4008,7 +3511,6 @@ ALG[5] = function()
         local lag, ok_36, remaining_36, reset_36, retry_36 = behind, ok, remaining, reset, retry
         if lag > 0 then
           remaining_36 = 0
-          -- Not a fresh key before its own time, even with nothing counted there.
           reset_36 = reset_36 + lag
           if retry_36 >= 0 then
             retry_36 = retry_36 + lag
@@ -4036,102 +3538,9 @@ ALG[5] = function()
     return false, st
   end
   
-  -- Phase two of the same, the request admitted by every policy: this one charged its cost.
-  local function charged(key, p, st, now, cost)
-    repeat -- commit
-      local after
-      repeat -- level
-        if not st then
-          after = 0 break
-        end
-        local elapsed = now - st[2]
-        if elapsed < 0 then
-          elapsed = 0
-        end
-        local to_empty
-        do -- cdiv
-          local a, b = st[1], p[3]
-          -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-          -- costs more than these lines).
-          local r = a / b
-          local q = r - r % 1
-          if q * b < a then
-            q = q + 1
-          end
-          if (q - 1) * b >= a then
-            q = q - 1
-          end
-          to_empty = q
-        end
-        if elapsed >= to_empty then
-          after = 0 break
-        end
-        after = st[1] - elapsed * p[3] break
-      until true
-      after = after + cost * p[2]
-      local last
-      repeat -- last_after
-        if st and st[2] > now then
-          last = st[2] break
-        end
-        last = now break
-      until true
-      local to_empty
-      do -- cdiv
-        local a, b = after, p[3]
-        -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-        -- costs more than these lines).
-        local r = a / b
-        local q = r - r % 1
-        if q * b < a then
-          q = q + 1
-        end
-        if (q - 1) * b >= a then
-          q = q - 1
-        end
-        to_empty = q
-      end
-      repeat -- store
-        local value, expires_at = format(INT2, after, last), last + to_empty
-        value = value .. p.tag
-        if KEEP_BLOCK then
-          local block_end
-          do -- int
-            local n = KEEP_BLOCK
-            block_end = format(INT, n)
-          end
-          value = value .. '|' .. block_end
-          repeat -- until_block_ends
-            local expires_at_44 = expires_at
-            if KEEP_BLOCK and KEEP_BLOCK > expires_at_44 then
-              expires_at = KEEP_BLOCK break
-            end
-            expires_at = expires_at_44 break
-          until true
-        end
-        local ms
-        repeat -- ttl_ms
-          local us = expires_at - now
-          local ms_45 = us / 1000
-          ms_45 = ms_45 - ms_45 % 1
-          if ms_45 * 1000 < us then
-            ms_45 = ms_45 + 1
-          end
-          ms_45 = ms_45 + TTL_SLACK
-          if ms_45 < 1 then
-            ms = 1 break
-          end
-          ms = ms_45 break
-        until true
-        -- The TTL formatted here: Redis formats a number argument with '%.17g', at four times the cost.
-        call('SET', key, value, 'PX', format(INT, ms))
-      until true
-    until true
-  end
   return {
     fused = fused,
     judged = judged,
-    charged = charged,
     block = block_in_value,
     load = load,
     level = level,
@@ -4315,7 +3724,6 @@ ALG[6] = function()
         local left
         do -- fdiv
           local a, b = tolerance - new_backlog, interval
-          -- The floor of a / b by `%` (an operator, not a call to math.floor).
           local r = a / b
           local q = r - r % 1
           if q * b > a then
@@ -4334,7 +3742,6 @@ ALG[6] = function()
       local remaining_now
       do -- fdiv
         local a, b = tolerance - capped, interval
-        -- The floor of a / b by `%` (an operator, not a call to math.floor).
         local r = a / b
         local q = r - r % 1
         if q * b > a then
@@ -4397,7 +3804,6 @@ ALG[6] = function()
               end
               ms = ms_12 break
             until true
-            -- The TTL formatted here: Redis formats a number argument with '%.17g', at four times the cost.
             call('SET', key, value, 'PX', format(INT, ms))
           until true
         until true
@@ -4472,7 +3878,6 @@ ALG[6] = function()
         local left
         do -- fdiv
           local a, b = tolerance - new_backlog, interval
-          -- The floor of a / b by `%` (an operator, not a call to math.floor).
           local r = a / b
           local q = r - r % 1
           if q * b > a then
@@ -4491,7 +3896,6 @@ ALG[6] = function()
       local remaining_now
       do -- fdiv
         local a, b = tolerance - capped, interval
-        -- The floor of a / b by `%` (an operator, not a call to math.floor).
         local r = a / b
         local q = r - r % 1
         if q * b > a then
@@ -4519,55 +3923,9 @@ ALG[6] = function()
     return false, st
   end
   
-  -- Phase two of the same, the request admitted by every policy: this one charged its cost.
-  local function charged(key, p, st, now, cost)
-    repeat -- commit
-      local tat = now
-      if st and st > now then
-        tat = st
-      end
-      tat = tat + cost * p[1]
-      repeat -- store
-        local value, expires_at = format(INT, tat), tat
-        value = value .. p.tag
-        if KEEP_BLOCK then
-          local block_end
-          do -- int
-            local n = KEEP_BLOCK
-            block_end = format(INT, n)
-          end
-          value = value .. '|' .. block_end
-          repeat -- until_block_ends
-            local expires_at_22 = expires_at
-            if KEEP_BLOCK and KEEP_BLOCK > expires_at_22 then
-              expires_at = KEEP_BLOCK break
-            end
-            expires_at = expires_at_22 break
-          until true
-        end
-        local ms
-        repeat -- ttl_ms
-          local us = expires_at - now
-          local ms_23 = us / 1000
-          ms_23 = ms_23 - ms_23 % 1
-          if ms_23 * 1000 < us then
-            ms_23 = ms_23 + 1
-          end
-          ms_23 = ms_23 + TTL_SLACK
-          if ms_23 < 1 then
-            ms = 1 break
-          end
-          ms = ms_23 break
-        until true
-        -- The TTL formatted here: Redis formats a number argument with '%.17g', at four times the cost.
-        call('SET', key, value, 'PX', format(INT, ms))
-      until true
-    until true
-  end
   return {
     fused = fused,
     judged = judged,
-    charged = charged,
     block = block_in_value,
     load = load,
     evaluate = evaluate,
@@ -5013,8 +4371,8 @@ local function fused_for(shape)
 end
 
 -- Several policies, each enforced (the usual request of several): every one read, the time
--- read, each judged by its algorithm's fused phase one, then either each charged by its
--- fused phase two (all admit) or each left as `apply` leaves a denied request's. Nil, having
+-- read, each judged by its algorithm's fused phase one (`judged`), then either each charged
+-- by its algorithm's `commit` (all admit) or each left as `apply` leaves a denied request's. Nil, having
 -- written nothing, when one is another operation, a cost of 0, a key blocked or written
 -- under other parameters, or malformed: the general path decides it.
 local function decide_fused(keys, args, n)
@@ -5067,7 +4425,7 @@ local function decide_fused(keys, args, n)
   REPLY[base + 1] = nil
   for i = 1, n do
     if admitted then
-      ALGS[i].charged(keys[i], PS[i], STS[i], now, COSTS[i])
+      ALGS[i]:commit(keys[i], PS[i], STS[i], now, COSTS[i])
     else
       apply(i, ALGS[i], 1, keys[i], PS[i], now, COSTS[i], nil, STS[i], nil, nil, nil, false,
         3 * (i - 1))

@@ -18,7 +18,7 @@ pub use self::redis::RedisTls;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
-pub(crate) use op::{Check, Checks, Keyed, Op};
+pub(crate) use op::{Check, Checks, Enforced, Keyed, Op};
 
 use crate::algorithm::Compiled;
 use crate::error::ConfigError;
@@ -96,6 +96,14 @@ pub(crate) mod private {
         /// something reads it.
         fn decide_enforced(&self, tier: &Tier, key: &Key, cost: u64) -> Option<Verdict> {
             let _ = (tier, key, cost);
+            None
+        }
+
+        /// Decides several enforced policies at once, on borrowed values, if the store can
+        /// (the memory store, for at most four): the decision, as [`check`](Self::check)
+        /// would make it.
+        fn decide_together(&self, checks: &[crate::store::Enforced<'_>]) -> Option<Decision> {
+            let _ = checks;
             None
         }
 

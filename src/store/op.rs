@@ -317,6 +317,10 @@ impl Keyed {
 /// The checks of one decision, one per policy that applies (two are kept without allocating).
 pub(crate) type Checks = SmallVec<[Check; 2]>;
 
+/// One enforced policy of several decided together on borrowed values (see
+/// `Sealed::decide_together`): its tier, the key and the cost.
+pub(crate) type Enforced<'a> = (&'a Arc<Tier>, &'a Key, u64);
+
 /// One operation on one tier of one policy, for one key, of some units.
 #[derive(Debug)]
 pub(crate) struct Check {

@@ -7,7 +7,7 @@ use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::sync::Arc;
 
-use super::{Check, Checks, Op, Registry, private};
+use super::{Check, Checks, Enforced, Op, Registry, private};
 use crate::algorithm::Verdict;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, PolicyOutcome};
@@ -277,7 +277,11 @@ impl MemoryStore {
             return Decision::one(PolicyOutcome::new(check.tier(), false, verdict));
         }
         if checks.len() <= TOGETHER && checks.iter().all(|c| c.op() == Op::Enforce) {
-            return self.decide_together(checks);
+            let mut together: SmallVec<[Enforced<'_>; TOGETHER]> = SmallVec::new();
+            for c in checks {
+                together.push((c.tier(), c.key(), c.cost()));
+            }
+            return self.decide_together(&together);
         }
         let capacity = self.inner.per_shard;
         // Pushed one by one here and below: `collect` into a SmallVec goes through its generic
@@ -334,12 +338,12 @@ impl MemoryStore {
     /// phases of the general path without what they do not need. Each key's row is found once
     /// (phase two goes to the place phase one found it), no operation acts on its own, nothing
     /// waits or is granted, and nothing is allocated but the decision's outcomes.
-    fn decide_together(&self, checks: &[Check]) -> Decision {
+    fn decide_together(&self, checks: &[Enforced<'_>]) -> Decision {
         let mut refs = [None; TOGETHER];
         let mut runs = [Together::default(); TOGETHER];
         let mut order = [0; TOGETHER];
-        for (i, c) in checks.iter().enumerate() {
-            let r = CheckRef::from(c);
+        for (i, &(tier, key, cost)) in checks.iter().enumerate() {
+            let r = CheckRef::enforce(tier, key, cost);
             (runs[i].hash, runs[i].guard) = self.locate(&r);
             (refs[i], order[i]) = (Some(r), runs[i].guard);
         }
@@ -375,8 +379,8 @@ impl MemoryStore {
         }
         drop(guards);
         let mut outcomes = SmallVec::with_capacity(checks.len());
-        for (c, run) in checks.iter().zip(&runs) {
-            outcomes.push(PolicyOutcome::new(c.tier(), false, run.verdict));
+        for (&(tier, _, _), run) in checks.iter().zip(&runs) {
+            outcomes.push(PolicyOutcome::new(tier, false, run.verdict));
         }
         Decision::new(outcomes)
     }
@@ -477,5 +481,9 @@ impl private::Sealed for MemoryStore {
     #[inline]
     fn decide_enforced(&self, tier: &Tier, key: &Key, cost: u64) -> Option<Verdict> {
         Some(MemoryStore::decide_enforced(self, tier, key, cost))
+    }
+
+    fn decide_together(&self, checks: &[Enforced<'_>]) -> Option<Decision> {
+        (checks.len() <= TOGETHER).then(|| MemoryStore::decide_together(self, checks))
     }
 }

@@ -26,9 +26,10 @@
 //!
 //! `check` is `RateLimitLayer::check` on 10,000 keys, `governor_check` governor's keyed
 //! `check_key` on the same keys; `check_two` is `check` on a layer of two policies (decided
-//! together, on the store's exclusive path). Peers cycle through 10,240 addresses, but in `hot` (as
-//! `defaults`) and `hot_lease` (the same with `Policy::lease(20)`: the requests the leases admit
-//! without a store call), where every request comes from one peer.
+//! together, each row found once, under the shards' exclusive locks). Peers cycle through
+//! 10,240 addresses, but in `hot` (as `defaults`) and `hot_lease` (the same with
+//! `Policy::lease(20)`: the requests the leases admit without a store call), where every
+//! request comes from one peer.
 
 use std::net::SocketAddr;
 

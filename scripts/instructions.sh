@@ -41,6 +41,6 @@ echo "  ... and in axum's own body:     ${per[axum_body]} (layer: $(layer axum_b
 echo "  the layer's defaults:           ${per[defaults]} (layer: $(layer defaults): headers and the Decision extension)"
 echo "  RateLimitLayer::check:          ${per[check]} ($(ratio "${per[check]}" "${per[governor_check]}") governor's)"
 echo "  governor keyed check_key:       ${per[governor_check]}"
-echo "  check, two policies at once:    ${per[check_two]} (the store's exclusive path)"
+echo "  check, two policies at once:    ${per[check_two]} ($(ratio "${per[check_two]}" "${per[check]}") one policy's: the shards' exclusive locks)"
 echo "  one hot key, defaults:          ${per[hot]}"
 echo "  ... with leases of 20:          ${per[hot_lease]} (the requests leases admit here)"

@@ -245,45 +245,60 @@ impl Key {
         out.extend_from_slice(bytes);
     }
 
-    /// The hash of (`id`, this key) from `hasher`, for the stores' tables: the id and the key's
-    /// binary form (as [`tagged`](Self::tagged) gives it) in one `write` (two for a key too
-    /// long to be inline), where hashing the pair field by field makes four, each paying
-    /// SipHash's own buffering. Every copy into the buffer has a fixed size (an inline key's
-    /// bytes are zero past its length), so none calls `memcpy`.
+    /// The hash of (`id`, this key) from `hasher`, for the stores' tables: the key's own
+    /// hash ([`hash_in`](Self::hash_in)) with the id mixed in ([`with_id`](Self::with_id)), so
+    /// that the policies of one key hash it once.
     #[inline]
     pub(crate) fn hash_with(&self, id: u32, hasher: &impl BuildHasher) -> u64 {
+        Self::with_id(self.hash_in(hasher), id)
+    }
+
+    /// A key's hash ([`hash_in`](Self::hash_in)) made the hash of (`id`, the key): XOR with a
+    /// constant of the id. For one id this is a bijection of the keyed hash, so keys a client
+    /// chooses collide under one policy no more than they do under SipHash itself; the ids'
+    /// constants differ in their high bits, which pick the shard, and in their low ones.
+    #[inline]
+    pub(crate) fn with_id(key_hash: u64, id: u32) -> u64 {
+        key_hash ^ (u64::from(id) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+
+    /// The hash of this key from `hasher`: its binary form (as [`tagged`](Self::tagged) gives
+    /// it) in one `write` (two for a key too long to be inline), where hashing it field by
+    /// field makes several, each paying SipHash's own buffering. Every copy into the buffer
+    /// has a fixed size (an inline key's bytes are zero past its length), so none calls
+    /// `memcpy`.
+    #[inline]
+    pub(crate) fn hash_in(&self, hasher: &impl BuildHasher) -> u64 {
         let mut h = hasher.build_hasher();
-        let mut buf = [0u8; 5 + INLINE];
-        buf[..4].copy_from_slice(&id.to_le_bytes());
+        let mut buf = [0u8; 1 + INLINE];
         let len = match &self.0 {
             Repr::Global => {
-                buf[4] = b'g';
+                buf[0] = b'g';
                 0
             }
             Repr::Ip(IpAddr::V4(ip)) => {
-                buf[4] = b'4';
-                buf[5..9].copy_from_slice(&ip.octets());
+                buf[0] = b'4';
+                buf[1..5].copy_from_slice(&ip.octets());
                 4
             }
             Repr::Ip(IpAddr::V6(ip)) => {
-                buf[4] = b'6';
-                buf[5..21].copy_from_slice(&ip.octets());
+                buf[0] = b'6';
+                buf[1..17].copy_from_slice(&ip.octets());
                 16
             }
             Repr::Inline { len, bytes } => {
-                buf[4] = b'b';
-                buf[5..].copy_from_slice(bytes);
+                buf[0] = b'b';
+                buf[1..].copy_from_slice(bytes);
                 usize::from(*len)
             }
             Repr::Bytes(bytes) => {
                 // SipHash streams: the same hash as one write of both.
-                buf[4] = b'b';
-                h.write(&buf[..5]);
+                h.write(b"b");
                 h.write(bytes);
                 return h.finish();
             }
         };
-        h.write(&buf[..5 + len]);
+        h.write(&buf[..1 + len]);
         h.finish()
     }
 
@@ -424,10 +439,11 @@ mod tests {
 
     use super::*;
 
-    /// `hash_with` hashes the id and the key's binary form (`tagged`) as one stream, whatever
-    /// the key's representation: the tables' hash is the form's, and no two forms share one.
+    /// `hash_in` hashes the key's binary form (`tagged`) as one stream, whatever the key's
+    /// representation, and `hash_with` mixes the id into it: the tables' hash is the form's,
+    /// no two forms share one, and no two ids.
     #[test]
-    fn hash_with_hashes_the_id_and_the_tagged_form() {
+    fn hash_with_hashes_the_tagged_form_and_mixes_the_id() {
         let hasher = std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default();
         let long = "k".repeat(INLINE + 1);
         let keys = [
@@ -443,12 +459,13 @@ mod tests {
         for key in &keys {
             let mut octets = [0; 16];
             let (tag, bytes) = key.tagged(&mut octets);
-            let mut form = 7u32.to_le_bytes().to_vec();
-            form.push(tag);
+            let mut form = vec![tag];
             form.extend_from_slice(bytes);
             let mut h = hasher.build_hasher();
             h.write(&form);
-            assert_eq!(key.hash_with(7, &hasher), h.finish(), "{key:?}");
+            assert_eq!(key.hash_in(&hasher), h.finish(), "{key:?}");
+            let mixed = Key::with_id(h.finish(), 7);
+            assert_eq!(key.hash_with(7, &hasher), mixed, "{key:?}");
             assert!(seen.insert(key.hash_with(7, &hasher)), "{key:?}");
             assert_ne!(key.hash_with(7, &hasher), key.hash_with(8, &hasher));
         }

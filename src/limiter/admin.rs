@@ -75,6 +75,7 @@ impl<St: Store> Limiter<St> {
             }
         }
         if op.is_none()
+            && policies.len() > 1
             && let Some(decision) = self.decide_together(&policies, key, &units)
         {
             return Answer::Now(std::future::ready(Ok(decision)));

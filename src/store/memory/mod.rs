@@ -239,8 +239,13 @@ impl MemoryStore {
     #[inline]
     fn locate(&self, check: &CheckRef<'_>) -> (u64, usize) {
         let h = check.key().hash_with(check.tier().id(), &self.inner.hasher);
-        // The high bits pick the shard: the table uses the low ones.
-        (h, ((h >> 32) as usize) & (self.inner.shards.len() - 1))
+        (h, self.shard_of(h))
+    }
+
+    /// The shard of the hash `h`: its high bits pick it, the table uses the low ones.
+    #[inline]
+    fn shard_of(&self, h: u64) -> usize {
+        ((h >> 32) as usize) & (self.inner.shards.len() - 1)
     }
 
     /// One enforced policy on `key` at `cost`: the common case, decided under the shard's
@@ -342,10 +347,17 @@ impl MemoryStore {
         let mut refs = [None; TOGETHER];
         let mut runs = [Together::default(); TOGETHER];
         let mut order = [0; TOGETHER];
+        // A key is hashed once for the policies in a row that share it (all, for `check`).
+        let mut last: Option<(&Key, u64)> = None;
         for (i, &(tier, key, cost)) in checks.iter().enumerate() {
-            let r = CheckRef::enforce(tier, key, cost);
-            (runs[i].hash, runs[i].guard) = self.locate(&r);
-            (refs[i], order[i]) = (Some(r), runs[i].guard);
+            let key_hash = match last {
+                Some((k, h)) if std::ptr::eq(k, key) || k == key => h,
+                _ => key.hash_in(&self.inner.hasher),
+            };
+            last = Some((key, key_hash));
+            let hash = Key::with_id(key_hash, tier.id());
+            (runs[i].hash, runs[i].guard) = (hash, self.shard_of(hash));
+            (refs[i], order[i]) = (Some(CheckRef::enforce(tier, key, cost)), runs[i].guard);
         }
         let (mut guards, order) = self.lock_shards(&mut order[..checks.len()]);
         let refs = refs.iter().flatten();

@@ -54,6 +54,31 @@ fn random_policy(rng: &mut Rng, algorithm: Algorithm, name: String) -> Policy {
     policy
 }
 
+/// Moves `clock` one random step: nothing, a little or up to 6 ms forward, and now and then
+/// back (as Redis TIME may go after a failover).
+fn random_step(rng: &mut Rng, clock: &ManualClock) {
+    let dt = match rng.range(0, 3) {
+        0 => 0,
+        1 => rng.range(1, 50),
+        _ => rng.range(1, 6_000),
+    };
+    if rng.range(0, 15) == 0 {
+        let now = tower_ratelimit::Clock::now_micros(clock);
+        clock.set_micros(now - rng.range(1, 3_000));
+    } else {
+        clock.advance_micros(dt);
+    }
+}
+
+/// A random cost: mostly 1, now and then 0 (a look) or several units.
+fn random_cost(rng: &mut Rng) -> u32 {
+    match rng.range(0, 9) {
+        0 => 0,
+        1 => rng.range(2, 20) as u32,
+        _ => 1,
+    }
+}
+
 /// An operation run on both stores.
 #[derive(Clone, Copy, Debug)]
 enum Op {
@@ -154,25 +179,9 @@ async fn twins_match(functions: bool, sequences_per_algorithm: u64) {
             let redis_key =
                 String::from_utf8(redis.key_for(&format!("{}-{seq}", algorithm.name()), &key))
                     .unwrap();
-            let window_hint = 6_000;
             for step in 0..30 {
-                let dt = match rng.range(0, 3) {
-                    0 => 0,
-                    1 => rng.range(1, 50),
-                    _ => rng.range(1, window_hint),
-                };
-                if rng.range(0, 15) == 0 {
-                    // The clock goes back (as Redis TIME may after a failover).
-                    let now = tower_ratelimit::Clock::now_micros(&clock);
-                    clock.set_micros(now - rng.range(1, 3_000));
-                } else {
-                    clock.advance_micros(dt);
-                }
-                let cost = match rng.range(0, 9) {
-                    0 => 0,
-                    1 => rng.range(2, 20) as u32,
-                    _ => 1,
-                };
+                random_step(&mut rng, &clock);
+                let cost = random_cost(&mut rng);
                 // Mostly checks; now and then an administrative operation.
                 let op = match rng.range(0, 24) {
                     0 | 1 => Op::Refund,
@@ -253,21 +262,8 @@ async fn several_policies_decide_alike_in_both_stores() {
         let on_redis = builder().store(redis.clone()).build().unwrap();
         let key = Key::from(format!("k{seq}"));
         for step in 0..30 {
-            if rng.range(0, 15) == 0 {
-                let now = tower_ratelimit::Clock::now_micros(&clock);
-                clock.set_micros(now - rng.range(1, 3_000));
-            } else {
-                clock.advance_micros(match rng.range(0, 2) {
-                    0 => 0,
-                    1 => rng.range(1, 50),
-                    _ => rng.range(1, 6_000),
-                });
-            }
-            let cost = match rng.range(0, 9) {
-                0 => 0,
-                1 => rng.range(2, 20) as u32,
-                _ => 1,
-            };
+            random_step(&mut rng, &clock);
+            let cost = random_cost(&mut rng);
             let op = match rng.range(0, 30) {
                 0 => Op::Refund,
                 1 => Op::Penalize,

@@ -168,21 +168,12 @@ async fn the_usual_decision_takes_the_fused_path() {
 /// The usual decision of several policies, each enforced, is made of their algorithms' fused
 /// phases, which read Redis's clock once; when one key is blocked, they give it to the
 /// general path having written nothing, which reads the clock again (so the fused phases were
-/// tried). A pair of each algorithm with the next, and one of three.
+/// tried). The sets of the several-policy races: each algorithm with the next, and three.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_usual_decision_of_several_policies_takes_the_fused_path() {
     let server = RedisServer::start();
     let s = store(&server, "fused2:", None).await;
-    let all = Algorithm::ALL;
-    let mut sets: Vec<Vec<Algorithm>> = (0..all.len())
-        .map(|i| vec![all[i], all[(i + 1) % all.len()]])
-        .collect();
-    sets.push(vec![
-        Algorithm::Gcra,
-        Algorithm::FixedWindow,
-        Algorithm::SlidingLog,
-    ]);
-    for (n, set) in sets.iter().enumerate() {
+    for (n, set) in support::lease::several_policy_sets().iter().enumerate() {
         let policies = set
             .iter()
             .enumerate()

@@ -100,8 +100,8 @@ impl<St: Store> Limiter<St> {
     }
 
     /// Several policies, each enforced, decided on borrowed tiers and the borrowed key where
-    /// the store can (`Sealed::decide_together`): no `Check` is built. Not inlined: the
-    /// one-policy path of `decide_key` stays as short as it was.
+    /// the store can (`Sealed::decide_together`, which says how many): no `Check` is built.
+    /// Not inlined: the one-policy path of `decide_key` stays as short as it was.
     #[inline(never)]
     fn decide_together(
         &self,
@@ -109,7 +109,7 @@ impl<St: Store> Limiter<St> {
         key: &Key,
         units: &impl Fn(&Tier) -> u64,
     ) -> Option<Decision> {
-        if !St::DECIDES_ALONE || policies.len() > 4 {
+        if !St::DECIDES_ALONE {
             return None;
         }
         let mut together: SmallVec<[Enforced<'_>; 4]> = SmallVec::new();

@@ -344,12 +344,11 @@ impl MemoryStore {
     /// (phase two goes to the place phase one found it), no operation acts on its own, nothing
     /// waits or is granted, and nothing is allocated but the decision's outcomes.
     fn decide_together(&self, checks: &[Enforced<'_>]) -> Decision {
-        let mut refs = [None; TOGETHER];
         let mut runs = [Together::default(); TOGETHER];
         let mut order = [0; TOGETHER];
         // A key is hashed once for the policies in a row that share it (all, for `check`).
         let mut last: Option<(&Key, u64)> = None;
-        for (i, &(tier, key, cost)) in checks.iter().enumerate() {
+        for (i, &(tier, key, _)) in checks.iter().enumerate() {
             let key_hash = match last {
                 Some((k, h)) if std::ptr::eq(k, key) || k == key => h,
                 _ => key.hash_in(&self.inner.hasher),
@@ -357,10 +356,12 @@ impl MemoryStore {
             last = Some((key, key_hash));
             let hash = Key::with_id(key_hash, tier.id());
             (runs[i].hash, runs[i].guard) = (hash, self.shard_of(hash));
-            (refs[i], order[i]) = (Some(CheckRef::enforce(tier, key, cost)), runs[i].guard);
+            order[i] = runs[i].guard;
         }
         let (mut guards, order) = self.lock_shards(&mut order[..checks.len()]);
-        let refs = refs.iter().flatten();
+        let refs = checks
+            .iter()
+            .map(|&(tier, key, cost)| CheckRef::enforce(tier, key, cost));
         let now = self.inner.clock.now_micros();
         let registry = &self.inner.registry;
         let redefined = registry.redefined();
@@ -368,22 +369,22 @@ impl MemoryStore {
             run.guard = order.binary_search(&run.guard).unwrap_or_default();
             let shard = &mut guards[run.guard];
             if redefined {
-                shard.adopt(c, run.hash, now, registry);
+                shard.adopt(&c, run.hash, now, registry);
             }
-            (run.bucket, run.verdict) = shard.judge(c, run.hash, now);
+            (run.bucket, run.verdict) = shard.judge(&c, run.hash, now);
         }
         let admitted = runs[..checks.len()].iter().all(|r| r.verdict.allowed);
         // Phase two: the rows found first, then the new keys (an insert may move rows).
         for (c, run) in refs.clone().zip(&mut runs) {
             if let Some(bucket) = run.bucket {
-                guards[run.guard].settle_at(c, bucket, now, admitted, &mut run.verdict);
+                guards[run.guard].settle_at(&c, bucket, now, admitted, &mut run.verdict);
             }
         }
         let capacity = self.inner.per_shard;
         for (c, run) in refs.zip(&mut runs) {
             if run.bucket.is_none() {
                 let shard = &mut guards[run.guard];
-                shard.settle_new(c, run.hash, now, admitted, &mut run.verdict, capacity);
+                shard.settle_new(&c, run.hash, now, admitted, &mut run.verdict, capacity);
             }
         }
         for g in &mut guards {

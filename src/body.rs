@@ -10,6 +10,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use crate::settle::Meter;
+
 /// How [`RateLimit`](crate::RateLimit)'s responses carry their bodies: the inner service's
 /// body `B`, or a short complete body written by the limiter (a 429, a rejected key, an
 /// unavailable store). Chosen with [`RateLimitLayer::body`](crate::RateLimitLayer::body).
@@ -33,26 +35,51 @@ pub trait MakeBody<B> {
     fn held(body: B, held: HeldSlots) -> Self::Body;
 }
 
-/// Slots a request holds in a store: of a concurrency limit, held until its response body
-/// ends; or reserved for a request that waits for its slot. Dropping it gives them back
-/// (without waiting for the store's answer); a [`MakeBody`] keeps it with the body.
-pub struct HeldSlots(Option<Box<dyn FnOnce() + Send + Sync>>);
+/// What a response body holds until it ends: slots a request holds in a store (of a
+/// concurrency limit, held until its response body ends; or reserved for a request that
+/// waits for its slot), and the count of what the body really cost, for a policy that
+/// settles from it ([`Settle`](crate::Settle)). Dropping it gives the slots back and settles
+/// the count (without waiting for the store's answer); a [`MakeBody`] keeps it with the body.
+pub struct HeldSlots {
+    release: Option<Box<dyn FnOnce() + Send + Sync>>,
+    meter: Option<Box<Meter>>,
+}
 
 impl HeldSlots {
     /// Slots given back by `release`, when dropped.
     pub(crate) fn new(release: impl FnOnce() + Send + Sync + 'static) -> Self {
-        HeldSlots(Some(Box::new(release)))
+        HeldSlots {
+            release: Some(Box::new(release)),
+            meter: None,
+        }
+    }
+
+    /// `held` (if any) with `meter` counting the body.
+    pub(crate) fn metered(held: Option<HeldSlots>, meter: Meter) -> Self {
+        let mut held = held.unwrap_or(HeldSlots {
+            release: None,
+            meter: None,
+        });
+        held.meter = Some(Box::new(meter));
+        held
     }
 
     /// The request went on with its reserved slot: it is spent, not given back.
     pub(crate) fn keep(mut self) {
-        self.0 = None;
+        self.release = None;
+    }
+
+    /// Counts one frame of the body, for a policy that settles from it.
+    pub(crate) fn observe(&mut self, frame: &Frame<Bytes>) {
+        if let Some(meter) = &mut self.meter {
+            meter.observe(frame);
+        }
     }
 }
 
 impl Drop for HeldSlots {
     fn drop(&mut self) {
-        if let Some(release) = self.0.take() {
+        if let Some(release) = self.release.take() {
             release();
         }
     }
@@ -158,15 +185,20 @@ where
         match this.kind.project() {
             KindProj::Inner { mut body } => {
                 let frame = body.as_mut().poll_frame(cx);
-                // The last frame sent (or an error, which ends the body): the slots go back.
-                if this.held.is_some()
-                    && match &frame {
+                if let Some(held) = this.held {
+                    // The last frame sent (or an error, which ends the body): the slots go
+                    // back, the cost is settled.
+                    let ended = match &frame {
                         Poll::Ready(None | Some(Err(_))) => true,
-                        Poll::Ready(Some(Ok(_))) => body.is_end_stream(),
+                        Poll::Ready(Some(Ok(frame))) => {
+                            held.observe(frame);
+                            body.is_end_stream()
+                        }
                         Poll::Pending => false,
+                    };
+                    if ended {
+                        this.held.take();
                     }
-                {
-                    this.held.take();
                 }
                 frame
             }

@@ -425,11 +425,19 @@ fn responded<St: Store, B>(
     if let Some(headers) = with.headers.take() {
         headers.apply(response.headers_mut());
     }
-    let held = with.held.take();
-    let charges = with.after.take().and_then(|after| {
-        let Charging { limiter, charges } = *after;
-        limiter.after_response(charges, response.status())
-    });
+    let mut held = with.held.take();
+    let mut charges = None;
+    if let Some(after) = with.after.take() {
+        let Charging {
+            limiter,
+            charges: after,
+        } = *after;
+        let (call, meter) = limiter.after_response(after, &response);
+        if let Some(meter) = meter {
+            held = Some(HeldSlots::metered(held, meter));
+        }
+        charges = call;
+    }
     match charges {
         None => Ok((response, held)),
         Some(charges) => Err(Box::new(Adjusting {

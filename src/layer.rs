@@ -358,6 +358,30 @@ impl<St: Store, M> RateLimitLayer<St, M> {
             })
             .await
     }
+
+    /// Settles a request of `key` charged `estimate` units up front at what it really cost,
+    /// `actual`, in every policy, as [`Policy::settle`](crate::Policy::settle) does after a
+    /// response: the difference is given back when `actual` is lower, charged when it is
+    /// higher, past the limit if need be (the key then owes it until time pays it back).
+    /// `actual` is taken as at most [`MAX_AT_MOST`](crate::MAX_AT_MOST) times each policy's
+    /// limit. For costs counted outside the layer, e.g. by a task that reads the stream.
+    /// Returns the decision a request of cost 0 gets afterwards.
+    pub async fn settle(
+        &self,
+        key: &Key,
+        estimate: u32,
+        actual: u64,
+    ) -> Result<Decision, StoreError> {
+        let op = Op::Settle {
+            estimate: u64::from(estimate),
+        };
+        self.limiter
+            .decide_key(key, Some(op), |tier| {
+                let limit = tier.algorithm().reported_limit();
+                actual.min(limit.saturating_mul(u64::from(crate::MAX_AT_MOST)))
+            })
+            .await
+    }
 }
 
 impl<S, St, M> Layer<S> for RateLimitLayer<St, M> {

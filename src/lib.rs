@@ -381,6 +381,7 @@ pub mod top;
 pub mod guide;
 mod resilience;
 mod service;
+mod settle;
 mod deciding;
 mod future;
 mod body;
@@ -405,6 +406,7 @@ pub use quota::{MAX_WINDOW, Quota, QuotaError, QuotaUnit};
 pub use reload::ReloadReport;
 pub use resilience::CircuitBreaker;
 pub use service::RateLimit;
+pub use settle::{ActualCost, DEFAULT_AT_MOST, MAX_AT_MOST, Settle};
 #[cfg(feature = "tls")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
 pub use store::RedisTls;

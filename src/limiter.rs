@@ -41,6 +41,7 @@ use crate::policy::{CompiledPolicy, CostFn, Policy, PolicySet, RequestFn, Status
 use crate::reload::TierSummary;
 use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Permit};
 use crate::response::Responses;
+use crate::settle::Settle;
 use crate::store::{Check, Checks, Keyed, MemoryStore, Op, Store};
 use crate::telemetry::{decision_span, record_outcome, traced};
 use crate::top::{TopLimited, Tracker};
@@ -241,17 +242,26 @@ pub(crate) struct Ticket {
     span: Span,
 }
 
-/// Charges and refunds that depend on the response's status.
+/// Charges and refunds that depend on the response: its status, or its real cost.
 pub(crate) type Charges = Vec<AfterResponse>;
 
-/// A charge or refund that depends on the response's status: the check to send the store
-/// when `when` accepts the status.
+/// A charge or refund that depends on the response: the check to send the store when `when`
+/// says so.
 pub(crate) struct AfterResponse {
     check: Check,
-    when: StatusFn,
+    when: When,
     /// The end of the lease the request's units came from, if they came from one: a refund
     /// goes back to it.
     lease_end: Option<u64>,
+}
+
+/// When a check waits for the response to be sent, and with what units.
+pub(crate) enum When {
+    /// When the response's status is accepted by the function (`charge_if`, `refund_if`).
+    Status(StatusFn),
+    /// Always, at the units the response really cost (`Op::Settle`): read from the head, or
+    /// counted from the body and sent when it ends.
+    Settle(Arc<Settle>),
 }
 
 impl<St> Limiter<St> {
@@ -382,10 +392,18 @@ impl<St: Store> Limiter<St> {
                 if let Some(when) = when {
                     after.push(AfterResponse {
                         check: Check::new(tier.clone(), key.clone(), cost, charge),
-                        when: when.clone(),
+                        when: When::Status(when.clone()),
                         lease_end: None,
                     });
                 }
+            }
+            if let Some(settle) = policy.settle() {
+                let op = Op::Settle { estimate: cost };
+                after.push(AfterResponse {
+                    check: Check::new(tier.clone(), key.clone(), cost, op),
+                    when: When::Settle(settle.clone()),
+                    lease_end: None,
+                });
             }
             if let (Some(fallback), Some(local)) = (&mut fallback, policy.fallback_tier(index)) {
                 fallback.push(Check::new(local.clone(), key.clone(), cost, op));

@@ -79,6 +79,18 @@ fn random_cost(rng: &mut Rng) -> u32 {
     }
 }
 
+/// The real cost of a request charged `estimate`: as much, less, somewhat more, or now and
+/// then far more (a debt of several times any limit the sequences use).
+fn random_actual(rng: &mut Rng, estimate: u32) -> u64 {
+    let estimate = u64::from(estimate);
+    match rng.range(0, 8) {
+        0 => estimate,
+        1 | 2 => rng.range(0, estimate),
+        3 => rng.range(100, 400),
+        _ => estimate + rng.range(1, 30),
+    }
+}
+
 /// An operation run on both stores.
 #[derive(Clone, Copy, Debug)]
 enum Op {
@@ -87,6 +99,8 @@ enum Op {
     Penalize,
     Reset,
     Block(Duration),
+    /// A request charged its cost up front, settled at these units.
+    Settle(u64),
 }
 
 /// Runs `op` at `cost` on both layers: memory's decision and Redis's.
@@ -117,6 +131,10 @@ async fn on_both<A: Store, B: Store>(
         Op::Block(d) => (
             memory.block_for(key, d).await.unwrap(),
             redis.block_for(key, d).await.unwrap(),
+        ),
+        Op::Settle(actual) => (
+            memory.settle(key, cost, actual).await.unwrap(),
+            redis.settle(key, cost, actual).await.unwrap(),
         ),
     }
 }
@@ -183,11 +201,12 @@ async fn twins_match(functions: bool, sequences_per_algorithm: u64) {
                 random_step(&mut rng, &clock);
                 let cost = random_cost(&mut rng);
                 // Mostly checks; now and then an administrative operation.
-                let op = match rng.range(0, 24) {
+                let op = match rng.range(0, 26) {
                     0 | 1 => Op::Refund,
                     2 | 3 => Op::Penalize,
                     4 => Op::Reset,
                     5 => Op::Block(Duration::from_micros(rng.range(1, 5_000))),
+                    6 | 7 => Op::Settle(random_actual(&mut rng, cost)),
                     _ => Op::Check,
                 };
                 // Now and then something else takes the key's TTL away: the decision gives it
@@ -264,11 +283,12 @@ async fn several_policies_decide_alike_in_both_stores() {
         for step in 0..30 {
             random_step(&mut rng, &clock);
             let cost = random_cost(&mut rng);
-            let op = match rng.range(0, 30) {
+            let op = match rng.range(0, 32) {
                 0 => Op::Refund,
                 1 => Op::Penalize,
                 2 => Op::Reset,
                 3 => Op::Block(Duration::from_micros(rng.range(1, 5_000))),
+                4 | 5 => Op::Settle(random_actual(&mut rng, cost)),
                 _ => Op::Check,
             };
             // Now and then one policy's key loses its TTL: the decision gives it one back.

@@ -126,6 +126,17 @@ pub(crate) trait Step: Sized {
     /// as a fresh key), in microseconds on the same clock as `now`.
     fn commit(&self, state: &mut Option<Self::State>, now: u64, cost: u64) -> u64;
 
+    /// Charges `units` whatever the state, past the limit if need be: what a request turned
+    /// out to cost beyond what was charged up front (`Op::Settle`). The key then owes the
+    /// units, and is denied until time pays them back: a window counts past its limit until
+    /// it ends or slides on, GCRA moves its TAT on, a leaky bucket fills past its brim. By
+    /// default a charge ([`Step::commit`], which none of those bounds); an algorithm whose
+    /// charge stops at empty (the token bucket) keeps the debt its own way. Returns when the
+    /// state expires.
+    fn debit(&self, state: &mut Option<Self::State>, now: u64, units: u64) -> u64 {
+        self.commit(state, now, units)
+    }
+
     /// Gives back `units` (a refund, or a reward): the inverse of a charge, never past a fresh
     /// state. Returns the new expiry, or `None` when there was no state to change.
     fn refund(&self, state: &mut Option<Self::State>, now: u64, units: u64) -> Option<u64>;
@@ -491,6 +502,14 @@ macro_rules! algorithms {
             pub(crate) fn commit(&self, slot: &mut Option<State>, now: u64, cost: u64) -> u64 {
                 match self {
                     $(Compiled::$variant(a) => with_own_state!(slot, $variant, |own| a.commit(&mut own, now, cost)),)*
+                }
+            }
+
+            /// Charges `units` whatever the state, past the limit if need be (see
+            /// [`Step::debit`]). Returns when the state expires.
+            pub(crate) fn debit(&self, slot: &mut Option<State>, now: u64, units: u64) -> u64 {
+                match self {
+                    $(Compiled::$variant(a) => with_own_state!(slot, $variant, |own| a.debit(&mut own, now, units)),)*
                 }
             }
 

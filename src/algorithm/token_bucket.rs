@@ -222,6 +222,25 @@ impl Step for TokenBucket {
         Some(State { tokens, last })
     }
 
+    /// A charge that empties the bucket and owes the rest: the bucket then stays empty until
+    /// the refill has paid it (its `last` moved on by the time that takes, as `convert` keeps
+    /// a debt).
+    fn debit(&self, state: &mut Option<State>, now: u64, units: u64) -> u64 {
+        let s = &self.scaled;
+        let need = units.saturating_mul(s.unit);
+        let have = self.tokens(state.as_ref(), now);
+        let mut last = state.as_ref().map_or(now, |st| st.last.max(now));
+        let tokens = match have.checked_sub(need) {
+            Some(left) => left,
+            None => {
+                last += (need - have).div_ceil(s.rate);
+                0
+            }
+        };
+        *state = Some(State { tokens, last });
+        last + (s.full - tokens).div_ceil(s.rate)
+    }
+
     fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
         let tokens = self
             .tokens(state.as_ref(), now)

@@ -1,22 +1,41 @@
-//! The charges and refunds that wait for the response's status (`charge_if`, `refund_if`),
-//! made once it is known, and the leases their units go back to.
+//! The charges and refunds that wait for the response: for its status (`charge_if`,
+//! `refund_if`), made once it is known, and the leases their units go back to; or for its
+//! real cost (`settle`), read from its head, or counted by a [`Meter`] its body carries.
 
-use http::StatusCode;
+use http::Response;
 
-use super::{Charges, Limiter};
+use super::{Charges, Limiter, When};
 use crate::decision::Decision;
+use crate::settle::{Meter, Pending};
 use crate::store::{Checks, Op, Store};
 
 impl<St: Store> Limiter<St> {
-    /// The charges and refunds `charges` makes for a response of `status`, as one store call;
-    /// `None` when there are none.
-    pub(crate) fn after_response(
+    /// The charges and refunds `charges` makes for `response` (its head), as one store call
+    /// (`None` when there are none), and the meter its body carries when a policy settles
+    /// from the body.
+    pub(crate) fn after_response<B>(
         &self,
         charges: Charges,
-        status: StatusCode,
-    ) -> Option<St::Future> {
+        response: &Response<B>,
+    ) -> (Option<St::Future>, Option<Meter>) {
         let mut checks = Checks::new();
-        for a in charges.into_iter().filter(|a| (a.when)(status)) {
+        let mut from_body = Vec::new();
+        for a in charges {
+            let when = match a.when {
+                When::Status(when) => when,
+                When::Settle(settle) => {
+                    let pending = Pending::new(a.check, settle);
+                    if pending.reads_body() {
+                        from_body.push(pending);
+                    } else if let Some(check) = pending.settled_by(response) {
+                        checks.push(check);
+                    }
+                    continue;
+                }
+            };
+            if !when(response.status()) {
+                continue;
+            }
             match (a.lease_end, self.leases()) {
                 // Units from a lease go back to it while it is held here, else to the store
                 // as that lease's.
@@ -30,7 +49,15 @@ impl<St: Store> Limiter<St> {
                 _ => checks.push(a.check),
             }
         }
-        (!checks.is_empty()).then(|| self.store.check(checks))
+        let meter = (!from_body.is_empty()).then(|| {
+            let store = self.store.clone();
+            Meter::new(
+                from_body,
+                Box::new(move |checks| store.check_detached(checks)),
+            )
+        });
+        let call = (!checks.is_empty()).then(|| self.store.check(checks));
+        (call, meter)
     }
 
     /// Marks each charge after the response with the end of the lease its policy tier's units

@@ -13,6 +13,7 @@ use crate::error::ConfigError;
 use crate::key::{Key, KeyExtractor, RequestRef};
 use crate::quota::Quota;
 use crate::quota::QuotaUnit;
+use crate::settle::Settle;
 
 /// One rate limit: an [`Algorithm`] applied to a [`Quota`], under a name.
 ///
@@ -52,6 +53,7 @@ pub struct Policy {
     /// How the policy takes part in a decision, or why it cannot (two ways were asked for).
     pub(super) takes: Result<Takes, ConfigError>,
     pub(super) refund_if: Option<StatusFn>,
+    pub(super) settle: Option<Settle>,
     pub(super) routes: Vec<Route>,
     pub(super) exempt: Option<RequestFn>,
     pub(super) tiers: Vec<(String, Result<Quota, ConfigError>)>,
@@ -84,7 +86,7 @@ pub(crate) enum Takes {
 
 impl Takes {
     /// What a policy taking part this way does, for messages.
-    fn describe(&self) -> &'static str {
+    pub(super) fn describe(&self) -> &'static str {
         match self {
             Takes::Enforce => "is enforced",
             Takes::Shadow => "runs in shadow (shadow())",
@@ -177,6 +179,7 @@ impl Policy {
             cost: None,
             takes: Ok(Takes::Enforce),
             refund_if: None,
+            settle: None,
             routes: Vec::new(),
             exempt: None,
             tiers: Vec::new(),
@@ -310,6 +313,7 @@ impl Policy {
         self.algorithm == Algorithm::Gcra
             && matches!(self.takes, Ok(Takes::Enforce))
             && self.refund_if.is_none()
+            && self.settle.is_none()
     }
 
     /// A [GCRA](Algorithm::Gcra) policy.
@@ -407,6 +411,37 @@ impl Policy {
         F: Fn(StatusCode) -> bool + Send + Sync + 'static,
     {
         self.refund_if = Some(Arc::new(predicate));
+        self
+    }
+
+    /// Settles each request at what its response really cost, read where `settle` says (a
+    /// response extension or header, or the body as it streams): the request is admitted and
+    /// charged up front on its estimate (the policy's [`cost`](Self::cost)); once the real
+    /// cost is known, the difference is given back or charged, past the limit if need be, in
+    /// one atomic store operation. A key that owes units is denied until time has paid them
+    /// back, `Retry-After` saying when; a window algorithm's debt lasts until its window
+    /// moves past it.
+    ///
+    /// The headers of the response itself tell the estimate (they are sent before its body);
+    /// the next response tells the settled cost. Only an enforced policy settles: not with
+    /// [`shadow`](Self::shadow), [`charge_if`](Self::charge_if), [`lease`](Self::lease),
+    /// [`wait_up_to`](Self::wait_up_to), [`concurrency`](Self::concurrency) or
+    /// [`refund_if`](Self::refund_if).
+    ///
+    /// ```
+    /// use tower_ratelimit::{Policy, QuotaUnit, Settle};
+    ///
+    /// // Bytes sent per hour, admitted on an estimate of 64 KiB, settled on what was sent.
+    /// let downloads = Policy::gcra("1000000000/h")
+    ///     .name("download-bytes")
+    ///     .unit(QuotaUnit::ContentBytes)
+    ///     .cost(|_| 65_536)
+    ///     .settle(Settle::body_bytes());
+    /// # let _ = downloads;
+    /// ```
+    #[must_use]
+    pub fn settle(mut self, settle: Settle) -> Self {
+        self.settle = Some(settle);
         self
     }
 

@@ -83,6 +83,28 @@ impl Policy {
         }
     }
 
+    /// What a policy that settles its cost after the response cannot have, checked: it is
+    /// enforced, and the real cost is what it gives back.
+    fn check_settle(&self) -> Result<(), ConfigError> {
+        let Some(settle) = &self.settle else {
+            return Ok(());
+        };
+        settle.check()?;
+        if self.refund_if.is_some() {
+            return Err(ConfigError::new(
+                "a policy that settles its cost gives back what a response did not use; \
+                 it takes no refund_if",
+            ));
+        }
+        match &self.takes {
+            Ok(Takes::Enforce) | Err(_) => Ok(()),
+            Ok(other) => Err(ConfigError::new(format!(
+                "a policy that settles its cost after the response is enforced, and this one {}",
+                other.describe()
+            ))),
+        }
+    }
+
     /// The same policy with every limit and burst divided by `divisor` (never below 1), for
     /// the local fallback of [`FailurePolicy::Local`](crate::FailurePolicy::Local), which
     /// takes no leases.
@@ -130,6 +152,7 @@ impl Policy {
         let context = |e: ConfigError| e.context(&described);
         self.takes.as_ref().map_err(|e| context(e.clone()))?;
         self.check_unit().map_err(context)?;
+        self.check_settle().map_err(context)?;
         if !self.tiers.is_empty() && self.name.is_none() {
             return Err(context(ConfigError::new(
                 "a policy with tiers needs a name",
@@ -357,6 +380,7 @@ impl Prepared<'_> {
             .map(|(k, t)| (k.clone(), tier_names[t]))
             .collect();
         let up_front = p.refund_if.is_none()
+            && p.settle.is_none()
             && tiers
                 .iter()
                 .all(|t| matches!(t.get().part(), Part::Enforce));
@@ -370,6 +394,7 @@ impl Prepared<'_> {
             key: p.key.clone().unwrap_or_else(|| key.clone()),
             cost: p.cost.clone().or_else(|| cost.clone()),
             refund_if: p.refund_if.clone(),
+            settle: p.settle.clone().map(Arc::new),
             routes: p.routes.clone(),
             exempt: p.exempt.clone(),
         }

@@ -10,6 +10,7 @@ use super::builder::{CostFn, RequestFn, Route, StatusFn, TierFn};
 use super::tier::Tier;
 use crate::error::KeyRejection;
 use crate::key::{Key, KeyExtractor, RequestRef};
+use crate::settle::Settle;
 
 /// A policy ready to run: its tiers (the policy's own quota first), the same tiers divided in
 /// the local fallback store, and its options.
@@ -22,6 +23,8 @@ pub(crate) struct CompiledPolicy {
     pub(super) key: Arc<dyn KeyExtractor>,
     pub(super) cost: Option<CostFn>,
     pub(super) refund_if: Option<StatusFn>,
+    /// Where the real cost of a response comes from, for a policy that settles it.
+    pub(super) settle: Option<Arc<Settle>>,
     pub(super) routes: Vec<Route>,
     pub(super) exempt: Option<RequestFn>,
     /// Every tier decided and charged up front, nothing given back after the response.
@@ -125,6 +128,11 @@ impl CompiledPolicy {
     /// Give the cost back after responses whose status matches.
     pub(crate) fn refund_if(&self) -> Option<&StatusFn> {
         self.refund_if.as_ref()
+    }
+
+    /// Where the real cost of a response comes from, for a policy that settles it.
+    pub(crate) fn settle(&self) -> Option<&Arc<Settle>> {
+        self.settle.as_ref()
     }
 }
 

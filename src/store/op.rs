@@ -151,6 +151,14 @@ operations! {
         /// When the units were charged.
         slot
     } => "RELEASE", ACTS;
+    /// Settles a request charged `estimate` units up front at its real cost, the check's
+    /// units: gives the difference back when they are fewer, charges it when they are more,
+    /// past the limit if need be (the key then owes them, and is denied until time pays them
+    /// back: `Step::debit`); then reports like a look at cost 0.
+    Settle {
+        /// The units charged up front.
+        estimate
+    } => "SETTLE", ACTS;
 }
 
 /// When a check is charged, if the request is admitted.
@@ -213,7 +221,8 @@ impl Op {
             Op::Wait { max_wait_us: x }
             | Op::Block { us: x }
             | Op::GiveBack { end: x }
-            | Op::Release { slot: x } => args.push(x),
+            | Op::Release { slot: x }
+            | Op::Settle { estimate: x } => args.push(x),
             Op::Lease { want } => args.extend([lease_ttl_us, want]),
             Op::Enforce
             | Op::Shadow
@@ -364,6 +373,11 @@ impl Check {
 
     pub(crate) fn op(&self) -> Op {
         self.op
+    }
+
+    /// The same check of `cost` units.
+    pub(crate) fn with_cost(self, cost: u64) -> Check {
+        Check { cost, ..self }
     }
 
     /// The same check making another operation.

@@ -137,6 +137,16 @@ ALG[TOKEN_BUCKET] = function()
       local last = last_after(st, now)
       store(key, p, format(INT2, tokens, last), now, last + cdiv(p[4] - tokens, p[3]))
     end,
+    -- Twin of `TokenBucket::debit`: what the bucket lacks is owed as time ahead.
+    debit = function(self, key, p, st, now, units)
+      local have = self.tokens(p, st, now) - units * p[2]
+      local last = last_after(st, now)
+      if have < 0 then
+        last = last + cdiv(-have, p[3])
+        have = 0
+      end
+      store(key, p, format(INT2, have, last), now, last + cdiv(p[4] - have, p[3]))
+    end,
     commit = commit,
   }
 end

@@ -373,7 +373,16 @@ impl Shard {
             Op::Release { slot } => {
                 self.update(check, hash, |s| algorithm.release(s, now, slot, units))
             }
-            Op::Enforce
+            Op::Settle { estimate } if units < estimate => {
+                let back = estimate - units;
+                self.update(check, hash, |s| algorithm.refund(s, now, back));
+            }
+            Op::Settle { estimate } if units > estimate => {
+                let owed = units - estimate;
+                self.charge(check, hash, now, capacity, |a, s| a.debit(s, now, owed));
+            }
+            Op::Settle { .. }
+            | Op::Enforce
             | Op::Shadow
             | Op::ChargeIf
             | Op::Concurrency

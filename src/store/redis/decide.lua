@@ -146,6 +146,17 @@ ACT[RELEASE] = function(alg, key, p, st, now, units, slot)
   end
 end
 
+-- The difference between a request's real cost and its estimate, given back or owed (the
+-- algorithm's own debit, else a charge: see `Step::debit`).
+ACT[SETTLE] = function(alg, key, p, st, now, units, estimate)
+  if units < estimate then
+    alg:refund(key, p, st, now, estimate - units)
+  elseif units > estimate then
+    local debit = alg.debit or alg.commit
+    debit(alg, key, p, st, now, units - estimate)
+  end
+end
+
 -- Runs the act of `op` on the key (its state loaded in `into`, converted first when it was
 -- written under other parameters).
 local function act(alg, op, key, p, now, units, x, into)

@@ -3,13 +3,13 @@
 -- Rust gives their names: do not edit it, edit them and run
 -- `UPDATE_LUA=1 cargo test --lib script`.
 local ALG = {}
-local DECIDES = { true, false, true, true, true, true, false, false, false, false, false, false }
-local CHARGES = { 2, 1, 0, 2, 2, 2, 0, 0, 0, 0, 0, 0 }
-local ACTS = { false, false, false, false, false, false, true, true, true, true, true, true }
-local ARGS = { 0, 0, 0, 0, 1, 2, 0, 0, 0, 1, 1, 1 }
-local GRANTS = { false, false, false, true, true, true, false, false, false, false, false, false }
-local WIDTH = { 3, 3, 3, 6, 6, 6, 3, 3, 3, 3, 3, 3 }
-local FUSES = { true, false, false, false, false, false, false, false, false, false, false, false }
+local DECIDES = { true, false, true, true, true, true, false, false, false, false, false, false, false }
+local CHARGES = { 2, 1, 0, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0 }
+local ACTS = { false, false, false, false, false, false, true, true, true, true, true, true, true }
+local ARGS = { 0, 0, 0, 0, 1, 2, 0, 0, 0, 1, 1, 1, 1 }
+local GRANTS = { false, false, false, true, true, true, false, false, false, false, false, false, false }
+local WIDTH = { 3, 3, 3, 6, 6, 6, 3, 3, 3, 3, 3, 3, 3 }
+local FUSES = { true, false, false, false, false, false, false, false, false, false, false, false, false }
 -- tower-ratelimit: shared helpers. Every number is an integer below 2^53, so doubles are exact;
 -- divisions go through fdiv/cdiv, which correct the rounding of a / b. The library functions
 -- used on every decision, and `redis.call` (as `call`), are upvalues set by the first decision
@@ -2964,6 +2964,16 @@ ALG[4] = function()
       local last = last_after(st, now)
       store(key, p, format(INT2, tokens, last), now, last + cdiv(p[4] - tokens, p[3]))
     end,
+    -- Twin of `TokenBucket::debit`: what the bucket lacks is owed as time ahead.
+    debit = function(self, key, p, st, now, units)
+      local have = self.tokens(p, st, now) - units * p[2]
+      local last = last_after(st, now)
+      if have < 0 then
+        last = last + cdiv(-have, p[3])
+        have = 0
+      end
+      store(key, p, format(INT2, have, last), now, last + cdiv(p[4] - have, p[3]))
+    end,
     commit = commit,
   }
 end
@@ -4117,6 +4127,17 @@ ACT[12] = function(alg, key, p, st, now, units, slot)
     alg:release(key, p, st, now, slot, units)
   elseif alg.give_back then
     alg:give_back(key, p, st, now, slot, units)
+  end
+end
+
+-- The difference between a request's real cost and its estimate, given back or owed (the
+-- algorithm's own debit, else a charge: see `Step::debit`).
+ACT[13] = function(alg, key, p, st, now, units, estimate)
+  if units < estimate then
+    alg:refund(key, p, st, now, estimate - units)
+  elseif units > estimate then
+    local debit = alg.debit or alg.commit
+    debit(alg, key, p, st, now, units - estimate)
   end
 end
 

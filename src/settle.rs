@@ -1,0 +1,402 @@
+//! Costs known only once the response is done (an LLM's tokens, the bytes a download sent):
+//! where a policy reads a response's real cost ([`Settle`]), and the [`Meter`] a response
+//! body carries to count it as it streams.
+//!
+//! A request is admitted against an estimate (the policy's [`cost`](crate::Policy::cost)),
+//! charged up front as any other. Once the real cost is known the difference is settled in
+//! the store, atomically, by one operation (`Op::Settle`): given back when the real cost is
+//! lower, charged when it is higher, past the limit if need be. A key that owes units is
+//! denied until time has paid them back, and `Retry-After` says when.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::{Extensions, Response};
+use http_body::Frame;
+use smallvec::SmallVec;
+
+use crate::error::ConfigError;
+use crate::store::{Check, Checks};
+
+/// The real cost of a response, in the policy's units, set by the handler in the response's
+/// extensions for a policy that settles from them ([`Settle::extension`]).
+///
+/// ```
+/// use http::Response;
+/// use tower_ratelimit::ActualCost;
+///
+/// let mut response = Response::new("a completion of 1,234 tokens");
+/// response.extensions_mut().insert(ActualCost(1_234));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ActualCost(pub u64);
+
+/// Where a policy reads what a response really cost ([`Policy::settle`](crate::Policy::settle)):
+/// from the response head (an [extension](Settle::extension) the handler sets, a
+/// [header](Settle::header)), or from its body as it streams (its [bytes](Settle::body_bytes),
+/// a [function of its frames](Settle::body), a [trailer](Settle::trailer)), settled when the
+/// body ends, fails, or is dropped.
+///
+/// A reported cost is clamped to [`at_most`](Settle::at_most) times the policy's limit; one
+/// that is missing or not a number leaves the estimate charged. Each case is counted in
+/// `ratelimit_costs_clamped_total`.
+///
+/// ```
+/// use tower_ratelimit::{Policy, Settle};
+///
+/// // 100,000 tokens a minute per key: admitted on the request's `max_tokens` (parsed by the
+/// // application into a header here), settled on what the response says it used.
+/// let tokens = Policy::token_bucket("100000/min")
+///     .name("tokens")
+///     .cost(|r| {
+///         r.headers()
+///             .get("x-max-tokens")
+///             .and_then(|v| v.to_str().ok()?.parse().ok())
+///             .unwrap_or(1_000)
+///     })
+///     .settle(Settle::header("x-tokens-used").at_most(5));
+/// # let _ = tokens;
+/// ```
+#[derive(Clone)]
+pub struct Settle {
+    source: Source,
+    at_most: u32,
+}
+
+/// Where the real cost is read.
+#[derive(Clone)]
+enum Source {
+    Extension,
+    Header(Result<HeaderName, String>),
+    Trailer(Result<HeaderName, String>),
+    BodyBytes,
+    Body(FrameFn),
+}
+
+type FrameFn = Arc<dyn Fn(&Frame<Bytes>) -> u64 + Send + Sync>;
+
+/// How many times the policy's limit a reported cost may be by default
+/// ([`Settle::at_most`]).
+pub const DEFAULT_AT_MOST: u32 = 10;
+
+/// The largest [`Settle::at_most`]: a debt of a thousand times the limit keeps every
+/// algorithm's arithmetic exact, in Rust and in the Redis script.
+pub const MAX_AT_MOST: u32 = 1_000;
+
+impl fmt::Debug for Settle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let source = match &self.source {
+            Source::Extension => "extension".to_owned(),
+            Source::Header(name) => format!("header {}", display(name)),
+            Source::Trailer(name) => format!("trailer {}", display(name)),
+            Source::BodyBytes => "body bytes".to_owned(),
+            Source::Body(_) => "body frames".to_owned(),
+        };
+        f.debug_struct("Settle")
+            .field("source", &source)
+            .field("at_most", &self.at_most)
+            .finish()
+    }
+}
+
+fn display(name: &Result<HeaderName, String>) -> &str {
+    match name {
+        Ok(name) => name.as_str(),
+        Err(raw) => raw,
+    }
+}
+
+fn header_name(name: &str) -> Result<HeaderName, String> {
+    HeaderName::from_bytes(name.as_bytes()).map_err(|_| name.to_owned())
+}
+
+impl Settle {
+    fn new(source: Source) -> Self {
+        Settle {
+            source,
+            at_most: DEFAULT_AT_MOST,
+        }
+    }
+
+    /// The cost the handler sets in the response's extensions as an [`ActualCost`].
+    pub fn extension() -> Self {
+        Settle::new(Source::Extension)
+    }
+
+    /// The cost in the response header `name` (a decimal integer), e.g. the tokens an LLM
+    /// proxy reports. A name that is not a valid header name is an error of
+    /// [`build`](crate::RateLimitLayerBuilder::build).
+    pub fn header(name: &str) -> Self {
+        Settle::new(Source::Header(header_name(name)))
+    }
+
+    /// The cost in the trailer `name` (a decimal integer) of a response whose body ends with
+    /// trailers (gRPC, HTTP/2 streams), settled when the body ends.
+    pub fn trailer(name: &str) -> Self {
+        Settle::new(Source::Trailer(header_name(name)))
+    }
+
+    /// The bytes of the response body's data frames, counted as it streams and settled when
+    /// it ends, fails, or is dropped (then what was sent so far).
+    pub fn body_bytes() -> Self {
+        Settle::new(Source::BodyBytes)
+    }
+
+    /// The sum of `count` over the response body's frames (data and trailers), e.g. the
+    /// tokens of a stream of server-sent events, settled as [`body_bytes`](Self::body_bytes)
+    /// is.
+    pub fn body<F>(count: F) -> Self
+    where
+        F: Fn(&Frame<Bytes>) -> u64 + Send + Sync + 'static,
+    {
+        Settle::new(Source::Body(Arc::new(count)))
+    }
+
+    /// Clamps a reported cost to `times` the policy's limit (the burst of a bucket algorithm),
+    /// [`DEFAULT_AT_MOST`] unless set: a cost above is taken as that bound, and counted. From
+    /// 1 to [`MAX_AT_MOST`].
+    #[must_use]
+    pub fn at_most(mut self, times: u32) -> Self {
+        self.at_most = times;
+        self
+    }
+
+    /// The mistakes of this setting, if any.
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        if !(1..=MAX_AT_MOST).contains(&self.at_most) {
+            return Err(ConfigError::new(format!(
+                "settle(...).at_most({}) is out of range: a reported cost is clamped to 1 to \
+                 {MAX_AT_MOST} times the policy's limit",
+                self.at_most
+            )));
+        }
+        match &self.source {
+            Source::Header(Err(name)) | Source::Trailer(Err(name)) => Err(ConfigError::new(
+                format!("settle: {name:?} is not a valid header name"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the cost is read from the body (settled when it ends), not the head.
+    pub(crate) fn reads_body(&self) -> bool {
+        matches!(
+            &self.source,
+            Source::Trailer(_) | Source::BodyBytes | Source::Body(_)
+        )
+    }
+
+    /// The cost a response head reports, for a cost read from the head.
+    fn read_head(&self, headers: &HeaderMap, extensions: &Extensions) -> Reading {
+        match &self.source {
+            Source::Extension => extensions
+                .get::<ActualCost>()
+                .map_or(Reading::Missing, |c| Reading::Cost(c.0)),
+            Source::Header(Ok(name)) => Reading::of(headers.get(name)),
+            _ => Reading::Missing,
+        }
+    }
+
+    /// `reading` as the units to settle `check` (charged its estimate up front) at: clamped to
+    /// the bound, counted when it was not a clean number; `None` when the estimate stands.
+    fn units(&self, check: &Check, reading: Reading) -> Option<u64> {
+        let tier = check.tier();
+        let bound = tier
+            .algorithm()
+            .reported_limit()
+            .saturating_mul(u64::from(self.at_most));
+        let (units, clamped) = match reading {
+            Reading::Cost(units) if units > bound => (Some(bound), Some("too_large")),
+            Reading::Cost(units) => (Some(units), None),
+            Reading::Negative => (Some(0), Some("negative")),
+            Reading::Invalid => (None, Some("not_a_number")),
+            Reading::Missing => (None, Some("missing")),
+        };
+        if let Some(reason) = clamped {
+            metrics::counter!(
+                "ratelimit_costs_clamped_total",
+                "policy" => tier.label(),
+                "reason" => reason,
+            )
+            .increment(1);
+        }
+        units
+    }
+}
+
+/// A reported cost, as read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reading {
+    Cost(u64),
+    Negative,
+    Invalid,
+    Missing,
+}
+
+impl Reading {
+    /// A header's value: a decimal integer (surrounding spaces allowed); larger than any
+    /// bound when it overflows.
+    fn of(value: Option<&HeaderValue>) -> Reading {
+        let Some(value) = value else {
+            return Reading::Missing;
+        };
+        let text = value.as_bytes().trim_ascii();
+        let (negative, digits) = match text.strip_prefix(b"-") {
+            Some(rest) => (true, rest),
+            None => (false, text),
+        };
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return Reading::Invalid;
+        }
+        if negative {
+            return match digits.iter().all(|&d| d == b'0') {
+                true => Reading::Cost(0),
+                false => Reading::Negative,
+            };
+        }
+        let cost = digits.iter().fold(0u64, |n, &d| {
+            n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
+        });
+        Reading::Cost(cost)
+    }
+}
+
+/// One policy's check to settle after a response: charged `estimate` up front
+/// (`Op::Settle`'s payload, the check's units until the real ones replace them), and where
+/// its real cost comes from.
+pub(crate) struct Pending {
+    check: Check,
+    settle: Arc<Settle>,
+}
+
+impl Pending {
+    pub(crate) fn new(check: Check, settle: Arc<Settle>) -> Self {
+        Pending { check, settle }
+    }
+
+    pub(crate) fn reads_body(&self) -> bool {
+        self.settle.reads_body()
+    }
+
+    /// The check that settles it from the response head, if the estimate does not stand.
+    pub(crate) fn settled_by<B>(self, response: &Response<B>) -> Option<Check> {
+        let reading = self
+            .settle
+            .read_head(response.headers(), response.extensions());
+        let units = self.settle.units(&self.check, reading)?;
+        Some(self.check.with_cost(units))
+    }
+}
+
+/// Counts a response body's real cost for the policies that settle from it, and settles
+/// them when it is dropped (the body ended, failed, or went away).
+pub(crate) struct Meter {
+    counting: SmallVec<[Counting; 1]>,
+    send: Box<dyn FnOnce(Checks) + Send + Sync>,
+}
+
+/// One policy's count in a [`Meter`].
+struct Counting {
+    pending: Pending,
+    reading: Reading,
+}
+
+impl Meter {
+    /// A meter for `pending` (read from the body), whose checks `send` gives the store.
+    pub(crate) fn new(
+        pending: impl IntoIterator<Item = Pending>,
+        send: Box<dyn FnOnce(Checks) + Send + Sync>,
+    ) -> Self {
+        let counting = pending
+            .into_iter()
+            .map(|pending| {
+                // A trailer that never comes is missing; a count starts at 0.
+                let reading = match pending.settle.source {
+                    Source::Trailer(_) => Reading::Missing,
+                    _ => Reading::Cost(0),
+                };
+                Counting { pending, reading }
+            })
+            .collect();
+        Meter { counting, send }
+    }
+
+    /// Counts one frame of the body.
+    pub(crate) fn observe(&mut self, frame: &Frame<Bytes>) {
+        for c in &mut self.counting {
+            let add = match &c.pending.settle.source {
+                Source::BodyBytes => frame.data_ref().map_or(0, |d| d.len() as u64),
+                Source::Body(count) => count(frame),
+                Source::Trailer(Ok(name)) => {
+                    if let Some(trailers) = frame.trailers_ref() {
+                        c.reading = Reading::of(trailers.get(name));
+                    }
+                    0
+                }
+                Source::Trailer(Err(_)) | Source::Extension | Source::Header(_) => 0,
+            };
+            if let Reading::Cost(n) = &mut c.reading {
+                *n = n.saturating_add(add);
+            }
+        }
+    }
+}
+
+impl Drop for Meter {
+    fn drop(&mut self) {
+        let mut checks = Checks::new();
+        for c in self.counting.drain(..) {
+            let Counting { pending, reading } = c;
+            if let Some(units) = pending.settle.units(&pending.check, reading) {
+                checks.push(pending.check.with_cost(units));
+            }
+        }
+        let send = std::mem::replace(&mut self.send, Box::new(|_| {}));
+        if !checks.is_empty() {
+            send(checks);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(value: &str) -> Reading {
+        Reading::of(Some(&HeaderValue::from_str(value).unwrap()))
+    }
+
+    #[test]
+    fn a_reported_cost_is_read_as_a_decimal_integer() {
+        assert_eq!(read("1234"), Reading::Cost(1234));
+        assert_eq!(read(" 42 "), Reading::Cost(42));
+        assert_eq!(read("0"), Reading::Cost(0));
+        assert_eq!(read("-0"), Reading::Cost(0));
+        assert_eq!(read("-5"), Reading::Negative);
+        assert_eq!(read("12.5"), Reading::Invalid);
+        assert_eq!(read("ten"), Reading::Invalid);
+        assert_eq!(read(""), Reading::Invalid);
+        assert_eq!(read("-"), Reading::Invalid);
+        assert_eq!(read("99999999999999999999999"), Reading::Cost(u64::MAX));
+        assert_eq!(Reading::of(None), Reading::Missing);
+    }
+
+    #[test]
+    fn bad_settings_are_errors() {
+        assert!(Settle::header("x-tokens").check().is_ok());
+        let bad = Settle::header("not a name").check().unwrap_err();
+        assert!(bad.to_string().contains("not a valid header name"), "{bad}");
+        assert!(Settle::trailer("").check().is_err());
+        let zero = Settle::body_bytes().at_most(0).check().unwrap_err();
+        assert!(zero.to_string().contains("at_most(0)"), "{zero}");
+        assert!(Settle::body_bytes().at_most(MAX_AT_MOST).check().is_ok());
+        assert!(
+            Settle::extension()
+                .at_most(MAX_AT_MOST + 1)
+                .check()
+                .is_err()
+        );
+    }
+}

@@ -21,7 +21,9 @@ use tower_ratelimit::config::Limits;
 use tower_ratelimit::headers::HeaderStyle;
 use tower_ratelimit::key::{Cidr, ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
 use tower_ratelimit::top::TopLimited;
-use tower_ratelimit::{Algorithm, FailurePolicy, Policy, RateLimitLayer, RedisStore, Store};
+use tower_ratelimit::{
+    Algorithm, FailurePolicy, Policy, RateLimitLayer, RedisStore, Settle, Store,
+};
 
 const HELP: &str = "\
 tower-ratelimit demo server
@@ -76,6 +78,13 @@ Environment variables:
   CONCURRENCY_MAX_MS
               with CONCURRENCY: how long a slot is held at most, so that the slots of an
               instance that died are freed (default 60000)
+  COST_HEADER every RATE_LIMIT policy admits a request on an estimate of 1 unit, then
+              settles it at what the response header of this name says it cost (GET
+              /spend sets it), past the limit if need be: a key in debt gets 429 until
+              time pays it back              (default unset: a request costs 1)
+  COST_BODY   bytes: the same, settled at the bytes the response body sent (GET
+              /stream sends them), counted as it streams (default unset; not with
+              COST_HEADER)
   HEADERS     legacy (X-RateLimit-*) | ietf (RateLimit-Policy, RateLimit) | both
                                                     (default legacy)
   KEY         ip | client_ip | global | header:<name> (default ip)
@@ -93,6 +102,12 @@ Routes:
   GET /slow?ms=<n>
                rate limited, answers after n milliseconds (at most 10000), to see
                CONCURRENCY at work
+  GET /spend?cost=<n>
+               rate limited, answers 200 with the COST_HEADER header (x-cost when unset)
+               set to n, the response's real cost for COST_HEADER
+  GET /stream?bytes=<n>
+               rate limited, streams n bytes (at most 10000000) in chunks of 1000, the
+               response's real cost for COST_BODY=bytes
   GET /health  never limited
   GET /metrics every metric of the layer, in Prometheus text format; never limited
   GET /admin/top?policy=<name>&n=<count>
@@ -118,6 +133,10 @@ struct Config {
     headers: HeaderStyle,
     key: String,
     trusted_proxies: Vec<Cidr>,
+    /// Where every RATE_LIMIT policy reads a response's real cost (COST_HEADER, COST_BODY).
+    settle: Option<Settle>,
+    /// The header /spend sets.
+    cost_header: String,
     per_thread_reads: Option<bool>,
     redis_access: RedisAccess,
 }
@@ -237,7 +256,7 @@ fn source(config: &Config) -> String {
 }
 
 /// The variables a policy file replaces.
-const REPLACED_BY_CONFIG: [&str; 8] = [
+const REPLACED_BY_CONFIG: [&str; 10] = [
     "ALGORITHM",
     "RATE_LIMIT",
     "KEY",
@@ -246,6 +265,8 @@ const REPLACED_BY_CONFIG: [&str; 8] = [
     "WAIT_MS",
     "CONCURRENCY",
     "CONCURRENCY_MAX_MS",
+    "COST_HEADER",
+    "COST_BODY",
 ];
 
 fn config() -> Result<Config, String> {
@@ -402,6 +423,8 @@ fn config() -> Result<Config, String> {
             .parse()
             .map_err(|e| format!("HEADERS: {e}"))?,
         key: env_or("KEY", "ip")?,
+        settle: settle()?,
+        cost_header: env_or("COST_HEADER", "x-cost")?,
         per_thread_reads,
         trusted_proxies: env_or("TRUSTED_PROXIES", "")?
             .split(',')
@@ -413,6 +436,26 @@ fn config() -> Result<Config, String> {
             })
             .collect::<Result<_, _>>()?,
     })
+}
+
+/// Where a response's real cost is read, from COST_HEADER or COST_BODY.
+fn settle() -> Result<Option<Settle>, String> {
+    match (
+        env_or("COST_HEADER", "")?.as_str(),
+        env_or("COST_BODY", "")?.as_str(),
+    ) {
+        ("", "") => Ok(None),
+        (name, "") => {
+            // Checked here, so that a typo is reported as COST_HEADER's.
+            HeaderKey::try_new(name).map_err(|e| format!("COST_HEADER: {e}"))?;
+            Ok(Some(Settle::header(name)))
+        }
+        ("", "bytes") => Ok(Some(Settle::body_bytes())),
+        ("", other) => Err(format!(
+            "COST_BODY: unknown value {other:?}; expected bytes"
+        )),
+        _ => Err("COST_HEADER and COST_BODY: a policy settles from one; drop one".into()),
+    }
 }
 
 /// The file's policies, or one policy per quota in `RATE_LIMIT`, all with the chosen
@@ -437,6 +480,9 @@ fn policies<St: Store>(
         }
         if let Some(wait) = config.wait {
             policy = policy.wait_up_to(wait);
+        }
+        if let Some(settle) = &config.settle {
+            policy = policy.cost(|_| 1).settle(settle.clone());
         }
         builder = builder.policy(policy);
     }
@@ -483,12 +529,18 @@ fn app<St: Store>(
             }),
         )
         .route_service("/admin/top", layer.top_limited_service());
+    let cost_header = config.cost_header.clone();
     let public = Router::new()
         .route("/", get(|| async { "hello from tower-ratelimit\n" }))
         .route("/slow", get(slow))
         .route("/login", post(login))
         .route("/reports", get(|| async { "reports\n" }))
         .route("/exports/{id}", get(|| async { "export\n" }))
+        .route(
+            "/spend",
+            get(move |axum::extract::Query(q)| spend(cost_header.clone(), q)),
+        )
+        .route("/stream", get(stream))
         // Responses in axum's own body: axum does not box them again.
         .route_layer(layer.body::<AxumBody>())
         .route("/health", get(|| async { "ok\n" }));
@@ -595,6 +647,68 @@ async fn slow(
     }
     tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
     Ok(format!("answered after {ms} ms\n"))
+}
+
+/// `GET /spend?cost=<n>`: 200 with the header `name` set to n.
+async fn spend(
+    name: String,
+    q: std::collections::HashMap<String, String>,
+) -> Result<axum::response::Response, (axum::http::StatusCode, &'static str)> {
+    let bad = (
+        axum::http::StatusCode::BAD_REQUEST,
+        "cost must be a whole number of units\n",
+    );
+    let cost: u64 = q.get("cost").ok_or(bad)?.parse().map_err(|_| bad)?;
+    let mut response = axum::response::IntoResponse::into_response(format!("spent {cost}\n"));
+    let name = axum::http::HeaderName::try_from(name).expect("checked at start");
+    response
+        .headers_mut()
+        .insert(name, axum::http::HeaderValue::from(cost));
+    Ok(response)
+}
+
+/// `GET /stream?bytes=<n>`: n bytes, in chunks of 1,000 sent one at a time.
+async fn stream(
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> Result<axum::body::Body, (axum::http::StatusCode, &'static str)> {
+    let bad = (
+        axum::http::StatusCode::BAD_REQUEST,
+        "bytes must be a number from 0 to 10000000\n",
+    );
+    let bytes: u64 = q.get("bytes").ok_or(bad)?.parse().map_err(|_| bad)?;
+    if bytes > 10_000_000 {
+        return Err(bad);
+    }
+    Ok(axum::body::Body::new(Chunks { left: bytes }))
+}
+
+/// A body of `left` bytes, sent in chunks of at most 1,000.
+struct Chunks {
+    left: u64,
+}
+
+impl http_body::Body for Chunks {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        let chunk = self.left.min(1_000);
+        self.left -= chunk;
+        std::task::Poll::Ready((chunk > 0).then(|| {
+            Ok(http_body::Frame::data(bytes::Bytes::from(vec![
+                b'.';
+                chunk
+                    as usize
+            ])))
+        }))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
 }
 
 /// The apps and a description of their store.

@@ -413,6 +413,11 @@ pub enum QuotaUnit {
     ContentBytes,
     /// Requests in flight at once: `qu="concurrent-requests"`.
     ConcurrentRequests,
+    /// Tokens of a language model, e.g. with a cost settled at what a completion used
+    /// ([`Policy::settle`](crate::Policy::settle)): `qu="tokens"`. Draft-11 names no such
+    /// unit; the draft lets a policy name its own, and a client that does not know it reads
+    /// the quota as a number of units.
+    Tokens,
 }
 
 impl QuotaUnit {
@@ -422,6 +427,7 @@ impl QuotaUnit {
             QuotaUnit::Requests => "requests",
             QuotaUnit::ContentBytes => "content-bytes",
             QuotaUnit::ConcurrentRequests => "concurrent-requests",
+            QuotaUnit::Tokens => "tokens",
         }
     }
 }
@@ -435,12 +441,13 @@ impl fmt::Display for QuotaUnit {
 impl std::str::FromStr for QuotaUnit {
     type Err = QuotaError;
 
-    /// Parses `requests`, `content-bytes` or `concurrent-requests`.
+    /// Parses `requests`, `content-bytes`, `concurrent-requests` or `tokens`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         [
             QuotaUnit::Requests,
             QuotaUnit::ContentBytes,
             QuotaUnit::ConcurrentRequests,
+            QuotaUnit::Tokens,
         ]
         .into_iter()
         .find(|u| u.as_str() == s.trim())

@@ -151,6 +151,13 @@ pub const METRICS: &[Metric] = &[
         "How long delayed requests waited for their slot",
     ),
     metric(
+        "ratelimit_costs_clamped_total",
+        MetricKind::Counter,
+        &["policy", "reason"],
+        "Real costs reported after a response that were not taken as reported (reason \
+         too_large or negative: clamped; not_a_number or missing: the estimate kept)",
+    ),
+    metric(
         "ratelimit_reservations_released_total",
         MetricKind::Counter,
         &[],

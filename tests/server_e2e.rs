@@ -4,7 +4,7 @@
 mod support;
 
 use support::RedisServer;
-use support::demo::{DemoServer, start_error};
+use support::demo::{DemoServer, fetch, start_error};
 
 #[test]
 fn in_memory_server_limits_per_client_with_every_algorithm() {
@@ -52,6 +52,8 @@ fn bad_configuration_stops_the_server_with_the_variable_named() {
         ("CONCURRENCY", "0", "CONCURRENCY:"),
         ("CONCURRENCY", "many", "CONCURRENCY:"),
         ("PER_THREAD_READS", "maybe", "PER_THREAD_READS:"),
+        ("COST_HEADER", "no such name", "COST_HEADER:"),
+        ("COST_BODY", "tokens", "COST_BODY:"),
     ] {
         let err = start_error(&[(name, value)]);
         assert!(
@@ -121,6 +123,63 @@ fn two_servers_on_one_redis_share_one_limit() {
     assert_eq!(admitted, 5, "one global limit across both instances");
     let keys = redis.cli(&["--scan", "--pattern", "e2e:*"]);
     assert_eq!(keys, "e2e:gcra:5/h:{4:127.0.0.1}");
+}
+
+#[test]
+fn two_servers_on_one_redis_settle_the_cost_a_response_reports() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let env = [
+        ("REDIS_URL", url.as_str()),
+        ("RATE_LIMIT", "100/h"),
+        ("PREFIX", "cost:"),
+        ("COST_HEADER", "x-tokens"),
+        ("STORE_TIMEOUT_MS", "10000"),
+    ];
+    let a = DemoServer::start(&env);
+    let b = DemoServer::start(&env);
+    let (status, body) = fetch(a.addr, "/spend?cost=30", &[]);
+    assert_eq!((status, body.as_str()), (200, "spent 30\n"));
+    let remaining = |response: &str| {
+        let line = response
+            .lines()
+            .find(|l| l.to_ascii_lowercase().starts_with("x-ratelimit-remaining:"))
+            .unwrap_or_else(|| panic!("no X-RateLimit-Remaining in {response}"))
+            .to_owned();
+        line.split(':')
+            .nth(1)
+            .unwrap()
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+    };
+    // The other instance sees the settled 30, not the estimate of 1.
+    let (_, response) = b.get("/", &[]);
+    assert_eq!(remaining(&response), 69, "{response}");
+    // A response that cost far more than is left: the key owes it, on both instances.
+    assert_eq!(
+        a.get("/spend?cost=150", &[]).0,
+        200,
+        "admitted on its estimate"
+    );
+    assert_eq!(b.get("/", &[]).0, 429, "in debt");
+    assert_eq!(a.get("/", &[]).0, 429, "in debt");
+    assert_eq!(a.get("/spend?cost=lots", &[]).0, 429, "still in debt");
+}
+
+#[test]
+fn a_streamed_body_is_settled_at_the_bytes_it_sent() {
+    let server = DemoServer::start(&[("RATE_LIMIT", "5000/h"), ("COST_BODY", "bytes")]);
+    let (status, body) = fetch(server.addr, "/stream?bytes=3500", &[]);
+    assert_eq!((status, body.len()), (200, 3500));
+    let (status, body) = fetch(server.addr, "/stream?bytes=3000", &[]);
+    assert_eq!(
+        (status, body.len()),
+        (200, 3000),
+        "1,500 were left: admitted on 1"
+    );
+    assert_eq!(server.get("/", &[]).0, 429, "6,500 sent: 1,500 owed");
+    assert_eq!(server.get("/stream?bytes=x", &[]).0, 429);
 }
 
 #[test]

@@ -59,7 +59,7 @@ impl Policy {
             if self.unit == QuotaUnit::ConcurrentRequests {
                 return Err(ConfigError::new(
                     "a rate policy counts requests over time, not requests in flight; \
-                     use QuotaUnit::Requests or QuotaUnit::ContentBytes",
+                     use another unit than QuotaUnit::ConcurrentRequests",
                 ));
             }
             return Ok(());

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::settle::Meter;
+use crate::settle::meter::Meter;
 
 /// How [`RateLimit`](crate::RateLimit)'s responses carry their bodies: the inner service's
 /// body `B`, or a short complete body written by the limiter (a 429, a rejected key, an

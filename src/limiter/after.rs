@@ -6,7 +6,7 @@ use http::Response;
 
 use super::{Charges, Limiter, When};
 use crate::decision::Decision;
-use crate::settle::{Meter, Pending};
+use crate::settle::meter::{Meter, Pending};
 use crate::store::{Checks, Op, Store};
 
 impl<St: Store> Limiter<St> {

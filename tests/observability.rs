@@ -667,3 +667,31 @@ async fn denials_from_the_deny_cache_are_counted() {
     }
     assert_eq!(top(&layer, "per-user", 1), [("oscar".to_owned(), 49)]);
 }
+
+/// A policy that settles its cost counts the reports it did not take as they came: one too
+/// large (clamped to 10 times the limit), and a response that reported nothing.
+#[test]
+fn the_demo_server_counts_the_costs_it_clamped() {
+    use support::demo::{DemoServer, fetch};
+    let server = DemoServer::start(&[("RATE_LIMIT", "10/h"), ("COST_HEADER", "x-tokens")]);
+    assert_eq!(fetch(server.addr, "/spend?cost=5", &[]).0, 200);
+    assert_eq!(
+        fetch(server.addr, "/", &[]).0,
+        200,
+        "no x-tokens: the estimate kept"
+    );
+    assert_eq!(fetch(server.addr, "/spend?cost=5000", &[]).0, 200);
+    assert_eq!(fetch(server.addr, "/", &[]).0, 429, "in debt");
+    let scrape = scrape(server.addr);
+    let clamped = "ratelimit_costs_clamped_total";
+    let policy = ("policy", "gcra:10/h");
+    assert_eq!(
+        counter(&scrape, clamped, &[policy, ("reason", "too_large")]),
+        1.0
+    );
+    assert_eq!(
+        counter(&scrape, clamped, &[policy, ("reason", "missing")]),
+        1.0
+    );
+    assert_eq!(counter(&scrape, clamped, &[("reason", "negative")]), 0.0);
+}

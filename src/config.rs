@@ -37,6 +37,7 @@ use crate::error::ConfigError;
 use crate::key::{ApiKey, Cidr, ClientIp, GlobalKey, GrpcMethod, HeaderKey, KeyExtractor, PeerIp};
 use crate::policy::Policy;
 use crate::quota::{Quota, QuotaUnit};
+use crate::settle::Settle;
 
 /// A whole configuration: the policies, and the key of those that do not name their own.
 ///
@@ -262,7 +263,10 @@ impl<'de> Deserialize<'de> for CidrText {
 /// | `shadow` | bool | dry run ([`shadow`](Policy::shadow)) |
 /// | `charge_if_status` | integers | charge only responses with these statuses ([`charge_if`](Policy::charge_if)) |
 /// | `refund_if_status` | integers | give the cost back for these statuses ([`refund_if`](Policy::refund_if)) |
-/// | `unit` | string | `requests` (default) or `content-bytes` ([`unit`](Policy::unit)) |
+/// | `unit` | string | `requests` (default), `content-bytes` or `tokens` ([`unit`](Policy::unit)) |
+/// | `settle_header`, `settle_trailer` | string | settle each request at the cost this response header, or trailer, reports ([`settle`](Policy::settle)) |
+/// | `settle_body` | string | `bytes`: settle each request at the bytes its response body sent |
+/// | `settle_at_most` | integer | a reported cost is clamped to this many times the limit ([`Settle::at_most`](crate::Settle::at_most), default 10) |
 /// | `tiers` | table | tier name to quota ([`tier`](Policy::tier)) |
 /// | `tier_header` | string | a request header naming the tier, e.g. set by an auth layer ([`select_tier`](Policy::select_tier)) |
 /// | `tier_keys` | table | key to tier ([`tier_for_key`](Policy::tier_for_key)) |
@@ -317,6 +321,10 @@ struct RawPolicy {
     charge_if_status: Vec<Text<Status>>,
     refund_if_status: Vec<Text<Status>>,
     unit: Option<Text<QuotaUnit>>,
+    settle_header: Option<Text<HeaderNameText>>,
+    settle_trailer: Option<Text<HeaderNameText>>,
+    settle_body: Option<Text<BodyMeasure>>,
+    settle_at_most: Option<u32>,
     tiers: BTreeMap<String, Text<Quota>>,
     tier_header: Option<Text<HeaderNameText>>,
     tier_keys: BTreeMap<String, String>,
@@ -393,6 +401,22 @@ impl std::str::FromStr for HeaderNameText {
     }
 }
 
+/// What a policy counts of a response body to settle its cost: `bytes`.
+#[derive(Clone, Debug)]
+struct BodyMeasure;
+
+impl std::str::FromStr for BodyMeasure {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text.trim() {
+            "bytes" => Ok(BodyMeasure),
+            other => Err(format!(
+                "{other:?} is not what a body is counted in; expected bytes"
+            )),
+        }
+    }
+}
+
 /// A route as written: `"/path"` or `"METHOD /path"`.
 #[derive(Clone, Debug)]
 struct RouteText(Option<Method>, String);
@@ -451,11 +475,44 @@ impl RawPolicy {
     }
 }
 
+impl RawPolicy {
+    /// Where the policy reads a response's real cost, if it settles it.
+    fn settle(&self) -> Result<Option<Settle>, ConfigError> {
+        let settle = match (&self.settle_header, &self.settle_trailer, &self.settle_body) {
+            (None, None, None) => {
+                if self.settle_at_most.is_some() {
+                    return Err(ConfigError::new(
+                        "settle_at_most bounds a settled cost; set settle_header, \
+                         settle_trailer or settle_body too",
+                    ));
+                }
+                return Ok(None);
+            }
+            (Some(Text(HeaderNameText(name))), None, None) => Settle::header(name.as_str()),
+            (None, Some(Text(HeaderNameText(name))), None) => Settle::trailer(name.as_str()),
+            (None, None, Some(_)) => Settle::body_bytes(),
+            _ => {
+                return Err(ConfigError::new(
+                    "a policy settles its cost from one place: settle_header, settle_trailer \
+                     or settle_body",
+                ));
+            }
+        };
+        Ok(Some(match self.settle_at_most {
+            Some(n) => settle.at_most(n),
+            None => settle,
+        }))
+    }
+}
+
 impl TryFrom<RawPolicy> for PolicyConfig {
     type Error = ConfigError;
 
     fn try_from(mut r: RawPolicy) -> Result<Self, ConfigError> {
         let mut policy = r.base()?;
+        if let Some(settle) = r.settle()? {
+            policy = policy.settle(settle);
+        }
         if let Some(name) = &r.name {
             policy = policy.name(name.as_str());
         }

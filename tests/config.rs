@@ -73,6 +73,22 @@ fn mistakes_name_the_line_and_the_field() {
             "[[policy]]\nname = \"f\"\nquota = \"10/s\"\nkey = \"cookie\"\n",
             &["line 4 (key): ", "unknown key"],
         ),
+        (
+            "[[policy]]\nname = \"g\"\nquota = \"10/s\"\nsettle_body = \"lines\"\n",
+            &["line 4 (settle_body): ", "expected bytes"],
+        ),
+        (
+            "[[policy]]\nname = \"h\"\nquota = \"10/s\"\nsettle_body = \"bytes\"\nsettle_header = \"x-used\"\n",
+            &["line 1: policy #1: ", "from one place"],
+        ),
+        (
+            "[[policy]]\nname = \"i\"\nquota = \"10/s\"\nsettle_at_most = 3\n",
+            &["line 1: policy #1: ", "settle_at_most"],
+        ),
+        (
+            "[[policy]]\nname = \"j\"\nquota = \"10/s\"\nsettle_header = \"x-used\"\nshadow = true\n",
+            &["line 1: policy #1: ", "settles its cost"],
+        ),
         ("key = \"ip\"\n", &["missing field `policy`"]),
     ];
     for (text, wanted) in cases {
@@ -137,6 +153,45 @@ tier_header = "x-plan"
         send(&service, get("/items", None)).await.status,
         StatusCode::OK
     );
+}
+
+/// Tokens per minute from a file: admitted on the file's cost, settled at the response's
+/// header, its unit named in the IETF policy.
+#[tokio::test]
+async fn a_file_configures_a_cost_settled_after_the_response() {
+    let limits = read(
+        r#"
+key = "global"
+
+[[policy]]
+name = "tokens"
+algorithm = "token_bucket"
+quota = "1000/min"
+cost = 100
+unit = "tokens"
+settle_header = "x-tokens"
+settle_at_most = 2
+"#,
+    )
+    .unwrap();
+    let layer = RateLimitLayer::builder()
+        .policies(limits.policies().unwrap())
+        .build()
+        .unwrap();
+    let app = tower::service_fn(|_: Request<()>| async {
+        let response = http::Response::builder()
+            .header("x-tokens", "40")
+            .body(String::new())
+            .unwrap();
+        Ok::<_, std::convert::Infallible>(response)
+    });
+    let service = layer.layer(app);
+    let response = tower::ServiceExt::oneshot(service, Request::new(()))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let left = layer.peek(&Key::global()).await.unwrap().outcomes()[0].remaining();
+    assert_eq!(left, 960, "settled at 40, not the file's 100");
 }
 
 /// The file changes (a raised quota): reloading the layer with it keeps what keys used.

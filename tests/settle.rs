@@ -373,18 +373,16 @@ fn a_policy_that_settles_is_enforced_alone() {
     assert!(zero.contains("at_most(0)"), "{zero}");
 }
 
-/// Two layers on one store, `tasks` tasks each sending `per_task` streamed requests of random
+/// Two layers on the stores `a` and `b` (two instances' connections to one Redis, or one
+/// memory store), `tasks` tasks each sending `per_task` streamed requests of random
 /// estimates and sizes: the store's charges end up the sum of the real sizes exactly.
-async fn sums_exactly<St: Store + Clone>(store: St, tasks: u64, per_task: u64, name: &str) {
+async fn sums_exactly<St: Store + Clone>(a: St, b: St, tasks: u64, per_task: u64, name: &str) {
     let policy = || {
         Policy::fixed_window("1000000000/h")
             .name(name)
             .settle(Settle::body_bytes())
     };
-    let layers = [
-        layer(store.clone(), policy()),
-        layer(store.clone(), policy()),
-    ];
+    let layers = [layer(a, policy()), layer(b, policy())];
     let mut handles = Vec::new();
     for t in 0..tasks {
         let layer = layers[(t % 2) as usize].clone();
@@ -425,22 +423,27 @@ async fn sums_exactly<St: Store + Clone>(store: St, tasks: u64, per_task: u64, n
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_layers_settle_exact_sums_on_one_store() {
     let clock = ManualClock::new();
-    sums_exactly(MemoryStore::with_clock(clock.clone()), 8, 200, "sum-memory").await;
+    let memory = MemoryStore::with_clock(clock.clone());
+    sums_exactly(memory.clone(), memory, 8, 200, "sum-memory").await;
+    // Two instances: two stores, each with its own connection to one Redis.
     let server = RedisServer::start();
-    let redis = server.store("sum:", &clock).await;
-    sums_exactly(redis, 8, 200, "sum-redis").await;
+    let a = server.store("sum:", &clock).await;
+    let b = server.store("sum:", &clock).await;
+    sums_exactly(a, b, 8, 200, "sum-redis").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_layers_settle_exact_sums_on_the_cluster() {
     let cluster = RedisCluster::start();
     let clock = ManualClock::new();
-    let store = tower_ratelimit::RedisStore::builder(&cluster.url())
-        .prefix("sum:")
-        .deadline(Duration::from_secs(10))
-        .clock(clock.clone())
-        .build()
-        .await
-        .unwrap();
-    sums_exactly(store, 8, 50, "sum-cluster").await;
+    let store = async || {
+        tower_ratelimit::RedisStore::builder(&cluster.url())
+            .prefix("sum:")
+            .deadline(Duration::from_secs(10))
+            .clock(clock.clone())
+            .build()
+            .await
+            .unwrap()
+    };
+    sums_exactly(store().await, store().await, 8, 50, "sum-cluster").await;
 }

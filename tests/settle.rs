@@ -447,3 +447,46 @@ async fn two_layers_settle_exact_sums_on_the_cluster() {
     };
     sums_exactly(store().await, store().await, 8, 50, "sum-cluster").await;
 }
+
+/// With the IETF fields, the policy names its unit (`qu="tokens"`), and `r` tells the
+/// estimate on the response itself, the settled cost on the next one.
+#[tokio::test]
+async fn the_ietf_fields_name_tokens_and_tell_the_estimate_then_the_settled_cost() {
+    let layer = RateLimitLayer::builder()
+        .store(MemoryStore::with_clock(ManualClock::new()))
+        .key(HeaderKey::try_new("x-user").unwrap())
+        .headers(tower_ratelimit::HeaderStyle::Ietf)
+        .policy(
+            Policy::fixed_window("1000/min")
+                .name("tokens")
+                .unit(tower_ratelimit::QuotaUnit::Tokens)
+                .cost(|_| 100)
+                .settle(Settle::header("x-used")),
+        )
+        .build()
+        .unwrap();
+    let fields = async |used: &str| {
+        let mut svc = tower::ServiceBuilder::new()
+            .layer(layer.clone())
+            .service(service_fn(app));
+        let request = Request::builder()
+            .header("x-user", "u")
+            .header("x-used", used)
+            .body(())
+            .unwrap();
+        let response = svc.ready().await.unwrap().call(request).await.unwrap();
+        let field = |name: &str| {
+            let value = response.headers().get(name).expect(name);
+            value.to_str().unwrap().to_owned()
+        };
+        (field("ratelimit-policy"), field("ratelimit"))
+    };
+    let (policy, state) = fields("30").await;
+    assert!(policy.contains("qu=\"tokens\""), "{policy}");
+    assert!(state.contains(";r=900"), "the estimate: {state}");
+    let (_, state) = fields("30").await;
+    assert!(
+        state.contains(";r=870"),
+        "30 settled, 100 estimated: {state}"
+    );
+}

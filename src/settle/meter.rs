@@ -52,6 +52,7 @@ impl Pending {
         Pending { check, settle }
     }
 
+    /// Whether its cost is counted from the response body (else read from the head).
     pub(crate) fn reads_body(&self) -> bool {
         self.settle.reads_body()
     }

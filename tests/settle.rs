@@ -420,6 +420,41 @@ async fn sums_exactly<St: Store + Clone>(a: St, b: St, tasks: u64, per_task: u64
     );
 }
 
+/// A debt run up through the layer on `a` denies on `b` until it is paid back, then clears
+/// on both.
+async fn debt_across<St: Store>(a: St, b: St, clock: &ManualClock, name: &str) {
+    let policy = || {
+        Policy::token_bucket("60/min")
+            .name(name)
+            .settle(Settle::header("x-used"))
+    };
+    let (a, b) = (layer(a, policy()), layer(b, policy()));
+    let got = send(&a, &[("x-estimate", "10"), ("x-used", "90")]).await;
+    assert_eq!(got.status, StatusCode::OK);
+    // 90 units from a bucket of 60 refilled at one a second: 30 owed, then one for the next.
+    let got = send(&b, &[]).await;
+    assert_eq!(
+        got.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the other instance"
+    );
+    assert_eq!(got.retry_after, Some(31));
+    clock.advance(Duration::from_secs(30));
+    assert_eq!(send(&a, &[]).await.status, StatusCode::TOO_MANY_REQUESTS);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(send(&b, &[]).await.status, StatusCode::OK, "the debt paid");
+    assert_eq!(send(&a, &[]).await.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debt_on_one_instance_denies_on_the_other_until_paid() {
+    let clock = ManualClock::new();
+    let server = RedisServer::start();
+    let a = server.store("debt2:", &clock).await;
+    let b = server.store("debt2:", &clock).await;
+    debt_across(a, b, &clock, "debt-redis").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_layers_settle_exact_sums_on_one_store() {
     let clock = ManualClock::new();
@@ -433,7 +468,7 @@ async fn two_layers_settle_exact_sums_on_one_store() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_layers_settle_exact_sums_on_the_cluster() {
+async fn two_layers_settle_exact_sums_and_debts_on_the_cluster() {
     let cluster = RedisCluster::start();
     let clock = ManualClock::new();
     let store = async || {
@@ -446,6 +481,7 @@ async fn two_layers_settle_exact_sums_on_the_cluster() {
             .unwrap()
     };
     sums_exactly(store().await, store().await, 8, 50, "sum-cluster").await;
+    debt_across(store().await, store().await, &clock, "debt-cluster").await;
 }
 
 /// With the IETF fields, the policy names its unit (`qu="tokens"`), and `r` tells the

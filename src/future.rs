@@ -426,18 +426,14 @@ fn responded<St: Store, B>(
         headers.apply(response.headers_mut());
     }
     let mut held = with.held.take();
-    let mut charges = None;
-    if let Some(after) = with.after.take() {
-        let Charging {
-            limiter,
-            charges: after,
-        } = *after;
-        let (call, meter) = limiter.after_response(after, &response);
+    let charges = with.after.take().and_then(|after| {
+        let Charging { limiter, charges } = *after;
+        let (call, meter) = limiter.after_response(charges, &response);
         if let Some(meter) = meter {
-            held = Some(HeldSlots::metered(held, meter));
+            held = Some(HeldSlots::metered(held.take(), meter));
         }
-        charges = call;
-    }
+        call
+    });
     match charges {
         None => Ok((response, held)),
         Some(charges) => Err(Box::new(Adjusting {

@@ -385,25 +385,23 @@ impl<St: Store> Limiter<St> {
             let tier = policy.tier(index);
             let cost = policy.cost(request);
             let op = Op::of(tier.part());
+            let mut wait_for = |when: When, op: Op| {
+                after.push(AfterResponse {
+                    check: Check::new(tier.clone(), key.clone(), cost, op),
+                    when,
+                    lease_end: None,
+                });
+            };
             for (when, charge) in [
                 (tier.charge_if(), Op::Enforce),
                 (policy.refund_if(), Op::Refund),
             ] {
                 if let Some(when) = when {
-                    after.push(AfterResponse {
-                        check: Check::new(tier.clone(), key.clone(), cost, charge),
-                        when: When::Status(when.clone()),
-                        lease_end: None,
-                    });
+                    wait_for(When::Status(when.clone()), charge);
                 }
             }
             if let Some(settle) = policy.settle() {
-                let op = Op::Settle { estimate: cost };
-                after.push(AfterResponse {
-                    check: Check::new(tier.clone(), key.clone(), cost, op),
-                    when: When::Settle(settle.clone()),
-                    lease_end: None,
-                });
+                wait_for(When::Settle(settle.clone()), Op::Settle { estimate: cost });
             }
             if let (Some(fallback), Some(local)) = (&mut fallback, policy.fallback_tier(index)) {
                 fallback.push(Check::new(local.clone(), key.clone(), cost, op));

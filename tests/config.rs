@@ -155,8 +155,8 @@ tier_header = "x-plan"
     );
 }
 
-/// Tokens per minute from a file: admitted on the file's cost, settled at the response's
-/// header, its unit named in the IETF policy.
+/// Tokens per minute from a file (their unit `tokens`): admitted on the file's cost, settled
+/// at the response's header.
 #[tokio::test]
 async fn a_file_configures_a_cost_settled_after_the_response() {
     let limits = read(

@@ -71,7 +71,8 @@ impl Pending {
 /// them when it is dropped (the body ended, failed, or went away).
 pub(crate) struct Meter {
     counting: SmallVec<[Counting; 1]>,
-    send: Box<dyn FnOnce(Checks) + Send + Sync>,
+    /// Taken when dropped.
+    send: Option<Box<dyn FnOnce(Checks) + Send + Sync>>,
 }
 
 /// One policy's count in a [`Meter`].
@@ -97,7 +98,10 @@ impl Meter {
                 Counting { pending, reading }
             })
             .collect();
-        Meter { counting, send }
+        Meter {
+            counting,
+            send: Some(send),
+        }
     }
 
     /// Counts one frame of the body.
@@ -130,8 +134,7 @@ impl Drop for Meter {
                 checks.push(pending.check.with_cost(units));
             }
         }
-        let send = std::mem::replace(&mut self.send, Box::new(|_| {}));
-        if !checks.is_empty() {
+        if let Some(send) = self.send.take().filter(|_| !checks.is_empty()) {
             send(checks);
         }
     }

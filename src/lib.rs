@@ -386,6 +386,7 @@ mod deciding;
 mod future;
 mod body;
 mod clock;
+pub mod calendar;
 mod error;
 
 #[cfg(feature = "axum")]
@@ -394,6 +395,7 @@ pub mod axum;
 
 pub use algorithm::Algorithm;
 pub use body::{HeldSlots, MakeBody, ResponseBody, Wrapped};
+pub use calendar::{Calendar, Weekday};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, PolicyOutcome};
 pub use error::{ConfigError, FailurePolicy, KeyRejection, StoreError, StoreErrorKind};

@@ -42,6 +42,8 @@ pub struct Quota {
     limit: NonZeroU32,
     window_us: u64,
     burst: Option<NonZeroU32>,
+    /// A calendar month (its `window_us` is the longest, 31 days).
+    monthly: bool,
 }
 
 impl Quota {
@@ -65,12 +67,34 @@ impl Quota {
         Self::from_micros(limit, 86_400_000_000)
     }
 
+    /// `limit` per week (seven days; with a [`Calendar`](crate::Calendar), from the day weeks
+    /// start on).
+    pub const fn per_week(limit: NonZeroU32) -> Self {
+        Self::from_micros(limit, 7 * 86_400_000_000)
+    }
+
+    /// `limit` per calendar month: counted by a fixed window with a
+    /// [`Calendar`](crate::Calendar) (UTC, from the 1st, when the policy names none), each
+    /// month from its first day to the next one's, 28 to 31 days. Its [`window`](Self::window)
+    /// is the longest month, 31 days.
+    pub const fn per_month(limit: NonZeroU32) -> Self {
+        let mut q = Self::from_micros(limit, 31 * 86_400_000_000);
+        q.monthly = true;
+        q
+    }
+
     const fn from_micros(limit: NonZeroU32, window_us: u64) -> Self {
         Quota {
             limit,
             window_us,
             burst: None,
+            monthly: false,
         }
+    }
+
+    /// Whether the quota counts calendar months.
+    pub const fn is_monthly(&self) -> bool {
+        self.monthly
     }
 
     /// `limit` per any `window`.
@@ -107,7 +131,8 @@ impl Quota {
     /// The quota with its limit and burst divided by `divisor`, rounded down but never below 1.
     pub(crate) fn divided(self, divisor: u32) -> Result<Self, QuotaError> {
         let d = divisor.max(1);
-        let q = Quota::new((self.limit() / d).max(1), self.window())?;
+        let mut q = Quota::new((self.limit() / d).max(1), self.window())?;
+        q.monthly = self.monthly;
         match self.burst() {
             Some(b) => q.try_with_burst((b / d).max(1)),
             None => Ok(q),
@@ -150,6 +175,9 @@ impl fmt::Display for Quota {
     /// Formats as the same short syntax [`FromStr`] accepts, e.g. `10/s`, `20/10s`, `5000/h`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/", self.limit)?;
+        if self.monthly {
+            return f.write_str("month");
+        }
         let us = self.window_us;
         const UNITS: [(u64, &str); 6] = [
             (86_400_000_000, "d"),
@@ -177,9 +205,10 @@ impl FromStr for Quota {
     type Err = QuotaError;
 
     /// Parses `LIMIT/WINDOW`, where `WINDOW` is an optional count and a unit: `us`, `ms`,
-    /// `s`/`sec`/`second`, `m`/`min`/`minute`, `h`/`hour`, `d`/`day` (plurals accepted).
-    /// Spaces around the parts are ignored. Examples: `10/s`, `100/min`, `5000/h`, `20/10s`,
-    /// `1/500ms`.
+    /// `s`/`sec`/`second`, `m`/`min`/`minute`, `h`/`hour`, `d`/`day`, `w`/`week` (plurals
+    /// accepted), or `month` alone (one calendar month, see [`Quota::per_month`]). Spaces
+    /// around the parts are ignored. Examples: `10/s`, `100/min`, `5000/h`, `20/10s`,
+    /// `1/500ms`, `10000/month`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Quota::parse(s).map_err(|e| match e {
             ParseError::Syntax(reason) => QuotaError::Syntax {
@@ -274,19 +303,34 @@ impl Quota {
             b"m" | b"min" | b"mins" | b"minute" | b"minutes" => 60_000_000,
             b"h" | b"hr" | b"hour" | b"hours" => 3_600_000_000,
             b"d" | b"day" | b"days" => 86_400_000_000,
+            b"w" | b"week" | b"weeks" => 7 * 86_400_000_000,
+            b"mo" | b"month" | b"months" => {
+                if digits > 0 && count != 1 {
+                    return Err(ParseError::Syntax(
+                        "a monthly quota counts one calendar month, e.g. 10000/month",
+                    ));
+                }
+                0
+            }
             b"" => {
                 return Err(ParseError::Syntax(
-                    "the window needs a unit: us, ms, s, min, h or d",
+                    "the window needs a unit: us, ms, s, min, h, d, w or month",
                 ));
             }
             _ => {
                 return Err(ParseError::Syntax(
-                    "unknown window unit; use us, ms, s, min, h or d",
+                    "unknown window unit; use us, ms, s, min, h, d, w or month",
                 ));
             }
         };
         if count == 0 {
             return Err(ParseError::ZeroWindow);
+        }
+        if unit_us == 0 {
+            return match NonZeroU32::new(limit as u32) {
+                Some(limit) => Ok(Quota::per_month(limit)),
+                None => Err(ParseError::ZeroLimit),
+            };
         }
         let Some(window_us) = count.checked_mul(unit_us) else {
             return Err(ParseError::WindowTooLong(MAX_WINDOW.as_micros() as u64));
@@ -478,6 +522,10 @@ mod tests {
             ("3/250µs", 3, 250),
             ("20/10s", 20, 10_000_000),
             ("4294967295/366d", u32::MAX, MAX_WINDOW.as_micros() as u64),
+            ("2000/week", 2000, 7 * 86_400_000_000),
+            ("2000/2w", 2000, 14 * 86_400_000_000),
+            ("10000/month", 10000, 31 * 86_400_000_000),
+            ("10000 / 1 months", 10000, 31 * 86_400_000_000),
         ];
         for (text, limit, window_us) in cases {
             let q: Quota = text.parse().unwrap_or_else(|e| panic!("{text}: {e}"));
@@ -489,6 +537,10 @@ mod tests {
             );
         }
         assert_eq!(AT_COMPILE_TIME, "20/10s".parse().unwrap());
+        let month: Quota = "10000/mo".parse().unwrap();
+        assert!(month.is_monthly() && !"10000/31d".parse::<Quota>().unwrap().is_monthly());
+        assert_eq!(month.to_string(), "10000/month");
+        assert_eq!(month, Quota::per_month(NonZeroU32::new(10000).unwrap()));
     }
 
     #[test]
@@ -506,6 +558,7 @@ mod tests {
             ("10/0s", "window is zero"),
             ("10/367d", "too long"),
             ("10/9999999999999d", "too long"),
+            ("10/2months", "one calendar month"),
         ];
         for (text, expected) in cases {
             let err = text.parse::<Quota>().unwrap_err().to_string();

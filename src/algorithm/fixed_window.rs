@@ -9,8 +9,14 @@
 //! Across a boundary a client can spend the limit at the end of one window and again at the start
 //! of the next: up to **twice the limit** in any window-long span. Memory per key: two integers
 //! (window start, count).
+//!
+//! With a calendar ([`Periods`]), the windows are its periods (a day, a week or a month in a
+//! time zone) rather than equal lengths from the epoch: every other rule is the same.
+
+use std::sync::Arc;
 
 use super::{LuaParams, Options, Step, Verdict};
+use crate::calendar::Periods;
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
@@ -18,6 +24,8 @@ use crate::quota::Quota;
 pub(crate) struct FixedWindow {
     limit: u64,
     window: u64,
+    /// The calendar periods counted instead of windows of `window`.
+    periods: Option<Arc<Periods>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,16 +39,40 @@ impl FixedWindow {
         FixedWindow {
             limit: quota.limit() as u64,
             window: quota.window_us(),
+            periods: None,
         }
     }
 
-    /// The current window's start and count. A state from a later window (the clock went
+    /// The same limit counted over calendar periods.
+    pub(crate) fn with_periods(mut self, periods: Periods) -> Self {
+        self.periods = Some(Arc::new(periods));
+        self
+    }
+
+    /// The calendar periods counted, if any.
+    pub(crate) fn periods(&self) -> Option<&Periods> {
+        self.periods.as_deref()
+    }
+
+    /// The start and end of the window holding `t`.
+    fn bounds(&self, t: u64) -> (u64, u64) {
+        match &self.periods {
+            None => {
+                let start = t - t % self.window;
+                (start, start + self.window)
+            }
+            Some(periods) => periods.window(t),
+        }
+    }
+
+    /// The current window's start, end and count. A state from a later window (the clock went
     /// back) is kept as the current one.
-    fn current(&self, state: Option<&State>, now: u64) -> (u64, u64) {
-        let start = now - now % self.window;
+    fn current(&self, state: Option<&State>, now: u64) -> (u64, u64, u64) {
+        let (start, end) = self.bounds(now);
         match state {
-            Some(s) if s.start >= start => (s.start, s.count),
-            _ => (start, 0),
+            Some(s) if s.start == start => (start, end, s.count),
+            Some(s) if s.start > start => (s.start, self.bounds(s.start).1, s.count),
+            _ => (start, end, 0),
         }
     }
 }
@@ -55,15 +87,23 @@ impl Step for FixedWindow {
     }
 
     fn window_us(&self) -> u64 {
-        self.window
+        match &self.periods {
+            None => self.window,
+            Some(periods) => periods.length(),
+        }
     }
 
     fn reported_limit(&self) -> u64 {
         self.limit
     }
 
+    /// With a calendar, the window is 0 and the calendar's id follows; each call carries the
+    /// periods' boundaries after the tag (see `Tier::tag`).
     fn lua_params(&self) -> LuaParams {
-        smallvec::smallvec![self.limit, self.window]
+        match &self.periods {
+            None => smallvec::smallvec![self.limit, self.window],
+            Some(periods) => smallvec::smallvec![self.limit, 0, periods.id()],
+        }
     }
 
     /// A state from a later window (a reserved slot, or the clock went back) starts there.
@@ -73,30 +113,36 @@ impl Step for FixedWindow {
 
     /// The count of the window still running carries over into the new window that holds the
     /// present (or the state's later window): with the window unchanged, 5 used of 10 are 5
-    /// used of 20. A window that has ended carries nothing; a longer window starts from the
+    /// used of 20. A window that has ended carries nothing (a calendar period has ended when
+    /// the present definition's window holding the present starts after it); a longer window starts from the
     /// count of the old window that was running (the windows before it are forgotten), a
     /// shorter one keeps that count until it ends.
     fn convert(&self, from: &Self, state: &mut Option<State>, now: u64, _: u64) -> u64 {
         let Some(s) = state.as_ref() else {
             return now;
         };
-        if s.start + from.window <= now {
+        // A calendar's window ended when the present definition's window holding `now`
+        // starts after it (the script has the present calendar's boundaries only).
+        let ended = match from.periods {
+            None => s.start + from.window <= now,
+            Some(_) => s.start < self.bounds(now).0,
+        };
+        if ended {
             *state = None;
             return now;
         }
-        let at = s.start.max(now);
-        let start = at - at % self.window;
+        let (start, end) = self.bounds(s.start.max(now));
         *state = Some(State {
             start,
             count: s.count,
         });
-        start + self.window
+        end
     }
 
     fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
-        let (start, count) = self.current(state, now);
+        let (start, end, count) = self.current(state, now);
         // As of the state's own time when it is ahead (see `own_time`).
-        let window_left = (start + self.window) - now.max(start);
+        let window_left = end - now.max(start);
         let remaining = self.limit.saturating_sub(count);
         if cost > self.limit {
             return Verdict::deny(remaining, reset(count, window_left), None);
@@ -111,18 +157,18 @@ impl Step for FixedWindow {
     /// Gives back up to `units` of the current window's count.
     fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
         state.as_ref()?;
-        let (start, count) = self.current(state.as_ref(), now);
+        let (start, end, count) = self.current(state.as_ref(), now);
         *state = Some(State {
             start,
             count: count - count.min(units),
         });
-        Some(start + self.window)
+        Some(end)
     }
 
     /// A lease ends with the window its units are counted in.
     fn lease_end(&self, state: Option<&State>, now: u64, ttl: u64) -> u64 {
-        let (start, _) = self.current(state, now);
-        (now.max(start) + ttl).min(start + self.window - 1)
+        let (start, end, _) = self.current(state, now);
+        (now.max(start) + ttl).min(end - 1)
     }
 
     /// Gives back to the lease's window only: once another has begun, the units went with it.
@@ -133,20 +179,20 @@ impl Step for FixedWindow {
         end: u64,
         units: u64,
     ) -> Option<u64> {
-        let (start, _) = self.current(state.as_ref(), now);
-        if start != end - end % self.window {
+        let (start, _, _) = self.current(state.as_ref(), now);
+        if start != self.bounds(end).0 {
             return None;
         }
         self.refund(state, now, units)
     }
 
     fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
-        let (start, count) = self.current(state.as_ref(), now);
+        let (start, end, count) = self.current(state.as_ref(), now);
         *state = Some(State {
             start,
             count: count + cost,
         });
-        start + self.window
+        end
     }
 }
 

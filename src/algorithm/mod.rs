@@ -26,10 +26,14 @@
 
 #[cfg(test)]
 mod properties;
+mod compact;
+
+pub(crate) use compact::compact;
 
 use std::fmt;
 use std::str::FromStr;
 
+use crate::calendar::Periods;
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
@@ -703,6 +707,16 @@ impl Compiled {
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn lua_args(&self) -> (u8, LuaParams) {
         (self.algorithm().lua_id(), self.lua_params())
+    }
+}
+
+impl Compiled {
+    /// The calendar periods counted instead of windows (a fixed window's), if any.
+    pub(crate) fn periods(&self) -> Option<&Periods> {
+        match self {
+            Compiled::FixedWindow(window) => window.periods(),
+            _ => None,
+        }
     }
 }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 
 use crate::algorithm::{Algorithm, Options};
+use crate::calendar::Calendar;
 use crate::error::ConfigError;
 use crate::key::{Key, KeyExtractor, RequestRef};
 use crate::quota::Quota;
@@ -60,6 +61,7 @@ pub struct Policy {
     pub(super) tier_of: Option<TierFn>,
     pub(super) tier_overrides: Vec<(Key, String)>,
     pub(super) unit: QuotaUnit,
+    pub(super) calendar: Option<Calendar>,
 }
 
 /// How a policy takes part in a decision: one way, chosen by one builder method
@@ -158,6 +160,7 @@ impl fmt::Debug for Policy {
             .field("takes", &self.takes.as_ref().map(Takes::describe))
             .field("routes", &self.routes)
             .field("tiers", &self.tiers)
+            .field("calendar", &self.calendar)
             .finish_non_exhaustive()
     }
 }
@@ -186,6 +189,7 @@ impl Policy {
             tier_of: None,
             tier_overrides: Vec::new(),
             unit: QuotaUnit::Requests,
+            calendar: None,
         }
     }
 
@@ -345,6 +349,34 @@ impl Policy {
     #[must_use]
     pub fn buckets(mut self, buckets: u32) -> Self {
         self.options.buckets = Some(buckets);
+        self
+    }
+
+    /// Counts the quota over the periods of `calendar`: a day, a week or a month that starts at
+    /// midnight in its time zone (on its week day, on its day of the month), exact across
+    /// daylight-saving changes and months of any length, rather than over windows aligned to
+    /// the Unix epoch. For a [fixed window](Algorithm::FixedWindow) of one day, one week or one
+    /// month; anything else is an error of [`build`](crate::RateLimitLayerBuilder::build). A
+    /// monthly quota (`"10000/month"`) without a calendar counts months in UTC from the 1st.
+    /// `Retry-After`, `X-RateLimit-Reset` and the IETF `t` count to the period's real end.
+    ///
+    /// ```
+    /// use tower_ratelimit::{Algorithm, Calendar, Policy, RateLimitLayer, key::PeerIp};
+    ///
+    /// # fn main() -> Result<(), tower_ratelimit::ConfigError> {
+    /// let plan = Policy::new(Algorithm::FixedWindow, "500/day")
+    ///     .calendar(Calendar::in_zone("America/New_York")?);
+    /// let layer = RateLimitLayer::builder().policy(plan).key(PeerIp::new()).build()?;
+    /// # let _ = layer;
+    /// let hourly = Policy::new(Algorithm::FixedWindow, "10/h").calendar(Calendar::utc());
+    /// let err = RateLimitLayer::builder().policy(hourly).build().unwrap_err();
+    /// assert!(err.to_string().contains("one day, one week or one month"));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn calendar(mut self, calendar: Calendar) -> Self {
+        self.calendar = Some(calendar);
         self
     }
 

@@ -10,6 +10,7 @@ use super::builder::{CostFn, MAX_WAIT, Policy, Takes};
 use super::compiled::{CompiledPolicy, Striped};
 use super::tier::{LeaseSpec, Part, Registered, Tier};
 use crate::algorithm::Compiled;
+use crate::calendar::{Calendar, Period, Periods};
 use crate::error::ConfigError;
 use crate::key::KeyExtractor;
 use crate::quota::{Quota, QuotaUnit};
@@ -200,6 +201,9 @@ impl Policy {
         if let Some(buckets) = self.options.buckets {
             name.push_str(&format!(":buckets{buckets}"));
         }
+        if let Some(calendar) = &self.calendar {
+            name.push_str(&calendar.describe(":"));
+        }
         name
     }
 
@@ -239,6 +243,9 @@ impl Policy {
         if let Some(buckets) = self.options.buckets {
             about.push_str(&format!(" buckets {buckets}"));
         }
+        if let Some(calendar) = &self.calendar {
+            about.push_str(&calendar.describe(" "));
+        }
         about
     }
 
@@ -255,7 +262,35 @@ impl Policy {
                 .try_with_burst(burst)
                 .map_err(|e| ConfigError::from(e).context(described))?;
         }
-        Compiled::new(self.algorithm, quota, self.options).map_err(|e| e.context(described))
+        let compiled =
+            Compiled::new(self.algorithm, quota, self.options).map_err(|e| e.context(described))?;
+        self.with_calendar(compiled, &quota)
+            .map_err(|e| e.context(described))
+    }
+
+    /// `compiled` counting calendar periods when the policy has a calendar or a monthly quota
+    /// (UTC then), checked: a fixed window of one day, one week or one month.
+    fn with_calendar(&self, compiled: Compiled, quota: &Quota) -> Result<Compiled, ConfigError> {
+        let calendar = match &self.calendar {
+            Some(calendar) => calendar.clone(),
+            None if quota.is_monthly() => Calendar::utc(),
+            None => return Ok(compiled),
+        };
+        calendar.check()?;
+        let Compiled::FixedWindow(window) = compiled else {
+            return Err(ConfigError::new(format!(
+                "calendar periods are counted by the fixed window, not {}; use Algorithm::FixedWindow for {quota}",
+                self.algorithm
+            )));
+        };
+        let period = Period::of(quota.window_us(), quota.is_monthly()).ok_or_else(|| {
+            ConfigError::new(format!(
+                "a calendar period is one day, one week or one month (got {quota})"
+            ))
+        })?;
+        Ok(Compiled::FixedWindow(
+            window.with_periods(Periods::new(calendar, period)),
+        ))
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use http::HeaderValue;
 
 use super::builder::StatusFn;
-use crate::algorithm::Compiled;
+use crate::algorithm::{Compiled, compact};
 use crate::headers::value::number;
 use crate::quota::QuotaUnit;
 
@@ -20,26 +20,6 @@ pub(crate) struct Registered {
     pub(crate) def: u32,
 }
 
-/// `n` as few characters as Lua reads back exactly: in base 36, lowercase (`tonumber(text,
-/// 36)`), or when shorter, in decimal with its trailing zeros as an exponent, `864E8` for
-/// 86,400,000,000 (`tonumber(text)`: every value is below 2^53, where strtod is exact).
-fn compact(n: u64) -> String {
-    let base36 = base36(n);
-    let (mut mantissa, mut zeros) = (n, 0);
-    while mantissa != 0 && mantissa.is_multiple_of(10) {
-        (mantissa, zeros) = (mantissa / 10, zeros + 1);
-    }
-    if zeros == 0 {
-        return base36;
-    }
-    let decimal = format!("{mantissa}E{zeros}");
-    if decimal.len() < base36.len() {
-        decimal
-    } else {
-        base36
-    }
-}
-
 /// The letter that starts a tag: `A` for the algorithm of Lua id 0, `B` for 1, and so on. A
 /// state is digits, spaces and colons, so the first letter of a value starts its tag.
 fn tag_letter(lua_id: u8) -> char {
@@ -50,20 +30,6 @@ fn tag_letter(lua_id: u8) -> char {
         )
     };
     char::from(b'A' + lua_id)
-}
-
-/// `n` in base 36, lowercase.
-fn base36(mut n: u64) -> String {
-    let mut digits = Vec::new();
-    loop {
-        digits.push(b"0123456789abcdefghijklmnopqrstuvwxyz"[(n % 36) as usize]);
-        n /= 36;
-        if n == 0 {
-            break;
-        }
-    }
-    digits.reverse();
-    String::from_utf8(digits).expect("ASCII digits")
 }
 
 /// One quota of a compiled policy, as stores and decisions know it (the policy's own quota is
@@ -273,7 +239,8 @@ impl Tier {
 
 #[cfg(test)]
 mod tests {
-    use super::{compact, tag_letter};
+    use super::tag_letter;
+    use crate::algorithm::compact;
 
     #[test]
     fn a_parameter_is_written_in_its_shorter_form() {

@@ -1,18 +1,50 @@
--- Fixed window: twin of fixed_window.rs. Params: limit, window. State: "start count".
+-- Fixed window: twin of fixed_window.rs. Params: limit, window; for a calendar, limit, 0, the
+-- calendar's id, then the boundaries the call carries (b0 .. b3: the periods before, holding
+-- and after the caller's time). State: "start count".
 -- Built when a decision first uses it (`algorithm` in decide.lua).
 ALG[FIXED_WINDOW] = function()
   --@inline
   local load = read2
 
-  -- The running window's start and count.
+  -- The calendar period holding t, among the call's boundaries; past them, one more of the
+  -- last one's length (only a clock a whole period away from the caller's gets there).
+  local function period(p, t)
+    if t < p[5] then
+      return p[4], p[5]
+    end
+    if t < p[6] then
+      return p[5], p[6]
+    end
+    if t < p[7] then
+      return p[6], p[7]
+    end
+    return p[7], p[7] + p[7] - p[6]
+  end
+
+  -- The start and end of the window holding t (twin of `FixedWindow::bounds`).
+  --@inline
+  local function bounds(p, t)
+    local w = p[2]
+    if w > 0 then
+      local start = fdiv(t, w)
+      start = start * w
+      return start, start + w
+    end
+    return period(p, t)
+  end
+
+  -- The running window's start, count and end; a state from a later window (a reserved
+  -- slot, or the clock went back) is kept as the running one.
   --@inline
   local function current(p, st, now)
-    local start = fdiv(now, p[2])
-    start = start * p[2]
+    local start, ends = bounds(p, now)
     if st and st[1] >= start then
-      return st[1], st[2]
+      if st[1] > start then
+        start, ends = bounds(p, st[1])
+      end
+      return start, st[2], ends
     end
-    return start, 0
+    return start, 0, ends
   end
 
   -- A state from a later window (a reserved slot, or the clock went back) starts there.
@@ -26,14 +58,14 @@ ALG[FIXED_WINDOW] = function()
 
   --@inline
   local function evaluate(self, p, st, now, cost)
-    local limit, window = p[1], p[2]
-    local start, count = current(p, st, now)
+    local limit = p[1]
+    local start, count, ends = current(p, st, now)
     -- As of the state's own time when it is ahead (see `lag`).
     local from = now
     if start > from then
       from = start
     end
-    local left = start + window - from
+    local left = ends - from
     local remaining = limit - count
     if remaining < 0 then
       remaining = 0
@@ -50,46 +82,54 @@ ALG[FIXED_WINDOW] = function()
 
   --@inline
   local function commit(self, key, p, st, now, cost)
-    local start, count = current(p, st, now)
-    store(key, p, format(INT2, start, count + cost), now, start + p[2])
+    local start, count, ends = current(p, st, now)
+    store(key, p, format(INT2, start, count + cost), now, ends)
   end
 
   return {
     block = block_in_value,
     load = load,
+    bounds = bounds,
     current = current,
     lag = lag,
     evaluate = evaluate,
     -- Twin of `FixedWindow::convert`: the running window's count carried into the new window
-    -- that holds the present (or the state's later window).
+    -- that holds the present (or the state's later window). A calendar's window ended when
+    -- the present one's window holding the present starts after it.
     convert = function(self, key, q, p, st, now)
-      if st[1] + q[2] <= now then
+      local ended
+      if q[2] > 0 then
+        ended = st[1] + q[2] <= now
+      else
+        ended = st[1] < self.bounds(p, now)
+      end
+      if ended then
         return false
       end
       local at = st[1]
       if now > at then
         at = now
       end
-      local start = fdiv(at, p[2]) * p[2]
-      store(key, p, format(INT2, start, st[2]), now, start + p[2])
+      local start, ends = self.bounds(p, at)
+      store(key, p, format(INT2, start, st[2]), now, ends)
       return true
     end,
     -- A lease ends with the window its units are counted in.
     lease_end = function(self, p, st, now, ttl)
-      local start = self.current(p, st, now)
+      local start, _, ends = self.current(p, st, now)
       local from = now
       if start > from then
         from = start
       end
       local e = from + ttl
-      if e > start + p[2] - 1 then
-        e = start + p[2] - 1
+      if e > ends - 1 then
+        e = ends - 1
       end
       return e
     end,
     -- Gives back to the lease's window only: once another has begun, the units went with it.
     give_back = function(self, key, p, st, now, lease_end, units)
-      if self.current(p, st, now) == fdiv(lease_end, p[2]) * p[2] then
+      if self.current(p, st, now) == self.bounds(p, lease_end) then
         self:refund(key, p, st, now, units)
       end
     end,
@@ -97,12 +137,12 @@ ALG[FIXED_WINDOW] = function()
       if not st then
         return
       end
-      local start, count = self.current(p, st, now)
+      local start, count, ends = self.current(p, st, now)
       local left = count - units
       if left < 0 then
         left = 0
       end
-      store(key, p, format(INT2, start, left), now, start + p[2])
+      store(key, p, format(INT2, start, left), now, ends)
     end,
     commit = commit,
   }

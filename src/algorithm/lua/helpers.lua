@@ -313,7 +313,7 @@ local function tag_params(tag, into)
     return nil
   end
   local k = 0
-  for word in string.gmatch(rest, '[^,]+') do
+  for word in string.gmatch(rest, '[^,;]+') do
     k = k + 1
     if find(word, 'E', 1, true) then
       into[k] = tonumber(word)
@@ -333,7 +333,9 @@ end
 local function read_params(tag)
   local p = TAGGED[tag or '']
   if not p and tag then
-    p = { tag = tag }
+    -- A calendar's boundaries follow its tag after ';': parameters, not part of the tag.
+    local semi = find(tag, ';', 1, true)
+    p = { tag = semi and sub(tag, 1, semi - 1) or tag }
     if not tag_params(tag, p) then
       p = nil
     else

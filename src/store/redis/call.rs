@@ -110,6 +110,17 @@ impl Inner {
             .collect())
     }
 
+    /// The time here: the injected clock's, else the system's (a calendar's periods are found
+    /// by it; the script decides on Redis's own time).
+    fn now_micros(&self) -> u64 {
+        match &self.clock {
+            Some(clock) => clock.now_micros(),
+            None => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64),
+        }
+    }
+
     /// One script call deciding `checks`, whose keys must share a slot on a cluster.
     async fn run(&self, link: &Link, checks: &[Check]) -> Result<Vec<Reply>, StoreError> {
         let command = |name: &str, script: &str| {
@@ -130,7 +141,15 @@ impl Inner {
                 }
                 let lease_ttl = check.tier().lease().map_or(0, |l| l.ttl_us());
                 cmd.arg(&op.args(lease_ttl)[..]);
-                cmd.arg(check.tier().tag());
+                match check.tier().algorithm().periods() {
+                    None => cmd.arg(check.tier().tag()),
+                    // A calendar's tag is followed by the boundaries of the periods around
+                    // the present (which the script finds its period among).
+                    Some(periods) => {
+                        let bounds = periods.around(self.now_micros());
+                        cmd.arg(format!("{}{}", check.tier().tag(), bounds.text()))
+                    }
+                };
             }
             if let Some(clock) = &self.clock {
                 // Redis expires keys on its own clock, which an injected one may outrun or lag.

@@ -325,7 +325,7 @@ local function tag_params(tag, into)
     return nil
   end
   local k = 0
-  for word in string.gmatch(rest, '[^,]+') do
+  for word in string.gmatch(rest, '[^,;]+') do
     k = k + 1
     if find(word, 'E', 1, true) then
       into[k] = tonumber(word)
@@ -345,7 +345,9 @@ end
 local function read_params(tag)
   local p = TAGGED[tag or '']
   if not p and tag then
-    p = { tag = tag }
+    -- A calendar's boundaries follow its tag after ';': parameters, not part of the tag.
+    local semi = find(tag, ';', 1, true)
+    p = { tag = semi and sub(tag, 1, semi - 1) or tag }
     if not tag_params(tag, p) then
       p = nil
     else
@@ -394,21 +396,53 @@ local function shift(lag, cost, ok, remaining, reset, retry)
   end
   return ok, remaining, reset, retry
 end
--- Fixed window: twin of fixed_window.rs. Params: limit, window. State: "start count".
+-- Fixed window: twin of fixed_window.rs. Params: limit, window; for a calendar, limit, 0, the
+-- calendar's id, then the boundaries the call carries (b0 .. b3: the periods before, holding
+-- and after the caller's time). State: "start count".
 -- Built when a decision first uses it (`algorithm` in decide.lua).
 ALG[1] = function()
   --@inline
   local load = read2
 
-  -- The running window's start and count.
+  -- The calendar period holding t, among the call's boundaries; past them, one more of the
+  -- last one's length (only a clock a whole period away from the caller's gets there).
+  local function period(p, t)
+    if t < p[5] then
+      return p[4], p[5]
+    end
+    if t < p[6] then
+      return p[5], p[6]
+    end
+    if t < p[7] then
+      return p[6], p[7]
+    end
+    return p[7], p[7] + p[7] - p[6]
+  end
+
+  -- The start and end of the window holding t (twin of `FixedWindow::bounds`).
+  --@inline
+  local function bounds(p, t)
+    local w = p[2]
+    if w > 0 then
+      local start = fdiv(t, w)
+      start = start * w
+      return start, start + w
+    end
+    return period(p, t)
+  end
+
+  -- The running window's start, count and end; a state from a later window (a reserved
+  -- slot, or the clock went back) is kept as the running one.
   --@inline
   local function current(p, st, now)
-    local start = fdiv(now, p[2])
-    start = start * p[2]
+    local start, ends = bounds(p, now)
     if st and st[1] >= start then
-      return st[1], st[2]
+      if st[1] > start then
+        start, ends = bounds(p, st[1])
+      end
+      return start, st[2], ends
     end
-    return start, 0
+    return start, 0, ends
   end
 
   -- A state from a later window (a reserved slot, or the clock went back) starts there.
@@ -422,14 +456,14 @@ ALG[1] = function()
 
   --@inline
   local function evaluate(self, p, st, now, cost)
-    local limit, window = p[1], p[2]
-    local start, count = current(p, st, now)
+    local limit = p[1]
+    local start, count, ends = current(p, st, now)
     -- As of the state's own time when it is ahead (see `lag`).
     local from = now
     if start > from then
       from = start
     end
-    local left = start + window - from
+    local left = ends - from
     local remaining = limit - count
     if remaining < 0 then
       remaining = 0
@@ -446,8 +480,8 @@ ALG[1] = function()
 
   --@inline
   local function commit(self, key, p, st, now, cost)
-    local start, count = current(p, st, now)
-    store(key, p, format(INT2, start, count + cost), now, start + p[2])
+    local start, count, ends = current(p, st, now)
+    store(key, p, format(INT2, start, count + cost), now, ends)
   end
 
   -- The fused decisions of policies enforced (`FUSES[op]`), the usual request: the phases of
@@ -468,7 +502,8 @@ ALG[1] = function()
       local tag = args[at]
       local p_1 = TAGGED[tag or '']
       if not p_1 and tag then
-        p_1 = { tag = tag }
+        local semi = find(tag, ';', 1, true)
+        p_1 = { tag = semi and sub(tag, 1, semi - 1) or tag }
         if not tag_params(tag, p_1) then
           p_1 = nil
         else
@@ -526,32 +561,64 @@ ALG[1] = function()
     end
     local ok, remaining, reset, retry
     repeat -- evaluate
-      local limit, window = p[1], p[2]
-      local start, count
+      local limit = p[1]
+      local start, count, ends
       repeat -- current
-        local start_5
-        do -- fdiv
-          local a, b = now, p[2]
-          local r = a / b
-          local q = r - r % 1
-          if q * b > a then
-            q = q - 1
-          elseif (q + 1) * b <= a then
-            q = q + 1
+        local start_5, ends_5
+        repeat -- bounds
+          local t = now
+          local w = p[2]
+          if w > 0 then
+            local start
+            do -- fdiv
+              local a, b = t, w
+              local r = a / b
+              local q = r - r % 1
+              if q * b > a then
+                q = q - 1
+              elseif (q + 1) * b <= a then
+                q = q + 1
+              end
+              start = q
+            end
+            start = start * w
+            start_5, ends_5 = start, start + w break
           end
-          start_5 = q
-        end
-        start_5 = start_5 * p[2]
+          start_5, ends_5 = period(p, t) break
+        until true
         if st and st[1] >= start_5 then
-          start, count = st[1], st[2] break
+          if st[1] > start_5 then
+            repeat -- bounds
+              local t = st[1]
+              local w = p[2]
+              if w > 0 then
+                local start
+                do -- fdiv
+                  local a, b = t, w
+                  local r = a / b
+                  local q = r - r % 1
+                  if q * b > a then
+                    q = q - 1
+                  elseif (q + 1) * b <= a then
+                    q = q + 1
+                  end
+                  start = q
+                end
+                start = start * w
+                start_5, ends_5 = start, start + w break
+              end
+              start_5, ends_5 = period(p, t) break
+            until true
+          end
+          start, count, ends = start_5, st[2], ends_5 break
         end
-        start, count = start_5, 0 break
+        start, count, ends = start_5, 0, ends_5 break
       until true
       local from = now
       if start > from then
         from = start
       end
-      local left = start + window - from
+      local left = ends - from
       local remaining_4 = limit - count
       if remaining_4 < 0 then
         remaining_4 = 0
@@ -573,21 +640,21 @@ ALG[1] = function()
     until true
     if behind > 0 then
       do -- shift
-        local lag, ok_8, remaining_8, reset_8, retry_8 = behind, ok, remaining, reset, retry
+        local lag, ok_11, remaining_11, reset_11, retry_11 = behind, ok, remaining, reset, retry
         if lag > 0 then
-          remaining_8 = 0
-          reset_8 = reset_8 + lag
-          if retry_8 >= 0 then
-            retry_8 = retry_8 + lag
+          remaining_11 = 0
+          reset_11 = reset_11 + lag
+          if retry_11 >= 0 then
+            retry_11 = retry_11 + lag
           end
-          if ok_8 == 1 and cost > 0 then
-            ok_8, retry_8 = 0, lag
-            if reset_8 < lag then
-              reset_8 = lag
+          if ok_11 == 1 and cost > 0 then
+            ok_11, retry_11 = 0, lag
+            if reset_11 < lag then
+              reset_11 = lag
             end
           end
         end
-        ok, remaining, reset, retry = ok_8, remaining_8, reset_8, retry_8
+        ok, remaining, reset, retry = ok_11, remaining_11, reset_11, retry_11
       end
     end
     REPLY[2], REPLY[3], REPLY[4] = remaining, reset, nil
@@ -601,28 +668,60 @@ ALG[1] = function()
       REPLY[1] = -2
       if cost > 0 then
         repeat -- commit
-          local start, count
+          local start, count, ends
           repeat -- current
-            local start_10
-            do -- fdiv
-              local a, b = now, p[2]
-              local r = a / b
-              local q = r - r % 1
-              if q * b > a then
-                q = q - 1
-              elseif (q + 1) * b <= a then
-                q = q + 1
+            local start_13, ends_13
+            repeat -- bounds
+              local t = now
+              local w = p[2]
+              if w > 0 then
+                local start
+                do -- fdiv
+                  local a, b = t, w
+                  local r = a / b
+                  local q = r - r % 1
+                  if q * b > a then
+                    q = q - 1
+                  elseif (q + 1) * b <= a then
+                    q = q + 1
+                  end
+                  start = q
+                end
+                start = start * w
+                start_13, ends_13 = start, start + w break
               end
-              start_10 = q
+              start_13, ends_13 = period(p, t) break
+            until true
+            if st and st[1] >= start_13 then
+              if st[1] > start_13 then
+                repeat -- bounds
+                  local t = st[1]
+                  local w = p[2]
+                  if w > 0 then
+                    local start
+                    do -- fdiv
+                      local a, b = t, w
+                      local r = a / b
+                      local q = r - r % 1
+                      if q * b > a then
+                        q = q - 1
+                      elseif (q + 1) * b <= a then
+                        q = q + 1
+                      end
+                      start = q
+                    end
+                    start = start * w
+                    start_13, ends_13 = start, start + w break
+                  end
+                  start_13, ends_13 = period(p, t) break
+                until true
+              end
+              start, count, ends = start_13, st[2], ends_13 break
             end
-            start_10 = start_10 * p[2]
-            if st and st[1] >= start_10 then
-              start, count = st[1], st[2] break
-            end
-            start, count = start_10, 0 break
+            start, count, ends = start_13, 0, ends_13 break
           until true
           repeat -- store
-            local value, expires_at = format(INT2, start, count + cost), start + p[2]
+            local value, expires_at = format(INT2, start, count + cost), ends
             value = value .. p.tag
             if KEEP_BLOCK then
               local block_end
@@ -632,26 +731,26 @@ ALG[1] = function()
               end
               value = value .. '|' .. block_end
               repeat -- until_block_ends
-                local expires_at_14 = expires_at
-                if KEEP_BLOCK and KEEP_BLOCK > expires_at_14 then
+                local expires_at_20 = expires_at
+                if KEEP_BLOCK and KEEP_BLOCK > expires_at_20 then
                   expires_at = KEEP_BLOCK break
                 end
-                expires_at = expires_at_14 break
+                expires_at = expires_at_20 break
               until true
             end
             local ms
             repeat -- ttl_ms
               local us = expires_at - now
-              local ms_15 = us / 1000
-              ms_15 = ms_15 - ms_15 % 1
-              if ms_15 * 1000 < us then
-                ms_15 = ms_15 + 1
+              local ms_21 = us / 1000
+              ms_21 = ms_21 - ms_21 % 1
+              if ms_21 * 1000 < us then
+                ms_21 = ms_21 + 1
               end
-              ms_15 = ms_15 + TTL_SLACK
-              if ms_15 < 1 then
+              ms_21 = ms_21 + TTL_SLACK
+              if ms_21 < 1 then
                 ms = 1 break
               end
-              ms = ms_15 break
+              ms = ms_21 break
             until true
             call('SET', key, value, 'PX', format(INT, ms))
           until true
@@ -665,16 +764,16 @@ ALG[1] = function()
       repeat -- ttl_ms
         local expires_at = now + reset
         local us = expires_at - now
-        local ms_16 = us / 1000
-        ms_16 = ms_16 - ms_16 % 1
-        if ms_16 * 1000 < us then
-          ms_16 = ms_16 + 1
+        local ms_22 = us / 1000
+        ms_22 = ms_22 - ms_22 % 1
+        if ms_22 * 1000 < us then
+          ms_22 = ms_22 + 1
         end
-        ms_16 = ms_16 + TTL_SLACK
-        if ms_16 < 1 then
+        ms_22 = ms_22 + TTL_SLACK
+        if ms_22 < 1 then
           ms = 1 break
         end
-        ms = ms_16 break
+        ms = ms_22 break
       until true
       call('PEXPIRE', key, ms)
     end
@@ -692,67 +791,99 @@ ALG[1] = function()
       if not raw then
         st, ends, stale = nil break
       end
-      local a, b, tag, ends_17
+      local a, b, tag, ends_23
       local t = p.tag
       if find(raw, t, #raw - #t + 1, true) then
         a, b = match(raw, '^(%d+) (%d+)~')
       end
       if not a then
         local state
-        state, tag, ends_17 = split_state(raw)
+        state, tag, ends_23 = split_state(raw)
         if tag == p.tag then
           tag = nil
         end
         a, b = match(state or '', '^(%d+) (%d+)$')
         if not a then
-          st, ends, stale = nil, ends_17, tag break
+          st, ends, stale = nil, ends_23, tag break
         end
       end
       into[1], into[2] = tonumber(a), tonumber(b)
-      st, ends, stale = into, ends_17, tag break
+      st, ends, stale = into, ends_23, tag break
     until true
     if ends or stale then
       return nil
     end
     local ok, remaining, reset, retry
     repeat -- evaluate
-      local limit, window = p[1], p[2]
-      local start, count
+      local limit = p[1]
+      local start, count, ends
       repeat -- current
-        local start_19
-        do -- fdiv
-          local a, b = now, p[2]
-          local r = a / b
-          local q = r - r % 1
-          if q * b > a then
-            q = q - 1
-          elseif (q + 1) * b <= a then
-            q = q + 1
+        local start_25, ends_25
+        repeat -- bounds
+          local t = now
+          local w = p[2]
+          if w > 0 then
+            local start
+            do -- fdiv
+              local a, b = t, w
+              local r = a / b
+              local q = r - r % 1
+              if q * b > a then
+                q = q - 1
+              elseif (q + 1) * b <= a then
+                q = q + 1
+              end
+              start = q
+            end
+            start = start * w
+            start_25, ends_25 = start, start + w break
           end
-          start_19 = q
+          start_25, ends_25 = period(p, t) break
+        until true
+        if st and st[1] >= start_25 then
+          if st[1] > start_25 then
+            repeat -- bounds
+              local t = st[1]
+              local w = p[2]
+              if w > 0 then
+                local start
+                do -- fdiv
+                  local a, b = t, w
+                  local r = a / b
+                  local q = r - r % 1
+                  if q * b > a then
+                    q = q - 1
+                  elseif (q + 1) * b <= a then
+                    q = q + 1
+                  end
+                  start = q
+                end
+                start = start * w
+                start_25, ends_25 = start, start + w break
+              end
+              start_25, ends_25 = period(p, t) break
+            until true
+          end
+          start, count, ends = start_25, st[2], ends_25 break
         end
-        start_19 = start_19 * p[2]
-        if st and st[1] >= start_19 then
-          start, count = st[1], st[2] break
-        end
-        start, count = start_19, 0 break
+        start, count, ends = start_25, 0, ends_25 break
       until true
       local from = now
       if start > from then
         from = start
       end
-      local left = start + window - from
-      local remaining_18 = limit - count
-      if remaining_18 < 0 then
-        remaining_18 = 0
+      local left = ends - from
+      local remaining_24 = limit - count
+      if remaining_24 < 0 then
+        remaining_24 = 0
       end
       if cost > limit then
-        ok, remaining, reset, retry = 0, remaining_18, count == 0 and 0 or left, -1 break
+        ok, remaining, reset, retry = 0, remaining_24, count == 0 and 0 or left, -1 break
       end
       if count + cost <= limit then
-        ok, remaining, reset, retry = 1, remaining_18 - cost, count + cost == 0 and 0 or left, -1 break
+        ok, remaining, reset, retry = 1, remaining_24 - cost, count + cost == 0 and 0 or left, -1 break
       end
-      ok, remaining, reset, retry = 0, remaining_18, count == 0 and 0 or left, left break
+      ok, remaining, reset, retry = 0, remaining_24, count == 0 and 0 or left, left break
     until true
     local behind
     repeat -- lag
@@ -763,21 +894,21 @@ ALG[1] = function()
     until true
     if behind > 0 then
       do -- shift
-        local lag, ok_22, remaining_22, reset_22, retry_22 = behind, ok, remaining, reset, retry
+        local lag, ok_31, remaining_31, reset_31, retry_31 = behind, ok, remaining, reset, retry
         if lag > 0 then
-          remaining_22 = 0
-          reset_22 = reset_22 + lag
-          if retry_22 >= 0 then
-            retry_22 = retry_22 + lag
+          remaining_31 = 0
+          reset_31 = reset_31 + lag
+          if retry_31 >= 0 then
+            retry_31 = retry_31 + lag
           end
-          if ok_22 == 1 and cost > 0 then
-            ok_22, retry_22 = 0, lag
-            if reset_22 < lag then
-              reset_22 = lag
+          if ok_31 == 1 and cost > 0 then
+            ok_31, retry_31 = 0, lag
+            if reset_31 < lag then
+              reset_31 = lag
             end
           end
         end
-        ok, remaining, reset, retry = ok_22, remaining_22, reset_22, retry_22
+        ok, remaining, reset, retry = ok_31, remaining_31, reset_31, retry_31
       end
     end
     REPLY[base + 2], REPLY[base + 3] = remaining, reset
@@ -798,39 +929,47 @@ ALG[1] = function()
     judged = judged,
     block = block_in_value,
     load = load,
+    bounds = bounds,
     current = current,
     lag = lag,
     evaluate = evaluate,
     -- Twin of `FixedWindow::convert`: the running window's count carried into the new window
-    -- that holds the present (or the state's later window).
+    -- that holds the present (or the state's later window). A calendar's window ended when
+    -- the present one's window holding the present starts after it.
     convert = function(self, key, q, p, st, now)
-      if st[1] + q[2] <= now then
+      local ended
+      if q[2] > 0 then
+        ended = st[1] + q[2] <= now
+      else
+        ended = st[1] < self.bounds(p, now)
+      end
+      if ended then
         return false
       end
       local at = st[1]
       if now > at then
         at = now
       end
-      local start = fdiv(at, p[2]) * p[2]
-      store(key, p, format(INT2, start, st[2]), now, start + p[2])
+      local start, ends = self.bounds(p, at)
+      store(key, p, format(INT2, start, st[2]), now, ends)
       return true
     end,
     -- A lease ends with the window its units are counted in.
     lease_end = function(self, p, st, now, ttl)
-      local start = self.current(p, st, now)
+      local start, _, ends = self.current(p, st, now)
       local from = now
       if start > from then
         from = start
       end
       local e = from + ttl
-      if e > start + p[2] - 1 then
-        e = start + p[2] - 1
+      if e > ends - 1 then
+        e = ends - 1
       end
       return e
     end,
     -- Gives back to the lease's window only: once another has begun, the units went with it.
     give_back = function(self, key, p, st, now, lease_end, units)
-      if self.current(p, st, now) == fdiv(lease_end, p[2]) * p[2] then
+      if self.current(p, st, now) == self.bounds(p, lease_end) then
         self:refund(key, p, st, now, units)
       end
     end,
@@ -838,12 +977,12 @@ ALG[1] = function()
       if not st then
         return
       end
-      local start, count = self.current(p, st, now)
+      local start, count, ends = self.current(p, st, now)
       local left = count - units
       if left < 0 then
         left = 0
       end
-      store(key, p, format(INT2, start, left), now, start + p[2])
+      store(key, p, format(INT2, start, left), now, ends)
     end,
     commit = commit,
   }
@@ -1116,7 +1255,8 @@ ALG[2] = function()
       local tag = args[at]
       local p_1 = TAGGED[tag or '']
       if not p_1 and tag then
-        p_1 = { tag = tag }
+        local semi = find(tag, ';', 1, true)
+        p_1 = { tag = semi and sub(tag, 1, semi - 1) or tag }
         if not tag_params(tag, p_1) then
           p_1 = nil
         else
@@ -1926,7 +2066,8 @@ ALG[3] = function()
       local tag = args[at]
       local p_1 = TAGGED[tag or '']
       if not p_1 and tag then
-        p_1 = { tag = tag }
+        local semi = find(tag, ';', 1, true)
+        p_1 = { tag = semi and sub(tag, 1, semi - 1) or tag }
         if not tag_params(tag, p_1) then
           p_1 = nil
         else
@@ -2368,7 +2509,8 @@ ALG[4] = function()
       local tag = args[at]
       local p_1 = TAGGED[tag or '']
       if not p_1 and tag then
-        p_1 = { tag = tag }
+        local semi = find(tag, ';', 1, true)
+        p_1 = { tag = semi and sub(tag, 1, semi - 1) or tag }
         if not tag_params(tag, p_1) then
           p_1 = nil
         else
@@ -3055,7 +3197,8 @@ ALG[5] = function()
       local tag = args[at]
       local p_1 = TAGGED[tag or '']
       if not p_1 and tag then
-        p_1 = { tag = tag }
+        local semi = find(tag, ';', 1, true)
+        p_1 = { tag = semi and sub(tag, 1, semi - 1) or tag }
         if not tag_params(tag, p_1) then
           p_1 = nil
         else
@@ -3665,7 +3808,8 @@ ALG[6] = function()
       local tag = args[at]
       local p_1 = TAGGED[tag or '']
       if not p_1 and tag then
-        p_1 = { tag = tag }
+        local semi = find(tag, ';', 1, true)
+        p_1 = { tag = semi and sub(tag, 1, semi - 1) or tag }
         if not tag_params(tag, p_1) then
           p_1 = nil
         else

@@ -9,7 +9,8 @@ use std::time::Duration;
 use support::{RedisServer, Rng, assert_no_key_without_ttl};
 use tower_ratelimit::key::Key;
 use tower_ratelimit::{
-    Algorithm, Decision, ManualClock, MemoryStore, Policy, Quota, RateLimitLayer, Store,
+    Algorithm, Calendar, Decision, ManualClock, MemoryStore, Policy, Quota, RateLimitLayer, Store,
+    Weekday,
 };
 
 fn summary(d: &Decision) -> Vec<(bool, u64, Duration, Option<Duration>)> {
@@ -651,4 +652,109 @@ async fn concurrency_limits_hold_alike_in_both_stores() {
         "the sequences hold slots: {held}, lose {lost}"
     );
     assert_no_key_without_ttl(&server, "diffc:");
+}
+
+/// A random calendar: UTC, a zone with daylight saving (Paris, New York) or one 30 minutes
+/// off the hour (Kolkata), weeks from a random day, months from a random day of the month.
+fn random_calendar(rng: &mut Rng) -> Calendar {
+    let zone =
+        ["UTC", "Europe/Paris", "America/New_York", "Asia/Kolkata"][rng.range(0, 3) as usize];
+    let days = [Weekday::Monday, Weekday::Sunday, Weekday::Wednesday];
+    Calendar::in_zone(zone)
+        .unwrap()
+        .week_starts_on(days[rng.range(0, 2) as usize])
+        .month_starts_on(match rng.range(0, 3) {
+            0 => 1,
+            _ => rng.range(1, 31) as u8,
+        })
+}
+
+/// A fixed window of a random limit a day, a week or a month of a random calendar.
+fn random_plan(rng: &mut Rng, name: &str) -> Policy {
+    let period = ["day", "week", "month"][rng.range(0, 2) as usize];
+    let quota = format!("{}/{period}", rng.range(1, 12));
+    Policy::new(Algorithm::FixedWindow, quota.as_str())
+        .name(name)
+        .calendar(random_calendar(rng))
+}
+
+/// Calendar periods decided alike: random sequences start a few hours before a month end, a
+/// leap day or a daylight-saving change, and step across it by seconds to hours (now and then
+/// back), with administrative operations and reloads of the limit or the calendar between
+/// decisions. Redis finds each period among the boundaries the call carries, memory from the
+/// time-zone database: both give the same decisions, remaining counts, resets and retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calendar_periods_decide_alike_in_both_stores() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let redis = server.store("cal:", &clock).await;
+    let utc = |y, m, d, h| {
+        let t = jiff::civil::date(y, m, d).at(h, 0, 0, 0);
+        t.to_zoned_datetime(jiff::tz::TimeZone::UTC)
+            .unwrap()
+            .timestamp()
+            .as_microsecond() as u64
+    };
+    // A month end, February of a leap year, Paris's two changes, New York's autumn one, and
+    // the end of a week.
+    let starts = [
+        utc(2026, 1, 31, 20),
+        utc(2028, 2, 28, 20),
+        utc(2026, 3, 28, 22),
+        utc(2026, 10, 24, 22),
+        utc(2026, 11, 1, 3),
+        utc(2026, 11, 29, 18),
+    ];
+    let sequences = 150;
+    let (mut decisions, mut reloads) = (0, 0);
+    for seq in 0..sequences {
+        let seed = 11 << 40 | seq;
+        let mut rng = Rng::new(seed);
+        let name = format!("c-{seq}");
+        let policy = random_plan(&mut rng, &name);
+        if traced(seed) {
+            eprintln!("{policy:?}");
+        }
+        let on_memory = layer_of(&policy, MemoryStore::with_clock(clock.clone()));
+        let on_redis = layer_of(&policy, redis.clone());
+        let key = Key::from(format!("k{seq}"));
+        clock.set_micros(starts[rng.range(0, 5) as usize] + rng.range(0, 4 * 3_600_000_000));
+        for step in 0..30 {
+            if rng.range(0, 7) == 0 {
+                let policy = random_plan(&mut rng, &name);
+                if traced(seed) {
+                    eprintln!("reload {policy:?}");
+                }
+                on_memory.reload([policy.clone()]).unwrap();
+                on_redis.reload([policy]).unwrap();
+                reloads += 1;
+            }
+            match rng.range(0, 9) {
+                0 => {
+                    let now = tower_ratelimit::Clock::now_micros(&clock);
+                    clock.set_micros(now - rng.range(1, 3_600_000_000));
+                }
+                1 | 2 => {}
+                3..=5 => clock.advance_micros(rng.range(1, 60_000_000)),
+                _ => clock.advance_micros(rng.range(1, 3 * 3_600_000_000)),
+            }
+            let cost = random_cost(&mut rng);
+            let op = match rng.range(0, 24) {
+                0 => Op::Refund,
+                1 | 2 => Op::Penalize,
+                3 => Op::Reset,
+                4 => Op::Block(Duration::from_micros(rng.range(1, 3_600_000_000))),
+                5 | 6 => Op::Settle(random_actual(&mut rng, cost)),
+                _ => Op::Check,
+            };
+            let (m, r) = on_both(op, &on_memory, &on_redis, &key, cost).await;
+            let at = tower_ratelimit::Clock::now_micros(&clock);
+            let what = format!("seed {seed} step {step} t={at} cost={cost} {op:?}");
+            assert_alike(&what, traced(seed), &m, &r);
+            decisions += 1;
+        }
+    }
+    assert_eq!(decisions, sequences as usize * 30);
+    assert!(reloads > 400, "the sequences reload: {reloads}");
+    assert_no_key_without_ttl(&server, "cal:");
 }

@@ -233,6 +233,15 @@ impl Calendar {
     }
 }
 
+impl FromStr for Calendar {
+    type Err = ConfigError;
+
+    /// The calendar of an IANA time zone ([`Calendar::in_zone`]).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Calendar::in_zone(s.trim())
+    }
+}
+
 impl PartialEq for Calendar {
     fn eq(&self, other: &Self) -> bool {
         (&self.name, self.week_start, self.month_day)

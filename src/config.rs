@@ -33,6 +33,7 @@ use http::{Method, StatusCode};
 use serde::Deserialize;
 
 use crate::algorithm::Algorithm;
+use crate::calendar::{Calendar, Weekday};
 use crate::error::ConfigError;
 use crate::key::{ApiKey, Cidr, ClientIp, GlobalKey, GrpcMethod, HeaderKey, KeyExtractor, PeerIp};
 use crate::policy::Policy;
@@ -267,6 +268,8 @@ impl<'de> Deserialize<'de> for CidrText {
 /// | `settle_header`, `settle_trailer` | string | settle each request at the cost this response header, or trailer, reports ([`settle`](Policy::settle)) |
 /// | `settle_body` | string | `bytes`: settle each request at the bytes its response body sent |
 /// | `settle_at_most` | integer | a reported cost is clamped to this many times the limit ([`Settle::at_most`](crate::Settle::at_most), default 10) |
+/// | `time_zone` | string | count calendar periods of this IANA zone, e.g. `"Europe/Paris"` ([`calendar`](Policy::calendar)) |
+/// | `week_starts`, `month_starts` | string, integer | a calendar's week day (`"sunday"`) and day of the month (`15`); UTC without `time_zone` |
 /// | `tiers` | table | tier name to quota ([`tier`](Policy::tier)) |
 /// | `tier_header` | string | a request header naming the tier, e.g. set by an auth layer ([`select_tier`](Policy::select_tier)) |
 /// | `tier_keys` | table | key to tier ([`tier_for_key`](Policy::tier_for_key)) |
@@ -325,6 +328,9 @@ struct RawPolicy {
     settle_trailer: Option<Text<HeaderNameText>>,
     settle_body: Option<Text<BodyMeasure>>,
     settle_at_most: Option<u32>,
+    time_zone: Option<Text<Calendar>>,
+    week_starts: Option<Text<Weekday>>,
+    month_starts: Option<u8>,
     tiers: BTreeMap<String, Text<Quota>>,
     tier_header: Option<Text<HeaderNameText>>,
     tier_keys: BTreeMap<String, String>,
@@ -505,6 +511,27 @@ impl RawPolicy {
     }
 }
 
+impl RawPolicy {
+    /// The calendar its periods are counted in, if it names one (UTC when only a week or
+    /// month start is given).
+    fn calendar(&mut self) -> Option<Calendar> {
+        if self.time_zone.is_none() && self.week_starts.is_none() && self.month_starts.is_none() {
+            return None;
+        }
+        let mut calendar = self
+            .time_zone
+            .take()
+            .map_or_else(Calendar::utc, |Text(c)| c);
+        if let Some(Text(day)) = self.week_starts.take() {
+            calendar = calendar.week_starts_on(day);
+        }
+        if let Some(day) = self.month_starts {
+            calendar = calendar.month_starts_on(day);
+        }
+        Some(calendar)
+    }
+}
+
 impl TryFrom<RawPolicy> for PolicyConfig {
     type Error = ConfigError;
 
@@ -521,6 +548,9 @@ impl TryFrom<RawPolicy> for PolicyConfig {
         }
         if let Some(buckets) = r.buckets {
             policy = policy.buckets(buckets);
+        }
+        if let Some(calendar) = r.calendar() {
+            policy = policy.calendar(calendar);
         }
         for Text(RouteText(method, path)) in r.routes {
             policy = policy.route(method, path);

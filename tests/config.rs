@@ -89,6 +89,18 @@ fn mistakes_name_the_line_and_the_field() {
             "[[policy]]\nname = \"j\"\nquota = \"10/s\"\nsettle_header = \"x-used\"\nshadow = true\n",
             &["line 1: policy #1: ", "settles its cost"],
         ),
+        (
+            "[[policy]]\nname = \"k\"\nquota = \"10/day\"\ntime_zone = \"Mars/Olympus\"\n",
+            &["line 4 (time_zone): ", "unknown time zone"],
+        ),
+        (
+            "[[policy]]\nname = \"l\"\nquota = \"10/week\"\nweek_starts = \"someday\"\n",
+            &["line 4 (week_starts): ", "not a day of the week"],
+        ),
+        (
+            "[[policy]]\nname = \"m\"\nquota = \"10/month\"\nmonth_starts = 40\n",
+            &["line 1: policy #1: ", "1 to 31"],
+        ),
         ("key = \"ip\"\n", &["missing field `policy`"]),
     ];
     for (text, wanted) in cases {
@@ -192,6 +204,35 @@ settle_at_most = 2
     assert_eq!(response.status(), StatusCode::OK);
     let left = layer.peek(&Key::global()).await.unwrap().outcomes()[0].remaining();
     assert_eq!(left, 960, "settled at 40, not the file's 100");
+}
+
+/// A calendar quota from a file: a month from the 15th in Kolkata, counted to its end.
+#[tokio::test]
+async fn a_file_configures_a_calendar_quota() {
+    let limits = read(
+        r#"
+key = "global"
+
+[[policy]]
+name = "plan"
+algorithm = "fixed_window"
+quota = "1000/month"
+time_zone = "Asia/Kolkata"
+month_starts = 15
+"#,
+    )
+    .unwrap();
+    // 2026-11-14 18:30 UTC is midnight on the 15th in Kolkata: a minute before it.
+    let clock = ManualClock::starting_at(1_794_681_000_000_000 - 60_000_000);
+    let layer = RateLimitLayer::builder()
+        .store(tower_ratelimit::MemoryStore::with_clock(clock))
+        .policies(limits.policies().unwrap())
+        .build()
+        .unwrap();
+    let decision = layer.check(&Key::global(), 1).await.unwrap();
+    let outcome = &decision.outcomes()[0];
+    assert_eq!(outcome.reset_after(), std::time::Duration::from_secs(60));
+    assert_eq!(outcome.limit(), 1000);
 }
 
 /// The file changes (a raised quota): reloading the layer with it keeps what keys used.

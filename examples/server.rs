@@ -22,7 +22,7 @@ use tower_ratelimit::headers::HeaderStyle;
 use tower_ratelimit::key::{Cidr, ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
 use tower_ratelimit::top::TopLimited;
 use tower_ratelimit::{
-    Algorithm, FailurePolicy, Policy, RateLimitLayer, RedisStore, Settle, Store,
+    Algorithm, Calendar, FailurePolicy, Policy, RateLimitLayer, RedisStore, Settle, Store,
 };
 
 const HELP: &str = "\
@@ -64,9 +64,16 @@ Environment variables:
   STORE_TIMEOUT_MS
               the deadline of one decision in Redis, in milliseconds (default 50)
   ALGORITHM   gcra | token_bucket | leaky_bucket | fixed_window | sliding_window | sliding_log
-                                                    (default gcra)
-  RATE_LIMIT  a quota such as 10/s, 100/min, 20/10s, or several separated by commas,
-              all enforced at once, e.g. 10/s,1000/h (default 10/s)
+              (default gcra; fixed_window with TIME_ZONE or a monthly RATE_LIMIT)
+  RATE_LIMIT  a quota such as 10/s, 100/min, 20/10s, 2000/week, 10000/month, or several
+              separated by commas, all enforced at once, e.g. 10/s,1000/h (default 10/s)
+  TIME_ZONE   every RATE_LIMIT policy of a day, a week or a month counts the calendar
+              periods of this IANA zone, e.g. Europe/Paris: a day from local midnight, a
+              month from the 1st (default unset: windows from the Unix epoch; a month
+              in UTC)
+  WEEK_STARTS, MONTH_STARTS
+              the day calendar weeks start on (e.g. sunday; default monday) and the
+              day of the month months start on (1 to 31; default 1)
   LEASE       with REDIS_URL: units each instance takes of a key at once and admits
               from without asking Redis, until spent or a lease ends (default unset:
               every request asks Redis)
@@ -137,6 +144,9 @@ struct Config {
     settle: Option<Settle>,
     /// The header /spend sets.
     cost_header: String,
+    /// The calendar every RATE_LIMIT policy counts periods in (TIME_ZONE, WEEK_STARTS,
+    /// MONTH_STARTS).
+    calendar: Option<Calendar>,
     per_thread_reads: Option<bool>,
     redis_access: RedisAccess,
 }
@@ -256,7 +266,7 @@ fn source(config: &Config) -> String {
 }
 
 /// The variables a policy file replaces.
-const REPLACED_BY_CONFIG: [&str; 10] = [
+const REPLACED_BY_CONFIG: [&str; 13] = [
     "ALGORITHM",
     "RATE_LIMIT",
     "KEY",
@@ -267,6 +277,9 @@ const REPLACED_BY_CONFIG: [&str; 10] = [
     "CONCURRENCY_MAX_MS",
     "COST_HEADER",
     "COST_BODY",
+    "TIME_ZONE",
+    "WEEK_STARTS",
+    "MONTH_STARTS",
 ];
 
 fn config() -> Result<Config, String> {
@@ -297,7 +310,18 @@ fn config() -> Result<Config, String> {
             format!("ADMIN_BIND: {addr:?} is not an address such as 127.0.0.1:9090")
         })?),
     };
-    let algorithm = env_or("ALGORITHM", "gcra")?
+    let calendar = calendar()?;
+    let rate_limit = env_or("RATE_LIMIT", "10/s")?;
+    // Calendar periods are counted by the fixed window.
+    let monthly = rate_limit.split(',').any(|q| {
+        q.parse::<tower_ratelimit::Quota>()
+            .is_ok_and(|q| q.is_monthly())
+    });
+    let default_algorithm = match calendar.is_some() || monthly {
+        true => "fixed_window",
+        false => "gcra",
+    };
+    let algorithm = env_or("ALGORITHM", default_algorithm)?
         .parse()
         .map_err(|e| format!("ALGORITHM: {e}"))?;
     let redis_url = match env_or("REDIS_URL", "")? {
@@ -415,7 +439,8 @@ fn config() -> Result<Config, String> {
             }
         },
         algorithm,
-        rate_limit: env_or("RATE_LIMIT", "10/s")?,
+        rate_limit,
+        calendar,
         lease,
         wait,
         concurrency,
@@ -436,6 +461,34 @@ fn config() -> Result<Config, String> {
             })
             .collect::<Result<_, _>>()?,
     })
+}
+
+/// The calendar of TIME_ZONE, WEEK_STARTS and MONTH_STARTS, if any is set (UTC without
+/// TIME_ZONE).
+fn calendar() -> Result<Option<Calendar>, String> {
+    let zone = env_or("TIME_ZONE", "")?;
+    let week = env_or("WEEK_STARTS", "")?;
+    let month = env_or("MONTH_STARTS", "")?;
+    if zone.is_empty() && week.is_empty() && month.is_empty() {
+        return Ok(None);
+    }
+    let mut calendar = match zone.as_str() {
+        "" => Calendar::utc(),
+        zone => Calendar::in_zone(zone).map_err(|e| format!("TIME_ZONE: {e}"))?,
+    };
+    if !week.is_empty() {
+        let day = week.parse().map_err(|e| format!("WEEK_STARTS: {e}"))?;
+        calendar = calendar.week_starts_on(day);
+    }
+    if !month.is_empty() {
+        let day = month
+            .parse()
+            .ok()
+            .filter(|d| (1..=31).contains(d))
+            .ok_or_else(|| format!("MONTH_STARTS: {month:?} is not a day of the month, 1 to 31"))?;
+        calendar = calendar.month_starts_on(day);
+    }
+    Ok(Some(calendar))
 }
 
 /// Where a response's real cost is read, from COST_HEADER or COST_BODY.
@@ -483,6 +536,9 @@ fn policies<St: Store>(
         }
         if let Some(settle) = &config.settle {
             policy = policy.cost(|_| 1).settle(settle.clone());
+        }
+        if let Some(calendar) = &config.calendar {
+            policy = policy.calendar(calendar.clone());
         }
         builder = builder.policy(policy);
     }

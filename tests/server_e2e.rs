@@ -54,6 +54,9 @@ fn bad_configuration_stops_the_server_with_the_variable_named() {
         ("PER_THREAD_READS", "maybe", "PER_THREAD_READS:"),
         ("COST_HEADER", "no such name", "COST_HEADER:"),
         ("COST_BODY", "tokens", "COST_BODY:"),
+        ("TIME_ZONE", "Mars/Olympus", "TIME_ZONE:"),
+        ("WEEK_STARTS", "someday", "WEEK_STARTS:"),
+        ("MONTH_STARTS", "32", "MONTH_STARTS:"),
     ] {
         let err = start_error(&[(name, value)]);
         assert!(
@@ -165,6 +168,43 @@ fn two_servers_on_one_redis_settle_the_cost_a_response_reports() {
     assert_eq!(b.get("/", &[]).0, 429, "in debt");
     assert_eq!(a.get("/", &[]).0, 429, "in debt");
     assert_eq!(a.get("/spend?cost=lots", &[]).0, 429, "still in debt");
+}
+
+/// `TIME_ZONE`: a day in Kolkata ends at its midnight, which `Retry-After` counts to; a
+/// monthly `RATE_LIMIT` takes the fixed window without being told.
+#[test]
+fn a_calendar_day_ends_at_the_zones_midnight() {
+    let tz = jiff::tz::TimeZone::get("Asia/Kolkata").unwrap();
+    let to_midnight = || {
+        let now = jiff::Timestamp::now().to_zoned_datetime(tz.clone());
+        let next = now.date().tomorrow().unwrap().to_zoned_datetime(tz.clone());
+        let us = next.unwrap().timestamp().as_microsecond() - now.timestamp().as_microsecond();
+        us as u64 / 1_000_000
+    };
+    // Not within a minute of midnight there: wait for the next day then.
+    if to_midnight() < 60 {
+        std::thread::sleep(std::time::Duration::from_secs(to_midnight() + 1));
+    }
+    let server = DemoServer::start(&[("RATE_LIMIT", "2/day"), ("TIME_ZONE", "Asia/Kolkata")]);
+    assert_eq!(server.get("/", &[]).0, 200);
+    assert_eq!(server.get("/", &[]).0, 200);
+    let expected = to_midnight();
+    let (status, response) = server.get("/", &[]);
+    assert_eq!(status, 429);
+    let retry: u64 = response
+        .lines()
+        .find_map(|l| l.strip_prefix("retry-after: "))
+        .expect("a Retry-After")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        retry <= expected + 1 && retry + 10 >= expected,
+        "Retry-After {retry}, midnight in Kolkata in {expected} s"
+    );
+    let monthly = DemoServer::start(&[("RATE_LIMIT", "1/month")]);
+    assert_eq!(monthly.get("/", &[]).0, 200);
+    assert_eq!(monthly.get("/", &[]).0, 429);
 }
 
 #[test]

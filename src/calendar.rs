@@ -297,11 +297,13 @@ impl Period {
 pub(crate) struct Bounds {
     at: [u64; 4],
     /// `;b0,b1,b2,b3`, appended to the tier's tag.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     text: Box<str>,
 }
 
 impl Bounds {
     /// The boundaries, written after a tier's tag.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn text(&self) -> &str {
         &self.text
     }

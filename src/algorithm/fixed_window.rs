@@ -50,6 +50,7 @@ impl FixedWindow {
     }
 
     /// The calendar periods counted, if any.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn periods(&self) -> Option<&Periods> {
         self.periods.as_deref()
     }

@@ -712,6 +712,7 @@ impl Compiled {
 
 impl Compiled {
     /// The calendar periods counted instead of windows (a fixed window's), if any.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn periods(&self) -> Option<&Periods> {
         match self {
             Compiled::FixedWindow(window) => window.periods(),

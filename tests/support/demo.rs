@@ -1,4 +1,4 @@
-//! The demo servers (`examples/server.rs`, `examples/grpc.rs`) as child processes, over real
+//! The demo servers (`examples/server/`, `examples/grpc.rs`) as child processes, over real
 //! TCP.
 
 use std::io::{BufRead, BufReader, Read, Write};

@@ -34,6 +34,7 @@ use jiff::tz::TimeZone;
 
 use crate::algorithm::compact;
 use crate::error::ConfigError;
+use crate::quota::Quota;
 
 /// A day of the week, the one a [`Calendar`]'s weeks start on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -374,6 +375,21 @@ impl Periods {
     pub(crate) fn length(&self) -> u64 {
         let at = self.last.load().at;
         at[2] - at[1]
+    }
+
+    /// Checks that `quota` counts these periods (a key's own limit keeps its policy's).
+    pub(crate) fn check_same(&self, quota: Quota) -> Result<(), ConfigError> {
+        match Period::of(quota.window_us(), quota.is_monthly()) {
+            Some(period) if period == self.period => Ok(()),
+            _ => Err(ConfigError::new(format!(
+                "a key's own limit counts its policy's calendar period, one {}; got {quota}",
+                match self.period {
+                    Period::Day => "day",
+                    Period::Week => "week",
+                    Period::Month => "month",
+                }
+            ))),
+        }
     }
 
     /// The Lua parameters after the limit: 0 for the window (a calendar), and the calendar's id.

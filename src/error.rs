@@ -36,6 +36,42 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// Why a key's own limit was not set or cleared
+/// ([`RateLimitLayer::set_limit`](crate::RateLimitLayer::set_limit)).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LimitError {
+    /// The layer has no policy, or policy tier, of that name.
+    UnknownPolicy(String),
+    /// The quota does not fit the policy: a zero limit or window, a burst a window algorithm
+    /// has no use for, another period than a calendar policy's.
+    Quota(ConfigError),
+    /// The store failed; nothing may have changed.
+    Store(StoreError),
+}
+
+impl fmt::Display for LimitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LimitError::UnknownPolicy(name) => {
+                write!(f, "the layer has no policy or tier named {name:?}")
+            }
+            LimitError::Quota(e) => write!(f, "quota: {e}"),
+            LimitError::Store(e) => write!(f, "store: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for LimitError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LimitError::UnknownPolicy(_) => None,
+            LimitError::Quota(e) => Some(e),
+            LimitError::Store(e) => Some(e),
+        }
+    }
+}
+
 impl From<QuotaError> for ConfigError {
     fn from(e: QuotaError) -> Self {
         ConfigError::new(e.to_string())

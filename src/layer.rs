@@ -12,7 +12,7 @@ use tower_layer::Layer;
 use crate::body::Wrapped;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
-use crate::error::{ConfigError, FailurePolicy, KeyRejection, StoreError};
+use crate::error::{ConfigError, FailurePolicy, KeyRejection, LimitError, StoreError};
 use crate::grpc::ResponseStyle;
 use crate::headers::{HeaderConfig, HeaderStyle, ResetFormat};
 use crate::key::{Key, KeyExtractor, PeerIp, RequestRef};
@@ -357,6 +357,72 @@ impl<St: Store, M> RateLimitLayer<St, M> {
                 u64::from(units).min(tier.algorithm().reported_limit())
             })
             .await
+    }
+
+    /// Gives `key` a limit of its own in the policy (or policy tier, `policy:TIER`) named
+    /// `policy`: `quota` (a [`Quota`](crate::Quota) or a string such as `"20/min"`) instead of
+    /// the policy's, with the policy's algorithm, until `until` (for a year when `None`).
+    ///
+    /// The limit is kept in the store beside the key's state, so every instance sharing the
+    /// store applies it from its next decision of the key, a reload of the policy keeps it,
+    /// and it ends on its own at `until`. What the key has used is kept, converted as a
+    /// reload converts it: 30 used of 100 a minute are 30 used of 1,000 a minute. Setting it
+    /// again replaces it; [`clear_limit`](Self::clear_limit) ends it now. A calendar policy's
+    /// key keeps the policy's period. Returns the decision a request of cost 0 gets
+    /// afterwards, which tells the key's new limit.
+    ///
+    /// A key that never had a limit of its own costs nothing more to decide. Leases of the
+    /// key held by other instances, and their deny caches, answer as before until they end.
+    ///
+    /// ```
+    /// use std::time::{Duration, SystemTime};
+    /// use tower_ratelimit::{Policy, RateLimitLayer, key::{HeaderKey, Key}};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = RateLimitLayer::builder()
+    ///     .key(HeaderKey::try_new("x-api-key")?)
+    ///     .policy(Policy::gcra("100/min").name("api"))
+    ///     .build()?;
+    /// let customer = Key::from("acme");
+    /// // Five times the limit until Friday.
+    /// let friday = SystemTime::now() + Duration::from_secs(3 * 86_400);
+    /// let decision = layer.set_limit("api", &customer, "500/min", Some(friday)).await?;
+    /// assert_eq!(decision.outcomes()[0].limit(), 500);
+    /// layer.clear_limit("api", &customer).await?;
+    /// assert_eq!(layer.peek(&customer).await?.outcomes()[0].limit(), 100);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn set_limit<Q>(
+        &self,
+        policy: &str,
+        key: &Key,
+        quota: Q,
+        until: Option<std::time::SystemTime>,
+    ) -> Result<Decision, LimitError>
+    where
+        Q: TryInto<crate::Quota>,
+        Q::Error: Into<ConfigError>,
+    {
+        let quota = quota.try_into().map_err(|e| LimitError::Quota(e.into()))?;
+        let until_us = match until {
+            None => 0,
+            Some(t) => t
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+                .clamp(1, crate::algorithm::MAX_EXACT),
+        };
+        let answer = self.limiter.limit_key(policy, key, Some(quota), until_us)?;
+        answer.await.map_err(LimitError::Store)
+    }
+
+    /// Ends `key`'s own limit in the policy (or tier) named `policy`, if it has one: it is
+    /// back under the policy's quota, its usage kept. Returns the decision a request of cost 0
+    /// gets afterwards.
+    pub async fn clear_limit(&self, policy: &str, key: &Key) -> Result<Decision, LimitError> {
+        let answer = self.limiter.limit_key(policy, key, None, 0)?;
+        answer.await.map_err(LimitError::Store)
     }
 
     /// Settles a request of `key` charged `estimate` units up front at what it really cost,

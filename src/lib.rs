@@ -398,7 +398,7 @@ pub use body::{HeldSlots, MakeBody, ResponseBody, Wrapped};
 pub use calendar::{Calendar, Weekday};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, PolicyOutcome};
-pub use error::{ConfigError, FailurePolicy, KeyRejection, StoreError, StoreErrorKind};
+pub use error::{ConfigError, FailurePolicy, KeyRejection, LimitError, StoreError, StoreErrorKind};
 pub use future::ResponseFuture;
 pub use grpc::ResponseStyle;
 pub use headers::{HeaderStyle, ResetFormat};

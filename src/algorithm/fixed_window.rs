@@ -44,9 +44,14 @@ impl FixedWindow {
     }
 
     /// The same limit counted over calendar periods.
-    pub(crate) fn with_periods(mut self, periods: Periods) -> Self {
-        self.periods = Some(Arc::new(periods));
+    pub(crate) fn with_periods(mut self, periods: Arc<Periods>) -> Self {
+        self.periods = Some(periods);
         self
+    }
+
+    /// The calendar periods counted, if any, shared.
+    pub(crate) fn shared_periods(&self) -> Option<&Arc<Periods>> {
+        self.periods.as_ref()
     }
 
     /// The calendar periods counted, if any.

@@ -711,6 +711,37 @@ impl Compiled {
 }
 
 impl Compiled {
+    /// The same algorithm, with the same options (a sliding window's buckets, a fixed
+    /// window's calendar), of `quota`: a key's own limit. A calendar's key keeps its period.
+    pub(crate) fn relimited(&self, quota: Quota) -> Result<Compiled, ConfigError> {
+        let options = Options {
+            buckets: match self {
+                Compiled::SlidingWindow(w) => Some(w.buckets()),
+                _ => None,
+            },
+        };
+        let compiled = Compiled::new(self.algorithm(), quota, options)?;
+        match (self, compiled) {
+            (Compiled::FixedWindow(own), Compiled::FixedWindow(window)) => {
+                match own.shared_periods() {
+                    None if quota.is_monthly() => Err(ConfigError::new(
+                        "a month is a calendar period: this policy counts windows; give the key a quota of a window",
+                    )),
+                    None => Ok(Compiled::FixedWindow(window)),
+                    Some(periods) => {
+                        periods.check_same(quota)?;
+                        Ok(Compiled::FixedWindow(window.with_periods(periods.clone())))
+                    }
+                }
+            }
+            (_, compiled) if quota.is_monthly() => Err(ConfigError::new(format!(
+                "a month is a calendar period, counted by the fixed window, not {}",
+                compiled.algorithm()
+            ))),
+            (_, compiled) => Ok(compiled),
+        }
+    }
+
     /// The calendar periods counted instead of windows (a fixed window's), if any.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn periods(&self) -> Option<&Periods> {

@@ -71,6 +71,11 @@ impl State {
 }
 
 impl SlidingWindow {
+    /// Its number of buckets.
+    pub(crate) fn buckets(&self) -> u32 {
+        self.buckets as u32
+    }
+
     pub(crate) fn new(quota: Quota, buckets: Option<u32>) -> Result<Self, ConfigError> {
         let n = buckets.unwrap_or(DEFAULT_BUCKETS);
         if n == 0 || n > MAX_BUCKETS {
@@ -149,6 +154,7 @@ impl Step for SlidingWindow {
     fn compile(quota: Quota, options: Options) -> Result<Self, ConfigError> {
         Self::new(quota, options.buckets)
     }
+
 
     fn window_us(&self) -> u64 {
         self.buckets * self.bucket

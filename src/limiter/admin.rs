@@ -3,13 +3,15 @@
 
 use std::future::Ready;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use super::Limiter;
 use crate::decision::{Decision, PolicyOutcome};
-use crate::error::StoreError;
+use crate::error::{LimitError, StoreError};
 use crate::key::Key;
 use crate::policy::{CompiledPolicy, Tier};
+use crate::quota::Quota;
 use crate::store::{Check, Checks, Enforced, Keyed, Op, Store};
 use crate::top::{LimitedKey, TopLimitedService, TopReport};
 use smallvec::SmallVec;
@@ -97,6 +99,40 @@ impl<St: Store> Limiter<St> {
             Some(decision) => Answer::Now(std::future::ready(Ok(decision))),
             None => Answer::Later(self.store.check(checks)),
         }
+    }
+
+    /// Puts `key` under a limit of its own in the tier named `name` (`quota`, until `until_us`
+    /// on the store's clock; 0 for the longest, [`MAX_WINDOW`](crate::MAX_WINDOW) from the
+    /// store's present), or back under the tier's own quota (`quota` `None`). Its leases here
+    /// are forgotten, as a block forgets them.
+    pub(crate) fn limit_key(
+        &self,
+        name: &str,
+        key: &Key,
+        quota: Option<Quota>,
+        until_us: u64,
+    ) -> Result<Answer<St::Future>, LimitError> {
+        let policies = self.policies.load();
+        let tier = policies
+            .iter()
+            .find_map(|p| p.tier_named(name))
+            .ok_or_else(|| LimitError::UnknownPolicy(name.to_owned()))?;
+        let (tier, op) = match quota {
+            Some(quota) => {
+                let own = tier.relimited(quota).map_err(LimitError::Quota)?;
+                (Arc::new(own), Op::Limit { until: until_us })
+            }
+            None => (tier.clone(), Op::Unlimit),
+        };
+        if let Some(leases) = self.leases() {
+            leases.forget(tier.id(), key);
+        }
+        drop(policies);
+        let checks: Checks = smallvec::smallvec![Check::new(tier, key.clone(), 0, op)];
+        Ok(match self.store.decide_now(&checks) {
+            Some(decision) => Answer::Now(std::future::ready(Ok(decision))),
+            None => Answer::Later(self.store.check(checks)),
+        })
     }
 
     /// Several policies, each enforced, decided on borrowed tiers and the borrowed key where

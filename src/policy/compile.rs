@@ -289,7 +289,7 @@ impl Policy {
             ))
         })?;
         Ok(Compiled::FixedWindow(
-            window.with_periods(Periods::new(calendar, period)),
+            window.with_periods(Arc::new(Periods::new(calendar, period))),
         ))
     }
 }

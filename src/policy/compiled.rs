@@ -42,6 +42,11 @@ impl fmt::Debug for CompiledPolicy {
 }
 
 impl CompiledPolicy {
+    /// The tier named `name`, if it is one of this policy's.
+    pub(crate) fn tier_named(&self, name: &str) -> Option<&Arc<Tier>> {
+        self.tiers().find(|t| t.name() == name)
+    }
+
     /// The policy's name (its own quota's tier).
     pub(crate) fn name(&self) -> &str {
         self.tiers[0].get().name()

@@ -8,8 +8,9 @@ use http::HeaderValue;
 
 use super::builder::StatusFn;
 use crate::algorithm::{Compiled, compact};
+use crate::error::ConfigError;
 use crate::headers::value::number;
-use crate::quota::QuotaUnit;
+use crate::quota::{Quota, QuotaUnit};
 
 /// Where a policy tier is registered in a store: its id, the same for every definition its
 /// name has had (so a reloaded policy finds its keys again), and the number of its present
@@ -55,6 +56,8 @@ pub(crate) struct Tier {
     part: Part,
     /// What the tier's units are (the IETF `qu`).
     unit: QuotaUnit,
+    /// The quota of a key's own limit, for a tier made by [`relimited`](Self::relimited).
+    own: Option<Quota>,
 }
 
 /// How a policy tier takes part in a decision (its [`Takes`](super::builder::Takes),
@@ -141,7 +144,35 @@ impl Tier {
             decisions_metric,
             part,
             unit: QuotaUnit::Requests,
+            own: None,
         }
+    }
+
+    /// The tier a key of this one is decided under with a limit of its own of `quota`
+    /// (`RateLimitLayer::set_limit`): the same name, place and definition in the store, the
+    /// same way of taking part, its algorithm with that quota. A calendar tier's key keeps its
+    /// period; a concurrency limit is the same for every key.
+    pub(crate) fn relimited(&self, quota: Quota) -> Result<Tier, ConfigError> {
+        if self.holds() {
+            return Err(ConfigError::new(
+                "a concurrency limit is the same for every key; set a key's own limit on a rate policy",
+            ));
+        }
+        let algorithm = self.algorithm.relimited(quota)?;
+        let at = Registered {
+            id: self.id,
+            def: self.def,
+        };
+        let mut tier = Tier::new(self.name.clone(), at, algorithm, self.part.clone());
+        tier.unit = self.unit;
+        tier.own = Some(quota);
+        Ok(tier)
+    }
+
+    /// The quota of a key's own limit, for a tier made by [`relimited`](Self::relimited).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn own_quota(&self) -> Option<Quota> {
+        self.own
     }
 
     /// How the tier takes part in a decision.

@@ -136,8 +136,8 @@ pub(crate) mod private {
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
     book: Mutex<Book>,
-    /// Whether a name has ever taken a new definition: until then every state is written
-    /// under its tier's definition, and no decision needs to look.
+    /// Whether a name has ever taken a new definition, or a key a limit of its own: until
+    /// then every state is written under its tier's definition, and no decision needs to look.
     redefined: AtomicBool,
 }
 
@@ -210,9 +210,17 @@ impl Registry {
             .collect())
     }
 
-    /// Whether a name has ever taken a new definition (a state may then need converting).
+    /// Whether a name has ever taken a new definition, or a key a limit of its own (a state
+    /// may then need converting).
     pub(crate) fn redefined(&self) -> bool {
         self.redefined.load(Ordering::Relaxed)
+    }
+
+    /// A key was put under a limit of its own: decisions look at each state's definition
+    /// from now on. Set under the key's shard lock, which every later decision of the key
+    /// takes before it reads this.
+    pub(crate) fn limited(&self) {
+        self.redefined.store(true, Ordering::Relaxed);
     }
 
     /// The definition numbered `def`.

@@ -31,6 +31,9 @@ struct Facts {
     grants: bool,
     /// The units it charges are slots the request gives back when it ends or goes away.
     takes_slots: bool,
+    /// It changes what the key's state is written under (a key's own limit): its arm is
+    /// given the state as written, and what it was written under, not the state converted.
+    relimits: bool,
 }
 
 /// The operations, one declaration: each one's variant (with its payload, at most one
@@ -90,6 +93,7 @@ const DECIDES_CHARGED: Facts = Facts {
     acts: false,
     grants: false,
     takes_slots: false,
+    relimits: false,
 };
 
 /// The facts of an operation that acts on its own, never decides and is never charged.
@@ -99,6 +103,13 @@ const ACTS: Facts = Facts {
     acts: true,
     grants: false,
     takes_slots: false,
+    relimits: false,
+};
+
+/// The facts of an operation that changes what a key is decided under.
+const RELIMITS: Facts = Facts {
+    relimits: true,
+    ..ACTS
 };
 
 operations! {
@@ -159,6 +170,16 @@ operations! {
         /// The units charged up front.
         estimate
     } => "SETTLE", ACTS;
+    /// Puts the key under a limit of its own until `until` (on the store's clock): the
+    /// check's tier is the policy's with the key's own quota. Its usage is kept, converted as
+    /// a reload converts it; then reports like a look at cost 0.
+    Limit {
+        /// When the key's own limit ends.
+        until
+    } => "LIMIT", RELIMITS;
+    /// Puts the key back under its policy's own quota, its usage kept; then reports like a
+    /// look at cost 0.
+    Unlimit => "UNLIMIT", RELIMITS;
 }
 
 /// When a check is charged, if the request is admitted.
@@ -212,6 +233,12 @@ impl Op {
         self.facts().acts
     }
 
+    /// Whether it changes what the key's state is written under (see [`Facts::relimits`]).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) const fn relimits(self) -> bool {
+        self.facts().relimits
+    }
+
     /// The integers the operation adds to a script call after the cost: its payload, and
     /// for a lease, its longest life (`lease_ttl_us`, the tier's).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
@@ -222,7 +249,8 @@ impl Op {
             | Op::Block { us: x }
             | Op::GiveBack { end: x }
             | Op::Release { slot: x }
-            | Op::Settle { estimate: x } => args.push(x),
+            | Op::Settle { estimate: x }
+            | Op::Limit { until: x } => args.push(x),
             Op::Lease { want } => args.extend([lease_ttl_us, want]),
             Op::Enforce
             | Op::Shadow
@@ -230,7 +258,8 @@ impl Op {
             | Op::Concurrency
             | Op::Refund
             | Op::Reset
-            | Op::Penalize => {}
+            | Op::Penalize
+            | Op::Unlimit => {}
         }
         args
     }

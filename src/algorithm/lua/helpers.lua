@@ -239,6 +239,10 @@ end
 --@inline
 local function store(key, p, value, now, expires_at)
   value = value .. p.tag
+  if p.limit_end and p.limit_end > expires_at then
+    -- A key's own limit lives until it ends.
+    expires_at = p.limit_end
+  end
   if KEEP_BLOCK then
     local block_end = int(KEEP_BLOCK)
     value = value .. '|' .. block_end
@@ -312,6 +316,10 @@ local function tag_params(tag, into)
   if not id then
     return nil
   end
+  if find(rest, '@', 1, true) then
+    -- A key's own limit's quota follows its parameters (see `own_params`).
+    rest = string.gsub(rest, '@[^;]*', '')
+  end
   local k = 0
   for word in string.gmatch(rest, '[^,;]+') do
     k = k + 1
@@ -347,6 +355,36 @@ local function read_params(tag)
     end
   end
   return p
+end
+
+-- The parameters of a key's own limit, from the tag its state is written under:
+-- "<parameters>@<end>,<limit>,<window>,<burst>" (`RateLimitLayer::set_limit`): a table
+-- { p1, p2, ..., tag = stale, limit_end = end, quota = { limit, window, burst } }, the same
+-- one for every call with that tag; a calendar's boundaries are the call's (`p`'s: a key's
+-- own limit keeps its policy's period). Nil when it is not one.
+local function own_params(stale, p)
+  local o = TAGGED[stale]
+  if not o then
+    local at = find(stale, '@', 1, true)
+    if not at then
+      return nil
+    end
+    o = { tag = stale }
+    local numbers = {}
+    if not tag_params(stale, o) or not tag_params('Q' .. sub(stale, at + 1), numbers) then
+      return nil
+    end
+    o.limit_end, o.quota = numbers[1], { numbers[2], numbers[3], numbers[4] }
+    if TAGS >= 1000 then
+      TAGGED, TAGS = {}, 0
+    end
+    TAGGED[stale] = o
+    TAGS = TAGS + 1
+  end
+  if o[2] == 0 and p[2] == 0 then
+    o[4], o[5], o[6], o[7] = p[4], p[5], p[6], p[7]
+  end
+  return o
 end
 
 -- The time: the injected one (and the TTL slack) at the end of the arguments, else Redis TIME.

@@ -3,9 +3,12 @@
 -- zero-padded so that members of one time sort by it, and numbered on from the newest member
 -- of that time (never reused while that member exists, even after a refund).
 -- A block is one more member, "block:end", scored +inf: always the highest, never inside a
--- window (counts stop short of +inf), so the read of the newest entry finds it too.
+-- window (counts stop short of +inf), so the read of the newest entry finds it too. A key's
+-- own limit is another, "limit:TAG" (TAG: the parameters it is decided under, see
+-- `own_params`), above the block.
 ALG[SLIDING_LOG] = function()
   local LETTER_B = 98 -- the first byte of "block:"
+  local LETTER_L = 108 -- the first byte of "limit:"
 
   -- In-window entries: scores after `cutoff`, short of the block's +inf.
   --@inline
@@ -59,11 +62,15 @@ ALG[SLIDING_LOG] = function()
       newest = at
     end
     local expires_at = until_block_ends(newest + window)
+    if p.limit_end and p.limit_end > expires_at then
+      expires_at = p.limit_end
+    end
     local ms = ttl_ms(now, expires_at)
     call('PEXPIRE', key, format(INT, ms))
   end
 
-  -- The newest entry (in `into`), and the end of the block on record, if any.
+  -- The newest entry (in `into`), the end of the block on record, if any, and the tag of the
+  -- key's own limit, if it has one (read as a state written under other parameters).
   --@inline
   local function load(key, p, now, into)
     local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
@@ -71,16 +78,21 @@ ALG[SLIDING_LOG] = function()
     if n == 0 then
       return nil
     end
-    local ends
-    if byte(top[n - 1], 1) == LETTER_B then
+    local ends, own
+    if byte(top[n - 1], 1) == LETTER_L then
+      own = sub(top[n - 1], 7)
+      top = call('ZRANGE', key, -3, -2, 'WITHSCORES')
+      n = #top
+    end
+    if n > 0 and byte(top[n - 1], 1) == LETTER_B then
       ends = tonumber(sub(top[n - 1], 7))
       n = n - 2
-      if n == 0 then
-        return nil, ends
-      end
+    end
+    if n == 0 then
+      return nil, ends, own
     end
     into[1], into[2] = tonumber(top[n]), top[n - 1]
-    return into, ends
+    return into, ends, own
   end
 
   --@inline
@@ -129,8 +141,32 @@ ALG[SLIDING_LOG] = function()
 
   return {
     load = load,
+    -- The key's own limit, `to` (nil: none): its member replaced, the key living until it
+    -- ends.
+    mark = function(self, key, to, now)
+      self.unmark(key, LETTER_L)
+      if to.limit_end then
+        call('ZADD', key, '+inf', 'limit:' .. to.tag)
+        local ms = ttl_ms(now, to.limit_end)
+        if call('PTTL', key) < ms then
+          call('PEXPIRE', key, format(INT, ms))
+        end
+      end
+    end,
+    -- Removes the member at +inf that starts with `letter` (the block or the limit; the
+    -- limit sorts last), by its rank: the commands the decision's ACL line allows.
+    unmark = function(key, letter)
+      local top = call('ZRANGEBYSCORE', key, '+inf', '+inf')
+      for i = #top, 1, -1 do
+        if byte(top[i], 1) == letter then
+          local rank = i - #top - 1
+          call('ZREMRANGEBYRANK', key, rank, rank)
+          return
+        end
+      end
+    end,
     block = function(self, key, p, st, now, ends)
-      call('ZREMRANGEBYSCORE', key, '+inf', '+inf')
+      self.unmark(key, LETTER_B)
       call('ZADD', key, '+inf', 'block:' .. int(ends))
       call('PEXPIRE', key, ttl_to_block_end(key, now, ends))
     end,

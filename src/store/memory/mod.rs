@@ -257,14 +257,15 @@ impl MemoryStore {
     /// reports exactly what it left (read before, a decision could be made after a later one
     /// and see time go back).
     #[inline]
-    pub(crate) fn decide_enforced(&self, tier: &Tier, key: &Key, cost: u64) -> Verdict {
+    /// `None` for a key under a limit of its own: the general path decides it.
+    pub(crate) fn decide_enforced(&self, tier: &Tier, key: &Key, cost: u64) -> Option<Verdict> {
         let ask = CheckRef::enforce(tier, key, cost);
         let (hash, index) = self.locate(&ask);
         let clock = || self.inner.clock.now_micros();
         let shard = &self.inner.shards[index];
         // The shared guard is dropped at the end of this statement, before the other lock.
         let packed = shard.read().decide_packed(&ask, hash, clock);
-        packed.unwrap_or_else(|| {
+        packed.or_else(|| {
             let registry = &self.inner.registry;
             let capacity = self.inner.per_shard;
             shard
@@ -277,16 +278,18 @@ impl MemoryStore {
     pub(crate) fn decide(&self, checks: &[Check]) -> Decision {
         if let [check] = checks
             && check.op() == Op::Enforce
+            && let Some(verdict) = self.decide_enforced(check.tier(), check.key(), check.cost())
         {
-            let verdict = self.decide_enforced(check.tier(), check.key(), check.cost());
             return Decision::one(PolicyOutcome::new(check.tier(), false, verdict));
         }
-        if checks.len() <= TOGETHER && checks.iter().all(|c| c.op() == Op::Enforce) {
+        if (2..=TOGETHER).contains(&checks.len()) && checks.iter().all(|c| c.op() == Op::Enforce) {
             let mut together: SmallVec<[Enforced<'_>; TOGETHER]> = SmallVec::new();
             for c in checks {
                 together.push((c.tier(), c.key(), c.cost()));
             }
-            return self.decide_together(&together);
+            if let Some(decision) = self.decide_together(&together) {
+                return decision;
+            }
         }
         let capacity = self.inner.per_shard;
         // Pushed one by one here and below: `collect` into a SmallVec goes through its generic
@@ -300,16 +303,22 @@ impl MemoryStore {
         let registry = &self.inner.registry;
         let redefined = registry.redefined();
         // Phase one: the operations that act on their own, in order; then every verdict.
-        for (c, s) in refs.iter().zip(&runs) {
+        for ((c, s), check) in refs.iter().zip(&runs).zip(checks) {
             let shard = &mut guards[s.guard];
-            // One more lookup per check, only in a store where a policy was ever redefined.
-            if redefined {
+            // One more lookup per check, only in a store where a policy was ever redefined
+            // or a key given a limit of its own.
+            // An operation that changes what the key is decided under converts from what
+            // the state was written under itself (as the script does).
+            if redefined && !c.op().relimits() {
                 shard.adopt(c, s.hash, now, registry);
             }
-            shard.act(c, s.hash, now, capacity);
+            shard.act(c, s.hash, now, capacity, (registry, check.tier()));
         }
         for (c, s) in refs.iter().zip(&mut runs) {
             let shard = &guards[s.guard];
+            if redefined {
+                s.own = shard.own_tier(c, s.hash);
+            }
             // An operation that acted on its own reports like a look.
             let cost = if c.op().acts() { 0 } else { c.cost() };
             s.verdict = shard.evaluate(c, s.hash, now, cost);
@@ -333,7 +342,8 @@ impl MemoryStore {
         }
         let mut outcomes = SmallVec::with_capacity(checks.len());
         for (c, s) in checks.iter().zip(runs) {
-            let outcome = PolicyOutcome::new(c.tier(), c.op() == Op::Shadow, s.verdict);
+            let tier = s.own.as_ref().unwrap_or(c.tier());
+            let outcome = PolicyOutcome::new(tier, c.op() == Op::Shadow, s.verdict);
             outcomes.push(outcome.with_grant(s.grant));
         }
         Decision::new(outcomes)
@@ -343,7 +353,8 @@ impl MemoryStore {
     /// phases of the general path without what they do not need. Each key's row is found once
     /// (phase two goes to the place phase one found it), no operation acts on its own, nothing
     /// waits or is granted, and nothing is allocated but the decision's outcomes.
-    fn decide_together(&self, checks: &[Enforced<'_>]) -> Decision {
+    /// `None`, having charged nothing, when a key is under a limit of its own.
+    fn decide_together(&self, checks: &[Enforced<'_>]) -> Option<Decision> {
         let mut runs = [Together::default(); TOGETHER];
         let mut order = [0; TOGETHER];
         // A key is hashed once for the policies in a row that share it (all, for `check`).
@@ -371,7 +382,7 @@ impl MemoryStore {
             if redefined {
                 shard.adopt(&c, run.hash, now, registry);
             }
-            (run.bucket, run.verdict) = shard.judge(&c, run.hash, now);
+            (run.bucket, run.verdict) = shard.judge(&c, run.hash, now)?;
         }
         let admitted = runs[..checks.len()].iter().all(|r| r.verdict.allowed);
         // Phase two: the rows found first, then the new keys (an insert may move rows).
@@ -395,7 +406,7 @@ impl MemoryStore {
         for (&(tier, _, _), run) in checks.iter().zip(&runs) {
             outcomes.push(PolicyOutcome::new(tier, false, run.verdict));
         }
-        Decision::new(outcomes)
+        Some(Decision::new(outcomes))
     }
 
     /// Locks every shard `checks` involve (two kept without allocating), in index order so that concurrent multi-policy
@@ -493,10 +504,13 @@ impl private::Sealed for MemoryStore {
 
     #[inline]
     fn decide_enforced(&self, tier: &Tier, key: &Key, cost: u64) -> Option<Verdict> {
-        Some(MemoryStore::decide_enforced(self, tier, key, cost))
+        MemoryStore::decide_enforced(self, tier, key, cost)
     }
 
     fn decide_together(&self, checks: &[Enforced<'_>]) -> Option<Decision> {
-        (checks.len() <= TOGETHER).then(|| MemoryStore::decide_together(self, checks))
+        if checks.len() > TOGETHER {
+            return None;
+        }
+        MemoryStore::decide_together(self, checks)
     }
 }

@@ -2,6 +2,7 @@
 //! packed state by compare-and-swap, and the exclusive path for everything else.
 
 use std::collections::hash_map::RandomState;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use hashbrown::HashTable;
@@ -113,8 +114,26 @@ enum Cell {
 struct Unpacked {
     state: Option<State>,
     expires_at: u64,
+    /// A block or a limit of the key's own, if it ever had one (boxed: most keys never do,
+    /// and an entry stays within a 48-byte allocation).
+    marks: Option<Box<Marks>>,
+}
+
+/// What an administrator set on a key.
+#[derive(Clone, Debug, Default)]
+struct Marks {
     /// Denied whatever the state until then (0: not blocked).
     blocked_until: u64,
+    /// The key's own limit, if one is set: its state is written under it.
+    limit: Option<Arc<Limit>>,
+}
+
+/// A key's own limit (`RateLimitLayer::set_limit`): its policy's tier with the key's quota
+/// (which the key's outcomes report), until `until`.
+#[derive(Debug)]
+struct Limit {
+    tier: Arc<Tier>,
+    until: u64,
 }
 
 impl Unpacked {
@@ -128,8 +147,57 @@ impl Unpacked {
         Unpacked {
             state,
             expires_at,
-            blocked_until: 0,
+            marks: None,
         }
+    }
+
+    /// Denied whatever the state until then (0: not blocked).
+    fn blocked_until(&self) -> u64 {
+        self.marks.as_ref().map_or(0, |m| m.blocked_until)
+    }
+
+    /// The key's own limit, if one is set.
+    fn limit(&self) -> Option<&Arc<Limit>> {
+        self.marks.as_ref()?.limit.as_ref()
+    }
+
+    /// When the key's own limit ends (0: it has none).
+    fn limited_until(&self) -> u64 {
+        self.limit().map_or(0, |l| l.until)
+    }
+
+    /// The marks, made when the key has none.
+    fn marks_mut(&mut self) -> &mut Marks {
+        self.marks.get_or_insert_with(Default::default)
+    }
+
+    /// The same entry (the state cloned).
+    fn copy(&self) -> Unpacked {
+        Unpacked {
+            state: self.state.clone(),
+            expires_at: self.expires_at,
+            marks: self.marks.clone(),
+        }
+    }
+
+    /// The algorithm the state is written under: the key's own limit's, else `tier`'s.
+    fn algorithm<'a>(&'a self, tier: &'a Compiled) -> &'a Compiled {
+        self.limit().map_or(tier, |l| l.tier.algorithm())
+    }
+
+    /// Changes the state with the algorithm it is written under (see
+    /// [`algorithm`](Self::algorithm)); `change` returns its new expiry, which the key's own
+    /// limit, and a block, may only make later.
+    fn change<R>(
+        &mut self,
+        tier: &Compiled,
+        change: impl FnOnce(&Compiled, &mut Option<State>) -> (u64, R),
+    ) -> R {
+        let limit = self.limit().cloned();
+        let algorithm = limit.as_deref().map_or(tier, |l| l.tier.algorithm());
+        let (expires_at, out) = change(algorithm, &mut self.state);
+        self.expires_at = expires_at.max(limit.map_or(0, |l| l.until));
+        out
     }
 
     /// The state, unless it has expired (then the key is as good as fresh).
@@ -144,7 +212,8 @@ impl Unpacked {
     /// The verdict on this entry of `check`'s algorithm at `cost` (0: a look), its block
     /// included; for a lease, on the state as strict as the lease could make it.
     fn verdict(entry: Option<&Unpacked>, check: &CheckRef<'_>, now: u64, cost: u64) -> Verdict {
-        let algorithm = check.tier().algorithm();
+        let tier = check.tier().algorithm();
+        let algorithm = entry.map_or(tier, |e| e.algorithm(tier));
         let state = entry.and_then(|e| e.live(now));
         let mut verdict = match check.op() {
             Op::Lease { .. } => {
@@ -154,7 +223,7 @@ impl Unpacked {
             }
             _ => algorithm.evaluate(state, now, cost),
         };
-        apply_block(&mut verdict, entry.map_or(0, |e| e.blocked_until), now);
+        apply_block(&mut verdict, entry.map_or(0, Unpacked::blocked_until), now);
         verdict
     }
 }
@@ -172,7 +241,7 @@ impl Cell {
     /// block is kept once it ends, as the Redis store keeps it, for a clock that goes back),
     /// and it expires when its state says.
     fn word(algorithm: &Compiled, entry: &Unpacked) -> Option<u64> {
-        if entry.blocked_until != 0 {
+        if entry.marks.is_some() {
             return None;
         }
         let word = algorithm.pack(entry.state.as_ref())?;
@@ -234,21 +303,55 @@ impl Row {
         }
     }
 
-    /// Converts a state written under another definition of the policy (before a reload) to
-    /// the check's (twin of `adopt` in `decide.lua`).
+    /// The key's own limit, if one is set.
+    fn limit(&self) -> Option<&Arc<Limit>> {
+        match &self.cell {
+            Cell::Full(entry) => entry.limit(),
+            Cell::Packed(_) => None,
+        }
+    }
+
+    /// Converts a state written under another definition of the policy (before a reload), or
+    /// under the key's own limit that has ended, to the check's (twin of `adopt` in
+    /// `decide.lua`). A key's own limit that has not ended stays, whatever the definition.
     fn adopt(&mut self, check: &CheckRef<'_>, now: u64, registry: &Registry) {
         let tier = check.tier();
-        let from = registry.definition(self.def);
+        let limit = self.limit().cloned();
+        if limit.as_ref().is_some_and(|l| l.until > now) {
+            self.def = tier.def();
+            return;
+        }
         // Read with the definition it was written under (the algorithm is the same: a
         // definition may not change it).
-        let mut entry = self.read(&from, |e| Unpacked {
-            state: e.state.clone(),
-            ..*e
-        });
-        let expires_at = tier
-            .algorithm()
-            .convert(&from, &mut entry.state, now, entry.expires_at);
-        entry.expires_at = expires_at.max(entry.blocked_until);
+        let from = match &limit {
+            Some(limit) => limit.tier.algorithm().clone(),
+            None => registry.definition(self.def),
+        };
+        self.put_under(tier, &from, None, now);
+    }
+
+    /// Puts the state, written under `from`, under `tier`'s algorithm, or under the key's own
+    /// `limit` (which then ends when it says): converted as a reload converts it.
+    fn put_under(&mut self, tier: &Tier, from: &Compiled, limit: Option<Arc<Limit>>, now: u64) {
+        let mut entry = self.read(from, Unpacked::copy);
+        let to = limit
+            .as_deref()
+            .map_or(tier.algorithm(), |l| l.tier.algorithm());
+        let expires_at = to.convert(from, &mut entry.state, now, entry.expires_at);
+        let until = limit.as_ref().map_or(0, |l| l.until);
+        entry.expires_at = expires_at.max(entry.blocked_until()).max(until);
+        match (limit, &mut entry.marks) {
+            (limit @ Some(_), _) => entry.marks_mut().limit = limit,
+            (None, Some(marks)) => marks.limit = None,
+            (None, None) => {}
+        }
+        if entry
+            .marks
+            .as_ref()
+            .is_some_and(|m| m.blocked_until == 0 && m.limit.is_none())
+        {
+            entry.marks = None;
+        }
         self.def = tier.def();
         self.cell = Cell::new(tier.algorithm(), entry);
     }
@@ -335,11 +438,12 @@ impl Shard {
     ) -> Option<u64> {
         let algorithm = check.tier().algorithm();
         let reserve = |entry: Option<&Unpacked>| {
-            if entry.is_some_and(|e| e.blocked_until > now) {
+            if entry.is_some_and(|e| e.blocked_until() > now) {
                 return None;
             }
             let state = entry.and_then(|e| e.live(now));
-            algorithm.reservation(state, now, check.cost(), verdict, max_wait)
+            let under = entry.map_or(algorithm, |e| e.algorithm(algorithm));
+            under.reservation(state, now, check.cost(), verdict, max_wait)
         };
         match self.find(check, hash) {
             Some(slot) => slot.read(algorithm, |e| reserve(Some(e))),
@@ -347,11 +451,17 @@ impl Shard {
         }
     }
 
+    /// The tier `check`'s key is decided under when it has a limit of its own (its outcomes
+    /// report it), after [`adopt`](Self::adopt).
+    pub(super) fn own_tier(&self, check: &CheckRef<'_>, hash: u64) -> Option<Arc<Tier>> {
+        self.find(check, hash)?.limit().map(|l| l.tier.clone())
+    }
+
     /// Adopts the state of `check`'s key under the check's definition, if it was written
     /// under another one.
     pub(super) fn adopt(&mut self, check: &CheckRef<'_>, hash: u64, now: u64, registry: &Registry) {
         if let Some(slot) = self.find_mut(check, hash)
-            && slot.def != check.tier().def()
+            && (slot.def != check.tier().def() || slot.limit().is_some())
         {
             slot.adopt(check, now, registry);
         }
@@ -359,23 +469,45 @@ impl Shard {
 
     /// What an operation that acts on its own does, before any verdict (nothing for the
     /// others).
-    pub(super) fn act(&mut self, check: &CheckRef<'_>, hash: u64, now: u64, capacity: usize) {
-        let algorithm = check.tier().algorithm();
+    /// `own` is the check's tier, shared: a key's own limit keeps it.
+    pub(super) fn act(
+        &mut self,
+        check: &CheckRef<'_>,
+        hash: u64,
+        now: u64,
+        capacity: usize,
+        (registry, own): (&Registry, &Arc<Tier>),
+    ) {
         let units = check.cost();
         match check.op() {
-            Op::Refund => self.update(check, hash, |s| algorithm.refund(s, now, units)),
+            Op::Refund => self.update(check, hash, |a, s| a.refund(s, now, units)),
             Op::Reset => self.remove(check, hash),
             Op::Penalize => self.commit(check, hash, now, capacity),
             Op::Block { us } => self.block(check, hash, now, now + us, capacity),
             Op::GiveBack { end } => {
-                self.update(check, hash, |s| algorithm.give_back(s, now, end, units))
+                self.update(check, hash, |a, s| a.give_back(s, now, end, units))
             }
-            Op::Release { slot } => {
-                self.update(check, hash, |s| algorithm.release(s, now, slot, units))
-            }
+            Op::Release { slot } => self.update(check, hash, |a, s| a.release(s, now, slot, units)),
             Op::Settle { estimate } if units < estimate => {
                 let back = estimate - units;
-                self.update(check, hash, |s| algorithm.refund(s, now, back));
+                self.update(check, hash, |a, s| a.refund(s, now, back));
+            }
+            Op::Limit { until } => {
+                self.limit(check, hash, now, until, capacity, (registry, own));
+            }
+            Op::Unlimit => {
+                if let Some(slot) = self.find_mut(check, hash) {
+                    let from = match slot.limit() {
+                        Some(limit) => Some(limit.tier.algorithm().clone()),
+                        None if slot.def != check.tier().def() => {
+                            Some(registry.definition(slot.def))
+                        }
+                        None => None,
+                    };
+                    if let Some(from) = from {
+                        slot.put_under(check.tier(), &from, None, now);
+                    }
+                }
             }
             Op::Settle { estimate } if units > estimate => {
                 let owed = units - estimate;
@@ -458,7 +590,7 @@ impl Shard {
         let algorithm = check.tier().algorithm();
         match self.find_mut(check, hash) {
             Some(slot) => slot.write(algorithm, |e| {
-                e.expires_at = charge(algorithm, &mut e.state);
+                e.change(algorithm, |a, s| (charge(a, s), ()));
             }),
             None => {
                 let mut state = None;
@@ -469,19 +601,67 @@ impl Shard {
         }
     }
 
+    /// Puts the key under a limit of its own, `check`'s tier's algorithm (the policy's with
+    /// the key's quota), until `until`: its state, written under the policy's present
+    /// definition or under a limit of its own set before, converted.
+    fn limit(
+        &mut self,
+        check: &CheckRef<'_>,
+        hash: u64,
+        now: u64,
+        until: u64,
+        capacity: usize,
+        (registry, own): (&Registry, &Arc<Tier>),
+    ) {
+        registry.limited();
+        // No end given: the longest window's time from now.
+        let until = match until {
+            0 => now + crate::MAX_WINDOW.as_micros() as u64,
+            until => until,
+        };
+        let tier = check.tier();
+        let limit = Arc::new(Limit {
+            tier: own.clone(),
+            until,
+        });
+        match self.find_mut(check, hash) {
+            Some(slot) => {
+                let from = match slot.limit() {
+                    Some(before) => before.tier.algorithm().clone(),
+                    None => registry.definition(slot.def),
+                };
+                slot.put_under(tier, &from, Some(limit), now);
+            }
+            None => {
+                let entry = Unpacked {
+                    state: None,
+                    expires_at: until,
+                    marks: Some(Box::new(Marks {
+                        blocked_until: 0,
+                        limit: Some(limit),
+                    })),
+                };
+                self.insert_slot(Row::new(check, entry), hash, now, capacity);
+            }
+        }
+    }
+
     /// Blocks the key from `now` until `until`.
     fn block(&mut self, check: &CheckRef<'_>, hash: u64, now: u64, until: u64, capacity: usize) {
         let algorithm = check.tier().algorithm();
         match self.find_mut(check, hash) {
             Some(slot) => slot.write(algorithm, |e| {
-                e.blocked_until = until;
+                e.marks_mut().blocked_until = until;
                 e.expires_at = e.expires_at.max(until);
             }),
             None => {
                 let entry = Unpacked {
                     state: None,
                     expires_at: until,
-                    blocked_until: until,
+                    marks: Some(Box::new(Marks {
+                        blocked_until: until,
+                        limit: None,
+                    })),
                 };
                 self.insert_slot(Row::new(check, entry), hash, now, capacity);
             }
@@ -496,19 +676,23 @@ impl Shard {
         now: u64,
         capacity: usize,
         registry: &Registry,
-    ) -> Verdict {
+    ) -> Option<Verdict> {
         let algorithm = check.tier().algorithm();
         let cost = check.cost();
         let verdict = match self.find_mut(check, hash) {
             Some(slot) => {
-                if slot.def != check.tier().def() {
+                if slot.def != check.tier().def() || slot.limit().is_some() {
                     slot.adopt(check, now, registry);
+                    if slot.limit().is_some() {
+                        // Its own limit, which the outcome reports: the general way.
+                        return None;
+                    }
                 }
                 slot.write(algorithm, |e| {
                     let verdict = Unpacked::verdict(Some(e), check, now, cost);
                     if verdict.allowed && cost > 0 {
                         // As `charge` does, on the state as it is.
-                        e.expires_at = algorithm.commit(&mut e.state, now, cost);
+                        e.change(algorithm, |a, s| (a.commit(s, now, cost), ()));
                     }
                     verdict
                 })
@@ -522,29 +706,31 @@ impl Shard {
             }
         };
         self.tick(now);
-        verdict
+        Some(verdict)
     }
 
     /// Phase one of an enforced check decided beside others (`MemoryStore::decide_together`):
     /// where its row is in the table (none for a new key), for phase two to find it without
-    /// hashing again, and its verdict.
+    /// hashing again, and its verdict; `None` for a key under a limit of its own, which the
+    /// general path decides (its outcome reports that limit).
     pub(super) fn judge(
         &self,
         check: &CheckRef<'_>,
         hash: u64,
         now: u64,
-    ) -> (Option<usize>, Verdict) {
+    ) -> Option<(Option<usize>, Verdict)> {
         let bucket = self
             .table
             .find_bucket_index(hash, |s| s.is(check.tier().id(), check.key()));
         let cost = check.cost();
         let verdict = match bucket.and_then(|b| self.table.get_bucket(b)) {
+            Some(row) if row.limit().is_some() => return None,
             Some(row) => row.read(check.tier().algorithm(), |e| {
                 Unpacked::verdict(Some(e), check, now, cost)
             }),
             None => Unpacked::verdict(None, check, now, cost),
         };
-        (bucket, verdict)
+        Some((bucket, verdict))
     }
 
     /// Phase two of the same for a key that has a row, at its place `bucket` (no row was
@@ -566,7 +752,7 @@ impl Shard {
             .expect("the row found in phase one is where it was");
         if admitted && cost > 0 {
             row.write(algorithm, |e| {
-                e.expires_at = algorithm.commit(&mut e.state, now, cost);
+                e.change(algorithm, |a, s| (a.commit(s, now, cost), ()));
             });
         } else if verdict.allowed && cost > 0 {
             let stays = row.read(algorithm, |e| Unpacked::verdict(Some(e), check, now, 0));
@@ -601,14 +787,16 @@ impl Shard {
         &mut self,
         check: &CheckRef<'_>,
         hash: u64,
-        change: impl FnOnce(&mut Option<State>) -> Option<u64>,
+        change: impl FnOnce(&Compiled, &mut Option<State>) -> Option<u64>,
     ) {
         let algorithm = check.tier().algorithm();
         if let Some(slot) = self.find_mut(check, hash)
             && let Some(expires_at) = slot.write(algorithm, |e| {
-                let expires_at = change(&mut e.state)?;
-                e.expires_at = expires_at;
-                Some(expires_at)
+                let limit = e.limit().cloned();
+                let under = limit.as_deref().map_or(algorithm, |l| l.tier.algorithm());
+                let expires_at = change(under, &mut e.state)?;
+                e.expires_at = expires_at.max(e.limited_until());
+                Some(e.expires_at)
             })
         {
             self.min_expiry = self.min_expiry.min(expires_at);
@@ -631,9 +819,11 @@ impl Shard {
         match self.find_mut(check, hash) {
             // As a charge does, on the state as it is (see `charge`).
             Some(slot) => slot.write(algorithm, |e| {
-                let lease = algorithm.take_lease(&mut e.state, now, ttl, cost, want);
+                let limit = e.limit().cloned();
+                let under = limit.as_deref().map_or(algorithm, |l| l.tier.algorithm());
+                let lease = under.take_lease(&mut e.state, now, ttl, cost, want);
                 if let Some(expires_at) = lease.expires_at {
-                    e.expires_at = expires_at;
+                    e.expires_at = expires_at.max(e.limited_until());
                 }
                 lease
             }),
@@ -749,6 +939,8 @@ pub(super) struct CheckRun {
     pub(super) verdict: Verdict,
     pub(super) wait: Option<u64>,
     pub(super) grant: Option<Grant>,
+    /// The key's own limit's tier, when it has one.
+    pub(super) own: Option<Arc<Tier>>,
 }
 
 pub(super) type CheckRuns = SmallVec<[CheckRun; 2]>;
@@ -761,6 +953,7 @@ impl CheckRun {
             verdict: Verdict::allow(0, 0),
             wait: None,
             grant: None,
+            own: None,
         }
     }
 }

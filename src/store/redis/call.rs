@@ -2,27 +2,31 @@
 //! script), its reply read back; on a cluster, a request's keys in different slots decided in
 //! turn and undone when one denies.
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use redis::{Cmd, ErrorKind, ServerErrorKind};
 use smallvec::SmallVec;
 
 use super::conn::{AnyConn, load};
 use super::link::Link;
-use super::script::{ADMITTED, SCRIPT, shape};
+use super::script::{ADMITTED, OWN_WIDTH, SCRIPT, shape};
 use super::{Inner, RELOAD_TIMEOUT, redis_key};
-use crate::algorithm::Verdict;
+use crate::algorithm::{Verdict, compact};
 use crate::decision::{Decision, Grant, PolicyOutcome};
 use crate::error::StoreError;
+use crate::policy::Tier;
+use crate::quota::Quota;
 use crate::store::{Check, Checks, Op};
 
 /// Milliseconds added to every TTL when a clock is injected.
 const INJECTED_CLOCK_TTL_SLACK_MS: u64 = 60_000;
 
-/// What the script says of one check: its verdict, and the lease granted or the slot
-/// reserved with it, if any.
-type Reply = (Verdict, Option<Grant>);
+/// What the script says of one check: its verdict, the lease granted or the slot reserved
+/// with it, if any, and the tier of the key's own limit, when it has one.
+type Reply = (Verdict, Option<Grant>, Option<Arc<Tier>>);
 
 impl Inner {
     pub(super) async fn decide(&self, checks: Checks) -> Result<Decision, StoreError> {
@@ -37,9 +41,9 @@ impl Inner {
         let outcomes: SmallVec<[PolicyOutcome; 1]> = checks
             .iter()
             .zip(verdicts)
-            .map(|(check, (verdict, grant))| {
-                PolicyOutcome::new(check.tier(), check.op() == Op::Shadow, verdict)
-                    .with_grant(grant)
+            .map(|(check, (verdict, grant, own))| {
+                let tier = own.as_ref().unwrap_or(check.tier());
+                PolicyOutcome::new(tier, check.op() == Op::Shadow, verdict).with_grant(grant)
             })
             .collect();
         Ok(Decision::new(outcomes))
@@ -75,9 +79,9 @@ impl Inner {
             let admitted = batch
                 .iter()
                 .zip(&result)
-                .all(|(c, (v, _))| v.allowed || !c.op().decides());
+                .all(|(c, (v, ..))| v.allowed || !c.op().decides());
             if !denied && admitted {
-                charged.extend(group.iter().zip(&result).filter_map(|(&i, (v, grant))| {
+                charged.extend(group.iter().zip(&result).filter_map(|(&i, (v, grant, _))| {
                     let c = &checks[i];
                     let undo = c
                         .op()
@@ -103,11 +107,46 @@ impl Inner {
         Ok(verdicts
             .into_iter()
             .map(|v| {
-                let (verdict, grant) = v.expect("every check was decided");
+                let (verdict, grant, own) = v.expect("every check was decided");
                 // A denied request's leases were given back.
-                (verdict, grant.filter(|_| !denied))
+                (verdict, grant.filter(|_| !denied), own)
             })
             .collect())
+    }
+
+    /// The tag a check is sent with: its tier's; for a key's own limit being set, followed
+    /// by `@` and its quota (limit, window, 0 for a month, and burst, 0 for none), which the
+    /// script keeps with the key's state; for a calendar, followed by the boundaries of the
+    /// periods around the present (which the script finds its period among).
+    fn tag<'a>(&self, check: &'a Check) -> std::borrow::Cow<'a, str> {
+        let tier = check.tier();
+        let own = match (check.op(), tier.own_quota()) {
+            (Op::Limit { .. }, Some(q)) => Some(q),
+            _ => None,
+        };
+        let periods = tier.algorithm().periods();
+        if own.is_none() && periods.is_none() {
+            return std::borrow::Cow::Borrowed(tier.tag());
+        }
+        let mut tag = tier.tag().to_owned();
+        if let Some(q) = own {
+            let window = if q.is_monthly() {
+                0
+            } else {
+                q.window().as_micros() as u64
+            };
+            let numbers = [
+                u64::from(q.limit()),
+                window,
+                u64::from(q.burst().unwrap_or(0)),
+            ];
+            tag.push('@');
+            tag.push_str(&numbers.map(compact).join(","));
+        }
+        if let Some(periods) = periods {
+            tag.push_str(periods.around(self.now_micros()).text());
+        }
+        std::borrow::Cow::Owned(tag)
     }
 
     /// The time here: the injected clock's, else the system's (a calendar's periods are found
@@ -141,15 +180,7 @@ impl Inner {
                 }
                 let lease_ttl = check.tier().lease().map_or(0, |l| l.ttl_us());
                 cmd.arg(&op.args(lease_ttl)[..]);
-                match check.tier().algorithm().periods() {
-                    None => cmd.arg(check.tier().tag()),
-                    // A calendar's tag is followed by the boundaries of the periods around
-                    // the present (which the script finds its period among).
-                    Some(periods) => {
-                        let bounds = periods.around(self.now_micros());
-                        cmd.arg(format!("{}{}", check.tier().tag(), bounds.text()))
-                    }
-                };
+                cmd.arg(&*self.tag(check));
             }
             if let Some(clock) = &self.clock {
                 // Redis expires keys on its own clock, which an injected one may outrun or lag.
@@ -168,13 +199,23 @@ impl Inner {
             .with(|mut c| async move { self.invoke(&call, eval, &mut c).await })
             .await?;
         let expected: usize = checks.iter().map(|c| c.op().reply_width()).sum();
-        if reply.len() != expected {
+        if reply.len() < expected || !(reply.len() - expected).is_multiple_of(OWN_WIDTH) {
             return Err(StoreError::new(format!(
                 "unexpected reply of {} integers from the decision script",
                 reply.len()
             )));
         }
-        let mut rest = &reply[..];
+        let mut own: SmallVec<[Option<Arc<Tier>>; 2]> = smallvec::smallvec![None; checks.len()];
+        for limit in reply[expected..].chunks(OWN_WIDTH) {
+            let check = usize::try_from(limit[0] - 1)
+                .ok()
+                .and_then(|i| Some((i, checks.get(i)?)));
+            if let (Some((i, check)), Some(quota)) = (check, own_quota(&limit[1..])) {
+                own[i] = check.tier().relimited(quota).ok().map(Arc::new);
+            }
+        }
+        let mut own = own.into_iter();
+        let mut rest = &reply[..expected];
         Ok(checks
             .iter()
             .map(|c| {
@@ -191,9 +232,25 @@ impl Inner {
                     end: r[4].max(0) as u64,
                     lasts_us: r[5].max(0) as u64,
                 });
-                (verdict, grant.filter(|g| g.units > 0))
+                (verdict, grant.filter(|g| g.units > 0), own.next().flatten())
             })
             .collect())
+    }
+}
+
+/// The quota of a key's own limit, as the script tells it.
+fn own_quota(numbers: &[i64]) -> Option<Quota> {
+    let [limit, window, burst] = numbers else {
+        return None;
+    };
+    let limit = NonZeroU32::new(u32::try_from(*limit).ok()?)?;
+    let quota = match *window {
+        0 => Quota::per_month(limit),
+        w => Quota::new(limit.get(), Duration::from_micros(u64::try_from(w).ok()?)).ok()?,
+    };
+    match *burst {
+        0 => Some(quota),
+        b => quota.try_with_burst(u32::try_from(b).ok()?).ok(),
     }
 }
 

@@ -89,17 +89,76 @@ end
 -- Old parameters read from a tag, reused from call to call.
 local OLD = {}
 
+-- Puts the key's state `st`, written under `from` (nil: under nothing this policy reads),
+-- under `to`: a key's own limit's parameters or the policy's, converted as a reload converts
+-- it (twin of `Row::put_under` in Rust). With nothing used, only the key's own limit is kept
+-- (and the block on record). The sliding log, whose entries mean the same under any quota,
+-- marks its own limit itself.
+local function put_under(alg, key, st, now, from, to)
+  if alg.mark then
+    alg:mark(key, to, now)
+    return
+  end
+  if st and from and alg.convert and alg:convert(key, from, to, st, now) then
+    return
+  end
+  local value, e = '', now
+  if to.limit_end then
+    value, e = to.tag, to.limit_end
+  end
+  if KEEP_BLOCK then
+    value = value .. '|' .. int(KEEP_BLOCK)
+    if KEEP_BLOCK > e then
+      e = KEEP_BLOCK
+    end
+  end
+  if value == '' then
+    call('DEL', key)
+  else
+    call('SET', key, value, 'PX', format(INT, ttl_ms(now, e)))
+  end
+end
+
+-- The parameters a state of tag `stale` was written under (nil: the present ones, `p`);
+-- nil for a state of another algorithm.
+local function written_under(stale, p)
+  if not stale then
+    return p
+  end
+  if find(stale, '@', 1, true) then
+    return own_params(stale, p)
+  end
+  if tag_params(stale, OLD) == sub(p.tag, 1, 1) then
+    return OLD
+  end
+  return nil
+end
+
 -- A state found written under other parameters (`stale`, its tag: the policy was reloaded, or
 -- another instance runs another version of it), converted to the present ones and written
 -- back (twin of `Compiled::convert`): the state and the block's end then. A state of another
 -- algorithm, or one left with nothing used, is forgotten; the key keeps its block.
 local function adopt(alg, key, p, st, ends, now, stale, into)
+  if find(stale, '@', 1, true) then
+    local o = own_params(stale, p)
+    if o and o.limit_end > now then
+      -- The key's own limit: decided under it.
+      return st, ends, o
+    end
+    -- Its own limit has ended: back under the policy's quota, its usage kept.
+    KEEP_BLOCK = ends
+    put_under(alg, key, o and st, now, o, p)
+    KEEP_BLOCK = nil
+    local kept, block = alg.load(key, p, now, into)
+    return kept, block, p
+  end
   if st and alg.convert and tag_params(stale, OLD) == sub(p.tag, 1, 1) then
     KEEP_BLOCK = ends
     local kept = alg:convert(key, OLD, p, st, now)
     KEEP_BLOCK = nil
     if kept then
-      return alg.load(key, p, now, into)
+      local state, block = alg.load(key, p, now, into)
+      return state, block, p
     end
   end
   if ends then
@@ -107,7 +166,7 @@ local function adopt(alg, key, p, st, ends, now, stale, into)
   else
     call('DEL', key)
   end
-  return nil, ends
+  return nil, ends, p
 end
 
 
@@ -157,12 +216,37 @@ ACT[SETTLE] = function(alg, key, p, st, now, units, estimate)
   end
 end
 
+-- A key's own limit, `p` (its parameters, then '@' and its quota), until `limit_end` (0: the
+-- longest window's time from now): the state converted from what it was written under.
+ACT[LIMIT] = function(alg, key, p, st, now, from, limit_end)
+  if limit_end == 0 then
+    limit_end = now + LONGEST
+  end
+  local at = find(p.tag, '@', 1, true)
+  local tag = sub(p.tag, 1, at) .. int(limit_end) .. 'E0,' .. sub(p.tag, at + 1)
+  put_under(alg, key, st, now, from, own_params(tag, p))
+end
+-- Back under the policy's own quota (`p`), from a key's own limit.
+ACT[UNLIMIT] = function(alg, key, p, st, now, from)
+  if from ~= p then
+    put_under(alg, key, st, now, from, p)
+  end
+end
+
 -- Runs the act of `op` on the key (its state loaded in `into`, converted first when it was
--- written under other parameters).
+-- written under other parameters, or decided under the key's own limit); a key's own limit
+-- set or ended is given what the state was written under instead of the units.
 local function act(alg, op, key, p, now, units, x, into)
   local st, ends, stale = alg.load(key, p, now, into)
+  KEEP_BLOCK = ends
+  if RELIMITS[op] then
+    ACT[op](alg, key, p, st, now, written_under(stale, p), x)
+    KEEP_BLOCK = nil
+    return
+  end
+  KEEP_BLOCK = nil
   if stale then
-    st, ends = adopt(alg, key, p, st, ends, now, stale, into)
+    st, ends, p = adopt(alg, key, p, st, ends, now, stale, into)
   end
   KEEP_BLOCK = ends
   ACT[op](alg, key, p, st, now, units, x)
@@ -266,6 +350,10 @@ local function take_lease(alg, key, p, st, ends, now, cost, want, lease_end, rep
   reply[at + 4], reply[at + 5], reply[at + 6] = units, lease_end, lease_end - now
 end
 
+-- What each policy of a decision hands from one phase to the next, reused from call to call.
+local ALGS, OPS, PS, COSTS, XS, YS, STS, ENDS, LEASE_ENDS, WAITS = {}, {}, {}, {}, {}, {}, {}, {},
+  {}, {}
+
 -- Phase one for the policy at position i, whose reply starts at REPLY[base + 1]: its state,
 -- loaded in STATES[i] (converted first when written under other parameters; as strict as a
 -- lease could make it, in LEASED[i], for a LEASE whose longest life is `x`: twin of
@@ -276,7 +364,9 @@ local function evaluate(i, alg, op, key, p, now, cost, x, base)
   local into = STATES[i]
   local st, ends, stale = alg.load(key, p, now, into)
   if stale then
-    st, ends = adopt(alg, key, p, st, ends, now, stale, into)
+    st, ends, p = adopt(alg, key, p, st, ends, now, stale, into)
+    -- Phase two, and the reply, under the key's own limit if it has one.
+    PS[i] = p
   end
   local lease_end
   if op == LEASE then
@@ -343,6 +433,21 @@ local function apply(i, alg, op, key, p, now, cost, y, st, ends, lease_end, wait
   end
 end
 
+-- After the checks' replies (`total` integers), each key decided under its own limit: its
+-- place and its quota's limit, window and burst (`OWN_WIDTH` integers; see `own_quota` in
+-- Rust); then the reply's end.
+local function own_limits(n, total)
+  for i = 1, n do
+    local o = PS[i]
+    if o.limit_end then
+      local q = o.quota
+      REPLY[total + 1], REPLY[total + 2], REPLY[total + 3], REPLY[total + 4] = i, q[1], q[2], q[3]
+      total = total + OWN_WIDTH
+    end
+  end
+  REPLY[total + 1] = nil
+end
+
 local function malformed(args, at)
   return redis.error_reply('tower-ratelimit: malformed policy ' .. tostring(args[at]))
 end
@@ -350,8 +455,6 @@ end
 -- Several policies: each read (all before anything is done: a malformed call changes
 -- nothing); every act, in order; phase one for each, what phase two needs kept in tables;
 -- then phase two for each.
-local ALGS, OPS, PS, COSTS, XS, YS, STS, ENDS, LEASE_ENDS, WAITS = {}, {}, {}, {}, {}, {}, {}, {},
-  {}, {}
 local function decide_many(keys, args, n)
   local at, injected = 1, false
   for i = 1, n do
@@ -381,6 +484,7 @@ local function decide_many(keys, args, n)
     base = base + WIDTH[op]
   end
   REPLY[base + 1] = nil
+  local total = base
   base = 0
   for i = 1, n do
     local op = OPS[i]
@@ -388,6 +492,7 @@ local function decide_many(keys, args, n)
       LEASE_ENDS[i], WAITS[i], admitted, base)
     base = base + WIDTH[op]
   end
+  own_limits(n, total)
   return REPLY
 end
 
@@ -506,8 +611,10 @@ local function decide(keys, args)
     act(alg, op, key, p, now, cost, x, STATES[1])
     cost = 0
   end
+  PS[1] = p
   local ok, st, ends, lease_end, wait = evaluate(1, alg, op, key, p, now, cost, x, 0)
   REPLY[WIDTH[op] + 1] = nil
-  apply(1, alg, op, key, p, now, cost, y, st, ends, lease_end, wait, ok or not DECIDES[op], 0)
+  apply(1, alg, op, key, PS[1], now, cost, y, st, ends, lease_end, wait, ok or not DECIDES[op], 0)
+  own_limits(1, WIDTH[op])
   return REPLY
 end

@@ -3,13 +3,14 @@
 -- Rust gives their names: do not edit it, edit them and run
 -- `UPDATE_LUA=1 cargo test --lib script`.
 local ALG = {}
-local DECIDES = { true, false, true, true, true, true, false, false, false, false, false, false, false }
-local CHARGES = { 2, 1, 0, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0 }
-local ACTS = { false, false, false, false, false, false, true, true, true, true, true, true, true }
-local ARGS = { 0, 0, 0, 0, 1, 2, 0, 0, 0, 1, 1, 1, 1 }
-local GRANTS = { false, false, false, true, true, true, false, false, false, false, false, false, false }
-local WIDTH = { 3, 3, 3, 6, 6, 6, 3, 3, 3, 3, 3, 3, 3 }
-local FUSES = { true, false, false, false, false, false, false, false, false, false, false, false, false }
+local DECIDES = { true, false, true, true, true, true, false, false, false, false, false, false, false, false, false }
+local CHARGES = { 2, 1, 0, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+local ACTS = { false, false, false, false, false, false, true, true, true, true, true, true, true, true, true }
+local RELIMITS = { false, false, false, false, false, false, false, false, false, false, false, false, false, true, true }
+local ARGS = { 0, 0, 0, 0, 1, 2, 0, 0, 0, 1, 1, 1, 1, 1, 0 }
+local GRANTS = { false, false, false, true, true, true, false, false, false, false, false, false, false, false, false }
+local WIDTH = { 3, 3, 3, 6, 6, 6, 3, 3, 3, 3, 3, 3, 3, 3, 3 }
+local FUSES = { true, false, false, false, false, false, false, false, false, false, false, false, false, false, false }
 -- tower-ratelimit: shared helpers. Every number is an integer below 2^53, so doubles are exact;
 -- divisions go through fdiv/cdiv, which correct the rounding of a / b. The library functions
 -- used on every decision, and `redis.call` (as `call`), are upvalues set by the first decision
@@ -251,6 +252,10 @@ end
 --@inline
 local function store(key, p, value, now, expires_at)
   value = value .. p.tag
+  if p.limit_end and p.limit_end > expires_at then
+    -- A key's own limit lives until it ends.
+    expires_at = p.limit_end
+  end
   if KEEP_BLOCK then
     local block_end = int(KEEP_BLOCK)
     value = value .. '|' .. block_end
@@ -324,6 +329,10 @@ local function tag_params(tag, into)
   if not id then
     return nil
   end
+  if find(rest, '@', 1, true) then
+    -- A key's own limit's quota follows its parameters (see `own_params`).
+    rest = string.gsub(rest, '@[^;]*', '')
+  end
   local k = 0
   for word in string.gmatch(rest, '[^,;]+') do
     k = k + 1
@@ -359,6 +368,36 @@ local function read_params(tag)
     end
   end
   return p
+end
+
+-- The parameters of a key's own limit, from the tag its state is written under:
+-- "<parameters>@<end>,<limit>,<window>,<burst>" (`RateLimitLayer::set_limit`): a table
+-- { p1, p2, ..., tag = stale, limit_end = end, quota = { limit, window, burst } }, the same
+-- one for every call with that tag; a calendar's boundaries are the call's (`p`'s: a key's
+-- own limit keeps its policy's period). Nil when it is not one.
+local function own_params(stale, p)
+  local o = TAGGED[stale]
+  if not o then
+    local at = find(stale, '@', 1, true)
+    if not at then
+      return nil
+    end
+    o = { tag = stale }
+    local numbers = {}
+    if not tag_params(stale, o) or not tag_params('Q' .. sub(stale, at + 1), numbers) then
+      return nil
+    end
+    o.limit_end, o.quota = numbers[1], { numbers[2], numbers[3], numbers[4] }
+    if TAGS >= 1000 then
+      TAGGED, TAGS = {}, 0
+    end
+    TAGGED[stale] = o
+    TAGS = TAGS + 1
+  end
+  if o[2] == 0 and p[2] == 0 then
+    o[4], o[5], o[6], o[7] = p[4], p[5], p[6], p[7]
+  end
+  return o
 end
 
 -- The time: the injected one (and the TTL slack) at the end of the arguments, else Redis TIME.
@@ -723,6 +762,9 @@ ALG[1] = function()
           repeat -- store
             local value, expires_at = format(INT2, start, count + cost), ends
             value = value .. p.tag
+            if p.limit_end and p.limit_end > expires_at then
+              expires_at = p.limit_end
+            end
             if KEEP_BLOCK then
               local block_end
               do -- int
@@ -1492,6 +1534,9 @@ ALG[2] = function()
             repeat -- store
               local value, expires_at = format(INT .. ' %d:' .. INT, c, slot, cost), (c + slots) * g
               value = value .. p.tag
+              if p.limit_end and p.limit_end > expires_at then
+                expires_at = p.limit_end
+              end
               if KEEP_BLOCK then
                 local block_end
                 do -- int
@@ -1554,6 +1599,9 @@ ALG[2] = function()
               repeat -- store
                 local value, expires_at = table.concat(parts, ' '), expires_at
                 value = value .. p.tag
+                if p.limit_end and p.limit_end > expires_at then
+                  expires_at = p.limit_end
+                end
                 if KEEP_BLOCK then
                   local block_end
                   do -- int
@@ -1924,9 +1972,12 @@ end
 -- zero-padded so that members of one time sort by it, and numbered on from the newest member
 -- of that time (never reused while that member exists, even after a refund).
 -- A block is one more member, "block:end", scored +inf: always the highest, never inside a
--- window (counts stop short of +inf), so the read of the newest entry finds it too.
+-- window (counts stop short of +inf), so the read of the newest entry finds it too. A key's
+-- own limit is another, "limit:TAG" (TAG: the parameters it is decided under, see
+-- `own_params`), above the block.
 ALG[3] = function()
   local LETTER_B = 98 -- the first byte of "block:"
+  local LETTER_L = 108 -- the first byte of "limit:"
 
   -- In-window entries: scores after `cutoff`, short of the block's +inf.
   --@inline
@@ -1980,11 +2031,15 @@ ALG[3] = function()
       newest = at
     end
     local expires_at = until_block_ends(newest + window)
+    if p.limit_end and p.limit_end > expires_at then
+      expires_at = p.limit_end
+    end
     local ms = ttl_ms(now, expires_at)
     call('PEXPIRE', key, format(INT, ms))
   end
 
-  -- The newest entry (in `into`), and the end of the block on record, if any.
+  -- The newest entry (in `into`), the end of the block on record, if any, and the tag of the
+  -- key's own limit, if it has one (read as a state written under other parameters).
   --@inline
   local function load(key, p, now, into)
     local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
@@ -1992,16 +2047,21 @@ ALG[3] = function()
     if n == 0 then
       return nil
     end
-    local ends
-    if byte(top[n - 1], 1) == LETTER_B then
+    local ends, own
+    if byte(top[n - 1], 1) == LETTER_L then
+      own = sub(top[n - 1], 7)
+      top = call('ZRANGE', key, -3, -2, 'WITHSCORES')
+      n = #top
+    end
+    if n > 0 and byte(top[n - 1], 1) == LETTER_B then
       ends = tonumber(sub(top[n - 1], 7))
       n = n - 2
-      if n == 0 then
-        return nil, ends
-      end
+    end
+    if n == 0 then
+      return nil, ends, own
     end
     into[1], into[2] = tonumber(top[n]), top[n - 1]
-    return into, ends
+    return into, ends, own
   end
 
   --@inline
@@ -2102,16 +2162,21 @@ ALG[3] = function()
       if n == 0 then
         st, ends, stale = nil break
       end
-      local ends_3
-      if byte(top[n - 1], 1) == LETTER_B then
+      local ends_3, own
+      if byte(top[n - 1], 1) == LETTER_L then
+        own = sub(top[n - 1], 7)
+        top = call('ZRANGE', key, -3, -2, 'WITHSCORES')
+        n = #top
+      end
+      if n > 0 and byte(top[n - 1], 1) == LETTER_B then
         ends_3 = tonumber(sub(top[n - 1], 7))
         n = n - 2
-        if n == 0 then
-          st, ends, stale = nil, ends_3 break
-        end
+      end
+      if n == 0 then
+        st, ends, stale = nil, ends_3, own break
       end
       into[1], into[2] = tonumber(top[n]), top[n - 1]
-      st, ends, stale = into, ends_3 break
+      st, ends, stale = into, ends_3, own break
     until true
     if ends or stale then
       return nil
@@ -2232,6 +2297,9 @@ ALG[3] = function()
               end
               expires_at = expires_at_12 break
             until true
+            if p.limit_end and p.limit_end > expires_at then
+              expires_at = p.limit_end
+            end
             local ms
             repeat -- ttl_ms
               local us = expires_at - now
@@ -2286,16 +2354,21 @@ ALG[3] = function()
       if n == 0 then
         st, ends, stale = nil break
       end
-      local ends_15
-      if byte(top[n - 1], 1) == LETTER_B then
+      local ends_15, own
+      if byte(top[n - 1], 1) == LETTER_L then
+        own = sub(top[n - 1], 7)
+        top = call('ZRANGE', key, -3, -2, 'WITHSCORES')
+        n = #top
+      end
+      if n > 0 and byte(top[n - 1], 1) == LETTER_B then
         ends_15 = tonumber(sub(top[n - 1], 7))
         n = n - 2
-        if n == 0 then
-          st, ends, stale = nil, ends_15 break
-        end
+      end
+      if n == 0 then
+        st, ends, stale = nil, ends_15, own break
       end
       into[1], into[2] = tonumber(top[n]), top[n - 1]
-      st, ends, stale = into, ends_15 break
+      st, ends, stale = into, ends_15, own break
     until true
     if ends or stale then
       return nil
@@ -2367,8 +2440,32 @@ ALG[3] = function()
     fused = fused,
     judged = judged,
     load = load,
+    -- The key's own limit, `to` (nil: none): its member replaced, the key living until it
+    -- ends.
+    mark = function(self, key, to, now)
+      self.unmark(key, LETTER_L)
+      if to.limit_end then
+        call('ZADD', key, '+inf', 'limit:' .. to.tag)
+        local ms = ttl_ms(now, to.limit_end)
+        if call('PTTL', key) < ms then
+          call('PEXPIRE', key, format(INT, ms))
+        end
+      end
+    end,
+    -- Removes the member at +inf that starts with `letter` (the block or the limit; the
+    -- limit sorts last), by its rank: the commands the decision's ACL line allows.
+    unmark = function(key, letter)
+      local top = call('ZRANGEBYSCORE', key, '+inf', '+inf')
+      for i = #top, 1, -1 do
+        if byte(top[i], 1) == letter then
+          local rank = i - #top - 1
+          call('ZREMRANGEBYRANK', key, rank, rank)
+          return
+        end
+      end
+    end,
     block = function(self, key, p, st, now, ends)
-      call('ZREMRANGEBYSCORE', key, '+inf', '+inf')
+      self.unmark(key, LETTER_B)
       call('ZADD', key, '+inf', 'block:' .. int(ends))
       call('PEXPIRE', key, ttl_to_block_end(key, now, ends))
     end,
@@ -2792,6 +2889,9 @@ ALG[4] = function()
           repeat -- store
             local value, expires_at = format(INT2, have, last), last + to_full
             value = value .. p.tag
+            if p.limit_end and p.limit_end > expires_at then
+              expires_at = p.limit_end
+            end
             if KEEP_BLOCK then
               local block_end
               do -- int
@@ -3452,6 +3552,9 @@ ALG[5] = function()
           repeat -- store
             local value, expires_at = format(INT2, after, last), last + to_empty
             value = value .. p.tag
+            if p.limit_end and p.limit_end > expires_at then
+              expires_at = p.limit_end
+            end
             if KEEP_BLOCK then
               local block_end
               do -- int
@@ -3929,6 +4032,9 @@ ALG[6] = function()
           repeat -- store
             local value, expires_at = format(INT, tat), tat
             value = value .. p.tag
+            if p.limit_end and p.limit_end > expires_at then
+              expires_at = p.limit_end
+            end
             if KEEP_BLOCK then
               local block_end
               do -- int
@@ -4217,17 +4323,76 @@ end
 -- Old parameters read from a tag, reused from call to call.
 local OLD = {}
 
+-- Puts the key's state `st`, written under `from` (nil: under nothing this policy reads),
+-- under `to`: a key's own limit's parameters or the policy's, converted as a reload converts
+-- it (twin of `Row::put_under` in Rust). With nothing used, only the key's own limit is kept
+-- (and the block on record). The sliding log, whose entries mean the same under any quota,
+-- marks its own limit itself.
+local function put_under(alg, key, st, now, from, to)
+  if alg.mark then
+    alg:mark(key, to, now)
+    return
+  end
+  if st and from and alg.convert and alg:convert(key, from, to, st, now) then
+    return
+  end
+  local value, e = '', now
+  if to.limit_end then
+    value, e = to.tag, to.limit_end
+  end
+  if KEEP_BLOCK then
+    value = value .. '|' .. int(KEEP_BLOCK)
+    if KEEP_BLOCK > e then
+      e = KEEP_BLOCK
+    end
+  end
+  if value == '' then
+    call('DEL', key)
+  else
+    call('SET', key, value, 'PX', format(INT, ttl_ms(now, e)))
+  end
+end
+
+-- The parameters a state of tag `stale` was written under (nil: the present ones, `p`);
+-- nil for a state of another algorithm.
+local function written_under(stale, p)
+  if not stale then
+    return p
+  end
+  if find(stale, '@', 1, true) then
+    return own_params(stale, p)
+  end
+  if tag_params(stale, OLD) == sub(p.tag, 1, 1) then
+    return OLD
+  end
+  return nil
+end
+
 -- A state found written under other parameters (`stale`, its tag: the policy was reloaded, or
 -- another instance runs another version of it), converted to the present ones and written
 -- back (twin of `Compiled::convert`): the state and the block's end then. A state of another
 -- algorithm, or one left with nothing used, is forgotten; the key keeps its block.
 local function adopt(alg, key, p, st, ends, now, stale, into)
+  if find(stale, '@', 1, true) then
+    local o = own_params(stale, p)
+    if o and o.limit_end > now then
+      -- The key's own limit: decided under it.
+      return st, ends, o
+    end
+    -- Its own limit has ended: back under the policy's quota, its usage kept.
+    KEEP_BLOCK = ends
+    put_under(alg, key, o and st, now, o, p)
+    KEEP_BLOCK = nil
+    local kept, block = alg.load(key, p, now, into)
+    return kept, block, p
+  end
   if st and alg.convert and tag_params(stale, OLD) == sub(p.tag, 1, 1) then
     KEEP_BLOCK = ends
     local kept = alg:convert(key, OLD, p, st, now)
     KEEP_BLOCK = nil
     if kept then
-      return alg.load(key, p, now, into)
+      local state, block = alg.load(key, p, now, into)
+      return state, block, p
     end
   end
   if ends then
@@ -4235,7 +4400,7 @@ local function adopt(alg, key, p, st, ends, now, stale, into)
   else
     call('DEL', key)
   end
-  return nil, ends
+  return nil, ends, p
 end
 
 
@@ -4285,12 +4450,37 @@ ACT[13] = function(alg, key, p, st, now, units, estimate)
   end
 end
 
+-- A key's own limit, `p` (its parameters, then '@' and its quota), until `limit_end` (0: the
+-- longest window's time from now): the state converted from what it was written under.
+ACT[14] = function(alg, key, p, st, now, from, limit_end)
+  if limit_end == 0 then
+    limit_end = now + 31622400000000
+  end
+  local at = find(p.tag, '@', 1, true)
+  local tag = sub(p.tag, 1, at) .. int(limit_end) .. 'E0,' .. sub(p.tag, at + 1)
+  put_under(alg, key, st, now, from, own_params(tag, p))
+end
+-- Back under the policy's own quota (`p`), from a key's own limit.
+ACT[15] = function(alg, key, p, st, now, from)
+  if from ~= p then
+    put_under(alg, key, st, now, from, p)
+  end
+end
+
 -- Runs the act of `op` on the key (its state loaded in `into`, converted first when it was
--- written under other parameters).
+-- written under other parameters, or decided under the key's own limit); a key's own limit
+-- set or ended is given what the state was written under instead of the units.
 local function act(alg, op, key, p, now, units, x, into)
   local st, ends, stale = alg.load(key, p, now, into)
+  KEEP_BLOCK = ends
+  if RELIMITS[op] then
+    ACT[op](alg, key, p, st, now, written_under(stale, p), x)
+    KEEP_BLOCK = nil
+    return
+  end
+  KEEP_BLOCK = nil
   if stale then
-    st, ends = adopt(alg, key, p, st, ends, now, stale, into)
+    st, ends, p = adopt(alg, key, p, st, ends, now, stale, into)
   end
   KEEP_BLOCK = ends
   ACT[op](alg, key, p, st, now, units, x)
@@ -4394,6 +4584,10 @@ local function take_lease(alg, key, p, st, ends, now, cost, want, lease_end, rep
   reply[at + 4], reply[at + 5], reply[at + 6] = units, lease_end, lease_end - now
 end
 
+-- What each policy of a decision hands from one phase to the next, reused from call to call.
+local ALGS, OPS, PS, COSTS, XS, YS, STS, ENDS, LEASE_ENDS, WAITS = {}, {}, {}, {}, {}, {}, {}, {},
+  {}, {}
+
 -- Phase one for the policy at position i, whose reply starts at REPLY[base + 1]: its state,
 -- loaded in STATES[i] (converted first when written under other parameters; as strict as a
 -- lease could make it, in LEASED[i], for a LEASE whose longest life is `x`: twin of
@@ -4404,7 +4598,9 @@ local function evaluate(i, alg, op, key, p, now, cost, x, base)
   local into = STATES[i]
   local st, ends, stale = alg.load(key, p, now, into)
   if stale then
-    st, ends = adopt(alg, key, p, st, ends, now, stale, into)
+    st, ends, p = adopt(alg, key, p, st, ends, now, stale, into)
+    -- Phase two, and the reply, under the key's own limit if it has one.
+    PS[i] = p
   end
   local lease_end
   if op == 6 then
@@ -4471,6 +4667,21 @@ local function apply(i, alg, op, key, p, now, cost, y, st, ends, lease_end, wait
   end
 end
 
+-- After the checks' replies (`total` integers), each key decided under its own limit: its
+-- place and its quota's limit, window and burst (`OWN_WIDTH` integers; see `own_quota` in
+-- Rust); then the reply's end.
+local function own_limits(n, total)
+  for i = 1, n do
+    local o = PS[i]
+    if o.limit_end then
+      local q = o.quota
+      REPLY[total + 1], REPLY[total + 2], REPLY[total + 3], REPLY[total + 4] = i, q[1], q[2], q[3]
+      total = total + 4
+    end
+  end
+  REPLY[total + 1] = nil
+end
+
 local function malformed(args, at)
   return redis.error_reply('tower-ratelimit: malformed policy ' .. tostring(args[at]))
 end
@@ -4478,8 +4689,6 @@ end
 -- Several policies: each read (all before anything is done: a malformed call changes
 -- nothing); every act, in order; phase one for each, what phase two needs kept in tables;
 -- then phase two for each.
-local ALGS, OPS, PS, COSTS, XS, YS, STS, ENDS, LEASE_ENDS, WAITS = {}, {}, {}, {}, {}, {}, {}, {},
-  {}, {}
 local function decide_many(keys, args, n)
   local at, injected = 1, false
   for i = 1, n do
@@ -4509,6 +4718,7 @@ local function decide_many(keys, args, n)
     base = base + WIDTH[op]
   end
   REPLY[base + 1] = nil
+  local total = base
   base = 0
   for i = 1, n do
     local op = OPS[i]
@@ -4516,6 +4726,7 @@ local function decide_many(keys, args, n)
       LEASE_ENDS[i], WAITS[i], admitted, base)
     base = base + WIDTH[op]
   end
+  own_limits(n, total)
   return REPLY
 end
 
@@ -4634,8 +4845,10 @@ local function decide(keys, args)
     act(alg, op, key, p, now, cost, x, STATES[1])
     cost = 0
   end
+  PS[1] = p
   local ok, st, ends, lease_end, wait = evaluate(1, alg, op, key, p, now, cost, x, 0)
   REPLY[WIDTH[op] + 1] = nil
-  apply(1, alg, op, key, p, now, cost, y, st, ends, lease_end, wait, ok or not DECIDES[op], 0)
+  apply(1, alg, op, key, PS[1], now, cost, y, st, ends, lease_end, wait, ok or not DECIDES[op], 0)
+  own_limits(1, WIDTH[op])
   return REPLY
 end

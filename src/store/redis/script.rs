@@ -23,6 +23,11 @@ pub(crate) const ADMITTED: i64 = -2;
 #[cfg_attr(not(test), allow(dead_code))]
 pub(crate) const NEVER: i64 = -1;
 
+/// The integers the script adds after the checks' replies for each key decided under a limit
+/// of its own: the check's place (from 1), and its quota's limit, window (0 for a month) and
+/// burst (0 for none).
+pub(crate) const OWN_WIDTH: usize = 4;
+
 /// A policy's shape, the first of its arguments: its algorithm and operation, and two flags,
 /// one integer (the script decodes it with `%`, as Lua 5.1 has no bit operators). Algorithm
 /// ids are below 32, operation ids below 32. Its parameters are not sent: its tag names them.
@@ -129,6 +134,8 @@ mod tests {
                 ("REPLY_GRANT", Op::REPLY_GRANT as i64),
                 ("ADMITTED", ADMITTED),
                 ("NEVER", NEVER),
+                ("OWN_WIDTH", OWN_WIDTH as i64),
+                ("LONGEST", crate::MAX_WINDOW.as_micros() as i64),
                 ("MODE_UNIT", MODE_UNIT as i64),
                 ("COST_FLAG", COST_FLAG as i64),
                 ("CLOCK_FLAG", CLOCK_FLAG as i64),
@@ -193,6 +200,7 @@ mod tests {
             table("DECIDES", &|op| op.decides().to_string()),
             table("CHARGES", &|op| charge(op).to_owned()),
             table("ACTS", &|op| op.acts().to_string()),
+            table("RELIMITS", &|op| op.relimits().to_string()),
             table("ARGS", &|op| op.arg_count().to_string()),
             table("GRANTS", &|op| op.grants().to_string()),
             table("WIDTH", &|op| op.reply_width().to_string()),

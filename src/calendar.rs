@@ -221,12 +221,16 @@ impl Calendar {
         Some((self.midnight(first)?, self.midnight(next)?))
     }
 
-    /// A number that tells calendars apart (zone, week start, month day), the same in every
-    /// process: a policy whose calendar changes is a new definition of it in Redis too.
-    fn id(&self) -> u64 {
+    /// A number that tells calendars and their periods apart (zone, week start, month day,
+    /// period), the same in every process: a policy whose calendar changes is a new
+    /// definition of it in Redis too.
+    fn id(&self, period: Period) -> u64 {
         // FNV-1a, kept below 2^48 so that Lua reads it back exactly.
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        let text = format!("{}|{:?}|{}", self.name, self.week_start, self.month_day);
+        let text = format!(
+            "{}|{:?}|{}|{period:?}",
+            self.name, self.week_start, self.month_day
+        );
         for byte in text.bytes() {
             hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
         }
@@ -394,7 +398,7 @@ impl Periods {
 
     /// The Lua parameters after the limit: 0 for the window (a calendar), and the calendar's id.
     pub(crate) fn id(&self) -> u64 {
-        self.calendar.id()
+        self.calendar.id(self.period)
     }
 }
 

@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use support::{RedisServer, Rng, assert_no_key_without_ttl};
 use tower_ratelimit::key::Key;
@@ -669,13 +669,15 @@ fn random_calendar(rng: &mut Rng) -> Calendar {
         })
 }
 
-/// A fixed window of a random limit a day, a week or a month of a random calendar.
-fn random_plan(rng: &mut Rng, name: &str) -> Policy {
+/// A fixed window of a random limit a day, a week or a month of a random calendar, and its
+/// period.
+fn random_plan(rng: &mut Rng, name: &str) -> (Policy, &'static str) {
     let period = ["day", "week", "month"][rng.range(0, 2) as usize];
     let quota = format!("{}/{period}", rng.range(1, 12));
-    Policy::new(Algorithm::FixedWindow, quota.as_str())
+    let policy = Policy::new(Algorithm::FixedWindow, quota.as_str())
         .name(name)
-        .calendar(random_calendar(rng))
+        .calendar(random_calendar(rng));
+    (policy, period)
 }
 
 /// Calendar periods decided alike: random sequences start a few hours before a month end, a
@@ -711,7 +713,7 @@ async fn calendar_periods_decide_alike_in_both_stores() {
         let seed = 11 << 40 | seq;
         let mut rng = Rng::new(seed);
         let name = format!("c-{seq}");
-        let policy = random_plan(&mut rng, &name);
+        let (policy, mut period) = random_plan(&mut rng, &name);
         if traced(seed) {
             eprintln!("{policy:?}");
         }
@@ -721,13 +723,48 @@ async fn calendar_periods_decide_alike_in_both_stores() {
         clock.set_micros(starts[rng.range(0, 5) as usize] + rng.range(0, 4 * 3_600_000_000));
         for step in 0..30 {
             if rng.range(0, 7) == 0 {
-                let policy = random_plan(&mut rng, &name);
+                let policy;
+                (policy, period) = random_plan(&mut rng, &name);
                 if traced(seed) {
                     eprintln!("reload {policy:?}");
                 }
                 on_memory.reload([policy.clone()]).unwrap();
                 on_redis.reload([policy]).unwrap();
                 reloads += 1;
+            }
+            if rng.range(0, 6) == 0 {
+                // A key's own limit of the policy's period, ending within hours or not, or
+                // cleared.
+                let now = tower_ratelimit::Clock::now_micros(&clock);
+                let (m, r) = match rng.range(0, 2) {
+                    0 => (
+                        on_memory.clear_limit(&name, &key).await.unwrap(),
+                        on_redis.clear_limit(&name, &key).await.unwrap(),
+                    ),
+                    _ => {
+                        let quota = format!("{}/{period}", rng.range(1, 20));
+                        let until = (rng.range(0, 1) == 1).then(|| {
+                            UNIX_EPOCH
+                                + Duration::from_micros(now + rng.range(1, 6 * 3_600_000_000))
+                        });
+                        (
+                            on_memory
+                                .set_limit(&name, &key, quota.as_str(), until)
+                                .await
+                                .unwrap(),
+                            on_redis
+                                .set_limit(&name, &key, quota.as_str(), until)
+                                .await
+                                .unwrap(),
+                        )
+                    }
+                };
+                assert_alike(
+                    &format!("seed {seed} step {step} limit"),
+                    traced(seed),
+                    &m,
+                    &r,
+                );
             }
             match rng.range(0, 9) {
                 0 => {
@@ -757,4 +794,105 @@ async fn calendar_periods_decide_alike_in_both_stores() {
     assert_eq!(decisions, sequences as usize * 30);
     assert!(reloads > 400, "the sequences reload: {reloads}");
     assert_no_key_without_ttl(&server, "cal:");
+}
+
+/// A key's own limit, decided alike: on every algorithm, random sequences set a key's own
+/// limit (a random quota, ending soon or not), change it, let it end, clear it, and reload
+/// the policy, between checks and administrative operations. Both stores give the same
+/// decisions and report the same limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_limits_decide_alike_in_both_stores() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let redis = server.store("own:", &clock).await;
+    let sequences_per_algorithm = 60;
+    let (mut decisions, mut limits) = (0, 0);
+    for algorithm in Algorithm::ALL {
+        for seq in 0..sequences_per_algorithm {
+            let seed = 13 << 40 | (algorithm as u64) << 32 | seq;
+            let mut rng = Rng::new(seed);
+            let name = format!("o-{}-{seq}", algorithm.name());
+            // The sliding window's buckets, which a key's own window must divide into.
+            let buckets = rng.range(1, 6);
+            let sliding = |rng: &mut Rng| {
+                let window = rng.range(1, 400) * buckets * 7;
+                let quota = Quota::new(rng.range(1, 12) as u32, Duration::from_micros(window));
+                Policy::new(algorithm, quota.unwrap())
+                    .name(name.as_str())
+                    .buckets(buckets as u32)
+            };
+            let policy = match algorithm {
+                Algorithm::SlidingWindow => sliding(&mut rng),
+                _ => random_policy(&mut rng, algorithm, name.clone()),
+            };
+            let on_memory = layer_of(&policy, MemoryStore::with_clock(clock.clone()));
+            let on_redis = layer_of(&policy, redis.clone());
+            let key = Key::from(format!("k{seq}"));
+            for step in 0..30 {
+                random_step(&mut rng, &clock);
+                let now = tower_ratelimit::Clock::now_micros(&clock);
+                let cost = random_cost(&mut rng);
+                let what = format!("{algorithm} seed {seed} step {step} t={now} cost={cost}");
+                let (m, r) = match rng.range(0, 12) {
+                    0 | 1 => {
+                        let limit = rng.range(1, 12) as u32;
+                        let window = match algorithm {
+                            Algorithm::SlidingWindow => rng.range(1, 400) * buckets * 7,
+                            _ => rng.range(1, 5_000),
+                        };
+                        let quota = Quota::new(limit, Duration::from_micros(window)).unwrap();
+                        let until = match rng.range(0, 2) {
+                            0 => None,
+                            _ => {
+                                Some(UNIX_EPOCH + Duration::from_micros(now + rng.range(1, 20_000)))
+                            }
+                        };
+                        if traced(seed) {
+                            eprintln!("set_limit {quota} until {until:?}");
+                        }
+                        limits += 1;
+                        (
+                            on_memory
+                                .set_limit(&name, &key, quota, until)
+                                .await
+                                .unwrap(),
+                            on_redis.set_limit(&name, &key, quota, until).await.unwrap(),
+                        )
+                    }
+                    2 => (
+                        on_memory.clear_limit(&name, &key).await.unwrap(),
+                        on_redis.clear_limit(&name, &key).await.unwrap(),
+                    ),
+                    3 => {
+                        let policy = match algorithm {
+                            // The buckets stay: a key's own window divides into them.
+                            Algorithm::SlidingWindow => sliding(&mut rng),
+                            _ => random_policy(&mut rng, algorithm, name.clone()),
+                        };
+                        on_memory.reload([policy.clone()]).unwrap();
+                        on_redis.reload([policy]).unwrap();
+                        on_both(Op::Check, &on_memory, &on_redis, &key, cost).await
+                    }
+                    4 => on_both(Op::Refund, &on_memory, &on_redis, &key, cost).await,
+                    5 => on_both(Op::Penalize, &on_memory, &on_redis, &key, cost).await,
+                    6 => {
+                        let actual = random_actual(&mut rng, cost);
+                        on_both(Op::Settle(actual), &on_memory, &on_redis, &key, cost).await
+                    }
+                    7 => {
+                        let block = Op::Block(Duration::from_micros(rng.range(1, 5_000)));
+                        on_both(block, &on_memory, &on_redis, &key, cost).await
+                    }
+                    _ => on_both(Op::Check, &on_memory, &on_redis, &key, cost).await,
+                };
+                assert_alike(&what, traced(seed), &m, &r);
+                let limit = |d: &Decision| d.outcomes()[0].limit();
+                assert_eq!(limit(&m), limit(&r), "{what}: the limit reported");
+                decisions += 1;
+            }
+        }
+    }
+    assert_eq!(decisions, 6 * sequences_per_algorithm as usize * 30);
+    assert!(limits > 1_000, "the sequences set limits: {limits}");
+    assert_no_key_without_ttl(&server, "own:");
 }

@@ -60,7 +60,18 @@ impl FixedWindow {
         self.periods.as_deref()
     }
 
-    /// The start and end of the window holding `t`.
+    /// Whether a key's own limit, `own`, still applies under this definition: one of
+    /// calendar periods ends when the policy no longer counts the same periods (twin of
+    /// `keeps` in the Lua twin).
+    pub(crate) fn keeps(&self, own: &FixedWindow) -> bool {
+        match (&own.periods, &self.periods) {
+            (None, _) => true,
+            (Some(own), Some(present)) => own == present,
+            (Some(_), None) => false,
+        }
+    }
+
+        /// The start and end of the window holding `t`.
     fn bounds(&self, t: u64) -> (u64, u64) {
         match &self.periods {
             None => {

@@ -742,6 +742,15 @@ impl Compiled {
         }
     }
 
+    /// Whether a key's own limit, `own` (made by [`relimited`](Self::relimited) from another
+    /// definition of this policy), still applies under this one (see `FixedWindow::keeps`).
+    pub(crate) fn keeps(&self, own: &Compiled) -> bool {
+        match (self, own) {
+            (Compiled::FixedWindow(present), Compiled::FixedWindow(own)) => present.keeps(own),
+            _ => true,
+        }
+    }
+
     /// The calendar periods counted instead of windows (a fixed window's), if any.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn periods(&self) -> Option<&Periods> {

@@ -114,6 +114,12 @@ ALG[FIXED_WINDOW] = function()
       store(key, p, format(INT2, start, st[2]), now, ends)
       return true
     end,
+    -- Whether a key's own limit `o` still applies under the policy's `p`: one of calendar
+    -- periods ends when the policy no longer counts the same periods (twin of
+    -- `FixedWindow::keeps`).
+    keeps = function(o, p)
+      return o[2] ~= 0 or (p[2] == 0 and o[3] == p[3])
+    end,
     -- A lease ends with the window its units are counted in.
     lease_end = function(self, p, st, now, ttl)
       local start, _, ends = self.current(p, st, now)

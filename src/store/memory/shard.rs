@@ -317,7 +317,8 @@ impl Row {
     fn adopt(&mut self, check: &CheckRef<'_>, now: u64, registry: &Registry) {
         let tier = check.tier();
         let limit = self.limit().cloned();
-        if limit.as_ref().is_some_and(|l| l.until > now) {
+        let keeps = |l: &Limit| l.until > now && tier.algorithm().keeps(l.tier.algorithm());
+        if limit.as_deref().is_some_and(keeps) {
             self.def = tier.def();
             return;
         }

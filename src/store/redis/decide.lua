@@ -141,11 +141,12 @@ end
 local function adopt(alg, key, p, st, ends, now, stale, into)
   if find(stale, '@', 1, true) then
     local o = own_params(stale, p)
-    if o and o.limit_end > now then
+    if o and o.limit_end > now and (not alg.keeps or alg.keeps(o, p)) then
       -- The key's own limit: decided under it.
       return st, ends, o
     end
-    -- Its own limit has ended: back under the policy's quota, its usage kept.
+    -- Its own limit has ended (or counts periods the policy no longer counts): back under
+    -- the policy's quota, its usage kept.
     KEEP_BLOCK = ends
     put_under(alg, key, o and st, now, o, p)
     KEEP_BLOCK = nil

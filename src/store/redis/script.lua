@@ -996,6 +996,12 @@ ALG[1] = function()
       store(key, p, format(INT2, start, st[2]), now, ends)
       return true
     end,
+    -- Whether a key's own limit `o` still applies under the policy's `p`: one of calendar
+    -- periods ends when the policy no longer counts the same periods (twin of
+    -- `FixedWindow::keeps`).
+    keeps = function(o, p)
+      return o[2] ~= 0 or (p[2] == 0 and o[3] == p[3])
+    end,
     -- A lease ends with the window its units are counted in.
     lease_end = function(self, p, st, now, ttl)
       local start, _, ends = self.current(p, st, now)
@@ -4375,11 +4381,12 @@ end
 local function adopt(alg, key, p, st, ends, now, stale, into)
   if find(stale, '@', 1, true) then
     local o = own_params(stale, p)
-    if o and o.limit_end > now then
+    if o and o.limit_end > now and (not alg.keeps or alg.keeps(o, p)) then
       -- The key's own limit: decided under it.
       return st, ends, o
     end
-    -- Its own limit has ended: back under the policy's quota, its usage kept.
+    -- Its own limit has ended (or counts periods the policy no longer counts): back under
+    -- the policy's quota, its usage kept.
     KEEP_BLOCK = ends
     put_under(alg, key, o and st, now, o, p)
     KEEP_BLOCK = nil

@@ -4,7 +4,7 @@
 mod support;
 
 use support::RedisServer;
-use support::demo::{DemoServer, fetch, start_error};
+use support::demo::{DemoServer, fetch, request, start_error};
 
 #[test]
 fn in_memory_server_limits_per_client_with_every_algorithm() {
@@ -57,6 +57,7 @@ fn bad_configuration_stops_the_server_with_the_variable_named() {
         ("TIME_ZONE", "Mars/Olympus", "TIME_ZONE:"),
         ("WEEK_STARTS", "someday", "WEEK_STARTS:"),
         ("MONTH_STARTS", "32", "MONTH_STARTS:"),
+        ("POLICY_NAME", "no spaces", "POLICY_NAME:"),
     ] {
         let err = start_error(&[(name, value)]);
         assert!(
@@ -168,6 +169,62 @@ fn two_servers_on_one_redis_settle_the_cost_a_response_reports() {
     assert_eq!(b.get("/", &[]).0, 429, "in debt");
     assert_eq!(a.get("/", &[]).0, 429, "in debt");
     assert_eq!(a.get("/spend?cost=lots", &[]).0, 429, "still in debt");
+}
+
+/// `PUT /admin/limits/{policy}/{key}` on one of two servers sharing a Redis gives a key its
+/// own limit, which the other obeys on its next request; `DELETE` ends it; bad parameters
+/// get 400 naming them.
+#[test]
+fn an_admin_changes_one_keys_limit_on_every_instance() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let env = [
+        ("REDIS_URL", url.as_str()),
+        ("RATE_LIMIT", "2/h"),
+        ("POLICY_NAME", "api"),
+        ("KEY", "header:x-api-key"),
+        ("PREFIX", "e2eo:"),
+        ("STORE_TIMEOUT_MS", "10000"),
+        ("ADMIN_BIND", "127.0.0.1:0"),
+    ];
+    let (a, b) = (DemoServer::start(&env), DemoServer::start(&env));
+    let acme = [("x-api-key", "acme")];
+    for _ in 0..2 {
+        assert_eq!(b.get("/", &acme).0, 200);
+    }
+    assert_eq!(b.get("/", &acme).0, 429);
+    let admin = a.admin_addr();
+    let (status, _) = request(admin, "PUT", "/admin/limits/api/acme?quota=4/h");
+    assert_eq!(status, 204);
+    let (status, response) = b.get("/", &acme);
+    assert_eq!(status, 200, "the other instance obeys at once");
+    assert!(response.contains("x-ratelimit-limit: 4"), "{response}");
+    assert_eq!(b.get("/", &acme).0, 200);
+    assert_eq!(b.get("/", &acme).0, 429, "4 used of 4");
+    assert_eq!(b.get("/", &[("x-api-key", "other")]).0, 200);
+    let (status, _) = request(admin, "DELETE", "/admin/limits/api/acme");
+    assert_eq!(status, 204);
+    let (status, response) = a.get("/", &acme);
+    assert_eq!(status, 429);
+    assert!(response.contains("x-ratelimit-limit: 2"), "{response}");
+    for (path, parameter) in [
+        ("/admin/limits/api/acme?quota=0/h", "quota"),
+        ("/admin/limits/api/acme", "quota"),
+        ("/admin/limits/api/acme?quota=5/h&until=soon", "until"),
+        ("/admin/limits/nope/acme?quota=5/h", "policy"),
+        ("/admin/limits/api/acme?quota=5/h&for=ever", "for"),
+    ] {
+        let (status, response) = request(admin, "PUT", path);
+        assert_eq!(status, 400, "{path}: {response}");
+        assert!(response.contains("application/problem+json"), "{response}");
+        let name = format!("\"invalid-params\":[{{\"name\":\"{parameter}\"");
+        assert!(response.contains(&name), "{path}: {response}");
+    }
+    // Never on the public address.
+    assert_eq!(
+        request(a.addr, "PUT", "/admin/limits/api/acme?quota=9/h").0,
+        404
+    );
 }
 
 /// `TIME_ZONE`: a day in Kolkata ends at its midnight, which `Retry-After` counts to; a

@@ -31,6 +31,8 @@ pub(crate) struct Config {
     /// The calendar every RATE_LIMIT policy counts periods in (TIME_ZONE, WEEK_STARTS,
     /// MONTH_STARTS).
     pub(crate) calendar: Option<Calendar>,
+    /// The name of the one RATE_LIMIT policy (POLICY_NAME), if given.
+    pub(crate) policy_name: Option<String>,
     pub(crate) per_thread_reads: Option<bool>,
     pub(crate) redis_access: RedisAccess,
 }
@@ -153,7 +155,7 @@ pub(crate) fn source(config: &Config) -> String {
 }
 
 /// The variables a policy file replaces.
-const REPLACED_BY_CONFIG: [&str; 13] = [
+const REPLACED_BY_CONFIG: [&str; 14] = [
     "ALGORITHM",
     "RATE_LIMIT",
     "KEY",
@@ -167,6 +169,7 @@ const REPLACED_BY_CONFIG: [&str; 13] = [
     "TIME_ZONE",
     "WEEK_STARTS",
     "MONTH_STARTS",
+    "POLICY_NAME",
 ];
 
 pub(crate) fn config() -> Result<Config, String> {
@@ -328,6 +331,7 @@ pub(crate) fn config() -> Result<Config, String> {
         algorithm,
         rate_limit,
         calendar,
+        policy_name: policy_name()?,
         lease,
         wait,
         concurrency,
@@ -348,6 +352,19 @@ pub(crate) fn config() -> Result<Config, String> {
             })
             .collect::<Result<_, _>>()?,
     })
+}
+
+/// POLICY_NAME, checked as a policy's name is.
+fn policy_name() -> Result<Option<String>, String> {
+    let name = env_or("POLICY_NAME", "")?;
+    if name.is_empty() {
+        return Ok(None);
+    }
+    tower_ratelimit::RateLimitLayer::builder()
+        .policy(tower_ratelimit::Policy::gcra("1/s").name(name.as_str()))
+        .build()
+        .map_err(|e| format!("POLICY_NAME: {e}"))?;
+    Ok(Some(name))
 }
 
 /// The calendar of TIME_ZONE, WEEK_STARTS and MONTH_STARTS, if any is set (UTC without

@@ -14,6 +14,7 @@
 //! (`/login`, `/slow`, `/spend`, `/stream`); this file builds the layer and serves.
 
 mod config;
+mod limits;
 mod routes;
 
 use std::net::SocketAddr;
@@ -28,6 +29,7 @@ use tower_ratelimit::top::TopLimited;
 use tower_ratelimit::{Policy, RateLimitLayer, RedisStore, Store};
 
 use config::{Config, config, key_extractor, read_limits, source};
+use limits::KeyForm;
 use routes::{login, slow, spend, stream};
 
 const HELP: &str = "\
@@ -72,6 +74,8 @@ Environment variables:
               (default gcra; fixed_window with TIME_ZONE or a monthly RATE_LIMIT)
   RATE_LIMIT  a quota such as 10/s, 100/min, 20/10s, 2000/week, 10000/month, or several
               separated by commas, all enforced at once, e.g. 10/s,1000/h (default 10/s)
+  POLICY_NAME the name of the RATE_LIMIT policy (of one quota), as 429 bodies, metrics
+              and /admin/limits name it (default ALGORITHM:QUOTA, e.g. gcra:10/s)
   TIME_ZONE   every RATE_LIMIT policy of a day, a week or a month counts the calendar
               periods of this IANA zone, e.g. Europe/Paris: a day from local midnight, a
               month from the 1st (default unset: windows from the Unix epoch; a month
@@ -125,7 +129,13 @@ Routes:
   GET /admin/top?policy=<name>&n=<count>
                the keys each policy denied most over the last minute, as JSON (policy
                and n are optional; n defaults to 10); never limited
-  With ADMIN_BIND set, /metrics and /admin/top are answered there, and not on BIND.
+  PUT /admin/limits/<policy>/<key>?quota=<quota>&until=<unix seconds>
+               gives one key a limit of its own, e.g. quota=100/min, on every instance
+               sharing the store, its usage kept, until the time given (optional: a
+               year); 204, or 400 naming a bad parameter; never limited
+  DELETE /admin/limits/<policy>/<key>
+               ends it: the key is back under its policy's quota; 204
+  With ADMIN_BIND set, /metrics and /admin/* are answered there, and not on BIND.
 ";
 
 /// The file's policies, or one policy per quota in `RATE_LIMIT`, all with the chosen
@@ -143,8 +153,17 @@ fn policies<St: Store>(
             .headers(config.headers)
             .on_store_error(config.on_store_error));
     }
-    for quota in config.rate_limit.split(',') {
+    let quotas: Vec<&str> = config.rate_limit.split(',').collect();
+    if config.policy_name.is_some() && quotas.len() > 1 {
+        return Err(
+            "POLICY_NAME names the one policy of RATE_LIMIT, which has several quotas; drop it (each is then named ALGORITHM:QUOTA)".into(),
+        );
+    }
+    for quota in quotas {
         let mut policy = Policy::new(config.algorithm, quota.trim());
+        if let Some(name) = &config.policy_name {
+            policy = policy.name(name.as_str());
+        }
         if let Some(units) = config.lease {
             policy = policy.lease(units);
         }
@@ -190,6 +209,8 @@ fn app<St: Store>(
         .build()
         .map_err(|e| format!("{}: {e}", source(config)))?;
     let described = describe(layer.store());
+    // How `/admin/limits/{policy}/{key}` names a key: as the layer's extractor makes it.
+    let key_spec = config.file.is_none().then_some(config.key.as_str());
     if let Some((path, _)) = &config.file {
         reload_on_sighup(layer.clone(), path.clone());
     }
@@ -201,7 +222,8 @@ fn app<St: Store>(
                 async move { ([("content-type", "text/plain; version=0.0.4")], text) }
             }),
         )
-        .route_service("/admin/top", layer.top_limited_service());
+        .route_service("/admin/top", layer.top_limited_service())
+        .merge(limits::routes(layer.clone(), KeyForm::of(key_spec)));
     let cost_header = config.cost_header.clone();
     let public = Router::new()
         .route("/", get(|| async { "hello from tower-ratelimit\n" }))

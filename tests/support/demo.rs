@@ -179,11 +179,19 @@ impl Drop for DemoServer {
 /// GET `path` from `addr` over a fresh connection, with extra header lines: the whole
 /// response.
 fn exchange(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> String {
+    exchange_as(addr, "GET", path, headers)
+}
+
+/// `method` `path` to `addr` over a fresh connection, with extra header lines: the whole
+/// response.
+fn exchange_as(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> String {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    let mut request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: 0\r\n"
+    );
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }
@@ -192,6 +200,14 @@ fn exchange(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> String {
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     response
+}
+
+/// `method` `path` to `addr` over a fresh connection: the status and the whole response, as
+/// sent.
+#[allow(dead_code)]
+pub fn request(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+    let response = exchange_as(addr, method, path, &[]);
+    (response[9..12].parse().unwrap(), response)
 }
 
 /// GET `path` from `addr` over a fresh connection, with extra header lines: the status and

@@ -1,0 +1,150 @@
+//! `PUT /admin/limits/{policy}/{key}?quota=20/min[&until=<unix seconds>]` and
+//! `DELETE /admin/limits/{policy}/{key}`: one key's own limit, set and cleared on every
+//! instance sharing the store (`RateLimitLayer::set_limit`, `clear_limit`). They answer 204;
+//! a bad parameter gets 400 with a problem+json body naming it, a store that fails 503.
+
+use std::collections::HashMap;
+use std::time::{Duration, UNIX_EPOCH};
+
+use axum::Router;
+use axum::extract::{Path, Query};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::put;
+use tower_ratelimit::key::Key;
+use tower_ratelimit::{LimitError, Quota, RateLimitLayer, Store};
+
+/// How the `{key}` of a route names a key, as the layer's key extractor makes them.
+#[derive(Clone, Copy)]
+pub(crate) enum KeyForm {
+    /// An IP address (`KEY=ip`, `KEY=client_ip`).
+    Ip,
+    /// The one key of `KEY=global`: `global`.
+    Global,
+    /// A header's value, as sent (`KEY=header:<name>`).
+    Text,
+    /// A policy file's keys: an IP address when the text is one, else the text.
+    IpOrText,
+}
+
+impl KeyForm {
+    /// The key the extractor of `KEY=spec` makes of a request that `text` names.
+    pub(crate) fn of(spec: Option<&str>) -> KeyForm {
+        match spec {
+            Some("ip" | "client_ip") => KeyForm::Ip,
+            Some("global") => KeyForm::Global,
+            Some(_) => KeyForm::Text,
+            None => KeyForm::IpOrText,
+        }
+    }
+
+    fn key(self, text: &str) -> Result<Key, String> {
+        let ip = text.parse::<std::net::IpAddr>();
+        match (self, ip) {
+            (KeyForm::Ip | KeyForm::IpOrText, Ok(ip)) => Ok(Key::from(ip)),
+            (KeyForm::Ip, Err(_)) => Err(format!("{text:?} is not an IP address")),
+            (KeyForm::Global, _) if text == "global" => Ok(Key::global()),
+            (KeyForm::Global, _) => Err("with KEY=global, the one key is named global".into()),
+            (KeyForm::Text | KeyForm::IpOrText, _) => Ok(Key::from(text)),
+        }
+    }
+}
+
+/// The routes, on `layer`, its keys named as `form` says.
+pub(crate) fn routes<St: Store, M: Send + Sync + 'static>(
+    layer: RateLimitLayer<St, M>,
+    form: KeyForm,
+) -> Router {
+    let cleared = layer.clone();
+    Router::new().route(
+        "/admin/limits/{policy}/{key}",
+        put(
+            move |Path(at): Path<(String, String)>, Query(q): Query<HashMap<String, String>>| {
+                let layer = layer.clone();
+                async move { set(&layer, form, at, q).await.unwrap_or_else(|e| e) }
+            },
+        )
+        .delete(move |Path(at): Path<(String, String)>| {
+            let layer = cleared.clone();
+            async move { clear(&layer, form, at).await.unwrap_or_else(|e| e) }
+        }),
+    )
+}
+
+async fn set<St: Store, M>(
+    layer: &RateLimitLayer<St, M>,
+    form: KeyForm,
+    (policy, key): (String, String),
+    query: HashMap<String, String>,
+) -> Result<Response, Response> {
+    let key = form.key(&key).map_err(|e| bad("key", &e))?;
+    let quota: Quota = match query.get("quota") {
+        None => return Err(bad("quota", "missing; e.g. quota=20/min")),
+        Some(q) => q.parse().map_err(|e| bad("quota", &format!("{e}")))?,
+    };
+    let until = match query.get("until") {
+        None => None,
+        Some(s) => {
+            let secs: u64 = s
+                .parse()
+                .map_err(|_| bad("until", &format!("{s:?} is not a time in Unix seconds")))?;
+            Some(UNIX_EPOCH + Duration::from_secs(secs))
+        }
+    };
+    if let Some(name) = query.keys().find(|k| *k != "quota" && *k != "until") {
+        return Err(bad(name, "unknown parameter; expected quota and until"));
+    }
+    let result = layer.set_limit(&policy, &key, quota, until).await;
+    result
+        .map(|_| StatusCode::NO_CONTENT.into_response())
+        .map_err(failed)
+}
+
+async fn clear<St: Store, M>(
+    layer: &RateLimitLayer<St, M>,
+    form: KeyForm,
+    (policy, key): (String, String),
+) -> Result<Response, Response> {
+    let key = form.key(&key).map_err(|e| bad("key", &e))?;
+    let result = layer.clear_limit(&policy, &key).await;
+    result
+        .map(|_| StatusCode::NO_CONTENT.into_response())
+        .map_err(failed)
+}
+
+/// What a failed change answers: 400 naming the policy or the quota, 503 when the store failed.
+fn failed(error: LimitError) -> Response {
+    match error {
+        LimitError::UnknownPolicy(_) => bad("policy", &error.to_string()),
+        LimitError::Quota(e) => bad("quota", &e.to_string()),
+        e => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string(), None),
+    }
+}
+
+/// 400, naming the bad parameter.
+fn bad(name: &str, reason: &str) -> Response {
+    problem(StatusCode::BAD_REQUEST, reason, Some(name))
+}
+
+/// An RFC 9457 problem: the status, what went wrong, and the parameter at fault
+/// (`invalid-params`).
+fn problem(status: StatusCode, detail: &str, parameter: Option<&str>) -> Response {
+    let mut body = serde_json::json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": match parameter {
+            Some(name) => format!("{name}: {detail}"),
+            None => detail.to_owned(),
+        },
+    });
+    if let Some(name) = parameter {
+        body["invalid-params"] = serde_json::json!([{ "name": name, "reason": detail }]);
+    }
+    (
+        status,
+        [("content-type", "application/problem+json")],
+        body.to_string(),
+    )
+        .into_response()
+}

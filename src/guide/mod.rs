@@ -9,6 +9,7 @@
 //! | [`keys`] | whom a request is charged to: peer IP, client IP behind proxies, API keys, your own |
 //! | [`waits`] | a request just over the limit waiting for its slot instead of a 429 |
 //! | [`plans`] | quotas the way API products sell them: a day, a week or a month in a time zone, per plan |
+//! | [`limits`] | one key's limit changed at runtime, on every instance, until a given time |
 //! | [`costs`] | costs known once the response is done: LLM tokens per minute and per day, bytes sent |
 //! | [`concurrency`] | how many requests may be in flight at once |
 //! | [`reload`] | limits from a TOML file, changed while running |
@@ -28,6 +29,9 @@ pub mod waits {}
 
 #[doc = include_str!("plans.md")]
 pub mod plans {}
+
+#[doc = include_str!("limits.md")]
+pub mod limits {}
 
 #[doc = include_str!("costs.md")]
 pub mod costs {}

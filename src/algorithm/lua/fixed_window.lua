@@ -22,7 +22,6 @@ ALG[FIXED_WINDOW] = function()
   end
 
   -- The start and end of the window holding t (twin of `FixedWindow::bounds`).
-  --@inline
   local function bounds(p, t)
     local w = p[2]
     if w > 0 then
@@ -34,10 +33,19 @@ ALG[FIXED_WINDOW] = function()
   end
 
   -- The running window's start, count and end; a state from a later window (a reserved
-  -- slot, or the clock went back) is kept as the running one.
+  -- slot, or the clock went back) is kept as the running one. The window holding `now` is
+  -- `bounds`, written out for the usual window of the usual call.
   --@inline
   local function current(p, st, now)
-    local start, ends = bounds(p, now)
+    local w = p[2]
+    local start, ends
+    if w > 0 then
+      start = fdiv(now, w)
+      start = start * w
+      ends = start + w
+    else
+      start, ends = period(p, now)
+    end
     if st and st[1] >= start then
       if st[1] > start then
         start, ends = bounds(p, st[1])

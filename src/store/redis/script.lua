@@ -459,7 +459,6 @@ ALG[1] = function()
   end
 
   -- The start and end of the window holding t (twin of `FixedWindow::bounds`).
-  --@inline
   local function bounds(p, t)
     local w = p[2]
     if w > 0 then
@@ -471,10 +470,19 @@ ALG[1] = function()
   end
 
   -- The running window's start, count and end; a state from a later window (a reserved
-  -- slot, or the clock went back) is kept as the running one.
+  -- slot, or the clock went back) is kept as the running one. The window holding `now` is
+  -- `bounds`, written out for the usual window of the usual call.
   --@inline
   local function current(p, st, now)
-    local start, ends = bounds(p, now)
+    local w = p[2]
+    local start, ends
+    if w > 0 then
+      start = fdiv(now, w)
+      start = start * w
+      ends = start + w
+    else
+      start, ends = period(p, now)
+    end
     if st and st[1] >= start then
       if st[1] > start then
         start, ends = bounds(p, st[1])
@@ -603,51 +611,28 @@ ALG[1] = function()
       local limit = p[1]
       local start, count, ends
       repeat -- current
+        local w = p[2]
         local start_5, ends_5
-        repeat -- bounds
-          local t = now
-          local w = p[2]
-          if w > 0 then
-            local start
-            do -- fdiv
-              local a, b = t, w
-              local r = a / b
-              local q = r - r % 1
-              if q * b > a then
-                q = q - 1
-              elseif (q + 1) * b <= a then
-                q = q + 1
-              end
-              start = q
+        if w > 0 then
+          do -- fdiv
+            local a, b = now, w
+            local r = a / b
+            local q = r - r % 1
+            if q * b > a then
+              q = q - 1
+            elseif (q + 1) * b <= a then
+              q = q + 1
             end
-            start = start * w
-            start_5, ends_5 = start, start + w break
+            start_5 = q
           end
-          start_5, ends_5 = period(p, t) break
-        until true
+          start_5 = start_5 * w
+          ends_5 = start_5 + w
+        else
+          start_5, ends_5 = period(p, now)
+        end
         if st and st[1] >= start_5 then
           if st[1] > start_5 then
-            repeat -- bounds
-              local t = st[1]
-              local w = p[2]
-              if w > 0 then
-                local start
-                do -- fdiv
-                  local a, b = t, w
-                  local r = a / b
-                  local q = r - r % 1
-                  if q * b > a then
-                    q = q - 1
-                  elseif (q + 1) * b <= a then
-                    q = q + 1
-                  end
-                  start = q
-                end
-                start = start * w
-                start_5, ends_5 = start, start + w break
-              end
-              start_5, ends_5 = period(p, t) break
-            until true
+            start_5, ends_5 = bounds(p, st[1])
           end
           start, count, ends = start_5, st[2], ends_5 break
         end
@@ -679,21 +664,21 @@ ALG[1] = function()
     until true
     if behind > 0 then
       do -- shift
-        local lag, ok_11, remaining_11, reset_11, retry_11 = behind, ok, remaining, reset, retry
+        local lag, ok_8, remaining_8, reset_8, retry_8 = behind, ok, remaining, reset, retry
         if lag > 0 then
-          remaining_11 = 0
-          reset_11 = reset_11 + lag
-          if retry_11 >= 0 then
-            retry_11 = retry_11 + lag
+          remaining_8 = 0
+          reset_8 = reset_8 + lag
+          if retry_8 >= 0 then
+            retry_8 = retry_8 + lag
           end
-          if ok_11 == 1 and cost > 0 then
-            ok_11, retry_11 = 0, lag
-            if reset_11 < lag then
-              reset_11 = lag
+          if ok_8 == 1 and cost > 0 then
+            ok_8, retry_8 = 0, lag
+            if reset_8 < lag then
+              reset_8 = lag
             end
           end
         end
-        ok, remaining, reset, retry = ok_11, remaining_11, reset_11, retry_11
+        ok, remaining, reset, retry = ok_8, remaining_8, reset_8, retry_8
       end
     end
     REPLY[2], REPLY[3], REPLY[4] = remaining, reset, nil
@@ -709,55 +694,32 @@ ALG[1] = function()
         repeat -- commit
           local start, count, ends
           repeat -- current
-            local start_13, ends_13
-            repeat -- bounds
-              local t = now
-              local w = p[2]
-              if w > 0 then
-                local start
-                do -- fdiv
-                  local a, b = t, w
-                  local r = a / b
-                  local q = r - r % 1
-                  if q * b > a then
-                    q = q - 1
-                  elseif (q + 1) * b <= a then
-                    q = q + 1
-                  end
-                  start = q
+            local w = p[2]
+            local start_10, ends_10
+            if w > 0 then
+              do -- fdiv
+                local a, b = now, w
+                local r = a / b
+                local q = r - r % 1
+                if q * b > a then
+                  q = q - 1
+                elseif (q + 1) * b <= a then
+                  q = q + 1
                 end
-                start = start * w
-                start_13, ends_13 = start, start + w break
+                start_10 = q
               end
-              start_13, ends_13 = period(p, t) break
-            until true
-            if st and st[1] >= start_13 then
-              if st[1] > start_13 then
-                repeat -- bounds
-                  local t = st[1]
-                  local w = p[2]
-                  if w > 0 then
-                    local start
-                    do -- fdiv
-                      local a, b = t, w
-                      local r = a / b
-                      local q = r - r % 1
-                      if q * b > a then
-                        q = q - 1
-                      elseif (q + 1) * b <= a then
-                        q = q + 1
-                      end
-                      start = q
-                    end
-                    start = start * w
-                    start_13, ends_13 = start, start + w break
-                  end
-                  start_13, ends_13 = period(p, t) break
-                until true
-              end
-              start, count, ends = start_13, st[2], ends_13 break
+              start_10 = start_10 * w
+              ends_10 = start_10 + w
+            else
+              start_10, ends_10 = period(p, now)
             end
-            start, count, ends = start_13, 0, ends_13 break
+            if st and st[1] >= start_10 then
+              if st[1] > start_10 then
+                start_10, ends_10 = bounds(p, st[1])
+              end
+              start, count, ends = start_10, st[2], ends_10 break
+            end
+            start, count, ends = start_10, 0, ends_10 break
           until true
           repeat -- store
             local value, expires_at = format(INT2, start, count + cost), ends
@@ -773,26 +735,26 @@ ALG[1] = function()
               end
               value = value .. '|' .. block_end
               repeat -- until_block_ends
-                local expires_at_20 = expires_at
-                if KEEP_BLOCK and KEEP_BLOCK > expires_at_20 then
+                local expires_at_14 = expires_at
+                if KEEP_BLOCK and KEEP_BLOCK > expires_at_14 then
                   expires_at = KEEP_BLOCK break
                 end
-                expires_at = expires_at_20 break
+                expires_at = expires_at_14 break
               until true
             end
             local ms
             repeat -- ttl_ms
               local us = expires_at - now
-              local ms_21 = us / 1000
-              ms_21 = ms_21 - ms_21 % 1
-              if ms_21 * 1000 < us then
-                ms_21 = ms_21 + 1
+              local ms_15 = us / 1000
+              ms_15 = ms_15 - ms_15 % 1
+              if ms_15 * 1000 < us then
+                ms_15 = ms_15 + 1
               end
-              ms_21 = ms_21 + TTL_SLACK
-              if ms_21 < 1 then
+              ms_15 = ms_15 + TTL_SLACK
+              if ms_15 < 1 then
                 ms = 1 break
               end
-              ms = ms_21 break
+              ms = ms_15 break
             until true
             call('SET', key, value, 'PX', format(INT, ms))
           until true
@@ -806,16 +768,16 @@ ALG[1] = function()
       repeat -- ttl_ms
         local expires_at = now + reset
         local us = expires_at - now
-        local ms_22 = us / 1000
-        ms_22 = ms_22 - ms_22 % 1
-        if ms_22 * 1000 < us then
-          ms_22 = ms_22 + 1
+        local ms_16 = us / 1000
+        ms_16 = ms_16 - ms_16 % 1
+        if ms_16 * 1000 < us then
+          ms_16 = ms_16 + 1
         end
-        ms_22 = ms_22 + TTL_SLACK
-        if ms_22 < 1 then
+        ms_16 = ms_16 + TTL_SLACK
+        if ms_16 < 1 then
           ms = 1 break
         end
-        ms = ms_22 break
+        ms = ms_16 break
       until true
       call('PEXPIRE', key, ms)
     end
@@ -833,24 +795,24 @@ ALG[1] = function()
       if not raw then
         st, ends, stale = nil break
       end
-      local a, b, tag, ends_23
+      local a, b, tag, ends_17
       local t = p.tag
       if find(raw, t, #raw - #t + 1, true) then
         a, b = match(raw, '^(%d+) (%d+)~')
       end
       if not a then
         local state
-        state, tag, ends_23 = split_state(raw)
+        state, tag, ends_17 = split_state(raw)
         if tag == p.tag then
           tag = nil
         end
         a, b = match(state or '', '^(%d+) (%d+)$')
         if not a then
-          st, ends, stale = nil, ends_23, tag break
+          st, ends, stale = nil, ends_17, tag break
         end
       end
       into[1], into[2] = tonumber(a), tonumber(b)
-      st, ends, stale = into, ends_23, tag break
+      st, ends, stale = into, ends_17, tag break
     until true
     if ends or stale then
       return nil
@@ -860,72 +822,49 @@ ALG[1] = function()
       local limit = p[1]
       local start, count, ends
       repeat -- current
-        local start_25, ends_25
-        repeat -- bounds
-          local t = now
-          local w = p[2]
-          if w > 0 then
-            local start
-            do -- fdiv
-              local a, b = t, w
-              local r = a / b
-              local q = r - r % 1
-              if q * b > a then
-                q = q - 1
-              elseif (q + 1) * b <= a then
-                q = q + 1
-              end
-              start = q
+        local w = p[2]
+        local start_19, ends_19
+        if w > 0 then
+          do -- fdiv
+            local a, b = now, w
+            local r = a / b
+            local q = r - r % 1
+            if q * b > a then
+              q = q - 1
+            elseif (q + 1) * b <= a then
+              q = q + 1
             end
-            start = start * w
-            start_25, ends_25 = start, start + w break
+            start_19 = q
           end
-          start_25, ends_25 = period(p, t) break
-        until true
-        if st and st[1] >= start_25 then
-          if st[1] > start_25 then
-            repeat -- bounds
-              local t = st[1]
-              local w = p[2]
-              if w > 0 then
-                local start
-                do -- fdiv
-                  local a, b = t, w
-                  local r = a / b
-                  local q = r - r % 1
-                  if q * b > a then
-                    q = q - 1
-                  elseif (q + 1) * b <= a then
-                    q = q + 1
-                  end
-                  start = q
-                end
-                start = start * w
-                start_25, ends_25 = start, start + w break
-              end
-              start_25, ends_25 = period(p, t) break
-            until true
-          end
-          start, count, ends = start_25, st[2], ends_25 break
+          start_19 = start_19 * w
+          ends_19 = start_19 + w
+        else
+          start_19, ends_19 = period(p, now)
         end
-        start, count, ends = start_25, 0, ends_25 break
+        if st and st[1] >= start_19 then
+          if st[1] > start_19 then
+            start_19, ends_19 = bounds(p, st[1])
+          end
+          start, count, ends = start_19, st[2], ends_19 break
+        end
+        start, count, ends = start_19, 0, ends_19 break
       until true
       local from = now
       if start > from then
         from = start
       end
       local left = ends - from
-      local remaining_24 = limit - count
-      if remaining_24 < 0 then
-        remaining_24 = 0
+      local remaining_18 = limit - count
+      if remaining_18 < 0 then
+        remaining_18 = 0
       end
       if cost > limit then
-        ok, remaining, reset, retry = 0, remaining_24, count == 0 and 0 or left, -1 break
+        ok, remaining, reset, retry = 0, remaining_18, count == 0 and 0 or left, -1 break
       end
       if count + cost <= limit then
-        ok, remaining, reset, retry = 1, remaining_24 - cost, count + cost == 0 and 0 or left, -1 break
+        ok, remaining, reset, retry = 1, remaining_18 - cost, count + cost == 0 and 0 or left, -1 break
       end
-      ok, remaining, reset, retry = 0, remaining_24, count == 0 and 0 or left, left break
+      ok, remaining, reset, retry = 0, remaining_18, count == 0 and 0 or left, left break
     until true
     local behind
     repeat -- lag
@@ -936,21 +875,21 @@ ALG[1] = function()
     until true
     if behind > 0 then
       do -- shift
-        local lag, ok_31, remaining_31, reset_31, retry_31 = behind, ok, remaining, reset, retry
+        local lag, ok_22, remaining_22, reset_22, retry_22 = behind, ok, remaining, reset, retry
         if lag > 0 then
-          remaining_31 = 0
-          reset_31 = reset_31 + lag
-          if retry_31 >= 0 then
-            retry_31 = retry_31 + lag
+          remaining_22 = 0
+          reset_22 = reset_22 + lag
+          if retry_22 >= 0 then
+            retry_22 = retry_22 + lag
           end
-          if ok_31 == 1 and cost > 0 then
-            ok_31, retry_31 = 0, lag
-            if reset_31 < lag then
-              reset_31 = lag
+          if ok_22 == 1 and cost > 0 then
+            ok_22, retry_22 = 0, lag
+            if reset_22 < lag then
+              reset_22 = lag
             end
           end
         end
-        ok, remaining, reset, retry = ok_31, remaining_31, reset_31, retry_31
+        ok, remaining, reset, retry = ok_22, remaining_22, reset_22, retry_22
       end
     end
     REPLY[base + 2], REPLY[base + 3] = remaining, reset

@@ -188,6 +188,7 @@ impl Unpacked {
     /// Changes the state with the algorithm it is written under (see
     /// [`algorithm`](Self::algorithm)); `change` returns its new expiry, which the key's own
     /// limit, and a block, may only make later.
+    #[inline]
     fn change<R>(
         &mut self,
         tier: &Compiled,
@@ -211,6 +212,7 @@ impl Unpacked {
 
     /// The verdict on this entry of `check`'s algorithm at `cost` (0: a look), its block
     /// included; for a lease, on the state as strict as the lease could make it.
+    #[inline]
     fn verdict(entry: Option<&Unpacked>, check: &CheckRef<'_>, now: u64, cost: u64) -> Verdict {
         let tier = check.tier().algorithm();
         let algorithm = entry.map_or(tier, |e| e.algorithm(tier));
@@ -273,6 +275,7 @@ impl Row {
     }
 
     /// Reads the entry (the state written under `algorithm`).
+    #[inline]
     fn read<R>(&self, algorithm: &Compiled, f: impl FnOnce(&Unpacked) -> R) -> R {
         match &self.cell {
             Cell::Full(entry) => f(entry),
@@ -282,6 +285,7 @@ impl Row {
 
     /// Changes the entry (the state written under `algorithm`), and packs it again when it
     /// can be.
+    #[inline]
     fn write<R>(&mut self, algorithm: &Compiled, f: impl FnOnce(&mut Unpacked) -> R) -> R {
         match &mut self.cell {
             Cell::Full(entry) => {
@@ -714,6 +718,7 @@ impl Shard {
     /// where its row is in the table (none for a new key), for phase two to find it without
     /// hashing again, and its verdict; `None` for a key under a limit of its own, which the
     /// general path decides (its outcome reports that limit).
+    #[inline]
     pub(super) fn judge(
         &self,
         check: &CheckRef<'_>,
@@ -737,6 +742,7 @@ impl Shard {
     /// Phase two of the same for a key that has a row, at its place `bucket` (no row was
     /// inserted or removed since phase one): charged when the request is `admitted`, else,
     /// when this policy admitted it, the verdict reports the state as it stays (as `apply`).
+    #[inline]
     pub(super) fn settle_at(
         &mut self,
         check: &CheckRef<'_>,

@@ -336,15 +336,7 @@ async fn two_instances_on_one_redis_share_a_period() {
 async fn two_instances_on_the_cluster_share_a_period() {
     let cluster = RedisCluster::start();
     let clock = ManualClock::new();
-    let store = async || {
-        tower_ratelimit::RedisStore::builder(&cluster.url())
-            .prefix("two:")
-            .deadline(Duration::from_secs(10))
-            .clock(clock.clone())
-            .build()
-            .await
-            .unwrap()
-    };
+    let store = async || cluster.store("two:", &clock).await;
     two_instances_share_a_period(store().await, store().await, &clock).await;
     // And the month ends of every case on the cluster.
     periods_end_where_the_calendar_says(store().await, &clock).await;

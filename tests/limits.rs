@@ -206,15 +206,7 @@ async fn the_other_instance_on_one_redis_obeys_at_once() {
 async fn the_other_instance_on_the_cluster_obeys_at_once() {
     let cluster = RedisCluster::start();
     let clock = ManualClock::new();
-    let store = async || {
-        tower_ratelimit::RedisStore::builder(&cluster.url())
-            .prefix("two:")
-            .deadline(Duration::from_secs(10))
-            .clock(clock.clone())
-            .build()
-            .await
-            .unwrap()
-    };
+    let store = async || cluster.store("two:", &clock).await;
     the_other_instance_obeys_at_once(store().await, store().await, &clock).await;
     every_algorithm_takes_a_keys_limit(store().await, &clock).await;
 }

@@ -449,6 +449,23 @@ impl RedisCluster {
         format!("{scheme}+cluster://{}", hosts.join(","))
     }
 
+    /// A store on this cluster with keys under `prefix`, deciding on `clock`, with a deadline
+    /// no loaded machine misses.
+    #[allow(dead_code)]
+    pub async fn store(
+        &self,
+        prefix: &str,
+        clock: &tower_ratelimit::ManualClock,
+    ) -> tower_ratelimit::RedisStore {
+        tower_ratelimit::RedisStore::builder(&self.url())
+            .prefix(prefix)
+            .deadline(Duration::from_secs(10))
+            .clock(clock.clone())
+            .build()
+            .await
+            .expect("connect to the test cluster")
+    }
+
     /// The node that serves `key`'s slot.
     pub fn node_for(&self, key: &[u8]) -> &RedisServer {
         let slot: u16 = self.nodes[0]

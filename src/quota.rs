@@ -255,6 +255,30 @@ const fn number(digits: &[u8]) -> Option<u64> {
     }
 }
 
+/// Microseconds in one window unit (0 for a calendar month, which `counted`, a count other
+/// than one before it, makes an error).
+const fn unit_us(unit: &[u8], counted: bool) -> Result<u64, ParseError> {
+    match unit {
+        b"us" | b"\xc2\xb5s" => Ok(1), // "µs" in UTF-8
+        b"ms" => Ok(1_000),
+        b"s" | b"sec" | b"secs" | b"second" | b"seconds" => Ok(1_000_000),
+        b"m" | b"min" | b"mins" | b"minute" | b"minutes" => Ok(60_000_000),
+        b"h" | b"hr" | b"hour" | b"hours" => Ok(3_600_000_000),
+        b"d" | b"day" | b"days" => Ok(86_400_000_000),
+        b"w" | b"week" | b"weeks" => Ok(7 * 86_400_000_000),
+        b"mo" | b"month" | b"months" if counted => Err(ParseError::Syntax(
+            "a monthly quota counts one calendar month, e.g. 10000/month",
+        )),
+        b"mo" | b"month" | b"months" => Ok(0),
+        b"" => Err(ParseError::Syntax(
+            "the window needs a unit: us, ms, s, min, h, d, w or month",
+        )),
+        _ => Err(ParseError::Syntax(
+            "unknown window unit; use us, ms, s, min, h, d, w or month",
+        )),
+    }
+}
+
 impl Quota {
     /// The one parser of the quota syntax, for [`FromStr`] and, at compile time, for
     /// [`quota!`](crate::quota!).
@@ -296,32 +320,9 @@ impl Quota {
                 None => return Err(ParseError::Syntax("the window count is too large")),
             }
         };
-        let unit_us: u64 = match unit.trim_ascii() {
-            b"us" | b"\xc2\xb5s" => 1, // "µs" in UTF-8
-            b"ms" => 1_000,
-            b"s" | b"sec" | b"secs" | b"second" | b"seconds" => 1_000_000,
-            b"m" | b"min" | b"mins" | b"minute" | b"minutes" => 60_000_000,
-            b"h" | b"hr" | b"hour" | b"hours" => 3_600_000_000,
-            b"d" | b"day" | b"days" => 86_400_000_000,
-            b"w" | b"week" | b"weeks" => 7 * 86_400_000_000,
-            b"mo" | b"month" | b"months" => {
-                if digits > 0 && count != 1 {
-                    return Err(ParseError::Syntax(
-                        "a monthly quota counts one calendar month, e.g. 10000/month",
-                    ));
-                }
-                0
-            }
-            b"" => {
-                return Err(ParseError::Syntax(
-                    "the window needs a unit: us, ms, s, min, h, d, w or month",
-                ));
-            }
-            _ => {
-                return Err(ParseError::Syntax(
-                    "unknown window unit; use us, ms, s, min, h, d, w or month",
-                ));
-            }
+        let unit_us = match unit_us(unit.trim_ascii(), digits > 0 && count != 1) {
+            Ok(us) => us,
+            Err(e) => return Err(e),
         };
         if count == 0 {
             return Err(ParseError::ZeroWindow);

@@ -14,6 +14,9 @@ use crate::policy::Tier;
 use crate::store::{Check, Op, Registry};
 use smallvec::SmallVec;
 
+mod decide;
+mod limit;
+
 /// How many operations a shard serves under its exclusive lock between checks for a periodic
 /// sweep.
 const SWEEP_CHECK_EVERY: u32 = 1024;
@@ -334,32 +337,6 @@ impl Row {
         };
         self.put_under(tier, &from, None, now);
     }
-
-    /// Puts the state, written under `from`, under `tier`'s algorithm, or under the key's own
-    /// `limit` (which then ends when it says): converted as a reload converts it.
-    fn put_under(&mut self, tier: &Tier, from: &Compiled, limit: Option<Arc<Limit>>, now: u64) {
-        let mut entry = self.read(from, Unpacked::copy);
-        let to = limit
-            .as_deref()
-            .map_or(tier.algorithm(), |l| l.tier.algorithm());
-        let expires_at = to.convert(from, &mut entry.state, now, entry.expires_at);
-        let until = limit.as_ref().map_or(0, |l| l.until);
-        entry.expires_at = expires_at.max(entry.blocked_until()).max(until);
-        match (limit, &mut entry.marks) {
-            (limit @ Some(_), _) => entry.marks_mut().limit = limit,
-            (None, Some(marks)) => marks.limit = None,
-            (None, None) => {}
-        }
-        if entry
-            .marks
-            .as_ref()
-            .is_some_and(|m| m.blocked_until == 0 && m.limit.is_none())
-        {
-            entry.marks = None;
-        }
-        self.def = tier.def();
-        self.cell = Cell::new(tier.algorithm(), entry);
-    }
 }
 
 impl Shard {
@@ -386,39 +363,6 @@ impl Shard {
     fn find_mut(&mut self, check: &CheckRef<'_>, hash: u64) -> Option<&mut Row> {
         self.table
             .find_mut(hash, |s| s.is(check.tier().id(), check.key()))
-    }
-
-    /// One enforced policy decided under the shared lock by compare-and-swap of its packed
-    /// state. The time is read from `clock` after each load of the state, so decisions on a key
-    /// see time in the order they land (a decision that loads a state another one wrote reads
-    /// the time after it). `None` when the key needs the exclusive path: a new key, a state
-    /// that is not packed, a state written under another definition.
-    #[inline]
-    pub(super) fn decide_packed(
-        &self,
-        check: &CheckRef<'_>,
-        hash: u64,
-        clock: impl Fn() -> u64,
-    ) -> Option<Verdict> {
-        let slot = self.find(check, hash)?;
-        let Cell::Packed(word) = &slot.cell else {
-            return None;
-        };
-        if slot.def != check.tier().def() {
-            return None;
-        }
-        let algorithm = check.tier().algorithm();
-        let mut current = word.load(Ordering::Acquire);
-        loop {
-            let (verdict, next) = algorithm.decide_packed(current, clock(), check.cost());
-            if next == current {
-                return Some(verdict);
-            }
-            match word.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return Some(verdict),
-                Err(seen) => current = seen,
-            }
-        }
     }
 
     /// The verdict on `check` at `cost` (0: a look), its block included, with one lookup; for
@@ -606,51 +550,6 @@ impl Shard {
         }
     }
 
-    /// Puts the key under a limit of its own, `check`'s tier's algorithm (the policy's with
-    /// the key's quota), until `until`: its state, written under the policy's present
-    /// definition or under a limit of its own set before, converted.
-    fn limit(
-        &mut self,
-        check: &CheckRef<'_>,
-        hash: u64,
-        now: u64,
-        until: u64,
-        capacity: usize,
-        (registry, own): (&Registry, &Arc<Tier>),
-    ) {
-        registry.limited();
-        // No end given: the longest window's time from now.
-        let until = match until {
-            0 => now + crate::MAX_WINDOW.as_micros() as u64,
-            until => until,
-        };
-        let tier = check.tier();
-        let limit = Arc::new(Limit {
-            tier: own.clone(),
-            until,
-        });
-        match self.find_mut(check, hash) {
-            Some(slot) => {
-                let from = match slot.limit() {
-                    Some(before) => before.tier.algorithm().clone(),
-                    None => registry.definition(slot.def),
-                };
-                slot.put_under(tier, &from, Some(limit), now);
-            }
-            None => {
-                let entry = Unpacked {
-                    state: None,
-                    expires_at: until,
-                    marks: Some(Box::new(Marks {
-                        blocked_until: 0,
-                        limit: Some(limit),
-                    })),
-                };
-                self.insert_slot(Row::new(check, entry), hash, now, capacity);
-            }
-        }
-    }
-
     /// Blocks the key from `now` until `until`.
     fn block(&mut self, check: &CheckRef<'_>, hash: u64, now: u64, until: u64, capacity: usize) {
         let algorithm = check.tier().algorithm();
@@ -670,121 +569,6 @@ impl Shard {
                 };
                 self.insert_slot(Row::new(check, entry), hash, now, capacity);
             }
-        }
-    }
-
-    /// One enforced policy under the exclusive lock: evaluate and commit with a single lookup.
-    pub(super) fn decide_one(
-        &mut self,
-        check: &CheckRef<'_>,
-        hash: u64,
-        now: u64,
-        capacity: usize,
-        registry: &Registry,
-    ) -> Option<Verdict> {
-        let algorithm = check.tier().algorithm();
-        let cost = check.cost();
-        let verdict = match self.find_mut(check, hash) {
-            Some(slot) => {
-                if slot.def != check.tier().def() || slot.limit().is_some() {
-                    slot.adopt(check, now, registry);
-                    if slot.limit().is_some() {
-                        // Its own limit, which the outcome reports: the general way.
-                        return None;
-                    }
-                }
-                slot.write(algorithm, |e| {
-                    let verdict = Unpacked::verdict(Some(e), check, now, cost);
-                    if verdict.allowed && cost > 0 {
-                        // As `charge` does, on the state as it is.
-                        e.change(algorithm, |a, s| (a.commit(s, now, cost), ()));
-                    }
-                    verdict
-                })
-            }
-            None => {
-                let verdict = algorithm.evaluate(None, now, cost);
-                if verdict.allowed && cost > 0 {
-                    self.commit(check, hash, now, capacity);
-                }
-                verdict
-            }
-        };
-        self.tick(now);
-        Some(verdict)
-    }
-
-    /// Phase one of an enforced check decided beside others (`MemoryStore::decide_together`):
-    /// where its row is in the table (none for a new key), for phase two to find it without
-    /// hashing again, and its verdict; `None` for a key under a limit of its own, which the
-    /// general path decides (its outcome reports that limit).
-    #[inline]
-    pub(super) fn judge(
-        &self,
-        check: &CheckRef<'_>,
-        hash: u64,
-        now: u64,
-    ) -> Option<(Option<usize>, Verdict)> {
-        let bucket = self
-            .table
-            .find_bucket_index(hash, |s| s.is(check.tier().id(), check.key()));
-        let cost = check.cost();
-        let verdict = match bucket.and_then(|b| self.table.get_bucket(b)) {
-            Some(row) if row.limit().is_some() => return None,
-            Some(row) => row.read(check.tier().algorithm(), |e| {
-                Unpacked::verdict(Some(e), check, now, cost)
-            }),
-            None => Unpacked::verdict(None, check, now, cost),
-        };
-        Some((bucket, verdict))
-    }
-
-    /// Phase two of the same for a key that has a row, at its place `bucket` (no row was
-    /// inserted or removed since phase one): charged when the request is `admitted`, else,
-    /// when this policy admitted it, the verdict reports the state as it stays (as `apply`).
-    #[inline]
-    pub(super) fn settle_at(
-        &mut self,
-        check: &CheckRef<'_>,
-        bucket: usize,
-        now: u64,
-        admitted: bool,
-        verdict: &mut Verdict,
-    ) {
-        let algorithm = check.tier().algorithm();
-        let cost = check.cost();
-        let row = self
-            .table
-            .get_bucket_mut(bucket)
-            .expect("the row found in phase one is where it was");
-        if admitted && cost > 0 {
-            row.write(algorithm, |e| {
-                e.change(algorithm, |a, s| (a.commit(s, now, cost), ()));
-            });
-        } else if verdict.allowed && cost > 0 {
-            let stays = row.read(algorithm, |e| Unpacked::verdict(Some(e), check, now, 0));
-            verdict.remaining = stays.remaining;
-            verdict.reset_after_us = stays.reset_after_us;
-        }
-    }
-
-    /// Phase two of the same for a new key: inserted with its charge when the request is
-    /// `admitted`, else reported as a fresh key (as `apply`).
-    pub(super) fn settle_new(
-        &mut self,
-        check: &CheckRef<'_>,
-        hash: u64,
-        now: u64,
-        admitted: bool,
-        verdict: &mut Verdict,
-        capacity: usize,
-    ) {
-        if admitted {
-            self.commit(check, hash, now, capacity);
-        } else if verdict.allowed && check.cost() > 0 {
-            let stays = check.tier().algorithm().evaluate(None, now, 0);
-            verdict.remaining = stays.remaining;
-            verdict.reset_after_us = stays.reset_after_us;
         }
     }
 

@@ -1,0 +1,159 @@
+//! The decisions of enforced policies that take a shortcut: one decided under the shared lock
+//! by compare-and-swap, one under the exclusive lock with a single lookup, and several decided
+//! beside each other (`MemoryStore::decide_together`), each row found once.
+
+use super::{Cell, CheckRef, Shard, Unpacked};
+use crate::algorithm::Verdict;
+use crate::store::Registry;
+
+use std::sync::atomic::Ordering;
+
+impl Shard {
+    /// One enforced policy decided under the shared lock by compare-and-swap of its packed
+    /// state. The time is read from `clock` after each load of the state, so decisions on a key
+    /// see time in the order they land (a decision that loads a state another one wrote reads
+    /// the time after it). `None` when the key needs the exclusive path: a new key, a state
+    /// that is not packed, a state written under another definition.
+    #[inline]
+    pub(in crate::store::memory) fn decide_packed(
+        &self,
+        check: &CheckRef<'_>,
+        hash: u64,
+        clock: impl Fn() -> u64,
+    ) -> Option<Verdict> {
+        let slot = self.find(check, hash)?;
+        let Cell::Packed(word) = &slot.cell else {
+            return None;
+        };
+        if slot.def != check.tier().def() {
+            return None;
+        }
+        let algorithm = check.tier().algorithm();
+        let mut current = word.load(Ordering::Acquire);
+        loop {
+            let (verdict, next) = algorithm.decide_packed(current, clock(), check.cost());
+            if next == current {
+                return Some(verdict);
+            }
+            match word.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(verdict),
+                Err(seen) => current = seen,
+            }
+        }
+    }
+
+    /// One enforced policy under the exclusive lock: evaluate and commit with a single lookup.
+    pub(in crate::store::memory) fn decide_one(
+        &mut self,
+        check: &CheckRef<'_>,
+        hash: u64,
+        now: u64,
+        capacity: usize,
+        registry: &Registry,
+    ) -> Option<Verdict> {
+        let algorithm = check.tier().algorithm();
+        let cost = check.cost();
+        let verdict = match self.find_mut(check, hash) {
+            Some(slot) => {
+                if slot.def != check.tier().def() || slot.limit().is_some() {
+                    slot.adopt(check, now, registry);
+                    if slot.limit().is_some() {
+                        // Its own limit, which the outcome reports: the general way.
+                        return None;
+                    }
+                }
+                slot.write(algorithm, |e| {
+                    let verdict = Unpacked::verdict(Some(e), check, now, cost);
+                    if verdict.allowed && cost > 0 {
+                        // As `charge` does, on the state as it is.
+                        e.change(algorithm, |a, s| (a.commit(s, now, cost), ()));
+                    }
+                    verdict
+                })
+            }
+            None => {
+                let verdict = algorithm.evaluate(None, now, cost);
+                if verdict.allowed && cost > 0 {
+                    self.commit(check, hash, now, capacity);
+                }
+                verdict
+            }
+        };
+        self.tick(now);
+        Some(verdict)
+    }
+
+    /// Phase one of an enforced check decided beside others (`MemoryStore::decide_together`):
+    /// where its row is in the table (none for a new key), for phase two to find it without
+    /// hashing again, and its verdict; `None` for a key under a limit of its own, which the
+    /// general path decides (its outcome reports that limit).
+    #[inline]
+    pub(in crate::store::memory) fn judge(
+        &self,
+        check: &CheckRef<'_>,
+        hash: u64,
+        now: u64,
+    ) -> Option<(Option<usize>, Verdict)> {
+        let bucket = self
+            .table
+            .find_bucket_index(hash, |s| s.is(check.tier().id(), check.key()));
+        let cost = check.cost();
+        let verdict = match bucket.and_then(|b| self.table.get_bucket(b)) {
+            Some(row) if row.limit().is_some() => return None,
+            Some(row) => row.read(check.tier().algorithm(), |e| {
+                Unpacked::verdict(Some(e), check, now, cost)
+            }),
+            None => Unpacked::verdict(None, check, now, cost),
+        };
+        Some((bucket, verdict))
+    }
+
+    /// Phase two of the same for a key that has a row, at its place `bucket` (no row was
+    /// inserted or removed since phase one): charged when the request is `admitted`, else,
+    /// when this policy admitted it, the verdict reports the state as it stays (as `apply`).
+    #[inline]
+    pub(in crate::store::memory) fn settle_at(
+        &mut self,
+        check: &CheckRef<'_>,
+        bucket: usize,
+        now: u64,
+        admitted: bool,
+        verdict: &mut Verdict,
+    ) {
+        let algorithm = check.tier().algorithm();
+        let cost = check.cost();
+        let row = self
+            .table
+            .get_bucket_mut(bucket)
+            .expect("the row found in phase one is where it was");
+        if admitted && cost > 0 {
+            row.write(algorithm, |e| {
+                e.change(algorithm, |a, s| (a.commit(s, now, cost), ()));
+            });
+        } else if verdict.allowed && cost > 0 {
+            let stays = row.read(algorithm, |e| Unpacked::verdict(Some(e), check, now, 0));
+            verdict.remaining = stays.remaining;
+            verdict.reset_after_us = stays.reset_after_us;
+        }
+    }
+
+    /// Phase two of the same for a new key: inserted with its charge when the request is
+    /// `admitted`, else reported as a fresh key (as `apply`).
+    pub(in crate::store::memory) fn settle_new(
+        &mut self,
+        check: &CheckRef<'_>,
+        hash: u64,
+        now: u64,
+        admitted: bool,
+        verdict: &mut Verdict,
+        capacity: usize,
+    ) {
+        if admitted {
+            self.commit(check, hash, now, capacity);
+        } else if verdict.allowed && check.cost() > 0 {
+            let stays = check.tier().algorithm().evaluate(None, now, 0);
+            verdict.remaining = stays.remaining;
+            verdict.reset_after_us = stays.reset_after_us;
+        }
+    }
+}

@@ -11,7 +11,7 @@ mod support;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{Request, StatusCode};
-use support::{RedisCluster, RedisServer, build_error, keys_with_ttl};
+use support::{RedisCluster, RedisServer, build_error, global_layer, keys_with_ttl};
 use tower::{Service, ServiceExt, service_fn};
 use tower_ratelimit::key::{GlobalKey, Key};
 use tower_ratelimit::{
@@ -42,15 +42,6 @@ fn plan(name: &str, quota: &str, calendar: Calendar) -> Policy {
     Policy::new(Algorithm::FixedWindow, quota)
         .name(name)
         .calendar(calendar)
-}
-
-fn layer<St: Store>(store: St, policy: Policy) -> RateLimitLayer<St> {
-    RateLimitLayer::builder()
-        .store(store)
-        .key(GlobalKey)
-        .policy(policy)
-        .build()
-        .unwrap()
 }
 
 /// One check of `layer`'s one policy: (allowed, remaining, reset, retry after, window) in µs.
@@ -170,9 +161,10 @@ fn cases() -> Vec<Case> {
 async fn periods_end_where_the_calendar_says<St: Store + Clone>(store: St, clock: &ManualClock) {
     for (i, case) in cases().into_iter().enumerate() {
         let what = case.what;
-        let layer = layer(
+        let layer = global_layer(
             store.clone(),
             plan(&format!("p{i}"), case.quota, case.calendar),
+            clock,
         );
         clock.set_micros(case.now);
         let left = case.end - case.now;
@@ -228,9 +220,10 @@ async fn periods_end_where_the_calendar_says_in_redis() {
 /// Where the period after `case`'s ends, found by a memory store's decision.
 async fn next_period_end(case: &Case) -> u64 {
     let clock = ManualClock::starting_at(case.end);
-    let layer = layer(
+    let layer = global_layer(
         MemoryStore::with_clock(clock.clone()),
         plan("next", case.quota, case.calendar.clone()),
+        &clock,
     );
     case.end + check(&layer).await.2
 }
@@ -307,7 +300,10 @@ async fn headers_tell_the_periods_end_on_both_stores() {
 /// on both, renewed on both at midnight in Paris.
 async fn two_instances_share_a_period<St: Store>(a: St, b: St, clock: &ManualClock) {
     let policy = || plan("shared", "4/day", zone("Europe/Paris"));
-    let (a, b) = (layer(a, policy()), layer(b, policy()));
+    let (a, b) = (
+        global_layer(a, policy(), clock),
+        global_layer(b, policy(), clock),
+    );
     clock.set_micros(at("Europe/Paris", (2026, 3, 28), 23, 0));
     for i in 0..4 {
         let on = if i % 2 == 0 { &a } else { &b };
@@ -358,8 +354,15 @@ async fn on_redis_time_a_day_ends_at_midnight() {
     }
     let server = RedisServer::start();
     let store = server.store_calling("real:", None, true).await;
-    let a = layer(store.clone(), plan("daily", "2/day", Calendar::utc()));
-    let b = layer(store, plan("daily", "2/day", Calendar::utc()));
+    let on_redis_time = |store| {
+        RateLimitLayer::builder()
+            .store(store)
+            .key(GlobalKey)
+            .policy(plan("daily", "2/day", Calendar::utc()))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (on_redis_time(store.clone()), on_redis_time(store));
     assert!(check(&a).await.0 && check(&b).await.0);
     let (allowed, _, _, retry, window) = check(&a).await;
     let expected = DAY - now() % DAY;
@@ -407,7 +410,11 @@ fn calendar_mistakes_are_build_errors() {
 
 /// A reload keeps the period's usage: 3 a month becomes 5, two used stay used, on both stores.
 async fn a_reload_keeps_the_periods_usage<St: Store>(store: St, clock: &ManualClock) {
-    let layer = layer(store, plan("reloaded", "3/month", zone("Asia/Kolkata")));
+    let layer = global_layer(
+        store,
+        plan("reloaded", "3/month", zone("Asia/Kolkata")),
+        clock,
+    );
     clock.set_micros(at("Asia/Kolkata", (2026, 5, 20), 10, 0));
     check(&layer).await;
     check(&layer).await;

@@ -8,7 +8,7 @@ mod support;
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use support::{RedisCluster, RedisServer};
+use support::{RedisCluster, RedisServer, global_layer};
 use tower_ratelimit::key::{GlobalKey, Key};
 use tower_ratelimit::{
     Algorithm, Calendar, LimitError, ManualClock, MemoryStore, Policy, RateLimitLayer, Store,
@@ -17,15 +17,6 @@ use tower_ratelimit::{
 const S: u64 = 1_000_000;
 /// 2026-11-26 00:00 UTC.
 const T0: u64 = 1_795_651_200 * S;
-
-fn layer<St: Store>(store: St, policy: Policy) -> RateLimitLayer<St> {
-    RateLimitLayer::builder()
-        .store(store)
-        .key(GlobalKey)
-        .policy(policy)
-        .build()
-        .unwrap()
-}
 
 /// (allowed, remaining, limit) of one check of `key` at `cost`.
 async fn check<St: Store>(layer: &RateLimitLayer<St>, key: &str, cost: u32) -> (bool, u64, u64) {
@@ -43,7 +34,7 @@ fn at(us: u64) -> Option<std::time::SystemTime> {
 /// limit and when cleared, its usage kept throughout; another key untouched.
 async fn a_keys_limit_changes_and_ends<St: Store>(store: St, clock: &ManualClock, name: &str) {
     clock.set_micros(T0);
-    let layer = layer(store, Policy::fixed_window("10/min").name(name));
+    let layer = global_layer(store, Policy::fixed_window("10/min").name(name), clock);
     for _ in 0..10 {
         assert!(check(&layer, "acme", 1).await.0);
     }
@@ -105,7 +96,7 @@ async fn a_keys_limit_changes_and_ends_in_redis() {
 /// A key's own limit stays through a reload of its policy; other keys take the new quota.
 async fn a_keys_limit_survives_a_reload<St: Store>(store: St, clock: &ManualClock) {
     clock.set_micros(T0);
-    let layer = layer(store, Policy::gcra("10/min").name("api"));
+    let layer = global_layer(store, Policy::gcra("10/min").name("api"), clock);
     layer
         .set_limit("api", &Key::from("acme"), "100/min", at(T0 + 60 * S))
         .await
@@ -131,9 +122,10 @@ async fn every_algorithm_takes_a_keys_limit<St: Store + Clone>(store: St, clock:
     for algorithm in Algorithm::ALL {
         clock.set_micros(T0);
         let name = format!("every-{}", algorithm.name());
-        let layer = layer(
+        let layer = global_layer(
             store.clone(),
             Policy::new(algorithm, "4/min").name(name.as_str()),
+            clock,
         );
         layer
             .set_limit(&name, &Key::from("acme"), "8/min", at(T0 + 60 * S))
@@ -176,7 +168,10 @@ async fn every_algorithm_takes_a_keys_limit_in_redis() {
 async fn the_other_instance_obeys_at_once<St: Store>(a: St, b: St, clock: &ManualClock) {
     clock.set_micros(T0);
     let policy = || Policy::sliding_log("3/min").name("shared");
-    let (a, b) = (layer(a, policy()), layer(b, policy()));
+    let (a, b) = (
+        global_layer(a, policy(), clock),
+        global_layer(b, policy(), clock),
+    );
     for _ in 0..3 {
         assert!(check(&b, "acme", 1).await.0);
     }

@@ -335,6 +335,16 @@ local function tag_params(tag, into)
   return id
 end
 
+-- Keeps the parameters `p` of `tag` for the next call with it (at most 1,000 tags: then
+-- forgotten all at once).
+local function remember(tag, p)
+  if TAGS >= 1000 then
+    TAGGED, TAGS = {}, 0
+  end
+  TAGGED[tag] = p
+  TAGS = TAGS + 1
+end
+
 -- The parameters of the policy sent with `tag`: a table { p1, p2, ..., tag = tag }, the same
 -- one for every call with that tag (never written to); nil when the tag is not one.
 --@inline
@@ -347,11 +357,7 @@ local function read_params(tag)
     if not tag_params(tag, p) then
       p = nil
     else
-      if TAGS >= 1000 then
-        TAGGED, TAGS = {}, 0
-      end
-      TAGGED[tag] = p
-      TAGS = TAGS + 1
+      remember(tag, p)
     end
   end
   return p
@@ -375,11 +381,7 @@ local function own_params(stale, p)
       return nil
     end
     o.limit_end, o.quota = numbers[1], { numbers[2], numbers[3], numbers[4] }
-    if TAGS >= 1000 then
-      TAGGED, TAGS = {}, 0
-    end
-    TAGGED[stale] = o
-    TAGS = TAGS + 1
+    remember(stale, o)
   end
   if o[2] == 0 and p[2] == 0 then
     o[4], o[5], o[6], o[7] = p[4], p[5], p[6], p[7]

@@ -164,11 +164,6 @@ impl Unpacked {
         self.marks.as_ref()?.limit.as_ref()
     }
 
-    /// When the key's own limit ends (0: it has none).
-    fn limited_until(&self) -> u64 {
-        self.limit().map_or(0, |l| l.until)
-    }
-
     /// The marks, made when the key has none.
     fn marks_mut(&mut self) -> &mut Marks {
         self.marks.get_or_insert_with(Default::default)
@@ -189,18 +184,20 @@ impl Unpacked {
     }
 
     /// Changes the state with the algorithm it is written under (see
-    /// [`algorithm`](Self::algorithm)); `change` returns its new expiry, which the key's own
-    /// limit, and a block, may only make later.
+    /// [`algorithm`](Self::algorithm)); `change` returns the state's new expiry (`None`:
+    /// unchanged), which the key's own limit may only make later, and what it made.
     #[inline]
     fn change<R>(
         &mut self,
         tier: &Compiled,
-        change: impl FnOnce(&Compiled, &mut Option<State>) -> (u64, R),
+        change: impl FnOnce(&Compiled, &mut Option<State>) -> (Option<u64>, R),
     ) -> R {
         let limit = self.limit().cloned();
         let algorithm = limit.as_deref().map_or(tier, |l| l.tier.algorithm());
         let (expires_at, out) = change(algorithm, &mut self.state);
-        self.expires_at = expires_at.max(limit.map_or(0, |l| l.until));
+        if let Some(expires_at) = expires_at {
+            self.expires_at = expires_at.max(limit.map_or(0, |l| l.until));
+        }
         out
     }
 
@@ -539,7 +536,7 @@ impl Shard {
         let algorithm = check.tier().algorithm();
         match self.find_mut(check, hash) {
             Some(slot) => slot.write(algorithm, |e| {
-                e.change(algorithm, |a, s| (charge(a, s), ()));
+                e.change(algorithm, |a, s| (Some(charge(a, s)), ()));
             }),
             None => {
                 let mut state = None;
@@ -583,11 +580,10 @@ impl Shard {
         let algorithm = check.tier().algorithm();
         if let Some(slot) = self.find_mut(check, hash)
             && let Some(expires_at) = slot.write(algorithm, |e| {
-                let limit = e.limit().cloned();
-                let under = limit.as_deref().map_or(algorithm, |l| l.tier.algorithm());
-                let expires_at = change(under, &mut e.state)?;
-                e.expires_at = expires_at.max(e.limited_until());
-                Some(e.expires_at)
+                e.change(algorithm, |a, s| {
+                    let expires_at = change(a, s);
+                    (expires_at, expires_at)
+                })
             })
         {
             self.min_expiry = self.min_expiry.min(expires_at);
@@ -610,13 +606,10 @@ impl Shard {
         match self.find_mut(check, hash) {
             // As a charge does, on the state as it is (see `charge`).
             Some(slot) => slot.write(algorithm, |e| {
-                let limit = e.limit().cloned();
-                let under = limit.as_deref().map_or(algorithm, |l| l.tier.algorithm());
-                let lease = under.take_lease(&mut e.state, now, ttl, cost, want);
-                if let Some(expires_at) = lease.expires_at {
-                    e.expires_at = expires_at.max(e.limited_until());
-                }
-                lease
+                e.change(algorithm, |a, s| {
+                    let lease = a.take_lease(s, now, ttl, cost, want);
+                    (lease.expires_at, lease)
+                })
             }),
             None => {
                 let mut state = None;

@@ -239,13 +239,12 @@ end
 -- set or ended is given what the state was written under instead of the units.
 local function act(alg, op, key, p, now, units, x, into)
   local st, ends, stale = alg.load(key, p, now, into)
-  KEEP_BLOCK = ends
   if RELIMITS[op] then
+    KEEP_BLOCK = ends
     ACT[op](alg, key, p, st, now, written_under(stale, p), x)
     KEEP_BLOCK = nil
     return
   end
-  KEEP_BLOCK = nil
   if stale then
     st, ends, p = adopt(alg, key, p, st, ends, now, stale, into)
   end

@@ -348,6 +348,16 @@ local function tag_params(tag, into)
   return id
 end
 
+-- Keeps the parameters `p` of `tag` for the next call with it (at most 1,000 tags: then
+-- forgotten all at once).
+local function remember(tag, p)
+  if TAGS >= 1000 then
+    TAGGED, TAGS = {}, 0
+  end
+  TAGGED[tag] = p
+  TAGS = TAGS + 1
+end
+
 -- The parameters of the policy sent with `tag`: a table { p1, p2, ..., tag = tag }, the same
 -- one for every call with that tag (never written to); nil when the tag is not one.
 --@inline
@@ -360,11 +370,7 @@ local function read_params(tag)
     if not tag_params(tag, p) then
       p = nil
     else
-      if TAGS >= 1000 then
-        TAGGED, TAGS = {}, 0
-      end
-      TAGGED[tag] = p
-      TAGS = TAGS + 1
+      remember(tag, p)
     end
   end
   return p
@@ -388,11 +394,7 @@ local function own_params(stale, p)
       return nil
     end
     o.limit_end, o.quota = numbers[1], { numbers[2], numbers[3], numbers[4] }
-    if TAGS >= 1000 then
-      TAGGED, TAGS = {}, 0
-    end
-    TAGGED[stale] = o
-    TAGS = TAGS + 1
+    remember(stale, o)
   end
   if o[2] == 0 and p[2] == 0 then
     o[4], o[5], o[6], o[7] = p[4], p[5], p[6], p[7]
@@ -554,11 +556,7 @@ ALG[1] = function()
         if not tag_params(tag, p_1) then
           p_1 = nil
         else
-          if TAGS >= 1000 then
-            TAGGED, TAGS = {}, 0
-          end
-          TAGGED[tag] = p_1
-          TAGS = TAGS + 1
+          remember(tag, p_1)
         end
       end
       p = p_1
@@ -1247,11 +1245,7 @@ ALG[2] = function()
         if not tag_params(tag, p_1) then
           p_1 = nil
         else
-          if TAGS >= 1000 then
-            TAGGED, TAGS = {}, 0
-          end
-          TAGGED[tag] = p_1
-          TAGS = TAGS + 1
+          remember(tag, p_1)
         end
       end
       p = p_1
@@ -2076,11 +2070,7 @@ ALG[3] = function()
         if not tag_params(tag, p_1) then
           p_1 = nil
         else
-          if TAGS >= 1000 then
-            TAGGED, TAGS = {}, 0
-          end
-          TAGGED[tag] = p_1
-          TAGS = TAGS + 1
+          remember(tag, p_1)
         end
       end
       p = p_1
@@ -2556,11 +2546,7 @@ ALG[4] = function()
         if not tag_params(tag, p_1) then
           p_1 = nil
         else
-          if TAGS >= 1000 then
-            TAGGED, TAGS = {}, 0
-          end
-          TAGGED[tag] = p_1
-          TAGS = TAGS + 1
+          remember(tag, p_1)
         end
       end
       p = p_1
@@ -3247,11 +3233,7 @@ ALG[5] = function()
         if not tag_params(tag, p_1) then
           p_1 = nil
         else
-          if TAGS >= 1000 then
-            TAGGED, TAGS = {}, 0
-          end
-          TAGGED[tag] = p_1
-          TAGS = TAGS + 1
+          remember(tag, p_1)
         end
       end
       p = p_1
@@ -3861,11 +3843,7 @@ ALG[6] = function()
         if not tag_params(tag, p_1) then
           p_1 = nil
         else
-          if TAGS >= 1000 then
-            TAGGED, TAGS = {}, 0
-          end
-          TAGGED[tag] = p_1
-          TAGS = TAGS + 1
+          remember(tag, p_1)
         end
       end
       p = p_1
@@ -4418,13 +4396,12 @@ end
 -- set or ended is given what the state was written under instead of the units.
 local function act(alg, op, key, p, now, units, x, into)
   local st, ends, stale = alg.load(key, p, now, into)
-  KEEP_BLOCK = ends
   if RELIMITS[op] then
+    KEEP_BLOCK = ends
     ACT[op](alg, key, p, st, now, written_under(stale, p), x)
     KEEP_BLOCK = nil
     return
   end
-  KEEP_BLOCK = nil
   if stale then
     st, ends, p = adopt(alg, key, p, st, ends, now, stale, into)
   end

@@ -66,7 +66,7 @@ impl Shard {
                     let verdict = Unpacked::verdict(Some(e), check, now, cost);
                     if verdict.allowed && cost > 0 {
                         // As `charge` does, on the state as it is.
-                        e.change(algorithm, |a, s| (a.commit(s, now, cost), ()));
+                        e.change(algorithm, |a, s| (Some(a.commit(s, now, cost)), ()));
                     }
                     verdict
                 })
@@ -128,7 +128,7 @@ impl Shard {
             .expect("the row found in phase one is where it was");
         if admitted && cost > 0 {
             row.write(algorithm, |e| {
-                e.change(algorithm, |a, s| (a.commit(s, now, cost), ()));
+                e.change(algorithm, |a, s| (Some(a.commit(s, now, cost)), ()));
             });
         } else if verdict.allowed && cost > 0 {
             let stays = row.read(algorithm, |e| Unpacked::verdict(Some(e), check, now, 0));

@@ -4,8 +4,8 @@
 //!
 //! ```text
 //! instructions MODE N    # MODE: bare, identity, headers, none, axum_body, defaults, governor,
-//!                         # governor_headers, check, check_two, governor_check, hot
-//!                         # or hot_lease
+//!                         # governor_headers, check, check_fixed, check_two, check_two_gcra,
+//!                         # governor_check, hot or hot_lease
 //! ```
 //!
 //! It makes 10,240 requests to warm up, then `N` more in `measured`, the only function
@@ -25,8 +25,10 @@
 //!   (which `tower_governor` has no counterpart of).
 //!
 //! `check` is `RateLimitLayer::check` on 10,000 keys, `governor_check` governor's keyed
-//! `check_key` on the same keys; `check_two` is `check` on a layer of two policies (decided
-//! together, each row found once, under the shards' exclusive locks). Peers cycle through
+//! `check_key` on the same keys; `check_fixed` is `check` of a fixed window (the shard's
+//! exclusive path); `check_two` is `check` on a layer of both policies, GCRA and the fixed
+//! window, and `check_two_gcra` on a layer of two GCRAs (decided together, each row found once,
+//! under the key's shard's exclusive lock). Peers cycle through
 //! 10,240 addresses, but in `hot` (as `defaults`) and `hot_lease` (the same with
 //! `Policy::lease(20)`: the requests the leases admit without a store call), where every
 //! request comes from one peer.
@@ -104,13 +106,18 @@ fn requests(mode: &str) -> Box<dyn FnMut(u64)> {
                 std::hint::black_box(decision.expect("a decision"));
             });
         }
-        "check_two" => {
-            // Two policies decided at once: the store's exclusive path.
-            let limiter = RateLimitLayer::builder()
-                .policy(Policy::gcra("1/min").burst(1_000_000).name("a"))
-                .policy(Policy::fixed_window("1000000/h").name("b"))
-                .build()
-                .expect("a valid layer");
+        "check_two" | "check_two_gcra" | "check_fixed" => {
+            // Two policies decided at once, under one exclusive lock; or the fixed window
+            // alone (the second policy of `check_two`, on its own).
+            let gcra = |name| Policy::gcra("1/min").burst(1_000_000).name(name);
+            let fixed = Policy::fixed_window("1000000/h").name("b");
+            let mut builder = RateLimitLayer::builder();
+            builder = match mode {
+                "check_two" => builder.policy(gcra("a")).policy(fixed),
+                "check_two_gcra" => builder.policy(gcra("a")).policy(gcra("b")),
+                _ => builder.policy(fixed),
+            };
+            let limiter = builder.build().expect("a valid layer");
             return Box::new(move |i| {
                 let decision = now(limiter.check(&keys[(i % 10_000) as usize], 1));
                 std::hint::black_box(decision.expect("a decision"));

@@ -25,7 +25,7 @@ count() {
 }
 declare -A per
 for mode in bare identity headers none axum_body defaults governor governor_headers check \
-    check_two governor_check hot hot_lease; do
+    check_fixed check_two check_two_gcra governor_check hot hot_lease; do
     per[$mode]=$(( $(count "$mode") / N ))
 done
 layer() { echo $(( per[$1] - per[bare] )); }
@@ -41,6 +41,8 @@ echo "  ... and in axum's own body:     ${per[axum_body]} (layer: $(layer axum_b
 echo "  the layer's defaults:           ${per[defaults]} (layer: $(layer defaults): headers and the Decision extension)"
 echo "  RateLimitLayer::check:          ${per[check]} ($(ratio "${per[check]}" "${per[governor_check]}") governor's)"
 echo "  governor keyed check_key:       ${per[governor_check]}"
-echo "  check, two policies at once:    ${per[check_two]} ($(ratio "${per[check_two]}" "${per[check]}") one policy's: the shards' exclusive locks)"
+echo "  check of a fixed window:        ${per[check_fixed]} (the shard's exclusive lock)"
+echo "  check, GCRA and fixed window:   ${per[check_two]} ($(ratio "${per[check_two]}" "$(( per[check] + per[check_fixed] ))") the two checks one by one; $(ratio "${per[check_two]}" "${per[check]}") one GCRA's)"
+echo "  check, two GCRAs:               ${per[check_two_gcra]} ($(ratio "${per[check_two_gcra]}" "${per[check]}") one GCRA's: one exclusive lock)"
 echo "  one hot key, defaults:          ${per[hot]}"
 echo "  ... with leases of 20:          ${per[hot_lease]} (the requests leases admit here)"

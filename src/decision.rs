@@ -19,7 +19,9 @@ pub struct PolicyOutcome {
     remaining: u64,
     /// Microseconds (kept as the store gives them: a `Duration` is made when read).
     reset_after_us: u64,
-    retry_after_us: Option<u64>,
+    /// [`NO_RETRY`] for none (an `Option` would make the outcome 8 bytes longer, and a
+    /// decision keeps two inline).
+    retry_after_us: u64,
     /// The lease granted with this outcome, if the check asked for one and got units.
     grant: Option<Box<Grant>>,
 }
@@ -75,7 +77,10 @@ impl PolicyOutcome {
             remaining: verdict.remaining,
             reset_after_us: verdict.reset_after_us,
             // A concurrency slot frees when a request in flight ends: no time is known.
-            retry_after_us: verdict.retry_after_us.filter(|_| !policy.holds()),
+            retry_after_us: match verdict.retry_after_us {
+                Some(us) if !policy.holds() => us,
+                _ => NO_RETRY,
+            },
             grant: None,
         }
     }
@@ -106,7 +111,7 @@ impl PolicyOutcome {
         PolicyOutcome {
             remaining: 0,
             reset_after_us: self.reset_after_us.max(wait),
-            retry_after_us: Some(wait),
+            retry_after_us: wait,
             ..self.clone()
         }
     }
@@ -172,9 +177,16 @@ impl PolicyOutcome {
     /// [concurrency](crate::Policy::concurrency) policy, whose slots free when requests in
     /// flight end, at a time no one knows.
     pub fn retry_after(&self) -> Option<Duration> {
-        self.retry_after_us.map(Duration::from_micros)
+        (self.retry_after_us != NO_RETRY).then(|| Duration::from_micros(self.retry_after_us))
     }
 }
+
+/// A decision's outcomes: two kept inline (one policy, or the usual two decided together),
+/// more allocated.
+pub(crate) type Outcomes = SmallVec<[PolicyOutcome; 2]>;
+
+/// An outcome's `retry_after_us` when it has none.
+const NO_RETRY: u64 = u64::MAX;
 
 /// The decision for one request: one [`PolicyOutcome`] per policy that applied.
 ///
@@ -182,13 +194,13 @@ impl PolicyOutcome {
 /// as an extractor or with `Extension<Decision>`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
-    outcomes: SmallVec<[PolicyOutcome; 1]>,
+    outcomes: Outcomes,
     allowed: bool,
 }
 
 impl Decision {
     /// A decision from its outcomes: allowed when every enforced outcome is.
-    pub(crate) fn new(outcomes: SmallVec<[PolicyOutcome; 1]>) -> Self {
+    pub(crate) fn new(outcomes: Outcomes) -> Self {
         let allowed = outcomes.iter().all(|o| o.allowed || o.shadow);
         Decision { outcomes, allowed }
     }
@@ -197,10 +209,9 @@ impl Decision {
     #[inline]
     pub(crate) fn one(outcome: PolicyOutcome) -> Self {
         let allowed = outcome.allowed || outcome.shadow;
-        Decision {
-            outcomes: SmallVec::from_buf([outcome]),
-            allowed,
-        }
+        let mut outcomes = Outcomes::new();
+        outcomes.push(outcome);
+        Decision { outcomes, allowed }
     }
 
     /// The outcomes, to update the leases' remaining units in.
@@ -253,7 +264,8 @@ impl Decision {
                 .filter(|o| o.shadow == first.shadow)
                 .fold(first, |b, o| if o.remaining < b.remaining { o } else { b })
         } else {
-            let wait = |o: &PolicyOutcome| o.retry_after_us.unwrap_or(u64::MAX);
+            // No retry time is the longest wait (`NO_RETRY` is the largest value).
+            let wait = |o: &PolicyOutcome| o.retry_after_us;
             self.violated()
                 .fold(None::<&PolicyOutcome>, |b, o| match b {
                     Some(b) if wait(b) >= wait(o) => Some(b),
@@ -282,5 +294,24 @@ impl Decision {
         self.violated()
             .map(|o| o.retry_after())
             .try_fold(Duration::ZERO, |acc, r| r.map(|r| acc.max(r)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_decision_keeps_two_outcomes_in_120_bytes() {
+        // Two outcomes inline: a decision of two policies allocates nothing. An outcome is 48
+        // bytes (no retry time is `NO_RETRY`, not an `Option`), so that the decision of one
+        // policy, moved from the store to the caller, stays short.
+        assert!(
+            size_of::<PolicyOutcome>() <= 48,
+            "{}",
+            size_of::<PolicyOutcome>()
+        );
+        assert!(size_of::<Decision>() <= 120, "{}", size_of::<Decision>());
+        assert_eq!(Outcomes::new().inline_size(), 2);
     }
 }

@@ -33,7 +33,7 @@ use hashbrown::HashTable;
 use smallvec::{SmallVec, smallvec};
 
 use crate::algorithm::Verdict;
-use crate::decision::{Decision, Grant, PolicyOutcome};
+use crate::decision::{Decision, Grant, Outcomes, PolicyOutcome};
 use crate::key::Key;
 use crate::policy::{LeaseSpec, Tier};
 use crate::store::{Check, Checks, Op, lock};
@@ -333,7 +333,7 @@ impl Leases {
         now: u64,
         ends: bool,
     ) -> Option<Decision> {
-        let mut outcomes: SmallVec<[PolicyOutcome; 1]> = SmallVec::new();
+        let mut outcomes: Outcomes = SmallVec::new();
         let mut taken: SmallVec<[u64; 2]> = SmallVec::new();
         for (i, (tier, key, cost)) in items.clone().enumerate() {
             let spent_here = self.with(tier.id(), key, |e| e?.spend(now, cost));

@@ -65,6 +65,16 @@ pub(super) struct CheckRef<'a> {
     op: Op,
 }
 
+/// Phase one's finding for one check decided beside others (`Shard::judge`).
+#[derive(Clone, Copy, Default)]
+pub(super) struct Judged {
+    /// The row's place in the table; `None` for a new key.
+    pub(super) bucket: Option<usize>,
+    pub(super) verdict: Verdict,
+    /// For a packed state, the word the request's charge leaves.
+    charged: Option<u64>,
+}
+
 impl<'a> CheckRef<'a> {
     /// One enforced policy.
     pub(super) fn enforce(tier: &'a Tier, key: &'a Key, cost: u64) -> Self {

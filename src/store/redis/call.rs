@@ -15,7 +15,7 @@ use super::link::Link;
 use super::script::{ADMITTED, OWN_WIDTH, SCRIPT, shape};
 use super::{Inner, RELOAD_TIMEOUT, redis_key};
 use crate::algorithm::{Verdict, compact};
-use crate::decision::{Decision, Grant, PolicyOutcome};
+use crate::decision::{Decision, Grant, Outcomes, PolicyOutcome};
 use crate::error::StoreError;
 use crate::policy::Tier;
 use crate::quota::Quota;
@@ -38,7 +38,7 @@ impl Inner {
             // Boxed, as the pools' futures are: only clusters take this path.
             Box::pin(self.decide_across_slots(link, &checks)).await?
         };
-        let outcomes: SmallVec<[PolicyOutcome; 1]> = checks
+        let outcomes: Outcomes = checks
             .iter()
             .zip(verdicts)
             .map(|(check, (verdict, grant, own))| {

@@ -2,7 +2,7 @@
 //! by compare-and-swap, one under the exclusive lock with a single lookup, and several decided
 //! beside each other (`MemoryStore::decide_together`), each row found once.
 
-use super::{Cell, CheckRef, Shard, Unpacked};
+use super::{Cell, CheckRef, Judged, Row, Shard, Unpacked};
 use crate::algorithm::Verdict;
 use crate::store::Registry;
 
@@ -85,32 +85,50 @@ impl Shard {
 
     /// Phase one of an enforced check decided beside others (`MemoryStore::decide_together`):
     /// where its row is in the table (none for a new key), for phase two to find it without
-    /// hashing again, and its verdict; `None` for a key under a limit of its own, which the
-    /// general path decides (its outcome reports that limit).
+    /// hashing again, its verdict, and for a packed state the word its charge would leave;
+    /// `None` for a key under a limit of its own, which the general path decides (its outcome
+    /// reports that limit).
     #[inline]
     pub(in crate::store::memory) fn judge(
         &self,
         check: &CheckRef<'_>,
         hash: u64,
         now: u64,
-    ) -> Option<(Option<usize>, Verdict)> {
+    ) -> Option<Judged> {
         let bucket = self
             .table
             .find_bucket_index(hash, |s| s.is(check.tier().id(), check.key()));
+        let algorithm = check.tier().algorithm();
         let cost = check.cost();
-        let verdict = match bucket.and_then(|b| self.table.get_bucket(b)) {
+        let (verdict, charged) = match bucket.and_then(|b| self.table.get_bucket(b)) {
             Some(row) if row.limit().is_some() => return None,
-            Some(row) => row.read(check.tier().algorithm(), |e| {
-                Unpacked::verdict(Some(e), check, now, cost)
-            }),
-            None => Unpacked::verdict(None, check, now, cost),
+            // Decided on the word as the shared path decides it: no state is unpacked.
+            Some(Row {
+                cell: Cell::Packed(word),
+                def,
+                ..
+            }) if *def == check.tier().def() => {
+                let (verdict, next) =
+                    algorithm.decide_packed(word.load(Ordering::Relaxed), now, cost);
+                (verdict, Some(next))
+            }
+            Some(row) => (
+                row.read(algorithm, |e| Unpacked::verdict(Some(e), check, now, cost)),
+                None,
+            ),
+            None => (Unpacked::verdict(None, check, now, cost), None),
         };
-        Some((bucket, verdict))
+        Some(Judged {
+            bucket,
+            verdict,
+            charged,
+        })
     }
 
-    /// Phase two of the same for a key that has a row, at its place `bucket` (no row was
-    /// inserted or removed since phase one): charged when the request is `admitted`, else,
-    /// when this policy admitted it, the verdict reports the state as it stays (as `apply`).
+    /// Phase two of the same for a key that has a row, at its place `judged.bucket` (no row
+    /// was inserted or removed since phase one): charged when the request is `admitted`,
+    /// else, when this policy admitted it, the verdict reports the state as it stays (as
+    /// `apply`).
     #[inline]
     pub(in crate::store::memory) fn settle_at(
         &mut self,
@@ -118,7 +136,7 @@ impl Shard {
         bucket: usize,
         now: u64,
         admitted: bool,
-        verdict: &mut Verdict,
+        judged: &mut Judged,
     ) {
         let algorithm = check.tier().algorithm();
         let cost = check.cost();
@@ -126,10 +144,15 @@ impl Shard {
             .table
             .get_bucket_mut(bucket)
             .expect("the row found in phase one is where it was");
+        let verdict = &mut judged.verdict;
         if admitted && cost > 0 {
-            row.write(algorithm, |e| {
-                e.change(algorithm, |a, s| (Some(a.commit(s, now, cost)), ()));
-            });
+            match (&mut row.cell, judged.charged) {
+                // Nothing changed the word since: the exclusive lock is held.
+                (Cell::Packed(word), Some(next)) => *word.get_mut() = next,
+                _ => row.write(algorithm, |e| {
+                    e.change(algorithm, |a, s| (Some(a.commit(s, now, cost)), ()));
+                }),
+            }
         } else if verdict.allowed && cost > 0 {
             let stays = row.read(algorithm, |e| Unpacked::verdict(Some(e), check, now, 0));
             verdict.remaining = stays.remaining;

@@ -205,6 +205,14 @@ impl Decision {
         Decision { outcomes, allowed }
     }
 
+    /// A decision of enforced outcomes whose verdict the caller knows: `allowed` when every
+    /// outcome is.
+    #[inline]
+    pub(crate) fn enforced(outcomes: Outcomes, allowed: bool) -> Self {
+        debug_assert_eq!(allowed, outcomes.iter().all(|o| o.allowed && !o.shadow));
+        Decision { outcomes, allowed }
+    }
+
     /// A decision of one outcome (the common case: no loop, no push).
     #[inline]
     pub(crate) fn one(outcome: PolicyOutcome) -> Self {

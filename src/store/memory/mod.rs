@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::{Check, Checks, Enforced, Op, Registry, private};
 use crate::algorithm::Verdict;
 use crate::clock::{Clock, SystemClock};
-use crate::decision::{Decision, PolicyOutcome};
+use crate::decision::{Decision, Outcomes, PolicyOutcome};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Tier;
@@ -365,23 +365,24 @@ impl MemoryStore {
         let mut runs: SmallVec<[Together; TOGETHER]> = SmallVec::new();
         // A key is hashed once for the policies in a row that share it (all, for `check`).
         let mut last: Option<(&Key, u64)> = None;
+        let (mut first, mut one_shard) = (None, true);
         for &(tier, key, _) in checks {
             let key_hash = match last {
                 Some((k, h)) if std::ptr::eq(k, key) || k == key => h,
                 _ => key.hash_in(&self.inner.hasher),
             };
             last = Some((key, key_hash));
+            let shard = self.shard_of(key_hash);
+            one_shard &= *first.get_or_insert(shard) == shard;
             runs.push(Together {
                 hash: Key::with_id(key_hash, tier.id()),
-                guard: self.shard_of(key_hash),
+                guard: shard,
                 judged: Judged::default(),
             });
         }
-        let first = runs[0].guard;
-        if runs.iter().all(|r| r.guard == first) {
-            let mut guard = self.inner.shards[first].write();
-            runs.iter_mut().for_each(|r| r.guard = 0);
-            self.together(checks, &mut runs, std::slice::from_mut(&mut guard))?;
+        let admitted = if let (Some(shard), true) = (first, one_shard) {
+            let mut guard = self.inner.shards[shard].write();
+            self.together(checks, &mut runs, &mut [&mut *guard], |_| 0)?
         } else {
             let mut order = [0; TOGETHER];
             for (o, r) in order.iter_mut().zip(runs.iter()) {
@@ -391,56 +392,64 @@ impl MemoryStore {
             for r in runs.iter_mut() {
                 r.guard = order.binary_search(&r.guard).unwrap_or_default();
             }
-            self.together(checks, &mut runs, &mut guards)?;
-        }
-        let mut outcomes = SmallVec::with_capacity(checks.len());
+            let mut shards: SmallVec<[&mut Shard; TOGETHER]> = SmallVec::new();
+            for g in &mut guards {
+                shards.push(g);
+            }
+            self.together(checks, &mut runs, &mut shards, |place| place)?
+        };
+        let mut outcomes = Outcomes::new();
         for (&(tier, _, _), run) in checks.iter().zip(runs.iter()) {
             outcomes.push(PolicyOutcome::new(tier, false, run.judged.verdict));
         }
-        Some(Decision::new(outcomes))
+        Some(Decision::enforced(outcomes, admitted))
     }
 
-    /// [`decide_together`](Self::decide_together) once its shards are locked: `guards`, each
-    /// run naming its shard by its place among them. Leaves each run's verdict.
+    /// [`decide_together`](Self::decide_together) once its shards are locked: `shards`, a
+    /// run's shard at `place(run.guard)` among them (0 for all when there is one). Leaves each
+    /// run's verdict; whether the request is admitted.
     #[inline]
     fn together(
         &self,
         checks: &[Enforced<'_>],
         runs: &mut [Together],
-        guards: &mut [Write<'_, Shard>],
-    ) -> Option<()> {
+        shards: &mut [&mut Shard],
+        place: impl Fn(usize) -> usize,
+    ) -> Option<bool> {
         let refs = checks
             .iter()
             .map(|&(tier, key, cost)| CheckRef::enforce(tier, key, cost));
         let now = self.inner.clock.now_micros();
         let registry = &self.inner.registry;
         let redefined = registry.redefined();
+        let (mut admitted, mut new_keys) = (true, false);
         for (c, run) in refs.clone().zip(runs.iter_mut()) {
-            let shard = &mut guards[run.guard];
+            let shard = &mut shards[place(run.guard)];
             if redefined {
                 shard.adopt(&c, run.hash, now, registry);
             }
             run.judged = shard.judge(&c, run.hash, now)?;
+            admitted &= run.judged.verdict.allowed;
+            new_keys |= run.judged.bucket.is_none();
         }
-        let admitted = runs.iter().all(|r| r.judged.verdict.allowed);
         // Phase two: the rows found first, then the new keys (an insert may move rows).
         for (c, run) in refs.clone().zip(runs.iter_mut()) {
             if let Some(bucket) = run.judged.bucket {
-                guards[run.guard].settle_at(&c, bucket, now, admitted, &mut run.judged);
+                shards[place(run.guard)].settle_at(&c, bucket, now, admitted, &mut run.judged);
             }
         }
         let capacity = self.inner.per_shard;
-        for (c, run) in refs.zip(runs.iter_mut()) {
+        for (c, run) in refs.zip(runs.iter_mut()).filter(|_| new_keys) {
             if run.judged.bucket.is_none() {
-                let shard = &mut guards[run.guard];
+                let shard = &mut shards[place(run.guard)];
                 let verdict = &mut run.judged.verdict;
                 shard.settle_new(&c, run.hash, now, admitted, verdict, capacity);
             }
         }
-        for g in guards {
-            g.tick(now);
+        for shard in shards {
+            shard.tick(now);
         }
-        Some(())
+        Some(admitted)
     }
 
     /// Locks every shard `checks` involve (two kept without allocating), in index order so that concurrent multi-policy

@@ -308,6 +308,81 @@ async fn with_per_thread_reads_two_policies_are_all_or_nothing() {
     two_policies_are_all_or_nothing(true).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+async fn a_policy_decided_alone_and_beside_another_counts_every_admission_once() {
+    // One store, two layers: `both` decides GCRAs `a` (100) and `b` (60) of one key together,
+    // on their packed words under the shard's shared lock; `alone` decides `a` by itself, by
+    // compare-and-swap of the same word. Four tasks on each race on 8 threads. `a` admits
+    // exactly 100 in all, `b` exactly what `both` admitted: no admission is lost or counted
+    // twice, whichever decision holds the word.
+    for per_thread_reads in [false, true] {
+        let store = MemoryStore::builder()
+            .per_thread_reads(per_thread_reads)
+            .clock(ManualClock::new())
+            .build();
+        let a = || Policy::gcra("100/h").name("a");
+        let both = RateLimitLayer::builder()
+            .store(store.clone())
+            .policy(a())
+            .policy(Policy::gcra("60/h").name("b"))
+            .build()
+            .unwrap();
+        let alone = RateLimitLayer::builder()
+            .store(store)
+            .policy(a())
+            .build()
+            .unwrap();
+        let key = Key::from("k");
+        // The key's rows are made by this one (under the exclusive lock); the race then decides
+        // on their words.
+        assert!(both.check(&key, 1).await.unwrap().is_allowed());
+        let barrier = Arc::new(Barrier::new(8));
+        let tasks: Vec<_> = (0..8)
+            .map(|i| {
+                let layer = if i % 2 == 0 {
+                    both.clone()
+                } else {
+                    alone.clone()
+                };
+                let (barrier, key) = (barrier.clone(), key.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let mut admitted = 0u64;
+                    for _ in 0..200 {
+                        let decision = layer.check(&key, 1).await.unwrap();
+                        admitted += u64::from(decision.is_allowed());
+                        // A denial is told a wait within one emission interval (36 s for `a`,
+                        // 60 s for `b`): never a state read while another decision held it.
+                        for o in decision.violated() {
+                            let wait = o.retry_after().expect("a retry time");
+                            assert!(wait <= Duration::from_secs(60), "{wait:?}");
+                        }
+                    }
+                    (i % 2 == 0, admitted)
+                })
+            })
+            .collect();
+        let (mut by_both, mut by_alone) = (1, 0);
+        for task in tasks {
+            match task.await.unwrap() {
+                (true, n) => by_both += n,
+                (false, n) => by_alone += n,
+            }
+        }
+        assert_eq!(by_both + by_alone, 100, "{per_thread_reads}");
+        assert!(by_both <= 60, "{by_both}");
+        let left: Vec<u64> = both
+            .check(&key, 0)
+            .await
+            .unwrap()
+            .outcomes()
+            .iter()
+            .map(|o| o.remaining())
+            .collect();
+        assert_eq!(left, [0, 60 - by_both], "{per_thread_reads}");
+    }
+}
+
 async fn two_policies_are_all_or_nothing(per_thread_reads: bool) {
     // A global limit of 100 and 5 per key; 50 keys send 20 requests each. Each key can get at
     // most 5 through, i.e. 250 in all, so the global limit is what binds: exactly 100 are

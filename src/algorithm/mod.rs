@@ -582,6 +582,13 @@ macro_rules! algorithms {
                 }
             }
 
+            /// Whether the algorithm's states pack in one word (see [`Step::pack`]).
+            pub(crate) fn packs(&self) -> bool {
+                match self {
+                    $(Compiled::$variant(_) => <$module::$ty as Step>::PACKS,)*
+                }
+            }
+
             /// `state` as one word (see [`Step::pack`]; no state is 0), if it packs.
             pub(crate) fn pack(&self, state: Option<&State>) -> Option<u64> {
                 match self {

@@ -90,6 +90,9 @@ pub fn several_policy_sets() -> Vec<Vec<Algorithm>> {
         Algorithm::SlidingWindow,
         Algorithm::FixedWindow,
     ]);
+    // Every state packed: the memory store decides these on the words, under the shared lock.
+    sets.push(vec![Algorithm::Gcra; 2]);
+    sets.push(vec![Algorithm::Gcra; 3]);
     sets
 }
 

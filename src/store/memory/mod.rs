@@ -15,7 +15,7 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Tier;
 use lock::{ShardLock, Write};
-use shard::{CheckRef, CheckRun, CheckRuns, Judged, Shard};
+use shard::{CheckRef, CheckRun, CheckRuns, Judged, Shard, Together};
 use smallvec::SmallVec;
 
 /// The default [`MemoryStoreBuilder::max_keys`].
@@ -24,9 +24,11 @@ pub(crate) const DEFAULT_MAX_KEYS: usize = 100_000;
 /// Rate-limit state in this process: sharded, bounded, exact under concurrency.
 ///
 /// Keys are spread over shards, each a hash map behind its own read-write lock, so tasks
-/// checking different keys rarely wait for each other. A GCRA key's state is one atomic word:
-/// one policy on a key already seen is decided by compare-and-swap under the shard's shared
-/// lock, so threads deciding one hot key never wait for a lock another holds. Every other
+/// checking different keys rarely wait for each other; every policy of a key is in the key's
+/// shard. A GCRA key's state is one atomic word: one policy on a key already seen is decided
+/// by compare-and-swap under the shard's shared lock, so threads deciding one hot key never
+/// wait for a lock another holds, and several GCRA policies of one key (up to four) are
+/// decided there too, each word held for the few instructions the decision takes. Every other
 /// decision takes the shard's exclusive lock. The shared lock is one word each reader writes;
 /// for hot keys decided on many cores, [`per_thread_reads`](MemoryStoreBuilder::per_thread_reads)
 /// gives each thread group its own. Either way each change of a key's state is
@@ -113,9 +115,10 @@ impl MemoryStoreBuilder {
     /// the cores deciding on it.
     ///
     /// The price is on the exclusive path, which takes all eight: a key seen for the first
-    /// time, and every decision that is not one compare-and-swap (the algorithms other than
-    /// GCRA, several policies decided at once, leases, waits, concurrency limits); there
-    /// `true` costs more than it saves. `BENCHMARKS.md` shows both sides.
+    /// time, and every decision that is not on packed words (the algorithms other than GCRA,
+    /// several policies of different keys or algorithms decided at once, leases, waits,
+    /// concurrency limits); there `true` costs more than it saves. `BENCHMARKS.md` shows both
+    /// sides.
     ///
     /// Unset, the layer the store is given to chooses when it is built, if the store is
     /// its alone and was never used (no clone of it kept elsewhere, no state, no policy
@@ -136,7 +139,7 @@ impl MemoryStoreBuilder {
     ///     .build()?;
     /// assert!(layer.store().per_thread_reads());
     ///
-    /// // Two policies decided together take the exclusive path: the layer chooses one lock.
+    /// // Two policies: the layer chooses one lock (reader locks only for one GCRA).
     /// let layer = RateLimitLayer::builder()
     ///     .policy(Policy::gcra("10/s"))
     ///     .policy(Policy::gcra("1000/h"))
@@ -365,8 +368,9 @@ impl MemoryStore {
         let mut runs: SmallVec<[Together; TOGETHER]> = SmallVec::new();
         // A key is hashed once for the policies in a row that share it (all, for `check`).
         let mut last: Option<(&Key, u64)> = None;
-        let (mut first, mut one_shard) = (None, true);
+        let (mut first, mut one_shard, mut packs) = (None, true, true);
         for &(tier, key, _) in checks {
+            packs &= tier.algorithm().packs();
             let key_hash = match last {
                 Some((k, h)) if std::ptr::eq(k, key) || k == key => h,
                 _ => key.hash_in(&self.inner.hasher),
@@ -381,8 +385,16 @@ impl MemoryStore {
             });
         }
         let admitted = if let (Some(shard), true) = (first, one_shard) {
-            let mut guard = self.inner.shards[shard].write();
-            self.together(checks, &mut runs, &mut [&mut *guard], |_| 0)?
+            let shard = &self.inner.shards[shard];
+            let clock = || self.inner.clock.now_micros();
+            // The shared guard is dropped at the end of this statement, before the other lock.
+            let claimed = packs
+                .then(|| shard.read().decide_claimed(checks, &mut runs, clock))
+                .flatten();
+            match claimed {
+                Some(admitted) => admitted,
+                None => self.together(checks, &mut runs, &mut [&mut *shard.write()], |_| 0)?,
+            }
         } else {
             let mut order = [0; TOGETHER];
             for (o, r) in order.iter_mut().zip(runs.iter()) {
@@ -491,15 +503,6 @@ impl MemoryStore {
 
 /// The most policies [`MemoryStore::decide_together`] decides; more take the general path.
 const TOGETHER: usize = 4;
-
-/// One check's way through [`MemoryStore::decide_together`]: its hash, its shard (then its
-/// place among the guards) and what phase one found.
-#[derive(Clone, Copy)]
-struct Together {
-    hash: u64,
-    guard: usize,
-    judged: Judged,
-}
 
 /// The shards one decision locked, in index order.
 type Guards<'a> = SmallVec<[Write<'a, Shard>; 2]>;

@@ -14,6 +14,7 @@ use crate::policy::Tier;
 use crate::store::{Check, Op, Registry};
 use smallvec::SmallVec;
 
+mod claim;
 mod decide;
 mod limit;
 
@@ -63,6 +64,15 @@ pub(super) struct CheckRef<'a> {
     key: &'a Key,
     cost: u64,
     op: Op,
+}
+
+/// One check's way through `MemoryStore::decide_together`: its hash, its shard (then its
+/// place among the guards) and what phase one found.
+#[derive(Clone, Copy)]
+pub(super) struct Together {
+    pub(super) hash: u64,
+    pub(super) guard: usize,
+    pub(super) judged: Judged,
 }
 
 /// Phase one's finding for one check decided beside others (`Shard::judge`).

@@ -2,6 +2,7 @@
 //! by compare-and-swap, one under the exclusive lock with a single lookup, and several decided
 //! beside each other (`MemoryStore::decide_together`), each row found once.
 
+use super::claim::{CLAIMED, unclaimed};
 use super::{Cell, CheckRef, Judged, Row, Shard, Unpacked};
 use crate::algorithm::Verdict;
 use crate::store::Registry;
@@ -31,6 +32,10 @@ impl Shard {
         let algorithm = check.tier().algorithm();
         let mut current = word.load(Ordering::Acquire);
         loop {
+            if current == CLAIMED {
+                // A decision of several policies holds it for a moment (`claim.rs`).
+                current = unclaimed(word);
+            }
             let (verdict, next) = algorithm.decide_packed(current, clock(), check.cost());
             if next == current {
                 return Some(verdict);

@@ -77,7 +77,7 @@ fn main() {
         .collect();
     let runs: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(5);
     let seconds: f64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(1.0);
-    // Optionally one workload (`spread`, `hot`, `two`) and one thread count, e.g. to profile
+    // Optionally one workload (`spread`, `hot`, `two`, `two_gcra`) and one thread count, e.g. to profile
     // it.
     let only = args.get(2).map(String::as_str);
     let only_threads: Option<usize> = args.get(3).and_then(|a| a.parse().ok());
@@ -91,13 +91,15 @@ fn main() {
             ("spread", &spread as &(dyn Fn(usize, usize) -> usize + Sync)),
             ("hot", &|_, _| 0),
             ("two", &spread),
+            ("two_gcra", &spread),
         ] {
             if only.is_some_and(|w| w != workload) {
                 continue;
             }
-            // `two`: a second policy on the same keys, decided with the first on the store's
-            // exclusive path (governor has no counterpart).
-            let two = workload == "two";
+            // `two`: a second policy on the same keys, a fixed window, decided with the first
+            // under the key's shard's exclusive lock; `two_gcra`: a second GCRA, both decided on
+            // their packed words under the shared lock (governor has no counterpart).
+            let two = workload.starts_with("two");
             // Ours with its defaults (the layer chooses the store's locks: a reader lock per
             // thread group for one GCRA, one lock for two policies) and with the other choice.
             let other = if two {
@@ -115,8 +117,10 @@ fn main() {
                     let mut builder = RateLimitLayer::builder()
                         .store(store.build())
                         .policy(Policy::gcra("1/min").burst(1_000_000));
-                    if two {
+                    if workload == "two" {
                         builder = builder.policy(Policy::fixed_window("1000000000/h").name("b"));
+                    } else if two {
+                        builder = builder.policy(Policy::gcra("1/h").burst(1_000_000).name("b"));
                     }
                     let layer = builder.build().expect("a valid layer");
                     rates.push(rate(threads, seconds, |t, i| {

@@ -178,6 +178,12 @@ for t in THREADS:
     add(f"9 {t} thread{'s' if t > 1 else ''}, two policies on 10,000 keys",
         "ours check(), per-thread reads", num(cont, f"ours_per_thread/two/{t}"),
         "ours check() (one lock a shard)", num(cont, f"ours/two/{t}"), "dec/s")
+# Two policies against one (each decision of two is two policies' decisions).
+for w, label in [("two", "GCRA and fixed window"), ("two_gcra", "two GCRAs")]:
+    for t in THREADS:
+        add(f"9 {t} thread{'s' if t > 1 else ''}, {label} on 10,000 keys",
+            "ours check() of both", num(cont, f"ours/{w}/{t}"),
+            "ours check() of one GCRA", num(cont, f"ours/spread/{t}"), "dec/s")
 # 10. Allocations per request through axum (benches/allocations.rs); the baseline is the same
 # router with a layer that does nothing but hold an Arc (what Router::layer itself allocates).
 allocs = kv(os.path.join(RAW, "allocations.txt"))

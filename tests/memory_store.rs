@@ -371,14 +371,7 @@ async fn a_policy_decided_alone_and_beside_another_counts_every_admission_once()
         }
         assert_eq!(by_both + by_alone, 100, "{per_thread_reads}");
         assert!(by_both <= 60, "{by_both}");
-        let left: Vec<u64> = both
-            .check(&key, 0)
-            .await
-            .unwrap()
-            .outcomes()
-            .iter()
-            .map(|o| o.remaining())
-            .collect();
+        let left = support::lease::remaining(&both, &key).await;
         assert_eq!(left, [0, 60 - by_both], "{per_thread_reads}");
     }
 }

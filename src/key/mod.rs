@@ -256,7 +256,9 @@ impl Key {
     /// A key's hash ([`hash_in`](Self::hash_in)) made the hash of (`id`, the key): XOR with a
     /// constant of the id. For one id this is a bijection of the keyed hash, so keys a client
     /// chooses collide under one policy no more than they do under SipHash itself; the ids'
-    /// constants differ in their high bits, which pick the shard, and in their low ones.
+    /// constants differ in their low bits, which place a row in its table, and in their high
+    /// ones. (The memory store picks a key's shard from the key's own hash, so that every
+    /// policy of a key is in one shard.)
     #[inline]
     pub(crate) fn with_id(key_hash: u64, id: u32) -> u64 {
         key_hash ^ (u64::from(id) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)

@@ -3,7 +3,7 @@
 
 use http::StatusCode;
 use tower::Layer;
-use tower_ratelimit::key::GlobalKey;
+use tower_ratelimit::key::{GlobalKey, Key};
 use tower_ratelimit::{Algorithm, Policy, RateLimitLayer, Store};
 
 use super::http::{Seen, get, inner};
@@ -78,6 +78,12 @@ pub fn fewest_admitted(algorithm: Algorithm, limit: usize, lease: usize) -> usiz
     limit - 2 * lease - usize::from(spent_at_the_end)
 }
 
+/// What each of `layer`'s policies has left for `key`, by a look (a check of cost 0).
+pub async fn remaining<St: Store>(layer: &RateLimitLayer<St>, key: &Key) -> Vec<u64> {
+    let decision = layer.check(key, 0).await.expect("a decision");
+    decision.outcomes().iter().map(|o| o.remaining()).collect()
+}
+
 /// The sets of algorithms the several-policy races run: each algorithm beside the next (a
 /// pair of every algorithm twice, in both places) and three of different families.
 pub fn several_policy_sets() -> Vec<Vec<Algorithm>> {
@@ -130,15 +136,8 @@ pub async fn race_several<St: Store>(
     let admitted = race(&la, &lb, n, keys).await;
     assert_eq!(admitted, keys * fewest as usize, "{algorithms:?}");
     for k in 0..keys {
-        let key = tower_ratelimit::key::Key::from(format!("client-{k}"));
-        let left: Vec<u64> = la
-            .check(&key, 0)
-            .await
-            .unwrap()
-            .outcomes()
-            .iter()
-            .map(|o| o.remaining())
-            .collect();
+        let key = Key::from(format!("client-{k}"));
+        let left = remaining(&la, &key).await;
         let expected: Vec<u64> = limits.iter().map(|&l| u64::from(l - fewest)).collect();
         assert_eq!(
             left, expected,

@@ -360,7 +360,8 @@ impl MemoryStore {
     /// Several enforced policies, at most [`TOGETHER`] (the usual request of several): the
     /// phases of the general path without what they do not need. Each key's row is found once
     /// (phase two goes to the place phase one found it), no operation acts on its own, nothing
-    /// waits or is granted. The policies of one key are in one shard: one lock.
+    /// waits or is granted. The policies of one key are in one shard: one lock, the shared one
+    /// when every state is packed (`Shard::decide_claimed`), else the exclusive one.
     /// `None`, having charged nothing, when a key is under a limit of its own.
     fn decide_together(&self, checks: &[Enforced<'_>]) -> Option<Decision> {
         // Pushed: a `SmallVec` leaves its unused places unwritten, where an array of
@@ -396,25 +397,31 @@ impl MemoryStore {
                 None => self.together(checks, &mut runs, &mut [&mut *shard.write()], |_| 0)?,
             }
         } else {
-            let mut order = [0; TOGETHER];
-            for (o, r) in order.iter_mut().zip(runs.iter()) {
-                *o = r.guard;
-            }
-            let (mut guards, order) = self.lock_shards(&mut order[..checks.len()]);
-            for r in runs.iter_mut() {
-                r.guard = order.binary_search(&r.guard).unwrap_or_default();
-            }
-            let mut shards: SmallVec<[&mut Shard; TOGETHER]> = SmallVec::new();
-            for g in &mut guards {
-                shards.push(g);
-            }
-            self.together(checks, &mut runs, &mut shards, |place| place)?
+            self.together_in_shards(checks, &mut runs)?
         };
         let mut outcomes = Outcomes::new();
         for (&(tier, _, _), run) in checks.iter().zip(runs.iter()) {
             outcomes.push(PolicyOutcome::new(tier, false, run.judged.verdict));
         }
         Some(Decision::enforced(outcomes, admitted))
+    }
+
+    /// [`decide_together`](Self::decide_together) of keys in several shards: each locked
+    /// exclusively, in index order.
+    fn together_in_shards(&self, checks: &[Enforced<'_>], runs: &mut [Together]) -> Option<bool> {
+        let mut order = [0; TOGETHER];
+        for (o, r) in order.iter_mut().zip(runs.iter()) {
+            *o = r.guard;
+        }
+        let (mut guards, order) = self.lock_shards(&mut order[..checks.len()]);
+        for r in runs.iter_mut() {
+            r.guard = order.binary_search(&r.guard).unwrap_or_default();
+        }
+        let mut shards: SmallVec<[&mut Shard; TOGETHER]> = SmallVec::new();
+        for g in &mut guards {
+            shards.push(g);
+        }
+        self.together(checks, runs, &mut shards, |place| place)
     }
 
     /// [`decide_together`](Self::decide_together) once its shards are locked: `shards`, a

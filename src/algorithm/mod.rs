@@ -88,6 +88,13 @@ pub(crate) struct Verdict {
 }
 
 impl Verdict {
+    /// This policy's admission of a request that another policy denied, so not charged: what
+    /// is left and when it resets become those of the state as it stays (`stays`, a look).
+    pub(crate) fn uncharged(&mut self, stays: Verdict) {
+        self.remaining = stays.remaining;
+        self.reset_after_us = stays.reset_after_us;
+    }
+
     pub(crate) fn allow(remaining: u64, reset_after_us: u64) -> Self {
         Verdict {
             allowed: true,

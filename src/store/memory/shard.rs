@@ -535,9 +535,7 @@ impl Shard {
             }
         } else if run.verdict.allowed && cost > 0 && !op.acts() {
             // Admitted by this policy but not charged: report the state as it stays.
-            let stays = self.evaluate(check, hash, now, 0);
-            run.verdict.remaining = stays.remaining;
-            run.verdict.reset_after_us = stays.reset_after_us;
+            run.verdict.uncharged(self.evaluate(check, hash, now, 0));
         }
     }
 

@@ -65,44 +65,43 @@ impl Shard {
         runs: &mut [Together],
         clock: impl Fn() -> u64,
     ) -> Option<bool> {
-        // Each check's word, its place among the checks, and (once claimed) its value.
-        let mut words: SmallVec<[(&AtomicU64, usize, u64); 4]> = SmallVec::new();
+        // Each check's word, its place among the checks, and (once claimed) its value and the
+        // value the request's charge leaves.
+        let mut words: SmallVec<[(&AtomicU64, usize, u64, u64); 4]> = SmallVec::new();
         for (i, (&(tier, key, cost), run)) in checks.iter().zip(runs.iter()).enumerate() {
             let row = self.find(&CheckRef::enforce(tier, key, cost), run.hash)?;
             match &row.cell {
-                Cell::Packed(word) if row.def == tier.def() => words.push((word, i, 0)),
+                Cell::Packed(word) if row.def == tier.def() => words.push((word, i, 0, 0)),
                 _ => return None,
             }
         }
-        words.sort_unstable_by_key(|&(word, _, _)| std::ptr::from_ref(word).addr());
+        words.sort_unstable_by_key(|&(word, ..)| std::ptr::from_ref(word).addr());
         if words.windows(2).any(|w| std::ptr::eq(w[0].0, w[1].0)) {
             return None;
         }
-        for (word, _, was) in &mut words {
+        for (word, _, was, _) in &mut words {
             *was = claim(word);
         }
         let now = clock();
         let mut admitted = true;
-        for &(_, i, was) in &words {
-            let (tier, _, cost) = checks[i];
-            let (verdict, next) = tier.algorithm().decide_packed(was, now, cost);
+        for (_, i, was, next) in &mut words {
+            let (tier, _, cost) = checks[*i];
+            let verdict;
+            (verdict, *next) = tier.algorithm().decide_packed(*was, now, cost);
             admitted &= verdict.allowed;
-            runs[i].judged.verdict = verdict;
-            runs[i].judged.charged = Some(next);
+            runs[*i].judged.verdict = verdict;
         }
-        for &(word, i, was) in &words {
-            let (tier, _, cost) = checks[i];
-            let judged = &mut runs[i].judged;
+        for &(word, i, was, next) in &words {
             if admitted {
-                word.store(judged.charged.unwrap_or(was), Ordering::Release);
+                word.store(next, Ordering::Release);
                 continue;
             }
             word.store(was, Ordering::Release);
-            if judged.verdict.allowed && cost > 0 {
-                // Admitted by this policy but not charged: the state as it stays (as `apply`).
-                let stays = tier.algorithm().decide_packed(was, now, 0).0;
-                judged.verdict.remaining = stays.remaining;
-                judged.verdict.reset_after_us = stays.reset_after_us;
+            let (tier, _, cost) = checks[i];
+            let verdict = &mut runs[i].judged.verdict;
+            if verdict.allowed && cost > 0 {
+                // Admitted by this policy but not charged (as `apply`).
+                verdict.uncharged(tier.algorithm().decide_packed(was, now, 0).0);
             }
         }
         Some(admitted)

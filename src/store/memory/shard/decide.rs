@@ -159,9 +159,7 @@ impl Shard {
                 }),
             }
         } else if verdict.allowed && cost > 0 {
-            let stays = row.read(algorithm, |e| Unpacked::verdict(Some(e), check, now, 0));
-            verdict.remaining = stays.remaining;
-            verdict.reset_after_us = stays.reset_after_us;
+            verdict.uncharged(row.read(algorithm, |e| Unpacked::verdict(Some(e), check, now, 0)));
         }
     }
 
@@ -179,9 +177,7 @@ impl Shard {
         if admitted {
             self.commit(check, hash, now, capacity);
         } else if verdict.allowed && check.cost() > 0 {
-            let stays = check.tier().algorithm().evaluate(None, now, 0);
-            verdict.remaining = stays.remaining;
-            verdict.reset_after_us = stays.reset_after_us;
+            verdict.uncharged(check.tier().algorithm().evaluate(None, now, 0));
         }
     }
 }

@@ -162,15 +162,17 @@ fn race_admits_exactly_the_limit<F: Fn() -> Option<u64> + Sync>(request: F, what
 
 #[test]
 fn eight_threads_on_one_hot_key_admit_exactly_the_limit_every_round() {
-    // GCRA's state is packed and decided by compare-and-swap under the shard's shared lock;
-    // the others take the exclusive lock. 8 threads x 10,000 requests race on one key, the
+    // GCRA's and the fixed window's states are packed and decided under the shard's shared
+    // lock (GCRA's by compare-and-swap, the window's with its word claimed); the others take
+    // the exclusive lock. 8 threads x 10,000 requests race on one key, the
     // clock still: exactly the limit is admitted, each admitted request saw its own count, and
     // a new key each round starts with the threads racing to insert it. With one lock per
     // shard and with a reader lock per thread group (`per_thread_reads`), whose writers take
     // every reader lock.
     for per_thread in [false, true] {
         for alg in Algorithm::ALL {
-            let rounds = if alg == Algorithm::Gcra { 10 } else { 2 };
+            let packed = matches!(alg, Algorithm::Gcra | Algorithm::FixedWindow);
+            let rounds = if packed { 10 } else { 2 };
             let store = MemoryStore::builder()
                 .per_thread_reads(per_thread)
                 .clock(ManualClock::new())
@@ -310,17 +312,21 @@ async fn with_per_thread_reads_two_policies_are_all_or_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 8)]
 async fn a_policy_decided_alone_and_beside_another_counts_every_admission_once() {
-    // One store, two layers: `both` decides GCRAs `a` (100) and `b` (60) of one key together,
-    // on their packed words under the shard's shared lock; `alone` decides `a` by itself, by
-    // compare-and-swap of the same word. Four tasks on each race on 8 threads. `a` admits
-    // exactly 100 in all, `b` exactly what `both` admitted: no admission is lost or counted
-    // twice, whichever decision holds the word.
-    for per_thread_reads in [false, true] {
+    // One store, two layers: `both` decides `a` (100, a GCRA or a fixed window) and the GCRA
+    // `b` (60) of one key together, on their packed words under the shard's shared lock;
+    // `alone` decides `a` by itself, on the same word (by compare-and-swap, or for the window
+    // by claiming it). Four tasks on each race on 8 threads. `a` admits exactly 100 in all,
+    // `b` exactly what `both` admitted: no admission is lost or counted twice, whichever
+    // decision holds the word.
+    for (alg, per_thread_reads) in [Algorithm::Gcra, Algorithm::FixedWindow]
+        .into_iter()
+        .flat_map(|alg| [(alg, false), (alg, true)])
+    {
         let store = MemoryStore::builder()
             .per_thread_reads(per_thread_reads)
             .clock(ManualClock::new())
             .build();
-        let a = || Policy::gcra("100/h").name("a");
+        let a = || Policy::new(alg, "100/h").name("a");
         let both = RateLimitLayer::builder()
             .store(store.clone())
             .policy(a())
@@ -351,11 +357,17 @@ async fn a_policy_decided_alone_and_beside_another_counts_every_admission_once()
                     for _ in 0..200 {
                         let decision = layer.check(&key, 1).await.unwrap();
                         admitted += u64::from(decision.is_allowed());
-                        // A denial is told a wait within one emission interval (36 s for `a`,
-                        // 60 s for `b`): never a state read while another decision held it.
+                        // A denial is told a wait within one emission interval (36 s for a
+                        // GCRA `a`, 60 s for `b`) or the window (an hour): never a state read
+                        // while another decision held it.
                         for o in decision.violated() {
                             let wait = o.retry_after().expect("a retry time");
-                            assert!(wait <= Duration::from_secs(60), "{wait:?}");
+                            let most = if o.policy() == "a" && alg == Algorithm::FixedWindow {
+                                3600
+                            } else {
+                                60
+                            };
+                            assert!(wait <= Duration::from_secs(most), "{wait:?}");
                         }
                     }
                     (i % 2 == 0, admitted)
@@ -369,10 +381,11 @@ async fn a_policy_decided_alone_and_beside_another_counts_every_admission_once()
                 (false, n) => by_alone += n,
             }
         }
-        assert_eq!(by_both + by_alone, 100, "{per_thread_reads}");
-        assert!(by_both <= 60, "{by_both}");
+        let what = format!("{alg}, per-thread reads {per_thread_reads}");
+        assert_eq!(by_both + by_alone, 100, "{what}");
+        assert!(by_both <= 60, "{what}: {by_both}");
         let left = support::lease::remaining(&both, &key).await;
-        assert_eq!(left, [0, 60 - by_both], "{per_thread_reads}");
+        assert_eq!(left, [0, 60 - by_both], "{what}");
     }
 }
 

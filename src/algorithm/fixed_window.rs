@@ -8,14 +8,15 @@
 //! since the next window starts empty; a request whose cost exceeds the limit is never admitted.
 //! Across a boundary a client can spend the limit at the end of one window and again at the start
 //! of the next: up to **twice the limit** in any window-long span. Memory per key: two integers
-//! (window start, count).
+//! (window start, count); in the memory store, the window's end and the count, beside each other
+//! in the key's row (no allocation), decided under the shard's shared lock.
 //!
 //! With a calendar ([`Periods`]), the windows are its periods (a day, a week or a month in a
 //! time zone) rather than equal lengths from the epoch: every other rule is the same.
 
 use std::sync::Arc;
 
-use super::{LuaParams, Options, Step, Verdict};
+use super::{LuaParams, Options, Packed, Step, Verdict};
 use crate::calendar::Periods;
 use crate::error::ConfigError;
 use crate::quota::Quota;
@@ -98,6 +99,31 @@ impl Step for FixedWindow {
     type State = State;
     #[cfg(test)]
     const GUARANTEE: super::Guarantee = super::Guarantee::AlignedWindows;
+    const PACKS: bool = true;
+    const PACKS_COUNT: bool = true;
+
+    /// Windows of one length (a calendar's periods do not follow from their end). A count
+    /// charged is at most the limit, a `u32`: it fits the packed count.
+    fn packs(&self) -> bool {
+        self.periods.is_none()
+    }
+
+    /// The window's end (when the state expires) and its count.
+    #[inline]
+    fn pack(&self, state: &State) -> Option<Packed> {
+        if !self.packs() {
+            return None;
+        }
+        Some(Packed::new(state.start + self.window, u32::try_from(state.count).ok()?))
+    }
+
+    #[inline]
+    fn unpack(&self, packed: Packed) -> Option<State> {
+        (packed.word() > 0).then(|| State {
+            start: packed.word() - self.window,
+            count: u64::from(packed.count()),
+        })
+    }
 
     fn compile(quota: Quota, _: Options) -> Result<Self, ConfigError> {
         Ok(Self::new(quota))

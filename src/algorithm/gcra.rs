@@ -11,7 +11,7 @@
 //! admitted. It admits exactly what a token bucket of the same burst and rate admits, with one
 //! integer of state. Memory per key: one integer.
 
-use super::{Algorithm, LuaParams, Options, Step, Verdict, check_exact, rescale};
+use super::{Algorithm, LuaParams, Options, Packed, Step, Verdict, check_exact, rescale};
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
@@ -62,13 +62,13 @@ impl Step for Gcra {
 
     /// The TAT, which is when the state expires.
     #[inline]
-    fn pack(&self, state: &State) -> Option<u64> {
-        Some(state.tat)
+    fn pack(&self, state: &State) -> Option<Packed> {
+        Some(Packed::new(state.tat, 0))
     }
 
     #[inline]
-    fn unpack(&self, word: u64) -> Option<State> {
-        (word > 0).then_some(State { tat: word })
+    fn unpack(&self, packed: Packed) -> Option<State> {
+        (packed.word() > 0).then_some(State { tat: packed.word() })
     }
 
     fn window_us(&self) -> u64 {

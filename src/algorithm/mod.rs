@@ -244,21 +244,33 @@ pub(crate) trait Step: Sized {
         expires_at
     }
 
-    /// Whether the state packs in one word (see [`pack`](Step::pack)).
+    /// Whether the state may pack (see [`pack`](Step::pack)).
     const PACKS: bool = false;
 
-    /// The state as one word, for an algorithm whose state fits in one and is then the time
-    /// the state expires (GCRA's TAT): the memory store keeps such a state in an atomic and
-    /// decides a key's one policy on it by compare-and-swap. `None` (the default): the state
-    /// does not pack, or not this one. A packed 0 is no state.
-    fn pack(&self, state: &Self::State) -> Option<u64> {
+    /// Whether a packed state uses its count ([`Packed::count`]): then a decision on it alone
+    /// claims its word rather than swapping it (the word and the count change together).
+    const PACKS_COUNT: bool = false;
+
+    /// Whether this policy's states pack (the type's [`PACKS`](Step::PACKS) unless its
+    /// configuration keeps them from it).
+    fn packs(&self) -> bool {
+        Self::PACKS
+    }
+
+    /// The state as a word and a count, for an algorithm whose state fits in them, the word
+    /// then being the time the state expires (GCRA's TAT; a fixed window's end, its count
+    /// beside it): the memory store keeps such a state in atomics and decides on it under the
+    /// shard's shared lock. `None` (the default): the state does not pack, or not this one.
+    /// A packed word of 0 is no state. A state that packs still packs once an admitted
+    /// request is charged to it (the memory store's shared path relies on it).
+    fn pack(&self, state: &Self::State) -> Option<Packed> {
         let _ = state;
         None
     }
 
-    /// The state a word [`pack`](Step::pack) made holds (`None` for 0).
-    fn unpack(&self, word: u64) -> Option<Self::State> {
-        let _ = word;
+    /// The state that [`pack`](Step::pack) made `packed` of (`None` for a word of 0).
+    fn unpack(&self, packed: Packed) -> Option<Self::State> {
+        let _ = packed;
         None
     }
 
@@ -306,17 +318,47 @@ fn evaluate_with_lag<A: Step>(a: &A, state: Option<&A::State>, now: u64, cost: u
     verdict
 }
 
-/// One request of `cost` on the packed state `word` (see [`Step::pack`]): the verdict, and the
-/// word the charge leaves when it is admitted and charged (the word it was when nothing is).
-#[inline]
-fn decide_packed<A: Step>(a: &A, word: u64, now: u64, cost: u64) -> (Verdict, u64) {
-    let mut state = a.unpack(word);
+/// A state packed for the memory store's shared path (see [`Step::pack`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Packed {
+    word: u64,
+    count: u32,
+}
+
+impl Packed {
+    /// `word`, when the state expires (0: no state), and `count`, a second number for the
+    /// states that need one (a fixed window's count; else 0).
+    #[inline]
+    pub(crate) const fn new(word: u64, count: u32) -> Self {
+        Packed { word, count }
+    }
+
+    /// When the state expires; 0 for no state.
+    #[inline]
+    pub(crate) const fn word(self) -> u64 {
+        self.word
+    }
+
+    /// The second number, 0 for states that need none.
+    #[inline]
+    pub(crate) const fn count(self) -> u32 {
+        self.count
+    }
+}
+
+/// One request of `cost` on the packed state `packed` (see [`Step::pack`]): the verdict, and
+/// the state the charge leaves when it is admitted and charged (`packed` when nothing is).
+#[inline(always)]
+fn decide_packed<A: Step>(a: &A, packed: Packed, now: u64, cost: u64) -> (Verdict, Packed) {
+    let mut state = a.unpack(packed);
     let verdict = evaluate_with_lag(a, state.as_ref(), now, cost);
     if !verdict.allowed || cost == 0 {
-        return (verdict, word);
+        return (verdict, packed);
     }
     a.commit(&mut state, now, cost);
-    (verdict, state.as_ref().and_then(|s| a.pack(s)).unwrap_or(0))
+    let next = state.as_ref().and_then(|s| a.pack(s));
+    debug_assert!(next.is_some(), "a charged state that packed packs");
+    (verdict, next.unwrap_or_default())
 }
 
 /// When a request denied now with `verdict` is admitted instead by reserving its slot: the
@@ -589,36 +631,49 @@ macro_rules! algorithms {
                 }
             }
 
-            /// Whether the algorithm's states pack in one word (see [`Step::pack`]).
+            /// Whether this policy's states pack (see [`Step::packs`]).
             pub(crate) fn packs(&self) -> bool {
                 match self {
-                    $(Compiled::$variant(_) => <$module::$ty as Step>::PACKS,)*
+                    $(Compiled::$variant(a) => a.packs(),)*
                 }
             }
 
-            /// `state` as one word (see [`Step::pack`]; no state is 0), if it packs.
-            pub(crate) fn pack(&self, state: Option<&State>) -> Option<u64> {
+            /// Whether a packed state uses its count (see [`Step::PACKS_COUNT`]).
+            #[inline]
+            pub(crate) fn packs_count(&self) -> bool {
+                match self {
+                    $(Compiled::$variant(_) => <$module::$ty as Step>::PACKS_COUNT,)*
+                }
+            }
+
+            /// `state` packed (see [`Step::pack`]; no state is a word of 0), if it packs.
+            pub(crate) fn pack(&self, state: Option<&State>) -> Option<Packed> {
                 match self {
                     $(Compiled::$variant(a) => match own_state!(state, $variant) {
                         Some(own) => a.pack(own),
-                        None => <$module::$ty as Step>::PACKS.then_some(0),
+                        None => a.packs().then_some(Packed::default()),
                     },)*
                 }
             }
 
-            /// The state a packed word holds (see [`Step::unpack`]).
-            pub(crate) fn unpack(&self, word: u64) -> Option<State> {
+            /// The state `packed` holds (see [`Step::unpack`]).
+            pub(crate) fn unpack(&self, packed: Packed) -> Option<State> {
                 match self {
-                    $(Compiled::$variant(a) => a.unpack(word).map(State::$variant),)*
+                    $(Compiled::$variant(a) => a.unpack(packed).map(State::$variant),)*
                 }
             }
 
-            /// One request on a packed state: its verdict and the word it leaves (see
-            /// [`decide_packed`]).
+            /// One request on a packed state: its verdict and the state it leaves (see
+            /// [`decide_packed`]). Only the algorithms that pack have a state to decide here
+            /// (the others have code for none).
             #[inline]
-            pub(crate) fn decide_packed(&self, word: u64, now: u64, cost: u64) -> (Verdict, u64) {
+            pub(crate) fn decide_packed(&self, packed: Packed, now: u64, cost: u64) -> (Verdict, Packed) {
                 match self {
-                    $(Compiled::$variant(a) => decide_packed(a, word, now, cost),)*
+                    $(Compiled::$variant(a) if <$module::$ty as Step>::PACKS => decide_packed(a, packed, now, cost),)*
+                    _ => {
+                        debug_assert!(false, "no packed state of {self:?}");
+                        (Verdict::default(), packed)
+                    }
                 }
             }
 

@@ -712,6 +712,54 @@ for_each_algorithm!(
     cost_zero_is_a_look
 );
 
+/// Extra property: a state that packs (the memory store's shared path) is the state itself.
+/// Its word is the expiry its commit returned (so the store keeps it packed), it unpacks to
+/// the same state, and a request decided on it gets the same verdict as on the state and,
+/// charged, leaves the packed form of the charged state. Every request is tried on every
+/// state of the run, on a wandering clock.
+fn a_packed_state_decides_as_the_state(
+    algorithm: Algorithm,
+    spec: &Spec,
+    requests: &[(u64, u64)],
+) -> Result<(), TestCaseError> {
+    let compiled = spec.compile(algorithm);
+    let trace = drive(&compiled, requests);
+    for step in &trace {
+        let Some(packed) = compiled.pack(step.after.as_ref()) else {
+            prop_assert!(!compiled.packs(), "{:?} does not pack", &step.after);
+            continue;
+        };
+        prop_assert_eq!(&compiled.unpack(packed), &step.after);
+        if let Some(expires_at) = step.expires_at {
+            prop_assert_eq!(packed.word(), expires_at);
+        }
+        for &(now, cost) in requests {
+            let (verdict, next) = compiled.decide_packed(packed, now, cost);
+            prop_assert_eq!(verdict, compiled.evaluate(step.after.as_ref(), now, cost));
+            let mut charged = step.after.clone();
+            if verdict.allowed && cost > 0 {
+                compiled.commit(&mut charged, now, cost);
+            }
+            prop_assert_eq!(
+                Some(next),
+                compiled.pack(charged.as_ref()),
+                "at {} for {}",
+                now,
+                cost
+            );
+        }
+    }
+    Ok(())
+}
+
+for_each_algorithm!(
+    /// Extra property, see [`a_packed_state_decides_as_the_state`].
+    a_packed_state_is_the_state,
+    64,
+    wandering_case(32),
+    a_packed_state_decides_as_the_state
+);
+
 // Leases: instances that take units of a key at once and spend them locally.
 
 /// One event of the lease simulation: after `dt` microseconds, instance `who` has a request of

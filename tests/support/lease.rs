@@ -99,6 +99,12 @@ pub fn several_policy_sets() -> Vec<Vec<Algorithm>> {
     // Every state packed: the memory store decides these on the words, under the shared lock.
     sets.push(vec![Algorithm::Gcra; 2]);
     sets.push(vec![Algorithm::Gcra; 3]);
+    sets.push(vec![Algorithm::FixedWindow; 2]);
+    sets.push(vec![
+        Algorithm::FixedWindow,
+        Algorithm::Gcra,
+        Algorithm::FixedWindow,
+    ]);
     sets
 }
 

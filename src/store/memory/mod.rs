@@ -25,11 +25,13 @@ pub(crate) const DEFAULT_MAX_KEYS: usize = 100_000;
 ///
 /// Keys are spread over shards, each a hash map behind its own read-write lock, so tasks
 /// checking different keys rarely wait for each other; every policy of a key is in the key's
-/// shard. A GCRA key's state is one atomic word: one policy on a key already seen is decided
-/// by compare-and-swap under the shard's shared lock, so threads deciding one hot key never
-/// wait for a lock another holds, and several GCRA policies of one key (up to four) are
-/// decided there too, each word held for the few instructions the decision takes. Every other
-/// decision takes the shard's exclusive lock. The shared lock is one word each reader writes;
+/// shard. A GCRA key's state is one atomic word, a fixed window's (of windows of one length) a
+/// word and a count beside it, both in the key's row: one policy on a key already seen is
+/// decided under the shard's shared lock, a GCRA by compare-and-swap, a window with its word
+/// held for the few instructions the decision takes, so threads deciding one hot key never
+/// wait for a lock another holds; several such policies of one key (up to four) are decided
+/// there too, each word held as briefly. Every other decision takes the shard's exclusive
+/// lock. The shared lock is one word each reader writes;
 /// for hot keys decided on many cores, [`per_thread_reads`](MemoryStoreBuilder::per_thread_reads)
 /// gives each thread group its own. Either way each change of a key's state is
 /// atomic, so exactly `limit` of any number of concurrent requests are admitted. The hash is
@@ -110,15 +112,15 @@ impl MemoryStoreBuilder {
     /// Whether each shard has eight reader locks, each on its own cache line, instead of one
     /// lock. A thread takes the reader lock of its group, so threads deciding on the same
     /// shard at once (one hot key: a global or per-tenant limit) write no common cache line
-    /// but the key's state, and not even that when they are denied; with one lock, each
-    /// decision passes the lock's line from core to core, and the cost of a hot key grows with
-    /// the cores deciding on it.
+    /// but the key's state, and for a GCRA not even that when they are denied; with one lock,
+    /// each decision passes the lock's line from core to core, and the cost of a hot key grows
+    /// with the cores deciding on it.
     ///
     /// The price is on the exclusive path, which takes all eight: a key seen for the first
-    /// time, and every decision that is not on packed words (the algorithms other than GCRA,
-    /// several policies of different keys or algorithms decided at once, leases, waits,
-    /// concurrency limits); there `true` costs more than it saves. `BENCHMARKS.md` shows both
-    /// sides.
+    /// time, and every decision that is not on packed states (the algorithms other than GCRA
+    /// and the fixed window, several policies of different keys decided at once, leases,
+    /// waits, concurrency limits); there `true` costs more than it saves. `BENCHMARKS.md` shows
+    /// both sides.
     ///
     /// Unset, the layer the store is given to chooses when it is built, if the store is
     /// its alone and was never used (no clone of it kept elsewhere, no state, no policy
@@ -570,7 +572,7 @@ impl private::Sealed for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Policy, RateLimitLayer};
+    use crate::{Calendar, Policy, RateLimitLayer};
 
     #[tokio::test]
     async fn every_policy_of_a_key_is_in_its_shard() {
@@ -597,5 +599,36 @@ mod tests {
         assert_eq!(lens.iter().sum::<usize>(), 300);
         assert!(lens.iter().filter(|&&n| n > 0).count() > 10, "{lens:?}");
         assert!(lens.iter().all(|n| n % 3 == 0), "{lens:?}");
+    }
+
+    #[tokio::test]
+    async fn the_states_that_pack_are_packed() {
+        // GCRA's state and a fixed window's (its end and its count) are kept packed, in the
+        // row, from the key's first charge on; a calendar's window and the other algorithms'
+        // states are not.
+        let cases = [
+            (Policy::gcra("10/s"), 1),
+            (Policy::fixed_window("100/min"), 1),
+            (Policy::fixed_window("100/d").calendar(Calendar::utc()), 0),
+            (Policy::sliding_window("100/min"), 0),
+            (Policy::token_bucket("100/min"), 0),
+        ];
+        for (policy, packed) in cases {
+            let what = format!("{policy:?}");
+            let store = MemoryStore::builder().shards(1).build();
+            let layer = RateLimitLayer::builder()
+                .store(store.clone())
+                .policy(policy)
+                .build()
+                .expect("a valid layer");
+            for _ in 0..3 {
+                let decision = layer.check(&Key::from("k"), 1).await.expect("decided");
+                assert!(decision.is_allowed(), "{what}");
+            }
+            let look = layer.check(&Key::from("k"), 0).await.expect("decided");
+            let outcome = &look.outcomes()[0];
+            assert_eq!(outcome.remaining(), outcome.limit() - 3, "{what}");
+            assert_eq!(store.inner.shards[0].read().packed(), packed, "{what}");
+        }
     }
 }

@@ -3,11 +3,11 @@
 
 use std::collections::hash_map::RandomState;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use hashbrown::HashTable;
 
-use crate::algorithm::{Compiled, Lease, State, Verdict, apply_block};
+use crate::algorithm::{Compiled, Lease, Packed, State, Verdict, apply_block};
 use crate::decision::Grant;
 use crate::key::Key;
 use crate::policy::Tier;
@@ -81,8 +81,8 @@ pub(super) struct Judged {
     /// The row's place in the table; `None` for a new key.
     pub(super) bucket: Option<usize>,
     pub(super) verdict: Verdict,
-    /// For a packed state, the word the request's charge leaves.
-    charged: Option<u64>,
+    /// For a packed state, the state the request's charge leaves.
+    charged: Option<Packed>,
 }
 
 impl<'a> CheckRef<'a> {
@@ -126,9 +126,10 @@ impl<'a> From<&'a Check> for CheckRef<'a> {
 
 /// Where a slot keeps its state.
 enum Cell {
-    /// A state that packs in one word ([`Step::pack`](crate::algorithm::Step::pack)), which is
-    /// also when it expires, and no block: the common case, decided under the shared lock.
-    Packed(AtomicU64),
+    /// A state that packs ([`Step::pack`](crate::algorithm::Step::pack)) in a word, which is
+    /// also when it expires, and a count, and no block: the common case, decided under the
+    /// shared lock. The count sits beside the enum's tag: the cell stays 16 bytes.
+    Packed { count: AtomicU32, word: AtomicU64 },
     /// Anything else: the state of an algorithm that does not pack, or a blocked key.
     Full(Box<Unpacked>),
 }
@@ -160,9 +161,9 @@ struct Limit {
 }
 
 impl Unpacked {
-    /// What the packed `word` of `algorithm` holds.
-    fn packed(algorithm: &Compiled, word: u64) -> Self {
-        Unpacked::unblocked(algorithm.unpack(word), word)
+    /// What the `packed` state of `algorithm` holds.
+    fn packed(algorithm: &Compiled, packed: Packed) -> Self {
+        Unpacked::unblocked(algorithm.unpack(packed), packed.word())
     }
 
     /// A state that expires at `expires_at`, not blocked.
@@ -254,20 +255,32 @@ impl Cell {
     /// The cell that holds `entry` of `algorithm`: packed when it can be.
     fn new(algorithm: &Compiled, entry: Unpacked) -> Self {
         match Cell::word(algorithm, &entry) {
-            Some(word) => Cell::Packed(AtomicU64::new(word)),
+            Some(packed) => Cell::packed(packed),
             None => Cell::Full(Box::new(entry)),
         }
     }
 
-    /// The word `entry` packs in, if it does: its algorithm packs, it was never blocked (a
+    fn packed(packed: Packed) -> Self {
+        Cell::Packed {
+            count: AtomicU32::new(packed.count()),
+            word: AtomicU64::new(packed.word()),
+        }
+    }
+
+    /// A packed cell's state, read where no decision can hold its word (see `claim.rs`).
+    fn load(count: &AtomicU32, word: &AtomicU64) -> Packed {
+        Packed::new(word.load(Ordering::Relaxed), count.load(Ordering::Relaxed))
+    }
+
+    /// What `entry` packs in, if it does: its algorithm packs, it was never blocked (a
     /// block is kept once it ends, as the Redis store keeps it, for a clock that goes back),
     /// and it expires when its state says.
-    fn word(algorithm: &Compiled, entry: &Unpacked) -> Option<u64> {
+    fn word(algorithm: &Compiled, entry: &Unpacked) -> Option<Packed> {
         if entry.marks.is_some() {
             return None;
         }
-        let word = algorithm.pack(entry.state.as_ref())?;
-        (word == entry.expires_at || entry.state.is_none()).then_some(word)
+        let packed = algorithm.pack(entry.state.as_ref())?;
+        (packed.word() == entry.expires_at || entry.state.is_none()).then_some(packed)
     }
 }
 
@@ -289,7 +302,7 @@ impl Row {
 
     fn expires_at(&self) -> u64 {
         match &self.cell {
-            Cell::Packed(word) => word.load(Ordering::Relaxed),
+            Cell::Packed { word, .. } => word.load(Ordering::Relaxed),
             Cell::Full(entry) => entry.expires_at,
         }
     }
@@ -299,7 +312,9 @@ impl Row {
     fn read<R>(&self, algorithm: &Compiled, f: impl FnOnce(&Unpacked) -> R) -> R {
         match &self.cell {
             Cell::Full(entry) => f(entry),
-            Cell::Packed(word) => f(&Unpacked::packed(algorithm, word.load(Ordering::Relaxed))),
+            Cell::Packed { count, word } => {
+                f(&Unpacked::packed(algorithm, Cell::load(count, word)))
+            }
         }
     }
 
@@ -310,16 +325,20 @@ impl Row {
         match &mut self.cell {
             Cell::Full(entry) => {
                 let out = f(entry);
-                if let Some(word) = Cell::word(algorithm, entry) {
-                    self.cell = Cell::Packed(AtomicU64::new(word));
+                if let Some(packed) = Cell::word(algorithm, entry) {
+                    self.cell = Cell::packed(packed);
                 }
                 out
             }
-            Cell::Packed(word) => {
-                let mut entry = Unpacked::packed(algorithm, *word.get_mut());
+            Cell::Packed { count, word } => {
+                let was = Packed::new(*word.get_mut(), *count.get_mut());
+                let mut entry = Unpacked::packed(algorithm, was);
                 let out = f(&mut entry);
                 match Cell::word(algorithm, &entry) {
-                    Some(packed) => *word.get_mut() = packed,
+                    Some(packed) => {
+                        *word.get_mut() = packed.word();
+                        *count.get_mut() = packed.count();
+                    }
                     None => self.cell = Cell::Full(Box::new(entry)),
                 }
                 out
@@ -331,7 +350,7 @@ impl Row {
     fn limit(&self) -> Option<&Arc<Limit>> {
         match &self.cell {
             Cell::Full(entry) => entry.limit(),
-            Cell::Packed(_) => None,
+            Cell::Packed { .. } => None,
         }
     }
 
@@ -365,6 +384,15 @@ impl Shard {
             last_sweep: 0,
             min_expiry: u64::MAX,
         }
+    }
+
+    /// How many rows keep their state packed.
+    #[cfg(test)]
+    pub(super) fn packed(&self) -> usize {
+        self.table
+            .iter()
+            .filter(|r| matches!(r.cell, Cell::Packed { .. }))
+            .count()
     }
 
     pub(super) fn len(&self) -> usize {

@@ -1,22 +1,26 @@
-//! Several packed policies of one key decided under the shard's shared lock: each word is
-//! claimed (swapped for [`CLAIMED`]), every policy judged, then every word written back,
-//! charged only if every policy admits.
+//! Packed states decided under the shard's shared lock by claiming their words (swapping them
+//! for [`CLAIMED`]): several policies of one key (every policy judged, then every word written
+//! back, charged only if every policy admits), and one policy whose packed state has a count
+//! beside its word (a fixed window's), so that the two change together.
 //!
 //! A claim is held for a few dozen instructions and never across a lock, an allocation or a
 //! call that can block: the claimer already holds its shared lock, and takes nothing else
 //! until it has written every word back. Two claimers take their words in the order of their
 //! addresses, so neither holds a word the other waits for while waiting for one it holds. A
-//! decision of one of these policies on its own (`Shard::decide_packed`) that finds a word
-//! claimed waits for it, as it would for the exclusive lock. The exclusive lock waits for every
+//! decision by compare-and-swap (`Shard::decide_packed`) that finds a word claimed waits for
+//! it, as it would for the exclusive lock. A count is read and written only by the holder of
+//! its word's claim (or under the exclusive lock): written before the word is given back, it
+//! is seen by whoever claims the word next. The exclusive lock waits for every
 //! shared holder, so nothing under it ever sees a claimed word.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crossbeam_utils::Backoff;
-use smallvec::SmallVec;
 
 use super::{Cell, CheckRef, Shard, Together};
+use crate::algorithm::{Packed, Verdict};
 use crate::store::Enforced;
+use crate::store::memory::TOGETHER;
 
 /// A packed word while a decision of several policies holds it. No packed state is this value:
 /// it would be a state that expires at the end of time.
@@ -51,6 +55,21 @@ fn claim(word: &AtomicU64) -> u64 {
     }
 }
 
+/// One policy's packed state (`count` beside `word`) decided by `decide` with the word claimed:
+/// the verdict, the state `decide` leaves written back.
+#[inline]
+pub(super) fn decide(
+    count: &AtomicU32,
+    word: &AtomicU64,
+    decide: impl FnOnce(Packed) -> (Verdict, Packed),
+) -> Verdict {
+    let was = Packed::new(claim(word), count.load(Ordering::Relaxed));
+    let (verdict, next) = decide(was);
+    count.store(next.count(), Ordering::Relaxed);
+    word.store(next.word(), Ordering::Release);
+    verdict
+}
+
 impl Shard {
     /// Several enforced policies of one key in this shard, every state packed and written
     /// under its policy's definition, decided under the shared lock (see the module's
@@ -65,43 +84,63 @@ impl Shard {
         runs: &mut [Together],
         clock: impl Fn() -> u64,
     ) -> Option<bool> {
-        // Each check's word, its place among the checks, and (once claimed) its value and the
-        // value the request's charge leaves.
-        let mut words: SmallVec<[(&AtomicU64, usize, u64, u64); 4]> = SmallVec::new();
-        for (i, (&(tier, key, cost), run)) in checks.iter().zip(runs.iter()).enumerate() {
+        // Each check's cell (its word and count), in the checks' order; in arrays, which cost
+        // fewer instructions than vectors for the two to four checks there are.
+        let mut cells: [Option<(&AtomicU64, &AtomicU32)>; TOGETHER] = [None; TOGETHER];
+        let checks = &checks[..checks.len().min(TOGETHER)];
+        for ((&(tier, key, cost), run), cell) in checks.iter().zip(runs.iter()).zip(&mut cells) {
             let row = self.find(&CheckRef::enforce(tier, key, cost), run.hash)?;
             match &row.cell {
-                Cell::Packed(word) if row.def == tier.def() => words.push((word, i, 0, 0)),
+                Cell::Packed { count, word } if row.def == tier.def() => {
+                    *cell = Some((word, count));
+                }
                 _ => return None,
             }
         }
-        words.sort_unstable_by_key(|&(word, ..)| std::ptr::from_ref(word).addr());
-        if words.windows(2).any(|w| std::ptr::eq(w[0].0, w[1].0)) {
+        let cells = &cells[..checks.len()];
+        let address = |i: usize| cells[i].map_or(0, |(word, _)| std::ptr::from_ref(word).addr());
+        let mut order = [0, 1, 2, 3];
+        let order = &mut order[..checks.len()];
+        match &mut *order {
+            // Two, the usual number: a sort's loop costs them about 30 instructions.
+            [a, b] if address(*a) > address(*b) => std::mem::swap(a, b),
+            [_, _] => {}
+            more => more.sort_unstable_by_key(|&i| address(i)),
+        }
+        if order.windows(2).any(|w| address(w[0]) == address(w[1])) {
             return None;
         }
-        for (word, _, was, _) in &mut words {
-            *was = claim(word);
+        // Each check's state as claimed, and the state its charge leaves.
+        let mut was = [Packed::default(); TOGETHER];
+        for &i in order.iter() {
+            if let Some((word, count)) = cells[i] {
+                was[i] = Packed::new(claim(word), count.load(Ordering::Relaxed));
+            }
         }
         let now = clock();
         let mut admitted = true;
-        for (_, i, was, next) in &mut words {
-            let (tier, _, cost) = checks[*i];
+        let mut next = [Packed::default(); TOGETHER];
+        for (i, &(tier, _, cost)) in checks.iter().enumerate() {
             let verdict;
-            (verdict, *next) = tier.algorithm().decide_packed(*was, now, cost);
+            (verdict, next[i]) = tier.algorithm().decide_packed(was[i], now, cost);
             admitted &= verdict.allowed;
-            runs[*i].judged.verdict = verdict;
+            runs[i].judged.verdict = verdict;
         }
-        for &(word, i, was, next) in &words {
+        for (i, (&(tier, _, cost), cell)) in checks.iter().zip(cells).enumerate() {
+            let Some((word, count)) = cell else {
+                continue;
+            };
             if admitted {
-                word.store(next, Ordering::Release);
+                count.store(next[i].count(), Ordering::Relaxed);
+                word.store(next[i].word(), Ordering::Release);
                 continue;
             }
-            word.store(was, Ordering::Release);
-            let (tier, _, cost) = checks[i];
+            // The count is as it was.
+            word.store(was[i].word(), Ordering::Release);
             let verdict = &mut runs[i].judged.verdict;
             if verdict.allowed && cost > 0 {
                 // Admitted by this policy but not charged (as `apply`).
-                verdict.uncharged(tier.algorithm().decide_packed(was, now, 0).0);
+                verdict.uncharged(tier.algorithm().decide_packed(was[i], now, 0).0);
             }
         }
         Some(admitted)

@@ -2,19 +2,20 @@
 //! by compare-and-swap, one under the exclusive lock with a single lookup, and several decided
 //! beside each other (`MemoryStore::decide_together`), each row found once.
 
-use super::claim::{CLAIMED, unclaimed};
+use super::claim::{self, CLAIMED, unclaimed};
 use super::{Cell, CheckRef, Judged, Row, Shard, Unpacked};
-use crate::algorithm::Verdict;
+use crate::algorithm::{Packed, Verdict};
 use crate::store::Registry;
 
 use std::sync::atomic::Ordering;
 
 impl Shard {
     /// One enforced policy decided under the shared lock by compare-and-swap of its packed
-    /// state. The time is read from `clock` after each load of the state, so decisions on a key
-    /// see time in the order they land (a decision that loads a state another one wrote reads
-    /// the time after it). `None` when the key needs the exclusive path: a new key, a state
-    /// that is not packed, a state written under another definition.
+    /// state's word, or, when the state has a count too, with the word claimed while both
+    /// change (see `claim.rs`). The time is read from `clock` after each load of the state, so
+    /// decisions on a key see time in the order they land (a decision that loads a state
+    /// another one wrote reads the time after it). `None` when the key needs the exclusive
+    /// path: a new key, a state that is not packed, a state written under another definition.
     #[inline]
     pub(in crate::store::memory) fn decide_packed(
         &self,
@@ -23,23 +24,31 @@ impl Shard {
         clock: impl Fn() -> u64,
     ) -> Option<Verdict> {
         let slot = self.find(check, hash)?;
-        let Cell::Packed(word) = &slot.cell else {
+        let Cell::Packed { count, word } = &slot.cell else {
             return None;
         };
         if slot.def != check.tier().def() {
             return None;
         }
         let algorithm = check.tier().algorithm();
+        let cost = check.cost();
+        if algorithm.packs_count() {
+            return Some(claim::decide(count, word, |packed| {
+                algorithm.decide_packed(packed, clock(), cost)
+            }));
+        }
         let mut current = word.load(Ordering::Acquire);
         loop {
             if current == CLAIMED {
                 // A decision of several policies holds it for a moment (`claim.rs`).
                 current = unclaimed(word);
             }
-            let (verdict, next) = algorithm.decide_packed(current, clock(), check.cost());
-            if next == current {
+            let packed = Packed::new(current, 0);
+            let (verdict, next) = algorithm.decide_packed(packed, clock(), cost);
+            if next.word() == current {
                 return Some(verdict);
             }
+            let next = next.word();
             match word.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return Some(verdict),
                 Err(seen) => current = seen,
@@ -109,12 +118,11 @@ impl Shard {
             Some(row) if row.limit().is_some() => return None,
             // Decided on the word as the shared path decides it: no state is unpacked.
             Some(Row {
-                cell: Cell::Packed(word),
+                cell: Cell::Packed { count, word },
                 def,
                 ..
             }) if *def == check.tier().def() => {
-                let (verdict, next) =
-                    algorithm.decide_packed(word.load(Ordering::Relaxed), now, cost);
+                let (verdict, next) = algorithm.decide_packed(Cell::load(count, word), now, cost);
                 (verdict, Some(next))
             }
             Some(row) => (
@@ -153,7 +161,10 @@ impl Shard {
         if admitted && cost > 0 {
             match (&mut row.cell, judged.charged) {
                 // Nothing changed the word since: the exclusive lock is held.
-                (Cell::Packed(word), Some(next)) => *word.get_mut() = next,
+                (Cell::Packed { count, word }, Some(next)) => {
+                    *word.get_mut() = next.word();
+                    *count.get_mut() = next.count();
+                }
                 _ => row.write(algorithm, |e| {
                     e.change(algorithm, |a, s| (Some(a.commit(s, now, cost)), ()));
                 }),

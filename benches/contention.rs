@@ -5,10 +5,10 @@
 //! cargo bench --bench contention -- [RUNS] [SECONDS] [WORKLOAD] [THREADS]
 //! ```
 //!
-//! Three workloads: `spread`, each thread cycling through the same 10,000 keys (from different
-//! starting points), `hot`, every thread on one key, and `two`, as `spread` with a second
-//! policy (a fixed window) decided with the first, on the store's exclusive path (ours only:
-//! what reader locks per thread would cost there). On a machine with fewer cores than
+//! Four workloads: `spread`, each thread cycling through the same 10,000 keys (from different
+//! starting points), `hot`, every thread on one key, `two`, as `spread` with a second policy
+//! (a fixed window) decided with the first, and `two_gcra`, the same with a second GCRA
+//! (ours only, with both choices of reader locks). On a machine with fewer cores than
 //! threads the larger counts show oversubscription, and still whether a limiter's cost per
 //! decision grows with the threads. Ours is `RateLimitLayer::check` on the
 //! memory store (polled once: its future is always ready), with its defaults (`ours`: the layer
@@ -19,8 +19,12 @@
 //! spread key is never denied and its state outlives the run, as governor's entries do (at a
 //! rate such as 1,000,000/s a key touched every few milliseconds would have expired between
 //! touches, and ours, which drops expired keys, would measure inserts where governor updates);
-//! the hot key is denied once its burst is spent, by both. Runs alternate between the two
-//! limiters; prints the median of each as `limiter/workload/threads=decisions per second`.
+//! the hot key is denied once its burst is spent, by both. Each run measures every workload
+//! and limiter in turn, at one thread count; prints the median of each as
+//! `limiter/workload/threads=decisions per second`, and, for two policies against one GCRA
+//! (`two` and `two_gcra` against `spread`, ours with its defaults), the median of the runs'
+//! ratios as `ratio/workload/threads=ratio`: each ratio compares rates measured seconds apart,
+//! which a shared machine's drift moves less than it moves the medians.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -87,61 +91,99 @@ fn main() {
             continue;
         }
         let spread = |t: usize, i: usize| (i + t * KEYS / threads) % KEYS;
-        for (workload, pick) in [
+        let workloads = [
             ("spread", &spread as &(dyn Fn(usize, usize) -> usize + Sync)),
             ("hot", &|_, _| 0),
             ("two", &spread),
             ("two_gcra", &spread),
-        ] {
-            if only.is_some_and(|w| w != workload) {
-                continue;
-            }
-            // `two`: a second policy on the same keys, a fixed window, decided with the first
-            // under the key's shard's exclusive lock; `two_gcra`: a second GCRA, both decided on
-            // their packed words under the shared lock (governor has no counterpart).
-            let two = workload.starts_with("two");
-            // Ours with its defaults (the layer chooses the store's locks: a reader lock per
-            // thread group for one GCRA, one lock for two policies) and with the other choice.
-            let other = if two {
-                "ours_per_thread"
-            } else {
-                "ours_one_lock"
-            };
-            let (mut ours, mut other_rates, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
-            for _ in 0..runs {
-                for (told, rates) in [(None, &mut ours), (Some(two), &mut other_rates)] {
-                    let mut store = MemoryStore::builder();
-                    if let Some(yes) = told {
-                        store = store.per_thread_reads(yes);
-                    }
-                    let mut builder = RateLimitLayer::builder()
-                        .store(store.build())
-                        .policy(Policy::gcra("1/min").burst(1_000_000));
-                    if workload == "two" {
-                        builder = builder.policy(Policy::fixed_window("1000000000/h").name("b"));
-                    } else if two {
-                        builder = builder.policy(Policy::gcra("1/h").burst(1_000_000).name("b"));
-                    }
-                    let layer = builder.build().expect("a valid layer");
-                    rates.push(rate(threads, seconds, |t, i| {
-                        black_box(now(layer.check(&keys[pick(t, i)], 1)).unwrap().is_allowed());
-                    }));
+        ];
+        let workloads: Vec<_> = workloads
+            .into_iter()
+            .filter(|(w, _)| only.is_none_or(|o| o == *w))
+            .collect();
+        // Each run measures every workload, one after the other, so that a workload and the
+        // one it is compared with are measured close in time (on a shared machine the rates
+        // drift from second to second): a line each, in the order first measured.
+        let mut rates: Vec<(String, Vec<f64>)> = Vec::new();
+        let mut push = |name: String, rate: f64| match rates.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, all)) => all.push(rate),
+            None => rates.push((name, vec![rate])),
+        };
+        for _ in 0..runs {
+            for &(workload, pick) in &workloads {
+                for (name, rate) in measure(workload, pick, threads, seconds, &keys) {
+                    push(format!("{name}/{workload}/{threads}"), rate);
                 }
-                if two {
-                    continue;
-                }
-                let burst = NonZeroU32::new(1_000_000).unwrap();
-                let quota = Quota::per_minute(NonZeroU32::MIN).allow_burst(burst);
-                let governor = RateLimiter::keyed(quota);
-                theirs.push(rate(threads, seconds, |t, i| {
-                    black_box(governor.check_key(&keys[pick(t, i)]).is_ok());
-                }));
             }
-            println!("ours/{workload}/{threads}={:.0}", median(ours));
-            println!("{other}/{workload}/{threads}={:.0}", median(other_rates));
-            if !two {
-                println!("governor/{workload}/{threads}={:.0}", median(theirs));
+        }
+        for (name, all) in &rates {
+            println!("{name}={:.0}", median(all.clone()));
+        }
+        // Two policies against one, run by run: the median of the ratios of rates measured
+        // seconds apart.
+        let of = |name: &str| rates.iter().find(|(n, _)| n == name).map(|(_, all)| all);
+        for workload in ["two", "two_gcra"] {
+            let both = (
+                of(&format!("ours/{workload}/{threads}")),
+                of(&format!("ours/spread/{threads}")),
+            );
+            if let (Some(two), Some(one)) = both {
+                let ratios = two.iter().zip(one).map(|(a, b)| a / b).collect();
+                println!("ratio/{workload}/{threads}={:.3}", median(ratios));
             }
         }
     }
+}
+
+/// One run of `workload` on `threads` threads for `seconds`: the rate of each limiter, ours
+/// with its defaults (the layer chooses the store's locks: a reader lock per thread group
+/// for one GCRA, one lock for two policies), ours with the other choice, and governor's.
+fn measure(
+    workload: &str,
+    pick: &(dyn Fn(usize, usize) -> usize + Sync),
+    threads: usize,
+    seconds: f64,
+    keys: &[Key],
+) -> Vec<(&'static str, f64)> {
+    // `two`: a second policy on the same keys, a fixed window, decided with the first;
+    // `two_gcra`: a second GCRA. Both are decided on their packed words under the shard's
+    // shared lock (governor has no counterpart).
+    let two = workload.starts_with("two");
+    let other = if two {
+        "ours_per_thread"
+    } else {
+        "ours_one_lock"
+    };
+    let mut out = Vec::new();
+    for (name, told) in [("ours", None), (other, Some(two))] {
+        let mut store = MemoryStore::builder();
+        if let Some(yes) = told {
+            store = store.per_thread_reads(yes);
+        }
+        let mut builder = RateLimitLayer::builder()
+            .store(store.build())
+            .policy(Policy::gcra("1/min").burst(1_000_000));
+        if workload == "two" {
+            builder = builder.policy(Policy::fixed_window("1000000000/h").name("b"));
+        } else if two {
+            builder = builder.policy(Policy::gcra("1/h").burst(1_000_000).name("b"));
+        }
+        let layer = builder.build().expect("a valid layer");
+        out.push((
+            name,
+            rate(threads, seconds, |t, i| {
+                black_box(now(layer.check(&keys[pick(t, i)], 1)).unwrap().is_allowed());
+            }),
+        ));
+    }
+    if !two {
+        let burst = NonZeroU32::new(1_000_000).unwrap();
+        let quota = Quota::per_minute(NonZeroU32::MIN).allow_burst(burst);
+        let governor = RateLimiter::keyed(quota);
+        let rate = rate(threads, seconds, |t, i| {
+            black_box(governor.check_key(&keys[pick(t, i)]).is_ok());
+        });
+        out.push(("governor", rate));
+    }
+    out
 }

@@ -25,10 +25,10 @@
 //!   (which `tower_governor` has no counterpart of).
 //!
 //! `check` is `RateLimitLayer::check` on 10,000 keys, `governor_check` governor's keyed
-//! `check_key` on the same keys; `check_fixed` is `check` of a fixed window (the shard's
-//! exclusive path); `check_two` is `check` on a layer of both policies, GCRA and the fixed
-//! window, and `check_two_gcra` on a layer of two GCRAs (decided together, each row found once,
-//! under the key's shard's exclusive lock). Peers cycle through
+//! `check_key` on the same keys; `check_fixed` is `check` of a fixed window (its packed state
+//! decided with its word claimed); `check_two` is `check` on a layer of both policies, GCRA and
+//! the fixed window, and `check_two_gcra` on a layer of two GCRAs (decided together under the
+//! key's shard's shared lock, each word claimed). Peers cycle through
 //! 10,240 addresses, but in `hot` (as `defaults`) and `hot_lease` (the same with
 //! `Policy::lease(20)`: the requests the leases admit without a store call), where every
 //! request comes from one peer.
@@ -107,8 +107,8 @@ fn requests(mode: &str) -> Box<dyn FnMut(u64)> {
             });
         }
         "check_two" | "check_two_gcra" | "check_fixed" => {
-            // Two policies decided at once, under one exclusive lock; or the fixed window
-            // alone (the second policy of `check_two`, on its own).
+            // Two policies decided at once, under the shared lock; or the fixed window alone
+            // (the second policy of `check_two`, on its own).
             let gcra = |name| Policy::gcra("1/min").burst(1_000_000).name(name);
             let fixed = Policy::fixed_window("1000000/h").name("b");
             let mut builder = RateLimitLayer::builder();

@@ -1,5 +1,6 @@
 //! One shard of the memory store: its table of slots, the shared-lock path that decides a
-//! packed state by compare-and-swap, and the exclusive path for everything else.
+//! packed state (by compare-and-swap, or with its word claimed), and the exclusive path for
+//! everything else.
 
 use std::collections::hash_map::RandomState;
 use std::sync::Arc;
@@ -30,9 +31,9 @@ const EVICTION_SAMPLE: usize = 8;
 /// One shard: a hash table keyed by (policy id, key), hashed once per decision with the
 /// store's seeded hasher, and looked up by reference (no key is cloned but on insert).
 ///
-/// Behind a read-write lock: under the shared lock, a key's one enforced policy whose state
-/// is packed is decided by compare-and-swap of its word, so threads deciding one hot key never
-/// wait for each other's lock; everything else (a new key, several policies at once, leases,
+/// Behind a read-write lock: under the shared lock, a key's enforced policies whose states are
+/// packed are decided on their words (by compare-and-swap, or claimed: `claim.rs`), so threads
+/// deciding one hot key never wait for each other's lock; everything else (a new key, leases,
 /// reservations, holds, a block, the sweep) takes the exclusive lock.
 pub(super) struct Shard {
     table: HashTable<Row>,
@@ -254,12 +255,13 @@ impl Unpacked {
 impl Cell {
     /// The cell that holds `entry` of `algorithm`: packed when it can be.
     fn new(algorithm: &Compiled, entry: Unpacked) -> Self {
-        match Cell::word(algorithm, &entry) {
+        match Cell::packing(algorithm, &entry) {
             Some(packed) => Cell::packed(packed),
             None => Cell::Full(Box::new(entry)),
         }
     }
 
+    /// A packed cell holding `packed`.
     fn packed(packed: Packed) -> Self {
         Cell::Packed {
             count: AtomicU32::new(packed.count()),
@@ -275,7 +277,7 @@ impl Cell {
     /// What `entry` packs in, if it does: its algorithm packs, it was never blocked (a
     /// block is kept once it ends, as the Redis store keeps it, for a clock that goes back),
     /// and it expires when its state says.
-    fn word(algorithm: &Compiled, entry: &Unpacked) -> Option<Packed> {
+    fn packing(algorithm: &Compiled, entry: &Unpacked) -> Option<Packed> {
         if entry.marks.is_some() {
             return None;
         }
@@ -325,7 +327,7 @@ impl Row {
         match &mut self.cell {
             Cell::Full(entry) => {
                 let out = f(entry);
-                if let Some(packed) = Cell::word(algorithm, entry) {
+                if let Some(packed) = Cell::packing(algorithm, entry) {
                     self.cell = Cell::packed(packed);
                 }
                 out
@@ -334,7 +336,7 @@ impl Row {
                 let was = Packed::new(*word.get_mut(), *count.get_mut());
                 let mut entry = Unpacked::packed(algorithm, was);
                 let out = f(&mut entry);
-                match Cell::word(algorithm, &entry) {
+                match Cell::packing(algorithm, &entry) {
                     Some(packed) => {
                         *word.get_mut() = packed.word();
                         *count.get_mut() = packed.count();

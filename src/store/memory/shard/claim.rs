@@ -22,12 +22,13 @@ use crate::algorithm::{Packed, Verdict};
 use crate::store::Enforced;
 use crate::store::memory::TOGETHER;
 
-/// A packed word while a decision of several policies holds it. No packed state is this value:
+/// A packed word while a decision holds it. No packed state is this value:
 /// it would be a state that expires at the end of time.
 pub(super) const CLAIMED: u64 = u64::MAX;
 
 /// Waits until `word` is no longer claimed; its value then. Cold: a claim lasts a few dozen
-/// instructions, and only decisions of several packed policies of one key make one.
+/// instructions, and only decisions of several packed policies of one key, or of a packed
+/// state with a count, make one.
 #[cold]
 #[inline(never)]
 pub(super) fn unclaimed(word: &AtomicU64) -> u64 {
@@ -87,7 +88,9 @@ impl Shard {
         // Each check's cell (its word and count), in the checks' order; in arrays, which cost
         // fewer instructions than vectors for the two to four checks there are.
         let mut cells: [Option<(&AtomicU64, &AtomicU32)>; TOGETHER] = [None; TOGETHER];
-        let checks = &checks[..checks.len().min(TOGETHER)];
+        if checks.len() > TOGETHER {
+            return None;
+        }
         for ((&(tier, key, cost), run), cell) in checks.iter().zip(runs.iter()).zip(&mut cells) {
             let row = self.find(&CheckRef::enforce(tier, key, cost), run.hash)?;
             match &row.cell {

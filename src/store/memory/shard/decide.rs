@@ -1,5 +1,5 @@
 //! The decisions of enforced policies that take a shortcut: one decided under the shared lock
-//! by compare-and-swap, one under the exclusive lock with a single lookup, and several decided
+//! (by compare-and-swap, or with its word claimed), one under the exclusive lock with a single lookup, and several decided
 //! beside each other (`MemoryStore::decide_together`), each row found once.
 
 use super::claim::{self, CLAIMED, unclaimed};
@@ -40,7 +40,8 @@ impl Shard {
         let mut current = word.load(Ordering::Acquire);
         loop {
             if current == CLAIMED {
-                // A decision of several policies holds it for a moment (`claim.rs`).
+                // A decision of several policies of the key holds it for a moment
+                // (`claim.rs`).
                 current = unclaimed(word);
             }
             let packed = Packed::new(current, 0);

@@ -4,7 +4,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use hashbrown::HashTable;
 
@@ -17,7 +17,10 @@ use smallvec::SmallVec;
 
 mod claim;
 mod decide;
+mod entry;
 mod limit;
+
+use entry::{Cell, Limit, Marks, Unpacked};
 
 /// How many operations a shard serves under its exclusive lock between checks for a periodic
 /// sweep.
@@ -125,117 +128,16 @@ impl<'a> From<&'a Check> for CheckRef<'a> {
     }
 }
 
-/// Where a slot keeps its state.
-enum Cell {
-    /// A state that packs ([`Step::pack`](crate::algorithm::Step::pack)) in a word, which is
-    /// also when it expires, and a count, and no block: the common case, decided under the
-    /// shared lock. The count sits beside the enum's tag: the cell stays 16 bytes.
-    Packed { count: AtomicU32, word: AtomicU64 },
-    /// Anything else: the state of an algorithm that does not pack, or a blocked key.
-    Full(Box<Unpacked>),
-}
-
-/// A key's state as the exclusive path reads and changes it.
-struct Unpacked {
-    state: Option<State>,
-    expires_at: u64,
-    /// A block or a limit of the key's own, if it ever had one (boxed: most keys never do,
-    /// and an entry stays within a 48-byte allocation).
-    marks: Option<Box<Marks>>,
-}
-
-/// What an administrator set on a key.
-#[derive(Clone, Debug, Default)]
-struct Marks {
-    /// Denied whatever the state until then (0: not blocked).
-    blocked_until: u64,
-    /// The key's own limit, if one is set: its state is written under it.
-    limit: Option<Arc<Limit>>,
-}
-
-/// A key's own limit (`RateLimitLayer::set_limit`): its policy's tier with the key's quota
-/// (which the key's outcomes report), until `until`.
-#[derive(Debug)]
-struct Limit {
-    tier: Arc<Tier>,
-    until: u64,
-}
-
 impl Unpacked {
-    /// What the `packed` state of `algorithm` holds.
-    fn packed(algorithm: &Compiled, packed: Packed) -> Self {
-        Unpacked::unblocked(algorithm.unpack(packed), packed.word())
-    }
-
-    /// A state that expires at `expires_at`, not blocked.
-    fn unblocked(state: Option<State>, expires_at: u64) -> Self {
-        Unpacked {
-            state,
-            expires_at,
-            marks: None,
-        }
-    }
-
-    /// Denied whatever the state until then (0: not blocked).
-    fn blocked_until(&self) -> u64 {
-        self.marks.as_ref().map_or(0, |m| m.blocked_until)
-    }
-
-    /// The key's own limit, if one is set.
-    fn limit(&self) -> Option<&Arc<Limit>> {
-        self.marks.as_ref()?.limit.as_ref()
-    }
-
-    /// The marks, made when the key has none.
-    fn marks_mut(&mut self) -> &mut Marks {
-        self.marks.get_or_insert_with(Default::default)
-    }
-
-    /// The same entry (the state cloned).
-    fn copy(&self) -> Unpacked {
-        Unpacked {
-            state: self.state.clone(),
-            expires_at: self.expires_at,
-            marks: self.marks.clone(),
-        }
-    }
-
-    /// The algorithm the state is written under: the key's own limit's, else `tier`'s.
-    fn algorithm<'a>(&'a self, tier: &'a Compiled) -> &'a Compiled {
-        self.limit().map_or(tier, |l| l.tier.algorithm())
-    }
-
-    /// Changes the state with the algorithm it is written under (see
-    /// [`algorithm`](Self::algorithm)); `change` returns the state's new expiry (`None`:
-    /// unchanged), which the key's own limit may only make later, and what it made.
-    #[inline]
-    fn change<R>(
-        &mut self,
-        tier: &Compiled,
-        change: impl FnOnce(&Compiled, &mut Option<State>) -> (Option<u64>, R),
-    ) -> R {
-        let limit = self.limit().cloned();
-        let algorithm = limit.as_deref().map_or(tier, |l| l.tier.algorithm());
-        let (expires_at, out) = change(algorithm, &mut self.state);
-        if let Some(expires_at) = expires_at {
-            self.expires_at = expires_at.max(limit.map_or(0, |l| l.until));
-        }
-        out
-    }
-
-    /// The state, unless it has expired (then the key is as good as fresh).
-    fn live(&self, now: u64) -> Option<&State> {
-        if self.expires_at <= now {
-            None
-        } else {
-            self.state.as_ref()
-        }
-    }
-
     /// The verdict on this entry of `check`'s algorithm at `cost` (0: a look), its block
     /// included; for a lease, on the state as strict as the lease could make it.
     #[inline]
-    fn verdict(entry: Option<&Unpacked>, check: &CheckRef<'_>, now: u64, cost: u64) -> Verdict {
+    pub(super) fn verdict(
+        entry: Option<&Unpacked>,
+        check: &CheckRef<'_>,
+        now: u64,
+        cost: u64,
+    ) -> Verdict {
         let tier = check.tier().algorithm();
         let algorithm = entry.map_or(tier, |e| e.algorithm(tier));
         let state = entry.and_then(|e| e.live(now));
@@ -249,40 +151,6 @@ impl Unpacked {
         };
         apply_block(&mut verdict, entry.map_or(0, Unpacked::blocked_until), now);
         verdict
-    }
-}
-
-impl Cell {
-    /// The cell that holds `entry` of `algorithm`: packed when it can be.
-    fn new(algorithm: &Compiled, entry: Unpacked) -> Self {
-        match Cell::packing(algorithm, &entry) {
-            Some(packed) => Cell::packed(packed),
-            None => Cell::Full(Box::new(entry)),
-        }
-    }
-
-    /// A packed cell holding `packed`.
-    fn packed(packed: Packed) -> Self {
-        Cell::Packed {
-            count: AtomicU32::new(packed.count()),
-            word: AtomicU64::new(packed.word()),
-        }
-    }
-
-    /// A packed cell's state, read where no decision can hold its word (see `claim.rs`).
-    fn load(count: &AtomicU32, word: &AtomicU64) -> Packed {
-        Packed::new(word.load(Ordering::Relaxed), count.load(Ordering::Relaxed))
-    }
-
-    /// What `entry` packs in, if it does: its algorithm packs, it was never blocked (a
-    /// block is kept once it ends, as the Redis store keeps it, for a clock that goes back),
-    /// and it expires when its state says.
-    fn packing(algorithm: &Compiled, entry: &Unpacked) -> Option<Packed> {
-        if entry.marks.is_some() {
-            return None;
-        }
-        let packed = algorithm.pack(entry.state.as_ref())?;
-        (packed.word() == entry.expires_at || entry.state.is_none()).then_some(packed)
     }
 }
 

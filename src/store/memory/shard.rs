@@ -201,14 +201,11 @@ impl Row {
                 out
             }
             Cell::Packed { count, word } => {
-                let was = Packed::new(*word.get_mut(), *count.get_mut());
+                let was = Cell::load(count, word);
                 let mut entry = Unpacked::packed(algorithm, was);
                 let out = f(&mut entry);
                 match Cell::packing(algorithm, &entry) {
-                    Some(packed) => {
-                        *word.get_mut() = packed.word();
-                        *count.get_mut() = packed.count();
-                    }
+                    Some(packed) => Cell::set(count, word, packed),
                     None => self.cell = Cell::Full(Box::new(entry)),
                 }
                 out

@@ -162,10 +162,7 @@ impl Shard {
         if admitted && cost > 0 {
             match (&mut row.cell, judged.charged) {
                 // Nothing changed the word since: the exclusive lock is held.
-                (Cell::Packed { count, word }, Some(next)) => {
-                    *word.get_mut() = next.word();
-                    *count.get_mut() = next.count();
-                }
+                (Cell::Packed { count, word }, Some(next)) => Cell::set(count, word, next),
                 _ => row.write(algorithm, |e| {
                     e.change(algorithm, |a, s| (Some(a.commit(s, now, cost)), ()));
                 }),

@@ -132,6 +132,12 @@ impl Cell {
         }
     }
 
+    /// Writes `packed` in a packed cell, under the exclusive lock (no decision holds its word).
+    pub(super) fn set(count: &mut AtomicU32, word: &mut AtomicU64, packed: Packed) {
+        *word.get_mut() = packed.word();
+        *count.get_mut() = packed.count();
+    }
+
     /// A packed cell's state, read where no decision can hold its word (see `claim.rs`).
     pub(super) fn load(count: &AtomicU32, word: &AtomicU64) -> Packed {
         Packed::new(word.load(Ordering::Relaxed), count.load(Ordering::Relaxed))

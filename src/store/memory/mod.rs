@@ -366,40 +366,50 @@ impl MemoryStore {
     /// when every state is packed (`Shard::decide_claimed`), else the exclusive one.
     /// `None`, having charged nothing, when a key is under a limit of its own.
     fn decide_together(&self, checks: &[Enforced<'_>]) -> Option<Decision> {
+        let (&(_, key, _), rest) = checks.split_first()?;
+        let key_hash = key.hash_in(&self.inner.hasher);
+        let one_key = rest
+            .iter()
+            .all(|&(_, k, _)| std::ptr::eq(k, key) || k == key);
+        if one_key && checks.iter().all(|&(tier, _, _)| tier.algorithm().packs()) {
+            let shard = &self.inner.shards[self.shard_of(key_hash)];
+            let clock = || self.inner.clock.now_micros();
+            // The shared guard is dropped at the end of this statement, before another lock.
+            let claimed = shard.read().decide_claimed(checks, key_hash, clock);
+            if claimed.is_some() {
+                return claimed;
+            }
+        }
+        self.decide_locked(checks, (key, key_hash))
+    }
+
+    /// [`decide_together`](Self::decide_together) under the exclusive lock of each shard the
+    /// checks' keys are in; `first`, the first key and its hash.
+    fn decide_locked(&self, checks: &[Enforced<'_>], first: (&Key, u64)) -> Option<Decision> {
         // Pushed: a `SmallVec` leaves its unused places unwritten, where an array of
         // `TOGETHER` defaults costs a `check` of two policies 40 instructions.
         let mut runs: SmallVec<[Together; TOGETHER]> = SmallVec::new();
         // A key is hashed once for the policies in a row that share it (all, for `check`).
-        let mut last: Option<(&Key, u64)> = None;
-        let (mut first, mut one_shard, mut packs) = (None, true, true);
+        let mut last = first;
+        let (mut first, mut one_shard) = (None, true);
         for &(tier, key, _) in checks {
-            packs &= tier.algorithm().packs();
-            let key_hash = match last {
-                Some((k, h)) if std::ptr::eq(k, key) || k == key => h,
-                _ => key.hash_in(&self.inner.hasher),
-            };
-            last = Some((key, key_hash));
-            let shard = self.shard_of(key_hash);
+            if !(std::ptr::eq(last.0, key) || last.0 == key) {
+                last = (key, key.hash_in(&self.inner.hasher));
+            }
+            let shard = self.shard_of(last.1);
             one_shard &= *first.get_or_insert(shard) == shard;
             runs.push(Together {
-                hash: Key::with_id(key_hash, tier.id()),
+                hash: Key::with_id(last.1, tier.id()),
                 guard: shard,
                 judged: Judged::default(),
             });
         }
-        let admitted = if let (Some(shard), true) = (first, one_shard) {
-            let shard = &self.inner.shards[shard];
-            let clock = || self.inner.clock.now_micros();
-            // The shared guard is dropped at the end of this statement, before the other lock.
-            let claimed = packs
-                .then(|| shard.read().decide_claimed(checks, &mut runs, clock))
-                .flatten();
-            match claimed {
-                Some(admitted) => admitted,
-                None => self.together(checks, &mut runs, &mut [&mut *shard.write()], |_| 0)?,
+        let admitted = match (first, one_shard) {
+            (Some(shard), true) => {
+                let shard = &self.inner.shards[shard];
+                self.together(checks, &mut runs, &mut [&mut *shard.write()], |_| 0)?
             }
-        } else {
-            self.together_in_shards(checks, &mut runs)?
+            _ => self.together_in_shards(checks, &mut runs)?,
         };
         let mut outcomes = Outcomes::new();
         for (&(tier, _, _), run) in checks.iter().zip(runs.iter()) {

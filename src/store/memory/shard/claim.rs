@@ -17,8 +17,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crossbeam_utils::Backoff;
 
-use super::{Cell, CheckRef, Shard, Together};
+use super::{Cell, CheckRef, Shard};
 use crate::algorithm::{Packed, Verdict};
+use crate::decision::{Decision, Outcomes, PolicyOutcome};
+use crate::key::Key;
 use crate::store::Enforced;
 use crate::store::memory::TOGETHER;
 
@@ -72,27 +74,31 @@ pub(super) fn decide(
 }
 
 impl Shard {
-    /// Several enforced policies of one key in this shard, every state packed and written
-    /// under its policy's definition, decided under the shared lock (see the module's
-    /// comment). Each run gets its verdict; the answer is whether the request is admitted.
-    /// The time is read once every word is claimed, so that decisions on these words see
-    /// time in the order they land. `None`, having claimed nothing, when a state is not
-    /// packed (a new key, another algorithm, a block, a key's own limit), was written under
-    /// another definition, or two checks are of one row: the exclusive path decides those.
+    /// Several enforced policies of one key (whose hash, [`Key::hash_in`], is `key_hash`) in
+    /// this shard, every state packed and written under its policy's definition, decided under
+    /// the shared lock (see the module's comment): the decision, each outcome built as its
+    /// policy is decided. The time is read once every word is claimed, so that decisions on
+    /// these words see time in the order they land. `None`, having claimed nothing, when a
+    /// state is not packed (a new key, another algorithm, a block, a key's own limit), was
+    /// written under another definition, or two checks are of one row: the exclusive path
+    /// decides those.
+    ///
+    /// [`Key::hash_in`]: crate::key::Key::hash_in
     pub(in crate::store::memory) fn decide_claimed(
         &self,
         checks: &[Enforced<'_>],
-        runs: &mut [Together],
+        key_hash: u64,
         clock: impl Fn() -> u64,
-    ) -> Option<bool> {
+    ) -> Option<Decision> {
         // Each check's cell (its word and count), in the checks' order; in arrays, which cost
         // fewer instructions than vectors for the two to four checks there are.
         let mut cells: [Option<(&AtomicU64, &AtomicU32)>; TOGETHER] = [None; TOGETHER];
         if checks.len() > TOGETHER {
             return None;
         }
-        for ((&(tier, key, cost), run), cell) in checks.iter().zip(runs.iter()).zip(&mut cells) {
-            let row = self.find(&CheckRef::enforce(tier, key, cost), run.hash)?;
+        for (&(tier, key, cost), cell) in checks.iter().zip(&mut cells) {
+            let hash = Key::with_id(key_hash, tier.id());
+            let row = self.find(&CheckRef::enforce(tier, key, cost), hash)?;
             match &row.cell {
                 Cell::Packed { count, word } if row.def == tier.def() => {
                     *cell = Some((word, count));
@@ -123,13 +129,16 @@ impl Shard {
         let now = clock();
         let mut admitted = true;
         let mut next = [Packed::default(); TOGETHER];
+        let mut outcomes = Outcomes::new();
         for (i, &(tier, _, cost)) in checks.iter().enumerate() {
             let verdict;
             (verdict, next[i]) = tier.algorithm().decide_packed(was[i], now, cost);
             admitted &= verdict.allowed;
-            runs[i].judged.verdict = verdict;
+            outcomes.push(PolicyOutcome::new(tier, false, verdict));
         }
-        for (i, (&(tier, _, cost), cell)) in checks.iter().zip(cells).enumerate() {
+        for (i, ((&(tier, _, cost), cell), outcome)) in
+            checks.iter().zip(cells).zip(&mut outcomes).enumerate()
+        {
             let Some((word, count)) = cell else {
                 continue;
             };
@@ -140,12 +149,11 @@ impl Shard {
             }
             // The count is as it was.
             word.store(was[i].word(), Ordering::Release);
-            let verdict = &mut runs[i].judged.verdict;
-            if verdict.allowed && cost > 0 {
+            if outcome.is_allowed() && cost > 0 {
                 // Admitted by this policy but not charged (as `apply`).
-                verdict.uncharged(tier.algorithm().decide_packed(was[i], now, 0).0);
+                outcome.uncharged(tier.algorithm().decide_packed(was[i], now, 0).0);
             }
         }
-        Some(admitted)
+        Some(Decision::enforced(outcomes, admitted))
     }
 }

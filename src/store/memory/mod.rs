@@ -359,11 +359,10 @@ impl MemoryStore {
         Decision::new(outcomes)
     }
 
-    /// Several enforced policies, at most [`TOGETHER`] (the usual request of several): the
-    /// phases of the general path without what they do not need. Each key's row is found once
-    /// (phase two goes to the place phase one found it), no operation acts on its own, nothing
-    /// waits or is granted. The policies of one key are in one shard: one lock, the shared one
-    /// when every state is packed (`Shard::decide_claimed`), else the exclusive one.
+    /// Several enforced policies, at most [`TOGETHER`] (the usual request of several). The
+    /// policies of one key are in one shard: when every state is packed, they are decided
+    /// under its shared lock (`Shard::decide_claimed`), the key hashed once and nothing built
+    /// but the outcomes; else under the exclusive lock ([`decide_locked`](Self::decide_locked)).
     /// `None`, having charged nothing, when a key is under a limit of its own.
     fn decide_together(&self, checks: &[Enforced<'_>]) -> Option<Decision> {
         let (&(_, key, _), rest) = checks.split_first()?;
@@ -384,7 +383,9 @@ impl MemoryStore {
     }
 
     /// [`decide_together`](Self::decide_together) under the exclusive lock of each shard the
-    /// checks' keys are in; `first`, the first key and its hash.
+    /// checks' keys are in (`first`: the first key and its hash): the phases of the general
+    /// path without what they do not need. Each key's row is found once (phase two goes to the
+    /// place phase one found it), no operation acts on its own, nothing waits or is granted.
     fn decide_locked(&self, checks: &[Enforced<'_>], first: (&Key, u64)) -> Option<Decision> {
         // Pushed: a `SmallVec` leaves its unused places unwritten, where an array of
         // `TOGETHER` defaults costs a `check` of two policies 40 instructions.

@@ -383,15 +383,15 @@ impl MemoryStore {
     }
 
     /// [`decide_together`](Self::decide_together) under the exclusive lock of each shard the
-    /// checks' keys are in (`first`: the first key and its hash): the phases of the general
+    /// checks' keys are in (`hashed`: the first key and its hash): the phases of the general
     /// path without what they do not need. Each key's row is found once (phase two goes to the
     /// place phase one found it), no operation acts on its own, nothing waits or is granted.
-    fn decide_locked(&self, checks: &[Enforced<'_>], first: (&Key, u64)) -> Option<Decision> {
+    fn decide_locked(&self, checks: &[Enforced<'_>], hashed: (&Key, u64)) -> Option<Decision> {
         // Pushed: a `SmallVec` leaves its unused places unwritten, where an array of
         // `TOGETHER` defaults costs a `check` of two policies 40 instructions.
         let mut runs: SmallVec<[Together; TOGETHER]> = SmallVec::new();
         // A key is hashed once for the policies in a row that share it (all, for `check`).
-        let mut last = first;
+        let mut last = hashed;
         let (mut first, mut one_shard) = (None, true);
         for &(tier, key, _) in checks {
             if !(std::ptr::eq(last.0, key) || last.0 == key) {

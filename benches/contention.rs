@@ -8,13 +8,13 @@
 //! Four workloads: `spread`, each thread cycling through the same 10,000 keys (from different
 //! starting points), `hot`, every thread on one key, `two`, as `spread` with a second policy
 //! (a fixed window) decided with the first, and `two_gcra`, the same with a second GCRA
-//! (ours only, with both choices of reader locks). On a machine with fewer cores than
+//! (ours only). On a machine with fewer cores than
 //! threads the larger counts show oversubscription, and still whether a limiter's cost per
 //! decision grows with the threads. Ours is `RateLimitLayer::check` on the
 //! memory store (polled once: its future is always ready), with its defaults (`ours`: the layer
-//! chooses a reader lock per thread group for one GCRA, one lock for two policies) and with the
-//! other choice of `MemoryStoreBuilder::per_thread_reads` (`ours_one_lock`, and
-//! `ours_per_thread` for `two`); governor's is `check_key`. Both
+//! chooses a reader lock per thread group for every workload here, all on packed states) and
+//! with one lock a shard (`ours_one_lock`: `MemoryStoreBuilder::per_thread_reads(false)`);
+//! governor's is `check_key`. Both
 //! limit at one unit a minute with a burst of 1,000,000, as `benches/instructions.rs` does: a
 //! spread key is never denied and its state outlives the run, as governor's entries do (at a
 //! rate such as 1,000,000/s a key touched every few milliseconds would have expired between
@@ -136,8 +136,9 @@ fn main() {
 }
 
 /// One run of `workload` on `threads` threads for `seconds`: the rate of each limiter, ours
-/// with its defaults (the layer chooses the store's locks: a reader lock per thread group
-/// for one GCRA, one lock for two policies), ours with the other choice, and governor's.
+/// with its defaults (the layer chooses the store's locks: a reader lock per thread group,
+/// as every workload here is decided on packed states), ours with one lock a shard, and
+/// governor's (but for two policies, which it has no counterpart of).
 fn measure(
     workload: &str,
     pick: &(dyn Fn(usize, usize) -> usize + Sync),
@@ -149,13 +150,8 @@ fn measure(
     // `two_gcra`: a second GCRA. Both are decided on their packed words under the shard's
     // shared lock (governor has no counterpart).
     let two = workload.starts_with("two");
-    let other = if two {
-        "ours_per_thread"
-    } else {
-        "ours_one_lock"
-    };
     let mut out = Vec::new();
-    for (name, told) in [("ours", None), (other, Some(two))] {
+    for (name, told) in [("ours", None), ("ours_one_lock", Some(false))] {
         let mut store = MemoryStore::builder();
         if let Some(yes) = told {
             store = store.per_thread_reads(yes);

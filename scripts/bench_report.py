@@ -176,8 +176,8 @@ for w, label, goal in [("spread", "10,000 keys", 0.9), ("hot", "one hot key", 1.
             num(cont, f"governor/{w}/{t}"), "dec/s")
 for t in THREADS:
     add(f"9 {t} thread{'s' if t > 1 else ''}, two policies on 10,000 keys",
-        "ours check(), per-thread reads", num(cont, f"ours_per_thread/two/{t}"),
-        "ours check() (one lock a shard)", num(cont, f"ours/two/{t}"), "dec/s")
+        "ours check() (defaults: per-thread reads)", num(cont, f"ours/two/{t}"),
+        "ours check(), one lock a shard", num(cont, f"ours_one_lock/two/{t}"), "dec/s")
 # Two policies against one (each decision of two is two policies' decisions).
 for w, label in [("two", "GCRA and fixed window"), ("two_gcra", "two GCRAs")]:
     for t in THREADS:
@@ -393,9 +393,9 @@ per key: growth of the process's resident memory over 200,000 keys divided by 20
    keyed `check_key`, both GCRA of one unit a minute with a burst of
    1,000,000 (a key's state outlives the run, as governor's entries do; the hot key is denied
    once its burst is spent, by both), on the same 10,000 keys (the threads start evenly apart
-   in the keyspace) and on one hot key; and two policies (the GCRA and a fixed window) decided
-   together on the 10,000 keys, where the defaults keep one lock a shard, against
-   `per_thread_reads(true)`: what the exclusive path would pay for the reader locks. The goals are on two threads.
+   in the keyspace) and on one hot key; and two policies (the GCRA and a fixed window, or two
+   GCRAs) decided together on the 10,000 keys, where the defaults give reader locks too,
+   against one lock a shard and against one GCRA. The goals are on two threads.
 10. Heap allocations per request through the axum router of 4, counted by a counting global
    allocator (`benches/allocations.rs`, dhat's) over 10,240 requests after 20,480 of warm-up:
    against the same router with a layer that does nothing but hold an `Arc` (as any

@@ -42,7 +42,7 @@ use crate::reload::TierSummary;
 use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Permit};
 use crate::response::Responses;
 use crate::settle::Settle;
-use crate::store::{Check, Checks, Keyed, MemoryStore, Op, Store};
+use crate::store::{Check, Checks, Keyed, MemoryStore, Op, Store, TOGETHER};
 use crate::telemetry::{decision_span, record_outcome, traced};
 use crate::top::{TopLimited, Tracker};
 
@@ -305,11 +305,14 @@ impl<St: Store> Limiter<St> {
             .failure
             .divisor()
             .map(|_| MemoryStore::builder().clock(config.clock.clone()).build());
-        // Chosen before anything is registered in the store.
-        let one_gcra = matches!(&config.policies[..], [p] if p.is_gcra_up_front())
-            && config.deny_cache.is_none()
-            && fallback.is_none();
-        let store = store.suited(one_gcra);
+        // Chosen before anything is registered in the store: whether every request is decided
+        // on packed states under the shared lock (one GCRA, or two to four packed policies of
+        // the layer's key).
+        let shared = match &config.policies[..] {
+            [p] => p.is_gcra_up_front(),
+            ps => ps.len() <= TOGETHER && ps.iter().all(Policy::packs_up_front),
+        };
+        let store = store.suited(shared && config.deny_cache.is_none() && fallback.is_none());
         let set = Self::compile(
             &config.policies,
             &store,

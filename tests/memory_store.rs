@@ -22,8 +22,8 @@ use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_ratelimit::headers::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
 use tower_ratelimit::key::{self, GlobalKey, Key, KeyExtractor, KeyRejection, RequestRef};
 use tower_ratelimit::{
-    Algorithm, Decision, ManualClock, MemoryStore, Policy, RateLimitLayer, RateLimitLayerBuilder,
-    ResponseBody,
+    Algorithm, Calendar, Decision, ManualClock, MemoryStore, Policy, RateLimitLayer,
+    RateLimitLayerBuilder, ResponseBody,
 };
 
 type Reply = Response<ResponseBody<Full<Bytes>>>;
@@ -233,18 +233,40 @@ fn eight_threads_through_the_layer_on_one_hot_key_admit_exactly_the_limit() {
 }
 
 #[test]
-fn the_layer_chooses_per_thread_reads_for_one_gcra_in_a_store_of_its_own() {
+fn the_layer_chooses_per_thread_reads_for_packed_policies_in_a_store_of_its_own() {
     // Unset, the store's locks are chosen by the layer it is given to alone: a reader lock per
-    // thread group for one GCRA enforced up front (one compare-and-swap a request), one lock
-    // for everything that takes the exclusive path.
+    // thread group for one GCRA enforced up front (one compare-and-swap a request), or two to
+    // four GCRAs and fixed windows of the layer's key (their words claimed), one lock for
+    // everything that takes the exclusive path.
     let reads =
         |builder: RateLimitLayerBuilder| builder.build().unwrap().store().per_thread_reads();
     let one = |policy: Policy| RateLimitLayer::builder().policy(policy);
+    let hourly = || Policy::fixed_window("1000/h");
     assert!(reads(one(Policy::gcra("10/s"))));
     assert!(reads(one(Policy::gcra("10/s").name("a")).key(GlobalKey)));
-    assert!(!reads(
+    assert!(reads(
         one(Policy::gcra("10/s")).policy(Policy::gcra("1000/h"))
     ));
+    assert!(reads(one(Policy::gcra("10/s")).policy(hourly())));
+    let four = (0..3).fold(one(Policy::gcra("10/s")), |b, i| {
+        b.policy(hourly().name(format!("h{i}")))
+    });
+    assert!(reads(four));
+    let five = (0..4).fold(one(Policy::gcra("10/s")), |b, i| {
+        b.policy(hourly().name(format!("h{i}")))
+    });
+    assert!(!reads(five));
+    let daily = Policy::fixed_window("1000/d").calendar(Calendar::utc());
+    assert!(!reads(one(Policy::gcra("10/s")).policy(daily)));
+    assert!(!reads(
+        one(Policy::gcra("10/s")).policy(Policy::sliding_window("1000/h"))
+    ));
+    assert!(!reads(
+        one(Policy::gcra("10/s")).policy(hourly().key(GlobalKey))
+    ));
+    assert!(!reads(one(Policy::gcra("10/s")).policy(hourly().shadow())));
+    // A fixed window alone keeps one lock: no measure yet says reader locks pay for it.
+    assert!(!reads(one(hourly())));
     assert!(!reads(one(Policy::sliding_log("10/s"))));
     assert!(!reads(one(Policy::token_bucket("10/s"))));
     assert!(!reads(one(Policy::gcra("10/s").shadow())));

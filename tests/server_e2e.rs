@@ -80,7 +80,8 @@ fn bad_configuration_stops_the_server_with_the_variable_named() {
 #[test]
 fn in_memory_server_with_per_thread_reads_limits_per_client() {
     // `PER_THREAD_READS`: the memory store's shards with a reader lock per thread group; unset,
-    // the layer chooses them for one GCRA policy, one lock for the others.
+    // the layer chooses them for one GCRA policy (or two to four packed ones), one lock for the
+    // others.
     for (algorithm, told, chosen) in [
         ("gcra", "", true),
         ("sliding_log", "", false),

@@ -63,7 +63,8 @@ Environment variables:
   PER_THREAD_READS
               without REDIS_URL: true gives the memory store's shards a reader lock per
               thread group, for hot keys decided on many cores; false one lock each
-              (default unset: the layer chooses, true for one GCRA policy)
+              (default unset: the layer chooses; true for one GCRA, or for two
+              to four GCRAs and fixed windows)
   ON_STORE_ERROR
               what to do when Redis fails or is slow: open (let requests through),
               closed (503), local (decide in memory, each instance with the full limit)

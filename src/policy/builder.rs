@@ -314,8 +314,24 @@ impl Policy {
     /// Whether the policy is a GCRA enforced up front, nothing given back after the
     /// response: on the memory store, a request of it alone is one compare-and-swap.
     pub(crate) fn is_gcra_up_front(&self) -> bool {
-        self.algorithm == Algorithm::Gcra
-            && matches!(self.takes, Ok(Takes::Enforce))
+        self.algorithm == Algorithm::Gcra && self.up_front()
+    }
+
+    /// Whether the policy's state packs in the memory store's rows (a GCRA, or a fixed window
+    /// of one length) and it is enforced up front on the layer's key: several of them are
+    /// decided together under the shard's shared lock.
+    pub(crate) fn packs_up_front(&self) -> bool {
+        let packs = match self.algorithm {
+            Algorithm::Gcra => true,
+            Algorithm::FixedWindow => self.calendar.is_none(),
+            _ => false,
+        };
+        packs && self.up_front() && self.key.is_none()
+    }
+
+    /// Enforced when the request comes in, nothing given back after the response.
+    fn up_front(&self) -> bool {
+        matches!(self.takes, Ok(Takes::Enforce))
             && self.refund_if.is_none()
             && self.settle.is_none()
     }

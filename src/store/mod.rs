@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuar
 pub use self::redis::RedisTls;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
+pub(crate) use memory::TOGETHER;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub(crate) use op::{Check, Checks, Enforced, Keyed, Op};
 
@@ -75,14 +76,15 @@ pub(crate) mod private {
             None
         }
 
-        /// The same store, suited to a layer whose only policy is a GCRA enforced up front
-        /// (`one_gcra`) or not, where the store may still choose how it works (the memory
-        /// store's locks, see `MemoryStoreBuilder::per_thread_reads`).
-        fn suited(self, one_gcra: bool) -> Self
+        /// The same store, suited to a layer whose requests are all decided on packed states
+        /// under the shared lock (`shared`: one GCRA, or two to four GCRAs and fixed windows
+        /// of the layer's key, enforced up front) or not, where the store may still choose how
+        /// it works (the memory store's locks, see `MemoryStoreBuilder::per_thread_reads`).
+        fn suited(self, shared: bool) -> Self
         where
             Self: Sized,
         {
-            let _ = one_gcra;
+            let _ = shared;
             self
         }
 

@@ -124,10 +124,12 @@ impl MemoryStoreBuilder {
     ///
     /// Unset, the layer the store is given to chooses when it is built, if the store is
     /// its alone and was never used (no clone of it kept elsewhere, no state, no policy
-    /// registered): eight reader locks when the layer's
-    /// only policy is a GCRA enforced up front (no lease, wait, concurrency limit, charge
-    /// after the response, deny cache or fallback), one lock otherwise. A store shared by
-    /// several layers keeps one lock unless told. A reload does not change the choice.
+    /// registered): eight reader locks when every request of the layer is decided on packed
+    /// states, one lock otherwise. That is when the layer has no deny cache or fallback, and
+    /// its only policy is a GCRA, or it has two to four policies, each a GCRA or a fixed
+    /// window of one length (no calendar) on the layer's key; each enforced up front (no
+    /// lease, wait, concurrency limit, shadow or charge after the response). A store shared
+    /// by several layers keeps one lock unless told. A reload does not change the choice.
     ///
     /// ```
     /// use tower_ratelimit::{MemoryStore, Policy, RateLimitLayer};
@@ -141,10 +143,16 @@ impl MemoryStoreBuilder {
     ///     .build()?;
     /// assert!(layer.store().per_thread_reads());
     ///
-    /// // Two policies: the layer chooses one lock (reader locks only for one GCRA).
+    /// // A burst limit and an hourly quota, both packed: the layer chooses reader locks.
     /// let layer = RateLimitLayer::builder()
     ///     .policy(Policy::gcra("10/s"))
-    ///     .policy(Policy::gcra("1000/h"))
+    ///     .policy(Policy::fixed_window("1000/h"))
+    ///     .build()?;
+    /// assert!(layer.store().per_thread_reads());
+    ///
+    /// // A sliding log takes the exclusive path: the layer chooses one lock.
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::sliding_log("10/s"))
     ///     .build()?;
     /// assert!(!layer.store().per_thread_reads());
     /// # Ok::<(), tower_ratelimit::ConfigError>(())
@@ -522,7 +530,7 @@ impl MemoryStore {
 }
 
 /// The most policies [`MemoryStore::decide_together`] decides; more take the general path.
-const TOGETHER: usize = 4;
+pub(crate) const TOGETHER: usize = 4;
 
 /// The shards one decision locked, in index order.
 type Guards<'a> = SmallVec<[Write<'a, Shard>; 2]>;
@@ -536,10 +544,10 @@ impl private::Sealed for MemoryStore {
     /// Rebuilt with the locks that suit the layer, when the builder left the choice open and
     /// the store is the layer's alone: no clone of it anywhere else, never used (no state, no
     /// policy registered), so that nothing can tell the new store from the old.
-    fn suited(self, one_gcra: bool) -> Self {
+    fn suited(self, shared: bool) -> Self {
         let inner = &self.inner;
         if inner.chosen
-            || self.per_thread_reads() == one_gcra
+            || self.per_thread_reads() == shared
             || Arc::strong_count(inner) > 1
             || !inner.registry.is_empty()
             || !self.is_empty()
@@ -549,7 +557,7 @@ impl private::Sealed for MemoryStore {
         MemoryStoreBuilder {
             max_keys: inner.per_shard * inner.shards.len(),
             shards: Some(inner.shards.len()),
-            per_thread_reads: Some(one_gcra),
+            per_thread_reads: Some(shared),
             clock: inner.clock.clone(),
         }
         .build()

@@ -1,6 +1,7 @@
 //! The decisions of enforced policies that take a shortcut: one decided under the shared lock
-//! (by compare-and-swap, or with its word claimed), one under the exclusive lock with a single lookup, and several decided
-//! beside each other (`MemoryStore::decide_together`), each row found once.
+//! (by compare-and-swap, or with its word claimed), one under the exclusive lock with a single
+//! lookup, and several decided beside each other under the exclusive lock
+//! (`MemoryStore::decide_locked`), each row found once.
 
 use super::claim::{self, CLAIMED, unclaimed};
 use super::{Cell, CheckRef, Judged, Row, Shard, Unpacked};

@@ -409,10 +409,10 @@ pub use reload::ReloadReport;
 pub use resilience::CircuitBreaker;
 pub use service::RateLimit;
 pub use settle::{ActualCost, DEFAULT_AT_MOST, MAX_AT_MOST, Settle};
-#[cfg(feature = "tls")]
-#[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
-pub use store::RedisTls;
 pub use store::{MemoryStore, MemoryStoreBuilder, Store};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use store::{RedisStore, RedisStoreBuilder};
+#[cfg(feature = "tls")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+pub use store::{RedisTls, RedisTlsError, TlsSetting};

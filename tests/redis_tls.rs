@@ -137,11 +137,14 @@ async fn every_bad_certificate_is_one_clear_error_from_build() {
     assert!(error.contains("use rediss://"), "{error}");
     let not_pem = Some(RedisTls::new().ca_pem("not a certificate"));
     let error = build_error(&good.url(), not_pem).await;
-    assert!(error.contains("the CA holds no certificate"), "{error}");
+    assert!(
+        error.contains("TLS: RedisTls::ca_pem: holds no certificate"),
+        "{error}"
+    );
     let bad_key = RedisTls::new().client_certificate(pki.client.cert.clone(), "no key");
     let error = build_error(&good.url(), Some(bad_key)).await;
     assert!(
-        error.contains("the client key is not a PEM private key"),
+        error.contains("RedisTls::client_certificate (the key): not a PEM private key"),
         "{error}"
     );
 }
@@ -290,6 +293,28 @@ async fn the_demo_server_speaks_tls_as_an_acl_user() {
     bad[1].1 = "/nonexistent/ca.crt";
     let error = support::demo::start_error(&bad);
     assert!(error.contains("REDIS_CA: cannot read"), "{error}");
+    // A file that is not PEM, named by its variable and not by REDIS_URL.
+    let not_pem = pki.path("not.pem");
+    std::fs::write(&not_pem, "not PEM at all\n").expect("write a file");
+    for (at, variable, problem) in [
+        (
+            1,
+            "REDIS_CA",
+            "holds no certificate (no BEGIN CERTIFICATE block)",
+        ),
+        (
+            2,
+            "REDIS_CLIENT_CERT",
+            "holds no certificate (no BEGIN CERTIFICATE block)",
+        ),
+        (3, "REDIS_CLIENT_KEY", "not a PEM private key"),
+    ] {
+        let mut bad = env;
+        bad[at].1 = not_pem.as_str();
+        let error = support::demo::start_error(&bad);
+        assert!(error.contains(&format!("{variable}: {problem}")), "{error}");
+        assert!(!error.contains("REDIS_URL"), "{error}");
+    }
     let mut bad = env;
     bad[2].1 = "";
     let error = support::demo::start_error(&bad);

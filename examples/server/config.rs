@@ -79,6 +79,15 @@ impl RedisAccess {
             }
             tls
         });
+        // A file that is not what its variable says stops the server, naming the variable.
+        if let Some(Err(e)) = tls.as_ref().map(tower_ratelimit::RedisTls::check) {
+            let variable = match e.setting() {
+                tower_ratelimit::TlsSetting::Ca => "REDIS_CA",
+                tower_ratelimit::TlsSetting::ClientCertificate => "REDIS_CLIENT_CERT",
+                _ => "REDIS_CLIENT_KEY",
+            };
+            return Err(format!("{variable}: {}", e.problem()));
+        }
         Ok(RedisAccess {
             username,
             password,

@@ -13,10 +13,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-#[cfg(feature = "tls")]
-pub use self::redis::RedisTls;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
+#[cfg(feature = "tls")]
+pub use self::redis::{RedisTls, RedisTlsError, TlsSetting};
 pub(crate) use memory::TOGETHER;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub(crate) use op::{Check, Checks, Enforced, Keyed, Op};

@@ -28,7 +28,7 @@ use crate::error::{ConfigError, StoreError, StoreErrorKind};
 
 pub(crate) use key::redis_key;
 #[cfg(feature = "tls")]
-pub use tls::RedisTls;
+pub use tls::{RedisTls, RedisTlsError, TlsSetting};
 
 /// The default key prefix.
 pub(crate) const DEFAULT_PREFIX: &str = "rl:";

@@ -88,30 +88,52 @@ impl RedisTls {
         self
     }
 
-    /// The settings as redis-rs takes them, each PEM checked.
-    pub(super) fn read(&self) -> Result<Tls, ConfigError> {
+    /// Checks every PEM given, as `build()` does, so that a program can report a bad file
+    /// before it connects: the error says which setting is at fault
+    /// ([`RedisTlsError::setting`]) and what is wrong with it.
+    ///
+    /// ```
+    /// use tower_ratelimit::{RedisTls, TlsSetting};
+    ///
+    /// let tls = RedisTls::new().ca_pem("not a certificate");
+    /// let error = tls.check().unwrap_err();
+    /// assert_eq!(error.setting(), TlsSetting::Ca);
+    /// assert!(error.to_string().starts_with("RedisTls::ca_pem: "), "{error}");
+    /// ```
+    pub fn check(&self) -> Result<(), RedisTlsError> {
         use rustls::pki_types::pem::PemObject;
         use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-        let certificates = |pem: &[u8], what: &str| {
+        let certificates = |pem: &[u8], setting: TlsSetting| {
             let count = CertificateDer::pem_slice_iter(pem)
                 .try_fold(0, |n, c| c.map(|_| n + 1))
-                .map_err(|e| ConfigError::new(format!("TLS: {what} is not valid PEM: {e}")))?;
+                .map_err(|e| RedisTlsError::new(setting, format!("not valid PEM ({e})")))?;
             match count {
-                0 => Err(ConfigError::new(format!(
-                    "TLS: {what} holds no certificate (no BEGIN CERTIFICATE block)"
-                ))),
+                0 => Err(RedisTlsError::new(
+                    setting,
+                    "holds no certificate (no BEGIN CERTIFICATE block)",
+                )),
                 _ => Ok(()),
             }
         };
         if let Some(ca) = &self.ca {
-            certificates(ca, "the CA")?;
+            certificates(ca, TlsSetting::Ca)?;
         }
         if let Some((cert, key)) = &self.client {
-            certificates(cert, "the client certificate")?;
+            certificates(cert, TlsSetting::ClientCertificate)?;
             PrivateKeyDer::from_pem_slice(key).map_err(|e| {
-                ConfigError::new(format!("TLS: the client key is not a PEM private key: {e}"))
+                RedisTlsError::new(
+                    TlsSetting::ClientKey,
+                    format!("not a PEM private key (PKCS#8, PKCS#1 or SEC1): {e}"),
+                )
             })?;
         }
+        Ok(())
+    }
+
+    /// The settings as redis-rs takes them, each PEM checked.
+    pub(super) fn read(&self) -> Result<Tls, ConfigError> {
+        self.check()
+            .map_err(|e| ConfigError::new(format!("TLS: {e}")))?;
         let certs = (self.ca.is_some() || self.client.is_some()).then(|| redis::TlsCertificates {
             client_tls: self
                 .client
@@ -128,6 +150,67 @@ impl RedisTls {
         })
     }
 }
+
+/// Which setting of a [`RedisTls`] an error is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TlsSetting {
+    /// The CA certificates ([`RedisTls::ca_pem`]).
+    Ca,
+    /// The client certificate's chain ([`RedisTls::client_certificate`]'s first argument).
+    ClientCertificate,
+    /// The client certificate's private key ([`RedisTls::client_certificate`]'s second
+    /// argument).
+    ClientKey,
+}
+
+impl TlsSetting {
+    /// How the setting is named in messages.
+    fn name(self) -> &'static str {
+        match self {
+            TlsSetting::Ca => "RedisTls::ca_pem",
+            TlsSetting::ClientCertificate => "RedisTls::client_certificate (the certificate)",
+            TlsSetting::ClientKey => "RedisTls::client_certificate (the key)",
+        }
+    }
+}
+
+/// A [`RedisTls`] setting that cannot be used ([`RedisTls::check`]): which one, and why.
+///
+/// Displayed as the setting's name, then the problem: `RedisTls::ca_pem: holds no
+/// certificate (no BEGIN CERTIFICATE block)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisTlsError {
+    setting: TlsSetting,
+    problem: String,
+}
+
+impl RedisTlsError {
+    fn new(setting: TlsSetting, problem: impl Into<String>) -> Self {
+        RedisTlsError {
+            setting,
+            problem: problem.into(),
+        }
+    }
+
+    /// The setting at fault.
+    pub fn setting(&self) -> TlsSetting {
+        self.setting
+    }
+
+    /// What is wrong with it, without the setting's name.
+    pub fn problem(&self) -> &str {
+        &self.problem
+    }
+}
+
+impl fmt::Display for RedisTlsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.setting.name(), self.problem)
+    }
+}
+
+impl std::error::Error for RedisTlsError {}
 
 /// The TLS settings, read.
 #[derive(Clone, Default)]

@@ -1,5 +1,9 @@
 //! Connections to Redis of every kind the store supports (one multiplexed connection, a pool,
 //! a cluster, the primary behind Sentinel), and loading the decision into Redis.
+//!
+//! redis-rs makes and keeps the connections, but for two the store holds itself (`redial.rs`):
+//! the primary behind Sentinel, and one TLS node (with verification), whose connection the
+//! store makes itself to coalesce its writes (`dial.rs`, `coalesce.rs`).
 
 use std::fmt;
 use std::future::Future;
@@ -11,13 +15,14 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd};
 
 use super::endpoint::Endpoints;
+use super::redial::{self, Redial};
 use super::script::SCRIPT;
 use super::sentinel;
 use crate::error::StoreError;
 
 pub(super) enum Conn {
     Multiplexed(ConnectionManager),
-    Sentinel(Arc<sentinel::Primary>),
+    Redial(Arc<Redial>),
     Pool(deadpool_redis::Pool),
     Cluster(ClusterConnection),
     ClusterPool(deadpool_redis::cluster::Pool),
@@ -27,7 +32,7 @@ impl Conn {
     pub(super) fn kind(&self) -> &'static str {
         match self {
             Conn::Multiplexed(_) => "multiplexed",
-            Conn::Sentinel(_) => "sentinel",
+            Conn::Redial(redial) => redial.source().kind(),
             Conn::Pool(_) => "pool",
             Conn::Cluster(_) => "cluster",
             Conn::ClusterPool(_) => "cluster-pool",
@@ -58,15 +63,11 @@ impl Connect {
         let within = |e| fail("connect to", &e);
         Ok(match (self.cluster, self.pool, &self.sentinel) {
             (_, _, Some(t)) => {
-                let primary = sentinel::Primary::connect(
-                    t,
-                    &self.endpoints,
-                    self.connect_timeout,
-                    self.response_timeout,
-                )
-                .await
-                .map_err(within)?;
-                Conn::Sentinel(primary)
+                let source = sentinel::source(t, &self.endpoints, self.config()).map_err(within)?;
+                Conn::Redial(self.redial(source).await.map_err(within)?)
+            }
+            (false, None, None) if let Some(source) = self.endpoints.redial(self.config()) => {
+                Conn::Redial(self.redial(source).await.map_err(within)?)
             }
             (false, None, None) => {
                 let client = redis::Client::open(self.endpoints.nodes[0].clone())
@@ -120,6 +121,21 @@ impl Connect {
 }
 
 impl Connect {
+    /// The settings of a connection the store holds itself (before the credentials provider).
+    fn config(&self) -> AsyncConnectionConfig {
+        AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+    }
+
+    /// A connection the store holds itself, to `source`: a round of connecting may take the
+    /// connect and the response timeouts (asking the sentinels, then connecting), a `PING`
+    /// the response timeout.
+    async fn redial(&self, source: redial::Source) -> Result<Arc<Redial>, String> {
+        let round = self.connect_timeout + self.response_timeout;
+        Redial::connect(source, round, self.response_timeout).await
+    }
+
     /// A deadpool-redis pool of connections to the first node, each with the store's timeouts
     /// and credentials provider.
     fn pool(&self, config: deadpool_redis::PoolConfig) -> Result<Conn, String> {
@@ -161,11 +177,11 @@ impl Conn {
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let conn = match self {
-            Conn::Sentinel(primary) => {
-                let conn = primary.get()?;
+            Conn::Redial(redial) => {
+                let conn = redial.get()?;
                 let result = f(AnyConn::Direct((*conn).clone())).await;
                 if let Err(e) = &result {
-                    primary.failed(&conn, e);
+                    redial.failed(&conn, e);
                 }
                 return result.map_err(StoreError::new);
             }

@@ -53,6 +53,10 @@ pub(super) struct Endpoints {
     secure: bool,
     #[cfg(feature = "tls")]
     tls: Tls,
+    /// The TLS connector of the connections the store makes itself (`dial.rs`): set for TLS
+    /// with verification.
+    #[cfg(feature = "tls")]
+    connector: Option<tokio_rustls::TlsConnector>,
 }
 
 /// The builder's TLS settings: nothing without the feature.
@@ -149,17 +153,41 @@ impl Endpoints {
             .first()
             .is_some_and(|n| matches!(n.addr(), redis::ConnectionAddr::TcpTls { .. }));
         #[cfg(feature = "tls")]
-        if secure {
-            super::tls::install_crypto_provider();
-        }
+        let tls = tls.unwrap_or_default();
+        #[cfg(feature = "tls")]
+        let connector = match secure {
+            true => {
+                super::tls::install_crypto_provider();
+                tls.connector()?
+            }
+            false => None,
+        };
         Ok(Endpoints {
             nodes,
             refreshed,
             #[cfg(feature = "tls")]
             secure,
             #[cfg(feature = "tls")]
-            tls: tls.unwrap_or_default(),
+            tls,
+            #[cfg(feature = "tls")]
+            connector,
         })
+    }
+
+    /// How the store connects itself to the first node, with `config`: a TLS node with
+    /// verification (feature `tls`); `None` for the others, which redis-rs connects.
+    #[cfg_attr(not(feature = "tls"), allow(unused_variables))]
+    pub(super) fn redial(
+        &self,
+        config: redis::AsyncConnectionConfig,
+    ) -> Option<super::redial::Source> {
+        #[cfg(feature = "tls")]
+        if let Some(connector) = &self.connector {
+            let config = self.connection_config(config);
+            let dial = super::dial::Dial::new(&self.nodes[0], connector.clone(), config)?;
+            return Some(super::redial::Source::Node(dial));
+        }
+        None
     }
 
     /// What a cluster pool cannot take (deadpool builds its cluster client from the URLs
@@ -213,11 +241,16 @@ impl Endpoints {
     pub(super) fn timed_out(&self) -> &'static str {
         #[cfg(feature = "tls")]
         if self.secure {
-            return "timed out: no answer to the TLS handshake (a plain-text port? it needs redis://)";
+            return TLS_TIMED_OUT;
         }
         "timed out"
     }
 }
+
+/// Why a TLS connection may have timed out.
+#[cfg(feature = "tls")]
+pub(super) const TLS_TIMED_OUT: &str =
+    "timed out: no answer to the TLS handshake (a plain-text port? it needs redis://)";
 
 /// A failed connection's cause in words, when the error tells it.
 pub(super) fn explain(error: &str) -> Option<&'static str> {

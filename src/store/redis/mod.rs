@@ -1,11 +1,16 @@
 //! The Redis store (feature `redis`).
 
 mod call;
+#[cfg(feature = "tls")]
+mod coalesce;
 mod conn;
+#[cfg(feature = "tls")]
+mod dial;
 mod endpoint;
 mod key;
 mod link;
 mod probe;
+mod redial;
 mod script;
 mod sentinel;
 #[cfg(feature = "tls")]
@@ -575,11 +580,11 @@ impl private::Sealed for RedisStore {
                 Ok(result) => result,
                 Err(_) => {
                     if let Some(link::Link {
-                        conn: Conn::Sentinel(primary),
+                        conn: Conn::Redial(redial),
                         ..
                     }) = inner.linking.link()
                     {
-                        primary.missed_deadline();
+                        redial.missed_deadline();
                     }
                     Err(StoreError::with_kind(
                         StoreErrorKind::Timeout,

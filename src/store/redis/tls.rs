@@ -248,6 +248,61 @@ impl Tls {
         }
     }
 
+    /// The TLS connector of the connections the store makes itself (`dial.rs`): trusting the
+    /// CA given, else the system's roots, and presenting the client certificate if one is
+    /// given. `None` when verification is off: redis-rs connects those (for development only,
+    /// they need no speed).
+    pub(super) fn connector(&self) -> Result<Option<tokio_rustls::TlsConnector>, ConfigError> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        if self.insecure {
+            return Ok(None);
+        }
+        let fail = |what: &str, e: &dyn fmt::Display| ConfigError::new(format!("TLS: {what}: {e}"));
+        let mut roots = rustls::RootCertStore::empty();
+        match self.certs.as_ref().and_then(|c| c.root_cert.as_deref()) {
+            Some(pem) => {
+                for cert in CertificateDer::pem_slice_iter(pem) {
+                    let cert = cert.map_err(|e| fail(TlsSetting::Ca.name(), &e))?;
+                    roots
+                        .add(cert)
+                        .map_err(|e| fail(TlsSetting::Ca.name(), &e))?;
+                }
+            }
+            None => {
+                // An unreadable file among the system's certificates is not fatal; no root at
+                // all is.
+                let found = rustls_native_certs::load_native_certs();
+                let (added, _) = roots.add_parsable_certificates(found.certs);
+                if added == 0 {
+                    let why = found
+                        .errors
+                        .first()
+                        .map_or_else(|| "none found".to_owned(), std::string::ToString::to_string);
+                    return Err(fail("the system's trusted roots", &why));
+                }
+            }
+        }
+        let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+        let client = self.certs.as_ref().and_then(|c| c.client_tls.as_ref());
+        let config = match client {
+            Some(client) => {
+                let chain = CertificateDer::pem_slice_iter(&client.client_cert)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| fail(TlsSetting::ClientCertificate.name(), &e))?;
+                let key = PrivateKeyDer::from_pem_slice(&client.client_key)
+                    .map_err(|e| fail(TlsSetting::ClientKey.name(), &e))?;
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|e| fail(TlsSetting::ClientKey.name(), &e))?
+            }
+            None => builder.with_no_client_auth(),
+        };
+        Ok(Some(tokio_rustls::TlsConnector::from(std::sync::Arc::new(
+            config,
+        ))))
+    }
+
     pub(super) fn has_certificates(&self) -> bool {
         self.certs.is_some()
     }

@@ -68,6 +68,9 @@ async fn a_tls_only_server_decides_with_a_custom_ca_on_every_connection_kind() {
         }
         let store = builder.build().await.expect("connect over TLS");
         assert_eq!(store.uses_functions(), functions);
+        // The multiplexed connection is the store's own, its writes coalesced.
+        let coalesced = format!("{store:?}").contains("multiplexed (TLS, coalesced writes)");
+        assert_eq!(coalesced, !pool, "{store:?}");
         for algorithm in Algorithm::ALL {
             let name = format!("{algorithm}-{pool}-{functions}");
             let layer = layer(store.clone(), Policy::new(algorithm, "3/h").name(&name));
@@ -158,6 +161,8 @@ async fn accepting_invalid_certificates_is_explicit() {
         .build()
         .await
         .expect("no verification");
+    // Unverified connections are redis-rs's own (development only: no need for speed).
+    assert!(!format!("{store:?}").contains("coalesced"), "{store:?}");
     let layer = layer(store, Policy::fixed_window("1/h"));
     assert_eq!(admitted(&layer, "k", 2).await, 1);
     let shown = format!(
@@ -181,6 +186,11 @@ async fn a_tls_cluster_decides_exactly_across_its_nodes() {
             .build()
     };
     let (a, b) = (store().await.unwrap(), store().await.unwrap());
+    // The nodes' connections are the store's own, their writes coalesced.
+    assert!(
+        format!("{a:?}").contains("cluster (TLS, coalesced writes)"),
+        "{a:?}"
+    );
     let policy = Policy::sliding_window("20/h");
     let (la, lb) = (layer(a, policy.clone()), layer(b, policy));
     let admitted = support::lease::race_on_four_keys(&la, &lb, 200).await;
@@ -221,6 +231,11 @@ async fn tls_sentinels_find_the_primary_again_after_a_failover() {
         .build()
         .await
         .expect("connect through TLS sentinels");
+    // The primary's connection is the store's own, its writes coalesced.
+    assert!(
+        format!("{store:?}").contains("sentinel (TLS, coalesced writes)"),
+        "{store:?}"
+    );
     let layer = layer(store, Policy::fixed_window("10/h"));
     assert_eq!(admitted(&layer, "k", 4).await, 4);
     assert_eq!(sentinels.primary.cli(&["WAIT", "1", "5000"]), "1");

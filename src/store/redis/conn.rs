@@ -10,9 +10,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use redis::aio::MultiplexedConnection;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, Cmd};
+use redis::{AsyncConnectionConfig, Cmd, IntoConnectionInfo};
 
 use super::endpoint::Endpoints;
 use super::redial::{self, Redial};
@@ -24,7 +25,8 @@ pub(super) enum Conn {
     Multiplexed(ConnectionManager),
     Redial(Arc<Redial>),
     Pool(deadpool_redis::Pool),
-    Cluster(ClusterConnection),
+    /// The connection, and how the store calls it.
+    Cluster(ClusterConnection<Node>, &'static str),
     ClusterPool(deadpool_redis::cluster::Pool),
 }
 
@@ -34,13 +36,13 @@ impl Conn {
             Conn::Multiplexed(_) => "multiplexed",
             Conn::Redial(redial) => redial.source().kind(),
             Conn::Pool(_) => "pool",
-            Conn::Cluster(_) => "cluster",
+            Conn::Cluster(_, kind) => kind,
             Conn::ClusterPool(_) => "cluster-pool",
         }
     }
 
     pub(super) fn is_cluster(&self) -> bool {
-        matches!(self, Conn::Cluster(_) | Conn::ClusterPool(_))
+        matches!(self, Conn::Cluster(..) | Conn::ClusterPool(_))
     }
 }
 
@@ -63,10 +65,15 @@ impl Connect {
         let within = |e| fail("connect to", &e);
         Ok(match (self.cluster, self.pool, &self.sentinel) {
             (_, _, Some(t)) => {
-                let source = sentinel::source(t, &self.endpoints, self.config()).map_err(within)?;
+                let source =
+                    sentinel::source(t, &self.endpoints, self.config(), self.connect_timeout)
+                        .map_err(within)?;
                 Conn::Redial(self.redial(source).await.map_err(within)?)
             }
-            (false, None, None) if let Some(source) = self.endpoints.redial(self.config()) => {
+            (false, None, None)
+                if let Some(source) =
+                    self.endpoints.redial(self.config(), self.connect_timeout) =>
+            {
                 Conn::Redial(self.redial(source).await.map_err(within)?)
             }
             (false, None, None) => {
@@ -100,12 +107,16 @@ impl Connect {
                     .retries(2)
                     .build()
                     .map_err(|e| fail("open", &e))?;
-                let conn =
-                    tokio::time::timeout(self.connect_timeout * 2, client.get_async_connection())
-                        .await
-                        .map_err(|_| fail("connect to", &self.endpoints.timed_out()))?
-                        .map_err(|e| within(e.to_string()))?;
-                Conn::Cluster(conn)
+                let kind = match self.endpoints.dial_cluster_nodes(self.connect_timeout) {
+                    true => "cluster (TLS, coalesced writes)",
+                    false => "cluster",
+                };
+                let connecting = client.get_async_generic_connection::<Node>();
+                let conn = tokio::time::timeout(self.connect_timeout * 2, connecting)
+                    .await
+                    .map_err(|_| fail("connect to", &self.endpoints.timed_out()))?
+                    .map_err(|e| within(e.to_string()))?;
+                Conn::Cluster(conn, kind)
             }
             (true, Some(config), None) => {
                 if let Some(what) = self.endpoints.beyond_a_cluster_pool() {
@@ -186,7 +197,7 @@ impl Conn {
                 return result.map_err(StoreError::new);
             }
             Conn::Multiplexed(m) => AnyConn::Multiplexed(m.clone()),
-            Conn::Cluster(c) => AnyConn::Cluster(c.clone()),
+            Conn::Cluster(c, _) => AnyConn::Cluster(c.clone()),
             // Boxed: the pools' futures are large, and every decision's future would carry
             // room for them.
             Conn::Pool(p) => AnyConn::Pool(Box::pin(p.get()).await.map_err(StoreError::new)?),
@@ -249,7 +260,7 @@ pub(super) async fn load(conn: &Conn, functions: bool, timeout: Duration) -> Res
 pub(super) enum AnyConn {
     Multiplexed(ConnectionManager),
     Direct(redis::aio::MultiplexedConnection),
-    Cluster(ClusterConnection),
+    Cluster(ClusterConnection<Node>),
     Pool(deadpool_redis::Connection),
     ClusterPool(deadpool_redis::cluster::Connection),
 }
@@ -288,5 +299,52 @@ impl ConnectionLike for AnyConn {
             AnyConn::Pool(c) => c.get_db(),
             AnyConn::ClusterPool(c) => c.get_db(),
         }
+    }
+}
+
+/// A cluster node's connection. redis-rs's cluster connects each node through this type
+/// (`get_async_generic_connection`: public, but hidden from redis-rs's docs): the store dials
+/// a TLS node with verification itself, to coalesce its writes (`dial.rs`); redis-rs connects
+/// the others as it connects its own nodes.
+#[derive(Clone)]
+pub(super) struct Node(MultiplexedConnection);
+
+impl redis::cluster_async::Connect for Node {
+    fn connect_with_config<'a, T>(
+        info: T,
+        config: AsyncConnectionConfig,
+    ) -> redis::RedisFuture<'a, Self>
+    where
+        T: IntoConnectionInfo + Send + 'a,
+    {
+        Box::pin(async move {
+            let info = info.into_connection_info()?;
+            #[cfg(feature = "tls")]
+            if let Some(dial) = super::dial::for_node(&info, config.clone()) {
+                return dial.connect().await.map(Node);
+            }
+            MultiplexedConnection::connect_with_config(info, config)
+                .await
+                .map(Node)
+        })
+    }
+}
+
+impl ConnectionLike for Node {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, redis::Value> {
+        self.0.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        self.0.req_packed_commands(cmd, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.0.get_db()
     }
 }

@@ -3,8 +3,17 @@
 //! by the kernel), the rustls handshake with the store's [`connector`](super::tls::Tls::connector),
 //! then redis-rs's multiplexed connection over the stream, which authenticates and selects
 //! the database as it does on its own connections.
+//!
+//! A cluster's nodes are connected by redis-rs's cluster, through the `Connect` of the
+//! store's node type (`conn::Node`), which is given nothing but each node's connection
+//! information: the connector is found by the TLS parameters in it ([`for_node`]), which are
+//! a function of the certificates the store gave (so two stores with the same parameters
+//! share a connector built from the same certificates).
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError};
@@ -18,6 +27,8 @@ pub(super) struct Dial {
     info: ConnectionInfo,
     connector: TlsConnector,
     config: AsyncConnectionConfig,
+    /// How long connecting (TCP, TLS, `HELLO`/`AUTH`) may take.
+    timeout: Duration,
 }
 
 impl fmt::Debug for Dial {
@@ -34,11 +45,13 @@ impl Dial {
         info: &ConnectionInfo,
         connector: TlsConnector,
         config: AsyncConnectionConfig,
+        timeout: Duration,
     ) -> Option<Dial> {
         matches!(info.addr(), ConnectionAddr::TcpTls { .. }).then(|| Dial {
             info: info.clone(),
             connector,
             config,
+            timeout,
         })
     }
 
@@ -50,8 +63,19 @@ impl Dial {
         }
     }
 
-    /// Connects (the caller bounds how long it may take).
+    /// Connects, within the timeout.
     pub(super) async fn connect(&self) -> redis::RedisResult<MultiplexedConnection> {
+        match tokio::time::timeout(self.timeout, self.connect_now()).await {
+            Ok(result) => result,
+            Err(_) => Err(RedisError::from((
+                ErrorKind::Io,
+                "cannot connect",
+                super::endpoint::TLS_TIMED_OUT.to_owned(),
+            ))),
+        }
+    }
+
+    async fn connect_now(&self) -> redis::RedisResult<MultiplexedConnection> {
         let ConnectionAddr::TcpTls { host, port, .. } = self.info.addr() else {
             return Err(RedisError::from((
                 ErrorKind::InvalidClientConfig,
@@ -78,4 +102,42 @@ impl Dial {
         tokio::spawn(driver);
         Ok(conn)
     }
+}
+
+/// The connectors of the clusters whose nodes the store dials, by their TLS parameters.
+static CLUSTERS: Mutex<Option<HashMap<String, (TlsConnector, Duration)>>> = Mutex::new(None);
+
+/// The key of `info`'s TLS parameters: `None` when it is not TLS, or TLS without verification
+/// (redis-rs connects those).
+fn key(info: &ConnectionInfo) -> Option<String> {
+    match info.addr() {
+        ConnectionAddr::TcpTls {
+            insecure: false,
+            tls_params,
+            ..
+        } => Some(format!("{tls_params:?}")),
+        _ => None,
+    }
+}
+
+/// Registers `connector` (and the connect timeout) for the cluster nodes whose TLS parameters
+/// are `info`'s; whether `info` is such a node.
+pub(super) fn register(info: &ConnectionInfo, connector: TlsConnector, timeout: Duration) -> bool {
+    let Some(key) = key(info) else {
+        return false;
+    };
+    let mut clusters = CLUSTERS.lock().unwrap_or_else(PoisonError::into_inner);
+    clusters
+        .get_or_insert_with(HashMap::new)
+        .insert(key, (connector, timeout));
+    true
+}
+
+/// How the store dials the cluster node `info`, with `config`: `None` when no store registered
+/// its TLS parameters (plain text, or TLS without verification).
+pub(super) fn for_node(info: &ConnectionInfo, config: AsyncConnectionConfig) -> Option<Dial> {
+    let key = key(info)?;
+    let clusters = CLUSTERS.lock().unwrap_or_else(PoisonError::into_inner);
+    let (connector, timeout) = clusters.as_ref()?.get(&key)?.clone();
+    Dial::new(info, connector, config, timeout)
 }

@@ -180,14 +180,32 @@ impl Endpoints {
     pub(super) fn redial(
         &self,
         config: redis::AsyncConnectionConfig,
+        timeout: Duration,
     ) -> Option<super::redial::Source> {
         #[cfg(feature = "tls")]
         if let Some(connector) = &self.connector {
             let config = self.connection_config(config);
-            let dial = super::dial::Dial::new(&self.nodes[0], connector.clone(), config)?;
+            let dial = super::dial::Dial::new(&self.nodes[0], connector.clone(), config, timeout)?;
             return Some(super::redial::Source::Node(dial));
         }
         None
+    }
+
+    /// The TLS connector of the connections the store makes itself: TLS with verification.
+    #[cfg(feature = "tls")]
+    pub(super) fn connector(&self) -> Option<tokio_rustls::TlsConnector> {
+        self.connector.clone()
+    }
+
+    /// Has the store dial the cluster's nodes itself when they are TLS with verification
+    /// (feature `tls`), each connection within `timeout`; whether it does.
+    #[cfg_attr(not(feature = "tls"), allow(unused_variables))]
+    pub(super) fn dial_cluster_nodes(&self, timeout: Duration) -> bool {
+        #[cfg(feature = "tls")]
+        if let (Some(connector), Some(first)) = (&self.connector, self.nodes.first()) {
+            return super::dial::register(first, connector.clone(), timeout);
+        }
+        false
     }
 
     /// What a cluster pool cannot take (deadpool builds its cluster client from the URLs

@@ -32,6 +32,9 @@ pub(super) enum Source {
         client: tokio::sync::Mutex<SentinelClient>,
         master: String,
         config: AsyncConnectionConfig,
+        /// The store dials a TLS primary itself (with verification), within the duration.
+        #[cfg(feature = "tls")]
+        dial: Option<(tokio_rustls::TlsConnector, Duration)>,
     },
     /// One TLS node.
     #[cfg(feature = "tls")]
@@ -43,8 +46,24 @@ impl Source {
     async fn connect(&self) -> redis::RedisResult<MultiplexedConnection> {
         match self {
             Source::Sentinels { client, config, .. } => {
-                let mut client = client.lock().await;
-                client.get_async_connection_with_config(config).await
+                let primary = client.lock().await.async_get_client().await?;
+                #[cfg(feature = "tls")]
+                if let Source::Sentinels {
+                    dial: Some((connector, timeout)),
+                    ..
+                } = self
+                    && let Some(dial) = Dial::new(
+                        primary.get_connection_info(),
+                        connector.clone(),
+                        config.clone(),
+                        *timeout,
+                    )
+                {
+                    return dial.connect().await;
+                }
+                primary
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await
             }
             #[cfg(feature = "tls")]
             Source::Node(dial) => dial.connect().await,
@@ -72,6 +91,8 @@ impl Source {
     /// How the store calls its connection.
     pub(super) fn kind(&self) -> &'static str {
         match self {
+            #[cfg(feature = "tls")]
+            Source::Sentinels { dial: Some(_), .. } => "sentinel (TLS, coalesced writes)",
             Source::Sentinels { .. } => "sentinel",
             #[cfg(feature = "tls")]
             Source::Node(_) => "multiplexed (TLS, coalesced writes)",

@@ -3,6 +3,8 @@
 //! (redis-rs checks with `ROLE` that the node it reaches is a primary), found again when it
 //! fails (`redial.rs`).
 
+use std::time::Duration;
+
 use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
 use redis::{AsyncConnectionConfig, ConnectionAddr, IntoConnectionInfo};
 
@@ -99,6 +101,7 @@ pub(super) fn source(
     target: &Target,
     endpoints: &Endpoints,
     config: AsyncConnectionConfig,
+    #[cfg_attr(not(feature = "tls"), allow(unused_variables))] connect_timeout: Duration,
 ) -> Result<Source, String> {
     let mut builder = SentinelClientBuilder::new(
         target.addrs.clone(),
@@ -121,6 +124,8 @@ pub(super) fn source(
         client: tokio::sync::Mutex::new(client),
         master: target.master.clone(),
         config: endpoints.connection_config(config),
+        #[cfg(feature = "tls")]
+        dial: endpoints.connector().map(|c| (c, connect_timeout)),
     })
 }
 

@@ -5,7 +5,7 @@
 //! ```text
 //! driver_redis args URL [ALGORITHM[,ALGORITHM…]] [--quota Q[,Q…]]  # the decision call (FCALL name …), one word per line
 //! driver_redis throughput URL [--tasks 50] [--seconds 2] [--pool N] [--threads 1]
-//! driver_redis latency URL [--n 20000]   # a rediss:// URL trusts the CA in $REDIS_CA
+//! driver_redis latency URL [--n 20000]   # a rediss:// URL (of any command) trusts the CA in $REDIS_CA
 //! driver_redis algorithms URL [--n 20000]
 //! driver_redis memory-per-key ALGORITHM [--keys 200000]
 //! ```
@@ -64,7 +64,9 @@ async fn store(url: &str, pool: u64) -> RedisStore {
     let mut builder = RedisStore::builder(url)
         .prefix(PREFIX)
         .deadline(Duration::from_secs(10));
-    if let Ok(ca) = std::env::var("REDIS_CA") {
+    if url.starts_with("rediss")
+        && let Ok(ca) = std::env::var("REDIS_CA")
+    {
         let pem = std::fs::read(&ca).expect("read REDIS_CA");
         builder = builder.tls(tower_ratelimit::RedisTls::new().ca_pem(pem));
     }

@@ -413,9 +413,13 @@ per key: growth of the process's resident memory over 200,000 keys divided by 20
    key after one decision on each of 100,000 keys (a quota of 100 a day, so every key lives
    through the run), ours against the minimal script of the same algorithm on the same key
    names: `MEMORY USAGE` of one key, and `used_memory` grown per key; then GCRA decisions over
-   plain TCP and over TLS (rustls, a P-256 certificate) to one `redis-server` listening on both,
-   two rounds interleaved: 50 tasks on the multiplexed connection, and one decision at a time
-   with its p50 and p99.
+   plain TCP and over TLS (rustls, a P-256 certificate) to the same servers, each listening on
+   both, per topology (standalone; a cluster of three primaries with `tls-cluster yes`; the
+   standalone server found through a sentinel of each kind), two rounds interleaved: 50 tasks
+   on the store's connection, and one decision at a time with its p50 and p99; beside them the
+   server's own ceiling, `redis-benchmark` sending our call (50 connections; one connection
+   pipelining 50), and redis-server's instructions per decision (callgrind, the whole server,
+   50 tasks deciding).
 
 ```text
 {raw_text("redis_memory.txt")}

@@ -39,6 +39,9 @@ pub(super) struct Coalesce<S> {
     idle: Arc<Idle>,
     /// A batch is held, and the runtime was asked to wake the task when idle.
     holding: bool,
+    /// A batch is being written (until the flush that ends it): the rest of a partial write
+    /// is not held again.
+    writing: bool,
 }
 
 /// The deferred wake: it marks the batch free to leave, then wakes the connection's task.
@@ -65,13 +68,15 @@ impl<S> Coalesce<S> {
             inner,
             idle: Arc::default(),
             holding: false,
+            writing: false,
         }
     }
 
     /// Whether a write of `len` bytes is held back now (the task is woken when it may go).
     fn hold(&mut self, cx: &mut Context<'_>, len: usize) -> bool {
-        if len >= RECORD || self.idle.free.swap(false, Ordering::AcqRel) {
+        if self.writing || len >= RECORD || self.idle.free.swap(false, Ordering::AcqRel) {
             self.holding = false;
+            self.writing = true;
             return false;
         }
         self.idle.task.register(cx.waker());
@@ -125,7 +130,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Coalesce<S> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let flushed = Pin::new(&mut self.inner).poll_flush(cx);
+        if flushed.is_ready() {
+            // The batch is out: the next one is held.
+            self.writing = false;
+        }
+        flushed
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -182,8 +192,12 @@ mod tests {
                 let mut batch = Vec::new();
                 while rx.recv_many(&mut batch, senders).await > 0 {
                     let bytes: Vec<u8> = batch.iter().flat_map(|(b, _)| b.clone()).collect();
+                    // Written and flushed, as redis-rs's codec does.
                     match coalesce {
-                        true => held.write_all(&bytes).await.expect("written"),
+                        true => {
+                            held.write_all(&bytes).await.expect("written");
+                            held.flush().await.expect("flushed");
+                        }
                         false => plain.write_all(&bytes).await.expect("written"),
                     }
                     for (_, answer) in batch.drain(..) {
@@ -233,7 +247,7 @@ mod tests {
     }
 
     #[test]
-    fn a_full_record_is_not_held() {
+    fn a_full_record_and_the_rest_of_a_batch_are_not_held() {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("a runtime");
@@ -246,8 +260,12 @@ mod tests {
             let poll = Pin::new(&mut held).poll_write(&mut cx, &full);
             assert!(matches!(poll, Poll::Ready(Ok(n)) if n == RECORD));
             let poll = Pin::new(&mut held).poll_write(&mut cx, &full[..10]);
-            assert!(poll.is_pending(), "a small write is held");
+            assert!(poll.is_ready(), "the rest of a batch is not held");
+            let poll = Pin::new(&mut held).poll_flush(&mut cx);
+            assert!(poll.is_ready());
+            let poll = Pin::new(&mut held).poll_write(&mut cx, &full[..10]);
+            assert!(poll.is_pending(), "the next batch's small write is held");
         });
-        assert_eq!(*writes.0.lock().unwrap(), [RECORD]);
+        assert_eq!(*writes.0.lock().unwrap(), [RECORD, 10]);
     }
 }

@@ -70,7 +70,7 @@ impl Dial {
             Err(_) => Err(RedisError::from((
                 ErrorKind::Io,
                 "cannot connect",
-                super::endpoint::TLS_TIMED_OUT.to_owned(),
+                super::tls::TIMED_OUT.to_owned(),
             ))),
         }
     }

@@ -259,16 +259,11 @@ impl Endpoints {
     pub(super) fn timed_out(&self) -> &'static str {
         #[cfg(feature = "tls")]
         if self.secure {
-            return TLS_TIMED_OUT;
+            return super::tls::TIMED_OUT;
         }
         "timed out"
     }
 }
-
-/// Why a TLS connection may have timed out.
-#[cfg(feature = "tls")]
-pub(super) const TLS_TIMED_OUT: &str =
-    "timed out: no answer to the TLS handshake (a plain-text port? it needs redis://)";
 
 /// A failed connection's cause in words, when the error tells it.
 pub(super) fn explain(error: &str) -> Option<&'static str> {

@@ -84,7 +84,7 @@ impl Source {
         match self {
             Source::Sentinels { .. } => "timed out",
             #[cfg(feature = "tls")]
-            Source::Node(_) => super::endpoint::TLS_TIMED_OUT,
+            Source::Node(_) => super::tls::TIMED_OUT,
         }
     }
 

@@ -339,6 +339,10 @@ impl Tls {
     }
 }
 
+/// Why a TLS connection may have timed out.
+pub(super) const TIMED_OUT: &str =
+    "timed out: no answer to the TLS handshake (a plain-text port? it needs redis://)";
+
 /// rustls asks for the process's crypto provider: ring's is installed unless the application
 /// installed one (with two providers built in, rustls cannot choose one by itself).
 pub(super) fn install_crypto_provider() {

@@ -18,11 +18,42 @@
 //! doubles, are exact too.
 //!
 //! Each algorithm implements [`Step`] in its own file, with its Lua twin beside it in `lua/`
-//! (which defines `ALG[<NAME>]`, built only when a decision uses it), and is registered by one entry in `algorithms!` below. That
+//! (which defines `ALG[<NAME>]`, built only when a decision uses it), and is registered by one entry in `with_algorithms!` below. That
 //! entry makes the public [`Algorithm`] variant and its name, the compiled form, the state,
 //! the dispatch, and puts the twin in the Redis script, whose prelude binds `<NAME>` to the
 //! id Rust gives it. Adding an algorithm touches those three places and nothing else (then the
-//! property, differential and per-algorithm tests run it, as they run every `Algorithm::ALL`).
+//! property tests run it by construction, one test per entry in each property module, and the
+//! differential and per-algorithm tests as they run every `Algorithm::ALL`).
+
+/// The algorithms, written once: one entry each, with the public variant's documentation, its
+/// name (the module's), and the type implementing [`Step`]. `with_algorithms!(m! { args })`
+/// calls `m! { args <the entries> }`: `algorithms!` makes the enum, its facts and
+/// the dispatch from them, and the property tests (`properties.rs`) one test per entry, so
+/// an entry added here reaches every one of them without a test file changed.
+macro_rules! with_algorithms {
+    ($callback:ident ! { $($args:tt)* }) => {
+        $callback! {
+            $($args)*
+            /// Counts units in windows aligned to the clock's epoch; the count resets at each
+            /// boundary. See the `fixed_window` module docs in the source for exact semantics.
+            FixedWindow => fixed_window::FixedWindow,
+            /// Counts units in sub-window buckets and weighs the oldest bucket by how much of
+            /// it is still inside the window (the "sliding window counter").
+            SlidingWindow => sliding_window::SlidingWindow,
+            /// Remembers the time of every admitted unit: exact, at a memory cost proportional
+            /// to the limit.
+            SlidingLog => sliding_log::SlidingLog,
+            /// A bucket of `burst` tokens refilled at `limit` per window; a request takes
+            /// `cost` tokens.
+            TokenBucket => token_bucket::TokenBucket,
+            /// A bucket of capacity `burst` that drains at `limit` per window; a request pours
+            /// `cost` units in (the leaky bucket as a meter).
+            LeakyBucket => leaky_bucket::LeakyBucket,
+            /// The generic cell rate algorithm: one "theoretical arrival time" per key.
+            Gcra => gcra::Gcra,
+        }
+    };
+}
 
 #[cfg(test)]
 mod properties;
@@ -733,24 +764,7 @@ pub(crate) type LuaParams = smallvec::SmallVec<[u64; 4]>;
 #[cfg(all(test, feature = "redis"))]
 pub(crate) const LUA_HELPERS: &str = include_str!("lua/helpers.lua");
 
-algorithms! {
-    /// Counts units in windows aligned to the clock's epoch; the count resets at each boundary.
-    /// See the `fixed_window` module docs in the source for exact semantics.
-    FixedWindow => fixed_window::FixedWindow,
-    /// Counts units in sub-window buckets and weighs the oldest bucket by how much of it is
-    /// still inside the window (the "sliding window counter").
-    SlidingWindow => sliding_window::SlidingWindow,
-    /// Remembers the time of every admitted unit: exact, at a memory cost proportional to the
-    /// limit.
-    SlidingLog => sliding_log::SlidingLog,
-    /// A bucket of `burst` tokens refilled at `limit` per window; a request takes `cost` tokens.
-    TokenBucket => token_bucket::TokenBucket,
-    /// A bucket of capacity `burst` that drains at `limit` per window; a request pours `cost`
-    /// units in (the leaky bucket as a meter).
-    LeakyBucket => leaky_bucket::LeakyBucket,
-    /// The generic cell rate algorithm: one "theoretical arrival time" per key.
-    Gcra => gcra::Gcra,
-}
+with_algorithms!(algorithms! {});
 
 impl Compiled {
     /// Checks `quota` for `algorithm` and precomputes its constants.

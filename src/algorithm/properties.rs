@@ -413,10 +413,21 @@ proptest! {
 
 // Properties 6–9: one test per algorithm.
 
-/// Declares module `$name` with one proptest per algorithm, each running `$check(algorithm,
-/// &spec, &requests)` on `$cases` cases drawn from `$strategy`.
+/// Declares module `$name` with one proptest per algorithm of `with_algorithms!` (named as its
+/// module), each running `$check(algorithm, &spec, &requests)` on `$cases` cases drawn from
+/// `$strategy`.
 macro_rules! for_each_algorithm {
     ($(#[$doc:meta])* $name:ident, $cases:expr, $strategy:expr, $check:path) => {
+        with_algorithms!(algorithm_tests! { ($(#[$doc])* $name, $cases, $strategy, $check) });
+    };
+}
+
+/// [`for_each_algorithm!`] given the algorithms' entries.
+macro_rules! algorithm_tests {
+    (
+        ($(#[$doc:meta])* $name:ident, $cases:expr, $strategy:expr, $check:path)
+        $($(#[doc = $_d:literal])* $variant:ident => $module:ident :: $ty:ident,)*
+    ) => {
         $(#[$doc])*
         mod $name {
             use super::*;
@@ -424,35 +435,12 @@ macro_rules! for_each_algorithm {
             proptest! {
                 #![proptest_config(ProptestConfig::with_cases($cases))]
 
-                #[test]
-                fn fixed_window((spec, requests) in $strategy) {
-                    $check(Algorithm::FixedWindow, &spec, &requests)?;
-                }
-
-                #[test]
-                fn sliding_window((spec, requests) in $strategy) {
-                    $check(Algorithm::SlidingWindow, &spec, &requests)?;
-                }
-
-                #[test]
-                fn sliding_log((spec, requests) in $strategy) {
-                    $check(Algorithm::SlidingLog, &spec, &requests)?;
-                }
-
-                #[test]
-                fn token_bucket((spec, requests) in $strategy) {
-                    $check(Algorithm::TokenBucket, &spec, &requests)?;
-                }
-
-                #[test]
-                fn leaky_bucket((spec, requests) in $strategy) {
-                    $check(Algorithm::LeakyBucket, &spec, &requests)?;
-                }
-
-                #[test]
-                fn gcra((spec, requests) in $strategy) {
-                    $check(Algorithm::Gcra, &spec, &requests)?;
-                }
+                $(
+                    #[test]
+                    fn $module((spec, requests) in $strategy) {
+                        $check(Algorithm::$variant, &spec, &requests)?;
+                    }
+                )*
             }
         }
     };

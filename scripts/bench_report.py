@@ -415,7 +415,7 @@ per key: growth of the process's resident memory over 200,000 keys divided by 20
    names: `MEMORY USAGE` of one key, and `used_memory` grown per key; then GCRA decisions over
    plain TCP and over TLS (rustls, a P-256 certificate) to the same servers, each listening on
    both, per topology (standalone; a cluster of three primaries with `tls-cluster yes`; the
-   standalone server found through a sentinel of each kind), two rounds interleaved: 50 tasks
+   standalone server found through a sentinel of each kind), three rounds interleaved: 50 tasks
    on the store's connection, and one decision at a time with its p50 and p99; beside them the
    server's own ceiling, `redis-benchmark` sending our call (50 connections; one connection
    pipelining 50), and redis-server's instructions per decision (callgrind, the whole server,

@@ -14,7 +14,7 @@
 # The certificates are made here with openssl (a CA, a P-256 certificate for localhost and
 # 127.0.0.1).
 #
-#     scripts/tls_bench.sh            # TLS_BENCH_ROUNDS=2, TLS_BENCH_SECONDS=3
+#     scripts/tls_bench.sh            # TLS_BENCH_ROUNDS=3, TLS_BENCH_SECONDS=3
 #
 # Installs Redis, valgrind and openssl (Debian packages) when they are missing.
 set -euo pipefail
@@ -26,7 +26,7 @@ install_packages redis-server=redis-server redis-cli=redis-tools redis-benchmark
     redis-sentinel=redis-sentinel openssl=openssl python3=python3 valgrind=valgrind
 BR=$(driver driver_redis)
 [ -x "$BR" ] || { echo "tls_bench.sh: cannot find the driver" >&2; exit 1; }
-ROUNDS=${TLS_BENCH_ROUNDS:-2}
+ROUNDS=${TLS_BENCH_ROUNDS:-3}
 SECONDS_EACH=${TLS_BENCH_SECONDS:-3}
 
 WORK=$(mktemp -d)

@@ -325,7 +325,7 @@ pub(crate) trait Step: Sized {
 }
 
 /// Phase one with the clock-lag adjustment (the one place it is written in Rust; its Lua twin
-/// is `shift` in `decide.lua`): a state newer than `now` (the clock went back, or a request
+/// is `shift` in `helpers.lua`): a state newer than `now` (the clock went back, or a request
 /// reserved a later slot) decides as of its own time, its times moved to be from `now`, and
 /// admits no cost before that time (nothing remains until then): a request it would admit
 /// then waits until then. Admitting
@@ -394,7 +394,8 @@ fn decide_packed<A: Step>(a: &A, packed: Packed, now: u64, cost: u64) -> (Verdic
 
 /// When a request denied now with `verdict` is admitted instead by reserving its slot: the
 /// microseconds until then (its retry-after), when that is at most `max_wait` and the
-/// request (of a cost above 0: a look reserves nothing) is admitted then on the state as it is (twin of `reserve` in `decide.lua`).
+/// request (of a cost above 0: a look reserves nothing) is admitted then on the state as it
+/// is (twin of `reservation` in `decide.lua`).
 fn reservation<A: Step>(
     a: &A,
     state: Option<&A::State>,
@@ -426,7 +427,7 @@ pub(crate) struct Lease {
 
 /// The verdict on `cost` of a lease taken at `now` for `ttl`, and the lease's end: phase one
 /// of a request that asks for a lease, on the state [`Step::lease_state`] makes (twin of the
-/// `LEASE` steps of `prepare` in `decide.lua`).
+/// `LEASE` step of `evaluate` in `decide.lua`).
 fn lease_verdict<A: Step>(
     a: &A,
     state: Option<&A::State>,
@@ -440,7 +441,7 @@ fn lease_verdict<A: Step>(
 }
 
 /// Phase two of a request that asks for a lease and was admitted: leases what is left now, at
-/// least `cost` and at most `want` units (twin of `lease` in `decide.lua`).
+/// least `cost` and at most `want` units (twin of `take_lease` in `decide.lua`).
 fn take_lease<A: Step>(
     a: &A,
     state: &mut Option<A::State>,
@@ -877,7 +878,7 @@ pub(crate) fn run_table(algorithm: &Compiled, rows: &[Row]) {
 
 /// A blocked key is denied until the block ends (`until`, on the store's clock), whatever its
 /// state; a request that could never be admitted still gets no retry time. Twin of the block
-/// step in `decide.lua`.
+/// step of `judge` in `decide.lua`.
 pub(crate) fn apply_block(verdict: &mut Verdict, until: u64, now: u64) {
     if until <= now {
         return;

@@ -150,11 +150,7 @@ impl Connect {
     /// A deadpool-redis pool of connections to the first node, each with the store's timeouts
     /// and credentials provider.
     fn pool(&self, config: deadpool_redis::PoolConfig) -> Result<Conn, String> {
-        let connection = self.endpoints.connection_config(
-            AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(self.connect_timeout))
-                .set_response_timeout(Some(self.response_timeout)),
-        );
+        let connection = self.endpoints.connection_config(self.config());
         let first = self.endpoints.nodes[0].clone();
         let manager = deadpool_redis::Manager::new_with_config(first, connection)
             .map_err(|e| e.to_string())?;
@@ -320,7 +316,7 @@ impl redis::cluster_async::Connect for Node {
         Box::pin(async move {
             let info = info.into_connection_info()?;
             #[cfg(feature = "tls")]
-            if let Some(dial) = super::dial::for_node(&info, config.clone()) {
+            if let Some(dial) = super::dial::for_node(&info, &config) {
                 return dial.connect().await.map(Node);
             }
             MultiplexedConnection::connect_with_config(info, config)

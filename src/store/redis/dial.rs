@@ -10,13 +10,15 @@
 //! a function of the certificates the store gave (so two stores with the same parameters
 //! share a connector built from the same certificates).
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError};
+use redis::{
+    AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, ErrorKind, RedisConnectionInfo,
+    RedisError,
+};
 use tokio_rustls::TlsConnector;
 
 use super::coalesce::Coalesce;
@@ -24,7 +26,9 @@ use super::coalesce::Coalesce;
 /// How to reach one TLS node.
 #[derive(Clone)]
 pub(super) struct Dial {
-    info: ConnectionInfo,
+    host: String,
+    port: u16,
+    settings: RedisConnectionInfo,
     connector: TlsConnector,
     config: AsyncConnectionConfig,
     /// How long connecting (TCP, TLS, `HELLO`/`AUTH`) may take.
@@ -47,8 +51,13 @@ impl Dial {
         config: AsyncConnectionConfig,
         timeout: Duration,
     ) -> Option<Dial> {
-        matches!(info.addr(), ConnectionAddr::TcpTls { .. }).then(|| Dial {
-            info: info.clone(),
+        let ConnectionAddr::TcpTls { host, port, .. } = info.addr() else {
+            return None;
+        };
+        Some(Dial {
+            host: host.clone(),
+            port: *port,
+            settings: info.redis_settings().clone(),
             connector,
             config,
             timeout,
@@ -57,10 +66,7 @@ impl Dial {
 
     /// `host:port`, for messages.
     pub(super) fn addr(&self) -> String {
-        match self.info.addr() {
-            ConnectionAddr::TcpTls { host, port, .. } => format!("{host}:{port}"),
-            other => other.to_string(),
-        }
+        format!("{}:{}", self.host, self.port)
     }
 
     /// Connects, within the timeout.
@@ -76,15 +82,9 @@ impl Dial {
     }
 
     async fn connect_now(&self) -> redis::RedisResult<MultiplexedConnection> {
-        let ConnectionAddr::TcpTls { host, port, .. } = self.info.addr() else {
-            return Err(RedisError::from((
-                ErrorKind::InvalidClientConfig,
-                "not a TLS address",
-            )));
-        };
-        let tcp = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+        let tcp = tokio::net::TcpStream::connect((self.host.as_str(), self.port)).await?;
         tcp.set_nodelay(true)?;
-        let name = rustls::pki_types::ServerName::try_from(host.clone()).map_err(|e| {
+        let name = rustls::pki_types::ServerName::try_from(self.host.clone()).map_err(|e| {
             RedisError::from((
                 ErrorKind::InvalidClientConfig,
                 "not a host name TLS can check",
@@ -93,7 +93,7 @@ impl Dial {
         })?;
         let stream = self.connector.connect(name, tcp).await?;
         let (conn, driver) = MultiplexedConnection::new_with_config(
-            self.info.redis_settings(),
+            &self.settings,
             Coalesce::new(stream),
             self.config.clone(),
         )
@@ -104,8 +104,9 @@ impl Dial {
     }
 }
 
-/// The connectors of the clusters whose nodes the store dials, by their TLS parameters.
-static CLUSTERS: Mutex<Option<HashMap<String, (TlsConnector, Duration)>>> = Mutex::new(None);
+/// The connectors of the clusters whose nodes the store dials, by their TLS parameters (one
+/// entry per distinct set of certificates in the process).
+static CLUSTERS: Mutex<Vec<(String, TlsConnector, Duration)>> = Mutex::new(Vec::new());
 
 /// The key of `info`'s TLS parameters: `None` when it is not TLS, or TLS without verification
 /// (redis-rs connects those).
@@ -127,17 +128,16 @@ pub(super) fn register(info: &ConnectionInfo, connector: TlsConnector, timeout: 
         return false;
     };
     let mut clusters = CLUSTERS.lock().unwrap_or_else(PoisonError::into_inner);
-    clusters
-        .get_or_insert_with(HashMap::new)
-        .insert(key, (connector, timeout));
+    clusters.retain(|(k, _, _)| *k != key);
+    clusters.push((key, connector, timeout));
     true
 }
 
 /// How the store dials the cluster node `info`, with `config`: `None` when no store registered
 /// its TLS parameters (plain text, or TLS without verification).
-pub(super) fn for_node(info: &ConnectionInfo, config: AsyncConnectionConfig) -> Option<Dial> {
+pub(super) fn for_node(info: &ConnectionInfo, config: &AsyncConnectionConfig) -> Option<Dial> {
     let key = key(info)?;
     let clusters = CLUSTERS.lock().unwrap_or_else(PoisonError::into_inner);
-    let (connector, timeout) = clusters.as_ref()?.get(&key)?.clone();
-    Dial::new(info, connector, config, timeout)
+    let (_, connector, timeout) = clusters.iter().find(|(k, _, _)| *k == key)?;
+    Dial::new(info, connector.clone(), config.clone(), *timeout)
 }

@@ -29,7 +29,8 @@ const RETRY: Duration = Duration::from_millis(100);
 pub(super) enum Source {
     /// The primary the sentinels name for `master`.
     Sentinels {
-        client: tokio::sync::Mutex<SentinelClient>,
+        /// Boxed: the client is large, and the other source small.
+        client: Box<tokio::sync::Mutex<SentinelClient>>,
         master: String,
         config: AsyncConnectionConfig,
         /// The store dials a TLS primary itself (with verification), within the duration.
@@ -45,13 +46,16 @@ impl Source {
     /// One round: the node, connected.
     async fn connect(&self) -> redis::RedisResult<MultiplexedConnection> {
         match self {
-            Source::Sentinels { client, config, .. } => {
+            Source::Sentinels {
+                client,
+                config,
+                #[cfg(feature = "tls")]
+                dial,
+                ..
+            } => {
                 let primary = client.lock().await.async_get_client().await?;
                 #[cfg(feature = "tls")]
-                if let Source::Sentinels {
-                    dial: Some((connector, timeout)),
-                    ..
-                } = self
+                if let Some((connector, timeout)) = dial
                     && let Some(dial) = Dial::new(
                         primary.get_connection_info(),
                         connector.clone(),

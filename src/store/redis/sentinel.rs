@@ -121,7 +121,7 @@ pub(super) fn source(
         .build()
         .map_err(|e| e.to_string())?;
     Ok(Source::Sentinels {
-        client: tokio::sync::Mutex::new(client),
+        client: Box::new(tokio::sync::Mutex::new(client)),
         master: target.master.clone(),
         config: endpoints.connection_config(config),
         #[cfg(feature = "tls")]

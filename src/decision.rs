@@ -35,6 +35,16 @@ pub(crate) struct Grant {
     pub(crate) lasts_us: u64,
 }
 
+impl Grant {
+    pub(crate) fn new(units: u64, end: u64, lasts_us: u64) -> Self {
+        Grant {
+            units,
+            end,
+            lasts_us,
+        }
+    }
+}
+
 impl PartialEq for PolicyOutcome {
     fn eq(&self, other: &Self) -> bool {
         self.policy() == other.policy()
@@ -94,13 +104,6 @@ impl PolicyOutcome {
     /// The lease granted with this outcome, if any.
     pub(crate) fn grant(&self) -> Option<&Grant> {
         self.grant.as_deref()
-    }
-
-    /// An admission this policy gave but the decision did not charge (another policy denied):
-    /// the state as it `stays` reported (as [`Verdict::uncharged`]).
-    pub(crate) fn uncharged(&mut self, stays: Verdict) {
-        self.remaining = stays.remaining;
-        self.reset_after_us = stays.reset_after_us;
     }
 
     /// Counts `units` more as remaining (the units of a lease held by this instance).

@@ -70,9 +70,9 @@ impl<St: Store> Limiter<St> {
             // One policy, enforced: decided on the borrowed tier and key where the store can.
             let tier = p.tier_of_key(key);
             if Op::of(tier.part()) == Op::Enforce
-                && let Some(verdict) = self.store.decide_enforced(tier, key, units(tier))
+                && let Some((verdict, own)) = self.store.decide_enforced(tier, key, units(tier))
             {
-                let outcome = PolicyOutcome::new(tier, false, verdict);
+                let outcome = PolicyOutcome::new(own.as_ref().unwrap_or(tier), false, verdict);
                 return Answer::Now(std::future::ready(Ok(Decision::one(outcome))));
             }
         }

@@ -49,7 +49,9 @@ impl<St: Store> Limiter<St> {
         let tier = policy.tier(policy.tier_index(request, &key));
         let cost = policy.cost(request);
         match self.store.decide_enforced(tier, &key, cost) {
-            Some(verdict) => self.decided_alone(tier, &key, cost, verdict),
+            Some((verdict, own)) => {
+                self.decided_alone(own.as_ref().unwrap_or(tier), &key, cost, verdict)
+            }
             // A store that says it decides alone always does; were it not to, the general way.
             None => self.plan(request, policies),
         }

@@ -95,8 +95,14 @@ pub(crate) mod private {
 
         /// Decides one enforced policy on `key` at once, on borrowed values, if the store can
         /// (the memory store): the verdict, from which the caller builds an outcome only when
-        /// something reads it.
-        fn decide_enforced(&self, tier: &Tier, key: &Key, cost: u64) -> Option<Verdict> {
+        /// something reads it, and the tier of the key's own limit when it has one (which the
+        /// outcome reports).
+        fn decide_enforced(
+            &self,
+            tier: &Arc<Tier>,
+            key: &Key,
+            cost: u64,
+        ) -> Option<(Verdict, Option<Arc<Tier>>)> {
             let _ = (tier, key, cost);
             None
         }

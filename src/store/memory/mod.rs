@@ -1,6 +1,8 @@
 //! The in-memory store.
 
 mod lock;
+mod locked;
+mod rule;
 mod shard;
 
 use std::collections::hash_map::RandomState;
@@ -14,8 +16,9 @@ use crate::decision::{Decision, Outcomes, PolicyOutcome};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Tier;
-use lock::{ShardLock, Write};
-use shard::{CheckRef, CheckRun, CheckRuns, Judged, Shard, Together};
+use lock::ShardLock;
+pub(crate) use shard::TOGETHER;
+use shard::{CheckRef, Shard};
 use smallvec::SmallVec;
 
 /// The default [`MemoryStoreBuilder::max_keys`].
@@ -248,16 +251,6 @@ impl MemoryStore {
         self.inner.shards.iter().map(|s| s.write().sweep(now)).sum()
     }
 
-    /// The hash of a check's (policy, key) and its shard.
-    #[inline]
-    fn locate(&self, check: &CheckRef<'_>) -> (u64, usize) {
-        let key_hash = check.key().hash_in(&self.inner.hasher);
-        (
-            Key::with_id(key_hash, check.tier().id()),
-            self.shard_of(key_hash),
-        )
-    }
-
     /// The shard of the key whose hash ([`Key::hash_in`]) is `key_hash`: its high bits pick
     /// it, the table uses the low ones of the (policy, key) hash. Every policy of a key is
     /// in one shard, so a decision of several policies on one key takes one lock.
@@ -268,272 +261,117 @@ impl MemoryStore {
 
     /// One enforced policy on `key` at `cost`: the common case, decided under the shard's
     /// shared lock when the key's state is packed, else under its exclusive lock. The checked
-    /// tier and the key are borrowed: nothing is cloned, no reference count changes.
+    /// tier and the key are borrowed: nothing is cloned, no reference count changes. The
+    /// verdict, and the tier of the key's own limit when it has one (its outcome reports it).
     ///
     /// The time is read once the shard is locked (on the shared path, after the state is
     /// loaded): decisions on one key then see times in the order they are made, so each
     /// reports exactly what it left (read before, a decision could be made after a later one
     /// and see time go back).
     #[inline]
-    /// `None` for a key under a limit of its own: the general path decides it.
-    pub(crate) fn decide_enforced(&self, tier: &Tier, key: &Key, cost: u64) -> Option<Verdict> {
-        let ask = CheckRef::enforce(tier, key, cost);
-        let (hash, index) = self.locate(&ask);
+    pub(crate) fn decide_enforced(
+        &self,
+        tier: &Arc<Tier>,
+        key: &Key,
+        cost: u64,
+    ) -> (Verdict, Option<Arc<Tier>>) {
+        let check = CheckRef::enforce(tier, key, cost);
+        let key_hash = key.hash_in(&self.inner.hasher);
+        let hash = Key::with_id(key_hash, tier.id());
         let clock = || self.inner.clock.now_micros();
-        let shard = &self.inner.shards[index];
+        let shard = &self.inner.shards[self.shard_of(key_hash)];
         // The shared guard is dropped at the end of this statement, before the other lock.
-        let packed = shard.read().decide_packed(&ask, hash, clock);
-        packed.or_else(|| {
-            let registry = &self.inner.registry;
-            let capacity = self.inner.per_shard;
-            shard
-                .write()
-                .decide_one(&ask, hash, clock(), capacity, registry)
-        })
+        let shared = shard.read().decide_shared(&check, hash, clock);
+        match shared {
+            Some(verdict) => (verdict, None),
+            None => self.enforced_locked(&check),
+        }
+    }
+
+    /// [`decide_enforced`](Self::decide_enforced) under the exclusive lock.
+    #[inline(never)]
+    fn enforced_locked(&self, check: &CheckRef<'_>) -> (Verdict, Option<Arc<Tier>>) {
+        let (mut runs, _) = self.decide_locked(std::slice::from_ref(check));
+        let run = &mut runs[0];
+        (run.verdict(), run.take_own())
     }
 
     /// Decides synchronously; [`Store::check`] wraps this in a ready future.
     pub(crate) fn decide(&self, checks: &[Check]) -> Decision {
         if let [check] = checks
             && check.op() == Op::Enforce
-            && let Some(verdict) = self.decide_enforced(check.tier(), check.key(), check.cost())
         {
-            return Decision::one(PolicyOutcome::new(check.tier(), false, verdict));
+            let (verdict, own) = self.decide_enforced(check.tier(), check.key(), check.cost());
+            let tier = own.as_ref().unwrap_or(check.tier());
+            return Decision::one(PolicyOutcome::new(tier, false, verdict));
         }
         if (2..=TOGETHER).contains(&checks.len()) && checks.iter().all(|c| c.op() == Op::Enforce) {
             let mut together: SmallVec<[Enforced<'_>; TOGETHER]> = SmallVec::new();
             for c in checks {
                 together.push((c.tier(), c.key(), c.cost()));
             }
-            if let Some(decision) = self.decide_together(&together) {
-                return decision;
-            }
+            return self.decide_together(&together);
         }
-        let capacity = self.inner.per_shard;
         // Pushed one by one here and below: `collect` into a SmallVec goes through its generic
         // `extend`, about 70 instructions a collection more.
         let mut refs: SmallVec<[CheckRef<'_>; 2]> = SmallVec::new();
         for c in checks {
             refs.push(CheckRef::from(c));
         }
-        let (mut guards, mut runs) = self.lock_all(&refs);
-        let now = self.inner.clock.now_micros();
-        let registry = &self.inner.registry;
-        let redefined = registry.redefined();
-        // Phase one: the operations that act on their own, in order; then every verdict.
-        for ((c, s), check) in refs.iter().zip(&runs).zip(checks) {
-            let shard = &mut guards[s.guard];
-            // One more lookup per check, only in a store where a policy was ever redefined
-            // or a key given a limit of its own.
-            // An operation that changes what the key is decided under converts from what
-            // the state was written under itself (as the script does).
-            if redefined && !c.op().relimits() {
-                shard.adopt(c, s.hash, now, registry);
-            }
-            shard.act(c, s.hash, now, capacity, (registry, check.tier()));
-        }
-        for (c, s) in refs.iter().zip(&mut runs) {
-            let shard = &guards[s.guard];
-            if redefined {
-                s.own = shard.own_tier(c, s.hash);
-            }
-            // An operation that acted on its own reports like a look.
-            let cost = if c.op().acts() { 0 } else { c.cost() };
-            s.verdict = shard.evaluate(c, s.hash, now, cost);
-            if let Op::Wait { max_wait_us } = c.op()
-                && !s.verdict.allowed
-            {
-                // Denied now, it may be admitted at a later slot.
-                s.wait = shard.reservation(c, s.hash, now, &s.verdict, max_wait_us);
-            }
-        }
-        let admitted = refs
-            .iter()
-            .zip(&runs)
-            .all(|(c, s)| s.verdict.allowed || s.wait.is_some() || !c.op().decides());
-        // Phase two: charged only if every check that decides admits the request.
-        for (c, s) in refs.iter().zip(&mut runs) {
-            guards[s.guard].apply(c, s, now, admitted, capacity);
-        }
-        for g in &mut guards {
-            g.tick(now);
-        }
+        let (runs, _) = self.decide_locked(&refs);
         let mut outcomes = SmallVec::with_capacity(checks.len());
-        for (c, s) in checks.iter().zip(runs) {
-            let tier = s.own.as_ref().unwrap_or(c.tier());
-            let outcome = PolicyOutcome::new(tier, c.op() == Op::Shadow, s.verdict);
-            outcomes.push(outcome.with_grant(s.grant));
+        for (c, mut run) in checks.iter().zip(runs) {
+            let own = run.take_own();
+            let tier = own.as_ref().unwrap_or(c.tier());
+            let outcome = PolicyOutcome::new(tier, c.op() == Op::Shadow, run.verdict());
+            outcomes.push(outcome.with_grant(run.grant()));
         }
         Decision::new(outcomes)
     }
 
     /// Several enforced policies, at most [`TOGETHER`] (the usual request of several). The
     /// policies of one key are in one shard: when every state is packed, they are decided
-    /// under its shared lock (`Shard::decide_claimed`), the key hashed once and nothing built
-    /// but the outcomes; else under the exclusive lock ([`decide_locked`](Self::decide_locked)).
-    /// `None`, having charged nothing, when a key is under a limit of its own.
-    fn decide_together(&self, checks: &[Enforced<'_>]) -> Option<Decision> {
-        let (&(_, key, _), rest) = checks.split_first()?;
-        let key_hash = key.hash_in(&self.inner.hasher);
-        let one_key = rest
-            .iter()
-            .all(|&(_, k, _)| std::ptr::eq(k, key) || k == key);
-        if one_key && checks.iter().all(|&(tier, _, _)| tier.algorithm().packs()) {
+    /// under its shared lock with their words claimed (`Shard::decide_claimed`), the key
+    /// hashed once and nothing built but the outcomes; else under the exclusive locks.
+    fn decide_together(&self, checks: &[Enforced<'_>]) -> Decision {
+        if let Some((&(_, key, _), rest)) = checks.split_first()
+            && rest
+                .iter()
+                .all(|&(_, k, _)| std::ptr::eq(k, key) || k == key)
+            && checks.iter().all(|&(tier, _, _)| tier.algorithm().packs())
+        {
+            let key_hash = key.hash_in(&self.inner.hasher);
             let shard = &self.inner.shards[self.shard_of(key_hash)];
             let clock = || self.inner.clock.now_micros();
             // The shared guard is dropped at the end of this statement, before another lock.
             let claimed = shard.read().decide_claimed(checks, key_hash, clock);
-            if claimed.is_some() {
-                return claimed;
+            if let Some(decision) = claimed {
+                return decision;
             }
         }
-        self.decide_locked(checks, (key, key_hash))
+        self.together_locked(checks)
     }
 
-    /// [`decide_together`](Self::decide_together) under the exclusive lock of each shard the
-    /// checks' keys are in (`hashed`: the first key and its hash): the phases of the general
-    /// path without what they do not need. Each key's row is found once (phase two goes to the
-    /// place phase one found it), no operation acts on its own, nothing waits or is granted.
-    fn decide_locked(&self, checks: &[Enforced<'_>], hashed: (&Key, u64)) -> Option<Decision> {
-        // Pushed: a `SmallVec` leaves its unused places unwritten, where an array of
-        // `TOGETHER` defaults costs a `check` of two policies 40 instructions.
-        let mut runs: SmallVec<[Together; TOGETHER]> = SmallVec::new();
-        // A key is hashed once for the policies in a row that share it (all, for `check`).
-        let mut last = hashed;
-        let (mut first, mut one_shard) = (None, true);
-        for &(tier, key, _) in checks {
-            if !(std::ptr::eq(last.0, key) || last.0 == key) {
-                last = (key, key.hash_in(&self.inner.hasher));
-            }
-            let shard = self.shard_of(last.1);
-            one_shard &= *first.get_or_insert(shard) == shard;
-            runs.push(Together {
-                hash: Key::with_id(last.1, tier.id()),
-                guard: shard,
-                judged: Judged::default(),
-            });
+    /// [`decide_together`](Self::decide_together) under the exclusive locks.
+    #[inline(never)]
+    fn together_locked(&self, checks: &[Enforced<'_>]) -> Decision {
+        let mut refs: SmallVec<[CheckRef<'_>; TOGETHER]> = SmallVec::new();
+        for &(tier, key, cost) in checks {
+            refs.push(CheckRef::enforce(tier, key, cost));
         }
-        let admitted = match (first, one_shard) {
-            (Some(shard), true) => {
-                let shard = &self.inner.shards[shard];
-                self.together(checks, &mut runs, &mut [&mut *shard.write()], |_| 0)?
-            }
-            _ => self.together_in_shards(checks, &mut runs)?,
-        };
+        let (runs, admitted) = self.decide_locked(&refs);
         let mut outcomes = Outcomes::new();
-        for (&(tier, _, _), run) in checks.iter().zip(runs.iter()) {
-            outcomes.push(PolicyOutcome::new(tier, false, run.judged.verdict));
+        for (&(tier, _, _), mut run) in checks.iter().zip(runs) {
+            let own = run.take_own();
+            outcomes.push(PolicyOutcome::new(
+                own.as_ref().unwrap_or(tier),
+                false,
+                run.verdict(),
+            ));
         }
-        Some(Decision::enforced(outcomes, admitted))
-    }
-
-    /// [`decide_together`](Self::decide_together) of keys in several shards: each locked
-    /// exclusively, in index order.
-    fn together_in_shards(&self, checks: &[Enforced<'_>], runs: &mut [Together]) -> Option<bool> {
-        let mut order = [0; TOGETHER];
-        for (o, r) in order.iter_mut().zip(runs.iter()) {
-            *o = r.guard;
-        }
-        let (mut guards, order) = self.lock_shards(&mut order[..checks.len()]);
-        for r in runs.iter_mut() {
-            r.guard = order.binary_search(&r.guard).unwrap_or_default();
-        }
-        let mut shards: SmallVec<[&mut Shard; TOGETHER]> = SmallVec::new();
-        for g in &mut guards {
-            shards.push(g);
-        }
-        self.together(checks, runs, &mut shards, |place| place)
-    }
-
-    /// [`decide_together`](Self::decide_together) once its shards are locked: `shards`, a
-    /// run's shard at `place(run.guard)` among them (0 for all when there is one). Leaves each
-    /// run's verdict; whether the request is admitted.
-    #[inline]
-    fn together(
-        &self,
-        checks: &[Enforced<'_>],
-        runs: &mut [Together],
-        shards: &mut [&mut Shard],
-        place: impl Fn(usize) -> usize,
-    ) -> Option<bool> {
-        let refs = checks
-            .iter()
-            .map(|&(tier, key, cost)| CheckRef::enforce(tier, key, cost));
-        let now = self.inner.clock.now_micros();
-        let registry = &self.inner.registry;
-        let redefined = registry.redefined();
-        let (mut admitted, mut new_keys) = (true, false);
-        for (c, run) in refs.clone().zip(runs.iter_mut()) {
-            let shard = &mut shards[place(run.guard)];
-            if redefined {
-                shard.adopt(&c, run.hash, now, registry);
-            }
-            run.judged = shard.judge(&c, run.hash, now)?;
-            admitted &= run.judged.verdict.allowed;
-            new_keys |= run.judged.bucket.is_none();
-        }
-        // Phase two: the rows found first, then the new keys (an insert may move rows).
-        for (c, run) in refs.clone().zip(runs.iter_mut()) {
-            if let Some(bucket) = run.judged.bucket {
-                shards[place(run.guard)].settle_at(&c, bucket, now, admitted, &mut run.judged);
-            }
-        }
-        let capacity = self.inner.per_shard;
-        for (c, run) in refs.zip(runs.iter_mut()).filter(|_| new_keys) {
-            if run.judged.bucket.is_none() {
-                let shard = &mut shards[place(run.guard)];
-                let verdict = &mut run.judged.verdict;
-                shard.settle_new(&c, run.hash, now, admitted, verdict, capacity);
-            }
-        }
-        for shard in shards {
-            shard.tick(now);
-        }
-        Some(admitted)
-    }
-
-    /// Locks every shard `checks` involve (two kept without allocating), in index order so that concurrent multi-policy
-    /// decisions cannot deadlock; each check's run names its shard by its place among the
-    /// guards.
-    fn lock_all(&self, checks: &[CheckRef<'_>]) -> (Guards<'_>, CheckRuns) {
-        let mut runs = CheckRuns::new();
-        let mut order: SmallVec<[usize; 4]> = SmallVec::new();
-        for c in checks {
-            let (hash, shard) = self.locate(c);
-            runs.push(CheckRun::new(hash, shard));
-            order.push(shard);
-        }
-        let (guards, order) = self.lock_shards(&mut order);
-        for s in &mut runs {
-            s.guard = order
-                .binary_search(&s.guard)
-                .expect("every shard involved is locked");
-        }
-        (guards, runs)
-    }
-
-    /// Locks the shards of the indexes `order` (sorted here, each locked once), in index
-    /// order; returns the guards and the indexes locked, the guards' order.
-    fn lock_shards<'s>(&self, order: &'s mut [usize]) -> (Guards<'_>, &'s [usize]) {
-        order.sort_unstable();
-        let mut guards = Guards::new();
-        let mut locked = 0;
-        for i in 0..order.len() {
-            if i == 0 || order[i] != order[i - 1] {
-                guards.push(self.inner.shards[order[i]].write());
-                order[locked] = order[i];
-                locked += 1;
-            }
-        }
-        (guards, &order[..locked])
+        Decision::enforced(outcomes, admitted)
     }
 }
-
-/// The most policies [`MemoryStore::decide_together`] decides; more take the general path.
-pub(crate) const TOGETHER: usize = 4;
-
-/// The shards one decision locked, in index order.
-type Guards<'a> = SmallVec<[Write<'a, Shard>; 2]>;
 
 #[allow(private_interfaces)]
 impl private::Sealed for MemoryStore {
@@ -576,15 +414,17 @@ impl private::Sealed for MemoryStore {
     }
 
     #[inline]
-    fn decide_enforced(&self, tier: &Tier, key: &Key, cost: u64) -> Option<Verdict> {
-        MemoryStore::decide_enforced(self, tier, key, cost)
+    fn decide_enforced(
+        &self,
+        tier: &Arc<Tier>,
+        key: &Key,
+        cost: u64,
+    ) -> Option<(Verdict, Option<Arc<Tier>>)> {
+        Some(MemoryStore::decide_enforced(self, tier, key, cost))
     }
 
     fn decide_together(&self, checks: &[Enforced<'_>]) -> Option<Decision> {
-        if checks.len() > TOGETHER {
-            return None;
-        }
-        MemoryStore::decide_together(self, checks)
+        (checks.len() <= TOGETHER).then(|| MemoryStore::decide_together(self, checks))
     }
 }
 

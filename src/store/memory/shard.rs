@@ -8,17 +8,20 @@ use std::sync::atomic::Ordering;
 
 use hashbrown::HashTable;
 
-use crate::algorithm::{Compiled, Lease, Packed, State, Verdict, apply_block};
-use crate::decision::Grant;
+use crate::algorithm::{Compiled, Lease, State, Verdict, apply_block};
 use crate::key::Key;
 use crate::policy::Tier;
 use crate::store::{Check, Op, Registry};
-use smallvec::SmallVec;
 
 mod claim;
 mod decide;
 mod entry;
 mod limit;
+mod run;
+mod word;
+
+pub(crate) use claim::TOGETHER;
+pub(super) use run::Run;
 
 use entry::{Cell, Limit, Marks, Unpacked};
 
@@ -64,34 +67,15 @@ struct Row {
 /// hands), its cost and its operation.
 #[derive(Clone, Copy)]
 pub(super) struct CheckRef<'a> {
-    tier: &'a Tier,
+    tier: &'a Arc<Tier>,
     key: &'a Key,
     cost: u64,
     op: Op,
 }
 
-/// One check's way through `MemoryStore::decide_together`: its hash, its shard (then its
-/// place among the guards) and what phase one found.
-#[derive(Clone, Copy)]
-pub(super) struct Together {
-    pub(super) hash: u64,
-    pub(super) guard: usize,
-    pub(super) judged: Judged,
-}
-
-/// Phase one's finding for one check decided beside others (`Shard::judge`).
-#[derive(Clone, Copy, Default)]
-pub(super) struct Judged {
-    /// The row's place in the table; `None` for a new key.
-    pub(super) bucket: Option<usize>,
-    pub(super) verdict: Verdict,
-    /// For a packed state, the state the request's charge leaves.
-    charged: Option<Packed>,
-}
-
 impl<'a> CheckRef<'a> {
     /// One enforced policy.
-    pub(super) fn enforce(tier: &'a Tier, key: &'a Key, cost: u64) -> Self {
+    pub(super) fn enforce(tier: &'a Arc<Tier>, key: &'a Key, cost: u64) -> Self {
         CheckRef {
             tier,
             key,
@@ -100,7 +84,7 @@ impl<'a> CheckRef<'a> {
         }
     }
 
-    pub(super) fn tier(&self) -> &'a Tier {
+    pub(super) fn tier(&self) -> &'a Arc<Tier> {
         self.tier
     }
 
@@ -277,47 +261,6 @@ impl Shard {
             .find_mut(hash, |s| s.is(check.tier().id(), check.key()))
     }
 
-    /// The verdict on `check` at `cost` (0: a look), its block included, with one lookup; for
-    /// a lease, on the state as strict as the lease could make it.
-    pub(super) fn evaluate(&self, check: &CheckRef<'_>, hash: u64, now: u64, cost: u64) -> Verdict {
-        let algorithm = check.tier().algorithm();
-        match self.find(check, hash) {
-            Some(slot) => slot.read(algorithm, |e| Unpacked::verdict(Some(e), check, now, cost)),
-            None => Unpacked::verdict(None, check, now, cost),
-        }
-    }
-
-    /// For a check denied now with `verdict`: the wait until the slot that admits it, if it
-    /// is within `max_wait` and the key is not blocked.
-    pub(super) fn reservation(
-        &self,
-        check: &CheckRef<'_>,
-        hash: u64,
-        now: u64,
-        verdict: &Verdict,
-        max_wait: u64,
-    ) -> Option<u64> {
-        let algorithm = check.tier().algorithm();
-        let reserve = |entry: Option<&Unpacked>| {
-            if entry.is_some_and(|e| e.blocked_until() > now) {
-                return None;
-            }
-            let state = entry.and_then(|e| e.live(now));
-            let under = entry.map_or(algorithm, |e| e.algorithm(algorithm));
-            under.reservation(state, now, check.cost(), verdict, max_wait)
-        };
-        match self.find(check, hash) {
-            Some(slot) => slot.read(algorithm, |e| reserve(Some(e))),
-            None => reserve(None),
-        }
-    }
-
-    /// The tier `check`'s key is decided under when it has a limit of its own (its outcomes
-    /// report it), after [`adopt`](Self::adopt).
-    pub(super) fn own_tier(&self, check: &CheckRef<'_>, hash: u64) -> Option<Arc<Tier>> {
-        self.find(check, hash)?.limit().map(|l| l.tier.clone())
-    }
-
     /// Adopts the state of `check`'s key under the check's definition, if it was written
     /// under another one.
     pub(super) fn adopt(&mut self, check: &CheckRef<'_>, hash: u64, now: u64, registry: &Registry) {
@@ -330,14 +273,13 @@ impl Shard {
 
     /// What an operation that acts on its own does, before any verdict (nothing for the
     /// others).
-    /// `own` is the check's tier, shared: a key's own limit keeps it.
     pub(super) fn act(
         &mut self,
         check: &CheckRef<'_>,
         hash: u64,
         now: u64,
         capacity: usize,
-        (registry, own): (&Registry, &Arc<Tier>),
+        registry: &Registry,
     ) {
         let units = check.cost();
         match check.op() {
@@ -354,7 +296,7 @@ impl Shard {
                 self.update(check, hash, |a, s| a.refund(s, now, back));
             }
             Op::Limit { until } => {
-                self.limit(check, hash, now, until, capacity, (registry, own));
+                self.limit(check, hash, now, until, capacity, registry);
             }
             Op::Unlimit => {
                 if let Some(slot) = self.find_mut(check, hash) {
@@ -381,56 +323,6 @@ impl Shard {
             | Op::Concurrency
             | Op::Wait { .. }
             | Op::Lease { .. } => {}
-        }
-    }
-
-    /// Phase two for one check, the request `admitted` or not: charges it as its operation
-    /// says (at its reserved slot, a lease, its cost), or reports the state as it stays.
-    pub(super) fn apply(
-        &mut self,
-        check: &CheckRef<'_>,
-        run: &mut CheckRun,
-        now: u64,
-        admitted: bool,
-        cap: usize,
-    ) {
-        let (hash, cost) = (run.hash, check.cost());
-        let op = check.op();
-        if let (true, Some(wait)) = (admitted, run.wait) {
-            let slot = now + wait;
-            self.charge(check, hash, now, cap, |a, s| {
-                a.reserve_commit(s, now, slot, cost)
-            });
-            // Admitted, the state reported as it is seen now (a look may deny: the sliding log
-            // still counts, now, entries that are gone at the slot).
-            let seen = self.evaluate(check, hash, now, 0);
-            run.verdict = Verdict::allow(seen.remaining, seen.reset_after_us);
-            run.grant = Some(Grant {
-                units: cost,
-                end: slot,
-                lasts_us: wait,
-            });
-        } else if let (true, Op::Lease { want }) = (admitted, op) {
-            let lease = self.take_lease(check, hash, now, want, cap);
-            run.verdict = lease.verdict;
-            run.grant = Some(Grant {
-                units: lease.units,
-                end: lease.end,
-                lasts_us: lease.end - now,
-            });
-        } else if admitted && op.charged(run.verdict.allowed) {
-            self.commit(check, hash, now, cap);
-            if op == Op::Concurrency && cost > 0 {
-                // The slots, charged now: given back as charged at `now`.
-                run.grant = Some(Grant {
-                    units: cost,
-                    end: now,
-                    lasts_us: 0,
-                });
-            }
-        } else if run.verdict.allowed && cost > 0 && !op.acts() {
-            // Admitted by this policy but not charged: report the state as it stays.
-            run.verdict.uncharged(self.evaluate(check, hash, now, 0));
         }
     }
 
@@ -623,34 +515,6 @@ impl Shard {
             if now.saturating_sub(self.last_sweep) >= SWEEP_INTERVAL_US {
                 self.sweep(now);
             }
-        }
-    }
-}
-
-/// One check's way through a decision: where its entry is, its verdict, the wait until the
-/// slot it reserved (if it waits) and what it was granted.
-pub(super) struct CheckRun {
-    pub(super) hash: u64,
-    /// The check's shard: its index, then its place among the locked guards.
-    pub(super) guard: usize,
-    pub(super) verdict: Verdict,
-    pub(super) wait: Option<u64>,
-    pub(super) grant: Option<Grant>,
-    /// The key's own limit's tier, when it has one.
-    pub(super) own: Option<Arc<Tier>>,
-}
-
-pub(super) type CheckRuns = SmallVec<[CheckRun; 2]>;
-
-impl CheckRun {
-    pub(super) fn new(hash: u64, shard: usize) -> Self {
-        CheckRun {
-            hash,
-            guard: shard,
-            verdict: Verdict::allow(0, 0),
-            wait: None,
-            grant: None,
-            own: None,
         }
     }
 }

@@ -21,8 +21,12 @@ use super::{Cell, CheckRef, Shard};
 use crate::algorithm::{Packed, Verdict};
 use crate::decision::{Decision, Outcomes, PolicyOutcome};
 use crate::key::Key;
-use crate::store::Enforced;
-use crate::store::memory::TOGETHER;
+use crate::store::memory::rule::{self, Rows};
+use crate::store::{Enforced, Op};
+
+/// The most enforced policies decided together with their words claimed (the usual request
+/// of several); more take the exclusive locks.
+pub(crate) const TOGETHER: usize = 4;
 
 /// A packed word while a decision holds it. No packed state is this value:
 /// it would be a state that expires at the end of time.
@@ -58,44 +62,142 @@ fn claim(word: &AtomicU64) -> u64 {
     }
 }
 
-/// One policy's packed state (`count` beside `word`) decided by `decide` with the word claimed:
-/// the verdict, the state `decide` leaves written back.
-#[inline]
-pub(super) fn decide(
-    count: &AtomicU32,
-    word: &AtomicU64,
-    decide: impl FnOnce(Packed) -> (Verdict, Packed),
-) -> Verdict {
-    let was = Packed::new(claim(word), count.load(Ordering::Relaxed));
-    let (verdict, next) = decide(was);
-    count.store(next.count(), Ordering::Relaxed);
-    word.store(next.word(), Ordering::Release);
-    verdict
+/// The [`Rows`] of packed states decided with their words claimed (see the module's comment):
+/// at most `N` checks, each one's word and count, claimed in the order of their addresses.
+pub(super) struct Claimed<'a, C, const N: usize> {
+    checks: &'a [Enforced<'a>],
+    cells: [Option<(&'a AtomicU64, &'a AtomicU32)>; N],
+    order: [usize; N],
+    clock: C,
+    /// Each state as claimed, and as its charge leaves it.
+    was: [Packed; N],
+    next: [Packed; N],
+    pub(super) verdicts: [Verdict; N],
+}
+
+impl<'a, C: Fn() -> u64, const N: usize> Claimed<'a, C, N> {
+    /// The checks (at most `N`) and each one's cell; `None` when two are of one word.
+    #[inline(always)]
+    pub(super) fn new(
+        checks: &'a [Enforced<'a>],
+        cells: [Option<(&'a AtomicU64, &'a AtomicU32)>; N],
+        clock: C,
+    ) -> Option<Self> {
+        let address = |i: usize| cells[i].map_or(0, |(word, _)| std::ptr::from_ref(word).addr());
+        let mut order = std::array::from_fn(|i| i);
+        match &mut order[..checks.len()] {
+            [] | [_] => {}
+            // Two, the usual number: a sort's loop costs them about 30 instructions.
+            [a, b] if address(*a) > address(*b) => std::mem::swap(a, b),
+            [_, _] => {}
+            more => more.sort_unstable_by_key(|&i| address(i)),
+        }
+        if order[..checks.len()]
+            .windows(2)
+            .any(|w| address(w[0]) == address(w[1]))
+        {
+            return None;
+        }
+        Some(Claimed {
+            checks,
+            cells,
+            order,
+            clock,
+            was: [Packed::default(); N],
+            next: [Packed::default(); N],
+            verdicts: [Verdict::default(); N],
+        })
+    }
+}
+
+impl<C: Fn() -> u64, const N: usize> Rows for Claimed<'_, C, N> {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.checks.len()
+    }
+
+    #[inline(always)]
+    fn op(&self, _: usize) -> Op {
+        Op::Enforce
+    }
+
+    #[inline(always)]
+    fn cost(&self, i: usize) -> u64 {
+        self.checks[i].2
+    }
+
+    /// Claims every word, then reads the time: decisions on these words see time in the
+    /// order they land.
+    #[inline(always)]
+    fn open(&mut self) -> u64 {
+        for &i in &self.order[..self.checks.len()] {
+            if let Some((word, count)) = self.cells[i] {
+                self.was[i] = Packed::new(claim(word), count.load(Ordering::Relaxed));
+            }
+        }
+        (self.clock)()
+    }
+
+    #[inline(always)]
+    fn judge(&mut self, i: usize, now: u64) -> bool {
+        let (tier, _, cost) = self.checks[i];
+        (self.verdicts[i], self.next[i]) = tier.algorithm().decide_packed(self.was[i], now, cost);
+        self.verdicts[i].allowed
+    }
+
+    #[inline(always)]
+    fn verdict(&mut self, i: usize) -> &mut Verdict {
+        &mut self.verdicts[i]
+    }
+
+    #[inline(always)]
+    fn charge(&mut self, i: usize, _: u64) {
+        if let Some((word, count)) = self.cells[i] {
+            count.store(self.next[i].count(), Ordering::Relaxed);
+            word.store(self.next[i].word(), Ordering::Release);
+        }
+    }
+
+    /// The word given back as it was; the count was not changed.
+    #[inline(always)]
+    fn keep(&mut self, i: usize) {
+        if let Some((word, _)) = self.cells[i] {
+            word.store(self.was[i].word(), Ordering::Release);
+        }
+    }
+
+    fn look(&self, i: usize, now: u64) -> Verdict {
+        let tier = self.checks[i].0;
+        tier.algorithm().decide_packed(self.was[i], now, 0).0
+    }
+
+    #[inline(always)]
+    fn close(&mut self) -> bool {
+        true
+    }
 }
 
 impl Shard {
     /// Several enforced policies of one key (whose hash, [`Key::hash_in`], is `key_hash`) in
     /// this shard, every state packed and written under its policy's definition, decided under
-    /// the shared lock (see the module's comment): the decision, each outcome built as its
-    /// policy is decided. The time is read once every word is claimed, so that decisions on
-    /// these words see time in the order they land. `None`, having claimed nothing, when a
-    /// state is not packed (a new key, another algorithm, a block, a key's own limit), was
-    /// written under another definition, or two checks are of one row: the exclusive path
-    /// decides those.
+    /// the shared lock with their words claimed (see the module's comment): the decision.
+    /// `None`, having claimed nothing, when a state is not packed (a new key, another
+    /// algorithm, a block, a key's own limit), was written under another definition, or two
+    /// checks are of one row: the exclusive locks serve those.
     ///
     /// [`Key::hash_in`]: crate::key::Key::hash_in
-    pub(in crate::store::memory) fn decide_claimed(
+    pub(crate) fn decide_claimed(
         &self,
         checks: &[Enforced<'_>],
         key_hash: u64,
         clock: impl Fn() -> u64,
     ) -> Option<Decision> {
-        // Each check's cell (its word and count), in the checks' order; in arrays, which cost
-        // fewer instructions than vectors for the two to four checks there are.
-        let mut cells: [Option<(&AtomicU64, &AtomicU32)>; TOGETHER] = [None; TOGETHER];
         if checks.len() > TOGETHER {
             return None;
         }
+        // Each check's cell (its word and count), in the checks' order; in arrays, which cost
+        // fewer instructions than vectors for the two to four checks there are.
+        let mut cells: [Option<(&AtomicU64, &AtomicU32)>; TOGETHER] = [None; TOGETHER];
         for (&(tier, key, cost), cell) in checks.iter().zip(&mut cells) {
             let hash = Key::with_id(key_hash, tier.id());
             let row = self.find(&CheckRef::enforce(tier, key, cost), hash)?;
@@ -106,53 +208,11 @@ impl Shard {
                 _ => return None,
             }
         }
-        let cells = &cells[..checks.len()];
-        let address = |i: usize| cells[i].map_or(0, |(word, _)| std::ptr::from_ref(word).addr());
-        let mut order = [0, 1, 2, 3];
-        let order = &mut order[..checks.len()];
-        match &mut *order {
-            // Two, the usual number: a sort's loop costs them about 30 instructions.
-            [a, b] if address(*a) > address(*b) => std::mem::swap(a, b),
-            [_, _] => {}
-            more => more.sort_unstable_by_key(|&i| address(i)),
-        }
-        if order.windows(2).any(|w| address(w[0]) == address(w[1])) {
-            return None;
-        }
-        // Each check's state as claimed, and the state its charge leaves.
-        let mut was = [Packed::default(); TOGETHER];
-        for &i in order.iter() {
-            if let Some((word, count)) = cells[i] {
-                was[i] = Packed::new(claim(word), count.load(Ordering::Relaxed));
-            }
-        }
-        let now = clock();
-        let mut admitted = true;
-        let mut next = [Packed::default(); TOGETHER];
+        let mut rows = Claimed::new(checks, cells, clock)?;
+        let admitted = rule::decide(&mut rows);
         let mut outcomes = Outcomes::new();
-        for (i, &(tier, _, cost)) in checks.iter().enumerate() {
-            let verdict;
-            (verdict, next[i]) = tier.algorithm().decide_packed(was[i], now, cost);
-            admitted &= verdict.allowed;
+        for (&(tier, _, _), verdict) in checks.iter().zip(rows.verdicts) {
             outcomes.push(PolicyOutcome::new(tier, false, verdict));
-        }
-        for (i, ((&(tier, _, cost), cell), outcome)) in
-            checks.iter().zip(cells).zip(&mut outcomes).enumerate()
-        {
-            let Some((word, count)) = cell else {
-                continue;
-            };
-            if admitted {
-                count.store(next[i].count(), Ordering::Relaxed);
-                word.store(next[i].word(), Ordering::Release);
-                continue;
-            }
-            // The count is as it was.
-            word.store(was[i].word(), Ordering::Release);
-            if outcome.is_allowed() && cost > 0 {
-                // Admitted by this policy but not charged (as `apply`).
-                outcome.uncharged(tier.algorithm().decide_packed(was[i], now, 0).0);
-            }
         }
         Some(Decision::enforced(outcomes, admitted))
     }

@@ -1,193 +1,169 @@
-//! The decisions of enforced policies that take a shortcut: one decided under the shared lock
-//! (by compare-and-swap, or with its word claimed), one under the exclusive lock with a single
-//! lookup, and several decided beside each other under the exclusive lock
-//! (`MemoryStore::decide_locked`), each row found once.
+//! A decision's ways to its rows within one shard: one enforced check on a packed state under
+//! the shared lock ([`Shard::decide_shared`], by `word.rs` or `claim.rs`), and the phases of
+//! any check under the exclusive lock ([`Shard::judge_row`], [`Shard::charge_row`],
+//! [`Shard::look_row`]), which `locked.rs` runs over the shards of a decision. The rule they
+//! serve is `rule.rs`'s.
 
-use super::claim::{self, CLAIMED, unclaimed};
-use super::{Cell, CheckRef, Judged, Row, Shard, Unpacked};
-use crate::algorithm::{Packed, Verdict};
-use crate::store::Registry;
-
-use std::sync::atomic::Ordering;
+use super::claim::Claimed;
+use super::word::Word;
+use super::{Cell, CheckRef, Row, Run, Shard, Unpacked};
+use crate::algorithm::Verdict;
+use crate::decision::Grant;
+use crate::store::Op;
+use crate::store::memory::rule;
 
 impl Shard {
-    /// One enforced policy decided under the shared lock by compare-and-swap of its packed
-    /// state's word, or, when the state has a count too, with the word claimed while both
-    /// change (see `claim.rs`). The time is read from `clock` after each load of the state, so
-    /// decisions on a key see time in the order they land (a decision that loads a state
-    /// another one wrote reads the time after it). `None` when the key needs the exclusive
-    /// path: a new key, a state that is not packed, a state written under another definition.
+    /// One enforced check decided under the shared lock when its key's state is packed and
+    /// written under its policy's definition: by compare-and-swap of its word ([`Word`]), or
+    /// with the word claimed when a count sits beside it ([`Claimed`]). The time is read from
+    /// `clock` once the state is loaded. `None` when the key needs the exclusive lock: a new
+    /// key, a state that is not packed, a state written under another definition.
     #[inline]
-    pub(in crate::store::memory) fn decide_packed(
+    pub(crate) fn decide_shared(
         &self,
         check: &CheckRef<'_>,
         hash: u64,
         clock: impl Fn() -> u64,
     ) -> Option<Verdict> {
-        let slot = self.find(check, hash)?;
-        let Cell::Packed { count, word } = &slot.cell else {
+        let row = self.find(check, hash)?;
+        let Cell::Packed { count, word } = &row.cell else {
             return None;
         };
-        if slot.def != check.tier().def() {
+        if row.def != check.tier().def() {
             return None;
         }
         let algorithm = check.tier().algorithm();
-        let cost = check.cost();
         if algorithm.packs_count() {
-            return Some(claim::decide(count, word, |packed| {
-                algorithm.decide_packed(packed, clock(), cost)
-            }));
+            let one = [(check.tier(), check.key(), check.cost())];
+            let mut rows = Claimed::<_, 1>::new(&one, [Some((word, count))], clock)?;
+            rule::decide(&mut rows);
+            return Some(rows.verdicts[0]);
         }
-        let mut current = word.load(Ordering::Acquire);
-        loop {
-            if current == CLAIMED {
-                // A decision of several policies of the key holds it for a moment
-                // (`claim.rs`).
-                current = unclaimed(word);
-            }
-            let packed = Packed::new(current, 0);
-            let (verdict, next) = algorithm.decide_packed(packed, clock(), cost);
-            if next.word() == current {
-                return Some(verdict);
-            }
-            let next = next.word();
-            match word.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return Some(verdict),
-                Err(seen) => current = seen,
-            }
-        }
+        let mut rows = Word::new(word, algorithm, check.cost(), clock);
+        rule::decide(&mut rows);
+        Some(rows.verdict)
     }
 
-    /// One enforced policy under the exclusive lock: evaluate and commit with a single lookup.
-    pub(in crate::store::memory) fn decide_one(
-        &mut self,
-        check: &CheckRef<'_>,
-        hash: u64,
-        now: u64,
-        capacity: usize,
-        registry: &Registry,
-    ) -> Option<Verdict> {
-        let algorithm = check.tier().algorithm();
-        let cost = check.cost();
-        let verdict = match self.find_mut(check, hash) {
-            Some(slot) => {
-                if slot.def != check.tier().def() || slot.limit().is_some() {
-                    slot.adopt(check, now, registry);
-                    if slot.limit().is_some() {
-                        // Its own limit, which the outcome reports: the general way.
-                        return None;
-                    }
-                }
-                slot.write(algorithm, |e| {
-                    let verdict = Unpacked::verdict(Some(e), check, now, cost);
-                    if verdict.allowed && cost > 0 {
-                        // As `charge` does, on the state as it is.
-                        e.change(algorithm, |a, s| (Some(a.commit(s, now, cost)), ()));
-                    }
-                    verdict
-                })
-            }
-            None => {
-                let verdict = algorithm.evaluate(None, now, cost);
-                if verdict.allowed && cost > 0 {
-                    self.commit(check, hash, now, capacity);
-                }
-                verdict
-            }
-        };
-        self.tick(now);
-        Some(verdict)
-    }
-
-    /// Phase one of an enforced check decided beside others (`MemoryStore::decide_together`):
-    /// where its row is in the table (none for a new key), for phase two to find it without
-    /// hashing again, its verdict, and for a packed state the word its charge would leave;
-    /// `None` for a key under a limit of its own, which the general path decides (its outcome
-    /// reports that limit).
-    #[inline]
-    pub(in crate::store::memory) fn judge(
-        &self,
-        check: &CheckRef<'_>,
-        hash: u64,
-        now: u64,
-    ) -> Option<Judged> {
+    /// Phase one for `check` under the exclusive lock: finds its row once (phase two goes
+    /// back to where it is) and leaves in `run` its verdict, at cost 0 for an operation that
+    /// acted on its own; for a lease, on the state as strict as the lease could make it; for
+    /// a wait denied now, the wait until the time that admits it.
+    pub(crate) fn judge_row(&self, check: &CheckRef<'_>, run: &mut Run, now: u64) {
+        let (tier, op) = (check.tier(), check.op());
         let bucket = self
             .table
-            .find_bucket_index(hash, |s| s.is(check.tier().id(), check.key()));
-        let algorithm = check.tier().algorithm();
-        let cost = check.cost();
-        let (verdict, charged) = match bucket.and_then(|b| self.table.get_bucket(b)) {
-            Some(row) if row.limit().is_some() => return None,
-            // Decided on the word as the shared path decides it: no state is unpacked.
+            .find_bucket_index(run.hash, |r| r.is(tier.id(), check.key()));
+        let row = bucket.and_then(|b| self.table.get_bucket(b));
+        let cost = if op.acts() { 0 } else { check.cost() };
+        let algorithm = tier.algorithm();
+        run.bucket = bucket;
+        run.verdict = match row {
+            // Decided on the word as the shared lock decides it: no state is unpacked.
             Some(Row {
                 cell: Cell::Packed { count, word },
                 def,
                 ..
-            }) if *def == check.tier().def() => {
-                let (verdict, next) = algorithm.decide_packed(Cell::load(count, word), now, cost);
-                (verdict, Some(next))
+            }) if op == Op::Enforce && *def == tier.def() => {
+                let was = Cell::load(count, word);
+                let (verdict, next) = algorithm.decide_packed(was, now, cost);
+                run.packed = Some((was, next));
+                verdict
             }
-            Some(row) => (
-                row.read(algorithm, |e| Unpacked::verdict(Some(e), check, now, cost)),
-                None,
-            ),
-            None => (Unpacked::verdict(None, check, now, cost), None),
+            Some(row) => {
+                run.own = row.limit().map(|l| l.tier.clone());
+                row.read(algorithm, |e| Unpacked::verdict(Some(e), check, now, cost))
+            }
+            None => Unpacked::verdict(None, check, now, cost),
         };
-        Some(Judged {
-            bucket,
-            verdict,
-            charged,
-        })
-    }
-
-    /// Phase two of the same for a key that has a row, at its place `judged.bucket` (no row
-    /// was inserted or removed since phase one): charged when the request is `admitted`,
-    /// else, when this policy admitted it, the verdict reports the state as it stays (as
-    /// `apply`).
-    #[inline]
-    pub(in crate::store::memory) fn settle_at(
-        &mut self,
-        check: &CheckRef<'_>,
-        bucket: usize,
-        now: u64,
-        admitted: bool,
-        judged: &mut Judged,
-    ) {
-        let algorithm = check.tier().algorithm();
-        let cost = check.cost();
-        let row = self
-            .table
-            .get_bucket_mut(bucket)
-            .expect("the row found in phase one is where it was");
-        let verdict = &mut judged.verdict;
-        if admitted && cost > 0 {
-            match (&mut row.cell, judged.charged) {
-                // Nothing changed the word since: the exclusive lock is held.
-                (Cell::Packed { count, word }, Some(next)) => Cell::set(count, word, next),
-                _ => row.write(algorithm, |e| {
-                    e.change(algorithm, |a, s| (Some(a.commit(s, now, cost)), ()));
-                }),
-            }
-        } else if verdict.allowed && cost > 0 {
-            verdict.uncharged(row.read(algorithm, |e| Unpacked::verdict(Some(e), check, now, 0)));
+        if let Op::Wait { max_wait_us } = op
+            && !run.verdict.allowed
+        {
+            let read = |e: Option<&Unpacked>| reservation(e, check, now, &run.verdict, max_wait_us);
+            run.wait = match row {
+                Some(row) => row.read(algorithm, |e| read(Some(e))),
+                None => read(None),
+            };
         }
     }
 
-    /// Phase two of the same for a new key: inserted with its charge when the request is
-    /// `admitted`, else reported as a fresh key (as `apply`).
-    pub(in crate::store::memory) fn settle_new(
+    /// Phase two for `check`, the request admitted: charged as its operation says (at its
+    /// reserved time, a lease, its cost), what it was granted left in `run`. A row phase one
+    /// found is charged where it is; a new key is inserted (its caller makes these last).
+    pub(crate) fn charge_row(
         &mut self,
         check: &CheckRef<'_>,
-        hash: u64,
+        run: &mut Run,
         now: u64,
-        admitted: bool,
-        verdict: &mut Verdict,
         capacity: usize,
     ) {
-        if admitted {
-            self.commit(check, hash, now, capacity);
-        } else if verdict.allowed && check.cost() > 0 {
-            verdict.uncharged(check.tier().algorithm().evaluate(None, now, 0));
+        let (hash, cost, op) = (run.hash, check.cost(), check.op());
+        let algorithm = check.tier().algorithm();
+        if let Some(wait) = run.wait {
+            let at = now + wait;
+            self.charge(check, hash, now, capacity, |a, s| {
+                a.reserve_commit(s, now, at, cost)
+            });
+            // Admitted, the state reported as it is seen now (a look may deny: the sliding log
+            // still counts, now, entries that are gone at the reserved time).
+            let seen = self.look_row(check, run, now);
+            run.verdict = Verdict::allow(seen.remaining, seen.reset_after_us);
+            run.grant = Some(Grant::new(cost, at, wait));
+        } else if let Op::Lease { want } = op {
+            let lease = self.take_lease(check, hash, now, want, capacity);
+            run.verdict = lease.verdict;
+            run.grant = Some(Grant::new(lease.units, lease.end, lease.end - now));
+        } else if cost > 0 {
+            match run.bucket.and_then(|b| self.table.get_bucket_mut(b)) {
+                Some(row) => match (&mut row.cell, run.packed) {
+                    // Still as phase one found it: its charge as judged.
+                    (Cell::Packed { count, word }, Some((was, next)))
+                        if Cell::load(count, word) == was =>
+                    {
+                        Cell::set(count, word, next);
+                    }
+                    _ => row.write(algorithm, |e| {
+                        e.change(algorithm, |a, s| (Some(a.commit(s, now, cost)), ()));
+                    }),
+                },
+                None => self.commit(check, hash, now, capacity),
+            }
+            if op == Op::Concurrency {
+                // The slots, charged now: given back as charged at `now`.
+                run.grant = Some(Grant::new(cost, now, 0));
+            }
         }
     }
+
+    /// A look at `check`'s row (as phase one found it, or a new key's) as it is now: the
+    /// verdict at cost 0.
+    pub(crate) fn look_row(&self, check: &CheckRef<'_>, run: &Run, now: u64) -> Verdict {
+        let algorithm = check.tier().algorithm();
+        // A new key charged since phase one is found by its hash.
+        let row = match run.bucket {
+            Some(bucket) => self.table.get_bucket(bucket),
+            None => self.find(check, run.hash),
+        };
+        match row {
+            Some(row) => row.read(algorithm, |e| Unpacked::verdict(Some(e), check, now, 0)),
+            None => Unpacked::verdict(None, check, now, 0),
+        }
+    }
+}
+
+/// For a check denied now with `verdict`: the wait until the time that admits it, if it is
+/// within `max_wait` and the key (its `entry`, if it has one) is not blocked.
+fn reservation(
+    entry: Option<&Unpacked>,
+    check: &CheckRef<'_>,
+    now: u64,
+    verdict: &Verdict,
+    max_wait: u64,
+) -> Option<u64> {
+    if entry.is_some_and(|e| e.blocked_until() > now) {
+        return None;
+    }
+    let tier = check.tier().algorithm();
+    let state = entry.and_then(|e| e.live(now));
+    let under = entry.map_or(tier, |e| e.algorithm(tier));
+    under.reservation(state, now, check.cost(), verdict, max_wait)
 }

@@ -19,7 +19,7 @@ impl Shard {
         now: u64,
         until: u64,
         capacity: usize,
-        (registry, own): (&Registry, &Arc<Tier>),
+        registry: &Registry,
     ) {
         registry.limited();
         // No end given: the longest window's time from now.
@@ -29,7 +29,7 @@ impl Shard {
         };
         let tier = check.tier();
         let limit = Arc::new(Limit {
-            tier: own.clone(),
+            tier: tier.clone(),
             until,
         });
         match self.find_mut(check, hash) {

@@ -106,6 +106,13 @@ impl PolicyOutcome {
         self.grant.as_deref()
     }
 
+    /// An admission this policy gave but the decision did not charge (another policy denied):
+    /// the state as it `stays` reported (as [`Verdict::uncharged`]).
+    pub(crate) fn uncharged(&mut self, stays: Verdict) {
+        self.remaining = stays.remaining;
+        self.reset_after_us = stays.reset_after_us;
+    }
+
     /// Counts `units` more as remaining (the units of a lease held by this instance).
     pub(crate) fn add_remaining(&mut self, units: u64) {
         self.remaining += units;

@@ -77,6 +77,7 @@ macro_rules! operations {
                 }
             }
 
+            #[inline(always)]
             const fn facts(self) -> Facts {
                 match self {
                     $(Op::$variant { .. } => $facts,)*
@@ -209,16 +210,19 @@ impl Op {
     }
 
     /// Whether a denial by this check denies the request.
+    #[inline(always)]
     pub(crate) const fn decides(self) -> bool {
         self.facts().decides
     }
 
     /// When this check is charged, if the request is admitted.
+    #[inline(always)]
     pub(crate) const fn charge(self) -> Charge {
         self.facts().charge
     }
 
     /// Whether the check is charged when the request is admitted, given its own verdict.
+    #[inline(always)]
     pub(crate) const fn charged(self, allowed: bool) -> bool {
         match self.charge() {
             Charge::Always => true,
@@ -229,6 +233,7 @@ impl Op {
 
     /// Whether the operation changes the state on its own before the look at cost 0 that
     /// reports it (an administrative change, or units given back).
+    #[inline(always)]
     pub(crate) const fn acts(self) -> bool {
         self.facts().acts
     }

@@ -130,8 +130,12 @@ impl Rows for Locked<'_, '_> {
     }
 
     #[inline]
-    fn verdict(&mut self, i: usize) -> &mut Verdict {
-        self.runs[i].verdict_mut()
+    fn allowed(&self, i: usize) -> bool {
+        self.runs[i].verdict().allowed
+    }
+
+    fn uncharged(&mut self, i: usize, stays: Verdict) {
+        self.runs[i].verdict_mut().uncharged(stays);
     }
 
     /// A row phase one found is charged now; a new key once every found row is (an insert

@@ -36,8 +36,12 @@ pub(super) trait Rows {
     /// go on (its verdict admits it, it waits, or it does not decide).
     fn judge(&mut self, i: usize, now: u64) -> bool;
 
-    /// Check `i`'s verdict, as judged and then as phase two leaves it.
-    fn verdict(&mut self, i: usize) -> &mut Verdict;
+    /// Whether check `i`'s verdict admits the request.
+    fn allowed(&self, i: usize) -> bool;
+
+    /// Check `i` admitted the request but was not charged: its verdict reports the state as
+    /// it `stays` (see [`Verdict::uncharged`]).
+    fn uncharged(&mut self, i: usize, stays: Verdict);
 
     /// Phase two, the request admitted: charges check `i` as its operation says.
     fn charge(&mut self, i: usize, now: u64);
@@ -67,14 +71,14 @@ pub(super) fn decide(rows: &mut impl Rows) -> bool {
         }
         for i in 0..rows.len() {
             let op = rows.op(i);
-            let allowed = rows.verdict(i).allowed;
+            let allowed = rows.allowed(i);
             if admitted && op.charged(allowed) {
                 rows.charge(i, now);
             } else {
                 rows.keep(i);
                 if allowed && rows.cost(i) > 0 && !op.acts() {
                     let stays = rows.look(i, now);
-                    rows.verdict(i).uncharged(stays);
+                    rows.uncharged(i, stays);
                 }
             }
         }

@@ -250,7 +250,7 @@ impl Shard {
         self.table.len()
     }
 
-    #[inline]
+    #[inline(always)]
     fn find(&self, check: &CheckRef<'_>, hash: u64) -> Option<&Row> {
         self.table
             .find(hash, |s| s.is(check.tier().id(), check.key()))

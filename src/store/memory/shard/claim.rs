@@ -7,7 +7,7 @@
 //! call that can block: the claimer already holds its shared lock, and takes nothing else
 //! until it has written every word back. Two claimers take their words in the order of their
 //! addresses, so neither holds a word the other waits for while waiting for one it holds. A
-//! decision by compare-and-swap (`Shard::decide_packed`) that finds a word claimed waits for
+//! decision by compare-and-swap (`word.rs`) that finds a word claimed waits for
 //! it, as it would for the exclusive lock. A count is read and written only by the holder of
 //! its word's claim (or under the exclusive lock): written before the word is given back, it
 //! is seen by whoever claims the word next. The exclusive lock waits for every
@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crossbeam_utils::Backoff;
 
-use super::{Cell, CheckRef, Shard};
+use super::{Cell, Shard};
 use crate::algorithm::{Packed, Verdict};
 use crate::decision::{Decision, Outcomes, PolicyOutcome};
 use crate::key::Key;
@@ -49,7 +49,7 @@ pub(super) fn unclaimed(word: &AtomicU64) -> u64 {
 }
 
 /// Claims `word`: its value, the word left [`CLAIMED`] until the caller writes it back.
-fn claim(word: &AtomicU64) -> u64 {
+pub(super) fn claim(word: &AtomicU64) -> u64 {
     let mut current = word.load(Ordering::Acquire);
     loop {
         if current == CLAIMED {
@@ -72,48 +72,53 @@ pub(super) struct Claimed<'a, C, const N: usize> {
     /// Each state as claimed, and as its charge leaves it.
     was: [Packed; N],
     next: [Packed; N],
-    pub(super) verdicts: [Verdict; N],
+    /// Each check's outcome, pushed as it is judged.
+    pub(super) outcomes: Outcomes,
 }
 
 impl<'a, C: Fn() -> u64, const N: usize> Claimed<'a, C, N> {
-    /// The checks (at most `N`) and each one's cell; `None` when two are of one word.
+    /// The checks (at most `N`) and each one's cell, to be claimed in the order of their
+    /// addresses ([`ordered`](Self::ordered)).
     #[inline(always)]
     pub(super) fn new(
         checks: &'a [Enforced<'a>],
         cells: [Option<(&'a AtomicU64, &'a AtomicU32)>; N],
         clock: C,
-    ) -> Option<Self> {
+    ) -> Self {
+        Claimed {
+            checks,
+            cells,
+            order: std::array::from_fn(|i| i),
+            clock,
+            was: [Packed::default(); N],
+            next: [Packed::default(); N],
+            outcomes: Outcomes::new(),
+        }
+    }
+
+    /// Puts the checks in the order of their words' addresses; whether no two are of one
+    /// word (claimed twice, it would wait for itself).
+    #[inline(always)]
+    pub(super) fn ordered(&mut self) -> bool {
+        let cells = &self.cells;
         let address = |i: usize| cells[i].map_or(0, |(word, _)| std::ptr::from_ref(word).addr());
-        let mut order = std::array::from_fn(|i| i);
-        match &mut order[..checks.len()] {
-            [] | [_] => {}
+        let order = &mut self.order[..self.checks.len()];
+        match &mut *order {
+            [] | [_] => return true,
             // Two, the usual number: a sort's loop costs them about 30 instructions.
             [a, b] if address(*a) > address(*b) => std::mem::swap(a, b),
             [_, _] => {}
             more => more.sort_unstable_by_key(|&i| address(i)),
         }
-        if order[..checks.len()]
-            .windows(2)
-            .any(|w| address(w[0]) == address(w[1]))
-        {
-            return None;
-        }
-        Some(Claimed {
-            checks,
-            cells,
-            order,
-            clock,
-            was: [Packed::default(); N],
-            next: [Packed::default(); N],
-            verdicts: [Verdict::default(); N],
-        })
+        !order.windows(2).any(|w| address(w[0]) == address(w[1]))
     }
 }
 
 impl<C: Fn() -> u64, const N: usize> Rows for Claimed<'_, C, N> {
     #[inline(always)]
     fn len(&self) -> usize {
-        self.checks.len()
+        // At most `N`, as the caller made it: said so that indexing needs no bounds check.
+        self.checks.len().min(N)
     }
 
     #[inline(always)]
@@ -141,13 +146,19 @@ impl<C: Fn() -> u64, const N: usize> Rows for Claimed<'_, C, N> {
     #[inline(always)]
     fn judge(&mut self, i: usize, now: u64) -> bool {
         let (tier, _, cost) = self.checks[i];
-        (self.verdicts[i], self.next[i]) = tier.algorithm().decide_packed(self.was[i], now, cost);
-        self.verdicts[i].allowed
+        let verdict;
+        (verdict, self.next[i]) = tier.algorithm().decide_packed(self.was[i], now, cost);
+        self.outcomes.push(PolicyOutcome::new(tier, false, verdict));
+        verdict.allowed
     }
 
     #[inline(always)]
-    fn verdict(&mut self, i: usize) -> &mut Verdict {
-        &mut self.verdicts[i]
+    fn allowed(&self, i: usize) -> bool {
+        self.outcomes[i].is_allowed()
+    }
+
+    fn uncharged(&mut self, i: usize, stays: Verdict) {
+        self.outcomes[i].uncharged(stays);
     }
 
     #[inline(always)]
@@ -198,9 +209,10 @@ impl Shard {
         // Each check's cell (its word and count), in the checks' order; in arrays, which cost
         // fewer instructions than vectors for the two to four checks there are.
         let mut cells: [Option<(&AtomicU64, &AtomicU32)>; TOGETHER] = [None; TOGETHER];
-        for (&(tier, key, cost), cell) in checks.iter().zip(&mut cells) {
+        for (&(tier, key, _), cell) in checks.iter().zip(&mut cells) {
             let hash = Key::with_id(key_hash, tier.id());
-            let row = self.find(&CheckRef::enforce(tier, key, cost), hash)?;
+            // Its own search (not `Shard::find`'s), which the compiler keeps inline here.
+            let row = self.table.find(hash, |r| r.is(tier.id(), key))?;
             match &row.cell {
                 Cell::Packed { count, word } if row.def == tier.def() => {
                     *cell = Some((word, count));
@@ -208,12 +220,11 @@ impl Shard {
                 _ => return None,
             }
         }
-        let mut rows = Claimed::new(checks, cells, clock)?;
-        let admitted = rule::decide(&mut rows);
-        let mut outcomes = Outcomes::new();
-        for (&(tier, _, _), verdict) in checks.iter().zip(rows.verdicts) {
-            outcomes.push(PolicyOutcome::new(tier, false, verdict));
+        let mut rows = Claimed::new(checks, cells, clock);
+        if !rows.ordered() {
+            return None;
         }
-        Some(Decision::enforced(outcomes, admitted))
+        let admitted = rule::decide(&mut rows);
+        Some(Decision::enforced(rows.outcomes, admitted))
     }
 }

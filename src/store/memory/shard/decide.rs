@@ -4,7 +4,6 @@
 //! [`Shard::look_row`]), which `locked.rs` runs over the shards of a decision. The rule they
 //! serve is `rule.rs`'s.
 
-use super::claim::Claimed;
 use super::word::Word;
 use super::{Cell, CheckRef, Row, Run, Shard, Unpacked};
 use crate::algorithm::Verdict;
@@ -14,8 +13,8 @@ use crate::store::memory::rule;
 
 impl Shard {
     /// One enforced check decided under the shared lock when its key's state is packed and
-    /// written under its policy's definition: by compare-and-swap of its word ([`Word`]), or
-    /// with the word claimed when a count sits beside it ([`Claimed`]). The time is read from
+    /// written under its policy's definition: by compare-and-swap of its word, or with the
+    /// word claimed when a count sits beside it ([`Word`]). The time is read from
     /// `clock` once the state is loaded. `None` when the key needs the exclusive lock: a new
     /// key, a state that is not packed, a state written under another definition.
     #[inline]
@@ -34,12 +33,11 @@ impl Shard {
         }
         let algorithm = check.tier().algorithm();
         if algorithm.packs_count() {
-            let one = [(check.tier(), check.key(), check.cost())];
-            let mut rows = Claimed::<_, 1>::new(&one, [Some((word, count))], clock)?;
+            let mut rows = Word::<_, true>::new((word, count), algorithm, check.cost(), clock);
             rule::decide(&mut rows);
-            return Some(rows.verdicts[0]);
+            return Some(rows.verdict);
         }
-        let mut rows = Word::new(word, algorithm, check.cost(), clock);
+        let mut rows = Word::<_, false>::new((word, count), algorithm, check.cost(), clock);
         rule::decide(&mut rows);
         Some(rows.verdict)
     }

@@ -1,43 +1,64 @@
-//! One packed state without a count (a GCRA's) decided under the shard's shared lock by
-//! compare-and-swap of its word: the common case, on which threads deciding one hot key never
-//! wait for each other. A denial leaves the word as it was and writes nothing.
+//! One enforced check on a packed state decided under the shard's shared lock: the common
+//! case. A state without a count (a GCRA's) is decided by compare-and-swap of its word, so
+//! threads deciding one hot key never wait for each other, and a denial writes nothing; a
+//! state with a count beside its word (a fixed window's) with the word claimed while both
+//! change (`claim.rs`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use super::claim::{CLAIMED, unclaimed};
+use super::claim::{CLAIMED, claim, unclaimed};
 use crate::algorithm::{Compiled, Packed, Verdict};
 use crate::store::Op;
 use crate::store::memory::rule::Rows;
 
-/// The [`Rows`] of one enforced check whose state is `word`: loaded, judged, and written by
-/// one compare-and-swap (another decision wrote it in between: judged again).
-pub(super) struct Word<'a, C> {
+/// The [`Rows`] of one enforced check whose state is `word` (and `count`, when `COUNTED`):
+/// loaded, judged, and written by one compare-and-swap (another decision wrote it in between:
+/// judged again); or, with a count, claimed, judged and written back.
+pub(super) struct Word<'a, C, const COUNTED: bool> {
     word: &'a AtomicU64,
+    count: &'a AtomicU32,
     algorithm: &'a Compiled,
     cost: u64,
     clock: C,
-    /// The word as loaded.
+    /// The word and count as loaded (the count 0 unless `COUNTED`).
     current: u64,
-    /// The word the decision leaves.
-    next: u64,
+    current_count: u32,
+    /// The state the decision leaves.
+    next: Packed,
     pub(super) verdict: Verdict,
 }
 
-impl<'a, C: Fn() -> u64> Word<'a, C> {
-    pub(super) fn new(word: &'a AtomicU64, algorithm: &'a Compiled, cost: u64, clock: C) -> Self {
+impl<'a, C: Fn() -> u64, const COUNTED: bool> Word<'a, C, COUNTED> {
+    #[inline(always)]
+    pub(super) fn new(
+        (word, count): (&'a AtomicU64, &'a AtomicU32),
+        algorithm: &'a Compiled,
+        cost: u64,
+        clock: C,
+    ) -> Self {
         Word {
             word,
+            count,
             algorithm,
             cost,
             clock,
             current: 0,
-            next: 0,
+            current_count: 0,
+            next: Packed::default(),
             verdict: Verdict::default(),
         }
     }
 }
 
-impl<C: Fn() -> u64> Rows for Word<'_, C> {
+impl<C, const COUNTED: bool> Word<'_, C, COUNTED> {
+    /// The state as loaded.
+    #[inline(always)]
+    fn was(&self) -> Packed {
+        Packed::new(self.current, if COUNTED { self.current_count } else { 0 })
+    }
+}
+
+impl<C: Fn() -> u64, const COUNTED: bool> Rows for Word<'_, C, COUNTED> {
     #[inline(always)]
     fn len(&self) -> usize {
         1
@@ -54,29 +75,37 @@ impl<C: Fn() -> u64> Rows for Word<'_, C> {
     }
 
     /// Loads the word (waiting while a decision of several policies of the key holds it:
-    /// `claim.rs`), then reads the time: decisions on the key see time in the order they land.
+    /// `claim.rs`), or claims it when it has a count, then reads the time: decisions on the
+    /// key see time in the order they land.
     #[inline(always)]
     fn open(&mut self) -> u64 {
-        let mut current = self.word.load(Ordering::Acquire);
-        if current == CLAIMED {
-            current = unclaimed(self.word);
+        if COUNTED {
+            self.current = claim(self.word);
+            self.current_count = self.count.load(Ordering::Relaxed);
+        } else {
+            self.current = self.word.load(Ordering::Acquire);
+            if self.current == CLAIMED {
+                self.current = unclaimed(self.word);
+            }
         }
-        self.current = current;
         (self.clock)()
     }
 
     #[inline(always)]
     fn judge(&mut self, _: usize, now: u64) -> bool {
-        let was = Packed::new(self.current, 0);
-        let (verdict, next) = self.algorithm.decide_packed(was, now, self.cost);
+        let verdict;
+        (verdict, self.next) = self.algorithm.decide_packed(self.was(), now, self.cost);
         self.verdict = verdict;
-        self.next = next.word();
         verdict.allowed
     }
 
     #[inline(always)]
-    fn verdict(&mut self, _: usize) -> &mut Verdict {
-        &mut self.verdict
+    fn allowed(&self, _: usize) -> bool {
+        self.verdict.allowed
+    }
+
+    fn uncharged(&mut self, _: usize, stays: Verdict) {
+        self.verdict.uncharged(stays);
     }
 
     /// The charge is written by [`close`](Rows::close).
@@ -85,20 +114,25 @@ impl<C: Fn() -> u64> Rows for Word<'_, C> {
 
     #[inline(always)]
     fn keep(&mut self, _: usize) {
-        self.next = self.current;
+        self.next = self.was();
     }
 
     fn look(&self, _: usize, now: u64) -> Verdict {
-        let was = Packed::new(self.current, 0);
-        self.algorithm.decide_packed(was, now, 0).0
+        self.algorithm.decide_packed(self.was(), now, 0).0
     }
 
     #[inline(always)]
     fn close(&mut self) -> bool {
-        self.next == self.current
+        let (current, next) = (self.current, self.next.word());
+        if COUNTED {
+            self.count.store(self.next.count(), Ordering::Relaxed);
+            self.word.store(next, Ordering::Release);
+            return true;
+        }
+        next == current
             || self
                 .word
-                .compare_exchange_weak(self.current, self.next, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
     }
 }

@@ -4,11 +4,24 @@
 //! Both are taken poisoned or not (see [`crate::store::lock`]).
 
 use std::ops::{Deref, DerefMut};
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
+// Under the model checker (`cfg(loom)`), the one lock is loom's; the eight reader locks are
+// crossbeam's, which loom cannot see, so a store there always has the one lock.
+#[cfg(loom)]
+use loom::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+#[cfg(not(loom))]
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::store::{read, write};
+/// Takes the shared lock of `l`, poisoned or not.
+fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Takes the exclusive lock of `l`, poisoned or not.
+fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
+}
 
 /// A shard's lock.
 pub(super) enum ShardLock<T> {
@@ -35,7 +48,7 @@ pub(super) enum Write<'a, T> {
 
 impl<T> ShardLock<T> {
     pub(super) fn new(value: T, per_thread: bool) -> Self {
-        if per_thread {
+        if per_thread && !cfg!(loom) {
             ShardLock::PerThread(ShardedLock::new(value))
         } else {
             ShardLock::One(RwLock::new(value))

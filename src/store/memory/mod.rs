@@ -2,6 +2,8 @@
 
 mod lock;
 mod locked;
+#[cfg(all(test, loom))]
+mod loom_model;
 mod rule;
 mod shard;
 

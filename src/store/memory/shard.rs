@@ -13,6 +13,7 @@ use crate::key::Key;
 use crate::policy::Tier;
 use crate::store::{Check, Op, Registry};
 
+mod atomic;
 mod claim;
 mod decide;
 mod entry;
@@ -526,15 +527,18 @@ fn lease_ttl(check: &CheckRef<'_>) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    #[cfg_attr(loom, allow(unused_imports))]
     use super::*;
 
     #[test]
+    #[cfg(not(loom))]
     fn a_slot_fits_in_64_bytes() {
         // 64 bytes and a control byte, in a table at most 7/8 full: at most 96 bytes a key.
         assert!(size_of::<Row>() <= 64, "{} bytes", size_of::<Row>());
     }
 
     #[test]
+    #[cfg(not(loom))]
     fn a_full_entry_takes_a_48_byte_allocation() {
         // glibc's malloc serves up to 40 bytes from a 48-byte chunk, 41 to 56 from a 64-byte
         // one: every algorithm's state is at most 16 bytes wide so that the entry fits.

@@ -5,16 +5,19 @@
 //!
 //! A claim is held for a few dozen instructions and never across a lock, an allocation or a
 //! call that can block: the claimer already holds its shared lock, and takes nothing else
-//! until it has written every word back. Two claimers take their words in the order of their
-//! addresses, so neither holds a word the other waits for while waiting for one it holds. A
+//! until it has written every word back. Two claimers take their words (all of one key) in
+//! the order of their policies' ids, so neither holds a word the other waits for while waiting for one it holds. A
 //! decision by compare-and-swap (`word.rs`) that finds a word claimed waits for
 //! it, as it would for the exclusive lock. A count is read and written only by the holder of
 //! its word's claim (or under the exclusive lock): written before the word is given back, it
 //! is seen by whoever claims the word next. The exclusive lock waits for every
 //! shared holder, so nothing under it ever sees a claimed word.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
+use super::atomic::{AtomicU32, AtomicU64};
+
+#[cfg(not(loom))]
 use crossbeam_utils::Backoff;
 
 use super::{Cell, Shard};
@@ -38,8 +41,13 @@ pub(super) const CLAIMED: u64 = u64::MAX;
 #[cold]
 #[inline(never)]
 pub(super) fn unclaimed(word: &AtomicU64) -> u64 {
+    #[cfg(not(loom))]
     let backoff = Backoff::new();
     loop {
+        // Under the model checker, a wait it can see.
+        #[cfg(loom)]
+        loom::thread::yield_now();
+        #[cfg(not(loom))]
         backoff.snooze();
         let current = word.load(Ordering::Acquire);
         if current != CLAIMED {
@@ -62,8 +70,21 @@ pub(super) fn claim(word: &AtomicU64) -> u64 {
     }
 }
 
+/// Gives a claimed `word` back, holding `value`: whoever claims or loads it next sees what
+/// was written before (the count among it).
+#[inline(always)]
+pub(super) fn give_back(word: &AtomicU64, value: u64) {
+    // The model checker's own bookkeeping fails on a plain store after another thread's
+    // read-modify-write of the same word (tokio-rs/loom#252); a swap orders the same.
+    #[cfg(loom)]
+    word.swap(value, Ordering::Release);
+    #[cfg(not(loom))]
+    word.store(value, Ordering::Release);
+}
+
 /// The [`Rows`] of packed states decided with their words claimed (see the module's comment):
-/// at most `N` checks, each one's word and count, claimed in the order of their addresses.
+/// at most `N` checks of one key, each one's word and count, claimed in the order of their
+/// policies' ids.
 pub(super) struct Claimed<'a, C, const N: usize> {
     checks: &'a [Enforced<'a>],
     cells: [Option<(&'a AtomicU64, &'a AtomicU32)>; N],
@@ -77,8 +98,8 @@ pub(super) struct Claimed<'a, C, const N: usize> {
 }
 
 impl<'a, C: Fn() -> u64, const N: usize> Claimed<'a, C, N> {
-    /// The checks (at most `N`) and each one's cell, to be claimed in the order of their
-    /// addresses ([`ordered`](Self::ordered)).
+    /// The checks (at most `N`, of one key) and each one's cell, to be claimed in the order of
+    /// their policies' ids ([`ordered`](Self::ordered)).
     #[inline(always)]
     pub(super) fn new(
         checks: &'a [Enforced<'a>],
@@ -96,21 +117,23 @@ impl<'a, C: Fn() -> u64, const N: usize> Claimed<'a, C, N> {
         }
     }
 
-    /// Puts the checks in the order of their words' addresses; whether no two are of one
-    /// word (claimed twice, it would wait for itself).
+    /// Puts the checks in the order of their policies' ids; whether no two are of one word
+    /// (claimed twice, it would wait for itself). The words claimed together are all of one
+    /// key, so two claimers order their common words alike (and, unlike their addresses, the
+    /// order is the same from run to run, which the model checker needs).
     #[inline(always)]
     pub(super) fn ordered(&mut self) -> bool {
-        let cells = &self.cells;
-        let address = |i: usize| cells[i].map_or(0, |(word, _)| std::ptr::from_ref(word).addr());
+        let checks = self.checks;
+        let id = |i: usize| checks[i].0.id();
         let order = &mut self.order[..self.checks.len()];
         match &mut *order {
             [] | [_] => return true,
             // Two, the usual number: a sort's loop costs them about 30 instructions.
-            [a, b] if address(*a) > address(*b) => std::mem::swap(a, b),
+            [a, b] if id(*a) > id(*b) => std::mem::swap(a, b),
             [_, _] => {}
-            more => more.sort_unstable_by_key(|&i| address(i)),
+            more => more.sort_unstable_by_key(|&i| id(i)),
         }
-        !order.windows(2).any(|w| address(w[0]) == address(w[1]))
+        !order.windows(2).any(|w| id(w[0]) == id(w[1]))
     }
 }
 
@@ -165,7 +188,7 @@ impl<C: Fn() -> u64, const N: usize> Rows for Claimed<'_, C, N> {
     fn charge(&mut self, i: usize, _: u64) {
         if let Some((word, count)) = self.cells[i] {
             count.store(self.next[i].count(), Ordering::Relaxed);
-            word.store(self.next[i].word(), Ordering::Release);
+            give_back(word, self.next[i].word());
         }
     }
 
@@ -173,7 +196,7 @@ impl<C: Fn() -> u64, const N: usize> Rows for Claimed<'_, C, N> {
     #[inline(always)]
     fn keep(&mut self, i: usize) {
         if let Some((word, _)) = self.cells[i] {
-            word.store(self.was[i].word(), Ordering::Release);
+            give_back(word, self.was[i].word());
         }
     }
 

@@ -2,7 +2,9 @@
 //! what an administrator set on the key (`Marks`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
+
+use super::atomic::{AtomicU32, AtomicU64};
 
 use crate::algorithm::{Compiled, Packed, State};
 use crate::policy::Tier;
@@ -134,8 +136,8 @@ impl Cell {
 
     /// Writes `packed` in a packed cell, under the exclusive lock (no decision holds its word).
     pub(super) fn set(count: &mut AtomicU32, word: &mut AtomicU64, packed: Packed) {
-        *word.get_mut() = packed.word();
-        *count.get_mut() = packed.count();
+        word.store(packed.word(), Ordering::Relaxed);
+        count.store(packed.count(), Ordering::Relaxed);
     }
 
     /// A packed cell's state, read where no decision can hold its word (see `claim.rs`).

@@ -4,9 +4,11 @@
 //! state with a count beside its word (a fixed window's) with the word claimed while both
 //! change (`claim.rs`).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
-use super::claim::{CLAIMED, claim, unclaimed};
+use super::atomic::{AtomicU32, AtomicU64};
+
+use super::claim::{CLAIMED, claim, give_back, unclaimed};
 use crate::algorithm::{Compiled, Packed, Verdict};
 use crate::store::Op;
 use crate::store::memory::rule::Rows;
@@ -126,7 +128,7 @@ impl<C: Fn() -> u64, const COUNTED: bool> Rows for Word<'_, C, COUNTED> {
         let (current, next) = (self.current, self.next.word());
         if COUNTED {
             self.count.store(self.next.count(), Ordering::Relaxed);
-            self.word.store(next, Ordering::Release);
+            give_back(self.word, next);
             return true;
         }
         next == current

@@ -1,4 +1,4 @@
-//! One shard of the memory store: its table of slots, the shared-lock path that decides a
+//! One shard of the memory store: its table of rows, the shared-lock path that decides a
 //! packed state (by compare-and-swap, or with its word claimed), and the exclusive path for
 //! everything else.
 
@@ -44,7 +44,7 @@ const EVICTION_SAMPLE: usize = 8;
 /// reservations, holds, a block, the sweep) takes the exclusive lock.
 pub(super) struct Shard {
     table: HashTable<Row>,
-    /// The store's hasher, to hash a slot again when the table grows or evicts (a slot does
+    /// The store's hasher, to hash a row again when the table grows or evicts (a row does
     /// not keep its hash: 8 bytes per key).
     hasher: RandomState,
     ops: u32,
@@ -265,10 +265,10 @@ impl Shard {
     /// Adopts the state of `check`'s key under the check's definition, if it was written
     /// under another one.
     pub(super) fn adopt(&mut self, check: &CheckRef<'_>, hash: u64, now: u64, registry: &Registry) {
-        if let Some(slot) = self.find_mut(check, hash)
-            && (slot.def != check.tier().def() || slot.limit().is_some())
+        if let Some(row) = self.find_mut(check, hash)
+            && (row.def != check.tier().def() || row.limit().is_some())
         {
-            slot.adopt(check, now, registry);
+            row.adopt(check, now, registry);
         }
     }
 
@@ -300,16 +300,14 @@ impl Shard {
                 self.limit(check, hash, now, until, capacity, registry);
             }
             Op::Unlimit => {
-                if let Some(slot) = self.find_mut(check, hash) {
-                    let from = match slot.limit() {
+                if let Some(row) = self.find_mut(check, hash) {
+                    let from = match row.limit() {
                         Some(limit) => Some(limit.tier.algorithm().clone()),
-                        None if slot.def != check.tier().def() => {
-                            Some(registry.definition(slot.def))
-                        }
+                        None if row.def != check.tier().def() => Some(registry.definition(row.def)),
                         None => None,
                     };
                     if let Some(from) = from {
-                        slot.put_under(check.tier(), &from, None, now);
+                        row.put_under(check.tier(), &from, None, now);
                     }
                 }
             }
@@ -341,14 +339,14 @@ impl Shard {
     ) {
         let algorithm = check.tier().algorithm();
         match self.find_mut(check, hash) {
-            Some(slot) => slot.write(algorithm, |e| {
+            Some(row) => row.write(algorithm, |e| {
                 e.change(algorithm, |a, s| (Some(charge(a, s)), ()));
             }),
             None => {
                 let mut state = None;
                 let expires_at = charge(algorithm, &mut state);
                 let entry = Unpacked::unblocked(state, expires_at);
-                self.insert_slot(Row::new(check, entry), hash, now, capacity);
+                self.insert_row(Row::new(check, entry), hash, now, capacity);
             }
         }
     }
@@ -357,7 +355,7 @@ impl Shard {
     fn block(&mut self, check: &CheckRef<'_>, hash: u64, now: u64, until: u64, capacity: usize) {
         let algorithm = check.tier().algorithm();
         match self.find_mut(check, hash) {
-            Some(slot) => slot.write(algorithm, |e| {
+            Some(row) => row.write(algorithm, |e| {
                 e.marks_mut().blocked_until = until;
                 e.expires_at = e.expires_at.max(until);
             }),
@@ -370,7 +368,7 @@ impl Shard {
                         limit: None,
                     })),
                 };
-                self.insert_slot(Row::new(check, entry), hash, now, capacity);
+                self.insert_row(Row::new(check, entry), hash, now, capacity);
             }
         }
     }
@@ -384,8 +382,8 @@ impl Shard {
         change: impl FnOnce(&Compiled, &mut Option<State>) -> Option<u64>,
     ) {
         let algorithm = check.tier().algorithm();
-        if let Some(slot) = self.find_mut(check, hash)
-            && let Some(expires_at) = slot.write(algorithm, |e| {
+        if let Some(row) = self.find_mut(check, hash)
+            && let Some(expires_at) = row.write(algorithm, |e| {
                 e.change(algorithm, |a, s| {
                     let expires_at = change(a, s);
                     (expires_at, expires_at)
@@ -411,7 +409,7 @@ impl Shard {
         let cost = check.cost();
         match self.find_mut(check, hash) {
             // As a charge does, on the state as it is (see `charge`).
-            Some(slot) => slot.write(algorithm, |e| {
+            Some(row) => row.write(algorithm, |e| {
                 e.change(algorithm, |a, s| {
                     let lease = a.take_lease(s, now, ttl, cost, want);
                     (lease.expires_at, lease)
@@ -422,7 +420,7 @@ impl Shard {
                 let lease = algorithm.take_lease(&mut state, now, ttl, cost, want);
                 if let Some(expires_at) = lease.expires_at {
                     let entry = Unpacked::unblocked(state, expires_at);
-                    self.insert_slot(Row::new(check, entry), hash, now, cap);
+                    self.insert_row(Row::new(check, entry), hash, now, cap);
                 }
                 lease
             }
@@ -446,18 +444,18 @@ impl Shard {
         }
     }
 
-    /// Adds a slot for a key not in the table, making room first when the shard is full.
-    fn insert_slot(&mut self, slot: Row, hash: u64, now: u64, capacity: usize) {
+    /// Adds a row for a key not in the table, making room first when the shard is full.
+    fn insert_row(&mut self, row: Row, hash: u64, now: u64, capacity: usize) {
         if self.table.len() >= capacity {
             self.make_room(now);
         }
-        self.min_expiry = self.min_expiry.min(slot.expires_at());
+        self.min_expiry = self.min_expiry.min(row.expires_at());
         let hasher = &self.hasher;
         self.table
-            .insert_unique(hash, slot, |s| s.key.hash_with(s.id, hasher));
+            .insert_unique(hash, row, |s| s.key.hash_with(s.id, hasher));
     }
 
-    /// Frees one slot, looking at the first [`EVICTION_SAMPLE`] entries of the table (constant
+    /// Frees one row, looking at the first [`EVICTION_SAMPLE`] entries of the table (constant
     /// time, whatever the shard's size): an expired one if there is one; else, when an entry
     /// may have expired, a sweep of the whole shard; else the soonest to expire of those, a
     /// live key.
@@ -532,7 +530,7 @@ mod tests {
 
     #[test]
     #[cfg(not(loom))]
-    fn a_slot_fits_in_64_bytes() {
+    fn a_row_fits_in_64_bytes() {
         // 64 bytes and a control byte, in a table at most 7/8 full: at most 96 bytes a key.
         assert!(size_of::<Row>() <= 64, "{} bytes", size_of::<Row>());
     }

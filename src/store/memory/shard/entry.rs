@@ -1,4 +1,4 @@
-//! A key's state in a slot: packed in the row (`Cell::Packed`) or boxed (`Unpacked`), with
+//! A key's state in its row: packed in the row itself (`Cell::Packed`) or boxed (`Unpacked`), with
 //! what an administrator set on the key (`Marks`).
 
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use super::atomic::{AtomicU32, AtomicU64};
 use crate::algorithm::{Compiled, Packed, State};
 use crate::policy::Tier;
 
-/// Where a slot keeps its state.
+/// Where a row keeps its state.
 pub(super) enum Cell {
     /// A state that packs ([`Step::pack`](crate::algorithm::Step::pack)) in a word, which is
     /// also when it expires, and a count, and no block: the common case, decided under the

@@ -33,12 +33,12 @@ impl Shard {
             until,
         });
         match self.find_mut(check, hash) {
-            Some(slot) => {
-                let from = match slot.limit() {
+            Some(row) => {
+                let from = match row.limit() {
                     Some(before) => before.tier.algorithm().clone(),
-                    None => registry.definition(slot.def),
+                    None => registry.definition(row.def),
                 };
-                slot.put_under(tier, &from, Some(limit), now);
+                row.put_under(tier, &from, Some(limit), now);
             }
             None => {
                 let entry = Unpacked {
@@ -49,7 +49,7 @@ impl Shard {
                         limit: Some(limit),
                     })),
                 };
-                self.insert_slot(Row::new(check, entry), hash, now, capacity);
+                self.insert_row(Row::new(check, entry), hash, now, capacity);
             }
         }
     }

@@ -72,12 +72,8 @@ impl MemoryStore {
                 locked += 1;
             }
         }
-        if locked > 1 {
-            for run in runs {
-                run.set_guard(order[..locked].partition_point(|&s| s < run.guard()));
-            }
-        } else {
-            runs.iter_mut().for_each(|run| run.set_guard(0));
+        for run in runs {
+            run.set_guard(order[..locked].partition_point(|&s| s < run.guard()));
         }
         guards
     }

@@ -17,8 +17,8 @@ use crate::policy::{Policy, Tier};
 use crate::store::private::Sealed;
 use crate::store::{Check, Op};
 
-/// A store of one shard on a clock that does not move, and the first tier of each policy,
-/// registered in it (`replacing`: whether a name may take a new definition).
+/// A store of one shard on a clock that does not move (or `store`), and the first tier of each
+/// policy, registered in it (a name already there takes the new definition, as a reload does).
 fn store_with(store: Option<&MemoryStore>, policies: &[Policy]) -> (MemoryStore, Vec<Arc<Tier>>) {
     let store = store.cloned().unwrap_or_else(|| {
         MemoryStore::builder()
@@ -91,16 +91,12 @@ fn three_lone_words_admit_exactly_what_is_left() {
     });
 }
 
-#[test]
-fn claimed_words_race_a_lone_word_and_charge_all_or_none() {
-    // A GCRA with one unit left and a fixed window with two, both packed: a request of both
-    // policies (their words claimed) races one of the GCRA alone (compare-and-swap). Exactly
-    // one is admitted, and the window is charged only if the request of both was.
-    loom::model(|| {
-        let (store, tiers) = store_with(
-            None,
-            &[Policy::gcra("2/min"), Policy::fixed_window("3/min")],
-        );
+/// The first of `policies` with one unit left decided alone on one thread, and beside the
+/// second (both packed, their words claimed) on another: exactly one is admitted, and the
+/// second, which had `left` units, is charged only if the request of both was.
+fn lone_races_claimed(policies: [Policy; 2], left: u64) {
+    loom::model(move || {
+        let (store, tiers) = store_with(None, &policies);
         assert!(decide(&store, &tiers, 1, Op::Enforce).is_allowed());
         let (s, t) = (store.clone(), tiers.clone());
         let both = loom::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -116,8 +112,22 @@ fn claimed_words_race_a_lone_word_and_charge_all_or_none() {
         assert_eq!(admitted, 1);
         assert_eq!(remaining(&store, &tiers[0]), 0);
         let both = both.load(std::sync::atomic::Ordering::Relaxed);
-        assert_eq!(remaining(&store, &tiers[1]), 2 - u64::from(both));
+        assert_eq!(remaining(&store, &tiers[1]), left - u64::from(both));
     });
+}
+
+#[test]
+fn claimed_words_race_a_lone_word_and_charge_all_or_none() {
+    // A GCRA (compare-and-swap alone) with one unit left races a request of it and a fixed
+    // window with two left.
+    lone_races_claimed([Policy::gcra("2/min"), Policy::fixed_window("3/min")], 2);
+}
+
+#[test]
+fn a_counted_word_alone_races_it_claimed_beside_another() {
+    // A fixed window (a word and a count, claimed even alone) with one unit left races a
+    // request of it and a GCRA with nine left.
+    lone_races_claimed([Policy::fixed_window("2/min"), Policy::gcra("10/min")], 9);
 }
 
 #[test]
@@ -135,35 +145,6 @@ fn two_claimers_of_one_key_charge_all_or_none() {
         assert_eq!(admitted, 1);
         assert_eq!(remaining(&store, &tiers[0]), 0);
         assert_eq!(remaining(&store, &tiers[1]), 1);
-    });
-}
-
-#[test]
-fn a_counted_word_alone_races_it_claimed_beside_another() {
-    // A fixed window (a word and a count, claimed even alone) with one unit left, decided
-    // alone on one thread and beside a GCRA on another: exactly one is admitted, and the GCRA
-    // is charged only if the request of both was.
-    loom::model(|| {
-        let (store, tiers) = store_with(
-            None,
-            &[Policy::fixed_window("2/min"), Policy::gcra("10/min")],
-        );
-        assert!(decide(&store, &tiers, 1, Op::Enforce).is_allowed());
-        let (s, t) = (store.clone(), tiers.clone());
-        let both = loom::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let seen = both.clone();
-        let admitted = race(2, move |i| {
-            let allowed =
-                decide(&s, if i == 0 { &t[..1] } else { &t }, 1, Op::Enforce).is_allowed();
-            if i == 1 && allowed {
-                seen.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-            allowed
-        });
-        assert_eq!(admitted, 1);
-        assert_eq!(remaining(&store, &tiers[0]), 0);
-        let both = both.load(std::sync::atomic::Ordering::Relaxed);
-        assert_eq!(remaining(&store, &tiers[1]), 9 - u64::from(both));
     });
 }
 

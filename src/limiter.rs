@@ -37,7 +37,7 @@ use crate::grpc::ResponseStyle;
 use crate::headers::{HeaderConfig, RateLimitHeaders};
 use crate::key::{KeyExtractor, RequestRef};
 use crate::lease::{self, Asking, LeaseWait, Leases};
-use crate::policy::{CompiledPolicy, CostFn, Policy, PolicySet, RequestFn, StatusFn};
+use crate::policy::{CompiledPolicy, CostFn, Policy, RequestFn, StatusFn};
 use crate::reload::TierSummary;
 use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Permit};
 use crate::response::Responses;
@@ -50,9 +50,11 @@ mod alone;
 mod admin;
 mod after;
 mod policies;
+mod set;
 mod slots;
 mod failure;
 
+use set::{Lane, Policies, PolicySet};
 pub(crate) use slots::Abandoned;
 
 /// What a layer is configured with, besides its store: the builder fills it in, and
@@ -328,13 +330,15 @@ impl<St: Store> Limiter<St> {
             .map(|top| Tracker::new(&top, headers.partition.as_ref(), names))
             .transpose()?
             .map(Arc::new);
+        let plain = config.deny_cache.is_none() && fallback.is_none();
+        let lane = Lane::of(&set.policies, St::DECIDES_ALONE, plain);
         let leases = OnceLock::new();
         if set.leases {
             let _ = leases.set(Leases::new());
         }
         Ok(Limiter {
             store,
-            policies: PolicySet::new(set.policies),
+            policies: PolicySet::new(Policies::new(set.policies, lane)),
             key: config.key,
             cost: config.cost,
             summary: Mutex::new(set.summary),
@@ -363,12 +367,11 @@ impl<St: Store> Limiter<St> {
             return Begin::Unlimited;
         }
         let policies = self.policies.load();
-        if let [policy] = &policies[..]
-            && self.alone(policy)
-        {
-            return self.begin_alone(policy, request, &policies);
+        match policies.lane() {
+            Lane::Alone => self.begin_alone(&policies[0], request, &policies),
+            Lane::Together => self.begin_together(request, &policies),
+            Lane::Checks => self.plan(request, &policies),
         }
-        self.plan(request, &policies)
     }
 
     /// Plans `request` against every policy that applies, and decides it (the general way).
@@ -684,9 +687,8 @@ impl<St: Store> Limiter<St> {
     }
 
     /// Whether nothing stands between a request and the store but its policies (no deny
-    /// cache or local fallback): a request of one policy may then be decided on its borrowed
-    /// tier and key (see [`Limiter::begin_alone`]). The breaker does not count: a store
-    /// that decides at once never fails, so it never opens one.
+    /// cache or local fallback), for [`Lane::of`]. The breaker does not count: a store that
+    /// decides at once never fails, so it never opens one.
     fn plain(&self) -> bool {
         self.deny_cache.is_none() && self.fallback.is_none()
     }

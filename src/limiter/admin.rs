@@ -7,12 +7,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use super::Limiter;
+use super::set::Lane;
 use crate::decision::{Decision, PolicyOutcome};
 use crate::error::{LimitError, StoreError};
 use crate::key::Key;
-use crate::policy::{CompiledPolicy, Tier};
+use crate::policy::Tier;
 use crate::quota::Quota;
-use crate::store::{Check, Checks, Enforced, Keyed, Op, Store};
+use crate::store::{Check, Checks, Enforced, Keyed, Op, Store, TOGETHER};
 use crate::top::{LimitedKey, TopLimitedService, TopReport};
 use smallvec::SmallVec;
 
@@ -66,21 +67,26 @@ impl<St: Store> Limiter<St> {
         units: impl Fn(&Tier) -> u64,
     ) -> Answer<St::Future> {
         let policies = self.policies.load();
-        if let (None, [p]) = (op, &policies[..]) {
-            // One policy, enforced: decided on the borrowed tier and key where the store can.
-            let tier = p.tier_of_key(key);
-            if Op::of(tier.part()) == Op::Enforce
-                && let Some((verdict, own)) = self.store.decide_enforced(tier, key, units(tier))
-            {
-                let outcome = PolicyOutcome::new(own.as_ref().unwrap_or(tier), false, verdict);
-                return Answer::Now(std::future::ready(Ok(Decision::one(outcome))));
+        // A request's own operation goes the set's lane; any other goes as checks.
+        match (op, policies.lane()) {
+            (None, Lane::Alone) => {
+                let tier = policies[0].tier_of_key(key);
+                if let Some((verdict, own)) = self.store.decide_enforced(tier, key, units(tier)) {
+                    let outcome = PolicyOutcome::new(own.as_ref().unwrap_or(tier), false, verdict);
+                    return Answer::Now(std::future::ready(Ok(Decision::one(outcome))));
+                }
             }
-        }
-        if op.is_none()
-            && policies.len() > 1
-            && let Some(decision) = self.decide_together(&policies, key, &units)
-        {
-            return Answer::Now(std::future::ready(Ok(decision)));
+            (None, Lane::Together) => {
+                let mut together: SmallVec<[Enforced<'_>; TOGETHER]> = SmallVec::new();
+                for p in policies.iter() {
+                    let tier = p.tier_of_key(key);
+                    together.push((tier, key, units(tier)));
+                }
+                if let Some(decision) = self.store.decide_together(&together) {
+                    return Answer::Now(std::future::ready(Ok(decision)));
+                }
+            }
+            _ => {}
         }
         // Pushed one by one: `collect` into a SmallVec goes through its generic `extend`, which
         // costs a `check` about 100 instructions more.
@@ -95,10 +101,7 @@ impl<St: Store> Limiter<St> {
             checks.push(Check::new(tier.clone(), key.clone(), units(tier), op));
         }
         drop(policies);
-        match self.store.decide_now(&checks) {
-            Some(decision) => Answer::Now(std::future::ready(Ok(decision))),
-            None => Answer::Later(self.store.check(checks)),
-        }
+        self.ask(checks)
     }
 
     /// Puts `key` under a limit of its own in the tier named `name` (`quota`, until `until_us`
@@ -129,34 +132,15 @@ impl<St: Store> Limiter<St> {
         }
         drop(policies);
         let checks: Checks = smallvec::smallvec![Check::new(tier, key.clone(), 0, op)];
-        Ok(match self.store.decide_now(&checks) {
-            Some(decision) => Answer::Now(std::future::ready(Ok(decision))),
-            None => Answer::Later(self.store.check(checks)),
-        })
+        Ok(self.ask(checks))
     }
 
-    /// Several policies, each enforced, decided on borrowed tiers and the borrowed key where
-    /// the store can (`Sealed::decide_together`, which says how many): no `Check` is built.
-    /// Not inlined: the one-policy path of `decide_key` stays as short as it was.
-    #[inline(never)]
-    fn decide_together(
-        &self,
-        policies: &[CompiledPolicy],
-        key: &Key,
-        units: &impl Fn(&Tier) -> u64,
-    ) -> Option<Decision> {
-        if !St::DECIDES_ALONE {
-            return None;
+    /// `checks` decided by the store: at once where it can, else its future.
+    fn ask(&self, checks: Checks) -> Answer<St::Future> {
+        match self.store.decide_now(&checks) {
+            Some(decision) => Answer::Now(std::future::ready(Ok(decision))),
+            None => Answer::Later(self.store.check(checks)),
         }
-        let mut together: SmallVec<[Enforced<'_>; 4]> = SmallVec::new();
-        for p in policies {
-            let tier = p.tier_of_key(key);
-            if Op::of(tier.part()) != Op::Enforce {
-                return None;
-            }
-            together.push((tier, key, units(tier)));
-        }
-        self.store.decide_together(&together)
     }
 }
 

@@ -1,10 +1,11 @@
-//! The one-policy shortcut of [`Limiter::begin`]: a request of one policy that nothing else
-//! has a say in (no charge after the response, no lease, no reserved or held slot, no deny
-//! cache or fallback), on a store that decides it at once on borrowed values (the memory
-//! store), is decided before anything else is planned: no `Check`, no ticket, no tier or key
-//! cloned, and no `Decision` when nothing reads one.
+//! The lanes of [`Limiter::begin`] on borrowed values ([`Lane::Alone`](super::set::Lane::Alone), [`Lane::Together`](super::set::Lane::Together)):
+//! requests of policies enforced up front that nothing else has a say in, on a store that
+//! decides at once (the memory store), decided before anything else is planned: no `Check`,
+//! no ticket, no tier or key cloned, and for one policy no `Decision` when nothing reads one.
 
 use std::sync::Arc;
+
+use smallvec::SmallVec;
 
 use super::{Begin, Charges, Limiter, Settled};
 use crate::algorithm::Verdict;
@@ -12,26 +13,11 @@ use crate::decision::{Decision, PolicyOutcome};
 use crate::headers::{HeaderStyle, RateLimitHeaders};
 use crate::key::{Key, RequestRef};
 use crate::policy::{CompiledPolicy, Tier};
-use crate::store::{Keyed, Store};
+use crate::store::{Enforced, Keyed, Store, TOGETHER};
 use crate::telemetry::{decision_span, spans_enabled, traced};
 
 impl<St: Store> Limiter<St> {
-    /// Whether the requests of `policy`, the only one, are decided alone: on the borrowed
-    /// tier and key, by a store that can (the memory store), with nothing else to say (no
-    /// charge after the response, no lease, no reserved or held slot, no deny cache or
-    /// fallback). Read once a request, before anything is planned.
-    #[inline(always)]
-    pub(super) fn alone(&self, policy: &CompiledPolicy) -> bool {
-        St::DECIDES_ALONE
-            && policy.up_front()
-            && self.plain()
-            && self.leases().is_none()
-            && !self.waits()
-            && !self.holds()
-    }
-
-    /// The request of one policy decided alone (see [`alone`](Self::alone)): no check or
-    /// ticket is made, no tier or key is cloned.
+    /// A request of [`Lane::Alone`](super::set::Lane::Alone): no check or ticket is made, no tier or key is cloned.
     #[inline(always)]
     pub(super) fn begin_alone(
         &self,
@@ -55,6 +41,49 @@ impl<St: Store> Limiter<St> {
             // A store that says it decides alone always does; were it not to, the general way.
             None => self.plan(request, policies),
         }
+    }
+
+    /// A request of [`Lane::Together`](super::set::Lane::Together): the policies that apply decided together on their
+    /// borrowed tiers and keys (no check or ticket is made).
+    pub(super) fn begin_together(
+        &self,
+        request: &RequestRef<'_>,
+        policies: &[CompiledPolicy],
+    ) -> Begin<St::Future> {
+        let mut keys: SmallVec<[(&Arc<Tier>, Key, u64); TOGETHER]> = SmallVec::new();
+        for policy in policies.iter().filter(|p| p.applies(request)) {
+            let key = match policy.key(request) {
+                Ok(key) => key,
+                Err(rejection) => return self.key_rejected(policy, &rejection),
+            };
+            let tier = policy.tier(policy.tier_index(request, &key));
+            keys.push((tier, key, policy.cost(request)));
+        }
+        if keys.is_empty() {
+            return Begin::Unlimited;
+        }
+        let mut together: SmallVec<[Enforced<'_>; TOGETHER]> = SmallVec::new();
+        for (tier, key, cost) in &keys {
+            together.push((tier, key, *cost));
+        }
+        let Some(decision) = self.store.decide_together(&together) else {
+            // As `begin_alone`: a store that says it decides at once always does.
+            return self.plan(request, policies);
+        };
+        let span = decision_span();
+        let _entered = span.enter();
+        traced(&span, |span| {
+            let names: Vec<&str> = keys.iter().map(|(tier, ..)| tier.name()).collect();
+            span.record("policies", names.join(","));
+        });
+        let kept = self.needs_keys().then(|| {
+            let kept = keys
+                .iter()
+                .map(|(tier, key, cost)| Keyed::new(tier.id(), key.clone(), *cost));
+            kept.collect::<Vec<_>>()
+        });
+        let (settled, after) = self.finish(decision, Charges::new(), kept.as_deref(), false, &span);
+        Begin::Settled(settled, after)
     }
 
     /// The verdict of a request decided alone: the headers of an admitted request made from

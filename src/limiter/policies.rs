@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::Limiter;
+use super::set::{Lane, Policies};
 use crate::error::ConfigError;
 use crate::key::KeyExtractor;
 use crate::lease::Leases;
@@ -116,7 +117,8 @@ impl<St: Store> Limiter<St> {
         if let Some(top) = &self.top {
             top.set_policies(set.policies.iter().map(|p| p.name()));
         }
-        self.policies.replace(set.policies);
+        let lane = Lane::of(&set.policies, St::DECIDES_ALONE, self.plain());
+        self.policies.replace(Policies::new(set.policies, lane));
         *summary = set.summary;
         Ok(report)
     }

@@ -5,11 +5,9 @@
 mod builder;
 mod compile;
 mod compiled;
-mod set;
 mod tier;
 
 pub(crate) use builder::{CostFn, RequestFn, StatusFn};
 pub use builder::{DEFAULT_MAX_DURATION, Policy};
 pub(crate) use compiled::CompiledPolicy;
-pub(crate) use set::PolicySet;
 pub(crate) use tier::{LeaseSpec, Part, Registered, Tier};

@@ -298,22 +298,10 @@ impl MemoryStore {
         (run.verdict(), run.take_own())
     }
 
-    /// Decides synchronously; [`Store::check`] wraps this in a ready future.
+    /// Decides `checks` under the exclusive locks, whatever they are: the engine sends here
+    /// only what its lane does not decide on borrowed values (`Sealed::check` wraps this in
+    /// a ready future).
     pub(crate) fn decide(&self, checks: &[Check]) -> Decision {
-        if let [check] = checks
-            && check.op() == Op::Enforce
-        {
-            let (verdict, own) = self.decide_enforced(check.tier(), check.key(), check.cost());
-            let tier = own.as_ref().unwrap_or(check.tier());
-            return Decision::one(PolicyOutcome::new(tier, false, verdict));
-        }
-        if (2..=TOGETHER).contains(&checks.len()) && checks.iter().all(|c| c.op() == Op::Enforce) {
-            let mut together: SmallVec<[Enforced<'_>; TOGETHER]> = SmallVec::new();
-            for c in checks {
-                together.push((c.tier(), c.key(), c.cost()));
-            }
-            return self.decide_together(&together);
-        }
         // Pushed one by one here and below: `collect` into a SmallVec goes through its generic
         // `extend`, about 70 instructions a collection more.
         let mut refs: SmallVec<[CheckRef<'_>; 2]> = SmallVec::new();

@@ -1,6 +1,7 @@
-//! [`Deciding`]: a request's decision on its way, as its response future waits for it: the
-//! store's answer, or first the answer to another request of this instance that is asking the
-//! store for the lease this one needs (then the request is planned again).
+//! [`Deciding`]: what a request waits for before it goes on, as its response future waits for
+//! it: the store's answer, or first the answer to another request of this instance that is
+//! asking the store for the lease this one needs (then the request is planned again); then the
+//! slot reserved for it, if the answer is to wait.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -9,25 +10,28 @@ use std::task::{Context, Poll, ready};
 
 use crate::decision::Decision;
 use crate::error::StoreError;
-use crate::limiter::{Abandoned, Begin, Charges, Later, Limiter, Settled};
+use crate::limiter::{Limiter, Next};
 use crate::store::Store;
 use crate::store::private::Sealed;
 
-/// A decision on its way (`C`: the store's future). Dropped before it comes (the client went
-/// away), a store's decision finishes on its own and gives back the slots it took (of a
-/// concurrency limit, or reserved for a wait), which would otherwise stay taken until their
-/// leases end.
+/// A decision on its way (`C`: the store's future), or a reserved slot. Dropped before it
+/// comes (the client went away), a store's decision finishes on its own and gives back the
+/// slots it took (of a concurrency limit, or reserved for a wait), which would otherwise stay
+/// taken until their leases end; a reserved slot is given back by its `Delayed`.
 pub(crate) struct Deciding<C> {
-    /// What is awaited; `None` once it came.
-    later: Option<Later<C>>,
+    /// What is awaited ([`Next::Store`], [`Next::Lease`] or [`Next::Wait`]); `None` once it
+    /// came.
+    awaited: Option<Next<C>>,
+    /// The sleep until the reserved slot of a [`Next::Wait`].
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     /// What lets the store's decision finish without the request, and gives its slots back.
-    abandoned: Option<Abandoned<C>>,
+    abandoned: Option<Box<dyn FnOnce(C) + Send>>,
 }
 
 impl<C> Drop for Deciding<C> {
     fn drop(&mut self) {
-        if let (Some(Later::Store(call, _)), Some(abandoned)) =
-            (self.later.take(), self.abandoned.take())
+        if let (Some(Next::Store(call, _)), Some(abandoned)) =
+            (self.awaited.take(), self.abandoned.take())
         {
             abandoned(call);
         }
@@ -38,59 +42,67 @@ impl<C> Deciding<C>
 where
     C: Future<Output = Result<Decision, StoreError>> + Unpin,
 {
-    /// Waits for `later`, as the engine began the request.
-    pub(crate) fn new<St>(limiter: &Arc<Limiter<St>>, later: Later<C>) -> Self
+    /// Waits for what `next` waits for, as the engine said.
+    pub(crate) fn new<St>(limiter: &Arc<Limiter<St>>, next: Next<C>) -> Self
     where
         St: Store + Sealed<Future = C>,
     {
-        let abandoned = match &later {
-            Later::Store(_, ticket) => limiter.abandoned(ticket),
-            Later::Lease(..) => None,
+        let (abandoned, sleep) = match &next {
+            Next::Store(_, ticket) => (limiter.abandoned(ticket), None),
+            Next::Wait(delayed) => (None, Some(Box::pin(tokio::time::sleep(delayed.wait)))),
+            _ => (None, None),
         };
         Deciding {
-            later: Some(later),
+            awaited: Some(next),
+            sleep,
             abandoned,
         }
     }
 
-    /// The decision, settled by `limiter` once it came: what to do, and the charges still to
-    /// make after the response.
-    pub(crate) fn poll_settled<St>(
+    /// The request's next step once what it waited for came, as `limiter` answers it: one that
+    /// waits for nothing more (a [`Next::Wait`] whose slot came goes on).
+    pub(crate) fn poll_answer<St>(
         &mut self,
         limiter: &Arc<Limiter<St>>,
         cx: &mut Context<'_>,
-    ) -> Poll<(Settled, Charges)>
+    ) -> Poll<Next<C>>
     where
         St: Store + Sealed<Future = C>,
     {
         loop {
-            let Some(later) = self.later.as_mut() else {
-                panic!("a decision polled after it came");
-            };
             // Polled in place; taken only once it came.
-            let next = match later {
-                Later::Store(call, _) => {
+            let next = match self.awaited.as_mut() {
+                Some(Next::Store(call, _)) => {
                     let result = ready!(Pin::new(call).poll(cx));
-                    let Some(Later::Store(_, ticket)) = self.later.take() else {
+                    let Some(Next::Store(_, ticket)) = self.awaited.take() else {
                         unreachable!("the store's answer came");
                     };
-                    return Poll::Ready(limiter.settle(ticket, result));
+                    limiter.answered(ticket, result)
                 }
-                Later::Lease(wait, _) => {
+                Some(Next::Lease(wait, _)) => {
                     ready!(Pin::new(wait).poll(cx));
-                    let Some(Later::Lease(_, planned)) = self.later.take() else {
+                    let Some(Next::Lease(_, planned)) = self.awaited.take() else {
                         unreachable!("the lease came");
                     };
                     // The lease came (or not): plan again.
-                    match limiter.resume(*planned) {
-                        Begin::Later(later) => later,
-                        Begin::Settled(settled, after) => return Poll::Ready((settled, after)),
-                        Begin::Unlimited => {
-                            return Poll::Ready((Settled::nothing(), Charges::new()));
-                        }
+                    limiter.resume(*planned)
+                }
+                Some(Next::Wait(_)) => {
+                    if let Some(sleep) = &mut self.sleep {
+                        ready!(sleep.as_mut().poll(cx));
                     }
+                    // The slot came: the request goes on.
+                    return Poll::Ready(self.awaited.take().expect("the slot came"));
+                }
+                // A step that waits for nothing is the next one as it is.
+                _ => {
+                    let next = self.awaited.take();
+                    return Poll::Ready(next.expect("a decision polled after it came"));
                 }
             };
+            if !next.waits() {
+                return Poll::Ready(next);
+            }
             *self = Deciding::new(limiter, next);
         }
     }

@@ -24,9 +24,9 @@ use crate::body::{HeldSlots, MakeBody, Wrapped};
 use crate::deciding::Deciding;
 use crate::decision::Decision;
 use crate::error::StoreError;
-use crate::grpc::{self, ResponseStyle};
+use crate::grpc;
 use crate::headers::RateLimitHeaders;
-use crate::limiter::{Charges, Delayed, Later, Limiter, Settled};
+use crate::limiter::{AfterResponse, Delayed, Limiter, Next};
 use crate::store::Store;
 use crate::store::private::Sealed;
 
@@ -51,41 +51,17 @@ pin_project! {
 /// makes them.
 struct Charging<L> {
     limiter: Arc<L>,
-    charges: Charges,
-}
-
-/// [`Charging`], boxed, as few requests have any.
-type After<L> = Option<Box<Charging<L>>>;
-
-/// What goes with the inner service's response: the headers to add, the slots of concurrency
-/// limits its body holds, and the charges its status decides.
-struct With<L> {
-    headers: Option<RateLimitHeaders>,
-    held: Option<HeldSlots>,
-    after: After<L>,
+    charges: Vec<AfterResponse>,
 }
 
 /// A request not yet sent to the inner service, with the inner service it goes to and the
-/// engine, while it waits: for its decision, then for a reserved slot.
+/// engine, while it waits: for its decision, then for a reserved slot (`C`: the store's
+/// future).
 struct Waiting<S, ReqB, C, L> {
     request: Request<ReqB>,
     inner: S,
     limiter: Arc<L>,
-    stage: Stage<C, L>,
-}
-
-/// What a waiting request waits for. (Its variants differ in size, which costs nothing: it
-/// lives in the box of its [`Waiting`].)
-#[allow(clippy::large_enum_variant)]
-enum Stage<C, L> {
-    /// Its decision (`C`: the store's future).
-    Deciding(Deciding<C>),
-    /// The slot reserved for it, with what it goes on with then.
-    Delaying {
-        sleep: Pin<Box<tokio::time::Sleep>>,
-        delayed: Box<Delayed>,
-        after: After<L>,
-    },
+    deciding: Deciding<C>,
 }
 
 /// The inner service's response (`R`) and the slots its body holds, waiting for the charges
@@ -99,11 +75,15 @@ struct Adjusting<C, R> {
 pin_project! {
     #[project = StateProj]
     enum State<S, ReqB, F, C, R, L> {
-        // The inner service called: the common state, not boxed.
+        // The inner service called: the common state, not boxed. What goes with its
+        // response: the headers to add, the slots of concurrency limits its body holds, and
+        // the charges its status decides (boxed, as few requests have any).
         Calling {
             #[pin]
             future: F,
-            with: With<L>,
+            headers: Option<RateLimitHeaders>,
+            held: Option<HeldSlots>,
+            charging: Option<Box<Charging<L>>>,
         },
         // Before the inner service is called: boxed with the request.
         Waiting {
@@ -133,39 +113,32 @@ where
         }
     }
 
-    /// A request whose decision comes later, as the engine began it.
-    pub(crate) fn deciding(
+    /// A request at the step the engine began it with: waiting (for its decision, or its
+    /// reserved slot), answered with the limiter's response, or the inner service called.
+    pub(crate) fn stepped(
         limiter: &Arc<Limiter<St>>,
-        later: Later<<St as Sealed>::Future>,
-        request: Request<ReqB>,
-        inner: S,
-    ) -> Self {
-        let stage = Stage::Deciding(Deciding::new(limiter, later));
-        Self::new(waiting(request, inner, limiter.clone(), stage))
-    }
-
-    /// A request already settled: the limiter's response, or the inner service called.
-    pub(crate) fn settled(
-        limiter: &Arc<Limiter<St>>,
-        settled: Settled,
-        after: Charges,
+        next: Next<<St as Sealed>::Future>,
         request: Request<ReqB>,
         inner: &mut S,
     ) -> Self {
-        let after = after_of(limiter, after);
-        Self::new(match settled {
-            Settled::Wait(delayed) => {
-                // The inner service was made ready: that one waits with the request, and a
-                // clone stays behind.
-                let clone = inner.clone();
-                let ready = std::mem::replace(inner, clone);
-                waiting(request, ready, limiter.clone(), delaying(delayed, after))
-            }
-            settled => respond_or_call(settled, request, inner, limiter.style(), after),
+        if !next.waits() {
+            return Self::new(respond_or_call(limiter, next, request, inner));
+        }
+        // The inner service was made ready: that one waits with the request, and a clone
+        // stays behind.
+        let clone = inner.clone();
+        let waiting = Waiting {
+            request,
+            inner: std::mem::replace(inner, clone),
+            limiter: limiter.clone(),
+            deciding: Deciding::new(limiter, next),
+        };
+        Self::new(State::Waiting {
+            waiting: Some(Box::new(waiting)),
         })
     }
 
-    /// A request admitted at once ([`Settled::Call`]'s parts), the inner service called
+    /// A request admitted at once ([`Next::Call`]'s parts), the inner service called
     /// (with the decision, if any, in the request's extensions): the headers to go on its
     /// response, the held slots with its body, and `after` to charge once its status is known.
     #[inline(always)]
@@ -173,16 +146,10 @@ where
         limiter: &Arc<Limiter<St>>,
         headers: Option<RateLimitHeaders>,
         held: Option<HeldSlots>,
-        after: Charges,
+        after: Vec<AfterResponse>,
         future: S::Future,
     ) -> Self {
-        Self::new(calling(future, headers, held, after_of(limiter, after)))
-    }
-
-    /// A request no policy applies to: the inner service's response, without headers.
-    #[inline(always)]
-    pub(crate) fn unlimited(future: S::Future) -> Self {
-        Self::new(calling(future, None, None, None))
+        Self::new(calling(future, headers, held, charging(limiter, after)))
     }
 }
 
@@ -193,14 +160,14 @@ fn calling<S, ReqB, F, C, R, L>(
     future: F,
     headers: Option<RateLimitHeaders>,
     held: Option<HeldSlots>,
-    after: After<L>,
+    charging: Option<Box<Charging<L>>>,
 ) -> State<S, ReqB, F, C, R, L> {
-    let with = With {
+    State::Calling {
+        future,
         headers,
         held,
-        after,
-    };
-    State::Calling { future, with }
+        charging,
+    }
 }
 
 /// Puts the decision (if any) in `request`'s extensions, for the inner service.
@@ -213,42 +180,16 @@ pub(crate) fn with_decision<B>(request: &mut Request<B>, decision: Option<Decisi
 
 /// `charges` with the engine that makes them, if there are any.
 #[inline(always)]
-fn after_of<L>(limiter: &Arc<L>, charges: Charges) -> After<L> {
+fn charging<L>(limiter: &Arc<L>, charges: Vec<AfterResponse>) -> Option<Box<Charging<L>>> {
     (!charges.is_empty()).then(|| {
         let limiter = limiter.clone();
         Box::new(Charging { limiter, charges })
     })
 }
 
-/// A request waiting for what `stage` says, with the inner service it then calls.
-fn waiting<S, ReqB, F, C, R, L>(
-    request: Request<ReqB>,
-    inner: S,
-    limiter: Arc<L>,
-    stage: Stage<C, L>,
-) -> State<S, ReqB, F, C, R, L> {
-    let waiting = Waiting {
-        request,
-        inner,
-        limiter,
-        stage,
-    };
-    State::Waiting {
-        waiting: Some(Box::new(waiting)),
-    }
-}
-
-/// Sleeping until the slot reserved for the request comes.
-fn delaying<C, L>(delayed: Box<Delayed>, after: After<L>) -> Stage<C, L> {
-    Stage::Delaying {
-        sleep: Box::pin(tokio::time::sleep(delayed.wait)),
-        delayed,
-        after,
-    }
-}
-
 /// Polls a waiting request: for its decision, then for its reserved slot, if any; then the
-/// state it goes to (the inner service called, or the limiter's response).
+/// state it goes to (the inner service called, or the limiter's response; a waiting
+/// request's slots are then spent, not given back).
 #[allow(clippy::type_complexity)]
 fn poll_waiting<S, ReqB, St, R>(
     slot: &mut Option<Box<Waiting<S, ReqB, <St as Sealed>::Future, Limiter<St>>>>,
@@ -259,60 +200,37 @@ where
     St: Store,
 {
     let waiting = slot.as_mut().expect(POLLED_AFTER_READY);
-    let (settled, after, style) = match &mut waiting.stage {
-        Stage::Deciding(deciding) => {
-            let (settled, after) = ready!(deciding.poll_settled(&waiting.limiter, cx));
-            let after = after_of(&waiting.limiter, after);
-            if let Settled::Wait(delayed) = settled {
-                waiting.stage = delaying(delayed, after);
-                return poll_waiting(slot, cx);
-            }
-            (settled, after, waiting.limiter.style())
-        }
-        Stage::Delaying { sleep, .. } => {
-            ready!(sleep.as_mut().poll(cx));
-            let Waiting {
-                request,
-                mut inner,
-                stage,
-                ..
-            } = *slot.take().expect(POLLED_AFTER_READY);
-            let Stage::Delaying { delayed, after, .. } = stage else {
-                unreachable!("the stage polled is the one taken")
-            };
-            // Its slots are spent now, not given back (see `respond_or_call`).
-            let settled = Settled::Wait(delayed);
-            let http = ResponseStyle::Http;
-            return Poll::Ready(respond_or_call(settled, request, &mut inner, http, after));
-        }
-    };
+    let next = ready!(waiting.deciding.poll_answer(&waiting.limiter, cx));
     let Waiting {
-        request, mut inner, ..
+        request,
+        mut inner,
+        limiter,
+        ..
     } = *slot.take().expect(POLLED_AFTER_READY);
-    Poll::Ready(respond_or_call(settled, request, &mut inner, style, after))
+    Poll::Ready(respond_or_call(&limiter, next, request, &mut inner))
 }
 
-/// The limiter's own response (in the form `style` gives the request), or the inner service
-/// called: [`Settled::Call`]'s, or a waiting request's whose slot came (its slots are then
-/// spent, not given back).
-fn respond_or_call<S, ReqB, C, R, L>(
-    settled: Settled,
+/// The limiter's own response (in the form its style gives the request), or the inner
+/// service called: [`Next::Call`]'s, or a waiting request's whose slot came (its
+/// slots are then spent, not given back).
+fn respond_or_call<S, ReqB, C, R, St: Store>(
+    limiter: &Arc<Limiter<St>>,
+    next: Next<<St as Sealed>::Future>,
     request: Request<ReqB>,
     inner: &mut S,
-    style: ResponseStyle,
-    after: After<L>,
-) -> State<S, ReqB, S::Future, C, R, L>
+) -> State<S, ReqB, S::Future, C, R, Limiter<St>>
 where
     S: Service<Request<ReqB>>,
 {
-    let (headers, decision, held) = match settled {
-        Settled::Call {
+    let (headers, decision, held, after) = match next {
+        Next::Call {
             headers,
             decision,
             held,
-        } => (headers, decision, held),
-        Settled::Respond(response) => {
-            let response = match style.is_grpc(&request) {
+            after,
+        } => (headers, decision, held, after),
+        Next::Respond(response) => {
+            let response = match limiter.style().is_grpc(&request) {
                 true => grpc::answer(response),
                 false => response,
             };
@@ -320,21 +238,30 @@ where
                 response: Some(response),
             };
         }
-        Settled::Wait(delayed) => {
+        Next::Wait(delayed) => {
             let Delayed {
                 headers,
                 decision,
                 release,
                 held,
+                after,
                 ..
             } = *delayed;
             if let Some(release) = release {
                 release.keep();
             }
-            (Some(headers), decision, held)
+            (Some(headers), decision, held, after)
         }
+        Next::Store(..) | Next::Lease(..) => unreachable!("a step that waits is awaited first"),
     };
-    call(headers, decision, held, after, request, inner)
+    call(
+        headers,
+        decision,
+        held,
+        charging(limiter, after),
+        request,
+        inner,
+    )
 }
 
 /// Calls the inner service with the decision (if any) in the request's extensions; `headers`
@@ -344,7 +271,7 @@ fn call<S, ReqB, C, R, L>(
     headers: Option<RateLimitHeaders>,
     decision: Option<Decision>,
     held: Option<HeldSlots>,
-    after: After<L>,
+    charging: Option<Box<Charging<L>>>,
     mut request: Request<ReqB>,
     inner: &mut S,
 ) -> State<S, ReqB, S::Future, C, R, L>
@@ -352,7 +279,7 @@ where
     S: Service<Request<ReqB>>,
 {
     with_decision(&mut request, decision);
-    calling(inner.call(request), headers, held, after)
+    calling(inner.call(request), headers, held, charging)
 }
 
 impl<S, ReqB, St, M> fmt::Debug for ResponseFuture<S, ReqB, St, M>
@@ -362,10 +289,7 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
-            State::Waiting { waiting } => match waiting.as_deref().map(|w| &w.stage) {
-                Some(Stage::Delaying { .. }) => "waiting for its slot",
-                _ => "deciding",
-            },
+            State::Waiting { .. } => "waiting",
             State::Calling { .. } => "calling",
             State::Adjusting { .. } => "adjusting",
             State::Ready { .. } => "ready",
@@ -390,9 +314,14 @@ where
         let mut state = self.project().state;
         loop {
             let next = match state.as_mut().project() {
-                StateProj::Calling { future, with } => {
+                StateProj::Calling {
+                    future,
+                    headers,
+                    held,
+                    charging,
+                } => {
                     let response = ready!(future.poll(cx))?;
-                    match responded(with, response) {
+                    match responded(headers.take(), held.take(), charging.take(), response) {
                         Ok((response, held)) => {
                             return Poll::Ready(Ok(body::<M, _>(response, held)));
                         }
@@ -419,15 +348,16 @@ where
 #[allow(clippy::type_complexity)]
 #[inline(always)]
 fn responded<St: Store, B>(
-    with: &mut With<Limiter<St>>,
+    headers: Option<RateLimitHeaders>,
+    mut held: Option<HeldSlots>,
+    charging: Option<Box<Charging<Limiter<St>>>>,
     mut response: Response<B>,
 ) -> Result<(Response<B>, Option<HeldSlots>), Box<Adjusting<<St as Sealed>::Future, Response<B>>>> {
-    if let Some(headers) = with.headers.take() {
+    if let Some(headers) = headers {
         headers.apply(response.headers_mut());
     }
-    let mut held = with.held.take();
-    let charges = with.after.take().and_then(|after| {
-        let Charging { limiter, charges } = *after;
+    let charges = charging.and_then(|charging| {
+        let Charging { limiter, charges } = *charging;
         let (call, meter) = limiter.after_response(charges, &response);
         if let Some(meter) = meter {
             held = Some(HeldSlots::metered(held.take(), meter));

@@ -8,12 +8,13 @@
 //!    fallback, and the charges that wait for the response's status;
 //! 2. **pre-check**: the deny cache may answer at once, the circuit breaker may keep the store
 //!    from being asked; otherwise the store decides, at once (memory) or later (Redis);
-//! 3. **settle**: the store's answer, or its failure, becomes what to do: call the inner
-//!    service with headers to add, or answer with the limiter's own response. The breaker, the
-//!    deny cache, the failure policy and the metrics are updated on the way.
+//! 3. **answer**: the store's answer, or its failure, becomes the request's [`Next`] step: call
+//!    the inner service with headers to add, or answer with the limiter's own response. The
+//!    breaker, the deny cache, the failure policy and the metrics are updated on the way.
 //!
-//! [`Limiter::begin`] does the first two and settles when the answer is known at once;
-//! [`Limiter::settle`] takes an answer that came later, and [`Limiter::after_response`] the
+//! [`Limiter::begin`] does the first two, through the lane the policy set was given when it
+//! was built ([`Lane`]), and answers when the store's answer is known at once;
+//! [`Limiter::answered`] takes an answer that came later, and [`Limiter::after_response`] the
 //! charges that depend on the response's status. The service and its future only move requests,
 //! responses and futures between these calls. The administrative operations of
 //! [`RateLimitLayer`](crate::RateLimitLayer) are decided here too.
@@ -41,7 +42,7 @@ use crate::policy::{CompiledPolicy, CostFn, Policy, RequestFn, StatusFn};
 use crate::reload::TierSummary;
 use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Permit};
 use crate::response::Responses;
-use crate::settle::Settle;
+use crate::settle::meter::Pending;
 use crate::store::{Check, Checks, Keyed, MemoryStore, Op, Store, TOGETHER};
 use crate::telemetry::{decision_span, record_outcome, traced};
 use crate::top::{TopLimited, Tracker};
@@ -55,7 +56,6 @@ mod slots;
 mod failure;
 
 use set::{Lane, Policies, PolicySet};
-pub(crate) use slots::Abandoned;
 
 /// What a layer is configured with, besides its store: the builder fills it in, and
 /// [`Limiter::new`] checks and compiles it.
@@ -142,25 +142,31 @@ impl<St: fmt::Debug> fmt::Debug for Limiter<St> {
     }
 }
 
-/// How a request starts.
-pub(crate) enum Begin<F> {
-    /// No policy applies: call the inner service and add nothing.
-    Unlimited,
-    /// The answer is known at once (memory store, deny cache, rejected key, open breaker).
-    Settled(Settled, Charges),
-    /// The answer comes later: see [`Deciding`](crate::deciding::Deciding).
-    Later(Later<F>),
-}
-
-/// What a request whose answer comes later waits for.
-// The store's variant is the common one and the lease's is rare; both are moved once, into
-// the response future's boxed `Deciding` state.
+/// What a request does next, as the engine says: when it begins, and again each time what it
+/// waited for came.
+// The store's variant is the common one of those that wait, and they are moved once, into the
+// response future's boxed waiting state; the lease's is rare and boxed.
 #[allow(clippy::large_enum_variant)]
-pub(crate) enum Later<F> {
-    /// The store's answer: wait for `F`, then [`Limiter::settle`] with the ticket.
+pub(crate) enum Next<F> {
+    /// Call the inner service, with the decision (if any) in the request's extensions; add
+    /// these headers (none when no policy applies, or the limiter failed open) to its
+    /// response, let its body hold the slots of the concurrency limits it holds, and make the
+    /// charges `after` its response once it is known.
+    Call {
+        headers: Option<RateLimitHeaders>,
+        decision: Option<Decision>,
+        held: Option<HeldSlots>,
+        after: Vec<AfterResponse>,
+    },
+    /// Answer with the limiter's own response.
+    Respond(Response<Bytes>),
+    /// Wait until the slots reserved for the request come, then call the inner service as
+    /// [`Next::Call`] does.
+    Wait(Box<Delayed>),
+    /// Wait for the store's answer (`F`), then [`Limiter::answered`] with the ticket.
     Store(F, Ticket),
-    /// The answer to another request of this instance, which is asking the store for the
-    /// lease this one needs: wait for it, then [`Limiter::resume`].
+    /// Wait for the answer to another request of this instance, which is asking the store for
+    /// the lease this one needs, then [`Limiter::resume`].
     Lease(LeaseWait, Box<Planned>),
 }
 
@@ -169,35 +175,25 @@ pub(crate) enum Later<F> {
 pub(crate) struct Planned {
     checks: Checks,
     fallback: Option<Checks>,
-    after: Charges,
+    after: Vec<AfterResponse>,
     span: Span,
 }
 
-/// What to do once the decision is known.
-pub(crate) enum Settled {
-    /// Call the inner service, with the decision (if any) in the request's extensions, and add
-    /// these headers (none when the limiter failed open) to its response.
-    /// The slots of concurrency limits the request holds, if any, go with its response body.
-    Call {
-        headers: Option<RateLimitHeaders>,
-        decision: Option<Decision>,
-        held: Option<HeldSlots>,
-    },
-    /// Answer with the limiter's own response.
-    Respond(Response<Bytes>),
-    /// Wait until the slots reserved for the request come, then call the inner service as
-    /// [`Settled::Call`] does.
-    Wait(Box<Delayed>),
-}
+impl<F> Next<F> {
+    /// Whether the step waits for something (the store's answer, another's lease, or a
+    /// reserved slot).
+    pub(crate) fn waits(&self) -> bool {
+        matches!(self, Next::Store(..) | Next::Lease(..) | Next::Wait(..))
+    }
 
-impl Settled {
-    /// Call the inner service with nothing added: no headers, no decision, no slots held (the
-    /// limiter failed open).
-    pub(crate) fn nothing() -> Settled {
-        Settled::Call {
+    /// Call the inner service with nothing added: no headers, no decision, no slots held, no
+    /// charges after (no policy applies, or the limiter failed open).
+    pub(crate) fn nothing() -> Self {
+        Next::Call {
             headers: None,
             decision: None,
             held: None,
+            after: Vec::new(),
         }
     }
 }
@@ -211,14 +207,8 @@ pub(crate) struct Delayed {
     pub(crate) release: Option<HeldSlots>,
     /// The slots of concurrency limits the request holds once it goes on.
     pub(crate) held: Option<HeldSlots>,
-}
-
-/// What the failure policy makes of a failed store.
-enum Degraded {
-    /// The local fallback decided.
-    Local(Decision),
-    /// No decision: what to do without one.
-    Settled(Settled),
+    /// The charges its response decides.
+    pub(crate) after: Vec<AfterResponse>,
 }
 
 /// What settling a decision that comes later needs: the breaker's permit, the local fallback's
@@ -239,31 +229,24 @@ pub(crate) struct Ticket {
     /// Whether the decision may take slots (of a concurrency limit, or reserved) that must
     /// be given back should the request go away before the decision comes.
     takes_slots: bool,
-    after: Charges,
+    after: Vec<AfterResponse>,
     /// The decision's `debug` span, disabled unless a subscriber wants it.
     span: Span,
 }
 
-/// Charges and refunds that depend on the response: its status, or its real cost.
-pub(crate) type Charges = Vec<AfterResponse>;
-
-/// A charge or refund that depends on the response: the check to send the store when `when`
-/// says so.
-pub(crate) struct AfterResponse {
-    check: Check,
-    when: When,
-    /// The end of the lease the request's units came from, if they came from one: a refund
-    /// goes back to it.
-    lease_end: Option<u64>,
-}
-
-/// When a check waits for the response to be sent, and with what units.
-pub(crate) enum When {
-    /// When the response's status is accepted by the function (`charge_if`, `refund_if`).
-    Status(StatusFn),
+/// A charge or refund that depends on the response: its status, or its real cost.
+pub(crate) enum AfterResponse {
+    /// The check to send when the response's status is accepted by `accepts` (`charge_if`,
+    /// `refund_if`); `lease_end`: the end of the lease the request's units came from, if they
+    /// came from one (a refund goes back to it).
+    Status {
+        check: Check,
+        accepts: StatusFn,
+        lease_end: Option<u64>,
+    },
     /// Always, at the units the response really cost (`Op::Settle`): read from the head, or
     /// counted from the body and sent when it ends.
-    Settle(Arc<Settle>),
+    Cost(Pending),
 }
 
 impl<St> Limiter<St> {
@@ -362,9 +345,9 @@ impl<St: Store> Limiter<St> {
 
     /// Plans `request` and, where it can, decides it at once (steps 1 and 2).
     #[inline]
-    pub(crate) fn begin(&self, request: &RequestRef<'_>) -> Begin<St::Future> {
+    pub(crate) fn begin(&self, request: &RequestRef<'_>) -> Next<St::Future> {
         if self.exempt.as_ref().is_some_and(|f| f(request)) {
-            return Begin::Unlimited;
+            return Next::nothing();
         }
         let policies = self.policies.load();
         match policies.lane() {
@@ -375,10 +358,10 @@ impl<St: Store> Limiter<St> {
     }
 
     /// Plans `request` against every policy that applies, and decides it (the general way).
-    fn plan(&self, request: &RequestRef<'_>, policies: &[CompiledPolicy]) -> Begin<St::Future> {
+    fn plan(&self, request: &RequestRef<'_>, policies: &[CompiledPolicy]) -> Next<St::Future> {
         let mut checks = Checks::new();
         let mut fallback = self.fallback.as_ref().map(|_| Checks::new());
-        let mut after = Charges::new();
+        let mut after = Vec::new();
         for policy in policies {
             if !policy.applies(request) {
                 continue;
@@ -391,23 +374,24 @@ impl<St: Store> Limiter<St> {
             let tier = policy.tier(index);
             let cost = policy.cost(request);
             let op = Op::of(tier.part());
-            let mut wait_for = |when: When, op: Op| {
-                after.push(AfterResponse {
-                    check: Check::new(tier.clone(), key.clone(), cost, op),
-                    when,
-                    lease_end: None,
-                });
-            };
-            for (when, charge) in [
+            let check = |op| Check::new(tier.clone(), key.clone(), cost, op);
+            for (accepts, op) in [
                 (tier.charge_if(), Op::Enforce),
                 (policy.refund_if(), Op::Refund),
             ] {
-                if let Some(when) = when {
-                    wait_for(When::Status(when.clone()), charge);
+                if let Some(accepts) = accepts {
+                    let (check, accepts) = (check(op), accepts.clone());
+                    let lease_end = None;
+                    after.push(AfterResponse::Status {
+                        check,
+                        accepts,
+                        lease_end,
+                    });
                 }
             }
             if let Some(settle) = policy.settle() {
-                wait_for(When::Settle(settle.clone()), Op::Settle { estimate: cost });
+                let check = check(Op::Settle { estimate: cost });
+                after.push(AfterResponse::Cost(Pending::new(check, settle.clone())));
             }
             if let (Some(fallback), Some(local)) = (&mut fallback, policy.fallback_tier(index)) {
                 fallback.push(Check::new(local.clone(), key.clone(), cost, op));
@@ -415,7 +399,7 @@ impl<St: Store> Limiter<St> {
             checks.push(Check::new(tier.clone(), key, cost, op));
         }
         if checks.is_empty() {
-            return Begin::Unlimited;
+            return Next::nothing();
         }
         let span = decision_span();
         let _entered = span.enter();
@@ -432,7 +416,7 @@ impl<St: Store> Limiter<St> {
     }
 
     /// The answer of the deny cache, if it knows one of `checks`' keys to be limited.
-    fn known_denied(&self, checks: &[Check], span: &Span) -> Option<Begin<St::Future>> {
+    fn known_denied(&self, checks: &[Check], span: &Span) -> Option<Next<St::Future>> {
         let cache = self.deny_cache.as_ref()?;
         let decision = cache.lookup(checks, self.clock.now_micros())?;
         traced(span, |span| {
@@ -443,14 +427,11 @@ impl<St: Store> Limiter<St> {
         let keys = self.keys(checks);
         self.record_limited(&decision, keys.as_deref());
         let headers = self.response_headers(&decision, keys.as_deref());
-        Some(Begin::Settled(
-            self.limited(decision, &headers),
-            Charges::new(),
-        ))
+        Some(self.limited(decision, &headers))
     }
 
     /// The answer to a request whose key `policy` rejected.
-    fn key_rejected(&self, policy: &CompiledPolicy, rejection: &KeyRejection) -> Begin<St::Future> {
+    fn key_rejected<F>(&self, policy: &CompiledPolicy, rejection: &KeyRejection) -> Next<F> {
         let span = decision_span();
         let _entered = span.enter();
         traced(&span, |span| {
@@ -462,12 +443,11 @@ impl<St: Store> Limiter<St> {
             code = rejection.code(),
             "rate-limit key rejected"
         );
-        let response = self.responses.rejected(rejection);
-        Begin::Settled(Settled::Respond(response), Charges::new())
+        Next::Respond(self.responses.rejected(rejection))
     }
 
     /// [`Limiter::decide`] for a request that waited for another's lease.
-    pub(crate) fn resume(&self, planned: Planned) -> Begin<St::Future> {
+    pub(crate) fn resume(&self, planned: Planned) -> Next<St::Future> {
         let Planned {
             checks,
             fallback,
@@ -484,9 +464,9 @@ impl<St: Store> Limiter<St> {
         &self,
         mut checks: Checks,
         fallback: Option<Checks>,
-        after: Charges,
+        after: Vec<AfterResponse>,
         span: &Span,
-    ) -> Begin<St::Future> {
+    ) -> Next<St::Future> {
         let now = OnceCell::new();
         let now = || *now.get_or_init(|| self.clock.now_micros());
         // Leases: every check admitted from one held here (no store call, whatever the
@@ -499,9 +479,7 @@ impl<St: Store> Limiter<St> {
                     traced(span, |span| {
                         span.record("lease", true);
                     });
-                    let (settled, after) =
-                        self.finish(decision, after, keys.as_deref(), false, span);
-                    return Begin::Settled(settled, after);
+                    return self.finish(decision, after, keys.as_deref(), false, span);
                 }
                 lease::Plan::Store(a) => asking = a.map(Box::new),
                 lease::Plan::Wait(wait) => {
@@ -511,7 +489,7 @@ impl<St: Store> Limiter<St> {
                         after,
                         span: span.clone(),
                     };
-                    return Begin::Later(Later::Lease(wait, Box::new(planned)));
+                    return Next::Lease(wait, Box::new(planned));
                 }
             }
         }
@@ -535,27 +513,25 @@ impl<St: Store> Limiter<St> {
                 StoreErrorKind::CircuitOpen,
                 "the circuit breaker is open; the store was not asked",
             );
-            let (settled, after) = self.settle(ticket, Err(error));
-            return Begin::Settled(settled, after);
+            return self.answered(ticket, Err(error));
         }
         if let Some(decision) = self.store.decide_now(&checks) {
-            let (settled, after) = self.settle(ticket, Ok(decision));
-            return Begin::Settled(settled, after);
+            return self.answered(ticket, Ok(decision));
         }
         ticket.started = Some(Instant::now());
         ticket.takes_slots =
             (self.holds() || self.waits()) && checks.iter().any(|c| c.op().takes_slots());
-        Begin::Later(Later::Store(self.store.check(checks), ticket))
+        Next::Store(self.store.check(checks), ticket)
     }
 
     /// Turns the store's answer into what to do (step 3), applying the breaker, the deny
     /// cache, the failure policy and the metrics. Returns the charges still to make after the
     /// response (none when the store failed: nothing was charged there).
-    pub(crate) fn settle(
+    pub(crate) fn answered<F>(
         &self,
         mut ticket: Ticket,
         result: Result<Decision, StoreError>,
-    ) -> (Settled, Charges) {
+    ) -> Next<F> {
         let span = std::mem::replace(&mut ticket.span, Span::none());
         let _entered = span.enter();
         if let Some(started) = ticket.started {
@@ -582,11 +558,11 @@ impl<St: Store> Limiter<St> {
                 decision
             }
             Err(error) => match self.degraded(&mut ticket, error, &span) {
-                Degraded::Local(decision) => {
+                Ok(decision) => {
                     local = true;
                     decision
                 }
-                Degraded::Settled(settled) => return (settled, Charges::new()),
+                Err(next) => return next,
             },
         };
         self.finish(decision, ticket.after, ticket.keys.as_deref(), local, &span)
@@ -596,14 +572,14 @@ impl<St: Store> Limiter<St> {
     /// for a denied request; for an admitted one, the charges still to make after the response
     /// (`local`: the decision is the local fallback's, where reserved slots go back to).
     #[inline(always)]
-    fn finish(
+    fn finish<F>(
         &self,
         decision: Decision,
-        mut after: Charges,
+        mut after: Vec<AfterResponse>,
         keys: Option<&[Keyed]>,
         local: bool,
         span: &Span,
-    ) -> (Settled, Charges) {
+    ) -> Next<F> {
         traced(span, |span| record_outcome(span, &decision, self.waits()));
         if self.leases().is_some() {
             self.set_lease_ends(&mut after, &decision);
@@ -615,7 +591,7 @@ impl<St: Store> Limiter<St> {
         self.record_limited(&decision, keys);
         if !decision.is_allowed() {
             tracing::debug!(policy = decision.binding().policy(), "rate limit exceeded");
-            return (self.limited(decision, &headers), Charges::new());
+            return self.limited(decision, &headers);
         }
         if decision.shadow_violated().next().is_some() {
             tracing::debug!(
@@ -653,25 +629,24 @@ impl<St: Store> Limiter<St> {
                 decision,
                 release,
                 held,
+                after,
             };
-            return (Settled::Wait(Box::new(delayed)), after);
+            return Next::Wait(Box::new(delayed));
         }
         let decision = self.decision_extension.then_some(decision);
-        (
-            Settled::Call {
-                headers: Some(headers),
-                decision,
-                held,
-            },
+        Next::Call {
+            headers: Some(headers),
+            decision,
+            held,
             after,
-        )
+        }
     }
 
     /// The response to a denied request, with the decision in its extensions.
-    fn limited(&self, decision: Decision, headers: &RateLimitHeaders) -> Settled {
+    fn limited<F>(&self, decision: Decision, headers: &RateLimitHeaders) -> Next<F> {
         let mut response = self.responses.limited(&decision, headers);
         response.extensions_mut().insert(decision);
-        Settled::Respond(response)
+        Next::Respond(response)
     }
 
     fn response_headers(&self, decision: &Decision, keys: Option<&[Keyed]>) -> RateLimitHeaders {

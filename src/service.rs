@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::mem;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -12,7 +11,7 @@ use tower_service::Service;
 use crate::body::{MakeBody, Wrapped};
 use crate::future::{ResponseFuture, with_decision};
 use crate::key::RequestRef;
-use crate::limiter::{Begin, Limiter, Settled};
+use crate::limiter::{Limiter, Next};
 use crate::store::Store;
 
 /// The middleware made by [`RateLimitLayer`](crate::RateLimitLayer).
@@ -89,32 +88,19 @@ where
     }
 
     fn call(&mut self, mut request: Request<ReqB>) -> Self::Future {
-        let begin = self.limiter.begin(&RequestRef::new(&request));
-        match begin {
-            Begin::Unlimited => ResponseFuture::unlimited(self.inner.call(request)),
+        match self.limiter.begin(&RequestRef::new(&request)) {
             // The common case, with the request moved as little as it can be.
-            Begin::Settled(
-                Settled::Call {
-                    headers,
-                    decision,
-                    held,
-                },
+            Next::Call {
+                headers,
+                decision,
+                held,
                 after,
-            ) => {
+            } => {
                 with_decision(&mut request, decision);
                 let future = self.inner.call(request);
                 ResponseFuture::called(&self.limiter, headers, held, after, future)
             }
-            Begin::Settled(settled, after) => {
-                ResponseFuture::settled(&self.limiter, settled, after, request, &mut self.inner)
-            }
-            Begin::Later(later) => {
-                // The inner service was driven to readiness: that one goes with the future, and
-                // a clone stays behind.
-                let clone = self.inner.clone();
-                let inner = mem::replace(&mut self.inner, clone);
-                ResponseFuture::deciding(&self.limiter, later, request, inner)
-            }
+            next => ResponseFuture::stepped(&self.limiter, next, request, &mut self.inner),
         }
     }
 }

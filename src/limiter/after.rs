@@ -4,9 +4,9 @@
 
 use http::Response;
 
-use super::{Charges, Limiter, When};
+use super::{AfterResponse, Limiter};
 use crate::decision::Decision;
-use crate::settle::meter::{Meter, Pending};
+use crate::settle::meter::Meter;
 use crate::store::{Checks, Op, Store};
 
 impl<St: Store> Limiter<St> {
@@ -15,16 +15,19 @@ impl<St: Store> Limiter<St> {
     /// from the body.
     pub(crate) fn after_response<B>(
         &self,
-        charges: Charges,
+        charges: Vec<AfterResponse>,
         response: &Response<B>,
     ) -> (Option<St::Future>, Option<Meter>) {
         let mut checks = Checks::new();
         let mut from_body = Vec::new();
         for a in charges {
-            let when = match a.when {
-                When::Status(when) => when,
-                When::Settle(settle) => {
-                    let pending = Pending::new(a.check, settle);
+            let (check, accepts, lease_end) = match a {
+                AfterResponse::Status {
+                    check,
+                    accepts,
+                    lease_end,
+                } => (check, accepts, lease_end),
+                AfterResponse::Cost(pending) => {
                     if pending.reads_body() {
                         from_body.push(pending);
                     } else if let Some(check) = pending.settled_by(response) {
@@ -33,20 +36,19 @@ impl<St: Store> Limiter<St> {
                     continue;
                 }
             };
-            if !when(response.status()) {
+            if !accepts(response.status()) {
                 continue;
             }
-            match (a.lease_end, self.leases()) {
+            match (lease_end, self.leases()) {
                 // Units from a lease go back to it while it is held here, else to the store
                 // as that lease's.
                 (Some(end), Some(leases)) => {
                     let now = self.clock.now_micros();
-                    let c = a.check;
-                    if !leases.put_back(c.tier().id(), c.key(), end, c.cost(), now) {
-                        checks.push(c.with_op(Op::GiveBack { end }));
+                    if !leases.put_back(check.tier().id(), check.key(), end, check.cost(), now) {
+                        checks.push(check.with_op(Op::GiveBack { end }));
                     }
                 }
-                _ => checks.push(a.check),
+                _ => checks.push(check),
             }
         }
         let meter = (!from_body.is_empty()).then(|| {
@@ -63,10 +65,16 @@ impl<St: Store> Limiter<St> {
     /// Marks each charge after the response with the end of the lease its policy tier's units
     /// came from, as the decision's outcome for the tier says (`None` when not from a lease), so
     /// that refunds go back to that lease.
-    pub(super) fn set_lease_ends(&self, after: &mut Charges, decision: &Decision) {
+    pub(super) fn set_lease_ends(&self, after: &mut [AfterResponse], decision: &Decision) {
         for a in after {
-            let tier = a.check.tier();
-            a.lease_end = tier.lease().and_then(|_| {
+            let AfterResponse::Status {
+                check, lease_end, ..
+            } = a
+            else {
+                continue;
+            };
+            let tier = check.tier();
+            *lease_end = tier.lease().and_then(|_| {
                 let o = decision
                     .outcomes()
                     .iter()

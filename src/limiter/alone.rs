@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::{Begin, Charges, Limiter, Settled};
+use super::{Limiter, Next};
 use crate::algorithm::Verdict;
 use crate::decision::{Decision, PolicyOutcome};
 use crate::headers::{HeaderStyle, RateLimitHeaders};
@@ -24,9 +24,9 @@ impl<St: Store> Limiter<St> {
         policy: &CompiledPolicy,
         request: &RequestRef<'_>,
         policies: &[CompiledPolicy],
-    ) -> Begin<St::Future> {
+    ) -> Next<St::Future> {
         if !policy.applies(request) {
-            return Begin::Unlimited;
+            return Next::nothing();
         }
         let key = match policy.key(request) {
             Ok(key) => key,
@@ -49,7 +49,7 @@ impl<St: Store> Limiter<St> {
         &self,
         request: &RequestRef<'_>,
         policies: &[CompiledPolicy],
-    ) -> Begin<St::Future> {
+    ) -> Next<St::Future> {
         let mut keys: SmallVec<[(&Arc<Tier>, Key, u64); TOGETHER]> = SmallVec::new();
         for policy in policies.iter().filter(|p| p.applies(request)) {
             let key = match policy.key(request) {
@@ -60,7 +60,7 @@ impl<St: Store> Limiter<St> {
             keys.push((tier, key, policy.cost(request)));
         }
         if keys.is_empty() {
-            return Begin::Unlimited;
+            return Next::nothing();
         }
         let mut together: SmallVec<[Enforced<'_>; TOGETHER]> = SmallVec::new();
         for (tier, key, cost) in &keys {
@@ -82,8 +82,7 @@ impl<St: Store> Limiter<St> {
                 .map(|(tier, key, cost)| Keyed::new(tier.id(), key.clone(), *cost));
             kept.collect::<Vec<_>>()
         });
-        let (settled, after) = self.finish(decision, Charges::new(), kept.as_deref(), false, &span);
-        Begin::Settled(settled, after)
+        self.finish(decision, Vec::new(), kept.as_deref(), false, &span)
     }
 
     /// The verdict of a request decided alone: the headers of an admitted request made from
@@ -95,7 +94,7 @@ impl<St: Store> Limiter<St> {
         key: &Key,
         cost: u64,
         verdict: Verdict,
-    ) -> Begin<St::Future> {
+    ) -> Next<St::Future> {
         if verdict.allowed
             && !self.decision_extension
             && !self.headers.writes_ietf()
@@ -112,14 +111,13 @@ impl<St: Store> Limiter<St> {
         let keys = self
             .needs_keys()
             .then(|| vec![Keyed::new(tier.id(), key.clone(), cost)]);
-        let (settled, after) = self.finish(decision, Charges::new(), keys.as_deref(), false, &span);
-        Begin::Settled(settled, after)
+        self.finish(decision, Vec::new(), keys.as_deref(), false, &span)
     }
 
     /// A request its one policy admitted when nothing reads the decision but the
     /// `X-RateLimit-*` headers (no extension, no IETF fields, no span): no `Decision` is made.
     #[inline(always)]
-    fn admitted_alone(&self, tier: &Tier, verdict: &Verdict) -> Begin<St::Future> {
+    fn admitted_alone(&self, tier: &Tier, verdict: &Verdict) -> Next<St::Future> {
         tier.count(true, false);
         let headers = (self.headers.style != HeaderStyle::None).then(|| {
             let now = || self.clock.now_micros();
@@ -132,13 +130,11 @@ impl<St: Store> Limiter<St> {
                 reset,
             )
         });
-        Begin::Settled(
-            Settled::Call {
-                headers,
-                decision: None,
-                held: None,
-            },
-            Charges::new(),
-        )
+        Next::Call {
+            headers,
+            decision: None,
+            held: None,
+            after: Vec::new(),
+        }
     }
 }

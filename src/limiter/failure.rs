@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering;
 
 use tracing::Span;
 
-use super::{Degraded, Limiter, Settled, Ticket};
+use super::{Limiter, Next, Ticket};
+use crate::decision::Decision;
 use crate::error::{FailurePolicy, StoreError, StoreErrorKind};
 use crate::store::Store;
 use crate::telemetry::traced;
@@ -34,9 +35,16 @@ impl<St> Limiter<St> {
 }
 
 impl<St: Store> Limiter<St> {
-    /// The store failed: the failure policy's answer, a decision of the local fallback or
-    /// what to do without one.
-    pub(super) fn degraded(&self, ticket: &mut Ticket, error: StoreError, span: &Span) -> Degraded {
+    /// The store failed: the failure policy's answer, a decision (a lease's in hand, or the
+    /// local fallback's), or the step to take without one.
+    // The failure path: its step is moved once, into the request's answer.
+    #[allow(clippy::result_large_err)]
+    pub(super) fn degraded<F>(
+        &self,
+        ticket: &mut Ticket,
+        error: StoreError,
+        span: &Span,
+    ) -> Result<Decision, Next<F>> {
         if let (Some(breaker), true) = (&self.breaker, error.kind() != StoreErrorKind::CircuitOpen)
         {
             breaker.failure(ticket.permit, self.clock.now_micros());
@@ -64,28 +72,28 @@ impl<St: Store> Limiter<St> {
         });
         if let Some(decision) = leased {
             tracing::debug!(%error, "rate-limit store failed; admitted from a lease in hand");
-            return Degraded::Local(decision);
+            return Ok(decision);
         }
         match (self.failure, &self.fallback, ticket.fallback.take()) {
             (FailurePolicy::Local { .. }, Some(local), Some(checks)) => {
                 self.store_failed(&error, "deciding locally");
                 // Charges after the response go to the store, which did not decide: none.
                 ticket.after.clear();
-                Degraded::Local(local.decide(&checks))
+                Ok(local.decide(&checks))
             }
             (FailurePolicy::Closed, _, _) => {
                 traced(span, |span| {
                     span.record("outcome", "unavailable");
                 });
                 self.store_failed(&error, "answering 503");
-                Degraded::Settled(Settled::Respond(self.responses.unavailable()))
+                Err(Next::Respond(self.responses.unavailable()))
             }
             _ => {
                 traced(span, |span| {
                     span.record("outcome", "allowed");
                 });
                 self.store_failed(&error, "letting the request through");
-                Degraded::Settled(Settled::nothing())
+                Err(Next::nothing())
             }
         }
     }

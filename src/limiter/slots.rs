@@ -14,9 +14,6 @@ fn taken(o: &PolicyOutcome) -> Option<&Grant> {
     o.held().or_else(|| o.reservation())
 }
 
-/// What lets an abandoned decision finish and gives back the slots it took.
-pub(crate) type Abandoned<F> = Box<dyn FnOnce(F) + Send>;
-
 impl<St: Store> Limiter<St> {
     /// What gives back the slots `pick` finds in the decision's outcomes (reserved for a
     /// waiting request, or of a concurrency limit) when dropped: one `RELEASE` per slot, sent
@@ -73,7 +70,10 @@ impl<St: Store> Limiter<St> {
 
     /// A request that went away while the store decided: when it asked for slots, what
     /// gives them back once the decision comes (`None` when it asked for none).
-    pub(crate) fn abandoned(self: &Arc<Self>, ticket: &Ticket) -> Option<Abandoned<St::Future>> {
+    pub(crate) fn abandoned(
+        self: &Arc<Self>,
+        ticket: &Ticket,
+    ) -> Option<Box<dyn FnOnce(St::Future) + Send>> {
         if !ticket.takes_slots {
             return None;
         }

@@ -66,7 +66,7 @@ where
         axum::body::Body::from(data)
     }
 
-    fn held(body: B, held: crate::HeldSlots) -> Self::Body {
+    fn held(body: B, held: crate::BodyGuard) -> Self::Body {
         axum::body::Body::new(crate::ResponseBody::held(body, held))
     }
 }

@@ -32,31 +32,31 @@ pub trait MakeBody<B> {
     /// concurrency limit ([`Policy::concurrency`](crate::Policy::concurrency)): the slots
     /// must be given back (`held` dropped) once the body has sent its last frame, or is
     /// dropped, whichever comes first.
-    fn held(body: B, held: HeldSlots) -> Self::Body;
+    fn held(body: B, held: BodyGuard) -> Self::Body;
 }
 
-/// What a response body holds until it ends: slots a request holds in a store (of a
-/// concurrency limit, held until its response body ends; or reserved for a request that
-/// waits for its slot), and the count of what the body really cost, for a policy that
-/// settles from it ([`Settle`](crate::Settle)). Dropping it gives the slots back and settles
-/// the count (without waiting for the store's answer); a [`MakeBody`] keeps it with the body.
-pub struct HeldSlots {
+/// What a response body holds until it ends: the slots a request holds in a store (of a
+/// concurrency limit, held until its response body ends), and the count of what the body
+/// really cost, for a policy that settles from it ([`Settle`](crate::Settle)). Dropping it
+/// gives the slots back and settles the count (without waiting for the store's answer); a
+/// [`MakeBody`] keeps it with the body.
+pub struct BodyGuard {
     release: Option<Box<dyn FnOnce() + Send + Sync>>,
     meter: Option<Box<Meter>>,
 }
 
-impl HeldSlots {
+impl BodyGuard {
     /// Slots given back by `release`, when dropped.
     pub(crate) fn new(release: impl FnOnce() + Send + Sync + 'static) -> Self {
-        HeldSlots {
+        BodyGuard {
             release: Some(Box::new(release)),
             meter: None,
         }
     }
 
     /// `held` (if any) with `meter` counting the body.
-    pub(crate) fn metered(held: Option<HeldSlots>, meter: Meter) -> Self {
-        let mut held = held.unwrap_or(HeldSlots {
+    pub(crate) fn metered(held: Option<BodyGuard>, meter: Meter) -> Self {
+        let mut held = held.unwrap_or(BodyGuard {
             release: None,
             meter: None,
         });
@@ -64,7 +64,7 @@ impl HeldSlots {
         held
     }
 
-    /// The request went on with its reserved slot: it is spent, not given back.
+    /// The request went on with its reserved time: it is spent, not given back.
     pub(crate) fn keep(mut self) {
         self.release = None;
     }
@@ -77,7 +77,7 @@ impl HeldSlots {
     }
 }
 
-impl Drop for HeldSlots {
+impl Drop for BodyGuard {
     fn drop(&mut self) {
         if let Some(release) = self.release.take() {
             release();
@@ -85,9 +85,9 @@ impl Drop for HeldSlots {
     }
 }
 
-impl std::fmt::Debug for HeldSlots {
+impl std::fmt::Debug for BodyGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("HeldSlots")
+        f.write_str("BodyGuard")
     }
 }
 
@@ -107,7 +107,7 @@ impl<B> MakeBody<B> for Wrapped {
         ResponseBody::full(data)
     }
 
-    fn held(body: B, held: HeldSlots) -> Self::Body {
+    fn held(body: B, held: BodyGuard) -> Self::Body {
         ResponseBody::held(body, held)
     }
 }
@@ -120,7 +120,7 @@ pin_project! {
         #[pin]
         kind: Kind<B>,
         // Slots of a concurrency limit, given back at the end of the body (or when dropped).
-        held: Option<HeldSlots>,
+        held: Option<BodyGuard>,
     }
 }
 
@@ -150,7 +150,7 @@ impl<B> ResponseBody<B> {
     }
 
     /// The inner service's body, holding `held` until its last frame.
-    pub(crate) fn held(body: B, held: HeldSlots) -> Self {
+    pub(crate) fn held(body: B, held: BodyGuard) -> Self {
         ResponseBody {
             kind: Kind::Inner { body },
             held: Some(held),

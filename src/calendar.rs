@@ -173,7 +173,7 @@ impl Calendar {
     }
 
     /// Checks the calendar's settings.
-    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if !(1..=31).contains(&self.month_day) {
             return Err(ConfigError::new(format!(
                 "month_starts_on must be a day of the month, 1 to 31 (got {})",
@@ -498,8 +498,8 @@ mod tests {
     #[test]
     fn bad_settings_are_errors() {
         assert!(Calendar::in_zone("Mars/Olympus").is_err());
-        assert!(Calendar::utc().month_starts_on(0).check().is_err());
-        assert!(Calendar::utc().month_starts_on(32).check().is_err());
+        assert!(Calendar::utc().month_starts_on(0).validate().is_err());
+        assert!(Calendar::utc().month_starts_on(32).validate().is_err());
         assert_eq!("Sun".parse::<Weekday>().unwrap(), Weekday::Sunday);
         assert!("funday".parse::<Weekday>().is_err());
     }

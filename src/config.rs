@@ -274,7 +274,7 @@ impl<'de> Deserialize<'de> for CidrText {
 /// | `tier_header` | string | a request header naming the tier, e.g. set by an auth layer ([`select_tier`](Policy::select_tier)) |
 /// | `tier_keys` | table | key to tier ([`tier_for_key`](Policy::tier_for_key)) |
 /// | `lease`, `lease_ttl` | integer, duration | leases ([`lease`](Policy::lease), [`lease_ttl`](Policy::lease_ttl)) |
-/// | `wait` | duration | wait for a slot instead of a 429 ([`wait_up_to`](Policy::wait_up_to)) |
+/// | `wait` | duration | wait for its turn instead of a 429 ([`wait_up_to`](Policy::wait_up_to)) |
 /// | `concurrency`, `max_duration` | integer, duration | a concurrency limit ([`concurrency`](Policy::concurrency), [`max_duration`](Policy::max_duration)) |
 ///
 /// Durations are strings such as `"500ms"`, `"30s"`, `"2min"`, `"1h"` (the units of a quota's

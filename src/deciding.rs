@@ -1,7 +1,7 @@
 //! [`Deciding`]: what a request waits for before it goes on, as its response future waits for
 //! it: the store's answer, or first the answer to another request of this instance that is
 //! asking the store for the lease this one needs (then the request is planned again); then the
-//! slot reserved for it, if the answer is to wait.
+//! time reserved for it, if the answer is to wait.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,15 +14,15 @@ use crate::limiter::{Limiter, Next};
 use crate::store::Store;
 use crate::store::private::Sealed;
 
-/// A decision on its way (`C`: the store's future), or a reserved slot. Dropped before it
+/// A decision on its way (`C`: the store's future), or a reserved time. Dropped before it
 /// comes (the client went away), a store's decision finishes on its own and gives back the
 /// slots it took (of a concurrency limit, or reserved for a wait), which would otherwise stay
-/// taken until their leases end; a reserved slot is given back by its `Delayed`.
+/// taken until their leases end; a reserved time is given back by its `Delayed`.
 pub(crate) struct Deciding<C> {
     /// What is awaited ([`Next::Store`], [`Next::Lease`] or [`Next::Wait`]); `None` once it
     /// came.
     awaited: Option<Next<C>>,
-    /// The sleep until the reserved slot of a [`Next::Wait`].
+    /// The sleep until the reserved time of a [`Next::Wait`].
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     /// What lets the store's decision finish without the request, and gives its slots back.
     abandoned: Option<Box<dyn FnOnce(C) + Send>>,
@@ -91,8 +91,8 @@ where
                     if let Some(sleep) = &mut self.sleep {
                         ready!(sleep.as_mut().poll(cx));
                     }
-                    // The slot came: the request goes on.
-                    return Poll::Ready(self.awaited.take().expect("the slot came"));
+                    // Its reserved time came: the request goes on.
+                    return Poll::Ready(self.awaited.take().expect("the reserved time came"));
                 }
                 // A step that waits for nothing is the next one as it is.
                 _ => {

@@ -22,12 +22,15 @@ pub struct PolicyOutcome {
     /// [`NO_RETRY`] for none (an `Option` would make the outcome 8 bytes longer, and a
     /// decision keeps two inline).
     retry_after_us: u64,
-    /// The lease granted with this outcome, if the check asked for one and got units.
+    /// What was granted with this outcome (a lease, a reserved time, concurrency slots), if
+    /// the check asked for it and got units.
     grant: Option<Box<Grant>>,
 }
 
-/// A lease a store granted with a decision: its units (the request's cost among them), its
-/// end on the store's clock, and the microseconds from the decision until then.
+/// What a store granted with a decision, for the operations that grant (`Op::grants`): a
+/// lease's units (the request's cost among them) and its end; the units of a reserved time
+/// and that time; or the slots of a concurrency limit and when they were charged. `end` is on
+/// the store's clock, `lasts_us` the microseconds from the decision until then.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Grant {
     pub(crate) units: u64,
@@ -88,7 +91,7 @@ impl PolicyOutcome {
             reset_after_us: verdict.reset_after_us,
             // A concurrency slot frees when a request in flight ends: no time is known.
             retry_after_us: match verdict.retry_after_us {
-                Some(us) if !policy.holds() => us,
+                Some(us) if !policy.limits_in_flight() => us,
                 _ => NO_RETRY,
             },
             grant: None,
@@ -133,7 +136,7 @@ impl PolicyOutcome {
         }
     }
 
-    /// How long the request waits for the slot this policy reserved for it
+    /// How long the request waits for the time this policy reserved for it
     /// ([`Policy::wait_up_to`](crate::Policy::wait_up_to)): zero when it was admitted at once,
     /// or denied.
     pub fn wait(&self) -> Duration {
@@ -143,14 +146,16 @@ impl PolicyOutcome {
         }
     }
 
-    /// The slot this policy reserved for the request, on the store's clock, with its units.
+    /// The time this policy reserved for the request, on the store's clock, with its units.
     pub(crate) fn reservation(&self) -> Option<&Grant> {
         self.grant.as_deref().filter(|_| self.policy.wait_us() > 0)
     }
 
     /// The concurrency slots this policy gave the request, with when they were taken.
     pub(crate) fn held(&self) -> Option<&Grant> {
-        self.grant.as_deref().filter(|_| self.policy.holds())
+        self.grant
+            .as_deref()
+            .filter(|_| self.policy.limits_in_flight())
     }
 
     /// The policy's name.

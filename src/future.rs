@@ -3,7 +3,7 @@
 //!
 //! The future is one enum of four states. The common one is the inner service's future and
 //! what goes on its response (a few words); a request waiting (for its decision, then maybe
-//! for a reserved slot) and the charges after the response are boxed; the limiter's own
+//! for a reserved time) and the charges after the response are boxed; the limiter's own
 //! response (a `429`) is held inline. So the future is the size of the larger of the inner
 //! future plus a few words and that response (`http::Response<Bytes>`), and building it in
 //! `call` writes the inner future where it stays.
@@ -20,7 +20,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::body::{HeldSlots, MakeBody, Wrapped};
+use crate::body::{BodyGuard, MakeBody, Wrapped};
 use crate::deciding::Deciding;
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -42,7 +42,7 @@ pin_project! {
         St: Store,
     {
         #[pin]
-        state: State<S, ReqB, S::Future, <St as Sealed>::Future, S::Response, Limiter<St>>,
+        state: Phase<S, ReqB, S::Future, <St as Sealed>::Future, S::Response, Limiter<St>>,
         body: PhantomData<fn() -> M>,
     }
 }
@@ -61,12 +61,12 @@ struct Charging<L> {
 /// request, `scripts/instructions.sh`).
 struct With<L> {
     headers: Option<RateLimitHeaders>,
-    held: Option<HeldSlots>,
+    held: Option<BodyGuard>,
     charging: Option<Box<Charging<L>>>,
 }
 
 /// A request not yet sent to the inner service, with the inner service it goes to and the
-/// engine, while it waits: for its decision, then for a reserved slot (`C`: the store's
+/// engine, while it waits: for its decision, then for a reserved time (`C`: the store's
 /// future).
 struct Waiting<S, ReqB, C, L> {
     request: Request<ReqB>,
@@ -80,12 +80,12 @@ struct Waiting<S, ReqB, C, L> {
 struct Adjusting<C, R> {
     charges: C,
     response: Option<R>,
-    held: Option<HeldSlots>,
+    held: Option<BodyGuard>,
 }
 
 pin_project! {
-    #[project = StateProj]
-    enum State<S, ReqB, F, C, R, L> {
+    #[project = PhaseProj]
+    enum Phase<S, ReqB, F, C, R, L> {
         // The inner service called: the common state, not boxed.
         Calling {
             #[pin]
@@ -113,7 +113,7 @@ where
     St: Store,
 {
     #[inline(always)]
-    fn new(state: State<S, ReqB, S::Future, St::Future, S::Response, Limiter<St>>) -> Self {
+    fn new(state: Phase<S, ReqB, S::Future, St::Future, S::Response, Limiter<St>>) -> Self {
         ResponseFuture {
             state,
             body: PhantomData,
@@ -121,7 +121,7 @@ where
     }
 
     /// A request at the step the engine began it with: waiting (for its decision, or its
-    /// reserved slot), answered with the limiter's response, or the inner service called.
+    /// reserved time), answered with the limiter's response, or the inner service called.
     pub(crate) fn stepped(
         limiter: &Arc<Limiter<St>>,
         next: Next<<St as Sealed>::Future>,
@@ -140,7 +140,7 @@ where
             limiter: limiter.clone(),
             deciding: Deciding::new(limiter, next),
         };
-        Self::new(State::Waiting {
+        Self::new(Phase::Waiting {
             waiting: Some(Box::new(waiting)),
         })
     }
@@ -152,7 +152,7 @@ where
     pub(crate) fn called(
         limiter: &Arc<Limiter<St>>,
         headers: Option<RateLimitHeaders>,
-        held: Option<HeldSlots>,
+        held: Option<BodyGuard>,
         after: Vec<AfterResponse>,
         future: S::Future,
     ) -> Self {
@@ -166,15 +166,15 @@ where
 fn calling<S, ReqB, F, C, R, L>(
     future: F,
     headers: Option<RateLimitHeaders>,
-    held: Option<HeldSlots>,
+    held: Option<BodyGuard>,
     charging: Option<Box<Charging<L>>>,
-) -> State<S, ReqB, F, C, R, L> {
+) -> Phase<S, ReqB, F, C, R, L> {
     let with = With {
         headers,
         held,
         charging,
     };
-    State::Calling { future, with }
+    Phase::Calling { future, with }
 }
 
 /// Puts the decision (if any) in `request`'s extensions, for the inner service.
@@ -194,26 +194,26 @@ fn charging<L>(limiter: &Arc<L>, charges: Vec<AfterResponse>) -> Option<Box<Char
     })
 }
 
-/// Polls a waiting request: for its decision, then for its reserved slot, if any; then the
+/// Polls a waiting request: for its decision, then for its reserved time, if any; then the
 /// state it goes to (the inner service called, or the limiter's response; a waiting
 /// request's slots are then spent, not given back).
 #[allow(clippy::type_complexity)]
 fn poll_waiting<S, ReqB, St, R>(
-    slot: &mut Option<Box<Waiting<S, ReqB, <St as Sealed>::Future, Limiter<St>>>>,
+    waiting: &mut Option<Box<Waiting<S, ReqB, <St as Sealed>::Future, Limiter<St>>>>,
     cx: &mut Context<'_>,
-) -> Poll<State<S, ReqB, S::Future, <St as Sealed>::Future, R, Limiter<St>>>
+) -> Poll<Phase<S, ReqB, S::Future, <St as Sealed>::Future, R, Limiter<St>>>
 where
     S: Service<Request<ReqB>>,
     St: Store,
 {
-    let waiting = slot.as_mut().expect(POLLED_AFTER_READY);
-    let next = ready!(waiting.deciding.poll_answer(&waiting.limiter, cx));
+    let w = waiting.as_mut().expect(POLLED_AFTER_READY);
+    let next = ready!(w.deciding.poll_answer(&w.limiter, cx));
     let Waiting {
         request,
         mut inner,
         limiter,
         ..
-    } = *slot.take().expect(POLLED_AFTER_READY);
+    } = *waiting.take().expect(POLLED_AFTER_READY);
     Poll::Ready(respond_or_call(&limiter, next, request, &mut inner))
 }
 
@@ -225,7 +225,7 @@ fn respond_or_call<S, ReqB, C, R, St: Store>(
     next: Next<<St as Sealed>::Future>,
     request: Request<ReqB>,
     inner: &mut S,
-) -> State<S, ReqB, S::Future, C, R, Limiter<St>>
+) -> Phase<S, ReqB, S::Future, C, R, Limiter<St>>
 where
     S: Service<Request<ReqB>>,
 {
@@ -241,7 +241,7 @@ where
                 true => grpc::answer(response),
                 false => response,
             };
-            return State::Ready {
+            return Phase::Ready {
                 response: Some(response),
             };
         }
@@ -277,11 +277,11 @@ where
 fn call<S, ReqB, C, R, L>(
     headers: Option<RateLimitHeaders>,
     decision: Option<Decision>,
-    held: Option<HeldSlots>,
+    held: Option<BodyGuard>,
     charging: Option<Box<Charging<L>>>,
     mut request: Request<ReqB>,
     inner: &mut S,
-) -> State<S, ReqB, S::Future, C, R, L>
+) -> Phase<S, ReqB, S::Future, C, R, L>
 where
     S: Service<Request<ReqB>>,
 {
@@ -296,10 +296,10 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
-            State::Waiting { .. } => "waiting",
-            State::Calling { .. } => "calling",
-            State::Adjusting { .. } => "adjusting",
-            State::Ready { .. } => "ready",
+            Phase::Waiting { .. } => "waiting",
+            Phase::Calling { .. } => "calling",
+            Phase::Adjusting { .. } => "adjusting",
+            Phase::Ready { .. } => "ready",
         };
         f.debug_struct("ResponseFuture")
             .field("state", &state)
@@ -321,7 +321,7 @@ where
         let mut state = self.project().state;
         loop {
             let next = match state.as_mut().project() {
-                StateProj::Calling { future, with } => {
+                PhaseProj::Calling { future, with } => {
                     let response = ready!(future.poll(cx))?;
                     let (headers, held, charging) =
                         (with.headers.take(), with.held.take(), with.charging.take());
@@ -329,15 +329,15 @@ where
                         Ok((response, held)) => {
                             return Poll::Ready(Ok(body::<M, _>(response, held)));
                         }
-                        Err(adjusting) => State::Adjusting { adjusting },
+                        Err(adjusting) => Phase::Adjusting { adjusting },
                     }
                 }
-                StateProj::Waiting { waiting } => ready!(poll_waiting(waiting, cx)),
-                StateProj::Adjusting { adjusting } => {
+                PhaseProj::Waiting { waiting } => ready!(poll_waiting(waiting, cx)),
+                PhaseProj::Adjusting { adjusting } => {
                     let (response, held) = ready!(adjusting.poll(cx));
                     return Poll::Ready(Ok(body::<M, _>(response, held)));
                 }
-                StateProj::Ready { response } => {
+                PhaseProj::Ready { response } => {
                     let response = response.take().expect(POLLED_AFTER_READY);
                     return Poll::Ready(Ok(response.map(M::full)));
                 }
@@ -353,10 +353,10 @@ where
 #[inline(always)]
 fn responded<St: Store, B>(
     headers: Option<RateLimitHeaders>,
-    mut held: Option<HeldSlots>,
+    mut held: Option<BodyGuard>,
     charging: Option<Box<Charging<Limiter<St>>>>,
     mut response: Response<B>,
-) -> Result<(Response<B>, Option<HeldSlots>), Box<Adjusting<<St as Sealed>::Future, Response<B>>>> {
+) -> Result<(Response<B>, Option<BodyGuard>), Box<Adjusting<<St as Sealed>::Future, Response<B>>>> {
     if let Some(headers) = headers {
         headers.apply(response.headers_mut());
     }
@@ -364,7 +364,7 @@ fn responded<St: Store, B>(
         let Charging { limiter, charges } = *charging;
         let (call, meter) = limiter.after_response(charges, &response);
         if let Some(meter) = meter {
-            held = Some(HeldSlots::metered(held.take(), meter));
+            held = Some(BodyGuard::metered(held.take(), meter));
         }
         call
     });
@@ -384,7 +384,7 @@ where
 {
     /// The response once the charges after it are made, or failed (then logged: the response
     /// goes on).
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<(R, Option<HeldSlots>)> {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<(R, Option<BodyGuard>)> {
         if let Err(error) = ready!(Pin::new(&mut self.charges).poll(cx)) {
             tracing::warn!(%error, "rate-limit charge or refund after the response failed");
         }
@@ -395,7 +395,7 @@ where
 
 /// The inner service's response in the body `M` makes, holding `held` (the slots of its
 /// concurrency limits) until the body ends.
-fn body<M: MakeBody<B>, B>(response: Response<B>, held: Option<HeldSlots>) -> Response<M::Body> {
+fn body<M: MakeBody<B>, B>(response: Response<B>, held: Option<BodyGuard>) -> Response<M::Body> {
     match held {
         None => response.map(M::inner),
         Some(held) => response.map(|b| M::held(b, held)),

@@ -310,7 +310,7 @@ impl<St: Store, M> RateLimitLayer<St, M> {
         key: &Key,
         cost: u32,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'static + use<St, M> {
-        self.limiter.decide_key(key, None, |_| u64::from(cost))
+        self.limiter.key_decision(key, None, |_| u64::from(cost))
     }
 
     /// Gives `units` back to `key` in every policy of the layer (in the same tier as
@@ -319,7 +319,7 @@ impl<St: Store, M> RateLimitLayer<St, M> {
     /// decision a request of cost 0 would get afterwards.
     pub async fn refund(&self, key: &Key, units: u32) -> Result<Decision, StoreError> {
         self.limiter
-            .decide_key(key, Some(Op::Refund), |_| u64::from(units))
+            .key_decision(key, Some(Op::Refund), |_| u64::from(units))
             .await
     }
 
@@ -330,20 +330,20 @@ impl<St: Store, M> RateLimitLayer<St, M> {
     pub async fn block_for(&self, key: &Key, duration: Duration) -> Result<Decision, StoreError> {
         let micros = duration.min(crate::MAX_WINDOW).as_micros() as u64;
         let block = Op::Block { us: micros };
-        self.limiter.decide_key(key, Some(block), |_| 0).await
+        self.limiter.key_decision(key, Some(block), |_| 0).await
     }
 
     /// Looks at `key` in every policy without charging it: the decision a request of cost 0
     /// would get. The same as [`check`](Self::check) with a cost of 0.
     pub async fn peek(&self, key: &Key) -> Result<Decision, StoreError> {
-        self.limiter.decide_key(key, None, |_| 0).await
+        self.limiter.key_decision(key, None, |_| 0).await
     }
 
     /// Forgets everything about `key` in every policy, as if it had never been seen, and lifts
     /// any block. Returns
     /// the decision a request of cost 0 gets afterwards.
     pub async fn reset(&self, key: &Key) -> Result<Decision, StoreError> {
-        self.limiter.decide_key(key, Some(Op::Reset), |_| 0).await
+        self.limiter.key_decision(key, Some(Op::Reset), |_| 0).await
     }
 
     /// Charges `key` `units` in every policy whatever its state (a penalty, e.g. for abuse),
@@ -353,7 +353,7 @@ impl<St: Store, M> RateLimitLayer<St, M> {
     /// afterwards. [`refund`](Self::refund) is the reward.
     pub async fn penalize(&self, key: &Key, units: u32) -> Result<Decision, StoreError> {
         self.limiter
-            .decide_key(key, Some(Op::Penalize), |tier| {
+            .key_decision(key, Some(Op::Penalize), |tier| {
                 u64::from(units).min(tier.algorithm().reported_limit())
             })
             .await
@@ -442,7 +442,7 @@ impl<St: Store, M> RateLimitLayer<St, M> {
             estimate: u64::from(estimate),
         };
         self.limiter
-            .decide_key(key, Some(op), |tier| {
+            .key_decision(key, Some(op), |tier| {
                 let limit = tier.algorithm().reported_limit();
                 actual.min(limit.saturating_mul(u64::from(crate::MAX_AT_MOST)))
             })

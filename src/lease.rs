@@ -69,7 +69,7 @@ struct LeaseRow {
     /// The policy tier (also to give units back with once the key is idle).
     policy: Arc<Tier>,
     key: Key,
-    /// The slot's hash, kept for the table to move it when it grows.
+    /// The row's hash, kept for the table to move it when it grows.
     hash: u64,
     entry: KeyLeases,
 }

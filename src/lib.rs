@@ -163,10 +163,10 @@
 //!
 //! With [`Policy::wait_up_to`], a request the policy would reject now but admits within the
 //! wait is admitted for that later slot instead: the store charges it there, in the same
-//! atomic step that decides it, and the layer holds the request until the slot comes before
-//! calling the inner service. Instances sharing a store queue on one schedule; a request whose
-//! slot is further away than the wait gets its `429` at once; a waiting request that is dropped
-//! gives its slot back. The handler reads the wait from [`Decision::wait`].
+//! atomic step that decides it, and the layer holds the request until its reserved time comes
+//! before calling the inner service. Instances sharing a store queue on one schedule; a request
+//! whose turn is further away than the wait gets its `429` at once; a waiting request that is
+//! dropped gives its units back. The handler reads the wait from [`Decision::wait`].
 //!
 //! ```
 //! use std::time::Duration;
@@ -394,7 +394,7 @@ mod error;
 pub mod axum;
 
 pub use algorithm::Algorithm;
-pub use body::{HeldSlots, MakeBody, ResponseBody, Wrapped};
+pub use body::{BodyGuard, MakeBody, ResponseBody, Wrapped};
 pub use calendar::{Calendar, Weekday};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, PolicyOutcome};

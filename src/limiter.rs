@@ -30,7 +30,7 @@ use tracing::Span;
 use bytes::Bytes;
 use http::Response;
 
-use crate::body::HeldSlots;
+use crate::body::BodyGuard;
 use crate::clock::Clock;
 use crate::decision::{Decision, PolicyOutcome};
 use crate::error::{ConfigError, FailurePolicy, KeyRejection, StoreError, StoreErrorKind};
@@ -117,11 +117,11 @@ pub(crate) struct Limiter<St> {
     fallback: Option<MemoryStore>,
     /// The leases this instance holds, once a policy takes leases.
     leases: OnceLock<Arc<Leases>>,
-    /// Whether a policy lets requests wait for a reserved slot (since the layer was built or
+    /// Whether a policy lets requests wait for a reserved time (since the layer was built or
     /// reloaded with one: only what the layer looks for, never what it decides).
     waits: AtomicBool,
     /// Whether a policy limits requests in flight (as `waits`).
-    holds: AtomicBool,
+    in_flight: AtomicBool,
     /// The keys each policy denied most, when the layer keeps them.
     top: Option<Arc<Tracker>>,
     /// When (layer clock) a store failure was last logged at `warn`, and how many were
@@ -155,12 +155,12 @@ pub(crate) enum Next<F> {
     Call {
         headers: Option<RateLimitHeaders>,
         decision: Option<Decision>,
-        held: Option<HeldSlots>,
+        held: Option<BodyGuard>,
         after: Vec<AfterResponse>,
     },
     /// Answer with the limiter's own response.
     Respond(Response<Bytes>),
-    /// Wait until the slots reserved for the request come, then call the inner service as
+    /// Wait until the times reserved for the request come, then call the inner service as
     /// [`Next::Call`] does.
     Wait(Box<Delayed>),
     /// Wait for the store's answer (`F`), then [`Limiter::answered`] with the ticket.
@@ -181,7 +181,7 @@ pub(crate) struct Planned {
 
 impl<F> Next<F> {
     /// Whether the step waits for something (the store's answer, another's lease, or a
-    /// reserved slot).
+    /// reserved time).
     pub(crate) fn waits(&self) -> bool {
         matches!(self, Next::Store(..) | Next::Lease(..) | Next::Wait(..))
     }
@@ -198,15 +198,15 @@ impl<F> Next<F> {
     }
 }
 
-/// A request admitted at slots reserved later: how long it waits, what it then goes on with,
+/// A request admitted at times reserved later: how long it waits, what it then goes on with,
 /// and what gives its slots back if it never does.
 pub(crate) struct Delayed {
     pub(crate) wait: std::time::Duration,
     pub(crate) headers: RateLimitHeaders,
     pub(crate) decision: Option<Decision>,
-    pub(crate) release: Option<HeldSlots>,
+    pub(crate) release: Option<BodyGuard>,
     /// The slots of concurrency limits the request holds once it goes on.
-    pub(crate) held: Option<HeldSlots>,
+    pub(crate) held: Option<BodyGuard>,
     /// The charges its response decides.
     pub(crate) after: Vec<AfterResponse>,
 }
@@ -228,7 +228,7 @@ pub(crate) struct Ticket {
     started: Option<Instant>,
     /// Whether the decision may take slots (of a concurrency limit, or reserved) that must
     /// be given back should the request go away before the decision comes.
-    takes_slots: bool,
+    gives_back_later: bool,
     after: Vec<AfterResponse>,
     /// The decision's `debug` span, disabled unless a subscriber wants it.
     span: Span,
@@ -275,8 +275,8 @@ impl<St> Limiter<St> {
         self.waits.load(Ordering::Relaxed)
     }
 
-    fn holds(&self) -> bool {
-        self.holds.load(Ordering::Relaxed)
+    fn limits_in_flight(&self) -> bool {
+        self.in_flight.load(Ordering::Relaxed)
     }
 }
 
@@ -336,7 +336,7 @@ impl<St: Store> Limiter<St> {
             fallback,
             leases,
             waits: AtomicBool::new(set.waits),
-            holds: AtomicBool::new(set.holds),
+            in_flight: AtomicBool::new(set.in_flight),
             top,
             warned: AtomicU64::new(0),
             unwarned: AtomicU64::new(0),
@@ -412,7 +412,7 @@ impl<St: Store> Limiter<St> {
         if let Some(denied) = self.known_denied(&checks, &span) {
             return denied;
         }
-        self.decide(checks, fallback, after, &span)
+        self.ask_store(checks, fallback, after, &span)
     }
 
     /// The answer of the deny cache, if it knows one of `checks`' keys to be limited.
@@ -446,7 +446,7 @@ impl<St: Store> Limiter<St> {
         Next::Respond(self.responses.rejected(rejection))
     }
 
-    /// [`Limiter::decide`] for a request that waited for another's lease.
+    /// [`Limiter::ask_store`] for a request that waited for another's lease.
     pub(crate) fn resume(&self, planned: Planned) -> Next<St::Future> {
         let Planned {
             checks,
@@ -455,12 +455,12 @@ impl<St: Store> Limiter<St> {
             span,
         } = planned;
         let _entered = span.enter();
-        self.decide(checks, fallback, after, &span)
+        self.ask_store(checks, fallback, after, &span)
     }
 
     /// The rest of step 2 for a planned request: the leases held here, the breaker, the store.
     #[inline(always)]
-    fn decide(
+    fn ask_store(
         &self,
         mut checks: Checks,
         fallback: Option<Checks>,
@@ -504,7 +504,7 @@ impl<St: Store> Limiter<St> {
             fallback,
             keys,
             started: None,
-            takes_slots: false,
+            gives_back_later: false,
             after,
             span: span.clone(),
         };
@@ -515,12 +515,12 @@ impl<St: Store> Limiter<St> {
             );
             return self.answered(ticket, Err(error));
         }
-        if let Some(decision) = self.store.decide_now(&checks) {
+        if let Some(decision) = self.store.check_now(&checks) {
             return self.answered(ticket, Ok(decision));
         }
         ticket.started = Some(Instant::now());
-        ticket.takes_slots =
-            (self.holds() || self.waits()) && checks.iter().any(|c| c.op().takes_slots());
+        ticket.gives_back_later = (self.limits_in_flight() || self.waits())
+            && checks.iter().any(|c| c.op().gives_back_later());
         Next::Store(self.store.check(checks), ticket)
     }
 
@@ -570,7 +570,7 @@ impl<St: Store> Limiter<St> {
 
     /// The decision's response (step 3's end): counts, headers, the limiter's own response
     /// for a denied request; for an admitted one, the charges still to make after the response
-    /// (`local`: the decision is the local fallback's, where reserved slots go back to).
+    /// (`local`: the decision is the local fallback's, where reserved times go back to).
     #[inline(always)]
     fn finish<F>(
         &self,
@@ -600,7 +600,7 @@ impl<St: Store> Limiter<St> {
             );
         }
         // Only a layer with a concurrency policy, or one that waits, pays for looking.
-        let held = if self.holds() {
+        let held = if self.limits_in_flight() {
             self.slots(&decision, keys, local, PolicyOutcome::held, None)
         } else {
             None
@@ -669,12 +669,12 @@ impl<St: Store> Limiter<St> {
     }
 
     /// Whether the ticket keeps the request's keys: for the deny cache, the top limited keys,
-    /// the IETF `pk` or a reserved slot to give back.
+    /// the IETF `pk` or a reserved time to give back.
     fn needs_keys(&self) -> bool {
         self.deny_cache.is_some()
             || self.top.is_some()
             || self.headers.partition.is_some()
             || self.waits()
-            || self.holds()
+            || self.limits_in_flight()
     }
 }

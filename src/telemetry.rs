@@ -36,7 +36,7 @@
 //! | field | what |
 //! |---|---|
 //! | `policies` | the policies that applied, comma-separated |
-//! | `outcome` | `allowed`, `delayed` (waits for a reserved slot), `limited`, `key_rejected`, or for a failed store `allowed` (failure policy open) or `unavailable` (closed) |
+//! | `outcome` | `allowed`, `delayed` (waits for a reserved time), `limited`, `key_rejected`, or for a failed store `allowed` (failure policy open) or `unavailable` (closed) |
 //! | `limited_by` | the policies that denied the request, shadow ones included |
 //! | `wait_ms` | how long a `delayed` request waits |
 //! | `store_us` | how long an asynchronous store (Redis) took to decide |
@@ -161,7 +161,7 @@ pub const METRICS: &[Metric] = &[
         "ratelimit_reservations_released_total",
         MetricKind::Counter,
         &[],
-        "Delayed requests whose client went away, whose reserved slots were given back",
+        "Delayed requests whose client went away, whose reserved times were given back",
     ),
 ];
 

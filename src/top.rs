@@ -127,7 +127,7 @@ impl TopLimited {
         self
     }
 
-    fn check(&self, partition: Option<&PartitionKeys>) -> Result<(), ConfigError> {
+    fn validate(&self, partition: Option<&PartitionKeys>) -> Result<(), ConfigError> {
         if !(1..=MAX_KEYS).contains(&self.keys) {
             return Err(ConfigError::new(format!(
                 "top_limited: {} keys per policy; it takes 1 to {MAX_KEYS}",
@@ -214,7 +214,7 @@ impl TopReport {
 }
 
 /// A counted key of a [`Summary`].
-struct Entry {
+struct CountedKey {
     key: Key,
     hash: u64,
     count: u64,
@@ -233,7 +233,7 @@ struct Summary {
     /// Whether a key took another's counter: until then every key counted is held, exactly.
     evicted: bool,
     capacity: usize,
-    heap: Vec<Entry>,
+    heap: Vec<CountedKey>,
     index: HashTable<u32>,
 }
 
@@ -269,7 +269,7 @@ impl Summary {
         }
     }
 
-    fn find(&self, key: &Key, hash: u64) -> Option<&Entry> {
+    fn find(&self, key: &Key, hash: u64) -> Option<&CountedKey> {
         let heap = &self.heap;
         let i = *self.index.find(hash, |&i| heap[i as usize].key == *key)?;
         Some(&heap[i as usize])
@@ -284,7 +284,7 @@ impl Summary {
             self.sift_down(i as usize);
             return;
         }
-        let entry = |count, error| Entry {
+        let entry = |count, error| CountedKey {
             key: key.clone(),
             hash,
             count,
@@ -361,7 +361,7 @@ impl Summary {
     /// The bytes this summary holds, whatever it counts.
     #[cfg(test)]
     fn footprint(&self) -> usize {
-        self.heap.capacity() * std::mem::size_of::<Entry>()
+        self.heap.capacity() * std::mem::size_of::<CountedKey>()
             + self.index.allocation_size()
             + std::mem::size_of::<Self>()
     }
@@ -402,7 +402,7 @@ impl Tracker {
         partition: Option<&PartitionKeys>,
         policies: impl IntoIterator<Item = &'a str>,
     ) -> Result<Self, ConfigError> {
-        config.check(partition)?;
+        config.validate(partition)?;
         let micros = u64::try_from(config.period.as_micros()).unwrap_or(u64::MAX);
         let tracker = Tracker {
             shards: Default::default(),

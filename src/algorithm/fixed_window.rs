@@ -30,7 +30,7 @@ pub(crate) struct FixedWindow {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct State {
+pub(crate) struct FixedWindowState {
     start: u64,
     count: u64,
 }
@@ -85,7 +85,7 @@ impl FixedWindow {
 
     /// The current window's start, end and count. A state from a later window (the clock went
     /// back) is kept as the current one.
-    fn current(&self, state: Option<&State>, now: u64) -> (u64, u64, u64) {
+    fn current(&self, state: Option<&FixedWindowState>, now: u64) -> (u64, u64, u64) {
         let (start, end) = self.bounds(now);
         match state {
             Some(s) if s.start == start => (start, end, s.count),
@@ -96,7 +96,7 @@ impl FixedWindow {
 }
 
 impl Step for FixedWindow {
-    type State = State;
+    type State = FixedWindowState;
     #[cfg(test)]
     const GUARANTEE: super::Guarantee = super::Guarantee::AlignedWindows;
     const PACKS: bool = true;
@@ -110,7 +110,7 @@ impl Step for FixedWindow {
 
     /// The window's end (when the state expires) and its count.
     #[inline]
-    fn pack(&self, state: &State) -> Option<Packed> {
+    fn pack(&self, state: &FixedWindowState) -> Option<Packed> {
         if !self.packs() {
             return None;
         }
@@ -118,8 +118,8 @@ impl Step for FixedWindow {
     }
 
     #[inline]
-    fn unpack(&self, packed: Packed) -> Option<State> {
-        (packed.word() > 0).then(|| State {
+    fn unpack(&self, packed: Packed) -> Option<FixedWindowState> {
+        (packed.word() > 0).then(|| FixedWindowState {
             start: packed.word() - self.window,
             count: u64::from(packed.count()),
         })
@@ -149,8 +149,8 @@ impl Step for FixedWindow {
         }
     }
 
-    /// A state from a later window (a reserved slot, or the clock went back) starts there.
-    fn own_time(&self, state: &State) -> u64 {
+    /// A state from a later window (a reserved time, or the clock went back) starts there.
+    fn own_time(&self, state: &FixedWindowState) -> u64 {
         state.start
     }
 
@@ -160,7 +160,7 @@ impl Step for FixedWindow {
     /// the present definition's window holding the present starts after it); a longer window starts from the
     /// count of the old window that was running (the windows before it are forgotten), a
     /// shorter one keeps that count until it ends.
-    fn convert(&self, from: &Self, state: &mut Option<State>, now: u64, _: u64) -> u64 {
+    fn convert(&self, from: &Self, state: &mut Option<FixedWindowState>, now: u64, _: u64) -> u64 {
         let Some(s) = state.as_ref() else {
             return now;
         };
@@ -175,14 +175,14 @@ impl Step for FixedWindow {
             return now;
         }
         let (start, end) = self.bounds(s.start.max(now));
-        *state = Some(State {
+        *state = Some(FixedWindowState {
             start,
             count: s.count,
         });
         end
     }
 
-    fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
+    fn evaluate(&self, state: Option<&FixedWindowState>, now: u64, cost: u64) -> Verdict {
         let (start, end, count) = self.current(state, now);
         // As of the state's own time when it is ahead (see `own_time`).
         let window_left = end - now.max(start);
@@ -198,10 +198,10 @@ impl Step for FixedWindow {
     }
 
     /// Gives back up to `units` of the current window's count.
-    fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
+    fn refund(&self, state: &mut Option<FixedWindowState>, now: u64, units: u64) -> Option<u64> {
         state.as_ref()?;
         let (start, end, count) = self.current(state.as_ref(), now);
-        *state = Some(State {
+        *state = Some(FixedWindowState {
             start,
             count: count - count.min(units),
         });
@@ -209,7 +209,7 @@ impl Step for FixedWindow {
     }
 
     /// A lease ends with the window its units are counted in.
-    fn lease_end(&self, state: Option<&State>, now: u64, ttl: u64) -> u64 {
+    fn lease_end(&self, state: Option<&FixedWindowState>, now: u64, ttl: u64) -> u64 {
         let (start, end, _) = self.current(state, now);
         (now.max(start) + ttl).min(end - 1)
     }
@@ -217,7 +217,7 @@ impl Step for FixedWindow {
     /// Gives back to the lease's window only: once another has begun, the units went with it.
     fn give_back(
         &self,
-        state: &mut Option<State>,
+        state: &mut Option<FixedWindowState>,
         now: u64,
         end: u64,
         units: u64,
@@ -229,9 +229,9 @@ impl Step for FixedWindow {
         self.refund(state, now, units)
     }
 
-    fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
+    fn commit(&self, state: &mut Option<FixedWindowState>, now: u64, cost: u64) -> u64 {
         let (start, end, count) = self.current(state.as_ref(), now);
-        *state = Some(State {
+        *state = Some(FixedWindowState {
             start,
             count: count + cost,
         });
@@ -246,7 +246,7 @@ fn reset(count: u64, window_left: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::{Compiled, Row, run_table};
+    use crate::algorithm::{Compiled, TableRow, run_table};
 
     fn fw(limit: u32, window_us: u64) -> FixedWindow {
         FixedWindow::new(Quota::new(limit, std::time::Duration::from_micros(window_us)).unwrap())
@@ -256,7 +256,7 @@ mod tests {
     #[test]
     fn table() {
         let a = fw(3, 1000);
-        let cases: &[Row] = &[
+        let cases: &[TableRow] = &[
             (10_000, 1, true, 2, 1000, None),
             (10_100, 1, true, 1, 900, None),
             (10_500, 1, true, 0, 500, None),

@@ -27,7 +27,7 @@ pub(crate) struct Gcra {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct State {
+pub(crate) struct GcraState {
     tat: u64,
 }
 
@@ -50,7 +50,7 @@ impl Gcra {
 }
 
 impl Step for Gcra {
-    type State = State;
+    type State = GcraState;
     #[cfg(test)]
     const GUARANTEE: super::Guarantee = super::Guarantee::BurstAndRate;
     const HAS_BURST: bool = true;
@@ -62,13 +62,13 @@ impl Step for Gcra {
 
     /// The TAT, which is when the state expires.
     #[inline]
-    fn pack(&self, state: &State) -> Option<Packed> {
+    fn pack(&self, state: &GcraState) -> Option<Packed> {
         Some(Packed::new(state.tat, 0))
     }
 
     #[inline]
-    fn unpack(&self, packed: Packed) -> Option<State> {
-        (packed.word() > 0).then_some(State { tat: packed.word() })
+    fn unpack(&self, packed: Packed) -> Option<GcraState> {
+        (packed.word() > 0).then_some(GcraState { tat: packed.word() })
     }
 
     fn window_us(&self) -> u64 {
@@ -84,7 +84,7 @@ impl Step for Gcra {
     }
 
     #[inline]
-    fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
+    fn evaluate(&self, state: Option<&GcraState>, now: u64, cost: u64) -> Verdict {
         let tat = state.map_or(now, |s| s.tat.max(now));
         let backlog = tat - now;
         // Divisions cost tens of cycles: an admitted request makes one.
@@ -101,16 +101,16 @@ impl Step for Gcra {
     }
 
     /// Gives back up to `units` emission intervals, never before `now`.
-    fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
+    fn refund(&self, state: &mut Option<GcraState>, now: u64, units: u64) -> Option<u64> {
         let tat = state.as_ref()?.tat.max(now);
         let tat = tat.saturating_sub(units * self.interval).max(now);
-        *state = Some(State { tat });
+        *state = Some(GcraState { tat });
         Some(tat)
     }
 
     /// Gives back the latest slot only: its charge put the TAT at `slot + tolerance`.
-    fn release(&self, state: &mut Option<State>, now: u64, slot: u64, units: u64) -> Option<u64> {
-        if state.as_ref()?.tat != slot + self.tolerance {
+    fn release(&self, state: &mut Option<GcraState>, now: u64, at: u64, units: u64) -> Option<u64> {
+        if state.as_ref()?.tat != at + self.tolerance {
             return None;
         }
         self.refund(state, now, units)
@@ -119,27 +119,27 @@ impl Step for Gcra {
     /// The backlog (`TAT − now`, a time) is re-counted in the new emission interval: 5 units
     /// used of `10/min` are 5 units used of `20/min`, and 5 used of `3/min` are 2 more than
     /// the burst, which the key waits for.
-    fn convert(&self, from: &Self, state: &mut Option<State>, now: u64, _: u64) -> u64 {
+    fn convert(&self, from: &Self, state: &mut Option<GcraState>, now: u64, _: u64) -> u64 {
         let backlog = state.as_ref().map_or(0, |s| s.tat.saturating_sub(now));
         if backlog == 0 {
             *state = None;
             return now;
         }
         let tat = now + rescale(backlog, from.interval, self.interval);
-        *state = Some(State { tat });
+        *state = Some(GcraState { tat });
         tat
     }
 
     /// The TAT no earlier than the lease's end: the units are charged as if spent then.
-    fn lease_state(&self, state: Option<&State>, now: u64, end: u64) -> Option<State> {
+    fn lease_state(&self, state: Option<&GcraState>, now: u64, end: u64) -> Option<GcraState> {
         let tat = state.map_or(now, |s| s.tat.max(now)).max(end);
-        Some(State { tat })
+        Some(GcraState { tat })
     }
 
     #[inline]
-    fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
+    fn commit(&self, state: &mut Option<GcraState>, now: u64, cost: u64) -> u64 {
         let tat = state.as_ref().map_or(now, |s| s.tat.max(now)) + cost * self.interval;
-        *state = Some(State { tat });
+        *state = Some(GcraState { tat });
         tat
     }
 }
@@ -147,7 +147,7 @@ impl Step for Gcra {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::{Compiled, Row, run_table};
+    use crate::algorithm::{Compiled, TableRow, run_table};
     use std::time::Duration;
 
     #[test]
@@ -158,7 +158,7 @@ mod tests {
             .try_with_burst(3)
             .unwrap();
         let a = Gcra::new(q).unwrap();
-        let cases: &[Row] = &[
+        let cases: &[TableRow] = &[
             (10_000, 1, true, 2, 500, None),
             (10_000, 2, true, 0, 1500, None),
             (10_000, 1, false, 0, 1500, Some(500)),

@@ -23,7 +23,7 @@ pub(crate) struct LeakyBucket {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct State {
+pub(crate) struct LeakyBucketState {
     /// Water level, in scaled units.
     level: u64,
     /// Time of the last update.
@@ -37,7 +37,7 @@ impl LeakyBucket {
         })
     }
 
-    fn level(&self, state: Option<&State>, now: u64) -> u64 {
+    fn level(&self, state: Option<&LeakyBucketState>, now: u64) -> u64 {
         match state {
             None => 0,
             Some(s) => self.scaled.drain(s.level, now.saturating_sub(s.last)),
@@ -46,7 +46,7 @@ impl LeakyBucket {
 }
 
 impl Step for LeakyBucket {
-    type State = State;
+    type State = LeakyBucketState;
     #[cfg(test)]
     const GUARANTEE: super::Guarantee = super::Guarantee::BurstAndRate;
     const HAS_BURST: bool = true;
@@ -67,14 +67,14 @@ impl Step for LeakyBucket {
         self.scaled.lua_params()
     }
 
-    fn own_time(&self, state: &State) -> u64 {
+    fn own_time(&self, state: &LeakyBucketState) -> u64 {
         state.last
     }
 
     /// The level now (units poured in, not yet drained; a state ahead of now counts the drain
     /// up to its time as well) is re-counted in the new unit: 5 units in a bucket of 10 are 5
     /// in a bucket of 20, and 5 in a bucket of 3 overflow it until 3 have drained.
-    fn convert(&self, from: &Self, state: &mut Option<State>, now: u64, _: u64) -> u64 {
+    fn convert(&self, from: &Self, state: &mut Option<LeakyBucketState>, now: u64, _: u64) -> u64 {
         let Some(s) = state.as_ref() else {
             return now;
         };
@@ -88,11 +88,11 @@ impl Step for LeakyBucket {
             return now;
         }
         let level = self.scaled.rescaled(&from.scaled, level);
-        *state = Some(State { level, last: now });
+        *state = Some(LeakyBucketState { level, last: now });
         now + level.div_ceil(self.scaled.rate)
     }
 
-    fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
+    fn evaluate(&self, state: Option<&LeakyBucketState>, now: u64, cost: u64) -> Verdict {
         let s = &self.scaled;
         let level = self.level(state, now);
         let drain_time = |l: u64| l.div_ceil(s.rate);
@@ -116,15 +116,15 @@ impl Step for LeakyBucket {
     }
 
     /// Gives back the latest slot only: the bucket was last updated there.
-    fn release(&self, state: &mut Option<State>, now: u64, slot: u64, units: u64) -> Option<u64> {
-        if state.as_ref()?.last != slot {
+    fn release(&self, state: &mut Option<LeakyBucketState>, now: u64, at: u64, units: u64) -> Option<u64> {
+        if state.as_ref()?.last != at {
             return None;
         }
         self.refund(state, now, units)
     }
 
     /// Takes back up to `units` from the bucket, never below empty.
-    fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
+    fn refund(&self, state: &mut Option<LeakyBucketState>, now: u64, units: u64) -> Option<u64> {
         let last = state.as_ref()?.last.max(now);
         let level = self.level(state.as_ref(), now);
         let s = &self.scaled;
@@ -133,24 +133,24 @@ impl Step for LeakyBucket {
         } else {
             level - level.min(units * s.unit)
         };
-        *state = Some(State { level, last });
+        *state = Some(LeakyBucketState { level, last });
         Some(last + level.div_ceil(s.rate))
     }
 
     /// A level no lower than what drains until the lease's end: a drain the lease's units
     /// could find the bucket empty for is not counted.
-    fn lease_state(&self, state: Option<&State>, now: u64, end: u64) -> Option<State> {
+    fn lease_state(&self, state: Option<&LeakyBucketState>, now: u64, end: u64) -> Option<LeakyBucketState> {
         let level = self
             .level(state, now)
             .max(self.scaled.fill(0, end.saturating_sub(now)));
         let last = state.map_or(now, |st| st.last.max(now));
-        Some(State { level, last })
+        Some(LeakyBucketState { level, last })
     }
 
-    fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
+    fn commit(&self, state: &mut Option<LeakyBucketState>, now: u64, cost: u64) -> u64 {
         let level = self.level(state.as_ref(), now) + cost * self.scaled.unit;
         let last = state.as_ref().map_or(now, |s| s.last.max(now));
-        *state = Some(State { level, last });
+        *state = Some(LeakyBucketState { level, last });
         last + level.div_ceil(self.scaled.rate)
     }
 }
@@ -158,7 +158,7 @@ impl Step for LeakyBucket {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::{Compiled, Row, run_table};
+    use crate::algorithm::{Compiled, TableRow, run_table};
     use std::time::Duration;
 
     #[test]
@@ -169,7 +169,7 @@ mod tests {
             .try_with_burst(4)
             .unwrap();
         let a = LeakyBucket::new(q).unwrap();
-        let cases: &[Row] = &[
+        let cases: &[TableRow] = &[
             (10_000, 3, true, 1, 1500, None),
             (10_000, 2, false, 1, 1500, Some(500)),
             (10_250, 2, false, 1, 1250, Some(250)),

@@ -230,26 +230,27 @@ pub(crate) trait Step: Sized {
         self.refund(state, now, units)
     }
 
-    /// Gives back `units` a request reserved at `slot` and will not spend (its client went
-    /// away while it waited). By default as a lease's units are given back: the algorithms
-    /// whose state is a record of what went on (the windows and the log) forget the units
-    /// counted at the slot, and the requests queued behind it keep their slots. GCRA and the
-    /// buckets keep a summary instead (a TAT, a level and its time), from which the units of
-    /// one slot cannot be taken out while later slots are booked on top of it without moving
-    /// those: they give back only the latest slot, else nothing (the slot stays empty). Returns
+    /// Gives back `units` a request reserved at `at` and will not spend (its client went
+    /// away while it waited, or its concurrency slots are freed). By default as a lease's
+    /// units are given back: the algorithms whose state is a record of what went on (the
+    /// windows and the log) forget the units counted at that time, and the requests queued
+    /// behind it keep their times. GCRA and the buckets keep a summary instead (a TAT, a level
+    /// and its time), from which the units of one time cannot be taken out while later ones
+    /// are booked on top of it without moving those: they give back only the latest, else
+    /// nothing (its time stays empty). Returns
     /// the new expiry, or `None` when nothing changed.
     fn release(
         &self,
         state: &mut Option<Self::State>,
         now: u64,
-        slot: u64,
+        at: u64,
         units: u64,
     ) -> Option<u64> {
-        self.give_back(state, now, slot, units)
+        self.give_back(state, now, at, units)
     }
 
-    /// Charges a request that reserved the slot `at` (later than `now`): a charge made at
-    /// `at` (the state then counts from its slot: a later window, a bucket's update time),
+    /// Charges a request that reserved the time `at` (later than `now`): a charge made at
+    /// `at` (the state then counts from its reserved time: a later window, a bucket's update time),
     /// except for the sliding log, which logs the units at `at` and keeps, at `now`, the
     /// entries still inside the present's window. Returns when the state expires.
     fn reserve_commit(&self, state: &mut Option<Self::State>, now: u64, at: u64, cost: u64) -> u64 {
@@ -380,7 +381,7 @@ impl Packed {
 /// One request of `cost` on the packed state `packed` (see [`Step::pack`]): the verdict, and
 /// the state the charge leaves when it is admitted and charged (`packed` when nothing is).
 #[inline(always)]
-fn decide_packed<A: Step>(a: &A, packed: Packed, now: u64, cost: u64) -> (Verdict, Packed) {
+fn judge_packed_as<A: Step>(a: &A, packed: Packed, now: u64, cost: u64) -> (Verdict, Packed) {
     let mut state = a.unpack(packed);
     let verdict = evaluate_with_lag(a, state.as_ref(), now, cost);
     if !verdict.allowed || cost == 0 {
@@ -392,7 +393,7 @@ fn decide_packed<A: Step>(a: &A, packed: Packed, now: u64, cost: u64) -> (Verdic
     (verdict, next.unwrap_or_default())
 }
 
-/// When a request denied now with `verdict` is admitted instead by reserving its slot: the
+/// When a request denied now with `verdict` is admitted instead by reserving its time: the
 /// microseconds until then (its retry-after), when that is at most `max_wait` and the
 /// request (of a cost above 0: a look reserves nothing) is admitted then on the state as it
 /// is (twin of `reservation` in `decide.lua`).
@@ -486,10 +487,10 @@ macro_rules! own_state {
 /// Takes the state of `$variant` out of `$slot` as `$own` (another algorithm's is dropped),
 /// evaluates `$body`, which may change it, and puts it back.
 macro_rules! with_own_state {
-    ($slot:ident, $variant:ident, |$own:ident| $body:expr) => {{
-        let mut $own = own_state!($slot.take(), $variant);
+    ($state:ident, $variant:ident, |$own:ident| $body:expr) => {{
+        let mut $own = own_state!($state.take(), $variant);
         let out = $body;
-        *$slot = $own.map(State::$variant);
+        *$state = $own.map(State::$variant);
         out
     }};
 }
@@ -584,25 +585,25 @@ macro_rules! algorithms {
             }
 
             /// Phase two: charge an admitted request. Returns when the state expires.
-            pub(crate) fn commit(&self, slot: &mut Option<State>, now: u64, cost: u64) -> u64 {
+            pub(crate) fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
                 match self {
-                    $(Compiled::$variant(a) => with_own_state!(slot, $variant, |own| a.commit(&mut own, now, cost)),)*
+                    $(Compiled::$variant(a) => with_own_state!(state, $variant, |own| a.commit(&mut own, now, cost)),)*
                 }
             }
 
             /// Charges `units` whatever the state, past the limit if need be (see
             /// [`Step::debit`]). Returns when the state expires.
-            pub(crate) fn debit(&self, slot: &mut Option<State>, now: u64, units: u64) -> u64 {
+            pub(crate) fn debit(&self, state: &mut Option<State>, now: u64, units: u64) -> u64 {
                 match self {
-                    $(Compiled::$variant(a) => with_own_state!(slot, $variant, |own| a.debit(&mut own, now, units)),)*
+                    $(Compiled::$variant(a) => with_own_state!(state, $variant, |own| a.debit(&mut own, now, units)),)*
                 }
             }
 
             /// Gives back `units`: the inverse of a charge, never past a fresh state. Returns
             /// the new expiry, or `None` when there was no state to change.
-            pub(crate) fn refund(&self, slot: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
+            pub(crate) fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
                 match self {
-                    $(Compiled::$variant(a) => with_own_state!(slot, $variant, |own| a.refund(&mut own, now, units)),)*
+                    $(Compiled::$variant(a) => with_own_state!(state, $variant, |own| a.refund(&mut own, now, units)),)*
                 }
             }
 
@@ -616,13 +617,13 @@ macro_rules! algorithms {
 
             /// Charges a lease of at least `cost` and at most `want` units lasting at most
             /// `ttl` (see [`Lease`]); the request's verdict for `cost` must have admitted it.
-            pub(crate) fn take_lease(&self, slot: &mut Option<State>, now: u64, ttl: u64, cost: u64, want: u64) -> Lease {
+            pub(crate) fn take_lease(&self, state: &mut Option<State>, now: u64, ttl: u64, cost: u64, want: u64) -> Lease {
                 match self {
-                    $(Compiled::$variant(a) => with_own_state!(slot, $variant, |own| take_lease(a, &mut own, now, ttl, cost, want)),)*
+                    $(Compiled::$variant(a) => with_own_state!(state, $variant, |own| take_lease(a, &mut own, now, ttl, cost, want)),)*
                 }
             }
 
-            /// For a request denied now with `verdict`: the wait until the slot that admits
+            /// For a request denied now with `verdict`: the wait until the time that admits
             /// it, when it is at most `max_wait` (see [`reservation`]).
             pub(crate) fn reservation(&self, state: Option<&State>, now: u64, cost: u64, verdict: &Verdict, max_wait: u64) -> Option<u64> {
                 match self {
@@ -630,34 +631,34 @@ macro_rules! algorithms {
                 }
             }
 
-            /// Charges a request that reserved the slot `at`. Returns when the state expires.
-            pub(crate) fn reserve_commit(&self, slot: &mut Option<State>, now: u64, at: u64, cost: u64) -> u64 {
+            /// Charges a request that reserved the time `at`. Returns when the state expires.
+            pub(crate) fn reserve_commit(&self, state: &mut Option<State>, now: u64, at: u64, cost: u64) -> u64 {
                 match self {
-                    $(Compiled::$variant(a) => with_own_state!(slot, $variant, |own| a.reserve_commit(&mut own, now, at, cost)),)*
+                    $(Compiled::$variant(a) => with_own_state!(state, $variant, |own| a.reserve_commit(&mut own, now, at, cost)),)*
                 }
             }
 
             /// See [`Step::give_back`].
-            pub(crate) fn give_back(&self, slot: &mut Option<State>, now: u64, end: u64, units: u64) -> Option<u64> {
+            pub(crate) fn give_back(&self, state: &mut Option<State>, now: u64, end: u64, units: u64) -> Option<u64> {
                 match self {
-                    $(Compiled::$variant(a) => with_own_state!(slot, $variant, |own| a.give_back(&mut own, now, end, units)),)*
+                    $(Compiled::$variant(a) => with_own_state!(state, $variant, |own| a.give_back(&mut own, now, end, units)),)*
                 }
             }
 
             /// See [`Step::release`].
-            pub(crate) fn release(&self, slot: &mut Option<State>, now: u64, at: u64, units: u64) -> Option<u64> {
+            pub(crate) fn release(&self, state: &mut Option<State>, now: u64, at: u64, units: u64) -> Option<u64> {
                 match self {
-                    $(Compiled::$variant(a) => with_own_state!(slot, $variant, |own| a.release(&mut own, now, at, units)),)*
+                    $(Compiled::$variant(a) => with_own_state!(state, $variant, |own| a.release(&mut own, now, at, units)),)*
                 }
             }
 
             /// Re-expresses a state written under `from` under `self` (see [`Step::convert`]);
             /// a state of another algorithm becomes `None`. Returns when the state expires.
-            pub(crate) fn convert(&self, from: &Compiled, slot: &mut Option<State>, now: u64, expires_at: u64) -> u64 {
+            pub(crate) fn convert(&self, from: &Compiled, state: &mut Option<State>, now: u64, expires_at: u64) -> u64 {
                 match (self, from) {
-                    $((Compiled::$variant(a), Compiled::$variant(old)) => with_own_state!(slot, $variant, |own| a.convert(old, &mut own, now, expires_at)),)*
+                    $((Compiled::$variant(a), Compiled::$variant(old)) => with_own_state!(state, $variant, |own| a.convert(old, &mut own, now, expires_at)),)*
                     _ => {
-                        *slot = None;
+                        *state = None;
                         now
                     }
                 }
@@ -696,12 +697,12 @@ macro_rules! algorithms {
             }
 
             /// One request on a packed state: its verdict and the state it leaves (see
-            /// [`decide_packed`]). Only the algorithms that pack have a state to decide here
+            /// [`judge_packed_as`]). Only the algorithms that pack have a state to decide here
             /// (the others have code for none).
             #[inline]
-            pub(crate) fn decide_packed(&self, packed: Packed, now: u64, cost: u64) -> (Verdict, Packed) {
+            pub(crate) fn judge_packed(&self, packed: Packed, now: u64, cost: u64) -> (Verdict, Packed) {
                 match self {
-                    $(Compiled::$variant(a) if <$module::$ty as Step>::PACKS => decide_packed(a, packed, now, cost),)*
+                    $(Compiled::$variant(a) if <$module::$ty as Step>::PACKS => judge_packed_as(a, packed, now, cost),)*
                     _ => {
                         debug_assert!(false, "no packed state of {self:?}");
                         (Verdict::default(), packed)
@@ -855,11 +856,11 @@ pub(crate) struct Options {
 /// A row of an algorithm's table test: time, cost, then the expected allowed, remaining,
 /// reset and retry-after.
 #[cfg(test)]
-pub(crate) type Row = (u64, u64, bool, u64, u64, Option<u64>);
+pub(crate) type TableRow = (u64, u64, bool, u64, u64, Option<u64>);
 
 /// Runs a table test: each row is evaluated, checked, and committed when allowed.
 #[cfg(test)]
-pub(crate) fn run_table(algorithm: &Compiled, rows: &[Row]) {
+pub(crate) fn run_table(algorithm: &Compiled, rows: &[TableRow]) {
     let mut state = None;
     for &(t, cost, allowed, remaining, reset, retry) in rows {
         let v = algorithm.evaluate(state.as_ref(), t, cost);

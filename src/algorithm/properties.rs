@@ -732,7 +732,7 @@ fn a_packed_state_decides_as_the_state(
             prop_assert_eq!(packed.word(), expires_at);
         }
         for &(now, cost) in requests {
-            let (verdict, next) = compiled.decide_packed(packed, now, cost);
+            let (verdict, next) = compiled.judge_packed(packed, now, cost);
             prop_assert_eq!(verdict, compiled.evaluate(step.after.as_ref(), now, cost));
             let mut charged = step.after.clone();
             if verdict.allowed && cost > 0 {
@@ -774,7 +774,7 @@ struct LeaseEvent {
 
 /// A lease held by an instance: units left and the last moment they may be spent.
 #[derive(Clone, Copy, Debug)]
-struct Held {
+struct ModelLease {
     left: u64,
     end: u64,
 }
@@ -820,7 +820,7 @@ fn drive_leases(
     events: &[LeaseEvent],
 ) -> Vec<(u64, u64)> {
     let mut state = None;
-    let mut held: [Option<Held>; 3] = [None; 3];
+    let mut held: [Option<ModelLease>; 3] = [None; 3];
     let mut now = start;
     let mut admitted = Vec::new();
     for e in events {
@@ -860,7 +860,7 @@ fn drive_leases(
             );
             assert!(lease.units >= e.cost && lease.units <= want.max(e.cost));
             assert!(lease.end >= now && lease.end <= now + ttl);
-            *mine = Some(Held {
+            *mine = Some(ModelLease {
                 left: lease.units - e.cost,
                 end: lease.end,
             });
@@ -951,8 +951,8 @@ fn reservation_case() -> impl Strategy<Value = (Spec, u64, u64, Vec<Waiter>)> {
 }
 
 /// Runs the requests as a store with reservations does: a request that may wait and is denied
-/// now reserves its slot when it is at most `max_wait` away, and is charged there; a waiting
-/// request whose client goes away gives its units back (a `GIVE_BACK` of its slot) before its
+/// now reserves its time when it is at most `max_wait` away, and is charged there; a waiting
+/// request whose client goes away gives its units back (a `GIVE_BACK` of its time) before its
 /// slot. Returns `(time, cost)` of what went on, at the time it went on, in time order.
 fn drive_reservations(
     compiled: &Compiled,
@@ -962,19 +962,19 @@ fn drive_reservations(
 ) -> Result<Vec<(u64, u64)>, TestCaseError> {
     let mut state = None;
     let mut now = start;
-    // Waiting requests: (slot, cost, when the client goes away).
+    // Waiting requests: (at, cost, when the client goes away).
     let mut waiting: Vec<(u64, u64, Option<u64>)> = Vec::new();
     let mut went_on = Vec::new();
     for &(dt, cost, may_wait, leaves) in requests {
         now += dt;
-        // Clients that went away by now give back; those whose slot came went on.
-        waiting.retain(|&(slot, cost, gone)| match gone {
+        // Clients that went away by now give back; those whose at came went on.
+        waiting.retain(|&(at, cost, gone)| match gone {
             Some(gone) if gone <= now => {
-                compiled.release(&mut state, now, slot, cost);
+                compiled.release(&mut state, now, at, cost);
                 false
             }
-            _ if slot <= now => {
-                went_on.push((slot, cost));
+            _ if at <= now => {
+                went_on.push((at, cost));
                 false
             }
             _ => true,
@@ -992,17 +992,17 @@ fn drive_reservations(
         }
         if let Some(wait) = compiled.reservation(state.as_ref(), now, cost, &verdict, max_wait) {
             prop_assert!(wait > 0 && wait <= max_wait, "a wait of {wait}");
-            let slot = now + wait;
-            compiled.reserve_commit(&mut state, now, slot, cost);
+            let at = now + wait;
+            compiled.reserve_commit(&mut state, now, at, cost);
             let gone = leaves.map(|share| now + wait * u64::from(share) / 256);
-            waiting.push((slot, cost, gone));
+            waiting.push((at, cost, gone));
         }
     }
     went_on.extend(
         waiting
             .into_iter()
             .filter(|&(_, _, gone)| gone.is_none())
-            .map(|(slot, cost, _)| (slot, cost)),
+            .map(|(at, cost, _)| (at, cost)),
     );
     went_on.sort_unstable();
     Ok(went_on)

@@ -30,7 +30,7 @@ pub(crate) struct SlidingLog {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct State {
+pub(crate) struct SlidingLogState {
     /// `(time, cost)` of admitted requests, oldest first; may include expired entries until
     /// the next commit prunes them.
     ///
@@ -58,7 +58,7 @@ impl SlidingLog {
 
     /// Logs `cost` units at `at`, keeping the entries in time order (an entry may be newer
     /// than the present: a lease's units are logged at its end).
-    fn log(state: &mut State, at: u64, cost: u64) {
+    fn log(state: &mut SlidingLogState, at: u64, cost: u64) {
         let cost = cost.min(u64::from(u32::MAX)) as u32;
         match state.entries.back_mut() {
             Some((t, c)) if *t == at => *c = c.saturating_add(cost),
@@ -76,7 +76,7 @@ impl SlidingLog {
 
     /// Forgets up to `units` of the entry at `i`, removing it once empty; returns the units
     /// forgotten.
-    fn forget(state: &mut State, i: usize, units: u64) -> u64 {
+    fn forget(state: &mut SlidingLogState, i: usize, units: u64) -> u64 {
         let entry = &mut state.entries[i];
         let take = units.min(entry.1 as u64);
         entry.1 -= take as u32;
@@ -88,7 +88,7 @@ impl SlidingLog {
     }
 
     /// Drops the entries out of the window at `now`; returns when the newest leaves it.
-    fn prune(&self, state: &mut State, now: u64) -> u64 {
+    fn prune(&self, state: &mut SlidingLogState, now: u64) -> u64 {
         let (first, used) = self.live(state, now);
         state.entries.drain(..first);
         state.total = used;
@@ -96,12 +96,12 @@ impl SlidingLog {
     }
 
     /// When the newest entry leaves the window (`now` for an empty log).
-    fn expiry(&self, state: &State, now: u64) -> u64 {
+    fn expiry(&self, state: &SlidingLogState, now: u64) -> u64 {
         state.entries.back().map_or(now, |&(t, _)| t + self.window)
     }
 
     /// Index of the first live entry and the units still inside the window.
-    fn live(&self, state: &State, now: u64) -> (usize, u64) {
+    fn live(&self, state: &SlidingLogState, now: u64) -> (usize, u64) {
         let mut used = state.total;
         let mut first = 0;
         for &(t, c) in state.entries.iter() {
@@ -116,7 +116,7 @@ impl SlidingLog {
 }
 
 impl Step for SlidingLog {
-    type State = State;
+    type State = SlidingLogState;
     #[cfg(test)]
     const GUARANTEE: super::Guarantee = super::Guarantee::AnyWindow;
 
@@ -136,7 +136,7 @@ impl Step for SlidingLog {
         smallvec::smallvec![self.limit, self.window]
     }
 
-    fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
+    fn evaluate(&self, state: Option<&SlidingLogState>, now: u64, cost: u64) -> Verdict {
         let Some(state) = state else {
             return if cost > self.limit {
                 Verdict::deny(self.limit, 0, None)
@@ -171,7 +171,7 @@ impl Step for SlidingLog {
 
     /// Forgets up to `units` of the newest units logged at or before `now` (those logged
     /// later are a lease's, which gives back its own).
-    fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
+    fn refund(&self, state: &mut Option<SlidingLogState>, now: u64, units: u64) -> Option<u64> {
         let st = state.as_mut()?;
         let mut left = units;
         let mut i = st.entries.partition_point(|e| e.0 <= now);
@@ -182,14 +182,14 @@ impl Step for SlidingLog {
         Some(self.expiry(st, now))
     }
 
-    fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
+    fn commit(&self, state: &mut Option<SlidingLogState>, now: u64, cost: u64) -> u64 {
         self.lease_commit(state, now, now, cost)
     }
 
     /// The entries mean the same under any quota: a new limit counts them as they are, a new
     /// window counts those inside it, of the entries the store still holds (a log keeps its
     /// entries for the old window at least, and until the key expires).
-    fn convert(&self, _: &Self, state: &mut Option<State>, now: u64, expires_at: u64) -> u64 {
+    fn convert(&self, _: &Self, state: &mut Option<SlidingLogState>, now: u64, expires_at: u64) -> u64 {
         state
             .as_ref()
             .map_or(expires_at, |s| expires_at.max(self.expiry(s, now)))
@@ -197,23 +197,23 @@ impl Step for SlidingLog {
 
     /// Logs the lease's units at its end: each counts until a window after the latest moment
     /// it may be spent. (A charge is the same, logged at `now`.)
-    fn lease_commit(&self, state: &mut Option<State>, now: u64, end: u64, units: u64) -> u64 {
-        let st = state.get_or_insert_with(State::default);
+    fn lease_commit(&self, state: &mut Option<SlidingLogState>, now: u64, end: u64, units: u64) -> u64 {
+        let st = state.get_or_insert_with(SlidingLogState::default);
         if units > 0 {
             Self::log(st, end, units);
         }
         self.prune(st, now)
     }
 
-    /// Logs a reserved request's units at its slot, as a lease's at its end.
-    fn reserve_commit(&self, state: &mut Option<State>, now: u64, at: u64, cost: u64) -> u64 {
+    /// Logs a reserved request's units at its reserved time, as a lease's at its end.
+    fn reserve_commit(&self, state: &mut Option<SlidingLogState>, now: u64, at: u64, cost: u64) -> u64 {
         self.lease_commit(state, now, at, cost)
     }
 
     /// Forgets up to `units` of those logged at the lease's end.
     fn give_back(
         &self,
-        state: &mut Option<State>,
+        state: &mut Option<SlidingLogState>,
         now: u64,
         end: u64,
         units: u64,
@@ -229,13 +229,13 @@ impl Step for SlidingLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::{Compiled, Row, run_table};
+    use crate::algorithm::{Compiled, TableRow, run_table};
     use std::time::Duration;
 
     #[test]
     fn table() {
         let a = SlidingLog::new(Quota::new(3, Duration::from_micros(1000)).unwrap()).unwrap();
-        let cases: &[Row] = &[
+        let cases: &[TableRow] = &[
             (10_000, 1, true, 2, 1000, None),
             (10_400, 2, true, 0, 1000, None),
             (10_900, 1, false, 0, 500, Some(100)),

@@ -32,7 +32,7 @@ pub(crate) struct SlidingWindow {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct State {
+pub(crate) struct SlidingWindowState {
     /// The absolute index of the newest bucket written (its first two words, low word
     /// first), then the counters for buckets `head − buckets ..= head`, indexed by
     /// `index % (buckets + 1)`: one allocation, so that the state is 16 bytes wide, as the
@@ -41,10 +41,10 @@ pub(crate) struct State {
     words: Box<[u32]>,
 }
 
-impl State {
+impl SlidingWindowState {
     /// A state of `slots` empty counters whose newest bucket is `head`.
     fn new(head: u64, slots: u64) -> Self {
-        let mut state = State {
+        let mut state = SlidingWindowState {
             words: vec![0; slots as usize + 2].into_boxed_slice(),
         };
         state.set_head(head);
@@ -108,7 +108,7 @@ impl SlidingWindow {
     }
 
     /// The current bucket index and offset into it; never before the state's head.
-    fn position(&self, state: Option<&State>, now: u64) -> (u64, u64) {
+    fn position(&self, state: Option<&SlidingWindowState>, now: u64) -> (u64, u64) {
         let c = now / self.bucket;
         match state {
             Some(s) if s.head() > c => (s.head(), 0),
@@ -116,7 +116,7 @@ impl SlidingWindow {
         }
     }
 
-    fn count(&self, state: Option<&State>, index: u64) -> u64 {
+    fn count(&self, state: Option<&SlidingWindowState>, index: u64) -> u64 {
         match state {
             Some(s) if index <= s.head() && index + self.buckets >= s.head() => {
                 s.counts()[(index % self.slots()) as usize] as u64
@@ -126,7 +126,7 @@ impl SlidingWindow {
     }
 
     /// The estimate at bucket `c`, offset `x`: whole buckets plus the weighted oldest one.
-    fn estimate(&self, state: Option<&State>, c: u64, x: u64) -> u64 {
+    fn estimate(&self, state: Option<&SlidingWindowState>, c: u64, x: u64) -> u64 {
         let whole: u64 = ((c + 1).saturating_sub(self.buckets)..=c)
             .map(|i| self.count(state, i))
             .sum();
@@ -137,7 +137,7 @@ impl SlidingWindow {
     }
 
     /// Time until the newest non-empty bucket stops counting.
-    fn reset(&self, state: Option<&State>, c: u64, x: u64) -> u64 {
+    fn reset(&self, state: Option<&SlidingWindowState>, c: u64, x: u64) -> u64 {
         let now = c * self.bucket + x;
         (c.saturating_sub(self.buckets)..=c)
             .rev()
@@ -147,7 +147,7 @@ impl SlidingWindow {
 }
 
 impl Step for SlidingWindow {
-    type State = State;
+    type State = SlidingWindowState;
     #[cfg(test)]
     const GUARANTEE: super::Guarantee = super::Guarantee::WindowLessABucket;
 
@@ -168,7 +168,7 @@ impl Step for SlidingWindow {
         smallvec::smallvec![self.limit, self.buckets, self.bucket]
     }
 
-    fn own_time(&self, state: &State) -> u64 {
+    fn own_time(&self, state: &SlidingWindowState) -> u64 {
         state.head() * self.bucket
     }
 
@@ -179,7 +179,7 @@ impl Step for SlidingWindow {
     /// leave the window no sooner than they would have. With the window unchanged, 5 used of
     /// 10 are 5 used of 20. (As the sliding log's entries, a longer window counts the buckets
     /// the store still holds.)
-    fn convert(&self, from: &Self, state: &mut Option<State>, now: u64, _: u64) -> u64 {
+    fn convert(&self, from: &Self, state: &mut Option<SlidingWindowState>, now: u64, _: u64) -> u64 {
         let Some(old) = state.take() else {
             return now;
         };
@@ -200,7 +200,7 @@ impl Step for SlidingWindow {
             return now;
         };
         let slots = self.slots();
-        let mut new = State::new(head, slots);
+        let mut new = SlidingWindowState::new(head, slots);
         for (j, count) in moved {
             // A bucket older than the new ring holds goes to its oldest: later, never lost.
             let j = j.max(head.saturating_sub(self.buckets));
@@ -211,7 +211,7 @@ impl Step for SlidingWindow {
         (head + self.buckets + 1) * self.bucket
     }
 
-    fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
+    fn evaluate(&self, state: Option<&SlidingWindowState>, now: u64, cost: u64) -> Verdict {
         let (c, x) = self.position(state, now);
         let used = self.estimate(state, c, x);
         let remaining = self.limit.saturating_sub(used);
@@ -255,7 +255,7 @@ impl Step for SlidingWindow {
     }
 
     /// Gives back up to `units` from the newest buckets first.
-    fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
+    fn refund(&self, state: &mut Option<SlidingWindowState>, now: u64, units: u64) -> Option<u64> {
         let (c, _) = self.position(state.as_ref(), now);
         let slots = self.slots();
         let st = state.as_mut()?;
@@ -265,9 +265,9 @@ impl Step for SlidingWindow {
             .max(st.head().saturating_sub(self.buckets));
         let mut i = st.head().min(c);
         while left > 0 && i >= oldest {
-            let slot = &mut st.counts_mut()[(i % slots) as usize];
-            let take = left.min(*slot as u64);
-            *slot -= take as u32;
+            let count = &mut st.counts_mut()[(i % slots) as usize];
+            let take = left.min(*count as u64);
+            *count -= take as u32;
             left -= take;
             if i == 0 {
                 break;
@@ -278,7 +278,7 @@ impl Step for SlidingWindow {
     }
 
     /// A lease ends with the bucket its units are counted in.
-    fn lease_end(&self, state: Option<&State>, now: u64, ttl: u64) -> u64 {
+    fn lease_end(&self, state: Option<&SlidingWindowState>, now: u64, ttl: u64) -> u64 {
         let (c, _) = self.position(state, now);
         (now.max(c * self.bucket) + ttl).min((c + 1) * self.bucket - 1)
     }
@@ -286,7 +286,7 @@ impl Step for SlidingWindow {
     /// Gives back to the lease's bucket, while the state still counts it.
     fn give_back(
         &self,
-        state: &mut Option<State>,
+        state: &mut Option<SlidingWindowState>,
         _now: u64,
         end: u64,
         units: u64,
@@ -296,16 +296,16 @@ impl Step for SlidingWindow {
         if b > st.head() || b + self.buckets < st.head() {
             return None;
         }
-        let slot = &mut st.counts_mut()[(b % self.slots()) as usize];
-        *slot -= units.min(*slot as u64) as u32;
+        let count = &mut st.counts_mut()[(b % self.slots()) as usize];
+        *count -= units.min(*count as u64) as u32;
         Some((st.head() + self.buckets + 1) * self.bucket)
     }
 
-    fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
+    fn commit(&self, state: &mut Option<SlidingWindowState>, now: u64, cost: u64) -> u64 {
         let (c, _) = self.position(state.as_ref(), now);
         if cost > 0 {
             let slots = self.slots();
-            let st = state.get_or_insert_with(|| State::new(c, slots));
+            let st = state.get_or_insert_with(|| SlidingWindowState::new(c, slots));
             if c > st.head() {
                 let stale = (c - st.head()).min(slots);
                 for i in 0..stale {
@@ -313,8 +313,8 @@ impl Step for SlidingWindow {
                 }
                 st.set_head(c);
             }
-            let slot = &mut st.counts_mut()[(c % slots) as usize];
-            *slot = slot.saturating_add(cost.min(u64::from(u32::MAX)) as u32);
+            let count = &mut st.counts_mut()[(c % slots) as usize];
+            *count = count.saturating_add(cost.min(u64::from(u32::MAX)) as u32);
         }
         match state {
             Some(s) => (s.head() + self.buckets + 1) * self.bucket,
@@ -326,7 +326,7 @@ impl Step for SlidingWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::{Compiled, Row, run_table};
+    use crate::algorithm::{Compiled, TableRow, run_table};
     use std::time::Duration;
 
     #[test]
@@ -334,7 +334,7 @@ mod tests {
         // 4 per 1000us in 2 buckets of 500us.
         let a = SlidingWindow::new(Quota::new(4, Duration::from_micros(1000)).unwrap(), Some(2))
             .unwrap();
-        let cases: &[Row] = &[
+        let cases: &[TableRow] = &[
             // bucket 20 (10_000..10_500)
             (10_000, 2, true, 2, 1500, None),
             (10_400, 2, true, 0, 1100, None),

@@ -92,7 +92,7 @@ pub(crate) struct TokenBucket {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct State {
+pub(crate) struct TokenBucketState {
     /// Tokens, in scaled units.
     tokens: u64,
     /// Time of the last update.
@@ -106,7 +106,7 @@ impl TokenBucket {
         })
     }
 
-    fn tokens(&self, state: Option<&State>, now: u64) -> u64 {
+    fn tokens(&self, state: Option<&TokenBucketState>, now: u64) -> u64 {
         match state {
             None => self.scaled.full,
             Some(s) => self.scaled.fill(s.tokens, now.saturating_sub(s.last)),
@@ -115,7 +115,7 @@ impl TokenBucket {
 }
 
 impl Step for TokenBucket {
-    type State = State;
+    type State = TokenBucketState;
     #[cfg(test)]
     const GUARANTEE: super::Guarantee = super::Guarantee::BurstAndRate;
     const HAS_BURST: bool = true;
@@ -136,7 +136,7 @@ impl Step for TokenBucket {
         self.scaled.lua_params()
     }
 
-    fn own_time(&self, state: &State) -> u64 {
+    fn own_time(&self, state: &TokenBucketState) -> u64 {
         state.last
     }
 
@@ -145,7 +145,7 @@ impl Step for TokenBucket {
     /// of 20, and 15 are left. More missing than the new capacity is an empty bucket that
     /// starts refilling only once the rest has refilled (its time ahead of now), so that
     /// converting it back gives the same usage.
-    fn convert(&self, from: &Self, state: &mut Option<State>, now: u64, _: u64) -> u64 {
+    fn convert(&self, from: &Self, state: &mut Option<TokenBucketState>, now: u64, _: u64) -> u64 {
         let Some(s) = state.as_ref() else {
             return now;
         };
@@ -165,11 +165,11 @@ impl Step for TokenBucket {
             Some(owed) if owed > 0 => (0, now + owed.div_ceil(new.rate)),
             _ => (new.full - missing, now),
         };
-        *state = Some(State { tokens, last });
+        *state = Some(TokenBucketState { tokens, last });
         last + (new.full - tokens).div_ceil(new.rate)
     }
 
-    fn evaluate(&self, state: Option<&State>, now: u64, cost: u64) -> Verdict {
+    fn evaluate(&self, state: Option<&TokenBucketState>, now: u64, cost: u64) -> Verdict {
         let s = &self.scaled;
         let tokens = self.tokens(state, now);
         let refill_time = |t: u64| (s.full - t).div_ceil(s.rate);
@@ -190,7 +190,7 @@ impl Step for TokenBucket {
     }
 
     /// Puts back up to `units` tokens, never above the capacity.
-    fn refund(&self, state: &mut Option<State>, now: u64, units: u64) -> Option<u64> {
+    fn refund(&self, state: &mut Option<TokenBucketState>, now: u64, units: u64) -> Option<u64> {
         let last = state.as_ref()?.last.max(now);
         let s = &self.scaled;
         let tokens = self.tokens(state.as_ref(), now);
@@ -199,13 +199,13 @@ impl Step for TokenBucket {
         } else {
             (tokens + units * s.unit).min(s.full)
         };
-        *state = Some(State { tokens, last });
+        *state = Some(TokenBucketState { tokens, last });
         Some(last + (s.full - tokens).div_ceil(s.rate))
     }
 
     /// Gives back the latest slot only: the bucket was last updated there.
-    fn release(&self, state: &mut Option<State>, now: u64, slot: u64, units: u64) -> Option<u64> {
-        if state.as_ref()?.last != slot {
+    fn release(&self, state: &mut Option<TokenBucketState>, now: u64, at: u64, units: u64) -> Option<u64> {
+        if state.as_ref()?.last != at {
             return None;
         }
         self.refund(state, now, units)
@@ -213,19 +213,19 @@ impl Step for TokenBucket {
 
     /// No more tokens than a bucket that still has room for the refill until the lease's end:
     /// a refill the lease's units could make overflow the bucket is not counted.
-    fn lease_state(&self, state: Option<&State>, now: u64, end: u64) -> Option<State> {
+    fn lease_state(&self, state: Option<&TokenBucketState>, now: u64, end: u64) -> Option<TokenBucketState> {
         let s = &self.scaled;
         let tokens = self
             .tokens(state, now)
             .min(s.full - s.fill(0, end.saturating_sub(now)));
         let last = state.map_or(now, |st| st.last.max(now));
-        Some(State { tokens, last })
+        Some(TokenBucketState { tokens, last })
     }
 
     /// A charge that empties the bucket and owes the rest: the bucket then stays empty until
     /// the refill has paid it (its `last` moved on by the time that takes, as `convert` keeps
     /// a debt).
-    fn debit(&self, state: &mut Option<State>, now: u64, units: u64) -> u64 {
+    fn debit(&self, state: &mut Option<TokenBucketState>, now: u64, units: u64) -> u64 {
         let s = &self.scaled;
         let need = units.saturating_mul(s.unit);
         let have = self.tokens(state.as_ref(), now);
@@ -237,16 +237,16 @@ impl Step for TokenBucket {
                 0
             }
         };
-        *state = Some(State { tokens, last });
+        *state = Some(TokenBucketState { tokens, last });
         last + (s.full - tokens).div_ceil(s.rate)
     }
 
-    fn commit(&self, state: &mut Option<State>, now: u64, cost: u64) -> u64 {
+    fn commit(&self, state: &mut Option<TokenBucketState>, now: u64, cost: u64) -> u64 {
         let tokens = self
             .tokens(state.as_ref(), now)
             .saturating_sub(cost * self.scaled.unit);
         let last = state.as_ref().map_or(now, |s| s.last.max(now));
-        *state = Some(State { tokens, last });
+        *state = Some(TokenBucketState { tokens, last });
         last + (self.scaled.full - tokens).div_ceil(self.scaled.rate)
     }
 }
@@ -254,14 +254,14 @@ impl Step for TokenBucket {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::{Compiled, Row, run_table};
+    use crate::algorithm::{Compiled, TableRow, run_table};
     use std::time::Duration;
 
     #[test]
     fn table() {
         // 3 per 1000us, capacity 3: unit = 1000, rate = 3 per us; a token every 333.33us.
         let a = TokenBucket::new(Quota::new(3, Duration::from_micros(1000)).unwrap()).unwrap();
-        let cases: &[Row] = &[
+        let cases: &[TableRow] = &[
             (10_000, 3, true, 0, 1000, None),
             (10_000, 1, false, 0, 1000, Some(334)),
             (10_333, 1, false, 0, 667, Some(1)),

@@ -7,7 +7,7 @@
 //! |---|---|
 //! | [`policies`] | several limits in one layer: per route, per plan, failed logins only; the IETF `RateLimit` fields |
 //! | [`keys`] | whom a request is charged to: peer IP, client IP behind proxies, API keys, your own |
-//! | [`waits`] | a request just over the limit waiting for its slot instead of a 429 |
+//! | [`waits`] | a request just over the limit waiting for its turn instead of a 429 |
 //! | [`plans`] | quotas the way API products sell them: a day, a week or a month in a time zone, per plan |
 //! | [`limits`] | one key's limit changed at runtime, on every instance, until a given time |
 //! | [`costs`] | costs known once the response is done: LLM tokens per minute and per day, bytes sent |

@@ -354,7 +354,7 @@ fn ietf_fields(
         let _ = write!(state, "\"{}\";r={}", o.policy(), o.remaining());
         // A concurrency limit has no window, and no time at which it resets: its slots free
         // when requests end. Its item leaves `w` and `t` out (both optional).
-        if !o.tier().holds() {
+        if !o.tier().limits_in_flight() {
             let _ = write!(policy, ";w={}", ceil_secs(o.window()).max(1));
             // For a violated policy, `t` is when it admits the request again, which
             // Retry-After never precedes; otherwise when its key is fully reset.

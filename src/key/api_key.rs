@@ -33,11 +33,11 @@ const MAX_LEN: usize = 4096;
 /// ```
 #[derive(Clone, Debug)]
 pub struct ApiKey {
-    source: Source,
+    source: TokenSource,
 }
 
 #[derive(Clone, Debug)]
-enum Source {
+enum TokenSource {
     Bearer,
     Header(HeaderName),
 }
@@ -46,14 +46,14 @@ impl ApiKey {
     /// The token of an `Authorization: Bearer <token>` header.
     pub fn bearer() -> Self {
         ApiKey {
-            source: Source::Bearer,
+            source: TokenSource::Bearer,
         }
     }
 
     /// The whole value of the header `name`, e.g. `x-api-key`.
     pub fn header(name: HeaderName) -> Self {
         ApiKey {
-            source: Source::Header(name),
+            source: TokenSource::Header(name),
         }
     }
 
@@ -72,8 +72,8 @@ impl ApiKey {
 
     fn name(&self) -> &HeaderName {
         match &self.source {
-            Source::Bearer => &AUTHORIZATION,
-            Source::Header(name) => name,
+            TokenSource::Bearer => &AUTHORIZATION,
+            TokenSource::Header(name) => name,
         }
     }
 }
@@ -102,8 +102,8 @@ impl KeyExtractor for ApiKey {
             ));
         }
         let token = match self.source {
-            Source::Header(_) => bytes.trim_ascii(),
-            Source::Bearer => bearer_token(bytes).ok_or_else(|| {
+            TokenSource::Header(_) => bytes.trim_ascii(),
+            TokenSource::Bearer => bearer_token(bytes).ok_or_else(|| {
                 KeyRejection::bad_request(
                     "missing_api_key",
                     "the Authorization header is not a Bearer token",

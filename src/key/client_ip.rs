@@ -99,10 +99,10 @@ static FORWARDED: HeaderName = http::header::FORWARDED;
 /// rejected with `500`, as with [`PeerIp`].
 #[derive(Clone)]
 pub struct ClientIp {
-    inner: Arc<Inner>,
+    inner: Arc<ClientIpRules>,
 }
 
-struct Inner {
+struct ClientIpRules {
     trusted: Vec<Cidr>,
     header: ProxyHeader,
     ipv6_prefix: u8,
@@ -512,7 +512,7 @@ impl ClientIpBuilder {
             return Err(ConfigError::new("ClientIp: max_hops must be at least 1"));
         }
         Ok(ClientIp {
-            inner: Arc::new(Inner {
+            inner: Arc::new(ClientIpRules {
                 trusted: self.trusted,
                 header: self.header,
                 ipv6_prefix: self.ipv6_prefix,

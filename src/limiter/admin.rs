@@ -60,7 +60,7 @@ impl<St: Store> Limiter<St> {
     ///
     /// Not an `async fn`: a store that decides at once (the memory store) answers with a
     /// ready value, and no state machine carries the decision.
-    pub(crate) fn decide_key(
+    pub(crate) fn key_decision(
         &self,
         key: &Key,
         op: Option<Op>,
@@ -71,7 +71,7 @@ impl<St: Store> Limiter<St> {
         match (op, policies.lane()) {
             (None, Lane::Alone) => {
                 let tier = policies[0].tier_of_key(key);
-                if let Some((verdict, own)) = self.store.decide_enforced(tier, key, units(tier)) {
+                if let Some((verdict, own)) = self.store.check_alone(tier, key, units(tier)) {
                     let outcome = PolicyOutcome::new(own.as_ref().unwrap_or(tier), false, verdict);
                     return Answer::Now(std::future::ready(Ok(Decision::one(outcome))));
                 }
@@ -82,7 +82,7 @@ impl<St: Store> Limiter<St> {
                     let tier = p.tier_of_key(key);
                     together.push((tier, key, units(tier)));
                 }
-                if let Some(decision) = self.store.decide_together(&together) {
+                if let Some(decision) = self.store.check_together(&together) {
                     return Answer::Now(std::future::ready(Ok(decision)));
                 }
             }
@@ -101,7 +101,7 @@ impl<St: Store> Limiter<St> {
             checks.push(Check::new(tier.clone(), key.clone(), units(tier), op));
         }
         drop(policies);
-        self.ask(checks)
+        self.store_decision(checks)
     }
 
     /// Puts `key` under a limit of its own in the tier named `name` (`quota`, until `until_us`
@@ -132,19 +132,19 @@ impl<St: Store> Limiter<St> {
         }
         drop(policies);
         let checks: Checks = smallvec::smallvec![Check::new(tier, key.clone(), 0, op)];
-        Ok(self.ask(checks))
+        Ok(self.store_decision(checks))
     }
 
     /// `checks` decided by the store: at once where it can, else its future.
-    fn ask(&self, checks: Checks) -> Answer<St::Future> {
-        match self.store.decide_now(&checks) {
+    fn store_decision(&self, checks: Checks) -> Answer<St::Future> {
+        match self.store.check_now(&checks) {
             Some(decision) => Answer::Now(std::future::ready(Ok(decision))),
             None => Answer::Later(self.store.check(checks)),
         }
     }
 }
 
-/// The answer of [`Limiter::decide_key`]: the decision made at once, or the store's future.
+/// The answer of [`Limiter::key_decision`]: the decision made at once, or the store's future.
 pub(crate) enum Answer<F> {
     Now(Ready<Result<Decision, StoreError>>),
     Later(F),

@@ -34,9 +34,9 @@ impl<St: Store> Limiter<St> {
         };
         let tier = policy.tier(policy.tier_index(request, &key));
         let cost = policy.cost(request);
-        match self.store.decide_enforced(tier, &key, cost) {
+        match self.store.check_alone(tier, &key, cost) {
             Some((verdict, own)) => {
-                self.decided_alone(own.as_ref().unwrap_or(tier), &key, cost, verdict)
+                self.answer_alone(own.as_ref().unwrap_or(tier), &key, cost, verdict)
             }
             // A store that says it decides alone always does; were it not to, the general way.
             None => self.plan(request, policies),
@@ -66,7 +66,7 @@ impl<St: Store> Limiter<St> {
         for (tier, key, cost) in &keys {
             together.push((tier, key, *cost));
         }
-        let Some(decision) = self.store.decide_together(&together) else {
+        let Some(decision) = self.store.check_together(&together) else {
             // As `begin_alone`: a store that says it decides at once always does.
             return self.plan(request, policies);
         };
@@ -88,7 +88,7 @@ impl<St: Store> Limiter<St> {
     /// The verdict of a request decided alone: the headers of an admitted request made from
     /// it directly where nothing else reads it, else its `Decision` settled the general way.
     #[inline(always)]
-    fn decided_alone(
+    fn answer_alone(
         &self,
         tier: &Arc<Tier>,
         key: &Key,

@@ -79,7 +79,7 @@ impl<St: Store> Limiter<St> {
                 self.store_failed(&error, "deciding locally");
                 // Charges after the response go to the store, which did not decide: none.
                 ticket.after.clear();
-                Ok(local.decide(&checks))
+                Ok(local.check_locked(&checks))
             }
             (FailurePolicy::Closed, _, _) => {
                 traced(span, |span| {

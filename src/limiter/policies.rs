@@ -21,7 +21,7 @@ pub(super) struct CompiledSet {
     pub(super) summary: Vec<TierSummary>,
     pub(super) leases: bool,
     pub(super) waits: bool,
-    pub(super) holds: bool,
+    pub(super) in_flight: bool,
 }
 
 impl<St: Store> Limiter<St> {
@@ -76,7 +76,7 @@ impl<St: Store> Limiter<St> {
             summary,
             leases: policies.iter().any(Policy::takes_leases),
             waits: policies.iter().any(Policy::waits),
-            holds: policies.iter().any(Policy::holds),
+            in_flight: policies.iter().any(Policy::limits_in_flight),
         })
     }
 
@@ -113,7 +113,7 @@ impl<St: Store> Limiter<St> {
             self.leases.get_or_init(Leases::new);
         }
         self.waits.fetch_or(set.waits, Ordering::Relaxed);
-        self.holds.fetch_or(set.holds, Ordering::Relaxed);
+        self.in_flight.fetch_or(set.in_flight, Ordering::Relaxed);
         if let Some(top) = &self.top {
             top.set_policies(set.policies.iter().map(|p| p.name()));
         }

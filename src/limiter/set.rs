@@ -18,10 +18,10 @@ use crate::store::TOGETHER;
 pub(crate) enum Lane {
     /// One policy enforced up front, on a store that decides at once, with nothing around it
     /// (no deny cache, no local fallback): decided on the borrowed tier and key, its verdict
-    /// alone (`Sealed::decide_enforced`).
+    /// alone (`Sealed::check_alone`).
     Alone,
     /// Two to [`TOGETHER`] such policies: decided together on the borrowed tiers and keys
-    /// (`Sealed::decide_together`).
+    /// (`Sealed::check_together`).
     Together,
     /// Anything else: one `Check` per policy, through the deny cache, the leases held here, the
     /// breaker and the store's `check`.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::{Limiter, Ticket};
-use crate::body::HeldSlots;
+use crate::body::BodyGuard;
 use crate::decision::{Decision, Grant, PolicyOutcome};
 use crate::store::private::Sealed as _;
 use crate::store::{Check, Checks, Keyed, Op, Store};
@@ -26,10 +26,10 @@ impl<St: Store> Limiter<St> {
         local: bool,
         pick: fn(&PolicyOutcome) -> Option<&Grant>,
         counter: Option<&'static str>,
-    ) -> Option<HeldSlots> {
+    ) -> Option<BodyGuard> {
         let mut checks = Checks::new();
         for o in decision.outcomes() {
-            let (Some(slot), Some(keys)) = (pick(o), keys) else {
+            let (Some(grant), Some(keys)) = (pick(o), keys) else {
                 continue;
             };
             if let Some(key) = Keyed::key_of(keys, o.tier().id()) {
@@ -37,8 +37,8 @@ impl<St: Store> Limiter<St> {
                 checks.push(Check::new(
                     tier,
                     key.clone(),
-                    slot.units,
-                    Op::Release { slot: slot.end },
+                    grant.units,
+                    Op::Release { at: grant.end },
                 ));
             }
         }
@@ -53,14 +53,14 @@ impl<St: Store> Limiter<St> {
         Some(match (local, &self.fallback) {
             (true, Some(fallback)) => {
                 let fallback = fallback.clone();
-                HeldSlots::new(move || {
+                BodyGuard::new(move || {
                     count();
                     fallback.check_detached(checks)
                 })
             }
             _ => {
                 let store = self.store.clone();
-                HeldSlots::new(move || {
+                BodyGuard::new(move || {
                     count();
                     store.check_detached(checks)
                 })
@@ -74,7 +74,7 @@ impl<St: Store> Limiter<St> {
         self: &Arc<Self>,
         ticket: &Ticket,
     ) -> Option<Box<dyn FnOnce(St::Future) + Send>> {
-        if !ticket.takes_slots {
+        if !ticket.gives_back_later {
             return None;
         }
         let (limiter, keys) = (self.clone(), ticket.keys.clone());

@@ -79,7 +79,7 @@ pub(crate) enum Takes {
     /// Decided up front from leases of `units` taken by each instance ([`Policy::lease`]),
     /// living at most `ttl` (`None`: the default).
     Lease { units: u32, ttl: Option<Duration> },
-    /// Decided up front; a request admitted within `max` waits for its reserved slot
+    /// Decided up front; a request admitted within `max` waits for its reserved time
     /// ([`Policy::wait_up_to`]).
     Wait { max: Duration },
     /// Each request holds one of `slots` while it is in flight ([`Policy::concurrency`]).
@@ -103,7 +103,7 @@ impl Takes {
 /// How long a concurrency slot is held at most by default ([`Policy::max_duration`]).
 pub const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(60);
 
-/// The longest a request may wait for its slot ([`Policy::wait_up_to`]).
+/// The longest a request may wait for its turn ([`Policy::wait_up_to`]).
 pub(super) const MAX_WAIT: Duration = Duration::from_secs(3600);
 
 pub(crate) type CostFn = Arc<dyn Fn(&RequestRef<'_>) -> u32 + Send + Sync>;
@@ -654,7 +654,7 @@ impl Policy {
     }
 
     /// Makes a request this policy would reject wait instead, when it can be admitted within
-    /// `max`: its slot in the future is reserved (charged) in the store in the same atomic step
+    /// `max`: its time in the future is reserved (charged) in the store in the same atomic step
     /// that decides it, so instances sharing a store queue on one schedule, first come first
     /// served; the layer then waits until that slot before calling the inner service. A
     /// request whose slot is further away than `max` is rejected at once, as without a wait
@@ -662,7 +662,7 @@ impl Policy {
     ///
     /// Every algorithm can reserve: GCRA and the buckets book their next free moment, the
     /// windows the first window (or sub-window) with room, the sliding log stamps the entry at
-    /// its slot. A request whose client goes away while it waits gives its slot back. How many
+    /// its reserved time. A request whose client goes away while it waits gives its units back. How many
     /// requests wait at once is bounded by what the policy admits within `max`.
     ///
     /// `max` must be between 1 microsecond and one hour; a shadow policy, a policy that

@@ -18,11 +18,11 @@ use crate::reload::TierSummary;
 
 impl Policy {
     /// Whether the policy limits requests in flight.
-    pub(crate) fn holds(&self) -> bool {
+    pub(crate) fn limits_in_flight(&self) -> bool {
         matches!(self.takes, Ok(Takes::Concurrency { .. }))
     }
 
-    /// Whether requests may wait for a reserved slot.
+    /// Whether requests may wait for a reserved time.
     pub(crate) fn waits(&self) -> bool {
         matches!(self.takes, Ok(Takes::Wait { .. }))
     }
@@ -56,7 +56,7 @@ impl Policy {
     /// What a policy limiting requests in flight cannot have, checked; a rate policy cannot
     /// count requests in flight.
     fn check_unit(&self) -> Result<(), ConfigError> {
-        if !self.holds() {
+        if !self.limits_in_flight() {
             if self.unit == QuotaUnit::ConcurrentRequests {
                 return Err(ConfigError::new(
                     "a rate policy counts requests over time, not requests in flight; \
@@ -90,7 +90,7 @@ impl Policy {
         let Some(settle) = &self.settle else {
             return Ok(());
         };
-        settle.check()?;
+        settle.validate()?;
         if self.refund_if.is_some() {
             return Err(ConfigError::new(
                 "a policy that settles its cost gives back what a response did not use; \
@@ -191,7 +191,7 @@ impl Policy {
     /// The name of a policy without one: what it is, with the parameters that change it, so
     /// that two different policies never share one by accident.
     fn default_name(&self, quota: &Quota) -> String {
-        if self.holds() {
+        if self.limits_in_flight() {
             return format!("concurrency:{}", quota.limit());
         }
         let mut name = format!("{}:{quota}", self.algorithm);
@@ -229,7 +229,7 @@ impl Policy {
     /// What a tier of the policy with `quota` is, in a few words (e.g. `gcra 10/s burst 20`),
     /// for the report of a reload.
     fn about(&self, quota: &Quota) -> String {
-        let mut about = match self.holds() {
+        let mut about = match self.limits_in_flight() {
             true => format!(
                 "concurrency {}, held at most {:?}",
                 quota.limit(),
@@ -276,7 +276,7 @@ impl Policy {
             None if quota.is_monthly() => Calendar::utc(),
             None => return Ok(compiled),
         };
-        calendar.check()?;
+        calendar.validate()?;
         let Compiled::FixedWindow(window) = compiled else {
             return Err(ConfigError::new(format!(
                 "calendar periods are counted by the fixed window, not {}; use Algorithm::FixedWindow for {quota}",

@@ -72,7 +72,7 @@ pub(crate) enum Part {
     ChargeIf(StatusFn),
     /// Decided up front, from the leases each instance takes of a key.
     Lease(LeaseSpec),
-    /// Decided up front; a request admitted within `max_wait_us` waits for its slot.
+    /// Decided up front; a request admitted within `max_wait_us` waits for its turn.
     Wait { max_wait_us: u64 },
     /// Each request holds its slots while it is in flight.
     Concurrency,
@@ -153,7 +153,7 @@ impl Tier {
     /// same way of taking part, its algorithm with that quota. A calendar tier's key keeps its
     /// period; a concurrency limit is the same for every key.
     pub(crate) fn relimited(&self, quota: Quota) -> Result<Tier, ConfigError> {
-        if self.holds() {
+        if self.limits_in_flight() {
             return Err(ConfigError::new(
                 "a concurrency limit is the same for every key; set a key's own limit on a rate policy",
             ));
@@ -189,11 +189,11 @@ impl Tier {
     }
 
     /// Whether the tier limits requests in flight.
-    pub(crate) fn holds(&self) -> bool {
+    pub(crate) fn limits_in_flight(&self) -> bool {
         matches!(self.part, Part::Concurrency)
     }
 
-    /// The longest wait for a reserved slot, in microseconds (0: requests never wait).
+    /// The longest wait for a reserved time, in microseconds (0: requests never wait).
     pub(crate) fn wait_us(&self) -> u64 {
         match self.part {
             Part::Wait { max_wait_us } => max_wait_us,

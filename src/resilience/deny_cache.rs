@@ -24,13 +24,13 @@ const SAMPLE: usize = 8;
 /// shard, the table uses the hash itself, and lookups go by reference.
 #[derive(Debug)]
 pub(crate) struct DenyCache {
-    shards: Box<[Mutex<HashTable<Entry>>]>,
+    shards: Box<[Mutex<HashTable<Denial>>]>,
     per_shard: usize,
     hasher: RandomState,
 }
 
 #[derive(Debug)]
-struct Entry {
+struct Denial {
     hash: u64,
     id: u32,
     key: Key,
@@ -40,7 +40,7 @@ struct Entry {
     outcome: PolicyOutcome,
 }
 
-impl Entry {
+impl Denial {
     fn is(&self, id: u32, key: &Key) -> bool {
         self.id == id && self.key == *key
     }
@@ -57,7 +57,7 @@ impl DenyCache {
     }
 
     /// The hash of (`id`, `key`) and its shard, locked.
-    fn locate(&self, id: u32, key: &Key) -> (u64, MutexGuard<'_, HashTable<Entry>>) {
+    fn locate(&self, id: u32, key: &Key) -> (u64, MutexGuard<'_, HashTable<Denial>>) {
         let hash = key.hash_with(id, &self.hasher);
         let shard = &self.shards[(hash >> 40) as usize % self.shards.len()];
         (hash, lock(shard))
@@ -97,7 +97,7 @@ impl DenyCache {
                 continue;
             }
             let (hash, mut shard) = self.locate(id, key);
-            let entry = Entry {
+            let entry = Denial {
                 hash,
                 id,
                 key: key.clone(),

@@ -8,7 +8,7 @@ use http::Response;
 use http_body::Frame;
 use smallvec::SmallVec;
 
-use super::{Reading, Settle, Source};
+use super::{CostSource, Reading, Settle};
 use crate::store::{Check, Checks};
 
 impl Settle {
@@ -92,7 +92,7 @@ impl Meter {
             .map(|pending| {
                 // A trailer that never comes is missing; a count starts at 0.
                 let reading = match pending.settle.source {
-                    Source::Trailer(_) => Reading::Missing,
+                    CostSource::Trailer(_) => Reading::Missing,
                     _ => Reading::Cost(0),
                 };
                 Counting { pending, reading }
@@ -108,15 +108,15 @@ impl Meter {
     pub(crate) fn observe(&mut self, frame: &Frame<Bytes>) {
         for c in &mut self.counting {
             let add = match &c.pending.settle.source {
-                Source::BodyBytes => frame.data_ref().map_or(0, |d| d.len() as u64),
-                Source::Body(count) => count(frame),
-                Source::Trailer(Ok(name)) => {
+                CostSource::BodyBytes => frame.data_ref().map_or(0, |d| d.len() as u64),
+                CostSource::Body(count) => count(frame),
+                CostSource::Trailer(Ok(name)) => {
                     if let Some(trailers) = frame.trailers_ref() {
                         c.reading = Reading::of(trailers.get(name));
                     }
                     0
                 }
-                Source::Trailer(Err(_)) | Source::Extension | Source::Header(_) => 0,
+                CostSource::Trailer(Err(_)) | CostSource::Extension | CostSource::Header(_) => 0,
             };
             if let Reading::Cost(n) = &mut c.reading {
                 *n = n.saturating_add(add);

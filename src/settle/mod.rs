@@ -61,13 +61,13 @@ pub struct ActualCost(pub u64);
 /// ```
 #[derive(Clone)]
 pub struct Settle {
-    source: Source,
+    source: CostSource,
     at_most: u32,
 }
 
 /// Where the real cost is read.
 #[derive(Clone)]
-enum Source {
+enum CostSource {
     Extension,
     Header(Result<HeaderName, String>),
     Trailer(Result<HeaderName, String>),
@@ -88,11 +88,11 @@ pub const MAX_AT_MOST: u32 = 1_000;
 impl fmt::Debug for Settle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let source = match &self.source {
-            Source::Extension => "extension".to_owned(),
-            Source::Header(name) => format!("header {}", display(name)),
-            Source::Trailer(name) => format!("trailer {}", display(name)),
-            Source::BodyBytes => "body bytes".to_owned(),
-            Source::Body(_) => "body frames".to_owned(),
+            CostSource::Extension => "extension".to_owned(),
+            CostSource::Header(name) => format!("header {}", display(name)),
+            CostSource::Trailer(name) => format!("trailer {}", display(name)),
+            CostSource::BodyBytes => "body bytes".to_owned(),
+            CostSource::Body(_) => "body frames".to_owned(),
         };
         f.debug_struct("Settle")
             .field("source", &source)
@@ -113,7 +113,7 @@ fn header_name(name: &str) -> Result<HeaderName, String> {
 }
 
 impl Settle {
-    fn new(source: Source) -> Self {
+    fn new(source: CostSource) -> Self {
         Settle {
             source,
             at_most: DEFAULT_AT_MOST,
@@ -122,26 +122,26 @@ impl Settle {
 
     /// The cost the handler sets in the response's extensions as an [`ActualCost`].
     pub fn extension() -> Self {
-        Settle::new(Source::Extension)
+        Settle::new(CostSource::Extension)
     }
 
     /// The cost in the response header `name` (a decimal integer), e.g. the tokens an LLM
     /// proxy reports. A name that is not a valid header name is an error of
     /// [`build`](crate::RateLimitLayerBuilder::build).
     pub fn header(name: &str) -> Self {
-        Settle::new(Source::Header(header_name(name)))
+        Settle::new(CostSource::Header(header_name(name)))
     }
 
     /// The cost in the trailer `name` (a decimal integer) of a response whose body ends with
     /// trailers (gRPC, HTTP/2 streams), settled when the body ends.
     pub fn trailer(name: &str) -> Self {
-        Settle::new(Source::Trailer(header_name(name)))
+        Settle::new(CostSource::Trailer(header_name(name)))
     }
 
     /// The bytes of the response body's data frames, counted as it streams and settled when
     /// it ends, fails, or is dropped (then what was sent so far).
     pub fn body_bytes() -> Self {
-        Settle::new(Source::BodyBytes)
+        Settle::new(CostSource::BodyBytes)
     }
 
     /// The sum of `count` over the response body's frames (data and trailers), e.g. the
@@ -151,7 +151,7 @@ impl Settle {
     where
         F: Fn(&Frame<Bytes>) -> u64 + Send + Sync + 'static,
     {
-        Settle::new(Source::Body(Arc::new(count)))
+        Settle::new(CostSource::Body(Arc::new(count)))
     }
 
     /// Clamps a reported cost to `times` the policy's limit (the burst of a bucket algorithm),
@@ -164,7 +164,7 @@ impl Settle {
     }
 
     /// The mistakes of this setting, if any.
-    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if !(1..=MAX_AT_MOST).contains(&self.at_most) {
             return Err(ConfigError::new(format!(
                 "settle(...).at_most({}) is out of range: a reported cost is clamped to 1 to \
@@ -173,9 +173,9 @@ impl Settle {
             )));
         }
         match &self.source {
-            Source::Header(Err(name)) | Source::Trailer(Err(name)) => Err(ConfigError::new(
-                format!("settle: {name:?} is not a valid header name"),
-            )),
+            CostSource::Header(Err(name)) | CostSource::Trailer(Err(name)) => Err(
+                ConfigError::new(format!("settle: {name:?} is not a valid header name")),
+            ),
             _ => Ok(()),
         }
     }
@@ -184,17 +184,17 @@ impl Settle {
     pub(crate) fn reads_body(&self) -> bool {
         matches!(
             &self.source,
-            Source::Trailer(_) | Source::BodyBytes | Source::Body(_)
+            CostSource::Trailer(_) | CostSource::BodyBytes | CostSource::Body(_)
         )
     }
 
     /// The cost a response head reports, for a cost read from the head.
     fn read_head(&self, headers: &HeaderMap, extensions: &Extensions) -> Reading {
         match &self.source {
-            Source::Extension => extensions
+            CostSource::Extension => extensions
                 .get::<ActualCost>()
                 .map_or(Reading::Missing, |c| Reading::Cost(c.0)),
-            Source::Header(Ok(name)) => Reading::of(headers.get(name)),
+            CostSource::Header(Ok(name)) => Reading::of(headers.get(name)),
             _ => Reading::Missing,
         }
     }
@@ -262,17 +262,17 @@ mod tests {
 
     #[test]
     fn bad_settings_are_errors() {
-        assert!(Settle::header("x-tokens").check().is_ok());
-        let bad = Settle::header("not a name").check().unwrap_err();
+        assert!(Settle::header("x-tokens").validate().is_ok());
+        let bad = Settle::header("not a name").validate().unwrap_err();
         assert!(bad.to_string().contains("not a valid header name"), "{bad}");
-        assert!(Settle::trailer("").check().is_err());
-        let zero = Settle::body_bytes().at_most(0).check().unwrap_err();
+        assert!(Settle::trailer("").validate().is_err());
+        let zero = Settle::body_bytes().at_most(0).validate().unwrap_err();
         assert!(zero.to_string().contains("at_most(0)"), "{zero}");
-        assert!(Settle::body_bytes().at_most(MAX_AT_MOST).check().is_ok());
+        assert!(Settle::body_bytes().at_most(MAX_AT_MOST).validate().is_ok());
         assert!(
             Settle::extension()
                 .at_most(MAX_AT_MOST + 1)
-                .check()
+                .validate()
                 .is_err()
         );
     }

@@ -71,7 +71,7 @@ pub(crate) mod private {
 
         /// The decision, when the store makes it synchronously and cannot fail (the memory
         /// store): the layer then settles the request without a future in between.
-        fn decide_now(&self, checks: &[Check]) -> Option<Decision> {
+        fn check_now(&self, checks: &[Check]) -> Option<Decision> {
             let _ = checks;
             None
         }
@@ -88,7 +88,7 @@ pub(crate) mod private {
             self
         }
 
-        /// Whether [`decide_enforced`](Self::decide_enforced) decides (the memory store): the
+        /// Whether [`check_alone`](Self::check_alone) decides (the memory store): the
         /// engine then plans a request of one policy that nothing else has a say in for it
         /// alone.
         const DECIDES_ALONE: bool = false;
@@ -97,7 +97,7 @@ pub(crate) mod private {
         /// (the memory store): the verdict, from which the caller builds an outcome only when
         /// something reads it, and the tier of the key's own limit when it has one (which the
         /// outcome reports).
-        fn decide_enforced(
+        fn check_alone(
             &self,
             tier: &Arc<Tier>,
             key: &Key,
@@ -110,7 +110,7 @@ pub(crate) mod private {
         /// Decides several enforced policies at once, on borrowed values, if the store can
         /// (the memory store, for at most four): the decision, as [`check`](Self::check)
         /// would make it.
-        fn decide_together(&self, checks: &[crate::store::Enforced<'_>]) -> Option<Decision> {
+        fn check_together(&self, checks: &[crate::store::Enforced<'_>]) -> Option<Decision> {
             let _ = checks;
             None
         }
@@ -119,7 +119,7 @@ pub(crate) mod private {
         /// which cannot wait. By default decided at once; a store that decides later starts
         /// the decision on its own.
         fn check_detached(&self, checks: crate::store::Checks) {
-            let _ = self.decide_now(&checks);
+            let _ = self.check_now(&checks);
         }
 
         /// Lets a decision whose request went away finish without it, then hands it to
@@ -227,7 +227,7 @@ impl Registry {
     /// A key was put under a limit of its own: decisions look at each state's definition
     /// from now on. Set under the key's shard lock, which every later decision of the key
     /// takes before it reads this.
-    pub(crate) fn limited(&self) {
+    pub(crate) fn own_limit_set(&self) {
         self.redefined.store(true, Ordering::Relaxed);
     }
 

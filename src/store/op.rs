@@ -30,7 +30,7 @@ struct Facts {
     /// The store reports a grant with its outcome.
     grants: bool,
     /// The units it charges are slots the request gives back when it ends or goes away.
-    takes_slots: bool,
+    gives_back_later: bool,
     /// It changes what the key's state is written under (a key's own limit): its arm is
     /// given the state as written, and what it was written under, not the state converted.
     relimits: bool,
@@ -93,7 +93,7 @@ const DECIDES_CHARGED: Facts = Facts {
     charge: Charge::Always,
     acts: false,
     grants: false,
-    takes_slots: false,
+    gives_back_later: false,
     relimits: false,
 };
 
@@ -103,7 +103,7 @@ const ACTS: Facts = Facts {
     charge: Charge::Never,
     acts: true,
     grants: false,
-    takes_slots: false,
+    gives_back_later: false,
     relimits: false,
 };
 
@@ -124,13 +124,13 @@ operations! {
     /// Decides and charges like [`Op::Enforce`]; the units charged are a concurrency limit's
     /// slots, held until the request ends and then given back with [`Op::Release`] of the
     /// time they were charged at, which the store reports as the outcome's grant.
-    Concurrency => "CONCURRENCY", Facts { grants: true, takes_slots: true, ..DECIDES_CHARGED };
+    Concurrency => "CONCURRENCY", Facts { grants: true, gives_back_later: true, ..DECIDES_CHARGED };
     /// Decides like [`Op::Enforce`]; a request denied now that the policy admits within
     /// `max_wait_us` is admitted instead, its units charged at that slot, later.
     Wait {
         /// The longest wait, in microseconds.
         max_wait_us
-    } => "WAIT", Facts { grants: true, takes_slots: true, ..DECIDES_CHARGED };
+    } => "WAIT", Facts { grants: true, gives_back_later: true, ..DECIDES_CHARGED };
     /// Decides like [`Op::Enforce`], on the state as strict as a lease could make it; when
     /// the request is admitted, charges a lease of what is left instead of the cost (at least
     /// the cost, at most `want`), to be spent by the caller until it ends (the tier's lease
@@ -156,12 +156,12 @@ operations! {
         /// The lease's end.
         end
     } => "GIVE_BACK", ACTS;
-    /// Gives back the check's units that a request took at `slot` (store time: reserved for
-    /// it, or the slots of a concurrency limit) and will not spend; then reports like a look
-    /// at cost 0.
+    /// Gives back the check's units that a request took at `at` (store time: the time
+    /// reserved for it, or when the slots of a concurrency limit were charged) and will not
+    /// spend; then reports like a look at cost 0.
     Release {
         /// When the units were charged.
-        slot
+        at
     } => "RELEASE", ACTS;
     /// Settles a request charged `estimate` units up front at its real cost, the check's
     /// units: gives the difference back when they are fewer, charges it when they are more,
@@ -253,7 +253,7 @@ impl Op {
             Op::Wait { max_wait_us: x }
             | Op::Block { us: x }
             | Op::GiveBack { end: x }
-            | Op::Release { slot: x }
+            | Op::Release { at: x }
             | Op::Settle { estimate: x }
             | Op::Limit { until: x } => args.push(x),
             Op::Lease { want } => args.extend([lease_ttl_us, want]),
@@ -275,17 +275,17 @@ impl Op {
         self.args(0).len()
     }
 
-    /// Whether the store reports a grant with the outcome: a lease's units, the slot a
+    /// Whether the store reports a grant with the outcome: a lease's units, the time a
     /// request reserved, the slots a concurrency limit gave it (a `Grant`, in `decision.rs`). Its reply then has
     /// [`Op::REPLY_GRANT`] more integers.
     pub(crate) const fn grants(self) -> bool {
         self.facts().grants
     }
 
-    /// Whether the units it charges are slots the request gives back when it ends or goes
-    /// away ([`Op::Release`]): a concurrency limit's, or a reserved slot.
-    pub(crate) const fn takes_slots(self) -> bool {
-        self.facts().takes_slots
+    /// Whether the units it charges are given back when the request ends or goes away
+    /// ([`Op::Release`]): a concurrency limit's slots, or the units of a reserved time.
+    pub(crate) const fn gives_back_later(self) -> bool {
+        self.facts().gives_back_later
     }
 
     /// Integers in every check's reply: the verdict, remaining and reset.
@@ -310,7 +310,7 @@ impl Op {
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn undo(self, allowed: bool, units: u64, granted: Option<u64>) -> Option<Op> {
         match (self, granted) {
-            (op, Some(end)) if op.takes_slots() => Some(Op::Release { slot: end }),
+            (op, Some(end)) if op.gives_back_later() => Some(Op::Release { at: end }),
             (_, Some(end)) => Some(Op::GiveBack { end }),
             (op, None) => (op.charged(allowed) && units > 0).then_some(Op::Refund),
         }
@@ -361,7 +361,7 @@ impl Keyed {
 pub(crate) type Checks = SmallVec<[Check; 2]>;
 
 /// One enforced policy of several decided together on borrowed values (see
-/// `Sealed::decide_together`): its tier, the key and the cost.
+/// `Sealed::check_together`): its tier, the key and the cost.
 pub(crate) type Enforced<'a> = (&'a Arc<Tier>, &'a Key, u64);
 
 /// One operation on one tier of one policy, for one key, of some units.

@@ -9,7 +9,7 @@ use smallvec::SmallVec;
 use super::lock::Write;
 use super::rule::{self, Rows};
 use super::shard::{CheckRef, Run, Shard};
-use super::{Inner, MemoryStore};
+use super::{MemoryInner, MemoryStore};
 use crate::algorithm::Verdict;
 use crate::key::Key;
 use crate::store::Op;
@@ -22,7 +22,7 @@ pub(super) type Runs = SmallVec<[Run; 2]>;
 
 /// The [`Rows`] of a decision under the exclusive locks of its shards.
 pub(super) struct Locked<'s, 'c> {
-    inner: &'s Inner,
+    inner: &'s MemoryInner,
     guards: Guards<'s>,
     checks: &'c [CheckRef<'c>],
     runs: Runs,

@@ -47,17 +47,17 @@ fn store_with(store: Option<&MemoryStore>, policies: &[Policy]) -> (MemoryStore,
 }
 
 /// One request of `cost` against `tiers` on the key "k", each check `op`.
-fn decide(store: &MemoryStore, tiers: &[Arc<Tier>], cost: u64, op: Op) -> Decision {
+fn run_checks(store: &MemoryStore, tiers: &[Arc<Tier>], cost: u64, op: Op) -> Decision {
     let checks: Vec<Check> = tiers
         .iter()
         .map(|t| Check::new(t.clone(), Key::from("k"), cost, op))
         .collect();
-    store.decide(&checks)
+    store.check_locked(&checks)
 }
 
 /// What `tier` has left for "k" (a look: nothing charged).
 fn remaining(store: &MemoryStore, tier: &Arc<Tier>) -> u64 {
-    decide(store, std::slice::from_ref(tier), 0, Op::Enforce).outcomes()[0].remaining()
+    run_checks(store, std::slice::from_ref(tier), 0, Op::Enforce).outcomes()[0].remaining()
 }
 
 /// Runs `f` on `n` threads (the first on this one); how many were admitted.
@@ -82,10 +82,10 @@ fn three_lone_words_admit_exactly_what_is_left() {
     // compare-and-swap. Three threads race for the two units left: two are admitted.
     loom::model(|| {
         let (store, tiers) = store_with(None, &[Policy::gcra("3/min")]);
-        assert!(decide(&store, &tiers, 1, Op::Enforce).is_allowed());
+        assert!(run_checks(&store, &tiers, 1, Op::Enforce).is_allowed());
         assert_eq!(remaining(&store, &tiers[0]), 2);
         let (s, t) = (store.clone(), tiers.clone());
-        let admitted = race(3, move |_| decide(&s, &t, 1, Op::Enforce).is_allowed());
+        let admitted = race(3, move |_| run_checks(&s, &t, 1, Op::Enforce).is_allowed());
         assert_eq!(admitted, 2);
         assert_eq!(remaining(&store, &tiers[0]), 0);
     });
@@ -97,13 +97,13 @@ fn three_lone_words_admit_exactly_what_is_left() {
 fn lone_races_claimed(policies: [Policy; 2], left: u64) {
     loom::model(move || {
         let (store, tiers) = store_with(None, &policies);
-        assert!(decide(&store, &tiers, 1, Op::Enforce).is_allowed());
+        assert!(run_checks(&store, &tiers, 1, Op::Enforce).is_allowed());
         let (s, t) = (store.clone(), tiers.clone());
         let both = loom::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let seen = both.clone();
         let admitted = race(2, move |i| {
             let allowed =
-                decide(&s, if i == 0 { &t[..1] } else { &t }, 1, Op::Enforce).is_allowed();
+                run_checks(&s, if i == 0 { &t[..1] } else { &t }, 1, Op::Enforce).is_allowed();
             if i == 1 && allowed {
                 seen.store(true, std::sync::atomic::Ordering::Relaxed);
             }
@@ -139,9 +139,9 @@ fn two_claimers_of_one_key_charge_all_or_none() {
             None,
             &[Policy::gcra("2/min"), Policy::fixed_window("3/min")],
         );
-        assert!(decide(&store, &tiers, 1, Op::Enforce).is_allowed());
+        assert!(run_checks(&store, &tiers, 1, Op::Enforce).is_allowed());
         let (s, t) = (store.clone(), tiers.clone());
-        let admitted = race(2, move |_| decide(&s, &t, 1, Op::Enforce).is_allowed());
+        let admitted = race(2, move |_| run_checks(&s, &t, 1, Op::Enforce).is_allowed());
         assert_eq!(admitted, 1);
         assert_eq!(remaining(&store, &tiers[0]), 0);
         assert_eq!(remaining(&store, &tiers[1]), 1);
@@ -158,17 +158,17 @@ fn concurrency_slots_are_never_granted_twice() {
         let grants = loom::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let kept = grants.clone();
         let admitted = race(2, move |_| {
-            let decision = decide(&s, &t, 1, Op::Concurrency);
+            let decision = run_checks(&s, &t, 1, Op::Concurrency);
             if let Some(grant) = decision.outcomes()[0].held() {
                 kept.lock().expect("not poisoned").push(grant.end);
             }
             decision.is_allowed()
         });
         assert_eq!(admitted, 1);
-        assert!(!decide(&store, &tiers, 1, Op::Concurrency).is_allowed());
+        assert!(!run_checks(&store, &tiers, 1, Op::Concurrency).is_allowed());
         let end = grants.lock().expect("not poisoned")[0];
-        decide(&store, &tiers, 1, Op::Release { slot: end });
-        assert!(decide(&store, &tiers, 1, Op::Concurrency).is_allowed());
+        run_checks(&store, &tiers, 1, Op::Release { at: end });
+        assert!(run_checks(&store, &tiers, 1, Op::Concurrency).is_allowed());
     });
 }
 
@@ -179,14 +179,14 @@ fn a_reload_met_during_decisions_loses_no_charge() {
     // state is converted back and forth as each meets it, and both charges are counted.
     loom::model(|| {
         let (store, old) = store_with(None, &[Policy::fixed_window("5/min").name("w")]);
-        assert!(decide(&store, &old, 1, Op::Enforce).is_allowed());
+        assert!(run_checks(&store, &old, 1, Op::Enforce).is_allowed());
         let s = store.clone();
         let reloading = thread::spawn(move || {
             let (s, new) = store_with(Some(&s), &[Policy::fixed_window("10/min").name("w")]);
-            assert!(decide(&s, &new, 1, Op::Enforce).is_allowed());
+            assert!(run_checks(&s, &new, 1, Op::Enforce).is_allowed());
             new
         });
-        assert!(decide(&store, &old, 1, Op::Enforce).is_allowed());
+        assert!(run_checks(&store, &old, 1, Op::Enforce).is_allowed());
         let new = reloading.join().expect("no panic");
         assert_eq!(remaining(&store, &new[0]), 7);
     });

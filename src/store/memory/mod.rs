@@ -62,10 +62,10 @@ pub(crate) const DEFAULT_MAX_KEYS: usize = 100_000;
 /// ```
 #[derive(Clone)]
 pub struct MemoryStore {
-    inner: Arc<Inner>,
+    inner: Arc<MemoryInner>,
 }
 
-struct Inner {
+struct MemoryInner {
     shards: Box<[ShardLock<Shard>]>,
     per_shard: usize,
     hasher: RandomState,
@@ -185,7 +185,7 @@ impl MemoryStoreBuilder {
         let hasher = RandomState::new();
         let per_thread = self.per_thread_reads.unwrap_or(false);
         MemoryStore {
-            inner: Arc::new(Inner {
+            inner: Arc::new(MemoryInner {
                 shards: (0..shards)
                     .map(|_| ShardLock::new(Shard::new(hasher.clone()), per_thread))
                     .collect(),
@@ -271,7 +271,7 @@ impl MemoryStore {
     /// reports exactly what it left (read before, a decision could be made after a later one
     /// and see time go back).
     #[inline]
-    pub(crate) fn decide_enforced(
+    pub(crate) fn alone(
         &self,
         tier: &Arc<Tier>,
         key: &Key,
@@ -283,14 +283,14 @@ impl MemoryStore {
         let clock = || self.inner.clock.now_micros();
         let shard = &self.inner.shards[self.shard_of(key_hash)];
         // The shared guard is dropped at the end of this statement, before the other lock.
-        let shared = shard.read().decide_shared(&check, hash, clock);
+        let shared = shard.read().alone_shared(&check, hash, clock);
         match shared {
             Some(verdict) => (verdict, None),
             None => self.enforced_locked(&check),
         }
     }
 
-    /// [`decide_enforced`](Self::decide_enforced) under the exclusive lock.
+    /// [`alone`](Self::alone) under the exclusive lock.
     #[inline(never)]
     fn enforced_locked(&self, check: &CheckRef<'_>) -> (Verdict, Option<Arc<Tier>>) {
         let (mut runs, _) = self.decide_locked(std::slice::from_ref(check));
@@ -301,7 +301,7 @@ impl MemoryStore {
     /// Decides `checks` under the exclusive locks, whatever they are: the engine sends here
     /// only what its lane does not decide on borrowed values (`Sealed::check` wraps this in
     /// a ready future).
-    pub(crate) fn decide(&self, checks: &[Check]) -> Decision {
+    pub(crate) fn check_locked(&self, checks: &[Check]) -> Decision {
         // Pushed one by one here and below: `collect` into a SmallVec goes through its generic
         // `extend`, about 70 instructions a collection more.
         let mut refs: SmallVec<[CheckRef<'_>; 2]> = SmallVec::new();
@@ -321,9 +321,9 @@ impl MemoryStore {
 
     /// Several enforced policies, at most [`TOGETHER`] (the usual request of several). The
     /// policies of one key are in one shard: when every state is packed, they are decided
-    /// under its shared lock with their words claimed (`Shard::decide_claimed`), the key
+    /// under its shared lock with their words claimed (`Shard::together_shared`), the key
     /// hashed once and nothing built but the outcomes; else under the exclusive locks.
-    fn decide_together(&self, checks: &[Enforced<'_>]) -> Decision {
+    fn together(&self, checks: &[Enforced<'_>]) -> Decision {
         if let Some((&(_, key, _), rest)) = checks.split_first()
             && rest
                 .iter()
@@ -334,7 +334,7 @@ impl MemoryStore {
             let shard = &self.inner.shards[self.shard_of(key_hash)];
             let clock = || self.inner.clock.now_micros();
             // The shared guard is dropped at the end of this statement, before another lock.
-            let claimed = shard.read().decide_claimed(checks, key_hash, clock);
+            let claimed = shard.read().together_shared(checks, key_hash, clock);
             if let Some(decision) = claimed {
                 return decision;
             }
@@ -342,7 +342,7 @@ impl MemoryStore {
         self.together_locked(checks)
     }
 
-    /// [`decide_together`](Self::decide_together) under the exclusive locks.
+    /// [`together`](Self::together) under the exclusive locks.
     #[inline(never)]
     fn together_locked(&self, checks: &[Enforced<'_>]) -> Decision {
         let mut refs: SmallVec<[CheckRef<'_>; TOGETHER]> = SmallVec::new();
@@ -392,29 +392,29 @@ impl private::Sealed for MemoryStore {
     }
 
     fn check(&self, checks: Checks) -> Self::Future {
-        std::future::ready(Ok(self.decide(&checks)))
+        std::future::ready(Ok(self.check_locked(&checks)))
     }
 
     fn registry(&self) -> &Registry {
         &self.inner.registry
     }
 
-    fn decide_now(&self, checks: &[Check]) -> Option<Decision> {
-        Some(self.decide(checks))
+    fn check_now(&self, checks: &[Check]) -> Option<Decision> {
+        Some(self.check_locked(checks))
     }
 
     #[inline]
-    fn decide_enforced(
+    fn check_alone(
         &self,
         tier: &Arc<Tier>,
         key: &Key,
         cost: u64,
     ) -> Option<(Verdict, Option<Arc<Tier>>)> {
-        Some(MemoryStore::decide_enforced(self, tier, key, cost))
+        Some(MemoryStore::alone(self, tier, key, cost))
     }
 
-    fn decide_together(&self, checks: &[Enforced<'_>]) -> Option<Decision> {
-        (checks.len() <= TOGETHER).then(|| MemoryStore::decide_together(self, checks))
+    fn check_together(&self, checks: &[Enforced<'_>]) -> Option<Decision> {
+        (checks.len() <= TOGETHER).then(|| MemoryStore::together(self, checks))
     }
 }
 

@@ -291,7 +291,7 @@ impl Shard {
             Op::GiveBack { end } => {
                 self.update(check, hash, |a, s| a.give_back(s, now, end, units))
             }
-            Op::Release { slot } => self.update(check, hash, |a, s| a.release(s, now, slot, units)),
+            Op::Release { at } => self.update(check, hash, |a, s| a.release(s, now, at, units)),
             Op::Settle { estimate } if units < estimate => {
                 let back = estimate - units;
                 self.update(check, hash, |a, s| a.refund(s, now, back));

@@ -24,19 +24,19 @@ use crate::store::{Check, Checks, Op};
 /// Milliseconds added to every TTL when a clock is injected.
 const INJECTED_CLOCK_TTL_SLACK_MS: u64 = 60_000;
 
-/// What the script says of one check: its verdict, the lease granted or the slot reserved
+/// What the script says of one check: its verdict, the lease granted or the time reserved
 /// with it, if any, and the tier of the key's own limit, when it has one.
 type Reply = (Verdict, Option<Grant>, Option<Arc<Tier>>);
 
 impl Inner {
-    pub(super) async fn decide(&self, checks: Checks) -> Result<Decision, StoreError> {
+    pub(super) async fn decision(&self, checks: Checks) -> Result<Decision, StoreError> {
         let link = self.linking.get(&self.target)?;
-        let one_slot = checks.iter().all(|c| c.key() == checks[0].key());
-        let verdicts = if !link.conn.is_cluster() || one_slot {
+        let one_hash_slot = checks.iter().all(|c| c.key() == checks[0].key());
+        let verdicts = if !link.conn.is_cluster() || one_hash_slot {
             self.run(link, &checks).await?
         } else {
             // Boxed, as the pools' futures are: only clusters take this path.
-            Box::pin(self.decide_across_slots(link, &checks)).await?
+            Box::pin(self.across_hash_slots(link, &checks)).await?
         };
         let outcomes: Outcomes = checks
             .iter()
@@ -54,7 +54,7 @@ impl Inner {
     /// once one denies the request, the rest are only looked at, and what the earlier scripts
     /// charged is refunded. No request is ever admitted past a limit; a concurrent request may
     /// briefly see a charge that is then refunded, so the error is on the strict side.
-    async fn decide_across_slots(
+    async fn across_hash_slots(
         &self,
         link: &Link,
         checks: &[Check],
@@ -100,7 +100,7 @@ impl Inner {
         if denied {
             for refund in charged {
                 if let Err(error) = self.run(link, &[refund]).await {
-                    tracing::warn!(%error, "could not refund a charge on another cluster slot");
+                    tracing::warn!(%error, "could not refund a charge on another cluster hash slot");
                 }
             }
         }
@@ -160,7 +160,7 @@ impl Inner {
         }
     }
 
-    /// One script call deciding `checks`, whose keys must share a slot on a cluster.
+    /// One script call deciding `checks`, whose keys must share a hash slot on a cluster.
     async fn run(&self, link: &Link, checks: &[Check]) -> Result<Vec<Reply>, StoreError> {
         let command = |name: &str, script: &str| {
             let mut cmd = redis::cmd(name);

@@ -142,7 +142,7 @@ impl Connect {
     /// A connection the store holds itself, to `source`: a round of connecting may take the
     /// connect and the response timeouts (asking the sentinels, then connecting), a `PING`
     /// the response timeout.
-    async fn redial(&self, source: redial::Source) -> Result<Arc<Redial>, String> {
+    async fn redial(&self, source: redial::DialSource) -> Result<Arc<Redial>, String> {
         let round = self.connect_timeout + self.response_timeout;
         Redial::connect(source, round, self.response_timeout).await
     }

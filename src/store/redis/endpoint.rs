@@ -181,12 +181,12 @@ impl Endpoints {
         &self,
         config: redis::AsyncConnectionConfig,
         timeout: Duration,
-    ) -> Option<super::redial::Source> {
+    ) -> Option<super::redial::DialSource> {
         #[cfg(feature = "tls")]
         if let Some(connector) = &self.connector {
             let config = self.connection_config(config);
             let dial = super::dial::Dial::new(&self.nodes[0], connector.clone(), config, timeout)?;
-            return Some(super::redial::Source::Node(dial));
+            return Some(super::redial::DialSource::Node(dial));
         }
         None
     }

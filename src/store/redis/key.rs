@@ -11,8 +11,8 @@
 //! | more than 64 bytes | `h:` and the hex SHA-256 of the bytes |
 //!
 //! The body sits inside the only braces of the key, so it alone is the Redis Cluster hash tag:
-//! every policy of one caller key lands in one slot, and nothing a caller sends (braces, colons,
-//! newlines, invalid UTF-8, 64 KiB) can steer the slot, collide with another caller, or escape
+//! every policy of one caller key lands in one hash slot, and nothing a caller sends (braces, colons,
+//! newlines, invalid UTF-8, 64 KiB) can steer the hash slot, collide with another caller, or escape
 //! into another policy's keys. Prefix and policy names cannot contain braces (checked when the
 //! store and the layer are built). A key is at most 64 + 64 + 132 bytes long.
 

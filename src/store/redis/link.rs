@@ -24,7 +24,7 @@ pub(super) struct Link {
 }
 
 /// Everything needed to make the link, owned, so that a task can make it.
-pub(super) struct Plan {
+pub(super) struct LinkPlan {
     pub(super) connect: Connect,
     /// Redis's address, for messages (no credentials).
     pub(super) target: String,
@@ -35,7 +35,7 @@ pub(super) struct Plan {
     pub(super) redis_time: bool,
 }
 
-impl Plan {
+impl LinkPlan {
     /// Connects, loads the decision, and checks the user's permissions.
     pub(super) async fn link(&self) -> Result<Link, StoreError> {
         let target = &self.target;
@@ -79,7 +79,7 @@ impl Linking {
 
     /// Makes the link on a task of its own, trying again with backoff until it is made or the
     /// store is dropped.
-    pub(super) fn in_background(plan: Plan) -> Arc<Linking> {
+    pub(super) fn in_background(plan: LinkPlan) -> Arc<Linking> {
         let linking = Arc::new(Linking::default());
         let weak = Arc::downgrade(&linking);
         *linking.failed.lock().unwrap() = Some("the first attempt is under way".to_owned());
@@ -117,7 +117,7 @@ impl Linking {
     }
 }
 
-async fn connect_until_linked(plan: Plan, linking: Weak<Linking>) {
+async fn connect_until_linked(plan: LinkPlan, linking: Weak<Linking>) {
     let mut backoff = FIRST_BACKOFF;
     let started = std::time::Instant::now();
     loop {

@@ -102,7 +102,7 @@ pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_millis(50);
 ///
 /// A key is `<prefix><policy name>:{<caller key>}`: the caller's key, escaped (or hashed when
 /// longer than 64 bytes), is the cluster hash tag, so every policy of one caller key lives in
-/// one slot, and nothing a client sends can choose the slot or reach another key. A block
+/// one hash slot, and nothing a client sends can choose the hash slot or reach another key. A block
 /// ([`RateLimitLayer::block_for`](crate::RateLimitLayer::block_for)) is kept in that key
 /// itself (after a `|` in a string state; as a member `block:<end>` scored `+inf` in the
 /// sliding log's sorted set), whose TTL then lasts at least to the block's end: a decision
@@ -536,7 +536,7 @@ impl RedisStoreBuilder {
             &self.tls,
         )
         .map_err(StoreError::new)?;
-        let plan = link::Plan {
+        let plan = link::LinkPlan {
             connect: Connect {
                 endpoints,
                 cluster: self.cluster,
@@ -576,7 +576,7 @@ impl private::Sealed for RedisStore {
     fn check(&self, checks: Checks) -> Self::Future {
         let inner = self.inner.clone();
         Box::pin(async move {
-            let result = match tokio::time::timeout(inner.deadline, inner.decide(checks)).await {
+            let result = match tokio::time::timeout(inner.deadline, inner.decision(checks)).await {
                 Ok(result) => result,
                 Err(_) => {
                     if let Some(link::Link {

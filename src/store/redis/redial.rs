@@ -26,7 +26,7 @@ use crate::error::StoreError;
 const RETRY: Duration = Duration::from_millis(100);
 
 /// Where the connection goes.
-pub(super) enum Source {
+pub(super) enum DialSource {
     /// The primary the sentinels name for `master`.
     Sentinels {
         /// Boxed: the client is large, and the other source small.
@@ -42,11 +42,11 @@ pub(super) enum Source {
     Node(Dial),
 }
 
-impl Source {
+impl DialSource {
     /// One round: the node, connected.
     async fn connect(&self) -> redis::RedisResult<MultiplexedConnection> {
         match self {
-            Source::Sentinels {
+            DialSource::Sentinels {
                 client,
                 config,
                 #[cfg(feature = "tls")]
@@ -70,25 +70,25 @@ impl Source {
                     .await
             }
             #[cfg(feature = "tls")]
-            Source::Node(dial) => dial.connect().await,
+            DialSource::Node(dial) => dial.connect().await,
         }
     }
 
     /// What is sought, for messages.
     fn what(&self) -> String {
         match self {
-            Source::Sentinels { master, .. } => format!("the Redis primary for {master:?}"),
+            DialSource::Sentinels { master, .. } => format!("the Redis primary for {master:?}"),
             #[cfg(feature = "tls")]
-            Source::Node(dial) => format!("Redis at {}", dial.addr()),
+            DialSource::Node(dial) => format!("Redis at {}", dial.addr()),
         }
     }
 
     /// Why a round may have timed out.
     fn timed_out(&self) -> &'static str {
         match self {
-            Source::Sentinels { .. } => "timed out",
+            DialSource::Sentinels { .. } => "timed out",
             #[cfg(feature = "tls")]
-            Source::Node(_) => super::tls::TIMED_OUT,
+            DialSource::Node(_) => super::tls::TIMED_OUT,
         }
     }
 
@@ -96,17 +96,17 @@ impl Source {
     pub(super) fn kind(&self) -> &'static str {
         match self {
             #[cfg(feature = "tls")]
-            Source::Sentinels { dial: Some(_), .. } => "sentinel (TLS, coalesced writes)",
-            Source::Sentinels { .. } => "sentinel",
+            DialSource::Sentinels { dial: Some(_), .. } => "sentinel (TLS, coalesced writes)",
+            DialSource::Sentinels { .. } => "sentinel",
             #[cfg(feature = "tls")]
-            Source::Node(_) => "multiplexed (TLS, coalesced writes)",
+            DialSource::Node(_) => "multiplexed (TLS, coalesced writes)",
         }
     }
 }
 
 /// The connection, and the one task that makes it again.
 pub(super) struct Redial {
-    source: Source,
+    source: DialSource,
     /// The current connection; `None` while none is made. Read by every decision, without a
     /// lock.
     current: ArcSwapOption<MultiplexedConnection>,
@@ -121,7 +121,7 @@ pub(super) struct Redial {
 impl Redial {
     /// Connects to `source` (a round within `timeout`, a `PING` within `ping_timeout`).
     pub(super) async fn connect(
-        source: Source,
+        source: DialSource,
         timeout: Duration,
         ping_timeout: Duration,
     ) -> Result<Arc<Redial>, String> {
@@ -137,7 +137,7 @@ impl Redial {
         Ok(redial)
     }
 
-    pub(super) fn source(&self) -> &Source {
+    pub(super) fn source(&self) -> &DialSource {
         &self.source
     }
 
@@ -157,11 +157,13 @@ impl Redial {
         }
         self.seek();
         Err(StoreError::new(match &self.source {
-            Source::Sentinels { master, .. } => format!(
+            DialSource::Sentinels { master, .. } => format!(
                 "no Redis primary for {master:?}: asking the sentinels (a failover may be under way)"
             ),
             #[cfg(feature = "tls")]
-            Source::Node(dial) => format!("no connection to Redis at {}: connecting", dial.addr()),
+            DialSource::Node(dial) => {
+                format!("no connection to Redis at {}: connecting", dial.addr())
+            }
         }))
     }
 

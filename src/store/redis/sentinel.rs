@@ -9,7 +9,7 @@ use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
 use redis::{AsyncConnectionConfig, ConnectionAddr, IntoConnectionInfo};
 
 use super::endpoint::Endpoints;
-use super::redial::Source;
+use super::redial::DialSource;
 use crate::error::ConfigError;
 
 /// The default port of a sentinel.
@@ -102,7 +102,7 @@ pub(super) fn source(
     endpoints: &Endpoints,
     config: AsyncConnectionConfig,
     #[cfg_attr(not(feature = "tls"), allow(unused_variables))] connect_timeout: Duration,
-) -> Result<Source, String> {
+) -> Result<DialSource, String> {
     let mut builder = SentinelClientBuilder::new(
         target.addrs.clone(),
         &target.master,
@@ -120,7 +120,7 @@ pub(super) fn source(
         .sentinel(builder)
         .build()
         .map_err(|e| e.to_string())?;
-    Ok(Source::Sentinels {
+    Ok(DialSource::Sentinels {
         client: Box::new(tokio::sync::Mutex::new(client)),
         master: target.master.clone(),
         config: endpoints.connection_config(config),

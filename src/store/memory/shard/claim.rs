@@ -170,7 +170,7 @@ impl<C: Fn() -> u64, const N: usize> Rows for Claimed<'_, C, N> {
     fn judge(&mut self, i: usize, now: u64) -> bool {
         let (tier, _, cost) = self.checks[i];
         let verdict;
-        (verdict, self.next[i]) = tier.algorithm().decide_packed(self.was[i], now, cost);
+        (verdict, self.next[i]) = tier.algorithm().judge_packed(self.was[i], now, cost);
         self.outcomes.push(PolicyOutcome::new(tier, false, verdict));
         verdict.allowed
     }
@@ -202,7 +202,7 @@ impl<C: Fn() -> u64, const N: usize> Rows for Claimed<'_, C, N> {
 
     fn look(&self, i: usize, now: u64) -> Verdict {
         let tier = self.checks[i].0;
-        tier.algorithm().decide_packed(self.was[i], now, 0).0
+        tier.algorithm().judge_packed(self.was[i], now, 0).0
     }
 
     #[inline(always)]
@@ -220,7 +220,7 @@ impl Shard {
     /// checks are of one row: the exclusive locks serve those.
     ///
     /// [`Key::hash_in`]: crate::key::Key::hash_in
-    pub(crate) fn decide_claimed(
+    pub(crate) fn together_shared(
         &self,
         checks: &[Enforced<'_>],
         key_hash: u64,

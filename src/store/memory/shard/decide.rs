@@ -1,5 +1,5 @@
 //! A decision's ways to its rows within one shard: one enforced check on a packed state under
-//! the shared lock ([`Shard::decide_shared`], by `word.rs` or `claim.rs`), and the phases of
+//! the shared lock ([`Shard::alone_shared`], by `word.rs` or `claim.rs`), and the phases of
 //! any check under the exclusive lock ([`Shard::judge_row`], [`Shard::charge_row`],
 //! [`Shard::look_row`]), which `locked.rs` runs over the shards of a decision. The rule they
 //! serve is `rule.rs`'s.
@@ -18,7 +18,7 @@ impl Shard {
     /// `clock` once the state is loaded. `None` when the key needs the exclusive lock: a new
     /// key, a state that is not packed, a state written under another definition.
     #[inline]
-    pub(crate) fn decide_shared(
+    pub(crate) fn alone_shared(
         &self,
         check: &CheckRef<'_>,
         hash: u64,
@@ -63,7 +63,7 @@ impl Shard {
                 ..
             }) if op == Op::Enforce && *def == tier.def() => {
                 let was = Cell::load(count, word);
-                let (verdict, next) = algorithm.decide_packed(was, now, cost);
+                let (verdict, next) = algorithm.judge_packed(was, now, cost);
                 run.packed = Some((was, next));
                 verdict
             }

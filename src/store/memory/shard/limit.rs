@@ -21,7 +21,7 @@ impl Shard {
         capacity: usize,
         registry: &Registry,
     ) {
-        registry.limited();
+        registry.own_limit_set();
         // No end given: the longest window's time from now.
         let until = match until {
             0 => now + crate::MAX_WINDOW.as_micros() as u64,

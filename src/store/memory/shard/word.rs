@@ -96,7 +96,7 @@ impl<C: Fn() -> u64, const COUNTED: bool> Rows for Word<'_, C, COUNTED> {
     #[inline(always)]
     fn judge(&mut self, _: usize, now: u64) -> bool {
         let verdict;
-        (verdict, self.next) = self.algorithm.decide_packed(self.was(), now, self.cost);
+        (verdict, self.next) = self.algorithm.judge_packed(self.was(), now, self.cost);
         self.verdict = verdict;
         verdict.allowed
     }
@@ -120,7 +120,7 @@ impl<C: Fn() -> u64, const COUNTED: bool> Rows for Word<'_, C, COUNTED> {
     }
 
     fn look(&self, _: usize, now: u64) -> Verdict {
-        self.algorithm.decide_packed(self.was(), now, 0).0
+        self.algorithm.judge_packed(self.was(), now, 0).0
     }
 
     #[inline(always)]

@@ -25,11 +25,8 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
-use http::{Method, StatusCode};
 use serde::Deserialize;
 
 use crate::algorithm::Algorithm;
@@ -39,6 +36,10 @@ use crate::key::{ApiKey, Cidr, ClientIp, GlobalKey, GrpcMethod, HeaderKey, KeyEx
 use crate::policy::Policy;
 use crate::quota::{Quota, QuotaUnit};
 use crate::settle::Settle;
+
+mod text;
+
+use text::{BodyMeasure, DurationText, HeaderNameText, RouteText, Status, Text, statuses};
 
 /// A whole configuration: the policies, and the key of those that do not name their own.
 ///
@@ -341,118 +342,6 @@ struct RawPolicy {
     max_duration: Option<Text<DurationText>>,
 }
 
-/// A value read from a string (or, for a status, a number) and parsed with `FromStr`.
-#[derive(Clone, Debug)]
-struct Text<T>(T);
-
-impl<'de, T> Deserialize<'de> for Text<T>
-where
-    T: std::str::FromStr,
-    T::Err: fmt::Display,
-{
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Written {
-            Text(String),
-            Number(u64),
-        }
-        let text = match Written::deserialize(d)? {
-            Written::Text(text) => text,
-            Written::Number(n) => n.to_string(),
-        };
-        text.parse().map(Text).map_err(serde::de::Error::custom)
-    }
-}
-
-/// A duration written as a quota's window, e.g. `500ms`, `30s`, `2min`.
-#[derive(Clone, Debug)]
-struct DurationText(Duration);
-
-impl std::str::FromStr for DurationText {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
-        format!("1/{text}")
-            .parse::<Quota>()
-            .map(|q| DurationText(q.window()))
-            .map_err(|_| format!("{text:?} is not a duration such as 500ms, 30s, 2min or 1h"))
-    }
-}
-
-/// An HTTP status.
-#[derive(Clone, Copy, Debug)]
-struct Status(StatusCode);
-
-impl std::str::FromStr for Status {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
-        text.parse::<u16>()
-            .ok()
-            .and_then(|c| StatusCode::from_u16(c).ok())
-            .map(Status)
-            .ok_or_else(|| format!("{text:?} is not an HTTP status such as 401"))
-    }
-}
-
-/// A header name.
-#[derive(Clone, Debug)]
-struct HeaderNameText(http::HeaderName);
-
-impl std::str::FromStr for HeaderNameText {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
-        http::HeaderName::from_bytes(text.as_bytes())
-            .map(HeaderNameText)
-            .map_err(|_| format!("{text:?} is not a header name"))
-    }
-}
-
-/// What a policy counts of a response body to settle its cost: `bytes`.
-#[derive(Clone, Debug)]
-struct BodyMeasure;
-
-impl std::str::FromStr for BodyMeasure {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
-        match text.trim() {
-            "bytes" => Ok(BodyMeasure),
-            other => Err(format!(
-                "{other:?} is not what a body is counted in; expected bytes"
-            )),
-        }
-    }
-}
-
-/// A route as written: `"/path"` or `"METHOD /path"`.
-#[derive(Clone, Debug)]
-struct RouteText(Option<Method>, String);
-
-impl std::str::FromStr for RouteText {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
-        let text = text.trim();
-        let (method, path) = match text.split_once(char::is_whitespace) {
-            Some((m, p)) => {
-                let m = Method::from_bytes(m.as_bytes())
-                    .map_err(|_| format!("{m:?} is not a method"))?;
-                (Some(m), p.trim())
-            }
-            None => (None, text),
-        };
-        if !path.starts_with('/') {
-            return Err(format!(
-                "{text:?} is not a route such as \"/items\", \"GET /items/{{id}}\" or \"/admin/*\""
-            ));
-        }
-        Ok(RouteText(method, path.to_owned()))
-    }
-}
-
-/// Status codes as a list a predicate can search.
-fn statuses(codes: &[Text<Status>]) -> Arc<[StatusCode]> {
-    codes.iter().map(|c| c.0.0).collect()
-}
-
 impl RawPolicy {
     /// The policy the entry's `concurrency`, `quota` and `algorithm` make (the last two taken).
     fn base(&mut self) -> Result<Policy, ConfigError> {
@@ -532,6 +421,56 @@ impl RawPolicy {
     }
 }
 
+impl RawPolicy {
+    /// `policy` with the tiers the file gives it (their quotas, unit, and how a request's
+    /// tier is chosen).
+    fn tiered(&mut self, mut policy: Policy) -> Policy {
+        if let Some(Text(unit)) = self.unit.take() {
+            policy = policy.unit(unit);
+        }
+        for (tier, Text(quota)) in std::mem::take(&mut self.tiers) {
+            policy = policy.tier(tier, quota);
+        }
+        if let Some(Text(HeaderNameText(name))) = self.tier_header.take() {
+            policy = policy
+                .select_tier(move |req| Some(req.headers().get(&name)?.to_str().ok()?.to_owned()));
+        }
+        for (key, tier) in std::mem::take(&mut self.tier_keys) {
+            policy = policy.tier_for_key(key, tier);
+        }
+        policy
+    }
+
+    /// `policy` taking part as the file says (shadow, charged or refunded by status, leases,
+    /// waits, concurrency).
+    fn taking(&mut self, mut policy: Policy) -> Policy {
+        if self.shadow {
+            policy = policy.shadow();
+        }
+        if !self.charge_if_status.is_empty() {
+            let codes = statuses(&self.charge_if_status);
+            policy = policy.charge_if(move |s| codes.contains(&s));
+        }
+        if !self.refund_if_status.is_empty() {
+            let codes = statuses(&self.refund_if_status);
+            policy = policy.refund_if(move |s| codes.contains(&s));
+        }
+        if let Some(units) = self.lease {
+            policy = policy.lease(units);
+        }
+        if let Some(Text(DurationText(ttl))) = self.lease_ttl.take() {
+            policy = policy.lease_ttl(ttl);
+        }
+        if let Some(Text(DurationText(wait))) = self.wait.take() {
+            policy = policy.wait_up_to(wait);
+        }
+        if let Some(Text(DurationText(max))) = self.max_duration.take() {
+            policy = policy.max_duration(max);
+        }
+        policy
+    }
+}
+
 impl TryFrom<RawPolicy> for PolicyConfig {
     type Error = ConfigError;
 
@@ -552,48 +491,14 @@ impl TryFrom<RawPolicy> for PolicyConfig {
         if let Some(calendar) = r.calendar() {
             policy = policy.calendar(calendar);
         }
-        for Text(RouteText(method, path)) in r.routes {
+        for Text(RouteText(method, path)) in std::mem::take(&mut r.routes) {
             policy = policy.route(method, path);
         }
         if let Some(cost) = r.cost {
             policy = policy.cost(move |_| cost);
         }
-        if r.shadow {
-            policy = policy.shadow();
-        }
-        if !r.charge_if_status.is_empty() {
-            let codes = statuses(&r.charge_if_status);
-            policy = policy.charge_if(move |s| codes.contains(&s));
-        }
-        if !r.refund_if_status.is_empty() {
-            let codes = statuses(&r.refund_if_status);
-            policy = policy.refund_if(move |s| codes.contains(&s));
-        }
-        if let Some(Text(unit)) = r.unit {
-            policy = policy.unit(unit);
-        }
-        for (tier, Text(quota)) in r.tiers {
-            policy = policy.tier(tier, quota);
-        }
-        if let Some(Text(HeaderNameText(name))) = r.tier_header {
-            policy = policy
-                .select_tier(move |req| Some(req.headers().get(&name)?.to_str().ok()?.to_owned()));
-        }
-        for (key, tier) in r.tier_keys {
-            policy = policy.tier_for_key(key, tier);
-        }
-        if let Some(units) = r.lease {
-            policy = policy.lease(units);
-        }
-        if let Some(Text(DurationText(ttl))) = r.lease_ttl {
-            policy = policy.lease_ttl(ttl);
-        }
-        if let Some(Text(DurationText(wait))) = r.wait {
-            policy = policy.wait_up_to(wait);
-        }
-        if let Some(Text(DurationText(max))) = r.max_duration {
-            policy = policy.max_duration(max);
-        }
+        policy = r.tiered(policy);
+        policy = r.taking(policy);
         // Everything a build would say about the policy, said now, where the policy is read.
         policy.prepare(None)?;
         Ok(PolicyConfig {

@@ -126,36 +126,8 @@ pub(crate) fn answer(response: Response<Bytes>) -> Response<Bytes> {
         .extensions
         .get::<Decision>()
         .filter(|d| !d.is_allowed());
-    let (code, message, delay) = match (decision, parts.extensions.get::<KeyRejection>()) {
-        (Some(decision), _) => {
-            let mut message = String::from("rate limit exceeded (");
-            for (i, o) in decision.violated().enumerate() {
-                if i > 0 {
-                    message.push_str(", ");
-                }
-                message.push_str(o.policy());
-            }
-            message.push(')');
-            (Code::ResourceExhausted, message, decision.retry_after())
-        }
-        (None, Some(rejection)) => (
-            Code::of_status(rejection.status()),
-            rejection.message().to_owned(),
-            None,
-        ),
-        (None, None) => {
-            let code = Code::of_status(parts.status);
-            let message = match code {
-                Code::Unavailable => "the rate limiter is unavailable".to_owned(),
-                _ => parts
-                    .status
-                    .canonical_reason()
-                    .unwrap_or("rate limiter")
-                    .to_owned(),
-            };
-            (code, message, None)
-        }
-    };
+    let rejection = parts.extensions.get::<KeyRejection>();
+    let (code, message, delay) = status_of(decision, rejection, parts.status);
     // Without an exact delay, the `retry-after` seconds.
     let delay = delay.or_else(|| {
         let secs = parts
@@ -181,6 +153,44 @@ pub(crate) fn answer(response: Response<Bytes>) -> Response<Bytes> {
     }
     parts.status = StatusCode::OK;
     Response::from_parts(parts, Bytes::new())
+}
+
+/// The gRPC code, message and retry delay of the limiter's own response: a denial (naming the
+/// policies violated), a rejected key, or what its HTTP `status` says.
+fn status_of(
+    decision: Option<&Decision>,
+    rejection: Option<&KeyRejection>,
+    status: StatusCode,
+) -> (Code, String, Option<Duration>) {
+    match (decision, rejection) {
+        (Some(decision), _) => {
+            let mut message = String::from("rate limit exceeded (");
+            for (i, o) in decision.violated().enumerate() {
+                if i > 0 {
+                    message.push_str(", ");
+                }
+                message.push_str(o.policy());
+            }
+            message.push(')');
+            (Code::ResourceExhausted, message, decision.retry_after())
+        }
+        (None, Some(rejection)) => (
+            Code::of_status(rejection.status()),
+            rejection.message().to_owned(),
+            None,
+        ),
+        (None, None) => {
+            let code = Code::of_status(status);
+            let message = match code {
+                Code::Unavailable => "the rate limiter is unavailable".to_owned(),
+                _ => status
+                    .canonical_reason()
+                    .unwrap_or("rate limiter")
+                    .to_owned(),
+            };
+            (code, message, None)
+        }
+    }
 }
 
 /// `grpc-message` as the gRPC protocol encodes it: bytes outside printable ASCII, and `%`,

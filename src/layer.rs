@@ -5,25 +5,20 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Response, StatusCode};
 use tower_layer::Layer;
 
 use crate::body::Wrapped;
-use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
-use crate::error::{ConfigError, FailurePolicy, KeyRejection, LimitError, StoreError};
-use crate::grpc::ResponseStyle;
-use crate::headers::{HeaderConfig, HeaderStyle, ResetFormat};
-use crate::key::{Key, KeyExtractor, PeerIp, RequestRef};
-use crate::limiter::{Config, Limiter};
+use crate::error::{ConfigError, LimitError, StoreError};
+use crate::key::{Key, KeyExtractor};
+use crate::limiter::Limiter;
 use crate::policy::Policy;
 use crate::reload::ReloadReport;
-use crate::resilience::CircuitBreaker;
-use crate::response::Responses;
 use crate::service::RateLimit;
 use crate::store::{MemoryStore, Op, Store};
-use crate::top::{LimitedKey, TopLimited, TopLimitedService, TopReport};
+use crate::top::{LimitedKey, TopLimitedService, TopReport};
+
+pub(crate) mod builder;
 
 /// Applies rate limits to every request that reaches the wrapped service.
 ///
@@ -96,28 +91,6 @@ impl RateLimitLayer<MemoryStore> {
     #[track_caller]
     pub fn new(policy: Policy, key: impl KeyExtractor) -> Self {
         Self::with_store(MemoryStore::new(), policy, key)
-    }
-
-    /// Starts configuring a layer; it uses a fresh [`MemoryStore`] unless given another store.
-    pub fn builder() -> RateLimitLayerBuilder<MemoryStore> {
-        RateLimitLayerBuilder {
-            store: MemoryStore::new(),
-            o: Config {
-                policies: Vec::new(),
-                key: Arc::new(PeerIp::new()),
-                responses: Responses::default(),
-                failure: FailurePolicy::default(),
-                headers: HeaderConfig::default(),
-                partition_secret: None,
-                exempt: None,
-                cost: None,
-                clock: Arc::new(SystemClock::new()),
-                breaker: Some(CircuitBreaker::default()),
-                deny_cache: None,
-                decision_extension: true,
-                top: None,
-            },
-        }
     }
 }
 
@@ -455,218 +428,5 @@ impl<S, St, M> Layer<S> for RateLimitLayer<St, M> {
 
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit::new(inner, self.limiter.clone())
-    }
-}
-
-/// Configures a [`RateLimitLayer`]; every mistake is reported by [`build`](Self::build).
-#[must_use]
-pub struct RateLimitLayerBuilder<St = MemoryStore> {
-    store: St,
-    o: Config,
-}
-
-impl<St: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<St> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimitLayerBuilder")
-            .field("store", &self.store)
-            .field("config", &self.o)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<St: Store> RateLimitLayerBuilder<St> {
-    /// Adds a policy. A request goes on only when every policy admits it, and then every policy
-    /// is charged; when one denies it, none is.
-    pub fn policy(mut self, policy: Policy) -> Self {
-        self.o.policies.push(policy);
-        self
-    }
-
-    /// Adds every policy of `policies`, in order (e.g. from a configuration file:
-    /// [`config::Limits::policies`](crate::config::Limits::policies) with the `serde` feature).
-    pub fn policies(mut self, policies: impl IntoIterator<Item = Policy>) -> Self {
-        self.o.policies.extend(policies);
-        self
-    }
-
-    /// The key requests are charged to, for every policy without its own
-    /// ([`Policy::key`]). Defaults to [`PeerIp`].
-    pub fn key(mut self, key: impl KeyExtractor) -> Self {
-        self.o.key = Arc::new(key);
-        self
-    }
-
-    /// Decides in `store` instead of a fresh [`MemoryStore`]. Layers given clones of one store
-    /// share its state.
-    pub fn store<T: Store>(self, store: T) -> RateLimitLayerBuilder<T> {
-        RateLimitLayerBuilder { store, o: self.o }
-    }
-
-    /// Which rate-limit headers responses carry (default [`HeaderStyle::Legacy`]).
-    pub fn headers(mut self, style: HeaderStyle) -> Self {
-        self.o.headers.style = style;
-        self
-    }
-
-    /// How `X-RateLimit-Reset` is written (default [`ResetFormat::DeltaSeconds`]).
-    pub fn reset_format(mut self, format: ResetFormat) -> Self {
-        self.o.headers.reset = format;
-        self
-    }
-
-    /// Adds the IETF `pk` parameter to `RateLimit-Policy` and `RateLimit` (with
-    /// [`HeaderStyle::Ietf`] or [`HeaderStyle::Both`]): a byte sequence that tells a client
-    /// which partition (key) each policy counted it against, without revealing the key. It is
-    /// the first 16 bytes of an HMAC-SHA-256 of the key under `secret`; give every instance the
-    /// same secret, at least 16 random bytes (shorter fails [`build`](Self::build)).
-    ///
-    /// ```
-    /// use tower_ratelimit::{HeaderStyle, Policy, RateLimitLayer};
-    ///
-    /// let layer = RateLimitLayer::builder()
-    ///     .policy(Policy::gcra("10/s").name("per-ip"))
-    ///     .headers(HeaderStyle::Ietf)
-    ///     .partition_keys(b"0123456789abcdef-keep-me-secret")
-    ///     .build();
-    /// assert!(layer.is_ok());
-    /// // RateLimit: "per-ip";r=9;t=1;pk=:x3cA1PfqtxDkXJ4BH6VIxA==:
-    /// ```
-    pub fn partition_keys(mut self, secret: impl AsRef<[u8]>) -> Self {
-        self.o.partition_secret = Some(secret.as_ref().to_vec());
-        self
-    }
-
-    /// Delays every time a response tells (`t`, `Retry-After`, `X-RateLimit-Reset`) by one
-    /// random duration up to `max`, drawn afresh for each response, so that clients limited at
-    /// the same moment spread their retries (draft-ietf-httpapi-ratelimit-headers, section on
-    /// resource exhaustion). The times are never earlier than the truth: a client that obeys
-    /// them is admitted. Default: none.
-    pub fn jitter(mut self, max: Duration) -> Self {
-        self.o.headers.jitter = max;
-        self
-    }
-
-    /// Lets requests the predicate accepts through without any policy (an allow-list, e.g.
-    /// health checks or internal callers): they consume nothing and get no rate-limit headers.
-    pub fn exempt_if<F>(mut self, predicate: F) -> Self
-    where
-        F: Fn(&RequestRef<'_>) -> bool + Send + Sync + 'static,
-    {
-        self.o.exempt = Some(Arc::new(predicate));
-        self
-    }
-
-    /// How many units a request costs, for every policy without its own
-    /// ([`Policy::cost`]); default 1.
-    pub fn cost<F>(mut self, cost: F) -> Self
-    where
-        F: Fn(&RequestRef<'_>) -> u32 + Send + Sync + 'static,
-    {
-        self.o.cost = Some(Arc::new(cost));
-        self
-    }
-
-    /// How requests the layer does not forward are answered (default [`ResponseStyle::Auto`]:
-    /// gRPC requests the gRPC way, see [`grpc`](crate::grpc), the others with HTTP statuses).
-    /// Under the gRPC form, the hooks' responses ([`on_limited`](Self::on_limited),
-    /// [`on_key_rejected`](Self::on_key_rejected)) are turned into gRPC answers too, unless
-    /// they set a `grpc-status` themselves.
-    pub fn response_style(mut self, style: ResponseStyle) -> Self {
-        self.o.responses.style = style;
-        self
-    }
-
-    /// The status of a limited response (default `429 Too Many Requests`).
-    pub fn limited_status(mut self, status: StatusCode) -> Self {
-        self.o.responses.status = status;
-        self
-    }
-
-    /// Writes the whole response to a limited request. The rate-limit headers and
-    /// `Retry-After` are added to it unless it sets them itself.
-    pub fn on_limited<F>(mut self, f: F) -> Self
-    where
-        F: Fn(&Decision) -> Response<Bytes> + Send + Sync + 'static,
-    {
-        self.o.responses.on_limited = Some(Arc::new(f));
-        self
-    }
-
-    /// Writes the response to a request whose key could not be extracted (default: the
-    /// rejection's status with a problem+json body).
-    pub fn on_key_rejected<F>(mut self, f: F) -> Self
-    where
-        F: Fn(&KeyRejection) -> Response<Bytes> + Send + Sync + 'static,
-    {
-        self.o.responses.on_rejected = Some(Arc::new(f));
-        self
-    }
-
-    /// What to do when the store cannot decide: an error, a missed deadline, or an open
-    /// circuit breaker (default [`FailurePolicy::Open`]).
-    pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
-        self.o.failure = policy;
-        self
-    }
-
-    /// The circuit breaker in front of the store (default [`CircuitBreaker::default`]: opens
-    /// after 5 failures in a row, for 1 second); `None` asks the store every time.
-    pub fn circuit_breaker(mut self, breaker: Option<CircuitBreaker>) -> Self {
-        self.o.breaker = breaker;
-        self
-    }
-
-    /// Whether an admitted request carries its [`Decision`](crate::Decision) in its extensions,
-    /// for the handler (default: yes; with the `axum` feature, `Decision` is an extractor).
-    ///
-    /// Off, a request costs one allocation less (the extension's box): worth it for a service
-    /// whose handlers never look at the decision. A handler extracting `Decision` then gets
-    /// `500` (or `None` as `Option<Decision>`); rejected requests keep theirs in the `429`
-    /// response's extensions either way.
-    pub fn decision_extension(mut self, enabled: bool) -> Self {
-        self.o.decision_extension = enabled;
-        self
-    }
-
-    /// Remembers, in this process, up to `max_entries` keys the store said are limited, until
-    /// they may go on again: further requests for them are answered `429` without a round trip
-    /// to the store (default: off).
-    ///
-    /// The trade-off: until that time this instance does not see changes made elsewhere, such
-    /// as an admin reset of the key or a refund from another instance.
-    pub fn deny_cache(mut self, max_entries: usize) -> Self {
-        self.o.deny_cache = Some(max_entries.max(1));
-        self
-    }
-
-    /// Keeps, per policy, a summary of the keys it denied over a sliding period, in fixed
-    /// memory, to answer "who is being limited right now?" (default: off): see the
-    /// [`top`](crate::top) module, [`RateLimitLayer::top_limited`] and
-    /// [`RateLimitLayer::top_limited_service`].
-    ///
-    /// Only denied requests pay for it (a lock and a hash lookup); admitted ones carry their
-    /// keys along, as they do with the deny cache.
-    pub fn top_limited(mut self, top: TopLimited) -> Self {
-        self.o.top = Some(top);
-        self
-    }
-
-    /// The clock of the circuit breaker, the deny cache and the summary of limited keys
-    /// (default [`SystemClock`]). The store keeps its own clock.
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.o.clock = Arc::new(clock);
-        self
-    }
-
-    /// Checks the whole configuration and builds the layer.
-    ///
-    /// Fails when no policy was given, when a policy is invalid (see [`Policy`]), when two
-    /// different policies share a name in one store, or when another setting is out of its
-    /// range (such as [`top_limited`](Self::top_limited)'s).
-    pub fn build(self) -> Result<RateLimitLayer<St>, ConfigError> {
-        Ok(RateLimitLayer {
-            limiter: Arc::new(Limiter::new(self.store, self.o)?),
-            body: PhantomData,
-        })
     }
 }

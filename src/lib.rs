@@ -402,7 +402,8 @@ pub use error::{ConfigError, FailurePolicy, KeyRejection, LimitError, StoreError
 pub use future::ResponseFuture;
 pub use grpc::ResponseStyle;
 pub use headers::{HeaderStyle, ResetFormat};
-pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
+pub use layer::RateLimitLayer;
+pub use layer::builder::RateLimitLayerBuilder;
 pub use policy::{DEFAULT_MAX_DURATION, Policy};
 pub use quota::{MAX_WINDOW, Quota, QuotaError, QuotaUnit};
 pub use reload::ReloadReport;

@@ -32,7 +32,7 @@ use http::Response;
 
 use crate::body::BodyGuard;
 use crate::clock::Clock;
-use crate::decision::{Decision, PolicyOutcome};
+use crate::decision::Decision;
 use crate::error::{ConfigError, FailurePolicy, KeyRejection, StoreError, StoreErrorKind};
 use crate::grpc::ResponseStyle;
 use crate::headers::{HeaderConfig, RateLimitHeaders};
@@ -48,6 +48,7 @@ use crate::telemetry::{decision_span, record_outcome, traced};
 use crate::top::{TopLimited, Tracker};
 
 mod alone;
+mod answer;
 mod admin;
 mod after;
 mod policies;
@@ -463,34 +464,17 @@ impl<St: Store> Limiter<St> {
     fn ask_store(
         &self,
         mut checks: Checks,
-        fallback: Option<Checks>,
-        after: Vec<AfterResponse>,
+        mut fallback: Option<Checks>,
+        mut after: Vec<AfterResponse>,
         span: &Span,
     ) -> Next<St::Future> {
         let now = OnceCell::new();
         let now = || *now.get_or_init(|| self.clock.now_micros());
-        // Leases: every check admitted from one held here (no store call, whatever the
-        // breaker says), or the checks that ask the store for one.
         let mut asking = None;
         if let Some(leases) = self.leases() {
-            match leases.plan(&mut checks, now(), !after.is_empty()) {
-                lease::Plan::Local(decision) => {
-                    let keys = self.keys(&checks);
-                    traced(span, |span| {
-                        span.record("lease", true);
-                    });
-                    return self.finish(decision, after, keys.as_deref(), false, span);
-                }
-                lease::Plan::Store(a) => asking = a.map(Box::new),
-                lease::Plan::Wait(wait) => {
-                    let planned = Planned {
-                        checks,
-                        fallback,
-                        after,
-                        span: span.clone(),
-                    };
-                    return Next::Lease(wait, Box::new(planned));
-                }
+            match self.leased(leases, &mut checks, &mut fallback, &mut after, span, now()) {
+                Ok(a) => asking = a,
+                Err(next) => return next,
             }
         }
         let keys = self.keys(asking.as_ref().map_or(&checks[..], |a| a.own(&checks)));
@@ -524,134 +508,40 @@ impl<St: Store> Limiter<St> {
         Next::Store(self.store.check(checks), ticket)
     }
 
-    /// Turns the store's answer into what to do (step 3), applying the breaker, the deny
-    /// cache, the failure policy and the metrics. Returns the charges still to make after the
-    /// response (none when the store failed: nothing was charged there).
-    pub(crate) fn answered<F>(
+    /// The leases held here: every check admitted from one (no store call, whatever the
+    /// breaker says) or a wait for another request's lease, as the next step; else the checks
+    /// that ask the store for a lease, if any.
+    // The next step is moved once, into the request's answer.
+    #[allow(clippy::result_large_err)]
+    fn leased(
         &self,
-        mut ticket: Ticket,
-        result: Result<Decision, StoreError>,
-    ) -> Next<F> {
-        let span = std::mem::replace(&mut ticket.span, Span::none());
-        let _entered = span.enter();
-        if let Some(started) = ticket.started {
-            let elapsed = started.elapsed();
-            traced(&span, |span| {
-                span.record("store_us", elapsed.as_micros() as u64);
-            });
-            metrics::histogram!("ratelimit_store_duration_seconds").record(elapsed.as_secs_f64());
-        }
-        let mut local = false;
-        let decision = match result {
-            Ok(mut decision) => {
-                if let Some(breaker) = &self.breaker {
-                    breaker.success(ticket.permit);
-                }
-                if let Some(asking) = ticket.asking.take() {
-                    decision = asking.answered(decision, self.clock.now_micros());
-                }
-                if let (Some(cache), Some(keys), false) =
-                    (&self.deny_cache, &ticket.keys, decision.is_allowed())
-                {
-                    cache.remember(keys, &decision, self.clock.now_micros());
-                }
-                decision
-            }
-            Err(error) => match self.degraded(&mut ticket, error, &span) {
-                Ok(decision) => {
-                    local = true;
-                    decision
-                }
-                Err(next) => return next,
-            },
-        };
-        self.finish(decision, ticket.after, ticket.keys.as_deref(), local, &span)
-    }
-
-    /// The decision's response (step 3's end): counts, headers, the limiter's own response
-    /// for a denied request; for an admitted one, the charges still to make after the response
-    /// (`local`: the decision is the local fallback's, where reserved times go back to).
-    #[inline(always)]
-    fn finish<F>(
-        &self,
-        decision: Decision,
-        mut after: Vec<AfterResponse>,
-        keys: Option<&[Keyed]>,
-        local: bool,
+        leases: &Arc<Leases>,
+        checks: &mut Checks,
+        fallback: &mut Option<Checks>,
+        after: &mut Vec<AfterResponse>,
         span: &Span,
-    ) -> Next<F> {
-        traced(span, |span| record_outcome(span, &decision, self.waits()));
-        if self.leases().is_some() {
-            self.set_lease_ends(&mut after, &decision);
+        now: u64,
+    ) -> Result<Option<Box<Asking>>, Next<St::Future>> {
+        match leases.plan(checks, now, !after.is_empty()) {
+            lease::Plan::Local(decision) => {
+                let keys = self.keys(checks);
+                traced(span, |span| {
+                    span.record("lease", true);
+                });
+                let after = std::mem::take(after);
+                Err(self.finish(decision, after, keys.as_deref(), false, span))
+            }
+            lease::Plan::Store(asking) => Ok(asking.map(Box::new)),
+            lease::Plan::Wait(wait) => {
+                let planned = Planned {
+                    checks: std::mem::take(checks),
+                    fallback: fallback.take(),
+                    after: std::mem::take(after),
+                    span: span.clone(),
+                };
+                Err(Next::Lease(wait, Box::new(planned)))
+            }
         }
-        for o in decision.outcomes() {
-            o.tier().count(o.is_allowed(), o.is_shadow());
-        }
-        let headers = self.response_headers(&decision, keys);
-        self.record_limited(&decision, keys);
-        if !decision.is_allowed() {
-            tracing::debug!(policy = decision.binding().policy(), "rate limit exceeded");
-            return self.limited(decision, &headers);
-        }
-        if decision.shadow_violated().next().is_some() {
-            tracing::debug!(
-                policies = ?decision.shadow_violated().map(|o| o.policy()).collect::<Vec<_>>(),
-                "shadow rate limit exceeded; request let through"
-            );
-        }
-        // Only a layer with a concurrency policy, or one that waits, pays for looking.
-        let held = if self.limits_in_flight() {
-            self.slots(&decision, keys, local, PolicyOutcome::held, None)
-        } else {
-            None
-        };
-        let wait = if self.waits() {
-            decision.wait()
-        } else {
-            std::time::Duration::ZERO
-        };
-        if !wait.is_zero() {
-            let released = Some("ratelimit_reservations_released_total");
-            let release = self.slots(&decision, keys, local, PolicyOutcome::reservation, released);
-            let policy = decision
-                .outcomes()
-                .iter()
-                .max_by_key(|o| o.wait())
-                .map_or(metrics::SharedString::const_str(""), |o| o.tier().label());
-            metrics::counter!("ratelimit_requests_delayed_total", "policy" => policy.clone())
-                .increment(1);
-            metrics::histogram!("ratelimit_delay_seconds", "policy" => policy)
-                .record(wait.as_secs_f64());
-            let decision = self.decision_extension.then_some(decision);
-            let delayed = Delayed {
-                wait,
-                headers,
-                decision,
-                release,
-                held,
-                after,
-            };
-            return Next::Wait(Box::new(delayed));
-        }
-        let decision = self.decision_extension.then_some(decision);
-        Next::Call {
-            headers: Some(headers),
-            decision,
-            held,
-            after,
-        }
-    }
-
-    /// The response to a denied request, with the decision in its extensions.
-    fn limited<F>(&self, decision: Decision, headers: &RateLimitHeaders) -> Next<F> {
-        let mut response = self.responses.limited(&decision, headers);
-        response.extensions_mut().insert(decision);
-        Next::Respond(response)
-    }
-
-    fn response_headers(&self, decision: &Decision, keys: Option<&[Keyed]>) -> RateLimitHeaders {
-        let key_of = |tier| Keyed::key_of(keys?, tier);
-        RateLimitHeaders::new(decision, &self.headers, || self.clock.now_micros(), key_of)
     }
 
     /// `checks` as the ticket keeps them, when the deny cache, the IETF `pk` or a reserved

@@ -294,17 +294,9 @@ impl Quota {
             ));
         }
         let (limit, window) = s.split_at(slash);
-        let limit = limit.trim_ascii();
-        let mut i = 0;
-        while i < limit.len() && limit[i].is_ascii_digit() {
-            i += 1;
-        }
-        if limit.is_empty() || i < limit.len() {
-            return Err(ParseError::Syntax("the limit must be a whole number"));
-        }
-        let limit = match number(limit) {
-            Some(n) if n <= u32::MAX as u64 => n,
-            _ => return Err(ParseError::Syntax("the limit does not fit in 32 bits")),
+        let limit = match Quota::parse_limit(limit) {
+            Ok(limit) => limit,
+            Err(e) => return Err(e),
         };
         let window = window.split_at(1).1.trim_ascii();
         let mut digits = 0;
@@ -343,6 +335,22 @@ impl Quota {
             return Err(ParseError::WindowTooLong(window_us));
         }
         Ok(Quota::from_micros(limit, window_us))
+    }
+
+    /// The limit of a quota (before the `/`): a whole number that fits in 32 bits.
+    const fn parse_limit(limit: &[u8]) -> Result<u64, ParseError> {
+        let limit = limit.trim_ascii();
+        let mut i = 0;
+        while i < limit.len() && limit[i].is_ascii_digit() {
+            i += 1;
+        }
+        if limit.is_empty() || i < limit.len() {
+            return Err(ParseError::Syntax("the limit must be a whole number"));
+        }
+        match number(limit) {
+            Some(n) if n <= u32::MAX as u64 => Ok(n),
+            _ => Err(ParseError::Syntax("the limit does not fit in 32 bits")),
+        }
     }
 
     /// Parses a quota at compile time; a mistake is a compile error. Use it through

@@ -480,19 +480,7 @@ impl Tracker {
                     if live[..at].iter().any(|s| s.find(&e.key, e.hash).is_some()) {
                         continue;
                     }
-                    let (mut count, mut error) = (0, 0);
-                    for s in &live {
-                        match s.find(&e.key, e.hash) {
-                            Some(held) => {
-                                count += held.count;
-                                error += held.error;
-                            }
-                            None => {
-                                count += s.floor();
-                                error += s.floor();
-                            }
-                        }
-                    }
+                    let (count, error) = summed(&live, &e.key, e.hash);
                     found.push((text_of(&e.key), e.key.clone(), count, error));
                 }
             }
@@ -540,6 +528,25 @@ impl Tracker {
         });
         shards.sum()
     }
+}
+
+/// A key's count and error over the `live` steps of its policy: its own where a step holds
+/// it, else that step's floor (what it may have had without being kept).
+fn summed(live: &[&Summary], key: &Key, hash: u64) -> (u64, u64) {
+    let (mut count, mut error) = (0, 0);
+    for s in live {
+        match s.find(key, hash) {
+            Some(held) => {
+                count += held.count;
+                error += held.error;
+            }
+            None => {
+                count += s.floor();
+                error += s.floor();
+            }
+        }
+    }
+    (count, error)
 }
 
 /// A key's text: see the [module docs](self).

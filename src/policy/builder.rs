@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 
+use super::route::Route;
 use crate::algorithm::{Algorithm, Options};
 use crate::calendar::Calendar;
 use crate::error::ConfigError;
@@ -110,44 +111,6 @@ pub(crate) type CostFn = Arc<dyn Fn(&RequestRef<'_>) -> u32 + Send + Sync>;
 pub(crate) type StatusFn = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
 pub(crate) type RequestFn = Arc<dyn Fn(&RequestRef<'_>) -> bool + Send + Sync>;
 pub(crate) type TierFn = Arc<dyn Fn(&RequestRef<'_>) -> Option<String> + Send + Sync>;
-
-/// A method and path pattern a policy applies to.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Route {
-    method: Option<Method>,
-    path: String,
-}
-
-impl Route {
-    /// Matches the request's route: axum's matched route template when there is one (so
-    /// `/users/{id}` matches every user), else the URI path. A pattern ending in `*` matches by
-    /// prefix.
-    pub(super) fn matches(&self, request: &RequestRef<'_>) -> bool {
-        if let Some(m) = &self.method
-            && m != request.method()
-        {
-            return false;
-        }
-        let path = matched_path(request).unwrap_or_else(|| request.uri().path());
-        match self.path.strip_suffix('*') {
-            Some(prefix) => path.starts_with(prefix),
-            None => path == self.path,
-        }
-    }
-}
-
-#[cfg(feature = "axum")]
-fn matched_path<'a>(request: &RequestRef<'a>) -> Option<&'a str> {
-    request
-        .extensions()
-        .get::<axum::extract::MatchedPath>()
-        .map(|m| m.as_str())
-}
-
-#[cfg(not(feature = "axum"))]
-fn matched_path<'a>(_: &RequestRef<'a>) -> Option<&'a str> {
-    None
-}
 
 impl fmt::Debug for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -309,31 +272,6 @@ impl Policy {
         Q::Error: Into<ConfigError>,
     {
         Self::new(Algorithm::LeakyBucket, quota)
-    }
-
-    /// Whether the policy is a GCRA enforced up front, nothing given back after the
-    /// response: on the memory store, a request of it alone is one compare-and-swap.
-    pub(crate) fn is_gcra_up_front(&self) -> bool {
-        self.algorithm == Algorithm::Gcra && self.up_front()
-    }
-
-    /// Whether the policy's state packs in the memory store's rows (a GCRA, or a fixed window
-    /// of one length) and it is enforced up front on the layer's key: several of them are
-    /// decided together under the shard's shared lock.
-    pub(crate) fn packs_up_front(&self) -> bool {
-        let packs = match self.algorithm {
-            Algorithm::Gcra => true,
-            Algorithm::FixedWindow => self.calendar.is_none(),
-            _ => false,
-        };
-        packs && self.up_front() && self.key.is_none()
-    }
-
-    /// Enforced when the request comes in, nothing given back after the response.
-    fn up_front(&self) -> bool {
-        matches!(self.takes, Ok(Takes::Enforce))
-            && self.refund_if.is_none()
-            && self.settle.is_none()
     }
 
     /// A [GCRA](Algorithm::Gcra) policy.
@@ -499,10 +437,7 @@ impl Policy {
     /// by prefix. Without any route, the policy applies to every request.
     #[must_use]
     pub fn route(mut self, method: Option<Method>, path: impl Into<String>) -> Self {
-        self.routes.push(Route {
-            method,
-            path: path.into(),
-        });
+        self.routes.push(Route::new(method, path.into()));
         self
     }
 
@@ -514,56 +449,6 @@ impl Policy {
         F: Fn(&RequestRef<'_>) -> bool + Send + Sync + 'static,
     {
         self.exempt = Some(Arc::new(predicate));
-        self
-    }
-
-    /// Adds a tier: the same algorithm with another quota, chosen per request by
-    /// [`select_tier`](Self::select_tier) or per key by [`tier_for_key`](Self::tier_for_key).
-    /// Each tier keeps its own state, named `POLICY:TIER`.
-    ///
-    /// ```
-    /// use tower_ratelimit::{Policy, key::Key};
-    ///
-    /// #[derive(Clone)]
-    /// enum Plan { Free, Pro }
-    ///
-    /// // Free users 100 per hour, pro users 10,000; the plan comes from an auth layer.
-    /// let plans = Policy::gcra("100/h")
-    ///     .name("plan")
-    ///     .tier("pro", "10000/h")
-    ///     .select_tier(|req| match req.extensions().get::<Plan>() {
-    ///         Some(Plan::Pro) => Some("pro".to_owned()),
-    ///         _ => None, // the policy's own quota
-    ///     })
-    ///     .tier_for_key(Key::from("partner-42"), "pro");
-    /// # let _ = plans;
-    /// ```
-    #[must_use]
-    pub fn tier<Q>(mut self, name: impl Into<String>, quota: Q) -> Self
-    where
-        Q: TryInto<Quota>,
-        Q::Error: Into<ConfigError>,
-    {
-        self.tiers
-            .push((name.into(), quota.try_into().map_err(Into::into)));
-        self
-    }
-
-    /// Chooses a tier per request; `None`, or a name that is not a tier, means the policy's
-    /// own quota.
-    #[must_use]
-    pub fn select_tier<F>(mut self, select: F) -> Self
-    where
-        F: Fn(&RequestRef<'_>) -> Option<String> + Send + Sync + 'static,
-    {
-        self.tier_of = Some(Arc::new(select));
-        self
-    }
-
-    /// Puts one key in a tier, whatever [`select_tier`](Self::select_tier) says.
-    #[must_use]
-    pub fn tier_for_key(mut self, key: impl Into<Key>, tier: impl Into<String>) -> Self {
-        self.tier_overrides.push((key.into(), tier.into()));
         self
     }
 
@@ -656,14 +541,14 @@ impl Policy {
     /// Makes a request this policy would reject wait instead, when it can be admitted within
     /// `max`: its time in the future is reserved (charged) in the store in the same atomic step
     /// that decides it, so instances sharing a store queue on one schedule, first come first
-    /// served; the layer then waits until that slot before calling the inner service. A
-    /// request whose slot is further away than `max` is rejected at once, as without a wait
+    /// served; the layer then waits until that time before calling the inner service. A
+    /// request whose time is further away than `max` is rejected at once, as without a wait
     /// (NGINX's `limit_req ... delay`, governor's `until_ready`).
     ///
     /// Every algorithm can reserve: GCRA and the buckets book their next free moment, the
     /// windows the first window (or sub-window) with room, the sliding log stamps the entry at
-    /// its reserved time. A request whose client goes away while it waits gives its units back. How many
-    /// requests wait at once is bounded by what the policy admits within `max`.
+    /// its reserved time. A request whose client goes away while it waits gives its units
+    /// back. How many requests wait at once is bounded by what the policy admits within `max`.
     ///
     /// `max` must be between 1 microsecond and one hour; a shadow policy, a policy that
     /// charges after the response ([`charge_if`](Self::charge_if)) and a policy that takes

@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::builder::{CostFn, MAX_WAIT, Policy, Takes};
 use super::compiled::{CompiledPolicy, Striped};
 use super::tier::{LeaseSpec, Part, Registered, Tier};
-use crate::algorithm::Compiled;
+use crate::algorithm::{Algorithm, Compiled};
 use crate::calendar::{Calendar, Period, Periods};
 use crate::error::ConfigError;
 use crate::key::KeyExtractor;
@@ -17,6 +17,31 @@ use crate::quota::{Quota, QuotaUnit};
 use crate::reload::TierSummary;
 
 impl Policy {
+    /// Whether the policy is a GCRA enforced up front, nothing given back after the
+    /// response: on the memory store, a request of it alone is one compare-and-swap.
+    pub(crate) fn is_gcra_up_front(&self) -> bool {
+        self.algorithm == Algorithm::Gcra && self.up_front()
+    }
+
+    /// Whether the policy's state packs in the memory store's rows (a GCRA, or a fixed window
+    /// of one length) and it is enforced up front on the layer's key: several of them are
+    /// decided together under the shard's shared lock.
+    pub(crate) fn packs_up_front(&self) -> bool {
+        let packs = match self.algorithm {
+            Algorithm::Gcra => true,
+            Algorithm::FixedWindow => self.calendar.is_none(),
+            _ => false,
+        };
+        packs && self.up_front() && self.key.is_none()
+    }
+
+    /// Enforced when the request comes in, nothing given back after the response.
+    fn up_front(&self) -> bool {
+        matches!(self.takes, Ok(Takes::Enforce))
+            && self.refund_if.is_none()
+            && self.settle.is_none()
+    }
+
     /// Whether the policy limits requests in flight.
     pub(crate) fn limits_in_flight(&self) -> bool {
         matches!(self.takes, Ok(Takes::Concurrency { .. }))

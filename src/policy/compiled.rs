@@ -6,7 +6,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::builder::{CostFn, RequestFn, Route, StatusFn, TierFn};
+use super::builder::{CostFn, RequestFn, StatusFn, TierFn};
+use super::route::Route;
 use super::tier::Tier;
 use crate::error::KeyRejection;
 use crate::key::{Key, KeyExtractor, RequestRef};

@@ -5,6 +5,8 @@
 mod builder;
 mod compile;
 mod compiled;
+mod route;
+mod tiers;
 mod tier;
 
 pub(crate) use builder::{CostFn, RequestFn, StatusFn};

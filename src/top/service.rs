@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 
 use http::{Method, Request, Response, StatusCode, header};
 
-use super::{SHARDS, Tracker};
+use super::{SHARDS, TopReport, Tracker};
 use crate::clock::Clock;
 use crate::response::push_json_str;
 
@@ -105,35 +105,40 @@ impl TopLimitedService {
                 vec![tracker.top(&name, n, now)]
             }
         };
-        let mut out = format!(
-            r#"{{"period_seconds":{},"keys_as":"{}","policies":["#,
-            tracker.period.as_secs_f64(),
-            if tracker.partition.is_some() {
-                "partition_key"
-            } else {
-                "text"
-            }
-        );
-        for (i, report) in reports.iter().enumerate() {
-            if i > 0 {
+        (StatusCode::OK, json(tracker, &reports))
+    }
+}
+
+/// The reports as the route's JSON body.
+fn json(tracker: &Tracker, reports: &[TopReport]) -> String {
+    let mut out = format!(
+        r#"{{"period_seconds":{},"keys_as":"{}","policies":["#,
+        tracker.period.as_secs_f64(),
+        if tracker.partition.is_some() {
+            "partition_key"
+        } else {
+            "text"
+        }
+    );
+    for (i, report) in reports.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(r#"{"policy":"#);
+        push_json_str(&mut out, report.policy());
+        let _ = write!(out, r#","limited":{},"keys":["#, report.limited());
+        for (j, key) in report.keys().iter().enumerate() {
+            if j > 0 {
                 out.push(',');
             }
-            out.push_str(r#"{"policy":"#);
-            push_json_str(&mut out, report.policy());
-            let _ = write!(out, r#","limited":{},"keys":["#, report.limited());
-            for (j, key) in report.keys().iter().enumerate() {
-                if j > 0 {
-                    out.push(',');
-                }
-                out.push_str(r#"{"key":"#);
-                push_json_str(&mut out, key.text());
-                let _ = write!(out, r#","count":{},"error":{}}}"#, key.count(), key.error());
-            }
-            out.push_str("]}");
+            out.push_str(r#"{"key":"#);
+            push_json_str(&mut out, key.text());
+            let _ = write!(out, r#","count":{},"error":{}}}"#, key.count(), key.error());
         }
-        out.push_str("]}\n");
-        (StatusCode::OK, out)
+        out.push_str("]}");
     }
+    out.push_str("]}\n");
+    out
 }
 
 fn error(status: StatusCode, message: &str) -> (StatusCode, String) {

@@ -1,8 +1,11 @@
 //! One decision in Redis: the checks encoded as one call of the decision function (or
 //! script), its reply read back; on a cluster, a request's keys in different slots decided in
-//! turn and undone when one denies.
+//! turn and undone when one denies; and the store's side of the `Sealed` trait (a decision
+//! under its deadline, or finished without its request).
 
+use std::future::Future;
 use std::num::NonZeroU32;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -10,16 +13,17 @@ use std::time::Duration;
 use redis::{Cmd, ErrorKind, ServerErrorKind};
 use smallvec::SmallVec;
 
-use super::conn::{AnyConn, load};
-use super::link::Link;
+use super::conn::{AnyConn, Conn, load};
+use super::link::{self, Link};
 use super::script::{ADMITTED, OWN_WIDTH, SCRIPT, shape};
-use super::{Inner, RELOAD_TIMEOUT, redis_key};
+use super::{Inner, RELOAD_TIMEOUT, RedisStore, redis_key};
 use crate::algorithm::{Verdict, compact};
 use crate::decision::{Decision, Grant, Outcomes, PolicyOutcome};
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreErrorKind};
 use crate::policy::Tier;
 use crate::quota::Quota;
 use crate::store::{Check, Checks, Op};
+use crate::store::{Registry, private};
 
 /// Milliseconds added to every TTL when a clock is injected.
 const INJECTED_CLOCK_TTL_SLACK_MS: u64 = 60_000;
@@ -198,43 +202,7 @@ impl Inner {
             .conn
             .with(|mut c| async move { self.invoke(&call, eval, &mut c).await })
             .await?;
-        let expected: usize = checks.iter().map(|c| c.op().reply_width()).sum();
-        if reply.len() < expected || !(reply.len() - expected).is_multiple_of(OWN_WIDTH) {
-            return Err(StoreError::new(format!(
-                "unexpected reply of {} integers from the decision script",
-                reply.len()
-            )));
-        }
-        let mut own: SmallVec<[Option<Arc<Tier>>; 2]> = smallvec::smallvec![None; checks.len()];
-        for limit in reply[expected..].chunks(OWN_WIDTH) {
-            let check = usize::try_from(limit[0] - 1)
-                .ok()
-                .and_then(|i| Some((i, checks.get(i)?)));
-            if let (Some((i, check)), Some(quota)) = (check, own_quota(&limit[1..])) {
-                own[i] = check.tier().relimited(quota).ok().map(Arc::new);
-            }
-        }
-        let mut own = own.into_iter();
-        let mut rest = &reply[..expected];
-        Ok(checks
-            .iter()
-            .map(|c| {
-                let (r, tail) = rest.split_at(c.op().reply_width());
-                rest = tail;
-                let verdict = Verdict {
-                    allowed: r[0] == ADMITTED,
-                    remaining: r[1].max(0) as u64,
-                    reset_after_us: r[2].max(0) as u64,
-                    retry_after_us: (r[0] >= 0).then_some(r[0] as u64),
-                };
-                let grant = c.op().grants().then(|| Grant {
-                    units: r[3].max(0) as u64,
-                    end: r[4].max(0) as u64,
-                    lasts_us: r[5].max(0) as u64,
-                });
-                (verdict, grant.filter(|g| g.units > 0), own.next().flatten())
-            })
-            .collect())
+        read_reply(checks, &reply)
     }
 }
 
@@ -311,4 +279,122 @@ fn is_missing_function(e: &redis::RedisError) -> bool {
     e.code() == Some("ERR")
         && e.detail()
             .is_some_and(|d| d.starts_with("Function not found"))
+}
+
+/// The script's reply to `checks` read back: each check's verdict and grant, then the keys
+/// decided under their own limit (`OWN_WIDTH` integers each).
+fn read_reply(checks: &[Check], reply: &[i64]) -> Result<Vec<Reply>, StoreError> {
+    let expected: usize = checks.iter().map(|c| c.op().reply_width()).sum();
+    if reply.len() < expected || !(reply.len() - expected).is_multiple_of(OWN_WIDTH) {
+        return Err(StoreError::new(format!(
+            "unexpected reply of {} integers from the decision script",
+            reply.len()
+        )));
+    }
+    let mut own: SmallVec<[Option<Arc<Tier>>; 2]> = smallvec::smallvec![None; checks.len()];
+    for limit in reply[expected..].chunks(OWN_WIDTH) {
+        let check = usize::try_from(limit[0] - 1)
+            .ok()
+            .and_then(|i| Some((i, checks.get(i)?)));
+        if let (Some((i, check)), Some(quota)) = (check, own_quota(&limit[1..])) {
+            own[i] = check.tier().relimited(quota).ok().map(Arc::new);
+        }
+    }
+    let mut own = own.into_iter();
+    let mut rest = &reply[..expected];
+    Ok(checks
+        .iter()
+        .map(|c| {
+            let (r, tail) = rest.split_at(c.op().reply_width());
+            rest = tail;
+            let verdict = Verdict {
+                allowed: r[0] == ADMITTED,
+                remaining: r[1].max(0) as u64,
+                reset_after_us: r[2].max(0) as u64,
+                retry_after_us: (r[0] >= 0).then_some(r[0] as u64),
+            };
+            let grant = c.op().grants().then(|| Grant {
+                units: r[3].max(0) as u64,
+                end: r[4].max(0) as u64,
+                lasts_us: r[5].max(0) as u64,
+            });
+            (verdict, grant.filter(|g| g.units > 0), own.next().flatten())
+        })
+        .collect())
+}
+
+#[allow(private_interfaces)]
+impl private::Sealed for RedisStore {
+    type Future = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'static>>;
+
+    fn check(&self, checks: Checks) -> Self::Future {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let result = match tokio::time::timeout(inner.deadline, inner.decision(checks)).await {
+                Ok(result) => result,
+                Err(_) => {
+                    if let Some(link::Link {
+                        conn: Conn::Redial(redial),
+                        ..
+                    }) = inner.linking.link()
+                    {
+                        redial.missed_deadline();
+                    }
+                    Err(StoreError::with_kind(
+                        StoreErrorKind::Timeout,
+                        format!("no decision from Redis within {:?}", inner.deadline),
+                    ))
+                }
+            };
+            if inner.reload.swap(false, Ordering::AcqRel) {
+                tokio::spawn(inner.reload_function());
+            }
+            result
+        })
+    }
+
+    fn registry(&self) -> &Registry {
+        &self.inner.registry
+    }
+
+    /// On a task of its own; outside a runtime, the slots the decision took stay taken until
+    /// their lease ends, and a warning says so.
+    fn finish_detached(&self, decision: Self::Future, then: Box<dyn FnOnce(Decision) + Send>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!("no runtime to finish an abandoned decision on");
+            return;
+        };
+        runtime.spawn(async move {
+            if let Ok(decision) = decision.await {
+                then(decision);
+            }
+        });
+    }
+
+    /// Polled once at once, which queues the command on the connection (a multiplexed
+    /// connection sends its commands in the order they are queued: this instance's next
+    /// decision on the key, for a client's next request, comes after it), then finished by a
+    /// task of its own. Outside a runtime (a future dropped after its runtime shut down), the
+    /// units stay spent until their lease ends, and a warning says so.
+    fn check_detached(&self, checks: Checks) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!("no runtime to give units back to the store on");
+            return;
+        };
+        let mut decision = self.check(checks);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match decision.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(Err(error)) => {
+                tracing::warn!(%error, "could not give units back to the store");
+            }
+            std::task::Poll::Ready(Ok(_)) => {}
+            std::task::Poll::Pending => {
+                runtime.spawn(async move {
+                    if let Err(error) = decision.await {
+                        tracing::warn!(%error, "could not give units back to the store");
+                    }
+                });
+            }
+        }
+    }
 }

@@ -76,48 +76,11 @@ impl Connect {
             {
                 Conn::Redial(self.redial(source).await.map_err(within)?)
             }
-            (false, None, None) => {
-                let client = redis::Client::open(self.endpoints.nodes[0].clone())
-                    .map_err(|e| fail("open", &e))?;
-                let mut config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.connect_timeout))
-                    .set_response_timeout(Some(self.response_timeout))
-                    .set_number_of_retries(1);
-                if let Some(refreshed) = &self.endpoints.refreshed {
-                    config = config.set_credentials_provider(refreshed.clone());
-                }
-                let manager = tokio::time::timeout(
-                    self.connect_timeout * 2,
-                    ConnectionManager::new_with_config(client, config),
-                )
-                .await
-                .map_err(|_| fail("connect to", &self.endpoints.timed_out()))?
-                .map_err(|e| within(e.to_string()))?;
-                Conn::Multiplexed(manager)
-            }
+            (false, None, None) => self.manager(fail).await?,
             (false, Some(config), None) => self
                 .pool(config)
                 .map_err(|e| fail("configure a pool for", &e))?,
-            (true, None, None) => {
-                let client = self
-                    .endpoints
-                    .cluster()
-                    .connection_timeout(self.connect_timeout)
-                    .response_timeout(self.response_timeout)
-                    .retries(2)
-                    .build()
-                    .map_err(|e| fail("open", &e))?;
-                let kind = match self.endpoints.dial_cluster_nodes(self.connect_timeout) {
-                    true => "cluster (TLS, coalesced writes)",
-                    false => "cluster",
-                };
-                let connecting = client.get_async_generic_connection::<Node>();
-                let conn = tokio::time::timeout(self.connect_timeout * 2, connecting)
-                    .await
-                    .map_err(|_| fail("connect to", &self.endpoints.timed_out()))?
-                    .map_err(|e| within(e.to_string()))?;
-                Conn::Cluster(conn, kind)
-            }
+            (true, None, None) => self.cluster_conn(fail).await?,
             (true, Some(config), None) => {
                 if let Some(what) = self.endpoints.beyond_a_cluster_pool() {
                     return Err(StoreError::new(crate::error::ConfigError::new(format!(
@@ -128,6 +91,59 @@ impl Connect {
                     .map_err(|e| fail("configure a pool for", &e))?
             }
         })
+    }
+}
+
+impl Connect {
+    /// A standalone server's connection manager (the `redis` crate's, reconnecting).
+    async fn manager(
+        &self,
+        fail: &(dyn Fn(&str, &dyn fmt::Display) -> StoreError + Sync),
+    ) -> Result<Conn, StoreError> {
+        let within = |e| fail("connect to", &e);
+        let client =
+            redis::Client::open(self.endpoints.nodes[0].clone()).map_err(|e| fail("open", &e))?;
+        let mut config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+            .set_number_of_retries(1);
+        if let Some(refreshed) = &self.endpoints.refreshed {
+            config = config.set_credentials_provider(refreshed.clone());
+        }
+        let manager = tokio::time::timeout(
+            self.connect_timeout * 2,
+            ConnectionManager::new_with_config(client, config),
+        )
+        .await
+        .map_err(|_| fail("connect to", &self.endpoints.timed_out()))?
+        .map_err(|e| within(e.to_string()))?;
+        Ok(Conn::Multiplexed(manager))
+    }
+
+    /// A cluster's multiplexed connection.
+    async fn cluster_conn(
+        &self,
+        fail: &(dyn Fn(&str, &dyn fmt::Display) -> StoreError + Sync),
+    ) -> Result<Conn, StoreError> {
+        let within = |e| fail("connect to", &e);
+        let client = self
+            .endpoints
+            .cluster()
+            .connection_timeout(self.connect_timeout)
+            .response_timeout(self.response_timeout)
+            .retries(2)
+            .build()
+            .map_err(|e| fail("open", &e))?;
+        let kind = match self.endpoints.dial_cluster_nodes(self.connect_timeout) {
+            true => "cluster (TLS, coalesced writes)",
+            false => "cluster",
+        };
+        let connecting = client.get_async_generic_connection::<Node>();
+        let conn = tokio::time::timeout(self.connect_timeout * 2, connecting)
+            .await
+            .map_err(|_| fail("connect to", &self.endpoints.timed_out()))?
+            .map_err(|e| within(e.to_string()))?;
+        Ok(Conn::Cluster(conn, kind))
     }
 }
 

@@ -17,19 +17,16 @@ mod sentinel;
 mod tls;
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use self::conn::{Conn, Connect};
+use self::conn::Connect;
 use self::endpoint::{Credentials, Endpoints, Refreshed, TlsSettings, redact};
 use self::script::SCRIPT;
-use super::{Checks, Registry, private};
+use super::Registry;
 use crate::clock::Clock;
-use crate::decision::Decision;
-use crate::error::{ConfigError, StoreError, StoreErrorKind};
+use crate::error::{ConfigError, StoreError};
 
 pub(crate) use key::redis_key;
 #[cfg(feature = "tls")]
@@ -478,6 +475,37 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// The settings checked before anything connects; the Sentinel URL read, if one was
+    /// given.
+    fn validate(&mut self) -> Result<Option<sentinel::Target>, StoreError> {
+        key::validate_prefix(&self.prefix).map_err(StoreError::new)?;
+        let sentinel = self.sentinel.take().transpose().map_err(StoreError::new)?;
+        let fail = |message| Err(StoreError::new(ConfigError::new(message)));
+        if let (Some(_), Some(_)) = (&sentinel, self.pool) {
+            return fail(
+                "a pool is not available with Sentinel: the store keeps one multiplexed connection to the primary, which it finds again after a failover",
+            );
+        }
+        if self.nodes.is_empty() {
+            return fail("no Redis node given");
+        }
+        if self.refreshed.as_ref().is_some_and(|r| r.every.is_zero()) {
+            return fail("a credentials provider's refresh period must be longer than zero");
+        }
+        Ok(sentinel)
+    }
+
+    /// Redis's address, for messages (no credentials): the nodes, or the primary the
+    /// sentinels name.
+    fn target(&self, sentinel: Option<&sentinel::Target>) -> String {
+        let nodes = self.nodes.iter().map(|n| redact(n));
+        let nodes = nodes.collect::<Vec<_>>().join(",");
+        match sentinel {
+            Some(t) => format!("the primary {:?} of the sentinels {nodes}", t.master),
+            None => nodes,
+        }
+    }
+
     fn pool_config(&self, max_size: usize) -> deadpool_redis::PoolConfig {
         deadpool_redis::PoolConfig {
             max_size,
@@ -497,26 +525,8 @@ impl RedisStoreBuilder {
     /// credentials are refused, or the user lacks a permission (the Redis guide gives the ACL
     /// line).
     pub async fn build(mut self) -> Result<RedisStore, StoreError> {
-        key::validate_prefix(&self.prefix).map_err(StoreError::new)?;
-        let sentinel = self.sentinel.take().transpose().map_err(StoreError::new)?;
-        if let (Some(_), Some(_)) = (&sentinel, self.pool) {
-            return Err(StoreError::new(ConfigError::new(
-                "a pool is not available with Sentinel: the store keeps one multiplexed connection to the primary, which it finds again after a failover",
-            )));
-        }
-        if self.nodes.is_empty() {
-            return Err(StoreError::new(ConfigError::new("no Redis node given")));
-        }
-        let mut target = self
-            .nodes
-            .iter()
-            .map(|n| redact(n))
-            .collect::<Vec<_>>()
-            .join(",");
-        if let Some(t) = &sentinel {
-            target = format!("the primary {:?} of the sentinels {target}", t.master);
-        }
-        let mut sentinel = sentinel;
+        let sentinel = self.validate()?;
+        let (target, mut sentinel) = (self.target(sentinel.as_ref()), sentinel);
         let credentials = match (&mut sentinel, self.credentials.take()) {
             (Some(t), Some(c)) => {
                 (t.username, t.password) = (c.username, Some(c.password));
@@ -524,11 +534,6 @@ impl RedisStoreBuilder {
             }
             (_, c) => c,
         };
-        if self.refreshed.as_ref().is_some_and(|r| r.every.is_zero()) {
-            return Err(StoreError::new(ConfigError::new(
-                "a credentials provider's refresh period must be longer than zero",
-            )));
-        }
         let endpoints = Endpoints::read(
             &self.nodes,
             credentials.as_ref(),
@@ -566,81 +571,5 @@ impl RedisStoreBuilder {
                 registry: Registry::default(),
             }),
         })
-    }
-}
-
-#[allow(private_interfaces)]
-impl private::Sealed for RedisStore {
-    type Future = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'static>>;
-
-    fn check(&self, checks: Checks) -> Self::Future {
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let result = match tokio::time::timeout(inner.deadline, inner.decision(checks)).await {
-                Ok(result) => result,
-                Err(_) => {
-                    if let Some(link::Link {
-                        conn: Conn::Redial(redial),
-                        ..
-                    }) = inner.linking.link()
-                    {
-                        redial.missed_deadline();
-                    }
-                    Err(StoreError::with_kind(
-                        StoreErrorKind::Timeout,
-                        format!("no decision from Redis within {:?}", inner.deadline),
-                    ))
-                }
-            };
-            if inner.reload.swap(false, Ordering::AcqRel) {
-                tokio::spawn(inner.reload_function());
-            }
-            result
-        })
-    }
-
-    fn registry(&self) -> &Registry {
-        &self.inner.registry
-    }
-
-    /// On a task of its own; outside a runtime, the slots the decision took stay taken until
-    /// their lease ends, and a warning says so.
-    fn finish_detached(&self, decision: Self::Future, then: Box<dyn FnOnce(Decision) + Send>) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!("no runtime to finish an abandoned decision on");
-            return;
-        };
-        runtime.spawn(async move {
-            if let Ok(decision) = decision.await {
-                then(decision);
-            }
-        });
-    }
-
-    /// Polled once at once, which queues the command on the connection (a multiplexed
-    /// connection sends its commands in the order they are queued: this instance's next
-    /// decision on the key, for a client's next request, comes after it), then finished by a
-    /// task of its own. Outside a runtime (a future dropped after its runtime shut down), the
-    /// units stay spent until their lease ends, and a warning says so.
-    fn check_detached(&self, checks: Checks) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!("no runtime to give units back to the store on");
-            return;
-        };
-        let mut decision = self.check(checks);
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        match decision.as_mut().poll(&mut cx) {
-            std::task::Poll::Ready(Err(error)) => {
-                tracing::warn!(%error, "could not give units back to the store");
-            }
-            std::task::Poll::Ready(Ok(_)) => {}
-            std::task::Poll::Pending => {
-                runtime.spawn(async move {
-                    if let Err(error) = decision.await {
-                        tracing::warn!(%error, "could not give units back to the store");
-                    }
-                });
-            }
-        }
     }
 }

@@ -61,26 +61,7 @@ impl Target {
             .into_connection_info()
             .map_err(|e| fail(&format!("bad credentials or database ({e})")))?;
         let settings = settings.redis_settings();
-        let mut sentinels = Vec::new();
-        let mut addrs = Vec::new();
-        for host in hosts.split(',').map(str::trim).filter(|h| !h.is_empty()) {
-            let has_port = match host.rfind(']') {
-                Some(end) => host[end..].contains(':'),
-                None => host.contains(':'),
-            };
-            let host = if has_port {
-                host.to_owned()
-            } else {
-                format!("{host}:{SENTINEL_PORT}")
-            };
-            let scheme = if secure { "rediss" } else { "redis" };
-            let info = format!("{scheme}://{host}")
-                .as_str()
-                .into_connection_info()
-                .map_err(|e| fail(&format!("bad sentinel address {host:?} ({e})")))?;
-            addrs.push(info.addr().clone());
-            sentinels.push(host);
-        }
+        let (sentinels, addrs) = sentinel_addrs(hosts, secure, &fail)?;
         if addrs.is_empty() {
             return Err(fail("no sentinel address"));
         }
@@ -93,6 +74,36 @@ impl Target {
             db: settings.db(),
         })
     }
+}
+
+/// The sentinels of a Sentinel URL's `hosts` (`host[:port]`, comma-separated; the sentinel
+/// port by default), as written and as addresses.
+fn sentinel_addrs(
+    hosts: &str,
+    secure: bool,
+    fail: &dyn Fn(&str) -> ConfigError,
+) -> Result<(Vec<String>, Vec<redis::ConnectionAddr>), ConfigError> {
+    let mut sentinels = Vec::new();
+    let mut addrs = Vec::new();
+    for host in hosts.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+        let has_port = match host.rfind(']') {
+            Some(end) => host[end..].contains(':'),
+            None => host.contains(':'),
+        };
+        let host = if has_port {
+            host.to_owned()
+        } else {
+            format!("{host}:{SENTINEL_PORT}")
+        };
+        let scheme = if secure { "rediss" } else { "redis" };
+        let info = format!("{scheme}://{host}")
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| fail(&format!("bad sentinel address {host:?} ({e})")))?;
+        addrs.push(info.addr().clone());
+        sentinels.push(host);
+    }
+    Ok((sentinels, addrs))
 }
 
 /// The source of the connection to the primary `target` names: the sentinels asked (with

@@ -1,0 +1,123 @@
+//! The values a configuration file gives as text (durations, statuses, header names, routes,
+//! the measure of a body), each read with `FromStr` as its field is deserialized.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use serde::Deserialize;
+
+use crate::quota::Quota;
+
+/// A value read from a string (or, for a status, a number) and parsed with `FromStr`.
+#[derive(Clone, Debug)]
+pub(super) struct Text<T>(pub(super) T);
+
+impl<'de, T> Deserialize<'de> for Text<T>
+where
+    T: std::str::FromStr,
+    T::Err: fmt::Display,
+{
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Text(String),
+            Number(u64),
+        }
+        let text = match Written::deserialize(d)? {
+            Written::Text(text) => text,
+            Written::Number(n) => n.to_string(),
+        };
+        text.parse().map(Text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A duration written as a quota's window, e.g. `500ms`, `30s`, `2min`.
+#[derive(Clone, Debug)]
+pub(super) struct DurationText(pub(super) Duration);
+
+impl std::str::FromStr for DurationText {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        format!("1/{text}")
+            .parse::<Quota>()
+            .map(|q| DurationText(q.window()))
+            .map_err(|_| format!("{text:?} is not a duration such as 500ms, 30s, 2min or 1h"))
+    }
+}
+
+/// An HTTP status.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Status(pub(super) StatusCode);
+
+impl std::str::FromStr for Status {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        text.parse::<u16>()
+            .ok()
+            .and_then(|c| StatusCode::from_u16(c).ok())
+            .map(Status)
+            .ok_or_else(|| format!("{text:?} is not an HTTP status such as 401"))
+    }
+}
+
+/// A header name.
+#[derive(Clone, Debug)]
+pub(super) struct HeaderNameText(pub(super) http::HeaderName);
+
+impl std::str::FromStr for HeaderNameText {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        http::HeaderName::from_bytes(text.as_bytes())
+            .map(HeaderNameText)
+            .map_err(|_| format!("{text:?} is not a header name"))
+    }
+}
+
+/// What a policy counts of a response body to settle its cost: `bytes`.
+#[derive(Clone, Debug)]
+pub(super) struct BodyMeasure;
+
+impl std::str::FromStr for BodyMeasure {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text.trim() {
+            "bytes" => Ok(BodyMeasure),
+            other => Err(format!(
+                "{other:?} is not what a body is counted in; expected bytes"
+            )),
+        }
+    }
+}
+
+/// A route as written: `"/path"` or `"METHOD /path"`.
+#[derive(Clone, Debug)]
+pub(super) struct RouteText(pub(super) Option<Method>, pub(super) String);
+
+impl std::str::FromStr for RouteText {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        let (method, path) = match text.split_once(char::is_whitespace) {
+            Some((m, p)) => {
+                let m = Method::from_bytes(m.as_bytes())
+                    .map_err(|_| format!("{m:?} is not a method"))?;
+                (Some(m), p.trim())
+            }
+            None => (None, text),
+        };
+        if !path.starts_with('/') {
+            return Err(format!(
+                "{text:?} is not a route such as \"/items\", \"GET /items/{{id}}\" or \"/admin/*\""
+            ));
+        }
+        Ok(RouteText(method, path.to_owned()))
+    }
+}
+
+/// Status codes as a list a predicate can search.
+pub(super) fn statuses(codes: &[Text<Status>]) -> Arc<[StatusCode]> {
+    codes.iter().map(|c| c.0.0).collect()
+}

@@ -1,0 +1,164 @@
+//! Step 3 of [`Limiter`]: the store's answer, or its failure, made into the request's
+//! [`Next`] step (counts, headers, the deny cache, the breaker, the failure policy).
+
+use tracing::Span;
+
+use super::{AfterResponse, Delayed, Limiter, Next, Ticket};
+use crate::body::BodyGuard;
+use crate::decision::{Decision, PolicyOutcome};
+use crate::error::StoreError;
+use crate::headers::RateLimitHeaders;
+use crate::store::{Keyed, Store};
+use crate::telemetry::{record_outcome, traced};
+
+impl<St: Store> Limiter<St> {
+    /// Turns the store's answer into what to do (step 3), applying the breaker, the deny
+    /// cache, the failure policy and the metrics. Returns the charges still to make after the
+    /// response (none when the store failed: nothing was charged there).
+    pub(crate) fn answered<F>(
+        &self,
+        mut ticket: Ticket,
+        result: Result<Decision, StoreError>,
+    ) -> Next<F> {
+        let span = std::mem::replace(&mut ticket.span, Span::none());
+        let _entered = span.enter();
+        if let Some(started) = ticket.started {
+            let elapsed = started.elapsed();
+            traced(&span, |span| {
+                span.record("store_us", elapsed.as_micros() as u64);
+            });
+            metrics::histogram!("ratelimit_store_duration_seconds").record(elapsed.as_secs_f64());
+        }
+        let mut local = false;
+        let decision = match result {
+            Ok(mut decision) => {
+                if let Some(breaker) = &self.breaker {
+                    breaker.success(ticket.permit);
+                }
+                if let Some(asking) = ticket.asking.take() {
+                    decision = asking.answered(decision, self.clock.now_micros());
+                }
+                if let (Some(cache), Some(keys), false) =
+                    (&self.deny_cache, &ticket.keys, decision.is_allowed())
+                {
+                    cache.remember(keys, &decision, self.clock.now_micros());
+                }
+                decision
+            }
+            Err(error) => match self.degraded(&mut ticket, error, &span) {
+                Ok(decision) => {
+                    local = true;
+                    decision
+                }
+                Err(next) => return next,
+            },
+        };
+        self.finish(decision, ticket.after, ticket.keys.as_deref(), local, &span)
+    }
+
+    /// The decision's response (step 3's end): counts, headers, the limiter's own response
+    /// for a denied request; for an admitted one, the charges still to make after the response
+    /// (`local`: the decision is the local fallback's, where reserved times go back to).
+    #[inline(always)]
+    pub(super) fn finish<F>(
+        &self,
+        decision: Decision,
+        mut after: Vec<AfterResponse>,
+        keys: Option<&[Keyed]>,
+        local: bool,
+        span: &Span,
+    ) -> Next<F> {
+        traced(span, |span| record_outcome(span, &decision, self.waits()));
+        if self.leases().is_some() {
+            self.set_lease_ends(&mut after, &decision);
+        }
+        for o in decision.outcomes() {
+            o.tier().count(o.is_allowed(), o.is_shadow());
+        }
+        let headers = self.response_headers(&decision, keys);
+        self.record_limited(&decision, keys);
+        if !decision.is_allowed() {
+            tracing::debug!(policy = decision.binding().policy(), "rate limit exceeded");
+            return self.limited(decision, &headers);
+        }
+        if decision.shadow_violated().next().is_some() {
+            tracing::debug!(
+                policies = ?decision.shadow_violated().map(|o| o.policy()).collect::<Vec<_>>(),
+                "shadow rate limit exceeded; request let through"
+            );
+        }
+        // Only a layer with a concurrency policy, or one that waits, pays for looking.
+        let held = if self.limits_in_flight() {
+            self.slots(&decision, keys, local, PolicyOutcome::held, None)
+        } else {
+            None
+        };
+        let wait = if self.waits() {
+            decision.wait()
+        } else {
+            std::time::Duration::ZERO
+        };
+        if !wait.is_zero() {
+            return self.delayed(decision, wait, headers, keys, local, held, after);
+        }
+        let decision = self.decision_extension.then_some(decision);
+        Next::Call {
+            headers: Some(headers),
+            decision,
+            held,
+            after,
+        }
+    }
+
+    /// An admitted request that waits `wait` for the time reserved for it: what gives its
+    /// reserved units back if it goes away before, and the counts of requests delayed.
+    #[allow(clippy::too_many_arguments)]
+    fn delayed<F>(
+        &self,
+        decision: Decision,
+        wait: std::time::Duration,
+        headers: RateLimitHeaders,
+        keys: Option<&[Keyed]>,
+        local: bool,
+        held: Option<BodyGuard>,
+        after: Vec<AfterResponse>,
+    ) -> Next<F> {
+        let released = Some("ratelimit_reservations_released_total");
+        let release = self.slots(&decision, keys, local, PolicyOutcome::reservation, released);
+        let policy = decision
+            .outcomes()
+            .iter()
+            .max_by_key(|o| o.wait())
+            .map_or(metrics::SharedString::const_str(""), |o| o.tier().label());
+        metrics::counter!("ratelimit_requests_delayed_total", "policy" => policy.clone())
+            .increment(1);
+        metrics::histogram!("ratelimit_delay_seconds", "policy" => policy)
+            .record(wait.as_secs_f64());
+        let decision = self.decision_extension.then_some(decision);
+        let delayed = Delayed {
+            wait,
+            headers,
+            decision,
+            release,
+            held,
+            after,
+        };
+        Next::Wait(Box::new(delayed))
+    }
+
+    /// The response to a denied request, with the decision in its extensions.
+    pub(super) fn limited<F>(&self, decision: Decision, headers: &RateLimitHeaders) -> Next<F> {
+        let mut response = self.responses.limited(&decision, headers);
+        response.extensions_mut().insert(decision);
+        Next::Respond(response)
+    }
+
+    pub(super) fn response_headers(
+        &self,
+        decision: &Decision,
+        keys: Option<&[Keyed]>,
+    ) -> RateLimitHeaders {
+        let key_of = |tier| Keyed::key_of(keys?, tier);
+        RateLimitHeaders::new(decision, &self.headers, || self.clock.now_micros(), key_of)
+    }
+}

@@ -85,7 +85,7 @@ impl RateLimitLayer<MemoryStore> {
     ///
     /// When the policy is invalid (a quota that does not parse, a burst on an algorithm without
     /// one, numbers too large), with the message of the [`ConfigError`] that
-    /// [`build`](RateLimitLayerBuilder::build) would return, which names the policy and what is
+    /// [`build`](crate::RateLimitLayerBuilder::build) would return, which names the policy and what is
     /// wrong. A quota written with [`quota!`](crate::quota!) is checked at compile time
     /// instead. Use the builder for configuration read at run time: it returns the error.
     #[track_caller]
@@ -162,7 +162,7 @@ impl<St: Store> RateLimitLayer<St> {
 
 impl<St: Store, M> RateLimitLayer<St, M> {
     /// The `n` keys `policy` denied most over the period of the layer's
-    /// [`top_limited`](RateLimitLayerBuilder::top_limited) summary, the heaviest first; empty
+    /// [`top_limited`](crate::RateLimitLayerBuilder::top_limited) summary, the heaviest first; empty
     /// when the layer keeps none, or when the policy denied nothing.
     ///
     /// ```
@@ -226,7 +226,7 @@ impl<St: Store, M> RateLimitLayer<St, M> {
     /// cache's entries (a raised limit admits at once) and its leases (their unspent units
     /// stay counted as spent until the leases end).
     ///
-    /// Fails, and changes nothing, on any error [`build`](RateLimitLayerBuilder::build) would
+    /// Fails, and changes nothing, on any error [`build`](crate::RateLimitLayerBuilder::build) would
     /// report for these policies: the old ones stay in force. The layer's key, cost, headers,
     /// responses and failure policy stay as built. Returns what changed.
     ///

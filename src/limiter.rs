@@ -459,40 +459,63 @@ impl<St: Store> Limiter<St> {
         self.ask_store(checks, fallback, after, &span)
     }
 
-    /// The rest of step 2 for a planned request: the leases held here, the breaker, the store.
+    /// The rest of step 2 for a planned request: the leases held here, then the breaker and
+    /// the store.
     #[inline(always)]
     fn ask_store(
         &self,
         mut checks: Checks,
-        mut fallback: Option<Checks>,
-        mut after: Vec<AfterResponse>,
+        fallback: Option<Checks>,
+        after: Vec<AfterResponse>,
         span: &Span,
     ) -> Next<St::Future> {
         let now = OnceCell::new();
         let now = || *now.get_or_init(|| self.clock.now_micros());
+        // Leases: every check admitted from one held here (no store call, whatever the
+        // breaker says), or the checks that ask the store for one.
         let mut asking = None;
         if let Some(leases) = self.leases() {
-            match self.leased(leases, &mut checks, &mut fallback, &mut after, span, now()) {
-                Ok(a) => asking = a,
-                Err(next) => return next,
+            match leases.plan(&mut checks, now(), !after.is_empty()) {
+                lease::Plan::Local(decision) => {
+                    let keys = self.keys(&checks);
+                    traced(span, |span| {
+                        span.record("lease", true);
+                    });
+                    return self.finish(decision, after, keys.as_deref(), false, span);
+                }
+                lease::Plan::Store(a) => asking = a.map(Box::new),
+                lease::Plan::Wait(wait) => {
+                    let span = span.clone();
+                    let planned = Planned {
+                        checks,
+                        fallback,
+                        after,
+                        span,
+                    };
+                    return Next::Lease(wait, Box::new(planned));
+                }
             }
         }
-        let keys = self.keys(asking.as_ref().map_or(&checks[..], |a| a.own(&checks)));
-        let permit = self
-            .breaker
-            .as_ref()
-            .map_or(Permit::Call, |b| b.permit(now));
-        let mut ticket = Ticket {
-            permit,
+        let ticket = Ticket {
+            permit: self
+                .breaker
+                .as_ref()
+                .map_or(Permit::Call, |b| b.permit(now)),
+            keys: self.keys(asking.as_ref().map_or(&checks[..], |a| a.own(&checks))),
             asking,
             fallback,
-            keys,
             started: None,
             gives_back_later: false,
             after,
             span: span.clone(),
         };
-        if permit == Permit::Reject {
+        self.send(checks, ticket)
+    }
+
+    /// `checks` sent to the store with their ticket, unless the breaker is open.
+    #[inline(always)]
+    fn send(&self, checks: Checks, mut ticket: Ticket) -> Next<St::Future> {
+        if ticket.permit == Permit::Reject {
             let error = StoreError::with_kind(
                 StoreErrorKind::CircuitOpen,
                 "the circuit breaker is open; the store was not asked",
@@ -506,42 +529,6 @@ impl<St: Store> Limiter<St> {
         ticket.gives_back_later = (self.limits_in_flight() || self.waits())
             && checks.iter().any(|c| c.op().gives_back_later());
         Next::Store(self.store.check(checks), ticket)
-    }
-
-    /// The leases held here: every check admitted from one (no store call, whatever the
-    /// breaker says) or a wait for another request's lease, as the next step; else the checks
-    /// that ask the store for a lease, if any.
-    // The next step is moved once, into the request's answer.
-    #[allow(clippy::result_large_err)]
-    fn leased(
-        &self,
-        leases: &Arc<Leases>,
-        checks: &mut Checks,
-        fallback: &mut Option<Checks>,
-        after: &mut Vec<AfterResponse>,
-        span: &Span,
-        now: u64,
-    ) -> Result<Option<Box<Asking>>, Next<St::Future>> {
-        match leases.plan(checks, now, !after.is_empty()) {
-            lease::Plan::Local(decision) => {
-                let keys = self.keys(checks);
-                traced(span, |span| {
-                    span.record("lease", true);
-                });
-                let after = std::mem::take(after);
-                Err(self.finish(decision, after, keys.as_deref(), false, span))
-            }
-            lease::Plan::Store(asking) => Ok(asking.map(Box::new)),
-            lease::Plan::Wait(wait) => {
-                let planned = Planned {
-                    checks: std::mem::take(checks),
-                    fallback: fallback.take(),
-                    after: std::mem::take(after),
-                    span: span.clone(),
-                };
-                Err(Next::Lease(wait, Box::new(planned)))
-            }
-        }
     }
 
     /// `checks` as the ticket keeps them, when the deny cache, the IETF `pk` or a reserved

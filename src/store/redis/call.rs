@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 
 use super::conn::{AnyConn, Conn, load};
 use super::link::{self, Link};
-use super::script::{ADMITTED, OWN_WIDTH, SCRIPT, shape};
+use super::script::{ADMITTED, OWN_WIDTH, SCRIPT, at, shape};
 use super::{Inner, RELOAD_TIMEOUT, RedisStore, redis_key};
 use crate::algorithm::{Verdict, compact};
 use crate::decision::{Decision, Grant, Outcomes, PolicyOutcome};
@@ -207,16 +207,19 @@ impl Inner {
 }
 
 /// The quota of a key's own limit, as the script tells it.
-fn own_quota(numbers: &[i64]) -> Option<Quota> {
-    let [limit, window, burst] = numbers else {
-        return None;
-    };
-    let limit = NonZeroU32::new(u32::try_from(*limit).ok()?)?;
-    let quota = match *window {
+fn own_quota(entry: &[i64]) -> Option<Quota> {
+    let get = |at: usize| entry.get(at).copied();
+    let (limit, window, burst) = (
+        get(at::OWN_LIMIT)?,
+        get(at::OWN_WINDOW)?,
+        get(at::OWN_BURST)?,
+    );
+    let limit = NonZeroU32::new(u32::try_from(limit).ok()?)?;
+    let quota = match window {
         0 => Quota::per_month(limit),
         w => Quota::new(limit.get(), Duration::from_micros(u64::try_from(w).ok()?)).ok()?,
     };
-    match *burst {
+    match burst {
         0 => Some(quota),
         b => quota.try_with_burst(u32::try_from(b).ok()?).ok(),
     }
@@ -293,10 +296,10 @@ fn read_reply(checks: &[Check], reply: &[i64]) -> Result<Vec<Reply>, StoreError>
     }
     let mut own: SmallVec<[Option<Arc<Tier>>; 2]> = smallvec::smallvec![None; checks.len()];
     for limit in reply[expected..].chunks(OWN_WIDTH) {
-        let check = usize::try_from(limit[0] - 1)
+        let check = usize::try_from(limit[at::OWN_PLACE] - 1)
             .ok()
             .and_then(|i| Some((i, checks.get(i)?)));
-        if let (Some((i, check)), Some(quota)) = (check, own_quota(&limit[1..])) {
+        if let (Some((i, check)), Some(quota)) = (check, own_quota(limit)) {
             own[i] = check.tier().relimited(quota).ok().map(Arc::new);
         }
     }
@@ -308,15 +311,15 @@ fn read_reply(checks: &[Check], reply: &[i64]) -> Result<Vec<Reply>, StoreError>
             let (r, tail) = rest.split_at(c.op().reply_width());
             rest = tail;
             let verdict = Verdict {
-                allowed: r[0] == ADMITTED,
-                remaining: r[1].max(0) as u64,
-                reset_after_us: r[2].max(0) as u64,
-                retry_after_us: (r[0] >= 0).then_some(r[0] as u64),
+                allowed: r[at::VERDICT] == ADMITTED,
+                remaining: r[at::REMAINING].max(0) as u64,
+                reset_after_us: r[at::RESET].max(0) as u64,
+                retry_after_us: (r[at::VERDICT] >= 0).then_some(r[at::VERDICT] as u64),
             };
             let grant = c.op().grants().then(|| Grant {
-                units: r[3].max(0) as u64,
-                end: r[4].max(0) as u64,
-                lasts_us: r[5].max(0) as u64,
+                units: r[at::UNITS].max(0) as u64,
+                end: r[at::END].max(0) as u64,
+                lasts_us: r[at::LASTS].max(0) as u64,
             });
             (verdict, grant.filter(|g| g.units > 0), own.next().flatten())
         })

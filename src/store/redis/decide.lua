@@ -26,11 +26,12 @@
 -- again, as the memory store does).
 -- Every operation that acts does so first, in order; then each policy is evaluated; then
 -- charged only if all that decide admit.
--- Reply: 3 integers per policy: the verdict (ADMITTED, or the retry-after in microseconds, or
--- NEVER when no wait admits it), remaining, reset_after_us; remaining and reset describe the
--- state after this request's charges. A granting operation's reply has REPLY_GRANT more: the
--- units granted (0 when none), the grant's end (a lease's end, a reserved slot, the time held
--- slots were charged at), and the microseconds until then.
+-- Reply: CHECK_WIDTH integers per policy, each at its place (`at` in script.rs, AT_... here):
+-- the verdict (ADMITTED, or the retry-after in microseconds, or NEVER when no wait admits it),
+-- remaining, reset_after_us; remaining and reset describe the state after this request's
+-- charges. A granting operation's reply has REPLY_GRANT more: the units granted (0 when none),
+-- the grant's end (a lease's end, a reserved time, the time held slots were charged at), and
+-- the microseconds until then.
 
 -- Each algorithm's functions, built the first time a decision uses it: once per call when
 -- this runs as a script (which runs whole on every call), once per load as a function.
@@ -316,8 +317,8 @@ local function reserve(alg, key, p, st, ends, now, cost, wait, reply, at, scratc
   -- counts, now, entries that are gone at the slot).
   local seen = alg.load(key, p, now, scratch)
   local _, remaining, reset = judge(alg, p, seen, nil, now, 0, key)
-  reply[at + 1], reply[at + 2], reply[at + 3] = ADMITTED, remaining, reset
-  reply[at + 4], reply[at + 5], reply[at + 6] = cost, slot, wait
+  reply[at + AT_VERDICT], reply[at + AT_REMAINING], reply[at + AT_RESET] = ADMITTED, remaining, reset
+  reply[at + AT_UNITS], reply[at + AT_END], reply[at + AT_LASTS] = cost, slot, wait
 end
 
 -- Phase two for an admitted LEASE of up to `want` units ending at `lease_end`: leases
@@ -346,15 +347,15 @@ local function take_lease(alg, key, p, st, ends, now, cost, want, lease_end, rep
     end
     KEEP_BLOCK = nil
   end
-  reply[at + 1], reply[at + 2], reply[at + 3] = verdict, remaining, reset
-  reply[at + 4], reply[at + 5], reply[at + 6] = units, lease_end, lease_end - now
+  reply[at + AT_VERDICT], reply[at + AT_REMAINING], reply[at + AT_RESET] = verdict, remaining, reset
+  reply[at + AT_UNITS], reply[at + AT_END], reply[at + AT_LASTS] = units, lease_end, lease_end - now
 end
 
 -- What each policy of a decision hands from one phase to the next, reused from call to call.
 local ALGS, OPS, PS, COSTS, XS, YS, STS, ENDS, LEASE_ENDS, WAITS = {}, {}, {}, {}, {}, {}, {}, {},
   {}, {}
 
--- Phase one for the policy at position i, whose reply starts at REPLY[base + 1]: its state,
+-- Phase one for the policy at position i, whose reply follows REPLY[base]: its state,
 -- loaded in STATES[i] (converted first when written under other parameters; as strict as a
 -- lease could make it, in LEASED[i], for a LEASE whose longest life is `x`: twin of
 -- `lease_verdict` in Rust), its verdict in the reply, and for a WAIT denied now, the wait of
@@ -379,9 +380,10 @@ local function evaluate(i, alg, op, key, p, now, cost, x, base)
     end
   end
   local verdict, remaining, reset = judge(alg, p, st, ends, now, cost, key)
-  REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = verdict, remaining, reset
+  REPLY[base + AT_VERDICT], REPLY[base + AT_REMAINING], REPLY[base + AT_RESET] = verdict, remaining,
+    reset
   if GRANTS[op] then
-    REPLY[base + 4], REPLY[base + 5], REPLY[base + 6] = 0, 0, 0
+    REPLY[base + AT_UNITS], REPLY[base + AT_END], REPLY[base + AT_LASTS] = 0, 0, 0
   end
   if verdict == ADMITTED then
     return true, st, ends, lease_end
@@ -408,28 +410,28 @@ local function apply(i, alg, op, key, p, now, cost, y, st, ends, lease_end, wait
       return
     end
     local charges = CHARGES[op]
-    if cost > 0 and (charges == 2 or (charges == 1 and REPLY[base + 1] == ADMITTED)) then
+    if cost > 0 and (charges == 2 or (charges == 1 and REPLY[base + AT_VERDICT] == ADMITTED)) then
       KEEP_BLOCK = ends
       alg:commit(key, p, st, now, cost)
       KEEP_BLOCK = nil
       if op == CONCURRENCY then
-        REPLY[base + 4], REPLY[base + 5] = cost, now
+        REPLY[base + AT_UNITS], REPLY[base + AT_END] = cost, now
       end
       return
     end
   end
-  if REPLY[base + 1] == ADMITTED and cost > 0 then
+  if REPLY[base + AT_VERDICT] == ADMITTED and cost > 0 then
     -- Admitted by this policy but not charged: report the state as it stays.
     local ok, remaining, reset, retry = alg:evaluate(p, st, now, 0, key)
     if alg.lag then
       ok, remaining, reset = shift(alg.lag(p, st, now), 0, ok, remaining, reset, retry)
     end
-    REPLY[base + 2] = remaining
-    REPLY[base + 3] = reset
+    REPLY[base + AT_REMAINING] = remaining
+    REPLY[base + AT_RESET] = reset
   end
   if call('PTTL', key) == -1 then
     -- A key without a TTL (written by something else, or lost its TTL): repair it.
-    call('PEXPIRE', key, ttl_ms(now, now + REPLY[base + 3]))
+    call('PEXPIRE', key, ttl_ms(now, now + REPLY[base + AT_RESET]))
   end
 end
 
@@ -441,7 +443,8 @@ local function own_limits(n, total)
     local o = PS[i]
     if o.limit_end then
       local q = o.quota
-      REPLY[total + 1], REPLY[total + 2], REPLY[total + 3], REPLY[total + 4] = i, q[1], q[2], q[3]
+      REPLY[total + AT_OWN_PLACE], REPLY[total + AT_OWN_LIMIT] = i, q[1]
+      REPLY[total + AT_OWN_WINDOW], REPLY[total + AT_OWN_BURST] = q[2], q[3]
       total = total + OWN_WIDTH
     end
   end
@@ -562,7 +565,7 @@ local function decide_fused(keys, args, n)
     end
     admitted = admitted and ok
     STS[i] = st
-    base = base + 3
+    base = base + CHECK_WIDTH
   end
   REPLY[base + 1] = nil
   for i = 1, n do
@@ -570,7 +573,7 @@ local function decide_fused(keys, args, n)
       ALGS[i]:commit(keys[i], PS[i], STS[i], now, COSTS[i])
     else
       apply(i, ALGS[i], ENFORCE, keys[i], PS[i], now, COSTS[i], nil, STS[i], nil, nil, nil, false,
-        3 * (i - 1))
+        CHECK_WIDTH * (i - 1))
     end
   end
   return REPLY

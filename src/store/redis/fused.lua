@@ -27,15 +27,15 @@ local function fused(key, args, shape)
     ok, remaining, reset, retry = shift(behind, cost, ok, remaining, reset, retry)
   end
   --@end
-  REPLY[2], REPLY[3], REPLY[4] = remaining, reset, nil
+  REPLY[AT_REMAINING], REPLY[AT_RESET], REPLY[CHECK_WIDTH + 1] = remaining, reset, nil
   if ok ~= 1 then
     if retry < 0 then
-      REPLY[1] = NEVER
+      REPLY[AT_VERDICT] = NEVER
     else
-      REPLY[1] = retry
+      REPLY[AT_VERDICT] = retry
     end
   else
-    REPLY[1] = ADMITTED
+    REPLY[AT_VERDICT] = ADMITTED
     if cost > 0 then
       commit(nil, key, p, st, now, cost)
       return REPLY
@@ -50,7 +50,7 @@ local function fused(key, args, shape)
 end
 
 -- Phase one of several policies enforced (`decide_fused` in decide.lua), for the one at
--- position i whose reply starts at REPLY[base + 1]: its verdict, remaining and reset in the
+-- position i whose reply follows REPLY[base]: its verdict, remaining and reset in the
 -- reply; returns whether it admits and the state decided on.
 local function judged(key, p, now, cost, i, base)
   local st, ends, stale = load(key, p, now, STATES[i])
@@ -64,15 +64,15 @@ local function judged(key, p, now, cost, i, base)
     ok, remaining, reset, retry = shift(behind, cost, ok, remaining, reset, retry)
   end
   --@end
-  REPLY[base + 2], REPLY[base + 3] = remaining, reset
+  REPLY[base + AT_REMAINING], REPLY[base + AT_RESET] = remaining, reset
   if ok == 1 then
-    REPLY[base + 1] = ADMITTED
+    REPLY[base + AT_VERDICT] = ADMITTED
     return true, st
   end
   if retry < 0 then
-    REPLY[base + 1] = NEVER
+    REPLY[base + AT_VERDICT] = NEVER
   else
-    REPLY[base + 1] = retry
+    REPLY[base + AT_VERDICT] = retry
   end
   return false, st
 end

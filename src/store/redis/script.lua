@@ -679,7 +679,7 @@ ALG[1] = function()
         ok, remaining, reset, retry = ok_8, remaining_8, reset_8, retry_8
       end
     end
-    REPLY[2], REPLY[3], REPLY[4] = remaining, reset, nil
+    REPLY[2], REPLY[3], REPLY[3 + 1] = remaining, reset, nil
     if ok ~= 1 then
       if retry < 0 then
         REPLY[1] = -1
@@ -783,7 +783,7 @@ ALG[1] = function()
   end
   
   -- Phase one of several policies enforced (`decide_fused` in decide.lua), for the one at
-  -- position i whose reply starts at REPLY[base + 1]: its verdict, remaining and reset in the
+  -- position i whose reply follows REPLY[base]: its verdict, remaining and reset in the
   -- reply; returns whether it admits and the state decided on.
   local function judged(key, p, now, cost, i, base)
     local st, ends, stale
@@ -1424,7 +1424,7 @@ ALG[2] = function()
         ok, remaining, reset, retry = ok_14, remaining_14, reset_14, retry_14
       end
     end
-    REPLY[2], REPLY[3], REPLY[4] = remaining, reset, nil
+    REPLY[2], REPLY[3], REPLY[3 + 1] = remaining, reset, nil
     if ok ~= 1 then
       if retry < 0 then
         REPLY[1] = -1
@@ -1601,7 +1601,7 @@ ALG[2] = function()
   end
   
   -- Phase one of several policies enforced (`decide_fused` in decide.lua), for the one at
-  -- position i whose reply starts at REPLY[base + 1]: its verdict, remaining and reset in the
+  -- position i whose reply follows REPLY[base]: its verdict, remaining and reset in the
   -- reply; returns whether it admits and the state decided on.
   local function judged(key, p, now, cost, i, base)
     local st, ends, stale
@@ -2166,7 +2166,7 @@ ALG[3] = function()
       local entry = call('ZRANGEBYSCORE', key, '(' .. since, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
       ok, remaining, reset, retry = 0, left, newest_left, tonumber(entry[2]) + window - now break
     until true
-    REPLY[2], REPLY[3], REPLY[4] = remaining, reset, nil
+    REPLY[2], REPLY[3], REPLY[3 + 1] = remaining, reset, nil
     if ok ~= 1 then
       if retry < 0 then
         REPLY[1] = -1
@@ -2278,7 +2278,7 @@ ALG[3] = function()
   end
   
   -- Phase one of several policies enforced (`decide_fused` in decide.lua), for the one at
-  -- position i whose reply starts at REPLY[base + 1]: its verdict, remaining and reset in the
+  -- position i whose reply follows REPLY[base]: its verdict, remaining and reset in the
   -- reply; returns whether it admits and the state decided on.
   local function judged(key, p, now, cost, i, base)
     local st, ends, stale
@@ -2741,7 +2741,7 @@ ALG[4] = function()
         ok, remaining, reset, retry = ok_16, remaining_16, reset_16, retry_16
       end
     end
-    REPLY[2], REPLY[3], REPLY[4] = remaining, reset, nil
+    REPLY[2], REPLY[3], REPLY[3 + 1] = remaining, reset, nil
     if ok ~= 1 then
       if retry < 0 then
         REPLY[1] = -1
@@ -2881,7 +2881,7 @@ ALG[4] = function()
   end
   
   -- Phase one of several policies enforced (`decide_fused` in decide.lua), for the one at
-  -- position i whose reply starts at REPLY[base + 1]: its verdict, remaining and reset in the
+  -- position i whose reply follows REPLY[base]: its verdict, remaining and reset in the
   -- reply; returns whether it admits and the state decided on.
   local function judged(key, p, now, cost, i, base)
     local st, ends, stale
@@ -3417,7 +3417,7 @@ ALG[5] = function()
         ok, remaining, reset, retry = ok_14, remaining_14, reset_14, retry_14
       end
     end
-    REPLY[2], REPLY[3], REPLY[4] = remaining, reset, nil
+    REPLY[2], REPLY[3], REPLY[3 + 1] = remaining, reset, nil
     if ok ~= 1 then
       if retry < 0 then
         REPLY[1] = -1
@@ -3540,7 +3540,7 @@ ALG[5] = function()
   end
   
   -- Phase one of several policies enforced (`decide_fused` in decide.lua), for the one at
-  -- position i whose reply starts at REPLY[base + 1]: its verdict, remaining and reset in the
+  -- position i whose reply follows REPLY[base]: its verdict, remaining and reset in the
   -- reply; returns whether it admits and the state decided on.
   local function judged(key, p, now, cost, i, base)
     local st, ends, stale
@@ -3936,7 +3936,7 @@ ALG[6] = function()
       end
       ok, remaining, reset, retry = 0, remaining_now, backlog, new_backlog - tolerance break
     until true
-    REPLY[2], REPLY[3], REPLY[4] = remaining, reset, nil
+    REPLY[2], REPLY[3], REPLY[3 + 1] = remaining, reset, nil
     if ok ~= 1 then
       if retry < 0 then
         REPLY[1] = -1
@@ -4016,7 +4016,7 @@ ALG[6] = function()
   end
   
   -- Phase one of several policies enforced (`decide_fused` in decide.lua), for the one at
-  -- position i whose reply starts at REPLY[base + 1]: its verdict, remaining and reset in the
+  -- position i whose reply follows REPLY[base]: its verdict, remaining and reset in the
   -- reply; returns whether it admits and the state decided on.
   local function judged(key, p, now, cost, i, base)
     local st, ends, stale
@@ -4183,11 +4183,12 @@ end
 -- again, as the memory store does).
 -- Every operation that acts does so first, in order; then each policy is evaluated; then
 -- charged only if all that decide admit.
--- Reply: 3 integers per policy: the verdict (ADMITTED, or the retry-after in microseconds, or
--- NEVER when no wait admits it), remaining, reset_after_us; remaining and reset describe the
--- state after this request's charges. A granting operation's reply has REPLY_GRANT more: the
--- units granted (0 when none), the grant's end (a lease's end, a reserved slot, the time held
--- slots were charged at), and the microseconds until then.
+-- Reply: CHECK_WIDTH integers per policy, each at its place (`at` in script.rs, AT_... here):
+-- the verdict (ADMITTED, or the retry-after in microseconds, or NEVER when no wait admits it),
+-- remaining, reset_after_us; remaining and reset describe the state after this request's
+-- charges. A granting operation's reply has REPLY_GRANT more: the units granted (0 when none),
+-- the grant's end (a lease's end, a reserved time, the time held slots were charged at), and
+-- the microseconds until then.
 
 -- Each algorithm's functions, built the first time a decision uses it: once per call when
 -- this runs as a script (which runs whole on every call), once per load as a function.
@@ -4511,7 +4512,7 @@ end
 local ALGS, OPS, PS, COSTS, XS, YS, STS, ENDS, LEASE_ENDS, WAITS = {}, {}, {}, {}, {}, {}, {}, {},
   {}, {}
 
--- Phase one for the policy at position i, whose reply starts at REPLY[base + 1]: its state,
+-- Phase one for the policy at position i, whose reply follows REPLY[base]: its state,
 -- loaded in STATES[i] (converted first when written under other parameters; as strict as a
 -- lease could make it, in LEASED[i], for a LEASE whose longest life is `x`: twin of
 -- `lease_verdict` in Rust), its verdict in the reply, and for a WAIT denied now, the wait of
@@ -4536,7 +4537,8 @@ local function evaluate(i, alg, op, key, p, now, cost, x, base)
     end
   end
   local verdict, remaining, reset = judge(alg, p, st, ends, now, cost, key)
-  REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = verdict, remaining, reset
+  REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = verdict, remaining,
+    reset
   if GRANTS[op] then
     REPLY[base + 4], REPLY[base + 5], REPLY[base + 6] = 0, 0, 0
   end
@@ -4598,7 +4600,8 @@ local function own_limits(n, total)
     local o = PS[i]
     if o.limit_end then
       local q = o.quota
-      REPLY[total + 1], REPLY[total + 2], REPLY[total + 3], REPLY[total + 4] = i, q[1], q[2], q[3]
+      REPLY[total + 1], REPLY[total + 2] = i, q[1]
+      REPLY[total + 3], REPLY[total + 4] = q[2], q[3]
       total = total + 4
     end
   end

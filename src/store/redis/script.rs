@@ -25,8 +25,53 @@ pub(crate) const NEVER: i64 = -1;
 
 /// The integers the script adds after the checks' replies for each key decided under a limit
 /// of its own: the check's place (from 1), and its quota's limit, window (0 for a month) and
-/// burst (0 for none).
+/// burst (0 for none), at the places [`at`] names.
 pub(crate) const OWN_WIDTH: usize = 4;
+
+/// Where each integer of the reply is, counted from the start of a check's reply (or of a key's
+/// own limit's), from 0. The script names them `AT_...`, counted from 1 as Lua's tables are;
+/// both sides read and write the reply by these names only.
+pub(crate) mod at {
+    /// The verdict: [`ADMITTED`](super::ADMITTED), [`NEVER`](super::NEVER), or the
+    /// retry-after in microseconds.
+    pub(crate) const VERDICT: usize = 0;
+    /// What is left after the request's charges.
+    pub(crate) const REMAINING: usize = 1;
+    /// The microseconds until the state is fresh again.
+    pub(crate) const RESET: usize = 2;
+    /// A grant's units (for an operation that grants).
+    pub(crate) const UNITS: usize = 3;
+    /// A grant's end, on the store's clock.
+    pub(crate) const END: usize = 4;
+    /// The microseconds from the decision to a grant's end.
+    pub(crate) const LASTS: usize = 5;
+    /// A key's own limit: its check's place (from 1).
+    pub(crate) const OWN_PLACE: usize = 0;
+    /// A key's own limit: its quota's limit.
+    pub(crate) const OWN_LIMIT: usize = 1;
+    /// A key's own limit: its quota's window (0 for a month).
+    pub(crate) const OWN_WINDOW: usize = 2;
+    /// A key's own limit: its quota's burst (0 for none).
+    pub(crate) const OWN_BURST: usize = 3;
+
+    /// Every place, by the name the script knows it by, counted from 1.
+    #[cfg(test)]
+    pub(crate) const NAMED: [(&str, usize); 10] = [
+        ("AT_VERDICT", VERDICT + 1),
+        ("AT_REMAINING", REMAINING + 1),
+        ("AT_RESET", RESET + 1),
+        ("AT_UNITS", UNITS + 1),
+        ("AT_END", END + 1),
+        ("AT_LASTS", LASTS + 1),
+        ("AT_OWN_PLACE", OWN_PLACE + 1),
+        ("AT_OWN_LIMIT", OWN_LIMIT + 1),
+        ("AT_OWN_WINDOW", OWN_WINDOW + 1),
+        ("AT_OWN_BURST", OWN_BURST + 1),
+    ];
+}
+
+const _: () = assert!(at::LASTS + 1 == Op::REPLY + Op::REPLY_GRANT && at::RESET + 1 == Op::REPLY);
+const _: () = assert!(at::OWN_BURST + 1 == OWN_WIDTH);
 
 /// A policy's shape, the first of its arguments: its algorithm and operation, and two flags,
 /// one integer (the script decodes it with `%`, as Lua 5.1 has no bit operators). Algorithm
@@ -135,6 +180,7 @@ mod tests {
                 ("ADMITTED", ADMITTED),
                 ("NEVER", NEVER),
                 ("OWN_WIDTH", OWN_WIDTH as i64),
+                ("CHECK_WIDTH", Op::REPLY as i64),
                 ("LONGEST", crate::MAX_WINDOW.as_micros() as i64),
                 ("MODE_UNIT", MODE_UNIT as i64),
                 ("COST_FLAG", COST_FLAG as i64),
@@ -142,6 +188,7 @@ mod tests {
             ]
             .map(|(name, value)| (name.to_owned(), value.to_string())),
         );
+        names.extend(at::NAMED.map(|(name, at)| (name.to_owned(), at.to_string())));
         let mut lua = String::from(concat!(
             "-- tower-ratelimit: its decision script. Generated (luagen/) from\n",
             "-- src/algorithm/lua/*.lua and src/store/redis/{fused,decide}.lua, with the numbers\n",

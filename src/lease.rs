@@ -346,7 +346,7 @@ impl LeaseShard {
     /// The entry of `policy`'s tier and `key`, made if there is none.
     fn entry(&mut self, hash: u64, policy: &Arc<Tier>, key: &Key) -> &mut KeyLeases {
         let tier = policy.id();
-        let slot = self
+        let found = self
             .entries
             .entry(hash, |s| s.policy.id() == tier && s.key == *key, |s| s.hash)
             .or_insert_with(|| LeaseRow {
@@ -355,7 +355,7 @@ impl LeaseShard {
                 hash,
                 entry: KeyLeases::default(),
             });
-        &mut slot.into_mut().entry
+        &mut found.into_mut().entry
     }
 
     /// Counts an operation and, every [`SWEEP_EVERY`] operations or [`SWEEP_INTERVAL_US`],

@@ -142,13 +142,13 @@ pub const METRICS: &[Metric] = &[
         "ratelimit_requests_delayed_total",
         MetricKind::Counter,
         &["policy"],
-        "Requests admitted at a later slot, which waited for it (policy: the longest wait)",
+        "Requests admitted at a later time, which waited for it (policy: the longest wait)",
     ),
     metric(
         "ratelimit_delay_seconds",
         MetricKind::Histogram,
         &["policy"],
-        "How long delayed requests waited for their slot",
+        "How long delayed requests waited for their reserved time",
     ),
     metric(
         "ratelimit_costs_clamped_total",

@@ -302,8 +302,8 @@ impl Summary {
         // Full: the key takes the counter of the smallest count, and starts from it.
         self.evicted = true;
         let smallest = self.heap[0].hash;
-        if let Ok(slot) = self.index.find_entry(smallest, |&j| j == 0) {
-            slot.remove();
+        if let Ok(found) = self.index.find_entry(smallest, |&j| j == 0) {
+            found.remove();
         }
         let floor = self.heap[0].count;
         self.heap[0] = entry(floor + weight, floor);

@@ -368,7 +368,10 @@ fn two_servers_with_waits_queue_on_one_schedule() {
         .iter()
         .filter(|(_, t)| *t >= std::time::Duration::from_millis(450))
         .count();
-    assert!(waited >= 2, "two waited for their slots: {replies:?}");
+    assert!(
+        waited >= 2,
+        "two waited for their reserved times: {replies:?}"
+    );
 }
 
 /// `CONCURRENCY` on one server: while a `/slow` request is in flight, its slot is taken; once

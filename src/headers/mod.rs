@@ -306,8 +306,8 @@ impl RateLimitHeaders {
     /// Adds the headers that are not already there (an inner, more specific limiter wins).
     pub(crate) fn apply(&self, headers: &mut HeaderMap) {
         fn put(headers: &mut HeaderMap, name: HeaderName, value: HeaderValue) {
-            if let Entry::Vacant(slot) = headers.entry(name) {
-                slot.insert(value);
+            if let Entry::Vacant(vacant) = headers.entry(name) {
+                vacant.insert(value);
             }
         }
         if let Some((policy, remaining, reset)) = &self.legacy {

@@ -16,9 +16,9 @@ pub(crate) fn number(n: u64) -> HeaderValue {
     }
     let digits = DIGITS.get_or_init(|| {
         let mut buf = vec![b' '; STATIC as usize * WIDTH];
-        for (i, slot) in buf.chunks_exact_mut(WIDTH).enumerate() {
+        for (i, cell) in buf.chunks_exact_mut(WIDTH).enumerate() {
             let text = i.to_string();
-            slot[..text.len()].copy_from_slice(text.as_bytes());
+            cell[..text.len()].copy_from_slice(text.as_bytes());
         }
         buf.into_boxed_slice()
     });

@@ -7,9 +7,9 @@
 //! not compile. What follows from the facts (what it adds to a script call, how wide its reply
 //! is, how a charge it made is undone) is written once, here, in `match`es with no catch-all
 //! arm. The memory store reads them; the Redis script's prelude has them as tables generated
-//! from [`Op::KINDS`] (see `store/redis/script.rs`), and a test holds `decide.lua`'s branches
+//! from [`Op::KINDS`] (see `store/redis/script.rs`), and a test holds the script's branches
 //! to them. What an operation does to a state (its own arm) is written once per store: in
-//! `store/memory/shard.rs` and in `decide.lua`.
+//! `store/memory/shard.rs` and in `act.lua` (or `decide.lua`'s phases).
 
 use std::sync::Arc;
 

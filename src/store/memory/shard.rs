@@ -208,7 +208,7 @@ impl Row {
 
     /// Converts a state written under another definition of the policy (before a reload), or
     /// under the key's own limit that has ended, to the check's (twin of `adopt` in
-    /// `decide.lua`). A key's own limit that has not ended stays, whatever the definition.
+    /// `act.lua`). A key's own limit that has not ended stays, whatever the definition.
     fn adopt(&mut self, check: &CheckRef<'_>, now: u64, registry: &Registry) {
         let tier = check.tier();
         let limit = self.limit().cloned();

@@ -1,5 +1,5 @@
 -- Decides one request against one or more policies, atomically.
--- KEYS[i]: the state key of policy i (all in one slot).
+-- KEYS[i]: the state key of policy i (all in one hash slot).
 -- ARGV: for each policy, its shape, then its cost when the shape says one follows, then the
 -- ARGS[op] integers of its operation, then its tag (its algorithm and parameters: see
 -- `read_params` and `store`); after the last
@@ -12,12 +12,12 @@
 -- (`Algorithm`, and `Op` in `store/op.rs`, which says what each operation is): the tables
 -- DECIDES (a denial denies the request), CHARGES (0: never charged here; 1: when its own
 -- verdict admits; 2: always, if the request is admitted), ACTS (changes the state on its own,
--- then looks at cost 0: its arm is ACT[op] below), ARGS (its integers), GRANTS (its reply
+-- then looks at cost 0: its arm is ACT[op] in act.lua), ARGS (its integers), GRANTS (its reply
 -- has the three integers of a grant) and FUSES (decided by its algorithm's fused decisions,
 -- alone or beside others of the same: `fused.lua`, written into each twin by luagen/).
--- The operations' own arms are here and nowhere else: ACT[op] for those that act; LEASE
--- (decided on the state as strict as a lease could make it, `lease_state`, and charged a
--- lease of what is left instead of its cost, `take_lease`), WAIT (a request it denies now
+-- The operations' own arms are here and in act.lua, nowhere else: ACT[op] for those that act;
+-- LEASE (decided on the state as strict as a lease could make it, `lease_state`, and charged
+-- a lease of what is left instead of its cost, `take_lease`), WAIT (a request it denies now
 -- is admitted when a wait of at most its integer would admit it, `reservation` and
 -- `reserve`), CONCURRENCY (its grant is the slots charged and the time they were charged at).
 -- A blocked key is denied whatever its state, until the block ends; the block is kept in the
@@ -87,173 +87,6 @@ local function read_policy(args, at, i)
   return alg, op, p, cost, x, y, at + 1, shape >= CLOCK_FLAG
 end
 
--- Old parameters read from a tag, reused from call to call.
-local OLD = {}
-
--- Puts the key's state `st`, written under `from` (nil: under nothing this policy reads),
--- under `to`: a key's own limit's parameters or the policy's, converted as a reload converts
--- it (twin of `Row::put_under` in Rust). With nothing used, only the key's own limit is kept
--- (and the block on record). The sliding log, whose entries mean the same under any quota,
--- marks its own limit itself.
-local function put_under(alg, key, st, now, from, to)
-  if alg.mark then
-    alg:mark(key, to, now)
-    return
-  end
-  if st and from and alg.convert and alg:convert(key, from, to, st, now) then
-    return
-  end
-  local value, e = '', now
-  if to.limit_end then
-    value, e = to.tag, to.limit_end
-  end
-  if KEEP_BLOCK then
-    value = value .. '|' .. int(KEEP_BLOCK)
-    if KEEP_BLOCK > e then
-      e = KEEP_BLOCK
-    end
-  end
-  if value == '' then
-    call('DEL', key)
-  else
-    call('SET', key, value, 'PX', format(INT, ttl_ms(now, e)))
-  end
-end
-
--- The parameters a state of tag `stale` was written under (nil: the present ones, `p`);
--- nil for a state of another algorithm.
-local function written_under(stale, p)
-  if not stale then
-    return p
-  end
-  if find(stale, '@', 1, true) then
-    return own_params(stale, p)
-  end
-  if tag_params(stale, OLD) == sub(p.tag, 1, 1) then
-    return OLD
-  end
-  return nil
-end
-
--- A state found written under other parameters (`stale`, its tag: the policy was reloaded, or
--- another instance runs another version of it), converted to the present ones and written
--- back (twin of `Compiled::convert`): the state and the block's end then. A state of another
--- algorithm, or one left with nothing used, is forgotten; the key keeps its block.
-local function adopt(alg, key, p, st, ends, now, stale, into)
-  if find(stale, '@', 1, true) then
-    local o = own_params(stale, p)
-    if o and o.limit_end > now and (not alg.keeps or alg.keeps(o, p)) then
-      -- The key's own limit: decided under it.
-      return st, ends, o
-    end
-    -- Its own limit has ended (or counts periods the policy no longer counts): back under
-    -- the policy's quota, its usage kept.
-    KEEP_BLOCK = ends
-    put_under(alg, key, o and st, now, o, p)
-    KEEP_BLOCK = nil
-    local kept, block = alg.load(key, p, now, into)
-    return kept, block, p
-  end
-  if st and alg.convert and tag_params(stale, OLD) == sub(p.tag, 1, 1) then
-    KEEP_BLOCK = ends
-    local kept = alg:convert(key, OLD, p, st, now)
-    KEEP_BLOCK = nil
-    if kept then
-      local state, block = alg.load(key, p, now, into)
-      return state, block, p
-    end
-  end
-  if ends then
-    call('SET', key, '|' .. int(ends), 'KEEPTTL')
-  else
-    call('DEL', key)
-  end
-  return nil, ends, p
-end
-
-
--- The arms of the operations that act on their own (twin of `act` in the memory store), each
--- called with the policy's algorithm, key, parameters, state, the time, the units and the
--- operation's integer; the block on record is kept by every write they make.
-local ACT = {}
-ACT[REFUND] = function(alg, key, p, st, now, units)
-  alg:refund(key, p, st, now, units)
-end
-ACT[RESET] = function(_, key)
-  call('DEL', key)
-end
-ACT[PENALIZE] = function(alg, key, p, st, now, units)
-  if units > 0 then
-    alg:commit(key, p, st, now, units)
-  end
-end
-ACT[BLOCK] = function(alg, key, p, st, now, _, us)
-  alg:block(key, p, st, now, now + us)
-end
--- The algorithm's own give-back, else a refund until the lease's end: see `Step::give_back`.
-ACT[GIVE_BACK] = function(alg, key, p, st, now, units, lease_end)
-  if alg.give_back then
-    alg:give_back(key, p, st, now, lease_end, units)
-  elseif now <= lease_end then
-    alg:refund(key, p, st, now, units)
-  end
-end
--- The algorithm's own release, else its give-back: see `Step::release`.
-ACT[RELEASE] = function(alg, key, p, st, now, units, slot)
-  if alg.release then
-    alg:release(key, p, st, now, slot, units)
-  elseif alg.give_back then
-    alg:give_back(key, p, st, now, slot, units)
-  end
-end
-
--- The difference between a request's real cost and its estimate, given back or owed (the
--- algorithm's own debit, else a charge: see `Step::debit`).
-ACT[SETTLE] = function(alg, key, p, st, now, units, estimate)
-  if units < estimate then
-    alg:refund(key, p, st, now, estimate - units)
-  elseif units > estimate then
-    local debit = alg.debit or alg.commit
-    debit(alg, key, p, st, now, units - estimate)
-  end
-end
-
--- A key's own limit, `p` (its parameters, then '@' and its quota), until `limit_end` (0: the
--- longest window's time from now): the state converted from what it was written under.
-ACT[LIMIT] = function(alg, key, p, st, now, from, limit_end)
-  if limit_end == 0 then
-    limit_end = now + LONGEST
-  end
-  local at = find(p.tag, '@', 1, true)
-  local tag = sub(p.tag, 1, at) .. int(limit_end) .. 'E0,' .. sub(p.tag, at + 1)
-  put_under(alg, key, st, now, from, own_params(tag, p))
-end
--- Back under the policy's own quota (`p`), from a key's own limit.
-ACT[UNLIMIT] = function(alg, key, p, st, now, from)
-  if from ~= p then
-    put_under(alg, key, st, now, from, p)
-  end
-end
-
--- Runs the act of `op` on the key (its state loaded in `into`, converted first when it was
--- written under other parameters, or decided under the key's own limit); a key's own limit
--- set or ended is given what the state was written under instead of the units.
-local function act(alg, op, key, p, now, units, x, into)
-  local st, ends, stale = alg.load(key, p, now, into)
-  if RELIMITS[op] then
-    KEEP_BLOCK = ends
-    ACT[op](alg, key, p, st, now, written_under(stale, p), x)
-    KEEP_BLOCK = nil
-    return
-  end
-  if stale then
-    st, ends, p = adopt(alg, key, p, st, ends, now, stale, into)
-  end
-  KEEP_BLOCK = ends
-  ACT[op](alg, key, p, st, now, units, x)
-  KEEP_BLOCK = nil
-end
-
 -- Phase one for a policy: its verdict as the reply gives it, remaining and reset.
 local function judge(alg, p, st, ends, now, cost, key)
   local ok, remaining, reset, retry = alg:evaluate(p, st, now, cost, key)
@@ -283,7 +116,7 @@ local function judge(alg, p, st, ends, now, cost, key)
   return retry, remaining, reset
 end
 
--- For a WAIT policy denied now with `verdict`: the wait until the slot that admits it, when
+-- For a WAIT policy denied now with `verdict`: the wait until the time that admits it, when
 -- it is a retry-after of at most `max_wait`, the cost is not 0 (a look reserves nothing) and
 -- the key is not blocked (twin of
 -- `reservation` in Rust); else nil.
@@ -297,28 +130,29 @@ local function reservation(alg, p, st, ends, now, cost, key, verdict, max_wait)
   return nil
 end
 
--- Phase two for a WAIT policy admitted at the slot `wait` microseconds away: charges it
+-- Phase two for a WAIT policy admitted at the time `wait` microseconds away: charges it
 -- there (the key's TTL still counted from now), then reports the state as it is seen now,
--- with the units, the slot and the wait after the verdict. `scratch` is a table to load the
+-- with the units, the time and the wait after the verdict. `scratch` is a table to load the
 -- new state in.
 local function reserve(alg, key, p, st, ends, now, cost, wait, reply, at, scratch)
-  local slot = now + wait
+  local at_time = now + wait
   KEEP_BLOCK = ends
   if alg.reserve_commit then
-    alg:reserve_commit(key, p, st, now, slot, cost)
+    alg:reserve_commit(key, p, st, now, at_time, cost)
   else
     local slack = TTL_SLACK
     TTL_SLACK = slack + cdiv(wait, 1000)
-    alg:commit(key, p, st, slot, cost)
+    alg:commit(key, p, st, at_time, cost)
     TTL_SLACK = slack
   end
   KEEP_BLOCK = nil
   -- Admitted, the state reported as it is seen now (a look may deny: the sliding log still
-  -- counts, now, entries that are gone at the slot).
+  -- counts, now, entries that are gone at that time).
   local seen = alg.load(key, p, now, scratch)
   local _, remaining, reset = judge(alg, p, seen, nil, now, 0, key)
-  reply[at + AT_VERDICT], reply[at + AT_REMAINING], reply[at + AT_RESET] = ADMITTED, remaining, reset
-  reply[at + AT_UNITS], reply[at + AT_END], reply[at + AT_LASTS] = cost, slot, wait
+  reply[at + AT_VERDICT], reply[at + AT_REMAINING] = ADMITTED, remaining
+  reply[at + AT_RESET] = reset
+  reply[at + AT_UNITS], reply[at + AT_END], reply[at + AT_LASTS] = cost, at_time, wait
 end
 
 -- Phase two for an admitted LEASE of up to `want` units ending at `lease_end`: leases
@@ -359,7 +193,7 @@ local ALGS, OPS, PS, COSTS, XS, YS, STS, ENDS, LEASE_ENDS, WAITS = {}, {}, {}, {
 -- loaded in STATES[i] (converted first when written under other parameters; as strict as a
 -- lease could make it, in LEASED[i], for a LEASE whose longest life is `x`: twin of
 -- `lease_verdict` in Rust), its verdict in the reply, and for a WAIT denied now, the wait of
--- at most `x` until the slot that would admit it. Returns whether it admits the request, the
+-- at most `x` until the time that would admit it. Returns whether it admits the request, the
 -- state and block decided on, the lease's end and the wait.
 local function evaluate(i, alg, op, key, p, now, cost, x, base)
   local into = STATES[i]
@@ -396,7 +230,7 @@ local function evaluate(i, alg, op, key, p, now, cost, x, base)
 end
 
 -- Phase two for the policy at position i, the request `admitted` or not: charged as its
--- operation says (at its reserved slot `wait` away, a lease of up to `y` units ending at
+-- operation says (at its reserved time `wait` away, a lease of up to `y` units ending at
 -- `lease_end`, its cost; keeping its block on record), or the state reported as it stays, its
 -- key given a TTL if it lost its own.
 local function apply(i, alg, op, key, p, now, cost, y, st, ends, lease_end, wait, admitted, base)
@@ -517,8 +351,8 @@ end
 
 -- Several policies, each enforced (the usual request of several): every one read, the time
 -- read, each judged by its algorithm's fused phase one (`judged`), then either each charged
--- by its algorithm's `commit` (all admit) or each left as `apply` leaves a denied request's. Nil, having
--- written nothing, when one is another operation, a cost of 0, a key blocked or written
+-- by its algorithm's `commit` (all admit) or each left as `apply` leaves a denied request's.
+-- Nil, having written nothing, when one is another operation, a cost of 0, a key blocked or written
 -- under other parameters, or malformed: the general path decides it.
 local function decide_fused(keys, args, n)
   local at, injected = 1, false

@@ -4155,94 +4155,10 @@ ALG[6] = function()
     commit = commit,
   }
 end
--- Decides one request against one or more policies, atomically.
--- KEYS[i]: the state key of policy i (all in one slot).
--- ARGV: for each policy, its shape, then its cost when the shape says one follows, then the
--- ARGS[op] integers of its operation, then its tag (its algorithm and parameters: see
--- `read_params` and `store`); after the last
--- policy, when the first shape says the time is injected, the time in microseconds and the
--- milliseconds added to every TTL (Redis expires keys on its own clock, which an injected
--- clock may outrun or lag). Otherwise the time is Redis TIME.
--- A shape is one integer: algorithm + MODE_UNIT * operation, plus COST_FLAG when a cost other
--- than 1 follows and CLOCK_FLAG when the time is injected.
--- The algorithm ids, the operations and each operation's facts are generated from Rust
--- (`Algorithm`, and `Op` in `store/op.rs`, which says what each operation is): the tables
--- DECIDES (a denial denies the request), CHARGES (0: never charged here; 1: when its own
--- verdict admits; 2: always, if the request is admitted), ACTS (changes the state on its own,
--- then looks at cost 0: its arm is ACT[op] below), ARGS (its integers), GRANTS (its reply
--- has the three integers of a grant) and FUSES (decided by its algorithm's fused decisions,
--- alone or beside others of the same: `fused.lua`, written into each twin by luagen/).
--- The operations' own arms are here and nowhere else: ACT[op] for those that act; LEASE
--- (decided on the state as strict as a lease could make it, `lease_state`, and charged a
--- lease of what is left instead of its cost, `take_lease`), WAIT (a request it denies now
--- is admitted when a wait of at most its integer would admit it, `reservation` and
--- `reserve`), CONCURRENCY (its grant is the slots charged and the time they were charged at).
--- A blocked key is denied whatever its state, until the block ends; the block is kept in the
--- state key itself (see `read` and the sliding log), so a decision finds it with the read it
--- makes anyway, and stays on record while the key lives (a clock that goes back finds it
--- again, as the memory store does).
--- Every operation that acts does so first, in order; then each policy is evaluated; then
--- charged only if all that decide admit.
--- Reply: CHECK_WIDTH integers per policy, each at its place (`at` in script.rs, AT_... here):
--- the verdict (ADMITTED, or the retry-after in microseconds, or NEVER when no wait admits it),
--- remaining, reset_after_us; remaining and reset describe the state after this request's
--- charges. A granting operation's reply has REPLY_GRANT more: the units granted (0 when none),
--- the grant's end (a lease's end, a reserved time, the time held slots were charged at), and
--- the microseconds until then.
-
--- Each algorithm's functions, built the first time a decision uses it: once per call when
--- this runs as a script (which runs whole on every call), once per load as a function.
-local BUILT = {}
-local function algorithm(id)
-  local alg = BUILT[id]
-  if not alg then
-    local make = ALG[id]
-    if not make then
-      return nil
-    end
-    alg = make()
-    BUILT[id] = alg
-  end
-  return alg
-end
-
--- The policy whose shape is at args[at], the i-th of the call: its algorithm, operation,
--- parameters (`read_params`), cost and the operation's integers; where the next policy starts
--- and whether the time is injected. Nil when malformed.
-local function read_policy(args, at, i)
-  local shape = SHAPES[args[at]] or read_shape(args[at])
-  if not shape then
-    return nil
-  end
-  local id = shape % 32
-  local alg = BUILT[id] or algorithm(id)
-  local op = (shape % 1024 - id) / 32
-  if not alg or not ARGS[op] then
-    return nil
-  end
-  local cost = 1
-  at = at + 1
-  if shape % 2048 >= 1024 then
-    cost = tonumber(args[at])
-    at = at + 1
-  end
-  local count, x, y = ARGS[op], nil, nil
-  if count > 0 then
-    x = tonumber(args[at])
-    if count > 1 then
-      y = tonumber(args[at + 1])
-    end
-    at = at + count
-  end
-  if not STATES[i] then
-    STATES[i], LEASED[i] = {}, {}
-  end
-  local p = read_params(args[at])
-  if not p then
-    return nil
-  end
-  return alg, op, p, cost, x, y, at + 1, shape >= 2048
-end
+-- What acts on a key's state on its own, before a decision judges it: the operations' `ACT`
+-- arms (`act`), and the conversion of a state written under other parameters (`adopt`: a
+-- reload, another instance's version, a key's own limit begun or ended). Written into the
+-- script before `decide.lua`, which calls `act` and `adopt`.
 
 -- Old parameters read from a tag, reused from call to call.
 local OLD = {}
@@ -4356,11 +4272,11 @@ ACT[11] = function(alg, key, p, st, now, units, lease_end)
   end
 end
 -- The algorithm's own release, else its give-back: see `Step::release`.
-ACT[12] = function(alg, key, p, st, now, units, slot)
+ACT[12] = function(alg, key, p, st, now, units, at)
   if alg.release then
-    alg:release(key, p, st, now, slot, units)
+    alg:release(key, p, st, now, at, units)
   elseif alg.give_back then
-    alg:give_back(key, p, st, now, slot, units)
+    alg:give_back(key, p, st, now, at, units)
   end
 end
 
@@ -4410,6 +4326,94 @@ local function act(alg, op, key, p, now, units, x, into)
   ACT[op](alg, key, p, st, now, units, x)
   KEEP_BLOCK = nil
 end
+-- Decides one request against one or more policies, atomically.
+-- KEYS[i]: the state key of policy i (all in one hash slot).
+-- ARGV: for each policy, its shape, then its cost when the shape says one follows, then the
+-- ARGS[op] integers of its operation, then its tag (its algorithm and parameters: see
+-- `read_params` and `store`); after the last
+-- policy, when the first shape says the time is injected, the time in microseconds and the
+-- milliseconds added to every TTL (Redis expires keys on its own clock, which an injected
+-- clock may outrun or lag). Otherwise the time is Redis TIME.
+-- A shape is one integer: algorithm + MODE_UNIT * operation, plus COST_FLAG when a cost other
+-- than 1 follows and CLOCK_FLAG when the time is injected.
+-- The algorithm ids, the operations and each operation's facts are generated from Rust
+-- (`Algorithm`, and `Op` in `store/op.rs`, which says what each operation is): the tables
+-- DECIDES (a denial denies the request), CHARGES (0: never charged here; 1: when its own
+-- verdict admits; 2: always, if the request is admitted), ACTS (changes the state on its own,
+-- then looks at cost 0: its arm is ACT[op] in act.lua), ARGS (its integers), GRANTS (its reply
+-- has the three integers of a grant) and FUSES (decided by its algorithm's fused decisions,
+-- alone or beside others of the same: `fused.lua`, written into each twin by luagen/).
+-- The operations' own arms are here and in act.lua, nowhere else: ACT[op] for those that act;
+-- LEASE (decided on the state as strict as a lease could make it, `lease_state`, and charged
+-- a lease of what is left instead of its cost, `take_lease`), WAIT (a request it denies now
+-- is admitted when a wait of at most its integer would admit it, `reservation` and
+-- `reserve`), CONCURRENCY (its grant is the slots charged and the time they were charged at).
+-- A blocked key is denied whatever its state, until the block ends; the block is kept in the
+-- state key itself (see `read` and the sliding log), so a decision finds it with the read it
+-- makes anyway, and stays on record while the key lives (a clock that goes back finds it
+-- again, as the memory store does).
+-- Every operation that acts does so first, in order; then each policy is evaluated; then
+-- charged only if all that decide admit.
+-- Reply: CHECK_WIDTH integers per policy, each at its place (`at` in script.rs, AT_... here):
+-- the verdict (ADMITTED, or the retry-after in microseconds, or NEVER when no wait admits it),
+-- remaining, reset_after_us; remaining and reset describe the state after this request's
+-- charges. A granting operation's reply has REPLY_GRANT more: the units granted (0 when none),
+-- the grant's end (a lease's end, a reserved time, the time held slots were charged at), and
+-- the microseconds until then.
+
+-- Each algorithm's functions, built the first time a decision uses it: once per call when
+-- this runs as a script (which runs whole on every call), once per load as a function.
+local BUILT = {}
+local function algorithm(id)
+  local alg = BUILT[id]
+  if not alg then
+    local make = ALG[id]
+    if not make then
+      return nil
+    end
+    alg = make()
+    BUILT[id] = alg
+  end
+  return alg
+end
+
+-- The policy whose shape is at args[at], the i-th of the call: its algorithm, operation,
+-- parameters (`read_params`), cost and the operation's integers; where the next policy starts
+-- and whether the time is injected. Nil when malformed.
+local function read_policy(args, at, i)
+  local shape = SHAPES[args[at]] or read_shape(args[at])
+  if not shape then
+    return nil
+  end
+  local id = shape % 32
+  local alg = BUILT[id] or algorithm(id)
+  local op = (shape % 1024 - id) / 32
+  if not alg or not ARGS[op] then
+    return nil
+  end
+  local cost = 1
+  at = at + 1
+  if shape % 2048 >= 1024 then
+    cost = tonumber(args[at])
+    at = at + 1
+  end
+  local count, x, y = ARGS[op], nil, nil
+  if count > 0 then
+    x = tonumber(args[at])
+    if count > 1 then
+      y = tonumber(args[at + 1])
+    end
+    at = at + count
+  end
+  if not STATES[i] then
+    STATES[i], LEASED[i] = {}, {}
+  end
+  local p = read_params(args[at])
+  if not p then
+    return nil
+  end
+  return alg, op, p, cost, x, y, at + 1, shape >= 2048
+end
 
 -- Phase one for a policy: its verdict as the reply gives it, remaining and reset.
 local function judge(alg, p, st, ends, now, cost, key)
@@ -4440,7 +4444,7 @@ local function judge(alg, p, st, ends, now, cost, key)
   return retry, remaining, reset
 end
 
--- For a WAIT policy denied now with `verdict`: the wait until the slot that admits it, when
+-- For a WAIT policy denied now with `verdict`: the wait until the time that admits it, when
 -- it is a retry-after of at most `max_wait`, the cost is not 0 (a look reserves nothing) and
 -- the key is not blocked (twin of
 -- `reservation` in Rust); else nil.
@@ -4454,28 +4458,29 @@ local function reservation(alg, p, st, ends, now, cost, key, verdict, max_wait)
   return nil
 end
 
--- Phase two for a WAIT policy admitted at the slot `wait` microseconds away: charges it
+-- Phase two for a WAIT policy admitted at the time `wait` microseconds away: charges it
 -- there (the key's TTL still counted from now), then reports the state as it is seen now,
--- with the units, the slot and the wait after the verdict. `scratch` is a table to load the
+-- with the units, the time and the wait after the verdict. `scratch` is a table to load the
 -- new state in.
 local function reserve(alg, key, p, st, ends, now, cost, wait, reply, at, scratch)
-  local slot = now + wait
+  local at_time = now + wait
   KEEP_BLOCK = ends
   if alg.reserve_commit then
-    alg:reserve_commit(key, p, st, now, slot, cost)
+    alg:reserve_commit(key, p, st, now, at_time, cost)
   else
     local slack = TTL_SLACK
     TTL_SLACK = slack + cdiv(wait, 1000)
-    alg:commit(key, p, st, slot, cost)
+    alg:commit(key, p, st, at_time, cost)
     TTL_SLACK = slack
   end
   KEEP_BLOCK = nil
   -- Admitted, the state reported as it is seen now (a look may deny: the sliding log still
-  -- counts, now, entries that are gone at the slot).
+  -- counts, now, entries that are gone at that time).
   local seen = alg.load(key, p, now, scratch)
   local _, remaining, reset = judge(alg, p, seen, nil, now, 0, key)
-  reply[at + 1], reply[at + 2], reply[at + 3] = -2, remaining, reset
-  reply[at + 4], reply[at + 5], reply[at + 6] = cost, slot, wait
+  reply[at + 1], reply[at + 2] = -2, remaining
+  reply[at + 3] = reset
+  reply[at + 4], reply[at + 5], reply[at + 6] = cost, at_time, wait
 end
 
 -- Phase two for an admitted LEASE of up to `want` units ending at `lease_end`: leases
@@ -4516,7 +4521,7 @@ local ALGS, OPS, PS, COSTS, XS, YS, STS, ENDS, LEASE_ENDS, WAITS = {}, {}, {}, {
 -- loaded in STATES[i] (converted first when written under other parameters; as strict as a
 -- lease could make it, in LEASED[i], for a LEASE whose longest life is `x`: twin of
 -- `lease_verdict` in Rust), its verdict in the reply, and for a WAIT denied now, the wait of
--- at most `x` until the slot that would admit it. Returns whether it admits the request, the
+-- at most `x` until the time that would admit it. Returns whether it admits the request, the
 -- state and block decided on, the lease's end and the wait.
 local function evaluate(i, alg, op, key, p, now, cost, x, base)
   local into = STATES[i]
@@ -4553,7 +4558,7 @@ local function evaluate(i, alg, op, key, p, now, cost, x, base)
 end
 
 -- Phase two for the policy at position i, the request `admitted` or not: charged as its
--- operation says (at its reserved slot `wait` away, a lease of up to `y` units ending at
+-- operation says (at its reserved time `wait` away, a lease of up to `y` units ending at
 -- `lease_end`, its cost; keeping its block on record), or the state reported as it stays, its
 -- key given a TTL if it lost its own.
 local function apply(i, alg, op, key, p, now, cost, y, st, ends, lease_end, wait, admitted, base)
@@ -4674,8 +4679,8 @@ end
 
 -- Several policies, each enforced (the usual request of several): every one read, the time
 -- read, each judged by its algorithm's fused phase one (`judged`), then either each charged
--- by its algorithm's `commit` (all admit) or each left as `apply` leaves a denied request's. Nil, having
--- written nothing, when one is another operation, a cost of 0, a key blocked or written
+-- by its algorithm's `commit` (all admit) or each left as `apply` leaves a denied request's.
+-- Nil, having written nothing, when one is another operation, a cost of 0, a key blocked or written
 -- under other parameters, or malformed: the general path decides it.
 local function decide_fused(keys, args, n)
   local at, injected = 1, false

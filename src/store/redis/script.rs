@@ -1,7 +1,7 @@
 //! The decision script, as Redis runs it: `script.lua`, generated from the helpers the
-//! algorithms' Lua twins share, every twin, the fused decision (`fused.lua`) and the decision
-//! itself (`decide.lua`) by the generator in `luagen/` (a tool of development, compiled into
-//! this module's tests only), with what both languages must agree on (algorithm ids,
+//! algorithms' Lua twins share, every twin, the fused decision (`fused.lua`), what acts on a
+//! state on its own (`act.lua`) and the decision itself (`decide.lua`) by the generator in
+//! `luagen/` (a tool of development, compiled into this module's tests only), with what both languages must agree on (algorithm ids,
 //! operations and their facts, the shape of the arguments and the reply) taken from Rust.
 //!
 //! The Lua sources name those numbers (`ALG[GCRA]`, `op == LEASE`, `REPLY_GRANT`); the
@@ -207,6 +207,7 @@ mod tests {
                 &["load", "evaluate", "commit"],
             ));
         }
+        lua.push_str(include_str!("act.lua"));
         lua.push_str(include_str!("decide.lua"));
         luagen::substitute(&lua, &names)
     }
@@ -300,7 +301,7 @@ mod tests {
     /// lease, the reservation, the held slots); no other operation is compared by name.
     #[test]
     fn lua_branches_follow_the_facts() {
-        let decide = include_str!("decide.lua");
+        let decide = concat!(include_str!("act.lua"), include_str!("decide.lua"));
         let code: String = decide
             .lines()
             .filter(|l| !l.trim_start().starts_with("--"))

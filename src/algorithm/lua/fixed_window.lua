@@ -25,8 +25,8 @@ ALG[FIXED_WINDOW] = function()
   local function bounds(p, t)
     local w = p[2]
     if w > 0 then
-      local start = fdiv(t, w)
-      start = start * w
+      -- `fdiv`'s `%`, the multiple kept.
+      local start = t - t % w
       return start, start + w
     end
     return period(p, t)
@@ -40,8 +40,7 @@ ALG[FIXED_WINDOW] = function()
     local w = p[2]
     local start, ends
     if w > 0 then
-      start = fdiv(now, w)
-      start = start * w
+      start = now - now % w
       ends = start + w
     else
       start, ends = period(p, now)

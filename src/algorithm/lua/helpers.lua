@@ -1,5 +1,5 @@
 -- tower-ratelimit: shared helpers. Every number is an integer below 2^53, so doubles are exact;
--- divisions go through fdiv/cdiv, which correct the rounding of a / b. The library functions
+-- divisions that must give an integer go through fdiv/cdiv. The library functions
 -- used on every decision, and `redis.call` (as `call`), are upvalues set by the first decision
 -- (a Redis function's library cannot reach `string` while it loads): no global lookups per
 -- call. Calls cost: a Lua call is about 500 instructions of Redis's interpreter, a table about
@@ -20,32 +20,19 @@ local function bind_libraries()
   end
 end
 
+-- Integer division by `%`, an operator, not a call to math.floor or math.ceil: for integers
+-- below 2^53, a % b is exact (a / b, correctly rounded, never reaches the next integer: that
+-- would take a remainder below |a| / 2^53), and so is the division of the multiple left.
 --@inline
 local function fdiv(a, b)
-  -- The floor of a / b by `%` (an operator, not a call to math.floor).
-  local r = a / b
-  local q = r - r % 1
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
+  -- The floor of a / b.
+  return (a - a % b) / b
 end
 
 --@inline
 local function cdiv(a, b)
-  -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-  -- costs more than these lines).
-  local r = a / b
-  local q = r - r % 1
-  if q * b < a then
-    q = q + 1
-  end
-  if (q - 1) * b >= a then
-    q = q - 1
-  end
-  return q
+  -- The ceiling of a / b.
+  return (a + (-a) % b) / b
 end
 
 --@inline
@@ -197,16 +184,10 @@ local function rescale(amount, from, to)
   return r
 end
 
--- Milliseconds from `now` to `expires_at`, rounded up (TTLs are far below 2^43 µs, where
--- the division by 1000 is exact enough for `%`), plus the slack; at least 1.
+-- Milliseconds from `now` to `expires_at`, rounded up, plus the slack; at least 1.
 --@inline
 local function ttl_ms(now, expires_at)
-  local us = expires_at - now
-  local ms = us / 1000
-  ms = ms - ms % 1
-  if ms * 1000 < us then
-    ms = ms + 1
-  end
+  local ms = cdiv(expires_at - now, 1000)
   ms = ms + TTL_SLACK
   if ms < 1 then
     return 1

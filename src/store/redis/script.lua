@@ -12,7 +12,7 @@ local GRANTS = { false, false, false, true, true, true, false, false, false, fal
 local WIDTH = { 3, 3, 3, 6, 6, 6, 3, 3, 3, 3, 3, 3, 3, 3, 3 }
 local FUSES = { true, false, false, false, false, false, false, false, false, false, false, false, false, false, false }
 -- tower-ratelimit: shared helpers. Every number is an integer below 2^53, so doubles are exact;
--- divisions go through fdiv/cdiv, which correct the rounding of a / b. The library functions
+-- divisions that must give an integer go through fdiv/cdiv. The library functions
 -- used on every decision, and `redis.call` (as `call`), are upvalues set by the first decision
 -- (a Redis function's library cannot reach `string` while it loads): no global lookups per
 -- call. Calls cost: a Lua call is about 500 instructions of Redis's interpreter, a table about
@@ -33,32 +33,19 @@ local function bind_libraries()
   end
 end
 
+-- Integer division by `%`, an operator, not a call to math.floor or math.ceil: for integers
+-- below 2^53, a % b is exact (a / b, correctly rounded, never reaches the next integer: that
+-- would take a remainder below |a| / 2^53), and so is the division of the multiple left.
 --@inline
 local function fdiv(a, b)
-  -- The floor of a / b by `%` (an operator, not a call to math.floor).
-  local r = a / b
-  local q = r - r % 1
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
+  -- The floor of a / b.
+  return (a - a % b) / b
 end
 
 --@inline
 local function cdiv(a, b)
-  -- The ceiling of a / b, corrected as fdiv corrects the floor (not by calling it: a Lua call
-  -- costs more than these lines).
-  local r = a / b
-  local q = r - r % 1
-  if q * b < a then
-    q = q + 1
-  end
-  if (q - 1) * b >= a then
-    q = q - 1
-  end
-  return q
+  -- The ceiling of a / b.
+  return (a + (-a) % b) / b
 end
 
 --@inline
@@ -210,16 +197,10 @@ local function rescale(amount, from, to)
   return r
 end
 
--- Milliseconds from `now` to `expires_at`, rounded up (TTLs are far below 2^43 µs, where
--- the division by 1000 is exact enough for `%`), plus the slack; at least 1.
+-- Milliseconds from `now` to `expires_at`, rounded up, plus the slack; at least 1.
 --@inline
 local function ttl_ms(now, expires_at)
-  local us = expires_at - now
-  local ms = us / 1000
-  ms = ms - ms % 1
-  if ms * 1000 < us then
-    ms = ms + 1
-  end
+  local ms = cdiv(expires_at - now, 1000)
   ms = ms + TTL_SLACK
   if ms < 1 then
     return 1
@@ -464,8 +445,8 @@ ALG[1] = function()
   local function bounds(p, t)
     local w = p[2]
     if w > 0 then
-      local start = fdiv(t, w)
-      start = start * w
+      -- `fdiv`'s `%`, the multiple kept.
+      local start = t - t % w
       return start, start + w
     end
     return period(p, t)
@@ -479,8 +460,7 @@ ALG[1] = function()
     local w = p[2]
     local start, ends
     if w > 0 then
-      start = fdiv(now, w)
-      start = start * w
+      start = now - now % w
       ends = start + w
     else
       start, ends = period(p, now)
@@ -612,18 +592,7 @@ ALG[1] = function()
         local w = p[2]
         local start_5, ends_5
         if w > 0 then
-          do -- fdiv
-            local a, b = now, w
-            local r = a / b
-            local q = r - r % 1
-            if q * b > a then
-              q = q - 1
-            elseif (q + 1) * b <= a then
-              q = q + 1
-            end
-            start_5 = q
-          end
-          start_5 = start_5 * w
+          start_5 = now - now % w
           ends_5 = start_5 + w
         else
           start_5, ends_5 = period(p, now)
@@ -662,21 +631,21 @@ ALG[1] = function()
     until true
     if behind > 0 then
       do -- shift
-        local lag, ok_8, remaining_8, reset_8, retry_8 = behind, ok, remaining, reset, retry
+        local lag, ok_7, remaining_7, reset_7, retry_7 = behind, ok, remaining, reset, retry
         if lag > 0 then
-          remaining_8 = 0
-          reset_8 = reset_8 + lag
-          if retry_8 >= 0 then
-            retry_8 = retry_8 + lag
+          remaining_7 = 0
+          reset_7 = reset_7 + lag
+          if retry_7 >= 0 then
+            retry_7 = retry_7 + lag
           end
-          if ok_8 == 1 and cost > 0 then
-            ok_8, retry_8 = 0, lag
-            if reset_8 < lag then
-              reset_8 = lag
+          if ok_7 == 1 and cost > 0 then
+            ok_7, retry_7 = 0, lag
+            if reset_7 < lag then
+              reset_7 = lag
             end
           end
         end
-        ok, remaining, reset, retry = ok_8, remaining_8, reset_8, retry_8
+        ok, remaining, reset, retry = ok_7, remaining_7, reset_7, retry_7
       end
     end
     REPLY[2], REPLY[3], REPLY[3 + 1] = remaining, reset, nil
@@ -693,31 +662,20 @@ ALG[1] = function()
           local start, count, ends
           repeat -- current
             local w = p[2]
-            local start_10, ends_10
+            local start_9, ends_9
             if w > 0 then
-              do -- fdiv
-                local a, b = now, w
-                local r = a / b
-                local q = r - r % 1
-                if q * b > a then
-                  q = q - 1
-                elseif (q + 1) * b <= a then
-                  q = q + 1
-                end
-                start_10 = q
-              end
-              start_10 = start_10 * w
-              ends_10 = start_10 + w
+              start_9 = now - now % w
+              ends_9 = start_9 + w
             else
-              start_10, ends_10 = period(p, now)
+              start_9, ends_9 = period(p, now)
             end
-            if st and st[1] >= start_10 then
-              if st[1] > start_10 then
-                start_10, ends_10 = bounds(p, st[1])
+            if st and st[1] >= start_9 then
+              if st[1] > start_9 then
+                start_9, ends_9 = bounds(p, st[1])
               end
-              start, count, ends = start_10, st[2], ends_10 break
+              start, count, ends = start_9, st[2], ends_9 break
             end
-            start, count, ends = start_10, 0, ends_10 break
+            start, count, ends = start_9, 0, ends_9 break
           until true
           repeat -- store
             local value, expires_at = format(INT2, start, count + cost), ends
@@ -733,26 +691,25 @@ ALG[1] = function()
               end
               value = value .. '|' .. block_end
               repeat -- until_block_ends
-                local expires_at_14 = expires_at
-                if KEEP_BLOCK and KEEP_BLOCK > expires_at_14 then
+                local expires_at_12 = expires_at
+                if KEEP_BLOCK and KEEP_BLOCK > expires_at_12 then
                   expires_at = KEEP_BLOCK break
                 end
-                expires_at = expires_at_14 break
+                expires_at = expires_at_12 break
               until true
             end
             local ms
             repeat -- ttl_ms
-              local us = expires_at - now
-              local ms_15 = us / 1000
-              ms_15 = ms_15 - ms_15 % 1
-              if ms_15 * 1000 < us then
-                ms_15 = ms_15 + 1
+              local ms_13
+              do -- cdiv
+                local a, b = expires_at - now, 1000
+                ms_13 = (a + (-a) % b) / b
               end
-              ms_15 = ms_15 + TTL_SLACK
-              if ms_15 < 1 then
+              ms_13 = ms_13 + TTL_SLACK
+              if ms_13 < 1 then
                 ms = 1 break
               end
-              ms = ms_15 break
+              ms = ms_13 break
             until true
             call('SET', key, value, 'PX', format(INT, ms))
           until true
@@ -765,17 +722,16 @@ ALG[1] = function()
       local ms
       repeat -- ttl_ms
         local expires_at = now + reset
-        local us = expires_at - now
-        local ms_16 = us / 1000
-        ms_16 = ms_16 - ms_16 % 1
-        if ms_16 * 1000 < us then
-          ms_16 = ms_16 + 1
+        local ms_15
+        do -- cdiv
+          local a, b = expires_at - now, 1000
+          ms_15 = (a + (-a) % b) / b
         end
-        ms_16 = ms_16 + TTL_SLACK
-        if ms_16 < 1 then
+        ms_15 = ms_15 + TTL_SLACK
+        if ms_15 < 1 then
           ms = 1 break
         end
-        ms = ms_16 break
+        ms = ms_15 break
       until true
       call('PEXPIRE', key, ms)
     end
@@ -823,18 +779,7 @@ ALG[1] = function()
         local w = p[2]
         local start_19, ends_19
         if w > 0 then
-          do -- fdiv
-            local a, b = now, w
-            local r = a / b
-            local q = r - r % 1
-            if q * b > a then
-              q = q - 1
-            elseif (q + 1) * b <= a then
-              q = q + 1
-            end
-            start_19 = q
-          end
-          start_19 = start_19 * w
+          start_19 = now - now % w
           ends_19 = start_19 + w
         else
           start_19, ends_19 = period(p, now)
@@ -873,21 +818,21 @@ ALG[1] = function()
     until true
     if behind > 0 then
       do -- shift
-        local lag, ok_22, remaining_22, reset_22, retry_22 = behind, ok, remaining, reset, retry
+        local lag, ok_21, remaining_21, reset_21, retry_21 = behind, ok, remaining, reset, retry
         if lag > 0 then
-          remaining_22 = 0
-          reset_22 = reset_22 + lag
-          if retry_22 >= 0 then
-            retry_22 = retry_22 + lag
+          remaining_21 = 0
+          reset_21 = reset_21 + lag
+          if retry_21 >= 0 then
+            retry_21 = retry_21 + lag
           end
-          if ok_22 == 1 and cost > 0 then
-            ok_22, retry_22 = 0, lag
-            if reset_22 < lag then
-              reset_22 = lag
+          if ok_21 == 1 and cost > 0 then
+            ok_21, retry_21 = 0, lag
+            if reset_21 < lag then
+              reset_21 = lag
             end
           end
         end
-        ok, remaining, reset, retry = ok_22, remaining_22, reset_22, retry_22
+        ok, remaining, reset, retry = ok_21, remaining_21, reset_21, retry_21
       end
     end
     REPLY[base + 2], REPLY[base + 3] = remaining, reset
@@ -1300,14 +1245,7 @@ ALG[2] = function()
         local c_6
         do -- fdiv
           local a, b = now, p[3]
-          local r = a / b
-          local q = r - r % 1
-          if q * b > a then
-            q = q - 1
-          elseif (q + 1) * b <= a then
-            q = q + 1
-          end
-          c_6 = q
+          c_6 = (a - a % b) / b
         end
         if st and st[1] > c_6 then
           c, x = st[1], 0 break
@@ -1333,14 +1271,7 @@ ALG[2] = function()
           local wraps
           do -- fdiv
             local a, b = lo, slots
-            local r = a / b
-            local q = r - r % 1
-            if q * b > a then
-              q = q - 1
-            elseif (q + 1) * b <= a then
-              q = q + 1
-            end
-            wraps = q
+            wraps = (a - a % b) / b
           end
           local slot = lo - wraps * slots
           for _ = lo, hi do
@@ -1359,14 +1290,7 @@ ALG[2] = function()
               local wraps
               do -- fdiv
                 local a, b = index, p[2] + 1
-                local r = a / b
-                local q = r - r % 1
-                if q * b > a then
-                  q = q - 1
-                elseif (q + 1) * b <= a then
-                  q = q + 1
-                end
-                wraps = q
+                wraps = (a - a % b) / b
               end
               local slot = index - wraps * (p[2] + 1)
               oldest = st[slot + 2] break
@@ -1377,15 +1301,7 @@ ALG[2] = function()
         local part
         do -- cdiv
           local a, b = oldest * (g - x), g
-          local r = a / b
-          local q = r - r % 1
-          if q * b < a then
-            q = q + 1
-          end
-          if (q - 1) * b >= a then
-            q = q - 1
-          end
-          part = q
+          part = (a + (-a) % b) / b
         end
         used = whole + part
       end
@@ -1442,14 +1358,7 @@ ALG[2] = function()
             local c_16
             do -- fdiv
               local a, b = now, p[3]
-              local r = a / b
-              local q = r - r % 1
-              if q * b > a then
-                q = q - 1
-              elseif (q + 1) * b <= a then
-                q = q + 1
-              end
-              c_16 = q
+              c_16 = (a - a % b) / b
             end
             if st and st[1] > c_16 then
               c = st[1], 0 break
@@ -1459,14 +1368,7 @@ ALG[2] = function()
           local wraps
           do -- fdiv
             local a, b = c, slots
-            local r = a / b
-            local q = r - r % 1
-            if q * b > a then
-              q = q - 1
-            elseif (q + 1) * b <= a then
-              q = q + 1
-            end
-            wraps = q
+            wraps = (a - a % b) / b
           end
           local slot = c - wraps * slots
           if not st then
@@ -1493,11 +1395,10 @@ ALG[2] = function()
               end
               local ms
               repeat -- ttl_ms
-                local us = expires_at - now
-                local ms_22 = us / 1000
-                ms_22 = ms_22 - ms_22 % 1
-                if ms_22 * 1000 < us then
-                  ms_22 = ms_22 + 1
+                local ms_22
+                do -- cdiv
+                  local a, b = expires_at - now, 1000
+                  ms_22 = (a + (-a) % b) / b
                 end
                 ms_22 = ms_22 + TTL_SLACK
                 if ms_22 < 1 then
@@ -1549,26 +1450,25 @@ ALG[2] = function()
                   end
                   value = value .. '|' .. block_end
                   repeat -- until_block_ends
-                    local expires_at_26 = expires_at
-                    if KEEP_BLOCK and KEEP_BLOCK > expires_at_26 then
+                    local expires_at_27 = expires_at
+                    if KEEP_BLOCK and KEEP_BLOCK > expires_at_27 then
                       expires_at = KEEP_BLOCK break
                     end
-                    expires_at = expires_at_26 break
+                    expires_at = expires_at_27 break
                   until true
                 end
                 local ms
                 repeat -- ttl_ms
-                  local us = expires_at - now
-                  local ms_27 = us / 1000
-                  ms_27 = ms_27 - ms_27 % 1
-                  if ms_27 * 1000 < us then
-                    ms_27 = ms_27 + 1
+                  local ms_28
+                  do -- cdiv
+                    local a, b = expires_at - now, 1000
+                    ms_28 = (a + (-a) % b) / b
                   end
-                  ms_27 = ms_27 + TTL_SLACK
-                  if ms_27 < 1 then
+                  ms_28 = ms_28 + TTL_SLACK
+                  if ms_28 < 1 then
                     ms = 1 break
                   end
-                  ms = ms_27 break
+                  ms = ms_28 break
                 until true
                 call('SET', key, value, 'PX', format(INT, ms))
               until true
@@ -1583,17 +1483,16 @@ ALG[2] = function()
       local ms
       repeat -- ttl_ms
         local expires_at = now + reset
-        local us = expires_at - now
-        local ms_28 = us / 1000
-        ms_28 = ms_28 - ms_28 % 1
-        if ms_28 * 1000 < us then
-          ms_28 = ms_28 + 1
+        local ms_30
+        do -- cdiv
+          local a, b = expires_at - now, 1000
+          ms_30 = (a + (-a) % b) / b
         end
-        ms_28 = ms_28 + TTL_SLACK
-        if ms_28 < 1 then
+        ms_30 = ms_30 + TTL_SLACK
+        if ms_30 < 1 then
           ms = 1 break
         end
-        ms = ms_28 break
+        ms = ms_30 break
       until true
       call('PEXPIRE', key, ms)
     end
@@ -1621,13 +1520,13 @@ ALG[2] = function()
       if bare then
         st, ends, stale = sw_read(bare, p[2] + 1) break
       end
-      local tag, ends_29
-      raw, tag, ends_29 = split_state(raw)
+      local tag, ends_32
+      raw, tag, ends_32 = split_state(raw)
       if tag and tag ~= p.tag then
         local n = tag_params(tag, OLD_RING) and OLD_RING[2]
-        st, ends, stale = n and sw_read(raw, n + 1), ends_29, tag break
+        st, ends, stale = n and sw_read(raw, n + 1), ends_32, tag break
       end
-      st, ends, stale = sw_read(raw, p[2] + 1), ends_29 break
+      st, ends, stale = sw_read(raw, p[2] + 1), ends_32 break
     until true
     if ends or stale then
       return nil
@@ -1637,22 +1536,15 @@ ALG[2] = function()
       local limit, n, g = p[1], p[2], p[3]
       local c, x
       repeat -- sw_position
-        local c_32
+        local c_35
         do -- fdiv
           local a, b = now, p[3]
-          local r = a / b
-          local q = r - r % 1
-          if q * b > a then
-            q = q - 1
-          elseif (q + 1) * b <= a then
-            q = q + 1
-          end
-          c_32 = q
+          c_35 = (a - a % b) / b
         end
-        if st and st[1] > c_32 then
+        if st and st[1] > c_35 then
           c, x = st[1], 0 break
         end
-        c, x = c_32, now - c_32 * p[3] break
+        c, x = c_35, now - c_35 * p[3] break
       until true
       local used
       do -- sw_estimate
@@ -1673,14 +1565,7 @@ ALG[2] = function()
           local wraps
           do -- fdiv
             local a, b = lo, slots
-            local r = a / b
-            local q = r - r % 1
-            if q * b > a then
-              q = q - 1
-            elseif (q + 1) * b <= a then
-              q = q + 1
-            end
-            wraps = q
+            wraps = (a - a % b) / b
           end
           local slot = lo - wraps * slots
           for _ = lo, hi do
@@ -1699,14 +1584,7 @@ ALG[2] = function()
               local wraps
               do -- fdiv
                 local a, b = index, p[2] + 1
-                local r = a / b
-                local q = r - r % 1
-                if q * b > a then
-                  q = q - 1
-                elseif (q + 1) * b <= a then
-                  q = q + 1
-                end
-                wraps = q
+                wraps = (a - a % b) / b
               end
               local slot = index - wraps * (p[2] + 1)
               oldest = st[slot + 2] break
@@ -1717,26 +1595,18 @@ ALG[2] = function()
         local part
         do -- cdiv
           local a, b = oldest * (g - x), g
-          local r = a / b
-          local q = r - r % 1
-          if q * b < a then
-            q = q + 1
-          end
-          if (q - 1) * b >= a then
-            q = q - 1
-          end
-          part = q
+          part = (a + (-a) % b) / b
         end
         used = whole + part
       end
-      local remaining_31 = limit - used
-      if remaining_31 < 0 then
-        remaining_31 = 0
+      local remaining_34 = limit - used
+      if remaining_34 < 0 then
+        remaining_34 = 0
       end
       if used + cost <= limit and cost > 0 then
-        ok, remaining, reset, retry = 1, remaining_31 - cost, (n + 1) * g - x, -1 break
+        ok, remaining, reset, retry = 1, remaining_34 - cost, (n + 1) * g - x, -1 break
       end
-      ok, remaining, reset, retry = sw_denied(p, st, c, x, cost, used, remaining_31) break
+      ok, remaining, reset, retry = sw_denied(p, st, c, x, cost, used, remaining_34) break
     until true
     local behind
     repeat -- lag
@@ -1747,21 +1617,21 @@ ALG[2] = function()
     until true
     if behind > 0 then
       do -- shift
-        local lag, ok_40, remaining_40, reset_40, retry_40 = behind, ok, remaining, reset, retry
+        local lag, ok_43, remaining_43, reset_43, retry_43 = behind, ok, remaining, reset, retry
         if lag > 0 then
-          remaining_40 = 0
-          reset_40 = reset_40 + lag
-          if retry_40 >= 0 then
-            retry_40 = retry_40 + lag
+          remaining_43 = 0
+          reset_43 = reset_43 + lag
+          if retry_43 >= 0 then
+            retry_43 = retry_43 + lag
           end
-          if ok_40 == 1 and cost > 0 then
-            ok_40, retry_40 = 0, lag
-            if reset_40 < lag then
-              reset_40 = lag
+          if ok_43 == 1 and cost > 0 then
+            ok_43, retry_43 = 0, lag
+            if reset_43 < lag then
+              reset_43 = lag
             end
           end
         end
-        ok, remaining, reset, retry = ok_40, remaining_40, reset_40, retry_40
+        ok, remaining, reset, retry = ok_43, remaining_43, reset_43, retry_43
       end
     end
     REPLY[base + 2], REPLY[base + 3] = remaining, reset
@@ -2237,11 +2107,10 @@ ALG[3] = function()
             end
             local ms
             repeat -- ttl_ms
-              local us = expires_at - now
-              local ms_13 = us / 1000
-              ms_13 = ms_13 - ms_13 % 1
-              if ms_13 * 1000 < us then
-                ms_13 = ms_13 + 1
+              local ms_13
+              do -- cdiv
+                local a, b = expires_at - now, 1000
+                ms_13 = (a + (-a) % b) / b
               end
               ms_13 = ms_13 + TTL_SLACK
               if ms_13 < 1 then
@@ -2260,17 +2129,16 @@ ALG[3] = function()
       local ms
       repeat -- ttl_ms
         local expires_at = now + reset
-        local us = expires_at - now
-        local ms_14 = us / 1000
-        ms_14 = ms_14 - ms_14 % 1
-        if ms_14 * 1000 < us then
-          ms_14 = ms_14 + 1
+        local ms_15
+        do -- cdiv
+          local a, b = expires_at - now, 1000
+          ms_15 = (a + (-a) % b) / b
         end
-        ms_14 = ms_14 + TTL_SLACK
-        if ms_14 < 1 then
+        ms_15 = ms_15 + TTL_SLACK
+        if ms_15 < 1 then
           ms = 1 break
         end
-        ms = ms_14 break
+        ms = ms_15 break
       until true
       call('PEXPIRE', key, ms)
     end
@@ -2289,21 +2157,21 @@ ALG[3] = function()
       if n == 0 then
         st, ends, stale = nil break
       end
-      local ends_15, own
+      local ends_17, own
       if byte(top[n - 1], 1) == LETTER_L then
         own = sub(top[n - 1], 7)
         top = call('ZRANGE', key, -3, -2, 'WITHSCORES')
         n = #top
       end
       if n > 0 and byte(top[n - 1], 1) == LETTER_B then
-        ends_15 = tonumber(sub(top[n - 1], 7))
+        ends_17 = tonumber(sub(top[n - 1], 7))
         n = n - 2
       end
       if n == 0 then
-        st, ends, stale = nil, ends_15, own break
+        st, ends, stale = nil, ends_17, own break
       end
       into[1], into[2] = tonumber(top[n]), top[n - 1]
-      st, ends, stale = into, ends_15, own break
+      st, ends, stale = into, ends_17, own break
     until true
     if ends or stale then
       return nil
@@ -2315,11 +2183,11 @@ ALG[3] = function()
         if cost > limit then
           ok, remaining, reset, retry = 0, limit, 0, -1 break
         end
-        local reset_16 = 0
+        local reset_18 = 0
         if cost > 0 then
-          reset_16 = window
+          reset_18 = window
         end
-        ok, remaining, reset, retry = 1, limit - cost, reset_16, -1 break
+        ok, remaining, reset, retry = 1, limit - cost, reset_18, -1 break
       end
       local used
       do -- in_window
@@ -2343,11 +2211,11 @@ ALG[3] = function()
         ok, remaining, reset, retry = 0, left, newest_left, -1 break
       end
       if used + cost <= limit then
-        local reset_16 = newest_left
+        local reset_18 = newest_left
         if cost > 0 then
-          reset_16 = window
+          reset_18 = window
         end
-        ok, remaining, reset, retry = 1, limit - used - cost, reset_16, -1 break
+        ok, remaining, reset, retry = 1, limit - used - cost, reset_18, -1 break
       end
       local need = used + cost - limit
       local since
@@ -2621,15 +2489,7 @@ ALG[4] = function()
           local to_full
           do -- cdiv
             local a, b = full - a, rate
-            local r = a / b
-            local q = r - r % 1
-            if q * b < a then
-              q = q + 1
-            end
-            if (q - 1) * b >= a then
-              q = q - 1
-            end
-            to_full = q
+            to_full = (a + (-a) % b) / b
           end
           if elapsed >= to_full then
             have_5 = full break
@@ -2644,54 +2504,24 @@ ALG[4] = function()
         local whole
         do -- fdiv
           local a, b = left, unit
-          local r = a / b
-          local q = r - r % 1
-          if q * b > a then
-            q = q - 1
-          elseif (q + 1) * b <= a then
-            q = q + 1
-          end
-          whole = q
+          whole = (a - a % b) / b
         end
         local reset_4
         do -- cdiv
           local a, b = full - left, rate
-          local r = a / b
-          local q = r - r % 1
-          if q * b < a then
-            q = q + 1
-          end
-          if (q - 1) * b >= a then
-            q = q - 1
-          end
-          reset_4 = q
+          reset_4 = (a + (-a) % b) / b
         end
         ok, remaining, reset, retry = 1, whole, reset_4, -1 break
       end
       local whole
       do -- fdiv
         local a, b = have, unit
-        local r = a / b
-        local q = r - r % 1
-        if q * b > a then
-          q = q - 1
-        elseif (q + 1) * b <= a then
-          q = q + 1
-        end
-        whole = q
+        whole = (a - a % b) / b
       end
       local reset_4
       do -- cdiv
         local a, b = full - have, rate
-        local r = a / b
-        local q = r - r % 1
-        if q * b < a then
-          q = q + 1
-        end
-        if (q - 1) * b >= a then
-          q = q - 1
-        end
-        reset_4 = q
+        reset_4 = (a + (-a) % b) / b
       end
       if cost > capacity then
         ok, remaining, reset, retry = 0, whole, reset_4, -1 break
@@ -2699,15 +2529,7 @@ ALG[4] = function()
       local retry_4
       do -- cdiv
         local a, b = need - have, rate
-        local r = a / b
-        local q = r - r % 1
-        if q * b < a then
-          q = q + 1
-        end
-        if (q - 1) * b >= a then
-          q = q - 1
-        end
-        retry_4 = q
+        retry_4 = (a + (-a) % b) / b
       end
       ok, remaining, reset, retry = 0, whole, reset_4, retry_4 break
     until true
@@ -2776,15 +2598,7 @@ ALG[4] = function()
               local to_full
               do -- cdiv
                 local a, b = full - a, rate
-                local r = a / b
-                local q = r - r % 1
-                if q * b < a then
-                  q = q + 1
-                end
-                if (q - 1) * b >= a then
-                  q = q - 1
-                end
-                to_full = q
+                to_full = (a + (-a) % b) / b
               end
               if elapsed >= to_full then
                 have_18 = full break
@@ -2807,15 +2621,7 @@ ALG[4] = function()
           local to_full
           do -- cdiv
             local a, b = p[4] - have, p[3]
-            local r = a / b
-            local q = r - r % 1
-            if q * b < a then
-              q = q + 1
-            end
-            if (q - 1) * b >= a then
-              q = q - 1
-            end
-            to_full = q
+            to_full = (a + (-a) % b) / b
           end
           repeat -- store
             local value, expires_at = format(INT2, have, last), last + to_full
@@ -2840,11 +2646,10 @@ ALG[4] = function()
             end
             local ms
             repeat -- ttl_ms
-              local us = expires_at - now
-              local ms_27 = us / 1000
-              ms_27 = ms_27 - ms_27 % 1
-              if ms_27 * 1000 < us then
-                ms_27 = ms_27 + 1
+              local ms_27
+              do -- cdiv
+                local a, b = expires_at - now, 1000
+                ms_27 = (a + (-a) % b) / b
               end
               ms_27 = ms_27 + TTL_SLACK
               if ms_27 < 1 then
@@ -2863,17 +2668,16 @@ ALG[4] = function()
       local ms
       repeat -- ttl_ms
         local expires_at = now + reset
-        local us = expires_at - now
-        local ms_28 = us / 1000
-        ms_28 = ms_28 - ms_28 % 1
-        if ms_28 * 1000 < us then
-          ms_28 = ms_28 + 1
+        local ms_29
+        do -- cdiv
+          local a, b = expires_at - now, 1000
+          ms_29 = (a + (-a) % b) / b
         end
-        ms_28 = ms_28 + TTL_SLACK
-        if ms_28 < 1 then
+        ms_29 = ms_29 + TTL_SLACK
+        if ms_29 < 1 then
           ms = 1 break
         end
-        ms = ms_28 break
+        ms = ms_29 break
       until true
       call('PEXPIRE', key, ms)
     end
@@ -2891,24 +2695,24 @@ ALG[4] = function()
       if not raw then
         st, ends, stale = nil break
       end
-      local a, b, tag, ends_29
+      local a, b, tag, ends_31
       local t = p.tag
       if find(raw, t, #raw - #t + 1, true) then
         a, b = match(raw, '^(%d+) (%d+)~')
       end
       if not a then
         local state
-        state, tag, ends_29 = split_state(raw)
+        state, tag, ends_31 = split_state(raw)
         if tag == p.tag then
           tag = nil
         end
         a, b = match(state or '', '^(%d+) (%d+)$')
         if not a then
-          st, ends, stale = nil, ends_29, tag break
+          st, ends, stale = nil, ends_31, tag break
         end
       end
       into[1], into[2] = tonumber(a), tonumber(b)
-      st, ends, stale = into, ends_29, tag break
+      st, ends, stale = into, ends_31, tag break
     until true
     if ends or stale then
       return nil
@@ -2929,7 +2733,7 @@ ALG[4] = function()
           end
           elapsed = e break
         until true
-        local have_31
+        local have_33
         repeat -- fill
           local amount = st[1]
           local full, rate = p[4], p[3]
@@ -2940,22 +2744,14 @@ ALG[4] = function()
           local to_full
           do -- cdiv
             local a, b = full - a, rate
-            local r = a / b
-            local q = r - r % 1
-            if q * b < a then
-              q = q + 1
-            end
-            if (q - 1) * b >= a then
-              q = q - 1
-            end
-            to_full = q
+            to_full = (a + (-a) % b) / b
           end
           if elapsed >= to_full then
-            have_31 = full break
+            have_33 = full break
           end
-          have_31 = amount + elapsed * rate break
+          have_33 = amount + elapsed * rate break
         until true
-        have = have_31 break
+        have = have_33 break
       until true
       local need = cost * unit
       if cost <= capacity and have >= need then
@@ -2963,72 +2759,34 @@ ALG[4] = function()
         local whole
         do -- fdiv
           local a, b = left, unit
-          local r = a / b
-          local q = r - r % 1
-          if q * b > a then
-            q = q - 1
-          elseif (q + 1) * b <= a then
-            q = q + 1
-          end
-          whole = q
+          whole = (a - a % b) / b
         end
-        local reset_30
+        local reset_32
         do -- cdiv
           local a, b = full - left, rate
-          local r = a / b
-          local q = r - r % 1
-          if q * b < a then
-            q = q + 1
-          end
-          if (q - 1) * b >= a then
-            q = q - 1
-          end
-          reset_30 = q
+          reset_32 = (a + (-a) % b) / b
         end
-        ok, remaining, reset, retry = 1, whole, reset_30, -1 break
+        ok, remaining, reset, retry = 1, whole, reset_32, -1 break
       end
       local whole
       do -- fdiv
         local a, b = have, unit
-        local r = a / b
-        local q = r - r % 1
-        if q * b > a then
-          q = q - 1
-        elseif (q + 1) * b <= a then
-          q = q + 1
-        end
-        whole = q
+        whole = (a - a % b) / b
       end
-      local reset_30
+      local reset_32
       do -- cdiv
         local a, b = full - have, rate
-        local r = a / b
-        local q = r - r % 1
-        if q * b < a then
-          q = q + 1
-        end
-        if (q - 1) * b >= a then
-          q = q - 1
-        end
-        reset_30 = q
+        reset_32 = (a + (-a) % b) / b
       end
       if cost > capacity then
-        ok, remaining, reset, retry = 0, whole, reset_30, -1 break
+        ok, remaining, reset, retry = 0, whole, reset_32, -1 break
       end
-      local retry_30
+      local retry_32
       do -- cdiv
         local a, b = need - have, rate
-        local r = a / b
-        local q = r - r % 1
-        if q * b < a then
-          q = q + 1
-        end
-        if (q - 1) * b >= a then
-          q = q - 1
-        end
-        retry_30 = q
+        retry_32 = (a + (-a) % b) / b
       end
-      ok, remaining, reset, retry = 0, whole, reset_30, retry_30 break
+      ok, remaining, reset, retry = 0, whole, reset_32, retry_32 break
     until true
     local behind
     do -- bucket_lag
@@ -3043,21 +2801,21 @@ ALG[4] = function()
     end
     if behind > 0 then
       do -- shift
-        local lag, ok_42, remaining_42, reset_42, retry_42 = behind, ok, remaining, reset, retry
+        local lag, ok_44, remaining_44, reset_44, retry_44 = behind, ok, remaining, reset, retry
         if lag > 0 then
-          remaining_42 = 0
-          reset_42 = reset_42 + lag
-          if retry_42 >= 0 then
-            retry_42 = retry_42 + lag
+          remaining_44 = 0
+          reset_44 = reset_44 + lag
+          if retry_44 >= 0 then
+            retry_44 = retry_44 + lag
           end
-          if ok_42 == 1 and cost > 0 then
-            ok_42, retry_42 = 0, lag
-            if reset_42 < lag then
-              reset_42 = lag
+          if ok_44 == 1 and cost > 0 then
+            ok_44, retry_44 = 0, lag
+            if reset_44 < lag then
+              reset_44 = lag
             end
           end
         end
-        ok, remaining, reset, retry = ok_42, remaining_42, reset_42, retry_42
+        ok, remaining, reset, retry = ok_44, remaining_44, reset_44, retry_44
       end
     end
     REPLY[base + 2], REPLY[base + 3] = remaining, reset
@@ -3296,15 +3054,7 @@ ALG[5] = function()
         local to_empty
         do -- cdiv
           local a, b = st[1], p[3]
-          local r = a / b
-          local q = r - r % 1
-          if q * b < a then
-            q = q + 1
-          end
-          if (q - 1) * b >= a then
-            q = q - 1
-          end
-          to_empty = q
+          to_empty = (a + (-a) % b) / b
         end
         if elapsed >= to_empty then
           now_level = 0 break
@@ -3320,54 +3070,24 @@ ALG[5] = function()
         local left
         do -- fdiv
           local a, b = full - after, unit
-          local r = a / b
-          local q = r - r % 1
-          if q * b > a then
-            q = q - 1
-          elseif (q + 1) * b <= a then
-            q = q + 1
-          end
-          left = q
+          left = (a - a % b) / b
         end
         local reset_4
         do -- cdiv
           local a, b = after, rate
-          local r = a / b
-          local q = r - r % 1
-          if q * b < a then
-            q = q + 1
-          end
-          if (q - 1) * b >= a then
-            q = q - 1
-          end
-          reset_4 = q
+          reset_4 = (a + (-a) % b) / b
         end
         ok, remaining, reset, retry = 1, left, reset_4, -1 break
       end
       local left
       do -- fdiv
         local a, b = room, unit
-        local r = a / b
-        local q = r - r % 1
-        if q * b > a then
-          q = q - 1
-        elseif (q + 1) * b <= a then
-          q = q + 1
-        end
-        left = q
+        left = (a - a % b) / b
       end
       local reset_4
       do -- cdiv
         local a, b = now_level, rate
-        local r = a / b
-        local q = r - r % 1
-        if q * b < a then
-          q = q + 1
-        end
-        if (q - 1) * b >= a then
-          q = q - 1
-        end
-        reset_4 = q
+        reset_4 = (a + (-a) % b) / b
       end
       if cost > capacity then
         ok, remaining, reset, retry = 0, left, reset_4, -1 break
@@ -3375,15 +3095,7 @@ ALG[5] = function()
       local retry_4
       do -- cdiv
         local a, b = after - full, rate
-        local r = a / b
-        local q = r - r % 1
-        if q * b < a then
-          q = q + 1
-        end
-        if (q - 1) * b >= a then
-          q = q - 1
-        end
-        retry_4 = q
+        retry_4 = (a + (-a) % b) / b
       end
       ok, remaining, reset, retry = 0, left, reset_4, retry_4 break
     until true
@@ -3440,15 +3152,7 @@ ALG[5] = function()
             local to_empty
             do -- cdiv
               local a, b = st[1], p[3]
-              local r = a / b
-              local q = r - r % 1
-              if q * b < a then
-                q = q + 1
-              end
-              if (q - 1) * b >= a then
-                q = q - 1
-              end
-              to_empty = q
+              to_empty = (a + (-a) % b) / b
             end
             if elapsed >= to_empty then
               after = 0 break
@@ -3466,15 +3170,7 @@ ALG[5] = function()
           local to_empty
           do -- cdiv
             local a, b = after, p[3]
-            local r = a / b
-            local q = r - r % 1
-            if q * b < a then
-              q = q + 1
-            end
-            if (q - 1) * b >= a then
-              q = q - 1
-            end
-            to_empty = q
+            to_empty = (a + (-a) % b) / b
           end
           repeat -- store
             local value, expires_at = format(INT2, after, last), last + to_empty
@@ -3499,11 +3195,10 @@ ALG[5] = function()
             end
             local ms
             repeat -- ttl_ms
-              local us = expires_at - now
-              local ms_23 = us / 1000
-              ms_23 = ms_23 - ms_23 % 1
-              if ms_23 * 1000 < us then
-                ms_23 = ms_23 + 1
+              local ms_23
+              do -- cdiv
+                local a, b = expires_at - now, 1000
+                ms_23 = (a + (-a) % b) / b
               end
               ms_23 = ms_23 + TTL_SLACK
               if ms_23 < 1 then
@@ -3522,17 +3217,16 @@ ALG[5] = function()
       local ms
       repeat -- ttl_ms
         local expires_at = now + reset
-        local us = expires_at - now
-        local ms_24 = us / 1000
-        ms_24 = ms_24 - ms_24 % 1
-        if ms_24 * 1000 < us then
-          ms_24 = ms_24 + 1
+        local ms_25
+        do -- cdiv
+          local a, b = expires_at - now, 1000
+          ms_25 = (a + (-a) % b) / b
         end
-        ms_24 = ms_24 + TTL_SLACK
-        if ms_24 < 1 then
+        ms_25 = ms_25 + TTL_SLACK
+        if ms_25 < 1 then
           ms = 1 break
         end
-        ms = ms_24 break
+        ms = ms_25 break
       until true
       call('PEXPIRE', key, ms)
     end
@@ -3550,24 +3244,24 @@ ALG[5] = function()
       if not raw then
         st, ends, stale = nil break
       end
-      local a, b, tag, ends_25
+      local a, b, tag, ends_27
       local t = p.tag
       if find(raw, t, #raw - #t + 1, true) then
         a, b = match(raw, '^(%d+) (%d+)~')
       end
       if not a then
         local state
-        state, tag, ends_25 = split_state(raw)
+        state, tag, ends_27 = split_state(raw)
         if tag == p.tag then
           tag = nil
         end
         a, b = match(state or '', '^(%d+) (%d+)$')
         if not a then
-          st, ends, stale = nil, ends_25, tag break
+          st, ends, stale = nil, ends_27, tag break
         end
       end
       into[1], into[2] = tonumber(a), tonumber(b)
-      st, ends, stale = into, ends_25, tag break
+      st, ends, stale = into, ends_27, tag break
     until true
     if ends or stale then
       return nil
@@ -3587,15 +3281,7 @@ ALG[5] = function()
         local to_empty
         do -- cdiv
           local a, b = st[1], p[3]
-          local r = a / b
-          local q = r - r % 1
-          if q * b < a then
-            q = q + 1
-          end
-          if (q - 1) * b >= a then
-            q = q - 1
-          end
-          to_empty = q
+          to_empty = (a + (-a) % b) / b
         end
         if elapsed >= to_empty then
           now_level = 0 break
@@ -3611,72 +3297,34 @@ ALG[5] = function()
         local left
         do -- fdiv
           local a, b = full - after, unit
-          local r = a / b
-          local q = r - r % 1
-          if q * b > a then
-            q = q - 1
-          elseif (q + 1) * b <= a then
-            q = q + 1
-          end
-          left = q
+          left = (a - a % b) / b
         end
-        local reset_26
+        local reset_28
         do -- cdiv
           local a, b = after, rate
-          local r = a / b
-          local q = r - r % 1
-          if q * b < a then
-            q = q + 1
-          end
-          if (q - 1) * b >= a then
-            q = q - 1
-          end
-          reset_26 = q
+          reset_28 = (a + (-a) % b) / b
         end
-        ok, remaining, reset, retry = 1, left, reset_26, -1 break
+        ok, remaining, reset, retry = 1, left, reset_28, -1 break
       end
       local left
       do -- fdiv
         local a, b = room, unit
-        local r = a / b
-        local q = r - r % 1
-        if q * b > a then
-          q = q - 1
-        elseif (q + 1) * b <= a then
-          q = q + 1
-        end
-        left = q
+        left = (a - a % b) / b
       end
-      local reset_26
+      local reset_28
       do -- cdiv
         local a, b = now_level, rate
-        local r = a / b
-        local q = r - r % 1
-        if q * b < a then
-          q = q + 1
-        end
-        if (q - 1) * b >= a then
-          q = q - 1
-        end
-        reset_26 = q
+        reset_28 = (a + (-a) % b) / b
       end
       if cost > capacity then
-        ok, remaining, reset, retry = 0, left, reset_26, -1 break
+        ok, remaining, reset, retry = 0, left, reset_28, -1 break
       end
-      local retry_26
+      local retry_28
       do -- cdiv
         local a, b = after - full, rate
-        local r = a / b
-        local q = r - r % 1
-        if q * b < a then
-          q = q + 1
-        end
-        if (q - 1) * b >= a then
-          q = q - 1
-        end
-        retry_26 = q
+        retry_28 = (a + (-a) % b) / b
       end
-      ok, remaining, reset, retry = 0, left, reset_26, retry_26 break
+      ok, remaining, reset, retry = 0, left, reset_28, retry_28 break
     until true
     local behind
     do -- bucket_lag
@@ -3691,21 +3339,21 @@ ALG[5] = function()
     end
     if behind > 0 then
       do -- shift
-        local lag, ok_36, remaining_36, reset_36, retry_36 = behind, ok, remaining, reset, retry
+        local lag, ok_38, remaining_38, reset_38, retry_38 = behind, ok, remaining, reset, retry
         if lag > 0 then
-          remaining_36 = 0
-          reset_36 = reset_36 + lag
-          if retry_36 >= 0 then
-            retry_36 = retry_36 + lag
+          remaining_38 = 0
+          reset_38 = reset_38 + lag
+          if retry_38 >= 0 then
+            retry_38 = retry_38 + lag
           end
-          if ok_36 == 1 and cost > 0 then
-            ok_36, retry_36 = 0, lag
-            if reset_36 < lag then
-              reset_36 = lag
+          if ok_38 == 1 and cost > 0 then
+            ok_38, retry_38 = 0, lag
+            if reset_38 < lag then
+              reset_38 = lag
             end
           end
         end
-        ok, remaining, reset, retry = ok_36, remaining_36, reset_36, retry_36
+        ok, remaining, reset, retry = ok_38, remaining_38, reset_38, retry_38
       end
     end
     REPLY[base + 2], REPLY[base + 3] = remaining, reset
@@ -3904,14 +3552,7 @@ ALG[6] = function()
         local left
         do -- fdiv
           local a, b = tolerance - new_backlog, interval
-          local r = a / b
-          local q = r - r % 1
-          if q * b > a then
-            q = q - 1
-          elseif (q + 1) * b <= a then
-            q = q + 1
-          end
-          left = q
+          left = (a - a % b) / b
         end
         ok, remaining, reset, retry = 1, left, new_backlog, -1 break
       end
@@ -3922,14 +3563,7 @@ ALG[6] = function()
       local remaining_now
       do -- fdiv
         local a, b = tolerance - capped, interval
-        local r = a / b
-        local q = r - r % 1
-        if q * b > a then
-          q = q - 1
-        elseif (q + 1) * b <= a then
-          q = q + 1
-        end
-        remaining_now = q
+        remaining_now = (a - a % b) / b
       end
       if cost * interval > tolerance then
         ok, remaining, reset, retry = 0, remaining_now, backlog, -1 break
@@ -3975,11 +3609,10 @@ ALG[6] = function()
             end
             local ms
             repeat -- ttl_ms
-              local us = expires_at - now
-              local ms_12 = us / 1000
-              ms_12 = ms_12 - ms_12 % 1
-              if ms_12 * 1000 < us then
-                ms_12 = ms_12 + 1
+              local ms_12
+              do -- cdiv
+                local a, b = expires_at - now, 1000
+                ms_12 = (a + (-a) % b) / b
               end
               ms_12 = ms_12 + TTL_SLACK
               if ms_12 < 1 then
@@ -3998,17 +3631,16 @@ ALG[6] = function()
       local ms
       repeat -- ttl_ms
         local expires_at = now + reset
-        local us = expires_at - now
-        local ms_13 = us / 1000
-        ms_13 = ms_13 - ms_13 % 1
-        if ms_13 * 1000 < us then
-          ms_13 = ms_13 + 1
+        local ms_14
+        do -- cdiv
+          local a, b = expires_at - now, 1000
+          ms_14 = (a + (-a) % b) / b
         end
-        ms_13 = ms_13 + TTL_SLACK
-        if ms_13 < 1 then
+        ms_14 = ms_14 + TTL_SLACK
+        if ms_14 < 1 then
           ms = 1 break
         end
-        ms = ms_13 break
+        ms = ms_14 break
       until true
       call('PEXPIRE', key, ms)
     end
@@ -4039,11 +3671,11 @@ ALG[6] = function()
           st, ends, stale = n break
         end
       end
-      local state, tag, ends_14 = split_state(raw)
+      local state, tag, ends_16 = split_state(raw)
       if tag == p.tag then
         tag = nil
       end
-      st, ends, stale = tonumber(state), ends_14, tag break
+      st, ends, stale = tonumber(state), ends_16, tag break
     until true
     if ends or stale then
       return nil
@@ -4061,14 +3693,7 @@ ALG[6] = function()
         local left
         do -- fdiv
           local a, b = tolerance - new_backlog, interval
-          local r = a / b
-          local q = r - r % 1
-          if q * b > a then
-            q = q - 1
-          elseif (q + 1) * b <= a then
-            q = q + 1
-          end
-          left = q
+          left = (a - a % b) / b
         end
         ok, remaining, reset, retry = 1, left, new_backlog, -1 break
       end
@@ -4079,14 +3704,7 @@ ALG[6] = function()
       local remaining_now
       do -- fdiv
         local a, b = tolerance - capped, interval
-        local r = a / b
-        local q = r - r % 1
-        if q * b > a then
-          q = q - 1
-        elseif (q + 1) * b <= a then
-          q = q + 1
-        end
-        remaining_now = q
+        remaining_now = (a - a % b) / b
       end
       if cost * interval > tolerance then
         ok, remaining, reset, retry = 0, remaining_now, backlog, -1 break

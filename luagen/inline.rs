@@ -159,18 +159,14 @@ impl Inline {
     /// The function with its locals (and parameters) named in `names` renamed, `x` to
     /// `x_{suffix}`.
     pub(super) fn renamed(&self, names: &HashSet<&str>, suffix: usize) -> Inline {
-        let new = |n: &str| format!("{n}_{suffix}");
-        let map = |set: &HashSet<String>| -> HashSet<String> {
-            set.iter()
-                .map(|n| {
-                    if names.contains(n.as_str()) {
-                        new(n)
-                    } else {
-                        n.clone()
-                    }
-                })
-                .collect()
-        };
+        self.replaced(&|n| names.contains(n).then(|| format!("{n}_{suffix}")))
+    }
+
+    /// The function with each of its names that `new` maps written as what it maps it to
+    /// (wherever it is a variable, not a field).
+    pub(super) fn replaced(&self, new: &dyn Fn(&str) -> Option<String>) -> Inline {
+        let one = |n: &String| new(n).unwrap_or_else(|| n.clone());
+        let map = |set: &HashSet<String>| -> HashSet<String> { set.iter().map(one).collect() };
         let mut braces = 0i32;
         let body = self
             .body
@@ -188,9 +184,9 @@ impl Inline {
                     let Tok::Name(n) = t else { continue };
                     let field = k > 0 && matches!(toks[k - 1].1, Tok::Other("." | ":"));
                     let key = braces > 0 && toks.get(k + 1).map(|t| t.1) == Some(Tok::Other("="));
-                    if names.contains(n) && !field && !key {
+                    if let Some(to) = new(n).filter(|_| !field && !key) {
                         out.push_str(&line[from..at]);
-                        out.push_str(&new(n));
+                        out.push_str(&to);
                         from = at + n.len();
                     }
                 }
@@ -200,17 +196,7 @@ impl Inline {
             .collect();
         Inline {
             name: self.name.clone(),
-            params: self
-                .params
-                .iter()
-                .map(|n| {
-                    if names.contains(n.as_str()) {
-                        new(n)
-                    } else {
-                        n.clone()
-                    }
-                })
-                .collect(),
+            params: self.params.iter().map(one).collect(),
             body,
             declared: map(&self.declared),
             free: self.free.clone(),

@@ -5,17 +5,18 @@
 //!
 //! It works on the Lua sources' text, a line and its tokens at a time, and does two things:
 //! names become numbers (`substitute`: `ALG[GCRA]` is `ALG[6]`, so each number is written once,
-//! in Rust), and the fused decision is written (`fuse`):
+//! in Rust), and inline functions are written in place of their calls (`fuse`, and
+//! `inline_calls` for the decision itself, `decide.lua`).
 //!
-//! The fused decisions are, for policies enforced (the usual request), the functions of
-//! `fused.lua` written into each algorithm's twin (`fused` for one policy alone; `judged`,
-//! phase one of one of several), with the twin's own `load`, `evaluate`,
-//! `commit` and `lag` written into them, so that the decision makes almost no Lua call beyond
-//! Redis's commands (a Lua call costs Redis about 500 instructions, a whole decision about
-//! 50,000).
+//! The two phases of a decision for one policy are written once, in `phases.lua`, and written
+//! into each algorithm's twin (`fuse`: `step`, which runs them over a call's policies, and
+//! `enforced`, a policy enforced alone), with the twin's own `load`, `evaluate`, `commit`
+//! and `lag` written into them, so that the decision makes almost no Lua call beyond Redis's
+//! commands (a Lua call costs Redis about 500 instructions, an instruction of its interpreter
+//! 50 to 80, a whole decision about 50,000).
 //!
-//! Nothing is written twice: what is written into it is the twin's code, the functions the
-//! general path calls. A function marked by a line `--@inline` before its `local function`
+//! Nothing is written twice: what is written into them is the twin's code, the functions the
+//! operations' own arms call. A function marked by a line `--@inline` before its `local function`
 //! line (or a name marked so before `local name = other`, an inline function under another
 //! name) is written into its caller in place of a call that is a statement of its own
 //! (`local a, b = f(x)`, `a = f(x)` or `f(x)`):
@@ -29,6 +30,10 @@
 //! local a, b = _i1_1, _i1_2
 //! ```
 //!
+//! A parameter the body never changes, given a number or one of the caller's variables, is
+//! not bound: the number or variable is written in its place (so `REPLY[base + 1]` given 0
+//! is `REPLY[0 + 1]`, which Lua folds to a constant).
+//!
 //! `repeat ... until true` compiles to no jump of its own, and `break` leaves it as `return`
 //! leaves the function. So an inline function has no `return` inside a loop of its own (it
 //! would leave the loop instead), no `return` that does not fill its line, no function inside
@@ -41,7 +46,7 @@ mod fuse;
 mod inline;
 mod tokens;
 
-pub(crate) use fuse::fuse;
+pub(crate) use fuse::{fuse, inline_calls};
 
 /// `lua` with every identifier that is one of `names` replaced by its value. String literals
 /// and comments are copied as they are.

@@ -88,9 +88,9 @@ ALG[FIXED_WINDOW] = function()
   end
 
   --@inline
-  local function commit(self, key, p, st, now, cost)
+  local function commit(self, key, p, st, now, cost, keep, since)
     local start, count, ends = current(p, st, now)
-    store(key, p, format(INT2, start, count + cost), now, ends)
+    store(key, p, format(p.f2, start, count + cost), ends, keep, since)
   end
 
   return {
@@ -103,7 +103,7 @@ ALG[FIXED_WINDOW] = function()
     -- Twin of `FixedWindow::convert`: the running window's count carried into the new window
     -- that holds the present (or the state's later window). A calendar's window ended when
     -- the present one's window holding the present starts after it.
-    convert = function(self, key, q, p, st, now)
+    convert = function(self, key, q, p, st, now, keep, since)
       local ended
       if q[2] > 0 then
         ended = st[1] + q[2] <= now
@@ -118,7 +118,7 @@ ALG[FIXED_WINDOW] = function()
         at = now
       end
       local start, ends = self.bounds(p, at)
-      store(key, p, format(INT2, start, st[2]), now, ends)
+      store(key, p, format(p.f2, start, st[2]), ends, keep, since)
       return true
     end,
     -- Whether a key's own limit `o` still applies under the policy's `p`: one of calendar
@@ -141,12 +141,12 @@ ALG[FIXED_WINDOW] = function()
       return e
     end,
     -- Gives back to the lease's window only: once another has begun, the units went with it.
-    give_back = function(self, key, p, st, now, lease_end, units)
+    give_back = function(self, key, p, st, now, lease_end, units, keep, since)
       if self.current(p, st, now) == self.bounds(p, lease_end) then
-        self:refund(key, p, st, now, units)
+        self:refund(key, p, st, now, units, keep, since)
       end
     end,
-    refund = function(self, key, p, st, now, units)
+    refund = function(self, key, p, st, now, units, keep, since)
       if not st then
         return
       end
@@ -155,7 +155,7 @@ ALG[FIXED_WINDOW] = function()
       if left < 0 then
         left = 0
       end
-      store(key, p, format(INT2, start, left), now, ends)
+      store(key, p, format(p.f2, start, left), ends, keep, since)
     end,
     commit = commit,
   }

@@ -30,13 +30,13 @@ ALG[GCRA] = function()
   end
 
   --@inline
-  local function commit(self, key, p, st, now, cost)
+  local function commit(self, key, p, st, now, cost, keep, since)
     local tat = now
     if st and st > now then
       tat = st
     end
     tat = tat + cost * p[1]
-    store(key, p, format(INT, tat), now, tat)
+    store(key, p, format(p.f1, tat), tat, keep, since)
   end
 
   return {
@@ -55,21 +55,21 @@ ALG[GCRA] = function()
       return tat
     end,
     -- Twin of `Gcra::convert`: the backlog re-counted in the new interval.
-    convert = function(self, key, q, p, st, now)
+    convert = function(self, key, q, p, st, now, keep, since)
       if not st or st <= now then
         return false
       end
       local tat = now + rescale(st - now, q[1], p[1])
-      store(key, p, format(INT, tat), now, tat)
+      store(key, p, format(p.f1, tat), tat, keep, since)
       return true
     end,
     -- Gives back the latest slot only: its charge put the TAT at `slot + tolerance`.
-    release = function(self, key, p, st, now, slot, units)
+    release = function(self, key, p, st, now, slot, units, keep, since)
       if st and st == slot + p[2] then
-        self:refund(key, p, st, now, units)
+        self:refund(key, p, st, now, units, keep, since)
       end
     end,
-    refund = function(self, key, p, st, now, units)
+    refund = function(self, key, p, st, now, units, keep, since)
       if not st then
         return
       end
@@ -81,7 +81,7 @@ ALG[GCRA] = function()
       if tat < now then
         tat = now
       end
-      store(key, p, format(INT, tat), now, tat)
+      store(key, p, format(p.f1, tat), tat, keep, since)
     end,
     commit = commit,
   }

@@ -4,7 +4,7 @@
 -- (a Redis function's library cannot reach `string` while it loads): no global lookups per
 -- call. Calls cost: a Lua call is about 500 instructions of Redis's interpreter, a table about
 -- 1,100 (callgrind), so the decision path makes few of either: a function marked `--@inline`
--- is written into the fused decision in place of its calls (see `luagen/`), so it
+-- is written into the phases of a decision in place of its calls (see `luagen/`), so it
 -- returns only from a line of its own, never from inside a loop.
 local format, find, sub, match, byte, call
 -- How an integer is formatted: '%d' where Lua's integer format is 64 bits wide (as on every
@@ -59,11 +59,6 @@ local function parse(raw, count)
   return t
 end
 
--- Milliseconds added to every TTL; set by each decision (0 unless the time is injected).
-local TTL_SLACK = 0
--- The end of the block on record for the key that `store` writes, kept in its value (set
--- around each write of a key that has one).
-local KEEP_BLOCK = nil
 
 -- The string states keep a block in the same value, after a bar: "state|end". A key that
 -- was never blocked has no bar, so a decision reads its block with the GET it makes anyway.
@@ -184,29 +179,31 @@ local function rescale(amount, from, to)
   return r
 end
 
--- Milliseconds from `now` to `expires_at`, rounded up, plus the slack; at least 1.
+-- Milliseconds from `since` to `expires_at`, rounded up; at least 1. A TTL counts from
+-- `since`, the time the decision's `clock` gives for it: the present, less a slack when the
+-- clock is injected (Redis expires keys on its own clock, which an injected one may lag).
 --@inline
-local function ttl_ms(now, expires_at)
-  local ms = cdiv(expires_at - now, 1000)
-  ms = ms + TTL_SLACK
+local function ttl_ms(since, expires_at)
+  local ms = cdiv(expires_at - since, 1000)
   if ms < 1 then
     return 1
   end
   return ms
 end
 
--- When a key whose state expires at `expires_at` may expire, keeping the block on record.
+-- When a key whose state expires at `expires_at` may expire, keeping the block on record
+-- until `keep` (nil: none).
 --@inline
-local function until_block_ends(expires_at)
-  if KEEP_BLOCK and KEEP_BLOCK > expires_at then
-    return KEEP_BLOCK
+local function until_block_ends(expires_at, keep)
+  if keep and keep > expires_at then
+    return keep
   end
   return expires_at
 end
 
 -- The TTL of a key being blocked until `ends`: what it has left, or to the block's end.
-local function ttl_to_block_end(key, now, ends)
-  local ttl = ttl_ms(now, ends)
+local function ttl_to_block_end(key, since, ends)
+  local ttl = ttl_ms(since, ends)
   local left = call('PTTL', key)
   if left > ttl then
     return left
@@ -214,31 +211,32 @@ local function ttl_to_block_end(key, now, ends)
   return ttl
 end
 
--- Writes a string state, tagged with the parameters `p` it was written under, with a TTL
--- (milliseconds, rounded up, at least 1) until expires_at, keeping the block on record beside
--- it.
+-- Writes a string state, `value`, tagged with the parameters `p` it was written under (its
+-- tag is written by `format(p.f1, n)` or `format(p.f2, a, b)`: see `remember`), with a TTL
+-- (milliseconds from `since`, rounded up, at least 1) until expires_at, keeping the block
+-- on record beside it until `keep` (nil: none). Every writer of a state takes `keep` and
+-- `since` last, and hands them on.
 --@inline
-local function store(key, p, value, now, expires_at)
-  value = value .. p.tag
+local function store(key, p, value, expires_at, keep, since)
   if p.limit_end and p.limit_end > expires_at then
     -- A key's own limit lives until it ends.
     expires_at = p.limit_end
   end
-  if KEEP_BLOCK then
-    local block_end = int(KEEP_BLOCK)
+  if keep then
+    local block_end = int(keep)
     value = value .. '|' .. block_end
-    expires_at = until_block_ends(expires_at)
+    expires_at = until_block_ends(expires_at, keep)
   end
-  local ms = ttl_ms(now, expires_at)
+  local ms = ttl_ms(since, expires_at)
   -- The TTL formatted here: Redis formats a number argument with '%.17g', at four times the cost.
   call('SET', key, value, 'PX', format(INT, ms))
 end
 
 -- Blocks a key with a string state until `ends`: its state stays as it is, and the key lives
 -- at least until the block ends.
-local function block_in_value(self, key, p, st, now, ends)
+local function block_in_value(self, key, p, st, now, ends, _, since)
   local raw = split_block(call('GET', key)) or ''
-  call('SET', key, raw .. '|' .. int(ends), 'PX', ttl_to_block_end(key, now, ends))
+  call('SET', key, raw .. '|' .. int(ends), 'PX', ttl_to_block_end(key, since, ends))
 end
 
 -- The token and leaky buckets keep "amount last": the time of their last update, which is
@@ -259,9 +257,9 @@ end
 
 -- The buckets' `release` (twin of their `Step::release`): gives back the latest slot only,
 -- the one the bucket was last updated at.
-local function bucket_release(self, key, p, st, now, slot, units)
+local function bucket_release(self, key, p, st, now, slot, units, keep, since)
   if st and st[2] == slot then
-    self:refund(key, p, st, now, units)
+    self:refund(key, p, st, now, units, keep, since)
   end
 end
 
@@ -273,6 +271,9 @@ end
 -- next one.
 local STATES, LEASED = { {} }, { {} }
 local REPLY = {}
+-- Each policy of a call as `decide` reads it, per position: its algorithm, operation,
+-- parameters (then those it was decided under), cost and the operation's integers.
+local ALGS, OPS, PS, COSTS, XS, YS = {}, {}, {}, {}, {}, {}
 
 -- Numbers read from the strings a call sends, remembered: `tonumber` reads a string with
 -- strtod, about 1,800 instructions, where a table lookup costs a tenth of that. What is
@@ -317,8 +318,10 @@ local function tag_params(tag, into)
 end
 
 -- Keeps the parameters `p` of `tag` for the next call with it (at most 1,000 tags: then
--- forgotten all at once).
+-- forgotten all at once), with the formats of a state of one and two integers tagged with
+-- them: one `format` builds the value `store` writes (a tag has no '%').
 local function remember(tag, p)
+  p.f1, p.f2 = INT .. p.tag, INT2 .. p.tag
   if TAGS >= 1000 then
     TAGGED, TAGS = {}, 0
   end
@@ -370,16 +373,17 @@ local function own_params(stale, p)
   return o
 end
 
--- The time: the injected one (and the TTL slack) at the end of the arguments, else Redis TIME.
+-- The time, and the time TTLs count from (`ttl_ms`): the injected time at the end of the
+-- arguments, less the TTL slack after it, else Redis TIME, twice.
 --@inline
 local function clock(args, injected)
   if injected then
-    TTL_SLACK = tonumber(args[#args])
-    return tonumber(args[#args - 1])
+    local now = tonumber(args[#args - 1])
+    return now, now - 1000 * tonumber(args[#args])
   end
-  TTL_SLACK = 0
   local t = call('TIME')
-  return t[1] * 1000000 + t[2]
+  local now = t[1] * 1000000 + t[2]
+  return now, now
 end
 
 -- The clock-lag adjustment (twin of `evaluate_with_lag`), for the algorithms that keep their own
@@ -388,18 +392,18 @@ end
 -- and admits no cost before then. Called only for those algorithms, so the others pay nothing
 -- for it.
 --@inline
-local function shift(lag, cost, ok, remaining, reset, retry)
-  if lag > 0 then
+local function shift(late, cost, ok, remaining, reset, retry)
+  if late > 0 then
     remaining = 0
     -- Not a fresh key before its own time, even with nothing counted there.
-    reset = reset + lag
+    reset = reset + late
     if retry >= 0 then
-      retry = retry + lag
+      retry = retry + late
     end
     if ok == 1 and cost > 0 then
-      ok, retry = 0, lag
-      if reset < lag then
-        reset = lag
+      ok, retry = 0, late
+      if reset < late then
+        reset = late
       end
     end
   end

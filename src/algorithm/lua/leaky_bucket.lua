@@ -50,12 +50,12 @@ ALG[LEAKY_BUCKET] = function()
   end
 
   --@inline
-  local function commit(self, key, p, st, now, cost)
+  local function commit(self, key, p, st, now, cost, keep, since)
     local after = level(p, st, now)
     after = after + cost * p[2]
     local last = last_after(st, now)
     local to_empty = cdiv(after, p[3])
-    store(key, p, format(INT2, after, last), now, last + to_empty)
+    store(key, p, format(p.f2, after, last), last + to_empty, keep, since)
   end
 
   return {
@@ -80,7 +80,7 @@ ALG[LEAKY_BUCKET] = function()
     end,
     -- Twin of `LeakyBucket::convert`: the level now (and the drain owed, ahead of now)
     -- re-counted in the new unit.
-    convert = function(self, key, q, p, st, now)
+    convert = function(self, key, q, p, st, now, keep, since)
       local level
       if st[2] > now then
         level = st[1] + (st[2] - now) * q[3]
@@ -91,11 +91,11 @@ ALG[LEAKY_BUCKET] = function()
         return false
       end
       level = rescale(level, q[2], p[2])
-      store(key, p, format(INT2, level, now), now, now + cdiv(level, p[3]))
+      store(key, p, format(p.f2, level, now), now + cdiv(level, p[3]), keep, since)
       return true
     end,
     release = bucket_release,
-    refund = function(self, key, p, st, now, units)
+    refund = function(self, key, p, st, now, units, keep, since)
       if not st then
         return
       end
@@ -109,7 +109,7 @@ ALG[LEAKY_BUCKET] = function()
         end
       end
       local last = last_after(st, now)
-      store(key, p, format(INT2, level, last), now, last + cdiv(level, p[3]))
+      store(key, p, format(p.f2, level, last), last + cdiv(level, p[3]), keep, since)
     end,
     commit = commit,
   }

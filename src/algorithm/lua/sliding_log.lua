@@ -22,7 +22,7 @@ ALG[SLIDING_LOG] = function()
   -- entry's when it has that time, else found with one more read (only when something newer
   -- than `at` is logged: a lease's units, or a clock that went back).
   --@inline
-  local function log(key, p, st, now, at, cost)
+  local function log(key, p, st, now, at, cost, keep, since)
     local window = p[2]
     local gone = int(now - window)
     call('ZREMRANGEBYSCORE', key, '-inf', gone)
@@ -61,11 +61,11 @@ ALG[SLIDING_LOG] = function()
     if cost > 0 and at > newest then
       newest = at
     end
-    local expires_at = until_block_ends(newest + window)
+    local expires_at = until_block_ends(newest + window, keep)
     if p.limit_end and p.limit_end > expires_at then
       expires_at = p.limit_end
     end
-    local ms = ttl_ms(now, expires_at)
+    local ms = ttl_ms(since, expires_at)
     call('PEXPIRE', key, format(INT, ms))
   end
 
@@ -129,25 +129,25 @@ ALG[SLIDING_LOG] = function()
     end
     -- The entry whose leaving the window makes room.
     local need = used + cost - limit
-    local since = int(now - window)
-    local entry = call('ZRANGEBYSCORE', key, '(' .. since, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
+    local start = int(now - window)
+    local entry = call('ZRANGEBYSCORE', key, '(' .. start, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
     return 0, left, newest_left, tonumber(entry[2]) + window - now
   end
 
   --@inline
-  local function commit(self, key, p, st, now, cost)
-    log(key, p, st, now, now, cost)
+  local function commit(self, key, p, st, now, cost, keep, since)
+    log(key, p, st, now, now, cost, keep, since)
   end
 
   return {
     load = load,
     -- The key's own limit, `to` (nil: none): its member replaced, the key living until it
     -- ends.
-    mark = function(self, key, to, now)
+    mark = function(self, key, to, now, keep, since)
       self.unmark(key, LETTER_L)
       if to.limit_end then
         call('ZADD', key, '+inf', 'limit:' .. to.tag)
-        local ms = ttl_ms(now, to.limit_end)
+        local ms = ttl_ms(since, to.limit_end)
         if call('PTTL', key) < ms then
           call('PEXPIRE', key, format(INT, ms))
         end
@@ -165,15 +165,15 @@ ALG[SLIDING_LOG] = function()
         end
       end
     end,
-    block = function(self, key, p, st, now, ends)
+    block = function(self, key, p, st, now, ends, keep, since)
       self.unmark(key, LETTER_B)
       call('ZADD', key, '+inf', 'block:' .. int(ends))
-      call('PEXPIRE', key, ttl_to_block_end(key, now, ends))
+      call('PEXPIRE', key, ttl_to_block_end(key, since, ends))
     end,
     evaluate = evaluate,
     -- Forgets up to `units` of the newest entries at or before `now` (later ones are a
     -- lease's): they have the highest ranks of those.
-    refund = function(self, key, p, st, now, units)
+    refund = function(self, key, p, st, now, units, keep, since)
       if st and units > 0 then
         local entries = call('ZCOUNT', key, '-inf', int(now))
         local from = entries - units
@@ -187,15 +187,15 @@ ALG[SLIDING_LOG] = function()
     end,
     commit = commit,
     -- A lease's units are logged at its end.
-    lease_commit = function(self, key, p, st, now, ends, units)
-      log(key, p, st, now, ends, units)
+    lease_commit = function(self, key, p, st, now, ends, units, keep, since)
+      log(key, p, st, now, ends, units, keep, since)
     end,
     -- A reserved request's units are logged at its slot, as a lease's at its end.
-    reserve_commit = function(self, key, p, st, now, at, cost)
-      log(key, p, st, now, at, cost)
+    reserve_commit = function(self, key, p, st, now, at, cost, keep, since)
+      log(key, p, st, now, at, cost, keep, since)
     end,
     -- Forgets up to `units` of those logged at the lease's end (`ends`).
-    give_back = function(self, key, p, st, now, ends, units)
+    give_back = function(self, key, p, st, now, ends, units, keep, since)
       if st and units > 0 then
         -- The entries at `ends` hold the ranks after those before it.
         local at = int(ends)

@@ -36,7 +36,7 @@ ALG[SLIDING_WINDOW] = function()
 
   -- Writes the ring of `st` (its counters at st[2] .. st[slots + 1]) after `head`, sparse.
   --@inline
-  local function sw_write(key, p, head, st, slots, now, expires_at)
+  local function sw_write(key, p, head, st, slots, expires_at, keep, since)
     local bucket = '%d:' .. INT
     local parts = { format(INT, head) }
     for i = 1, slots do
@@ -45,7 +45,7 @@ ALG[SLIDING_WINDOW] = function()
         parts[#parts + 1] = format(bucket, i - 1, count)
       end
     end
-    store(key, p, table.concat(parts, ' '), now, expires_at)
+    store(key, p, table.concat(parts, ' ') .. p.tag, expires_at, keep, since)
   end
 
   --@inline
@@ -215,7 +215,7 @@ ALG[SLIDING_WINDOW] = function()
   end
 
   --@inline
-  local function commit(self, key, p, st, now, cost)
+  local function commit(self, key, p, st, now, cost, keep, since)
     local n, g = p[2], p[3]
     local slots = n + 1
     local c = sw_position(p, st, now)
@@ -223,7 +223,7 @@ ALG[SLIDING_WINDOW] = function()
     local slot = c - wraps * slots
     if not st then
       -- A new key: one bucket, written without building its ring.
-      store(key, p, format(INT .. ' %d:' .. INT, c, slot, cost), now, (c + slots) * g)
+      store(key, p, format(INT .. ' %d:' .. INT, c, slot, cost) .. p.tag, (c + slots) * g, keep, since)
     else
       -- The ring read for this decision, updated in place: buckets that left it emptied.
       local head = st[1]
@@ -244,7 +244,7 @@ ALG[SLIDING_WINDOW] = function()
         head = c
       end
       st[slot + 2] = st[slot + 2] + cost
-      sw_write(key, p, head, st, slots, now, (head + slots) * g)
+      sw_write(key, p, head, st, slots, (head + slots) * g, keep, since)
     end
   end
 
@@ -253,7 +253,7 @@ ALG[SLIDING_WINDOW] = function()
     load = load,
     -- Twin of `SlidingWindow::convert`: each old bucket still in the window moves, with its
     -- count, to the new bucket holding its last microsecond (the present's for the present's).
-    convert = function(self, key, q, p, st, now)
+    convert = function(self, key, q, p, st, now, keep, since)
       local n, g = p[2], p[3]
       local present = fdiv(now, g)
       local from = st[1] - q[2]
@@ -301,7 +301,7 @@ ALG[SLIDING_WINDOW] = function()
         end
         ring[slot] = c
       end
-      sw_write(key, p, head, ring, slots, now, (head + slots) * g)
+      sw_write(key, p, head, ring, slots, (head + slots) * g, keep, since)
       return true
     end,
     lag = lag,
@@ -321,7 +321,7 @@ ALG[SLIDING_WINDOW] = function()
       return e
     end,
     -- Gives back to the lease's bucket, while the ring still counts it.
-    give_back = function(self, key, p, st, now, lease_end, units)
+    give_back = function(self, key, p, st, now, lease_end, units, keep, since)
       if not st then
         return
       end
@@ -338,9 +338,9 @@ ALG[SLIDING_WINDOW] = function()
         take = units
       end
       st[slot] = st[slot] - take
-      sw_write(key, p, head, st, slots, now, (head + slots) * g)
+      sw_write(key, p, head, st, slots, (head + slots) * g, keep, since)
     end,
-    refund = function(self, key, p, st, now, units)
+    refund = function(self, key, p, st, now, units, keep, since)
       if not st then
         return
       end
@@ -370,7 +370,7 @@ ALG[SLIDING_WINDOW] = function()
         left = left - take
         i = i - 1
       end
-      sw_write(key, p, head, st, slots, now, (head + slots) * g)
+      sw_write(key, p, head, st, slots, (head + slots) * g, keep, since)
     end,
     commit = commit,
   }

@@ -64,7 +64,7 @@ ALG[TOKEN_BUCKET] = function()
   end
 
   --@inline
-  local function commit(self, key, p, st, now, cost)
+  local function commit(self, key, p, st, now, cost, keep, since)
     local have = tokens(p, st, now)
     have = have - cost * p[2]
     if have < 0 then
@@ -72,7 +72,7 @@ ALG[TOKEN_BUCKET] = function()
     end
     local last = last_after(st, now)
     local to_full = cdiv(p[4] - have, p[3])
-    store(key, p, format(INT2, have, last), now, last + to_full)
+    store(key, p, format(p.f2, have, last), last + to_full, keep, since)
   end
 
   return {
@@ -93,7 +93,7 @@ ALG[TOKEN_BUCKET] = function()
     end,
     -- Twin of `TokenBucket::convert`: the tokens missing now (and owed, ahead of now)
     -- re-counted in the new unit; more than the capacity is owed as time ahead.
-    convert = function(self, key, q, p, st, now)
+    convert = function(self, key, q, p, st, now, keep, since)
       local tokens = st[1]
       if tokens > q[4] then
         tokens = q[4]
@@ -117,11 +117,11 @@ ALG[TOKEN_BUCKET] = function()
         last = now + cdiv(-tokens, p[3])
         tokens = 0
       end
-      store(key, p, format(INT2, tokens, last), now, last + cdiv(p[4] - tokens, p[3]))
+      store(key, p, format(p.f2, tokens, last), last + cdiv(p[4] - tokens, p[3]), keep, since)
       return true
     end,
     release = bucket_release,
-    refund = function(self, key, p, st, now, units)
+    refund = function(self, key, p, st, now, units, keep, since)
       if not st then
         return
       end
@@ -135,17 +135,17 @@ ALG[TOKEN_BUCKET] = function()
         end
       end
       local last = last_after(st, now)
-      store(key, p, format(INT2, tokens, last), now, last + cdiv(p[4] - tokens, p[3]))
+      store(key, p, format(p.f2, tokens, last), last + cdiv(p[4] - tokens, p[3]), keep, since)
     end,
     -- Twin of `TokenBucket::debit`: what the bucket lacks is owed as time ahead.
-    debit = function(self, key, p, st, now, units)
+    debit = function(self, key, p, st, now, units, keep, since)
       local have = self.tokens(p, st, now) - units * p[2]
       local last = last_after(st, now)
       if have < 0 then
         last = last + cdiv(-have, p[3])
         have = 0
       end
-      store(key, p, format(INT2, have, last), now, last + cdiv(p[4] - have, p[3]))
+      store(key, p, format(p.f2, have, last), last + cdiv(p[4] - have, p[3]), keep, since)
     end,
     commit = commit,
   }

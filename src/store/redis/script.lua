@@ -1,6 +1,6 @@
 -- tower-ratelimit: its decision script. Generated (luagen/) from
--- src/algorithm/lua/*.lua and src/store/redis/{fused,decide}.lua, with the numbers
--- Rust gives their names: do not edit it, edit them and run
+-- src/algorithm/lua/*.lua and src/store/redis/{act,grant,phases,decide}.lua, with
+-- the numbers Rust gives their names: do not edit it, edit them and run
 -- `UPDATE_LUA=1 cargo test --lib script`.
 local ALG = {}
 local DECIDES = { true, false, true, true, true, true, false, false, false, false, false, false, false, false, false }
@@ -17,7 +17,7 @@ local FUSES = { true, false, false, false, false, false, false, false, false, fa
 -- (a Redis function's library cannot reach `string` while it loads): no global lookups per
 -- call. Calls cost: a Lua call is about 500 instructions of Redis's interpreter, a table about
 -- 1,100 (callgrind), so the decision path makes few of either: a function marked `--@inline`
--- is written into the fused decision in place of its calls (see `luagen/`), so it
+-- is written into the phases of a decision in place of its calls (see `luagen/`), so it
 -- returns only from a line of its own, never from inside a loop.
 local format, find, sub, match, byte, call
 -- How an integer is formatted: '%d' where Lua's integer format is 64 bits wide (as on every
@@ -72,11 +72,6 @@ local function parse(raw, count)
   return t
 end
 
--- Milliseconds added to every TTL; set by each decision (0 unless the time is injected).
-local TTL_SLACK = 0
--- The end of the block on record for the key that `store` writes, kept in its value (set
--- around each write of a key that has one).
-local KEEP_BLOCK = nil
 
 -- The string states keep a block in the same value, after a bar: "state|end". A key that
 -- was never blocked has no bar, so a decision reads its block with the GET it makes anyway.
@@ -197,29 +192,31 @@ local function rescale(amount, from, to)
   return r
 end
 
--- Milliseconds from `now` to `expires_at`, rounded up, plus the slack; at least 1.
+-- Milliseconds from `since` to `expires_at`, rounded up; at least 1. A TTL counts from
+-- `since`, the time the decision's `clock` gives for it: the present, less a slack when the
+-- clock is injected (Redis expires keys on its own clock, which an injected one may lag).
 --@inline
-local function ttl_ms(now, expires_at)
-  local ms = cdiv(expires_at - now, 1000)
-  ms = ms + TTL_SLACK
+local function ttl_ms(since, expires_at)
+  local ms = cdiv(expires_at - since, 1000)
   if ms < 1 then
     return 1
   end
   return ms
 end
 
--- When a key whose state expires at `expires_at` may expire, keeping the block on record.
+-- When a key whose state expires at `expires_at` may expire, keeping the block on record
+-- until `keep` (nil: none).
 --@inline
-local function until_block_ends(expires_at)
-  if KEEP_BLOCK and KEEP_BLOCK > expires_at then
-    return KEEP_BLOCK
+local function until_block_ends(expires_at, keep)
+  if keep and keep > expires_at then
+    return keep
   end
   return expires_at
 end
 
 -- The TTL of a key being blocked until `ends`: what it has left, or to the block's end.
-local function ttl_to_block_end(key, now, ends)
-  local ttl = ttl_ms(now, ends)
+local function ttl_to_block_end(key, since, ends)
+  local ttl = ttl_ms(since, ends)
   local left = call('PTTL', key)
   if left > ttl then
     return left
@@ -227,31 +224,32 @@ local function ttl_to_block_end(key, now, ends)
   return ttl
 end
 
--- Writes a string state, tagged with the parameters `p` it was written under, with a TTL
--- (milliseconds, rounded up, at least 1) until expires_at, keeping the block on record beside
--- it.
+-- Writes a string state, `value`, tagged with the parameters `p` it was written under (its
+-- tag is written by `format(p.f1, n)` or `format(p.f2, a, b)`: see `remember`), with a TTL
+-- (milliseconds from `since`, rounded up, at least 1) until expires_at, keeping the block
+-- on record beside it until `keep` (nil: none). Every writer of a state takes `keep` and
+-- `since` last, and hands them on.
 --@inline
-local function store(key, p, value, now, expires_at)
-  value = value .. p.tag
+local function store(key, p, value, expires_at, keep, since)
   if p.limit_end and p.limit_end > expires_at then
     -- A key's own limit lives until it ends.
     expires_at = p.limit_end
   end
-  if KEEP_BLOCK then
-    local block_end = int(KEEP_BLOCK)
+  if keep then
+    local block_end = int(keep)
     value = value .. '|' .. block_end
-    expires_at = until_block_ends(expires_at)
+    expires_at = until_block_ends(expires_at, keep)
   end
-  local ms = ttl_ms(now, expires_at)
+  local ms = ttl_ms(since, expires_at)
   -- The TTL formatted here: Redis formats a number argument with '%.17g', at four times the cost.
   call('SET', key, value, 'PX', format(INT, ms))
 end
 
 -- Blocks a key with a string state until `ends`: its state stays as it is, and the key lives
 -- at least until the block ends.
-local function block_in_value(self, key, p, st, now, ends)
+local function block_in_value(self, key, p, st, now, ends, _, since)
   local raw = split_block(call('GET', key)) or ''
-  call('SET', key, raw .. '|' .. int(ends), 'PX', ttl_to_block_end(key, now, ends))
+  call('SET', key, raw .. '|' .. int(ends), 'PX', ttl_to_block_end(key, since, ends))
 end
 
 -- The token and leaky buckets keep "amount last": the time of their last update, which is
@@ -272,9 +270,9 @@ end
 
 -- The buckets' `release` (twin of their `Step::release`): gives back the latest slot only,
 -- the one the bucket was last updated at.
-local function bucket_release(self, key, p, st, now, slot, units)
+local function bucket_release(self, key, p, st, now, slot, units, keep, since)
   if st and st[2] == slot then
-    self:refund(key, p, st, now, units)
+    self:refund(key, p, st, now, units, keep, since)
   end
 end
 
@@ -286,6 +284,9 @@ end
 -- next one.
 local STATES, LEASED = { {} }, { {} }
 local REPLY = {}
+-- Each policy of a call as `decide` reads it, per position: its algorithm, operation,
+-- parameters (then those it was decided under), cost and the operation's integers.
+local ALGS, OPS, PS, COSTS, XS, YS = {}, {}, {}, {}, {}, {}
 
 -- Numbers read from the strings a call sends, remembered: `tonumber` reads a string with
 -- strtod, about 1,800 instructions, where a table lookup costs a tenth of that. What is
@@ -330,8 +331,10 @@ local function tag_params(tag, into)
 end
 
 -- Keeps the parameters `p` of `tag` for the next call with it (at most 1,000 tags: then
--- forgotten all at once).
+-- forgotten all at once), with the formats of a state of one and two integers tagged with
+-- them: one `format` builds the value `store` writes (a tag has no '%').
 local function remember(tag, p)
+  p.f1, p.f2 = INT .. p.tag, INT2 .. p.tag
   if TAGS >= 1000 then
     TAGGED, TAGS = {}, 0
   end
@@ -383,16 +386,17 @@ local function own_params(stale, p)
   return o
 end
 
--- The time: the injected one (and the TTL slack) at the end of the arguments, else Redis TIME.
+-- The time, and the time TTLs count from (`ttl_ms`): the injected time at the end of the
+-- arguments, less the TTL slack after it, else Redis TIME, twice.
 --@inline
 local function clock(args, injected)
   if injected then
-    TTL_SLACK = tonumber(args[#args])
-    return tonumber(args[#args - 1])
+    local now = tonumber(args[#args - 1])
+    return now, now - 1000 * tonumber(args[#args])
   end
-  TTL_SLACK = 0
   local t = call('TIME')
-  return t[1] * 1000000 + t[2]
+  local now = t[1] * 1000000 + t[2]
+  return now, now
 end
 
 -- The clock-lag adjustment (twin of `evaluate_with_lag`), for the algorithms that keep their own
@@ -401,22 +405,334 @@ end
 -- and admits no cost before then. Called only for those algorithms, so the others pay nothing
 -- for it.
 --@inline
-local function shift(lag, cost, ok, remaining, reset, retry)
-  if lag > 0 then
+local function shift(late, cost, ok, remaining, reset, retry)
+  if late > 0 then
     remaining = 0
     -- Not a fresh key before its own time, even with nothing counted there.
-    reset = reset + lag
+    reset = reset + late
     if retry >= 0 then
-      retry = retry + lag
+      retry = retry + late
     end
     if ok == 1 and cost > 0 then
-      ok, retry = 0, lag
-      if reset < lag then
-        reset = lag
+      ok, retry = 0, late
+      if reset < late then
+        reset = late
       end
     end
   end
   return ok, remaining, reset, retry
+end
+-- What acts on a key's state on its own, before a decision judges it: the operations' `ACT`
+-- arms (`act`), and the conversion of a state written under other parameters (`adopt`: a
+-- reload, another instance's version, a key's own limit begun or ended). Written into the
+-- script before `decide.lua`, which calls `act` and `adopt`.
+
+-- Old parameters read from a tag, reused from call to call.
+local OLD = {}
+
+-- Puts the key's state `st`, written under `from` (nil: under nothing this policy reads),
+-- under `to`: a key's own limit's parameters or the policy's, converted as a reload converts
+-- it (twin of `Row::put_under` in Rust). With nothing used, only the key's own limit is kept
+-- (and the block on record). The sliding log, whose entries mean the same under any quota,
+-- marks its own limit itself. The block on record until `keep` (nil: none) is kept; TTLs
+-- count from `since`.
+local function put_under(alg, key, st, now, from, to, keep, since)
+  if alg.mark then
+    alg:mark(key, to, now, keep, since)
+    return
+  end
+  if st and from and alg.convert and alg:convert(key, from, to, st, now, keep, since) then
+    return
+  end
+  local value, e = '', now
+  if to.limit_end then
+    value, e = to.tag, to.limit_end
+  end
+  if keep then
+    value = value .. '|' .. int(keep)
+    if keep > e then
+      e = keep
+    end
+  end
+  if value == '' then
+    call('DEL', key)
+  else
+    call('SET', key, value, 'PX', format(INT, ttl_ms(since, e)))
+  end
+end
+
+-- The parameters a state of tag `stale` was written under (nil: the present ones, `p`);
+-- nil for a state of another algorithm.
+local function written_under(stale, p)
+  if not stale then
+    return p
+  end
+  if find(stale, '@', 1, true) then
+    return own_params(stale, p)
+  end
+  if tag_params(stale, OLD) == sub(p.tag, 1, 1) then
+    return OLD
+  end
+  return nil
+end
+
+-- A state found written under other parameters (`stale`, its tag: the policy was reloaded, or
+-- another instance runs another version of it), converted to the present ones and written
+-- back (twin of `Compiled::convert`): the state and the block's end then. A state of another
+-- algorithm, or one left with nothing used, is forgotten; the key keeps its block.
+local function adopt(alg, key, p, st, ends, now, stale, into, since)
+  if find(stale, '@', 1, true) then
+    local o = own_params(stale, p)
+    if o and o.limit_end > now and (not alg.keeps or alg.keeps(o, p)) then
+      -- The key's own limit: decided under it.
+      return st, ends, o
+    end
+    -- Its own limit has ended (or counts periods the policy no longer counts): back under
+    -- the policy's quota, its usage kept.
+    put_under(alg, key, o and st, now, o, p, ends, since)
+    local kept, block = alg.load(key, p, now, into)
+    return kept, block, p
+  end
+  if st and alg.convert and tag_params(stale, OLD) == sub(p.tag, 1, 1) then
+    local kept = alg:convert(key, OLD, p, st, now, ends, since)
+    if kept then
+      local state, block = alg.load(key, p, now, into)
+      return state, block, p
+    end
+  end
+  if ends then
+    call('SET', key, '|' .. int(ends), 'KEEPTTL')
+  else
+    call('DEL', key)
+  end
+  return nil, ends, p
+end
+
+
+-- The arms of the operations that act on their own (twin of `act` in the memory store), each
+-- called with the policy's algorithm, key, parameters, state, the time, the units and the
+-- operation's integer, then the block on record (`keep`), which every write they make keeps,
+-- and the time TTLs count from.
+local ACT = {}
+ACT[7] = function(alg, key, p, st, now, units, _, keep, since)
+  alg:refund(key, p, st, now, units, keep, since)
+end
+ACT[8] = function(_, key)
+  call('DEL', key)
+end
+ACT[9] = function(alg, key, p, st, now, units, _, keep, since)
+  if units > 0 then
+    alg:commit(key, p, st, now, units, keep, since)
+  end
+end
+ACT[10] = function(alg, key, p, st, now, _, us, keep, since)
+  alg:block(key, p, st, now, now + us, keep, since)
+end
+-- The algorithm's own give-back, else a refund until the lease's end: see `Step::give_back`.
+ACT[11] = function(alg, key, p, st, now, units, lease_end, keep, since)
+  if alg.give_back then
+    alg:give_back(key, p, st, now, lease_end, units, keep, since)
+  elseif now <= lease_end then
+    alg:refund(key, p, st, now, units, keep, since)
+  end
+end
+-- The algorithm's own release, else its give-back: see `Step::release`.
+ACT[12] = function(alg, key, p, st, now, units, at, keep, since)
+  if alg.release then
+    alg:release(key, p, st, now, at, units, keep, since)
+  elseif alg.give_back then
+    alg:give_back(key, p, st, now, at, units, keep, since)
+  end
+end
+
+-- The difference between a request's real cost and its estimate, given back or owed (the
+-- algorithm's own debit, else a charge: see `Step::debit`).
+ACT[13] = function(alg, key, p, st, now, units, estimate, keep, since)
+  if units < estimate then
+    alg:refund(key, p, st, now, estimate - units, keep, since)
+  elseif units > estimate then
+    local debit = alg.debit or alg.commit
+    debit(alg, key, p, st, now, units - estimate, keep, since)
+  end
+end
+
+-- A key's own limit, `p` (its parameters, then '@' and its quota), until `limit_end` (0: the
+-- longest window's time from now): the state converted from what it was written under.
+ACT[14] = function(alg, key, p, st, now, from, limit_end, keep, since)
+  if limit_end == 0 then
+    limit_end = now + 31622400000000
+  end
+  local at = find(p.tag, '@', 1, true)
+  local tag = sub(p.tag, 1, at) .. int(limit_end) .. 'E0,' .. sub(p.tag, at + 1)
+  put_under(alg, key, st, now, from, own_params(tag, p), keep, since)
+end
+-- Back under the policy's own quota (`p`), from a key's own limit.
+ACT[15] = function(alg, key, p, st, now, from, _, keep, since)
+  if from ~= p then
+    put_under(alg, key, st, now, from, p, keep, since)
+  end
+end
+
+-- Runs the act of `op` on the key (its state loaded in `into`, converted first when it was
+-- written under other parameters, or decided under the key's own limit); a key's own limit
+-- set or ended is given what the state was written under instead of the units.
+local function act(alg, op, key, p, now, units, x, into, since)
+  local st, ends, stale = alg.load(key, p, now, into)
+  if RELIMITS[op] then
+    ACT[op](alg, key, p, st, now, written_under(stale, p), x, ends, since)
+    return
+  end
+  if stale then
+    st, ends, p = adopt(alg, key, p, st, ends, now, stale, into, since)
+  end
+  ACT[op](alg, key, p, st, now, units, x, ends, since)
+end
+-- The phases of a policy whose operation is not ENFORCE (phases.lua takes those here once its
+-- state is read): a look, a shadow, an act's look at cost 0, and what the granting
+-- operations do beyond a verdict: the time a WAIT reserves, the units a LEASE takes, the
+-- slots CONCURRENCY holds. What phase one finds for phase two, per policy position.
+local LEASE_ENDS, WAITS = {}, {}
+
+-- A table to load a state in, for a moment.
+local SCRATCH = {}
+
+-- For a WAIT policy denied now with `verdict`: the wait until the time that admits it, when
+-- it is a retry-after of at most `max_wait`, the cost is not 0 (a look reserves nothing) and
+-- the key is not blocked (twin of `reservation` in Rust); else nil.
+local function reservation(alg, p, st, ends, now, cost, key, verdict, max_wait)
+  if cost == 0 or verdict < 0 or verdict > max_wait or (ends and ends > now) then
+    return nil
+  end
+  if alg:verdict(p, st, ends, now + verdict, cost, key) == -2 then
+    return verdict
+  end
+  return nil
+end
+
+-- Phase two for a WAIT policy admitted at the time `wait` microseconds away, whose reply
+-- follows REPLY[at]: charges it there (the key's TTL still counted from `since`), then
+-- reports the state as it is seen now, with the units, the time and the wait after the
+-- verdict.
+local function reserve(alg, key, p, st, ends, now, cost, wait, at, since)
+  local at_time = now + wait
+  if alg.reserve_commit then
+    alg:reserve_commit(key, p, st, now, at_time, cost, ends, since)
+  else
+    alg:commit(key, p, st, at_time, cost, ends, since)
+  end
+  -- Admitted, the state reported as it is seen now (a look may deny: the sliding log still
+  -- counts, now, entries that are gone at that time).
+  local seen = alg.load(key, p, now, SCRATCH)
+  local _, remaining, reset = alg:verdict(p, seen, nil, now, 0, key)
+  REPLY[at + 1], REPLY[at + 2] = -2, remaining
+  REPLY[at + 3] = reset
+  REPLY[at + 4], REPLY[at + 5], REPLY[at + 6] = cost, at_time, wait
+end
+
+-- Phase two for an admitted LEASE of up to `want` units ending at `lease_end`, whose reply
+-- follows REPLY[at]: leases what is left, at least the cost and at most the units wanted,
+-- and reports the verdict with the lease counted as spent (twin of `take_lease` in Rust).
+local function take_lease(alg, key, p, st, ends, now, cost, want, lease_end, at, since)
+  local _, left = alg:evaluate(p, st, now, 0, key)
+  local units = left
+  if units > want then
+    units = want
+  end
+  if units < cost then
+    units = cost
+  end
+  local verdict, remaining, reset = alg:verdict(p, st, ends, now, units, key)
+  if verdict ~= -2 and units > cost then
+    units = cost
+    verdict, remaining, reset = alg:verdict(p, st, ends, now, units, key)
+  end
+  if units > 0 then
+    if alg.lease_commit then
+      alg:lease_commit(key, p, st, now, lease_end, units, ends, since)
+    else
+      alg:commit(key, p, st, now, units, ends, since)
+    end
+  end
+  REPLY[at + 1], REPLY[at + 2], REPLY[at + 3] = verdict, remaining, reset
+  REPLY[at + 4], REPLY[at + 5], REPLY[at + 6] = units, lease_end, lease_end - now
+end
+
+-- Phase one for the policy at position i of operation `op` (not ENFORCE), its state `st` and
+-- block `ends` read: decided on the state as strict as a lease could make it, in LEASED[i],
+-- for a LEASE whose longest life is `x` (twin of `lease_verdict` in Rust), its verdict in the
+-- reply, and for a WAIT denied now, the wait of at most `x` until the time that would admit
+-- it. Returns whether it admits the request, and the state and block decided on.
+local function phase_one_of(alg, i, op, key, p, now, cost, x, base, st, ends)
+  local lease_end, wait
+  if op == 6 then
+    lease_end = now + x
+    if alg.lease_end then
+      lease_end = alg:lease_end(p, st, now, x)
+    end
+    if alg.lease_state then
+      st = alg:lease_state(p, st, now, lease_end, LEASED[i])
+    end
+  end
+  local v, remaining, reset = alg:verdict(p, st, ends, now, cost, key)
+  REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
+  if GRANTS[op] then
+    REPLY[base + 4], REPLY[base + 5], REPLY[base + 6] = 0, 0, 0
+  end
+  if v ~= -2 and op == 5 then
+    wait = reservation(alg, p, st, ends, now, cost, key, v, x)
+  end
+  LEASE_ENDS[i], WAITS[i] = lease_end, wait
+  return v == -2 or wait ~= nil, st, ends
+end
+
+-- Phase two for the policy at position i of operation `op` (not ENFORCE), the request
+-- `admitted` or not: charged as its operation says (at its reserved time, a lease of up to
+-- `y` units, its cost; keeping its block on record), or the state reported as it stays, its
+-- key given a TTL (from `since`) if it lost its own.
+local function phase_two_of(alg, i, op, key, p, now, since, cost, y, st, ends, admitted, base)
+  if admitted then
+    if WAITS[i] then
+      reserve(alg, key, p, st, ends, now, cost, WAITS[i], base, since)
+      return
+    end
+    if op == 6 then
+      take_lease(alg, key, p, st, ends, now, cost, y, LEASE_ENDS[i], base, since)
+      return
+    end
+    local charges = CHARGES[op]
+    if cost > 0 and (charges == 2 or (charges == 1 and REPLY[base + 1] == -2)) then
+      alg:commit(key, p, st, now, cost, ends, since)
+      if op == 4 then
+        REPLY[base + 4], REPLY[base + 5] = cost, now
+      end
+      return
+    end
+  end
+  if REPLY[base + 1] == -2 and cost > 0 then
+    -- Admitted by this policy but not charged: report the state as it stays.
+    local _, remaining, reset = alg:verdict(p, st, nil, now, 0, key)
+    REPLY[base + 2], REPLY[base + 3] = remaining, reset
+  end
+  if call('PTTL', key) == -1 then
+    -- A key without a TTL (written by something else, or lost its TTL): repair it.
+    call('PEXPIRE', key, ttl_ms(since, now + REPLY[base + 3]))
+  end
+end
+
+-- After the checks' replies (`total` integers), each key decided under its own limit: its
+-- place and its quota's limit, window and burst (`OWN_WIDTH` integers; see `own_quota` in
+-- Rust); then the reply's end.
+local function own_limits(n, total)
+  for i = 1, n do
+    local o = PS[i]
+    if o.limit_end then
+      local q = o.quota
+      REPLY[total + 1], REPLY[total + 2] = i, q[1]
+      REPLY[total + 3], REPLY[total + 4] = q[2], q[3]
+      total = total + 4
+    end
+  end
+  REPLY[total + 1] = nil
 end
 -- Fixed window: twin of fixed_window.rs. Params: limit, window; for a calendar, limit, 0, the
 -- calendar's id, then the boundaries the call carries (b0 .. b3: the periods before, holding
@@ -508,119 +824,60 @@ ALG[1] = function()
   end
 
   --@inline
-  local function commit(self, key, p, st, now, cost)
+  local function commit(self, key, p, st, now, cost, keep, since)
     local start, count, ends = current(p, st, now)
-    store(key, p, format(INT2, start, count + cost), now, ends)
+    store(key, p, format(p.f2, start, count + cost), ends, keep, since)
   end
 
-  -- The fused decisions of policies enforced (`FUSES[op]`), the usual request: the phases of
-  -- `decide` for that case, in functions per algorithm. The generator (luagen/) writes them
-  -- into each twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place
-  -- of their calls. A key blocked, or written under other parameters, is left to the general
-  -- path: nil, having written nothing.
+  -- The two phases of a decision for one policy, written once: `decide` (decide.lua) runs
+  -- phase one for each policy of a call, then phase two for each. The generator (luagen/)
+  -- writes them into each algorithm's twin, with the twin's own `load`, `evaluate`, `commit`
+  -- and `lag` written in place of their calls, so that a decision makes almost no Lua call of
+  -- its own beyond Redis's commands. An operation these phases do not decide (`FUSES`: all
+  -- but ENFORCE) takes its own arms in grant.lua once its state is read.
   
-  -- One policy alone. `args` are the policy's arguments, `shape` their first.
-  local function fused(key, args, shape)
-    local cost, at = 1, 2
-    if shape % 2048 >= 1024 then
-      cost = tonumber(args[2])
-      at = 3
-    end
-    local p
-    do -- read_params
-      local tag = args[at]
-      local p_1 = TAGGED[tag or '']
-      if not p_1 and tag then
-        local semi = find(tag, ';', 1, true)
-        p_1 = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p_1) then
-          p_1 = nil
-        else
-          remember(tag, p_1)
-        end
-      end
-      p = p_1
-    end
-    if not p then
-      return nil
-    end
-    local now
-    repeat -- clock
-      local injected = shape >= 2048
-      if injected then
-        TTL_SLACK = tonumber(args[#args])
-        now = tonumber(args[#args - 1]) break
-      end
-      TTL_SLACK = 0
-      local t = call('TIME')
-      now = t[1] * 1000000 + t[2] break
-    until true
-    local st, ends, stale
-    repeat -- read2
-      local into = STATES[1]
-      local raw = call('GET', key)
-      if not raw then
-        st, ends, stale = nil break
-      end
-      local a, b, tag, ends_3
-      local t = p.tag
-      if find(raw, t, #raw - #t + 1, true) then
-        a, b = match(raw, '^(%d+) (%d+)~')
-      end
-      if not a then
-        local state
-        state, tag, ends_3 = split_state(raw)
-        if tag == p.tag then
-          tag = nil
-        end
-        a, b = match(state or '', '^(%d+) (%d+)$')
-        if not a then
-          st, ends, stale = nil, ends_3, tag break
-        end
-      end
-      into[1], into[2] = tonumber(a), tonumber(b)
-      st, ends, stale = into, ends_3, tag break
-    until true
-    if ends or stale then
-      return nil
-    end
+  -- The verdict of a policy as the reply gives it (ADMITTED, the retry-after, or NEVER),
+  -- remaining and reset; a blocked key is denied until the block ends, whatever its state
+  -- (twin of `apply_block`).
+  --@inline
+  local function verdict(self, p, st, ends, now, cost, key)
     local ok, remaining, reset, retry
     repeat -- evaluate
       local limit = p[1]
       local start, count, ends
       repeat -- current
         local w = p[2]
-        local start_5, ends_5
+        local start_2, ends_2
         if w > 0 then
-          start_5 = now - now % w
-          ends_5 = start_5 + w
+          start_2 = now - now % w
+          ends_2 = start_2 + w
         else
-          start_5, ends_5 = period(p, now)
+          start_2, ends_2 = period(p, now)
         end
-        if st and st[1] >= start_5 then
-          if st[1] > start_5 then
-            start_5, ends_5 = bounds(p, st[1])
+        if st and st[1] >= start_2 then
+          if st[1] > start_2 then
+            start_2, ends_2 = bounds(p, st[1])
           end
-          start, count, ends = start_5, st[2], ends_5 break
+          start, count, ends = start_2, st[2], ends_2 break
         end
-        start, count, ends = start_5, 0, ends_5 break
+        start, count, ends = start_2, 0, ends_2 break
       until true
       local from = now
       if start > from then
         from = start
       end
       local left = ends - from
-      local remaining_4 = limit - count
-      if remaining_4 < 0 then
-        remaining_4 = 0
+      local remaining_1 = limit - count
+      if remaining_1 < 0 then
+        remaining_1 = 0
       end
       if cost > limit then
-        ok, remaining, reset, retry = 0, remaining_4, count == 0 and 0 or left, -1 break
+        ok, remaining, reset, retry = 0, remaining_1, count == 0 and 0 or left, -1 break
       end
       if count + cost <= limit then
-        ok, remaining, reset, retry = 1, remaining_4 - cost, count + cost == 0 and 0 or left, -1 break
+        ok, remaining, reset, retry = 1, remaining_1 - cost, count + cost == 0 and 0 or left, -1 break
       end
-      ok, remaining, reset, retry = 0, remaining_4, count == 0 and 0 or left, left break
+      ok, remaining, reset, retry = 0, remaining_1, count == 0 and 0 or left, left break
     until true
     local behind
     repeat -- lag
@@ -631,117 +888,50 @@ ALG[1] = function()
     until true
     if behind > 0 then
       do -- shift
-        local lag, ok_7, remaining_7, reset_7, retry_7 = behind, ok, remaining, reset, retry
-        if lag > 0 then
-          remaining_7 = 0
-          reset_7 = reset_7 + lag
-          if retry_7 >= 0 then
-            retry_7 = retry_7 + lag
+        local ok_4, remaining_4, reset_4, retry_4 = ok, remaining, reset, retry
+        if behind > 0 then
+          remaining_4 = 0
+          reset_4 = reset_4 + behind
+          if retry_4 >= 0 then
+            retry_4 = retry_4 + behind
           end
-          if ok_7 == 1 and cost > 0 then
-            ok_7, retry_7 = 0, lag
-            if reset_7 < lag then
-              reset_7 = lag
+          if ok_4 == 1 and cost > 0 then
+            ok_4, retry_4 = 0, behind
+            if reset_4 < behind then
+              reset_4 = behind
             end
           end
         end
-        ok, remaining, reset, retry = ok_7, remaining_7, reset_7, retry_7
+        ok, remaining, reset, retry = ok_4, remaining_4, reset_4, retry_4
       end
     end
-    REPLY[2], REPLY[3], REPLY[3 + 1] = remaining, reset, nil
-    if ok ~= 1 then
-      if retry < 0 then
-        REPLY[1] = -1
-      else
-        REPLY[1] = retry
-      end
-    else
-      REPLY[1] = -2
-      if cost > 0 then
-        repeat -- commit
-          local start, count, ends
-          repeat -- current
-            local w = p[2]
-            local start_9, ends_9
-            if w > 0 then
-              start_9 = now - now % w
-              ends_9 = start_9 + w
-            else
-              start_9, ends_9 = period(p, now)
-            end
-            if st and st[1] >= start_9 then
-              if st[1] > start_9 then
-                start_9, ends_9 = bounds(p, st[1])
-              end
-              start, count, ends = start_9, st[2], ends_9 break
-            end
-            start, count, ends = start_9, 0, ends_9 break
-          until true
-          repeat -- store
-            local value, expires_at = format(INT2, start, count + cost), ends
-            value = value .. p.tag
-            if p.limit_end and p.limit_end > expires_at then
-              expires_at = p.limit_end
-            end
-            if KEEP_BLOCK then
-              local block_end
-              do -- int
-                local n = KEEP_BLOCK
-                block_end = format(INT, n)
-              end
-              value = value .. '|' .. block_end
-              repeat -- until_block_ends
-                local expires_at_12 = expires_at
-                if KEEP_BLOCK and KEEP_BLOCK > expires_at_12 then
-                  expires_at = KEEP_BLOCK break
-                end
-                expires_at = expires_at_12 break
-              until true
-            end
-            local ms
-            repeat -- ttl_ms
-              local ms_13
-              do -- cdiv
-                local a, b = expires_at - now, 1000
-                ms_13 = (a + (-a) % b) / b
-              end
-              ms_13 = ms_13 + TTL_SLACK
-              if ms_13 < 1 then
-                ms = 1 break
-              end
-              ms = ms_13 break
-            until true
-            call('SET', key, value, 'PX', format(INT, ms))
-          until true
-        until true
-        return REPLY
-      end
-    end
-    -- Not charged: a key that lost its TTL gets one (as `apply` does).
-    if call('PTTL', key) == -1 then
-      local ms
-      repeat -- ttl_ms
-        local expires_at = now + reset
-        local ms_15
-        do -- cdiv
-          local a, b = expires_at - now, 1000
-          ms_15 = (a + (-a) % b) / b
+    if ends and ends > now then
+      local wait = ends - now
+      if ok == 1 or retry >= 0 then
+        if retry < wait then
+          retry = wait
         end
-        ms_15 = ms_15 + TTL_SLACK
-        if ms_15 < 1 then
-          ms = 1 break
-        end
-        ms = ms_15 break
-      until true
-      call('PEXPIRE', key, ms)
+      end
+      ok = 0
+      remaining = 0
+      if reset < wait then
+        reset = wait
+      end
     end
-    return REPLY
+    if ok == 1 then
+      return -2, remaining, reset
+    end
+    if retry < 0 then
+      return -1, remaining, reset
+    end
+    return retry, remaining, reset
   end
   
-  -- Phase one of several policies enforced (`decide_fused` in decide.lua), for the one at
-  -- position i whose reply follows REPLY[base]: its verdict, remaining and reset in the
-  -- reply; returns whether it admits and the state decided on.
-  local function judged(key, p, now, cost, i, base)
+  -- The state of the policy at position i, loaded in STATES[i] (converted first when written
+  -- under other parameters), its block's end, and the parameters it is decided under (a key's
+  -- own limit's, if it has one).
+  --@inline
+  local function loaded(self, i, key, p, now, since)
     local st, ends, stale
     repeat -- read2
       local into = STATES[i]
@@ -749,108 +939,1023 @@ ALG[1] = function()
       if not raw then
         st, ends, stale = nil break
       end
-      local a, b, tag, ends_17
+      local a, b, tag, ends_5
       local t = p.tag
       if find(raw, t, #raw - #t + 1, true) then
         a, b = match(raw, '^(%d+) (%d+)~')
       end
       if not a then
         local state
-        state, tag, ends_17 = split_state(raw)
+        state, tag, ends_5 = split_state(raw)
         if tag == p.tag then
           tag = nil
         end
         a, b = match(state or '', '^(%d+) (%d+)$')
         if not a then
-          st, ends, stale = nil, ends_17, tag break
+          st, ends, stale = nil, ends_5, tag break
         end
       end
       into[1], into[2] = tonumber(a), tonumber(b)
-      st, ends, stale = into, ends_17, tag break
+      st, ends, stale = into, ends_5, tag break
     until true
-    if ends or stale then
-      return nil
+    if stale then
+      st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
     end
-    local ok, remaining, reset, retry
-    repeat -- evaluate
-      local limit = p[1]
-      local start, count, ends
-      repeat -- current
-        local w = p[2]
-        local start_19, ends_19
-        if w > 0 then
-          start_19 = now - now % w
-          ends_19 = start_19 + w
-        else
-          start_19, ends_19 = period(p, now)
-        end
-        if st and st[1] >= start_19 then
-          if st[1] > start_19 then
-            start_19, ends_19 = bounds(p, st[1])
-          end
-          start, count, ends = start_19, st[2], ends_19 break
-        end
-        start, count, ends = start_19, 0, ends_19 break
-      until true
-      local from = now
-      if start > from then
-        from = start
-      end
-      local left = ends - from
-      local remaining_18 = limit - count
-      if remaining_18 < 0 then
-        remaining_18 = 0
-      end
-      if cost > limit then
-        ok, remaining, reset, retry = 0, remaining_18, count == 0 and 0 or left, -1 break
-      end
-      if count + cost <= limit then
-        ok, remaining, reset, retry = 1, remaining_18 - cost, count + cost == 0 and 0 or left, -1 break
-      end
-      ok, remaining, reset, retry = 0, remaining_18, count == 0 and 0 or left, left break
-    until true
-    local behind
-    repeat -- lag
-      if st and st[1] > now then
-        behind = st[1] - now break
-      end
-      behind = 0 break
-    until true
-    if behind > 0 then
-      do -- shift
-        local lag, ok_21, remaining_21, reset_21, retry_21 = behind, ok, remaining, reset, retry
-        if lag > 0 then
-          remaining_21 = 0
-          reset_21 = reset_21 + lag
-          if retry_21 >= 0 then
-            retry_21 = retry_21 + lag
-          end
-          if ok_21 == 1 and cost > 0 then
-            ok_21, retry_21 = 0, lag
-            if reset_21 < lag then
-              reset_21 = lag
-            end
-          end
-        end
-        ok, remaining, reset, retry = ok_21, remaining_21, reset_21, retry_21
-      end
-    end
-    REPLY[base + 2], REPLY[base + 3] = remaining, reset
-    if ok == 1 then
-      REPLY[base + 1] = -2
-      return true, st
-    end
-    if retry < 0 then
-      REPLY[base + 1] = -1
-    else
-      REPLY[base + 1] = retry
-    end
-    return false, st
+    return st, ends, p
   end
   
+  -- Phase one for the policy at position i, enforced (its operation one the fused phases
+  -- decide, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
+  -- whether it admits the request, the state and block decided on, and the parameters.
+  --@inline
+  local function phase_one(self, i, key, p, now, since, cost, base)
+    local st, ends, stale
+    repeat -- read2
+      local into = STATES[i]
+      local raw = call('GET', key)
+      if not raw then
+        st, ends, stale = nil break
+      end
+      local a, b, tag, ends_6
+      local t = p.tag
+      if find(raw, t, #raw - #t + 1, true) then
+        a, b = match(raw, '^(%d+) (%d+)~')
+      end
+      if not a then
+        local state
+        state, tag, ends_6 = split_state(raw)
+        if tag == p.tag then
+          tag = nil
+        end
+        a, b = match(state or '', '^(%d+) (%d+)$')
+        if not a then
+          st, ends, stale = nil, ends_6, tag break
+        end
+      end
+      into[1], into[2] = tonumber(a), tonumber(b)
+      st, ends, stale = into, ends_6, tag break
+    until true
+    if stale then
+      st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
+    end
+    local v, remaining, reset
+    repeat -- verdict
+      local ok, remaining_7, reset_7, retry
+      repeat -- evaluate
+        local limit = p[1]
+        local start, count, ends
+        repeat -- current
+          local w = p[2]
+          local start_9, ends_9
+          if w > 0 then
+            start_9 = now - now % w
+            ends_9 = start_9 + w
+          else
+            start_9, ends_9 = period(p, now)
+          end
+          if st and st[1] >= start_9 then
+            if st[1] > start_9 then
+              start_9, ends_9 = bounds(p, st[1])
+            end
+            start, count, ends = start_9, st[2], ends_9 break
+          end
+          start, count, ends = start_9, 0, ends_9 break
+        until true
+        local from = now
+        if start > from then
+          from = start
+        end
+        local left = ends - from
+        local remaining = limit - count
+        if remaining < 0 then
+          remaining = 0
+        end
+        if cost > limit then
+          ok, remaining_7, reset_7, retry = 0, remaining, count == 0 and 0 or left, -1 break
+        end
+        if count + cost <= limit then
+          ok, remaining_7, reset_7, retry = 1, remaining - cost, count + cost == 0 and 0 or left, -1 break
+        end
+        ok, remaining_7, reset_7, retry = 0, remaining, count == 0 and 0 or left, left break
+      until true
+      local behind
+      repeat -- lag
+        if st and st[1] > now then
+          behind = st[1] - now break
+        end
+        behind = 0 break
+      until true
+      if behind > 0 then
+        do -- shift
+          local ok_11, remaining, reset, retry_11 = ok, remaining_7, reset_7, retry
+          if behind > 0 then
+            remaining = 0
+            reset = reset + behind
+            if retry_11 >= 0 then
+              retry_11 = retry_11 + behind
+            end
+            if ok_11 == 1 and cost > 0 then
+              ok_11, retry_11 = 0, behind
+              if reset < behind then
+                reset = behind
+              end
+            end
+          end
+          ok, remaining_7, reset_7, retry = ok_11, remaining, reset, retry_11
+        end
+      end
+      if ends and ends > now then
+        local wait = ends - now
+        if ok == 1 or retry >= 0 then
+          if retry < wait then
+            retry = wait
+          end
+        end
+        ok = 0
+        remaining_7 = 0
+        if reset_7 < wait then
+          reset_7 = wait
+        end
+      end
+      if ok == 1 then
+        v, remaining, reset = -2, remaining_7, reset_7 break
+      end
+      if retry < 0 then
+        v, remaining, reset = -1, remaining_7, reset_7 break
+      end
+      v, remaining, reset = retry, remaining_7, reset_7 break
+    until true
+    REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
+    return v == -2, st, ends, p
+  end
+  
+  -- Phase two for an enforced policy whose reply follows REPLY[base], the request `admitted` or
+  -- not: charged its cost (keeping its block on record), or the state reported as it stays,
+  -- its key given a TTL (from `since`) if it lost its own.
+  --@inline
+  local function phase_two(self, key, p, now, since, cost, st, ends, admitted, base)
+    if admitted and cost > 0 then
+      repeat -- commit
+        local keep = ends
+        local start, count, ends
+        repeat -- current
+          local w = p[2]
+          local start_13, ends_13
+          if w > 0 then
+            start_13 = now - now % w
+            ends_13 = start_13 + w
+          else
+            start_13, ends_13 = period(p, now)
+          end
+          if st and st[1] >= start_13 then
+            if st[1] > start_13 then
+              start_13, ends_13 = bounds(p, st[1])
+            end
+            start, count, ends = start_13, st[2], ends_13 break
+          end
+          start, count, ends = start_13, 0, ends_13 break
+        until true
+        repeat -- store
+          local value, expires_at = format(p.f2, start, count + cost), ends
+          if p.limit_end and p.limit_end > expires_at then
+            expires_at = p.limit_end
+          end
+          if keep then
+            local block_end
+            do -- int
+              block_end = format(INT, keep)
+            end
+            value = value .. '|' .. block_end
+            repeat -- until_block_ends
+              local expires_at_16 = expires_at
+              if keep and keep > expires_at_16 then
+                expires_at = keep break
+              end
+              expires_at = expires_at_16 break
+            until true
+          end
+          local ms
+          repeat -- ttl_ms
+            local ms_17
+            do -- cdiv
+              local a = expires_at - since
+              ms_17 = (a + (-a) % 1000) / 1000
+            end
+            if ms_17 < 1 then
+              ms = 1 break
+            end
+            ms = ms_17 break
+          until true
+          call('SET', key, value, 'PX', format(INT, ms))
+        until true
+      until true
+      return
+    end
+    if REPLY[base + 1] == -2 and cost > 0 then
+      -- Admitted by this policy but not charged: report the state as it stays.
+      local _, remaining, reset
+      repeat -- verdict
+        local ends = nil
+        local ok, remaining_19, reset_19, retry
+        repeat -- evaluate
+          local limit = p[1]
+          local start, count, ends
+          repeat -- current
+            local w = p[2]
+            local start_21, ends_21
+            if w > 0 then
+              start_21 = now - now % w
+              ends_21 = start_21 + w
+            else
+              start_21, ends_21 = period(p, now)
+            end
+            if st and st[1] >= start_21 then
+              if st[1] > start_21 then
+                start_21, ends_21 = bounds(p, st[1])
+              end
+              start, count, ends = start_21, st[2], ends_21 break
+            end
+            start, count, ends = start_21, 0, ends_21 break
+          until true
+          local from = now
+          if start > from then
+            from = start
+          end
+          local left = ends - from
+          local remaining = limit - count
+          if remaining < 0 then
+            remaining = 0
+          end
+          if 0 > limit then
+            ok, remaining_19, reset_19, retry = 0, remaining, count == 0 and 0 or left, -1 break
+          end
+          if count + 0 <= limit then
+            ok, remaining_19, reset_19, retry = 1, remaining - 0, count + 0 == 0 and 0 or left, -1 break
+          end
+          ok, remaining_19, reset_19, retry = 0, remaining, count == 0 and 0 or left, left break
+        until true
+        local behind
+        repeat -- lag
+          if st and st[1] > now then
+            behind = st[1] - now break
+          end
+          behind = 0 break
+        until true
+        if behind > 0 then
+          do -- shift
+            local ok_23, remaining, reset, retry_23 = ok, remaining_19, reset_19, retry
+            if behind > 0 then
+              remaining = 0
+              reset = reset + behind
+              if retry_23 >= 0 then
+                retry_23 = retry_23 + behind
+              end
+              if ok_23 == 1 and 0 > 0 then
+                ok_23, retry_23 = 0, behind
+                if reset < behind then
+                  reset = behind
+                end
+              end
+            end
+            ok, remaining_19, reset_19, retry = ok_23, remaining, reset, retry_23
+          end
+        end
+        if ends and ends > now then
+          local wait = ends - now
+          if ok == 1 or retry >= 0 then
+            if retry < wait then
+              retry = wait
+            end
+          end
+          ok = 0
+          remaining_19 = 0
+          if reset_19 < wait then
+            reset_19 = wait
+          end
+        end
+        if ok == 1 then
+          _, remaining, reset = -2, remaining_19, reset_19 break
+        end
+        if retry < 0 then
+          _, remaining, reset = -1, remaining_19, reset_19 break
+        end
+        _, remaining, reset = retry, remaining_19, reset_19 break
+      until true
+      REPLY[base + 2], REPLY[base + 3] = remaining, reset
+    end
+    if call('PTTL', key) == -1 then
+      -- A key without a TTL (written by something else, or lost its TTL): repair it.
+      local ms
+      repeat -- ttl_ms
+        local expires_at = now + REPLY[base + 3]
+        local ms_24
+        do -- cdiv
+          local a = expires_at - since
+          ms_24 = (a + (-a) % 1000) / 1000
+        end
+        if ms_24 < 1 then
+          ms = 1 break
+        end
+        ms = ms_24 break
+      until true
+      call('PEXPIRE', key, ms)
+    end
+  end
+  
+  -- The policies of a decision from position i to n (read into ALGS, OPS, PS, COSTS, XS and
+  -- YS), `admitted` by those before it or not: phase one for policy i, whose reply follows
+  -- REPLY[base]; then the policies after it, each one step deeper; then phase two for policy
+  -- i, once the request is known to be admitted or not (by every policy that decides), so
+  -- what each phase hands the other stays in locals. Phase two runs from the last policy to
+  -- the first: each has its own key. Returns whether the request is admitted, where the reply
+  -- of the checks ends, and whether a key was decided under its own limit (then PS[i] holds
+  -- the parameters of each policy from i on as it was decided).
+  local function step(self, i, n, keys, now, since, admitted, base)
+    local op, key, cost, p = OPS[i], keys[i], COSTS[i], PS[i]
+    local fused = FUSES[op]
+    local ok, st, ends, q
+    if fused then
+      do -- phase_one
+        local p = p
+        local st_26, ends_26, stale
+        repeat -- read2
+          local into = STATES[i]
+          local raw = call('GET', key)
+          if not raw then
+            st_26, ends_26, stale = nil break
+          end
+          local a, b, tag, ends
+          local t = p.tag
+          if find(raw, t, #raw - #t + 1, true) then
+            a, b = match(raw, '^(%d+) (%d+)~')
+          end
+          if not a then
+            local state
+            state, tag, ends = split_state(raw)
+            if tag == p.tag then
+              tag = nil
+            end
+            a, b = match(state or '', '^(%d+) (%d+)$')
+            if not a then
+              st_26, ends_26, stale = nil, ends, tag break
+            end
+          end
+          into[1], into[2] = tonumber(a), tonumber(b)
+          st_26, ends_26, stale = into, ends, tag break
+        until true
+        if stale then
+          st_26, ends_26, p = adopt(self, key, p, st_26, ends_26, now, stale, STATES[i], since)
+        end
+        local v, remaining, reset
+        repeat -- verdict
+          local ok, remaining_28, reset_28, retry
+          repeat -- evaluate
+            local limit = p[1]
+            local start, count, ends
+            repeat -- current
+              local w = p[2]
+              local start_30, ends_30
+              if w > 0 then
+                start_30 = now - now % w
+                ends_30 = start_30 + w
+              else
+                start_30, ends_30 = period(p, now)
+              end
+              if st_26 and st_26[1] >= start_30 then
+                if st_26[1] > start_30 then
+                  start_30, ends_30 = bounds(p, st_26[1])
+                end
+                start, count, ends = start_30, st_26[2], ends_30 break
+              end
+              start, count, ends = start_30, 0, ends_30 break
+            until true
+            local from = now
+            if start > from then
+              from = start
+            end
+            local left = ends - from
+            local remaining = limit - count
+            if remaining < 0 then
+              remaining = 0
+            end
+            if cost > limit then
+              ok, remaining_28, reset_28, retry = 0, remaining, count == 0 and 0 or left, -1 break
+            end
+            if count + cost <= limit then
+              ok, remaining_28, reset_28, retry = 1, remaining - cost, count + cost == 0 and 0 or left, -1 break
+            end
+            ok, remaining_28, reset_28, retry = 0, remaining, count == 0 and 0 or left, left break
+          until true
+          local behind
+          repeat -- lag
+            if st_26 and st_26[1] > now then
+              behind = st_26[1] - now break
+            end
+            behind = 0 break
+          until true
+          if behind > 0 then
+            do -- shift
+              local ok_32, remaining, reset, retry_32 = ok, remaining_28, reset_28, retry
+              if behind > 0 then
+                remaining = 0
+                reset = reset + behind
+                if retry_32 >= 0 then
+                  retry_32 = retry_32 + behind
+                end
+                if ok_32 == 1 and cost > 0 then
+                  ok_32, retry_32 = 0, behind
+                  if reset < behind then
+                    reset = behind
+                  end
+                end
+              end
+              ok, remaining_28, reset_28, retry = ok_32, remaining, reset, retry_32
+            end
+          end
+          if ends_26 and ends_26 > now then
+            local wait = ends_26 - now
+            if ok == 1 or retry >= 0 then
+              if retry < wait then
+                retry = wait
+              end
+            end
+            ok = 0
+            remaining_28 = 0
+            if reset_28 < wait then
+              reset_28 = wait
+            end
+          end
+          if ok == 1 then
+            v, remaining, reset = -2, remaining_28, reset_28 break
+          end
+          if retry < 0 then
+            v, remaining, reset = -1, remaining_28, reset_28 break
+          end
+          v, remaining, reset = retry, remaining_28, reset_28 break
+        until true
+        REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
+        ok, st, ends, q = v == -2, st_26, ends_26, p
+      end
+    else
+      do -- loaded
+        local p = p
+        local st_33, ends_33, stale
+        repeat -- read2
+          local into = STATES[i]
+          local raw = call('GET', key)
+          if not raw then
+            st_33, ends_33, stale = nil break
+          end
+          local a, b, tag, ends
+          local t = p.tag
+          if find(raw, t, #raw - #t + 1, true) then
+            a, b = match(raw, '^(%d+) (%d+)~')
+          end
+          if not a then
+            local state
+            state, tag, ends = split_state(raw)
+            if tag == p.tag then
+              tag = nil
+            end
+            a, b = match(state or '', '^(%d+) (%d+)$')
+            if not a then
+              st_33, ends_33, stale = nil, ends, tag break
+            end
+          end
+          into[1], into[2] = tonumber(a), tonumber(b)
+          st_33, ends_33, stale = into, ends, tag break
+        until true
+        if stale then
+          st_33, ends_33, p = adopt(self, key, p, st_33, ends_33, now, stale, STATES[i], since)
+        end
+        st, ends, q = st_33, ends_33, p
+      end
+      ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
+    end
+    admitted = admitted and (ok or not DECIDES[op])
+    local total, own = base + WIDTH[op], false
+    if i < n then
+      admitted, total, own = ALGS[i + 1]:step(i + 1, n, keys, now, since, admitted, total)
+    end
+    if fused then
+      repeat -- phase_two
+        if admitted and cost > 0 then
+          repeat -- commit
+            local keep = ends
+            local start, count, ends
+            repeat -- current
+              local w = q[2]
+              local start_37, ends_37
+              if w > 0 then
+                start_37 = now - now % w
+                ends_37 = start_37 + w
+              else
+                start_37, ends_37 = period(q, now)
+              end
+              if st and st[1] >= start_37 then
+                if st[1] > start_37 then
+                  start_37, ends_37 = bounds(q, st[1])
+                end
+                start, count, ends = start_37, st[2], ends_37 break
+              end
+              start, count, ends = start_37, 0, ends_37 break
+            until true
+            repeat -- store
+              local value, expires_at = format(q.f2, start, count + cost), ends
+              if q.limit_end and q.limit_end > expires_at then
+                expires_at = q.limit_end
+              end
+              if keep then
+                local block_end
+                do -- int
+                  block_end = format(INT, keep)
+                end
+                value = value .. '|' .. block_end
+                repeat -- until_block_ends
+                  local expires_at_40 = expires_at
+                  if keep and keep > expires_at_40 then
+                    expires_at = keep break
+                  end
+                  expires_at = expires_at_40 break
+                until true
+              end
+              local ms
+              repeat -- ttl_ms
+                local ms_41
+                do -- cdiv
+                  local a = expires_at - since
+                  ms_41 = (a + (-a) % 1000) / 1000
+                end
+                if ms_41 < 1 then
+                  ms = 1 break
+                end
+                ms = ms_41 break
+              until true
+              call('SET', key, value, 'PX', format(INT, ms))
+            until true
+          until true
+          break
+        end
+        if REPLY[base + 1] == -2 and cost > 0 then
+          local _, remaining, reset
+          repeat -- verdict
+            local ends = nil
+            local ok, remaining_43, reset_43, retry
+            repeat -- evaluate
+              local limit = q[1]
+              local start, count, ends
+              repeat -- current
+                local w = q[2]
+                local start_45, ends_45
+                if w > 0 then
+                  start_45 = now - now % w
+                  ends_45 = start_45 + w
+                else
+                  start_45, ends_45 = period(q, now)
+                end
+                if st and st[1] >= start_45 then
+                  if st[1] > start_45 then
+                    start_45, ends_45 = bounds(q, st[1])
+                  end
+                  start, count, ends = start_45, st[2], ends_45 break
+                end
+                start, count, ends = start_45, 0, ends_45 break
+              until true
+              local from = now
+              if start > from then
+                from = start
+              end
+              local left = ends - from
+              local remaining = limit - count
+              if remaining < 0 then
+                remaining = 0
+              end
+              if 0 > limit then
+                ok, remaining_43, reset_43, retry = 0, remaining, count == 0 and 0 or left, -1 break
+              end
+              if count + 0 <= limit then
+                ok, remaining_43, reset_43, retry = 1, remaining - 0, count + 0 == 0 and 0 or left, -1 break
+              end
+              ok, remaining_43, reset_43, retry = 0, remaining, count == 0 and 0 or left, left break
+            until true
+            local behind
+            repeat -- lag
+              if st and st[1] > now then
+                behind = st[1] - now break
+              end
+              behind = 0 break
+            until true
+            if behind > 0 then
+              do -- shift
+                local ok_47, remaining, reset, retry_47 = ok, remaining_43, reset_43, retry
+                if behind > 0 then
+                  remaining = 0
+                  reset = reset + behind
+                  if retry_47 >= 0 then
+                    retry_47 = retry_47 + behind
+                  end
+                  if ok_47 == 1 and 0 > 0 then
+                    ok_47, retry_47 = 0, behind
+                    if reset < behind then
+                      reset = behind
+                    end
+                  end
+                end
+                ok, remaining_43, reset_43, retry = ok_47, remaining, reset, retry_47
+              end
+            end
+            if ends and ends > now then
+              local wait = ends - now
+              if ok == 1 or retry >= 0 then
+                if retry < wait then
+                  retry = wait
+                end
+              end
+              ok = 0
+              remaining_43 = 0
+              if reset_43 < wait then
+                reset_43 = wait
+              end
+            end
+            if ok == 1 then
+              _, remaining, reset = -2, remaining_43, reset_43 break
+            end
+            if retry < 0 then
+              _, remaining, reset = -1, remaining_43, reset_43 break
+            end
+            _, remaining, reset = retry, remaining_43, reset_43 break
+          until true
+          REPLY[base + 2], REPLY[base + 3] = remaining, reset
+        end
+        if call('PTTL', key) == -1 then
+          local ms
+          repeat -- ttl_ms
+            local expires_at = now + REPLY[base + 3]
+            local ms_48
+            do -- cdiv
+              local a = expires_at - since
+              ms_48 = (a + (-a) % 1000) / 1000
+            end
+            if ms_48 < 1 then
+              ms = 1 break
+            end
+            ms = ms_48 break
+          until true
+          call('PEXPIRE', key, ms)
+        end
+      until true
+    else
+      phase_two_of(self, i, op, key, q, now, since, cost, YS[i], st, ends, admitted, base)
+    end
+    if q ~= p then
+      PS[i], own = q, true
+    end
+    return admitted, total, own
+  end
+  
+  -- A policy enforced alone, the most usual call, from its arguments (`args`, its shape
+  -- `shape` first): its cost and parameters read, the time, then its two phases. Returns the
+  -- reply; nil, having done nothing, when the arguments are malformed.
+  local function enforced(self, key, args, shape)
+    local cost, at = 1, 2
+    if shape % 2048 >= 1024 then
+      cost = tonumber(args[2])
+      if not cost then
+        return nil
+      end
+      at = 3
+    end
+    local p
+    do -- read_params
+      local tag = args[at]
+      local p_50 = TAGGED[tag or '']
+      if not p_50 and tag then
+        local semi = find(tag, ';', 1, true)
+        p_50 = { tag = semi and sub(tag, 1, semi - 1) or tag }
+        if not tag_params(tag, p_50) then
+          p_50 = nil
+        else
+          remember(tag, p_50)
+        end
+      end
+      p = p_50
+    end
+    if not p then
+      return nil
+    end
+    local now, since
+    repeat -- clock
+      local injected = shape >= 2048
+      if injected then
+        local now_51 = tonumber(args[#args - 1])
+        now, since = now_51, now_51 - 1000 * tonumber(args[#args]) break
+      end
+      local t = call('TIME')
+      local now_51 = t[1] * 1000000 + t[2]
+      now, since = now_51, now_51 break
+    until true
+    local ok, st, ends, q
+    do -- phase_one
+      local p = p
+      local st_52, ends_52, stale
+      repeat -- read2
+        local into = STATES[1]
+        local raw = call('GET', key)
+        if not raw then
+          st_52, ends_52, stale = nil break
+        end
+        local a, b, tag, ends
+        local t = p.tag
+        if find(raw, t, #raw - #t + 1, true) then
+          a, b = match(raw, '^(%d+) (%d+)~')
+        end
+        if not a then
+          local state
+          state, tag, ends = split_state(raw)
+          if tag == p.tag then
+            tag = nil
+          end
+          a, b = match(state or '', '^(%d+) (%d+)$')
+          if not a then
+            st_52, ends_52, stale = nil, ends, tag break
+          end
+        end
+        into[1], into[2] = tonumber(a), tonumber(b)
+        st_52, ends_52, stale = into, ends, tag break
+      until true
+      if stale then
+        st_52, ends_52, p = adopt(self, key, p, st_52, ends_52, now, stale, STATES[1], since)
+      end
+      local v, remaining, reset
+      repeat -- verdict
+        local ok, remaining_54, reset_54, retry
+        repeat -- evaluate
+          local limit = p[1]
+          local start, count, ends
+          repeat -- current
+            local w = p[2]
+            local start_56, ends_56
+            if w > 0 then
+              start_56 = now - now % w
+              ends_56 = start_56 + w
+            else
+              start_56, ends_56 = period(p, now)
+            end
+            if st_52 and st_52[1] >= start_56 then
+              if st_52[1] > start_56 then
+                start_56, ends_56 = bounds(p, st_52[1])
+              end
+              start, count, ends = start_56, st_52[2], ends_56 break
+            end
+            start, count, ends = start_56, 0, ends_56 break
+          until true
+          local from = now
+          if start > from then
+            from = start
+          end
+          local left = ends - from
+          local remaining = limit - count
+          if remaining < 0 then
+            remaining = 0
+          end
+          if cost > limit then
+            ok, remaining_54, reset_54, retry = 0, remaining, count == 0 and 0 or left, -1 break
+          end
+          if count + cost <= limit then
+            ok, remaining_54, reset_54, retry = 1, remaining - cost, count + cost == 0 and 0 or left, -1 break
+          end
+          ok, remaining_54, reset_54, retry = 0, remaining, count == 0 and 0 or left, left break
+        until true
+        local behind
+        repeat -- lag
+          if st_52 and st_52[1] > now then
+            behind = st_52[1] - now break
+          end
+          behind = 0 break
+        until true
+        if behind > 0 then
+          do -- shift
+            local ok_58, remaining, reset, retry_58 = ok, remaining_54, reset_54, retry
+            if behind > 0 then
+              remaining = 0
+              reset = reset + behind
+              if retry_58 >= 0 then
+                retry_58 = retry_58 + behind
+              end
+              if ok_58 == 1 and cost > 0 then
+                ok_58, retry_58 = 0, behind
+                if reset < behind then
+                  reset = behind
+                end
+              end
+            end
+            ok, remaining_54, reset_54, retry = ok_58, remaining, reset, retry_58
+          end
+        end
+        if ends_52 and ends_52 > now then
+          local wait = ends_52 - now
+          if ok == 1 or retry >= 0 then
+            if retry < wait then
+              retry = wait
+            end
+          end
+          ok = 0
+          remaining_54 = 0
+          if reset_54 < wait then
+            reset_54 = wait
+          end
+        end
+        if ok == 1 then
+          v, remaining, reset = -2, remaining_54, reset_54 break
+        end
+        if retry < 0 then
+          v, remaining, reset = -1, remaining_54, reset_54 break
+        end
+        v, remaining, reset = retry, remaining_54, reset_54 break
+      until true
+      REPLY[0 + 1], REPLY[0 + 2], REPLY[0 + 3] = v, remaining, reset
+      ok, st, ends, q = v == -2, st_52, ends_52, p
+    end
+    REPLY[3 + 1] = nil
+    repeat -- phase_two
+      if ok and cost > 0 then
+        repeat -- commit
+          local keep = ends
+          local start, count, ends
+          repeat -- current
+            local w = q[2]
+            local start_61, ends_61
+            if w > 0 then
+              start_61 = now - now % w
+              ends_61 = start_61 + w
+            else
+              start_61, ends_61 = period(q, now)
+            end
+            if st and st[1] >= start_61 then
+              if st[1] > start_61 then
+                start_61, ends_61 = bounds(q, st[1])
+              end
+              start, count, ends = start_61, st[2], ends_61 break
+            end
+            start, count, ends = start_61, 0, ends_61 break
+          until true
+          repeat -- store
+            local value, expires_at = format(q.f2, start, count + cost), ends
+            if q.limit_end and q.limit_end > expires_at then
+              expires_at = q.limit_end
+            end
+            if keep then
+              local block_end
+              do -- int
+                block_end = format(INT, keep)
+              end
+              value = value .. '|' .. block_end
+              repeat -- until_block_ends
+                local expires_at_64 = expires_at
+                if keep and keep > expires_at_64 then
+                  expires_at = keep break
+                end
+                expires_at = expires_at_64 break
+              until true
+            end
+            local ms
+            repeat -- ttl_ms
+              local ms_65
+              do -- cdiv
+                local a = expires_at - since
+                ms_65 = (a + (-a) % 1000) / 1000
+              end
+              if ms_65 < 1 then
+                ms = 1 break
+              end
+              ms = ms_65 break
+            until true
+            call('SET', key, value, 'PX', format(INT, ms))
+          until true
+        until true
+        break
+      end
+      if REPLY[0 + 1] == -2 and cost > 0 then
+        local _, remaining, reset
+        repeat -- verdict
+          local ends = nil
+          local ok, remaining_67, reset_67, retry
+          repeat -- evaluate
+            local limit = q[1]
+            local start, count, ends
+            repeat -- current
+              local w = q[2]
+              local start_69, ends_69
+              if w > 0 then
+                start_69 = now - now % w
+                ends_69 = start_69 + w
+              else
+                start_69, ends_69 = period(q, now)
+              end
+              if st and st[1] >= start_69 then
+                if st[1] > start_69 then
+                  start_69, ends_69 = bounds(q, st[1])
+                end
+                start, count, ends = start_69, st[2], ends_69 break
+              end
+              start, count, ends = start_69, 0, ends_69 break
+            until true
+            local from = now
+            if start > from then
+              from = start
+            end
+            local left = ends - from
+            local remaining = limit - count
+            if remaining < 0 then
+              remaining = 0
+            end
+            if 0 > limit then
+              ok, remaining_67, reset_67, retry = 0, remaining, count == 0 and 0 or left, -1 break
+            end
+            if count + 0 <= limit then
+              ok, remaining_67, reset_67, retry = 1, remaining - 0, count + 0 == 0 and 0 or left, -1 break
+            end
+            ok, remaining_67, reset_67, retry = 0, remaining, count == 0 and 0 or left, left break
+          until true
+          local behind
+          repeat -- lag
+            if st and st[1] > now then
+              behind = st[1] - now break
+            end
+            behind = 0 break
+          until true
+          if behind > 0 then
+            do -- shift
+              local ok_71, remaining, reset, retry_71 = ok, remaining_67, reset_67, retry
+              if behind > 0 then
+                remaining = 0
+                reset = reset + behind
+                if retry_71 >= 0 then
+                  retry_71 = retry_71 + behind
+                end
+                if ok_71 == 1 and 0 > 0 then
+                  ok_71, retry_71 = 0, behind
+                  if reset < behind then
+                    reset = behind
+                  end
+                end
+              end
+              ok, remaining_67, reset_67, retry = ok_71, remaining, reset, retry_71
+            end
+          end
+          if ends and ends > now then
+            local wait = ends - now
+            if ok == 1 or retry >= 0 then
+              if retry < wait then
+                retry = wait
+              end
+            end
+            ok = 0
+            remaining_67 = 0
+            if reset_67 < wait then
+              reset_67 = wait
+            end
+          end
+          if ok == 1 then
+            _, remaining, reset = -2, remaining_67, reset_67 break
+          end
+          if retry < 0 then
+            _, remaining, reset = -1, remaining_67, reset_67 break
+          end
+          _, remaining, reset = retry, remaining_67, reset_67 break
+        until true
+        REPLY[0 + 2], REPLY[0 + 3] = remaining, reset
+      end
+      if call('PTTL', key) == -1 then
+        local ms
+        repeat -- ttl_ms
+          local expires_at = now + REPLY[0 + 3]
+          local ms_72
+          do -- cdiv
+            local a = expires_at - since
+            ms_72 = (a + (-a) % 1000) / 1000
+          end
+          if ms_72 < 1 then
+            ms = 1 break
+          end
+          ms = ms_72 break
+        until true
+        call('PEXPIRE', key, ms)
+      end
+    until true
+    if q ~= p then
+      PS[1] = q
+      own_limits(1, 3)
+    end
+    return REPLY
+  end
   return {
-    fused = fused,
-    judged = judged,
+    verdict = verdict,
+    loaded = loaded,
+    phase_one = phase_one,
+    phase_two = phase_two,
+    step = step,
+    enforced = enforced,
     block = block_in_value,
     load = load,
     bounds = bounds,
@@ -860,7 +1965,7 @@ ALG[1] = function()
     -- Twin of `FixedWindow::convert`: the running window's count carried into the new window
     -- that holds the present (or the state's later window). A calendar's window ended when
     -- the present one's window holding the present starts after it.
-    convert = function(self, key, q, p, st, now)
+    convert = function(self, key, q, p, st, now, keep, since)
       local ended
       if q[2] > 0 then
         ended = st[1] + q[2] <= now
@@ -875,7 +1980,7 @@ ALG[1] = function()
         at = now
       end
       local start, ends = self.bounds(p, at)
-      store(key, p, format(INT2, start, st[2]), now, ends)
+      store(key, p, format(p.f2, start, st[2]), ends, keep, since)
       return true
     end,
     -- Whether a key's own limit `o` still applies under the policy's `p`: one of calendar
@@ -898,12 +2003,12 @@ ALG[1] = function()
       return e
     end,
     -- Gives back to the lease's window only: once another has begun, the units went with it.
-    give_back = function(self, key, p, st, now, lease_end, units)
+    give_back = function(self, key, p, st, now, lease_end, units, keep, since)
       if self.current(p, st, now) == self.bounds(p, lease_end) then
-        self:refund(key, p, st, now, units)
+        self:refund(key, p, st, now, units, keep, since)
       end
     end,
-    refund = function(self, key, p, st, now, units)
+    refund = function(self, key, p, st, now, units, keep, since)
       if not st then
         return
       end
@@ -912,7 +2017,7 @@ ALG[1] = function()
       if left < 0 then
         left = 0
       end
-      store(key, p, format(INT2, start, left), now, ends)
+      store(key, p, format(p.f2, start, left), ends, keep, since)
     end,
     commit = commit,
   }
@@ -955,7 +2060,7 @@ ALG[2] = function()
 
   -- Writes the ring of `st` (its counters at st[2] .. st[slots + 1]) after `head`, sparse.
   --@inline
-  local function sw_write(key, p, head, st, slots, now, expires_at)
+  local function sw_write(key, p, head, st, slots, expires_at, keep, since)
     local bucket = '%d:' .. INT
     local parts = { format(INT, head) }
     for i = 1, slots do
@@ -964,7 +2069,7 @@ ALG[2] = function()
         parts[#parts + 1] = format(bucket, i - 1, count)
       end
     end
-    store(key, p, table.concat(parts, ' '), now, expires_at)
+    store(key, p, table.concat(parts, ' ') .. p.tag, expires_at, keep, since)
   end
 
   --@inline
@@ -1134,7 +2239,7 @@ ALG[2] = function()
   end
 
   --@inline
-  local function commit(self, key, p, st, now, cost)
+  local function commit(self, key, p, st, now, cost, keep, since)
     local n, g = p[2], p[3]
     local slots = n + 1
     local c = sw_position(p, st, now)
@@ -1142,7 +2247,7 @@ ALG[2] = function()
     local slot = c - wraps * slots
     if not st then
       -- A new key: one bucket, written without building its ring.
-      store(key, p, format(INT .. ' %d:' .. INT, c, slot, cost), now, (c + slots) * g)
+      store(key, p, format(INT .. ' %d:' .. INT, c, slot, cost) .. p.tag, (c + slots) * g, keep, since)
     else
       -- The ring read for this decision, updated in place: buckets that left it emptied.
       local head = st[1]
@@ -1163,94 +2268,36 @@ ALG[2] = function()
         head = c
       end
       st[slot + 2] = st[slot + 2] + cost
-      sw_write(key, p, head, st, slots, now, (head + slots) * g)
+      sw_write(key, p, head, st, slots, (head + slots) * g, keep, since)
     end
   end
 
-  -- The fused decisions of policies enforced (`FUSES[op]`), the usual request: the phases of
-  -- `decide` for that case, in functions per algorithm. The generator (luagen/) writes them
-  -- into each twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place
-  -- of their calls. A key blocked, or written under other parameters, is left to the general
-  -- path: nil, having written nothing.
+  -- The two phases of a decision for one policy, written once: `decide` (decide.lua) runs
+  -- phase one for each policy of a call, then phase two for each. The generator (luagen/)
+  -- writes them into each algorithm's twin, with the twin's own `load`, `evaluate`, `commit`
+  -- and `lag` written in place of their calls, so that a decision makes almost no Lua call of
+  -- its own beyond Redis's commands. An operation these phases do not decide (`FUSES`: all
+  -- but ENFORCE) takes its own arms in grant.lua once its state is read.
   
-  -- One policy alone. `args` are the policy's arguments, `shape` their first.
-  local function fused(key, args, shape)
-    local cost, at = 1, 2
-    if shape % 2048 >= 1024 then
-      cost = tonumber(args[2])
-      at = 3
-    end
-    local p
-    do -- read_params
-      local tag = args[at]
-      local p_1 = TAGGED[tag or '']
-      if not p_1 and tag then
-        local semi = find(tag, ';', 1, true)
-        p_1 = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p_1) then
-          p_1 = nil
-        else
-          remember(tag, p_1)
-        end
-      end
-      p = p_1
-    end
-    if not p then
-      return nil
-    end
-    local now
-    repeat -- clock
-      local injected = shape >= 2048
-      if injected then
-        TTL_SLACK = tonumber(args[#args])
-        now = tonumber(args[#args - 1]) break
-      end
-      TTL_SLACK = 0
-      local t = call('TIME')
-      now = t[1] * 1000000 + t[2] break
-    until true
-    local st, ends, stale
-    repeat -- load
-      local raw = call('GET', key)
-      if not raw then
-        st, ends, stale = nil break
-      end
-      local bare
-      repeat -- untagged
-        local tag = p.tag
-        if find(raw, tag, #raw - #tag + 1, true) then
-          bare = sub(raw, 1, #raw - #tag) break
-        end
-        bare = nil break
-      until true
-      if bare then
-        st, ends, stale = sw_read(bare, p[2] + 1) break
-      end
-      local tag, ends_3
-      raw, tag, ends_3 = split_state(raw)
-      if tag and tag ~= p.tag then
-        local n = tag_params(tag, OLD_RING) and OLD_RING[2]
-        st, ends, stale = n and sw_read(raw, n + 1), ends_3, tag break
-      end
-      st, ends, stale = sw_read(raw, p[2] + 1), ends_3 break
-    until true
-    if ends or stale then
-      return nil
-    end
+  -- The verdict of a policy as the reply gives it (ADMITTED, the retry-after, or NEVER),
+  -- remaining and reset; a blocked key is denied until the block ends, whatever its state
+  -- (twin of `apply_block`).
+  --@inline
+  local function verdict(self, p, st, ends, now, cost, key)
     local ok, remaining, reset, retry
     repeat -- evaluate
       local limit, n, g = p[1], p[2], p[3]
       local c, x
       repeat -- sw_position
-        local c_6
+        local c_2
         do -- fdiv
-          local a, b = now, p[3]
-          c_6 = (a - a % b) / b
+          local b = p[3]
+          c_2 = (now - now % b) / b
         end
-        if st and st[1] > c_6 then
+        if st and st[1] > c_2 then
           c, x = st[1], 0 break
         end
-        c, x = c_6, now - c_6 * p[3] break
+        c, x = c_2, now - c_2 * p[3] break
       until true
       local used
       do -- sw_estimate
@@ -1270,8 +2317,7 @@ ALG[2] = function()
           local slots = n + 1
           local wraps
           do -- fdiv
-            local a, b = lo, slots
-            wraps = (a - a % b) / b
+            wraps = (lo - lo % slots) / slots
           end
           local slot = lo - wraps * slots
           for _ = lo, hi do
@@ -1289,8 +2335,8 @@ ALG[2] = function()
             if st and index <= st[1] and index + p[2] >= st[1] then
               local wraps
               do -- fdiv
-                local a, b = index, p[2] + 1
-                wraps = (a - a % b) / b
+                local b = p[2] + 1
+                wraps = (index - index % b) / b
               end
               local slot = index - wraps * (p[2] + 1)
               oldest = st[slot + 2] break
@@ -1300,19 +2346,19 @@ ALG[2] = function()
         end
         local part
         do -- cdiv
-          local a, b = oldest * (g - x), g
-          part = (a + (-a) % b) / b
+          local a = oldest * (g - x)
+          part = (a + (-a) % g) / g
         end
         used = whole + part
       end
-      local remaining_5 = limit - used
-      if remaining_5 < 0 then
-        remaining_5 = 0
+      local remaining_1 = limit - used
+      if remaining_1 < 0 then
+        remaining_1 = 0
       end
       if used + cost <= limit and cost > 0 then
-        ok, remaining, reset, retry = 1, remaining_5 - cost, (n + 1) * g - x, -1 break
+        ok, remaining, reset, retry = 1, remaining_1 - cost, (n + 1) * g - x, -1 break
       end
-      ok, remaining, reset, retry = sw_denied(p, st, c, x, cost, used, remaining_5) break
+      ok, remaining, reset, retry = sw_denied(p, st, c, x, cost, used, remaining_1) break
     until true
     local behind
     repeat -- lag
@@ -1323,88 +2369,1261 @@ ALG[2] = function()
     until true
     if behind > 0 then
       do -- shift
-        local lag, ok_14, remaining_14, reset_14, retry_14 = behind, ok, remaining, reset, retry
-        if lag > 0 then
-          remaining_14 = 0
-          reset_14 = reset_14 + lag
-          if retry_14 >= 0 then
-            retry_14 = retry_14 + lag
+        local ok_10, remaining_10, reset_10, retry_10 = ok, remaining, reset, retry
+        if behind > 0 then
+          remaining_10 = 0
+          reset_10 = reset_10 + behind
+          if retry_10 >= 0 then
+            retry_10 = retry_10 + behind
           end
-          if ok_14 == 1 and cost > 0 then
-            ok_14, retry_14 = 0, lag
-            if reset_14 < lag then
-              reset_14 = lag
+          if ok_10 == 1 and cost > 0 then
+            ok_10, retry_10 = 0, behind
+            if reset_10 < behind then
+              reset_10 = behind
             end
           end
         end
-        ok, remaining, reset, retry = ok_14, remaining_14, reset_14, retry_14
+        ok, remaining, reset, retry = ok_10, remaining_10, reset_10, retry_10
       end
     end
-    REPLY[2], REPLY[3], REPLY[3 + 1] = remaining, reset, nil
-    if ok ~= 1 then
-      if retry < 0 then
-        REPLY[1] = -1
-      else
-        REPLY[1] = retry
+    if ends and ends > now then
+      local wait = ends - now
+      if ok == 1 or retry >= 0 then
+        if retry < wait then
+          retry = wait
+        end
       end
-    else
-      REPLY[1] = -2
-      if cost > 0 then
-        repeat -- commit
-          local n, g = p[2], p[3]
-          local slots = n + 1
-          local c
-          repeat -- sw_position
-            local c_16
-            do -- fdiv
-              local a, b = now, p[3]
-              c_16 = (a - a % b) / b
-            end
-            if st and st[1] > c_16 then
-              c = st[1], 0 break
-            end
-            c = c_16, now - c_16 * p[3] break
-          until true
-          local wraps
+      ok = 0
+      remaining = 0
+      if reset < wait then
+        reset = wait
+      end
+    end
+    if ok == 1 then
+      return -2, remaining, reset
+    end
+    if retry < 0 then
+      return -1, remaining, reset
+    end
+    return retry, remaining, reset
+  end
+  
+  -- The state of the policy at position i, loaded in STATES[i] (converted first when written
+  -- under other parameters), its block's end, and the parameters it is decided under (a key's
+  -- own limit's, if it has one).
+  --@inline
+  local function loaded(self, i, key, p, now, since)
+    local st, ends, stale
+    repeat -- load
+      local raw = call('GET', key)
+      if not raw then
+        st, ends, stale = nil break
+      end
+      local bare
+      repeat -- untagged
+        local tag = p.tag
+        if find(raw, tag, #raw - #tag + 1, true) then
+          bare = sub(raw, 1, #raw - #tag) break
+        end
+        bare = nil break
+      until true
+      if bare then
+        st, ends, stale = sw_read(bare, p[2] + 1) break
+      end
+      local tag, ends_11
+      raw, tag, ends_11 = split_state(raw)
+      if tag and tag ~= p.tag then
+        local n = tag_params(tag, OLD_RING) and OLD_RING[2]
+        st, ends, stale = n and sw_read(raw, n + 1), ends_11, tag break
+      end
+      st, ends, stale = sw_read(raw, p[2] + 1), ends_11 break
+    until true
+    if stale then
+      st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
+    end
+    return st, ends, p
+  end
+  
+  -- Phase one for the policy at position i, enforced (its operation one the fused phases
+  -- decide, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
+  -- whether it admits the request, the state and block decided on, and the parameters.
+  --@inline
+  local function phase_one(self, i, key, p, now, since, cost, base)
+    local st, ends, stale
+    repeat -- load
+      local raw = call('GET', key)
+      if not raw then
+        st, ends, stale = nil break
+      end
+      local bare
+      repeat -- untagged
+        local tag = p.tag
+        if find(raw, tag, #raw - #tag + 1, true) then
+          bare = sub(raw, 1, #raw - #tag) break
+        end
+        bare = nil break
+      until true
+      if bare then
+        st, ends, stale = sw_read(bare, p[2] + 1) break
+      end
+      local tag, ends_13
+      raw, tag, ends_13 = split_state(raw)
+      if tag and tag ~= p.tag then
+        local n = tag_params(tag, OLD_RING) and OLD_RING[2]
+        st, ends, stale = n and sw_read(raw, n + 1), ends_13, tag break
+      end
+      st, ends, stale = sw_read(raw, p[2] + 1), ends_13 break
+    until true
+    if stale then
+      st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
+    end
+    local v, remaining, reset
+    repeat -- verdict
+      local ok, remaining_15, reset_15, retry
+      repeat -- evaluate
+        local limit, n, g = p[1], p[2], p[3]
+        local c, x
+        repeat -- sw_position
+          local c_17
           do -- fdiv
-            local a, b = c, slots
-            wraps = (a - a % b) / b
+            local b = p[3]
+            c_17 = (now - now % b) / b
           end
-          local slot = c - wraps * slots
-          if not st then
+          if st and st[1] > c_17 then
+            c, x = st[1], 0 break
+          end
+          c, x = c_17, now - c_17 * p[3] break
+        until true
+        local used
+        do -- sw_estimate
+          local n, g = p[2], p[3]
+          local whole = 0
+          if st then
+            local lo, hi = c + 1 - n, c
+            if lo < 0 then
+              lo = 0
+            end
+            if lo < st[1] - n then
+              lo = st[1] - n
+            end
+            if hi > st[1] then
+              hi = st[1]
+            end
+            local slots = n + 1
+            local wraps
+            do -- fdiv
+              wraps = (lo - lo % slots) / slots
+            end
+            local slot = lo - wraps * slots
+            for _ = lo, hi do
+              whole = whole + st[slot + 2]
+              slot = slot + 1
+              if slot == slots then
+                slot = 0
+              end
+            end
+          end
+          local oldest = 0
+          if c >= n then
+            repeat -- sw_count
+              local index = c - n
+              if st and index <= st[1] and index + p[2] >= st[1] then
+                local wraps
+                do -- fdiv
+                  local b = p[2] + 1
+                  wraps = (index - index % b) / b
+                end
+                local slot = index - wraps * (p[2] + 1)
+                oldest = st[slot + 2] break
+              end
+              oldest = 0 break
+            until true
+          end
+          local part
+          do -- cdiv
+            local a = oldest * (g - x)
+            part = (a + (-a) % g) / g
+          end
+          used = whole + part
+        end
+        local remaining = limit - used
+        if remaining < 0 then
+          remaining = 0
+        end
+        if used + cost <= limit and cost > 0 then
+          ok, remaining_15, reset_15, retry = 1, remaining - cost, (n + 1) * g - x, -1 break
+        end
+        ok, remaining_15, reset_15, retry = sw_denied(p, st, c, x, cost, used, remaining) break
+      until true
+      local behind
+      repeat -- lag
+        if st and st[1] * p[3] > now then
+          behind = st[1] * p[3] - now break
+        end
+        behind = 0 break
+      until true
+      if behind > 0 then
+        do -- shift
+          local ok_25, remaining, reset, retry_25 = ok, remaining_15, reset_15, retry
+          if behind > 0 then
+            remaining = 0
+            reset = reset + behind
+            if retry_25 >= 0 then
+              retry_25 = retry_25 + behind
+            end
+            if ok_25 == 1 and cost > 0 then
+              ok_25, retry_25 = 0, behind
+              if reset < behind then
+                reset = behind
+              end
+            end
+          end
+          ok, remaining_15, reset_15, retry = ok_25, remaining, reset, retry_25
+        end
+      end
+      if ends and ends > now then
+        local wait = ends - now
+        if ok == 1 or retry >= 0 then
+          if retry < wait then
+            retry = wait
+          end
+        end
+        ok = 0
+        remaining_15 = 0
+        if reset_15 < wait then
+          reset_15 = wait
+        end
+      end
+      if ok == 1 then
+        v, remaining, reset = -2, remaining_15, reset_15 break
+      end
+      if retry < 0 then
+        v, remaining, reset = -1, remaining_15, reset_15 break
+      end
+      v, remaining, reset = retry, remaining_15, reset_15 break
+    until true
+    REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
+    return v == -2, st, ends, p
+  end
+  
+  -- Phase two for an enforced policy whose reply follows REPLY[base], the request `admitted` or
+  -- not: charged its cost (keeping its block on record), or the state reported as it stays,
+  -- its key given a TTL (from `since`) if it lost its own.
+  --@inline
+  local function phase_two(self, key, p, now, since, cost, st, ends, admitted, base)
+    if admitted and cost > 0 then
+      repeat -- commit
+        local n, g = p[2], p[3]
+        local slots = n + 1
+        local c
+        repeat -- sw_position
+          local c_27
+          do -- fdiv
+            local b = p[3]
+            c_27 = (now - now % b) / b
+          end
+          if st and st[1] > c_27 then
+            c = st[1], 0 break
+          end
+          c = c_27, now - c_27 * p[3] break
+        until true
+        local wraps
+        do -- fdiv
+          wraps = (c - c % slots) / slots
+        end
+        local slot = c - wraps * slots
+        if not st then
+          repeat -- store
+            local value, expires_at = format(INT .. ' %d:' .. INT, c, slot, cost) .. p.tag, (c + slots) * g
+            if p.limit_end and p.limit_end > expires_at then
+              expires_at = p.limit_end
+            end
+            if ends then
+              local block_end
+              do -- int
+                block_end = format(INT, ends)
+              end
+              value = value .. '|' .. block_end
+              repeat -- until_block_ends
+                local expires_at_32 = expires_at
+                if ends and ends > expires_at_32 then
+                  expires_at = ends break
+                end
+                expires_at = expires_at_32 break
+              until true
+            end
+            local ms
+            repeat -- ttl_ms
+              local ms_33
+              do -- cdiv
+                local a = expires_at - since
+                ms_33 = (a + (-a) % 1000) / 1000
+              end
+              if ms_33 < 1 then
+                ms = 1 break
+              end
+              ms = ms_33 break
+            until true
+            call('SET', key, value, 'PX', format(INT, ms))
+          until true
+        else
+          local head = st[1]
+          if c > head then
+            local stale = c - head
+            if stale > slots then
+              stale = slots
+            end
+            local back = slot
+            for _ = 1, stale do
+              st[back + 2] = 0
+              back = back - 1
+              if back < 0 then
+                back = slots - 1
+              end
+            end
+            head = c
+          end
+          st[slot + 2] = st[slot + 2] + cost
+          repeat -- sw_write
+            local expires_at = (head + slots) * g
+            local bucket = '%d:' .. INT
+            local parts = { format(INT, head) }
+            for i = 1, slots do
+              local count = st[i + 1]
+              if count > 0 then
+                parts[#parts + 1] = format(bucket, i - 1, count)
+              end
+            end
             repeat -- store
-              local value, expires_at = format(INT .. ' %d:' .. INT, c, slot, cost), (c + slots) * g
-              value = value .. p.tag
+              local value, expires_at = table.concat(parts, ' ') .. p.tag, expires_at
               if p.limit_end and p.limit_end > expires_at then
                 expires_at = p.limit_end
               end
-              if KEEP_BLOCK then
+              if ends then
                 local block_end
                 do -- int
-                  local n = KEEP_BLOCK
-                  block_end = format(INT, n)
+                  block_end = format(INT, ends)
                 end
                 value = value .. '|' .. block_end
                 repeat -- until_block_ends
-                  local expires_at_21 = expires_at
-                  if KEEP_BLOCK and KEEP_BLOCK > expires_at_21 then
-                    expires_at = KEEP_BLOCK break
+                  local expires_at_38 = expires_at
+                  if ends and ends > expires_at_38 then
+                    expires_at = ends break
                   end
-                  expires_at = expires_at_21 break
+                  expires_at = expires_at_38 break
                 until true
               end
               local ms
               repeat -- ttl_ms
-                local ms_22
+                local ms_39
                 do -- cdiv
-                  local a, b = expires_at - now, 1000
-                  ms_22 = (a + (-a) % b) / b
+                  local a = expires_at - since
+                  ms_39 = (a + (-a) % 1000) / 1000
                 end
-                ms_22 = ms_22 + TTL_SLACK
-                if ms_22 < 1 then
+                if ms_39 < 1 then
                   ms = 1 break
                 end
-                ms = ms_22 break
+                ms = ms_39 break
+              until true
+              call('SET', key, value, 'PX', format(INT, ms))
+            until true
+          until true
+        end
+      until true
+      return
+    end
+    if REPLY[base + 1] == -2 and cost > 0 then
+      -- Admitted by this policy but not charged: report the state as it stays.
+      local _, remaining, reset
+      repeat -- verdict
+        local ends = nil
+        local ok, remaining_41, reset_41, retry
+        repeat -- evaluate
+          local limit, n, g = p[1], p[2], p[3]
+          local c, x
+          repeat -- sw_position
+            local c_43
+            do -- fdiv
+              local b = p[3]
+              c_43 = (now - now % b) / b
+            end
+            if st and st[1] > c_43 then
+              c, x = st[1], 0 break
+            end
+            c, x = c_43, now - c_43 * p[3] break
+          until true
+          local used
+          do -- sw_estimate
+            local n, g = p[2], p[3]
+            local whole = 0
+            if st then
+              local lo, hi = c + 1 - n, c
+              if lo < 0 then
+                lo = 0
+              end
+              if lo < st[1] - n then
+                lo = st[1] - n
+              end
+              if hi > st[1] then
+                hi = st[1]
+              end
+              local slots = n + 1
+              local wraps
+              do -- fdiv
+                wraps = (lo - lo % slots) / slots
+              end
+              local slot = lo - wraps * slots
+              for _ = lo, hi do
+                whole = whole + st[slot + 2]
+                slot = slot + 1
+                if slot == slots then
+                  slot = 0
+                end
+              end
+            end
+            local oldest = 0
+            if c >= n then
+              repeat -- sw_count
+                local index = c - n
+                if st and index <= st[1] and index + p[2] >= st[1] then
+                  local wraps
+                  do -- fdiv
+                    local b = p[2] + 1
+                    wraps = (index - index % b) / b
+                  end
+                  local slot = index - wraps * (p[2] + 1)
+                  oldest = st[slot + 2] break
+                end
+                oldest = 0 break
+              until true
+            end
+            local part
+            do -- cdiv
+              local a = oldest * (g - x)
+              part = (a + (-a) % g) / g
+            end
+            used = whole + part
+          end
+          local remaining = limit - used
+          if remaining < 0 then
+            remaining = 0
+          end
+          if used + 0 <= limit and 0 > 0 then
+            ok, remaining_41, reset_41, retry = 1, remaining - 0, (n + 1) * g - x, -1 break
+          end
+          ok, remaining_41, reset_41, retry = sw_denied(p, st, c, x, 0, used, remaining) break
+        until true
+        local behind
+        repeat -- lag
+          if st and st[1] * p[3] > now then
+            behind = st[1] * p[3] - now break
+          end
+          behind = 0 break
+        until true
+        if behind > 0 then
+          do -- shift
+            local ok_51, remaining, reset, retry_51 = ok, remaining_41, reset_41, retry
+            if behind > 0 then
+              remaining = 0
+              reset = reset + behind
+              if retry_51 >= 0 then
+                retry_51 = retry_51 + behind
+              end
+              if ok_51 == 1 and 0 > 0 then
+                ok_51, retry_51 = 0, behind
+                if reset < behind then
+                  reset = behind
+                end
+              end
+            end
+            ok, remaining_41, reset_41, retry = ok_51, remaining, reset, retry_51
+          end
+        end
+        if ends and ends > now then
+          local wait = ends - now
+          if ok == 1 or retry >= 0 then
+            if retry < wait then
+              retry = wait
+            end
+          end
+          ok = 0
+          remaining_41 = 0
+          if reset_41 < wait then
+            reset_41 = wait
+          end
+        end
+        if ok == 1 then
+          _, remaining, reset = -2, remaining_41, reset_41 break
+        end
+        if retry < 0 then
+          _, remaining, reset = -1, remaining_41, reset_41 break
+        end
+        _, remaining, reset = retry, remaining_41, reset_41 break
+      until true
+      REPLY[base + 2], REPLY[base + 3] = remaining, reset
+    end
+    if call('PTTL', key) == -1 then
+      -- A key without a TTL (written by something else, or lost its TTL): repair it.
+      local ms
+      repeat -- ttl_ms
+        local expires_at = now + REPLY[base + 3]
+        local ms_52
+        do -- cdiv
+          local a = expires_at - since
+          ms_52 = (a + (-a) % 1000) / 1000
+        end
+        if ms_52 < 1 then
+          ms = 1 break
+        end
+        ms = ms_52 break
+      until true
+      call('PEXPIRE', key, ms)
+    end
+  end
+  
+  -- The policies of a decision from position i to n (read into ALGS, OPS, PS, COSTS, XS and
+  -- YS), `admitted` by those before it or not: phase one for policy i, whose reply follows
+  -- REPLY[base]; then the policies after it, each one step deeper; then phase two for policy
+  -- i, once the request is known to be admitted or not (by every policy that decides), so
+  -- what each phase hands the other stays in locals. Phase two runs from the last policy to
+  -- the first: each has its own key. Returns whether the request is admitted, where the reply
+  -- of the checks ends, and whether a key was decided under its own limit (then PS[i] holds
+  -- the parameters of each policy from i on as it was decided).
+  local function step(self, i, n, keys, now, since, admitted, base)
+    local op, key, cost, p = OPS[i], keys[i], COSTS[i], PS[i]
+    local fused = FUSES[op]
+    local ok, st, ends, q
+    if fused then
+      do -- phase_one
+        local p = p
+        local st_54, ends_54, stale
+        repeat -- load
+          local raw = call('GET', key)
+          if not raw then
+            st_54, ends_54, stale = nil break
+          end
+          local bare
+          repeat -- untagged
+            local tag = p.tag
+            if find(raw, tag, #raw - #tag + 1, true) then
+              bare = sub(raw, 1, #raw - #tag) break
+            end
+            bare = nil break
+          until true
+          if bare then
+            st_54, ends_54, stale = sw_read(bare, p[2] + 1) break
+          end
+          local tag, ends
+          raw, tag, ends = split_state(raw)
+          if tag and tag ~= p.tag then
+            local n = tag_params(tag, OLD_RING) and OLD_RING[2]
+            st_54, ends_54, stale = n and sw_read(raw, n + 1), ends, tag break
+          end
+          st_54, ends_54, stale = sw_read(raw, p[2] + 1), ends break
+        until true
+        if stale then
+          st_54, ends_54, p = adopt(self, key, p, st_54, ends_54, now, stale, STATES[i], since)
+        end
+        local v, remaining, reset
+        repeat -- verdict
+          local ok, remaining_57, reset_57, retry
+          repeat -- evaluate
+            local limit, n, g = p[1], p[2], p[3]
+            local c, x
+            repeat -- sw_position
+              local c_59
+              do -- fdiv
+                local b = p[3]
+                c_59 = (now - now % b) / b
+              end
+              if st_54 and st_54[1] > c_59 then
+                c, x = st_54[1], 0 break
+              end
+              c, x = c_59, now - c_59 * p[3] break
+            until true
+            local used
+            do -- sw_estimate
+              local n, g = p[2], p[3]
+              local whole = 0
+              if st_54 then
+                local lo, hi = c + 1 - n, c
+                if lo < 0 then
+                  lo = 0
+                end
+                if lo < st_54[1] - n then
+                  lo = st_54[1] - n
+                end
+                if hi > st_54[1] then
+                  hi = st_54[1]
+                end
+                local slots = n + 1
+                local wraps
+                do -- fdiv
+                  wraps = (lo - lo % slots) / slots
+                end
+                local slot = lo - wraps * slots
+                for _ = lo, hi do
+                  whole = whole + st_54[slot + 2]
+                  slot = slot + 1
+                  if slot == slots then
+                    slot = 0
+                  end
+                end
+              end
+              local oldest = 0
+              if c >= n then
+                repeat -- sw_count
+                  local index = c - n
+                  if st_54 and index <= st_54[1] and index + p[2] >= st_54[1] then
+                    local wraps
+                    do -- fdiv
+                      local b = p[2] + 1
+                      wraps = (index - index % b) / b
+                    end
+                    local slot = index - wraps * (p[2] + 1)
+                    oldest = st_54[slot + 2] break
+                  end
+                  oldest = 0 break
+                until true
+              end
+              local part
+              do -- cdiv
+                local a = oldest * (g - x)
+                part = (a + (-a) % g) / g
+              end
+              used = whole + part
+            end
+            local remaining = limit - used
+            if remaining < 0 then
+              remaining = 0
+            end
+            if used + cost <= limit and cost > 0 then
+              ok, remaining_57, reset_57, retry = 1, remaining - cost, (n + 1) * g - x, -1 break
+            end
+            ok, remaining_57, reset_57, retry = sw_denied(p, st_54, c, x, cost, used, remaining) break
+          until true
+          local behind
+          repeat -- lag
+            if st_54 and st_54[1] * p[3] > now then
+              behind = st_54[1] * p[3] - now break
+            end
+            behind = 0 break
+          until true
+          if behind > 0 then
+            do -- shift
+              local ok_67, remaining, reset, retry_67 = ok, remaining_57, reset_57, retry
+              if behind > 0 then
+                remaining = 0
+                reset = reset + behind
+                if retry_67 >= 0 then
+                  retry_67 = retry_67 + behind
+                end
+                if ok_67 == 1 and cost > 0 then
+                  ok_67, retry_67 = 0, behind
+                  if reset < behind then
+                    reset = behind
+                  end
+                end
+              end
+              ok, remaining_57, reset_57, retry = ok_67, remaining, reset, retry_67
+            end
+          end
+          if ends_54 and ends_54 > now then
+            local wait = ends_54 - now
+            if ok == 1 or retry >= 0 then
+              if retry < wait then
+                retry = wait
+              end
+            end
+            ok = 0
+            remaining_57 = 0
+            if reset_57 < wait then
+              reset_57 = wait
+            end
+          end
+          if ok == 1 then
+            v, remaining, reset = -2, remaining_57, reset_57 break
+          end
+          if retry < 0 then
+            v, remaining, reset = -1, remaining_57, reset_57 break
+          end
+          v, remaining, reset = retry, remaining_57, reset_57 break
+        until true
+        REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
+        ok, st, ends, q = v == -2, st_54, ends_54, p
+      end
+    else
+      do -- loaded
+        local p = p
+        local st_68, ends_68, stale
+        repeat -- load
+          local raw = call('GET', key)
+          if not raw then
+            st_68, ends_68, stale = nil break
+          end
+          local bare
+          repeat -- untagged
+            local tag = p.tag
+            if find(raw, tag, #raw - #tag + 1, true) then
+              bare = sub(raw, 1, #raw - #tag) break
+            end
+            bare = nil break
+          until true
+          if bare then
+            st_68, ends_68, stale = sw_read(bare, p[2] + 1) break
+          end
+          local tag, ends
+          raw, tag, ends = split_state(raw)
+          if tag and tag ~= p.tag then
+            local n = tag_params(tag, OLD_RING) and OLD_RING[2]
+            st_68, ends_68, stale = n and sw_read(raw, n + 1), ends, tag break
+          end
+          st_68, ends_68, stale = sw_read(raw, p[2] + 1), ends break
+        until true
+        if stale then
+          st_68, ends_68, p = adopt(self, key, p, st_68, ends_68, now, stale, STATES[i], since)
+        end
+        st, ends, q = st_68, ends_68, p
+      end
+      ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
+    end
+    admitted = admitted and (ok or not DECIDES[op])
+    local total, own = base + WIDTH[op], false
+    if i < n then
+      admitted, total, own = ALGS[i + 1]:step(i + 1, n, keys, now, since, admitted, total)
+    end
+    if fused then
+      repeat -- phase_two
+        if admitted and cost > 0 then
+          repeat -- commit
+            local n, g = q[2], q[3]
+            local slots = n + 1
+            local c
+            repeat -- sw_position
+              local c_73
+              do -- fdiv
+                local b = q[3]
+                c_73 = (now - now % b) / b
+              end
+              if st and st[1] > c_73 then
+                c = st[1], 0 break
+              end
+              c = c_73, now - c_73 * q[3] break
+            until true
+            local wraps
+            do -- fdiv
+              wraps = (c - c % slots) / slots
+            end
+            local slot = c - wraps * slots
+            if not st then
+              repeat -- store
+                local value, expires_at = format(INT .. ' %d:' .. INT, c, slot, cost) .. q.tag, (c + slots) * g
+                if q.limit_end and q.limit_end > expires_at then
+                  expires_at = q.limit_end
+                end
+                if ends then
+                  local block_end
+                  do -- int
+                    block_end = format(INT, ends)
+                  end
+                  value = value .. '|' .. block_end
+                  repeat -- until_block_ends
+                    local expires_at_78 = expires_at
+                    if ends and ends > expires_at_78 then
+                      expires_at = ends break
+                    end
+                    expires_at = expires_at_78 break
+                  until true
+                end
+                local ms
+                repeat -- ttl_ms
+                  local ms_79
+                  do -- cdiv
+                    local a = expires_at - since
+                    ms_79 = (a + (-a) % 1000) / 1000
+                  end
+                  if ms_79 < 1 then
+                    ms = 1 break
+                  end
+                  ms = ms_79 break
+                until true
+                call('SET', key, value, 'PX', format(INT, ms))
+              until true
+            else
+              local head = st[1]
+              if c > head then
+                local stale = c - head
+                if stale > slots then
+                  stale = slots
+                end
+                local back = slot
+                for _ = 1, stale do
+                  st[back + 2] = 0
+                  back = back - 1
+                  if back < 0 then
+                    back = slots - 1
+                  end
+                end
+                head = c
+              end
+              st[slot + 2] = st[slot + 2] + cost
+              repeat -- sw_write
+                local expires_at = (head + slots) * g
+                local bucket = '%d:' .. INT
+                local parts = { format(INT, head) }
+                for i = 1, slots do
+                  local count = st[i + 1]
+                  if count > 0 then
+                    parts[#parts + 1] = format(bucket, i - 1, count)
+                  end
+                end
+                repeat -- store
+                  local value, expires_at = table.concat(parts, ' ') .. q.tag, expires_at
+                  if q.limit_end and q.limit_end > expires_at then
+                    expires_at = q.limit_end
+                  end
+                  if ends then
+                    local block_end
+                    do -- int
+                      block_end = format(INT, ends)
+                    end
+                    value = value .. '|' .. block_end
+                    repeat -- until_block_ends
+                      local expires_at_84 = expires_at
+                      if ends and ends > expires_at_84 then
+                        expires_at = ends break
+                      end
+                      expires_at = expires_at_84 break
+                    until true
+                  end
+                  local ms
+                  repeat -- ttl_ms
+                    local ms_85
+                    do -- cdiv
+                      local a = expires_at - since
+                      ms_85 = (a + (-a) % 1000) / 1000
+                    end
+                    if ms_85 < 1 then
+                      ms = 1 break
+                    end
+                    ms = ms_85 break
+                  until true
+                  call('SET', key, value, 'PX', format(INT, ms))
+                until true
+              until true
+            end
+          until true
+          break
+        end
+        if REPLY[base + 1] == -2 and cost > 0 then
+          local _, remaining, reset
+          repeat -- verdict
+            local ends = nil
+            local ok, remaining_87, reset_87, retry
+            repeat -- evaluate
+              local limit, n, g = q[1], q[2], q[3]
+              local c, x
+              repeat -- sw_position
+                local c_89
+                do -- fdiv
+                  local b = q[3]
+                  c_89 = (now - now % b) / b
+                end
+                if st and st[1] > c_89 then
+                  c, x = st[1], 0 break
+                end
+                c, x = c_89, now - c_89 * q[3] break
+              until true
+              local used
+              do -- sw_estimate
+                local n, g = q[2], q[3]
+                local whole = 0
+                if st then
+                  local lo, hi = c + 1 - n, c
+                  if lo < 0 then
+                    lo = 0
+                  end
+                  if lo < st[1] - n then
+                    lo = st[1] - n
+                  end
+                  if hi > st[1] then
+                    hi = st[1]
+                  end
+                  local slots = n + 1
+                  local wraps
+                  do -- fdiv
+                    wraps = (lo - lo % slots) / slots
+                  end
+                  local slot = lo - wraps * slots
+                  for _ = lo, hi do
+                    whole = whole + st[slot + 2]
+                    slot = slot + 1
+                    if slot == slots then
+                      slot = 0
+                    end
+                  end
+                end
+                local oldest = 0
+                if c >= n then
+                  repeat -- sw_count
+                    local index = c - n
+                    if st and index <= st[1] and index + q[2] >= st[1] then
+                      local wraps
+                      do -- fdiv
+                        local b = q[2] + 1
+                        wraps = (index - index % b) / b
+                      end
+                      local slot = index - wraps * (q[2] + 1)
+                      oldest = st[slot + 2] break
+                    end
+                    oldest = 0 break
+                  until true
+                end
+                local part
+                do -- cdiv
+                  local a = oldest * (g - x)
+                  part = (a + (-a) % g) / g
+                end
+                used = whole + part
+              end
+              local remaining = limit - used
+              if remaining < 0 then
+                remaining = 0
+              end
+              if used + 0 <= limit and 0 > 0 then
+                ok, remaining_87, reset_87, retry = 1, remaining - 0, (n + 1) * g - x, -1 break
+              end
+              ok, remaining_87, reset_87, retry = sw_denied(q, st, c, x, 0, used, remaining) break
+            until true
+            local behind
+            repeat -- lag
+              if st and st[1] * q[3] > now then
+                behind = st[1] * q[3] - now break
+              end
+              behind = 0 break
+            until true
+            if behind > 0 then
+              do -- shift
+                local ok_97, remaining, reset, retry_97 = ok, remaining_87, reset_87, retry
+                if behind > 0 then
+                  remaining = 0
+                  reset = reset + behind
+                  if retry_97 >= 0 then
+                    retry_97 = retry_97 + behind
+                  end
+                  if ok_97 == 1 and 0 > 0 then
+                    ok_97, retry_97 = 0, behind
+                    if reset < behind then
+                      reset = behind
+                    end
+                  end
+                end
+                ok, remaining_87, reset_87, retry = ok_97, remaining, reset, retry_97
+              end
+            end
+            if ends and ends > now then
+              local wait = ends - now
+              if ok == 1 or retry >= 0 then
+                if retry < wait then
+                  retry = wait
+                end
+              end
+              ok = 0
+              remaining_87 = 0
+              if reset_87 < wait then
+                reset_87 = wait
+              end
+            end
+            if ok == 1 then
+              _, remaining, reset = -2, remaining_87, reset_87 break
+            end
+            if retry < 0 then
+              _, remaining, reset = -1, remaining_87, reset_87 break
+            end
+            _, remaining, reset = retry, remaining_87, reset_87 break
+          until true
+          REPLY[base + 2], REPLY[base + 3] = remaining, reset
+        end
+        if call('PTTL', key) == -1 then
+          local ms
+          repeat -- ttl_ms
+            local expires_at = now + REPLY[base + 3]
+            local ms_98
+            do -- cdiv
+              local a = expires_at - since
+              ms_98 = (a + (-a) % 1000) / 1000
+            end
+            if ms_98 < 1 then
+              ms = 1 break
+            end
+            ms = ms_98 break
+          until true
+          call('PEXPIRE', key, ms)
+        end
+      until true
+    else
+      phase_two_of(self, i, op, key, q, now, since, cost, YS[i], st, ends, admitted, base)
+    end
+    if q ~= p then
+      PS[i], own = q, true
+    end
+    return admitted, total, own
+  end
+  
+  -- A policy enforced alone, the most usual call, from its arguments (`args`, its shape
+  -- `shape` first): its cost and parameters read, the time, then its two phases. Returns the
+  -- reply; nil, having done nothing, when the arguments are malformed.
+  local function enforced(self, key, args, shape)
+    local cost, at = 1, 2
+    if shape % 2048 >= 1024 then
+      cost = tonumber(args[2])
+      if not cost then
+        return nil
+      end
+      at = 3
+    end
+    local p
+    do -- read_params
+      local tag = args[at]
+      local p_100 = TAGGED[tag or '']
+      if not p_100 and tag then
+        local semi = find(tag, ';', 1, true)
+        p_100 = { tag = semi and sub(tag, 1, semi - 1) or tag }
+        if not tag_params(tag, p_100) then
+          p_100 = nil
+        else
+          remember(tag, p_100)
+        end
+      end
+      p = p_100
+    end
+    if not p then
+      return nil
+    end
+    local now, since
+    repeat -- clock
+      local injected = shape >= 2048
+      if injected then
+        local now_101 = tonumber(args[#args - 1])
+        now, since = now_101, now_101 - 1000 * tonumber(args[#args]) break
+      end
+      local t = call('TIME')
+      local now_101 = t[1] * 1000000 + t[2]
+      now, since = now_101, now_101 break
+    until true
+    local ok, st, ends, q
+    do -- phase_one
+      local p = p
+      local st_102, ends_102, stale
+      repeat -- load
+        local raw = call('GET', key)
+        if not raw then
+          st_102, ends_102, stale = nil break
+        end
+        local bare
+        repeat -- untagged
+          local tag = p.tag
+          if find(raw, tag, #raw - #tag + 1, true) then
+            bare = sub(raw, 1, #raw - #tag) break
+          end
+          bare = nil break
+        until true
+        if bare then
+          st_102, ends_102, stale = sw_read(bare, p[2] + 1) break
+        end
+        local tag, ends
+        raw, tag, ends = split_state(raw)
+        if tag and tag ~= p.tag then
+          local n = tag_params(tag, OLD_RING) and OLD_RING[2]
+          st_102, ends_102, stale = n and sw_read(raw, n + 1), ends, tag break
+        end
+        st_102, ends_102, stale = sw_read(raw, p[2] + 1), ends break
+      until true
+      if stale then
+        st_102, ends_102, p = adopt(self, key, p, st_102, ends_102, now, stale, STATES[1], since)
+      end
+      local v, remaining, reset
+      repeat -- verdict
+        local ok, remaining_105, reset_105, retry
+        repeat -- evaluate
+          local limit, n, g = p[1], p[2], p[3]
+          local c, x
+          repeat -- sw_position
+            local c_107
+            do -- fdiv
+              local b = p[3]
+              c_107 = (now - now % b) / b
+            end
+            if st_102 and st_102[1] > c_107 then
+              c, x = st_102[1], 0 break
+            end
+            c, x = c_107, now - c_107 * p[3] break
+          until true
+          local used
+          do -- sw_estimate
+            local n, g = p[2], p[3]
+            local whole = 0
+            if st_102 then
+              local lo, hi = c + 1 - n, c
+              if lo < 0 then
+                lo = 0
+              end
+              if lo < st_102[1] - n then
+                lo = st_102[1] - n
+              end
+              if hi > st_102[1] then
+                hi = st_102[1]
+              end
+              local slots = n + 1
+              local wraps
+              do -- fdiv
+                wraps = (lo - lo % slots) / slots
+              end
+              local slot = lo - wraps * slots
+              for _ = lo, hi do
+                whole = whole + st_102[slot + 2]
+                slot = slot + 1
+                if slot == slots then
+                  slot = 0
+                end
+              end
+            end
+            local oldest = 0
+            if c >= n then
+              repeat -- sw_count
+                local index = c - n
+                if st_102 and index <= st_102[1] and index + p[2] >= st_102[1] then
+                  local wraps
+                  do -- fdiv
+                    local b = p[2] + 1
+                    wraps = (index - index % b) / b
+                  end
+                  local slot = index - wraps * (p[2] + 1)
+                  oldest = st_102[slot + 2] break
+                end
+                oldest = 0 break
+              until true
+            end
+            local part
+            do -- cdiv
+              local a = oldest * (g - x)
+              part = (a + (-a) % g) / g
+            end
+            used = whole + part
+          end
+          local remaining = limit - used
+          if remaining < 0 then
+            remaining = 0
+          end
+          if used + cost <= limit and cost > 0 then
+            ok, remaining_105, reset_105, retry = 1, remaining - cost, (n + 1) * g - x, -1 break
+          end
+          ok, remaining_105, reset_105, retry = sw_denied(p, st_102, c, x, cost, used, remaining) break
+        until true
+        local behind
+        repeat -- lag
+          if st_102 and st_102[1] * p[3] > now then
+            behind = st_102[1] * p[3] - now break
+          end
+          behind = 0 break
+        until true
+        if behind > 0 then
+          do -- shift
+            local ok_115, remaining, reset, retry_115 = ok, remaining_105, reset_105, retry
+            if behind > 0 then
+              remaining = 0
+              reset = reset + behind
+              if retry_115 >= 0 then
+                retry_115 = retry_115 + behind
+              end
+              if ok_115 == 1 and cost > 0 then
+                ok_115, retry_115 = 0, behind
+                if reset < behind then
+                  reset = behind
+                end
+              end
+            end
+            ok, remaining_105, reset_105, retry = ok_115, remaining, reset, retry_115
+          end
+        end
+        if ends_102 and ends_102 > now then
+          local wait = ends_102 - now
+          if ok == 1 or retry >= 0 then
+            if retry < wait then
+              retry = wait
+            end
+          end
+          ok = 0
+          remaining_105 = 0
+          if reset_105 < wait then
+            reset_105 = wait
+          end
+        end
+        if ok == 1 then
+          v, remaining, reset = -2, remaining_105, reset_105 break
+        end
+        if retry < 0 then
+          v, remaining, reset = -1, remaining_105, reset_105 break
+        end
+        v, remaining, reset = retry, remaining_105, reset_105 break
+      until true
+      REPLY[0 + 1], REPLY[0 + 2], REPLY[0 + 3] = v, remaining, reset
+      ok, st, ends, q = v == -2, st_102, ends_102, p
+    end
+    REPLY[3 + 1] = nil
+    repeat -- phase_two
+      if ok and cost > 0 then
+        repeat -- commit
+          local n, g = q[2], q[3]
+          local slots = n + 1
+          local c
+          repeat -- sw_position
+            local c_118
+            do -- fdiv
+              local b = q[3]
+              c_118 = (now - now % b) / b
+            end
+            if st and st[1] > c_118 then
+              c = st[1], 0 break
+            end
+            c = c_118, now - c_118 * q[3] break
+          until true
+          local wraps
+          do -- fdiv
+            wraps = (c - c % slots) / slots
+          end
+          local slot = c - wraps * slots
+          if not st then
+            repeat -- store
+              local value, expires_at = format(INT .. ' %d:' .. INT, c, slot, cost) .. q.tag, (c + slots) * g
+              if q.limit_end and q.limit_end > expires_at then
+                expires_at = q.limit_end
+              end
+              if ends then
+                local block_end
+                do -- int
+                  block_end = format(INT, ends)
+                end
+                value = value .. '|' .. block_end
+                repeat -- until_block_ends
+                  local expires_at_123 = expires_at
+                  if ends and ends > expires_at_123 then
+                    expires_at = ends break
+                  end
+                  expires_at = expires_at_123 break
+                until true
+              end
+              local ms
+              repeat -- ttl_ms
+                local ms_124
+                do -- cdiv
+                  local a = expires_at - since
+                  ms_124 = (a + (-a) % 1000) / 1000
+                end
+                if ms_124 < 1 then
+                  ms = 1 break
+                end
+                ms = ms_124 break
               until true
               call('SET', key, value, 'PX', format(INT, ms))
             until true
@@ -1437,224 +3656,207 @@ ALG[2] = function()
                 end
               end
               repeat -- store
-                local value, expires_at = table.concat(parts, ' '), expires_at
-                value = value .. p.tag
-                if p.limit_end and p.limit_end > expires_at then
-                  expires_at = p.limit_end
+                local value, expires_at = table.concat(parts, ' ') .. q.tag, expires_at
+                if q.limit_end and q.limit_end > expires_at then
+                  expires_at = q.limit_end
                 end
-                if KEEP_BLOCK then
+                if ends then
                   local block_end
                   do -- int
-                    local n = KEEP_BLOCK
-                    block_end = format(INT, n)
+                    block_end = format(INT, ends)
                   end
                   value = value .. '|' .. block_end
                   repeat -- until_block_ends
-                    local expires_at_27 = expires_at
-                    if KEEP_BLOCK and KEEP_BLOCK > expires_at_27 then
-                      expires_at = KEEP_BLOCK break
+                    local expires_at_129 = expires_at
+                    if ends and ends > expires_at_129 then
+                      expires_at = ends break
                     end
-                    expires_at = expires_at_27 break
+                    expires_at = expires_at_129 break
                   until true
                 end
                 local ms
                 repeat -- ttl_ms
-                  local ms_28
+                  local ms_130
                   do -- cdiv
-                    local a, b = expires_at - now, 1000
-                    ms_28 = (a + (-a) % b) / b
+                    local a = expires_at - since
+                    ms_130 = (a + (-a) % 1000) / 1000
                   end
-                  ms_28 = ms_28 + TTL_SLACK
-                  if ms_28 < 1 then
+                  if ms_130 < 1 then
                     ms = 1 break
                   end
-                  ms = ms_28 break
+                  ms = ms_130 break
                 until true
                 call('SET', key, value, 'PX', format(INT, ms))
               until true
             until true
           end
         until true
-        return REPLY
+        break
       end
-    end
-    -- Not charged: a key that lost its TTL gets one (as `apply` does).
-    if call('PTTL', key) == -1 then
-      local ms
-      repeat -- ttl_ms
-        local expires_at = now + reset
-        local ms_30
-        do -- cdiv
-          local a, b = expires_at - now, 1000
-          ms_30 = (a + (-a) % b) / b
-        end
-        ms_30 = ms_30 + TTL_SLACK
-        if ms_30 < 1 then
-          ms = 1 break
-        end
-        ms = ms_30 break
-      until true
-      call('PEXPIRE', key, ms)
+      if REPLY[0 + 1] == -2 and cost > 0 then
+        local _, remaining, reset
+        repeat -- verdict
+          local ends = nil
+          local ok, remaining_132, reset_132, retry
+          repeat -- evaluate
+            local limit, n, g = q[1], q[2], q[3]
+            local c, x
+            repeat -- sw_position
+              local c_134
+              do -- fdiv
+                local b = q[3]
+                c_134 = (now - now % b) / b
+              end
+              if st and st[1] > c_134 then
+                c, x = st[1], 0 break
+              end
+              c, x = c_134, now - c_134 * q[3] break
+            until true
+            local used
+            do -- sw_estimate
+              local n, g = q[2], q[3]
+              local whole = 0
+              if st then
+                local lo, hi = c + 1 - n, c
+                if lo < 0 then
+                  lo = 0
+                end
+                if lo < st[1] - n then
+                  lo = st[1] - n
+                end
+                if hi > st[1] then
+                  hi = st[1]
+                end
+                local slots = n + 1
+                local wraps
+                do -- fdiv
+                  wraps = (lo - lo % slots) / slots
+                end
+                local slot = lo - wraps * slots
+                for _ = lo, hi do
+                  whole = whole + st[slot + 2]
+                  slot = slot + 1
+                  if slot == slots then
+                    slot = 0
+                  end
+                end
+              end
+              local oldest = 0
+              if c >= n then
+                repeat -- sw_count
+                  local index = c - n
+                  if st and index <= st[1] and index + q[2] >= st[1] then
+                    local wraps
+                    do -- fdiv
+                      local b = q[2] + 1
+                      wraps = (index - index % b) / b
+                    end
+                    local slot = index - wraps * (q[2] + 1)
+                    oldest = st[slot + 2] break
+                  end
+                  oldest = 0 break
+                until true
+              end
+              local part
+              do -- cdiv
+                local a = oldest * (g - x)
+                part = (a + (-a) % g) / g
+              end
+              used = whole + part
+            end
+            local remaining = limit - used
+            if remaining < 0 then
+              remaining = 0
+            end
+            if used + 0 <= limit and 0 > 0 then
+              ok, remaining_132, reset_132, retry = 1, remaining - 0, (n + 1) * g - x, -1 break
+            end
+            ok, remaining_132, reset_132, retry = sw_denied(q, st, c, x, 0, used, remaining) break
+          until true
+          local behind
+          repeat -- lag
+            if st and st[1] * q[3] > now then
+              behind = st[1] * q[3] - now break
+            end
+            behind = 0 break
+          until true
+          if behind > 0 then
+            do -- shift
+              local ok_142, remaining, reset, retry_142 = ok, remaining_132, reset_132, retry
+              if behind > 0 then
+                remaining = 0
+                reset = reset + behind
+                if retry_142 >= 0 then
+                  retry_142 = retry_142 + behind
+                end
+                if ok_142 == 1 and 0 > 0 then
+                  ok_142, retry_142 = 0, behind
+                  if reset < behind then
+                    reset = behind
+                  end
+                end
+              end
+              ok, remaining_132, reset_132, retry = ok_142, remaining, reset, retry_142
+            end
+          end
+          if ends and ends > now then
+            local wait = ends - now
+            if ok == 1 or retry >= 0 then
+              if retry < wait then
+                retry = wait
+              end
+            end
+            ok = 0
+            remaining_132 = 0
+            if reset_132 < wait then
+              reset_132 = wait
+            end
+          end
+          if ok == 1 then
+            _, remaining, reset = -2, remaining_132, reset_132 break
+          end
+          if retry < 0 then
+            _, remaining, reset = -1, remaining_132, reset_132 break
+          end
+          _, remaining, reset = retry, remaining_132, reset_132 break
+        until true
+        REPLY[0 + 2], REPLY[0 + 3] = remaining, reset
+      end
+      if call('PTTL', key) == -1 then
+        local ms
+        repeat -- ttl_ms
+          local expires_at = now + REPLY[0 + 3]
+          local ms_143
+          do -- cdiv
+            local a = expires_at - since
+            ms_143 = (a + (-a) % 1000) / 1000
+          end
+          if ms_143 < 1 then
+            ms = 1 break
+          end
+          ms = ms_143 break
+        until true
+        call('PEXPIRE', key, ms)
+      end
+    until true
+    if q ~= p then
+      PS[1] = q
+      own_limits(1, 3)
     end
     return REPLY
   end
-  
-  -- Phase one of several policies enforced (`decide_fused` in decide.lua), for the one at
-  -- position i whose reply follows REPLY[base]: its verdict, remaining and reset in the
-  -- reply; returns whether it admits and the state decided on.
-  local function judged(key, p, now, cost, i, base)
-    local st, ends, stale
-    repeat -- load
-      local raw = call('GET', key)
-      if not raw then
-        st, ends, stale = nil break
-      end
-      local bare
-      repeat -- untagged
-        local tag = p.tag
-        if find(raw, tag, #raw - #tag + 1, true) then
-          bare = sub(raw, 1, #raw - #tag) break
-        end
-        bare = nil break
-      until true
-      if bare then
-        st, ends, stale = sw_read(bare, p[2] + 1) break
-      end
-      local tag, ends_32
-      raw, tag, ends_32 = split_state(raw)
-      if tag and tag ~= p.tag then
-        local n = tag_params(tag, OLD_RING) and OLD_RING[2]
-        st, ends, stale = n and sw_read(raw, n + 1), ends_32, tag break
-      end
-      st, ends, stale = sw_read(raw, p[2] + 1), ends_32 break
-    until true
-    if ends or stale then
-      return nil
-    end
-    local ok, remaining, reset, retry
-    repeat -- evaluate
-      local limit, n, g = p[1], p[2], p[3]
-      local c, x
-      repeat -- sw_position
-        local c_35
-        do -- fdiv
-          local a, b = now, p[3]
-          c_35 = (a - a % b) / b
-        end
-        if st and st[1] > c_35 then
-          c, x = st[1], 0 break
-        end
-        c, x = c_35, now - c_35 * p[3] break
-      until true
-      local used
-      do -- sw_estimate
-        local n, g = p[2], p[3]
-        local whole = 0
-        if st then
-          local lo, hi = c + 1 - n, c
-          if lo < 0 then
-            lo = 0
-          end
-          if lo < st[1] - n then
-            lo = st[1] - n
-          end
-          if hi > st[1] then
-            hi = st[1]
-          end
-          local slots = n + 1
-          local wraps
-          do -- fdiv
-            local a, b = lo, slots
-            wraps = (a - a % b) / b
-          end
-          local slot = lo - wraps * slots
-          for _ = lo, hi do
-            whole = whole + st[slot + 2]
-            slot = slot + 1
-            if slot == slots then
-              slot = 0
-            end
-          end
-        end
-        local oldest = 0
-        if c >= n then
-          repeat -- sw_count
-            local index = c - n
-            if st and index <= st[1] and index + p[2] >= st[1] then
-              local wraps
-              do -- fdiv
-                local a, b = index, p[2] + 1
-                wraps = (a - a % b) / b
-              end
-              local slot = index - wraps * (p[2] + 1)
-              oldest = st[slot + 2] break
-            end
-            oldest = 0 break
-          until true
-        end
-        local part
-        do -- cdiv
-          local a, b = oldest * (g - x), g
-          part = (a + (-a) % b) / b
-        end
-        used = whole + part
-      end
-      local remaining_34 = limit - used
-      if remaining_34 < 0 then
-        remaining_34 = 0
-      end
-      if used + cost <= limit and cost > 0 then
-        ok, remaining, reset, retry = 1, remaining_34 - cost, (n + 1) * g - x, -1 break
-      end
-      ok, remaining, reset, retry = sw_denied(p, st, c, x, cost, used, remaining_34) break
-    until true
-    local behind
-    repeat -- lag
-      if st and st[1] * p[3] > now then
-        behind = st[1] * p[3] - now break
-      end
-      behind = 0 break
-    until true
-    if behind > 0 then
-      do -- shift
-        local lag, ok_43, remaining_43, reset_43, retry_43 = behind, ok, remaining, reset, retry
-        if lag > 0 then
-          remaining_43 = 0
-          reset_43 = reset_43 + lag
-          if retry_43 >= 0 then
-            retry_43 = retry_43 + lag
-          end
-          if ok_43 == 1 and cost > 0 then
-            ok_43, retry_43 = 0, lag
-            if reset_43 < lag then
-              reset_43 = lag
-            end
-          end
-        end
-        ok, remaining, reset, retry = ok_43, remaining_43, reset_43, retry_43
-      end
-    end
-    REPLY[base + 2], REPLY[base + 3] = remaining, reset
-    if ok == 1 then
-      REPLY[base + 1] = -2
-      return true, st
-    end
-    if retry < 0 then
-      REPLY[base + 1] = -1
-    else
-      REPLY[base + 1] = retry
-    end
-    return false, st
-  end
-  
   return {
-    fused = fused,
-    judged = judged,
+    verdict = verdict,
+    loaded = loaded,
+    phase_one = phase_one,
+    phase_two = phase_two,
+    step = step,
+    enforced = enforced,
     block = block_in_value,
     load = load,
     -- Twin of `SlidingWindow::convert`: each old bucket still in the window moves, with its
     -- count, to the new bucket holding its last microsecond (the present's for the present's).
-    convert = function(self, key, q, p, st, now)
+    convert = function(self, key, q, p, st, now, keep, since)
       local n, g = p[2], p[3]
       local present = fdiv(now, g)
       local from = st[1] - q[2]
@@ -1702,7 +3904,7 @@ ALG[2] = function()
         end
         ring[slot] = c
       end
-      sw_write(key, p, head, ring, slots, now, (head + slots) * g)
+      sw_write(key, p, head, ring, slots, (head + slots) * g, keep, since)
       return true
     end,
     lag = lag,
@@ -1722,7 +3924,7 @@ ALG[2] = function()
       return e
     end,
     -- Gives back to the lease's bucket, while the ring still counts it.
-    give_back = function(self, key, p, st, now, lease_end, units)
+    give_back = function(self, key, p, st, now, lease_end, units, keep, since)
       if not st then
         return
       end
@@ -1739,9 +3941,9 @@ ALG[2] = function()
         take = units
       end
       st[slot] = st[slot] - take
-      sw_write(key, p, head, st, slots, now, (head + slots) * g)
+      sw_write(key, p, head, st, slots, (head + slots) * g, keep, since)
     end,
-    refund = function(self, key, p, st, now, units)
+    refund = function(self, key, p, st, now, units, keep, since)
       if not st then
         return
       end
@@ -1771,7 +3973,7 @@ ALG[2] = function()
         left = left - take
         i = i - 1
       end
-      sw_write(key, p, head, st, slots, now, (head + slots) * g)
+      sw_write(key, p, head, st, slots, (head + slots) * g, keep, since)
     end,
     commit = commit,
   }
@@ -1800,7 +4002,7 @@ ALG[3] = function()
   -- entry's when it has that time, else found with one more read (only when something newer
   -- than `at` is logged: a lease's units, or a clock that went back).
   --@inline
-  local function log(key, p, st, now, at, cost)
+  local function log(key, p, st, now, at, cost, keep, since)
     local window = p[2]
     local gone = int(now - window)
     call('ZREMRANGEBYSCORE', key, '-inf', gone)
@@ -1839,11 +4041,11 @@ ALG[3] = function()
     if cost > 0 and at > newest then
       newest = at
     end
-    local expires_at = until_block_ends(newest + window)
+    local expires_at = until_block_ends(newest + window, keep)
     if p.limit_end and p.limit_end > expires_at then
       expires_at = p.limit_end
     end
-    local ms = ttl_ms(now, expires_at)
+    local ms = ttl_ms(since, expires_at)
     call('PEXPIRE', key, format(INT, ms))
   end
 
@@ -1907,85 +4109,28 @@ ALG[3] = function()
     end
     -- The entry whose leaving the window makes room.
     local need = used + cost - limit
-    local since = int(now - window)
-    local entry = call('ZRANGEBYSCORE', key, '(' .. since, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
+    local start = int(now - window)
+    local entry = call('ZRANGEBYSCORE', key, '(' .. start, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
     return 0, left, newest_left, tonumber(entry[2]) + window - now
   end
 
   --@inline
-  local function commit(self, key, p, st, now, cost)
-    log(key, p, st, now, now, cost)
+  local function commit(self, key, p, st, now, cost, keep, since)
+    log(key, p, st, now, now, cost, keep, since)
   end
 
-  -- The fused decisions of policies enforced (`FUSES[op]`), the usual request: the phases of
-  -- `decide` for that case, in functions per algorithm. The generator (luagen/) writes them
-  -- into each twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place
-  -- of their calls. A key blocked, or written under other parameters, is left to the general
-  -- path: nil, having written nothing.
+  -- The two phases of a decision for one policy, written once: `decide` (decide.lua) runs
+  -- phase one for each policy of a call, then phase two for each. The generator (luagen/)
+  -- writes them into each algorithm's twin, with the twin's own `load`, `evaluate`, `commit`
+  -- and `lag` written in place of their calls, so that a decision makes almost no Lua call of
+  -- its own beyond Redis's commands. An operation these phases do not decide (`FUSES`: all
+  -- but ENFORCE) takes its own arms in grant.lua once its state is read.
   
-  -- One policy alone. `args` are the policy's arguments, `shape` their first.
-  local function fused(key, args, shape)
-    local cost, at = 1, 2
-    if shape % 2048 >= 1024 then
-      cost = tonumber(args[2])
-      at = 3
-    end
-    local p
-    do -- read_params
-      local tag = args[at]
-      local p_1 = TAGGED[tag or '']
-      if not p_1 and tag then
-        local semi = find(tag, ';', 1, true)
-        p_1 = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p_1) then
-          p_1 = nil
-        else
-          remember(tag, p_1)
-        end
-      end
-      p = p_1
-    end
-    if not p then
-      return nil
-    end
-    local now
-    repeat -- clock
-      local injected = shape >= 2048
-      if injected then
-        TTL_SLACK = tonumber(args[#args])
-        now = tonumber(args[#args - 1]) break
-      end
-      TTL_SLACK = 0
-      local t = call('TIME')
-      now = t[1] * 1000000 + t[2] break
-    until true
-    local st, ends, stale
-    repeat -- load
-      local into = STATES[1]
-      local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
-      local n = #top
-      if n == 0 then
-        st, ends, stale = nil break
-      end
-      local ends_3, own
-      if byte(top[n - 1], 1) == LETTER_L then
-        own = sub(top[n - 1], 7)
-        top = call('ZRANGE', key, -3, -2, 'WITHSCORES')
-        n = #top
-      end
-      if n > 0 and byte(top[n - 1], 1) == LETTER_B then
-        ends_3 = tonumber(sub(top[n - 1], 7))
-        n = n - 2
-      end
-      if n == 0 then
-        st, ends, stale = nil, ends_3, own break
-      end
-      into[1], into[2] = tonumber(top[n]), top[n - 1]
-      st, ends, stale = into, ends_3, own break
-    until true
-    if ends or stale then
-      return nil
-    end
+  -- The verdict of a policy as the reply gives it (ADMITTED, the retry-after, or NEVER),
+  -- remaining and reset; a blocked key is denied until the block ends, whatever its state
+  -- (twin of `apply_block`).
+  --@inline
+  local function verdict(self, p, st, ends, now, cost, key)
     local ok, remaining, reset, retry
     repeat -- evaluate
       local limit, window = p[1], p[2]
@@ -1993,19 +4138,18 @@ ALG[3] = function()
         if cost > limit then
           ok, remaining, reset, retry = 0, limit, 0, -1 break
         end
-        local reset_4 = 0
+        local reset_1 = 0
         if cost > 0 then
-          reset_4 = window
+          reset_1 = window
         end
-        ok, remaining, reset, retry = 1, limit - cost, reset_4, -1 break
+        ok, remaining, reset, retry = 1, limit - cost, reset_1, -1 break
       end
       local used
       do -- in_window
         local cutoff = now - window
         local after
         do -- int
-          local n = cutoff
-          after = format(INT, n)
+          after = format(INT, cutoff)
         end
         used = call('ZCOUNT', key, '(' .. after, '(+inf')
       end
@@ -2021,35 +4165,852 @@ ALG[3] = function()
         ok, remaining, reset, retry = 0, left, newest_left, -1 break
       end
       if used + cost <= limit then
-        local reset_4 = newest_left
+        local reset_1 = newest_left
         if cost > 0 then
-          reset_4 = window
+          reset_1 = window
         end
-        ok, remaining, reset, retry = 1, limit - used - cost, reset_4, -1 break
+        ok, remaining, reset, retry = 1, limit - used - cost, reset_1, -1 break
       end
       local need = used + cost - limit
-      local since
+      local start
       do -- int
         local n = now - window
-        since = format(INT, n)
+        start = format(INT, n)
       end
-      local entry = call('ZRANGEBYSCORE', key, '(' .. since, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
+      local entry = call('ZRANGEBYSCORE', key, '(' .. start, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
       ok, remaining, reset, retry = 0, left, newest_left, tonumber(entry[2]) + window - now break
     until true
-    REPLY[2], REPLY[3], REPLY[3 + 1] = remaining, reset, nil
-    if ok ~= 1 then
+    if ends and ends > now then
+      local wait = ends - now
+      if ok == 1 or retry >= 0 then
+        if retry < wait then
+          retry = wait
+        end
+      end
+      ok = 0
+      remaining = 0
+      if reset < wait then
+        reset = wait
+      end
+    end
+    if ok == 1 then
+      return -2, remaining, reset
+    end
+    if retry < 0 then
+      return -1, remaining, reset
+    end
+    return retry, remaining, reset
+  end
+  
+  -- The state of the policy at position i, loaded in STATES[i] (converted first when written
+  -- under other parameters), its block's end, and the parameters it is decided under (a key's
+  -- own limit's, if it has one).
+  --@inline
+  local function loaded(self, i, key, p, now, since)
+    local st, ends, stale
+    repeat -- load
+      local into = STATES[i]
+      local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
+      local n = #top
+      if n == 0 then
+        st, ends, stale = nil break
+      end
+      local ends_5, own
+      if byte(top[n - 1], 1) == LETTER_L then
+        own = sub(top[n - 1], 7)
+        top = call('ZRANGE', key, -3, -2, 'WITHSCORES')
+        n = #top
+      end
+      if n > 0 and byte(top[n - 1], 1) == LETTER_B then
+        ends_5 = tonumber(sub(top[n - 1], 7))
+        n = n - 2
+      end
+      if n == 0 then
+        st, ends, stale = nil, ends_5, own break
+      end
+      into[1], into[2] = tonumber(top[n]), top[n - 1]
+      st, ends, stale = into, ends_5, own break
+    until true
+    if stale then
+      st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
+    end
+    return st, ends, p
+  end
+  
+  -- Phase one for the policy at position i, enforced (its operation one the fused phases
+  -- decide, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
+  -- whether it admits the request, the state and block decided on, and the parameters.
+  --@inline
+  local function phase_one(self, i, key, p, now, since, cost, base)
+    local st, ends, stale
+    repeat -- load
+      local into = STATES[i]
+      local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
+      local n = #top
+      if n == 0 then
+        st, ends, stale = nil break
+      end
+      local ends_6, own
+      if byte(top[n - 1], 1) == LETTER_L then
+        own = sub(top[n - 1], 7)
+        top = call('ZRANGE', key, -3, -2, 'WITHSCORES')
+        n = #top
+      end
+      if n > 0 and byte(top[n - 1], 1) == LETTER_B then
+        ends_6 = tonumber(sub(top[n - 1], 7))
+        n = n - 2
+      end
+      if n == 0 then
+        st, ends, stale = nil, ends_6, own break
+      end
+      into[1], into[2] = tonumber(top[n]), top[n - 1]
+      st, ends, stale = into, ends_6, own break
+    until true
+    if stale then
+      st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
+    end
+    local v, remaining, reset
+    repeat -- verdict
+      local ok, remaining_7, reset_7, retry
+      repeat -- evaluate
+        local limit, window = p[1], p[2]
+        if not st then
+          if cost > limit then
+            ok, remaining_7, reset_7, retry = 0, limit, 0, -1 break
+          end
+          local reset = 0
+          if cost > 0 then
+            reset = window
+          end
+          ok, remaining_7, reset_7, retry = 1, limit - cost, reset, -1 break
+        end
+        local used
+        do -- in_window
+          local cutoff = now - window
+          local after
+          do -- int
+            after = format(INT, cutoff)
+          end
+          used = call('ZCOUNT', key, '(' .. after, '(+inf')
+        end
+        local newest_left = 0
+        if used > 0 then
+          newest_left = st[1] + window - now
+        end
+        local left = limit - used
+        if left < 0 then
+          left = 0
+        end
+        if cost > limit then
+          ok, remaining_7, reset_7, retry = 0, left, newest_left, -1 break
+        end
+        if used + cost <= limit then
+          local reset = newest_left
+          if cost > 0 then
+            reset = window
+          end
+          ok, remaining_7, reset_7, retry = 1, limit - used - cost, reset, -1 break
+        end
+        local need = used + cost - limit
+        local start
+        do -- int
+          local n = now - window
+          start = format(INT, n)
+        end
+        local entry = call('ZRANGEBYSCORE', key, '(' .. start, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
+        ok, remaining_7, reset_7, retry = 0, left, newest_left, tonumber(entry[2]) + window - now break
+      until true
+      if ends and ends > now then
+        local wait = ends - now
+        if ok == 1 or retry >= 0 then
+          if retry < wait then
+            retry = wait
+          end
+        end
+        ok = 0
+        remaining_7 = 0
+        if reset_7 < wait then
+          reset_7 = wait
+        end
+      end
+      if ok == 1 then
+        v, remaining, reset = -2, remaining_7, reset_7 break
+      end
       if retry < 0 then
-        REPLY[1] = -1
-      else
-        REPLY[1] = retry
+        v, remaining, reset = -1, remaining_7, reset_7 break
+      end
+      v, remaining, reset = retry, remaining_7, reset_7 break
+    until true
+    REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
+    return v == -2, st, ends, p
+  end
+  
+  -- Phase two for an enforced policy whose reply follows REPLY[base], the request `admitted` or
+  -- not: charged its cost (keeping its block on record), or the state reported as it stays,
+  -- its key given a TTL (from `since`) if it lost its own.
+  --@inline
+  local function phase_two(self, key, p, now, since, cost, st, ends, admitted, base)
+    if admitted and cost > 0 then
+      repeat -- commit
+        repeat -- log
+          local at = now
+          local window = p[2]
+          local gone
+          do -- int
+            local n = now - window
+            gone = format(INT, n)
+          end
+          call('ZREMRANGEBYSCORE', key, '-inf', gone)
+          local seq = 0
+          local t
+          do -- int
+            t = format(INT, at)
+          end
+          if st and st[1] == at then
+            seq = tonumber(match(st[2], ':(%d+)$')) or 0
+          elseif st and st[1] > at then
+            local top = call('ZREVRANGEBYSCORE', key, t, t, 'LIMIT', 0, 1)
+            if top[1] then
+              seq = tonumber(match(top[1], ':(%d+)$')) or 0
+            end
+          end
+          if cost == 1 then
+            call('ZADD', key, t, t .. ':' .. format('%010d', seq + 1))
+          end
+          local i = 1
+          while cost > 1 and i <= cost do
+            local args = {}
+            local last = i + 499
+            if last > cost then
+              last = cost
+            end
+            for j = i, last do
+              args[#args + 1] = t
+              args[#args + 1] = t .. ':' .. format('%010d', seq + j)
+            end
+            call('ZADD', key, unpack(args))
+            i = last + 1
+          end
+          local newest = now
+          if st and st[1] > newest then
+            newest = st[1]
+          end
+          if cost > 0 and at > newest then
+            newest = at
+          end
+          local expires_at
+          repeat -- until_block_ends
+            local expires_at_16 = newest + window
+            if ends and ends > expires_at_16 then
+              expires_at = ends break
+            end
+            expires_at = expires_at_16 break
+          until true
+          if p.limit_end and p.limit_end > expires_at then
+            expires_at = p.limit_end
+          end
+          local ms
+          repeat -- ttl_ms
+            local ms_17
+            do -- cdiv
+              local a = expires_at - since
+              ms_17 = (a + (-a) % 1000) / 1000
+            end
+            if ms_17 < 1 then
+              ms = 1 break
+            end
+            ms = ms_17 break
+          until true
+          call('PEXPIRE', key, format(INT, ms))
+        until true
+      until true
+      return
+    end
+    if REPLY[base + 1] == -2 and cost > 0 then
+      -- Admitted by this policy but not charged: report the state as it stays.
+      local _, remaining, reset
+      repeat -- verdict
+        local ends = nil
+        local ok, remaining_19, reset_19, retry
+        repeat -- evaluate
+          local limit, window = p[1], p[2]
+          if not st then
+            if 0 > limit then
+              ok, remaining_19, reset_19, retry = 0, limit, 0, -1 break
+            end
+            local reset = 0
+            if 0 > 0 then
+              reset = window
+            end
+            ok, remaining_19, reset_19, retry = 1, limit - 0, reset, -1 break
+          end
+          local used
+          do -- in_window
+            local cutoff = now - window
+            local after
+            do -- int
+              after = format(INT, cutoff)
+            end
+            used = call('ZCOUNT', key, '(' .. after, '(+inf')
+          end
+          local newest_left = 0
+          if used > 0 then
+            newest_left = st[1] + window - now
+          end
+          local left = limit - used
+          if left < 0 then
+            left = 0
+          end
+          if 0 > limit then
+            ok, remaining_19, reset_19, retry = 0, left, newest_left, -1 break
+          end
+          if used + 0 <= limit then
+            local reset = newest_left
+            if 0 > 0 then
+              reset = window
+            end
+            ok, remaining_19, reset_19, retry = 1, limit - used - 0, reset, -1 break
+          end
+          local need = used + 0 - limit
+          local start
+          do -- int
+            local n = now - window
+            start = format(INT, n)
+          end
+          local entry = call('ZRANGEBYSCORE', key, '(' .. start, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
+          ok, remaining_19, reset_19, retry = 0, left, newest_left, tonumber(entry[2]) + window - now break
+        until true
+        if ends and ends > now then
+          local wait = ends - now
+          if ok == 1 or retry >= 0 then
+            if retry < wait then
+              retry = wait
+            end
+          end
+          ok = 0
+          remaining_19 = 0
+          if reset_19 < wait then
+            reset_19 = wait
+          end
+        end
+        if ok == 1 then
+          _, remaining, reset = -2, remaining_19, reset_19 break
+        end
+        if retry < 0 then
+          _, remaining, reset = -1, remaining_19, reset_19 break
+        end
+        _, remaining, reset = retry, remaining_19, reset_19 break
+      until true
+      REPLY[base + 2], REPLY[base + 3] = remaining, reset
+    end
+    if call('PTTL', key) == -1 then
+      -- A key without a TTL (written by something else, or lost its TTL): repair it.
+      local ms
+      repeat -- ttl_ms
+        local expires_at = now + REPLY[base + 3]
+        local ms_24
+        do -- cdiv
+          local a = expires_at - since
+          ms_24 = (a + (-a) % 1000) / 1000
+        end
+        if ms_24 < 1 then
+          ms = 1 break
+        end
+        ms = ms_24 break
+      until true
+      call('PEXPIRE', key, ms)
+    end
+  end
+  
+  -- The policies of a decision from position i to n (read into ALGS, OPS, PS, COSTS, XS and
+  -- YS), `admitted` by those before it or not: phase one for policy i, whose reply follows
+  -- REPLY[base]; then the policies after it, each one step deeper; then phase two for policy
+  -- i, once the request is known to be admitted or not (by every policy that decides), so
+  -- what each phase hands the other stays in locals. Phase two runs from the last policy to
+  -- the first: each has its own key. Returns whether the request is admitted, where the reply
+  -- of the checks ends, and whether a key was decided under its own limit (then PS[i] holds
+  -- the parameters of each policy from i on as it was decided).
+  local function step(self, i, n, keys, now, since, admitted, base)
+    local op, key, cost, p = OPS[i], keys[i], COSTS[i], PS[i]
+    local fused = FUSES[op]
+    local ok, st, ends, q
+    if fused then
+      do -- phase_one
+        local p = p
+        local st_26, ends_26, stale
+        repeat -- load
+          local into = STATES[i]
+          local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
+          local n = #top
+          if n == 0 then
+            st_26, ends_26, stale = nil break
+          end
+          local ends, own
+          if byte(top[n - 1], 1) == LETTER_L then
+            own = sub(top[n - 1], 7)
+            top = call('ZRANGE', key, -3, -2, 'WITHSCORES')
+            n = #top
+          end
+          if n > 0 and byte(top[n - 1], 1) == LETTER_B then
+            ends = tonumber(sub(top[n - 1], 7))
+            n = n - 2
+          end
+          if n == 0 then
+            st_26, ends_26, stale = nil, ends, own break
+          end
+          into[1], into[2] = tonumber(top[n]), top[n - 1]
+          st_26, ends_26, stale = into, ends, own break
+        until true
+        if stale then
+          st_26, ends_26, p = adopt(self, key, p, st_26, ends_26, now, stale, STATES[i], since)
+        end
+        local v, remaining, reset
+        repeat -- verdict
+          local ok, remaining_28, reset_28, retry
+          repeat -- evaluate
+            local limit, window = p[1], p[2]
+            if not st_26 then
+              if cost > limit then
+                ok, remaining_28, reset_28, retry = 0, limit, 0, -1 break
+              end
+              local reset = 0
+              if cost > 0 then
+                reset = window
+              end
+              ok, remaining_28, reset_28, retry = 1, limit - cost, reset, -1 break
+            end
+            local used
+            do -- in_window
+              local cutoff = now - window
+              local after
+              do -- int
+                after = format(INT, cutoff)
+              end
+              used = call('ZCOUNT', key, '(' .. after, '(+inf')
+            end
+            local newest_left = 0
+            if used > 0 then
+              newest_left = st_26[1] + window - now
+            end
+            local left = limit - used
+            if left < 0 then
+              left = 0
+            end
+            if cost > limit then
+              ok, remaining_28, reset_28, retry = 0, left, newest_left, -1 break
+            end
+            if used + cost <= limit then
+              local reset = newest_left
+              if cost > 0 then
+                reset = window
+              end
+              ok, remaining_28, reset_28, retry = 1, limit - used - cost, reset, -1 break
+            end
+            local need = used + cost - limit
+            local start
+            do -- int
+              local n = now - window
+              start = format(INT, n)
+            end
+            local entry = call('ZRANGEBYSCORE', key, '(' .. start, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
+            ok, remaining_28, reset_28, retry = 0, left, newest_left, tonumber(entry[2]) + window - now break
+          until true
+          if ends_26 and ends_26 > now then
+            local wait = ends_26 - now
+            if ok == 1 or retry >= 0 then
+              if retry < wait then
+                retry = wait
+              end
+            end
+            ok = 0
+            remaining_28 = 0
+            if reset_28 < wait then
+              reset_28 = wait
+            end
+          end
+          if ok == 1 then
+            v, remaining, reset = -2, remaining_28, reset_28 break
+          end
+          if retry < 0 then
+            v, remaining, reset = -1, remaining_28, reset_28 break
+          end
+          v, remaining, reset = retry, remaining_28, reset_28 break
+        until true
+        REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
+        ok, st, ends, q = v == -2, st_26, ends_26, p
       end
     else
-      REPLY[1] = -2
-      if cost > 0 then
+      do -- loaded
+        local p = p
+        local st_33, ends_33, stale
+        repeat -- load
+          local into = STATES[i]
+          local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
+          local n = #top
+          if n == 0 then
+            st_33, ends_33, stale = nil break
+          end
+          local ends, own
+          if byte(top[n - 1], 1) == LETTER_L then
+            own = sub(top[n - 1], 7)
+            top = call('ZRANGE', key, -3, -2, 'WITHSCORES')
+            n = #top
+          end
+          if n > 0 and byte(top[n - 1], 1) == LETTER_B then
+            ends = tonumber(sub(top[n - 1], 7))
+            n = n - 2
+          end
+          if n == 0 then
+            st_33, ends_33, stale = nil, ends, own break
+          end
+          into[1], into[2] = tonumber(top[n]), top[n - 1]
+          st_33, ends_33, stale = into, ends, own break
+        until true
+        if stale then
+          st_33, ends_33, p = adopt(self, key, p, st_33, ends_33, now, stale, STATES[i], since)
+        end
+        st, ends, q = st_33, ends_33, p
+      end
+      ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
+    end
+    admitted = admitted and (ok or not DECIDES[op])
+    local total, own = base + WIDTH[op], false
+    if i < n then
+      admitted, total, own = ALGS[i + 1]:step(i + 1, n, keys, now, since, admitted, total)
+    end
+    if fused then
+      repeat -- phase_two
+        if admitted and cost > 0 then
+          repeat -- commit
+            repeat -- log
+              local at = now
+              local window = q[2]
+              local gone
+              do -- int
+                local n = now - window
+                gone = format(INT, n)
+              end
+              call('ZREMRANGEBYSCORE', key, '-inf', gone)
+              local seq = 0
+              local t
+              do -- int
+                t = format(INT, at)
+              end
+              if st and st[1] == at then
+                seq = tonumber(match(st[2], ':(%d+)$')) or 0
+              elseif st and st[1] > at then
+                local top = call('ZREVRANGEBYSCORE', key, t, t, 'LIMIT', 0, 1)
+                if top[1] then
+                  seq = tonumber(match(top[1], ':(%d+)$')) or 0
+                end
+              end
+              if cost == 1 then
+                call('ZADD', key, t, t .. ':' .. format('%010d', seq + 1))
+              end
+              local i = 1
+              while cost > 1 and i <= cost do
+                local args = {}
+                local last = i + 499
+                if last > cost then
+                  last = cost
+                end
+                for j = i, last do
+                  args[#args + 1] = t
+                  args[#args + 1] = t .. ':' .. format('%010d', seq + j)
+                end
+                call('ZADD', key, unpack(args))
+                i = last + 1
+              end
+              local newest = now
+              if st and st[1] > newest then
+                newest = st[1]
+              end
+              if cost > 0 and at > newest then
+                newest = at
+              end
+              local expires_at
+              repeat -- until_block_ends
+                local expires_at_40 = newest + window
+                if ends and ends > expires_at_40 then
+                  expires_at = ends break
+                end
+                expires_at = expires_at_40 break
+              until true
+              if q.limit_end and q.limit_end > expires_at then
+                expires_at = q.limit_end
+              end
+              local ms
+              repeat -- ttl_ms
+                local ms_41
+                do -- cdiv
+                  local a = expires_at - since
+                  ms_41 = (a + (-a) % 1000) / 1000
+                end
+                if ms_41 < 1 then
+                  ms = 1 break
+                end
+                ms = ms_41 break
+              until true
+              call('PEXPIRE', key, format(INT, ms))
+            until true
+          until true
+          break
+        end
+        if REPLY[base + 1] == -2 and cost > 0 then
+          local _, remaining, reset
+          repeat -- verdict
+            local ends = nil
+            local ok, remaining_43, reset_43, retry
+            repeat -- evaluate
+              local limit, window = q[1], q[2]
+              if not st then
+                if 0 > limit then
+                  ok, remaining_43, reset_43, retry = 0, limit, 0, -1 break
+                end
+                local reset = 0
+                if 0 > 0 then
+                  reset = window
+                end
+                ok, remaining_43, reset_43, retry = 1, limit - 0, reset, -1 break
+              end
+              local used
+              do -- in_window
+                local cutoff = now - window
+                local after
+                do -- int
+                  after = format(INT, cutoff)
+                end
+                used = call('ZCOUNT', key, '(' .. after, '(+inf')
+              end
+              local newest_left = 0
+              if used > 0 then
+                newest_left = st[1] + window - now
+              end
+              local left = limit - used
+              if left < 0 then
+                left = 0
+              end
+              if 0 > limit then
+                ok, remaining_43, reset_43, retry = 0, left, newest_left, -1 break
+              end
+              if used + 0 <= limit then
+                local reset = newest_left
+                if 0 > 0 then
+                  reset = window
+                end
+                ok, remaining_43, reset_43, retry = 1, limit - used - 0, reset, -1 break
+              end
+              local need = used + 0 - limit
+              local start
+              do -- int
+                local n = now - window
+                start = format(INT, n)
+              end
+              local entry = call('ZRANGEBYSCORE', key, '(' .. start, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
+              ok, remaining_43, reset_43, retry = 0, left, newest_left, tonumber(entry[2]) + window - now break
+            until true
+            if ends and ends > now then
+              local wait = ends - now
+              if ok == 1 or retry >= 0 then
+                if retry < wait then
+                  retry = wait
+                end
+              end
+              ok = 0
+              remaining_43 = 0
+              if reset_43 < wait then
+                reset_43 = wait
+              end
+            end
+            if ok == 1 then
+              _, remaining, reset = -2, remaining_43, reset_43 break
+            end
+            if retry < 0 then
+              _, remaining, reset = -1, remaining_43, reset_43 break
+            end
+            _, remaining, reset = retry, remaining_43, reset_43 break
+          until true
+          REPLY[base + 2], REPLY[base + 3] = remaining, reset
+        end
+        if call('PTTL', key) == -1 then
+          local ms
+          repeat -- ttl_ms
+            local expires_at = now + REPLY[base + 3]
+            local ms_48
+            do -- cdiv
+              local a = expires_at - since
+              ms_48 = (a + (-a) % 1000) / 1000
+            end
+            if ms_48 < 1 then
+              ms = 1 break
+            end
+            ms = ms_48 break
+          until true
+          call('PEXPIRE', key, ms)
+        end
+      until true
+    else
+      phase_two_of(self, i, op, key, q, now, since, cost, YS[i], st, ends, admitted, base)
+    end
+    if q ~= p then
+      PS[i], own = q, true
+    end
+    return admitted, total, own
+  end
+  
+  -- A policy enforced alone, the most usual call, from its arguments (`args`, its shape
+  -- `shape` first): its cost and parameters read, the time, then its two phases. Returns the
+  -- reply; nil, having done nothing, when the arguments are malformed.
+  local function enforced(self, key, args, shape)
+    local cost, at = 1, 2
+    if shape % 2048 >= 1024 then
+      cost = tonumber(args[2])
+      if not cost then
+        return nil
+      end
+      at = 3
+    end
+    local p
+    do -- read_params
+      local tag = args[at]
+      local p_50 = TAGGED[tag or '']
+      if not p_50 and tag then
+        local semi = find(tag, ';', 1, true)
+        p_50 = { tag = semi and sub(tag, 1, semi - 1) or tag }
+        if not tag_params(tag, p_50) then
+          p_50 = nil
+        else
+          remember(tag, p_50)
+        end
+      end
+      p = p_50
+    end
+    if not p then
+      return nil
+    end
+    local now, since
+    repeat -- clock
+      local injected = shape >= 2048
+      if injected then
+        local now_51 = tonumber(args[#args - 1])
+        now, since = now_51, now_51 - 1000 * tonumber(args[#args]) break
+      end
+      local t = call('TIME')
+      local now_51 = t[1] * 1000000 + t[2]
+      now, since = now_51, now_51 break
+    until true
+    local ok, st, ends, q
+    do -- phase_one
+      local p = p
+      local st_52, ends_52, stale
+      repeat -- load
+        local into = STATES[1]
+        local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
+        local n = #top
+        if n == 0 then
+          st_52, ends_52, stale = nil break
+        end
+        local ends, own
+        if byte(top[n - 1], 1) == LETTER_L then
+          own = sub(top[n - 1], 7)
+          top = call('ZRANGE', key, -3, -2, 'WITHSCORES')
+          n = #top
+        end
+        if n > 0 and byte(top[n - 1], 1) == LETTER_B then
+          ends = tonumber(sub(top[n - 1], 7))
+          n = n - 2
+        end
+        if n == 0 then
+          st_52, ends_52, stale = nil, ends, own break
+        end
+        into[1], into[2] = tonumber(top[n]), top[n - 1]
+        st_52, ends_52, stale = into, ends, own break
+      until true
+      if stale then
+        st_52, ends_52, p = adopt(self, key, p, st_52, ends_52, now, stale, STATES[1], since)
+      end
+      local v, remaining, reset
+      repeat -- verdict
+        local ok, remaining_54, reset_54, retry
+        repeat -- evaluate
+          local limit, window = p[1], p[2]
+          if not st_52 then
+            if cost > limit then
+              ok, remaining_54, reset_54, retry = 0, limit, 0, -1 break
+            end
+            local reset = 0
+            if cost > 0 then
+              reset = window
+            end
+            ok, remaining_54, reset_54, retry = 1, limit - cost, reset, -1 break
+          end
+          local used
+          do -- in_window
+            local cutoff = now - window
+            local after
+            do -- int
+              after = format(INT, cutoff)
+            end
+            used = call('ZCOUNT', key, '(' .. after, '(+inf')
+          end
+          local newest_left = 0
+          if used > 0 then
+            newest_left = st_52[1] + window - now
+          end
+          local left = limit - used
+          if left < 0 then
+            left = 0
+          end
+          if cost > limit then
+            ok, remaining_54, reset_54, retry = 0, left, newest_left, -1 break
+          end
+          if used + cost <= limit then
+            local reset = newest_left
+            if cost > 0 then
+              reset = window
+            end
+            ok, remaining_54, reset_54, retry = 1, limit - used - cost, reset, -1 break
+          end
+          local need = used + cost - limit
+          local start
+          do -- int
+            local n = now - window
+            start = format(INT, n)
+          end
+          local entry = call('ZRANGEBYSCORE', key, '(' .. start, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
+          ok, remaining_54, reset_54, retry = 0, left, newest_left, tonumber(entry[2]) + window - now break
+        until true
+        if ends_52 and ends_52 > now then
+          local wait = ends_52 - now
+          if ok == 1 or retry >= 0 then
+            if retry < wait then
+              retry = wait
+            end
+          end
+          ok = 0
+          remaining_54 = 0
+          if reset_54 < wait then
+            reset_54 = wait
+          end
+        end
+        if ok == 1 then
+          v, remaining, reset = -2, remaining_54, reset_54 break
+        end
+        if retry < 0 then
+          v, remaining, reset = -1, remaining_54, reset_54 break
+        end
+        v, remaining, reset = retry, remaining_54, reset_54 break
+      until true
+      REPLY[0 + 1], REPLY[0 + 2], REPLY[0 + 3] = v, remaining, reset
+      ok, st, ends, q = v == -2, st_52, ends_52, p
+    end
+    REPLY[3 + 1] = nil
+    repeat -- phase_two
+      if ok and cost > 0 then
         repeat -- commit
           repeat -- log
             local at = now
-            local window = p[2]
+            local window = q[2]
             local gone
             do -- int
               local n = now - window
@@ -2059,8 +5020,7 @@ ALG[3] = function()
             local seq = 0
             local t
             do -- int
-              local n = at
-              t = format(INT, n)
+              t = format(INT, at)
             end
             if st and st[1] == at then
               seq = tonumber(match(st[2], ':(%d+)$')) or 0
@@ -2096,160 +5056,146 @@ ALG[3] = function()
             end
             local expires_at
             repeat -- until_block_ends
-              local expires_at_12 = newest + window
-              if KEEP_BLOCK and KEEP_BLOCK > expires_at_12 then
-                expires_at = KEEP_BLOCK break
+              local expires_at_64 = newest + window
+              if ends and ends > expires_at_64 then
+                expires_at = ends break
               end
-              expires_at = expires_at_12 break
+              expires_at = expires_at_64 break
             until true
-            if p.limit_end and p.limit_end > expires_at then
-              expires_at = p.limit_end
+            if q.limit_end and q.limit_end > expires_at then
+              expires_at = q.limit_end
             end
             local ms
             repeat -- ttl_ms
-              local ms_13
+              local ms_65
               do -- cdiv
-                local a, b = expires_at - now, 1000
-                ms_13 = (a + (-a) % b) / b
+                local a = expires_at - since
+                ms_65 = (a + (-a) % 1000) / 1000
               end
-              ms_13 = ms_13 + TTL_SLACK
-              if ms_13 < 1 then
+              if ms_65 < 1 then
                 ms = 1 break
               end
-              ms = ms_13 break
+              ms = ms_65 break
             until true
             call('PEXPIRE', key, format(INT, ms))
           until true
         until true
-        return REPLY
+        break
       end
-    end
-    -- Not charged: a key that lost its TTL gets one (as `apply` does).
-    if call('PTTL', key) == -1 then
-      local ms
-      repeat -- ttl_ms
-        local expires_at = now + reset
-        local ms_15
-        do -- cdiv
-          local a, b = expires_at - now, 1000
-          ms_15 = (a + (-a) % b) / b
-        end
-        ms_15 = ms_15 + TTL_SLACK
-        if ms_15 < 1 then
-          ms = 1 break
-        end
-        ms = ms_15 break
-      until true
-      call('PEXPIRE', key, ms)
+      if REPLY[0 + 1] == -2 and cost > 0 then
+        local _, remaining, reset
+        repeat -- verdict
+          local ends = nil
+          local ok, remaining_67, reset_67, retry
+          repeat -- evaluate
+            local limit, window = q[1], q[2]
+            if not st then
+              if 0 > limit then
+                ok, remaining_67, reset_67, retry = 0, limit, 0, -1 break
+              end
+              local reset = 0
+              if 0 > 0 then
+                reset = window
+              end
+              ok, remaining_67, reset_67, retry = 1, limit - 0, reset, -1 break
+            end
+            local used
+            do -- in_window
+              local cutoff = now - window
+              local after
+              do -- int
+                after = format(INT, cutoff)
+              end
+              used = call('ZCOUNT', key, '(' .. after, '(+inf')
+            end
+            local newest_left = 0
+            if used > 0 then
+              newest_left = st[1] + window - now
+            end
+            local left = limit - used
+            if left < 0 then
+              left = 0
+            end
+            if 0 > limit then
+              ok, remaining_67, reset_67, retry = 0, left, newest_left, -1 break
+            end
+            if used + 0 <= limit then
+              local reset = newest_left
+              if 0 > 0 then
+                reset = window
+              end
+              ok, remaining_67, reset_67, retry = 1, limit - used - 0, reset, -1 break
+            end
+            local need = used + 0 - limit
+            local start
+            do -- int
+              local n = now - window
+              start = format(INT, n)
+            end
+            local entry = call('ZRANGEBYSCORE', key, '(' .. start, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
+            ok, remaining_67, reset_67, retry = 0, left, newest_left, tonumber(entry[2]) + window - now break
+          until true
+          if ends and ends > now then
+            local wait = ends - now
+            if ok == 1 or retry >= 0 then
+              if retry < wait then
+                retry = wait
+              end
+            end
+            ok = 0
+            remaining_67 = 0
+            if reset_67 < wait then
+              reset_67 = wait
+            end
+          end
+          if ok == 1 then
+            _, remaining, reset = -2, remaining_67, reset_67 break
+          end
+          if retry < 0 then
+            _, remaining, reset = -1, remaining_67, reset_67 break
+          end
+          _, remaining, reset = retry, remaining_67, reset_67 break
+        until true
+        REPLY[0 + 2], REPLY[0 + 3] = remaining, reset
+      end
+      if call('PTTL', key) == -1 then
+        local ms
+        repeat -- ttl_ms
+          local expires_at = now + REPLY[0 + 3]
+          local ms_72
+          do -- cdiv
+            local a = expires_at - since
+            ms_72 = (a + (-a) % 1000) / 1000
+          end
+          if ms_72 < 1 then
+            ms = 1 break
+          end
+          ms = ms_72 break
+        until true
+        call('PEXPIRE', key, ms)
+      end
+    until true
+    if q ~= p then
+      PS[1] = q
+      own_limits(1, 3)
     end
     return REPLY
   end
-  
-  -- Phase one of several policies enforced (`decide_fused` in decide.lua), for the one at
-  -- position i whose reply follows REPLY[base]: its verdict, remaining and reset in the
-  -- reply; returns whether it admits and the state decided on.
-  local function judged(key, p, now, cost, i, base)
-    local st, ends, stale
-    repeat -- load
-      local into = STATES[i]
-      local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
-      local n = #top
-      if n == 0 then
-        st, ends, stale = nil break
-      end
-      local ends_17, own
-      if byte(top[n - 1], 1) == LETTER_L then
-        own = sub(top[n - 1], 7)
-        top = call('ZRANGE', key, -3, -2, 'WITHSCORES')
-        n = #top
-      end
-      if n > 0 and byte(top[n - 1], 1) == LETTER_B then
-        ends_17 = tonumber(sub(top[n - 1], 7))
-        n = n - 2
-      end
-      if n == 0 then
-        st, ends, stale = nil, ends_17, own break
-      end
-      into[1], into[2] = tonumber(top[n]), top[n - 1]
-      st, ends, stale = into, ends_17, own break
-    until true
-    if ends or stale then
-      return nil
-    end
-    local ok, remaining, reset, retry
-    repeat -- evaluate
-      local limit, window = p[1], p[2]
-      if not st then
-        if cost > limit then
-          ok, remaining, reset, retry = 0, limit, 0, -1 break
-        end
-        local reset_18 = 0
-        if cost > 0 then
-          reset_18 = window
-        end
-        ok, remaining, reset, retry = 1, limit - cost, reset_18, -1 break
-      end
-      local used
-      do -- in_window
-        local cutoff = now - window
-        local after
-        do -- int
-          local n = cutoff
-          after = format(INT, n)
-        end
-        used = call('ZCOUNT', key, '(' .. after, '(+inf')
-      end
-      local newest_left = 0
-      if used > 0 then
-        newest_left = st[1] + window - now
-      end
-      local left = limit - used
-      if left < 0 then
-        left = 0
-      end
-      if cost > limit then
-        ok, remaining, reset, retry = 0, left, newest_left, -1 break
-      end
-      if used + cost <= limit then
-        local reset_18 = newest_left
-        if cost > 0 then
-          reset_18 = window
-        end
-        ok, remaining, reset, retry = 1, limit - used - cost, reset_18, -1 break
-      end
-      local need = used + cost - limit
-      local since
-      do -- int
-        local n = now - window
-        since = format(INT, n)
-      end
-      local entry = call('ZRANGEBYSCORE', key, '(' .. since, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
-      ok, remaining, reset, retry = 0, left, newest_left, tonumber(entry[2]) + window - now break
-    until true
-    REPLY[base + 2], REPLY[base + 3] = remaining, reset
-    if ok == 1 then
-      REPLY[base + 1] = -2
-      return true, st
-    end
-    if retry < 0 then
-      REPLY[base + 1] = -1
-    else
-      REPLY[base + 1] = retry
-    end
-    return false, st
-  end
-  
   return {
-    fused = fused,
-    judged = judged,
+    verdict = verdict,
+    loaded = loaded,
+    phase_one = phase_one,
+    phase_two = phase_two,
+    step = step,
+    enforced = enforced,
     load = load,
     -- The key's own limit, `to` (nil: none): its member replaced, the key living until it
     -- ends.
-    mark = function(self, key, to, now)
+    mark = function(self, key, to, now, keep, since)
       self.unmark(key, LETTER_L)
       if to.limit_end then
         call('ZADD', key, '+inf', 'limit:' .. to.tag)
-        local ms = ttl_ms(now, to.limit_end)
+        local ms = ttl_ms(since, to.limit_end)
         if call('PTTL', key) < ms then
           call('PEXPIRE', key, format(INT, ms))
         end
@@ -2267,15 +5213,15 @@ ALG[3] = function()
         end
       end
     end,
-    block = function(self, key, p, st, now, ends)
+    block = function(self, key, p, st, now, ends, keep, since)
       self.unmark(key, LETTER_B)
       call('ZADD', key, '+inf', 'block:' .. int(ends))
-      call('PEXPIRE', key, ttl_to_block_end(key, now, ends))
+      call('PEXPIRE', key, ttl_to_block_end(key, since, ends))
     end,
     evaluate = evaluate,
     -- Forgets up to `units` of the newest entries at or before `now` (later ones are a
     -- lease's): they have the highest ranks of those.
-    refund = function(self, key, p, st, now, units)
+    refund = function(self, key, p, st, now, units, keep, since)
       if st and units > 0 then
         local entries = call('ZCOUNT', key, '-inf', int(now))
         local from = entries - units
@@ -2289,15 +5235,15 @@ ALG[3] = function()
     end,
     commit = commit,
     -- A lease's units are logged at its end.
-    lease_commit = function(self, key, p, st, now, ends, units)
-      log(key, p, st, now, ends, units)
+    lease_commit = function(self, key, p, st, now, ends, units, keep, since)
+      log(key, p, st, now, ends, units, keep, since)
     end,
     -- A reserved request's units are logged at its slot, as a lease's at its end.
-    reserve_commit = function(self, key, p, st, now, at, cost)
-      log(key, p, st, now, at, cost)
+    reserve_commit = function(self, key, p, st, now, at, cost, keep, since)
+      log(key, p, st, now, at, cost, keep, since)
     end,
     -- Forgets up to `units` of those logged at the lease's end (`ends`).
-    give_back = function(self, key, p, st, now, ends, units)
+    give_back = function(self, key, p, st, now, ends, units, keep, since)
       if st and units > 0 then
         -- The entries at `ends` hold the ranks after those before it.
         local at = int(ends)
@@ -2380,7 +5326,7 @@ ALG[4] = function()
   end
 
   --@inline
-  local function commit(self, key, p, st, now, cost)
+  local function commit(self, key, p, st, now, cost, keep, since)
     local have = tokens(p, st, now)
     have = have - cost * p[2]
     if have < 0 then
@@ -2388,80 +5334,21 @@ ALG[4] = function()
     end
     local last = last_after(st, now)
     local to_full = cdiv(p[4] - have, p[3])
-    store(key, p, format(INT2, have, last), now, last + to_full)
+    store(key, p, format(p.f2, have, last), last + to_full, keep, since)
   end
 
-  -- The fused decisions of policies enforced (`FUSES[op]`), the usual request: the phases of
-  -- `decide` for that case, in functions per algorithm. The generator (luagen/) writes them
-  -- into each twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place
-  -- of their calls. A key blocked, or written under other parameters, is left to the general
-  -- path: nil, having written nothing.
+  -- The two phases of a decision for one policy, written once: `decide` (decide.lua) runs
+  -- phase one for each policy of a call, then phase two for each. The generator (luagen/)
+  -- writes them into each algorithm's twin, with the twin's own `load`, `evaluate`, `commit`
+  -- and `lag` written in place of their calls, so that a decision makes almost no Lua call of
+  -- its own beyond Redis's commands. An operation these phases do not decide (`FUSES`: all
+  -- but ENFORCE) takes its own arms in grant.lua once its state is read.
   
-  -- One policy alone. `args` are the policy's arguments, `shape` their first.
-  local function fused(key, args, shape)
-    local cost, at = 1, 2
-    if shape % 2048 >= 1024 then
-      cost = tonumber(args[2])
-      at = 3
-    end
-    local p
-    do -- read_params
-      local tag = args[at]
-      local p_1 = TAGGED[tag or '']
-      if not p_1 and tag then
-        local semi = find(tag, ';', 1, true)
-        p_1 = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p_1) then
-          p_1 = nil
-        else
-          remember(tag, p_1)
-        end
-      end
-      p = p_1
-    end
-    if not p then
-      return nil
-    end
-    local now
-    repeat -- clock
-      local injected = shape >= 2048
-      if injected then
-        TTL_SLACK = tonumber(args[#args])
-        now = tonumber(args[#args - 1]) break
-      end
-      TTL_SLACK = 0
-      local t = call('TIME')
-      now = t[1] * 1000000 + t[2] break
-    until true
-    local st, ends, stale
-    repeat -- read2
-      local into = STATES[1]
-      local raw = call('GET', key)
-      if not raw then
-        st, ends, stale = nil break
-      end
-      local a, b, tag, ends_3
-      local t = p.tag
-      if find(raw, t, #raw - #t + 1, true) then
-        a, b = match(raw, '^(%d+) (%d+)~')
-      end
-      if not a then
-        local state
-        state, tag, ends_3 = split_state(raw)
-        if tag == p.tag then
-          tag = nil
-        end
-        a, b = match(state or '', '^(%d+) (%d+)$')
-        if not a then
-          st, ends, stale = nil, ends_3, tag break
-        end
-      end
-      into[1], into[2] = tonumber(a), tonumber(b)
-      st, ends, stale = into, ends_3, tag break
-    until true
-    if ends or stale then
-      return nil
-    end
+  -- The verdict of a policy as the reply gives it (ADMITTED, the retry-after, or NEVER),
+  -- remaining and reset; a blocked key is denied until the block ends, whatever its state
+  -- (twin of `apply_block`).
+  --@inline
+  local function verdict(self, p, st, ends, now, cost, key)
     local ok, remaining, reset, retry
     repeat -- evaluate
       local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
@@ -2478,7 +5365,7 @@ ALG[4] = function()
           end
           elapsed = e break
         until true
-        local have_5
+        local have_2
         repeat -- fill
           local amount = st[1]
           local full, rate = p[4], p[3]
@@ -2488,50 +5375,48 @@ ALG[4] = function()
           end
           local to_full
           do -- cdiv
-            local a, b = full - a, rate
-            to_full = (a + (-a) % b) / b
+            local a = full - a
+            to_full = (a + (-a) % rate) / rate
           end
           if elapsed >= to_full then
-            have_5 = full break
+            have_2 = full break
           end
-          have_5 = amount + elapsed * rate break
+          have_2 = amount + elapsed * rate break
         until true
-        have = have_5 break
+        have = have_2 break
       until true
       local need = cost * unit
       if cost <= capacity and have >= need then
         local left = have - need
         local whole
         do -- fdiv
-          local a, b = left, unit
-          whole = (a - a % b) / b
+          whole = (left - left % unit) / unit
         end
-        local reset_4
+        local reset_1
         do -- cdiv
-          local a, b = full - left, rate
-          reset_4 = (a + (-a) % b) / b
+          local a = full - left
+          reset_1 = (a + (-a) % rate) / rate
         end
-        ok, remaining, reset, retry = 1, whole, reset_4, -1 break
+        ok, remaining, reset, retry = 1, whole, reset_1, -1 break
       end
       local whole
       do -- fdiv
-        local a, b = have, unit
-        whole = (a - a % b) / b
+        whole = (have - have % unit) / unit
       end
-      local reset_4
+      local reset_1
       do -- cdiv
-        local a, b = full - have, rate
-        reset_4 = (a + (-a) % b) / b
+        local a = full - have
+        reset_1 = (a + (-a) % rate) / rate
       end
       if cost > capacity then
-        ok, remaining, reset, retry = 0, whole, reset_4, -1 break
+        ok, remaining, reset, retry = 0, whole, reset_1, -1 break
       end
-      local retry_4
+      local retry_1
       do -- cdiv
-        local a, b = need - have, rate
-        retry_4 = (a + (-a) % b) / b
+        local a = need - have
+        retry_1 = (a + (-a) % rate) / rate
       end
-      ok, remaining, reset, retry = 0, whole, reset_4, retry_4 break
+      ok, remaining, reset, retry = 0, whole, reset_1, retry_1 break
     until true
     local behind
     do -- bucket_lag
@@ -2546,34 +5431,342 @@ ALG[4] = function()
     end
     if behind > 0 then
       do -- shift
-        local lag, ok_16, remaining_16, reset_16, retry_16 = behind, ok, remaining, reset, retry
-        if lag > 0 then
-          remaining_16 = 0
-          reset_16 = reset_16 + lag
-          if retry_16 >= 0 then
-            retry_16 = retry_16 + lag
+        local ok_13, remaining_13, reset_13, retry_13 = ok, remaining, reset, retry
+        if behind > 0 then
+          remaining_13 = 0
+          reset_13 = reset_13 + behind
+          if retry_13 >= 0 then
+            retry_13 = retry_13 + behind
           end
-          if ok_16 == 1 and cost > 0 then
-            ok_16, retry_16 = 0, lag
-            if reset_16 < lag then
-              reset_16 = lag
+          if ok_13 == 1 and cost > 0 then
+            ok_13, retry_13 = 0, behind
+            if reset_13 < behind then
+              reset_13 = behind
             end
           end
         end
-        ok, remaining, reset, retry = ok_16, remaining_16, reset_16, retry_16
+        ok, remaining, reset, retry = ok_13, remaining_13, reset_13, retry_13
       end
     end
-    REPLY[2], REPLY[3], REPLY[3 + 1] = remaining, reset, nil
-    if ok ~= 1 then
-      if retry < 0 then
-        REPLY[1] = -1
-      else
-        REPLY[1] = retry
+    if ends and ends > now then
+      local wait = ends - now
+      if ok == 1 or retry >= 0 then
+        if retry < wait then
+          retry = wait
+        end
       end
-    else
-      REPLY[1] = -2
-      if cost > 0 then
-        repeat -- commit
+      ok = 0
+      remaining = 0
+      if reset < wait then
+        reset = wait
+      end
+    end
+    if ok == 1 then
+      return -2, remaining, reset
+    end
+    if retry < 0 then
+      return -1, remaining, reset
+    end
+    return retry, remaining, reset
+  end
+  
+  -- The state of the policy at position i, loaded in STATES[i] (converted first when written
+  -- under other parameters), its block's end, and the parameters it is decided under (a key's
+  -- own limit's, if it has one).
+  --@inline
+  local function loaded(self, i, key, p, now, since)
+    local st, ends, stale
+    repeat -- read2
+      local into = STATES[i]
+      local raw = call('GET', key)
+      if not raw then
+        st, ends, stale = nil break
+      end
+      local a, b, tag, ends_14
+      local t = p.tag
+      if find(raw, t, #raw - #t + 1, true) then
+        a, b = match(raw, '^(%d+) (%d+)~')
+      end
+      if not a then
+        local state
+        state, tag, ends_14 = split_state(raw)
+        if tag == p.tag then
+          tag = nil
+        end
+        a, b = match(state or '', '^(%d+) (%d+)$')
+        if not a then
+          st, ends, stale = nil, ends_14, tag break
+        end
+      end
+      into[1], into[2] = tonumber(a), tonumber(b)
+      st, ends, stale = into, ends_14, tag break
+    until true
+    if stale then
+      st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
+    end
+    return st, ends, p
+  end
+  
+  -- Phase one for the policy at position i, enforced (its operation one the fused phases
+  -- decide, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
+  -- whether it admits the request, the state and block decided on, and the parameters.
+  --@inline
+  local function phase_one(self, i, key, p, now, since, cost, base)
+    local st, ends, stale
+    repeat -- read2
+      local into = STATES[i]
+      local raw = call('GET', key)
+      if not raw then
+        st, ends, stale = nil break
+      end
+      local a, b, tag, ends_15
+      local t = p.tag
+      if find(raw, t, #raw - #t + 1, true) then
+        a, b = match(raw, '^(%d+) (%d+)~')
+      end
+      if not a then
+        local state
+        state, tag, ends_15 = split_state(raw)
+        if tag == p.tag then
+          tag = nil
+        end
+        a, b = match(state or '', '^(%d+) (%d+)$')
+        if not a then
+          st, ends, stale = nil, ends_15, tag break
+        end
+      end
+      into[1], into[2] = tonumber(a), tonumber(b)
+      st, ends, stale = into, ends_15, tag break
+    until true
+    if stale then
+      st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
+    end
+    local v, remaining, reset
+    repeat -- verdict
+      local ok, remaining_16, reset_16, retry
+      repeat -- evaluate
+        local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
+        local have
+        repeat -- tokens
+          if not st then
+            have = p[4] break
+          end
+          local elapsed
+          repeat -- elapsed_since
+            local e = now - st[2]
+            if e < 0 then
+              elapsed = 0 break
+            end
+            elapsed = e break
+          until true
+          local have_18
+          repeat -- fill
+            local amount = st[1]
+            local full, rate = p[4], p[3]
+            local a = amount
+            if a > full then
+              a = full
+            end
+            local to_full
+            do -- cdiv
+              local a = full - a
+              to_full = (a + (-a) % rate) / rate
+            end
+            if elapsed >= to_full then
+              have_18 = full break
+            end
+            have_18 = amount + elapsed * rate break
+          until true
+          have = have_18 break
+        until true
+        local need = cost * unit
+        if cost <= capacity and have >= need then
+          local left = have - need
+          local whole
+          do -- fdiv
+            whole = (left - left % unit) / unit
+          end
+          local reset
+          do -- cdiv
+            local a = full - left
+            reset = (a + (-a) % rate) / rate
+          end
+          ok, remaining_16, reset_16, retry = 1, whole, reset, -1 break
+        end
+        local whole
+        do -- fdiv
+          whole = (have - have % unit) / unit
+        end
+        local reset
+        do -- cdiv
+          local a = full - have
+          reset = (a + (-a) % rate) / rate
+        end
+        if cost > capacity then
+          ok, remaining_16, reset_16, retry = 0, whole, reset, -1 break
+        end
+        local retry_17
+        do -- cdiv
+          local a = need - have
+          retry_17 = (a + (-a) % rate) / rate
+        end
+        ok, remaining_16, reset_16, retry = 0, whole, reset, retry_17 break
+      until true
+      local behind
+      do -- bucket_lag
+        local last
+        repeat -- last_after
+          if st and st[2] > now then
+            last = st[2] break
+          end
+          last = now break
+        until true
+        behind = last - now
+      end
+      if behind > 0 then
+        do -- shift
+          local ok_29, remaining, reset, retry_29 = ok, remaining_16, reset_16, retry
+          if behind > 0 then
+            remaining = 0
+            reset = reset + behind
+            if retry_29 >= 0 then
+              retry_29 = retry_29 + behind
+            end
+            if ok_29 == 1 and cost > 0 then
+              ok_29, retry_29 = 0, behind
+              if reset < behind then
+                reset = behind
+              end
+            end
+          end
+          ok, remaining_16, reset_16, retry = ok_29, remaining, reset, retry_29
+        end
+      end
+      if ends and ends > now then
+        local wait = ends - now
+        if ok == 1 or retry >= 0 then
+          if retry < wait then
+            retry = wait
+          end
+        end
+        ok = 0
+        remaining_16 = 0
+        if reset_16 < wait then
+          reset_16 = wait
+        end
+      end
+      if ok == 1 then
+        v, remaining, reset = -2, remaining_16, reset_16 break
+      end
+      if retry < 0 then
+        v, remaining, reset = -1, remaining_16, reset_16 break
+      end
+      v, remaining, reset = retry, remaining_16, reset_16 break
+    until true
+    REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
+    return v == -2, st, ends, p
+  end
+  
+  -- Phase two for an enforced policy whose reply follows REPLY[base], the request `admitted` or
+  -- not: charged its cost (keeping its block on record), or the state reported as it stays,
+  -- its key given a TTL (from `since`) if it lost its own.
+  --@inline
+  local function phase_two(self, key, p, now, since, cost, st, ends, admitted, base)
+    if admitted and cost > 0 then
+      repeat -- commit
+        local have
+        repeat -- tokens
+          if not st then
+            have = p[4] break
+          end
+          local elapsed
+          repeat -- elapsed_since
+            local e = now - st[2]
+            if e < 0 then
+              elapsed = 0 break
+            end
+            elapsed = e break
+          until true
+          local have_31
+          repeat -- fill
+            local amount = st[1]
+            local full, rate = p[4], p[3]
+            local a = amount
+            if a > full then
+              a = full
+            end
+            local to_full
+            do -- cdiv
+              local a = full - a
+              to_full = (a + (-a) % rate) / rate
+            end
+            if elapsed >= to_full then
+              have_31 = full break
+            end
+            have_31 = amount + elapsed * rate break
+          until true
+          have = have_31 break
+        until true
+        have = have - cost * p[2]
+        if have < 0 then
+          have = 0
+        end
+        local last
+        repeat -- last_after
+          if st and st[2] > now then
+            last = st[2] break
+          end
+          last = now break
+        until true
+        local to_full
+        do -- cdiv
+          local a, b = p[4] - have, p[3]
+          to_full = (a + (-a) % b) / b
+        end
+        repeat -- store
+          local value, expires_at = format(p.f2, have, last), last + to_full
+          if p.limit_end and p.limit_end > expires_at then
+            expires_at = p.limit_end
+          end
+          if ends then
+            local block_end
+            do -- int
+              block_end = format(INT, ends)
+            end
+            value = value .. '|' .. block_end
+            repeat -- until_block_ends
+              local expires_at_39 = expires_at
+              if ends and ends > expires_at_39 then
+                expires_at = ends break
+              end
+              expires_at = expires_at_39 break
+            until true
+          end
+          local ms
+          repeat -- ttl_ms
+            local ms_40
+            do -- cdiv
+              local a = expires_at - since
+              ms_40 = (a + (-a) % 1000) / 1000
+            end
+            if ms_40 < 1 then
+              ms = 1 break
+            end
+            ms = ms_40 break
+          until true
+          call('SET', key, value, 'PX', format(INT, ms))
+        until true
+      until true
+      return
+    end
+    if REPLY[base + 1] == -2 and cost > 0 then
+      -- Admitted by this policy but not charged: report the state as it stays.
+      local _, remaining, reset
+      repeat -- verdict
+        local ends = nil
+        local ok, remaining_42, reset_42, retry
+        repeat -- evaluate
+          local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
           local have
           repeat -- tokens
             if not st then
@@ -2587,7 +5780,7 @@ ALG[4] = function()
               end
               elapsed = e break
             until true
-            local have_18
+            local have_44
             repeat -- fill
               local amount = st[1]
               local full, rate = p[4], p[3]
@@ -2597,17 +5790,808 @@ ALG[4] = function()
               end
               local to_full
               do -- cdiv
-                local a, b = full - a, rate
-                to_full = (a + (-a) % b) / b
+                local a = full - a
+                to_full = (a + (-a) % rate) / rate
               end
               if elapsed >= to_full then
-                have_18 = full break
+                have_44 = full break
               end
-              have_18 = amount + elapsed * rate break
+              have_44 = amount + elapsed * rate break
             until true
-            have = have_18 break
+            have = have_44 break
           until true
-          have = have - cost * p[2]
+          local need = 0 * unit
+          if 0 <= capacity and have >= need then
+            local left = have - need
+            local whole
+            do -- fdiv
+              whole = (left - left % unit) / unit
+            end
+            local reset
+            do -- cdiv
+              local a = full - left
+              reset = (a + (-a) % rate) / rate
+            end
+            ok, remaining_42, reset_42, retry = 1, whole, reset, -1 break
+          end
+          local whole
+          do -- fdiv
+            whole = (have - have % unit) / unit
+          end
+          local reset
+          do -- cdiv
+            local a = full - have
+            reset = (a + (-a) % rate) / rate
+          end
+          if 0 > capacity then
+            ok, remaining_42, reset_42, retry = 0, whole, reset, -1 break
+          end
+          local retry_43
+          do -- cdiv
+            local a = need - have
+            retry_43 = (a + (-a) % rate) / rate
+          end
+          ok, remaining_42, reset_42, retry = 0, whole, reset, retry_43 break
+        until true
+        local behind
+        do -- bucket_lag
+          local last
+          repeat -- last_after
+            if st and st[2] > now then
+              last = st[2] break
+            end
+            last = now break
+          until true
+          behind = last - now
+        end
+        if behind > 0 then
+          do -- shift
+            local ok_55, remaining, reset, retry_55 = ok, remaining_42, reset_42, retry
+            if behind > 0 then
+              remaining = 0
+              reset = reset + behind
+              if retry_55 >= 0 then
+                retry_55 = retry_55 + behind
+              end
+              if ok_55 == 1 and 0 > 0 then
+                ok_55, retry_55 = 0, behind
+                if reset < behind then
+                  reset = behind
+                end
+              end
+            end
+            ok, remaining_42, reset_42, retry = ok_55, remaining, reset, retry_55
+          end
+        end
+        if ends and ends > now then
+          local wait = ends - now
+          if ok == 1 or retry >= 0 then
+            if retry < wait then
+              retry = wait
+            end
+          end
+          ok = 0
+          remaining_42 = 0
+          if reset_42 < wait then
+            reset_42 = wait
+          end
+        end
+        if ok == 1 then
+          _, remaining, reset = -2, remaining_42, reset_42 break
+        end
+        if retry < 0 then
+          _, remaining, reset = -1, remaining_42, reset_42 break
+        end
+        _, remaining, reset = retry, remaining_42, reset_42 break
+      until true
+      REPLY[base + 2], REPLY[base + 3] = remaining, reset
+    end
+    if call('PTTL', key) == -1 then
+      -- A key without a TTL (written by something else, or lost its TTL): repair it.
+      local ms
+      repeat -- ttl_ms
+        local expires_at = now + REPLY[base + 3]
+        local ms_56
+        do -- cdiv
+          local a = expires_at - since
+          ms_56 = (a + (-a) % 1000) / 1000
+        end
+        if ms_56 < 1 then
+          ms = 1 break
+        end
+        ms = ms_56 break
+      until true
+      call('PEXPIRE', key, ms)
+    end
+  end
+  
+  -- The policies of a decision from position i to n (read into ALGS, OPS, PS, COSTS, XS and
+  -- YS), `admitted` by those before it or not: phase one for policy i, whose reply follows
+  -- REPLY[base]; then the policies after it, each one step deeper; then phase two for policy
+  -- i, once the request is known to be admitted or not (by every policy that decides), so
+  -- what each phase hands the other stays in locals. Phase two runs from the last policy to
+  -- the first: each has its own key. Returns whether the request is admitted, where the reply
+  -- of the checks ends, and whether a key was decided under its own limit (then PS[i] holds
+  -- the parameters of each policy from i on as it was decided).
+  local function step(self, i, n, keys, now, since, admitted, base)
+    local op, key, cost, p = OPS[i], keys[i], COSTS[i], PS[i]
+    local fused = FUSES[op]
+    local ok, st, ends, q
+    if fused then
+      do -- phase_one
+        local p = p
+        local st_58, ends_58, stale
+        repeat -- read2
+          local into = STATES[i]
+          local raw = call('GET', key)
+          if not raw then
+            st_58, ends_58, stale = nil break
+          end
+          local a, b, tag, ends
+          local t = p.tag
+          if find(raw, t, #raw - #t + 1, true) then
+            a, b = match(raw, '^(%d+) (%d+)~')
+          end
+          if not a then
+            local state
+            state, tag, ends = split_state(raw)
+            if tag == p.tag then
+              tag = nil
+            end
+            a, b = match(state or '', '^(%d+) (%d+)$')
+            if not a then
+              st_58, ends_58, stale = nil, ends, tag break
+            end
+          end
+          into[1], into[2] = tonumber(a), tonumber(b)
+          st_58, ends_58, stale = into, ends, tag break
+        until true
+        if stale then
+          st_58, ends_58, p = adopt(self, key, p, st_58, ends_58, now, stale, STATES[i], since)
+        end
+        local v, remaining, reset
+        repeat -- verdict
+          local ok, remaining_60, reset_60, retry
+          repeat -- evaluate
+            local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
+            local have
+            repeat -- tokens
+              if not st_58 then
+                have = p[4] break
+              end
+              local elapsed
+              repeat -- elapsed_since
+                local e = now - st_58[2]
+                if e < 0 then
+                  elapsed = 0 break
+                end
+                elapsed = e break
+              until true
+              local have_62
+              repeat -- fill
+                local amount = st_58[1]
+                local full, rate = p[4], p[3]
+                local a = amount
+                if a > full then
+                  a = full
+                end
+                local to_full
+                do -- cdiv
+                  local a = full - a
+                  to_full = (a + (-a) % rate) / rate
+                end
+                if elapsed >= to_full then
+                  have_62 = full break
+                end
+                have_62 = amount + elapsed * rate break
+              until true
+              have = have_62 break
+            until true
+            local need = cost * unit
+            if cost <= capacity and have >= need then
+              local left = have - need
+              local whole
+              do -- fdiv
+                whole = (left - left % unit) / unit
+              end
+              local reset
+              do -- cdiv
+                local a = full - left
+                reset = (a + (-a) % rate) / rate
+              end
+              ok, remaining_60, reset_60, retry = 1, whole, reset, -1 break
+            end
+            local whole
+            do -- fdiv
+              whole = (have - have % unit) / unit
+            end
+            local reset
+            do -- cdiv
+              local a = full - have
+              reset = (a + (-a) % rate) / rate
+            end
+            if cost > capacity then
+              ok, remaining_60, reset_60, retry = 0, whole, reset, -1 break
+            end
+            local retry_61
+            do -- cdiv
+              local a = need - have
+              retry_61 = (a + (-a) % rate) / rate
+            end
+            ok, remaining_60, reset_60, retry = 0, whole, reset, retry_61 break
+          until true
+          local behind
+          do -- bucket_lag
+            local last
+            repeat -- last_after
+              if st_58 and st_58[2] > now then
+                last = st_58[2] break
+              end
+              last = now break
+            until true
+            behind = last - now
+          end
+          if behind > 0 then
+            do -- shift
+              local ok_73, remaining, reset, retry_73 = ok, remaining_60, reset_60, retry
+              if behind > 0 then
+                remaining = 0
+                reset = reset + behind
+                if retry_73 >= 0 then
+                  retry_73 = retry_73 + behind
+                end
+                if ok_73 == 1 and cost > 0 then
+                  ok_73, retry_73 = 0, behind
+                  if reset < behind then
+                    reset = behind
+                  end
+                end
+              end
+              ok, remaining_60, reset_60, retry = ok_73, remaining, reset, retry_73
+            end
+          end
+          if ends_58 and ends_58 > now then
+            local wait = ends_58 - now
+            if ok == 1 or retry >= 0 then
+              if retry < wait then
+                retry = wait
+              end
+            end
+            ok = 0
+            remaining_60 = 0
+            if reset_60 < wait then
+              reset_60 = wait
+            end
+          end
+          if ok == 1 then
+            v, remaining, reset = -2, remaining_60, reset_60 break
+          end
+          if retry < 0 then
+            v, remaining, reset = -1, remaining_60, reset_60 break
+          end
+          v, remaining, reset = retry, remaining_60, reset_60 break
+        until true
+        REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
+        ok, st, ends, q = v == -2, st_58, ends_58, p
+      end
+    else
+      do -- loaded
+        local p = p
+        local st_74, ends_74, stale
+        repeat -- read2
+          local into = STATES[i]
+          local raw = call('GET', key)
+          if not raw then
+            st_74, ends_74, stale = nil break
+          end
+          local a, b, tag, ends
+          local t = p.tag
+          if find(raw, t, #raw - #t + 1, true) then
+            a, b = match(raw, '^(%d+) (%d+)~')
+          end
+          if not a then
+            local state
+            state, tag, ends = split_state(raw)
+            if tag == p.tag then
+              tag = nil
+            end
+            a, b = match(state or '', '^(%d+) (%d+)$')
+            if not a then
+              st_74, ends_74, stale = nil, ends, tag break
+            end
+          end
+          into[1], into[2] = tonumber(a), tonumber(b)
+          st_74, ends_74, stale = into, ends, tag break
+        until true
+        if stale then
+          st_74, ends_74, p = adopt(self, key, p, st_74, ends_74, now, stale, STATES[i], since)
+        end
+        st, ends, q = st_74, ends_74, p
+      end
+      ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
+    end
+    admitted = admitted and (ok or not DECIDES[op])
+    local total, own = base + WIDTH[op], false
+    if i < n then
+      admitted, total, own = ALGS[i + 1]:step(i + 1, n, keys, now, since, admitted, total)
+    end
+    if fused then
+      repeat -- phase_two
+        if admitted and cost > 0 then
+          repeat -- commit
+            local have
+            repeat -- tokens
+              if not st then
+                have = q[4] break
+              end
+              local elapsed
+              repeat -- elapsed_since
+                local e = now - st[2]
+                if e < 0 then
+                  elapsed = 0 break
+                end
+                elapsed = e break
+              until true
+              local have_78
+              repeat -- fill
+                local amount = st[1]
+                local full, rate = q[4], q[3]
+                local a = amount
+                if a > full then
+                  a = full
+                end
+                local to_full
+                do -- cdiv
+                  local a = full - a
+                  to_full = (a + (-a) % rate) / rate
+                end
+                if elapsed >= to_full then
+                  have_78 = full break
+                end
+                have_78 = amount + elapsed * rate break
+              until true
+              have = have_78 break
+            until true
+            have = have - cost * q[2]
+            if have < 0 then
+              have = 0
+            end
+            local last
+            repeat -- last_after
+              if st and st[2] > now then
+                last = st[2] break
+              end
+              last = now break
+            until true
+            local to_full
+            do -- cdiv
+              local a, b = q[4] - have, q[3]
+              to_full = (a + (-a) % b) / b
+            end
+            repeat -- store
+              local value, expires_at = format(q.f2, have, last), last + to_full
+              if q.limit_end and q.limit_end > expires_at then
+                expires_at = q.limit_end
+              end
+              if ends then
+                local block_end
+                do -- int
+                  block_end = format(INT, ends)
+                end
+                value = value .. '|' .. block_end
+                repeat -- until_block_ends
+                  local expires_at_86 = expires_at
+                  if ends and ends > expires_at_86 then
+                    expires_at = ends break
+                  end
+                  expires_at = expires_at_86 break
+                until true
+              end
+              local ms
+              repeat -- ttl_ms
+                local ms_87
+                do -- cdiv
+                  local a = expires_at - since
+                  ms_87 = (a + (-a) % 1000) / 1000
+                end
+                if ms_87 < 1 then
+                  ms = 1 break
+                end
+                ms = ms_87 break
+              until true
+              call('SET', key, value, 'PX', format(INT, ms))
+            until true
+          until true
+          break
+        end
+        if REPLY[base + 1] == -2 and cost > 0 then
+          local _, remaining, reset
+          repeat -- verdict
+            local ends = nil
+            local ok, remaining_89, reset_89, retry
+            repeat -- evaluate
+              local capacity, unit, rate, full = q[1], q[2], q[3], q[4]
+              local have
+              repeat -- tokens
+                if not st then
+                  have = q[4] break
+                end
+                local elapsed
+                repeat -- elapsed_since
+                  local e = now - st[2]
+                  if e < 0 then
+                    elapsed = 0 break
+                  end
+                  elapsed = e break
+                until true
+                local have_91
+                repeat -- fill
+                  local amount = st[1]
+                  local full, rate = q[4], q[3]
+                  local a = amount
+                  if a > full then
+                    a = full
+                  end
+                  local to_full
+                  do -- cdiv
+                    local a = full - a
+                    to_full = (a + (-a) % rate) / rate
+                  end
+                  if elapsed >= to_full then
+                    have_91 = full break
+                  end
+                  have_91 = amount + elapsed * rate break
+                until true
+                have = have_91 break
+              until true
+              local need = 0 * unit
+              if 0 <= capacity and have >= need then
+                local left = have - need
+                local whole
+                do -- fdiv
+                  whole = (left - left % unit) / unit
+                end
+                local reset
+                do -- cdiv
+                  local a = full - left
+                  reset = (a + (-a) % rate) / rate
+                end
+                ok, remaining_89, reset_89, retry = 1, whole, reset, -1 break
+              end
+              local whole
+              do -- fdiv
+                whole = (have - have % unit) / unit
+              end
+              local reset
+              do -- cdiv
+                local a = full - have
+                reset = (a + (-a) % rate) / rate
+              end
+              if 0 > capacity then
+                ok, remaining_89, reset_89, retry = 0, whole, reset, -1 break
+              end
+              local retry_90
+              do -- cdiv
+                local a = need - have
+                retry_90 = (a + (-a) % rate) / rate
+              end
+              ok, remaining_89, reset_89, retry = 0, whole, reset, retry_90 break
+            until true
+            local behind
+            do -- bucket_lag
+              local last
+              repeat -- last_after
+                if st and st[2] > now then
+                  last = st[2] break
+                end
+                last = now break
+              until true
+              behind = last - now
+            end
+            if behind > 0 then
+              do -- shift
+                local ok_102, remaining, reset, retry_102 = ok, remaining_89, reset_89, retry
+                if behind > 0 then
+                  remaining = 0
+                  reset = reset + behind
+                  if retry_102 >= 0 then
+                    retry_102 = retry_102 + behind
+                  end
+                  if ok_102 == 1 and 0 > 0 then
+                    ok_102, retry_102 = 0, behind
+                    if reset < behind then
+                      reset = behind
+                    end
+                  end
+                end
+                ok, remaining_89, reset_89, retry = ok_102, remaining, reset, retry_102
+              end
+            end
+            if ends and ends > now then
+              local wait = ends - now
+              if ok == 1 or retry >= 0 then
+                if retry < wait then
+                  retry = wait
+                end
+              end
+              ok = 0
+              remaining_89 = 0
+              if reset_89 < wait then
+                reset_89 = wait
+              end
+            end
+            if ok == 1 then
+              _, remaining, reset = -2, remaining_89, reset_89 break
+            end
+            if retry < 0 then
+              _, remaining, reset = -1, remaining_89, reset_89 break
+            end
+            _, remaining, reset = retry, remaining_89, reset_89 break
+          until true
+          REPLY[base + 2], REPLY[base + 3] = remaining, reset
+        end
+        if call('PTTL', key) == -1 then
+          local ms
+          repeat -- ttl_ms
+            local expires_at = now + REPLY[base + 3]
+            local ms_103
+            do -- cdiv
+              local a = expires_at - since
+              ms_103 = (a + (-a) % 1000) / 1000
+            end
+            if ms_103 < 1 then
+              ms = 1 break
+            end
+            ms = ms_103 break
+          until true
+          call('PEXPIRE', key, ms)
+        end
+      until true
+    else
+      phase_two_of(self, i, op, key, q, now, since, cost, YS[i], st, ends, admitted, base)
+    end
+    if q ~= p then
+      PS[i], own = q, true
+    end
+    return admitted, total, own
+  end
+  
+  -- A policy enforced alone, the most usual call, from its arguments (`args`, its shape
+  -- `shape` first): its cost and parameters read, the time, then its two phases. Returns the
+  -- reply; nil, having done nothing, when the arguments are malformed.
+  local function enforced(self, key, args, shape)
+    local cost, at = 1, 2
+    if shape % 2048 >= 1024 then
+      cost = tonumber(args[2])
+      if not cost then
+        return nil
+      end
+      at = 3
+    end
+    local p
+    do -- read_params
+      local tag = args[at]
+      local p_105 = TAGGED[tag or '']
+      if not p_105 and tag then
+        local semi = find(tag, ';', 1, true)
+        p_105 = { tag = semi and sub(tag, 1, semi - 1) or tag }
+        if not tag_params(tag, p_105) then
+          p_105 = nil
+        else
+          remember(tag, p_105)
+        end
+      end
+      p = p_105
+    end
+    if not p then
+      return nil
+    end
+    local now, since
+    repeat -- clock
+      local injected = shape >= 2048
+      if injected then
+        local now_106 = tonumber(args[#args - 1])
+        now, since = now_106, now_106 - 1000 * tonumber(args[#args]) break
+      end
+      local t = call('TIME')
+      local now_106 = t[1] * 1000000 + t[2]
+      now, since = now_106, now_106 break
+    until true
+    local ok, st, ends, q
+    do -- phase_one
+      local p = p
+      local st_107, ends_107, stale
+      repeat -- read2
+        local into = STATES[1]
+        local raw = call('GET', key)
+        if not raw then
+          st_107, ends_107, stale = nil break
+        end
+        local a, b, tag, ends
+        local t = p.tag
+        if find(raw, t, #raw - #t + 1, true) then
+          a, b = match(raw, '^(%d+) (%d+)~')
+        end
+        if not a then
+          local state
+          state, tag, ends = split_state(raw)
+          if tag == p.tag then
+            tag = nil
+          end
+          a, b = match(state or '', '^(%d+) (%d+)$')
+          if not a then
+            st_107, ends_107, stale = nil, ends, tag break
+          end
+        end
+        into[1], into[2] = tonumber(a), tonumber(b)
+        st_107, ends_107, stale = into, ends, tag break
+      until true
+      if stale then
+        st_107, ends_107, p = adopt(self, key, p, st_107, ends_107, now, stale, STATES[1], since)
+      end
+      local v, remaining, reset
+      repeat -- verdict
+        local ok, remaining_109, reset_109, retry
+        repeat -- evaluate
+          local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
+          local have
+          repeat -- tokens
+            if not st_107 then
+              have = p[4] break
+            end
+            local elapsed
+            repeat -- elapsed_since
+              local e = now - st_107[2]
+              if e < 0 then
+                elapsed = 0 break
+              end
+              elapsed = e break
+            until true
+            local have_111
+            repeat -- fill
+              local amount = st_107[1]
+              local full, rate = p[4], p[3]
+              local a = amount
+              if a > full then
+                a = full
+              end
+              local to_full
+              do -- cdiv
+                local a = full - a
+                to_full = (a + (-a) % rate) / rate
+              end
+              if elapsed >= to_full then
+                have_111 = full break
+              end
+              have_111 = amount + elapsed * rate break
+            until true
+            have = have_111 break
+          until true
+          local need = cost * unit
+          if cost <= capacity and have >= need then
+            local left = have - need
+            local whole
+            do -- fdiv
+              whole = (left - left % unit) / unit
+            end
+            local reset
+            do -- cdiv
+              local a = full - left
+              reset = (a + (-a) % rate) / rate
+            end
+            ok, remaining_109, reset_109, retry = 1, whole, reset, -1 break
+          end
+          local whole
+          do -- fdiv
+            whole = (have - have % unit) / unit
+          end
+          local reset
+          do -- cdiv
+            local a = full - have
+            reset = (a + (-a) % rate) / rate
+          end
+          if cost > capacity then
+            ok, remaining_109, reset_109, retry = 0, whole, reset, -1 break
+          end
+          local retry_110
+          do -- cdiv
+            local a = need - have
+            retry_110 = (a + (-a) % rate) / rate
+          end
+          ok, remaining_109, reset_109, retry = 0, whole, reset, retry_110 break
+        until true
+        local behind
+        do -- bucket_lag
+          local last
+          repeat -- last_after
+            if st_107 and st_107[2] > now then
+              last = st_107[2] break
+            end
+            last = now break
+          until true
+          behind = last - now
+        end
+        if behind > 0 then
+          do -- shift
+            local ok_122, remaining, reset, retry_122 = ok, remaining_109, reset_109, retry
+            if behind > 0 then
+              remaining = 0
+              reset = reset + behind
+              if retry_122 >= 0 then
+                retry_122 = retry_122 + behind
+              end
+              if ok_122 == 1 and cost > 0 then
+                ok_122, retry_122 = 0, behind
+                if reset < behind then
+                  reset = behind
+                end
+              end
+            end
+            ok, remaining_109, reset_109, retry = ok_122, remaining, reset, retry_122
+          end
+        end
+        if ends_107 and ends_107 > now then
+          local wait = ends_107 - now
+          if ok == 1 or retry >= 0 then
+            if retry < wait then
+              retry = wait
+            end
+          end
+          ok = 0
+          remaining_109 = 0
+          if reset_109 < wait then
+            reset_109 = wait
+          end
+        end
+        if ok == 1 then
+          v, remaining, reset = -2, remaining_109, reset_109 break
+        end
+        if retry < 0 then
+          v, remaining, reset = -1, remaining_109, reset_109 break
+        end
+        v, remaining, reset = retry, remaining_109, reset_109 break
+      until true
+      REPLY[0 + 1], REPLY[0 + 2], REPLY[0 + 3] = v, remaining, reset
+      ok, st, ends, q = v == -2, st_107, ends_107, p
+    end
+    REPLY[3 + 1] = nil
+    repeat -- phase_two
+      if ok and cost > 0 then
+        repeat -- commit
+          local have
+          repeat -- tokens
+            if not st then
+              have = q[4] break
+            end
+            local elapsed
+            repeat -- elapsed_since
+              local e = now - st[2]
+              if e < 0 then
+                elapsed = 0 break
+              end
+              elapsed = e break
+            until true
+            local have_125
+            repeat -- fill
+              local amount = st[1]
+              local full, rate = q[4], q[3]
+              local a = amount
+              if a > full then
+                a = full
+              end
+              local to_full
+              do -- cdiv
+                local a = full - a
+                to_full = (a + (-a) % rate) / rate
+              end
+              if elapsed >= to_full then
+                have_125 = full break
+              end
+              have_125 = amount + elapsed * rate break
+            until true
+            have = have_125 break
+          until true
+          have = have - cost * q[2]
           if have < 0 then
             have = 0
           end
@@ -2620,220 +6604,201 @@ ALG[4] = function()
           until true
           local to_full
           do -- cdiv
-            local a, b = p[4] - have, p[3]
+            local a, b = q[4] - have, q[3]
             to_full = (a + (-a) % b) / b
           end
           repeat -- store
-            local value, expires_at = format(INT2, have, last), last + to_full
-            value = value .. p.tag
-            if p.limit_end and p.limit_end > expires_at then
-              expires_at = p.limit_end
+            local value, expires_at = format(q.f2, have, last), last + to_full
+            if q.limit_end and q.limit_end > expires_at then
+              expires_at = q.limit_end
             end
-            if KEEP_BLOCK then
+            if ends then
               local block_end
               do -- int
-                local n = KEEP_BLOCK
-                block_end = format(INT, n)
+                block_end = format(INT, ends)
               end
               value = value .. '|' .. block_end
               repeat -- until_block_ends
-                local expires_at_26 = expires_at
-                if KEEP_BLOCK and KEEP_BLOCK > expires_at_26 then
-                  expires_at = KEEP_BLOCK break
+                local expires_at_133 = expires_at
+                if ends and ends > expires_at_133 then
+                  expires_at = ends break
                 end
-                expires_at = expires_at_26 break
+                expires_at = expires_at_133 break
               until true
             end
             local ms
             repeat -- ttl_ms
-              local ms_27
+              local ms_134
               do -- cdiv
-                local a, b = expires_at - now, 1000
-                ms_27 = (a + (-a) % b) / b
+                local a = expires_at - since
+                ms_134 = (a + (-a) % 1000) / 1000
               end
-              ms_27 = ms_27 + TTL_SLACK
-              if ms_27 < 1 then
+              if ms_134 < 1 then
                 ms = 1 break
               end
-              ms = ms_27 break
+              ms = ms_134 break
             until true
             call('SET', key, value, 'PX', format(INT, ms))
           until true
         until true
-        return REPLY
+        break
       end
-    end
-    -- Not charged: a key that lost its TTL gets one (as `apply` does).
-    if call('PTTL', key) == -1 then
-      local ms
-      repeat -- ttl_ms
-        local expires_at = now + reset
-        local ms_29
-        do -- cdiv
-          local a, b = expires_at - now, 1000
-          ms_29 = (a + (-a) % b) / b
-        end
-        ms_29 = ms_29 + TTL_SLACK
-        if ms_29 < 1 then
-          ms = 1 break
-        end
-        ms = ms_29 break
-      until true
-      call('PEXPIRE', key, ms)
+      if REPLY[0 + 1] == -2 and cost > 0 then
+        local _, remaining, reset
+        repeat -- verdict
+          local ends = nil
+          local ok, remaining_136, reset_136, retry
+          repeat -- evaluate
+            local capacity, unit, rate, full = q[1], q[2], q[3], q[4]
+            local have
+            repeat -- tokens
+              if not st then
+                have = q[4] break
+              end
+              local elapsed
+              repeat -- elapsed_since
+                local e = now - st[2]
+                if e < 0 then
+                  elapsed = 0 break
+                end
+                elapsed = e break
+              until true
+              local have_138
+              repeat -- fill
+                local amount = st[1]
+                local full, rate = q[4], q[3]
+                local a = amount
+                if a > full then
+                  a = full
+                end
+                local to_full
+                do -- cdiv
+                  local a = full - a
+                  to_full = (a + (-a) % rate) / rate
+                end
+                if elapsed >= to_full then
+                  have_138 = full break
+                end
+                have_138 = amount + elapsed * rate break
+              until true
+              have = have_138 break
+            until true
+            local need = 0 * unit
+            if 0 <= capacity and have >= need then
+              local left = have - need
+              local whole
+              do -- fdiv
+                whole = (left - left % unit) / unit
+              end
+              local reset
+              do -- cdiv
+                local a = full - left
+                reset = (a + (-a) % rate) / rate
+              end
+              ok, remaining_136, reset_136, retry = 1, whole, reset, -1 break
+            end
+            local whole
+            do -- fdiv
+              whole = (have - have % unit) / unit
+            end
+            local reset
+            do -- cdiv
+              local a = full - have
+              reset = (a + (-a) % rate) / rate
+            end
+            if 0 > capacity then
+              ok, remaining_136, reset_136, retry = 0, whole, reset, -1 break
+            end
+            local retry_137
+            do -- cdiv
+              local a = need - have
+              retry_137 = (a + (-a) % rate) / rate
+            end
+            ok, remaining_136, reset_136, retry = 0, whole, reset, retry_137 break
+          until true
+          local behind
+          do -- bucket_lag
+            local last
+            repeat -- last_after
+              if st and st[2] > now then
+                last = st[2] break
+              end
+              last = now break
+            until true
+            behind = last - now
+          end
+          if behind > 0 then
+            do -- shift
+              local ok_149, remaining, reset, retry_149 = ok, remaining_136, reset_136, retry
+              if behind > 0 then
+                remaining = 0
+                reset = reset + behind
+                if retry_149 >= 0 then
+                  retry_149 = retry_149 + behind
+                end
+                if ok_149 == 1 and 0 > 0 then
+                  ok_149, retry_149 = 0, behind
+                  if reset < behind then
+                    reset = behind
+                  end
+                end
+              end
+              ok, remaining_136, reset_136, retry = ok_149, remaining, reset, retry_149
+            end
+          end
+          if ends and ends > now then
+            local wait = ends - now
+            if ok == 1 or retry >= 0 then
+              if retry < wait then
+                retry = wait
+              end
+            end
+            ok = 0
+            remaining_136 = 0
+            if reset_136 < wait then
+              reset_136 = wait
+            end
+          end
+          if ok == 1 then
+            _, remaining, reset = -2, remaining_136, reset_136 break
+          end
+          if retry < 0 then
+            _, remaining, reset = -1, remaining_136, reset_136 break
+          end
+          _, remaining, reset = retry, remaining_136, reset_136 break
+        until true
+        REPLY[0 + 2], REPLY[0 + 3] = remaining, reset
+      end
+      if call('PTTL', key) == -1 then
+        local ms
+        repeat -- ttl_ms
+          local expires_at = now + REPLY[0 + 3]
+          local ms_150
+          do -- cdiv
+            local a = expires_at - since
+            ms_150 = (a + (-a) % 1000) / 1000
+          end
+          if ms_150 < 1 then
+            ms = 1 break
+          end
+          ms = ms_150 break
+        until true
+        call('PEXPIRE', key, ms)
+      end
+    until true
+    if q ~= p then
+      PS[1] = q
+      own_limits(1, 3)
     end
     return REPLY
   end
-  
-  -- Phase one of several policies enforced (`decide_fused` in decide.lua), for the one at
-  -- position i whose reply follows REPLY[base]: its verdict, remaining and reset in the
-  -- reply; returns whether it admits and the state decided on.
-  local function judged(key, p, now, cost, i, base)
-    local st, ends, stale
-    repeat -- read2
-      local into = STATES[i]
-      local raw = call('GET', key)
-      if not raw then
-        st, ends, stale = nil break
-      end
-      local a, b, tag, ends_31
-      local t = p.tag
-      if find(raw, t, #raw - #t + 1, true) then
-        a, b = match(raw, '^(%d+) (%d+)~')
-      end
-      if not a then
-        local state
-        state, tag, ends_31 = split_state(raw)
-        if tag == p.tag then
-          tag = nil
-        end
-        a, b = match(state or '', '^(%d+) (%d+)$')
-        if not a then
-          st, ends, stale = nil, ends_31, tag break
-        end
-      end
-      into[1], into[2] = tonumber(a), tonumber(b)
-      st, ends, stale = into, ends_31, tag break
-    until true
-    if ends or stale then
-      return nil
-    end
-    local ok, remaining, reset, retry
-    repeat -- evaluate
-      local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
-      local have
-      repeat -- tokens
-        if not st then
-          have = p[4] break
-        end
-        local elapsed
-        repeat -- elapsed_since
-          local e = now - st[2]
-          if e < 0 then
-            elapsed = 0 break
-          end
-          elapsed = e break
-        until true
-        local have_33
-        repeat -- fill
-          local amount = st[1]
-          local full, rate = p[4], p[3]
-          local a = amount
-          if a > full then
-            a = full
-          end
-          local to_full
-          do -- cdiv
-            local a, b = full - a, rate
-            to_full = (a + (-a) % b) / b
-          end
-          if elapsed >= to_full then
-            have_33 = full break
-          end
-          have_33 = amount + elapsed * rate break
-        until true
-        have = have_33 break
-      until true
-      local need = cost * unit
-      if cost <= capacity and have >= need then
-        local left = have - need
-        local whole
-        do -- fdiv
-          local a, b = left, unit
-          whole = (a - a % b) / b
-        end
-        local reset_32
-        do -- cdiv
-          local a, b = full - left, rate
-          reset_32 = (a + (-a) % b) / b
-        end
-        ok, remaining, reset, retry = 1, whole, reset_32, -1 break
-      end
-      local whole
-      do -- fdiv
-        local a, b = have, unit
-        whole = (a - a % b) / b
-      end
-      local reset_32
-      do -- cdiv
-        local a, b = full - have, rate
-        reset_32 = (a + (-a) % b) / b
-      end
-      if cost > capacity then
-        ok, remaining, reset, retry = 0, whole, reset_32, -1 break
-      end
-      local retry_32
-      do -- cdiv
-        local a, b = need - have, rate
-        retry_32 = (a + (-a) % b) / b
-      end
-      ok, remaining, reset, retry = 0, whole, reset_32, retry_32 break
-    until true
-    local behind
-    do -- bucket_lag
-      local last
-      repeat -- last_after
-        if st and st[2] > now then
-          last = st[2] break
-        end
-        last = now break
-      until true
-      behind = last - now
-    end
-    if behind > 0 then
-      do -- shift
-        local lag, ok_44, remaining_44, reset_44, retry_44 = behind, ok, remaining, reset, retry
-        if lag > 0 then
-          remaining_44 = 0
-          reset_44 = reset_44 + lag
-          if retry_44 >= 0 then
-            retry_44 = retry_44 + lag
-          end
-          if ok_44 == 1 and cost > 0 then
-            ok_44, retry_44 = 0, lag
-            if reset_44 < lag then
-              reset_44 = lag
-            end
-          end
-        end
-        ok, remaining, reset, retry = ok_44, remaining_44, reset_44, retry_44
-      end
-    end
-    REPLY[base + 2], REPLY[base + 3] = remaining, reset
-    if ok == 1 then
-      REPLY[base + 1] = -2
-      return true, st
-    end
-    if retry < 0 then
-      REPLY[base + 1] = -1
-    else
-      REPLY[base + 1] = retry
-    end
-    return false, st
-  end
-  
   return {
-    fused = fused,
-    judged = judged,
+    verdict = verdict,
+    loaded = loaded,
+    phase_one = phase_one,
+    phase_two = phase_two,
+    step = step,
+    enforced = enforced,
     block = block_in_value,
     load = load,
     tokens = tokens,
@@ -2851,7 +6816,7 @@ ALG[4] = function()
     end,
     -- Twin of `TokenBucket::convert`: the tokens missing now (and owed, ahead of now)
     -- re-counted in the new unit; more than the capacity is owed as time ahead.
-    convert = function(self, key, q, p, st, now)
+    convert = function(self, key, q, p, st, now, keep, since)
       local tokens = st[1]
       if tokens > q[4] then
         tokens = q[4]
@@ -2875,11 +6840,11 @@ ALG[4] = function()
         last = now + cdiv(-tokens, p[3])
         tokens = 0
       end
-      store(key, p, format(INT2, tokens, last), now, last + cdiv(p[4] - tokens, p[3]))
+      store(key, p, format(p.f2, tokens, last), last + cdiv(p[4] - tokens, p[3]), keep, since)
       return true
     end,
     release = bucket_release,
-    refund = function(self, key, p, st, now, units)
+    refund = function(self, key, p, st, now, units, keep, since)
       if not st then
         return
       end
@@ -2893,17 +6858,17 @@ ALG[4] = function()
         end
       end
       local last = last_after(st, now)
-      store(key, p, format(INT2, tokens, last), now, last + cdiv(p[4] - tokens, p[3]))
+      store(key, p, format(p.f2, tokens, last), last + cdiv(p[4] - tokens, p[3]), keep, since)
     end,
     -- Twin of `TokenBucket::debit`: what the bucket lacks is owed as time ahead.
-    debit = function(self, key, p, st, now, units)
+    debit = function(self, key, p, st, now, units, keep, since)
       local have = self.tokens(p, st, now) - units * p[2]
       local last = last_after(st, now)
       if have < 0 then
         last = last + cdiv(-have, p[3])
         have = 0
       end
-      store(key, p, format(INT2, have, last), now, last + cdiv(p[4] - have, p[3]))
+      store(key, p, format(p.f2, have, last), last + cdiv(p[4] - have, p[3]), keep, since)
     end,
     commit = commit,
   }
@@ -2960,85 +6925,26 @@ ALG[5] = function()
   end
 
   --@inline
-  local function commit(self, key, p, st, now, cost)
+  local function commit(self, key, p, st, now, cost, keep, since)
     local after = level(p, st, now)
     after = after + cost * p[2]
     local last = last_after(st, now)
     local to_empty = cdiv(after, p[3])
-    store(key, p, format(INT2, after, last), now, last + to_empty)
+    store(key, p, format(p.f2, after, last), last + to_empty, keep, since)
   end
 
-  -- The fused decisions of policies enforced (`FUSES[op]`), the usual request: the phases of
-  -- `decide` for that case, in functions per algorithm. The generator (luagen/) writes them
-  -- into each twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place
-  -- of their calls. A key blocked, or written under other parameters, is left to the general
-  -- path: nil, having written nothing.
+  -- The two phases of a decision for one policy, written once: `decide` (decide.lua) runs
+  -- phase one for each policy of a call, then phase two for each. The generator (luagen/)
+  -- writes them into each algorithm's twin, with the twin's own `load`, `evaluate`, `commit`
+  -- and `lag` written in place of their calls, so that a decision makes almost no Lua call of
+  -- its own beyond Redis's commands. An operation these phases do not decide (`FUSES`: all
+  -- but ENFORCE) takes its own arms in grant.lua once its state is read.
   
-  -- One policy alone. `args` are the policy's arguments, `shape` their first.
-  local function fused(key, args, shape)
-    local cost, at = 1, 2
-    if shape % 2048 >= 1024 then
-      cost = tonumber(args[2])
-      at = 3
-    end
-    local p
-    do -- read_params
-      local tag = args[at]
-      local p_1 = TAGGED[tag or '']
-      if not p_1 and tag then
-        local semi = find(tag, ';', 1, true)
-        p_1 = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p_1) then
-          p_1 = nil
-        else
-          remember(tag, p_1)
-        end
-      end
-      p = p_1
-    end
-    if not p then
-      return nil
-    end
-    local now
-    repeat -- clock
-      local injected = shape >= 2048
-      if injected then
-        TTL_SLACK = tonumber(args[#args])
-        now = tonumber(args[#args - 1]) break
-      end
-      TTL_SLACK = 0
-      local t = call('TIME')
-      now = t[1] * 1000000 + t[2] break
-    until true
-    local st, ends, stale
-    repeat -- read2
-      local into = STATES[1]
-      local raw = call('GET', key)
-      if not raw then
-        st, ends, stale = nil break
-      end
-      local a, b, tag, ends_3
-      local t = p.tag
-      if find(raw, t, #raw - #t + 1, true) then
-        a, b = match(raw, '^(%d+) (%d+)~')
-      end
-      if not a then
-        local state
-        state, tag, ends_3 = split_state(raw)
-        if tag == p.tag then
-          tag = nil
-        end
-        a, b = match(state or '', '^(%d+) (%d+)$')
-        if not a then
-          st, ends, stale = nil, ends_3, tag break
-        end
-      end
-      into[1], into[2] = tonumber(a), tonumber(b)
-      st, ends, stale = into, ends_3, tag break
-    until true
-    if ends or stale then
-      return nil
-    end
+  -- The verdict of a policy as the reply gives it (ADMITTED, the retry-after, or NEVER),
+  -- remaining and reset; a blocked key is denied until the block ends, whatever its state
+  -- (twin of `apply_block`).
+  --@inline
+  local function verdict(self, p, st, ends, now, cost, key)
     local ok, remaining, reset, retry
     repeat -- evaluate
       local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
@@ -3069,35 +6975,32 @@ ALG[5] = function()
       if cost <= capacity and after <= full then
         local left
         do -- fdiv
-          local a, b = full - after, unit
-          left = (a - a % b) / b
+          local a = full - after
+          left = (a - a % unit) / unit
         end
-        local reset_4
+        local reset_1
         do -- cdiv
-          local a, b = after, rate
-          reset_4 = (a + (-a) % b) / b
+          reset_1 = (after + (-after) % rate) / rate
         end
-        ok, remaining, reset, retry = 1, left, reset_4, -1 break
+        ok, remaining, reset, retry = 1, left, reset_1, -1 break
       end
       local left
       do -- fdiv
-        local a, b = room, unit
-        left = (a - a % b) / b
+        left = (room - room % unit) / unit
       end
-      local reset_4
+      local reset_1
       do -- cdiv
-        local a, b = now_level, rate
-        reset_4 = (a + (-a) % b) / b
+        reset_1 = (now_level + (-now_level) % rate) / rate
       end
       if cost > capacity then
-        ok, remaining, reset, retry = 0, left, reset_4, -1 break
+        ok, remaining, reset, retry = 0, left, reset_1, -1 break
       end
-      local retry_4
+      local retry_1
       do -- cdiv
-        local a, b = after - full, rate
-        retry_4 = (a + (-a) % b) / b
+        local a = after - full
+        retry_1 = (a + (-a) % rate) / rate
       end
-      ok, remaining, reset, retry = 0, left, reset_4, retry_4 break
+      ok, remaining, reset, retry = 0, left, reset_1, retry_1 break
     until true
     local behind
     do -- bucket_lag
@@ -3112,33 +7015,1038 @@ ALG[5] = function()
     end
     if behind > 0 then
       do -- shift
-        local lag, ok_14, remaining_14, reset_14, retry_14 = behind, ok, remaining, reset, retry
-        if lag > 0 then
-          remaining_14 = 0
-          reset_14 = reset_14 + lag
-          if retry_14 >= 0 then
-            retry_14 = retry_14 + lag
+        local ok_11, remaining_11, reset_11, retry_11 = ok, remaining, reset, retry
+        if behind > 0 then
+          remaining_11 = 0
+          reset_11 = reset_11 + behind
+          if retry_11 >= 0 then
+            retry_11 = retry_11 + behind
           end
-          if ok_14 == 1 and cost > 0 then
-            ok_14, retry_14 = 0, lag
-            if reset_14 < lag then
-              reset_14 = lag
+          if ok_11 == 1 and cost > 0 then
+            ok_11, retry_11 = 0, behind
+            if reset_11 < behind then
+              reset_11 = behind
             end
           end
         end
-        ok, remaining, reset, retry = ok_14, remaining_14, reset_14, retry_14
+        ok, remaining, reset, retry = ok_11, remaining_11, reset_11, retry_11
       end
     end
-    REPLY[2], REPLY[3], REPLY[3 + 1] = remaining, reset, nil
-    if ok ~= 1 then
+    if ends and ends > now then
+      local wait = ends - now
+      if ok == 1 or retry >= 0 then
+        if retry < wait then
+          retry = wait
+        end
+      end
+      ok = 0
+      remaining = 0
+      if reset < wait then
+        reset = wait
+      end
+    end
+    if ok == 1 then
+      return -2, remaining, reset
+    end
+    if retry < 0 then
+      return -1, remaining, reset
+    end
+    return retry, remaining, reset
+  end
+  
+  -- The state of the policy at position i, loaded in STATES[i] (converted first when written
+  -- under other parameters), its block's end, and the parameters it is decided under (a key's
+  -- own limit's, if it has one).
+  --@inline
+  local function loaded(self, i, key, p, now, since)
+    local st, ends, stale
+    repeat -- read2
+      local into = STATES[i]
+      local raw = call('GET', key)
+      if not raw then
+        st, ends, stale = nil break
+      end
+      local a, b, tag, ends_12
+      local t = p.tag
+      if find(raw, t, #raw - #t + 1, true) then
+        a, b = match(raw, '^(%d+) (%d+)~')
+      end
+      if not a then
+        local state
+        state, tag, ends_12 = split_state(raw)
+        if tag == p.tag then
+          tag = nil
+        end
+        a, b = match(state or '', '^(%d+) (%d+)$')
+        if not a then
+          st, ends, stale = nil, ends_12, tag break
+        end
+      end
+      into[1], into[2] = tonumber(a), tonumber(b)
+      st, ends, stale = into, ends_12, tag break
+    until true
+    if stale then
+      st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
+    end
+    return st, ends, p
+  end
+  
+  -- Phase one for the policy at position i, enforced (its operation one the fused phases
+  -- decide, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
+  -- whether it admits the request, the state and block decided on, and the parameters.
+  --@inline
+  local function phase_one(self, i, key, p, now, since, cost, base)
+    local st, ends, stale
+    repeat -- read2
+      local into = STATES[i]
+      local raw = call('GET', key)
+      if not raw then
+        st, ends, stale = nil break
+      end
+      local a, b, tag, ends_13
+      local t = p.tag
+      if find(raw, t, #raw - #t + 1, true) then
+        a, b = match(raw, '^(%d+) (%d+)~')
+      end
+      if not a then
+        local state
+        state, tag, ends_13 = split_state(raw)
+        if tag == p.tag then
+          tag = nil
+        end
+        a, b = match(state or '', '^(%d+) (%d+)$')
+        if not a then
+          st, ends, stale = nil, ends_13, tag break
+        end
+      end
+      into[1], into[2] = tonumber(a), tonumber(b)
+      st, ends, stale = into, ends_13, tag break
+    until true
+    if stale then
+      st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
+    end
+    local v, remaining, reset
+    repeat -- verdict
+      local ok, remaining_14, reset_14, retry
+      repeat -- evaluate
+        local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
+        local now_level
+        repeat -- level
+          if not st then
+            now_level = 0 break
+          end
+          local elapsed = now - st[2]
+          if elapsed < 0 then
+            elapsed = 0
+          end
+          local to_empty
+          do -- cdiv
+            local a, b = st[1], p[3]
+            to_empty = (a + (-a) % b) / b
+          end
+          if elapsed >= to_empty then
+            now_level = 0 break
+          end
+          now_level = st[1] - elapsed * p[3] break
+        until true
+        local room = full - now_level
+        if room < 0 then
+          room = 0
+        end
+        local after = now_level + cost * unit
+        if cost <= capacity and after <= full then
+          local left
+          do -- fdiv
+            local a = full - after
+            left = (a - a % unit) / unit
+          end
+          local reset
+          do -- cdiv
+            reset = (after + (-after) % rate) / rate
+          end
+          ok, remaining_14, reset_14, retry = 1, left, reset, -1 break
+        end
+        local left
+        do -- fdiv
+          left = (room - room % unit) / unit
+        end
+        local reset
+        do -- cdiv
+          reset = (now_level + (-now_level) % rate) / rate
+        end
+        if cost > capacity then
+          ok, remaining_14, reset_14, retry = 0, left, reset, -1 break
+        end
+        local retry_15
+        do -- cdiv
+          local a = after - full
+          retry_15 = (a + (-a) % rate) / rate
+        end
+        ok, remaining_14, reset_14, retry = 0, left, reset, retry_15 break
+      until true
+      local behind
+      do -- bucket_lag
+        local last
+        repeat -- last_after
+          if st and st[2] > now then
+            last = st[2] break
+          end
+          last = now break
+        until true
+        behind = last - now
+      end
+      if behind > 0 then
+        do -- shift
+          local ok_25, remaining, reset, retry_25 = ok, remaining_14, reset_14, retry
+          if behind > 0 then
+            remaining = 0
+            reset = reset + behind
+            if retry_25 >= 0 then
+              retry_25 = retry_25 + behind
+            end
+            if ok_25 == 1 and cost > 0 then
+              ok_25, retry_25 = 0, behind
+              if reset < behind then
+                reset = behind
+              end
+            end
+          end
+          ok, remaining_14, reset_14, retry = ok_25, remaining, reset, retry_25
+        end
+      end
+      if ends and ends > now then
+        local wait = ends - now
+        if ok == 1 or retry >= 0 then
+          if retry < wait then
+            retry = wait
+          end
+        end
+        ok = 0
+        remaining_14 = 0
+        if reset_14 < wait then
+          reset_14 = wait
+        end
+      end
+      if ok == 1 then
+        v, remaining, reset = -2, remaining_14, reset_14 break
+      end
       if retry < 0 then
-        REPLY[1] = -1
-      else
-        REPLY[1] = retry
+        v, remaining, reset = -1, remaining_14, reset_14 break
+      end
+      v, remaining, reset = retry, remaining_14, reset_14 break
+    until true
+    REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
+    return v == -2, st, ends, p
+  end
+  
+  -- Phase two for an enforced policy whose reply follows REPLY[base], the request `admitted` or
+  -- not: charged its cost (keeping its block on record), or the state reported as it stays,
+  -- its key given a TTL (from `since`) if it lost its own.
+  --@inline
+  local function phase_two(self, key, p, now, since, cost, st, ends, admitted, base)
+    if admitted and cost > 0 then
+      repeat -- commit
+        local after
+        repeat -- level
+          if not st then
+            after = 0 break
+          end
+          local elapsed = now - st[2]
+          if elapsed < 0 then
+            elapsed = 0
+          end
+          local to_empty
+          do -- cdiv
+            local a, b = st[1], p[3]
+            to_empty = (a + (-a) % b) / b
+          end
+          if elapsed >= to_empty then
+            after = 0 break
+          end
+          after = st[1] - elapsed * p[3] break
+        until true
+        after = after + cost * p[2]
+        local last
+        repeat -- last_after
+          if st and st[2] > now then
+            last = st[2] break
+          end
+          last = now break
+        until true
+        local to_empty
+        do -- cdiv
+          local b = p[3]
+          to_empty = (after + (-after) % b) / b
+        end
+        repeat -- store
+          local value, expires_at = format(p.f2, after, last), last + to_empty
+          if p.limit_end and p.limit_end > expires_at then
+            expires_at = p.limit_end
+          end
+          if ends then
+            local block_end
+            do -- int
+              block_end = format(INT, ends)
+            end
+            value = value .. '|' .. block_end
+            repeat -- until_block_ends
+              local expires_at_33 = expires_at
+              if ends and ends > expires_at_33 then
+                expires_at = ends break
+              end
+              expires_at = expires_at_33 break
+            until true
+          end
+          local ms
+          repeat -- ttl_ms
+            local ms_34
+            do -- cdiv
+              local a = expires_at - since
+              ms_34 = (a + (-a) % 1000) / 1000
+            end
+            if ms_34 < 1 then
+              ms = 1 break
+            end
+            ms = ms_34 break
+          until true
+          call('SET', key, value, 'PX', format(INT, ms))
+        until true
+      until true
+      return
+    end
+    if REPLY[base + 1] == -2 and cost > 0 then
+      -- Admitted by this policy but not charged: report the state as it stays.
+      local _, remaining, reset
+      repeat -- verdict
+        local ends = nil
+        local ok, remaining_36, reset_36, retry
+        repeat -- evaluate
+          local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
+          local now_level
+          repeat -- level
+            if not st then
+              now_level = 0 break
+            end
+            local elapsed = now - st[2]
+            if elapsed < 0 then
+              elapsed = 0
+            end
+            local to_empty
+            do -- cdiv
+              local a, b = st[1], p[3]
+              to_empty = (a + (-a) % b) / b
+            end
+            if elapsed >= to_empty then
+              now_level = 0 break
+            end
+            now_level = st[1] - elapsed * p[3] break
+          until true
+          local room = full - now_level
+          if room < 0 then
+            room = 0
+          end
+          local after = now_level + 0 * unit
+          if 0 <= capacity and after <= full then
+            local left
+            do -- fdiv
+              local a = full - after
+              left = (a - a % unit) / unit
+            end
+            local reset
+            do -- cdiv
+              reset = (after + (-after) % rate) / rate
+            end
+            ok, remaining_36, reset_36, retry = 1, left, reset, -1 break
+          end
+          local left
+          do -- fdiv
+            left = (room - room % unit) / unit
+          end
+          local reset
+          do -- cdiv
+            reset = (now_level + (-now_level) % rate) / rate
+          end
+          if 0 > capacity then
+            ok, remaining_36, reset_36, retry = 0, left, reset, -1 break
+          end
+          local retry_37
+          do -- cdiv
+            local a = after - full
+            retry_37 = (a + (-a) % rate) / rate
+          end
+          ok, remaining_36, reset_36, retry = 0, left, reset, retry_37 break
+        until true
+        local behind
+        do -- bucket_lag
+          local last
+          repeat -- last_after
+            if st and st[2] > now then
+              last = st[2] break
+            end
+            last = now break
+          until true
+          behind = last - now
+        end
+        if behind > 0 then
+          do -- shift
+            local ok_47, remaining, reset, retry_47 = ok, remaining_36, reset_36, retry
+            if behind > 0 then
+              remaining = 0
+              reset = reset + behind
+              if retry_47 >= 0 then
+                retry_47 = retry_47 + behind
+              end
+              if ok_47 == 1 and 0 > 0 then
+                ok_47, retry_47 = 0, behind
+                if reset < behind then
+                  reset = behind
+                end
+              end
+            end
+            ok, remaining_36, reset_36, retry = ok_47, remaining, reset, retry_47
+          end
+        end
+        if ends and ends > now then
+          local wait = ends - now
+          if ok == 1 or retry >= 0 then
+            if retry < wait then
+              retry = wait
+            end
+          end
+          ok = 0
+          remaining_36 = 0
+          if reset_36 < wait then
+            reset_36 = wait
+          end
+        end
+        if ok == 1 then
+          _, remaining, reset = -2, remaining_36, reset_36 break
+        end
+        if retry < 0 then
+          _, remaining, reset = -1, remaining_36, reset_36 break
+        end
+        _, remaining, reset = retry, remaining_36, reset_36 break
+      until true
+      REPLY[base + 2], REPLY[base + 3] = remaining, reset
+    end
+    if call('PTTL', key) == -1 then
+      -- A key without a TTL (written by something else, or lost its TTL): repair it.
+      local ms
+      repeat -- ttl_ms
+        local expires_at = now + REPLY[base + 3]
+        local ms_48
+        do -- cdiv
+          local a = expires_at - since
+          ms_48 = (a + (-a) % 1000) / 1000
+        end
+        if ms_48 < 1 then
+          ms = 1 break
+        end
+        ms = ms_48 break
+      until true
+      call('PEXPIRE', key, ms)
+    end
+  end
+  
+  -- The policies of a decision from position i to n (read into ALGS, OPS, PS, COSTS, XS and
+  -- YS), `admitted` by those before it or not: phase one for policy i, whose reply follows
+  -- REPLY[base]; then the policies after it, each one step deeper; then phase two for policy
+  -- i, once the request is known to be admitted or not (by every policy that decides), so
+  -- what each phase hands the other stays in locals. Phase two runs from the last policy to
+  -- the first: each has its own key. Returns whether the request is admitted, where the reply
+  -- of the checks ends, and whether a key was decided under its own limit (then PS[i] holds
+  -- the parameters of each policy from i on as it was decided).
+  local function step(self, i, n, keys, now, since, admitted, base)
+    local op, key, cost, p = OPS[i], keys[i], COSTS[i], PS[i]
+    local fused = FUSES[op]
+    local ok, st, ends, q
+    if fused then
+      do -- phase_one
+        local p = p
+        local st_50, ends_50, stale
+        repeat -- read2
+          local into = STATES[i]
+          local raw = call('GET', key)
+          if not raw then
+            st_50, ends_50, stale = nil break
+          end
+          local a, b, tag, ends
+          local t = p.tag
+          if find(raw, t, #raw - #t + 1, true) then
+            a, b = match(raw, '^(%d+) (%d+)~')
+          end
+          if not a then
+            local state
+            state, tag, ends = split_state(raw)
+            if tag == p.tag then
+              tag = nil
+            end
+            a, b = match(state or '', '^(%d+) (%d+)$')
+            if not a then
+              st_50, ends_50, stale = nil, ends, tag break
+            end
+          end
+          into[1], into[2] = tonumber(a), tonumber(b)
+          st_50, ends_50, stale = into, ends, tag break
+        until true
+        if stale then
+          st_50, ends_50, p = adopt(self, key, p, st_50, ends_50, now, stale, STATES[i], since)
+        end
+        local v, remaining, reset
+        repeat -- verdict
+          local ok, remaining_52, reset_52, retry
+          repeat -- evaluate
+            local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
+            local now_level
+            repeat -- level
+              if not st_50 then
+                now_level = 0 break
+              end
+              local elapsed = now - st_50[2]
+              if elapsed < 0 then
+                elapsed = 0
+              end
+              local to_empty
+              do -- cdiv
+                local a, b = st_50[1], p[3]
+                to_empty = (a + (-a) % b) / b
+              end
+              if elapsed >= to_empty then
+                now_level = 0 break
+              end
+              now_level = st_50[1] - elapsed * p[3] break
+            until true
+            local room = full - now_level
+            if room < 0 then
+              room = 0
+            end
+            local after = now_level + cost * unit
+            if cost <= capacity and after <= full then
+              local left
+              do -- fdiv
+                local a = full - after
+                left = (a - a % unit) / unit
+              end
+              local reset
+              do -- cdiv
+                reset = (after + (-after) % rate) / rate
+              end
+              ok, remaining_52, reset_52, retry = 1, left, reset, -1 break
+            end
+            local left
+            do -- fdiv
+              left = (room - room % unit) / unit
+            end
+            local reset
+            do -- cdiv
+              reset = (now_level + (-now_level) % rate) / rate
+            end
+            if cost > capacity then
+              ok, remaining_52, reset_52, retry = 0, left, reset, -1 break
+            end
+            local retry_53
+            do -- cdiv
+              local a = after - full
+              retry_53 = (a + (-a) % rate) / rate
+            end
+            ok, remaining_52, reset_52, retry = 0, left, reset, retry_53 break
+          until true
+          local behind
+          do -- bucket_lag
+            local last
+            repeat -- last_after
+              if st_50 and st_50[2] > now then
+                last = st_50[2] break
+              end
+              last = now break
+            until true
+            behind = last - now
+          end
+          if behind > 0 then
+            do -- shift
+              local ok_63, remaining, reset, retry_63 = ok, remaining_52, reset_52, retry
+              if behind > 0 then
+                remaining = 0
+                reset = reset + behind
+                if retry_63 >= 0 then
+                  retry_63 = retry_63 + behind
+                end
+                if ok_63 == 1 and cost > 0 then
+                  ok_63, retry_63 = 0, behind
+                  if reset < behind then
+                    reset = behind
+                  end
+                end
+              end
+              ok, remaining_52, reset_52, retry = ok_63, remaining, reset, retry_63
+            end
+          end
+          if ends_50 and ends_50 > now then
+            local wait = ends_50 - now
+            if ok == 1 or retry >= 0 then
+              if retry < wait then
+                retry = wait
+              end
+            end
+            ok = 0
+            remaining_52 = 0
+            if reset_52 < wait then
+              reset_52 = wait
+            end
+          end
+          if ok == 1 then
+            v, remaining, reset = -2, remaining_52, reset_52 break
+          end
+          if retry < 0 then
+            v, remaining, reset = -1, remaining_52, reset_52 break
+          end
+          v, remaining, reset = retry, remaining_52, reset_52 break
+        until true
+        REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
+        ok, st, ends, q = v == -2, st_50, ends_50, p
       end
     else
-      REPLY[1] = -2
-      if cost > 0 then
+      do -- loaded
+        local p = p
+        local st_64, ends_64, stale
+        repeat -- read2
+          local into = STATES[i]
+          local raw = call('GET', key)
+          if not raw then
+            st_64, ends_64, stale = nil break
+          end
+          local a, b, tag, ends
+          local t = p.tag
+          if find(raw, t, #raw - #t + 1, true) then
+            a, b = match(raw, '^(%d+) (%d+)~')
+          end
+          if not a then
+            local state
+            state, tag, ends = split_state(raw)
+            if tag == p.tag then
+              tag = nil
+            end
+            a, b = match(state or '', '^(%d+) (%d+)$')
+            if not a then
+              st_64, ends_64, stale = nil, ends, tag break
+            end
+          end
+          into[1], into[2] = tonumber(a), tonumber(b)
+          st_64, ends_64, stale = into, ends, tag break
+        until true
+        if stale then
+          st_64, ends_64, p = adopt(self, key, p, st_64, ends_64, now, stale, STATES[i], since)
+        end
+        st, ends, q = st_64, ends_64, p
+      end
+      ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
+    end
+    admitted = admitted and (ok or not DECIDES[op])
+    local total, own = base + WIDTH[op], false
+    if i < n then
+      admitted, total, own = ALGS[i + 1]:step(i + 1, n, keys, now, since, admitted, total)
+    end
+    if fused then
+      repeat -- phase_two
+        if admitted and cost > 0 then
+          repeat -- commit
+            local after
+            repeat -- level
+              if not st then
+                after = 0 break
+              end
+              local elapsed = now - st[2]
+              if elapsed < 0 then
+                elapsed = 0
+              end
+              local to_empty
+              do -- cdiv
+                local a, b = st[1], q[3]
+                to_empty = (a + (-a) % b) / b
+              end
+              if elapsed >= to_empty then
+                after = 0 break
+              end
+              after = st[1] - elapsed * q[3] break
+            until true
+            after = after + cost * q[2]
+            local last
+            repeat -- last_after
+              if st and st[2] > now then
+                last = st[2] break
+              end
+              last = now break
+            until true
+            local to_empty
+            do -- cdiv
+              local b = q[3]
+              to_empty = (after + (-after) % b) / b
+            end
+            repeat -- store
+              local value, expires_at = format(q.f2, after, last), last + to_empty
+              if q.limit_end and q.limit_end > expires_at then
+                expires_at = q.limit_end
+              end
+              if ends then
+                local block_end
+                do -- int
+                  block_end = format(INT, ends)
+                end
+                value = value .. '|' .. block_end
+                repeat -- until_block_ends
+                  local expires_at_74 = expires_at
+                  if ends and ends > expires_at_74 then
+                    expires_at = ends break
+                  end
+                  expires_at = expires_at_74 break
+                until true
+              end
+              local ms
+              repeat -- ttl_ms
+                local ms_75
+                do -- cdiv
+                  local a = expires_at - since
+                  ms_75 = (a + (-a) % 1000) / 1000
+                end
+                if ms_75 < 1 then
+                  ms = 1 break
+                end
+                ms = ms_75 break
+              until true
+              call('SET', key, value, 'PX', format(INT, ms))
+            until true
+          until true
+          break
+        end
+        if REPLY[base + 1] == -2 and cost > 0 then
+          local _, remaining, reset
+          repeat -- verdict
+            local ends = nil
+            local ok, remaining_77, reset_77, retry
+            repeat -- evaluate
+              local capacity, unit, rate, full = q[1], q[2], q[3], q[4]
+              local now_level
+              repeat -- level
+                if not st then
+                  now_level = 0 break
+                end
+                local elapsed = now - st[2]
+                if elapsed < 0 then
+                  elapsed = 0
+                end
+                local to_empty
+                do -- cdiv
+                  local a, b = st[1], q[3]
+                  to_empty = (a + (-a) % b) / b
+                end
+                if elapsed >= to_empty then
+                  now_level = 0 break
+                end
+                now_level = st[1] - elapsed * q[3] break
+              until true
+              local room = full - now_level
+              if room < 0 then
+                room = 0
+              end
+              local after = now_level + 0 * unit
+              if 0 <= capacity and after <= full then
+                local left
+                do -- fdiv
+                  local a = full - after
+                  left = (a - a % unit) / unit
+                end
+                local reset
+                do -- cdiv
+                  reset = (after + (-after) % rate) / rate
+                end
+                ok, remaining_77, reset_77, retry = 1, left, reset, -1 break
+              end
+              local left
+              do -- fdiv
+                left = (room - room % unit) / unit
+              end
+              local reset
+              do -- cdiv
+                reset = (now_level + (-now_level) % rate) / rate
+              end
+              if 0 > capacity then
+                ok, remaining_77, reset_77, retry = 0, left, reset, -1 break
+              end
+              local retry_78
+              do -- cdiv
+                local a = after - full
+                retry_78 = (a + (-a) % rate) / rate
+              end
+              ok, remaining_77, reset_77, retry = 0, left, reset, retry_78 break
+            until true
+            local behind
+            do -- bucket_lag
+              local last
+              repeat -- last_after
+                if st and st[2] > now then
+                  last = st[2] break
+                end
+                last = now break
+              until true
+              behind = last - now
+            end
+            if behind > 0 then
+              do -- shift
+                local ok_88, remaining, reset, retry_88 = ok, remaining_77, reset_77, retry
+                if behind > 0 then
+                  remaining = 0
+                  reset = reset + behind
+                  if retry_88 >= 0 then
+                    retry_88 = retry_88 + behind
+                  end
+                  if ok_88 == 1 and 0 > 0 then
+                    ok_88, retry_88 = 0, behind
+                    if reset < behind then
+                      reset = behind
+                    end
+                  end
+                end
+                ok, remaining_77, reset_77, retry = ok_88, remaining, reset, retry_88
+              end
+            end
+            if ends and ends > now then
+              local wait = ends - now
+              if ok == 1 or retry >= 0 then
+                if retry < wait then
+                  retry = wait
+                end
+              end
+              ok = 0
+              remaining_77 = 0
+              if reset_77 < wait then
+                reset_77 = wait
+              end
+            end
+            if ok == 1 then
+              _, remaining, reset = -2, remaining_77, reset_77 break
+            end
+            if retry < 0 then
+              _, remaining, reset = -1, remaining_77, reset_77 break
+            end
+            _, remaining, reset = retry, remaining_77, reset_77 break
+          until true
+          REPLY[base + 2], REPLY[base + 3] = remaining, reset
+        end
+        if call('PTTL', key) == -1 then
+          local ms
+          repeat -- ttl_ms
+            local expires_at = now + REPLY[base + 3]
+            local ms_89
+            do -- cdiv
+              local a = expires_at - since
+              ms_89 = (a + (-a) % 1000) / 1000
+            end
+            if ms_89 < 1 then
+              ms = 1 break
+            end
+            ms = ms_89 break
+          until true
+          call('PEXPIRE', key, ms)
+        end
+      until true
+    else
+      phase_two_of(self, i, op, key, q, now, since, cost, YS[i], st, ends, admitted, base)
+    end
+    if q ~= p then
+      PS[i], own = q, true
+    end
+    return admitted, total, own
+  end
+  
+  -- A policy enforced alone, the most usual call, from its arguments (`args`, its shape
+  -- `shape` first): its cost and parameters read, the time, then its two phases. Returns the
+  -- reply; nil, having done nothing, when the arguments are malformed.
+  local function enforced(self, key, args, shape)
+    local cost, at = 1, 2
+    if shape % 2048 >= 1024 then
+      cost = tonumber(args[2])
+      if not cost then
+        return nil
+      end
+      at = 3
+    end
+    local p
+    do -- read_params
+      local tag = args[at]
+      local p_91 = TAGGED[tag or '']
+      if not p_91 and tag then
+        local semi = find(tag, ';', 1, true)
+        p_91 = { tag = semi and sub(tag, 1, semi - 1) or tag }
+        if not tag_params(tag, p_91) then
+          p_91 = nil
+        else
+          remember(tag, p_91)
+        end
+      end
+      p = p_91
+    end
+    if not p then
+      return nil
+    end
+    local now, since
+    repeat -- clock
+      local injected = shape >= 2048
+      if injected then
+        local now_92 = tonumber(args[#args - 1])
+        now, since = now_92, now_92 - 1000 * tonumber(args[#args]) break
+      end
+      local t = call('TIME')
+      local now_92 = t[1] * 1000000 + t[2]
+      now, since = now_92, now_92 break
+    until true
+    local ok, st, ends, q
+    do -- phase_one
+      local p = p
+      local st_93, ends_93, stale
+      repeat -- read2
+        local into = STATES[1]
+        local raw = call('GET', key)
+        if not raw then
+          st_93, ends_93, stale = nil break
+        end
+        local a, b, tag, ends
+        local t = p.tag
+        if find(raw, t, #raw - #t + 1, true) then
+          a, b = match(raw, '^(%d+) (%d+)~')
+        end
+        if not a then
+          local state
+          state, tag, ends = split_state(raw)
+          if tag == p.tag then
+            tag = nil
+          end
+          a, b = match(state or '', '^(%d+) (%d+)$')
+          if not a then
+            st_93, ends_93, stale = nil, ends, tag break
+          end
+        end
+        into[1], into[2] = tonumber(a), tonumber(b)
+        st_93, ends_93, stale = into, ends, tag break
+      until true
+      if stale then
+        st_93, ends_93, p = adopt(self, key, p, st_93, ends_93, now, stale, STATES[1], since)
+      end
+      local v, remaining, reset
+      repeat -- verdict
+        local ok, remaining_95, reset_95, retry
+        repeat -- evaluate
+          local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
+          local now_level
+          repeat -- level
+            if not st_93 then
+              now_level = 0 break
+            end
+            local elapsed = now - st_93[2]
+            if elapsed < 0 then
+              elapsed = 0
+            end
+            local to_empty
+            do -- cdiv
+              local a, b = st_93[1], p[3]
+              to_empty = (a + (-a) % b) / b
+            end
+            if elapsed >= to_empty then
+              now_level = 0 break
+            end
+            now_level = st_93[1] - elapsed * p[3] break
+          until true
+          local room = full - now_level
+          if room < 0 then
+            room = 0
+          end
+          local after = now_level + cost * unit
+          if cost <= capacity and after <= full then
+            local left
+            do -- fdiv
+              local a = full - after
+              left = (a - a % unit) / unit
+            end
+            local reset
+            do -- cdiv
+              reset = (after + (-after) % rate) / rate
+            end
+            ok, remaining_95, reset_95, retry = 1, left, reset, -1 break
+          end
+          local left
+          do -- fdiv
+            left = (room - room % unit) / unit
+          end
+          local reset
+          do -- cdiv
+            reset = (now_level + (-now_level) % rate) / rate
+          end
+          if cost > capacity then
+            ok, remaining_95, reset_95, retry = 0, left, reset, -1 break
+          end
+          local retry_96
+          do -- cdiv
+            local a = after - full
+            retry_96 = (a + (-a) % rate) / rate
+          end
+          ok, remaining_95, reset_95, retry = 0, left, reset, retry_96 break
+        until true
+        local behind
+        do -- bucket_lag
+          local last
+          repeat -- last_after
+            if st_93 and st_93[2] > now then
+              last = st_93[2] break
+            end
+            last = now break
+          until true
+          behind = last - now
+        end
+        if behind > 0 then
+          do -- shift
+            local ok_106, remaining, reset, retry_106 = ok, remaining_95, reset_95, retry
+            if behind > 0 then
+              remaining = 0
+              reset = reset + behind
+              if retry_106 >= 0 then
+                retry_106 = retry_106 + behind
+              end
+              if ok_106 == 1 and cost > 0 then
+                ok_106, retry_106 = 0, behind
+                if reset < behind then
+                  reset = behind
+                end
+              end
+            end
+            ok, remaining_95, reset_95, retry = ok_106, remaining, reset, retry_106
+          end
+        end
+        if ends_93 and ends_93 > now then
+          local wait = ends_93 - now
+          if ok == 1 or retry >= 0 then
+            if retry < wait then
+              retry = wait
+            end
+          end
+          ok = 0
+          remaining_95 = 0
+          if reset_95 < wait then
+            reset_95 = wait
+          end
+        end
+        if ok == 1 then
+          v, remaining, reset = -2, remaining_95, reset_95 break
+        end
+        if retry < 0 then
+          v, remaining, reset = -1, remaining_95, reset_95 break
+        end
+        v, remaining, reset = retry, remaining_95, reset_95 break
+      until true
+      REPLY[0 + 1], REPLY[0 + 2], REPLY[0 + 3] = v, remaining, reset
+      ok, st, ends, q = v == -2, st_93, ends_93, p
+    end
+    REPLY[3 + 1] = nil
+    repeat -- phase_two
+      if ok and cost > 0 then
         repeat -- commit
           local after
           repeat -- level
@@ -3151,15 +8059,15 @@ ALG[5] = function()
             end
             local to_empty
             do -- cdiv
-              local a, b = st[1], p[3]
+              local a, b = st[1], q[3]
               to_empty = (a + (-a) % b) / b
             end
             if elapsed >= to_empty then
               after = 0 break
             end
-            after = st[1] - elapsed * p[3] break
+            after = st[1] - elapsed * q[3] break
           until true
-          after = after + cost * p[2]
+          after = after + cost * q[2]
           local last
           repeat -- last_after
             if st and st[2] > now then
@@ -3169,209 +8077,189 @@ ALG[5] = function()
           until true
           local to_empty
           do -- cdiv
-            local a, b = after, p[3]
-            to_empty = (a + (-a) % b) / b
+            local b = q[3]
+            to_empty = (after + (-after) % b) / b
           end
           repeat -- store
-            local value, expires_at = format(INT2, after, last), last + to_empty
-            value = value .. p.tag
-            if p.limit_end and p.limit_end > expires_at then
-              expires_at = p.limit_end
+            local value, expires_at = format(q.f2, after, last), last + to_empty
+            if q.limit_end and q.limit_end > expires_at then
+              expires_at = q.limit_end
             end
-            if KEEP_BLOCK then
+            if ends then
               local block_end
               do -- int
-                local n = KEEP_BLOCK
-                block_end = format(INT, n)
+                block_end = format(INT, ends)
               end
               value = value .. '|' .. block_end
               repeat -- until_block_ends
-                local expires_at_22 = expires_at
-                if KEEP_BLOCK and KEEP_BLOCK > expires_at_22 then
-                  expires_at = KEEP_BLOCK break
+                local expires_at_115 = expires_at
+                if ends and ends > expires_at_115 then
+                  expires_at = ends break
                 end
-                expires_at = expires_at_22 break
+                expires_at = expires_at_115 break
               until true
             end
             local ms
             repeat -- ttl_ms
-              local ms_23
+              local ms_116
               do -- cdiv
-                local a, b = expires_at - now, 1000
-                ms_23 = (a + (-a) % b) / b
+                local a = expires_at - since
+                ms_116 = (a + (-a) % 1000) / 1000
               end
-              ms_23 = ms_23 + TTL_SLACK
-              if ms_23 < 1 then
+              if ms_116 < 1 then
                 ms = 1 break
               end
-              ms = ms_23 break
+              ms = ms_116 break
             until true
             call('SET', key, value, 'PX', format(INT, ms))
           until true
         until true
-        return REPLY
+        break
       end
-    end
-    -- Not charged: a key that lost its TTL gets one (as `apply` does).
-    if call('PTTL', key) == -1 then
-      local ms
-      repeat -- ttl_ms
-        local expires_at = now + reset
-        local ms_25
-        do -- cdiv
-          local a, b = expires_at - now, 1000
-          ms_25 = (a + (-a) % b) / b
-        end
-        ms_25 = ms_25 + TTL_SLACK
-        if ms_25 < 1 then
-          ms = 1 break
-        end
-        ms = ms_25 break
-      until true
-      call('PEXPIRE', key, ms)
+      if REPLY[0 + 1] == -2 and cost > 0 then
+        local _, remaining, reset
+        repeat -- verdict
+          local ends = nil
+          local ok, remaining_118, reset_118, retry
+          repeat -- evaluate
+            local capacity, unit, rate, full = q[1], q[2], q[3], q[4]
+            local now_level
+            repeat -- level
+              if not st then
+                now_level = 0 break
+              end
+              local elapsed = now - st[2]
+              if elapsed < 0 then
+                elapsed = 0
+              end
+              local to_empty
+              do -- cdiv
+                local a, b = st[1], q[3]
+                to_empty = (a + (-a) % b) / b
+              end
+              if elapsed >= to_empty then
+                now_level = 0 break
+              end
+              now_level = st[1] - elapsed * q[3] break
+            until true
+            local room = full - now_level
+            if room < 0 then
+              room = 0
+            end
+            local after = now_level + 0 * unit
+            if 0 <= capacity and after <= full then
+              local left
+              do -- fdiv
+                local a = full - after
+                left = (a - a % unit) / unit
+              end
+              local reset
+              do -- cdiv
+                reset = (after + (-after) % rate) / rate
+              end
+              ok, remaining_118, reset_118, retry = 1, left, reset, -1 break
+            end
+            local left
+            do -- fdiv
+              left = (room - room % unit) / unit
+            end
+            local reset
+            do -- cdiv
+              reset = (now_level + (-now_level) % rate) / rate
+            end
+            if 0 > capacity then
+              ok, remaining_118, reset_118, retry = 0, left, reset, -1 break
+            end
+            local retry_119
+            do -- cdiv
+              local a = after - full
+              retry_119 = (a + (-a) % rate) / rate
+            end
+            ok, remaining_118, reset_118, retry = 0, left, reset, retry_119 break
+          until true
+          local behind
+          do -- bucket_lag
+            local last
+            repeat -- last_after
+              if st and st[2] > now then
+                last = st[2] break
+              end
+              last = now break
+            until true
+            behind = last - now
+          end
+          if behind > 0 then
+            do -- shift
+              local ok_129, remaining, reset, retry_129 = ok, remaining_118, reset_118, retry
+              if behind > 0 then
+                remaining = 0
+                reset = reset + behind
+                if retry_129 >= 0 then
+                  retry_129 = retry_129 + behind
+                end
+                if ok_129 == 1 and 0 > 0 then
+                  ok_129, retry_129 = 0, behind
+                  if reset < behind then
+                    reset = behind
+                  end
+                end
+              end
+              ok, remaining_118, reset_118, retry = ok_129, remaining, reset, retry_129
+            end
+          end
+          if ends and ends > now then
+            local wait = ends - now
+            if ok == 1 or retry >= 0 then
+              if retry < wait then
+                retry = wait
+              end
+            end
+            ok = 0
+            remaining_118 = 0
+            if reset_118 < wait then
+              reset_118 = wait
+            end
+          end
+          if ok == 1 then
+            _, remaining, reset = -2, remaining_118, reset_118 break
+          end
+          if retry < 0 then
+            _, remaining, reset = -1, remaining_118, reset_118 break
+          end
+          _, remaining, reset = retry, remaining_118, reset_118 break
+        until true
+        REPLY[0 + 2], REPLY[0 + 3] = remaining, reset
+      end
+      if call('PTTL', key) == -1 then
+        local ms
+        repeat -- ttl_ms
+          local expires_at = now + REPLY[0 + 3]
+          local ms_130
+          do -- cdiv
+            local a = expires_at - since
+            ms_130 = (a + (-a) % 1000) / 1000
+          end
+          if ms_130 < 1 then
+            ms = 1 break
+          end
+          ms = ms_130 break
+        until true
+        call('PEXPIRE', key, ms)
+      end
+    until true
+    if q ~= p then
+      PS[1] = q
+      own_limits(1, 3)
     end
     return REPLY
   end
-  
-  -- Phase one of several policies enforced (`decide_fused` in decide.lua), for the one at
-  -- position i whose reply follows REPLY[base]: its verdict, remaining and reset in the
-  -- reply; returns whether it admits and the state decided on.
-  local function judged(key, p, now, cost, i, base)
-    local st, ends, stale
-    repeat -- read2
-      local into = STATES[i]
-      local raw = call('GET', key)
-      if not raw then
-        st, ends, stale = nil break
-      end
-      local a, b, tag, ends_27
-      local t = p.tag
-      if find(raw, t, #raw - #t + 1, true) then
-        a, b = match(raw, '^(%d+) (%d+)~')
-      end
-      if not a then
-        local state
-        state, tag, ends_27 = split_state(raw)
-        if tag == p.tag then
-          tag = nil
-        end
-        a, b = match(state or '', '^(%d+) (%d+)$')
-        if not a then
-          st, ends, stale = nil, ends_27, tag break
-        end
-      end
-      into[1], into[2] = tonumber(a), tonumber(b)
-      st, ends, stale = into, ends_27, tag break
-    until true
-    if ends or stale then
-      return nil
-    end
-    local ok, remaining, reset, retry
-    repeat -- evaluate
-      local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
-      local now_level
-      repeat -- level
-        if not st then
-          now_level = 0 break
-        end
-        local elapsed = now - st[2]
-        if elapsed < 0 then
-          elapsed = 0
-        end
-        local to_empty
-        do -- cdiv
-          local a, b = st[1], p[3]
-          to_empty = (a + (-a) % b) / b
-        end
-        if elapsed >= to_empty then
-          now_level = 0 break
-        end
-        now_level = st[1] - elapsed * p[3] break
-      until true
-      local room = full - now_level
-      if room < 0 then
-        room = 0
-      end
-      local after = now_level + cost * unit
-      if cost <= capacity and after <= full then
-        local left
-        do -- fdiv
-          local a, b = full - after, unit
-          left = (a - a % b) / b
-        end
-        local reset_28
-        do -- cdiv
-          local a, b = after, rate
-          reset_28 = (a + (-a) % b) / b
-        end
-        ok, remaining, reset, retry = 1, left, reset_28, -1 break
-      end
-      local left
-      do -- fdiv
-        local a, b = room, unit
-        left = (a - a % b) / b
-      end
-      local reset_28
-      do -- cdiv
-        local a, b = now_level, rate
-        reset_28 = (a + (-a) % b) / b
-      end
-      if cost > capacity then
-        ok, remaining, reset, retry = 0, left, reset_28, -1 break
-      end
-      local retry_28
-      do -- cdiv
-        local a, b = after - full, rate
-        retry_28 = (a + (-a) % b) / b
-      end
-      ok, remaining, reset, retry = 0, left, reset_28, retry_28 break
-    until true
-    local behind
-    do -- bucket_lag
-      local last
-      repeat -- last_after
-        if st and st[2] > now then
-          last = st[2] break
-        end
-        last = now break
-      until true
-      behind = last - now
-    end
-    if behind > 0 then
-      do -- shift
-        local lag, ok_38, remaining_38, reset_38, retry_38 = behind, ok, remaining, reset, retry
-        if lag > 0 then
-          remaining_38 = 0
-          reset_38 = reset_38 + lag
-          if retry_38 >= 0 then
-            retry_38 = retry_38 + lag
-          end
-          if ok_38 == 1 and cost > 0 then
-            ok_38, retry_38 = 0, lag
-            if reset_38 < lag then
-              reset_38 = lag
-            end
-          end
-        end
-        ok, remaining, reset, retry = ok_38, remaining_38, reset_38, retry_38
-      end
-    end
-    REPLY[base + 2], REPLY[base + 3] = remaining, reset
-    if ok == 1 then
-      REPLY[base + 1] = -2
-      return true, st
-    end
-    if retry < 0 then
-      REPLY[base + 1] = -1
-    else
-      REPLY[base + 1] = retry
-    end
-    return false, st
-  end
-  
   return {
-    fused = fused,
-    judged = judged,
+    verdict = verdict,
+    loaded = loaded,
+    phase_one = phase_one,
+    phase_two = phase_two,
+    step = step,
+    enforced = enforced,
     block = block_in_value,
     load = load,
     level = level,
@@ -3393,7 +8281,7 @@ ALG[5] = function()
     end,
     -- Twin of `LeakyBucket::convert`: the level now (and the drain owed, ahead of now)
     -- re-counted in the new unit.
-    convert = function(self, key, q, p, st, now)
+    convert = function(self, key, q, p, st, now, keep, since)
       local level
       if st[2] > now then
         level = st[1] + (st[2] - now) * q[3]
@@ -3404,11 +8292,11 @@ ALG[5] = function()
         return false
       end
       level = rescale(level, q[2], p[2])
-      store(key, p, format(INT2, level, now), now, now + cdiv(level, p[3]))
+      store(key, p, format(p.f2, level, now), now + cdiv(level, p[3]), keep, since)
       return true
     end,
     release = bucket_release,
-    refund = function(self, key, p, st, now, units)
+    refund = function(self, key, p, st, now, units, keep, since)
       if not st then
         return
       end
@@ -3422,7 +8310,7 @@ ALG[5] = function()
         end
       end
       local last = last_after(st, now)
-      store(key, p, format(INT2, level, last), now, last + cdiv(level, p[3]))
+      store(key, p, format(p.f2, level, last), last + cdiv(level, p[3]), keep, since)
     end,
     commit = commit,
   }
@@ -3459,274 +8347,869 @@ ALG[6] = function()
   end
 
   --@inline
-  local function commit(self, key, p, st, now, cost)
+  local function commit(self, key, p, st, now, cost, keep, since)
     local tat = now
     if st and st > now then
       tat = st
     end
     tat = tat + cost * p[1]
-    store(key, p, format(INT, tat), now, tat)
+    store(key, p, format(p.f1, tat), tat, keep, since)
   end
 
-  -- The fused decisions of policies enforced (`FUSES[op]`), the usual request: the phases of
-  -- `decide` for that case, in functions per algorithm. The generator (luagen/) writes them
-  -- into each twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place
-  -- of their calls. A key blocked, or written under other parameters, is left to the general
-  -- path: nil, having written nothing.
+  -- The two phases of a decision for one policy, written once: `decide` (decide.lua) runs
+  -- phase one for each policy of a call, then phase two for each. The generator (luagen/)
+  -- writes them into each algorithm's twin, with the twin's own `load`, `evaluate`, `commit`
+  -- and `lag` written in place of their calls, so that a decision makes almost no Lua call of
+  -- its own beyond Redis's commands. An operation these phases do not decide (`FUSES`: all
+  -- but ENFORCE) takes its own arms in grant.lua once its state is read.
   
-  -- One policy alone. `args` are the policy's arguments, `shape` their first.
-  local function fused(key, args, shape)
+  -- The verdict of a policy as the reply gives it (ADMITTED, the retry-after, or NEVER),
+  -- remaining and reset; a blocked key is denied until the block ends, whatever its state
+  -- (twin of `apply_block`).
+  --@inline
+  local function verdict(self, p, st, ends, now, cost, key)
+    local ok, remaining, reset, retry
+    repeat -- evaluate
+      local interval, tolerance = p[1], p[2]
+      local tat = now
+      if st and st > now then
+        tat = st
+      end
+      local backlog = tat - now
+      local new_backlog = backlog + cost * interval
+      if new_backlog <= tolerance then
+        local left
+        do -- fdiv
+          local a = tolerance - new_backlog
+          left = (a - a % interval) / interval
+        end
+        ok, remaining, reset, retry = 1, left, new_backlog, -1 break
+      end
+      local capped = backlog
+      if capped > tolerance then
+        capped = tolerance
+      end
+      local remaining_now
+      do -- fdiv
+        local a = tolerance - capped
+        remaining_now = (a - a % interval) / interval
+      end
+      if cost * interval > tolerance then
+        ok, remaining, reset, retry = 0, remaining_now, backlog, -1 break
+      end
+      ok, remaining, reset, retry = 0, remaining_now, backlog, new_backlog - tolerance break
+    until true
+    if ends and ends > now then
+      local wait = ends - now
+      if ok == 1 or retry >= 0 then
+        if retry < wait then
+          retry = wait
+        end
+      end
+      ok = 0
+      remaining = 0
+      if reset < wait then
+        reset = wait
+      end
+    end
+    if ok == 1 then
+      return -2, remaining, reset
+    end
+    if retry < 0 then
+      return -1, remaining, reset
+    end
+    return retry, remaining, reset
+  end
+  
+  -- The state of the policy at position i, loaded in STATES[i] (converted first when written
+  -- under other parameters), its block's end, and the parameters it is decided under (a key's
+  -- own limit's, if it has one).
+  --@inline
+  local function loaded(self, i, key, p, now, since)
+    local st, ends, stale
+    repeat -- read1
+      local raw = call('GET', key)
+      if not raw then
+        st, ends, stale = nil break
+      end
+      local bare
+      repeat -- untagged
+        local tag = p.tag
+        if find(raw, tag, #raw - #tag + 1, true) then
+          bare = sub(raw, 1, #raw - #tag) break
+        end
+        bare = nil break
+      until true
+      if bare then
+        local n = tonumber(bare)
+        if n then
+          st, ends, stale = n break
+        end
+      end
+      local state, tag, ends_4 = split_state(raw)
+      if tag == p.tag then
+        tag = nil
+      end
+      st, ends, stale = tonumber(state), ends_4, tag break
+    until true
+    if stale then
+      st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
+    end
+    return st, ends, p
+  end
+  
+  -- Phase one for the policy at position i, enforced (its operation one the fused phases
+  -- decide, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
+  -- whether it admits the request, the state and block decided on, and the parameters.
+  --@inline
+  local function phase_one(self, i, key, p, now, since, cost, base)
+    local st, ends, stale
+    repeat -- read1
+      local raw = call('GET', key)
+      if not raw then
+        st, ends, stale = nil break
+      end
+      local bare
+      repeat -- untagged
+        local tag = p.tag
+        if find(raw, tag, #raw - #tag + 1, true) then
+          bare = sub(raw, 1, #raw - #tag) break
+        end
+        bare = nil break
+      until true
+      if bare then
+        local n = tonumber(bare)
+        if n then
+          st, ends, stale = n break
+        end
+      end
+      local state, tag, ends_6 = split_state(raw)
+      if tag == p.tag then
+        tag = nil
+      end
+      st, ends, stale = tonumber(state), ends_6, tag break
+    until true
+    if stale then
+      st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
+    end
+    local v, remaining, reset
+    repeat -- verdict
+      local ok, remaining_8, reset_8, retry
+      repeat -- evaluate
+        local interval, tolerance = p[1], p[2]
+        local tat = now
+        if st and st > now then
+          tat = st
+        end
+        local backlog = tat - now
+        local new_backlog = backlog + cost * interval
+        if new_backlog <= tolerance then
+          local left
+          do -- fdiv
+            local a = tolerance - new_backlog
+            left = (a - a % interval) / interval
+          end
+          ok, remaining_8, reset_8, retry = 1, left, new_backlog, -1 break
+        end
+        local capped = backlog
+        if capped > tolerance then
+          capped = tolerance
+        end
+        local remaining_now
+        do -- fdiv
+          local a = tolerance - capped
+          remaining_now = (a - a % interval) / interval
+        end
+        if cost * interval > tolerance then
+          ok, remaining_8, reset_8, retry = 0, remaining_now, backlog, -1 break
+        end
+        ok, remaining_8, reset_8, retry = 0, remaining_now, backlog, new_backlog - tolerance break
+      until true
+      if ends and ends > now then
+        local wait = ends - now
+        if ok == 1 or retry >= 0 then
+          if retry < wait then
+            retry = wait
+          end
+        end
+        ok = 0
+        remaining_8 = 0
+        if reset_8 < wait then
+          reset_8 = wait
+        end
+      end
+      if ok == 1 then
+        v, remaining, reset = -2, remaining_8, reset_8 break
+      end
+      if retry < 0 then
+        v, remaining, reset = -1, remaining_8, reset_8 break
+      end
+      v, remaining, reset = retry, remaining_8, reset_8 break
+    until true
+    REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
+    return v == -2, st, ends, p
+  end
+  
+  -- Phase two for an enforced policy whose reply follows REPLY[base], the request `admitted` or
+  -- not: charged its cost (keeping its block on record), or the state reported as it stays,
+  -- its key given a TTL (from `since`) if it lost its own.
+  --@inline
+  local function phase_two(self, key, p, now, since, cost, st, ends, admitted, base)
+    if admitted and cost > 0 then
+      repeat -- commit
+        local tat = now
+        if st and st > now then
+          tat = st
+        end
+        tat = tat + cost * p[1]
+        repeat -- store
+          local value, expires_at = format(p.f1, tat), tat
+          if p.limit_end and p.limit_end > expires_at then
+            expires_at = p.limit_end
+          end
+          if ends then
+            local block_end
+            do -- int
+              block_end = format(INT, ends)
+            end
+            value = value .. '|' .. block_end
+            repeat -- until_block_ends
+              local expires_at_15 = expires_at
+              if ends and ends > expires_at_15 then
+                expires_at = ends break
+              end
+              expires_at = expires_at_15 break
+            until true
+          end
+          local ms
+          repeat -- ttl_ms
+            local ms_16
+            do -- cdiv
+              local a = expires_at - since
+              ms_16 = (a + (-a) % 1000) / 1000
+            end
+            if ms_16 < 1 then
+              ms = 1 break
+            end
+            ms = ms_16 break
+          until true
+          call('SET', key, value, 'PX', format(INT, ms))
+        until true
+      until true
+      return
+    end
+    if REPLY[base + 1] == -2 and cost > 0 then
+      -- Admitted by this policy but not charged: report the state as it stays.
+      local _, remaining, reset
+      repeat -- verdict
+        local ends = nil
+        local ok, remaining_18, reset_18, retry
+        repeat -- evaluate
+          local interval, tolerance = p[1], p[2]
+          local tat = now
+          if st and st > now then
+            tat = st
+          end
+          local backlog = tat - now
+          local new_backlog = backlog + 0 * interval
+          if new_backlog <= tolerance then
+            local left
+            do -- fdiv
+              local a = tolerance - new_backlog
+              left = (a - a % interval) / interval
+            end
+            ok, remaining_18, reset_18, retry = 1, left, new_backlog, -1 break
+          end
+          local capped = backlog
+          if capped > tolerance then
+            capped = tolerance
+          end
+          local remaining_now
+          do -- fdiv
+            local a = tolerance - capped
+            remaining_now = (a - a % interval) / interval
+          end
+          if 0 * interval > tolerance then
+            ok, remaining_18, reset_18, retry = 0, remaining_now, backlog, -1 break
+          end
+          ok, remaining_18, reset_18, retry = 0, remaining_now, backlog, new_backlog - tolerance break
+        until true
+        if ends and ends > now then
+          local wait = ends - now
+          if ok == 1 or retry >= 0 then
+            if retry < wait then
+              retry = wait
+            end
+          end
+          ok = 0
+          remaining_18 = 0
+          if reset_18 < wait then
+            reset_18 = wait
+          end
+        end
+        if ok == 1 then
+          _, remaining, reset = -2, remaining_18, reset_18 break
+        end
+        if retry < 0 then
+          _, remaining, reset = -1, remaining_18, reset_18 break
+        end
+        _, remaining, reset = retry, remaining_18, reset_18 break
+      until true
+      REPLY[base + 2], REPLY[base + 3] = remaining, reset
+    end
+    if call('PTTL', key) == -1 then
+      -- A key without a TTL (written by something else, or lost its TTL): repair it.
+      local ms
+      repeat -- ttl_ms
+        local expires_at = now + REPLY[base + 3]
+        local ms_22
+        do -- cdiv
+          local a = expires_at - since
+          ms_22 = (a + (-a) % 1000) / 1000
+        end
+        if ms_22 < 1 then
+          ms = 1 break
+        end
+        ms = ms_22 break
+      until true
+      call('PEXPIRE', key, ms)
+    end
+  end
+  
+  -- The policies of a decision from position i to n (read into ALGS, OPS, PS, COSTS, XS and
+  -- YS), `admitted` by those before it or not: phase one for policy i, whose reply follows
+  -- REPLY[base]; then the policies after it, each one step deeper; then phase two for policy
+  -- i, once the request is known to be admitted or not (by every policy that decides), so
+  -- what each phase hands the other stays in locals. Phase two runs from the last policy to
+  -- the first: each has its own key. Returns whether the request is admitted, where the reply
+  -- of the checks ends, and whether a key was decided under its own limit (then PS[i] holds
+  -- the parameters of each policy from i on as it was decided).
+  local function step(self, i, n, keys, now, since, admitted, base)
+    local op, key, cost, p = OPS[i], keys[i], COSTS[i], PS[i]
+    local fused = FUSES[op]
+    local ok, st, ends, q
+    if fused then
+      do -- phase_one
+        local p = p
+        local st_24, ends_24, stale
+        repeat -- read1
+          local raw = call('GET', key)
+          if not raw then
+            st_24, ends_24, stale = nil break
+          end
+          local bare
+          repeat -- untagged
+            local tag = p.tag
+            if find(raw, tag, #raw - #tag + 1, true) then
+              bare = sub(raw, 1, #raw - #tag) break
+            end
+            bare = nil break
+          until true
+          if bare then
+            local n = tonumber(bare)
+            if n then
+              st_24, ends_24, stale = n break
+            end
+          end
+          local state, tag, ends = split_state(raw)
+          if tag == p.tag then
+            tag = nil
+          end
+          st_24, ends_24, stale = tonumber(state), ends, tag break
+        until true
+        if stale then
+          st_24, ends_24, p = adopt(self, key, p, st_24, ends_24, now, stale, STATES[i], since)
+        end
+        local v, remaining, reset
+        repeat -- verdict
+          local ok, remaining_27, reset_27, retry
+          repeat -- evaluate
+            local interval, tolerance = p[1], p[2]
+            local tat = now
+            if st_24 and st_24 > now then
+              tat = st_24
+            end
+            local backlog = tat - now
+            local new_backlog = backlog + cost * interval
+            if new_backlog <= tolerance then
+              local left
+              do -- fdiv
+                local a = tolerance - new_backlog
+                left = (a - a % interval) / interval
+              end
+              ok, remaining_27, reset_27, retry = 1, left, new_backlog, -1 break
+            end
+            local capped = backlog
+            if capped > tolerance then
+              capped = tolerance
+            end
+            local remaining_now
+            do -- fdiv
+              local a = tolerance - capped
+              remaining_now = (a - a % interval) / interval
+            end
+            if cost * interval > tolerance then
+              ok, remaining_27, reset_27, retry = 0, remaining_now, backlog, -1 break
+            end
+            ok, remaining_27, reset_27, retry = 0, remaining_now, backlog, new_backlog - tolerance break
+          until true
+          if ends_24 and ends_24 > now then
+            local wait = ends_24 - now
+            if ok == 1 or retry >= 0 then
+              if retry < wait then
+                retry = wait
+              end
+            end
+            ok = 0
+            remaining_27 = 0
+            if reset_27 < wait then
+              reset_27 = wait
+            end
+          end
+          if ok == 1 then
+            v, remaining, reset = -2, remaining_27, reset_27 break
+          end
+          if retry < 0 then
+            v, remaining, reset = -1, remaining_27, reset_27 break
+          end
+          v, remaining, reset = retry, remaining_27, reset_27 break
+        until true
+        REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
+        ok, st, ends, q = v == -2, st_24, ends_24, p
+      end
+    else
+      do -- loaded
+        local p = p
+        local st_31, ends_31, stale
+        repeat -- read1
+          local raw = call('GET', key)
+          if not raw then
+            st_31, ends_31, stale = nil break
+          end
+          local bare
+          repeat -- untagged
+            local tag = p.tag
+            if find(raw, tag, #raw - #tag + 1, true) then
+              bare = sub(raw, 1, #raw - #tag) break
+            end
+            bare = nil break
+          until true
+          if bare then
+            local n = tonumber(bare)
+            if n then
+              st_31, ends_31, stale = n break
+            end
+          end
+          local state, tag, ends = split_state(raw)
+          if tag == p.tag then
+            tag = nil
+          end
+          st_31, ends_31, stale = tonumber(state), ends, tag break
+        until true
+        if stale then
+          st_31, ends_31, p = adopt(self, key, p, st_31, ends_31, now, stale, STATES[i], since)
+        end
+        st, ends, q = st_31, ends_31, p
+      end
+      ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
+    end
+    admitted = admitted and (ok or not DECIDES[op])
+    local total, own = base + WIDTH[op], false
+    if i < n then
+      admitted, total, own = ALGS[i + 1]:step(i + 1, n, keys, now, since, admitted, total)
+    end
+    if fused then
+      repeat -- phase_two
+        if admitted and cost > 0 then
+          repeat -- commit
+            local tat = now
+            if st and st > now then
+              tat = st
+            end
+            tat = tat + cost * q[1]
+            repeat -- store
+              local value, expires_at = format(q.f1, tat), tat
+              if q.limit_end and q.limit_end > expires_at then
+                expires_at = q.limit_end
+              end
+              if ends then
+                local block_end
+                do -- int
+                  block_end = format(INT, ends)
+                end
+                value = value .. '|' .. block_end
+                repeat -- until_block_ends
+                  local expires_at_38 = expires_at
+                  if ends and ends > expires_at_38 then
+                    expires_at = ends break
+                  end
+                  expires_at = expires_at_38 break
+                until true
+              end
+              local ms
+              repeat -- ttl_ms
+                local ms_39
+                do -- cdiv
+                  local a = expires_at - since
+                  ms_39 = (a + (-a) % 1000) / 1000
+                end
+                if ms_39 < 1 then
+                  ms = 1 break
+                end
+                ms = ms_39 break
+              until true
+              call('SET', key, value, 'PX', format(INT, ms))
+            until true
+          until true
+          break
+        end
+        if REPLY[base + 1] == -2 and cost > 0 then
+          local _, remaining, reset
+          repeat -- verdict
+            local ends = nil
+            local ok, remaining_41, reset_41, retry
+            repeat -- evaluate
+              local interval, tolerance = q[1], q[2]
+              local tat = now
+              if st and st > now then
+                tat = st
+              end
+              local backlog = tat - now
+              local new_backlog = backlog + 0 * interval
+              if new_backlog <= tolerance then
+                local left
+                do -- fdiv
+                  local a = tolerance - new_backlog
+                  left = (a - a % interval) / interval
+                end
+                ok, remaining_41, reset_41, retry = 1, left, new_backlog, -1 break
+              end
+              local capped = backlog
+              if capped > tolerance then
+                capped = tolerance
+              end
+              local remaining_now
+              do -- fdiv
+                local a = tolerance - capped
+                remaining_now = (a - a % interval) / interval
+              end
+              if 0 * interval > tolerance then
+                ok, remaining_41, reset_41, retry = 0, remaining_now, backlog, -1 break
+              end
+              ok, remaining_41, reset_41, retry = 0, remaining_now, backlog, new_backlog - tolerance break
+            until true
+            if ends and ends > now then
+              local wait = ends - now
+              if ok == 1 or retry >= 0 then
+                if retry < wait then
+                  retry = wait
+                end
+              end
+              ok = 0
+              remaining_41 = 0
+              if reset_41 < wait then
+                reset_41 = wait
+              end
+            end
+            if ok == 1 then
+              _, remaining, reset = -2, remaining_41, reset_41 break
+            end
+            if retry < 0 then
+              _, remaining, reset = -1, remaining_41, reset_41 break
+            end
+            _, remaining, reset = retry, remaining_41, reset_41 break
+          until true
+          REPLY[base + 2], REPLY[base + 3] = remaining, reset
+        end
+        if call('PTTL', key) == -1 then
+          local ms
+          repeat -- ttl_ms
+            local expires_at = now + REPLY[base + 3]
+            local ms_45
+            do -- cdiv
+              local a = expires_at - since
+              ms_45 = (a + (-a) % 1000) / 1000
+            end
+            if ms_45 < 1 then
+              ms = 1 break
+            end
+            ms = ms_45 break
+          until true
+          call('PEXPIRE', key, ms)
+        end
+      until true
+    else
+      phase_two_of(self, i, op, key, q, now, since, cost, YS[i], st, ends, admitted, base)
+    end
+    if q ~= p then
+      PS[i], own = q, true
+    end
+    return admitted, total, own
+  end
+  
+  -- A policy enforced alone, the most usual call, from its arguments (`args`, its shape
+  -- `shape` first): its cost and parameters read, the time, then its two phases. Returns the
+  -- reply; nil, having done nothing, when the arguments are malformed.
+  local function enforced(self, key, args, shape)
     local cost, at = 1, 2
     if shape % 2048 >= 1024 then
       cost = tonumber(args[2])
+      if not cost then
+        return nil
+      end
       at = 3
     end
     local p
     do -- read_params
       local tag = args[at]
-      local p_1 = TAGGED[tag or '']
-      if not p_1 and tag then
+      local p_47 = TAGGED[tag or '']
+      if not p_47 and tag then
         local semi = find(tag, ';', 1, true)
-        p_1 = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p_1) then
-          p_1 = nil
+        p_47 = { tag = semi and sub(tag, 1, semi - 1) or tag }
+        if not tag_params(tag, p_47) then
+          p_47 = nil
         else
-          remember(tag, p_1)
+          remember(tag, p_47)
         end
       end
-      p = p_1
+      p = p_47
     end
     if not p then
       return nil
     end
-    local now
+    local now, since
     repeat -- clock
       local injected = shape >= 2048
       if injected then
-        TTL_SLACK = tonumber(args[#args])
-        now = tonumber(args[#args - 1]) break
+        local now_48 = tonumber(args[#args - 1])
+        now, since = now_48, now_48 - 1000 * tonumber(args[#args]) break
       end
-      TTL_SLACK = 0
       local t = call('TIME')
-      now = t[1] * 1000000 + t[2] break
+      local now_48 = t[1] * 1000000 + t[2]
+      now, since = now_48, now_48 break
     until true
-    local st, ends, stale
-    repeat -- read1
-      local raw = call('GET', key)
-      if not raw then
-        st, ends, stale = nil break
-      end
-      local bare
-      repeat -- untagged
-        local tag = p.tag
-        if find(raw, tag, #raw - #tag + 1, true) then
-          bare = sub(raw, 1, #raw - #tag) break
+    local ok, st, ends, q
+    do -- phase_one
+      local p = p
+      local st_49, ends_49, stale
+      repeat -- read1
+        local raw = call('GET', key)
+        if not raw then
+          st_49, ends_49, stale = nil break
         end
-        bare = nil break
+        local bare
+        repeat -- untagged
+          local tag = p.tag
+          if find(raw, tag, #raw - #tag + 1, true) then
+            bare = sub(raw, 1, #raw - #tag) break
+          end
+          bare = nil break
+        until true
+        if bare then
+          local n = tonumber(bare)
+          if n then
+            st_49, ends_49, stale = n break
+          end
+        end
+        local state, tag, ends = split_state(raw)
+        if tag == p.tag then
+          tag = nil
+        end
+        st_49, ends_49, stale = tonumber(state), ends, tag break
       until true
-      if bare then
-        local n = tonumber(bare)
-        if n then
-          st, ends, stale = n break
+      if stale then
+        st_49, ends_49, p = adopt(self, key, p, st_49, ends_49, now, stale, STATES[1], since)
+      end
+      local v, remaining, reset
+      repeat -- verdict
+        local ok, remaining_52, reset_52, retry
+        repeat -- evaluate
+          local interval, tolerance = p[1], p[2]
+          local tat = now
+          if st_49 and st_49 > now then
+            tat = st_49
+          end
+          local backlog = tat - now
+          local new_backlog = backlog + cost * interval
+          if new_backlog <= tolerance then
+            local left
+            do -- fdiv
+              local a = tolerance - new_backlog
+              left = (a - a % interval) / interval
+            end
+            ok, remaining_52, reset_52, retry = 1, left, new_backlog, -1 break
+          end
+          local capped = backlog
+          if capped > tolerance then
+            capped = tolerance
+          end
+          local remaining_now
+          do -- fdiv
+            local a = tolerance - capped
+            remaining_now = (a - a % interval) / interval
+          end
+          if cost * interval > tolerance then
+            ok, remaining_52, reset_52, retry = 0, remaining_now, backlog, -1 break
+          end
+          ok, remaining_52, reset_52, retry = 0, remaining_now, backlog, new_backlog - tolerance break
+        until true
+        if ends_49 and ends_49 > now then
+          local wait = ends_49 - now
+          if ok == 1 or retry >= 0 then
+            if retry < wait then
+              retry = wait
+            end
+          end
+          ok = 0
+          remaining_52 = 0
+          if reset_52 < wait then
+            reset_52 = wait
+          end
         end
-      end
-      local state, tag, ends_3 = split_state(raw)
-      if tag == p.tag then
-        tag = nil
-      end
-      st, ends, stale = tonumber(state), ends_3, tag break
-    until true
-    if ends or stale then
-      return nil
+        if ok == 1 then
+          v, remaining, reset = -2, remaining_52, reset_52 break
+        end
+        if retry < 0 then
+          v, remaining, reset = -1, remaining_52, reset_52 break
+        end
+        v, remaining, reset = retry, remaining_52, reset_52 break
+      until true
+      REPLY[0 + 1], REPLY[0 + 2], REPLY[0 + 3] = v, remaining, reset
+      ok, st, ends, q = v == -2, st_49, ends_49, p
     end
-    local ok, remaining, reset, retry
-    repeat -- evaluate
-      local interval, tolerance = p[1], p[2]
-      local tat = now
-      if st and st > now then
-        tat = st
-      end
-      local backlog = tat - now
-      local new_backlog = backlog + cost * interval
-      if new_backlog <= tolerance then
-        local left
-        do -- fdiv
-          local a, b = tolerance - new_backlog, interval
-          left = (a - a % b) / b
-        end
-        ok, remaining, reset, retry = 1, left, new_backlog, -1 break
-      end
-      local capped = backlog
-      if capped > tolerance then
-        capped = tolerance
-      end
-      local remaining_now
-      do -- fdiv
-        local a, b = tolerance - capped, interval
-        remaining_now = (a - a % b) / b
-      end
-      if cost * interval > tolerance then
-        ok, remaining, reset, retry = 0, remaining_now, backlog, -1 break
-      end
-      ok, remaining, reset, retry = 0, remaining_now, backlog, new_backlog - tolerance break
-    until true
-    REPLY[2], REPLY[3], REPLY[3 + 1] = remaining, reset, nil
-    if ok ~= 1 then
-      if retry < 0 then
-        REPLY[1] = -1
-      else
-        REPLY[1] = retry
-      end
-    else
-      REPLY[1] = -2
-      if cost > 0 then
+    REPLY[3 + 1] = nil
+    repeat -- phase_two
+      if ok and cost > 0 then
         repeat -- commit
           local tat = now
           if st and st > now then
             tat = st
           end
-          tat = tat + cost * p[1]
+          tat = tat + cost * q[1]
           repeat -- store
-            local value, expires_at = format(INT, tat), tat
-            value = value .. p.tag
-            if p.limit_end and p.limit_end > expires_at then
-              expires_at = p.limit_end
+            local value, expires_at = format(q.f1, tat), tat
+            if q.limit_end and q.limit_end > expires_at then
+              expires_at = q.limit_end
             end
-            if KEEP_BLOCK then
+            if ends then
               local block_end
               do -- int
-                local n = KEEP_BLOCK
-                block_end = format(INT, n)
+                block_end = format(INT, ends)
               end
               value = value .. '|' .. block_end
               repeat -- until_block_ends
-                local expires_at_11 = expires_at
-                if KEEP_BLOCK and KEEP_BLOCK > expires_at_11 then
-                  expires_at = KEEP_BLOCK break
+                local expires_at_60 = expires_at
+                if ends and ends > expires_at_60 then
+                  expires_at = ends break
                 end
-                expires_at = expires_at_11 break
+                expires_at = expires_at_60 break
               until true
             end
             local ms
             repeat -- ttl_ms
-              local ms_12
+              local ms_61
               do -- cdiv
-                local a, b = expires_at - now, 1000
-                ms_12 = (a + (-a) % b) / b
+                local a = expires_at - since
+                ms_61 = (a + (-a) % 1000) / 1000
               end
-              ms_12 = ms_12 + TTL_SLACK
-              if ms_12 < 1 then
+              if ms_61 < 1 then
                 ms = 1 break
               end
-              ms = ms_12 break
+              ms = ms_61 break
             until true
             call('SET', key, value, 'PX', format(INT, ms))
           until true
         until true
-        return REPLY
+        break
       end
-    end
-    -- Not charged: a key that lost its TTL gets one (as `apply` does).
-    if call('PTTL', key) == -1 then
-      local ms
-      repeat -- ttl_ms
-        local expires_at = now + reset
-        local ms_14
-        do -- cdiv
-          local a, b = expires_at - now, 1000
-          ms_14 = (a + (-a) % b) / b
-        end
-        ms_14 = ms_14 + TTL_SLACK
-        if ms_14 < 1 then
-          ms = 1 break
-        end
-        ms = ms_14 break
-      until true
-      call('PEXPIRE', key, ms)
+      if REPLY[0 + 1] == -2 and cost > 0 then
+        local _, remaining, reset
+        repeat -- verdict
+          local ends = nil
+          local ok, remaining_63, reset_63, retry
+          repeat -- evaluate
+            local interval, tolerance = q[1], q[2]
+            local tat = now
+            if st and st > now then
+              tat = st
+            end
+            local backlog = tat - now
+            local new_backlog = backlog + 0 * interval
+            if new_backlog <= tolerance then
+              local left
+              do -- fdiv
+                local a = tolerance - new_backlog
+                left = (a - a % interval) / interval
+              end
+              ok, remaining_63, reset_63, retry = 1, left, new_backlog, -1 break
+            end
+            local capped = backlog
+            if capped > tolerance then
+              capped = tolerance
+            end
+            local remaining_now
+            do -- fdiv
+              local a = tolerance - capped
+              remaining_now = (a - a % interval) / interval
+            end
+            if 0 * interval > tolerance then
+              ok, remaining_63, reset_63, retry = 0, remaining_now, backlog, -1 break
+            end
+            ok, remaining_63, reset_63, retry = 0, remaining_now, backlog, new_backlog - tolerance break
+          until true
+          if ends and ends > now then
+            local wait = ends - now
+            if ok == 1 or retry >= 0 then
+              if retry < wait then
+                retry = wait
+              end
+            end
+            ok = 0
+            remaining_63 = 0
+            if reset_63 < wait then
+              reset_63 = wait
+            end
+          end
+          if ok == 1 then
+            _, remaining, reset = -2, remaining_63, reset_63 break
+          end
+          if retry < 0 then
+            _, remaining, reset = -1, remaining_63, reset_63 break
+          end
+          _, remaining, reset = retry, remaining_63, reset_63 break
+        until true
+        REPLY[0 + 2], REPLY[0 + 3] = remaining, reset
+      end
+      if call('PTTL', key) == -1 then
+        local ms
+        repeat -- ttl_ms
+          local expires_at = now + REPLY[0 + 3]
+          local ms_67
+          do -- cdiv
+            local a = expires_at - since
+            ms_67 = (a + (-a) % 1000) / 1000
+          end
+          if ms_67 < 1 then
+            ms = 1 break
+          end
+          ms = ms_67 break
+        until true
+        call('PEXPIRE', key, ms)
+      end
+    until true
+    if q ~= p then
+      PS[1] = q
+      own_limits(1, 3)
     end
     return REPLY
   end
-  
-  -- Phase one of several policies enforced (`decide_fused` in decide.lua), for the one at
-  -- position i whose reply follows REPLY[base]: its verdict, remaining and reset in the
-  -- reply; returns whether it admits and the state decided on.
-  local function judged(key, p, now, cost, i, base)
-    local st, ends, stale
-    repeat -- read1
-      local raw = call('GET', key)
-      if not raw then
-        st, ends, stale = nil break
-      end
-      local bare
-      repeat -- untagged
-        local tag = p.tag
-        if find(raw, tag, #raw - #tag + 1, true) then
-          bare = sub(raw, 1, #raw - #tag) break
-        end
-        bare = nil break
-      until true
-      if bare then
-        local n = tonumber(bare)
-        if n then
-          st, ends, stale = n break
-        end
-      end
-      local state, tag, ends_16 = split_state(raw)
-      if tag == p.tag then
-        tag = nil
-      end
-      st, ends, stale = tonumber(state), ends_16, tag break
-    until true
-    if ends or stale then
-      return nil
-    end
-    local ok, remaining, reset, retry
-    repeat -- evaluate
-      local interval, tolerance = p[1], p[2]
-      local tat = now
-      if st and st > now then
-        tat = st
-      end
-      local backlog = tat - now
-      local new_backlog = backlog + cost * interval
-      if new_backlog <= tolerance then
-        local left
-        do -- fdiv
-          local a, b = tolerance - new_backlog, interval
-          left = (a - a % b) / b
-        end
-        ok, remaining, reset, retry = 1, left, new_backlog, -1 break
-      end
-      local capped = backlog
-      if capped > tolerance then
-        capped = tolerance
-      end
-      local remaining_now
-      do -- fdiv
-        local a, b = tolerance - capped, interval
-        remaining_now = (a - a % b) / b
-      end
-      if cost * interval > tolerance then
-        ok, remaining, reset, retry = 0, remaining_now, backlog, -1 break
-      end
-      ok, remaining, reset, retry = 0, remaining_now, backlog, new_backlog - tolerance break
-    until true
-    REPLY[base + 2], REPLY[base + 3] = remaining, reset
-    if ok == 1 then
-      REPLY[base + 1] = -2
-      return true, st
-    end
-    if retry < 0 then
-      REPLY[base + 1] = -1
-    else
-      REPLY[base + 1] = retry
-    end
-    return false, st
-  end
-  
   return {
-    fused = fused,
-    judged = judged,
+    verdict = verdict,
+    loaded = loaded,
+    phase_one = phase_one,
+    phase_two = phase_two,
+    step = step,
+    enforced = enforced,
     block = block_in_value,
     load = load,
     evaluate = evaluate,
@@ -3742,21 +9225,21 @@ ALG[6] = function()
       return tat
     end,
     -- Twin of `Gcra::convert`: the backlog re-counted in the new interval.
-    convert = function(self, key, q, p, st, now)
+    convert = function(self, key, q, p, st, now, keep, since)
       if not st or st <= now then
         return false
       end
       local tat = now + rescale(st - now, q[1], p[1])
-      store(key, p, format(INT, tat), now, tat)
+      store(key, p, format(p.f1, tat), tat, keep, since)
       return true
     end,
     -- Gives back the latest slot only: its charge put the TAT at `slot + tolerance`.
-    release = function(self, key, p, st, now, slot, units)
+    release = function(self, key, p, st, now, slot, units, keep, since)
       if st and st == slot + p[2] then
-        self:refund(key, p, st, now, units)
+        self:refund(key, p, st, now, units, keep, since)
       end
     end,
-    refund = function(self, key, p, st, now, units)
+    refund = function(self, key, p, st, now, units, keep, since)
       if not st then
         return
       end
@@ -3768,181 +9251,10 @@ ALG[6] = function()
       if tat < now then
         tat = now
       end
-      store(key, p, format(INT, tat), now, tat)
+      store(key, p, format(p.f1, tat), tat, keep, since)
     end,
     commit = commit,
   }
-end
--- What acts on a key's state on its own, before a decision judges it: the operations' `ACT`
--- arms (`act`), and the conversion of a state written under other parameters (`adopt`: a
--- reload, another instance's version, a key's own limit begun or ended). Written into the
--- script before `decide.lua`, which calls `act` and `adopt`.
-
--- Old parameters read from a tag, reused from call to call.
-local OLD = {}
-
--- Puts the key's state `st`, written under `from` (nil: under nothing this policy reads),
--- under `to`: a key's own limit's parameters or the policy's, converted as a reload converts
--- it (twin of `Row::put_under` in Rust). With nothing used, only the key's own limit is kept
--- (and the block on record). The sliding log, whose entries mean the same under any quota,
--- marks its own limit itself.
-local function put_under(alg, key, st, now, from, to)
-  if alg.mark then
-    alg:mark(key, to, now)
-    return
-  end
-  if st and from and alg.convert and alg:convert(key, from, to, st, now) then
-    return
-  end
-  local value, e = '', now
-  if to.limit_end then
-    value, e = to.tag, to.limit_end
-  end
-  if KEEP_BLOCK then
-    value = value .. '|' .. int(KEEP_BLOCK)
-    if KEEP_BLOCK > e then
-      e = KEEP_BLOCK
-    end
-  end
-  if value == '' then
-    call('DEL', key)
-  else
-    call('SET', key, value, 'PX', format(INT, ttl_ms(now, e)))
-  end
-end
-
--- The parameters a state of tag `stale` was written under (nil: the present ones, `p`);
--- nil for a state of another algorithm.
-local function written_under(stale, p)
-  if not stale then
-    return p
-  end
-  if find(stale, '@', 1, true) then
-    return own_params(stale, p)
-  end
-  if tag_params(stale, OLD) == sub(p.tag, 1, 1) then
-    return OLD
-  end
-  return nil
-end
-
--- A state found written under other parameters (`stale`, its tag: the policy was reloaded, or
--- another instance runs another version of it), converted to the present ones and written
--- back (twin of `Compiled::convert`): the state and the block's end then. A state of another
--- algorithm, or one left with nothing used, is forgotten; the key keeps its block.
-local function adopt(alg, key, p, st, ends, now, stale, into)
-  if find(stale, '@', 1, true) then
-    local o = own_params(stale, p)
-    if o and o.limit_end > now and (not alg.keeps or alg.keeps(o, p)) then
-      -- The key's own limit: decided under it.
-      return st, ends, o
-    end
-    -- Its own limit has ended (or counts periods the policy no longer counts): back under
-    -- the policy's quota, its usage kept.
-    KEEP_BLOCK = ends
-    put_under(alg, key, o and st, now, o, p)
-    KEEP_BLOCK = nil
-    local kept, block = alg.load(key, p, now, into)
-    return kept, block, p
-  end
-  if st and alg.convert and tag_params(stale, OLD) == sub(p.tag, 1, 1) then
-    KEEP_BLOCK = ends
-    local kept = alg:convert(key, OLD, p, st, now)
-    KEEP_BLOCK = nil
-    if kept then
-      local state, block = alg.load(key, p, now, into)
-      return state, block, p
-    end
-  end
-  if ends then
-    call('SET', key, '|' .. int(ends), 'KEEPTTL')
-  else
-    call('DEL', key)
-  end
-  return nil, ends, p
-end
-
-
--- The arms of the operations that act on their own (twin of `act` in the memory store), each
--- called with the policy's algorithm, key, parameters, state, the time, the units and the
--- operation's integer; the block on record is kept by every write they make.
-local ACT = {}
-ACT[7] = function(alg, key, p, st, now, units)
-  alg:refund(key, p, st, now, units)
-end
-ACT[8] = function(_, key)
-  call('DEL', key)
-end
-ACT[9] = function(alg, key, p, st, now, units)
-  if units > 0 then
-    alg:commit(key, p, st, now, units)
-  end
-end
-ACT[10] = function(alg, key, p, st, now, _, us)
-  alg:block(key, p, st, now, now + us)
-end
--- The algorithm's own give-back, else a refund until the lease's end: see `Step::give_back`.
-ACT[11] = function(alg, key, p, st, now, units, lease_end)
-  if alg.give_back then
-    alg:give_back(key, p, st, now, lease_end, units)
-  elseif now <= lease_end then
-    alg:refund(key, p, st, now, units)
-  end
-end
--- The algorithm's own release, else its give-back: see `Step::release`.
-ACT[12] = function(alg, key, p, st, now, units, at)
-  if alg.release then
-    alg:release(key, p, st, now, at, units)
-  elseif alg.give_back then
-    alg:give_back(key, p, st, now, at, units)
-  end
-end
-
--- The difference between a request's real cost and its estimate, given back or owed (the
--- algorithm's own debit, else a charge: see `Step::debit`).
-ACT[13] = function(alg, key, p, st, now, units, estimate)
-  if units < estimate then
-    alg:refund(key, p, st, now, estimate - units)
-  elseif units > estimate then
-    local debit = alg.debit or alg.commit
-    debit(alg, key, p, st, now, units - estimate)
-  end
-end
-
--- A key's own limit, `p` (its parameters, then '@' and its quota), until `limit_end` (0: the
--- longest window's time from now): the state converted from what it was written under.
-ACT[14] = function(alg, key, p, st, now, from, limit_end)
-  if limit_end == 0 then
-    limit_end = now + 31622400000000
-  end
-  local at = find(p.tag, '@', 1, true)
-  local tag = sub(p.tag, 1, at) .. int(limit_end) .. 'E0,' .. sub(p.tag, at + 1)
-  put_under(alg, key, st, now, from, own_params(tag, p))
-end
--- Back under the policy's own quota (`p`), from a key's own limit.
-ACT[15] = function(alg, key, p, st, now, from)
-  if from ~= p then
-    put_under(alg, key, st, now, from, p)
-  end
-end
-
--- Runs the act of `op` on the key (its state loaded in `into`, converted first when it was
--- written under other parameters, or decided under the key's own limit); a key's own limit
--- set or ended is given what the state was written under instead of the units.
-local function act(alg, op, key, p, now, units, x, into)
-  local st, ends, stale = alg.load(key, p, now, into)
-  if RELIMITS[op] then
-    KEEP_BLOCK = ends
-    ACT[op](alg, key, p, st, now, written_under(stale, p), x)
-    KEEP_BLOCK = nil
-    return
-  end
-  if stale then
-    st, ends, p = adopt(alg, key, p, st, ends, now, stale, into)
-  end
-  KEEP_BLOCK = ends
-  ACT[op](alg, key, p, st, now, units, x)
-  KEEP_BLOCK = nil
 end
 -- Decides one request against one or more policies, atomically.
 -- KEYS[i]: the state key of policy i (all in one hash slot).
@@ -3951,7 +9263,8 @@ end
 -- `read_params` and `store`); after the last
 -- policy, when the first shape says the time is injected, the time in microseconds and the
 -- milliseconds added to every TTL (Redis expires keys on its own clock, which an injected
--- clock may outrun or lag). Otherwise the time is Redis TIME.
+-- clock may outrun or lag: `clock` gives the time TTLs count from). Otherwise the time is
+-- Redis TIME.
 -- A shape is one integer: algorithm + MODE_UNIT * operation, plus COST_FLAG when a cost other
 -- than 1 follows and CLOCK_FLAG when the time is injected.
 -- The algorithm ids, the operations and each operation's facts are generated from Rust
@@ -3959,9 +9272,10 @@ end
 -- DECIDES (a denial denies the request), CHARGES (0: never charged here; 1: when its own
 -- verdict admits; 2: always, if the request is admitted), ACTS (changes the state on its own,
 -- then looks at cost 0: its arm is ACT[op] in act.lua), ARGS (its integers), GRANTS (its reply
--- has the three integers of a grant) and FUSES (decided by its algorithm's fused decisions,
--- alone or beside others of the same: `fused.lua`, written into each twin by luagen/).
--- The operations' own arms are here and in act.lua, nowhere else: ACT[op] for those that act;
+-- has the three integers of a grant) and FUSES (decided by the phases themselves, phases.lua,
+-- with no arm of its own: ENFORCE).
+-- The operations' own arms are in act.lua and grant.lua, nowhere else: ACT[op] for those that
+-- act;
 -- LEASE (decided on the state as strict as a lease could make it, `lease_state`, and charged
 -- a lease of what is left instead of its cost, `take_lease`), WAIT (a request it denies now
 -- is admitted when a wait of at most its integer would admit it, `reservation` and
@@ -3970,8 +9284,9 @@ end
 -- state key itself (see `read` and the sliding log), so a decision finds it with the read it
 -- makes anyway, and stays on record while the key lives (a clock that goes back finds it
 -- again, as the memory store does).
--- Every operation that acts does so first, in order; then each policy is evaluated; then
--- charged only if all that decide admit.
+-- Every operation that acts does so first, in order; then phase one for each policy, then
+-- phase two for each (`step`, in phases.lua), charged only if all that decide admit. A
+-- policy enforced alone, the usual call, is its twin's `enforced`: the same two phases.
 -- Reply: CHECK_WIDTH integers per policy, each at its place (`at` in script.rs, AT_... here):
 -- the verdict (ADMITTED, or the retry-after in microseconds, or NEVER when no wait admits it),
 -- remaining, reset_after_us; remaining and reset describe the state after this request's
@@ -3998,6 +9313,7 @@ end
 -- The policy whose shape is at args[at], the i-th of the call: its algorithm, operation,
 -- parameters (`read_params`), cost and the operation's integers; where the next policy starts
 -- and whether the time is injected. Nil when malformed.
+--@inline
 local function read_policy(args, at, i)
   local shape = SHAPES[args[at]] or read_shape(args[at])
   if not shape then
@@ -4026,378 +9342,161 @@ local function read_policy(args, at, i)
   if not STATES[i] then
     STATES[i], LEASED[i] = {}, {}
   end
-  local p = read_params(args[at])
+  local p
+  do -- read_params
+    local tag = args[at]
+    local p_1 = TAGGED[tag or '']
+    if not p_1 and tag then
+      local semi = find(tag, ';', 1, true)
+      p_1 = { tag = semi and sub(tag, 1, semi - 1) or tag }
+      if not tag_params(tag, p_1) then
+        p_1 = nil
+      else
+        remember(tag, p_1)
+      end
+    end
+    p = p_1
+  end
   if not p then
     return nil
   end
   return alg, op, p, cost, x, y, at + 1, shape >= 2048
 end
 
--- Phase one for a policy: its verdict as the reply gives it, remaining and reset.
-local function judge(alg, p, st, ends, now, cost, key)
-  local ok, remaining, reset, retry = alg:evaluate(p, st, now, cost, key)
-  if alg.lag then
-    ok, remaining, reset, retry = shift(alg.lag(p, st, now), cost, ok, remaining, reset, retry)
+-- The algorithm of each shape whose operation the fused phases decide (`FUSES`), false for
+-- a shape whose operation they do not (`enforced_by`).
+local ENFORCED = {}
+
+-- The algorithm of a policy of this shape, remembered, when the fused phases decide its
+-- operation, else false.
+local function enforced_by(shape)
+  local id = shape % 32
+  local alg = false
+  if FUSES[(shape % 1024 - id) / 32] then
+    alg = algorithm(id) or false
   end
-  if ends and ends > now then
-    -- Blocked: denied until the block ends, whatever the state (twin of `apply_block`).
-    local wait = ends - now
-    if ok == 1 or retry >= 0 then
-      if retry < wait then
-        retry = wait
-      end
-    end
-    ok = 0
-    remaining = 0
-    if reset < wait then
-      reset = wait
-    end
-  end
-  if ok == 1 then
-    return -2, remaining, reset
-  end
-  if retry < 0 then
-    return -1, remaining, reset
-  end
-  return retry, remaining, reset
+  ENFORCED[shape] = alg
+  return alg
 end
 
--- For a WAIT policy denied now with `verdict`: the wait until the time that admits it, when
--- it is a retry-after of at most `max_wait`, the cost is not 0 (a look reserves nothing) and
--- the key is not blocked (twin of
--- `reservation` in Rust); else nil.
-local function reservation(alg, p, st, ends, now, cost, key, verdict, max_wait)
-  if cost == 0 or verdict < 0 or verdict > max_wait or (ends and ends > now) then
-    return nil
-  end
-  if judge(alg, p, st, ends, now + verdict, cost, key) == -2 then
-    return verdict
-  end
-  return nil
-end
-
--- Phase two for a WAIT policy admitted at the time `wait` microseconds away: charges it
--- there (the key's TTL still counted from now), then reports the state as it is seen now,
--- with the units, the time and the wait after the verdict. `scratch` is a table to load the
--- new state in.
-local function reserve(alg, key, p, st, ends, now, cost, wait, reply, at, scratch)
-  local at_time = now + wait
-  KEEP_BLOCK = ends
-  if alg.reserve_commit then
-    alg:reserve_commit(key, p, st, now, at_time, cost)
-  else
-    local slack = TTL_SLACK
-    TTL_SLACK = slack + cdiv(wait, 1000)
-    alg:commit(key, p, st, at_time, cost)
-    TTL_SLACK = slack
-  end
-  KEEP_BLOCK = nil
-  -- Admitted, the state reported as it is seen now (a look may deny: the sliding log still
-  -- counts, now, entries that are gone at that time).
-  local seen = alg.load(key, p, now, scratch)
-  local _, remaining, reset = judge(alg, p, seen, nil, now, 0, key)
-  reply[at + 1], reply[at + 2] = -2, remaining
-  reply[at + 3] = reset
-  reply[at + 4], reply[at + 5], reply[at + 6] = cost, at_time, wait
-end
-
--- Phase two for an admitted LEASE of up to `want` units ending at `lease_end`: leases
--- what is left, at least the cost and at most the units wanted, and reports the verdict with
--- the lease counted as spent (twin of `take_lease` in Rust).
-local function take_lease(alg, key, p, st, ends, now, cost, want, lease_end, reply, at)
-  local _, left = alg:evaluate(p, st, now, 0, key)
-  local units = left
-  if units > want then
-    units = want
-  end
-  if units < cost then
-    units = cost
-  end
-  local verdict, remaining, reset = judge(alg, p, st, ends, now, units, key)
-  if verdict ~= -2 and units > cost then
-    units = cost
-    verdict, remaining, reset = judge(alg, p, st, ends, now, units, key)
-  end
-  if units > 0 then
-    KEEP_BLOCK = ends
-    if alg.lease_commit then
-      alg:lease_commit(key, p, st, now, lease_end, units)
-    else
-      alg:commit(key, p, st, now, units)
-    end
-    KEEP_BLOCK = nil
-  end
-  reply[at + 1], reply[at + 2], reply[at + 3] = verdict, remaining, reset
-  reply[at + 4], reply[at + 5], reply[at + 6] = units, lease_end, lease_end - now
-end
-
--- What each policy of a decision hands from one phase to the next, reused from call to call.
-local ALGS, OPS, PS, COSTS, XS, YS, STS, ENDS, LEASE_ENDS, WAITS = {}, {}, {}, {}, {}, {}, {}, {},
-  {}, {}
-
--- Phase one for the policy at position i, whose reply follows REPLY[base]: its state,
--- loaded in STATES[i] (converted first when written under other parameters; as strict as a
--- lease could make it, in LEASED[i], for a LEASE whose longest life is `x`: twin of
--- `lease_verdict` in Rust), its verdict in the reply, and for a WAIT denied now, the wait of
--- at most `x` until the time that would admit it. Returns whether it admits the request, the
--- state and block decided on, the lease's end and the wait.
-local function evaluate(i, alg, op, key, p, now, cost, x, base)
-  local into = STATES[i]
-  local st, ends, stale = alg.load(key, p, now, into)
-  if stale then
-    st, ends, p = adopt(alg, key, p, st, ends, now, stale, into)
-    -- Phase two, and the reply, under the key's own limit if it has one.
-    PS[i] = p
-  end
-  local lease_end
-  if op == 6 then
-    lease_end = now + x
-    if alg.lease_end then
-      lease_end = alg:lease_end(p, st, now, x)
-    end
-    if alg.lease_state then
-      st = alg:lease_state(p, st, now, lease_end, LEASED[i])
-    end
-  end
-  local verdict, remaining, reset = judge(alg, p, st, ends, now, cost, key)
-  REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = verdict, remaining,
-    reset
-  if GRANTS[op] then
-    REPLY[base + 4], REPLY[base + 5], REPLY[base + 6] = 0, 0, 0
-  end
-  if verdict == -2 then
-    return true, st, ends, lease_end
-  end
-  if op == 5 then
-    local wait = reservation(alg, p, st, ends, now, cost, key, verdict, x)
-    return wait ~= nil, st, ends, lease_end, wait
-  end
-  return false, st, ends
-end
-
--- Phase two for the policy at position i, the request `admitted` or not: charged as its
--- operation says (at its reserved time `wait` away, a lease of up to `y` units ending at
--- `lease_end`, its cost; keeping its block on record), or the state reported as it stays, its
--- key given a TTL if it lost its own.
-local function apply(i, alg, op, key, p, now, cost, y, st, ends, lease_end, wait, admitted, base)
-  if admitted then
-    if wait then
-      reserve(alg, key, p, st, ends, now, cost, wait, REPLY, base, LEASED[i])
-      return
-    end
-    if op == 6 then
-      take_lease(alg, key, p, st, ends, now, cost, y, lease_end, REPLY, base)
-      return
-    end
-    local charges = CHARGES[op]
-    if cost > 0 and (charges == 2 or (charges == 1 and REPLY[base + 1] == -2)) then
-      KEEP_BLOCK = ends
-      alg:commit(key, p, st, now, cost)
-      KEEP_BLOCK = nil
-      if op == 4 then
-        REPLY[base + 4], REPLY[base + 5] = cost, now
-      end
-      return
-    end
-  end
-  if REPLY[base + 1] == -2 and cost > 0 then
-    -- Admitted by this policy but not charged: report the state as it stays.
-    local ok, remaining, reset, retry = alg:evaluate(p, st, now, 0, key)
-    if alg.lag then
-      ok, remaining, reset = shift(alg.lag(p, st, now), 0, ok, remaining, reset, retry)
-    end
-    REPLY[base + 2] = remaining
-    REPLY[base + 3] = reset
-  end
-  if call('PTTL', key) == -1 then
-    -- A key without a TTL (written by something else, or lost its TTL): repair it.
-    call('PEXPIRE', key, ttl_ms(now, now + REPLY[base + 3]))
-  end
-end
-
--- After the checks' replies (`total` integers), each key decided under its own limit: its
--- place and its quota's limit, window and burst (`OWN_WIDTH` integers; see `own_quota` in
--- Rust); then the reply's end.
-local function own_limits(n, total)
-  for i = 1, n do
-    local o = PS[i]
-    if o.limit_end then
-      local q = o.quota
-      REPLY[total + 1], REPLY[total + 2] = i, q[1]
-      REPLY[total + 3], REPLY[total + 4] = q[2], q[3]
-      total = total + 4
-    end
-  end
-  REPLY[total + 1] = nil
-end
 
 local function malformed(args, at)
   return redis.error_reply('tower-ratelimit: malformed policy ' .. tostring(args[at]))
 end
 
--- Several policies: each read (all before anything is done: a malformed call changes
--- nothing); every act, in order; phase one for each, what phase two needs kept in tables;
--- then phase two for each.
-local function decide_many(keys, args, n)
-  local at, injected = 1, false
-  for i = 1, n do
-    local alg, op, p, cost, x, y, next_at, clock_flag = read_policy(args, at, i)
-    if not alg then
-      return malformed(args, at)
-    end
-    ALGS[i], OPS[i], PS[i], COSTS[i], XS[i], YS[i], at = alg, op, p, cost, x, y, next_at
-    injected = injected or (i == 1 and clock_flag)
-  end
-  local now = clock(args, injected)
-  for i = 1, n do
-    if ACTS[OPS[i]] then
-      act(ALGS[i], OPS[i], keys[i], PS[i], now, COSTS[i], XS[i], STATES[i])
-      COSTS[i] = 0
-    end
-  end
-  local admitted, base = true, 0
-  for i = 1, n do
-    local op = OPS[i]
-    local ok, st, ends, lease_end, wait = evaluate(i, ALGS[i], op, keys[i], PS[i], now,
-      COSTS[i], XS[i], base)
-    if not ok and DECIDES[op] then
-      admitted = false
-    end
-    STS[i], ENDS[i], LEASE_ENDS[i], WAITS[i] = st, ends, lease_end, wait
-    base = base + WIDTH[op]
-  end
-  REPLY[base + 1] = nil
-  local total = base
-  base = 0
-  for i = 1, n do
-    local op = OPS[i]
-    apply(i, ALGS[i], op, keys[i], PS[i], now, COSTS[i], YS[i], STS[i], ENDS[i],
-      LEASE_ENDS[i], WAITS[i], admitted, base)
-    base = base + WIDTH[op]
-  end
-  own_limits(n, total)
-  return REPLY
-end
-
--- The algorithm of each shape that is decided by its algorithm's fused decisions, false for
--- a shape that is not (`fused_for`).
-local FUSED = {}
-
--- The algorithm of a policy of this shape, remembered, when its operation is one the fused
--- decisions decide (`FUSES`), else false.
-local function fused_for(shape)
-  local id = shape % 32
-  local fused = false
-  if FUSES[(shape % 1024 - id) / 32] then
-    fused = algorithm(id) or false
-  end
-  FUSED[shape] = fused
-  return fused
-end
-
--- Several policies, each enforced (the usual request of several): every one read, the time
--- read, each judged by its algorithm's fused phase one (`judged`), then either each charged
--- by its algorithm's `commit` (all admit) or each left as `apply` leaves a denied request's.
--- Nil, having written nothing, when one is another operation, a cost of 0, a key blocked or written
--- under other parameters, or malformed: the general path decides it.
-local function decide_fused(keys, args, n)
-  local at, injected = 1, false
-  for i = 1, n do
-    local shape = SHAPES[args[at]] or read_shape(args[at])
-    if not shape then
-      return nil
-    end
-    local alg = FUSED[shape]
-    if alg == nil then
-      alg = fused_for(shape)
-    end
-    if not alg then
-      return nil
-    end
-    local cost = 1
-    at = at + 1
-    if shape % 2048 >= 1024 then
-      cost = tonumber(args[at])
-      if not cost or cost <= 0 then
-        return nil
-      end
-      at = at + 1
-    end
-    local p = read_params(args[at])
-    if not p then
-      return nil
-    end
-    at = at + 1
-    if i == 1 then
-      injected = shape >= 2048
-    end
-    if not STATES[i] then
-      STATES[i], LEASED[i] = {}, {}
-    end
-    ALGS[i], PS[i], COSTS[i] = alg, p, cost
-  end
-  local now = clock(args, injected)
-  local admitted, base = true, 0
-  for i = 1, n do
-    local ok, st = ALGS[i].judged(keys[i], PS[i], now, COSTS[i], i, base)
-    if ok == nil then
-      return nil
-    end
-    admitted = admitted and ok
-    STS[i] = st
-    base = base + 3
-  end
-  REPLY[base + 1] = nil
-  for i = 1, n do
-    if admitted then
-      ALGS[i]:commit(keys[i], PS[i], STS[i], now, COSTS[i])
-    else
-      apply(i, ALGS[i], 1, keys[i], PS[i], now, COSTS[i], nil, STS[i], nil, nil, nil, false,
-        3 * (i - 1))
-    end
-  end
-  return REPLY
-end
-
+-- The decision: each policy read (all before anything is done: a malformed call changes
+-- nothing), the time read; every act, in order; phase one for each, what phase two needs kept
+-- in tables; then phase two for each, charged only if every policy that decides admits.
+-- A policy alone, the usual call, is decided by its twin's `alone`, the same two phases
+-- written into one function.
 local function decide(keys, args)
   if not format then
     bind_libraries()
   end
-  KEEP_BLOCK = nil
   local n = #keys
-  if n ~= 1 then
-    return decide_fused(keys, args, n) or decide_many(keys, args, n)
-  end
-  local key = keys[1]
-  -- One policy enforced alone, the usual request: the algorithm's fused decision, unless the
-  -- key is blocked or was written under other parameters.
-  local shape = SHAPES[args[1]] or read_shape(args[1])
-  if shape then
-    local fused = FUSED[shape]
-    if fused == nil then
-      fused = fused_for(shape)
+  if n == 1 then
+    local shape = SHAPES[args[1]] or read_shape(args[1])
+    local alg = ENFORCED[shape]
+    if alg == nil and shape then
+      alg = enforced_by(shape)
     end
-    if fused then
-      local reply = fused.fused(key, args, shape)
+    if alg then
+      local reply = alg:enforced(keys[1], args, shape)
       if reply then
         return reply
       end
     end
   end
-  -- Any other policy alone: the same phases as several, what they hand on kept in locals.
-  local alg, op, p, cost, x, y, _, injected = read_policy(args, 1, 1)
-  if not alg then
-    return malformed(args, 1)
+  local at, injected, acts = 1, false, false
+  for i = 1, n do
+    local alg, op, p, cost, x, y, next_at, clock_flag
+    repeat -- read_policy
+      local at = at
+      local shape = SHAPES[args[at]] or read_shape(args[at])
+      if not shape then
+        alg, op, p, cost, x, y, next_at, clock_flag = nil break
+      end
+      local id = shape % 32
+      local alg_2 = BUILT[id] or algorithm(id)
+      local op_2 = (shape % 1024 - id) / 32
+      if not alg_2 or not ARGS[op_2] then
+        alg, op, p, cost, x, y, next_at, clock_flag = nil break
+      end
+      local cost_2 = 1
+      at = at + 1
+      if shape % 2048 >= 1024 then
+        cost_2 = tonumber(args[at])
+        at = at + 1
+      end
+      local count, x_2, y_2 = ARGS[op_2], nil, nil
+      if count > 0 then
+        x_2 = tonumber(args[at])
+        if count > 1 then
+          y_2 = tonumber(args[at + 1])
+        end
+        at = at + count
+      end
+      if not STATES[i] then
+        STATES[i], LEASED[i] = {}, {}
+      end
+      local p_2
+      do -- read_params
+        local tag = args[at]
+        local p = TAGGED[tag or '']
+        if not p and tag then
+          local semi = find(tag, ';', 1, true)
+          p = { tag = semi and sub(tag, 1, semi - 1) or tag }
+          if not tag_params(tag, p) then
+            p = nil
+          else
+            remember(tag, p)
+          end
+        end
+        p_2 = p
+      end
+      if not p_2 then
+        alg, op, p, cost, x, y, next_at, clock_flag = nil break
+      end
+      alg, op, p, cost, x, y, next_at, clock_flag = alg_2, op_2, p_2, cost_2, x_2, y_2, at + 1, shape >= 2048 break
+    until true
+    if not alg then
+      return malformed(args, at)
+    end
+    ALGS[i], OPS[i], PS[i], COSTS[i], at = alg, op, p, cost, next_at
+    if x then
+      -- Read only by the operations that have them.
+      XS[i], YS[i] = x, y
+    end
+    if i == 1 then
+      injected = clock_flag
+    end
+    if ACTS[op] then
+      acts = true
+    end
   end
-  local now = clock(args, injected)
-  if ACTS[op] then
-    act(alg, op, key, p, now, cost, x, STATES[1])
-    cost = 0
+  local now, since
+  repeat -- clock
+    if injected then
+      local now_4 = tonumber(args[#args - 1])
+      now, since = now_4, now_4 - 1000 * tonumber(args[#args]) break
+    end
+    local t = call('TIME')
+    local now_4 = t[1] * 1000000 + t[2]
+    now, since = now_4, now_4 break
+  until true
+  if acts then
+    for i = 1, n do
+      if ACTS[OPS[i]] then
+        act(ALGS[i], OPS[i], keys[i], PS[i], now, COSTS[i], XS[i], STATES[i], since)
+        COSTS[i] = 0
+      end
+    end
   end
-  PS[1] = p
-  local ok, st, ends, lease_end, wait = evaluate(1, alg, op, key, p, now, cost, x, 0)
-  REPLY[WIDTH[op] + 1] = nil
-  apply(1, alg, op, key, PS[1], now, cost, y, st, ends, lease_end, wait, ok or not DECIDES[op], 0)
-  own_limits(1, WIDTH[op])
+  local _, total, own = ALGS[1]:step(1, n, keys, now, since, true, 0)
+  if own then
+    own_limits(n, total)
+  else
+    REPLY[total + 1] = nil
+  end
   return REPLY
 end

@@ -1,0 +1,147 @@
+-- The phases of a policy whose operation is not ENFORCE (phases.lua takes those here once its
+-- state is read): a look, a shadow, an act's look at cost 0, and what the granting
+-- operations do beyond a verdict: the time a WAIT reserves, the units a LEASE takes, the
+-- slots CONCURRENCY holds. What phase one finds for phase two, per policy position.
+local LEASE_ENDS, WAITS = {}, {}
+
+-- A table to load a state in, for a moment.
+local SCRATCH = {}
+
+-- For a WAIT policy denied now with `verdict`: the wait until the time that admits it, when
+-- it is a retry-after of at most `max_wait`, the cost is not 0 (a look reserves nothing) and
+-- the key is not blocked (twin of `reservation` in Rust); else nil.
+local function reservation(alg, p, st, ends, now, cost, key, verdict, max_wait)
+  if cost == 0 or verdict < 0 or verdict > max_wait or (ends and ends > now) then
+    return nil
+  end
+  if alg:verdict(p, st, ends, now + verdict, cost, key) == ADMITTED then
+    return verdict
+  end
+  return nil
+end
+
+-- Phase two for a WAIT policy admitted at the time `wait` microseconds away, whose reply
+-- follows REPLY[at]: charges it there (the key's TTL still counted from `since`), then
+-- reports the state as it is seen now, with the units, the time and the wait after the
+-- verdict.
+local function reserve(alg, key, p, st, ends, now, cost, wait, at, since)
+  local at_time = now + wait
+  if alg.reserve_commit then
+    alg:reserve_commit(key, p, st, now, at_time, cost, ends, since)
+  else
+    alg:commit(key, p, st, at_time, cost, ends, since)
+  end
+  -- Admitted, the state reported as it is seen now (a look may deny: the sliding log still
+  -- counts, now, entries that are gone at that time).
+  local seen = alg.load(key, p, now, SCRATCH)
+  local _, remaining, reset = alg:verdict(p, seen, nil, now, 0, key)
+  REPLY[at + AT_VERDICT], REPLY[at + AT_REMAINING] = ADMITTED, remaining
+  REPLY[at + AT_RESET] = reset
+  REPLY[at + AT_UNITS], REPLY[at + AT_END], REPLY[at + AT_LASTS] = cost, at_time, wait
+end
+
+-- Phase two for an admitted LEASE of up to `want` units ending at `lease_end`, whose reply
+-- follows REPLY[at]: leases what is left, at least the cost and at most the units wanted,
+-- and reports the verdict with the lease counted as spent (twin of `take_lease` in Rust).
+local function take_lease(alg, key, p, st, ends, now, cost, want, lease_end, at, since)
+  local _, left = alg:evaluate(p, st, now, 0, key)
+  local units = left
+  if units > want then
+    units = want
+  end
+  if units < cost then
+    units = cost
+  end
+  local verdict, remaining, reset = alg:verdict(p, st, ends, now, units, key)
+  if verdict ~= ADMITTED and units > cost then
+    units = cost
+    verdict, remaining, reset = alg:verdict(p, st, ends, now, units, key)
+  end
+  if units > 0 then
+    if alg.lease_commit then
+      alg:lease_commit(key, p, st, now, lease_end, units, ends, since)
+    else
+      alg:commit(key, p, st, now, units, ends, since)
+    end
+  end
+  REPLY[at + AT_VERDICT], REPLY[at + AT_REMAINING], REPLY[at + AT_RESET] = verdict, remaining, reset
+  REPLY[at + AT_UNITS], REPLY[at + AT_END], REPLY[at + AT_LASTS] = units, lease_end, lease_end - now
+end
+
+-- Phase one for the policy at position i of operation `op` (not ENFORCE), its state `st` and
+-- block `ends` read: decided on the state as strict as a lease could make it, in LEASED[i],
+-- for a LEASE whose longest life is `x` (twin of `lease_verdict` in Rust), its verdict in the
+-- reply, and for a WAIT denied now, the wait of at most `x` until the time that would admit
+-- it. Returns whether it admits the request, and the state and block decided on.
+local function phase_one_of(alg, i, op, key, p, now, cost, x, base, st, ends)
+  local lease_end, wait
+  if op == LEASE then
+    lease_end = now + x
+    if alg.lease_end then
+      lease_end = alg:lease_end(p, st, now, x)
+    end
+    if alg.lease_state then
+      st = alg:lease_state(p, st, now, lease_end, LEASED[i])
+    end
+  end
+  local v, remaining, reset = alg:verdict(p, st, ends, now, cost, key)
+  REPLY[base + AT_VERDICT], REPLY[base + AT_REMAINING], REPLY[base + AT_RESET] = v, remaining, reset
+  if GRANTS[op] then
+    REPLY[base + AT_UNITS], REPLY[base + AT_END], REPLY[base + AT_LASTS] = 0, 0, 0
+  end
+  if v ~= ADMITTED and op == WAIT then
+    wait = reservation(alg, p, st, ends, now, cost, key, v, x)
+  end
+  LEASE_ENDS[i], WAITS[i] = lease_end, wait
+  return v == ADMITTED or wait ~= nil, st, ends
+end
+
+-- Phase two for the policy at position i of operation `op` (not ENFORCE), the request
+-- `admitted` or not: charged as its operation says (at its reserved time, a lease of up to
+-- `y` units, its cost; keeping its block on record), or the state reported as it stays, its
+-- key given a TTL (from `since`) if it lost its own.
+local function phase_two_of(alg, i, op, key, p, now, since, cost, y, st, ends, admitted, base)
+  if admitted then
+    if WAITS[i] then
+      reserve(alg, key, p, st, ends, now, cost, WAITS[i], base, since)
+      return
+    end
+    if op == LEASE then
+      take_lease(alg, key, p, st, ends, now, cost, y, LEASE_ENDS[i], base, since)
+      return
+    end
+    local charges = CHARGES[op]
+    if cost > 0 and (charges == 2 or (charges == 1 and REPLY[base + AT_VERDICT] == ADMITTED)) then
+      alg:commit(key, p, st, now, cost, ends, since)
+      if op == CONCURRENCY then
+        REPLY[base + AT_UNITS], REPLY[base + AT_END] = cost, now
+      end
+      return
+    end
+  end
+  if REPLY[base + AT_VERDICT] == ADMITTED and cost > 0 then
+    -- Admitted by this policy but not charged: report the state as it stays.
+    local _, remaining, reset = alg:verdict(p, st, nil, now, 0, key)
+    REPLY[base + AT_REMAINING], REPLY[base + AT_RESET] = remaining, reset
+  end
+  if call('PTTL', key) == -1 then
+    -- A key without a TTL (written by something else, or lost its TTL): repair it.
+    call('PEXPIRE', key, ttl_ms(since, now + REPLY[base + AT_RESET]))
+  end
+end
+
+-- After the checks' replies (`total` integers), each key decided under its own limit: its
+-- place and its quota's limit, window and burst (`OWN_WIDTH` integers; see `own_quota` in
+-- Rust); then the reply's end.
+local function own_limits(n, total)
+  for i = 1, n do
+    local o = PS[i]
+    if o.limit_end then
+      local q = o.quota
+      REPLY[total + AT_OWN_PLACE], REPLY[total + AT_OWN_LIMIT] = i, q[1]
+      REPLY[total + AT_OWN_WINDOW], REPLY[total + AT_OWN_BURST] = q[2], q[3]
+      total = total + OWN_WIDTH
+    end
+  end
+  REPLY[total + 1] = nil
+end

@@ -1,0 +1,148 @@
+-- The two phases of a decision for one policy, written once: `decide` (decide.lua) runs
+-- phase one for each policy of a call, then phase two for each. The generator (luagen/)
+-- writes them into each algorithm's twin, with the twin's own `load`, `evaluate`, `commit`
+-- and `lag` written in place of their calls, so that a decision makes almost no Lua call of
+-- its own beyond Redis's commands. An operation these phases do not decide (`FUSES`: all
+-- but ENFORCE) takes its own arms in grant.lua once its state is read.
+
+-- The verdict of a policy as the reply gives it (ADMITTED, the retry-after, or NEVER),
+-- remaining and reset; a blocked key is denied until the block ends, whatever its state
+-- (twin of `apply_block`).
+--@inline
+local function verdict(self, p, st, ends, now, cost, key)
+  local ok, remaining, reset, retry = evaluate(self, p, st, now, cost, key)
+  --@if lag
+  local behind = lag(p, st, now)
+  if behind > 0 then
+    ok, remaining, reset, retry = shift(behind, cost, ok, remaining, reset, retry)
+  end
+  --@end
+  if ends and ends > now then
+    local wait = ends - now
+    if ok == 1 or retry >= 0 then
+      if retry < wait then
+        retry = wait
+      end
+    end
+    ok = 0
+    remaining = 0
+    if reset < wait then
+      reset = wait
+    end
+  end
+  if ok == 1 then
+    return ADMITTED, remaining, reset
+  end
+  if retry < 0 then
+    return NEVER, remaining, reset
+  end
+  return retry, remaining, reset
+end
+
+-- The state of the policy at position i, loaded in STATES[i] (converted first when written
+-- under other parameters), its block's end, and the parameters it is decided under (a key's
+-- own limit's, if it has one).
+--@inline
+local function loaded(self, i, key, p, now, since)
+  local st, ends, stale = load(key, p, now, STATES[i])
+  if stale then
+    st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
+  end
+  return st, ends, p
+end
+
+-- Phase one for the policy at position i, enforced (its operation one the fused phases
+-- decide, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
+-- whether it admits the request, the state and block decided on, and the parameters.
+--@inline
+local function phase_one(self, i, key, p, now, since, cost, base)
+  local st, ends, stale = load(key, p, now, STATES[i])
+  if stale then
+    st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
+  end
+  local v, remaining, reset = verdict(self, p, st, ends, now, cost, key)
+  REPLY[base + AT_VERDICT], REPLY[base + AT_REMAINING], REPLY[base + AT_RESET] = v, remaining, reset
+  return v == ADMITTED, st, ends, p
+end
+
+-- Phase two for an enforced policy whose reply follows REPLY[base], the request `admitted` or
+-- not: charged its cost (keeping its block on record), or the state reported as it stays,
+-- its key given a TTL (from `since`) if it lost its own.
+--@inline
+local function phase_two(self, key, p, now, since, cost, st, ends, admitted, base)
+  if admitted and cost > 0 then
+    commit(self, key, p, st, now, cost, ends, since)
+    return
+  end
+  if REPLY[base + AT_VERDICT] == ADMITTED and cost > 0 then
+    -- Admitted by this policy but not charged: report the state as it stays.
+    local _, remaining, reset = verdict(self, p, st, nil, now, 0, key)
+    REPLY[base + AT_REMAINING], REPLY[base + AT_RESET] = remaining, reset
+  end
+  if call('PTTL', key) == -1 then
+    -- A key without a TTL (written by something else, or lost its TTL): repair it.
+    local ms = ttl_ms(since, now + REPLY[base + AT_RESET])
+    call('PEXPIRE', key, ms)
+  end
+end
+
+-- The policies of a decision from position i to n (read into ALGS, OPS, PS, COSTS, XS and
+-- YS), `admitted` by those before it or not: phase one for policy i, whose reply follows
+-- REPLY[base]; then the policies after it, each one step deeper; then phase two for policy
+-- i, once the request is known to be admitted or not (by every policy that decides), so
+-- what each phase hands the other stays in locals. Phase two runs from the last policy to
+-- the first: each has its own key. Returns whether the request is admitted, where the reply
+-- of the checks ends, and whether a key was decided under its own limit (then PS[i] holds
+-- the parameters of each policy from i on as it was decided).
+local function step(self, i, n, keys, now, since, admitted, base)
+  local op, key, cost, p = OPS[i], keys[i], COSTS[i], PS[i]
+  local fused = FUSES[op]
+  local ok, st, ends, q
+  if fused then
+    ok, st, ends, q = phase_one(self, i, key, p, now, since, cost, base)
+  else
+    st, ends, q = loaded(self, i, key, p, now, since)
+    ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
+  end
+  admitted = admitted and (ok or not DECIDES[op])
+  local total, own = base + WIDTH[op], false
+  if i < n then
+    admitted, total, own = ALGS[i + 1]:step(i + 1, n, keys, now, since, admitted, total)
+  end
+  if fused then
+    phase_two(self, key, q, now, since, cost, st, ends, admitted, base)
+  else
+    phase_two_of(self, i, op, key, q, now, since, cost, YS[i], st, ends, admitted, base)
+  end
+  if q ~= p then
+    PS[i], own = q, true
+  end
+  return admitted, total, own
+end
+
+-- A policy enforced alone, the most usual call, from its arguments (`args`, its shape
+-- `shape` first): its cost and parameters read, the time, then its two phases. Returns the
+-- reply; nil, having done nothing, when the arguments are malformed.
+local function enforced(self, key, args, shape)
+  local cost, at = 1, 2
+  if shape % CLOCK_FLAG >= COST_FLAG then
+    cost = tonumber(args[2])
+    if not cost then
+      return nil
+    end
+    at = 3
+  end
+  local p = read_params(args[at])
+  if not p then
+    return nil
+  end
+  local now, since = clock(args, shape >= CLOCK_FLAG)
+  local ok, st, ends, q = phase_one(self, 1, key, p, now, since, cost, 0)
+  REPLY[CHECK_WIDTH + 1] = nil
+  phase_two(self, key, q, now, since, cost, st, ends, ok, 0)
+  if q ~= p then
+    PS[1] = q
+    own_limits(1, CHECK_WIDTH)
+  end
+  return REPLY
+end

@@ -374,7 +374,7 @@ impl<St: Store> Limiter<St> {
             let index = policy.tier_index(request, &key);
             let tier = policy.tier(index);
             let cost = policy.cost(request);
-            let op = Op::of(tier.part());
+            let op = tier.part().op();
             let check = |op| Check::new(tier.clone(), key.clone(), cost, op);
             for (accepts, op) in [
                 (tier.charge_if(), Op::Enforce),

@@ -97,7 +97,7 @@ impl<St: Store> Limiter<St> {
                 // The administrator's word is seen here at once, elsewhere by the leases' end.
                 leases.forget(tier.id(), key);
             }
-            let op = op.unwrap_or(Op::of(tier.part()));
+            let op = op.unwrap_or(tier.part().op());
             checks.push(Check::new(tier.clone(), key.clone(), units(tier), op));
         }
         drop(policies);

@@ -1,5 +1,4 @@
-//! [`Policy`], the public builder of one rate limit, and [`Takes`], how it takes part in a
-//! decision.
+//! [`Policy`], the public builder of one rate limit.
 
 use std::fmt;
 use std::num::NonZeroU32;
@@ -16,6 +15,7 @@ use crate::key::{Key, KeyExtractor, RequestRef};
 use crate::quota::Quota;
 use crate::quota::QuotaUnit;
 use crate::settle::Settle;
+use crate::store::Op;
 
 /// One rate limit: an [`Algorithm`] applied to a [`Quota`], under a name.
 ///
@@ -52,8 +52,15 @@ pub struct Policy {
     pub(super) options: Options,
     pub(super) key: Option<Arc<dyn KeyExtractor>>,
     pub(super) cost: Option<CostFn>,
-    /// How the policy takes part in a decision, or why it cannot (two ways were asked for).
-    pub(super) takes: Result<Takes, ConfigError>,
+    /// How the policy takes part in a decision: the operation its checks make, chosen by one
+    /// builder method ([`Policy::shadow`], [`Policy::charge_if`], [`Policy::wait_up_to`],
+    /// [`Policy::concurrency`]; enforced unless one is called), or why it cannot (two ways
+    /// were asked for, which [`build`](crate::RateLimitLayerBuilder::build) reports).
+    pub(super) takes: Result<Op, ConfigError>,
+    /// The statuses a policy charged after the response ([`Policy::charge_if`]) is charged for.
+    pub(super) charge_if: Option<StatusFn>,
+    /// The units and longest life of the leases an enforced policy takes ([`Policy::lease`]).
+    pub(super) lease: Option<(u32, Option<Duration>)>,
     pub(super) refund_if: Option<StatusFn>,
     pub(super) settle: Option<Settle>,
     pub(super) routes: Vec<Route>,
@@ -65,47 +72,11 @@ pub struct Policy {
     pub(super) calendar: Option<Calendar>,
 }
 
-/// How a policy takes part in a decision: one way, chosen by one builder method
-/// ([`Policy::shadow`], [`Policy::charge_if`], [`Policy::lease`], [`Policy::wait_up_to`],
-/// [`Policy::concurrency`]); enforced unless one is called. Asking for a second way is an
-/// error [`build`](crate::RateLimitLayerBuilder::build) reports.
-#[derive(Clone)]
-pub(crate) enum Takes {
-    /// Decided and charged up front.
-    Enforce,
-    /// Decided, charged and reported, never rejecting ([`Policy::shadow`]).
-    Shadow,
-    /// Decided up front, charged after responses whose status matches ([`Policy::charge_if`]).
-    ChargeIf(StatusFn),
-    /// Decided up front from leases of `units` taken by each instance ([`Policy::lease`]),
-    /// living at most `ttl` (`None`: the default).
-    Lease { units: u32, ttl: Option<Duration> },
-    /// Decided up front; a request admitted within `max` waits for its reserved time
-    /// ([`Policy::wait_up_to`]).
-    Wait { max: Duration },
-    /// Each request holds one of `slots` while it is in flight ([`Policy::concurrency`]).
-    Concurrency { slots: u32 },
-}
-
-impl Takes {
-    /// What a policy taking part this way does, for messages.
-    pub(super) fn describe(&self) -> &'static str {
-        match self {
-            Takes::Enforce => "is enforced",
-            Takes::Shadow => "runs in shadow (shadow())",
-            Takes::ChargeIf(_) => "charges after the response (charge_if)",
-            Takes::Lease { .. } => "takes leases (lease)",
-            Takes::Wait { .. } => "makes requests wait (wait_up_to)",
-            Takes::Concurrency { .. } => "limits requests in flight (concurrency)",
-        }
-    }
-}
-
 /// How long a concurrency slot is held at most by default ([`Policy::max_duration`]).
 pub const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(60);
 
 /// The longest a request may wait for its turn ([`Policy::wait_up_to`]).
-pub(super) const MAX_WAIT: Duration = Duration::from_secs(3600);
+const MAX_WAIT: Duration = Duration::from_secs(3600);
 
 pub(crate) type CostFn = Arc<dyn Fn(&RequestRef<'_>) -> u32 + Send + Sync>;
 pub(crate) type StatusFn = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
@@ -120,7 +91,7 @@ impl fmt::Debug for Policy {
             .field("name", &self.name)
             .field("burst", &self.burst)
             .field("key", &self.key)
-            .field("takes", &self.takes.as_ref().map(Takes::describe))
+            .field("takes", &self.takes.as_ref().map(|_| self.what()))
             .field("routes", &self.routes)
             .field("tiers", &self.tiers)
             .field("calendar", &self.calendar)
@@ -143,7 +114,9 @@ impl Policy {
             options: Options::default(),
             key: None,
             cost: None,
-            takes: Ok(Takes::Enforce),
+            takes: Ok(Op::Enforce),
+            charge_if: None,
+            lease: None,
             refund_if: None,
             settle: None,
             routes: Vec::new(),
@@ -156,20 +129,38 @@ impl Policy {
         }
     }
 
-    /// Makes the policy take part in decisions `takes` way: the same way again replaces it,
+    /// Makes the policy take part in decisions by making `op`: the same way again replaces it,
     /// another way is an error.
-    fn take_part(mut self, takes: Takes) -> Self {
+    fn take_part(mut self, op: Op) -> Self {
         self.takes = match self.takes {
-            Ok(Takes::Enforce) => Ok(takes),
-            Ok(old) if std::mem::discriminant(&old) == std::mem::discriminant(&takes) => Ok(takes),
-            Ok(old) => Err(ConfigError::new(format!(
-                "a policy takes part in a decision one way, and this one both {} and {}; pick one",
-                old.describe(),
-                takes.describe()
-            ))),
+            Ok(old)
+                if self.lease.is_none()
+                    && (old == Op::Enforce
+                        || std::mem::discriminant(&old) == std::mem::discriminant(&op)) =>
+            {
+                Ok(op)
+            }
+            Ok(_) => Err(self.two_ways(op.what())),
             Err(e) => Err(e),
         };
         self
+    }
+
+    /// What the policy does in a decision, for messages.
+    pub(super) fn what(&self) -> &'static str {
+        match (&self.takes, self.lease) {
+            (_, Some(_)) => Op::Lease { want: 0 }.what(),
+            (Ok(op), None) => op.what(),
+            (Err(_), None) => "cannot take part",
+        }
+    }
+
+    /// The error of a policy asked to take part a second way, `what`.
+    fn two_ways(&self, what: &str) -> ConfigError {
+        ConfigError::new(format!(
+            "a policy takes part in a decision one way, and this one both {} and {what}; pick one",
+            self.what()
+        ))
     }
 
     /// At most `n` requests of a key in flight at once, across every instance sharing the store
@@ -207,7 +198,7 @@ impl Policy {
         policy.quota = Quota::new(n, DEFAULT_MAX_DURATION)
             .map_err(|e| ConfigError::new(format!("a concurrency limit of {n}: {e}")));
         policy.unit = QuotaUnit::ConcurrentRequests;
-        policy.take_part(Takes::Concurrency { slots: n })
+        policy.take_part(Op::Concurrency)
     }
 
     /// How long a slot of a [concurrency](Self::concurrency) policy is held at most (default
@@ -216,10 +207,12 @@ impl Policy {
     /// of a crashed instance stay taken. At most [`MAX_WINDOW`](crate::MAX_WINDOW).
     #[must_use]
     pub fn max_duration(mut self, max: Duration) -> Self {
-        match &self.takes {
-            Ok(Takes::Concurrency { slots }) => {
-                self.quota = Quota::new(*slots, max).map_err(Into::into);
+        match (&self.takes, &self.quota) {
+            (Ok(Op::Concurrency), Ok(slots)) => {
+                self.quota = Quota::new(slots.limit(), max).map_err(Into::into);
             }
+            // The number of slots was refused: that is the error to report.
+            (Ok(Op::Concurrency), Err(_)) => {}
             _ => {
                 self.quota = Err(ConfigError::new(
                     "max_duration is for concurrency policies; use Policy::concurrency(n)",
@@ -358,7 +351,7 @@ impl Policy {
     /// never rejects a request. Use it to roll out a new limit safely.
     #[must_use]
     pub fn shadow(self) -> Self {
-        self.take_part(Takes::Shadow)
+        self.take_part(Op::Shadow)
     }
 
     /// Charges the policy only for responses whose status matches, e.g. failed logins:
@@ -382,11 +375,12 @@ impl Policy {
     /// # let _ = logins;
     /// ```
     #[must_use]
-    pub fn charge_if<F>(self, predicate: F) -> Self
+    pub fn charge_if<F>(mut self, predicate: F) -> Self
     where
         F: Fn(StatusCode) -> bool + Send + Sync + 'static,
     {
-        self.take_part(Takes::ChargeIf(Arc::new(predicate)))
+        self.charge_if = Some(Arc::new(predicate));
+        self.take_part(Op::ChargeIf)
     }
 
     /// Gives the cost back after responses whose status matches (e.g. `5xx`, so clients are
@@ -485,12 +479,14 @@ impl Policy {
     /// # let _ = global;
     /// ```
     #[must_use]
-    pub fn lease(self, units: u32) -> Self {
-        let ttl = match &self.takes {
-            Ok(Takes::Lease { ttl, .. }) => *ttl,
-            _ => None,
-        };
-        self.take_part(Takes::Lease { units, ttl })
+    pub fn lease(mut self, units: u32) -> Self {
+        match self.takes {
+            // An enforced policy takes leases: the units of the leases' own `Op::Lease`.
+            Ok(Op::Enforce) => self.lease = Some((units, self.lease.and_then(|(_, ttl)| ttl))),
+            Ok(_) => self.takes = Err(self.two_ways(Op::Lease { want: 0 }.what())),
+            Err(_) => {}
+        }
+        self
     }
 
     /// How long a lease lives at most: its units are spent within this time of being taken,
@@ -500,16 +496,15 @@ impl Policy {
     /// quiet key keep its lease. Call it after [`lease`](Self::lease).
     #[must_use]
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
-        self.takes = match self.takes {
-            Ok(Takes::Lease { units, .. }) => Ok(Takes::Lease {
-                units,
-                ttl: Some(ttl),
-            }),
-            Ok(_) => Err(ConfigError::new(
-                "lease_ttl without a lease; add .lease(units) before .lease_ttl()",
-            )),
-            Err(e) => Err(e),
-        };
+        match (&self.takes, self.lease) {
+            (Ok(_), Some((units, _))) => self.lease = Some((units, Some(ttl))),
+            (Ok(_), None) => {
+                self.takes = Err(ConfigError::new(
+                    "lease_ttl without a lease; add .lease(units) before .lease_ttl()",
+                ));
+            }
+            (Err(_), _) => {}
+        }
         self
     }
 
@@ -563,8 +558,15 @@ impl Policy {
     /// # let _ = smooth;
     /// ```
     #[must_use]
-    pub fn wait_up_to(self, max: Duration) -> Self {
-        self.take_part(Takes::Wait { max })
+    pub fn wait_up_to(mut self, max: Duration) -> Self {
+        if max.is_zero() || max > MAX_WAIT {
+            self.takes = Err(ConfigError::new(
+                "wait_up_to must be between 1 microsecond and one hour",
+            ));
+            return self;
+        }
+        let max_wait_us = max.as_micros() as u64;
+        self.take_part(Op::Wait { max_wait_us })
     }
 
     /// The algorithm.

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::builder::{CostFn, MAX_WAIT, Policy, Takes};
+use super::builder::{CostFn, Policy};
 use super::compiled::{CompiledPolicy, Striped};
 use super::tier::{LeaseSpec, Part, Registered, Tier};
 use crate::algorithm::{Algorithm, Compiled};
@@ -15,6 +15,7 @@ use crate::error::ConfigError;
 use crate::key::KeyExtractor;
 use crate::quota::{Quota, QuotaUnit};
 use crate::reload::TierSummary;
+use crate::store::Op;
 
 impl Policy {
     /// Whether the policy is a GCRA enforced up front, nothing given back after the
@@ -37,45 +38,37 @@ impl Policy {
 
     /// Enforced when the request comes in, nothing given back after the response.
     fn up_front(&self) -> bool {
-        matches!(self.takes, Ok(Takes::Enforce))
+        matches!(self.takes, Ok(Op::Enforce))
+            && self.lease.is_none()
             && self.refund_if.is_none()
             && self.settle.is_none()
     }
 
     /// Whether the policy limits requests in flight.
     pub(crate) fn limits_in_flight(&self) -> bool {
-        matches!(self.takes, Ok(Takes::Concurrency { .. }))
+        matches!(self.takes, Ok(Op::Concurrency))
     }
 
     /// Whether requests may wait for a reserved time.
     pub(crate) fn waits(&self) -> bool {
-        matches!(self.takes, Ok(Takes::Wait { .. }))
+        matches!(self.takes, Ok(Op::Wait { .. }))
     }
 
     /// Whether the policy takes leases.
     pub(crate) fn takes_leases(&self) -> bool {
-        matches!(self.takes, Ok(Takes::Lease { .. }))
+        self.lease.is_some()
     }
 
     /// How a tier of the policy with `quota` and `compiled` takes part in a decision, checked.
     fn part(&self, quota: &Quota, compiled: &Compiled) -> Result<Part, ConfigError> {
-        Ok(match self.takes.clone()? {
-            Takes::Enforce => Part::Enforce,
-            Takes::Shadow => Part::Shadow,
-            Takes::ChargeIf(when) => Part::ChargeIf(when),
-            Takes::Concurrency { .. } => Part::Concurrency,
-            Takes::Wait { max } => {
-                if max.is_zero() || max > MAX_WAIT {
-                    return Err(ConfigError::new(
-                        "wait_up_to must be between 1 microsecond and one hour",
-                    ));
-                }
-                Part::Wait {
-                    max_wait_us: max.as_micros() as u64,
-                }
-            }
-            Takes::Lease { units, ttl } => Part::Lease(lease(units, ttl, quota, compiled)?),
-        })
+        let op = self.takes.clone()?;
+        let lease = match self.lease {
+            Some((units, ttl)) => Some(lease(units, ttl, quota, compiled)?),
+            None => None,
+        };
+        Ok(Part::new(op)
+            .charged_if(self.charge_if.clone())
+            .leasing(lease))
     }
 
     /// What a policy limiting requests in flight cannot have, checked; a rate policy cannot
@@ -123,10 +116,11 @@ impl Policy {
             ));
         }
         match &self.takes {
-            Ok(Takes::Enforce) | Err(_) => Ok(()),
-            Ok(other) => Err(ConfigError::new(format!(
+            Ok(Op::Enforce) if self.lease.is_none() => Ok(()),
+            Err(_) => Ok(()),
+            Ok(_) => Err(ConfigError::new(format!(
                 "a policy that settles its cost after the response is enforced, and this one {}",
-                other.describe()
+                self.what()
             ))),
         }
     }
@@ -138,9 +132,7 @@ impl Policy {
         let d = divisor.max(1);
         let divide = |q: &Result<Quota, ConfigError>| q.clone().and_then(|q| Ok(q.divided(d)?));
         let mut p = self.clone();
-        if p.takes_leases() {
-            p.takes = Ok(Takes::Enforce);
-        }
+        p.lease = None;
         p.quota = divide(&self.quota);
         p.burst = self.burst.map(|b| (b / d).max(1));
         p.tiers = self
@@ -443,7 +435,7 @@ impl Prepared<'_> {
             && p.settle.is_none()
             && tiers
                 .iter()
-                .all(|t| matches!(t.get().part(), Part::Enforce));
+                .all(|t| t.get().part().op() == Op::Enforce && t.get().lease().is_none());
         CompiledPolicy {
             up_front,
             tiers,

@@ -123,9 +123,8 @@ impl CompiledPolicy {
         self.cost.as_ref().map_or(1, |f| u64::from(f(request)))
     }
 
-    /// Whether every tier is decided and charged up front
-    /// ([`Part::Enforce`](super::tier::Part::Enforce)) and nothing is given back after the
-    /// response: a request of this policy alone needs nothing but its decision.
+    /// Whether every tier is decided and charged up front ([`Op::Enforce`](crate::store::Op),
+    /// no lease) and nothing is given back after the response: a request of this policy alone needs nothing but its decision.
     #[inline]
     pub(crate) fn up_front(&self) -> bool {
         self.up_front

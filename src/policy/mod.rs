@@ -1,5 +1,6 @@
 //! Policies: an algorithm, a quota and a name ([`Policy`], the public builder), how each takes
-//! part in a decision ([`Takes`], one value), and their compiled forms: [`CompiledPolicy`] as
+//! part in a decision (the operation its checks make, a [`Part`] per tier), and their compiled
+//! forms: [`CompiledPolicy`] as
 //! the engine plans a request with it, [`Tier`] as stores and decisions know each quota.
 
 mod builder;
@@ -12,4 +13,6 @@ mod tier;
 pub(crate) use builder::{CostFn, RequestFn, StatusFn};
 pub use builder::{DEFAULT_MAX_DURATION, Policy};
 pub(crate) use compiled::CompiledPolicy;
-pub(crate) use tier::{LeaseSpec, Part, Registered, Tier};
+#[cfg(test)]
+pub(crate) use tier::Part;
+pub(crate) use tier::{LeaseSpec, Registered, Tier};

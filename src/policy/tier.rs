@@ -11,6 +11,7 @@ use crate::algorithm::{Compiled, compact};
 use crate::error::ConfigError;
 use crate::headers::value::number;
 use crate::quota::{Quota, QuotaUnit};
+use crate::store::Op;
 
 /// Where a policy tier is registered in a store: its id, the same for every definition its
 /// name has had (so a reloaded policy finds its keys again), and the number of its present
@@ -60,37 +61,52 @@ pub(crate) struct Tier {
     own: Option<Quota>,
 }
 
-/// How a policy tier takes part in a decision (its [`Takes`](super::builder::Takes),
-/// checked and compiled for the tier): the one value every other piece asks.
+/// How a policy tier takes part in a decision: the operation its checks make, and what that
+/// operation is given per tier (the statuses a charge after the response waits for, the lease
+/// an enforced tier takes). The one value every other piece asks.
 #[derive(Clone)]
-pub(crate) enum Part {
-    /// Decided and charged up front.
-    Enforce,
-    /// Decided, charged and reported, never rejecting.
-    Shadow,
-    /// Decided up front, charged after responses whose status matches.
-    ChargeIf(StatusFn),
-    /// Decided up front, from the leases each instance takes of a key.
-    Lease(LeaseSpec),
-    /// Decided up front; a request admitted within `max_wait_us` waits for its turn.
-    Wait { max_wait_us: u64 },
-    /// Each request holds its slots while it is in flight.
-    Concurrency,
+pub(crate) struct Part {
+    op: Op,
+    charge_if: Option<StatusFn>,
+    lease: Option<LeaseSpec>,
+}
+
+impl Part {
+    /// A tier making `op`.
+    pub(crate) fn new(op: Op) -> Self {
+        Part {
+            op,
+            charge_if: None,
+            lease: None,
+        }
+    }
+
+    /// The same, charged after responses whose status `when` accepts.
+    pub(crate) fn charged_if(mut self, when: Option<StatusFn>) -> Self {
+        self.charge_if = when;
+        self
+    }
+
+    /// The same, taking leases.
+    pub(crate) fn leasing(mut self, lease: Option<LeaseSpec>) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// The operation the tier's checks make (a lease's tier is enforced: its leases are asked
+    /// for by the leases' own planning, `lease.rs`).
+    pub(crate) fn op(&self) -> Op {
+        self.op
+    }
 }
 
 impl fmt::Debug for Part {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Part::Enforce => f.write_str("Enforce"),
-            Part::Shadow => f.write_str("Shadow"),
-            Part::ChargeIf(_) => f.write_str("ChargeIf"),
-            Part::Lease(spec) => f.debug_tuple("Lease").field(spec).finish(),
-            Part::Wait { max_wait_us } => f
-                .debug_struct("Wait")
-                .field("max_wait_us", max_wait_us)
-                .finish(),
-            Part::Concurrency => f.write_str("Concurrency"),
-        }
+        f.debug_struct("Part")
+            .field("op", &self.op)
+            .field("charge_if", &self.charge_if.is_some())
+            .field("lease", &self.lease)
+            .finish()
     }
 }
 
@@ -182,21 +198,18 @@ impl Tier {
 
     /// Charge after responses whose status matches, for a tier charged after the response.
     pub(crate) fn charge_if(&self) -> Option<&StatusFn> {
-        match &self.part {
-            Part::ChargeIf(when) => Some(when),
-            _ => None,
-        }
+        self.part.charge_if.as_ref()
     }
 
     /// Whether the tier limits requests in flight.
     pub(crate) fn limits_in_flight(&self) -> bool {
-        matches!(self.part, Part::Concurrency)
+        matches!(self.part.op, Op::Concurrency)
     }
 
     /// The longest wait for a reserved time, in microseconds (0: requests never wait).
     pub(crate) fn wait_us(&self) -> u64 {
-        match self.part {
-            Part::Wait { max_wait_us } => max_wait_us,
+        match self.part.op {
+            Op::Wait { max_wait_us } => max_wait_us,
             _ => 0,
         }
     }
@@ -214,10 +227,7 @@ impl Tier {
 
     /// The tier's lease, if it takes leases.
     pub(crate) fn lease(&self) -> Option<LeaseSpec> {
-        match self.part {
-            Part::Lease(spec) => Some(spec),
-            _ => None,
-        }
+        self.part.lease
     }
 
     /// The tier's name: the policy's, then `:TIER` for a named tier.

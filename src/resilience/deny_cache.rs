@@ -153,7 +153,7 @@ mod tests {
             Arc::from("gcra:10/s"),
             at,
             algorithm,
-            Part::Enforce,
+            Part::new(Op::Enforce),
         ))
     }
 

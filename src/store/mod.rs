@@ -5,6 +5,7 @@
 //! identically whichever store backs it.
 
 mod memory;
+mod check;
 mod op;
 #[cfg(feature = "redis")]
 mod redis;
@@ -17,9 +18,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 pub use self::redis::{RedisStore, RedisStoreBuilder};
 #[cfg(feature = "tls")]
 pub use self::redis::{RedisTls, RedisTlsError, TlsSetting};
+pub(crate) use check::{Check, Checks, Enforced, Keyed};
 pub(crate) use memory::TOGETHER;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
-pub(crate) use op::{Check, Checks, Enforced, Keyed, Op};
+pub(crate) use op::Op;
 
 use crate::algorithm::Compiled;
 use crate::error::ConfigError;

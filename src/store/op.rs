@@ -1,5 +1,6 @@
-//! What a store is asked: one [`Check`] per policy that applies to a request, each making one
-//! typed [`Op`], decided together.
+//! The operations a store is asked to make ([`Op`]), one per policy of a request (its
+//! [`Check`](super::Check)), decided together. An operation is also how a policy takes part
+//! in a decision: a policy tier makes one operation (see `policy::Part`).
 //!
 //! The operations are one declaration (`operations!`): each one's variant, its name in the
 //! Lua sources and its facts (does it decide the request, when is it charged, does it act on
@@ -11,12 +12,7 @@
 //! to them. What an operation does to a state (its own arm) is written once per store: in
 //! `store/memory/shard.rs` and in `act.lua` (or `decide.lua`'s phases).
 
-use std::sync::Arc;
-
 use smallvec::SmallVec;
-
-use crate::key::Key;
-use crate::policy::{Part, Tier};
 
 /// What an operation is, one row of [`operations!`]: every fact a new operation must state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,12 +33,14 @@ struct Facts {
 }
 
 /// The operations, one declaration: each one's variant (with its payload, at most one
-/// integer), its name in the Redis script's sources, and its [`Facts`]. The enum, its ids
+/// integer), its name in the Redis script's sources, what a policy making it does (for
+/// messages), and its [`Facts`]. The enum, its ids
 /// (the place in this list, from 1), [`Op::KINDS`] and every fact follow from it.
 macro_rules! operations {
     ($(
         $(#[$doc:meta])*
-        $variant:ident $({ $(#[$fdoc:meta])* $field:ident })? => $lua:literal, $facts:expr;
+        $variant:ident $({ $(#[$fdoc:meta])* $field:ident })?
+            => $lua:literal, $what:literal, $facts:expr;
     )*) => {
         /// One operation on one key of one policy tier, with its own payload.
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,6 +81,28 @@ macro_rules! operations {
                     $(Op::$variant { .. } => $facts,)*
                 }
             }
+
+            /// What a policy whose checks make this operation does, for messages ("is
+            /// enforced", "takes leases (lease)").
+            pub(crate) const fn what(self) -> &'static str {
+                match self {
+                    $(Op::$variant { .. } => $what,)*
+                }
+            }
+
+            /// The integers the operation adds to a script call after the cost: its payload,
+            /// and for a lease, its longest life first (`lease_ttl_us`, the tier's).
+            #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+            pub(crate) fn args(self, lease_ttl_us: u64) -> SmallVec<[u64; 2]> {
+                let mut args = SmallVec::new();
+                if let Op::Lease { .. } = self {
+                    args.push(lease_ttl_us);
+                }
+                match self {
+                    $(Op::$variant $({ $field })? => { $(args.push($field);)? })*
+                }
+                args
+            }
         }
     };
 }
@@ -115,22 +135,26 @@ const RELIMITS: Facts = Facts {
 
 operations! {
     /// Decides the request; charged only if every check that decides admits it.
-    Enforce => "ENFORCE", DECIDES_CHARGED;
+    Enforce => "ENFORCE", "is enforced", DECIDES_CHARGED;
     /// A shadow policy: reported, never decides; charged if it admits and the request goes on.
-    Shadow => "SHADOW", Facts { decides: false, charge: Charge::IfAllowed, ..DECIDES_CHARGED };
+    Shadow => "SHADOW", "runs in shadow (shadow())",
+        Facts { decides: false, charge: Charge::IfAllowed, ..DECIDES_CHARGED };
     /// Decides the request but is never charged here: the charge comes after the response
     /// ([`Policy::charge_if`](crate::Policy::charge_if)).
-    ChargeIf => "CHARGE_IF", Facts { charge: Charge::Never, ..DECIDES_CHARGED };
+    ChargeIf => "CHARGE_IF", "charges after the response (charge_if)",
+        Facts { charge: Charge::Never, ..DECIDES_CHARGED };
     /// Decides and charges like [`Op::Enforce`]; the units charged are a concurrency limit's
     /// slots, held until the request ends and then given back with [`Op::Release`] of the
     /// time they were charged at, which the store reports as the outcome's grant.
-    Concurrency => "CONCURRENCY", Facts { grants: true, gives_back_later: true, ..DECIDES_CHARGED };
+    Concurrency => "CONCURRENCY", "limits requests in flight (concurrency)",
+        Facts { grants: true, gives_back_later: true, ..DECIDES_CHARGED };
     /// Decides like [`Op::Enforce`]; a request denied now that the policy admits within
     /// `max_wait_us` is admitted instead, its units charged at that slot, later.
     Wait {
         /// The longest wait, in microseconds.
         max_wait_us
-    } => "WAIT", Facts { grants: true, gives_back_later: true, ..DECIDES_CHARGED };
+    } => "WAIT", "makes requests wait (wait_up_to)",
+        Facts { grants: true, gives_back_later: true, ..DECIDES_CHARGED };
     /// Decides like [`Op::Enforce`], on the state as strict as a lease could make it; when
     /// the request is admitted, charges a lease of what is left instead of the cost (at least
     /// the cost, at most `want`), to be spent by the caller until it ends (the tier's lease
@@ -138,31 +162,31 @@ operations! {
     Lease {
         /// The units wanted, the cost among them.
         want
-    } => "LEASE", Facts { grants: true, ..DECIDES_CHARGED };
+    } => "LEASE", "takes leases (lease)", Facts { grants: true, ..DECIDES_CHARGED };
     /// Gives the check's units back; then reports like a look at cost 0.
-    Refund => "REFUND", ACTS;
+    Refund => "REFUND", "gives units back", ACTS;
     /// Forgets the key and its block; then reports like a look at cost 0.
-    Reset => "RESET", ACTS;
+    Reset => "RESET", "forgets the key", ACTS;
     /// Charges the check's units whatever the state; then reports like a look at cost 0.
-    Penalize => "PENALIZE", ACTS;
+    Penalize => "PENALIZE", "charges units whatever the state", ACTS;
     /// Denies the key for the next `us` microseconds; then reports like a look at cost 0.
     Block {
         /// How long the block lasts.
         us
-    } => "BLOCK", ACTS;
+    } => "BLOCK", "blocks the key", ACTS;
     /// Gives back the check's units of the lease that ended at `end` (store time); then
     /// reports like a look at cost 0.
     GiveBack {
         /// The lease's end.
         end
-    } => "GIVE_BACK", ACTS;
+    } => "GIVE_BACK", "gives a lease's units back", ACTS;
     /// Gives back the check's units that a request took at `at` (store time: the time
     /// reserved for it, or when the slots of a concurrency limit were charged) and will not
     /// spend; then reports like a look at cost 0.
     Release {
         /// When the units were charged.
         at
-    } => "RELEASE", ACTS;
+    } => "RELEASE", "gives back units it will not spend", ACTS;
     /// Settles a request charged `estimate` units up front at its real cost, the check's
     /// units: gives the difference back when they are fewer, charges it when they are more,
     /// past the limit if need be (the key then owes them, and is denied until time pays them
@@ -170,17 +194,17 @@ operations! {
     Settle {
         /// The units charged up front.
         estimate
-    } => "SETTLE", ACTS;
+    } => "SETTLE", "settles the real cost", ACTS;
     /// Puts the key under a limit of its own until `until` (on the store's clock): the
     /// check's tier is the policy's with the key's own quota. Its usage is kept, converted as
     /// a reload converts it; then reports like a look at cost 0.
     Limit {
         /// When the key's own limit ends.
         until
-    } => "LIMIT", RELIMITS;
+    } => "LIMIT", "puts the key under a limit of its own", RELIMITS;
     /// Puts the key back under its policy's own quota, its usage kept; then reports like a
     /// look at cost 0.
-    Unlimit => "UNLIMIT", RELIMITS;
+    Unlimit => "UNLIMIT", "puts the key back under its policy's quota", RELIMITS;
 }
 
 /// When a check is charged, if the request is admitted.
@@ -195,20 +219,6 @@ pub(crate) enum Charge {
 }
 
 impl Op {
-    /// The operation a request's check makes on a tier that takes part `part` way (a lease is
-    /// asked for by the leases' own planning, when a key is busy: see `lease.rs`).
-    pub(crate) fn of(part: &Part) -> Op {
-        match part {
-            Part::Enforce | Part::Lease(_) => Op::Enforce,
-            Part::Shadow => Op::Shadow,
-            Part::ChargeIf(_) => Op::ChargeIf,
-            Part::Wait { max_wait_us } => Op::Wait {
-                max_wait_us: *max_wait_us,
-            },
-            Part::Concurrency => Op::Concurrency,
-        }
-    }
-
     /// Whether a denial by this check denies the request.
     #[inline(always)]
     pub(crate) const fn decides(self) -> bool {
@@ -242,31 +252,6 @@ impl Op {
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) const fn relimits(self) -> bool {
         self.facts().relimits
-    }
-
-    /// The integers the operation adds to a script call after the cost: its payload, and
-    /// for a lease, its longest life (`lease_ttl_us`, the tier's).
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn args(self, lease_ttl_us: u64) -> SmallVec<[u64; 2]> {
-        let mut args = SmallVec::new();
-        match self {
-            Op::Wait { max_wait_us: x }
-            | Op::Block { us: x }
-            | Op::GiveBack { end: x }
-            | Op::Release { at: x }
-            | Op::Settle { estimate: x }
-            | Op::Limit { until: x } => args.push(x),
-            Op::Lease { want } => args.extend([lease_ttl_us, want]),
-            Op::Enforce
-            | Op::Shadow
-            | Op::ChargeIf
-            | Op::Concurrency
-            | Op::Refund
-            | Op::Reset
-            | Op::Penalize
-            | Op::Unlimit => {}
-        }
-        args
     }
 
     /// How many integers [`Op::args`] adds.
@@ -313,114 +298,6 @@ impl Op {
             (op, Some(end)) if op.gives_back_later() => Some(Op::Release { at: end }),
             (_, Some(end)) => Some(Op::GiveBack { end }),
             (op, None) => (op.charged(allowed) && units > 0).then_some(Op::Refund),
-        }
-    }
-}
-
-/// What is kept of a request's check once it is sent: its tier's id, its key and its cost
-/// (for the deny cache, the top limited keys, the IETF `pk` and the slots to give back).
-#[derive(Clone, Debug)]
-pub(crate) struct Keyed {
-    tier: u32,
-    key: Key,
-    cost: u64,
-}
-
-impl Keyed {
-    pub(crate) fn new(tier: u32, key: Key, cost: u64) -> Keyed {
-        Keyed { tier, key, cost }
-    }
-
-    /// What is kept of `check`.
-    pub(crate) fn of(check: &Check) -> Keyed {
-        Keyed::new(check.tier().id(), check.key().clone(), check.cost())
-    }
-
-    /// The check's tier id.
-    pub(crate) fn tier(&self) -> u32 {
-        self.tier
-    }
-
-    /// The check's key.
-    pub(crate) fn key(&self) -> &Key {
-        &self.key
-    }
-
-    /// The check's cost.
-    pub(crate) fn cost(&self) -> u64 {
-        self.cost
-    }
-
-    /// The key of the tier `tier` among `kept`.
-    pub(crate) fn key_of(kept: &[Keyed], tier: u32) -> Option<&Key> {
-        kept.iter().find(|k| k.tier == tier).map(|k| &k.key)
-    }
-}
-
-/// The checks of one decision, one per policy that applies (two are kept without allocating).
-pub(crate) type Checks = SmallVec<[Check; 2]>;
-
-/// One enforced policy of several decided together on borrowed values (see
-/// `Sealed::check_together`): its tier, the key and the cost.
-pub(crate) type Enforced<'a> = (&'a Arc<Tier>, &'a Key, u64);
-
-/// One operation on one tier of one policy, for one key, of some units.
-#[derive(Debug)]
-pub(crate) struct Check {
-    tier: Arc<Tier>,
-    key: Key,
-    cost: u64,
-    op: Op,
-}
-
-impl Check {
-    pub(crate) fn new(tier: Arc<Tier>, key: Key, cost: u64, op: Op) -> Self {
-        Check {
-            tier,
-            key,
-            cost,
-            op,
-        }
-    }
-
-    /// The same check asking for a lease of `want` units (the cost among them).
-    pub(crate) fn leasing(&self, want: u64) -> Self {
-        self.with_op(Op::Lease {
-            want: want.max(self.cost),
-        })
-    }
-
-    /// The policy tier decided.
-    pub(crate) fn tier(&self) -> &Arc<Tier> {
-        &self.tier
-    }
-
-    /// The caller's key.
-    pub(crate) fn key(&self) -> &Key {
-        &self.key
-    }
-
-    /// The units charged, looked at, or given back.
-    pub(crate) fn cost(&self) -> u64 {
-        self.cost
-    }
-
-    pub(crate) fn op(&self) -> Op {
-        self.op
-    }
-
-    /// The same check of `cost` units.
-    pub(crate) fn with_cost(self, cost: u64) -> Check {
-        Check { cost, ..self }
-    }
-
-    /// The same check making another operation.
-    pub(crate) fn with_op(&self, op: Op) -> Check {
-        Check {
-            tier: self.tier.clone(),
-            key: self.key.clone(),
-            cost: self.cost,
-            op,
         }
     }
 }

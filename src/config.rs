@@ -508,3 +508,29 @@ impl TryFrom<RawPolicy> for PolicyConfig {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::store::Op;
+
+    /// Every way a policy takes part (an operation that does not act on its own, enforcing
+    /// aside: it is the default) has its key in the configuration file: the table of keys
+    /// links the builder method its row in `operations!` names.
+    #[test]
+    fn every_way_to_take_part_has_a_key() {
+        let source = include_str!("config.rs");
+        for &op in Op::KINDS {
+            if op.acts() || op == Op::Enforce {
+                continue;
+            }
+            let what = op.what();
+            let named = what.find('(').zip(what.rfind(')'));
+            let (open, close) = named.unwrap_or_else(|| panic!("{op:?}: names no method"));
+            let method = what[open + 1..close].trim_end_matches("()");
+            assert!(
+                source.contains(&format!("(Policy::{method})")),
+                "{op:?} ({what}): no key in the configuration file"
+            );
+        }
+    }
+}

@@ -223,7 +223,8 @@ ALG[SLIDING_WINDOW] = function()
     local slot = c - wraps * slots
     if not st then
       -- A new key: one bucket, written without building its ring.
-      store(key, p, format(INT .. ' %d:' .. INT, c, slot, cost) .. p.tag, (c + slots) * g, keep, since)
+      local value = format(INT .. ' %d:' .. INT, c, slot, cost) .. p.tag
+      store(key, p, value, (c + slots) * g, keep, since)
     else
       -- The ring read for this decision, updated in place: buckets that left it emptied.
       local head = st[1]

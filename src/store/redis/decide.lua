@@ -91,11 +91,11 @@ local function read_policy(args, at, i)
   return alg, op, p, cost, x, y, at + 1, shape >= CLOCK_FLAG
 end
 
--- The algorithm of each shape whose operation the fused phases decide (`FUSES`), false for
--- a shape whose operation they do not (`enforced_by`).
+-- The algorithm of each shape whose operation the phases decide themselves (`FUSES`), false
+-- for a shape whose operation they do not (`enforced_by`).
 local ENFORCED = {}
 
--- The algorithm of a policy of this shape, remembered, when the fused phases decide its
+-- The algorithm of a policy of this shape, remembered, when the phases decide its
 -- operation, else false.
 local function enforced_by(shape)
   local id = shape % MODE_UNIT
@@ -113,10 +113,10 @@ local function malformed(args, at)
 end
 
 -- The decision: each policy read (all before anything is done: a malformed call changes
--- nothing), the time read; every act, in order; phase one for each, what phase two needs kept
--- in tables; then phase two for each, charged only if every policy that decides admits.
--- A policy alone, the usual call, is decided by its twin's `alone`, the same two phases
--- written into one function.
+-- nothing), the time read; every act, in order; then `step` from the first policy (phase one
+-- for each, then phase two for each, charged only if every policy that decides admits). A
+-- policy enforced alone, the usual call, is its twin's `enforced`, which reads its own
+-- arguments (nil when they are malformed: they are then read here, and refused).
 local function decide(keys, args)
   if not format then
     bind_libraries()

@@ -51,8 +51,8 @@ local function loaded(self, i, key, p, now, since)
   return st, ends, p
 end
 
--- Phase one for the policy at position i, enforced (its operation one the fused phases
--- decide, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
+-- Phase one for the policy at position i, enforced (its operation one the phases decide
+-- themselves, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
 -- whether it admits the request, the state and block decided on, and the parameters.
 --@inline
 local function phase_one(self, i, key, p, now, since, cost, base)

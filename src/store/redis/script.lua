@@ -964,8 +964,8 @@ ALG[1] = function()
     return st, ends, p
   end
   
-  -- Phase one for the policy at position i, enforced (its operation one the fused phases
-  -- decide, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
+  -- Phase one for the policy at position i, enforced (its operation one the phases decide
+  -- themselves, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
   -- whether it admits the request, the state and block decided on, and the parameters.
   --@inline
   local function phase_one(self, i, key, p, now, since, cost, base)
@@ -2247,7 +2247,8 @@ ALG[2] = function()
     local slot = c - wraps * slots
     if not st then
       -- A new key: one bucket, written without building its ring.
-      store(key, p, format(INT .. ' %d:' .. INT, c, slot, cost) .. p.tag, (c + slots) * g, keep, since)
+      local value = format(INT .. ' %d:' .. INT, c, slot, cost) .. p.tag
+      store(key, p, value, (c + slots) * g, keep, since)
     else
       -- The ring read for this decision, updated in place: buckets that left it emptied.
       local head = st[1]
@@ -2444,8 +2445,8 @@ ALG[2] = function()
     return st, ends, p
   end
   
-  -- Phase one for the policy at position i, enforced (its operation one the fused phases
-  -- decide, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
+  -- Phase one for the policy at position i, enforced (its operation one the phases decide
+  -- themselves, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
   -- whether it admits the request, the state and block decided on, and the parameters.
   --@inline
   local function phase_one(self, i, key, p, now, since, cost, base)
@@ -2633,8 +2634,9 @@ ALG[2] = function()
         end
         local slot = c - wraps * slots
         if not st then
+          local value = format(INT .. ' %d:' .. INT, c, slot, cost) .. p.tag
           repeat -- store
-            local value, expires_at = format(INT .. ' %d:' .. INT, c, slot, cost) .. p.tag, (c + slots) * g
+            local value, expires_at = value, (c + slots) * g
             if p.limit_end and p.limit_end > expires_at then
               expires_at = p.limit_end
             end
@@ -3116,8 +3118,9 @@ ALG[2] = function()
             end
             local slot = c - wraps * slots
             if not st then
+              local value = format(INT .. ' %d:' .. INT, c, slot, cost) .. q.tag
               repeat -- store
-                local value, expires_at = format(INT .. ' %d:' .. INT, c, slot, cost) .. q.tag, (c + slots) * g
+                local value, expires_at = value, (c + slots) * g
                 if q.limit_end and q.limit_end > expires_at then
                   expires_at = q.limit_end
                 end
@@ -3594,8 +3597,9 @@ ALG[2] = function()
           end
           local slot = c - wraps * slots
           if not st then
+            local value = format(INT .. ' %d:' .. INT, c, slot, cost) .. q.tag
             repeat -- store
-              local value, expires_at = format(INT .. ' %d:' .. INT, c, slot, cost) .. q.tag, (c + slots) * g
+              local value, expires_at = value, (c + slots) * g
               if q.limit_end and q.limit_end > expires_at then
                 expires_at = q.limit_end
               end
@@ -4237,8 +4241,8 @@ ALG[3] = function()
     return st, ends, p
   end
   
-  -- Phase one for the policy at position i, enforced (its operation one the fused phases
-  -- decide, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
+  -- Phase one for the policy at position i, enforced (its operation one the phases decide
+  -- themselves, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
   -- whether it admits the request, the state and block decided on, and the parameters.
   --@inline
   local function phase_one(self, i, key, p, now, since, cost, base)
@@ -5507,8 +5511,8 @@ ALG[4] = function()
     return st, ends, p
   end
   
-  -- Phase one for the policy at position i, enforced (its operation one the fused phases
-  -- decide, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
+  -- Phase one for the policy at position i, enforced (its operation one the phases decide
+  -- themselves, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
   -- whether it admits the request, the state and block decided on, and the parameters.
   --@inline
   local function phase_one(self, i, key, p, now, since, cost, base)
@@ -7091,8 +7095,8 @@ ALG[5] = function()
     return st, ends, p
   end
   
-  -- Phase one for the policy at position i, enforced (its operation one the fused phases
-  -- decide, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
+  -- Phase one for the policy at position i, enforced (its operation one the phases decide
+  -- themselves, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
   -- whether it admits the request, the state and block decided on, and the parameters.
   --@inline
   local function phase_one(self, i, key, p, now, since, cost, base)
@@ -8458,8 +8462,8 @@ ALG[6] = function()
     return st, ends, p
   end
   
-  -- Phase one for the policy at position i, enforced (its operation one the fused phases
-  -- decide, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
+  -- Phase one for the policy at position i, enforced (its operation one the phases decide
+  -- themselves, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
   -- whether it admits the request, the state and block decided on, and the parameters.
   --@inline
   local function phase_one(self, i, key, p, now, since, cost, base)
@@ -9363,11 +9367,11 @@ local function read_policy(args, at, i)
   return alg, op, p, cost, x, y, at + 1, shape >= 2048
 end
 
--- The algorithm of each shape whose operation the fused phases decide (`FUSES`), false for
--- a shape whose operation they do not (`enforced_by`).
+-- The algorithm of each shape whose operation the phases decide themselves (`FUSES`), false
+-- for a shape whose operation they do not (`enforced_by`).
 local ENFORCED = {}
 
--- The algorithm of a policy of this shape, remembered, when the fused phases decide its
+-- The algorithm of a policy of this shape, remembered, when the phases decide its
 -- operation, else false.
 local function enforced_by(shape)
   local id = shape % 32
@@ -9385,10 +9389,10 @@ local function malformed(args, at)
 end
 
 -- The decision: each policy read (all before anything is done: a malformed call changes
--- nothing), the time read; every act, in order; phase one for each, what phase two needs kept
--- in tables; then phase two for each, charged only if every policy that decides admits.
--- A policy alone, the usual call, is decided by its twin's `alone`, the same two phases
--- written into one function.
+-- nothing), the time read; every act, in order; then `step` from the first policy (phase one
+-- for each, then phase two for each, charged only if every policy that decides admits). A
+-- policy enforced alone, the usual call, is its twin's `enforced`, which reads its own
+-- arguments (nil when they are malformed: they are then read here, and refused).
 local function decide(keys, args)
   if not format then
     bind_libraries()

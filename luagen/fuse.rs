@@ -279,11 +279,18 @@ fn surviving_call<'a>(
 
 /// `twin` with the fused decisions (`template`: its functions, each a `local function` line
 /// at the margin) written into it, before the algorithm's table, and a field of the table for
-/// each function, of its name; the twin (or `helpers`) must
-/// have the inline functions named in `required`. Lines of the template
-/// between `--@if name` and `--@end` are kept when the twin (or `helpers`) has an inline
-/// function `name`.
-pub(crate) fn fuse(helpers: &str, twin: &str, template: &str, required: &[&str]) -> String {
+/// each function, of its name; the twin (or `helpers`) must have the inline functions named
+/// in `required`. An inline function of the template is written only into its callers,
+/// unless it is one of `methods`: then it is a field too. Lines of the template between
+/// `--@if name` and `--@end` are kept when the twin (or `helpers`) has an inline function
+/// `name`.
+pub(crate) fn fuse(
+    helpers: &str,
+    twin: &str,
+    template: &str,
+    required: &[&str],
+    methods: &[&str],
+) -> String {
     let mut scope = HashMap::new();
     collect(helpers, &mut scope);
     collect(twin, &mut scope);
@@ -306,6 +313,9 @@ pub(crate) fn fuse(helpers: &str, twin: &str, template: &str, required: &[&str])
         }
     }
     // The template's own inline functions, as kept for this twin.
+    let mut own = HashMap::new();
+    collect(&lines.join("\n"), &mut own);
+    own.retain(|name, _| !methods.contains(&name.as_str()));
     collect(&lines.join("\n"), &mut scope);
     let mut names = local_names(&lines, 2);
     let fused = Fuser {
@@ -327,13 +337,38 @@ pub(crate) fn fuse(helpers: &str, twin: &str, template: &str, required: &[&str])
     let mut out: Vec<String> = twin.lines().map(str::to_owned).collect();
     let fields = template.lines().filter_map(|l| {
         let name = l.strip_prefix("local function ")?.split('(').next()?;
-        Some(format!("    {name} = {name},"))
+        (!own.contains_key(name)).then(|| format!("    {name} = {name},"))
     });
     out.splice(table + 1..table + 1, fields);
-    out.splice(table..table, fused);
+    out.splice(table..table, without_definitions(fused, &own));
     let mut text = out.join("\n");
     text.push('\n');
     text
+}
+
+/// `lines` without the definitions of the functions of `inline` (each written into its
+/// callers), their comments and `--@inline` line with them.
+fn without_definitions(lines: Vec<String>, inline: &HashMap<String, Rc<Inline>>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(lines.len());
+    let mut skipping = false;
+    for line in lines {
+        if skipping {
+            skipping = line != "  end";
+            continue;
+        }
+        let defined = line
+            .strip_prefix("  local function ")
+            .and_then(|rest| rest.split('(').next());
+        if defined.is_some_and(|name| inline.contains_key(name)) {
+            while out.last().is_some_and(|l| l.trim_start().starts_with("--")) {
+                out.pop();
+            }
+            skipping = true;
+            continue;
+        }
+        out.push(line);
+    }
+    out
 }
 
 /// The names `lines` declare inside their functions: not the functions and tables declared at
@@ -402,7 +437,7 @@ end
     fn a_call_statement_becomes_the_body() {
         let twin = "ALG[1] = function()\n  --@inline\n  local h = half\n  return {\n  }\nend\n";
         let template = "local function fused(x)\n  local y = h(x + 1)\n  return y\nend\n";
-        let fused = squash(&fuse(HELPERS, twin, template, &[]));
+        let fused = squash(&fuse(HELPERS, twin, template, &[], &[]));
         assert!(fused.contains("local y\nrepeat -- half\n"), "{fused}");
         assert!(fused.contains("local a = x + 1"), "{fused}");
         assert!(fused.contains("y = 0 break"), "{fused}");
@@ -422,7 +457,7 @@ end
         let twin = "ALG[1] = function()\n  return {\n  }\nend\n";
         let template =
             "local function fused(a, b)\n  local s = add(a, b)\n  b = add(b, 1)\n  return s\nend\n";
-        let fused = squash(&fuse(helpers, twin, template, &[]));
+        let fused = squash(&fuse(helpers, twin, template, &[], &[]));
         assert!(
             fused.contains("local s\ndo -- add\nlocal a = a\n"),
             "{fused}"
@@ -438,7 +473,7 @@ end
     fn a_call_left_inside_an_expression_fails() {
         let twin = "ALG[1] = function()\n  return {\n  }\nend\n";
         let template = "local function fused(x)\n  local y = half(x) + 1\n  return y\nend\n";
-        fuse(HELPERS, twin, template, &[]);
+        fuse(HELPERS, twin, template, &[], &[]);
     }
 
     #[test]
@@ -446,7 +481,7 @@ end
     fn a_call_over_two_lines_fails() {
         let twin = "ALG[1] = function()\n  return {\n  }\nend\n";
         let template = "local function fused(x)\n  local y = half(x +\n    1)\n  return y\nend\n";
-        fuse(HELPERS, twin, template, &[]);
+        fuse(HELPERS, twin, template, &[], &[]);
     }
 
     /// Only the keyword is a `return`: a name that begins with one is left as it is.
@@ -455,7 +490,7 @@ end
         let helpers = "--@inline\nlocal function f(returned)\n  returned = returned + 1\n  return returned\nend\n";
         let twin = "ALG[1] = function()\n  return {\n  }\nend\n";
         let template = "local function fused(x)\n  local y = f(x)\n  return y\nend\n";
-        let fused = squash(&fuse(helpers, twin, template, &[]));
+        let fused = squash(&fuse(helpers, twin, template, &[], &[]));
         assert!(
             fused.contains("\nreturned = returned + 1\ny = returned\n"),
             "{fused}"
@@ -468,7 +503,7 @@ end
         let helpers = "local k = 2\n--@inline\nlocal function f(a)\n  return a * k\nend\n";
         let twin = "ALG[1] = function()\n  return {\n  }\nend\n";
         let template = "local function fused(x)\n  local k = 3\n  local y = f(x)\nend\n";
-        fuse(helpers, twin, template, &[]);
+        fuse(helpers, twin, template, &[], &[]);
     }
 
     #[test]
@@ -481,6 +516,26 @@ end
             "ALG[1] = function()\n  return {\n  }\nend\n",
             "",
             &[],
+            &[],
         );
+    }
+
+    /// A template's inline function is written into its callers only, unless it is one of
+    /// the methods: then it stays, a field of the table.
+    #[test]
+    fn a_template_inline_function_is_a_field_only_as_a_method() {
+        let twin = "ALG[1] = function()\n  return {\n  }\nend\n";
+        let template = "-- Twice.\n--@inline\nlocal function twice(x)\n  return x + x\nend\n\n\
+                        --@inline\nlocal function thrice(x)\n  return x * 3\nend\n\n\
+                        local function both(x)\n  local a = twice(x)\n  local b = thrice(x)\n  \
+                        return a + b\nend\n";
+        let fused = squash(&fuse("", twin, template, &[], &["thrice"]));
+        assert!(!fused.contains("function twice"), "{fused}");
+        assert!(!fused.contains("Twice."), "{fused}");
+        assert!(!fused.contains("twice = twice"), "{fused}");
+        assert!(fused.contains("local function thrice(x)"), "{fused}");
+        assert!(fused.contains("thrice = thrice,"), "{fused}");
+        assert!(fused.contains("both = both,"), "{fused}");
+        assert!(!fused.contains("twice("), "{fused}");
     }
 }

@@ -209,6 +209,7 @@ mod tests {
                 twin,
                 phases,
                 &["load", "evaluate", "commit"],
+                &["verdict"],
             ));
         }
         lua.push_str(&luagen::inline_calls(

@@ -85,7 +85,8 @@ where
                         unreachable!("the lease came");
                     };
                     // The lease came (or not): plan again.
-                    limiter.resume(*planned)
+                    let (checks, ticket) = *planned;
+                    limiter.resume(checks, ticket)
                 }
                 Some(Next::Wait(_)) => {
                     if let Some(sleep) = &mut self.sleep {

@@ -167,17 +167,9 @@ pub(crate) enum Next<F> {
     /// Wait for the store's answer (`F`), then [`Limiter::answered`] with the ticket.
     Store(F, Ticket),
     /// Wait for the answer to another request of this instance, which is asking the store for
-    /// the lease this one needs, then [`Limiter::resume`].
-    Lease(LeaseWait, Box<Planned>),
-}
-
-/// A request's checks, planned: the store's, the local fallback's, and the charges that wait
-/// for the response.
-pub(crate) struct Planned {
-    checks: Checks,
-    fallback: Option<Checks>,
-    after: Vec<AfterResponse>,
-    span: Span,
+    /// the lease this one needs, then [`Limiter::resume`] with the request's checks and their
+    /// ticket.
+    Lease(LeaseWait, Box<(Checks, Ticket)>),
 }
 
 impl<F> Next<F> {
@@ -212,9 +204,10 @@ pub(crate) struct Delayed {
     pub(crate) after: Vec<AfterResponse>,
 }
 
-/// What settling a decision that comes later needs: the breaker's permit, the local fallback's
-/// checks, the request's keys (for the deny cache and the IETF `pk`), when the store was asked,
-/// and the charges that wait for the response.
+/// What answering a request's checks needs, from when they are planned until the store's
+/// answer comes: the breaker's permit (taken when they are sent), the local fallback's checks,
+/// the request's keys (for the deny cache and the IETF `pk`), when the store was asked, and
+/// the charges that wait for the response.
 pub(crate) struct Ticket {
     permit: Permit,
     /// The checks asking for a lease (boxed: most decisions ask for none, and the ticket is
@@ -413,7 +406,17 @@ impl<St: Store> Limiter<St> {
         if let Some(denied) = self.known_denied(&checks, &span) {
             return denied;
         }
-        self.ask_store(checks, fallback, after, &span)
+        let ticket = Ticket {
+            permit: Permit::Call,
+            asking: None,
+            fallback,
+            keys: None,
+            started: None,
+            gives_back_later: false,
+            after,
+            span: span.clone(),
+        };
+        self.ask_store(checks, ticket)
     }
 
     /// The answer of the deny cache, if it knows one of `checks`' keys to be limited.
@@ -448,67 +451,47 @@ impl<St: Store> Limiter<St> {
     }
 
     /// [`Limiter::ask_store`] for a request that waited for another's lease.
-    pub(crate) fn resume(&self, planned: Planned) -> Next<St::Future> {
-        let Planned {
-            checks,
-            fallback,
-            after,
-            span,
-        } = planned;
+    pub(crate) fn resume(&self, checks: Checks, ticket: Ticket) -> Next<St::Future> {
+        let span = ticket.span.clone();
         let _entered = span.enter();
-        self.ask_store(checks, fallback, after, &span)
+        self.ask_store(checks, ticket)
     }
 
     /// The rest of step 2 for a planned request: the leases held here, then the breaker and
     /// the store.
     #[inline(always)]
-    fn ask_store(
-        &self,
-        mut checks: Checks,
-        fallback: Option<Checks>,
-        after: Vec<AfterResponse>,
-        span: &Span,
-    ) -> Next<St::Future> {
+    fn ask_store(&self, mut checks: Checks, mut ticket: Ticket) -> Next<St::Future> {
         let now = OnceCell::new();
         let now = || *now.get_or_init(|| self.clock.now_micros());
         // Leases: every check admitted from one held here (no store call, whatever the
         // breaker says), or the checks that ask the store for one.
-        let mut asking = None;
         if let Some(leases) = self.leases() {
-            match leases.plan(&mut checks, now(), !after.is_empty()) {
+            match leases.plan(&mut checks, now(), !ticket.after.is_empty()) {
                 lease::Plan::Local(decision) => {
                     let keys = self.keys(&checks);
-                    traced(span, |span| {
+                    traced(&ticket.span, |span| {
                         span.record("lease", true);
                     });
-                    return self.finish(decision, after, keys.as_deref(), false, span);
+                    return self.finish(
+                        decision,
+                        ticket.after,
+                        keys.as_deref(),
+                        false,
+                        &ticket.span,
+                    );
                 }
-                lease::Plan::Store(a) => asking = a.map(Box::new),
-                lease::Plan::Wait(wait) => {
-                    let span = span.clone();
-                    let planned = Planned {
-                        checks,
-                        fallback,
-                        after,
-                        span,
-                    };
-                    return Next::Lease(wait, Box::new(planned));
-                }
+                lease::Plan::Store(a) => ticket.asking = a.map(Box::new),
+                lease::Plan::Wait(wait) => return Next::Lease(wait, Box::new((checks, ticket))),
             }
         }
-        let ticket = Ticket {
-            permit: self
-                .breaker
-                .as_ref()
-                .map_or(Permit::Call, |b| b.permit(now)),
-            keys: self.keys(asking.as_ref().map_or(&checks[..], |a| a.own(&checks))),
-            asking,
-            fallback,
-            started: None,
-            gives_back_later: false,
-            after,
-            span: span.clone(),
-        };
+        if let Some(breaker) = &self.breaker {
+            ticket.permit = breaker.permit(now);
+        }
+        let own = ticket
+            .asking
+            .as_ref()
+            .map_or(&checks[..], |a| a.own(&checks));
+        ticket.keys = self.keys(own);
         self.send(checks, ticket)
     }
 

@@ -17,7 +17,7 @@ use crate::store::private::Sealed;
 /// A decision on its way (`C`: the store's future), or a reserved time. Dropped before it
 /// comes (the client went away), a store's decision finishes on its own and gives back the
 /// slots it took (of a concurrency limit, or reserved for a wait), which would otherwise stay
-/// taken until their leases end; a reserved time is given back by its `Delayed`.
+/// taken until their leases end; a reserved time is given back by its wait's `release`.
 pub(crate) struct Deciding<C> {
     /// What is awaited ([`Next::Store`], [`Next::Lease`] or [`Next::Wait`]); `None` once it
     /// came.
@@ -49,7 +49,7 @@ where
     {
         let (abandoned, sleep) = match &next {
             Next::Store(_, ticket) => (limiter.abandoned(ticket), None),
-            Next::Wait(delayed) => (None, Some(Box::pin(tokio::time::sleep(delayed.wait)))),
+            Next::Wait { wait, .. } => (None, Some(Box::pin(tokio::time::sleep(*wait)))),
             _ => (None, None),
         };
         Deciding {
@@ -88,7 +88,7 @@ where
                     let (checks, ticket) = *planned;
                     limiter.resume(checks, ticket)
                 }
-                Some(Next::Wait(_)) => {
+                Some(Next::Wait { .. }) => {
                     if let Some(sleep) = &mut self.sleep {
                         ready!(sleep.as_mut().poll(cx));
                     }

@@ -26,7 +26,7 @@ use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::grpc;
 use crate::headers::RateLimitHeaders;
-use crate::limiter::{AfterResponse, Delayed, Limiter, Next};
+use crate::limiter::{AfterResponse, Limiter, Next};
 use crate::store::Store;
 use crate::store::private::Sealed;
 
@@ -245,19 +245,20 @@ where
                 response: Some(response),
             };
         }
-        Next::Wait(delayed) => {
-            let Delayed {
-                headers,
-                decision,
-                release,
-                held,
-                after,
-                ..
-            } = *delayed;
+        Next::Wait { release, then, .. } => {
             if let Some(release) = release {
                 release.keep();
             }
-            (Some(headers), decision, held, after)
+            let Next::Call {
+                headers,
+                decision,
+                held,
+                after,
+            } = *then
+            else {
+                unreachable!("a request that waited goes on to the inner service");
+            };
+            (headers, decision, held, after)
         }
         Next::Store(..) | Next::Lease(..) => unreachable!("a step that waits is awaited first"),
     };

@@ -161,9 +161,13 @@ pub(crate) enum Next<F> {
     },
     /// Answer with the limiter's own response.
     Respond(Response<Bytes>),
-    /// Wait until the times reserved for the request come, then call the inner service as
-    /// [`Next::Call`] does.
-    Wait(Box<Delayed>),
+    /// Wait until the times reserved for the request come (`wait` from now), then go on
+    /// (`then`: a [`Next::Call`]); `release` gives the reserved units back if it never does.
+    Wait {
+        wait: std::time::Duration,
+        release: Option<BodyGuard>,
+        then: Box<Next<F>>,
+    },
     /// Wait for the store's answer (`F`), then [`Limiter::answered`] with the ticket.
     Store(F, Ticket),
     /// Wait for the answer to another request of this instance, which is asking the store for
@@ -176,7 +180,7 @@ impl<F> Next<F> {
     /// Whether the step waits for something (the store's answer, another's lease, or a
     /// reserved time).
     pub(crate) fn waits(&self) -> bool {
-        matches!(self, Next::Store(..) | Next::Lease(..) | Next::Wait(..))
+        matches!(self, Next::Store(..) | Next::Lease(..) | Next::Wait { .. })
     }
 
     /// Call the inner service with nothing added: no headers, no decision, no slots held, no
@@ -189,19 +193,6 @@ impl<F> Next<F> {
             after: Vec::new(),
         }
     }
-}
-
-/// A request admitted at times reserved later: how long it waits, what it then goes on with,
-/// and what gives its slots back if it never does.
-pub(crate) struct Delayed {
-    pub(crate) wait: std::time::Duration,
-    pub(crate) headers: RateLimitHeaders,
-    pub(crate) decision: Option<Decision>,
-    pub(crate) release: Option<BodyGuard>,
-    /// The slots of concurrency limits the request holds once it goes on.
-    pub(crate) held: Option<BodyGuard>,
-    /// The charges its response decides.
-    pub(crate) after: Vec<AfterResponse>,
 }
 
 /// What answering a request's checks needs, from when they are planned until the store's

@@ -3,7 +3,7 @@
 
 use tracing::Span;
 
-use super::{AfterResponse, Delayed, Limiter, Next, Ticket};
+use super::{AfterResponse, Limiter, Next, Ticket};
 use crate::body::BodyGuard;
 use crate::decision::{Decision, PolicyOutcome};
 use crate::error::StoreError;
@@ -135,15 +135,17 @@ impl<St: Store> Limiter<St> {
         metrics::histogram!("ratelimit_delay_seconds", "policy" => policy)
             .record(wait.as_secs_f64());
         let decision = self.decision_extension.then_some(decision);
-        let delayed = Delayed {
-            wait,
-            headers,
+        let then = Next::Call {
+            headers: Some(headers),
             decision,
-            release,
             held,
             after,
         };
-        Next::Wait(Box::new(delayed))
+        Next::Wait {
+            wait,
+            release,
+            then: Box::new(then),
+        }
     }
 
     /// The response to a denied request, with the decision in its extensions.

@@ -42,7 +42,7 @@ use crate::policy::{CompiledPolicy, CostFn, Policy, RequestFn, StatusFn};
 use crate::reload::TierSummary;
 use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Permit};
 use crate::response::Responses;
-use crate::settle::meter::Pending;
+use crate::settle::Settle;
 use crate::store::{Check, Checks, Keyed, MemoryStore, Op, Store, TOGETHER};
 use crate::telemetry::{decision_span, record_outcome, traced};
 use crate::top::{TopLimited, Tracker};
@@ -231,7 +231,7 @@ pub(crate) enum AfterResponse {
     },
     /// Always, at the units the response really cost (`Op::Settle`): read from the head, or
     /// counted from the body and sent when it ends.
-    Cost(Pending),
+    Cost { check: Check, settle: Arc<Settle> },
 }
 
 impl<St> Limiter<St> {
@@ -376,7 +376,8 @@ impl<St: Store> Limiter<St> {
             }
             if let Some(settle) = policy.settle() {
                 let check = check(Op::Settle { estimate: cost });
-                after.push(AfterResponse::Cost(Pending::new(check, settle.clone())));
+                let settle = settle.clone();
+                after.push(AfterResponse::Cost { check, settle });
             }
             if let (Some(fallback), Some(local)) = (&mut fallback, policy.fallback_tier(index)) {
                 fallback.push(Check::new(local.clone(), key.clone(), cost, op));

@@ -27,10 +27,10 @@ impl<St: Store> Limiter<St> {
                     accepts,
                     lease_end,
                 } => (check, accepts, lease_end),
-                AfterResponse::Cost(pending) => {
-                    if pending.reads_body() {
-                        from_body.push(pending);
-                    } else if let Some(check) = pending.settled_by(response) {
+                AfterResponse::Cost { check, settle } => {
+                    if settle.reads_body() {
+                        from_body.push((check, settle));
+                    } else if let Some(check) = settle.settled_by(check, response) {
                         checks.push(check);
                     }
                     continue;

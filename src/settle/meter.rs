@@ -1,5 +1,6 @@
-//! What settles a policy's cost after the response: the check waiting for it ([`Pending`]),
-//! and the [`Meter`] a response body carries to count the cost as it streams.
+//! What settles a policy's cost after the response: its check's real units, read from the
+//! head ([`Settle::settled_by`]) or counted by the [`Meter`] a response body carries as it
+//! streams.
 
 use std::sync::Arc;
 
@@ -39,31 +40,14 @@ impl Settle {
     }
 }
 
-/// One policy's check to settle after a response: charged `estimate` up front
-/// (`Op::Settle`'s payload, the check's units until the real ones replace them), and where
-/// its real cost comes from.
-pub(crate) struct Pending {
-    check: Check,
-    settle: Arc<Settle>,
-}
-
-impl Pending {
-    pub(crate) fn new(check: Check, settle: Arc<Settle>) -> Self {
-        Pending { check, settle }
-    }
-
-    /// Whether its cost is counted from the response body (else read from the head).
-    pub(crate) fn reads_body(&self) -> bool {
-        self.settle.reads_body()
-    }
-
-    /// The check that settles it from the response head, if the estimate does not stand.
-    pub(crate) fn settled_by<B>(self, response: &Response<B>) -> Option<Check> {
-        let reading = self
-            .settle
-            .read_head(response.headers(), response.extensions());
-        let units = self.settle.units(&self.check, reading)?;
-        Some(self.check.with_cost(units))
+impl Settle {
+    /// `check` (charged its estimate up front: `Op::Settle`'s payload, the check's units
+    /// until the real ones replace them) at the units the response head says, if the
+    /// estimate does not stand.
+    pub(crate) fn settled_by<B>(&self, check: Check, response: &Response<B>) -> Option<Check> {
+        let reading = self.read_head(response.headers(), response.extensions());
+        let units = self.units(&check, reading)?;
+        Some(check.with_cost(units))
     }
 }
 
@@ -75,27 +59,34 @@ pub(crate) struct Meter {
     send: Option<Box<dyn FnOnce(Checks) + Send + Sync>>,
 }
 
-/// One policy's count in a [`Meter`].
+/// One policy's count in a [`Meter`]: its check, where its real cost comes from, and the
+/// count so far.
 struct Counting {
-    pending: Pending,
+    check: Check,
+    settle: Arc<Settle>,
     reading: Reading,
 }
 
 impl Meter {
-    /// A meter for `pending` (read from the body), whose checks `send` gives the store.
+    /// A meter for the checks to settle from the body (each with its settle), whose checks
+    /// `send` gives the store.
     pub(crate) fn new(
-        pending: impl IntoIterator<Item = Pending>,
+        pending: impl IntoIterator<Item = (Check, Arc<Settle>)>,
         send: Box<dyn FnOnce(Checks) + Send + Sync>,
     ) -> Self {
         let counting = pending
             .into_iter()
-            .map(|pending| {
+            .map(|(check, settle)| {
                 // A trailer that never comes is missing; a count starts at 0.
-                let reading = match pending.settle.source {
+                let reading = match settle.source {
                     CostSource::Trailer(_) => Reading::Missing,
                     _ => Reading::Cost(0),
                 };
-                Counting { pending, reading }
+                Counting {
+                    check,
+                    settle,
+                    reading,
+                }
             })
             .collect();
         Meter {
@@ -107,7 +98,7 @@ impl Meter {
     /// Counts one frame of the body.
     pub(crate) fn observe(&mut self, frame: &Frame<Bytes>) {
         for c in &mut self.counting {
-            let add = match &c.pending.settle.source {
+            let add = match &c.settle.source {
                 CostSource::BodyBytes => frame.data_ref().map_or(0, |d| d.len() as u64),
                 CostSource::Body(count) => count(frame),
                 CostSource::Trailer(Ok(name)) => {
@@ -129,9 +120,8 @@ impl Drop for Meter {
     fn drop(&mut self) {
         let mut checks = Checks::new();
         for c in self.counting.drain(..) {
-            let Counting { pending, reading } = c;
-            if let Some(units) = pending.settle.units(&pending.check, reading) {
-                checks.push(pending.check.with_cost(units));
+            if let Some(units) = c.settle.units(&c.check, c.reading) {
+                checks.push(c.check.with_cost(units));
             }
         }
         if let Some(send) = self.send.take().filter(|_| !checks.is_empty()) {

@@ -219,6 +219,23 @@ pub(crate) struct Ticket {
     span: Span,
 }
 
+impl Ticket {
+    /// The ticket of checks just planned, with the local fallback's checks and the charges
+    /// after the response: the rest is filled in as they are sent.
+    fn planned(fallback: Option<Checks>, after: Vec<AfterResponse>, span: Span) -> Self {
+        Ticket {
+            permit: Permit::Call,
+            asking: None,
+            fallback,
+            keys: None,
+            started: None,
+            gives_back_later: false,
+            after,
+            span,
+        }
+    }
+}
+
 /// A charge or refund that depends on the response: its status, or its real cost.
 pub(crate) enum AfterResponse {
     /// The check to send when the response's status is accepted by `accepts` (`charge_if`,
@@ -398,17 +415,7 @@ impl<St: Store> Limiter<St> {
         if let Some(denied) = self.known_denied(&checks, &span) {
             return denied;
         }
-        let ticket = Ticket {
-            permit: Permit::Call,
-            asking: None,
-            fallback,
-            keys: None,
-            started: None,
-            gives_back_later: false,
-            after,
-            span: span.clone(),
-        };
-        self.ask_store(checks, ticket)
+        self.ask_store(checks, Ticket::planned(fallback, after, span.clone()))
     }
 
     /// The answer of the deny cache, if it knows one of `checks`' keys to be limited.

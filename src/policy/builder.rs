@@ -91,7 +91,7 @@ impl fmt::Debug for Policy {
             .field("name", &self.name)
             .field("burst", &self.burst)
             .field("key", &self.key)
-            .field("takes", &self.takes.as_ref().map(|_| self.what()))
+            .field("takes", &self.takes.as_ref().map(|op| self.what(*op)))
             .field("routes", &self.routes)
             .field("tiers", &self.tiers)
             .field("calendar", &self.calendar)
@@ -140,26 +140,25 @@ impl Policy {
             {
                 Ok(op)
             }
-            Ok(_) => Err(self.two_ways(op.what())),
+            Ok(old) => Err(self.two_ways(old, op.what())),
             Err(e) => Err(e),
         };
         self
     }
 
-    /// What the policy does in a decision, for messages.
-    pub(super) fn what(&self) -> &'static str {
-        match (&self.takes, self.lease) {
-            (_, Some(_)) => Op::Lease { want: 0 }.what(),
-            (Ok(op), None) => op.what(),
-            (Err(_), None) => "cannot take part",
+    /// What the policy does in a decision, making `op`, for messages.
+    pub(super) fn what(&self, op: Op) -> &'static str {
+        match self.lease {
+            Some(_) => Op::Lease { want: 0 }.what(),
+            None => op.what(),
         }
     }
 
-    /// The error of a policy asked to take part a second way, `what`.
-    fn two_ways(&self, what: &str) -> ConfigError {
+    /// The error of a policy making `old` asked to take part a second way, `what`.
+    fn two_ways(&self, old: Op, what: &str) -> ConfigError {
         ConfigError::new(format!(
             "a policy takes part in a decision one way, and this one both {} and {what}; pick one",
-            self.what()
+            self.what(old)
         ))
     }
 
@@ -483,7 +482,7 @@ impl Policy {
         match self.takes {
             // An enforced policy takes leases: the units of the leases' own `Op::Lease`.
             Ok(Op::Enforce) => self.lease = Some((units, self.lease.and_then(|(_, ttl)| ttl))),
-            Ok(_) => self.takes = Err(self.two_ways(Op::Lease { want: 0 }.what())),
+            Ok(old) => self.takes = Err(self.two_ways(old, Op::Lease { want: 0 }.what())),
             Err(_) => {}
         }
         self

@@ -118,9 +118,9 @@ impl Policy {
         match &self.takes {
             Ok(Op::Enforce) if self.lease.is_none() => Ok(()),
             Err(_) => Ok(()),
-            Ok(_) => Err(ConfigError::new(format!(
+            Ok(op) => Err(ConfigError::new(format!(
                 "a policy that settles its cost after the response is enforced, and this one {}",
-                self.what()
+                self.what(*op)
             ))),
         }
     }

@@ -68,6 +68,20 @@ local function take_lease(alg, key, p, st, ends, now, cost, want, lease_end, at,
   REPLY[at + AT_UNITS], REPLY[at + AT_END], REPLY[at + AT_LASTS] = units, lease_end, lease_end - now
 end
 
+-- Phase two for a policy not charged, whose reply follows REPLY[base]: the state reported
+-- as it stays when the policy admitted the request, its key given a TTL (from `since`) if
+-- it lost its own.
+local function uncharged(alg, key, p, st, now, since, cost, base)
+  if REPLY[base + AT_VERDICT] == ADMITTED and cost > 0 then
+    local _, remaining, reset = alg:verdict(p, st, nil, now, 0, key)
+    REPLY[base + AT_REMAINING], REPLY[base + AT_RESET] = remaining, reset
+  end
+  if call('PTTL', key) == -1 then
+    -- A key without a TTL (written by something else, or lost its TTL): repair it.
+    call('PEXPIRE', key, ttl_ms(since, now + REPLY[base + AT_RESET]))
+  end
+end
+
 -- Phase one for the policy at position i of operation `op` (not ENFORCE), its state `st` and
 -- block `ends` read: decided on the state as strict as a lease could make it, in LEASED[i],
 -- for a LEASE whose longest life is `x` (twin of `lease_verdict` in Rust), its verdict in the
@@ -119,15 +133,7 @@ local function phase_two_of(alg, i, op, key, p, now, since, cost, y, st, ends, a
       return
     end
   end
-  if REPLY[base + AT_VERDICT] == ADMITTED and cost > 0 then
-    -- Admitted by this policy but not charged: report the state as it stays.
-    local _, remaining, reset = alg:verdict(p, st, nil, now, 0, key)
-    REPLY[base + AT_REMAINING], REPLY[base + AT_RESET] = remaining, reset
-  end
-  if call('PTTL', key) == -1 then
-    -- A key without a TTL (written by something else, or lost its TTL): repair it.
-    call('PEXPIRE', key, ttl_ms(since, now + REPLY[base + AT_RESET]))
-  end
+  uncharged(alg, key, p, st, now, since, cost, base)
 end
 
 -- After the checks' replies (`total` integers), each key decided under its own limit: its

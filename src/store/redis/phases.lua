@@ -56,13 +56,10 @@ end
 -- whether it admits the request, the state and block decided on, and the parameters.
 --@inline
 local function phase_one(self, i, key, p, now, since, cost, base)
-  local st, ends, stale = load(key, p, now, STATES[i])
-  if stale then
-    st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
-  end
-  local v, remaining, reset = verdict(self, p, st, ends, now, cost, key)
+  local st, ends, q = loaded(self, i, key, p, now, since)
+  local v, remaining, reset = verdict(self, q, st, ends, now, cost, key)
   REPLY[base + AT_VERDICT], REPLY[base + AT_REMAINING], REPLY[base + AT_RESET] = v, remaining, reset
-  return v == ADMITTED, st, ends, p
+  return v == ADMITTED, st, ends, q
 end
 
 -- Phase two for an enforced policy whose reply follows REPLY[base], the request `admitted` or
@@ -74,16 +71,7 @@ local function phase_two(self, key, p, now, since, cost, st, ends, admitted, bas
     commit(self, key, p, st, now, cost, ends, since)
     return
   end
-  if REPLY[base + AT_VERDICT] == ADMITTED and cost > 0 then
-    -- Admitted by this policy but not charged: report the state as it stays.
-    local _, remaining, reset = verdict(self, p, st, nil, now, 0, key)
-    REPLY[base + AT_REMAINING], REPLY[base + AT_RESET] = remaining, reset
-  end
-  if call('PTTL', key) == -1 then
-    -- A key without a TTL (written by something else, or lost its TTL): repair it.
-    local ms = ttl_ms(since, now + REPLY[base + AT_RESET])
-    call('PEXPIRE', key, ms)
-  end
+  uncharged(self, key, p, st, now, since, cost, base)
 end
 
 -- The policies of a decision from position i to n (read into ALGS, OPS, PS, COSTS, XS and

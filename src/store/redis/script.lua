@@ -657,6 +657,20 @@ local function take_lease(alg, key, p, st, ends, now, cost, want, lease_end, at,
   REPLY[at + 4], REPLY[at + 5], REPLY[at + 6] = units, lease_end, lease_end - now
 end
 
+-- Phase two for a policy not charged, whose reply follows REPLY[base]: the state reported
+-- as it stays when the policy admitted the request, its key given a TTL (from `since`) if
+-- it lost its own.
+local function uncharged(alg, key, p, st, now, since, cost, base)
+  if REPLY[base + 1] == -2 and cost > 0 then
+    local _, remaining, reset = alg:verdict(p, st, nil, now, 0, key)
+    REPLY[base + 2], REPLY[base + 3] = remaining, reset
+  end
+  if call('PTTL', key) == -1 then
+    -- A key without a TTL (written by something else, or lost its TTL): repair it.
+    call('PEXPIRE', key, ttl_ms(since, now + REPLY[base + 3]))
+  end
+end
+
 -- Phase one for the policy at position i of operation `op` (not ENFORCE), its state `st` and
 -- block `ends` read: decided on the state as strict as a lease could make it, in LEASED[i],
 -- for a LEASE whose longest life is `x` (twin of `lease_verdict` in Rust), its verdict in the
@@ -708,15 +722,7 @@ local function phase_two_of(alg, i, op, key, p, now, since, cost, y, st, ends, a
       return
     end
   end
-  if REPLY[base + 1] == -2 and cost > 0 then
-    -- Admitted by this policy but not charged: report the state as it stays.
-    local _, remaining, reset = alg:verdict(p, st, nil, now, 0, key)
-    REPLY[base + 2], REPLY[base + 3] = remaining, reset
-  end
-  if call('PTTL', key) == -1 then
-    -- A key without a TTL (written by something else, or lost its TTL): repair it.
-    call('PEXPIRE', key, ttl_ms(since, now + REPLY[base + 3]))
-  end
+  uncharged(alg, key, p, st, now, since, cost, base)
 end
 
 -- After the checks' replies (`total` integers), each key decided under its own limit: its
@@ -944,58 +950,62 @@ ALG[1] = function()
     local ok, st, ends, q
     if fused then
       do -- phase_one
-        local p = p
-        local st_26, ends_26, stale
-        repeat -- read2
-          local into = STATES[i]
-          local raw = call('GET', key)
-          if not raw then
-            st_26, ends_26, stale = nil break
-          end
-          local a, b, tag, ends
-          local t = p.tag
-          if find(raw, t, #raw - #t + 1, true) then
-            a, b = match(raw, '^(%d+) (%d+)~')
-          end
-          if not a then
-            local state
-            state, tag, ends = split_state(raw)
-            if tag == p.tag then
-              tag = nil
+        local st_20, ends_20, q_20
+        do -- loaded
+          local p = p
+          local st, ends, stale
+          repeat -- read2
+            local into = STATES[i]
+            local raw = call('GET', key)
+            if not raw then
+              st, ends, stale = nil break
             end
-            a, b = match(state or '', '^(%d+) (%d+)$')
+            local a, b, tag, ends_22
+            local t = p.tag
+            if find(raw, t, #raw - #t + 1, true) then
+              a, b = match(raw, '^(%d+) (%d+)~')
+            end
             if not a then
-              st_26, ends_26, stale = nil, ends, tag break
+              local state
+              state, tag, ends_22 = split_state(raw)
+              if tag == p.tag then
+                tag = nil
+              end
+              a, b = match(state or '', '^(%d+) (%d+)$')
+              if not a then
+                st, ends, stale = nil, ends_22, tag break
+              end
             end
+            into[1], into[2] = tonumber(a), tonumber(b)
+            st, ends, stale = into, ends_22, tag break
+          until true
+          if stale then
+            st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
           end
-          into[1], into[2] = tonumber(a), tonumber(b)
-          st_26, ends_26, stale = into, ends, tag break
-        until true
-        if stale then
-          st_26, ends_26, p = adopt(self, key, p, st_26, ends_26, now, stale, STATES[i], since)
+          st_20, ends_20, q_20 = st, ends, p
         end
         local v, remaining, reset
         repeat -- verdict
-          local ok, remaining_28, reset_28, retry
+          local ok, remaining_23, reset_23, retry
           repeat -- evaluate
-            local limit = p[1]
+            local limit = q_20[1]
             local start, count, ends
             repeat -- current
-              local w = p[2]
-              local start_30, ends_30
+              local w = q_20[2]
+              local start_25, ends_25
               if w > 0 then
-                start_30 = now - now % w
-                ends_30 = start_30 + w
+                start_25 = now - now % w
+                ends_25 = start_25 + w
               else
-                start_30, ends_30 = period(p, now)
+                start_25, ends_25 = period(q_20, now)
               end
-              if st_26 and st_26[1] >= start_30 then
-                if st_26[1] > start_30 then
-                  start_30, ends_30 = bounds(p, st_26[1])
+              if st_20 and st_20[1] >= start_25 then
+                if st_20[1] > start_25 then
+                  start_25, ends_25 = bounds(q_20, st_20[1])
                 end
-                start, count, ends = start_30, st_26[2], ends_30 break
+                start, count, ends = start_25, st_20[2], ends_25 break
               end
-              start, count, ends = start_30, 0, ends_30 break
+              start, count, ends = start_25, 0, ends_25 break
             until true
             local from = now
             if start > from then
@@ -1007,72 +1017,72 @@ ALG[1] = function()
               remaining = 0
             end
             if cost > limit then
-              ok, remaining_28, reset_28, retry = 0, remaining, count == 0 and 0 or left, -1 break
+              ok, remaining_23, reset_23, retry = 0, remaining, count == 0 and 0 or left, -1 break
             end
             if count + cost <= limit then
-              ok, remaining_28, reset_28, retry = 1, remaining - cost, count + cost == 0 and 0 or left, -1 break
+              ok, remaining_23, reset_23, retry = 1, remaining - cost, count + cost == 0 and 0 or left, -1 break
             end
-            ok, remaining_28, reset_28, retry = 0, remaining, count == 0 and 0 or left, left break
+            ok, remaining_23, reset_23, retry = 0, remaining, count == 0 and 0 or left, left break
           until true
           local behind
           repeat -- lag
-            if st_26 and st_26[1] > now then
-              behind = st_26[1] - now break
+            if st_20 and st_20[1] > now then
+              behind = st_20[1] - now break
             end
             behind = 0 break
           until true
           if behind > 0 then
             do -- shift
-              local ok_32, remaining, reset, retry_32 = ok, remaining_28, reset_28, retry
+              local ok_27, remaining, reset, retry_27 = ok, remaining_23, reset_23, retry
               if behind > 0 then
                 remaining = 0
                 reset = reset + behind
-                if retry_32 >= 0 then
-                  retry_32 = retry_32 + behind
+                if retry_27 >= 0 then
+                  retry_27 = retry_27 + behind
                 end
-                if ok_32 == 1 and cost > 0 then
-                  ok_32, retry_32 = 0, behind
+                if ok_27 == 1 and cost > 0 then
+                  ok_27, retry_27 = 0, behind
                   if reset < behind then
                     reset = behind
                   end
                 end
               end
-              ok, remaining_28, reset_28, retry = ok_32, remaining, reset, retry_32
+              ok, remaining_23, reset_23, retry = ok_27, remaining, reset, retry_27
             end
           end
-          if ends_26 and ends_26 > now then
-            local wait = ends_26 - now
+          if ends_20 and ends_20 > now then
+            local wait = ends_20 - now
             if ok == 1 or retry >= 0 then
               if retry < wait then
                 retry = wait
               end
             end
             ok = 0
-            remaining_28 = 0
-            if reset_28 < wait then
-              reset_28 = wait
+            remaining_23 = 0
+            if reset_23 < wait then
+              reset_23 = wait
             end
           end
           if ok == 1 then
-            v, remaining, reset = -2, remaining_28, reset_28 break
+            v, remaining, reset = -2, remaining_23, reset_23 break
           end
           if retry < 0 then
-            v, remaining, reset = -1, remaining_28, reset_28 break
+            v, remaining, reset = -1, remaining_23, reset_23 break
           end
-          v, remaining, reset = retry, remaining_28, reset_28 break
+          v, remaining, reset = retry, remaining_23, reset_23 break
         until true
         REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
-        ok, st, ends, q = v == -2, st_26, ends_26, p
+        ok, st, ends, q = v == -2, st_20, ends_20, q_20
       end
     else
       do -- loaded
         local p = p
-        local st_33, ends_33, stale
+        local st_28, ends_28, stale
         repeat -- read2
           local into = STATES[i]
           local raw = call('GET', key)
           if not raw then
-            st_33, ends_33, stale = nil break
+            st_28, ends_28, stale = nil break
           end
           local a, b, tag, ends
           local t = p.tag
@@ -1087,16 +1097,16 @@ ALG[1] = function()
             end
             a, b = match(state or '', '^(%d+) (%d+)$')
             if not a then
-              st_33, ends_33, stale = nil, ends, tag break
+              st_28, ends_28, stale = nil, ends, tag break
             end
           end
           into[1], into[2] = tonumber(a), tonumber(b)
-          st_33, ends_33, stale = into, ends, tag break
+          st_28, ends_28, stale = into, ends, tag break
         until true
         if stale then
-          st_33, ends_33, p = adopt(self, key, p, st_33, ends_33, now, stale, STATES[i], since)
+          st_28, ends_28, p = adopt(self, key, p, st_28, ends_28, now, stale, STATES[i], since)
         end
-        st, ends, q = st_33, ends_33, p
+        st, ends, q = st_28, ends_28, p
       end
       ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
@@ -1113,20 +1123,20 @@ ALG[1] = function()
             local start, count, ends
             repeat -- current
               local w = q[2]
-              local start_37, ends_37
+              local start_32, ends_32
               if w > 0 then
-                start_37 = now - now % w
-                ends_37 = start_37 + w
+                start_32 = now - now % w
+                ends_32 = start_32 + w
               else
-                start_37, ends_37 = period(q, now)
+                start_32, ends_32 = period(q, now)
               end
-              if st and st[1] >= start_37 then
-                if st[1] > start_37 then
-                  start_37, ends_37 = bounds(q, st[1])
+              if st and st[1] >= start_32 then
+                if st[1] > start_32 then
+                  start_32, ends_32 = bounds(q, st[1])
                 end
-                start, count, ends = start_37, st[2], ends_37 break
+                start, count, ends = start_32, st[2], ends_32 break
               end
-              start, count, ends = start_37, 0, ends_37 break
+              start, count, ends = start_32, 0, ends_32 break
             until true
             repeat -- store
               local value, expires_at = format(q.f2, start, count + cost), ends
@@ -1140,137 +1150,31 @@ ALG[1] = function()
                 end
                 value = value .. '|' .. block_end
                 repeat -- until_block_ends
-                  local expires_at_40 = expires_at
-                  if keep and keep > expires_at_40 then
+                  local expires_at_35 = expires_at
+                  if keep and keep > expires_at_35 then
                     expires_at = keep break
                   end
-                  expires_at = expires_at_40 break
+                  expires_at = expires_at_35 break
                 until true
               end
               local ms
               repeat -- ttl_ms
-                local ms_41
+                local ms_36
                 do -- cdiv
                   local a = expires_at - since
-                  ms_41 = (a + (-a) % 1000) / 1000
+                  ms_36 = (a + (-a) % 1000) / 1000
                 end
-                if ms_41 < 1 then
+                if ms_36 < 1 then
                   ms = 1 break
                 end
-                ms = ms_41 break
+                ms = ms_36 break
               until true
               call('SET', key, value, 'PX', format(INT, ms))
             until true
           until true
           break
         end
-        if REPLY[base + 1] == -2 and cost > 0 then
-          local _, remaining, reset
-          repeat -- verdict
-            local ends = nil
-            local ok, remaining_43, reset_43, retry
-            repeat -- evaluate
-              local limit = q[1]
-              local start, count, ends
-              repeat -- current
-                local w = q[2]
-                local start_45, ends_45
-                if w > 0 then
-                  start_45 = now - now % w
-                  ends_45 = start_45 + w
-                else
-                  start_45, ends_45 = period(q, now)
-                end
-                if st and st[1] >= start_45 then
-                  if st[1] > start_45 then
-                    start_45, ends_45 = bounds(q, st[1])
-                  end
-                  start, count, ends = start_45, st[2], ends_45 break
-                end
-                start, count, ends = start_45, 0, ends_45 break
-              until true
-              local from = now
-              if start > from then
-                from = start
-              end
-              local left = ends - from
-              local remaining = limit - count
-              if remaining < 0 then
-                remaining = 0
-              end
-              if 0 > limit then
-                ok, remaining_43, reset_43, retry = 0, remaining, count == 0 and 0 or left, -1 break
-              end
-              if count + 0 <= limit then
-                ok, remaining_43, reset_43, retry = 1, remaining - 0, count + 0 == 0 and 0 or left, -1 break
-              end
-              ok, remaining_43, reset_43, retry = 0, remaining, count == 0 and 0 or left, left break
-            until true
-            local behind
-            repeat -- lag
-              if st and st[1] > now then
-                behind = st[1] - now break
-              end
-              behind = 0 break
-            until true
-            if behind > 0 then
-              do -- shift
-                local ok_47, remaining, reset, retry_47 = ok, remaining_43, reset_43, retry
-                if behind > 0 then
-                  remaining = 0
-                  reset = reset + behind
-                  if retry_47 >= 0 then
-                    retry_47 = retry_47 + behind
-                  end
-                  if ok_47 == 1 and 0 > 0 then
-                    ok_47, retry_47 = 0, behind
-                    if reset < behind then
-                      reset = behind
-                    end
-                  end
-                end
-                ok, remaining_43, reset_43, retry = ok_47, remaining, reset, retry_47
-              end
-            end
-            if ends and ends > now then
-              local wait = ends - now
-              if ok == 1 or retry >= 0 then
-                if retry < wait then
-                  retry = wait
-                end
-              end
-              ok = 0
-              remaining_43 = 0
-              if reset_43 < wait then
-                reset_43 = wait
-              end
-            end
-            if ok == 1 then
-              _, remaining, reset = -2, remaining_43, reset_43 break
-            end
-            if retry < 0 then
-              _, remaining, reset = -1, remaining_43, reset_43 break
-            end
-            _, remaining, reset = retry, remaining_43, reset_43 break
-          until true
-          REPLY[base + 2], REPLY[base + 3] = remaining, reset
-        end
-        if call('PTTL', key) == -1 then
-          local ms
-          repeat -- ttl_ms
-            local expires_at = now + REPLY[base + 3]
-            local ms_48
-            do -- cdiv
-              local a = expires_at - since
-              ms_48 = (a + (-a) % 1000) / 1000
-            end
-            if ms_48 < 1 then
-              ms = 1 break
-            end
-            ms = ms_48 break
-          until true
-          call('PEXPIRE', key, ms)
-        end
+        uncharged(self, key, q, st, now, since, cost, base)
       until true
     else
       phase_two_of(self, i, op, key, q, now, since, cost, YS[i], st, ends, admitted, base)
@@ -1296,17 +1200,17 @@ ALG[1] = function()
     local p
     do -- read_params
       local tag = args[at]
-      local p_50 = TAGGED[tag or '']
-      if not p_50 and tag then
+      local p_38 = TAGGED[tag or '']
+      if not p_38 and tag then
         local semi = find(tag, ';', 1, true)
-        p_50 = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p_50) then
-          p_50 = nil
+        p_38 = { tag = semi and sub(tag, 1, semi - 1) or tag }
+        if not tag_params(tag, p_38) then
+          p_38 = nil
         else
-          remember(tag, p_50)
+          remember(tag, p_38)
         end
       end
-      p = p_50
+      p = p_38
     end
     if not p then
       return nil
@@ -1315,67 +1219,71 @@ ALG[1] = function()
     repeat -- clock
       local injected = shape >= 2048
       if injected then
-        local now_51 = tonumber(args[#args - 1])
-        now, since = now_51, now_51 - 1000 * tonumber(args[#args]) break
+        local now_39 = tonumber(args[#args - 1])
+        now, since = now_39, now_39 - 1000 * tonumber(args[#args]) break
       end
       local t = call('TIME')
-      local now_51 = t[1] * 1000000 + t[2]
-      now, since = now_51, now_51 break
+      local now_39 = t[1] * 1000000 + t[2]
+      now, since = now_39, now_39 break
     until true
     local ok, st, ends, q
     do -- phase_one
-      local p = p
-      local st_52, ends_52, stale
-      repeat -- read2
-        local into = STATES[1]
-        local raw = call('GET', key)
-        if not raw then
-          st_52, ends_52, stale = nil break
-        end
-        local a, b, tag, ends
-        local t = p.tag
-        if find(raw, t, #raw - #t + 1, true) then
-          a, b = match(raw, '^(%d+) (%d+)~')
-        end
-        if not a then
-          local state
-          state, tag, ends = split_state(raw)
-          if tag == p.tag then
-            tag = nil
+      local st_40, ends_40, q_40
+      do -- loaded
+        local p = p
+        local st, ends, stale
+        repeat -- read2
+          local into = STATES[1]
+          local raw = call('GET', key)
+          if not raw then
+            st, ends, stale = nil break
           end
-          a, b = match(state or '', '^(%d+) (%d+)$')
+          local a, b, tag, ends_42
+          local t = p.tag
+          if find(raw, t, #raw - #t + 1, true) then
+            a, b = match(raw, '^(%d+) (%d+)~')
+          end
           if not a then
-            st_52, ends_52, stale = nil, ends, tag break
+            local state
+            state, tag, ends_42 = split_state(raw)
+            if tag == p.tag then
+              tag = nil
+            end
+            a, b = match(state or '', '^(%d+) (%d+)$')
+            if not a then
+              st, ends, stale = nil, ends_42, tag break
+            end
           end
+          into[1], into[2] = tonumber(a), tonumber(b)
+          st, ends, stale = into, ends_42, tag break
+        until true
+        if stale then
+          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
         end
-        into[1], into[2] = tonumber(a), tonumber(b)
-        st_52, ends_52, stale = into, ends, tag break
-      until true
-      if stale then
-        st_52, ends_52, p = adopt(self, key, p, st_52, ends_52, now, stale, STATES[1], since)
+        st_40, ends_40, q_40 = st, ends, p
       end
       local v, remaining, reset
       repeat -- verdict
-        local ok, remaining_54, reset_54, retry
+        local ok, remaining_43, reset_43, retry
         repeat -- evaluate
-          local limit = p[1]
+          local limit = q_40[1]
           local start, count, ends
           repeat -- current
-            local w = p[2]
-            local start_56, ends_56
+            local w = q_40[2]
+            local start_45, ends_45
             if w > 0 then
-              start_56 = now - now % w
-              ends_56 = start_56 + w
+              start_45 = now - now % w
+              ends_45 = start_45 + w
             else
-              start_56, ends_56 = period(p, now)
+              start_45, ends_45 = period(q_40, now)
             end
-            if st_52 and st_52[1] >= start_56 then
-              if st_52[1] > start_56 then
-                start_56, ends_56 = bounds(p, st_52[1])
+            if st_40 and st_40[1] >= start_45 then
+              if st_40[1] > start_45 then
+                start_45, ends_45 = bounds(q_40, st_40[1])
               end
-              start, count, ends = start_56, st_52[2], ends_56 break
+              start, count, ends = start_45, st_40[2], ends_45 break
             end
-            start, count, ends = start_56, 0, ends_56 break
+            start, count, ends = start_45, 0, ends_45 break
           until true
           local from = now
           if start > from then
@@ -1387,62 +1295,62 @@ ALG[1] = function()
             remaining = 0
           end
           if cost > limit then
-            ok, remaining_54, reset_54, retry = 0, remaining, count == 0 and 0 or left, -1 break
+            ok, remaining_43, reset_43, retry = 0, remaining, count == 0 and 0 or left, -1 break
           end
           if count + cost <= limit then
-            ok, remaining_54, reset_54, retry = 1, remaining - cost, count + cost == 0 and 0 or left, -1 break
+            ok, remaining_43, reset_43, retry = 1, remaining - cost, count + cost == 0 and 0 or left, -1 break
           end
-          ok, remaining_54, reset_54, retry = 0, remaining, count == 0 and 0 or left, left break
+          ok, remaining_43, reset_43, retry = 0, remaining, count == 0 and 0 or left, left break
         until true
         local behind
         repeat -- lag
-          if st_52 and st_52[1] > now then
-            behind = st_52[1] - now break
+          if st_40 and st_40[1] > now then
+            behind = st_40[1] - now break
           end
           behind = 0 break
         until true
         if behind > 0 then
           do -- shift
-            local ok_58, remaining, reset, retry_58 = ok, remaining_54, reset_54, retry
+            local ok_47, remaining, reset, retry_47 = ok, remaining_43, reset_43, retry
             if behind > 0 then
               remaining = 0
               reset = reset + behind
-              if retry_58 >= 0 then
-                retry_58 = retry_58 + behind
+              if retry_47 >= 0 then
+                retry_47 = retry_47 + behind
               end
-              if ok_58 == 1 and cost > 0 then
-                ok_58, retry_58 = 0, behind
+              if ok_47 == 1 and cost > 0 then
+                ok_47, retry_47 = 0, behind
                 if reset < behind then
                   reset = behind
                 end
               end
             end
-            ok, remaining_54, reset_54, retry = ok_58, remaining, reset, retry_58
+            ok, remaining_43, reset_43, retry = ok_47, remaining, reset, retry_47
           end
         end
-        if ends_52 and ends_52 > now then
-          local wait = ends_52 - now
+        if ends_40 and ends_40 > now then
+          local wait = ends_40 - now
           if ok == 1 or retry >= 0 then
             if retry < wait then
               retry = wait
             end
           end
           ok = 0
-          remaining_54 = 0
-          if reset_54 < wait then
-            reset_54 = wait
+          remaining_43 = 0
+          if reset_43 < wait then
+            reset_43 = wait
           end
         end
         if ok == 1 then
-          v, remaining, reset = -2, remaining_54, reset_54 break
+          v, remaining, reset = -2, remaining_43, reset_43 break
         end
         if retry < 0 then
-          v, remaining, reset = -1, remaining_54, reset_54 break
+          v, remaining, reset = -1, remaining_43, reset_43 break
         end
-        v, remaining, reset = retry, remaining_54, reset_54 break
+        v, remaining, reset = retry, remaining_43, reset_43 break
       until true
       REPLY[0 + 1], REPLY[0 + 2], REPLY[0 + 3] = v, remaining, reset
-      ok, st, ends, q = v == -2, st_52, ends_52, p
+      ok, st, ends, q = v == -2, st_40, ends_40, q_40
     end
     REPLY[3 + 1] = nil
     repeat -- phase_two
@@ -1452,20 +1360,20 @@ ALG[1] = function()
           local start, count, ends
           repeat -- current
             local w = q[2]
-            local start_61, ends_61
+            local start_50, ends_50
             if w > 0 then
-              start_61 = now - now % w
-              ends_61 = start_61 + w
+              start_50 = now - now % w
+              ends_50 = start_50 + w
             else
-              start_61, ends_61 = period(q, now)
+              start_50, ends_50 = period(q, now)
             end
-            if st and st[1] >= start_61 then
-              if st[1] > start_61 then
-                start_61, ends_61 = bounds(q, st[1])
+            if st and st[1] >= start_50 then
+              if st[1] > start_50 then
+                start_50, ends_50 = bounds(q, st[1])
               end
-              start, count, ends = start_61, st[2], ends_61 break
+              start, count, ends = start_50, st[2], ends_50 break
             end
-            start, count, ends = start_61, 0, ends_61 break
+            start, count, ends = start_50, 0, ends_50 break
           until true
           repeat -- store
             local value, expires_at = format(q.f2, start, count + cost), ends
@@ -1479,137 +1387,31 @@ ALG[1] = function()
               end
               value = value .. '|' .. block_end
               repeat -- until_block_ends
-                local expires_at_64 = expires_at
-                if keep and keep > expires_at_64 then
+                local expires_at_53 = expires_at
+                if keep and keep > expires_at_53 then
                   expires_at = keep break
                 end
-                expires_at = expires_at_64 break
+                expires_at = expires_at_53 break
               until true
             end
             local ms
             repeat -- ttl_ms
-              local ms_65
+              local ms_54
               do -- cdiv
                 local a = expires_at - since
-                ms_65 = (a + (-a) % 1000) / 1000
+                ms_54 = (a + (-a) % 1000) / 1000
               end
-              if ms_65 < 1 then
+              if ms_54 < 1 then
                 ms = 1 break
               end
-              ms = ms_65 break
+              ms = ms_54 break
             until true
             call('SET', key, value, 'PX', format(INT, ms))
           until true
         until true
         break
       end
-      if REPLY[0 + 1] == -2 and cost > 0 then
-        local _, remaining, reset
-        repeat -- verdict
-          local ends = nil
-          local ok, remaining_67, reset_67, retry
-          repeat -- evaluate
-            local limit = q[1]
-            local start, count, ends
-            repeat -- current
-              local w = q[2]
-              local start_69, ends_69
-              if w > 0 then
-                start_69 = now - now % w
-                ends_69 = start_69 + w
-              else
-                start_69, ends_69 = period(q, now)
-              end
-              if st and st[1] >= start_69 then
-                if st[1] > start_69 then
-                  start_69, ends_69 = bounds(q, st[1])
-                end
-                start, count, ends = start_69, st[2], ends_69 break
-              end
-              start, count, ends = start_69, 0, ends_69 break
-            until true
-            local from = now
-            if start > from then
-              from = start
-            end
-            local left = ends - from
-            local remaining = limit - count
-            if remaining < 0 then
-              remaining = 0
-            end
-            if 0 > limit then
-              ok, remaining_67, reset_67, retry = 0, remaining, count == 0 and 0 or left, -1 break
-            end
-            if count + 0 <= limit then
-              ok, remaining_67, reset_67, retry = 1, remaining - 0, count + 0 == 0 and 0 or left, -1 break
-            end
-            ok, remaining_67, reset_67, retry = 0, remaining, count == 0 and 0 or left, left break
-          until true
-          local behind
-          repeat -- lag
-            if st and st[1] > now then
-              behind = st[1] - now break
-            end
-            behind = 0 break
-          until true
-          if behind > 0 then
-            do -- shift
-              local ok_71, remaining, reset, retry_71 = ok, remaining_67, reset_67, retry
-              if behind > 0 then
-                remaining = 0
-                reset = reset + behind
-                if retry_71 >= 0 then
-                  retry_71 = retry_71 + behind
-                end
-                if ok_71 == 1 and 0 > 0 then
-                  ok_71, retry_71 = 0, behind
-                  if reset < behind then
-                    reset = behind
-                  end
-                end
-              end
-              ok, remaining_67, reset_67, retry = ok_71, remaining, reset, retry_71
-            end
-          end
-          if ends and ends > now then
-            local wait = ends - now
-            if ok == 1 or retry >= 0 then
-              if retry < wait then
-                retry = wait
-              end
-            end
-            ok = 0
-            remaining_67 = 0
-            if reset_67 < wait then
-              reset_67 = wait
-            end
-          end
-          if ok == 1 then
-            _, remaining, reset = -2, remaining_67, reset_67 break
-          end
-          if retry < 0 then
-            _, remaining, reset = -1, remaining_67, reset_67 break
-          end
-          _, remaining, reset = retry, remaining_67, reset_67 break
-        until true
-        REPLY[0 + 2], REPLY[0 + 3] = remaining, reset
-      end
-      if call('PTTL', key) == -1 then
-        local ms
-        repeat -- ttl_ms
-          local expires_at = now + REPLY[0 + 3]
-          local ms_72
-          do -- cdiv
-            local a = expires_at - since
-            ms_72 = (a + (-a) % 1000) / 1000
-          end
-          if ms_72 < 1 then
-            ms = 1 break
-          end
-          ms = ms_72 break
-        until true
-        call('PEXPIRE', key, ms)
-      end
+      uncharged(self, key, q, st, now, since, cost, 0)
     until true
     if q ~= p then
       PS[1] = q
@@ -2091,66 +1893,70 @@ ALG[2] = function()
     local ok, st, ends, q
     if fused then
       do -- phase_one
-        local p = p
-        local st_54, ends_54, stale
-        repeat -- load
-          local raw = call('GET', key)
-          if not raw then
-            st_54, ends_54, stale = nil break
-          end
-          local bare
-          repeat -- untagged
-            local tag = p.tag
-            if find(raw, tag, #raw - #tag + 1, true) then
-              bare = sub(raw, 1, #raw - #tag) break
+        local st_42, ends_42, q_42
+        do -- loaded
+          local p = p
+          local st, ends, stale
+          repeat -- load
+            local raw = call('GET', key)
+            if not raw then
+              st, ends, stale = nil break
             end
-            bare = nil break
+            local bare
+            repeat -- untagged
+              local tag = p.tag
+              if find(raw, tag, #raw - #tag + 1, true) then
+                bare = sub(raw, 1, #raw - #tag) break
+              end
+              bare = nil break
+            until true
+            if bare then
+              st, ends, stale = sw_read(bare, p[2] + 1) break
+            end
+            local tag, ends_44
+            raw, tag, ends_44 = split_state(raw)
+            if tag and tag ~= p.tag then
+              local n = tag_params(tag, OLD_RING) and OLD_RING[2]
+              st, ends, stale = n and sw_read(raw, n + 1), ends_44, tag break
+            end
+            st, ends, stale = sw_read(raw, p[2] + 1), ends_44 break
           until true
-          if bare then
-            st_54, ends_54, stale = sw_read(bare, p[2] + 1) break
+          if stale then
+            st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
           end
-          local tag, ends
-          raw, tag, ends = split_state(raw)
-          if tag and tag ~= p.tag then
-            local n = tag_params(tag, OLD_RING) and OLD_RING[2]
-            st_54, ends_54, stale = n and sw_read(raw, n + 1), ends, tag break
-          end
-          st_54, ends_54, stale = sw_read(raw, p[2] + 1), ends break
-        until true
-        if stale then
-          st_54, ends_54, p = adopt(self, key, p, st_54, ends_54, now, stale, STATES[i], since)
+          st_42, ends_42, q_42 = st, ends, p
         end
         local v, remaining, reset
         repeat -- verdict
-          local ok, remaining_57, reset_57, retry
+          local ok, remaining_46, reset_46, retry
           repeat -- evaluate
-            local limit, n, g = p[1], p[2], p[3]
+            local limit, n, g = q_42[1], q_42[2], q_42[3]
             local c, x
             repeat -- sw_position
-              local c_59
+              local c_48
               do -- fdiv
-                local b = p[3]
-                c_59 = (now - now % b) / b
+                local b = q_42[3]
+                c_48 = (now - now % b) / b
               end
-              if st_54 and st_54[1] > c_59 then
-                c, x = st_54[1], 0 break
+              if st_42 and st_42[1] > c_48 then
+                c, x = st_42[1], 0 break
               end
-              c, x = c_59, now - c_59 * p[3] break
+              c, x = c_48, now - c_48 * q_42[3] break
             until true
             local used
             do -- sw_estimate
-              local n, g = p[2], p[3]
+              local n, g = q_42[2], q_42[3]
               local whole = 0
-              if st_54 then
+              if st_42 then
                 local lo, hi = c + 1 - n, c
                 if lo < 0 then
                   lo = 0
                 end
-                if lo < st_54[1] - n then
-                  lo = st_54[1] - n
+                if lo < st_42[1] - n then
+                  lo = st_42[1] - n
                 end
-                if hi > st_54[1] then
-                  hi = st_54[1]
+                if hi > st_42[1] then
+                  hi = st_42[1]
                 end
                 local slots = n + 1
                 local wraps
@@ -2159,7 +1965,7 @@ ALG[2] = function()
                 end
                 local slot = lo - wraps * slots
                 for _ = lo, hi do
-                  whole = whole + st_54[slot + 2]
+                  whole = whole + st_42[slot + 2]
                   slot = slot + 1
                   if slot == slots then
                     slot = 0
@@ -2170,14 +1976,14 @@ ALG[2] = function()
               if c >= n then
                 repeat -- sw_count
                   local index = c - n
-                  if st_54 and index <= st_54[1] and index + p[2] >= st_54[1] then
+                  if st_42 and index <= st_42[1] and index + q_42[2] >= st_42[1] then
                     local wraps
                     do -- fdiv
-                      local b = p[2] + 1
+                      local b = q_42[2] + 1
                       wraps = (index - index % b) / b
                     end
-                    local slot = index - wraps * (p[2] + 1)
-                    oldest = st_54[slot + 2] break
+                    local slot = index - wraps * (q_42[2] + 1)
+                    oldest = st_42[slot + 2] break
                   end
                   oldest = 0 break
                 until true
@@ -2194,68 +2000,68 @@ ALG[2] = function()
               remaining = 0
             end
             if used + cost <= limit and cost > 0 then
-              ok, remaining_57, reset_57, retry = 1, remaining - cost, (n + 1) * g - x, -1 break
+              ok, remaining_46, reset_46, retry = 1, remaining - cost, (n + 1) * g - x, -1 break
             end
-            ok, remaining_57, reset_57, retry = sw_denied(p, st_54, c, x, cost, used, remaining) break
+            ok, remaining_46, reset_46, retry = sw_denied(q_42, st_42, c, x, cost, used, remaining) break
           until true
           local behind
           repeat -- lag
-            if st_54 and st_54[1] * p[3] > now then
-              behind = st_54[1] * p[3] - now break
+            if st_42 and st_42[1] * q_42[3] > now then
+              behind = st_42[1] * q_42[3] - now break
             end
             behind = 0 break
           until true
           if behind > 0 then
             do -- shift
-              local ok_67, remaining, reset, retry_67 = ok, remaining_57, reset_57, retry
+              local ok_56, remaining, reset, retry_56 = ok, remaining_46, reset_46, retry
               if behind > 0 then
                 remaining = 0
                 reset = reset + behind
-                if retry_67 >= 0 then
-                  retry_67 = retry_67 + behind
+                if retry_56 >= 0 then
+                  retry_56 = retry_56 + behind
                 end
-                if ok_67 == 1 and cost > 0 then
-                  ok_67, retry_67 = 0, behind
+                if ok_56 == 1 and cost > 0 then
+                  ok_56, retry_56 = 0, behind
                   if reset < behind then
                     reset = behind
                   end
                 end
               end
-              ok, remaining_57, reset_57, retry = ok_67, remaining, reset, retry_67
+              ok, remaining_46, reset_46, retry = ok_56, remaining, reset, retry_56
             end
           end
-          if ends_54 and ends_54 > now then
-            local wait = ends_54 - now
+          if ends_42 and ends_42 > now then
+            local wait = ends_42 - now
             if ok == 1 or retry >= 0 then
               if retry < wait then
                 retry = wait
               end
             end
             ok = 0
-            remaining_57 = 0
-            if reset_57 < wait then
-              reset_57 = wait
+            remaining_46 = 0
+            if reset_46 < wait then
+              reset_46 = wait
             end
           end
           if ok == 1 then
-            v, remaining, reset = -2, remaining_57, reset_57 break
+            v, remaining, reset = -2, remaining_46, reset_46 break
           end
           if retry < 0 then
-            v, remaining, reset = -1, remaining_57, reset_57 break
+            v, remaining, reset = -1, remaining_46, reset_46 break
           end
-          v, remaining, reset = retry, remaining_57, reset_57 break
+          v, remaining, reset = retry, remaining_46, reset_46 break
         until true
         REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
-        ok, st, ends, q = v == -2, st_54, ends_54, p
+        ok, st, ends, q = v == -2, st_42, ends_42, q_42
       end
     else
       do -- loaded
         local p = p
-        local st_68, ends_68, stale
+        local st_57, ends_57, stale
         repeat -- load
           local raw = call('GET', key)
           if not raw then
-            st_68, ends_68, stale = nil break
+            st_57, ends_57, stale = nil break
           end
           local bare
           repeat -- untagged
@@ -2266,20 +2072,20 @@ ALG[2] = function()
             bare = nil break
           until true
           if bare then
-            st_68, ends_68, stale = sw_read(bare, p[2] + 1) break
+            st_57, ends_57, stale = sw_read(bare, p[2] + 1) break
           end
           local tag, ends
           raw, tag, ends = split_state(raw)
           if tag and tag ~= p.tag then
             local n = tag_params(tag, OLD_RING) and OLD_RING[2]
-            st_68, ends_68, stale = n and sw_read(raw, n + 1), ends, tag break
+            st_57, ends_57, stale = n and sw_read(raw, n + 1), ends, tag break
           end
-          st_68, ends_68, stale = sw_read(raw, p[2] + 1), ends break
+          st_57, ends_57, stale = sw_read(raw, p[2] + 1), ends break
         until true
         if stale then
-          st_68, ends_68, p = adopt(self, key, p, st_68, ends_68, now, stale, STATES[i], since)
+          st_57, ends_57, p = adopt(self, key, p, st_57, ends_57, now, stale, STATES[i], since)
         end
-        st, ends, q = st_68, ends_68, p
+        st, ends, q = st_57, ends_57, p
       end
       ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
@@ -2296,15 +2102,15 @@ ALG[2] = function()
             local slots = n + 1
             local c
             repeat -- sw_position
-              local c_73
+              local c_62
               do -- fdiv
                 local b = q[3]
-                c_73 = (now - now % b) / b
+                c_62 = (now - now % b) / b
               end
-              if st and st[1] > c_73 then
+              if st and st[1] > c_62 then
                 c = st[1], 0 break
               end
-              c = c_73, now - c_73 * q[3] break
+              c = c_62, now - c_62 * q[3] break
             until true
             local wraps
             do -- fdiv
@@ -2325,24 +2131,24 @@ ALG[2] = function()
                   end
                   value = value .. '|' .. block_end
                   repeat -- until_block_ends
-                    local expires_at_78 = expires_at
-                    if ends and ends > expires_at_78 then
+                    local expires_at_67 = expires_at
+                    if ends and ends > expires_at_67 then
                       expires_at = ends break
                     end
-                    expires_at = expires_at_78 break
+                    expires_at = expires_at_67 break
                   until true
                 end
                 local ms
                 repeat -- ttl_ms
-                  local ms_79
+                  local ms_68
                   do -- cdiv
                     local a = expires_at - since
-                    ms_79 = (a + (-a) % 1000) / 1000
+                    ms_68 = (a + (-a) % 1000) / 1000
                   end
-                  if ms_79 < 1 then
+                  if ms_68 < 1 then
                     ms = 1 break
                   end
-                  ms = ms_79 break
+                  ms = ms_68 break
                 until true
                 call('SET', key, value, 'PX', format(INT, ms))
               until true
@@ -2386,24 +2192,24 @@ ALG[2] = function()
                     end
                     value = value .. '|' .. block_end
                     repeat -- until_block_ends
-                      local expires_at_84 = expires_at
-                      if ends and ends > expires_at_84 then
+                      local expires_at_73 = expires_at
+                      if ends and ends > expires_at_73 then
                         expires_at = ends break
                       end
-                      expires_at = expires_at_84 break
+                      expires_at = expires_at_73 break
                     until true
                   end
                   local ms
                   repeat -- ttl_ms
-                    local ms_85
+                    local ms_74
                     do -- cdiv
                       local a = expires_at - since
-                      ms_85 = (a + (-a) % 1000) / 1000
+                      ms_74 = (a + (-a) % 1000) / 1000
                     end
-                    if ms_85 < 1 then
+                    if ms_74 < 1 then
                       ms = 1 break
                     end
-                    ms = ms_85 break
+                    ms = ms_74 break
                   until true
                   call('SET', key, value, 'PX', format(INT, ms))
                 until true
@@ -2412,151 +2218,7 @@ ALG[2] = function()
           until true
           break
         end
-        if REPLY[base + 1] == -2 and cost > 0 then
-          local _, remaining, reset
-          repeat -- verdict
-            local ends = nil
-            local ok, remaining_87, reset_87, retry
-            repeat -- evaluate
-              local limit, n, g = q[1], q[2], q[3]
-              local c, x
-              repeat -- sw_position
-                local c_89
-                do -- fdiv
-                  local b = q[3]
-                  c_89 = (now - now % b) / b
-                end
-                if st and st[1] > c_89 then
-                  c, x = st[1], 0 break
-                end
-                c, x = c_89, now - c_89 * q[3] break
-              until true
-              local used
-              do -- sw_estimate
-                local n, g = q[2], q[3]
-                local whole = 0
-                if st then
-                  local lo, hi = c + 1 - n, c
-                  if lo < 0 then
-                    lo = 0
-                  end
-                  if lo < st[1] - n then
-                    lo = st[1] - n
-                  end
-                  if hi > st[1] then
-                    hi = st[1]
-                  end
-                  local slots = n + 1
-                  local wraps
-                  do -- fdiv
-                    wraps = (lo - lo % slots) / slots
-                  end
-                  local slot = lo - wraps * slots
-                  for _ = lo, hi do
-                    whole = whole + st[slot + 2]
-                    slot = slot + 1
-                    if slot == slots then
-                      slot = 0
-                    end
-                  end
-                end
-                local oldest = 0
-                if c >= n then
-                  repeat -- sw_count
-                    local index = c - n
-                    if st and index <= st[1] and index + q[2] >= st[1] then
-                      local wraps
-                      do -- fdiv
-                        local b = q[2] + 1
-                        wraps = (index - index % b) / b
-                      end
-                      local slot = index - wraps * (q[2] + 1)
-                      oldest = st[slot + 2] break
-                    end
-                    oldest = 0 break
-                  until true
-                end
-                local part
-                do -- cdiv
-                  local a = oldest * (g - x)
-                  part = (a + (-a) % g) / g
-                end
-                used = whole + part
-              end
-              local remaining = limit - used
-              if remaining < 0 then
-                remaining = 0
-              end
-              if used + 0 <= limit and 0 > 0 then
-                ok, remaining_87, reset_87, retry = 1, remaining - 0, (n + 1) * g - x, -1 break
-              end
-              ok, remaining_87, reset_87, retry = sw_denied(q, st, c, x, 0, used, remaining) break
-            until true
-            local behind
-            repeat -- lag
-              if st and st[1] * q[3] > now then
-                behind = st[1] * q[3] - now break
-              end
-              behind = 0 break
-            until true
-            if behind > 0 then
-              do -- shift
-                local ok_97, remaining, reset, retry_97 = ok, remaining_87, reset_87, retry
-                if behind > 0 then
-                  remaining = 0
-                  reset = reset + behind
-                  if retry_97 >= 0 then
-                    retry_97 = retry_97 + behind
-                  end
-                  if ok_97 == 1 and 0 > 0 then
-                    ok_97, retry_97 = 0, behind
-                    if reset < behind then
-                      reset = behind
-                    end
-                  end
-                end
-                ok, remaining_87, reset_87, retry = ok_97, remaining, reset, retry_97
-              end
-            end
-            if ends and ends > now then
-              local wait = ends - now
-              if ok == 1 or retry >= 0 then
-                if retry < wait then
-                  retry = wait
-                end
-              end
-              ok = 0
-              remaining_87 = 0
-              if reset_87 < wait then
-                reset_87 = wait
-              end
-            end
-            if ok == 1 then
-              _, remaining, reset = -2, remaining_87, reset_87 break
-            end
-            if retry < 0 then
-              _, remaining, reset = -1, remaining_87, reset_87 break
-            end
-            _, remaining, reset = retry, remaining_87, reset_87 break
-          until true
-          REPLY[base + 2], REPLY[base + 3] = remaining, reset
-        end
-        if call('PTTL', key) == -1 then
-          local ms
-          repeat -- ttl_ms
-            local expires_at = now + REPLY[base + 3]
-            local ms_98
-            do -- cdiv
-              local a = expires_at - since
-              ms_98 = (a + (-a) % 1000) / 1000
-            end
-            if ms_98 < 1 then
-              ms = 1 break
-            end
-            ms = ms_98 break
-          until true
-          call('PEXPIRE', key, ms)
-        end
+        uncharged(self, key, q, st, now, since, cost, base)
       until true
     else
       phase_two_of(self, i, op, key, q, now, since, cost, YS[i], st, ends, admitted, base)
@@ -2582,17 +2244,17 @@ ALG[2] = function()
     local p
     do -- read_params
       local tag = args[at]
-      local p_100 = TAGGED[tag or '']
-      if not p_100 and tag then
+      local p_76 = TAGGED[tag or '']
+      if not p_76 and tag then
         local semi = find(tag, ';', 1, true)
-        p_100 = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p_100) then
-          p_100 = nil
+        p_76 = { tag = semi and sub(tag, 1, semi - 1) or tag }
+        if not tag_params(tag, p_76) then
+          p_76 = nil
         else
-          remember(tag, p_100)
+          remember(tag, p_76)
         end
       end
-      p = p_100
+      p = p_76
     end
     if not p then
       return nil
@@ -2601,75 +2263,79 @@ ALG[2] = function()
     repeat -- clock
       local injected = shape >= 2048
       if injected then
-        local now_101 = tonumber(args[#args - 1])
-        now, since = now_101, now_101 - 1000 * tonumber(args[#args]) break
+        local now_77 = tonumber(args[#args - 1])
+        now, since = now_77, now_77 - 1000 * tonumber(args[#args]) break
       end
       local t = call('TIME')
-      local now_101 = t[1] * 1000000 + t[2]
-      now, since = now_101, now_101 break
+      local now_77 = t[1] * 1000000 + t[2]
+      now, since = now_77, now_77 break
     until true
     local ok, st, ends, q
     do -- phase_one
-      local p = p
-      local st_102, ends_102, stale
-      repeat -- load
-        local raw = call('GET', key)
-        if not raw then
-          st_102, ends_102, stale = nil break
-        end
-        local bare
-        repeat -- untagged
-          local tag = p.tag
-          if find(raw, tag, #raw - #tag + 1, true) then
-            bare = sub(raw, 1, #raw - #tag) break
+      local st_78, ends_78, q_78
+      do -- loaded
+        local p = p
+        local st, ends, stale
+        repeat -- load
+          local raw = call('GET', key)
+          if not raw then
+            st, ends, stale = nil break
           end
-          bare = nil break
+          local bare
+          repeat -- untagged
+            local tag = p.tag
+            if find(raw, tag, #raw - #tag + 1, true) then
+              bare = sub(raw, 1, #raw - #tag) break
+            end
+            bare = nil break
+          until true
+          if bare then
+            st, ends, stale = sw_read(bare, p[2] + 1) break
+          end
+          local tag, ends_80
+          raw, tag, ends_80 = split_state(raw)
+          if tag and tag ~= p.tag then
+            local n = tag_params(tag, OLD_RING) and OLD_RING[2]
+            st, ends, stale = n and sw_read(raw, n + 1), ends_80, tag break
+          end
+          st, ends, stale = sw_read(raw, p[2] + 1), ends_80 break
         until true
-        if bare then
-          st_102, ends_102, stale = sw_read(bare, p[2] + 1) break
+        if stale then
+          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
         end
-        local tag, ends
-        raw, tag, ends = split_state(raw)
-        if tag and tag ~= p.tag then
-          local n = tag_params(tag, OLD_RING) and OLD_RING[2]
-          st_102, ends_102, stale = n and sw_read(raw, n + 1), ends, tag break
-        end
-        st_102, ends_102, stale = sw_read(raw, p[2] + 1), ends break
-      until true
-      if stale then
-        st_102, ends_102, p = adopt(self, key, p, st_102, ends_102, now, stale, STATES[1], since)
+        st_78, ends_78, q_78 = st, ends, p
       end
       local v, remaining, reset
       repeat -- verdict
-        local ok, remaining_105, reset_105, retry
+        local ok, remaining_82, reset_82, retry
         repeat -- evaluate
-          local limit, n, g = p[1], p[2], p[3]
+          local limit, n, g = q_78[1], q_78[2], q_78[3]
           local c, x
           repeat -- sw_position
-            local c_107
+            local c_84
             do -- fdiv
-              local b = p[3]
-              c_107 = (now - now % b) / b
+              local b = q_78[3]
+              c_84 = (now - now % b) / b
             end
-            if st_102 and st_102[1] > c_107 then
-              c, x = st_102[1], 0 break
+            if st_78 and st_78[1] > c_84 then
+              c, x = st_78[1], 0 break
             end
-            c, x = c_107, now - c_107 * p[3] break
+            c, x = c_84, now - c_84 * q_78[3] break
           until true
           local used
           do -- sw_estimate
-            local n, g = p[2], p[3]
+            local n, g = q_78[2], q_78[3]
             local whole = 0
-            if st_102 then
+            if st_78 then
               local lo, hi = c + 1 - n, c
               if lo < 0 then
                 lo = 0
               end
-              if lo < st_102[1] - n then
-                lo = st_102[1] - n
+              if lo < st_78[1] - n then
+                lo = st_78[1] - n
               end
-              if hi > st_102[1] then
-                hi = st_102[1]
+              if hi > st_78[1] then
+                hi = st_78[1]
               end
               local slots = n + 1
               local wraps
@@ -2678,7 +2344,7 @@ ALG[2] = function()
               end
               local slot = lo - wraps * slots
               for _ = lo, hi do
-                whole = whole + st_102[slot + 2]
+                whole = whole + st_78[slot + 2]
                 slot = slot + 1
                 if slot == slots then
                   slot = 0
@@ -2689,14 +2355,14 @@ ALG[2] = function()
             if c >= n then
               repeat -- sw_count
                 local index = c - n
-                if st_102 and index <= st_102[1] and index + p[2] >= st_102[1] then
+                if st_78 and index <= st_78[1] and index + q_78[2] >= st_78[1] then
                   local wraps
                   do -- fdiv
-                    local b = p[2] + 1
+                    local b = q_78[2] + 1
                     wraps = (index - index % b) / b
                   end
-                  local slot = index - wraps * (p[2] + 1)
-                  oldest = st_102[slot + 2] break
+                  local slot = index - wraps * (q_78[2] + 1)
+                  oldest = st_78[slot + 2] break
                 end
                 oldest = 0 break
               until true
@@ -2713,59 +2379,59 @@ ALG[2] = function()
             remaining = 0
           end
           if used + cost <= limit and cost > 0 then
-            ok, remaining_105, reset_105, retry = 1, remaining - cost, (n + 1) * g - x, -1 break
+            ok, remaining_82, reset_82, retry = 1, remaining - cost, (n + 1) * g - x, -1 break
           end
-          ok, remaining_105, reset_105, retry = sw_denied(p, st_102, c, x, cost, used, remaining) break
+          ok, remaining_82, reset_82, retry = sw_denied(q_78, st_78, c, x, cost, used, remaining) break
         until true
         local behind
         repeat -- lag
-          if st_102 and st_102[1] * p[3] > now then
-            behind = st_102[1] * p[3] - now break
+          if st_78 and st_78[1] * q_78[3] > now then
+            behind = st_78[1] * q_78[3] - now break
           end
           behind = 0 break
         until true
         if behind > 0 then
           do -- shift
-            local ok_115, remaining, reset, retry_115 = ok, remaining_105, reset_105, retry
+            local ok_92, remaining, reset, retry_92 = ok, remaining_82, reset_82, retry
             if behind > 0 then
               remaining = 0
               reset = reset + behind
-              if retry_115 >= 0 then
-                retry_115 = retry_115 + behind
+              if retry_92 >= 0 then
+                retry_92 = retry_92 + behind
               end
-              if ok_115 == 1 and cost > 0 then
-                ok_115, retry_115 = 0, behind
+              if ok_92 == 1 and cost > 0 then
+                ok_92, retry_92 = 0, behind
                 if reset < behind then
                   reset = behind
                 end
               end
             end
-            ok, remaining_105, reset_105, retry = ok_115, remaining, reset, retry_115
+            ok, remaining_82, reset_82, retry = ok_92, remaining, reset, retry_92
           end
         end
-        if ends_102 and ends_102 > now then
-          local wait = ends_102 - now
+        if ends_78 and ends_78 > now then
+          local wait = ends_78 - now
           if ok == 1 or retry >= 0 then
             if retry < wait then
               retry = wait
             end
           end
           ok = 0
-          remaining_105 = 0
-          if reset_105 < wait then
-            reset_105 = wait
+          remaining_82 = 0
+          if reset_82 < wait then
+            reset_82 = wait
           end
         end
         if ok == 1 then
-          v, remaining, reset = -2, remaining_105, reset_105 break
+          v, remaining, reset = -2, remaining_82, reset_82 break
         end
         if retry < 0 then
-          v, remaining, reset = -1, remaining_105, reset_105 break
+          v, remaining, reset = -1, remaining_82, reset_82 break
         end
-        v, remaining, reset = retry, remaining_105, reset_105 break
+        v, remaining, reset = retry, remaining_82, reset_82 break
       until true
       REPLY[0 + 1], REPLY[0 + 2], REPLY[0 + 3] = v, remaining, reset
-      ok, st, ends, q = v == -2, st_102, ends_102, p
+      ok, st, ends, q = v == -2, st_78, ends_78, q_78
     end
     REPLY[3 + 1] = nil
     repeat -- phase_two
@@ -2775,15 +2441,15 @@ ALG[2] = function()
           local slots = n + 1
           local c
           repeat -- sw_position
-            local c_118
+            local c_95
             do -- fdiv
               local b = q[3]
-              c_118 = (now - now % b) / b
+              c_95 = (now - now % b) / b
             end
-            if st and st[1] > c_118 then
+            if st and st[1] > c_95 then
               c = st[1], 0 break
             end
-            c = c_118, now - c_118 * q[3] break
+            c = c_95, now - c_95 * q[3] break
           until true
           local wraps
           do -- fdiv
@@ -2804,24 +2470,24 @@ ALG[2] = function()
                 end
                 value = value .. '|' .. block_end
                 repeat -- until_block_ends
-                  local expires_at_123 = expires_at
-                  if ends and ends > expires_at_123 then
+                  local expires_at_100 = expires_at
+                  if ends and ends > expires_at_100 then
                     expires_at = ends break
                   end
-                  expires_at = expires_at_123 break
+                  expires_at = expires_at_100 break
                 until true
               end
               local ms
               repeat -- ttl_ms
-                local ms_124
+                local ms_101
                 do -- cdiv
                   local a = expires_at - since
-                  ms_124 = (a + (-a) % 1000) / 1000
+                  ms_101 = (a + (-a) % 1000) / 1000
                 end
-                if ms_124 < 1 then
+                if ms_101 < 1 then
                   ms = 1 break
                 end
-                ms = ms_124 break
+                ms = ms_101 break
               until true
               call('SET', key, value, 'PX', format(INT, ms))
             until true
@@ -2865,24 +2531,24 @@ ALG[2] = function()
                   end
                   value = value .. '|' .. block_end
                   repeat -- until_block_ends
-                    local expires_at_129 = expires_at
-                    if ends and ends > expires_at_129 then
+                    local expires_at_106 = expires_at
+                    if ends and ends > expires_at_106 then
                       expires_at = ends break
                     end
-                    expires_at = expires_at_129 break
+                    expires_at = expires_at_106 break
                   until true
                 end
                 local ms
                 repeat -- ttl_ms
-                  local ms_130
+                  local ms_107
                   do -- cdiv
                     local a = expires_at - since
-                    ms_130 = (a + (-a) % 1000) / 1000
+                    ms_107 = (a + (-a) % 1000) / 1000
                   end
-                  if ms_130 < 1 then
+                  if ms_107 < 1 then
                     ms = 1 break
                   end
-                  ms = ms_130 break
+                  ms = ms_107 break
                 until true
                 call('SET', key, value, 'PX', format(INT, ms))
               until true
@@ -2891,151 +2557,7 @@ ALG[2] = function()
         until true
         break
       end
-      if REPLY[0 + 1] == -2 and cost > 0 then
-        local _, remaining, reset
-        repeat -- verdict
-          local ends = nil
-          local ok, remaining_132, reset_132, retry
-          repeat -- evaluate
-            local limit, n, g = q[1], q[2], q[3]
-            local c, x
-            repeat -- sw_position
-              local c_134
-              do -- fdiv
-                local b = q[3]
-                c_134 = (now - now % b) / b
-              end
-              if st and st[1] > c_134 then
-                c, x = st[1], 0 break
-              end
-              c, x = c_134, now - c_134 * q[3] break
-            until true
-            local used
-            do -- sw_estimate
-              local n, g = q[2], q[3]
-              local whole = 0
-              if st then
-                local lo, hi = c + 1 - n, c
-                if lo < 0 then
-                  lo = 0
-                end
-                if lo < st[1] - n then
-                  lo = st[1] - n
-                end
-                if hi > st[1] then
-                  hi = st[1]
-                end
-                local slots = n + 1
-                local wraps
-                do -- fdiv
-                  wraps = (lo - lo % slots) / slots
-                end
-                local slot = lo - wraps * slots
-                for _ = lo, hi do
-                  whole = whole + st[slot + 2]
-                  slot = slot + 1
-                  if slot == slots then
-                    slot = 0
-                  end
-                end
-              end
-              local oldest = 0
-              if c >= n then
-                repeat -- sw_count
-                  local index = c - n
-                  if st and index <= st[1] and index + q[2] >= st[1] then
-                    local wraps
-                    do -- fdiv
-                      local b = q[2] + 1
-                      wraps = (index - index % b) / b
-                    end
-                    local slot = index - wraps * (q[2] + 1)
-                    oldest = st[slot + 2] break
-                  end
-                  oldest = 0 break
-                until true
-              end
-              local part
-              do -- cdiv
-                local a = oldest * (g - x)
-                part = (a + (-a) % g) / g
-              end
-              used = whole + part
-            end
-            local remaining = limit - used
-            if remaining < 0 then
-              remaining = 0
-            end
-            if used + 0 <= limit and 0 > 0 then
-              ok, remaining_132, reset_132, retry = 1, remaining - 0, (n + 1) * g - x, -1 break
-            end
-            ok, remaining_132, reset_132, retry = sw_denied(q, st, c, x, 0, used, remaining) break
-          until true
-          local behind
-          repeat -- lag
-            if st and st[1] * q[3] > now then
-              behind = st[1] * q[3] - now break
-            end
-            behind = 0 break
-          until true
-          if behind > 0 then
-            do -- shift
-              local ok_142, remaining, reset, retry_142 = ok, remaining_132, reset_132, retry
-              if behind > 0 then
-                remaining = 0
-                reset = reset + behind
-                if retry_142 >= 0 then
-                  retry_142 = retry_142 + behind
-                end
-                if ok_142 == 1 and 0 > 0 then
-                  ok_142, retry_142 = 0, behind
-                  if reset < behind then
-                    reset = behind
-                  end
-                end
-              end
-              ok, remaining_132, reset_132, retry = ok_142, remaining, reset, retry_142
-            end
-          end
-          if ends and ends > now then
-            local wait = ends - now
-            if ok == 1 or retry >= 0 then
-              if retry < wait then
-                retry = wait
-              end
-            end
-            ok = 0
-            remaining_132 = 0
-            if reset_132 < wait then
-              reset_132 = wait
-            end
-          end
-          if ok == 1 then
-            _, remaining, reset = -2, remaining_132, reset_132 break
-          end
-          if retry < 0 then
-            _, remaining, reset = -1, remaining_132, reset_132 break
-          end
-          _, remaining, reset = retry, remaining_132, reset_132 break
-        until true
-        REPLY[0 + 2], REPLY[0 + 3] = remaining, reset
-      end
-      if call('PTTL', key) == -1 then
-        local ms
-        repeat -- ttl_ms
-          local expires_at = now + REPLY[0 + 3]
-          local ms_143
-          do -- cdiv
-            local a = expires_at - since
-            ms_143 = (a + (-a) % 1000) / 1000
-          end
-          if ms_143 < 1 then
-            ms = 1 break
-          end
-          ms = ms_143 break
-        until true
-        call('PEXPIRE', key, ms)
-      end
+      uncharged(self, key, q, st, now, since, cost, 0)
     until true
     if q ~= p then
       PS[1] = q
@@ -3414,48 +2936,52 @@ ALG[3] = function()
     local ok, st, ends, q
     if fused then
       do -- phase_one
-        local p = p
-        local st_26, ends_26, stale
-        repeat -- load
-          local into = STATES[i]
-          local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
-          local n = #top
-          if n == 0 then
-            st_26, ends_26, stale = nil break
+        local st_20, ends_20, q_20
+        do -- loaded
+          local p = p
+          local st, ends, stale
+          repeat -- load
+            local into = STATES[i]
+            local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
+            local n = #top
+            if n == 0 then
+              st, ends, stale = nil break
+            end
+            local ends_22, own
+            if byte(top[n - 1], 1) == LETTER_L then
+              own = sub(top[n - 1], 7)
+              top = call('ZRANGE', key, -3, -2, 'WITHSCORES')
+              n = #top
+            end
+            if n > 0 and byte(top[n - 1], 1) == LETTER_B then
+              ends_22 = tonumber(sub(top[n - 1], 7))
+              n = n - 2
+            end
+            if n == 0 then
+              st, ends, stale = nil, ends_22, own break
+            end
+            into[1], into[2] = tonumber(top[n]), top[n - 1]
+            st, ends, stale = into, ends_22, own break
+          until true
+          if stale then
+            st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
           end
-          local ends, own
-          if byte(top[n - 1], 1) == LETTER_L then
-            own = sub(top[n - 1], 7)
-            top = call('ZRANGE', key, -3, -2, 'WITHSCORES')
-            n = #top
-          end
-          if n > 0 and byte(top[n - 1], 1) == LETTER_B then
-            ends = tonumber(sub(top[n - 1], 7))
-            n = n - 2
-          end
-          if n == 0 then
-            st_26, ends_26, stale = nil, ends, own break
-          end
-          into[1], into[2] = tonumber(top[n]), top[n - 1]
-          st_26, ends_26, stale = into, ends, own break
-        until true
-        if stale then
-          st_26, ends_26, p = adopt(self, key, p, st_26, ends_26, now, stale, STATES[i], since)
+          st_20, ends_20, q_20 = st, ends, p
         end
         local v, remaining, reset
         repeat -- verdict
-          local ok, remaining_28, reset_28, retry
+          local ok, remaining_23, reset_23, retry
           repeat -- evaluate
-            local limit, window = p[1], p[2]
-            if not st_26 then
+            local limit, window = q_20[1], q_20[2]
+            if not st_20 then
               if cost > limit then
-                ok, remaining_28, reset_28, retry = 0, limit, 0, -1 break
+                ok, remaining_23, reset_23, retry = 0, limit, 0, -1 break
               end
               local reset = 0
               if cost > 0 then
                 reset = window
               end
-              ok, remaining_28, reset_28, retry = 1, limit - cost, reset, -1 break
+              ok, remaining_23, reset_23, retry = 1, limit - cost, reset, -1 break
             end
             local used
             do -- in_window
@@ -3468,21 +2994,21 @@ ALG[3] = function()
             end
             local newest_left = 0
             if used > 0 then
-              newest_left = st_26[1] + window - now
+              newest_left = st_20[1] + window - now
             end
             local left = limit - used
             if left < 0 then
               left = 0
             end
             if cost > limit then
-              ok, remaining_28, reset_28, retry = 0, left, newest_left, -1 break
+              ok, remaining_23, reset_23, retry = 0, left, newest_left, -1 break
             end
             if used + cost <= limit then
               local reset = newest_left
               if cost > 0 then
                 reset = window
               end
-              ok, remaining_28, reset_28, retry = 1, limit - used - cost, reset, -1 break
+              ok, remaining_23, reset_23, retry = 1, limit - used - cost, reset, -1 break
             end
             local need = used + cost - limit
             local start
@@ -3491,42 +3017,42 @@ ALG[3] = function()
               start = format(INT, n)
             end
             local entry = call('ZRANGEBYSCORE', key, '(' .. start, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
-            ok, remaining_28, reset_28, retry = 0, left, newest_left, tonumber(entry[2]) + window - now break
+            ok, remaining_23, reset_23, retry = 0, left, newest_left, tonumber(entry[2]) + window - now break
           until true
-          if ends_26 and ends_26 > now then
-            local wait = ends_26 - now
+          if ends_20 and ends_20 > now then
+            local wait = ends_20 - now
             if ok == 1 or retry >= 0 then
               if retry < wait then
                 retry = wait
               end
             end
             ok = 0
-            remaining_28 = 0
-            if reset_28 < wait then
-              reset_28 = wait
+            remaining_23 = 0
+            if reset_23 < wait then
+              reset_23 = wait
             end
           end
           if ok == 1 then
-            v, remaining, reset = -2, remaining_28, reset_28 break
+            v, remaining, reset = -2, remaining_23, reset_23 break
           end
           if retry < 0 then
-            v, remaining, reset = -1, remaining_28, reset_28 break
+            v, remaining, reset = -1, remaining_23, reset_23 break
           end
-          v, remaining, reset = retry, remaining_28, reset_28 break
+          v, remaining, reset = retry, remaining_23, reset_23 break
         until true
         REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
-        ok, st, ends, q = v == -2, st_26, ends_26, p
+        ok, st, ends, q = v == -2, st_20, ends_20, q_20
       end
     else
       do -- loaded
         local p = p
-        local st_33, ends_33, stale
+        local st_28, ends_28, stale
         repeat -- load
           local into = STATES[i]
           local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
           local n = #top
           if n == 0 then
-            st_33, ends_33, stale = nil break
+            st_28, ends_28, stale = nil break
           end
           local ends, own
           if byte(top[n - 1], 1) == LETTER_L then
@@ -3539,15 +3065,15 @@ ALG[3] = function()
             n = n - 2
           end
           if n == 0 then
-            st_33, ends_33, stale = nil, ends, own break
+            st_28, ends_28, stale = nil, ends, own break
           end
           into[1], into[2] = tonumber(top[n]), top[n - 1]
-          st_33, ends_33, stale = into, ends, own break
+          st_28, ends_28, stale = into, ends, own break
         until true
         if stale then
-          st_33, ends_33, p = adopt(self, key, p, st_33, ends_33, now, stale, STATES[i], since)
+          st_28, ends_28, p = adopt(self, key, p, st_28, ends_28, now, stale, STATES[i], since)
         end
-        st, ends, q = st_33, ends_33, p
+        st, ends, q = st_28, ends_28, p
       end
       ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
@@ -3608,124 +3134,33 @@ ALG[3] = function()
               end
               local expires_at
               repeat -- until_block_ends
-                local expires_at_40 = newest + window
-                if ends and ends > expires_at_40 then
+                local expires_at_35 = newest + window
+                if ends and ends > expires_at_35 then
                   expires_at = ends break
                 end
-                expires_at = expires_at_40 break
+                expires_at = expires_at_35 break
               until true
               if q.limit_end and q.limit_end > expires_at then
                 expires_at = q.limit_end
               end
               local ms
               repeat -- ttl_ms
-                local ms_41
+                local ms_36
                 do -- cdiv
                   local a = expires_at - since
-                  ms_41 = (a + (-a) % 1000) / 1000
+                  ms_36 = (a + (-a) % 1000) / 1000
                 end
-                if ms_41 < 1 then
+                if ms_36 < 1 then
                   ms = 1 break
                 end
-                ms = ms_41 break
+                ms = ms_36 break
               until true
               call('PEXPIRE', key, format(INT, ms))
             until true
           until true
           break
         end
-        if REPLY[base + 1] == -2 and cost > 0 then
-          local _, remaining, reset
-          repeat -- verdict
-            local ends = nil
-            local ok, remaining_43, reset_43, retry
-            repeat -- evaluate
-              local limit, window = q[1], q[2]
-              if not st then
-                if 0 > limit then
-                  ok, remaining_43, reset_43, retry = 0, limit, 0, -1 break
-                end
-                local reset = 0
-                if 0 > 0 then
-                  reset = window
-                end
-                ok, remaining_43, reset_43, retry = 1, limit - 0, reset, -1 break
-              end
-              local used
-              do -- in_window
-                local cutoff = now - window
-                local after
-                do -- int
-                  after = format(INT, cutoff)
-                end
-                used = call('ZCOUNT', key, '(' .. after, '(+inf')
-              end
-              local newest_left = 0
-              if used > 0 then
-                newest_left = st[1] + window - now
-              end
-              local left = limit - used
-              if left < 0 then
-                left = 0
-              end
-              if 0 > limit then
-                ok, remaining_43, reset_43, retry = 0, left, newest_left, -1 break
-              end
-              if used + 0 <= limit then
-                local reset = newest_left
-                if 0 > 0 then
-                  reset = window
-                end
-                ok, remaining_43, reset_43, retry = 1, limit - used - 0, reset, -1 break
-              end
-              local need = used + 0 - limit
-              local start
-              do -- int
-                local n = now - window
-                start = format(INT, n)
-              end
-              local entry = call('ZRANGEBYSCORE', key, '(' .. start, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
-              ok, remaining_43, reset_43, retry = 0, left, newest_left, tonumber(entry[2]) + window - now break
-            until true
-            if ends and ends > now then
-              local wait = ends - now
-              if ok == 1 or retry >= 0 then
-                if retry < wait then
-                  retry = wait
-                end
-              end
-              ok = 0
-              remaining_43 = 0
-              if reset_43 < wait then
-                reset_43 = wait
-              end
-            end
-            if ok == 1 then
-              _, remaining, reset = -2, remaining_43, reset_43 break
-            end
-            if retry < 0 then
-              _, remaining, reset = -1, remaining_43, reset_43 break
-            end
-            _, remaining, reset = retry, remaining_43, reset_43 break
-          until true
-          REPLY[base + 2], REPLY[base + 3] = remaining, reset
-        end
-        if call('PTTL', key) == -1 then
-          local ms
-          repeat -- ttl_ms
-            local expires_at = now + REPLY[base + 3]
-            local ms_48
-            do -- cdiv
-              local a = expires_at - since
-              ms_48 = (a + (-a) % 1000) / 1000
-            end
-            if ms_48 < 1 then
-              ms = 1 break
-            end
-            ms = ms_48 break
-          until true
-          call('PEXPIRE', key, ms)
-        end
+        uncharged(self, key, q, st, now, since, cost, base)
       until true
     else
       phase_two_of(self, i, op, key, q, now, since, cost, YS[i], st, ends, admitted, base)
@@ -3751,17 +3186,17 @@ ALG[3] = function()
     local p
     do -- read_params
       local tag = args[at]
-      local p_50 = TAGGED[tag or '']
-      if not p_50 and tag then
+      local p_38 = TAGGED[tag or '']
+      if not p_38 and tag then
         local semi = find(tag, ';', 1, true)
-        p_50 = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p_50) then
-          p_50 = nil
+        p_38 = { tag = semi and sub(tag, 1, semi - 1) or tag }
+        if not tag_params(tag, p_38) then
+          p_38 = nil
         else
-          remember(tag, p_50)
+          remember(tag, p_38)
         end
       end
-      p = p_50
+      p = p_38
     end
     if not p then
       return nil
@@ -3770,57 +3205,61 @@ ALG[3] = function()
     repeat -- clock
       local injected = shape >= 2048
       if injected then
-        local now_51 = tonumber(args[#args - 1])
-        now, since = now_51, now_51 - 1000 * tonumber(args[#args]) break
+        local now_39 = tonumber(args[#args - 1])
+        now, since = now_39, now_39 - 1000 * tonumber(args[#args]) break
       end
       local t = call('TIME')
-      local now_51 = t[1] * 1000000 + t[2]
-      now, since = now_51, now_51 break
+      local now_39 = t[1] * 1000000 + t[2]
+      now, since = now_39, now_39 break
     until true
     local ok, st, ends, q
     do -- phase_one
-      local p = p
-      local st_52, ends_52, stale
-      repeat -- load
-        local into = STATES[1]
-        local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
-        local n = #top
-        if n == 0 then
-          st_52, ends_52, stale = nil break
+      local st_40, ends_40, q_40
+      do -- loaded
+        local p = p
+        local st, ends, stale
+        repeat -- load
+          local into = STATES[1]
+          local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
+          local n = #top
+          if n == 0 then
+            st, ends, stale = nil break
+          end
+          local ends_42, own
+          if byte(top[n - 1], 1) == LETTER_L then
+            own = sub(top[n - 1], 7)
+            top = call('ZRANGE', key, -3, -2, 'WITHSCORES')
+            n = #top
+          end
+          if n > 0 and byte(top[n - 1], 1) == LETTER_B then
+            ends_42 = tonumber(sub(top[n - 1], 7))
+            n = n - 2
+          end
+          if n == 0 then
+            st, ends, stale = nil, ends_42, own break
+          end
+          into[1], into[2] = tonumber(top[n]), top[n - 1]
+          st, ends, stale = into, ends_42, own break
+        until true
+        if stale then
+          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
         end
-        local ends, own
-        if byte(top[n - 1], 1) == LETTER_L then
-          own = sub(top[n - 1], 7)
-          top = call('ZRANGE', key, -3, -2, 'WITHSCORES')
-          n = #top
-        end
-        if n > 0 and byte(top[n - 1], 1) == LETTER_B then
-          ends = tonumber(sub(top[n - 1], 7))
-          n = n - 2
-        end
-        if n == 0 then
-          st_52, ends_52, stale = nil, ends, own break
-        end
-        into[1], into[2] = tonumber(top[n]), top[n - 1]
-        st_52, ends_52, stale = into, ends, own break
-      until true
-      if stale then
-        st_52, ends_52, p = adopt(self, key, p, st_52, ends_52, now, stale, STATES[1], since)
+        st_40, ends_40, q_40 = st, ends, p
       end
       local v, remaining, reset
       repeat -- verdict
-        local ok, remaining_54, reset_54, retry
+        local ok, remaining_43, reset_43, retry
         repeat -- evaluate
-          local limit, window = p[1], p[2]
-          if not st_52 then
+          local limit, window = q_40[1], q_40[2]
+          if not st_40 then
             if cost > limit then
-              ok, remaining_54, reset_54, retry = 0, limit, 0, -1 break
+              ok, remaining_43, reset_43, retry = 0, limit, 0, -1 break
             end
             local reset = 0
             if cost > 0 then
               reset = window
             end
-            ok, remaining_54, reset_54, retry = 1, limit - cost, reset, -1 break
+            ok, remaining_43, reset_43, retry = 1, limit - cost, reset, -1 break
           end
           local used
           do -- in_window
@@ -3833,21 +3272,21 @@ ALG[3] = function()
           end
           local newest_left = 0
           if used > 0 then
-            newest_left = st_52[1] + window - now
+            newest_left = st_40[1] + window - now
           end
           local left = limit - used
           if left < 0 then
             left = 0
           end
           if cost > limit then
-            ok, remaining_54, reset_54, retry = 0, left, newest_left, -1 break
+            ok, remaining_43, reset_43, retry = 0, left, newest_left, -1 break
           end
           if used + cost <= limit then
             local reset = newest_left
             if cost > 0 then
               reset = window
             end
-            ok, remaining_54, reset_54, retry = 1, limit - used - cost, reset, -1 break
+            ok, remaining_43, reset_43, retry = 1, limit - used - cost, reset, -1 break
           end
           local need = used + cost - limit
           local start
@@ -3856,31 +3295,31 @@ ALG[3] = function()
             start = format(INT, n)
           end
           local entry = call('ZRANGEBYSCORE', key, '(' .. start, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
-          ok, remaining_54, reset_54, retry = 0, left, newest_left, tonumber(entry[2]) + window - now break
+          ok, remaining_43, reset_43, retry = 0, left, newest_left, tonumber(entry[2]) + window - now break
         until true
-        if ends_52 and ends_52 > now then
-          local wait = ends_52 - now
+        if ends_40 and ends_40 > now then
+          local wait = ends_40 - now
           if ok == 1 or retry >= 0 then
             if retry < wait then
               retry = wait
             end
           end
           ok = 0
-          remaining_54 = 0
-          if reset_54 < wait then
-            reset_54 = wait
+          remaining_43 = 0
+          if reset_43 < wait then
+            reset_43 = wait
           end
         end
         if ok == 1 then
-          v, remaining, reset = -2, remaining_54, reset_54 break
+          v, remaining, reset = -2, remaining_43, reset_43 break
         end
         if retry < 0 then
-          v, remaining, reset = -1, remaining_54, reset_54 break
+          v, remaining, reset = -1, remaining_43, reset_43 break
         end
-        v, remaining, reset = retry, remaining_54, reset_54 break
+        v, remaining, reset = retry, remaining_43, reset_43 break
       until true
       REPLY[0 + 1], REPLY[0 + 2], REPLY[0 + 3] = v, remaining, reset
-      ok, st, ends, q = v == -2, st_52, ends_52, p
+      ok, st, ends, q = v == -2, st_40, ends_40, q_40
     end
     REPLY[3 + 1] = nil
     repeat -- phase_two
@@ -3934,124 +3373,33 @@ ALG[3] = function()
             end
             local expires_at
             repeat -- until_block_ends
-              local expires_at_64 = newest + window
-              if ends and ends > expires_at_64 then
+              local expires_at_53 = newest + window
+              if ends and ends > expires_at_53 then
                 expires_at = ends break
               end
-              expires_at = expires_at_64 break
+              expires_at = expires_at_53 break
             until true
             if q.limit_end and q.limit_end > expires_at then
               expires_at = q.limit_end
             end
             local ms
             repeat -- ttl_ms
-              local ms_65
+              local ms_54
               do -- cdiv
                 local a = expires_at - since
-                ms_65 = (a + (-a) % 1000) / 1000
+                ms_54 = (a + (-a) % 1000) / 1000
               end
-              if ms_65 < 1 then
+              if ms_54 < 1 then
                 ms = 1 break
               end
-              ms = ms_65 break
+              ms = ms_54 break
             until true
             call('PEXPIRE', key, format(INT, ms))
           until true
         until true
         break
       end
-      if REPLY[0 + 1] == -2 and cost > 0 then
-        local _, remaining, reset
-        repeat -- verdict
-          local ends = nil
-          local ok, remaining_67, reset_67, retry
-          repeat -- evaluate
-            local limit, window = q[1], q[2]
-            if not st then
-              if 0 > limit then
-                ok, remaining_67, reset_67, retry = 0, limit, 0, -1 break
-              end
-              local reset = 0
-              if 0 > 0 then
-                reset = window
-              end
-              ok, remaining_67, reset_67, retry = 1, limit - 0, reset, -1 break
-            end
-            local used
-            do -- in_window
-              local cutoff = now - window
-              local after
-              do -- int
-                after = format(INT, cutoff)
-              end
-              used = call('ZCOUNT', key, '(' .. after, '(+inf')
-            end
-            local newest_left = 0
-            if used > 0 then
-              newest_left = st[1] + window - now
-            end
-            local left = limit - used
-            if left < 0 then
-              left = 0
-            end
-            if 0 > limit then
-              ok, remaining_67, reset_67, retry = 0, left, newest_left, -1 break
-            end
-            if used + 0 <= limit then
-              local reset = newest_left
-              if 0 > 0 then
-                reset = window
-              end
-              ok, remaining_67, reset_67, retry = 1, limit - used - 0, reset, -1 break
-            end
-            local need = used + 0 - limit
-            local start
-            do -- int
-              local n = now - window
-              start = format(INT, n)
-            end
-            local entry = call('ZRANGEBYSCORE', key, '(' .. start, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
-            ok, remaining_67, reset_67, retry = 0, left, newest_left, tonumber(entry[2]) + window - now break
-          until true
-          if ends and ends > now then
-            local wait = ends - now
-            if ok == 1 or retry >= 0 then
-              if retry < wait then
-                retry = wait
-              end
-            end
-            ok = 0
-            remaining_67 = 0
-            if reset_67 < wait then
-              reset_67 = wait
-            end
-          end
-          if ok == 1 then
-            _, remaining, reset = -2, remaining_67, reset_67 break
-          end
-          if retry < 0 then
-            _, remaining, reset = -1, remaining_67, reset_67 break
-          end
-          _, remaining, reset = retry, remaining_67, reset_67 break
-        until true
-        REPLY[0 + 2], REPLY[0 + 3] = remaining, reset
-      end
-      if call('PTTL', key) == -1 then
-        local ms
-        repeat -- ttl_ms
-          local expires_at = now + REPLY[0 + 3]
-          local ms_72
-          do -- cdiv
-            local a = expires_at - since
-            ms_72 = (a + (-a) % 1000) / 1000
-          end
-          if ms_72 < 1 then
-            ms = 1 break
-          end
-          ms = ms_72 break
-        until true
-        call('PEXPIRE', key, ms)
-      end
+      uncharged(self, key, q, st, now, since, cost, 0)
     until true
     if q ~= p then
       PS[1] = q
@@ -4362,58 +3710,62 @@ ALG[4] = function()
     local ok, st, ends, q
     if fused then
       do -- phase_one
-        local p = p
-        local st_58, ends_58, stale
-        repeat -- read2
-          local into = STATES[i]
-          local raw = call('GET', key)
-          if not raw then
-            st_58, ends_58, stale = nil break
-          end
-          local a, b, tag, ends
-          local t = p.tag
-          if find(raw, t, #raw - #t + 1, true) then
-            a, b = match(raw, '^(%d+) (%d+)~')
-          end
-          if not a then
-            local state
-            state, tag, ends = split_state(raw)
-            if tag == p.tag then
-              tag = nil
+        local st_43, ends_43, q_43
+        do -- loaded
+          local p = p
+          local st, ends, stale
+          repeat -- read2
+            local into = STATES[i]
+            local raw = call('GET', key)
+            if not raw then
+              st, ends, stale = nil break
             end
-            a, b = match(state or '', '^(%d+) (%d+)$')
+            local a, b, tag, ends_45
+            local t = p.tag
+            if find(raw, t, #raw - #t + 1, true) then
+              a, b = match(raw, '^(%d+) (%d+)~')
+            end
             if not a then
-              st_58, ends_58, stale = nil, ends, tag break
+              local state
+              state, tag, ends_45 = split_state(raw)
+              if tag == p.tag then
+                tag = nil
+              end
+              a, b = match(state or '', '^(%d+) (%d+)$')
+              if not a then
+                st, ends, stale = nil, ends_45, tag break
+              end
             end
+            into[1], into[2] = tonumber(a), tonumber(b)
+            st, ends, stale = into, ends_45, tag break
+          until true
+          if stale then
+            st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
           end
-          into[1], into[2] = tonumber(a), tonumber(b)
-          st_58, ends_58, stale = into, ends, tag break
-        until true
-        if stale then
-          st_58, ends_58, p = adopt(self, key, p, st_58, ends_58, now, stale, STATES[i], since)
+          st_43, ends_43, q_43 = st, ends, p
         end
         local v, remaining, reset
         repeat -- verdict
-          local ok, remaining_60, reset_60, retry
+          local ok, remaining_46, reset_46, retry
           repeat -- evaluate
-            local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
+            local capacity, unit, rate, full = q_43[1], q_43[2], q_43[3], q_43[4]
             local have
             repeat -- tokens
-              if not st_58 then
-                have = p[4] break
+              if not st_43 then
+                have = q_43[4] break
               end
               local elapsed
               repeat -- elapsed_since
-                local e = now - st_58[2]
+                local e = now - st_43[2]
                 if e < 0 then
                   elapsed = 0 break
                 end
                 elapsed = e break
               until true
-              local have_62
+              local have_48
               repeat -- fill
-                local amount = st_58[1]
-                local full, rate = p[4], p[3]
+                local amount = st_43[1]
+                local full, rate = q_43[4], q_43[3]
                 local a = amount
                 if a > full then
                   a = full
@@ -4424,11 +3776,11 @@ ALG[4] = function()
                   to_full = (a + (-a) % rate) / rate
                 end
                 if elapsed >= to_full then
-                  have_62 = full break
+                  have_48 = full break
                 end
-                have_62 = amount + elapsed * rate break
+                have_48 = amount + elapsed * rate break
               until true
-              have = have_62 break
+              have = have_48 break
             until true
             local need = cost * unit
             if cost <= capacity and have >= need then
@@ -4442,7 +3794,7 @@ ALG[4] = function()
                 local a = full - left
                 reset = (a + (-a) % rate) / rate
               end
-              ok, remaining_60, reset_60, retry = 1, whole, reset, -1 break
+              ok, remaining_46, reset_46, retry = 1, whole, reset, -1 break
             end
             local whole
             do -- fdiv
@@ -4454,21 +3806,21 @@ ALG[4] = function()
               reset = (a + (-a) % rate) / rate
             end
             if cost > capacity then
-              ok, remaining_60, reset_60, retry = 0, whole, reset, -1 break
+              ok, remaining_46, reset_46, retry = 0, whole, reset, -1 break
             end
-            local retry_61
+            local retry_47
             do -- cdiv
               local a = need - have
-              retry_61 = (a + (-a) % rate) / rate
+              retry_47 = (a + (-a) % rate) / rate
             end
-            ok, remaining_60, reset_60, retry = 0, whole, reset, retry_61 break
+            ok, remaining_46, reset_46, retry = 0, whole, reset, retry_47 break
           until true
           local behind
           do -- bucket_lag
             local last
             repeat -- last_after
-              if st_58 and st_58[2] > now then
-                last = st_58[2] break
+              if st_43 and st_43[2] > now then
+                last = st_43[2] break
               end
               last = now break
             until true
@@ -4476,56 +3828,56 @@ ALG[4] = function()
           end
           if behind > 0 then
             do -- shift
-              local ok_73, remaining, reset, retry_73 = ok, remaining_60, reset_60, retry
+              local ok_59, remaining, reset, retry_59 = ok, remaining_46, reset_46, retry
               if behind > 0 then
                 remaining = 0
                 reset = reset + behind
-                if retry_73 >= 0 then
-                  retry_73 = retry_73 + behind
+                if retry_59 >= 0 then
+                  retry_59 = retry_59 + behind
                 end
-                if ok_73 == 1 and cost > 0 then
-                  ok_73, retry_73 = 0, behind
+                if ok_59 == 1 and cost > 0 then
+                  ok_59, retry_59 = 0, behind
                   if reset < behind then
                     reset = behind
                   end
                 end
               end
-              ok, remaining_60, reset_60, retry = ok_73, remaining, reset, retry_73
+              ok, remaining_46, reset_46, retry = ok_59, remaining, reset, retry_59
             end
           end
-          if ends_58 and ends_58 > now then
-            local wait = ends_58 - now
+          if ends_43 and ends_43 > now then
+            local wait = ends_43 - now
             if ok == 1 or retry >= 0 then
               if retry < wait then
                 retry = wait
               end
             end
             ok = 0
-            remaining_60 = 0
-            if reset_60 < wait then
-              reset_60 = wait
+            remaining_46 = 0
+            if reset_46 < wait then
+              reset_46 = wait
             end
           end
           if ok == 1 then
-            v, remaining, reset = -2, remaining_60, reset_60 break
+            v, remaining, reset = -2, remaining_46, reset_46 break
           end
           if retry < 0 then
-            v, remaining, reset = -1, remaining_60, reset_60 break
+            v, remaining, reset = -1, remaining_46, reset_46 break
           end
-          v, remaining, reset = retry, remaining_60, reset_60 break
+          v, remaining, reset = retry, remaining_46, reset_46 break
         until true
         REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
-        ok, st, ends, q = v == -2, st_58, ends_58, p
+        ok, st, ends, q = v == -2, st_43, ends_43, q_43
       end
     else
       do -- loaded
         local p = p
-        local st_74, ends_74, stale
+        local st_60, ends_60, stale
         repeat -- read2
           local into = STATES[i]
           local raw = call('GET', key)
           if not raw then
-            st_74, ends_74, stale = nil break
+            st_60, ends_60, stale = nil break
           end
           local a, b, tag, ends
           local t = p.tag
@@ -4540,16 +3892,16 @@ ALG[4] = function()
             end
             a, b = match(state or '', '^(%d+) (%d+)$')
             if not a then
-              st_74, ends_74, stale = nil, ends, tag break
+              st_60, ends_60, stale = nil, ends, tag break
             end
           end
           into[1], into[2] = tonumber(a), tonumber(b)
-          st_74, ends_74, stale = into, ends, tag break
+          st_60, ends_60, stale = into, ends, tag break
         until true
         if stale then
-          st_74, ends_74, p = adopt(self, key, p, st_74, ends_74, now, stale, STATES[i], since)
+          st_60, ends_60, p = adopt(self, key, p, st_60, ends_60, now, stale, STATES[i], since)
         end
-        st, ends, q = st_74, ends_74, p
+        st, ends, q = st_60, ends_60, p
       end
       ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
@@ -4575,7 +3927,7 @@ ALG[4] = function()
                 end
                 elapsed = e break
               until true
-              local have_78
+              local have_64
               repeat -- fill
                 local amount = st[1]
                 local full, rate = q[4], q[3]
@@ -4589,11 +3941,11 @@ ALG[4] = function()
                   to_full = (a + (-a) % rate) / rate
                 end
                 if elapsed >= to_full then
-                  have_78 = full break
+                  have_64 = full break
                 end
-                have_78 = amount + elapsed * rate break
+                have_64 = amount + elapsed * rate break
               until true
-              have = have_78 break
+              have = have_64 break
             until true
             have = have - cost * q[2]
             if have < 0 then
@@ -4623,172 +3975,31 @@ ALG[4] = function()
                 end
                 value = value .. '|' .. block_end
                 repeat -- until_block_ends
-                  local expires_at_86 = expires_at
-                  if ends and ends > expires_at_86 then
+                  local expires_at_72 = expires_at
+                  if ends and ends > expires_at_72 then
                     expires_at = ends break
                   end
-                  expires_at = expires_at_86 break
+                  expires_at = expires_at_72 break
                 until true
               end
               local ms
               repeat -- ttl_ms
-                local ms_87
+                local ms_73
                 do -- cdiv
                   local a = expires_at - since
-                  ms_87 = (a + (-a) % 1000) / 1000
+                  ms_73 = (a + (-a) % 1000) / 1000
                 end
-                if ms_87 < 1 then
+                if ms_73 < 1 then
                   ms = 1 break
                 end
-                ms = ms_87 break
+                ms = ms_73 break
               until true
               call('SET', key, value, 'PX', format(INT, ms))
             until true
           until true
           break
         end
-        if REPLY[base + 1] == -2 and cost > 0 then
-          local _, remaining, reset
-          repeat -- verdict
-            local ends = nil
-            local ok, remaining_89, reset_89, retry
-            repeat -- evaluate
-              local capacity, unit, rate, full = q[1], q[2], q[3], q[4]
-              local have
-              repeat -- tokens
-                if not st then
-                  have = q[4] break
-                end
-                local elapsed
-                repeat -- elapsed_since
-                  local e = now - st[2]
-                  if e < 0 then
-                    elapsed = 0 break
-                  end
-                  elapsed = e break
-                until true
-                local have_91
-                repeat -- fill
-                  local amount = st[1]
-                  local full, rate = q[4], q[3]
-                  local a = amount
-                  if a > full then
-                    a = full
-                  end
-                  local to_full
-                  do -- cdiv
-                    local a = full - a
-                    to_full = (a + (-a) % rate) / rate
-                  end
-                  if elapsed >= to_full then
-                    have_91 = full break
-                  end
-                  have_91 = amount + elapsed * rate break
-                until true
-                have = have_91 break
-              until true
-              local need = 0 * unit
-              if 0 <= capacity and have >= need then
-                local left = have - need
-                local whole
-                do -- fdiv
-                  whole = (left - left % unit) / unit
-                end
-                local reset
-                do -- cdiv
-                  local a = full - left
-                  reset = (a + (-a) % rate) / rate
-                end
-                ok, remaining_89, reset_89, retry = 1, whole, reset, -1 break
-              end
-              local whole
-              do -- fdiv
-                whole = (have - have % unit) / unit
-              end
-              local reset
-              do -- cdiv
-                local a = full - have
-                reset = (a + (-a) % rate) / rate
-              end
-              if 0 > capacity then
-                ok, remaining_89, reset_89, retry = 0, whole, reset, -1 break
-              end
-              local retry_90
-              do -- cdiv
-                local a = need - have
-                retry_90 = (a + (-a) % rate) / rate
-              end
-              ok, remaining_89, reset_89, retry = 0, whole, reset, retry_90 break
-            until true
-            local behind
-            do -- bucket_lag
-              local last
-              repeat -- last_after
-                if st and st[2] > now then
-                  last = st[2] break
-                end
-                last = now break
-              until true
-              behind = last - now
-            end
-            if behind > 0 then
-              do -- shift
-                local ok_102, remaining, reset, retry_102 = ok, remaining_89, reset_89, retry
-                if behind > 0 then
-                  remaining = 0
-                  reset = reset + behind
-                  if retry_102 >= 0 then
-                    retry_102 = retry_102 + behind
-                  end
-                  if ok_102 == 1 and 0 > 0 then
-                    ok_102, retry_102 = 0, behind
-                    if reset < behind then
-                      reset = behind
-                    end
-                  end
-                end
-                ok, remaining_89, reset_89, retry = ok_102, remaining, reset, retry_102
-              end
-            end
-            if ends and ends > now then
-              local wait = ends - now
-              if ok == 1 or retry >= 0 then
-                if retry < wait then
-                  retry = wait
-                end
-              end
-              ok = 0
-              remaining_89 = 0
-              if reset_89 < wait then
-                reset_89 = wait
-              end
-            end
-            if ok == 1 then
-              _, remaining, reset = -2, remaining_89, reset_89 break
-            end
-            if retry < 0 then
-              _, remaining, reset = -1, remaining_89, reset_89 break
-            end
-            _, remaining, reset = retry, remaining_89, reset_89 break
-          until true
-          REPLY[base + 2], REPLY[base + 3] = remaining, reset
-        end
-        if call('PTTL', key) == -1 then
-          local ms
-          repeat -- ttl_ms
-            local expires_at = now + REPLY[base + 3]
-            local ms_103
-            do -- cdiv
-              local a = expires_at - since
-              ms_103 = (a + (-a) % 1000) / 1000
-            end
-            if ms_103 < 1 then
-              ms = 1 break
-            end
-            ms = ms_103 break
-          until true
-          call('PEXPIRE', key, ms)
-        end
+        uncharged(self, key, q, st, now, since, cost, base)
       until true
     else
       phase_two_of(self, i, op, key, q, now, since, cost, YS[i], st, ends, admitted, base)
@@ -4814,17 +4025,17 @@ ALG[4] = function()
     local p
     do -- read_params
       local tag = args[at]
-      local p_105 = TAGGED[tag or '']
-      if not p_105 and tag then
+      local p_75 = TAGGED[tag or '']
+      if not p_75 and tag then
         local semi = find(tag, ';', 1, true)
-        p_105 = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p_105) then
-          p_105 = nil
+        p_75 = { tag = semi and sub(tag, 1, semi - 1) or tag }
+        if not tag_params(tag, p_75) then
+          p_75 = nil
         else
-          remember(tag, p_105)
+          remember(tag, p_75)
         end
       end
-      p = p_105
+      p = p_75
     end
     if not p then
       return nil
@@ -4833,67 +4044,71 @@ ALG[4] = function()
     repeat -- clock
       local injected = shape >= 2048
       if injected then
-        local now_106 = tonumber(args[#args - 1])
-        now, since = now_106, now_106 - 1000 * tonumber(args[#args]) break
+        local now_76 = tonumber(args[#args - 1])
+        now, since = now_76, now_76 - 1000 * tonumber(args[#args]) break
       end
       local t = call('TIME')
-      local now_106 = t[1] * 1000000 + t[2]
-      now, since = now_106, now_106 break
+      local now_76 = t[1] * 1000000 + t[2]
+      now, since = now_76, now_76 break
     until true
     local ok, st, ends, q
     do -- phase_one
-      local p = p
-      local st_107, ends_107, stale
-      repeat -- read2
-        local into = STATES[1]
-        local raw = call('GET', key)
-        if not raw then
-          st_107, ends_107, stale = nil break
-        end
-        local a, b, tag, ends
-        local t = p.tag
-        if find(raw, t, #raw - #t + 1, true) then
-          a, b = match(raw, '^(%d+) (%d+)~')
-        end
-        if not a then
-          local state
-          state, tag, ends = split_state(raw)
-          if tag == p.tag then
-            tag = nil
+      local st_77, ends_77, q_77
+      do -- loaded
+        local p = p
+        local st, ends, stale
+        repeat -- read2
+          local into = STATES[1]
+          local raw = call('GET', key)
+          if not raw then
+            st, ends, stale = nil break
           end
-          a, b = match(state or '', '^(%d+) (%d+)$')
+          local a, b, tag, ends_79
+          local t = p.tag
+          if find(raw, t, #raw - #t + 1, true) then
+            a, b = match(raw, '^(%d+) (%d+)~')
+          end
           if not a then
-            st_107, ends_107, stale = nil, ends, tag break
+            local state
+            state, tag, ends_79 = split_state(raw)
+            if tag == p.tag then
+              tag = nil
+            end
+            a, b = match(state or '', '^(%d+) (%d+)$')
+            if not a then
+              st, ends, stale = nil, ends_79, tag break
+            end
           end
+          into[1], into[2] = tonumber(a), tonumber(b)
+          st, ends, stale = into, ends_79, tag break
+        until true
+        if stale then
+          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
         end
-        into[1], into[2] = tonumber(a), tonumber(b)
-        st_107, ends_107, stale = into, ends, tag break
-      until true
-      if stale then
-        st_107, ends_107, p = adopt(self, key, p, st_107, ends_107, now, stale, STATES[1], since)
+        st_77, ends_77, q_77 = st, ends, p
       end
       local v, remaining, reset
       repeat -- verdict
-        local ok, remaining_109, reset_109, retry
+        local ok, remaining_80, reset_80, retry
         repeat -- evaluate
-          local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
+          local capacity, unit, rate, full = q_77[1], q_77[2], q_77[3], q_77[4]
           local have
           repeat -- tokens
-            if not st_107 then
-              have = p[4] break
+            if not st_77 then
+              have = q_77[4] break
             end
             local elapsed
             repeat -- elapsed_since
-              local e = now - st_107[2]
+              local e = now - st_77[2]
               if e < 0 then
                 elapsed = 0 break
               end
               elapsed = e break
             until true
-            local have_111
+            local have_82
             repeat -- fill
-              local amount = st_107[1]
-              local full, rate = p[4], p[3]
+              local amount = st_77[1]
+              local full, rate = q_77[4], q_77[3]
               local a = amount
               if a > full then
                 a = full
@@ -4904,11 +4119,11 @@ ALG[4] = function()
                 to_full = (a + (-a) % rate) / rate
               end
               if elapsed >= to_full then
-                have_111 = full break
+                have_82 = full break
               end
-              have_111 = amount + elapsed * rate break
+              have_82 = amount + elapsed * rate break
             until true
-            have = have_111 break
+            have = have_82 break
           until true
           local need = cost * unit
           if cost <= capacity and have >= need then
@@ -4922,7 +4137,7 @@ ALG[4] = function()
               local a = full - left
               reset = (a + (-a) % rate) / rate
             end
-            ok, remaining_109, reset_109, retry = 1, whole, reset, -1 break
+            ok, remaining_80, reset_80, retry = 1, whole, reset, -1 break
           end
           local whole
           do -- fdiv
@@ -4934,21 +4149,21 @@ ALG[4] = function()
             reset = (a + (-a) % rate) / rate
           end
           if cost > capacity then
-            ok, remaining_109, reset_109, retry = 0, whole, reset, -1 break
+            ok, remaining_80, reset_80, retry = 0, whole, reset, -1 break
           end
-          local retry_110
+          local retry_81
           do -- cdiv
             local a = need - have
-            retry_110 = (a + (-a) % rate) / rate
+            retry_81 = (a + (-a) % rate) / rate
           end
-          ok, remaining_109, reset_109, retry = 0, whole, reset, retry_110 break
+          ok, remaining_80, reset_80, retry = 0, whole, reset, retry_81 break
         until true
         local behind
         do -- bucket_lag
           local last
           repeat -- last_after
-            if st_107 and st_107[2] > now then
-              last = st_107[2] break
+            if st_77 and st_77[2] > now then
+              last = st_77[2] break
             end
             last = now break
           until true
@@ -4956,46 +4171,46 @@ ALG[4] = function()
         end
         if behind > 0 then
           do -- shift
-            local ok_122, remaining, reset, retry_122 = ok, remaining_109, reset_109, retry
+            local ok_93, remaining, reset, retry_93 = ok, remaining_80, reset_80, retry
             if behind > 0 then
               remaining = 0
               reset = reset + behind
-              if retry_122 >= 0 then
-                retry_122 = retry_122 + behind
+              if retry_93 >= 0 then
+                retry_93 = retry_93 + behind
               end
-              if ok_122 == 1 and cost > 0 then
-                ok_122, retry_122 = 0, behind
+              if ok_93 == 1 and cost > 0 then
+                ok_93, retry_93 = 0, behind
                 if reset < behind then
                   reset = behind
                 end
               end
             end
-            ok, remaining_109, reset_109, retry = ok_122, remaining, reset, retry_122
+            ok, remaining_80, reset_80, retry = ok_93, remaining, reset, retry_93
           end
         end
-        if ends_107 and ends_107 > now then
-          local wait = ends_107 - now
+        if ends_77 and ends_77 > now then
+          local wait = ends_77 - now
           if ok == 1 or retry >= 0 then
             if retry < wait then
               retry = wait
             end
           end
           ok = 0
-          remaining_109 = 0
-          if reset_109 < wait then
-            reset_109 = wait
+          remaining_80 = 0
+          if reset_80 < wait then
+            reset_80 = wait
           end
         end
         if ok == 1 then
-          v, remaining, reset = -2, remaining_109, reset_109 break
+          v, remaining, reset = -2, remaining_80, reset_80 break
         end
         if retry < 0 then
-          v, remaining, reset = -1, remaining_109, reset_109 break
+          v, remaining, reset = -1, remaining_80, reset_80 break
         end
-        v, remaining, reset = retry, remaining_109, reset_109 break
+        v, remaining, reset = retry, remaining_80, reset_80 break
       until true
       REPLY[0 + 1], REPLY[0 + 2], REPLY[0 + 3] = v, remaining, reset
-      ok, st, ends, q = v == -2, st_107, ends_107, p
+      ok, st, ends, q = v == -2, st_77, ends_77, q_77
     end
     REPLY[3 + 1] = nil
     repeat -- phase_two
@@ -5014,7 +4229,7 @@ ALG[4] = function()
               end
               elapsed = e break
             until true
-            local have_125
+            local have_96
             repeat -- fill
               local amount = st[1]
               local full, rate = q[4], q[3]
@@ -5028,11 +4243,11 @@ ALG[4] = function()
                 to_full = (a + (-a) % rate) / rate
               end
               if elapsed >= to_full then
-                have_125 = full break
+                have_96 = full break
               end
-              have_125 = amount + elapsed * rate break
+              have_96 = amount + elapsed * rate break
             until true
-            have = have_125 break
+            have = have_96 break
           until true
           have = have - cost * q[2]
           if have < 0 then
@@ -5062,172 +4277,31 @@ ALG[4] = function()
               end
               value = value .. '|' .. block_end
               repeat -- until_block_ends
-                local expires_at_133 = expires_at
-                if ends and ends > expires_at_133 then
+                local expires_at_104 = expires_at
+                if ends and ends > expires_at_104 then
                   expires_at = ends break
                 end
-                expires_at = expires_at_133 break
+                expires_at = expires_at_104 break
               until true
             end
             local ms
             repeat -- ttl_ms
-              local ms_134
+              local ms_105
               do -- cdiv
                 local a = expires_at - since
-                ms_134 = (a + (-a) % 1000) / 1000
+                ms_105 = (a + (-a) % 1000) / 1000
               end
-              if ms_134 < 1 then
+              if ms_105 < 1 then
                 ms = 1 break
               end
-              ms = ms_134 break
+              ms = ms_105 break
             until true
             call('SET', key, value, 'PX', format(INT, ms))
           until true
         until true
         break
       end
-      if REPLY[0 + 1] == -2 and cost > 0 then
-        local _, remaining, reset
-        repeat -- verdict
-          local ends = nil
-          local ok, remaining_136, reset_136, retry
-          repeat -- evaluate
-            local capacity, unit, rate, full = q[1], q[2], q[3], q[4]
-            local have
-            repeat -- tokens
-              if not st then
-                have = q[4] break
-              end
-              local elapsed
-              repeat -- elapsed_since
-                local e = now - st[2]
-                if e < 0 then
-                  elapsed = 0 break
-                end
-                elapsed = e break
-              until true
-              local have_138
-              repeat -- fill
-                local amount = st[1]
-                local full, rate = q[4], q[3]
-                local a = amount
-                if a > full then
-                  a = full
-                end
-                local to_full
-                do -- cdiv
-                  local a = full - a
-                  to_full = (a + (-a) % rate) / rate
-                end
-                if elapsed >= to_full then
-                  have_138 = full break
-                end
-                have_138 = amount + elapsed * rate break
-              until true
-              have = have_138 break
-            until true
-            local need = 0 * unit
-            if 0 <= capacity and have >= need then
-              local left = have - need
-              local whole
-              do -- fdiv
-                whole = (left - left % unit) / unit
-              end
-              local reset
-              do -- cdiv
-                local a = full - left
-                reset = (a + (-a) % rate) / rate
-              end
-              ok, remaining_136, reset_136, retry = 1, whole, reset, -1 break
-            end
-            local whole
-            do -- fdiv
-              whole = (have - have % unit) / unit
-            end
-            local reset
-            do -- cdiv
-              local a = full - have
-              reset = (a + (-a) % rate) / rate
-            end
-            if 0 > capacity then
-              ok, remaining_136, reset_136, retry = 0, whole, reset, -1 break
-            end
-            local retry_137
-            do -- cdiv
-              local a = need - have
-              retry_137 = (a + (-a) % rate) / rate
-            end
-            ok, remaining_136, reset_136, retry = 0, whole, reset, retry_137 break
-          until true
-          local behind
-          do -- bucket_lag
-            local last
-            repeat -- last_after
-              if st and st[2] > now then
-                last = st[2] break
-              end
-              last = now break
-            until true
-            behind = last - now
-          end
-          if behind > 0 then
-            do -- shift
-              local ok_149, remaining, reset, retry_149 = ok, remaining_136, reset_136, retry
-              if behind > 0 then
-                remaining = 0
-                reset = reset + behind
-                if retry_149 >= 0 then
-                  retry_149 = retry_149 + behind
-                end
-                if ok_149 == 1 and 0 > 0 then
-                  ok_149, retry_149 = 0, behind
-                  if reset < behind then
-                    reset = behind
-                  end
-                end
-              end
-              ok, remaining_136, reset_136, retry = ok_149, remaining, reset, retry_149
-            end
-          end
-          if ends and ends > now then
-            local wait = ends - now
-            if ok == 1 or retry >= 0 then
-              if retry < wait then
-                retry = wait
-              end
-            end
-            ok = 0
-            remaining_136 = 0
-            if reset_136 < wait then
-              reset_136 = wait
-            end
-          end
-          if ok == 1 then
-            _, remaining, reset = -2, remaining_136, reset_136 break
-          end
-          if retry < 0 then
-            _, remaining, reset = -1, remaining_136, reset_136 break
-          end
-          _, remaining, reset = retry, remaining_136, reset_136 break
-        until true
-        REPLY[0 + 2], REPLY[0 + 3] = remaining, reset
-      end
-      if call('PTTL', key) == -1 then
-        local ms
-        repeat -- ttl_ms
-          local expires_at = now + REPLY[0 + 3]
-          local ms_150
-          do -- cdiv
-            local a = expires_at - since
-            ms_150 = (a + (-a) % 1000) / 1000
-          end
-          if ms_150 < 1 then
-            ms = 1 break
-          end
-          ms = ms_150 break
-        until true
-        call('PEXPIRE', key, ms)
-      end
+      uncharged(self, key, q, st, now, since, cost, 0)
     until true
     if q ~= p then
       PS[1] = q
@@ -5511,59 +4585,63 @@ ALG[5] = function()
     local ok, st, ends, q
     if fused then
       do -- phase_one
-        local p = p
-        local st_50, ends_50, stale
-        repeat -- read2
-          local into = STATES[i]
-          local raw = call('GET', key)
-          if not raw then
-            st_50, ends_50, stale = nil break
-          end
-          local a, b, tag, ends
-          local t = p.tag
-          if find(raw, t, #raw - #t + 1, true) then
-            a, b = match(raw, '^(%d+) (%d+)~')
-          end
-          if not a then
-            local state
-            state, tag, ends = split_state(raw)
-            if tag == p.tag then
-              tag = nil
+        local st_37, ends_37, q_37
+        do -- loaded
+          local p = p
+          local st, ends, stale
+          repeat -- read2
+            local into = STATES[i]
+            local raw = call('GET', key)
+            if not raw then
+              st, ends, stale = nil break
             end
-            a, b = match(state or '', '^(%d+) (%d+)$')
+            local a, b, tag, ends_39
+            local t = p.tag
+            if find(raw, t, #raw - #t + 1, true) then
+              a, b = match(raw, '^(%d+) (%d+)~')
+            end
             if not a then
-              st_50, ends_50, stale = nil, ends, tag break
+              local state
+              state, tag, ends_39 = split_state(raw)
+              if tag == p.tag then
+                tag = nil
+              end
+              a, b = match(state or '', '^(%d+) (%d+)$')
+              if not a then
+                st, ends, stale = nil, ends_39, tag break
+              end
             end
+            into[1], into[2] = tonumber(a), tonumber(b)
+            st, ends, stale = into, ends_39, tag break
+          until true
+          if stale then
+            st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
           end
-          into[1], into[2] = tonumber(a), tonumber(b)
-          st_50, ends_50, stale = into, ends, tag break
-        until true
-        if stale then
-          st_50, ends_50, p = adopt(self, key, p, st_50, ends_50, now, stale, STATES[i], since)
+          st_37, ends_37, q_37 = st, ends, p
         end
         local v, remaining, reset
         repeat -- verdict
-          local ok, remaining_52, reset_52, retry
+          local ok, remaining_40, reset_40, retry
           repeat -- evaluate
-            local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
+            local capacity, unit, rate, full = q_37[1], q_37[2], q_37[3], q_37[4]
             local now_level
             repeat -- level
-              if not st_50 then
+              if not st_37 then
                 now_level = 0 break
               end
-              local elapsed = now - st_50[2]
+              local elapsed = now - st_37[2]
               if elapsed < 0 then
                 elapsed = 0
               end
               local to_empty
               do -- cdiv
-                local a, b = st_50[1], p[3]
+                local a, b = st_37[1], q_37[3]
                 to_empty = (a + (-a) % b) / b
               end
               if elapsed >= to_empty then
                 now_level = 0 break
               end
-              now_level = st_50[1] - elapsed * p[3] break
+              now_level = st_37[1] - elapsed * q_37[3] break
             until true
             local room = full - now_level
             if room < 0 then
@@ -5580,7 +4658,7 @@ ALG[5] = function()
               do -- cdiv
                 reset = (after + (-after) % rate) / rate
               end
-              ok, remaining_52, reset_52, retry = 1, left, reset, -1 break
+              ok, remaining_40, reset_40, retry = 1, left, reset, -1 break
             end
             local left
             do -- fdiv
@@ -5591,21 +4669,21 @@ ALG[5] = function()
               reset = (now_level + (-now_level) % rate) / rate
             end
             if cost > capacity then
-              ok, remaining_52, reset_52, retry = 0, left, reset, -1 break
+              ok, remaining_40, reset_40, retry = 0, left, reset, -1 break
             end
-            local retry_53
+            local retry_41
             do -- cdiv
               local a = after - full
-              retry_53 = (a + (-a) % rate) / rate
+              retry_41 = (a + (-a) % rate) / rate
             end
-            ok, remaining_52, reset_52, retry = 0, left, reset, retry_53 break
+            ok, remaining_40, reset_40, retry = 0, left, reset, retry_41 break
           until true
           local behind
           do -- bucket_lag
             local last
             repeat -- last_after
-              if st_50 and st_50[2] > now then
-                last = st_50[2] break
+              if st_37 and st_37[2] > now then
+                last = st_37[2] break
               end
               last = now break
             until true
@@ -5613,56 +4691,56 @@ ALG[5] = function()
           end
           if behind > 0 then
             do -- shift
-              local ok_63, remaining, reset, retry_63 = ok, remaining_52, reset_52, retry
+              local ok_51, remaining, reset, retry_51 = ok, remaining_40, reset_40, retry
               if behind > 0 then
                 remaining = 0
                 reset = reset + behind
-                if retry_63 >= 0 then
-                  retry_63 = retry_63 + behind
+                if retry_51 >= 0 then
+                  retry_51 = retry_51 + behind
                 end
-                if ok_63 == 1 and cost > 0 then
-                  ok_63, retry_63 = 0, behind
+                if ok_51 == 1 and cost > 0 then
+                  ok_51, retry_51 = 0, behind
                   if reset < behind then
                     reset = behind
                   end
                 end
               end
-              ok, remaining_52, reset_52, retry = ok_63, remaining, reset, retry_63
+              ok, remaining_40, reset_40, retry = ok_51, remaining, reset, retry_51
             end
           end
-          if ends_50 and ends_50 > now then
-            local wait = ends_50 - now
+          if ends_37 and ends_37 > now then
+            local wait = ends_37 - now
             if ok == 1 or retry >= 0 then
               if retry < wait then
                 retry = wait
               end
             end
             ok = 0
-            remaining_52 = 0
-            if reset_52 < wait then
-              reset_52 = wait
+            remaining_40 = 0
+            if reset_40 < wait then
+              reset_40 = wait
             end
           end
           if ok == 1 then
-            v, remaining, reset = -2, remaining_52, reset_52 break
+            v, remaining, reset = -2, remaining_40, reset_40 break
           end
           if retry < 0 then
-            v, remaining, reset = -1, remaining_52, reset_52 break
+            v, remaining, reset = -1, remaining_40, reset_40 break
           end
-          v, remaining, reset = retry, remaining_52, reset_52 break
+          v, remaining, reset = retry, remaining_40, reset_40 break
         until true
         REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
-        ok, st, ends, q = v == -2, st_50, ends_50, p
+        ok, st, ends, q = v == -2, st_37, ends_37, q_37
       end
     else
       do -- loaded
         local p = p
-        local st_64, ends_64, stale
+        local st_52, ends_52, stale
         repeat -- read2
           local into = STATES[i]
           local raw = call('GET', key)
           if not raw then
-            st_64, ends_64, stale = nil break
+            st_52, ends_52, stale = nil break
           end
           local a, b, tag, ends
           local t = p.tag
@@ -5677,16 +4755,16 @@ ALG[5] = function()
             end
             a, b = match(state or '', '^(%d+) (%d+)$')
             if not a then
-              st_64, ends_64, stale = nil, ends, tag break
+              st_52, ends_52, stale = nil, ends, tag break
             end
           end
           into[1], into[2] = tonumber(a), tonumber(b)
-          st_64, ends_64, stale = into, ends, tag break
+          st_52, ends_52, stale = into, ends, tag break
         until true
         if stale then
-          st_64, ends_64, p = adopt(self, key, p, st_64, ends_64, now, stale, STATES[i], since)
+          st_52, ends_52, p = adopt(self, key, p, st_52, ends_52, now, stale, STATES[i], since)
         end
-        st, ends, q = st_64, ends_64, p
+        st, ends, q = st_52, ends_52, p
       end
       ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
@@ -5743,160 +4821,31 @@ ALG[5] = function()
                 end
                 value = value .. '|' .. block_end
                 repeat -- until_block_ends
-                  local expires_at_74 = expires_at
-                  if ends and ends > expires_at_74 then
+                  local expires_at_62 = expires_at
+                  if ends and ends > expires_at_62 then
                     expires_at = ends break
                   end
-                  expires_at = expires_at_74 break
+                  expires_at = expires_at_62 break
                 until true
               end
               local ms
               repeat -- ttl_ms
-                local ms_75
+                local ms_63
                 do -- cdiv
                   local a = expires_at - since
-                  ms_75 = (a + (-a) % 1000) / 1000
+                  ms_63 = (a + (-a) % 1000) / 1000
                 end
-                if ms_75 < 1 then
+                if ms_63 < 1 then
                   ms = 1 break
                 end
-                ms = ms_75 break
+                ms = ms_63 break
               until true
               call('SET', key, value, 'PX', format(INT, ms))
             until true
           until true
           break
         end
-        if REPLY[base + 1] == -2 and cost > 0 then
-          local _, remaining, reset
-          repeat -- verdict
-            local ends = nil
-            local ok, remaining_77, reset_77, retry
-            repeat -- evaluate
-              local capacity, unit, rate, full = q[1], q[2], q[3], q[4]
-              local now_level
-              repeat -- level
-                if not st then
-                  now_level = 0 break
-                end
-                local elapsed = now - st[2]
-                if elapsed < 0 then
-                  elapsed = 0
-                end
-                local to_empty
-                do -- cdiv
-                  local a, b = st[1], q[3]
-                  to_empty = (a + (-a) % b) / b
-                end
-                if elapsed >= to_empty then
-                  now_level = 0 break
-                end
-                now_level = st[1] - elapsed * q[3] break
-              until true
-              local room = full - now_level
-              if room < 0 then
-                room = 0
-              end
-              local after = now_level + 0 * unit
-              if 0 <= capacity and after <= full then
-                local left
-                do -- fdiv
-                  local a = full - after
-                  left = (a - a % unit) / unit
-                end
-                local reset
-                do -- cdiv
-                  reset = (after + (-after) % rate) / rate
-                end
-                ok, remaining_77, reset_77, retry = 1, left, reset, -1 break
-              end
-              local left
-              do -- fdiv
-                left = (room - room % unit) / unit
-              end
-              local reset
-              do -- cdiv
-                reset = (now_level + (-now_level) % rate) / rate
-              end
-              if 0 > capacity then
-                ok, remaining_77, reset_77, retry = 0, left, reset, -1 break
-              end
-              local retry_78
-              do -- cdiv
-                local a = after - full
-                retry_78 = (a + (-a) % rate) / rate
-              end
-              ok, remaining_77, reset_77, retry = 0, left, reset, retry_78 break
-            until true
-            local behind
-            do -- bucket_lag
-              local last
-              repeat -- last_after
-                if st and st[2] > now then
-                  last = st[2] break
-                end
-                last = now break
-              until true
-              behind = last - now
-            end
-            if behind > 0 then
-              do -- shift
-                local ok_88, remaining, reset, retry_88 = ok, remaining_77, reset_77, retry
-                if behind > 0 then
-                  remaining = 0
-                  reset = reset + behind
-                  if retry_88 >= 0 then
-                    retry_88 = retry_88 + behind
-                  end
-                  if ok_88 == 1 and 0 > 0 then
-                    ok_88, retry_88 = 0, behind
-                    if reset < behind then
-                      reset = behind
-                    end
-                  end
-                end
-                ok, remaining_77, reset_77, retry = ok_88, remaining, reset, retry_88
-              end
-            end
-            if ends and ends > now then
-              local wait = ends - now
-              if ok == 1 or retry >= 0 then
-                if retry < wait then
-                  retry = wait
-                end
-              end
-              ok = 0
-              remaining_77 = 0
-              if reset_77 < wait then
-                reset_77 = wait
-              end
-            end
-            if ok == 1 then
-              _, remaining, reset = -2, remaining_77, reset_77 break
-            end
-            if retry < 0 then
-              _, remaining, reset = -1, remaining_77, reset_77 break
-            end
-            _, remaining, reset = retry, remaining_77, reset_77 break
-          until true
-          REPLY[base + 2], REPLY[base + 3] = remaining, reset
-        end
-        if call('PTTL', key) == -1 then
-          local ms
-          repeat -- ttl_ms
-            local expires_at = now + REPLY[base + 3]
-            local ms_89
-            do -- cdiv
-              local a = expires_at - since
-              ms_89 = (a + (-a) % 1000) / 1000
-            end
-            if ms_89 < 1 then
-              ms = 1 break
-            end
-            ms = ms_89 break
-          until true
-          call('PEXPIRE', key, ms)
-        end
+        uncharged(self, key, q, st, now, since, cost, base)
       until true
     else
       phase_two_of(self, i, op, key, q, now, since, cost, YS[i], st, ends, admitted, base)
@@ -5922,17 +4871,17 @@ ALG[5] = function()
     local p
     do -- read_params
       local tag = args[at]
-      local p_91 = TAGGED[tag or '']
-      if not p_91 and tag then
+      local p_65 = TAGGED[tag or '']
+      if not p_65 and tag then
         local semi = find(tag, ';', 1, true)
-        p_91 = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p_91) then
-          p_91 = nil
+        p_65 = { tag = semi and sub(tag, 1, semi - 1) or tag }
+        if not tag_params(tag, p_65) then
+          p_65 = nil
         else
-          remember(tag, p_91)
+          remember(tag, p_65)
         end
       end
-      p = p_91
+      p = p_65
     end
     if not p then
       return nil
@@ -5941,68 +4890,72 @@ ALG[5] = function()
     repeat -- clock
       local injected = shape >= 2048
       if injected then
-        local now_92 = tonumber(args[#args - 1])
-        now, since = now_92, now_92 - 1000 * tonumber(args[#args]) break
+        local now_66 = tonumber(args[#args - 1])
+        now, since = now_66, now_66 - 1000 * tonumber(args[#args]) break
       end
       local t = call('TIME')
-      local now_92 = t[1] * 1000000 + t[2]
-      now, since = now_92, now_92 break
+      local now_66 = t[1] * 1000000 + t[2]
+      now, since = now_66, now_66 break
     until true
     local ok, st, ends, q
     do -- phase_one
-      local p = p
-      local st_93, ends_93, stale
-      repeat -- read2
-        local into = STATES[1]
-        local raw = call('GET', key)
-        if not raw then
-          st_93, ends_93, stale = nil break
-        end
-        local a, b, tag, ends
-        local t = p.tag
-        if find(raw, t, #raw - #t + 1, true) then
-          a, b = match(raw, '^(%d+) (%d+)~')
-        end
-        if not a then
-          local state
-          state, tag, ends = split_state(raw)
-          if tag == p.tag then
-            tag = nil
+      local st_67, ends_67, q_67
+      do -- loaded
+        local p = p
+        local st, ends, stale
+        repeat -- read2
+          local into = STATES[1]
+          local raw = call('GET', key)
+          if not raw then
+            st, ends, stale = nil break
           end
-          a, b = match(state or '', '^(%d+) (%d+)$')
+          local a, b, tag, ends_69
+          local t = p.tag
+          if find(raw, t, #raw - #t + 1, true) then
+            a, b = match(raw, '^(%d+) (%d+)~')
+          end
           if not a then
-            st_93, ends_93, stale = nil, ends, tag break
+            local state
+            state, tag, ends_69 = split_state(raw)
+            if tag == p.tag then
+              tag = nil
+            end
+            a, b = match(state or '', '^(%d+) (%d+)$')
+            if not a then
+              st, ends, stale = nil, ends_69, tag break
+            end
           end
+          into[1], into[2] = tonumber(a), tonumber(b)
+          st, ends, stale = into, ends_69, tag break
+        until true
+        if stale then
+          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
         end
-        into[1], into[2] = tonumber(a), tonumber(b)
-        st_93, ends_93, stale = into, ends, tag break
-      until true
-      if stale then
-        st_93, ends_93, p = adopt(self, key, p, st_93, ends_93, now, stale, STATES[1], since)
+        st_67, ends_67, q_67 = st, ends, p
       end
       local v, remaining, reset
       repeat -- verdict
-        local ok, remaining_95, reset_95, retry
+        local ok, remaining_70, reset_70, retry
         repeat -- evaluate
-          local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
+          local capacity, unit, rate, full = q_67[1], q_67[2], q_67[3], q_67[4]
           local now_level
           repeat -- level
-            if not st_93 then
+            if not st_67 then
               now_level = 0 break
             end
-            local elapsed = now - st_93[2]
+            local elapsed = now - st_67[2]
             if elapsed < 0 then
               elapsed = 0
             end
             local to_empty
             do -- cdiv
-              local a, b = st_93[1], p[3]
+              local a, b = st_67[1], q_67[3]
               to_empty = (a + (-a) % b) / b
             end
             if elapsed >= to_empty then
               now_level = 0 break
             end
-            now_level = st_93[1] - elapsed * p[3] break
+            now_level = st_67[1] - elapsed * q_67[3] break
           until true
           local room = full - now_level
           if room < 0 then
@@ -6019,7 +4972,7 @@ ALG[5] = function()
             do -- cdiv
               reset = (after + (-after) % rate) / rate
             end
-            ok, remaining_95, reset_95, retry = 1, left, reset, -1 break
+            ok, remaining_70, reset_70, retry = 1, left, reset, -1 break
           end
           local left
           do -- fdiv
@@ -6030,21 +4983,21 @@ ALG[5] = function()
             reset = (now_level + (-now_level) % rate) / rate
           end
           if cost > capacity then
-            ok, remaining_95, reset_95, retry = 0, left, reset, -1 break
+            ok, remaining_70, reset_70, retry = 0, left, reset, -1 break
           end
-          local retry_96
+          local retry_71
           do -- cdiv
             local a = after - full
-            retry_96 = (a + (-a) % rate) / rate
+            retry_71 = (a + (-a) % rate) / rate
           end
-          ok, remaining_95, reset_95, retry = 0, left, reset, retry_96 break
+          ok, remaining_70, reset_70, retry = 0, left, reset, retry_71 break
         until true
         local behind
         do -- bucket_lag
           local last
           repeat -- last_after
-            if st_93 and st_93[2] > now then
-              last = st_93[2] break
+            if st_67 and st_67[2] > now then
+              last = st_67[2] break
             end
             last = now break
           until true
@@ -6052,46 +5005,46 @@ ALG[5] = function()
         end
         if behind > 0 then
           do -- shift
-            local ok_106, remaining, reset, retry_106 = ok, remaining_95, reset_95, retry
+            local ok_81, remaining, reset, retry_81 = ok, remaining_70, reset_70, retry
             if behind > 0 then
               remaining = 0
               reset = reset + behind
-              if retry_106 >= 0 then
-                retry_106 = retry_106 + behind
+              if retry_81 >= 0 then
+                retry_81 = retry_81 + behind
               end
-              if ok_106 == 1 and cost > 0 then
-                ok_106, retry_106 = 0, behind
+              if ok_81 == 1 and cost > 0 then
+                ok_81, retry_81 = 0, behind
                 if reset < behind then
                   reset = behind
                 end
               end
             end
-            ok, remaining_95, reset_95, retry = ok_106, remaining, reset, retry_106
+            ok, remaining_70, reset_70, retry = ok_81, remaining, reset, retry_81
           end
         end
-        if ends_93 and ends_93 > now then
-          local wait = ends_93 - now
+        if ends_67 and ends_67 > now then
+          local wait = ends_67 - now
           if ok == 1 or retry >= 0 then
             if retry < wait then
               retry = wait
             end
           end
           ok = 0
-          remaining_95 = 0
-          if reset_95 < wait then
-            reset_95 = wait
+          remaining_70 = 0
+          if reset_70 < wait then
+            reset_70 = wait
           end
         end
         if ok == 1 then
-          v, remaining, reset = -2, remaining_95, reset_95 break
+          v, remaining, reset = -2, remaining_70, reset_70 break
         end
         if retry < 0 then
-          v, remaining, reset = -1, remaining_95, reset_95 break
+          v, remaining, reset = -1, remaining_70, reset_70 break
         end
-        v, remaining, reset = retry, remaining_95, reset_95 break
+        v, remaining, reset = retry, remaining_70, reset_70 break
       until true
       REPLY[0 + 1], REPLY[0 + 2], REPLY[0 + 3] = v, remaining, reset
-      ok, st, ends, q = v == -2, st_93, ends_93, p
+      ok, st, ends, q = v == -2, st_67, ends_67, q_67
     end
     REPLY[3 + 1] = nil
     repeat -- phase_two
@@ -6141,160 +5094,31 @@ ALG[5] = function()
               end
               value = value .. '|' .. block_end
               repeat -- until_block_ends
-                local expires_at_115 = expires_at
-                if ends and ends > expires_at_115 then
+                local expires_at_90 = expires_at
+                if ends and ends > expires_at_90 then
                   expires_at = ends break
                 end
-                expires_at = expires_at_115 break
+                expires_at = expires_at_90 break
               until true
             end
             local ms
             repeat -- ttl_ms
-              local ms_116
+              local ms_91
               do -- cdiv
                 local a = expires_at - since
-                ms_116 = (a + (-a) % 1000) / 1000
+                ms_91 = (a + (-a) % 1000) / 1000
               end
-              if ms_116 < 1 then
+              if ms_91 < 1 then
                 ms = 1 break
               end
-              ms = ms_116 break
+              ms = ms_91 break
             until true
             call('SET', key, value, 'PX', format(INT, ms))
           until true
         until true
         break
       end
-      if REPLY[0 + 1] == -2 and cost > 0 then
-        local _, remaining, reset
-        repeat -- verdict
-          local ends = nil
-          local ok, remaining_118, reset_118, retry
-          repeat -- evaluate
-            local capacity, unit, rate, full = q[1], q[2], q[3], q[4]
-            local now_level
-            repeat -- level
-              if not st then
-                now_level = 0 break
-              end
-              local elapsed = now - st[2]
-              if elapsed < 0 then
-                elapsed = 0
-              end
-              local to_empty
-              do -- cdiv
-                local a, b = st[1], q[3]
-                to_empty = (a + (-a) % b) / b
-              end
-              if elapsed >= to_empty then
-                now_level = 0 break
-              end
-              now_level = st[1] - elapsed * q[3] break
-            until true
-            local room = full - now_level
-            if room < 0 then
-              room = 0
-            end
-            local after = now_level + 0 * unit
-            if 0 <= capacity and after <= full then
-              local left
-              do -- fdiv
-                local a = full - after
-                left = (a - a % unit) / unit
-              end
-              local reset
-              do -- cdiv
-                reset = (after + (-after) % rate) / rate
-              end
-              ok, remaining_118, reset_118, retry = 1, left, reset, -1 break
-            end
-            local left
-            do -- fdiv
-              left = (room - room % unit) / unit
-            end
-            local reset
-            do -- cdiv
-              reset = (now_level + (-now_level) % rate) / rate
-            end
-            if 0 > capacity then
-              ok, remaining_118, reset_118, retry = 0, left, reset, -1 break
-            end
-            local retry_119
-            do -- cdiv
-              local a = after - full
-              retry_119 = (a + (-a) % rate) / rate
-            end
-            ok, remaining_118, reset_118, retry = 0, left, reset, retry_119 break
-          until true
-          local behind
-          do -- bucket_lag
-            local last
-            repeat -- last_after
-              if st and st[2] > now then
-                last = st[2] break
-              end
-              last = now break
-            until true
-            behind = last - now
-          end
-          if behind > 0 then
-            do -- shift
-              local ok_129, remaining, reset, retry_129 = ok, remaining_118, reset_118, retry
-              if behind > 0 then
-                remaining = 0
-                reset = reset + behind
-                if retry_129 >= 0 then
-                  retry_129 = retry_129 + behind
-                end
-                if ok_129 == 1 and 0 > 0 then
-                  ok_129, retry_129 = 0, behind
-                  if reset < behind then
-                    reset = behind
-                  end
-                end
-              end
-              ok, remaining_118, reset_118, retry = ok_129, remaining, reset, retry_129
-            end
-          end
-          if ends and ends > now then
-            local wait = ends - now
-            if ok == 1 or retry >= 0 then
-              if retry < wait then
-                retry = wait
-              end
-            end
-            ok = 0
-            remaining_118 = 0
-            if reset_118 < wait then
-              reset_118 = wait
-            end
-          end
-          if ok == 1 then
-            _, remaining, reset = -2, remaining_118, reset_118 break
-          end
-          if retry < 0 then
-            _, remaining, reset = -1, remaining_118, reset_118 break
-          end
-          _, remaining, reset = retry, remaining_118, reset_118 break
-        until true
-        REPLY[0 + 2], REPLY[0 + 3] = remaining, reset
-      end
-      if call('PTTL', key) == -1 then
-        local ms
-        repeat -- ttl_ms
-          local expires_at = now + REPLY[0 + 3]
-          local ms_130
-          do -- cdiv
-            local a = expires_at - since
-            ms_130 = (a + (-a) % 1000) / 1000
-          end
-          if ms_130 < 1 then
-            ms = 1 break
-          end
-          ms = ms_130 break
-        until true
-        call('PEXPIRE', key, ms)
-      end
+      uncharged(self, key, q, st, now, since, cost, 0)
     until true
     if q ~= p then
       PS[1] = q
@@ -6484,44 +5308,48 @@ ALG[6] = function()
     local ok, st, ends, q
     if fused then
       do -- phase_one
-        local p = p
-        local st_24, ends_24, stale
-        repeat -- read1
-          local raw = call('GET', key)
-          if not raw then
-            st_24, ends_24, stale = nil break
-          end
-          local bare
-          repeat -- untagged
-            local tag = p.tag
-            if find(raw, tag, #raw - #tag + 1, true) then
-              bare = sub(raw, 1, #raw - #tag) break
+        local st_19, ends_19, q_19
+        do -- loaded
+          local p = p
+          local st, ends, stale
+          repeat -- read1
+            local raw = call('GET', key)
+            if not raw then
+              st, ends, stale = nil break
             end
-            bare = nil break
+            local bare
+            repeat -- untagged
+              local tag = p.tag
+              if find(raw, tag, #raw - #tag + 1, true) then
+                bare = sub(raw, 1, #raw - #tag) break
+              end
+              bare = nil break
+            until true
+            if bare then
+              local n = tonumber(bare)
+              if n then
+                st, ends, stale = n break
+              end
+            end
+            local state, tag, ends_21 = split_state(raw)
+            if tag == p.tag then
+              tag = nil
+            end
+            st, ends, stale = tonumber(state), ends_21, tag break
           until true
-          if bare then
-            local n = tonumber(bare)
-            if n then
-              st_24, ends_24, stale = n break
-            end
+          if stale then
+            st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
           end
-          local state, tag, ends = split_state(raw)
-          if tag == p.tag then
-            tag = nil
-          end
-          st_24, ends_24, stale = tonumber(state), ends, tag break
-        until true
-        if stale then
-          st_24, ends_24, p = adopt(self, key, p, st_24, ends_24, now, stale, STATES[i], since)
+          st_19, ends_19, q_19 = st, ends, p
         end
         local v, remaining, reset
         repeat -- verdict
-          local ok, remaining_27, reset_27, retry
+          local ok, remaining_23, reset_23, retry
           repeat -- evaluate
-            local interval, tolerance = p[1], p[2]
+            local interval, tolerance = q_19[1], q_19[2]
             local tat = now
-            if st_24 and st_24 > now then
-              tat = st_24
+            if st_19 and st_19 > now then
+              tat = st_19
             end
             local backlog = tat - now
             local new_backlog = backlog + cost * interval
@@ -6531,7 +5359,7 @@ ALG[6] = function()
                 local a = tolerance - new_backlog
                 left = (a - a % interval) / interval
               end
-              ok, remaining_27, reset_27, retry = 1, left, new_backlog, -1 break
+              ok, remaining_23, reset_23, retry = 1, left, new_backlog, -1 break
             end
             local capped = backlog
             if capped > tolerance then
@@ -6543,42 +5371,42 @@ ALG[6] = function()
               remaining_now = (a - a % interval) / interval
             end
             if cost * interval > tolerance then
-              ok, remaining_27, reset_27, retry = 0, remaining_now, backlog, -1 break
+              ok, remaining_23, reset_23, retry = 0, remaining_now, backlog, -1 break
             end
-            ok, remaining_27, reset_27, retry = 0, remaining_now, backlog, new_backlog - tolerance break
+            ok, remaining_23, reset_23, retry = 0, remaining_now, backlog, new_backlog - tolerance break
           until true
-          if ends_24 and ends_24 > now then
-            local wait = ends_24 - now
+          if ends_19 and ends_19 > now then
+            local wait = ends_19 - now
             if ok == 1 or retry >= 0 then
               if retry < wait then
                 retry = wait
               end
             end
             ok = 0
-            remaining_27 = 0
-            if reset_27 < wait then
-              reset_27 = wait
+            remaining_23 = 0
+            if reset_23 < wait then
+              reset_23 = wait
             end
           end
           if ok == 1 then
-            v, remaining, reset = -2, remaining_27, reset_27 break
+            v, remaining, reset = -2, remaining_23, reset_23 break
           end
           if retry < 0 then
-            v, remaining, reset = -1, remaining_27, reset_27 break
+            v, remaining, reset = -1, remaining_23, reset_23 break
           end
-          v, remaining, reset = retry, remaining_27, reset_27 break
+          v, remaining, reset = retry, remaining_23, reset_23 break
         until true
         REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
-        ok, st, ends, q = v == -2, st_24, ends_24, p
+        ok, st, ends, q = v == -2, st_19, ends_19, q_19
       end
     else
       do -- loaded
         local p = p
-        local st_31, ends_31, stale
+        local st_27, ends_27, stale
         repeat -- read1
           local raw = call('GET', key)
           if not raw then
-            st_31, ends_31, stale = nil break
+            st_27, ends_27, stale = nil break
           end
           local bare
           repeat -- untagged
@@ -6591,19 +5419,19 @@ ALG[6] = function()
           if bare then
             local n = tonumber(bare)
             if n then
-              st_31, ends_31, stale = n break
+              st_27, ends_27, stale = n break
             end
           end
           local state, tag, ends = split_state(raw)
           if tag == p.tag then
             tag = nil
           end
-          st_31, ends_31, stale = tonumber(state), ends, tag break
+          st_27, ends_27, stale = tonumber(state), ends, tag break
         until true
         if stale then
-          st_31, ends_31, p = adopt(self, key, p, st_31, ends_31, now, stale, STATES[i], since)
+          st_27, ends_27, p = adopt(self, key, p, st_27, ends_27, now, stale, STATES[i], since)
         end
-        st, ends, q = st_31, ends_31, p
+        st, ends, q = st_27, ends_27, p
       end
       ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
@@ -6633,104 +5461,31 @@ ALG[6] = function()
                 end
                 value = value .. '|' .. block_end
                 repeat -- until_block_ends
-                  local expires_at_38 = expires_at
-                  if ends and ends > expires_at_38 then
+                  local expires_at_34 = expires_at
+                  if ends and ends > expires_at_34 then
                     expires_at = ends break
                   end
-                  expires_at = expires_at_38 break
+                  expires_at = expires_at_34 break
                 until true
               end
               local ms
               repeat -- ttl_ms
-                local ms_39
+                local ms_35
                 do -- cdiv
                   local a = expires_at - since
-                  ms_39 = (a + (-a) % 1000) / 1000
+                  ms_35 = (a + (-a) % 1000) / 1000
                 end
-                if ms_39 < 1 then
+                if ms_35 < 1 then
                   ms = 1 break
                 end
-                ms = ms_39 break
+                ms = ms_35 break
               until true
               call('SET', key, value, 'PX', format(INT, ms))
             until true
           until true
           break
         end
-        if REPLY[base + 1] == -2 and cost > 0 then
-          local _, remaining, reset
-          repeat -- verdict
-            local ends = nil
-            local ok, remaining_41, reset_41, retry
-            repeat -- evaluate
-              local interval, tolerance = q[1], q[2]
-              local tat = now
-              if st and st > now then
-                tat = st
-              end
-              local backlog = tat - now
-              local new_backlog = backlog + 0 * interval
-              if new_backlog <= tolerance then
-                local left
-                do -- fdiv
-                  local a = tolerance - new_backlog
-                  left = (a - a % interval) / interval
-                end
-                ok, remaining_41, reset_41, retry = 1, left, new_backlog, -1 break
-              end
-              local capped = backlog
-              if capped > tolerance then
-                capped = tolerance
-              end
-              local remaining_now
-              do -- fdiv
-                local a = tolerance - capped
-                remaining_now = (a - a % interval) / interval
-              end
-              if 0 * interval > tolerance then
-                ok, remaining_41, reset_41, retry = 0, remaining_now, backlog, -1 break
-              end
-              ok, remaining_41, reset_41, retry = 0, remaining_now, backlog, new_backlog - tolerance break
-            until true
-            if ends and ends > now then
-              local wait = ends - now
-              if ok == 1 or retry >= 0 then
-                if retry < wait then
-                  retry = wait
-                end
-              end
-              ok = 0
-              remaining_41 = 0
-              if reset_41 < wait then
-                reset_41 = wait
-              end
-            end
-            if ok == 1 then
-              _, remaining, reset = -2, remaining_41, reset_41 break
-            end
-            if retry < 0 then
-              _, remaining, reset = -1, remaining_41, reset_41 break
-            end
-            _, remaining, reset = retry, remaining_41, reset_41 break
-          until true
-          REPLY[base + 2], REPLY[base + 3] = remaining, reset
-        end
-        if call('PTTL', key) == -1 then
-          local ms
-          repeat -- ttl_ms
-            local expires_at = now + REPLY[base + 3]
-            local ms_45
-            do -- cdiv
-              local a = expires_at - since
-              ms_45 = (a + (-a) % 1000) / 1000
-            end
-            if ms_45 < 1 then
-              ms = 1 break
-            end
-            ms = ms_45 break
-          until true
-          call('PEXPIRE', key, ms)
-        end
+        uncharged(self, key, q, st, now, since, cost, base)
       until true
     else
       phase_two_of(self, i, op, key, q, now, since, cost, YS[i], st, ends, admitted, base)
@@ -6756,17 +5511,17 @@ ALG[6] = function()
     local p
     do -- read_params
       local tag = args[at]
-      local p_47 = TAGGED[tag or '']
-      if not p_47 and tag then
+      local p_37 = TAGGED[tag or '']
+      if not p_37 and tag then
         local semi = find(tag, ';', 1, true)
-        p_47 = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p_47) then
-          p_47 = nil
+        p_37 = { tag = semi and sub(tag, 1, semi - 1) or tag }
+        if not tag_params(tag, p_37) then
+          p_37 = nil
         else
-          remember(tag, p_47)
+          remember(tag, p_37)
         end
       end
-      p = p_47
+      p = p_37
     end
     if not p then
       return nil
@@ -6775,53 +5530,57 @@ ALG[6] = function()
     repeat -- clock
       local injected = shape >= 2048
       if injected then
-        local now_48 = tonumber(args[#args - 1])
-        now, since = now_48, now_48 - 1000 * tonumber(args[#args]) break
+        local now_38 = tonumber(args[#args - 1])
+        now, since = now_38, now_38 - 1000 * tonumber(args[#args]) break
       end
       local t = call('TIME')
-      local now_48 = t[1] * 1000000 + t[2]
-      now, since = now_48, now_48 break
+      local now_38 = t[1] * 1000000 + t[2]
+      now, since = now_38, now_38 break
     until true
     local ok, st, ends, q
     do -- phase_one
-      local p = p
-      local st_49, ends_49, stale
-      repeat -- read1
-        local raw = call('GET', key)
-        if not raw then
-          st_49, ends_49, stale = nil break
-        end
-        local bare
-        repeat -- untagged
-          local tag = p.tag
-          if find(raw, tag, #raw - #tag + 1, true) then
-            bare = sub(raw, 1, #raw - #tag) break
+      local st_39, ends_39, q_39
+      do -- loaded
+        local p = p
+        local st, ends, stale
+        repeat -- read1
+          local raw = call('GET', key)
+          if not raw then
+            st, ends, stale = nil break
           end
-          bare = nil break
+          local bare
+          repeat -- untagged
+            local tag = p.tag
+            if find(raw, tag, #raw - #tag + 1, true) then
+              bare = sub(raw, 1, #raw - #tag) break
+            end
+            bare = nil break
+          until true
+          if bare then
+            local n = tonumber(bare)
+            if n then
+              st, ends, stale = n break
+            end
+          end
+          local state, tag, ends_41 = split_state(raw)
+          if tag == p.tag then
+            tag = nil
+          end
+          st, ends, stale = tonumber(state), ends_41, tag break
         until true
-        if bare then
-          local n = tonumber(bare)
-          if n then
-            st_49, ends_49, stale = n break
-          end
+        if stale then
+          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
         end
-        local state, tag, ends = split_state(raw)
-        if tag == p.tag then
-          tag = nil
-        end
-        st_49, ends_49, stale = tonumber(state), ends, tag break
-      until true
-      if stale then
-        st_49, ends_49, p = adopt(self, key, p, st_49, ends_49, now, stale, STATES[1], since)
+        st_39, ends_39, q_39 = st, ends, p
       end
       local v, remaining, reset
       repeat -- verdict
-        local ok, remaining_52, reset_52, retry
+        local ok, remaining_43, reset_43, retry
         repeat -- evaluate
-          local interval, tolerance = p[1], p[2]
+          local interval, tolerance = q_39[1], q_39[2]
           local tat = now
-          if st_49 and st_49 > now then
-            tat = st_49
+          if st_39 and st_39 > now then
+            tat = st_39
           end
           local backlog = tat - now
           local new_backlog = backlog + cost * interval
@@ -6831,7 +5590,7 @@ ALG[6] = function()
               local a = tolerance - new_backlog
               left = (a - a % interval) / interval
             end
-            ok, remaining_52, reset_52, retry = 1, left, new_backlog, -1 break
+            ok, remaining_43, reset_43, retry = 1, left, new_backlog, -1 break
           end
           local capped = backlog
           if capped > tolerance then
@@ -6843,33 +5602,33 @@ ALG[6] = function()
             remaining_now = (a - a % interval) / interval
           end
           if cost * interval > tolerance then
-            ok, remaining_52, reset_52, retry = 0, remaining_now, backlog, -1 break
+            ok, remaining_43, reset_43, retry = 0, remaining_now, backlog, -1 break
           end
-          ok, remaining_52, reset_52, retry = 0, remaining_now, backlog, new_backlog - tolerance break
+          ok, remaining_43, reset_43, retry = 0, remaining_now, backlog, new_backlog - tolerance break
         until true
-        if ends_49 and ends_49 > now then
-          local wait = ends_49 - now
+        if ends_39 and ends_39 > now then
+          local wait = ends_39 - now
           if ok == 1 or retry >= 0 then
             if retry < wait then
               retry = wait
             end
           end
           ok = 0
-          remaining_52 = 0
-          if reset_52 < wait then
-            reset_52 = wait
+          remaining_43 = 0
+          if reset_43 < wait then
+            reset_43 = wait
           end
         end
         if ok == 1 then
-          v, remaining, reset = -2, remaining_52, reset_52 break
+          v, remaining, reset = -2, remaining_43, reset_43 break
         end
         if retry < 0 then
-          v, remaining, reset = -1, remaining_52, reset_52 break
+          v, remaining, reset = -1, remaining_43, reset_43 break
         end
-        v, remaining, reset = retry, remaining_52, reset_52 break
+        v, remaining, reset = retry, remaining_43, reset_43 break
       until true
       REPLY[0 + 1], REPLY[0 + 2], REPLY[0 + 3] = v, remaining, reset
-      ok, st, ends, q = v == -2, st_49, ends_49, p
+      ok, st, ends, q = v == -2, st_39, ends_39, q_39
     end
     REPLY[3 + 1] = nil
     repeat -- phase_two
@@ -6892,104 +5651,31 @@ ALG[6] = function()
               end
               value = value .. '|' .. block_end
               repeat -- until_block_ends
-                local expires_at_60 = expires_at
-                if ends and ends > expires_at_60 then
+                local expires_at_51 = expires_at
+                if ends and ends > expires_at_51 then
                   expires_at = ends break
                 end
-                expires_at = expires_at_60 break
+                expires_at = expires_at_51 break
               until true
             end
             local ms
             repeat -- ttl_ms
-              local ms_61
+              local ms_52
               do -- cdiv
                 local a = expires_at - since
-                ms_61 = (a + (-a) % 1000) / 1000
+                ms_52 = (a + (-a) % 1000) / 1000
               end
-              if ms_61 < 1 then
+              if ms_52 < 1 then
                 ms = 1 break
               end
-              ms = ms_61 break
+              ms = ms_52 break
             until true
             call('SET', key, value, 'PX', format(INT, ms))
           until true
         until true
         break
       end
-      if REPLY[0 + 1] == -2 and cost > 0 then
-        local _, remaining, reset
-        repeat -- verdict
-          local ends = nil
-          local ok, remaining_63, reset_63, retry
-          repeat -- evaluate
-            local interval, tolerance = q[1], q[2]
-            local tat = now
-            if st and st > now then
-              tat = st
-            end
-            local backlog = tat - now
-            local new_backlog = backlog + 0 * interval
-            if new_backlog <= tolerance then
-              local left
-              do -- fdiv
-                local a = tolerance - new_backlog
-                left = (a - a % interval) / interval
-              end
-              ok, remaining_63, reset_63, retry = 1, left, new_backlog, -1 break
-            end
-            local capped = backlog
-            if capped > tolerance then
-              capped = tolerance
-            end
-            local remaining_now
-            do -- fdiv
-              local a = tolerance - capped
-              remaining_now = (a - a % interval) / interval
-            end
-            if 0 * interval > tolerance then
-              ok, remaining_63, reset_63, retry = 0, remaining_now, backlog, -1 break
-            end
-            ok, remaining_63, reset_63, retry = 0, remaining_now, backlog, new_backlog - tolerance break
-          until true
-          if ends and ends > now then
-            local wait = ends - now
-            if ok == 1 or retry >= 0 then
-              if retry < wait then
-                retry = wait
-              end
-            end
-            ok = 0
-            remaining_63 = 0
-            if reset_63 < wait then
-              reset_63 = wait
-            end
-          end
-          if ok == 1 then
-            _, remaining, reset = -2, remaining_63, reset_63 break
-          end
-          if retry < 0 then
-            _, remaining, reset = -1, remaining_63, reset_63 break
-          end
-          _, remaining, reset = retry, remaining_63, reset_63 break
-        until true
-        REPLY[0 + 2], REPLY[0 + 3] = remaining, reset
-      end
-      if call('PTTL', key) == -1 then
-        local ms
-        repeat -- ttl_ms
-          local expires_at = now + REPLY[0 + 3]
-          local ms_67
-          do -- cdiv
-            local a = expires_at - since
-            ms_67 = (a + (-a) % 1000) / 1000
-          end
-          if ms_67 < 1 then
-            ms = 1 break
-          end
-          ms = ms_67 break
-        until true
-        call('PEXPIRE', key, ms)
-      end
+      uncharged(self, key, q, st, now, since, cost, 0)
     until true
     if q ~= p then
       PS[1] = q

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
-use super::inline::{Inline, collect};
+use super::inline::{FRESH, Inline, collect};
 use super::tokens::{Tok, declared, is_name, margin, plain, pure, split_list, tokens};
 
 /// A call that is a statement of its own: `[local] a, b = f(args)` or `f(args)`.
@@ -86,7 +86,7 @@ impl Fuser<'_> {
         for line in lines {
             match call_statement(line, self.scope) {
                 Some(call) => self.inline(&call, line, declared, depth, &mut out),
-                None => out.push(line.clone()),
+                None => out.push(line.strip_suffix(FRESH).unwrap_or(line).to_owned()),
             }
         }
         out
@@ -102,7 +102,6 @@ impl Fuser<'_> {
         out: &mut Vec<String>,
     ) {
         self.next += 1;
-        let f = self.callee(call, line, declared);
         // The results go straight to the caller's names, declared before the body, unless
         // the body or an argument reads the caller's variable of one of those names.
         let arg_names: HashSet<&str> = tokens(call.args)
@@ -110,13 +109,16 @@ impl Fuser<'_> {
             .into_iter()
             .filter_map(|t| is_name(t.1))
             .collect();
+        let free = &self.scope[call.name].free;
         let direct = !call.local
             || !call
                 .outs
                 .iter()
-                .any(|o| arg_names.contains(o) || f.free.contains(*o));
+                .any(|o| arg_names.contains(o) || free.contains(*o));
+        let (f, kept) = self.callee(call, line, declared, direct);
         let target = if direct {
-            call.outs.join(", ")
+            let outs = call.outs.iter().zip(&kept).filter(|(_, k)| **k);
+            outs.map(|(o, _)| *o).collect::<Vec<_>>().join(", ")
         } else {
             let temps: Vec<String> = (1..=call.outs.len())
                 .map(|j| format!("_i{}_{j}", self.next))
@@ -126,7 +128,12 @@ impl Fuser<'_> {
         let body = self.expand(&body(&f, call, &target), declared, depth + 1);
         let indent = call.indent;
         if !call.outs.is_empty() && (!direct || call.local) {
-            out.push(format!("{indent}local {target}"));
+            let names = if direct {
+                call.outs.join(", ")
+            } else {
+                target.clone()
+            };
+            out.push(format!("{indent}local {names}"));
         }
         let (open, close) = if f.tail_return {
             ("do", "end")
@@ -148,8 +155,21 @@ impl Fuser<'_> {
     /// The function `call` calls, its locals named as the call's results renamed (so that
     /// the results can be assigned from inside it), after checking that it reads none of the
     /// caller's names; its names are the caller's from then on.
-    fn callee(&self, call: &Call<'_>, line: &str, declared: &mut HashSet<String>) -> Rc<Inline> {
+    fn callee(
+        &self,
+        call: &Call<'_>,
+        line: &str,
+        declared: &mut HashSet<String>,
+        direct: bool,
+    ) -> (Rc<Inline>, Vec<bool>) {
         let mut f = self.scope[call.name].clone();
+        let mut kept = vec![true; call.outs.len()];
+        if direct {
+            let fresh = call.local || line.ends_with(FRESH);
+            if let Some((g, k)) = f.returning_into(&call.outs, fresh) {
+                (f, kept) = (Rc::new(g), k);
+            }
+        }
         let clashes: HashSet<&str> = call
             .outs
             .iter()
@@ -194,7 +214,7 @@ impl Fuser<'_> {
             );
         }
         declared.extend(f.declared.iter().cloned());
-        f
+        (f, kept)
     }
 }
 
@@ -245,7 +265,7 @@ pub(super) fn body(f: &Inline, call: &Call<'_>, target: &str) -> Vec<String> {
         }
         let expr = trimmed["return".len()..].trim();
         let pad = &l[..l.len() - trimmed.len()];
-        let assign = match (call.outs.is_empty(), expr.is_empty() || plain(expr)) {
+        let assign = match (target.is_empty(), expr.is_empty() || plain(expr)) {
             (false, true) if expr.is_empty() => format!("{target} = nil"),
             (false, _) => format!("{target} = {expr}"),
             (true, true) => String::new(),
@@ -462,10 +482,28 @@ end
             fused.contains("local s\ndo -- add\nlocal a = a\n"),
             "{fused}"
         );
-        assert!(fused.contains("local s_1 = a\ns = s_1\nend\n"), "{fused}");
+        // A local the body returns is the caller's own: no copy.
+        assert!(fused.contains("a = a + b\ns = a\nend\n"), "{fused}");
         // A number given to a parameter the body never changes is written in its place.
         assert!(fused.contains("local a = b\na = a + 1\n"), "{fused}");
         assert!(!fused.contains("break"), "{fused}");
+    }
+
+    #[test]
+    fn returned_locals_are_the_callers_names() {
+        let helpers = "--@inline\nlocal function pair(x)\n  local a, b\n  if x > 0 then\n    \
+                       a = x\n  end\n  local c = x + 1\n  b = c\n  return a, b, c\nend\n";
+        let twin = "ALG[1] = function()\n  return {\n  }\nend\n";
+        let template = "local function fused(x)\n  local p, q, r = pair(x)\n  \
+                        p, q, r = pair(p)\n  return p, q, r\nend\n";
+        let fused = squash(&fuse(helpers, twin, template, &[], &[]));
+        // Declared just before: they hold nil, as the body's locals did.
+        let first = "local p, q, r\ndo -- pair\nif x > 0 then\np = x\nend\nr = x + 1\nq = r\nend\n";
+        assert!(fused.contains(first), "{fused}");
+        // Assigned: set to nil where the body declared them without a value.
+        let second = "do -- pair\nlocal x = p\np, q = nil\nif x > 0 then\np = x\nend\n\
+                      r = x + 1\nq = r\nend\n";
+        assert!(fused.contains(second), "{fused}");
     }
 
     #[test]

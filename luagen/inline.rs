@@ -207,6 +207,117 @@ impl Inline {
     }
 }
 
+/// Ends an assignment whose names hold nil (as if just declared): an inline function called
+/// there may write its results into them without setting them to nil first.
+pub(super) const FRESH: &str = " --@fresh";
+
+impl Inline {
+    /// The function writing the results of its last line's `return` that are locals it
+    /// declares once, on a line of its own at its margin, straight into the caller's `outs`
+    /// of the same places: each such local renamed to the caller's name and declared no more
+    /// (its result is then no copy of a value, each of which costs Redis a Lua instruction).
+    /// Also gives, for each of `outs`, whether the `return` still assigns it. None when no
+    /// result can be so written. `fresh`: the caller's names are declared just before the
+    /// body (so hold nil, as the locals did).
+    pub(super) fn returning_into(&self, outs: &[&str], fresh: bool) -> Option<(Inline, Vec<bool>)> {
+        let margin = margin(&self.body);
+        let last = self.body.iter().rposition(|l| !l.trim().is_empty())?;
+        let results = split_list(self.body[last].trim().strip_prefix("return")?);
+        if !self.tail_return || results.len() != outs.len() {
+            return None;
+        }
+        let mut map: HashMap<String, String> = HashMap::new();
+        for (result, &out) in results.iter().zip(outs) {
+            // Declared once, by the first line that names it (so the caller's variable holds
+            // what it held until then).
+            let mut found =
+                (self.body.iter()).filter(|l| declared(std::slice::from_ref(*l)).contains(result));
+            let mentions = |l: &String| tokens(l).0.iter().any(|t| is_name(t.1) == Some(result));
+            let first = self.body.iter().find(|l| mentions(l));
+            let once = match (found.next(), found.next()) {
+                (Some(l), None) => {
+                    let toks = tokens(l).0;
+                    first == Some(l)
+                        && indent(l) == margin
+                        && toks.first().map(|t| t.1) == Some(Tok::Name("local"))
+                        && !toks.iter().any(|t| t.1 == Tok::Name("function"))
+                }
+                _ => false,
+            };
+            let free = !self.free.contains(out) && (out == result || !self.used.contains(out));
+            if once
+                && free
+                && !self.params.contains(result)
+                && !map.contains_key(result)
+                && !map.values().any(|o| o == out)
+            {
+                map.insert(result.clone(), out.to_owned());
+            }
+        }
+        if map.is_empty() {
+            return None;
+        }
+        let mut f = self.replaced(&|n| map.get(n).cloned());
+        let outer: HashSet<&String> = map.values().collect();
+        let kept: Vec<bool> = results.iter().map(|r| !map.contains_key(r)).collect();
+        let left: Vec<&str> = results
+            .iter()
+            .filter(|r| !map.contains_key(*r))
+            .map(String::as_str)
+            .collect();
+        let pad = " ".repeat(margin);
+        f.body[last] = format!("{pad}return {}", left.join(", "))
+            .trim_end()
+            .to_owned();
+        let mut body = Vec::with_capacity(f.body.len() + 1);
+        for line in &f.body {
+            let (toks, _) = tokens(line);
+            let names = declared(std::slice::from_ref(line));
+            let local = toks.first().map(|t| t.1) == Some(Tok::Name("local"));
+            if !local || indent(line) != margin || !names.iter().any(|n| outer.contains(n)) {
+                body.push(line.clone());
+                continue;
+            }
+            // `local a, b = rhs` with `a` the caller's: `local b` and `a, b = rhs`.
+            let rest = line.trim_start()["local".len()..].trim();
+            let (list, rhs) = match rest.split_once('=') {
+                Some((list, rhs)) => (list, Some(rhs.trim())),
+                None => (rest, None),
+            };
+            let list = split_list(list);
+            let own: Vec<&str> = list
+                .iter()
+                .filter(|n| !outer.contains(n))
+                .map(String::as_str)
+                .collect();
+            if !own.is_empty() {
+                body.push(format!("{pad}local {}", own.join(", ")));
+            }
+            match rhs {
+                // The names hold nil still, when the caller's were fresh.
+                Some(rhs) => {
+                    let mark = if fresh { FRESH } else { "" };
+                    body.push(format!("{pad}{} = {rhs}{mark}", list.join(", ")));
+                }
+                None if !fresh => {
+                    let mine: Vec<&str> = list
+                        .iter()
+                        .filter(|n| outer.contains(n))
+                        .map(String::as_str)
+                        .collect();
+                    body.push(format!("{pad}{} = nil", mine.join(", ")));
+                }
+                None => {}
+            }
+        }
+        f.body = body;
+        for out in map.values() {
+            f.declared.remove(out);
+        }
+        Some((f, kept))
+    }
+}
+
 /// The inline functions of `lua` (and their other names), added to `scope`.
 pub(super) fn collect(lua: &str, scope: &mut HashMap<String, Rc<Inline>>) {
     let lines: Vec<&str> = lua.lines().collect();

@@ -38,29 +38,31 @@ ALG[FIXED_WINDOW] = function()
   --@inline
   local function current(p, st, now)
     local w = p[2]
-    local start, ends
+    local start, count, ends
     if w > 0 then
       start = now - now % w
       ends = start + w
     else
       start, ends = period(p, now)
     end
+    count = 0
     if st and st[1] >= start then
       if st[1] > start then
         start, ends = bounds(p, st[1])
       end
-      return start, st[2], ends
+      count = st[2]
     end
-    return start, 0, ends
+    return start, count, ends
   end
 
   -- A state from a later window (a reserved slot, or the clock went back) starts there.
   --@inline
   local function lag(p, st, now)
+    local behind = 0
     if st and st[1] > now then
-      return st[1] - now
+      behind = st[1] - now
     end
-    return 0
+    return behind
   end
 
   --@inline
@@ -78,19 +80,36 @@ ALG[FIXED_WINDOW] = function()
       remaining = 0
     end
     -- The reset after `count` units: none when the window is empty.
-    if cost > limit then
-      return 0, remaining, count == 0 and 0 or left, -1
-    end
+    local ok = 0
+    local reset = left
+    local retry = -1
     if count + cost <= limit then
-      return 1, remaining - cost, count + cost == 0 and 0 or left, -1
+      ok = 1
+      remaining = remaining - cost
+      if count + cost == 0 then
+        reset = 0
+      end
+    else
+      if count == 0 then
+        reset = 0
+      end
+      if cost <= limit then
+        retry = left
+      end
     end
-    return 0, remaining, count == 0 and 0 or left, left
+    return ok, remaining, reset, retry, start, count, ends
   end
 
+  -- Charged from the window phase one saw (`seen`: its start, count and end), else from the
+  -- window holding `now`.
   --@inline
-  local function commit(self, key, p, st, now, cost, keep, since)
-    local start, count, ends = current(p, st, now)
-    store(key, p, format(p.f2, start, count + cost), ends, keep, since)
+  local function commit(self, key, p, st, now, cost, keep, since, seen, count, stop)
+    if seen then
+      store(key, p, format(p.f2, seen, count + cost), stop, keep, since)
+    else
+      local start, n, till = current(p, st, now)
+      store(key, p, format(p.f2, start, n + cost), till, keep, since)
+    end
   end
 
   return {

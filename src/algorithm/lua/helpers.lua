@@ -139,27 +139,29 @@ end
 --@inline
 local function read2(key, p, _, into)
   local raw = call('GET', key)
-  if not raw then
-    return nil
-  end
-  local a, b, tag, ends
-  local t = p.tag
-  if find(raw, t, #raw - #t + 1, true) then
-    a, b = match(raw, '^(%d+) (%d+)~')
-  end
-  if not a then
-    local state
-    state, tag, ends = split_state(raw)
-    if tag == p.tag then
-      tag = nil
+  local st, ends, tag
+  if raw then
+    -- Written under these parameters, no block: one match (tags are interned strings, and
+    -- compare as one pointer).
+    local a, b, now_tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
+    if now_tag ~= p.tag then
+      a = nil
     end
-    a, b = match(state or '', '^(%d+) (%d+)$')
     if not a then
-      return nil, ends, tag
+      local state
+      state, tag, ends = split_state(raw)
+      if tag == p.tag then
+        tag = nil
+      end
+      a, b = match(state or '', '^(%d+) (%d+)$')
+    end
+    if a then
+      -- Lua's arithmetic reads a numeral as tonumber would, without a call.
+      into[1], into[2] = a + 0, b + 0
+      st = into
     end
   end
-  into[1], into[2] = tonumber(a), tonumber(b)
-  return into, ends, tag
+  return st, ends, tag
 end
 
 -- `amount`, counted in `from` per unit, counted in `to` per unit instead (twin of `rescale` in
@@ -186,7 +188,7 @@ end
 local function ttl_ms(since, expires_at)
   local ms = cdiv(expires_at - since, 1000)
   if ms < 1 then
-    return 1
+    ms = 1
   end
   return ms
 end
@@ -195,10 +197,11 @@ end
 -- until `keep` (nil: none).
 --@inline
 local function until_block_ends(expires_at, keep)
-  if keep and keep > expires_at then
-    return keep
+  local at = expires_at
+  if keep and keep > at then
+    at = keep
   end
-  return expires_at
+  return at
 end
 
 -- The TTL of a key being blocked until `ends`: what it has left, or to the block's end.
@@ -333,7 +336,7 @@ end
 -- one for every call with that tag (never written to); nil when the tag is not one.
 --@inline
 local function read_params(tag)
-  local p = TAGGED[tag or '']
+  local p = TAGGED[tag]
   if not p and tag then
     -- A calendar's boundaries follow its tag after ';': parameters, not part of the tag.
     local semi = find(tag, ';', 1, true)
@@ -377,13 +380,16 @@ end
 -- arguments, less the TTL slack after it, else Redis TIME, twice.
 --@inline
 local function clock(args, injected)
+  local now, since
   if injected then
-    local now = tonumber(args[#args - 1])
-    return now, now - 1000 * tonumber(args[#args])
+    now = tonumber(args[#args - 1])
+    since = now - 1000 * tonumber(args[#args])
+  else
+    local t = call('TIME')
+    now = t[1] * 1000000 + t[2]
+    since = now
   end
-  local t = call('TIME')
-  local now = t[1] * 1000000 + t[2]
-  return now, now
+  return now, since
 end
 
 -- The clock-lag adjustment (twin of `evaluate_with_lag`), for the algorithms that keep their own

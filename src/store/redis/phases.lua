@@ -7,10 +7,11 @@
 
 -- The verdict of a policy as the reply gives it (ADMITTED, the retry-after, or NEVER),
 -- remaining and reset; a blocked key is denied until the block ends, whatever its state
--- (twin of `apply_block`).
+-- (twin of `apply_block`). Then what `evaluate` saw of the state at `now` (up to three
+-- values of the twin's own, nil when it gives none), for phase two to hand `commit`.
 --@inline
 local function verdict(self, p, st, ends, now, cost, key)
-  local ok, remaining, reset, retry = evaluate(self, p, st, now, cost, key)
+  local ok, remaining, reset, retry, seen1, seen2, seen3 = evaluate(self, p, st, now, cost, key)
   --@if lag
   local behind = lag(p, st, now)
   if behind > 0 then
@@ -30,13 +31,13 @@ local function verdict(self, p, st, ends, now, cost, key)
       reset = wait
     end
   end
+  local v = retry
   if ok == 1 then
-    return ADMITTED, remaining, reset
+    v = ADMITTED
+  elseif retry < 0 then
+    v = NEVER
   end
-  if retry < 0 then
-    return NEVER, remaining, reset
-  end
-  return retry, remaining, reset
+  return v, remaining, reset, seen1, seen2, seen3
 end
 
 -- The state of the policy at position i, loaded in STATES[i] (converted first when written
@@ -53,22 +54,25 @@ end
 
 -- Phase one for the policy at position i, enforced (its operation one the phases decide
 -- themselves, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
--- whether it admits the request, the state and block decided on, and the parameters.
+-- whether it admits the request, the state and block decided on, the parameters, and what
+-- `evaluate` saw (see `verdict`).
 --@inline
 local function phase_one(self, i, key, p, now, since, cost, base)
   local st, ends, q = loaded(self, i, key, p, now, since)
-  local v, remaining, reset = verdict(self, q, st, ends, now, cost, key)
-  REPLY[base + AT_VERDICT], REPLY[base + AT_REMAINING], REPLY[base + AT_RESET] = v, remaining, reset
-  return v == ADMITTED, st, ends, q
+  local v, remaining, reset, seen1, seen2, seen3 = verdict(self, q, st, ends, now, cost, key)
+  REPLY[base + AT_VERDICT] = v
+  REPLY[base + AT_REMAINING] = remaining
+  REPLY[base + AT_RESET] = reset
+  return v == ADMITTED, st, ends, q, seen1, seen2, seen3
 end
 
 -- Phase two for an enforced policy whose reply follows REPLY[base], the request `admitted` or
 -- not: charged its cost (keeping its block on record), or the state reported as it stays,
 -- its key given a TTL (from `since`) if it lost its own.
 --@inline
-local function phase_two(self, key, p, now, since, cost, st, ends, admitted, base)
+local function phase_two(self, key, p, now, since, cost, st, ends, admitted, base, seen1, seen2, seen3)
   if admitted and cost > 0 then
-    commit(self, key, p, st, now, cost, ends, since)
+    commit(self, key, p, st, now, cost, ends, since, seen1, seen2, seen3)
     return
   end
   uncharged(self, key, p, st, now, since, cost, base)
@@ -85,9 +89,9 @@ end
 local function step(self, i, n, keys, now, since, admitted, base)
   local op, key, cost, p = OPS[i], keys[i], COSTS[i], PS[i]
   local fused = FUSES[op]
-  local ok, st, ends, q
+  local ok, st, ends, q, seen1, seen2, seen3
   if fused then
-    ok, st, ends, q = phase_one(self, i, key, p, now, since, cost, base)
+    ok, st, ends, q, seen1, seen2, seen3 = phase_one(self, i, key, p, now, since, cost, base)
   else
     st, ends, q = loaded(self, i, key, p, now, since)
     ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
@@ -98,7 +102,7 @@ local function step(self, i, n, keys, now, since, admitted, base)
     admitted, total, own = ALGS[i + 1]:step(i + 1, n, keys, now, since, admitted, total)
   end
   if fused then
-    phase_two(self, key, q, now, since, cost, st, ends, admitted, base)
+    phase_two(self, key, q, now, since, cost, st, ends, admitted, base, seen1, seen2, seen3)
   else
     phase_two_of(self, i, op, key, q, now, since, cost, YS[i], st, ends, admitted, base)
   end
@@ -125,9 +129,9 @@ local function enforced(self, key, args, shape)
     return nil
   end
   local now, since = clock(args, shape >= CLOCK_FLAG)
-  local ok, st, ends, q = phase_one(self, 1, key, p, now, since, cost, 0)
+  local ok, st, ends, q, seen1, seen2, seen3 = phase_one(self, 1, key, p, now, since, cost, 0)
   REPLY[CHECK_WIDTH + 1] = nil
-  phase_two(self, key, q, now, since, cost, st, ends, ok, 0)
+  phase_two(self, key, q, now, since, cost, st, ends, ok, 0, seen1, seen2, seen3)
   if q ~= p then
     PS[1] = q
     own_limits(1, CHECK_WIDTH)

@@ -152,27 +152,29 @@ end
 --@inline
 local function read2(key, p, _, into)
   local raw = call('GET', key)
-  if not raw then
-    return nil
-  end
-  local a, b, tag, ends
-  local t = p.tag
-  if find(raw, t, #raw - #t + 1, true) then
-    a, b = match(raw, '^(%d+) (%d+)~')
-  end
-  if not a then
-    local state
-    state, tag, ends = split_state(raw)
-    if tag == p.tag then
-      tag = nil
+  local st, ends, tag
+  if raw then
+    -- Written under these parameters, no block: one match (tags are interned strings, and
+    -- compare as one pointer).
+    local a, b, now_tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
+    if now_tag ~= p.tag then
+      a = nil
     end
-    a, b = match(state or '', '^(%d+) (%d+)$')
     if not a then
-      return nil, ends, tag
+      local state
+      state, tag, ends = split_state(raw)
+      if tag == p.tag then
+        tag = nil
+      end
+      a, b = match(state or '', '^(%d+) (%d+)$')
+    end
+    if a then
+      -- Lua's arithmetic reads a numeral as tonumber would, without a call.
+      into[1], into[2] = a + 0, b + 0
+      st = into
     end
   end
-  into[1], into[2] = tonumber(a), tonumber(b)
-  return into, ends, tag
+  return st, ends, tag
 end
 
 -- `amount`, counted in `from` per unit, counted in `to` per unit instead (twin of `rescale` in
@@ -199,7 +201,7 @@ end
 local function ttl_ms(since, expires_at)
   local ms = cdiv(expires_at - since, 1000)
   if ms < 1 then
-    return 1
+    ms = 1
   end
   return ms
 end
@@ -208,10 +210,11 @@ end
 -- until `keep` (nil: none).
 --@inline
 local function until_block_ends(expires_at, keep)
-  if keep and keep > expires_at then
-    return keep
+  local at = expires_at
+  if keep and keep > at then
+    at = keep
   end
-  return expires_at
+  return at
 end
 
 -- The TTL of a key being blocked until `ends`: what it has left, or to the block's end.
@@ -346,7 +349,7 @@ end
 -- one for every call with that tag (never written to); nil when the tag is not one.
 --@inline
 local function read_params(tag)
-  local p = TAGGED[tag or '']
+  local p = TAGGED[tag]
   if not p and tag then
     -- A calendar's boundaries follow its tag after ';': parameters, not part of the tag.
     local semi = find(tag, ';', 1, true)
@@ -390,13 +393,16 @@ end
 -- arguments, less the TTL slack after it, else Redis TIME, twice.
 --@inline
 local function clock(args, injected)
+  local now, since
   if injected then
-    local now = tonumber(args[#args - 1])
-    return now, now - 1000 * tonumber(args[#args])
+    now = tonumber(args[#args - 1])
+    since = now - 1000 * tonumber(args[#args])
+  else
+    local t = call('TIME')
+    now = t[1] * 1000000 + t[2]
+    since = now
   end
-  local t = call('TIME')
-  local now = t[1] * 1000000 + t[2]
-  return now, now
+  return now, since
 end
 
 -- The clock-lag adjustment (twin of `evaluate_with_lag`), for the algorithms that keep their own
@@ -780,29 +786,31 @@ ALG[1] = function()
   --@inline
   local function current(p, st, now)
     local w = p[2]
-    local start, ends
+    local start, count, ends
     if w > 0 then
       start = now - now % w
       ends = start + w
     else
       start, ends = period(p, now)
     end
+    count = 0
     if st and st[1] >= start then
       if st[1] > start then
         start, ends = bounds(p, st[1])
       end
-      return start, st[2], ends
+      count = st[2]
     end
-    return start, 0, ends
+    return start, count, ends
   end
 
   -- A state from a later window (a reserved slot, or the clock went back) starts there.
   --@inline
   local function lag(p, st, now)
+    local behind = 0
     if st and st[1] > now then
-      return st[1] - now
+      behind = st[1] - now
     end
-    return 0
+    return behind
   end
 
   --@inline
@@ -820,19 +828,36 @@ ALG[1] = function()
       remaining = 0
     end
     -- The reset after `count` units: none when the window is empty.
-    if cost > limit then
-      return 0, remaining, count == 0 and 0 or left, -1
-    end
+    local ok = 0
+    local reset = left
+    local retry = -1
     if count + cost <= limit then
-      return 1, remaining - cost, count + cost == 0 and 0 or left, -1
+      ok = 1
+      remaining = remaining - cost
+      if count + cost == 0 then
+        reset = 0
+      end
+    else
+      if count == 0 then
+        reset = 0
+      end
+      if cost <= limit then
+        retry = left
+      end
     end
-    return 0, remaining, count == 0 and 0 or left, left
+    return ok, remaining, reset, retry, start, count, ends
   end
 
+  -- Charged from the window phase one saw (`seen`: its start, count and end), else from the
+  -- window holding `now`.
   --@inline
-  local function commit(self, key, p, st, now, cost, keep, since)
-    local start, count, ends = current(p, st, now)
-    store(key, p, format(p.f2, start, count + cost), ends, keep, since)
+  local function commit(self, key, p, st, now, cost, keep, since, seen, count, stop)
+    if seen then
+      store(key, p, format(p.f2, seen, count + cost), stop, keep, since)
+    else
+      local start, n, till = current(p, st, now)
+      store(key, p, format(p.f2, start, n + cost), till, keep, since)
+    end
   end
 
   -- The two phases of a decision for one policy, written once: `decide` (decide.lua) runs
@@ -844,54 +869,63 @@ ALG[1] = function()
   
   -- The verdict of a policy as the reply gives it (ADMITTED, the retry-after, or NEVER),
   -- remaining and reset; a blocked key is denied until the block ends, whatever its state
-  -- (twin of `apply_block`).
+  -- (twin of `apply_block`). Then what `evaluate` saw of the state at `now` (up to three
+  -- values of the twin's own, nil when it gives none), for phase two to hand `commit`.
   --@inline
   local function verdict(self, p, st, ends, now, cost, key)
-    local ok, remaining, reset, retry
-    repeat -- evaluate
+    local ok, remaining, reset, retry, seen1, seen2, seen3
+    do -- evaluate
       local limit = p[1]
-      local start, count, ends
-      repeat -- current
+      do -- current
         local w = p[2]
-        local start_2, ends_2
         if w > 0 then
-          start_2 = now - now % w
-          ends_2 = start_2 + w
+          seen1 = now - now % w
+          seen3 = seen1 + w
         else
-          start_2, ends_2 = period(p, now)
+          seen1, seen3 = period(p, now)
         end
-        if st and st[1] >= start_2 then
-          if st[1] > start_2 then
-            start_2, ends_2 = bounds(p, st[1])
+        seen2 = 0
+        if st and st[1] >= seen1 then
+          if st[1] > seen1 then
+            seen1, seen3 = bounds(p, st[1])
           end
-          start, count, ends = start_2, st[2], ends_2 break
+          seen2 = st[2]
         end
-        start, count, ends = start_2, 0, ends_2 break
-      until true
+      end
       local from = now
-      if start > from then
-        from = start
+      if seen1 > from then
+        from = seen1
       end
-      local left = ends - from
-      local remaining_1 = limit - count
-      if remaining_1 < 0 then
-        remaining_1 = 0
+      local left = seen3 - from
+      remaining = limit - seen2
+      if remaining < 0 then
+        remaining = 0
       end
-      if cost > limit then
-        ok, remaining, reset, retry = 0, remaining_1, count == 0 and 0 or left, -1 break
+      ok = 0
+      reset = left
+      retry = -1
+      if seen2 + cost <= limit then
+        ok = 1
+        remaining = remaining - cost
+        if seen2 + cost == 0 then
+          reset = 0
+        end
+      else
+        if seen2 == 0 then
+          reset = 0
+        end
+        if cost <= limit then
+          retry = left
+        end
       end
-      if count + cost <= limit then
-        ok, remaining, reset, retry = 1, remaining_1 - cost, count + cost == 0 and 0 or left, -1 break
-      end
-      ok, remaining, reset, retry = 0, remaining_1, count == 0 and 0 or left, left break
-    until true
+    end
     local behind
-    repeat -- lag
+    do -- lag
+      behind = 0
       if st and st[1] > now then
-        behind = st[1] - now break
+        behind = st[1] - now
       end
-      behind = 0 break
-    until true
+    end
     if behind > 0 then
       do -- shift
         local ok_4, remaining_4, reset_4, retry_4 = ok, remaining, reset, retry
@@ -924,13 +958,13 @@ ALG[1] = function()
         reset = wait
       end
     end
+    local v = retry
     if ok == 1 then
-      return -2, remaining, reset
+      v = -2
+    elseif retry < 0 then
+      v = -1
     end
-    if retry < 0 then
-      return -1, remaining, reset
-    end
-    return retry, remaining, reset
+    return v, remaining, reset, seen1, seen2, seen3
   end
   
   
@@ -947,166 +981,171 @@ ALG[1] = function()
   local function step(self, i, n, keys, now, since, admitted, base)
     local op, key, cost, p = OPS[i], keys[i], COSTS[i], PS[i]
     local fused = FUSES[op]
-    local ok, st, ends, q
+    local ok, st, ends, q, seen1, seen2, seen3
     if fused then
       do -- phase_one
-        local st_20, ends_20, q_20
         do -- loaded
           local p = p
-          local st, ends, stale
-          repeat -- read2
+          local stale
+          do -- read2
             local into = STATES[i]
             local raw = call('GET', key)
-            if not raw then
-              st, ends, stale = nil break
-            end
-            local a, b, tag, ends_22
-            local t = p.tag
-            if find(raw, t, #raw - #t + 1, true) then
-              a, b = match(raw, '^(%d+) (%d+)~')
-            end
-            if not a then
-              local state
-              state, tag, ends_22 = split_state(raw)
-              if tag == p.tag then
-                tag = nil
+            st, ends, stale = nil
+            if raw then
+              local a, b, now_tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
+              if now_tag ~= p.tag then
+                a = nil
               end
-              a, b = match(state or '', '^(%d+) (%d+)$')
               if not a then
-                st, ends, stale = nil, ends_22, tag break
+                local state
+                state, stale, ends = split_state(raw)
+                if stale == p.tag then
+                  stale = nil
+                end
+                a, b = match(state or '', '^(%d+) (%d+)$')
+              end
+              if a then
+                into[1], into[2] = a + 0, b + 0
+                st = into
               end
             end
-            into[1], into[2] = tonumber(a), tonumber(b)
-            st, ends, stale = into, ends_22, tag break
-          until true
+          end
           if stale then
             st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
           end
-          st_20, ends_20, q_20 = st, ends, p
+          q = p
         end
         local v, remaining, reset
-        repeat -- verdict
-          local ok, remaining_23, reset_23, retry
-          repeat -- evaluate
-            local limit = q_20[1]
-            local start, count, ends
-            repeat -- current
-              local w = q_20[2]
-              local start_25, ends_25
+        do -- verdict
+          local ok, retry
+          do -- evaluate
+            local limit = q[1]
+            do -- current
+              local w = q[2]
+              seen1, seen2, seen3 = nil
               if w > 0 then
-                start_25 = now - now % w
-                ends_25 = start_25 + w
+                seen1 = now - now % w
+                seen3 = seen1 + w
               else
-                start_25, ends_25 = period(q_20, now)
+                seen1, seen3 = period(q, now)
               end
-              if st_20 and st_20[1] >= start_25 then
-                if st_20[1] > start_25 then
-                  start_25, ends_25 = bounds(q_20, st_20[1])
+              seen2 = 0
+              if st and st[1] >= seen1 then
+                if st[1] > seen1 then
+                  seen1, seen3 = bounds(q, st[1])
                 end
-                start, count, ends = start_25, st_20[2], ends_25 break
+                seen2 = st[2]
               end
-              start, count, ends = start_25, 0, ends_25 break
-            until true
-            local from = now
-            if start > from then
-              from = start
             end
-            local left = ends - from
-            local remaining = limit - count
+            local from = now
+            if seen1 > from then
+              from = seen1
+            end
+            local left = seen3 - from
+            remaining = limit - seen2
             if remaining < 0 then
               remaining = 0
             end
-            if cost > limit then
-              ok, remaining_23, reset_23, retry = 0, remaining, count == 0 and 0 or left, -1 break
+            ok = 0
+            reset = left
+            retry = -1
+            if seen2 + cost <= limit then
+              ok = 1
+              remaining = remaining - cost
+              if seen2 + cost == 0 then
+                reset = 0
+              end
+            else
+              if seen2 == 0 then
+                reset = 0
+              end
+              if cost <= limit then
+                retry = left
+              end
             end
-            if count + cost <= limit then
-              ok, remaining_23, reset_23, retry = 1, remaining - cost, count + cost == 0 and 0 or left, -1 break
-            end
-            ok, remaining_23, reset_23, retry = 0, remaining, count == 0 and 0 or left, left break
-          until true
+          end
           local behind
-          repeat -- lag
-            if st_20 and st_20[1] > now then
-              behind = st_20[1] - now break
+          do -- lag
+            behind = 0
+            if st and st[1] > now then
+              behind = st[1] - now
             end
-            behind = 0 break
-          until true
+          end
           if behind > 0 then
             do -- shift
-              local ok_27, remaining, reset, retry_27 = ok, remaining_23, reset_23, retry
+              local ok_32, remaining_32, reset_32, retry_32 = ok, remaining, reset, retry
               if behind > 0 then
-                remaining = 0
-                reset = reset + behind
-                if retry_27 >= 0 then
-                  retry_27 = retry_27 + behind
+                remaining_32 = 0
+                reset_32 = reset_32 + behind
+                if retry_32 >= 0 then
+                  retry_32 = retry_32 + behind
                 end
-                if ok_27 == 1 and cost > 0 then
-                  ok_27, retry_27 = 0, behind
-                  if reset < behind then
-                    reset = behind
+                if ok_32 == 1 and cost > 0 then
+                  ok_32, retry_32 = 0, behind
+                  if reset_32 < behind then
+                    reset_32 = behind
                   end
                 end
               end
-              ok, remaining_23, reset_23, retry = ok_27, remaining, reset, retry_27
+              ok, remaining, reset, retry = ok_32, remaining_32, reset_32, retry_32
             end
           end
-          if ends_20 and ends_20 > now then
-            local wait = ends_20 - now
+          if ends and ends > now then
+            local wait = ends - now
             if ok == 1 or retry >= 0 then
               if retry < wait then
                 retry = wait
               end
             end
             ok = 0
-            remaining_23 = 0
-            if reset_23 < wait then
-              reset_23 = wait
+            remaining = 0
+            if reset < wait then
+              reset = wait
             end
           end
+          v = retry
           if ok == 1 then
-            v, remaining, reset = -2, remaining_23, reset_23 break
+            v = -2
+          elseif retry < 0 then
+            v = -1
           end
-          if retry < 0 then
-            v, remaining, reset = -1, remaining_23, reset_23 break
-          end
-          v, remaining, reset = retry, remaining_23, reset_23 break
-        until true
-        REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
-        ok, st, ends, q = v == -2, st_20, ends_20, q_20
+        end
+        REPLY[base + 1] = v
+        REPLY[base + 2] = remaining
+        REPLY[base + 3] = reset
+        ok = v == -2
       end
     else
       do -- loaded
         local p = p
-        local st_28, ends_28, stale
-        repeat -- read2
+        local stale
+        do -- read2
           local into = STATES[i]
           local raw = call('GET', key)
-          if not raw then
-            st_28, ends_28, stale = nil break
-          end
-          local a, b, tag, ends
-          local t = p.tag
-          if find(raw, t, #raw - #t + 1, true) then
-            a, b = match(raw, '^(%d+) (%d+)~')
-          end
-          if not a then
-            local state
-            state, tag, ends = split_state(raw)
-            if tag == p.tag then
-              tag = nil
+          st, ends, stale = nil
+          if raw then
+            local a, b, now_tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
+            if now_tag ~= p.tag then
+              a = nil
             end
-            a, b = match(state or '', '^(%d+) (%d+)$')
             if not a then
-              st_28, ends_28, stale = nil, ends, tag break
+              local state
+              state, stale, ends = split_state(raw)
+              if stale == p.tag then
+                stale = nil
+              end
+              a, b = match(state or '', '^(%d+) (%d+)$')
+            end
+            if a then
+              into[1], into[2] = a + 0, b + 0
+              st = into
             end
           end
-          into[1], into[2] = tonumber(a), tonumber(b)
-          st_28, ends_28, stale = into, ends, tag break
-        until true
-        if stale then
-          st_28, ends_28, p = adopt(self, key, p, st_28, ends_28, now, stale, STATES[i], since)
         end
-        st, ends, q = st_28, ends_28, p
+        if stale then
+          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
+        end
+        q = p
       end
       ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
@@ -1119,58 +1158,90 @@ ALG[1] = function()
       repeat -- phase_two
         if admitted and cost > 0 then
           repeat -- commit
-            local keep = ends
-            local start, count, ends
-            repeat -- current
-              local w = q[2]
-              local start_32, ends_32
-              if w > 0 then
-                start_32 = now - now % w
-                ends_32 = start_32 + w
-              else
-                start_32, ends_32 = period(q, now)
-              end
-              if st and st[1] >= start_32 then
-                if st[1] > start_32 then
-                  start_32, ends_32 = bounds(q, st[1])
+            if seen1 then
+              repeat -- store
+                local value, expires_at = format(q.f2, seen1, seen2 + cost), seen3
+                if q.limit_end and q.limit_end > expires_at then
+                  expires_at = q.limit_end
                 end
-                start, count, ends = start_32, st[2], ends_32 break
-              end
-              start, count, ends = start_32, 0, ends_32 break
-            until true
-            repeat -- store
-              local value, expires_at = format(q.f2, start, count + cost), ends
-              if q.limit_end and q.limit_end > expires_at then
-                expires_at = q.limit_end
-              end
-              if keep then
-                local block_end
-                do -- int
-                  block_end = format(INT, keep)
-                end
-                value = value .. '|' .. block_end
-                repeat -- until_block_ends
-                  local expires_at_35 = expires_at
-                  if keep and keep > expires_at_35 then
-                    expires_at = keep break
+                if ends then
+                  local block_end
+                  do -- int
+                    block_end = format(INT, ends)
                   end
-                  expires_at = expires_at_35 break
-                until true
-              end
-              local ms
-              repeat -- ttl_ms
-                local ms_36
-                do -- cdiv
-                  local a = expires_at - since
-                  ms_36 = (a + (-a) % 1000) / 1000
+                  value = value .. '|' .. block_end
+                  do -- until_block_ends
+                    local expires_at_39 = expires_at
+                    local at = expires_at_39
+                    if ends and ends > at then
+                      at = ends
+                    end
+                    expires_at = at
+                  end
                 end
-                if ms_36 < 1 then
-                  ms = 1 break
+                local ms
+                do -- ttl_ms
+                  do -- cdiv
+                    local a = expires_at - since
+                    ms = (a + (-a) % 1000) / 1000
+                  end
+                  if ms < 1 then
+                    ms = 1
+                  end
                 end
-                ms = ms_36 break
+                call('SET', key, value, 'PX', format(INT, ms))
               until true
-              call('SET', key, value, 'PX', format(INT, ms))
-            until true
+            else
+              local start, n, till
+              do -- current
+                local w = q[2]
+                if w > 0 then
+                  start = now - now % w
+                  till = start + w
+                else
+                  start, till = period(q, now)
+                end
+                n = 0
+                if st and st[1] >= start then
+                  if st[1] > start then
+                    start, till = bounds(q, st[1])
+                  end
+                  n = st[2]
+                end
+              end
+              repeat -- store
+                local value, expires_at = format(q.f2, start, n + cost), till
+                if q.limit_end and q.limit_end > expires_at then
+                  expires_at = q.limit_end
+                end
+                if ends then
+                  local block_end
+                  do -- int
+                    block_end = format(INT, ends)
+                  end
+                  value = value .. '|' .. block_end
+                  do -- until_block_ends
+                    local expires_at_45 = expires_at
+                    local at = expires_at_45
+                    if ends and ends > at then
+                      at = ends
+                    end
+                    expires_at = at
+                  end
+                end
+                local ms
+                do -- ttl_ms
+                  do -- cdiv
+                    local a = expires_at - since
+                    ms = (a + (-a) % 1000) / 1000
+                  end
+                  if ms < 1 then
+                    ms = 1
+                  end
+                end
+                call('SET', key, value, 'PX', format(INT, ms))
+              until true
+            end
           until true
           break
         end
@@ -1200,214 +1271,251 @@ ALG[1] = function()
     local p
     do -- read_params
       local tag = args[at]
-      local p_38 = TAGGED[tag or '']
-      if not p_38 and tag then
+      p = TAGGED[tag]
+      if not p and tag then
         local semi = find(tag, ';', 1, true)
-        p_38 = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p_38) then
-          p_38 = nil
+        p = { tag = semi and sub(tag, 1, semi - 1) or tag }
+        if not tag_params(tag, p) then
+          p = nil
         else
-          remember(tag, p_38)
+          remember(tag, p)
         end
       end
-      p = p_38
     end
     if not p then
       return nil
     end
     local now, since
-    repeat -- clock
+    do -- clock
       local injected = shape >= 2048
       if injected then
-        local now_39 = tonumber(args[#args - 1])
-        now, since = now_39, now_39 - 1000 * tonumber(args[#args]) break
+        now = tonumber(args[#args - 1])
+        since = now - 1000 * tonumber(args[#args])
+      else
+        local t = call('TIME')
+        now = t[1] * 1000000 + t[2]
+        since = now
       end
-      local t = call('TIME')
-      local now_39 = t[1] * 1000000 + t[2]
-      now, since = now_39, now_39 break
-    until true
-    local ok, st, ends, q
+    end
+    local ok, st, ends, q, seen1, seen2, seen3
     do -- phase_one
-      local st_40, ends_40, q_40
       do -- loaded
         local p = p
-        local st, ends, stale
-        repeat -- read2
+        local stale
+        do -- read2
           local into = STATES[1]
           local raw = call('GET', key)
-          if not raw then
-            st, ends, stale = nil break
-          end
-          local a, b, tag, ends_42
-          local t = p.tag
-          if find(raw, t, #raw - #t + 1, true) then
-            a, b = match(raw, '^(%d+) (%d+)~')
-          end
-          if not a then
-            local state
-            state, tag, ends_42 = split_state(raw)
-            if tag == p.tag then
-              tag = nil
+          if raw then
+            local a, b, now_tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
+            if now_tag ~= p.tag then
+              a = nil
             end
-            a, b = match(state or '', '^(%d+) (%d+)$')
             if not a then
-              st, ends, stale = nil, ends_42, tag break
+              local state
+              state, stale, ends = split_state(raw)
+              if stale == p.tag then
+                stale = nil
+              end
+              a, b = match(state or '', '^(%d+) (%d+)$')
+            end
+            if a then
+              into[1], into[2] = a + 0, b + 0
+              st = into
             end
           end
-          into[1], into[2] = tonumber(a), tonumber(b)
-          st, ends, stale = into, ends_42, tag break
-        until true
+        end
         if stale then
           st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
         end
-        st_40, ends_40, q_40 = st, ends, p
+        q = p
       end
       local v, remaining, reset
-      repeat -- verdict
-        local ok, remaining_43, reset_43, retry
-        repeat -- evaluate
-          local limit = q_40[1]
-          local start, count, ends
-          repeat -- current
-            local w = q_40[2]
-            local start_45, ends_45
+      do -- verdict
+        local ok, retry
+        do -- evaluate
+          local limit = q[1]
+          do -- current
+            local w = q[2]
             if w > 0 then
-              start_45 = now - now % w
-              ends_45 = start_45 + w
+              seen1 = now - now % w
+              seen3 = seen1 + w
             else
-              start_45, ends_45 = period(q_40, now)
+              seen1, seen3 = period(q, now)
             end
-            if st_40 and st_40[1] >= start_45 then
-              if st_40[1] > start_45 then
-                start_45, ends_45 = bounds(q_40, st_40[1])
+            seen2 = 0
+            if st and st[1] >= seen1 then
+              if st[1] > seen1 then
+                seen1, seen3 = bounds(q, st[1])
               end
-              start, count, ends = start_45, st_40[2], ends_45 break
+              seen2 = st[2]
             end
-            start, count, ends = start_45, 0, ends_45 break
-          until true
-          local from = now
-          if start > from then
-            from = start
           end
-          local left = ends - from
-          local remaining = limit - count
+          local from = now
+          if seen1 > from then
+            from = seen1
+          end
+          local left = seen3 - from
+          remaining = limit - seen2
           if remaining < 0 then
             remaining = 0
           end
-          if cost > limit then
-            ok, remaining_43, reset_43, retry = 0, remaining, count == 0 and 0 or left, -1 break
+          ok = 0
+          reset = left
+          retry = -1
+          if seen2 + cost <= limit then
+            ok = 1
+            remaining = remaining - cost
+            if seen2 + cost == 0 then
+              reset = 0
+            end
+          else
+            if seen2 == 0 then
+              reset = 0
+            end
+            if cost <= limit then
+              retry = left
+            end
           end
-          if count + cost <= limit then
-            ok, remaining_43, reset_43, retry = 1, remaining - cost, count + cost == 0 and 0 or left, -1 break
-          end
-          ok, remaining_43, reset_43, retry = 0, remaining, count == 0 and 0 or left, left break
-        until true
+        end
         local behind
-        repeat -- lag
-          if st_40 and st_40[1] > now then
-            behind = st_40[1] - now break
+        do -- lag
+          behind = 0
+          if st and st[1] > now then
+            behind = st[1] - now
           end
-          behind = 0 break
-        until true
+        end
         if behind > 0 then
           do -- shift
-            local ok_47, remaining, reset, retry_47 = ok, remaining_43, reset_43, retry
+            local ok_57, remaining_57, reset_57, retry_57 = ok, remaining, reset, retry
             if behind > 0 then
-              remaining = 0
-              reset = reset + behind
-              if retry_47 >= 0 then
-                retry_47 = retry_47 + behind
+              remaining_57 = 0
+              reset_57 = reset_57 + behind
+              if retry_57 >= 0 then
+                retry_57 = retry_57 + behind
               end
-              if ok_47 == 1 and cost > 0 then
-                ok_47, retry_47 = 0, behind
-                if reset < behind then
-                  reset = behind
+              if ok_57 == 1 and cost > 0 then
+                ok_57, retry_57 = 0, behind
+                if reset_57 < behind then
+                  reset_57 = behind
                 end
               end
             end
-            ok, remaining_43, reset_43, retry = ok_47, remaining, reset, retry_47
+            ok, remaining, reset, retry = ok_57, remaining_57, reset_57, retry_57
           end
         end
-        if ends_40 and ends_40 > now then
-          local wait = ends_40 - now
+        if ends and ends > now then
+          local wait = ends - now
           if ok == 1 or retry >= 0 then
             if retry < wait then
               retry = wait
             end
           end
           ok = 0
-          remaining_43 = 0
-          if reset_43 < wait then
-            reset_43 = wait
+          remaining = 0
+          if reset < wait then
+            reset = wait
           end
         end
+        v = retry
         if ok == 1 then
-          v, remaining, reset = -2, remaining_43, reset_43 break
+          v = -2
+        elseif retry < 0 then
+          v = -1
         end
-        if retry < 0 then
-          v, remaining, reset = -1, remaining_43, reset_43 break
-        end
-        v, remaining, reset = retry, remaining_43, reset_43 break
-      until true
-      REPLY[0 + 1], REPLY[0 + 2], REPLY[0 + 3] = v, remaining, reset
-      ok, st, ends, q = v == -2, st_40, ends_40, q_40
+      end
+      REPLY[0 + 1] = v
+      REPLY[0 + 2] = remaining
+      REPLY[0 + 3] = reset
+      ok = v == -2
     end
     REPLY[3 + 1] = nil
     repeat -- phase_two
       if ok and cost > 0 then
         repeat -- commit
-          local keep = ends
-          local start, count, ends
-          repeat -- current
-            local w = q[2]
-            local start_50, ends_50
-            if w > 0 then
-              start_50 = now - now % w
-              ends_50 = start_50 + w
-            else
-              start_50, ends_50 = period(q, now)
-            end
-            if st and st[1] >= start_50 then
-              if st[1] > start_50 then
-                start_50, ends_50 = bounds(q, st[1])
+          if seen1 then
+            repeat -- store
+              local value, expires_at = format(q.f2, seen1, seen2 + cost), seen3
+              if q.limit_end and q.limit_end > expires_at then
+                expires_at = q.limit_end
               end
-              start, count, ends = start_50, st[2], ends_50 break
-            end
-            start, count, ends = start_50, 0, ends_50 break
-          until true
-          repeat -- store
-            local value, expires_at = format(q.f2, start, count + cost), ends
-            if q.limit_end and q.limit_end > expires_at then
-              expires_at = q.limit_end
-            end
-            if keep then
-              local block_end
-              do -- int
-                block_end = format(INT, keep)
-              end
-              value = value .. '|' .. block_end
-              repeat -- until_block_ends
-                local expires_at_53 = expires_at
-                if keep and keep > expires_at_53 then
-                  expires_at = keep break
+              if ends then
+                local block_end
+                do -- int
+                  block_end = format(INT, ends)
                 end
-                expires_at = expires_at_53 break
-              until true
-            end
-            local ms
-            repeat -- ttl_ms
-              local ms_54
-              do -- cdiv
-                local a = expires_at - since
-                ms_54 = (a + (-a) % 1000) / 1000
+                value = value .. '|' .. block_end
+                do -- until_block_ends
+                  local expires_at_62 = expires_at
+                  local at = expires_at_62
+                  if ends and ends > at then
+                    at = ends
+                  end
+                  expires_at = at
+                end
               end
-              if ms_54 < 1 then
-                ms = 1 break
+              local ms
+              do -- ttl_ms
+                do -- cdiv
+                  local a = expires_at - since
+                  ms = (a + (-a) % 1000) / 1000
+                end
+                if ms < 1 then
+                  ms = 1
+                end
               end
-              ms = ms_54 break
+              call('SET', key, value, 'PX', format(INT, ms))
             until true
-            call('SET', key, value, 'PX', format(INT, ms))
-          until true
+          else
+            local start, n, till
+            do -- current
+              local w = q[2]
+              if w > 0 then
+                start = now - now % w
+                till = start + w
+              else
+                start, till = period(q, now)
+              end
+              n = 0
+              if st and st[1] >= start then
+                if st[1] > start then
+                  start, till = bounds(q, st[1])
+                end
+                n = st[2]
+              end
+            end
+            repeat -- store
+              local value, expires_at = format(q.f2, start, n + cost), till
+              if q.limit_end and q.limit_end > expires_at then
+                expires_at = q.limit_end
+              end
+              if ends then
+                local block_end
+                do -- int
+                  block_end = format(INT, ends)
+                end
+                value = value .. '|' .. block_end
+                do -- until_block_ends
+                  local expires_at_68 = expires_at
+                  local at = expires_at_68
+                  if ends and ends > at then
+                    at = ends
+                  end
+                  expires_at = at
+                end
+              end
+              local ms
+              do -- ttl_ms
+                do -- cdiv
+                  local a = expires_at - since
+                  ms = (a + (-a) % 1000) / 1000
+                end
+                if ms < 1 then
+                  ms = 1
+                end
+              end
+              call('SET', key, value, 'PX', format(INT, ms))
+            until true
+          end
         until true
         break
       end
@@ -1749,10 +1857,11 @@ ALG[2] = function()
   
   -- The verdict of a policy as the reply gives it (ADMITTED, the retry-after, or NEVER),
   -- remaining and reset; a blocked key is denied until the block ends, whatever its state
-  -- (twin of `apply_block`).
+  -- (twin of `apply_block`). Then what `evaluate` saw of the state at `now` (up to three
+  -- values of the twin's own, nil when it gives none), for phase two to hand `commit`.
   --@inline
   local function verdict(self, p, st, ends, now, cost, key)
-    local ok, remaining, reset, retry
+    local ok, remaining, reset, retry, seen1, seen2, seen3
     repeat -- evaluate
       local limit, n, g = p[1], p[2], p[3]
       local c, x
@@ -1824,9 +1933,9 @@ ALG[2] = function()
         remaining_1 = 0
       end
       if used + cost <= limit and cost > 0 then
-        ok, remaining, reset, retry = 1, remaining_1 - cost, (n + 1) * g - x, -1 break
+        ok, remaining, reset, retry, seen1, seen2, seen3 = 1, remaining_1 - cost, (n + 1) * g - x, -1 break
       end
-      ok, remaining, reset, retry = sw_denied(p, st, c, x, cost, used, remaining_1) break
+      ok, remaining, reset, retry, seen1, seen2, seen3 = sw_denied(p, st, c, x, cost, used, remaining_1) break
     until true
     local behind
     repeat -- lag
@@ -1867,13 +1976,13 @@ ALG[2] = function()
         reset = wait
       end
     end
+    local v = retry
     if ok == 1 then
-      return -2, remaining, reset
+      v = -2
+    elseif retry < 0 then
+      v = -1
     end
-    if retry < 0 then
-      return -1, remaining, reset
-    end
-    return retry, remaining, reset
+    return v, remaining, reset, seen1, seen2, seen3
   end
   
   
@@ -1890,13 +1999,12 @@ ALG[2] = function()
   local function step(self, i, n, keys, now, since, admitted, base)
     local op, key, cost, p = OPS[i], keys[i], COSTS[i], PS[i]
     local fused = FUSES[op]
-    local ok, st, ends, q
+    local ok, st, ends, q, seen1, seen2, seen3
     if fused then
       do -- phase_one
-        local st_42, ends_42, q_42
         do -- loaded
           local p = p
-          local st, ends, stale
+          local stale
           repeat -- load
             local raw = call('GET', key)
             if not raw then
@@ -1924,39 +2032,39 @@ ALG[2] = function()
           if stale then
             st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
           end
-          st_42, ends_42, q_42 = st, ends, p
+          q = p
         end
         local v, remaining, reset
-        repeat -- verdict
-          local ok, remaining_46, reset_46, retry
+        do -- verdict
+          local ok, retry
           repeat -- evaluate
-            local limit, n, g = q_42[1], q_42[2], q_42[3]
+            local limit, n, g = q[1], q[2], q[3]
             local c, x
             repeat -- sw_position
               local c_48
               do -- fdiv
-                local b = q_42[3]
+                local b = q[3]
                 c_48 = (now - now % b) / b
               end
-              if st_42 and st_42[1] > c_48 then
-                c, x = st_42[1], 0 break
+              if st and st[1] > c_48 then
+                c, x = st[1], 0 break
               end
-              c, x = c_48, now - c_48 * q_42[3] break
+              c, x = c_48, now - c_48 * q[3] break
             until true
             local used
             do -- sw_estimate
-              local n, g = q_42[2], q_42[3]
+              local n, g = q[2], q[3]
               local whole = 0
-              if st_42 then
+              if st then
                 local lo, hi = c + 1 - n, c
                 if lo < 0 then
                   lo = 0
                 end
-                if lo < st_42[1] - n then
-                  lo = st_42[1] - n
+                if lo < st[1] - n then
+                  lo = st[1] - n
                 end
-                if hi > st_42[1] then
-                  hi = st_42[1]
+                if hi > st[1] then
+                  hi = st[1]
                 end
                 local slots = n + 1
                 local wraps
@@ -1965,7 +2073,7 @@ ALG[2] = function()
                 end
                 local slot = lo - wraps * slots
                 for _ = lo, hi do
-                  whole = whole + st_42[slot + 2]
+                  whole = whole + st[slot + 2]
                   slot = slot + 1
                   if slot == slots then
                     slot = 0
@@ -1976,14 +2084,14 @@ ALG[2] = function()
               if c >= n then
                 repeat -- sw_count
                   local index = c - n
-                  if st_42 and index <= st_42[1] and index + q_42[2] >= st_42[1] then
+                  if st and index <= st[1] and index + q[2] >= st[1] then
                     local wraps
                     do -- fdiv
-                      local b = q_42[2] + 1
+                      local b = q[2] + 1
                       wraps = (index - index % b) / b
                     end
-                    local slot = index - wraps * (q_42[2] + 1)
-                    oldest = st_42[slot + 2] break
+                    local slot = index - wraps * (q[2] + 1)
+                    oldest = st[slot + 2] break
                   end
                   oldest = 0 break
                 until true
@@ -1995,73 +2103,74 @@ ALG[2] = function()
               end
               used = whole + part
             end
-            local remaining = limit - used
-            if remaining < 0 then
-              remaining = 0
+            local remaining_47 = limit - used
+            if remaining_47 < 0 then
+              remaining_47 = 0
             end
             if used + cost <= limit and cost > 0 then
-              ok, remaining_46, reset_46, retry = 1, remaining - cost, (n + 1) * g - x, -1 break
+              ok, remaining, reset, retry, seen1, seen2, seen3 = 1, remaining_47 - cost, (n + 1) * g - x, -1 break
             end
-            ok, remaining_46, reset_46, retry = sw_denied(q_42, st_42, c, x, cost, used, remaining) break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = sw_denied(q, st, c, x, cost, used, remaining_47) break
           until true
           local behind
           repeat -- lag
-            if st_42 and st_42[1] * q_42[3] > now then
-              behind = st_42[1] * q_42[3] - now break
+            if st and st[1] * q[3] > now then
+              behind = st[1] * q[3] - now break
             end
             behind = 0 break
           until true
           if behind > 0 then
             do -- shift
-              local ok_56, remaining, reset, retry_56 = ok, remaining_46, reset_46, retry
+              local ok_56, remaining_56, reset_56, retry_56 = ok, remaining, reset, retry
               if behind > 0 then
-                remaining = 0
-                reset = reset + behind
+                remaining_56 = 0
+                reset_56 = reset_56 + behind
                 if retry_56 >= 0 then
                   retry_56 = retry_56 + behind
                 end
                 if ok_56 == 1 and cost > 0 then
                   ok_56, retry_56 = 0, behind
-                  if reset < behind then
-                    reset = behind
+                  if reset_56 < behind then
+                    reset_56 = behind
                   end
                 end
               end
-              ok, remaining_46, reset_46, retry = ok_56, remaining, reset, retry_56
+              ok, remaining, reset, retry = ok_56, remaining_56, reset_56, retry_56
             end
           end
-          if ends_42 and ends_42 > now then
-            local wait = ends_42 - now
+          if ends and ends > now then
+            local wait = ends - now
             if ok == 1 or retry >= 0 then
               if retry < wait then
                 retry = wait
               end
             end
             ok = 0
-            remaining_46 = 0
-            if reset_46 < wait then
-              reset_46 = wait
+            remaining = 0
+            if reset < wait then
+              reset = wait
             end
           end
+          v = retry
           if ok == 1 then
-            v, remaining, reset = -2, remaining_46, reset_46 break
+            v = -2
+          elseif retry < 0 then
+            v = -1
           end
-          if retry < 0 then
-            v, remaining, reset = -1, remaining_46, reset_46 break
-          end
-          v, remaining, reset = retry, remaining_46, reset_46 break
-        until true
-        REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
-        ok, st, ends, q = v == -2, st_42, ends_42, q_42
+        end
+        REPLY[base + 1] = v
+        REPLY[base + 2] = remaining
+        REPLY[base + 3] = reset
+        ok = v == -2
       end
     else
       do -- loaded
         local p = p
-        local st_57, ends_57, stale
+        local stale
         repeat -- load
           local raw = call('GET', key)
           if not raw then
-            st_57, ends_57, stale = nil break
+            st, ends, stale = nil break
           end
           local bare
           repeat -- untagged
@@ -2072,20 +2181,20 @@ ALG[2] = function()
             bare = nil break
           until true
           if bare then
-            st_57, ends_57, stale = sw_read(bare, p[2] + 1) break
+            st, ends, stale = sw_read(bare, p[2] + 1) break
           end
-          local tag, ends
-          raw, tag, ends = split_state(raw)
+          local tag, ends_58
+          raw, tag, ends_58 = split_state(raw)
           if tag and tag ~= p.tag then
             local n = tag_params(tag, OLD_RING) and OLD_RING[2]
-            st_57, ends_57, stale = n and sw_read(raw, n + 1), ends, tag break
+            st, ends, stale = n and sw_read(raw, n + 1), ends_58, tag break
           end
-          st_57, ends_57, stale = sw_read(raw, p[2] + 1), ends break
+          st, ends, stale = sw_read(raw, p[2] + 1), ends_58 break
         until true
         if stale then
-          st_57, ends_57, p = adopt(self, key, p, st_57, ends_57, now, stale, STATES[i], since)
+          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
         end
-        st, ends, q = st_57, ends_57, p
+        q = p
       end
       ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
@@ -2130,26 +2239,25 @@ ALG[2] = function()
                     block_end = format(INT, ends)
                   end
                   value = value .. '|' .. block_end
-                  repeat -- until_block_ends
+                  do -- until_block_ends
                     local expires_at_67 = expires_at
-                    if ends and ends > expires_at_67 then
-                      expires_at = ends break
+                    local at = expires_at_67
+                    if ends and ends > at then
+                      at = ends
                     end
-                    expires_at = expires_at_67 break
-                  until true
+                    expires_at = at
+                  end
                 end
                 local ms
-                repeat -- ttl_ms
-                  local ms_68
+                do -- ttl_ms
                   do -- cdiv
                     local a = expires_at - since
-                    ms_68 = (a + (-a) % 1000) / 1000
+                    ms = (a + (-a) % 1000) / 1000
                   end
-                  if ms_68 < 1 then
-                    ms = 1 break
+                  if ms < 1 then
+                    ms = 1
                   end
-                  ms = ms_68 break
-                until true
+                end
                 call('SET', key, value, 'PX', format(INT, ms))
               until true
             else
@@ -2191,26 +2299,25 @@ ALG[2] = function()
                       block_end = format(INT, ends)
                     end
                     value = value .. '|' .. block_end
-                    repeat -- until_block_ends
+                    do -- until_block_ends
                       local expires_at_73 = expires_at
-                      if ends and ends > expires_at_73 then
-                        expires_at = ends break
+                      local at = expires_at_73
+                      if ends and ends > at then
+                        at = ends
                       end
-                      expires_at = expires_at_73 break
-                    until true
+                      expires_at = at
+                    end
                   end
                   local ms
-                  repeat -- ttl_ms
-                    local ms_74
+                  do -- ttl_ms
                     do -- cdiv
                       local a = expires_at - since
-                      ms_74 = (a + (-a) % 1000) / 1000
+                      ms = (a + (-a) % 1000) / 1000
                     end
-                    if ms_74 < 1 then
-                      ms = 1 break
+                    if ms < 1 then
+                      ms = 1
                     end
-                    ms = ms_74 break
-                  until true
+                  end
                   call('SET', key, value, 'PX', format(INT, ms))
                 until true
               until true
@@ -2244,38 +2351,37 @@ ALG[2] = function()
     local p
     do -- read_params
       local tag = args[at]
-      local p_76 = TAGGED[tag or '']
-      if not p_76 and tag then
+      p = TAGGED[tag]
+      if not p and tag then
         local semi = find(tag, ';', 1, true)
-        p_76 = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p_76) then
-          p_76 = nil
+        p = { tag = semi and sub(tag, 1, semi - 1) or tag }
+        if not tag_params(tag, p) then
+          p = nil
         else
-          remember(tag, p_76)
+          remember(tag, p)
         end
       end
-      p = p_76
     end
     if not p then
       return nil
     end
     local now, since
-    repeat -- clock
+    do -- clock
       local injected = shape >= 2048
       if injected then
-        local now_77 = tonumber(args[#args - 1])
-        now, since = now_77, now_77 - 1000 * tonumber(args[#args]) break
+        now = tonumber(args[#args - 1])
+        since = now - 1000 * tonumber(args[#args])
+      else
+        local t = call('TIME')
+        now = t[1] * 1000000 + t[2]
+        since = now
       end
-      local t = call('TIME')
-      local now_77 = t[1] * 1000000 + t[2]
-      now, since = now_77, now_77 break
-    until true
-    local ok, st, ends, q
+    end
+    local ok, st, ends, q, seen1, seen2, seen3
     do -- phase_one
-      local st_78, ends_78, q_78
       do -- loaded
         local p = p
-        local st, ends, stale
+        local stale
         repeat -- load
           local raw = call('GET', key)
           if not raw then
@@ -2303,39 +2409,39 @@ ALG[2] = function()
         if stale then
           st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
         end
-        st_78, ends_78, q_78 = st, ends, p
+        q = p
       end
       local v, remaining, reset
-      repeat -- verdict
-        local ok, remaining_82, reset_82, retry
+      do -- verdict
+        local ok, retry
         repeat -- evaluate
-          local limit, n, g = q_78[1], q_78[2], q_78[3]
+          local limit, n, g = q[1], q[2], q[3]
           local c, x
           repeat -- sw_position
             local c_84
             do -- fdiv
-              local b = q_78[3]
+              local b = q[3]
               c_84 = (now - now % b) / b
             end
-            if st_78 and st_78[1] > c_84 then
-              c, x = st_78[1], 0 break
+            if st and st[1] > c_84 then
+              c, x = st[1], 0 break
             end
-            c, x = c_84, now - c_84 * q_78[3] break
+            c, x = c_84, now - c_84 * q[3] break
           until true
           local used
           do -- sw_estimate
-            local n, g = q_78[2], q_78[3]
+            local n, g = q[2], q[3]
             local whole = 0
-            if st_78 then
+            if st then
               local lo, hi = c + 1 - n, c
               if lo < 0 then
                 lo = 0
               end
-              if lo < st_78[1] - n then
-                lo = st_78[1] - n
+              if lo < st[1] - n then
+                lo = st[1] - n
               end
-              if hi > st_78[1] then
-                hi = st_78[1]
+              if hi > st[1] then
+                hi = st[1]
               end
               local slots = n + 1
               local wraps
@@ -2344,7 +2450,7 @@ ALG[2] = function()
               end
               local slot = lo - wraps * slots
               for _ = lo, hi do
-                whole = whole + st_78[slot + 2]
+                whole = whole + st[slot + 2]
                 slot = slot + 1
                 if slot == slots then
                   slot = 0
@@ -2355,14 +2461,14 @@ ALG[2] = function()
             if c >= n then
               repeat -- sw_count
                 local index = c - n
-                if st_78 and index <= st_78[1] and index + q_78[2] >= st_78[1] then
+                if st and index <= st[1] and index + q[2] >= st[1] then
                   local wraps
                   do -- fdiv
-                    local b = q_78[2] + 1
+                    local b = q[2] + 1
                     wraps = (index - index % b) / b
                   end
-                  local slot = index - wraps * (q_78[2] + 1)
-                  oldest = st_78[slot + 2] break
+                  local slot = index - wraps * (q[2] + 1)
+                  oldest = st[slot + 2] break
                 end
                 oldest = 0 break
               until true
@@ -2374,64 +2480,65 @@ ALG[2] = function()
             end
             used = whole + part
           end
-          local remaining = limit - used
-          if remaining < 0 then
-            remaining = 0
+          local remaining_83 = limit - used
+          if remaining_83 < 0 then
+            remaining_83 = 0
           end
           if used + cost <= limit and cost > 0 then
-            ok, remaining_82, reset_82, retry = 1, remaining - cost, (n + 1) * g - x, -1 break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 1, remaining_83 - cost, (n + 1) * g - x, -1 break
           end
-          ok, remaining_82, reset_82, retry = sw_denied(q_78, st_78, c, x, cost, used, remaining) break
+          ok, remaining, reset, retry, seen1, seen2, seen3 = sw_denied(q, st, c, x, cost, used, remaining_83) break
         until true
         local behind
         repeat -- lag
-          if st_78 and st_78[1] * q_78[3] > now then
-            behind = st_78[1] * q_78[3] - now break
+          if st and st[1] * q[3] > now then
+            behind = st[1] * q[3] - now break
           end
           behind = 0 break
         until true
         if behind > 0 then
           do -- shift
-            local ok_92, remaining, reset, retry_92 = ok, remaining_82, reset_82, retry
+            local ok_92, remaining_92, reset_92, retry_92 = ok, remaining, reset, retry
             if behind > 0 then
-              remaining = 0
-              reset = reset + behind
+              remaining_92 = 0
+              reset_92 = reset_92 + behind
               if retry_92 >= 0 then
                 retry_92 = retry_92 + behind
               end
               if ok_92 == 1 and cost > 0 then
                 ok_92, retry_92 = 0, behind
-                if reset < behind then
-                  reset = behind
+                if reset_92 < behind then
+                  reset_92 = behind
                 end
               end
             end
-            ok, remaining_82, reset_82, retry = ok_92, remaining, reset, retry_92
+            ok, remaining, reset, retry = ok_92, remaining_92, reset_92, retry_92
           end
         end
-        if ends_78 and ends_78 > now then
-          local wait = ends_78 - now
+        if ends and ends > now then
+          local wait = ends - now
           if ok == 1 or retry >= 0 then
             if retry < wait then
               retry = wait
             end
           end
           ok = 0
-          remaining_82 = 0
-          if reset_82 < wait then
-            reset_82 = wait
+          remaining = 0
+          if reset < wait then
+            reset = wait
           end
         end
+        v = retry
         if ok == 1 then
-          v, remaining, reset = -2, remaining_82, reset_82 break
+          v = -2
+        elseif retry < 0 then
+          v = -1
         end
-        if retry < 0 then
-          v, remaining, reset = -1, remaining_82, reset_82 break
-        end
-        v, remaining, reset = retry, remaining_82, reset_82 break
-      until true
-      REPLY[0 + 1], REPLY[0 + 2], REPLY[0 + 3] = v, remaining, reset
-      ok, st, ends, q = v == -2, st_78, ends_78, q_78
+      end
+      REPLY[0 + 1] = v
+      REPLY[0 + 2] = remaining
+      REPLY[0 + 3] = reset
+      ok = v == -2
     end
     REPLY[3 + 1] = nil
     repeat -- phase_two
@@ -2469,26 +2576,25 @@ ALG[2] = function()
                   block_end = format(INT, ends)
                 end
                 value = value .. '|' .. block_end
-                repeat -- until_block_ends
+                do -- until_block_ends
                   local expires_at_100 = expires_at
-                  if ends and ends > expires_at_100 then
-                    expires_at = ends break
+                  local at = expires_at_100
+                  if ends and ends > at then
+                    at = ends
                   end
-                  expires_at = expires_at_100 break
-                until true
+                  expires_at = at
+                end
               end
               local ms
-              repeat -- ttl_ms
-                local ms_101
+              do -- ttl_ms
                 do -- cdiv
                   local a = expires_at - since
-                  ms_101 = (a + (-a) % 1000) / 1000
+                  ms = (a + (-a) % 1000) / 1000
                 end
-                if ms_101 < 1 then
-                  ms = 1 break
+                if ms < 1 then
+                  ms = 1
                 end
-                ms = ms_101 break
-              until true
+              end
               call('SET', key, value, 'PX', format(INT, ms))
             until true
           else
@@ -2530,26 +2636,25 @@ ALG[2] = function()
                     block_end = format(INT, ends)
                   end
                   value = value .. '|' .. block_end
-                  repeat -- until_block_ends
+                  do -- until_block_ends
                     local expires_at_106 = expires_at
-                    if ends and ends > expires_at_106 then
-                      expires_at = ends break
+                    local at = expires_at_106
+                    if ends and ends > at then
+                      at = ends
                     end
-                    expires_at = expires_at_106 break
-                  until true
+                    expires_at = at
+                  end
                 end
                 local ms
-                repeat -- ttl_ms
-                  local ms_107
+                do -- ttl_ms
                   do -- cdiv
                     local a = expires_at - since
-                    ms_107 = (a + (-a) % 1000) / 1000
+                    ms = (a + (-a) % 1000) / 1000
                   end
-                  if ms_107 < 1 then
-                    ms = 1 break
+                  if ms < 1 then
+                    ms = 1
                   end
-                  ms = ms_107 break
-                until true
+                end
                 call('SET', key, value, 'PX', format(INT, ms))
               until true
             until true
@@ -2845,21 +2950,22 @@ ALG[3] = function()
   
   -- The verdict of a policy as the reply gives it (ADMITTED, the retry-after, or NEVER),
   -- remaining and reset; a blocked key is denied until the block ends, whatever its state
-  -- (twin of `apply_block`).
+  -- (twin of `apply_block`). Then what `evaluate` saw of the state at `now` (up to three
+  -- values of the twin's own, nil when it gives none), for phase two to hand `commit`.
   --@inline
   local function verdict(self, p, st, ends, now, cost, key)
-    local ok, remaining, reset, retry
+    local ok, remaining, reset, retry, seen1, seen2, seen3
     repeat -- evaluate
       local limit, window = p[1], p[2]
       if not st then
         if cost > limit then
-          ok, remaining, reset, retry = 0, limit, 0, -1 break
+          ok, remaining, reset, retry, seen1, seen2, seen3 = 0, limit, 0, -1 break
         end
         local reset_1 = 0
         if cost > 0 then
           reset_1 = window
         end
-        ok, remaining, reset, retry = 1, limit - cost, reset_1, -1 break
+        ok, remaining, reset, retry, seen1, seen2, seen3 = 1, limit - cost, reset_1, -1 break
       end
       local used
       do -- in_window
@@ -2879,14 +2985,14 @@ ALG[3] = function()
         left = 0
       end
       if cost > limit then
-        ok, remaining, reset, retry = 0, left, newest_left, -1 break
+        ok, remaining, reset, retry, seen1, seen2, seen3 = 0, left, newest_left, -1 break
       end
       if used + cost <= limit then
         local reset_1 = newest_left
         if cost > 0 then
           reset_1 = window
         end
-        ok, remaining, reset, retry = 1, limit - used - cost, reset_1, -1 break
+        ok, remaining, reset, retry, seen1, seen2, seen3 = 1, limit - used - cost, reset_1, -1 break
       end
       local need = used + cost - limit
       local start
@@ -2895,7 +3001,7 @@ ALG[3] = function()
         start = format(INT, n)
       end
       local entry = call('ZRANGEBYSCORE', key, '(' .. start, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
-      ok, remaining, reset, retry = 0, left, newest_left, tonumber(entry[2]) + window - now break
+      ok, remaining, reset, retry, seen1, seen2, seen3 = 0, left, newest_left, tonumber(entry[2]) + window - now break
     until true
     if ends and ends > now then
       local wait = ends - now
@@ -2910,13 +3016,13 @@ ALG[3] = function()
         reset = wait
       end
     end
+    local v = retry
     if ok == 1 then
-      return -2, remaining, reset
+      v = -2
+    elseif retry < 0 then
+      v = -1
     end
-    if retry < 0 then
-      return -1, remaining, reset
-    end
-    return retry, remaining, reset
+    return v, remaining, reset, seen1, seen2, seen3
   end
   
   
@@ -2933,13 +3039,12 @@ ALG[3] = function()
   local function step(self, i, n, keys, now, since, admitted, base)
     local op, key, cost, p = OPS[i], keys[i], COSTS[i], PS[i]
     local fused = FUSES[op]
-    local ok, st, ends, q
+    local ok, st, ends, q, seen1, seen2, seen3
     if fused then
       do -- phase_one
-        local st_20, ends_20, q_20
         do -- loaded
           local p = p
-          local st, ends, stale
+          local stale
           repeat -- load
             local into = STATES[i]
             local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
@@ -2966,22 +3071,22 @@ ALG[3] = function()
           if stale then
             st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
           end
-          st_20, ends_20, q_20 = st, ends, p
+          q = p
         end
         local v, remaining, reset
-        repeat -- verdict
-          local ok, remaining_23, reset_23, retry
+        do -- verdict
+          local ok, retry
           repeat -- evaluate
-            local limit, window = q_20[1], q_20[2]
-            if not st_20 then
+            local limit, window = q[1], q[2]
+            if not st then
               if cost > limit then
-                ok, remaining_23, reset_23, retry = 0, limit, 0, -1 break
+                ok, remaining, reset, retry, seen1, seen2, seen3 = 0, limit, 0, -1 break
               end
-              local reset = 0
+              local reset_24 = 0
               if cost > 0 then
-                reset = window
+                reset_24 = window
               end
-              ok, remaining_23, reset_23, retry = 1, limit - cost, reset, -1 break
+              ok, remaining, reset, retry, seen1, seen2, seen3 = 1, limit - cost, reset_24, -1 break
             end
             local used
             do -- in_window
@@ -2994,21 +3099,21 @@ ALG[3] = function()
             end
             local newest_left = 0
             if used > 0 then
-              newest_left = st_20[1] + window - now
+              newest_left = st[1] + window - now
             end
             local left = limit - used
             if left < 0 then
               left = 0
             end
             if cost > limit then
-              ok, remaining_23, reset_23, retry = 0, left, newest_left, -1 break
+              ok, remaining, reset, retry, seen1, seen2, seen3 = 0, left, newest_left, -1 break
             end
             if used + cost <= limit then
-              local reset = newest_left
+              local reset_24 = newest_left
               if cost > 0 then
-                reset = window
+                reset_24 = window
               end
-              ok, remaining_23, reset_23, retry = 1, limit - used - cost, reset, -1 break
+              ok, remaining, reset, retry, seen1, seen2, seen3 = 1, limit - used - cost, reset_24, -1 break
             end
             local need = used + cost - limit
             local start
@@ -3017,63 +3122,64 @@ ALG[3] = function()
               start = format(INT, n)
             end
             local entry = call('ZRANGEBYSCORE', key, '(' .. start, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
-            ok, remaining_23, reset_23, retry = 0, left, newest_left, tonumber(entry[2]) + window - now break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 0, left, newest_left, tonumber(entry[2]) + window - now break
           until true
-          if ends_20 and ends_20 > now then
-            local wait = ends_20 - now
+          if ends and ends > now then
+            local wait = ends - now
             if ok == 1 or retry >= 0 then
               if retry < wait then
                 retry = wait
               end
             end
             ok = 0
-            remaining_23 = 0
-            if reset_23 < wait then
-              reset_23 = wait
+            remaining = 0
+            if reset < wait then
+              reset = wait
             end
           end
+          v = retry
           if ok == 1 then
-            v, remaining, reset = -2, remaining_23, reset_23 break
+            v = -2
+          elseif retry < 0 then
+            v = -1
           end
-          if retry < 0 then
-            v, remaining, reset = -1, remaining_23, reset_23 break
-          end
-          v, remaining, reset = retry, remaining_23, reset_23 break
-        until true
-        REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
-        ok, st, ends, q = v == -2, st_20, ends_20, q_20
+        end
+        REPLY[base + 1] = v
+        REPLY[base + 2] = remaining
+        REPLY[base + 3] = reset
+        ok = v == -2
       end
     else
       do -- loaded
         local p = p
-        local st_28, ends_28, stale
+        local stale
         repeat -- load
           local into = STATES[i]
           local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
           local n = #top
           if n == 0 then
-            st_28, ends_28, stale = nil break
+            st, ends, stale = nil break
           end
-          local ends, own
+          local ends_29, own
           if byte(top[n - 1], 1) == LETTER_L then
             own = sub(top[n - 1], 7)
             top = call('ZRANGE', key, -3, -2, 'WITHSCORES')
             n = #top
           end
           if n > 0 and byte(top[n - 1], 1) == LETTER_B then
-            ends = tonumber(sub(top[n - 1], 7))
+            ends_29 = tonumber(sub(top[n - 1], 7))
             n = n - 2
           end
           if n == 0 then
-            st_28, ends_28, stale = nil, ends, own break
+            st, ends, stale = nil, ends_29, own break
           end
           into[1], into[2] = tonumber(top[n]), top[n - 1]
-          st_28, ends_28, stale = into, ends, own break
+          st, ends, stale = into, ends_29, own break
         until true
         if stale then
-          st_28, ends_28, p = adopt(self, key, p, st_28, ends_28, now, stale, STATES[i], since)
+          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
         end
-        st, ends, q = st_28, ends_28, p
+        q = p
       end
       ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
@@ -3133,28 +3239,27 @@ ALG[3] = function()
                 newest = at
               end
               local expires_at
-              repeat -- until_block_ends
+              do -- until_block_ends
                 local expires_at_35 = newest + window
-                if ends and ends > expires_at_35 then
-                  expires_at = ends break
+                local at = expires_at_35
+                if ends and ends > at then
+                  at = ends
                 end
-                expires_at = expires_at_35 break
-              until true
+                expires_at = at
+              end
               if q.limit_end and q.limit_end > expires_at then
                 expires_at = q.limit_end
               end
               local ms
-              repeat -- ttl_ms
-                local ms_36
+              do -- ttl_ms
                 do -- cdiv
                   local a = expires_at - since
-                  ms_36 = (a + (-a) % 1000) / 1000
+                  ms = (a + (-a) % 1000) / 1000
                 end
-                if ms_36 < 1 then
-                  ms = 1 break
+                if ms < 1 then
+                  ms = 1
                 end
-                ms = ms_36 break
-              until true
+              end
               call('PEXPIRE', key, format(INT, ms))
             until true
           until true
@@ -3186,38 +3291,37 @@ ALG[3] = function()
     local p
     do -- read_params
       local tag = args[at]
-      local p_38 = TAGGED[tag or '']
-      if not p_38 and tag then
+      p = TAGGED[tag]
+      if not p and tag then
         local semi = find(tag, ';', 1, true)
-        p_38 = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p_38) then
-          p_38 = nil
+        p = { tag = semi and sub(tag, 1, semi - 1) or tag }
+        if not tag_params(tag, p) then
+          p = nil
         else
-          remember(tag, p_38)
+          remember(tag, p)
         end
       end
-      p = p_38
     end
     if not p then
       return nil
     end
     local now, since
-    repeat -- clock
+    do -- clock
       local injected = shape >= 2048
       if injected then
-        local now_39 = tonumber(args[#args - 1])
-        now, since = now_39, now_39 - 1000 * tonumber(args[#args]) break
+        now = tonumber(args[#args - 1])
+        since = now - 1000 * tonumber(args[#args])
+      else
+        local t = call('TIME')
+        now = t[1] * 1000000 + t[2]
+        since = now
       end
-      local t = call('TIME')
-      local now_39 = t[1] * 1000000 + t[2]
-      now, since = now_39, now_39 break
-    until true
-    local ok, st, ends, q
+    end
+    local ok, st, ends, q, seen1, seen2, seen3
     do -- phase_one
-      local st_40, ends_40, q_40
       do -- loaded
         local p = p
-        local st, ends, stale
+        local stale
         repeat -- load
           local into = STATES[1]
           local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
@@ -3244,22 +3348,22 @@ ALG[3] = function()
         if stale then
           st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
         end
-        st_40, ends_40, q_40 = st, ends, p
+        q = p
       end
       local v, remaining, reset
-      repeat -- verdict
-        local ok, remaining_43, reset_43, retry
+      do -- verdict
+        local ok, retry
         repeat -- evaluate
-          local limit, window = q_40[1], q_40[2]
-          if not st_40 then
+          local limit, window = q[1], q[2]
+          if not st then
             if cost > limit then
-              ok, remaining_43, reset_43, retry = 0, limit, 0, -1 break
+              ok, remaining, reset, retry, seen1, seen2, seen3 = 0, limit, 0, -1 break
             end
-            local reset = 0
+            local reset_44 = 0
             if cost > 0 then
-              reset = window
+              reset_44 = window
             end
-            ok, remaining_43, reset_43, retry = 1, limit - cost, reset, -1 break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 1, limit - cost, reset_44, -1 break
           end
           local used
           do -- in_window
@@ -3272,21 +3376,21 @@ ALG[3] = function()
           end
           local newest_left = 0
           if used > 0 then
-            newest_left = st_40[1] + window - now
+            newest_left = st[1] + window - now
           end
           local left = limit - used
           if left < 0 then
             left = 0
           end
           if cost > limit then
-            ok, remaining_43, reset_43, retry = 0, left, newest_left, -1 break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 0, left, newest_left, -1 break
           end
           if used + cost <= limit then
-            local reset = newest_left
+            local reset_44 = newest_left
             if cost > 0 then
-              reset = window
+              reset_44 = window
             end
-            ok, remaining_43, reset_43, retry = 1, limit - used - cost, reset, -1 break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 1, limit - used - cost, reset_44, -1 break
           end
           local need = used + cost - limit
           local start
@@ -3295,31 +3399,32 @@ ALG[3] = function()
             start = format(INT, n)
           end
           local entry = call('ZRANGEBYSCORE', key, '(' .. start, '(+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
-          ok, remaining_43, reset_43, retry = 0, left, newest_left, tonumber(entry[2]) + window - now break
+          ok, remaining, reset, retry, seen1, seen2, seen3 = 0, left, newest_left, tonumber(entry[2]) + window - now break
         until true
-        if ends_40 and ends_40 > now then
-          local wait = ends_40 - now
+        if ends and ends > now then
+          local wait = ends - now
           if ok == 1 or retry >= 0 then
             if retry < wait then
               retry = wait
             end
           end
           ok = 0
-          remaining_43 = 0
-          if reset_43 < wait then
-            reset_43 = wait
+          remaining = 0
+          if reset < wait then
+            reset = wait
           end
         end
+        v = retry
         if ok == 1 then
-          v, remaining, reset = -2, remaining_43, reset_43 break
+          v = -2
+        elseif retry < 0 then
+          v = -1
         end
-        if retry < 0 then
-          v, remaining, reset = -1, remaining_43, reset_43 break
-        end
-        v, remaining, reset = retry, remaining_43, reset_43 break
-      until true
-      REPLY[0 + 1], REPLY[0 + 2], REPLY[0 + 3] = v, remaining, reset
-      ok, st, ends, q = v == -2, st_40, ends_40, q_40
+      end
+      REPLY[0 + 1] = v
+      REPLY[0 + 2] = remaining
+      REPLY[0 + 3] = reset
+      ok = v == -2
     end
     REPLY[3 + 1] = nil
     repeat -- phase_two
@@ -3372,28 +3477,27 @@ ALG[3] = function()
               newest = at
             end
             local expires_at
-            repeat -- until_block_ends
+            do -- until_block_ends
               local expires_at_53 = newest + window
-              if ends and ends > expires_at_53 then
-                expires_at = ends break
+              local at = expires_at_53
+              if ends and ends > at then
+                at = ends
               end
-              expires_at = expires_at_53 break
-            until true
+              expires_at = at
+            end
             if q.limit_end and q.limit_end > expires_at then
               expires_at = q.limit_end
             end
             local ms
-            repeat -- ttl_ms
-              local ms_54
+            do -- ttl_ms
               do -- cdiv
                 local a = expires_at - since
-                ms_54 = (a + (-a) % 1000) / 1000
+                ms = (a + (-a) % 1000) / 1000
               end
-              if ms_54 < 1 then
-                ms = 1 break
+              if ms < 1 then
+                ms = 1
               end
-              ms = ms_54 break
-            until true
+            end
             call('PEXPIRE', key, format(INT, ms))
           until true
         until true
@@ -3569,10 +3673,11 @@ ALG[4] = function()
   
   -- The verdict of a policy as the reply gives it (ADMITTED, the retry-after, or NEVER),
   -- remaining and reset; a blocked key is denied until the block ends, whatever its state
-  -- (twin of `apply_block`).
+  -- (twin of `apply_block`). Then what `evaluate` saw of the state at `now` (up to three
+  -- values of the twin's own, nil when it gives none), for phase two to hand `commit`.
   --@inline
   local function verdict(self, p, st, ends, now, cost, key)
-    local ok, remaining, reset, retry
+    local ok, remaining, reset, retry, seen1, seen2, seen3
     repeat -- evaluate
       local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
       local have
@@ -3620,7 +3725,7 @@ ALG[4] = function()
           local a = full - left
           reset_1 = (a + (-a) % rate) / rate
         end
-        ok, remaining, reset, retry = 1, whole, reset_1, -1 break
+        ok, remaining, reset, retry, seen1, seen2, seen3 = 1, whole, reset_1, -1 break
       end
       local whole
       do -- fdiv
@@ -3632,14 +3737,14 @@ ALG[4] = function()
         reset_1 = (a + (-a) % rate) / rate
       end
       if cost > capacity then
-        ok, remaining, reset, retry = 0, whole, reset_1, -1 break
+        ok, remaining, reset, retry, seen1, seen2, seen3 = 0, whole, reset_1, -1 break
       end
       local retry_1
       do -- cdiv
         local a = need - have
         retry_1 = (a + (-a) % rate) / rate
       end
-      ok, remaining, reset, retry = 0, whole, reset_1, retry_1 break
+      ok, remaining, reset, retry, seen1, seen2, seen3 = 0, whole, reset_1, retry_1 break
     until true
     local behind
     do -- bucket_lag
@@ -3684,13 +3789,13 @@ ALG[4] = function()
         reset = wait
       end
     end
+    local v = retry
     if ok == 1 then
-      return -2, remaining, reset
+      v = -2
+    elseif retry < 0 then
+      v = -1
     end
-    if retry < 0 then
-      return -1, remaining, reset
-    end
-    return retry, remaining, reset
+    return v, remaining, reset, seen1, seen2, seen3
   end
   
   
@@ -3707,56 +3812,53 @@ ALG[4] = function()
   local function step(self, i, n, keys, now, since, admitted, base)
     local op, key, cost, p = OPS[i], keys[i], COSTS[i], PS[i]
     local fused = FUSES[op]
-    local ok, st, ends, q
+    local ok, st, ends, q, seen1, seen2, seen3
     if fused then
       do -- phase_one
-        local st_43, ends_43, q_43
         do -- loaded
           local p = p
-          local st, ends, stale
-          repeat -- read2
+          local stale
+          do -- read2
             local into = STATES[i]
             local raw = call('GET', key)
-            if not raw then
-              st, ends, stale = nil break
-            end
-            local a, b, tag, ends_45
-            local t = p.tag
-            if find(raw, t, #raw - #t + 1, true) then
-              a, b = match(raw, '^(%d+) (%d+)~')
-            end
-            if not a then
-              local state
-              state, tag, ends_45 = split_state(raw)
-              if tag == p.tag then
-                tag = nil
+            st, ends, stale = nil
+            if raw then
+              local a, b, now_tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
+              if now_tag ~= p.tag then
+                a = nil
               end
-              a, b = match(state or '', '^(%d+) (%d+)$')
               if not a then
-                st, ends, stale = nil, ends_45, tag break
+                local state
+                state, stale, ends = split_state(raw)
+                if stale == p.tag then
+                  stale = nil
+                end
+                a, b = match(state or '', '^(%d+) (%d+)$')
+              end
+              if a then
+                into[1], into[2] = a + 0, b + 0
+                st = into
               end
             end
-            into[1], into[2] = tonumber(a), tonumber(b)
-            st, ends, stale = into, ends_45, tag break
-          until true
+          end
           if stale then
             st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
           end
-          st_43, ends_43, q_43 = st, ends, p
+          q = p
         end
         local v, remaining, reset
-        repeat -- verdict
-          local ok, remaining_46, reset_46, retry
+        do -- verdict
+          local ok, retry
           repeat -- evaluate
-            local capacity, unit, rate, full = q_43[1], q_43[2], q_43[3], q_43[4]
+            local capacity, unit, rate, full = q[1], q[2], q[3], q[4]
             local have
             repeat -- tokens
-              if not st_43 then
-                have = q_43[4] break
+              if not st then
+                have = q[4] break
               end
               local elapsed
               repeat -- elapsed_since
-                local e = now - st_43[2]
+                local e = now - st[2]
                 if e < 0 then
                   elapsed = 0 break
                 end
@@ -3764,8 +3866,8 @@ ALG[4] = function()
               until true
               local have_48
               repeat -- fill
-                local amount = st_43[1]
-                local full, rate = q_43[4], q_43[3]
+                local amount = st[1]
+                local full, rate = q[4], q[3]
                 local a = amount
                 if a > full then
                   a = full
@@ -3789,38 +3891,38 @@ ALG[4] = function()
               do -- fdiv
                 whole = (left - left % unit) / unit
               end
-              local reset
+              local reset_47
               do -- cdiv
                 local a = full - left
-                reset = (a + (-a) % rate) / rate
+                reset_47 = (a + (-a) % rate) / rate
               end
-              ok, remaining_46, reset_46, retry = 1, whole, reset, -1 break
+              ok, remaining, reset, retry, seen1, seen2, seen3 = 1, whole, reset_47, -1 break
             end
             local whole
             do -- fdiv
               whole = (have - have % unit) / unit
             end
-            local reset
+            local reset_47
             do -- cdiv
               local a = full - have
-              reset = (a + (-a) % rate) / rate
+              reset_47 = (a + (-a) % rate) / rate
             end
             if cost > capacity then
-              ok, remaining_46, reset_46, retry = 0, whole, reset, -1 break
+              ok, remaining, reset, retry, seen1, seen2, seen3 = 0, whole, reset_47, -1 break
             end
             local retry_47
             do -- cdiv
               local a = need - have
               retry_47 = (a + (-a) % rate) / rate
             end
-            ok, remaining_46, reset_46, retry = 0, whole, reset, retry_47 break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 0, whole, reset_47, retry_47 break
           until true
           local behind
           do -- bucket_lag
             local last
             repeat -- last_after
-              if st_43 and st_43[2] > now then
-                last = st_43[2] break
+              if st and st[2] > now then
+                last = st[2] break
               end
               last = now break
             until true
@@ -3828,80 +3930,79 @@ ALG[4] = function()
           end
           if behind > 0 then
             do -- shift
-              local ok_59, remaining, reset, retry_59 = ok, remaining_46, reset_46, retry
+              local ok_59, remaining_59, reset_59, retry_59 = ok, remaining, reset, retry
               if behind > 0 then
-                remaining = 0
-                reset = reset + behind
+                remaining_59 = 0
+                reset_59 = reset_59 + behind
                 if retry_59 >= 0 then
                   retry_59 = retry_59 + behind
                 end
                 if ok_59 == 1 and cost > 0 then
                   ok_59, retry_59 = 0, behind
-                  if reset < behind then
-                    reset = behind
+                  if reset_59 < behind then
+                    reset_59 = behind
                   end
                 end
               end
-              ok, remaining_46, reset_46, retry = ok_59, remaining, reset, retry_59
+              ok, remaining, reset, retry = ok_59, remaining_59, reset_59, retry_59
             end
           end
-          if ends_43 and ends_43 > now then
-            local wait = ends_43 - now
+          if ends and ends > now then
+            local wait = ends - now
             if ok == 1 or retry >= 0 then
               if retry < wait then
                 retry = wait
               end
             end
             ok = 0
-            remaining_46 = 0
-            if reset_46 < wait then
-              reset_46 = wait
+            remaining = 0
+            if reset < wait then
+              reset = wait
             end
           end
+          v = retry
           if ok == 1 then
-            v, remaining, reset = -2, remaining_46, reset_46 break
+            v = -2
+          elseif retry < 0 then
+            v = -1
           end
-          if retry < 0 then
-            v, remaining, reset = -1, remaining_46, reset_46 break
-          end
-          v, remaining, reset = retry, remaining_46, reset_46 break
-        until true
-        REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
-        ok, st, ends, q = v == -2, st_43, ends_43, q_43
+        end
+        REPLY[base + 1] = v
+        REPLY[base + 2] = remaining
+        REPLY[base + 3] = reset
+        ok = v == -2
       end
     else
       do -- loaded
         local p = p
-        local st_60, ends_60, stale
-        repeat -- read2
+        local stale
+        do -- read2
           local into = STATES[i]
           local raw = call('GET', key)
-          if not raw then
-            st_60, ends_60, stale = nil break
-          end
-          local a, b, tag, ends
-          local t = p.tag
-          if find(raw, t, #raw - #t + 1, true) then
-            a, b = match(raw, '^(%d+) (%d+)~')
-          end
-          if not a then
-            local state
-            state, tag, ends = split_state(raw)
-            if tag == p.tag then
-              tag = nil
+          st, ends, stale = nil
+          if raw then
+            local a, b, now_tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
+            if now_tag ~= p.tag then
+              a = nil
             end
-            a, b = match(state or '', '^(%d+) (%d+)$')
             if not a then
-              st_60, ends_60, stale = nil, ends, tag break
+              local state
+              state, stale, ends = split_state(raw)
+              if stale == p.tag then
+                stale = nil
+              end
+              a, b = match(state or '', '^(%d+) (%d+)$')
+            end
+            if a then
+              into[1], into[2] = a + 0, b + 0
+              st = into
             end
           end
-          into[1], into[2] = tonumber(a), tonumber(b)
-          st_60, ends_60, stale = into, ends, tag break
-        until true
-        if stale then
-          st_60, ends_60, p = adopt(self, key, p, st_60, ends_60, now, stale, STATES[i], since)
         end
-        st, ends, q = st_60, ends_60, p
+        if stale then
+          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
+        end
+        q = p
       end
       ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
@@ -3974,26 +4075,25 @@ ALG[4] = function()
                   block_end = format(INT, ends)
                 end
                 value = value .. '|' .. block_end
-                repeat -- until_block_ends
+                do -- until_block_ends
                   local expires_at_72 = expires_at
-                  if ends and ends > expires_at_72 then
-                    expires_at = ends break
+                  local at = expires_at_72
+                  if ends and ends > at then
+                    at = ends
                   end
-                  expires_at = expires_at_72 break
-                until true
+                  expires_at = at
+                end
               end
               local ms
-              repeat -- ttl_ms
-                local ms_73
+              do -- ttl_ms
                 do -- cdiv
                   local a = expires_at - since
-                  ms_73 = (a + (-a) % 1000) / 1000
+                  ms = (a + (-a) % 1000) / 1000
                 end
-                if ms_73 < 1 then
-                  ms = 1 break
+                if ms < 1 then
+                  ms = 1
                 end
-                ms = ms_73 break
-              until true
+              end
               call('SET', key, value, 'PX', format(INT, ms))
             until true
           until true
@@ -4025,81 +4125,77 @@ ALG[4] = function()
     local p
     do -- read_params
       local tag = args[at]
-      local p_75 = TAGGED[tag or '']
-      if not p_75 and tag then
+      p = TAGGED[tag]
+      if not p and tag then
         local semi = find(tag, ';', 1, true)
-        p_75 = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p_75) then
-          p_75 = nil
+        p = { tag = semi and sub(tag, 1, semi - 1) or tag }
+        if not tag_params(tag, p) then
+          p = nil
         else
-          remember(tag, p_75)
+          remember(tag, p)
         end
       end
-      p = p_75
     end
     if not p then
       return nil
     end
     local now, since
-    repeat -- clock
+    do -- clock
       local injected = shape >= 2048
       if injected then
-        local now_76 = tonumber(args[#args - 1])
-        now, since = now_76, now_76 - 1000 * tonumber(args[#args]) break
+        now = tonumber(args[#args - 1])
+        since = now - 1000 * tonumber(args[#args])
+      else
+        local t = call('TIME')
+        now = t[1] * 1000000 + t[2]
+        since = now
       end
-      local t = call('TIME')
-      local now_76 = t[1] * 1000000 + t[2]
-      now, since = now_76, now_76 break
-    until true
-    local ok, st, ends, q
+    end
+    local ok, st, ends, q, seen1, seen2, seen3
     do -- phase_one
-      local st_77, ends_77, q_77
       do -- loaded
         local p = p
-        local st, ends, stale
-        repeat -- read2
+        local stale
+        do -- read2
           local into = STATES[1]
           local raw = call('GET', key)
-          if not raw then
-            st, ends, stale = nil break
-          end
-          local a, b, tag, ends_79
-          local t = p.tag
-          if find(raw, t, #raw - #t + 1, true) then
-            a, b = match(raw, '^(%d+) (%d+)~')
-          end
-          if not a then
-            local state
-            state, tag, ends_79 = split_state(raw)
-            if tag == p.tag then
-              tag = nil
+          if raw then
+            local a, b, now_tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
+            if now_tag ~= p.tag then
+              a = nil
             end
-            a, b = match(state or '', '^(%d+) (%d+)$')
             if not a then
-              st, ends, stale = nil, ends_79, tag break
+              local state
+              state, stale, ends = split_state(raw)
+              if stale == p.tag then
+                stale = nil
+              end
+              a, b = match(state or '', '^(%d+) (%d+)$')
+            end
+            if a then
+              into[1], into[2] = a + 0, b + 0
+              st = into
             end
           end
-          into[1], into[2] = tonumber(a), tonumber(b)
-          st, ends, stale = into, ends_79, tag break
-        until true
+        end
         if stale then
           st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
         end
-        st_77, ends_77, q_77 = st, ends, p
+        q = p
       end
       local v, remaining, reset
-      repeat -- verdict
-        local ok, remaining_80, reset_80, retry
+      do -- verdict
+        local ok, retry
         repeat -- evaluate
-          local capacity, unit, rate, full = q_77[1], q_77[2], q_77[3], q_77[4]
+          local capacity, unit, rate, full = q[1], q[2], q[3], q[4]
           local have
           repeat -- tokens
-            if not st_77 then
-              have = q_77[4] break
+            if not st then
+              have = q[4] break
             end
             local elapsed
             repeat -- elapsed_since
-              local e = now - st_77[2]
+              local e = now - st[2]
               if e < 0 then
                 elapsed = 0 break
               end
@@ -4107,8 +4203,8 @@ ALG[4] = function()
             until true
             local have_82
             repeat -- fill
-              local amount = st_77[1]
-              local full, rate = q_77[4], q_77[3]
+              local amount = st[1]
+              local full, rate = q[4], q[3]
               local a = amount
               if a > full then
                 a = full
@@ -4132,38 +4228,38 @@ ALG[4] = function()
             do -- fdiv
               whole = (left - left % unit) / unit
             end
-            local reset
+            local reset_81
             do -- cdiv
               local a = full - left
-              reset = (a + (-a) % rate) / rate
+              reset_81 = (a + (-a) % rate) / rate
             end
-            ok, remaining_80, reset_80, retry = 1, whole, reset, -1 break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 1, whole, reset_81, -1 break
           end
           local whole
           do -- fdiv
             whole = (have - have % unit) / unit
           end
-          local reset
+          local reset_81
           do -- cdiv
             local a = full - have
-            reset = (a + (-a) % rate) / rate
+            reset_81 = (a + (-a) % rate) / rate
           end
           if cost > capacity then
-            ok, remaining_80, reset_80, retry = 0, whole, reset, -1 break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 0, whole, reset_81, -1 break
           end
           local retry_81
           do -- cdiv
             local a = need - have
             retry_81 = (a + (-a) % rate) / rate
           end
-          ok, remaining_80, reset_80, retry = 0, whole, reset, retry_81 break
+          ok, remaining, reset, retry, seen1, seen2, seen3 = 0, whole, reset_81, retry_81 break
         until true
         local behind
         do -- bucket_lag
           local last
           repeat -- last_after
-            if st_77 and st_77[2] > now then
-              last = st_77[2] break
+            if st and st[2] > now then
+              last = st[2] break
             end
             last = now break
           until true
@@ -4171,46 +4267,47 @@ ALG[4] = function()
         end
         if behind > 0 then
           do -- shift
-            local ok_93, remaining, reset, retry_93 = ok, remaining_80, reset_80, retry
+            local ok_93, remaining_93, reset_93, retry_93 = ok, remaining, reset, retry
             if behind > 0 then
-              remaining = 0
-              reset = reset + behind
+              remaining_93 = 0
+              reset_93 = reset_93 + behind
               if retry_93 >= 0 then
                 retry_93 = retry_93 + behind
               end
               if ok_93 == 1 and cost > 0 then
                 ok_93, retry_93 = 0, behind
-                if reset < behind then
-                  reset = behind
+                if reset_93 < behind then
+                  reset_93 = behind
                 end
               end
             end
-            ok, remaining_80, reset_80, retry = ok_93, remaining, reset, retry_93
+            ok, remaining, reset, retry = ok_93, remaining_93, reset_93, retry_93
           end
         end
-        if ends_77 and ends_77 > now then
-          local wait = ends_77 - now
+        if ends and ends > now then
+          local wait = ends - now
           if ok == 1 or retry >= 0 then
             if retry < wait then
               retry = wait
             end
           end
           ok = 0
-          remaining_80 = 0
-          if reset_80 < wait then
-            reset_80 = wait
+          remaining = 0
+          if reset < wait then
+            reset = wait
           end
         end
+        v = retry
         if ok == 1 then
-          v, remaining, reset = -2, remaining_80, reset_80 break
+          v = -2
+        elseif retry < 0 then
+          v = -1
         end
-        if retry < 0 then
-          v, remaining, reset = -1, remaining_80, reset_80 break
-        end
-        v, remaining, reset = retry, remaining_80, reset_80 break
-      until true
-      REPLY[0 + 1], REPLY[0 + 2], REPLY[0 + 3] = v, remaining, reset
-      ok, st, ends, q = v == -2, st_77, ends_77, q_77
+      end
+      REPLY[0 + 1] = v
+      REPLY[0 + 2] = remaining
+      REPLY[0 + 3] = reset
+      ok = v == -2
     end
     REPLY[3 + 1] = nil
     repeat -- phase_two
@@ -4276,26 +4373,25 @@ ALG[4] = function()
                 block_end = format(INT, ends)
               end
               value = value .. '|' .. block_end
-              repeat -- until_block_ends
+              do -- until_block_ends
                 local expires_at_104 = expires_at
-                if ends and ends > expires_at_104 then
-                  expires_at = ends break
+                local at = expires_at_104
+                if ends and ends > at then
+                  at = ends
                 end
-                expires_at = expires_at_104 break
-              until true
+                expires_at = at
+              end
             end
             local ms
-            repeat -- ttl_ms
-              local ms_105
+            do -- ttl_ms
               do -- cdiv
                 local a = expires_at - since
-                ms_105 = (a + (-a) % 1000) / 1000
+                ms = (a + (-a) % 1000) / 1000
               end
-              if ms_105 < 1 then
-                ms = 1 break
+              if ms < 1 then
+                ms = 1
               end
-              ms = ms_105 break
-            until true
+            end
             call('SET', key, value, 'PX', format(INT, ms))
           until true
         until true
@@ -4456,10 +4552,11 @@ ALG[5] = function()
   
   -- The verdict of a policy as the reply gives it (ADMITTED, the retry-after, or NEVER),
   -- remaining and reset; a blocked key is denied until the block ends, whatever its state
-  -- (twin of `apply_block`).
+  -- (twin of `apply_block`). Then what `evaluate` saw of the state at `now` (up to three
+  -- values of the twin's own, nil when it gives none), for phase two to hand `commit`.
   --@inline
   local function verdict(self, p, st, ends, now, cost, key)
-    local ok, remaining, reset, retry
+    local ok, remaining, reset, retry, seen1, seen2, seen3
     repeat -- evaluate
       local capacity, unit, rate, full = p[1], p[2], p[3], p[4]
       local now_level
@@ -4496,7 +4593,7 @@ ALG[5] = function()
         do -- cdiv
           reset_1 = (after + (-after) % rate) / rate
         end
-        ok, remaining, reset, retry = 1, left, reset_1, -1 break
+        ok, remaining, reset, retry, seen1, seen2, seen3 = 1, left, reset_1, -1 break
       end
       local left
       do -- fdiv
@@ -4507,14 +4604,14 @@ ALG[5] = function()
         reset_1 = (now_level + (-now_level) % rate) / rate
       end
       if cost > capacity then
-        ok, remaining, reset, retry = 0, left, reset_1, -1 break
+        ok, remaining, reset, retry, seen1, seen2, seen3 = 0, left, reset_1, -1 break
       end
       local retry_1
       do -- cdiv
         local a = after - full
         retry_1 = (a + (-a) % rate) / rate
       end
-      ok, remaining, reset, retry = 0, left, reset_1, retry_1 break
+      ok, remaining, reset, retry, seen1, seen2, seen3 = 0, left, reset_1, retry_1 break
     until true
     local behind
     do -- bucket_lag
@@ -4559,13 +4656,13 @@ ALG[5] = function()
         reset = wait
       end
     end
+    local v = retry
     if ok == 1 then
-      return -2, remaining, reset
+      v = -2
+    elseif retry < 0 then
+      v = -1
     end
-    if retry < 0 then
-      return -1, remaining, reset
-    end
-    return retry, remaining, reset
+    return v, remaining, reset, seen1, seen2, seen3
   end
   
   
@@ -4582,66 +4679,63 @@ ALG[5] = function()
   local function step(self, i, n, keys, now, since, admitted, base)
     local op, key, cost, p = OPS[i], keys[i], COSTS[i], PS[i]
     local fused = FUSES[op]
-    local ok, st, ends, q
+    local ok, st, ends, q, seen1, seen2, seen3
     if fused then
       do -- phase_one
-        local st_37, ends_37, q_37
         do -- loaded
           local p = p
-          local st, ends, stale
-          repeat -- read2
+          local stale
+          do -- read2
             local into = STATES[i]
             local raw = call('GET', key)
-            if not raw then
-              st, ends, stale = nil break
-            end
-            local a, b, tag, ends_39
-            local t = p.tag
-            if find(raw, t, #raw - #t + 1, true) then
-              a, b = match(raw, '^(%d+) (%d+)~')
-            end
-            if not a then
-              local state
-              state, tag, ends_39 = split_state(raw)
-              if tag == p.tag then
-                tag = nil
+            st, ends, stale = nil
+            if raw then
+              local a, b, now_tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
+              if now_tag ~= p.tag then
+                a = nil
               end
-              a, b = match(state or '', '^(%d+) (%d+)$')
               if not a then
-                st, ends, stale = nil, ends_39, tag break
+                local state
+                state, stale, ends = split_state(raw)
+                if stale == p.tag then
+                  stale = nil
+                end
+                a, b = match(state or '', '^(%d+) (%d+)$')
+              end
+              if a then
+                into[1], into[2] = a + 0, b + 0
+                st = into
               end
             end
-            into[1], into[2] = tonumber(a), tonumber(b)
-            st, ends, stale = into, ends_39, tag break
-          until true
+          end
           if stale then
             st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
           end
-          st_37, ends_37, q_37 = st, ends, p
+          q = p
         end
         local v, remaining, reset
-        repeat -- verdict
-          local ok, remaining_40, reset_40, retry
+        do -- verdict
+          local ok, retry
           repeat -- evaluate
-            local capacity, unit, rate, full = q_37[1], q_37[2], q_37[3], q_37[4]
+            local capacity, unit, rate, full = q[1], q[2], q[3], q[4]
             local now_level
             repeat -- level
-              if not st_37 then
+              if not st then
                 now_level = 0 break
               end
-              local elapsed = now - st_37[2]
+              local elapsed = now - st[2]
               if elapsed < 0 then
                 elapsed = 0
               end
               local to_empty
               do -- cdiv
-                local a, b = st_37[1], q_37[3]
+                local a, b = st[1], q[3]
                 to_empty = (a + (-a) % b) / b
               end
               if elapsed >= to_empty then
                 now_level = 0 break
               end
-              now_level = st_37[1] - elapsed * q_37[3] break
+              now_level = st[1] - elapsed * q[3] break
             until true
             local room = full - now_level
             if room < 0 then
@@ -4654,36 +4748,36 @@ ALG[5] = function()
                 local a = full - after
                 left = (a - a % unit) / unit
               end
-              local reset
+              local reset_41
               do -- cdiv
-                reset = (after + (-after) % rate) / rate
+                reset_41 = (after + (-after) % rate) / rate
               end
-              ok, remaining_40, reset_40, retry = 1, left, reset, -1 break
+              ok, remaining, reset, retry, seen1, seen2, seen3 = 1, left, reset_41, -1 break
             end
             local left
             do -- fdiv
               left = (room - room % unit) / unit
             end
-            local reset
+            local reset_41
             do -- cdiv
-              reset = (now_level + (-now_level) % rate) / rate
+              reset_41 = (now_level + (-now_level) % rate) / rate
             end
             if cost > capacity then
-              ok, remaining_40, reset_40, retry = 0, left, reset, -1 break
+              ok, remaining, reset, retry, seen1, seen2, seen3 = 0, left, reset_41, -1 break
             end
             local retry_41
             do -- cdiv
               local a = after - full
               retry_41 = (a + (-a) % rate) / rate
             end
-            ok, remaining_40, reset_40, retry = 0, left, reset, retry_41 break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 0, left, reset_41, retry_41 break
           until true
           local behind
           do -- bucket_lag
             local last
             repeat -- last_after
-              if st_37 and st_37[2] > now then
-                last = st_37[2] break
+              if st and st[2] > now then
+                last = st[2] break
               end
               last = now break
             until true
@@ -4691,80 +4785,79 @@ ALG[5] = function()
           end
           if behind > 0 then
             do -- shift
-              local ok_51, remaining, reset, retry_51 = ok, remaining_40, reset_40, retry
+              local ok_51, remaining_51, reset_51, retry_51 = ok, remaining, reset, retry
               if behind > 0 then
-                remaining = 0
-                reset = reset + behind
+                remaining_51 = 0
+                reset_51 = reset_51 + behind
                 if retry_51 >= 0 then
                   retry_51 = retry_51 + behind
                 end
                 if ok_51 == 1 and cost > 0 then
                   ok_51, retry_51 = 0, behind
-                  if reset < behind then
-                    reset = behind
+                  if reset_51 < behind then
+                    reset_51 = behind
                   end
                 end
               end
-              ok, remaining_40, reset_40, retry = ok_51, remaining, reset, retry_51
+              ok, remaining, reset, retry = ok_51, remaining_51, reset_51, retry_51
             end
           end
-          if ends_37 and ends_37 > now then
-            local wait = ends_37 - now
+          if ends and ends > now then
+            local wait = ends - now
             if ok == 1 or retry >= 0 then
               if retry < wait then
                 retry = wait
               end
             end
             ok = 0
-            remaining_40 = 0
-            if reset_40 < wait then
-              reset_40 = wait
+            remaining = 0
+            if reset < wait then
+              reset = wait
             end
           end
+          v = retry
           if ok == 1 then
-            v, remaining, reset = -2, remaining_40, reset_40 break
+            v = -2
+          elseif retry < 0 then
+            v = -1
           end
-          if retry < 0 then
-            v, remaining, reset = -1, remaining_40, reset_40 break
-          end
-          v, remaining, reset = retry, remaining_40, reset_40 break
-        until true
-        REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
-        ok, st, ends, q = v == -2, st_37, ends_37, q_37
+        end
+        REPLY[base + 1] = v
+        REPLY[base + 2] = remaining
+        REPLY[base + 3] = reset
+        ok = v == -2
       end
     else
       do -- loaded
         local p = p
-        local st_52, ends_52, stale
-        repeat -- read2
+        local stale
+        do -- read2
           local into = STATES[i]
           local raw = call('GET', key)
-          if not raw then
-            st_52, ends_52, stale = nil break
-          end
-          local a, b, tag, ends
-          local t = p.tag
-          if find(raw, t, #raw - #t + 1, true) then
-            a, b = match(raw, '^(%d+) (%d+)~')
-          end
-          if not a then
-            local state
-            state, tag, ends = split_state(raw)
-            if tag == p.tag then
-              tag = nil
+          st, ends, stale = nil
+          if raw then
+            local a, b, now_tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
+            if now_tag ~= p.tag then
+              a = nil
             end
-            a, b = match(state or '', '^(%d+) (%d+)$')
             if not a then
-              st_52, ends_52, stale = nil, ends, tag break
+              local state
+              state, stale, ends = split_state(raw)
+              if stale == p.tag then
+                stale = nil
+              end
+              a, b = match(state or '', '^(%d+) (%d+)$')
+            end
+            if a then
+              into[1], into[2] = a + 0, b + 0
+              st = into
             end
           end
-          into[1], into[2] = tonumber(a), tonumber(b)
-          st_52, ends_52, stale = into, ends, tag break
-        until true
-        if stale then
-          st_52, ends_52, p = adopt(self, key, p, st_52, ends_52, now, stale, STATES[i], since)
         end
-        st, ends, q = st_52, ends_52, p
+        if stale then
+          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
+        end
+        q = p
       end
       ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
@@ -4820,26 +4913,25 @@ ALG[5] = function()
                   block_end = format(INT, ends)
                 end
                 value = value .. '|' .. block_end
-                repeat -- until_block_ends
+                do -- until_block_ends
                   local expires_at_62 = expires_at
-                  if ends and ends > expires_at_62 then
-                    expires_at = ends break
+                  local at = expires_at_62
+                  if ends and ends > at then
+                    at = ends
                   end
-                  expires_at = expires_at_62 break
-                until true
+                  expires_at = at
+                end
               end
               local ms
-              repeat -- ttl_ms
-                local ms_63
+              do -- ttl_ms
                 do -- cdiv
                   local a = expires_at - since
-                  ms_63 = (a + (-a) % 1000) / 1000
+                  ms = (a + (-a) % 1000) / 1000
                 end
-                if ms_63 < 1 then
-                  ms = 1 break
+                if ms < 1 then
+                  ms = 1
                 end
-                ms = ms_63 break
-              until true
+              end
               call('SET', key, value, 'PX', format(INT, ms))
             until true
           until true
@@ -4871,91 +4963,87 @@ ALG[5] = function()
     local p
     do -- read_params
       local tag = args[at]
-      local p_65 = TAGGED[tag or '']
-      if not p_65 and tag then
+      p = TAGGED[tag]
+      if not p and tag then
         local semi = find(tag, ';', 1, true)
-        p_65 = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p_65) then
-          p_65 = nil
+        p = { tag = semi and sub(tag, 1, semi - 1) or tag }
+        if not tag_params(tag, p) then
+          p = nil
         else
-          remember(tag, p_65)
+          remember(tag, p)
         end
       end
-      p = p_65
     end
     if not p then
       return nil
     end
     local now, since
-    repeat -- clock
+    do -- clock
       local injected = shape >= 2048
       if injected then
-        local now_66 = tonumber(args[#args - 1])
-        now, since = now_66, now_66 - 1000 * tonumber(args[#args]) break
+        now = tonumber(args[#args - 1])
+        since = now - 1000 * tonumber(args[#args])
+      else
+        local t = call('TIME')
+        now = t[1] * 1000000 + t[2]
+        since = now
       end
-      local t = call('TIME')
-      local now_66 = t[1] * 1000000 + t[2]
-      now, since = now_66, now_66 break
-    until true
-    local ok, st, ends, q
+    end
+    local ok, st, ends, q, seen1, seen2, seen3
     do -- phase_one
-      local st_67, ends_67, q_67
       do -- loaded
         local p = p
-        local st, ends, stale
-        repeat -- read2
+        local stale
+        do -- read2
           local into = STATES[1]
           local raw = call('GET', key)
-          if not raw then
-            st, ends, stale = nil break
-          end
-          local a, b, tag, ends_69
-          local t = p.tag
-          if find(raw, t, #raw - #t + 1, true) then
-            a, b = match(raw, '^(%d+) (%d+)~')
-          end
-          if not a then
-            local state
-            state, tag, ends_69 = split_state(raw)
-            if tag == p.tag then
-              tag = nil
+          if raw then
+            local a, b, now_tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
+            if now_tag ~= p.tag then
+              a = nil
             end
-            a, b = match(state or '', '^(%d+) (%d+)$')
             if not a then
-              st, ends, stale = nil, ends_69, tag break
+              local state
+              state, stale, ends = split_state(raw)
+              if stale == p.tag then
+                stale = nil
+              end
+              a, b = match(state or '', '^(%d+) (%d+)$')
+            end
+            if a then
+              into[1], into[2] = a + 0, b + 0
+              st = into
             end
           end
-          into[1], into[2] = tonumber(a), tonumber(b)
-          st, ends, stale = into, ends_69, tag break
-        until true
+        end
         if stale then
           st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
         end
-        st_67, ends_67, q_67 = st, ends, p
+        q = p
       end
       local v, remaining, reset
-      repeat -- verdict
-        local ok, remaining_70, reset_70, retry
+      do -- verdict
+        local ok, retry
         repeat -- evaluate
-          local capacity, unit, rate, full = q_67[1], q_67[2], q_67[3], q_67[4]
+          local capacity, unit, rate, full = q[1], q[2], q[3], q[4]
           local now_level
           repeat -- level
-            if not st_67 then
+            if not st then
               now_level = 0 break
             end
-            local elapsed = now - st_67[2]
+            local elapsed = now - st[2]
             if elapsed < 0 then
               elapsed = 0
             end
             local to_empty
             do -- cdiv
-              local a, b = st_67[1], q_67[3]
+              local a, b = st[1], q[3]
               to_empty = (a + (-a) % b) / b
             end
             if elapsed >= to_empty then
               now_level = 0 break
             end
-            now_level = st_67[1] - elapsed * q_67[3] break
+            now_level = st[1] - elapsed * q[3] break
           until true
           local room = full - now_level
           if room < 0 then
@@ -4968,36 +5056,36 @@ ALG[5] = function()
               local a = full - after
               left = (a - a % unit) / unit
             end
-            local reset
+            local reset_71
             do -- cdiv
-              reset = (after + (-after) % rate) / rate
+              reset_71 = (after + (-after) % rate) / rate
             end
-            ok, remaining_70, reset_70, retry = 1, left, reset, -1 break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 1, left, reset_71, -1 break
           end
           local left
           do -- fdiv
             left = (room - room % unit) / unit
           end
-          local reset
+          local reset_71
           do -- cdiv
-            reset = (now_level + (-now_level) % rate) / rate
+            reset_71 = (now_level + (-now_level) % rate) / rate
           end
           if cost > capacity then
-            ok, remaining_70, reset_70, retry = 0, left, reset, -1 break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 0, left, reset_71, -1 break
           end
           local retry_71
           do -- cdiv
             local a = after - full
             retry_71 = (a + (-a) % rate) / rate
           end
-          ok, remaining_70, reset_70, retry = 0, left, reset, retry_71 break
+          ok, remaining, reset, retry, seen1, seen2, seen3 = 0, left, reset_71, retry_71 break
         until true
         local behind
         do -- bucket_lag
           local last
           repeat -- last_after
-            if st_67 and st_67[2] > now then
-              last = st_67[2] break
+            if st and st[2] > now then
+              last = st[2] break
             end
             last = now break
           until true
@@ -5005,46 +5093,47 @@ ALG[5] = function()
         end
         if behind > 0 then
           do -- shift
-            local ok_81, remaining, reset, retry_81 = ok, remaining_70, reset_70, retry
+            local ok_81, remaining_81, reset_81, retry_81 = ok, remaining, reset, retry
             if behind > 0 then
-              remaining = 0
-              reset = reset + behind
+              remaining_81 = 0
+              reset_81 = reset_81 + behind
               if retry_81 >= 0 then
                 retry_81 = retry_81 + behind
               end
               if ok_81 == 1 and cost > 0 then
                 ok_81, retry_81 = 0, behind
-                if reset < behind then
-                  reset = behind
+                if reset_81 < behind then
+                  reset_81 = behind
                 end
               end
             end
-            ok, remaining_70, reset_70, retry = ok_81, remaining, reset, retry_81
+            ok, remaining, reset, retry = ok_81, remaining_81, reset_81, retry_81
           end
         end
-        if ends_67 and ends_67 > now then
-          local wait = ends_67 - now
+        if ends and ends > now then
+          local wait = ends - now
           if ok == 1 or retry >= 0 then
             if retry < wait then
               retry = wait
             end
           end
           ok = 0
-          remaining_70 = 0
-          if reset_70 < wait then
-            reset_70 = wait
+          remaining = 0
+          if reset < wait then
+            reset = wait
           end
         end
+        v = retry
         if ok == 1 then
-          v, remaining, reset = -2, remaining_70, reset_70 break
+          v = -2
+        elseif retry < 0 then
+          v = -1
         end
-        if retry < 0 then
-          v, remaining, reset = -1, remaining_70, reset_70 break
-        end
-        v, remaining, reset = retry, remaining_70, reset_70 break
-      until true
-      REPLY[0 + 1], REPLY[0 + 2], REPLY[0 + 3] = v, remaining, reset
-      ok, st, ends, q = v == -2, st_67, ends_67, q_67
+      end
+      REPLY[0 + 1] = v
+      REPLY[0 + 2] = remaining
+      REPLY[0 + 3] = reset
+      ok = v == -2
     end
     REPLY[3 + 1] = nil
     repeat -- phase_two
@@ -5093,26 +5182,25 @@ ALG[5] = function()
                 block_end = format(INT, ends)
               end
               value = value .. '|' .. block_end
-              repeat -- until_block_ends
+              do -- until_block_ends
                 local expires_at_90 = expires_at
-                if ends and ends > expires_at_90 then
-                  expires_at = ends break
+                local at = expires_at_90
+                if ends and ends > at then
+                  at = ends
                 end
-                expires_at = expires_at_90 break
-              until true
+                expires_at = at
+              end
             end
             local ms
-            repeat -- ttl_ms
-              local ms_91
+            do -- ttl_ms
               do -- cdiv
                 local a = expires_at - since
-                ms_91 = (a + (-a) % 1000) / 1000
+                ms = (a + (-a) % 1000) / 1000
               end
-              if ms_91 < 1 then
-                ms = 1 break
+              if ms < 1 then
+                ms = 1
               end
-              ms = ms_91 break
-            until true
+            end
             call('SET', key, value, 'PX', format(INT, ms))
           until true
         until true
@@ -5235,10 +5323,11 @@ ALG[6] = function()
   
   -- The verdict of a policy as the reply gives it (ADMITTED, the retry-after, or NEVER),
   -- remaining and reset; a blocked key is denied until the block ends, whatever its state
-  -- (twin of `apply_block`).
+  -- (twin of `apply_block`). Then what `evaluate` saw of the state at `now` (up to three
+  -- values of the twin's own, nil when it gives none), for phase two to hand `commit`.
   --@inline
   local function verdict(self, p, st, ends, now, cost, key)
-    local ok, remaining, reset, retry
+    local ok, remaining, reset, retry, seen1, seen2, seen3
     repeat -- evaluate
       local interval, tolerance = p[1], p[2]
       local tat = now
@@ -5253,7 +5342,7 @@ ALG[6] = function()
           local a = tolerance - new_backlog
           left = (a - a % interval) / interval
         end
-        ok, remaining, reset, retry = 1, left, new_backlog, -1 break
+        ok, remaining, reset, retry, seen1, seen2, seen3 = 1, left, new_backlog, -1 break
       end
       local capped = backlog
       if capped > tolerance then
@@ -5265,9 +5354,9 @@ ALG[6] = function()
         remaining_now = (a - a % interval) / interval
       end
       if cost * interval > tolerance then
-        ok, remaining, reset, retry = 0, remaining_now, backlog, -1 break
+        ok, remaining, reset, retry, seen1, seen2, seen3 = 0, remaining_now, backlog, -1 break
       end
-      ok, remaining, reset, retry = 0, remaining_now, backlog, new_backlog - tolerance break
+      ok, remaining, reset, retry, seen1, seen2, seen3 = 0, remaining_now, backlog, new_backlog - tolerance break
     until true
     if ends and ends > now then
       local wait = ends - now
@@ -5282,13 +5371,13 @@ ALG[6] = function()
         reset = wait
       end
     end
+    local v = retry
     if ok == 1 then
-      return -2, remaining, reset
+      v = -2
+    elseif retry < 0 then
+      v = -1
     end
-    if retry < 0 then
-      return -1, remaining, reset
-    end
-    return retry, remaining, reset
+    return v, remaining, reset, seen1, seen2, seen3
   end
   
   
@@ -5305,13 +5394,12 @@ ALG[6] = function()
   local function step(self, i, n, keys, now, since, admitted, base)
     local op, key, cost, p = OPS[i], keys[i], COSTS[i], PS[i]
     local fused = FUSES[op]
-    local ok, st, ends, q
+    local ok, st, ends, q, seen1, seen2, seen3
     if fused then
       do -- phase_one
-        local st_19, ends_19, q_19
         do -- loaded
           local p = p
-          local st, ends, stale
+          local stale
           repeat -- read1
             local raw = call('GET', key)
             if not raw then
@@ -5340,16 +5428,16 @@ ALG[6] = function()
           if stale then
             st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
           end
-          st_19, ends_19, q_19 = st, ends, p
+          q = p
         end
         local v, remaining, reset
-        repeat -- verdict
-          local ok, remaining_23, reset_23, retry
+        do -- verdict
+          local ok, retry
           repeat -- evaluate
-            local interval, tolerance = q_19[1], q_19[2]
+            local interval, tolerance = q[1], q[2]
             local tat = now
-            if st_19 and st_19 > now then
-              tat = st_19
+            if st and st > now then
+              tat = st
             end
             local backlog = tat - now
             local new_backlog = backlog + cost * interval
@@ -5359,7 +5447,7 @@ ALG[6] = function()
                 local a = tolerance - new_backlog
                 left = (a - a % interval) / interval
               end
-              ok, remaining_23, reset_23, retry = 1, left, new_backlog, -1 break
+              ok, remaining, reset, retry, seen1, seen2, seen3 = 1, left, new_backlog, -1 break
             end
             local capped = backlog
             if capped > tolerance then
@@ -5371,42 +5459,43 @@ ALG[6] = function()
               remaining_now = (a - a % interval) / interval
             end
             if cost * interval > tolerance then
-              ok, remaining_23, reset_23, retry = 0, remaining_now, backlog, -1 break
+              ok, remaining, reset, retry, seen1, seen2, seen3 = 0, remaining_now, backlog, -1 break
             end
-            ok, remaining_23, reset_23, retry = 0, remaining_now, backlog, new_backlog - tolerance break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 0, remaining_now, backlog, new_backlog - tolerance break
           until true
-          if ends_19 and ends_19 > now then
-            local wait = ends_19 - now
+          if ends and ends > now then
+            local wait = ends - now
             if ok == 1 or retry >= 0 then
               if retry < wait then
                 retry = wait
               end
             end
             ok = 0
-            remaining_23 = 0
-            if reset_23 < wait then
-              reset_23 = wait
+            remaining = 0
+            if reset < wait then
+              reset = wait
             end
           end
+          v = retry
           if ok == 1 then
-            v, remaining, reset = -2, remaining_23, reset_23 break
+            v = -2
+          elseif retry < 0 then
+            v = -1
           end
-          if retry < 0 then
-            v, remaining, reset = -1, remaining_23, reset_23 break
-          end
-          v, remaining, reset = retry, remaining_23, reset_23 break
-        until true
-        REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
-        ok, st, ends, q = v == -2, st_19, ends_19, q_19
+        end
+        REPLY[base + 1] = v
+        REPLY[base + 2] = remaining
+        REPLY[base + 3] = reset
+        ok = v == -2
       end
     else
       do -- loaded
         local p = p
-        local st_27, ends_27, stale
+        local stale
         repeat -- read1
           local raw = call('GET', key)
           if not raw then
-            st_27, ends_27, stale = nil break
+            st, ends, stale = nil break
           end
           local bare
           repeat -- untagged
@@ -5419,19 +5508,19 @@ ALG[6] = function()
           if bare then
             local n = tonumber(bare)
             if n then
-              st_27, ends_27, stale = n break
+              st, ends, stale = n break
             end
           end
-          local state, tag, ends = split_state(raw)
+          local state, tag, ends_28 = split_state(raw)
           if tag == p.tag then
             tag = nil
           end
-          st_27, ends_27, stale = tonumber(state), ends, tag break
+          st, ends, stale = tonumber(state), ends_28, tag break
         until true
         if stale then
-          st_27, ends_27, p = adopt(self, key, p, st_27, ends_27, now, stale, STATES[i], since)
+          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
         end
-        st, ends, q = st_27, ends_27, p
+        q = p
       end
       ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
@@ -5460,26 +5549,25 @@ ALG[6] = function()
                   block_end = format(INT, ends)
                 end
                 value = value .. '|' .. block_end
-                repeat -- until_block_ends
+                do -- until_block_ends
                   local expires_at_34 = expires_at
-                  if ends and ends > expires_at_34 then
-                    expires_at = ends break
+                  local at = expires_at_34
+                  if ends and ends > at then
+                    at = ends
                   end
-                  expires_at = expires_at_34 break
-                until true
+                  expires_at = at
+                end
               end
               local ms
-              repeat -- ttl_ms
-                local ms_35
+              do -- ttl_ms
                 do -- cdiv
                   local a = expires_at - since
-                  ms_35 = (a + (-a) % 1000) / 1000
+                  ms = (a + (-a) % 1000) / 1000
                 end
-                if ms_35 < 1 then
-                  ms = 1 break
+                if ms < 1 then
+                  ms = 1
                 end
-                ms = ms_35 break
-              until true
+              end
               call('SET', key, value, 'PX', format(INT, ms))
             until true
           until true
@@ -5511,38 +5599,37 @@ ALG[6] = function()
     local p
     do -- read_params
       local tag = args[at]
-      local p_37 = TAGGED[tag or '']
-      if not p_37 and tag then
+      p = TAGGED[tag]
+      if not p and tag then
         local semi = find(tag, ';', 1, true)
-        p_37 = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p_37) then
-          p_37 = nil
+        p = { tag = semi and sub(tag, 1, semi - 1) or tag }
+        if not tag_params(tag, p) then
+          p = nil
         else
-          remember(tag, p_37)
+          remember(tag, p)
         end
       end
-      p = p_37
     end
     if not p then
       return nil
     end
     local now, since
-    repeat -- clock
+    do -- clock
       local injected = shape >= 2048
       if injected then
-        local now_38 = tonumber(args[#args - 1])
-        now, since = now_38, now_38 - 1000 * tonumber(args[#args]) break
+        now = tonumber(args[#args - 1])
+        since = now - 1000 * tonumber(args[#args])
+      else
+        local t = call('TIME')
+        now = t[1] * 1000000 + t[2]
+        since = now
       end
-      local t = call('TIME')
-      local now_38 = t[1] * 1000000 + t[2]
-      now, since = now_38, now_38 break
-    until true
-    local ok, st, ends, q
+    end
+    local ok, st, ends, q, seen1, seen2, seen3
     do -- phase_one
-      local st_39, ends_39, q_39
       do -- loaded
         local p = p
-        local st, ends, stale
+        local stale
         repeat -- read1
           local raw = call('GET', key)
           if not raw then
@@ -5571,16 +5658,16 @@ ALG[6] = function()
         if stale then
           st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
         end
-        st_39, ends_39, q_39 = st, ends, p
+        q = p
       end
       local v, remaining, reset
-      repeat -- verdict
-        local ok, remaining_43, reset_43, retry
+      do -- verdict
+        local ok, retry
         repeat -- evaluate
-          local interval, tolerance = q_39[1], q_39[2]
+          local interval, tolerance = q[1], q[2]
           local tat = now
-          if st_39 and st_39 > now then
-            tat = st_39
+          if st and st > now then
+            tat = st
           end
           local backlog = tat - now
           local new_backlog = backlog + cost * interval
@@ -5590,7 +5677,7 @@ ALG[6] = function()
               local a = tolerance - new_backlog
               left = (a - a % interval) / interval
             end
-            ok, remaining_43, reset_43, retry = 1, left, new_backlog, -1 break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 1, left, new_backlog, -1 break
           end
           local capped = backlog
           if capped > tolerance then
@@ -5602,33 +5689,34 @@ ALG[6] = function()
             remaining_now = (a - a % interval) / interval
           end
           if cost * interval > tolerance then
-            ok, remaining_43, reset_43, retry = 0, remaining_now, backlog, -1 break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 0, remaining_now, backlog, -1 break
           end
-          ok, remaining_43, reset_43, retry = 0, remaining_now, backlog, new_backlog - tolerance break
+          ok, remaining, reset, retry, seen1, seen2, seen3 = 0, remaining_now, backlog, new_backlog - tolerance break
         until true
-        if ends_39 and ends_39 > now then
-          local wait = ends_39 - now
+        if ends and ends > now then
+          local wait = ends - now
           if ok == 1 or retry >= 0 then
             if retry < wait then
               retry = wait
             end
           end
           ok = 0
-          remaining_43 = 0
-          if reset_43 < wait then
-            reset_43 = wait
+          remaining = 0
+          if reset < wait then
+            reset = wait
           end
         end
+        v = retry
         if ok == 1 then
-          v, remaining, reset = -2, remaining_43, reset_43 break
+          v = -2
+        elseif retry < 0 then
+          v = -1
         end
-        if retry < 0 then
-          v, remaining, reset = -1, remaining_43, reset_43 break
-        end
-        v, remaining, reset = retry, remaining_43, reset_43 break
-      until true
-      REPLY[0 + 1], REPLY[0 + 2], REPLY[0 + 3] = v, remaining, reset
-      ok, st, ends, q = v == -2, st_39, ends_39, q_39
+      end
+      REPLY[0 + 1] = v
+      REPLY[0 + 2] = remaining
+      REPLY[0 + 3] = reset
+      ok = v == -2
     end
     REPLY[3 + 1] = nil
     repeat -- phase_two
@@ -5650,26 +5738,25 @@ ALG[6] = function()
                 block_end = format(INT, ends)
               end
               value = value .. '|' .. block_end
-              repeat -- until_block_ends
+              do -- until_block_ends
                 local expires_at_51 = expires_at
-                if ends and ends > expires_at_51 then
-                  expires_at = ends break
+                local at = expires_at_51
+                if ends and ends > at then
+                  at = ends
                 end
-                expires_at = expires_at_51 break
-              until true
+                expires_at = at
+              end
             end
             local ms
-            repeat -- ttl_ms
-              local ms_52
+            do -- ttl_ms
               do -- cdiv
                 local a = expires_at - since
-                ms_52 = (a + (-a) % 1000) / 1000
+                ms = (a + (-a) % 1000) / 1000
               end
-              if ms_52 < 1 then
-                ms = 1 break
+              if ms < 1 then
+                ms = 1
               end
-              ms = ms_52 break
-            until true
+            end
             call('SET', key, value, 'PX', format(INT, ms))
           until true
         until true
@@ -5822,17 +5909,16 @@ local function read_policy(args, at, i)
   local p
   do -- read_params
     local tag = args[at]
-    local p_1 = TAGGED[tag or '']
-    if not p_1 and tag then
+    p = TAGGED[tag]
+    if not p and tag then
       local semi = find(tag, ';', 1, true)
-      p_1 = { tag = semi and sub(tag, 1, semi - 1) or tag }
-      if not tag_params(tag, p_1) then
-        p_1 = nil
+      p = { tag = semi and sub(tag, 1, semi - 1) or tag }
+      if not tag_params(tag, p) then
+        p = nil
       else
-        remember(tag, p_1)
+        remember(tag, p)
       end
     end
-    p = p_1
   end
   if not p then
     return nil
@@ -5919,17 +6005,16 @@ local function decide(keys, args)
       local p_2
       do -- read_params
         local tag = args[at]
-        local p = TAGGED[tag or '']
-        if not p and tag then
+        p_2 = TAGGED[tag]
+        if not p_2 and tag then
           local semi = find(tag, ';', 1, true)
-          p = { tag = semi and sub(tag, 1, semi - 1) or tag }
-          if not tag_params(tag, p) then
-            p = nil
+          p_2 = { tag = semi and sub(tag, 1, semi - 1) or tag }
+          if not tag_params(tag, p_2) then
+            p_2 = nil
           else
-            remember(tag, p)
+            remember(tag, p_2)
           end
         end
-        p_2 = p
       end
       if not p_2 then
         alg, op, p, cost, x, y, next_at, clock_flag = nil break
@@ -5952,15 +6037,16 @@ local function decide(keys, args)
     end
   end
   local now, since
-  repeat -- clock
+  do -- clock
     if injected then
-      local now_4 = tonumber(args[#args - 1])
-      now, since = now_4, now_4 - 1000 * tonumber(args[#args]) break
+      now = tonumber(args[#args - 1])
+      since = now - 1000 * tonumber(args[#args])
+    else
+      local t = call('TIME')
+      now = t[1] * 1000000 + t[2]
+      since = now
     end
-    local t = call('TIME')
-    local now_4 = t[1] * 1000000 + t[2]
-    now, since = now_4, now_4 break
-  until true
+  end
   if acts then
     for i = 1, n do
       if ACTS[OPS[i]] then

@@ -21,7 +21,6 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::body::{BodyGuard, MakeBody, Wrapped};
-use crate::deciding::Deciding;
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::grpc;
@@ -29,6 +28,7 @@ use crate::headers::RateLimitHeaders;
 use crate::limiter::{AfterResponse, Limiter, Next};
 use crate::store::Store;
 use crate::store::private::Sealed;
+use crate::waiting::Waiting;
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit): waits for the decision, then
@@ -63,16 +63,6 @@ struct With<L> {
     headers: Option<RateLimitHeaders>,
     held: Option<BodyGuard>,
     charging: Option<Box<Charging<L>>>,
-}
-
-/// A request not yet sent to the inner service, with the inner service it goes to and the
-/// engine, while it waits: for its decision, then for a reserved time (`C`: the store's
-/// future).
-struct Waiting<S, ReqB, C, L> {
-    request: Request<ReqB>,
-    inner: S,
-    limiter: Arc<L>,
-    deciding: Deciding<C>,
 }
 
 /// The inner service's response (`R`) and the slots its body holds, waiting for the charges
@@ -134,12 +124,7 @@ where
         // The inner service was made ready: that one waits with the request, and a clone
         // stays behind.
         let clone = inner.clone();
-        let waiting = Waiting {
-            request,
-            inner: std::mem::replace(inner, clone),
-            limiter: limiter.clone(),
-            deciding: Deciding::new(limiter, next),
-        };
+        let waiting = Waiting::new(limiter, next, request, std::mem::replace(inner, clone));
         Self::new(Phase::Waiting {
             waiting: Some(Box::new(waiting)),
         })
@@ -207,14 +192,11 @@ where
     St: Store,
 {
     let w = waiting.as_mut().expect(POLLED_AFTER_READY);
-    let next = ready!(w.deciding.poll_answer(&w.limiter, cx));
-    let Waiting {
-        request,
-        mut inner,
-        limiter,
-        ..
-    } = *waiting.take().expect(POLLED_AFTER_READY);
-    Poll::Ready(respond_or_call(&limiter, next, request, &mut inner))
+    let next = ready!(w.poll_next(cx));
+    let request = w.request.take().expect(POLLED_AFTER_READY);
+    let phase = respond_or_call(&w.limiter, next, request, &mut w.inner);
+    *waiting = None;
+    Poll::Ready(phase)
 }
 
 /// The limiter's own response (in the form its style gives the request), or the inner

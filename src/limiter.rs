@@ -43,7 +43,7 @@ use crate::reload::TierSummary;
 use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Permit};
 use crate::response::Responses;
 use crate::settle::Settle;
-use crate::store::{Check, Checks, Keyed, MemoryStore, Op, Store, TOGETHER};
+use crate::store::{Check, Checks, MemoryStore, Op, Store, TOGETHER};
 use crate::telemetry::{decision_span, record_outcome, traced};
 use crate::top::{TopLimited, Tracker};
 
@@ -205,9 +205,8 @@ pub(crate) struct Ticket {
     /// moved along with every one).
     asking: Option<Box<Asking>>,
     fallback: Option<Checks>,
-    /// What is kept of each of the request's own checks, when the deny cache or the IETF `pk`
-    /// needs it.
-    keys: Option<Vec<Keyed>>,
+    /// The request's own checks, kept when the deny cache or the IETF `pk` needs them.
+    keys: Option<Vec<Check>>,
     /// When the store was asked, for `ratelimit_store_duration_seconds` (not timed for a
     /// store that decides synchronously).
     started: Option<Instant>,
@@ -515,9 +514,8 @@ impl<St: Store> Limiter<St> {
 
     /// `checks` as the ticket keeps them, when the deny cache, the IETF `pk` or a reserved
     /// slot to give back needs them.
-    fn keys(&self, checks: &[Check]) -> Option<Vec<Keyed>> {
-        self.needs_keys()
-            .then(|| checks.iter().map(Keyed::of).collect())
+    fn keys(&self, checks: &[Check]) -> Option<Vec<Check>> {
+        self.needs_keys().then(|| checks.to_vec())
     }
 
     /// Whether nothing stands between a request and the store but its policies (no deny

@@ -13,7 +13,7 @@ use crate::error::{LimitError, StoreError};
 use crate::key::Key;
 use crate::policy::Tier;
 use crate::quota::Quota;
-use crate::store::{Check, Checks, Enforced, Keyed, Op, Store, TOGETHER};
+use crate::store::{Check, Checks, Enforced, Op, Store, TOGETHER};
 use crate::top::{LimitedKey, TopLimitedService, TopReport};
 use smallvec::SmallVec;
 
@@ -42,11 +42,11 @@ impl<St: Store> Limiter<St> {
     /// Counts each policy that denied the request (shadow or not) in its summary of the keys
     /// denied, when the layer keeps one.
     #[inline]
-    pub(super) fn record_limited(&self, decision: &Decision, keys: Option<&[Keyed]>) {
+    pub(super) fn record_limited(&self, decision: &Decision, keys: Option<&[Check]>) {
         if let (Some(top), Some(keys)) = (&self.top, keys) {
             let mut now = None;
             for o in decision.outcomes().iter().filter(|o| !o.is_allowed()) {
-                if let Some(key) = Keyed::key_of(keys, o.tier().id()) {
+                if let Some(key) = Check::key_of(keys, o.tier().id()) {
                     let now = *now.get_or_insert_with(|| self.clock.now_micros());
                     top.record(o.policy(), key, now);
                 }

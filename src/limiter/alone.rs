@@ -13,7 +13,7 @@ use crate::decision::{Decision, PolicyOutcome};
 use crate::headers::{HeaderStyle, RateLimitHeaders};
 use crate::key::{Key, RequestRef};
 use crate::policy::{CompiledPolicy, Tier};
-use crate::store::{Enforced, Keyed, Store, TOGETHER};
+use crate::store::{Check, Enforced, Op, Store, TOGETHER};
 use crate::telemetry::{decision_span, spans_enabled, traced};
 
 impl<St: Store> Limiter<St> {
@@ -77,9 +77,9 @@ impl<St: Store> Limiter<St> {
             span.record("policies", names.join(","));
         });
         let kept = self.needs_keys().then(|| {
-            let kept = keys
-                .iter()
-                .map(|(tier, key, cost)| Keyed::new(tier.id(), key.clone(), *cost));
+            let kept = keys.iter().map(|(tier, key, cost)| {
+                Check::new(Arc::clone(tier), key.clone(), *cost, Op::Enforce)
+            });
             kept.collect::<Vec<_>>()
         });
         self.finish(decision, Vec::new(), kept.as_deref(), false, &span)
@@ -110,7 +110,7 @@ impl<St: Store> Limiter<St> {
         let decision = Decision::one(PolicyOutcome::new(tier, false, verdict));
         let keys = self
             .needs_keys()
-            .then(|| vec![Keyed::new(tier.id(), key.clone(), cost)]);
+            .then(|| vec![Check::new(tier.clone(), key.clone(), cost, Op::Enforce)]);
         self.finish(decision, Vec::new(), keys.as_deref(), false, &span)
     }
 

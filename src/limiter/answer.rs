@@ -8,7 +8,7 @@ use crate::body::BodyGuard;
 use crate::decision::{Decision, PolicyOutcome};
 use crate::error::StoreError;
 use crate::headers::RateLimitHeaders;
-use crate::store::{Keyed, Store};
+use crate::store::{Check, Store};
 use crate::telemetry::{record_outcome, traced};
 
 impl<St: Store> Limiter<St> {
@@ -64,7 +64,7 @@ impl<St: Store> Limiter<St> {
         &self,
         decision: Decision,
         mut after: Vec<AfterResponse>,
-        keys: Option<&[Keyed]>,
+        keys: Option<&[Check]>,
         local: bool,
         span: &Span,
     ) -> Next<F> {
@@ -118,7 +118,7 @@ impl<St: Store> Limiter<St> {
         decision: Decision,
         wait: std::time::Duration,
         headers: RateLimitHeaders,
-        keys: Option<&[Keyed]>,
+        keys: Option<&[Check]>,
         local: bool,
         held: Option<BodyGuard>,
         after: Vec<AfterResponse>,
@@ -158,9 +158,9 @@ impl<St: Store> Limiter<St> {
     pub(super) fn response_headers(
         &self,
         decision: &Decision,
-        keys: Option<&[Keyed]>,
+        keys: Option<&[Check]>,
     ) -> RateLimitHeaders {
-        let key_of = |tier| Keyed::key_of(keys?, tier);
+        let key_of = |tier| Check::key_of(keys?, tier);
         RateLimitHeaders::new(decision, &self.headers, || self.clock.now_micros(), key_of)
     }
 }

@@ -7,7 +7,7 @@ use super::{Limiter, Ticket};
 use crate::body::BodyGuard;
 use crate::decision::{Decision, Grant, PolicyOutcome};
 use crate::store::private::Sealed as _;
-use crate::store::{Check, Checks, Keyed, Op, Store};
+use crate::store::{Check, Checks, Op, Store};
 
 /// The slots an outcome took: of a concurrency limit, or reserved for a wait.
 fn taken(o: &PolicyOutcome) -> Option<&Grant> {
@@ -22,7 +22,7 @@ impl<St: Store> Limiter<St> {
     pub(super) fn slots(
         &self,
         decision: &Decision,
-        keys: Option<&[Keyed]>,
+        keys: Option<&[Check]>,
         local: bool,
         pick: fn(&PolicyOutcome) -> Option<&Grant>,
         counter: Option<&'static str>,
@@ -32,7 +32,7 @@ impl<St: Store> Limiter<St> {
             let (Some(grant), Some(keys)) = (pick(o), keys) else {
                 continue;
             };
-            if let Some(key) = Keyed::key_of(keys, o.tier().id()) {
+            if let Some(key) = Check::key_of(keys, o.tier().id()) {
                 let tier = o.tier().clone();
                 checks.push(Check::new(
                     tier,

@@ -7,7 +7,7 @@ use hashbrown::HashTable;
 
 use crate::decision::{Decision, PolicyOutcome};
 use crate::key::Key;
-use crate::store::{Check, Keyed, Op, lock};
+use crate::store::{Check, Op, lock};
 use smallvec::smallvec;
 
 const SHARDS: usize = 16;
@@ -85,11 +85,11 @@ impl DenyCache {
         None
     }
 
-    /// Remembers the violated enforced policies of a denied decision: `checks` are the policy
-    /// id, key and cost of each of its outcomes.
-    pub(crate) fn remember(&self, checks: &[Keyed], decision: &Decision, now: u64) {
+    /// Remembers the violated enforced policies of a denied decision: `checks` are the checks
+    /// of its outcomes.
+    pub(crate) fn remember(&self, checks: &[Check], decision: &Decision, now: u64) {
         for (kept, outcome) in checks.iter().zip(decision.outcomes()) {
-            let (id, key, cost) = (kept.tier(), kept.key(), kept.cost());
+            let (id, key, cost) = (kept.tier().id(), kept.key(), kept.cost());
             let Some(retry) = outcome.retry_after() else {
                 continue;
             };
@@ -179,7 +179,7 @@ mod tests {
             let policy = handle(0);
             let decision = denied(&policy, 60_000_000);
             for i in 0..20_000u64 {
-                cache.remember(&[Keyed::new(0, Key::from(i), 1)], &decision, i);
+                cache.remember(&check(&policy, &Key::from(i), 1), &decision, i);
                 assert!(cache.len() <= max, "{} entries, at most {max}", cache.len());
             }
             assert!(cache.len() >= max / 2, "{max}: most of the room is used");
@@ -195,7 +195,7 @@ mod tests {
         let policy = handle(0);
         // 16 shards of one entry: fill them with short denials.
         for i in 0..1_000u64 {
-            cache.remember(&[Keyed::new(0, Key::from(i), 1)], &denied(&policy, 10), 0);
+            cache.remember(&check(&policy, &Key::from(i), 1), &denied(&policy, 10), 0);
         }
         let held = cache.len();
         assert!(held <= 16);
@@ -213,7 +213,7 @@ mod tests {
         let cache = DenyCache::new(100);
         let (a, b) = (handle(0), handle(1));
         let key = Key::from("k");
-        cache.remember(&[Keyed::new(0, key.clone(), 5)], &denied(&a, 1_000), 0);
+        cache.remember(&check(&a, &key, 5), &denied(&a, 1_000), 0);
         let hit = cache.lookup(&check(&a, &key, 5), 400).expect("a hit");
         assert_eq!(
             hit.binding().retry_after(),

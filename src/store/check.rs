@@ -9,46 +9,6 @@ use super::Op;
 use crate::key::Key;
 use crate::policy::Tier;
 
-/// What is kept of a request's check once it is sent: its tier's id, its key and its cost
-/// (for the deny cache, the top limited keys, the IETF `pk` and the slots to give back).
-#[derive(Clone, Debug)]
-pub(crate) struct Keyed {
-    tier: u32,
-    key: Key,
-    cost: u64,
-}
-
-impl Keyed {
-    pub(crate) fn new(tier: u32, key: Key, cost: u64) -> Keyed {
-        Keyed { tier, key, cost }
-    }
-
-    /// What is kept of `check`.
-    pub(crate) fn of(check: &Check) -> Keyed {
-        Keyed::new(check.tier().id(), check.key().clone(), check.cost())
-    }
-
-    /// The check's tier id.
-    pub(crate) fn tier(&self) -> u32 {
-        self.tier
-    }
-
-    /// The check's key.
-    pub(crate) fn key(&self) -> &Key {
-        &self.key
-    }
-
-    /// The check's cost.
-    pub(crate) fn cost(&self) -> u64 {
-        self.cost
-    }
-
-    /// The key of the tier `tier` among `kept`.
-    pub(crate) fn key_of(kept: &[Keyed], tier: u32) -> Option<&Key> {
-        kept.iter().find(|k| k.tier == tier).map(|k| &k.key)
-    }
-}
-
 /// The checks of one decision, one per policy that applies (two are kept without allocating).
 pub(crate) type Checks = SmallVec<[Check; 2]>;
 
@@ -56,8 +16,10 @@ pub(crate) type Checks = SmallVec<[Check; 2]>;
 /// `Sealed::check_together`): its tier, the key and the cost.
 pub(crate) type Enforced<'a> = (&'a Arc<Tier>, &'a Key, u64);
 
-/// One operation on one tier of one policy, for one key, of some units.
-#[derive(Debug)]
+/// One operation on one tier of one policy, for one key, of some units. A request keeps a
+/// clone of its checks once they are sent when the deny cache, the top limited keys, the IETF
+/// `pk` or the slots to give back need them.
+#[derive(Clone, Debug)]
 pub(crate) struct Check {
     tier: Arc<Tier>,
     key: Key,
@@ -104,6 +66,11 @@ impl Check {
     /// The same check of `cost` units.
     pub(crate) fn with_cost(self, cost: u64) -> Check {
         Check { cost, ..self }
+    }
+
+    /// The key of the tier `tier` among `kept`.
+    pub(crate) fn key_of(kept: &[Check], tier: u32) -> Option<&Key> {
+        kept.iter().find(|c| c.tier.id() == tier).map(|c| &c.key)
     }
 
     /// The same check making another operation.

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 pub use self::redis::{RedisStore, RedisStoreBuilder};
 #[cfg(feature = "tls")]
 pub use self::redis::{RedisTls, RedisTlsError, TlsSetting};
-pub(crate) use check::{Check, Checks, Enforced, Keyed};
+pub(crate) use check::{Check, Checks, Enforced};
 pub(crate) use memory::TOGETHER;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub(crate) use op::Op;

@@ -1,24 +1,31 @@
-//! [`Deciding`]: what a request waits for before it goes on, as its response future waits for
-//! it: the store's answer, or first the answer to another request of this instance that is
-//! asking the store for the lease this one needs (then the request is planned again); then the
-//! time reserved for it, if the answer is to wait.
+//! [`Waiting`]: a request not yet sent to the inner service, and what it waits for before it
+//! goes on, as its response future waits for it: the store's answer, or first the answer to
+//! another request of this instance that is asking the store for the lease this one needs
+//! (then the request is planned again); then the time reserved for it, if the answer is to
+//! wait.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use crate::decision::Decision;
-use crate::error::StoreError;
+use http::Request;
+
 use crate::limiter::{Limiter, Next};
 use crate::store::Store;
 use crate::store::private::Sealed;
 
-/// A decision on its way (`C`: the store's future), or a reserved time. Dropped before it
-/// comes (the client went away), a store's decision finishes on its own and gives back the
-/// slots it took (of a concurrency limit, or reserved for a wait), which would otherwise stay
-/// taken until their leases end; a reserved time is given back by its wait's `release`.
-pub(crate) struct Deciding<C> {
+/// A request with the inner service it goes to and the engine (`L`), and what it awaits: a
+/// decision on its way (`C`: the store's future), or a reserved time. Dropped before the
+/// decision comes (the client went away), a store's decision finishes on its own and gives
+/// back the slots it took (of a concurrency limit, or reserved for a wait), which would
+/// otherwise stay taken until their leases end; a reserved time is given back by its wait's
+/// `release`.
+pub(crate) struct Waiting<S, ReqB, C, L> {
+    /// The request; `None` once it went on.
+    pub(crate) request: Option<Request<ReqB>>,
+    pub(crate) inner: S,
+    pub(crate) limiter: Arc<L>,
     /// What is awaited ([`Next::Store`], [`Next::Lease`] or [`Next::Wait`]); `None` once it
     /// came.
     awaited: Option<Next<C>>,
@@ -28,7 +35,7 @@ pub(crate) struct Deciding<C> {
     abandoned: Option<Box<dyn FnOnce(C) + Send>>,
 }
 
-impl<C> Drop for Deciding<C> {
+impl<S, ReqB, C, L> Drop for Waiting<S, ReqB, C, L> {
     fn drop(&mut self) {
         if let (Some(Next::Store(call, _)), Some(abandoned)) =
             (self.awaited.take(), self.abandoned.take())
@@ -38,37 +45,42 @@ impl<C> Drop for Deciding<C> {
     }
 }
 
-impl<C> Deciding<C>
+impl<S, ReqB, St> Waiting<S, ReqB, <St as Sealed>::Future, Limiter<St>>
 where
-    C: Future<Output = Result<Decision, StoreError>> + Unpin,
+    St: Store,
 {
-    /// Waits for what `next` waits for, as the engine said.
-    pub(crate) fn new<St>(limiter: &Arc<Limiter<St>>, next: Next<C>) -> Self
-    where
-        St: Store + Sealed<Future = C>,
-    {
-        let (abandoned, sleep) = match &next {
-            Next::Store(_, ticket) => (limiter.abandoned(ticket), None),
+    /// `request`, to `inner`, waiting for what `next` waits for, as the engine said.
+    pub(crate) fn new(
+        limiter: &Arc<Limiter<St>>,
+        next: Next<<St as Sealed>::Future>,
+        request: Request<ReqB>,
+        inner: S,
+    ) -> Self {
+        let mut waiting = Waiting {
+            request: Some(request),
+            inner,
+            limiter: limiter.clone(),
+            awaited: None,
+            sleep: None,
+            abandoned: None,
+        };
+        waiting.awaits(next);
+        waiting
+    }
+
+    /// Waits for what `next` waits for from now on.
+    fn awaits(&mut self, next: Next<<St as Sealed>::Future>) {
+        (self.abandoned, self.sleep) = match &next {
+            Next::Store(_, ticket) => (self.limiter.abandoned(ticket), None),
             Next::Wait { wait, .. } => (None, Some(Box::pin(tokio::time::sleep(*wait)))),
             _ => (None, None),
         };
-        Deciding {
-            awaited: Some(next),
-            sleep,
-            abandoned,
-        }
+        self.awaited = Some(next);
     }
 
-    /// The request's next step once what it waited for came, as `limiter` answers it: one that
-    /// waits for nothing more (a [`Next::Wait`] whose slot came goes on).
-    pub(crate) fn poll_answer<St>(
-        &mut self,
-        limiter: &Arc<Limiter<St>>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Next<C>>
-    where
-        St: Store + Sealed<Future = C>,
-    {
+    /// The request's next step once what it waited for came, as the engine answers it: one
+    /// that waits for nothing more (a [`Next::Wait`] whose time came goes on).
+    pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Next<<St as Sealed>::Future>> {
         loop {
             // Polled in place; taken only once it came.
             let next = match self.awaited.as_mut() {
@@ -77,7 +89,7 @@ where
                     let Some(Next::Store(_, ticket)) = self.awaited.take() else {
                         unreachable!("the store's answer came");
                     };
-                    limiter.answered(ticket, result)
+                    self.limiter.answered(ticket, result)
                 }
                 Some(Next::Lease(wait, _)) => {
                     ready!(Pin::new(wait).poll(cx));
@@ -86,7 +98,7 @@ where
                     };
                     // The lease came (or not): plan again.
                     let (checks, ticket) = *planned;
-                    limiter.resume(checks, ticket)
+                    self.limiter.resume(checks, ticket)
                 }
                 Some(Next::Wait { .. }) => {
                     if let Some(sleep) = &mut self.sleep {
@@ -104,7 +116,7 @@ where
             if !next.waits() {
                 return Poll::Ready(next);
             }
-            *self = Deciding::new(limiter, next);
+            self.awaits(next);
         }
     }
 }

@@ -46,7 +46,7 @@ pub struct BodyGuard {
 }
 
 impl BodyGuard {
-    /// Slots given back by `release`, when dropped.
+    /// What `release` gives back, when dropped.
     pub(crate) fn new(release: impl FnOnce() + Send + Sync + 'static) -> Self {
         BodyGuard {
             release: Some(Box::new(release)),

@@ -181,7 +181,7 @@ fn charging<L>(limiter: &Arc<L>, charges: Vec<AfterResponse>) -> Option<Box<Char
 
 /// Polls a waiting request: for its decision, then for its reserved time, if any; then the
 /// state it goes to (the inner service called, or the limiter's response; a waiting
-/// request's slots are then spent, not given back).
+/// request's reserved units are then spent, not given back).
 #[allow(clippy::type_complexity)]
 fn poll_waiting<S, ReqB, St, R>(
     waiting: &mut Option<Box<Waiting<S, ReqB, <St as Sealed>::Future, Limiter<St>>>>,
@@ -200,8 +200,8 @@ where
 }
 
 /// The limiter's own response (in the form its style gives the request), or the inner
-/// service called: [`Next::Call`]'s, or a waiting request's whose slot came (its
-/// slots are then spent, not given back).
+/// service called: [`Next::Call`]'s, or a waiting request's whose reserved time came (its
+/// units are then spent, not given back).
 fn respond_or_call<S, ReqB, C, R, St: Store>(
     limiter: &Arc<Limiter<St>>,
     next: Next<<St as Sealed>::Future>,

@@ -162,7 +162,7 @@
 //! # Waiting instead of rejecting
 //!
 //! With [`Policy::wait_up_to`], a request the policy would reject now but admits within the
-//! wait is admitted for that later slot instead: the store charges it there, in the same
+//! wait is admitted for that later time instead: the store charges it there, in the same
 //! atomic step that decides it, and the layer holds the request until its reserved time comes
 //! before calling the inner service. Instances sharing a store queue on one schedule; a request
 //! whose turn is further away than the wait gets its `429` at once; a waiting request that is

@@ -53,7 +53,7 @@ mod admin;
 mod after;
 mod policies;
 mod set;
-mod slots;
+mod give_back;
 mod failure;
 
 use set::{Lane, Policies, PolicySet};
@@ -512,8 +512,8 @@ impl<St: Store> Limiter<St> {
         Next::Store(self.store.check(checks), ticket)
     }
 
-    /// `checks` as the ticket keeps them, when the deny cache, the IETF `pk` or a reserved
-    /// slot to give back needs them.
+    /// `checks` as the ticket keeps them, when the deny cache, the IETF `pk` or reserved units
+    /// to give back need them.
     fn keys(&self, checks: &[Check]) -> Option<Vec<Check>> {
         self.needs_keys().then(|| checks.to_vec())
     }

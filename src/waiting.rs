@@ -31,7 +31,7 @@ pub(crate) struct Waiting<S, ReqB, C, L> {
     awaited: Option<Next<C>>,
     /// The sleep until the reserved time of a [`Next::Wait`].
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
-    /// What lets the store's decision finish without the request, and gives its slots back.
+    /// What lets the store's decision finish without the request, and gives back what it took.
     abandoned: Option<Box<dyn FnOnce(C) + Send>>,
 }
 

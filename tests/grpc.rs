@@ -390,7 +390,7 @@ async fn the_cluster_limits_grpc_calls() {
         .build()
         .await
         .unwrap();
-    // Two keys, so two slots: the per-method policy and a global one.
+    // Two keys, so two hash slots: the per-method policy and a global one.
     let layer = RateLimitLayer::builder()
         .policy(Policy::gcra("4/h").name("method").key(GrpcMethod::new()))
         .policy(Policy::fixed_window("100/h").name("all").key(GlobalKey))

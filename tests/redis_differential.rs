@@ -325,7 +325,7 @@ async fn several_policies_decide_alike_in_both_stores() {
 /// reloaded, now and then, with another random quota of the same algorithm under the same
 /// name (another limit, window, burst or number of buckets; sometimes letting requests wait),
 /// so each converts the key's state to the new quota when it next sees it. The decisions must
-/// stay identical, through blocks, refunds, penalties, reserved slots and a clock going back.
+/// stay identical, through blocks, refunds, penalties, reserved times and a clock going back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reloads_convert_alike_in_both_stores() {
     let server = RedisServer::start();
@@ -392,7 +392,7 @@ async fn reloads_convert_alike_in_both_stores() {
 }
 
 /// Reservations, decided by the twins: a policy that lets requests wait reserves the same
-/// slots in both stores (the same waits, remaining counts and resets), whatever the
+/// times in both stores (the same waits, remaining counts and resets), whatever the
 /// algorithm, with the clock moving on or going back, refunds and penalties in between.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reservations_are_made_alike_in_both_stores() {
@@ -445,7 +445,7 @@ async fn reservations_are_made_alike_in_both_stores() {
         }
     }
     assert_eq!(decisions, 6 * sequences_per_algorithm as usize * 30);
-    assert!(waited > 500, "the sequences reserve slots: {waited} waits");
+    assert!(waited > 500, "the sequences reserve times: {waited} waits");
     assert_no_key_without_ttl(&server, "wait:");
 }
 

@@ -560,13 +560,13 @@ async fn without_functions_the_store_decides_with_evalsha() {
     );
 }
 
-/// The sliding window counter keeps its ring sparse in Redis ("head slot:count ..."), and
+/// The sliding window counter keeps its ring sparse in Redis ("head cell:count ..."), and
 /// still reads the dense form earlier versions wrote ("head c0 c1 ... c10").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sliding_window_state_is_sparse_and_reads_the_dense_form() {
     let server = RedisServer::start();
     let clock = ManualClock::new();
-    // 10/h in 10 buckets of 360 s: at bucket index 1000 exactly, slot 1000 mod 11 = 10.
+    // 10/h in 10 buckets of 360 s: at bucket index 1000 exactly, cell 1000 mod 11 = 10.
     clock.set_micros(360_000_000 * 1000);
     let s = store(&server, "sw:", Some(&clock)).await;
     let layer = layer_on(s.clone(), Policy::sliding_window("10/h").name("sw"));

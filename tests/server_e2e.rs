@@ -329,7 +329,7 @@ fn two_servers_with_leases_share_one_limit_and_ask_redis_once_per_lease() {
 
 /// `WAIT_MS`: two servers on one Redis, at 2 requests a second with waits of up to a second:
 /// of requests sent together, the first two go on at once, the next two after waiting for
-/// their slots (500 ms apart, whichever server they reach), the rest get 429 at once.
+/// their times (500 ms apart, whichever server they reach), the rest get 429 at once.
 #[test]
 fn two_servers_with_waits_queue_on_one_schedule() {
     let redis = RedisServer::start();
@@ -359,9 +359,9 @@ fn two_servers_with_waits_queue_on_one_schedule() {
     });
     let ok: Vec<_> = replies.iter().filter(|(s, _)| *s == 200).collect();
     let limited = replies.iter().filter(|(s, _)| *s == 429).count();
-    // Six requests sent together: two at once, two waiting for the slots 500 ms and a second
+    // Six requests sent together: two at once, two waiting for the times 500 ms and a second
     // away, the rest rejected; on a slow machine, requests that arrive late may find a later
-    // slot within their wait, never fewer.
+    // time within their wait, never fewer.
     assert!(ok.len() >= 4, "{replies:?}");
     assert_eq!(ok.len() + limited, 6, "{replies:?}");
     let waited = ok

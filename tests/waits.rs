@@ -1,10 +1,10 @@
 //! Waiting instead of rejecting (`Policy::wait_up_to`): a request the policy would reject now
-//! but admits within the wait reserves its slot in the store and goes on when the slot comes.
+//! but admits within the wait reserves its time in the store and goes on when that time comes.
 //!
 //! On the memory store everything runs on injected time: a `ManualClock` for the store and
 //! tokio's paused clock for the wait. On a real redis-server the store's clock is injected
-//! (so the slots are exact) while the waits run on real time: the few waits that complete
-//! are short, and only their lower bound (never before the slot) is asserted.
+//! (so the reserved times are exact) while the waits run on real time: the few waits that complete
+//! are short, and only their lower bound (never before its time) is asserted.
 
 mod support;
 
@@ -18,7 +18,7 @@ use tower::Layer;
 use tower_ratelimit::key::Key;
 use tower_ratelimit::{Algorithm, ManualClock, MemoryStore, Policy, Quota, RateLimitLayer, Store};
 
-/// GCRA at 2 per second (a slot every 500 ms, two at once), waiting up to one second.
+/// GCRA at 2 per second (one every 500 ms, two at once), waiting up to one second.
 fn smooth() -> Policy {
     Policy::gcra("2/s")
         .name("smooth")
@@ -40,7 +40,7 @@ async fn waits<St: Store>(layer: &RateLimitLayer<St>, n: usize) -> Vec<Option<Du
     out
 }
 
-/// The time until the key is fully reset, which grows with every slot reserved.
+/// The time until the key is fully reset, which grows with every time reserved.
 async fn booked<St: Store>(layer: &RateLimitLayer<St>) -> Duration {
     layer.check(&Key::global(), 0).await.unwrap().outcomes()[0].reset_after()
 }
@@ -56,17 +56,17 @@ async fn a_request_over_the_limit_waits_for_its_slot_then_goes_on() {
     }
     assert_eq!(seen.calls(), 2);
 
-    // The third is admitted for the slot 500 ms away: it waits, then goes on.
+    // The third is admitted for the time 500 ms away: it waits, then goes on.
     let started = tokio::time::Instant::now();
     let third = tokio::spawn({
         let svc = svc.clone();
         async move { send(&svc, Request::new(())).await }
     });
     tokio::time::sleep(ms(499)).await;
-    assert_eq!(seen.calls(), 2, "not called before its slot");
+    assert_eq!(seen.calls(), 2, "not called before its time");
     let third = third.await.unwrap();
     assert_eq!(third.status, StatusCode::OK);
-    assert_eq!(started.elapsed(), ms(500), "called at its slot");
+    assert_eq!(started.elapsed(), ms(500), "called at its time");
     assert_eq!(seen.calls(), 3);
     let decision = seen.last_decision();
     assert_eq!(
@@ -77,7 +77,7 @@ async fn a_request_over_the_limit_waits_for_its_slot_then_goes_on() {
     assert_eq!(decision.outcomes()[0].wait(), ms(500));
     assert_eq!(third.remaining(), Some(0));
 
-    // The store's clock has not moved: the next slot is a second away, the one after is
+    // The store's clock has not moved: the next time is a second away, the one after is
     // further than the wait allows and is rejected at once, with when to come back.
     let fourth = tokio::spawn({
         let svc = svc.clone();
@@ -96,7 +96,7 @@ async fn a_request_over_the_limit_waits_for_its_slot_then_goes_on() {
     assert_eq!(seen.calls(), 4);
 }
 
-/// Every algorithm reserves: requests made at one instant get slots in order, each within
+/// Every algorithm reserves: requests made at one instant get times in order, each within
 /// the wait, as many as the algorithm admits by the end of the wait, the rest rejected.
 #[tokio::test]
 async fn every_algorithm_reserves_slots_in_order_within_its_limit() {
@@ -134,7 +134,7 @@ async fn every_algorithm_reserves_slots_in_order_within_its_limit() {
             admitted.len()
         );
         assert_eq!(admitted[..2], [Duration::ZERO; 2], "{algorithm}: {got:?}");
-        // At any slot, no more went on in the second before it than the limit (the windows),
+        // At any time, no more went on in the second before it than the limit (the windows),
         // or than the burst plus the refill since the first (the buckets and GCRA).
         for (i, w) in admitted.iter().enumerate() {
             for (j, v) in admitted[..=i].iter().enumerate() {
@@ -155,8 +155,8 @@ async fn every_algorithm_reserves_slots_in_order_within_its_limit() {
     }
 }
 
-/// A waiting request whose client goes away gives its slot back, and the next request gets
-/// it: the latest slot of a GCRA key (its TAT moves back), and a slot in the middle of a fixed
+/// A waiting request whose client goes away gives its units back, and the next request gets
+/// its time: the latest of a GCRA key (its TAT moves back), and one in the middle of a fixed
 /// window's queue (the requests behind it keep theirs).
 #[tokio::test(start_paused = true)]
 async fn a_waiting_request_whose_client_goes_away_gives_its_slot_back() {
@@ -187,7 +187,7 @@ async fn a_waiting_request_whose_client_goes_away_gives_its_slot_back() {
         assert_eq!(
             next.wait(),
             freed,
-            "the freed slot, taken by the next request"
+            "the freed time, taken by the next request"
         );
         for w in waiting {
             assert_eq!(w.await.unwrap().status, StatusCode::OK);
@@ -228,7 +228,7 @@ fn waits_that_cannot_work_fail_the_build() {
 // ---------------------------------------------------------------------------------------------
 
 /// Two instances, each with its own connection to one Redis, queue on one schedule: the
-/// slots they are given interleave as if one instance had taken them all.
+/// times they are given interleave as if one instance had taken them all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_on_one_redis_share_one_schedule() {
     let server = RedisServer::start();
@@ -254,8 +254,8 @@ async fn two_instances_on_one_redis_share_one_schedule() {
     support::assert_no_key_without_ttl(&server, "wait:");
 }
 
-/// Through the service on Redis: a request waits for its slot in real time (never less), and
-/// one whose client goes away gives its slot back, which the next request then gets.
+/// Through the service on Redis: a request waits for its time in real time (never less), and
+/// one whose client goes away gives its units back, whose time the next request then gets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis_a_request_waits_and_a_dropped_one_gives_its_slot_back() {
     let server = RedisServer::start();
@@ -272,7 +272,7 @@ async fn on_redis_a_request_waits_and_a_dropped_one_gives_its_slot_back() {
     assert!(started.elapsed() >= ms(500), "{:?}", started.elapsed());
     assert_eq!(seen.last_decision().wait(), ms(500));
 
-    // The next slot is a second away: its request is dropped while it waits.
+    // The next time is a second away: its request is dropped while it waits.
     let before = booked(&l).await;
     drop_one_waiting(&l, before).await;
     assert_eq!(booked(&l).await, before);
@@ -281,18 +281,18 @@ async fn on_redis_a_request_waits_and_a_dropped_one_gives_its_slot_back() {
     assert_eq!(
         next.wait(),
         ms(1000),
-        "the freed slot, taken by the next request"
+        "the freed time, taken by the next request"
     );
     support::assert_no_key_without_ttl(&server, "wait:");
 }
 
-/// Sends a request through `l` that reserves a slot, and drops it while it waits; returns once
-/// the store has its slot back (the key's reset moved from `before`, then back from there).
+/// Sends a request through `l` that reserves a time, and drops it while it waits; returns once
+/// the store has its units back (the key's reset moved from `before`, then back from there).
 async fn drop_one_waiting<St: Store>(l: &RateLimitLayer<St>, before: Duration) {
     let svc = l.clone().layer(inner(&Seen::default()));
     let gone = tokio::spawn(async move { send(&svc, Request::new(())).await });
     let reserved = Arc::new(std::sync::Mutex::new(before));
-    eventually("the slot is reserved", async || {
+    eventually("the time is reserved", async || {
         let now = booked(l).await;
         *reserved.lock().unwrap() = now;
         now != before
@@ -301,15 +301,15 @@ async fn drop_one_waiting<St: Store>(l: &RateLimitLayer<St>, before: Duration) {
     gone.abort();
     assert!(gone.await.unwrap_err().is_cancelled());
     let reserved = *reserved.lock().unwrap();
-    eventually("the slot is given back", async || {
+    eventually("the units are given back", async || {
         booked(l).await != reserved
     })
     .await;
 }
 
 /// Every algorithm's release (its Lua twin against its Rust step): the same requests, one of
-/// which is dropped while it waits for its slot, leave both stores in the same state, and
-/// the next request gets the same slot from both.
+/// which is dropped while it waits for its time, leave both stores in the same state, and
+/// the next request gets the same time from both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_algorithm_gives_a_slot_back_alike_in_both_stores() {
     let server = RedisServer::start();
@@ -338,12 +338,12 @@ async fn every_algorithm_gives_a_slot_back_alike_in_both_stores() {
 }
 
 /// What [`every_algorithm_gives_a_slot_back_alike_in_both_stores`] sees of one store: the
-/// waits of four requests at one instant, then, after a fifth reserved a slot and was dropped,
+/// waits of four requests at one instant, then, after a fifth reserved a time and was dropped,
 /// the next request's (admitted, remaining, reset, wait).
 type Seen4 = (Vec<Duration>, (bool, u64, Duration, Duration));
 
 async fn probe<St: Store>(l: &RateLimitLayer<St>) -> Seen4 {
-    // Four first: the fifth's slot is later than any of theirs in every algorithm, so the
+    // Four first: the fifth's time is later than any of theirs in every algorithm, so the
     // key's reset shows when it is reserved and when it is given back.
     let got = waits(l, 4).await;
     let waits = got.into_iter().map(Option::unwrap_or_default).collect();

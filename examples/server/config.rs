@@ -279,7 +279,7 @@ pub(crate) fn config() -> Result<Config, String> {
     };
     if let (Some(_), Some(_)) = (wait, lease) {
         return Err(
-            "WAIT_MS: a request cannot wait for a slot of a lease; drop WAIT_MS or LEASE".into(),
+            "WAIT_MS: a request cannot wait for a lease's units; drop WAIT_MS or LEASE".into(),
         );
     }
     let per_thread_reads = match (env_or("PER_THREAD_READS", "")?.as_str(), &redis_url) {

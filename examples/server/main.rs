@@ -87,7 +87,7 @@ Environment variables:
   LEASE       with REDIS_URL: units each instance takes of a key at once and admits
               from without asking Redis, until spent or a lease ends (default unset:
               every request asks Redis)
-  WAIT_MS     a request over the limit that a slot within this many milliseconds
+  WAIT_MS     a request over the limit that a time within this many milliseconds
               admits waits for it instead of getting 429 (at most 3600000; default
               unset: never wait; not with LEASE)
   CONCURRENCY at most this many requests per key in flight at once, across every

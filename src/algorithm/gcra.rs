@@ -108,7 +108,7 @@ impl Step for Gcra {
         Some(tat)
     }
 
-    /// Gives back the latest slot only: its charge put the TAT at `slot + tolerance`.
+    /// Gives back the latest reserved time only: its charge put the TAT at `at + tolerance`.
     fn release(&self, state: &mut Option<GcraState>, now: u64, at: u64, units: u64) -> Option<u64> {
         if state.as_ref()?.tat != at + self.tolerance {
             return None;

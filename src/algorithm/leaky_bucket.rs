@@ -115,7 +115,7 @@ impl Step for LeakyBucket {
         }
     }
 
-    /// Gives back the latest slot only: the bucket was last updated there.
+    /// Gives back the latest reserved time only: the bucket was last updated there.
     fn release(&self, state: &mut Option<LeakyBucketState>, now: u64, at: u64, units: u64) -> Option<u64> {
         if state.as_ref()?.last != at {
             return None;

@@ -119,7 +119,7 @@ macro_rules! own_state {
     };
 }
 
-/// Takes the state of `$variant` out of `$slot` as `$own` (another algorithm's is dropped),
+/// Takes the state of `$variant` out of `$state` as `$own` (another algorithm's is dropped),
 /// evaluates `$body`, which may change it, and puts it back.
 macro_rules! with_own_state {
     ($state:ident, $variant:ident, |$own:ident| $body:expr) => {{

@@ -953,7 +953,7 @@ fn reservation_case() -> impl Strategy<Value = (Spec, u64, u64, Vec<Waiter>)> {
 /// Runs the requests as a store with reservations does: a request that may wait and is denied
 /// now reserves its time when it is at most `max_wait` away, and is charged there; a waiting
 /// request whose client goes away gives its units back (a `GIVE_BACK` of its time) before its
-/// slot. Returns `(time, cost)` of what went on, at the time it went on, in time order.
+/// time. Returns `(time, cost)` of what went on, at the time it went on, in time order.
 fn drive_reservations(
     compiled: &Compiled,
     start: u64,
@@ -1012,8 +1012,8 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
     /// Property 11: Reservations keep every algorithm's bound, counted at the time requests
-    /// go on (their slot for those that waited): requests that wait mixed with requests that
-    /// do not, some of the waiting ones' clients going away and giving their slot back.
+    /// go on (their reserved time for those that waited): requests that wait mixed with requests that
+    /// do not, some of the waiting ones' clients going away and giving their units back.
     #[test]
     fn reservations_keep_every_bound((spec, start, max_wait, requests) in reservation_case()) {
         for algorithm in Algorithm::ALL {

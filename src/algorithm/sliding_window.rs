@@ -42,10 +42,10 @@ pub(crate) struct SlidingWindowState {
 }
 
 impl SlidingWindowState {
-    /// A state of `slots` empty counters whose newest bucket is `head`.
-    fn new(head: u64, slots: u64) -> Self {
+    /// A state of `cells` empty counters whose newest bucket is `head`.
+    fn new(head: u64, cells: u64) -> Self {
         let mut state = SlidingWindowState {
-            words: vec![0; slots as usize + 2].into_boxed_slice(),
+            words: vec![0; cells as usize + 2].into_boxed_slice(),
         };
         state.set_head(head);
         state
@@ -103,7 +103,7 @@ impl SlidingWindow {
         })
     }
 
-    fn slots(&self) -> u64 {
+    fn cells(&self) -> u64 {
         self.buckets + 1
     }
 
@@ -119,7 +119,7 @@ impl SlidingWindow {
     fn count(&self, state: Option<&SlidingWindowState>, index: u64) -> u64 {
         match state {
             Some(s) if index <= s.head() && index + self.buckets >= s.head() => {
-                s.counts()[(index % self.slots()) as usize] as u64
+                s.counts()[(index % self.cells()) as usize] as u64
             }
             _ => 0,
         }
@@ -199,12 +199,12 @@ impl Step for SlidingWindow {
         let Some(head) = moved.iter().map(|&(j, _)| j).max() else {
             return now;
         };
-        let slots = self.slots();
-        let mut new = SlidingWindowState::new(head, slots);
+        let cells = self.cells();
+        let mut new = SlidingWindowState::new(head, cells);
         for (j, count) in moved {
             // A bucket older than the new ring holds goes to its oldest: later, never lost.
             let j = j.max(head.saturating_sub(self.buckets));
-            let c = &mut new.counts_mut()[(j % slots) as usize];
+            let c = &mut new.counts_mut()[(j % cells) as usize];
             *c = c.saturating_add(u32::try_from(count).unwrap_or(u32::MAX));
         }
         *state = Some(new);
@@ -257,7 +257,7 @@ impl Step for SlidingWindow {
     /// Gives back up to `units` from the newest buckets first.
     fn refund(&self, state: &mut Option<SlidingWindowState>, now: u64, units: u64) -> Option<u64> {
         let (c, _) = self.position(state.as_ref(), now);
-        let slots = self.slots();
+        let cells = self.cells();
         let st = state.as_mut()?;
         let mut left = units;
         let oldest = c
@@ -265,7 +265,7 @@ impl Step for SlidingWindow {
             .max(st.head().saturating_sub(self.buckets));
         let mut i = st.head().min(c);
         while left > 0 && i >= oldest {
-            let count = &mut st.counts_mut()[(i % slots) as usize];
+            let count = &mut st.counts_mut()[(i % cells) as usize];
             let take = left.min(*count as u64);
             *count -= take as u32;
             left -= take;
@@ -296,7 +296,7 @@ impl Step for SlidingWindow {
         if b > st.head() || b + self.buckets < st.head() {
             return None;
         }
-        let count = &mut st.counts_mut()[(b % self.slots()) as usize];
+        let count = &mut st.counts_mut()[(b % self.cells()) as usize];
         *count -= units.min(*count as u64) as u32;
         Some((st.head() + self.buckets + 1) * self.bucket)
     }
@@ -304,16 +304,16 @@ impl Step for SlidingWindow {
     fn commit(&self, state: &mut Option<SlidingWindowState>, now: u64, cost: u64) -> u64 {
         let (c, _) = self.position(state.as_ref(), now);
         if cost > 0 {
-            let slots = self.slots();
-            let st = state.get_or_insert_with(|| SlidingWindowState::new(c, slots));
+            let cells = self.cells();
+            let st = state.get_or_insert_with(|| SlidingWindowState::new(c, cells));
             if c > st.head() {
-                let stale = (c - st.head()).min(slots);
+                let stale = (c - st.head()).min(cells);
                 for i in 0..stale {
-                    st.counts_mut()[((c - i) % slots) as usize] = 0;
+                    st.counts_mut()[((c - i) % cells) as usize] = 0;
                 }
                 st.set_head(c);
             }
-            let count = &mut st.counts_mut()[(c % slots) as usize];
+            let count = &mut st.counts_mut()[(c % cells) as usize];
             *count = count.saturating_add(cost.min(u64::from(u32::MAX)) as u32);
         }
         match state {

@@ -229,7 +229,7 @@ pub(crate) trait Step: Sized {
 
 /// Phase one with the clock-lag adjustment (the one place it is written in Rust; its Lua twin
 /// is `shift` in `helpers.lua`): a state newer than `now` (the clock went back, or a request
-/// reserved a later slot) decides as of its own time, its times moved to be from `now`, and
+/// reserved a later time) decides as of its own time, its times moved to be from `now`, and
 /// admits no cost before that time (nothing remains until then): a request it would admit
 /// then waits until then. Admitting
 /// it now would spend, before they exist, units the state counts as there only from its own

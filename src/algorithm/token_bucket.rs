@@ -203,7 +203,7 @@ impl Step for TokenBucket {
         Some(last + (s.full - tokens).div_ceil(s.rate))
     }
 
-    /// Gives back the latest slot only: the bucket was last updated there.
+    /// Gives back the latest reserved time only: the bucket was last updated there.
     fn release(&self, state: &mut Option<TokenBucketState>, now: u64, at: u64, units: u64) -> Option<u64> {
         if state.as_ref()?.last != at {
             return None;

@@ -89,7 +89,7 @@ impl<St: Store> Limiter<St> {
         }
         // Only a layer with a concurrency policy, or one that waits, pays for looking.
         let held = if self.limits_in_flight() {
-            self.slots(&decision, keys, local, PolicyOutcome::held, None)
+            self.giving_back(&decision, keys, local, PolicyOutcome::held, None)
         } else {
             None
         };
@@ -124,7 +124,8 @@ impl<St: Store> Limiter<St> {
         after: Vec<AfterResponse>,
     ) -> Next<F> {
         let released = Some("ratelimit_reservations_released_total");
-        let release = self.slots(&decision, keys, local, PolicyOutcome::reservation, released);
+        let release =
+            self.giving_back(&decision, keys, local, PolicyOutcome::reservation, released);
         let policy = decision
             .outcomes()
             .iter()

@@ -18,7 +18,7 @@ pub(crate) type Enforced<'a> = (&'a Arc<Tier>, &'a Key, u64);
 
 /// One operation on one tier of one policy, for one key, of some units. A request keeps a
 /// clone of its checks once they are sent when the deny cache, the top limited keys, the IETF
-/// `pk` or the slots to give back need them.
+/// `pk` or what to give back need them.
 #[derive(Clone, Debug)]
 pub(crate) struct Check {
     tier: Arc<Tier>,

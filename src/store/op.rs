@@ -149,7 +149,7 @@ operations! {
     Concurrency => "CONCURRENCY", "limits requests in flight (concurrency)",
         Facts { grants: true, gives_back_later: true, ..DECIDES_CHARGED };
     /// Decides like [`Op::Enforce`]; a request denied now that the policy admits within
-    /// `max_wait_us` is admitted instead, its units charged at that slot, later.
+    /// `max_wait_us` is admitted instead, its units charged at that time, later.
     Wait {
         /// The longest wait, in microseconds.
         max_wait_us

@@ -466,9 +466,9 @@ impl RedisCluster {
             .expect("connect to the test cluster")
     }
 
-    /// The node that serves `key`'s slot.
+    /// The node that serves `key`'s hash slot.
     pub fn node_for(&self, key: &[u8]) -> &RedisServer {
-        let slot: u16 = self.nodes[0]
+        let hash_slot: u16 = self.nodes[0]
             .cli(&[
                 "CLUSTER",
                 "KEYSLOT",
@@ -478,19 +478,19 @@ impl RedisCluster {
             .unwrap();
         self.nodes
             .iter()
-            .find(|n| owns_slot(n, slot))
-            .expect("a node owns the slot")
+            .find(|n| owns_hash_slot(n, hash_slot))
+            .expect("a node owns the hash slot")
     }
 }
 
-fn owns_slot(node: &RedisServer, slot: u16) -> bool {
+fn owns_hash_slot(node: &RedisServer, hash_slot: u16) -> bool {
     // CLUSTER SLOTS lists ranges and the primary's port.
     let out = node.cli(&["CLUSTER", "NODES"]);
     out.lines().filter(|l| l.contains("myself")).any(|line| {
         line.split_whitespace().skip(8).any(|range| {
             let (a, b) = range.split_once('-').unwrap_or((range, range));
             match (a.parse::<u16>(), b.parse::<u16>()) {
-                (Ok(a), Ok(b)) => (a..=b).contains(&slot),
+                (Ok(a), Ok(b)) => (a..=b).contains(&hash_slot),
                 _ => false,
             }
         })

@@ -33,7 +33,7 @@ ALG[FIXED_WINDOW] = function()
   end
 
   -- The running window's start, count and end; a state from a later window (a reserved
-  -- slot, or the clock went back) is kept as the running one. The window holding `now` is
+  -- time, or the clock went back) is kept as the running one. The window holding `now` is
   -- `bounds`, written out for the usual window of the usual call.
   --@inline
   local function current(p, st, now)
@@ -55,7 +55,7 @@ ALG[FIXED_WINDOW] = function()
     return start, count, ends
   end
 
-  -- A state from a later window (a reserved slot, or the clock went back) starts there.
+  -- A state from a later window (a reserved time, or the clock went back) starts there.
   --@inline
   local function lag(p, st, now)
     local behind = 0

@@ -190,7 +190,7 @@ ALG[SLIDING_LOG] = function()
     lease_commit = function(self, key, p, st, now, ends, units, keep, since)
       log(key, p, st, now, ends, units, keep, since)
     end,
-    -- A reserved request's units are logged at its slot, as a lease's at its end.
+    -- A reserved request's units are logged at its reserved time, as a lease's at its end.
     reserve_commit = function(self, key, p, st, now, at, cost, keep, since)
       log(key, p, st, now, at, cost, keep, since)
     end,

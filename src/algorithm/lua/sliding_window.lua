@@ -1,6 +1,6 @@
 -- Sliding window counter: twin of sliding_window.rs. Params: limit, buckets, bucket.
 -- State: the ring of N + 1 counters indexed by bucket index mod (N + 1), after the head
--- bucket's index, written sparse: "head slot:count ...", the counters that are not zero (a
+-- bucket's index, written sparse: "head cell:count ...", the counters that are not zero (a
 -- key spends a few buckets of its ring, so a decision parses and writes a few numbers, not
 -- N + 2). Read as a table { head, c0, c1, ..., cN }. The dense form of earlier versions,
 -- "head c0 c1 ... cN", is still read.
@@ -9,37 +9,37 @@ ALG[SLIDING_WINDOW] = function()
   -- The parameters of a tag found in a state written under others.
   local OLD_RING = {}
 
-  local function sw_read(raw, slots)
+  local function sw_read(raw, cells)
     if not raw then
       return nil
     end
     if not find(raw, ':', 1, true) and find(raw, ' ', 1, true) then
-      return parse(raw, slots + 1)
+      return parse(raw, cells + 1)
     end
     local head = tonumber(match(raw, '^(%d+)'))
     if not head then
       return nil
     end
     local st = { head }
-    for k = 2, slots + 1 do
+    for k = 2, cells + 1 do
       st[k] = 0
     end
-    for slot, count in string.gmatch(raw, ' (%d+):(%d+)') do
-      slot = tonumber(slot)
-      if slot >= slots then
+    for cell, count in string.gmatch(raw, ' (%d+):(%d+)') do
+      cell = tonumber(cell)
+      if cell >= cells then
         return nil
       end
-      st[slot + 2] = tonumber(count)
+      st[cell + 2] = tonumber(count)
     end
     return st
   end
 
-  -- Writes the ring of `st` (its counters at st[2] .. st[slots + 1]) after `head`, sparse.
+  -- Writes the ring of `st` (its counters at st[2] .. st[cells + 1]) after `head`, sparse.
   --@inline
-  local function sw_write(key, p, head, st, slots, expires_at, keep, since)
+  local function sw_write(key, p, head, st, cells, expires_at, keep, since)
     local bucket = '%d:' .. INT
     local parts = { format(INT, head) }
-    for i = 1, slots do
+    for i = 1, cells do
       local count = st[i + 1]
       if count > 0 then
         parts[#parts + 1] = format(bucket, i - 1, count)
@@ -52,8 +52,8 @@ ALG[SLIDING_WINDOW] = function()
   local function sw_count(p, st, index)
     if st and index <= st[1] and index + p[2] >= st[1] then
       local wraps = fdiv(index, p[2] + 1)
-      local slot = index - wraps * (p[2] + 1)
-      return st[slot + 2]
+      local cell = index - wraps * (p[2] + 1)
+      return st[cell + 2]
     end
     return 0
   end
@@ -72,8 +72,8 @@ ALG[SLIDING_WINDOW] = function()
     local n, g = p[2], p[3]
     local whole = 0
     if st then
-      -- The buckets c + 1 - n .. c that the ring holds (head - n .. head), walked slot by
-      -- slot: one division, not one per bucket.
+      -- The buckets c + 1 - n .. c that the ring holds (head - n .. head), walked cell by
+      -- cell: one division, not one per bucket.
       local lo, hi = c + 1 - n, c
       if lo < 0 then
         lo = 0
@@ -84,14 +84,14 @@ ALG[SLIDING_WINDOW] = function()
       if hi > st[1] then
         hi = st[1]
       end
-      local slots = n + 1
-      local wraps = fdiv(lo, slots)
-      local slot = lo - wraps * slots
+      local cells = n + 1
+      local wraps = fdiv(lo, cells)
+      local cell = lo - wraps * cells
       for _ = lo, hi do
-        whole = whole + st[slot + 2]
-        slot = slot + 1
-        if slot == slots then
-          slot = 0
+        whole = whole + st[cell + 2]
+        cell = cell + 1
+        if cell == cells then
+          cell = 0
         end
       end
     end
@@ -217,35 +217,35 @@ ALG[SLIDING_WINDOW] = function()
   --@inline
   local function commit(self, key, p, st, now, cost, keep, since)
     local n, g = p[2], p[3]
-    local slots = n + 1
+    local cells = n + 1
     local c = sw_position(p, st, now)
-    local wraps = fdiv(c, slots)
-    local slot = c - wraps * slots
+    local wraps = fdiv(c, cells)
+    local cell = c - wraps * cells
     if not st then
       -- A new key: one bucket, written without building its ring.
-      local value = format(INT .. ' %d:' .. INT, c, slot, cost) .. p.tag
-      store(key, p, value, (c + slots) * g, keep, since)
+      local value = format(INT .. ' %d:' .. INT, c, cell, cost) .. p.tag
+      store(key, p, value, (c + cells) * g, keep, since)
     else
       -- The ring read for this decision, updated in place: buckets that left it emptied.
       local head = st[1]
       if c > head then
         local stale = c - head
-        if stale > slots then
-          stale = slots
+        if stale > cells then
+          stale = cells
         end
-        -- Bucket c - i is at the ring's slot `slot - i`, wrapped.
-        local back = slot
+        -- Bucket c - i is at the ring's cell `cell - i`, wrapped.
+        local back = cell
         for _ = 1, stale do
           st[back + 2] = 0
           back = back - 1
           if back < 0 then
-            back = slots - 1
+            back = cells - 1
           end
         end
         head = c
       end
-      st[slot + 2] = st[slot + 2] + cost
-      sw_write(key, p, head, st, slots, (head + slots) * g, keep, since)
+      st[cell + 2] = st[cell + 2] + cost
+      sw_write(key, p, head, st, cells, (head + cells) * g, keep, since)
     end
   end
 
@@ -284,9 +284,9 @@ ALG[SLIDING_WINDOW] = function()
       if not head then
         return false
       end
-      local slots = n + 1
+      local cells = n + 1
       local ring = { head }
-      for k = 2, slots + 1 do
+      for k = 2, cells + 1 do
         ring[k] = 0
       end
       for k = 1, #moved, 2 do
@@ -295,14 +295,14 @@ ALG[SLIDING_WINDOW] = function()
           -- Older than the new ring holds: into its oldest bucket.
           j = head - n
         end
-        local slot = j - fdiv(j, slots) * slots + 2
-        local c = ring[slot] + moved[k + 1]
+        local cell = j - fdiv(j, cells) * cells + 2
+        local c = ring[cell] + moved[k + 1]
         if c > 4294967295 then
           c = 4294967295
         end
-        ring[slot] = c
+        ring[cell] = c
       end
-      sw_write(key, p, head, ring, slots, (head + slots) * g, keep, since)
+      sw_write(key, p, head, ring, cells, (head + cells) * g, keep, since)
       return true
     end,
     lag = lag,
@@ -327,26 +327,26 @@ ALG[SLIDING_WINDOW] = function()
         return
       end
       local n, g = p[2], p[3]
-      local slots = n + 1
+      local cells = n + 1
       local b = fdiv(lease_end, g)
       local head = st[1]
       if b > head or b + n < head then
         return
       end
-      local slot = b - fdiv(b, slots) * slots + 2
-      local take = st[slot]
+      local cell = b - fdiv(b, cells) * cells + 2
+      local take = st[cell]
       if take > units then
         take = units
       end
-      st[slot] = st[slot] - take
-      sw_write(key, p, head, st, slots, (head + slots) * g, keep, since)
+      st[cell] = st[cell] - take
+      sw_write(key, p, head, st, cells, (head + cells) * g, keep, since)
     end,
     refund = function(self, key, p, st, now, units, keep, since)
       if not st then
         return
       end
       local n, g = p[2], p[3]
-      local slots = n + 1
+      local cells = n + 1
       local c = sw_position(p, st, now)
       local head = st[1]
       local oldest = c - n
@@ -362,16 +362,16 @@ ALG[SLIDING_WINDOW] = function()
       end
       local left = units
       while left > 0 and i >= oldest do
-        local slot = i - fdiv(i, slots) * slots + 2
-        local take = st[slot]
+        local cell = i - fdiv(i, cells) * cells + 2
+        local take = st[cell]
         if take > left then
           take = left
         end
-        st[slot] = st[slot] - take
+        st[cell] = st[cell] - take
         left = left - take
         i = i - 1
       end
-      sw_write(key, p, head, st, slots, (head + slots) * g, keep, since)
+      sw_write(key, p, head, st, cells, (head + cells) * g, keep, since)
     end,
     commit = commit,
   }

@@ -3,7 +3,7 @@
 //!
 //! redis-rs's multiplexed connection writes what it has whenever no other command is waiting
 //! in its channel. On a tokio worker, a decision that sends its command wakes the connection's
-//! task into the worker's next slot (the LIFO slot), so it runs right after that one decision:
+//! task to run next on that worker (tokio's LIFO optimisation), right after that one decision:
 //! every command leaves alone, in a write of its own. Over plain TCP the kernel joins them and
 //! Redis reads many at once. Over TLS each write is a record of its own, and Redis reads,
 //! decrypts, answers and encrypts one record per turn of its event loop: with 50 decisions in

@@ -271,10 +271,10 @@ local function bucket_lag(p, st, now)
   return last - now
 end
 
--- The buckets' `release` (twin of their `Step::release`): gives back the latest slot only,
+-- The buckets' `release` (twin of their `Step::release`): gives back the latest reserved time only,
 -- the one the bucket was last updated at.
-local function bucket_release(self, key, p, st, now, slot, units, keep, since)
-  if st and st[2] == slot then
+local function bucket_release(self, key, p, st, now, at, units, keep, since)
+  if st and st[2] == at then
     self:refund(key, p, st, now, units, keep, since)
   end
 end
@@ -407,7 +407,7 @@ end
 
 -- The clock-lag adjustment (twin of `evaluate_with_lag`), for the algorithms that keep their own
 -- time (`alg.lag`, which gives `lag`): a state newer than `now` (the clock went back, or a
--- request reserved a later slot) decides as of its own time, its times moved to be from `now`,
+-- request reserved a later time) decides as of its own time, its times moved to be from `now`,
 -- and admits no cost before then. Called only for those algorithms, so the others pay nothing
 -- for it.
 --@inline
@@ -781,7 +781,7 @@ ALG[1] = function()
   end
 
   -- The running window's start, count and end; a state from a later window (a reserved
-  -- slot, or the clock went back) is kept as the running one. The window holding `now` is
+  -- time, or the clock went back) is kept as the running one. The window holding `now` is
   -- `bounds`, written out for the usual window of the usual call.
   --@inline
   local function current(p, st, now)
@@ -803,7 +803,7 @@ ALG[1] = function()
     return start, count, ends
   end
 
-  -- A state from a later window (a reserved slot, or the clock went back) starts there.
+  -- A state from a later window (a reserved time, or the clock went back) starts there.
   --@inline
   local function lag(p, st, now)
     local behind = 0
@@ -1599,7 +1599,7 @@ ALG[1] = function()
 end
 -- Sliding window counter: twin of sliding_window.rs. Params: limit, buckets, bucket.
 -- State: the ring of N + 1 counters indexed by bucket index mod (N + 1), after the head
--- bucket's index, written sparse: "head slot:count ...", the counters that are not zero (a
+-- bucket's index, written sparse: "head cell:count ...", the counters that are not zero (a
 -- key spends a few buckets of its ring, so a decision parses and writes a few numbers, not
 -- N + 2). Read as a table { head, c0, c1, ..., cN }. The dense form of earlier versions,
 -- "head c0 c1 ... cN", is still read.
@@ -1608,37 +1608,37 @@ ALG[2] = function()
   -- The parameters of a tag found in a state written under others.
   local OLD_RING = {}
 
-  local function sw_read(raw, slots)
+  local function sw_read(raw, cells)
     if not raw then
       return nil
     end
     if not find(raw, ':', 1, true) and find(raw, ' ', 1, true) then
-      return parse(raw, slots + 1)
+      return parse(raw, cells + 1)
     end
     local head = tonumber(match(raw, '^(%d+)'))
     if not head then
       return nil
     end
     local st = { head }
-    for k = 2, slots + 1 do
+    for k = 2, cells + 1 do
       st[k] = 0
     end
-    for slot, count in string.gmatch(raw, ' (%d+):(%d+)') do
-      slot = tonumber(slot)
-      if slot >= slots then
+    for cell, count in string.gmatch(raw, ' (%d+):(%d+)') do
+      cell = tonumber(cell)
+      if cell >= cells then
         return nil
       end
-      st[slot + 2] = tonumber(count)
+      st[cell + 2] = tonumber(count)
     end
     return st
   end
 
-  -- Writes the ring of `st` (its counters at st[2] .. st[slots + 1]) after `head`, sparse.
+  -- Writes the ring of `st` (its counters at st[2] .. st[cells + 1]) after `head`, sparse.
   --@inline
-  local function sw_write(key, p, head, st, slots, expires_at, keep, since)
+  local function sw_write(key, p, head, st, cells, expires_at, keep, since)
     local bucket = '%d:' .. INT
     local parts = { format(INT, head) }
-    for i = 1, slots do
+    for i = 1, cells do
       local count = st[i + 1]
       if count > 0 then
         parts[#parts + 1] = format(bucket, i - 1, count)
@@ -1651,8 +1651,8 @@ ALG[2] = function()
   local function sw_count(p, st, index)
     if st and index <= st[1] and index + p[2] >= st[1] then
       local wraps = fdiv(index, p[2] + 1)
-      local slot = index - wraps * (p[2] + 1)
-      return st[slot + 2]
+      local cell = index - wraps * (p[2] + 1)
+      return st[cell + 2]
     end
     return 0
   end
@@ -1671,8 +1671,8 @@ ALG[2] = function()
     local n, g = p[2], p[3]
     local whole = 0
     if st then
-      -- The buckets c + 1 - n .. c that the ring holds (head - n .. head), walked slot by
-      -- slot: one division, not one per bucket.
+      -- The buckets c + 1 - n .. c that the ring holds (head - n .. head), walked cell by
+      -- cell: one division, not one per bucket.
       local lo, hi = c + 1 - n, c
       if lo < 0 then
         lo = 0
@@ -1683,14 +1683,14 @@ ALG[2] = function()
       if hi > st[1] then
         hi = st[1]
       end
-      local slots = n + 1
-      local wraps = fdiv(lo, slots)
-      local slot = lo - wraps * slots
+      local cells = n + 1
+      local wraps = fdiv(lo, cells)
+      local cell = lo - wraps * cells
       for _ = lo, hi do
-        whole = whole + st[slot + 2]
-        slot = slot + 1
-        if slot == slots then
-          slot = 0
+        whole = whole + st[cell + 2]
+        cell = cell + 1
+        if cell == cells then
+          cell = 0
         end
       end
     end
@@ -1816,35 +1816,35 @@ ALG[2] = function()
   --@inline
   local function commit(self, key, p, st, now, cost, keep, since)
     local n, g = p[2], p[3]
-    local slots = n + 1
+    local cells = n + 1
     local c = sw_position(p, st, now)
-    local wraps = fdiv(c, slots)
-    local slot = c - wraps * slots
+    local wraps = fdiv(c, cells)
+    local cell = c - wraps * cells
     if not st then
       -- A new key: one bucket, written without building its ring.
-      local value = format(INT .. ' %d:' .. INT, c, slot, cost) .. p.tag
-      store(key, p, value, (c + slots) * g, keep, since)
+      local value = format(INT .. ' %d:' .. INT, c, cell, cost) .. p.tag
+      store(key, p, value, (c + cells) * g, keep, since)
     else
       -- The ring read for this decision, updated in place: buckets that left it emptied.
       local head = st[1]
       if c > head then
         local stale = c - head
-        if stale > slots then
-          stale = slots
+        if stale > cells then
+          stale = cells
         end
-        -- Bucket c - i is at the ring's slot `slot - i`, wrapped.
-        local back = slot
+        -- Bucket c - i is at the ring's cell `cell - i`, wrapped.
+        local back = cell
         for _ = 1, stale do
           st[back + 2] = 0
           back = back - 1
           if back < 0 then
-            back = slots - 1
+            back = cells - 1
           end
         end
         head = c
       end
-      st[slot + 2] = st[slot + 2] + cost
-      sw_write(key, p, head, st, slots, (head + slots) * g, keep, since)
+      st[cell + 2] = st[cell + 2] + cost
+      sw_write(key, p, head, st, cells, (head + cells) * g, keep, since)
     end
   end
 
@@ -1891,17 +1891,17 @@ ALG[2] = function()
           if hi > st[1] then
             hi = st[1]
           end
-          local slots = n + 1
+          local cells = n + 1
           local wraps
           do -- fdiv
-            wraps = (lo - lo % slots) / slots
+            wraps = (lo - lo % cells) / cells
           end
-          local slot = lo - wraps * slots
+          local cell = lo - wraps * cells
           for _ = lo, hi do
-            whole = whole + st[slot + 2]
-            slot = slot + 1
-            if slot == slots then
-              slot = 0
+            whole = whole + st[cell + 2]
+            cell = cell + 1
+            if cell == cells then
+              cell = 0
             end
           end
         end
@@ -1915,8 +1915,8 @@ ALG[2] = function()
                 local b = p[2] + 1
                 wraps = (index - index % b) / b
               end
-              local slot = index - wraps * (p[2] + 1)
-              oldest = st[slot + 2] break
+              local cell = index - wraps * (p[2] + 1)
+              oldest = st[cell + 2] break
             end
             oldest = 0 break
           until true
@@ -2066,17 +2066,17 @@ ALG[2] = function()
                 if hi > st[1] then
                   hi = st[1]
                 end
-                local slots = n + 1
+                local cells = n + 1
                 local wraps
                 do -- fdiv
-                  wraps = (lo - lo % slots) / slots
+                  wraps = (lo - lo % cells) / cells
                 end
-                local slot = lo - wraps * slots
+                local cell = lo - wraps * cells
                 for _ = lo, hi do
-                  whole = whole + st[slot + 2]
-                  slot = slot + 1
-                  if slot == slots then
-                    slot = 0
+                  whole = whole + st[cell + 2]
+                  cell = cell + 1
+                  if cell == cells then
+                    cell = 0
                   end
                 end
               end
@@ -2090,8 +2090,8 @@ ALG[2] = function()
                       local b = q[2] + 1
                       wraps = (index - index % b) / b
                     end
-                    local slot = index - wraps * (q[2] + 1)
-                    oldest = st[slot + 2] break
+                    local cell = index - wraps * (q[2] + 1)
+                    oldest = st[cell + 2] break
                   end
                   oldest = 0 break
                 until true
@@ -2208,7 +2208,7 @@ ALG[2] = function()
         if admitted and cost > 0 then
           repeat -- commit
             local n, g = q[2], q[3]
-            local slots = n + 1
+            local cells = n + 1
             local c
             repeat -- sw_position
               local c_62
@@ -2223,13 +2223,13 @@ ALG[2] = function()
             until true
             local wraps
             do -- fdiv
-              wraps = (c - c % slots) / slots
+              wraps = (c - c % cells) / cells
             end
-            local slot = c - wraps * slots
+            local cell = c - wraps * cells
             if not st then
-              local value = format(INT .. ' %d:' .. INT, c, slot, cost) .. q.tag
+              local value = format(INT .. ' %d:' .. INT, c, cell, cost) .. q.tag
               repeat -- store
-                local value, expires_at = value, (c + slots) * g
+                local value, expires_at = value, (c + cells) * g
                 if q.limit_end and q.limit_end > expires_at then
                   expires_at = q.limit_end
                 end
@@ -2264,25 +2264,25 @@ ALG[2] = function()
               local head = st[1]
               if c > head then
                 local stale = c - head
-                if stale > slots then
-                  stale = slots
+                if stale > cells then
+                  stale = cells
                 end
-                local back = slot
+                local back = cell
                 for _ = 1, stale do
                   st[back + 2] = 0
                   back = back - 1
                   if back < 0 then
-                    back = slots - 1
+                    back = cells - 1
                   end
                 end
                 head = c
               end
-              st[slot + 2] = st[slot + 2] + cost
+              st[cell + 2] = st[cell + 2] + cost
               repeat -- sw_write
-                local expires_at = (head + slots) * g
+                local expires_at = (head + cells) * g
                 local bucket = '%d:' .. INT
                 local parts = { format(INT, head) }
-                for i = 1, slots do
+                for i = 1, cells do
                   local count = st[i + 1]
                   if count > 0 then
                     parts[#parts + 1] = format(bucket, i - 1, count)
@@ -2443,17 +2443,17 @@ ALG[2] = function()
               if hi > st[1] then
                 hi = st[1]
               end
-              local slots = n + 1
+              local cells = n + 1
               local wraps
               do -- fdiv
-                wraps = (lo - lo % slots) / slots
+                wraps = (lo - lo % cells) / cells
               end
-              local slot = lo - wraps * slots
+              local cell = lo - wraps * cells
               for _ = lo, hi do
-                whole = whole + st[slot + 2]
-                slot = slot + 1
-                if slot == slots then
-                  slot = 0
+                whole = whole + st[cell + 2]
+                cell = cell + 1
+                if cell == cells then
+                  cell = 0
                 end
               end
             end
@@ -2467,8 +2467,8 @@ ALG[2] = function()
                     local b = q[2] + 1
                     wraps = (index - index % b) / b
                   end
-                  local slot = index - wraps * (q[2] + 1)
-                  oldest = st[slot + 2] break
+                  local cell = index - wraps * (q[2] + 1)
+                  oldest = st[cell + 2] break
                 end
                 oldest = 0 break
               until true
@@ -2545,7 +2545,7 @@ ALG[2] = function()
       if ok and cost > 0 then
         repeat -- commit
           local n, g = q[2], q[3]
-          local slots = n + 1
+          local cells = n + 1
           local c
           repeat -- sw_position
             local c_95
@@ -2560,13 +2560,13 @@ ALG[2] = function()
           until true
           local wraps
           do -- fdiv
-            wraps = (c - c % slots) / slots
+            wraps = (c - c % cells) / cells
           end
-          local slot = c - wraps * slots
+          local cell = c - wraps * cells
           if not st then
-            local value = format(INT .. ' %d:' .. INT, c, slot, cost) .. q.tag
+            local value = format(INT .. ' %d:' .. INT, c, cell, cost) .. q.tag
             repeat -- store
-              local value, expires_at = value, (c + slots) * g
+              local value, expires_at = value, (c + cells) * g
               if q.limit_end and q.limit_end > expires_at then
                 expires_at = q.limit_end
               end
@@ -2601,25 +2601,25 @@ ALG[2] = function()
             local head = st[1]
             if c > head then
               local stale = c - head
-              if stale > slots then
-                stale = slots
+              if stale > cells then
+                stale = cells
               end
-              local back = slot
+              local back = cell
               for _ = 1, stale do
                 st[back + 2] = 0
                 back = back - 1
                 if back < 0 then
-                  back = slots - 1
+                  back = cells - 1
                 end
               end
               head = c
             end
-            st[slot + 2] = st[slot + 2] + cost
+            st[cell + 2] = st[cell + 2] + cost
             repeat -- sw_write
-              local expires_at = (head + slots) * g
+              local expires_at = (head + cells) * g
               local bucket = '%d:' .. INT
               local parts = { format(INT, head) }
-              for i = 1, slots do
+              for i = 1, cells do
                 local count = st[i + 1]
                 if count > 0 then
                   parts[#parts + 1] = format(bucket, i - 1, count)
@@ -2708,9 +2708,9 @@ ALG[2] = function()
       if not head then
         return false
       end
-      local slots = n + 1
+      local cells = n + 1
       local ring = { head }
-      for k = 2, slots + 1 do
+      for k = 2, cells + 1 do
         ring[k] = 0
       end
       for k = 1, #moved, 2 do
@@ -2719,14 +2719,14 @@ ALG[2] = function()
           -- Older than the new ring holds: into its oldest bucket.
           j = head - n
         end
-        local slot = j - fdiv(j, slots) * slots + 2
-        local c = ring[slot] + moved[k + 1]
+        local cell = j - fdiv(j, cells) * cells + 2
+        local c = ring[cell] + moved[k + 1]
         if c > 4294967295 then
           c = 4294967295
         end
-        ring[slot] = c
+        ring[cell] = c
       end
-      sw_write(key, p, head, ring, slots, (head + slots) * g, keep, since)
+      sw_write(key, p, head, ring, cells, (head + cells) * g, keep, since)
       return true
     end,
     lag = lag,
@@ -2751,26 +2751,26 @@ ALG[2] = function()
         return
       end
       local n, g = p[2], p[3]
-      local slots = n + 1
+      local cells = n + 1
       local b = fdiv(lease_end, g)
       local head = st[1]
       if b > head or b + n < head then
         return
       end
-      local slot = b - fdiv(b, slots) * slots + 2
-      local take = st[slot]
+      local cell = b - fdiv(b, cells) * cells + 2
+      local take = st[cell]
       if take > units then
         take = units
       end
-      st[slot] = st[slot] - take
-      sw_write(key, p, head, st, slots, (head + slots) * g, keep, since)
+      st[cell] = st[cell] - take
+      sw_write(key, p, head, st, cells, (head + cells) * g, keep, since)
     end,
     refund = function(self, key, p, st, now, units, keep, since)
       if not st then
         return
       end
       local n, g = p[2], p[3]
-      local slots = n + 1
+      local cells = n + 1
       local c = sw_position(p, st, now)
       local head = st[1]
       local oldest = c - n
@@ -2786,16 +2786,16 @@ ALG[2] = function()
       end
       local left = units
       while left > 0 and i >= oldest do
-        local slot = i - fdiv(i, slots) * slots + 2
-        local take = st[slot]
+        local cell = i - fdiv(i, cells) * cells + 2
+        local take = st[cell]
         if take > left then
           take = left
         end
-        st[slot] = st[slot] - take
+        st[cell] = st[cell] - take
         left = left - take
         i = i - 1
       end
-      sw_write(key, p, head, st, slots, (head + slots) * g, keep, since)
+      sw_write(key, p, head, st, cells, (head + cells) * g, keep, since)
     end,
     commit = commit,
   }
@@ -3565,7 +3565,7 @@ ALG[3] = function()
     lease_commit = function(self, key, p, st, now, ends, units, keep, since)
       log(key, p, st, now, ends, units, keep, since)
     end,
-    -- A reserved request's units are logged at its slot, as a lease's at its end.
+    -- A reserved request's units are logged at its reserved time, as a lease's at its end.
     reserve_commit = function(self, key, p, st, now, at, cost, keep, since)
       log(key, p, st, now, at, cost, keep, since)
     end,
@@ -5797,9 +5797,9 @@ ALG[6] = function()
       store(key, p, format(p.f1, tat), tat, keep, since)
       return true
     end,
-    -- Gives back the latest slot only: its charge put the TAT at `slot + tolerance`.
-    release = function(self, key, p, st, now, slot, units, keep, since)
-      if st and st == slot + p[2] then
+    -- Gives back the latest reserved time only: its charge put the TAT at `at + tolerance`.
+    release = function(self, key, p, st, now, at, units, keep, since)
+      if st and st == at + p[2] then
         self:refund(key, p, st, now, units, keep, since)
       end
     end,

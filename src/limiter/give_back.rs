@@ -1,5 +1,5 @@
-//! The slots a request takes and must give back when it ends or goes away: those of a
-//! concurrency limit (held with its response body) and those reserved for a wait.
+//! What a request takes and must give back when it ends or goes away: the slots of a
+//! concurrency limit (held with its response body) and the units reserved for a wait.
 
 use std::sync::Arc;
 
@@ -9,17 +9,17 @@ use crate::decision::{Decision, Grant, PolicyOutcome};
 use crate::store::private::Sealed as _;
 use crate::store::{Check, Checks, Op, Store};
 
-/// The slots an outcome took: of a concurrency limit, or reserved for a wait.
+/// What an outcome took: the slots of a concurrency limit, or the units reserved for a wait.
 fn taken(o: &PolicyOutcome) -> Option<&Grant> {
     o.held().or_else(|| o.reservation())
 }
 
 impl<St: Store> Limiter<St> {
-    /// What gives back the slots `pick` finds in the decision's outcomes (reserved for a
-    /// waiting request, or of a concurrency limit) when dropped: one `RELEASE` per slot, sent
+    /// What gives back what `pick` finds in the decision's outcomes (units reserved for a
+    /// waiting request, or slots of a concurrency limit) when dropped: one `RELEASE` each, sent
     /// to the store that decided (`local`: the local fallback), counted in `counter`. `None`
     /// when the decision has none.
-    pub(super) fn slots(
+    pub(super) fn giving_back(
         &self,
         decision: &Decision,
         keys: Option<&[Check]>,
@@ -82,7 +82,7 @@ impl<St: Store> Limiter<St> {
             let store = limiter.store.clone();
             let give_back = move |decision: Decision| {
                 // Dropped: the slots go back.
-                drop(limiter.slots(&decision, keys.as_deref(), false, taken, None));
+                drop(limiter.giving_back(&decision, keys.as_deref(), false, taken, None));
             };
             store.finish_detached(decision, Box::new(give_back));
         }))

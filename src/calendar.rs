@@ -187,7 +187,8 @@ impl Calendar {
     /// midnight that day, in microseconds since the Unix epoch.
     fn midnight(&self, date: Date) -> Option<u64> {
         let zoned = date.to_zoned_datetime(self.zone.clone()).ok()?;
-        u64::try_from(zoned.timestamp().as_microsecond()).ok()
+        // A period that began before the epoch, the earliest time there is, begins there.
+        Some(zoned.timestamp().as_microsecond().max(0).unsigned_abs())
     }
 
     /// The day `self.month_day` of the month `months` after the one of `date`, or that month's
@@ -438,6 +439,21 @@ mod tests {
     }
 
     const H: u64 = 3_600_000_000;
+
+    /// Found by the `calendar` fuzz target: the period holding the epoch began before it (a
+    /// week from Monday 1969-12-29), and the week after it came out 3.9 days long.
+    #[test]
+    fn the_periods_after_the_epoch_are_whole() {
+        let c = Calendar::in_zone("EET").unwrap();
+        let (s, e) = period(&c, Period::Week, 854_321_000_000);
+        assert_eq!(
+            (s, e),
+            (at("EET", 1970, 1, 5, 0), at("EET", 1970, 1, 12, 0))
+        );
+        // The one holding the epoch begins there.
+        let (s, e) = period(&c, Period::Week, 0);
+        assert_eq!((s, e), (0, at("EET", 1970, 1, 5, 0)));
+    }
 
     #[test]
     fn months_of_every_length() {

@@ -383,6 +383,9 @@ mod resilience;
 mod service;
 mod settle;
 mod future;
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing;
 mod waiting;
 mod body;
 mod clock;

@@ -332,6 +332,10 @@ impl RateLimitHeaders {
 
 /// `RateLimit-Policy` and `RateLimit`: one list item per policy, shadow policies included;
 /// `secs` writes a time in seconds (rounded up, jitter added), `pk` gives a policy's `pk`.
+/// The largest integer a structured field carries (RFC 9651, 15 digits): a larger number (a
+/// reply from a store behind a faulty proxy) is written as this.
+const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
+
 fn ietf_fields(
     decision: &Decision,
     secs: impl Fn(Duration) -> u64,
@@ -351,18 +355,20 @@ fn ietf_fields(
         if unit != QuotaUnit::Requests {
             let _ = write!(policy, ";qu=\"{unit}\"");
         }
-        let _ = write!(state, "\"{}\";r={}", o.policy(), o.remaining());
+        let remaining = o.remaining().min(SF_INTEGER_MAX);
+        let _ = write!(state, "\"{}\";r={remaining}", o.policy());
         // A concurrency limit has no window, and no time at which it resets: its slots free
         // when requests end. Its item leaves `w` and `t` out (both optional).
         if !o.tier().limits_in_flight() {
-            let _ = write!(policy, ";w={}", ceil_secs(o.window()).max(1));
+            let w = ceil_secs(o.window()).clamp(1, SF_INTEGER_MAX);
+            let _ = write!(policy, ";w={w}");
             // For a violated policy, `t` is when it admits the request again, which
             // Retry-After never precedes; otherwise when its key is fully reset.
             let t = match o.retry_after() {
                 Some(retry) if !o.is_allowed() => secs(retry).max(1),
                 _ => secs(o.reset_after()),
             };
-            let _ = write!(state, ";t={t}");
+            let _ = write!(state, ";t={}", t.min(SF_INTEGER_MAX));
         }
         if let Some(pk) = pk(o) {
             let _ = write!(policy, ";pk={pk}");
@@ -373,4 +379,42 @@ fn ietf_fields(
         HeaderValue::try_from(policy).ok()?,
         HeaderValue::try_from(state).ok()?,
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Algorithm, Compiled, Verdict};
+    use crate::policy::{Part, Registered, Tier};
+    use crate::store::Op;
+    use smallvec::smallvec;
+
+    /// Found by the `reply` and `ietf` fuzz targets: a reply from a store behind a faulty
+    /// proxy said 2^63 - 1 units remain, and `r=` was longer than a structured field's 15
+    /// digits, so clients' parsers refused the whole field.
+    #[test]
+    fn numbers_past_what_a_field_carries_are_its_largest() {
+        let quota = "10/s".parse().unwrap();
+        let compiled = Compiled::new(Algorithm::Gcra, quota, Default::default()).unwrap();
+        let at = Registered { id: 0, def: 0 };
+        let tier = Arc::new(Tier::new(
+            Arc::from("g"),
+            at,
+            compiled,
+            Part::new(Op::Enforce),
+        ));
+        let verdict = Verdict {
+            allowed: false,
+            remaining: i64::MAX as u64,
+            reset_after_us: u64::MAX,
+            retry_after_us: Some(u64::MAX),
+        };
+        let decision = Decision::new(smallvec![PolicyOutcome::new(&tier, false, verdict)]);
+        let [policy, state] = ietf_fields(&decision, ceil_secs, |_| None).unwrap();
+        for field in [policy, state] {
+            let text = field.to_str().unwrap();
+            let list: Result<sfv::List, _> = sfv::Parser::new(text).parse_list();
+            assert!(list.is_ok(), "{text}");
+        }
+    }
 }

@@ -340,7 +340,7 @@ fn lease(
     Ok(LeaseSpec::new(u64::from(units), ttl_us))
 }
 
-fn validate_name(name: &str) -> Result<(), ConfigError> {
+pub(crate) fn validate_name(name: &str) -> Result<(), ConfigError> {
     let ok_char = |c: char| c.is_ascii_alphanumeric() || "-_.:/".contains(c);
     if name.is_empty() || name.len() > 64 || !name.chars().all(ok_char) {
         return Err(ConfigError::new(

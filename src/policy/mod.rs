@@ -12,7 +12,9 @@ mod tier;
 
 pub(crate) use builder::{CostFn, RequestFn, StatusFn};
 pub use builder::{DEFAULT_MAX_DURATION, Policy};
+#[cfg(fuzzing)]
+pub(crate) use compile::validate_name;
 pub(crate) use compiled::CompiledPolicy;
-#[cfg(test)]
+#[cfg(any(test, fuzzing))]
 pub(crate) use tier::Part;
 pub(crate) use tier::{LeaseSpec, Registered, Tier};

@@ -202,7 +202,7 @@ impl Settle {
 
 /// A reported cost, as read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Reading {
+pub(crate) enum Reading {
     Cost(u64),
     Negative,
     Invalid,
@@ -212,7 +212,7 @@ enum Reading {
 impl Reading {
     /// A header's value: a decimal integer (surrounding spaces allowed); larger than any
     /// bound when it overflows.
-    fn of(value: Option<&HeaderValue>) -> Reading {
+    pub(crate) fn of(value: Option<&HeaderValue>) -> Reading {
         let Some(value) = value else {
             return Reading::Missing;
         };

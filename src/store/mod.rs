@@ -14,6 +14,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+#[cfg(all(fuzzing, feature = "redis"))]
+pub(crate) use self::redis::redis_decision;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
 #[cfg(feature = "tls")]

@@ -42,15 +42,7 @@ impl Inner {
             // Boxed, as the pools' futures are: only clusters take this path.
             Box::pin(self.across_hash_slots(link, &checks)).await?
         };
-        let outcomes: Outcomes = checks
-            .iter()
-            .zip(verdicts)
-            .map(|(check, (verdict, grant, own))| {
-                let tier = own.as_ref().unwrap_or(check.tier());
-                PolicyOutcome::new(tier, check.op() == Op::Shadow, verdict).with_grant(grant)
-            })
-            .collect();
-        Ok(Decision::new(outcomes))
+        Ok(decision_of(&checks, verdicts))
     }
 
     /// On a cluster, policies keyed by different caller keys live in different slots, which
@@ -282,6 +274,25 @@ fn is_missing_function(e: &redis::RedisError) -> bool {
     e.code() == Some("ERR")
         && e.detail()
             .is_some_and(|d| d.starts_with("Function not found"))
+}
+
+/// The decision of `checks` from what the script said of each.
+fn decision_of(checks: &[Check], verdicts: Vec<Reply>) -> Decision {
+    let outcomes: Outcomes = checks
+        .iter()
+        .zip(verdicts)
+        .map(|(check, (verdict, grant, own))| {
+            let tier = own.as_ref().unwrap_or(check.tier());
+            PolicyOutcome::new(tier, check.op() == Op::Shadow, verdict).with_grant(grant)
+        })
+        .collect();
+    Decision::new(outcomes)
+}
+
+/// The decision of `checks` from the script's `reply` (for the fuzz targets).
+#[cfg(fuzzing)]
+pub(crate) fn read_decision(checks: &[Check], reply: &[i64]) -> Result<Decision, StoreError> {
+    read_reply(checks, reply).map(|verdicts| decision_of(checks, verdicts))
 }
 
 /// The script's reply to `checks` read back: each check's verdict and grant, then the keys

@@ -28,6 +28,8 @@ use super::Registry;
 use crate::clock::Clock;
 use crate::error::{ConfigError, StoreError};
 
+#[cfg(fuzzing)]
+pub(crate) use call::read_decision as redis_decision;
 pub(crate) use key::redis_key;
 #[cfg(feature = "tls")]
 pub use tls::{RedisTls, RedisTlsError, TlsSetting};

@@ -29,7 +29,7 @@ FLAGS="$FLAGS --cfg fuzzing -Cdebug-assertions -Coverflow-checks"
 run() {
     local target=$1
     local found="target/fuzz-corpus/$target"
-    mkdir -p "$found" "fuzz/artifacts/$target"
+    mkdir -p "$found" "fuzz/artifacts/$target" "fuzz/corpus/$target"
     echo "fuzz: $target for ${SECONDS_EACH}s"
     "fuzz/target/$TRIPLE/release/$target" -max_total_time="$SECONDS_EACH" -timeout=5 \
         -rss_limit_mb=2048 -malloc_limit_mb=512 -print_final_stats=1 \

@@ -8,6 +8,7 @@ pub mod demo;
 pub mod everything;
 pub mod http;
 pub mod lease;
+pub mod proxy;
 pub mod tls;
 pub mod trace;
 

@@ -445,3 +445,167 @@ async fn a_lease_whose_reply_is_lost_is_spent_until_the_policy_refills() {
     let left = layer.peek(&key).await.unwrap().binding().remaining();
     assert_eq!(left, u64::from(LIMIT), "refilled in 36 minutes");
 }
+
+/// A store on a cluster reached through the proxies in front of its nodes.
+async fn cluster_store(proxies: &[FaultProxy]) -> RedisStore {
+    RedisStore::builder(&support::proxy::cluster_url(proxies))
+        .deadline(DEADLINE)
+        .response_timeout(Duration::from_secs(30))
+        .build()
+        .await
+        .expect("connect to the cluster through the proxies")
+}
+
+/// On the cluster, every fault on every node: each request is answered within the deadline
+/// by the failure policy; once the fault clears, a fresh key is decided exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_cluster_each_fault_is_answered_within_the_deadline() {
+    let (_cluster, proxies) = support::proxy::cluster_behind_proxies();
+    let app = app(&layer(
+        cluster_store(&proxies).await,
+        FailurePolicy::Closed,
+        None,
+    ));
+    for (round, (what, fault)) in faults().into_iter().enumerate() {
+        for proxy in &proxies {
+            proxy.set(fault.clone());
+        }
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..12 {
+            let app = app.clone();
+            tasks.spawn(async move { send(&app, &format!("c{round}-{}", i % 6)).await });
+        }
+        let answers = tasks.join_all().await;
+        let slowest = answers.iter().map(|a| a.2).max().unwrap();
+        assert!(
+            slowest < DEADLINE + MARGIN,
+            "{what}: the slowest took {slowest:?}"
+        );
+        assert!(
+            answers
+                .iter()
+                .all(|a| a.0 == StatusCode::SERVICE_UNAVAILABLE || a.1),
+            "{what}: every answer is Redis's or the failure policy's: {answers:?}"
+        );
+        for proxy in &proxies {
+            proxy.clear();
+        }
+        let key = format!("exact-{round}");
+        let cleared = Instant::now();
+        // Probed with keys of their own: a probe answered late was charged all the same.
+        let mut probe = 0;
+        eventually(&format!("{what}: decisions come back"), async || {
+            probe += 1;
+            send(&app, &format!("probe-{round}-{probe}")).await.1
+        })
+        .await;
+        eprintln!(
+            "cluster, {what}: the slowest in {slowest:?}; decisions again {:?} after",
+            cleared.elapsed()
+        );
+        for n in 0..LIMIT {
+            let (status, decided, _) = send(&app, &key).await;
+            assert!(
+                decided && status == StatusCode::OK,
+                "{what}: request {n} of the limit"
+            );
+        }
+        let (status, decided, _) = send(&app, &key).await;
+        assert!(
+            decided && status == StatusCode::TOO_MANY_REQUESTS,
+            "{what}: past the limit"
+        );
+    }
+}
+
+/// On the cluster, a decision whose reply is lost ran once on its key's node, and its charge
+/// stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_cluster_a_lost_reply_was_decided_once() {
+    let (cluster, proxies) = support::proxy::cluster_behind_proxies();
+    let store = cluster_store(&proxies).await;
+    let node = |key: &Key| {
+        let redis_key = store.key_for("api", key);
+        let node = cluster.node_for(&redis_key);
+        let i = cluster
+            .nodes
+            .iter()
+            .position(|n| n.port == node.port)
+            .unwrap();
+        (node, &proxies[i])
+    };
+    let layer = layer(store.clone(), FailurePolicy::Closed, None);
+    let key = Key::from("lost");
+    assert!(layer.check(&key, 1).await.unwrap().is_allowed());
+    let (server, proxy) = node(&key);
+    let before = calls(server, "fcall");
+    proxy.set(Faults {
+        reset_reply_after: Some(3),
+        ..Faults::default()
+    });
+    // The cluster client sends nothing again: the decision ran once, and failed here.
+    assert!(layer.check(&key, 1).await.is_err(), "the reply was lost");
+    assert_eq!(calls(server, "fcall") - before, 1, "never sent again");
+    proxy.clear();
+    eventually("decisions come back", async || {
+        layer.peek(&key).await.is_ok()
+    })
+    .await;
+    assert_eq!(
+        calls(server, "fcall") - before,
+        2,
+        "the lost one once, and the look"
+    );
+    let seen = layer.peek(&key).await.unwrap();
+    assert_eq!(seen.binding().remaining(), u64::from(LIMIT) - 2, "{seen:?}");
+}
+
+/// A slot moved to another node while the store's map still names the old one: the old node
+/// answers `MOVED` without running the decision, and the store sends it once to the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_cluster_a_moved_slot_is_followed_and_decided_once() {
+    let cluster = support::RedisCluster::start();
+    let store = RedisStore::builder(&cluster.url())
+        .deadline(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let layer = layer(store.clone(), FailurePolicy::Closed, None);
+    let key = Key::from("moving");
+    let redis_key = store.key_for("api", &key);
+    assert!(layer.check(&key, 1).await.unwrap().is_allowed());
+    let from = cluster.node_for(&redis_key);
+    let to = cluster.nodes.iter().find(|n| n.port != from.port).unwrap();
+    let slot = from.cli(&[
+        "CLUSTER",
+        "KEYSLOT",
+        std::str::from_utf8(&redis_key).unwrap(),
+    ]);
+    // The key goes with its slot, then every node is told where the slot is now.
+    from.cli(&["DEL", std::str::from_utf8(&redis_key).unwrap()]);
+    let to_id = to.cli(&["CLUSTER", "MYID"]);
+    for node in &cluster.nodes {
+        assert_eq!(
+            node.cli(&["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]),
+            "OK"
+        );
+    }
+    let (before_from, before_to) = (calls(from, "fcall"), calls(to, "fcall"));
+    let moved = layer
+        .check(&key, 1)
+        .await
+        .expect("the redirection followed");
+    assert!(moved.is_allowed());
+    assert_eq!(
+        calls(from, "fcall") - before_from,
+        0,
+        "the old node ran nothing"
+    );
+    assert_eq!(
+        calls(to, "fcall") - before_to,
+        1,
+        "the new node ran it once"
+    );
+    let seen = layer.peek(&key).await.unwrap();
+    assert_eq!(seen.binding().remaining(), u64::from(LIMIT) - 1, "{seen:?}");
+}

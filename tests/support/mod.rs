@@ -413,6 +413,11 @@ impl RedisCluster {
         let nodes: Vec<RedisServer> = (0..3)
             .map(|_| RedisServer::start_as(&args, cli_connect, tls))
             .collect();
+        Self::create(nodes, cli_connect, tls)
+    }
+
+    /// The cluster of `nodes` (started with cluster mode on), its slots shared out.
+    pub fn create(nodes: Vec<RedisServer>, cli_connect: &[String], tls: bool) -> Self {
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))

@@ -251,3 +251,44 @@ fn jitter(most: Duration) -> Duration {
     let random = RandomState::new().hash_one(0u8);
     Duration::from_nanos(random % (most.as_nanos() as u64 + 1))
 }
+
+/// A 3-primary cluster whose nodes announce the ports of fault proxies in front of them, so
+/// that a store reaches every node through its proxy; with the proxies, in the nodes' order.
+pub fn cluster_behind_proxies() -> (super::RedisCluster, Vec<FaultProxy>) {
+    let ports: Vec<u16> = (0..3).map(|_| super::free_port()).collect();
+    let proxies: Vec<FaultProxy> = ports.iter().map(|&p| FaultProxy::start(p)).collect();
+    let nodes = ports
+        .iter()
+        .zip(&proxies)
+        .map(|(&port, proxy)| {
+            let (announce, bus) = (proxy.port().to_string(), super::free_port().to_string());
+            let args = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-node-timeout",
+                "5000",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-announce-ip",
+                "127.0.0.1",
+                "--cluster-announce-port",
+                &announce,
+                "--cluster-port",
+                &bus,
+                "--cluster-announce-bus-port",
+                &bus,
+            ];
+            super::RedisServer::start_on(port, &args, &[], false)
+        })
+        .collect();
+    (super::RedisCluster::create(nodes, &[], false), proxies)
+}
+
+/// `redis+cluster://` of the proxies.
+pub fn cluster_url(proxies: &[FaultProxy]) -> String {
+    let hosts: Vec<String> = proxies
+        .iter()
+        .map(|p| format!("127.0.0.1:{}", p.port()))
+        .collect();
+    format!("redis+cluster://{}", hosts.join(","))
+}

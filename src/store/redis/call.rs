@@ -246,6 +246,10 @@ impl Inner {
                 self.reload.store(true, Ordering::Release);
                 eval().query_async(conn).await
             }
+            Err(e) => match conn.redirected(&e, call).await {
+                Some(reply) => reply,
+                None => Err(e),
+            },
             other => other,
         }
     }

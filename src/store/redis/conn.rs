@@ -131,7 +131,6 @@ impl Connect {
             .cluster()
             .connection_timeout(self.connect_timeout)
             .response_timeout(self.response_timeout)
-            .retries(2)
             .build()
             .map_err(|e| fail("open", &e))?;
         let kind = match self.endpoints.dial_cluster_nodes(self.connect_timeout) {
@@ -275,6 +274,51 @@ pub(super) enum AnyConn {
     Cluster(ClusterConnection<Node>),
     Pool(deadpool_redis::Connection),
     ClusterPool(deadpool_redis::cluster::Connection),
+}
+
+impl AnyConn {
+    /// `call` sent again to the node a cluster's `MOVED` or `ASK` named (after `ASKING` for
+    /// an `ASK`): Redis did not run it where it went. None when `error` is no redirection, or
+    /// the connection no cluster's.
+    pub(super) async fn redirected(
+        &mut self,
+        error: &redis::RedisError,
+        call: &Cmd,
+    ) -> Option<redis::RedisResult<Vec<i64>>> {
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        let (addr, _slot) = error.redirect_node()?;
+        let (host, port) = addr.rsplit_once(':')?;
+        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+            host: host.to_owned(),
+            port: port.parse().ok()?,
+        });
+        let ask = error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask);
+        Some(match self {
+            AnyConn::Cluster(c) => redirect(c, ask, route, call).await,
+            AnyConn::ClusterPool(c) => redirect(c, ask, route, call).await,
+            _ => return None,
+        })
+    }
+}
+
+/// `call` on the node of `route`, after `ASKING` when `ask`.
+async fn redirect<C>(
+    conn: &mut ClusterConnection<C>,
+    ask: bool,
+    route: redis::cluster_routing::RoutingInfo,
+    call: &Cmd,
+) -> redis::RedisResult<Vec<i64>>
+where
+    C: redis::aio::ConnectionLike + redis::cluster_async::Connect,
+    C: Clone + Send + Sync + Unpin + 'static,
+{
+    if ask {
+        conn.route_command(redis::cmd("ASKING"), route.clone())
+            .await?;
+    }
+    Ok(redis::from_redis_value(
+        conn.route_command(call.clone(), route).await?,
+    )?)
 }
 
 impl ConnectionLike for AnyConn {

@@ -230,9 +230,11 @@ impl Endpoints {
     }
 
     /// A cluster client builder over the nodes, with the TLS settings and the credentials
-    /// provider.
+    /// provider. It sends no command again (the client's own retries would send a decision
+    /// again after a connection dropped with its reply, charging it twice): a redirection is
+    /// followed by the store (`AnyConn::redirected`), a decision that may have run never is.
     pub(super) fn cluster(&self) -> redis::cluster::ClusterClientBuilder {
-        let mut builder = redis::cluster::ClusterClientBuilder::new(self.nodes.clone());
+        let mut builder = redis::cluster::ClusterClientBuilder::new(self.nodes.clone()).retries(0);
         if let Some(refreshed) = &self.refreshed {
             builder = builder.set_credentials_provider(refreshed.clone());
         }

@@ -27,7 +27,7 @@ pub(super) enum Conn {
     Pool(deadpool_redis::Pool),
     /// The connection, and how the store calls it.
     Cluster(ClusterConnection<Node>, &'static str),
-    ClusterPool(deadpool_redis::cluster::Pool),
+    ClusterPool(deadpool::managed::Pool<ClusterManager>),
 }
 
 impl Conn {
@@ -177,14 +177,17 @@ impl Connect {
         Ok(Conn::Pool(pool))
     }
 
-    /// A deadpool-redis pool of cluster connections.
+    /// A pool of cluster connections, each made by the store's cluster client (no retries:
+    /// see `Endpoints::cluster`), with the store's timeouts.
     fn cluster_pool(&self, config: deadpool_redis::PoolConfig) -> Result<Conn, String> {
-        let nodes = self.endpoints.nodes.clone();
-        let manager =
-            deadpool_redis::cluster::Manager::new(nodes, false).map_err(|e| e.to_string())?;
-        let pool = deadpool_redis::cluster::Pool::builder(manager)
+        let client = (self.endpoints.cluster())
+            .connection_timeout(self.connect_timeout)
+            .response_timeout(self.response_timeout)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let pool = deadpool::managed::Pool::builder(ClusterManager(client))
             .config(config)
-            .runtime(deadpool_redis::Runtime::Tokio1)
+            .runtime(deadpool::Runtime::Tokio1)
             .build()
             .map_err(|e| e.to_string())?;
         Ok(Conn::ClusterPool(pool))
@@ -273,7 +276,31 @@ pub(super) enum AnyConn {
     Direct(redis::aio::MultiplexedConnection),
     Cluster(ClusterConnection<Node>),
     Pool(deadpool_redis::Connection),
-    ClusterPool(deadpool_redis::cluster::Connection),
+    ClusterPool(deadpool::managed::Object<ClusterManager>),
+}
+
+/// deadpool's manager of cluster connections made by the store's cluster client:
+/// deadpool-redis's own makes a client of its own, which sends a call again when its
+/// connection drops, and so charges a decision whose reply was lost twice.
+pub(super) struct ClusterManager(redis::cluster::ClusterClient);
+
+impl deadpool::managed::Manager for ClusterManager {
+    type Type = ClusterConnection;
+    type Error = redis::RedisError;
+
+    async fn create(&self) -> Result<ClusterConnection, redis::RedisError> {
+        self.0.get_async_connection().await
+    }
+
+    /// Kept as it is: a cluster connection dials its nodes again by itself (a `PING` here
+    /// would cost every checkout a round trip).
+    async fn recycle(
+        &self,
+        _: &mut ClusterConnection,
+        _: &deadpool::managed::Metrics,
+    ) -> deadpool::managed::RecycleResult<redis::RedisError> {
+        Ok(())
+    }
 }
 
 impl AnyConn {
@@ -295,7 +322,7 @@ impl AnyConn {
         let ask = error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask);
         Some(match self {
             AnyConn::Cluster(c) => redirect(c, ask, route, call).await,
-            AnyConn::ClusterPool(c) => redirect(c, ask, route, call).await,
+            AnyConn::ClusterPool(c) => redirect(&mut **c, ask, route, call).await,
             _ => return None,
         })
     }
@@ -328,7 +355,7 @@ impl ConnectionLike for AnyConn {
             AnyConn::Direct(c) => c.req_packed_command(cmd),
             AnyConn::Cluster(c) => c.req_packed_command(cmd),
             AnyConn::Pool(c) => c.req_packed_command(cmd),
-            AnyConn::ClusterPool(c) => c.req_packed_command(cmd),
+            AnyConn::ClusterPool(c) => (**c).req_packed_command(cmd),
         }
     }
 
@@ -343,7 +370,7 @@ impl ConnectionLike for AnyConn {
             AnyConn::Direct(c) => c.req_packed_commands(cmd, offset, count),
             AnyConn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
             AnyConn::Pool(c) => c.req_packed_commands(cmd, offset, count),
-            AnyConn::ClusterPool(c) => c.req_packed_commands(cmd, offset, count),
+            AnyConn::ClusterPool(c) => (**c).req_packed_commands(cmd, offset, count),
         }
     }
 
@@ -353,7 +380,7 @@ impl ConnectionLike for AnyConn {
             AnyConn::Direct(c) => c.get_db(),
             AnyConn::Cluster(c) => c.get_db(),
             AnyConn::Pool(c) => c.get_db(),
-            AnyConn::ClusterPool(c) => c.get_db(),
+            AnyConn::ClusterPool(c) => (**c).get_db(),
         }
     }
 }

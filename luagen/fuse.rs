@@ -164,16 +164,14 @@ impl Fuser<'_> {
     ) -> (Rc<Inline>, Vec<bool>) {
         let mut f = self.scope[call.name].clone();
         let mut kept = vec![true; call.outs.len()];
-        if direct {
-            let fresh = call.local || line.ends_with(FRESH);
-            if let Some((g, k)) = f.returning_into(&call.outs, fresh) {
-                (f, kept) = (Rc::new(g), k);
-            }
+        let fresh = call.local || line.ends_with(FRESH);
+        if let Some((g, k)) = direct
+            .then(|| f.returning_into(&call.outs, fresh))
+            .flatten()
+        {
+            (f, kept) = (Rc::new(g), k);
         }
-        let clashes: HashSet<&str> = call
-            .outs
-            .iter()
-            .copied()
+        let clashes: HashSet<&str> = (call.outs.iter().copied())
             .filter(|o| f.declared.contains(*o))
             .collect();
         if !clashes.is_empty() {
@@ -314,11 +312,8 @@ pub(crate) fn fuse(
     let mut scope = HashMap::new();
     collect(helpers, &mut scope);
     collect(twin, &mut scope);
-    for &name in required {
-        assert!(
-            scope.contains_key(name),
-            "the twin has no inline `{name}`:\n{twin}"
-        );
+    if let Some(name) = required.iter().find(|n| !scope.contains_key(**n)) {
+        panic!("the twin has no inline `{name}`:\n{twin}");
     }
     let mut lines = Vec::new();
     let mut keep = true;

@@ -226,10 +226,51 @@ impl Inline {
         if !self.tail_return || results.len() != outs.len() {
             return None;
         }
+        let map = self.returned_locals(&results, outs, margin);
+        if map.is_empty() {
+            return None;
+        }
+        let mut f = self.replaced(&|n| map.get(n).cloned());
+        let outer: HashSet<&String> = map.values().collect();
+        let kept: Vec<bool> = results.iter().map(|r| !map.contains_key(r)).collect();
+        let left: Vec<&str> = (results.iter())
+            .filter(|r| !map.contains_key(*r))
+            .map(String::as_str)
+            .collect();
+        let pad = " ".repeat(margin);
+        f.body[last] = format!("{pad}return {}", left.join(", "))
+            .trim_end()
+            .to_owned();
+        let mut body = Vec::with_capacity(f.body.len() + 1);
+        for line in &f.body {
+            let (toks, _) = tokens(line);
+            let names = declared(std::slice::from_ref(line));
+            let local = toks.first().map(|t| t.1) == Some(Tok::Name("local"));
+            if !local || indent(line) != margin || !names.iter().any(|n| outer.contains(n)) {
+                body.push(line.clone());
+                continue;
+            }
+            undeclared(line, &outer, fresh, &pad, &mut body);
+        }
+        f.body = body;
+        for out in map.values() {
+            f.declared.remove(out);
+        }
+        Some((f, kept))
+    }
+
+    /// Which of `results` (the last line's, at the body's `margin`) are locals that can be
+    /// the caller's `outs` of the same places: declared once, by the first line that names
+    /// them (so the caller's variable holds what it held until then), at the margin, not
+    /// parameters; the caller's name read nowhere else in the body.
+    fn returned_locals(
+        &self,
+        results: &[String],
+        outs: &[&str],
+        margin: usize,
+    ) -> HashMap<String, String> {
         let mut map: HashMap<String, String> = HashMap::new();
         for (result, &out) in results.iter().zip(outs) {
-            // Declared once, by the first line that names it (so the caller's variable holds
-            // what it held until then).
             let mut found =
                 (self.body.iter()).filter(|l| declared(std::slice::from_ref(*l)).contains(result));
             let mentions = |l: &String| tokens(l).0.iter().any(|t| is_name(t.1) == Some(result));
@@ -254,67 +295,41 @@ impl Inline {
                 map.insert(result.clone(), out.to_owned());
             }
         }
-        if map.is_empty() {
-            return None;
+        map
+    }
+}
+
+/// `line`, `local a, b = rhs` with `a` the caller's (in `outer`), written into `body` as
+/// `local b` and `a, b = rhs` (marked [`FRESH`] when the caller's names were); without a
+/// value, the caller's names set to nil unless they are fresh.
+fn undeclared(
+    line: &str,
+    outer: &HashSet<&String>,
+    fresh: bool,
+    pad: &str,
+    body: &mut Vec<String>,
+) {
+    let rest = line.trim_start()["local".len()..].trim();
+    let (list, rhs) = match rest.split_once('=') {
+        Some((list, rhs)) => (list, Some(rhs.trim())),
+        None => (rest, None),
+    };
+    let list = split_list(list);
+    let (theirs, own): (Vec<&String>, Vec<&String>) = list.iter().partition(|n| outer.contains(n));
+    if !own.is_empty() {
+        let own: Vec<&str> = own.iter().map(|n| n.as_str()).collect();
+        body.push(format!("{pad}local {}", own.join(", ")));
+    }
+    match rhs {
+        Some(rhs) => {
+            let mark = if fresh { FRESH } else { "" };
+            body.push(format!("{pad}{} = {rhs}{mark}", list.join(", ")));
         }
-        let mut f = self.replaced(&|n| map.get(n).cloned());
-        let outer: HashSet<&String> = map.values().collect();
-        let kept: Vec<bool> = results.iter().map(|r| !map.contains_key(r)).collect();
-        let left: Vec<&str> = results
-            .iter()
-            .filter(|r| !map.contains_key(*r))
-            .map(String::as_str)
-            .collect();
-        let pad = " ".repeat(margin);
-        f.body[last] = format!("{pad}return {}", left.join(", "))
-            .trim_end()
-            .to_owned();
-        let mut body = Vec::with_capacity(f.body.len() + 1);
-        for line in &f.body {
-            let (toks, _) = tokens(line);
-            let names = declared(std::slice::from_ref(line));
-            let local = toks.first().map(|t| t.1) == Some(Tok::Name("local"));
-            if !local || indent(line) != margin || !names.iter().any(|n| outer.contains(n)) {
-                body.push(line.clone());
-                continue;
-            }
-            // `local a, b = rhs` with `a` the caller's: `local b` and `a, b = rhs`.
-            let rest = line.trim_start()["local".len()..].trim();
-            let (list, rhs) = match rest.split_once('=') {
-                Some((list, rhs)) => (list, Some(rhs.trim())),
-                None => (rest, None),
-            };
-            let list = split_list(list);
-            let own: Vec<&str> = list
-                .iter()
-                .filter(|n| !outer.contains(n))
-                .map(String::as_str)
-                .collect();
-            if !own.is_empty() {
-                body.push(format!("{pad}local {}", own.join(", ")));
-            }
-            match rhs {
-                // The names hold nil still, when the caller's were fresh.
-                Some(rhs) => {
-                    let mark = if fresh { FRESH } else { "" };
-                    body.push(format!("{pad}{} = {rhs}{mark}", list.join(", ")));
-                }
-                None if !fresh => {
-                    let mine: Vec<&str> = list
-                        .iter()
-                        .filter(|n| outer.contains(n))
-                        .map(String::as_str)
-                        .collect();
-                    body.push(format!("{pad}{} = nil", mine.join(", ")));
-                }
-                None => {}
-            }
+        None if !fresh => {
+            let theirs: Vec<&str> = theirs.iter().map(|n| n.as_str()).collect();
+            body.push(format!("{pad}{} = nil", theirs.join(", ")));
         }
-        f.body = body;
-        for out in map.values() {
-            f.declared.remove(out);
-        }
-        Some((f, kept))
+        None => {}
     }
 }
 

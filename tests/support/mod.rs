@@ -388,6 +388,16 @@ impl Drop for Sentinels {
 }
 
 /// A real Redis Cluster of three primaries on free ports.
+/// What each node of a test cluster starts with.
+pub const CLUSTER_NODE: [&str; 6] = [
+    "--cluster-enabled",
+    "yes",
+    "--cluster-node-timeout",
+    "5000",
+    "--cluster-config-file",
+    "nodes.conf",
+];
+
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
     tls: bool,
@@ -401,14 +411,7 @@ impl RedisCluster {
     /// A cluster whose nodes start with `extra` (TLS options when `tls`), which redis-cli
     /// reaches with `cli_connect`.
     pub fn start_as(extra: &[&str], cli_connect: &[String], tls: bool) -> Self {
-        let mut args = vec![
-            "--cluster-enabled",
-            "yes",
-            "--cluster-node-timeout",
-            "5000",
-            "--cluster-config-file",
-            "nodes.conf",
-        ];
+        let mut args = CLUSTER_NODE.to_vec();
         args.extend_from_slice(extra);
         let nodes: Vec<RedisServer> = (0..3)
             .map(|_| RedisServer::start_as(&args, cli_connect, tls))

@@ -262,13 +262,8 @@ pub fn cluster_behind_proxies() -> (super::RedisCluster, Vec<FaultProxy>) {
         .zip(&proxies)
         .map(|(&port, proxy)| {
             let (announce, bus) = (proxy.port().to_string(), super::free_port().to_string());
-            let args = [
-                "--cluster-enabled",
-                "yes",
-                "--cluster-node-timeout",
-                "5000",
-                "--cluster-config-file",
-                "nodes.conf",
+            let mut args = super::CLUSTER_NODE.to_vec();
+            args.extend([
                 "--cluster-announce-ip",
                 "127.0.0.1",
                 "--cluster-announce-port",
@@ -277,7 +272,7 @@ pub fn cluster_behind_proxies() -> (super::RedisCluster, Vec<FaultProxy>) {
                 &bus,
                 "--cluster-announce-bus-port",
                 &bus,
-            ];
+            ]);
             super::RedisServer::start_on(port, &args, &[], false)
         })
         .collect();

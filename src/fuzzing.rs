@@ -8,12 +8,12 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderValue};
 use smallvec::smallvec;
 
-use crate::algorithm::{Algorithm, Compiled, Verdict};
+use crate::algorithm::{Algorithm, Verdict};
 use crate::calendar::{Calendar, Period, Periods};
 use crate::decision::{Decision, PolicyOutcome};
 use crate::headers::{HeaderConfig, HeaderStyle, PartitionKeys, RateLimitHeaders, ResetFormat};
 use crate::key::Key;
-use crate::policy::{Part, Registered, Tier};
+use crate::policy::Tier;
 use crate::quota::Quota;
 use crate::store::Op;
 
@@ -52,15 +52,7 @@ pub struct Outcome {
 fn tier(name: &str, algorithm: u8, quota: Quota, op: Op) -> Result<Arc<Tier>, String> {
     crate::policy::validate_name(name).map_err(|e| e.to_string())?;
     let algorithm = Algorithm::ALL[usize::from(algorithm) % Algorithm::ALL.len()];
-    let compiled =
-        Compiled::new(algorithm, quota, Default::default()).map_err(|e| e.to_string())?;
-    let at = Registered { id: 0, def: 0 };
-    Ok(Arc::new(Tier::new(
-        Arc::from(name),
-        at,
-        compiled,
-        Part::new(op),
-    )))
+    Tier::alone(name, 0, algorithm, quota, op).map_err(|e| e.to_string())
 }
 
 /// The response headers, both styles with the IETF `pk` of `key`, of a decision of

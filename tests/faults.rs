@@ -89,16 +89,6 @@ async fn send(app: &App, key: &str) -> (StatusCode, bool, Duration) {
     (response.status(), decided, started.elapsed())
 }
 
-/// How many times Redis ran `command`, from `INFO commandstats`.
-fn calls(server: &RedisServer, command: &str) -> u64 {
-    let info = server.cli(&["INFO", "commandstats"]);
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
-
 /// The faults a request meets, each named.
 fn faults() -> Vec<(&'static str, Faults)> {
     vec![
@@ -237,7 +227,7 @@ async fn a_lost_reply_was_decided_once_and_its_charge_stays() {
     let layer = layer(store(&proxy, None, None).await, FailurePolicy::Closed, None);
     let key = Key::from("lost");
     assert!(layer.check(&key, 1).await.unwrap().is_allowed());
-    let before = calls(&server, "fcall");
+    let before = server.calls("fcall");
     proxy.set(Faults {
         reset_reply_after: Some(3),
         ..Faults::default()
@@ -245,7 +235,7 @@ async fn a_lost_reply_was_decided_once_and_its_charge_stays() {
     assert!(layer.check(&key, 1).await.is_err(), "the reply was lost");
     assert_eq!(proxy.fired().0, 1);
     assert_eq!(
-        calls(&server, "fcall") - before,
+        server.calls("fcall") - before,
         1,
         "run once, never sent again"
     );
@@ -262,7 +252,7 @@ async fn a_lost_reply_was_decided_once_and_its_charge_stays() {
     .await;
     // Two charged: the first, and the one whose reply was lost; not the one cut short.
     assert_eq!(
-        calls(&server, "fcall") - before,
+        server.calls("fcall") - before,
         2,
         "the cut command never ran"
     );
@@ -510,21 +500,21 @@ async fn lost_on_the_cluster(pool: Option<usize>) {
     let key = Key::from("lost");
     assert!(layer.check(&key, 1).await.unwrap().is_allowed());
     let (server, proxy) = node(&key);
-    let before = calls(server, "fcall");
+    let before = server.calls("fcall");
     proxy.set(Faults {
         reset_reply_after: Some(3),
         ..Faults::default()
     });
     // The cluster client sends nothing again: the decision ran once, and failed here.
     assert!(layer.check(&key, 1).await.is_err(), "the reply was lost");
-    assert_eq!(calls(server, "fcall") - before, 1, "never sent again");
+    assert_eq!(server.calls("fcall") - before, 1, "never sent again");
     proxy.clear();
     eventually("decisions come back", async || {
         layer.peek(&key).await.is_ok()
     })
     .await;
     assert_eq!(
-        calls(server, "fcall") - before,
+        server.calls("fcall") - before,
         2,
         "the lost one once, and the look"
     );
@@ -562,22 +552,18 @@ async fn on_the_cluster_a_moved_slot_is_followed_and_decided_once() {
             "OK"
         );
     }
-    let (before_from, before_to) = (calls(from, "fcall"), calls(to, "fcall"));
+    let (before_from, before_to) = (from.calls("fcall"), to.calls("fcall"));
     let moved = layer
         .check(&key, 1)
         .await
         .expect("the redirection followed");
     assert!(moved.is_allowed());
     assert_eq!(
-        calls(from, "fcall") - before_from,
+        from.calls("fcall") - before_from,
         0,
         "the old node ran nothing"
     );
-    assert_eq!(
-        calls(to, "fcall") - before_to,
-        1,
-        "the new node ran it once"
-    );
+    assert_eq!(to.calls("fcall") - before_to, 1, "the new node ran it once");
     let seen = layer.peek(&key).await.unwrap();
     assert_eq!(seen.binding().remaining(), u64::from(LIMIT) - 1, "{seen:?}");
 }

@@ -251,16 +251,6 @@ async fn credentials_are_never_printed() {
     assert!(!logged.contains(PASSWORD), "{logged}");
 }
 
-/// How many `AUTH`s Redis has run, from `INFO commandstats`.
-fn auth_calls(server: &RedisServer) -> u64 {
-    let stats = server.cli(&["INFO", "commandstats"]);
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_auth:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
-
 /// A password rotated while the layer decides (the user is given the new password, the
 /// provider hands it out, the old one is removed), as with IAM tokens: no decision fails, no
 /// connection is refused (`ACL LOG` is empty), and new connections get the new password.
@@ -322,14 +312,14 @@ async fn credentials_rotated_while_deciding_fail_no_decision() {
             "OK"
         );
         *current.lock().unwrap() = new.clone();
-        let (since, auths) = (asked.load(Ordering::SeqCst), auth_calls(&server));
+        let (since, auths) = (asked.load(Ordering::SeqCst), server.calls("auth"));
         support::eventually("the provider is asked again, twice", async || {
             asked.load(Ordering::SeqCst) >= since + 2
         })
         .await;
         // The live connections authenticated again (`AUTH` on them; HELLO for new ones).
         support::eventually("AUTH on the live connections", async || {
-            auth_calls(&server) >= auths + 2
+            server.calls("auth") >= auths + 2
         })
         .await;
         assert_eq!(

@@ -122,15 +122,6 @@ async fn every_key_gets_a_ttl_no_longer_than_needed() {
     }
 }
 
-/// How many times Redis has run `TIME` (each from inside the decision script).
-fn time_calls(server: &RedisServer) -> u64 {
-    let info = server.cli(&["INFO", "commandstats"]);
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_time:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
-
 /// A decision of one policy goes one way, whatever the key holds: it reads Redis's clock
 /// once, a blocked key included (before, a blocked key was given to a second path, which read
 /// the clock again). (The decisions themselves are held to the Rust algorithms by
@@ -141,13 +132,13 @@ async fn a_decision_reads_the_clock_once_whatever_the_key_holds() {
     let s = store(&server, "fused:", None).await;
     for algorithm in Algorithm::ALL {
         let layer = layer_on(s.clone(), policy(algorithm, 1_000));
-        let before = time_calls(&server);
+        let before = server.calls("time");
         for i in 0..20 {
             let d = layer.check(&Key::from(format!("k{i}")), 1).await.unwrap();
             assert!(d.is_allowed(), "{algorithm}");
         }
         assert_eq!(
-            time_calls(&server) - before,
+            server.calls("time") - before,
             20,
             "{algorithm}: one TIME each"
         );
@@ -156,10 +147,10 @@ async fn a_decision_reads_the_clock_once_whatever_the_key_holds() {
             .block_for(&key, Duration::from_secs(60))
             .await
             .unwrap();
-        let before = time_calls(&server);
+        let before = server.calls("time");
         assert!(!layer.check(&key, 1).await.unwrap().is_allowed());
         assert_eq!(
-            time_calls(&server) - before,
+            server.calls("time") - before,
             1,
             "{algorithm}: a blocked key is decided on the same path"
         );
@@ -182,12 +173,12 @@ async fn a_decision_of_several_policies_reads_the_clock_once() {
             .store(s.clone())
             .build()
             .unwrap();
-        let before = time_calls(&server);
+        let before = server.calls("time");
         for i in 0..20 {
             let d = layer.check(&Key::from(format!("k{i}")), 1).await.unwrap();
             assert!(d.is_allowed(), "{set:?}");
         }
-        assert_eq!(time_calls(&server) - before, 20, "{set:?}: one TIME each");
+        assert_eq!(server.calls("time") - before, 20, "{set:?}: one TIME each");
         // One policy's key blocked, by a layer of that policy alone (the layer's own
         // block_for would block every policy's).
         let key = Key::from("blocked");
@@ -199,11 +190,11 @@ async fn a_decision_of_several_policies_reads_the_clock_once() {
         .block_for(&key, Duration::from_secs(60))
         .await
         .unwrap();
-        let before = time_calls(&server);
+        let before = server.calls("time");
         let d = layer.check(&key, 1).await.unwrap();
         assert!(!d.is_allowed(), "{set:?}: blocked");
         assert_eq!(
-            time_calls(&server) - before,
+            server.calls("time") - before,
             1,
             "{set:?}: a blocked key is decided on the same path"
         );

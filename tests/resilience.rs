@@ -297,18 +297,9 @@ fn signal(server: &RedisServer, signal: &str) {
     assert!(status.success(), "kill {signal} failed");
 }
 
-/// How many times Redis ran `command`, from `INFO commandstats`.
-fn calls(server: &RedisServer, command: &str) -> u64 {
-    let info = server.cli(&["INFO", "commandstats"]);
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
-}
-
 /// The decisions Redis ran: `FCALL`s of the decision function, or `EVALSHA`s of the script.
 fn decisions(server: &RedisServer) -> u64 {
-    calls(server, "fcall") + calls(server, "evalsha")
+    server.calls("fcall") + server.calls("evalsha")
 }
 
 fn wait_for_ping(server: &RedisServer) {
@@ -516,7 +507,7 @@ async fn restarted_redis_under_load_fails_closed_only_while_it_is_down() {
     );
     assert!(failed > 0, "the restart was felt");
     assert!(
-        blocking(|| calls(&server, "eval")) >= 1,
+        blocking(|| server.calls("eval")) >= 1,
         "the restarted Redis had lost the script, which was sent again with EVAL"
     );
     assert_exact(&app, "after-restart").await;
@@ -736,7 +727,7 @@ async fn flush_in_a_loop_fails_no_decision(functions: bool) {
             "{key}: exactly the limit, nothing counted twice"
         );
     }
-    let (called, eval) = blocking(|| (decisions(&server), calls(&server, "eval")));
+    let (called, eval) = blocking(|| (decisions(&server), server.calls("eval")));
     eprintln!(
         "{flush} FLUSH: {flushes} flushes during {} decisions; {called} calls, {eval} EVAL (after a miss)",
         seen.len()

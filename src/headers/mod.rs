@@ -384,8 +384,8 @@ fn ietf_fields(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::{Algorithm, Compiled, Verdict};
-    use crate::policy::{Part, Registered, Tier};
+    use crate::algorithm::{Algorithm, Verdict};
+    use crate::policy::Tier;
     use crate::store::Op;
     use smallvec::smallvec;
 
@@ -395,14 +395,7 @@ mod tests {
     #[test]
     fn numbers_past_what_a_field_carries_are_its_largest() {
         let quota = "10/s".parse().unwrap();
-        let compiled = Compiled::new(Algorithm::Gcra, quota, Default::default()).unwrap();
-        let at = Registered { id: 0, def: 0 };
-        let tier = Arc::new(Tier::new(
-            Arc::from("g"),
-            at,
-            compiled,
-            Part::new(Op::Enforce),
-        ));
+        let tier = Tier::alone("g", 0, Algorithm::Gcra, quota, Op::Enforce).unwrap();
         let verdict = Verdict {
             allowed: false,
             remaining: i64::MAX as u64,

@@ -15,6 +15,4 @@ pub use builder::{DEFAULT_MAX_DURATION, Policy};
 #[cfg(fuzzing)]
 pub(crate) use compile::validate_name;
 pub(crate) use compiled::CompiledPolicy;
-#[cfg(any(test, fuzzing))]
-pub(crate) use tier::Part;
 pub(crate) use tier::{LeaseSpec, Registered, Tier};

@@ -134,6 +134,26 @@ impl LeaseSpec {
 }
 
 impl Tier {
+    /// A tier of `algorithm` and `quota` making `op`, registered at `id` outside any policy
+    /// or store (for unit tests and the fuzz targets).
+    #[cfg(any(test, fuzzing))]
+    pub(crate) fn alone(
+        name: &str,
+        id: u32,
+        algorithm: crate::algorithm::Algorithm,
+        quota: Quota,
+        op: Op,
+    ) -> Result<Arc<Tier>, ConfigError> {
+        let compiled = Compiled::new(algorithm, quota, Default::default())?;
+        let at = Registered { id, def: 0 };
+        Ok(Arc::new(Tier::new(
+            Arc::from(name),
+            at,
+            compiled,
+            Part::new(op),
+        )))
+    }
+
     pub(crate) fn new(name: Arc<str>, at: Registered, algorithm: Compiled, part: Part) -> Self {
         let (lua_id, params) = algorithm.lua_args();
         // As short as it can be: a state and its tag are one string, whose allocation

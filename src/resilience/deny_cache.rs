@@ -141,20 +141,13 @@ mod tests {
 
     use super::*;
     use crate::Algorithm;
-    use crate::algorithm::{Compiled, Verdict};
-    use crate::policy::{Part, Tier};
+    use crate::algorithm::Verdict;
+    use crate::policy::Tier;
     use crate::quota::Quota;
 
     fn handle(id: u32) -> Arc<Tier> {
         let quota: Quota = "10/s".parse().unwrap();
-        let algorithm = Compiled::new(Algorithm::Gcra, quota, Default::default()).unwrap();
-        let at = crate::store::Registered { id, def: 0 };
-        Arc::new(Tier::new(
-            Arc::from("gcra:10/s"),
-            at,
-            algorithm,
-            Part::new(Op::Enforce),
-        ))
+        Tier::alone("gcra:10/s", id, Algorithm::Gcra, quota, Op::Enforce).unwrap()
     }
 
     /// A denial of `key` by `policy`, for `retry_us`.

@@ -220,6 +220,16 @@ impl RedisServer {
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("server running").id()
     }
+
+    /// How many times this server ran `command` (lowercase), from `INFO commandstats`.
+    pub fn calls(&self, command: &str) -> u64 {
+        let info = self.cli(&["INFO", "commandstats"]);
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().unwrap())
+    }
 }
 
 impl Drop for RedisServer {

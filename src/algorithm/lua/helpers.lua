@@ -143,8 +143,8 @@ local function read2(key, p, _, into)
   if raw then
     -- Written under these parameters, no block: one match (tags are interned strings, and
     -- compare as one pointer).
-    local a, b, now_tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
-    if now_tag ~= p.tag then
+    local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
+    if written ~= p.tag then
       a = nil
     end
     if not a then

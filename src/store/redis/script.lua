@@ -156,8 +156,8 @@ local function read2(key, p, _, into)
   if raw then
     -- Written under these parameters, no block: one match (tags are interned strings, and
     -- compare as one pointer).
-    local a, b, now_tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
-    if now_tag ~= p.tag then
+    local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
+    if written ~= p.tag then
       a = nil
     end
     if not a then
@@ -992,8 +992,8 @@ ALG[1] = function()
             local raw = call('GET', key)
             st, ends, stale = nil
             if raw then
-              local a, b, now_tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
-              if now_tag ~= p.tag then
+              local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
+              if written ~= p.tag then
                 a = nil
               end
               if not a then
@@ -1124,8 +1124,8 @@ ALG[1] = function()
           local raw = call('GET', key)
           st, ends, stale = nil
           if raw then
-            local a, b, now_tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
-            if now_tag ~= p.tag then
+            local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
+            if written ~= p.tag then
               a = nil
             end
             if not a then
@@ -1306,8 +1306,8 @@ ALG[1] = function()
           local into = STATES[1]
           local raw = call('GET', key)
           if raw then
-            local a, b, now_tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
-            if now_tag ~= p.tag then
+            local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
+            if written ~= p.tag then
               a = nil
             end
             if not a then
@@ -3823,8 +3823,8 @@ ALG[4] = function()
             local raw = call('GET', key)
             st, ends, stale = nil
             if raw then
-              local a, b, now_tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
-              if now_tag ~= p.tag then
+              local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
+              if written ~= p.tag then
                 a = nil
               end
               if not a then
@@ -3981,8 +3981,8 @@ ALG[4] = function()
           local raw = call('GET', key)
           st, ends, stale = nil
           if raw then
-            local a, b, now_tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
-            if now_tag ~= p.tag then
+            local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
+            if written ~= p.tag then
               a = nil
             end
             if not a then
@@ -4160,8 +4160,8 @@ ALG[4] = function()
           local into = STATES[1]
           local raw = call('GET', key)
           if raw then
-            local a, b, now_tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
-            if now_tag ~= p.tag then
+            local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
+            if written ~= p.tag then
               a = nil
             end
             if not a then
@@ -4690,8 +4690,8 @@ ALG[5] = function()
             local raw = call('GET', key)
             st, ends, stale = nil
             if raw then
-              local a, b, now_tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
-              if now_tag ~= p.tag then
+              local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
+              if written ~= p.tag then
                 a = nil
               end
               if not a then
@@ -4836,8 +4836,8 @@ ALG[5] = function()
           local raw = call('GET', key)
           st, ends, stale = nil
           if raw then
-            local a, b, now_tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
-            if now_tag ~= p.tag then
+            local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
+            if written ~= p.tag then
               a = nil
             end
             if not a then
@@ -4998,8 +4998,8 @@ ALG[5] = function()
           local into = STATES[1]
           local raw = call('GET', key)
           if raw then
-            local a, b, now_tag = match(raw, '^(%d+) (%d+)~([^|]*)$')
-            if now_tag ~= p.tag then
+            local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
+            if written ~= p.tag then
               a = nil
             end
             if not a then

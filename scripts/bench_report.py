@@ -31,6 +31,15 @@ def raw_text(name):
     return open(path).read().rstrip("\n") if os.path.exists(path) else "(not measured in this run)"
 
 
+def results(name, script):
+    """A section another script measures and writes (benches/results/NAME.md): kept as it is
+    from the run of that script, which takes too long to be part of this one."""
+    path = os.path.join("benches", "results", name)
+    if not os.path.exists(path):
+        return f"(not measured yet: run `{script}`)"
+    return f"From the last run of `{script}`:\n\n" + open(path).read().rstrip("\n")
+
+
 def runs(pattern):
     return sorted(glob.glob(os.path.join(RAW, pattern)))
 
@@ -425,6 +434,14 @@ per key: growth of the process's resident memory over 200,000 keys divided by 20
 {raw_text("redis_memory.txt")}
 {raw_text("tls.txt")}
 ```
+
+## Overload: the adaptive concurrency limit and the reserve
+
+{results("overload.md", "scripts/overload.sh")}
+
+## Long run: 30 minutes of steady traffic, and 10 million keys
+
+{results("long_run.md", "scripts/long_run.sh")}
 
 ## Goals missed in this run
 

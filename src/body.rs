@@ -10,6 +10,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use crate::adaptive::Permits;
 use crate::settle::meter::Meter;
 
 /// How [`RateLimit`](crate::RateLimit)'s responses carry their bodies: the inner service's
@@ -43,6 +44,8 @@ pub trait MakeBody<B> {
 pub struct BodyGuard {
     release: Option<Box<dyn FnOnce() + Send + Sync>>,
     meter: Option<Box<Meter>>,
+    /// The places of the adaptive concurrency limits that admitted the request.
+    permits: Option<Box<Permits>>,
 }
 
 impl BodyGuard {
@@ -51,6 +54,26 @@ impl BodyGuard {
         BodyGuard {
             release: Some(Box::new(release)),
             meter: None,
+            permits: None,
+        }
+    }
+
+    /// `held` (if any) holding `permits` too.
+    pub(crate) fn holding(held: Option<BodyGuard>, permits: Permits) -> Self {
+        let mut held = held.unwrap_or(BodyGuard {
+            release: None,
+            meter: None,
+            permits: None,
+        });
+        held.permits = Some(Box::new(permits));
+        held
+    }
+
+    /// The response came: the adaptive limits it holds places of learn from it, a failure
+    /// when `failed` (a `5xx`, or the inner service's error) when their places are given back.
+    pub(crate) fn responded(&mut self, failed: bool) {
+        for permit in self.permits.iter_mut().flat_map(|p| p.iter_mut()) {
+            permit.responded(failed);
         }
     }
 
@@ -59,6 +82,7 @@ impl BodyGuard {
         let mut held = held.unwrap_or(BodyGuard {
             release: None,
             meter: None,
+            permits: None,
         });
         held.meter = Some(Box::new(meter));
         held

@@ -35,11 +35,11 @@ use crate::error::ConfigError;
 use crate::key::{ApiKey, Cidr, ClientIp, GlobalKey, GrpcMethod, HeaderKey, KeyExtractor, PeerIp};
 use crate::policy::Policy;
 use crate::quota::{Quota, QuotaUnit};
-use crate::settle::Settle;
 
+mod raw;
 mod text;
 
-use text::{BodyMeasure, DurationText, HeaderNameText, RouteText, Status, Text, statuses};
+use text::{BodyMeasure, DurationText, HeaderNameText, RouteText, Status, Text};
 
 /// A whole configuration: the policies, and the key of those that do not name their own.
 ///
@@ -277,6 +277,8 @@ impl<'de> Deserialize<'de> for CidrText {
 /// | `lease`, `lease_ttl` | integer, duration | leases ([`lease`](Policy::lease), [`lease_ttl`](Policy::lease_ttl)) |
 /// | `wait` | duration | wait for its turn instead of a 429 ([`wait_up_to`](Policy::wait_up_to)) |
 /// | `concurrency`, `max_duration` | integer, duration | a concurrency limit ([`concurrency`](Policy::concurrency), [`max_duration`](Policy::max_duration)) |
+/// | `adaptive`, `adaptive_min`, `adaptive_max` | string, integers | an adaptive concurrency limit: `gradient2` or `aimd`, and its bounds ([`adaptive_concurrency`](Policy::adaptive_concurrency)) |
+/// | `reserve_header`, `reserve_shares`, `reserve_others` | string, table, integer | capacity kept for priority: the header naming a request's priority, the percent of the capacity each priority may use (e.g. `{ critical = 100 }`), and the others' percent ([`reserve`](Policy::reserve)) |
 ///
 /// Durations are strings such as `"500ms"`, `"30s"`, `"2min"`, `"1h"` (the units of a quota's
 /// window).
@@ -340,135 +342,12 @@ struct RawPolicy {
     wait: Option<Text<DurationText>>,
     concurrency: Option<u32>,
     max_duration: Option<Text<DurationText>>,
-}
-
-impl RawPolicy {
-    /// The policy the entry's `concurrency`, `quota` and `algorithm` make (the last two taken).
-    fn base(&mut self) -> Result<Policy, ConfigError> {
-        let policy = match (self.concurrency, self.quota.take(), self.algorithm.take()) {
-            (Some(_), Some(_), _) => {
-                return Err(ConfigError::new(
-                    "a concurrency policy takes no quota (its limit is `concurrency`)",
-                ));
-            }
-            (Some(_), None, Some(_)) => {
-                return Err(ConfigError::new(
-                    "a concurrency policy takes no algorithm (it counts requests in flight)",
-                ));
-            }
-            (Some(n), None, None) => Policy::concurrency(n),
-            (None, None, _) => {
-                return Err(ConfigError::new(
-                    "missing field `quota` (e.g. quota = \"10/s\"), or `concurrency`",
-                ));
-            }
-            (None, Some(Text(quota)), algorithm) => {
-                Policy::new(algorithm.map_or(Algorithm::Gcra, |a| a.0), quota)
-            }
-        };
-        Ok(policy)
-    }
-}
-
-impl RawPolicy {
-    /// Where the policy reads a response's real cost, if it settles it.
-    fn settle(&self) -> Result<Option<Settle>, ConfigError> {
-        let settle = match (&self.settle_header, &self.settle_trailer, &self.settle_body) {
-            (None, None, None) => {
-                if self.settle_at_most.is_some() {
-                    return Err(ConfigError::new(
-                        "settle_at_most bounds a settled cost; set settle_header, \
-                         settle_trailer or settle_body too",
-                    ));
-                }
-                return Ok(None);
-            }
-            (Some(Text(HeaderNameText(name))), None, None) => Settle::header(name.as_str()),
-            (None, Some(Text(HeaderNameText(name))), None) => Settle::trailer(name.as_str()),
-            (None, None, Some(_)) => Settle::body_bytes(),
-            _ => {
-                return Err(ConfigError::new(
-                    "a policy settles its cost from one place: settle_header, settle_trailer \
-                     or settle_body",
-                ));
-            }
-        };
-        Ok(Some(match self.settle_at_most {
-            Some(n) => settle.at_most(n),
-            None => settle,
-        }))
-    }
-}
-
-impl RawPolicy {
-    /// The calendar its periods are counted in, if it names one (UTC when only a week or
-    /// month start is given).
-    fn calendar(&mut self) -> Option<Calendar> {
-        if self.time_zone.is_none() && self.week_starts.is_none() && self.month_starts.is_none() {
-            return None;
-        }
-        let mut calendar = self
-            .time_zone
-            .take()
-            .map_or_else(Calendar::utc, |Text(c)| c);
-        if let Some(Text(day)) = self.week_starts.take() {
-            calendar = calendar.week_starts_on(day);
-        }
-        if let Some(day) = self.month_starts {
-            calendar = calendar.month_starts_on(day);
-        }
-        Some(calendar)
-    }
-}
-
-impl RawPolicy {
-    /// `policy` with the tiers the file gives it (their quotas, unit, and how a request's
-    /// tier is chosen).
-    fn tiered(&mut self, mut policy: Policy) -> Policy {
-        if let Some(Text(unit)) = self.unit.take() {
-            policy = policy.unit(unit);
-        }
-        for (tier, Text(quota)) in std::mem::take(&mut self.tiers) {
-            policy = policy.tier(tier, quota);
-        }
-        if let Some(Text(HeaderNameText(name))) = self.tier_header.take() {
-            policy = policy
-                .select_tier(move |req| Some(req.headers().get(&name)?.to_str().ok()?.to_owned()));
-        }
-        for (key, tier) in std::mem::take(&mut self.tier_keys) {
-            policy = policy.tier_for_key(key, tier);
-        }
-        policy
-    }
-
-    /// `policy` taking part as the file says (shadow, charged or refunded by status, leases,
-    /// waits, concurrency).
-    fn taking(&mut self, mut policy: Policy) -> Policy {
-        if self.shadow {
-            policy = policy.shadow();
-        }
-        if !self.charge_if_status.is_empty() {
-            let codes = statuses(&self.charge_if_status);
-            policy = policy.charge_if(move |s| codes.contains(&s));
-        }
-        if !self.refund_if_status.is_empty() {
-            let codes = statuses(&self.refund_if_status);
-            policy = policy.refund_if(move |s| codes.contains(&s));
-        }
-        if let Some(units) = self.lease {
-            policy = policy.lease(units);
-        }
-        if let Some(Text(DurationText(ttl))) = self.lease_ttl.take() {
-            policy = policy.lease_ttl(ttl);
-        }
-        if let Some(Text(DurationText(wait))) = self.wait.take() {
-            policy = policy.wait_up_to(wait);
-        }
-        if let Some(Text(DurationText(max))) = self.max_duration.take() {
-            policy = policy.max_duration(max);
-        }
-        policy
-    }
+    adaptive: Option<String>,
+    adaptive_min: Option<u32>,
+    adaptive_max: Option<u32>,
+    reserve_header: Option<Text<HeaderNameText>>,
+    reserve_shares: BTreeMap<String, u8>,
+    reserve_others: Option<u8>,
 }
 
 impl TryFrom<RawPolicy> for PolicyConfig {
@@ -499,6 +378,7 @@ impl TryFrom<RawPolicy> for PolicyConfig {
         }
         policy = r.tiered(policy);
         policy = r.taking(policy);
+        policy = r.reserving(policy)?;
         // Everything a build would say about the policy, said now, where the policy is read.
         policy.prepare(None)?;
         Ok(PolicyConfig {

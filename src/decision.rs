@@ -179,9 +179,11 @@ impl PolicyOutcome {
         Duration::from_micros(self.policy.algorithm().window_us())
     }
 
-    /// The limit clients are told about: units per window, or the burst for bucket algorithms.
+    /// The limit clients are told about: units per window, or the burst for bucket algorithms;
+    /// for a request of a priority that may use only a share of the capacity
+    /// ([`Reserve`](crate::Reserve)), that share.
     pub fn limit(&self) -> u64 {
-        self.policy.algorithm().reported_limit()
+        self.policy.limit()
     }
 
     /// Units left: after this request if it was admitted, right now if it was not.

@@ -242,7 +242,9 @@ where
             };
             (headers, decision, held, after)
         }
-        Next::Store(..) | Next::Lease(..) => unreachable!("a step that waits is awaited first"),
+        Next::Store(..) | Next::Lease(..) | Next::Queued(_) => {
+            unreachable!("a step that waits is awaited first")
+        }
     };
     call(
         headers,
@@ -305,7 +307,15 @@ where
         loop {
             let next = match state.as_mut().project() {
                 PhaseProj::Calling { future, with } => {
-                    let response = ready!(future.poll(cx))?;
+                    let response = match ready!(future.poll(cx)) {
+                        Ok(response) => response,
+                        Err(error) => {
+                            if let Some(held) = &mut with.held {
+                                held.responded(true);
+                            }
+                            return Poll::Ready(Err(error));
+                        }
+                    };
                     let (headers, held, charging) =
                         (with.headers.take(), with.held.take(), with.charging.take());
                     match responded(headers, held, charging, response) {
@@ -342,6 +352,9 @@ fn responded<St: Store, B>(
 ) -> Result<(Response<B>, Option<BodyGuard>), Box<Adjusting<<St as Sealed>::Future, Response<B>>>> {
     if let Some(headers) = headers {
         headers.apply(response.headers_mut());
+    }
+    if let Some(held) = &mut held {
+        held.responded(response.status().is_server_error());
     }
     let charges = charging.and_then(|charging| {
         let Charging { limiter, charges } = *charging;

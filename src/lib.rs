@@ -360,6 +360,7 @@ struct ReadmeDoctests;
 // In reading order: the layer users build, the engine that decides each request, policies and
 // their algorithms, the stores that keep state, the keys requests are charged to; then the
 // tower glue (service, future, body), and the values around them.
+mod adaptive;
 mod layer;
 mod lease;
 mod limiter;
@@ -396,6 +397,7 @@ mod error;
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod axum;
 
+pub use adaptive::Adaptive;
 pub use algorithm::Algorithm;
 pub use body::{BodyGuard, MakeBody, ResponseBody, Wrapped};
 pub use calendar::{Calendar, Weekday};
@@ -407,7 +409,7 @@ pub use grpc::ResponseStyle;
 pub use headers::{HeaderStyle, ResetFormat};
 pub use layer::RateLimitLayer;
 pub use layer::builder::RateLimitLayerBuilder;
-pub use policy::{DEFAULT_MAX_DURATION, Policy};
+pub use policy::{DEFAULT_MAX_DURATION, Policy, Reserve};
 pub use quota::{MAX_WINDOW, Quota, QuotaError, QuotaUnit};
 pub use reload::ReloadReport;
 pub use resilience::CircuitBreaker;

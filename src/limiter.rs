@@ -47,6 +47,7 @@ use crate::store::{Check, Checks, MemoryStore, Op, Store, TOGETHER};
 use crate::telemetry::{decision_span, record_outcome, traced};
 use crate::top::{TopLimited, Tracker};
 
+mod adaptive;
 mod alone;
 mod answer;
 mod admin;
@@ -57,6 +58,10 @@ mod give_back;
 mod failure;
 
 use set::{Lane, Policies, PolicySet};
+
+use crate::adaptive::Permits;
+pub(crate) use adaptive::Queued;
+use adaptive::holding;
 
 /// What a layer is configured with, besides its store: the builder fills it in, and
 /// [`Limiter::new`] checks and compiles it.
@@ -123,6 +128,8 @@ pub(crate) struct Limiter<St> {
     waits: AtomicBool,
     /// Whether a policy limits requests in flight (as `waits`).
     in_flight: AtomicBool,
+    /// Whether a policy is an adaptive concurrency limit (as `waits`).
+    adaptive: AtomicBool,
     /// The keys each policy denied most, when the layer keeps them.
     top: Option<Arc<Tracker>>,
     /// When (layer clock) a store failure was last logged at `warn`, and how many were
@@ -174,13 +181,19 @@ pub(crate) enum Next<F> {
     /// the lease this one needs, then [`Limiter::resume`] with the request's checks and their
     /// ticket.
     Lease(LeaseWait, Box<(Checks, Ticket)>),
+    /// Wait in an adaptive concurrency limit's queue, then plan again holding its permit
+    /// ([`Limiter::begin_holding`]), or be shed when the wait runs out.
+    Queued(Box<Queued>),
 }
 
 impl<F> Next<F> {
     /// Whether the step waits for something (the store's answer, another's lease, or a
     /// reserved time).
     pub(crate) fn waits(&self) -> bool {
-        matches!(self, Next::Store(..) | Next::Lease(..) | Next::Wait { .. })
+        matches!(
+            self,
+            Next::Store(..) | Next::Lease(..) | Next::Wait { .. } | Next::Queued(_)
+        )
     }
 
     /// Call the inner service with nothing added: no headers, no decision, no slots held, no
@@ -214,6 +227,8 @@ pub(crate) struct Ticket {
     /// be given back should the request go away before the decision comes.
     gives_back_later: bool,
     after: Vec<AfterResponse>,
+    /// The permits of the adaptive limits that admitted the request, for its call.
+    permits: Permits,
     /// The decision's `debug` span, disabled unless a subscriber wants it.
     span: Span,
 }
@@ -230,6 +245,7 @@ impl Ticket {
             started: None,
             gives_back_later: false,
             after,
+            permits: Vec::new(),
             span,
         }
     }
@@ -278,6 +294,10 @@ impl<St> Limiter<St> {
 
     fn limits_in_flight(&self) -> bool {
         self.in_flight.load(Ordering::Relaxed)
+    }
+
+    fn adapts(&self) -> bool {
+        self.adaptive.load(Ordering::Relaxed)
     }
 }
 
@@ -338,6 +358,7 @@ impl<St: Store> Limiter<St> {
             leases,
             waits: AtomicBool::new(set.waits),
             in_flight: AtomicBool::new(set.in_flight),
+            adaptive: AtomicBool::new(set.adaptive),
             top,
             warned: AtomicU64::new(0),
             unwarned: AtomicU64::new(0),
@@ -354,17 +375,28 @@ impl<St: Store> Limiter<St> {
         match policies.lane() {
             Lane::Alone => self.begin_alone(&policies[0], request, &policies),
             Lane::Together => self.begin_together(request, &policies),
-            Lane::Checks => self.plan(request, &policies),
+            Lane::Checks => self.plan(request, &policies, Vec::new()),
         }
     }
 
-    /// Plans `request` against every policy that applies, and decides it (the general way).
-    fn plan(&self, request: &RequestRef<'_>, policies: &[CompiledPolicy]) -> Next<St::Future> {
+    /// Plans `request` against every policy that applies, and decides it (the general way),
+    /// holding `held` (the permits of the adaptive limits that admitted it after a wait).
+    fn plan(
+        &self,
+        request: &RequestRef<'_>,
+        policies: &[CompiledPolicy],
+        mut held: Permits,
+    ) -> Next<St::Future> {
+        if self.adapts()
+            && let Some(next) = self.admitted(request, policies, &mut held)
+        {
+            return next;
+        }
         let mut checks = Checks::new();
         let mut fallback = self.fallback.as_ref().map(|_| Checks::new());
         let mut after = Vec::new();
         for policy in policies {
-            if !policy.applies(request) {
+            if !policy.applies(request) || policy.adaptive().is_some() {
                 continue;
             }
             let key = match policy.key(request) {
@@ -372,7 +404,7 @@ impl<St: Store> Limiter<St> {
                 Err(rejection) => return self.key_rejected(policy, &rejection),
             };
             let index = policy.tier_index(request, &key);
-            let tier = policy.tier(index);
+            let tier = policy.tier(index).seen_by(request);
             let cost = policy.cost(request);
             let op = tier.part().op();
             let check = |op| Check::new(tier.clone(), key.clone(), cost, op);
@@ -396,12 +428,14 @@ impl<St: Store> Limiter<St> {
                 after.push(AfterResponse::Cost { check, settle });
             }
             if let (Some(fallback), Some(local)) = (&mut fallback, policy.fallback_tier(index)) {
+                let local = local.seen_by(request);
+                let op = local.part().op();
                 fallback.push(Check::new(local.clone(), key.clone(), cost, op));
             }
             checks.push(Check::new(tier.clone(), key, cost, op));
         }
         if checks.is_empty() {
-            return Next::nothing();
+            return holding(Next::nothing(), held);
         }
         let span = decision_span();
         let _entered = span.enter();
@@ -414,7 +448,8 @@ impl<St: Store> Limiter<St> {
         if let Some(denied) = self.known_denied(&checks, &span) {
             return denied;
         }
-        self.ask_store(checks, Ticket::planned(fallback, after, span.clone()))
+        let next = self.ask_store(checks, Ticket::planned(fallback, after, span.clone()));
+        holding(next, held)
     }
 
     /// The answer of the deny cache, if it knows one of `checks`' keys to be limited.
@@ -449,10 +484,11 @@ impl<St: Store> Limiter<St> {
     }
 
     /// [`Limiter::ask_store`] for a request that waited for another's lease.
-    pub(crate) fn resume(&self, checks: Checks, ticket: Ticket) -> Next<St::Future> {
+    pub(crate) fn resume(&self, checks: Checks, mut ticket: Ticket) -> Next<St::Future> {
         let span = ticket.span.clone();
         let _entered = span.enter();
-        self.ask_store(checks, ticket)
+        let permits = std::mem::take(&mut ticket.permits);
+        holding(self.ask_store(checks, ticket), permits)
     }
 
     /// The rest of step 2 for a planned request: the leases held here, then the breaker and

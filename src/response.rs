@@ -142,12 +142,24 @@ impl Responses {
 
     /// The response when the store failed and the failure policy is closed.
     pub(crate) fn unavailable(&self) -> Response<Bytes> {
+        Self::reduced("the rate limiter is unavailable")
+    }
+
+    /// The response to a request over the adaptive concurrency limit of `policy`.
+    pub(crate) fn shed(&self, policy: &str) -> Response<Bytes> {
+        Self::reduced(&format!(
+            "the service is at its capacity: the adaptive concurrency limit of {policy} is reached"
+        ))
+    }
+
+    /// A `503` of the problem type `temporary-reduced-capacity`, saying `detail`.
+    fn reduced(detail: &str) -> Response<Bytes> {
         let status = StatusCode::SERVICE_UNAVAILABLE;
         let mut body = problem(
             TEMPORARY_REDUCED_CAPACITY,
             "Temporary reduced capacity",
             status,
-            "the rate limiter is unavailable",
+            detail,
         );
         body.push('}');
         let mut r = Response::new(Bytes::from(body));

@@ -1,5 +1,6 @@
 //! [`Waiting`]: a request not yet sent to the inner service, and what it waits for before it
-//! goes on, as its response future waits for it: the store's answer, or first the answer to
+//! goes on, as its response future waits for it: a place in an adaptive concurrency limit's
+//! queue (then the request is planned again), the store's answer, or first the answer to
 //! another request of this instance that is asking the store for the lease this one needs
 //! (then the request is planned again); then the time reserved for it, if the answer is to
 //! wait.
@@ -11,6 +12,7 @@ use std::task::{Context, Poll, ready};
 
 use http::Request;
 
+use crate::key::RequestRef;
 use crate::limiter::{Limiter, Next};
 use crate::store::Store;
 use crate::store::private::Sealed;
@@ -99,6 +101,17 @@ where
                     // The lease came (or not): plan again.
                     let (checks, ticket) = *planned;
                     self.limiter.resume(checks, ticket)
+                }
+                Some(Next::Queued(queued)) => {
+                    let permits = ready!(queued.poll(cx));
+                    self.awaited = None;
+                    match permits {
+                        Ok(held) => {
+                            let request = self.request.as_ref().expect("a request that waits");
+                            self.limiter.begin_holding(&RequestRef::new(request), held)
+                        }
+                        Err(policy) => self.limiter.shed(&policy),
+                    }
                 }
                 Some(Next::Wait { .. }) => {
                     if let Some(sleep) = &mut self.sleep {

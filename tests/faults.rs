@@ -3,8 +3,11 @@
 //! some bytes of a reply, or cuts a command in its middle, on plain TCP and with TLS passing
 //! through. Each fault is answered within the deadline by the failure policy; decisions are
 //! exact again once it clears; no command is sent twice for one decision (counted by Redis);
-//! two instances never admit past the limit while replies are lost; and what a lost reply
-//! costs is measured: its charge stays, a concurrency slot until its lease ends.
+//! two instances never admit past the limit while replies are lost; the breaker opens and
+//! closes; and what a lost reply costs is measured: its charge stays, a lease's units until the
+//! policy refills, a concurrency slot until its lease ends. Each test runs on one server (plain
+//! TCP and TLS) and on a cluster (plain TCP and TLS), each behind the proxies
+//! (`support::proxy::Behind`).
 
 mod support;
 
@@ -14,14 +17,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Empty;
-use support::proxy::{FaultProxy, Faults};
-use support::{RedisServer, eventually};
+use support::eventually;
+use support::proxy::{Behind, Faults};
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt, service_fn};
 use tower_ratelimit::key::{HeaderKey, Key};
 use tower_ratelimit::{
-    CircuitBreaker, FailurePolicy, ManualClock, Policy, RateLimitLayer, RedisStore, RedisTls,
-    ResponseBody,
+    CircuitBreaker, FailurePolicy, ManualClock, Policy, RateLimitLayer, RedisStore, ResponseBody,
 };
 
 /// The deadline of one decision.
@@ -35,35 +37,67 @@ const LIMIT: u32 = 10;
 
 type App = BoxCloneSyncService<Request<()>, Response<ResponseBody<Empty<Bytes>>>, Infallible>;
 
-/// A store through `proxy` (TLS with `tls`), deciding on `clock` if given.
-async fn store(
-    proxy: &FaultProxy,
-    tls: Option<RedisTls>,
-    clock: Option<&ManualClock>,
-) -> RedisStore {
-    let mut builder = RedisStore::builder(&proxy.url(tls.is_some()))
+/// Runs each named `async fn(Behind)` as four tests: on one server on plain TCP and through
+/// TLS, and on a cluster on plain TCP and through TLS.
+macro_rules! behind_each {
+    ($($test:ident),* $(,)?) => {$(
+        mod $test {
+            use super::support::proxy::Behind;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn plain_tcp() {
+                super::$test(Behind::plain()).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn tls() {
+                super::$test(Behind::tls()).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn cluster() {
+                super::$test(Behind::cluster()).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn tls_cluster() {
+                super::$test(Behind::tls_cluster()).await;
+            }
+        }
+    )*};
+}
+
+behind_each!(
+    each_fault_is_answered_within_the_deadline,
+    a_lost_reply_was_decided_once_and_its_charge_stays,
+    two_instances_never_admit_past_the_limit_while_replies_are_lost,
+    the_breaker_opens_under_a_blackhole_and_closes_after_it,
+    a_concurrency_slot_whose_reply_is_lost_comes_back_when_its_lease_ends,
+    a_lease_whose_reply_is_lost_is_spent_until_the_policy_refills,
+);
+
+/// A store through the proxies, deciding on `clock` if given, with a pool of `pool`
+/// connections if given.
+async fn store(behind: &Behind, clock: Option<&ManualClock>, pool: Option<usize>) -> RedisStore {
+    let mut builder = (behind.store())
         .deadline(DEADLINE)
         .response_timeout(Duration::from_secs(30));
-    if let Some(tls) = tls {
-        builder = builder.tls(tls);
-    }
     if let Some(clock) = clock {
         builder = builder.clock(clock.clone());
     }
-    builder.build().await.expect("connect through the proxy")
+    if let Some(size) = pool {
+        builder = builder.pool(size);
+    }
+    builder.build().await.expect("connect through the proxies")
 }
 
 /// `LIMIT` per hour per `x-key`, GCRA, answered by `failure` when the store fails, without a
 /// circuit breaker unless `breaker`.
-fn layer(
-    store: RedisStore,
-    failure: FailurePolicy,
-    breaker: Option<CircuitBreaker>,
-) -> RateLimitLayer<RedisStore> {
+fn layer(store: RedisStore, breaker: Option<CircuitBreaker>) -> RateLimitLayer<RedisStore> {
     RateLimitLayer::builder()
         .policy(Policy::gcra(format!("{LIMIT}/h").as_str()).name("api"))
         .key(HeaderKey::try_new("x-key").unwrap())
-        .on_store_error(failure)
+        .on_store_error(FailurePolicy::Closed)
         .circuit_breaker(breaker)
         .store(store)
         .build()
@@ -87,6 +121,14 @@ async fn send(app: &App, key: &str) -> (StatusCode, bool, Duration) {
         .get("x-ratelimit-limit")
         .is_some_and(|v| v == LIMIT.to_string().as_str());
     (response.status(), decided, started.elapsed())
+}
+
+/// A reset after 3 bytes of the next reply.
+fn lose_a_reply() -> Faults {
+    Faults {
+        reset_reply_after: Some(3),
+        ..Faults::default()
+    }
 }
 
 /// The faults a request meets, each named.
@@ -131,21 +173,16 @@ fn faults() -> Vec<(&'static str, Faults)> {
     ]
 }
 
-/// Each fault on every proxy in turn: each of `requests` requests sent together is answered
-/// within the deadline, by Redis or by the failure policy (`503`, closed), at least one by
-/// the failure policy; once the fault clears, a fresh key is decided exactly: `LIMIT`
-/// admitted, then `429`. `label` begins each line printed.
-async fn each_fault(
-    layer: &RateLimitLayer<RedisStore>,
-    proxies: &[FaultProxy],
-    requests: usize,
-    label: &str,
-) {
-    let app = app(layer);
+/// Each fault on every proxy in turn: each of 12 requests sent together is answered within the
+/// deadline, by Redis or by the failure policy (`503`, closed), at least one by the failure
+/// policy; once the fault clears, a fresh key is decided exactly: `LIMIT` admitted, then `429`.
+async fn each_fault_is_answered_within_the_deadline(behind: Behind) {
+    let layer = layer(store(&behind, None, None).await, None);
+    let app = app(&layer);
     for (round, (what, fault)) in faults().into_iter().enumerate() {
-        proxies.iter().for_each(|p| p.set(fault.clone()));
+        behind.set(fault);
         let mut tasks = tokio::task::JoinSet::new();
-        for i in 0..requests {
+        for i in 0..12 {
             let app = app.clone();
             tasks.spawn(async move { send(&app, &format!("r{round}-{}", i % 6)).await });
         }
@@ -168,7 +205,7 @@ async fn each_fault(
                 .all(|a| a.0 == StatusCode::SERVICE_UNAVAILABLE || a.1),
             "{what}: every answer is Redis's or the failure policy's: {answers:?}"
         );
-        proxies.iter().for_each(FaultProxy::clear);
+        behind.clear();
         // Exact again (a connection the fault broke is dialled again by itself), once a look
         // at cost 0 gets through: the key's node is through with what the fault held.
         let key = format!("exact-{round}");
@@ -178,8 +215,8 @@ async fn each_fault(
         })
         .await;
         eprintln!(
-            "{label}{what}: {failed} of {requests} answered by the failure policy, the slowest \
-             in {slowest:?}; decisions again {:?} after it cleared",
+            "{what}: {failed} of 12 answered by the failure policy, the slowest in \
+             {slowest:?}; decisions again {:?} after it cleared",
             cleared.elapsed()
         );
         for n in 0..LIMIT {
@@ -197,104 +234,71 @@ async fn each_fault(
     }
 }
 
-/// [`each_fault`] through one proxy to `server`, 20 requests at once.
-async fn each_fault_is_answered_within_the_deadline(tls: Option<RedisTls>, server: &RedisServer) {
-    let proxy = FaultProxy::start(server.port);
-    let layer = layer(store(&proxy, tls, None).await, FailurePolicy::Closed, None);
-    each_fault(&layer, std::slice::from_ref(&proxy), 20, "").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_fault_is_answered_within_the_deadline_on_plain_tcp() {
-    let server = RedisServer::start();
-    each_fault_is_answered_within_the_deadline(None, &server).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_fault_is_answered_within_the_deadline_through_tls() {
-    let pki = support::tls::Pki::new();
-    let server = pki.server("server", true, &[]);
-    each_fault_is_answered_within_the_deadline(Some(pki.client_tls()), &server).await;
-}
-
 /// A decision whose reply is lost was made: Redis ran it once (no retry sends it again), it
 /// charged the key, and the request got the failure policy's answer. A command cut before
-/// Redis read it whole was never run.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_reply_was_decided_once_and_its_charge_stays() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.port);
-    let layer = layer(store(&proxy, None, None).await, FailurePolicy::Closed, None);
-    let key = Key::from("lost");
-    assert!(layer.check(&key, 1).await.unwrap().is_allowed());
-    let before = server.calls("fcall");
-    proxy.set(Faults {
-        reset_reply_after: Some(3),
-        ..Faults::default()
-    });
-    assert!(layer.check(&key, 1).await.is_err(), "the reply was lost");
-    assert_eq!(proxy.fired().0, 1);
-    assert_eq!(
-        server.calls("fcall") - before,
-        1,
-        "run once, never sent again"
-    );
-    proxy.set(Faults {
-        close_mid_command: true,
-        ..Faults::default()
-    });
-    assert!(layer.check(&key, 1).await.is_err(), "the command was cut");
-    assert_eq!(proxy.fired().1, 1);
-    proxy.clear();
-    eventually("decisions come back", async || {
-        layer.peek(&key).await.is_ok()
-    })
-    .await;
-    // Two charged: the first, and the one whose reply was lost; not the one cut short.
-    assert_eq!(
-        server.calls("fcall") - before,
-        2,
-        "the cut command never ran"
-    );
-    let seen = layer.peek(&key).await.unwrap();
-    assert_eq!(seen.binding().remaining(), u64::from(LIMIT) - 2, "{seen:?}");
+/// Redis read it whole was never run. On the multiplexed connection, and with a pool.
+async fn a_lost_reply_was_decided_once_and_its_charge_stays(behind: Behind) {
+    for pool in [None, Some(4)] {
+        let store = store(&behind, None, pool).await;
+        let key = Key::from(format!("lost-{pool:?}").as_str());
+        let (server, proxy) = behind.holder(&store.key_for("api", &key));
+        let layer = layer(store, None);
+        assert!(layer.check(&key, 1).await.unwrap().is_allowed());
+        let before = server.calls("fcall");
+        let fired = proxy.fired();
+        proxy.set(lose_a_reply());
+        assert!(layer.check(&key, 1).await.is_err(), "the reply was lost");
+        assert_eq!(proxy.fired().0, fired.0 + 1);
+        assert_eq!(
+            server.calls("fcall") - before,
+            1,
+            "run once, never sent again"
+        );
+        proxy.set(Faults {
+            close_mid_command: true,
+            ..Faults::default()
+        });
+        assert!(layer.check(&key, 1).await.is_err(), "the command was cut");
+        assert_eq!(proxy.fired().1, fired.1 + 1);
+        proxy.clear();
+        eventually("decisions come back", async || {
+            layer.peek(&key).await.is_ok()
+        })
+        .await;
+        // Two charged: the first, and the one whose reply was lost; not the one cut short.
+        assert_eq!(
+            server.calls("fcall") - before,
+            2,
+            "the cut command never ran"
+        );
+        let seen = layer.peek(&key).await.unwrap();
+        assert_eq!(seen.binding().remaining(), u64::from(LIMIT) - 2, "{seen:?}");
+    }
 }
 
-/// Two instances on one Redis, each through its own proxy, while replies are lost on one or
-/// the other: a lost reply is answered by the failure policy (closed), and together they never
-/// admit past the limit.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_instances_never_admit_past_the_limit_while_replies_are_lost() {
-    let server = RedisServer::start();
-    let proxies = [
-        FaultProxy::start(server.port),
-        FaultProxy::start(server.port),
-    ];
+/// Two instances on one Redis, while replies are lost on one or the other: a lost reply is
+/// answered by the failure policy (closed), and together they never admit past the limit.
+async fn two_instances_never_admit_past_the_limit_while_replies_are_lost(behind: Behind) {
     let mut apps = Vec::new();
-    for proxy in &proxies {
-        apps.push(app(&layer(
-            store(proxy, None, None).await,
-            FailurePolicy::Closed,
-            None,
-        )));
+    for _ in 0..2 {
+        apps.push(app(&layer(store(&behind, None, None).await, None)));
     }
     let (mut admitted, mut lost) = (0, 0);
     for i in 0..60 {
-        let which = i % 2;
         if i % 3 == 0 {
-            proxies[which].set(Faults {
+            behind.set(Faults {
                 reset_reply_after: Some(5),
                 ..Faults::default()
             });
         }
-        let (status, _, _) = send(&apps[which], "shared").await;
+        let (status, _, _) = send(&apps[i % 2], "shared").await;
         match status {
             StatusCode::OK => admitted += 1,
             StatusCode::SERVICE_UNAVAILABLE => lost += 1,
             StatusCode::TOO_MANY_REQUESTS => {}
             other => panic!("{other}"),
         }
-        proxies[which].clear();
+        behind.clear();
     }
     assert!(lost > 0, "some replies were lost");
     assert!(
@@ -307,18 +311,11 @@ async fn two_instances_never_admit_past_the_limit_while_replies_are_lost() {
 /// Under a blackhole, the circuit breaker opens after its failures: requests are then answered
 /// at once, without waiting for the deadline; once the blackhole clears, its probe finds Redis
 /// and decisions come back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_breaker_opens_under_a_blackhole_and_closes_after_it() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.port);
+async fn the_breaker_opens_under_a_blackhole_and_closes_after_it(behind: Behind) {
     let breaker = CircuitBreaker::new(3, Duration::from_millis(500));
-    let app = app(&layer(
-        store(&proxy, None, None).await,
-        FailurePolicy::Closed,
-        Some(breaker),
-    ));
+    let app = app(&layer(store(&behind, None, None).await, Some(breaker)));
     assert!(send(&app, "b").await.1);
-    proxy.set(Faults {
+    behind.set(Faults {
         blackhole: true,
         ..Faults::default()
     });
@@ -337,42 +334,43 @@ async fn the_breaker_opens_under_a_blackhole_and_closes_after_it() {
         took < DEADLINE,
         "the open breaker answers at once: {took:?}"
     );
-    proxy.clear();
+    behind.clear();
     eventually("the breaker closes", async || send(&app, "b").await.1).await;
+}
+
+/// A layer of `policy` per `x-key` on the proxies' store deciding on `clock` (set to a
+/// fixed time), answering `503` when the store fails, without a breaker.
+async fn clocked(
+    behind: &Behind,
+    policy: Policy,
+    clock: &ManualClock,
+) -> RateLimitLayer<RedisStore> {
+    clock.set_micros(1_700_000_000_000_000);
+    RateLimitLayer::builder()
+        .policy(policy)
+        .key(HeaderKey::try_new("x-key").unwrap())
+        .on_store_error(FailurePolicy::Closed)
+        .circuit_breaker(None)
+        .clock(clock.clone())
+        .store(store(behind, Some(clock), None).await)
+        .build()
+        .unwrap()
 }
 
 /// A concurrency limit's slot whose reply is lost was taken in Redis, and nobody gives it
 /// back: it comes back when its lease ends (`max_duration`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_concurrency_slot_whose_reply_is_lost_comes_back_when_its_lease_ends() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.port);
+async fn a_concurrency_slot_whose_reply_is_lost_comes_back_when_its_lease_ends(behind: Behind) {
     let clock = ManualClock::new();
-    clock.set_micros(1_700_000_000_000_000);
-    let layer = RateLimitLayer::builder()
-        .policy(
-            Policy::concurrency(1)
-                .max_duration(Duration::from_secs(30))
-                .name("busy"),
-        )
-        .key(HeaderKey::try_new("x-key").unwrap())
-        .on_store_error(FailurePolicy::Closed)
-        .circuit_breaker(None)
-        .store(store(&proxy, None, Some(&clock)).await)
-        .build()
-        .unwrap();
+    let policy = Policy::concurrency(1)
+        .max_duration(Duration::from_secs(30))
+        .name("busy");
+    let layer = clocked(&behind, policy, &clock).await;
     let app = app(&layer);
-    proxy.set(Faults {
-        reset_reply_after: Some(3),
-        ..Faults::default()
-    });
+    behind.set(lose_a_reply());
     assert_eq!(send(&app, "c").await.0, StatusCode::SERVICE_UNAVAILABLE);
-    proxy.clear();
+    behind.clear();
     // The slot is taken: the next request is turned away, and so until the lease ends.
-    let busy = async || {
-        let request = Request::builder().header("x-key", "c").body(()).unwrap();
-        app.clone().oneshot(request).await.unwrap().status()
-    };
+    let busy = async || send(&app, "c").await.0;
     eventually("decisions come back", async || {
         busy().await != StatusCode::SERVICE_UNAVAILABLE
     })
@@ -398,40 +396,24 @@ async fn a_concurrency_slot_whose_reply_is_lost_comes_back_when_its_lease_ends()
 
 /// A lease whose reply is lost was charged in Redis, and no instance holds it: its units are
 /// spent, and come back as the policy refills (GCRA at 10/h: one every 6 minutes).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_whose_reply_is_lost_is_spent_until_the_policy_refills() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.port);
+async fn a_lease_whose_reply_is_lost_is_spent_until_the_policy_refills(behind: Behind) {
     let clock = ManualClock::new();
-    clock.set_micros(1_700_000_000_000_000);
-    let layer = RateLimitLayer::builder()
-        .policy(
-            Policy::gcra(format!("{LIMIT}/h").as_str())
-                .lease(5)
-                .name("leased"),
-        )
-        .key(HeaderKey::try_new("x-key").unwrap())
-        .on_store_error(FailurePolicy::Closed)
-        .circuit_breaker(None)
-        .clock(clock.clone())
-        .store(store(&proxy, None, Some(&clock)).await)
-        .build()
-        .unwrap();
+    let policy = Policy::gcra(format!("{LIMIT}/h").as_str())
+        .lease(5)
+        .name("leased");
+    let layer = clocked(&behind, policy, &clock).await;
     let (app, key) = (app(&layer), Key::from("l"));
     // The key's first request is decided as usual; the next asks for a lease (of 2: leases
     // grow from there).
     assert_eq!(send(&app, "l").await.0, StatusCode::OK);
-    proxy.set(Faults {
-        reset_reply_after: Some(3),
-        ..Faults::default()
-    });
+    behind.set(lose_a_reply());
     let (status, _, _) = send(&app, "l").await;
     assert_eq!(
         status,
         StatusCode::SERVICE_UNAVAILABLE,
         "the lease's reply was lost"
     );
-    proxy.clear();
+    behind.clear();
     eventually("decisions come back", async || {
         layer.peek(&key).await.is_ok()
     })
@@ -447,81 +429,6 @@ async fn a_lease_whose_reply_is_lost_is_spent_until_the_policy_refills() {
     assert_eq!(left, u64::from(LIMIT), "refilled in 36 minutes");
 }
 
-/// A store on a cluster reached through the proxies in front of its nodes, on its
-/// multiplexed connection or with a pool of `pool` connections.
-async fn cluster_store(proxies: &[FaultProxy], pool: Option<usize>) -> RedisStore {
-    let mut builder = RedisStore::builder(&support::proxy::cluster_url(proxies))
-        .deadline(DEADLINE)
-        .response_timeout(Duration::from_secs(30));
-    if let Some(size) = pool {
-        builder = builder.pool(size);
-    }
-    builder
-        .build()
-        .await
-        .expect("connect to the cluster through the proxies")
-}
-
-/// On the cluster, every fault on every node: each request is answered within the deadline
-/// by the failure policy; once the fault clears, a fresh key is decided exactly.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_the_cluster_each_fault_is_answered_within_the_deadline() {
-    let (_cluster, proxies) = support::proxy::cluster_behind_proxies();
-    let layer = layer(
-        cluster_store(&proxies, None).await,
-        FailurePolicy::Closed,
-        None,
-    );
-    each_fault(&layer, &proxies, 12, "cluster, ").await;
-}
-
-/// On the cluster, a decision whose reply is lost ran once on its key's node, and its charge
-/// stays: on the multiplexed connection, and with a pool.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_the_cluster_a_lost_reply_was_decided_once() {
-    lost_on_the_cluster(None).await;
-    lost_on_the_cluster(Some(4)).await;
-}
-
-async fn lost_on_the_cluster(pool: Option<usize>) {
-    let (cluster, proxies) = support::proxy::cluster_behind_proxies();
-    let store = cluster_store(&proxies, pool).await;
-    let node = |key: &Key| {
-        let redis_key = store.key_for("api", key);
-        let node = cluster.node_for(&redis_key);
-        let i = cluster
-            .nodes
-            .iter()
-            .position(|n| n.port == node.port)
-            .unwrap();
-        (node, &proxies[i])
-    };
-    let layer = layer(store.clone(), FailurePolicy::Closed, None);
-    let key = Key::from("lost");
-    assert!(layer.check(&key, 1).await.unwrap().is_allowed());
-    let (server, proxy) = node(&key);
-    let before = server.calls("fcall");
-    proxy.set(Faults {
-        reset_reply_after: Some(3),
-        ..Faults::default()
-    });
-    // The cluster client sends nothing again: the decision ran once, and failed here.
-    assert!(layer.check(&key, 1).await.is_err(), "the reply was lost");
-    assert_eq!(server.calls("fcall") - before, 1, "never sent again");
-    proxy.clear();
-    eventually("decisions come back", async || {
-        layer.peek(&key).await.is_ok()
-    })
-    .await;
-    assert_eq!(
-        server.calls("fcall") - before,
-        2,
-        "the lost one once, and the look"
-    );
-    let seen = layer.peek(&key).await.unwrap();
-    assert_eq!(seen.binding().remaining(), u64::from(LIMIT) - 2, "{seen:?}");
-}
-
 /// A slot moved to another node while the store's map still names the old one: the old node
 /// answers `MOVED` without running the decision, and the store sends it once to the new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -532,7 +439,7 @@ async fn on_the_cluster_a_moved_slot_is_followed_and_decided_once() {
         .build()
         .await
         .unwrap();
-    let layer = layer(store.clone(), FailurePolicy::Closed, None);
+    let layer = layer(store.clone(), None);
     let key = Key::from("moving");
     let redis_key = store.key_for("api", &key);
     assert!(layer.check(&key, 1).await.unwrap().is_allowed());

@@ -204,18 +204,20 @@ async fn a_tls_cluster_decides_exactly_across_its_nodes() {
     for node in &cluster.nodes {
         support::assert_no_key_without_ttl(node, "ctls:");
     }
-    // A cluster pool takes the system's roots or no verification, not certificates.
-    let error = RedisStore::builder(&cluster.url())
+    // A cluster pool takes the certificates too: its connections are the store's cluster
+    // client's.
+    let pooled = RedisStore::builder(&cluster.url())
         .tls(pki.client_tls())
+        .prefix("ctls-pool:")
         .pool(2)
         .build()
         .await
-        .unwrap_err()
-        .to_string();
-    assert!(
-        error.contains("cluster pool cannot use a custom CA"),
-        "{error}"
-    );
+        .expect("a cluster pool through TLS with a client certificate");
+    let layer = layer(pooled, Policy::gcra("2/h").name("pooled"));
+    let key = tower_ratelimit::key::Key::from("p");
+    for allowed in [true, true, false] {
+        assert_eq!(layer.check(&key, 1).await.unwrap().is_allowed(), allowed);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

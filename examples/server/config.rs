@@ -34,6 +34,13 @@ pub(crate) struct Config {
     /// The name of the one RATE_LIMIT policy (POLICY_NAME), if given.
     pub(crate) policy_name: Option<String>,
     pub(crate) per_thread_reads: Option<bool>,
+    /// The header naming a request's priority and the percent of `RATE_LIMIT` kept for
+    /// `critical` ones (`PRIORITY_HEADER`, `RESERVE`).
+    pub(crate) reserve: Option<(String, u8)>,
+    /// `GET /work` and its adaptive limit (`WORK_CAPACITY`, `ADAPTIVE`...).
+    pub(crate) overload: Option<crate::overload::Overload>,
+    /// The memory store's bound on keys (`MAX_KEYS`).
+    pub(crate) max_keys: Option<usize>,
     pub(crate) redis_access: RedisAccess,
 }
 
@@ -296,6 +303,34 @@ pub(crate) fn config() -> Result<Config, String> {
             ));
         }
     };
+    let max_keys = match (env_or("MAX_KEYS", "")?.as_str(), &redis_url) {
+        ("", _) => None,
+        (_, Some(_)) => {
+            return Err(
+                "MAX_KEYS: a bound of the memory store; unset REDIS_URL or MAX_KEYS".into(),
+            );
+        }
+        (n, None) => match n.parse::<usize>() {
+            Ok(n) if n > 0 => Some(n),
+            _ => return Err(format!("MAX_KEYS: {n:?} is not a positive number of keys")),
+        },
+    };
+    let reserve = match (env_or("PRIORITY_HEADER", "")?, env_or("RESERVE", "")?) {
+        (header, percent) if header.is_empty() && percent.is_empty() => None,
+        (header, _) if header.is_empty() => {
+            return Err(
+                "RESERVE: keeps capacity for the requests PRIORITY_HEADER names; set it too".into(),
+            );
+        }
+        (header, percent) => match percent.parse::<u8>() {
+            Ok(p) if (1..=99).contains(&p) => Some((header, p)),
+            _ => {
+                return Err(format!(
+                    "RESERVE: {percent:?} is not a percent of RATE_LIMIT from 1 to 99"
+                ));
+            }
+        },
+    };
     let redis_access = RedisAccess::read()?;
     if redis_url.is_none() {
         for name in [
@@ -351,6 +386,9 @@ pub(crate) fn config() -> Result<Config, String> {
         settle: settle()?,
         cost_header: env_or("COST_HEADER", "x-cost")?,
         per_thread_reads,
+        max_keys,
+        reserve,
+        overload: crate::overload::read()?,
         trusted_proxies: env_or("TRUSTED_PROXIES", "")?
             .split(',')
             .filter(|s| !s.trim().is_empty())

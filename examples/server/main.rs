@@ -15,6 +15,7 @@
 
 mod config;
 mod limits;
+mod overload;
 mod routes;
 
 use std::net::SocketAddr;
@@ -26,7 +27,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tower_ratelimit::axum::AxumBody;
 use tower_ratelimit::key::Cidr;
 use tower_ratelimit::top::TopLimited;
-use tower_ratelimit::{Policy, RateLimitLayer, RedisStore, Store};
+use tower_ratelimit::{Policy, RateLimitLayer, RedisStore, Reserve, Store};
 
 use config::{Config, config, key_extractor, read_limits, source};
 use limits::KeyForm;
@@ -65,6 +66,21 @@ Environment variables:
               thread group, for hot keys decided on many cores; false one lock each
               (default unset: the layer chooses; true for one GCRA, or for two
               to four GCRAs and fixed windows)
+  PRIORITY_HEADER, RESERVE
+              a request header naming a request's priority, and the percent of each
+              RATE_LIMIT policy kept for requests whose header says critical: the
+              others are refused once they used the rest (e.g. PRIORITY_HEADER=x-priority
+              RESERVE=20: the others get 80%)                (default unset)
+  WORK_CAPACITY
+              adds GET /work?ms=M (M defaults to 20): a backend that serves this many
+              requests at a time, each taking M ms, the others queueing, so that its
+              latency grows with its load as a database's does   (default unset)
+  ADAPTIVE    gradient2 | aimd: an adaptive concurrency limit on GET /work, moved by
+              the latency it sees; over it, 503 (temporary-reduced-capacity)
+                                                    (default unset)
+  ADAPTIVE_MIN, ADAPTIVE_MAX
+              the adaptive limit's bounds                   (default 4 and 1000)
+  MAX_KEYS    without REDIS_URL: the most keys the memory store holds (default 100000)
   ON_STORE_ERROR
               what to do when Redis fails or is slow: open (let requests through),
               closed (503), local (decide in memory, each instance with the full limit)
@@ -126,7 +142,9 @@ Routes:
                rate limited, streams n bytes (at most 10000000) in chunks of 1000, the
                response's real cost for COST_BODY=bytes
   GET /health  never limited
-  GET /metrics every metric of the layer, in Prometheus text format; never limited
+  GET /metrics every metric of the layer, in Prometheus text format, with the server's
+               live tokio tasks (demo_tasks_alive) and the memory store's keys
+               (demo_memory_store_keys); never limited
   GET /admin/top?policy=<name>&n=<count>
                the keys each policy denied most over the last minute, as JSON (policy
                and n are optional; n defaults to 10); never limited
@@ -177,6 +195,13 @@ fn policies<St: Store>(
         if let Some(calendar) = &config.calendar {
             policy = policy.calendar(calendar.clone());
         }
+        if let Some((header, percent)) = &config.reserve {
+            let others = 100 - percent;
+            let reserve = Reserve::header(header)
+                .share("critical", 100)
+                .others(others);
+            policy = policy.reserve(reserve);
+        }
         builder = builder.policy(policy);
     }
     if let Some((n, max)) = config.concurrency {
@@ -193,12 +218,14 @@ struct Apps {
     admin: Router,
 }
 
-/// The apps, and the store's description that `describe` gives once the layer is built.
+/// The apps, and the store's description that `describe` gives once the layer is built;
+/// `/metrics` shows the keys `keys` counts in the store, if it counts them.
 fn app<St: Store>(
     config: &Config,
     store: St,
     metrics: PrometheusHandle,
     describe: impl FnOnce(&St) -> String,
+    keys: fn(&St) -> Option<usize>,
 ) -> Result<(Apps, String), String> {
     let mut builder = RateLimitLayer::builder()
         .store(store)
@@ -206,19 +233,26 @@ fn app<St: Store>(
     if config.file.is_none() {
         builder = builder.key(key_extractor(&config.key, &config.trusted_proxies)?);
     }
+    let adaptive = config
+        .overload
+        .as_ref()
+        .and_then(overload::Overload::policy);
     let layer = policies(config, builder)?
+        .policies(adaptive.clone())
         .build()
         .map_err(|e| format!("{}: {e}", source(config)))?;
     let described = describe(layer.store());
     // How `/admin/limits/{policy}/{key}` names a key: as the layer's extractor makes it.
     let key_spec = config.file.is_none().then_some(config.key.as_str());
     if let Some((path, _)) = &config.file {
-        reload_on_sighup(layer.clone(), path.clone());
+        reload_on_sighup(layer.clone(), path.clone(), adaptive);
     }
+    let store = layer.store().clone();
     let admin = Router::new()
         .route(
             "/metrics",
             get(move || {
+                gauges(keys(&store));
                 let text = metrics.render();
                 async move { ([("content-type", "text/plain; version=0.0.4")], text) }
             }),
@@ -236,11 +270,28 @@ fn app<St: Store>(
             "/spend",
             get(move |axum::extract::Query(q)| spend(cost_header.clone(), q)),
         )
-        .route("/stream", get(stream))
+        .route("/stream", get(stream));
+    let public = match &config.overload {
+        Some(overload) => public.route("/work", overload.route()),
+        None => public,
+    };
+    let public = public
         // Responses in axum's own body: axum does not box them again.
         .route_layer(layer.body::<AxumBody>())
         .route("/health", get(|| async { "ok\n" }));
     Ok((Apps { public, admin }, described))
+}
+
+/// The process's own gauges, set when `/metrics` is read: its live tokio tasks and the memory
+/// store's keys (`keys`, when the store is in memory).
+fn gauges(keys: Option<usize>) {
+    let tasks = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
+    metrics::gauge!("demo_tasks_alive").set(tasks as f64);
+    if let Some(keys) = keys {
+        metrics::gauge!("demo_memory_store_keys").set(keys as f64);
+    }
 }
 
 /// The Prometheus recorder of every metric the layer emits, its histograms with buckets from
@@ -268,7 +319,7 @@ fn prometheus() -> Result<PrometheusHandle, String> {
 
 /// Reads the policy file again on each `SIGHUP` and swaps the layer's policies, keeping
 /// every key's usage; a file with a mistake is rejected, and the old limits stay.
-fn reload_on_sighup<St: Store>(layer: RateLimitLayer<St>, path: String) {
+fn reload_on_sighup<St: Store>(layer: RateLimitLayer<St>, path: String, adaptive: Option<Policy>) {
     #[cfg(unix)]
     tokio::spawn(async move {
         use tokio::signal::unix::{SignalKind, signal};
@@ -278,9 +329,10 @@ fn reload_on_sighup<St: Store>(layer: RateLimitLayer<St>, path: String) {
         };
         while hangups.recv().await.is_some() {
             let reloaded = read_limits(&path).and_then(|limits| {
-                let policies = limits
+                let mut policies = limits
                     .policies()
                     .map_err(|e| format!("CONFIG {path}: {e}"))?;
+                policies.extend(adaptive.clone());
                 layer
                     .reload(policies)
                     .map_err(|e| format!("CONFIG {path}: {e}"))
@@ -292,7 +344,7 @@ fn reload_on_sighup<St: Store>(layer: RateLimitLayer<St>, path: String) {
         }
     });
     #[cfg(not(unix))]
-    let _ = (layer, path);
+    let _ = (layer, path, adaptive);
 }
 
 /// Prints why the store is not connected to Redis yet, each time the reason changes, and
@@ -330,9 +382,16 @@ async fn build(config: &Config) -> Result<(Apps, String), String> {
             if let Some(yes) = config.per_thread_reads {
                 store = store.per_thread_reads(yes);
             }
-            app(config, store.build(), metrics, |store| {
-                format!("memory PER_THREAD_READS={}", store.per_thread_reads())
-            })
+            if let Some(n) = config.max_keys {
+                store = store.max_keys(n);
+            }
+            app(
+                config,
+                store.build(),
+                metrics,
+                |store| format!("memory PER_THREAD_READS={}", store.per_thread_reads()),
+                |store| Some(store.len()),
+            )
         }
         Some(url) => {
             // Check the quota before connecting, so a typo is reported as such.
@@ -365,7 +424,7 @@ async fn build(config: &Config) -> Result<(Apps, String), String> {
                 config.store_timeout.as_millis(),
                 config.lease.map_or("off".into(), |u| u.to_string())
             );
-            app(config, store, metrics, |_| described)
+            app(config, store, metrics, |_| described, |_| None)
         }
     }
 }
@@ -426,8 +485,9 @@ async fn main() -> ExitCode {
                 },
             ),
         };
+        let overload = config.overload.as_ref().map_or(String::new(), |o| o.describe());
         println!(
-            "listening on http://{addr} | store={store} {limits} HEADERS={:?} | admin={admin} (/metrics, /admin/top) | --help lists the variables",
+            "listening on http://{addr} | store={store} {limits}{overload} HEADERS={:?} | admin={admin} (/metrics, /admin/top) | --help lists the variables",
             config.headers,
         );
         axum::serve(

@@ -12,6 +12,7 @@
 //! | [`limits`] | one key's limit changed at runtime, on every instance, until a given time |
 //! | [`costs`] | costs known once the response is done: LLM tokens per minute and per day, bytes sent |
 //! | [`concurrency`] | how many requests may be in flight at once |
+//! | [`overload`] | when the service itself is the bottleneck: an adaptive concurrency limit, capacity kept for priority |
 //! | [`reload`] | limits from a TOML file, changed while running |
 //! | [`redis`] | one limit shared by several instances: Redis, Redis Cluster, Sentinel |
 //! | [`grpc`] | a tonic server, answered with gRPC statuses |
@@ -38,6 +39,9 @@ pub mod costs {}
 
 #[doc = include_str!("concurrency.md")]
 pub mod concurrency {}
+
+#[doc = include_str!("overload.md")]
+pub mod overload {}
 
 #[doc = include_str!("reload.md")]
 pub mod reload {}

@@ -39,7 +39,7 @@ impl<St: Store> Limiter<St> {
                 self.answer_alone(own.as_ref().unwrap_or(tier), &key, cost, verdict)
             }
             // A store that says it decides alone always does; were it not to, the general way.
-            None => self.plan(request, policies),
+            None => self.plan(request, policies, Vec::new()),
         }
     }
 
@@ -68,7 +68,7 @@ impl<St: Store> Limiter<St> {
         }
         let Some(decision) = self.store.check_together(&together) else {
             // As `begin_alone`: a store that says it decides at once always does.
-            return self.plan(request, policies);
+            return self.plan(request, policies, Vec::new());
         };
         let span = decision_span();
         let _entered = span.enter();

@@ -22,6 +22,7 @@ pub(super) struct CompiledSet {
     pub(super) leases: bool,
     pub(super) waits: bool,
     pub(super) in_flight: bool,
+    pub(super) adaptive: bool,
 }
 
 impl<St: Store> Limiter<St> {
@@ -77,6 +78,7 @@ impl<St: Store> Limiter<St> {
             leases: policies.iter().any(Policy::takes_leases),
             waits: policies.iter().any(Policy::waits),
             in_flight: policies.iter().any(Policy::limits_in_flight),
+            adaptive: policies.iter().any(Policy::adapts),
         })
     }
 
@@ -114,6 +116,7 @@ impl<St: Store> Limiter<St> {
         }
         self.waits.fetch_or(set.waits, Ordering::Relaxed);
         self.in_flight.fetch_or(set.in_flight, Ordering::Relaxed);
+        self.adaptive.fetch_or(set.adaptive, Ordering::Relaxed);
         if let Some(top) = &self.top {
             top.set_policies(set.policies.iter().map(|p| p.name()));
         }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::builder::{CostFn, Policy};
 use super::compiled::{CompiledPolicy, Striped};
 use super::tier::{LeaseSpec, Part, Registered, Tier};
+use crate::adaptive::AdaptiveLimits;
 use crate::algorithm::{Algorithm, Compiled};
 use crate::calendar::{Calendar, Period, Periods};
 use crate::error::ConfigError;
@@ -42,11 +43,18 @@ impl Policy {
             && self.lease.is_none()
             && self.refund_if.is_none()
             && self.settle.is_none()
+            && self.reserve.is_none()
+            && self.adaptive.is_none()
     }
 
     /// Whether the policy limits requests in flight.
     pub(crate) fn limits_in_flight(&self) -> bool {
         matches!(self.takes, Ok(Op::Concurrency))
+    }
+
+    /// Whether the policy is an adaptive concurrency limit.
+    pub(crate) fn adapts(&self) -> bool {
+        self.adaptive.is_some()
     }
 
     /// Whether requests may wait for a reserved time.
@@ -171,6 +179,8 @@ impl Policy {
         self.takes.as_ref().map_err(|e| context(e.clone()))?;
         self.check_unit().map_err(context)?;
         self.check_settle().map_err(context)?;
+        self.check_reserve().map_err(context)?;
+        self.check_adaptive().map_err(context)?;
         if !self.tiers.is_empty() && self.name.is_none() {
             return Err(context(ConfigError::new(
                 "a policy with tiers needs a name",
@@ -205,9 +215,40 @@ impl Policy {
         Ok(out)
     }
 
+    /// What an adaptive concurrency policy cannot have, checked: it is decided in this
+    /// process, on its own.
+    fn check_adaptive(&self) -> Result<(), ConfigError> {
+        let Some(adaptive) = &self.adaptive else {
+            return Ok(());
+        };
+        adaptive.validate()?;
+        let conflict = [
+            (
+                !matches!(self.takes, Ok(Op::Enforce)),
+                "a second way to take part",
+            ),
+            (self.lease.is_some(), "leases"),
+            (!self.tiers.is_empty(), "tiers"),
+            (self.refund_if.is_some(), "refund_if"),
+            (self.settle.is_some(), "a settled cost"),
+            (self.reserve.is_some(), "a reserve"),
+            (self.burst.is_some(), "a burst"),
+            (self.calendar.is_some(), "a calendar"),
+        ];
+        match conflict.iter().find(|(found, _)| *found) {
+            Some((_, what)) => Err(ConfigError::new(format!(
+                "an adaptive concurrency policy is decided in this process, on its own; it takes no {what}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// The name of a policy without one: what it is, with the parameters that change it, so
     /// that two different policies never share one by accident.
     fn default_name(&self, quota: &Quota) -> String {
+        if self.adaptive.is_some() {
+            return "adaptive_concurrency".to_owned();
+        }
         if self.limits_in_flight() {
             return format!("concurrency:{}", quota.limit());
         }
@@ -232,6 +273,10 @@ impl Policy {
         described: &str,
     ) -> Result<CompiledTier, ConfigError> {
         let algorithm = self.compile_quota(quota, described)?;
+        if let Some(reserve) = &self.reserve {
+            (reserve.check_capacity(algorithm.reported_limit()))
+                .map_err(|e| e.context(described))?;
+        }
         let part = self
             .part(&quota, &algorithm)
             .map_err(|e| e.context(described))?;
@@ -414,6 +459,7 @@ impl Prepared<'_> {
                     Striped::new(|| {
                         Tier::new(t.name.clone(), at, t.algorithm.clone(), t.part.clone())
                             .with_unit(p.unit)
+                            .reserving(p.reserve.as_ref())
                     })
                 })
                 .collect::<Box<[_]>>()
@@ -433,11 +479,15 @@ impl Prepared<'_> {
             .collect();
         let up_front = p.refund_if.is_none()
             && p.settle.is_none()
+            && p.reserve.is_none()
+            && p.adaptive.is_none()
             && tiers
                 .iter()
                 .all(|t| t.get().part().op() == Op::Enforce && t.get().lease().is_none());
+        let adaptive = (p.adaptive).map(|a| AdaptiveLimits::new(a, tiers[0].get().name()));
         CompiledPolicy {
             up_front,
+            adaptive,
             tiers,
             fallback,
             tier_names,

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::builder::{CostFn, RequestFn, StatusFn, TierFn};
 use super::route::Route;
 use super::tier::Tier;
+use crate::adaptive::AdaptiveLimits;
 use crate::error::KeyRejection;
 use crate::key::{Key, KeyExtractor, RequestRef};
 use crate::settle::Settle;
@@ -30,6 +31,8 @@ pub(crate) struct CompiledPolicy {
     pub(super) exempt: Option<RequestFn>,
     /// Every tier decided and charged up front, nothing given back after the response.
     pub(super) up_front: bool,
+    /// The adaptive limits of its keys, for an adaptive concurrency policy.
+    pub(super) adaptive: Option<AdaptiveLimits>,
 }
 
 impl fmt::Debug for CompiledPolicy {
@@ -128,6 +131,13 @@ impl CompiledPolicy {
     #[inline]
     pub(crate) fn up_front(&self) -> bool {
         self.up_front
+    }
+
+    /// The adaptive limits of its keys, for an adaptive concurrency policy (decided here, not
+    /// in the store).
+    #[inline]
+    pub(crate) fn adaptive(&self) -> Option<&AdaptiveLimits> {
+        self.adaptive.as_ref()
     }
 
     /// Give the cost back after responses whose status matches.

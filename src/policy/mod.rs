@@ -6,6 +6,7 @@
 mod builder;
 mod compile;
 mod compiled;
+mod reserve;
 mod route;
 mod tiers;
 mod tier;
@@ -15,4 +16,5 @@ pub use builder::{DEFAULT_MAX_DURATION, Policy};
 #[cfg(fuzzing)]
 pub(crate) use compile::validate_name;
 pub(crate) use compiled::CompiledPolicy;
+pub use reserve::Reserve;
 pub(crate) use tier::{LeaseSpec, Registered, Tier};

@@ -7,9 +7,11 @@ use std::sync::Arc;
 use http::HeaderValue;
 
 use super::builder::StatusFn;
+use super::reserve::{Levels, Reserve};
 use crate::algorithm::{Compiled, compact};
 use crate::error::ConfigError;
 use crate::headers::value::number;
+use crate::key::RequestRef;
 use crate::quota::{Quota, QuotaUnit};
 use crate::store::Op;
 
@@ -59,6 +61,11 @@ pub(crate) struct Tier {
     unit: QuotaUnit,
     /// The quota of a key's own limit, for a tier made by [`relimited`](Self::relimited).
     own: Option<Quota>,
+    /// The units of its capacity this tier keeps from its requests, for a tier made by
+    /// [`seen`](Self::seen): clients are told the rest.
+    kept: u64,
+    /// The tier each priority is judged under, when the policy keeps capacity for priority.
+    levels: Option<Box<Levels>>,
 }
 
 /// How a policy tier takes part in a decision: the operation its checks make, and what that
@@ -181,7 +188,48 @@ impl Tier {
             part,
             unit: QuotaUnit::Requests,
             own: None,
+            kept: 0,
+            levels: None,
         }
+    }
+
+    /// The same tier keeping capacity for priority as `reserve` says (checked against its
+    /// capacity), if it does.
+    pub(crate) fn reserving(mut self, reserve: Option<&Reserve>) -> Self {
+        self.levels = reserve.map(|r| Box::new(r.levels(&self)));
+        self
+    }
+
+    /// The tier a request of a share is judged under: the same name, place, definition and
+    /// algorithm (so the same state, read as it is), judged keeping `kept` units of the
+    /// capacity ([`Op::Reserve`]), and telling clients the rest as its limit.
+    pub(crate) fn seen(&self, kept: u64) -> Tier {
+        let at = Registered {
+            id: self.id,
+            def: self.def,
+        };
+        let part = Part::new(Op::Reserve { keep: kept });
+        let mut tier = Tier::new(self.name.clone(), at, self.algorithm.clone(), part);
+        tier.limit_header = number(self.limit() - kept);
+        tier.unit = self.unit;
+        tier.kept = kept;
+        tier
+    }
+
+    /// The tier `request` is judged under: the one of its priority's share, when the
+    /// policy keeps capacity for priority, else this one.
+    #[inline]
+    pub(crate) fn seen_by<'t>(self: &'t Arc<Tier>, request: &RequestRef<'_>) -> &'t Arc<Tier> {
+        match &self.levels {
+            None => self,
+            Some(levels) => levels.seen_by(request).unwrap_or(self),
+        }
+    }
+
+    /// The limit clients are told about: units per window, or the burst for bucket
+    /// algorithms; less the units kept for higher priorities, for a request of a share.
+    pub(crate) fn limit(&self) -> u64 {
+        self.algorithm.reported_limit() - self.kept
     }
 
     /// The tier a key of this one is decided under with a limit of its own of `quota`

@@ -93,7 +93,9 @@ impl DenyCache {
             let Some(retry) = outcome.retry_after() else {
                 continue;
             };
-            if outcome.is_allowed() || outcome.is_shadow() {
+            // Only what `lookup` reads: an enforced check's denial (a share's denial says
+            // nothing of a request that may use more).
+            if outcome.is_allowed() || kept.op() != Op::Enforce {
                 continue;
             }
             let (hash, mut shard) = self.locate(id, key);

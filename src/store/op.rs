@@ -30,6 +30,9 @@ struct Facts {
     /// It changes what the key's state is written under (a key's own limit): its arm is
     /// given the state as written, and what it was written under, not the state converted.
     relimits: bool,
+    /// It is judged as if its integer more units were asked for, and charged its cost alone
+    /// (units kept for higher priorities).
+    keeps: bool,
 }
 
 /// The operations, one declaration: each one's variant (with its payload, at most one
@@ -115,6 +118,7 @@ const DECIDES_CHARGED: Facts = Facts {
     grants: false,
     gives_back_later: false,
     relimits: false,
+    keeps: false,
 };
 
 /// The facts of an operation that acts on its own, never decides and is never charged.
@@ -125,6 +129,7 @@ const ACTS: Facts = Facts {
     grants: false,
     gives_back_later: false,
     relimits: false,
+    keeps: false,
 };
 
 /// The facts of an operation that changes what a key is decided under.
@@ -205,6 +210,15 @@ operations! {
     /// Puts the key back under its policy's own quota, its usage kept; then reports like a
     /// look at cost 0.
     Unlimit => "UNLIMIT", "puts the key back under its policy's quota", RELIMITS;
+    /// Decides like [`Op::Enforce`] as if `keep` more units were asked for, and charges the
+    /// cost alone: the request may use all of the policy's capacity but `keep` units, kept
+    /// for requests of a higher priority on the one state they share
+    /// ([`Policy::reserve`](crate::Policy::reserve)).
+    Reserve {
+        /// The units kept for higher priorities.
+        keep
+    } => "RESERVE", "keeps capacity for priority (reserve)",
+        Facts { keeps: true, ..DECIDES_CHARGED };
 }
 
 /// When a check is charged, if the request is admitted.
@@ -238,6 +252,25 @@ impl Op {
             Charge::Always => true,
             Charge::IfAllowed => allowed,
             Charge::Never => false,
+        }
+    }
+
+    /// Whether it is judged as if its integer more units were asked for, and charged its cost
+    /// alone ([`Op::judged`]).
+    #[cfg(all(test, feature = "redis"))]
+    pub(crate) const fn keeps(self) -> bool {
+        self.facts().keeps
+    }
+
+    /// The units a check of this operation is judged at, for its cost: none for an operation
+    /// that acts on its own (judged as a look at cost 0), the cost and the units kept for a
+    /// [`Op::Reserve`], else the cost.
+    #[inline(always)]
+    pub(crate) const fn judged(self, cost: u64) -> u64 {
+        match self {
+            Op::Reserve { keep } => cost.saturating_add(keep),
+            op if op.acts() => 0,
+            _ => cost,
         }
     }
 

@@ -13,6 +13,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tower_ratelimit::{RedisStore, RedisStoreBuilder, RedisTls};
+
+use super::tls::Pki;
+use super::{RedisCluster, RedisServer};
 
 /// The faults the proxy puts on its connections; the default is none.
 #[derive(Clone, Debug, Default)]
@@ -254,36 +258,142 @@ fn jitter(most: Duration) -> Duration {
 
 /// A 3-primary cluster whose nodes announce the ports of fault proxies in front of them, so
 /// that a store reaches every node through its proxy; with the proxies, in the nodes' order.
-pub fn cluster_behind_proxies() -> (super::RedisCluster, Vec<FaultProxy>) {
+/// With `pki`, the nodes speak TLS only (to their clients and to each other).
+pub fn cluster_behind_proxies(pki: Option<&Pki>) -> (RedisCluster, Vec<FaultProxy>) {
     let ports: Vec<u16> = (0..3).map(|_| super::free_port()).collect();
     let proxies: Vec<FaultProxy> = ports.iter().map(|&p| FaultProxy::start(p)).collect();
+    let cli = pki.map(Pki::cli_args).unwrap_or_default();
     let nodes = ports
         .iter()
         .zip(&proxies)
         .map(|(&port, proxy)| {
             let (announce, bus) = (proxy.port().to_string(), super::free_port().to_string());
-            let mut args = super::CLUSTER_NODE.to_vec();
-            args.extend([
-                "--cluster-announce-ip",
-                "127.0.0.1",
-                "--cluster-announce-port",
-                &announce,
-                "--cluster-port",
-                &bus,
-                "--cluster-announce-bus-port",
-                &bus,
-            ]);
-            super::RedisServer::start_on(port, &args, &[], false)
+            let mut args: Vec<String> = super::CLUSTER_NODE.map(String::from).to_vec();
+            args.extend(
+                [
+                    "--cluster-announce-ip",
+                    "127.0.0.1",
+                    "--cluster-announce-port",
+                    &announce,
+                    "--cluster-announce-tls-port",
+                    &announce,
+                    "--cluster-port",
+                    &bus,
+                    "--cluster-announce-bus-port",
+                    &bus,
+                ]
+                .map(String::from),
+            );
+            if let Some(pki) = pki {
+                args.extend(pki.server_args("server", true));
+                args.extend(["--tls-cluster", "yes"].map(String::from));
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            RedisServer::start_on(port, &args, &cli, pki.is_some())
         })
         .collect();
-    (super::RedisCluster::create(nodes, &[], false), proxies)
+    (RedisCluster::create(nodes, &cli, pki.is_some()), proxies)
 }
 
-/// `redis+cluster://` of the proxies.
-pub fn cluster_url(proxies: &[FaultProxy]) -> String {
-    let hosts: Vec<String> = proxies
-        .iter()
-        .map(|p| format!("127.0.0.1:{}", p.port()))
-        .collect();
-    format!("redis+cluster://{}", hosts.join(","))
+/// Redis behind fault proxies a test drives: one server on plain TCP or through TLS, or a
+/// 3-primary cluster (plain or TLS) with a proxy before each node.
+pub struct Behind {
+    pub proxies: Vec<FaultProxy>,
+    pub cluster: Option<RedisCluster>,
+    server: Option<RedisServer>,
+    tls: Option<RedisTls>,
+    /// Kept for its files while the servers run.
+    _pki: Option<Pki>,
+}
+
+impl Behind {
+    /// One server on plain TCP.
+    pub fn plain() -> Behind {
+        Self::one(None)
+    }
+
+    /// One server on TLS only, asking for a client certificate.
+    pub fn tls() -> Behind {
+        Self::one(Some(Pki::new()))
+    }
+
+    fn one(pki: Option<Pki>) -> Behind {
+        let server = match &pki {
+            Some(pki) => pki.server("server", true, &[]),
+            None => RedisServer::start(),
+        };
+        Behind {
+            proxies: vec![FaultProxy::start(server.port)],
+            cluster: None,
+            server: Some(server),
+            tls: pki.as_ref().map(Pki::client_tls),
+            _pki: pki,
+        }
+    }
+
+    /// A cluster on plain TCP.
+    pub fn cluster() -> Behind {
+        Self::many(None)
+    }
+
+    /// A cluster on TLS only.
+    pub fn tls_cluster() -> Behind {
+        Self::many(Some(Pki::new()))
+    }
+
+    fn many(pki: Option<Pki>) -> Behind {
+        let (cluster, proxies) = cluster_behind_proxies(pki.as_ref());
+        Behind {
+            proxies,
+            cluster: Some(cluster),
+            server: None,
+            tls: pki.as_ref().map(Pki::client_tls),
+            _pki: pki,
+        }
+    }
+
+    /// A builder of a store that reaches Redis through the proxies.
+    pub fn store(&self) -> RedisStoreBuilder {
+        let tls = self.tls.is_some();
+        let url = match &self.cluster {
+            Some(_) => {
+                let hosts: Vec<String> = (self.proxies.iter())
+                    .map(|p| format!("127.0.0.1:{}", p.port()))
+                    .collect();
+                let scheme = if tls { "rediss" } else { "redis" };
+                format!("{scheme}+cluster://{}", hosts.join(","))
+            }
+            None => self.proxies[0].url(tls),
+        };
+        let builder = RedisStore::builder(&url);
+        match &self.tls {
+            Some(tls) => builder.tls(tls.clone()),
+            None => builder,
+        }
+    }
+
+    /// The server that holds `redis_key`, and the proxy before it.
+    pub fn holder(&self, redis_key: &[u8]) -> (&RedisServer, &FaultProxy) {
+        match (&self.cluster, &self.server) {
+            (Some(cluster), _) => {
+                let node = cluster.node_for(redis_key);
+                let i = (cluster.nodes.iter())
+                    .position(|n| n.port == node.port)
+                    .unwrap();
+                (node, &self.proxies[i])
+            }
+            (None, Some(server)) => (server, &self.proxies[0]),
+            (None, None) => unreachable!("a server or a cluster"),
+        }
+    }
+
+    /// Puts `faults` on every proxy.
+    pub fn set(&self, faults: Faults) {
+        self.proxies.iter().for_each(|p| p.set(faults.clone()));
+    }
+
+    /// No more faults anywhere.
+    pub fn clear(&self) {
+        self.proxies.iter().for_each(FaultProxy::clear);
+    }
 }

@@ -321,7 +321,8 @@ impl Shard {
             | Op::ChargeIf
             | Op::Concurrency
             | Op::Wait { .. }
-            | Op::Lease { .. } => {}
+            | Op::Lease { .. }
+            | Op::Reserve { .. } => {}
         }
     }
 

@@ -24,7 +24,7 @@ use crate::error::StoreError;
 pub(super) enum Conn {
     Multiplexed(ConnectionManager),
     Redial(Arc<Redial>),
-    Pool(deadpool_redis::Pool),
+    Pool(deadpool::managed::Pool<NodeManager>),
     /// The connection, and how the store calls it.
     Cluster(ClusterConnection<Node>, &'static str),
     ClusterPool(deadpool::managed::Pool<ClusterManager>),
@@ -81,15 +81,9 @@ impl Connect {
                 .pool(config)
                 .map_err(|e| fail("configure a pool for", &e))?,
             (true, None, None) => self.cluster_conn(fail).await?,
-            (true, Some(config), None) => {
-                if let Some(what) = self.endpoints.beyond_a_cluster_pool() {
-                    return Err(StoreError::new(crate::error::ConfigError::new(format!(
-                        "a cluster pool cannot use {what}: use the cluster's multiplexed connection (no pool), which does"
-                    ))));
-                }
-                self.cluster_pool(config)
-                    .map_err(|e| fail("configure a pool for", &e))?
-            }
+            (true, Some(config), None) => self
+                .cluster_pool(config)
+                .map_err(|e| fail("configure a pool for", &e))?,
         })
     }
 }
@@ -162,16 +156,15 @@ impl Connect {
         Redial::connect(source, round, self.response_timeout).await
     }
 
-    /// A deadpool-redis pool of connections to the first node, each with the store's timeouts
-    /// and credentials provider.
+    /// A pool of connections to the first node, each with the store's timeouts and
+    /// credentials provider.
     fn pool(&self, config: deadpool_redis::PoolConfig) -> Result<Conn, String> {
         let connection = self.endpoints.connection_config(self.config());
         let first = self.endpoints.nodes[0].clone();
-        let manager = deadpool_redis::Manager::new_with_config(first, connection)
-            .map_err(|e| e.to_string())?;
-        let pool = deadpool_redis::Pool::builder(manager)
+        let client = redis::Client::open(first).map_err(|e| e.to_string())?;
+        let pool = deadpool::managed::Pool::builder(NodeManager(client, connection))
             .config(config)
-            .runtime(deadpool_redis::Runtime::Tokio1)
+            .runtime(deadpool::Runtime::Tokio1)
             .build()
             .map_err(|e| e.to_string())?;
         Ok(Conn::Pool(pool))
@@ -214,7 +207,17 @@ impl Conn {
             Conn::Cluster(c, _) => AnyConn::Cluster(c.clone()),
             // Boxed: the pools' futures are large, and every decision's future would carry
             // room for them.
-            Conn::Pool(p) => AnyConn::Pool(Box::pin(p.get()).await.map_err(StoreError::new)?),
+            Conn::Pool(p) => {
+                let pooled = Box::pin(p.get()).await.map_err(StoreError::new)?;
+                let result = f(AnyConn::Direct((*pooled).clone())).await;
+                if let Err(e) = &result
+                    && (e.is_connection_dropped() || e.is_io_error() || e.is_unrecoverable_error())
+                {
+                    // Broken: out of the pool, which makes another.
+                    drop(deadpool::managed::Object::take(pooled));
+                }
+                return result.map_err(StoreError::new);
+            }
             Conn::ClusterPool(p) => {
                 AnyConn::ClusterPool(Box::pin(p.get()).await.map_err(StoreError::new)?)
             }
@@ -275,8 +278,32 @@ pub(super) enum AnyConn {
     Multiplexed(ConnectionManager),
     Direct(redis::aio::MultiplexedConnection),
     Cluster(ClusterConnection<Node>),
-    Pool(deadpool_redis::Connection),
     ClusterPool(deadpool::managed::Object<ClusterManager>),
+}
+
+/// deadpool's manager of connections to one node, made by the store's client with its
+/// timeouts and credentials. A connection goes back into use as it is: deadpool-redis's own
+/// manager sends `UNWATCH` and `PING` at every checkout, a round trip more per decision; a
+/// connection a call found broken is taken out of the pool instead (`Conn::with`).
+pub(super) struct NodeManager(redis::Client, redis::AsyncConnectionConfig);
+
+impl deadpool::managed::Manager for NodeManager {
+    type Type = redis::aio::MultiplexedConnection;
+    type Error = redis::RedisError;
+
+    async fn create(&self) -> Result<Self::Type, redis::RedisError> {
+        self.0
+            .get_multiplexed_async_connection_with_config(&self.1)
+            .await
+    }
+
+    async fn recycle(
+        &self,
+        _: &mut Self::Type,
+        _: &deadpool::managed::Metrics,
+    ) -> deadpool::managed::RecycleResult<redis::RedisError> {
+        Ok(())
+    }
 }
 
 /// deadpool's manager of cluster connections made by the store's cluster client:
@@ -354,7 +381,6 @@ impl ConnectionLike for AnyConn {
             AnyConn::Multiplexed(c) => c.req_packed_command(cmd),
             AnyConn::Direct(c) => c.req_packed_command(cmd),
             AnyConn::Cluster(c) => c.req_packed_command(cmd),
-            AnyConn::Pool(c) => c.req_packed_command(cmd),
             AnyConn::ClusterPool(c) => (**c).req_packed_command(cmd),
         }
     }
@@ -369,7 +395,6 @@ impl ConnectionLike for AnyConn {
             AnyConn::Multiplexed(c) => c.req_packed_commands(cmd, offset, count),
             AnyConn::Direct(c) => c.req_packed_commands(cmd, offset, count),
             AnyConn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
-            AnyConn::Pool(c) => c.req_packed_commands(cmd, offset, count),
             AnyConn::ClusterPool(c) => (**c).req_packed_commands(cmd, offset, count),
         }
     }
@@ -379,7 +404,6 @@ impl ConnectionLike for AnyConn {
             AnyConn::Multiplexed(c) => c.get_db(),
             AnyConn::Direct(c) => c.get_db(),
             AnyConn::Cluster(c) => c.get_db(),
-            AnyConn::Pool(c) => c.get_db(),
             AnyConn::ClusterPool(c) => (**c).get_db(),
         }
     }

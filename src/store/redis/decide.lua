@@ -14,7 +14,8 @@
 -- DECIDES (a denial denies the request), CHARGES (0: never charged here; 1: when its own
 -- verdict admits; 2: always, if the request is admitted), ACTS (changes the state on its own,
 -- then looks at cost 0: its arm is ACT[op] in act.lua), ARGS (its integers), GRANTS (its reply
--- has the three integers of a grant) and FUSES (decided by the phases themselves, phases.lua,
+-- has the three integers of a grant), KEEPS (judged as if its integer more units were asked
+-- for, charged its cost: RESERVE) and FUSES (decided by the phases themselves, phases.lua,
 -- with no arm of its own: ENFORCE).
 -- The operations' own arms are in act.lua and grant.lua, nowhere else: ACT[op] for those that
 -- act;

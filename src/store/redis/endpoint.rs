@@ -208,16 +208,6 @@ impl Endpoints {
         false
     }
 
-    /// What a cluster pool cannot take (deadpool builds its cluster client from the URLs
-    /// alone): certificates, a credentials provider.
-    pub(super) fn beyond_a_cluster_pool(&self) -> Option<&'static str> {
-        #[cfg(feature = "tls")]
-        if self.tls.has_certificates() {
-            return Some("a custom CA or client certificate");
-        }
-        self.refreshed.as_ref().map(|_| "a credentials provider")
-    }
-
     /// A connection's settings, with the credentials provider.
     pub(super) fn connection_config(
         &self,

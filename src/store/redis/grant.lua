@@ -84,11 +84,16 @@ end
 
 -- Phase one for the policy at position i of operation `op` (not ENFORCE), its state `st` and
 -- block `ends` read: decided on the state as strict as a lease could make it, in LEASED[i],
--- for a LEASE whose longest life is `x` (twin of `lease_verdict` in Rust), its verdict in the
--- reply, and for a WAIT denied now, the wait of at most `x` until the time that would admit
--- it. Returns whether it admits the request, and the state and block decided on.
+-- for a LEASE whose longest life is `x` (twin of `lease_verdict` in Rust), as if `x` more
+-- units were asked for when it KEEPS them (`Op::judged`), its verdict in the reply,
+-- and for a WAIT denied now, the wait of at most `x` until the time that would admit it.
+-- Returns whether it admits the request, and the state and block decided on.
 local function phase_one_of(alg, i, op, key, p, now, cost, x, base, st, ends)
   local lease_end, wait
+  local judged = cost
+  if KEEPS[op] then
+    judged = cost + x
+  end
   if op == LEASE then
     lease_end = now + x
     if alg.lease_end then
@@ -98,7 +103,7 @@ local function phase_one_of(alg, i, op, key, p, now, cost, x, base, st, ends)
       st = alg:lease_state(p, st, now, lease_end, LEASED[i])
     end
   end
-  local v, remaining, reset = alg:verdict(p, st, ends, now, cost, key)
+  local v, remaining, reset = alg:verdict(p, st, ends, now, judged, key)
   REPLY[base + AT_VERDICT], REPLY[base + AT_REMAINING], REPLY[base + AT_RESET] = v, remaining, reset
   if GRANTS[op] then
     REPLY[base + AT_UNITS], REPLY[base + AT_END], REPLY[base + AT_LASTS] = 0, 0, 0

@@ -424,8 +424,7 @@ impl RedisStoreBuilder {
     /// authenticates again (`AUTH`) with them, without dropping a decision. Choose `refresh`
     /// well inside the credentials' lifetime (5 minutes for a 15-minute token). An error of
     /// the provider fails a new connection (the failure policy answers meanwhile) and leaves a
-    /// live one on its present credentials. In place of [`credentials`](Self::credentials);
-    /// not with a cluster pool (`build` says so).
+    /// live one on its present credentials. In place of [`credentials`](Self::credentials).
     ///
     /// ```no_run
     /// use std::time::Duration;

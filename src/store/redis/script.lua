@@ -3,14 +3,15 @@
 -- the numbers Rust gives their names: do not edit it, edit them and run
 -- `UPDATE_LUA=1 cargo test --lib script`.
 local ALG = {}
-local DECIDES = { true, false, true, true, true, true, false, false, false, false, false, false, false, false, false }
-local CHARGES = { 2, 1, 0, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
-local ACTS = { false, false, false, false, false, false, true, true, true, true, true, true, true, true, true }
-local RELIMITS = { false, false, false, false, false, false, false, false, false, false, false, false, false, true, true }
-local ARGS = { 0, 0, 0, 0, 1, 2, 0, 0, 0, 1, 1, 1, 1, 1, 0 }
-local GRANTS = { false, false, false, true, true, true, false, false, false, false, false, false, false, false, false }
-local WIDTH = { 3, 3, 3, 6, 6, 6, 3, 3, 3, 3, 3, 3, 3, 3, 3 }
-local FUSES = { true, false, false, false, false, false, false, false, false, false, false, false, false, false, false }
+local DECIDES = { true, false, true, true, true, true, false, false, false, false, false, false, false, false, false, true }
+local CHARGES = { 2, 1, 0, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2 }
+local ACTS = { false, false, false, false, false, false, true, true, true, true, true, true, true, true, true, false }
+local RELIMITS = { false, false, false, false, false, false, false, false, false, false, false, false, false, true, true, false }
+local ARGS = { 0, 0, 0, 0, 1, 2, 0, 0, 0, 1, 1, 1, 1, 1, 0, 1 }
+local GRANTS = { false, false, false, true, true, true, false, false, false, false, false, false, false, false, false, false }
+local WIDTH = { 3, 3, 3, 6, 6, 6, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3 }
+local KEEPS = { false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, true }
+local FUSES = { true, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false }
 -- tower-ratelimit: shared helpers. Every number is an integer below 2^53, so doubles are exact;
 -- divisions that must give an integer go through fdiv/cdiv. The library functions
 -- used on every decision, and `redis.call` (as `call`), are upvalues set by the first decision
@@ -679,11 +680,16 @@ end
 
 -- Phase one for the policy at position i of operation `op` (not ENFORCE), its state `st` and
 -- block `ends` read: decided on the state as strict as a lease could make it, in LEASED[i],
--- for a LEASE whose longest life is `x` (twin of `lease_verdict` in Rust), its verdict in the
--- reply, and for a WAIT denied now, the wait of at most `x` until the time that would admit
--- it. Returns whether it admits the request, and the state and block decided on.
+-- for a LEASE whose longest life is `x` (twin of `lease_verdict` in Rust), as if `x` more
+-- units were asked for when it KEEPS them (`Op::judged`), its verdict in the reply,
+-- and for a WAIT denied now, the wait of at most `x` until the time that would admit it.
+-- Returns whether it admits the request, and the state and block decided on.
 local function phase_one_of(alg, i, op, key, p, now, cost, x, base, st, ends)
   local lease_end, wait
+  local judged = cost
+  if KEEPS[op] then
+    judged = cost + x
+  end
   if op == 6 then
     lease_end = now + x
     if alg.lease_end then
@@ -693,7 +699,7 @@ local function phase_one_of(alg, i, op, key, p, now, cost, x, base, st, ends)
       st = alg:lease_state(p, st, now, lease_end, LEASED[i])
     end
   end
-  local v, remaining, reset = alg:verdict(p, st, ends, now, cost, key)
+  local v, remaining, reset = alg:verdict(p, st, ends, now, judged, key)
   REPLY[base + 1], REPLY[base + 2], REPLY[base + 3] = v, remaining, reset
   if GRANTS[op] then
     REPLY[base + 4], REPLY[base + 5], REPLY[base + 6] = 0, 0, 0
@@ -5836,7 +5842,8 @@ end
 -- DECIDES (a denial denies the request), CHARGES (0: never charged here; 1: when its own
 -- verdict admits; 2: always, if the request is admitted), ACTS (changes the state on its own,
 -- then looks at cost 0: its arm is ACT[op] in act.lua), ARGS (its integers), GRANTS (its reply
--- has the three integers of a grant) and FUSES (decided by the phases themselves, phases.lua,
+-- has the three integers of a grant), KEEPS (judged as if its integer more units were asked
+-- for, charged its cost: RESERVE) and FUSES (decided by the phases themselves, phases.lua,
 -- with no arm of its own: ENFORCE).
 -- The operations' own arms are in act.lua and grant.lua, nowhere else: ACT[op] for those that
 -- act;

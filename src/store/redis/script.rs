@@ -239,8 +239,9 @@ mod tests {
     /// methods: `DECIDES` (a denial denies the request), `CHARGES` (0 never, 1 when its own verdict
     /// admits, 2 always, if the request is admitted), `ACTS` (changes the state on its own, then
     /// looks), `ARGS` (integers after the cost), `GRANTS` (its reply has the three integers of a
-    /// grant), `WIDTH` (the integers of its reply) and `FUSES` (the phases decide it with no
-    /// arm of its own: it decides, is always charged, neither acts nor grants).
+    /// grant), `WIDTH` (the integers of its reply), `KEEPS` (judged as if its integer more
+    /// units were asked for) and `FUSES` (the phases decide it with no arm of its own: it
+    /// decides, is always charged, neither acts, grants nor keeps).
     fn facts() -> String {
         let table = |name: &str, fact: &dyn Fn(Op) -> String| {
             let values: Vec<String> = Op::KINDS.iter().map(|&op| fact(op)).collect();
@@ -259,6 +260,7 @@ mod tests {
             table("ARGS", &|op| op.arg_count().to_string()),
             table("GRANTS", &|op| op.grants().to_string()),
             table("WIDTH", &|op| op.reply_width().to_string()),
+            table("KEEPS", &|op| op.keeps().to_string()),
             table("FUSES", &|op| fuses(op).to_string()),
         ]
         .concat()
@@ -268,7 +270,11 @@ mod tests {
     /// and `phase_two` in `phases.lua`), which decide and charge as [`Op::Enforce`] does; the
     /// others take their arms in `grant.lua`.
     fn fuses(op: Op) -> bool {
-        op.decides() && matches!(op.charge(), Charge::Always) && !op.acts() && !op.grants()
+        op.decides()
+            && matches!(op.charge(), Charge::Always)
+            && !op.acts()
+            && !op.grants()
+            && !op.keeps()
     }
 
     #[test]

@@ -303,10 +303,6 @@ impl Tls {
         ))))
     }
 
-    pub(super) fn has_certificates(&self) -> bool {
-        self.certs.is_some()
-    }
-
     /// `builder` with the certificates.
     pub(super) fn cluster(
         &self,

@@ -52,7 +52,7 @@ impl Shard {
             .table
             .find_bucket_index(run.hash, |r| r.is(tier.id(), check.key()));
         let row = bucket.and_then(|b| self.table.get_bucket(b));
-        let cost = if op.acts() { 0 } else { check.cost() };
+        let cost = op.judged(check.cost());
         let algorithm = tier.algorithm();
         run.bucket = bucket;
         run.verdict = match row {

@@ -58,13 +58,18 @@ impl BodyGuard {
         }
     }
 
-    /// `held` (if any) holding `permits` too.
-    pub(crate) fn holding(held: Option<BodyGuard>, permits: Permits) -> Self {
-        let mut held = held.unwrap_or(BodyGuard {
+    /// A guard of nothing yet.
+    fn empty() -> Self {
+        BodyGuard {
             release: None,
             meter: None,
             permits: None,
-        });
+        }
+    }
+
+    /// `held` (if any) holding `permits` too.
+    pub(crate) fn holding(held: Option<BodyGuard>, permits: Permits) -> Self {
+        let mut held = held.unwrap_or_else(BodyGuard::empty);
         held.permits = Some(Box::new(permits));
         held
     }
@@ -79,11 +84,7 @@ impl BodyGuard {
 
     /// `held` (if any) with `meter` counting the body.
     pub(crate) fn metered(held: Option<BodyGuard>, meter: Meter) -> Self {
-        let mut held = held.unwrap_or(BodyGuard {
-            release: None,
-            meter: None,
-            permits: None,
-        });
+        let mut held = held.unwrap_or_else(BodyGuard::empty);
         held.meter = Some(Box::new(meter));
         held
     }

@@ -43,7 +43,7 @@ use crate::reload::TierSummary;
 use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Permit};
 use crate::response::Responses;
 use crate::settle::Settle;
-use crate::store::{Check, Checks, MemoryStore, Op, Store, TOGETHER};
+use crate::store::{Check, Checks, MemoryStore, Store, TOGETHER};
 use crate::telemetry::{decision_span, record_outcome, traced};
 use crate::top::{TopLimited, Tracker};
 
@@ -59,9 +59,7 @@ mod failure;
 
 use set::{Lane, Policies, PolicySet};
 
-use crate::adaptive::Permits;
-pub(crate) use adaptive::Queued;
-use adaptive::holding;
+use crate::adaptive::{Permits, Queued};
 
 /// What a layer is configured with, besides its store: the builder fills it in, and
 /// [`Limiter::new`] checks and compiles it.
@@ -336,10 +334,7 @@ impl<St: Store> Limiter<St> {
             .map(Arc::new);
         let plain = config.deny_cache.is_none() && fallback.is_none();
         let lane = Lane::of(&set.policies, St::DECIDES_ALONE, plain);
-        let leases = OnceLock::new();
-        if set.leases {
-            let _ = leases.set(Leases::new());
-        }
+        let leases = (set.leases.then(Leases::new)).map_or_else(OnceLock::new, OnceLock::from);
         Ok(Limiter {
             store,
             policies: PolicySet::new(Policies::new(set.policies, lane)),
@@ -407,26 +402,7 @@ impl<St: Store> Limiter<St> {
             let tier = policy.tier(index).seen_by(request);
             let cost = policy.cost(request);
             let op = tier.part().op();
-            let check = |op| Check::new(tier.clone(), key.clone(), cost, op);
-            for (accepts, op) in [
-                (tier.charge_if(), Op::Enforce),
-                (policy.refund_if(), Op::Refund),
-            ] {
-                if let Some(accepts) = accepts {
-                    let (check, accepts) = (check(op), accepts.clone());
-                    let lease_end = None;
-                    after.push(AfterResponse::Status {
-                        check,
-                        accepts,
-                        lease_end,
-                    });
-                }
-            }
-            if let Some(settle) = policy.settle() {
-                let check = check(Op::Settle { estimate: cost });
-                let settle = settle.clone();
-                after.push(AfterResponse::Cost { check, settle });
-            }
+            AfterResponse::planned(policy, tier, &key, cost, &mut after);
             if let (Some(fallback), Some(local)) = (&mut fallback, policy.fallback_tier(index)) {
                 let local = local.seen_by(request);
                 let op = local.part().op();
@@ -435,7 +411,7 @@ impl<St: Store> Limiter<St> {
             checks.push(Check::new(tier.clone(), key, cost, op));
         }
         if checks.is_empty() {
-            return holding(Next::nothing(), held);
+            return Next::nothing().holding(held);
         }
         let span = decision_span();
         let _entered = span.enter();
@@ -449,7 +425,7 @@ impl<St: Store> Limiter<St> {
             return denied;
         }
         let next = self.ask_store(checks, Ticket::planned(fallback, after, span.clone()));
-        holding(next, held)
+        next.holding(held)
     }
 
     /// The answer of the deny cache, if it knows one of `checks`' keys to be limited.
@@ -488,7 +464,7 @@ impl<St: Store> Limiter<St> {
         let span = ticket.span.clone();
         let _entered = span.enter();
         let permits = std::mem::take(&mut ticket.permits);
-        holding(self.ask_store(checks, ticket), permits)
+        self.ask_store(checks, ticket).holding(permits)
     }
 
     /// The rest of step 2 for a planned request: the leases held here, then the breaker and

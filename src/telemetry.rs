@@ -163,6 +163,26 @@ pub const METRICS: &[Metric] = &[
         &[],
         "Delayed requests whose client went away, whose reserved times were given back",
     ),
+    metric(
+        "ratelimit_adaptive_limit",
+        MetricKind::Gauge,
+        &["policy"],
+        "An adaptive concurrency limit: the requests it lets be in flight at once",
+    ),
+    metric(
+        "ratelimit_adaptive_rtt_seconds",
+        MetricKind::Histogram,
+        &["policy"],
+        "Round trips an adaptive concurrency limit learnt from, from admission to the end of \
+         the response body",
+    ),
+    metric(
+        "ratelimit_adaptive_shed_total",
+        MetricKind::Counter,
+        &["policy"],
+        "Requests an adaptive concurrency limit shed (503), at once or when their wait in its \
+         queue ran out",
+    ),
 ];
 
 /// Describes every metric of [`METRICS`] to the installed `metrics` recorder: help text, and

@@ -224,6 +224,33 @@ async fn a_queue_holds_requests_until_a_place_frees_or_their_wait_ends() {
     assert_eq!(holder.await.unwrap().0, StatusCode::OK);
 }
 
+/// A request that goes away while it waits in the queue leaves it: the next one may wait.
+#[tokio::test(start_paused = true)]
+async fn a_request_gone_from_the_queue_leaves_room_in_it() {
+    let backend = Arc::new(Semaphore::new(1));
+    let slow = app_slow(&backend);
+    let holder = tokio::spawn(slow.clone().oneshot(Request::new(())));
+    tokio::task::yield_now().await;
+    let gone = tokio::spawn(slow.clone().oneshot(Request::new(())));
+    tokio::task::yield_now().await;
+    gone.abort();
+    let _ = gone.await;
+    let started = Instant::now();
+    let status = slow
+        .clone()
+        .oneshot(Request::new(()))
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_millis(50),
+        "it waited in the queue"
+    );
+    assert_eq!(holder.await.unwrap().unwrap().status(), StatusCode::OK);
+}
+
 /// A layer of one place and a queue of one waiting 50 ms, before requests of 100 ms.
 fn app_slow(backend: &Arc<Semaphore>) -> App {
     let adaptive = Adaptive::aimd()

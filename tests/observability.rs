@@ -591,12 +591,26 @@ fn the_demo_server_serves_metrics_and_the_top_limited_keys() {
         "{:?}",
         scrape.docs
     );
-    for sample in &scrape.samples {
+    for sample in scrape
+        .samples
+        .iter()
+        .filter(|s| !s.metric.starts_with("demo_"))
+    {
         assert!(
             METRICS.iter().any(|m| sample.metric.starts_with(m.name)),
             "{} is not in the catalogue",
             sample.metric
         );
+    }
+    // The demo server's own gauges: its live tasks, and its memory store's keys.
+    for own in ["demo_tasks_alive", "demo_memory_store_keys"] {
+        let value = (scrape.samples.iter())
+            .find(|s| s.metric == own)
+            .map(|s| match s.value {
+                prometheus_parse::Value::Gauge(v) => v,
+                _ => panic!("{own} is a gauge"),
+            });
+        assert!(value.is_some_and(|v| v >= 1.0), "{own}: {value:?}");
     }
     let (status, top) = fetch(server.addr, "/admin/top?n=2", &[]);
     assert_eq!(status, 200);

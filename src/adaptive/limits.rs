@@ -134,8 +134,9 @@ impl AdaptiveLimits {
             return shed();
         }
         Admission::Queued(Box::pin(async move {
+            // Out of the queue however the wait ends, the request gone away included.
+            let _leaves = Leaves(&state.queued);
             let permit = wait(&state, &ctx, max_wait).await;
-            state.queued.fetch_sub(1, Ordering::AcqRel);
             if permit.is_none() {
                 metrics::counter!("ratelimit_adaptive_shed_total", "policy" => ctx.0.label.clone())
                     .increment(1);
@@ -147,6 +148,15 @@ impl AdaptiveLimits {
     /// Whether `permit` is one of these limits'.
     pub(crate) fn issued(&self, permit: &AdaptivePermit) -> bool {
         Arc::ptr_eq(&permit.shared, &self.shared)
+    }
+}
+
+/// Takes one off a queue's count when dropped.
+struct Leaves<'a>(&'a AtomicU32);
+
+impl Drop for Leaves<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

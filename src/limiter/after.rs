@@ -2,12 +2,50 @@
 //! `refund_if`), made once it is known, and the leases their units go back to; or for its
 //! real cost (`settle`), read from its head, or counted by a [`Meter`] its body carries.
 
+use std::sync::Arc;
+
 use http::Response;
 
 use super::{AfterResponse, Limiter};
 use crate::decision::Decision;
+use crate::key::Key;
+use crate::policy::{CompiledPolicy, Tier};
 use crate::settle::meter::Meter;
-use crate::store::{Checks, Op, Store};
+use crate::store::{Check, Checks, Op, Store};
+
+impl AfterResponse {
+    /// The charges after the response that a request of `policy` (its `tier`, `key` and
+    /// `cost`) makes: on a status (`charge_if`, `refund_if`), at the real cost (`settle`);
+    /// added to `after`.
+    pub(super) fn planned(
+        policy: &CompiledPolicy,
+        tier: &Arc<Tier>,
+        key: &Key,
+        cost: u64,
+        after: &mut Vec<AfterResponse>,
+    ) {
+        let check = |op| Check::new(tier.clone(), key.clone(), cost, op);
+        for (accepts, op) in [
+            (tier.charge_if(), Op::Enforce),
+            (policy.refund_if(), Op::Refund),
+        ] {
+            if let Some(accepts) = accepts {
+                let (check, accepts) = (check(op), accepts.clone());
+                let lease_end = None;
+                after.push(AfterResponse::Status {
+                    check,
+                    accepts,
+                    lease_end,
+                });
+            }
+        }
+        if let Some(settle) = policy.settle() {
+            let check = check(Op::Settle { estimate: cost });
+            let settle = settle.clone();
+            after.push(AfterResponse::Cost { check, settle });
+        }
+    }
+}
 
 impl<St: Store> Limiter<St> {
     /// The charges and refunds `charges` makes for `response` (its head), as one store call

@@ -21,7 +21,7 @@ impl<St: Store> Limiter<St> {
         result: Result<Decision, StoreError>,
     ) -> Next<F> {
         let permits = std::mem::take(&mut ticket.permits);
-        super::holding(self.answered_holding_none(ticket, result), permits)
+        self.answered_holding_none(ticket, result).holding(permits)
     }
 
     /// [`answered`](Self::answered), the ticket's permits taken out.

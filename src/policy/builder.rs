@@ -207,30 +207,6 @@ impl Policy {
         policy.take_part(Op::Concurrency)
     }
 
-    /// At most as many requests in flight at once as an [`Adaptive`] limit says, moved by what
-    /// completed requests took: the service's own latency, not a number chosen in advance,
-    /// decides how much it takes. A request over the limit gets `503` (the IETF problem type
-    /// `temporary-reduced-capacity`, `Retry-After: 1`), or waits in the limit's queue if it has
-    /// one. It holds its place until its response body ends, as a concurrency limit's slot.
-    ///
-    /// Decided in this process, never in the store: latency is what this instance saw, so
-    /// each instance learns its own limit. Its key is the whole policy (one limit for the
-    /// requests it applies to: a [route](Self::route), or all) unless it is given one
-    /// ([`key`](Self::key): a limit per client). Not with tiers, leases, waits, a shadow,
-    /// status charges or refunds, settled costs or a reserve: an error of
-    /// [`build`](crate::RateLimitLayerBuilder::build). Metrics:
-    /// `ratelimit_adaptive_limit{policy}` (gauge), `ratelimit_adaptive_rtt_seconds{policy}`
-    /// (histogram of the round trips it learnt from), `ratelimit_adaptive_shed_total{policy}`.
-    pub fn adaptive_concurrency(adaptive: Adaptive) -> Self {
-        // Its tier is a nominal one, of its highest limit: never sent to a store.
-        let mut policy = Self::new(Algorithm::SlidingLog, Quota::per_minute(NonZeroU32::MIN));
-        policy.quota = Quota::new(adaptive.most().max(1), DEFAULT_MAX_DURATION)
-            .map_err(|e| ConfigError::new(format!("adaptive concurrency: {e}")));
-        policy.key = Some(Arc::new(crate::key::GlobalKey));
-        policy.adaptive = Some(adaptive);
-        policy
-    }
-
     /// How long a slot of a [concurrency](Self::concurrency) policy is held at most (default
     /// one minute): a request still in flight after that no longer counts. Set it above the
     /// longest response you serve, streaming included; it is what bounds how long the slots

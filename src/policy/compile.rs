@@ -215,34 +215,6 @@ impl Policy {
         Ok(out)
     }
 
-    /// What an adaptive concurrency policy cannot have, checked: it is decided in this
-    /// process, on its own.
-    fn check_adaptive(&self) -> Result<(), ConfigError> {
-        let Some(adaptive) = &self.adaptive else {
-            return Ok(());
-        };
-        adaptive.validate()?;
-        let conflict = [
-            (
-                !matches!(self.takes, Ok(Op::Enforce)),
-                "a second way to take part",
-            ),
-            (self.lease.is_some(), "leases"),
-            (!self.tiers.is_empty(), "tiers"),
-            (self.refund_if.is_some(), "refund_if"),
-            (self.settle.is_some(), "a settled cost"),
-            (self.reserve.is_some(), "a reserve"),
-            (self.burst.is_some(), "a burst"),
-            (self.calendar.is_some(), "a calendar"),
-        ];
-        match conflict.iter().find(|(found, _)| *found) {
-            Some((_, what)) => Err(ConfigError::new(format!(
-                "an adaptive concurrency policy is decided in this process, on its own; it takes no {what}"
-            ))),
-            None => Ok(()),
-        }
-    }
-
     /// The name of a policy without one: what it is, with the parameters that change it, so
     /// that two different policies never share one by accident.
     fn default_name(&self, quota: &Quota) -> String {

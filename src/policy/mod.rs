@@ -3,9 +3,11 @@
 //! forms: [`CompiledPolicy`] as
 //! the engine plans a request with it, [`Tier`] as stores and decisions know each quota.
 
+mod adaptive;
 mod builder;
 mod compile;
 mod compiled;
+mod priority;
 mod reserve;
 mod route;
 mod tiers;

@@ -1,16 +1,14 @@
 //! Capacity kept for priority: [`Reserve`], which share of one policy's capacity a request
-//! may use by its priority, and its compiled form per tier ([`Levels`]).
+//! may use by its priority (compiled per tier in `tier.rs`; the builder method in
+//! `priority.rs`).
 
 use std::fmt;
 use std::sync::Arc;
 
 use http::HeaderName;
 
-use super::builder::Policy;
-use super::tier::Tier;
 use crate::error::ConfigError;
 use crate::key::RequestRef;
-use crate::store::Op;
 
 /// A request's priority, from a function of the request.
 type PriorityFn = Arc<dyn Fn(&RequestRef<'_>) -> Option<&'static str> + Send + Sync>;
@@ -23,7 +21,7 @@ enum Source {
 }
 
 /// Which share of a policy's capacity a request may use, by its priority: capacity kept for
-/// what matters ([`Policy::reserve`]).
+/// what matters ([`Policy::reserve`](crate::Policy::reserve)).
 ///
 /// A request's priority is a name, read from a header or chosen by a function. Each priority
 /// named with [`share`](Self::share) may use that percentage of the policy's capacity; any
@@ -156,82 +154,28 @@ impl Reserve {
         self.shares.iter().map(|(_, p)| *p).chain([self.others])
     }
 
-    /// Its levels for `tier` (checked with [`check_capacity`](Self::check_capacity)): a tier
-    /// of each share below 100%, judged keeping what the share leaves out of the capacity.
-    pub(super) fn levels(&self, tier: &Tier) -> Levels {
-        let capacity = tier.algorithm().reported_limit();
-        let seen = |percent: u8| {
-            let kept = capacity - allowed(capacity, percent);
-            (kept > 0).then(|| Arc::new(tier.seen(kept)))
+    /// The level of `request`: the place of its priority among the shares, the others' (the
+    /// last) when it has none or another.
+    pub(super) fn level(&self, request: &RequestRef<'_>) -> usize {
+        let priority = match &self.source {
+            Source::Header(Ok(name)) => (request.headers().get(name)).and_then(|v| v.to_str().ok()),
+            Source::Header(Err(_)) => None,
+            Source::Select(select) => select(request),
         };
-        Levels {
-            source: self.source.clone(),
-            names: self.shares.iter().map(|(n, _)| n.as_str().into()).collect(),
-            seen: self.percents().map(seen).collect(),
-        }
+        priority
+            .and_then(|p| self.shares.iter().position(|(n, _)| *n == p))
+            .unwrap_or(self.shares.len())
+    }
+
+    /// The units each level keeps of `capacity` (checked with
+    /// [`check_capacity`](Self::check_capacity)), the others' last.
+    pub(super) fn kept(&self, capacity: u64) -> impl Iterator<Item = u64> + '_ {
+        self.percents()
+            .map(move |p| capacity - allowed(capacity, p))
     }
 }
 
 /// The units of `capacity` a share of `percent` may use.
 fn allowed(capacity: u64, percent: u8) -> u64 {
     capacity.saturating_mul(u64::from(percent)) / 100
-}
-
-/// A [`Reserve`] compiled for one tier: the tier each priority is judged under (`None`: the
-/// tier itself, for a share of 100%), the others' last.
-pub(crate) struct Levels {
-    source: Source,
-    names: Box<[Box<str>]>,
-    seen: Box<[Option<Arc<Tier>>]>,
-}
-
-impl fmt::Debug for Levels {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Levels")
-            .field("names", &self.names)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Levels {
-    /// The tier `request` is judged under, by its priority; `None` for `tier` itself.
-    pub(crate) fn seen_by(&self, request: &RequestRef<'_>) -> Option<&Arc<Tier>> {
-        let priority = match &self.source {
-            Source::Header(Ok(name)) => (request.headers().get(name)).and_then(|v| v.to_str().ok()),
-            Source::Header(Err(_)) => None,
-            Source::Select(select) => select(request),
-        };
-        let at = priority
-            .and_then(|p| self.names.iter().position(|n| **n == *p))
-            .unwrap_or(self.names.len());
-        self.seen[at].as_ref()
-    }
-}
-
-impl Policy {
-    /// Keeps part of the policy's capacity for requests of a higher priority: a request may
-    /// use only the share of the capacity its priority gets (see [`Reserve`]). For an
-    /// enforced rate policy, of any algorithm; with leases, waits, a shadow, `charge_if` or a
-    /// concurrency limit it is an error of [`build`](crate::RateLimitLayerBuilder::build).
-    #[must_use]
-    pub fn reserve(mut self, reserve: Reserve) -> Self {
-        self.reserve = Some(reserve);
-        self
-    }
-
-    /// What a policy keeping capacity for priority cannot have, checked.
-    pub(super) fn check_reserve(&self) -> Result<(), ConfigError> {
-        let Some(reserve) = &self.reserve else {
-            return Ok(());
-        };
-        reserve.validate()?;
-        match &self.takes {
-            Ok(Op::Enforce) if self.lease.is_none() => Ok(()),
-            Err(_) => Ok(()),
-            Ok(op) => Err(ConfigError::new(format!(
-                "a policy that keeps capacity for priority (reserve) is enforced, and this one {}",
-                self.what(*op)
-            ))),
-        }
-    }
 }

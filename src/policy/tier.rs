@@ -7,7 +7,7 @@ use std::sync::Arc;
 use http::HeaderValue;
 
 use super::builder::StatusFn;
-use super::reserve::{Levels, Reserve};
+use super::reserve::Reserve;
 use crate::algorithm::{Compiled, compact};
 use crate::error::ConfigError;
 use crate::headers::value::number;
@@ -124,6 +124,21 @@ pub(crate) struct LeaseSpec {
     ttl_us: u64,
 }
 
+/// A [`Reserve`] compiled for one tier: the tier each of its levels is judged under (`None`:
+/// the tier itself, for a share of 100%), the others' last.
+struct Levels {
+    reserve: Reserve,
+    seen: Box<[Option<Arc<Tier>>]>,
+}
+
+impl fmt::Debug for Levels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Levels")
+            .field("reserve", &self.reserve)
+            .finish_non_exhaustive()
+    }
+}
+
 impl LeaseSpec {
     pub(crate) fn new(units: u64, ttl_us: u64) -> Self {
         LeaseSpec { units, ttl_us }
@@ -194,9 +209,17 @@ impl Tier {
     }
 
     /// The same tier keeping capacity for priority as `reserve` says (checked against its
-    /// capacity), if it does.
+    /// capacity), if it does: a tier of each share below 100%, judged keeping what the
+    /// share leaves out of the capacity.
     pub(crate) fn reserving(mut self, reserve: Option<&Reserve>) -> Self {
-        self.levels = reserve.map(|r| Box::new(r.levels(&self)));
+        self.levels = reserve.map(|reserve| {
+            let capacity = self.algorithm.reported_limit();
+            let seen = |kept: u64| (kept > 0).then(|| Arc::new(self.seen(kept)));
+            Box::new(Levels {
+                reserve: reserve.clone(),
+                seen: reserve.kept(capacity).map(seen).collect(),
+            })
+        });
         self
     }
 
@@ -222,7 +245,9 @@ impl Tier {
     pub(crate) fn seen_by<'t>(self: &'t Arc<Tier>, request: &RequestRef<'_>) -> &'t Arc<Tier> {
         match &self.levels {
             None => self,
-            Some(levels) => levels.seen_by(request).unwrap_or(self),
+            Some(levels) => levels.seen[levels.reserve.level(request)]
+                .as_ref()
+                .unwrap_or(self),
         }
     }
 

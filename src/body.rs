@@ -43,9 +43,17 @@ pub trait MakeBody<B> {
 /// [`MakeBody`] keeps it with the body.
 pub struct BodyGuard {
     release: Option<Box<dyn FnOnce() + Send + Sync>>,
-    meter: Option<Box<Meter>>,
-    /// The places of the adaptive concurrency limits that admitted the request.
-    permits: Option<Box<Permits>>,
+    /// What few requests hold besides (one box, so that the guard is no larger for the
+    /// others).
+    more: Option<Box<More>>,
+}
+
+/// The count of a body that settles its cost, and the places of the adaptive concurrency
+/// limits that admitted the request.
+#[derive(Default)]
+struct More {
+    meter: Option<Meter>,
+    permits: Permits,
 }
 
 impl BodyGuard {
@@ -53,40 +61,36 @@ impl BodyGuard {
     pub(crate) fn new(release: impl FnOnce() + Send + Sync + 'static) -> Self {
         BodyGuard {
             release: Some(Box::new(release)),
-            meter: None,
-            permits: None,
+            more: None,
         }
     }
 
-    /// A guard of nothing yet.
-    fn empty() -> Self {
-        BodyGuard {
+    /// `held` (if any), with what `add` puts in what it holds besides.
+    fn with_more(held: Option<BodyGuard>, add: impl FnOnce(&mut More)) -> Self {
+        let mut held = held.unwrap_or(BodyGuard {
             release: None,
-            meter: None,
-            permits: None,
-        }
+            more: None,
+        });
+        add(held.more.get_or_insert_default());
+        held
     }
 
     /// `held` (if any) holding `permits` too.
     pub(crate) fn holding(held: Option<BodyGuard>, permits: Permits) -> Self {
-        let mut held = held.unwrap_or_else(BodyGuard::empty);
-        held.permits = Some(Box::new(permits));
-        held
+        Self::with_more(held, |more| more.permits.extend(permits))
+    }
+
+    /// `held` (if any) with `meter` counting the body.
+    pub(crate) fn metered(held: Option<BodyGuard>, meter: Meter) -> Self {
+        Self::with_more(held, |more| more.meter = Some(meter))
     }
 
     /// The response came: the adaptive limits it holds places of learn from it, a failure
     /// when `failed` (a `5xx`, or the inner service's error) when their places are given back.
     pub(crate) fn responded(&mut self, failed: bool) {
-        for permit in self.permits.iter_mut().flat_map(|p| p.iter_mut()) {
+        for permit in self.more.iter_mut().flat_map(|m| m.permits.iter_mut()) {
             permit.responded(failed);
         }
-    }
-
-    /// `held` (if any) with `meter` counting the body.
-    pub(crate) fn metered(held: Option<BodyGuard>, meter: Meter) -> Self {
-        let mut held = held.unwrap_or_else(BodyGuard::empty);
-        held.meter = Some(Box::new(meter));
-        held
     }
 
     /// The request went on with its reserved time: it is spent, not given back.
@@ -96,7 +100,7 @@ impl BodyGuard {
 
     /// Counts one frame of the body, for a policy that settles from it.
     pub(crate) fn observe(&mut self, frame: &Frame<Bytes>) {
-        if let Some(meter) = &mut self.meter {
+        if let Some(meter) = self.more.as_mut().and_then(|m| m.meter.as_mut()) {
             meter.observe(frame);
         }
     }

@@ -225,8 +225,9 @@ pub(crate) struct Ticket {
     /// be given back should the request go away before the decision comes.
     gives_back_later: bool,
     after: Vec<AfterResponse>,
-    /// The permits of the adaptive limits that admitted the request, for its call.
-    permits: Permits,
+    /// The permits of the adaptive limits that admitted the request, for its call (boxed, as
+    /// few requests have any: a ticket is moved with every decision).
+    permits: Option<Box<Permits>>,
     /// The decision's `debug` span, disabled unless a subscriber wants it.
     span: Span,
 }
@@ -243,7 +244,7 @@ impl Ticket {
             started: None,
             gives_back_later: false,
             after,
-            permits: Vec::new(),
+            permits: None,
             span,
         }
     }
@@ -463,8 +464,8 @@ impl<St: Store> Limiter<St> {
     pub(crate) fn resume(&self, checks: Checks, mut ticket: Ticket) -> Next<St::Future> {
         let span = ticket.span.clone();
         let _entered = span.enter();
-        let permits = std::mem::take(&mut ticket.permits);
-        self.ask_store(checks, ticket).holding(permits)
+        let permits = ticket.permits.take();
+        self.ask_store(checks, ticket).holding_boxed(permits)
     }
 
     /// The rest of step 2 for a planned request: the leases held here, then the breaker and

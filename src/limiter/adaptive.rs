@@ -91,11 +91,11 @@ impl<F> Next<F> {
                 then: Box::new(then.holding(permits)),
             },
             Next::Store(call, mut ticket) => {
-                ticket.permits = permits;
+                ticket.permits = Some(Box::new(permits));
                 Next::Store(call, ticket)
             }
             Next::Lease(wait, mut planned) => {
-                planned.1.permits = permits;
+                planned.1.permits = Some(Box::new(permits));
                 Next::Lease(wait, planned)
             }
             Next::Queued(mut queued) => {
@@ -103,6 +103,15 @@ impl<F> Next<F> {
                 Next::Queued(queued)
             }
             respond @ Next::Respond(_) => respond,
+        }
+    }
+
+    /// [`holding`](Self::holding) the permits a ticket kept, if any.
+    #[inline(always)]
+    pub(crate) fn holding_boxed(self, permits: Option<Box<Permits>>) -> Self {
+        match permits {
+            Some(permits) => self.holding(*permits),
+            None => self,
         }
     }
 }

@@ -17,6 +17,7 @@ impl AfterResponse {
     /// The charges after the response that a request of `policy` (its `tier`, `key` and
     /// `cost`) makes: on a status (`charge_if`, `refund_if`), at the real cost (`settle`);
     /// added to `after`.
+    #[inline(always)]
     pub(super) fn planned(
         policy: &CompiledPolicy,
         tier: &Arc<Tier>,

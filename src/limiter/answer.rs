@@ -20,8 +20,9 @@ impl<St: Store> Limiter<St> {
         mut ticket: Ticket,
         result: Result<Decision, StoreError>,
     ) -> Next<F> {
-        let permits = std::mem::take(&mut ticket.permits);
-        self.answered_holding_none(ticket, result).holding(permits)
+        let permits = ticket.permits.take();
+        self.answered_holding_none(ticket, result)
+            .holding_boxed(permits)
     }
 
     /// [`answered`](Self::answered), the ticket's permits taken out.

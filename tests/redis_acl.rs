@@ -86,7 +86,7 @@ async fn the_guides_acl_lines_allow_everything_the_store_does() {
             .await;
         }
         assert_eq!(denied(&server), Vec::<String>::new(), "{line:?}");
-        // A pool's connections (checked with PING and UNWATCH when recycled) too.
+        // A pool's connections too.
         server.cli(&["FLUSHALL"]);
         let pooled = store_as_user(&server.url())
             .functions(functions)

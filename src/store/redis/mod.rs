@@ -77,7 +77,7 @@ pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_millis(50);
 ///
 /// By default the store shares one multiplexed connection (redis-rs's `ConnectionManager`,
 /// which reconnects by itself): concurrent decisions are pipelined on one socket.
-/// [`RedisStoreBuilder::pool`] uses a deadpool-redis pool instead, one connection per
+/// [`RedisStoreBuilder::pool`] uses a pool (deadpool) instead, one connection per
 /// in-flight decision. A URL of the form `redis+cluster://host:port,host:port` (or
 /// [`RedisStore::cluster_builder`]) connects to a Redis Cluster.
 ///
@@ -346,7 +346,7 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Uses a deadpool-redis pool of up to `max_size` connections instead of one shared
+    /// Uses a pool (deadpool) of up to `max_size` connections instead of one shared
     /// multiplexed connection (not behind Sentinel, where the store keeps one connection to
     /// the primary and replaces it after a failover: `build` says so).
     pub fn pool(mut self, max_size: usize) -> Self {

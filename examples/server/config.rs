@@ -171,7 +171,7 @@ pub(crate) fn source(config: &Config) -> String {
 }
 
 /// The variables a policy file replaces.
-const REPLACED_BY_CONFIG: [&str; 14] = [
+const REPLACED_BY_CONFIG: [&str; 16] = [
     "ALGORITHM",
     "RATE_LIMIT",
     "KEY",
@@ -186,6 +186,8 @@ const REPLACED_BY_CONFIG: [&str; 14] = [
     "WEEK_STARTS",
     "MONTH_STARTS",
     "POLICY_NAME",
+    "PRIORITY_HEADER",
+    "RESERVE",
 ];
 
 pub(crate) fn config() -> Result<Config, String> {

@@ -41,8 +41,8 @@ Environment variables:
   ADMIN_BIND  address of /metrics and /admin/top, to keep them off the public address
                                                     (default unset: served on BIND)
   CONFIG      a TOML file of policies, e.g. examples/limits.toml, instead of ALGORITHM,
-              RATE_LIMIT, KEY, TRUSTED_PROXIES, LEASE, WAIT_MS and CONCURRENCY (which it
-              replaces; setting both is an error). Reloaded on SIGHUP, keeping every key's
+              RATE_LIMIT, KEY, TRUSTED_PROXIES, LEASE, WAIT_MS, CONCURRENCY, PRIORITY_HEADER
+              and RESERVE (which it replaces; setting both is an error). Reloaded on SIGHUP, keeping every key's
               usage; a file with a mistake is rejected and the old limits stay.
                                                     (default unset)
   REDIS_URL   unset: in-memory store; set: Redis (the server starts while Redis is down;

@@ -118,6 +118,17 @@ impl RedisAccess {
     }
 }
 
+/// A positive number read from `name`, if set.
+pub(crate) fn positive(name: &str) -> Result<Option<u32>, String> {
+    match env_or(name, "")?.as_str() {
+        "" => Ok(None),
+        n => match n.parse::<u32>() {
+            Ok(n) if n > 0 => Ok(Some(n)),
+            _ => Err(format!("{name}: {n:?} is not a positive number")),
+        },
+    }
+}
+
 pub(crate) fn env_or(name: &str, default: &str) -> Result<String, String> {
     match std::env::var(name) {
         Ok(v) if !v.trim().is_empty() => Ok(v.trim().to_owned()),
@@ -305,17 +316,13 @@ pub(crate) fn config() -> Result<Config, String> {
             ));
         }
     };
-    let max_keys = match (env_or("MAX_KEYS", "")?.as_str(), &redis_url) {
-        ("", _) => None,
-        (_, Some(_)) => {
+    let max_keys = match (positive("MAX_KEYS")?, &redis_url) {
+        (Some(_), Some(_)) => {
             return Err(
                 "MAX_KEYS: a bound of the memory store; unset REDIS_URL or MAX_KEYS".into(),
             );
         }
-        (n, None) => match n.parse::<usize>() {
-            Ok(n) if n > 0 => Some(n),
-            _ => return Err(format!("MAX_KEYS: {n:?} is not a positive number of keys")),
-        },
+        (n, _) => n.map(|n| n as usize),
     };
     let reserve = match (env_or("PRIORITY_HEADER", "")?, env_or("RESERVE", "")?) {
         (header, percent) if header.is_empty() && percent.is_empty() => None,

@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use tokio::sync::Semaphore;
 use tower_ratelimit::{Adaptive, Policy};
 
-use crate::config::env_or;
+use crate::config::{env_or, positive};
 
 /// What `/work` is, and the adaptive limit on it.
 #[derive(Clone, Debug)]
@@ -20,21 +20,10 @@ pub(crate) struct Overload {
     adaptive: Option<Adaptive>,
 }
 
-/// A positive number read from `name`, if set.
-fn number(name: &str) -> Result<Option<u32>, String> {
-    match env_or(name, "")?.as_str() {
-        "" => Ok(None),
-        n => match n.parse::<u32>() {
-            Ok(n) if n > 0 => Ok(Some(n)),
-            _ => Err(format!("{name}: {n:?} is not a positive number")),
-        },
-    }
-}
-
 /// `WORK_CAPACITY` and `ADAPTIVE` (with its bounds), checked.
 pub(crate) fn read() -> Result<Option<Overload>, String> {
-    let capacity = number("WORK_CAPACITY")?;
-    let (min, max) = (number("ADAPTIVE_MIN")?, number("ADAPTIVE_MAX")?);
+    let capacity = positive("WORK_CAPACITY")?;
+    let (min, max) = (positive("ADAPTIVE_MIN")?, positive("ADAPTIVE_MAX")?);
     let adaptive = match env_or("ADAPTIVE", "")?.as_str() {
         "" if min.is_some() || max.is_some() => {
             return Err("ADAPTIVE_MIN and ADAPTIVE_MAX bound ADAPTIVE; set it too".into());

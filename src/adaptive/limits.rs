@@ -8,7 +8,7 @@ use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -51,7 +51,7 @@ struct Shared {
 pub(crate) struct AdaptiveLimits {
     shared: Arc<Shared>,
     hasher: RandomState,
-    keys: Box<[Mutex<Shard>]>,
+    keys: Box<[RwLock<Shard>]>,
 }
 
 impl std::fmt::Debug for AdaptiveLimits {
@@ -76,6 +76,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
+}
+
 impl AdaptiveLimits {
     /// The limits of `adaptive` (checked) for the policy named `name`.
     pub(crate) fn new(adaptive: Adaptive, name: &str) -> Self {
@@ -85,14 +93,19 @@ impl AdaptiveLimits {
         AdaptiveLimits {
             shared: Arc::new(Shared { adaptive, label }),
             hasher: RandomState::new(),
-            keys: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            keys: (0..SHARDS).map(|_| RwLock::default()).collect(),
         }
     }
 
     /// `key`'s state, made when it has none.
     fn state(&self, key: &Key) -> Arc<State> {
         let shard = &self.keys[self.hasher.hash_one(key) as usize % SHARDS];
-        let mut keys = lock(shard);
+        // A key seen before is found under the shared lock: requests of one key (a whole
+        // route's limit) do not wait for each other here.
+        if let Some(state) = read(shard).get(key) {
+            return state.clone();
+        }
+        let mut keys = write(shard);
         if let Some(state) = keys.get(key) {
             return state.clone();
         }

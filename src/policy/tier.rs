@@ -227,15 +227,22 @@ impl Tier {
     /// algorithm (so the same state, read as it is), judged keeping `kept` units of the
     /// capacity ([`Op::Reserve`]), and telling clients the rest as its limit.
     pub(crate) fn seen(&self, kept: u64) -> Tier {
+        let part = Part::new(Op::Reserve { keep: kept });
+        let mut tier = self.sibling(self.algorithm.clone(), part);
+        tier.kept = kept;
+        tier.limit_header = number(tier.limit());
+        tier
+    }
+
+    /// A tier of the same name, place and definition in the store, counting the same units,
+    /// deciding with `algorithm` and taking part as `part` says.
+    fn sibling(&self, algorithm: Compiled, part: Part) -> Tier {
         let at = Registered {
             id: self.id,
             def: self.def,
         };
-        let part = Part::new(Op::Reserve { keep: kept });
-        let mut tier = Tier::new(self.name.clone(), at, self.algorithm.clone(), part);
-        tier.limit_header = number(self.limit() - kept);
+        let mut tier = Tier::new(self.name.clone(), at, algorithm, part);
         tier.unit = self.unit;
-        tier.kept = kept;
         tier
     }
 
@@ -268,12 +275,7 @@ impl Tier {
             ));
         }
         let algorithm = self.algorithm.relimited(quota)?;
-        let at = Registered {
-            id: self.id,
-            def: self.def,
-        };
-        let mut tier = Tier::new(self.name.clone(), at, algorithm, self.part.clone());
-        tier.unit = self.unit;
+        let mut tier = self.sibling(algorithm, self.part.clone());
         tier.own = Some(quota);
         Ok(tier)
     }

@@ -33,6 +33,7 @@ use crate::algorithm::Algorithm;
 use crate::calendar::{Calendar, Weekday};
 use crate::error::ConfigError;
 use crate::key::{ApiKey, Cidr, ClientIp, GlobalKey, GrpcMethod, HeaderKey, KeyExtractor, PeerIp};
+use crate::lists::Lists;
 use crate::policy::Policy;
 use crate::quota::{Quota, QuotaUnit};
 
@@ -48,7 +49,9 @@ use text::{BodyMeasure, DurationText, HeaderNameText, RouteText, Status, Text};
 /// | field | meaning |
 /// |---|---|
 /// | `key` | the key of every policy without its own (default `"ip"`); see [`KeySpec`] |
-/// | `trusted_proxies` | networks of the proxies in front of the service, for `key = "client_ip"` |
+/// | `trusted_proxies` | networks of the proxies in front of the service, for `key = "client_ip"` and the lists' networks |
+/// | `allow` | networks, addresses and keys never limited nor counted (see [`Lists`]) |
+/// | `deny` | networks, addresses and keys answered `403` |
 /// | `policy` | the policies, in order: a list of [`PolicyConfig`] |
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -57,6 +60,10 @@ pub struct Limits {
     key: Option<KeySpec>,
     #[serde(default)]
     trusted_proxies: Vec<CidrText>,
+    #[serde(default)]
+    allow: Vec<String>,
+    #[serde(default)]
+    deny: Vec<String>,
     #[serde(rename = "policy")]
     policies: Vec<PolicyConfig>,
 }
@@ -71,13 +78,14 @@ impl Limits {
         let default = self.key.clone().unwrap_or(KeySpec::Ip);
         if default != KeySpec::ClientIp
             && !proxies.is_empty()
+            && !self.has_lists()
             && !self
                 .policies
                 .iter()
                 .any(|p| p.key == Some(KeySpec::ClientIp))
         {
             return Err(ConfigError::new(
-                "trusted_proxies is only read by the client_ip key, which no policy uses",
+                "trusted_proxies is only read by the client_ip key, which no policy uses, and by the lists, which are empty",
             ));
         }
         self.policies
@@ -87,6 +95,30 @@ impl Limits {
                 Ok(p.policy().key(spec.extractor(&proxies)?))
             })
             .collect()
+    }
+
+    /// The allow and deny lists (`allow`, `deny`; empty when the file has neither), their
+    /// networks matched against the client address its `trusted_proxies` find, for
+    /// [`RateLimitLayerBuilder::lists`](crate::RateLimitLayerBuilder::lists) and
+    /// [`RateLimitLayer::reload_lists`](crate::RateLimitLayer::reload_lists).
+    pub fn lists(&self) -> Result<Lists, ConfigError> {
+        let mut client_ip = ClientIp::builder();
+        for proxy in &self.trusted_proxies {
+            client_ip = client_ip.trusted_network(proxy.0);
+        }
+        let client_ip = client_ip.build()?;
+        let lists = Lists::new()
+            .allow(self.allow.iter().cloned())
+            .deny(self.deny.iter().cloned())
+            .client_ip(client_ip);
+        // Checked now, as every other field is checked when read.
+        lists.check()?;
+        Ok(lists)
+    }
+
+    /// Whether the file has an `allow` or a `deny` list.
+    pub fn has_lists(&self) -> bool {
+        !self.allow.is_empty() || !self.deny.is_empty()
     }
 
     /// The configured policies, as read.

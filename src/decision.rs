@@ -261,6 +261,15 @@ impl Decision {
         Decision::new(self.outcomes)
     }
 
+    /// The last `n` outcomes taken out (the checks of the allow and deny lists' entries,
+    /// which a request's store call carries after its policies'), the rest judged again.
+    pub(crate) fn take_last(&mut self, n: usize) -> Outcomes {
+        let at = self.outcomes.len().saturating_sub(n);
+        let last = self.outcomes.drain(at..).collect();
+        self.allowed = self.outcomes.iter().all(|o| o.allowed || o.shadow);
+        last
+    }
+
     /// Whether the request may go on.
     pub fn is_allowed(&self) -> bool {
         self.allowed

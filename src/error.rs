@@ -48,6 +48,10 @@ pub enum LimitError {
     Quota(ConfigError),
     /// The store failed; nothing may have changed.
     Store(StoreError),
+    /// The layer keeps no list entries in its store: it was built without
+    /// [`lists`](crate::RateLimitLayerBuilder::lists), or with
+    /// [`kept_in_store(false)`](crate::lists::Lists::kept_in_store).
+    NoLists,
 }
 
 impl fmt::Display for LimitError {
@@ -58,6 +62,9 @@ impl fmt::Display for LimitError {
             }
             LimitError::Quota(e) => write!(f, "quota: {e}"),
             LimitError::Store(e) => write!(f, "store: {e}"),
+            LimitError::NoLists => f.write_str(
+                "the layer keeps no list entries in its store (build it with .lists(Lists::new()))",
+            ),
         }
     }
 }
@@ -65,7 +72,7 @@ impl fmt::Display for LimitError {
 impl std::error::Error for LimitError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            LimitError::UnknownPolicy(_) => None,
+            LimitError::UnknownPolicy(_) | LimitError::NoLists => None,
             LimitError::Quota(e) => Some(e),
             LimitError::Store(e) => Some(e),
         }

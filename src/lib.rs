@@ -379,6 +379,7 @@ pub mod response;
 pub mod grpc;
 pub mod telemetry;
 pub mod top;
+pub mod lists;
 pub mod guide;
 mod resilience;
 mod service;

@@ -56,7 +56,9 @@ mod policies;
 mod set;
 mod give_back;
 mod failure;
+mod lists;
 
+use lists::LayerLists;
 use set::{Lane, Policies, PolicySet};
 
 use crate::adaptive::{Permits, Queued};
@@ -80,6 +82,8 @@ pub(crate) struct Config {
     pub(crate) decision_extension: bool,
     /// The summary of the keys each policy denied, if kept.
     pub(crate) top: Option<TopLimited>,
+    /// The allow and deny lists, if the layer has them.
+    pub(crate) lists: Option<crate::lists::Lists>,
 }
 
 impl fmt::Debug for Config {
@@ -130,6 +134,8 @@ pub(crate) struct Limiter<St> {
     adaptive: AtomicBool,
     /// The keys each policy denied most, when the layer keeps them.
     top: Option<Arc<Tracker>>,
+    /// The allow and deny lists, when the layer has them.
+    lists: Option<LayerLists>,
     /// When (layer clock) a store failure was last logged at `warn`, and how many were
     /// logged at `debug` since.
     warned: AtomicU64,
@@ -230,6 +236,8 @@ pub(crate) struct Ticket {
     permits: Option<Box<Permits>>,
     /// The decision's `debug` span, disabled unless a subscriber wants it.
     span: Span,
+    /// Whether the checks end with the looks at the key's list entries.
+    lists: bool,
 }
 
 impl Ticket {
@@ -246,6 +254,7 @@ impl Ticket {
             after,
             permits: None,
             span,
+            lists: false,
         }
     }
 }
@@ -333,7 +342,10 @@ impl<St: Store> Limiter<St> {
             .map(|top| Tracker::new(&top, headers.partition.as_ref(), names))
             .transpose()?
             .map(Arc::new);
-        let plain = config.deny_cache.is_none() && fallback.is_none();
+        let lists = (config.lists.as_ref())
+            .map(|l| LayerLists::new(l, &config.key, &store))
+            .transpose()?;
+        let plain = config.deny_cache.is_none() && fallback.is_none() && lists.is_none();
         let lane = Lane::of(&set.policies, St::DECIDES_ALONE, plain);
         let leases = (set.leases.then(Leases::new)).map_or_else(OnceLock::new, OnceLock::from);
         Ok(Limiter {
@@ -356,6 +368,7 @@ impl<St: Store> Limiter<St> {
             in_flight: AtomicBool::new(set.in_flight),
             adaptive: AtomicBool::new(set.adaptive),
             top,
+            lists,
             warned: AtomicU64::new(0),
             unwarned: AtomicU64::new(0),
         })
@@ -383,6 +396,10 @@ impl<St: Store> Limiter<St> {
         policies: &[CompiledPolicy],
         mut held: Permits,
     ) -> Next<St::Future> {
+        let listed = match self.listed(request) {
+            Ok(listed) => listed,
+            Err(answer) => return answer.holding(held),
+        };
         if self.adapts()
             && let Some(next) = self.admitted(request, policies, &mut held)
         {
@@ -411,6 +428,10 @@ impl<St: Store> Limiter<St> {
             }
             checks.push(Check::new(tier.clone(), key, cost, op));
         }
+        let lists = listed.is_some();
+        if let Some(key) = listed {
+            self.push_list_checks(key, &mut checks);
+        }
         if checks.is_empty() {
             return Next::nothing().holding(held);
         }
@@ -425,7 +446,9 @@ impl<St: Store> Limiter<St> {
         if let Some(denied) = self.known_denied(&checks, &span) {
             return denied;
         }
-        let next = self.ask_store(checks, Ticket::planned(fallback, after, span.clone()));
+        let mut ticket = Ticket::planned(fallback, after, span.clone());
+        ticket.lists = lists;
+        let next = self.ask_store(checks, ticket);
         next.holding(held)
     }
 
@@ -535,7 +558,7 @@ impl<St: Store> Limiter<St> {
     /// cache or local fallback), for [`Lane::of`]. The breaker does not count: a store that
     /// decides at once never fails, so it never opens one.
     fn plain(&self) -> bool {
-        self.deny_cache.is_none() && self.fallback.is_none()
+        self.deny_cache.is_none() && self.fallback.is_none() && self.lists.is_none()
     }
 
     /// Whether the ticket keeps the request's keys: for the deny cache, the top limited keys,

@@ -39,6 +39,13 @@ const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+
 /// The problem type of an exceeded quota (draft-ietf-httpapi-ratelimit-headers).
 pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
+/// The problem type of a request refused by a deny list
+/// ([`Lists`](crate::lists::Lists)), answered `403 Forbidden`. Its `detail` says whether the
+/// client's network or its key is on the list: `"the client's network is on the deny list"`
+/// or `"the client's key is on the deny list"`; nothing names the entry.
+pub const DENIED: &str =
+    "https://docs.rs/tower-ratelimit/latest/tower_ratelimit/response/constant.DENIED.html";
+
 /// The problem type of a service that cannot serve at its full capacity for a while
 /// (draft-ietf-httpapi-ratelimit-headers): the limiter's store failed.
 pub const TEMPORARY_REDUCED_CAPACITY: &str =
@@ -143,6 +150,17 @@ impl Responses {
     /// The response when the store failed and the failure policy is closed.
     pub(crate) fn unavailable(&self) -> Response<Bytes> {
         Self::reduced("the rate limiter is unavailable")
+    }
+
+    /// The `403` of a request on a deny list, saying `detail`.
+    pub(crate) fn denied(&self, detail: &str) -> Response<Bytes> {
+        let status = StatusCode::FORBIDDEN;
+        let mut body = problem(DENIED, "Forbidden", status, detail);
+        body.push('}');
+        let mut r = Response::new(Bytes::from(body));
+        *r.status_mut() = status;
+        r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+        r
     }
 
     /// The response to a request over the adaptive concurrency limit of `policy`.

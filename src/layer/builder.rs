@@ -16,6 +16,7 @@ use crate::grpc::ResponseStyle;
 use crate::headers::{HeaderConfig, HeaderStyle, ResetFormat};
 use crate::key::{KeyExtractor, PeerIp, RequestRef};
 use crate::limiter::{Config, Limiter};
+use crate::lists::Lists;
 use crate::policy::Policy;
 use crate::resilience::CircuitBreaker;
 use crate::response::Responses;
@@ -41,6 +42,7 @@ impl RateLimitLayer<MemoryStore> {
                 deny_cache: None,
                 decision_extension: true,
                 top: None,
+                lists: None,
             },
         }
     }
@@ -63,6 +65,16 @@ impl<St: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<St> {
 }
 
 impl<St: Store> RateLimitLayerBuilder<St> {
+    /// Gives the layer allow and deny lists of networks and keys (see [`Lists`]): a request
+    /// on the deny list is answered `403`, one on the allow list is neither limited nor
+    /// counted. Entries can then also be added at runtime, kept in the store
+    /// ([`RateLimitLayer::deny_key`](crate::RateLimitLayer::deny_key)). A layer without
+    /// lists pays nothing for them; one with lists decides every request the general way.
+    pub fn lists(mut self, lists: Lists) -> Self {
+        self.o.lists = Some(lists);
+        self
+    }
+
     /// Adds a policy. A request goes on only when every policy admits it, and then every policy
     /// is charged; when one denies it, none is.
     pub fn policy(mut self, policy: Policy) -> Self {

@@ -136,7 +136,7 @@ impl<St: Store> Limiter<St> {
     }
 
     /// `checks` decided by the store: at once where it can, else its future.
-    fn store_decision(&self, checks: Checks) -> Answer<St::Future> {
+    pub(super) fn store_decision(&self, checks: Checks) -> Answer<St::Future> {
         match self.store.check_now(&checks) {
             Some(decision) => Answer::Now(std::future::ready(Ok(decision))),
             None => Answer::Later(self.store.check(checks)),

@@ -47,6 +47,11 @@ impl<St: Store> Limiter<St> {
                 if let Some(breaker) = &self.breaker {
                     breaker.success(ticket.permit);
                 }
+                if ticket.lists
+                    && let Some(next) = self.unlisted(&mut decision, &mut ticket.keys)
+                {
+                    return next;
+                }
                 if let Some(asking) = ticket.asking.take() {
                     decision = asking.answered(decision, self.clock.now_micros());
                 }

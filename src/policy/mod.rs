@@ -19,4 +19,4 @@ pub use builder::{DEFAULT_MAX_DURATION, Policy};
 pub(crate) use compile::validate_name;
 pub(crate) use compiled::CompiledPolicy;
 pub use reserve::Reserve;
-pub(crate) use tier::{LeaseSpec, Registered, Tier};
+pub(crate) use tier::{LeaseSpec, Part, Registered, Tier};

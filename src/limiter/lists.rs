@@ -1,0 +1,167 @@
+//! Step 0 of a planned request: the allow and deny lists (`lists.rs`), before any policy.
+//!
+//! A network or key given to the layer answers here, without a store call. An entry added at
+//! runtime is kept in the store as a block of the key in one of two tiers registered under
+//! names no policy may take (`!deny`, `!allow`): the request's store call carries a look at
+//! both after its policies' checks (`Op::ChargeIf` at cost 0, which decides without being
+//! charged), so a listed key makes the store charge nothing, in the same atomic step, and
+//! every instance sharing the store sees an entry from its next request. The engine then reads
+//! the two outcomes and takes them out of the decision.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use arc_swap::ArcSwap;
+
+use super::admin::Answer;
+use super::{Limiter, Next};
+use crate::algorithm::{Algorithm, Compiled};
+use crate::decision::Decision;
+use crate::error::{ConfigError, LimitError};
+use crate::key::{Key, RequestRef};
+use crate::lists::{self, Judged, Lists, Why};
+use crate::policy::{Part, Tier};
+use crate::quota::Quota;
+use crate::store::{Check, Checks, Op, Store};
+
+/// The checks a request's store call carries after its policies' for the lists' entries.
+pub(super) const LIST_CHECKS: usize = 2;
+
+/// The lists of a layer built with them: as given (swapped by a reload), and the tiers their
+/// runtime entries are kept in.
+pub(crate) struct LayerLists {
+    lists: ArcSwap<lists::Compiled>,
+    deny: Arc<Tier>,
+    allow: Arc<Tier>,
+}
+
+impl LayerLists {
+    /// `lists` compiled (`key`: the layer's), and the entries' tiers registered in `store`.
+    pub(super) fn new<St: Store>(
+        lists: &Lists,
+        key: &Arc<dyn crate::key::KeyExtractor>,
+        store: &St,
+    ) -> Result<Self, ConfigError> {
+        let compiled = lists.compile(key)?;
+        let quota: Quota = "1/s".parse()?;
+        let algorithm = Compiled::new(Algorithm::Gcra, quota, Default::default())?;
+        let names: [Arc<str>; 2] = ["!deny".into(), "!allow".into()];
+        let tiers = names.clone().map(|n| (n, algorithm.clone()));
+        let at = store.register(&tiers, &|_| false)?;
+        let [deny, allow] = [0, 1].map(|i| {
+            let part = Part::new(Op::ChargeIf);
+            Arc::new(Tier::new(names[i].clone(), at[i], algorithm.clone(), part))
+        });
+        Ok(LayerLists {
+            lists: ArcSwap::from_pointee(compiled),
+            deny,
+            allow,
+        })
+    }
+}
+
+impl<St: Store> Limiter<St> {
+    /// What the lists say of `request`: `Err` with its answer when they decide it (denied,
+    /// or allowed: not limited), else the key whose runtime entries its store call reads.
+    // Inlined into `plan`, which returns the answer at once: nothing large is moved.
+    #[allow(clippy::result_large_err)]
+    #[inline]
+    pub(super) fn listed<F>(&self, request: &RequestRef<'_>) -> Result<Option<Key>, Next<F>> {
+        let Some(lists) = &self.lists else {
+            return Ok(None);
+        };
+        match lists.lists.load().judge(request) {
+            Judged::Denied(why) => Err(self.denied(why)),
+            Judged::Allowed => Err(Self::allowed("layer")),
+            Judged::Neither(key) => Ok(key),
+        }
+    }
+
+    /// Adds the looks at `key`'s runtime entries after a request's policies' checks.
+    pub(super) fn push_list_checks(&self, key: Key, checks: &mut Checks) {
+        if let Some(lists) = &self.lists {
+            checks.push(Check::new(lists.deny.clone(), key.clone(), 0, Op::ChargeIf));
+            checks.push(Check::new(lists.allow.clone(), key, 0, Op::ChargeIf));
+        }
+    }
+
+    /// The store's answer to a request whose call carried its key's entries last: their
+    /// outcomes taken out (and the kept checks' too), and the answer when one is on a list.
+    pub(super) fn unlisted<F>(
+        &self,
+        decision: &mut Decision,
+        keys: &mut Option<Vec<Check>>,
+    ) -> Option<Next<F>> {
+        let entries = decision.take_last(LIST_CHECKS);
+        if let Some(keys) = keys {
+            keys.truncate(decision.outcomes().len());
+        }
+        match &entries[..] {
+            [deny, _] if !deny.is_allowed() => Some(self.denied(Why::Entry)),
+            [_, allow] if !allow.is_allowed() => Some(Self::allowed("store")),
+            _ if decision.outcomes().is_empty() => Some(Next::nothing()),
+            _ => None,
+        }
+    }
+
+    /// The answer to a request on the deny list.
+    fn denied<F>(&self, why: Why) -> Next<F> {
+        metrics::counter!("ratelimit_listed_total", "list" => "deny", "by" => why.label())
+            .increment(1);
+        tracing::debug!(by = why.label(), "request denied by the deny list");
+        Next::Respond(self.responses.denied(why.detail()))
+    }
+
+    /// A request on the allow list, found by `by`: let through, with nothing added.
+    fn allowed<F>(by: &'static str) -> Next<F> {
+        metrics::counter!("ratelimit_listed_total", "list" => "allow", "by" => by).increment(1);
+        Next::nothing()
+    }
+
+    /// Puts `key` on the deny list (`deny`) or the allow list until `until` (`None`: until it
+    /// is removed), kept in the store; or takes it off (`until` in the past, or `remove`).
+    pub(crate) fn list_key(
+        &self,
+        deny: bool,
+        key: &Key,
+        until: Option<SystemTime>,
+        remove: bool,
+    ) -> Result<Answer<St::Future>, LimitError> {
+        let lists = self
+            .lists
+            .as_ref()
+            .filter(|l| l.lists.load().in_store())
+            .ok_or(LimitError::NoLists)?;
+        let tier = if deny { &lists.deny } else { &lists.allow };
+        let now = self.clock.now_micros();
+        let us = match until {
+            None => LISTED_FOR_GOOD_US,
+            Some(t) => t
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+                .saturating_sub(now)
+                .min(LISTED_FOR_GOOD_US),
+        };
+        let op = if remove || us == 0 {
+            Op::Reset
+        } else {
+            Op::Block { us }
+        };
+        let checks: Checks = smallvec::smallvec![Check::new(tier.clone(), key.clone(), 0, op)];
+        Ok(self.store_decision(checks))
+    }
+
+    /// Replaces the lists given to the layer (its runtime entries stay).
+    pub(crate) fn reload_lists(&self, lists: &Lists) -> Result<(), ConfigError> {
+        let Some(present) = &self.lists else {
+            return Err(ConfigError::new(
+                "the layer was built without lists; build it with .lists(Lists::new()) to reload them",
+            ));
+        };
+        present.lists.store(Arc::new(lists.compile(&self.key)?));
+        Ok(())
+    }
+}
+
+/// How long an entry without an end lasts: a hundred years.
+const LISTED_FOR_GOOD_US: u64 = 100 * 365 * 86_400 * 1_000_000;

@@ -1,0 +1,258 @@
+//! Allow and deny lists: clients that are never limited, and clients that are always refused.
+//!
+//! A [`Lists`] names networks (CIDR, IPv4 and IPv6) and keys. A request whose client address
+//! is in a denied network, or whose key is denied, is answered `403 Forbidden` with a
+//! problem+json body of the type [`DENIED`](crate::response::DENIED); a request allowed goes
+//! on, not limited and not counted by any policy. The address is the one the lists'
+//! [`ClientIp`] finds (its trusted proxies decide whether a forwarding header is believed:
+//! with none, the peer's own address); the key is the layer's (or [`Lists::key`]'s).
+//!
+//! Entries can also be added and removed while the service runs
+//! ([`RateLimitLayer::deny_key`](crate::RateLimitLayer::deny_key) and its siblings), with an
+//! optional end: those are kept in the store, beside the states of the key, so that every
+//! instance sharing the store obeys them from its next request, in the decision's one call.
+//!
+//! A denial wins: a request both allowed and denied is denied. A network match is decided
+//! before the store is asked, and needs no store call.
+//!
+//! ```
+//! use tower_ratelimit::{Policy, RateLimitLayer, lists::Lists};
+//!
+//! # fn main() -> Result<(), tower_ratelimit::ConfigError> {
+//! let layer = RateLimitLayer::builder()
+//!     .policy(Policy::gcra("10/s"))
+//!     .lists(
+//!         Lists::new()
+//!             .deny(["203.0.113.0/24", "2001:db8:bad::/48", "scraper-7"])
+//!             .allow(["10.0.0.0/8", "monitoring"]),
+//!     )
+//!     .build()?;
+//! # let _ = layer;
+//! # Ok(()) }
+//! ```
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::error::ConfigError;
+use crate::key::{Cidr, ClientIp, Key, KeyExtractor, RequestRef};
+
+/// Allow and deny lists of networks and keys, for
+/// [`RateLimitLayerBuilder::lists`](crate::RateLimitLayerBuilder::lists) (see the
+/// [module](self)).
+#[derive(Clone, Debug, Default)]
+pub struct Lists {
+    allow: Vec<String>,
+    deny: Vec<String>,
+    client_ip: Option<ClientIp>,
+    key: Option<Arc<dyn KeyExtractor>>,
+    static_only: bool,
+}
+
+impl Lists {
+    /// Empty lists: nothing allowed or denied but what is added at runtime.
+    pub fn new() -> Self {
+        Lists::default()
+    }
+
+    /// Adds entries to the allow list: networks (`10.0.0.0/8`, `2001:db8::/32`), addresses
+    /// (`192.0.2.1`, matched as the client's address) or keys (anything else, matched against
+    /// the request's key). An entry that has a `/` but is no network is an error of
+    /// [`build`](crate::RateLimitLayerBuilder::build).
+    #[must_use]
+    pub fn allow<I>(mut self, entries: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        self.allow.extend(entries.into_iter().map(Into::into));
+        self
+    }
+
+    /// Adds entries to the deny list, written as for [`allow`](Self::allow).
+    #[must_use]
+    pub fn deny<I>(mut self, entries: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        self.deny.extend(entries.into_iter().map(Into::into));
+        self
+    }
+
+    /// How a request's client address is found for the networks (default: the peer's own
+    /// address, no forwarding header believed). Give the [`ClientIp`] of your trusted
+    /// proxies when the service is behind them; a client's own `X-Forwarded-For` is then
+    /// believed only from them.
+    #[must_use]
+    pub fn client_ip(mut self, client_ip: ClientIp) -> Self {
+        self.client_ip = Some(client_ip);
+        self
+    }
+
+    /// The key the key entries, and the entries added at runtime, are matched against
+    /// (default: the layer's key).
+    #[must_use]
+    pub fn key(mut self, key: impl KeyExtractor) -> Self {
+        self.key = Some(Arc::new(key));
+        self
+    }
+
+    /// Whether entries added at runtime are read at each decision (default `true`). Each
+    /// decision then also reads the key's two list entries in its one store call (two more
+    /// reads in the Redis script); with `false` only the entries given here count, and the
+    /// runtime operations fail.
+    #[must_use]
+    pub fn kept_in_store(mut self, kept: bool) -> Self {
+        self.static_only = !kept;
+        self
+    }
+
+    /// Whether every entry is well written (what [`compile`](Self::compile) would report).
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        Entries::of(&self.allow, "allow")?;
+        Entries::of(&self.deny, "deny")?;
+        Ok(())
+    }
+
+    /// The lists checked and compiled, with `key` the layer's.
+    pub(crate) fn compile(&self, key: &Arc<dyn KeyExtractor>) -> Result<Compiled, ConfigError> {
+        let client_ip = match &self.client_ip {
+            Some(c) => c.clone(),
+            None => ClientIp::new(std::iter::empty::<&str>())?,
+        };
+        Ok(Compiled {
+            allow: Entries::of(&self.allow, "allow")?,
+            deny: Entries::of(&self.deny, "deny")?,
+            client_ip,
+            key: self.key.clone().unwrap_or_else(|| key.clone()),
+            in_store: !self.static_only,
+        })
+    }
+}
+
+/// One list's entries, compiled: its networks and its keys.
+#[derive(Debug, Default)]
+struct Entries {
+    networks: Vec<Cidr>,
+    keys: HashSet<Key>,
+}
+
+impl Entries {
+    fn of(entries: &[String], list: &str) -> Result<Self, ConfigError> {
+        let mut out = Entries::default();
+        for entry in entries {
+            let text = entry.trim();
+            if text.is_empty() {
+                return Err(ConfigError::new(format!(
+                    "an empty entry in the {list} list"
+                )));
+            }
+            if text.contains('/') || text.parse::<IpAddr>().is_ok() {
+                let network: Cidr = text
+                    .parse()
+                    .map_err(|e: ConfigError| e.context(&format!("the {list} list")))?;
+                out.networks.push(network);
+            } else {
+                out.keys.insert(Key::from(text));
+            }
+        }
+        Ok(out)
+    }
+
+    fn has_network(&self, ip: Option<IpAddr>) -> bool {
+        !self.networks.is_empty()
+            && ip.is_some_and(|ip| self.networks.iter().any(|n| n.contains(ip)))
+    }
+}
+
+/// What the lists say of a request.
+#[derive(Debug)]
+pub(crate) enum Judged {
+    /// Refused: by a network (no key was made), or by a key entry.
+    Denied(Why),
+    /// Not limited, not counted.
+    Allowed,
+    /// Neither: decided by the policies, with the key whose runtime entries are read (when
+    /// they are kept in the store and the request has one).
+    Neither(Option<Key>),
+}
+
+/// What denied a request, for its `detail`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Why {
+    /// Its client address is in a denied network.
+    Network,
+    /// Its key is on the deny list given to the layer.
+    Key,
+    /// Its key was denied at runtime (an entry in the store).
+    Entry,
+}
+
+impl Why {
+    /// The response's `detail`.
+    pub(crate) fn detail(self) -> &'static str {
+        match self {
+            Why::Network => "the client's network is on the deny list",
+            Why::Key | Why::Entry => "the client's key is on the deny list",
+        }
+    }
+
+    /// The label of `ratelimit_listed_total`'s `by`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Why::Network => "network",
+            Why::Key => "key",
+            Why::Entry => "store",
+        }
+    }
+}
+
+/// The lists as a layer applies them.
+pub(crate) struct Compiled {
+    allow: Entries,
+    deny: Entries,
+    client_ip: ClientIp,
+    key: Arc<dyn KeyExtractor>,
+    in_store: bool,
+}
+
+impl Compiled {
+    /// What the lists say of `request`: networks first (no key made for a denied one), then
+    /// the key's entries given to the layer.
+    pub(crate) fn judge(&self, request: &RequestRef<'_>) -> Judged {
+        let networks = !self.deny.networks.is_empty() || !self.allow.networks.is_empty();
+        let ip = networks
+            .then(|| self.client_ip.resolve(request).ok().map(|r| r.ip()))
+            .flatten();
+        if self.deny.has_network(ip) {
+            return Judged::Denied(Why::Network);
+        }
+        let keyed = self.in_store || !self.deny.keys.is_empty() || !self.allow.keys.is_empty();
+        let key = keyed.then(|| self.key.extract(request).ok()).flatten();
+        if key.as_ref().is_some_and(|k| self.deny.keys.contains(k)) {
+            return Judged::Denied(Why::Key);
+        }
+        if self.allow.has_network(ip) || key.as_ref().is_some_and(|k| self.allow.keys.contains(k)) {
+            return Judged::Allowed;
+        }
+        Judged::Neither(key.filter(|_| self.in_store))
+    }
+
+    /// Whether entries added at runtime are kept in the store and read.
+    pub(crate) fn in_store(&self) -> bool {
+        self.in_store
+    }
+}
+
+impl fmt::Debug for Compiled {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lists")
+            .field("allow", &self.allow)
+            .field("deny", &self.deny)
+            .field("in_store", &self.in_store)
+            .finish_non_exhaustive()
+    }
+}

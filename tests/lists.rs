@@ -1,0 +1,316 @@
+//! Allow and deny lists (`tower_ratelimit::lists`): networks and keys given to the layer,
+//! matched against the address the trusted-proxy rules find (a spoofed forwarding header
+//! matches nothing); entries added at runtime kept in the store, obeyed by another instance
+//! sharing it from its next request and ending at their time (an injected clock), on both
+//! stores and the cluster; a network match costs no store call; reloaded lists.
+
+mod support;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::{Request, StatusCode};
+use support::http::{PROBLEM_JSON, Reply, Seen, inner, send};
+use support::{RedisCluster, RedisServer};
+use tower::Layer;
+use tower::util::BoxCloneSyncService;
+use tower_ratelimit::key::{ClientIp, HeaderKey, Key};
+use tower_ratelimit::lists::Lists;
+use tower_ratelimit::response::DENIED;
+use tower_ratelimit::{
+    Clock, LimitError, ManualClock, MemoryStore, Policy, RateLimitLayer, RedisStore, Store,
+};
+
+type App = BoxCloneSyncService<
+    Request<()>,
+    http::Response<tower_ratelimit::ResponseBody<http_body_util::Full<bytes::Bytes>>>,
+    std::convert::Infallible,
+>;
+
+/// The lists of these tests: networks and keys on both, behind the proxy 10.0.0.1.
+fn lists() -> Lists {
+    Lists::new()
+        .deny(["203.0.113.0/24", "2001:db8:bad::/48", "scraper"])
+        .allow(["198.51.100.0/24", "monitor"])
+        .client_ip(ClientIp::new(["10.0.0.1"]).unwrap())
+}
+
+/// 3 requests an hour per `x-key`, with `lists`, on `store` (the layer's clock `clock`, which
+/// an entry's end is read on).
+fn layer<St: Store>(store: St, lists: Lists, clock: &ManualClock) -> RateLimitLayer<St> {
+    RateLimitLayer::builder()
+        .clock(clock.clone())
+        .policy(Policy::gcra("3/h").name("per-key"))
+        .key(HeaderKey::try_new("x-key").unwrap())
+        .lists(lists)
+        .store(store)
+        .build()
+        .unwrap()
+}
+
+fn app<St: Store>(layer: &RateLimitLayer<St>) -> App {
+    BoxCloneSyncService::new(layer.layer(inner(&Seen::default())))
+}
+
+/// A request of `key` from `peer`, with an `X-Forwarded-For` when `xff` is not empty.
+async fn ask(app: &App, key: &str, peer: &str, xff: &str) -> Reply {
+    let mut request = Request::builder().header("x-key", key);
+    if !xff.is_empty() {
+        request = request.header("x-forwarded-for", xff);
+    }
+    let mut request = request.body(()).unwrap();
+    let peer = std::net::SocketAddr::new(peer.parse().unwrap(), 40000);
+    request.extensions_mut().insert(peer);
+    send(app, request).await
+}
+
+/// Asserts a `403` of the lists' problem type, saying `detail`.
+fn assert_denied(reply: &Reply, detail: &str) {
+    assert_eq!(reply.status, StatusCode::FORBIDDEN, "{}", reply.body);
+    assert_eq!(reply.header("content-type"), Some(PROBLEM_JSON));
+    let body: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!(body["type"], DENIED);
+    assert_eq!(body["status"], 403);
+    assert_eq!(body["detail"], detail);
+    assert!(reply.header("retry-after").is_none());
+}
+
+const NETWORK: &str = "the client's network is on the deny list";
+const KEY: &str = "the client's key is on the deny list";
+
+/// What the lists given to the layer decide, on `store`.
+async fn given_lists<St: Store>(store: St) {
+    let layer = layer(store, lists(), &ManualClock::new());
+    let app = app(&layer);
+    // A denied network, from the client itself or through the trusted proxy; IPv6 too.
+    assert_denied(&ask(&app, "a", "203.0.113.9", "").await, NETWORK);
+    assert_denied(&ask(&app, "a", "10.0.0.1", "203.0.113.5").await, NETWORK);
+    assert_denied(&ask(&app, "a", "2001:db8:bad::7", "").await, NETWORK);
+    // A denied key, from anywhere.
+    assert_denied(&ask(&app, "scraper", "192.0.2.1", "").await, KEY);
+    // An allowed network through the proxy: never limited, no headers.
+    for _ in 0..10 {
+        let reply = ask(&app, "b", "10.0.0.1", "198.51.100.7").await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert!(reply.remaining().is_none());
+    }
+    // ... and not counted: key b has its 3 requests.
+    let peek = layer.peek(&Key::from("b")).await.unwrap();
+    assert_eq!(peek.outcomes()[0].remaining(), 3);
+    // The same address in a header a client wrote itself is not believed.
+    for expected in [StatusCode::OK, StatusCode::OK, StatusCode::OK] {
+        assert_eq!(
+            ask(&app, "c", "192.0.2.1", "198.51.100.7").await.status,
+            expected
+        );
+    }
+    assert_eq!(
+        ask(&app, "c", "192.0.2.1", "198.51.100.7").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Nor is a spoofed denied address: the client's own address is matched.
+    assert_eq!(
+        ask(&app, "d", "192.0.2.1", "203.0.113.5").await.status,
+        StatusCode::OK
+    );
+    // An allowed key; a key on both lists is denied.
+    for _ in 0..5 {
+        assert_eq!(
+            ask(&app, "monitor", "192.0.2.1", "").await.status,
+            StatusCode::OK
+        );
+    }
+    assert_denied(&ask(&app, "monitor", "203.0.113.9", "").await, NETWORK);
+    // Reloaded: the new lists count, the old ones no more.
+    layer
+        .reload_lists(
+            &Lists::new()
+                .deny(["d"])
+                .client_ip(ClientIp::new(["10.0.0.1"]).unwrap()),
+        )
+        .unwrap();
+    assert_denied(&ask(&app, "d", "192.0.2.1", "").await, KEY);
+    assert_eq!(
+        ask(&app, "e", "203.0.113.9", "").await.status,
+        StatusCode::OK
+    );
+    let bad = layer.reload_lists(&Lists::new().deny(["10.0.0.0/33"]));
+    assert!(bad.unwrap_err().to_string().contains("deny list"));
+    assert_denied(&ask(&app, "d", "192.0.2.1", "").await, KEY);
+}
+
+#[tokio::test]
+async fn given_lists_in_memory() {
+    given_lists(MemoryStore::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_lists_on_redis_a_network_costs_no_store_call() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(&server.url())
+        .prefix("given:")
+        .build()
+        .await
+        .unwrap();
+    given_lists(store.clone()).await;
+    let layer = layer(store, lists(), &ManualClock::new());
+    let app = app(&layer);
+    let calls = server.calls("fcall") + server.calls("evalsha");
+    for _ in 0..5 {
+        assert_denied(&ask(&app, "f", "203.0.113.9", "").await, NETWORK);
+        ask(&app, "g", "10.0.0.1", "198.51.100.7").await;
+    }
+    assert_eq!(server.calls("fcall") + server.calls("evalsha"), calls);
+    support::assert_no_key_without_ttl(&server, "given:");
+}
+
+/// The time `after` from `clock`'s present, as a `SystemTime`.
+fn at(clock: &ManualClock, after: Duration) -> SystemTime {
+    UNIX_EPOCH + Duration::from_micros(clock.now_micros()) + after
+}
+
+/// Entries added at runtime on `one`, obeyed by `two` (another layer on the same store) from
+/// its next request, and ending at their time on `clock`.
+async fn runtime_entries<St: Store>(one: St, two: St, clock: ManualClock) {
+    let plain = || Lists::new();
+    let (one, two) = (layer(one, plain(), &clock), layer(two, plain(), &clock));
+    let app = app(&two);
+    let k = |name: &str| Key::from(name);
+    // Denied for 10 s: refused at once by the other instance, again after 9.9 s, not at 10 s.
+    one.deny_key(&k("x"), Some(at(&clock, Duration::from_secs(10))))
+        .await
+        .unwrap();
+    assert_denied(&ask(&app, "x", "192.0.2.1", "").await, KEY);
+    assert_eq!(ask(&app, "y", "192.0.2.1", "").await.status, StatusCode::OK);
+    clock.advance(Duration::from_millis(9_900));
+    assert_denied(&ask(&app, "x", "192.0.2.1", "").await, KEY);
+    clock.advance(Duration::from_millis(100));
+    let reply = ask(&app, "x", "192.0.2.1", "").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    // The denied requests were not counted.
+    assert_eq!(reply.remaining(), Some(2));
+    // Denied for good, then taken off.
+    one.deny_key(&k("x"), None).await.unwrap();
+    clock.advance(Duration::from_secs(30 * 86_400));
+    assert_denied(&ask(&app, "x", "192.0.2.1", "").await, KEY);
+    one.remove_denied(&k("x")).await.unwrap();
+    assert_eq!(ask(&app, "x", "192.0.2.1", "").await.status, StatusCode::OK);
+    // Allowed for a minute: never limited, not counted, then limited again from 3.
+    one.allow_key(&k("z"), Some(at(&clock, Duration::from_secs(60))))
+        .await
+        .unwrap();
+    for _ in 0..10 {
+        let reply = ask(&app, "z", "192.0.2.1", "").await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert!(
+            reply.remaining().is_none(),
+            "an allowed request has no headers"
+        );
+    }
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(ask(&app, "z", "192.0.2.1", "").await.remaining(), Some(2));
+    // On both lists: denied.
+    one.allow_key(&k("w"), None).await.unwrap();
+    one.deny_key(&k("w"), None).await.unwrap();
+    assert_denied(&ask(&app, "w", "192.0.2.1", "").await, KEY);
+    one.remove_denied(&k("w")).await.unwrap();
+    assert!(ask(&app, "w", "192.0.2.1", "").await.remaining().is_none());
+    one.remove_allowed(&k("w")).await.unwrap();
+    assert_eq!(ask(&app, "w", "192.0.2.1", "").await.remaining(), Some(2));
+    // An end in the past takes the entry off.
+    one.deny_key(&k("v"), None).await.unwrap();
+    one.deny_key(&k("v"), Some(UNIX_EPOCH)).await.unwrap();
+    assert_eq!(ask(&app, "v", "192.0.2.1", "").await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn runtime_entries_in_memory() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    runtime_entries(store.clone(), store, clock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_entries_on_two_instances_of_one_redis() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let store = || {
+        RedisStore::builder(&server.url())
+            .prefix("lists:")
+            .deadline(Duration::from_secs(10))
+            .clock(clock.clone())
+            .build()
+    };
+    runtime_entries(
+        store().await.unwrap(),
+        store().await.unwrap(),
+        clock.clone(),
+    )
+    .await;
+    support::assert_no_key_without_ttl(&server, "lists:");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_entries_on_the_cluster() {
+    let cluster = RedisCluster::start();
+    let clock = ManualClock::new();
+    let one = cluster.store("lists:", &clock).await;
+    let two = cluster.store("lists:", &clock).await;
+    runtime_entries(one, two, clock).await;
+}
+
+#[tokio::test]
+async fn mistakes_are_errors() {
+    let build = |lists: Lists| {
+        RateLimitLayer::builder()
+            .policy(Policy::gcra("1/s"))
+            .lists(lists)
+            .build()
+            .map(drop)
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(build(Lists::new().deny(["10.0.0.0/33"])).contains("deny list"));
+    assert!(build(Lists::new().allow(["2001:db8::/abc"])).contains("allow list"));
+    assert!(build(Lists::new().allow([" "])).contains("empty entry"));
+    // Runtime entries need lists kept in the store.
+    let without = RateLimitLayer::builder()
+        .policy(Policy::gcra("1/s"))
+        .build()
+        .unwrap();
+    let error = without.deny_key(&Key::from("k"), None).await.unwrap_err();
+    assert!(matches!(error, LimitError::NoLists), "{error}");
+    let static_only = layer(
+        MemoryStore::new(),
+        Lists::new().kept_in_store(false),
+        &ManualClock::new(),
+    );
+    let error = static_only
+        .allow_key(&Key::from("k"), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, LimitError::NoLists), "{error}");
+    assert!(without.reload_lists(&Lists::new()).is_err());
+}
+
+#[cfg(feature = "toml")]
+#[test]
+fn lists_from_the_configuration_file() {
+    let limits = tower_ratelimit::config::Limits::from_toml(
+        r#"
+        trusted_proxies = ["10.0.0.1"]
+        deny = ["203.0.113.0/24", "scraper"]
+        allow = ["monitor"]
+        [[policy]]
+        quota = "3/h"
+        "#,
+    )
+    .unwrap();
+    assert!(limits.has_lists());
+    let lists = limits.lists().unwrap();
+    assert!(format!("{lists:?}").contains("scraper"));
+    let bad = tower_ratelimit::config::Limits::from_toml(
+        "deny = [\"10.0.0.0/40\"]\n[[policy]]\nquota = \"1/s\"\n",
+    )
+    .unwrap();
+    assert!(bad.lists().unwrap_err().to_string().contains("deny list"));
+}

@@ -310,6 +310,7 @@ impl<'de> Deserialize<'de> for CidrText {
 /// | `wait` | duration | wait for its turn instead of a 429 ([`wait_up_to`](Policy::wait_up_to)) |
 /// | `concurrency`, `max_duration` | integer, duration | a concurrency limit ([`concurrency`](Policy::concurrency), [`max_duration`](Policy::max_duration)) |
 /// | `adaptive`, `adaptive_min`, `adaptive_max` | string, integers | an adaptive concurrency limit: `gradient2` or `aimd`, and its bounds ([`adaptive_concurrency`](Policy::adaptive_concurrency)) |
+/// | `near_limit` | integer | warn of a key that used this percent of its limit, e.g. `80` ([`near_limit`](Policy::near_limit)) |
 /// | `reserve_header`, `reserve_shares`, `reserve_others` | string, table, integer | capacity kept for priority: the header naming a request's priority, the percent of the capacity each priority may use (e.g. `{ critical = 100 }`), and the others' percent ([`reserve`](Policy::reserve)) |
 ///
 /// Durations are strings such as `"500ms"`, `"30s"`, `"2min"`, `"1h"` (the units of a quota's
@@ -380,6 +381,7 @@ struct RawPolicy {
     reserve_header: Option<Text<HeaderNameText>>,
     reserve_shares: BTreeMap<String, u8>,
     reserve_others: Option<u8>,
+    near_limit: Option<u8>,
 }
 
 impl TryFrom<RawPolicy> for PolicyConfig {
@@ -411,6 +413,9 @@ impl TryFrom<RawPolicy> for PolicyConfig {
         policy = r.tiered(policy);
         policy = r.taking(policy);
         policy = r.reserving(policy)?;
+        if let Some(percent) = r.near_limit {
+            policy = policy.near_limit(percent);
+        }
         // Everything a build would say about the policy, said now, where the policy is read.
         policy.prepare(None)?;
         Ok(PolicyConfig {

@@ -57,6 +57,7 @@ mod set;
 mod give_back;
 mod failure;
 mod lists;
+mod near;
 
 use lists::LayerLists;
 use set::{Lane, Policies, PolicySet};
@@ -84,6 +85,8 @@ pub(crate) struct Config {
     pub(crate) top: Option<TopLimited>,
     /// The allow and deny lists, if the layer has them.
     pub(crate) lists: Option<crate::lists::Lists>,
+    /// The hook warnings of keys near their limit are handed to, if any.
+    pub(crate) on_near_limit: Option<crate::near::NearHook>,
 }
 
 impl fmt::Debug for Config {
@@ -132,6 +135,9 @@ pub(crate) struct Limiter<St> {
     in_flight: AtomicBool,
     /// Whether a policy is an adaptive concurrency limit (as `waits`).
     adaptive: AtomicBool,
+    /// Whether a policy warns of keys near their limit (as `waits`), and those warned of.
+    warns_near: AtomicBool,
+    near: crate::near::Warned,
     /// The keys each policy denied most, when the layer keeps them.
     top: Option<Arc<Tracker>>,
     /// The allow and deny lists, when the layer has them.
@@ -304,6 +310,10 @@ impl<St> Limiter<St> {
         self.in_flight.load(Ordering::Relaxed)
     }
 
+    fn warns_near(&self) -> bool {
+        self.warns_near.load(Ordering::Relaxed)
+    }
+
     fn adapts(&self) -> bool {
         self.adaptive.load(Ordering::Relaxed)
     }
@@ -367,6 +377,8 @@ impl<St: Store> Limiter<St> {
             waits: AtomicBool::new(set.waits),
             in_flight: AtomicBool::new(set.in_flight),
             adaptive: AtomicBool::new(set.adaptive),
+            warns_near: AtomicBool::new(set.near),
+            near: crate::near::Warned::new(config.on_near_limit),
             top,
             lists,
             warned: AtomicU64::new(0),
@@ -569,5 +581,6 @@ impl<St: Store> Limiter<St> {
             || self.headers.partition.is_some()
             || self.waits()
             || self.limits_in_flight()
+            || self.warns_near()
     }
 }

@@ -183,6 +183,18 @@ pub const METRICS: &[Metric] = &[
         "Requests an adaptive concurrency limit shed (503), at once or when their wait in its \
          queue ran out",
     ),
+    metric(
+        "ratelimit_listed_total",
+        MetricKind::Counter,
+        &["list", "by"],
+        "Requests the allow or deny lists decided (list allow or deny; by network, key or store:          an entry added at runtime)",
+    ),
+    metric(
+        "ratelimit_near_limit_total",
+        MetricKind::Counter,
+        &["policy"],
+        "Keys warned of near their limit (Policy::near_limit), once per key and window",
+    ),
 ];
 
 /// Describes every metric of [`METRICS`] to the installed `metrics` recorder: help text, and

@@ -190,6 +190,8 @@ pub struct TopReport {
     policy: String,
     limited: u64,
     keys: Vec<LimitedKey>,
+    near_limit: u64,
+    near_keys: Vec<LimitedKey>,
 }
 
 impl TopReport {
@@ -206,6 +208,18 @@ impl TopReport {
     /// The heaviest keys, the heaviest first.
     pub fn keys(&self) -> &[LimitedKey] {
         &self.keys
+    }
+
+    /// How many warnings of keys near their limit the policy gave in the period
+    /// ([`Policy::near_limit`](crate::Policy::near_limit): at most one per key and window).
+    pub fn near_limit(&self) -> u64 {
+        self.near_limit
+    }
+
+    /// The keys the policy warned of most, near their limit, the most first (a key's
+    /// [`count`](LimitedKey::count) is its warnings: its windows that reached the share).
+    pub fn near_keys(&self) -> &[LimitedKey] {
+        &self.near_keys
     }
 
     pub(crate) fn into_keys(self) -> Vec<LimitedKey> {
@@ -371,6 +385,9 @@ impl Summary {
 struct Steps {
     policy: Box<str>,
     steps: Box<[Summary]>,
+    /// The same, of the keys warned of near their limit
+    /// ([`Policy::near_limit`](crate::Policy::near_limit)), made at the first.
+    near: Option<Box<[Summary]>>,
 }
 
 /// The heavy-hitters summaries of a layer: per policy, per shard, per step.
@@ -429,11 +446,17 @@ impl Tracker {
                     Some(at) => old.swap_remove(at),
                     None => Steps {
                         policy: name.into(),
-                        steps: (0..STEPS).map(|_| Summary::new(self.capacity)).collect(),
+                        steps: self.summaries(),
+                        near: None,
                     },
                 })
                 .collect();
         }
+    }
+
+    /// A summary per step.
+    fn summaries(&self) -> Box<[Summary]> {
+        (0..STEPS).map(|_| Summary::new(self.capacity)).collect()
     }
 
     /// The present policies' names, in order (every shard holds them all).
@@ -447,32 +470,66 @@ impl Tracker {
     /// Counts a request of `key` that `policy` denied at `now` (microseconds); nothing when
     /// the policy is no longer present (a request planned before a reload).
     pub(crate) fn record(&self, policy: &str, key: &Key, now: u64) {
+        self.count(policy, key, now, false);
+    }
+
+    /// Counts a warning of `key` near its limit in `policy` at `now`.
+    pub(crate) fn record_near(&self, policy: &str, key: &Key, now: u64) {
+        self.count(policy, key, now, true);
+    }
+
+    /// Counts `key` in `policy`'s summaries of denials, or of warnings (`near`).
+    fn count(&self, policy: &str, key: &Key, now: u64, near: bool) {
         let hash = self.hasher.hash_one(key);
         // The low bits pick the shard; the table uses the high ones.
         let mut shard = lock(&self.shards[hash as usize % SHARDS]);
         let Some(steps) = shard.iter_mut().find(|s| *s.policy == *policy) else {
             return;
         };
+        let steps = match near {
+            false => &mut steps.steps,
+            true => steps.near.get_or_insert_with(|| self.summaries()),
+        };
         let step = now / self.step;
-        let summary = &mut steps.steps[(step % STEPS) as usize];
+        let summary = &mut steps[(step % STEPS) as usize];
         if summary.step < step || summary.total == 0 {
             summary.clear(step);
         }
         summary.add(key, hash, 1);
     }
 
-    /// The `n` keys `policy` denied most in the period up to `now`.
+    /// The `n` keys `policy` denied most in the period up to `now`, and the `n` it warned of
+    /// most.
     pub(crate) fn top(&self, policy: &str, n: usize, now: u64) -> TopReport {
+        let (limited, keys) = self.heaviest(policy, n, now, |s| Some(&s.steps));
+        let (near_limit, near_keys) = self.heaviest(policy, n, now, |s| s.near.as_ref());
+        TopReport {
+            policy: policy.to_owned(),
+            limited,
+            keys,
+            near_limit,
+            near_keys,
+        }
+    }
+
+    /// The `n` heaviest keys of `policy`'s summaries that `pick` picks, and their total.
+    fn heaviest(
+        &self,
+        policy: &str,
+        n: usize,
+        now: u64,
+        pick: impl Fn(&Steps) -> Option<&Box<[Summary]>>,
+    ) -> (u64, Vec<LimitedKey>) {
         let step = now / self.step;
         let live = |s: &&Summary| s.total > 0 && s.step <= step && step - s.step < STEPS;
         let mut limited = 0;
         let mut found: Vec<(String, Key, u64, u64)> = Vec::new();
         for shard in &self.shards {
             let shard = lock(shard);
-            let Some(steps) = shard.iter().find(|s| *s.policy == *policy) else {
+            let Some(steps) = shard.iter().find(|s| *s.policy == *policy).and_then(&pick) else {
                 continue;
             };
-            let live: Vec<&Summary> = steps.steps.iter().filter(live).collect();
+            let live: Vec<&Summary> = steps.iter().filter(live).collect();
             for (at, summary) in live.iter().enumerate() {
                 limited += summary.total;
                 for e in &summary.heap {
@@ -505,11 +562,7 @@ impl Tracker {
                 },
             })
             .collect();
-        TopReport {
-            policy: policy.to_owned(),
-            limited,
-            keys,
-        }
+        (limited, keys)
     }
 
     /// [`Tracker::top`] of every present policy.

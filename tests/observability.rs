@@ -229,8 +229,8 @@ async fn the_admin_route_answers_json_and_clear_errors() {
                     {"key": "erin", "count": 2, "error": 0},
                     {"key": "frank", "count": 1, "error": 0},
                     {"key": "quote\"d", "count": 1, "error": 0},
-                ]},
-                {"policy": "other", "limited": 0, "keys": []},
+                ], "near_limit": 0, "near_keys": []},
+                {"policy": "other", "limited": 0, "keys": [], "near_limit": 0, "near_keys": []},
             ]
         })
     );

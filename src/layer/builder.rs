@@ -17,6 +17,7 @@ use crate::headers::{HeaderConfig, HeaderStyle, ResetFormat};
 use crate::key::{KeyExtractor, PeerIp, RequestRef};
 use crate::limiter::{Config, Limiter};
 use crate::lists::Lists;
+use crate::near::NearLimit;
 use crate::policy::Policy;
 use crate::resilience::CircuitBreaker;
 use crate::response::Responses;
@@ -43,6 +44,7 @@ impl RateLimitLayer<MemoryStore> {
                 decision_extension: true,
                 top: None,
                 lists: None,
+                on_near_limit: None,
             },
         }
     }
@@ -65,6 +67,34 @@ impl<St: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<St> {
 }
 
 impl<St: Store> RateLimitLayerBuilder<St> {
+    /// Hands each warning of a key near its limit
+    /// ([`Policy::near_limit`](crate::Policy::near_limit)) to `hook`, whose
+    /// future runs on a task of its own, never on the request's path: a webhook, an e-mail.
+    /// Once per key and window on each instance.
+    ///
+    /// ```
+    /// use tower_ratelimit::{NearLimit, Policy, RateLimitLayer};
+    ///
+    /// # fn main() -> Result<(), tower_ratelimit::ConfigError> {
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::fixed_window("1000/day").name("daily").near_limit(80))
+    ///     .on_near_limit(|warning: NearLimit| async move {
+    ///         // e.g. POST it to the customer's webhook.
+    ///         println!("{:?} has {} of {} left", warning.key, warning.remaining, warning.limit);
+    ///     })
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    pub fn on_near_limit<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(NearLimit) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.o.on_near_limit = Some(Arc::new(move |w| Box::pin(hook(w))));
+        self
+    }
+
     /// Gives the layer allow and deny lists of networks and keys (see [`Lists`]): a request
     /// on the deny list is answered `403`, one on the allow list is neither limited nor
     /// counted. Entries can then also be added at runtime, kept in the store

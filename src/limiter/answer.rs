@@ -98,6 +98,9 @@ impl<St: Store> Limiter<St> {
             tracing::debug!(policy = decision.binding().policy(), "rate limit exceeded");
             return self.limited(decision, &headers);
         }
+        if self.warns_near() {
+            self.warn_near(&decision, keys);
+        }
         if decision.shadow_violated().next().is_some() {
             tracing::debug!(
                 policies = ?decision.shadow_violated().map(|o| o.policy()).collect::<Vec<_>>(),

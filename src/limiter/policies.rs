@@ -23,6 +23,7 @@ pub(super) struct CompiledSet {
     pub(super) waits: bool,
     pub(super) in_flight: bool,
     pub(super) adaptive: bool,
+    pub(super) near: bool,
 }
 
 impl<St: Store> Limiter<St> {
@@ -79,6 +80,7 @@ impl<St: Store> Limiter<St> {
             waits: policies.iter().any(Policy::waits),
             in_flight: policies.iter().any(Policy::limits_in_flight),
             adaptive: policies.iter().any(Policy::adapts),
+            near: policies.iter().any(Policy::warns_near),
         })
     }
 
@@ -117,6 +119,7 @@ impl<St: Store> Limiter<St> {
         self.waits.fetch_or(set.waits, Ordering::Relaxed);
         self.in_flight.fetch_or(set.in_flight, Ordering::Relaxed);
         self.adaptive.fetch_or(set.adaptive, Ordering::Relaxed);
+        self.warns_near.fetch_or(set.near, Ordering::Relaxed);
         if let Some(top) = &self.top {
             top.set_policies(set.policies.iter().map(|p| p.name()));
         }

@@ -75,6 +75,8 @@ pub struct Policy {
     pub(super) reserve: Option<super::Reserve>,
     /// The adaptive limit of requests in flight ([`Policy::adaptive_concurrency`]).
     pub(super) adaptive: Option<Adaptive>,
+    /// The percentage of the limit past which a key is warned of ([`Policy::near_limit`]).
+    pub(super) near_limit: Option<u8>,
 }
 
 /// How long a concurrency slot is held at most by default ([`Policy::max_duration`]).
@@ -133,6 +135,7 @@ impl Policy {
             calendar: None,
             reserve: None,
             adaptive: None,
+            near_limit: None,
         }
     }
 

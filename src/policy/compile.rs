@@ -181,6 +181,7 @@ impl Policy {
         self.check_settle().map_err(context)?;
         self.check_reserve().map_err(context)?;
         self.check_adaptive().map_err(context)?;
+        self.check_near().map_err(context)?;
         if !self.tiers.is_empty() && self.name.is_none() {
             return Err(context(ConfigError::new(
                 "a policy with tiers needs a name",
@@ -431,6 +432,7 @@ impl Prepared<'_> {
                     Striped::new(|| {
                         Tier::new(t.name.clone(), at, t.algorithm.clone(), t.part.clone())
                             .with_unit(p.unit)
+                            .warning_near(p.near_limit.unwrap_or(0))
                             .reserving(p.reserve.as_ref())
                     })
                 })
@@ -453,6 +455,7 @@ impl Prepared<'_> {
             && p.settle.is_none()
             && p.reserve.is_none()
             && p.adaptive.is_none()
+            && p.near_limit.is_none()
             && tiers
                 .iter()
                 .all(|t| t.get().part().op() == Op::Enforce && t.get().lease().is_none());

@@ -7,6 +7,7 @@ mod adaptive;
 mod builder;
 mod compile;
 mod compiled;
+mod near;
 mod priority;
 mod reserve;
 mod route;

@@ -66,6 +66,8 @@ pub(crate) struct Tier {
     kept: u64,
     /// The tier each priority is judged under, when the policy keeps capacity for priority.
     levels: Option<Box<Levels>>,
+    /// The percentage of the limit past which a key is warned of (0: never).
+    near: u8,
 }
 
 /// How a policy tier takes part in a decision: the operation its checks make, and what that
@@ -205,6 +207,7 @@ impl Tier {
             own: None,
             kept: 0,
             levels: None,
+            near: 0,
         }
     }
 
@@ -243,6 +246,7 @@ impl Tier {
         };
         let mut tier = Tier::new(self.name.clone(), at, algorithm, part);
         tier.unit = self.unit;
+        tier.near = self.near;
         tier
     }
 
@@ -307,6 +311,18 @@ impl Tier {
             Op::Wait { max_wait_us } => max_wait_us,
             _ => 0,
         }
+    }
+
+    /// The same tier warning when a key has used `percent` of its limit (0: never).
+    pub(crate) fn warning_near(mut self, percent: u8) -> Self {
+        self.near = percent;
+        self
+    }
+
+    /// Whether an outcome of this tier that leaves `remaining` of its `limit` is near it.
+    pub(crate) fn is_near(&self, remaining: u64, limit: u64) -> bool {
+        self.near > 0
+            && u128::from(remaining) * 100 <= u128::from(limit) * u128::from(100 - self.near)
     }
 
     /// The same tier counting `unit`s.

@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 
 use http::{Method, Request, Response, StatusCode, header};
 
-use super::{SHARDS, TopReport, Tracker};
+use super::{LimitedKey, SHARDS, TopReport, Tracker};
 use crate::clock::Clock;
 use crate::response::push_json_str;
 
@@ -126,19 +126,28 @@ fn json(tracker: &Tracker, reports: &[TopReport]) -> String {
         }
         out.push_str(r#"{"policy":"#);
         push_json_str(&mut out, report.policy());
-        let _ = write!(out, r#","limited":{},"keys":["#, report.limited());
-        for (j, key) in report.keys().iter().enumerate() {
-            if j > 0 {
-                out.push(',');
-            }
-            out.push_str(r#"{"key":"#);
-            push_json_str(&mut out, key.text());
-            let _ = write!(out, r#","count":{},"error":{}}}"#, key.count(), key.error());
-        }
-        out.push_str("]}");
+        let _ = write!(out, r#","limited":{},"keys":"#, report.limited());
+        push_keys(&mut out, report.keys());
+        let _ = write!(out, r#","near_limit":{},"near_keys":"#, report.near_limit());
+        push_keys(&mut out, report.near_keys());
+        out.push('}');
     }
     out.push_str("]}\n");
     out
+}
+
+/// `keys` as a JSON array of key, count and error.
+fn push_keys(out: &mut String, keys: &[LimitedKey]) {
+    out.push('[');
+    for (j, key) in keys.iter().enumerate() {
+        if j > 0 {
+            out.push(',');
+        }
+        out.push_str(r#"{"key":"#);
+        push_json_str(out, key.text());
+        let _ = write!(out, r#","count":{},"error":{}}}"#, key.count(), key.error());
+    }
+    out.push(']');
 }
 
 fn error(status: StatusCode, message: &str) -> (StatusCode, String) {

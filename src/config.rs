@@ -98,7 +98,8 @@ impl Limits {
     }
 
     /// The allow and deny lists (`allow`, `deny`; empty when the file has neither), their
-    /// networks matched against the client address its `trusted_proxies` find, for
+    /// networks matched against the client address its `trusted_proxies` find and their keys
+    /// against the file's `key`, for
     /// [`RateLimitLayerBuilder::lists`](crate::RateLimitLayerBuilder::lists) and
     /// [`RateLimitLayer::reload_lists`](crate::RateLimitLayer::reload_lists).
     pub fn lists(&self) -> Result<Lists, ConfigError> {
@@ -107,7 +108,9 @@ impl Limits {
             client_ip = client_ip.trusted_network(proxy.0);
         }
         let client_ip = client_ip.build()?;
+        let key = self.key.clone().unwrap_or(KeySpec::Ip);
         let lists = Lists::new()
+            .keyed(key.extractor(&self.trusted_proxies.iter().map(|c| c.0).collect::<Vec<_>>())?)
             .allow(self.allow.iter().cloned())
             .deny(self.deny.iter().cloned())
             .client_ip(client_ip);

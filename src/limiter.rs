@@ -38,6 +38,7 @@ use crate::grpc::ResponseStyle;
 use crate::headers::{HeaderConfig, RateLimitHeaders};
 use crate::key::{KeyExtractor, RequestRef};
 use crate::lease::{self, Asking, LeaseWait, Leases};
+use crate::lists::LayerLists;
 use crate::policy::{CompiledPolicy, CostFn, Policy, RequestFn, StatusFn};
 use crate::reload::TierSummary;
 use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Permit};
@@ -59,10 +60,19 @@ mod failure;
 mod lists;
 mod near;
 
-use lists::LayerLists;
 use set::{Lane, Policies, PolicySet};
 
 use crate::adaptive::{Permits, Queued};
+
+/// Chosen before anything is registered in the store: whether every request of `policies` is
+/// decided on packed states under the shared lock (one GCRA, or two to four packed policies
+/// of the layer's key).
+fn shared_lock(policies: &[Policy]) -> bool {
+    match policies {
+        [p] => p.is_gcra_up_front(),
+        ps => ps.len() <= TOGETHER && ps.iter().all(Policy::packs_up_front),
+    }
+}
 
 /// What a layer is configured with, besides its store: the builder fills it in, and
 /// [`Limiter::new`] checks and compiles it.
@@ -83,10 +93,6 @@ pub(crate) struct Config {
     pub(crate) decision_extension: bool,
     /// The summary of the keys each policy denied, if kept.
     pub(crate) top: Option<TopLimited>,
-    /// The allow and deny lists, if the layer has them.
-    pub(crate) lists: Option<crate::lists::Lists>,
-    /// The hook warnings of keys near their limit are handed to, if any.
-    pub(crate) on_near_limit: Option<crate::near::NearHook>,
 }
 
 impl fmt::Debug for Config {
@@ -320,8 +326,14 @@ impl<St> Limiter<St> {
 }
 
 impl<St: Store> Limiter<St> {
-    /// Checks the whole configuration, registers the policies in `store`, and builds the engine.
-    pub(crate) fn new(store: St, config: Config) -> Result<Self, ConfigError> {
+    /// Checks the whole configuration, registers the policies in `store`, and builds the
+    /// engine, with the allow and deny `lists` and the hook of warnings near the limit.
+    pub(crate) fn new(
+        store: St,
+        config: Config,
+        lists: Option<crate::lists::Lists>,
+        on_near_limit: Option<crate::near::NearHook>,
+    ) -> Result<Self, ConfigError> {
         let headers = config
             .headers
             .with_partition(config.partition_secret.as_deref())?;
@@ -329,13 +341,7 @@ impl<St: Store> Limiter<St> {
             .failure
             .divisor()
             .map(|_| MemoryStore::builder().clock(config.clock.clone()).build());
-        // Chosen before anything is registered in the store: whether every request is decided
-        // on packed states under the shared lock (one GCRA, or two to four packed policies of
-        // the layer's key).
-        let shared = match &config.policies[..] {
-            [p] => p.is_gcra_up_front(),
-            ps => ps.len() <= TOGETHER && ps.iter().all(Policy::packs_up_front),
-        };
+        let shared = shared_lock(&config.policies);
         let store = store.suited(shared && config.deny_cache.is_none() && fallback.is_none());
         let set = Self::compile(
             &config.policies,
@@ -347,14 +353,10 @@ impl<St: Store> Limiter<St> {
             &|_| false,
         )?;
         let names = set.policies.iter().map(|p| p.name());
-        let top = config
-            .top
-            .map(|top| Tracker::new(&top, headers.partition.as_ref(), names))
-            .transpose()?
-            .map(Arc::new);
-        let lists = (config.lists.as_ref())
-            .map(|l| LayerLists::new(l, &config.key, &store))
+        let top = (config.top.as_ref())
+            .map(|top| Tracker::new(top, headers.partition.as_ref(), names).map(Arc::new))
             .transpose()?;
+        let lists = LayerLists::of(lists.as_ref(), &config.key, &store)?;
         let plain = config.deny_cache.is_none() && fallback.is_none() && lists.is_none();
         let lane = Lane::of(&set.policies, St::DECIDES_ALONE, plain);
         let leases = (set.leases.then(Leases::new)).map_or_else(OnceLock::new, OnceLock::from);
@@ -378,7 +380,7 @@ impl<St: Store> Limiter<St> {
             in_flight: AtomicBool::new(set.in_flight),
             adaptive: AtomicBool::new(set.adaptive),
             warns_near: AtomicBool::new(set.near),
-            near: crate::near::Warned::new(config.on_near_limit),
+            near: crate::near::Warned::new(on_near_limit),
             top,
             lists,
             warned: AtomicU64::new(0),
@@ -440,10 +442,7 @@ impl<St: Store> Limiter<St> {
             }
             checks.push(Check::new(tier.clone(), key, cost, op));
         }
-        let lists = listed.is_some();
-        if let Some(key) = listed {
-            self.push_list_checks(key, &mut checks);
-        }
+        let lists = self.push_list_checks(listed, &mut checks);
         if checks.is_empty() {
             return Next::nothing().holding(held);
         }

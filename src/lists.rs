@@ -36,8 +36,14 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
+
+use crate::algorithm::Compiled as Definition;
 use crate::error::ConfigError;
 use crate::key::{Cidr, ClientIp, Key, KeyExtractor, RequestRef};
+use crate::policy::{Part, Tier};
+use crate::quota::Quota;
+use crate::store::{Op, Store};
 
 /// Allow and deny lists of networks and keys, for
 /// [`RateLimitLayerBuilder::lists`](crate::RateLimitLayerBuilder::lists) (see the
@@ -100,10 +106,18 @@ impl Lists {
         self
     }
 
+    /// [`key`](Self::key), shared.
+    pub(crate) fn keyed(mut self, key: Arc<dyn KeyExtractor>) -> Self {
+        self.key = Some(key);
+        self
+    }
+
     /// Whether entries added at runtime are read at each decision (default `true`). Each
     /// decision then also reads the key's two list entries in its one store call (two more
     /// reads in the Redis script); with `false` only the entries given here count, and the
-    /// runtime operations fail.
+    /// runtime operations fail. Policies that take leases
+    /// ([`Policy::lease`](crate::Policy::lease)) spend units without asking the store; with
+    /// entries kept in the store, each request asks it for them.
     #[must_use]
     pub fn kept_in_store(mut self, kept: bool) -> Self {
         self.static_only = !kept;
@@ -254,5 +268,67 @@ impl fmt::Debug for Compiled {
             .field("deny", &self.deny)
             .field("in_store", &self.in_store)
             .finish_non_exhaustive()
+    }
+}
+
+/// The lists of a layer built with them: as given (swapped by a reload), and the tiers their
+/// runtime entries are kept in.
+pub(crate) struct LayerLists {
+    lists: ArcSwap<Compiled>,
+    deny: Arc<Tier>,
+    allow: Arc<Tier>,
+}
+
+impl LayerLists {
+    /// [`LayerLists::new`] of `lists`, if the layer has lists.
+    pub(crate) fn of<St: Store>(
+        lists: Option<&Lists>,
+        key: &Arc<dyn KeyExtractor>,
+        store: &St,
+    ) -> Result<Option<Self>, ConfigError> {
+        lists.map(|l| LayerLists::new(l, key, store)).transpose()
+    }
+
+    /// `lists` compiled (`key`: the layer's), and the entries' tiers registered in `store`.
+    pub(crate) fn new<St: Store>(
+        lists: &Lists,
+        key: &Arc<dyn KeyExtractor>,
+        store: &St,
+    ) -> Result<Self, ConfigError> {
+        let compiled = lists.compile(key)?;
+        let quota: Quota = "1/s".parse()?;
+        let algorithm = Definition::new(crate::Algorithm::Gcra, quota, Default::default())?;
+        let names: [Arc<str>; 2] = ["!deny".into(), "!allow".into()];
+        let tiers = names.clone().map(|n| (n, algorithm.clone()));
+        let at = store.register(&tiers, &|_| false)?;
+        let [deny, allow] = [0, 1].map(|i| {
+            let part = Part::new(Op::ChargeIf);
+            Arc::new(Tier::new(names[i].clone(), at[i], algorithm.clone(), part))
+        });
+        Ok(LayerLists {
+            lists: ArcSwap::from_pointee(compiled),
+            deny,
+            allow,
+        })
+    }
+
+    /// The lists as given now.
+    pub(crate) fn present(&self) -> arc_swap::Guard<Arc<Compiled>> {
+        self.lists.load()
+    }
+
+    /// Replaces the lists given (a reload).
+    pub(crate) fn replace(&self, lists: Compiled) {
+        self.lists.store(Arc::new(lists));
+    }
+
+    /// The tier of the deny list's runtime entries.
+    pub(crate) fn deny(&self) -> &Arc<Tier> {
+        &self.deny
+    }
+
+    /// The tier of the allow list's runtime entries.
+    pub(crate) fn allow(&self) -> &Arc<Tier> {
+        &self.allow
     }
 }

@@ -41,6 +41,8 @@ pub(crate) struct Config {
     pub(crate) overload: Option<crate::overload::Overload>,
     /// The memory store's bound on keys (`MAX_KEYS`).
     pub(crate) max_keys: Option<usize>,
+    /// The lists and the warning before the limit (`DENY`, `ALLOW`, `NEAR_LIMIT`).
+    pub(crate) abuse: crate::abuse::Abuse,
     pub(crate) redis_access: RedisAccess,
 }
 
@@ -137,13 +139,16 @@ pub(crate) fn env_or(name: &str, default: &str) -> Result<String, String> {
     }
 }
 
+/// The layer's key of `KEY=spec`; `listed`: whether `DENY` or `ALLOW`, which read
+/// `trusted_proxies` too, is set.
 pub(crate) fn key_extractor(
     spec: &str,
     trusted_proxies: &[Cidr],
+    listed: bool,
 ) -> Result<Box<dyn KeyExtractor>, String> {
-    if spec != "client_ip" && !trusted_proxies.is_empty() {
+    if spec != "client_ip" && !trusted_proxies.is_empty() && !listed {
         return Err(format!(
-            "TRUSTED_PROXIES: only used with KEY=client_ip, but KEY is {spec:?}"
+            "TRUSTED_PROXIES: only used with KEY=client_ip and by DENY and ALLOW, but KEY is {spec:?} and neither is set"
         ));
     }
     match spec {
@@ -207,6 +212,7 @@ pub(crate) fn config() -> Result<Config, String> {
         path => {
             let set: Vec<&str> = REPLACED_BY_CONFIG
                 .into_iter()
+                .chain(crate::abuse::REPLACED_BY_CONFIG)
                 .filter(|name| env_or(name, "").is_ok_and(|v| !v.is_empty()))
                 .collect();
             if !set.is_empty() {
@@ -230,6 +236,15 @@ pub(crate) fn config() -> Result<Config, String> {
         })?),
     };
     let calendar = calendar()?;
+    let trusted_proxies: Vec<Cidr> = env_or("TRUSTED_PROXIES", "")?
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| {
+            s.trim()
+                .parse()
+                .map_err(|e| format!("TRUSTED_PROXIES: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
     let rate_limit = env_or("RATE_LIMIT", "10/s")?;
     // Calendar periods are counted by the fixed window.
     let monthly = rate_limit.split(',').any(|q| {
@@ -398,15 +413,8 @@ pub(crate) fn config() -> Result<Config, String> {
         max_keys,
         reserve,
         overload: crate::overload::read()?,
-        trusted_proxies: env_or("TRUSTED_PROXIES", "")?
-            .split(',')
-            .filter(|s| !s.trim().is_empty())
-            .map(|s| {
-                s.trim()
-                    .parse()
-                    .map_err(|e| format!("TRUSTED_PROXIES: {e}"))
-            })
-            .collect::<Result<_, _>>()?,
+        abuse: crate::abuse::read(&trusted_proxies)?,
+        trusted_proxies,
     })
 }
 

@@ -38,7 +38,7 @@ impl KeyForm {
         }
     }
 
-    fn key(self, text: &str) -> Result<Key, String> {
+    pub(crate) fn key(self, text: &str) -> Result<Key, String> {
         let ip = text.parse::<std::net::IpAddr>();
         match (self, ip) {
             (KeyForm::Ip | KeyForm::IpOrText, Ok(ip)) => Ok(Key::from(ip)),
@@ -122,13 +122,13 @@ fn failed(error: LimitError) -> Response {
 }
 
 /// 400, naming the bad parameter.
-fn bad(name: &str, reason: &str) -> Response {
+pub(crate) fn bad(name: &str, reason: &str) -> Response {
     problem(StatusCode::BAD_REQUEST, reason, Some(name))
 }
 
 /// An RFC 9457 problem: the status, what went wrong, and the parameter at fault
 /// (`invalid-params`).
-fn problem(status: StatusCode, detail: &str, parameter: Option<&str>) -> Response {
+pub(crate) fn problem(status: StatusCode, detail: &str, parameter: Option<&str>) -> Response {
     let mut body = serde_json::json!({
         "type": "about:blank",
         "title": status.canonical_reason().unwrap_or("Error"),

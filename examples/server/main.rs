@@ -13,6 +13,7 @@
 //! `config.rs` reads the variables, `routes.rs` has the routes that show the layer at work
 //! (`/login`, `/slow`, `/spend`, `/stream`); this file builds the layer and serves.
 
+mod abuse;
 mod config;
 mod limits;
 mod overload;
@@ -41,8 +42,9 @@ Environment variables:
   ADMIN_BIND  address of /metrics and /admin/top, to keep them off the public address
                                                     (default unset: served on BIND)
   CONFIG      a TOML file of policies, e.g. examples/limits.toml, instead of ALGORITHM,
-              RATE_LIMIT, KEY, TRUSTED_PROXIES, LEASE, WAIT_MS, CONCURRENCY, PRIORITY_HEADER
-              and RESERVE (which it replaces; setting both is an error). Reloaded on SIGHUP, keeping every key's
+              RATE_LIMIT, KEY, TRUSTED_PROXIES, LEASE, WAIT_MS, CONCURRENCY, PRIORITY_HEADER,
+              RESERVE, DENY, ALLOW and NEAR_LIMIT (which it replaces; setting both is an
+              error). Reloaded on SIGHUP, keeping every key's
               usage; a file with a mistake is rejected and the old limits stay.
                                                     (default unset)
   REDIS_URL   unset: in-memory store; set: Redis (the server starts while Redis is down;
@@ -123,9 +125,19 @@ Environment variables:
   KEY         ip | client_ip | global | header:<name> (default ip)
               ip: the socket peer; client_ip: the client behind TRUSTED_PROXIES
   TRUSTED_PROXIES
-              with KEY=client_ip: comma-separated networks or addresses of the proxies
-              in front of the server, e.g. 10.0.0.0/8,2001:db8::/32; X-Forwarded-For is
-              read only from them, from the right   (default empty: trust no proxy)
+              with KEY=client_ip, DENY or ALLOW: comma-separated networks or addresses of
+              the proxies in front of the server, e.g. 10.0.0.0/8,2001:db8::/32;
+              X-Forwarded-For is read only from them, from the right
+                                                    (default empty: trust no proxy)
+  DENY        comma-separated networks, addresses or keys answered 403 (problem+json),
+              e.g. 203.0.113.0/24,2001:db8:bad::/48,scraper-7; a network is matched
+              against the client's address (behind TRUSTED_PROXIES), a key against the
+              key of KEY                                    (default unset)
+  ALLOW       the same, never limited nor counted; a request on both lists is denied
+                                                    (default unset)
+  NEAR_LIMIT  warn when a key has used this percent of a RATE_LIMIT policy, e.g. 80:
+              once per key and window, counted in ratelimit_near_limit_total on /metrics,
+              the key listed in near_keys on /admin/top   (default unset)
 
 Routes:
   GET /        rate limited, answers 200 with a short text
@@ -154,6 +166,13 @@ Routes:
                year); 204, or 400 naming a bad parameter; never limited
   DELETE /admin/limits/<policy>/<key>
                ends it: the key is back under its policy's quota; 204
+  PUT /admin/deny/<key>?until=<unix seconds>, PUT /admin/allow/<key>?until=...
+               puts a key (as KEY names it) on the deny or allow list, on every instance
+               sharing the store from its next request, until the time given (optional:
+               until deleted); 204, or 400 naming a bad parameter; 409 with LEASE,
+               whose leases are spent without asking Redis
+  DELETE /admin/deny/<key>, DELETE /admin/allow/<key>
+               takes it off; 204
   With ADMIN_BIND set, /metrics and /admin/* are answered there, and not on BIND.
 ";
 
@@ -179,7 +198,9 @@ fn policies<St: Store>(
         );
     }
     for quota in quotas {
-        let mut policy = Policy::new(config.algorithm, quota.trim());
+        let mut policy = config
+            .abuse
+            .policy(Policy::new(config.algorithm, quota.trim()));
         if let Some(name) = &config.policy_name {
             policy = policy.name(name.as_str());
         }
@@ -229,9 +250,11 @@ fn app<St: Store>(
 ) -> Result<(Apps, String), String> {
     let mut builder = RateLimitLayer::builder()
         .store(store)
-        .top_limited(TopLimited::new());
+        .top_limited(TopLimited::new())
+        .lists(abuse::lists(config)?);
     if config.file.is_none() {
-        builder = builder.key(key_extractor(&config.key, &config.trusted_proxies)?);
+        let listed = config.abuse.listed;
+        builder = builder.key(key_extractor(&config.key, &config.trusted_proxies, listed)?);
     }
     let adaptive = config
         .overload
@@ -258,7 +281,8 @@ fn app<St: Store>(
             }),
         )
         .route_service("/admin/top", layer.top_limited_service())
-        .merge(limits::routes(layer.clone(), KeyForm::of(key_spec)));
+        .merge(limits::routes(layer.clone(), KeyForm::of(key_spec)))
+        .merge(abuse::routes(layer.clone(), KeyForm::of(key_spec)));
     let cost_header = config.cost_header.clone();
     let public = Router::new()
         .route("/", get(|| async { "hello from tower-ratelimit\n" }))
@@ -333,9 +357,15 @@ fn reload_on_sighup<St: Store>(layer: RateLimitLayer<St>, path: String, adaptive
                     .policies()
                     .map_err(|e| format!("CONFIG {path}: {e}"))?;
                 policies.extend(adaptive.clone());
-                layer
+                let lists = limits.lists().map_err(|e| format!("CONFIG {path}: {e}"))?;
+                let report = layer
                     .reload(policies)
-                    .map_err(|e| format!("CONFIG {path}: {e}"))
+                    .map_err(|e| format!("CONFIG {path}: {e}"))?;
+                // Checked before: it fails only on a malformed entry, which `lists` reports.
+                layer
+                    .reload_lists(&lists)
+                    .map_err(|e| format!("CONFIG {path}: {e}"))?;
+                Ok(report)
             });
             match reloaded {
                 Ok(report) => println!("reloaded CONFIG {path}: {report}"),
@@ -374,7 +404,7 @@ async fn build(config: &Config) -> Result<(Apps, String), String> {
     let metrics = prometheus()?;
     // Check the key before connecting, so a typo is reported as such.
     if config.file.is_none() {
-        key_extractor(&config.key, &config.trusted_proxies)?;
+        key_extractor(&config.key, &config.trusted_proxies, config.abuse.listed)?;
     }
     match &config.redis_url {
         None => {

@@ -17,7 +17,7 @@ use crate::headers::{HeaderConfig, HeaderStyle, ResetFormat};
 use crate::key::{KeyExtractor, PeerIp, RequestRef};
 use crate::limiter::{Config, Limiter};
 use crate::lists::Lists;
-use crate::near::NearLimit;
+use crate::near::{NearHook, NearLimit};
 use crate::policy::Policy;
 use crate::resilience::CircuitBreaker;
 use crate::response::Responses;
@@ -43,9 +43,9 @@ impl RateLimitLayer<MemoryStore> {
                 deny_cache: None,
                 decision_extension: true,
                 top: None,
-                lists: None,
-                on_near_limit: None,
             },
+            lists: None,
+            on_near_limit: None,
         }
     }
 }
@@ -55,6 +55,8 @@ impl RateLimitLayer<MemoryStore> {
 pub struct RateLimitLayerBuilder<St = MemoryStore> {
     store: St,
     o: Config,
+    lists: Option<Lists>,
+    on_near_limit: Option<NearHook>,
 }
 
 impl<St: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<St> {
@@ -91,7 +93,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         F: Fn(NearLimit) -> Fut + Send + Sync + 'static,
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
-        self.o.on_near_limit = Some(Arc::new(move |w| Box::pin(hook(w))));
+        self.on_near_limit = Some(Arc::new(move |w| Box::pin(hook(w))));
         self
     }
 
@@ -101,7 +103,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// ([`RateLimitLayer::deny_key`](crate::RateLimitLayer::deny_key)). A layer without
     /// lists pays nothing for them; one with lists decides every request the general way.
     pub fn lists(mut self, lists: Lists) -> Self {
-        self.o.lists = Some(lists);
+        self.lists = Some(lists);
         self
     }
 
@@ -129,7 +131,12 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// Decides in `store` instead of a fresh [`MemoryStore`]. Layers given clones of one store
     /// share its state.
     pub fn store<T: Store>(self, store: T) -> RateLimitLayerBuilder<T> {
-        RateLimitLayerBuilder { store, o: self.o }
+        RateLimitLayerBuilder {
+            store,
+            o: self.o,
+            lists: self.lists,
+            on_near_limit: self.on_near_limit,
+        }
     }
 
     /// Which rate-limit headers responses carry (default [`HeaderStyle::Legacy`]).
@@ -295,7 +302,12 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// range (such as [`top_limited`](Self::top_limited)'s).
     pub fn build(self) -> Result<RateLimitLayer<St>, ConfigError> {
         Ok(RateLimitLayer {
-            limiter: Arc::new(Limiter::new(self.store, self.o)?),
+            limiter: Arc::new(Limiter::new(
+                self.store,
+                self.o,
+                self.lists,
+                self.on_near_limit,
+            )?),
             body: PhantomData,
         })
     }

@@ -8,57 +8,18 @@
 //! every instance sharing the store sees an entry from its next request. The engine then reads
 //! the two outcomes and takes them out of the decision.
 
-use std::sync::Arc;
 use std::time::SystemTime;
-
-use arc_swap::ArcSwap;
 
 use super::admin::Answer;
 use super::{Limiter, Next};
-use crate::algorithm::{Algorithm, Compiled};
 use crate::decision::Decision;
 use crate::error::{ConfigError, LimitError};
 use crate::key::{Key, RequestRef};
-use crate::lists::{self, Judged, Lists, Why};
-use crate::policy::{Part, Tier};
-use crate::quota::Quota;
+use crate::lists::{Judged, Lists, Why};
 use crate::store::{Check, Checks, Op, Store};
 
 /// The checks a request's store call carries after its policies' for the lists' entries.
 pub(super) const LIST_CHECKS: usize = 2;
-
-/// The lists of a layer built with them: as given (swapped by a reload), and the tiers their
-/// runtime entries are kept in.
-pub(crate) struct LayerLists {
-    lists: ArcSwap<lists::Compiled>,
-    deny: Arc<Tier>,
-    allow: Arc<Tier>,
-}
-
-impl LayerLists {
-    /// `lists` compiled (`key`: the layer's), and the entries' tiers registered in `store`.
-    pub(super) fn new<St: Store>(
-        lists: &Lists,
-        key: &Arc<dyn crate::key::KeyExtractor>,
-        store: &St,
-    ) -> Result<Self, ConfigError> {
-        let compiled = lists.compile(key)?;
-        let quota: Quota = "1/s".parse()?;
-        let algorithm = Compiled::new(Algorithm::Gcra, quota, Default::default())?;
-        let names: [Arc<str>; 2] = ["!deny".into(), "!allow".into()];
-        let tiers = names.clone().map(|n| (n, algorithm.clone()));
-        let at = store.register(&tiers, &|_| false)?;
-        let [deny, allow] = [0, 1].map(|i| {
-            let part = Part::new(Op::ChargeIf);
-            Arc::new(Tier::new(names[i].clone(), at[i], algorithm.clone(), part))
-        });
-        Ok(LayerLists {
-            lists: ArcSwap::from_pointee(compiled),
-            deny,
-            allow,
-        })
-    }
-}
 
 impl<St: Store> Limiter<St> {
     /// What the lists say of `request`: `Err` with its answer when they decide it (denied,
@@ -70,19 +31,27 @@ impl<St: Store> Limiter<St> {
         let Some(lists) = &self.lists else {
             return Ok(None);
         };
-        match lists.lists.load().judge(request) {
+        match lists.present().judge(request) {
             Judged::Denied(why) => Err(self.denied(why)),
             Judged::Allowed => Err(Self::allowed("layer")),
             Judged::Neither(key) => Ok(key),
         }
     }
 
-    /// Adds the looks at `key`'s runtime entries after a request's policies' checks.
-    pub(super) fn push_list_checks(&self, key: Key, checks: &mut Checks) {
-        if let Some(lists) = &self.lists {
-            checks.push(Check::new(lists.deny.clone(), key.clone(), 0, Op::ChargeIf));
-            checks.push(Check::new(lists.allow.clone(), key, 0, Op::ChargeIf));
-        }
+    /// Adds the looks at `key`'s runtime entries, if it has some to read, after a request's
+    /// policies' checks; whether it did.
+    pub(super) fn push_list_checks(&self, key: Option<Key>, checks: &mut Checks) -> bool {
+        let (Some(lists), Some(key)) = (&self.lists, key) else {
+            return false;
+        };
+        checks.push(Check::new(
+            lists.deny().clone(),
+            key.clone(),
+            0,
+            Op::ChargeIf,
+        ));
+        checks.push(Check::new(lists.allow().clone(), key, 0, Op::ChargeIf));
+        true
     }
 
     /// The store's answer to a request whose call carried its key's entries last: their
@@ -130,9 +99,9 @@ impl<St: Store> Limiter<St> {
         let lists = self
             .lists
             .as_ref()
-            .filter(|l| l.lists.load().in_store())
+            .filter(|l| l.present().in_store())
             .ok_or(LimitError::NoLists)?;
-        let tier = if deny { &lists.deny } else { &lists.allow };
+        let tier = if deny { lists.deny() } else { lists.allow() };
         let now = self.clock.now_micros();
         let us = match until {
             None => LISTED_FOR_GOOD_US,
@@ -158,7 +127,7 @@ impl<St: Store> Limiter<St> {
                 "the layer was built without lists; build it with .lists(Lists::new()) to reload them",
             ));
         };
-        present.lists.store(Arc::new(lists.compile(&self.key)?));
+        present.replace(lists.compile(&self.key)?);
         Ok(())
     }
 }

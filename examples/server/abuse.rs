@@ -1,0 +1,178 @@
+//! Abusive clients: the allow and deny lists (`DENY`, `ALLOW`, or the file's `deny` and
+//! `allow`), their entries added at runtime on the admin address
+//! (`PUT`/`DELETE /admin/deny/{key}` and `/admin/allow/{key}`, `?until=<unix seconds>`), and
+//! the warning before the limit (`NEAR_LIMIT`).
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::extract::{Path, Query};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::put;
+use tower_ratelimit::key::{Cidr, ClientIp};
+use tower_ratelimit::lists::Lists;
+use tower_ratelimit::{LimitError, Policy, RateLimitLayer, Store};
+
+use crate::config::{Config, env_or};
+use crate::limits::{KeyForm, bad, problem};
+
+/// What the variables say of abusive clients.
+pub(crate) struct Abuse {
+    /// `DENY` and `ALLOW`, the client address found behind `TRUSTED_PROXIES`.
+    pub(crate) lists: Lists,
+    /// Whether `DENY` or `ALLOW` is set.
+    pub(crate) listed: bool,
+    /// `NEAR_LIMIT`: the percent of its limit a key is warned at.
+    pub(crate) near_limit: Option<u8>,
+}
+
+/// The variables `CONFIG` replaces (the file has `deny`, `allow` and `near_limit`).
+pub(crate) const REPLACED_BY_CONFIG: [&str; 3] = ["DENY", "ALLOW", "NEAR_LIMIT"];
+
+/// Reads `DENY`, `ALLOW` and `NEAR_LIMIT`; `proxies` are `TRUSTED_PROXIES`.
+pub(crate) fn read(proxies: &[Cidr]) -> Result<Abuse, String> {
+    let entries = |name: &str| -> Result<Vec<String>, String> {
+        let value = env_or(name, "")?;
+        Ok(value
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect())
+    };
+    let (deny, allow) = (entries("DENY")?, entries("ALLOW")?);
+    let client_ip = proxies
+        .iter()
+        .fold(ClientIp::builder(), |b, &net| b.trusted_network(net))
+        .build()
+        .map_err(|e| format!("TRUSTED_PROXIES: {e}"))?;
+    let listed = !deny.is_empty() || !allow.is_empty();
+    let lists = Lists::new().deny(deny).allow(allow).client_ip(client_ip);
+    let near_limit = match env_or("NEAR_LIMIT", "")?.as_str() {
+        "" => None,
+        n => match n.parse::<u8>() {
+            Ok(n) if (1..=99).contains(&n) => Some(n),
+            _ => return Err(format!("NEAR_LIMIT: {n:?} is not a percent from 1 to 99")),
+        },
+    };
+    Ok(Abuse {
+        lists,
+        listed,
+        near_limit,
+    })
+}
+
+impl Abuse {
+    /// `policy` (of `RATE_LIMIT`) as the variables say.
+    pub(crate) fn policy(&self, mut policy: Policy) -> Policy {
+        if let Some(percent) = self.near_limit {
+            policy = policy.near_limit(percent);
+        }
+        policy
+    }
+}
+
+/// The layer's lists: the file's, or the variables'. The layer always has lists, so that
+/// entries can be added at runtime; but with `LEASE`, which spends units without asking
+/// Redis, they would make every request ask: then only the lists given count.
+pub(crate) fn lists(config: &Config) -> Result<Lists, String> {
+    let lists = match &config.file {
+        Some((path, limits)) => limits.lists().map_err(|e| format!("CONFIG {path}: {e}"))?,
+        None => config.abuse.lists.clone(),
+    };
+    Ok(lists.kept_in_store(config.lease.is_none()))
+}
+
+/// The admin routes of the lists' entries, on `layer`, keys named as `form` says.
+pub(crate) fn routes<St: Store, M: Send + Sync + 'static>(
+    layer: RateLimitLayer<St, M>,
+    form: KeyForm,
+) -> Router {
+    let mut router = Router::new();
+    for deny in [true, false] {
+        let (put_layer, delete_layer) = (layer.clone(), layer.clone());
+        let path = if deny {
+            "/admin/deny/{key}"
+        } else {
+            "/admin/allow/{key}"
+        };
+        router = router.route(
+            path,
+            put(
+                move |Path(key): Path<String>, Query(q): Query<HashMap<String, String>>| {
+                    let layer = put_layer.clone();
+                    async move { add(&layer, form, deny, &key, q).await.unwrap_or_else(|e| e) }
+                },
+            )
+            .delete(move |Path(key): Path<String>| {
+                let layer = delete_layer.clone();
+                async move { remove(&layer, form, deny, &key).await.unwrap_or_else(|e| e) }
+            }),
+        );
+    }
+    router
+}
+
+/// `PUT`: the key on the list until `until` (unix seconds), or until taken off.
+async fn add<St: Store, M>(
+    layer: &RateLimitLayer<St, M>,
+    form: KeyForm,
+    deny: bool,
+    key: &str,
+    query: HashMap<String, String>,
+) -> Result<Response, Response> {
+    let key = form.key(key).map_err(|e| bad("key", &e))?;
+    let until = match query.get("until") {
+        None => None,
+        Some(s) => match s.parse::<u64>() {
+            Ok(secs) => Some(UNIX_EPOCH + Duration::from_secs(secs)),
+            Err(_) => {
+                return Err(bad(
+                    "until",
+                    &format!("{s:?} is not a time in Unix seconds"),
+                ));
+            }
+        },
+    };
+    if until.is_some_and(|t| t <= SystemTime::now()) {
+        return Err(bad("until", "the time is past"));
+    }
+    if let Some(name) = query.keys().find(|k| *k != "until") {
+        return Err(bad(name, "unknown parameter; expected until"));
+    }
+    let result = match deny {
+        true => layer.deny_key(&key, until).await,
+        false => layer.allow_key(&key, until).await,
+    };
+    result
+        .map(|()| StatusCode::NO_CONTENT.into_response())
+        .map_err(failed)
+}
+
+/// `DELETE`: the key off the list.
+async fn remove<St: Store, M>(
+    layer: &RateLimitLayer<St, M>,
+    form: KeyForm,
+    deny: bool,
+    key: &str,
+) -> Result<Response, Response> {
+    let key = form.key(key).map_err(|e| bad("key", &e))?;
+    let result = match deny {
+        true => layer.remove_denied(&key).await,
+        false => layer.remove_allowed(&key).await,
+    };
+    result
+        .map(|()| StatusCode::NO_CONTENT.into_response())
+        .map_err(failed)
+}
+
+/// A store that failed: 503; a layer that keeps no entries (`LEASE`): 409.
+fn failed(error: LimitError) -> Response {
+    let status = match error {
+        LimitError::NoLists => StatusCode::CONFLICT,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    problem(status, &error.to_string(), None)
+}

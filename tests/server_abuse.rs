@@ -1,0 +1,139 @@
+//! The demo server's abuse controls, from outside: `DENY`, `ALLOW` and `NEAR_LIMIT`; the
+//! admin routes `/admin/deny/{key}` and `/admin/allow/{key}` on one of two servers sharing a
+//! Redis, obeyed by the other; the networks against spoofed forwarding headers.
+
+mod support;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use support::RedisServer;
+use support::demo::{DemoServer, fetch, request};
+
+/// Asserts a `403` of the lists' problem type.
+fn assert_denied((status, response): (u16, String), what: &str) {
+    assert_eq!(status, 403, "{what}: {response}");
+    assert!(response.contains("application/problem+json"), "{response}");
+    assert!(
+        response.contains("constant.denied.html"),
+        "{what}: the problem type: {response}"
+    );
+}
+
+/// Keys given in `DENY` and `ALLOW`, keys added and removed on the admin address of one
+/// server and obeyed by the other at once, the warning near the limit on `/metrics` and
+/// `/admin/top`, and the admin routes' errors.
+#[test]
+fn lists_and_warnings_on_two_instances() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let env = [
+        ("REDIS_URL", url.as_str()),
+        ("RATE_LIMIT", "4/h"),
+        ("POLICY_NAME", "api"),
+        ("KEY", "header:x-api-key"),
+        ("PREFIX", "e2ea:"),
+        ("STORE_TIMEOUT_MS", "10000"),
+        ("ADMIN_BIND", "127.0.0.1:0"),
+        ("DENY", "scraper"),
+        ("ALLOW", "monitor"),
+        ("NEAR_LIMIT", "50"),
+    ];
+    let (a, b) = (DemoServer::start(&env), DemoServer::start(&env));
+    let key = |k: &'static str| [("x-api-key", k)];
+    assert_denied(b.get("/", &key("scraper")), "DENY");
+    for _ in 0..6 {
+        let (status, response) = b.get("/", &key("monitor"));
+        assert_eq!(status, 200);
+        assert!(!response.contains("x-ratelimit"), "allowed: no headers");
+    }
+    // Added on a, obeyed by b; taken off.
+    let admin = a.admin_addr();
+    assert_eq!(request(admin, "PUT", "/admin/deny/acme").0, 204);
+    assert_denied(b.get("/", &key("acme")), "added at runtime");
+    assert_eq!(request(admin, "DELETE", "/admin/deny/acme").0, 204);
+    assert_eq!(b.get("/", &key("acme")).0, 200);
+    let tomorrow = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 86_400;
+    let path = format!("/admin/allow/bob?until={tomorrow}");
+    assert_eq!(request(admin, "PUT", &path).0, 204);
+    for _ in 0..6 {
+        assert_eq!(b.get("/", &key("bob")).0, 200);
+    }
+    assert_eq!(request(admin, "DELETE", "/admin/allow/bob").0, 204);
+    assert!(
+        b.get("/", &key("bob"))
+            .1
+            .contains("x-ratelimit-remaining: 3")
+    );
+    // Warned at 50% of 4: at the second request, once.
+    for _ in 0..3 {
+        assert_eq!(b.get("/", &key("carol")).0, 200);
+    }
+    let (_, metrics) = fetch(b.admin_addr(), "/metrics", &[]);
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("ratelimit_near_limit_total{"))
+        .unwrap_or_else(|| panic!("no near-limit count: {metrics}"));
+    assert!(
+        line.contains("policy=\"api\"") && line.ends_with(" 1"),
+        "{line}"
+    );
+    let (_, top) = fetch(b.admin_addr(), "/admin/top", &[]);
+    let top: serde_json::Value = serde_json::from_str(&top).unwrap();
+    let near: Vec<&str> = top["policies"][0]["near_keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(near, ["carol"], "{top}");
+    // Bad parameters: 400 naming them; never on the public address.
+    for (method, path, parameter) in [
+        ("PUT", "/admin/deny/acme?until=soon", "until"),
+        ("PUT", "/admin/deny/acme?until=1", "until"),
+        ("PUT", "/admin/allow/acme?for=ever", "for"),
+    ] {
+        let (status, response) = request(admin, method, path);
+        assert_eq!(status, 400, "{path}: {response}");
+        let name = format!("\"invalid-params\":[{{\"name\":\"{parameter}\"");
+        assert!(response.contains(&name), "{path}: {response}");
+    }
+    assert_eq!(request(a.addr, "PUT", "/admin/deny/acme").0, 404);
+}
+
+/// `DENY` networks are matched against the client's address as `TRUSTED_PROXIES` find it:
+/// through the trusted proxy (here the test itself, 127.0.0.1) the forwarded address counts;
+/// from anyone else a forwarding header is not believed.
+#[test]
+fn networks_are_matched_behind_trusted_proxies_only() {
+    let behind = DemoServer::start(&[
+        ("KEY", "client_ip"),
+        ("TRUSTED_PROXIES", "127.0.0.1"),
+        ("DENY", "203.0.113.0/24,2001:db8:bad::/48"),
+        ("ALLOW", "198.51.100.0/24"),
+        ("RATE_LIMIT", "1/h"),
+    ]);
+    let xff = |ip: &'static str| [("x-forwarded-for", ip)];
+    assert_denied(behind.get("/", &xff("203.0.113.5")), "denied network");
+    assert_denied(
+        behind.get("/", &xff("2001:db8:bad::1")),
+        "denied IPv6 network",
+    );
+    for _ in 0..3 {
+        assert_eq!(behind.get("/", &xff("198.51.100.7")).0, 200, "allowed");
+    }
+    assert_eq!(behind.get("/", &xff("192.0.2.1")).0, 200);
+    assert_eq!(behind.get("/", &xff("192.0.2.1")).0, 429);
+    // No proxy trusted: the header is the client's own, and the peer is matched.
+    let direct = DemoServer::start(&[
+        ("DENY", "127.0.0.0/8"),
+        ("ALLOW", "198.51.100.0/24"),
+        ("TRUSTED_PROXIES", ""),
+    ]);
+    assert_denied(direct.get("/", &xff("198.51.100.7")), "spoofed");
+    let open = DemoServer::start(&[("DENY", "203.0.113.0/24")]);
+    assert_eq!(open.get("/", &xff("203.0.113.5")).0, 200, "spoofed");
+}

@@ -313,6 +313,7 @@ impl<'de> Deserialize<'de> for CidrText {
 /// | `wait` | duration | wait for its turn instead of a 429 ([`wait_up_to`](Policy::wait_up_to)) |
 /// | `concurrency`, `max_duration` | integer, duration | a concurrency limit ([`concurrency`](Policy::concurrency), [`max_duration`](Policy::max_duration)) |
 /// | `adaptive`, `adaptive_min`, `adaptive_max` | string, integers | an adaptive concurrency limit: `gradient2` or `aimd`, and its bounds ([`adaptive_concurrency`](Policy::adaptive_concurrency)) |
+/// | `block_for`, `block_after`, `block_within`, `block_max`, `block_factor`, `block_forget_after` | duration, integer, durations, integer, duration | block a key that keeps being denied: first for `block_for`, after `block_after` denials (default 1) within `block_within` (default `"1min"`), multiplied by `block_factor` (default 2) for each new block within `block_forget_after` (default `"1d"`) of the last, at most `block_max` (default `"1h"`) ([`block_on_violation`](Policy::block_on_violation)) |
 /// | `near_limit` | integer | warn of a key that used this percent of its limit, e.g. `80` ([`near_limit`](Policy::near_limit)) |
 /// | `reserve_header`, `reserve_shares`, `reserve_others` | string, table, integer | capacity kept for priority: the header naming a request's priority, the percent of the capacity each priority may use (e.g. `{ critical = 100 }`), and the others' percent ([`reserve`](Policy::reserve)) |
 ///
@@ -385,6 +386,12 @@ struct RawPolicy {
     reserve_shares: BTreeMap<String, u8>,
     reserve_others: Option<u8>,
     near_limit: Option<u8>,
+    block_for: Option<Text<DurationText>>,
+    block_after: Option<u32>,
+    block_within: Option<Text<DurationText>>,
+    block_max: Option<Text<DurationText>>,
+    block_factor: Option<u32>,
+    block_forget_after: Option<Text<DurationText>>,
 }
 
 impl TryFrom<RawPolicy> for PolicyConfig {
@@ -419,6 +426,7 @@ impl TryFrom<RawPolicy> for PolicyConfig {
         if let Some(percent) = r.near_limit {
             policy = policy.near_limit(percent);
         }
+        policy = r.blocking(policy)?;
         // Everything a build would say about the policy, said now, where the policy is read.
         policy.prepare(None)?;
         Ok(PolicyConfig {

@@ -313,7 +313,7 @@ impl<St: Store, M> RateLimitLayer<St, M> {
     }
 
     /// Forgets everything about `key` in every policy, as if it had never been seen, and lifts
-    /// any block. Returns
+    /// any block (and a [block on violation](crate::Policy::block_on_violation)'s level). Returns
     /// the decision a request of cost 0 gets afterwards.
     pub async fn reset(&self, key: &Key) -> Result<Decision, StoreError> {
         self.limiter.key_decision(key, Some(Op::Reset), |_| 0).await

@@ -412,7 +412,7 @@ pub use headers::{HeaderStyle, ResetFormat};
 pub use layer::RateLimitLayer;
 pub use layer::builder::RateLimitLayerBuilder;
 pub use near::NearLimit;
-pub use policy::{DEFAULT_MAX_DURATION, Policy, Reserve};
+pub use policy::{DEFAULT_MAX_DURATION, Escalation, Policy, Reserve};
 pub use quota::{MAX_WINDOW, Quota, QuotaError, QuotaUnit};
 pub use reload::ReloadReport;
 pub use resilience::CircuitBreaker;

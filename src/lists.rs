@@ -107,6 +107,7 @@ impl Lists {
     }
 
     /// [`key`](Self::key), shared.
+    #[cfg(feature = "serde")]
     pub(crate) fn keyed(mut self, key: Arc<dyn KeyExtractor>) -> Self {
         self.key = Some(key);
         self
@@ -125,6 +126,7 @@ impl Lists {
     }
 
     /// Whether every entry is well written (what [`compile`](Self::compile) would report).
+    #[cfg(feature = "serde")]
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
         Entries::of(&self.allow, "allow")?;
         Entries::of(&self.deny, "deny")?;

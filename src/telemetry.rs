@@ -190,6 +190,13 @@ pub const METRICS: &[Metric] = &[
         "Requests the allow or deny lists decided (list allow or deny; by network, key or store:          an entry added at runtime)",
     ),
     metric(
+        "ratelimit_blocks_total",
+        MetricKind::Counter,
+        &["policy", "level"],
+        "Blocks of keys that kept being denied (Policy::block_on_violation), by the level of \
+         the block (1: the first)",
+    ),
+    metric(
         "ratelimit_near_limit_total",
         MetricKind::Counter,
         &["policy"],
@@ -276,4 +283,20 @@ pub(crate) fn record_outcome(span: &Span, decision: &Decision, waits: bool) {
     if !limited.is_empty() {
         span.record("limited_by", limited.join(","));
     }
+}
+
+/// Counts a block a policy that blocks on violation started, at `level`
+/// (`ratelimit_blocks_total`), and traces it.
+pub(crate) fn count_block(tier: &crate::policy::Tier, level: u32) {
+    metrics::counter!(
+        "ratelimit_blocks_total",
+        "policy" => tier.label(),
+        "level" => level.to_string()
+    )
+    .increment(1);
+    tracing::info!(
+        policy = tier.name(),
+        level,
+        "rate-limit key blocked on violation"
+    );
 }

@@ -137,3 +137,48 @@ fn networks_are_matched_behind_trusted_proxies_only() {
     let open = DemoServer::start(&[("DENY", "203.0.113.0/24")]);
     assert_eq!(open.get("/", &xff("203.0.113.5")).0, 200, "spoofed");
 }
+
+/// `BLOCK_FOR`: a key denied on one server is blocked for an hour, on the other too, and
+/// `/metrics` counts the block with its level.
+#[test]
+fn a_key_denied_is_blocked_on_every_instance() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let env = [
+        ("REDIS_URL", url.as_str()),
+        ("RATE_LIMIT", "2/s"),
+        ("POLICY_NAME", "api"),
+        ("KEY", "header:x-api-key"),
+        ("PREFIX", "e2eb:"),
+        ("STORE_TIMEOUT_MS", "10000"),
+        ("BLOCK_FOR", "1h"),
+        ("BLOCK_MAX", "1d"),
+    ];
+    let (a, b) = (DemoServer::start(&env), DemoServer::start(&env));
+    let key = [("x-api-key", "scraper")];
+    assert_eq!(a.get("/", &key).0, 200);
+    assert_eq!(a.get("/", &key).0, 200);
+    let (status, response) = a.get("/", &key);
+    assert_eq!(status, 429);
+    assert!(response.contains("retry-after: 3600"), "{response}");
+    let (status, response) = b.get("/", &key);
+    assert_eq!(status, 429, "the other instance");
+    let retry: u64 = response
+        .lines()
+        .find_map(|l| l.strip_prefix("retry-after: "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!((3500..=3600).contains(&retry), "{response}");
+    assert_eq!(b.get("/", &[("x-api-key", "other")]).0, 200);
+    let (_, metrics) = fetch(a.addr, "/metrics", &[]);
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("ratelimit_blocks_total{"))
+        .unwrap_or_else(|| panic!("no block counted: {metrics}"));
+    assert!(
+        line.contains("level=\"1\"") && line.ends_with(" 1"),
+        "{line}"
+    );
+}

@@ -1,7 +1,8 @@
 //! Abusive clients: the allow and deny lists (`DENY`, `ALLOW`, or the file's `deny` and
 //! `allow`), their entries added at runtime on the admin address
 //! (`PUT`/`DELETE /admin/deny/{key}` and `/admin/allow/{key}`, `?until=<unix seconds>`), and
-//! the warning before the limit (`NEAR_LIMIT`).
+//! the warning before the limit (`NEAR_LIMIT`), blocks on violation (`BLOCK_FOR`,
+//! `BLOCK_AFTER`, `BLOCK_MAX`).
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -13,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::put;
 use tower_ratelimit::key::{Cidr, ClientIp};
 use tower_ratelimit::lists::Lists;
-use tower_ratelimit::{LimitError, Policy, RateLimitLayer, Store};
+use tower_ratelimit::{Escalation, LimitError, Policy, Quota, RateLimitLayer, Store};
 
 use crate::config::{Config, env_or};
 use crate::limits::{KeyForm, bad, problem};
@@ -26,10 +27,20 @@ pub(crate) struct Abuse {
     pub(crate) listed: bool,
     /// `NEAR_LIMIT`: the percent of its limit a key is warned at.
     pub(crate) near_limit: Option<u8>,
+    /// `BLOCK_FOR`, `BLOCK_AFTER`, `BLOCK_MAX`: blocks on violation.
+    pub(crate) escalation: Option<Escalation>,
 }
 
-/// The variables `CONFIG` replaces (the file has `deny`, `allow` and `near_limit`).
-pub(crate) const REPLACED_BY_CONFIG: [&str; 3] = ["DENY", "ALLOW", "NEAR_LIMIT"];
+/// The variables `CONFIG` replaces (the file has `deny`, `allow`, `near_limit` and the
+/// `block_...` keys).
+pub(crate) const REPLACED_BY_CONFIG: [&str; 6] = [
+    "DENY",
+    "ALLOW",
+    "NEAR_LIMIT",
+    "BLOCK_FOR",
+    "BLOCK_AFTER",
+    "BLOCK_MAX",
+];
 
 /// Reads `DENY`, `ALLOW` and `NEAR_LIMIT`; `proxies` are `TRUSTED_PROXIES`.
 pub(crate) fn read(proxies: &[Cidr]) -> Result<Abuse, String> {
@@ -61,7 +72,41 @@ pub(crate) fn read(proxies: &[Cidr]) -> Result<Abuse, String> {
         lists,
         listed,
         near_limit,
+        escalation: escalation()?,
     })
+}
+
+/// `BLOCK_FOR` (the first block), `BLOCK_AFTER` (the denials within a minute that block,
+/// default 1) and `BLOCK_MAX` (the longest block, default an hour): blocks doubling for each
+/// new block within a day.
+fn escalation() -> Result<Option<Escalation>, String> {
+    let duration = |name: &str| -> Result<Option<Duration>, String> {
+        match env_or(name, "")?.as_str() {
+            "" => Ok(None),
+            // A duration as a quota's window: 10s, 5min, 1h.
+            d => match format!("1/{d}").parse::<Quota>() {
+                Ok(q) => Ok(Some(q.window())),
+                Err(_) => Err(format!(
+                    "{name}: {d:?} is not a duration such as 10s, 5min or 1h"
+                )),
+            },
+        }
+    };
+    let after = crate::config::positive("BLOCK_AFTER")?;
+    let at_most = duration("BLOCK_MAX")?;
+    let Some(first) = duration("BLOCK_FOR")? else {
+        if after.is_some() || at_most.is_some() {
+            return Err("BLOCK_AFTER and BLOCK_MAX need BLOCK_FOR, the first block".into());
+        }
+        return Ok(None);
+    };
+    let mut escalation = Escalation::new(first).after(after.unwrap_or(1), Duration::from_secs(60));
+    if let Some(at_most) = at_most {
+        escalation = escalation.at_most(at_most);
+    } else if first > Duration::from_secs(3600) {
+        escalation = escalation.at_most(first);
+    }
+    Ok(Some(escalation))
 }
 
 impl Abuse {
@@ -69,6 +114,9 @@ impl Abuse {
     pub(crate) fn policy(&self, mut policy: Policy) -> Policy {
         if let Some(percent) = self.near_limit {
             policy = policy.near_limit(percent);
+        }
+        if let Some(escalation) = self.escalation {
+            policy = policy.block_on_violation(escalation);
         }
         policy
     }

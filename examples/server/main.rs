@@ -43,8 +43,8 @@ Environment variables:
                                                     (default unset: served on BIND)
   CONFIG      a TOML file of policies, e.g. examples/limits.toml, instead of ALGORITHM,
               RATE_LIMIT, KEY, TRUSTED_PROXIES, LEASE, WAIT_MS, CONCURRENCY, PRIORITY_HEADER,
-              RESERVE, DENY, ALLOW and NEAR_LIMIT (which it replaces; setting both is an
-              error). Reloaded on SIGHUP, keeping every key's
+              RESERVE, DENY, ALLOW, NEAR_LIMIT and BLOCK_* (which it replaces; setting both
+              is an error). Reloaded on SIGHUP, keeping every key's
               usage; a file with a mistake is rejected and the old limits stay.
                                                     (default unset)
   REDIS_URL   unset: in-memory store; set: Redis (the server starts while Redis is down;
@@ -135,6 +135,10 @@ Environment variables:
               key of KEY                                    (default unset)
   ALLOW       the same, never limited nor counted; a request on both lists is denied
                                                     (default unset)
+  BLOCK_FOR   a key a RATE_LIMIT policy denies is blocked this long (e.g. 10s), denied
+              whatever its state; each new block within a day doubles it (default unset)
+  BLOCK_AFTER with BLOCK_FOR: block at this many denials within a minute (default 1)
+  BLOCK_MAX   with BLOCK_FOR: the longest block (default 1h)
   NEAR_LIMIT  warn when a key has used this percent of a RATE_LIMIT policy, e.g. 80:
               once per key and window, counted in ratelimit_near_limit_total on /metrics,
               the key listed in near_keys on /admin/top   (default unset)

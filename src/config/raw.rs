@@ -7,7 +7,7 @@ use crate::adaptive::Adaptive;
 use crate::algorithm::Algorithm;
 use crate::calendar::Calendar;
 use crate::error::ConfigError;
-use crate::policy::{Policy, Reserve};
+use crate::policy::{Escalation, Policy, Reserve};
 use crate::settle::Settle;
 
 impl RawPolicy {
@@ -192,5 +192,41 @@ impl RawPolicy {
             reserve = reserve.others(percent);
         }
         Ok(policy.reserve(reserve))
+    }
+}
+
+impl RawPolicy {
+    /// `policy` blocking on violation, if the file says so.
+    pub(super) fn blocking(&mut self, policy: Policy) -> Result<Policy, ConfigError> {
+        let Some(Text(DurationText(first))) = self.block_for.take() else {
+            let others = self.block_after.is_some()
+                || self.block_within.is_some()
+                || self.block_max.is_some()
+                || self.block_factor.is_some()
+                || self.block_forget_after.is_some();
+            if others {
+                return Err(ConfigError::new(
+                    "block_after, block_within, block_max, block_factor and block_forget_after \
+                     need block_for: the first block's duration",
+                ));
+            }
+            return Ok(policy);
+        };
+        let mut escalation = Escalation::new(first);
+        let within = self.block_within.take().map(|Text(DurationText(d))| d);
+        if self.block_after.is_some() || within.is_some() {
+            let within = within.unwrap_or(std::time::Duration::from_secs(60));
+            escalation = escalation.after(self.block_after.unwrap_or(1), within);
+        }
+        if let Some(Text(DurationText(max))) = self.block_max.take() {
+            escalation = escalation.at_most(max);
+        }
+        if let Some(factor) = self.block_factor {
+            escalation = escalation.factor(factor);
+        }
+        if let Some(Text(DurationText(forget))) = self.block_forget_after.take() {
+            escalation = escalation.forget_after(forget);
+        }
+        Ok(policy.block_on_violation(escalation))
     }
 }

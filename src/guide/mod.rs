@@ -13,7 +13,7 @@
 //! | [`costs`] | costs known once the response is done: LLM tokens per minute and per day, bytes sent |
 //! | [`concurrency`] | how many requests may be in flight at once |
 //! | [`overload`] | when the service itself is the bottleneck: an adaptive concurrency limit, capacity kept for priority |
-//! | [`abuse`] | abusive clients: allow and deny lists of networks and keys, entries added at runtime, a warning before the limit |
+//! | [`abuse`] | abusive clients: blocks that escalate, allow and deny lists of networks and keys, a warning before the limit |
 //! | [`reload`] | limits from a TOML file, changed while running |
 //! | [`redis`] | one limit shared by several instances: Redis, Redis Cluster, Sentinel |
 //! | [`grpc`] | a tonic server, answered with gRPC statuses |

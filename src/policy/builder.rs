@@ -77,6 +77,8 @@ pub struct Policy {
     pub(super) adaptive: Option<Adaptive>,
     /// The percentage of the limit past which a key is warned of ([`Policy::near_limit`]).
     pub(super) near_limit: Option<u8>,
+    /// How a key that keeps being denied is blocked ([`Policy::block_on_violation`]).
+    pub(super) escalation: Option<super::Escalation>,
 }
 
 /// How long a concurrency slot is held at most by default ([`Policy::max_duration`]).
@@ -136,6 +138,7 @@ impl Policy {
             reserve: None,
             adaptive: None,
             near_limit: None,
+            escalation: None,
         }
     }
 

@@ -45,6 +45,8 @@ impl Policy {
             && self.settle.is_none()
             && self.reserve.is_none()
             && self.adaptive.is_none()
+            && self.near_limit.is_none()
+            && self.escalation.is_none()
     }
 
     /// Whether the policy limits requests in flight.
@@ -182,6 +184,7 @@ impl Policy {
         self.check_reserve().map_err(context)?;
         self.check_adaptive().map_err(context)?;
         self.check_near().map_err(context)?;
+        self.check_escalation().map_err(context)?;
         if !self.tiers.is_empty() && self.name.is_none() {
             return Err(context(ConfigError::new(
                 "a policy with tiers needs a name",
@@ -433,6 +436,7 @@ impl Prepared<'_> {
                         Tier::new(t.name.clone(), at, t.algorithm.clone(), t.part.clone())
                             .with_unit(p.unit)
                             .warning_near(p.near_limit.unwrap_or(0))
+                            .escalating(p.escalation)
                             .reserving(p.reserve.as_ref())
                     })
                 })
@@ -451,11 +455,7 @@ impl Prepared<'_> {
             .iter()
             .map(|(k, t)| (k.clone(), tier_names[t]))
             .collect();
-        let up_front = p.refund_if.is_none()
-            && p.settle.is_none()
-            && p.reserve.is_none()
-            && p.adaptive.is_none()
-            && p.near_limit.is_none()
+        let up_front = p.up_front()
             && tiers
                 .iter()
                 .all(|t| t.get().part().op() == Op::Enforce && t.get().lease().is_none());

@@ -7,17 +7,20 @@ mod adaptive;
 mod builder;
 mod compile;
 mod compiled;
+mod escalation;
 mod near;
 mod priority;
 mod reserve;
 mod route;
 mod tiers;
 mod tier;
+mod violation;
 
 pub(crate) use builder::{CostFn, RequestFn, StatusFn};
 pub use builder::{DEFAULT_MAX_DURATION, Policy};
 #[cfg(fuzzing)]
 pub(crate) use compile::validate_name;
 pub(crate) use compiled::CompiledPolicy;
+pub use escalation::Escalation;
 pub use reserve::Reserve;
 pub(crate) use tier::{LeaseSpec, Part, Registered, Tier};

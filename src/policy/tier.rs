@@ -7,6 +7,7 @@ use std::sync::Arc;
 use http::HeaderValue;
 
 use super::builder::StatusFn;
+use super::escalation::Escalation;
 use super::reserve::Reserve;
 use crate::algorithm::{Compiled, compact};
 use crate::error::ConfigError;
@@ -68,6 +69,9 @@ pub(crate) struct Tier {
     levels: Option<Box<Levels>>,
     /// The percentage of the limit past which a key is warned of (0: never).
     near: u8,
+    /// How a key that keeps being denied is blocked, and the tag a Redis call sends: the
+    /// tag with the escalation after it (boxed: most tiers have none).
+    escalation: Option<Box<(Escalation, Box<str>)>>,
 }
 
 /// How a policy tier takes part in a decision: the operation its checks make, and what that
@@ -208,6 +212,7 @@ impl Tier {
             kept: 0,
             levels: None,
             near: 0,
+            escalation: None,
         }
     }
 
@@ -247,7 +252,7 @@ impl Tier {
         let mut tier = Tier::new(self.name.clone(), at, algorithm, part);
         tier.unit = self.unit;
         tier.near = self.near;
-        tier
+        tier.escalating(self.escalation().copied())
     }
 
     /// The tier `request` is judged under: the one of its priority's share, when the
@@ -311,6 +316,27 @@ impl Tier {
             Op::Wait { max_wait_us } => max_wait_us,
             _ => 0,
         }
+    }
+
+    /// The same tier blocking a key that keeps being denied as `escalation` says, if it does.
+    pub(crate) fn escalating(mut self, escalation: Option<Escalation>) -> Self {
+        self.escalation = escalation.map(|e| {
+            let tag = format!("{}{}", self.tag, e.lua_suffix()).into_boxed_str();
+            Box::new((e, tag))
+        });
+        self
+    }
+
+    /// How a key that keeps being denied is blocked, if it is.
+    pub(crate) fn escalation(&self) -> Option<&Escalation> {
+        self.escalation.as_ref().map(|e| &e.0)
+    }
+
+    /// The tag a Redis call sends: the tag, with the escalation after it (see
+    /// [`Escalation::lua_suffix`]).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn call_tag(&self) -> &str {
+        self.escalation.as_ref().map_or(&self.tag, |e| &e.1)
     }
 
     /// The same tier warning when a key has used `percent` of its limit (0: never).

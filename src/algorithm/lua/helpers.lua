@@ -277,6 +277,8 @@ local REPLY = {}
 -- Each policy of a call as `decide` reads it, per position: its algorithm, operation,
 -- parameters (then those it was decided under), cost and the operation's integers.
 local ALGS, OPS, PS, COSTS, XS, YS = {}, {}, {}, {}, {}, {}
+-- The escalation of each policy that blocks on violation (`strike`), nil for the others.
+local ESC = {}
 
 -- Numbers read from the strings a call sends, remembered: `tonumber` reads a string with
 -- strtod, about 1,800 instructions, where a table lookup costs a tenth of that. What is
@@ -338,12 +340,17 @@ end
 local function read_params(tag)
   local p = TAGGED[tag]
   if not p and tag then
-    -- A calendar's boundaries follow its tag after ';': parameters, not part of the tag.
-    local semi = find(tag, ';', 1, true)
-    p = { tag = semi and sub(tag, 1, semi - 1) or tag }
-    if not tag_params(tag, p) then
+    -- An escalation follows the rest after '!' (`Escalation::lua_suffix`), and a calendar's
+    -- boundaries follow the tag after ';': parameters, not part of the tag.
+    local bang = find(tag, '!', 1, true)
+    local rest = bang and sub(tag, 1, bang - 1) or tag
+    local semi = find(rest, ';', 1, true)
+    p = { tag = semi and sub(rest, 1, semi - 1) or rest }
+    local escalate = bang and {}
+    if not tag_params(rest, p) or (bang and not tag_params('Q' .. sub(tag, bang + 1), escalate)) then
       p = nil
     else
+      p.escalate = escalate
       remember(tag, p)
     end
   end

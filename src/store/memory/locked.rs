@@ -160,6 +160,12 @@ impl Rows for Locked<'_, '_> {
             if run.is_deferred() {
                 self.guards[run.guard()].charge_row(c, run, now, capacity);
             }
+            if let Some(escalation) = c.tier().escalation()
+                && let Some(level) =
+                    self.guards[run.guard()].strike(c, run, now, capacity, escalation)
+            {
+                crate::telemetry::count_block(c.tier(), level);
+            }
         }
         for guard in &mut self.guards {
             guard.tick(now);

@@ -19,6 +19,7 @@ mod decide;
 mod entry;
 mod limit;
 mod run;
+mod strike;
 mod word;
 
 pub(crate) use claim::TOGETHER;
@@ -367,6 +368,7 @@ impl Shard {
                     marks: Some(Box::new(Marks {
                         blocked_until: until,
                         limit: None,
+                        strikes: Default::default(),
                     })),
                 };
                 self.insert_row(Row::new(check, entry), hash, now, capacity);

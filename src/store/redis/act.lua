@@ -94,7 +94,8 @@ ACT[REFUND] = function(alg, key, p, st, now, units, _, keep, since)
   alg:refund(key, p, st, now, units, keep, since)
 end
 ACT[RESET] = function(_, key)
-  call('DEL', key)
+  -- The key's state, and its strikes' record, if it blocks on violation (see `strike`).
+  call('DEL', key, key .. '!')
 end
 ACT[PENALIZE] = function(alg, key, p, st, now, units, _, keep, since)
   if units > 0 then

@@ -122,7 +122,7 @@ impl Inner {
         };
         let periods = tier.algorithm().periods();
         if own.is_none() && periods.is_none() {
-            return std::borrow::Cow::Borrowed(tier.tag());
+            return std::borrow::Cow::Borrowed(tier.call_tag());
         }
         let mut tag = tier.tag().to_owned();
         if let Some(q) = own {
@@ -141,6 +141,9 @@ impl Inner {
         }
         if let Some(periods) = periods {
             tag.push_str(periods.around(self.now_micros()).text());
+        }
+        if let Some(escalation) = tier.escalation() {
+            tag.push_str(&escalation.lua_suffix());
         }
         std::borrow::Cow::Owned(tag)
     }
@@ -311,6 +314,15 @@ fn read_reply(checks: &[Check], reply: &[i64]) -> Result<Vec<Reply>, StoreError>
     }
     let mut own: SmallVec<[Option<Arc<Tier>>; 2]> = smallvec::smallvec![None; checks.len()];
     for limit in reply[expected..].chunks(OWN_WIDTH) {
+        // A block a policy that blocks on violation started: its place, negated, and level.
+        if let Some(check) = (limit[at::OWN_PLACE].checked_neg())
+            .and_then(|place| usize::try_from(place - 1).ok())
+            .and_then(|i| checks.get(i))
+        {
+            let level = u32::try_from(limit[at::OWN_LIMIT]).unwrap_or(0);
+            crate::telemetry::count_block(check.tier(), level);
+            continue;
+        }
         let check = usize::try_from(limit[at::OWN_PLACE] - 1)
             .ok()
             .and_then(|i| Some((i, checks.get(i)?)));

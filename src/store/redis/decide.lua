@@ -136,13 +136,16 @@ local function decide(keys, args)
       end
     end
   end
-  local at, injected, acts = 1, false, false
+  local at, injected, acts, escalates = 1, false, false, false
   for i = 1, n do
     local alg, op, p, cost, x, y, next_at, clock_flag = read_policy(args, at, i)
     if not alg then
       return malformed(args, at)
     end
-    ALGS[i], OPS[i], PS[i], COSTS[i], at = alg, op, p, cost, next_at
+    ALGS[i], OPS[i], PS[i], COSTS[i], ESC[i], at = alg, op, p, cost, p.escalate, next_at
+    if p.escalate then
+      escalates = true
+    end
     if x then
       -- Read only by the operations that have them.
       XS[i], YS[i] = x, y
@@ -165,9 +168,18 @@ local function decide(keys, args)
   end
   local _, total, own = ALGS[1]:step(1, n, keys, now, since, true, 0)
   if own then
-    own_limits(n, total)
+    total = own_limits(n, total)
   else
     REPLY[total + 1] = nil
+  end
+  if escalates then
+    local base = 0
+    for i = 1, n do
+      if ESC[i] then
+        total = strike(ALGS[i], keys[i], PS[i], ESC[i], now, since, base, i, total)
+      end
+      base = base + WIDTH[OPS[i]]
+    end
   end
   return REPLY
 end

@@ -155,4 +155,75 @@ local function own_limits(n, total)
     end
   end
   REPLY[total + 1] = nil
+  return total
+end
+
+-- The strike of the policy at place i, which blocks on violation as `e` says (its denials,
+-- their span, the first block, the longest, how long a level is remembered, the factor; see
+-- `Escalation`), whose reply follows REPLY[base] (twin of `Shard::strike`). Denied by its
+-- state (not NEVER: a cost above the capacity is no violation) and not within a block its
+-- strikes started, the key's record ("<key>!", in its hash slot: denials, the first's time,
+-- the last block's level, start and end) counts one more denial in the span; the count
+-- blocks the key, for the next level's time (the first once `forget` has passed since the
+-- last block), and the reply tells the block: then the reply's end, `total`, gets its place,
+-- negated, its level and its end (OWN_WIDTH integers). Returns the reply's end.
+local function strike(alg, key, p, e, now, since, base, i, total)
+  local v = REPLY[base + AT_VERDICT]
+  if v == ADMITTED or v == NEVER then
+    return total
+  end
+  local record = key .. '!'
+  local r = parse(call('GET', record), 5)
+  local n, first, level, last, ends = 0, now, 0, 0, 0
+  if r then
+    n, first, level, last, ends = r[1], r[2], r[3], r[4], r[5]
+  end
+  if ends > now then
+    return total
+  end
+  if first + e[2] <= now then
+    n, first = 0, now
+  end
+  n = n + 1
+  if n >= e[1] then
+    if last > 0 and last + e[5] > now then
+      level = level + 1
+    else
+      level = 1
+    end
+    local d = e[3]
+    for _ = 2, level do
+      d = d * e[6]
+      if d >= e[4] then
+        break
+      end
+    end
+    if d > e[4] then
+      d = e[4]
+    end
+    n, first, last, ends = 0, now, now, now + d
+    alg:block(key, p, nil, now, ends, nil, since)
+    -- The verdict as the block makes it (twin of `apply_block`).
+    if v < d then
+      REPLY[base + AT_VERDICT] = d
+    end
+    REPLY[base + AT_REMAINING] = 0
+    if REPLY[base + AT_RESET] < d then
+      REPLY[base + AT_RESET] = d
+    end
+    REPLY[total + AT_OWN_PLACE], REPLY[total + AT_OWN_LIMIT] = -i, level
+    REPLY[total + AT_OWN_WINDOW], REPLY[total + AT_OWN_BURST] = ends, 0
+    total = total + OWN_WIDTH
+  end
+  local keep = first + e[2]
+  if last + e[5] > keep then
+    keep = last + e[5]
+  end
+  if ends > keep then
+    keep = ends
+  end
+  call('SET', record, format(INT .. ' ' .. INT .. ' ' .. INT .. ' ' .. INT .. ' ' .. INT, n, first, level, last, ends),
+    'PX', format(INT, ttl_ms(since, keep)))
+  REPLY[total + 1] = nil
+  return total
 end

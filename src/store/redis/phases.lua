@@ -132,9 +132,13 @@ local function enforced(self, key, args, shape)
   local ok, st, ends, q, seen1, seen2, seen3 = phase_one(self, 1, key, p, now, since, cost, 0)
   REPLY[CHECK_WIDTH + 1] = nil
   phase_two(self, key, q, now, since, cost, st, ends, ok, 0, seen1, seen2, seen3)
+  local total = CHECK_WIDTH
   if q ~= p then
     PS[1] = q
-    own_limits(1, CHECK_WIDTH)
+    total = own_limits(1, CHECK_WIDTH)
+  end
+  if p.escalate then
+    strike(self, key, q, p.escalate, now, since, 0, 1, total)
   end
   return REPLY
 end

@@ -291,6 +291,8 @@ local REPLY = {}
 -- Each policy of a call as `decide` reads it, per position: its algorithm, operation,
 -- parameters (then those it was decided under), cost and the operation's integers.
 local ALGS, OPS, PS, COSTS, XS, YS = {}, {}, {}, {}, {}, {}
+-- The escalation of each policy that blocks on violation (`strike`), nil for the others.
+local ESC = {}
 
 -- Numbers read from the strings a call sends, remembered: `tonumber` reads a string with
 -- strtod, about 1,800 instructions, where a table lookup costs a tenth of that. What is
@@ -352,12 +354,17 @@ end
 local function read_params(tag)
   local p = TAGGED[tag]
   if not p and tag then
-    -- A calendar's boundaries follow its tag after ';': parameters, not part of the tag.
-    local semi = find(tag, ';', 1, true)
-    p = { tag = semi and sub(tag, 1, semi - 1) or tag }
-    if not tag_params(tag, p) then
+    -- An escalation follows the rest after '!' (`Escalation::lua_suffix`), and a calendar's
+    -- boundaries follow the tag after ';': parameters, not part of the tag.
+    local bang = find(tag, '!', 1, true)
+    local rest = bang and sub(tag, 1, bang - 1) or tag
+    local semi = find(rest, ';', 1, true)
+    p = { tag = semi and sub(rest, 1, semi - 1) or rest }
+    local escalate = bang and {}
+    if not tag_params(rest, p) or (bang and not tag_params('Q' .. sub(tag, bang + 1), escalate)) then
       p = nil
     else
+      p.escalate = escalate
       remember(tag, p)
     end
   end
@@ -525,7 +532,8 @@ ACT[7] = function(alg, key, p, st, now, units, _, keep, since)
   alg:refund(key, p, st, now, units, keep, since)
 end
 ACT[8] = function(_, key)
-  call('DEL', key)
+  -- The key's state, and its strikes' record, if it blocks on violation (see `strike`).
+  call('DEL', key, key .. '!')
 end
 ACT[9] = function(alg, key, p, st, now, units, _, keep, since)
   if units > 0 then
@@ -751,6 +759,77 @@ local function own_limits(n, total)
     end
   end
   REPLY[total + 1] = nil
+  return total
+end
+
+-- The strike of the policy at place i, which blocks on violation as `e` says (its denials,
+-- their span, the first block, the longest, how long a level is remembered, the factor; see
+-- `Escalation`), whose reply follows REPLY[base] (twin of `Shard::strike`). Denied by its
+-- state (not NEVER: a cost above the capacity is no violation) and not within a block its
+-- strikes started, the key's record ("<key>!", in its hash slot: denials, the first's time,
+-- the last block's level, start and end) counts one more denial in the span; the count
+-- blocks the key, for the next level's time (the first once `forget` has passed since the
+-- last block), and the reply tells the block: then the reply's end, `total`, gets its place,
+-- negated, its level and its end (OWN_WIDTH integers). Returns the reply's end.
+local function strike(alg, key, p, e, now, since, base, i, total)
+  local v = REPLY[base + 1]
+  if v == -2 or v == -1 then
+    return total
+  end
+  local record = key .. '!'
+  local r = parse(call('GET', record), 5)
+  local n, first, level, last, ends = 0, now, 0, 0, 0
+  if r then
+    n, first, level, last, ends = r[1], r[2], r[3], r[4], r[5]
+  end
+  if ends > now then
+    return total
+  end
+  if first + e[2] <= now then
+    n, first = 0, now
+  end
+  n = n + 1
+  if n >= e[1] then
+    if last > 0 and last + e[5] > now then
+      level = level + 1
+    else
+      level = 1
+    end
+    local d = e[3]
+    for _ = 2, level do
+      d = d * e[6]
+      if d >= e[4] then
+        break
+      end
+    end
+    if d > e[4] then
+      d = e[4]
+    end
+    n, first, last, ends = 0, now, now, now + d
+    alg:block(key, p, nil, now, ends, nil, since)
+    -- The verdict as the block makes it (twin of `apply_block`).
+    if v < d then
+      REPLY[base + 1] = d
+    end
+    REPLY[base + 2] = 0
+    if REPLY[base + 3] < d then
+      REPLY[base + 3] = d
+    end
+    REPLY[total + 1], REPLY[total + 2] = -i, level
+    REPLY[total + 3], REPLY[total + 4] = ends, 0
+    total = total + 4
+  end
+  local keep = first + e[2]
+  if last + e[5] > keep then
+    keep = last + e[5]
+  end
+  if ends > keep then
+    keep = ends
+  end
+  call('SET', record, format(INT .. ' ' .. INT .. ' ' .. INT .. ' ' .. INT .. ' ' .. INT, n, first, level, last, ends),
+    'PX', format(INT, ttl_ms(since, keep)))
+  REPLY[total + 1] = nil
+  return total
 end
 -- Fixed window: twin of fixed_window.rs. Params: limit, window; for a calendar, limit, 0, the
 -- calendar's id, then the boundaries the call carries (b0 .. b3: the periods before, holding
@@ -1279,11 +1358,15 @@ ALG[1] = function()
       local tag = args[at]
       p = TAGGED[tag]
       if not p and tag then
-        local semi = find(tag, ';', 1, true)
-        p = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p) then
+        local bang = find(tag, '!', 1, true)
+        local rest = bang and sub(tag, 1, bang - 1) or tag
+        local semi = find(rest, ';', 1, true)
+        p = { tag = semi and sub(rest, 1, semi - 1) or rest }
+        local escalate = bang and {}
+        if not tag_params(rest, p) or (bang and not tag_params('Q' .. sub(tag, bang + 1), escalate)) then
           p = nil
         else
+          p.escalate = escalate
           remember(tag, p)
         end
       end
@@ -1527,9 +1610,13 @@ ALG[1] = function()
       end
       uncharged(self, key, q, st, now, since, cost, 0)
     until true
+    local total = 3
     if q ~= p then
       PS[1] = q
-      own_limits(1, 3)
+      total = own_limits(1, 3)
+    end
+    if p.escalate then
+      strike(self, key, q, p.escalate, now, since, 0, 1, total)
     end
     return REPLY
   end
@@ -2359,11 +2446,15 @@ ALG[2] = function()
       local tag = args[at]
       p = TAGGED[tag]
       if not p and tag then
-        local semi = find(tag, ';', 1, true)
-        p = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p) then
+        local bang = find(tag, '!', 1, true)
+        local rest = bang and sub(tag, 1, bang - 1) or tag
+        local semi = find(rest, ';', 1, true)
+        p = { tag = semi and sub(rest, 1, semi - 1) or rest }
+        local escalate = bang and {}
+        if not tag_params(rest, p) or (bang and not tag_params('Q' .. sub(tag, bang + 1), escalate)) then
           p = nil
         else
+          p.escalate = escalate
           remember(tag, p)
         end
       end
@@ -2670,9 +2761,13 @@ ALG[2] = function()
       end
       uncharged(self, key, q, st, now, since, cost, 0)
     until true
+    local total = 3
     if q ~= p then
       PS[1] = q
-      own_limits(1, 3)
+      total = own_limits(1, 3)
+    end
+    if p.escalate then
+      strike(self, key, q, p.escalate, now, since, 0, 1, total)
     end
     return REPLY
   end
@@ -3299,11 +3394,15 @@ ALG[3] = function()
       local tag = args[at]
       p = TAGGED[tag]
       if not p and tag then
-        local semi = find(tag, ';', 1, true)
-        p = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p) then
+        local bang = find(tag, '!', 1, true)
+        local rest = bang and sub(tag, 1, bang - 1) or tag
+        local semi = find(rest, ';', 1, true)
+        p = { tag = semi and sub(rest, 1, semi - 1) or rest }
+        local escalate = bang and {}
+        if not tag_params(rest, p) or (bang and not tag_params('Q' .. sub(tag, bang + 1), escalate)) then
           p = nil
         else
+          p.escalate = escalate
           remember(tag, p)
         end
       end
@@ -3511,9 +3610,13 @@ ALG[3] = function()
       end
       uncharged(self, key, q, st, now, since, cost, 0)
     until true
+    local total = 3
     if q ~= p then
       PS[1] = q
-      own_limits(1, 3)
+      total = own_limits(1, 3)
+    end
+    if p.escalate then
+      strike(self, key, q, p.escalate, now, since, 0, 1, total)
     end
     return REPLY
   end
@@ -4133,11 +4236,15 @@ ALG[4] = function()
       local tag = args[at]
       p = TAGGED[tag]
       if not p and tag then
-        local semi = find(tag, ';', 1, true)
-        p = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p) then
+        local bang = find(tag, '!', 1, true)
+        local rest = bang and sub(tag, 1, bang - 1) or tag
+        local semi = find(rest, ';', 1, true)
+        p = { tag = semi and sub(rest, 1, semi - 1) or rest }
+        local escalate = bang and {}
+        if not tag_params(rest, p) or (bang and not tag_params('Q' .. sub(tag, bang + 1), escalate)) then
           p = nil
         else
+          p.escalate = escalate
           remember(tag, p)
         end
       end
@@ -4405,9 +4512,13 @@ ALG[4] = function()
       end
       uncharged(self, key, q, st, now, since, cost, 0)
     until true
+    local total = 3
     if q ~= p then
       PS[1] = q
-      own_limits(1, 3)
+      total = own_limits(1, 3)
+    end
+    if p.escalate then
+      strike(self, key, q, p.escalate, now, since, 0, 1, total)
     end
     return REPLY
   end
@@ -4971,11 +5082,15 @@ ALG[5] = function()
       local tag = args[at]
       p = TAGGED[tag]
       if not p and tag then
-        local semi = find(tag, ';', 1, true)
-        p = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p) then
+        local bang = find(tag, '!', 1, true)
+        local rest = bang and sub(tag, 1, bang - 1) or tag
+        local semi = find(rest, ';', 1, true)
+        p = { tag = semi and sub(rest, 1, semi - 1) or rest }
+        local escalate = bang and {}
+        if not tag_params(rest, p) or (bang and not tag_params('Q' .. sub(tag, bang + 1), escalate)) then
           p = nil
         else
+          p.escalate = escalate
           remember(tag, p)
         end
       end
@@ -5214,9 +5329,13 @@ ALG[5] = function()
       end
       uncharged(self, key, q, st, now, since, cost, 0)
     until true
+    local total = 3
     if q ~= p then
       PS[1] = q
-      own_limits(1, 3)
+      total = own_limits(1, 3)
+    end
+    if p.escalate then
+      strike(self, key, q, p.escalate, now, since, 0, 1, total)
     end
     return REPLY
   end
@@ -5607,11 +5726,15 @@ ALG[6] = function()
       local tag = args[at]
       p = TAGGED[tag]
       if not p and tag then
-        local semi = find(tag, ';', 1, true)
-        p = { tag = semi and sub(tag, 1, semi - 1) or tag }
-        if not tag_params(tag, p) then
+        local bang = find(tag, '!', 1, true)
+        local rest = bang and sub(tag, 1, bang - 1) or tag
+        local semi = find(rest, ';', 1, true)
+        p = { tag = semi and sub(rest, 1, semi - 1) or rest }
+        local escalate = bang and {}
+        if not tag_params(rest, p) or (bang and not tag_params('Q' .. sub(tag, bang + 1), escalate)) then
           p = nil
         else
+          p.escalate = escalate
           remember(tag, p)
         end
       end
@@ -5770,9 +5893,13 @@ ALG[6] = function()
       end
       uncharged(self, key, q, st, now, since, cost, 0)
     until true
+    local total = 3
     if q ~= p then
       PS[1] = q
-      own_limits(1, 3)
+      total = own_limits(1, 3)
+    end
+    if p.escalate then
+      strike(self, key, q, p.escalate, now, since, 0, 1, total)
     end
     return REPLY
   end
@@ -5918,11 +6045,15 @@ local function read_policy(args, at, i)
     local tag = args[at]
     p = TAGGED[tag]
     if not p and tag then
-      local semi = find(tag, ';', 1, true)
-      p = { tag = semi and sub(tag, 1, semi - 1) or tag }
-      if not tag_params(tag, p) then
+      local bang = find(tag, '!', 1, true)
+      local rest = bang and sub(tag, 1, bang - 1) or tag
+      local semi = find(rest, ';', 1, true)
+      p = { tag = semi and sub(rest, 1, semi - 1) or rest }
+      local escalate = bang and {}
+      if not tag_params(rest, p) or (bang and not tag_params('Q' .. sub(tag, bang + 1), escalate)) then
         p = nil
       else
+        p.escalate = escalate
         remember(tag, p)
       end
     end
@@ -5977,7 +6108,7 @@ local function decide(keys, args)
       end
     end
   end
-  local at, injected, acts = 1, false, false
+  local at, injected, acts, escalates = 1, false, false, false
   for i = 1, n do
     local alg, op, p, cost, x, y, next_at, clock_flag
     repeat -- read_policy
@@ -6014,11 +6145,15 @@ local function decide(keys, args)
         local tag = args[at]
         p_2 = TAGGED[tag]
         if not p_2 and tag then
-          local semi = find(tag, ';', 1, true)
-          p_2 = { tag = semi and sub(tag, 1, semi - 1) or tag }
-          if not tag_params(tag, p_2) then
+          local bang = find(tag, '!', 1, true)
+          local rest = bang and sub(tag, 1, bang - 1) or tag
+          local semi = find(rest, ';', 1, true)
+          p_2 = { tag = semi and sub(rest, 1, semi - 1) or rest }
+          local escalate = bang and {}
+          if not tag_params(rest, p_2) or (bang and not tag_params('Q' .. sub(tag, bang + 1), escalate)) then
             p_2 = nil
           else
+            p_2.escalate = escalate
             remember(tag, p_2)
           end
         end
@@ -6031,7 +6166,10 @@ local function decide(keys, args)
     if not alg then
       return malformed(args, at)
     end
-    ALGS[i], OPS[i], PS[i], COSTS[i], at = alg, op, p, cost, next_at
+    ALGS[i], OPS[i], PS[i], COSTS[i], ESC[i], at = alg, op, p, cost, p.escalate, next_at
+    if p.escalate then
+      escalates = true
+    end
     if x then
       -- Read only by the operations that have them.
       XS[i], YS[i] = x, y
@@ -6064,9 +6202,18 @@ local function decide(keys, args)
   end
   local _, total, own = ALGS[1]:step(1, n, keys, now, since, true, 0)
   if own then
-    own_limits(n, total)
+    total = own_limits(n, total)
   else
     REPLY[total + 1] = nil
+  end
+  if escalates then
+    local base = 0
+    for i = 1, n do
+      if ESC[i] then
+        total = strike(ALGS[i], keys[i], PS[i], ESC[i], now, since, base, i, total)
+      end
+      base = base + WIDTH[OPS[i]]
+    end
   end
   return REPLY
 end

@@ -35,6 +35,29 @@ pub(super) struct Marks {
     pub(super) blocked_until: u64,
     /// The key's own limit, if one is set: its state is written under it.
     pub(super) limit: Option<Arc<Limit>>,
+    /// Its denials and blocks, under a policy that blocks on violation.
+    pub(super) strikes: Strikes,
+}
+
+/// A key's denials and blocks under a policy that blocks on violation
+/// ([`Escalation`](crate::Escalation)), all on the store's clock: the twin of the record
+/// `<key>!` of the Redis script.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Strikes {
+    /// Denials counted since `first`.
+    pub(super) denials: u32,
+    pub(super) first: u64,
+    /// The level of the last block, when it started, and when it ends.
+    pub(super) level: u32,
+    pub(super) last: u64,
+    pub(super) until: u64,
+}
+
+impl Marks {
+    /// Whether nothing is marked.
+    pub(super) fn is_empty(&self) -> bool {
+        self.blocked_until == 0 && self.limit.is_none() && self.strikes == Strikes::default()
+    }
 }
 
 /// A key's own limit (`RateLimitLayer::set_limit`): its policy's tier with the key's quota

@@ -46,6 +46,7 @@ impl Shard {
                     expires_at: until,
                     marks: Some(Box::new(Marks {
                         blocked_until: 0,
+                        strikes: Default::default(),
                         limit: Some(limit),
                     })),
                 };
@@ -77,11 +78,7 @@ impl Row {
             (None, Some(marks)) => marks.limit = None,
             (None, None) => {}
         }
-        if entry
-            .marks
-            .as_ref()
-            .is_some_and(|m| m.blocked_until == 0 && m.limit.is_none())
-        {
+        if entry.marks.as_ref().is_some_and(|m| m.is_empty()) {
             entry.marks = None;
         }
         self.def = tier.def();

@@ -5,7 +5,7 @@
 //! ```text
 //! instructions MODE N    # MODE: bare, identity, headers, none, axum_body, defaults, governor,
 //!                         # governor_headers, check, check_fixed, check_two, check_two_gcra,
-//!                         # governor_check, hot or hot_lease
+//!                         # governor_check, hot, hot_lease, lists or lists_given
 //! ```
 //!
 //! It makes 10,240 requests to warm up, then `N` more in `measured`, the only function
@@ -31,7 +31,10 @@
 //! key's shard's shared lock, each word claimed). Peers cycle through
 //! 10,240 addresses, but in `hot` (as `defaults`) and `hot_lease` (the same with
 //! `Policy::lease(20)`: the requests the leases admit without a store call), where every
-//! request comes from one peer.
+//! request comes from one peer. `lists` is `headers` with allow and deny lists (a network on
+//! each, no request on either: what the lists cost a request they do not decide), their
+//! entries added at runtime read in the store; `lists_given`, the same lists alone
+//! (`Lists::kept_in_store(false)`).
 
 use std::net::SocketAddr;
 
@@ -40,6 +43,7 @@ use http::Request;
 use tower::ServiceExt;
 use tower_ratelimit::axum::AxumBody;
 use tower_ratelimit::key::{Key, PeerIp};
+use tower_ratelimit::lists::Lists;
 use tower_ratelimit::{HeaderStyle, Policy, RateLimitLayer};
 
 #[path = "common/ready.rs"]
@@ -88,13 +92,19 @@ fn requests(mode: &str) -> Box<dyn FnMut(u64)> {
         if mode == "hot_lease" {
             policy = policy.lease(20);
         }
-        RateLimitLayer::builder()
+        let mut builder = RateLimitLayer::builder()
             .policy(policy)
             .key(PeerIp::new())
             .headers(style)
-            .decision_extension(matches!(mode, "defaults" | "hot" | "hot_lease"))
-            .build()
-            .expect("a valid layer")
+            .decision_extension(matches!(mode, "defaults" | "hot" | "hot_lease"));
+        if mode.starts_with("lists") {
+            let lists = Lists::new()
+                .deny(["203.0.113.0/24"])
+                .allow(["198.51.100.0/24"])
+                .kept_in_store(mode == "lists");
+            builder = builder.lists(lists);
+        }
+        builder.build().expect("a valid layer")
     };
     let keys: Vec<Key> = (0..10_000u64).map(Key::from).collect();
     let base = Router::new().route("/", get(|| async { "hello" }));
@@ -145,7 +155,9 @@ fn requests(mode: &str) -> Box<dyn FnMut(u64)> {
         }
         "bare" => base,
         "identity" => base.layer(tower::layer::util::Identity::new()),
-        "headers" | "defaults" | "hot" | "hot_lease" => base.layer(layer(HeaderStyle::Legacy)),
+        "headers" | "defaults" | "hot" | "hot_lease" | "lists" | "lists_given" => {
+            base.layer(layer(HeaderStyle::Legacy))
+        }
         "none" => base.layer(layer(HeaderStyle::None)),
         "axum_body" => base.layer(layer(HeaderStyle::None).body::<AxumBody>()),
         other => panic!("unknown mode {other:?}: see the file's documentation"),

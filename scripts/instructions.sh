@@ -25,7 +25,7 @@ count() {
 }
 declare -A per
 for mode in bare identity headers none axum_body defaults governor governor_headers check \
-    check_fixed check_two check_two_gcra governor_check hot hot_lease; do
+    check_fixed check_two check_two_gcra governor_check hot hot_lease lists lists_given; do
     per[$mode]=$(( $(count "$mode") / N ))
 done
 layer() { echo $(( per[$1] - per[bare] )); }
@@ -46,3 +46,5 @@ echo "  check, GCRA and fixed window:   ${per[check_two]} ($(ratio "${per[check_
 echo "  check, two GCRAs:               ${per[check_two_gcra]} ($(ratio "${per[check_two_gcra]}" "${per[check]}") one GCRA's: both words claimed)"
 echo "  one hot key, defaults:          ${per[hot]}"
 echo "  ... with leases of 20:          ${per[hot_lease]} (the requests leases admit here)"
+echo "  X-RateLimit-*, allow and deny lists: ${per[lists]} (layer: $(layer lists); $(ratio "$(layer lists)" "$(layer headers)") the layer's without; entries added at runtime read)"
+echo "  ... only the lists given:       ${per[lists_given]} (layer: $(layer lists_given); $(ratio "$(layer lists_given)" "$(layer headers)"))"

@@ -32,9 +32,9 @@
 //! 10,240 addresses, but in `hot` (as `defaults`) and `hot_lease` (the same with
 //! `Policy::lease(20)`: the requests the leases admit without a store call), where every
 //! request comes from one peer. `lists` is `headers` with allow and deny lists (a network on
-//! each, no request on either: what the lists cost a request they do not decide), their
-//! entries added at runtime read in the store; `lists_given`, the same lists alone
-//! (`Lists::kept_in_store(false)`).
+//! each, no request on either: what the lists cost a request they do not decide), entries
+//! added at runtime kept in the store (none is added: in memory they are then not looked at);
+//! `lists_given`, the same lists alone (`Lists::kept_in_store(false)`).
 
 use std::net::SocketAddr;
 

@@ -46,5 +46,5 @@ echo "  check, GCRA and fixed window:   ${per[check_two]} ($(ratio "${per[check_
 echo "  check, two GCRAs:               ${per[check_two_gcra]} ($(ratio "${per[check_two_gcra]}" "${per[check]}") one GCRA's: both words claimed)"
 echo "  one hot key, defaults:          ${per[hot]}"
 echo "  ... with leases of 20:          ${per[hot_lease]} (the requests leases admit here)"
-echo "  X-RateLimit-*, allow and deny lists: ${per[lists]} (layer: $(layer lists); $(ratio "$(layer lists)" "$(layer headers)") the layer's without; entries added at runtime read)"
+echo "  X-RateLimit-*, allow and deny lists: ${per[lists]} (layer: $(layer lists); $(ratio "$(layer lists)" "$(layer headers)") the layer's without; entries kept in the store, none added)"
 echo "  ... only the lists given:       ${per[lists_given]} (layer: $(layer lists_given); $(ratio "$(layer lists_given)" "$(layer headers)"))"

@@ -357,7 +357,7 @@ impl<St: Store> Limiter<St> {
             .map(|top| Tracker::new(top, headers.partition.as_ref(), names).map(Arc::new))
             .transpose()?;
         let lists = LayerLists::of(lists.as_ref(), &config.key, &store)?;
-        let plain = config.deny_cache.is_none() && fallback.is_none() && lists.is_none();
+        let plain = config.deny_cache.is_none() && fallback.is_none();
         let lane = Lane::of(&set.policies, St::DECIDES_ALONE, plain);
         let leases = (set.leases.then(Leases::new)).map_or_else(OnceLock::new, OnceLock::from);
         Ok(Limiter {
@@ -394,6 +394,12 @@ impl<St: Store> Limiter<St> {
         if self.exempt.as_ref().is_some_and(|f| f(request)) {
             return Next::nothing();
         }
+        // In memory the lists answer here, whatever the lane; elsewhere in `plan`.
+        if St::DECIDES_ALONE
+            && let Some(next) = self.listed_at_once(request)
+        {
+            return next;
+        }
         let policies = self.policies.load();
         match policies.lane() {
             Lane::Alone => self.begin_alone(&policies[0], request, &policies),
@@ -410,9 +416,12 @@ impl<St: Store> Limiter<St> {
         policies: &[CompiledPolicy],
         mut held: Permits,
     ) -> Next<St::Future> {
-        let listed = match self.listed(request) {
-            Ok(listed) => listed,
-            Err(answer) => return answer.holding(held),
+        let listed = match St::DECIDES_ALONE {
+            true => None,
+            false => match self.listed(request) {
+                Ok(listed) => listed,
+                Err(answer) => return answer.holding(held),
+            },
         };
         if self.adapts()
             && let Some(next) = self.admitted(request, policies, &mut held)
@@ -569,7 +578,7 @@ impl<St: Store> Limiter<St> {
     /// cache or local fallback), for [`Lane::of`]. The breaker does not count: a store that
     /// decides at once never fails, so it never opens one.
     fn plain(&self) -> bool {
-        self.deny_cache.is_none() && self.fallback.is_none() && self.lists.is_none()
+        self.deny_cache.is_none() && self.fallback.is_none()
     }
 
     /// Whether the ticket keeps the request's keys: for the deny cache, the top limited keys,

@@ -237,8 +237,9 @@ pub(crate) struct Compiled {
 
 impl Compiled {
     /// What the lists say of `request`: networks first (no key made for a denied one), then
-    /// the key's entries given to the layer.
-    pub(crate) fn judge(&self, request: &RequestRef<'_>) -> Judged {
+    /// the key's entries given to the layer; the key is made for the runtime entries when
+    /// `runtime` (entries may be in the store).
+    pub(crate) fn judge(&self, request: &RequestRef<'_>, runtime: bool) -> Judged {
         let networks = !self.deny.networks.is_empty() || !self.allow.networks.is_empty();
         let ip = networks
             .then(|| self.client_ip.resolve(request).ok().map(|r| r.ip()))
@@ -246,7 +247,8 @@ impl Compiled {
         if self.deny.has_network(ip) {
             return Judged::Denied(Why::Network);
         }
-        let keyed = self.in_store || !self.deny.keys.is_empty() || !self.allow.keys.is_empty();
+        let runtime = runtime && self.in_store;
+        let keyed = runtime || !self.deny.keys.is_empty() || !self.allow.keys.is_empty();
         let key = keyed.then(|| self.key.extract(request).ok()).flatten();
         if key.as_ref().is_some_and(|k| self.deny.keys.contains(k)) {
             return Judged::Denied(Why::Key);
@@ -254,7 +256,7 @@ impl Compiled {
         if self.allow.has_network(ip) || key.as_ref().is_some_and(|k| self.allow.keys.contains(k)) {
             return Judged::Allowed;
         }
-        Judged::Neither(key.filter(|_| self.in_store))
+        Judged::Neither(key.filter(|_| runtime))
     }
 
     /// Whether entries added at runtime are kept in the store and read.

@@ -101,7 +101,9 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// on the deny list is answered `403`, one on the allow list is neither limited nor
     /// counted. Entries can then also be added at runtime, kept in the store
     /// ([`RateLimitLayer::deny_key`](crate::RateLimitLayer::deny_key)). A layer without
-    /// lists pays nothing for them; one with lists decides every request the general way.
+    /// lists pays nothing for them. In memory, a request pays the match of the lists given,
+    /// and a look at its key's runtime entries once one was ever added to the store; with
+    /// Redis, the entries are read in the decision's one call.
     pub fn lists(mut self, lists: Lists) -> Self {
         self.lists = Some(lists);
         self

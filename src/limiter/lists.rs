@@ -1,18 +1,20 @@
-//! Step 0 of a planned request: the allow and deny lists (`lists.rs`), before any policy.
+//! Step 0 of a request: the allow and deny lists (`lists.rs`), before any policy.
 //!
 //! A network or key given to the layer answers here, without a store call. An entry added at
 //! runtime is kept in the store as a block of the key in one of two tiers registered under
-//! names no policy may take (`!deny`, `!allow`): the request's store call carries a look at
-//! both after its policies' checks (`Op::ChargeIf` at cost 0, which decides without being
-//! charged), so a listed key makes the store charge nothing, in the same atomic step, and
-//! every instance sharing the store sees an entry from its next request. The engine then reads
-//! the two outcomes and takes them out of the decision.
+//! names no policy may take (`!deny`, `!allow`), looked at by a check of each
+//! (`Op::ChargeIf` at cost 0, which decides without being charged). With Redis, `plan` adds
+//! the two after the policies' checks: a listed key makes the store charge nothing, in the
+//! same atomic step, and every instance sharing the store sees an entry from its next
+//! request; `unlisted` takes their outcomes out of the decision. In memory, `begin` asks
+//! before the lane (`listed_at_once`), and looks at the entries only once one was ever added
+//! to the store (`Registry::listed`): a layer with lists keeps its lane.
 
 use std::time::SystemTime;
 
 use super::admin::Answer;
 use super::{Limiter, Next};
-use crate::decision::Decision;
+use crate::decision::{Decision, PolicyOutcome};
 use crate::error::{ConfigError, LimitError};
 use crate::key::{Key, RequestRef};
 use crate::lists::{Judged, Lists, Why};
@@ -31,10 +33,31 @@ impl<St: Store> Limiter<St> {
         let Some(lists) = &self.lists else {
             return Ok(None);
         };
-        match lists.present().judge(request) {
+        match lists.present().judge(request, true) {
             Judged::Denied(why) => Err(self.denied(why)),
             Judged::Allowed => Err(Self::allowed("layer")),
             Judged::Neither(key) => Ok(key),
+        }
+    }
+
+    /// What the lists say of `request`, on a store that decides at once (in memory, before
+    /// the lane: the lists take no `Check` lane of their own): the answer when they decide
+    /// it. The key's runtime entries are looked at in a decision of their own, and only once
+    /// an entry was ever added to the store.
+    #[inline]
+    pub(super) fn listed_at_once<F>(&self, request: &RequestRef<'_>) -> Option<Next<F>> {
+        let lists = self.lists.as_ref()?;
+        let runtime = self.store.registry().listed();
+        match lists.present().judge(request, runtime) {
+            Judged::Denied(why) => Some(self.denied(why)),
+            Judged::Allowed => Some(Self::allowed("layer")),
+            Judged::Neither(None) => None,
+            Judged::Neither(key) => {
+                let mut checks = Checks::new();
+                self.push_list_checks(key, &mut checks);
+                let decision = self.store.check_now(&checks)?;
+                self.entries_say(decision.outcomes())
+            }
         }
     }
 
@@ -65,10 +88,18 @@ impl<St: Store> Limiter<St> {
         if let Some(keys) = keys {
             keys.truncate(decision.outcomes().len());
         }
-        match &entries[..] {
+        match self.entries_say(&entries) {
+            None if decision.outcomes().is_empty() => Some(Next::nothing()),
+            said => said,
+        }
+    }
+
+    /// The answer the outcomes of a key's two runtime entries give (deny, then allow: an entry
+    /// is a block, so a denial), if one is there.
+    fn entries_say<F>(&self, entries: &[PolicyOutcome]) -> Option<Next<F>> {
+        match entries {
             [deny, _] if !deny.is_allowed() => Some(self.denied(Why::Entry)),
             [_, allow] if !allow.is_allowed() => Some(Self::allowed("store")),
-            _ if decision.outcomes().is_empty() => Some(Next::nothing()),
             _ => None,
         }
     }
@@ -102,6 +133,7 @@ impl<St: Store> Limiter<St> {
             .filter(|l| l.present().in_store())
             .ok_or(LimitError::NoLists)?;
         let tier = if deny { lists.deny() } else { lists.allow() };
+        self.store.registry().mark_listed();
         let now = self.clock.now_micros();
         let us = match until {
             None => LISTED_FOR_GOOD_US,

@@ -151,6 +151,8 @@ pub(crate) struct Registry {
     /// Whether a name has ever taken a new definition, or a key a limit of its own: until
     /// then every state is written under its tier's definition, and no decision needs to look.
     redefined: AtomicBool,
+    /// Whether an entry was ever added to the allow or deny list (see `mark_listed`).
+    listed: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -233,6 +235,17 @@ impl Registry {
     /// takes before it reads this.
     pub(crate) fn own_limit_set(&self) {
         self.redefined.store(true, Ordering::Relaxed);
+    }
+
+    /// An entry was added to a store's allow or deny list (`lists.rs`): decisions in memory
+    /// look at the lists' entries from now on.
+    pub(crate) fn mark_listed(&self) {
+        self.listed.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether an entry was ever added to the store's allow or deny list.
+    pub(crate) fn listed(&self) -> bool {
+        self.listed.load(Ordering::Relaxed)
     }
 
     /// The definition numbered `def`.

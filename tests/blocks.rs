@@ -242,3 +242,31 @@ fn blocks_from_the_configuration_file() {
             .unwrap_err();
     assert!(error.to_string().contains("factor"), "{error}");
 }
+
+/// An administrator's block of a key is no violation of its own: it starts no escalation.
+async fn no_strike_under_an_administrators_block<St: Store>(store: St, clock: ManualClock) {
+    let escalation = Escalation::new(Duration::from_secs(100));
+    let (app, limiter) = layer(store, Algorithm::Gcra, escalation, &clock, false);
+    limiter
+        .block_for(&Key::from("e"), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(ask(&app, "e").await, Some(5_000), "the block alone");
+    clock.advance(Duration::from_secs(5));
+    assert_eq!(ask(&app, "e").await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_administrators_block_is_no_strike() {
+    let clock = ManualClock::new();
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    no_strike_under_an_administrators_block(memory, clock.clone()).await;
+    let server = RedisServer::start();
+    let redis = RedisStore::builder(&server.url())
+        .prefix("admin-block:")
+        .clock(clock.clone())
+        .build()
+        .await
+        .unwrap();
+    no_strike_under_an_administrators_block(redis, clock).await;
+}

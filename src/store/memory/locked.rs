@@ -160,7 +160,9 @@ impl Rows for Locked<'_, '_> {
             if run.is_deferred() {
                 self.guards[run.guard()].charge_row(c, run, now, capacity);
             }
+            // Only a request's own check strikes, not an administrator's act or look.
             if let Some(escalation) = c.tier().escalation()
+                && c.op() == Op::Enforce
                 && let Some(level) =
                     self.guards[run.guard()].strike(c, run, now, capacity, escalation)
             {

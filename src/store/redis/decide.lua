@@ -175,7 +175,8 @@ local function decide(keys, args)
   if escalates then
     local base = 0
     for i = 1, n do
-      if ESC[i] then
+      -- Only a request's own check strikes, not an administrator's act or look.
+      if ESC[i] and OPS[i] == ENFORCE then
         total = strike(ALGS[i], keys[i], PS[i], ESC[i], now, since, base, i, total)
       end
       base = base + WIDTH[OPS[i]]

@@ -765,8 +765,8 @@ end
 -- The strike of the policy at place i, which blocks on violation as `e` says (its denials,
 -- their span, the first block, the longest, how long a level is remembered, the factor; see
 -- `Escalation`), whose reply follows REPLY[base] (twin of `Shard::strike`). Denied by its
--- state (not NEVER: a cost above the capacity is no violation) and not within a block its
--- strikes started, the key's record ("<key>!", in its hash slot: denials, the first's time,
+-- state (not NEVER: a cost above the capacity is no violation) and not within a block (the
+-- state's own, read again: a denial under a block is none), the key's record ("<key>!", in its hash slot: denials, the first's time,
 -- the last block's level, start and end) counts one more denial in the span; the count
 -- blocks the key, for the next level's time (the first once `forget` has passed since the
 -- last block), and the reply tells the block: then the reply's end, `total`, gets its place,
@@ -776,14 +776,15 @@ local function strike(alg, key, p, e, now, since, base, i, total)
   if v == -2 or v == -1 then
     return total
   end
+  local _, blocked = alg.load(key, p, now, SCRATCH)
+  if blocked and blocked > now then
+    return total
+  end
   local record = key .. '!'
   local r = parse(call('GET', record), 5)
   local n, first, level, last, ends = 0, now, 0, 0, 0
   if r then
     n, first, level, last, ends = r[1], r[2], r[3], r[4], r[5]
-  end
-  if ends > now then
-    return total
   end
   if first + e[2] <= now then
     n, first = 0, now
@@ -6209,7 +6210,8 @@ local function decide(keys, args)
   if escalates then
     local base = 0
     for i = 1, n do
-      if ESC[i] then
+      -- Only a request's own check strikes, not an administrator's act or look.
+      if ESC[i] and OPS[i] == 1 then
         total = strike(ALGS[i], keys[i], PS[i], ESC[i], now, since, base, i, total)
       end
       base = base + WIDTH[OPS[i]]

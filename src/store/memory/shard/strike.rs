@@ -41,18 +41,19 @@ impl Shard {
     }
 }
 
-/// The strike on `entry` at `now`: none within a block the strikes started; else one more
+/// The strike on `entry` at `now`: none within a block (a denial under a block is none);
+/// else one more
 /// denial in the span (counted from its first), and at the escalation's count, a block of
 /// the next level (the first again once `forget_after` has passed since the last). Returns
 /// the level and end of the block it starts, if it does.
 fn strike(entry: &mut Unpacked, now: u64, escalation: &Escalation) -> Option<(u32, u64)> {
     let (denials, within) = escalation.denials();
     let forget = escalation.forget_us();
-    let marks = entry.marks_mut();
-    let s = &mut marks.strikes;
-    if s.until > now {
+    if entry.blocked_until() > now {
         return None;
     }
+    let marks = entry.marks_mut();
+    let s = &mut marks.strikes;
     if s.first.saturating_add(within) <= now {
         (s.denials, s.first) = (0, now);
     }

@@ -14,7 +14,7 @@ use tower::Layer;
 use tower::util::BoxCloneSyncService;
 use tower_ratelimit::key::{HeaderKey, Key};
 use tower_ratelimit::{
-    Algorithm, Escalation, ManualClock, MemoryStore, Policy, RateLimitLayer, RedisStore, Store,
+    Algorithm, Escalation, ManualClock, MemoryStore, Policy, RateLimitLayer, Store,
 };
 
 type App = BoxCloneSyncService<
@@ -164,20 +164,9 @@ async fn blocks_in_memory() {
 async fn blocks_on_two_instances_of_one_redis() {
     let server = RedisServer::start();
     let clock = ManualClock::new();
-    let store = || {
-        RedisStore::builder(&server.url())
-            .prefix("blocks:")
-            .deadline(Duration::from_secs(10))
-            .clock(clock.clone())
-            .build()
-    };
-    levels(
-        store().await.unwrap(),
-        store().await.unwrap(),
-        clock.clone(),
-    )
-    .await;
-    counted_denials(store().await.unwrap(), clock.clone()).await;
+    let store = || server.store("blocks:", &clock);
+    levels(store().await, store().await, clock.clone()).await;
+    counted_denials(store().await, clock.clone()).await;
     support::assert_no_key_without_ttl(&server, "blocks:");
 }
 
@@ -262,11 +251,6 @@ async fn an_administrators_block_is_no_strike() {
     let memory = MemoryStore::builder().clock(clock.clone()).build();
     no_strike_under_an_administrators_block(memory, clock.clone()).await;
     let server = RedisServer::start();
-    let redis = RedisStore::builder(&server.url())
-        .prefix("admin-block:")
-        .clock(clock.clone())
-        .build()
-        .await
-        .unwrap();
+    let redis = server.store("admin-block:", &clock).await;
     no_strike_under_an_administrators_block(redis, clock).await;
 }

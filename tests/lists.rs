@@ -233,19 +233,8 @@ async fn runtime_entries_in_memory() {
 async fn runtime_entries_on_two_instances_of_one_redis() {
     let server = RedisServer::start();
     let clock = ManualClock::new();
-    let store = || {
-        RedisStore::builder(&server.url())
-            .prefix("lists:")
-            .deadline(Duration::from_secs(10))
-            .clock(clock.clone())
-            .build()
-    };
-    runtime_entries(
-        store().await.unwrap(),
-        store().await.unwrap(),
-        clock.clone(),
-    )
-    .await;
+    let store = || server.store("lists:", &clock);
+    runtime_entries(store().await, store().await, clock.clone()).await;
     support::assert_no_key_without_ttl(&server, "lists:");
 }
 

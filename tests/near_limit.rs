@@ -16,7 +16,7 @@ use tower::util::BoxCloneSyncService;
 use tower_ratelimit::key::{HeaderKey, Key};
 use tower_ratelimit::top::TopLimited;
 use tower_ratelimit::{
-    Algorithm, ManualClock, MemoryStore, NearLimit, Policy, RateLimitLayer, RedisStore, Store,
+    Algorithm, ManualClock, MemoryStore, NearLimit, Policy, RateLimitLayer, Store,
 };
 
 type App = BoxCloneSyncService<
@@ -141,19 +141,8 @@ async fn warned_once_per_window_in_memory() {
 async fn warned_once_per_window_on_two_instances_of_one_redis() {
     let server = RedisServer::start();
     let clock = ManualClock::new();
-    let store = || {
-        RedisStore::builder(&server.url())
-            .prefix("near:")
-            .deadline(Duration::from_secs(10))
-            .clock(clock.clone())
-            .build()
-    };
-    warned_once_per_window(
-        store().await.unwrap(),
-        store().await.unwrap(),
-        clock.clone(),
-    )
-    .await;
+    let store = || server.store("near:", &clock);
+    warned_once_per_window(store().await, store().await, clock.clone()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -416,12 +416,9 @@ impl<St: Store> Limiter<St> {
         policies: &[CompiledPolicy],
         mut held: Permits,
     ) -> Next<St::Future> {
-        let listed = match St::DECIDES_ALONE {
-            true => None,
-            false => match self.listed(request) {
-                Ok(listed) => listed,
-                Err(answer) => return answer.holding(held),
-            },
+        let listed = match self.listed(request) {
+            Ok(listed) => listed,
+            Err(answer) => return answer.holding(held),
         };
         if self.adapts()
             && let Some(next) = self.admitted(request, policies, &mut held)

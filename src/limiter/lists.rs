@@ -24,13 +24,14 @@ use crate::store::{Check, Checks, Op, Store};
 pub(super) const LIST_CHECKS: usize = 2;
 
 impl<St: Store> Limiter<St> {
-    /// What the lists say of `request`: `Err` with its answer when they decide it (denied,
-    /// or allowed: not limited), else the key whose runtime entries its store call reads.
+    /// What the lists say of `request` on a store that does not decide at once (in memory
+    /// they answered in `begin`): `Err` with its answer when they decide it (denied, or
+    /// allowed: not limited), else the key whose runtime entries its store call reads.
     // Inlined into `plan`, which returns the answer at once: nothing large is moved.
     #[allow(clippy::result_large_err)]
     #[inline]
     pub(super) fn listed<F>(&self, request: &RequestRef<'_>) -> Result<Option<Key>, Next<F>> {
-        let Some(lists) = &self.lists else {
+        let Some(lists) = self.lists.as_ref().filter(|_| !St::DECIDES_ALONE) else {
             return Ok(None);
         };
         match lists.present().judge(request, true) {

@@ -74,7 +74,7 @@ impl Limits {
     /// Fails only for a `client_ip` key whose proxies cannot be used; everything else was
     /// checked when the configuration was read.
     pub fn policies(&self) -> Result<Vec<Policy>, ConfigError> {
-        let proxies: Vec<Cidr> = self.trusted_proxies.iter().map(|c| c.0).collect();
+        let proxies = self.proxies();
         let default = self.key.clone().unwrap_or(KeySpec::Ip);
         if default != KeySpec::ClientIp
             && !proxies.is_empty()
@@ -103,20 +103,24 @@ impl Limits {
     /// [`RateLimitLayerBuilder::lists`](crate::RateLimitLayerBuilder::lists) and
     /// [`RateLimitLayer::reload_lists`](crate::RateLimitLayer::reload_lists).
     pub fn lists(&self) -> Result<Lists, ConfigError> {
-        let mut client_ip = ClientIp::builder();
-        for proxy in &self.trusted_proxies {
-            client_ip = client_ip.trusted_network(proxy.0);
-        }
-        let client_ip = client_ip.build()?;
+        let proxies = self.proxies();
+        let client_ip = (proxies.iter())
+            .fold(ClientIp::builder(), |b, &net| b.trusted_network(net))
+            .build()?;
         let key = self.key.clone().unwrap_or(KeySpec::Ip);
         let lists = Lists::new()
-            .keyed(key.extractor(&self.trusted_proxies.iter().map(|c| c.0).collect::<Vec<_>>())?)
+            .keyed(key.extractor(&proxies)?)
             .allow(self.allow.iter().cloned())
             .deny(self.deny.iter().cloned())
             .client_ip(client_ip);
         // Checked now, as every other field is checked when read.
         lists.check()?;
         Ok(lists)
+    }
+
+    /// The networks of `trusted_proxies`.
+    fn proxies(&self) -> Vec<Cidr> {
+        self.trusted_proxies.iter().map(|c| c.0).collect()
     }
 
     /// Whether the file has an `allow` or a `deny` list.

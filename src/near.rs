@@ -61,16 +61,17 @@ impl Warned {
     pub(crate) fn first(&self, id: u32, key: &Key, now: u64, until: u64) -> bool {
         let hash = self.hasher.hash_one((id, key)) as usize;
         let mut shard = lock(&self.shards[hash % SHARDS]);
-        if shard.get(&(id, key.clone())).is_some_and(|&end| end > now) {
-            return false;
-        }
         if shard.len() >= PER_SHARD {
             shard.retain(|_, end| *end > now);
             if shard.len() >= PER_SHARD {
                 shard.clear();
             }
         }
-        shard.insert((id, key.clone()), until);
+        let end = shard.entry((id, key.clone())).or_insert(0);
+        if *end > now {
+            return false;
+        }
+        *end = until;
         true
     }
 

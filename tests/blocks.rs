@@ -8,20 +8,12 @@ mod support;
 use std::time::Duration;
 
 use http::{Request, StatusCode};
-use support::http::{Seen, inner, send};
+use support::http::{App, Seen, app, send};
 use support::{RedisCluster, RedisServer};
-use tower::Layer;
-use tower::util::BoxCloneSyncService;
 use tower_ratelimit::key::{HeaderKey, Key};
 use tower_ratelimit::{
     Algorithm, Escalation, ManualClock, MemoryStore, Policy, RateLimitLayer, Store,
 };
-
-type App = BoxCloneSyncService<
-    Request<()>,
-    http::Response<tower_ratelimit::ResponseBody<http_body_util::Full<bytes::Bytes>>>,
-    std::convert::Infallible,
->;
 
 /// 2 a second per `x-key` of `algorithm`, blocking as `escalation` says, on `store`.
 fn layer<St: Store>(
@@ -43,7 +35,7 @@ fn layer<St: Store>(
         builder = builder.deny_cache(1000);
     }
     let layer = builder.store(store).build().unwrap();
-    let app = BoxCloneSyncService::new(layer.layer(inner(&Seen::default())));
+    let app = app(&layer, &Seen::default());
     (app, layer)
 }
 

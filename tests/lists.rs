@@ -9,22 +9,14 @@ mod support;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{Request, StatusCode};
-use support::http::{PROBLEM_JSON, Reply, Seen, inner, send};
+use support::http::{App, PROBLEM_JSON, Reply, Seen, send};
 use support::{RedisCluster, RedisServer};
-use tower::Layer;
-use tower::util::BoxCloneSyncService;
 use tower_ratelimit::key::{ClientIp, HeaderKey, Key};
 use tower_ratelimit::lists::Lists;
 use tower_ratelimit::response::DENIED;
 use tower_ratelimit::{
     Clock, LimitError, ManualClock, MemoryStore, Policy, RateLimitLayer, RedisStore, Store,
 };
-
-type App = BoxCloneSyncService<
-    Request<()>,
-    http::Response<tower_ratelimit::ResponseBody<http_body_util::Full<bytes::Bytes>>>,
-    std::convert::Infallible,
->;
 
 /// The lists of these tests: networks and keys on both, behind the proxy 10.0.0.1.
 fn lists() -> Lists {
@@ -48,7 +40,7 @@ fn layer<St: Store>(store: St, lists: Lists, clock: &ManualClock) -> RateLimitLa
 }
 
 fn app<St: Store>(layer: &RateLimitLayer<St>) -> App {
-    BoxCloneSyncService::new(layer.layer(inner(&Seen::default())))
+    support::http::app(layer, &Seen::default())
 }
 
 /// A request of `key` from `peer`, with an `X-Forwarded-For` when `xff` is not empty.

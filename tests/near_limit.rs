@@ -8,22 +8,14 @@ mod support;
 use std::time::Duration;
 
 use http::{Request, StatusCode};
-use support::http::{Seen, inner, send};
+use support::http::{App, Seen, app, send};
 use support::{RedisCluster, RedisServer};
 use tokio::sync::mpsc;
-use tower::Layer;
-use tower::util::BoxCloneSyncService;
 use tower_ratelimit::key::{HeaderKey, Key};
 use tower_ratelimit::top::TopLimited;
 use tower_ratelimit::{
     Algorithm, ManualClock, MemoryStore, NearLimit, Policy, RateLimitLayer, Store,
 };
-
-type App = BoxCloneSyncService<
-    Request<()>,
-    http::Response<tower_ratelimit::ResponseBody<http_body_util::Full<bytes::Bytes>>>,
-    std::convert::Infallible,
->;
 
 /// 10 a minute per `x-key` of `algorithm`, warning at 80%, on `store`, its warnings sent to
 /// the channel returned.
@@ -51,7 +43,7 @@ fn layer<St: Store>(
         .store(store)
         .build()
         .unwrap();
-    let app = BoxCloneSyncService::new(layer.layer(inner(&Seen::default())));
+    let app = app(&layer, &Seen::default());
     (app, layer, rx)
 }
 

@@ -12,7 +12,7 @@ use axum::extract::{Path, Query};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::put;
-use tower_ratelimit::key::{Cidr, ClientIp};
+use tower_ratelimit::key::Cidr;
 use tower_ratelimit::lists::Lists;
 use tower_ratelimit::{Escalation, LimitError, Policy, Quota, RateLimitLayer, Store};
 
@@ -54,11 +54,7 @@ pub(crate) fn read(proxies: &[Cidr]) -> Result<Abuse, String> {
             .collect())
     };
     let (deny, allow) = (entries("DENY")?, entries("ALLOW")?);
-    let client_ip = proxies
-        .iter()
-        .fold(ClientIp::builder(), |b, &net| b.trusted_network(net))
-        .build()
-        .map_err(|e| format!("TRUSTED_PROXIES: {e}"))?;
+    let client_ip = crate::config::client_ip(proxies)?;
     let listed = !deny.is_empty() || !allow.is_empty();
     let lists = Lists::new().deny(deny).allow(allow).client_ip(client_ip);
     let near_limit = match env_or("NEAR_LIMIT", "")?.as_str() {

@@ -139,6 +139,14 @@ pub(crate) fn env_or(name: &str, default: &str) -> Result<String, String> {
     }
 }
 
+/// The client address behind `trusted_proxies` (`TRUSTED_PROXIES`).
+pub(crate) fn client_ip(trusted_proxies: &[Cidr]) -> Result<ClientIp, String> {
+    (trusted_proxies.iter())
+        .fold(ClientIp::builder(), |b, &net| b.trusted_network(net))
+        .build()
+        .map_err(|e| format!("TRUSTED_PROXIES: {e}"))
+}
+
 /// The layer's key of `KEY=spec`; `listed`: whether `DENY` or `ALLOW`, which read
 /// `trusted_proxies` too, is set.
 pub(crate) fn key_extractor(
@@ -153,12 +161,7 @@ pub(crate) fn key_extractor(
     }
     match spec {
         "ip" => Ok(Box::new(PeerIp::new())),
-        "client_ip" => trusted_proxies
-            .iter()
-            .fold(ClientIp::builder(), |b, &net| b.trusted_network(net))
-            .build()
-            .map(|k| Box::new(k) as Box<dyn KeyExtractor>)
-            .map_err(|e| format!("TRUSTED_PROXIES: {e}")),
+        "client_ip" => client_ip(trusted_proxies).map(|k| Box::new(k) as Box<dyn KeyExtractor>),
         "global" => Ok(Box::new(GlobalKey)),
         _ => match spec.strip_prefix("header:") {
             Some(name) => HeaderKey::try_new(name)

@@ -121,6 +121,24 @@ impl Seen {
     }
 }
 
+/// A layer around [`inner`], boxed: what the tests that drive a layer in process send to.
+#[allow(dead_code)]
+pub type App = tower::util::BoxCloneSyncService<
+    Request<()>,
+    Response<tower_ratelimit::ResponseBody<Full<Bytes>>>,
+    Infallible,
+>;
+
+/// `layer` around [`inner`] recording into `seen`, boxed.
+#[allow(dead_code)]
+pub fn app<St: tower_ratelimit::Store>(
+    layer: &tower_ratelimit::RateLimitLayer<St>,
+    seen: &Seen,
+) -> App {
+    use tower::Layer;
+    App::new(layer.layer(inner(seen)))
+}
+
 /// The inner service: answers 200 "ok", records its calls and the request's `Decision`.
 pub fn inner(
     seen: &Seen,

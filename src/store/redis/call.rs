@@ -142,9 +142,8 @@ impl Inner {
         if let Some(periods) = periods {
             tag.push_str(periods.around(self.now_micros()).text());
         }
-        if let Some(escalation) = tier.escalation() {
-            tag.push_str(&escalation.lua_suffix());
-        }
+        // The escalation, as the call tag has it after the tag.
+        tag.push_str(&tier.call_tag()[tier.tag().len()..]);
         std::borrow::Cow::Owned(tag)
     }
 

@@ -52,6 +52,10 @@ pub enum LimitError {
     /// [`lists`](crate::RateLimitLayerBuilder::lists), or with
     /// [`kept_in_store(false)`](crate::lists::Lists::kept_in_store).
     NoLists,
+    /// The end given (`until`) is not after the layer's present, or lies beyond 2255
+    /// (2^53 microseconds since 1970, what the stores count exactly). A change with an end
+    /// already past is refused rather than made a removal.
+    Until(String),
 }
 
 impl fmt::Display for LimitError {
@@ -65,6 +69,7 @@ impl fmt::Display for LimitError {
             LimitError::NoLists => f.write_str(
                 "the layer keeps no list entries in its store (build it with .lists(Lists::new()))",
             ),
+            LimitError::Until(why) => write!(f, "until: {why}"),
         }
     }
 }
@@ -72,7 +77,7 @@ impl fmt::Display for LimitError {
 impl std::error::Error for LimitError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            LimitError::UnknownPolicy(_) | LimitError::NoLists => None,
+            LimitError::UnknownPolicy(_) | LimitError::NoLists | LimitError::Until(_) => None,
             LimitError::Quota(e) => Some(e),
             LimitError::Store(e) => Some(e),
         }

@@ -450,10 +450,7 @@ impl<St: Store, M> RateLimitLayer<St, M> {
         let quota = quota.try_into().map_err(|e| LimitError::Quota(e.into()))?;
         let until_us = match until {
             None => 0,
-            Some(t) => t
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-                .clamp(1, crate::algorithm::MAX_EXACT),
+            Some(t) => self.limiter.until_us(t)?.0,
         };
         let answer = self.limiter.limit_key(policy, key, Some(quota), until_us)?;
         answer.await.map_err(LimitError::Store)

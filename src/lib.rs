@@ -378,6 +378,7 @@ pub mod headers;
 pub mod response;
 pub mod grpc;
 pub mod telemetry;
+pub mod admin;
 pub mod top;
 pub mod lists;
 mod near;

@@ -6,6 +6,7 @@ use std::fmt;
 use std::future::Future;
 use std::hash::BuildHasher;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -39,12 +40,28 @@ const SHARDS: usize = 16;
 /// shard is emptied (a key may then be warned of twice in a window, never missed).
 const PER_SHARD: usize = 4096;
 
+/// Hooks running at once, at most: past it a warning is counted
+/// (`ratelimit_near_limit_hook_dropped_total`), not queued, so a hook slower than the
+/// warnings come cannot grow the tasks without bound.
+pub(crate) const HOOKS_IN_FLIGHT: usize = 256;
+
 /// The keys warned of, each until its window ends: (tier id, key) to the end, on the
 /// layer's clock.
 pub(crate) struct Warned {
     shards: [Mutex<HashMap<(u32, Key), u64>>; SHARDS],
     hasher: std::hash::RandomState,
     hook: Option<NearHook>,
+    /// Hooks running now.
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// A hook's place among [`HOOKS_IN_FLIGHT`], given back when its task ends or is dropped.
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Warned {
@@ -53,6 +70,7 @@ impl Warned {
             shards: Default::default(),
             hasher: Default::default(),
             hook,
+            in_flight: Arc::default(),
         }
     }
 
@@ -75,12 +93,28 @@ impl Warned {
         true
     }
 
-    /// Hands `warning` to the hook, if there is one, on a task of its own.
-    pub(crate) fn hand(&self, warning: impl FnOnce() -> NearLimit) {
+    /// Hands `warning` to the hook, if there is one, on a task of its own; counted under
+    /// `policy` instead when [`HOOKS_IN_FLIGHT`] hooks are running.
+    pub(crate) fn hand(
+        &self,
+        policy: impl FnOnce() -> metrics::SharedString,
+        warning: impl FnOnce() -> NearLimit,
+    ) {
         if let Some(hook) = &self.hook
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
-            runtime.spawn(hook(warning()));
+            if self.in_flight.fetch_add(1, Ordering::Relaxed) >= HOOKS_IN_FLIGHT {
+                self.in_flight.fetch_sub(1, Ordering::Relaxed);
+                let name = "ratelimit_near_limit_hook_dropped_total";
+                metrics::counter!(name, "policy" => policy()).increment(1);
+                return;
+            }
+            let place = InFlight(self.in_flight.clone());
+            let future = hook(warning());
+            runtime.spawn(async move {
+                let _place = place;
+                future.await;
+            });
         }
     }
 }

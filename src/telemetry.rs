@@ -202,6 +202,13 @@ pub const METRICS: &[Metric] = &[
         &["policy"],
         "Keys warned of near their limit (Policy::near_limit), once per key and window",
     ),
+    metric(
+        "ratelimit_near_limit_hook_dropped_total",
+        MetricKind::Counter,
+        &["policy"],
+        "Warnings near the limit not handed to the on_near_limit hook, because 256 hooks were \
+         running (counted, not queued)",
+    ),
 ];
 
 /// Describes every metric of [`METRICS`] to the installed `metrics` recorder: help text, and

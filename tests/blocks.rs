@@ -144,12 +144,38 @@ async fn counted_denials<St: Store>(store: St, clock: ManualClock) {
     assert_eq!(ask(&cached, "d").await, None, "the block is over");
 }
 
+/// The level stops at the first whose block is the longest (10 s doubling to 40 s: 3), and a
+/// factor of 1 keeps every block at level 1: the `level` a block is counted under is bounded
+/// however long a key keeps being blocked.
+async fn capped_levels<St: Store>(store: St, clock: ManualClock) {
+    let recorder = support::trace::Recorder::default();
+    let _default = tracing::subscriber::set_default(recorder.clone());
+    for (factor, expect) in [(2, ["1", "2", "3", "3", "3", "3"]), (1, ["1"; 6])] {
+        let escalation = Escalation::new(Duration::from_secs(10))
+            .at_most(Duration::from_secs(40))
+            .factor(factor);
+        let (app, _) = layer(store.clone(), Algorithm::Gcra, escalation, &clock, false);
+        let key = format!("capped-{factor}");
+        for _ in 0..expect.len() {
+            spend(&app, &key).await;
+            let block = ask(&app, &key).await.expect("blocked");
+            assert!(block <= 40_000, "{block}");
+            clock.advance(Duration::from_secs(41));
+        }
+        let blocks = recorder.events("rate-limit key blocked on violation");
+        let levels: Vec<&str> = blocks.iter().map(|e| e["level"].as_str()).collect();
+        assert_eq!(levels, expect, "factor {factor}");
+        recorder.clear();
+    }
+}
+
 #[tokio::test]
 async fn blocks_in_memory() {
     let clock = ManualClock::new();
     let store = MemoryStore::builder().clock(clock.clone()).build();
     levels(store.clone(), store.clone(), clock.clone()).await;
-    counted_denials(store, clock).await;
+    counted_denials(store.clone(), clock.clone()).await;
+    capped_levels(store, clock).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,6 +185,7 @@ async fn blocks_on_two_instances_of_one_redis() {
     let store = || server.store("blocks:", &clock);
     levels(store().await, store().await, clock.clone()).await;
     counted_denials(store().await, clock.clone()).await;
+    capped_levels(store().await, clock.clone()).await;
     support::assert_no_key_without_ttl(&server, "blocks:");
 }
 
@@ -169,7 +196,8 @@ async fn blocks_on_the_cluster() {
     let one = cluster.store("blocks:", &clock).await;
     let two = cluster.store("blocks:", &clock).await;
     levels(one.clone(), two, clock.clone()).await;
-    counted_denials(one, clock).await;
+    counted_denials(one.clone(), clock.clone()).await;
+    capped_levels(one, clock).await;
 }
 
 #[test]

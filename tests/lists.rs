@@ -208,10 +208,97 @@ async fn runtime_entries<St: Store>(one: St, two: St, clock: ManualClock) {
     assert!(ask(&app, "w", "192.0.2.1", "").await.remaining().is_none());
     one.remove_allowed(&k("w")).await.unwrap();
     assert_eq!(ask(&app, "w", "192.0.2.1", "").await.remaining(), Some(2));
-    // An end in the past takes the entry off.
+    // An end that is not after the present is an error, and the entry stays: a PUT is never
+    // a removal (the end at the layer's present included).
     one.deny_key(&k("v"), None).await.unwrap();
-    one.deny_key(&k("v"), Some(UNIX_EPOCH)).await.unwrap();
-    assert_eq!(ask(&app, "v", "192.0.2.1", "").await.status, StatusCode::OK);
+    for until in [UNIX_EPOCH, at(&clock, Duration::ZERO)] {
+        let refused = one.deny_key(&k("v"), Some(until)).await;
+        assert!(matches!(refused, Err(LimitError::Until(_))), "{refused:?}");
+        let refused = one.allow_key(&k("v"), Some(until)).await;
+        assert!(matches!(refused, Err(LimitError::Until(_))), "{refused:?}");
+    }
+    let far = UNIX_EPOCH + Duration::from_secs(1 << 40);
+    let refused = one.deny_key(&k("v"), Some(far)).await;
+    assert!(matches!(refused, Err(LimitError::Until(_))), "{refused:?}");
+    assert_denied(&ask(&app, "v", "192.0.2.1", "").await, KEY);
+    // A key's own limit: the same.
+    let refused = one
+        .set_limit("per-key", &k("v"), "5/h", Some(UNIX_EPOCH))
+        .await;
+    assert!(matches!(refused, Err(LimitError::Until(_))), "{refused:?}");
+}
+
+/// The deny cache forgets a key that is reset, allowed, or given a limit of its own: the
+/// administrator's word is obeyed at once by the instance that gave it.
+async fn the_deny_cache_obeys_the_administrator<St: Store>(store: St, clock: ManualClock) {
+    let layer = RateLimitLayer::builder()
+        .clock(clock.clone())
+        .policy(Policy::gcra("3/h").name("cached"))
+        .key(HeaderKey::try_new("x-key").unwrap())
+        .lists(Lists::new())
+        .deny_cache(1000)
+        .store(store)
+        .build()
+        .unwrap();
+    let app = app(&layer);
+    let k = Key::from("c");
+    let limited = || async {
+        for _ in 0..3 {
+            ask(&app, "c", "192.0.2.1", "").await;
+        }
+        assert_eq!(
+            ask(&app, "c", "192.0.2.1", "").await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    };
+    limited().await;
+    layer.reset(&k).await.unwrap();
+    assert_eq!(
+        ask(&app, "c", "192.0.2.1", "").await.status,
+        StatusCode::OK,
+        "reset"
+    );
+    limited().await;
+    layer.allow_key(&k, None).await.unwrap();
+    assert_eq!(
+        ask(&app, "c", "192.0.2.1", "").await.status,
+        StatusCode::OK,
+        "allowed"
+    );
+    layer.remove_allowed(&k).await.unwrap();
+    assert_eq!(
+        ask(&app, "c", "192.0.2.1", "").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    layer.set_limit("cached", &k, "100/h", None).await.unwrap();
+    assert_eq!(
+        ask(&app, "c", "192.0.2.1", "").await.status,
+        StatusCode::OK,
+        "a new limit"
+    );
+}
+
+#[tokio::test]
+async fn the_deny_cache_obeys_the_administrator_in_memory() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    the_deny_cache_obeys_the_administrator(store, clock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deny_cache_obeys_the_administrator_on_redis() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let store = server.store("cached:", &clock).await;
+    the_deny_cache_obeys_the_administrator(store, clock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deny_cache_obeys_the_administrator_on_the_cluster() {
+    let cluster = RedisCluster::start();
+    let clock = ManualClock::new();
+    let store = cluster.store("cached:", &clock).await;
+    the_deny_cache_obeys_the_administrator(store, clock).await;
 }
 
 #[tokio::test]

@@ -170,3 +170,52 @@ fn near_limit_from_the_configuration_file() {
     let error = Limits::from_toml("[[policy]]\nquota = \"10/min\"\nnear_limit = 0\n").unwrap_err();
     assert!(error.to_string().contains("from 1 to 99"), "{error}");
 }
+
+/// A hook slower than the warnings come is not queued without bound: 256 of its tasks run at
+/// once, the warnings past them are dropped (and counted), and once tasks end the hook is
+/// handed warnings again.
+#[tokio::test(flavor = "current_thread")]
+async fn the_hooks_running_at_once_are_bounded() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (started, gate) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(tokio::sync::Semaphore::new(0)),
+    );
+    let (hook_started, hook_gate) = (started.clone(), gate.clone());
+    let clock = ManualClock::new();
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::gcra("10/min").name("bounded").near_limit(5))
+        .key(HeaderKey::try_new("x-key").unwrap())
+        .on_near_limit(move |_| {
+            let (started, gate) = (hook_started.clone(), hook_gate.clone());
+            async move {
+                started.fetch_add(1, Ordering::SeqCst);
+                let _ = gate.acquire().await;
+            }
+        })
+        .clock(clock.clone())
+        .store(MemoryStore::builder().clock(clock).build())
+        .build()
+        .unwrap();
+    let app = app(&layer, &Seen::default());
+    let settle = || async {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    };
+    for i in 0..300 {
+        assert_eq!(ask(&app, &format!("k{i}")).await, StatusCode::OK);
+    }
+    settle().await;
+    assert_eq!(started.load(Ordering::SeqCst), 256, "the rest were dropped");
+    gate.close();
+    settle().await;
+    assert_eq!(ask(&app, "one-more").await, StatusCode::OK);
+    settle().await;
+    assert_eq!(
+        started.load(Ordering::SeqCst),
+        257,
+        "handed again once tasks ended"
+    );
+}

@@ -193,7 +193,14 @@ async fn admin(
     method: Method,
     uri: &str,
 ) -> (StatusCode, serde_json::Value) {
-    let request = Request::builder().method(method).uri(uri).body(()).unwrap();
+    // A loopback client, as the route's default guard asks.
+    let request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("host", "127.0.0.1:9000")
+        .extension(std::net::SocketAddr::from(([127, 0, 0, 1], 50000)))
+        .body(())
+        .unwrap();
     let response = service.clone().oneshot(request).await.unwrap();
     assert_eq!(response.headers()["content-type"], "application/json");
     let status = response.status();
@@ -269,6 +276,63 @@ async fn the_admin_route_answers_json_and_clear_errors() {
     let (status, body) = admin(&plain.top_limited_service(), Method::GET, "/").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert!(body["error"].as_str().unwrap().contains("top_limited"));
+}
+
+/// The route names other clients' keys: by default it answers a loopback client with a
+/// loopback `Host` only; with a token, the holder of the token only.
+#[tokio::test]
+async fn the_admin_route_is_guarded() {
+    use tower_ratelimit::admin::{AdminGuardLayer, AdminToken};
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::gcra("1/s"))
+        .key(tower_ratelimit::key::GlobalKey)
+        .top_limited(TopLimited::new())
+        .build()
+        .unwrap();
+    let ask = |service: tower_ratelimit::top::TopLimitedService,
+               peer: Option<[u8; 4]>,
+               host: &'static str,
+               auth: Option<&'static str>| async move {
+        let mut request = Request::get("/admin/top").header("host", host);
+        if let Some(peer) = peer {
+            request = request.extension(std::net::SocketAddr::from((peer, 4000)));
+        }
+        if let Some(auth) = auth {
+            request = request.header("authorization", auth);
+        }
+        let response = service.oneshot(request.body(()).unwrap()).await.unwrap();
+        let status = response.status().as_u16();
+        let problem = response.headers()["content-type"] == "application/problem+json";
+        let challenge = response.headers().get("www-authenticate").cloned();
+        (status, problem, challenge)
+    };
+    let open = layer.top_limited_service();
+    let local = Some([127, 0, 0, 1]);
+    assert_eq!(ask(open.clone(), local, "localhost:80", None).await.0, 200);
+    assert_eq!(ask(open.clone(), local, "[::1]:80", None).await.0, 200);
+    assert_eq!(ask(open.clone(), local, "127.0.0.1", None).await.0, 200);
+    // DNS rebinding: a loopback peer, a page's own name.
+    assert_eq!(
+        ask(open.clone(), local, "evil.example", None).await,
+        (403, true, None)
+    );
+    // A remote peer, or none known.
+    let remote = Some([203, 0, 113, 9]);
+    assert_eq!(ask(open.clone(), remote, "127.0.0.1", None).await.0, 403);
+    assert_eq!(ask(open.clone(), None, "127.0.0.1", None).await.0, 403);
+
+    let token = AdminToken::new("0123456789abcdef-secret").unwrap();
+    let guarded = open.guard(AdminGuardLayer::token(token));
+    let (status, problem, challenge) = ask(guarded.clone(), local, "localhost", None).await;
+    assert_eq!((status, problem), (401, true));
+    assert_eq!(challenge.unwrap(), r#"Bearer realm="admin""#);
+    let wrong = Some("Bearer 0123456789abcdef-secreT");
+    assert_eq!(ask(guarded.clone(), local, "localhost", wrong).await.0, 401);
+    let right = Some("bearer 0123456789abcdef-secret");
+    assert_eq!(
+        ask(guarded.clone(), remote, "api.example", right).await.0,
+        200
+    );
 }
 
 /// Hashed, a key is reported as the `pk` the client sees in its own `RateLimit` header, so an

@@ -7,7 +7,7 @@ mod support;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use support::RedisServer;
-use support::demo::{DemoServer, fetch, request};
+use support::demo::{DemoServer, fetch, request, request_with, start_error};
 
 /// Asserts a `403` of the lists' problem type.
 fn assert_denied((status, response): (u16, String), what: &str) {
@@ -94,6 +94,22 @@ fn lists_and_warnings_on_two_instances() {
     for (method, path, parameter) in [
         ("PUT", "/admin/deny/acme?until=soon", "until"),
         ("PUT", "/admin/deny/acme?until=1", "until"),
+        ("PUT", "/admin/deny/acme?until=-5", "until"),
+        // 2^63 and 2^64: out of range, never a panic.
+        ("PUT", "/admin/deny/acme?until=9223372036854775808", "until"),
+        (
+            "PUT",
+            "/admin/allow/acme?until=18446744073709551616",
+            "until",
+        ),
+        ("PUT", "/admin/deny/acme?until=99999999999", "until"),
+        (
+            "PUT",
+            "/admin/limits/api/acme?quota=5/h&until=9223372036854775808",
+            "until",
+        ),
+        ("PUT", "/admin/limits/api/acme?quota=5/h&until=1", "until"),
+        ("PUT", "/admin/limits/api/acme?quota=5/h&until=-1", "until"),
         ("PUT", "/admin/allow/acme?for=ever", "for"),
     ] {
         let (status, response) = request(admin, method, path);
@@ -181,4 +197,78 @@ fn a_key_denied_is_blocked_on_every_instance() {
         line.contains("level=\"1\"") && line.ends_with(" 1"),
         "{line}"
     );
+}
+
+/// The admin routes answer the holder of `ADMIN_TOKEN` only, or without it loopback clients
+/// naming a loopback `Host`; the server refuses to serve them unguarded on a public address.
+#[test]
+fn the_admin_routes_are_guarded() {
+    for env in [
+        vec![("BIND", "0.0.0.0:0")],
+        vec![("ADMIN_BIND", "0.0.0.0:0")],
+        vec![("BIND", "0.0.0.0:0"), ("ADMIN_BIND", "[::]:0")],
+    ] {
+        let err = start_error(&env);
+        assert!(err.starts_with("error: ADMIN_TOKEN:"), "{env:?}: {err}");
+        assert!(err.contains("ADMIN_BIND"), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    }
+    let err = start_error(&[("ADMIN_TOKEN", "short")]);
+    assert!(err.starts_with("error: ADMIN_TOKEN:"), "{err}");
+
+    // Served on every address, with a token: nothing without it.
+    let token = "0123456789abcdef-admin";
+    let server = DemoServer::start(&[
+        ("BIND", "0.0.0.0:0"),
+        ("ADMIN_TOKEN", token),
+        ("RATE_LIMIT", "2/h"),
+    ]);
+    let at = server.addr;
+    let bearer = format!("Bearer {token}");
+    let allow_me = "/admin/allow/127.0.0.1";
+    let (status, response) = request(at, "PUT", allow_me);
+    assert_eq!(status, 401, "{response}");
+    assert!(response.contains("application/problem+json"), "{response}");
+    assert!(
+        response.contains("WWW-Authenticate: Bearer")
+            || response.contains("www-authenticate: Bearer"),
+        "{response}"
+    );
+    let wrong = [("authorization", "Bearer 0123456789abcdef-admiN")];
+    assert_eq!(request_with(at, "PUT", allow_me, &wrong).0, 401);
+    assert_eq!(request_with(at, "GET", "/admin/top", &[]).0, 401);
+    for _ in 0..4 {
+        server.get("/", &[]);
+    }
+    assert_eq!(server.get("/", &[]).0, 429, "the allow entry was refused");
+    // Metrics stay open; the token opens the rest.
+    assert_eq!(fetch(at, "/metrics", &[]).0, 200);
+    let right = [("authorization", bearer.as_str())];
+    assert_eq!(request_with(at, "GET", "/admin/top", &right).0, 200);
+    assert_eq!(request_with(at, "PUT", allow_me, &right).0, 204);
+    assert_eq!(server.get("/", &[]).0, 200);
+
+    // Without a token, on loopback: a rebound name is refused, an address answered.
+    let local = DemoServer::start(&[("RATE_LIMIT", "2/h")]);
+    for host in [
+        "evil.example",
+        "evil.example:3000",
+        "localhost.evil.example",
+    ] {
+        let (status, response) = request_with(
+            local.addr,
+            "PUT",
+            "/admin/deny/192.0.2.1",
+            &[("host", host)],
+        );
+        assert_eq!(status, 403, "{host}: {response}");
+    }
+    for host in ["localhost:3000", "127.0.0.1"] {
+        let path = "/admin/deny/192.0.2.1";
+        assert_eq!(
+            request_with(local.addr, "PUT", path, &[("host", host)]).0,
+            204
+        );
+    }
+    assert_eq!(fetch(local.addr, "/admin/top", &[]).0, 200);
 }

@@ -58,11 +58,50 @@ fn bad_configuration_stops_the_server_with_the_variable_named() {
         ("WEEK_STARTS", "someday", "WEEK_STARTS:"),
         ("MONTH_STARTS", "32", "MONTH_STARTS:"),
         ("POLICY_NAME", "no spaces", "POLICY_NAME:"),
+        ("ADMIN_TOKEN", "too short", "ADMIN_TOKEN:"),
     ] {
         let err = start_error(&[(name, value)]);
         assert!(
             err.starts_with(&format!("error: {expect}")),
             "{name}={value}: {err}"
+        );
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    }
+    // A mistake found by the layer's checks names the variable at fault, not RATE_LIMIT.
+    for (env, expect) in [
+        (
+            &[
+                ("WORK_CAPACITY", "4"),
+                ("ADAPTIVE", "aimd"),
+                ("ADAPTIVE_MIN", "2000"),
+            ][..],
+            "ADAPTIVE_MIN:",
+        ),
+        (
+            &[
+                ("WORK_CAPACITY", "4"),
+                ("ADAPTIVE", "aimd"),
+                ("ADAPTIVE_MAX", "2"),
+            ][..],
+            "ADAPTIVE_MAX:",
+        ),
+        (
+            &[("BLOCK_FOR", "10s"), ("WAIT_MS", "100")][..],
+            "BLOCK_FOR:",
+        ),
+        (
+            &[
+                ("BLOCK_FOR", "10s"),
+                ("PRIORITY_HEADER", "x-p"),
+                ("RESERVE", "10"),
+            ][..],
+            "BLOCK_FOR:",
+        ),
+    ] {
+        let err = start_error(env);
+        assert!(
+            err.starts_with(&format!("error: {expect}")),
+            "{env:?}: {err}"
         );
         assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
     }
@@ -592,4 +631,34 @@ fn a_policy_file_and_its_mistakes_at_start() {
         "{}",
         server.first_line
     );
+}
+
+/// A client that never finishes its request head is cut off after 10 s (hyper's header
+/// timeout), instead of holding its connection for ever; a client that finishes it is served.
+#[test]
+fn a_request_head_unfinished_after_ten_seconds_is_cut_off() {
+    use std::io::{Read, Write};
+    let server = DemoServer::start(&[("RATE_LIMIT", "100/s")]);
+    let mut slow = std::net::TcpStream::connect(server.addr).unwrap();
+    slow.set_read_timeout(Some(std::time::Duration::from_secs(40)))
+        .unwrap();
+    let started = std::time::Instant::now();
+    slow.write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nx-slow: 1\r\n")
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = slow.read_to_end(&mut answer);
+    let waited = started.elapsed();
+    assert!(
+        read.is_ok()
+            || read
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the connection was closed, not left open: {read:?} after {waited:?}"
+    );
+    assert!(
+        waited >= std::time::Duration::from_secs(9) && waited < std::time::Duration::from_secs(30),
+        "cut off after about 10 s: {waited:?}"
+    );
+    // Meanwhile, and after, others are served.
+    assert_eq!(server.get("/", &[]).0, 200);
 }

@@ -5,7 +5,7 @@
 //! `BLOCK_AFTER`, `BLOCK_MAX`).
 
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Path, Query};
@@ -168,21 +168,7 @@ async fn add<St: Store, M>(
     query: HashMap<String, String>,
 ) -> Result<Response, Response> {
     let key = form.key(key).map_err(|e| bad("key", &e))?;
-    let until = match query.get("until") {
-        None => None,
-        Some(s) => match s.parse::<u64>() {
-            Ok(secs) => Some(UNIX_EPOCH + Duration::from_secs(secs)),
-            Err(_) => {
-                return Err(bad(
-                    "until",
-                    &format!("{s:?} is not a time in Unix seconds"),
-                ));
-            }
-        },
-    };
-    if until.is_some_and(|t| t <= SystemTime::now()) {
-        return Err(bad("until", "the time is past"));
-    }
+    let until = crate::limits::until(&query).map_err(|e| bad("until", &e))?;
     if let Some(name) = query.keys().find(|k| *k != "until") {
         return Err(bad(name, "unknown parameter; expected until"));
     }
@@ -215,6 +201,7 @@ async fn remove<St: Store, M>(
 /// A store that failed: 503; a layer that keeps no entries (`LEASE`): 409.
 fn failed(error: LimitError) -> Response {
     let status = match error {
+        LimitError::Until(e) => return bad("until", &e),
         LimitError::NoLists => StatusCode::CONFLICT,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };

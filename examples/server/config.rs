@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 
+use tower_ratelimit::admin::AdminToken;
 use tower_ratelimit::config::Limits;
 use tower_ratelimit::headers::HeaderStyle;
 use tower_ratelimit::key::{Cidr, ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
@@ -10,6 +11,8 @@ use tower_ratelimit::{Algorithm, Calendar, FailurePolicy, Settle};
 pub(crate) struct Config {
     pub(crate) bind: SocketAddr,
     pub(crate) admin_bind: Option<SocketAddr>,
+    /// `ADMIN_TOKEN`: the bearer token of `/admin/*`; without it they answer loopback only.
+    pub(crate) admin_token: Option<AdminToken>,
     /// The policy file, and its policies as read at start.
     pub(crate) file: Option<(String, Limits)>,
     pub(crate) redis_url: Option<String>,
@@ -139,6 +142,28 @@ pub(crate) fn env_or(name: &str, default: &str) -> Result<String, String> {
     }
 }
 
+/// `ADMIN_TOKEN`, required when the admin routes are served on an address other machines
+/// reach (`ADMIN_BIND`, or `BIND` without it).
+fn admin_token(
+    bind: SocketAddr,
+    admin_bind: Option<SocketAddr>,
+) -> Result<Option<AdminToken>, String> {
+    let token = match env_or("ADMIN_TOKEN", "")?.as_str() {
+        "" => None,
+        t => Some(AdminToken::new(t).map_err(|e| format!("ADMIN_TOKEN: {e}"))?),
+    };
+    let (served, on) = match admin_bind {
+        Some(addr) => (addr, "ADMIN_BIND"),
+        None => (bind, "BIND, as ADMIN_BIND is unset"),
+    };
+    if token.is_none() && !served.ip().is_loopback() {
+        return Err(format!(
+            "ADMIN_TOKEN: the admin routes would answer anyone on {served} ({on}); set ADMIN_TOKEN, or ADMIN_BIND to a loopback address such as 127.0.0.1:9090"
+        ));
+    }
+    Ok(token)
+}
+
 /// The client address behind `trusted_proxies` (`TRUSTED_PROXIES`).
 pub(crate) fn client_ip(trusted_proxies: &[Cidr]) -> Result<ClientIp, String> {
     (trusted_proxies.iter())
@@ -238,6 +263,7 @@ pub(crate) fn config() -> Result<Config, String> {
             format!("ADMIN_BIND: {addr:?} is not an address such as 127.0.0.1:9090")
         })?),
     };
+    let admin_token = admin_token(bind, admin_bind)?;
     let calendar = calendar()?;
     let trusted_proxies: Vec<Cidr> = env_or("TRUSTED_PROXIES", "")?
         .split(',')
@@ -358,6 +384,23 @@ pub(crate) fn config() -> Result<Config, String> {
             }
         },
     };
+    let abuse = crate::abuse::read(&trusted_proxies)?;
+    // What a block on violation cannot go with, named here rather than as RATE_LIMIT's error.
+    if abuse.escalation.is_some() {
+        let with = [
+            (
+                wait.is_some(),
+                "WAIT_MS (a request over the limit waits, it is not denied)",
+            ),
+            (lease.is_some(), "LEASE (units spent without asking Redis)"),
+            (reserve.is_some(), "RESERVE (capacity kept for priority)"),
+        ];
+        if let Some((_, name)) = with.into_iter().find(|(set, _)| *set) {
+            return Err(format!(
+                "BLOCK_FOR: a block on violation cannot go with {name}; drop one of them"
+            ));
+        }
+    }
     let redis_access = RedisAccess::read()?;
     if redis_url.is_none() {
         for name in [
@@ -374,6 +417,7 @@ pub(crate) fn config() -> Result<Config, String> {
     Ok(Config {
         bind,
         admin_bind,
+        admin_token,
         file,
         redis_url,
         redis_access,
@@ -416,7 +460,7 @@ pub(crate) fn config() -> Result<Config, String> {
         max_keys,
         reserve,
         overload: crate::overload::read()?,
-        abuse: crate::abuse::read(&trusted_proxies)?,
+        abuse,
         trusted_proxies,
     })
 }

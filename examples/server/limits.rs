@@ -4,7 +4,7 @@
 //! a bad parameter gets 400 with a problem+json body naming it, a store that fails 503.
 
 use std::collections::HashMap;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::extract::{Path, Query};
@@ -82,15 +82,7 @@ async fn set<St: Store, M>(
         None => return Err(bad("quota", "missing; e.g. quota=20/min")),
         Some(q) => q.parse().map_err(|e| bad("quota", &format!("{e}")))?,
     };
-    let until = match query.get("until") {
-        None => None,
-        Some(s) => {
-            let secs: u64 = s
-                .parse()
-                .map_err(|_| bad("until", &format!("{s:?} is not a time in Unix seconds")))?;
-            Some(UNIX_EPOCH + Duration::from_secs(secs))
-        }
-    };
+    let until = until(&query).map_err(|e| bad("until", &e))?;
     if let Some(name) = query.keys().find(|k| *k != "quota" && *k != "until") {
         return Err(bad(name, "unknown parameter; expected quota and until"));
     }
@@ -117,8 +109,27 @@ fn failed(error: LimitError) -> Response {
     match error {
         LimitError::UnknownPolicy(_) => bad("policy", &error.to_string()),
         LimitError::Quota(e) => bad("quota", &e.to_string()),
+        LimitError::Until(e) => bad("until", &e),
         e => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string(), None),
     }
+}
+
+/// The query's `until=<unix seconds>`, if any: a time after now; else what is wrong with it.
+pub(crate) fn until(query: &HashMap<String, String>) -> Result<Option<SystemTime>, String> {
+    let Some(text) = query.get("until") else {
+        return Ok(None);
+    };
+    let until = text
+        .parse::<u64>()
+        .ok()
+        .and_then(|secs| UNIX_EPOCH.checked_add(Duration::from_secs(secs)))
+        .ok_or_else(|| {
+            format!("{text:?} is not a time in Unix seconds (a whole number from now to 2255)")
+        })?;
+    if until <= SystemTime::now() {
+        return Err(format!("{text} is past"));
+    }
+    Ok(Some(until))
 }
 
 /// 400, naming the bad parameter.

@@ -18,13 +18,14 @@ mod config;
 mod limits;
 mod overload;
 mod routes;
+mod serve;
 
-use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use axum::Router;
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tower_ratelimit::admin::AdminGuardLayer;
 use tower_ratelimit::axum::AxumBody;
 use tower_ratelimit::key::Cidr;
 use tower_ratelimit::top::TopLimited;
@@ -41,6 +42,10 @@ Environment variables:
   BIND        address to listen on                  (default 127.0.0.1:3000)
   ADMIN_BIND  address of /metrics and /admin/top, to keep them off the public address
                                                     (default unset: served on BIND)
+  ADMIN_TOKEN the bearer token /admin/* ask for (16 or more of letters, digits and
+              -._~+/=); without it they answer loopback clients only, and the server
+              will not start with them on an address other machines reach
+                                                    (default unset)
   CONFIG      a TOML file of policies, e.g. examples/limits.toml, instead of ALGORITHM,
               RATE_LIMIT, KEY, TRUSTED_PROXIES, LEASE, WAIT_MS, CONCURRENCY, PRIORITY_HEADER,
               RESERVE, DENY, ALLOW, NEAR_LIMIT and BLOCK_* (which it replaces; setting both
@@ -178,6 +183,9 @@ Routes:
   DELETE /admin/deny/<key>, DELETE /admin/allow/<key>
                takes it off; 204
   With ADMIN_BIND set, /metrics and /admin/* are answered there, and not on BIND.
+  /admin/* answer the holder of ADMIN_TOKEN (Authorization: Bearer <token>), or without
+  it loopback clients naming localhost or an IP address as Host only (401 or 403
+  otherwise); /metrics is open where they are served.
 ";
 
 /// The file's policies, or one policy per quota in `RATE_LIMIT`, all with the chosen
@@ -275,7 +283,16 @@ fn app<St: Store>(
         reload_on_sighup(layer.clone(), path.clone(), adaptive);
     }
     let store = layer.store().clone();
+    // Every /admin route behind the guard: ADMIN_TOKEN's holder, or loopback clients only.
+    let guard = AdminGuardLayer::token_or_loopback(config.admin_token.clone());
     let admin = Router::new()
+        .route_service(
+            "/admin/top",
+            layer.top_limited_service().guard(AdminGuardLayer::anyone()),
+        )
+        .merge(limits::routes(layer.clone(), KeyForm::of(key_spec)))
+        .merge(abuse::routes(layer.clone(), KeyForm::of(key_spec)))
+        .route_layer(guard)
         .route(
             "/metrics",
             get(move || {
@@ -283,10 +300,7 @@ fn app<St: Store>(
                 let text = metrics.render();
                 async move { ([("content-type", "text/plain; version=0.0.4")], text) }
             }),
-        )
-        .route_service("/admin/top", layer.top_limited_service())
-        .merge(limits::routes(layer.clone(), KeyForm::of(key_spec)))
-        .merge(abuse::routes(layer.clone(), KeyForm::of(key_spec)));
+        );
     let cost_header = config.cost_header.clone();
     let public = Router::new()
         .route("/", get(|| async { "hello from tower-ratelimit\n" }))
@@ -484,11 +498,7 @@ async fn main() -> ExitCode {
                     .map_err(|e| format!("ADMIN_BIND: cannot listen on {admin_bind}: {e}"))?;
                 let admin_addr = admin.local_addr().map_err(|e| e.to_string())?;
                 let router = apps.admin;
-                tokio::spawn(async move {
-                    if let Err(e) = axum::serve(admin, router).await {
-                        eprintln!("admin server error: {e}");
-                    }
-                });
+                tokio::spawn(serve::serve(admin, router, std::future::pending()));
                 (apps.public, format!("http://{admin_addr}"))
             }
         };
@@ -524,15 +534,11 @@ async fn main() -> ExitCode {
             "listening on http://{addr} | store={store} {limits}{overload} HEADERS={:?} | admin={admin} (/metrics, /admin/top) | --help lists the variables",
             config.headers,
         );
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async {
+        serve::serve(listener, app, async {
             let _ = tokio::signal::ctrl_c().await;
         })
-        .await
-        .map_err(|e| format!("server error: {e}"))
+        .await;
+        Ok::<(), String>(())
     }
     .await;
     match result {

@@ -37,6 +37,21 @@ pub(crate) fn read() -> Result<Option<Overload>, String> {
         let a = min.map_or(a, |n| a.min(n));
         max.map_or(a, |n| a.max(n))
     });
+    // The bounds checked here, so that their mistake names them.
+    if let Some(adaptive) = adaptive {
+        let alone = tower_ratelimit::RateLimitLayer::builder()
+            .policy(Policy::adaptive_concurrency(adaptive))
+            .build();
+        if let Err(e) = alone {
+            let named = match (min, max) {
+                (Some(_), Some(_)) => "ADAPTIVE_MIN, ADAPTIVE_MAX",
+                (Some(_), None) => "ADAPTIVE_MIN",
+                (None, Some(_)) => "ADAPTIVE_MAX",
+                (None, None) => "ADAPTIVE",
+            };
+            return Err(format!("{named}: {e} (ADAPTIVE_MAX is 1000 unless set)"));
+        }
+    }
     match (capacity, adaptive) {
         (None, None) => Ok(None),
         (None, Some(_)) => {

@@ -8,6 +8,9 @@ const MAX_LEN: usize = 4096;
 
 /// The value of one request header, e.g. an API key in `x-api-key`.
 ///
+/// Spaces and tabs around the value are not part of it (HTTP/1.1 parsers drop them; an
+/// HTTP/2 peer may send them), so `" acme"` and `"acme"` are one key.
+///
 /// A request where the header is missing, empty, longer than 4 KiB, or present more than once
 /// (which would let a client pick among several identities) is rejected with `400 Bad Request`.
 #[derive(Clone, Debug)]
@@ -49,7 +52,7 @@ impl KeyExtractor for HeaderKey {
                 format!("the request has more than one {} header", self.name),
             ));
         }
-        let bytes = value.as_bytes();
+        let bytes = trim_ows(value.as_bytes());
         if bytes.is_empty() {
             return Err(KeyRejection::bad_request(
                 "empty_header",
@@ -63,5 +66,37 @@ impl KeyExtractor for HeaderKey {
             ));
         }
         Ok(Key::from(bytes))
+    }
+}
+
+/// `value` without the spaces and tabs (HTTP's optional whitespace) around it.
+fn trim_ows(value: &[u8]) -> &[u8] {
+    let ows = |b: &u8| *b == b' ' || *b == b'\t';
+    let start = value.iter().position(|b| !ows(b)).unwrap_or(value.len());
+    let end = value.iter().rposition(|b| !ows(b)).map_or(start, |i| i + 1);
+    &value[start..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_trimmed_of_spaces_and_tabs() {
+        let key = HeaderKey::try_new("x-api-key").unwrap();
+        let of = |value: &'static str| {
+            let request = http::Request::builder()
+                .header("x-api-key", http::HeaderValue::from_static(value))
+                .body(())
+                .unwrap();
+            key.extract(&RequestRef::new(&request))
+        };
+        for value in ["acme", " acme", "acme\t", " \t acme  "] {
+            assert_eq!(of(value).unwrap(), Key::from("acme"), "{value:?}");
+        }
+        assert_eq!(of("a b").unwrap(), Key::from("a b"));
+        for blank in ["", " ", "\t \t"] {
+            assert!(of(blank).is_err(), "{blank:?}");
+        }
     }
 }

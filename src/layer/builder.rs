@@ -72,7 +72,9 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// Hands each warning of a key near its limit
     /// ([`Policy::near_limit`](crate::Policy::near_limit)) to `hook`, whose
     /// future runs on a task of its own, never on the request's path: a webhook, an e-mail.
-    /// Once per key and window on each instance.
+    /// Once per key and window on each instance. At most 256 of its tasks run at once; a
+    /// warning that comes while they do is counted in
+    /// `ratelimit_near_limit_hook_dropped_total{policy}` and not handed (not queued).
     ///
     /// ```
     /// use tower_ratelimit::{NearLimit, Policy, RateLimitLayer};

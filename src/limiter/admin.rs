@@ -5,6 +5,7 @@ use std::future::Ready;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::SystemTime;
 
 use super::Limiter;
 use super::set::Lane;
@@ -91,6 +92,9 @@ impl<St: Store> Limiter<St> {
         // Pushed one by one: `collect` into a SmallVec goes through its generic `extend`, which
         // costs a `check` about 100 instructions more.
         let mut checks = Checks::new();
+        if op == Some(Op::Reset) {
+            self.forget_denials(key);
+        }
         for p in policies.iter() {
             let tier = p.tier_of_key(key);
             if let (Some(leases), Some(Op::Reset | Op::Block { .. })) = (self.leases(), op) {
@@ -130,9 +134,44 @@ impl<St: Store> Limiter<St> {
         if let Some(leases) = self.leases() {
             leases.forget(tier.id(), key);
         }
+        if let Some(cache) = &self.deny_cache {
+            cache.forget(tier.id(), key);
+        }
         drop(policies);
         let checks: Checks = smallvec::smallvec![Check::new(tier, key.clone(), 0, op)];
         Ok(self.store_decision(checks))
+    }
+
+    /// Forgets the deny cache's denials of `key` in every tier: a reset or an allow entry is
+    /// obeyed by this instance at once (others' caches answer to their denials' end).
+    pub(crate) fn forget_denials(&self, key: &Key) {
+        if let Some(cache) = &self.deny_cache {
+            for tier in self.policies.load().iter().flat_map(|p| p.tiers()) {
+                cache.forget(tier.id(), key);
+            }
+        }
+    }
+
+    /// `until` in microseconds since 1970, and the layer's present: an end that is not after
+    /// the present, or that microseconds cannot count exactly, is an error naming `until`.
+    pub(crate) fn until_us(&self, until: SystemTime) -> Result<(u64, u64), LimitError> {
+        let us = until
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .ok()
+            .and_then(|d| u64::try_from(d.as_micros()).ok())
+            .filter(|us| *us <= crate::algorithm::MAX_EXACT)
+            .ok_or_else(|| {
+                LimitError::Until(format!(
+                    "{until:?} is not a time from 1970 to 2255 (2^53 microseconds)"
+                ))
+            })?;
+        let now = self.clock.now_micros();
+        if us <= now {
+            return Err(LimitError::Until(format!(
+                "{until:?} is not after the present ({now} microseconds since 1970)"
+            )));
+        }
+        Ok((us, now))
     }
 
     /// `checks` decided by the store: at once where it can, else its future.

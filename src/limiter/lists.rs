@@ -135,20 +135,22 @@ impl<St: Store> Limiter<St> {
             .ok_or(LimitError::NoLists)?;
         let tier = if deny { lists.deny() } else { lists.allow() };
         self.store.registry().mark_listed();
-        let now = self.clock.now_micros();
-        let us = match until {
-            None => LISTED_FOR_GOOD_US,
-            Some(t) => t
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-                .saturating_sub(now)
-                .min(LISTED_FOR_GOOD_US),
+        // An end already past is an error, never a removal.
+        let op = match (remove, until) {
+            (true, _) => Op::Reset,
+            (false, None) => Op::Block {
+                us: LISTED_FOR_GOOD_US,
+            },
+            (false, Some(until)) => {
+                let (until, now) = self.until_us(until)?;
+                Op::Block {
+                    us: (until - now).min(LISTED_FOR_GOOD_US),
+                }
+            }
         };
-        let op = if remove || us == 0 {
-            Op::Reset
-        } else {
-            Op::Block { us }
-        };
+        if !deny && !remove {
+            self.forget_denials(key);
+        }
         let checks: Checks = smallvec::smallvec![Check::new(tier.clone(), key.clone(), 0, op)];
         Ok(self.store_decision(checks))
     }

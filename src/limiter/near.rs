@@ -39,13 +39,16 @@ impl<St: Store> Limiter<St> {
             if let Some(top) = &self.top {
                 top.record_near(o.policy(), key, now);
             }
-            self.near.hand(|| NearLimit {
-                policy: o.policy().to_owned(),
-                key: key.clone(),
-                limit: o.limit(),
-                remaining: o.remaining(),
-                reset_after: o.reset_after(),
-            });
+            self.near.hand(
+                || tier.label(),
+                || NearLimit {
+                    policy: o.policy().to_owned(),
+                    key: key.clone(),
+                    limit: o.limit(),
+                    remaining: o.remaining(),
+                    reset_after: o.reset_after(),
+                },
+            );
         }
     }
 }

@@ -16,6 +16,10 @@ use crate::quota::MAX_WINDOW;
 /// denial for 10 s, then 20 s, 40 s, ... at most an hour, and forgets the level after a day
 /// without a block.
 ///
+/// The level (the `level` label of `ratelimit_blocks_total`) stops at the first whose block
+/// is `at_most` long: 10 s doubling to an hour has levels 1 to 10, and a factor of 1 has level
+/// 1 only, however long a key keeps being blocked.
+///
 /// ```
 /// use std::time::Duration;
 /// use tower_ratelimit::{Escalation, Policy};
@@ -123,6 +127,17 @@ impl Escalation {
             }
         }
         us.min(most)
+    }
+
+    /// The highest level: the first whose block is `at_most` long (1 with a factor of 1).
+    pub(crate) fn top_level(&self) -> u32 {
+        let (mut us, most) = (micros(self.first), micros(self.at_most));
+        let mut level = 1;
+        while us < most && self.factor > 1 {
+            us = us.saturating_mul(u64::from(self.factor));
+            level += 1;
+        }
+        level
     }
 
     /// The denials that block, and the span they are counted in (microseconds).

@@ -85,6 +85,15 @@ impl DenyCache {
         None
     }
 
+    /// Forgets what is remembered of `key` in the tier `id`: an administrator's reset, allow
+    /// or new limit is obeyed here at once.
+    pub(crate) fn forget(&self, id: u32, key: &Key) {
+        let (hash, mut shard) = self.locate(id, key);
+        if let Ok(entry) = shard.find_entry(hash, |e| e.is(id, key)) {
+            entry.remove();
+        }
+    }
+
     /// Remembers the violated enforced policies of a denied decision: `checks` are the checks
     /// of its outcomes.
     pub(crate) fn remember(&self, checks: &[Check], decision: &Decision, now: u64) {

@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 use http::{Method, Request, Response, StatusCode, header};
 
 use super::{LimitedKey, SHARDS, TopReport, Tracker};
+use crate::admin::AdminGuardLayer;
 use crate::clock::Clock;
 use crate::response::push_json_str;
 
@@ -27,10 +28,13 @@ use crate::response::push_json_str;
 /// `404`, as does an unknown policy; a malformed `n`, `400`; another method, `405`. Every error
 /// is JSON `{"error": "..."}`.
 ///
-/// Mount it where only operators reach it, and outside the rate limit:
+/// It names other clients' keys, so it is guarded: by default it answers loopback clients
+/// only, with a loopback `Host` ([`AdminGuardLayer::loopback`]); give it a token with
+/// [`guard`](Self::guard) to serve it elsewhere. Mount it outside the rate limit:
 ///
 /// ```
 /// use axum::{Router, routing::get};
+/// use tower_ratelimit::admin::{AdminGuardLayer, AdminToken};
 /// use tower_ratelimit::{Policy, RateLimitLayer, key::PeerIp, top::TopLimited};
 ///
 /// # fn main() -> Result<(), tower_ratelimit::ConfigError> {
@@ -39,7 +43,12 @@ use crate::response::push_json_str;
 ///     .policy(Policy::gcra("10/s"))
 ///     .top_limited(TopLimited::new())
 ///     .build()?;
-/// let admin: Router = Router::new().route_service("/admin/top", layer.top_limited_service());
+/// let admin: Router = Router::new().route_service(
+///     "/admin/top",
+///     layer
+///         .top_limited_service()
+///         .guard(AdminGuardLayer::token(AdminToken::new("a-long-random-secret")?)),
+/// );
 /// let app: Router = Router::new().route("/", get(|| async { "hi" })).layer(layer);
 /// # let _ = (admin, app);
 /// # Ok(()) }
@@ -48,19 +57,32 @@ use crate::response::push_json_str;
 pub struct TopLimitedService {
     tracker: Option<Arc<Tracker>>,
     clock: Arc<dyn Clock>,
+    guard: AdminGuardLayer,
 }
 
 impl fmt::Debug for TopLimitedService {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TopLimitedService")
             .field("tracker", &self.tracker)
+            .field("guard", &self.guard)
             .finish_non_exhaustive()
     }
 }
 
 impl TopLimitedService {
     pub(crate) fn new(tracker: Option<Arc<Tracker>>, clock: Arc<dyn Clock>) -> Self {
-        TopLimitedService { tracker, clock }
+        TopLimitedService {
+            tracker,
+            clock,
+            guard: AdminGuardLayer::loopback(),
+        }
+    }
+
+    /// Answers the requests `guard` admits only (by default [`AdminGuardLayer::loopback`]).
+    #[must_use]
+    pub fn guard(mut self, guard: AdminGuardLayer) -> Self {
+        self.guard = guard;
+        self
     }
 
     /// The answer to a request for `query` (the URI's query string).
@@ -191,6 +213,9 @@ impl<B> tower_service::Service<Request<B>> for TopLimitedService {
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
+        if let Err(refused) = self.guard.admit(&request) {
+            return std::future::ready(Ok(refused.response()));
+        }
         let (status, body) = self.answer(request.method(), request.uri().query());
         let mut response = Response::new(body);
         *response.status_mut() = status;

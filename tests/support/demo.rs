@@ -189,9 +189,15 @@ fn exchange_as(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &st
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    let mut request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: 0\r\n"
-    );
+    // The Host a client sends, the address it asked (unless the caller names another).
+    let mut request =
+        format!("{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: 0\r\n");
+    if !headers
+        .iter()
+        .any(|(name, _)| name.eq_ignore_ascii_case("host"))
+    {
+        request.push_str(&format!("Host: {addr}\r\n"));
+    }
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }
@@ -206,7 +212,19 @@ fn exchange_as(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &st
 /// sent.
 #[allow(dead_code)]
 pub fn request(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
-    let response = exchange_as(addr, method, path, &[]);
+    request_with(addr, method, path, &[])
+}
+
+/// `method` `path` to `addr` over a fresh connection with extra header lines: the status and
+/// the whole response, as sent.
+#[allow(dead_code)]
+pub fn request_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, String) {
+    let response = exchange_as(addr, method, path, headers);
     (response[9..12].parse().unwrap(), response)
 }
 

@@ -84,6 +84,23 @@ impl Recorder {
 }
 
 impl Recorder {
+    /// Forgets every span and event seen so far.
+    #[allow(dead_code)]
+    pub fn clear(&self) {
+        self.spans.lock().unwrap().clear();
+        self.events.lock().unwrap().clear();
+    }
+
+    /// The events whose message is `message`: their fields.
+    #[allow(dead_code)]
+    pub fn events(&self, message: &str) -> Vec<HashMap<String, String>> {
+        let events = self.events.lock().unwrap();
+        let named = events
+            .iter()
+            .filter(|e| e.fields.get("message").is_some_and(|m| m == message));
+        named.map(|e| e.fields.clone()).collect()
+    }
+
     /// Every field of every span and event, as text.
     pub fn everything(&self) -> String {
         let spans = self.spans.lock().unwrap();

@@ -192,13 +192,13 @@ local function strike(alg, key, p, e, now, since, base, i, total)
     else
       level = 1
     end
-    local d = e[3]
-    for _ = 2, level do
-      d = d * e[6]
-      if d >= e[4] then
-        break
-      end
+    -- The block of the level, which stops at the first whose block is the longest (twin of
+    -- `Escalation::top_level`): at most some 40 turns, a factor of 1 none.
+    local d, top = e[3], 1
+    while top < level and d < e[4] and e[6] > 1 do
+      d, top = d * e[6], top + 1
     end
+    level = top
     if d > e[4] then
       d = e[4]
     end

@@ -61,7 +61,11 @@ fn strike(entry: &mut Unpacked, now: u64, escalation: &Escalation) -> Option<(u3
     let mut started = None;
     if s.denials >= denials {
         let again = s.last > 0 && s.last.saturating_add(forget) > now;
-        s.level = if again { s.level + 1 } else { 1 };
+        s.level = if again {
+            (s.level + 1).min(escalation.top_level())
+        } else {
+            1
+        };
         let ends = now.saturating_add(escalation.block_us(s.level));
         (s.denials, s.first, s.last, s.until) = (0, now, now, ends);
         marks.blocked_until = marks.blocked_until.max(ends);

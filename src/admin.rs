@@ -13,7 +13,7 @@
 //!   its peer is a loopback address and its `Host` is `localhost` (or a name under
 //!   `.localhost`) or an IP literal; anything else is `403` problem+json. The `Host` check
 //!   defeats DNS rebinding: a page of another site whose name was pointed at `127.0.0.1`
-//!   sends its own name as `Host`. The peer is read as [`PeerIp`](crate::key::PeerIp) reads it;
+//!   sends its own name as `Host`. The peer is read as [`crate::key::PeerIp`] reads it;
 //!   a request that carries no peer address is refused.
 //!
 //! Behind a reverse proxy on the same machine every request comes from a loopback peer: give

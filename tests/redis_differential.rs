@@ -36,6 +36,17 @@ fn layer_of<St: Store>(policy: &Policy, store: St) -> RateLimitLayer<St> {
         .unwrap()
 }
 
+/// [`layer_of`] whose own clock (the one a key's own limit's end is checked on) is `clock`,
+/// the stores'.
+fn layer_on<St: Store>(policy: &Policy, store: St, clock: &ManualClock) -> RateLimitLayer<St> {
+    RateLimitLayer::builder()
+        .policy(policy.clone())
+        .clock(clock.clone())
+        .store(store)
+        .build()
+        .unwrap()
+}
+
 fn random_policy(rng: &mut Rng, algorithm: Algorithm, name: String) -> Policy {
     let limit = rng.range(1, 12) as u32;
     let (window, buckets) = if algorithm == Algorithm::SlidingWindow {
@@ -717,8 +728,8 @@ async fn calendar_periods_decide_alike_in_both_stores() {
         if traced(seed) {
             eprintln!("{policy:?}");
         }
-        let on_memory = layer_of(&policy, MemoryStore::with_clock(clock.clone()));
-        let on_redis = layer_of(&policy, redis.clone());
+        let on_memory = layer_on(&policy, MemoryStore::with_clock(clock.clone()), &clock);
+        let on_redis = layer_on(&policy, redis.clone(), &clock);
         let key = Key::from(format!("k{seq}"));
         clock.set_micros(starts[rng.range(0, 5) as usize] + rng.range(0, 4 * 3_600_000_000));
         for step in 0..30 {
@@ -825,8 +836,8 @@ async fn own_limits_decide_alike_in_both_stores() {
                 Algorithm::SlidingWindow => sliding(&mut rng),
                 _ => random_policy(&mut rng, algorithm, name.clone()),
             };
-            let on_memory = layer_of(&policy, MemoryStore::with_clock(clock.clone()));
-            let on_redis = layer_of(&policy, redis.clone());
+            let on_memory = layer_on(&policy, MemoryStore::with_clock(clock.clone()), &clock);
+            let on_redis = layer_on(&policy, redis.clone(), &clock);
             let key = Key::from(format!("k{seq}"));
             for step in 0..30 {
                 random_step(&mut rng, &clock);

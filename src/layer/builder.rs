@@ -292,8 +292,9 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         self
     }
 
-    /// The clock of the circuit breaker, the deny cache and the summary of limited keys
-    /// (default [`SystemClock`]). The store keeps its own clock.
+    /// The clock of the circuit breaker, the deny cache and the summary of limited keys, and
+    /// the present an administrator's `until` must be after (default [`SystemClock`]). The
+    /// store keeps its own clock.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.o.clock = Arc::new(clock);
         self

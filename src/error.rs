@@ -36,6 +36,37 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// Why an administrator's entry names no key that a key extractor makes
+/// ([`KeyExtractor::entry_keys`](crate::key::KeyExtractor::entry_keys)): `"alice"` where keys
+/// are IP addresses, an empty header value, a key of several parts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryError {
+    message: String,
+}
+
+impl EntryError {
+    /// An error saying `message` (for the extractors of your own).
+    pub fn new(message: impl Into<String>) -> Self {
+        EntryError {
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for EntryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for EntryError {}
+
+impl From<EntryError> for ConfigError {
+    fn from(e: EntryError) -> Self {
+        ConfigError::new(e.message)
+    }
+}
+
 /// Why a key's own limit was not set or cleared
 /// ([`RateLimitLayer::set_limit`](crate::RateLimitLayer::set_limit)).
 #[derive(Debug)]
@@ -56,6 +87,9 @@ pub enum LimitError {
     /// (2^53 microseconds since 1970, what the stores count exactly). A change with an end
     /// already past is refused rather than made a removal.
     Until(String),
+    /// The key given is none the key extractor makes: it would never match a request
+    /// ([`KeyExtractor::entry_keys`](crate::key::KeyExtractor::entry_keys)).
+    Entry(EntryError),
 }
 
 impl fmt::Display for LimitError {
@@ -70,6 +104,7 @@ impl fmt::Display for LimitError {
                 "the layer keeps no list entries in its store (build it with .lists(Lists::new()))",
             ),
             LimitError::Until(why) => write!(f, "until: {why}"),
+            LimitError::Entry(e) => write!(f, "key: {e}"),
         }
     }
 }
@@ -80,6 +115,7 @@ impl std::error::Error for LimitError {
             LimitError::UnknownPolicy(_) | LimitError::NoLists | LimitError::Until(_) => None,
             LimitError::Quota(e) => Some(e),
             LimitError::Store(e) => Some(e),
+            LimitError::Entry(e) => Some(e),
         }
     }
 }

@@ -337,10 +337,16 @@ impl<St: Store, M> RateLimitLayer<St, M> {
     /// ([`DENIED`](crate::response::DENIED)), and no policy counts it. The entry is kept in the
     /// store beside the key's states, so every instance sharing the store refuses the key from
     /// its next request, and it ends on its own at `until`. The key is the lists' key
-    /// ([`Lists::key`](crate::lists::Lists::key), by default the layer's).
+    /// ([`Lists::key`](crate::lists::Lists::key), by default the layer's), and `key` names
+    /// the requests whose keys it makes ([`KeyExtractor::entry_keys`](crate::key::KeyExtractor::entry_keys)):
+    /// where keys are client addresses, `Key::from("::1")`, `Key::from(ip)` and
+    /// `"::ffff:127.0.0.1"` are the address's key, an IPv6 one grouped as requests are (its
+    /// `/64` by default); where they are API keys, the token is hashed.
     ///
     /// Fails with [`LimitError::NoLists`] unless the layer was built with
-    /// [`lists`](crate::RateLimitLayerBuilder::lists) kept in the store (the default).
+    /// [`lists`](crate::RateLimitLayerBuilder::lists) kept in the store (the default); with
+    /// [`LimitError::Entry`] when the key names no request (`"alice"` where keys are
+    /// addresses); with [`LimitError::Until`] when `until` is not after the present.
     ///
     /// ```
     /// use std::time::{Duration, SystemTime};
@@ -404,6 +410,8 @@ impl<St: Store, M> RateLimitLayer<St, M> {
     /// Gives `key` a limit of its own in the policy (or policy tier, `policy:TIER`) named
     /// `policy`: `quota` (a [`Quota`](crate::Quota) or a string such as `"20/min"`) instead of
     /// the policy's, with the policy's algorithm, until `until` (for a year when `None`).
+    /// `key` names requests as for [`deny_key`](Self::deny_key), in the keys the policy's
+    /// key makes.
     ///
     /// The limit is kept in the store beside the key's state, so every instance sharing the
     /// store applies it from its next decision of the key, a reload of the policy keeps it,

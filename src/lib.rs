@@ -406,7 +406,9 @@ pub use body::{BodyGuard, MakeBody, ResponseBody, Wrapped};
 pub use calendar::{Calendar, Weekday};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, PolicyOutcome};
-pub use error::{ConfigError, FailurePolicy, KeyRejection, LimitError, StoreError, StoreErrorKind};
+pub use error::{
+    ConfigError, EntryError, FailurePolicy, KeyRejection, LimitError, StoreError, StoreErrorKind,
+};
 pub use future::ResponseFuture;
 pub use grpc::ResponseStyle;
 pub use headers::{HeaderStyle, ResetFormat};

@@ -41,7 +41,7 @@ use crate::lease::{self, Asking, LeaseWait, Leases};
 use crate::lists::LayerLists;
 use crate::policy::{CompiledPolicy, CostFn, Policy, RequestFn, StatusFn};
 use crate::reload::TierSummary;
-use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Permit};
+use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Held, Permit};
 use crate::response::Responses;
 use crate::settle::Settle;
 use crate::store::{Check, Checks, MemoryStore, Store, TOGETHER};
@@ -129,6 +129,8 @@ pub(crate) struct Limiter<St> {
     clock: Arc<dyn Clock>,
     breaker: Option<Breaker>,
     deny_cache: Option<DenyCache>,
+    /// What this instance saw denied, answered while the store fails (a store that may fail).
+    held: Option<Held>,
     decision_extension: bool,
     /// The local store of [`FailurePolicy::Local`].
     fallback: Option<MemoryStore>,
@@ -373,6 +375,7 @@ impl<St: Store> Limiter<St> {
             clock: config.clock,
             breaker: config.breaker.map(Breaker::new),
             deny_cache: config.deny_cache.map(DenyCache::new),
+            held: (!St::DECIDES_ALONE).then(Held::new),
             decision_extension: config.decision_extension,
             fallback,
             leases,
@@ -579,7 +582,7 @@ impl<St: Store> Limiter<St> {
     }
 
     /// Whether the ticket keeps the request's keys: for the deny cache, the top limited keys,
-    /// the IETF `pk` or a reserved time to give back.
+    /// the IETF `pk`, a reserved time to give back, or the denials held through an outage.
     fn needs_keys(&self) -> bool {
         self.deny_cache.is_some()
             || self.top.is_some()
@@ -587,5 +590,6 @@ impl<St: Store> Limiter<St> {
             || self.waits()
             || self.limits_in_flight()
             || self.warns_near()
+            || self.held.is_some()
     }
 }

@@ -39,7 +39,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use crate::algorithm::Compiled as Definition;
-use crate::error::ConfigError;
+use crate::error::{ConfigError, EntryError};
 use crate::key::{Cidr, ClientIp, Key, KeyExtractor, RequestRef};
 use crate::policy::{Part, Tier};
 use crate::quota::Quota;
@@ -88,8 +88,9 @@ impl Lists {
         self
     }
 
-    /// How a request's client address is found for the networks (default: the peer's own
-    /// address, no forwarding header believed). Give the [`ClientIp`] of your trusted
+    /// How a request's client address is found for the networks (default: as the lists'
+    /// key finds it when it is, or holds, a [`ClientIp`]; else the peer's own address, no
+    /// forwarding header believed). Give the [`ClientIp`] of your trusted
     /// proxies when the service is behind them; a client's own `X-Forwarded-For` is then
     /// believed only from them.
     #[must_use]
@@ -128,22 +129,27 @@ impl Lists {
     /// Whether every entry is well written (what [`compile`](Self::compile) would report).
     #[cfg(feature = "serde")]
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
-        Entries::of(&self.allow, "allow")?;
-        Entries::of(&self.deny, "deny")?;
+        let key = self.key.as_deref();
+        Entries::of(&self.allow, "allow", key)?;
+        Entries::of(&self.deny, "deny", key)?;
         Ok(())
     }
 
-    /// The lists checked and compiled, with `key` the layer's.
+    /// The lists checked and compiled, with `key` the layer's: the key entries made the keys
+    /// the lists' key makes of them, the networks matched against the address the lists'
+    /// `ClientIp` finds, else the key's own (a `ClientIp` behind trusted proxies), else the
+    /// peer's.
     pub(crate) fn compile(&self, key: &Arc<dyn KeyExtractor>) -> Result<Compiled, ConfigError> {
-        let client_ip = match &self.client_ip {
-            Some(c) => c.clone(),
-            None => ClientIp::new(std::iter::empty::<&str>())?,
+        let key = self.key.clone().unwrap_or_else(|| key.clone());
+        let client_ip = match (&self.client_ip, key.client_ip()) {
+            (Some(c), _) | (None, Some(c)) => c.clone(),
+            (None, None) => ClientIp::new(std::iter::empty::<&str>())?,
         };
         Ok(Compiled {
-            allow: Entries::of(&self.allow, "allow")?,
-            deny: Entries::of(&self.deny, "deny")?,
+            allow: Entries::of(&self.allow, "allow", Some(&*key))?,
+            deny: Entries::of(&self.deny, "deny", Some(&*key))?,
             client_ip,
-            key: self.key.clone().unwrap_or_else(|| key.clone()),
+            key,
             in_store: !self.static_only,
         })
     }
@@ -157,7 +163,13 @@ struct Entries {
 }
 
 impl Entries {
-    fn of(entries: &[String], list: &str) -> Result<Self, ConfigError> {
+    /// The entries of the list named `list`, key entries as `key` makes them (as written
+    /// without one).
+    fn of(
+        entries: &[String],
+        list: &str,
+        key: Option<&dyn KeyExtractor>,
+    ) -> Result<Self, ConfigError> {
         let mut out = Entries::default();
         for entry in entries {
             let text = entry.trim();
@@ -172,7 +184,14 @@ impl Entries {
                     .map_err(|e: ConfigError| e.context(&format!("the {list} list")))?;
                 out.networks.push(network);
             } else {
-                out.keys.insert(Key::from(text));
+                let entry = Key::from(text);
+                let keys = match key {
+                    Some(key) => key.entry_keys(&entry).map_err(|e| {
+                        ConfigError::new(format!("the {list} list's entry {text:?}: {e}"))
+                    })?,
+                    None => vec![entry],
+                };
+                out.keys.extend(keys);
             }
         }
         Ok(out)
@@ -257,6 +276,12 @@ impl Compiled {
             return Judged::Allowed;
         }
         Judged::Neither(key.filter(|_| runtime))
+    }
+
+    /// The keys the lists' key makes of the requests `entry` names (an entry added at
+    /// runtime).
+    pub(crate) fn entry_keys(&self, entry: &Key) -> Result<Vec<Key>, EntryError> {
+        self.key.entry_keys(entry)
     }
 
     /// Whether entries added at runtime are kept in the store and read.

@@ -366,6 +366,7 @@ fn lists_from_the_configuration_file() {
     let limits = tower_ratelimit::config::Limits::from_toml(
         r#"
         trusted_proxies = ["10.0.0.1"]
+        key = "header:x-key"
         deny = ["203.0.113.0/24", "scraper"]
         allow = ["monitor"]
         [[policy]]
@@ -381,4 +382,173 @@ fn lists_from_the_configuration_file() {
     )
     .unwrap();
     assert!(bad.lists().unwrap_err().to_string().contains("deny list"));
+    // A key entry where the file's keys are addresses: refused, naming it.
+    let never = tower_ratelimit::config::Limits::from_toml(
+        "deny = [\"scraper\"]\n[[policy]]\nquota = \"1/s\"\n",
+    )
+    .unwrap();
+    let error = never.lists().unwrap_err().to_string();
+    assert!(
+        error.contains("\"scraper\"") && error.contains("IP address"),
+        "{error}"
+    );
+}
+
+/// A request from `peer` with an optional bearer token and `X-Forwarded-For`.
+async fn from(app: &App, peer: &str, token: Option<&str>, xff: &str) -> Reply {
+    let mut request = Request::builder();
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    if !xff.is_empty() {
+        request = request.header("x-forwarded-for", xff);
+    }
+    let mut request = request.body(()).unwrap();
+    let peer = std::net::SocketAddr::new(peer.parse().unwrap(), 40000);
+    request.extensions_mut().insert(peer);
+    send(app, request).await
+}
+
+/// Entries name requests as the layer's key makes keys of them: an address in any form,
+/// grouped as the key groups (IPv6 by /64), a token hashed; what no request can have is
+/// refused. On two instances of `store` (`one` adds, `two` answers).
+async fn entries_match<St: Store>(one: St, two: St, clock: ManualClock) {
+    let by_address = |store: St| {
+        RateLimitLayer::builder()
+            .clock(clock.clone())
+            .policy(Policy::gcra("3/h").name("per-ip"))
+            .key(tower_ratelimit::key::PeerIp::new())
+            .lists(Lists::new())
+            .store(store)
+            .build()
+            .unwrap()
+    };
+    let (admin, served) = (by_address(one.clone()), by_address(two.clone()));
+    let served = app(&served);
+    // ::1 in its long form, an address of a /64 by another, a mapped IPv4 address.
+    admin
+        .deny_key(&Key::from("0:0:0:0:0:0:0:1"), None)
+        .await
+        .unwrap();
+    assert_denied(&from(&served, "::1", None, "").await, KEY);
+    let v6: std::net::IpAddr = "2001:db8:1:2::7".parse().unwrap();
+    admin.deny_key(&Key::from(v6), None).await.unwrap();
+    assert_denied(&from(&served, "2001:db8:1:2::99", None, "").await, KEY);
+    assert_eq!(
+        from(&served, "2001:db8:1:3::7", None, "").await.status,
+        StatusCode::OK
+    );
+    admin
+        .allow_key(&Key::from("::ffff:127.0.0.1"), None)
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        let reply = from(&served, "127.0.0.1", None, "").await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert!(reply.remaining().is_none(), "allowed");
+    }
+    admin
+        .set_limit("per-ip", &Key::from("[::ffff:127.0.0.2]"), "100/h", None)
+        .await
+        .unwrap();
+    let reply = from(&served, "127.0.0.2", None, "").await;
+    assert_eq!(reply.remaining(), Some(99), "its own limit");
+    // What no request has: refused, naming why.
+    for refused in ["alice", "127.0.0.01", "203.0.113.0/24", ""] {
+        let denied = admin.deny_key(&Key::from(refused), None).await;
+        assert!(
+            matches!(denied, Err(LimitError::Entry(_))),
+            "{refused}: {denied:?}"
+        );
+        let limited = admin
+            .set_limit("per-ip", &Key::from(refused), "5/h", None)
+            .await;
+        assert!(
+            matches!(limited, Err(LimitError::Entry(_))),
+            "{refused}: {limited:?}"
+        );
+    }
+    admin.remove_denied(&Key::from("::1")).await.unwrap();
+    assert_eq!(from(&served, "::1", None, "").await.status, StatusCode::OK);
+
+    // An API key, or else the client's address behind a trusted proxy: an entry names the
+    // part that makes it, and the networks are matched against the address the key finds.
+    let either = |store: St| {
+        let client = ClientIp::new(["10.0.0.1"]).unwrap();
+        RateLimitLayer::builder()
+            .clock(clock.clone())
+            .policy(Policy::gcra("3/h").name("either"))
+            .key(tower_ratelimit::key::KeyExtractor::or(
+                tower_ratelimit::key::ApiKey::bearer(),
+                client,
+            ))
+            .lists(Lists::new().deny(["198.51.100.0/24"]))
+            .store(store)
+            .build()
+            .unwrap()
+    };
+    let (admin, served) = (either(one), either(two));
+    let served = app(&served);
+    admin.deny_key(&Key::from(v6), None).await.unwrap();
+    assert_denied(&from(&served, "2001:db8:1:2::1", None, "").await, KEY);
+    admin
+        .deny_key(&Key::from("s3cret-t0ken"), None)
+        .await
+        .unwrap();
+    assert_denied(
+        &from(&served, "192.0.2.9", Some("s3cret-t0ken"), "").await,
+        KEY,
+    );
+    assert_eq!(
+        from(&served, "192.0.2.9", Some("another"), "").await.status,
+        StatusCode::OK
+    );
+    assert_denied(
+        &from(&served, "10.0.0.1", Some("another"), "198.51.100.7").await,
+        NETWORK,
+    );
+}
+
+#[tokio::test]
+async fn entries_match_in_memory() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    entries_match(store.clone(), store, clock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_match_on_two_instances_of_one_redis() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let store = || server.store("entries:", &clock);
+    entries_match(store().await, store().await, clock.clone()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_match_on_the_cluster() {
+    let cluster = RedisCluster::start();
+    let clock = ManualClock::new();
+    let one = cluster.store("entries:", &clock).await;
+    let two = cluster.store("entries:", &clock).await;
+    entries_match(one, two, clock).await;
+}
+
+/// The lists given to the layer refuse at build an entry the key never makes.
+#[test]
+fn given_entries_the_key_never_makes_are_errors() {
+    let build = |lists: Lists| {
+        RateLimitLayer::builder()
+            .policy(Policy::gcra("3/h"))
+            .key(tower_ratelimit::key::PeerIp::new())
+            .lists(lists)
+            .build()
+            .map(drop)
+    };
+    let error = build(Lists::new().deny(["alice"])).unwrap_err().to_string();
+    assert!(error.contains("\"alice\""), "{error}");
+    let error = build(Lists::new().allow(["127.0.0.01"]))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("allow list"), "{error}");
+    build(Lists::new().deny(["::1", "10.0.0.0/8"])).unwrap();
 }

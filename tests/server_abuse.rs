@@ -272,3 +272,43 @@ fn the_admin_routes_are_guarded() {
     }
     assert_eq!(fetch(local.addr, "/admin/top", &[]).0, 200);
 }
+
+/// Every form of an address reaches its client on `/admin/deny`, `/admin/allow` and
+/// `/admin/limits`; what no client's key can be is a 400 naming `key`, and a `DENY` entry
+/// that no key is stops the server naming `DENY`.
+#[test]
+fn admin_entries_reach_the_client_they_name() {
+    let v6 = DemoServer::start(&[("BIND", "[::1]:0"), ("KEY", "ip"), ("RATE_LIMIT", "2/h")]);
+    let at = v6.addr;
+    assert!(at.is_ipv6(), "{at}");
+    assert_eq!(request(at, "PUT", "/admin/deny/0:0:0:0:0:0:0:1").0, 204);
+    assert_denied(v6.get("/", &[]), "the long form");
+    assert_eq!(request(at, "DELETE", "/admin/deny/::1").0, 204);
+    assert_eq!(v6.get("/", &[]).0, 200);
+
+    let v4 = DemoServer::start(&[("KEY", "ip"), ("RATE_LIMIT", "2/h"), ("POLICY_NAME", "api")]);
+    let at = v4.addr;
+    assert_eq!(request(at, "PUT", "/admin/allow/::ffff:127.0.0.1").0, 204);
+    for _ in 0..4 {
+        let (status, response) = v4.get("/", &[]);
+        assert_eq!(status, 200, "allowed: {response}");
+    }
+    assert_eq!(
+        request(at, "DELETE", "/admin/allow/::ffff:127.0.0.1").0,
+        204
+    );
+    let path = "/admin/limits/api/::ffff:127.0.0.1?quota=100/h";
+    let (status, response) = request(at, "PUT", path);
+    assert_eq!(status, 204, "{response}");
+    let (status, response) = v4.get("/", &[]);
+    assert_eq!(status, 200, "{response}");
+    assert!(response.contains("x-ratelimit-limit: 100"), "{response}");
+    for path in ["/admin/deny/alice", "/admin/allow/127.0.0.01"] {
+        let (status, response) = request(at, "PUT", path);
+        assert_eq!(status, 400, "{path}: {response}");
+        assert!(response.contains(r#""name":"key""#), "{path}: {response}");
+    }
+    let err = start_error(&[("KEY", "ip"), ("DENY", "127.0.0.01")]);
+    assert!(err.starts_with("error: DENY:"), "{err}");
+    assert!(err.contains("127.0.0.01"), "{err}");
+}

@@ -12,12 +12,12 @@ use axum::extract::{Path, Query};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::put;
-use tower_ratelimit::key::Cidr;
+use tower_ratelimit::key::{Cidr, Key};
 use tower_ratelimit::lists::Lists;
 use tower_ratelimit::{Escalation, LimitError, Policy, Quota, RateLimitLayer, Store};
 
 use crate::config::{Config, env_or};
-use crate::limits::{KeyForm, bad, problem};
+use crate::limits::{bad, problem};
 
 /// What the variables say of abusive clients.
 pub(crate) struct Abuse {
@@ -25,6 +25,8 @@ pub(crate) struct Abuse {
     pub(crate) lists: Lists,
     /// Whether `DENY` or `ALLOW` is set.
     pub(crate) listed: bool,
+    /// `DENY`'s and `ALLOW`'s entries, as given.
+    entries: [Vec<String>; 2],
     /// `NEAR_LIMIT`: the percent of its limit a key is warned at.
     pub(crate) near_limit: Option<u8>,
     /// `BLOCK_FOR`, `BLOCK_AFTER`, `BLOCK_MAX`: blocks on violation.
@@ -56,7 +58,7 @@ pub(crate) fn read(proxies: &[Cidr]) -> Result<Abuse, String> {
     let (deny, allow) = (entries("DENY")?, entries("ALLOW")?);
     let client_ip = crate::config::client_ip(proxies)?;
     let listed = !deny.is_empty() || !allow.is_empty();
-    let lists = Lists::new().deny(deny).allow(allow).client_ip(client_ip);
+    let lists = (Lists::new().deny(deny.clone()).allow(allow.clone())).client_ip(client_ip);
     let near_limit = match env_or("NEAR_LIMIT", "")?.as_str() {
         "" => None,
         n => match n.parse::<u8>() {
@@ -67,6 +69,7 @@ pub(crate) fn read(proxies: &[Cidr]) -> Result<Abuse, String> {
     Ok(Abuse {
         lists,
         listed,
+        entries: [deny, allow],
         near_limit,
         escalation: escalation()?,
     })
@@ -106,6 +109,29 @@ fn escalation() -> Result<Option<Escalation>, String> {
 }
 
 impl Abuse {
+    /// Whether every entry of `DENY` and `ALLOW` names requests whose key `KEY` makes (an
+    /// address where keys are addresses): an error naming the variable of the first that
+    /// does not.
+    pub(crate) fn check(
+        &self,
+        key: Box<dyn tower_ratelimit::key::KeyExtractor>,
+    ) -> Result<(), String> {
+        let key: std::sync::Arc<dyn tower_ratelimit::key::KeyExtractor> = key.into();
+        for (name, entries) in ["DENY", "ALLOW"].into_iter().zip(&self.entries) {
+            let lists = match name {
+                "DENY" => Lists::new().deny(entries.clone()),
+                _ => Lists::new().allow(entries.clone()),
+            };
+            let lists = lists.key(key.clone());
+            RateLimitLayer::builder()
+                .policy(Policy::gcra("1/s"))
+                .lists(lists)
+                .build()
+                .map_err(|e| format!("{name}: {e}"))?;
+        }
+        Ok(())
+    }
+
     /// `policy` (of `RATE_LIMIT`) as the variables say.
     pub(crate) fn policy(&self, mut policy: Policy) -> Policy {
         if let Some(percent) = self.near_limit {
@@ -129,11 +155,9 @@ pub(crate) fn lists(config: &Config) -> Result<Lists, String> {
     Ok(lists.kept_in_store(config.lease.is_none()))
 }
 
-/// The admin routes of the lists' entries, on `layer`, keys named as `form` says.
-pub(crate) fn routes<St: Store, M: Send + Sync + 'static>(
-    layer: RateLimitLayer<St, M>,
-    form: KeyForm,
-) -> Router {
+/// The admin routes of the lists' entries, on `layer`; a `{key}` names requests as the
+/// lists' key makes keys of them.
+pub(crate) fn routes<St: Store, M: Send + Sync + 'static>(layer: RateLimitLayer<St, M>) -> Router {
     let mut router = Router::new();
     for deny in [true, false] {
         let (put_layer, delete_layer) = (layer.clone(), layer.clone());
@@ -147,12 +171,12 @@ pub(crate) fn routes<St: Store, M: Send + Sync + 'static>(
             put(
                 move |Path(key): Path<String>, Query(q): Query<HashMap<String, String>>| {
                     let layer = put_layer.clone();
-                    async move { add(&layer, form, deny, &key, q).await.unwrap_or_else(|e| e) }
+                    async move { add(&layer, deny, &key, q).await.unwrap_or_else(|e| e) }
                 },
             )
             .delete(move |Path(key): Path<String>| {
                 let layer = delete_layer.clone();
-                async move { remove(&layer, form, deny, &key).await.unwrap_or_else(|e| e) }
+                async move { remove(&layer, deny, &key).await.unwrap_or_else(|e| e) }
             }),
         );
     }
@@ -162,12 +186,11 @@ pub(crate) fn routes<St: Store, M: Send + Sync + 'static>(
 /// `PUT`: the key on the list until `until` (unix seconds), or until taken off.
 async fn add<St: Store, M>(
     layer: &RateLimitLayer<St, M>,
-    form: KeyForm,
     deny: bool,
     key: &str,
     query: HashMap<String, String>,
 ) -> Result<Response, Response> {
-    let key = form.key(key).map_err(|e| bad("key", &e))?;
+    let key = Key::from(key);
     let until = crate::limits::until(&query).map_err(|e| bad("until", &e))?;
     if let Some(name) = query.keys().find(|k| *k != "until") {
         return Err(bad(name, "unknown parameter; expected until"));
@@ -184,11 +207,10 @@ async fn add<St: Store, M>(
 /// `DELETE`: the key off the list.
 async fn remove<St: Store, M>(
     layer: &RateLimitLayer<St, M>,
-    form: KeyForm,
     deny: bool,
     key: &str,
 ) -> Result<Response, Response> {
-    let key = form.key(key).map_err(|e| bad("key", &e))?;
+    let key = Key::from(key);
     let result = match deny {
         true => layer.remove_denied(&key).await,
         false => layer.remove_allowed(&key).await,
@@ -202,6 +224,7 @@ async fn remove<St: Store, M>(
 fn failed(error: LimitError) -> Response {
     let status = match error {
         LimitError::Until(e) => return bad("until", &e),
+        LimitError::Entry(e) => return bad("key", &e.to_string()),
         LimitError::NoLists => StatusCode::CONFLICT,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };

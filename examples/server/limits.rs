@@ -14,70 +14,31 @@ use axum::routing::put;
 use tower_ratelimit::key::Key;
 use tower_ratelimit::{LimitError, Quota, RateLimitLayer, Store};
 
-/// How the `{key}` of a route names a key, as the layer's key extractor makes them.
-#[derive(Clone, Copy)]
-pub(crate) enum KeyForm {
-    /// An IP address (`KEY=ip`, `KEY=client_ip`).
-    Ip,
-    /// The one key of `KEY=global`: `global`.
-    Global,
-    /// A header's value, as sent (`KEY=header:<name>`).
-    Text,
-    /// A policy file's keys: an IP address when the text is one, else the text.
-    IpOrText,
-}
-
-impl KeyForm {
-    /// The key the extractor of `KEY=spec` makes of a request that `text` names.
-    pub(crate) fn of(spec: Option<&str>) -> KeyForm {
-        match spec {
-            Some("ip" | "client_ip") => KeyForm::Ip,
-            Some("global") => KeyForm::Global,
-            Some(_) => KeyForm::Text,
-            None => KeyForm::IpOrText,
-        }
-    }
-
-    pub(crate) fn key(self, text: &str) -> Result<Key, String> {
-        let ip = text.parse::<std::net::IpAddr>();
-        match (self, ip) {
-            (KeyForm::Ip | KeyForm::IpOrText, Ok(ip)) => Ok(Key::from(ip)),
-            (KeyForm::Ip, Err(_)) => Err(format!("{text:?} is not an IP address")),
-            (KeyForm::Global, _) if text == "global" => Ok(Key::global()),
-            (KeyForm::Global, _) => Err("with KEY=global, the one key is named global".into()),
-            (KeyForm::Text | KeyForm::IpOrText, _) => Ok(Key::from(text)),
-        }
-    }
-}
-
-/// The routes, on `layer`, its keys named as `form` says.
-pub(crate) fn routes<St: Store, M: Send + Sync + 'static>(
-    layer: RateLimitLayer<St, M>,
-    form: KeyForm,
-) -> Router {
+/// The routes, on `layer`. A `{key}` names requests as the policy's key makes keys of them
+/// (an address in any form, a token): the library turns it into their key, or refuses it.
+pub(crate) fn routes<St: Store, M: Send + Sync + 'static>(layer: RateLimitLayer<St, M>) -> Router {
     let cleared = layer.clone();
     Router::new().route(
         "/admin/limits/{policy}/{key}",
         put(
             move |Path(at): Path<(String, String)>, Query(q): Query<HashMap<String, String>>| {
                 let layer = layer.clone();
-                async move { set(&layer, form, at, q).await.unwrap_or_else(|e| e) }
+                async move { set(&layer, at, q).await.unwrap_or_else(|e| e) }
             },
         )
         .delete(move |Path(at): Path<(String, String)>| {
             let layer = cleared.clone();
-            async move { clear(&layer, form, at).await.unwrap_or_else(|e| e) }
+            async move { clear(&layer, at).await.unwrap_or_else(|e| e) }
         }),
     )
 }
 
 async fn set<St: Store, M>(
     layer: &RateLimitLayer<St, M>,
-    form: KeyForm,
     (policy, key): (String, String),
     query: HashMap<String, String>,
 ) -> Result<Response, Response> {
-    let key = form.key(&key).map_err(|e| bad("key", &e))?;
+    let key = Key::from(key);
     let quota: Quota = match query.get("quota") {
         None => return Err(bad("quota", "missing; e.g. quota=20/min")),
         Some(q) => q.parse().map_err(|e| bad("quota", &format!("{e}")))?,
@@ -94,10 +55,9 @@ async fn set<St: Store, M>(
 
 async fn clear<St: Store, M>(
     layer: &RateLimitLayer<St, M>,
-    form: KeyForm,
     (policy, key): (String, String),
 ) -> Result<Response, Response> {
-    let key = form.key(&key).map_err(|e| bad("key", &e))?;
+    let key = Key::from(key);
     let result = layer.clear_limit(&policy, &key).await;
     result
         .map(|_| StatusCode::NO_CONTENT.into_response())
@@ -110,6 +70,7 @@ fn failed(error: LimitError) -> Response {
         LimitError::UnknownPolicy(_) => bad("policy", &error.to_string()),
         LimitError::Quota(e) => bad("quota", &e.to_string()),
         LimitError::Until(e) => bad("until", &e),
+        LimitError::Entry(e) => bad("key", &e.to_string()),
         e => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string(), None),
     }
 }

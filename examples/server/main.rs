@@ -32,7 +32,6 @@ use tower_ratelimit::top::TopLimited;
 use tower_ratelimit::{Policy, RateLimitLayer, RedisStore, Reserve, Store};
 
 use config::{Config, config, key_extractor, read_limits, source};
-use limits::KeyForm;
 use routes::{login, slow, spend, stream};
 
 const HELP: &str = "\
@@ -277,8 +276,6 @@ fn app<St: Store>(
         .build()
         .map_err(|e| format!("{}: {e}", source(config)))?;
     let described = describe(layer.store());
-    // How `/admin/limits/{policy}/{key}` names a key: as the layer's extractor makes it.
-    let key_spec = config.file.is_none().then_some(config.key.as_str());
     if let Some((path, _)) = &config.file {
         reload_on_sighup(layer.clone(), path.clone(), adaptive);
     }
@@ -290,8 +287,8 @@ fn app<St: Store>(
             "/admin/top",
             layer.top_limited_service().guard(AdminGuardLayer::anyone()),
         )
-        .merge(limits::routes(layer.clone(), KeyForm::of(key_spec)))
-        .merge(abuse::routes(layer.clone(), KeyForm::of(key_spec)))
+        .merge(limits::routes(layer.clone()))
+        .merge(abuse::routes(layer.clone()))
         .route_layer(guard)
         .route(
             "/metrics",
@@ -422,7 +419,8 @@ async fn build(config: &Config) -> Result<(Apps, String), String> {
     let metrics = prometheus()?;
     // Check the key before connecting, so a typo is reported as such.
     if config.file.is_none() {
-        key_extractor(&config.key, &config.trusted_proxies, config.abuse.listed)?;
+        let key = key_extractor(&config.key, &config.trusted_proxies, config.abuse.listed)?;
+        config.abuse.check(key)?;
     }
     match &config.redis_url {
         None => {

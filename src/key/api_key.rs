@@ -2,7 +2,7 @@ use http::HeaderName;
 use http::header::AUTHORIZATION;
 use sha2::{Digest, Sha256};
 
-use super::{Key, KeyExtractor, KeyRejection, RequestRef};
+use super::{EntryError, Key, KeyExtractor, KeyParts, KeyRejection, RequestRef, entry_text, shown};
 use crate::error::ConfigError;
 
 /// The longest header value read.
@@ -118,6 +118,56 @@ impl KeyExtractor for ApiKey {
         }
         Ok(Self::key_for(token))
     }
+
+    /// The token a client sends, hashed (`Bearer ` before it is taken off); the digest a
+    /// report shows (`0x` and 64 hex digits) as it is; a key of 32 bytes (a digest taken
+    /// from a report in code) as it is, and hashed too.
+    fn entry_keys(&self, entry: &Key) -> Result<Vec<Key>, EntryError> {
+        let bytes = match entry.parts() {
+            KeyParts::Bytes(bytes) => bytes,
+            KeyParts::Ip(_) | KeyParts::Global => {
+                return Err(EntryError::new(format!(
+                    "{} is no API key: keys here are the digests of the tokens clients send",
+                    shown(entry)
+                )));
+            }
+        };
+        let text = entry_text(entry);
+        if let Some(digest) = text.and_then(digest_of) {
+            return Ok(vec![Key::from(&digest[..])]);
+        }
+        let token = match text {
+            Some(text) => bearer_token(text.as_bytes()).unwrap_or(text.as_bytes()),
+            None => bytes,
+        };
+        if token.is_empty()
+            || token.len() > MAX_LEN
+            || token.iter().any(|&b| b == b' ' || b == b'\t')
+        {
+            return Err(EntryError::new(
+                "an API key is 1 to 4,096 bytes without spaces",
+            ));
+        }
+        let mut keys = vec![Self::key_for(token)];
+        if bytes.len() == 32 {
+            keys.push(entry.clone());
+        }
+        Ok(keys)
+    }
+}
+
+/// The digest `0x` and 64 hex digits write, as a report of limited keys shows it.
+fn digest_of(text: &str) -> Option<[u8; 32]> {
+    let hex = text.strip_prefix("0x")?.as_bytes();
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0; 32];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        let digit = |b: u8| (b as char).to_digit(16);
+        out[i] = (digit(pair[0])? * 16 + digit(pair[1])?) as u8;
+    }
+    Some(out)
 }
 
 /// The token of `Bearer <token>`: the scheme in any case, one or more spaces, then a token

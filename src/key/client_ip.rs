@@ -11,7 +11,7 @@ use super::forwarded::{
     parse_single_value, parse_xff_element,
 };
 use super::ip_group::{DEFAULT_IPV6_PREFIX, group, valid_prefix};
-use super::{Key, KeyExtractor, KeyRejection, PeerIp, RequestRef};
+use super::{EntryError, Key, KeyExtractor, KeyRejection, PeerIp, RequestRef, ip_entry};
 use crate::error::ConfigError;
 
 /// The default cap on the number of forwarding-header elements examined per request.
@@ -413,6 +413,14 @@ impl KeyExtractor for ClientIp {
     fn extract(&self, request: &RequestRef<'_>) -> Result<Key, KeyRejection> {
         let resolution = self.resolve(request)?;
         Ok(Key::from(group(resolution.ip, self.inner.ipv6_prefix)))
+    }
+
+    fn entry_keys(&self, entry: &Key) -> Result<Vec<Key>, EntryError> {
+        ip_entry(entry, self.inner.ipv6_prefix)
+    }
+
+    fn client_ip(&self) -> Option<&ClientIp> {
+        Some(self)
     }
 }
 

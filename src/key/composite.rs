@@ -1,4 +1,4 @@
-use super::{Key, KeyExtractor, KeyRejection, RequestRef};
+use super::{ClientIp, EntryError, Key, KeyExtractor, KeyRejection, RequestRef};
 
 /// The first key one of several extractors finds; see [`first_of`].
 #[derive(Clone, Copy, Debug)]
@@ -130,15 +130,67 @@ fn all_dyn<'a>(
     }
 }
 
+/// The keys of the parts that make one of `entry`, each tagged with its part's place as a
+/// request's key is; an error when none does.
+fn first_of_entry<'a>(
+    extractors: impl Iterator<Item = &'a dyn KeyExtractor>,
+    entry: &Key,
+) -> Result<Vec<Key>, EntryError> {
+    let (mut keys, mut why) = (Vec::new(), Vec::new());
+    for (index, extractor) in extractors.enumerate() {
+        match extractor.entry_keys(entry) {
+            Ok(made) => keys.extend(made.iter().map(|k| tagged(index, k))),
+            Err(e) => why.push(e.to_string()),
+        }
+    }
+    if keys.is_empty() {
+        return Err(EntryError::new(format!(
+            "no part of the key makes it: {}",
+            why.join("; ")
+        )));
+    }
+    Ok(keys)
+}
+
+/// A key of several parts takes no entry: it would have to name every part.
+fn all_entry() -> Result<Vec<Key>, EntryError> {
+    Err(EntryError::new(
+        "a key made of several parts (key::all) takes no entry; give the policy or the lists a key of one part",
+    ))
+}
+
+/// The first part's [`ClientIp`], if one has one.
+fn client_ip_of<'a>(
+    mut extractors: impl Iterator<Item = &'a dyn KeyExtractor>,
+) -> Option<&'a ClientIp> {
+    extractors.find_map(|k| k.client_ip())
+}
+
 impl<K: KeyExtractor> KeyExtractor for FirstOf<Vec<K>> {
     fn extract(&self, request: &RequestRef<'_>) -> Result<Key, KeyRejection> {
         first_of_dyn(self.0.iter().map(|k| k as &dyn KeyExtractor), request)
+    }
+
+    fn entry_keys(&self, entry: &Key) -> Result<Vec<Key>, EntryError> {
+        first_of_entry(self.0.iter().map(|k| k as &dyn KeyExtractor), entry)
+    }
+
+    fn client_ip(&self) -> Option<&ClientIp> {
+        client_ip_of(self.0.iter().map(|k| k as &dyn KeyExtractor))
     }
 }
 
 impl<K: KeyExtractor> KeyExtractor for All<Vec<K>> {
     fn extract(&self, request: &RequestRef<'_>) -> Result<Key, KeyRejection> {
         all_dyn(self.0.iter().map(|k| k as &dyn KeyExtractor), request)
+    }
+
+    fn entry_keys(&self, _: &Key) -> Result<Vec<Key>, EntryError> {
+        all_entry()
+    }
+
+    fn client_ip(&self) -> Option<&ClientIp> {
+        client_ip_of(self.0.iter().map(|k| k as &dyn KeyExtractor))
     }
 }
 
@@ -149,12 +201,31 @@ macro_rules! tuples {
                 let list: &[&dyn KeyExtractor] = &[$(&self.0.$index),+];
                 first_of_dyn(list.iter().copied(), request)
             }
+
+            fn entry_keys(&self, entry: &Key) -> Result<Vec<Key>, EntryError> {
+                let list: &[&dyn KeyExtractor] = &[$(&self.0.$index),+];
+                first_of_entry(list.iter().copied(), entry)
+            }
+
+            fn client_ip(&self) -> Option<&ClientIp> {
+                let list: &[&dyn KeyExtractor] = &[$(&self.0.$index),+];
+                client_ip_of(list.iter().copied())
+            }
         }
 
         impl<$($name: KeyExtractor),+> KeyExtractor for All<($($name,)+)> {
             fn extract(&self, request: &RequestRef<'_>) -> Result<Key, KeyRejection> {
                 let list: &[&dyn KeyExtractor] = &[$(&self.0.$index),+];
                 all_dyn(list.iter().copied(), request)
+            }
+
+            fn entry_keys(&self, _: &Key) -> Result<Vec<Key>, EntryError> {
+                all_entry()
+            }
+
+            fn client_ip(&self) -> Option<&ClientIp> {
+                let list: &[&dyn KeyExtractor] = &[$(&self.0.$index),+];
+                client_ip_of(list.iter().copied())
             }
         }
     )+};

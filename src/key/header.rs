@@ -1,6 +1,6 @@
 use http::HeaderName;
 
-use super::{Key, KeyExtractor, KeyRejection, RequestRef};
+use super::{EntryError, Key, KeyExtractor, KeyParts, KeyRejection, RequestRef};
 use crate::error::ConfigError;
 
 /// The longest header value accepted as a key.
@@ -66,6 +66,28 @@ impl KeyExtractor for HeaderKey {
             ));
         }
         Ok(Key::from(bytes))
+    }
+
+    /// The value a request sends: text without the spaces around it (an address key is its
+    /// text), not empty, at most 4 KiB.
+    fn entry_keys(&self, entry: &Key) -> Result<Vec<Key>, EntryError> {
+        let value = match entry.parts() {
+            KeyParts::Bytes(bytes) => trim_ows(bytes).to_vec(),
+            KeyParts::Ip(ip) => ip.to_string().into_bytes(),
+            KeyParts::Global => {
+                return Err(EntryError::new(format!(
+                    "the global key is none a {} header makes",
+                    self.name
+                )));
+            }
+        };
+        if value.is_empty() || value.len() > MAX_LEN {
+            return Err(EntryError::new(format!(
+                "a {} header's value is 1 to {MAX_LEN} bytes",
+                self.name
+            )));
+        }
+        Ok(vec![Key::from(value)])
     }
 }
 

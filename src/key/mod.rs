@@ -57,7 +57,7 @@ use std::net::IpAddr;
 use bytes::Bytes;
 use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 
-pub use crate::error::KeyRejection;
+pub use crate::error::{EntryError, KeyRejection};
 pub use api_key::ApiKey;
 pub use cidr::Cidr;
 pub use client_ip::{Basis, ClientIp, ClientIpBuilder, DEFAULT_MAX_HOPS, ProxyHeader, Resolution};
@@ -67,6 +67,7 @@ pub use from_fn::{FromFn, from_fn};
 pub use global::GlobalKey;
 pub use grpc::GrpcMethod;
 pub use header::HeaderKey;
+pub(crate) use peer_ip::DefaultKey;
 pub use peer_ip::PeerIp;
 pub use route::{MatchedRoute, matched_route};
 
@@ -74,6 +75,45 @@ pub use route::{MatchedRoute, matched_route};
 pub trait KeyExtractor: Send + Sync + fmt::Debug + 'static {
     /// The key for `request`, or why there is none.
     fn extract(&self, request: &RequestRef<'_>) -> Result<Key, KeyRejection>;
+
+    /// The keys this extractor makes of the requests `entry` names: what an administrator's
+    /// entry (on a deny or allow list, or a key given a limit of its own) is kept as, so that
+    /// it matches those requests. `entry` is an operator's text (`Key::from("::1")`) or a key
+    /// made in code (`Key::from(ip)`).
+    ///
+    /// An address extractor takes an address in any form (`::1`, `0:0:0:0:0:0:0:1`,
+    /// `::ffff:127.0.0.1`) and groups it as it groups requests (IPv6 by `/64`); [`ApiKey`]
+    /// takes the token a client sends (or the `0x...` digest a report shows) and hashes it;
+    /// [`HeaderKey`] takes a value without the spaces around it; [`first_of`] gives the key of
+    /// every part that can make one. `Err` says why no request can have such a key (`alice`
+    /// where keys are addresses): the entry is refused rather than kept and never matched.
+    ///
+    /// The default keeps the entry as it is: right for an extractor whose keys are the text
+    /// it reads ([`from_fn`], [`extension`]).
+    ///
+    /// ```
+    /// use tower_ratelimit::key::{ApiKey, ClientIp, Key, KeyExtractor, PeerIp};
+    ///
+    /// let peer = PeerIp::new();
+    /// let keys = peer.entry_keys(&Key::from("::ffff:127.0.0.1")).unwrap();
+    /// assert_eq!(keys, [Key::from("127.0.0.1".parse::<std::net::IpAddr>().unwrap())]);
+    /// assert!(peer.entry_keys(&Key::from("alice")).is_err());
+    /// // An API key, or else the address: the entry names every part it can, here both the
+    /// // address ::1 and a client whose token is "::1".
+    /// let either = ApiKey::bearer().or(ClientIp::new(["10.0.0.0/8"]).unwrap());
+    /// assert_eq!(either.entry_keys(&Key::from("::1")).unwrap().len(), 2);
+    /// assert_eq!(either.entry_keys(&Key::from("s3cret")).unwrap().len(), 1);
+    /// ```
+    fn entry_keys(&self, entry: &Key) -> Result<Vec<Key>, EntryError> {
+        Ok(vec![entry.clone()])
+    }
+
+    /// The [`ClientIp`] this extractor finds a client's address with, if it has one (itself,
+    /// or a part of a composite): the allow and deny lists match their networks against the
+    /// address it finds, unless given their own ([`Lists::client_ip`](crate::lists::Lists::client_ip)).
+    fn client_ip(&self) -> Option<&ClientIp> {
+        None
+    }
 
     /// This extractor's key, or else `other`'s: [`first_of`] with two.
     ///
@@ -97,11 +137,72 @@ impl<K: KeyExtractor + ?Sized> KeyExtractor for std::sync::Arc<K> {
     fn extract(&self, request: &RequestRef<'_>) -> Result<Key, KeyRejection> {
         (**self).extract(request)
     }
+
+    fn entry_keys(&self, entry: &Key) -> Result<Vec<Key>, EntryError> {
+        (**self).entry_keys(entry)
+    }
+
+    fn client_ip(&self) -> Option<&ClientIp> {
+        (**self).client_ip()
+    }
 }
 
 impl<K: KeyExtractor + ?Sized> KeyExtractor for Box<K> {
     fn extract(&self, request: &RequestRef<'_>) -> Result<Key, KeyRejection> {
         (**self).extract(request)
+    }
+
+    fn entry_keys(&self, entry: &Key) -> Result<Vec<Key>, EntryError> {
+        (**self).entry_keys(entry)
+    }
+
+    fn client_ip(&self) -> Option<&ClientIp> {
+        (**self).client_ip()
+    }
+}
+
+/// An entry's text, without the spaces around it: `None` for a key that is no text (an
+/// address, the global key, bytes that are not UTF-8).
+pub(crate) fn entry_text(entry: &Key) -> Option<&str> {
+    match entry.parts() {
+        KeyParts::Bytes(bytes) => std::str::from_utf8(bytes).ok().map(str::trim),
+        KeyParts::Ip(_) | KeyParts::Global => None,
+    }
+}
+
+/// An address entry (an address key, or its text in any form, `[v6]` included), grouped as
+/// keys of `ipv6_prefix` bits are.
+pub(crate) fn ip_entry(entry: &Key, ipv6_prefix: u8) -> Result<Vec<Key>, EntryError> {
+    let ip = match entry.parts() {
+        KeyParts::Ip(ip) => Some(ip),
+        KeyParts::Bytes(_) => entry_text(entry).and_then(|text| {
+            let bare = text
+                .strip_prefix('[')
+                .and_then(|t| t.strip_suffix(']'))
+                .unwrap_or(text);
+            bare.parse::<IpAddr>().ok()
+        }),
+        KeyParts::Global => None,
+    };
+    match ip {
+        Some(ip) => Ok(vec![Key::from(ip_group::group(ip, ipv6_prefix))]),
+        None => Err(EntryError::new(format!(
+            "{} is not an IP address, and keys here are client addresses (IPv6 by /{ipv6_prefix})",
+            shown(entry)
+        ))),
+    }
+}
+
+/// An entry as an error shows it: its text quoted (its first 64 characters), an address, or
+/// `global`.
+pub(crate) fn shown(entry: &Key) -> String {
+    match entry.parts() {
+        KeyParts::Global => "global".into(),
+        KeyParts::Ip(ip) => ip.to_string(),
+        KeyParts::Bytes(_) => match entry_text(entry) {
+            Some(text) => format!("{:?}", text.chars().take(64).collect::<String>()),
+            None => "a key of bytes that are not text".into(),
+        },
     }
 }
 

@@ -1,7 +1,7 @@
 use std::net::SocketAddr;
 
 use super::ip_group::{DEFAULT_IPV6_PREFIX, group, valid_prefix};
-use super::{Key, KeyExtractor, KeyRejection, RequestRef};
+use super::{EntryError, Key, KeyExtractor, KeyRejection, RequestRef, ip_entry};
 
 /// The IP address of the socket peer: the client, or the last proxy in front of the server.
 ///
@@ -75,6 +75,10 @@ impl KeyExtractor for PeerIp {
             .map(|addr| Key::from(group(addr.ip(), self.ipv6_prefix)))
             .ok_or_else(no_peer_address)
     }
+
+    fn entry_keys(&self, entry: &Key) -> Result<Vec<Key>, EntryError> {
+        ip_entry(entry, self.ipv6_prefix)
+    }
 }
 
 /// The rejection for a request without a peer address.
@@ -83,4 +87,22 @@ pub(super) fn no_peer_address() -> KeyRejection {
         "no_peer_address",
         "no peer address in the request extensions; with axum, serve with into_make_service_with_connect_info::<SocketAddr>()",
     )
+}
+
+/// The layer's key when none is given: the peer's address, as [`PeerIp`] finds it. An
+/// administrator's entry that is an address is that address's key; any other is taken as it
+/// is, for a layer asked about keys of its own in code
+/// ([`check`](crate::RateLimitLayer::check)). Give the layer `PeerIp` itself to have such
+/// entries refused.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct DefaultKey;
+
+impl KeyExtractor for DefaultKey {
+    fn extract(&self, request: &RequestRef<'_>) -> Result<Key, KeyRejection> {
+        PeerIp::new().extract(request)
+    }
+
+    fn entry_keys(&self, entry: &Key) -> Result<Vec<Key>, EntryError> {
+        ip_entry(entry, DEFAULT_IPV6_PREFIX).or_else(|_| Ok(vec![entry.clone()]))
+    }
 }

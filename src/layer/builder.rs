@@ -14,7 +14,7 @@ use crate::decision::Decision;
 use crate::error::{ConfigError, FailurePolicy, KeyRejection};
 use crate::grpc::ResponseStyle;
 use crate::headers::{HeaderConfig, HeaderStyle, ResetFormat};
-use crate::key::{KeyExtractor, PeerIp, RequestRef};
+use crate::key::{DefaultKey, KeyExtractor, RequestRef};
 use crate::limiter::{Config, Limiter};
 use crate::lists::Lists;
 use crate::near::{NearHook, NearLimit};
@@ -31,7 +31,7 @@ impl RateLimitLayer<MemoryStore> {
             store: MemoryStore::new(),
             o: Config {
                 policies: Vec::new(),
-                key: Arc::new(PeerIp::new()),
+                key: Arc::new(DefaultKey),
                 responses: Responses::default(),
                 failure: FailurePolicy::default(),
                 headers: HeaderConfig::default(),
@@ -126,7 +126,9 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     }
 
     /// The key requests are charged to, for every policy without its own
-    /// ([`Policy::key`]). Defaults to [`PeerIp`].
+    /// ([`Policy::key`]). Defaults to [`PeerIp`](crate::key::PeerIp)'s key, except that an administrator's entry
+    /// that is no address is kept as it is (for keys given in code to
+    /// [`check`](crate::RateLimitLayer::check)); give `PeerIp` itself to have it refused.
     pub fn key(mut self, key: impl KeyExtractor) -> Self {
         self.o.key = Arc::new(key);
         self

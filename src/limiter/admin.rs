@@ -120,10 +120,11 @@ impl<St: Store> Limiter<St> {
         until_us: u64,
     ) -> Result<Answer<St::Future>, LimitError> {
         let policies = self.policies.load();
-        let tier = policies
+        let (policy, tier) = policies
             .iter()
-            .find_map(|p| p.tier_named(name))
+            .find_map(|p| p.tier_named(name).map(|t| (p, t)))
             .ok_or_else(|| LimitError::UnknownPolicy(name.to_owned()))?;
+        let keys = policy.entry_keys(key).map_err(LimitError::Entry)?;
         let (tier, op) = match quota {
             Some(quota) => {
                 let own = tier.relimited(quota).map_err(LimitError::Quota)?;
@@ -131,23 +132,35 @@ impl<St: Store> Limiter<St> {
             }
             None => (tier.clone(), Op::Unlimit),
         };
-        if let Some(leases) = self.leases() {
-            leases.forget(tier.id(), key);
-        }
-        if let Some(cache) = &self.deny_cache {
-            cache.forget(tier.id(), key);
+        let mut checks = Checks::new();
+        for key in keys {
+            if let Some(leases) = self.leases() {
+                leases.forget(tier.id(), &key);
+            }
+            if let Some(cache) = &self.deny_cache {
+                cache.forget(tier.id(), &key);
+            }
+            if let Some(held) = &self.held {
+                held.forget(tier.id(), &key);
+            }
+            checks.push(Check::new(tier.clone(), key, 0, op));
         }
         drop(policies);
-        let checks: Checks = smallvec::smallvec![Check::new(tier, key.clone(), 0, op)];
         Ok(self.store_decision(checks))
     }
 
     /// Forgets the deny cache's denials of `key` in every tier: a reset or an allow entry is
     /// obeyed by this instance at once (others' caches answer to their denials' end).
     pub(crate) fn forget_denials(&self, key: &Key) {
-        if let Some(cache) = &self.deny_cache {
-            for tier in self.policies.load().iter().flat_map(|p| p.tiers()) {
+        if self.deny_cache.is_none() && self.held.is_none() {
+            return;
+        }
+        for tier in self.policies.load().iter().flat_map(|p| p.tiers()) {
+            if let Some(cache) = &self.deny_cache {
                 cache.forget(tier.id(), key);
+            }
+            if let Some(held) = &self.held {
+                held.forget(tier.id(), key);
             }
         }
     }

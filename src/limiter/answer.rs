@@ -55,10 +55,14 @@ impl<St: Store> Limiter<St> {
                 if let Some(asking) = ticket.asking.take() {
                     decision = asking.answered(decision, self.clock.now_micros());
                 }
-                if let (Some(cache), Some(keys), false) =
-                    (&self.deny_cache, &ticket.keys, decision.is_allowed())
-                {
-                    cache.remember(keys, &decision, self.clock.now_micros());
+                if let (Some(keys), false) = (&ticket.keys, decision.is_allowed()) {
+                    let now = self.clock.now_micros();
+                    if let Some(cache) = &self.deny_cache {
+                        cache.remember(keys, &decision, now);
+                    }
+                    if let Some(held) = &self.held {
+                        held.denied(keys, &decision, now);
+                    }
                 }
                 decision
             }

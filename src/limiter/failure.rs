@@ -6,9 +6,11 @@ use std::sync::atomic::Ordering;
 
 use tracing::Span;
 
+use super::lists::LIST_CHECKS;
 use super::{Limiter, Next, Ticket};
 use crate::decision::Decision;
 use crate::error::{FailurePolicy, StoreError, StoreErrorKind};
+use crate::lists::Why;
 use crate::store::Store;
 use crate::telemetry::traced;
 
@@ -35,6 +37,26 @@ impl<St> Limiter<St> {
 }
 
 impl<St: Store> Limiter<St> {
+    /// The answer of what this instance holds denied, for a request whose store call failed:
+    /// a 403 for a key it saw on the deny list, a 429 for a denial or block it saw, until
+    /// their ends; `None` when it holds nothing of the request's keys.
+    // The failure path: its step is moved once, into the request's answer.
+    #[allow(clippy::result_large_err)]
+    fn held_answer<F>(&self, ticket: &Ticket) -> Option<Result<Decision, Next<F>>> {
+        let (held, keys) = (self.held.as_ref()?, ticket.keys.as_deref()?);
+        let now = self.clock.now_micros();
+        let listed = ticket
+            .lists
+            .then(|| keys.len().checked_sub(LIST_CHECKS))
+            .flatten();
+        if let Some(at) = listed
+            && held.is_listed(keys[at].key(), now)
+        {
+            return Some(Err(self.denied(Why::Entry)));
+        }
+        held.denial(keys, now).map(Ok)
+    }
+
     /// The store failed: the failure policy's answer, a decision (a lease's in hand, or the
     /// local fallback's), or the step to take without one.
     // The failure path: its step is moved once, into the request's answer.
@@ -48,6 +70,22 @@ impl<St: Store> Limiter<St> {
         if let (Some(breaker), true) = (&self.breaker, error.kind() != StoreErrorKind::CircuitOpen)
         {
             breaker.failure(ticket.permit, self.clock.now_micros());
+        }
+        if let Some(answer) = self.held_answer(ticket) {
+            metrics::counter!(
+                "ratelimit_degraded_total",
+                "reason" => error.kind().as_str(),
+                "failure_policy" => "held"
+            )
+            .increment(1);
+            traced(span, |span| {
+                span.record("degraded", error.kind().as_str());
+                span.record("failure_policy", "held");
+            });
+            self.store_failed(&error, "answering from the denials held");
+            // Charges after the response go to the store, which did not decide: none.
+            ticket.after.clear();
+            return answer;
         }
         // A request that asked for a lease ahead of time, while the one in hand has room.
         let leased = ticket

@@ -87,6 +87,15 @@ impl<St: Store> Limiter<St> {
     ) -> Option<Next<F>> {
         let entries = decision.take_last(LIST_CHECKS);
         if let Some(keys) = keys {
+            // A deny entry seen is held, to answer while the store fails.
+            if let (Some(held), [deny, _]) = (&self.held, &entries[..])
+                && !deny.is_allowed()
+                && let Some(check) = keys.len().checked_sub(LIST_CHECKS).map(|i| &keys[i])
+            {
+                let now = self.clock.now_micros();
+                let ends = deny.retry_after().map_or(0, |r| r.as_micros() as u64);
+                held.listed(check.key().clone(), now.saturating_add(ends), now);
+            }
             keys.truncate(decision.outcomes().len());
         }
         match self.entries_say(&entries) {
@@ -106,7 +115,7 @@ impl<St: Store> Limiter<St> {
     }
 
     /// The answer to a request on the deny list.
-    fn denied<F>(&self, why: Why) -> Next<F> {
+    pub(super) fn denied<F>(&self, why: Why) -> Next<F> {
         metrics::counter!("ratelimit_listed_total", "list" => "deny", "by" => why.label())
             .increment(1);
         tracing::debug!(by = why.label(), "request denied by the deny list");
@@ -134,6 +143,7 @@ impl<St: Store> Limiter<St> {
             .filter(|l| l.present().in_store())
             .ok_or(LimitError::NoLists)?;
         let tier = if deny { lists.deny() } else { lists.allow() };
+        let keys = (lists.present().entry_keys(key)).map_err(LimitError::Entry)?;
         self.store.registry().mark_listed();
         // An end already past is an error, never a removal.
         let op = match (remove, until) {
@@ -148,10 +158,23 @@ impl<St: Store> Limiter<St> {
                 }
             }
         };
-        if !deny && !remove {
-            self.forget_denials(key);
+        let mut checks = Checks::new();
+        for key in keys {
+            if !deny && !remove {
+                self.forget_denials(&key);
+            }
+            // This instance holds its own word through an outage of the store.
+            if let (Some(held), true) = (&self.held, deny) {
+                match op {
+                    Op::Block { us } => {
+                        let now = self.clock.now_micros();
+                        held.listed(key.clone(), now.saturating_add(us), now);
+                    }
+                    _ => held.unlisted(&key),
+                }
+            }
+            checks.push(Check::new(tier.clone(), key, 0, op));
         }
-        let checks: Checks = smallvec::smallvec![Check::new(tier.clone(), key.clone(), 0, op)];
         Ok(self.store_decision(checks))
     }
 

@@ -63,6 +63,11 @@ impl CompiledPolicy {
             && !self.exempt.as_ref().is_some_and(|f| f(request))
     }
 
+    /// The keys this policy's key makes of the requests `entry` names.
+    pub(crate) fn entry_keys(&self, entry: &Key) -> Result<Vec<Key>, crate::EntryError> {
+        self.key.entry_keys(entry)
+    }
+
     /// The key `request` is charged to.
     #[inline]
     pub(crate) fn key(&self, request: &RequestRef<'_>) -> Result<Key, KeyRejection> {

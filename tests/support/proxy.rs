@@ -1,6 +1,7 @@
 //! A TCP proxy between a store and `redis-server` that a test drives: latency and jitter on
-//! every reply, a bandwidth cap, a blackhole (connections accepted, nothing forwarded), a reset
-//! after some bytes of a reply, a close in the middle of a command. It forwards bytes, so TLS
+//! every reply, a bandwidth cap, a blackhole (connections accepted, nothing forwarded), a freeze
+//! of the connections it holds (new ones pass), a reset after some bytes of a reply, a close in
+//! the middle of a command. It forwards bytes, so TLS
 //! passes through it untouched. It runs on a thread of its own, so a test on any runtime (or
 //! none) drives it.
 
@@ -35,6 +36,9 @@ pub struct Faults {
     /// The next command cut in its middle: half of it forwarded, then both sides closed;
     /// spent once it fired.
     pub close_mid_command: bool,
+    /// The connections open when it is set forward nothing more either way, and are never
+    /// closed (as a NAT or a load balancer that forgot the flow); new ones pass.
+    pub freeze_held: bool,
 }
 
 /// What the proxy saw, and its one-shot faults still armed.
@@ -47,6 +51,8 @@ struct Seen {
     budget: Mutex<Option<usize>>,
     /// Whether the next command is cut.
     cut: AtomicBool,
+    /// Connections accepted before this many are frozen (with `freeze_held`).
+    frozen_before: AtomicUsize,
 }
 
 /// A proxy to `127.0.0.1:upstream` on a free port of its own.
@@ -95,6 +101,10 @@ impl FaultProxy {
         self.seen
             .cut
             .store(faults.close_mid_command, Ordering::SeqCst);
+        if faults.freeze_held {
+            let accepted = self.seen.accepted.load(Ordering::SeqCst);
+            self.seen.frozen_before.store(accepted, Ordering::SeqCst);
+        }
         self.faults.send_replace(faults);
     }
 
@@ -128,7 +138,7 @@ async fn serve(
         let Ok((client, _)) = listener.accept().await else {
             continue;
         };
-        seen.accepted.fetch_add(1, Ordering::SeqCst);
+        let number = seen.accepted.fetch_add(1, Ordering::SeqCst);
         let (faults, seen) = (faults.clone(), seen.clone());
         tokio::spawn(async move {
             let _ = client.set_nodelay(true);
@@ -142,7 +152,11 @@ async fn serve(
             let _ = server.set_nodelay(true);
             let (client_read, client_write) = client.into_split();
             let (server_read, server_write) = server.into_split();
-            let link = Arc::new(Link { faults, seen });
+            let link = Arc::new(Link {
+                faults,
+                seen,
+                number,
+            });
             let commands = tokio::spawn(link.clone().commands(client_read, server_write));
             link.replies(server_read, client_write).await;
             commands.abort();
@@ -154,6 +168,8 @@ async fn serve(
 struct Link {
     faults: watch::Receiver<Faults>,
     seen: Arc<Seen>,
+    /// The connection's place among those accepted (from 0).
+    number: usize,
 }
 
 impl Link {
@@ -222,10 +238,13 @@ impl Link {
         let _ = to.shutdown().await;
     }
 
-    /// The faults once no blackhole holds the traffic.
+    /// The faults once no blackhole, and no freeze of this connection, holds the traffic.
     async fn held(&self) -> Faults {
         let mut faults = self.faults.clone();
-        let now = faults.wait_for(|f| !f.blackhole).await;
+        let frozen = |f: &Faults| {
+            f.freeze_held && self.number < self.seen.frozen_before.load(Ordering::SeqCst)
+        };
+        let now = faults.wait_for(|f| !f.blackhole && !frozen(f)).await;
         now.map(|f| f.clone()).unwrap_or_default()
     }
 

@@ -101,7 +101,10 @@ impl Limits {
     /// networks matched against the client address its `trusted_proxies` find and their keys
     /// against the file's `key`, for
     /// [`RateLimitLayerBuilder::lists`](crate::RateLimitLayerBuilder::lists) and
-    /// [`RateLimitLayer::reload_lists`](crate::RateLimitLayer::reload_lists).
+    /// [`RateLimitLayer::reload_lists`](crate::RateLimitLayer::reload_lists). When a policy
+    /// of the file takes leases, the lists are the entries the file gives only
+    /// ([`kept_in_store(false)`](crate::lists::Lists::kept_in_store)): entries kept in the
+    /// store would have every request ask it, and the leases save no call.
     pub fn lists(&self) -> Result<Lists, ConfigError> {
         let proxies = self.proxies();
         let client_ip = (proxies.iter())
@@ -112,7 +115,8 @@ impl Limits {
             .keyed(key.extractor(&proxies)?)
             .allow(self.allow.iter().cloned())
             .deny(self.deny.iter().cloned())
-            .client_ip(client_ip);
+            .client_ip(client_ip)
+            .kept_in_store(!self.policies.iter().any(|p| p.policy().takes_leases()));
         // Checked now, as every other field is checked when read.
         lists.check()?;
         Ok(lists)

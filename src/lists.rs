@@ -191,7 +191,7 @@ impl Entries {
                     })?,
                     None => vec![entry],
                 };
-                out.keys.extend(keys);
+                out.keys.extend(keys.into_iter().map(Key::compact));
             }
         }
         Ok(out)
@@ -268,7 +268,9 @@ impl Compiled {
         }
         let runtime = runtime && self.in_store;
         let keyed = runtime || !self.deny.keys.is_empty() || !self.allow.keys.is_empty();
-        let key = keyed.then(|| self.key.extract(request).ok()).flatten();
+        let key = keyed
+            .then(|| self.key.extract(request).ok().map(Key::compact))
+            .flatten();
         if key.as_ref().is_some_and(|k| self.deny.keys.contains(k)) {
             return Judged::Denied(Why::Key);
         }
@@ -281,7 +283,8 @@ impl Compiled {
     /// The keys the lists' key makes of the requests `entry` names (an entry added at
     /// runtime).
     pub(crate) fn entry_keys(&self, entry: &Key) -> Result<Vec<Key>, EntryError> {
-        self.key.entry_keys(entry)
+        let keys = self.key.entry_keys(entry)?;
+        Ok(keys.into_iter().map(Key::compact).collect())
     }
 
     /// Whether entries added at runtime are kept in the store and read.

@@ -203,6 +203,13 @@ pub const METRICS: &[Metric] = &[
         "Keys warned of near their limit (Policy::near_limit), once per key and window",
     ),
     metric(
+        "ratelimit_late_replies_given_back_total",
+        MetricKind::Counter,
+        &[],
+        "Decisions that came back after their deadline and took slots, a lease's units or \
+         reserved time, which were given back",
+    ),
+    metric(
         "ratelimit_near_limit_hook_dropped_total",
         MetricKind::Counter,
         &["policy"],

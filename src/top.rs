@@ -448,20 +448,23 @@ fn summed(live: &[&Summary], key: &Key, hash: u64) -> (u64, u64) {
 
 /// A key's text: see the [module docs](self).
 fn text_of(key: &Key) -> String {
+    let hex = |prefix: &str, bytes: &[u8]| {
+        let mut hex = String::with_capacity(prefix.len() + 2 * bytes.len());
+        hex.push_str(prefix);
+        for b in bytes {
+            let _ = write!(hex, "{b:02x}");
+        }
+        hex
+    };
     match key.parts() {
         KeyParts::Global => "global".into(),
         KeyParts::Ip(ip) => ip.to_string(),
         KeyParts::Bytes(bytes) => match std::str::from_utf8(bytes) {
             Ok(text) if !text.is_empty() && !text.chars().any(char::is_control) => text.into(),
-            _ => {
-                let mut hex = String::with_capacity(2 + 2 * bytes.len());
-                hex.push_str("0x");
-                for b in bytes {
-                    let _ = write!(hex, "{b:02x}");
-                }
-                hex
-            }
+            _ => hex("0x", bytes),
         },
+        // A key longer than 64 bytes, kept as the first half of its SHA-256.
+        KeyParts::Hashed(digest) => hex("sha256/128:", digest),
     }
 }
 

@@ -74,7 +74,23 @@ behind_each!(
     the_breaker_opens_under_a_blackhole_and_closes_after_it,
     a_concurrency_slot_whose_reply_is_lost_comes_back_when_its_lease_ends,
     a_lease_whose_reply_is_lost_is_spent_until_the_policy_refills,
+    a_silent_connection_is_replaced_within_three_seconds,
 );
+
+/// The same with a pool of connections, on one server and on a cluster.
+mod pooled {
+    use super::support::proxy::Behind;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_silent_pooled_connection_is_replaced_within_three_seconds() {
+        super::replaced(&Behind::plain(), Some(4)).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_silent_pooled_cluster_connection_is_replaced_within_three_seconds() {
+        super::replaced(&Behind::cluster(), Some(2)).await;
+    }
+}
 
 /// A store through the proxies, deciding on `clock` if given, with a pool of `pool`
 /// connections if given.
@@ -254,6 +270,15 @@ async fn a_lost_reply_was_decided_once_and_its_charge_stays(behind: Behind) {
             1,
             "run once, never sent again"
         );
+        // The connection the reset closed made again before the cut is armed: the cut then
+        // falls on the decision's command, not on the reconnection's own (a TLS handshake, a
+        // cluster's topology query), which raced it before and let the decision through.
+        eventually("decisions come back after the reset", async || {
+            layer.peek(&key).await.is_ok()
+        })
+        .await;
+        // The peek that found the connection back ran once.
+        let peeked = server.calls("fcall") - before - 1;
         proxy.set(Faults {
             close_mid_command: true,
             ..Faults::default()
@@ -265,9 +290,10 @@ async fn a_lost_reply_was_decided_once_and_its_charge_stays(behind: Behind) {
             layer.peek(&key).await.is_ok()
         })
         .await;
-        // Two charged: the first, and the one whose reply was lost; not the one cut short.
+        // Two run since `before`, beside the peek: the one whose reply was lost, and the
+        // peek after the cut; not the one cut short.
         assert_eq!(
-            server.calls("fcall") - before,
+            server.calls("fcall") - before - peeked,
             2,
             "the cut command never ran"
         );
@@ -473,4 +499,53 @@ async fn on_the_cluster_a_moved_slot_is_followed_and_decided_once() {
     assert_eq!(to.calls("fcall") - before_to, 1, "the new node ran it once");
     let seen = layer.peek(&key).await.unwrap();
     assert_eq!(seen.binding().remaining(), u64::from(LIMIT) - 1, "{seen:?}");
+}
+
+/// Connections that go silent (the proxies stop forwarding what they hold, without closing it,
+/// as a NAT or a load balancer that forgot the flow, while new connections pass) are checked
+/// after a missed deadline and replaced: decisions reach Redis again within 3 s, each request
+/// meanwhile answered within the deadline.
+async fn a_silent_connection_is_replaced_within_three_seconds(behind: Behind) {
+    replaced(&behind, None).await;
+}
+
+async fn replaced(behind: &Behind, pool: Option<usize>) {
+    let layer = layer(store(behind, None, pool).await, None);
+    let app = app(&layer);
+    for i in 0..4 {
+        let (_, decided, _) = send(&app, &format!("warm-{i}")).await;
+        assert!(decided, "Redis decides before the freeze");
+    }
+    let freeze = Faults {
+        freeze_held: true,
+        ..Faults::default()
+    };
+    for proxy in &behind.proxies {
+        proxy.set(freeze.clone());
+    }
+    let frozen = Instant::now();
+    let mut failed = 0;
+    for i in 0.. {
+        let (status, decided, took) = send(&app, &format!("k{i}")).await;
+        if decided {
+            assert_eq!(status, StatusCode::OK);
+            break;
+        }
+        failed += 1;
+        assert!(
+            took < DEADLINE + MARGIN,
+            "answered within the deadline: {took:?}"
+        );
+        assert!(
+            frozen.elapsed() < Duration::from_secs(30),
+            "decisions never reached Redis again"
+        );
+    }
+    let back = frozen.elapsed();
+    eprintln!("frozen connections: decisions again after {back:?} ({failed} failed meanwhile)");
+    assert!(failed > 0, "the freeze was met");
+    assert!(back < Duration::from_secs(3), "back within 3 s: {back:?}");
+    for proxy in &behind.proxies {
+        proxy.clear();
+    }
 }

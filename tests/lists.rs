@@ -552,3 +552,55 @@ fn given_entries_the_key_never_makes_are_errors() {
     assert!(error.contains("allow list"), "{error}");
     build(Lists::new().deny(["::1", "10.0.0.0/8"])).unwrap();
 }
+
+/// Leases spend units without asking the store, and entries kept in the store are read in
+/// the store's call: together every request would ask the store, so `build()` and a reload
+/// refuse them; lists of given entries only go with leases, as do a configuration file's
+/// (its lists then keep nothing in the store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_and_entries_kept_in_the_store_are_refused_together() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let leased = || Policy::gcra("100/s").name("leased").lease(10);
+    let build = |lists: Lists, store: RedisStore| {
+        RateLimitLayer::builder()
+            .policy(leased())
+            .lists(lists)
+            .store(store)
+            .build()
+    };
+    let error = build(Lists::new(), server.store("leased:", &clock).await)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("kept_in_store(false)"), "{error}");
+    let given = build(
+        Lists::new().deny(["203.0.113.0/24"]).kept_in_store(false),
+        server.store("leased:", &clock).await,
+    )
+    .unwrap();
+    assert!(
+        given.reload_lists(&Lists::new()).is_err(),
+        "a reload keeping entries in the store"
+    );
+    // Without leases first, then a reload that adds them.
+    let plain = RateLimitLayer::builder()
+        .policy(Policy::gcra("100/s").name("leased"))
+        .lists(Lists::new())
+        .store(server.store("leased:", &clock).await)
+        .build()
+        .unwrap();
+    assert!(plain.reload(vec![leased()]).is_err());
+    #[cfg(feature = "toml")]
+    {
+        let limits = tower_ratelimit::config::Limits::from_toml(
+            "deny = [\"203.0.113.0/24\"]\n[[policy]]\nquota = \"100/s\"\nlease = 10\n",
+        )
+        .unwrap();
+        let layer = RateLimitLayer::builder()
+            .policies(limits.policies().unwrap())
+            .lists(limits.lists().unwrap())
+            .store(server.store("leased:", &clock).await)
+            .build();
+        assert!(layer.is_ok(), "{:?}", layer.err());
+    }
+}

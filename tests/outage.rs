@@ -143,3 +143,84 @@ async fn denials_seen_hold_while_redis_is_paused() {
         assert_eq!(ask(&a, &k("denied")).await.status, StatusCode::OK);
     }
 }
+
+/// The demo server behind a proxy that freezes the connections it holds (new ones pass):
+/// `ON_STORE_ERROR=closed` answers 503 meanwhile, and within 3 s the decisions are Redis's
+/// again.
+#[test]
+fn the_demo_server_comes_back_after_its_connection_goes_silent() {
+    use support::demo::DemoServer;
+    use support::proxy::{FaultProxy, Faults};
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.port);
+    let url = proxy.url(false);
+    let server = DemoServer::start(&[
+        ("REDIS_URL", url.as_str()),
+        ("ON_STORE_ERROR", "closed"),
+        ("STORE_TIMEOUT_MS", "50"),
+        ("RATE_LIMIT", "1000/h"),
+    ]);
+    assert_eq!(server.get("/", &[]).0, 200);
+    proxy.set(Faults {
+        freeze_held: true,
+        ..Faults::default()
+    });
+    let frozen = std::time::Instant::now();
+    let mut unavailable = 0;
+    loop {
+        match server.get("/", &[]).0 {
+            200 => break,
+            503 => unavailable += 1,
+            other => panic!("unexpected {other}"),
+        }
+        assert!(
+            frozen.elapsed() < Duration::from_secs(30),
+            "never came back"
+        );
+    }
+    let back = frozen.elapsed();
+    eprintln!("demo: 200 again {back:?} after the freeze ({unavailable} answered 503)");
+    assert!(unavailable > 0, "the freeze was met");
+    assert!(back < Duration::from_secs(3), "back within 3 s: {back:?}");
+}
+
+/// A decision that took a concurrency slot and came back after its deadline (Redis paused
+/// 0.8 s) gives the slot back when it comes: the request got 503 and never held it, and the
+/// key is admitted again at once, not when the slot's lease ends a minute later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_reply_gives_back_the_slot_it_took() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(&server.url())
+        .deadline(Duration::from_millis(50))
+        .build()
+        .await
+        .unwrap();
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::concurrency(1).max_duration(Duration::from_secs(60)))
+        .key(HeaderKey::try_new("x-key").unwrap())
+        .on_store_error(FailurePolicy::Closed)
+        .circuit_breaker(None)
+        .store(store)
+        .build()
+        .unwrap();
+    let app = app(&layer, &Seen::default());
+    assert_eq!(ask(&app, "k").await.status, StatusCode::OK);
+    signal(&server, "-STOP");
+    let late = ask(&app, "k").await;
+    // Resumed after 0.8 s: the decision runs then, and takes the slot.
+    std::thread::sleep(Duration::from_millis(800));
+    signal(&server, "-CONT");
+    assert_eq!(
+        late.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "past the deadline"
+    );
+    let given_back = std::time::Instant::now();
+    support::eventually("the slot is free again", async || {
+        ask(&app, "k").await.status == StatusCode::OK
+    })
+    .await;
+    let took = given_back.elapsed();
+    eprintln!("the late reply's slot was free {took:?} after Redis resumed");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+}

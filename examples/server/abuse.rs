@@ -145,14 +145,18 @@ impl Abuse {
 }
 
 /// The layer's lists: the file's, or the variables'. The layer always has lists, so that
-/// entries can be added at runtime; but with `LEASE`, which spends units without asking
-/// Redis, they would make every request ask: then only the lists given count.
+/// entries can be added at runtime; but with `LEASE` (or a file's policy with a lease), which
+/// spends units without asking Redis, they would make every request ask: then only the
+/// lists given count (the file's lists say so themselves).
 pub(crate) fn lists(config: &Config) -> Result<Lists, String> {
-    let lists = match &config.file {
-        Some((path, limits)) => limits.lists().map_err(|e| format!("CONFIG {path}: {e}"))?,
-        None => config.abuse.lists.clone(),
-    };
-    Ok(lists.kept_in_store(config.lease.is_none()))
+    match &config.file {
+        Some((path, limits)) => limits.lists().map_err(|e| format!("CONFIG {path}: {e}")),
+        None => Ok(config
+            .abuse
+            .lists
+            .clone()
+            .kept_in_store(config.lease.is_none())),
+    }
 }
 
 /// The admin routes of the lists' entries, on `layer`; a `{key}` names requests as the

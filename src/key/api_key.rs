@@ -125,6 +125,8 @@ impl KeyExtractor for ApiKey {
     fn entry_keys(&self, entry: &Key) -> Result<Vec<Key>, EntryError> {
         let bytes = match entry.parts() {
             KeyParts::Bytes(bytes) => bytes,
+            // A long key as the layer keeps it (a digest taken from a report): as it is.
+            KeyParts::Hashed(_) => return Ok(vec![entry.clone()]),
             KeyParts::Ip(_) | KeyParts::Global => {
                 return Err(EntryError::new(format!(
                     "{} is no API key: keys here are the digests of the tokens clients send",

@@ -74,6 +74,7 @@ impl KeyExtractor for HeaderKey {
         let value = match entry.parts() {
             KeyParts::Bytes(bytes) => trim_ows(bytes).to_vec(),
             KeyParts::Ip(ip) => ip.to_string().into_bytes(),
+            KeyParts::Hashed(_) => return Ok(vec![entry.clone()]),
             KeyParts::Global => {
                 return Err(EntryError::new(format!(
                     "the global key is none a {} header makes",

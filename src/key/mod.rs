@@ -166,7 +166,7 @@ impl<K: KeyExtractor + ?Sized> KeyExtractor for Box<K> {
 pub(crate) fn entry_text(entry: &Key) -> Option<&str> {
     match entry.parts() {
         KeyParts::Bytes(bytes) => std::str::from_utf8(bytes).ok().map(str::trim),
-        KeyParts::Ip(_) | KeyParts::Global => None,
+        KeyParts::Ip(_) | KeyParts::Global | KeyParts::Hashed(_) => None,
     }
 }
 
@@ -182,7 +182,7 @@ pub(crate) fn ip_entry(entry: &Key, ipv6_prefix: u8) -> Result<Vec<Key>, EntryEr
                 .unwrap_or(text);
             bare.parse::<IpAddr>().ok()
         }),
-        KeyParts::Global => None,
+        KeyParts::Global | KeyParts::Hashed(_) => None,
     };
     match ip {
         Some(ip) => Ok(vec![Key::from(ip_group::group(ip, ipv6_prefix))]),
@@ -203,6 +203,7 @@ pub(crate) fn shown(entry: &Key) -> String {
             Some(text) => format!("{:?}", text.chars().take(64).collect::<String>()),
             None => "a key of bytes that are not text".into(),
         },
+        KeyParts::Hashed(_) => "a key of more than 64 bytes".into(),
     }
 }
 
@@ -279,7 +280,17 @@ enum Repr {
     /// More than [`INLINE`] bytes (a key of fewer is always inline, so each value has one
     /// representation).
     Bytes(Bytes),
+    /// A key of more than [`LONGEST`] bytes as the layer keeps it: the first 128 bits of
+    /// their SHA-256 ([`Key::compact`]).
+    Hashed([u8; 16]),
 }
+
+/// The longest key the layer keeps whole: a longer one is kept as a 128-bit hash of its
+/// bytes (SHA-256's first half), so that a client sending 4 KiB keys costs what one sending
+/// short ones does, in the memory store, the warnings near the limit, the top limited keys,
+/// the deny cache and in Redis alike. Two long keys are one when their hashes are (a chance
+/// of about n^2 / 2^129 among n long keys, and no known way to make two collide on purpose).
+pub const LONGEST: usize = 64;
 
 impl Key {
     /// The one bucket shared by every request.
@@ -296,6 +307,29 @@ impl Key {
     /// A key of `bytes`, copied inline when they are short enough, else into a [`Bytes`].
     fn copied(bytes: &[u8]) -> Self {
         Key::inline(bytes).unwrap_or_else(|| Key(Repr::Bytes(Bytes::copy_from_slice(bytes))))
+    }
+
+    /// Whether the key is longer than [`LONGEST`], kept as its hash once compacted.
+    #[inline]
+    pub(crate) fn is_long(&self) -> bool {
+        matches!(&self.0, Repr::Bytes(bytes) if bytes.len() > LONGEST)
+    }
+
+    /// The key as the layer keeps it: a key of more than [`LONGEST`] bytes as their hash, any
+    /// other as it is. Every key a request or an administrator gives is made so before a store
+    /// sees it.
+    #[inline]
+    pub(crate) fn compact(self) -> Key {
+        match &self.0 {
+            Repr::Bytes(bytes) if bytes.len() > LONGEST => {
+                use sha2::{Digest, Sha256};
+                let digest = Sha256::digest(bytes);
+                let mut half = [0; 16];
+                half.copy_from_slice(&digest[..16]);
+                Key(Repr::Hashed(half))
+            }
+            _ => self,
+        }
     }
 
     /// A key of `bytes` held inline, if they fit.
@@ -315,7 +349,7 @@ impl Key {
         match &self.0 {
             Repr::Inline { len, bytes } => Some(&bytes[..usize::from(*len)]),
             Repr::Bytes(b) => Some(b),
-            Repr::Global | Repr::Ip(_) => None,
+            Repr::Global | Repr::Ip(_) | Repr::Hashed(_) => None,
         }
     }
 
@@ -334,6 +368,7 @@ impl Key {
                 (b'6', &octets[..])
             }
             Repr::Inline { .. } | Repr::Bytes(_) => (b'b', self.bytes().unwrap_or_default()),
+            Repr::Hashed(digest) => (b'h', &digest[..]),
         }
     }
 
@@ -394,6 +429,11 @@ impl Key {
                 buf[1..].copy_from_slice(bytes);
                 usize::from(*len)
             }
+            Repr::Hashed(digest) => {
+                buf[0] = b'h';
+                buf[1..17].copy_from_slice(digest);
+                16
+            }
             Repr::Bytes(bytes) => {
                 // SipHash streams: the same hash as one write of both.
                 h.write(b"b");
@@ -413,6 +453,7 @@ impl Key {
             Repr::Inline { .. } | Repr::Bytes(_) => {
                 KeyParts::Bytes(self.bytes().unwrap_or_default())
             }
+            Repr::Hashed(digest) => KeyParts::Hashed(digest),
         }
     }
 
@@ -431,6 +472,8 @@ pub(crate) enum KeyParts<'a> {
     Global,
     Ip(IpAddr),
     Bytes(&'a [u8]),
+    /// A key longer than [`LONGEST`], as its hash.
+    Hashed(&'a [u8; 16]),
 }
 
 impl PartialEq for Key {
@@ -446,6 +489,7 @@ impl PartialEq for Key {
                 a == b && same_inline(x, y)
             }
             (Repr::Bytes(a), Repr::Bytes(b)) => a == b,
+            (Repr::Hashed(a), Repr::Hashed(b)) => a == b,
             _ => false,
         }
     }
@@ -479,6 +523,10 @@ impl Hash for Key {
             Repr::Inline { .. } | Repr::Bytes(_) => {
                 state.write_u8(2);
                 self.bytes().unwrap_or_default().hash(state);
+            }
+            Repr::Hashed(digest) => {
+                state.write_u8(3);
+                digest.hash(state);
             }
         }
     }

@@ -67,6 +67,15 @@ impl<St: Store> Limiter<St> {
         op: Option<Op>,
         units: impl Fn(&Tier) -> u64,
     ) -> Answer<St::Future> {
+        // A long key as the layer keeps it (a key of a few bytes is not copied).
+        let compacted;
+        let key = match key.is_long() {
+            true => {
+                compacted = key.clone().compact();
+                &compacted
+            }
+            false => key,
+        };
         let policies = self.policies.load();
         // A request's own operation goes the set's lane; any other goes as checks.
         match (op, policies.lane()) {

@@ -185,7 +185,10 @@ impl<St: Store> Limiter<St> {
                 "the layer was built without lists; build it with .lists(Lists::new()) to reload them",
             ));
         };
-        present.replace(lists.compile(&self.key)?);
+        let compiled = lists.compile(&self.key)?;
+        let leases = !St::DECIDES_ALONE && self.leases().is_some();
+        super::policies::leases_with_lists(leases, Some(compiled.in_store()))?;
+        present.replace(compiled);
         Ok(())
     }
 }

@@ -453,7 +453,7 @@ impl Prepared<'_> {
         let tier_overrides = p
             .tier_overrides
             .iter()
-            .map(|(k, t)| (k.clone(), tier_names[t]))
+            .map(|(k, t)| (k.clone().compact(), tier_names[t]))
             .collect();
         let up_front = p.up_front()
             && tiers

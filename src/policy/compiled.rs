@@ -65,13 +65,14 @@ impl CompiledPolicy {
 
     /// The keys this policy's key makes of the requests `entry` names.
     pub(crate) fn entry_keys(&self, entry: &Key) -> Result<Vec<Key>, crate::EntryError> {
-        self.key.entry_keys(entry)
+        let keys = self.key.entry_keys(entry)?;
+        Ok(keys.into_iter().map(Key::compact).collect())
     }
 
     /// The key `request` is charged to.
     #[inline]
     pub(crate) fn key(&self, request: &RequestRef<'_>) -> Result<Key, KeyRejection> {
-        self.key.extract(request)
+        self.key.extract(request).map(Key::compact)
     }
 
     /// The index of the tier for this request and key.

@@ -13,8 +13,8 @@ use std::time::Duration;
 use redis::{Cmd, ErrorKind, ServerErrorKind};
 use smallvec::SmallVec;
 
-use super::conn::{AnyConn, Conn, load};
-use super::link::{self, Link};
+use super::conn::{AnyConn, load};
+use super::link::Link;
 use super::script::{ADMITTED, OWN_WIDTH, SCRIPT, at, shape};
 use super::{Inner, RELOAD_TIMEOUT, RedisStore, redis_key};
 use crate::algorithm::{Verdict, compact};
@@ -352,6 +352,71 @@ fn read_reply(checks: &[Check], reply: &[i64]) -> Result<Vec<Reply>, StoreError>
         .collect())
 }
 
+/// How long after its deadline a late decision that took something is awaited, to give it
+/// back: past it, what it took stays taken until its lease ends.
+const LATE_REPLY_WAIT: Duration = Duration::from_secs(60);
+
+impl Inner {
+    /// The error of a decision that missed its deadline, whose connection is checked.
+    fn missed_deadline(&self) -> StoreError {
+        if let Some(link) = self.linking.link() {
+            link.conn.missed_deadline();
+        }
+        StoreError::with_kind(
+            StoreErrorKind::Timeout,
+            format!("no decision from Redis within {:?}", self.deadline),
+        )
+    }
+
+    /// `checks` decided within the deadline; past it, the decision goes on on a task of its
+    /// own (for at most [`LATE_REPLY_WAIT`]) and, when it comes, what it took (a concurrency
+    /// slot, a lease's units, a waiting request's reserved time) is given back: the request
+    /// got the failure policy's answer, and never holds them.
+    async fn deciding_past_deadline(
+        self: Arc<Self>,
+        checks: Checks,
+    ) -> Result<Decision, StoreError> {
+        let kept = checks.clone();
+        let inner = self.clone();
+        let mut deciding = Box::pin(async move { inner.decision(checks).await });
+        match tokio::time::timeout(self.deadline, &mut deciding).await {
+            Ok(result) => result,
+            Err(_) => {
+                let error = self.missed_deadline();
+                tokio::spawn(async move {
+                    if let Ok(Ok(late)) = tokio::time::timeout(LATE_REPLY_WAIT, deciding).await {
+                        self.give_back(&kept, &late).await;
+                    }
+                });
+                Err(error)
+            }
+        }
+    }
+
+    /// Gives back what `decision` of `checks` took, in one more call.
+    async fn give_back(&self, checks: &[Check], decision: &Decision) {
+        let mut undo = Checks::new();
+        for (c, o) in checks.iter().zip(decision.outcomes()) {
+            let Some(grant) = o.grant() else { continue };
+            if let Some(op) = c.op().undo(o.is_allowed(), grant.units, Some(grant.end)) {
+                undo.push(Check::new(
+                    c.tier().clone(),
+                    c.key().clone(),
+                    grant.units,
+                    op,
+                ));
+            }
+        }
+        if undo.is_empty() {
+            return;
+        }
+        metrics::counter!("ratelimit_late_replies_given_back_total").increment(1);
+        if let Err(error) = self.decision(undo).await {
+            tracing::warn!(%error, "could not give back what a late decision took");
+        }
+    }
+}
+
 #[allow(private_interfaces)]
 impl private::Sealed for RedisStore {
     type Future = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'static>>;
@@ -359,20 +424,15 @@ impl private::Sealed for RedisStore {
     fn check(&self, checks: Checks) -> Self::Future {
         let inner = self.inner.clone();
         Box::pin(async move {
-            let result = match tokio::time::timeout(inner.deadline, inner.decision(checks)).await {
-                Ok(result) => result,
-                Err(_) => {
-                    if let Some(link::Link {
-                        conn: Conn::Redial(redial),
-                        ..
-                    }) = inner.linking.link()
-                    {
-                        redial.missed_deadline();
-                    }
-                    Err(StoreError::with_kind(
-                        StoreErrorKind::Timeout,
-                        format!("no decision from Redis within {:?}", inner.deadline),
-                    ))
+            // A decision that may take what must be given back (slots, a lease's units,
+            // reserved time) is awaited past its deadline, to give back what it took.
+            let takes = checks.iter().any(|c| c.op().grants());
+            let result = if takes {
+                inner.clone().deciding_past_deadline(checks).await
+            } else {
+                match tokio::time::timeout(inner.deadline, inner.decision(checks)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(inner.missed_deadline()),
                 }
             };
             if inner.reload.swap(false, Ordering::AcqRel) {

@@ -1,20 +1,22 @@
 //! Connections to Redis of every kind the store supports (one multiplexed connection, a pool,
 //! a cluster, the primary behind Sentinel), and loading the decision into Redis.
 //!
-//! redis-rs makes and keeps the connections, but for two the store holds itself (`redial.rs`):
-//! the primary behind Sentinel, and one TLS node (with verification), whose connection the
-//! store makes itself to coalesce its writes (`dial.rs`, `coalesce.rs`).
+//! One node's connection the store holds itself (`redial.rs`): checked after a missed
+//! deadline and made again when it is gone (plain TCP; a TLS node with verification, which the
+//! store dials itself to coalesce its writes, `dial.rs`, `coalesce.rs`; the primary behind
+//! Sentinel). redis-rs makes and keeps a cluster's; a pool's connection that missed its
+//! deadline is taken out of the pool.
 
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, Cmd, IntoConnectionInfo};
+use redis::{AsyncConnectionConfig, Cmd};
 
+use super::cluster::{ClusterLink, Node};
 use super::endpoint::Endpoints;
 use super::redial::{self, Redial};
 use super::script::SCRIPT;
@@ -22,21 +24,29 @@ use super::sentinel;
 use crate::error::StoreError;
 
 pub(super) enum Conn {
-    Multiplexed(ConnectionManager),
     Redial(Arc<Redial>),
     Pool(deadpool::managed::Pool<NodeManager>),
-    /// The connection, and how the store calls it.
-    Cluster(ClusterConnection<Node>, &'static str),
+    /// The connection, made again when it goes silent.
+    Cluster(Arc<ClusterLink>),
     ClusterPool(deadpool::managed::Pool<ClusterManager>),
 }
 
 impl Conn {
+    /// A decision on this connection missed its deadline: a connection the store holds is
+    /// checked, and made again when it no longer answers (a pool's was taken out already).
+    pub(super) fn missed_deadline(&self) {
+        match self {
+            Conn::Redial(redial) => redial.missed_deadline(),
+            Conn::Cluster(link) => link.missed_deadline(),
+            Conn::Pool(_) | Conn::ClusterPool(_) => {}
+        }
+    }
+
     pub(super) fn kind(&self) -> &'static str {
         match self {
-            Conn::Multiplexed(_) => "multiplexed",
             Conn::Redial(redial) => redial.source().kind(),
             Conn::Pool(_) => "pool",
-            Conn::Cluster(_, kind) => kind,
+            Conn::Cluster(link) => link.kind(),
             Conn::ClusterPool(_) => "cluster-pool",
         }
     }
@@ -70,13 +80,12 @@ impl Connect {
                         .map_err(within)?;
                 Conn::Redial(self.redial(source).await.map_err(within)?)
             }
-            (false, None, None)
-                if let Some(source) =
-                    self.endpoints.redial(self.config(), self.connect_timeout) =>
-            {
+            (false, None, None) => {
+                let source = (self.endpoints)
+                    .redial(self.config(), self.connect_timeout)
+                    .map_err(|e| fail("open", &e))?;
                 Conn::Redial(self.redial(source).await.map_err(within)?)
             }
-            (false, None, None) => self.manager(fail).await?,
             (false, Some(config), None) => self
                 .pool(config)
                 .map_err(|e| fail("configure a pool for", &e))?,
@@ -89,31 +98,6 @@ impl Connect {
 }
 
 impl Connect {
-    /// A standalone server's connection manager (the `redis` crate's, reconnecting).
-    async fn manager(
-        &self,
-        fail: &(dyn Fn(&str, &dyn fmt::Display) -> StoreError + Sync),
-    ) -> Result<Conn, StoreError> {
-        let within = |e| fail("connect to", &e);
-        let client =
-            redis::Client::open(self.endpoints.nodes[0].clone()).map_err(|e| fail("open", &e))?;
-        let mut config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.response_timeout))
-            .set_number_of_retries(1);
-        if let Some(refreshed) = &self.endpoints.refreshed {
-            config = config.set_credentials_provider(refreshed.clone());
-        }
-        let manager = tokio::time::timeout(
-            self.connect_timeout * 2,
-            ConnectionManager::new_with_config(client, config),
-        )
-        .await
-        .map_err(|_| fail("connect to", &self.endpoints.timed_out()))?
-        .map_err(|e| within(e.to_string()))?;
-        Ok(Conn::Multiplexed(manager))
-    }
-
     /// A cluster's multiplexed connection.
     async fn cluster_conn(
         &self,
@@ -136,7 +120,9 @@ impl Connect {
             .await
             .map_err(|_| fail("connect to", &self.endpoints.timed_out()))?
             .map_err(|e| within(e.to_string()))?;
-        Ok(Conn::Cluster(conn, kind))
+        let check = self.response_timeout.min(redial::CHECK_TIMEOUT);
+        let link = ClusterLink::new(client, conn, check, self.connect_timeout * 2, kind);
+        Ok(Conn::Cluster(Arc::new(link)))
     }
 }
 
@@ -153,7 +139,8 @@ impl Connect {
     /// the response timeout.
     async fn redial(&self, source: redial::DialSource) -> Result<Arc<Redial>, String> {
         let round = self.connect_timeout + self.response_timeout;
-        Redial::connect(source, round, self.response_timeout).await
+        let check = self.response_timeout.min(redial::CHECK_TIMEOUT);
+        Redial::connect(source, round, check).await
     }
 
     /// A pool of connections to the first node, each with the store's timeouts and
@@ -203,26 +190,56 @@ impl Conn {
                 }
                 return result.map_err(StoreError::new);
             }
-            Conn::Multiplexed(m) => AnyConn::Multiplexed(m.clone()),
-            Conn::Cluster(c, _) => AnyConn::Cluster(c.clone()),
+            Conn::Cluster(link) => AnyConn::Cluster(link.conn()),
             // Boxed: the pools' futures are large, and every decision's future would carry
             // room for them.
             Conn::Pool(p) => {
                 let pooled = Box::pin(p.get()).await.map_err(StoreError::new)?;
-                let result = f(AnyConn::Direct((*pooled).clone())).await;
+                let mut checkout = Checkout(Some(pooled));
+                let conn = checkout.conn().clone();
+                let result = f(AnyConn::Direct(conn)).await;
                 if let Err(e) = &result
                     && (e.is_connection_dropped() || e.is_io_error() || e.is_unrecoverable_error())
                 {
                     // Broken: out of the pool, which makes another.
-                    drop(deadpool::managed::Object::take(pooled));
+                    return result.map_err(StoreError::new);
                 }
+                checkout.done();
                 return result.map_err(StoreError::new);
             }
             Conn::ClusterPool(p) => {
-                AnyConn::ClusterPool(Box::pin(p.get()).await.map_err(StoreError::new)?)
+                let pooled = Box::pin(p.get()).await.map_err(StoreError::new)?;
+                let mut checkout = Checkout(Some(pooled));
+                let result = f(AnyConn::ClusterPool(checkout.conn().clone())).await;
+                checkout.done();
+                return result.map_err(StoreError::new);
             }
         };
         f(conn).await.map_err(StoreError::new)
+    }
+}
+
+/// A connection checked out of a pool for one call: back into the pool when the call ended
+/// (`done`), else taken out of it when dropped, so that a connection whose call was cut short
+/// (a missed deadline: it may have gone silent) or failed is made again.
+struct Checkout<M: deadpool::managed::Manager>(Option<deadpool::managed::Object<M>>);
+
+impl<M: deadpool::managed::Manager> Checkout<M> {
+    fn conn(&self) -> &M::Type {
+        self.0.as_ref().expect("checked out until done or dropped")
+    }
+
+    /// The call ended: the connection goes back into the pool.
+    fn done(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl<M: deadpool::managed::Manager> Drop for Checkout<M> {
+    fn drop(&mut self) {
+        if let Some(object) = self.0.take() {
+            drop(deadpool::managed::Object::take(object));
+        }
     }
 }
 
@@ -275,10 +292,9 @@ pub(super) async fn load(conn: &Conn, functions: bool, timeout: Duration) -> Res
 
 /// One connection of any kind, for the duration of a call.
 pub(super) enum AnyConn {
-    Multiplexed(ConnectionManager),
     Direct(redis::aio::MultiplexedConnection),
     Cluster(ClusterConnection<Node>),
-    ClusterPool(deadpool::managed::Object<ClusterManager>),
+    ClusterPool(ClusterConnection),
 }
 
 /// deadpool's manager of connections to one node, made by the store's client with its
@@ -349,7 +365,7 @@ impl AnyConn {
         let ask = error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask);
         Some(match self {
             AnyConn::Cluster(c) => redirect(c, ask, route, call).await,
-            AnyConn::ClusterPool(c) => redirect(&mut **c, ask, route, call).await,
+            AnyConn::ClusterPool(c) => redirect(c, ask, route, call).await,
             _ => return None,
         })
     }
@@ -378,10 +394,9 @@ where
 impl ConnectionLike for AnyConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, redis::Value> {
         match self {
-            AnyConn::Multiplexed(c) => c.req_packed_command(cmd),
             AnyConn::Direct(c) => c.req_packed_command(cmd),
             AnyConn::Cluster(c) => c.req_packed_command(cmd),
-            AnyConn::ClusterPool(c) => (**c).req_packed_command(cmd),
+            AnyConn::ClusterPool(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -392,66 +407,17 @@ impl ConnectionLike for AnyConn {
         count: usize,
     ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
         match self {
-            AnyConn::Multiplexed(c) => c.req_packed_commands(cmd, offset, count),
             AnyConn::Direct(c) => c.req_packed_commands(cmd, offset, count),
             AnyConn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
-            AnyConn::ClusterPool(c) => (**c).req_packed_commands(cmd, offset, count),
+            AnyConn::ClusterPool(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            AnyConn::Multiplexed(c) => c.get_db(),
             AnyConn::Direct(c) => c.get_db(),
             AnyConn::Cluster(c) => c.get_db(),
-            AnyConn::ClusterPool(c) => (**c).get_db(),
+            AnyConn::ClusterPool(c) => c.get_db(),
         }
-    }
-}
-
-/// A cluster node's connection. redis-rs's cluster connects each node through this type
-/// (`get_async_generic_connection`: public, but hidden from redis-rs's docs): the store dials
-/// a TLS node with verification itself, to coalesce its writes (`dial.rs`); redis-rs connects
-/// the others as it connects its own nodes.
-#[derive(Clone)]
-pub(super) struct Node(MultiplexedConnection);
-
-impl redis::cluster_async::Connect for Node {
-    fn connect_with_config<'a, T>(
-        info: T,
-        config: AsyncConnectionConfig,
-    ) -> redis::RedisFuture<'a, Self>
-    where
-        T: IntoConnectionInfo + Send + 'a,
-    {
-        Box::pin(async move {
-            let info = info.into_connection_info()?;
-            #[cfg(feature = "tls")]
-            if let Some(dial) = super::dial::for_node(&info, &config) {
-                return dial.connect().await.map(Node);
-            }
-            MultiplexedConnection::connect_with_config(info, config)
-                .await
-                .map(Node)
-        })
-    }
-}
-
-impl ConnectionLike for Node {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, redis::Value> {
-        self.0.req_packed_command(cmd)
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
-        self.0.req_packed_commands(cmd, offset, count)
-    }
-
-    fn get_db(&self) -> i64 {
-        self.0.get_db()
     }
 }

@@ -5,7 +5,7 @@
 //! the database as it does on its own connections.
 //!
 //! A cluster's nodes are connected by redis-rs's cluster, through the `Connect` of the
-//! store's node type (`conn::Node`), which is given nothing but each node's connection
+//! store's node type (`cluster::Node`), which is given nothing but each node's connection
 //! information: the connector is found by the TLS parameters in it ([`for_node`]), which are
 //! a function of the certificates the store gave (so two stores with the same parameters
 //! share a connector built from the same certificates).
@@ -84,6 +84,7 @@ impl Dial {
     async fn connect_now(&self) -> redis::RedisResult<MultiplexedConnection> {
         let tcp = tokio::net::TcpStream::connect((self.host.as_str(), self.port)).await?;
         tcp.set_nodelay(true)?;
+        super::tcp::keepalive(&tcp)?;
         let name = rustls::pki_types::ServerName::try_from(self.host.clone()).map_err(|e| {
             RedisError::from((
                 ErrorKind::InvalidClientConfig,

@@ -146,7 +146,7 @@ impl Endpoints {
             if let Some(tls) = &tls {
                 info = tls.apply(info)?;
             }
-            nodes.push(info);
+            nodes.push(info.set_tcp_settings(super::tcp::settings()));
         }
         #[cfg(feature = "tls")]
         let secure = nodes
@@ -180,15 +180,18 @@ impl Endpoints {
     pub(super) fn redial(
         &self,
         config: redis::AsyncConnectionConfig,
-        timeout: Duration,
-    ) -> Option<super::redial::DialSource> {
+        #[cfg_attr(not(feature = "tls"), allow(unused_variables))] timeout: Duration,
+    ) -> Result<super::redial::DialSource, String> {
+        let config = self.connection_config(config);
         #[cfg(feature = "tls")]
-        if let Some(connector) = &self.connector {
-            let config = self.connection_config(config);
-            let dial = super::dial::Dial::new(&self.nodes[0], connector.clone(), config, timeout)?;
-            return Some(super::redial::DialSource::Node(dial));
+        if let Some(connector) = &self.connector
+            && let Some(dial) =
+                super::dial::Dial::new(&self.nodes[0], connector.clone(), config.clone(), timeout)
+        {
+            return Ok(super::redial::DialSource::Node(dial));
         }
-        None
+        let client = redis::Client::open(self.nodes[0].clone()).map_err(|e| e.to_string())?;
+        Ok(super::redial::DialSource::Plain(Box::new((client, config))))
     }
 
     /// The TLS connector of the connections the store makes itself: TLS with verification.

@@ -70,7 +70,12 @@ pub(crate) fn push_body(out: &mut Vec<u8>, key: &Key) {
         }
         KeyParts::Bytes(b) => {
             out.extend_from_slice(b"h:");
-            push_hex(out, &Sha256::digest(b));
+            push_hex(out, &Sha256::digest(b)[..16]);
+        }
+        // A long key as the layer keeps it: the same half digest a long key of bytes gets.
+        KeyParts::Hashed(digest) => {
+            out.extend_from_slice(b"h:");
+            push_hex(out, digest);
         }
     }
 }
@@ -124,7 +129,9 @@ mod tests {
         assert_eq!(k(&Key::from("alice")), "rl:p:{b:alice}");
         assert_eq!(k(&Key::from("{evil}")), "rl:p:{x:7b6576696c7d}");
         let long = k(&Key::from(vec![b'a'; 65_536]));
-        assert!(long.starts_with("rl:p:{h:") && long.len() == "rl:p:{h:}".len() + 64);
+        assert!(long.starts_with("rl:p:{h:") && long.len() == "rl:p:{h:}".len() + 32);
+        // Kept as its hash, the same key.
+        assert_eq!(k(&Key::from(vec![b'a'; 65_536]).compact()), long);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! One multiplexed connection the store holds itself, and makes again when it is lost: to the
-//! primary the sentinels name (`sentinel.rs`), or to a TLS node the store dials itself
-//! (`dial.rs`, feature `tls`).
+//! primary the sentinels name (`sentinel.rs`), to a TLS node the store dials itself
+//! (`dial.rs`, feature `tls`), or to a node on plain TCP.
 //!
 //! A decision that finds the connection broken (the node died: the socket closed or was
 //! refused), the node demoted (`READONLY`), or no answer (a reply timeout, or a decision that
@@ -25,6 +25,10 @@ use crate::error::StoreError;
 /// How long to wait between two rounds of connecting.
 const RETRY: Duration = Duration::from_millis(100);
 
+/// The longest a `PING` after a missed deadline may take (less when the response timeout is
+/// shorter): a connection that goes silent is replaced within a deadline, this, and a connect.
+pub(super) const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Where the connection goes.
 pub(super) enum DialSource {
     /// The primary the sentinels name for `master`.
@@ -40,6 +44,8 @@ pub(super) enum DialSource {
     /// One TLS node.
     #[cfg(feature = "tls")]
     Node(Dial),
+    /// One node on plain TCP, connected by redis-rs (boxed: the client is large).
+    Plain(Box<(redis::Client, AsyncConnectionConfig)>),
 }
 
 impl DialSource {
@@ -71,6 +77,12 @@ impl DialSource {
             }
             #[cfg(feature = "tls")]
             DialSource::Node(dial) => dial.connect().await,
+            DialSource::Plain(plain) => {
+                let (client, config) = &**plain;
+                client
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await
+            }
         }
     }
 
@@ -80,6 +92,9 @@ impl DialSource {
             DialSource::Sentinels { master, .. } => format!("the Redis primary for {master:?}"),
             #[cfg(feature = "tls")]
             DialSource::Node(dial) => format!("Redis at {}", dial.addr()),
+            DialSource::Plain(plain) => {
+                format!("Redis at {}", plain.0.get_connection_info().addr())
+            }
         }
     }
 
@@ -89,6 +104,7 @@ impl DialSource {
             DialSource::Sentinels { .. } => "timed out",
             #[cfg(feature = "tls")]
             DialSource::Node(_) => super::tls::TIMED_OUT,
+            DialSource::Plain(_) => "timed out",
         }
     }
 
@@ -100,6 +116,7 @@ impl DialSource {
             DialSource::Sentinels { .. } => "sentinel",
             #[cfg(feature = "tls")]
             DialSource::Node(_) => "multiplexed (TLS, coalesced writes)",
+            DialSource::Plain(_) => "multiplexed",
         }
     }
 }
@@ -161,9 +178,8 @@ impl Redial {
                 "no Redis primary for {master:?}: asking the sentinels (a failover may be under way)"
             ),
             #[cfg(feature = "tls")]
-            DialSource::Node(dial) => {
-                format!("no connection to Redis at {}: connecting", dial.addr())
-            }
+            DialSource::Node(_) => format!("no connection to {}: connecting", self.source.what()),
+            DialSource::Plain(_) => format!("no connection to {}: connecting", self.source.what()),
         }))
     }
 

@@ -66,12 +66,19 @@ struct With<L> {
 }
 
 /// The inner service's response (`R`) and the slots its body holds, waiting for the charges
-/// after it (`C`: the store's future).
+/// after it (`C`: the store's future), with the headers the decision gave it and what makes
+/// the headers of the charges' decision: a charge after the response tells what is left
+/// after it (`RateLimitHeaders::after_charges`).
 struct Adjusting<C, R> {
     charges: C,
     response: Option<R>,
     held: Option<BodyGuard>,
+    headers: Option<RateLimitHeaders>,
+    retell: Option<Retell>,
 }
+
+/// The headers of the decision of the charges after a response.
+type Retell = Box<dyn FnOnce(&Decision) -> RateLimitHeaders + Send>;
 
 pin_project! {
     #[project = PhaseProj]
@@ -350,41 +357,62 @@ fn responded<St: Store, B>(
     charging: Option<Box<Charging<Limiter<St>>>>,
     mut response: Response<B>,
 ) -> Result<(Response<B>, Option<BodyGuard>), Box<Adjusting<<St as Sealed>::Future, Response<B>>>> {
-    if let Some(headers) = headers {
-        headers.apply(response.headers_mut());
-    }
     if let Some(held) = &mut held {
         held.responded(response.status().is_server_error());
     }
+    let mut retell = None;
     let charges = charging.and_then(|charging| {
         let Charging { limiter, charges } = *charging;
         let (call, meter) = limiter.after_response(charges, &response);
         if let Some(meter) = meter {
             held = Some(BodyGuard::metered(held.take(), meter));
         }
-        call
+        let (call, checks) = call?;
+        retell = Some(Box::new(move |decision: &Decision| {
+            limiter.response_headers(decision, Some(&checks))
+        }) as Retell);
+        Some(call)
     });
     match charges {
-        None => Ok((response, held)),
+        None => {
+            if let Some(headers) = headers {
+                headers.apply(response.headers_mut());
+            }
+            Ok((response, held))
+        }
         Some(charges) => Err(Box::new(Adjusting {
             charges,
             response: Some(response),
             held,
+            headers,
+            retell,
         })),
     }
 }
 
-impl<C, R> Adjusting<C, R>
+impl<C, B> Adjusting<C, Response<B>>
 where
     C: Future<Output = Result<Decision, StoreError>> + Unpin,
 {
     /// The response once the charges after it are made, or failed (then logged: the response
-    /// goes on).
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<(R, Option<BodyGuard>)> {
-        if let Err(error) = ready!(Pin::new(&mut self.charges).poll(cx)) {
-            tracing::warn!(%error, "rate-limit charge or refund after the response failed");
+    /// goes on), with its headers: the charges' where they tell what is left after them.
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<(Response<B>, Option<BodyGuard>)> {
+        let charged = ready!(Pin::new(&mut self.charges).poll(cx));
+        let mut headers = self.headers.take();
+        match charged {
+            Ok(decision) => {
+                if let Some(retell) = self.retell.take() {
+                    headers = headers.map(|said| said.after_charges(retell(&decision)));
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "rate-limit charge or refund after the response failed");
+            }
         }
-        let response = self.response.take().expect(POLLED_AFTER_READY);
+        let mut response = self.response.take().expect(POLLED_AFTER_READY);
+        if let Some(headers) = headers {
+            headers.apply(response.headers_mut());
+        }
         Poll::Ready((response, self.held.take()))
     }
 }

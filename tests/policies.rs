@@ -982,6 +982,45 @@ async fn charge_failures<St: Store>(env: Env<St>) {
     );
 }
 
+/// A response charged after it (its status) reports what is left after its charge: successive
+/// 401s of a policy of 5 show 4, 3, 2, 1, 0 left and a reset in the future from the first;
+/// a response that is not charged shows what its look saw.
+async fn charged_headers<St: Store>(env: Env<St>) {
+    let n = env.name;
+    let layer = env
+        .builder()
+        .key(header_key("x-user"))
+        .policy(
+            Policy::gcra("5/min")
+                .name("failed-logins")
+                .charge_if(|s| s == StatusCode::UNAUTHORIZED),
+        )
+        .build()
+        .unwrap();
+    let svc = service(layer.clone());
+    let login = |status: &str| request(&[("x-user", "w"), ("x-status", status)]);
+    let r = send(&svc, login("200")).await;
+    assert_eq!(
+        (r.status, r.header("x-ratelimit-remaining")),
+        (StatusCode::OK, Some("5")),
+        "{n}"
+    );
+    for left in [4, 3, 2, 1, 0] {
+        let r = send(&svc, login("401")).await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{n}");
+        let shown = r
+            .header("x-ratelimit-remaining")
+            .map(|v| v.parse::<u64>().unwrap());
+        assert_eq!(shown, Some(left), "{n}: left after this 401 charge");
+        let reset: u64 = r.header("x-ratelimit-reset").unwrap().parse().unwrap();
+        assert!(reset > 0, "{n}: a used policy resets later: {reset}");
+    }
+    assert_eq!(
+        send(&svc, login("401")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // 6. Shadow mode
 // ---------------------------------------------------------------------------------------------
@@ -1363,6 +1402,7 @@ on_each_store! {
     cost_per_policy_and_per_layer => cost,
     refund_if_gives_server_errors_back => refund_server_errors,
     charge_if_counts_only_failed_requests => charge_failures,
+    a_response_charged_after_it_tells_what_is_left => charged_headers,
     shadow_policies_report_but_never_reject => shadow,
     exemptions_consume_nothing_and_carry_no_headers => exemptions,
     tiers_pick_the_quota_per_request_and_per_key => tiers,

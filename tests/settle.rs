@@ -179,13 +179,17 @@ async fn a_cost_read_from_the_head_settles_before_the_response_goes_on() {
         );
         let got = send(&header, &[("x-estimate", "10"), ("x-used", "3")]).await;
         assert_eq!(got.status, StatusCode::OK);
-        assert_eq!(got.remaining, Some(90), "the response tells the estimate");
+        assert_eq!(
+            got.remaining,
+            Some(97),
+            "the response tells what is left after its settled cost"
+        );
         assert_eq!(left(&header).await, 97, "settled at the real cost");
         let got = send(&header, &[("x-estimate", "10"), ("x-used", "25")]).await;
         assert_eq!(
             got.remaining,
-            Some(87),
-            "the next response tells the settled cost"
+            Some(72),
+            "the response tells what is left after its settled cost"
         );
         assert_eq!(left(&header).await, 72, "a higher real cost charged");
 
@@ -484,10 +488,10 @@ async fn two_layers_settle_exact_sums_and_debts_on_the_cluster() {
     debt_across(store().await, store().await, &clock, "debt-cluster").await;
 }
 
-/// With the IETF fields, the policy names its unit (`qu="tokens"`), and `r` tells the
-/// estimate on the response itself, the settled cost on the next one.
+/// With the IETF fields, the policy names its unit (`qu="tokens"`), and `r` tells what is
+/// left after the response's own settled cost (it told the estimate before).
 #[tokio::test]
-async fn the_ietf_fields_name_tokens_and_tell_the_estimate_then_the_settled_cost() {
+async fn the_ietf_fields_name_tokens_and_tell_the_settled_cost() {
     let layer = RateLimitLayer::builder()
         .store(MemoryStore::with_clock(ManualClock::new()))
         .key(HeaderKey::try_new("x-user").unwrap())
@@ -519,10 +523,7 @@ async fn the_ietf_fields_name_tokens_and_tell_the_estimate_then_the_settled_cost
     };
     let (policy, state) = fields("30").await;
     assert!(policy.contains("qu=\"tokens\""), "{policy}");
-    assert!(state.contains(";r=900"), "the estimate: {state}");
+    assert!(state.contains(";r=970"), "30 settled: {state}");
     let (_, state) = fields("30").await;
-    assert!(
-        state.contains(";r=870"),
-        "30 settled, 100 estimated: {state}"
-    );
+    assert!(state.contains(";r=940"), "30 and 30 settled: {state}");
 }

@@ -216,6 +216,9 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// waits in the response future beside the inner service's future.
 #[derive(Clone, Debug)]
 pub(crate) struct RateLimitHeaders {
+    /// What the binding policy has left, and how many policies decided.
+    remaining: u64,
+    policies: usize,
     /// `X-RateLimit-Limit` (the policy's, formatted once), `-Remaining` and `-Reset`.
     legacy: Option<(HeaderValue, u64, u64)>,
     /// `RateLimit-Policy` and `RateLimit`.
@@ -243,6 +246,7 @@ impl RateLimitHeaders {
             (binding.tier().limit_header(), binding.remaining()),
             binding.reset_after(),
         );
+        headers.policies = decision.outcomes().len();
         headers.retry_after = decision.retry_after().map(|d| secs(d).max(1));
         headers.ietf = config
             .writes_ietf()
@@ -297,9 +301,22 @@ impl RateLimitHeaders {
             (limit.clone(), remaining, reset)
         });
         RateLimitHeaders {
+            remaining,
+            policies: 1,
             legacy,
             ietf: None,
             retry_after: None,
+        }
+    }
+
+    /// The headers a response charged after it gets: `after`'s (those of the charges'
+    /// decision) when they cover every policy these cover, or leave less than these say;
+    /// else these (another policy binds).
+    pub(crate) fn after_charges(self, after: RateLimitHeaders) -> RateLimitHeaders {
+        if after.policies >= self.policies || after.remaining < self.remaining {
+            after
+        } else {
+            self
         }
     }
 

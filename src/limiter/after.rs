@@ -56,7 +56,7 @@ impl<St: Store> Limiter<St> {
         &self,
         charges: Vec<AfterResponse>,
         response: &Response<B>,
-    ) -> (Option<St::Future>, Option<Meter>) {
+    ) -> (Option<Charged<St::Future>>, Option<Meter>) {
         let mut checks = Checks::new();
         let mut from_body = Vec::new();
         for a in charges {
@@ -97,7 +97,11 @@ impl<St: Store> Limiter<St> {
                 Box::new(move |checks| store.check_detached(checks)),
             )
         });
-        let call = (!checks.is_empty()).then(|| self.store.check(checks));
+        // The checks kept for the headers of their decision (few responses are charged).
+        let call = (!checks.is_empty()).then(|| {
+            let kept = checks.to_vec();
+            (self.store.check(checks), kept)
+        });
         (call, meter)
     }
 
@@ -123,3 +127,7 @@ impl<St: Store> Limiter<St> {
         }
     }
 }
+
+/// The charges after a response on their way to the store, and the checks they make (for the
+/// headers of their decision).
+pub(crate) type Charged<F> = (F, Vec<Check>);

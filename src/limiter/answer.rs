@@ -180,7 +180,7 @@ impl<St: Store> Limiter<St> {
         Next::Respond(response)
     }
 
-    pub(super) fn response_headers(
+    pub(crate) fn response_headers(
         &self,
         decision: &Decision,
         keys: Option<&[Check]>,

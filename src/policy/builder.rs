@@ -369,7 +369,9 @@ impl Policy {
     /// Charges the policy only for responses whose status matches, e.g. failed logins:
     /// the request is let through while the key has room for it (nothing is charged), and
     /// the charge is made after the response, with one more store call only for matching
-    /// responses.
+    /// responses. A charged response waits for that call, and its rate-limit headers tell
+    /// what is left after its charge (when that is less than what the other policies leave);
+    /// a response that is not charged tells what the key had before it.
     ///
     /// The bound is loose under concurrency: requests that are in flight together are all let
     /// through while the key has room, and charges past the limit are dropped. Where the
@@ -414,8 +416,9 @@ impl Policy {
     /// back, `Retry-After` saying when; a window algorithm's debt lasts until its window
     /// moves past it.
     ///
-    /// The headers of the response itself tell the estimate (they are sent before its body);
-    /// the next response tells the settled cost. Only an enforced policy settles: not with
+    /// The headers of a response whose cost is read from its head tell what is left after
+    /// the settled cost; a cost counted from the body is known after the headers were sent,
+    /// which tell the estimate (the next response tells the settled cost). Only an enforced policy settles: not with
     /// [`shadow`](Self::shadow), [`charge_if`](Self::charge_if), [`lease`](Self::lease),
     /// [`wait_up_to`](Self::wait_up_to), [`concurrency`](Self::concurrency) or
     /// [`refund_if`](Self::refund_if).

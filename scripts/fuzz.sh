@@ -2,7 +2,7 @@
 # Fuzzes the crate's parsers (the targets in fuzz/fuzz_targets/): no panic, no hang (5 s an
 # input), at most 512 MB in one allocation and 2 GB in all.
 #
-#     scripts/fuzz.sh TARGET SECONDS     one target (quota, config, client_ip, settle,
+#     scripts/fuzz.sh TARGET SECONDS     one target (quota, config, client_ip, settle, entry,
 #                                        calendar, reply, ietf)
 #     scripts/fuzz.sh all SECONDS        each target in turn (what .ci/run does, briefly)
 #
@@ -44,7 +44,7 @@ run() {
 }
 
 if [ "$TARGET" = all ]; then
-    for t in quota config client_ip settle calendar reply ietf; do run "$t"; done
+    for t in quota config client_ip settle calendar reply ietf entry; do run "$t"; done
 else
     run "$TARGET"
 fi

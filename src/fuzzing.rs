@@ -90,32 +90,75 @@ fn headers_of(decision: &Decision, key: &Key) -> HeaderMap {
 }
 
 /// The Redis store reading a decision's reply, `resp` (the bytes Redis would send), for
-/// checks of the operations `ops` picks (one byte each, at most eight); then the decision's
+/// checks of the operations `ops` picks (two bytes each, at most eight: the kind, among every
+/// operation, and its payload; the algorithm and a tier tag from them); then the decision's
 /// headers. `None` when the reply is refused (as the store refuses it: a clear error).
 #[cfg(feature = "redis")]
 pub fn read_reply(resp: &[u8], ops: &[u8]) -> Option<HeaderMap> {
     let value = redis::parse_redis_value(resp).ok()?;
     let reply: Vec<i64> = redis::FromRedisValue::from_redis_value(value).ok()?;
     let quota = Quota::new(10, Duration::from_secs(1)).expect("a quota");
-    let checks: crate::store::Checks = (ops.iter().take(8))
-        .map(|&b| {
-            let op = match b % 6 {
-                0 => Op::Enforce,
-                1 => Op::Shadow,
-                2 => Op::Concurrency,
-                3 => Op::Wait {
-                    max_wait_us: 1_000_000,
-                },
-                4 => Op::Lease { want: 5 },
-                _ => Op::ChargeIf,
-            };
-            let tier = tier("fuzz", b / 6, quota, op).expect("a valid tier");
-            crate::store::Check::new(tier, Key::from("k"), 1, op)
-        })
-        .collect();
+    let mut checks = crate::store::Checks::new();
+    for pair in ops.chunks_exact(2).take(8) {
+        let (kind, payload) = (pair[0], u64::from(pair[1]));
+        let op = Op::KINDS[usize::from(kind) % Op::KINDS.len()].with_payload(payload * 1_000);
+        // The tier as a policy taking part by the operation would have it, else enforced.
+        let tier = tier("fuzz", kind / 32, quota, op)
+            .or_else(|_| tier("fuzz", kind / 32, quota, Op::Enforce))
+            .ok()?;
+        checks.push(crate::store::Check::new(tier, Key::from("k"), 1, op));
+    }
     if checks.is_empty() {
         return None;
     }
     let decision = crate::store::redis_decision(&checks, &reply).ok()?;
     Some(headers_of(&decision, &Key::from("k")))
+}
+
+/// An administrator's entry, `text` (and the same bytes as a key), made the keys of each
+/// extractor (an address key, a client address behind a proxy, an API key, a header, the
+/// global key, and an API key or else the address), every key kept as the layer keeps it;
+/// and `secs` as an entry's end (`until`) given to a layer's deny and allow lists and to a
+/// key's own limit: every mistake an error, never a panic.
+pub fn entry(text: &str, bytes: &[u8], secs: u64) {
+    use crate::key::{ApiKey, ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
+    let extractors: Vec<Box<dyn KeyExtractor>> = vec![
+        Box::new(PeerIp::new()),
+        Box::new(ClientIp::new(["10.0.0.0/8"]).expect("a network")),
+        Box::new(ApiKey::bearer()),
+        Box::new(HeaderKey::try_new("x-key").expect("a header name")),
+        Box::new(GlobalKey),
+        Box::new(ApiKey::bearer().or(PeerIp::new())),
+    ];
+    for entry in [Key::from(text), Key::from(bytes)] {
+        for extractor in &extractors {
+            if let Ok(keys) = extractor.entry_keys(&entry) {
+                for key in keys {
+                    let _ = key.compact();
+                }
+            }
+        }
+    }
+    let layer = crate::RateLimitLayer::builder()
+        .policy(crate::Policy::gcra("10/s").name("fuzz"))
+        .key(HeaderKey::try_new("x-key").expect("a header name"))
+        .lists(crate::lists::Lists::new().deny([text]))
+        .build();
+    let Ok(layer) = layer else { return };
+    let until = std::time::UNIX_EPOCH.checked_add(Duration::from_secs(secs));
+    let key = Key::from(text);
+    // The memory store answers at once: one poll decides.
+    let poll = |future: std::pin::Pin<&mut dyn std::future::Future<Output = ()>>| {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let _ = future.poll(&mut cx);
+    };
+    poll(std::pin::pin!(async {
+        let _ = layer.deny_key(&key, until).await;
+    }));
+    poll(std::pin::pin!(async {
+        let _ = layer.allow_key(&key, until).await;
+    }));
+    poll(std::pin::pin!(async {
+        let _ = layer.set_limit("fuzz", &key, "5/s", until).await;
+    }));
 }

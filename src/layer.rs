@@ -401,8 +401,16 @@ impl<St: Store, M> RateLimitLayer<St, M> {
     }
 
     /// Replaces the networks and keys given to the layer's lists, e.g. when its configuration
-    /// file is read again (the entries added at runtime stay). Fails, changing nothing, when
-    /// an entry is malformed, or when the layer was built without lists.
+    /// file is read again (the entries added at runtime stay). **This instance only**: the
+    /// lists given are held in each process, so every instance must be reloaded (as a
+    /// configuration file is, by each instance reading it); an entry every instance obeys at
+    /// once is one added with [`deny_key`](Self::deny_key) or
+    /// [`allow_key`](Self::allow_key), kept in the store. Networks are matched against the
+    /// address the new lists' [`client_ip`](crate::lists::Lists::client_ip) finds, else the
+    /// layer key's `ClientIp` (behind its trusted proxies), else the peer's. Fails, changing
+    /// nothing, when an entry is malformed or names no key the lists' key makes, when the
+    /// layer was built without lists, or when the new lists keep entries in the store beside
+    /// policies that take leases.
     pub fn reload_lists(&self, lists: &crate::lists::Lists) -> Result<(), ConfigError> {
         self.limiter.reload_lists(lists)
     }

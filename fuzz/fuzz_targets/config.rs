@@ -1,5 +1,5 @@
-//! A configuration file (TOML): read, its policies made and a layer built from them; every
-//! mistake an error, never a panic.
+//! A configuration file (TOML): read, its policies and lists made and a layer built from
+//! them; every mistake an error, never a panic.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use tower_ratelimit::RateLimitLayer;
@@ -15,6 +15,9 @@ fuzz_target!(|text: &str| {
     let mut builder = RateLimitLayer::builder();
     for policy in policies {
         builder = builder.policy(policy);
+    }
+    if let Ok(lists) = limits.lists() {
+        builder = builder.lists(lists);
     }
     let _ = builder.build();
 });

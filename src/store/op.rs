@@ -56,6 +56,14 @@ macro_rules! operations {
             #[cfg_attr(not(feature = "redis"), allow(dead_code))]
             pub(crate) const KINDS: &[Op] = &[$(Op::$variant $({ $field: 0 })?,)*];
 
+            /// The operation of this kind with `payload` in its field, if it has one.
+            #[cfg(fuzzing)]
+            pub(crate) const fn with_payload(self, payload: u64) -> Op {
+                match self {
+                    $(Op::$variant { .. } => Op::$variant $({ $field: payload })?,)*
+                }
+            }
+
             /// The operation's id in the Redis script: its place in [`Op::KINDS`], from 1
             /// (Lua's tables count from 1).
             #[cfg_attr(not(feature = "redis"), allow(dead_code))]

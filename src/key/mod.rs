@@ -38,6 +38,7 @@
 
 mod api_key;
 mod cidr;
+mod entry;
 mod client_ip;
 mod composite;
 mod extension;
@@ -62,6 +63,7 @@ pub use api_key::ApiKey;
 pub use cidr::Cidr;
 pub use client_ip::{Basis, ClientIp, ClientIpBuilder, DEFAULT_MAX_HOPS, ProxyHeader, Resolution};
 pub use composite::{All, FirstOf, all, first_of};
+pub(crate) use entry::{entry_text, ip_entry, shown};
 pub use extension::{ExtensionKey, extension, extension_with};
 pub use from_fn::{FromFn, from_fn};
 pub use global::GlobalKey;
@@ -161,52 +163,6 @@ impl<K: KeyExtractor + ?Sized> KeyExtractor for Box<K> {
     }
 }
 
-/// An entry's text, without the spaces around it: `None` for a key that is no text (an
-/// address, the global key, bytes that are not UTF-8).
-pub(crate) fn entry_text(entry: &Key) -> Option<&str> {
-    match entry.parts() {
-        KeyParts::Bytes(bytes) => std::str::from_utf8(bytes).ok().map(str::trim),
-        KeyParts::Ip(_) | KeyParts::Global | KeyParts::Hashed(_) => None,
-    }
-}
-
-/// An address entry (an address key, or its text in any form, `[v6]` included), grouped as
-/// keys of `ipv6_prefix` bits are.
-pub(crate) fn ip_entry(entry: &Key, ipv6_prefix: u8) -> Result<Vec<Key>, EntryError> {
-    let ip = match entry.parts() {
-        KeyParts::Ip(ip) => Some(ip),
-        KeyParts::Bytes(_) => entry_text(entry).and_then(|text| {
-            let bare = text
-                .strip_prefix('[')
-                .and_then(|t| t.strip_suffix(']'))
-                .unwrap_or(text);
-            bare.parse::<IpAddr>().ok()
-        }),
-        KeyParts::Global | KeyParts::Hashed(_) => None,
-    };
-    match ip {
-        Some(ip) => Ok(vec![Key::from(ip_group::group(ip, ipv6_prefix))]),
-        None => Err(EntryError::new(format!(
-            "{} is not an IP address, and keys here are client addresses (IPv6 by /{ipv6_prefix})",
-            shown(entry)
-        ))),
-    }
-}
-
-/// An entry as an error shows it: its text quoted (its first 64 characters), an address, or
-/// `global`.
-pub(crate) fn shown(entry: &Key) -> String {
-    match entry.parts() {
-        KeyParts::Global => "global".into(),
-        KeyParts::Ip(ip) => ip.to_string(),
-        KeyParts::Bytes(_) => match entry_text(entry) {
-            Some(text) => format!("{:?}", text.chars().take(64).collect::<String>()),
-            None => "a key of bytes that are not text".into(),
-        },
-        KeyParts::Hashed(_) => "a key of more than 64 bytes".into(),
-    }
-}
-
 /// A borrowed view of a request's head, whatever its body type.
 #[derive(Clone, Copy, Debug)]
 pub struct RequestRef<'a> {
@@ -280,10 +236,13 @@ enum Repr {
     /// More than [`INLINE`] bytes (a key of fewer is always inline, so each value has one
     /// representation).
     Bytes(Bytes),
-    /// A key of more than [`LONGEST`] bytes as the layer keeps it: the first 128 bits of
-    /// their SHA-256 ([`Key::compact`]).
-    Hashed([u8; 16]),
 }
+
+/// The two bytes before the 128-bit hash of a key longer than [`LONGEST`], as the layer
+/// keeps it ([`Key::compact`]): inline bytes, so that deciding costs what it did (a key of
+/// bytes beginning with a NUL, which no header value holds, is the only one it could be
+/// mistaken for).
+const HASHED: [u8; 2] = [0, b'#'];
 
 /// The longest key the layer keeps whole: a longer one is kept as a 128-bit hash of its
 /// bytes (SHA-256's first half), so that a client sending 4 KiB keys costs what one sending
@@ -324,9 +283,10 @@ impl Key {
             Repr::Bytes(bytes) if bytes.len() > LONGEST => {
                 use sha2::{Digest, Sha256};
                 let digest = Sha256::digest(bytes);
-                let mut half = [0; 16];
-                half.copy_from_slice(&digest[..16]);
-                Key(Repr::Hashed(half))
+                let mut marked = [0; 18];
+                marked[..2].copy_from_slice(&HASHED);
+                marked[2..].copy_from_slice(&digest[..16]);
+                Key::copied(&marked)
             }
             _ => self,
         }
@@ -349,7 +309,7 @@ impl Key {
         match &self.0 {
             Repr::Inline { len, bytes } => Some(&bytes[..usize::from(*len)]),
             Repr::Bytes(b) => Some(b),
-            Repr::Global | Repr::Ip(_) | Repr::Hashed(_) => None,
+            Repr::Global | Repr::Ip(_) => None,
         }
     }
 
@@ -368,7 +328,6 @@ impl Key {
                 (b'6', &octets[..])
             }
             Repr::Inline { .. } | Repr::Bytes(_) => (b'b', self.bytes().unwrap_or_default()),
-            Repr::Hashed(digest) => (b'h', &digest[..]),
         }
     }
 
@@ -429,11 +388,6 @@ impl Key {
                 buf[1..].copy_from_slice(bytes);
                 usize::from(*len)
             }
-            Repr::Hashed(digest) => {
-                buf[0] = b'h';
-                buf[1..17].copy_from_slice(digest);
-                16
-            }
             Repr::Bytes(bytes) => {
                 // SipHash streams: the same hash as one write of both.
                 h.write(b"b");
@@ -451,9 +405,14 @@ impl Key {
             Repr::Global => KeyParts::Global,
             Repr::Ip(ip) => KeyParts::Ip(*ip),
             Repr::Inline { .. } | Repr::Bytes(_) => {
-                KeyParts::Bytes(self.bytes().unwrap_or_default())
+                let bytes = self.bytes().unwrap_or_default();
+                match bytes.split_first_chunk::<2>() {
+                    Some((&HASHED, digest)) if digest.len() == 16 => {
+                        KeyParts::Hashed(digest.try_into().expect("16 bytes"))
+                    }
+                    _ => KeyParts::Bytes(bytes),
+                }
             }
-            Repr::Hashed(digest) => KeyParts::Hashed(digest),
         }
     }
 
@@ -489,7 +448,6 @@ impl PartialEq for Key {
                 a == b && same_inline(x, y)
             }
             (Repr::Bytes(a), Repr::Bytes(b)) => a == b,
-            (Repr::Hashed(a), Repr::Hashed(b)) => a == b,
             _ => false,
         }
     }
@@ -523,10 +481,6 @@ impl Hash for Key {
             Repr::Inline { .. } | Repr::Bytes(_) => {
                 state.write_u8(2);
                 self.bytes().unwrap_or_default().hash(state);
-            }
-            Repr::Hashed(digest) => {
-                state.write_u8(3);
-                digest.hash(state);
             }
         }
     }

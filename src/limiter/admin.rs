@@ -67,15 +67,9 @@ impl<St: Store> Limiter<St> {
         op: Option<Op>,
         units: impl Fn(&Tier) -> u64,
     ) -> Answer<St::Future> {
-        // A long key as the layer keeps it (a key of a few bytes is not copied).
-        let compacted;
-        let key = match key.is_long() {
-            true => {
-                compacted = key.clone().compact();
-                &compacted
-            }
-            false => key,
-        };
+        if key.is_long() {
+            return self.long_key_decision(key, op, units);
+        }
         let policies = self.policies.load();
         // A request's own operation goes the set's lane; any other goes as checks.
         match (op, policies.lane()) {
@@ -156,6 +150,19 @@ impl<St: Store> Limiter<St> {
         }
         drop(policies);
         Ok(self.store_decision(checks))
+    }
+
+    /// [`key_decision`](Self::key_decision) of a key longer than
+    /// [`LONGEST`](crate::key::LONGEST), as the layer keeps it: its hash.
+    #[cold]
+    #[inline(never)]
+    fn long_key_decision(
+        &self,
+        key: &Key,
+        op: Option<Op>,
+        units: impl Fn(&Tier) -> u64,
+    ) -> Answer<St::Future> {
+        self.key_decision(&key.clone().compact(), op, units)
     }
 
     /// Forgets the deny cache's denials of `key` in every tier: a reset or an allow entry is

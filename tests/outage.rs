@@ -224,3 +224,39 @@ async fn a_late_reply_gives_back_the_slot_it_took() {
     eprintln!("the late reply's slot was free {took:?} after Redis resumed");
     assert!(took < Duration::from_secs(10), "{took:?}");
 }
+
+/// The demo server with Redis paused and `ON_STORE_ERROR=open`: a key denied at runtime stays
+/// 403 and a blocked key 429 on the instance that saw them; a key it never saw gets through.
+#[test]
+fn the_demo_server_holds_its_denials_while_redis_is_paused() {
+    use support::demo::{DemoServer, request};
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let server = DemoServer::start(&[
+        ("REDIS_URL", url.as_str()),
+        ("ON_STORE_ERROR", "open"),
+        ("STORE_TIMEOUT_MS", "50"),
+        ("KEY", "header:x-api-key"),
+        ("RATE_LIMIT", "2/h"),
+        ("BLOCK_FOR", "10min"),
+    ]);
+    let key = |k: &'static str| [("x-api-key", k)];
+    assert_eq!(request(server.addr, "PUT", "/admin/deny/acme").0, 204);
+    assert_eq!(server.get("/", &key("acme")).0, 403);
+    for _ in 0..2 {
+        assert_eq!(server.get("/", &key("dave")).0, 200);
+    }
+    assert_eq!(server.get("/", &key("dave")).0, 429, "blocked");
+    signal(&redis, "-STOP");
+    let statuses = [
+        server.get("/", &key("acme")).0,
+        server.get("/", &key("dave")).0,
+        server.get("/", &key("fresh")).0,
+    ];
+    signal(&redis, "-CONT");
+    assert_eq!(
+        statuses,
+        [403, 429, 200],
+        "denied, blocked, and unseen (fails open)"
+    );
+}

@@ -145,11 +145,11 @@ impl AdminGuardLayer {
                     .and_then(|v| bearer(v.as_bytes()));
                 match given {
                     Some(given) if token.matches(given) => Ok(()),
-                    Some(_) => Err(refusal(
+                    Some(_) => Err(Refusal(
                         StatusCode::UNAUTHORIZED,
                         "the admin token is wrong",
                     )),
-                    None => Err(refusal(
+                    None => Err(Refusal(
                         StatusCode::UNAUTHORIZED,
                         "admin routes need Authorization: Bearer <token>",
                     )),
@@ -158,13 +158,13 @@ impl AdminGuardLayer {
             Who::Loopback => {
                 let peer = PeerIp::peer_addr(&RequestRef::new(request));
                 if !peer.is_some_and(|p| unmapped(p.ip()).is_loopback()) {
-                    return Err(refusal(
+                    return Err(Refusal(
                         StatusCode::FORBIDDEN,
                         "admin routes without a token answer loopback clients only",
                     ));
                 }
                 if !loopback_host(request) {
-                    return Err(refusal(
+                    return Err(Refusal(
                         StatusCode::FORBIDDEN,
                         "admin routes without a token answer a Host of localhost or an IP address only",
                     ));
@@ -226,11 +226,6 @@ impl Refusal {
     pub(crate) fn response(self) -> Response<String> {
         response(self.0, self.1)
     }
-}
-
-/// `status` with a problem body saying `detail`.
-fn refusal(status: StatusCode, detail: &'static str) -> Refusal {
-    Refusal(status, detail)
 }
 
 fn response(status: StatusCode, detail: &str) -> Response<String> {

@@ -358,9 +358,7 @@ impl<St: Store> Limiter<St> {
         let top = (config.top.as_ref())
             .map(|top| Tracker::new(top, headers.partition.as_ref(), names).map(Arc::new))
             .transpose()?;
-        let lists = LayerLists::of(lists.as_ref(), &config.key, &store)?;
-        let in_store = lists.as_ref().map(|l| l.present().in_store());
-        policies::leases_with_lists(set.leases && !St::DECIDES_ALONE, in_store)?;
+        let lists = LayerLists::of(lists.as_ref(), &config.key, &store, set.leases)?;
         let plain = config.deny_cache.is_none() && fallback.is_none();
         let lane = Lane::of(&set.policies, St::DECIDES_ALONE, plain);
         let leases = (set.leases.then(Leases::new)).map_or_else(OnceLock::new, OnceLock::from);

@@ -186,12 +186,12 @@ impl Entries {
             } else {
                 let entry = Key::from(text);
                 let keys = match key {
-                    Some(key) => key.entry_keys(&entry).map_err(|e| {
+                    Some(key) => crate::key::kept_entry_keys(key, &entry).map_err(|e| {
                         ConfigError::new(format!("the {list} list's entry {text:?}: {e}"))
                     })?,
-                    None => vec![entry],
+                    None => vec![entry.compact()],
                 };
-                out.keys.extend(keys.into_iter().map(Key::compact));
+                out.keys.extend(keys);
             }
         }
         Ok(out)
@@ -283,8 +283,7 @@ impl Compiled {
     /// The keys the lists' key makes of the requests `entry` names (an entry added at
     /// runtime).
     pub(crate) fn entry_keys(&self, entry: &Key) -> Result<Vec<Key>, EntryError> {
-        let keys = self.key.entry_keys(entry)?;
-        Ok(keys.into_iter().map(Key::compact).collect())
+        crate::key::kept_entry_keys(&*self.key, entry)
     }
 
     /// Whether entries added at runtime are kept in the store and read.
@@ -312,13 +311,17 @@ pub(crate) struct LayerLists {
 }
 
 impl LayerLists {
-    /// [`LayerLists::new`] of `lists`, if the layer has lists.
+    /// [`LayerLists::new`] of `lists`, if the layer has lists; refused beside policies that
+    /// take leases (`leases`) when they keep entries in the store ([`leases_with_lists`]).
     pub(crate) fn of<St: Store>(
         lists: Option<&Lists>,
         key: &Arc<dyn KeyExtractor>,
         store: &St,
+        leases: bool,
     ) -> Result<Option<Self>, ConfigError> {
-        lists.map(|l| LayerLists::new(l, key, store)).transpose()
+        let lists = lists.map(|l| LayerLists::new(l, key, store)).transpose()?;
+        leases_with_lists::<St>(leases, lists.as_ref().is_some_and(LayerLists::in_store))?;
+        Ok(lists)
     }
 
     /// `lists` compiled (`key`: the layer's), and the entries' tiers registered in `store`.
@@ -354,6 +357,11 @@ impl LayerLists {
         self.lists.store(Arc::new(lists));
     }
 
+    /// Whether the lists as given now keep entries in the store.
+    pub(crate) fn in_store(&self) -> bool {
+        self.present().in_store()
+    }
+
     /// The tier of the deny list's runtime entries.
     pub(crate) fn deny(&self) -> &Arc<Tier> {
         &self.deny
@@ -363,4 +371,22 @@ impl LayerLists {
     pub(crate) fn allow(&self) -> &Arc<Tier> {
         &self.allow
     }
+}
+
+/// Refuses policies that take leases beside lists whose entries are kept in a store that does
+/// not decide at once (`in_store`): every request would ask the store for its key's entries,
+/// and the leases would save no call.
+pub(crate) fn leases_with_lists<St: Store>(
+    leases: bool,
+    in_store: bool,
+) -> Result<(), ConfigError> {
+    if leases && in_store && !St::DECIDES_ALONE {
+        return Err(ConfigError::new(
+            "a policy takes leases (Policy::lease), and the lists keep entries in the store: \
+             every request would ask the store for its key's entries, and the leases would save \
+             no call; build the lists with .kept_in_store(false) (the entries given to the \
+             layer still count), or drop the leases",
+        ));
+    }
+    Ok(())
 }

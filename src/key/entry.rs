@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use super::{EntryError, Key, KeyParts, ip_group};
+use super::{EntryError, Key, KeyExtractor, KeyParts, ip_group};
 
 /// An entry's text, without the spaces around it: `None` for a key that is no text (an
 /// address, the global key, bytes that are not UTF-8).
@@ -49,4 +49,14 @@ pub(crate) fn shown(entry: &Key) -> String {
         },
         KeyParts::Hashed(_) => "a key of more than 64 bytes".into(),
     }
+}
+
+/// The keys `extractor` makes of the requests `entry` names, as the layer keeps them
+/// ([`Key::compact`]): what every administrator's entry is stored and matched as.
+pub(crate) fn kept_entry_keys(
+    extractor: &dyn KeyExtractor,
+    entry: &Key,
+) -> Result<Vec<Key>, EntryError> {
+    let keys = extractor.entry_keys(entry)?;
+    Ok(keys.into_iter().map(Key::compact).collect())
 }

@@ -63,7 +63,7 @@ pub use api_key::ApiKey;
 pub use cidr::Cidr;
 pub use client_ip::{Basis, ClientIp, ClientIpBuilder, DEFAULT_MAX_HOPS, ProxyHeader, Resolution};
 pub use composite::{All, FirstOf, all, first_of};
-pub(crate) use entry::{entry_text, ip_entry, shown};
+pub(crate) use entry::{entry_text, ip_entry, kept_entry_keys, shown};
 pub use extension::{ExtensionKey, extension, extension_with};
 pub use from_fn::{FromFn, from_fn};
 pub use global::GlobalKey;

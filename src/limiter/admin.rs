@@ -140,12 +140,7 @@ impl<St: Store> Limiter<St> {
             if let Some(leases) = self.leases() {
                 leases.forget(tier.id(), &key);
             }
-            if let Some(cache) = &self.deny_cache {
-                cache.forget(tier.id(), &key);
-            }
-            if let Some(held) = &self.held {
-                held.forget(tier.id(), &key);
-            }
+            self.forget_denial(tier.id(), &key);
             checks.push(Check::new(tier.clone(), key, 0, op));
         }
         drop(policies);
@@ -172,12 +167,17 @@ impl<St: Store> Limiter<St> {
             return;
         }
         for tier in self.policies.load().iter().flat_map(|p| p.tiers()) {
-            if let Some(cache) = &self.deny_cache {
-                cache.forget(tier.id(), key);
-            }
-            if let Some(held) = &self.held {
-                held.forget(tier.id(), key);
-            }
+            self.forget_denial(tier.id(), key);
+        }
+    }
+
+    /// Forgets what the deny cache and the denials held remember of `key` in the tier `id`.
+    fn forget_denial(&self, id: u32, key: &Key) {
+        if let Some(cache) = &self.deny_cache {
+            cache.forget(id, key);
+        }
+        if let Some(held) = &self.held {
+            held.forget(id, key);
         }
     }
 

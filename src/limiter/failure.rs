@@ -71,43 +71,26 @@ impl<St: Store> Limiter<St> {
         {
             breaker.failure(ticket.permit, self.clock.now_micros());
         }
-        if let Some(answer) = self.held_answer(ticket) {
-            metrics::counter!(
-                "ratelimit_degraded_total",
-                "reason" => error.kind().as_str(),
-                "failure_policy" => "held"
-            )
-            .increment(1);
-            traced(span, |span| {
-                span.record("degraded", error.kind().as_str());
-                span.record("failure_policy", "held");
-            });
+        // What this instance saw denied; else a lease in hand, for a request that asked ahead.
+        let held = self.held_answer(ticket);
+        let leased = (held.is_none())
+            .then(|| ticket.asking.take())
+            .flatten()
+            .and_then(|asking| asking.spend_instead(self.clock.now_micros()));
+        let policy = match (self.failure, &held, &leased) {
+            (_, Some(_), _) => "held",
+            (_, _, Some(_)) => "lease",
+            (FailurePolicy::Open, ..) => "open",
+            (FailurePolicy::Closed, ..) => "closed",
+            (FailurePolicy::Local { .. }, ..) => "local",
+        };
+        degraded_as(&error, policy, span);
+        if let Some(answer) = held {
             self.store_failed(&error, "answering from the denials held");
             // Charges after the response go to the store, which did not decide: none.
             ticket.after.clear();
             return answer;
         }
-        // A request that asked for a lease ahead of time, while the one in hand has room.
-        let leased = ticket
-            .asking
-            .take()
-            .and_then(|asking| asking.spend_instead(self.clock.now_micros()));
-        let policy = match (self.failure, &leased) {
-            (_, Some(_)) => "lease",
-            (FailurePolicy::Open, _) => "open",
-            (FailurePolicy::Closed, _) => "closed",
-            (FailurePolicy::Local { .. }, _) => "local",
-        };
-        metrics::counter!(
-            "ratelimit_degraded_total",
-            "reason" => error.kind().as_str(),
-            "failure_policy" => policy
-        )
-        .increment(1);
-        traced(span, |span| {
-            span.record("degraded", error.kind().as_str());
-            span.record("failure_policy", policy);
-        });
         if let Some(decision) = leased {
             tracing::debug!(%error, "rate-limit store failed; admitted from a lease in hand");
             return Ok(decision);
@@ -135,4 +118,18 @@ impl<St: Store> Limiter<St> {
             }
         }
     }
+}
+
+/// Counts and traces a decision the store did not make, answered by `policy`.
+fn degraded_as(error: &StoreError, policy: &'static str, span: &Span) {
+    metrics::counter!(
+        "ratelimit_degraded_total",
+        "reason" => error.kind().as_str(),
+        "failure_policy" => policy
+    )
+    .increment(1);
+    traced(span, |span| {
+        span.record("degraded", error.kind().as_str());
+        span.record("failure_policy", policy);
+    });
 }

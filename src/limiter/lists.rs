@@ -164,7 +164,7 @@ impl<St: Store> Limiter<St> {
                 self.forget_denials(&key);
             }
             // This instance holds its own word through an outage of the store.
-            if let (Some(held), true) = (&self.held, deny) {
+            if deny && let Some(held) = &self.held {
                 match op {
                     Op::Block { us } => {
                         let now = self.clock.now_micros();
@@ -186,8 +186,7 @@ impl<St: Store> Limiter<St> {
             ));
         };
         let compiled = lists.compile(&self.key)?;
-        let leases = !St::DECIDES_ALONE && self.leases().is_some();
-        super::policies::leases_with_lists(leases, Some(compiled.in_store()))?;
+        crate::lists::leases_with_lists::<St>(self.leases().is_some(), compiled.in_store())?;
         present.replace(compiled);
         Ok(())
     }

@@ -9,6 +9,7 @@ use super::set::{Lane, Policies};
 use crate::error::ConfigError;
 use crate::key::KeyExtractor;
 use crate::lease::Leases;
+use crate::lists::LayerLists;
 use crate::policy::{CompiledPolicy, CostFn, Policy};
 use crate::reload::{ReloadReport, TierSummary};
 use crate::store::private::Sealed as _;
@@ -100,8 +101,8 @@ impl<St: Store> Limiter<St> {
             &self.cost,
             &owned,
         )?;
-        let in_store = self.lists.as_ref().map(|l| l.present().in_store());
-        leases_with_lists(set.leases && !St::DECIDES_ALONE, in_store)?;
+        let in_store = self.lists.as_ref().is_some_and(LayerLists::in_store);
+        crate::lists::leases_with_lists::<St>(set.leases, in_store)?;
         let report = ReloadReport::between(&summary, &set.summary);
         // The leases this instance holds of a tier whose definition changed, or that is gone,
         // are forgotten (the units stay counted in the store, as spent, until the leases end).
@@ -130,19 +131,4 @@ impl<St: Store> Limiter<St> {
         *summary = set.summary;
         Ok(report)
     }
-}
-
-/// Refuses policies that take leases beside lists whose entries are kept in the store
-/// (`in_store`): every request would ask the store for its key's entries, and the leases
-/// would save no call.
-pub(super) fn leases_with_lists(leases: bool, in_store: Option<bool>) -> Result<(), ConfigError> {
-    if leases && in_store == Some(true) {
-        return Err(ConfigError::new(
-            "a policy takes leases (Policy::lease), and the lists keep entries in the store: \
-             every request would ask the store for its key's entries, and the leases would save \
-             no call; build the lists with .kept_in_store(false) (the entries given to the \
-             layer still count), or drop the leases",
-        ));
-    }
-    Ok(())
 }

@@ -65,8 +65,7 @@ impl CompiledPolicy {
 
     /// The keys this policy's key makes of the requests `entry` names.
     pub(crate) fn entry_keys(&self, entry: &Key) -> Result<Vec<Key>, crate::EntryError> {
-        let keys = self.key.entry_keys(entry)?;
-        Ok(keys.into_iter().map(Key::compact).collect())
+        crate::key::kept_entry_keys(&*self.key, entry)
     }
 
     /// The key `request` is charged to.

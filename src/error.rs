@@ -90,6 +90,9 @@ pub enum LimitError {
     /// The key given is none the key extractor makes: it would never match a request
     /// ([`KeyExtractor::entry_keys`](crate::key::KeyExtractor::entry_keys)).
     Entry(EntryError),
+    /// The network cannot be listed: as many networks as the layer matches are listed at
+    /// runtime already ([`deny_network`](crate::RateLimitLayer::deny_network)).
+    Network(String),
 }
 
 impl fmt::Display for LimitError {
@@ -105,6 +108,7 @@ impl fmt::Display for LimitError {
             ),
             LimitError::Until(why) => write!(f, "until: {why}"),
             LimitError::Entry(e) => write!(f, "key: {e}"),
+            LimitError::Network(why) => write!(f, "network: {why}"),
         }
     }
 }
@@ -112,7 +116,10 @@ impl fmt::Display for LimitError {
 impl std::error::Error for LimitError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            LimitError::UnknownPolicy(_) | LimitError::NoLists | LimitError::Until(_) => None,
+            LimitError::UnknownPolicy(_)
+            | LimitError::NoLists
+            | LimitError::Until(_)
+            | LimitError::Network(_) => None,
             LimitError::Quota(e) => Some(e),
             LimitError::Store(e) => Some(e),
             LimitError::Entry(e) => Some(e),

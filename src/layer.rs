@@ -19,6 +19,7 @@ use crate::store::{MemoryStore, Op, Store};
 use crate::top::{LimitedKey, TopLimitedService, TopReport};
 
 pub(crate) mod builder;
+mod lists;
 
 /// Applies rate limits to every request that reaches the wrapped service.
 ///
@@ -330,89 +331,6 @@ impl<St: Store, M> RateLimitLayer<St, M> {
                 u64::from(units).min(tier.algorithm().reported_limit())
             })
             .await
-    }
-
-    /// Puts `key` on the deny list until `until` (`None`: until
-    /// [`remove_denied`](Self::remove_denied)): every request of the key is answered `403`
-    /// ([`DENIED`](crate::response::DENIED)), and no policy counts it. The entry is kept in the
-    /// store beside the key's states, so every instance sharing the store refuses the key from
-    /// its next request, and it ends on its own at `until`. The key is the lists' key
-    /// ([`Lists::key`](crate::lists::Lists::key), by default the layer's), and `key` names
-    /// the requests whose keys it makes ([`KeyExtractor::entry_keys`](crate::key::KeyExtractor::entry_keys)):
-    /// where keys are client addresses, `Key::from("::1")`, `Key::from(ip)` and
-    /// `"::ffff:127.0.0.1"` are the address's key, an IPv6 one grouped as requests are (its
-    /// `/64` by default); where they are API keys, the token is hashed.
-    ///
-    /// Fails with [`LimitError::NoLists`] unless the layer was built with
-    /// [`lists`](crate::RateLimitLayerBuilder::lists) kept in the store (the default); with
-    /// [`LimitError::Entry`] when the key names no request (`"alice"` where keys are
-    /// addresses); with [`LimitError::Until`] when `until` is not after the present.
-    ///
-    /// ```
-    /// use std::time::{Duration, SystemTime};
-    /// use tower_ratelimit::{Policy, RateLimitLayer, key::{HeaderKey, Key}, lists::Lists};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let layer = RateLimitLayer::builder()
-    ///     .key(HeaderKey::try_new("x-api-key")?)
-    ///     .policy(Policy::gcra("100/min"))
-    ///     .lists(Lists::new())
-    ///     .build()?;
-    /// // A day off for a scraper.
-    /// let tomorrow = SystemTime::now() + Duration::from_secs(86_400);
-    /// layer.deny_key(&Key::from("scraper-7"), Some(tomorrow)).await?;
-    /// layer.remove_denied(&Key::from("scraper-7")).await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub async fn deny_key(
-        &self,
-        key: &Key,
-        until: Option<std::time::SystemTime>,
-    ) -> Result<(), LimitError> {
-        let answer = self.limiter.list_key(true, key, until, false)?;
-        answer.await.map(drop).map_err(LimitError::Store)
-    }
-
-    /// Takes `key` off the deny list kept in the store (see [`deny_key`](Self::deny_key)).
-    pub async fn remove_denied(&self, key: &Key) -> Result<(), LimitError> {
-        let answer = self.limiter.list_key(true, key, None, true)?;
-        answer.await.map(drop).map_err(LimitError::Store)
-    }
-
-    /// Puts `key` on the allow list until `until` (`None`: until
-    /// [`remove_allowed`](Self::remove_allowed)): its requests go on, neither limited nor
-    /// counted by any policy, on every instance sharing the store from its next request. A
-    /// key on both lists is denied. Fails as [`deny_key`](Self::deny_key) does.
-    pub async fn allow_key(
-        &self,
-        key: &Key,
-        until: Option<std::time::SystemTime>,
-    ) -> Result<(), LimitError> {
-        let answer = self.limiter.list_key(false, key, until, false)?;
-        answer.await.map(drop).map_err(LimitError::Store)
-    }
-
-    /// Takes `key` off the allow list kept in the store (see [`allow_key`](Self::allow_key)).
-    pub async fn remove_allowed(&self, key: &Key) -> Result<(), LimitError> {
-        let answer = self.limiter.list_key(false, key, None, true)?;
-        answer.await.map(drop).map_err(LimitError::Store)
-    }
-
-    /// Replaces the networks and keys given to the layer's lists, e.g. when its configuration
-    /// file is read again (the entries added at runtime stay). **This instance only**: the
-    /// lists given are held in each process, so every instance must be reloaded (as a
-    /// configuration file is, by each instance reading it); an entry every instance obeys at
-    /// once is one added with [`deny_key`](Self::deny_key) or
-    /// [`allow_key`](Self::allow_key), kept in the store. Networks are matched against the
-    /// address the new lists' [`client_ip`](crate::lists::Lists::client_ip) finds, else the
-    /// layer key's `ClientIp` (behind its trusted proxies), else the peer's. Fails, changing
-    /// nothing, when an entry is malformed or names no key the lists' key makes, when the
-    /// layer was built without lists, or when the new lists keep entries in the store beside
-    /// policies that take leases.
-    pub fn reload_lists(&self, lists: &crate::lists::Lists) -> Result<(), ConfigError> {
-        self.limiter.reload_lists(lists)
     }
 
     /// Gives `key` a limit of its own in the policy (or policy tier, `policy:TIER`) named

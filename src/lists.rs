@@ -43,7 +43,7 @@ use crate::error::{ConfigError, EntryError};
 use crate::key::{Cidr, ClientIp, Key, KeyExtractor, RequestRef};
 use crate::policy::{Part, Tier};
 use crate::quota::Quota;
-use crate::store::{Op, Store};
+use crate::store::{Networks, Op, Store};
 
 /// Allow and deny lists of networks and keys, for
 /// [`RateLimitLayerBuilder::lists`](crate::RateLimitLayerBuilder::lists) (see the
@@ -197,9 +197,12 @@ impl Entries {
         Ok(out)
     }
 
-    fn has_network(&self, ip: Option<IpAddr>) -> bool {
+    fn has_any(&self) -> bool {
         !self.networks.is_empty()
-            && ip.is_some_and(|ip| self.networks.iter().any(|n| n.contains(ip)))
+    }
+
+    fn has_network(&self, ip: Option<IpAddr>) -> bool {
+        self.has_any() && ip.is_some_and(|ip| self.networks.iter().any(|n| n.contains(ip)))
     }
 }
 
@@ -255,15 +258,24 @@ pub(crate) struct Compiled {
 }
 
 impl Compiled {
-    /// What the lists say of `request`: networks first (no key made for a denied one), then
-    /// the key's entries given to the layer; the key is made for the runtime entries when
-    /// `runtime` (entries may be in the store).
-    pub(crate) fn judge(&self, request: &RequestRef<'_>, runtime: bool) -> Judged {
-        let networks = !self.deny.networks.is_empty() || !self.allow.networks.is_empty();
+    /// What the lists say of `request`: networks first, those given then those listed at
+    /// runtime (`listed`, read when entries are kept in the store; `now` on the layer's
+    /// clock), no key made for a denied one; then the key's entries given to the layer; the
+    /// key is made for the runtime entries when `runtime` (entries may be in the store).
+    pub(crate) fn judge(
+        &self,
+        request: &RequestRef<'_>,
+        runtime: bool,
+        listed: &Networks,
+        now: &dyn Fn() -> u64,
+    ) -> Judged {
+        let listed = (self.in_store && listed.any()).then_some(listed);
+        let networks = listed.is_some() || self.deny.has_any() || self.allow.has_any();
         let ip = networks
             .then(|| self.client_ip.resolve(request).ok().map(|r| r.ip()))
             .flatten();
-        if self.deny.has_network(ip) {
+        let at_runtime = listed.zip(ip).and_then(|(l, ip)| l.judge(ip, now));
+        if self.deny.has_network(ip) || at_runtime == Some(true) {
             return Judged::Denied(Why::Network);
         }
         let runtime = runtime && self.in_store;
@@ -274,7 +286,8 @@ impl Compiled {
         if key.as_ref().is_some_and(|k| self.deny.keys.contains(k)) {
             return Judged::Denied(Why::Key);
         }
-        if self.allow.has_network(ip) || key.as_ref().is_some_and(|k| self.allow.keys.contains(k)) {
+        let allowed = self.allow.has_network(ip) || at_runtime == Some(false);
+        if allowed || key.as_ref().is_some_and(|k| self.allow.keys.contains(k)) {
             return Judged::Allowed;
         }
         Judged::Neither(key.filter(|_| runtime))

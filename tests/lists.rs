@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{Request, StatusCode};
 use support::http::{App, PROBLEM_JSON, Reply, Seen, send};
-use support::{RedisCluster, RedisServer};
-use tower_ratelimit::key::{ClientIp, HeaderKey, Key};
+use support::{RedisCluster, RedisServer, eventually};
+use tower_ratelimit::key::{Cidr, ClientIp, HeaderKey, Key};
 use tower_ratelimit::lists::Lists;
 use tower_ratelimit::response::DENIED;
 use tower_ratelimit::{
@@ -324,6 +324,132 @@ async fn runtime_entries_on_the_cluster() {
     let one = cluster.store("lists:", &clock).await;
     let two = cluster.store("lists:", &clock).await;
     runtime_entries(one, two, clock).await;
+}
+
+/// Networks put on the lists at runtime on `one`: obeyed by `one` at once and by `two`
+/// (another layer on the same store; in Redis, another instance) within its next read, ending
+/// at their time on `clock`, lifted by a removal, refused past their number.
+async fn runtime_networks<St: Store>(one: St, two: St, clock: ManualClock) {
+    let plain = || Lists::new().client_ip(ClientIp::new(["10.0.0.1"]).unwrap());
+    let (one, two) = (layer(one, plain(), &clock), layer(two, plain(), &clock));
+    let (app_one, app_two) = (app(&one), app(&two));
+    let net = |text: &str| text.parse::<Cidr>().unwrap();
+    one.deny_network(net("192.0.2.0/24"), None).await.unwrap();
+    assert_denied(&ask(&app_one, "a", "192.0.2.7", "").await, NETWORK);
+    assert_denied(&ask(&app_one, "a", "::ffff:192.0.2.7", "").await, NETWORK);
+    // The address behind the trusted proxy, not the proxy's.
+    assert_denied(&ask(&app_one, "a", "10.0.0.1", "192.0.2.9").await, NETWORK);
+    assert_eq!(
+        ask(&app_one, "a", "10.0.0.1", "198.51.100.1").await.status,
+        StatusCode::OK
+    );
+    eventually("the other instance denies the network", async || {
+        ask(&app_two, "b", "192.0.2.8", "").await.status == StatusCode::FORBIDDEN
+    })
+    .await;
+    assert_denied(&ask(&app_two, "b", "192.0.2.8", "").await, NETWORK);
+    // Allowed for ten seconds: neither limited nor counted, on both, then counted again.
+    let until = at(&clock, Duration::from_secs(10));
+    one.allow_network(net("2001:db8::/32"), Some(until))
+        .await
+        .unwrap();
+    eventually("the other instance allows the network", async || {
+        ask(&app_two, "p", "2001:db8::1", "")
+            .await
+            .remaining()
+            .is_none()
+    })
+    .await;
+    for app in [&app_one, &app_two] {
+        for _ in 0..5 {
+            let reply = ask(app, "c", "2001:db8::1", "").await;
+            assert_eq!(reply.status, StatusCode::OK);
+            assert!(reply.remaining().is_none(), "allowed: not counted");
+        }
+    }
+    // A denial wins over an allowed network.
+    one.deny_network(net("2001:db8:bad::/48"), None)
+        .await
+        .unwrap();
+    assert_denied(&ask(&app_one, "c", "2001:db8:bad::1", "").await, NETWORK);
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(
+        ask(&app_one, "c", "2001:db8::1", "").await.remaining(),
+        Some(2)
+    );
+    assert_eq!(
+        ask(&app_two, "c", "2001:db8::1", "").await.remaining(),
+        Some(1)
+    );
+    // Taken off: lifted on this instance at once, on the other within its next read.
+    one.remove_denied_network(net("192.0.2.0/24"))
+        .await
+        .unwrap();
+    assert_eq!(
+        ask(&app_one, "d", "192.0.2.7", "").await.status,
+        StatusCode::OK
+    );
+    eventually("the other instance lifts the network", async || {
+        ask(&app_two, "e", "192.0.2.8", "").await.status == StatusCode::OK
+    })
+    .await;
+    // An end already past is refused, and the entry stays.
+    let refused = one
+        .deny_network(net("2001:db8:bad::/48"), Some(UNIX_EPOCH))
+        .await;
+    assert!(matches!(refused, Err(LimitError::Until(_))), "{refused:?}");
+    assert_denied(&ask(&app_one, "c", "2001:db8:bad::1", "").await, NETWORK);
+    // At most a thousand.
+    for i in 0..999u32 {
+        let network = Cidr::host(std::net::Ipv4Addr::from(0x0a00_0000 + i).into());
+        one.deny_network(network, None).await.unwrap();
+    }
+    let refused = one.deny_network(net("198.18.0.0/15"), None).await;
+    assert!(
+        matches!(refused, Err(LimitError::Network(_))),
+        "{refused:?}"
+    );
+    one.remove_denied_network(net("2001:db8:bad::/48"))
+        .await
+        .unwrap();
+    one.deny_network(net("198.18.0.0/15"), None).await.unwrap();
+}
+
+#[tokio::test]
+async fn runtime_networks_in_memory() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    runtime_networks(store.clone(), store, clock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_networks_on_two_instances_of_one_redis() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let store = || server.store("nets:", &clock);
+    runtime_networks(store().await, store().await, clock.clone()).await;
+    support::assert_no_key_without_ttl(&server, "nets:");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_networks_on_the_cluster() {
+    let cluster = RedisCluster::start();
+    let clock = ManualClock::new();
+    let one = cluster.store("nets:", &clock).await;
+    let two = cluster.store("nets:", &clock).await;
+    runtime_networks(one, two, clock).await;
+}
+
+/// A layer without lists kept in the store lists no network.
+#[tokio::test]
+async fn a_network_needs_lists_kept_in_the_store() {
+    let clock = ManualClock::new();
+    let kept = Lists::new().kept_in_store(false);
+    let net: Cidr = "192.0.2.0/24".parse().unwrap();
+    let refused = layer(MemoryStore::new(), kept, &clock)
+        .deny_network(net, None)
+        .await;
+    assert!(matches!(refused, Err(LimitError::NoLists)), "{refused:?}");
 }
 
 #[tokio::test]

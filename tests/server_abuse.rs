@@ -1,6 +1,6 @@
 //! The demo server's abuse controls, from outside: `DENY`, `ALLOW` and `NEAR_LIMIT`; the
-//! admin routes `/admin/deny/{key}` and `/admin/allow/{key}` on one of two servers sharing a
-//! Redis, obeyed by the other; the networks against spoofed forwarding headers.
+//! admin routes `/admin/deny/{key}` and `/admin/allow/{key}` (keys and networks) on one of
+//! two servers sharing a Redis, obeyed by the other; the networks against spoofed forwarding headers.
 
 mod support;
 
@@ -311,4 +311,41 @@ fn admin_entries_reach_the_client_they_name() {
     let err = start_error(&[("KEY", "ip"), ("DENY", "127.0.0.01")]);
     assert!(err.starts_with("error: DENY:"), "{err}");
     assert!(err.contains("127.0.0.01"), "{err}");
+}
+
+/// A network put on the deny list of one of two servers sharing a Redis denies its clients on
+/// both (on the other within a second or so); `DELETE` lifts it on both; a malformed network
+/// is a 400 naming `network`.
+#[test]
+fn a_network_denied_at_runtime_is_denied_on_every_instance() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let env = [
+        ("REDIS_URL", url.as_str()),
+        ("RATE_LIMIT", "100/s"),
+        ("KEY", "ip"),
+        ("PREFIX", "nets:"),
+        ("STORE_TIMEOUT_MS", "10000"),
+    ];
+    let (a, b) = (DemoServer::start(&env), DemoServer::start(&env));
+    assert_eq!(b.get("/", &[]).0, 200);
+    let (status, response) = request(a.addr, "PUT", "/admin/deny/127.0.0.0%2F24");
+    assert_eq!(status, 204, "{response}");
+    assert_denied(a.get("/", &[]), "this instance, at once");
+    let status = |server: &DemoServer| server.get("/", &[]).0;
+    let within = std::time::Duration::from_secs(10);
+    support::wait_until(within, "the other instance denies", || status(&b) == 403);
+    assert_denied(b.get("/", &[]), "the other instance");
+    let (status_of_delete, response) = request(a.addr, "DELETE", "/admin/deny/127.0.0.0%2F24");
+    assert_eq!(status_of_delete, 204, "{response}");
+    assert_eq!(status(&a), 200, "lifted on this instance at once");
+    support::wait_until(within, "the other instance lifts it", || status(&b) == 200);
+    for path in ["/admin/deny/127.0.0.1%2F24", "/admin/allow/10.0.0.0%2F33"] {
+        let (status, response) = request(a.addr, "PUT", path);
+        assert_eq!(status, 400, "{path}: {response}");
+        assert!(
+            response.contains(r#""name":"network""#),
+            "{path}: {response}"
+        );
+    }
 }

@@ -1,6 +1,7 @@
 //! Abusive clients: the allow and deny lists (`DENY`, `ALLOW`, or the file's `deny` and
 //! `allow`), their entries added at runtime on the admin address
-//! (`PUT`/`DELETE /admin/deny/{key}` and `/admin/allow/{key}`, `?until=<unix seconds>`), and
+//! (`PUT`/`DELETE /admin/deny/{key}` and `/admin/allow/{key}`, `?until=<unix seconds>`; an
+//! entry with a `/` is a network), and
 //! the warning before the limit (`NEAR_LIMIT`), blocks on violation (`BLOCK_FOR`,
 //! `BLOCK_AFTER`, `BLOCK_MAX`).
 
@@ -14,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::put;
 use tower_ratelimit::key::{Cidr, Key};
 use tower_ratelimit::lists::Lists;
-use tower_ratelimit::{Escalation, LimitError, Policy, Quota, RateLimitLayer, Store};
+use tower_ratelimit::{ConfigError, Escalation, LimitError, Policy, Quota, RateLimitLayer, Store};
 
 use crate::config::{Config, env_or};
 use crate::limits::{bad, problem};
@@ -187,37 +188,49 @@ pub(crate) fn routes<St: Store, M: Send + Sync + 'static>(layer: RateLimitLayer<
     router
 }
 
-/// `PUT`: the key on the list until `until` (unix seconds), or until taken off.
+/// The network an entry names, when it has a `/` and is one (`203.0.113.0/24`); a single
+/// address is a key, grouped as the key groups addresses.
+fn network(entry: &str) -> Result<Option<Cidr>, ConfigError> {
+    entry.contains('/').then(|| entry.parse()).transpose()
+}
+
+/// `PUT`: the key or network on the list until `until` (unix seconds), or until taken off.
 async fn add<St: Store, M>(
     layer: &RateLimitLayer<St, M>,
     deny: bool,
-    key: &str,
+    entry: &str,
     query: HashMap<String, String>,
 ) -> Result<Response, Response> {
-    let key = Key::from(key);
     let until = crate::limits::until(&query).map_err(|e| bad("until", &e))?;
     if let Some(name) = query.keys().find(|k| *k != "until") {
         return Err(bad(name, "unknown parameter; expected until"));
     }
-    let result = match deny {
-        true => layer.deny_key(&key, until).await,
-        false => layer.allow_key(&key, until).await,
+    let key = Key::from(entry);
+    let network = network(entry).map_err(|e| bad("network", &e.to_string()))?;
+    let result = match (deny, network) {
+        (true, Some(network)) => layer.deny_network(network, until).await,
+        (false, Some(network)) => layer.allow_network(network, until).await,
+        (true, None) => layer.deny_key(&key, until).await,
+        (false, None) => layer.allow_key(&key, until).await,
     };
     result
         .map(|()| StatusCode::NO_CONTENT.into_response())
         .map_err(failed)
 }
 
-/// `DELETE`: the key off the list.
+/// `DELETE`: the key or network off the list.
 async fn remove<St: Store, M>(
     layer: &RateLimitLayer<St, M>,
     deny: bool,
-    key: &str,
+    entry: &str,
 ) -> Result<Response, Response> {
-    let key = Key::from(key);
-    let result = match deny {
-        true => layer.remove_denied(&key).await,
-        false => layer.remove_allowed(&key).await,
+    let key = Key::from(entry);
+    let network = network(entry).map_err(|e| bad("network", &e.to_string()))?;
+    let result = match (deny, network) {
+        (true, Some(network)) => layer.remove_denied_network(network).await,
+        (false, Some(network)) => layer.remove_allowed_network(network).await,
+        (true, None) => layer.remove_denied(&key).await,
+        (false, None) => layer.remove_allowed(&key).await,
     };
     result
         .map(|()| StatusCode::NO_CONTENT.into_response())
@@ -229,6 +242,7 @@ fn failed(error: LimitError) -> Response {
     let status = match error {
         LimitError::Until(e) => return bad("until", &e),
         LimitError::Entry(e) => return bad("key", &e.to_string()),
+        LimitError::Network(e) => return bad("network", &e),
         LimitError::NoLists => StatusCode::CONFLICT,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };

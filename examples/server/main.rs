@@ -178,7 +178,9 @@ Routes:
                puts a key (as KEY names it) on the deny or allow list, on every instance
                sharing the store from its next request, until the time given (optional:
                until deleted); 204, or 400 naming a bad parameter; 409 with LEASE,
-               whose leases are spent without asking Redis
+               whose leases are spent without asking Redis. An entry with a / is a
+               network (127.0.0.0%2F24): its clients' addresses are on the list, on this
+               instance at once and on the others within a second
   DELETE /admin/deny/<key>, DELETE /admin/allow/<key>
                takes it off; 204
   With ADMIN_BIND set, /metrics and /admin/* are answered there, and not on BIND.

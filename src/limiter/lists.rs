@@ -10,15 +10,16 @@
 //! before the lane (`listed_at_once`), and looks at the entries only once one was ever added
 //! to the store (`Registry::listed`): a layer with lists keeps its lane.
 
+use std::future::Future;
 use std::time::SystemTime;
 
 use super::admin::Answer;
 use super::{Limiter, Next};
 use crate::decision::{Decision, PolicyOutcome};
 use crate::error::{ConfigError, LimitError};
-use crate::key::{Key, RequestRef};
+use crate::key::{Cidr, Key, RequestRef};
 use crate::lists::{Judged, Lists, Why};
-use crate::store::{Check, Checks, Op, Store};
+use crate::store::{Check, Checks, Kept, Listed, Op, Store};
 
 /// The checks a request's store call carries after its policies' for the lists' entries.
 pub(super) const LIST_CHECKS: usize = 2;
@@ -34,7 +35,12 @@ impl<St: Store> Limiter<St> {
         let Some(lists) = self.lists.as_ref().filter(|_| !St::DECIDES_ALONE) else {
             return Ok(None);
         };
-        match lists.present().judge(request, true) {
+        let present = lists.present();
+        if present.in_store() {
+            self.store.read_networks();
+        }
+        let networks = self.store.registry().networks();
+        match present.judge(request, true, networks, &|| self.clock.now_micros()) {
             Judged::Denied(why) => Err(self.denied(why)),
             Judged::Allowed => Err(Self::allowed("layer")),
             Judged::Neither(key) => Ok(key),
@@ -48,8 +54,9 @@ impl<St: Store> Limiter<St> {
     #[inline]
     pub(super) fn listed_at_once<F>(&self, request: &RequestRef<'_>) -> Option<Next<F>> {
         let lists = self.lists.as_ref()?;
-        let runtime = self.store.registry().listed();
-        match lists.present().judge(request, runtime) {
+        let registry = self.store.registry();
+        let now = || self.clock.now_micros();
+        match (lists.present()).judge(request, registry.listed(), registry.networks(), &now) {
             Judged::Denied(why) => Some(self.denied(why)),
             Judged::Allowed => Some(Self::allowed("layer")),
             Judged::Neither(None) => None,
@@ -176,6 +183,46 @@ impl<St: Store> Limiter<St> {
             checks.push(Check::new(tier.clone(), key, 0, op));
         }
         Ok(self.store_decision(checks))
+    }
+
+    /// Puts `network` on the deny list (`deny`) or the allow list until `until` (`None`:
+    /// until it is removed), or takes it off (`remove`): in the registry's networks at once
+    /// in memory; with Redis in the string every instance reads, and this instance's then.
+    pub(crate) fn list_network(
+        &self,
+        deny: bool,
+        network: Cidr,
+        until: Option<SystemTime>,
+        remove: bool,
+    ) -> Result<impl Future<Output = Result<(), LimitError>> + use<St>, LimitError> {
+        self.lists
+            .as_ref()
+            .filter(|l| l.present().in_store())
+            .ok_or(LimitError::NoLists)?;
+        let now = self.clock.now_micros();
+        let until_us = match (remove, until) {
+            (true, _) => now,
+            (false, None) => now.saturating_add(LISTED_FOR_GOOD_US),
+            (false, Some(until)) => self.until_us(until)?.0,
+        };
+        let entry = Listed {
+            network,
+            deny,
+            until_us,
+        };
+        let kept = self.store.keep_network(entry, remove, now);
+        let store = self.store.clone();
+        Ok(async move {
+            let networks = store.registry().networks();
+            match kept.await.map_err(LimitError::Store)? {
+                Kept::Here => networks
+                    .change(entry, remove, now)
+                    .map_err(LimitError::Network)?,
+                Kept::Text(text) => networks.replace(&text),
+                Kept::Full => return Err(LimitError::Network(crate::store::full_networks())),
+            }
+            Ok(())
+        })
     }
 
     /// Replaces the lists given to the layer (its runtime entries stay).

@@ -6,6 +6,7 @@
 
 mod memory;
 mod check;
+mod networks;
 mod op;
 #[cfg(feature = "redis")]
 mod redis;
@@ -23,6 +24,7 @@ pub use self::redis::{RedisTls, RedisTlsError, TlsSetting};
 pub(crate) use check::{Check, Checks, Enforced};
 pub(crate) use memory::TOGETHER;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
+pub(crate) use networks::{Kept, Listed, Networks, full as full_networks};
 pub(crate) use op::Op;
 
 use crate::algorithm::Compiled;
@@ -49,7 +51,11 @@ pub(crate) mod private {
     use crate::error::{ConfigError, StoreError};
     use crate::key::Key;
     use crate::policy::Tier;
-    use crate::store::{Check, Registered, Registry};
+    use crate::store::{Check, Kept, Listed, Registered, Registry};
+
+    /// The future of [`Sealed::keep_network`].
+    pub(crate) type KeptNetworks =
+        std::pin::Pin<Box<dyn Future<Output = Result<Kept, StoreError>> + Send + 'static>>;
 
     /// What a store does; out of reach of users (see [`Store`](super::Store)).
     #[allow(private_interfaces)]
@@ -119,6 +125,19 @@ pub(crate) mod private {
             None
         }
 
+        /// Keeps the change of a network entry listed at runtime (`entry`, taken off when
+        /// `remove`; entries ended by `now_us` dropped) where every instance reads it (Redis:
+        /// the entries kept after it); by default the registry's networks are the store's own
+        /// (memory), changed by the caller.
+        fn keep_network(&self, entry: Listed, remove: bool, now_us: u64) -> KeptNetworks {
+            let _ = (entry, remove, now_us);
+            Box::pin(std::future::ready(Ok(Kept::Here)))
+        }
+
+        /// Reads the networks kept in the store into the registry's again, if they are due
+        /// (see `Networks::due`), on a task of its own: nothing in memory.
+        fn read_networks(&self) {}
+
         /// Sends `checks` (units given back) without waiting for the answer: from a `Drop`,
         /// which cannot wait. By default decided at once; a store that decides later starts
         /// the decision on its own.
@@ -153,6 +172,8 @@ pub(crate) struct Registry {
     redefined: AtomicBool,
     /// Whether an entry was ever added to the allow or deny list (see `mark_listed`).
     listed: AtomicBool,
+    /// The networks listed at runtime.
+    networks: Networks,
 }
 
 #[derive(Debug, Default)]
@@ -246,6 +267,11 @@ impl Registry {
     /// Whether an entry was ever added to the store's allow or deny list.
     pub(crate) fn listed(&self) -> bool {
         self.listed.load(Ordering::Relaxed)
+    }
+
+    /// The networks listed at runtime, as this instance knows them.
+    pub(crate) fn networks(&self) -> &Networks {
+        &self.networks
     }
 
     /// The definition numbered `def`.

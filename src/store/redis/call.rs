@@ -23,10 +23,10 @@ use crate::error::{StoreError, StoreErrorKind};
 use crate::policy::Tier;
 use crate::quota::Quota;
 use crate::store::{Check, Checks, Op};
-use crate::store::{Registry, private};
+use crate::store::{Listed, Registry, private};
 
 /// Milliseconds added to every TTL when a clock is injected.
-const INJECTED_CLOCK_TTL_SLACK_MS: u64 = 60_000;
+pub(super) const INJECTED_CLOCK_TTL_SLACK_MS: u64 = 60_000;
 
 /// What the script says of one check: its verdict, the lease granted or the time reserved
 /// with it, if any, and the tier of the key's own limit, when it has one.
@@ -358,7 +358,7 @@ const LATE_REPLY_WAIT: Duration = Duration::from_secs(60);
 
 impl Inner {
     /// The error of a decision that missed its deadline, whose connection is checked.
-    fn missed_deadline(&self) -> StoreError {
+    pub(super) fn missed_deadline(&self) -> StoreError {
         if let Some(link) = self.linking.link() {
             link.conn.missed_deadline();
         }
@@ -444,6 +444,20 @@ impl private::Sealed for RedisStore {
 
     fn registry(&self) -> &Registry {
         &self.inner.registry
+    }
+
+    fn keep_network(&self, entry: Listed, remove: bool, now_us: u64) -> private::KeptNetworks {
+        let inner = self.inner.clone();
+        Box::pin(async move { inner.keep_network(entry, remove, now_us).await })
+    }
+
+    /// On a task of its own; outside a runtime, not read.
+    fn read_networks(&self) {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current()
+            && self.inner.registry.networks().due()
+        {
+            runtime.spawn(self.inner.clone().read_networks());
+        }
     }
 
     /// On a task of its own; outside a runtime, the slots the decision took stay taken until

@@ -10,6 +10,7 @@ mod dial;
 mod endpoint;
 mod key;
 mod link;
+mod networks;
 mod probe;
 mod redial;
 mod script;

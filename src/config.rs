@@ -52,6 +52,7 @@ use text::{BodyMeasure, DurationText, HeaderNameText, RouteText, Status, Text};
 /// | `trusted_proxies` | networks of the proxies in front of the service, for `key = "client_ip"` and the lists' networks |
 /// | `allow` | networks, addresses and keys never limited nor counted (see [`Lists`]) |
 /// | `deny` | networks, addresses and keys answered `403` |
+/// | `lists_key` | the key the lists' key entries name, given here or added at runtime (default: `key`); a policy's own key (`lists_key = "header:x-user"`) to list its keys |
 /// | `policy` | the policies, in order: a list of [`PolicyConfig`] |
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -64,6 +65,8 @@ pub struct Limits {
     allow: Vec<String>,
     #[serde(default)]
     deny: Vec<String>,
+    #[serde(default)]
+    lists_key: Option<KeySpec>,
     #[serde(rename = "policy")]
     policies: Vec<PolicyConfig>,
 }
@@ -99,7 +102,8 @@ impl Limits {
 
     /// The allow and deny lists (`allow`, `deny`; empty when the file has neither), their
     /// networks matched against the client address its `trusted_proxies` find and their keys
-    /// against the file's `key`, for
+    /// against the file's `lists_key`, else its `key` (an entry that key never makes is an
+    /// error saying which key the lists follow), for
     /// [`RateLimitLayerBuilder::lists`](crate::RateLimitLayerBuilder::lists) and
     /// [`RateLimitLayer::reload_lists`](crate::RateLimitLayer::reload_lists). When a policy
     /// of the file takes leases, the lists are the entries the file gives only
@@ -110,7 +114,7 @@ impl Limits {
         let client_ip = (proxies.iter())
             .fold(ClientIp::builder(), |b, &net| b.trusted_network(net))
             .build()?;
-        let key = self.key.clone().unwrap_or(KeySpec::Ip);
+        let key = self.lists_key();
         let lists = Lists::new()
             .keyed(key.extractor(&proxies)?)
             .allow(self.allow.iter().cloned())
@@ -118,8 +122,36 @@ impl Limits {
             .client_ip(client_ip)
             .kept_in_store(!self.policies.iter().any(|p| p.policy().takes_leases()));
         // Checked now, as every other field is checked when read.
-        lists.check()?;
+        lists
+            .check()
+            .map_err(|e| ConfigError::new(format!("{e} ({})", self.lists_follow())))?;
         Ok(lists)
+    }
+
+    /// The key the lists' key entries name: `lists_key`, else `key`, else `"ip"`.
+    pub fn lists_key(&self) -> KeySpec {
+        (self.lists_key.clone())
+            .or_else(|| self.key.clone())
+            .unwrap_or(KeySpec::Ip)
+    }
+
+    /// Which key the lists follow, and how to make them follow a policy's own.
+    pub fn lists_follow(&self) -> String {
+        let key = self.lists_key();
+        let field = if self.lists_key.is_some() {
+            "lists_key"
+        } else {
+            "key"
+        };
+        let mut said = format!("the lists' keys are made by {field} = \"{key}\"");
+        let own = (self.policies.iter()).find(|p| p.key().is_some_and(|k| *k != key));
+        if let Some((policy, own)) = own.and_then(|p| Some((p, p.key()?))) {
+            let name = policy.name().unwrap_or("unnamed");
+            said.push_str(&format!(
+                "; policy {name:?} has a key of its own: lists_key = \"{own}\" lists its keys"
+            ));
+        }
+        said
     }
 
     /// The networks of `trusted_proxies`.
@@ -250,6 +282,20 @@ impl std::str::FromStr for KeySpec {
                 }
             },
         })
+    }
+}
+
+impl std::fmt::Display for KeySpec {
+    /// As written in a configuration (`"header:x-user"`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeySpec::Ip => f.write_str("ip"),
+            KeySpec::ClientIp => f.write_str("client_ip"),
+            KeySpec::Global => f.write_str("global"),
+            KeySpec::Bearer => f.write_str("bearer"),
+            KeySpec::Header(name) => write!(f, "header:{name}"),
+            KeySpec::GrpcMethod => f.write_str("grpc_method"),
+        }
     }
 }
 

@@ -520,6 +520,46 @@ fn lists_from_the_configuration_file() {
     );
 }
 
+/// The file's lists follow its `key`, or `lists_key`: an entry the key never makes says which
+/// key the lists follow and which policy has another; with `lists_key` set to that policy's
+/// key, its entries deny its requests.
+#[cfg(feature = "toml")]
+#[tokio::test]
+async fn the_files_entries_follow_the_lists_key() {
+    let file = |lists_key: &str| {
+        let text = format!(
+            "key = \"ip\"\n{lists_key}deny = [\"alice\"]\n[[policy]]\nname = \"reports\"\nquota = \"3/h\"\nkey = \"header:x-key\"\n"
+        );
+        tower_ratelimit::config::Limits::from_toml(&text).unwrap()
+    };
+    let error = file("").lists().unwrap_err().to_string();
+    assert!(
+        error.contains(r#"the lists' keys are made by key = "ip""#)
+            && error
+                .contains(r#"policy "reports" has a key of its own: lists_key = "header:x-key""#),
+        "{error}"
+    );
+    let limits = file("lists_key = \"header:x-key\"\n");
+    assert!(
+        limits
+            .lists_follow()
+            .contains(r#"lists_key = "header:x-key""#)
+    );
+    let layer = RateLimitLayer::builder()
+        .policies(limits.policies().unwrap())
+        .lists(limits.lists().unwrap())
+        .build()
+        .unwrap();
+    let app = app(&layer);
+    assert_denied(&ask(&app, "alice", "192.0.2.1", "").await, KEY);
+    assert_eq!(
+        ask(&app, "bob", "192.0.2.1", "").await.status,
+        StatusCode::OK
+    );
+    layer.deny_key(&Key::from("bob"), None).await.unwrap();
+    assert_denied(&ask(&app, "bob", "192.0.2.1", "").await, KEY);
+}
+
 /// A request from `peer` with an optional bearer token and `X-Forwarded-For`.
 async fn from(app: &App, peer: &str, token: Option<&str>, xff: &str) -> Reply {
     let mut request = Request::builder();

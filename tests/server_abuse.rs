@@ -349,3 +349,34 @@ fn a_network_denied_at_runtime_is_denied_on_every_instance() {
         );
     }
 }
+
+/// With `CONFIG`, the admin's key entries follow the file's `lists_key` (else its `key`): a key
+/// the lists' key never makes is a 400 saying which key they follow; with `lists_key` set to a
+/// policy's own key, an entry denies that key's requests.
+#[test]
+fn config_entries_follow_the_lists_key() {
+    let dir = std::env::temp_dir().join(format!("tower-ratelimit-{}-lists", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = "[[policy]]\nname = \"reports\"\nquota = \"100/h\"\nkey = \"header:x-user\"\n";
+    let file = |name: &str, head: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("key = \"ip\"\n{head}{policy}")).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let by_ip = file("ip.toml", "");
+    let server = DemoServer::start(&[("CONFIG", by_ip.as_str())]);
+    let (status, response) = request(server.addr, "PUT", "/admin/deny/alice");
+    assert_eq!(status, 400, "{response}");
+    assert!(response.contains(r#""name":"key""#), "{response}");
+    assert!(
+        response.contains(r#"lists_key = \"header:x-user\""#),
+        "says which key the policy has: {response}"
+    );
+    let by_user = file("user.toml", "lists_key = \"header:x-user\"\n");
+    let server = DemoServer::start(&[("CONFIG", by_user.as_str())]);
+    let (status, response) = request(server.addr, "PUT", "/admin/deny/alice");
+    assert_eq!(status, 204, "{response}");
+    assert_denied(server.get("/", &[("x-user", "alice")]), "alice");
+    assert_eq!(server.get("/", &[("x-user", "bob")]).0, 200);
+    let _ = std::fs::remove_dir_all(&dir);
+}

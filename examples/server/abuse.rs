@@ -6,6 +6,7 @@
 //! `BLOCK_AFTER`, `BLOCK_MAX`).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -160,12 +161,25 @@ pub(crate) fn lists(config: &Config) -> Result<Lists, String> {
     }
 }
 
+/// Which key the lists follow, for the admin routes' errors: the file's `lists_key` or `key`,
+/// else `KEY`.
+pub(crate) fn lists_follow(config: &Config) -> Arc<str> {
+    match &config.file {
+        Some((_, limits)) => limits.lists_follow().into(),
+        None => format!("the lists' keys are made by KEY={}", config.key).into(),
+    }
+}
+
 /// The admin routes of the lists' entries, on `layer`; a `{key}` names requests as the
-/// lists' key makes keys of them.
-pub(crate) fn routes<St: Store, M: Send + Sync + 'static>(layer: RateLimitLayer<St, M>) -> Router {
+/// lists' key makes keys of them (`follow` says which, in errors).
+pub(crate) fn routes<St: Store, M: Send + Sync + 'static>(
+    layer: RateLimitLayer<St, M>,
+    follow: Arc<str>,
+) -> Router {
     let mut router = Router::new();
     for deny in [true, false] {
         let (put_layer, delete_layer) = (layer.clone(), layer.clone());
+        let (put_follow, delete_follow) = (follow.clone(), follow.clone());
         let path = if deny {
             "/admin/deny/{key}"
         } else {
@@ -175,13 +189,13 @@ pub(crate) fn routes<St: Store, M: Send + Sync + 'static>(layer: RateLimitLayer<
             path,
             put(
                 move |Path(key): Path<String>, Query(q): Query<HashMap<String, String>>| {
-                    let layer = put_layer.clone();
-                    async move { add(&layer, deny, &key, q).await.unwrap_or_else(|e| e) }
+                    let (layer, follow) = (put_layer.clone(), put_follow.clone());
+                    async move { answer(add(&layer, deny, &key, q).await, &follow) }
                 },
             )
             .delete(move |Path(key): Path<String>| {
-                let layer = delete_layer.clone();
-                async move { remove(&layer, deny, &key).await.unwrap_or_else(|e| e) }
+                let (layer, follow) = (delete_layer.clone(), delete_follow.clone());
+                async move { answer(remove(&layer, deny, &key).await, &follow) }
             }),
         );
     }
@@ -200,7 +214,7 @@ async fn add<St: Store, M>(
     deny: bool,
     entry: &str,
     query: HashMap<String, String>,
-) -> Result<Response, Response> {
+) -> Result<Result<(), LimitError>, Response> {
     let until = crate::limits::until(&query).map_err(|e| bad("until", &e))?;
     if let Some(name) = query.keys().find(|k| *k != "until") {
         return Err(bad(name, "unknown parameter; expected until"));
@@ -213,9 +227,7 @@ async fn add<St: Store, M>(
         (true, None) => layer.deny_key(&key, until).await,
         (false, None) => layer.allow_key(&key, until).await,
     };
-    result
-        .map(|()| StatusCode::NO_CONTENT.into_response())
-        .map_err(failed)
+    Ok(result)
 }
 
 /// `DELETE`: the key or network off the list.
@@ -223,7 +235,7 @@ async fn remove<St: Store, M>(
     layer: &RateLimitLayer<St, M>,
     deny: bool,
     entry: &str,
-) -> Result<Response, Response> {
+) -> Result<Result<(), LimitError>, Response> {
     let key = Key::from(entry);
     let network = network(entry).map_err(|e| bad("network", &e.to_string()))?;
     let result = match (deny, network) {
@@ -232,16 +244,21 @@ async fn remove<St: Store, M>(
         (true, None) => layer.remove_denied(&key).await,
         (false, None) => layer.remove_allowed(&key).await,
     };
-    result
-        .map(|()| StatusCode::NO_CONTENT.into_response())
-        .map_err(failed)
+    Ok(result)
 }
 
-/// A store that failed: 503; a layer that keeps no entries (`LEASE`): 409.
-fn failed(error: LimitError) -> Response {
+/// A change made: 204; a bad parameter: 400 naming it (a key the lists' key never makes:
+/// saying which key they follow, `follow`); a store that failed: 503; a layer that keeps no
+/// entries (`LEASE`): 409.
+fn answer(result: Result<Result<(), LimitError>, Response>, follow: &str) -> Response {
+    let error = match result {
+        Ok(Ok(())) => return StatusCode::NO_CONTENT.into_response(),
+        Ok(Err(error)) => error,
+        Err(bad_parameter) => return bad_parameter,
+    };
     let status = match error {
         LimitError::Until(e) => return bad("until", &e),
-        LimitError::Entry(e) => return bad("key", &e.to_string()),
+        LimitError::Entry(e) => return bad("key", &format!("{e} ({follow})")),
         LimitError::Network(e) => return bad("network", &e),
         LimitError::NoLists => StatusCode::CONFLICT,
         _ => StatusCode::SERVICE_UNAVAILABLE,

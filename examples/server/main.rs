@@ -290,7 +290,7 @@ fn app<St: Store>(
             layer.top_limited_service().guard(AdminGuardLayer::anyone()),
         )
         .merge(limits::routes(layer.clone()))
-        .merge(abuse::routes(layer.clone()))
+        .merge(abuse::routes(layer.clone(), abuse::lists_follow(config)))
         .route_layer(guard)
         .route(
             "/metrics",

@@ -7,7 +7,7 @@
 //! closes; and what a lost reply costs is measured: its charge stays, a lease's units until the
 //! policy refills, a concurrency slot until its lease ends. Each test runs on one server (plain
 //! TCP and TLS) and on a cluster (plain TCP and TLS), each behind the proxies
-//! (`support::proxy::Behind`).
+//! (`support::proxy::Behind`); connections that go silent also with pools and through Sentinel.
 
 mod support;
 
@@ -89,6 +89,17 @@ mod pooled {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_silent_pooled_cluster_connection_is_replaced_within_three_seconds() {
         super::replaced(&Behind::cluster(), Some(2)).await;
+    }
+}
+
+/// The same through Sentinel: the primary's connection, found through the sentinels, is
+/// replaced by asking them again.
+mod sentinel {
+    use super::support::proxy::Behind;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_silent_primary_connection_is_replaced_within_three_seconds() {
+        super::replaced(&Behind::sentinel(), None).await;
     }
 }
 

@@ -263,7 +263,35 @@ impl Sentinels {
     /// Servers and sentinels started with `extra` (TLS options when `tls`: then every port is
     /// a TLS one), which redis-cli reaches with `cli_connect`.
     pub fn start_as(extra: &[&str], cli_connect: &[String], tls: bool) -> Self {
+        Self::watching(extra, cli_connect, tls, |port| port, 500)
+    }
+
+    /// Sentinels that watch the primary through a fault proxy (they name it to clients by
+    /// the proxy's address) and judge it down only after a minute: a test may freeze the
+    /// proxy's connections without a failover.
+    pub fn behind_proxy() -> (Self, proxy::FaultProxy) {
+        let mut proxy = None;
+        let through = |port| {
+            let started = proxy::FaultProxy::start(port);
+            let at = started.port();
+            proxy = Some(started);
+            at
+        };
+        let sentinels = Self::watching(&[], &[], false, through, 60_000);
+        (sentinels, proxy.expect("the proxy started"))
+    }
+
+    /// Servers and sentinels started with `extra`, the sentinels watching the primary at the
+    /// port `through` gives for its own, judging it down after `down_after_ms`.
+    fn watching(
+        extra: &[&str],
+        cli_connect: &[String],
+        tls: bool,
+        through: impl FnOnce(u16) -> u16,
+        down_after_ms: u32,
+    ) -> Self {
         let primary = RedisServer::start_as(extra, cli_connect, tls);
+        let watched = through(primary.port);
         let mut replica_args = extra.to_vec();
         let primary_port = primary.port.to_string();
         replica_args.extend(["--replicaof", "127.0.0.1", &primary_port]);
@@ -308,11 +336,10 @@ impl Sentinels {
                 &conf,
                 format!(
                     "{listen}{options}bind 127.0.0.1\ndaemonize no\ndir {dir}\n\
-                     sentinel monitor {MASTER} 127.0.0.1 {primary} 2\n\
-                     sentinel down-after-milliseconds {MASTER} 500\n\
+                     sentinel monitor {MASTER} 127.0.0.1 {watched} 2\n\
+                     sentinel down-after-milliseconds {MASTER} {down_after_ms}\n\
                      sentinel failover-timeout {MASTER} 10000\n",
                     dir = dir.display(),
-                    primary = primary.port,
                 ),
             )
             .unwrap();

@@ -320,6 +320,8 @@ pub struct Behind {
     pub proxies: Vec<FaultProxy>,
     pub cluster: Option<RedisCluster>,
     server: Option<RedisServer>,
+    /// Sentinels that name the primary by its proxy's address.
+    sentinels: Option<super::Sentinels>,
     tls: Option<RedisTls>,
     /// Kept for its files while the servers run.
     _pki: Option<Pki>,
@@ -345,6 +347,7 @@ impl Behind {
             proxies: vec![FaultProxy::start(server.port)],
             cluster: None,
             server: Some(server),
+            sentinels: None,
             tls: pki.as_ref().map(Pki::client_tls),
             _pki: pki,
         }
@@ -366,8 +369,23 @@ impl Behind {
             proxies,
             cluster: Some(cluster),
             server: None,
+            sentinels: None,
             tls: pki.as_ref().map(Pki::client_tls),
             _pki: pki,
+        }
+    }
+
+    /// A primary and its replica watched by sentinels, which name the primary by the address
+    /// of a proxy before it (plain TCP).
+    pub fn sentinel() -> Behind {
+        let (sentinels, proxy) = super::Sentinels::behind_proxy();
+        Behind {
+            proxies: vec![proxy],
+            cluster: None,
+            server: None,
+            sentinels: Some(sentinels),
+            tls: None,
+            _pki: None,
         }
     }
 
@@ -375,6 +393,7 @@ impl Behind {
     pub fn store(&self) -> RedisStoreBuilder {
         let tls = self.tls.is_some();
         let url = match &self.cluster {
+            _ if let Some(sentinels) = &self.sentinels => sentinels.url(),
             Some(_) => {
                 let hosts: Vec<String> = (self.proxies.iter())
                     .map(|p| format!("127.0.0.1:{}", p.port()))
@@ -402,7 +421,10 @@ impl Behind {
                 (node, &self.proxies[i])
             }
             (None, Some(server)) => (server, &self.proxies[0]),
-            (None, None) => unreachable!("a server or a cluster"),
+            (None, None) => match &self.sentinels {
+                Some(sentinels) => (&sentinels.primary, &self.proxies[0]),
+                None => unreachable!("a server, a cluster or sentinels"),
+            },
         }
     }
 

@@ -260,3 +260,35 @@ fn the_demo_server_holds_its_denials_while_redis_is_paused() {
         "denied, blocked, and unseen (fails open)"
     );
 }
+
+/// The demo server with `CONCURRENCY=1`: a request whose decision came back after its deadline
+/// (Redis paused 0.8 s) got 503, and its slot is free once the reply came, not a minute later
+/// (`CONCURRENCY_MAX_MS`).
+#[test]
+fn the_demo_servers_late_reply_frees_its_slot() {
+    use support::demo::DemoServer;
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let server = DemoServer::start(&[
+        ("REDIS_URL", url.as_str()),
+        ("ON_STORE_ERROR", "closed"),
+        ("STORE_TIMEOUT_MS", "50"),
+        ("CONCURRENCY", "1"),
+        ("CONCURRENCY_MAX_MS", "60000"),
+        ("RATE_LIMIT", "1000/s"),
+    ]);
+    assert_eq!(server.get("/", &[]).0, 200);
+    signal(&redis, "-STOP");
+    let (status, response) = server.get("/", &[]);
+    std::thread::sleep(Duration::from_millis(800));
+    signal(&redis, "-CONT");
+    assert_eq!(status, 503, "past the deadline: {response}");
+    let resumed = std::time::Instant::now();
+    support::wait_until(Duration::from_secs(10), "the slot to be free", || {
+        server.get("/", &[]).0 == 200
+    });
+    eprintln!(
+        "the demo's late slot was free {:?} after Redis resumed",
+        resumed.elapsed()
+    );
+}

@@ -205,11 +205,7 @@ impl<St: Store> Limiter<St> {
             (false, None) => now.saturating_add(LISTED_FOR_GOOD_US),
             (false, Some(until)) => self.until_us(until)?.0,
         };
-        let entry = Listed {
-            network,
-            deny,
-            until_us,
-        };
+        let entry = Listed::new(network, deny, until_us);
         let kept = self.store.keep_network(entry, remove, now);
         let store = self.store.clone();
         Ok(async move {

@@ -46,14 +46,23 @@ pub(crate) fn full() -> String {
 /// One network on a list until an end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Listed {
-    pub(crate) network: Cidr,
+    network: Cidr,
     /// On the deny list, else the allow list.
-    pub(crate) deny: bool,
+    deny: bool,
     /// The end, in microseconds on the layer's clock (since 1970).
-    pub(crate) until_us: u64,
+    until_us: u64,
 }
 
 impl Listed {
+    /// `network` on the deny list (`deny`) or the allow list until `until_us`.
+    pub(crate) fn new(network: Cidr, deny: bool, until_us: u64) -> Self {
+        Listed {
+            network,
+            deny,
+            until_us,
+        }
+    }
+
     /// What names the entry: its list and its network (`deny 203.0.113.0/24`).
     pub(crate) fn name(&self) -> String {
         let list = if self.deny { "deny" } else { "allow" };

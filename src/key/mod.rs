@@ -49,6 +49,7 @@ mod grpc;
 mod header;
 mod ip_group;
 mod peer_ip;
+mod request;
 mod route;
 
 use std::fmt;
@@ -56,7 +57,6 @@ use std::hash::{BuildHasher, Hash, Hasher};
 use std::net::IpAddr;
 
 use bytes::Bytes;
-use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 
 pub use crate::error::{EntryError, KeyRejection};
 pub use api_key::ApiKey;
@@ -71,6 +71,7 @@ pub use grpc::GrpcMethod;
 pub use header::HeaderKey;
 pub(crate) use peer_ip::DefaultKey;
 pub use peer_ip::PeerIp;
+pub use request::RequestRef;
 pub use route::{MatchedRoute, matched_route};
 
 /// Finds the key a request is charged to.
@@ -160,54 +161,6 @@ impl<K: KeyExtractor + ?Sized> KeyExtractor for Box<K> {
 
     fn client_ip(&self) -> Option<&ClientIp> {
         (**self).client_ip()
-    }
-}
-
-/// A borrowed view of a request's head, whatever its body type.
-#[derive(Clone, Copy, Debug)]
-pub struct RequestRef<'a> {
-    method: &'a Method,
-    uri: &'a Uri,
-    version: Version,
-    headers: &'a HeaderMap,
-    extensions: &'a Extensions,
-}
-
-impl<'a> RequestRef<'a> {
-    /// Borrows the head of `request`.
-    pub fn new<B>(request: &'a Request<B>) -> Self {
-        RequestRef {
-            method: request.method(),
-            uri: request.uri(),
-            version: request.version(),
-            headers: request.headers(),
-            extensions: request.extensions(),
-        }
-    }
-
-    /// The request method.
-    pub fn method(&self) -> &'a Method {
-        self.method
-    }
-
-    /// The request URI.
-    pub fn uri(&self) -> &'a Uri {
-        self.uri
-    }
-
-    /// The HTTP version.
-    pub fn version(&self) -> Version {
-        self.version
-    }
-
-    /// The request headers.
-    pub fn headers(&self) -> &'a HeaderMap {
-        self.headers
-    }
-
-    /// The request extensions (peer address, authenticated user, matched route, ...).
-    pub fn extensions(&self) -> &'a Extensions {
-        self.extensions
     }
 }
 

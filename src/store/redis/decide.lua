@@ -109,6 +109,34 @@ local function enforced_by(shape)
 end
 
 
+-- Every policy of the call read into the tables (ALGS, OPS, PS, COSTS, ESC, XS, YS), all
+-- before anything is done: the place of the first malformed one, or nil, whether the first
+-- policy's clock is injected, whether one acts and whether one escalates.
+local function read_all(args, n)
+  local at, injected, acts, escalates = 1, false, false, false
+  for i = 1, n do
+    local alg, op, p, cost, x, y, next_at, clock_flag = read_policy(args, at, i)
+    if not alg then
+      return at
+    end
+    ALGS[i], OPS[i], PS[i], COSTS[i], ESC[i], at = alg, op, p, cost, p.escalate, next_at
+    if p.escalate then
+      escalates = true
+    end
+    if x then
+      -- Read only by the operations that have them.
+      XS[i], YS[i] = x, y
+    end
+    if i == 1 then
+      injected = clock_flag
+    end
+    if ACTS[op] then
+      acts = true
+    end
+  end
+  return nil, injected, acts, escalates
+end
+
 local function malformed(args, at)
   return redis.error_reply('tower-ratelimit: malformed policy ' .. tostring(args[at]))
 end
@@ -136,26 +164,9 @@ local function decide(keys, args)
       end
     end
   end
-  local at, injected, acts, escalates = 1, false, false, false
-  for i = 1, n do
-    local alg, op, p, cost, x, y, next_at, clock_flag = read_policy(args, at, i)
-    if not alg then
-      return malformed(args, at)
-    end
-    ALGS[i], OPS[i], PS[i], COSTS[i], ESC[i], at = alg, op, p, cost, p.escalate, next_at
-    if p.escalate then
-      escalates = true
-    end
-    if x then
-      -- Read only by the operations that have them.
-      XS[i], YS[i] = x, y
-    end
-    if i == 1 then
-      injected = clock_flag
-    end
-    if ACTS[op] then
-      acts = true
-    end
+  local bad, injected, acts, escalates = read_all(args, n)
+  if bad then
+    return malformed(args, bad)
   end
   local now, since = clock(args, injected)
   if acts then
@@ -173,14 +184,7 @@ local function decide(keys, args)
     REPLY[total + 1] = nil
   end
   if escalates then
-    local base = 0
-    for i = 1, n do
-      -- Only a request's own check strikes, not an administrator's act or look.
-      if ESC[i] and OPS[i] == ENFORCE then
-        total = strike(ALGS[i], keys[i], PS[i], ESC[i], now, since, base, i, total)
-      end
-      base = base + WIDTH[OPS[i]]
-    end
+    total = strikes(n, keys, now, since, total)
   end
   return REPLY
 end

@@ -158,6 +158,19 @@ local function own_limits(n, total)
   return total
 end
 
+-- The block of `level` as `e` says, and the level it stops at: the first whose block is
+-- the longest (twin of `Escalation::top_level`), at most some 40 turns, a factor of 1 none.
+local function level_block(e, level)
+  local d, top = e[3], 1
+  while top < level and d < e[4] and e[6] > 1 do
+    d, top = d * e[6], top + 1
+  end
+  if d > e[4] then
+    d = e[4]
+  end
+  return d, top
+end
+
 -- The strike of the policy at place i, which blocks on violation as `e` says (its denials,
 -- their span, the first block, the longest, how long a level is remembered, the factor; see
 -- `Escalation`), whose reply follows REPLY[base] (twin of `Shard::strike`). Denied by its
@@ -192,16 +205,8 @@ local function strike(alg, key, p, e, now, since, base, i, total)
     else
       level = 1
     end
-    -- The block of the level, which stops at the first whose block is the longest (twin of
-    -- `Escalation::top_level`): at most some 40 turns, a factor of 1 none.
-    local d, top = e[3], 1
-    while top < level and d < e[4] and e[6] > 1 do
-      d, top = d * e[6], top + 1
-    end
-    level = top
-    if d > e[4] then
-      d = e[4]
-    end
+    local d
+    d, level = level_block(e, level)
     n, first, last, ends = 0, now, now, now + d
     alg:block(key, p, nil, now, ends, nil, since)
     -- The verdict as the block makes it (twin of `apply_block`).
@@ -226,5 +231,18 @@ local function strike(alg, key, p, e, now, since, base, i, total)
   call('SET', record, format(INT .. ' ' .. INT .. ' ' .. INT .. ' ' .. INT .. ' ' .. INT, n, first, level, last, ends),
     'PX', format(INT, ttl_ms(since, keep)))
   REPLY[total + 1] = nil
+  return total
+end
+
+-- Each policy of the call that blocks on violation strikes, a request's own check only (not
+-- an administrator's act or look): the reply's end.
+local function strikes(n, keys, now, since, total)
+  local base = 0
+  for i = 1, n do
+    if ESC[i] and OPS[i] == ENFORCE then
+      total = strike(ALGS[i], keys[i], PS[i], ESC[i], now, since, base, i, total)
+    end
+    base = base + WIDTH[OPS[i]]
+  end
   return total
 end

@@ -762,6 +762,19 @@ local function own_limits(n, total)
   return total
 end
 
+-- The block of `level` as `e` says, and the level it stops at: the first whose block is
+-- the longest (twin of `Escalation::top_level`), at most some 40 turns, a factor of 1 none.
+local function level_block(e, level)
+  local d, top = e[3], 1
+  while top < level and d < e[4] and e[6] > 1 do
+    d, top = d * e[6], top + 1
+  end
+  if d > e[4] then
+    d = e[4]
+  end
+  return d, top
+end
+
 -- The strike of the policy at place i, which blocks on violation as `e` says (its denials,
 -- their span, the first block, the longest, how long a level is remembered, the factor; see
 -- `Escalation`), whose reply follows REPLY[base] (twin of `Shard::strike`). Denied by its
@@ -796,16 +809,8 @@ local function strike(alg, key, p, e, now, since, base, i, total)
     else
       level = 1
     end
-    -- The block of the level, which stops at the first whose block is the longest (twin of
-    -- `Escalation::top_level`): at most some 40 turns, a factor of 1 none.
-    local d, top = e[3], 1
-    while top < level and d < e[4] and e[6] > 1 do
-      d, top = d * e[6], top + 1
-    end
-    level = top
-    if d > e[4] then
-      d = e[4]
-    end
+    local d
+    d, level = level_block(e, level)
     n, first, last, ends = 0, now, now, now + d
     alg:block(key, p, nil, now, ends, nil, since)
     -- The verdict as the block makes it (twin of `apply_block`).
@@ -830,6 +835,19 @@ local function strike(alg, key, p, e, now, since, base, i, total)
   call('SET', record, format(INT .. ' ' .. INT .. ' ' .. INT .. ' ' .. INT .. ' ' .. INT, n, first, level, last, ends),
     'PX', format(INT, ttl_ms(since, keep)))
   REPLY[total + 1] = nil
+  return total
+end
+
+-- Each policy of the call that blocks on violation strikes, a request's own check only (not
+-- an administrator's act or look): the reply's end.
+local function strikes(n, keys, now, since, total)
+  local base = 0
+  for i = 1, n do
+    if ESC[i] and OPS[i] == 1 then
+      total = strike(ALGS[i], keys[i], PS[i], ESC[i], now, since, base, i, total)
+    end
+    base = base + WIDTH[OPS[i]]
+  end
   return total
 end
 -- Fixed window: twin of fixed_window.rs. Params: limit, window; for a calendar, limit, 0, the
@@ -6082,33 +6100,10 @@ local function enforced_by(shape)
 end
 
 
-local function malformed(args, at)
-  return redis.error_reply('tower-ratelimit: malformed policy ' .. tostring(args[at]))
-end
-
--- The decision: each policy read (all before anything is done: a malformed call changes
--- nothing), the time read; every act, in order; then `step` from the first policy (phase one
--- for each, then phase two for each, charged only if every policy that decides admits). A
--- policy enforced alone, the usual call, is its twin's `enforced`, which reads its own
--- arguments (nil when they are malformed: they are then read here, and refused).
-local function decide(keys, args)
-  if not format then
-    bind_libraries()
-  end
-  local n = #keys
-  if n == 1 then
-    local shape = SHAPES[args[1]] or read_shape(args[1])
-    local alg = ENFORCED[shape]
-    if alg == nil and shape then
-      alg = enforced_by(shape)
-    end
-    if alg then
-      local reply = alg:enforced(keys[1], args, shape)
-      if reply then
-        return reply
-      end
-    end
-  end
+-- Every policy of the call read into the tables (ALGS, OPS, PS, COSTS, ESC, XS, YS), all
+-- before anything is done: the place of the first malformed one, or nil, whether the first
+-- policy's clock is injected, whether one acts and whether one escalates.
+local function read_all(args, n)
   local at, injected, acts, escalates = 1, false, false, false
   for i = 1, n do
     local alg, op, p, cost, x, y, next_at, clock_flag
@@ -6165,7 +6160,7 @@ local function decide(keys, args)
       alg, op, p, cost, x, y, next_at, clock_flag = alg_2, op_2, p_2, cost_2, x_2, y_2, at + 1, shape >= 2048 break
     until true
     if not alg then
-      return malformed(args, at)
+      return at
     end
     ALGS[i], OPS[i], PS[i], COSTS[i], ESC[i], at = alg, op, p, cost, p.escalate, next_at
     if p.escalate then
@@ -6181,6 +6176,40 @@ local function decide(keys, args)
     if ACTS[op] then
       acts = true
     end
+  end
+  return nil, injected, acts, escalates
+end
+
+local function malformed(args, at)
+  return redis.error_reply('tower-ratelimit: malformed policy ' .. tostring(args[at]))
+end
+
+-- The decision: each policy read (all before anything is done: a malformed call changes
+-- nothing), the time read; every act, in order; then `step` from the first policy (phase one
+-- for each, then phase two for each, charged only if every policy that decides admits). A
+-- policy enforced alone, the usual call, is its twin's `enforced`, which reads its own
+-- arguments (nil when they are malformed: they are then read here, and refused).
+local function decide(keys, args)
+  if not format then
+    bind_libraries()
+  end
+  local n = #keys
+  if n == 1 then
+    local shape = SHAPES[args[1]] or read_shape(args[1])
+    local alg = ENFORCED[shape]
+    if alg == nil and shape then
+      alg = enforced_by(shape)
+    end
+    if alg then
+      local reply = alg:enforced(keys[1], args, shape)
+      if reply then
+        return reply
+      end
+    end
+  end
+  local bad, injected, acts, escalates = read_all(args, n)
+  if bad then
+    return malformed(args, bad)
   end
   local now, since
   do -- clock
@@ -6208,14 +6237,7 @@ local function decide(keys, args)
     REPLY[total + 1] = nil
   end
   if escalates then
-    local base = 0
-    for i = 1, n do
-      -- Only a request's own check strikes, not an administrator's act or look.
-      if ESC[i] and OPS[i] == 1 then
-        total = strike(ALGS[i], keys[i], PS[i], ESC[i], now, since, base, i, total)
-      end
-      base = base + WIDTH[OPS[i]]
-    end
+    total = strikes(n, keys, now, since, total)
   end
   return REPLY
 end

@@ -5,7 +5,7 @@
 
 1. The adaptive limit. The demo server with WORK_CAPACITY=8 (GET /work?ms=20: 8 served at a
    time, 20 ms each, 400 a second at most; RATE_LIMIT=1000000/s, which never limits), with
-   ADAPTIVE=gradient2 and without it, side by side. The unloaded latency first: one client, 100
+   ADAPTIVE=gradient2, with ADAPTIVE=aimd and without either, side by side. The unloaded latency first: one client, 100
    requests one after another (median). Then 64 clients (HTTP/1.1 connections kept alive, each
    sending its next request when its last is answered; a shed one 5 ms later) for
    OVERLOAD_WARM (20) seconds, then OVERLOAD_SECONDS (30) measured: admitted requests a
@@ -121,7 +121,12 @@ async def closed_loop(port, clients, warm, seconds):
 
 def adaptive_rows(binary):
     rows = []
-    for label, extra in (("adaptive (gradient2)", {"ADAPTIVE": "gradient2"}), ("none", {})):
+    limits = (
+        ("adaptive (gradient2)", {"ADAPTIVE": "gradient2"}),
+        ("adaptive (aimd)", {"ADAPTIVE": "aimd"}),
+        ("none", {}),
+    )
+    for label, extra in limits:
         env = {"WORK_CAPACITY": "8", "RATE_LIMIT": "1000000/s", **extra}
         server = Server(binary, env)
         try:

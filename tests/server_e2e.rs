@@ -86,6 +86,22 @@ fn bad_configuration_stops_the_server_with_the_variable_named() {
             "ADAPTIVE_MAX:",
         ),
         (
+            &[
+                ("WORK_CAPACITY", "4"),
+                ("ADAPTIVE", "gradient2"),
+                ("ADAPTIVE_TIMEOUT_MS", "50"),
+            ][..],
+            "ADAPTIVE_TIMEOUT_MS:",
+        ),
+        (
+            &[
+                ("WORK_CAPACITY", "4"),
+                ("ADAPTIVE", "aimd"),
+                ("ADAPTIVE_TIMEOUT_MS", "0"),
+            ][..],
+            "ADAPTIVE_TIMEOUT_MS:",
+        ),
+        (
             &[("BLOCK_FOR", "10s"), ("WAIT_MS", "100")][..],
             "BLOCK_FOR:",
         ),

@@ -86,6 +86,9 @@ Environment variables:
                                                     (default unset)
   ADAPTIVE_MIN, ADAPTIVE_MAX
               the adaptive limit's bounds                   (default 4 and 1000)
+  ADAPTIVE_TIMEOUT_MS
+              with ADAPTIVE=aimd: a request slower than this counts as a failure
+              (default: twice the unloaded round trip AIMD learns)
   MAX_KEYS    without REDIS_URL: the most keys the memory store holds (default 100000)
   ON_STORE_ERROR
               what to do when Redis fails or is slow: open (let requests through),

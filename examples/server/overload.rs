@@ -1,6 +1,6 @@
 //! The service as its own bottleneck: `GET /work` (`WORK_CAPACITY`), a backend whose latency
 //! grows with its load as a database's does, and the adaptive concurrency limit in front of
-//! it (`ADAPTIVE`, `ADAPTIVE_MIN`, `ADAPTIVE_MAX`).
+//! it (`ADAPTIVE`, `ADAPTIVE_MIN`, `ADAPTIVE_MAX`, `ADAPTIVE_TIMEOUT_MS`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,6 +32,19 @@ pub(crate) fn read() -> Result<Option<Overload>, String> {
         "gradient2" => Some(Adaptive::gradient2()),
         "aimd" => Some(Adaptive::aimd()),
         other => return Err(format!("ADAPTIVE: {other:?} is neither gradient2 nor aimd")),
+    };
+    // AIMD's latency threshold: unless set, twice the unloaded round trip it learns.
+    let adaptive = match (positive("ADAPTIVE_TIMEOUT_MS")?, adaptive) {
+        (None, adaptive) => adaptive,
+        (Some(ms), Some(a)) if env_or("ADAPTIVE", "")? == "aimd" => {
+            Some(a.timeout(Duration::from_millis(u64::from(ms))))
+        }
+        (Some(_), _) => {
+            return Err(
+                "ADAPTIVE_TIMEOUT_MS: the latency past which AIMD counts a request as failed; set ADAPTIVE=aimd too"
+                    .into(),
+            );
+        }
     };
     let adaptive = adaptive.map(|a| {
         let a = min.map_or(a, |n| a.min(n));

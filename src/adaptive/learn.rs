@@ -7,6 +7,14 @@ use super::Rule;
 /// Windows of Gradient2 whose mean makes its first long-term round trip.
 const WARM_UP: u32 = 10;
 
+/// AIMD's unloaded round trip moves up by this part of the difference a slower sample makes:
+/// a service that became slower for good is learnt again over a few thousand requests.
+const FORGET: f64 = 1_000.0;
+
+/// A request is never slow by AIMD's tolerance for taking less than this more than the
+/// unloaded round trip (microseconds): the jitter of a fast service is no overload.
+const SLOW_BY_AT_LEAST_US: f64 = 1_000.0;
+
 /// What one key's adaptive limit has learnt: the limit, and what its rule keeps between
 /// samples.
 #[derive(Debug)]
@@ -27,6 +35,10 @@ pub(crate) struct Learner {
     /// Gradient2's long-term round trip (microseconds), and the windows it has seen.
     long_rtt: f64,
     windows: u32,
+    /// AIMD's unloaded round trip (microseconds; 0 before a sample): the least seen, moving
+    /// up slowly; and when a slow request last moved the limit down.
+    unloaded_rtt: f64,
+    slowed_at: Option<u64>,
 }
 
 /// One completed request: its round trip in microseconds, the requests in flight when it
@@ -56,6 +68,8 @@ impl Learner {
             failed: false,
             long_rtt: 0.0,
             windows: 0,
+            unloaded_rtt: 0.0,
+            slowed_at: None,
         }
     }
 
@@ -70,8 +84,20 @@ impl Learner {
             Rule::Aimd {
                 backoff,
                 timeout_us,
+                tolerance,
             } => {
-                if sample.failed || sample.rtt_us > timeout_us {
+                let slow = match timeout_us {
+                    Some(timeout_us) => sample.rtt_us > timeout_us,
+                    None => self.slower_than_unloaded(sample.rtt_us, tolerance),
+                };
+                // One queue makes every request in it slow: the limit moves down for the
+                // first of them, then for a request that began after that.
+                let began = now.saturating_sub(sample.rtt_us);
+                let slow = slow && self.slowed_at.is_none_or(|at| began >= at);
+                if slow {
+                    self.slowed_at = Some(now);
+                }
+                if sample.failed || slow {
                     self.limit = (self.limit * backoff).max(self.min);
                 } else if f64::from(sample.in_flight) * 2.0 >= self.limit {
                     // One more a round trip: each success adds its share of one.
@@ -81,6 +107,19 @@ impl Learner {
             Rule::Gradient2 { .. } => self.gather(now, sample),
         }
         self.limit()
+    }
+
+    /// Whether a round trip of `rtt_us` took more than `tolerance` times the unloaded one and
+    /// at least [`SLOW_BY_AT_LEAST_US`] more; the unloaded round trip learns from it.
+    fn slower_than_unloaded(&mut self, rtt_us: u64, tolerance: f64) -> bool {
+        let (rtt, unloaded) = (rtt_us as f64, self.unloaded_rtt);
+        let slow =
+            unloaded > 0.0 && rtt > tolerance * unloaded && rtt - unloaded >= SLOW_BY_AT_LEAST_US;
+        self.unloaded_rtt = match unloaded {
+            u if u == 0.0 || rtt < u => rtt.max(1.0),
+            u => u + (rtt - u) / FORGET,
+        };
+        slow
     }
 
     /// Adds `sample` to the window, and moves the limit when the window is full.
@@ -230,7 +269,8 @@ mod tests {
     fn aimd_halves_on_errors_and_timeouts_and_adds_one_a_round_trip() {
         let rule = Rule::Aimd {
             backoff: 0.5,
-            timeout_us: 100 * MS,
+            timeout_us: Some(100 * MS),
+            tolerance: 2.0,
         };
         let mut learner = Learner::new(rule, 20, 2, 30, (0, 1));
         let ok = |in_flight| Sample {
@@ -268,5 +308,49 @@ mod tests {
             learner.learn(0, failed);
         }
         assert_eq!(learner.limit(), 2, "never below the minimum");
+    }
+
+    #[test]
+    fn aimd_without_a_timeout_halves_on_requests_slower_than_twice_the_unloaded() {
+        let rule = Rule::Aimd {
+            backoff: 0.5,
+            timeout_us: None,
+            tolerance: 2.0,
+        };
+        let mut learner = Learner::new(rule, 16, 1, 30, (0, 1));
+        let took = |rtt_us| Sample {
+            rtt_us,
+            in_flight: 1,
+            failed: false,
+        };
+        // 20 ms unloaded; 39 ms is within twice that, 41 ms is not.
+        assert_eq!(learner.learn(0, took(20 * MS)), 16);
+        assert_eq!(learner.learn(0, took(39 * MS)), 16);
+        assert_eq!(learner.learn(100 * MS, took(41 * MS)), 8);
+        // Slow requests that began before it, in the same queue, move it no further; one that
+        // began after does.
+        assert_eq!(learner.learn(110 * MS, took(45 * MS)), 8);
+        assert_eq!(learner.learn(160 * MS, took(50 * MS)), 4);
+        // A fast service's jitter is no overload: 0.2 ms against 0.05 ms.
+        let mut fast = Learner::new(rule, 16, 1, 30, (0, 1));
+        fast.learn(0, took(50));
+        assert_eq!(fast.learn(0, took(200)), 16);
+        assert_eq!(
+            fast.learn(0, took(2 * MS)),
+            8,
+            "slow by more than a millisecond"
+        );
+        // A service that became slower for good is learnt again.
+        let mut slower = Learner::new(rule, 16, 1, 30, (0, 1));
+        slower.learn(0, took(10 * MS));
+        for _ in 0..5_000 {
+            slower.learn(0, took(19 * MS));
+        }
+        let before = slower.limit();
+        assert_eq!(
+            slower.learn(0, took(30 * MS)),
+            before,
+            "30 ms is no longer slow"
+        );
     }
 }

@@ -26,8 +26,14 @@ pub(crate) enum Rule {
         smoothing: f64,
         long_window: u32,
     },
-    /// Failures and timeouts multiply the limit by `backoff`; successes add one a round trip.
-    Aimd { backoff: f64, timeout_us: u64 },
+    /// Failures and slow requests multiply the limit by `backoff`; successes add one a round
+    /// trip. A request is slow past `timeout_us` when set, else when it took more than
+    /// `tolerance` times the unloaded round trip (see `Learner`).
+    Aimd {
+        backoff: f64,
+        timeout_us: Option<u64>,
+        tolerance: f64,
+    },
 }
 
 /// An adaptive concurrency limit ([`Policy::adaptive_concurrency`](crate::Policy::adaptive_concurrency)):
@@ -41,9 +47,13 @@ pub(crate) enum Rule {
 ///   [`tolerance`](Self::tolerance) (1.5) times the long term, the limit grows by its square
 ///   root, smoothed; past it, it shrinks in proportion, by half at most. The service's
 ///   latency rising with its load is what holds the limit back, before errors show.
-/// - [`aimd`](Self::aimd): a request that fails (an error, a `5xx`) or takes longer than
-///   [`timeout`](Self::timeout) multiplies the limit by [`backoff`](Self::backoff) (0.5);
-///   each success adds its share of one, so the limit grows by one a round trip.
+/// - [`aimd`](Self::aimd): a request that fails (an error, a `5xx`) or is slow multiplies the
+///   limit by [`backoff`](Self::backoff) (0.5); each success adds its share of one, so the
+///   limit grows by one a round trip. Slow is longer than [`timeout`](Self::timeout) when it
+///   is set, else more than [`tolerance`](Self::tolerance) (2.0) times the unloaded round
+///   trip (the least seen, forgotten slowly) and a millisecond more: an overloaded service
+///   answers slowly before it fails. Slow requests that began before the limit last moved
+///   down for one were in the same queue, and move it no further.
 ///
 /// Either way the limit stays within [`min`](Self::min) and [`max`](Self::max), starting from
 /// [`initial`](Self::initial), and a window whose requests never reached half the limit
@@ -87,12 +97,13 @@ impl Adaptive {
         })
     }
 
-    /// AIMD (backoff 0.5, timeout 5 s), from 4 to 1,000 requests in flight, starting at the
-    /// minimum.
+    /// AIMD (backoff 0.5; a request slower than twice the unloaded round trip counts as a
+    /// failure), from 4 to 1,000 requests in flight, starting at the minimum.
     pub fn aimd() -> Self {
         Self::of(Rule::Aimd {
             backoff: 0.5,
-            timeout_us: 5_000_000,
+            timeout_us: None,
+            tolerance: 2.0,
         })
     }
 
@@ -128,12 +139,16 @@ impl Adaptive {
         self
     }
 
-    /// Gradient2: how much longer than the long term the short-term round trip may be before
-    /// the limit shrinks (at least 1.0; 1.5 unless set).
+    /// How much longer than usual a round trip may be (at least 1.0). Gradient2: the
+    /// short-term round trip against the long term, before the limit shrinks (1.5 unless
+    /// set). AIMD without a [`timeout`](Self::timeout): one request's round trip against the
+    /// unloaded one, before it counts as a failure (2.0 unless set).
     #[must_use]
     pub fn tolerance(mut self, tolerance: f64) -> Self {
-        if let Rule::Gradient2 { tolerance: t, .. } = &mut self.rule {
-            *t = tolerance;
+        match &mut self.rule {
+            Rule::Gradient2 { tolerance: t, .. } | Rule::Aimd { tolerance: t, .. } => {
+                *t = tolerance;
+            }
         }
         self
     }
@@ -148,11 +163,14 @@ impl Adaptive {
         self
     }
 
-    /// AIMD: a request that takes longer counts as a failure (5 s unless set).
+    /// AIMD: a request that takes longer counts as a failure. Unless set, a request slower
+    /// than [`tolerance`](Self::tolerance) times the unloaded round trip (the least seen,
+    /// forgotten slowly) and a millisecond more does: an overloaded service answers slowly
+    /// before it answers with errors.
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         if let Rule::Aimd { timeout_us, .. } = &mut self.rule {
-            *timeout_us = u64::try_from(timeout.as_micros()).unwrap_or(u64::MAX);
+            *timeout_us = Some(u64::try_from(timeout.as_micros()).unwrap_or(u64::MAX));
         }
         self
     }
@@ -186,7 +204,9 @@ impl Adaptive {
             ));
         }
         match self.rule {
-            Rule::Gradient2 { tolerance, .. } if !(tolerance >= 1.0 && tolerance.is_finite()) => {
+            Rule::Gradient2 { tolerance, .. } | Rule::Aimd { tolerance, .. }
+                if !(tolerance >= 1.0 && tolerance.is_finite()) =>
+            {
                 return fail(format!(
                     "the tolerance must be at least 1.0 (got {tolerance})"
                 ));
@@ -196,7 +216,10 @@ impl Adaptive {
                     "the backoff must be above 0 and below 1 (got {backoff})"
                 ));
             }
-            Rule::Aimd { timeout_us: 0, .. } => return fail("the timeout must not be zero".into()),
+            Rule::Aimd {
+                timeout_us: Some(0),
+                ..
+            } => return fail("the timeout must not be zero".into()),
             _ => {}
         }
         match self.queue {

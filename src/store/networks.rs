@@ -132,8 +132,9 @@ impl Networks {
     /// network off it (`remove`); entries ended by `now_us` are dropped. Fails, changing
     /// nothing, past [`MOST`] entries.
     pub(crate) fn change(&self, entry: Listed, remove: bool, now_us: u64) -> Result<(), String> {
+        let same = |e: &Listed| e.network == entry.network && e.deny == entry.deny;
         let mut listed: Vec<Listed> = (self.listed.load().iter())
-            .filter(|e| e.until_us > now_us && e.name() != entry.name())
+            .filter(|e| e.until_us > now_us && !same(e))
             .copied()
             .collect();
         if !remove {

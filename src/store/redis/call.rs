@@ -33,16 +33,16 @@ pub(super) const INJECTED_CLOCK_TTL_SLACK_MS: u64 = 60_000;
 type Reply = (Verdict, Option<Grant>, Option<Arc<Tier>>);
 
 impl Inner {
-    pub(super) async fn decision(&self, checks: Checks) -> Result<Decision, StoreError> {
+    pub(super) async fn decision(&self, checks: &[Check]) -> Result<Decision, StoreError> {
         let link = self.linking.get(&self.target)?;
         let one_hash_slot = checks.iter().all(|c| c.key() == checks[0].key());
         let verdicts = if !link.conn.is_cluster() || one_hash_slot {
-            self.run(link, &checks).await?
+            self.run(link, checks).await?
         } else {
             // Boxed, as the pools' futures are: only clusters take this path.
-            Box::pin(self.across_hash_slots(link, &checks)).await?
+            Box::pin(self.across_hash_slots(link, checks)).await?
         };
-        Ok(decision_of(&checks, verdicts))
+        Ok(decision_of(checks, verdicts))
     }
 
     /// On a cluster, policies keyed by different caller keys live in different slots, which
@@ -376,16 +376,20 @@ impl Inner {
         self: Arc<Self>,
         checks: Checks,
     ) -> Result<Decision, StoreError> {
-        let kept = checks.clone();
+        // The checks travel with the decision, for a late one to give back what it took.
         let inner = self.clone();
-        let mut deciding = Box::pin(async move { inner.decision(checks).await });
+        let mut deciding = Box::pin(async move {
+            let result = inner.decision(&checks).await;
+            (checks, result)
+        });
         match tokio::time::timeout(self.deadline, &mut deciding).await {
-            Ok(result) => result,
+            Ok((_, result)) => result,
             Err(_) => {
                 let error = self.missed_deadline();
                 tokio::spawn(async move {
-                    if let Ok(Ok(late)) = tokio::time::timeout(LATE_REPLY_WAIT, deciding).await {
-                        self.give_back(&kept, &late).await;
+                    let late = tokio::time::timeout(LATE_REPLY_WAIT, deciding).await;
+                    if let Ok((checks, Ok(late))) = late {
+                        self.give_back(&checks, &late).await;
                     }
                 });
                 Err(error)
@@ -411,7 +415,7 @@ impl Inner {
             return;
         }
         metrics::counter!("ratelimit_late_replies_given_back_total").increment(1);
-        if let Err(error) = self.decision(undo).await {
+        if let Err(error) = self.decision(&undo).await {
             tracing::warn!(%error, "could not give back what a late decision took");
         }
     }
@@ -430,7 +434,7 @@ impl private::Sealed for RedisStore {
             let result = if takes {
                 inner.clone().deciding_past_deadline(checks).await
             } else {
-                match tokio::time::timeout(inner.deadline, inner.decision(checks)).await {
+                match tokio::time::timeout(inner.deadline, inner.decision(&checks)).await {
                     Ok(result) => result,
                     Err(_) => Err(inner.missed_deadline()),
                 }
@@ -451,12 +455,15 @@ impl private::Sealed for RedisStore {
         Box::pin(async move { inner.keep_network(entry, remove, now_us).await })
     }
 
-    /// On a task of its own; outside a runtime, not read.
+    /// On a task of its own; outside a runtime, not read (until the next second).
     fn read_networks(&self) {
-        if let Ok(runtime) = tokio::runtime::Handle::try_current()
-            && self.inner.registry.networks().due()
-        {
-            runtime.spawn(self.inner.clone().read_networks());
+        let networks = self.inner.registry.networks();
+        if !networks.due() {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(self.inner.clone().read_networks())),
+            Err(_) => networks.read(),
         }
     }
 

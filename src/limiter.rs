@@ -13,7 +13,7 @@
 //!    breaker, the deny cache, the failure policy and the metrics are updated on the way.
 //!
 //! [`Limiter::begin`] does the first two, through the lane the policy set was given when it
-//! was built ([`Lane`]), and answers when the store's answer is known at once;
+//! was built ([`Lane`](route::Lane)), and answers when the store's answer is known at once;
 //! [`Limiter::answered`] takes an answer that came later, and [`Limiter::after_response`] the
 //! charges that depend on the response's status. The service and its future only move requests,
 //! responses and futures between these calls. The administrative operations of
@@ -21,7 +21,7 @@
 
 use std::cell::OnceCell;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -36,7 +36,7 @@ use crate::decision::Decision;
 use crate::error::{ConfigError, FailurePolicy, KeyRejection, StoreError, StoreErrorKind};
 use crate::grpc::ResponseStyle;
 use crate::headers::{HeaderConfig, RateLimitHeaders};
-use crate::key::{KeyExtractor, RequestRef};
+use crate::key::{Key, KeyExtractor, RequestRef};
 use crate::lease::{self, Asking, LeaseWait, Leases};
 use crate::lists::LayerLists;
 use crate::policy::{CompiledPolicy, CostFn, Policy, RequestFn, StatusFn};
@@ -54,13 +54,14 @@ mod answer;
 mod admin;
 mod after;
 mod policies;
-mod set;
+mod route;
 mod give_back;
 mod failure;
 mod lists;
 mod near;
+mod steps;
 
-use set::{Lane, Policies, PolicySet};
+use route::{Carried, PolicySet, Route, Steps};
 
 use crate::adaptive::{Permits, Queued};
 
@@ -114,7 +115,7 @@ impl fmt::Debug for Config {
 /// The engine every clone of a layer, and every service it makes, shares.
 pub(crate) struct Limiter<St> {
     store: St,
-    /// The policies, swapped whole by [`Limiter::reload`].
+    /// The route of the policies, swapped whole by [`Limiter::reload`].
     policies: PolicySet,
     /// The layer's key and cost, for the policies of a reload without their own.
     key: Arc<dyn KeyExtractor>,
@@ -136,15 +137,7 @@ pub(crate) struct Limiter<St> {
     fallback: Option<MemoryStore>,
     /// The leases this instance holds, once a policy takes leases.
     leases: OnceLock<Arc<Leases>>,
-    /// Whether a policy lets requests wait for a reserved time (since the layer was built or
-    /// reloaded with one: only what the layer looks for, never what it decides).
-    waits: AtomicBool,
-    /// Whether a policy limits requests in flight (as `waits`).
-    in_flight: AtomicBool,
-    /// Whether a policy is an adaptive concurrency limit (as `waits`).
-    adaptive: AtomicBool,
-    /// Whether a policy warns of keys near their limit (as `waits`), and those warned of.
-    warns_near: AtomicBool,
+    /// The keys warned of being near their limit.
     near: crate::near::Warned,
     /// The keys each policy denied most, when the layer keeps them.
     top: Option<Arc<Tracker>>,
@@ -252,12 +245,19 @@ pub(crate) struct Ticket {
     span: Span,
     /// Whether the checks end with the looks at the key's list entries.
     lists: bool,
+    /// The steps of the route the request was planned on.
+    steps: Steps,
 }
 
 impl Ticket {
     /// The ticket of checks just planned, with the local fallback's checks and the charges
     /// after the response: the rest is filled in as they are sent.
-    fn planned(fallback: Option<Checks>, after: Vec<AfterResponse>, span: Span) -> Self {
+    fn planned(
+        fallback: Option<Checks>,
+        after: Vec<AfterResponse>,
+        span: Span,
+        steps: Steps,
+    ) -> Self {
         Ticket {
             permit: Permit::Call,
             asking: None,
@@ -269,8 +269,17 @@ impl Ticket {
             permits: None,
             span,
             lists: false,
+            steps,
         }
     }
+}
+
+/// A request's checks as planned: the store's, the local fallback's, and the charges after
+/// the response.
+struct Planned {
+    checks: Checks,
+    fallback: Option<Checks>,
+    after: Vec<AfterResponse>,
 }
 
 /// A charge or refund that depends on the response: its status, or its real cost.
@@ -309,22 +318,6 @@ impl<St> Limiter<St> {
     fn leases(&self) -> Option<&Arc<Leases>> {
         self.leases.get()
     }
-
-    fn waits(&self) -> bool {
-        self.waits.load(Ordering::Relaxed)
-    }
-
-    fn limits_in_flight(&self) -> bool {
-        self.in_flight.load(Ordering::Relaxed)
-    }
-
-    fn warns_near(&self) -> bool {
-        self.warns_near.load(Ordering::Relaxed)
-    }
-
-    fn adapts(&self) -> bool {
-        self.adaptive.load(Ordering::Relaxed)
-    }
 }
 
 impl<St: Store> Limiter<St> {
@@ -360,11 +353,23 @@ impl<St: Store> Limiter<St> {
             .transpose()?;
         let lists = LayerLists::of(lists.as_ref(), &config.key, &store, set.leases)?;
         let plain = config.deny_cache.is_none() && fallback.is_none();
-        let lane = Lane::of(&set.policies, St::DECIDES_ALONE, plain);
+        let keys = config.deny_cache.is_some()
+            || top.is_some()
+            || headers.partition.is_some()
+            || !St::DECIDES_ALONE;
+        let (at_once, listing) = (St::DECIDES_ALONE, lists.is_some());
+        let route = Route::compile(
+            set.policies,
+            &config.policies,
+            at_once,
+            plain,
+            listing,
+            keys,
+        );
         let leases = (set.leases.then(Leases::new)).map_or_else(OnceLock::new, OnceLock::from);
         Ok(Limiter {
             store,
-            policies: PolicySet::new(Policies::new(set.policies, lane)),
+            policies: PolicySet::new(route),
             key: config.key,
             cost: config.cost,
             summary: Mutex::new(set.summary),
@@ -379,10 +384,6 @@ impl<St: Store> Limiter<St> {
             decision_extension: config.decision_extension,
             fallback,
             leases,
-            waits: AtomicBool::new(set.waits),
-            in_flight: AtomicBool::new(set.in_flight),
-            adaptive: AtomicBool::new(set.adaptive),
-            warns_near: AtomicBool::new(set.near),
             near: crate::near::Warned::new(on_near_limit),
             top,
             lists,
@@ -397,47 +398,62 @@ impl<St: Store> Limiter<St> {
         if self.exempt.as_ref().is_some_and(|f| f(request)) {
             return Next::nothing();
         }
-        // In memory the lists answer here, whatever the lane; elsewhere in `plan`.
-        if St::DECIDES_ALONE
-            && let Some(next) = self.listed_at_once(request)
-        {
-            return next;
-        }
-        let policies = self.policies.load();
-        match policies.lane() {
-            Lane::Alone => self.begin_alone(&policies[0], request, &policies),
-            Lane::Together => self.begin_together(request, &policies),
-            Lane::Checks => self.plan(request, &policies, Vec::new()),
-        }
+        let route = self.policies.load();
+        self.go(request, &route, &mut Carried::default())
     }
 
-    /// Plans `request` against every policy that applies, and decides it (the general way),
-    /// holding `held` (the permits of the adaptive limits that admitted it after a wait).
-    fn plan(
+    /// Plans `request` against every policy of `route` that applies (and the runtime entries of
+    /// the key `listed`, if any), and decides it (the general way).
+    pub(super) fn plan(
         &self,
         request: &RequestRef<'_>,
-        policies: &[CompiledPolicy],
-        mut held: Permits,
+        route: &Route,
+        listed: Option<Key>,
     ) -> Next<St::Future> {
-        let listed = match self.listed(request) {
-            Ok(listed) => listed,
-            Err(answer) => return answer.holding(held),
+        let Planned {
+            mut checks,
+            fallback,
+            after,
+        } = match self.checks(request, route) {
+            Ok(planned) => planned,
+            Err(answer) => return answer,
         };
-        if self.adapts()
-            && let Some(next) = self.admitted(request, policies, &mut held)
-        {
-            return next;
+        let lists = self.push_list_checks(listed, &mut checks);
+        if checks.is_empty() {
+            return Next::nothing();
         }
+        let span = decision_span();
+        let _entered = span.enter();
+        traced(&span, |span| {
+            let names: Vec<&str> = checks.iter().map(|c| c.tier().name()).collect();
+            span.record("policies", names.join(","));
+        });
+        // Pre-check. The layer's clock is read only when the deny cache, a lease or an open
+        // breaker needs it.
+        if let Some(denied) = self.known_denied(&checks, &span, route.steps()) {
+            return denied;
+        }
+        let mut ticket = Ticket::planned(fallback, after, span.clone(), route.steps());
+        ticket.lists = lists;
+        self.ask_store(checks, ticket)
+    }
+
+    /// The checks of every policy of `route` that applies to `request` but the adaptive
+    /// limits (their step came before), with the local fallback's and the charges after the
+    /// response; or the answer to a key a policy rejected.
+    #[allow(clippy::result_large_err)]
+    #[inline(always)]
+    fn checks(&self, request: &RequestRef<'_>, route: &Route) -> Result<Planned, Next<St::Future>> {
         let mut checks = Checks::new();
         let mut fallback = self.fallback.as_ref().map(|_| Checks::new());
         let mut after = Vec::new();
-        for policy in policies {
+        for policy in route.iter() {
             if !policy.applies(request) || policy.adaptive().is_some() {
                 continue;
             }
             let key = match policy.key(request) {
                 Ok(key) => key,
-                Err(rejection) => return self.key_rejected(policy, &rejection),
+                Err(rejection) => return Err(self.key_rejected(policy, &rejection)),
             };
             let index = policy.tier_index(request, &key);
             let tier = policy.tier(index).seen_by(request);
@@ -451,29 +467,20 @@ impl<St: Store> Limiter<St> {
             }
             checks.push(Check::new(tier.clone(), key, cost, op));
         }
-        let lists = self.push_list_checks(listed, &mut checks);
-        if checks.is_empty() {
-            return Next::nothing().holding(held);
-        }
-        let span = decision_span();
-        let _entered = span.enter();
-        traced(&span, |span| {
-            let names: Vec<&str> = checks.iter().map(|c| c.tier().name()).collect();
-            span.record("policies", names.join(","));
-        });
-        // Pre-check. The layer's clock is read only when the deny cache, a lease or an open
-        // breaker needs it.
-        if let Some(denied) = self.known_denied(&checks, &span) {
-            return denied;
-        }
-        let mut ticket = Ticket::planned(fallback, after, span.clone());
-        ticket.lists = lists;
-        let next = self.ask_store(checks, ticket);
-        next.holding(held)
+        Ok(Planned {
+            checks,
+            fallback,
+            after,
+        })
     }
 
     /// The answer of the deny cache, if it knows one of `checks`' keys to be limited.
-    fn known_denied(&self, checks: &[Check], span: &Span) -> Option<Next<St::Future>> {
+    fn known_denied(
+        &self,
+        checks: &[Check],
+        span: &Span,
+        steps: Steps,
+    ) -> Option<Next<St::Future>> {
         let cache = self.deny_cache.as_ref()?;
         let decision = cache.lookup(checks, self.clock.now_micros())?;
         traced(span, |span| {
@@ -481,7 +488,7 @@ impl<St: Store> Limiter<St> {
             record_outcome(span, &decision, false);
         });
         metrics::counter!("ratelimit_deny_cache_hits_total").increment(1);
-        let keys = self.keys(checks);
+        let keys = Self::keys(checks, steps);
         self.record_limited(&decision, keys.as_deref());
         let headers = self.response_headers(&decision, keys.as_deref());
         Some(self.limited(decision, &headers))
@@ -522,17 +529,13 @@ impl<St: Store> Limiter<St> {
         if let Some(leases) = self.leases() {
             match leases.plan(&mut checks, now(), !ticket.after.is_empty()) {
                 lease::Plan::Local(decision) => {
-                    let keys = self.keys(&checks);
+                    let keys = Self::keys(&checks, ticket.steps);
                     traced(&ticket.span, |span| {
                         span.record("lease", true);
                     });
-                    return self.finish(
-                        decision,
-                        ticket.after,
-                        keys.as_deref(),
-                        false,
-                        &ticket.span,
-                    );
+                    let (after, span) = (ticket.after, &ticket.span);
+                    let keys = keys.as_deref();
+                    return self.finish(decision, after, keys, false, span, ticket.steps);
                 }
                 lease::Plan::Store(a) => ticket.asking = a.map(Box::new),
                 lease::Plan::Wait(wait) => return Next::Lease(wait, Box::new((checks, ticket))),
@@ -545,7 +548,7 @@ impl<St: Store> Limiter<St> {
             .asking
             .as_ref()
             .map_or(&checks[..], |a| a.own(&checks));
-        ticket.keys = self.keys(own);
+        ticket.keys = Self::keys(own, ticket.steps);
         self.send(checks, ticket)
     }
 
@@ -563,33 +566,31 @@ impl<St: Store> Limiter<St> {
             return self.answered(ticket, Ok(decision));
         }
         ticket.started = Some(Instant::now());
-        ticket.gives_back_later = (self.limits_in_flight() || self.waits())
-            && checks.iter().any(|c| c.op().gives_back_later());
+        ticket.gives_back_later =
+            ticket.steps.gives_back() && checks.iter().any(|c| c.op().gives_back_later());
         Next::Store(self.store.check(checks), ticket)
     }
 
-    /// `checks` as the ticket keeps them, when the deny cache, the IETF `pk` or reserved units
-    /// to give back need them.
-    fn keys(&self, checks: &[Check]) -> Option<Vec<Check>> {
-        self.needs_keys().then(|| checks.to_vec())
+    /// `checks` as the ticket keeps them, when the route's `steps` keep them (for the deny
+    /// cache, the IETF `pk`, reserved units to give back...).
+    fn keys(checks: &[Check], steps: Steps) -> Option<Vec<Check>> {
+        steps.keeps_keys().then(|| checks.to_vec())
     }
 
     /// Whether nothing stands between a request and the store but its policies (no deny
-    /// cache or local fallback), for [`Lane::of`]. The breaker does not count: a store that
+    /// cache or local fallback), for [`Lane::of`](route::Lane::of). The breaker does not count: a store that
     /// decides at once never fails, so it never opens one.
     fn plain(&self) -> bool {
         self.deny_cache.is_none() && self.fallback.is_none()
     }
 
-    /// Whether the ticket keeps the request's keys: for the deny cache, the top limited keys,
-    /// the IETF `pk`, a reserved time to give back, or the denials held through an outage.
-    fn needs_keys(&self) -> bool {
+    /// Whether the layer keeps a request's checks after its decision, whatever its route: for
+    /// the deny cache, the top limited keys, the IETF `pk`, or the denials held through an
+    /// outage.
+    fn keeps_keys(&self) -> bool {
         self.deny_cache.is_some()
             || self.top.is_some()
             || self.headers.partition.is_some()
-            || self.waits()
-            || self.limits_in_flight()
-            || self.warns_near()
             || self.held.is_some()
     }
 }

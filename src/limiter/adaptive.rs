@@ -2,6 +2,7 @@
 //! policy that applies admits it (a permit, held until its response body ends), queues it, or
 //! sheds it (`503`). Decided in this process; the store is never asked.
 
+use super::route::Carried;
 use super::{Limiter, Next};
 use crate::adaptive::{Admission, Permits, Queued};
 use crate::body::BodyGuard;
@@ -49,14 +50,15 @@ impl<St: Store> Limiter<St> {
         Next::Respond(self.responses.shed(policy))
     }
 
-    /// A request whose queued wait came: planned again, holding `held`.
+    /// A request whose queued wait came: its steps and its decision again, holding `held`.
     pub(crate) fn begin_holding(
         &self,
         request: &RequestRef<'_>,
         held: Permits,
     ) -> Next<St::Future> {
-        let policies = self.policies.load();
-        self.plan(request, &policies, held)
+        let route = self.policies.load();
+        let mut carried = Carried::holding(held);
+        self.go(request, &route, &mut carried)
     }
 }
 

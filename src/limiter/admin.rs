@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use std::time::SystemTime;
 
 use super::Limiter;
-use super::set::Lane;
+use super::route::Lane;
 use crate::decision::{Decision, PolicyOutcome};
 use crate::error::{LimitError, StoreError};
 use crate::key::Key;

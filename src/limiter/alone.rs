@@ -1,4 +1,4 @@
-//! The lanes of [`Limiter::begin`] on borrowed values ([`Lane::Alone`](super::set::Lane::Alone), [`Lane::Together`](super::set::Lane::Together)):
+//! The lanes of [`Limiter::begin`] on borrowed values ([`Lane::Alone`](super::route::Lane::Alone), [`Lane::Together`](super::route::Lane::Together)):
 //! requests of policies enforced up front that nothing else has a say in, on a store that
 //! decides at once (the memory store), decided before anything else is planned: no `Check`,
 //! no ticket, no tier or key cloned, and for one policy no `Decision` when nothing reads one.
@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use super::route::Route;
+use super::route::{Carried, Steps};
 use super::{Limiter, Next};
 use crate::algorithm::Verdict;
 use crate::decision::{Decision, PolicyOutcome};
@@ -17,13 +19,14 @@ use crate::store::{Check, Enforced, Op, Store, TOGETHER};
 use crate::telemetry::{decision_span, spans_enabled, traced};
 
 impl<St: Store> Limiter<St> {
-    /// A request of [`Lane::Alone`](super::set::Lane::Alone): no check or ticket is made, no tier or key is cloned.
+    /// A request of [`Lane::Alone`](super::route::Lane::Alone): no check or ticket is made, no tier or key is cloned.
     #[inline(always)]
     pub(super) fn begin_alone(
         &self,
         policy: &CompiledPolicy,
         request: &RequestRef<'_>,
-        policies: &[CompiledPolicy],
+        route: &Route,
+        carried: &mut Carried,
     ) -> Next<St::Future> {
         if !policy.applies(request) {
             return Next::nothing();
@@ -36,22 +39,24 @@ impl<St: Store> Limiter<St> {
         let cost = policy.cost(request);
         match self.store.check_alone(tier, &key, cost) {
             Some((verdict, own)) => {
-                self.answer_alone(own.as_ref().unwrap_or(tier), &key, cost, verdict)
+                let tier = own.as_ref().unwrap_or(tier);
+                self.answer_alone(tier, &key, cost, verdict, route.steps())
             }
             // A store that says it decides alone always does; were it not to, the general way.
-            None => self.plan(request, policies, Vec::new()),
+            None => self.plan(request, route, carried.listed().take()),
         }
     }
 
-    /// A request of [`Lane::Together`](super::set::Lane::Together): the policies that apply decided together on their
+    /// A request of [`Lane::Together`](super::route::Lane::Together): the policies that apply decided together on their
     /// borrowed tiers and keys (no check or ticket is made).
     pub(super) fn begin_together(
         &self,
         request: &RequestRef<'_>,
-        policies: &[CompiledPolicy],
+        route: &Route,
+        carried: &mut Carried,
     ) -> Next<St::Future> {
         let mut keys: SmallVec<[(&Arc<Tier>, Key, u64); TOGETHER]> = SmallVec::new();
-        for policy in policies.iter().filter(|p| p.applies(request)) {
+        for policy in route.iter().filter(|p| p.applies(request)) {
             let key = match policy.key(request) {
                 Ok(key) => key,
                 Err(rejection) => return self.key_rejected(policy, &rejection),
@@ -68,7 +73,7 @@ impl<St: Store> Limiter<St> {
         }
         let Some(decision) = self.store.check_together(&together) else {
             // As `begin_alone`: a store that says it decides at once always does.
-            return self.plan(request, policies, Vec::new());
+            return self.plan(request, route, carried.listed().take());
         };
         let span = decision_span();
         let _entered = span.enter();
@@ -76,13 +81,14 @@ impl<St: Store> Limiter<St> {
             let names: Vec<&str> = keys.iter().map(|(tier, ..)| tier.name()).collect();
             span.record("policies", names.join(","));
         });
-        let kept = self.needs_keys().then(|| {
+        let steps = route.steps();
+        let kept = steps.keeps_keys().then(|| {
             let kept = keys.iter().map(|(tier, key, cost)| {
                 Check::new(Arc::clone(tier), key.clone(), *cost, Op::Enforce)
             });
             kept.collect::<Vec<_>>()
         });
-        self.finish(decision, Vec::new(), kept.as_deref(), false, &span)
+        self.finish(decision, Vec::new(), kept.as_deref(), false, &span, steps)
     }
 
     /// The verdict of a request decided alone: the headers of an admitted request made from
@@ -94,6 +100,7 @@ impl<St: Store> Limiter<St> {
         key: &Key,
         cost: u64,
         verdict: Verdict,
+        steps: Steps,
     ) -> Next<St::Future> {
         if verdict.allowed
             && !self.decision_extension
@@ -108,10 +115,9 @@ impl<St: Store> Limiter<St> {
             span.record("policies", tier.name());
         });
         let decision = Decision::one(PolicyOutcome::new(tier, false, verdict));
-        let keys = self
-            .needs_keys()
+        let keys = (steps.keeps_keys())
             .then(|| vec![Check::new(tier.clone(), key.clone(), cost, Op::Enforce)]);
-        self.finish(decision, Vec::new(), keys.as_deref(), false, &span)
+        self.finish(decision, Vec::new(), keys.as_deref(), false, &span, steps)
     }
 
     /// A request its one policy admitted when nothing reads the decision but the

@@ -3,6 +3,7 @@
 
 use tracing::Span;
 
+use super::route::{Admitted, Steps};
 use super::{AfterResponse, Limiter, Next, Ticket};
 use crate::body::BodyGuard;
 use crate::decision::{Decision, PolicyOutcome};
@@ -74,7 +75,8 @@ impl<St: Store> Limiter<St> {
                 Err(next) => return next,
             },
         };
-        self.finish(decision, ticket.after, ticket.keys.as_deref(), local, &span)
+        let keys = ticket.keys.as_deref();
+        self.finish(decision, ticket.after, keys, local, &span, ticket.steps)
     }
 
     /// The decision's response (step 3's end): counts, headers, the limiter's own response
@@ -88,8 +90,11 @@ impl<St: Store> Limiter<St> {
         keys: Option<&[Check]>,
         local: bool,
         span: &Span,
+        steps: Steps,
     ) -> Next<F> {
-        traced(span, |span| record_outcome(span, &decision, self.waits()));
+        traced(span, |span| {
+            record_outcome(span, &decision, steps.has(Admitted::Reserved));
+        });
         if self.leases().is_some() {
             self.set_lease_ends(&mut after, &decision);
         }
@@ -102,42 +107,19 @@ impl<St: Store> Limiter<St> {
             tracing::debug!(policy = decision.binding().policy(), "rate limit exceeded");
             return self.limited(decision, &headers);
         }
-        if self.warns_near() {
-            self.warn_near(&decision, keys);
-        }
         if decision.shadow_violated().next().is_some() {
             tracing::debug!(
                 policies = ?decision.shadow_violated().map(|o| o.policy()).collect::<Vec<_>>(),
                 "shadow rate limit exceeded; request let through"
             );
         }
-        // Only a layer with a concurrency policy, or one that waits, pays for looking.
-        let held = if self.limits_in_flight() {
-            self.giving_back(&decision, keys, local, PolicyOutcome::held, None)
-        } else {
-            None
-        };
-        let wait = if self.waits() {
-            decision.wait()
-        } else {
-            std::time::Duration::ZERO
-        };
-        if !wait.is_zero() {
-            return self.delayed(decision, wait, headers, keys, local, held, after);
-        }
-        let decision = self.decision_extension.then_some(decision);
-        Next::Call {
-            headers: Some(headers),
-            decision,
-            held,
-            after,
-        }
+        self.admitted_steps(steps, decision, headers, keys, local, after)
     }
 
     /// An admitted request that waits `wait` for the time reserved for it: what gives its
     /// reserved units back if it goes away before, and the counts of requests delayed.
     #[allow(clippy::too_many_arguments)]
-    fn delayed<F>(
+    pub(super) fn delayed<F>(
         &self,
         decision: Decision,
         wait: std::time::Duration,

@@ -2,10 +2,9 @@
 //! none, compiled; and replaced whole by a reload, keeping every key's usage.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use super::Limiter;
-use super::set::{Lane, Policies};
+use super::route::Route;
 use crate::error::ConfigError;
 use crate::key::KeyExtractor;
 use crate::lease::Leases;
@@ -21,10 +20,6 @@ pub(super) struct CompiledSet {
     /// What each tier is, by name, for a reload's report.
     pub(super) summary: Vec<TierSummary>,
     pub(super) leases: bool,
-    pub(super) waits: bool,
-    pub(super) in_flight: bool,
-    pub(super) adaptive: bool,
-    pub(super) near: bool,
 }
 
 impl<St: Store> Limiter<St> {
@@ -78,10 +73,6 @@ impl<St: Store> Limiter<St> {
             policies: compiled,
             summary,
             leases: policies.iter().any(Policy::takes_leases),
-            waits: policies.iter().any(Policy::waits),
-            in_flight: policies.iter().any(Policy::limits_in_flight),
-            adaptive: policies.iter().any(Policy::adapts),
-            near: policies.iter().any(Policy::warns_near),
         })
     }
 
@@ -119,15 +110,19 @@ impl<St: Store> Limiter<St> {
         if set.leases {
             self.leases.get_or_init(Leases::new);
         }
-        self.waits.fetch_or(set.waits, Ordering::Relaxed);
-        self.in_flight.fetch_or(set.in_flight, Ordering::Relaxed);
-        self.adaptive.fetch_or(set.adaptive, Ordering::Relaxed);
-        self.warns_near.fetch_or(set.near, Ordering::Relaxed);
         if let Some(top) = &self.top {
             top.set_policies(set.policies.iter().map(|p| p.name()));
         }
-        let lane = Lane::of(&set.policies, St::DECIDES_ALONE, self.plain());
-        self.policies.replace(Policies::new(set.policies, lane));
+        let (at_once, lists) = (St::DECIDES_ALONE, self.lists.is_some());
+        let route = Route::compile(
+            set.policies,
+            policies,
+            at_once,
+            self.plain(),
+            lists,
+            self.keeps_keys(),
+        );
+        self.policies.replace(route);
         *summary = set.summary;
         Ok(report)
     }

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::adaptive::Permits;
+use crate::adaptive::{AdaptivePermit, Permits};
 use crate::settle::meter::Meter;
 
 /// How [`RateLimit`](crate::RateLimit)'s responses carry their bodies: the inner service's
@@ -36,80 +36,82 @@ pub trait MakeBody<B> {
     fn held(body: B, held: BodyGuard) -> Self::Body;
 }
 
-/// What a response body holds until it ends: the slots a request holds in a store (of a
-/// concurrency limit, held until its response body ends), and the count of what the body
-/// really cost, for a policy that settles from it ([`Settle`](crate::Settle)). Dropping it
-/// gives the slots back and settles the count (without waiting for the store's answer); a
+/// What a response body holds until it ends, as one list: the slots a request holds in a store
+/// (of a concurrency limit, held until its response body ends), the places of the adaptive
+/// concurrency limits that admitted it, and the count of what the body really cost, for a
+/// policy that settles from it ([`Settle`](crate::Settle)). Dropping it gives the slots and
+/// places back and settles the count (without waiting for the store's answer); a
 /// [`MakeBody`] keeps it with the body.
 pub struct BodyGuard {
-    release: Option<Box<dyn FnOnce() + Send + Sync>>,
-    /// What few requests hold besides (one box, so that the guard is no larger for the
-    /// others).
-    more: Option<Box<More>>,
+    holds: Vec<Hold>,
 }
 
-/// The count of a body that settles its cost, and the places of the adaptive concurrency
-/// limits that admitted the request.
-#[derive(Default)]
-struct More {
-    meter: Option<Meter>,
-    permits: Permits,
+/// One thing a response body holds.
+enum Hold {
+    /// Given back (called) when the guard is dropped.
+    Release(Box<dyn FnOnce() + Send + Sync>),
+    /// A place in an adaptive limit, which learns from the response.
+    Permit(AdaptivePermit),
+    /// The count of the body, for a policy that settles from it.
+    Meter(Meter),
 }
 
 impl BodyGuard {
     /// What `release` gives back, when dropped.
     pub(crate) fn new(release: impl FnOnce() + Send + Sync + 'static) -> Self {
         BodyGuard {
-            release: Some(Box::new(release)),
-            more: None,
+            holds: vec![Hold::Release(Box::new(release))],
         }
     }
 
-    /// `held` (if any), with what `add` puts in what it holds besides.
-    fn with_more(held: Option<BodyGuard>, add: impl FnOnce(&mut More)) -> Self {
-        let mut held = held.unwrap_or(BodyGuard {
-            release: None,
-            more: None,
-        });
-        add(held.more.get_or_insert_default());
+    /// `held` (if any) holding `holds` too.
+    fn with(held: Option<BodyGuard>, holds: impl IntoIterator<Item = Hold>) -> Self {
+        let mut held = held.unwrap_or(BodyGuard { holds: Vec::new() });
+        held.holds.extend(holds);
         held
     }
 
     /// `held` (if any) holding `permits` too.
     pub(crate) fn holding(held: Option<BodyGuard>, permits: Permits) -> Self {
-        Self::with_more(held, |more| more.permits.extend(permits))
+        Self::with(held, permits.into_iter().map(Hold::Permit))
     }
 
     /// `held` (if any) with `meter` counting the body.
     pub(crate) fn metered(held: Option<BodyGuard>, meter: Meter) -> Self {
-        Self::with_more(held, |more| more.meter = Some(meter))
+        Self::with(held, [Hold::Meter(meter)])
     }
 
     /// The response came: the adaptive limits it holds places of learn from it, a failure
     /// when `failed` (a `5xx`, or the inner service's error) when their places are given back.
     pub(crate) fn responded(&mut self, failed: bool) {
-        for permit in self.more.iter_mut().flat_map(|m| m.permits.iter_mut()) {
-            permit.responded(failed);
+        for hold in &mut self.holds {
+            if let Hold::Permit(permit) = hold {
+                permit.responded(failed);
+            }
         }
     }
 
-    /// The request went on with its reserved time: it is spent, not given back.
+    /// The request went on with its reserved time: what it would give back is spent.
     pub(crate) fn keep(mut self) {
-        self.release = None;
+        self.holds.retain(|hold| !matches!(hold, Hold::Release(_)));
     }
 
     /// Counts one frame of the body, for a policy that settles from it.
     pub(crate) fn observe(&mut self, frame: &Frame<Bytes>) {
-        if let Some(meter) = self.more.as_mut().and_then(|m| m.meter.as_mut()) {
-            meter.observe(frame);
+        for hold in &mut self.holds {
+            if let Hold::Meter(meter) = hold {
+                meter.observe(frame);
+            }
         }
     }
 }
 
 impl Drop for BodyGuard {
     fn drop(&mut self) {
-        if let Some(release) = self.release.take() {
-            release();
+        for hold in self.holds.drain(..) {
+            if let Hold::Release(release) = hold {
+                release();
+            }
         }
     }
 }

@@ -25,7 +25,7 @@ use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::grpc;
 use crate::headers::RateLimitHeaders;
-use crate::limiter::{AfterResponse, Limiter, Next};
+use crate::limiter::{AfterResponse, Carried, Limiter, Next};
 use crate::store::Store;
 use crate::store::private::Sealed;
 use crate::waiting::Waiting;
@@ -124,14 +124,16 @@ where
         next: Next<<St as Sealed>::Future>,
         request: Request<ReqB>,
         inner: &mut S,
+        carried: Carried,
     ) -> Self {
         if !next.waits() {
-            return Self::new(respond_or_call(limiter, next, request, inner));
+            return Self::new(respond_or_call(limiter, next, request, inner, carried));
         }
         // The inner service was made ready: that one waits with the request, and a clone
         // stays behind.
         let clone = inner.clone();
-        let waiting = Waiting::new(limiter, next, request, std::mem::replace(inner, clone));
+        let inner = std::mem::replace(inner, clone);
+        let waiting = Waiting::new(limiter, next, request, inner, carried);
         Self::new(Phase::Waiting {
             waiting: Some(Box::new(waiting)),
         })
@@ -201,7 +203,8 @@ where
     let w = waiting.as_mut().expect(POLLED_AFTER_READY);
     let next = ready!(w.poll_next(cx));
     let request = w.request.take().expect(POLLED_AFTER_READY);
-    let phase = respond_or_call(&w.limiter, next, request, &mut w.inner);
+    let carried = w.take_carried();
+    let phase = respond_or_call(&w.limiter, next, request, &mut w.inner, carried);
     *waiting = None;
     Poll::Ready(phase)
 }
@@ -214,6 +217,7 @@ fn respond_or_call<S, ReqB, C, R, St: Store>(
     next: Next<<St as Sealed>::Future>,
     request: Request<ReqB>,
     inner: &mut S,
+    carried: Carried,
 ) -> Phase<S, ReqB, S::Future, C, R, Limiter<St>>
 where
     S: Service<Request<ReqB>>,
@@ -249,14 +253,14 @@ where
             };
             (headers, decision, held, after)
         }
-        Next::Store(..) | Next::Lease(..) | Next::Queued(_) => {
+        Next::Store(..) | Next::Lease(..) | Next::Pending(_) => {
             unreachable!("a step that waits is awaited first")
         }
     };
     call(
         headers,
         decision,
-        held,
+        carried.into_held(held),
         charging(limiter, after),
         request,
         inner,

@@ -61,9 +61,8 @@ mod lists;
 mod near;
 mod steps;
 
-use route::{Carried, PolicySet, Route, Steps};
-
-use crate::adaptive::{Permits, Queued};
+pub(crate) use route::Carried;
+use route::{Pending, PolicySet, Route, Steps};
 
 /// Chosen before anything is registered in the store: whether every request of `policies` is
 /// decided on packed states under the shared lock (one GCRA, or two to four packed policies
@@ -192,9 +191,9 @@ pub(crate) enum Next<F> {
     /// the lease this one needs, then [`Limiter::resume`] with the request's checks and their
     /// ticket.
     Lease(LeaseWait, Box<(Checks, Ticket)>),
-    /// Wait in an adaptive concurrency limit's queue, then plan again holding its permit
-    /// ([`Limiter::begin_holding`]), or be shed when the wait runs out.
-    Queued(Box<Queued>),
+    /// Wait for what a step before the decision waits for, then run the steps again
+    /// ([`Limiter::resumed`]) with what it gave.
+    Pending(Pending),
 }
 
 impl<F> Next<F> {
@@ -203,7 +202,7 @@ impl<F> Next<F> {
     pub(crate) fn waits(&self) -> bool {
         matches!(
             self,
-            Next::Store(..) | Next::Lease(..) | Next::Wait { .. } | Next::Queued(_)
+            Next::Store(..) | Next::Lease(..) | Next::Wait { .. } | Next::Pending(_)
         )
     }
 
@@ -238,9 +237,6 @@ pub(crate) struct Ticket {
     /// be given back should the request go away before the decision comes.
     gives_back_later: bool,
     after: Vec<AfterResponse>,
-    /// The permits of the adaptive limits that admitted the request, for its call (boxed, as
-    /// few requests have any: a ticket is moved with every decision).
-    permits: Option<Box<Permits>>,
     /// The decision's `debug` span, disabled unless a subscriber wants it.
     span: Span,
     /// Whether the checks end with the looks at the key's list entries.
@@ -266,7 +262,6 @@ impl Ticket {
             started: None,
             gives_back_later: false,
             after,
-            permits: None,
             span,
             lists: false,
             steps,
@@ -392,14 +387,19 @@ impl<St: Store> Limiter<St> {
         })
     }
 
-    /// Plans `request` and, where it can, decides it at once (steps 1 and 2).
+    /// Plans `request` and, where it can, decides it at once (steps 1 and 2); what its steps
+    /// before the decision give goes in `carried`, which the request keeps to its call.
     #[inline]
-    pub(crate) fn begin(&self, request: &RequestRef<'_>) -> Next<St::Future> {
+    pub(crate) fn begin(
+        &self,
+        request: &RequestRef<'_>,
+        carried: &mut Carried,
+    ) -> Next<St::Future> {
         if self.exempt.as_ref().is_some_and(|f| f(request)) {
             return Next::nothing();
         }
         let route = self.policies.load();
-        self.go(request, &route, &mut Carried::default())
+        self.go(request, &route, carried)
     }
 
     /// Plans `request` against every policy of `route` that applies (and the runtime entries of
@@ -511,11 +511,10 @@ impl<St: Store> Limiter<St> {
     }
 
     /// [`Limiter::ask_store`] for a request that waited for another's lease.
-    pub(crate) fn resume(&self, checks: Checks, mut ticket: Ticket) -> Next<St::Future> {
+    pub(crate) fn resume(&self, checks: Checks, ticket: Ticket) -> Next<St::Future> {
         let span = ticket.span.clone();
         let _entered = span.enter();
-        let permits = ticket.permits.take();
-        self.ask_store(checks, ticket).holding_boxed(permits)
+        self.ask_store(checks, ticket)
     }
 
     /// The rest of step 2 for a planned request: the leases held here, then the breaker and

@@ -11,7 +11,7 @@ use tower_service::Service;
 use crate::body::{MakeBody, Wrapped};
 use crate::future::{ResponseFuture, with_decision};
 use crate::key::RequestRef;
-use crate::limiter::{Limiter, Next};
+use crate::limiter::{Carried, Limiter, Next};
 use crate::store::Store;
 
 /// The middleware made by [`RateLimitLayer`](crate::RateLimitLayer).
@@ -88,7 +88,8 @@ where
     }
 
     fn call(&mut self, mut request: Request<ReqB>) -> Self::Future {
-        match self.limiter.begin(&RequestRef::new(&request)) {
+        let mut carried = Carried::default();
+        match self.limiter.begin(&RequestRef::new(&request), &mut carried) {
             // The common case, with the request moved as little as it can be.
             Next::Call {
                 headers,
@@ -96,11 +97,15 @@ where
                 held,
                 after,
             } => {
+                let held = carried.into_held(held);
                 with_decision(&mut request, decision);
                 let future = self.inner.call(request);
                 ResponseFuture::called(&self.limiter, headers, held, after, future)
             }
-            next => ResponseFuture::stepped(&self.limiter, next, request, &mut self.inner),
+            next => {
+                let limiter = &self.limiter;
+                ResponseFuture::stepped(limiter, next, request, &mut self.inner, carried)
+            }
         }
     }
 }

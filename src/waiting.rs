@@ -13,7 +13,7 @@ use std::task::{Context, Poll, ready};
 use http::Request;
 
 use crate::key::RequestRef;
-use crate::limiter::{Limiter, Next};
+use crate::limiter::{Carried, Limiter, Next};
 use crate::store::Store;
 use crate::store::private::Sealed;
 
@@ -35,6 +35,8 @@ pub(crate) struct Waiting<S, ReqB, C, L> {
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     /// What lets the store's decision finish without the request, and gives back what it took.
     abandoned: Option<Box<dyn FnOnce(C) + Send>>,
+    /// What the steps before the decision gave, kept to the call.
+    carried: Carried,
 }
 
 impl<S, ReqB, C, L> Drop for Waiting<S, ReqB, C, L> {
@@ -57,8 +59,10 @@ where
         next: Next<<St as Sealed>::Future>,
         request: Request<ReqB>,
         inner: S,
+        carried: Carried,
     ) -> Self {
         let mut waiting = Waiting {
+            carried,
             request: Some(request),
             inner,
             limiter: limiter.clone(),
@@ -68,6 +72,11 @@ where
         };
         waiting.awaits(next);
         waiting
+    }
+
+    /// What the steps before the decision gave, taken to the call.
+    pub(crate) fn take_carried(&mut self) -> Carried {
+        std::mem::take(&mut self.carried)
     }
 
     /// Waits for what `next` waits for from now on.
@@ -102,16 +111,12 @@ where
                     let (checks, ticket) = *planned;
                     self.limiter.resume(checks, ticket)
                 }
-                Some(Next::Queued(queued)) => {
-                    let permits = ready!(queued.poll(cx));
+                Some(Next::Pending(pending)) => {
+                    let resumed = ready!(pending.poll(cx));
                     self.awaited = None;
-                    match permits {
-                        Ok(held) => {
-                            let request = self.request.as_ref().expect("a request that waits");
-                            self.limiter.begin_holding(&RequestRef::new(request), held)
-                        }
-                        Err(policy) => self.limiter.shed(&policy),
-                    }
+                    let request =
+                        RequestRef::new(self.request.as_ref().expect("a waiting request"));
+                    self.limiter.resumed(&request, resumed, &mut self.carried)
                 }
                 Some(Next::Wait { .. }) => {
                     if let Some(sleep) = &mut self.sleep {

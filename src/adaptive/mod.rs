@@ -5,9 +5,6 @@
 mod learn;
 mod limits;
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::error::ConfigError;
@@ -228,47 +225,6 @@ impl Adaptive {
                 "a queue's wait is above zero and at most an hour (got {wait:?})"
             )),
             _ => Ok(()),
-        }
-    }
-}
-
-/// A request waiting in an adaptive limit's queue: the wait, the permits it already holds (of
-/// the policies before it), and the policy's name (for the `503` if the wait runs out).
-pub(crate) struct Queued {
-    wait: Pin<Box<dyn Future<Output = Option<AdaptivePermit>> + Send>>,
-    held: Permits,
-    policy: Box<str>,
-}
-
-impl Queued {
-    /// A request waiting for `wait`, holding `held`, in the queue of the policy `policy`.
-    pub(crate) fn new(
-        wait: Pin<Box<dyn Future<Output = Option<AdaptivePermit>> + Send>>,
-        held: Permits,
-        policy: &str,
-    ) -> Self {
-        Queued {
-            wait,
-            held,
-            policy: policy.into(),
-        }
-    }
-
-    /// Holds `permits` too.
-    pub(crate) fn hold(&mut self, permits: Permits) {
-        self.held.extend(permits);
-    }
-
-    /// Polls the wait: the permits held then (`Err`: the policy whose wait ran out).
-    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<Permits, Box<str>>> {
-        match self.wait.as_mut().poll(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(permit)) => {
-                let mut held = std::mem::take(&mut self.held);
-                held.push(permit);
-                Poll::Ready(Ok(held))
-            }
-            Poll::Ready(None) => Poll::Ready(Err(std::mem::take(&mut self.policy))),
         }
     }
 }

@@ -21,18 +21,6 @@ impl<St: Store> Limiter<St> {
         mut ticket: Ticket,
         result: Result<Decision, StoreError>,
     ) -> Next<F> {
-        let permits = ticket.permits.take();
-        self.answered_holding_none(ticket, result)
-            .holding_boxed(permits)
-    }
-
-    /// [`answered`](Self::answered), the ticket's permits taken out.
-    #[inline(always)]
-    fn answered_holding_none<F>(
-        &self,
-        mut ticket: Ticket,
-        result: Result<Decision, StoreError>,
-    ) -> Next<F> {
         let span = std::mem::replace(&mut ticket.span, Span::none());
         let _entered = span.enter();
         if let Some(started) = ticket.started {

@@ -15,7 +15,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use arc_swap::{ArcSwap, Guard};
 
-use crate::adaptive::Permits;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use crate::adaptive::{AdaptivePermit, Permits};
+use crate::body::BodyGuard;
 use crate::key::Key;
 use crate::policy::{CompiledPolicy, Policy};
 use crate::store::TOGETHER;
@@ -197,14 +202,6 @@ pub(crate) struct Carried {
 }
 
 impl Carried {
-    /// What a request that waited carries: the permits it holds.
-    pub(crate) fn holding(permits: Permits) -> Self {
-        Carried {
-            listed: None,
-            permits,
-        }
-    }
-
     /// Where the lists' step puts the key whose runtime entries the store call reads.
     pub(crate) fn listed(&mut self) -> &mut Option<Key> {
         &mut self.listed
@@ -213,6 +210,39 @@ impl Carried {
     /// Where the adaptive limits' step puts its permits.
     pub(crate) fn permits(&mut self) -> &mut Permits {
         &mut self.permits
+    }
+
+    /// What the response body of an admitted request holds: `held`, and the permits.
+    #[inline(always)]
+    pub(crate) fn into_held(self, held: Option<BodyGuard>) -> Option<BodyGuard> {
+        if self.permits.is_empty() {
+            return held;
+        }
+        Some(BodyGuard::holding(held, self.permits))
+    }
+}
+
+/// A step before the decision that waits (a place in an adaptive limit's queue): once what it
+/// waits for comes, the steps run again with what it gave in the request's [`Carried`].
+pub(crate) struct Pending(Pin<Box<dyn Future<Output = Resumed> + Send>>);
+
+/// What a step that waited gives.
+pub(crate) enum Resumed {
+    /// A place in an adaptive limit.
+    Permit(AdaptivePermit),
+    /// Nothing: the wait in the queue of the adaptive policy named ran out.
+    Shed(Box<str>),
+}
+
+impl Pending {
+    /// A step waiting for `wait`.
+    pub(crate) fn new(wait: impl Future<Output = Resumed> + Send + 'static) -> Self {
+        Pending(Box::pin(wait))
+    }
+
+    /// Polls the wait.
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Resumed> {
+        self.0.as_mut().poll(cx)
     }
 }
 

@@ -1,7 +1,7 @@
 //! The engine's loops over a route's steps ([`Route`]): before the decision, and on a decision
 //! that admitted the request.
 
-use super::route::{Admitted, Before, Carried, Lane, Route, Steps};
+use super::route::{Admitted, Before, Carried, Lane, Resumed, Route, Steps};
 use super::{AfterResponse, Limiter, Next};
 use crate::body::BodyGuard;
 use crate::decision::{Decision, PolicyOutcome};
@@ -32,16 +32,13 @@ impl<St: Store> Limiter<St> {
     ) -> Next<St::Future> {
         for step in route.before() {
             if let Flow::Answer(next) = self.before(*step, request, route, carried) {
-                return next.holding(std::mem::take(carried.permits()));
+                return next;
             }
         }
         match route.lane() {
             Lane::Alone => self.begin_alone(&route[0], request, route, carried),
             Lane::Together => self.begin_together(request, route, carried),
-            Lane::Checks => {
-                let next = self.plan(request, route, carried.listed().take());
-                next.holding(std::mem::take(carried.permits()))
-            }
+            Lane::Checks => self.plan(request, route, carried.listed().take()),
         }
     }
 
@@ -66,6 +63,22 @@ impl<St: Store> Limiter<St> {
             Before::Adaptive => self.admitted(request, route, carried.permits()),
         };
         answer.map_or(Flow::Go, Flow::Answer)
+    }
+
+    /// A request whose step before the decision waited, and gave `resumed`: its steps and its
+    /// decision again, with what it gave.
+    pub(crate) fn resumed(
+        &self,
+        request: &RequestRef<'_>,
+        resumed: Resumed,
+        carried: &mut Carried,
+    ) -> Next<St::Future> {
+        match resumed {
+            Resumed::Permit(permit) => carried.permits().push(permit),
+            Resumed::Shed(policy) => return self.shed(&policy),
+        }
+        let route = self.policies.load();
+        self.go(request, &route, carried)
     }
 
     /// Runs the steps of an admitted `decision` (its checks `keys`; `local`: decided by the

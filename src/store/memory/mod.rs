@@ -403,7 +403,8 @@ impl private::Sealed for MemoryStore {
         Some(self.check_locked(checks))
     }
 
-    #[inline]
+    // Always inlined: a `check` without it costs about 50 instructions more.
+    #[inline(always)]
     fn check_alone(
         &self,
         tier: &Arc<Tier>,

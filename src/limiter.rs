@@ -62,7 +62,7 @@ mod near;
 mod steps;
 
 pub(crate) use route::Carried;
-use route::{Pending, PolicySet, Route, Steps};
+use route::{Around, Pending, PolicySet, Route, Steps};
 
 /// Chosen before anything is registered in the store: whether every request of `policies` is
 /// decided on packed states under the shared lock (one GCRA, or two to four packed policies
@@ -269,13 +269,13 @@ impl Ticket {
     }
 }
 
-/// A request's checks as planned: the store's, the local fallback's, and the charges after
-/// the response.
-struct Planned {
-    checks: Checks,
-    fallback: Option<Checks>,
-    after: Vec<AfterResponse>,
-}
+/// A request's checks as they are planned: the store's, the local fallback's, and the charges
+/// after the response.
+type Planned<'a> = (
+    &'a mut Checks,
+    &'a mut Option<Checks>,
+    &'a mut Vec<AfterResponse>,
+);
 
 /// A charge or refund that depends on the response: its status, or its real cost.
 pub(crate) enum AfterResponse {
@@ -331,8 +331,8 @@ impl<St: Store> Limiter<St> {
             .failure
             .divisor()
             .map(|_| MemoryStore::builder().clock(config.clock.clone()).build());
-        let shared = shared_lock(&config.policies);
-        let store = store.suited(shared && config.deny_cache.is_none() && fallback.is_none());
+        let plain = config.deny_cache.is_none() && fallback.is_none();
+        let store = store.suited(shared_lock(&config.policies) && plain);
         let set = Self::compile(
             &config.policies,
             &store,
@@ -347,20 +347,9 @@ impl<St: Store> Limiter<St> {
             .map(|top| Tracker::new(top, headers.partition.as_ref(), names).map(Arc::new))
             .transpose()?;
         let lists = LayerLists::of(lists.as_ref(), &config.key, &store, set.leases)?;
-        let plain = config.deny_cache.is_none() && fallback.is_none();
-        let keys = config.deny_cache.is_some()
-            || top.is_some()
-            || headers.partition.is_some()
-            || !St::DECIDES_ALONE;
-        let (at_once, listing) = (St::DECIDES_ALONE, lists.is_some());
-        let route = Route::compile(
-            set.policies,
-            &config.policies,
-            at_once,
-            plain,
-            listing,
-            keys,
-        );
+        let keys = config.deny_cache.is_some() || top.is_some() || headers.partition.is_some();
+        let around = Around::new::<St>(plain, lists.is_some(), keys);
+        let route = Route::compile(set.policies, &config.policies, around);
         let leases = (set.leases.then(Leases::new)).map_or_else(OnceLock::new, OnceLock::from);
         Ok(Limiter {
             store,
@@ -410,14 +399,13 @@ impl<St: Store> Limiter<St> {
         route: &Route,
         listed: Option<Key>,
     ) -> Next<St::Future> {
-        let Planned {
-            mut checks,
-            fallback,
-            after,
-        } = match self.checks(request, route) {
-            Ok(planned) => planned,
-            Err(answer) => return answer,
-        };
+        let mut checks = Checks::new();
+        let mut fallback = self.fallback.as_ref().map(|_| Checks::new());
+        let mut after = Vec::new();
+        let planned = (&mut checks, &mut fallback, &mut after);
+        if let Some(answer) = self.checks(request, route, planned) {
+            return answer;
+        }
         let lists = self.push_list_checks(listed, &mut checks);
         if checks.is_empty() {
             return Next::nothing();
@@ -438,40 +426,38 @@ impl<St: Store> Limiter<St> {
         self.ask_store(checks, ticket)
     }
 
-    /// The checks of every policy of `route` that applies to `request` but the adaptive
-    /// limits (their step came before), with the local fallback's and the charges after the
-    /// response; or the answer to a key a policy rejected.
-    #[allow(clippy::result_large_err)]
+    /// Adds the checks of every policy of `route` that applies to `request` but the adaptive
+    /// limits (their step came before) to the `planned` checks, the local fallback's and the
+    /// charges after the response (filled in place: they are large); or answers a key a
+    /// policy rejected.
     #[inline(always)]
-    fn checks(&self, request: &RequestRef<'_>, route: &Route) -> Result<Planned, Next<St::Future>> {
-        let mut checks = Checks::new();
-        let mut fallback = self.fallback.as_ref().map(|_| Checks::new());
-        let mut after = Vec::new();
+    fn checks(
+        &self,
+        request: &RequestRef<'_>,
+        route: &Route,
+        (checks, fallback, after): Planned<'_>,
+    ) -> Option<Next<St::Future>> {
         for policy in route.iter() {
             if !policy.applies(request) || policy.adaptive().is_some() {
                 continue;
             }
             let key = match policy.key(request) {
                 Ok(key) => key,
-                Err(rejection) => return Err(self.key_rejected(policy, &rejection)),
+                Err(rejection) => return Some(self.key_rejected(policy, &rejection)),
             };
             let index = policy.tier_index(request, &key);
             let tier = policy.tier(index).seen_by(request);
             let cost = policy.cost(request);
             let op = tier.part().op();
-            AfterResponse::planned(policy, tier, &key, cost, &mut after);
-            if let (Some(fallback), Some(local)) = (&mut fallback, policy.fallback_tier(index)) {
+            AfterResponse::planned(policy, tier, &key, cost, after);
+            if let (Some(fallback), Some(local)) = (&mut *fallback, policy.fallback_tier(index)) {
                 let local = local.seen_by(request);
                 let op = local.part().op();
                 fallback.push(Check::new(local.clone(), key.clone(), cost, op));
             }
             checks.push(Check::new(tier.clone(), key, cost, op));
         }
-        Ok(Planned {
-            checks,
-            fallback,
-            after,
-        })
+        None
     }
 
     /// The answer of the deny cache, if it knows one of `checks`' keys to be limited.
@@ -576,20 +562,15 @@ impl<St: Store> Limiter<St> {
         steps.keeps_keys().then(|| checks.to_vec())
     }
 
-    /// Whether nothing stands between a request and the store but its policies (no deny
-    /// cache or local fallback), for [`Lane::of`](route::Lane::of). The breaker does not count: a store that
-    /// decides at once never fails, so it never opens one.
-    fn plain(&self) -> bool {
-        self.deny_cache.is_none() && self.fallback.is_none()
-    }
-
-    /// Whether the layer keeps a request's checks after its decision, whatever its route: for
-    /// the deny cache, the top limited keys, the IETF `pk`, or the denials held through an
-    /// outage.
-    fn keeps_keys(&self) -> bool {
-        self.deny_cache.is_some()
-            || self.top.is_some()
-            || self.headers.partition.is_some()
-            || self.held.is_some()
+    /// What stands around the policies of this layer, for their route: whether nothing stands
+    /// between a request and the store but its policies (no deny cache or local fallback; the
+    /// breaker does not count: a store that decides at once never fails, so it never opens
+    /// one), the lists, and what keeps a request's checks after its decision (the deny cache,
+    /// the top limited keys, the IETF `pk`).
+    fn around(&self) -> Around {
+        let plain = self.deny_cache.is_none() && self.fallback.is_none();
+        let keys =
+            self.deny_cache.is_some() || self.top.is_some() || self.headers.partition.is_some();
+        Around::new::<St>(plain, self.lists.is_some(), keys)
     }
 }

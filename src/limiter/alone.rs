@@ -8,7 +8,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::route::Route;
-use super::route::{Carried, Steps};
+use super::route::Steps;
 use super::{Limiter, Next};
 use crate::algorithm::Verdict;
 use crate::decision::{Decision, PolicyOutcome};
@@ -26,7 +26,6 @@ impl<St: Store> Limiter<St> {
         policy: &CompiledPolicy,
         request: &RequestRef<'_>,
         route: &Route,
-        carried: &mut Carried,
     ) -> Next<St::Future> {
         if !policy.applies(request) {
             return Next::nothing();
@@ -43,7 +42,7 @@ impl<St: Store> Limiter<St> {
                 self.answer_alone(tier, &key, cost, verdict, route.steps())
             }
             // A store that says it decides alone always does; were it not to, the general way.
-            None => self.plan(request, route, carried.listed().take()),
+            None => self.plan(request, route, None),
         }
     }
 
@@ -53,7 +52,6 @@ impl<St: Store> Limiter<St> {
         &self,
         request: &RequestRef<'_>,
         route: &Route,
-        carried: &mut Carried,
     ) -> Next<St::Future> {
         let mut keys: SmallVec<[(&Arc<Tier>, Key, u64); TOGETHER]> = SmallVec::new();
         for policy in route.iter().filter(|p| p.applies(request)) {
@@ -73,7 +71,7 @@ impl<St: Store> Limiter<St> {
         }
         let Some(decision) = self.store.check_together(&together) else {
             // As `begin_alone`: a store that says it decides at once always does.
-            return self.plan(request, route, carried.listed().take());
+            return self.plan(request, route, None);
         };
         let span = decision_span();
         let _entered = span.enter();

@@ -3,7 +3,7 @@
 
 use tracing::Span;
 
-use super::route::{Admitted, Steps};
+use super::route::{After, Steps};
 use super::{AfterResponse, Limiter, Next, Ticket};
 use crate::body::BodyGuard;
 use crate::decision::{Decision, PolicyOutcome};
@@ -81,7 +81,7 @@ impl<St: Store> Limiter<St> {
         steps: Steps,
     ) -> Next<F> {
         traced(span, |span| {
-            record_outcome(span, &decision, steps.has(Admitted::Reserved));
+            record_outcome(span, &decision, steps.has(After::Reserved));
         });
         if self.leases().is_some() {
             self.set_lease_ends(&mut after, &decision);
@@ -91,17 +91,7 @@ impl<St: Store> Limiter<St> {
         }
         let headers = self.response_headers(&decision, keys);
         self.record_limited(&decision, keys);
-        if !decision.is_allowed() {
-            tracing::debug!(policy = decision.binding().policy(), "rate limit exceeded");
-            return self.limited(decision, &headers);
-        }
-        if decision.shadow_violated().next().is_some() {
-            tracing::debug!(
-                policies = ?decision.shadow_violated().map(|o| o.policy()).collect::<Vec<_>>(),
-                "shadow rate limit exceeded; request let through"
-            );
-        }
-        self.admitted_steps(steps, decision, headers, keys, local, after)
+        self.after_steps(steps, decision, headers, keys, local, after)
     }
 
     /// An admitted request that waits `wait` for the time reserved for it: what gives its

@@ -113,15 +113,7 @@ impl<St: Store> Limiter<St> {
         if let Some(top) = &self.top {
             top.set_policies(set.policies.iter().map(|p| p.name()));
         }
-        let (at_once, lists) = (St::DECIDES_ALONE, self.lists.is_some());
-        let route = Route::compile(
-            set.policies,
-            policies,
-            at_once,
-            self.plain(),
-            lists,
-            self.keeps_keys(),
-        );
+        let route = Route::compile(set.policies, policies, self.around());
         self.policies.replace(route);
         *summary = set.summary;
         Ok(report)

@@ -3,8 +3,8 @@
 //! replaces it whole.
 //!
 //! A step is one variant of [`Before`] (run before the policies are planned, in the route's
-//! order: it goes on, or answers, which may be a wait) or of [`Admitted`] (run on a decision
-//! that admitted the request: it goes on, or makes the request wait). Which steps a route has is
+//! order: it goes on, or answers, which may be a wait) or of [`After`] (run on the decision,
+//! before it is answered: it goes on, or makes an admitted request wait). Which steps a route has is
 //! decided once, in [`Route::compile`], one line per kind; the engine (`steps.rs`) loops over
 //! them. Adding a kind is a variant here, its line in `compile`, and its arm in `steps.rs`.
 
@@ -21,8 +21,8 @@ use std::task::{Context, Poll};
 
 use crate::adaptive::{AdaptivePermit, Permits};
 use crate::body::BodyGuard;
-use crate::key::Key;
 use crate::policy::{CompiledPolicy, Policy};
+use crate::store::Store;
 use crate::store::TOGETHER;
 
 /// The way every request of a policy set reaches the store, chosen once for the set (when the
@@ -64,25 +64,13 @@ impl Lane {
 pub(crate) struct Route {
     lane: Lane,
     list: Box<[CompiledPolicy]>,
-    before: Box<[Before]>,
     steps: Steps,
 }
 
 impl Route {
-    /// The route of `list`, taking `lane`, with the steps `before` its decision and the
-    /// `steps` of its admitted decisions.
-    pub(crate) fn new(
-        list: Box<[CompiledPolicy]>,
-        lane: Lane,
-        before: Box<[Before]>,
-        steps: Steps,
-    ) -> Self {
-        Route {
-            lane,
-            list,
-            before,
-            steps,
-        }
+    /// The route of `list`, taking `lane`, with its `steps`.
+    pub(crate) fn new(list: Box<[CompiledPolicy]>, lane: Lane, steps: Steps) -> Self {
+        Route { lane, list, steps }
     }
 
     /// The way their requests take.
@@ -91,13 +79,8 @@ impl Route {
         self.lane
     }
 
-    /// The steps before the decision, in order.
-    #[inline(always)]
-    pub(crate) fn before(&self) -> &[Before] {
-        &self.before
-    }
-
-    /// The steps of an admitted decision, and whether its checks are kept.
+    /// Its steps, before the decision and of an admitted decision, and whether its requests'
+    /// checks are kept.
     #[inline(always)]
     pub(crate) fn steps(&self) -> Steps {
         self.steps
@@ -150,7 +133,6 @@ impl PolicySet {
             latest: ArcSwap::from_pointee(Route::new(
                 Box::default(),
                 Lane::Checks,
-                Box::default(),
                 Steps::default(),
             )),
             reloaded: AtomicBool::new(false),
@@ -193,20 +175,23 @@ pub(crate) enum Before {
     Adaptive,
 }
 
-/// What the steps before the decision hand the plan: the key whose runtime list entries the
-/// store call reads, and the permits of the adaptive limits that admitted the request.
+impl Before {
+    const ALL: [Before; 2] = [Before::Lists, Before::Adaptive];
+
+    fn bit(self) -> u8 {
+        1 << (4 + self as u8)
+    }
+}
+
+/// What the steps before the decision give a request to keep until its call (and its response
+/// body, which holds them): the permits of the adaptive limits that admitted it. The request's
+/// future holds it, through every wait.
 #[derive(Default)]
 pub(crate) struct Carried {
-    listed: Option<Key>,
     permits: Permits,
 }
 
 impl Carried {
-    /// Where the lists' step puts the key whose runtime entries the store call reads.
-    pub(crate) fn listed(&mut self) -> &mut Option<Key> {
-        &mut self.listed
-    }
-
     /// Where the adaptive limits' step puts its permits.
     pub(crate) fn permits(&mut self) -> &mut Permits {
         &mut self.permits
@@ -246,9 +231,10 @@ impl Pending {
     }
 }
 
-/// A step of an admitted decision, in the order they run.
+/// A step after the decision, in the order they run: on every decision, before it is answered
+/// or the request goes on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Admitted {
+pub(crate) enum After {
     /// Warn of the keys near their limit (`Policy::near_limit`).
     Warn,
     /// Hold the slots of the concurrency limits until the response body ends.
@@ -257,83 +243,125 @@ pub(crate) enum Admitted {
     Reserved,
 }
 
-impl Admitted {
-    const ALL: [Admitted; 3] = [Admitted::Warn, Admitted::Slots, Admitted::Reserved];
+impl After {
+    const ALL: [After; 3] = [After::Warn, After::Slots, After::Reserved];
 
     fn bit(self) -> u8 {
         1 << self as u8
     }
 }
 
-/// The [`Admitted`] steps of a route, and whether its requests' checks are kept after the
-/// decision (for those steps, the deny cache, the top limited keys, the IETF `pk` or the denials
-/// held through an outage): small enough to copy into every ticket.
+/// The steps of a route ([`Before`] and [`After`]), and whether its requests' checks are
+/// kept after the decision (for those steps, the deny cache, the top limited keys, the IETF
+/// `pk` or the denials held through an outage): small enough to copy into every ticket.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Steps(u8);
 
 impl Steps {
     const KEYS: u8 = 1 << 7;
 
+    const BEFORE: u8 = 0b11 << 4;
+
     /// With `step` too.
-    fn with(self, step: Admitted) -> Self {
+    fn with(self, step: After) -> Self {
         Steps(self.0 | step.bit())
+    }
+
+    /// The steps before the decision, in order.
+    #[inline(always)]
+    pub(crate) fn before(self) -> impl Iterator<Item = Before> {
+        let any = self.0 & Self::BEFORE != 0;
+        let all = if any { &Before::ALL[..] } else { &[] };
+        all.iter().copied().filter(move |s| self.0 & s.bit() != 0)
     }
 
     /// Whether `step` is one of them.
     #[inline(always)]
-    pub(crate) fn has(self, step: Admitted) -> bool {
+    pub(crate) fn has(self, step: After) -> bool {
         self.0 & step.bit() != 0
     }
 
     /// Whether a request's checks are kept after its decision.
     #[inline(always)]
     pub(crate) fn keeps_keys(self) -> bool {
-        self.0 != 0
+        self.0 & !Self::BEFORE != 0
     }
 
     /// Whether an admitted decision may hold something the request gives back when it goes
     /// away: slots, or a reserved time.
     #[inline(always)]
     pub(crate) fn gives_back(self) -> bool {
-        self.has(Admitted::Slots) || self.has(Admitted::Reserved)
+        self.has(After::Slots) || self.has(After::Reserved)
     }
 
-    /// The steps, in order.
+    /// The steps after the decision, in order.
     #[inline(always)]
-    pub(crate) fn iter(self) -> impl Iterator<Item = Admitted> {
-        Admitted::ALL.into_iter().filter(move |s| self.has(*s))
+    pub(crate) fn after(self) -> impl Iterator<Item = After> {
+        After::ALL.into_iter().filter(move |s| self.has(*s))
+    }
+}
+
+/// What stands around a layer's policies, for their route.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Around {
+    /// The store decides at once.
+    at_once: bool,
+    /// Nothing stands between a request and the store but its policies.
+    plain: bool,
+    /// The layer has lists.
+    lists: bool,
+    /// The layer keeps a request's checks after its decision, whatever its steps.
+    keys: bool,
+}
+
+impl Around {
+    /// Around the policies of a layer on the store `St`: `plain` or not, with `lists` or not,
+    /// keeping checks (`keys`) or not (a store that may fail keeps them, for the denials held
+    /// through an outage).
+    pub(crate) fn new<St: Store>(plain: bool, lists: bool, keys: bool) -> Self {
+        let at_once = St::DECIDES_ALONE;
+        let keys = keys || !at_once;
+        Around {
+            at_once,
+            plain,
+            lists,
+            keys,
+        }
     }
 }
 
 impl Route {
-    /// The route of `list` (compiled from `policies`), on a store that decides at once or not
-    /// (`at_once`), in a layer with nothing between a request and the store but its policies
-    /// or not (`plain`), with `lists` or not, keeping its requests' checks for the layer or
-    /// not (`keys`). One line per step.
+    /// The route of `list` (compiled from `policies`) with what stands `around` it. One line
+    /// per step.
     pub(crate) fn compile(
         list: Box<[CompiledPolicy]>,
         policies: &[Policy],
-        at_once: bool,
-        plain: bool,
-        lists: bool,
-        keys: bool,
+        around: Around,
     ) -> Route {
+        let Around {
+            at_once,
+            plain,
+            lists,
+            keys,
+        } = around;
         let lane = Lane::of(&list, at_once, plain);
         let any = |f: fn(&Policy) -> bool| policies.iter().any(f);
         let before = [
             (Before::Lists, lists),
             (Before::Adaptive, any(Policy::adapts)),
         ];
-        let admitted = [
-            (Admitted::Warn, any(Policy::warns_near)),
-            (Admitted::Slots, any(Policy::limits_in_flight)),
-            (Admitted::Reserved, any(Policy::waits)),
+        let after = [
+            (After::Warn, any(Policy::warns_near)),
+            (After::Slots, any(Policy::limits_in_flight)),
+            (After::Reserved, any(Policy::waits)),
         ];
-        let before = before.into_iter().filter(|(_, on)| *on).map(|(s, _)| s);
         let mut steps = Steps(if keys { Steps::KEYS } else { 0 });
-        for (step, _) in admitted.into_iter().filter(|(_, on)| *on) {
+        for (step, _) in before.into_iter().filter(|(_, on)| *on) {
+            steps.0 |= step.bit();
+        }
+        for (step, _) in after.into_iter().filter(|(_, on)| *on) {
             steps = steps.with(step);
         }
-        Route::new(list, lane, before.collect(), steps)
+        Route::new(list, lane, steps)
     }
 }

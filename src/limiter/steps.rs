@@ -1,12 +1,12 @@
 //! The engine's loops over a route's steps ([`Route`]): before the decision, and on a decision
 //! that admitted the request.
 
-use super::route::{Admitted, Before, Carried, Lane, Resumed, Route, Steps};
+use super::route::{After, Before, Carried, Lane, Resumed, Route, Steps};
 use super::{AfterResponse, Limiter, Next};
 use crate::body::BodyGuard;
 use crate::decision::{Decision, PolicyOutcome};
 use crate::headers::RateLimitHeaders;
-use crate::key::RequestRef;
+use crate::key::{Key, RequestRef};
 use crate::store::{Check, Store};
 
 /// What a step before the decision says.
@@ -21,8 +21,8 @@ pub(crate) enum Flow<F> {
 }
 
 impl<St: Store> Limiter<St> {
-    /// The route's steps before the decision for `request`, then its lane, with what a wait
-    /// that came `carried` (the permits of the adaptive limits that admitted it).
+    /// The route's steps before the decision for `request`, then its lane; what the steps
+    /// give goes in `carried`.
     #[inline(always)]
     pub(super) fn go(
         &self,
@@ -30,32 +30,52 @@ impl<St: Store> Limiter<St> {
         route: &Route,
         carried: &mut Carried,
     ) -> Next<St::Future> {
-        for step in route.before() {
-            if let Flow::Answer(next) = self.before(*step, request, route, carried) {
-                return next;
-            }
+        let mut listed = None;
+        if let Some(answer) = self.steps_before(request, route, carried, &mut listed) {
+            return answer;
         }
         match route.lane() {
-            Lane::Alone => self.begin_alone(&route[0], request, route, carried),
-            Lane::Together => self.begin_together(request, route, carried),
-            Lane::Checks => self.plan(request, route, carried.listed().take()),
+            Lane::Alone => self.begin_alone(&route[0], request, route),
+            Lane::Together => self.begin_together(request, route),
+            Lane::Checks => self.plan(request, route, listed),
         }
     }
 
-    /// Runs the step `step` before `request`'s decision, with what the earlier ones `carried`.
+    /// The route's steps before the decision for `request`, in order: the answer of the first
+    /// that answers, if one does; what they give goes in `carried`, and the key whose runtime
+    /// list entries the store call reads in `listed`.
+    #[inline(always)]
+    fn steps_before(
+        &self,
+        request: &RequestRef<'_>,
+        route: &Route,
+        carried: &mut Carried,
+        listed: &mut Option<Key>,
+    ) -> Option<Next<St::Future>> {
+        for step in route.steps().before() {
+            if let Flow::Answer(next) = self.before(step, request, route, carried, listed) {
+                return Some(next);
+            }
+        }
+        None
+    }
+
+    /// Runs the step `step` before `request`'s decision, with what the earlier ones `carried`
+    /// (and `listed`, as `steps_before`).
     #[inline]
-    pub(super) fn before(
+    fn before(
         &self,
         step: Before,
         request: &RequestRef<'_>,
         route: &Route,
         carried: &mut Carried,
+        listed: &mut Option<Key>,
     ) -> Flow<St::Future> {
         let answer = match step {
             Before::Lists if St::DECIDES_ALONE => self.listed_at_once(request),
             Before::Lists => match self.listed(request) {
                 Ok(key) => {
-                    *carried.listed() = key;
+                    *listed = key;
                     None
                 }
                 Err(answer) => Some(answer),
@@ -77,16 +97,21 @@ impl<St: Store> Limiter<St> {
             Resumed::Permit(permit) => carried.permits().push(permit),
             Resumed::Shed(policy) => return self.shed(&policy),
         }
+        // Its steps again, then the general way: a route with a step that waits takes no
+        // faster lane (and the lanes stay inlined in `begin` alone).
         let route = self.policies.load();
-        self.go(request, &route, carried)
+        let mut listed = None;
+        if let Some(answer) = self.steps_before(request, &route, carried, &mut listed) {
+            return answer;
+        }
+        self.plan(request, &route, listed)
     }
 
-    /// Runs the steps of an admitted `decision` (its checks `keys`; `local`: decided by the
-    /// local fallback) and calls the inner service with `headers` and the charges `after`, or
-    /// makes the request wait first.
-    #[allow(clippy::too_many_arguments)]
+    /// Runs the steps after `decision` (its checks `keys`; `local`: decided by the local
+    /// fallback), then answers a denial, or calls the inner service with `headers` and the
+    /// charges `after` (an admitted request may wait first).
     #[inline(always)]
-    pub(super) fn admitted_steps<F>(
+    pub(super) fn after_steps<F>(
         &self,
         steps: Steps,
         decision: Decision,
@@ -95,20 +120,32 @@ impl<St: Store> Limiter<St> {
         local: bool,
         after: Vec<AfterResponse>,
     ) -> Next<F> {
+        let allowed = decision.is_allowed();
         let mut slots: Option<BodyGuard> = None;
-        for step in steps.iter() {
+        for step in steps.after() {
             match step {
-                Admitted::Warn => self.warn_near(&decision, keys),
-                Admitted::Slots => {
+                After::Warn if allowed => self.warn_near(&decision, keys),
+                After::Slots if allowed => {
                     slots = self.giving_back(&decision, keys, local, PolicyOutcome::held, None);
                 }
-                Admitted::Reserved => {
+                After::Reserved if allowed => {
                     let wait = decision.wait();
                     if !wait.is_zero() {
                         return self.delayed(decision, wait, headers, keys, local, slots, after);
                     }
                 }
+                After::Warn | After::Slots | After::Reserved => {}
             }
+        }
+        if !allowed {
+            tracing::debug!(policy = decision.binding().policy(), "rate limit exceeded");
+            return self.limited(decision, &headers);
+        }
+        if decision.shadow_violated().next().is_some() {
+            tracing::debug!(
+                policies = ?decision.shadow_violated().map(|o| o.policy()).collect::<Vec<_>>(),
+                "shadow rate limit exceeded; request let through"
+            );
         }
         let decision = self.decision_extension.then_some(decision);
         Next::Call {

@@ -403,8 +403,7 @@ impl private::Sealed for MemoryStore {
         Some(self.check_locked(checks))
     }
 
-    // Always inlined: a `check` without it costs about 50 instructions more.
-    #[inline(always)]
+    #[inline]
     fn check_alone(
         &self,
         tier: &Arc<Tier>,

@@ -164,22 +164,37 @@ impl fmt::Debug for PolicySet {
     }
 }
 
-/// A step before the decision.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Before {
-    /// The allow and deny lists: they answer, or (on a store that does not decide at once)
-    /// name the key whose runtime entries the decision's store call reads.
-    Lists,
-    /// The adaptive concurrency limits: each that applies admits the request (a permit held
-    /// until its response body ends), queues it, or sheds it.
-    Adaptive,
+/// Declares a kind of step: the enum, and its variants in order (`ALL`) with the bit of each in
+/// [`Steps`] from `first`, so that a variant is written in one place.
+macro_rules! kind_of_step {
+    ($(#[$doc:meta])* $name:ident from bit $first:literal {
+        $($(#[$vdoc:meta])* $variant:ident,)*
+    }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub(crate) enum $name {
+            $($(#[$vdoc])* $variant,)*
+        }
+
+        impl $name {
+            const ALL: &'static [$name] = &[$($name::$variant,)*];
+
+            fn bit(self) -> u16 {
+                1 << ($first + self as u16)
+            }
+        }
+    };
 }
 
-impl Before {
-    const ALL: [Before; 2] = [Before::Lists, Before::Adaptive];
-
-    fn bit(self) -> u8 {
-        1 << (4 + self as u8)
+kind_of_step! {
+    /// A step before the decision.
+    Before from bit 8 {
+        /// The allow and deny lists: they answer, or (on a store that does not decide at
+        /// once) name the key whose runtime entries the decision's store call reads.
+        Lists,
+        /// The adaptive concurrency limits: each that applies admits the request (a permit
+        /// held until its response body ends), queues it, or sheds it.
+        Adaptive,
     }
 }
 
@@ -231,23 +246,16 @@ impl Pending {
     }
 }
 
-/// A step after the decision, in the order they run: on every decision, before it is answered
-/// or the request goes on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum After {
-    /// Warn of the keys near their limit (`Policy::near_limit`).
-    Warn,
-    /// Hold the slots of the concurrency limits until the response body ends.
-    Slots,
-    /// Wait for the time reserved for the request (`Policy::wait`).
-    Reserved,
-}
-
-impl After {
-    const ALL: [After; 3] = [After::Warn, After::Slots, After::Reserved];
-
-    fn bit(self) -> u8 {
-        1 << self as u8
+kind_of_step! {
+    /// A step after the decision, in the order they run: on every decision, before it is
+    /// answered or the request goes on.
+    After from bit 0 {
+        /// Warn of the keys near their limit (`Policy::near_limit`).
+        Warn,
+        /// Hold the slots of the concurrency limits until the response body ends.
+        Slots,
+        /// Wait for the time reserved for the request (`Policy::wait`).
+        Reserved,
     }
 }
 
@@ -255,12 +263,12 @@ impl After {
 /// kept after the decision (for those steps, the deny cache, the top limited keys, the IETF
 /// `pk` or the denials held through an outage): small enough to copy into every ticket.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Steps(u8);
+pub(crate) struct Steps(u16);
 
 impl Steps {
-    const KEYS: u8 = 1 << 7;
+    const KEYS: u16 = 1 << 15;
 
-    const BEFORE: u8 = 0b11 << 4;
+    const BEFORE: u16 = 0x7f << 8;
 
     /// With `step` too.
     fn with(self, step: After) -> Self {
@@ -271,7 +279,7 @@ impl Steps {
     #[inline(always)]
     pub(crate) fn before(self) -> impl Iterator<Item = Before> {
         let any = self.0 & Self::BEFORE != 0;
-        let all = if any { &Before::ALL[..] } else { &[] };
+        let all = if any { Before::ALL } else { &[] };
         all.iter().copied().filter(move |s| self.0 & s.bit() != 0)
     }
 
@@ -297,7 +305,7 @@ impl Steps {
     /// The steps after the decision, in order.
     #[inline(always)]
     pub(crate) fn after(self) -> impl Iterator<Item = After> {
-        After::ALL.into_iter().filter(move |s| self.has(*s))
+        After::ALL.iter().copied().filter(move |s| self.has(*s))
     }
 }
 

@@ -24,8 +24,8 @@ use tower::Layer;
 use tower::ServiceExt;
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
-use tower_ratelimit::HeaderStyle;
 use tower_ratelimit::axum::AxumBody;
+use tower_ratelimit::headers::HeaderStyle;
 
 #[path = "common/open_layer.rs"]
 mod open_layer;

@@ -33,7 +33,7 @@ use axum::http::HeaderName;
 use axum::http::StatusCode;
 use axum::routing::get;
 use tower_ratelimit::key::{HeaderKey, Key};
-use tower_ratelimit::{HeaderStyle, Policy, RateLimitLayer, RedisStore};
+use tower_ratelimit::{Policy, RateLimitLayer, RedisStore, headers::HeaderStyle};
 
 async fn hello() -> &'static str {
     "hello"

@@ -44,7 +44,7 @@ use tower::ServiceExt;
 use tower_ratelimit::axum::AxumBody;
 use tower_ratelimit::key::{Key, PeerIp};
 use tower_ratelimit::lists::Lists;
-use tower_ratelimit::{HeaderStyle, Policy, RateLimitLayer};
+use tower_ratelimit::{Policy, RateLimitLayer, headers::HeaderStyle};
 
 #[path = "common/ready.rs"]
 mod ready;

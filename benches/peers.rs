@@ -81,8 +81,8 @@ fn request_cost(c: &mut Criterion) {
     use tower::{Service, ServiceExt};
     use tower_governor::GovernorLayer;
     use tower_governor::governor::GovernorConfigBuilder;
-    use tower_ratelimit::HeaderStyle;
     use tower_ratelimit::axum::AxumBody;
+    use tower_ratelimit::headers::HeaderStyle;
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()

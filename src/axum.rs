@@ -66,8 +66,8 @@ where
         axum::body::Body::from(data)
     }
 
-    fn held(body: B, held: crate::BodyGuard) -> Self::Body {
-        axum::body::Body::new(crate::ResponseBody::held(body, held))
+    fn held(body: B, held: crate::body::BodyGuard) -> Self::Body {
+        axum::body::Body::new(crate::body::ResponseBody::held(body, held))
     }
 }
 

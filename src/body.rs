@@ -39,7 +39,7 @@ pub trait MakeBody<B> {
 /// What a response body holds until it ends, as one list: the slots a request holds in a store
 /// (of a concurrency limit, held until its response body ends), the places of the adaptive
 /// concurrency limits that admitted it, and the count of what the body really cost, for a
-/// policy that settles from it ([`Settle`](crate::Settle)). Dropping it gives the slots and
+/// policy that settles from it ([`Settle`](crate::settle::Settle)). Dropping it gives the slots and
 /// places back and settles the count (without waiting for the store's answer); a
 /// [`MakeBody`] keeps it with the body.
 pub struct BodyGuard {

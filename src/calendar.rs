@@ -9,7 +9,7 @@
 //! to the next one's, exact across daylight-saving changes and months of 28 to 31 days.
 //!
 //! ```
-//! use tower_ratelimit::{Algorithm, Calendar, Policy, Weekday};
+//! use tower_ratelimit::{Algorithm, calendar::Calendar, Policy, calendar::Weekday};
 //!
 //! # fn main() -> Result<(), tower_ratelimit::ConfigError> {
 //! // 10,000 a month, renewed at midnight on the 15th in Paris.

@@ -357,7 +357,7 @@ impl<'de> Deserialize<'de> for CidrText {
 /// | `unit` | string | `requests` (default), `content-bytes` or `tokens` ([`unit`](Policy::unit)) |
 /// | `settle_header`, `settle_trailer` | string | settle each request at the cost this response header, or trailer, reports ([`settle`](Policy::settle)) |
 /// | `settle_body` | string | `bytes`: settle each request at the bytes its response body sent |
-/// | `settle_at_most` | integer | a reported cost is clamped to this many times the limit ([`Settle::at_most`](crate::Settle::at_most), default 10) |
+/// | `settle_at_most` | integer | a reported cost is clamped to this many times the limit ([`Settle::at_most`](crate::settle::Settle::at_most), default 10) |
 /// | `time_zone` | string | count calendar periods of this IANA zone, e.g. `"Europe/Paris"` ([`calendar`](Policy::calendar)) |
 /// | `week_starts`, `month_starts` | string, integer | a calendar's week day (`"sunday"`) and day of the month (`15`); UTC without `time_zone` |
 /// | `tiers` | table | tier name to quota ([`tier`](Policy::tier)) |

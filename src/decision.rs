@@ -181,7 +181,7 @@ impl PolicyOutcome {
 
     /// The limit clients are told about: units per window, or the burst for bucket algorithms;
     /// for a request of a priority that may use only a share of the capacity
-    /// ([`Reserve`](crate::Reserve)), that share.
+    /// ([`Reserve`](crate::policy::Reserve)), that share.
     pub fn limit(&self) -> u64 {
         self.policy.limit()
     }

@@ -22,7 +22,7 @@
 //! in front of a router that serves both HTTP and gRPC answers each in its own form.
 //!
 //! ```
-//! use tower_ratelimit::{Policy, RateLimitLayer, ResponseStyle, key::GrpcMethod};
+//! use tower_ratelimit::{Policy, RateLimitLayer, grpc::ResponseStyle, key::GrpcMethod};
 //!
 //! // Each gRPC method its own bucket, answered the gRPC way whatever the content type.
 //! let layer = RateLimitLayer::builder()

@@ -43,10 +43,10 @@ mod lists;
 /// # Ok(()) }
 /// ```
 ///
-/// `M` says how responses carry their bodies (see [`MakeBody`](crate::MakeBody)): a [`ResponseBody`] around the
+/// `M` says how responses carry their bodies (see [`MakeBody`](crate::body::MakeBody)): a [`ResponseBody`] around the
 /// inner service's by default, or axum's own with [`body`](Self::body).
 ///
-/// [`ResponseBody`]: crate::ResponseBody
+/// [`ResponseBody`]: crate::body::ResponseBody
 pub struct RateLimitLayer<St = MemoryStore, M = Wrapped> {
     limiter: Arc<Limiter<St>>,
     body: PhantomData<fn() -> M>,
@@ -402,7 +402,7 @@ impl<St: Store, M> RateLimitLayer<St, M> {
     /// `actual`, in every policy, as [`Policy::settle`](crate::Policy::settle) does after a
     /// response: the difference is given back when `actual` is lower, charged when it is
     /// higher, past the limit if need be (the key then owes it until time pays it back).
-    /// `actual` is taken as at most [`MAX_AT_MOST`](crate::MAX_AT_MOST) times each policy's
+    /// `actual` is taken as at most [`MAX_AT_MOST`](crate::settle::MAX_AT_MOST) times each policy's
     /// limit. For costs counted outside the layer, e.g. by a task that reads the stream.
     /// Returns the decision a request of cost 0 gets afterwards.
     pub async fn settle(
@@ -417,7 +417,7 @@ impl<St: Store, M> RateLimitLayer<St, M> {
         self.limiter
             .key_decision(key, Some(op), |tier| {
                 let limit = tier.algorithm().reported_limit();
-                actual.min(limit.saturating_mul(u64::from(crate::MAX_AT_MOST)))
+                actual.min(limit.saturating_mul(u64::from(crate::settle::MAX_AT_MOST)))
             })
             .await
     }

@@ -52,7 +52,7 @@
 //!
 //! ```
 //! use http::{Method, StatusCode};
-//! use tower_ratelimit::{HeaderStyle, Policy, RateLimitLayer, key::{ApiKey, PeerIp}};
+//! use tower_ratelimit::{headers::HeaderStyle, Policy, RateLimitLayer, key::{ApiKey, PeerIp}};
 //!
 //! # fn main() -> Result<(), tower_ratelimit::ConfigError> {
 //! let limits = RateLimitLayer::builder()
@@ -340,8 +340,8 @@
 //! | crate | version | where |
 //! |---|---|---|
 //! | `http` | 1 | requests and responses of [`RateLimit`]; [`RequestRef`](key::RequestRef)'s `Method`, `Uri` and `HeaderMap`; `HeaderName` of the header keys; `StatusCode` of [`KeyRejection`] and the 429's |
-//! | `http-body` | 1 | [`ResponseBody`] is an `http_body::Body` |
-//! | `bytes` | 1 | `Bytes` of [`Key`](key::Key) and [`MakeBody::full`] |
+//! | `http-body` | 1 | [`ResponseBody`](body::ResponseBody) is an `http_body::Body` |
+//! | `bytes` | 1 | `Bytes` of [`Key`](key::Key) and [`MakeBody::full`](body::MakeBody::full) |
 //! | `tower-service`, `tower-layer` | 0.3 | [`RateLimit`] is a `Service`, [`RateLimitLayer`] a `Layer` |
 //! | `axum` | 0.8 (feature `axum`) | [`AxumBody`](crate::axum::AxumBody); [`Decision`] as an extractor |
 //!
@@ -364,7 +364,7 @@ mod adaptive;
 mod layer;
 mod lease;
 mod limiter;
-mod policy;
+pub mod policy;
 mod quota;
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
@@ -385,13 +385,13 @@ mod near;
 pub mod guide;
 mod resilience;
 mod service;
-mod settle;
+pub mod settle;
 mod future;
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing;
 mod waiting;
-mod body;
+pub mod body;
 mod clock;
 pub mod calendar;
 mod error;
@@ -400,27 +400,20 @@ mod error;
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod axum;
 
-pub use adaptive::Adaptive;
 pub use algorithm::Algorithm;
-pub use body::{BodyGuard, MakeBody, ResponseBody, Wrapped};
-pub use calendar::{Calendar, Weekday};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, PolicyOutcome};
 pub use error::{
     ConfigError, EntryError, FailurePolicy, KeyRejection, LimitError, StoreError, StoreErrorKind,
 };
 pub use future::ResponseFuture;
-pub use grpc::ResponseStyle;
-pub use headers::{HeaderStyle, ResetFormat};
 pub use layer::RateLimitLayer;
 pub use layer::builder::RateLimitLayerBuilder;
-pub use near::NearLimit;
-pub use policy::{DEFAULT_MAX_DURATION, Escalation, Policy, Reserve};
+pub use policy::Policy;
 pub use quota::{MAX_WINDOW, Quota, QuotaError, QuotaUnit};
 pub use reload::ReloadReport;
 pub use resilience::CircuitBreaker;
 pub use service::RateLimit;
-pub use settle::{ActualCost, DEFAULT_AT_MOST, MAX_AT_MOST, Settle};
 pub use store::{MemoryStore, MemoryStoreBuilder, Store};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

@@ -45,7 +45,7 @@ use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Held, Permit};
 use crate::response::Responses;
 use crate::settle::Settle;
 use crate::store::{Check, Checks, MemoryStore, Store, TOGETHER};
-use crate::telemetry::{decision_span, record_outcome, traced};
+use crate::telemetry::{decision_span, record_outcome, record_policies, traced};
 use crate::top::{TopLimited, Tracker};
 
 mod adaptive;
@@ -412,10 +412,7 @@ impl<St: Store> Limiter<St> {
         }
         let span = decision_span();
         let _entered = span.enter();
-        traced(&span, |span| {
-            let names: Vec<&str> = checks.iter().map(|c| c.tier().name()).collect();
-            span.record("policies", names.join(","));
-        });
+        record_policies(&span, checks.iter().map(|c| c.tier().name()));
         // Pre-check. The layer's clock is read only when the deny cache, a lease or an open
         // breaker needs it.
         if let Some(denied) = self.known_denied(&checks, &span, route.steps()) {

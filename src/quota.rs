@@ -67,14 +67,14 @@ impl Quota {
         Self::from_micros(limit, 86_400_000_000)
     }
 
-    /// `limit` per week (seven days; with a [`Calendar`](crate::Calendar), from the day weeks
+    /// `limit` per week (seven days; with a [`Calendar`](crate::calendar::Calendar), from the day weeks
     /// start on).
     pub const fn per_week(limit: NonZeroU32) -> Self {
         Self::from_micros(limit, 7 * 86_400_000_000)
     }
 
     /// `limit` per calendar month: counted by a fixed window with a
-    /// [`Calendar`](crate::Calendar) (UTC, from the 1st, when the policy names none), each
+    /// [`Calendar`](crate::calendar::Calendar) (UTC, from the 1st, when the policy names none), each
     /// month from its first day to the next one's, 28 to 31 days. Its [`window`](Self::window)
     /// is the longest month, 31 days.
     pub const fn per_month(limit: NonZeroU32) -> Self {

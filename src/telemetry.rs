@@ -271,6 +271,14 @@ pub(crate) fn traced(span: &Span, f: impl FnOnce(&Span)) {
     }
 }
 
+/// Records the `names` of the policies a decision asks in its span, if a subscriber wants it.
+pub(crate) fn record_policies<'a>(span: &Span, names: impl Iterator<Item = &'a str>) {
+    traced(span, |span| {
+        let names: Vec<&str> = names.collect();
+        span.record("policies", names.join(","));
+    });
+}
+
 /// Records what `decision` says in its span: `outcome` (`allowed`, `delayed` or `limited`),
 /// and the policies that denied it (shadow ones too) in `limited_by`.
 pub(crate) fn record_outcome(span: &Span, decision: &Decision, waits: bool) {

@@ -18,7 +18,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt, service_fn};
-use tower_ratelimit::{Adaptive, Clock, Policy, RateLimitLayer, ResponseBody};
+use tower_ratelimit::{Clock, Policy, RateLimitLayer, body::ResponseBody, policy::Adaptive};
 
 /// The layer's clock: tokio's, which a paused runtime moves only when every task waits.
 #[derive(Debug)]

@@ -12,7 +12,7 @@ use support::http::{App, Seen, app, send};
 use support::{RedisCluster, RedisServer};
 use tower_ratelimit::key::{HeaderKey, Key};
 use tower_ratelimit::{
-    Algorithm, Escalation, ManualClock, MemoryStore, Policy, RateLimitLayer, Store,
+    Algorithm, ManualClock, MemoryStore, Policy, RateLimitLayer, Store, policy::Escalation,
 };
 
 /// 2 a second per `x-key` of `algorithm`, blocking as `escalation` says, on `store`.

@@ -15,8 +15,8 @@ use support::{RedisCluster, RedisServer, build_error, global_layer, keys_with_tt
 use tower::{Service, ServiceExt, service_fn};
 use tower_ratelimit::key::{GlobalKey, Key};
 use tower_ratelimit::{
-    Algorithm, Calendar, HeaderStyle, ManualClock, MemoryStore, Policy, RateLimitLayer, Store,
-    Weekday,
+    Algorithm, ManualClock, MemoryStore, Policy, RateLimitLayer, Store, calendar::Calendar,
+    calendar::Weekday, headers::HeaderStyle,
 };
 
 const S: u64 = 1_000_000;

@@ -23,7 +23,8 @@ use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt, service_fn};
 use tower_ratelimit::key::{HeaderKey, Key};
 use tower_ratelimit::{
-    CircuitBreaker, FailurePolicy, ManualClock, Policy, RateLimitLayer, RedisStore, ResponseBody,
+    CircuitBreaker, FailurePolicy, ManualClock, Policy, RateLimitLayer, RedisStore,
+    body::ResponseBody,
 };
 
 /// The deadline of one decision.

@@ -20,7 +20,7 @@ use tonic_types::StatusExt;
 use tower::{Service, ServiceExt};
 use tower_ratelimit::key::{GlobalKey, GrpcMethod, HeaderKey, all};
 use tower_ratelimit::{
-    FailurePolicy, ManualClock, MemoryStore, Policy, RateLimitLayer, ResponseStyle, Store,
+    FailurePolicy, ManualClock, MemoryStore, Policy, RateLimitLayer, Store, grpc::ResponseStyle,
 };
 
 mod support;

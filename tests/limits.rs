@@ -11,7 +11,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use support::{RedisCluster, RedisServer, global_layer};
 use tower_ratelimit::key::{GlobalKey, Key};
 use tower_ratelimit::{
-    Algorithm, Calendar, LimitError, ManualClock, MemoryStore, Policy, RateLimitLayer, Store,
+    Algorithm, LimitError, ManualClock, MemoryStore, Policy, RateLimitLayer, Store,
+    calendar::Calendar,
 };
 
 const S: u64 = 1_000_000;

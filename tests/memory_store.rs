@@ -22,8 +22,8 @@ use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_ratelimit::headers::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
 use tower_ratelimit::key::{self, GlobalKey, Key, KeyExtractor, KeyRejection, RequestRef};
 use tower_ratelimit::{
-    Algorithm, Calendar, Decision, ManualClock, MemoryStore, Policy, RateLimitLayer,
-    RateLimitLayerBuilder, ResponseBody,
+    Algorithm, Decision, ManualClock, MemoryStore, Policy, RateLimitLayer, RateLimitLayerBuilder,
+    body::ResponseBody, calendar::Calendar,
 };
 
 type Reply = Response<ResponseBody<Full<Bytes>>>;

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tower_ratelimit::key::{HeaderKey, Key};
 use tower_ratelimit::top::TopLimited;
 use tower_ratelimit::{
-    Algorithm, ManualClock, MemoryStore, NearLimit, Policy, RateLimitLayer, Store,
+    Algorithm, ManualClock, MemoryStore, Policy, RateLimitLayer, Store, policy::NearLimit,
 };
 
 /// 10 a minute per `x-key` of `algorithm`, warning at 80%, on `store`, its warnings sent to

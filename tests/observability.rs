@@ -16,7 +16,8 @@ use tower_ratelimit::key::{HeaderKey, Key};
 use tower_ratelimit::telemetry::{METRICS, MetricKind};
 use tower_ratelimit::top::TopLimited;
 use tower_ratelimit::{
-    FailurePolicy, HeaderStyle, ManualClock, MemoryStore, Policy, RateLimitLayer, RedisStore, Store,
+    FailurePolicy, ManualClock, MemoryStore, Policy, RateLimitLayer, RedisStore, Store,
+    headers::HeaderStyle,
 };
 
 fn by_user<St: Store>(store: St, policies: Vec<Policy>, clock: &ManualClock) -> RateLimitLayer<St> {

@@ -13,7 +13,7 @@ use support::RedisServer;
 use support::http::{App, Reply, Seen, app, send};
 use tower_ratelimit::key::{HeaderKey, Key};
 use tower_ratelimit::lists::Lists;
-use tower_ratelimit::{Escalation, FailurePolicy, Policy, RateLimitLayer, RedisStore};
+use tower_ratelimit::{FailurePolicy, Policy, RateLimitLayer, RedisStore, policy::Escalation};
 
 /// A layer of 2 an hour per `x-key` (blocking a key denied twice within a minute for ten
 /// minutes), with lists kept in the store, failing `failure` after a 50 ms deadline.

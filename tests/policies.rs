@@ -29,7 +29,7 @@ use tower_ratelimit::headers::{
 use tower_ratelimit::key::{HeaderKey, Key, RequestRef};
 use tower_ratelimit::{
     Decision, ManualClock, MemoryStore, Policy, PolicyOutcome, RateLimitLayer,
-    RateLimitLayerBuilder, RedisStore, ResponseBody, Store,
+    RateLimitLayerBuilder, RedisStore, Store, body::ResponseBody,
 };
 
 // ---------------------------------------------------------------------------------------------

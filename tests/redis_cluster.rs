@@ -325,7 +325,9 @@ fn ip_and_user_service(
     (per_user, user_name): (Policy, &str),
 ) -> impl tower::Service<
     http::Request<()>,
-    Response = http::Response<tower_ratelimit::ResponseBody<http_body_util::Full<bytes::Bytes>>>,
+    Response = http::Response<
+        tower_ratelimit::body::ResponseBody<http_body_util::Full<bytes::Bytes>>,
+    >,
     Error = std::convert::Infallible,
     Future: Send,
 > + Clone

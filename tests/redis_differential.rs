@@ -9,8 +9,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use support::{RedisServer, Rng, assert_no_key_without_ttl};
 use tower_ratelimit::key::Key;
 use tower_ratelimit::{
-    Algorithm, Calendar, Decision, ManualClock, MemoryStore, Policy, Quota, RateLimitLayer, Store,
-    Weekday,
+    Algorithm, Decision, ManualClock, MemoryStore, Policy, Quota, RateLimitLayer, Store,
+    calendar::Calendar, calendar::Weekday,
 };
 
 fn summary(d: &Decision) -> Vec<(bool, u64, Duration, Option<Duration>)> {

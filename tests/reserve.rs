@@ -15,7 +15,8 @@ use tower::Layer;
 use tower::util::BoxCloneSyncService;
 use tower_ratelimit::key::HeaderKey;
 use tower_ratelimit::{
-    Algorithm, Decision, ManualClock, MemoryStore, Policy, Quota, RateLimitLayer, Reserve, Store,
+    Algorithm, Decision, ManualClock, MemoryStore, Policy, Quota, RateLimitLayer, Store,
+    policy::Reserve,
 };
 
 /// `critical` may use all the capacity, `batch` half of it, the others 80%.
@@ -43,7 +44,7 @@ fn layer<St: Store>(policy: Policy, store: St) -> RateLimitLayer<St> {
 
 type App = BoxCloneSyncService<
     Request<()>,
-    http::Response<tower_ratelimit::ResponseBody<http_body_util::Full<bytes::Bytes>>>,
+    http::Response<tower_ratelimit::body::ResponseBody<http_body_util::Full<bytes::Bytes>>>,
     std::convert::Infallible,
 >;
 

@@ -25,7 +25,7 @@ use tower::{Layer, ServiceExt, service_fn};
 use tower_ratelimit::key::{HeaderKey, Key};
 use tower_ratelimit::{
     CircuitBreaker, FailurePolicy, ManualClock, MemoryStore, Policy, RateLimitLayer, RedisStore,
-    ResponseBody, Store,
+    Store, body::ResponseBody,
 };
 
 /// The deadline of one decision in the fault tests.

@@ -19,7 +19,7 @@ use tower_ratelimit::headers::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATEL
 use tower_ratelimit::key::GlobalKey;
 use tower_ratelimit::{
     Algorithm, ConfigError, Decision, FailurePolicy, ManualClock, MemoryStore, Policy,
-    RateLimitLayer, RateLimitLayerBuilder, ResponseBody,
+    RateLimitLayer, RateLimitLayerBuilder, body::ResponseBody,
 };
 
 mod support;
@@ -482,7 +482,7 @@ async fn limited_status_is_honoured() {
 async fn unix_time_reset_reads_the_layers_clock() {
     let clock = ManualClock::starting_at(1_700_000_000_250_000); // .25 s into a second
     let layer = builder(Policy::fixed_window("2/min"), &clock)
-        .reset_format(tower_ratelimit::ResetFormat::UnixTime)
+        .reset_format(tower_ratelimit::headers::ResetFormat::UnixTime)
         .clock(clock.clone())
         .build()
         .unwrap();

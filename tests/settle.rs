@@ -23,7 +23,8 @@ use tower::{Service, ServiceExt, service_fn};
 use tower_ratelimit::headers::X_RATELIMIT_REMAINING;
 use tower_ratelimit::key::{HeaderKey, Key};
 use tower_ratelimit::{
-    ActualCost, Algorithm, ManualClock, MemoryStore, Policy, RateLimitLayer, Settle, Store,
+    Algorithm, ManualClock, MemoryStore, Policy, RateLimitLayer, Store, settle::ActualCost,
+    settle::Settle,
 };
 
 /// A body of the given frames, sent one per poll.
@@ -495,7 +496,7 @@ async fn the_ietf_fields_name_tokens_and_tell_the_settled_cost() {
     let layer = RateLimitLayer::builder()
         .store(MemoryStore::with_clock(ManualClock::new()))
         .key(HeaderKey::try_new("x-user").unwrap())
-        .headers(tower_ratelimit::HeaderStyle::Ietf)
+        .headers(tower_ratelimit::headers::HeaderStyle::Ietf)
         .policy(
             Policy::fixed_window("1000/min")
                 .name("tokens")

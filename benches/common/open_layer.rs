@@ -1,7 +1,7 @@
 //! The layer the axum benches put in front of their hello-world router (included by path, as
 //! the rest of `common` needs the `redis` feature).
 
-use tower_ratelimit::{HeaderStyle, Policy, RateLimitLayer};
+use tower_ratelimit::{Policy, RateLimitLayer, headers::HeaderStyle};
 
 /// Our layer on the memory store: GCRA 1,000,000/s per peer IP with a burst of a billion, which
 /// never limits (one key is decided more than a million times a second by criterion), with

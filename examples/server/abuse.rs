@@ -16,7 +16,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::put;
 use tower_ratelimit::key::{Cidr, Key};
 use tower_ratelimit::lists::Lists;
-use tower_ratelimit::{ConfigError, Escalation, LimitError, Policy, Quota, RateLimitLayer, Store};
+use tower_ratelimit::{
+    ConfigError, LimitError, Policy, Quota, RateLimitLayer, Store, policy::Escalation,
+};
 
 use crate::config::{Config, env_or};
 use crate::limits::{bad, problem};

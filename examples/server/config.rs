@@ -6,7 +6,7 @@ use tower_ratelimit::admin::AdminToken;
 use tower_ratelimit::config::Limits;
 use tower_ratelimit::headers::HeaderStyle;
 use tower_ratelimit::key::{Cidr, ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
-use tower_ratelimit::{Algorithm, Calendar, FailurePolicy, Settle};
+use tower_ratelimit::{Algorithm, FailurePolicy, calendar::Calendar, settle::Settle};
 
 pub(crate) struct Config {
     pub(crate) bind: SocketAddr,

@@ -29,7 +29,7 @@ use tower_ratelimit::admin::AdminGuardLayer;
 use tower_ratelimit::axum::AxumBody;
 use tower_ratelimit::key::Cidr;
 use tower_ratelimit::top::TopLimited;
-use tower_ratelimit::{Policy, RateLimitLayer, RedisStore, Reserve, Store};
+use tower_ratelimit::{Policy, RateLimitLayer, RedisStore, Store, policy::Reserve};
 
 use config::{Config, config, key_extractor, read_limits, source};
 use routes::{login, slow, spend, stream};

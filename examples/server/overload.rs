@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::extract::Query;
 use axum::http::StatusCode;
 use tokio::sync::Semaphore;
-use tower_ratelimit::{Adaptive, Policy};
+use tower_ratelimit::{Policy, policy::Adaptive};
 
 use crate::config::{env_or, positive};
 

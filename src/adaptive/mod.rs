@@ -61,7 +61,7 @@ pub(crate) enum Rule {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_ratelimit::{Adaptive, Policy, RateLimitLayer};
+/// use tower_ratelimit::{policy::Adaptive, Policy, RateLimitLayer};
 ///
 /// # fn main() -> Result<(), tower_ratelimit::ConfigError> {
 /// let layer = RateLimitLayer::builder()

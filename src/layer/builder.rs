@@ -77,7 +77,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// `ratelimit_near_limit_hook_dropped_total{policy}` and not handed (not queued).
     ///
     /// ```
-    /// use tower_ratelimit::{NearLimit, Policy, RateLimitLayer};
+    /// use tower_ratelimit::{policy::NearLimit, Policy, RateLimitLayer};
     ///
     /// # fn main() -> Result<(), tower_ratelimit::ConfigError> {
     /// let layer = RateLimitLayer::builder()
@@ -164,7 +164,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// same secret, at least 16 random bytes (shorter fails [`build`](Self::build)).
     ///
     /// ```
-    /// use tower_ratelimit::{HeaderStyle, Policy, RateLimitLayer};
+    /// use tower_ratelimit::{headers::HeaderStyle, Policy, RateLimitLayer};
     ///
     /// let layer = RateLimitLayer::builder()
     ///     .policy(Policy::gcra("10/s").name("per-ip"))

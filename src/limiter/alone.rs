@@ -16,7 +16,7 @@ use crate::headers::{HeaderStyle, RateLimitHeaders};
 use crate::key::{Key, RequestRef};
 use crate::policy::{CompiledPolicy, Tier};
 use crate::store::{Check, Enforced, Op, Store, TOGETHER};
-use crate::telemetry::{decision_span, spans_enabled, traced};
+use crate::telemetry::{decision_span, record_policies, spans_enabled, traced};
 
 impl<St: Store> Limiter<St> {
     /// A request of [`Lane::Alone`](super::route::Lane::Alone): no check or ticket is made, no tier or key is cloned.
@@ -75,10 +75,7 @@ impl<St: Store> Limiter<St> {
         };
         let span = decision_span();
         let _entered = span.enter();
-        traced(&span, |span| {
-            let names: Vec<&str> = keys.iter().map(|(tier, ..)| tier.name()).collect();
-            span.record("policies", names.join(","));
-        });
+        record_policies(&span, keys.iter().map(|(tier, ..)| tier.name()));
         let steps = route.steps();
         let kept = steps.keeps_keys().then(|| {
             let kept = keys.iter().map(|(tier, key, cost)| {

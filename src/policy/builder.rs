@@ -320,7 +320,7 @@ impl Policy {
     /// `Retry-After`, `X-RateLimit-Reset` and the IETF `t` count to the period's real end.
     ///
     /// ```
-    /// use tower_ratelimit::{Algorithm, Calendar, Policy, RateLimitLayer, key::PeerIp};
+    /// use tower_ratelimit::{Algorithm, calendar::Calendar, Policy, RateLimitLayer, key::PeerIp};
     ///
     /// # fn main() -> Result<(), tower_ratelimit::ConfigError> {
     /// let plan = Policy::new(Algorithm::FixedWindow, "500/day")
@@ -424,7 +424,7 @@ impl Policy {
     /// [`refund_if`](Self::refund_if).
     ///
     /// ```
-    /// use tower_ratelimit::{Policy, QuotaUnit, Settle};
+    /// use tower_ratelimit::{Policy, QuotaUnit, settle::Settle};
     ///
     /// // Bytes sent per hour, admitted on an estimate of 64 KiB, settled on what was sent.
     /// let downloads = Policy::gcra("1000000000/h")

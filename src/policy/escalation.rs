@@ -22,7 +22,7 @@ use crate::quota::MAX_WINDOW;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_ratelimit::{Escalation, Policy};
+/// use tower_ratelimit::{policy::Escalation, Policy};
 ///
 /// // Blocked after 5 denials within a minute: 1 min, then 2, 4, ... at most a day.
 /// let policy = Policy::gcra("10/s").block_on_violation(

@@ -1,7 +1,19 @@
-//! Policies: an algorithm, a quota and a name ([`Policy`], the public builder), how each takes
-//! part in a decision (the operation its checks make, a [`Part`] per tier), and their compiled
-//! forms: [`CompiledPolicy`] as
-//! the engine plans a request with it, [`Tier`] as stores and decisions know each quota.
+//! [`Policy`], what a layer enforces (an algorithm, a quota and a name), and the options its
+//! methods take: [`Reserve`] (capacity kept for priority), [`Escalation`] (a block on
+//! violation), [`Adaptive`] (an adaptive concurrency limit), and [`NearLimit`], what the hook
+//! of a warning near the limit is handed.
+//!
+//! ```
+//! use tower_ratelimit::Policy;
+//! use tower_ratelimit::policy::{Escalation, Reserve};
+//! use std::time::Duration;
+//!
+//! let login = Policy::gcra("5/min")
+//!     .name("login")
+//!     .block_on_violation(Escalation::new(Duration::from_secs(60)));
+//! let api = Policy::token_bucket("100/s").reserve(Reserve::header("x-priority").share("critical", 20));
+//! # let _ = (login, api);
+//! ```
 
 mod adaptive;
 mod builder;
@@ -16,6 +28,8 @@ mod tiers;
 mod tier;
 mod violation;
 
+pub use crate::adaptive::Adaptive;
+pub use crate::near::NearLimit;
 pub(crate) use builder::{CostFn, RequestFn, StatusFn};
 pub use builder::{DEFAULT_MAX_DURATION, Policy};
 #[cfg(fuzzing)]

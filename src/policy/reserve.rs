@@ -36,7 +36,7 @@ enum Source {
 /// of the capacity, and what is left of it.
 ///
 /// ```
-/// use tower_ratelimit::{Policy, RateLimitLayer, Reserve};
+/// use tower_ratelimit::{Policy, RateLimitLayer, policy::Reserve};
 ///
 /// # fn main() -> Result<(), tower_ratelimit::ConfigError> {
 /// // 1,000 requests a minute for everyone, of which the last 200 only for `critical`.

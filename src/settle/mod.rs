@@ -1,6 +1,6 @@
 //! Costs known only once the response is done (an LLM's tokens, the bytes a download sent):
-//! where a policy reads a response's real cost ([`Settle`]), and (in `meter.rs`) the
-//! `Meter` a response body carries to count it as it streams.
+//! where a policy reads a response's real cost ([`Settle`]), and what a handler reports it
+//! with ([`ActualCost`]); a body that is counted is counted as it streams.
 //!
 //! A request is admitted against an estimate (the policy's [`cost`](crate::Policy::cost)),
 //! charged up front as any other. Once the real cost is known the difference is settled in
@@ -25,7 +25,7 @@ pub(crate) mod meter;
 ///
 /// ```
 /// use http::Response;
-/// use tower_ratelimit::ActualCost;
+/// use tower_ratelimit::settle::ActualCost;
 ///
 /// let mut response = Response::new("a completion of 1,234 tokens");
 /// response.extensions_mut().insert(ActualCost(1_234));
@@ -44,7 +44,7 @@ pub struct ActualCost(pub u64);
 /// `ratelimit_costs_clamped_total`.
 ///
 /// ```
-/// use tower_ratelimit::{Policy, Settle};
+/// use tower_ratelimit::{Policy, settle::Settle};
 ///
 /// // 100,000 tokens a minute per key: admitted on the request's `max_tokens` (parsed by the
 /// // application into a header here), settled on what the response says it used.

@@ -28,6 +28,8 @@ pub(crate) const READ_EVERY: Duration = Duration::from_secs(1);
 
 /// Where a change of a network entry was kept ([`Sealed::keep_network`](super::private::Sealed::keep_network)).
 #[derive(Debug)]
+// Only a store that keeps the networks itself (Redis) makes the last two.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) enum Kept {
     /// Nowhere but in the registry's networks, which are the store's own (memory): the
     /// caller changes them.

@@ -125,7 +125,7 @@ impl Seen {
 #[allow(dead_code)]
 pub type App = tower::util::BoxCloneSyncService<
     Request<()>,
-    Response<tower_ratelimit::ResponseBody<Full<Bytes>>>,
+    Response<tower_ratelimit::body::ResponseBody<Full<Bytes>>>,
     Infallible,
 >;
 

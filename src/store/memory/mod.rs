@@ -421,7 +421,7 @@ impl private::Sealed for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Calendar, Policy, RateLimitLayer};
+    use crate::{Policy, RateLimitLayer, calendar::Calendar};
 
     #[tokio::test]
     async fn every_policy_of_a_key_is_in_its_shard() {

@@ -40,7 +40,7 @@ pub(super) struct Marks {
 }
 
 /// A key's denials and blocks under a policy that blocks on violation
-/// ([`Escalation`](crate::Escalation)), all on the store's clock: the twin of the record
+/// ([`Escalation`](crate::policy::Escalation)), all on the store's clock: the twin of the record
 /// `<key>!` of the Redis script.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct Strikes {

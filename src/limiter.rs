@@ -44,7 +44,7 @@ use crate::reload::TierSummary;
 use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Held, Permit};
 use crate::response::Responses;
 use crate::settle::Settle;
-use crate::store::{Check, Checks, MemoryStore, Store, TOGETHER};
+use crate::store::{Check, Checks, MemoryStore, Store};
 use crate::telemetry::{decision_span, record_outcome, record_policies, traced};
 use crate::top::{TopLimited, Tracker};
 
@@ -63,16 +63,6 @@ mod steps;
 
 pub(crate) use route::Carried;
 use route::{Around, Pending, PolicySet, Route, Steps};
-
-/// Chosen before anything is registered in the store: whether every request of `policies` is
-/// decided on packed states under the shared lock (one GCRA, or two to four packed policies
-/// of the layer's key).
-fn shared_lock(policies: &[Policy]) -> bool {
-    match policies {
-        [p] => p.is_gcra_up_front(),
-        ps => ps.len() <= TOGETHER && ps.iter().all(Policy::packs_up_front),
-    }
-}
 
 /// What a layer is configured with, besides its store: the builder fills it in, and
 /// [`Limiter::new`] checks and compiles it.
@@ -332,7 +322,7 @@ impl<St: Store> Limiter<St> {
             .divisor()
             .map(|_| MemoryStore::builder().clock(config.clock.clone()).build());
         let plain = config.deny_cache.is_none() && fallback.is_none();
-        let store = store.suited(shared_lock(&config.policies) && plain);
+        let store = store.suited(route::Lane::shared(&config.policies) && plain);
         let set = Self::compile(
             &config.policies,
             &store,

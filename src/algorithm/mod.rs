@@ -299,7 +299,9 @@ macro_rules! algorithms {
                 }
             }
 
-            /// Whether this policy's states pack (see [`Step::packs`]).
+            /// Whether this policy's states pack (see [`Step::packs`]); the lanes ask
+            /// `Policy::packs_up_front`, before anything is compiled.
+            #[cfg(test)]
             pub(crate) fn packs(&self) -> bool {
                 match self {
                     $(Compiled::$variant(a) => a.packs(),)*

@@ -80,13 +80,13 @@ impl<St: Store> Limiter<St> {
                     return Answer::Now(std::future::ready(Ok(Decision::one(outcome))));
                 }
             }
-            (None, Lane::Together) => {
+            (None, Lane::Together { packed }) => {
                 let mut together: SmallVec<[Enforced<'_>; TOGETHER]> = SmallVec::new();
                 for p in policies.iter() {
                     let tier = p.tier_of_key(key);
                     together.push((tier, key, units(tier)));
                 }
-                if let Some(decision) = self.store.check_together(&together) {
+                if let Some(decision) = self.store.check_together(&together, packed) {
                     return Answer::Now(std::future::ready(Ok(decision)));
                 }
             }

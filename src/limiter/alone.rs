@@ -52,6 +52,7 @@ impl<St: Store> Limiter<St> {
         &self,
         request: &RequestRef<'_>,
         route: &Route,
+        packed: bool,
     ) -> Next<St::Future> {
         let mut keys: SmallVec<[(&Arc<Tier>, Key, u64); TOGETHER]> = SmallVec::new();
         for policy in route.iter().filter(|p| p.applies(request)) {
@@ -69,7 +70,7 @@ impl<St: Store> Limiter<St> {
         for (tier, key, cost) in &keys {
             together.push((tier, key, *cost));
         }
-        let Some(decision) = self.store.check_together(&together) else {
+        let Some(decision) = self.store.check_together(&together, packed) else {
             // As `begin_alone`: a store that says it decides at once always does.
             return self.plan(request, route, None);
         };

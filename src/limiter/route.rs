@@ -35,25 +35,50 @@ pub(crate) enum Lane {
     /// alone (`Sealed::check_alone`).
     Alone,
     /// Two to [`TOGETHER`] such policies: decided together on the borrowed tiers and keys
-    /// (`Sealed::check_together`).
-    Together,
+    /// (`Sealed::check_together`); `packed` when every one packs its state and takes the
+    /// layer's key (then the memory store decides them under the shared lock).
+    Together { packed: bool },
     /// Anything else: one `Check` per policy, through the deny cache, the leases held here, the
     /// breaker and the store's `check`.
     Checks,
 }
 
 impl Lane {
-    /// The lane of `policies` on a store that decides at once or not (`at_once`), in a layer
-    /// with nothing between a request and the store but its policies or not (`plain`).
-    pub(crate) fn of(policies: &[CompiledPolicy], at_once: bool, plain: bool) -> Lane {
-        if !(at_once && plain && policies.iter().all(CompiledPolicy::up_front)) {
+    /// The lane of `list` (compiled from `policies`) on a store that decides at once or not
+    /// (`at_once`), in a layer with nothing between a request and the store but its policies
+    /// or not (`plain`).
+    pub(crate) fn of(
+        list: &[CompiledPolicy],
+        policies: &[Policy],
+        at_once: bool,
+        plain: bool,
+    ) -> Lane {
+        if !(at_once && plain && list.iter().all(CompiledPolicy::up_front)) {
             return Lane::Checks;
         }
-        match policies.len() {
+        match list.len() {
             1 => Lane::Alone,
-            n if n <= TOGETHER => Lane::Together,
+            n if n <= TOGETHER => Lane::Together {
+                packed: Self::packed(policies),
+            },
             _ => Lane::Checks,
         }
+    }
+
+    /// Whether every request of `policies` is decided on packed states under the shared lock
+    /// (one GCRA, or the packed policies of [`Lane::Together`]): chosen before anything is
+    /// registered in the store, for its locks.
+    pub(crate) fn shared(policies: &[Policy]) -> bool {
+        match policies {
+            [p] => p.is_gcra_up_front(),
+            ps => Self::packed(ps),
+        }
+    }
+
+    /// Two to [`TOGETHER`] policies that pack their state, enforced up front on the layer's
+    /// key.
+    fn packed(policies: &[Policy]) -> bool {
+        (2..=TOGETHER).contains(&policies.len()) && policies.iter().all(Policy::packs_up_front)
     }
 }
 
@@ -352,7 +377,7 @@ impl Route {
             lists,
             keys,
         } = around;
-        let lane = Lane::of(&list, at_once, plain);
+        let lane = Lane::of(&list, policies, at_once, plain);
         let any = |f: fn(&Policy) -> bool| policies.iter().any(f);
         let before = [
             (Before::Lists, lists),

@@ -36,7 +36,7 @@ impl<St: Store> Limiter<St> {
         }
         match route.lane() {
             Lane::Alone => self.begin_alone(&route[0], request, route),
-            Lane::Together => self.begin_together(request, route),
+            Lane::Together { packed } => self.begin_together(request, route, packed),
             Lane::Checks => self.plan(request, route, listed),
         }
     }

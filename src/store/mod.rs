@@ -119,9 +119,14 @@ pub(crate) mod private {
 
         /// Decides several enforced policies at once, on borrowed values, if the store can
         /// (the memory store, for at most four): the decision, as [`check`](Self::check)
-        /// would make it.
-        fn check_together(&self, checks: &[crate::store::Enforced<'_>]) -> Option<Decision> {
-            let _ = checks;
+        /// would make it. `packed`: every state packs and the key is one (the lane says so,
+        /// once for the policy set).
+        fn check_together(
+            &self,
+            checks: &[crate::store::Enforced<'_>],
+            packed: bool,
+        ) -> Option<Decision> {
+            let _ = (checks, packed);
             None
         }
 

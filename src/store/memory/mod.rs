@@ -323,13 +323,8 @@ impl MemoryStore {
     /// policies of one key are in one shard: when every state is packed, they are decided
     /// under its shared lock with their words claimed (`Shard::together_shared`), the key
     /// hashed once and nothing built but the outcomes; else under the exclusive locks.
-    fn together(&self, checks: &[Enforced<'_>]) -> Decision {
-        if let Some((&(_, key, _), rest)) = checks.split_first()
-            && rest
-                .iter()
-                .all(|&(_, k, _)| std::ptr::eq(k, key) || k == key)
-            && checks.iter().all(|&(tier, _, _)| tier.algorithm().packs())
-        {
+    fn together(&self, checks: &[Enforced<'_>], packed: bool) -> Decision {
+        if packed && let Some(&(_, key, _)) = checks.first() {
             let key_hash = key.hash_in(&self.inner.hasher);
             let shard = &self.inner.shards[self.shard_of(key_hash)];
             let clock = || self.inner.clock.now_micros();
@@ -413,8 +408,8 @@ impl private::Sealed for MemoryStore {
         Some(MemoryStore::alone(self, tier, key, cost))
     }
 
-    fn check_together(&self, checks: &[Enforced<'_>]) -> Option<Decision> {
-        (checks.len() <= TOGETHER).then(|| MemoryStore::together(self, checks))
+    fn check_together(&self, checks: &[Enforced<'_>], packed: bool) -> Option<Decision> {
+        (checks.len() <= TOGETHER).then(|| MemoryStore::together(self, checks, packed))
     }
 }
 

@@ -1,8 +1,7 @@
 -- The phases of a policy whose operation is not ENFORCE (phases.lua takes those here once its
 -- state is read): a look, a shadow, an act's look at cost 0, and what the granting
 -- operations do beyond a verdict: the time a WAIT reserves, the units a LEASE takes, the
--- slots CONCURRENCY holds. What phase one finds for phase two, per policy position.
-local LEASE_ENDS, WAITS = {}, {}
+-- slots CONCURRENCY holds.
 
 -- A table to load a state in, for a moment.
 local SCRATCH = {}
@@ -87,7 +86,8 @@ end
 -- for a LEASE whose longest life is `x` (twin of `lease_verdict` in Rust), as if `x` more
 -- units were asked for when it KEEPS them (`Op::judged`), its verdict in the reply,
 -- and for a WAIT denied now, the wait of at most `x` until the time that would admit it.
--- Returns whether it admits the request, and the state and block decided on.
+-- Returns whether it admits the request, the state and block decided on, and for phase two
+-- the end of the lease taken and the wait reserved (nil when none).
 local function phase_one_of(alg, i, op, key, p, now, cost, x, base, st, ends)
   local lease_end, wait
   local judged = cost
@@ -111,22 +111,22 @@ local function phase_one_of(alg, i, op, key, p, now, cost, x, base, st, ends)
   if v ~= ADMITTED and op == WAIT then
     wait = reservation(alg, p, st, ends, now, cost, key, v, x)
   end
-  LEASE_ENDS[i], WAITS[i] = lease_end, wait
-  return v == ADMITTED or wait ~= nil, st, ends
+  return v == ADMITTED or wait ~= nil, st, ends, lease_end, wait
 end
 
--- Phase two for the policy at position i of operation `op` (not ENFORCE), the request
--- `admitted` or not: charged as its operation says (at its reserved time, a lease of up to
--- `y` units, its cost; keeping its block on record), or the state reported as it stays, its
--- key given a TTL (from `since`) if it lost its own.
-local function phase_two_of(alg, i, op, key, p, now, since, cost, y, st, ends, admitted, base)
+-- Phase two for a policy of operation `op` (not ENFORCE), the request `admitted` or not:
+-- charged as its operation says (at the time phase one reserved, `wait` from now; a lease of
+-- up to `y` units ending at `lease_end`; its cost; keeping its block on record), or the state
+-- reported as it stays, its key given a TTL (from `since`) if it lost its own.
+local function phase_two_of(alg, op, key, p, now, since, cost, y, st, ends, admitted, base,
+                            lease_end, wait)
   if admitted then
-    if WAITS[i] then
-      reserve(alg, key, p, st, ends, now, cost, WAITS[i], base, since)
+    if wait then
+      reserve(alg, key, p, st, ends, now, cost, wait, base, since)
       return
     end
     if op == LEASE then
-      take_lease(alg, key, p, st, ends, now, cost, y, LEASE_ENDS[i], base, since)
+      take_lease(alg, key, p, st, ends, now, cost, y, lease_end, base, since)
       return
     end
     local charges = CHARGES[op]

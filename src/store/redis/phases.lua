@@ -94,7 +94,7 @@ local function step(self, i, n, keys, now, since, admitted, base)
     ok, st, ends, q, seen1, seen2, seen3 = phase_one(self, i, key, p, now, since, cost, base)
   else
     st, ends, q = loaded(self, i, key, p, now, since)
-    ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
+    ok, st, ends, seen1, seen2 = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
   end
   admitted = admitted and (ok or not DECIDES[op])
   local total, own = base + WIDTH[op], false
@@ -104,7 +104,7 @@ local function step(self, i, n, keys, now, since, admitted, base)
   if fused then
     phase_two(self, key, q, now, since, cost, st, ends, admitted, base, seen1, seen2, seen3)
   else
-    phase_two_of(self, i, op, key, q, now, since, cost, YS[i], st, ends, admitted, base)
+    phase_two_of(self, op, key, q, now, since, cost, YS[i], st, ends, admitted, base, seen1, seen2)
   end
   if q ~= p then
     PS[i], own = q, true

@@ -605,8 +605,7 @@ end
 -- The phases of a policy whose operation is not ENFORCE (phases.lua takes those here once its
 -- state is read): a look, a shadow, an act's look at cost 0, and what the granting
 -- operations do beyond a verdict: the time a WAIT reserves, the units a LEASE takes, the
--- slots CONCURRENCY holds. What phase one finds for phase two, per policy position.
-local LEASE_ENDS, WAITS = {}, {}
+-- slots CONCURRENCY holds.
 
 -- A table to load a state in, for a moment.
 local SCRATCH = {}
@@ -691,7 +690,8 @@ end
 -- for a LEASE whose longest life is `x` (twin of `lease_verdict` in Rust), as if `x` more
 -- units were asked for when it KEEPS them (`Op::judged`), its verdict in the reply,
 -- and for a WAIT denied now, the wait of at most `x` until the time that would admit it.
--- Returns whether it admits the request, and the state and block decided on.
+-- Returns whether it admits the request, the state and block decided on, and for phase two
+-- the end of the lease taken and the wait reserved (nil when none).
 local function phase_one_of(alg, i, op, key, p, now, cost, x, base, st, ends)
   local lease_end, wait
   local judged = cost
@@ -715,22 +715,22 @@ local function phase_one_of(alg, i, op, key, p, now, cost, x, base, st, ends)
   if v ~= -2 and op == 5 then
     wait = reservation(alg, p, st, ends, now, cost, key, v, x)
   end
-  LEASE_ENDS[i], WAITS[i] = lease_end, wait
-  return v == -2 or wait ~= nil, st, ends
+  return v == -2 or wait ~= nil, st, ends, lease_end, wait
 end
 
--- Phase two for the policy at position i of operation `op` (not ENFORCE), the request
--- `admitted` or not: charged as its operation says (at its reserved time, a lease of up to
--- `y` units, its cost; keeping its block on record), or the state reported as it stays, its
--- key given a TTL (from `since`) if it lost its own.
-local function phase_two_of(alg, i, op, key, p, now, since, cost, y, st, ends, admitted, base)
+-- Phase two for a policy of operation `op` (not ENFORCE), the request `admitted` or not:
+-- charged as its operation says (at the time phase one reserved, `wait` from now; a lease of
+-- up to `y` units ending at `lease_end`; its cost; keeping its block on record), or the state
+-- reported as it stays, its key given a TTL (from `since`) if it lost its own.
+local function phase_two_of(alg, op, key, p, now, since, cost, y, st, ends, admitted, base,
+                            lease_end, wait)
   if admitted then
-    if WAITS[i] then
-      reserve(alg, key, p, st, ends, now, cost, WAITS[i], base, since)
+    if wait then
+      reserve(alg, key, p, st, ends, now, cost, wait, base, since)
       return
     end
     if op == 6 then
-      take_lease(alg, key, p, st, ends, now, cost, y, LEASE_ENDS[i], base, since)
+      take_lease(alg, key, p, st, ends, now, cost, y, lease_end, base, since)
       return
     end
     local charges = CHARGES[op]
@@ -1251,7 +1251,7 @@ ALG[1] = function()
         end
         q = p
       end
-      ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
+      ok, st, ends, seen1, seen2 = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
     admitted = admitted and (ok or not DECIDES[op])
     local total, own = base + WIDTH[op], false
@@ -1352,7 +1352,7 @@ ALG[1] = function()
         uncharged(self, key, q, st, now, since, cost, base)
       until true
     else
-      phase_two_of(self, i, op, key, q, now, since, cost, YS[i], st, ends, admitted, base)
+      phase_two_of(self, op, key, q, now, since, cost, YS[i], st, ends, admitted, base, seen1, seen2)
     end
     if q ~= p then
       PS[i], own = q, true
@@ -2308,7 +2308,7 @@ ALG[2] = function()
         end
         q = p
       end
-      ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
+      ok, st, ends, seen1, seen2 = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
     admitted = admitted and (ok or not DECIDES[op])
     local total, own = base + WIDTH[op], false
@@ -2440,7 +2440,7 @@ ALG[2] = function()
         uncharged(self, key, q, st, now, since, cost, base)
       until true
     else
-      phase_two_of(self, i, op, key, q, now, since, cost, YS[i], st, ends, admitted, base)
+      phase_two_of(self, op, key, q, now, since, cost, YS[i], st, ends, admitted, base, seen1, seen2)
     end
     if q ~= p then
       PS[i], own = q, true
@@ -3301,7 +3301,7 @@ ALG[3] = function()
         end
         q = p
       end
-      ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
+      ok, st, ends, seen1, seen2 = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
     admitted = admitted and (ok or not DECIDES[op])
     local total, own = base + WIDTH[op], false
@@ -3388,7 +3388,7 @@ ALG[3] = function()
         uncharged(self, key, q, st, now, since, cost, base)
       until true
     else
-      phase_two_of(self, i, op, key, q, now, since, cost, YS[i], st, ends, admitted, base)
+      phase_two_of(self, op, key, q, now, since, cost, YS[i], st, ends, admitted, base, seen1, seen2)
     end
     if q ~= p then
       PS[i], own = q, true
@@ -4132,7 +4132,7 @@ ALG[4] = function()
         end
         q = p
       end
-      ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
+      ok, st, ends, seen1, seen2 = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
     admitted = admitted and (ok or not DECIDES[op])
     local total, own = base + WIDTH[op], false
@@ -4230,7 +4230,7 @@ ALG[4] = function()
         uncharged(self, key, q, st, now, since, cost, base)
       until true
     else
-      phase_two_of(self, i, op, key, q, now, since, cost, YS[i], st, ends, admitted, base)
+      phase_two_of(self, op, key, q, now, since, cost, YS[i], st, ends, admitted, base, seen1, seen2)
     end
     if q ~= p then
       PS[i], own = q, true
@@ -4995,7 +4995,7 @@ ALG[5] = function()
         end
         q = p
       end
-      ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
+      ok, st, ends, seen1, seen2 = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
     admitted = admitted and (ok or not DECIDES[op])
     local total, own = base + WIDTH[op], false
@@ -5076,7 +5076,7 @@ ALG[5] = function()
         uncharged(self, key, q, st, now, since, cost, base)
       until true
     else
-      phase_two_of(self, i, op, key, q, now, since, cost, YS[i], st, ends, admitted, base)
+      phase_two_of(self, op, key, q, now, since, cost, YS[i], st, ends, admitted, base, seen1, seen2)
     end
     if q ~= p then
       PS[i], own = q, true
@@ -5666,7 +5666,7 @@ ALG[6] = function()
         end
         q = p
       end
-      ok, st, ends = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
+      ok, st, ends, seen1, seen2 = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
     admitted = admitted and (ok or not DECIDES[op])
     local total, own = base + WIDTH[op], false
@@ -5720,7 +5720,7 @@ ALG[6] = function()
         uncharged(self, key, q, st, now, since, cost, base)
       until true
     else
-      phase_two_of(self, i, op, key, q, now, since, cost, YS[i], st, ends, admitted, base)
+      phase_two_of(self, op, key, q, now, since, cost, YS[i], st, ends, admitted, base, seen1, seen2)
     end
     if q ~= p then
       PS[i], own = q, true

@@ -128,7 +128,7 @@ fn policies<St: Store>(
         builder = builder.policy(
             Policy::new(config.algorithm, quota.as_str())
                 .name(format!("method:{name}"))
-                .route(None, method.as_str()),
+                .path(method.as_str()),
         );
     }
     Ok(builder.key(key).on_store_error(config.on_store_error))

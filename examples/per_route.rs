@@ -79,7 +79,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .policy(
             Policy::token_bucket("100/h")
                 .name("reports")
-                .route(None, "/reports")
+                .path("/reports")
                 .key(user_key)
                 .tier("pro", "10000/h")
                 .select_tier(|req| match req.extensions().get::<Plan>() {

@@ -1408,3 +1408,38 @@ on_each_store! {
     tiers_pick_the_quota_per_request_and_per_key => tiers,
     route_policies_apply_to_their_matched_route_only => routes,
 }
+
+/// `Policy::path` limits one path pattern whatever the method, and no other path.
+#[tokio::test]
+async fn a_path_policy_takes_every_method_of_its_path() {
+    let layer = RateLimitLayer::builder()
+        .key(header_key("x-ip"))
+        .policy(Policy::fixed_window("2/min").name("login").path("/login"))
+        .build()
+        .unwrap();
+    async fn ok() -> &'static str {
+        "ok"
+    }
+    let app = Router::new()
+        .route("/login", get(ok).post(ok))
+        .route("/other", get(ok))
+        .layer(layer);
+    let call = |method: Method, path: &str| {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("x-ip", "a")
+            .body(Body::empty())
+            .unwrap();
+        send(&app, req)
+    };
+    assert_eq!(call(Method::POST, "/login").await.status, StatusCode::OK);
+    assert_eq!(call(Method::GET, "/login").await.status, StatusCode::OK);
+    let r = call(Method::GET, "/login").await;
+    assert_eq!(
+        r.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "both methods counted"
+    );
+    assert_eq!(call(Method::GET, "/other").await.status, StatusCode::OK);
+}

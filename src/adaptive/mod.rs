@@ -68,7 +68,7 @@ pub(crate) enum Rule {
 ///     .policy(
 ///         Policy::adaptive_concurrency(Adaptive::gradient2().min(4).max(256))
 ///             .name("backend")
-///             .route(None, "/work"),
+///             .path("/work"),
 ///     )
 ///     .build()?;
 /// # let _ = layer;

@@ -31,7 +31,7 @@ use super::{Key, KeyExtractor, KeyRejection, RequestRef};
 ///     .policy(
 ///         Policy::fixed_window("10/min")
 ///             .name("place-order")
-///             .route(None, "/shop.v1.Orders/PlaceOrder"),
+///             .path("/shop.v1.Orders/PlaceOrder"),
 ///     )
 ///     .build()?;
 /// # let _ = layer;

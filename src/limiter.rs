@@ -321,8 +321,10 @@ impl<St: Store> Limiter<St> {
             .failure
             .divisor()
             .map(|_| MemoryStore::builder().clock(config.clock.clone()).build());
-        let plain = config.deny_cache.is_none() && fallback.is_none();
-        let store = store.suited(route::Lane::shared(&config.policies) && plain);
+        let (deny_cache, local) = (config.deny_cache.is_some(), fallback.is_some());
+        let (top, partition) = (config.top.is_some(), headers.partition.is_some());
+        let around = Around::new::<St>(deny_cache, local, top, partition, lists.is_some());
+        let store = store.suited(route::Lane::shared(&config.policies) && around.plain());
         let set = Self::compile(
             &config.policies,
             &store,
@@ -337,8 +339,6 @@ impl<St: Store> Limiter<St> {
             .map(|top| Tracker::new(top, headers.partition.as_ref(), names).map(Arc::new))
             .transpose()?;
         let lists = LayerLists::of(lists.as_ref(), &config.key, &store, set.leases)?;
-        let keys = config.deny_cache.is_some() || top.is_some() || headers.partition.is_some();
-        let around = Around::new::<St>(plain, lists.is_some(), keys);
         let route = Route::compile(set.policies, &config.policies, around);
         let leases = (set.leases.then(Leases::new)).map_or_else(OnceLock::new, OnceLock::from);
         Ok(Limiter {
@@ -549,15 +549,10 @@ impl<St: Store> Limiter<St> {
         steps.keeps_keys().then(|| checks.to_vec())
     }
 
-    /// What stands around the policies of this layer, for their route: whether nothing stands
-    /// between a request and the store but its policies (no deny cache or local fallback; the
-    /// breaker does not count: a store that decides at once never fails, so it never opens
-    /// one), the lists, and what keeps a request's checks after its decision (the deny cache,
-    /// the top limited keys, the IETF `pk`).
+    /// What stands around the policies of this layer, for their route.
     fn around(&self) -> Around {
-        let plain = self.deny_cache.is_none() && self.fallback.is_none();
-        let keys =
-            self.deny_cache.is_some() || self.top.is_some() || self.headers.partition.is_some();
-        Around::new::<St>(plain, self.lists.is_some(), keys)
+        let (deny_cache, local) = (self.deny_cache.is_some(), self.fallback.is_some());
+        let (top, partition) = (self.top.is_some(), self.headers.partition.is_some());
+        Around::new::<St>(deny_cache, local, top, partition, self.lists.is_some())
     }
 }

@@ -1412,9 +1412,13 @@ on_each_store! {
 /// `Policy::path` limits one path pattern whatever the method, and no other path.
 #[tokio::test]
 async fn a_path_policy_takes_every_method_of_its_path() {
+    // A clock that stands still: no window ends between the calls.
+    let clock = ManualClock::new();
     let layer = RateLimitLayer::builder()
         .key(header_key("x-ip"))
         .policy(Policy::fixed_window("2/min").name("login").path("/login"))
+        .store(MemoryStore::builder().clock(clock.clone()).build())
+        .clock(clock)
         .build()
         .unwrap();
     async fn ok() -> &'static str {

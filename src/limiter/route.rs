@@ -295,11 +295,6 @@ impl Steps {
 
     const BEFORE: u16 = 0x7f << 8;
 
-    /// With `step` too.
-    fn with(self, step: After) -> Self {
-        Steps(self.0 | step.bit())
-    }
-
     /// The steps before the decision, in order.
     #[inline(always)]
     pub(crate) fn before(self) -> impl Iterator<Item = Before> {
@@ -348,18 +343,30 @@ pub(crate) struct Around {
 }
 
 impl Around {
-    /// Around the policies of a layer on the store `St`: `plain` or not, with `lists` or not,
-    /// keeping checks (`keys`) or not (a store that may fail keeps them, for the denials held
-    /// through an outage).
-    pub(crate) fn new<St: Store>(plain: bool, lists: bool, keys: bool) -> Self {
+    /// Around the policies of a layer on the store `St` with what it has (a deny cache, a
+    /// local fallback, the top limited keys, the IETF `pk`, lists). Plain: no deny cache or
+    /// local fallback (the breaker does not count: a store that decides at once never fails,
+    /// so it never opens one). Checks kept: for the deny cache, the top limited keys, the
+    /// IETF `pk`, and on a store that may fail, the denials held through an outage.
+    pub(crate) fn new<St: Store>(
+        deny_cache: bool,
+        fallback: bool,
+        top: bool,
+        partition: bool,
+        lists: bool,
+    ) -> Self {
         let at_once = St::DECIDES_ALONE;
-        let keys = keys || !at_once;
         Around {
             at_once,
-            plain,
+            plain: !deny_cache && !fallback,
             lists,
-            keys,
+            keys: deny_cache || top || partition || !at_once,
         }
+    }
+
+    /// Whether nothing stands between a request and the store but its policies.
+    pub(crate) fn plain(self) -> bool {
+        self.plain
     }
 }
 
@@ -379,22 +386,15 @@ impl Route {
         } = around;
         let lane = Lane::of(&list, policies, at_once, plain);
         let any = |f: fn(&Policy) -> bool| policies.iter().any(f);
-        let before = [
-            (Before::Lists, lists),
-            (Before::Adaptive, any(Policy::adapts)),
+        let steps = [
+            (Before::Lists.bit(), lists),
+            (Before::Adaptive.bit(), any(Policy::adapts)),
+            (After::Warn.bit(), any(Policy::warns_near)),
+            (After::Slots.bit(), any(Policy::limits_in_flight)),
+            (After::Reserved.bit(), any(Policy::waits)),
         ];
-        let after = [
-            (After::Warn, any(Policy::warns_near)),
-            (After::Slots, any(Policy::limits_in_flight)),
-            (After::Reserved, any(Policy::waits)),
-        ];
-        let mut steps = Steps(if keys { Steps::KEYS } else { 0 });
-        for (step, _) in before.into_iter().filter(|(_, on)| *on) {
-            steps.0 |= step.bit();
-        }
-        for (step, _) in after.into_iter().filter(|(_, on)| *on) {
-            steps = steps.with(step);
-        }
-        Route::new(list, lane, steps)
+        let keys = if keys { Steps::KEYS } else { 0 };
+        let bits = (steps.into_iter().filter(|(_, on)| *on)).fold(keys, |all, (bit, _)| all | bit);
+        Route::new(list, lane, Steps(bits))
     }
 }

@@ -21,6 +21,7 @@ mod compile;
 mod compiled;
 mod escalation;
 mod near;
+mod per_route;
 mod priority;
 mod reserve;
 mod route;

@@ -118,6 +118,12 @@ impl<St, M> RateLimitLayer<St, M> {
         }
     }
 
+    /// Its limiter, for the crate's unit tests.
+    #[cfg(test)]
+    pub(crate) fn limiter(&self) -> &Limiter<St> {
+        &self.limiter
+    }
+
     /// The store the layer decides in.
     pub fn store(&self) -> &St {
         self.limiter.store()

@@ -169,6 +169,63 @@ async fn capped_levels<St: Store>(store: St, clock: ManualClock) {
     }
 }
 
+/// A policy that blocks on violation beside another of the key, decided together (on the
+/// memory store, with the words of both claimed under the shared lock): its third request
+/// in the second is blocked for 10 s, the other policy is not charged by the denials, and a
+/// second key is not touched.
+async fn beside_another<St: Store>(one: St, two: St, clock: ManualClock) {
+    let build = |store: St| {
+        RateLimitLayer::builder()
+            .policy(Policy::gcra("2/s").name("strikes").block_on_violation(
+                Escalation::new(Duration::from_secs(10)).after(2, Duration::from_secs(5)),
+            ))
+            .policy(Policy::fixed_window("100/min").name("beside"))
+            .key(HeaderKey::try_new("x-key").unwrap())
+            .clock(clock.clone())
+            .store(store)
+            .build()
+            .unwrap()
+    };
+    let layer = build(one);
+    let (a, b) = (
+        app(&layer, &Seen::default()),
+        app(&build(two), &Seen::default()),
+    );
+    spend(&a, "t").await;
+    assert!(ask(&b, "t").await.unwrap() <= 500, "the first denial");
+    assert_eq!(ask(&a, "t").await, Some(10_000), "the second blocks");
+    clock.advance(Duration::from_secs(4));
+    assert_eq!(
+        ask(&b, "t").await,
+        Some(6_000),
+        "the other instance sees the block"
+    );
+    clock.advance(Duration::from_secs(6));
+    assert_eq!(ask(&a, "t").await, None, "the block is over");
+    let look = layer.check(&Key::from("t"), 0).await.unwrap();
+    let beside = &look.outcomes()[1];
+    assert_eq!(
+        (beside.policy(), beside.remaining()),
+        ("beside", 97),
+        "charged thrice"
+    );
+    assert_eq!(ask(&a, "u").await, None, "another key");
+}
+
+#[tokio::test]
+async fn blocks_beside_another_policy() {
+    let clock = ManualClock::new();
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    beside_another(memory.clone(), memory, clock.clone()).await;
+    let server = RedisServer::start();
+    let store = || server.store("beside:", &clock);
+    beside_another(store().await, store().await, clock.clone()).await;
+    support::assert_no_key_without_ttl(&server, "beside:");
+    let cluster = RedisCluster::start();
+    let store = || cluster.store("beside:", &clock);
+    beside_another(store().await, store().await, clock.clone()).await;
+}
+
 #[tokio::test]
 async fn blocks_in_memory() {
     let clock = ManualClock::new();

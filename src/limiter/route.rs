@@ -44,16 +44,19 @@ pub(crate) enum Lane {
 }
 
 impl Lane {
-    /// The lane of `list` (compiled from `policies`) on a store that decides at once or not
-    /// (`at_once`), in a layer with nothing between a request and the store but its policies
-    /// or not (`plain`).
+    /// The lane of `list` (compiled from `policies`, with the route's `steps`) on a store
+    /// that decides at once or not (`at_once`), in a layer with nothing between a request and
+    /// the store but its policies or not (`plain`). A faster lane takes policies decided and
+    /// charged up front whose route has no step but the lists.
     pub(crate) fn of(
         list: &[CompiledPolicy],
         policies: &[Policy],
+        steps: Steps,
         at_once: bool,
         plain: bool,
     ) -> Lane {
-        if !(at_once && plain && list.iter().all(CompiledPolicy::up_front)) {
+        let up_front = list.iter().all(CompiledPolicy::up_front) && steps.only_lists();
+        if !(at_once && plain && up_front) {
             return Lane::Checks;
         }
         match list.len() {
@@ -69,6 +72,9 @@ impl Lane {
     /// (one GCRA, or the packed policies of [`Lane::Together`]): chosen before anything is
     /// registered in the store, for its locks.
     pub(crate) fn shared(policies: &[Policy]) -> bool {
+        if !Steps::of(policies, false, false).only_lists() {
+            return false;
+        }
         match policies {
             [p] => p.is_gcra_up_front(),
             ps => Self::packed(ps),
@@ -371,20 +377,22 @@ impl Around {
 }
 
 impl Route {
-    /// The route of `list` (compiled from `policies`) with what stands `around` it. One line
-    /// per step.
+    /// The route of `list` (compiled from `policies`) with what stands `around` it.
     pub(crate) fn compile(
         list: Box<[CompiledPolicy]>,
         policies: &[Policy],
         around: Around,
     ) -> Route {
-        let Around {
-            at_once,
-            plain,
-            lists,
-            keys,
-        } = around;
-        let lane = Lane::of(&list, policies, at_once, plain);
+        let steps = Steps::of(policies, around.lists, around.keys);
+        let lane = Lane::of(&list, policies, steps, around.at_once, around.plain);
+        Route::new(list, lane, steps)
+    }
+}
+
+impl Steps {
+    /// The steps of `policies`, with the lists or not, their checks kept or not (`keys`):
+    /// one line per step, saying which policies call for it.
+    fn of(policies: &[Policy], lists: bool, keys: bool) -> Steps {
         let any = |f: fn(&Policy) -> bool| policies.iter().any(f);
         let steps = [
             (Before::Lists.bit(), lists),
@@ -395,6 +403,49 @@ impl Route {
         ];
         let keys = if keys { Steps::KEYS } else { 0 };
         let bits = (steps.into_iter().filter(|(_, on)| *on)).fold(keys, |all, (bit, _)| all | bit);
-        Route::new(list, lane, Steps(bits))
+        Steps(bits)
+    }
+
+    /// Whether the lists are the only step (or there is none).
+    fn only_lists(self) -> bool {
+        self.0 & !(Steps::KEYS | Before::Lists.bit()) == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::Lane;
+    use crate::policy::Escalation;
+    use crate::{MemoryStore, Policy, RateLimitLayer};
+
+    /// The lane a layer of `policies` on the memory store takes.
+    fn lane(policies: Vec<Policy>) -> Lane {
+        let mut builder = RateLimitLayer::builder().store(MemoryStore::new());
+        for p in policies {
+            builder = builder.policy(p);
+        }
+        builder
+            .build()
+            .expect("a valid layer")
+            .limiter()
+            .policies
+            .load()
+            .lane()
+    }
+
+    #[test]
+    fn a_strike_is_the_rules_and_takes_every_lane() {
+        let blocks =
+            || Policy::gcra("2/s").block_on_violation(Escalation::new(Duration::from_secs(10)));
+        assert_eq!(lane(vec![blocks()]), Lane::Alone);
+        assert_eq!(
+            lane(vec![blocks(), Policy::fixed_window("100/min")]),
+            Lane::Together { packed: true }
+        );
+        // A step after the decision is the route's: the general way.
+        let warns = Policy::gcra("2/s").near_limit(80);
+        assert_eq!(lane(vec![warns]), Lane::Checks);
     }
 }

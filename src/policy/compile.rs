@@ -37,16 +37,15 @@ impl Policy {
         packs && self.up_front() && self.key.is_none()
     }
 
-    /// Enforced when the request comes in, nothing given back after the response.
+    /// Decided and charged when the request comes in (enforced, no lease, no reserve),
+    /// nothing given back after the response. What runs around the decision (the steps of
+    /// its route) is the route's to say.
     fn up_front(&self) -> bool {
         matches!(self.takes, Ok(Op::Enforce))
             && self.lease.is_none()
+            && self.reserve.is_none()
             && self.refund_if.is_none()
             && self.settle.is_none()
-            && self.reserve.is_none()
-            && self.adaptive.is_none()
-            && self.near_limit.is_none()
-            && self.escalation.is_none()
     }
 
     /// Whether the policy limits requests in flight.

@@ -277,8 +277,6 @@ local REPLY = {}
 -- Each policy of a call as `decide` reads it, per position: its algorithm, operation,
 -- parameters (then those it was decided under), cost and the operation's integers.
 local ALGS, OPS, PS, COSTS, XS, YS = {}, {}, {}, {}, {}, {}
--- The escalation of each policy that blocks on violation (`strike`), nil for the others.
-local ESC = {}
 
 -- Numbers read from the strings a call sends, remembered: `tonumber` reads a string with
 -- strtod, about 1,800 instructions, where a table lookup costs a tenth of that. What is

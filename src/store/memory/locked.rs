@@ -154,19 +154,22 @@ impl Rows for Locked<'_, '_> {
         self.guards[run.guard()].look_row(&self.checks[i], run, now)
     }
 
+    /// After every look of phase two (a strike may insert a row, which may move the others).
+    fn strike(&mut self, i: usize, now: u64) {
+        let (c, run) = (&self.checks[i], &mut self.runs[i]);
+        if let Some(escalation) = c.tier().escalation()
+            && let Some(level) =
+                self.guards[run.guard()].strike(c, run, now, self.inner.per_shard, escalation)
+        {
+            crate::telemetry::count_block(c.tier(), level);
+        }
+    }
+
     fn close(&mut self) -> bool {
         let (now, capacity) = (self.now, self.inner.per_shard);
         for (c, run) in self.checks.iter().zip(&mut self.runs) {
             if run.is_deferred() {
                 self.guards[run.guard()].charge_row(c, run, now, capacity);
-            }
-            // Only a request's own check strikes, not an administrator's act or look.
-            if let Some(escalation) = c.tier().escalation()
-                && c.op() == Op::Enforce
-                && let Some(level) =
-                    self.guards[run.guard()].strike(c, run, now, capacity, escalation)
-            {
-                crate::telemetry::count_block(c.tier(), level);
             }
         }
         for guard in &mut self.guards {

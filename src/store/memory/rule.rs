@@ -6,6 +6,10 @@
 //! it at a later time. Phase two charges each check as its operation says when the request is
 //! admitted; otherwise nothing is charged, and a check whose policy admitted the request
 //! reports its state as it stays (a look at cost 0), not as its charge would have left it.
+//! A request denied, each enforced check that denied it strikes its key when its policy
+//! blocks on violation ([`Policy::block_on_violation`](crate::Policy::block_on_violation)):
+//! the strike is part of the rule, so every way to the rows makes it or hands the decision to
+//! one that can.
 //!
 //! How a decision reaches its rows is a [`Rows`]: one packed word by compare-and-swap
 //! (`shard/word.rs`), packed words claimed under the shard's shared lock (`shard/claim.rs`),
@@ -52,14 +56,21 @@ pub(super) trait Rows {
     /// A look at check `i`'s row as it stays, not charged: the verdict at cost 0.
     fn look(&self, i: usize, now: u64) -> Verdict;
 
+    /// Check `i`, enforced, denied the request: its key's strike, when its policy blocks on
+    /// violation (counted, and at the count a block, which becomes its verdict). A way that
+    /// cannot write a strike (a packed word) says so by [`close`](Self::close)'s caller
+    /// giving the decision to the exclusive locks.
+    fn strike(&mut self, i: usize, now: u64);
+
     /// Ends the decision; whether it stands (`false`: another decision changed a row since
     /// [`open`](Self::open), and this one is made again).
     fn close(&mut self) -> bool;
 }
 
 /// The rule: judge every check, admit when each one that decides admits, then charge every
-/// check or none, an admitting check left uncharged reporting its state as it stays. Whether
-/// the request is admitted; each check's verdict is left in `rows`.
+/// check or none, an admitting check left uncharged reporting its state as it stays; denied,
+/// each enforced check that denied strikes. Whether the request is admitted; each check's
+/// verdict is left in `rows`.
 #[inline(always)]
 pub(super) fn decide(rows: &mut impl Rows) -> bool {
     loop {
@@ -79,6 +90,13 @@ pub(super) fn decide(rows: &mut impl Rows) -> bool {
                 if allowed && rows.cost(i) > 0 && !op.acts() {
                     let stays = rows.look(i, now);
                     rows.uncharged(i, stays);
+                }
+            }
+        }
+        if !admitted {
+            for i in 0..rows.len() {
+                if !rows.allowed(i) && rows.op(i) == Op::Enforce {
+                    rows.strike(i, now);
                 }
             }
         }

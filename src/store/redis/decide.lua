@@ -109,20 +109,17 @@ local function enforced_by(shape)
 end
 
 
--- Every policy of the call read into the tables (ALGS, OPS, PS, COSTS, ESC, XS, YS), all
--- before anything is done: the place of the first malformed one, or nil, whether the first
--- policy's clock is injected, whether one acts and whether one escalates.
+-- Every policy of the call read into the tables (ALGS, OPS, PS, COSTS, XS, YS), all before
+-- anything is done: the place of the first malformed one, or nil, whether the first
+-- policy's clock is injected and whether one acts.
 local function read_all(args, n)
-  local at, injected, acts, escalates = 1, false, false, false
+  local at, injected, acts = 1, false, false
   for i = 1, n do
     local alg, op, p, cost, x, y, next_at, clock_flag = read_policy(args, at, i)
     if not alg then
       return at
     end
-    ALGS[i], OPS[i], PS[i], COSTS[i], ESC[i], at = alg, op, p, cost, p.escalate, next_at
-    if p.escalate then
-      escalates = true
-    end
+    ALGS[i], OPS[i], PS[i], COSTS[i], at = alg, op, p, cost, next_at
     if x then
       -- Read only by the operations that have them.
       XS[i], YS[i] = x, y
@@ -134,7 +131,7 @@ local function read_all(args, n)
       acts = true
     end
   end
-  return nil, injected, acts, escalates
+  return nil, injected, acts
 end
 
 local function malformed(args, at)
@@ -164,7 +161,7 @@ local function decide(keys, args)
       end
     end
   end
-  local bad, injected, acts, escalates = read_all(args, n)
+  local bad, injected, acts = read_all(args, n)
   if bad then
     return malformed(args, bad)
   end
@@ -177,14 +174,11 @@ local function decide(keys, args)
       end
     end
   end
-  local _, total, own = ALGS[1]:step(1, n, keys, now, since, true, 0)
+  local _, total, own = ALGS[1]:step(1, n, keys, now, since, true, 0, OPS[1], keys[1], COSTS[1], PS[1])
   if own then
-    total = own_limits(n, total)
+    own_limits(n, total)
   else
     REPLY[total + 1] = nil
-  end
-  if escalates then
-    total = strikes(n, keys, now, since, total)
   end
   return REPLY
 end

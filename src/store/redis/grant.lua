@@ -86,8 +86,8 @@ end
 -- for a LEASE whose longest life is `x` (twin of `lease_verdict` in Rust), as if `x` more
 -- units were asked for when it KEEPS them (`Op::judged`), its verdict in the reply,
 -- and for a WAIT denied now, the wait of at most `x` until the time that would admit it.
--- Returns whether it admits the request, the state and block decided on, and for phase two
--- the end of the lease taken and the wait reserved (nil when none).
+-- Returns whether it admits the request, the state decided on, and for phase two the end of
+-- the lease taken and the wait reserved (nil when none).
 local function phase_one_of(alg, i, op, key, p, now, cost, x, base, st, ends)
   local lease_end, wait
   local judged = cost
@@ -111,34 +111,14 @@ local function phase_one_of(alg, i, op, key, p, now, cost, x, base, st, ends)
   if v ~= ADMITTED and op == WAIT then
     wait = reservation(alg, p, st, ends, now, cost, key, v, x)
   end
-  return v == ADMITTED or wait ~= nil, st, ends, lease_end, wait
+  return v == ADMITTED or wait ~= nil, st, lease_end, wait
 end
 
--- Phase two for a policy of operation `op` (not ENFORCE), the request `admitted` or not:
--- charged as its operation says (at the time phase one reserved, `wait` from now; a lease of
--- up to `y` units ending at `lease_end`; its cost; keeping its block on record), or the state
--- reported as it stays, its key given a TTL (from `since`) if it lost its own.
-local function phase_two_of(alg, op, key, p, now, since, cost, y, st, ends, admitted, base,
-                            lease_end, wait)
-  if admitted then
-    if wait then
-      reserve(alg, key, p, st, ends, now, cost, wait, base, since)
-      return
-    end
-    if op == LEASE then
-      take_lease(alg, key, p, st, ends, now, cost, y, lease_end, base, since)
-      return
-    end
-    local charges = CHARGES[op]
-    if cost > 0 and (charges == 2 or (charges == 1 and REPLY[base + AT_VERDICT] == ADMITTED)) then
-      alg:commit(key, p, st, now, cost, ends, since)
-      if op == CONCURRENCY then
-        REPLY[base + AT_UNITS], REPLY[base + AT_END] = cost, now
-      end
-      return
-    end
-  end
-  uncharged(alg, key, p, st, now, since, cost, base)
+-- Whether a policy of operation `op` (not ENFORCE), the request admitted, is charged its
+-- cost: always, or when its own verdict (in the reply that follows REPLY[base]) admits.
+local function charged(op, base)
+  local charges = CHARGES[op]
+  return charges == 2 or (charges == 1 and REPLY[base + AT_VERDICT] == ADMITTED)
 end
 
 -- After the checks' replies (`total` integers), each key decided under its own limit: its
@@ -175,25 +155,21 @@ end
 -- their span, the first block, the longest, how long a level is remembered, the factor; see
 -- `Escalation`), whose reply follows REPLY[base] (twin of `Shard::strike`). Denied by its
 -- state (not NEVER: a cost above the capacity is no violation) and not within a block (the
--- state's own, read again: a denial under a block is none), the key's record ("<key>!", in its hash slot: denials, the first's time,
+-- end `ends` its phase one read: a denial under a block is none), the key's record ("<key>!", in its hash slot: denials, the first's time,
 -- the last block's level, start and end) counts one more denial in the span; the count
 -- blocks the key, for the next level's time (the first once `forget` has passed since the
 -- last block), and the reply tells the block: then the reply's end, `total`, gets its place,
 -- negated, its level and its end (OWN_WIDTH integers). Returns the reply's end.
-local function strike(alg, key, p, e, now, since, base, i, total)
+local function strike(alg, key, p, e, ends, now, since, base, i, total)
   local v = REPLY[base + AT_VERDICT]
-  if v == ADMITTED or v == NEVER then
-    return total
-  end
-  local _, blocked = alg.load(key, p, now, SCRATCH)
-  if blocked and blocked > now then
+  if v == ADMITTED or v == NEVER or (ends and ends > now) then
     return total
   end
   local record = key .. '!'
   local r = parse(call('GET', record), 5)
-  local n, first, level, last, ends = 0, now, 0, 0, 0
+  local n, first, level, last, till = 0, now, 0, 0, 0
   if r then
-    n, first, level, last, ends = r[1], r[2], r[3], r[4], r[5]
+    n, first, level, last, till = r[1], r[2], r[3], r[4], r[5]
   end
   if first + e[2] <= now then
     n, first = 0, now
@@ -207,8 +183,8 @@ local function strike(alg, key, p, e, now, since, base, i, total)
     end
     local d
     d, level = level_block(e, level)
-    n, first, last, ends = 0, now, now, now + d
-    alg:block(key, p, nil, now, ends, nil, since)
+    n, first, last, till = 0, now, now, now + d
+    alg:block(key, p, nil, now, till, nil, since)
     -- The verdict as the block makes it (twin of `apply_block`).
     if v < d then
       REPLY[base + AT_VERDICT] = d
@@ -218,31 +194,18 @@ local function strike(alg, key, p, e, now, since, base, i, total)
       REPLY[base + AT_RESET] = d
     end
     REPLY[total + AT_OWN_PLACE], REPLY[total + AT_OWN_LIMIT] = -i, level
-    REPLY[total + AT_OWN_WINDOW], REPLY[total + AT_OWN_BURST] = ends, 0
+    REPLY[total + AT_OWN_WINDOW], REPLY[total + AT_OWN_BURST] = till, 0
     total = total + OWN_WIDTH
   end
   local keep = first + e[2]
   if last + e[5] > keep then
     keep = last + e[5]
   end
-  if ends > keep then
-    keep = ends
+  if till > keep then
+    keep = till
   end
-  call('SET', record, format(INT .. ' ' .. INT .. ' ' .. INT .. ' ' .. INT .. ' ' .. INT, n, first, level, last, ends),
+  call('SET', record, format(INT .. ' ' .. INT .. ' ' .. INT .. ' ' .. INT .. ' ' .. INT, n, first, level, last, till),
     'PX', format(INT, ttl_ms(since, keep)))
   REPLY[total + 1] = nil
-  return total
-end
-
--- Each policy of the call that blocks on violation strikes, a request's own check only (not
--- an administrator's act or look): the reply's end.
-local function strikes(n, keys, now, since, total)
-  local base = 0
-  for i = 1, n do
-    if ESC[i] and OPS[i] == ENFORCE then
-      total = strike(ALGS[i], keys[i], PS[i], ESC[i], now, since, base, i, total)
-    end
-    base = base + WIDTH[OPS[i]]
-  end
   return total
 end

@@ -1,9 +1,12 @@
 -- The two phases of a decision for one policy, written once: `decide` (decide.lua) runs
--- phase one for each policy of a call, then phase two for each. The generator (luagen/)
--- writes them into each algorithm's twin, with the twin's own `load`, `evaluate`, `commit`
--- and `lag` written in place of their calls, so that a decision makes almost no Lua call of
--- its own beyond Redis's commands. An operation these phases do not decide (`FUSES`: all
--- but ENFORCE) takes its own arms in grant.lua once its state is read.
+-- phase one for each policy of a call, then phase two for each (`step`), and a policy
+-- enforced alone (`enforced`). The generator (luagen/) writes them into each algorithm's
+-- twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place of
+-- their calls, so that a decision makes almost no Lua call of its own beyond Redis's
+-- commands. An operation
+-- these phases do not judge themselves (`FUSES`: all but ENFORCE) is judged by its arms in
+-- grant.lua once its state is read; every operation is charged, or reported as it stays,
+-- here.
 
 -- The verdict of a policy as the reply gives it (ADMITTED, the retry-after, or NEVER),
 -- remaining and reset; a blocked key is denied until the block ends, whatever its state
@@ -52,60 +55,80 @@ local function loaded(self, i, key, p, now, since)
   return st, ends, p
 end
 
--- Phase one for the policy at position i, enforced (its operation one the phases decide
--- themselves, `FUSES`), whose reply follows REPLY[base]: its verdict in the reply. Returns
--- whether it admits the request, the state and block decided on, the parameters, and what
+-- Phase one for an enforced policy (its operation one the phases decide themselves,
+-- `FUSES`), its state `st` and block `ends` loaded, decided under `q`, whose reply follows
+-- REPLY[base]: its verdict in the reply. Returns whether it admits the request, and what
 -- `evaluate` saw (see `verdict`).
 --@inline
-local function phase_one(self, i, key, p, now, since, cost, base)
-  local st, ends, q = loaded(self, i, key, p, now, since)
+local function phase_one(self, q, st, ends, now, cost, key, base)
   local v, remaining, reset, seen1, seen2, seen3 = verdict(self, q, st, ends, now, cost, key)
   REPLY[base + AT_VERDICT] = v
   REPLY[base + AT_REMAINING] = remaining
   REPLY[base + AT_RESET] = reset
-  return v == ADMITTED, st, ends, q, seen1, seen2, seen3
+  return v == ADMITTED, seen1, seen2, seen3
 end
 
--- Phase two for an enforced policy whose reply follows REPLY[base], the request `admitted` or
--- not: charged its cost (keeping its block on record), or the state reported as it stays,
--- its key given a TTL (from `since`) if it lost its own.
+-- Phase two for the policy at place i, of operation `op`, whose reply follows REPLY[base]
+-- and whose checks' reply ends at `total`, the request `admitted` or not. Admitted, charged
+-- as its operation says: at the time phase one reserved (`wait` from now), a lease ending
+-- at `lease_end` (of up to YS[i] units), or its cost when its operation charges (with what
+-- `evaluate` saw, `seen1` to `seen3`, nil when it did not look), keeping its block on
+-- record. Otherwise the state reported as it stays, its key given a TTL (from `since`) if
+-- it lost its own; and a policy the phases judged themselves (`fused`: enforced) that
+-- blocks on violation as `e` says strikes (`strike`). Returns the reply's end.
 --@inline
-local function phase_two(self, key, p, now, since, cost, st, ends, admitted, base, seen1, seen2, seen3)
-  if admitted and cost > 0 then
-    commit(self, key, p, st, now, cost, ends, since, seen1, seen2, seen3)
-    return
+local function phase_two(self, i, op, fused, key, p, now, since, cost, st, ends, admitted, base, seen1, seen2, seen3, lease_end, wait, e, total)
+  if admitted then
+    if wait then
+      reserve(self, key, p, st, ends, now, cost, wait, base, since)
+      return total
+    end
+    if lease_end then
+      take_lease(self, key, p, st, ends, now, cost, YS[i], lease_end, base, since)
+      return total
+    end
+    if cost > 0 and (fused or charged(op, base)) then
+      commit(self, key, p, st, now, cost, ends, since, seen1, seen2, seen3)
+      if op == CONCURRENCY then
+        REPLY[base + AT_UNITS], REPLY[base + AT_END] = cost, now
+      end
+      return total
+    end
   end
   uncharged(self, key, p, st, now, since, cost, base)
+  if e and fused and not admitted then
+    return strike(self, key, p, e, ends, now, since, base, i, total)
+  end
+  return total
 end
 
 -- The policies of a decision from position i to n (read into ALGS, OPS, PS, COSTS, XS and
--- YS), `admitted` by those before it or not: phase one for policy i, whose reply follows
--- REPLY[base]; then the policies after it, each one step deeper; then phase two for policy
--- i, once the request is known to be admitted or not (by every policy that decides), so
--- what each phase hands the other stays in locals. Phase two runs from the last policy to
--- the first: each has its own key. Returns whether the request is admitted, where the reply
--- of the checks ends, and whether a key was decided under its own limit (then PS[i] holds
--- the parameters of each policy from i on as it was decided).
-local function step(self, i, n, keys, now, since, admitted, base)
-  local op, key, cost, p = OPS[i], keys[i], COSTS[i], PS[i]
+-- YS; policy i's operation, key, cost and parameters given), `admitted` by those before it
+-- or not: phase one for policy i, whose reply follows REPLY[base]; then the policies after
+-- it, each one step deeper; then phase two for policy i, once the request is known to be
+-- admitted or not (by every policy that decides), so what each phase hands the other stays
+-- in locals. Phase two runs from the last policy to the first: each has its own key.
+-- Returns whether the request is admitted, where the reply of the checks ends, and whether
+-- a key was decided under its own limit (then PS[i] holds the parameters of each policy
+-- from i on as it was decided).
+local function step(self, i, n, keys, now, since, admitted, base, op, key, cost, p)
+  local st, ends, q = loaded(self, i, key, p, now, since)
   local fused = FUSES[op]
-  local ok, st, ends, q, seen1, seen2, seen3
+  local ok, seen1, seen2, seen3, lease_end, wait
   if fused then
-    ok, st, ends, q, seen1, seen2, seen3 = phase_one(self, i, key, p, now, since, cost, base)
+    ok, seen1, seen2, seen3 = phase_one(self, q, st, ends, now, cost, key, base)
   else
-    st, ends, q = loaded(self, i, key, p, now, since)
-    ok, st, ends, seen1, seen2 = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
+    ok, st, lease_end, wait = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
   end
-  admitted = admitted and (ok or not DECIDES[op])
+  if not ok and DECIDES[op] then
+    admitted = false
+  end
   local total, own = base + WIDTH[op], false
   if i < n then
-    admitted, total, own = ALGS[i + 1]:step(i + 1, n, keys, now, since, admitted, total)
+    local j = i + 1
+    admitted, total, own = ALGS[j]:step(j, n, keys, now, since, admitted, total, OPS[j], keys[j], COSTS[j], PS[j])
   end
-  if fused then
-    phase_two(self, key, q, now, since, cost, st, ends, admitted, base, seen1, seen2, seen3)
-  else
-    phase_two_of(self, op, key, q, now, since, cost, YS[i], st, ends, admitted, base, seen1, seen2)
-  end
+  total = phase_two(self, i, op, fused, key, q, now, since, cost, st, ends, admitted, base, seen1, seen2, seen3, lease_end, wait, p.escalate, total)
   if q ~= p then
     PS[i], own = q, true
   end
@@ -113,7 +136,8 @@ local function step(self, i, n, keys, now, since, admitted, base)
 end
 
 -- A policy enforced alone, the most usual call, from its arguments (`args`, its shape
--- `shape` first): its cost and parameters read, the time, then its two phases. Returns the
+-- `shape` first): its cost and parameters read, the time, then its two phases (as `step`
+-- runs them; written here again, inlined, because this call is the most usual). Returns the
 -- reply; nil, having done nothing, when the arguments are malformed.
 local function enforced(self, key, args, shape)
   local cost, at = 1, 2
@@ -129,16 +153,13 @@ local function enforced(self, key, args, shape)
     return nil
   end
   local now, since = clock(args, shape >= CLOCK_FLAG)
-  local ok, st, ends, q, seen1, seen2, seen3 = phase_one(self, 1, key, p, now, since, cost, 0)
+  local st, ends, q = loaded(self, 1, key, p, now, since)
+  local ok, seen1, seen2, seen3 = phase_one(self, q, st, ends, now, cost, key, 0)
   REPLY[CHECK_WIDTH + 1] = nil
-  phase_two(self, key, q, now, since, cost, st, ends, ok, 0, seen1, seen2, seen3)
-  local total = CHECK_WIDTH
+  local total = phase_two(self, 1, ENFORCE, true, key, q, now, since, cost, st, ends, ok, 0, seen1, seen2, seen3, nil, nil, p.escalate, CHECK_WIDTH)
   if q ~= p then
     PS[1] = q
-    total = own_limits(1, CHECK_WIDTH)
-  end
-  if p.escalate then
-    strike(self, key, q, p.escalate, now, since, 0, 1, total)
+    own_limits(1, total)
   end
   return REPLY
 end

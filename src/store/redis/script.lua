@@ -291,8 +291,6 @@ local REPLY = {}
 -- Each policy of a call as `decide` reads it, per position: its algorithm, operation,
 -- parameters (then those it was decided under), cost and the operation's integers.
 local ALGS, OPS, PS, COSTS, XS, YS = {}, {}, {}, {}, {}, {}
--- The escalation of each policy that blocks on violation (`strike`), nil for the others.
-local ESC = {}
 
 -- Numbers read from the strings a call sends, remembered: `tonumber` reads a string with
 -- strtod, about 1,800 instructions, where a table lookup costs a tenth of that. What is
@@ -690,8 +688,8 @@ end
 -- for a LEASE whose longest life is `x` (twin of `lease_verdict` in Rust), as if `x` more
 -- units were asked for when it KEEPS them (`Op::judged`), its verdict in the reply,
 -- and for a WAIT denied now, the wait of at most `x` until the time that would admit it.
--- Returns whether it admits the request, the state and block decided on, and for phase two
--- the end of the lease taken and the wait reserved (nil when none).
+-- Returns whether it admits the request, the state decided on, and for phase two the end of
+-- the lease taken and the wait reserved (nil when none).
 local function phase_one_of(alg, i, op, key, p, now, cost, x, base, st, ends)
   local lease_end, wait
   local judged = cost
@@ -715,34 +713,14 @@ local function phase_one_of(alg, i, op, key, p, now, cost, x, base, st, ends)
   if v ~= -2 and op == 5 then
     wait = reservation(alg, p, st, ends, now, cost, key, v, x)
   end
-  return v == -2 or wait ~= nil, st, ends, lease_end, wait
+  return v == -2 or wait ~= nil, st, lease_end, wait
 end
 
--- Phase two for a policy of operation `op` (not ENFORCE), the request `admitted` or not:
--- charged as its operation says (at the time phase one reserved, `wait` from now; a lease of
--- up to `y` units ending at `lease_end`; its cost; keeping its block on record), or the state
--- reported as it stays, its key given a TTL (from `since`) if it lost its own.
-local function phase_two_of(alg, op, key, p, now, since, cost, y, st, ends, admitted, base,
-                            lease_end, wait)
-  if admitted then
-    if wait then
-      reserve(alg, key, p, st, ends, now, cost, wait, base, since)
-      return
-    end
-    if op == 6 then
-      take_lease(alg, key, p, st, ends, now, cost, y, lease_end, base, since)
-      return
-    end
-    local charges = CHARGES[op]
-    if cost > 0 and (charges == 2 or (charges == 1 and REPLY[base + 1] == -2)) then
-      alg:commit(key, p, st, now, cost, ends, since)
-      if op == 4 then
-        REPLY[base + 4], REPLY[base + 5] = cost, now
-      end
-      return
-    end
-  end
-  uncharged(alg, key, p, st, now, since, cost, base)
+-- Whether a policy of operation `op` (not ENFORCE), the request admitted, is charged its
+-- cost: always, or when its own verdict (in the reply that follows REPLY[base]) admits.
+local function charged(op, base)
+  local charges = CHARGES[op]
+  return charges == 2 or (charges == 1 and REPLY[base + 1] == -2)
 end
 
 -- After the checks' replies (`total` integers), each key decided under its own limit: its
@@ -779,25 +757,21 @@ end
 -- their span, the first block, the longest, how long a level is remembered, the factor; see
 -- `Escalation`), whose reply follows REPLY[base] (twin of `Shard::strike`). Denied by its
 -- state (not NEVER: a cost above the capacity is no violation) and not within a block (the
--- state's own, read again: a denial under a block is none), the key's record ("<key>!", in its hash slot: denials, the first's time,
+-- end `ends` its phase one read: a denial under a block is none), the key's record ("<key>!", in its hash slot: denials, the first's time,
 -- the last block's level, start and end) counts one more denial in the span; the count
 -- blocks the key, for the next level's time (the first once `forget` has passed since the
 -- last block), and the reply tells the block: then the reply's end, `total`, gets its place,
 -- negated, its level and its end (OWN_WIDTH integers). Returns the reply's end.
-local function strike(alg, key, p, e, now, since, base, i, total)
+local function strike(alg, key, p, e, ends, now, since, base, i, total)
   local v = REPLY[base + 1]
-  if v == -2 or v == -1 then
-    return total
-  end
-  local _, blocked = alg.load(key, p, now, SCRATCH)
-  if blocked and blocked > now then
+  if v == -2 or v == -1 or (ends and ends > now) then
     return total
   end
   local record = key .. '!'
   local r = parse(call('GET', record), 5)
-  local n, first, level, last, ends = 0, now, 0, 0, 0
+  local n, first, level, last, till = 0, now, 0, 0, 0
   if r then
-    n, first, level, last, ends = r[1], r[2], r[3], r[4], r[5]
+    n, first, level, last, till = r[1], r[2], r[3], r[4], r[5]
   end
   if first + e[2] <= now then
     n, first = 0, now
@@ -811,8 +785,8 @@ local function strike(alg, key, p, e, now, since, base, i, total)
     end
     local d
     d, level = level_block(e, level)
-    n, first, last, ends = 0, now, now, now + d
-    alg:block(key, p, nil, now, ends, nil, since)
+    n, first, last, till = 0, now, now, now + d
+    alg:block(key, p, nil, now, till, nil, since)
     -- The verdict as the block makes it (twin of `apply_block`).
     if v < d then
       REPLY[base + 1] = d
@@ -822,32 +796,19 @@ local function strike(alg, key, p, e, now, since, base, i, total)
       REPLY[base + 3] = d
     end
     REPLY[total + 1], REPLY[total + 2] = -i, level
-    REPLY[total + 3], REPLY[total + 4] = ends, 0
+    REPLY[total + 3], REPLY[total + 4] = till, 0
     total = total + 4
   end
   local keep = first + e[2]
   if last + e[5] > keep then
     keep = last + e[5]
   end
-  if ends > keep then
-    keep = ends
+  if till > keep then
+    keep = till
   end
-  call('SET', record, format(INT .. ' ' .. INT .. ' ' .. INT .. ' ' .. INT .. ' ' .. INT, n, first, level, last, ends),
+  call('SET', record, format(INT .. ' ' .. INT .. ' ' .. INT .. ' ' .. INT .. ' ' .. INT, n, first, level, last, till),
     'PX', format(INT, ttl_ms(since, keep)))
   REPLY[total + 1] = nil
-  return total
-end
-
--- Each policy of the call that blocks on violation strikes, a request's own check only (not
--- an administrator's act or look): the reply's end.
-local function strikes(n, keys, now, since, total)
-  local base = 0
-  for i = 1, n do
-    if ESC[i] and OPS[i] == 1 then
-      total = strike(ALGS[i], keys[i], PS[i], ESC[i], now, since, base, i, total)
-    end
-    base = base + WIDTH[OPS[i]]
-  end
   return total
 end
 -- Fixed window: twin of fixed_window.rs. Params: limit, window; for a calendar, limit, 0, the
@@ -965,11 +926,14 @@ ALG[1] = function()
   end
 
   -- The two phases of a decision for one policy, written once: `decide` (decide.lua) runs
-  -- phase one for each policy of a call, then phase two for each. The generator (luagen/)
-  -- writes them into each algorithm's twin, with the twin's own `load`, `evaluate`, `commit`
-  -- and `lag` written in place of their calls, so that a decision makes almost no Lua call of
-  -- its own beyond Redis's commands. An operation these phases do not decide (`FUSES`: all
-  -- but ENFORCE) takes its own arms in grant.lua once its state is read.
+  -- phase one for each policy of a call, then phase two for each (`step`), and a policy
+  -- enforced alone (`enforced`). The generator (luagen/) writes them into each algorithm's
+  -- twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place of
+  -- their calls, so that a decision makes almost no Lua call of its own beyond Redis's
+  -- commands. An operation
+  -- these phases do not judge themselves (`FUSES`: all but ENFORCE) is judged by its arms in
+  -- grant.lua once its state is read; every operation is charged, or reported as it stays,
+  -- here.
   
   -- The verdict of a policy as the reply gives it (ADMITTED, the retry-after, or NEVER),
   -- remaining and reset; a blocked key is denied until the block ends, whatever its state
@@ -1075,50 +1039,50 @@ ALG[1] = function()
   
   
   -- The policies of a decision from position i to n (read into ALGS, OPS, PS, COSTS, XS and
-  -- YS), `admitted` by those before it or not: phase one for policy i, whose reply follows
-  -- REPLY[base]; then the policies after it, each one step deeper; then phase two for policy
-  -- i, once the request is known to be admitted or not (by every policy that decides), so
-  -- what each phase hands the other stays in locals. Phase two runs from the last policy to
-  -- the first: each has its own key. Returns whether the request is admitted, where the reply
-  -- of the checks ends, and whether a key was decided under its own limit (then PS[i] holds
-  -- the parameters of each policy from i on as it was decided).
-  local function step(self, i, n, keys, now, since, admitted, base)
-    local op, key, cost, p = OPS[i], keys[i], COSTS[i], PS[i]
+  -- YS; policy i's operation, key, cost and parameters given), `admitted` by those before it
+  -- or not: phase one for policy i, whose reply follows REPLY[base]; then the policies after
+  -- it, each one step deeper; then phase two for policy i, once the request is known to be
+  -- admitted or not (by every policy that decides), so what each phase hands the other stays
+  -- in locals. Phase two runs from the last policy to the first: each has its own key.
+  -- Returns whether the request is admitted, where the reply of the checks ends, and whether
+  -- a key was decided under its own limit (then PS[i] holds the parameters of each policy
+  -- from i on as it was decided).
+  local function step(self, i, n, keys, now, since, admitted, base, op, key, cost, p)
+    local st, ends, q
+    do -- loaded
+      local p = p
+      local stale
+      do -- read2
+        local into = STATES[i]
+        local raw = call('GET', key)
+        if raw then
+          local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
+          if written ~= p.tag then
+            a = nil
+          end
+          if not a then
+            local state
+            state, stale, ends = split_state(raw)
+            if stale == p.tag then
+              stale = nil
+            end
+            a, b = match(state or '', '^(%d+) (%d+)$')
+          end
+          if a then
+            into[1], into[2] = a + 0, b + 0
+            st = into
+          end
+        end
+      end
+      if stale then
+        st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
+      end
+      q = p
+    end
     local fused = FUSES[op]
-    local ok, st, ends, q, seen1, seen2, seen3
+    local ok, seen1, seen2, seen3, lease_end, wait
     if fused then
       do -- phase_one
-        do -- loaded
-          local p = p
-          local stale
-          do -- read2
-            local into = STATES[i]
-            local raw = call('GET', key)
-            st, ends, stale = nil
-            if raw then
-              local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
-              if written ~= p.tag then
-                a = nil
-              end
-              if not a then
-                local state
-                state, stale, ends = split_state(raw)
-                if stale == p.tag then
-                  stale = nil
-                end
-                a, b = match(state or '', '^(%d+) (%d+)$')
-              end
-              if a then
-                into[1], into[2] = a + 0, b + 0
-                st = into
-              end
-            end
-          end
-          if stale then
-            st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
-          end
-          q = p
-        end
         local v, remaining, reset
         do -- verdict
           local ok, retry
@@ -1177,21 +1141,21 @@ ALG[1] = function()
           end
           if behind > 0 then
             do -- shift
-              local ok_32, remaining_32, reset_32, retry_32 = ok, remaining, reset, retry
+              local ok_30, remaining_30, reset_30, retry_30 = ok, remaining, reset, retry
               if behind > 0 then
-                remaining_32 = 0
-                reset_32 = reset_32 + behind
-                if retry_32 >= 0 then
-                  retry_32 = retry_32 + behind
+                remaining_30 = 0
+                reset_30 = reset_30 + behind
+                if retry_30 >= 0 then
+                  retry_30 = retry_30 + behind
                 end
-                if ok_32 == 1 and cost > 0 then
-                  ok_32, retry_32 = 0, behind
-                  if reset_32 < behind then
-                    reset_32 = behind
+                if ok_30 == 1 and cost > 0 then
+                  ok_30, retry_30 = 0, behind
+                  if reset_30 < behind then
+                    reset_30 = behind
                   end
                 end
               end
-              ok, remaining, reset, retry = ok_32, remaining_32, reset_32, retry_32
+              ok, remaining, reset, retry = ok_30, remaining_30, reset_30, retry_30
             end
           end
           if ends and ends > now then
@@ -1220,47 +1184,28 @@ ALG[1] = function()
         ok = v == -2
       end
     else
-      do -- loaded
-        local p = p
-        local stale
-        do -- read2
-          local into = STATES[i]
-          local raw = call('GET', key)
-          st, ends, stale = nil
-          if raw then
-            local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
-            if written ~= p.tag then
-              a = nil
-            end
-            if not a then
-              local state
-              state, stale, ends = split_state(raw)
-              if stale == p.tag then
-                stale = nil
-              end
-              a, b = match(state or '', '^(%d+) (%d+)$')
-            end
-            if a then
-              into[1], into[2] = a + 0, b + 0
-              st = into
-            end
-          end
-        end
-        if stale then
-          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
-        end
-        q = p
-      end
-      ok, st, ends, seen1, seen2 = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
+      ok, st, lease_end, wait = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
-    admitted = admitted and (ok or not DECIDES[op])
+    if not ok and DECIDES[op] then
+      admitted = false
+    end
     local total, own = base + WIDTH[op], false
     if i < n then
-      admitted, total, own = ALGS[i + 1]:step(i + 1, n, keys, now, since, admitted, total)
+      local j = i + 1
+      admitted, total, own = ALGS[j]:step(j, n, keys, now, since, admitted, total, OPS[j], keys[j], COSTS[j], PS[j])
     end
-    if fused then
-      repeat -- phase_two
-        if admitted and cost > 0 then
+    repeat -- phase_two
+      local e, total_31 = p.escalate, total
+      if admitted then
+        if wait then
+          reserve(self, key, q, st, ends, now, cost, wait, base, since)
+          total = total_31 break
+        end
+        if lease_end then
+          take_lease(self, key, q, st, ends, now, cost, YS[i], lease_end, base, since)
+          total = total_31 break
+        end
+        if cost > 0 and (fused or charged(op, base)) then
           repeat -- commit
             if seen1 then
               repeat -- store
@@ -1275,8 +1220,8 @@ ALG[1] = function()
                   end
                   value = value .. '|' .. block_end
                   do -- until_block_ends
-                    local expires_at_39 = expires_at
-                    local at = expires_at_39
+                    local expires_at_35 = expires_at
+                    local at = expires_at_35
                     if ends and ends > at then
                       at = ends
                     end
@@ -1325,8 +1270,8 @@ ALG[1] = function()
                   end
                   value = value .. '|' .. block_end
                   do -- until_block_ends
-                    local expires_at_45 = expires_at
-                    local at = expires_at_45
+                    local expires_at_41 = expires_at
+                    local at = expires_at_41
                     if ends and ends > at then
                       at = ends
                     end
@@ -1347,13 +1292,18 @@ ALG[1] = function()
               until true
             end
           until true
-          break
+          if op == 4 then
+            REPLY[base + 4], REPLY[base + 5] = cost, now
+          end
+          total = total_31 break
         end
-        uncharged(self, key, q, st, now, since, cost, base)
-      until true
-    else
-      phase_two_of(self, op, key, q, now, since, cost, YS[i], st, ends, admitted, base, seen1, seen2)
-    end
+      end
+      uncharged(self, key, q, st, now, since, cost, base)
+      if e and fused and not admitted then
+        total = strike(self, key, q, e, ends, now, since, base, i, total_31) break
+      end
+      total = total_31 break
+    until true
     if q ~= p then
       PS[i], own = q, true
     end
@@ -1361,7 +1311,8 @@ ALG[1] = function()
   end
   
   -- A policy enforced alone, the most usual call, from its arguments (`args`, its shape
-  -- `shape` first): its cost and parameters read, the time, then its two phases. Returns the
+  -- `shape` first): its cost and parameters read, the time, then its two phases (as `step`
+  -- runs them; written here again, inlined, because this call is the most usual). Returns the
   -- reply; nil, having done nothing, when the arguments are malformed.
   local function enforced(self, key, args, shape)
     local cost, at = 1, 2
@@ -1405,38 +1356,39 @@ ALG[1] = function()
         since = now
       end
     end
-    local ok, st, ends, q, seen1, seen2, seen3
-    do -- phase_one
-      do -- loaded
-        local p = p
-        local stale
-        do -- read2
-          local into = STATES[1]
-          local raw = call('GET', key)
-          if raw then
-            local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
-            if written ~= p.tag then
-              a = nil
+    local st, ends, q
+    do -- loaded
+      local p = p
+      local stale
+      do -- read2
+        local into = STATES[1]
+        local raw = call('GET', key)
+        if raw then
+          local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
+          if written ~= p.tag then
+            a = nil
+          end
+          if not a then
+            local state
+            state, stale, ends = split_state(raw)
+            if stale == p.tag then
+              stale = nil
             end
-            if not a then
-              local state
-              state, stale, ends = split_state(raw)
-              if stale == p.tag then
-                stale = nil
-              end
-              a, b = match(state or '', '^(%d+) (%d+)$')
-            end
-            if a then
-              into[1], into[2] = a + 0, b + 0
-              st = into
-            end
+            a, b = match(state or '', '^(%d+) (%d+)$')
+          end
+          if a then
+            into[1], into[2] = a + 0, b + 0
+            st = into
           end
         end
-        if stale then
-          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
-        end
-        q = p
       end
+      if stale then
+        st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
+      end
+      q = p
+    end
+    local ok, seen1, seen2, seen3
+    do -- phase_one
       local v, remaining, reset
       do -- verdict
         local ok, retry
@@ -1494,21 +1446,21 @@ ALG[1] = function()
         end
         if behind > 0 then
           do -- shift
-            local ok_57, remaining_57, reset_57, retry_57 = ok, remaining, reset, retry
+            local ok_53, remaining_53, reset_53, retry_53 = ok, remaining, reset, retry
             if behind > 0 then
-              remaining_57 = 0
-              reset_57 = reset_57 + behind
-              if retry_57 >= 0 then
-                retry_57 = retry_57 + behind
+              remaining_53 = 0
+              reset_53 = reset_53 + behind
+              if retry_53 >= 0 then
+                retry_53 = retry_53 + behind
               end
-              if ok_57 == 1 and cost > 0 then
-                ok_57, retry_57 = 0, behind
-                if reset_57 < behind then
-                  reset_57 = behind
+              if ok_53 == 1 and cost > 0 then
+                ok_53, retry_53 = 0, behind
+                if reset_53 < behind then
+                  reset_53 = behind
                 end
               end
             end
-            ok, remaining, reset, retry = ok_57, remaining_57, reset_57, retry_57
+            ok, remaining, reset, retry = ok_53, remaining_53, reset_53, retry_53
           end
         end
         if ends and ends > now then
@@ -1537,105 +1489,120 @@ ALG[1] = function()
       ok = v == -2
     end
     REPLY[3 + 1] = nil
+    local total
     repeat -- phase_two
-      if ok and cost > 0 then
-        repeat -- commit
-          if seen1 then
-            repeat -- store
-              local value, expires_at = format(q.f2, seen1, seen2 + cost), seen3
-              if q.limit_end and q.limit_end > expires_at then
-                expires_at = q.limit_end
-              end
-              if ends then
-                local block_end
-                do -- int
-                  block_end = format(INT, ends)
+      local fused, lease_end, wait, e = true, nil, nil, p.escalate
+      if ok then
+        if wait then
+          reserve(self, key, q, st, ends, now, cost, wait, 0, since)
+          total = 3 break
+        end
+        if lease_end then
+          take_lease(self, key, q, st, ends, now, cost, YS[1], lease_end, 0, since)
+          total = 3 break
+        end
+        if cost > 0 and (fused or charged(1, 0)) then
+          repeat -- commit
+            if seen1 then
+              repeat -- store
+                local value, expires_at = format(q.f2, seen1, seen2 + cost), seen3
+                if q.limit_end and q.limit_end > expires_at then
+                  expires_at = q.limit_end
                 end
-                value = value .. '|' .. block_end
-                do -- until_block_ends
-                  local expires_at_62 = expires_at
-                  local at = expires_at_62
-                  if ends and ends > at then
-                    at = ends
+                if ends then
+                  local block_end
+                  do -- int
+                    block_end = format(INT, ends)
                   end
-                  expires_at = at
+                  value = value .. '|' .. block_end
+                  do -- until_block_ends
+                    local expires_at_58 = expires_at
+                    local at = expires_at_58
+                    if ends and ends > at then
+                      at = ends
+                    end
+                    expires_at = at
+                  end
+                end
+                local ms
+                do -- ttl_ms
+                  do -- cdiv
+                    local a = expires_at - since
+                    ms = (a + (-a) % 1000) / 1000
+                  end
+                  if ms < 1 then
+                    ms = 1
+                  end
+                end
+                call('SET', key, value, 'PX', format(INT, ms))
+              until true
+            else
+              local start, n, till
+              do -- current
+                local w = q[2]
+                if w > 0 then
+                  start = now - now % w
+                  till = start + w
+                else
+                  start, till = period(q, now)
+                end
+                n = 0
+                if st and st[1] >= start then
+                  if st[1] > start then
+                    start, till = bounds(q, st[1])
+                  end
+                  n = st[2]
                 end
               end
-              local ms
-              do -- ttl_ms
-                do -- cdiv
-                  local a = expires_at - since
-                  ms = (a + (-a) % 1000) / 1000
+              repeat -- store
+                local value, expires_at = format(q.f2, start, n + cost), till
+                if q.limit_end and q.limit_end > expires_at then
+                  expires_at = q.limit_end
                 end
-                if ms < 1 then
-                  ms = 1
+                if ends then
+                  local block_end
+                  do -- int
+                    block_end = format(INT, ends)
+                  end
+                  value = value .. '|' .. block_end
+                  do -- until_block_ends
+                    local expires_at_64 = expires_at
+                    local at = expires_at_64
+                    if ends and ends > at then
+                      at = ends
+                    end
+                    expires_at = at
+                  end
                 end
-              end
-              call('SET', key, value, 'PX', format(INT, ms))
-            until true
-          else
-            local start, n, till
-            do -- current
-              local w = q[2]
-              if w > 0 then
-                start = now - now % w
-                till = start + w
-              else
-                start, till = period(q, now)
-              end
-              n = 0
-              if st and st[1] >= start then
-                if st[1] > start then
-                  start, till = bounds(q, st[1])
+                local ms
+                do -- ttl_ms
+                  do -- cdiv
+                    local a = expires_at - since
+                    ms = (a + (-a) % 1000) / 1000
+                  end
+                  if ms < 1 then
+                    ms = 1
+                  end
                 end
-                n = st[2]
-              end
+                call('SET', key, value, 'PX', format(INT, ms))
+              until true
             end
-            repeat -- store
-              local value, expires_at = format(q.f2, start, n + cost), till
-              if q.limit_end and q.limit_end > expires_at then
-                expires_at = q.limit_end
-              end
-              if ends then
-                local block_end
-                do -- int
-                  block_end = format(INT, ends)
-                end
-                value = value .. '|' .. block_end
-                do -- until_block_ends
-                  local expires_at_68 = expires_at
-                  local at = expires_at_68
-                  if ends and ends > at then
-                    at = ends
-                  end
-                  expires_at = at
-                end
-              end
-              local ms
-              do -- ttl_ms
-                do -- cdiv
-                  local a = expires_at - since
-                  ms = (a + (-a) % 1000) / 1000
-                end
-                if ms < 1 then
-                  ms = 1
-                end
-              end
-              call('SET', key, value, 'PX', format(INT, ms))
-            until true
+          until true
+          if 1 == 4 then
+            REPLY[0 + 4], REPLY[0 + 5] = cost, now
           end
-        until true
-        break
+          total = 3 break
+        end
       end
       uncharged(self, key, q, st, now, since, cost, 0)
+      if e and fused and not ok then
+        total = strike(self, key, q, e, ends, now, since, 0, 1, 3) break
+      end
+      total = 3 break
     until true
-    local total = 3
     if q ~= p then
       PS[1] = q
-      total = own_limits(1, 3)
-    end
-    if p.escalate then
-      strike(self, key, q, p.escalate, now, since, 0, 1, total)
+      own_limits(1, total)
     end
     return REPLY
   end
@@ -1961,11 +1928,14 @@ ALG[2] = function()
   end
 
   -- The two phases of a decision for one policy, written once: `decide` (decide.lua) runs
-  -- phase one for each policy of a call, then phase two for each. The generator (luagen/)
-  -- writes them into each algorithm's twin, with the twin's own `load`, `evaluate`, `commit`
-  -- and `lag` written in place of their calls, so that a decision makes almost no Lua call of
-  -- its own beyond Redis's commands. An operation these phases do not decide (`FUSES`: all
-  -- but ENFORCE) takes its own arms in grant.lua once its state is read.
+  -- phase one for each policy of a call, then phase two for each (`step`), and a policy
+  -- enforced alone (`enforced`). The generator (luagen/) writes them into each algorithm's
+  -- twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place of
+  -- their calls, so that a decision makes almost no Lua call of its own beyond Redis's
+  -- commands. An operation
+  -- these phases do not judge themselves (`FUSES`: all but ENFORCE) is judged by its arms in
+  -- grant.lua once its state is read; every operation is charged, or reported as it stays,
+  -- here.
   
   -- The verdict of a policy as the reply gives it (ADMITTED, the retry-after, or NEVER),
   -- remaining and reset; a blocked key is denied until the block ends, whatever its state
@@ -2101,51 +2071,52 @@ ALG[2] = function()
   
   
   -- The policies of a decision from position i to n (read into ALGS, OPS, PS, COSTS, XS and
-  -- YS), `admitted` by those before it or not: phase one for policy i, whose reply follows
-  -- REPLY[base]; then the policies after it, each one step deeper; then phase two for policy
-  -- i, once the request is known to be admitted or not (by every policy that decides), so
-  -- what each phase hands the other stays in locals. Phase two runs from the last policy to
-  -- the first: each has its own key. Returns whether the request is admitted, where the reply
-  -- of the checks ends, and whether a key was decided under its own limit (then PS[i] holds
-  -- the parameters of each policy from i on as it was decided).
-  local function step(self, i, n, keys, now, since, admitted, base)
-    local op, key, cost, p = OPS[i], keys[i], COSTS[i], PS[i]
+  -- YS; policy i's operation, key, cost and parameters given), `admitted` by those before it
+  -- or not: phase one for policy i, whose reply follows REPLY[base]; then the policies after
+  -- it, each one step deeper; then phase two for policy i, once the request is known to be
+  -- admitted or not (by every policy that decides), so what each phase hands the other stays
+  -- in locals. Phase two runs from the last policy to the first: each has its own key.
+  -- Returns whether the request is admitted, where the reply of the checks ends, and whether
+  -- a key was decided under its own limit (then PS[i] holds the parameters of each policy
+  -- from i on as it was decided).
+  local function step(self, i, n, keys, now, since, admitted, base, op, key, cost, p)
+    local st, ends, q
+    do -- loaded
+      local p = p
+      local stale
+      repeat -- load
+        local raw = call('GET', key)
+        if not raw then
+          st, ends, stale = nil break
+        end
+        local bare
+        repeat -- untagged
+          local tag = p.tag
+          if find(raw, tag, #raw - #tag + 1, true) then
+            bare = sub(raw, 1, #raw - #tag) break
+          end
+          bare = nil break
+        until true
+        if bare then
+          st, ends, stale = sw_read(bare, p[2] + 1) break
+        end
+        local tag, ends_40
+        raw, tag, ends_40 = split_state(raw)
+        if tag and tag ~= p.tag then
+          local n = tag_params(tag, OLD_RING) and OLD_RING[2]
+          st, ends, stale = n and sw_read(raw, n + 1), ends_40, tag break
+        end
+        st, ends, stale = sw_read(raw, p[2] + 1), ends_40 break
+      until true
+      if stale then
+        st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
+      end
+      q = p
+    end
     local fused = FUSES[op]
-    local ok, st, ends, q, seen1, seen2, seen3
+    local ok, seen1, seen2, seen3, lease_end, wait
     if fused then
       do -- phase_one
-        do -- loaded
-          local p = p
-          local stale
-          repeat -- load
-            local raw = call('GET', key)
-            if not raw then
-              st, ends, stale = nil break
-            end
-            local bare
-            repeat -- untagged
-              local tag = p.tag
-              if find(raw, tag, #raw - #tag + 1, true) then
-                bare = sub(raw, 1, #raw - #tag) break
-              end
-              bare = nil break
-            until true
-            if bare then
-              st, ends, stale = sw_read(bare, p[2] + 1) break
-            end
-            local tag, ends_44
-            raw, tag, ends_44 = split_state(raw)
-            if tag and tag ~= p.tag then
-              local n = tag_params(tag, OLD_RING) and OLD_RING[2]
-              st, ends, stale = n and sw_read(raw, n + 1), ends_44, tag break
-            end
-            st, ends, stale = sw_read(raw, p[2] + 1), ends_44 break
-          until true
-          if stale then
-            st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
-          end
-          q = p
-        end
         local v, remaining, reset
         do -- verdict
           local ok, retry
@@ -2153,15 +2124,15 @@ ALG[2] = function()
             local limit, n, g = q[1], q[2], q[3]
             local c, x
             repeat -- sw_position
-              local c_48
+              local c_45
               do -- fdiv
                 local b = q[3]
-                c_48 = (now - now % b) / b
+                c_45 = (now - now % b) / b
               end
-              if st and st[1] > c_48 then
+              if st and st[1] > c_45 then
                 c, x = st[1], 0 break
               end
-              c, x = c_48, now - c_48 * q[3] break
+              c, x = c_45, now - c_45 * q[3] break
             until true
             local used
             do -- sw_estimate
@@ -2215,14 +2186,14 @@ ALG[2] = function()
               end
               used = whole + part
             end
-            local remaining_47 = limit - used
-            if remaining_47 < 0 then
-              remaining_47 = 0
+            local remaining_44 = limit - used
+            if remaining_44 < 0 then
+              remaining_44 = 0
             end
             if used + cost <= limit and cost > 0 then
-              ok, remaining, reset, retry, seen1, seen2, seen3 = 1, remaining_47 - cost, (n + 1) * g - x, -1 break
+              ok, remaining, reset, retry, seen1, seen2, seen3 = 1, remaining_44 - cost, (n + 1) * g - x, -1 break
             end
-            ok, remaining, reset, retry, seen1, seen2, seen3 = sw_denied(q, st, c, x, cost, used, remaining_47) break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = sw_denied(q, st, c, x, cost, used, remaining_44) break
           until true
           local behind
           repeat -- lag
@@ -2233,21 +2204,21 @@ ALG[2] = function()
           until true
           if behind > 0 then
             do -- shift
-              local ok_56, remaining_56, reset_56, retry_56 = ok, remaining, reset, retry
+              local ok_53, remaining_53, reset_53, retry_53 = ok, remaining, reset, retry
               if behind > 0 then
-                remaining_56 = 0
-                reset_56 = reset_56 + behind
-                if retry_56 >= 0 then
-                  retry_56 = retry_56 + behind
+                remaining_53 = 0
+                reset_53 = reset_53 + behind
+                if retry_53 >= 0 then
+                  retry_53 = retry_53 + behind
                 end
-                if ok_56 == 1 and cost > 0 then
-                  ok_56, retry_56 = 0, behind
-                  if reset_56 < behind then
-                    reset_56 = behind
+                if ok_53 == 1 and cost > 0 then
+                  ok_53, retry_53 = 0, behind
+                  if reset_53 < behind then
+                    reset_53 = behind
                   end
                 end
               end
-              ok, remaining, reset, retry = ok_56, remaining_56, reset_56, retry_56
+              ok, remaining, reset, retry = ok_53, remaining_53, reset_53, retry_53
             end
           end
           if ends and ends > now then
@@ -2276,62 +2247,42 @@ ALG[2] = function()
         ok = v == -2
       end
     else
-      do -- loaded
-        local p = p
-        local stale
-        repeat -- load
-          local raw = call('GET', key)
-          if not raw then
-            st, ends, stale = nil break
-          end
-          local bare
-          repeat -- untagged
-            local tag = p.tag
-            if find(raw, tag, #raw - #tag + 1, true) then
-              bare = sub(raw, 1, #raw - #tag) break
-            end
-            bare = nil break
-          until true
-          if bare then
-            st, ends, stale = sw_read(bare, p[2] + 1) break
-          end
-          local tag, ends_58
-          raw, tag, ends_58 = split_state(raw)
-          if tag and tag ~= p.tag then
-            local n = tag_params(tag, OLD_RING) and OLD_RING[2]
-            st, ends, stale = n and sw_read(raw, n + 1), ends_58, tag break
-          end
-          st, ends, stale = sw_read(raw, p[2] + 1), ends_58 break
-        until true
-        if stale then
-          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
-        end
-        q = p
-      end
-      ok, st, ends, seen1, seen2 = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
+      ok, st, lease_end, wait = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
-    admitted = admitted and (ok or not DECIDES[op])
+    if not ok and DECIDES[op] then
+      admitted = false
+    end
     local total, own = base + WIDTH[op], false
     if i < n then
-      admitted, total, own = ALGS[i + 1]:step(i + 1, n, keys, now, since, admitted, total)
+      local j = i + 1
+      admitted, total, own = ALGS[j]:step(j, n, keys, now, since, admitted, total, OPS[j], keys[j], COSTS[j], PS[j])
     end
-    if fused then
-      repeat -- phase_two
-        if admitted and cost > 0 then
+    repeat -- phase_two
+      local e, total_54 = p.escalate, total
+      if admitted then
+        if wait then
+          reserve(self, key, q, st, ends, now, cost, wait, base, since)
+          total = total_54 break
+        end
+        if lease_end then
+          take_lease(self, key, q, st, ends, now, cost, YS[i], lease_end, base, since)
+          total = total_54 break
+        end
+        if cost > 0 and (fused or charged(op, base)) then
           repeat -- commit
             local n, g = q[2], q[3]
             local cells = n + 1
             local c
             repeat -- sw_position
-              local c_62
+              local c_56
               do -- fdiv
                 local b = q[3]
-                c_62 = (now - now % b) / b
+                c_56 = (now - now % b) / b
               end
-              if st and st[1] > c_62 then
+              if st and st[1] > c_56 then
                 c = st[1], 0 break
               end
-              c = c_62, now - c_62 * q[3] break
+              c = c_56, now - c_56 * q[3] break
             until true
             local wraps
             do -- fdiv
@@ -2352,8 +2303,8 @@ ALG[2] = function()
                   end
                   value = value .. '|' .. block_end
                   do -- until_block_ends
-                    local expires_at_67 = expires_at
-                    local at = expires_at_67
+                    local expires_at_61 = expires_at
+                    local at = expires_at_61
                     if ends and ends > at then
                       at = ends
                     end
@@ -2412,8 +2363,8 @@ ALG[2] = function()
                     end
                     value = value .. '|' .. block_end
                     do -- until_block_ends
-                      local expires_at_73 = expires_at
-                      local at = expires_at_73
+                      local expires_at_67 = expires_at
+                      local at = expires_at_67
                       if ends and ends > at then
                         at = ends
                       end
@@ -2435,13 +2386,18 @@ ALG[2] = function()
               until true
             end
           until true
-          break
+          if op == 4 then
+            REPLY[base + 4], REPLY[base + 5] = cost, now
+          end
+          total = total_54 break
         end
-        uncharged(self, key, q, st, now, since, cost, base)
-      until true
-    else
-      phase_two_of(self, op, key, q, now, since, cost, YS[i], st, ends, admitted, base, seen1, seen2)
-    end
+      end
+      uncharged(self, key, q, st, now, since, cost, base)
+      if e and fused and not admitted then
+        total = strike(self, key, q, e, ends, now, since, base, i, total_54) break
+      end
+      total = total_54 break
+    until true
     if q ~= p then
       PS[i], own = q, true
     end
@@ -2449,7 +2405,8 @@ ALG[2] = function()
   end
   
   -- A policy enforced alone, the most usual call, from its arguments (`args`, its shape
-  -- `shape` first): its cost and parameters read, the time, then its two phases. Returns the
+  -- `shape` first): its cost and parameters read, the time, then its two phases (as `step`
+  -- runs them; written here again, inlined, because this call is the most usual). Returns the
   -- reply; nil, having done nothing, when the arguments are malformed.
   local function enforced(self, key, args, shape)
     local cost, at = 1, 2
@@ -2493,40 +2450,41 @@ ALG[2] = function()
         since = now
       end
     end
-    local ok, st, ends, q, seen1, seen2, seen3
-    do -- phase_one
-      do -- loaded
-        local p = p
-        local stale
-        repeat -- load
-          local raw = call('GET', key)
-          if not raw then
-            st, ends, stale = nil break
-          end
-          local bare
-          repeat -- untagged
-            local tag = p.tag
-            if find(raw, tag, #raw - #tag + 1, true) then
-              bare = sub(raw, 1, #raw - #tag) break
-            end
-            bare = nil break
-          until true
-          if bare then
-            st, ends, stale = sw_read(bare, p[2] + 1) break
-          end
-          local tag, ends_80
-          raw, tag, ends_80 = split_state(raw)
-          if tag and tag ~= p.tag then
-            local n = tag_params(tag, OLD_RING) and OLD_RING[2]
-            st, ends, stale = n and sw_read(raw, n + 1), ends_80, tag break
-          end
-          st, ends, stale = sw_read(raw, p[2] + 1), ends_80 break
-        until true
-        if stale then
-          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
+    local st, ends, q
+    do -- loaded
+      local p = p
+      local stale
+      repeat -- load
+        local raw = call('GET', key)
+        if not raw then
+          st, ends, stale = nil break
         end
-        q = p
+        local bare
+        repeat -- untagged
+          local tag = p.tag
+          if find(raw, tag, #raw - #tag + 1, true) then
+            bare = sub(raw, 1, #raw - #tag) break
+          end
+          bare = nil break
+        until true
+        if bare then
+          st, ends, stale = sw_read(bare, p[2] + 1) break
+        end
+        local tag, ends_73
+        raw, tag, ends_73 = split_state(raw)
+        if tag and tag ~= p.tag then
+          local n = tag_params(tag, OLD_RING) and OLD_RING[2]
+          st, ends, stale = n and sw_read(raw, n + 1), ends_73, tag break
+        end
+        st, ends, stale = sw_read(raw, p[2] + 1), ends_73 break
+      until true
+      if stale then
+        st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
       end
+      q = p
+    end
+    local ok, seen1, seen2, seen3
+    do -- phase_one
       local v, remaining, reset
       do -- verdict
         local ok, retry
@@ -2534,15 +2492,15 @@ ALG[2] = function()
           local limit, n, g = q[1], q[2], q[3]
           local c, x
           repeat -- sw_position
-            local c_84
+            local c_78
             do -- fdiv
               local b = q[3]
-              c_84 = (now - now % b) / b
+              c_78 = (now - now % b) / b
             end
-            if st and st[1] > c_84 then
+            if st and st[1] > c_78 then
               c, x = st[1], 0 break
             end
-            c, x = c_84, now - c_84 * q[3] break
+            c, x = c_78, now - c_78 * q[3] break
           until true
           local used
           do -- sw_estimate
@@ -2596,14 +2554,14 @@ ALG[2] = function()
             end
             used = whole + part
           end
-          local remaining_83 = limit - used
-          if remaining_83 < 0 then
-            remaining_83 = 0
+          local remaining_77 = limit - used
+          if remaining_77 < 0 then
+            remaining_77 = 0
           end
           if used + cost <= limit and cost > 0 then
-            ok, remaining, reset, retry, seen1, seen2, seen3 = 1, remaining_83 - cost, (n + 1) * g - x, -1 break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 1, remaining_77 - cost, (n + 1) * g - x, -1 break
           end
-          ok, remaining, reset, retry, seen1, seen2, seen3 = sw_denied(q, st, c, x, cost, used, remaining_83) break
+          ok, remaining, reset, retry, seen1, seen2, seen3 = sw_denied(q, st, c, x, cost, used, remaining_77) break
         until true
         local behind
         repeat -- lag
@@ -2614,21 +2572,21 @@ ALG[2] = function()
         until true
         if behind > 0 then
           do -- shift
-            local ok_92, remaining_92, reset_92, retry_92 = ok, remaining, reset, retry
+            local ok_86, remaining_86, reset_86, retry_86 = ok, remaining, reset, retry
             if behind > 0 then
-              remaining_92 = 0
-              reset_92 = reset_92 + behind
-              if retry_92 >= 0 then
-                retry_92 = retry_92 + behind
+              remaining_86 = 0
+              reset_86 = reset_86 + behind
+              if retry_86 >= 0 then
+                retry_86 = retry_86 + behind
               end
-              if ok_92 == 1 and cost > 0 then
-                ok_92, retry_92 = 0, behind
-                if reset_92 < behind then
-                  reset_92 = behind
+              if ok_86 == 1 and cost > 0 then
+                ok_86, retry_86 = 0, behind
+                if reset_86 < behind then
+                  reset_86 = behind
                 end
               end
             end
-            ok, remaining, reset, retry = ok_92, remaining_92, reset_92, retry_92
+            ok, remaining, reset, retry = ok_86, remaining_86, reset_86, retry_86
           end
         end
         if ends and ends > now then
@@ -2657,92 +2615,43 @@ ALG[2] = function()
       ok = v == -2
     end
     REPLY[3 + 1] = nil
+    local total
     repeat -- phase_two
-      if ok and cost > 0 then
-        repeat -- commit
-          local n, g = q[2], q[3]
-          local cells = n + 1
-          local c
-          repeat -- sw_position
-            local c_95
-            do -- fdiv
-              local b = q[3]
-              c_95 = (now - now % b) / b
-            end
-            if st and st[1] > c_95 then
-              c = st[1], 0 break
-            end
-            c = c_95, now - c_95 * q[3] break
-          until true
-          local wraps
-          do -- fdiv
-            wraps = (c - c % cells) / cells
-          end
-          local cell = c - wraps * cells
-          if not st then
-            local value = format(INT .. ' %d:' .. INT, c, cell, cost) .. q.tag
-            repeat -- store
-              local value, expires_at = value, (c + cells) * g
-              if q.limit_end and q.limit_end > expires_at then
-                expires_at = q.limit_end
+      local fused, lease_end, wait, e = true, nil, nil, p.escalate
+      if ok then
+        if wait then
+          reserve(self, key, q, st, ends, now, cost, wait, 0, since)
+          total = 3 break
+        end
+        if lease_end then
+          take_lease(self, key, q, st, ends, now, cost, YS[1], lease_end, 0, since)
+          total = 3 break
+        end
+        if cost > 0 and (fused or charged(1, 0)) then
+          repeat -- commit
+            local n, g = q[2], q[3]
+            local cells = n + 1
+            local c
+            repeat -- sw_position
+              local c_89
+              do -- fdiv
+                local b = q[3]
+                c_89 = (now - now % b) / b
               end
-              if ends then
-                local block_end
-                do -- int
-                  block_end = format(INT, ends)
-                end
-                value = value .. '|' .. block_end
-                do -- until_block_ends
-                  local expires_at_100 = expires_at
-                  local at = expires_at_100
-                  if ends and ends > at then
-                    at = ends
-                  end
-                  expires_at = at
-                end
+              if st and st[1] > c_89 then
+                c = st[1], 0 break
               end
-              local ms
-              do -- ttl_ms
-                do -- cdiv
-                  local a = expires_at - since
-                  ms = (a + (-a) % 1000) / 1000
-                end
-                if ms < 1 then
-                  ms = 1
-                end
-              end
-              call('SET', key, value, 'PX', format(INT, ms))
+              c = c_89, now - c_89 * q[3] break
             until true
-          else
-            local head = st[1]
-            if c > head then
-              local stale = c - head
-              if stale > cells then
-                stale = cells
-              end
-              local back = cell
-              for _ = 1, stale do
-                st[back + 2] = 0
-                back = back - 1
-                if back < 0 then
-                  back = cells - 1
-                end
-              end
-              head = c
+            local wraps
+            do -- fdiv
+              wraps = (c - c % cells) / cells
             end
-            st[cell + 2] = st[cell + 2] + cost
-            repeat -- sw_write
-              local expires_at = (head + cells) * g
-              local bucket = '%d:' .. INT
-              local parts = { format(INT, head) }
-              for i = 1, cells do
-                local count = st[i + 1]
-                if count > 0 then
-                  parts[#parts + 1] = format(bucket, i - 1, count)
-                end
-              end
+            local cell = c - wraps * cells
+            if not st then
+              local value = format(INT .. ' %d:' .. INT, c, cell, cost) .. q.tag
               repeat -- store
-                local value, expires_at = table.concat(parts, ' ') .. q.tag, expires_at
+                local value, expires_at = value, (c + cells) * g
                 if q.limit_end and q.limit_end > expires_at then
                   expires_at = q.limit_end
                 end
@@ -2753,8 +2662,8 @@ ALG[2] = function()
                   end
                   value = value .. '|' .. block_end
                   do -- until_block_ends
-                    local expires_at_106 = expires_at
-                    local at = expires_at_106
+                    local expires_at_94 = expires_at
+                    local at = expires_at_94
                     if ends and ends > at then
                       at = ends
                     end
@@ -2773,20 +2682,84 @@ ALG[2] = function()
                 end
                 call('SET', key, value, 'PX', format(INT, ms))
               until true
-            until true
+            else
+              local head = st[1]
+              if c > head then
+                local stale = c - head
+                if stale > cells then
+                  stale = cells
+                end
+                local back = cell
+                for _ = 1, stale do
+                  st[back + 2] = 0
+                  back = back - 1
+                  if back < 0 then
+                    back = cells - 1
+                  end
+                end
+                head = c
+              end
+              st[cell + 2] = st[cell + 2] + cost
+              repeat -- sw_write
+                local expires_at = (head + cells) * g
+                local bucket = '%d:' .. INT
+                local parts = { format(INT, head) }
+                for i = 1, cells do
+                  local count = st[i + 1]
+                  if count > 0 then
+                    parts[#parts + 1] = format(bucket, i - 1, count)
+                  end
+                end
+                repeat -- store
+                  local value, expires_at = table.concat(parts, ' ') .. q.tag, expires_at
+                  if q.limit_end and q.limit_end > expires_at then
+                    expires_at = q.limit_end
+                  end
+                  if ends then
+                    local block_end
+                    do -- int
+                      block_end = format(INT, ends)
+                    end
+                    value = value .. '|' .. block_end
+                    do -- until_block_ends
+                      local expires_at_100 = expires_at
+                      local at = expires_at_100
+                      if ends and ends > at then
+                        at = ends
+                      end
+                      expires_at = at
+                    end
+                  end
+                  local ms
+                  do -- ttl_ms
+                    do -- cdiv
+                      local a = expires_at - since
+                      ms = (a + (-a) % 1000) / 1000
+                    end
+                    if ms < 1 then
+                      ms = 1
+                    end
+                  end
+                  call('SET', key, value, 'PX', format(INT, ms))
+                until true
+              until true
+            end
+          until true
+          if 1 == 4 then
+            REPLY[0 + 4], REPLY[0 + 5] = cost, now
           end
-        until true
-        break
+          total = 3 break
+        end
       end
       uncharged(self, key, q, st, now, since, cost, 0)
+      if e and fused and not ok then
+        total = strike(self, key, q, e, ends, now, since, 0, 1, 3) break
+      end
+      total = 3 break
     until true
-    local total = 3
     if q ~= p then
       PS[1] = q
-      total = own_limits(1, 3)
-    end
-    if p.escalate then
-      strike(self, key, q, p.escalate, now, since, 0, 1, total)
+      own_limits(1, total)
     end
     return REPLY
   end
@@ -3062,11 +3035,14 @@ ALG[3] = function()
   end
 
   -- The two phases of a decision for one policy, written once: `decide` (decide.lua) runs
-  -- phase one for each policy of a call, then phase two for each. The generator (luagen/)
-  -- writes them into each algorithm's twin, with the twin's own `load`, `evaluate`, `commit`
-  -- and `lag` written in place of their calls, so that a decision makes almost no Lua call of
-  -- its own beyond Redis's commands. An operation these phases do not decide (`FUSES`: all
-  -- but ENFORCE) takes its own arms in grant.lua once its state is read.
+  -- phase one for each policy of a call, then phase two for each (`step`), and a policy
+  -- enforced alone (`enforced`). The generator (luagen/) writes them into each algorithm's
+  -- twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place of
+  -- their calls, so that a decision makes almost no Lua call of its own beyond Redis's
+  -- commands. An operation
+  -- these phases do not judge themselves (`FUSES`: all but ENFORCE) is judged by its arms in
+  -- grant.lua once its state is read; every operation is charged, or reported as it stays,
+  -- here.
   
   -- The verdict of a policy as the reply gives it (ADMITTED, the retry-after, or NEVER),
   -- remaining and reset; a blocked key is denied until the block ends, whatever its state
@@ -3149,50 +3125,51 @@ ALG[3] = function()
   
   
   -- The policies of a decision from position i to n (read into ALGS, OPS, PS, COSTS, XS and
-  -- YS), `admitted` by those before it or not: phase one for policy i, whose reply follows
-  -- REPLY[base]; then the policies after it, each one step deeper; then phase two for policy
-  -- i, once the request is known to be admitted or not (by every policy that decides), so
-  -- what each phase hands the other stays in locals. Phase two runs from the last policy to
-  -- the first: each has its own key. Returns whether the request is admitted, where the reply
-  -- of the checks ends, and whether a key was decided under its own limit (then PS[i] holds
-  -- the parameters of each policy from i on as it was decided).
-  local function step(self, i, n, keys, now, since, admitted, base)
-    local op, key, cost, p = OPS[i], keys[i], COSTS[i], PS[i]
+  -- YS; policy i's operation, key, cost and parameters given), `admitted` by those before it
+  -- or not: phase one for policy i, whose reply follows REPLY[base]; then the policies after
+  -- it, each one step deeper; then phase two for policy i, once the request is known to be
+  -- admitted or not (by every policy that decides), so what each phase hands the other stays
+  -- in locals. Phase two runs from the last policy to the first: each has its own key.
+  -- Returns whether the request is admitted, where the reply of the checks ends, and whether
+  -- a key was decided under its own limit (then PS[i] holds the parameters of each policy
+  -- from i on as it was decided).
+  local function step(self, i, n, keys, now, since, admitted, base, op, key, cost, p)
+    local st, ends, q
+    do -- loaded
+      local p = p
+      local stale
+      repeat -- load
+        local into = STATES[i]
+        local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
+        local n = #top
+        if n == 0 then
+          st, ends, stale = nil break
+        end
+        local ends_19, own
+        if byte(top[n - 1], 1) == LETTER_L then
+          own = sub(top[n - 1], 7)
+          top = call('ZRANGE', key, -3, -2, 'WITHSCORES')
+          n = #top
+        end
+        if n > 0 and byte(top[n - 1], 1) == LETTER_B then
+          ends_19 = tonumber(sub(top[n - 1], 7))
+          n = n - 2
+        end
+        if n == 0 then
+          st, ends, stale = nil, ends_19, own break
+        end
+        into[1], into[2] = tonumber(top[n]), top[n - 1]
+        st, ends, stale = into, ends_19, own break
+      until true
+      if stale then
+        st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
+      end
+      q = p
+    end
     local fused = FUSES[op]
-    local ok, st, ends, q, seen1, seen2, seen3
+    local ok, seen1, seen2, seen3, lease_end, wait
     if fused then
       do -- phase_one
-        do -- loaded
-          local p = p
-          local stale
-          repeat -- load
-            local into = STATES[i]
-            local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
-            local n = #top
-            if n == 0 then
-              st, ends, stale = nil break
-            end
-            local ends_22, own
-            if byte(top[n - 1], 1) == LETTER_L then
-              own = sub(top[n - 1], 7)
-              top = call('ZRANGE', key, -3, -2, 'WITHSCORES')
-              n = #top
-            end
-            if n > 0 and byte(top[n - 1], 1) == LETTER_B then
-              ends_22 = tonumber(sub(top[n - 1], 7))
-              n = n - 2
-            end
-            if n == 0 then
-              st, ends, stale = nil, ends_22, own break
-            end
-            into[1], into[2] = tonumber(top[n]), top[n - 1]
-            st, ends, stale = into, ends_22, own break
-          until true
-          if stale then
-            st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
-          end
-          q = p
-        end
         local v, remaining, reset
         do -- verdict
           local ok, retry
@@ -3202,11 +3179,11 @@ ALG[3] = function()
               if cost > limit then
                 ok, remaining, reset, retry, seen1, seen2, seen3 = 0, limit, 0, -1 break
               end
-              local reset_24 = 0
+              local reset_22 = 0
               if cost > 0 then
-                reset_24 = window
+                reset_22 = window
               end
-              ok, remaining, reset, retry, seen1, seen2, seen3 = 1, limit - cost, reset_24, -1 break
+              ok, remaining, reset, retry, seen1, seen2, seen3 = 1, limit - cost, reset_22, -1 break
             end
             local used
             do -- in_window
@@ -3229,11 +3206,11 @@ ALG[3] = function()
               ok, remaining, reset, retry, seen1, seen2, seen3 = 0, left, newest_left, -1 break
             end
             if used + cost <= limit then
-              local reset_24 = newest_left
+              local reset_22 = newest_left
               if cost > 0 then
-                reset_24 = window
+                reset_22 = window
               end
-              ok, remaining, reset, retry, seen1, seen2, seen3 = 1, limit - used - cost, reset_24, -1 break
+              ok, remaining, reset, retry, seen1, seen2, seen3 = 1, limit - used - cost, reset_22, -1 break
             end
             local need = used + cost - limit
             local start
@@ -3270,47 +3247,28 @@ ALG[3] = function()
         ok = v == -2
       end
     else
-      do -- loaded
-        local p = p
-        local stale
-        repeat -- load
-          local into = STATES[i]
-          local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
-          local n = #top
-          if n == 0 then
-            st, ends, stale = nil break
-          end
-          local ends_29, own
-          if byte(top[n - 1], 1) == LETTER_L then
-            own = sub(top[n - 1], 7)
-            top = call('ZRANGE', key, -3, -2, 'WITHSCORES')
-            n = #top
-          end
-          if n > 0 and byte(top[n - 1], 1) == LETTER_B then
-            ends_29 = tonumber(sub(top[n - 1], 7))
-            n = n - 2
-          end
-          if n == 0 then
-            st, ends, stale = nil, ends_29, own break
-          end
-          into[1], into[2] = tonumber(top[n]), top[n - 1]
-          st, ends, stale = into, ends_29, own break
-        until true
-        if stale then
-          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
-        end
-        q = p
-      end
-      ok, st, ends, seen1, seen2 = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
+      ok, st, lease_end, wait = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
-    admitted = admitted and (ok or not DECIDES[op])
+    if not ok and DECIDES[op] then
+      admitted = false
+    end
     local total, own = base + WIDTH[op], false
     if i < n then
-      admitted, total, own = ALGS[i + 1]:step(i + 1, n, keys, now, since, admitted, total)
+      local j = i + 1
+      admitted, total, own = ALGS[j]:step(j, n, keys, now, since, admitted, total, OPS[j], keys[j], COSTS[j], PS[j])
     end
-    if fused then
-      repeat -- phase_two
-        if admitted and cost > 0 then
+    repeat -- phase_two
+      local e, total_26 = p.escalate, total
+      if admitted then
+        if wait then
+          reserve(self, key, q, st, ends, now, cost, wait, base, since)
+          total = total_26 break
+        end
+        if lease_end then
+          take_lease(self, key, q, st, ends, now, cost, YS[i], lease_end, base, since)
+          total = total_26 break
+        end
+        if cost > 0 and (fused or charged(op, base)) then
           repeat -- commit
             repeat -- log
               local at = now
@@ -3360,8 +3318,8 @@ ALG[3] = function()
               end
               local expires_at
               do -- until_block_ends
-                local expires_at_35 = newest + window
-                local at = expires_at_35
+                local expires_at_31 = newest + window
+                local at = expires_at_31
                 if ends and ends > at then
                   at = ends
                 end
@@ -3383,13 +3341,18 @@ ALG[3] = function()
               call('PEXPIRE', key, format(INT, ms))
             until true
           until true
-          break
+          if op == 4 then
+            REPLY[base + 4], REPLY[base + 5] = cost, now
+          end
+          total = total_26 break
         end
-        uncharged(self, key, q, st, now, since, cost, base)
-      until true
-    else
-      phase_two_of(self, op, key, q, now, since, cost, YS[i], st, ends, admitted, base, seen1, seen2)
-    end
+      end
+      uncharged(self, key, q, st, now, since, cost, base)
+      if e and fused and not admitted then
+        total = strike(self, key, q, e, ends, now, since, base, i, total_26) break
+      end
+      total = total_26 break
+    until true
     if q ~= p then
       PS[i], own = q, true
     end
@@ -3397,7 +3360,8 @@ ALG[3] = function()
   end
   
   -- A policy enforced alone, the most usual call, from its arguments (`args`, its shape
-  -- `shape` first): its cost and parameters read, the time, then its two phases. Returns the
+  -- `shape` first): its cost and parameters read, the time, then its two phases (as `step`
+  -- runs them; written here again, inlined, because this call is the most usual). Returns the
   -- reply; nil, having done nothing, when the arguments are malformed.
   local function enforced(self, key, args, shape)
     local cost, at = 1, 2
@@ -3441,39 +3405,40 @@ ALG[3] = function()
         since = now
       end
     end
-    local ok, st, ends, q, seen1, seen2, seen3
-    do -- phase_one
-      do -- loaded
-        local p = p
-        local stale
-        repeat -- load
-          local into = STATES[1]
-          local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
-          local n = #top
-          if n == 0 then
-            st, ends, stale = nil break
-          end
-          local ends_42, own
-          if byte(top[n - 1], 1) == LETTER_L then
-            own = sub(top[n - 1], 7)
-            top = call('ZRANGE', key, -3, -2, 'WITHSCORES')
-            n = #top
-          end
-          if n > 0 and byte(top[n - 1], 1) == LETTER_B then
-            ends_42 = tonumber(sub(top[n - 1], 7))
-            n = n - 2
-          end
-          if n == 0 then
-            st, ends, stale = nil, ends_42, own break
-          end
-          into[1], into[2] = tonumber(top[n]), top[n - 1]
-          st, ends, stale = into, ends_42, own break
-        until true
-        if stale then
-          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
+    local st, ends, q
+    do -- loaded
+      local p = p
+      local stale
+      repeat -- load
+        local into = STATES[1]
+        local top = call('ZRANGE', key, -2, -1, 'WITHSCORES')
+        local n = #top
+        if n == 0 then
+          st, ends, stale = nil break
         end
-        q = p
+        local ends_37, own
+        if byte(top[n - 1], 1) == LETTER_L then
+          own = sub(top[n - 1], 7)
+          top = call('ZRANGE', key, -3, -2, 'WITHSCORES')
+          n = #top
+        end
+        if n > 0 and byte(top[n - 1], 1) == LETTER_B then
+          ends_37 = tonumber(sub(top[n - 1], 7))
+          n = n - 2
+        end
+        if n == 0 then
+          st, ends, stale = nil, ends_37, own break
+        end
+        into[1], into[2] = tonumber(top[n]), top[n - 1]
+        st, ends, stale = into, ends_37, own break
+      until true
+      if stale then
+        st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
       end
+      q = p
+    end
+    local ok, seen1, seen2, seen3
+    do -- phase_one
       local v, remaining, reset
       do -- verdict
         local ok, retry
@@ -3483,11 +3448,11 @@ ALG[3] = function()
             if cost > limit then
               ok, remaining, reset, retry, seen1, seen2, seen3 = 0, limit, 0, -1 break
             end
-            local reset_44 = 0
+            local reset_40 = 0
             if cost > 0 then
-              reset_44 = window
+              reset_40 = window
             end
-            ok, remaining, reset, retry, seen1, seen2, seen3 = 1, limit - cost, reset_44, -1 break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 1, limit - cost, reset_40, -1 break
           end
           local used
           do -- in_window
@@ -3510,11 +3475,11 @@ ALG[3] = function()
             ok, remaining, reset, retry, seen1, seen2, seen3 = 0, left, newest_left, -1 break
           end
           if used + cost <= limit then
-            local reset_44 = newest_left
+            local reset_40 = newest_left
             if cost > 0 then
-              reset_44 = window
+              reset_40 = window
             end
-            ok, remaining, reset, retry, seen1, seen2, seen3 = 1, limit - used - cost, reset_44, -1 break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 1, limit - used - cost, reset_40, -1 break
           end
           local need = used + cost - limit
           local start
@@ -3551,91 +3516,106 @@ ALG[3] = function()
       ok = v == -2
     end
     REPLY[3 + 1] = nil
+    local total
     repeat -- phase_two
-      if ok and cost > 0 then
-        repeat -- commit
-          repeat -- log
-            local at = now
-            local window = q[2]
-            local gone
-            do -- int
-              local n = now - window
-              gone = format(INT, n)
-            end
-            call('ZREMRANGEBYSCORE', key, '-inf', gone)
-            local seq = 0
-            local t
-            do -- int
-              t = format(INT, at)
-            end
-            if st and st[1] == at then
-              seq = tonumber(match(st[2], ':(%d+)$')) or 0
-            elseif st and st[1] > at then
-              local top = call('ZREVRANGEBYSCORE', key, t, t, 'LIMIT', 0, 1)
-              if top[1] then
-                seq = tonumber(match(top[1], ':(%d+)$')) or 0
+      local fused, lease_end, wait, e = true, nil, nil, p.escalate
+      if ok then
+        if wait then
+          reserve(self, key, q, st, ends, now, cost, wait, 0, since)
+          total = 3 break
+        end
+        if lease_end then
+          take_lease(self, key, q, st, ends, now, cost, YS[1], lease_end, 0, since)
+          total = 3 break
+        end
+        if cost > 0 and (fused or charged(1, 0)) then
+          repeat -- commit
+            repeat -- log
+              local at = now
+              local window = q[2]
+              local gone
+              do -- int
+                local n = now - window
+                gone = format(INT, n)
               end
-            end
-            if cost == 1 then
-              call('ZADD', key, t, t .. ':' .. format('%010d', seq + 1))
-            end
-            local i = 1
-            while cost > 1 and i <= cost do
-              local args = {}
-              local last = i + 499
-              if last > cost then
-                last = cost
+              call('ZREMRANGEBYSCORE', key, '-inf', gone)
+              local seq = 0
+              local t
+              do -- int
+                t = format(INT, at)
               end
-              for j = i, last do
-                args[#args + 1] = t
-                args[#args + 1] = t .. ':' .. format('%010d', seq + j)
+              if st and st[1] == at then
+                seq = tonumber(match(st[2], ':(%d+)$')) or 0
+              elseif st and st[1] > at then
+                local top = call('ZREVRANGEBYSCORE', key, t, t, 'LIMIT', 0, 1)
+                if top[1] then
+                  seq = tonumber(match(top[1], ':(%d+)$')) or 0
+                end
               end
-              call('ZADD', key, unpack(args))
-              i = last + 1
-            end
-            local newest = now
-            if st and st[1] > newest then
-              newest = st[1]
-            end
-            if cost > 0 and at > newest then
-              newest = at
-            end
-            local expires_at
-            do -- until_block_ends
-              local expires_at_53 = newest + window
-              local at = expires_at_53
-              if ends and ends > at then
-                at = ends
+              if cost == 1 then
+                call('ZADD', key, t, t .. ':' .. format('%010d', seq + 1))
               end
-              expires_at = at
-            end
-            if q.limit_end and q.limit_end > expires_at then
-              expires_at = q.limit_end
-            end
-            local ms
-            do -- ttl_ms
-              do -- cdiv
-                local a = expires_at - since
-                ms = (a + (-a) % 1000) / 1000
+              local i = 1
+              while cost > 1 and i <= cost do
+                local args = {}
+                local last = i + 499
+                if last > cost then
+                  last = cost
+                end
+                for j = i, last do
+                  args[#args + 1] = t
+                  args[#args + 1] = t .. ':' .. format('%010d', seq + j)
+                end
+                call('ZADD', key, unpack(args))
+                i = last + 1
               end
-              if ms < 1 then
-                ms = 1
+              local newest = now
+              if st and st[1] > newest then
+                newest = st[1]
               end
-            end
-            call('PEXPIRE', key, format(INT, ms))
+              if cost > 0 and at > newest then
+                newest = at
+              end
+              local expires_at
+              do -- until_block_ends
+                local expires_at_49 = newest + window
+                local at = expires_at_49
+                if ends and ends > at then
+                  at = ends
+                end
+                expires_at = at
+              end
+              if q.limit_end and q.limit_end > expires_at then
+                expires_at = q.limit_end
+              end
+              local ms
+              do -- ttl_ms
+                do -- cdiv
+                  local a = expires_at - since
+                  ms = (a + (-a) % 1000) / 1000
+                end
+                if ms < 1 then
+                  ms = 1
+                end
+              end
+              call('PEXPIRE', key, format(INT, ms))
+            until true
           until true
-        until true
-        break
+          if 1 == 4 then
+            REPLY[0 + 4], REPLY[0 + 5] = cost, now
+          end
+          total = 3 break
+        end
       end
       uncharged(self, key, q, st, now, since, cost, 0)
+      if e and fused and not ok then
+        total = strike(self, key, q, e, ends, now, since, 0, 1, 3) break
+      end
+      total = 3 break
     until true
-    local total = 3
     if q ~= p then
       PS[1] = q
-      total = own_limits(1, 3)
-    end
-    if p.escalate then
-      strike(self, key, q, p.escalate, now, since, 0, 1, total)
+      own_limits(1, total)
     end
     return REPLY
   end
@@ -3793,11 +3773,14 @@ ALG[4] = function()
   end
 
   -- The two phases of a decision for one policy, written once: `decide` (decide.lua) runs
-  -- phase one for each policy of a call, then phase two for each. The generator (luagen/)
-  -- writes them into each algorithm's twin, with the twin's own `load`, `evaluate`, `commit`
-  -- and `lag` written in place of their calls, so that a decision makes almost no Lua call of
-  -- its own beyond Redis's commands. An operation these phases do not decide (`FUSES`: all
-  -- but ENFORCE) takes its own arms in grant.lua once its state is read.
+  -- phase one for each policy of a call, then phase two for each (`step`), and a policy
+  -- enforced alone (`enforced`). The generator (luagen/) writes them into each algorithm's
+  -- twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place of
+  -- their calls, so that a decision makes almost no Lua call of its own beyond Redis's
+  -- commands. An operation
+  -- these phases do not judge themselves (`FUSES`: all but ENFORCE) is judged by its arms in
+  -- grant.lua once its state is read; every operation is charged, or reported as it stays,
+  -- here.
   
   -- The verdict of a policy as the reply gives it (ADMITTED, the retry-after, or NEVER),
   -- remaining and reset; a blocked key is denied until the block ends, whatever its state
@@ -3930,50 +3913,50 @@ ALG[4] = function()
   
   
   -- The policies of a decision from position i to n (read into ALGS, OPS, PS, COSTS, XS and
-  -- YS), `admitted` by those before it or not: phase one for policy i, whose reply follows
-  -- REPLY[base]; then the policies after it, each one step deeper; then phase two for policy
-  -- i, once the request is known to be admitted or not (by every policy that decides), so
-  -- what each phase hands the other stays in locals. Phase two runs from the last policy to
-  -- the first: each has its own key. Returns whether the request is admitted, where the reply
-  -- of the checks ends, and whether a key was decided under its own limit (then PS[i] holds
-  -- the parameters of each policy from i on as it was decided).
-  local function step(self, i, n, keys, now, since, admitted, base)
-    local op, key, cost, p = OPS[i], keys[i], COSTS[i], PS[i]
+  -- YS; policy i's operation, key, cost and parameters given), `admitted` by those before it
+  -- or not: phase one for policy i, whose reply follows REPLY[base]; then the policies after
+  -- it, each one step deeper; then phase two for policy i, once the request is known to be
+  -- admitted or not (by every policy that decides), so what each phase hands the other stays
+  -- in locals. Phase two runs from the last policy to the first: each has its own key.
+  -- Returns whether the request is admitted, where the reply of the checks ends, and whether
+  -- a key was decided under its own limit (then PS[i] holds the parameters of each policy
+  -- from i on as it was decided).
+  local function step(self, i, n, keys, now, since, admitted, base, op, key, cost, p)
+    local st, ends, q
+    do -- loaded
+      local p = p
+      local stale
+      do -- read2
+        local into = STATES[i]
+        local raw = call('GET', key)
+        if raw then
+          local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
+          if written ~= p.tag then
+            a = nil
+          end
+          if not a then
+            local state
+            state, stale, ends = split_state(raw)
+            if stale == p.tag then
+              stale = nil
+            end
+            a, b = match(state or '', '^(%d+) (%d+)$')
+          end
+          if a then
+            into[1], into[2] = a + 0, b + 0
+            st = into
+          end
+        end
+      end
+      if stale then
+        st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
+      end
+      q = p
+    end
     local fused = FUSES[op]
-    local ok, st, ends, q, seen1, seen2, seen3
+    local ok, seen1, seen2, seen3, lease_end, wait
     if fused then
       do -- phase_one
-        do -- loaded
-          local p = p
-          local stale
-          do -- read2
-            local into = STATES[i]
-            local raw = call('GET', key)
-            st, ends, stale = nil
-            if raw then
-              local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
-              if written ~= p.tag then
-                a = nil
-              end
-              if not a then
-                local state
-                state, stale, ends = split_state(raw)
-                if stale == p.tag then
-                  stale = nil
-                end
-                a, b = match(state or '', '^(%d+) (%d+)$')
-              end
-              if a then
-                into[1], into[2] = a + 0, b + 0
-                st = into
-              end
-            end
-          end
-          if stale then
-            st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
-          end
-          q = p
-        end
         local v, remaining, reset
         do -- verdict
           local ok, retry
@@ -3992,7 +3975,7 @@ ALG[4] = function()
                 end
                 elapsed = e break
               until true
-              local have_48
+              local have_46
               repeat -- fill
                 local amount = st[1]
                 local full, rate = q[4], q[3]
@@ -4006,11 +3989,11 @@ ALG[4] = function()
                   to_full = (a + (-a) % rate) / rate
                 end
                 if elapsed >= to_full then
-                  have_48 = full break
+                  have_46 = full break
                 end
-                have_48 = amount + elapsed * rate break
+                have_46 = amount + elapsed * rate break
               until true
-              have = have_48 break
+              have = have_46 break
             until true
             local need = cost * unit
             if cost <= capacity and have >= need then
@@ -4019,31 +4002,31 @@ ALG[4] = function()
               do -- fdiv
                 whole = (left - left % unit) / unit
               end
-              local reset_47
+              local reset_45
               do -- cdiv
                 local a = full - left
-                reset_47 = (a + (-a) % rate) / rate
+                reset_45 = (a + (-a) % rate) / rate
               end
-              ok, remaining, reset, retry, seen1, seen2, seen3 = 1, whole, reset_47, -1 break
+              ok, remaining, reset, retry, seen1, seen2, seen3 = 1, whole, reset_45, -1 break
             end
             local whole
             do -- fdiv
               whole = (have - have % unit) / unit
             end
-            local reset_47
+            local reset_45
             do -- cdiv
               local a = full - have
-              reset_47 = (a + (-a) % rate) / rate
+              reset_45 = (a + (-a) % rate) / rate
             end
             if cost > capacity then
-              ok, remaining, reset, retry, seen1, seen2, seen3 = 0, whole, reset_47, -1 break
+              ok, remaining, reset, retry, seen1, seen2, seen3 = 0, whole, reset_45, -1 break
             end
-            local retry_47
+            local retry_45
             do -- cdiv
               local a = need - have
-              retry_47 = (a + (-a) % rate) / rate
+              retry_45 = (a + (-a) % rate) / rate
             end
-            ok, remaining, reset, retry, seen1, seen2, seen3 = 0, whole, reset_47, retry_47 break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 0, whole, reset_45, retry_45 break
           until true
           local behind
           do -- bucket_lag
@@ -4058,21 +4041,21 @@ ALG[4] = function()
           end
           if behind > 0 then
             do -- shift
-              local ok_59, remaining_59, reset_59, retry_59 = ok, remaining, reset, retry
+              local ok_57, remaining_57, reset_57, retry_57 = ok, remaining, reset, retry
               if behind > 0 then
-                remaining_59 = 0
-                reset_59 = reset_59 + behind
-                if retry_59 >= 0 then
-                  retry_59 = retry_59 + behind
+                remaining_57 = 0
+                reset_57 = reset_57 + behind
+                if retry_57 >= 0 then
+                  retry_57 = retry_57 + behind
                 end
-                if ok_59 == 1 and cost > 0 then
-                  ok_59, retry_59 = 0, behind
-                  if reset_59 < behind then
-                    reset_59 = behind
+                if ok_57 == 1 and cost > 0 then
+                  ok_57, retry_57 = 0, behind
+                  if reset_57 < behind then
+                    reset_57 = behind
                   end
                 end
               end
-              ok, remaining, reset, retry = ok_59, remaining_59, reset_59, retry_59
+              ok, remaining, reset, retry = ok_57, remaining_57, reset_57, retry_57
             end
           end
           if ends and ends > now then
@@ -4101,47 +4084,28 @@ ALG[4] = function()
         ok = v == -2
       end
     else
-      do -- loaded
-        local p = p
-        local stale
-        do -- read2
-          local into = STATES[i]
-          local raw = call('GET', key)
-          st, ends, stale = nil
-          if raw then
-            local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
-            if written ~= p.tag then
-              a = nil
-            end
-            if not a then
-              local state
-              state, stale, ends = split_state(raw)
-              if stale == p.tag then
-                stale = nil
-              end
-              a, b = match(state or '', '^(%d+) (%d+)$')
-            end
-            if a then
-              into[1], into[2] = a + 0, b + 0
-              st = into
-            end
-          end
-        end
-        if stale then
-          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
-        end
-        q = p
-      end
-      ok, st, ends, seen1, seen2 = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
+      ok, st, lease_end, wait = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
-    admitted = admitted and (ok or not DECIDES[op])
+    if not ok and DECIDES[op] then
+      admitted = false
+    end
     local total, own = base + WIDTH[op], false
     if i < n then
-      admitted, total, own = ALGS[i + 1]:step(i + 1, n, keys, now, since, admitted, total)
+      local j = i + 1
+      admitted, total, own = ALGS[j]:step(j, n, keys, now, since, admitted, total, OPS[j], keys[j], COSTS[j], PS[j])
     end
-    if fused then
-      repeat -- phase_two
-        if admitted and cost > 0 then
+    repeat -- phase_two
+      local e, total_58 = p.escalate, total
+      if admitted then
+        if wait then
+          reserve(self, key, q, st, ends, now, cost, wait, base, since)
+          total = total_58 break
+        end
+        if lease_end then
+          take_lease(self, key, q, st, ends, now, cost, YS[i], lease_end, base, since)
+          total = total_58 break
+        end
+        if cost > 0 and (fused or charged(op, base)) then
           repeat -- commit
             local have
             repeat -- tokens
@@ -4156,7 +4120,7 @@ ALG[4] = function()
                 end
                 elapsed = e break
               until true
-              local have_64
+              local have_60
               repeat -- fill
                 local amount = st[1]
                 local full, rate = q[4], q[3]
@@ -4170,11 +4134,11 @@ ALG[4] = function()
                   to_full = (a + (-a) % rate) / rate
                 end
                 if elapsed >= to_full then
-                  have_64 = full break
+                  have_60 = full break
                 end
-                have_64 = amount + elapsed * rate break
+                have_60 = amount + elapsed * rate break
               until true
-              have = have_64 break
+              have = have_60 break
             until true
             have = have - cost * q[2]
             if have < 0 then
@@ -4204,8 +4168,8 @@ ALG[4] = function()
                 end
                 value = value .. '|' .. block_end
                 do -- until_block_ends
-                  local expires_at_72 = expires_at
-                  local at = expires_at_72
+                  local expires_at_68 = expires_at
+                  local at = expires_at_68
                   if ends and ends > at then
                     at = ends
                   end
@@ -4225,13 +4189,18 @@ ALG[4] = function()
               call('SET', key, value, 'PX', format(INT, ms))
             until true
           until true
-          break
+          if op == 4 then
+            REPLY[base + 4], REPLY[base + 5] = cost, now
+          end
+          total = total_58 break
         end
-        uncharged(self, key, q, st, now, since, cost, base)
-      until true
-    else
-      phase_two_of(self, op, key, q, now, since, cost, YS[i], st, ends, admitted, base, seen1, seen2)
-    end
+      end
+      uncharged(self, key, q, st, now, since, cost, base)
+      if e and fused and not admitted then
+        total = strike(self, key, q, e, ends, now, since, base, i, total_58) break
+      end
+      total = total_58 break
+    until true
     if q ~= p then
       PS[i], own = q, true
     end
@@ -4239,7 +4208,8 @@ ALG[4] = function()
   end
   
   -- A policy enforced alone, the most usual call, from its arguments (`args`, its shape
-  -- `shape` first): its cost and parameters read, the time, then its two phases. Returns the
+  -- `shape` first): its cost and parameters read, the time, then its two phases (as `step`
+  -- runs them; written here again, inlined, because this call is the most usual). Returns the
   -- reply; nil, having done nothing, when the arguments are malformed.
   local function enforced(self, key, args, shape)
     local cost, at = 1, 2
@@ -4283,38 +4253,39 @@ ALG[4] = function()
         since = now
       end
     end
-    local ok, st, ends, q, seen1, seen2, seen3
-    do -- phase_one
-      do -- loaded
-        local p = p
-        local stale
-        do -- read2
-          local into = STATES[1]
-          local raw = call('GET', key)
-          if raw then
-            local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
-            if written ~= p.tag then
-              a = nil
+    local st, ends, q
+    do -- loaded
+      local p = p
+      local stale
+      do -- read2
+        local into = STATES[1]
+        local raw = call('GET', key)
+        if raw then
+          local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
+          if written ~= p.tag then
+            a = nil
+          end
+          if not a then
+            local state
+            state, stale, ends = split_state(raw)
+            if stale == p.tag then
+              stale = nil
             end
-            if not a then
-              local state
-              state, stale, ends = split_state(raw)
-              if stale == p.tag then
-                stale = nil
-              end
-              a, b = match(state or '', '^(%d+) (%d+)$')
-            end
-            if a then
-              into[1], into[2] = a + 0, b + 0
-              st = into
-            end
+            a, b = match(state or '', '^(%d+) (%d+)$')
+          end
+          if a then
+            into[1], into[2] = a + 0, b + 0
+            st = into
           end
         end
-        if stale then
-          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
-        end
-        q = p
       end
+      if stale then
+        st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
+      end
+      q = p
+    end
+    local ok, seen1, seen2, seen3
+    do -- phase_one
       local v, remaining, reset
       do -- verdict
         local ok, retry
@@ -4333,7 +4304,7 @@ ALG[4] = function()
               end
               elapsed = e break
             until true
-            local have_82
+            local have_78
             repeat -- fill
               local amount = st[1]
               local full, rate = q[4], q[3]
@@ -4347,11 +4318,11 @@ ALG[4] = function()
                 to_full = (a + (-a) % rate) / rate
               end
               if elapsed >= to_full then
-                have_82 = full break
+                have_78 = full break
               end
-              have_82 = amount + elapsed * rate break
+              have_78 = amount + elapsed * rate break
             until true
-            have = have_82 break
+            have = have_78 break
           until true
           local need = cost * unit
           if cost <= capacity and have >= need then
@@ -4360,31 +4331,31 @@ ALG[4] = function()
             do -- fdiv
               whole = (left - left % unit) / unit
             end
-            local reset_81
+            local reset_77
             do -- cdiv
               local a = full - left
-              reset_81 = (a + (-a) % rate) / rate
+              reset_77 = (a + (-a) % rate) / rate
             end
-            ok, remaining, reset, retry, seen1, seen2, seen3 = 1, whole, reset_81, -1 break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 1, whole, reset_77, -1 break
           end
           local whole
           do -- fdiv
             whole = (have - have % unit) / unit
           end
-          local reset_81
+          local reset_77
           do -- cdiv
             local a = full - have
-            reset_81 = (a + (-a) % rate) / rate
+            reset_77 = (a + (-a) % rate) / rate
           end
           if cost > capacity then
-            ok, remaining, reset, retry, seen1, seen2, seen3 = 0, whole, reset_81, -1 break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 0, whole, reset_77, -1 break
           end
-          local retry_81
+          local retry_77
           do -- cdiv
             local a = need - have
-            retry_81 = (a + (-a) % rate) / rate
+            retry_77 = (a + (-a) % rate) / rate
           end
-          ok, remaining, reset, retry, seen1, seen2, seen3 = 0, whole, reset_81, retry_81 break
+          ok, remaining, reset, retry, seen1, seen2, seen3 = 0, whole, reset_77, retry_77 break
         until true
         local behind
         do -- bucket_lag
@@ -4399,21 +4370,21 @@ ALG[4] = function()
         end
         if behind > 0 then
           do -- shift
-            local ok_93, remaining_93, reset_93, retry_93 = ok, remaining, reset, retry
+            local ok_89, remaining_89, reset_89, retry_89 = ok, remaining, reset, retry
             if behind > 0 then
-              remaining_93 = 0
-              reset_93 = reset_93 + behind
-              if retry_93 >= 0 then
-                retry_93 = retry_93 + behind
+              remaining_89 = 0
+              reset_89 = reset_89 + behind
+              if retry_89 >= 0 then
+                retry_89 = retry_89 + behind
               end
-              if ok_93 == 1 and cost > 0 then
-                ok_93, retry_93 = 0, behind
-                if reset_93 < behind then
-                  reset_93 = behind
+              if ok_89 == 1 and cost > 0 then
+                ok_89, retry_89 = 0, behind
+                if reset_89 < behind then
+                  reset_89 = behind
                 end
               end
             end
-            ok, remaining, reset, retry = ok_93, remaining_93, reset_93, retry_93
+            ok, remaining, reset, retry = ok_89, remaining_89, reset_89, retry_89
           end
         end
         if ends and ends > now then
@@ -4442,102 +4413,117 @@ ALG[4] = function()
       ok = v == -2
     end
     REPLY[3 + 1] = nil
+    local total
     repeat -- phase_two
-      if ok and cost > 0 then
-        repeat -- commit
-          local have
-          repeat -- tokens
-            if not st then
-              have = q[4] break
-            end
-            local elapsed
-            repeat -- elapsed_since
-              local e = now - st[2]
-              if e < 0 then
-                elapsed = 0 break
+      local fused, lease_end, wait, e = true, nil, nil, p.escalate
+      if ok then
+        if wait then
+          reserve(self, key, q, st, ends, now, cost, wait, 0, since)
+          total = 3 break
+        end
+        if lease_end then
+          take_lease(self, key, q, st, ends, now, cost, YS[1], lease_end, 0, since)
+          total = 3 break
+        end
+        if cost > 0 and (fused or charged(1, 0)) then
+          repeat -- commit
+            local have
+            repeat -- tokens
+              if not st then
+                have = q[4] break
               end
-              elapsed = e break
-            until true
-            local have_96
-            repeat -- fill
-              local amount = st[1]
-              local full, rate = q[4], q[3]
-              local a = amount
-              if a > full then
-                a = full
-              end
-              local to_full
-              do -- cdiv
-                local a = full - a
-                to_full = (a + (-a) % rate) / rate
-              end
-              if elapsed >= to_full then
-                have_96 = full break
-              end
-              have_96 = amount + elapsed * rate break
-            until true
-            have = have_96 break
-          until true
-          have = have - cost * q[2]
-          if have < 0 then
-            have = 0
-          end
-          local last
-          repeat -- last_after
-            if st and st[2] > now then
-              last = st[2] break
-            end
-            last = now break
-          until true
-          local to_full
-          do -- cdiv
-            local a, b = q[4] - have, q[3]
-            to_full = (a + (-a) % b) / b
-          end
-          repeat -- store
-            local value, expires_at = format(q.f2, have, last), last + to_full
-            if q.limit_end and q.limit_end > expires_at then
-              expires_at = q.limit_end
-            end
-            if ends then
-              local block_end
-              do -- int
-                block_end = format(INT, ends)
-              end
-              value = value .. '|' .. block_end
-              do -- until_block_ends
-                local expires_at_104 = expires_at
-                local at = expires_at_104
-                if ends and ends > at then
-                  at = ends
+              local elapsed
+              repeat -- elapsed_since
+                local e = now - st[2]
+                if e < 0 then
+                  elapsed = 0 break
                 end
-                expires_at = at
-              end
+                elapsed = e break
+              until true
+              local have_92
+              repeat -- fill
+                local amount = st[1]
+                local full, rate = q[4], q[3]
+                local a = amount
+                if a > full then
+                  a = full
+                end
+                local to_full
+                do -- cdiv
+                  local a = full - a
+                  to_full = (a + (-a) % rate) / rate
+                end
+                if elapsed >= to_full then
+                  have_92 = full break
+                end
+                have_92 = amount + elapsed * rate break
+              until true
+              have = have_92 break
+            until true
+            have = have - cost * q[2]
+            if have < 0 then
+              have = 0
             end
-            local ms
-            do -- ttl_ms
-              do -- cdiv
-                local a = expires_at - since
-                ms = (a + (-a) % 1000) / 1000
+            local last
+            repeat -- last_after
+              if st and st[2] > now then
+                last = st[2] break
               end
-              if ms < 1 then
-                ms = 1
-              end
+              last = now break
+            until true
+            local to_full
+            do -- cdiv
+              local a, b = q[4] - have, q[3]
+              to_full = (a + (-a) % b) / b
             end
-            call('SET', key, value, 'PX', format(INT, ms))
+            repeat -- store
+              local value, expires_at = format(q.f2, have, last), last + to_full
+              if q.limit_end and q.limit_end > expires_at then
+                expires_at = q.limit_end
+              end
+              if ends then
+                local block_end
+                do -- int
+                  block_end = format(INT, ends)
+                end
+                value = value .. '|' .. block_end
+                do -- until_block_ends
+                  local expires_at_100 = expires_at
+                  local at = expires_at_100
+                  if ends and ends > at then
+                    at = ends
+                  end
+                  expires_at = at
+                end
+              end
+              local ms
+              do -- ttl_ms
+                do -- cdiv
+                  local a = expires_at - since
+                  ms = (a + (-a) % 1000) / 1000
+                end
+                if ms < 1 then
+                  ms = 1
+                end
+              end
+              call('SET', key, value, 'PX', format(INT, ms))
+            until true
           until true
-        until true
-        break
+          if 1 == 4 then
+            REPLY[0 + 4], REPLY[0 + 5] = cost, now
+          end
+          total = 3 break
+        end
       end
       uncharged(self, key, q, st, now, since, cost, 0)
+      if e and fused and not ok then
+        total = strike(self, key, q, e, ends, now, since, 0, 1, 3) break
+      end
+      total = 3 break
     until true
-    local total = 3
     if q ~= p then
       PS[1] = q
-      total = own_limits(1, 3)
-    end
-    if p.escalate then
-      strike(self, key, q, p.escalate, now, since, 0, 1, total)
+      own_limits(1, total)
     end
     return REPLY
   end
@@ -4680,11 +4666,14 @@ ALG[5] = function()
   end
 
   -- The two phases of a decision for one policy, written once: `decide` (decide.lua) runs
-  -- phase one for each policy of a call, then phase two for each. The generator (luagen/)
-  -- writes them into each algorithm's twin, with the twin's own `load`, `evaluate`, `commit`
-  -- and `lag` written in place of their calls, so that a decision makes almost no Lua call of
-  -- its own beyond Redis's commands. An operation these phases do not decide (`FUSES`: all
-  -- but ENFORCE) takes its own arms in grant.lua once its state is read.
+  -- phase one for each policy of a call, then phase two for each (`step`), and a policy
+  -- enforced alone (`enforced`). The generator (luagen/) writes them into each algorithm's
+  -- twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place of
+  -- their calls, so that a decision makes almost no Lua call of its own beyond Redis's
+  -- commands. An operation
+  -- these phases do not judge themselves (`FUSES`: all but ENFORCE) is judged by its arms in
+  -- grant.lua once its state is read; every operation is charged, or reported as it stays,
+  -- here.
   
   -- The verdict of a policy as the reply gives it (ADMITTED, the retry-after, or NEVER),
   -- remaining and reset; a blocked key is denied until the block ends, whatever its state
@@ -4805,50 +4794,50 @@ ALG[5] = function()
   
   
   -- The policies of a decision from position i to n (read into ALGS, OPS, PS, COSTS, XS and
-  -- YS), `admitted` by those before it or not: phase one for policy i, whose reply follows
-  -- REPLY[base]; then the policies after it, each one step deeper; then phase two for policy
-  -- i, once the request is known to be admitted or not (by every policy that decides), so
-  -- what each phase hands the other stays in locals. Phase two runs from the last policy to
-  -- the first: each has its own key. Returns whether the request is admitted, where the reply
-  -- of the checks ends, and whether a key was decided under its own limit (then PS[i] holds
-  -- the parameters of each policy from i on as it was decided).
-  local function step(self, i, n, keys, now, since, admitted, base)
-    local op, key, cost, p = OPS[i], keys[i], COSTS[i], PS[i]
+  -- YS; policy i's operation, key, cost and parameters given), `admitted` by those before it
+  -- or not: phase one for policy i, whose reply follows REPLY[base]; then the policies after
+  -- it, each one step deeper; then phase two for policy i, once the request is known to be
+  -- admitted or not (by every policy that decides), so what each phase hands the other stays
+  -- in locals. Phase two runs from the last policy to the first: each has its own key.
+  -- Returns whether the request is admitted, where the reply of the checks ends, and whether
+  -- a key was decided under its own limit (then PS[i] holds the parameters of each policy
+  -- from i on as it was decided).
+  local function step(self, i, n, keys, now, since, admitted, base, op, key, cost, p)
+    local st, ends, q
+    do -- loaded
+      local p = p
+      local stale
+      do -- read2
+        local into = STATES[i]
+        local raw = call('GET', key)
+        if raw then
+          local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
+          if written ~= p.tag then
+            a = nil
+          end
+          if not a then
+            local state
+            state, stale, ends = split_state(raw)
+            if stale == p.tag then
+              stale = nil
+            end
+            a, b = match(state or '', '^(%d+) (%d+)$')
+          end
+          if a then
+            into[1], into[2] = a + 0, b + 0
+            st = into
+          end
+        end
+      end
+      if stale then
+        st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
+      end
+      q = p
+    end
     local fused = FUSES[op]
-    local ok, st, ends, q, seen1, seen2, seen3
+    local ok, seen1, seen2, seen3, lease_end, wait
     if fused then
       do -- phase_one
-        do -- loaded
-          local p = p
-          local stale
-          do -- read2
-            local into = STATES[i]
-            local raw = call('GET', key)
-            st, ends, stale = nil
-            if raw then
-              local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
-              if written ~= p.tag then
-                a = nil
-              end
-              if not a then
-                local state
-                state, stale, ends = split_state(raw)
-                if stale == p.tag then
-                  stale = nil
-                end
-                a, b = match(state or '', '^(%d+) (%d+)$')
-              end
-              if a then
-                into[1], into[2] = a + 0, b + 0
-                st = into
-              end
-            end
-          end
-          if stale then
-            st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
-          end
-          q = p
-        end
         local v, remaining, reset
         do -- verdict
           local ok, retry
@@ -4884,29 +4873,29 @@ ALG[5] = function()
                 local a = full - after
                 left = (a - a % unit) / unit
               end
-              local reset_41
+              local reset_39
               do -- cdiv
-                reset_41 = (after + (-after) % rate) / rate
+                reset_39 = (after + (-after) % rate) / rate
               end
-              ok, remaining, reset, retry, seen1, seen2, seen3 = 1, left, reset_41, -1 break
+              ok, remaining, reset, retry, seen1, seen2, seen3 = 1, left, reset_39, -1 break
             end
             local left
             do -- fdiv
               left = (room - room % unit) / unit
             end
-            local reset_41
+            local reset_39
             do -- cdiv
-              reset_41 = (now_level + (-now_level) % rate) / rate
+              reset_39 = (now_level + (-now_level) % rate) / rate
             end
             if cost > capacity then
-              ok, remaining, reset, retry, seen1, seen2, seen3 = 0, left, reset_41, -1 break
+              ok, remaining, reset, retry, seen1, seen2, seen3 = 0, left, reset_39, -1 break
             end
-            local retry_41
+            local retry_39
             do -- cdiv
               local a = after - full
-              retry_41 = (a + (-a) % rate) / rate
+              retry_39 = (a + (-a) % rate) / rate
             end
-            ok, remaining, reset, retry, seen1, seen2, seen3 = 0, left, reset_41, retry_41 break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 0, left, reset_39, retry_39 break
           until true
           local behind
           do -- bucket_lag
@@ -4921,21 +4910,21 @@ ALG[5] = function()
           end
           if behind > 0 then
             do -- shift
-              local ok_51, remaining_51, reset_51, retry_51 = ok, remaining, reset, retry
+              local ok_49, remaining_49, reset_49, retry_49 = ok, remaining, reset, retry
               if behind > 0 then
-                remaining_51 = 0
-                reset_51 = reset_51 + behind
-                if retry_51 >= 0 then
-                  retry_51 = retry_51 + behind
+                remaining_49 = 0
+                reset_49 = reset_49 + behind
+                if retry_49 >= 0 then
+                  retry_49 = retry_49 + behind
                 end
-                if ok_51 == 1 and cost > 0 then
-                  ok_51, retry_51 = 0, behind
-                  if reset_51 < behind then
-                    reset_51 = behind
+                if ok_49 == 1 and cost > 0 then
+                  ok_49, retry_49 = 0, behind
+                  if reset_49 < behind then
+                    reset_49 = behind
                   end
                 end
               end
-              ok, remaining, reset, retry = ok_51, remaining_51, reset_51, retry_51
+              ok, remaining, reset, retry = ok_49, remaining_49, reset_49, retry_49
             end
           end
           if ends and ends > now then
@@ -4964,47 +4953,28 @@ ALG[5] = function()
         ok = v == -2
       end
     else
-      do -- loaded
-        local p = p
-        local stale
-        do -- read2
-          local into = STATES[i]
-          local raw = call('GET', key)
-          st, ends, stale = nil
-          if raw then
-            local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
-            if written ~= p.tag then
-              a = nil
-            end
-            if not a then
-              local state
-              state, stale, ends = split_state(raw)
-              if stale == p.tag then
-                stale = nil
-              end
-              a, b = match(state or '', '^(%d+) (%d+)$')
-            end
-            if a then
-              into[1], into[2] = a + 0, b + 0
-              st = into
-            end
-          end
-        end
-        if stale then
-          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
-        end
-        q = p
-      end
-      ok, st, ends, seen1, seen2 = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
+      ok, st, lease_end, wait = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
-    admitted = admitted and (ok or not DECIDES[op])
+    if not ok and DECIDES[op] then
+      admitted = false
+    end
     local total, own = base + WIDTH[op], false
     if i < n then
-      admitted, total, own = ALGS[i + 1]:step(i + 1, n, keys, now, since, admitted, total)
+      local j = i + 1
+      admitted, total, own = ALGS[j]:step(j, n, keys, now, since, admitted, total, OPS[j], keys[j], COSTS[j], PS[j])
     end
-    if fused then
-      repeat -- phase_two
-        if admitted and cost > 0 then
+    repeat -- phase_two
+      local e, total_50 = p.escalate, total
+      if admitted then
+        if wait then
+          reserve(self, key, q, st, ends, now, cost, wait, base, since)
+          total = total_50 break
+        end
+        if lease_end then
+          take_lease(self, key, q, st, ends, now, cost, YS[i], lease_end, base, since)
+          total = total_50 break
+        end
+        if cost > 0 and (fused or charged(op, base)) then
           repeat -- commit
             local after
             repeat -- level
@@ -5050,8 +5020,8 @@ ALG[5] = function()
                 end
                 value = value .. '|' .. block_end
                 do -- until_block_ends
-                  local expires_at_62 = expires_at
-                  local at = expires_at_62
+                  local expires_at_58 = expires_at
+                  local at = expires_at_58
                   if ends and ends > at then
                     at = ends
                   end
@@ -5071,13 +5041,18 @@ ALG[5] = function()
               call('SET', key, value, 'PX', format(INT, ms))
             until true
           until true
-          break
+          if op == 4 then
+            REPLY[base + 4], REPLY[base + 5] = cost, now
+          end
+          total = total_50 break
         end
-        uncharged(self, key, q, st, now, since, cost, base)
-      until true
-    else
-      phase_two_of(self, op, key, q, now, since, cost, YS[i], st, ends, admitted, base, seen1, seen2)
-    end
+      end
+      uncharged(self, key, q, st, now, since, cost, base)
+      if e and fused and not admitted then
+        total = strike(self, key, q, e, ends, now, since, base, i, total_50) break
+      end
+      total = total_50 break
+    until true
     if q ~= p then
       PS[i], own = q, true
     end
@@ -5085,7 +5060,8 @@ ALG[5] = function()
   end
   
   -- A policy enforced alone, the most usual call, from its arguments (`args`, its shape
-  -- `shape` first): its cost and parameters read, the time, then its two phases. Returns the
+  -- `shape` first): its cost and parameters read, the time, then its two phases (as `step`
+  -- runs them; written here again, inlined, because this call is the most usual). Returns the
   -- reply; nil, having done nothing, when the arguments are malformed.
   local function enforced(self, key, args, shape)
     local cost, at = 1, 2
@@ -5129,38 +5105,39 @@ ALG[5] = function()
         since = now
       end
     end
-    local ok, st, ends, q, seen1, seen2, seen3
-    do -- phase_one
-      do -- loaded
-        local p = p
-        local stale
-        do -- read2
-          local into = STATES[1]
-          local raw = call('GET', key)
-          if raw then
-            local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
-            if written ~= p.tag then
-              a = nil
+    local st, ends, q
+    do -- loaded
+      local p = p
+      local stale
+      do -- read2
+        local into = STATES[1]
+        local raw = call('GET', key)
+        if raw then
+          local a, b, written = match(raw, '^(%d+) (%d+)~([^|]*)$')
+          if written ~= p.tag then
+            a = nil
+          end
+          if not a then
+            local state
+            state, stale, ends = split_state(raw)
+            if stale == p.tag then
+              stale = nil
             end
-            if not a then
-              local state
-              state, stale, ends = split_state(raw)
-              if stale == p.tag then
-                stale = nil
-              end
-              a, b = match(state or '', '^(%d+) (%d+)$')
-            end
-            if a then
-              into[1], into[2] = a + 0, b + 0
-              st = into
-            end
+            a, b = match(state or '', '^(%d+) (%d+)$')
+          end
+          if a then
+            into[1], into[2] = a + 0, b + 0
+            st = into
           end
         end
-        if stale then
-          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
-        end
-        q = p
       end
+      if stale then
+        st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
+      end
+      q = p
+    end
+    local ok, seen1, seen2, seen3
+    do -- phase_one
       local v, remaining, reset
       do -- verdict
         local ok, retry
@@ -5196,29 +5173,29 @@ ALG[5] = function()
               local a = full - after
               left = (a - a % unit) / unit
             end
-            local reset_71
+            local reset_67
             do -- cdiv
-              reset_71 = (after + (-after) % rate) / rate
+              reset_67 = (after + (-after) % rate) / rate
             end
-            ok, remaining, reset, retry, seen1, seen2, seen3 = 1, left, reset_71, -1 break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 1, left, reset_67, -1 break
           end
           local left
           do -- fdiv
             left = (room - room % unit) / unit
           end
-          local reset_71
+          local reset_67
           do -- cdiv
-            reset_71 = (now_level + (-now_level) % rate) / rate
+            reset_67 = (now_level + (-now_level) % rate) / rate
           end
           if cost > capacity then
-            ok, remaining, reset, retry, seen1, seen2, seen3 = 0, left, reset_71, -1 break
+            ok, remaining, reset, retry, seen1, seen2, seen3 = 0, left, reset_67, -1 break
           end
-          local retry_71
+          local retry_67
           do -- cdiv
             local a = after - full
-            retry_71 = (a + (-a) % rate) / rate
+            retry_67 = (a + (-a) % rate) / rate
           end
-          ok, remaining, reset, retry, seen1, seen2, seen3 = 0, left, reset_71, retry_71 break
+          ok, remaining, reset, retry, seen1, seen2, seen3 = 0, left, reset_67, retry_67 break
         until true
         local behind
         do -- bucket_lag
@@ -5233,21 +5210,21 @@ ALG[5] = function()
         end
         if behind > 0 then
           do -- shift
-            local ok_81, remaining_81, reset_81, retry_81 = ok, remaining, reset, retry
+            local ok_77, remaining_77, reset_77, retry_77 = ok, remaining, reset, retry
             if behind > 0 then
-              remaining_81 = 0
-              reset_81 = reset_81 + behind
-              if retry_81 >= 0 then
-                retry_81 = retry_81 + behind
+              remaining_77 = 0
+              reset_77 = reset_77 + behind
+              if retry_77 >= 0 then
+                retry_77 = retry_77 + behind
               end
-              if ok_81 == 1 and cost > 0 then
-                ok_81, retry_81 = 0, behind
-                if reset_81 < behind then
-                  reset_81 = behind
+              if ok_77 == 1 and cost > 0 then
+                ok_77, retry_77 = 0, behind
+                if reset_77 < behind then
+                  reset_77 = behind
                 end
               end
             end
-            ok, remaining, reset, retry = ok_81, remaining_81, reset_81, retry_81
+            ok, remaining, reset, retry = ok_77, remaining_77, reset_77, retry_77
           end
         end
         if ends and ends > now then
@@ -5276,85 +5253,100 @@ ALG[5] = function()
       ok = v == -2
     end
     REPLY[3 + 1] = nil
+    local total
     repeat -- phase_two
-      if ok and cost > 0 then
-        repeat -- commit
-          local after
-          repeat -- level
-            if not st then
-              after = 0 break
-            end
-            local elapsed = now - st[2]
-            if elapsed < 0 then
-              elapsed = 0
-            end
+      local fused, lease_end, wait, e = true, nil, nil, p.escalate
+      if ok then
+        if wait then
+          reserve(self, key, q, st, ends, now, cost, wait, 0, since)
+          total = 3 break
+        end
+        if lease_end then
+          take_lease(self, key, q, st, ends, now, cost, YS[1], lease_end, 0, since)
+          total = 3 break
+        end
+        if cost > 0 and (fused or charged(1, 0)) then
+          repeat -- commit
+            local after
+            repeat -- level
+              if not st then
+                after = 0 break
+              end
+              local elapsed = now - st[2]
+              if elapsed < 0 then
+                elapsed = 0
+              end
+              local to_empty
+              do -- cdiv
+                local a, b = st[1], q[3]
+                to_empty = (a + (-a) % b) / b
+              end
+              if elapsed >= to_empty then
+                after = 0 break
+              end
+              after = st[1] - elapsed * q[3] break
+            until true
+            after = after + cost * q[2]
+            local last
+            repeat -- last_after
+              if st and st[2] > now then
+                last = st[2] break
+              end
+              last = now break
+            until true
             local to_empty
             do -- cdiv
-              local a, b = st[1], q[3]
-              to_empty = (a + (-a) % b) / b
+              local b = q[3]
+              to_empty = (after + (-after) % b) / b
             end
-            if elapsed >= to_empty then
-              after = 0 break
-            end
-            after = st[1] - elapsed * q[3] break
-          until true
-          after = after + cost * q[2]
-          local last
-          repeat -- last_after
-            if st and st[2] > now then
-              last = st[2] break
-            end
-            last = now break
-          until true
-          local to_empty
-          do -- cdiv
-            local b = q[3]
-            to_empty = (after + (-after) % b) / b
-          end
-          repeat -- store
-            local value, expires_at = format(q.f2, after, last), last + to_empty
-            if q.limit_end and q.limit_end > expires_at then
-              expires_at = q.limit_end
-            end
-            if ends then
-              local block_end
-              do -- int
-                block_end = format(INT, ends)
+            repeat -- store
+              local value, expires_at = format(q.f2, after, last), last + to_empty
+              if q.limit_end and q.limit_end > expires_at then
+                expires_at = q.limit_end
               end
-              value = value .. '|' .. block_end
-              do -- until_block_ends
-                local expires_at_90 = expires_at
-                local at = expires_at_90
-                if ends and ends > at then
-                  at = ends
+              if ends then
+                local block_end
+                do -- int
+                  block_end = format(INT, ends)
                 end
-                expires_at = at
+                value = value .. '|' .. block_end
+                do -- until_block_ends
+                  local expires_at_86 = expires_at
+                  local at = expires_at_86
+                  if ends and ends > at then
+                    at = ends
+                  end
+                  expires_at = at
+                end
               end
-            end
-            local ms
-            do -- ttl_ms
-              do -- cdiv
-                local a = expires_at - since
-                ms = (a + (-a) % 1000) / 1000
+              local ms
+              do -- ttl_ms
+                do -- cdiv
+                  local a = expires_at - since
+                  ms = (a + (-a) % 1000) / 1000
+                end
+                if ms < 1 then
+                  ms = 1
+                end
               end
-              if ms < 1 then
-                ms = 1
-              end
-            end
-            call('SET', key, value, 'PX', format(INT, ms))
+              call('SET', key, value, 'PX', format(INT, ms))
+            until true
           until true
-        until true
-        break
+          if 1 == 4 then
+            REPLY[0 + 4], REPLY[0 + 5] = cost, now
+          end
+          total = 3 break
+        end
       end
       uncharged(self, key, q, st, now, since, cost, 0)
+      if e and fused and not ok then
+        total = strike(self, key, q, e, ends, now, since, 0, 1, 3) break
+      end
+      total = 3 break
     until true
-    local total = 3
     if q ~= p then
       PS[1] = q
-      total = own_limits(1, 3)
-    end
-    if p.escalate then
-      strike(self, key, q, p.escalate, now, since, 0, 1, total)
+      own_limits(1, total)
     end
     return REPLY
   end
@@ -5459,11 +5451,14 @@ ALG[6] = function()
   end
 
   -- The two phases of a decision for one policy, written once: `decide` (decide.lua) runs
-  -- phase one for each policy of a call, then phase two for each. The generator (luagen/)
-  -- writes them into each algorithm's twin, with the twin's own `load`, `evaluate`, `commit`
-  -- and `lag` written in place of their calls, so that a decision makes almost no Lua call of
-  -- its own beyond Redis's commands. An operation these phases do not decide (`FUSES`: all
-  -- but ENFORCE) takes its own arms in grant.lua once its state is read.
+  -- phase one for each policy of a call, then phase two for each (`step`), and a policy
+  -- enforced alone (`enforced`). The generator (luagen/) writes them into each algorithm's
+  -- twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place of
+  -- their calls, so that a decision makes almost no Lua call of its own beyond Redis's
+  -- commands. An operation
+  -- these phases do not judge themselves (`FUSES`: all but ENFORCE) is judged by its arms in
+  -- grant.lua once its state is read; every operation is charged, or reported as it stays,
+  -- here.
   
   -- The verdict of a policy as the reply gives it (ADMITTED, the retry-after, or NEVER),
   -- remaining and reset; a blocked key is denied until the block ends, whatever its state
@@ -5528,52 +5523,53 @@ ALG[6] = function()
   
   
   -- The policies of a decision from position i to n (read into ALGS, OPS, PS, COSTS, XS and
-  -- YS), `admitted` by those before it or not: phase one for policy i, whose reply follows
-  -- REPLY[base]; then the policies after it, each one step deeper; then phase two for policy
-  -- i, once the request is known to be admitted or not (by every policy that decides), so
-  -- what each phase hands the other stays in locals. Phase two runs from the last policy to
-  -- the first: each has its own key. Returns whether the request is admitted, where the reply
-  -- of the checks ends, and whether a key was decided under its own limit (then PS[i] holds
-  -- the parameters of each policy from i on as it was decided).
-  local function step(self, i, n, keys, now, since, admitted, base)
-    local op, key, cost, p = OPS[i], keys[i], COSTS[i], PS[i]
+  -- YS; policy i's operation, key, cost and parameters given), `admitted` by those before it
+  -- or not: phase one for policy i, whose reply follows REPLY[base]; then the policies after
+  -- it, each one step deeper; then phase two for policy i, once the request is known to be
+  -- admitted or not (by every policy that decides), so what each phase hands the other stays
+  -- in locals. Phase two runs from the last policy to the first: each has its own key.
+  -- Returns whether the request is admitted, where the reply of the checks ends, and whether
+  -- a key was decided under its own limit (then PS[i] holds the parameters of each policy
+  -- from i on as it was decided).
+  local function step(self, i, n, keys, now, since, admitted, base, op, key, cost, p)
+    local st, ends, q
+    do -- loaded
+      local p = p
+      local stale
+      repeat -- read1
+        local raw = call('GET', key)
+        if not raw then
+          st, ends, stale = nil break
+        end
+        local bare
+        repeat -- untagged
+          local tag = p.tag
+          if find(raw, tag, #raw - #tag + 1, true) then
+            bare = sub(raw, 1, #raw - #tag) break
+          end
+          bare = nil break
+        until true
+        if bare then
+          local n = tonumber(bare)
+          if n then
+            st, ends, stale = n break
+          end
+        end
+        local state, tag, ends_17 = split_state(raw)
+        if tag == p.tag then
+          tag = nil
+        end
+        st, ends, stale = tonumber(state), ends_17, tag break
+      until true
+      if stale then
+        st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
+      end
+      q = p
+    end
     local fused = FUSES[op]
-    local ok, st, ends, q, seen1, seen2, seen3
+    local ok, seen1, seen2, seen3, lease_end, wait
     if fused then
       do -- phase_one
-        do -- loaded
-          local p = p
-          local stale
-          repeat -- read1
-            local raw = call('GET', key)
-            if not raw then
-              st, ends, stale = nil break
-            end
-            local bare
-            repeat -- untagged
-              local tag = p.tag
-              if find(raw, tag, #raw - #tag + 1, true) then
-                bare = sub(raw, 1, #raw - #tag) break
-              end
-              bare = nil break
-            until true
-            if bare then
-              local n = tonumber(bare)
-              if n then
-                st, ends, stale = n break
-              end
-            end
-            local state, tag, ends_21 = split_state(raw)
-            if tag == p.tag then
-              tag = nil
-            end
-            st, ends, stale = tonumber(state), ends_21, tag break
-          until true
-          if stale then
-            st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
-          end
-          q = p
-        end
         local v, remaining, reset
         do -- verdict
           local ok, retry
@@ -5633,49 +5629,28 @@ ALG[6] = function()
         ok = v == -2
       end
     else
-      do -- loaded
-        local p = p
-        local stale
-        repeat -- read1
-          local raw = call('GET', key)
-          if not raw then
-            st, ends, stale = nil break
-          end
-          local bare
-          repeat -- untagged
-            local tag = p.tag
-            if find(raw, tag, #raw - #tag + 1, true) then
-              bare = sub(raw, 1, #raw - #tag) break
-            end
-            bare = nil break
-          until true
-          if bare then
-            local n = tonumber(bare)
-            if n then
-              st, ends, stale = n break
-            end
-          end
-          local state, tag, ends_28 = split_state(raw)
-          if tag == p.tag then
-            tag = nil
-          end
-          st, ends, stale = tonumber(state), ends_28, tag break
-        until true
-        if stale then
-          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
-        end
-        q = p
-      end
-      ok, st, ends, seen1, seen2 = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
+      ok, st, lease_end, wait = phase_one_of(self, i, op, key, q, now, cost, XS[i], base, st, ends)
     end
-    admitted = admitted and (ok or not DECIDES[op])
+    if not ok and DECIDES[op] then
+      admitted = false
+    end
     local total, own = base + WIDTH[op], false
     if i < n then
-      admitted, total, own = ALGS[i + 1]:step(i + 1, n, keys, now, since, admitted, total)
+      local j = i + 1
+      admitted, total, own = ALGS[j]:step(j, n, keys, now, since, admitted, total, OPS[j], keys[j], COSTS[j], PS[j])
     end
-    if fused then
-      repeat -- phase_two
-        if admitted and cost > 0 then
+    repeat -- phase_two
+      local e, total_24 = p.escalate, total
+      if admitted then
+        if wait then
+          reserve(self, key, q, st, ends, now, cost, wait, base, since)
+          total = total_24 break
+        end
+        if lease_end then
+          take_lease(self, key, q, st, ends, now, cost, YS[i], lease_end, base, since)
+          total = total_24 break
+        end
+        if cost > 0 and (fused or charged(op, base)) then
           repeat -- commit
             local tat = now
             if st and st > now then
@@ -5694,8 +5669,8 @@ ALG[6] = function()
                 end
                 value = value .. '|' .. block_end
                 do -- until_block_ends
-                  local expires_at_34 = expires_at
-                  local at = expires_at_34
+                  local expires_at_28 = expires_at
+                  local at = expires_at_28
                   if ends and ends > at then
                     at = ends
                   end
@@ -5715,13 +5690,18 @@ ALG[6] = function()
               call('SET', key, value, 'PX', format(INT, ms))
             until true
           until true
-          break
+          if op == 4 then
+            REPLY[base + 4], REPLY[base + 5] = cost, now
+          end
+          total = total_24 break
         end
-        uncharged(self, key, q, st, now, since, cost, base)
-      until true
-    else
-      phase_two_of(self, op, key, q, now, since, cost, YS[i], st, ends, admitted, base, seen1, seen2)
-    end
+      end
+      uncharged(self, key, q, st, now, since, cost, base)
+      if e and fused and not admitted then
+        total = strike(self, key, q, e, ends, now, since, base, i, total_24) break
+      end
+      total = total_24 break
+    until true
     if q ~= p then
       PS[i], own = q, true
     end
@@ -5729,7 +5709,8 @@ ALG[6] = function()
   end
   
   -- A policy enforced alone, the most usual call, from its arguments (`args`, its shape
-  -- `shape` first): its cost and parameters read, the time, then its two phases. Returns the
+  -- `shape` first): its cost and parameters read, the time, then its two phases (as `step`
+  -- runs them; written here again, inlined, because this call is the most usual). Returns the
   -- reply; nil, having done nothing, when the arguments are malformed.
   local function enforced(self, key, args, shape)
     local cost, at = 1, 2
@@ -5773,41 +5754,42 @@ ALG[6] = function()
         since = now
       end
     end
-    local ok, st, ends, q, seen1, seen2, seen3
-    do -- phase_one
-      do -- loaded
-        local p = p
-        local stale
-        repeat -- read1
-          local raw = call('GET', key)
-          if not raw then
-            st, ends, stale = nil break
-          end
-          local bare
-          repeat -- untagged
-            local tag = p.tag
-            if find(raw, tag, #raw - #tag + 1, true) then
-              bare = sub(raw, 1, #raw - #tag) break
-            end
-            bare = nil break
-          until true
-          if bare then
-            local n = tonumber(bare)
-            if n then
-              st, ends, stale = n break
-            end
-          end
-          local state, tag, ends_41 = split_state(raw)
-          if tag == p.tag then
-            tag = nil
-          end
-          st, ends, stale = tonumber(state), ends_41, tag break
-        until true
-        if stale then
-          st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
+    local st, ends, q
+    do -- loaded
+      local p = p
+      local stale
+      repeat -- read1
+        local raw = call('GET', key)
+        if not raw then
+          st, ends, stale = nil break
         end
-        q = p
+        local bare
+        repeat -- untagged
+          local tag = p.tag
+          if find(raw, tag, #raw - #tag + 1, true) then
+            bare = sub(raw, 1, #raw - #tag) break
+          end
+          bare = nil break
+        until true
+        if bare then
+          local n = tonumber(bare)
+          if n then
+            st, ends, stale = n break
+          end
+        end
+        local state, tag, ends_34 = split_state(raw)
+        if tag == p.tag then
+          tag = nil
+        end
+        st, ends, stale = tonumber(state), ends_34, tag break
+      until true
+      if stale then
+        st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
       end
+      q = p
+    end
+    local ok, seen1, seen2, seen3
+    do -- phase_one
       local v, remaining, reset
       do -- verdict
         local ok, retry
@@ -5867,58 +5849,73 @@ ALG[6] = function()
       ok = v == -2
     end
     REPLY[3 + 1] = nil
+    local total
     repeat -- phase_two
-      if ok and cost > 0 then
-        repeat -- commit
-          local tat = now
-          if st and st > now then
-            tat = st
-          end
-          tat = tat + cost * q[1]
-          repeat -- store
-            local value, expires_at = format(q.f1, tat), tat
-            if q.limit_end and q.limit_end > expires_at then
-              expires_at = q.limit_end
+      local fused, lease_end, wait, e = true, nil, nil, p.escalate
+      if ok then
+        if wait then
+          reserve(self, key, q, st, ends, now, cost, wait, 0, since)
+          total = 3 break
+        end
+        if lease_end then
+          take_lease(self, key, q, st, ends, now, cost, YS[1], lease_end, 0, since)
+          total = 3 break
+        end
+        if cost > 0 and (fused or charged(1, 0)) then
+          repeat -- commit
+            local tat = now
+            if st and st > now then
+              tat = st
             end
-            if ends then
-              local block_end
-              do -- int
-                block_end = format(INT, ends)
+            tat = tat + cost * q[1]
+            repeat -- store
+              local value, expires_at = format(q.f1, tat), tat
+              if q.limit_end and q.limit_end > expires_at then
+                expires_at = q.limit_end
               end
-              value = value .. '|' .. block_end
-              do -- until_block_ends
-                local expires_at_51 = expires_at
-                local at = expires_at_51
-                if ends and ends > at then
-                  at = ends
+              if ends then
+                local block_end
+                do -- int
+                  block_end = format(INT, ends)
                 end
-                expires_at = at
+                value = value .. '|' .. block_end
+                do -- until_block_ends
+                  local expires_at_45 = expires_at
+                  local at = expires_at_45
+                  if ends and ends > at then
+                    at = ends
+                  end
+                  expires_at = at
+                end
               end
-            end
-            local ms
-            do -- ttl_ms
-              do -- cdiv
-                local a = expires_at - since
-                ms = (a + (-a) % 1000) / 1000
+              local ms
+              do -- ttl_ms
+                do -- cdiv
+                  local a = expires_at - since
+                  ms = (a + (-a) % 1000) / 1000
+                end
+                if ms < 1 then
+                  ms = 1
+                end
               end
-              if ms < 1 then
-                ms = 1
-              end
-            end
-            call('SET', key, value, 'PX', format(INT, ms))
+              call('SET', key, value, 'PX', format(INT, ms))
+            until true
           until true
-        until true
-        break
+          if 1 == 4 then
+            REPLY[0 + 4], REPLY[0 + 5] = cost, now
+          end
+          total = 3 break
+        end
       end
       uncharged(self, key, q, st, now, since, cost, 0)
+      if e and fused and not ok then
+        total = strike(self, key, q, e, ends, now, since, 0, 1, 3) break
+      end
+      total = 3 break
     until true
-    local total = 3
     if q ~= p then
       PS[1] = q
-      total = own_limits(1, 3)
-    end
-    if p.escalate then
-      strike(self, key, q, p.escalate, now, since, 0, 1, total)
+      own_limits(1, total)
     end
     return REPLY
   end
@@ -6100,11 +6097,11 @@ local function enforced_by(shape)
 end
 
 
--- Every policy of the call read into the tables (ALGS, OPS, PS, COSTS, ESC, XS, YS), all
--- before anything is done: the place of the first malformed one, or nil, whether the first
--- policy's clock is injected, whether one acts and whether one escalates.
+-- Every policy of the call read into the tables (ALGS, OPS, PS, COSTS, XS, YS), all before
+-- anything is done: the place of the first malformed one, or nil, whether the first
+-- policy's clock is injected and whether one acts.
 local function read_all(args, n)
-  local at, injected, acts, escalates = 1, false, false, false
+  local at, injected, acts = 1, false, false
   for i = 1, n do
     local alg, op, p, cost, x, y, next_at, clock_flag
     repeat -- read_policy
@@ -6162,10 +6159,7 @@ local function read_all(args, n)
     if not alg then
       return at
     end
-    ALGS[i], OPS[i], PS[i], COSTS[i], ESC[i], at = alg, op, p, cost, p.escalate, next_at
-    if p.escalate then
-      escalates = true
-    end
+    ALGS[i], OPS[i], PS[i], COSTS[i], at = alg, op, p, cost, next_at
     if x then
       -- Read only by the operations that have them.
       XS[i], YS[i] = x, y
@@ -6177,7 +6171,7 @@ local function read_all(args, n)
       acts = true
     end
   end
-  return nil, injected, acts, escalates
+  return nil, injected, acts
 end
 
 local function malformed(args, at)
@@ -6207,7 +6201,7 @@ local function decide(keys, args)
       end
     end
   end
-  local bad, injected, acts, escalates = read_all(args, n)
+  local bad, injected, acts = read_all(args, n)
   if bad then
     return malformed(args, bad)
   end
@@ -6230,14 +6224,11 @@ local function decide(keys, args)
       end
     end
   end
-  local _, total, own = ALGS[1]:step(1, n, keys, now, since, true, 0)
+  local _, total, own = ALGS[1]:step(1, n, keys, now, since, true, 0, OPS[1], keys[1], COSTS[1], PS[1])
   if own then
-    total = own_limits(n, total)
+    own_limits(n, total)
   else
     REPLY[total + 1] = nil
-  end
-  if escalates then
-    total = strikes(n, keys, now, since, total)
   end
   return REPLY
 end

@@ -95,6 +95,9 @@ pub(super) struct Claimed<'a, C, const N: usize> {
     next: [Packed; N],
     /// Each check's outcome, pushed as it is judged.
     pub(super) outcomes: Outcomes,
+    /// Denied by a policy that blocks on violation: the strike needs the exclusive locks,
+    /// which decide again (every word was given back as it was).
+    pub(super) to_strike: bool,
 }
 
 impl<'a, C: Fn() -> u64, const N: usize> Claimed<'a, C, N> {
@@ -114,6 +117,7 @@ impl<'a, C: Fn() -> u64, const N: usize> Claimed<'a, C, N> {
             was: [Packed::default(); N],
             next: [Packed::default(); N],
             outcomes: Outcomes::new(),
+            to_strike: false,
         }
     }
 
@@ -205,6 +209,12 @@ impl<C: Fn() -> u64, const N: usize> Rows for Claimed<'_, C, N> {
         tier.algorithm().judge_packed(self.was[i], now, 0).0
     }
 
+    /// A packed word holds no strikes: the strike is left to the exclusive locks.
+    #[cold]
+    fn strike(&mut self, i: usize, _: u64) {
+        self.to_strike |= self.checks[i].0.escalation().is_some();
+    }
+
     #[inline(always)]
     fn close(&mut self) -> bool {
         true
@@ -217,7 +227,8 @@ impl Shard {
     /// the shared lock with their words claimed (see the module's comment): the decision.
     /// `None`, having claimed nothing, when a state is not packed (a new key, another
     /// algorithm, a block, a key's own limit), was written under another definition, or two
-    /// checks are of one row: the exclusive locks serve those.
+    /// checks are of one row; or, every word given back as it was, when a denial strikes: the
+    /// exclusive locks serve those.
     ///
     /// [`Key::hash_in`]: crate::key::Key::hash_in
     pub(crate) fn together_shared(
@@ -248,6 +259,6 @@ impl Shard {
             return None;
         }
         let admitted = rule::decide(&mut rows);
-        Some(Decision::enforced(rows.outcomes, admitted))
+        (!rows.to_strike).then(|| Decision::enforced(rows.outcomes, admitted))
     }
 }

@@ -16,7 +16,8 @@ impl Shard {
     /// written under its policy's definition: by compare-and-swap of its word, or with the
     /// word claimed when a count sits beside it ([`Word`]). The time is read from
     /// `clock` once the state is loaded. `None` when the key needs the exclusive lock: a new
-    /// key, a state that is not packed, a state written under another definition.
+    /// key, a state that is not packed, a state written under another definition, a denial
+    /// that strikes (nothing written: the exclusive lock decides again).
     #[inline]
     pub(crate) fn alone_shared(
         &self,
@@ -31,15 +32,16 @@ impl Shard {
         if row.def != check.tier().def() {
             return None;
         }
-        let algorithm = check.tier().algorithm();
+        let (algorithm, cost) = (check.tier().algorithm(), check.cost());
+        let escalates = check.tier().escalation().is_some();
         if algorithm.packs_count() {
-            let mut rows = Word::<_, true>::new((word, count), algorithm, check.cost(), clock);
+            let mut rows = Word::<_, true>::new((word, count), algorithm, cost, escalates, clock);
             rule::decide(&mut rows);
-            return Some(rows.verdict);
+            return (!rows.to_strike).then_some(rows.verdict);
         }
-        let mut rows = Word::<_, false>::new((word, count), algorithm, check.cost(), clock);
+        let mut rows = Word::<_, false>::new((word, count), algorithm, cost, escalates, clock);
         rule::decide(&mut rows);
-        Some(rows.verdict)
+        (!rows.to_strike).then_some(rows.verdict)
     }
 
     /// Phase one for `check` under the exclusive lock: finds its row once (phase two goes

@@ -28,6 +28,11 @@ pub(super) struct Word<'a, C, const COUNTED: bool> {
     /// The state the decision leaves.
     next: Packed,
     pub(super) verdict: Verdict,
+    /// The policy blocks on violation.
+    escalates: bool,
+    /// Denied by a policy that blocks on violation: the strike needs the exclusive lock,
+    /// which decides again (nothing was written).
+    pub(super) to_strike: bool,
 }
 
 impl<'a, C: Fn() -> u64, const COUNTED: bool> Word<'a, C, COUNTED> {
@@ -36,6 +41,7 @@ impl<'a, C: Fn() -> u64, const COUNTED: bool> Word<'a, C, COUNTED> {
         (word, count): (&'a AtomicU64, &'a AtomicU32),
         algorithm: &'a Compiled,
         cost: u64,
+        escalates: bool,
         clock: C,
     ) -> Self {
         Word {
@@ -48,6 +54,8 @@ impl<'a, C: Fn() -> u64, const COUNTED: bool> Word<'a, C, COUNTED> {
             current_count: 0,
             next: Packed::default(),
             verdict: Verdict::default(),
+            escalates,
+            to_strike: false,
         }
     }
 }
@@ -121,6 +129,12 @@ impl<C: Fn() -> u64, const COUNTED: bool> Rows for Word<'_, C, COUNTED> {
 
     fn look(&self, _: usize, now: u64) -> Verdict {
         self.algorithm.judge_packed(self.was(), now, 0).0
+    }
+
+    /// A packed word holds no strikes: the strike is left to the exclusive lock.
+    #[cold]
+    fn strike(&mut self, _: usize, _: u64) {
+        self.to_strike = self.escalates;
     }
 
     #[inline(always)]

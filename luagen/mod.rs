@@ -9,7 +9,7 @@
 //! `inline_calls` for the decision itself, `decide.lua`).
 //!
 //! The two phases of a decision for one policy are written once, in `phases.lua`, and written
-//! into each algorithm's twin (`fuse`: `step`, which runs them over a call's policies, and
+//! into each algorithm's twin (`fuse`: `phases`, which runs them over a call's policies, and
 //! `enforced`, a policy enforced alone), with the twin's own `load`, `evaluate`, `commit`
 //! and `lag` written into them, so that the decision makes almost no Lua call beyond Redis's
 //! commands (a Lua call costs Redis about 500 instructions, an instruction of its interpreter

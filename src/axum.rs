@@ -10,7 +10,7 @@
 //! use tower_ratelimit::{Decision, Policy, RateLimitLayer, key::GlobalKey};
 //!
 //! async fn handler(decision: Decision) -> String {
-//!     format!("{} requests left", decision.binding().remaining())
+//!     format!("{} requests left", decision.tightest().remaining())
 //! }
 //!
 //! # fn main() -> Result<(), tower_ratelimit::ConfigError> {

@@ -91,8 +91,8 @@ impl BodyGuard {
         }
     }
 
-    /// The request went on with its reserved time: what it would give back is spent.
-    pub(crate) fn keep(mut self) {
+    /// The request went on with its booked time: what it would give back is spent.
+    pub(crate) fn spend(mut self) {
         self.holds.retain(|hold| !matches!(hold, Hold::Release(_)));
     }
 

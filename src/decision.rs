@@ -22,13 +22,13 @@ pub struct PolicyOutcome {
     /// [`NO_RETRY`] for none (an `Option` would make the outcome 8 bytes longer, and a
     /// decision keeps two inline).
     retry_after_us: u64,
-    /// What was granted with this outcome (a lease, a reserved time, concurrency slots), if
+    /// What was granted with this outcome (a lease, a booked time, concurrency slots), if
     /// the check asked for it and got units.
     grant: Option<Box<Grant>>,
 }
 
 /// What a store granted with a decision, for the operations that grant (`Op::grants`): a
-/// lease's units (the request's cost among them) and its end; the units of a reserved time
+/// lease's units (the request's cost among them) and its end; the units of a booked time
 /// and that time; or the slots of a concurrency limit and when they were charged. `end` is on
 /// the store's clock, `lasts_us` the microseconds from the decision until then.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,7 +136,7 @@ impl PolicyOutcome {
         }
     }
 
-    /// How long the request waits for the time this policy reserved for it
+    /// How long the request waits for the time this policy booked for it
     /// ([`Policy::wait_up_to`](crate::Policy::wait_up_to)): zero when it was admitted at once,
     /// or denied.
     pub fn wait(&self) -> Duration {
@@ -146,8 +146,8 @@ impl PolicyOutcome {
         }
     }
 
-    /// The time this policy reserved for the request, on the store's clock, with its units.
-    pub(crate) fn reservation(&self) -> Option<&Grant> {
+    /// The time this policy booked for the request, on the store's clock, with its units.
+    pub(crate) fn booking(&self) -> Option<&Grant> {
         self.grant.as_deref().filter(|_| self.policy.wait_us() > 0)
     }
 
@@ -290,10 +290,10 @@ impl Decision {
         self.outcomes.iter().filter(|o| !o.allowed && o.shadow)
     }
 
-    /// The outcome that governs the legacy response headers: for a denied request, the violated
-    /// policy with the longest wait; for an admitted one, the enforced policy with the fewest
-    /// units left (any policy, if all are shadows).
-    pub fn binding(&self) -> &PolicyOutcome {
+    /// The tightest policy's outcome, which the legacy response headers describe: for a denied
+    /// request, the violated policy with the longest wait; for an admitted one, the enforced
+    /// policy with the fewest units left (any policy, if all are shadows).
+    pub fn tightest(&self) -> &PolicyOutcome {
         let first = self
             .outcomes
             .iter()

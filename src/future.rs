@@ -3,7 +3,7 @@
 //!
 //! The future is one enum of four states. The common one is the inner service's future and
 //! what goes on its response (a few words); a request waiting (for its decision, then maybe
-//! for a reserved time) and the charges after the response are boxed; the limiter's own
+//! for a booked time) and the charges after the response are boxed; the limiter's own
 //! response (a `429`) is held inline. So the future is the size of the larger of the inner
 //! future plus a few words and that response (`http::Response<Bytes>`), and building it in
 //! `call` writes the inner future where it stays.
@@ -117,9 +117,9 @@ where
         }
     }
 
-    /// A request at the step the engine began it with: waiting (for its decision, or its
-    /// reserved time), answered with the limiter's response, or the inner service called.
-    pub(crate) fn stepped(
+    /// A request as the engine began it (its `Next`): waiting (for its decision, or its
+    /// booked time), answered with the limiter's response, or the inner service called.
+    pub(crate) fn next(
         limiter: &Arc<Limiter<St>>,
         next: Next<<St as Sealed>::Future>,
         request: Request<ReqB>,
@@ -188,9 +188,9 @@ fn charging<L>(limiter: &Arc<L>, charges: Vec<AfterResponse>) -> Option<Box<Char
     })
 }
 
-/// Polls a waiting request: for its decision, then for its reserved time, if any; then the
+/// Polls a waiting request: for its decision, then for its booked time, if any; then the
 /// state it goes to (the inner service called, or the limiter's response; a waiting
-/// request's reserved units are then spent, not given back).
+/// request's booked units are then spent, not given back).
 #[allow(clippy::type_complexity)]
 fn poll_waiting<S, ReqB, St, R>(
     waiting: &mut Option<Box<Waiting<S, ReqB, <St as Sealed>::Future, Limiter<St>>>>,
@@ -210,7 +210,7 @@ where
 }
 
 /// The limiter's own response (in the form its style gives the request), or the inner
-/// service called: [`Next::Call`]'s, or a waiting request's whose reserved time came (its
+/// service called: [`Next::Call`]'s, or a waiting request's whose booked time came (its
 /// units are then spent, not given back).
 fn respond_or_call<S, ReqB, C, R, St: Store>(
     limiter: &Arc<Limiter<St>>,
@@ -240,7 +240,7 @@ where
         }
         Next::Wait { release, then, .. } => {
             if let Some(release) = release {
-                release.keep();
+                release.spend();
             }
             let Next::Call {
                 headers,

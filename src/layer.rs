@@ -253,7 +253,7 @@ impl<St: Store, M> RateLimitLayer<St, M> {
     /// let report = layer.reload([Policy::fixed_window("20/min").name("api")])?;
     /// assert_eq!(report.to_string(), r#"changed "api": fixed_window 10/min -> fixed_window 20/min; 0 unchanged"#);
     /// // The 5 used still count: 15 of the new 20 remain.
-    /// assert_eq!(layer.peek(&client).await?.binding().remaining(), 15);
+    /// assert_eq!(layer.peek(&client).await?.tightest().remaining(), 15);
     /// # Ok(()) }
     /// ```
     pub fn reload(

@@ -163,7 +163,7 @@
 //!
 //! With [`Policy::wait_up_to`], a request the policy would reject now but admits within the
 //! wait is admitted for that later time instead: the store charges it there, in the same
-//! atomic step that decides it, and the layer holds the request until its reserved time comes
+//! atomic step that decides it, and the layer holds the request until its booked time comes
 //! before calling the inner service. Instances sharing a store queue on one schedule; a request
 //! whose turn is further away than the wait gets its `429` at once; a waiting request that is
 //! dropped gives its units back. The handler reads the wait from [`Decision::wait`].
@@ -233,7 +233,7 @@
 //! }
 //! let report = layer.reload([Policy::gcra("20/min").name("api")])?;
 //! println!("{report}"); // changed "api": gcra 10/min -> gcra 20/min; 0 unchanged
-//! assert_eq!(layer.peek(&client).await?.binding().remaining(), 15);
+//! assert_eq!(layer.peek(&client).await?.tightest().remaining(), 15);
 //! # Ok(()) }
 //! ```
 //!

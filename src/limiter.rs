@@ -41,7 +41,7 @@ use crate::lease::{self, Asking, LeaseWait, Leases};
 use crate::lists::LayerLists;
 use crate::policy::{CompiledPolicy, CostFn, Policy, RequestFn, StatusFn};
 use crate::reload::TierSummary;
-use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Held, Permit};
+use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Gate, Remembered};
 use crate::response::Responses;
 use crate::settle::Settle;
 use crate::store::{Check, Checks, MemoryStore, Store};
@@ -120,7 +120,7 @@ pub(crate) struct Limiter<St> {
     breaker: Option<Breaker>,
     deny_cache: Option<DenyCache>,
     /// What this instance saw denied, answered while the store fails (a store that may fail).
-    held: Option<Held>,
+    remembered: Option<Remembered>,
     decision_extension: bool,
     /// The local store of [`FailurePolicy::Local`].
     fallback: Option<MemoryStore>,
@@ -168,8 +168,8 @@ pub(crate) enum Next<F> {
     },
     /// Answer with the limiter's own response.
     Respond(Response<Bytes>),
-    /// Wait until the times reserved for the request come (`wait` from now), then go on
-    /// (`then`: a [`Next::Call`]); `release` gives the reserved units back if it never does.
+    /// Wait until the times booked for the request come (`wait` from now), then go on
+    /// (`then`: a [`Next::Call`]); `release` gives the booked units back if it never does.
     Wait {
         wait: std::time::Duration,
         release: Option<BodyGuard>,
@@ -188,7 +188,7 @@ pub(crate) enum Next<F> {
 
 impl<F> Next<F> {
     /// Whether the step waits for something (the store's answer, another's lease, or a
-    /// reserved time).
+    /// booked time).
     pub(crate) fn waits(&self) -> bool {
         matches!(
             self,
@@ -209,11 +209,11 @@ impl<F> Next<F> {
 }
 
 /// What answering a request's checks needs, from when they are planned until the store's
-/// answer comes: the breaker's permit (taken when they are sent), the local fallback's checks,
+/// answer comes: the breaker's gate (taken when they are sent), the local fallback's checks,
 /// the request's keys (for the deny cache and the IETF `pk`), when the store was asked, and
 /// the charges that wait for the response.
 pub(crate) struct Ticket {
-    permit: Permit,
+    gate: Gate,
     /// The checks asking for a lease (boxed: most decisions ask for none, and the ticket is
     /// moved along with every one).
     asking: Option<Box<Asking>>,
@@ -223,7 +223,7 @@ pub(crate) struct Ticket {
     /// When the store was asked, for `ratelimit_store_duration_seconds` (not timed for a
     /// store that decides synchronously).
     started: Option<Instant>,
-    /// Whether the decision may take slots (of a concurrency limit, or reserved) that must
+    /// Whether the decision may take slots (of a concurrency limit, or booked) that must
     /// be given back should the request go away before the decision comes.
     gives_back_later: bool,
     after: Vec<AfterResponse>,
@@ -245,7 +245,7 @@ impl Ticket {
         steps: Steps,
     ) -> Self {
         Ticket {
-            permit: Permit::Call,
+            gate: Gate::Call,
             asking: None,
             fallback,
             keys: None,
@@ -354,7 +354,7 @@ impl<St: Store> Limiter<St> {
             clock: config.clock,
             breaker: config.breaker.map(Breaker::new),
             deny_cache: config.deny_cache.map(DenyCache::new),
-            held: (!St::DECIDES_ALONE).then(Held::new),
+            remembered: (!St::DECIDES_ALONE).then(Remembered::new),
             decision_extension: config.decision_extension,
             fallback,
             leases,
@@ -490,7 +490,7 @@ impl<St: Store> Limiter<St> {
         self.ask_store(checks, ticket)
     }
 
-    /// The rest of step 2 for a planned request: the leases held here, then the breaker and
+    /// The rest of the plan of a request: the leases held here, then the breaker and
     /// the store.
     #[inline(always)]
     fn ask_store(&self, mut checks: Checks, mut ticket: Ticket) -> Next<St::Future> {
@@ -514,7 +514,7 @@ impl<St: Store> Limiter<St> {
             }
         }
         if let Some(breaker) = &self.breaker {
-            ticket.permit = breaker.permit(now);
+            ticket.gate = breaker.gate(now);
         }
         let own = ticket
             .asking
@@ -527,7 +527,7 @@ impl<St: Store> Limiter<St> {
     /// `checks` sent to the store with their ticket, unless the breaker is open.
     #[inline(always)]
     fn send(&self, checks: Checks, mut ticket: Ticket) -> Next<St::Future> {
-        if ticket.permit == Permit::Reject {
+        if ticket.gate == Gate::Reject {
             let error = StoreError::with_kind(
                 StoreErrorKind::CircuitOpen,
                 "the circuit breaker is open; the store was not asked",
@@ -544,9 +544,9 @@ impl<St: Store> Limiter<St> {
     }
 
     /// `checks` as the ticket keeps them, when the route's `steps` keep them (for the deny
-    /// cache, the IETF `pk`, reserved units to give back...).
+    /// cache, the IETF `pk`, booked units to give back...).
     fn keys(checks: &[Check], steps: Steps) -> Option<Vec<Check>> {
-        steps.keeps_keys().then(|| checks.to_vec())
+        steps.keeps_checks().then(|| checks.to_vec())
     }
 
     /// What stands around the policies of this layer, for their route.

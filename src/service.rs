@@ -104,7 +104,7 @@ where
             }
             next => {
                 let limiter = &self.limiter;
-                ResponseFuture::stepped(limiter, next, request, &mut self.inner, carried)
+                ResponseFuture::next(limiter, next, request, &mut self.inner, carried)
             }
         }
     }

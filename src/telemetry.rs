@@ -36,7 +36,7 @@
 //! | field | what |
 //! |---|---|
 //! | `policies` | the policies that applied, comma-separated |
-//! | `outcome` | `allowed`, `delayed` (waits for a reserved time), `limited`, `key_rejected`, or for a failed store `allowed` (failure policy open) or `unavailable` (closed) |
+//! | `outcome` | `allowed`, `delayed` (waits for a booked time), `limited`, `key_rejected`, or for a failed store `allowed` (failure policy open) or `unavailable` (closed) |
 //! | `limited_by` | the policies that denied the request, shadow ones included |
 //! | `wait_ms` | how long a `delayed` request waits |
 //! | `store_us` | how long an asynchronous store (Redis) took to decide |
@@ -148,7 +148,7 @@ pub const METRICS: &[Metric] = &[
         "ratelimit_delay_seconds",
         MetricKind::Histogram,
         &["policy"],
-        "How long delayed requests waited for their reserved time",
+        "How long delayed requests waited for their booked time",
     ),
     metric(
         "ratelimit_costs_clamped_total",
@@ -161,7 +161,7 @@ pub const METRICS: &[Metric] = &[
         "ratelimit_reservations_released_total",
         MetricKind::Counter,
         &[],
-        "Delayed requests whose client went away, whose reserved times were given back",
+        "Delayed requests whose client went away, whose booked times were given back",
     ),
     metric(
         "ratelimit_adaptive_limit",
@@ -207,7 +207,7 @@ pub const METRICS: &[Metric] = &[
         MetricKind::Counter,
         &[],
         "Decisions that came back after their deadline and took slots, a lease's units or \
-         reserved time, which were given back",
+         booked time, which were given back",
     ),
     metric(
         "ratelimit_near_limit_hook_dropped_total",

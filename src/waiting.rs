@@ -2,7 +2,7 @@
 //! goes on, as its response future waits for it: a place in an adaptive concurrency limit's
 //! queue (then the request is planned again), the store's answer, or first the answer to
 //! another request of this instance that is asking the store for the lease this one needs
-//! (then the request is planned again); then the time reserved for it, if the answer is to
+//! (then the request is planned again); then the time booked for it, if the answer is to
 //! wait.
 
 use std::future::Future;
@@ -18,10 +18,10 @@ use crate::store::Store;
 use crate::store::private::Sealed;
 
 /// A request with the inner service it goes to and the engine (`L`), and what it awaits: a
-/// decision on its way (`C`: the store's future), or a reserved time. Dropped before the
+/// decision on its way (`C`: the store's future), or a booked time. Dropped before the
 /// decision comes (the client went away), a store's decision finishes on its own and gives
-/// back the slots it took (of a concurrency limit, or reserved for a wait), which would
-/// otherwise stay taken until their leases end; a reserved time is given back by its wait's
+/// back the slots it took (of a concurrency limit, or booked for a wait), which would
+/// otherwise stay taken until their leases end; a booked time is given back by its wait's
 /// `release`.
 pub(crate) struct Waiting<S, ReqB, C, L> {
     /// The request; `None` once it went on.
@@ -31,7 +31,7 @@ pub(crate) struct Waiting<S, ReqB, C, L> {
     /// What is awaited ([`Next::Store`], [`Next::Lease`] or [`Next::Wait`]); `None` once it
     /// came.
     awaited: Option<Next<C>>,
-    /// The sleep until the reserved time of a [`Next::Wait`].
+    /// The sleep until the booked time of a [`Next::Wait`].
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     /// What lets the store's decision finish without the request, and gives back what it took.
     abandoned: Option<Box<dyn FnOnce(C) + Send>>,
@@ -122,8 +122,8 @@ where
                     if let Some(sleep) = &mut self.sleep {
                         ready!(sleep.as_mut().poll(cx));
                     }
-                    // Its reserved time came: the request goes on.
-                    return Poll::Ready(self.awaited.take().expect("the reserved time came"));
+                    // Its booked time came: the request goes on.
+                    return Poll::Ready(self.awaited.take().expect("the booked time came"));
                 }
                 // A step that waits for nothing is the next one as it is.
                 _ => {

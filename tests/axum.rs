@@ -35,12 +35,12 @@ fn global(quota: &str, name: &str, store: &MemoryStore) -> RateLimitLayer {
 
 /// Reports the remaining count of the decision that let the request through.
 async fn remaining(decision: Decision) -> String {
-    decision.binding().remaining().to_string()
+    decision.tightest().remaining().to_string()
 }
 
 async fn maybe_remaining(decision: Option<Decision>) -> String {
     match decision {
-        Some(d) => format!("some {}", d.binding().remaining()),
+        Some(d) => format!("some {}", d.tightest().remaining()),
         None => "none".to_owned(),
     }
 }

@@ -256,5 +256,5 @@ async fn a_changed_file_reloads_the_layer_keeping_usage() {
         report.to_string(),
         r#"changed "api": sliding_window 10/min -> sliding_window 20/min; 0 unchanged"#
     );
-    assert_eq!(layer.peek(&key).await.unwrap().binding().remaining(), 15);
+    assert_eq!(layer.peek(&key).await.unwrap().tightest().remaining(), 15);
 }

@@ -310,7 +310,11 @@ async fn a_lost_reply_was_decided_once_and_its_charge_stays(behind: Behind) {
             "the cut command never ran"
         );
         let seen = layer.peek(&key).await.unwrap();
-        assert_eq!(seen.binding().remaining(), u64::from(LIMIT) - 2, "{seen:?}");
+        assert_eq!(
+            seen.tightest().remaining(),
+            u64::from(LIMIT) - 2,
+            "{seen:?}"
+        );
     }
 }
 
@@ -456,14 +460,14 @@ async fn a_lease_whose_reply_is_lost_is_spent_until_the_policy_refills(behind: B
         layer.peek(&key).await.is_ok()
     })
     .await;
-    let left = layer.peek(&key).await.unwrap().binding().remaining();
+    let left = layer.peek(&key).await.unwrap().tightest().remaining();
     assert_eq!(
         left,
         u64::from(LIMIT) - 1 - 2,
         "the lost lease's 2 units are spent"
     );
     clock.advance(Duration::from_secs(36 * 60));
-    let left = layer.peek(&key).await.unwrap().binding().remaining();
+    let left = layer.peek(&key).await.unwrap().tightest().remaining();
     assert_eq!(left, u64::from(LIMIT), "refilled in 36 minutes");
 }
 
@@ -510,7 +514,11 @@ async fn on_the_cluster_a_moved_slot_is_followed_and_decided_once() {
     );
     assert_eq!(to.calls("fcall") - before_to, 1, "the new node ran it once");
     let seen = layer.peek(&key).await.unwrap();
-    assert_eq!(seen.binding().remaining(), u64::from(LIMIT) - 1, "{seen:?}");
+    assert_eq!(
+        seen.tightest().remaining(),
+        u64::from(LIMIT) - 1,
+        "{seen:?}"
+    );
 }
 
 /// Connections that go silent (the proxies stop forwarding what they hold, without closing it,

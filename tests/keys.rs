@@ -1041,7 +1041,7 @@ fn demo_server_rejects_bad_trusted_proxies_with_the_variable_named() {
 
 /// Reports the remaining count of the decision that let the request through.
 async fn remaining(decision: Decision) -> String {
-    decision.binding().remaining().to_string()
+    decision.tightest().remaining().to_string()
 }
 
 #[tokio::test]

@@ -188,7 +188,7 @@ fn eight_threads_on_one_hot_key_admit_exactly_the_limit_every_round() {
                     let decision = ready(layer.check(&key, 1)).unwrap();
                     decision
                         .is_allowed()
-                        .then(|| decision.binding().remaining())
+                        .then(|| decision.tightest().remaining())
                 };
                 let what = format!("{alg} round {round}, per-thread reads {per_thread}");
                 race_admits_exactly_the_limit(check, &what);
@@ -555,9 +555,11 @@ async fn entries_expire_exactly_when_the_key_is_reset_for_every_algorithm() {
 
         let reset = {
             let decisions = decisions.lock().unwrap();
-            let reset = decisions[0].binding().reset_after();
+            let reset = decisions[0].tightest().reset_after();
             assert!(
-                decisions.iter().all(|d| d.binding().reset_after() == reset),
+                decisions
+                    .iter()
+                    .all(|d| d.tightest().reset_after() == reset),
                 "{alg}: same time, same usage, same reset"
             );
             reset.as_micros() as u64
@@ -775,7 +777,7 @@ fn a_decision_reads_the_time_in_the_order_it_is_made() {
             .unwrap();
         let decision = rt.block_on(layer.check(&Key::from(7u64), 1)).unwrap();
         assert!(decision.is_allowed());
-        decision.binding().remaining()
+        decision.tightest().remaining()
     };
     let a = std::thread::spawn({
         let layer = layer.clone();

@@ -305,7 +305,7 @@ impl Reply {
         self.ietf().into_iter().map(|i| i.policy).collect()
     }
 
-    /// On a limited response: `Retry-After` is the binding policy's `t`, and no violated
+    /// On a limited response: `Retry-After` is the tightest policy's `t`, and no violated
     /// policy's `t` is later than it.
     fn assert_retry_after_covers_every_t(&self, ctx: &str) {
         let retry = self.retry_after().expect("a Retry-After header") as i64;
@@ -323,9 +323,9 @@ impl Reply {
             );
         }
         assert_eq!(
-            self.ietf_of(decision.binding().policy()).t,
+            self.ietf_of(decision.tightest().policy()).t,
             retry,
-            "{ctx}: Retry-After is the binding policy's t"
+            "{ctx}: Retry-After is the tightest policy's t"
         );
     }
 }
@@ -484,7 +484,7 @@ async fn multi_policy_atomicity<St: Store>(env: Env<St>) {
         );
         let d = r.decision();
         assert_eq!(names(d.violated()), ["hourly"], "{ctx}");
-        assert_eq!(d.binding().policy(), "hourly", "{ctx}");
+        assert_eq!(d.tightest().policy(), "hourly", "{ctx}");
         assert_eq!(d.retry_after(), Some(hour_left), "{ctx}: the exact wait");
         assert_eq!(r.retry_after(), Some(3000), "{ctx}: 2,999.5 s rounded up");
         assert_eq!(r.legacy(), (Some(3), Some(0), Some(3000)), "{ctx}");
@@ -525,7 +525,7 @@ async fn multi_policy_atomicity<St: Store>(env: Env<St>) {
         "{n}: one GCRA emission interval"
     );
     assert_eq!(
-        d.binding().policy(),
+        d.tightest().policy(),
         "hourly",
         "{n}: the longest wait binds"
     );
@@ -647,7 +647,7 @@ async fn header_styles<St: Store>(env: Env<St>) {
             );
             assert_eq!(r.retry_after(), None, "{ctx}");
             if style == HeaderStyle::Both {
-                // The binding policy: the one with the fewest units left.
+                // The tightest policy: the one with the fewest units left.
                 let legacy = (Some(4), Some(r_tb as u64), Some(t_tb as u64));
                 assert_eq!(r.legacy(), legacy, "{ctx}");
             } else {
@@ -677,7 +677,7 @@ async fn header_styles<St: Store>(env: Env<St>) {
         }
     }
 
-    // Legacy: only the X-RateLimit fields, for the binding policy.
+    // Legacy: only the X-RateLimit fields, for the tightest policy.
     let svc = service(layer(
         HeaderStyle::Legacy,
         ResetFormat::DeltaSeconds,
@@ -709,7 +709,7 @@ async fn header_styles<St: Store>(env: Env<St>) {
     assert!(!r.has_ietf() && !r.has_legacy(), "{n}: {:?}", r.headers);
     assert_eq!(r.violated_in_body(), ["none-tb"], "{n}");
 
-    // Unix time: the wall clock (not the manual one) plus the binding policy's reset.
+    // Unix time: the wall clock (not the manual one) plus the tightest policy's reset.
     let svc = service(layer(HeaderStyle::Legacy, ResetFormat::UnixTime, "unix"));
     let wall = || {
         SystemTime::now()

@@ -627,7 +627,7 @@ async fn reloads_keep_usage_on_the_cluster(cluster: &RedisCluster) {
         a.reload([api(20)]).unwrap();
         for key in &keys {
             assert_eq!(
-                a.peek(key).await.unwrap().binding().remaining(),
+                a.peek(key).await.unwrap().tightest().remaining(),
                 0,
                 "{algorithm}"
             );

@@ -336,7 +336,7 @@ async fn several_policies_decide_alike_in_both_stores() {
 /// reloaded, now and then, with another random quota of the same algorithm under the same
 /// name (another limit, window, burst or number of buckets; sometimes letting requests wait),
 /// so each converts the key's state to the new quota when it next sees it. The decisions must
-/// stay identical, through blocks, refunds, penalties, reserved times and a clock going back.
+/// stay identical, through blocks, refunds, penalties, booked times and a clock going back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reloads_convert_alike_in_both_stores() {
     let server = RedisServer::start();
@@ -402,7 +402,7 @@ async fn reloads_convert_alike_in_both_stores() {
     assert_no_key_without_ttl(&server, "reload:");
 }
 
-/// Reservations, decided by the twins: a policy that lets requests wait reserves the same
+/// Reservations, decided by the twins: a policy that lets requests wait books the same
 /// times in both stores (the same waits, remaining counts and resets), whatever the
 /// algorithm, with the clock moving on or going back, refunds and penalties in between.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

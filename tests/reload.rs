@@ -124,7 +124,7 @@ async fn lowered_limit_keeps_usage(stores: impl Stores) {
         layer.reload([api(algorithm, 3)]).unwrap();
         let d = layer.check(&key, 1).await.unwrap();
         assert!(!d.is_allowed(), "{algorithm}: 5 used of 3");
-        assert_eq!(d.binding().remaining(), 0, "{algorithm}");
+        assert_eq!(d.tightest().remaining(), 0, "{algorithm}");
         if matches!(
             algorithm,
             Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::LeakyBucket
@@ -156,22 +156,25 @@ async fn longer_window(stores: impl Stores) {
         let d = layer.peek(&key).await.unwrap();
         // Every algorithm keeps the 6 units (the buckets and GCRA less what refilled in the
         // second, less than one unit at either rate), so 4 remain.
-        assert_eq!(d.binding().remaining(), 4, "{algorithm}");
+        assert_eq!(d.tightest().remaining(), 4, "{algorithm}");
         match algorithm {
             // Counted in the hour that holds the present.
             Algorithm::FixedWindow => {
                 let window_end = 3_600_000_000 - (clock_now(&clock) % 3_600_000_000);
-                assert_eq!(d.binding().reset_after(), Duration::from_micros(window_end));
+                assert_eq!(
+                    d.tightest().reset_after(),
+                    Duration::from_micros(window_end)
+                );
             }
             // The units leave at the new rate: the 6 units less the sixth of one that came back
             // in the second, at 6 minutes each: 2,100 s.
             Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                let after = d.binding().reset_after().as_secs_f64();
+                let after = d.tightest().reset_after().as_secs_f64();
                 assert!((2099.9..=2100.1).contains(&after), "{algorithm}: {after}");
             }
             // The entries (or buckets) leave an hour after they were made.
             Algorithm::SlidingLog | Algorithm::SlidingWindow => {
-                let after = d.binding().reset_after().as_secs_f64();
+                let after = d.tightest().reset_after().as_secs_f64();
                 // (Up to one bucket of 6 minutes more for the sliding window.)
                 assert!((3540.0..=3960.0).contains(&after), "{algorithm}: {after}");
             }
@@ -182,7 +185,7 @@ async fn longer_window(stores: impl Stores) {
 
 /// What a look at `key` finds remaining.
 async fn remaining<St: Store>(layer: &RateLimitLayer<St>, key: &Key) -> u64 {
-    layer.peek(key).await.unwrap().binding().remaining()
+    layer.peek(key).await.unwrap().tightest().remaining()
 }
 
 fn clock_now(clock: &ManualClock) -> u64 {
@@ -391,7 +394,7 @@ async fn the_report_names_what_changed() {
     let key = Key::from("k");
     assert!(layer.check(&key, 1).await.unwrap().is_allowed());
     let d = layer.check(&key, 1).await.unwrap();
-    assert_eq!(d.binding().policy(), "exports");
+    assert_eq!(d.tightest().policy(), "exports");
     assert!(!d.is_allowed());
     assert!(
         layer

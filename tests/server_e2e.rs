@@ -425,7 +425,7 @@ fn two_servers_with_waits_queue_on_one_schedule() {
         .count();
     assert!(
         waited >= 2,
-        "two waited for their reserved times: {replies:?}"
+        "two waited for their booked times: {replies:?}"
     );
 }
 

@@ -367,7 +367,7 @@ async fn the_inner_service_sees_the_decision() {
         let d = seen.last_decision();
         assert!(d.is_allowed());
         assert_eq!(d.outcomes().len(), 1);
-        let o = d.binding();
+        let o = d.tightest();
         assert_eq!(o.policy(), "api");
         assert!(o.is_allowed());
         assert_eq!(o.limit(), 3);
@@ -380,7 +380,7 @@ async fn the_inner_service_sees_the_decision() {
 
     clock.advance(Duration::from_secs(1));
     assert_eq!(get(&svc).await.status, StatusCode::OK);
-    assert_eq!(seen.last_decision().binding().remaining(), 2);
+    assert_eq!(seen.last_decision().tightest().remaining(), 2);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 //! Waiting instead of rejecting (`Policy::wait_up_to`): a request the policy would reject now
-//! but admits within the wait reserves its time in the store and goes on when that time comes.
+//! but admits within the wait books its time in the store and goes on when that time comes.
 //!
 //! On the memory store everything runs on injected time: a `ManualClock` for the store and
 //! tokio's paused clock for the wait. On a real redis-server the store's clock is injected
-//! (so the reserved times are exact) while the waits run on real time: the few waits that complete
+//! (so the booked times are exact) while the waits run on real time: the few waits that complete
 //! are short, and only their lower bound (never before its time) is asserted.
 
 mod support;
@@ -40,7 +40,7 @@ async fn waits<St: Store>(layer: &RateLimitLayer<St>, n: usize) -> Vec<Option<Du
     out
 }
 
-/// The time until the key is fully reset, which grows with every time reserved.
+/// The time until the key is fully reset, which grows with every time booked.
 async fn booked<St: Store>(layer: &RateLimitLayer<St>) -> Duration {
     layer.check(&Key::global(), 0).await.unwrap().outcomes()[0].reset_after()
 }
@@ -96,7 +96,7 @@ async fn a_request_over_the_limit_waits_for_its_slot_then_goes_on() {
     assert_eq!(seen.calls(), 4);
 }
 
-/// Every algorithm reserves: requests made at one instant get times in order, each within
+/// Every algorithm books: requests made at one instant get times in order, each within
 /// the wait, as many as the algorithm admits by the end of the wait, the rest rejected.
 #[tokio::test]
 async fn every_algorithm_reserves_slots_in_order_within_its_limit() {
@@ -286,28 +286,25 @@ async fn on_redis_a_request_waits_and_a_dropped_one_gives_its_slot_back() {
     support::assert_no_key_without_ttl(&server, "wait:");
 }
 
-/// Sends a request through `l` that reserves a time, and drops it while it waits; returns once
+/// Sends a request through `l` that books a time, and drops it while it waits; returns once
 /// the store has its units back (the key's reset moved from `before`, then back from there).
 async fn drop_one_waiting<St: Store>(l: &RateLimitLayer<St>, before: Duration) {
     let svc = l.clone().layer(inner(&Seen::default()));
     let gone = tokio::spawn(async move { send(&svc, Request::new(())).await });
-    let reserved = Arc::new(std::sync::Mutex::new(before));
-    eventually("the time is reserved", async || {
+    let seen = Arc::new(std::sync::Mutex::new(before));
+    eventually("the time is booked", async || {
         let now = booked(l).await;
-        *reserved.lock().unwrap() = now;
+        *seen.lock().unwrap() = now;
         now != before
     })
     .await;
     gone.abort();
     assert!(gone.await.unwrap_err().is_cancelled());
-    let reserved = *reserved.lock().unwrap();
-    eventually("the units are given back", async || {
-        booked(l).await != reserved
-    })
-    .await;
+    let seen = *seen.lock().unwrap();
+    eventually("the units are given back", async || booked(l).await != seen).await;
 }
 
-/// Every algorithm's release (its Lua twin against its Rust step): the same requests, one of
+/// Every algorithm's release (its Lua twin against its Rust kernel): the same requests, one of
 /// which is dropped while it waits for its time, leave both stores in the same state, and
 /// the next request gets the same time from both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -338,13 +335,13 @@ async fn every_algorithm_gives_a_slot_back_alike_in_both_stores() {
 }
 
 /// What [`every_algorithm_gives_a_slot_back_alike_in_both_stores`] sees of one store: the
-/// waits of four requests at one instant, then, after a fifth reserved a time and was dropped,
+/// waits of four requests at one instant, then, after a fifth booked a time and was dropped,
 /// the next request's (admitted, remaining, reset, wait).
 type Seen4 = (Vec<Duration>, (bool, u64, Duration, Duration));
 
 async fn probe<St: Store>(l: &RateLimitLayer<St>) -> Seen4 {
     // Four first: the fifth's time is later than any of theirs in every algorithm, so the
-    // key's reset shows when it is reserved and when it is given back.
+    // key's reset shows when it is booked and when it is given back.
     let got = waits(l, 4).await;
     let waits = got.into_iter().map(Option::unwrap_or_default).collect();
     let before = booked(l).await;

@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use super::{LuaParams, Options, Packed, Step, Verdict};
+use super::{LuaParams, Options, Packed, Kernel, Verdict};
 use crate::calendar::Periods;
 use crate::error::ConfigError;
 use crate::quota::Quota;
@@ -64,7 +64,7 @@ impl FixedWindow {
     /// Whether a key's own limit, `own`, still applies under this definition: one of
     /// calendar periods ends when the policy no longer counts the same periods (twin of
     /// `keeps` in the Lua twin).
-    pub(crate) fn keeps(&self, own: &FixedWindow) -> bool {
+    pub(crate) fn still_applies(&self, own: &FixedWindow) -> bool {
         match (&own.periods, &self.periods) {
             (None, _) => true,
             (Some(own), Some(present)) => own == present,
@@ -95,7 +95,7 @@ impl FixedWindow {
     }
 }
 
-impl Step for FixedWindow {
+impl Kernel for FixedWindow {
     type State = FixedWindowState;
     #[cfg(test)]
     const GUARANTEE: super::Guarantee = super::Guarantee::AlignedWindows;
@@ -149,7 +149,7 @@ impl Step for FixedWindow {
         }
     }
 
-    /// A state from a later window (a reserved time, or the clock went back) starts there.
+    /// A state from a later window (a booked time, or the clock went back) starts there.
     fn own_time(&self, state: &FixedWindowState) -> u64 {
         state.start
     }

@@ -11,7 +11,7 @@
 //! admitted. It admits exactly what a token bucket of the same burst and rate admits, with one
 //! integer of state. Memory per key: one integer.
 
-use super::{Algorithm, LuaParams, Options, Packed, Step, Verdict, check_exact, rescale};
+use super::{Algorithm, LuaParams, Options, Packed, Kernel, Verdict, check_exact, rescale};
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
@@ -49,7 +49,7 @@ impl Gcra {
     }
 }
 
-impl Step for Gcra {
+impl Kernel for Gcra {
     type State = GcraState;
     #[cfg(test)]
     const GUARANTEE: super::Guarantee = super::Guarantee::BurstAndRate;
@@ -108,7 +108,7 @@ impl Step for Gcra {
         Some(tat)
     }
 
-    /// Gives back the latest reserved time only: its charge put the TAT at `at + tolerance`.
+    /// Gives back the latest booked time only: its charge put the TAT at `at + tolerance`.
     fn release(&self, state: &mut Option<GcraState>, now: u64, at: u64, units: u64) -> Option<u64> {
         if state.as_ref()?.tat != at + self.tolerance {
             return None;

@@ -13,7 +13,7 @@
 //! Memory per key: two integers (level, last update).
 
 use super::Algorithm;
-use super::{LuaParams, Options, Step, Verdict, token_bucket::Scaled};
+use super::{LuaParams, Options, Kernel, Verdict, token_bucket::Scaled};
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
@@ -45,7 +45,7 @@ impl LeakyBucket {
     }
 }
 
-impl Step for LeakyBucket {
+impl Kernel for LeakyBucket {
     type State = LeakyBucketState;
     #[cfg(test)]
     const GUARANTEE: super::Guarantee = super::Guarantee::BurstAndRate;
@@ -115,7 +115,7 @@ impl Step for LeakyBucket {
         }
     }
 
-    /// Gives back the latest reserved time only: the bucket was last updated there.
+    /// Gives back the latest booked time only: the bucket was last updated there.
     fn release(&self, state: &mut Option<LeakyBucketState>, now: u64, at: u64, units: u64) -> Option<u64> {
         if state.as_ref()?.last != at {
             return None;

@@ -17,7 +17,7 @@
 //! 2<sup>53</sup> (checked when a policy is built), so that the Lua twins, which compute with
 //! doubles, are exact too.
 //!
-//! Each algorithm implements [`Step`] in its own file, with its Lua twin beside it in `lua/`
+//! Each algorithm implements [`Kernel`] in its own file, with its Lua twin beside it in `lua/`
 //! (which defines `ALG[<NAME>]`, built only when a decision uses it), and is registered by one entry in `with_algorithms!` below. That
 //! entry makes the public [`Algorithm`] variant and its name, the compiled form, the state,
 //! the dispatch, and puts the twin in the Redis script, whose prelude binds `<NAME>` to the
@@ -26,7 +26,7 @@
 //! differential and per-algorithm tests as they run every `Algorithm::ALL`).
 
 /// The algorithms, written once: one entry each, with the public variant's documentation, its
-/// name (the module's), and the type implementing [`Step`]. `with_algorithms!(m! { args })`
+/// name (the module's), and the type implementing [`Kernel`]. `with_algorithms!(m! { args })`
 /// calls `m! { args <the entries> }`: `algorithms!` makes the enum, its facts and
 /// the dispatch from them, and the property tests (`properties.rs`) one test per entry, so
 /// an entry added here reaches every one of them without a test file changed.
@@ -58,13 +58,13 @@ macro_rules! with_algorithms {
 #[cfg(test)]
 mod properties;
 mod compact;
-mod step;
+mod kernel;
 
 pub(crate) use compact::compact;
 #[cfg(test)]
-pub(crate) use step::Guarantee;
-pub(crate) use step::{Lease, LuaParams, Options, Packed, Step, Verdict};
-use step::{evaluate_with_lag, judge_packed_as, lease_verdict, reservation, take_lease};
+pub(crate) use kernel::Guarantee;
+pub(crate) use kernel::{Kernel, Lease, LuaParams, Options, Packed, Verdict};
+use kernel::{booking, evaluate_with_lag, judge_packed_as, lease_verdict, take_lease};
 
 use std::fmt;
 use std::str::FromStr;
@@ -131,7 +131,7 @@ macro_rules! with_own_state {
 }
 
 /// Registers the algorithms: one entry each, with the public variant's documentation, its
-/// name, and the type implementing [`Step`]. Generates the public [`Algorithm`] with its names,
+/// name, and the type implementing [`Kernel`]. Generates the public [`Algorithm`] with its names,
 /// the compiled form ([`Compiled`]), the state of any algorithm ([`State`]), the one dispatch
 /// from one to the other, and the list of Lua twins.
 macro_rules! algorithms {
@@ -171,15 +171,15 @@ macro_rules! algorithms {
             /// Whether the algorithm takes a burst different from its limit.
             pub const fn has_burst(self) -> bool {
                 match self {
-                    $(Algorithm::$variant => <$module::$ty as Step>::HAS_BURST,)*
+                    $(Algorithm::$variant => <$module::$ty as Kernel>::HAS_BURST,)*
                 }
             }
 
-            /// See [`Step::GUARANTEE`].
+            /// See [`Kernel::GUARANTEE`].
             #[cfg(test)]
             pub(crate) const fn guarantee(self) -> Guarantee {
                 match self {
-                    $(Algorithm::$variant => <$module::$ty as Step>::GUARANTEE,)*
+                    $(Algorithm::$variant => <$module::$ty as Kernel>::GUARANTEE,)*
                 }
             }
         }
@@ -193,14 +193,14 @@ macro_rules! algorithms {
         /// Per-key state of any algorithm.
         #[derive(Clone, Debug, PartialEq, Eq)]
         pub(crate) enum State {
-            $($variant(<$module::$ty as Step>::State),)*
+            $($variant(<$module::$ty as Kernel>::State),)*
         }
 
         impl Compiled {
             /// Checks `quota` for `algorithm` and precomputes its constants.
             fn compile(algorithm: Algorithm, quota: Quota, options: Options) -> Result<Self, ConfigError> {
                 match algorithm {
-                    $(Algorithm::$variant => <$module::$ty as Step>::compile(quota, options).map(Compiled::$variant),)*
+                    $(Algorithm::$variant => <$module::$ty as Kernel>::compile(quota, options).map(Compiled::$variant),)*
                 }
             }
 
@@ -227,7 +227,7 @@ macro_rules! algorithms {
             }
 
             /// Charges `units` whatever the state, past the limit if need be (see
-            /// [`Step::debit`]). Returns when the state expires.
+            /// [`Kernel::debit`]). Returns when the state expires.
             pub(crate) fn debit(&self, state: &mut Option<State>, now: u64, units: u64) -> u64 {
                 match self {
                     $(Compiled::$variant(a) => with_own_state!(state, $variant, |own| a.debit(&mut own, now, units)),)*
@@ -259,35 +259,35 @@ macro_rules! algorithms {
             }
 
             /// For a request denied now with `verdict`: the wait until the time that admits
-            /// it, when it is at most `max_wait` (see [`reservation`]).
-            pub(crate) fn reservation(&self, state: Option<&State>, now: u64, cost: u64, verdict: &Verdict, max_wait: u64) -> Option<u64> {
+            /// it, when it is at most `max_wait` (see [`booking`]).
+            pub(crate) fn booking(&self, state: Option<&State>, now: u64, cost: u64, verdict: &Verdict, max_wait: u64) -> Option<u64> {
                 match self {
-                    $(Compiled::$variant(a) => reservation(a, own_state!(state, $variant), now, cost, verdict, max_wait),)*
+                    $(Compiled::$variant(a) => booking(a, own_state!(state, $variant), now, cost, verdict, max_wait),)*
                 }
             }
 
-            /// Charges a request that reserved the time `at`. Returns when the state expires.
-            pub(crate) fn reserve_commit(&self, state: &mut Option<State>, now: u64, at: u64, cost: u64) -> u64 {
+            /// Charges a request that booked the time `at`. Returns when the state expires.
+            pub(crate) fn book_commit(&self, state: &mut Option<State>, now: u64, at: u64, cost: u64) -> u64 {
                 match self {
-                    $(Compiled::$variant(a) => with_own_state!(state, $variant, |own| a.reserve_commit(&mut own, now, at, cost)),)*
+                    $(Compiled::$variant(a) => with_own_state!(state, $variant, |own| a.book_commit(&mut own, now, at, cost)),)*
                 }
             }
 
-            /// See [`Step::give_back`].
+            /// See [`Kernel::give_back`].
             pub(crate) fn give_back(&self, state: &mut Option<State>, now: u64, end: u64, units: u64) -> Option<u64> {
                 match self {
                     $(Compiled::$variant(a) => with_own_state!(state, $variant, |own| a.give_back(&mut own, now, end, units)),)*
                 }
             }
 
-            /// See [`Step::release`].
+            /// See [`Kernel::release`].
             pub(crate) fn release(&self, state: &mut Option<State>, now: u64, at: u64, units: u64) -> Option<u64> {
                 match self {
                     $(Compiled::$variant(a) => with_own_state!(state, $variant, |own| a.release(&mut own, now, at, units)),)*
                 }
             }
 
-            /// Re-expresses a state written under `from` under `self` (see [`Step::convert`]);
+            /// Re-expresses a state written under `from` under `self` (see [`Kernel::convert`]);
             /// a state of another algorithm becomes `None`. Returns when the state expires.
             pub(crate) fn convert(&self, from: &Compiled, state: &mut Option<State>, now: u64, expires_at: u64) -> u64 {
                 match (self, from) {
@@ -299,7 +299,7 @@ macro_rules! algorithms {
                 }
             }
 
-            /// Whether this policy's states pack (see [`Step::packs`]); the lanes ask
+            /// Whether this policy's states pack (see [`Kernel::packs`]); the lanes ask
             /// `Policy::packs_up_front`, before anything is compiled.
             #[cfg(test)]
             pub(crate) fn packs(&self) -> bool {
@@ -308,15 +308,15 @@ macro_rules! algorithms {
                 }
             }
 
-            /// Whether a packed state uses its count (see [`Step::PACKS_COUNT`]).
+            /// Whether a packed state uses its count (see [`Kernel::PACKS_COUNT`]).
             #[inline]
             pub(crate) fn packs_count(&self) -> bool {
                 match self {
-                    $(Compiled::$variant(_) => <$module::$ty as Step>::PACKS_COUNT,)*
+                    $(Compiled::$variant(_) => <$module::$ty as Kernel>::PACKS_COUNT,)*
                 }
             }
 
-            /// `state` packed (see [`Step::pack`]; no state is a word of 0), if it packs.
+            /// `state` packed (see [`Kernel::pack`]; no state is a word of 0), if it packs.
             pub(crate) fn pack(&self, state: Option<&State>) -> Option<Packed> {
                 match self {
                     $(Compiled::$variant(a) => match own_state!(state, $variant) {
@@ -326,7 +326,7 @@ macro_rules! algorithms {
                 }
             }
 
-            /// The state `packed` holds (see [`Step::unpack`]).
+            /// The state `packed` holds (see [`Kernel::unpack`]).
             pub(crate) fn unpack(&self, packed: Packed) -> Option<State> {
                 match self {
                     $(Compiled::$variant(a) => a.unpack(packed).map(State::$variant),)*
@@ -339,7 +339,7 @@ macro_rules! algorithms {
             #[inline]
             pub(crate) fn judge_packed(&self, packed: Packed, now: u64, cost: u64) -> (Verdict, Packed) {
                 match self {
-                    $(Compiled::$variant(a) if <$module::$ty as Step>::PACKS => judge_packed_as(a, packed, now, cost),)*
+                    $(Compiled::$variant(a) if <$module::$ty as Kernel>::PACKS => judge_packed_as(a, packed, now, cost),)*
                     _ => {
                         debug_assert!(false, "no packed state of {self:?}");
                         (Verdict::default(), packed)
@@ -347,21 +347,21 @@ macro_rules! algorithms {
                 }
             }
 
-            /// See [`Step::window_us`].
+            /// See [`Kernel::window_us`].
             pub(crate) fn window_us(&self) -> u64 {
                 match self {
                     $(Compiled::$variant(a) => a.window_us(),)*
                 }
             }
 
-            /// See [`Step::reported_limit`].
+            /// See [`Kernel::reported_limit`].
             pub(crate) fn reported_limit(&self) -> u64 {
                 match self {
                     $(Compiled::$variant(a) => a.reported_limit(),)*
                 }
             }
 
-            /// See [`Step::lua_params`].
+            /// See [`Kernel::lua_params`].
             pub(crate) fn lua_params(&self) -> LuaParams {
                 match self {
                     $(Compiled::$variant(a) => a.lua_params(),)*
@@ -447,10 +447,12 @@ impl Compiled {
     }
 
     /// Whether a key's own limit, `own` (made by [`relimited`](Self::relimited) from another
-    /// definition of this policy), still applies under this one (see `FixedWindow::keeps`).
-    pub(crate) fn keeps(&self, own: &Compiled) -> bool {
+    /// definition of this policy), still applies under this one (see `FixedWindow::still_applies`).
+    pub(crate) fn still_applies(&self, own: &Compiled) -> bool {
         match (self, own) {
-            (Compiled::FixedWindow(present), Compiled::FixedWindow(own)) => present.keeps(own),
+            (Compiled::FixedWindow(present), Compiled::FixedWindow(own)) => {
+                present.still_applies(own)
+            }
             _ => true,
         }
     }
@@ -491,7 +493,7 @@ pub(crate) fn run_table(algorithm: &Compiled, rows: &[TableRow]) {
 
 /// A blocked key is denied until the block ends (`until`, on the store's clock), whatever its
 /// state; a request that could never be admitted still gets no retry time. Twin of the block
-/// step of `judge` in `decide.lua`.
+/// arm of `judge` in `decide.lua`.
 pub(crate) fn apply_block(verdict: &mut Verdict, until: u64, now: u64) {
     if until <= now {
         return;

@@ -380,7 +380,7 @@ proptest! {
     fn gcra_admits_at_most_burst_plus_rate((spec, requests) in forward_case(80)) {
         let compiled = spec.compile(Algorithm::Gcra);
         let Compiled::Gcra(gcra) = &compiled else { unreachable!() };
-        let params = super::Step::lua_params(gcra);
+        let params = super::Kernel::lua_params(gcra);
         let (interval, burst) = (params[0], params[1] / params[0]);
         let limit = spec.limit as u64;
         let trace = drive(&compiled, &requests);
@@ -927,7 +927,7 @@ fn check_bounds(
     Ok(())
 }
 
-/// One request of a reservation case: when it comes (a forward step), its cost, whether it
+/// One request of a booking case: when it comes (a forward step), its cost, whether it
 /// may wait, and, if it waits, whether its client goes away first (and when, as a share of its
 /// wait in 0..=255).
 type Waiter = (u64, u64, bool, Option<u8>);
@@ -951,7 +951,7 @@ fn reservation_case() -> impl Strategy<Value = (Spec, u64, u64, Vec<Waiter>)> {
 }
 
 /// Runs the requests as a store with reservations does: a request that may wait and is denied
-/// now reserves its time when it is at most `max_wait` away, and is charged there; a waiting
+/// now books its time when it is at most `max_wait` away, and is charged there; a waiting
 /// request whose client goes away gives its units back (a `GIVE_BACK` of its time) before its
 /// time. Returns `(time, cost)` of what went on, at the time it went on, in time order.
 fn drive_reservations(
@@ -990,10 +990,10 @@ fn drive_reservations(
         if !may_wait {
             continue;
         }
-        if let Some(wait) = compiled.reservation(state.as_ref(), now, cost, &verdict, max_wait) {
+        if let Some(wait) = compiled.booking(state.as_ref(), now, cost, &verdict, max_wait) {
             prop_assert!(wait > 0 && wait <= max_wait, "a wait of {wait}");
             let at = now + wait;
-            compiled.reserve_commit(&mut state, now, at, cost);
+            compiled.book_commit(&mut state, now, at, cost);
             let gone = leaves.map(|share| now + wait * u64::from(share) / 256);
             waiting.push((at, cost, gone));
         }
@@ -1012,7 +1012,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
     /// Property 11: Reservations keep every algorithm's bound, counted at the time requests
-    /// go on (their reserved time for those that waited): requests that wait mixed with requests that
+    /// go on (their booked time for those that waited): requests that wait mixed with requests that
     /// do not, some of the waiting ones' clients going away and giving their units back.
     #[test]
     fn reservations_keep_every_bound((spec, start, max_wait, requests) in reservation_case()) {

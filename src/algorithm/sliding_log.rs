@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 
-use super::{LuaParams, Options, Step, Verdict};
+use super::{LuaParams, Options, Kernel, Verdict};
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
@@ -115,7 +115,7 @@ impl SlidingLog {
     }
 }
 
-impl Step for SlidingLog {
+impl Kernel for SlidingLog {
     type State = SlidingLogState;
     #[cfg(test)]
     const GUARANTEE: super::Guarantee = super::Guarantee::AnyWindow;
@@ -205,8 +205,8 @@ impl Step for SlidingLog {
         self.prune(st, now)
     }
 
-    /// Logs a reserved request's units at its reserved time, as a lease's at its end.
-    fn reserve_commit(&self, state: &mut Option<SlidingLogState>, now: u64, at: u64, cost: u64) -> u64 {
+    /// Logs a booked request's units at its booked time, as a lease's at its end.
+    fn book_commit(&self, state: &mut Option<SlidingLogState>, now: u64, at: u64, cost: u64) -> u64 {
         self.lease_commit(state, now, at, cost)
     }
 

@@ -13,7 +13,7 @@
 //! request whose cost exceeds the limit is never admitted.
 //! Memory per key: one 32-bit counter per bucket, plus one, and the index of the newest bucket.
 
-use super::{Algorithm, LuaParams, Options, Step, Verdict, check_exact};
+use super::{Algorithm, LuaParams, Options, Kernel, Verdict, check_exact};
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
@@ -146,7 +146,7 @@ impl SlidingWindow {
     }
 }
 
-impl Step for SlidingWindow {
+impl Kernel for SlidingWindow {
     type State = SlidingWindowState;
     #[cfg(test)]
     const GUARANTEE: super::Guarantee = super::Guarantee::WindowLessABucket;

@@ -10,7 +10,7 @@
 //! request; a request whose cost exceeds the capacity is never admitted.
 //! Memory per key: two integers (tokens, last update).
 
-use super::{Algorithm, LuaParams, Options, Step, Verdict, check_exact, gcd, rescale};
+use super::{Algorithm, LuaParams, Options, Kernel, Verdict, check_exact, gcd, rescale};
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
@@ -114,7 +114,7 @@ impl TokenBucket {
     }
 }
 
-impl Step for TokenBucket {
+impl Kernel for TokenBucket {
     type State = TokenBucketState;
     #[cfg(test)]
     const GUARANTEE: super::Guarantee = super::Guarantee::BurstAndRate;
@@ -203,7 +203,7 @@ impl Step for TokenBucket {
         Some(last + (s.full - tokens).div_ceil(s.rate))
     }
 
-    /// Gives back the latest reserved time only: the bucket was last updated there.
+    /// Gives back the latest booked time only: the bucket was last updated there.
     fn release(&self, state: &mut Option<TokenBucketState>, now: u64, at: u64, units: u64) -> Option<u64> {
         if state.as_ref()?.last != at {
             return None;

@@ -2,7 +2,7 @@
 //!
 //! Which headers responses carry is chosen with [`HeaderStyle`]. By default
 //! ([`HeaderStyle::Legacy`]) every response that went through the limiter carries, for the
-//! binding policy (see [`Decision::binding`](crate::Decision::binding)):
+//! tightest policy (see [`Decision::tightest`](crate::Decision::tightest)):
 //!
 //! | header | value |
 //! |---|---|
@@ -78,7 +78,7 @@ pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-r
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum HeaderStyle {
-    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` for the binding
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` for the tightest
     /// policy (the default).
     #[default]
     Legacy,
@@ -216,7 +216,7 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// waits in the response future beside the inner service's future.
 #[derive(Clone, Debug)]
 pub(crate) struct RateLimitHeaders {
-    /// What the binding policy has left, and how many policies decided.
+    /// What the tightest policy has left, and how many policies decided.
     remaining: u64,
     policies: usize,
     /// `X-RateLimit-Limit` (the policy's, formatted once), `-Remaining` and `-Reset`.
@@ -238,13 +238,13 @@ impl RateLimitHeaders {
     ) -> Self {
         let jitter = config.draw_jitter();
         let secs = |d: Duration| ceil_secs(d.saturating_add(jitter));
-        let binding = decision.binding();
+        let tightest = decision.tightest();
         let mut headers = Self::legacy(
             config,
             jitter,
             now_us,
-            (binding.tier().limit_header(), binding.remaining()),
-            binding.reset_after(),
+            (tightest.tier().limit_header(), tightest.remaining()),
+            tightest.reset_after(),
         );
         headers.policies = decision.outcomes().len();
         headers.retry_after = decision.retry_after().map(|d| secs(d).max(1));
@@ -282,7 +282,7 @@ impl RateLimitHeaders {
         )
     }
 
-    /// The `X-RateLimit-*` headers of the binding policy, `(limit header, remaining)`, fully
+    /// The `X-RateLimit-*` headers of the tightest policy, `(limit header, remaining)`, fully
     /// reset after `reset`, if `config` writes them; no other header yet.
     #[inline]
     fn legacy(

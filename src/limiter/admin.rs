@@ -176,7 +176,7 @@ impl<St: Store> Limiter<St> {
     /// Forgets the deny cache's denials of `key` in every tier: a reset or an allow entry is
     /// obeyed by this instance at once (others' caches answer to their denials' end).
     pub(crate) fn forget_denials(&self, key: &Key) {
-        if self.deny_cache.is_none() && self.held.is_none() {
+        if self.deny_cache.is_none() && self.remembered.is_none() {
             return;
         }
         for tier in self.policies.load().iter().flat_map(|p| p.tiers()) {
@@ -184,13 +184,13 @@ impl<St: Store> Limiter<St> {
         }
     }
 
-    /// Forgets what the deny cache and the denials held remember of `key` in the tier `id`.
+    /// Forgets what the deny cache and the denials remembered know of `key` in the tier `id`.
     fn forget_denial(&self, id: u32, key: &Key) {
         if let Some(cache) = &self.deny_cache {
             cache.forget(id, key);
         }
-        if let Some(held) = &self.held {
-            held.forget(id, key);
+        if let Some(remembered) = &self.remembered {
+            remembered.forget(id, key);
         }
     }
 

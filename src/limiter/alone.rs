@@ -78,7 +78,7 @@ impl<St: Store> Limiter<St> {
         let _entered = span.enter();
         record_policies(&span, keys.iter().map(|(tier, ..)| tier.name()));
         let steps = route.steps();
-        let kept = steps.keeps_keys().then(|| {
+        let kept = steps.keeps_checks().then(|| {
             let kept = keys.iter().map(|(tier, key, cost)| {
                 Check::new(Arc::clone(tier), key.clone(), *cost, Op::Enforce)
             });
@@ -111,7 +111,7 @@ impl<St: Store> Limiter<St> {
             span.record("policies", tier.name());
         });
         let decision = Decision::one(PolicyOutcome::new(tier, false, verdict));
-        let keys = (steps.keeps_keys())
+        let keys = (steps.keeps_checks())
             .then(|| vec![Check::new(tier.clone(), key.clone(), cost, Op::Enforce)]);
         self.finish(decision, Vec::new(), keys.as_deref(), false, &span, steps)
     }

@@ -1,5 +1,5 @@
-//! Step 3 of [`Limiter`]: the store's answer, or its failure, made into the request's
-//! [`Next`] step (counts, headers, the deny cache, the breaker, the failure policy).
+//! The store's answer, or its failure, made into what the request does next
+//! ([`Next`]: counts, headers, the deny cache, the breaker, the failure policy).
 
 use tracing::Span;
 
@@ -13,7 +13,7 @@ use crate::store::{Check, Store};
 use crate::telemetry::{record_outcome, traced};
 
 impl<St: Store> Limiter<St> {
-    /// Turns the store's answer into what to do (step 3), applying the breaker, the deny
+    /// Turns the store's answer into what to do, applying the breaker, the deny
     /// cache, the failure policy and the metrics. Returns the charges still to make after the
     /// response (none when the store failed: nothing was charged there).
     pub(crate) fn answered<F>(
@@ -34,7 +34,7 @@ impl<St: Store> Limiter<St> {
         let decision = match result {
             Ok(mut decision) => {
                 if let Some(breaker) = &self.breaker {
-                    breaker.success(ticket.permit);
+                    breaker.success(ticket.gate);
                 }
                 if ticket.lists
                     && let Some(next) = self.unlisted(&mut decision, &mut ticket.keys)
@@ -49,8 +49,8 @@ impl<St: Store> Limiter<St> {
                     if let Some(cache) = &self.deny_cache {
                         cache.remember(keys, &decision, now);
                     }
-                    if let Some(held) = &self.held {
-                        held.denied(keys, &decision, now);
+                    if let Some(remembered) = &self.remembered {
+                        remembered.denied(keys, &decision, now);
                     }
                 }
                 decision
@@ -67,9 +67,9 @@ impl<St: Store> Limiter<St> {
         self.finish(decision, ticket.after, keys, local, &span, ticket.steps)
     }
 
-    /// The decision's response (step 3's end): counts, headers, the limiter's own response
+    /// The decision's response: counts, headers, the limiter's own response
     /// for a denied request; for an admitted one, the charges still to make after the response
-    /// (`local`: the decision is the local fallback's, where reserved times go back to).
+    /// (`local`: the decision is the local fallback's, where booked times go back to).
     #[inline(always)]
     pub(super) fn finish<F>(
         &self,
@@ -81,7 +81,7 @@ impl<St: Store> Limiter<St> {
         steps: Steps,
     ) -> Next<F> {
         traced(span, |span| {
-            record_outcome(span, &decision, steps.has(After::Reserved));
+            record_outcome(span, &decision, steps.has(After::Booked));
         });
         if self.leases().is_some() {
             self.set_lease_ends(&mut after, &decision);
@@ -94,8 +94,8 @@ impl<St: Store> Limiter<St> {
         self.after_steps(steps, decision, headers, keys, local, after)
     }
 
-    /// An admitted request that waits `wait` for the time reserved for it: what gives its
-    /// reserved units back if it goes away before, and the counts of requests delayed.
+    /// An admitted request that waits `wait` for the time booked for it: what gives its
+    /// booked units back if it goes away before, and the counts of requests delayed.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn delayed<F>(
         &self,
@@ -108,8 +108,7 @@ impl<St: Store> Limiter<St> {
         after: Vec<AfterResponse>,
     ) -> Next<F> {
         let released = Some("ratelimit_reservations_released_total");
-        let release =
-            self.giving_back(&decision, keys, local, PolicyOutcome::reservation, released);
+        let release = self.giving_back(&decision, keys, local, PolicyOutcome::booking, released);
         let policy = decision
             .outcomes()
             .iter()

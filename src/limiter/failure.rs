@@ -37,29 +37,29 @@ impl<St> Limiter<St> {
 }
 
 impl<St: Store> Limiter<St> {
-    /// The answer of what this instance holds denied, for a request whose store call failed:
+    /// The answer of what this instance remembers denied, for a request whose store call failed:
     /// a 403 for a key it saw on the deny list, a 429 for a denial or block it saw, until
-    /// their ends; `None` when it holds nothing of the request's keys.
-    // The failure path: its step is moved once, into the request's answer.
+    /// their ends; `None` when it remembers nothing of the request's keys.
+    // The failure path: what it returns is moved once, into the request's answer.
     #[allow(clippy::result_large_err)]
-    fn held_answer<F>(&self, ticket: &Ticket) -> Option<Result<Decision, Next<F>>> {
-        let (held, keys) = (self.held.as_ref()?, ticket.keys.as_deref()?);
+    fn remembered_answer<F>(&self, ticket: &Ticket) -> Option<Result<Decision, Next<F>>> {
+        let (remembered, keys) = (self.remembered.as_ref()?, ticket.keys.as_deref()?);
         let now = self.clock.now_micros();
         let listed = ticket
             .lists
             .then(|| keys.len().checked_sub(LIST_CHECKS))
             .flatten();
         if let Some(at) = listed
-            && held.is_listed(keys[at].key(), now)
+            && remembered.is_listed(keys[at].key(), now)
         {
             return Some(Err(self.denied(Why::Entry)));
         }
-        held.denial(keys, now).map(Ok)
+        remembered.denial(keys, now).map(Ok)
     }
 
     /// The store failed: the failure policy's answer, a decision (a lease's in hand, or the
     /// local fallback's), or the step to take without one.
-    // The failure path: its step is moved once, into the request's answer.
+    // The failure path: what it returns is moved once, into the request's answer.
     #[allow(clippy::result_large_err)]
     pub(super) fn degraded<F>(
         &self,
@@ -69,24 +69,24 @@ impl<St: Store> Limiter<St> {
     ) -> Result<Decision, Next<F>> {
         if let (Some(breaker), true) = (&self.breaker, error.kind() != StoreErrorKind::CircuitOpen)
         {
-            breaker.failure(ticket.permit, self.clock.now_micros());
+            breaker.failure(ticket.gate, self.clock.now_micros());
         }
         // What this instance saw denied; else a lease in hand, for a request that asked ahead.
-        let held = self.held_answer(ticket);
-        let leased = (held.is_none())
+        let remembered = self.remembered_answer(ticket);
+        let leased = (remembered.is_none())
             .then(|| ticket.asking.take())
             .flatten()
             .and_then(|asking| asking.spend_instead(self.clock.now_micros()));
-        let policy = match (self.failure, &held, &leased) {
-            (_, Some(_), _) => "held",
+        let policy = match (self.failure, &remembered, &leased) {
+            (_, Some(_), _) => "remembered",
             (_, _, Some(_)) => "lease",
             (FailurePolicy::Open, ..) => "open",
             (FailurePolicy::Closed, ..) => "closed",
             (FailurePolicy::Local { .. }, ..) => "local",
         };
         degraded_as(&error, policy, span);
-        if let Some(answer) = held {
-            self.store_failed(&error, "answering from the denials held");
+        if let Some(answer) = remembered {
+            self.store_failed(&error, "answering from the denials remembered");
             // Charges after the response go to the store, which did not decide: none.
             ticket.after.clear();
             return answer;

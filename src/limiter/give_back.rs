@@ -1,5 +1,5 @@
 //! What a request takes and must give back when it ends or goes away: the slots of a
-//! concurrency limit (held with its response body) and the units reserved for a wait.
+//! concurrency limit (held with its response body) and the units booked for a wait.
 
 use std::sync::Arc;
 
@@ -9,13 +9,13 @@ use crate::decision::{Decision, Grant, PolicyOutcome};
 use crate::store::private::Sealed as _;
 use crate::store::{Check, Checks, Op, Store};
 
-/// What an outcome took: the slots of a concurrency limit, or the units reserved for a wait.
+/// What an outcome took: the slots of a concurrency limit, or the units booked for a wait.
 fn taken(o: &PolicyOutcome) -> Option<&Grant> {
-    o.held().or_else(|| o.reservation())
+    o.held().or_else(|| o.booking())
 }
 
 impl<St: Store> Limiter<St> {
-    /// What gives back what `pick` finds in the decision's outcomes (units reserved for a
+    /// What gives back what `pick` finds in the decision's outcomes (units booked for a
     /// waiting request, or slots of a concurrency limit) when dropped: one `RELEASE` each, sent
     /// to the store that decided (`local`: the local fallback), counted in `counter`. `None`
     /// when the decision has none.

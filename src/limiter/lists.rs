@@ -1,4 +1,4 @@
-//! Step 0 of a request: the allow and deny lists (`lists.rs`), before any policy.
+//! A step before the decision: the allow and deny lists (`lists.rs`), before any policy.
 //!
 //! A network or key given to the layer answers here, without a store call. An entry added at
 //! runtime is kept in the store as a block of the key in one of two tiers registered under
@@ -19,7 +19,7 @@ use crate::decision::{Decision, PolicyOutcome};
 use crate::error::{ConfigError, LimitError};
 use crate::key::{Cidr, Key, RequestRef};
 use crate::lists::{Judged, Lists, Why};
-use crate::store::{Check, Checks, Kept, Listed, Op, Store};
+use crate::store::{Check, Checks, Listed, Op, Store, Stored};
 
 /// The checks a request's store call carries after its policies' for the lists' entries.
 pub(super) const LIST_CHECKS: usize = 2;
@@ -94,14 +94,14 @@ impl<St: Store> Limiter<St> {
     ) -> Option<Next<F>> {
         let entries = decision.take_last(LIST_CHECKS);
         if let Some(keys) = keys {
-            // A deny entry seen is held, to answer while the store fails.
-            if let (Some(held), [deny, _]) = (&self.held, &entries[..])
+            // A deny entry seen is remembered, to answer while the store fails.
+            if let (Some(remembered), [deny, _]) = (&self.remembered, &entries[..])
                 && !deny.is_allowed()
                 && let Some(check) = keys.len().checked_sub(LIST_CHECKS).map(|i| &keys[i])
             {
                 let now = self.clock.now_micros();
                 let ends = deny.retry_after().map_or(0, |r| r.as_micros() as u64);
-                held.listed(check.key().clone(), now.saturating_add(ends), now);
+                remembered.listed(check.key().clone(), now.saturating_add(ends), now);
             }
             keys.truncate(decision.outcomes().len());
         }
@@ -171,13 +171,13 @@ impl<St: Store> Limiter<St> {
                 self.forget_denials(&key);
             }
             // This instance holds its own word through an outage of the store.
-            if deny && let Some(held) = &self.held {
+            if deny && let Some(remembered) = &self.remembered {
                 match op {
                     Op::Block { us } => {
                         let now = self.clock.now_micros();
-                        held.listed(key.clone(), now.saturating_add(us), now);
+                        remembered.listed(key.clone(), now.saturating_add(us), now);
                     }
-                    _ => held.unlisted(&key),
+                    _ => remembered.unlisted(&key),
                 }
             }
             checks.push(Check::new(tier.clone(), key, 0, op));
@@ -206,16 +206,16 @@ impl<St: Store> Limiter<St> {
             (false, Some(until)) => self.until_us(until)?.0,
         };
         let entry = Listed::new(network, deny, until_us);
-        let kept = self.store.keep_network(entry, remove, now);
+        let stored = self.store.store_network(entry, remove, now);
         let store = self.store.clone();
         Ok(async move {
             let networks = store.registry().networks();
-            match kept.await.map_err(LimitError::Store)? {
-                Kept::Here => networks
+            match stored.await.map_err(LimitError::Store)? {
+                Stored::Here => networks
                     .change(entry, remove, now)
                     .map_err(LimitError::Network)?,
-                Kept::Text(text) => networks.replace(&text),
-                Kept::Full => return Err(LimitError::Network(crate::store::full_networks())),
+                Stored::Text(text) => networks.replace(&text),
+                Stored::Full => return Err(LimitError::Network(crate::store::full_networks())),
             }
             Ok(())
         })

@@ -1,4 +1,4 @@
-//! Step 3 for an admitted request: the warnings of keys near their limit
+//! A step after the decision: the warnings of keys near their limit
 //! ([`Policy::near_limit`](crate::Policy::near_limit), `near.rs`).
 
 use super::Limiter;

@@ -285,8 +285,8 @@ kind_of_step! {
         Warn,
         /// Hold the slots of the concurrency limits until the response body ends.
         Slots,
-        /// Wait for the time reserved for the request (`Policy::wait`).
-        Reserved,
+        /// Wait for the time booked for the request (`Policy::wait`).
+        Booked,
     }
 }
 
@@ -317,15 +317,15 @@ impl Steps {
 
     /// Whether a request's checks are kept after its decision.
     #[inline(always)]
-    pub(crate) fn keeps_keys(self) -> bool {
+    pub(crate) fn keeps_checks(self) -> bool {
         self.0 & !Self::BEFORE != 0
     }
 
     /// Whether an admitted decision may hold something the request gives back when it goes
-    /// away: slots, or a reserved time.
+    /// away: slots, or a booked time.
     #[inline(always)]
     pub(crate) fn gives_back(self) -> bool {
-        self.has(After::Slots) || self.has(After::Reserved)
+        self.has(After::Slots) || self.has(After::Booked)
     }
 
     /// The steps after the decision, in order.
@@ -399,7 +399,7 @@ impl Steps {
             (Before::Adaptive.bit(), any(Policy::adapts)),
             (After::Warn.bit(), any(Policy::warns_near)),
             (After::Slots.bit(), any(Policy::limits_in_flight)),
-            (After::Reserved.bit(), any(Policy::waits)),
+            (After::Booked.bit(), any(Policy::waits)),
         ];
         let keys = if keys { Steps::KEYS } else { 0 };
         let bits = (steps.into_iter().filter(|(_, on)| *on)).fold(keys, |all, (bit, _)| all | bit);

@@ -9,17 +9,6 @@ use crate::headers::RateLimitHeaders;
 use crate::key::{Key, RequestRef};
 use crate::store::{Check, Store};
 
-/// What a step before the decision says.
-// Returned by value into the engine's loop, which returns the answer at once: nothing large is
-// moved twice.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Flow<F> {
-    /// Go on to the next step, and then to the decision.
-    Go,
-    /// Answer with this (a response, or a wait after which the request begins again).
-    Answer(Next<F>),
-}
-
 impl<St: Store> Limiter<St> {
     /// The route's steps before the decision for `request`, then its lane; what the steps
     /// give goes in `carried`.
@@ -53,15 +42,16 @@ impl<St: Store> Limiter<St> {
         listed: &mut Option<Key>,
     ) -> Option<Next<St::Future>> {
         for step in route.steps().before() {
-            if let Flow::Answer(next) = self.before(step, request, route, carried, listed) {
-                return Some(next);
+            if let Some(answer) = self.before(step, request, route, carried, listed) {
+                return Some(answer);
             }
         }
         None
     }
 
     /// Runs the step `step` before `request`'s decision, with what the earlier ones `carried`
-    /// (and `listed`, as `steps_before`).
+    /// (and `listed`, as `steps_before`): `None` to go on, or the answer (a response, or a
+    /// wait after which the request begins again).
     #[inline]
     fn before(
         &self,
@@ -70,8 +60,8 @@ impl<St: Store> Limiter<St> {
         route: &Route,
         carried: &mut Carried,
         listed: &mut Option<Key>,
-    ) -> Flow<St::Future> {
-        let answer = match step {
+    ) -> Option<Next<St::Future>> {
+        match step {
             Before::Lists if St::DECIDES_ALONE => self.listed_at_once(request),
             Before::Lists => match self.listed(request) {
                 Ok(key) => {
@@ -81,8 +71,7 @@ impl<St: Store> Limiter<St> {
                 Err(answer) => Some(answer),
             },
             Before::Adaptive => self.admitted(request, route, carried.permits()),
-        };
-        answer.map_or(Flow::Go, Flow::Answer)
+        }
     }
 
     /// A request whose step before the decision waited, and gave `resumed`: its steps and its
@@ -128,17 +117,17 @@ impl<St: Store> Limiter<St> {
                 After::Slots if allowed => {
                     slots = self.giving_back(&decision, keys, local, PolicyOutcome::held, None);
                 }
-                After::Reserved if allowed => {
+                After::Booked if allowed => {
                     let wait = decision.wait();
                     if !wait.is_zero() {
                         return self.delayed(decision, wait, headers, keys, local, slots, after);
                     }
                 }
-                After::Warn | After::Slots | After::Reserved => {}
+                After::Warn | After::Slots | After::Booked => {}
             }
         }
         if !allowed {
-            tracing::debug!(policy = decision.binding().policy(), "rate limit exceeded");
+            tracing::debug!(policy = decision.tightest().policy(), "rate limit exceeded");
             return self.limited(decision, &headers);
         }
         if decision.shadow_violated().next().is_some() {

@@ -539,15 +539,15 @@ impl Policy {
     }
 
     /// Makes a request this policy would reject wait instead, when it can be admitted within
-    /// `max`: its time in the future is reserved (charged) in the store in the same atomic step
+    /// `max`: its time in the future is booked (charged) in the store in the same atomic step
     /// that decides it, so instances sharing a store queue on one schedule, first come first
     /// served; the layer then waits until that time before calling the inner service. A
     /// request whose time is further away than `max` is rejected at once, as without a wait
     /// (NGINX's `limit_req ... delay`, governor's `until_ready`).
     ///
-    /// Every algorithm can reserve: GCRA and the buckets book their next free moment, the
+    /// Every algorithm can book: GCRA and the buckets book their next free moment, the
     /// windows the first window (or sub-window) with room, the sliding log stamps the entry at
-    /// its reserved time. A request whose client goes away while it waits gives its units
+    /// its booked time. A request whose client goes away while it waits gives its units
     /// back. How many requests wait at once is bounded by what the policy admits within `max`.
     ///
     /// `max` must be between 1 microsecond and one hour; a shadow policy, a policy that

@@ -58,7 +58,7 @@ impl Policy {
         self.adaptive.is_some()
     }
 
-    /// Whether requests may wait for a reserved time.
+    /// Whether requests may wait for a booked time.
     pub(crate) fn waits(&self) -> bool {
         matches!(self.takes, Ok(Op::Wait { .. }))
     }

@@ -310,7 +310,7 @@ impl Tier {
         matches!(self.part.op, Op::Concurrency)
     }
 
-    /// The longest wait for a reserved time, in microseconds (0: requests never wait).
+    /// The longest wait for a booked time, in microseconds (0: requests never wait).
     pub(crate) fn wait_us(&self) -> u64 {
         match self.part.op {
             Op::Wait { max_wait_us } => max_wait_us,

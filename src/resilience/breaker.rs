@@ -54,7 +54,7 @@ pub(crate) struct Breaker {
 
 /// What the breaker says about one decision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Permit {
+pub(crate) enum Gate {
     /// Ask the store.
     Call,
     /// Ask the store: this decision is the probe.
@@ -73,14 +73,14 @@ impl Breaker {
     }
 
     /// `now` is only called when the breaker is open.
-    pub(crate) fn permit(&self, now: impl FnOnce() -> u64) -> Permit {
+    pub(crate) fn gate(&self, now: impl FnOnce() -> u64) -> Gate {
         let until = self.open_until.load(Ordering::Acquire);
         if until == 0 {
-            return Permit::Call;
+            return Gate::Call;
         }
         let now = now();
         if now < until {
-            return Permit::Reject;
+            return Gate::Reject;
         }
         match self.open_until.compare_exchange(
             until,
@@ -88,26 +88,26 @@ impl Breaker {
             Ordering::AcqRel,
             Ordering::Acquire,
         ) {
-            Ok(_) => Permit::Probe,
-            Err(_) => Permit::Reject,
+            Ok(_) => Gate::Probe,
+            Err(_) => Gate::Reject,
         }
     }
 
-    pub(crate) fn success(&self, permit: Permit) {
+    pub(crate) fn success(&self, gate: Gate) {
         // Read first: a write on every decision would bounce this line between cores.
         if self.failures.load(Ordering::Relaxed) != 0 {
             self.failures.store(0, Ordering::Release);
         }
-        if permit == Permit::Probe || self.open_until.load(Ordering::Acquire) != 0 {
+        if gate == Gate::Probe || self.open_until.load(Ordering::Acquire) != 0 {
             self.open_until.store(0, Ordering::Release);
             tracing::info!("rate-limit store is back; circuit breaker closed");
             metrics::gauge!("ratelimit_circuit_open").set(0.0);
         }
     }
 
-    pub(crate) fn failure(&self, permit: Permit, now: u64) {
+    pub(crate) fn failure(&self, gate: Gate, now: u64) {
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
-        if permit == Permit::Probe || failures >= self.config.failures {
+        if gate == Gate::Probe || failures >= self.config.failures {
             if self.open_until.swap(self.reopen_at(now), Ordering::AcqRel) == 0 {
                 tracing::warn!(
                     failures,
@@ -137,28 +137,28 @@ mod tests {
     #[test]
     fn opens_probes_and_closes() {
         let b = Breaker::new(CircuitBreaker::new(2, Duration::from_micros(100)));
-        assert_eq!(b.permit(|| 0), Permit::Call);
-        b.failure(Permit::Call, 0);
-        assert_eq!(b.permit(|| 1), Permit::Call);
-        b.failure(Permit::Call, 1);
+        assert_eq!(b.gate(|| 0), Gate::Call);
+        b.failure(Gate::Call, 0);
+        assert_eq!(b.gate(|| 1), Gate::Call);
+        b.failure(Gate::Call, 1);
         assert!(b.is_open());
-        assert_eq!(b.permit(|| 50), Permit::Reject);
-        assert_eq!(b.permit(|| 101), Permit::Probe);
-        assert_eq!(b.permit(|| 101), Permit::Reject, "one probe at a time");
-        b.failure(Permit::Probe, 101);
+        assert_eq!(b.gate(|| 50), Gate::Reject);
+        assert_eq!(b.gate(|| 101), Gate::Probe);
+        assert_eq!(b.gate(|| 101), Gate::Reject, "one probe at a time");
+        b.failure(Gate::Probe, 101);
         assert_eq!(
-            b.permit(|| 150),
-            Permit::Reject,
+            b.gate(|| 150),
+            Gate::Reject,
             "a failed probe opens it again"
         );
-        assert_eq!(b.permit(|| 201), Permit::Probe);
-        b.success(Permit::Probe);
+        assert_eq!(b.gate(|| 201), Gate::Probe);
+        b.success(Gate::Probe);
         assert!(!b.is_open());
-        assert_eq!(b.permit(|| 202), Permit::Call);
-        b.failure(Permit::Call, 203);
+        assert_eq!(b.gate(|| 202), Gate::Call);
+        b.failure(Gate::Call, 203);
         assert_eq!(
-            b.permit(|| 204),
-            Permit::Call,
+            b.gate(|| 204),
+            Gate::Call,
             "the count restarted after success"
         );
     }
@@ -166,16 +166,16 @@ mod tests {
     #[test]
     fn a_probe_that_never_reports_does_not_keep_it_open() {
         let b = Breaker::new(CircuitBreaker::new(1, Duration::from_micros(100)));
-        b.failure(Permit::Call, 0);
-        assert_eq!(b.permit(|| 100), Permit::Probe);
+        b.failure(Gate::Call, 0);
+        assert_eq!(b.gate(|| 100), Gate::Probe);
         // The probe's request is dropped: neither success nor failure is reported.
-        assert_eq!(b.permit(|| 150), Permit::Reject);
+        assert_eq!(b.gate(|| 150), Gate::Reject);
         assert_eq!(
-            b.permit(|| 200),
-            Permit::Probe,
+            b.gate(|| 200),
+            Gate::Probe,
             "the next period brings a probe"
         );
-        b.success(Permit::Probe);
-        assert_eq!(b.permit(|| 201), Permit::Call);
+        b.success(Gate::Probe);
+        assert_eq!(b.gate(|| 201), Gate::Call);
     }
 }

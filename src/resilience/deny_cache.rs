@@ -220,7 +220,7 @@ mod tests {
         cache.remember(&check(&a, &key, 5), &denied(&a, 1_000), 0);
         let hit = cache.lookup(&check(&a, &key, 5), 400).expect("a hit");
         assert_eq!(
-            hit.binding().retry_after(),
+            hit.tightest().retry_after(),
             Some(std::time::Duration::from_micros(600))
         );
         assert!(cache.lookup(&check(&a, &key, 9), 400).is_some(), "costlier");

@@ -1,11 +1,11 @@
 //! Staying up when the store is down: the circuit breaker, the deny cache, and the denials
-//! held through an outage.
+//! remembered through an outage.
 
 mod breaker;
 mod deny_cache;
-mod held;
+mod remembered;
 
 pub use breaker::CircuitBreaker;
-pub(crate) use breaker::{Breaker, Permit};
+pub(crate) use breaker::{Breaker, Gate};
 pub(crate) use deny_cache::DenyCache;
-pub(crate) use held::Held;
+pub(crate) use remembered::Remembered;

@@ -24,7 +24,7 @@ pub use self::redis::{RedisTls, RedisTlsError, TlsSetting};
 pub(crate) use check::{Check, Checks, Enforced};
 pub(crate) use memory::TOGETHER;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
-pub(crate) use networks::{Kept, Listed, Networks, full as full_networks};
+pub(crate) use networks::{Listed, Networks, Stored, full as full_networks};
 pub(crate) use op::Op;
 
 use crate::algorithm::Compiled;
@@ -51,11 +51,11 @@ pub(crate) mod private {
     use crate::error::{ConfigError, StoreError};
     use crate::key::Key;
     use crate::policy::Tier;
-    use crate::store::{Check, Kept, Listed, Registered, Registry};
+    use crate::store::{Check, Listed, Registered, Registry, Stored};
 
-    /// The future of [`Sealed::keep_network`].
-    pub(crate) type KeptNetworks =
-        std::pin::Pin<Box<dyn Future<Output = Result<Kept, StoreError>> + Send + 'static>>;
+    /// The future of [`Sealed::store_network`].
+    pub(crate) type StoredNetworks =
+        std::pin::Pin<Box<dyn Future<Output = Result<Stored, StoreError>> + Send + 'static>>;
 
     /// What a store does; out of reach of users (see [`Store`](super::Store)).
     #[allow(private_interfaces)]
@@ -134,9 +134,9 @@ pub(crate) mod private {
         /// `remove`; entries ended by `now_us` dropped) where every instance reads it (Redis:
         /// the entries kept after it); by default the registry's networks are the store's own
         /// (memory), changed by the caller.
-        fn keep_network(&self, entry: Listed, remove: bool, now_us: u64) -> KeptNetworks {
+        fn store_network(&self, entry: Listed, remove: bool, now_us: u64) -> StoredNetworks {
             let _ = (entry, remove, now_us);
-            Box::pin(std::future::ready(Ok(Kept::Here)))
+            Box::pin(std::future::ready(Ok(Stored::Here)))
         }
 
         /// Reads the networks kept in the store into the registry's again, if they are due

@@ -22,19 +22,19 @@ use crate::key::Cidr;
 /// The most networks listed at runtime at once: each is compared with every request's address.
 pub(crate) const MOST: usize = 1_000;
 
-/// How often an instance reads the networks kept in Redis again, while requests come.
+/// How often an instance reads the networks stored in Redis again, while requests come.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) const READ_EVERY: Duration = Duration::from_secs(1);
 
-/// Where a change of a network entry was kept ([`Sealed::keep_network`](super::private::Sealed::keep_network)).
+/// Where a change of a network entry was stored ([`Sealed::store_network`](super::private::Sealed::store_network)).
 #[derive(Debug)]
-// Only a store that keeps the networks itself (Redis) makes the last two.
+// Only a store that stores the networks itself (Redis) makes the last two.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) enum Kept {
+pub(crate) enum Stored {
     /// Nowhere but in the registry's networks, which are the store's own (memory): the
     /// caller changes them.
     Here,
-    /// In the store, which keeps these entries after it.
+    /// In the store, which holds these entries after it.
     Text(String),
     /// Nowhere: [`MOST`] networks are listed already.
     Full,

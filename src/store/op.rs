@@ -194,7 +194,7 @@ operations! {
         end
     } => "GIVE_BACK", "gives a lease's units back", ACTS;
     /// Gives back the check's units that a request took at `at` (store time: the time
-    /// reserved for it, or when the slots of a concurrency limit were charged) and will not
+    /// booked for it, or when the slots of a concurrency limit were charged) and will not
     /// spend; then reports like a look at cost 0.
     Release {
         /// When the units were charged.
@@ -203,7 +203,7 @@ operations! {
     /// Settles a request charged `estimate` units up front at its real cost, the check's
     /// units: gives the difference back when they are fewer, charges it when they are more,
     /// past the limit if need be (the key then owes them, and is denied until time pays them
-    /// back: `Step::debit`); then reports like a look at cost 0.
+    /// back: `Kernel::debit`); then reports like a look at cost 0.
     Settle {
         /// The units charged up front.
         estimate
@@ -302,14 +302,14 @@ impl Op {
     }
 
     /// Whether the store reports a grant with the outcome: a lease's units, the time a
-    /// request reserved, the slots a concurrency limit gave it (a `Grant`, in `decision.rs`). Its reply then has
+    /// request booked, the slots a concurrency limit gave it (a `Grant`, in `decision.rs`). Its reply then has
     /// [`Op::REPLY_GRANT`] more integers.
     pub(crate) const fn grants(self) -> bool {
         self.facts().grants
     }
 
     /// Whether the units it charges are given back when the request ends or goes away
-    /// ([`Op::Release`]): a concurrency limit's slots, or the units of a reserved time.
+    /// ([`Op::Release`]): a concurrency limit's slots, or the units of a booked time.
     pub(crate) const fn gives_back_later(self) -> bool {
         self.facts().gives_back_later
     }

@@ -32,7 +32,7 @@ ALG[FIXED_WINDOW] = function()
     return period(p, t)
   end
 
-  -- The running window's start, count and end; a state from a later window (a reserved
+  -- The running window's start, count and end; a state from a later window (a booked
   -- time, or the clock went back) is kept as the running one. The window holding `now` is
   -- `bounds`, written out for the usual window of the usual call.
   --@inline
@@ -55,7 +55,7 @@ ALG[FIXED_WINDOW] = function()
     return start, count, ends
   end
 
-  -- A state from a later window (a reserved time, or the clock went back) starts there.
+  -- A state from a later window (a booked time, or the clock went back) starts there.
   --@inline
   local function lag(p, st, now)
     local behind = 0

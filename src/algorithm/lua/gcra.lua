@@ -63,7 +63,7 @@ ALG[GCRA] = function()
       store(key, p, format(p.f1, tat), tat, keep, since)
       return true
     end,
-    -- Gives back the latest reserved time only: its charge put the TAT at `at + tolerance`.
+    -- Gives back the latest booked time only: its charge put the TAT at `at + tolerance`.
     release = function(self, key, p, st, now, at, units, keep, since)
       if st and st == at + p[2] then
         self:refund(key, p, st, now, units, keep, since)

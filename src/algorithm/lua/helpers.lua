@@ -258,7 +258,7 @@ local function bucket_lag(p, st, now)
   return last - now
 end
 
--- The buckets' `release` (twin of their `Step::release`): gives back the latest reserved time only,
+-- The buckets' `release` (twin of their `Kernel::release`): gives back the latest booked time only,
 -- the one the bucket was last updated at.
 local function bucket_release(self, key, p, st, now, at, units, keep, since)
   if st and st[2] == at then
@@ -399,7 +399,7 @@ end
 
 -- The clock-lag adjustment (twin of `evaluate_with_lag`), for the algorithms that keep their own
 -- time (`alg.lag`, which gives `lag`): a state newer than `now` (the clock went back, or a
--- request reserved a later time) decides as of its own time, its times moved to be from `now`,
+-- request booked a later time) decides as of its own time, its times moved to be from `now`,
 -- and admits no cost before then. Called only for those algorithms, so the others pay nothing
 -- for it.
 --@inline

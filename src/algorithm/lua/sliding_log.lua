@@ -190,8 +190,8 @@ ALG[SLIDING_LOG] = function()
     lease_commit = function(self, key, p, st, now, ends, units, keep, since)
       log(key, p, st, now, ends, units, keep, since)
     end,
-    -- A reserved request's units are logged at its reserved time, as a lease's at its end.
-    reserve_commit = function(self, key, p, st, now, at, cost, keep, since)
+    -- A booked request's units are logged at its booked time, as a lease's at its end.
+    book_commit = function(self, key, p, st, now, at, cost, keep, since)
       log(key, p, st, now, at, cost, keep, since)
     end,
     -- Forgets up to `units` of those logged at the lease's end (`ends`).

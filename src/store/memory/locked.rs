@@ -147,7 +147,7 @@ impl Rows for Locked<'_, '_> {
     }
 
     #[inline]
-    fn keep(&mut self, _: usize) {}
+    fn leave(&mut self, _: usize) {}
 
     fn look(&self, i: usize, now: u64) -> Verdict {
         let run = &self.runs[i];

@@ -51,7 +51,7 @@ pub(super) trait Rows {
     fn charge(&mut self, i: usize, now: u64);
 
     /// Phase two, check `i` not charged: its row is left as it was.
-    fn keep(&mut self, i: usize);
+    fn leave(&mut self, i: usize);
 
     /// A look at check `i`'s row as it stays, not charged: the verdict at cost 0.
     fn look(&self, i: usize, now: u64) -> Verdict;
@@ -86,7 +86,7 @@ pub(super) fn decide(rows: &mut impl Rows) -> bool {
             if admitted && op.charged(allowed) {
                 rows.charge(i, now);
             } else {
-                rows.keep(i);
+                rows.leave(i);
                 if allowed && rows.cost(i) > 0 && !op.acts() {
                     let stays = rows.look(i, now);
                     rows.uncharged(i, stays);

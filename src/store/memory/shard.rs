@@ -213,7 +213,7 @@ impl Row {
     fn adopt(&mut self, check: &CheckRef<'_>, now: u64, registry: &Registry) {
         let tier = check.tier();
         let limit = self.limit().cloned();
-        let keeps = |l: &Limit| l.until > now && tier.algorithm().keeps(l.tier.algorithm());
+        let keeps = |l: &Limit| l.until > now && tier.algorithm().still_applies(l.tier.algorithm());
         if limit.as_deref().is_some_and(keeps) {
             self.def = tier.def();
             return;

@@ -105,7 +105,7 @@ end
 ACT[BLOCK] = function(alg, key, p, st, now, _, us, keep, since)
   alg:block(key, p, st, now, now + us, keep, since)
 end
--- The algorithm's own give-back, else a refund until the lease's end: see `Step::give_back`.
+-- The algorithm's own give-back, else a refund until the lease's end: see `Kernel::give_back`.
 ACT[GIVE_BACK] = function(alg, key, p, st, now, units, lease_end, keep, since)
   if alg.give_back then
     alg:give_back(key, p, st, now, lease_end, units, keep, since)
@@ -113,7 +113,7 @@ ACT[GIVE_BACK] = function(alg, key, p, st, now, units, lease_end, keep, since)
     alg:refund(key, p, st, now, units, keep, since)
   end
 end
--- The algorithm's own release, else its give-back: see `Step::release`.
+-- The algorithm's own release, else its give-back: see `Kernel::release`.
 ACT[RELEASE] = function(alg, key, p, st, now, units, at, keep, since)
   if alg.release then
     alg:release(key, p, st, now, at, units, keep, since)
@@ -123,7 +123,7 @@ ACT[RELEASE] = function(alg, key, p, st, now, units, at, keep, since)
 end
 
 -- The difference between a request's real cost and its estimate, given back or owed (the
--- algorithm's own debit, else a charge: see `Step::debit`).
+-- algorithm's own debit, else a charge: see `Kernel::debit`).
 ACT[SETTLE] = function(alg, key, p, st, now, units, estimate, keep, since)
   if units < estimate then
     alg:refund(key, p, st, now, estimate - units, keep, since)

@@ -28,7 +28,7 @@ use crate::store::{Listed, Registry, private};
 /// Milliseconds added to every TTL when a clock is injected.
 pub(super) const INJECTED_CLOCK_TTL_SLACK_MS: u64 = 60_000;
 
-/// What the script says of one check: its verdict, the lease granted or the time reserved
+/// What the script says of one check: its verdict, the lease granted or the time booked
 /// with it, if any, and the tier of the key's own limit, when it has one.
 type Reply = (Verdict, Option<Grant>, Option<Arc<Tier>>);
 
@@ -370,7 +370,7 @@ impl Inner {
 
     /// `checks` decided within the deadline; past it, the decision goes on on a task of its
     /// own (for at most [`LATE_REPLY_WAIT`]) and, when it comes, what it took (a concurrency
-    /// slot, a lease's units, a waiting request's reserved time) is given back: the request
+    /// slot, a lease's units, a waiting request's booked time) is given back: the request
     /// got the failure policy's answer, and never holds them.
     async fn deciding_past_deadline(
         self: Arc<Self>,
@@ -429,7 +429,7 @@ impl private::Sealed for RedisStore {
         let inner = self.inner.clone();
         Box::pin(async move {
             // A decision that may take what must be given back (slots, a lease's units,
-            // reserved time) is awaited past its deadline, to give back what it took.
+            // booked time) is awaited past its deadline, to give back what it took.
             let takes = checks.iter().any(|c| c.op().grants());
             let result = if takes {
                 inner.clone().deciding_past_deadline(checks).await
@@ -450,9 +450,9 @@ impl private::Sealed for RedisStore {
         &self.inner.registry
     }
 
-    fn keep_network(&self, entry: Listed, remove: bool, now_us: u64) -> private::KeptNetworks {
+    fn store_network(&self, entry: Listed, remove: bool, now_us: u64) -> private::StoredNetworks {
         let inner = self.inner.clone();
-        Box::pin(async move { inner.keep_network(entry, remove, now_us).await })
+        Box::pin(async move { inner.store_network(entry, remove, now_us).await })
     }
 
     /// On a task of its own; outside a runtime, not read (until the next second).

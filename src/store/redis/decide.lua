@@ -21,20 +21,20 @@
 -- act;
 -- LEASE (decided on the state as strict as a lease could make it, `lease_state`, and charged
 -- a lease of what is left instead of its cost, `take_lease`), WAIT (a request it denies now
--- is admitted when a wait of at most its integer would admit it, `reservation` and
--- `reserve`), CONCURRENCY (its grant is the slots charged and the time they were charged at).
+-- is admitted when a wait of at most its integer would admit it, `booking` and
+-- `book`), CONCURRENCY (its grant is the slots charged and the time they were charged at).
 -- A blocked key is denied whatever its state, until the block ends; the block is kept in the
 -- state key itself (see `read` and the sliding log), so a decision finds it with the read it
 -- makes anyway, and stays on record while the key lives (a clock that goes back finds it
 -- again, as the memory store does).
 -- Every operation that acts does so first, in order; then phase one for each policy, then
--- phase two for each (`step`, in phases.lua), charged only if all that decide admit. A
+-- phase two for each (`phases`, in phases.lua), charged only if all that decide admit. A
 -- policy enforced alone, the usual call, is its twin's `enforced`: the same two phases.
 -- Reply: CHECK_WIDTH integers per policy, each at its place (`at` in script.rs, AT_... here):
 -- the verdict (ADMITTED, or the retry-after in microseconds, or NEVER when no wait admits it),
 -- remaining, reset_after_us; remaining and reset describe the state after this request's
 -- charges. A granting operation's reply has REPLY_GRANT more: the units granted (0 when none),
--- the grant's end (a lease's end, a reserved time, the time held slots were charged at), and
+-- the grant's end (a lease's end, a booked time, the time held slots were charged at), and
 -- the microseconds until then.
 
 -- Each algorithm's functions, built the first time a decision uses it: once per call when
@@ -139,7 +139,7 @@ local function malformed(args, at)
 end
 
 -- The decision: each policy read (all before anything is done: a malformed call changes
--- nothing), the time read; every act, in order; then `step` from the first policy (phase one
+-- nothing), the time read; every act, in order; then `phases` from the first policy (phase one
 -- for each, then phase two for each, charged only if every policy that decides admits). A
 -- policy enforced alone, the usual call, is its twin's `enforced`, which reads its own
 -- arguments (nil when they are malformed: they are then read here, and refused).
@@ -174,7 +174,7 @@ local function decide(keys, args)
       end
     end
   end
-  local _, total, own = ALGS[1]:step(1, n, keys, now, since, true, 0, OPS[1], keys[1], COSTS[1], PS[1])
+  local _, total, own = ALGS[1]:phases(1, n, keys, now, since, true, 0, OPS[1], keys[1], COSTS[1], PS[1])
   if own then
     own_limits(n, total)
   else

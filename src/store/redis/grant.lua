@@ -1,15 +1,15 @@
 -- The phases of a policy whose operation is not ENFORCE (phases.lua takes those here once its
 -- state is read): a look, a shadow, an act's look at cost 0, and what the granting
--- operations do beyond a verdict: the time a WAIT reserves, the units a LEASE takes, the
+-- operations do beyond a verdict: the time a WAIT books, the units a LEASE takes, the
 -- slots CONCURRENCY holds.
 
 -- A table to load a state in, for a moment.
 local SCRATCH = {}
 
 -- For a WAIT policy denied now with `verdict`: the wait until the time that admits it, when
--- it is a retry-after of at most `max_wait`, the cost is not 0 (a look reserves nothing) and
--- the key is not blocked (twin of `reservation` in Rust); else nil.
-local function reservation(alg, p, st, ends, now, cost, key, verdict, max_wait)
+-- it is a retry-after of at most `max_wait`, the cost is not 0 (a look books nothing) and
+-- the key is not blocked (twin of `booking` in Rust); else nil.
+local function booking(alg, p, st, ends, now, cost, key, verdict, max_wait)
   if cost == 0 or verdict < 0 or verdict > max_wait or (ends and ends > now) then
     return nil
   end
@@ -23,10 +23,10 @@ end
 -- follows REPLY[at]: charges it there (the key's TTL still counted from `since`), then
 -- reports the state as it is seen now, with the units, the time and the wait after the
 -- verdict.
-local function reserve(alg, key, p, st, ends, now, cost, wait, at, since)
+local function book(alg, key, p, st, ends, now, cost, wait, at, since)
   local at_time = now + wait
-  if alg.reserve_commit then
-    alg:reserve_commit(key, p, st, now, at_time, cost, ends, since)
+  if alg.book_commit then
+    alg:book_commit(key, p, st, now, at_time, cost, ends, since)
   else
     alg:commit(key, p, st, at_time, cost, ends, since)
   end
@@ -87,7 +87,7 @@ end
 -- units were asked for when it KEEPS them (`Op::judged`), its verdict in the reply,
 -- and for a WAIT denied now, the wait of at most `x` until the time that would admit it.
 -- Returns whether it admits the request, the state decided on, and for phase two the end of
--- the lease taken and the wait reserved (nil when none).
+-- the lease taken and the wait booked (nil when none).
 local function phase_one_of(alg, i, op, key, p, now, cost, x, base, st, ends)
   local lease_end, wait
   local judged = cost
@@ -109,7 +109,7 @@ local function phase_one_of(alg, i, op, key, p, now, cost, x, base, st, ends)
     REPLY[base + AT_UNITS], REPLY[base + AT_END], REPLY[base + AT_LASTS] = 0, 0, 0
   end
   if v ~= ADMITTED and op == WAIT then
-    wait = reservation(alg, p, st, ends, now, cost, key, v, x)
+    wait = booking(alg, p, st, ends, now, cost, key, v, x)
   end
   return v == ADMITTED or wait ~= nil, st, lease_end, wait
 end

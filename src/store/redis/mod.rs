@@ -87,7 +87,7 @@ pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_millis(50);
 /// the same way (a `PING` to every primary) and made again whole; a pool's connection whose
 /// decision missed its deadline is taken out of the pool. Every connection has TCP keepalive
 /// (10 s idle, 3 probes 2 s apart) and, on Linux, a 10 s `TCP_USER_TIMEOUT`. A decision that
-/// took a concurrency slot, a lease's units or reserved time and comes back after its
+/// took a concurrency slot, a lease's units or booked time and comes back after its
 /// deadline gives them back when it comes (awaited up to a minute).
 /// [`RedisStoreBuilder::pool`] uses a pool (deadpool) instead, one connection per
 /// in-flight decision. A URL of the form `redis+cluster://host:port,host:port` (or

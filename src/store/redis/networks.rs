@@ -8,7 +8,7 @@ use super::Inner;
 use super::call::INJECTED_CLOCK_TTL_SLACK_MS;
 use crate::error::StoreError;
 use crate::store::networks::{MOST, READ_EVERY};
-use crate::store::{Kept, Listed};
+use crate::store::{Listed, Stored};
 
 /// The script that changes the string.
 const CHANGE: &str = include_str!("networks.lua");
@@ -21,12 +21,12 @@ impl Inner {
 
     /// Puts `entry` in the string, or takes it out (`remove`), within the deadline: the
     /// string after it, or `Full`.
-    pub(super) async fn keep_network(
+    pub(super) async fn store_network(
         &self,
         entry: Listed,
         remove: bool,
         now_us: u64,
-    ) -> Result<Kept, StoreError> {
+    ) -> Result<Stored, StoreError> {
         let link = self.linking.get(&self.target)?;
         let key = self.networks_key();
         let line = if remove { String::new() } else { entry.line() };
@@ -42,7 +42,7 @@ impl Inner {
             cmd.query_async::<Option<String>>(&mut c).await
         });
         match tokio::time::timeout(self.deadline, change).await {
-            Ok(result) => Ok(result?.map_or(Kept::Full, Kept::Text)),
+            Ok(result) => Ok(result?.map_or(Stored::Full, Stored::Text)),
             Err(_) => Err(self.missed_deadline()),
         }
     }

@@ -1,5 +1,5 @@
 -- The two phases of a decision for one policy, written once: `decide` (decide.lua) runs
--- phase one for each policy of a call, then phase two for each (`step`), and a policy
+-- phase one for each policy of a call, then phase two for each (`phases`), and a policy
 -- enforced alone (`enforced`). The generator (luagen/) writes them into each algorithm's
 -- twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place of
 -- their calls, so that a decision makes almost no Lua call of its own beyond Redis's
@@ -70,7 +70,7 @@ end
 
 -- Phase two for the policy at place i, of operation `op`, whose reply follows REPLY[base]
 -- and whose checks' reply ends at `total`, the request `admitted` or not. Admitted, charged
--- as its operation says: at the time phase one reserved (`wait` from now), a lease ending
+-- as its operation says: at the time phase one booked (`wait` from now), a lease ending
 -- at `lease_end` (of up to YS[i] units), or its cost when its operation charges (with what
 -- `evaluate` saw, `seen1` to `seen3`, nil when it did not look), keeping its block on
 -- record. Otherwise the state reported as it stays, its key given a TTL (from `since`) if
@@ -80,7 +80,7 @@ end
 local function phase_two(self, i, op, fused, key, p, now, since, cost, st, ends, admitted, base, seen1, seen2, seen3, lease_end, wait, e, total)
   if admitted then
     if wait then
-      reserve(self, key, p, st, ends, now, cost, wait, base, since)
+      book(self, key, p, st, ends, now, cost, wait, base, since)
       return total
     end
     if lease_end then
@@ -105,13 +105,13 @@ end
 -- The policies of a decision from position i to n (read into ALGS, OPS, PS, COSTS, XS and
 -- YS; policy i's operation, key, cost and parameters given), `admitted` by those before it
 -- or not: phase one for policy i, whose reply follows REPLY[base]; then the policies after
--- it, each one step deeper; then phase two for policy i, once the request is known to be
+-- it, each one call deeper; then phase two for policy i, once the request is known to be
 -- admitted or not (by every policy that decides), so what each phase hands the other stays
 -- in locals. Phase two runs from the last policy to the first: each has its own key.
 -- Returns whether the request is admitted, where the reply of the checks ends, and whether
 -- a key was decided under its own limit (then PS[i] holds the parameters of each policy
 -- from i on as it was decided).
-local function step(self, i, n, keys, now, since, admitted, base, op, key, cost, p)
+local function phases(self, i, n, keys, now, since, admitted, base, op, key, cost, p)
   local st, ends, q = loaded(self, i, key, p, now, since)
   local fused = FUSES[op]
   local ok, seen1, seen2, seen3, lease_end, wait
@@ -126,7 +126,7 @@ local function step(self, i, n, keys, now, since, admitted, base, op, key, cost,
   local total, own = base + WIDTH[op], false
   if i < n then
     local j = i + 1
-    admitted, total, own = ALGS[j]:step(j, n, keys, now, since, admitted, total, OPS[j], keys[j], COSTS[j], PS[j])
+    admitted, total, own = ALGS[j]:phases(j, n, keys, now, since, admitted, total, OPS[j], keys[j], COSTS[j], PS[j])
   end
   total = phase_two(self, i, op, fused, key, q, now, since, cost, st, ends, admitted, base, seen1, seen2, seen3, lease_end, wait, p.escalate, total)
   if q ~= p then
@@ -136,7 +136,7 @@ local function step(self, i, n, keys, now, since, admitted, base, op, key, cost,
 end
 
 -- A policy enforced alone, the most usual call, from its arguments (`args`, its shape
--- `shape` first): its cost and parameters read, the time, then its two phases (as `step`
+-- `shape` first): its cost and parameters read, the time, then its two phases (as `phases`
 -- runs them; written here again, inlined, because this call is the most usual). Returns the
 -- reply; nil, having done nothing, when the arguments are malformed.
 local function enforced(self, key, args, shape)

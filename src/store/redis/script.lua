@@ -272,7 +272,7 @@ local function bucket_lag(p, st, now)
   return last - now
 end
 
--- The buckets' `release` (twin of their `Step::release`): gives back the latest reserved time only,
+-- The buckets' `release` (twin of their `Kernel::release`): gives back the latest booked time only,
 -- the one the bucket was last updated at.
 local function bucket_release(self, key, p, st, now, at, units, keep, since)
   if st and st[2] == at then
@@ -413,7 +413,7 @@ end
 
 -- The clock-lag adjustment (twin of `evaluate_with_lag`), for the algorithms that keep their own
 -- time (`alg.lag`, which gives `lag`): a state newer than `now` (the clock went back, or a
--- request reserved a later time) decides as of its own time, its times moved to be from `now`,
+-- request booked a later time) decides as of its own time, its times moved to be from `now`,
 -- and admits no cost before then. Called only for those algorithms, so the others pay nothing
 -- for it.
 --@inline
@@ -541,7 +541,7 @@ end
 ACT[10] = function(alg, key, p, st, now, _, us, keep, since)
   alg:block(key, p, st, now, now + us, keep, since)
 end
--- The algorithm's own give-back, else a refund until the lease's end: see `Step::give_back`.
+-- The algorithm's own give-back, else a refund until the lease's end: see `Kernel::give_back`.
 ACT[11] = function(alg, key, p, st, now, units, lease_end, keep, since)
   if alg.give_back then
     alg:give_back(key, p, st, now, lease_end, units, keep, since)
@@ -549,7 +549,7 @@ ACT[11] = function(alg, key, p, st, now, units, lease_end, keep, since)
     alg:refund(key, p, st, now, units, keep, since)
   end
 end
--- The algorithm's own release, else its give-back: see `Step::release`.
+-- The algorithm's own release, else its give-back: see `Kernel::release`.
 ACT[12] = function(alg, key, p, st, now, units, at, keep, since)
   if alg.release then
     alg:release(key, p, st, now, at, units, keep, since)
@@ -559,7 +559,7 @@ ACT[12] = function(alg, key, p, st, now, units, at, keep, since)
 end
 
 -- The difference between a request's real cost and its estimate, given back or owed (the
--- algorithm's own debit, else a charge: see `Step::debit`).
+-- algorithm's own debit, else a charge: see `Kernel::debit`).
 ACT[13] = function(alg, key, p, st, now, units, estimate, keep, since)
   if units < estimate then
     alg:refund(key, p, st, now, estimate - units, keep, since)
@@ -602,16 +602,16 @@ local function act(alg, op, key, p, now, units, x, into, since)
 end
 -- The phases of a policy whose operation is not ENFORCE (phases.lua takes those here once its
 -- state is read): a look, a shadow, an act's look at cost 0, and what the granting
--- operations do beyond a verdict: the time a WAIT reserves, the units a LEASE takes, the
+-- operations do beyond a verdict: the time a WAIT books, the units a LEASE takes, the
 -- slots CONCURRENCY holds.
 
 -- A table to load a state in, for a moment.
 local SCRATCH = {}
 
 -- For a WAIT policy denied now with `verdict`: the wait until the time that admits it, when
--- it is a retry-after of at most `max_wait`, the cost is not 0 (a look reserves nothing) and
--- the key is not blocked (twin of `reservation` in Rust); else nil.
-local function reservation(alg, p, st, ends, now, cost, key, verdict, max_wait)
+-- it is a retry-after of at most `max_wait`, the cost is not 0 (a look books nothing) and
+-- the key is not blocked (twin of `booking` in Rust); else nil.
+local function booking(alg, p, st, ends, now, cost, key, verdict, max_wait)
   if cost == 0 or verdict < 0 or verdict > max_wait or (ends and ends > now) then
     return nil
   end
@@ -625,10 +625,10 @@ end
 -- follows REPLY[at]: charges it there (the key's TTL still counted from `since`), then
 -- reports the state as it is seen now, with the units, the time and the wait after the
 -- verdict.
-local function reserve(alg, key, p, st, ends, now, cost, wait, at, since)
+local function book(alg, key, p, st, ends, now, cost, wait, at, since)
   local at_time = now + wait
-  if alg.reserve_commit then
-    alg:reserve_commit(key, p, st, now, at_time, cost, ends, since)
+  if alg.book_commit then
+    alg:book_commit(key, p, st, now, at_time, cost, ends, since)
   else
     alg:commit(key, p, st, at_time, cost, ends, since)
   end
@@ -689,7 +689,7 @@ end
 -- units were asked for when it KEEPS them (`Op::judged`), its verdict in the reply,
 -- and for a WAIT denied now, the wait of at most `x` until the time that would admit it.
 -- Returns whether it admits the request, the state decided on, and for phase two the end of
--- the lease taken and the wait reserved (nil when none).
+-- the lease taken and the wait booked (nil when none).
 local function phase_one_of(alg, i, op, key, p, now, cost, x, base, st, ends)
   local lease_end, wait
   local judged = cost
@@ -711,7 +711,7 @@ local function phase_one_of(alg, i, op, key, p, now, cost, x, base, st, ends)
     REPLY[base + 4], REPLY[base + 5], REPLY[base + 6] = 0, 0, 0
   end
   if v ~= -2 and op == 5 then
-    wait = reservation(alg, p, st, ends, now, cost, key, v, x)
+    wait = booking(alg, p, st, ends, now, cost, key, v, x)
   end
   return v == -2 or wait ~= nil, st, lease_end, wait
 end
@@ -845,7 +845,7 @@ ALG[1] = function()
     return period(p, t)
   end
 
-  -- The running window's start, count and end; a state from a later window (a reserved
+  -- The running window's start, count and end; a state from a later window (a booked
   -- time, or the clock went back) is kept as the running one. The window holding `now` is
   -- `bounds`, written out for the usual window of the usual call.
   --@inline
@@ -868,7 +868,7 @@ ALG[1] = function()
     return start, count, ends
   end
 
-  -- A state from a later window (a reserved time, or the clock went back) starts there.
+  -- A state from a later window (a booked time, or the clock went back) starts there.
   --@inline
   local function lag(p, st, now)
     local behind = 0
@@ -926,7 +926,7 @@ ALG[1] = function()
   end
 
   -- The two phases of a decision for one policy, written once: `decide` (decide.lua) runs
-  -- phase one for each policy of a call, then phase two for each (`step`), and a policy
+  -- phase one for each policy of a call, then phase two for each (`phases`), and a policy
   -- enforced alone (`enforced`). The generator (luagen/) writes them into each algorithm's
   -- twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place of
   -- their calls, so that a decision makes almost no Lua call of its own beyond Redis's
@@ -1041,13 +1041,13 @@ ALG[1] = function()
   -- The policies of a decision from position i to n (read into ALGS, OPS, PS, COSTS, XS and
   -- YS; policy i's operation, key, cost and parameters given), `admitted` by those before it
   -- or not: phase one for policy i, whose reply follows REPLY[base]; then the policies after
-  -- it, each one step deeper; then phase two for policy i, once the request is known to be
+  -- it, each one call deeper; then phase two for policy i, once the request is known to be
   -- admitted or not (by every policy that decides), so what each phase hands the other stays
   -- in locals. Phase two runs from the last policy to the first: each has its own key.
   -- Returns whether the request is admitted, where the reply of the checks ends, and whether
   -- a key was decided under its own limit (then PS[i] holds the parameters of each policy
   -- from i on as it was decided).
-  local function step(self, i, n, keys, now, since, admitted, base, op, key, cost, p)
+  local function phases(self, i, n, keys, now, since, admitted, base, op, key, cost, p)
     local st, ends, q
     do -- loaded
       local p = p
@@ -1192,13 +1192,13 @@ ALG[1] = function()
     local total, own = base + WIDTH[op], false
     if i < n then
       local j = i + 1
-      admitted, total, own = ALGS[j]:step(j, n, keys, now, since, admitted, total, OPS[j], keys[j], COSTS[j], PS[j])
+      admitted, total, own = ALGS[j]:phases(j, n, keys, now, since, admitted, total, OPS[j], keys[j], COSTS[j], PS[j])
     end
     repeat -- phase_two
       local e, total_31 = p.escalate, total
       if admitted then
         if wait then
-          reserve(self, key, q, st, ends, now, cost, wait, base, since)
+          book(self, key, q, st, ends, now, cost, wait, base, since)
           total = total_31 break
         end
         if lease_end then
@@ -1311,7 +1311,7 @@ ALG[1] = function()
   end
   
   -- A policy enforced alone, the most usual call, from its arguments (`args`, its shape
-  -- `shape` first): its cost and parameters read, the time, then its two phases (as `step`
+  -- `shape` first): its cost and parameters read, the time, then its two phases (as `phases`
   -- runs them; written here again, inlined, because this call is the most usual). Returns the
   -- reply; nil, having done nothing, when the arguments are malformed.
   local function enforced(self, key, args, shape)
@@ -1494,7 +1494,7 @@ ALG[1] = function()
       local fused, lease_end, wait, e = true, nil, nil, p.escalate
       if ok then
         if wait then
-          reserve(self, key, q, st, ends, now, cost, wait, 0, since)
+          book(self, key, q, st, ends, now, cost, wait, 0, since)
           total = 3 break
         end
         if lease_end then
@@ -1608,7 +1608,7 @@ ALG[1] = function()
   end
   return {
     verdict = verdict,
-    step = step,
+    phases = phases,
     enforced = enforced,
     block = block_in_value,
     load = load,
@@ -1928,7 +1928,7 @@ ALG[2] = function()
   end
 
   -- The two phases of a decision for one policy, written once: `decide` (decide.lua) runs
-  -- phase one for each policy of a call, then phase two for each (`step`), and a policy
+  -- phase one for each policy of a call, then phase two for each (`phases`), and a policy
   -- enforced alone (`enforced`). The generator (luagen/) writes them into each algorithm's
   -- twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place of
   -- their calls, so that a decision makes almost no Lua call of its own beyond Redis's
@@ -2073,13 +2073,13 @@ ALG[2] = function()
   -- The policies of a decision from position i to n (read into ALGS, OPS, PS, COSTS, XS and
   -- YS; policy i's operation, key, cost and parameters given), `admitted` by those before it
   -- or not: phase one for policy i, whose reply follows REPLY[base]; then the policies after
-  -- it, each one step deeper; then phase two for policy i, once the request is known to be
+  -- it, each one call deeper; then phase two for policy i, once the request is known to be
   -- admitted or not (by every policy that decides), so what each phase hands the other stays
   -- in locals. Phase two runs from the last policy to the first: each has its own key.
   -- Returns whether the request is admitted, where the reply of the checks ends, and whether
   -- a key was decided under its own limit (then PS[i] holds the parameters of each policy
   -- from i on as it was decided).
-  local function step(self, i, n, keys, now, since, admitted, base, op, key, cost, p)
+  local function phases(self, i, n, keys, now, since, admitted, base, op, key, cost, p)
     local st, ends, q
     do -- loaded
       local p = p
@@ -2255,13 +2255,13 @@ ALG[2] = function()
     local total, own = base + WIDTH[op], false
     if i < n then
       local j = i + 1
-      admitted, total, own = ALGS[j]:step(j, n, keys, now, since, admitted, total, OPS[j], keys[j], COSTS[j], PS[j])
+      admitted, total, own = ALGS[j]:phases(j, n, keys, now, since, admitted, total, OPS[j], keys[j], COSTS[j], PS[j])
     end
     repeat -- phase_two
       local e, total_54 = p.escalate, total
       if admitted then
         if wait then
-          reserve(self, key, q, st, ends, now, cost, wait, base, since)
+          book(self, key, q, st, ends, now, cost, wait, base, since)
           total = total_54 break
         end
         if lease_end then
@@ -2405,7 +2405,7 @@ ALG[2] = function()
   end
   
   -- A policy enforced alone, the most usual call, from its arguments (`args`, its shape
-  -- `shape` first): its cost and parameters read, the time, then its two phases (as `step`
+  -- `shape` first): its cost and parameters read, the time, then its two phases (as `phases`
   -- runs them; written here again, inlined, because this call is the most usual). Returns the
   -- reply; nil, having done nothing, when the arguments are malformed.
   local function enforced(self, key, args, shape)
@@ -2620,7 +2620,7 @@ ALG[2] = function()
       local fused, lease_end, wait, e = true, nil, nil, p.escalate
       if ok then
         if wait then
-          reserve(self, key, q, st, ends, now, cost, wait, 0, since)
+          book(self, key, q, st, ends, now, cost, wait, 0, since)
           total = 3 break
         end
         if lease_end then
@@ -2765,7 +2765,7 @@ ALG[2] = function()
   end
   return {
     verdict = verdict,
-    step = step,
+    phases = phases,
     enforced = enforced,
     block = block_in_value,
     load = load,
@@ -3035,7 +3035,7 @@ ALG[3] = function()
   end
 
   -- The two phases of a decision for one policy, written once: `decide` (decide.lua) runs
-  -- phase one for each policy of a call, then phase two for each (`step`), and a policy
+  -- phase one for each policy of a call, then phase two for each (`phases`), and a policy
   -- enforced alone (`enforced`). The generator (luagen/) writes them into each algorithm's
   -- twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place of
   -- their calls, so that a decision makes almost no Lua call of its own beyond Redis's
@@ -3127,13 +3127,13 @@ ALG[3] = function()
   -- The policies of a decision from position i to n (read into ALGS, OPS, PS, COSTS, XS and
   -- YS; policy i's operation, key, cost and parameters given), `admitted` by those before it
   -- or not: phase one for policy i, whose reply follows REPLY[base]; then the policies after
-  -- it, each one step deeper; then phase two for policy i, once the request is known to be
+  -- it, each one call deeper; then phase two for policy i, once the request is known to be
   -- admitted or not (by every policy that decides), so what each phase hands the other stays
   -- in locals. Phase two runs from the last policy to the first: each has its own key.
   -- Returns whether the request is admitted, where the reply of the checks ends, and whether
   -- a key was decided under its own limit (then PS[i] holds the parameters of each policy
   -- from i on as it was decided).
-  local function step(self, i, n, keys, now, since, admitted, base, op, key, cost, p)
+  local function phases(self, i, n, keys, now, since, admitted, base, op, key, cost, p)
     local st, ends, q
     do -- loaded
       local p = p
@@ -3255,13 +3255,13 @@ ALG[3] = function()
     local total, own = base + WIDTH[op], false
     if i < n then
       local j = i + 1
-      admitted, total, own = ALGS[j]:step(j, n, keys, now, since, admitted, total, OPS[j], keys[j], COSTS[j], PS[j])
+      admitted, total, own = ALGS[j]:phases(j, n, keys, now, since, admitted, total, OPS[j], keys[j], COSTS[j], PS[j])
     end
     repeat -- phase_two
       local e, total_26 = p.escalate, total
       if admitted then
         if wait then
-          reserve(self, key, q, st, ends, now, cost, wait, base, since)
+          book(self, key, q, st, ends, now, cost, wait, base, since)
           total = total_26 break
         end
         if lease_end then
@@ -3360,7 +3360,7 @@ ALG[3] = function()
   end
   
   -- A policy enforced alone, the most usual call, from its arguments (`args`, its shape
-  -- `shape` first): its cost and parameters read, the time, then its two phases (as `step`
+  -- `shape` first): its cost and parameters read, the time, then its two phases (as `phases`
   -- runs them; written here again, inlined, because this call is the most usual). Returns the
   -- reply; nil, having done nothing, when the arguments are malformed.
   local function enforced(self, key, args, shape)
@@ -3521,7 +3521,7 @@ ALG[3] = function()
       local fused, lease_end, wait, e = true, nil, nil, p.escalate
       if ok then
         if wait then
-          reserve(self, key, q, st, ends, now, cost, wait, 0, since)
+          book(self, key, q, st, ends, now, cost, wait, 0, since)
           total = 3 break
         end
         if lease_end then
@@ -3621,7 +3621,7 @@ ALG[3] = function()
   end
   return {
     verdict = verdict,
-    step = step,
+    phases = phases,
     enforced = enforced,
     load = load,
     -- The key's own limit, `to` (nil: none): its member replaced, the key living until it
@@ -3673,8 +3673,8 @@ ALG[3] = function()
     lease_commit = function(self, key, p, st, now, ends, units, keep, since)
       log(key, p, st, now, ends, units, keep, since)
     end,
-    -- A reserved request's units are logged at its reserved time, as a lease's at its end.
-    reserve_commit = function(self, key, p, st, now, at, cost, keep, since)
+    -- A booked request's units are logged at its booked time, as a lease's at its end.
+    book_commit = function(self, key, p, st, now, at, cost, keep, since)
       log(key, p, st, now, at, cost, keep, since)
     end,
     -- Forgets up to `units` of those logged at the lease's end (`ends`).
@@ -3773,7 +3773,7 @@ ALG[4] = function()
   end
 
   -- The two phases of a decision for one policy, written once: `decide` (decide.lua) runs
-  -- phase one for each policy of a call, then phase two for each (`step`), and a policy
+  -- phase one for each policy of a call, then phase two for each (`phases`), and a policy
   -- enforced alone (`enforced`). The generator (luagen/) writes them into each algorithm's
   -- twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place of
   -- their calls, so that a decision makes almost no Lua call of its own beyond Redis's
@@ -3915,13 +3915,13 @@ ALG[4] = function()
   -- The policies of a decision from position i to n (read into ALGS, OPS, PS, COSTS, XS and
   -- YS; policy i's operation, key, cost and parameters given), `admitted` by those before it
   -- or not: phase one for policy i, whose reply follows REPLY[base]; then the policies after
-  -- it, each one step deeper; then phase two for policy i, once the request is known to be
+  -- it, each one call deeper; then phase two for policy i, once the request is known to be
   -- admitted or not (by every policy that decides), so what each phase hands the other stays
   -- in locals. Phase two runs from the last policy to the first: each has its own key.
   -- Returns whether the request is admitted, where the reply of the checks ends, and whether
   -- a key was decided under its own limit (then PS[i] holds the parameters of each policy
   -- from i on as it was decided).
-  local function step(self, i, n, keys, now, since, admitted, base, op, key, cost, p)
+  local function phases(self, i, n, keys, now, since, admitted, base, op, key, cost, p)
     local st, ends, q
     do -- loaded
       local p = p
@@ -4092,13 +4092,13 @@ ALG[4] = function()
     local total, own = base + WIDTH[op], false
     if i < n then
       local j = i + 1
-      admitted, total, own = ALGS[j]:step(j, n, keys, now, since, admitted, total, OPS[j], keys[j], COSTS[j], PS[j])
+      admitted, total, own = ALGS[j]:phases(j, n, keys, now, since, admitted, total, OPS[j], keys[j], COSTS[j], PS[j])
     end
     repeat -- phase_two
       local e, total_58 = p.escalate, total
       if admitted then
         if wait then
-          reserve(self, key, q, st, ends, now, cost, wait, base, since)
+          book(self, key, q, st, ends, now, cost, wait, base, since)
           total = total_58 break
         end
         if lease_end then
@@ -4208,7 +4208,7 @@ ALG[4] = function()
   end
   
   -- A policy enforced alone, the most usual call, from its arguments (`args`, its shape
-  -- `shape` first): its cost and parameters read, the time, then its two phases (as `step`
+  -- `shape` first): its cost and parameters read, the time, then its two phases (as `phases`
   -- runs them; written here again, inlined, because this call is the most usual). Returns the
   -- reply; nil, having done nothing, when the arguments are malformed.
   local function enforced(self, key, args, shape)
@@ -4418,7 +4418,7 @@ ALG[4] = function()
       local fused, lease_end, wait, e = true, nil, nil, p.escalate
       if ok then
         if wait then
-          reserve(self, key, q, st, ends, now, cost, wait, 0, since)
+          book(self, key, q, st, ends, now, cost, wait, 0, since)
           total = 3 break
         end
         if lease_end then
@@ -4529,7 +4529,7 @@ ALG[4] = function()
   end
   return {
     verdict = verdict,
-    step = step,
+    phases = phases,
     enforced = enforced,
     block = block_in_value,
     load = load,
@@ -4666,7 +4666,7 @@ ALG[5] = function()
   end
 
   -- The two phases of a decision for one policy, written once: `decide` (decide.lua) runs
-  -- phase one for each policy of a call, then phase two for each (`step`), and a policy
+  -- phase one for each policy of a call, then phase two for each (`phases`), and a policy
   -- enforced alone (`enforced`). The generator (luagen/) writes them into each algorithm's
   -- twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place of
   -- their calls, so that a decision makes almost no Lua call of its own beyond Redis's
@@ -4796,13 +4796,13 @@ ALG[5] = function()
   -- The policies of a decision from position i to n (read into ALGS, OPS, PS, COSTS, XS and
   -- YS; policy i's operation, key, cost and parameters given), `admitted` by those before it
   -- or not: phase one for policy i, whose reply follows REPLY[base]; then the policies after
-  -- it, each one step deeper; then phase two for policy i, once the request is known to be
+  -- it, each one call deeper; then phase two for policy i, once the request is known to be
   -- admitted or not (by every policy that decides), so what each phase hands the other stays
   -- in locals. Phase two runs from the last policy to the first: each has its own key.
   -- Returns whether the request is admitted, where the reply of the checks ends, and whether
   -- a key was decided under its own limit (then PS[i] holds the parameters of each policy
   -- from i on as it was decided).
-  local function step(self, i, n, keys, now, since, admitted, base, op, key, cost, p)
+  local function phases(self, i, n, keys, now, since, admitted, base, op, key, cost, p)
     local st, ends, q
     do -- loaded
       local p = p
@@ -4961,13 +4961,13 @@ ALG[5] = function()
     local total, own = base + WIDTH[op], false
     if i < n then
       local j = i + 1
-      admitted, total, own = ALGS[j]:step(j, n, keys, now, since, admitted, total, OPS[j], keys[j], COSTS[j], PS[j])
+      admitted, total, own = ALGS[j]:phases(j, n, keys, now, since, admitted, total, OPS[j], keys[j], COSTS[j], PS[j])
     end
     repeat -- phase_two
       local e, total_50 = p.escalate, total
       if admitted then
         if wait then
-          reserve(self, key, q, st, ends, now, cost, wait, base, since)
+          book(self, key, q, st, ends, now, cost, wait, base, since)
           total = total_50 break
         end
         if lease_end then
@@ -5060,7 +5060,7 @@ ALG[5] = function()
   end
   
   -- A policy enforced alone, the most usual call, from its arguments (`args`, its shape
-  -- `shape` first): its cost and parameters read, the time, then its two phases (as `step`
+  -- `shape` first): its cost and parameters read, the time, then its two phases (as `phases`
   -- runs them; written here again, inlined, because this call is the most usual). Returns the
   -- reply; nil, having done nothing, when the arguments are malformed.
   local function enforced(self, key, args, shape)
@@ -5258,7 +5258,7 @@ ALG[5] = function()
       local fused, lease_end, wait, e = true, nil, nil, p.escalate
       if ok then
         if wait then
-          reserve(self, key, q, st, ends, now, cost, wait, 0, since)
+          book(self, key, q, st, ends, now, cost, wait, 0, since)
           total = 3 break
         end
         if lease_end then
@@ -5352,7 +5352,7 @@ ALG[5] = function()
   end
   return {
     verdict = verdict,
-    step = step,
+    phases = phases,
     enforced = enforced,
     block = block_in_value,
     load = load,
@@ -5451,7 +5451,7 @@ ALG[6] = function()
   end
 
   -- The two phases of a decision for one policy, written once: `decide` (decide.lua) runs
-  -- phase one for each policy of a call, then phase two for each (`step`), and a policy
+  -- phase one for each policy of a call, then phase two for each (`phases`), and a policy
   -- enforced alone (`enforced`). The generator (luagen/) writes them into each algorithm's
   -- twin, with the twin's own `load`, `evaluate`, `commit` and `lag` written in place of
   -- their calls, so that a decision makes almost no Lua call of its own beyond Redis's
@@ -5525,13 +5525,13 @@ ALG[6] = function()
   -- The policies of a decision from position i to n (read into ALGS, OPS, PS, COSTS, XS and
   -- YS; policy i's operation, key, cost and parameters given), `admitted` by those before it
   -- or not: phase one for policy i, whose reply follows REPLY[base]; then the policies after
-  -- it, each one step deeper; then phase two for policy i, once the request is known to be
+  -- it, each one call deeper; then phase two for policy i, once the request is known to be
   -- admitted or not (by every policy that decides), so what each phase hands the other stays
   -- in locals. Phase two runs from the last policy to the first: each has its own key.
   -- Returns whether the request is admitted, where the reply of the checks ends, and whether
   -- a key was decided under its own limit (then PS[i] holds the parameters of each policy
   -- from i on as it was decided).
-  local function step(self, i, n, keys, now, since, admitted, base, op, key, cost, p)
+  local function phases(self, i, n, keys, now, since, admitted, base, op, key, cost, p)
     local st, ends, q
     do -- loaded
       local p = p
@@ -5637,13 +5637,13 @@ ALG[6] = function()
     local total, own = base + WIDTH[op], false
     if i < n then
       local j = i + 1
-      admitted, total, own = ALGS[j]:step(j, n, keys, now, since, admitted, total, OPS[j], keys[j], COSTS[j], PS[j])
+      admitted, total, own = ALGS[j]:phases(j, n, keys, now, since, admitted, total, OPS[j], keys[j], COSTS[j], PS[j])
     end
     repeat -- phase_two
       local e, total_24 = p.escalate, total
       if admitted then
         if wait then
-          reserve(self, key, q, st, ends, now, cost, wait, base, since)
+          book(self, key, q, st, ends, now, cost, wait, base, since)
           total = total_24 break
         end
         if lease_end then
@@ -5709,7 +5709,7 @@ ALG[6] = function()
   end
   
   -- A policy enforced alone, the most usual call, from its arguments (`args`, its shape
-  -- `shape` first): its cost and parameters read, the time, then its two phases (as `step`
+  -- `shape` first): its cost and parameters read, the time, then its two phases (as `phases`
   -- runs them; written here again, inlined, because this call is the most usual). Returns the
   -- reply; nil, having done nothing, when the arguments are malformed.
   local function enforced(self, key, args, shape)
@@ -5854,7 +5854,7 @@ ALG[6] = function()
       local fused, lease_end, wait, e = true, nil, nil, p.escalate
       if ok then
         if wait then
-          reserve(self, key, q, st, ends, now, cost, wait, 0, since)
+          book(self, key, q, st, ends, now, cost, wait, 0, since)
           total = 3 break
         end
         if lease_end then
@@ -5921,7 +5921,7 @@ ALG[6] = function()
   end
   return {
     verdict = verdict,
-    step = step,
+    phases = phases,
     enforced = enforced,
     block = block_in_value,
     load = load,
@@ -5946,7 +5946,7 @@ ALG[6] = function()
       store(key, p, format(p.f1, tat), tat, keep, since)
       return true
     end,
-    -- Gives back the latest reserved time only: its charge put the TAT at `at + tolerance`.
+    -- Gives back the latest booked time only: its charge put the TAT at `at + tolerance`.
     release = function(self, key, p, st, now, at, units, keep, since)
       if st and st == at + p[2] then
         self:refund(key, p, st, now, units, keep, since)
@@ -5992,20 +5992,20 @@ end
 -- act;
 -- LEASE (decided on the state as strict as a lease could make it, `lease_state`, and charged
 -- a lease of what is left instead of its cost, `take_lease`), WAIT (a request it denies now
--- is admitted when a wait of at most its integer would admit it, `reservation` and
--- `reserve`), CONCURRENCY (its grant is the slots charged and the time they were charged at).
+-- is admitted when a wait of at most its integer would admit it, `booking` and
+-- `book`), CONCURRENCY (its grant is the slots charged and the time they were charged at).
 -- A blocked key is denied whatever its state, until the block ends; the block is kept in the
 -- state key itself (see `read` and the sliding log), so a decision finds it with the read it
 -- makes anyway, and stays on record while the key lives (a clock that goes back finds it
 -- again, as the memory store does).
 -- Every operation that acts does so first, in order; then phase one for each policy, then
--- phase two for each (`step`, in phases.lua), charged only if all that decide admit. A
+-- phase two for each (`phases`, in phases.lua), charged only if all that decide admit. A
 -- policy enforced alone, the usual call, is its twin's `enforced`: the same two phases.
 -- Reply: CHECK_WIDTH integers per policy, each at its place (`at` in script.rs, AT_... here):
 -- the verdict (ADMITTED, or the retry-after in microseconds, or NEVER when no wait admits it),
 -- remaining, reset_after_us; remaining and reset describe the state after this request's
 -- charges. A granting operation's reply has REPLY_GRANT more: the units granted (0 when none),
--- the grant's end (a lease's end, a reserved time, the time held slots were charged at), and
+-- the grant's end (a lease's end, a booked time, the time held slots were charged at), and
 -- the microseconds until then.
 
 -- Each algorithm's functions, built the first time a decision uses it: once per call when
@@ -6179,7 +6179,7 @@ local function malformed(args, at)
 end
 
 -- The decision: each policy read (all before anything is done: a malformed call changes
--- nothing), the time read; every act, in order; then `step` from the first policy (phase one
+-- nothing), the time read; every act, in order; then `phases` from the first policy (phase one
 -- for each, then phase two for each, charged only if every policy that decides admits). A
 -- policy enforced alone, the usual call, is its twin's `enforced`, which reads its own
 -- arguments (nil when they are malformed: they are then read here, and refused).
@@ -6224,7 +6224,7 @@ local function decide(keys, args)
       end
     end
   end
-  local _, total, own = ALGS[1]:step(1, n, keys, now, since, true, 0, OPS[1], keys[1], COSTS[1], PS[1])
+  local _, total, own = ALGS[1]:phases(1, n, keys, now, since, true, 0, OPS[1], keys[1], COSTS[1], PS[1])
   if own then
     own_limits(n, total)
   else

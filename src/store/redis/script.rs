@@ -311,7 +311,7 @@ mod tests {
     /// `decide.lua` reads what an operation is from the generated tables, and writes an arm
     /// only for what an operation does: an `ACT[...]` arm for exactly the operations whose
     /// fact says they act, and a named branch for exactly the operations with a grant (the
-    /// lease, the reservation, the held slots); no other operation is compared by name.
+    /// lease, the booking, the held slots); no other operation is compared by name.
     #[test]
     fn lua_branches_follow_the_facts() {
         let decide = concat!(

@@ -198,7 +198,7 @@ impl<C: Fn() -> u64, const N: usize> Rows for Claimed<'_, C, N> {
 
     /// The word given back as it was; the count was not changed.
     #[inline(always)]
-    fn keep(&mut self, i: usize) {
+    fn leave(&mut self, i: usize) {
         if let Some((word, _)) = self.cells[i] {
             give_back(word, self.was[i].word());
         }

@@ -78,7 +78,7 @@ impl Shard {
         if let Op::Wait { max_wait_us } = op
             && !run.verdict.allowed
         {
-            let read = |e: Option<&Unpacked>| reservation(e, check, now, &run.verdict, max_wait_us);
+            let read = |e: Option<&Unpacked>| booking(e, check, now, &run.verdict, max_wait_us);
             run.wait = match row {
                 Some(row) => row.read(algorithm, |e| read(Some(e))),
                 None => read(None),
@@ -87,7 +87,7 @@ impl Shard {
     }
 
     /// Phase two for `check`, the request admitted: charged as its operation says (at its
-    /// reserved time, a lease, its cost), what it was granted left in `run`. A row phase one
+    /// booked time, a lease, its cost), what it was granted left in `run`. A row phase one
     /// found is charged where it is; a new key is inserted (its caller makes these last).
     pub(crate) fn charge_row(
         &mut self,
@@ -101,10 +101,10 @@ impl Shard {
         if let Some(wait) = run.wait {
             let at = now + wait;
             self.charge(check, hash, now, capacity, |a, s| {
-                a.reserve_commit(s, now, at, cost)
+                a.book_commit(s, now, at, cost)
             });
             // Admitted, the state reported as it is seen now (a look may deny: the sliding log
-            // still counts, now, entries that are gone at the reserved time).
+            // still counts, now, entries that are gone at the booked time).
             let seen = self.look_row(check, run, now);
             run.verdict = Verdict::allow(seen.remaining, seen.reset_after_us);
             run.grant = Some(Grant::new(cost, at, wait));
@@ -152,7 +152,7 @@ impl Shard {
 
 /// For a check denied now with `verdict`: the wait until the time that admits it, if it is
 /// within `max_wait` and the key (its `entry`, if it has one) is not blocked.
-fn reservation(
+fn booking(
     entry: Option<&Unpacked>,
     check: &CheckRef<'_>,
     now: u64,
@@ -165,5 +165,5 @@ fn reservation(
     let tier = check.tier().algorithm();
     let state = entry.and_then(|e| e.live(now));
     let under = entry.map_or(tier, |e| e.algorithm(tier));
-    under.reservation(state, now, check.cost(), verdict, max_wait)
+    under.booking(state, now, check.cost(), verdict, max_wait)
 }

@@ -11,7 +11,7 @@ use crate::policy::Tier;
 
 /// Where a row keeps its state.
 pub(super) enum Cell {
-    /// A state that packs ([`Step::pack`](crate::algorithm::Step::pack)) in a word, which is
+    /// A state that packs ([`Kernel::pack`](crate::algorithm::Kernel::pack)) in a word, which is
     /// also when it expires, and a count, and no block: the common case, decided under the
     /// shared lock. The count sits beside the enum's tag: the cell stays 16 bytes.
     Packed { count: AtomicU32, word: AtomicU64 },

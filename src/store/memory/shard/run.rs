@@ -21,7 +21,7 @@ pub(crate) struct Run {
     pub(super) wait: Option<u64>,
     /// For a packed state judged for an enforced check: the state, and as its charge leaves it.
     pub(super) packed: Option<(Packed, Packed)>,
-    /// The units granted (a lease, a reserved time, concurrency slots).
+    /// The units granted (a lease, a booked time, concurrency slots).
     pub(super) grant: Option<Grant>,
     /// The key's own limit's tier, when it has one (the outcome reports it).
     pub(super) own: Option<Arc<Tier>>,

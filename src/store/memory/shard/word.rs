@@ -123,7 +123,7 @@ impl<C: Fn() -> u64, const COUNTED: bool> Rows for Word<'_, C, COUNTED> {
     fn charge(&mut self, _: usize, _: u64) {}
 
     #[inline(always)]
-    fn keep(&mut self, _: usize) {
+    fn leave(&mut self, _: usize) {
         self.next = self.was();
     }
 

@@ -1,4 +1,4 @@
-//! What every algorithm is: a [`Step`] (how it judges, charges and gives back on its own
+//! What every algorithm is: a [`Kernel`] (how it judges, charges and gives back on its own
 //! state), the [`Verdict`] it gives, and what the stores build on it (the lag when a state
 //! runs ahead of the clock, packed states, reservations, leases).
 
@@ -50,7 +50,7 @@ impl Verdict {
 /// The contract every algorithm implements: its parameters (`Self`, checked and precomputed from
 /// a quota) and its per-key state, with the two phases of a decision. Each implementation has a
 /// Lua twin beside it (`lua/<name>.lua`) that computes the same integers.
-pub(crate) trait Step: Sized {
+pub(crate) trait Kernel: Sized {
     /// Per-key state.
     type State: Clone;
     /// Whether the algorithm takes a burst different from its limit.
@@ -63,7 +63,7 @@ pub(crate) trait Step: Sized {
     fn compile(quota: Quota, options: Options) -> Result<Self, ConfigError>;
 
     /// Phase one: decides without changing anything, as of `now` or, when the state is ahead
-    /// of `now` (the clock went back), as of the state's own time ([`Step::own_time`]).
+    /// of `now` (the clock went back), as of the state's own time ([`Kernel::own_time`]).
     fn evaluate(&self, state: Option<&Self::State>, now: u64, cost: u64) -> Verdict;
 
     /// Phase two: charges an admitted request. Returns when the state expires (becomes the same
@@ -74,7 +74,7 @@ pub(crate) trait Step: Sized {
     /// out to cost beyond what was charged up front (`Op::Settle`). The key then owes the
     /// units, and is denied until time pays them back: a window counts past its limit until
     /// it ends or slides on, GCRA moves its TAT on, a leaky bucket fills past its brim. By
-    /// default a charge ([`Step::commit`], which none of those bounds); an algorithm whose
+    /// default a charge ([`Kernel::commit`], which none of those bounds); an algorithm whose
     /// charge stops at empty (the token bucket) keeps the debt its own way. Returns when the
     /// state expires.
     fn debit(&self, state: &mut Option<Self::State>, now: u64, units: u64) -> u64 {
@@ -104,7 +104,7 @@ pub(crate) trait Step: Sized {
         state.cloned()
     }
 
-    /// Charges a lease of `units` ending at `end` (on the state [`Step::lease_state`] gave):
+    /// Charges a lease of `units` ending at `end` (on the state [`Kernel::lease_state`] gave):
     /// a charge at `now`, except for the sliding log, which logs the units at `end`. Returns
     /// when the state expires.
     fn lease_commit(&self, state: &mut Option<Self::State>, now: u64, end: u64, units: u64) -> u64 {
@@ -132,7 +132,7 @@ pub(crate) trait Step: Sized {
         self.refund(state, now, units)
     }
 
-    /// Gives back `units` a request reserved at `at` and will not spend (its client went
+    /// Gives back `units` a request booked at `at` and will not spend (its client went
     /// away while it waited, or its concurrency slots are freed). By default as a lease's
     /// units are given back: the algorithms whose state is a record of what went on (the
     /// windows and the log) forget the units counted at that time, and the requests queued
@@ -151,11 +151,11 @@ pub(crate) trait Step: Sized {
         self.give_back(state, now, at, units)
     }
 
-    /// Charges a request that reserved the time `at` (later than `now`): a charge made at
-    /// `at` (the state then counts from its reserved time: a later window, a bucket's update time),
+    /// Charges a request that booked the time `at` (later than `now`): a charge made at
+    /// `at` (the state then counts from its booked time: a later window, a bucket's update time),
     /// except for the sliding log, which logs the units at `at` and keeps, at `now`, the
     /// entries still inside the present's window. Returns when the state expires.
-    fn reserve_commit(&self, state: &mut Option<Self::State>, now: u64, at: u64, cost: u64) -> u64 {
+    fn book_commit(&self, state: &mut Option<Self::State>, now: u64, at: u64, cost: u64) -> u64 {
         let _ = now;
         self.commit(state, at, cost)
     }
@@ -178,14 +178,14 @@ pub(crate) trait Step: Sized {
         expires_at
     }
 
-    /// Whether the state may pack (see [`pack`](Step::pack)).
+    /// Whether the state may pack (see [`pack`](Kernel::pack)).
     const PACKS: bool = false;
 
     /// Whether a packed state uses its count ([`Packed::count`]): then a decision on it alone
     /// claims its word rather than swapping it (the word and the count change together).
     const PACKS_COUNT: bool = false;
 
-    /// Whether this policy's states pack (the type's [`PACKS`](Step::PACKS) unless its
+    /// Whether this policy's states pack (the type's [`PACKS`](Kernel::PACKS) unless its
     /// configuration keeps them from it).
     fn packs(&self) -> bool {
         Self::PACKS
@@ -202,7 +202,7 @@ pub(crate) trait Step: Sized {
         None
     }
 
-    /// The state that [`pack`](Step::pack) made `packed` of (`None` for a word of 0).
+    /// The state that [`pack`](Kernel::pack) made `packed` of (`None` for a word of 0).
     fn unpack(&self, packed: Packed) -> Option<Self::State> {
         let _ = packed;
         None
@@ -229,13 +229,13 @@ pub(crate) trait Step: Sized {
 
 /// Phase one with the clock-lag adjustment (the one place it is written in Rust; its Lua twin
 /// is `shift` in `helpers.lua`): a state newer than `now` (the clock went back, or a request
-/// reserved a later time) decides as of its own time, its times moved to be from `now`, and
+/// booked a later time) decides as of its own time, its times moved to be from `now`, and
 /// admits no cost before that time (nothing remains until then): a request it would admit
 /// then waits until then. Admitting
 /// it now would spend, before they exist, units the state counts as there only from its own
 /// time (the refill of a bucket, the room of a later window).
 #[inline]
-pub(super) fn evaluate_with_lag<A: Step>(
+pub(super) fn evaluate_with_lag<A: Kernel>(
     a: &A,
     state: Option<&A::State>,
     now: u64,
@@ -257,7 +257,7 @@ pub(super) fn evaluate_with_lag<A: Step>(
     verdict
 }
 
-/// A state packed for the memory store's shared path (see [`Step::pack`]).
+/// A state packed for the memory store's shared path (see [`Kernel::pack`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Packed {
     word: u64,
@@ -285,10 +285,10 @@ impl Packed {
     }
 }
 
-/// One request of `cost` on the packed state `packed` (see [`Step::pack`]): the verdict, and
+/// One request of `cost` on the packed state `packed` (see [`Kernel::pack`]): the verdict, and
 /// the state the charge leaves when it is admitted and charged (`packed` when nothing is).
 #[inline(always)]
-pub(super) fn judge_packed_as<A: Step>(
+pub(super) fn judge_packed_as<A: Kernel>(
     a: &A,
     packed: Packed,
     now: u64,
@@ -307,9 +307,9 @@ pub(super) fn judge_packed_as<A: Step>(
 
 /// When a request denied now with `verdict` is admitted instead by reserving its time: the
 /// microseconds until then (its retry-after), when that is at most `max_wait` and the
-/// request (of a cost above 0: a look reserves nothing) is admitted then on the state as it
-/// is (twin of `reservation` in `decide.lua`).
-pub(super) fn reservation<A: Step>(
+/// request (of a cost above 0: a look books nothing) is admitted then on the state as it
+/// is (twin of `booking` in `decide.lua`).
+pub(super) fn booking<A: Kernel>(
     a: &A,
     state: Option<&A::State>,
     now: u64,
@@ -318,7 +318,7 @@ pub(super) fn reservation<A: Step>(
     max_wait: u64,
 ) -> Option<u64> {
     if cost == 0 {
-        // A look reserves nothing.
+        // A look books nothing.
         return None;
     }
     let wait = verdict.retry_after_us.filter(|&r| r <= max_wait)?;
@@ -339,9 +339,9 @@ pub(crate) struct Lease {
 }
 
 /// The verdict on `cost` of a lease taken at `now` for `ttl`, and the lease's end: phase one
-/// of a request that asks for a lease, on the state [`Step::lease_state`] makes (twin of the
-/// `LEASE` step of `evaluate` in `decide.lua`).
-pub(super) fn lease_verdict<A: Step>(
+/// of a request that asks for a lease, on the state [`Kernel::lease_state`] makes (twin of the
+/// `LEASE` arm of `evaluate` in `decide.lua`).
+pub(super) fn lease_verdict<A: Kernel>(
     a: &A,
     state: Option<&A::State>,
     now: u64,
@@ -355,7 +355,7 @@ pub(super) fn lease_verdict<A: Step>(
 
 /// Phase two of a request that asks for a lease and was admitted: leases what is left now, at
 /// least `cost` and at most `want` units (twin of `take_lease` in `decide.lua`).
-pub(super) fn take_lease<A: Step>(
+pub(super) fn take_lease<A: Kernel>(
     a: &A,
     state: &mut Option<A::State>,
     now: u64,
@@ -385,7 +385,7 @@ pub(super) fn take_lease<A: Step>(
     }
 }
 
-/// What an algorithm admits at most over time ([`Step::GUARANTEE`]), in units of a quota of
+/// What an algorithm admits at most over time ([`Kernel::GUARANTEE`]), in units of a quota of
 /// `limit` per `window`.
 #[cfg(test)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

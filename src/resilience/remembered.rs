@@ -1,4 +1,4 @@
-//! What an instance saw denied, held to answer while the store fails: the denials and blocks
+//! What an instance saw denied, remembered to answer while the store fails: the denials and blocks
 //! of policies, and the key entries of the deny list, each until its end. Looked at only when
 //! the store errs or misses its deadline, whatever the failure policy: a client the instance
 //! knows to be denied stays denied through an outage; one it never saw denied gets the failure
@@ -12,22 +12,22 @@ use crate::decision::Decision;
 use crate::key::Key;
 use crate::store::{Check, lock};
 
-/// The policies' denials held, at most (the deny cache's eviction past it).
-pub(crate) const HELD_DENIALS: usize = 10_000;
-/// The deny list's entries held, at most (the soonest to end dropped past it).
-pub(crate) const HELD_ENTRIES: usize = 10_000;
+/// The policies' denials remembered, at most (the deny cache's eviction past it).
+pub(crate) const REMEMBERED_DENIALS: usize = 10_000;
+/// The deny list's entries remembered, at most (the soonest to end dropped past it).
+pub(crate) const REMEMBERED_ENTRIES: usize = 10_000;
 
 #[derive(Debug)]
-pub(crate) struct Held {
+pub(crate) struct Remembered {
     denials: DenyCache,
     /// Keys on the deny list (as the lists' key makes them) to their end, on the layer's clock.
     entries: Mutex<HashMap<Key, u64>>,
 }
 
-impl Held {
+impl Remembered {
     pub(crate) fn new() -> Self {
-        Held {
-            denials: DenyCache::new(HELD_DENIALS),
+        Remembered {
+            denials: DenyCache::new(REMEMBERED_DENIALS),
             entries: Mutex::default(),
         }
     }
@@ -37,12 +37,12 @@ impl Held {
         self.denials.remember(keys, decision, now);
     }
 
-    /// The denial a request of `keys` gets at `now` from what is held, if any.
+    /// The denial a request of `keys` gets at `now` from what is remembered, if any.
     pub(crate) fn denial(&self, keys: &[Check], now: u64) -> Option<Decision> {
         self.denials.lookup(keys, now)
     }
 
-    /// Forgets the denials held of `key` in the tier `id` (a reset, an allow entry).
+    /// Forgets the denials remembered of `key` in the tier `id` (a reset, an allow entry).
     pub(crate) fn forget(&self, id: u32, key: &Key) {
         self.denials.forget(id, key);
     }
@@ -50,9 +50,9 @@ impl Held {
     /// Holds `key` as on the deny list until `until`.
     pub(crate) fn listed(&self, key: Key, until: u64, now: u64) {
         let mut entries = lock(&self.entries);
-        if entries.len() >= HELD_ENTRIES && !entries.contains_key(&key) {
+        if entries.len() >= REMEMBERED_ENTRIES && !entries.contains_key(&key) {
             entries.retain(|_, end| *end > now);
-            if entries.len() >= HELD_ENTRIES
+            if entries.len() >= REMEMBERED_ENTRIES
                 && let Some(soonest) = entries.iter().min_by_key(|(_, end)| **end)
             {
                 let soonest = soonest.0.clone();
@@ -67,7 +67,7 @@ impl Held {
         lock(&self.entries).remove(key);
     }
 
-    /// Whether `key` is held as on the deny list at `now`.
+    /// Whether `key` is remembered as on the deny list at `now`.
     pub(crate) fn is_listed(&self, key: &Key, now: u64) -> bool {
         let mut entries = lock(&self.entries);
         match entries.get(key) {

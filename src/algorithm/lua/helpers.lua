@@ -111,7 +111,9 @@ local function untagged(raw, tag)
 end
 
 -- A one-integer state ("tat"), as a number, the block's end, if any, and the state's tag when
--- it is not the present one (`p.tag`).
+-- it is not the present one (`p.tag`); nil for the state when the key is missing, false when
+-- it holds no state this reads (as every twin's `load`: `uncharged` repairs a TTL only where
+-- a key is).
 --@inline
 local function read1(key, p)
   local raw = call('GET', key)
@@ -129,13 +131,13 @@ local function read1(key, p)
   if tag == p.tag then
     tag = nil
   end
-  return tonumber(state), ends, tag
+  return tonumber(state) or false, ends, tag
 end
 
 -- A two-integer state ("start count", "tokens last") in the table `into` (one per policy
 -- position, reused from call to call: no table built per decision), the block's end, if any,
 -- and the state's tag when it is not the present one; nil for the state when the key is
--- missing.
+-- missing, false when it holds none this reads.
 --@inline
 local function read2(key, p, _, into)
   local raw = call('GET', key)
@@ -155,6 +157,7 @@ local function read2(key, p, _, into)
       end
       a, b = match(state or '', '^(%d+) (%d+)$')
     end
+    st = false
     if a then
       -- Lua's arithmetic reads a numeral as tonumber would, without a call.
       into[1], into[2] = a + 0, b + 0

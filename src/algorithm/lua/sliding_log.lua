@@ -89,7 +89,7 @@ ALG[SLIDING_LOG] = function()
       n = n - 2
     end
     if n == 0 then
-      return nil, ends, own
+      return false, ends, own
     end
     into[1], into[2] = tonumber(top[n]), top[n - 1]
     return into, ends, own

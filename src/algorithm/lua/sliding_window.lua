@@ -127,7 +127,7 @@ ALG[SLIDING_WINDOW] = function()
     local bare = untagged(raw, p.tag)
     if bare then
       -- Tagged with the present parameters, no block: the state is what precedes the tag.
-      return sw_read(bare, p[2] + 1)
+      return sw_read(bare, p[2] + 1) or false
     end
     local tag, ends
     raw, tag, ends = split_state(raw)
@@ -135,9 +135,9 @@ ALG[SLIDING_WINDOW] = function()
       -- Written under other parameters: read with their ring (their number of buckets is
       -- the tag's second parameter).
       local n = tag_params(tag, OLD_RING) and OLD_RING[2]
-      return n and sw_read(raw, n + 1), ends, tag
+      return (n and sw_read(raw, n + 1)) or false, ends, tag
     end
-    return sw_read(raw, p[2] + 1), ends
+    return sw_read(raw, p[2] + 1) or false, ends
   end
 
   --@inline

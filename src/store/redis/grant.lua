@@ -69,13 +69,14 @@ end
 
 -- Phase two for a policy not charged, whose reply follows REPLY[base]: the state reported
 -- as it stays when the policy admitted the request, its key given a TTL (from `since`) if
--- it lost its own.
-local function uncharged(alg, key, p, st, now, since, cost, base)
+-- it lost its own. A key the load found nothing under (`st` nil: a state that is there but
+-- unreadable is false; no block `ends`) has no TTL to lose, and costs no PTTL.
+local function uncharged(alg, key, p, st, ends, now, since, cost, base)
   if REPLY[base + AT_VERDICT] == ADMITTED and cost > 0 then
     local _, remaining, reset = alg:verdict(p, st, nil, now, 0, key)
     REPLY[base + AT_REMAINING], REPLY[base + AT_RESET] = remaining, reset
   end
-  if call('PTTL', key) == -1 then
+  if (st ~= nil or ends) and call('PTTL', key) == -1 then
     -- A key without a TTL (written by something else, or lost its TTL): repair it.
     call('PEXPIRE', key, ttl_ms(since, now + REPLY[base + AT_RESET]))
   end

@@ -95,7 +95,7 @@ local function phase_two(self, i, op, fused, key, p, now, since, cost, st, ends,
       return total
     end
   end
-  uncharged(self, key, p, st, now, since, cost, base)
+  uncharged(self, key, p, st, ends, now, since, cost, base)
   if e and fused and not admitted then
     return strike(self, key, p, e, ends, now, since, base, i, total)
   end

@@ -125,7 +125,9 @@ local function untagged(raw, tag)
 end
 
 -- A one-integer state ("tat"), as a number, the block's end, if any, and the state's tag when
--- it is not the present one (`p.tag`).
+-- it is not the present one (`p.tag`); nil for the state when the key is missing, false when
+-- it holds no state this reads (as every twin's `load`: `uncharged` repairs a TTL only where
+-- a key is).
 --@inline
 local function read1(key, p)
   local raw = call('GET', key)
@@ -143,13 +145,13 @@ local function read1(key, p)
   if tag == p.tag then
     tag = nil
   end
-  return tonumber(state), ends, tag
+  return tonumber(state) or false, ends, tag
 end
 
 -- A two-integer state ("start count", "tokens last") in the table `into` (one per policy
 -- position, reused from call to call: no table built per decision), the block's end, if any,
 -- and the state's tag when it is not the present one; nil for the state when the key is
--- missing.
+-- missing, false when it holds none this reads.
 --@inline
 local function read2(key, p, _, into)
   local raw = call('GET', key)
@@ -169,6 +171,7 @@ local function read2(key, p, _, into)
       end
       a, b = match(state or '', '^(%d+) (%d+)$')
     end
+    st = false
     if a then
       -- Lua's arithmetic reads a numeral as tonumber would, without a call.
       into[1], into[2] = a + 0, b + 0
@@ -671,13 +674,14 @@ end
 
 -- Phase two for a policy not charged, whose reply follows REPLY[base]: the state reported
 -- as it stays when the policy admitted the request, its key given a TTL (from `since`) if
--- it lost its own.
-local function uncharged(alg, key, p, st, now, since, cost, base)
+-- it lost its own. A key the load found nothing under (`st` nil: a state that is there but
+-- unreadable is false; no block `ends`) has no TTL to lose, and costs no PTTL.
+local function uncharged(alg, key, p, st, ends, now, since, cost, base)
   if REPLY[base + 1] == -2 and cost > 0 then
     local _, remaining, reset = alg:verdict(p, st, nil, now, 0, key)
     REPLY[base + 2], REPLY[base + 3] = remaining, reset
   end
-  if call('PTTL', key) == -1 then
+  if (st ~= nil or ends) and call('PTTL', key) == -1 then
     -- A key without a TTL (written by something else, or lost its TTL): repair it.
     call('PEXPIRE', key, ttl_ms(since, now + REPLY[base + 3]))
   end
@@ -1068,6 +1072,7 @@ ALG[1] = function()
             end
             a, b = match(state or '', '^(%d+) (%d+)$')
           end
+          st = false
           if a then
             into[1], into[2] = a + 0, b + 0
             st = into
@@ -1298,7 +1303,7 @@ ALG[1] = function()
           total = total_31 break
         end
       end
-      uncharged(self, key, q, st, now, since, cost, base)
+      uncharged(self, key, q, st, ends, now, since, cost, base)
       if e and fused and not admitted then
         total = strike(self, key, q, e, ends, now, since, base, i, total_31) break
       end
@@ -1376,6 +1381,7 @@ ALG[1] = function()
             end
             a, b = match(state or '', '^(%d+) (%d+)$')
           end
+          st = false
           if a then
             into[1], into[2] = a + 0, b + 0
             st = into
@@ -1594,7 +1600,7 @@ ALG[1] = function()
           total = 3 break
         end
       end
-      uncharged(self, key, q, st, now, since, cost, 0)
+      uncharged(self, key, q, st, ends, now, since, cost, 0)
       if e and fused and not ok then
         total = strike(self, key, q, e, ends, now, since, 0, 1, 3) break
       end
@@ -1805,7 +1811,7 @@ ALG[2] = function()
     local bare = untagged(raw, p.tag)
     if bare then
       -- Tagged with the present parameters, no block: the state is what precedes the tag.
-      return sw_read(bare, p[2] + 1)
+      return sw_read(bare, p[2] + 1) or false
     end
     local tag, ends
     raw, tag, ends = split_state(raw)
@@ -1813,9 +1819,9 @@ ALG[2] = function()
       -- Written under other parameters: read with their ring (their number of buckets is
       -- the tag's second parameter).
       local n = tag_params(tag, OLD_RING) and OLD_RING[2]
-      return n and sw_read(raw, n + 1), ends, tag
+      return (n and sw_read(raw, n + 1)) or false, ends, tag
     end
-    return sw_read(raw, p[2] + 1), ends
+    return sw_read(raw, p[2] + 1) or false, ends
   end
 
   --@inline
@@ -2098,15 +2104,15 @@ ALG[2] = function()
           bare = nil break
         until true
         if bare then
-          st, ends, stale = sw_read(bare, p[2] + 1) break
+          st, ends, stale = sw_read(bare, p[2] + 1) or false break
         end
         local tag, ends_40
         raw, tag, ends_40 = split_state(raw)
         if tag and tag ~= p.tag then
           local n = tag_params(tag, OLD_RING) and OLD_RING[2]
-          st, ends, stale = n and sw_read(raw, n + 1), ends_40, tag break
+          st, ends, stale = (n and sw_read(raw, n + 1)) or false, ends_40, tag break
         end
-        st, ends, stale = sw_read(raw, p[2] + 1), ends_40 break
+        st, ends, stale = sw_read(raw, p[2] + 1) or false, ends_40 break
       until true
       if stale then
         st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
@@ -2392,7 +2398,7 @@ ALG[2] = function()
           total = total_54 break
         end
       end
-      uncharged(self, key, q, st, now, since, cost, base)
+      uncharged(self, key, q, st, ends, now, since, cost, base)
       if e and fused and not admitted then
         total = strike(self, key, q, e, ends, now, since, base, i, total_54) break
       end
@@ -2468,15 +2474,15 @@ ALG[2] = function()
           bare = nil break
         until true
         if bare then
-          st, ends, stale = sw_read(bare, p[2] + 1) break
+          st, ends, stale = sw_read(bare, p[2] + 1) or false break
         end
         local tag, ends_73
         raw, tag, ends_73 = split_state(raw)
         if tag and tag ~= p.tag then
           local n = tag_params(tag, OLD_RING) and OLD_RING[2]
-          st, ends, stale = n and sw_read(raw, n + 1), ends_73, tag break
+          st, ends, stale = (n and sw_read(raw, n + 1)) or false, ends_73, tag break
         end
-        st, ends, stale = sw_read(raw, p[2] + 1), ends_73 break
+        st, ends, stale = sw_read(raw, p[2] + 1) or false, ends_73 break
       until true
       if stale then
         st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
@@ -2751,7 +2757,7 @@ ALG[2] = function()
           total = 3 break
         end
       end
-      uncharged(self, key, q, st, now, since, cost, 0)
+      uncharged(self, key, q, st, ends, now, since, cost, 0)
       if e and fused and not ok then
         total = strike(self, key, q, e, ends, now, since, 0, 1, 3) break
       end
@@ -2984,7 +2990,7 @@ ALG[3] = function()
       n = n - 2
     end
     if n == 0 then
-      return nil, ends, own
+      return false, ends, own
     end
     into[1], into[2] = tonumber(top[n]), top[n - 1]
     return into, ends, own
@@ -3156,7 +3162,7 @@ ALG[3] = function()
           n = n - 2
         end
         if n == 0 then
-          st, ends, stale = nil, ends_19, own break
+          st, ends, stale = false, ends_19, own break
         end
         into[1], into[2] = tonumber(top[n]), top[n - 1]
         st, ends, stale = into, ends_19, own break
@@ -3347,7 +3353,7 @@ ALG[3] = function()
           total = total_26 break
         end
       end
-      uncharged(self, key, q, st, now, since, cost, base)
+      uncharged(self, key, q, st, ends, now, since, cost, base)
       if e and fused and not admitted then
         total = strike(self, key, q, e, ends, now, since, base, i, total_26) break
       end
@@ -3427,7 +3433,7 @@ ALG[3] = function()
           n = n - 2
         end
         if n == 0 then
-          st, ends, stale = nil, ends_37, own break
+          st, ends, stale = false, ends_37, own break
         end
         into[1], into[2] = tonumber(top[n]), top[n - 1]
         st, ends, stale = into, ends_37, own break
@@ -3607,7 +3613,7 @@ ALG[3] = function()
           total = 3 break
         end
       end
-      uncharged(self, key, q, st, now, since, cost, 0)
+      uncharged(self, key, q, st, ends, now, since, cost, 0)
       if e and fused and not ok then
         total = strike(self, key, q, e, ends, now, since, 0, 1, 3) break
       end
@@ -3942,6 +3948,7 @@ ALG[4] = function()
             end
             a, b = match(state or '', '^(%d+) (%d+)$')
           end
+          st = false
           if a then
             into[1], into[2] = a + 0, b + 0
             st = into
@@ -4195,7 +4202,7 @@ ALG[4] = function()
           total = total_58 break
         end
       end
-      uncharged(self, key, q, st, now, since, cost, base)
+      uncharged(self, key, q, st, ends, now, since, cost, base)
       if e and fused and not admitted then
         total = strike(self, key, q, e, ends, now, since, base, i, total_58) break
       end
@@ -4273,6 +4280,7 @@ ALG[4] = function()
             end
             a, b = match(state or '', '^(%d+) (%d+)$')
           end
+          st = false
           if a then
             into[1], into[2] = a + 0, b + 0
             st = into
@@ -4515,7 +4523,7 @@ ALG[4] = function()
           total = 3 break
         end
       end
-      uncharged(self, key, q, st, now, since, cost, 0)
+      uncharged(self, key, q, st, ends, now, since, cost, 0)
       if e and fused and not ok then
         total = strike(self, key, q, e, ends, now, since, 0, 1, 3) break
       end
@@ -4823,6 +4831,7 @@ ALG[5] = function()
             end
             a, b = match(state or '', '^(%d+) (%d+)$')
           end
+          st = false
           if a then
             into[1], into[2] = a + 0, b + 0
             st = into
@@ -5047,7 +5056,7 @@ ALG[5] = function()
           total = total_50 break
         end
       end
-      uncharged(self, key, q, st, now, since, cost, base)
+      uncharged(self, key, q, st, ends, now, since, cost, base)
       if e and fused and not admitted then
         total = strike(self, key, q, e, ends, now, since, base, i, total_50) break
       end
@@ -5125,6 +5134,7 @@ ALG[5] = function()
             end
             a, b = match(state or '', '^(%d+) (%d+)$')
           end
+          st = false
           if a then
             into[1], into[2] = a + 0, b + 0
             st = into
@@ -5338,7 +5348,7 @@ ALG[5] = function()
           total = 3 break
         end
       end
-      uncharged(self, key, q, st, now, since, cost, 0)
+      uncharged(self, key, q, st, ends, now, since, cost, 0)
       if e and fused and not ok then
         total = strike(self, key, q, e, ends, now, since, 0, 1, 3) break
       end
@@ -5559,7 +5569,7 @@ ALG[6] = function()
         if tag == p.tag then
           tag = nil
         end
-        st, ends, stale = tonumber(state), ends_17, tag break
+        st, ends, stale = tonumber(state) or false, ends_17, tag break
       until true
       if stale then
         st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[i], since)
@@ -5696,7 +5706,7 @@ ALG[6] = function()
           total = total_24 break
         end
       end
-      uncharged(self, key, q, st, now, since, cost, base)
+      uncharged(self, key, q, st, ends, now, since, cost, base)
       if e and fused and not admitted then
         total = strike(self, key, q, e, ends, now, since, base, i, total_24) break
       end
@@ -5781,7 +5791,7 @@ ALG[6] = function()
         if tag == p.tag then
           tag = nil
         end
-        st, ends, stale = tonumber(state), ends_34, tag break
+        st, ends, stale = tonumber(state) or false, ends_34, tag break
       until true
       if stale then
         st, ends, p = adopt(self, key, p, st, ends, now, stale, STATES[1], since)
@@ -5907,7 +5917,7 @@ ALG[6] = function()
           total = 3 break
         end
       end
-      uncharged(self, key, q, st, now, since, cost, 0)
+      uncharged(self, key, q, st, ends, now, since, cost, 0)
       if e and fused and not ok then
         total = strike(self, key, q, e, ends, now, since, 0, 1, 3) break
       end

@@ -1,6 +1,6 @@
 //! What every algorithm is: a [`Kernel`] (how it judges, charges and gives back on its own
 //! state), the [`Verdict`] it gives, and what the stores build on it (the lag when a state
-//! runs ahead of the clock, packed states, reservations, leases).
+//! runs ahead of the clock, packed states, booked times, leases).
 
 use crate::error::ConfigError;
 use crate::quota::Quota;

@@ -932,7 +932,7 @@ fn check_bounds(
 /// wait in 0..=255).
 type Waiter = (u64, u64, bool, Option<u8>);
 
-fn reservation_case() -> impl Strategy<Value = (Spec, u64, u64, Vec<Waiter>)> {
+fn booking_case() -> impl Strategy<Value = (Spec, u64, u64, Vec<Waiter>)> {
     spec().prop_flat_map(|spec| {
         let max_wait = prop_oneof![1..=spec.window, 1..=4 * spec.window];
         let request = (
@@ -950,11 +950,11 @@ fn reservation_case() -> impl Strategy<Value = (Spec, u64, u64, Vec<Waiter>)> {
     })
 }
 
-/// Runs the requests as a store with reservations does: a request that may wait and is denied
+/// Runs the requests as a store that books waits does: a request that may wait and is denied
 /// now books its time when it is at most `max_wait` away, and is charged there; a waiting
 /// request whose client goes away gives its units back (a `GIVE_BACK` of its time) before its
 /// time. Returns `(time, cost)` of what went on, at the time it went on, in time order.
-fn drive_reservations(
+fn drive_bookings(
     compiled: &Compiled,
     start: u64,
     max_wait: u64,
@@ -1015,10 +1015,10 @@ proptest! {
     /// go on (their booked time for those that waited): requests that wait mixed with requests that
     /// do not, some of the waiting ones' clients going away and giving their units back.
     #[test]
-    fn reservations_keep_every_bound((spec, start, max_wait, requests) in reservation_case()) {
+    fn bookings_keep_every_bound((spec, start, max_wait, requests) in booking_case()) {
         for algorithm in Algorithm::ALL {
             let compiled = spec.compile(algorithm);
-            let went_on = drive_reservations(&compiled, start, max_wait, &requests)?;
+            let went_on = drive_bookings(&compiled, start, max_wait, &requests)?;
             check_bounds(&spec, algorithm, &went_on)?;
         }
     }

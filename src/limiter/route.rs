@@ -292,7 +292,7 @@ kind_of_step! {
 
 /// The steps of a route ([`Before`] and [`After`]), and whether its requests' checks are
 /// kept after the decision (for those steps, the deny cache, the top limited keys, the IETF
-/// `pk` or the denials held through an outage): small enough to copy into every ticket.
+/// `pk` or the denials remembered through an outage): small enough to copy into every ticket.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Steps(u16);
 
@@ -353,7 +353,7 @@ impl Around {
     /// local fallback, the top limited keys, the IETF `pk`, lists). Plain: no deny cache or
     /// local fallback (the breaker does not count: a store that decides at once never fails,
     /// so it never opens one). Checks kept: for the deny cache, the top limited keys, the
-    /// IETF `pk`, and on a store that may fail, the denials held through an outage.
+    /// IETF `pk`, and on a store that may fail, the denials remembered through an outage.
     pub(crate) fn new<St: Store>(
         deny_cache: bool,
         fallback: bool,

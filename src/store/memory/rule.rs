@@ -58,8 +58,8 @@ pub(super) trait Rows {
 
     /// Check `i`, enforced, denied the request: its key's strike, when its policy blocks on
     /// violation (counted, and at the count a block, which becomes its verdict). A way that
-    /// cannot write a strike (a packed word) says so by [`close`](Self::close)'s caller
-    /// giving the decision to the exclusive locks.
+    /// cannot write a strike (packed words) notes it, and its caller hands the decision to
+    /// the exclusive locks, which make it again.
     fn strike(&mut self, i: usize, now: u64);
 
     /// Ends the decision; whether it stands (`false`: another decision changed a row since

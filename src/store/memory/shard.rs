@@ -42,7 +42,7 @@ const EVICTION_SAMPLE: usize = 8;
 /// Behind a read-write lock: under the shared lock, a key's enforced policies whose states are
 /// packed are decided on their words (by compare-and-swap, or claimed: `claim.rs`), so threads
 /// deciding one hot key never wait for each other's lock; everything else (a new key, leases,
-/// reservations, holds, a block, the sweep) takes the exclusive lock.
+/// booked times, holds, a block, the sweep) takes the exclusive lock.
 pub(super) struct Shard {
     table: HashTable<Row>,
     /// The store's hasher, to hash a row again when the table grows or evicts (a row does

@@ -761,8 +761,9 @@ end
 -- their span, the first block, the longest, how long a level is remembered, the factor; see
 -- `Escalation`), whose reply follows REPLY[base] (twin of `Shard::strike`). Denied by its
 -- state (not NEVER: a cost above the capacity is no violation) and not within a block (the
--- end `ends` its phase one read: a denial under a block is none), the key's record ("<key>!", in its hash slot: denials, the first's time,
--- the last block's level, start and end) counts one more denial in the span; the count
+-- end `ends` its phase one read: a denial under a block is none), the key's record
+-- ("<key>!", in its hash slot: denials, the first's time, the last block's level, start and
+-- end) counts one more denial in the span; the count
 -- blocks the key, for the next level's time (the first once `forget` has passed since the
 -- last block), and the reply tells the block: then the reply's end, `total`, gets its place,
 -- negated, its level and its end (OWN_WIDTH integers). Returns the reply's end.

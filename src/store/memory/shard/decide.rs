@@ -33,15 +33,18 @@ impl Shard {
             return None;
         }
         let (algorithm, cost) = (check.tier().algorithm(), check.cost());
-        let escalates = check.tier().escalation().is_some();
-        if algorithm.packs_count() {
-            let mut rows = Word::<_, true>::new((word, count), algorithm, cost, escalates, clock);
+        let (verdict, struck) = if algorithm.packs_count() {
+            let mut rows = Word::<_, true>::new((word, count), algorithm, cost, clock);
             rule::decide(&mut rows);
-            return (!rows.to_strike).then_some(rows.verdict);
-        }
-        let mut rows = Word::<_, false>::new((word, count), algorithm, cost, escalates, clock);
-        rule::decide(&mut rows);
-        (!rows.to_strike).then_some(rows.verdict)
+            (rows.verdict, rows.struck)
+        } else {
+            let mut rows = Word::<_, false>::new((word, count), algorithm, cost, clock);
+            rule::decide(&mut rows);
+            (rows.verdict, rows.struck)
+        };
+        // A strike is the exclusive lock's to make: it decides again.
+        let strikes = struck && check.tier().escalation().is_some();
+        (!strikes).then_some(verdict)
     }
 
     /// Phase one for `check` under the exclusive lock: finds its row once (phase two goes

@@ -28,11 +28,9 @@ pub(super) struct Word<'a, C, const COUNTED: bool> {
     /// The state the decision leaves.
     next: Packed,
     pub(super) verdict: Verdict,
-    /// The policy blocks on violation.
-    escalates: bool,
-    /// Denied by a policy that blocks on violation: the strike needs the exclusive lock,
-    /// which decides again (nothing was written).
-    pub(super) to_strike: bool,
+    /// Denied: the rule asked for a strike, which a packed word cannot hold (the caller
+    /// hands a policy that blocks on violation to the exclusive lock; nothing was written).
+    pub(super) struck: bool,
 }
 
 impl<'a, C: Fn() -> u64, const COUNTED: bool> Word<'a, C, COUNTED> {
@@ -41,7 +39,6 @@ impl<'a, C: Fn() -> u64, const COUNTED: bool> Word<'a, C, COUNTED> {
         (word, count): (&'a AtomicU64, &'a AtomicU32),
         algorithm: &'a Compiled,
         cost: u64,
-        escalates: bool,
         clock: C,
     ) -> Self {
         Word {
@@ -54,8 +51,7 @@ impl<'a, C: Fn() -> u64, const COUNTED: bool> Word<'a, C, COUNTED> {
             current_count: 0,
             next: Packed::default(),
             verdict: Verdict::default(),
-            escalates,
-            to_strike: false,
+            struck: false,
         }
     }
 }
@@ -131,10 +127,10 @@ impl<C: Fn() -> u64, const COUNTED: bool> Rows for Word<'_, C, COUNTED> {
         self.algorithm.judge_packed(self.was(), now, 0).0
     }
 
-    /// A packed word holds no strikes: the strike is left to the exclusive lock.
+    /// A packed word holds no strikes: noted, for the caller.
     #[cold]
     fn strike(&mut self, _: usize, _: u64) {
-        self.to_strike = self.escalates;
+        self.struck = true;
     }
 
     #[inline(always)]

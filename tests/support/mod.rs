@@ -17,13 +17,62 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A port nobody listens on right now.
+/// A port nobody listens on now, claimed for this test process alone.
+///
+/// Ports come from 10000-19999, below the kernel's ephemeral range (32768 and up), so no
+/// outgoing connection and no `bind(0)` (the fault proxies') takes one between this call and
+/// the server's bind. A cluster node's bus port (10000 above) is checked free too. A port is
+/// claimed by a file naming this process, created only if absent, so two test processes
+/// (nextest runs them side by side) are never handed the same port; the claim of a process
+/// that has ended is taken over.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind an ephemeral port")
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const FIRST: u32 = 10_000;
+    const COUNT: u32 = 10_000;
+    let claims = std::env::temp_dir().join("tower-ratelimit-ports");
+    std::fs::create_dir_all(&claims).expect("create the port claims' directory");
+    let me = std::process::id();
+    let start = me.wrapping_mul(7919) % COUNT;
+    for _ in 0..COUNT {
+        let port = (FIRST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % COUNT) as u16;
+        if claim(&claims, port, me) && bindable(port) && bindable(port + 10_000) {
+            return port;
+        }
+    }
+    panic!("no free port left in {FIRST}-{}", FIRST + COUNT - 1)
+}
+
+/// Claims `port` for process `me` in `claims` (a file holding its pid), taking over the claim
+/// of a process that has ended.
+fn claim(claims: &std::path::Path, port: u16, me: u32) -> bool {
+    use std::io::Write;
+    let file = claims.join(port.to_string());
+    for _ in 0..2 {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&file)
+        {
+            Ok(mut f) => return write!(f, "{me}").is_ok(),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let owner = std::fs::read_to_string(&file).unwrap_or_default();
+                let ended = owner.trim().parse::<u32>().is_ok_and(|pid| {
+                    pid != me && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+                });
+                if !ended {
+                    return false;
+                }
+                let _ = std::fs::remove_file(&file);
+            }
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+fn bindable(port: u16) -> bool {
+    TcpListener::bind(("127.0.0.1", port)).is_ok()
 }
 
 fn redis_cli(port: u16, args: &[&str]) -> std::io::Result<std::process::Output> {
@@ -172,6 +221,7 @@ impl RedisServer {
             .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .args(["--dir", self.dir.to_str().unwrap()])
+            .args(["--logfile", self.dir.join("redis.log").to_str().unwrap()])
             .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -184,8 +234,26 @@ impl RedisServer {
         wait_until(
             Duration::from_secs(10),
             "redis-server to answer PING",
-            || self.cli(&["PING"]).starts_with("PONG"),
+            || {
+                self.fail_if_exited();
+                self.cli(&["PING"]).starts_with("PONG")
+            },
         );
+    }
+
+    /// Fails the test at once, with the server's log, when the server exited (a port taken,
+    /// an option refused) instead of waiting for a `PING` that cannot come.
+    fn fail_if_exited(&mut self) {
+        let Some(child) = self.child.as_mut() else {
+            return;
+        };
+        if let Ok(Some(status)) = child.try_wait() {
+            let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
+            panic!(
+                "redis-server on port {} exited at start ({status}):\n{log}",
+                self.port
+            );
+        }
     }
 
     /// `redis://127.0.0.1:<port>`, or `rediss://localhost:<port>` for a TLS server (its

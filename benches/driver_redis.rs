@@ -3,7 +3,7 @@
 //! can put the two side by side. Not an example of how to use the crate.
 //!
 //! ```text
-//! driver_redis args URL [ALGORITHM[,ALGORITHM…]] [--quota Q[,Q…]]  # the decision call (FCALL name …), one word per line
+//! driver_redis args URL [ALGORITHM[,ALGORITHM…]] [--quota Q[,Q…]] [--lists]  # the decision call (FCALL name …), one word per line; with the lists' looks
 //! driver_redis throughput URL [--tasks 50] [--seconds 2] [--pool N] [--threads 1]
 //! driver_redis latency URL [--n 20000]   # a rediss:// URL (of any command) trusts the CA in $REDIS_CA
 //! driver_redis algorithms URL [--n 20000]
@@ -19,7 +19,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use tower_ratelimit::key::Key;
+use tower_ratelimit::key::{HeaderKey, Key};
+use tower_ratelimit::lists::Lists;
 use tower_ratelimit::{Algorithm, MemoryStore, Policy, RateLimitLayer, RedisStore};
 
 /// Keys drawn from `0..KEYSPACE`, as `redis-benchmark -r KEYSPACE`.
@@ -206,12 +207,29 @@ fn main() {
                         None => policy(algorithm).name(name),
                     }
                 });
-                let layer = RateLimitLayer::builder()
+                let builder = RateLimitLayer::builder()
                     .policies(policies)
-                    .store(store(&url, 0).await)
-                    .build()
-                    .expect("a valid layer");
-                for arg in common::captured_call(&url, &layer, &Key::from("RANDINT")).await {
+                    .store(store(&url, 0).await);
+                let call = if args.iter().any(|a| a == "--lists") {
+                    // A request of the key RANDINT through a layer with lists kept in the
+                    // store: the policies' call with its looks at the key's entries.
+                    let layer = (builder.key(HeaderKey::try_new("x-key").unwrap()))
+                        .lists(Lists::new())
+                        .build()
+                        .expect("a valid layer");
+                    let service = tower::ServiceBuilder::new().layer(layer).service_fn(
+                        |_: http::Request<()>| async {
+                            Ok::<_, std::convert::Infallible>(http::Response::new(()))
+                        },
+                    );
+                    let request = http::Request::builder().header("x-key", "RANDINT");
+                    let request = request.body(()).unwrap();
+                    common::captured(&url, tower::ServiceExt::oneshot(service, request)).await
+                } else {
+                    let layer = builder.build().expect("a valid layer");
+                    common::captured_call(&url, &layer, &Key::from("RANDINT")).await
+                };
+                for arg in call {
                     println!("{arg}");
                 }
             }

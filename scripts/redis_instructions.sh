@@ -13,7 +13,8 @@
 # random keys after 500 warm-up calls. Then several policies on one key in one call (GCRA and
 # a fixed window; two sliding logs, 1,000/s and 10,000/h; GCRA and two fixed windows, a minute
 # and a day) against one minimal script deciding all before charging any
-# (benches/reference/<a>+<b>[+<c>].lua).
+# (benches/reference/<a>+<b>[+<c>].lua). Last, a GCRA policy beside lists kept in the store, on
+# keys with no runtime entry, against the same policy's call without lists.
 # Installs valgrind and Redis (Debian packages) when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -90,3 +91,14 @@ for pair in gcra+fixed_window sliding_log+sliding_log gcra+fixed_window+fixed_wi
     printf '  %-32s %8d %8d %6s\n' "$pair" "$ours" "$minimal" \
         "$(python3 -c "print(f'{$ours / $minimal:.2f}x')")"
 done
+
+# Lists kept in the store, every key with no runtime entry (the usual case): the GCRA policy's
+# call with the lists' looks at its key's entries, against the same policy's call alone.
+redis-cli -p "$PORT" FLUSHALL >/dev/null
+mapfile -t ALONE < <("$BR" args "$URL" gcra)
+mapfile -t LOOKS < <("$BR" args "$URL" gcra --lists)
+alone=$(count "${ALONE[@]//RANDINT/__rand_int__}")
+looks=$(count "${LOOKS[@]//RANDINT/__rand_int__}")
+printf '  %-32s %8s %8s %6s\n' "lists with no entry" "lists" "alone" ratio
+printf '  %-32s %8d %8d %6s\n' gcra "$looks" "$alone" \
+    "$(python3 -c "print(f'{$looks / $alone:.2f}x')")"

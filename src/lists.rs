@@ -344,9 +344,8 @@ impl LayerLists {
         store: &St,
     ) -> Result<Self, ConfigError> {
         let compiled = lists.compile(key)?;
-        let quota: Quota = "1/s".parse()?;
-        let algorithm = Definition::new(crate::Algorithm::Gcra, quota, Default::default())?;
-        let names: [Arc<str>; 2] = ["!deny".into(), "!allow".into()];
+        let algorithm = entries_algorithm();
+        let names: [Arc<str>; 2] = [DENY.into(), ALLOW.into()];
         let tiers = names.clone().map(|n| (n, algorithm.clone()));
         let at = store.register(&tiers, &|_| false)?;
         let [deny, allow] = [0, 1].map(|i| {
@@ -385,6 +384,18 @@ impl LayerLists {
         &self.allow
     }
 }
+
+/// The algorithm of the tiers of the runtime entries: an entry is a block, which any
+/// algorithm keeps; the Redis script knows its tag (`LOOK_TAG`).
+pub(crate) fn entries_algorithm() -> Definition {
+    let quota = Quota::per_second(std::num::NonZeroU32::MIN);
+    Definition::new(crate::Algorithm::Gcra, quota, Default::default()).expect("1/s is a valid GCRA")
+}
+
+/// The name of the tier of the deny list's runtime entries (no policy may take it).
+pub(crate) const DENY: &str = "!deny";
+/// The name of the tier of the allow list's runtime entries.
+pub(crate) const ALLOW: &str = "!allow";
 
 /// Refuses policies that take leases beside lists whose entries are kept in a store that does
 /// not decide at once (`in_store`): every request would ask the store for its key's entries,

@@ -317,6 +317,35 @@ async fn runtime_entries_on_two_instances_of_one_redis() {
     support::assert_no_key_without_ttl(&server, "lists:");
 }
 
+/// On Redis, a key with no runtime entry costs its lists one `EXISTS` of the two entries'
+/// keys, in the policy's own call (the script then decides the policy alone); once an entry
+/// is there, its looks read it in the same call, and its end is obeyed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_without_entries_costs_its_lists_one_exists_on_redis() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let layer = layer(server.store("looks:", &clock).await, Lists::new(), &clock);
+    let app = app(&layer);
+    let exists = server.calls("exists");
+    let reply = ask(&app, "a", "192.0.2.1", "").await;
+    assert_eq!(reply.remaining(), Some(2));
+    assert_eq!(server.calls("exists"), exists + 1);
+    layer
+        .deny_key(&Key::from("a"), Some(at(&clock, Duration::from_secs(5))))
+        .await
+        .unwrap();
+    let gets = server.calls("get");
+    assert_denied(&ask(&app, "a", "192.0.2.1", "").await, KEY);
+    assert!(
+        server.calls("get") >= gets + 3,
+        "the entries are read once there"
+    );
+    clock.advance(Duration::from_secs(5));
+    let reply = ask(&app, "a", "192.0.2.1", "").await;
+    assert_eq!((reply.status, reply.remaining()), (StatusCode::OK, Some(1)));
+    support::assert_no_key_without_ttl(&server, "looks:");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runtime_entries_on_the_cluster() {
     let cluster = RedisCluster::start();

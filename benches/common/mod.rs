@@ -27,9 +27,14 @@ pub(crate) async fn captured_call(
     layer: &RateLimitLayer<RedisStore>,
     key: &Key,
 ) -> Vec<String> {
+    captured(url, layer.check(key, 1)).await
+}
+
+/// The call that `decide` makes Redis run, as [`captured_call`] reads it.
+pub(crate) async fn captured<T>(url: &str, decide: impl Future<Output = T>) -> Vec<String> {
     redis_cmd(url, &["CONFIG", "SET", "slowlog-log-slower-than", "0"]).await;
     redis_cmd(url, &["SLOWLOG", "RESET"]).await;
-    layer.check(key, 1).await.expect("a decision");
+    decide.await;
     let log = redis_cmd(url, &["SLOWLOG", "GET", "16"]).await;
     redis_cmd(url, &["CONFIG", "SET", "slowlog-log-slower-than", "10000"]).await;
     let entries: Vec<Vec<redis::Value>> = redis::from_redis_value(log).expect("SLOWLOG");

@@ -183,11 +183,7 @@ impl Tier {
     }
 
     pub(crate) fn new(name: Arc<str>, at: Registered, algorithm: Compiled, part: Part) -> Self {
-        let (lua_id, params) = algorithm.lua_args();
-        // As short as it can be: a state and its tag are one string, whose allocation
-        // grows by 16 bytes past 12 and past 28 characters (a GCRA state is 16 digits).
-        let params: Vec<String> = params.iter().map(|&n| compact(n)).collect();
-        let tag = format!("{}{}", tag_letter(lua_id), params.join(",")).into_boxed_str();
+        let tag = Self::tag_of(&algorithm);
         let limit_header = number(algorithm.reported_limit());
         let decisions_metric = ["allowed", "limited", "shadow_limited"].map(|outcome| {
             metrics::Key::from_parts(
@@ -335,6 +331,15 @@ impl Tier {
     /// The tag a Redis call sends: the tag, with the escalation after it (see
     /// [`Escalation::lua_suffix`]).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    /// The tag of a tier of `algorithm`: its algorithm and parameters, as short as it can
+    /// be (a state and its tag are one string, whose allocation grows by 16 bytes past 12 and
+    /// past 28 characters; a GCRA state is 16 digits).
+    pub(crate) fn tag_of(algorithm: &Compiled) -> Box<str> {
+        let (lua_id, params) = algorithm.lua_args();
+        let params: Vec<String> = params.iter().map(|&n| compact(n)).collect();
+        format!("{}{}", tag_letter(lua_id), params.join(",")).into_boxed_str()
+    }
+
     pub(crate) fn call_tag(&self) -> &str {
         self.escalation.as_ref().map_or(&self.tag, |e| &e.1)
     }

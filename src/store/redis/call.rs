@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 
 use super::conn::{AnyConn, load};
 use super::link::Link;
-use super::script::{ADMITTED, OWN_WIDTH, SCRIPT, at, shape};
+use super::script::{ADMITTED, OWN_WIDTH, SCRIPT, at, flag_looks, looks_follow, shape};
 use super::{Inner, RELOAD_TIMEOUT, RedisStore, redis_key};
 use crate::algorithm::{Verdict, compact};
 use crate::decision::{Decision, Grant, Outcomes, PolicyOutcome};
@@ -167,12 +167,16 @@ impl Inner {
                 cmd.arg(redis_key(&self.prefix, check.tier().name(), check.key()));
             }
             let injected = self.clock.is_some();
-            for check in checks {
+            // The lists' looks after one policy send no arguments (decide.lua's `looks`).
+            let looks = looks_follow(checks);
+            let sent = if looks { &checks[..1] } else { checks };
+            for check in sent {
                 // The shape, the cost unless it is 1, the operation's own integers and the
                 // tag, which names the algorithm and its parameters (see decide.lua).
                 let id = check.tier().algorithm().algorithm().lua_id();
                 let (op, cost) = (check.op(), check.cost());
-                cmd.arg(shape(id, op, cost, injected));
+                let shape = shape(id, op, cost, injected);
+                cmd.arg(if looks { flag_looks(shape) } else { shape });
                 if cost != 1 {
                     cmd.arg(cost);
                 }
@@ -304,6 +308,27 @@ pub(crate) fn read_decision(checks: &[Check], reply: &[i64]) -> Result<Decision,
 /// The script's reply to `checks` read back: each check's verdict and grant, then the keys
 /// decided under their own limit (`OWN_WIDTH` integers each).
 fn read_reply(checks: &[Check], reply: &[i64]) -> Result<Vec<Reply>, StoreError> {
+    if looks_follow(checks) && (reply.len() % OWN_WIDTH) == Op::REPLY % OWN_WIDTH {
+        // The policy's reply alone: its key has no runtime entry (decide.lua's `looks`), so
+        // each look admits, with nothing to report.
+        const LOOK: [i64; Op::REPLY] = looked_at_nothing();
+        let mut full: SmallVec<[i64; 16]> = SmallVec::from_slice(&reply[..Op::REPLY]);
+        full.extend_from_slice(&LOOK);
+        full.extend_from_slice(&LOOK);
+        full.extend_from_slice(&reply[Op::REPLY..]);
+        return read_reply_of(checks, &full);
+    }
+    read_reply_of(checks, reply)
+}
+
+/// The reply of a look at a key with no runtime entry: admitted, nothing remaining or to wait.
+const fn looked_at_nothing() -> [i64; Op::REPLY] {
+    let mut look = [0; Op::REPLY];
+    look[at::VERDICT] = ADMITTED;
+    look
+}
+
+fn read_reply_of(checks: &[Check], reply: &[i64]) -> Result<Vec<Reply>, StoreError> {
     let expected: usize = checks.iter().map(|c| c.op().reply_width()).sum();
     if reply.len() < expected || !(reply.len() - expected).is_multiple_of(OWN_WIDTH) {
         return Err(StoreError::new(format!(

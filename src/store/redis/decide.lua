@@ -8,7 +8,10 @@
 -- clock may outrun or lag: `clock` gives the time TTLs count from). Otherwise the time is
 -- Redis TIME.
 -- A shape is one integer: algorithm + MODE_UNIT * operation, plus COST_FLAG when a cost other
--- than 1 follows and CLOCK_FLAG when the time is injected.
+-- than 1 follows and CLOCK_FLAG when the time is injected. The first shape may carry
+-- LOOKS_FLAG: the call is one enforced policy and the lists' two looks at its key's runtime
+-- entries (KEYS[2], KEYS[3]), whose arguments are not sent (`looks`); with no entry the
+-- policy is decided alone, and the reply is its own.
 -- The algorithm ids, the operations and each operation's facts are generated from Rust
 -- (`Algorithm`, and `Op` in `store/op.rs`, which says what each operation is): the tables
 -- DECIDES (a denial denies the request), CHARGES (0: never charged here; 1: when its own
@@ -134,6 +137,59 @@ local function read_all(args, n)
   return nil, injected, acts
 end
 
+-- The first shape sent as a string flagged with LOOKS_FLAG, the same shape unflagged.
+local UNFLAGGED = {}
+
+-- The first policy's shape, and whether the call is one enforced policy then the lists'
+-- two looks at its key's runtime entries (the first shape flagged with LOOKS_FLAG, which is
+-- taken off `args[1]` here, so nothing after this reads it). Nil when malformed.
+--@inline
+local function first_shape(args)
+  local s = args[1]
+  local shape = SHAPES[s]
+  if shape then
+    return shape, false
+  end
+  local plain = UNFLAGGED[s]
+  if not plain then
+    shape = read_shape(s)
+    if not shape or shape < LOOKS_FLAG or shape >= LOOKS_FLAG + 2 * CLOCK_FLAG then
+      return shape, false
+    end
+    plain = tostring(shape - LOOKS_FLAG)
+    UNFLAGGED[s] = plain
+  end
+  args[1] = plain
+  return SHAPES[plain] or read_shape(plain), true
+end
+
+-- The lists' looks at a key's runtime entries (KEYS[2] and KEYS[3]), whose arguments are not
+-- sent (the first shape's LOOKS_FLAG says they follow the policy, of shape `shape`). With
+-- no entry (the usual case), they admit, charge nothing and keep nothing: returns true, and
+-- the policy is decided alone, its reply alone (the caller knows what the looks say).
+-- Else their arguments are written after the policy's (each the same: the entries' tier,
+-- LOOK_TAG, looked at at cost 0), for them to be decided as any policy is; returns false.
+--@inline
+local function looks(keys, args, shape)
+  if call('EXISTS', keys[2], keys[3]) == 0 then
+    return true
+  end
+  local at, look = 3, LOOK_SHAPE
+  if shape % CLOCK_FLAG >= COST_FLAG then
+    at = 4
+  end
+  if shape >= CLOCK_FLAG then
+    look = look + CLOCK_FLAG
+  end
+  look = tostring(look)
+  for _ = 1, 2 do
+    table.insert(args, at, LOOK_TAG)
+    table.insert(args, at, '0')
+    table.insert(args, at, look)
+  end
+  return false
+end
+
 local function malformed(args, at)
   return redis.error_reply('tower-ratelimit: malformed policy ' .. tostring(args[at]))
 end
@@ -148,8 +204,15 @@ local function decide(keys, args)
     bind_libraries()
   end
   local n = #keys
-  if n == 1 then
-    local shape = SHAPES[args[1]] or read_shape(args[1])
+  local shape, looked_at = first_shape(args)
+  local alone = n == 1
+  if looked_at then
+    if n ~= 3 then
+      return malformed(args, 1)
+    end
+    alone = looks(keys, args, shape)
+  end
+  if alone then
     local alg = ENFORCED[shape]
     if alg == nil and shape then
       alg = enforced_by(shape)

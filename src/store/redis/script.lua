@@ -12,6 +12,7 @@ local GRANTS = { false, false, false, true, true, true, false, false, false, fal
 local WIDTH = { 3, 3, 3, 6, 6, 6, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3 }
 local KEEPS = { false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, true }
 local FUSES = { true, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false }
+local LOOK_TAG = 'G1E6,1E6'
 -- tower-ratelimit: shared helpers. Every number is an integer below 2^53, so doubles are exact;
 -- divisions that must give an integer go through fdiv/cdiv. The library functions
 -- used on every decision, and `redis.call` (as `call`), are upvalues set by the first decision
@@ -5990,7 +5991,10 @@ end
 -- clock may outrun or lag: `clock` gives the time TTLs count from). Otherwise the time is
 -- Redis TIME.
 -- A shape is one integer: algorithm + MODE_UNIT * operation, plus COST_FLAG when a cost other
--- than 1 follows and CLOCK_FLAG when the time is injected.
+-- than 1 follows and CLOCK_FLAG when the time is injected. The first shape may carry
+-- LOOKS_FLAG: the call is one enforced policy and the lists' two looks at its key's runtime
+-- entries (KEYS[2], KEYS[3]), whose arguments are not sent (`looks`); with no entry the
+-- policy is decided alone, and the reply is its own.
 -- The algorithm ids, the operations and each operation's facts are generated from Rust
 -- (`Algorithm`, and `Op` in `store/op.rs`, which says what each operation is): the tables
 -- DECIDES (a denial denies the request), CHARGES (0: never charged here; 1: when its own
@@ -6185,6 +6189,59 @@ local function read_all(args, n)
   return nil, injected, acts
 end
 
+-- The first shape sent as a string flagged with LOOKS_FLAG, the same shape unflagged.
+local UNFLAGGED = {}
+
+-- The first policy's shape, and whether the call is one enforced policy then the lists'
+-- two looks at its key's runtime entries (the first shape flagged with LOOKS_FLAG, which is
+-- taken off `args[1]` here, so nothing after this reads it). Nil when malformed.
+--@inline
+local function first_shape(args)
+  local s = args[1]
+  local shape = SHAPES[s]
+  if shape then
+    return shape, false
+  end
+  local plain = UNFLAGGED[s]
+  if not plain then
+    shape = read_shape(s)
+    if not shape or shape < 4096 or shape >= 4096 + 2 * 2048 then
+      return shape, false
+    end
+    plain = tostring(shape - 4096)
+    UNFLAGGED[s] = plain
+  end
+  args[1] = plain
+  return SHAPES[plain] or read_shape(plain), true
+end
+
+-- The lists' looks at a key's runtime entries (KEYS[2] and KEYS[3]), whose arguments are not
+-- sent (the first shape's LOOKS_FLAG says they follow the policy, of shape `shape`). With
+-- no entry (the usual case), they admit, charge nothing and keep nothing: returns true, and
+-- the policy is decided alone, its reply alone (the caller knows what the looks say).
+-- Else their arguments are written after the policy's (each the same: the entries' tier,
+-- LOOK_TAG, looked at at cost 0), for them to be decided as any policy is; returns false.
+--@inline
+local function looks(keys, args, shape)
+  if call('EXISTS', keys[2], keys[3]) == 0 then
+    return true
+  end
+  local at, look = 3, 1126
+  if shape % 2048 >= 1024 then
+    at = 4
+  end
+  if shape >= 2048 then
+    look = look + 2048
+  end
+  look = tostring(look)
+  for _ = 1, 2 do
+    table.insert(args, at, LOOK_TAG)
+    table.insert(args, at, '0')
+    table.insert(args, at, look)
+  end
+  return false
+end
+
 local function malformed(args, at)
   return redis.error_reply('tower-ratelimit: malformed policy ' .. tostring(args[at]))
 end
@@ -6199,8 +6256,51 @@ local function decide(keys, args)
     bind_libraries()
   end
   local n = #keys
-  if n == 1 then
-    local shape = SHAPES[args[1]] or read_shape(args[1])
+  local shape, looked_at
+  repeat -- first_shape
+    local s = args[1]
+    local shape_4 = SHAPES[s]
+    if shape_4 then
+      shape, looked_at = shape_4, false break
+    end
+    local plain = UNFLAGGED[s]
+    if not plain then
+      shape_4 = read_shape(s)
+      if not shape_4 or shape_4 < 4096 or shape_4 >= 4096 + 2 * 2048 then
+        shape, looked_at = shape_4, false break
+      end
+      plain = tostring(shape_4 - 4096)
+      UNFLAGGED[s] = plain
+    end
+    args[1] = plain
+    shape, looked_at = SHAPES[plain] or read_shape(plain), true break
+  until true
+  local alone = n == 1
+  if looked_at then
+    if n ~= 3 then
+      return malformed(args, 1)
+    end
+    repeat -- looks
+      if call('EXISTS', keys[2], keys[3]) == 0 then
+        alone = true break
+      end
+      local at, look = 3, 1126
+      if shape % 2048 >= 1024 then
+        at = 4
+      end
+      if shape >= 2048 then
+        look = look + 2048
+      end
+      look = tostring(look)
+      for _ = 1, 2 do
+        table.insert(args, at, LOOK_TAG)
+        table.insert(args, at, '0')
+        table.insert(args, at, look)
+      end
+      alone = false break
+    until true
+  end
+  if alone then
     local alg = ENFORCED[shape]
     if alg == nil and shape then
       alg = enforced_by(shape)

@@ -83,11 +83,29 @@ const MODE_UNIT: u64 = 32;
 const COST_FLAG: u64 = 1024;
 /// The time and the TTL slack are the last two arguments (an injected clock).
 const CLOCK_FLAG: u64 = 2048;
+/// On the first shape only: the call is one enforced policy, then the lists' two looks at its
+/// key's runtime entries (`!deny`, then `!allow`), whose arguments are not sent (each is the
+/// same), and which the script answers without deciding them when neither entry is there.
+const LOOKS_FLAG: u64 = 2 * CLOCK_FLAG;
 
 const _: () = {
     assert!(crate::Algorithm::ALL.len() < MODE_UNIT as usize);
     assert!(Op::KINDS.len() < (COST_FLAG / MODE_UNIT) as usize);
 };
+
+/// Whether `checks` are one enforced policy, then the lists' two looks at its key's entries:
+/// the call then sends the policy's arguments alone, its shape flagged with [`LOOKS_FLAG`].
+pub(crate) fn looks_follow(checks: &[crate::store::Check]) -> bool {
+    matches!(checks, [policy, deny, allow]
+        if policy.op() == Op::Enforce
+            && deny.tier().name() == crate::lists::DENY
+            && allow.tier().name() == crate::lists::ALLOW)
+}
+
+/// The first shape of a call whose looks follow (see [`looks_follow`]).
+pub(crate) fn flag_looks(shape: u64) -> u64 {
+    shape + LOOKS_FLAG
+}
 
 /// The shape of a policy with the algorithm `id` and operation `op` whose cost is `cost`.
 pub(crate) fn shape(id: u8, op: Op, cost: u64, injected: bool) -> u64 {
@@ -187,6 +205,8 @@ mod tests {
                 ("MODE_UNIT", MODE_UNIT as i64),
                 ("COST_FLAG", COST_FLAG as i64),
                 ("CLOCK_FLAG", CLOCK_FLAG as i64),
+                ("LOOKS_FLAG", LOOKS_FLAG as i64),
+                ("LOOK_SHAPE", look_shape() as i64),
             ]
             .map(|(name, value)| (name.to_owned(), value.to_string())),
         );
@@ -262,8 +282,19 @@ mod tests {
             table("WIDTH", &|op| op.reply_width().to_string()),
             table("KEEPS", &|op| op.keeps().to_string()),
             table("FUSES", &|op| fuses(op).to_string()),
+            format!(
+                "local LOOK_TAG = '{}'\n",
+                crate::policy::Tier::tag_of(&crate::lists::entries_algorithm())
+            ),
         ]
         .concat()
+    }
+
+    /// The shape of a look at a key's runtime entry: the entries' algorithm, looked at
+    /// (`Op::ChargeIf`) at cost 0 (see `looks` in decide.lua).
+    fn look_shape() -> u64 {
+        let id = crate::lists::entries_algorithm().algorithm().lua_id();
+        shape(id, Op::ChargeIf, 0, false)
     }
 
     /// Whether a policy of this operation is decided by the phases themselves (`phase_one`

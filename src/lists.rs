@@ -8,9 +8,10 @@
 //! with none, the peer's own address); the key is the layer's (or [`Lists::key`]'s).
 //!
 //! Entries can also be added and removed while the service runs
-//! ([`RateLimitLayer::deny_key`](crate::RateLimitLayer::deny_key) and its siblings), with an
-//! optional end: those are kept in the store, beside the states of the key, so that every
-//! instance sharing the store obeys them from its next request, in the decision's one call.
+//! ([`RateLimitLayer::deny`](crate::RateLimitLayer::deny) and its siblings, taking the same
+//! [`Entry`] as the lists given), with an optional end: a key's are kept in the store,
+//! beside the states of the key, so that every instance sharing the store obeys them from its
+//! next request, in the decision's one call.
 //!
 //! A denial wins: a request both allowed and denied is denied. A network match is decided
 //! before the store is asked, and needs no store call.
@@ -63,10 +64,12 @@ impl Lists {
         Lists::default()
     }
 
-    /// Adds entries to the allow list: networks (`10.0.0.0/8`, `2001:db8::/32`), addresses
-    /// (`192.0.2.1`, matched as the client's address) or keys (anything else, matched against
-    /// the request's key). An entry that has a `/` but is no network is an error of
-    /// [`build`](crate::RateLimitLayerBuilder::build).
+    /// Adds entries to the allow list, each an [`Entry`] written as text: networks
+    /// (`10.0.0.0/8`, `2001:db8::/32`), addresses (`192.0.2.1`, matched as the client's
+    /// address) or keys (anything else, matched against the request's key). An entry that
+    /// has a `/` but is no network is an error of [`build`](crate::RateLimitLayerBuilder::build).
+    /// The runtime operations take the same entries
+    /// ([`RateLimitLayer::allow`](crate::RateLimitLayer::allow)).
     #[must_use]
     pub fn allow<I>(mut self, entries: I) -> Self
     where
@@ -115,9 +118,9 @@ impl Lists {
     }
 
     /// Whether entries added at runtime are read at each decision (default `true`). Each
-    /// decision then also reads the key's two list entries in its one store call (two more
-    /// reads in the Redis script); with `false` only the entries given here count, and the
-    /// runtime operations fail. Policies that take leases
+    /// decision then also looks at the key's two list entries in its one store call (in the
+    /// Redis script, one `EXISTS` of their keys when the key has none, the usual case); with
+    /// `false` only the entries given here count, and the runtime operations fail. Policies that take leases
     /// ([`Policy::lease`](crate::Policy::lease)) spend units without asking the store; with
     /// entries kept in the store, each request asks it for them.
     #[must_use]
@@ -155,6 +158,72 @@ impl Lists {
     }
 }
 
+/// An entry of a list, as [`Lists::deny`] and [`Lists::allow`] read it and as the runtime
+/// operations ([`RateLimitLayer::deny`](crate::RateLimitLayer::deny) and its siblings) take
+/// it: a network or an address, matched against the client's address, or a key, matched
+/// against the request's key.
+///
+/// Written as text (`"203.0.113.0/24".parse()`): a network (`10.0.0.0/8`, `2001:db8::/32`)
+/// or an address (`192.0.2.1`, the network of that address alone) is a network; anything
+/// else is a key. An entry with a `/` that is no network is an error, never a key.
+///
+/// ```
+/// use tower_ratelimit::lists::Entry;
+///
+/// assert!(matches!("203.0.113.0/24".parse(), Ok(Entry::Network(_))));
+/// assert!(matches!("192.0.2.1".parse(), Ok(Entry::Network(_))));
+/// assert!(matches!("scraper-7".parse(), Ok(Entry::Key(_))));
+/// assert!("10.0.0.0/33".parse::<Entry>().is_err());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// A network (an address is the network of that address alone): requests whose client
+    /// address is in it.
+    Network(Cidr),
+    /// A key: requests the lists' key names so (see
+    /// [`KeyExtractor::entry_keys`]).
+    Key(Key),
+}
+
+impl std::str::FromStr for Entry {
+    type Err = ConfigError;
+
+    fn from_str(text: &str) -> Result<Self, ConfigError> {
+        let text = text.trim();
+        if text.is_empty() {
+            return Err(ConfigError::new("an empty entry"));
+        }
+        if text.contains('/') || text.parse::<IpAddr>().is_ok() {
+            return text.parse().map(Entry::Network);
+        }
+        Ok(Entry::Key(Key::from(text)))
+    }
+}
+
+impl From<Cidr> for Entry {
+    fn from(network: Cidr) -> Self {
+        Entry::Network(network)
+    }
+}
+
+impl From<IpAddr> for Entry {
+    fn from(ip: IpAddr) -> Self {
+        Entry::Network(Cidr::host(ip))
+    }
+}
+
+impl From<Key> for Entry {
+    fn from(key: Key) -> Self {
+        Entry::Key(key)
+    }
+}
+
+impl From<&Key> for Entry {
+    fn from(key: &Key) -> Self {
+        Entry::Key(key.clone())
+    }
+}
+
 /// One list's entries, compiled: its networks and its keys.
 #[derive(Debug, Default)]
 struct Entries {
@@ -171,27 +240,21 @@ impl Entries {
         key: Option<&dyn KeyExtractor>,
     ) -> Result<Self, ConfigError> {
         let mut out = Entries::default();
-        for entry in entries {
-            let text = entry.trim();
-            if text.is_empty() {
-                return Err(ConfigError::new(format!(
-                    "an empty entry in the {list} list"
-                )));
-            }
-            if text.contains('/') || text.parse::<IpAddr>().is_ok() {
-                let network: Cidr = text
-                    .parse()
-                    .map_err(|e: ConfigError| e.context(&format!("the {list} list")))?;
-                out.networks.push(network);
-            } else {
-                let entry = Key::from(text);
-                let keys = match key {
-                    Some(key) => crate::key::kept_entry_keys(key, &entry).map_err(|e| {
-                        ConfigError::new(format!("the {list} list's entry {text:?}: {e}"))
-                    })?,
-                    None => vec![entry.compact()],
-                };
-                out.keys.extend(keys);
+        for text in entries {
+            let entry: Entry =
+                (text.parse()).map_err(|e: ConfigError| e.context(&format!("the {list} list")))?;
+            match entry {
+                Entry::Network(network) => out.networks.push(network),
+                Entry::Key(entry) => {
+                    let keys = match key {
+                        Some(key) => crate::key::kept_entry_keys(key, &entry).map_err(|e| {
+                            let text = text.trim();
+                            ConfigError::new(format!("the {list} list's entry {text:?}: {e}"))
+                        })?,
+                        None => vec![entry.compact()],
+                    };
+                    out.keys.extend(keys);
+                }
             }
         }
         Ok(out)

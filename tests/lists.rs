@@ -12,7 +12,7 @@ use http::{Request, StatusCode};
 use support::http::{App, PROBLEM_JSON, Reply, Seen, send};
 use support::{RedisCluster, RedisServer, eventually};
 use tower_ratelimit::key::{Cidr, ClientIp, HeaderKey, Key};
-use tower_ratelimit::lists::Lists;
+use tower_ratelimit::lists::{Entry, Lists};
 use tower_ratelimit::response::DENIED;
 use tower_ratelimit::{
     Clock, LimitError, ManualClock, MemoryStore, Policy, RateLimitLayer, RedisStore, Store,
@@ -442,6 +442,94 @@ async fn runtime_networks<St: Store>(one: St, two: St, clock: ManualClock) {
         .await
         .unwrap();
     one.deny_network(net("198.18.0.0/15"), None).await.unwrap();
+}
+
+/// The runtime operations take the entries `Lists::deny` and `Lists::allow` take, meaning the
+/// same: text parsed as an `Entry` (a network or an address: the client's address; anything
+/// else: a key), put on `one` and obeyed by `two`, then taken off.
+async fn entries_as_the_lists_take_them<St: Store>(one: St, two: St, clock: ManualClock) {
+    let plain = || Lists::new().client_ip(ClientIp::new(["10.0.0.1"]).unwrap());
+    let (one, two) = (layer(one, plain(), &clock), layer(two, plain(), &clock));
+    let app_two = app(&two);
+    let entry = |text: &str| text.parse::<Entry>().unwrap();
+    assert!(matches!(entry("192.0.2.0/24"), Entry::Network(_)));
+    assert!(matches!(entry("198.51.100.7"), Entry::Network(_)));
+    assert!(matches!(entry("scraper"), Entry::Key(_)));
+    for bad in ["", " ", "10.0.0.0/33", "scraper/7"] {
+        assert!(bad.parse::<Entry>().is_err(), "{bad:?} is no entry");
+    }
+    // A key: refused by the other instance from its next request.
+    one.deny(entry("scraper"), None).await.unwrap();
+    assert_denied(&ask(&app_two, "scraper", "192.0.2.200", "").await, KEY);
+    // A network, and an address: the client's address, within the other's next read.
+    one.deny(entry("192.0.2.0/24"), None).await.unwrap();
+    one.deny(entry("198.51.100.7"), None).await.unwrap();
+    for peer in ["192.0.2.9", "198.51.100.7"] {
+        eventually("the other instance denies the network", async || {
+            ask(&app_two, "a", peer, "").await.status == StatusCode::FORBIDDEN
+        })
+        .await;
+        assert_denied(&ask(&app_two, "a", peer, "").await, NETWORK);
+    }
+    // The address alone: its neighbour is not denied.
+    assert_eq!(
+        ask(&app_two, "c", "198.51.100.8", "").await.status,
+        StatusCode::OK
+    );
+    // Allowed: neither limited nor counted.
+    one.allow(entry("monitor"), None).await.unwrap();
+    for _ in 0..5 {
+        let reply = ask(&app_two, "monitor", "203.0.113.1", "").await;
+        assert!(reply.remaining().is_none(), "allowed: not counted");
+    }
+    // Taken off, each as it was put on (a `&Key` is an entry too).
+    one.remove_denied(&Key::from("scraper")).await.unwrap();
+    one.remove_denied(entry("192.0.2.0/24")).await.unwrap();
+    one.remove_denied(entry("198.51.100.7")).await.unwrap();
+    one.remove_allowed(entry("monitor")).await.unwrap();
+    assert_eq!(
+        ask(&app_two, "scraper", "203.0.113.1", "")
+            .await
+            .remaining(),
+        Some(2)
+    );
+    assert_eq!(
+        ask(&app_two, "monitor", "203.0.113.1", "")
+            .await
+            .remaining(),
+        Some(2)
+    );
+    for peer in ["192.0.2.9", "198.51.100.7"] {
+        eventually("the other instance lifts the network", async || {
+            ask(&app_two, "b", peer, "").await.status == StatusCode::OK
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn entries_as_the_lists_take_them_in_memory() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    entries_as_the_lists_take_them(store.clone(), store, clock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_as_the_lists_take_them_on_two_instances_of_one_redis() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let store = || server.store("entries-text:", &clock);
+    entries_as_the_lists_take_them(store().await, store().await, clock.clone()).await;
+    support::assert_no_key_without_ttl(&server, "entries-text:");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_as_the_lists_take_them_on_the_cluster() {
+    let cluster = RedisCluster::start();
+    let clock = ManualClock::new();
+    let one = cluster.store("entries-text:", &clock).await;
+    let two = cluster.store("entries-text:", &clock).await;
+    entries_as_the_lists_take_them(one, two, clock).await;
 }
 
 #[tokio::test]

@@ -15,7 +15,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::put;
 use tower_ratelimit::key::{Cidr, Key};
-use tower_ratelimit::lists::Lists;
+use tower_ratelimit::lists::{Entry, Lists};
 use tower_ratelimit::{
     ConfigError, LimitError, Policy, Quota, RateLimitLayer, Store, policy::Escalation,
 };
@@ -204,49 +204,45 @@ pub(crate) fn routes<St: Store, M: Send + Sync + 'static>(
     router
 }
 
-/// The network an entry names, when it has a `/` and is one (`203.0.113.0/24`); a single
-/// address is a key, grouped as the key groups addresses.
-fn network(entry: &str) -> Result<Option<Cidr>, ConfigError> {
-    entry.contains('/').then(|| entry.parse()).transpose()
+/// The entry a path names: a network when it has a `/` (`203.0.113.0/24`); anything else,
+/// a single address included, a key (an address grouped as the key groups addresses, obeyed
+/// by every instance from its next request, and not counted in the 1,000 networks).
+fn entry(text: &str) -> Result<Entry, ConfigError> {
+    match text.contains('/') {
+        true => text.parse::<Cidr>().map(Entry::Network),
+        false => Ok(Entry::Key(Key::from(text))),
+    }
 }
 
 /// `PUT`: the key or network on the list until `until` (unix seconds), or until taken off.
 async fn add<St: Store, M>(
     layer: &RateLimitLayer<St, M>,
     deny: bool,
-    entry: &str,
+    text: &str,
     query: HashMap<String, String>,
 ) -> Result<Result<(), LimitError>, Response> {
     let until = crate::limits::until(&query).map_err(|e| bad("until", &e))?;
     if let Some(name) = query.keys().find(|k| *k != "until") {
         return Err(bad(name, "unknown parameter; expected until"));
     }
-    let key = Key::from(entry);
-    let network = network(entry).map_err(|e| bad("network", &e.to_string()))?;
-    let result = match (deny, network) {
-        (true, Some(network)) => layer.deny_network(network, until).await,
-        (false, Some(network)) => layer.allow_network(network, until).await,
-        (true, None) => layer.deny_key(&key, until).await,
-        (false, None) => layer.allow_key(&key, until).await,
-    };
-    Ok(result)
+    let entry = entry(text).map_err(|e| bad("network", &e.to_string()))?;
+    Ok(match deny {
+        true => layer.deny(entry, until).await,
+        false => layer.allow(entry, until).await,
+    })
 }
 
 /// `DELETE`: the key or network off the list.
 async fn remove<St: Store, M>(
     layer: &RateLimitLayer<St, M>,
     deny: bool,
-    entry: &str,
+    text: &str,
 ) -> Result<Result<(), LimitError>, Response> {
-    let key = Key::from(entry);
-    let network = network(entry).map_err(|e| bad("network", &e.to_string()))?;
-    let result = match (deny, network) {
-        (true, Some(network)) => layer.remove_denied_network(network).await,
-        (false, Some(network)) => layer.remove_allowed_network(network).await,
-        (true, None) => layer.remove_denied(&key).await,
-        (false, None) => layer.remove_allowed(&key).await,
-    };
-    Ok(result)
+    let entry = entry(text).map_err(|e| bad("network", &e.to_string()))?;
+    Ok(match deny {
+        true => layer.remove_denied(entry).await,
+        false => layer.remove_allowed(entry).await,
+    })
 }
 
 /// A change made: 204; a bad parameter: 400 naming it (a key the lists' key never makes:

@@ -1,14 +1,66 @@
-//! The layer's allow and deny lists at runtime: keys and networks put on them, kept in the
-//! store, and the lists given to the layer reloaded.
+//! The layer's allow and deny lists at runtime: entries (keys and networks) put on them, kept
+//! in the store, and the lists given to the layer reloaded.
 
 use std::time::SystemTime;
 
 use super::RateLimitLayer;
 use crate::error::{ConfigError, LimitError};
 use crate::key::{Cidr, Key};
+use crate::lists::Entry;
 use crate::store::Store;
 
 impl<St: Store, M> RateLimitLayer<St, M> {
+    /// Puts `entry` on the deny list until `until` (`None`: until
+    /// [`remove_denied`](Self::remove_denied)), kept in the store: the same entries as
+    /// [`Lists::deny`](crate::lists::Lists::deny) takes, meaning the same. A network (or an
+    /// address, `"192.0.2.1".parse()?`) is [`deny_network`](Self::deny_network)'s, a key
+    /// [`deny_key`](Self::deny_key)'s; each says when every instance obeys it, and how it
+    /// fails.
+    ///
+    /// ```
+    /// use tower_ratelimit::{Policy, RateLimitLayer, key::HeaderKey, lists::{Entry, Lists}};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = RateLimitLayer::builder()
+    ///     .key(HeaderKey::try_new("x-api-key")?)
+    ///     .policy(Policy::gcra("100/min"))
+    ///     .lists(Lists::new())
+    ///     .build()?;
+    /// for text in ["203.0.113.0/24", "scraper-7"] {
+    ///     let entry: Entry = text.parse()?;
+    ///     layer.deny(entry.clone(), None).await?;
+    ///     layer.remove_denied(entry).await?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn deny(
+        &self,
+        entry: impl Into<Entry>,
+        until: Option<SystemTime>,
+    ) -> Result<(), LimitError> {
+        match entry.into() {
+            Entry::Network(network) => self.deny_network(network, until).await,
+            Entry::Key(key) => self.deny_key(&key, until).await,
+        }
+    }
+
+    /// Puts `entry` on the allow list until `until` (`None`: until
+    /// [`remove_allowed`](Self::remove_allowed)), as [`deny`](Self::deny) does on the deny
+    /// list: [`allow_network`](Self::allow_network)'s for a network or an address,
+    /// [`allow_key`](Self::allow_key)'s for a key.
+    pub async fn allow(
+        &self,
+        entry: impl Into<Entry>,
+        until: Option<SystemTime>,
+    ) -> Result<(), LimitError> {
+        match entry.into() {
+            Entry::Network(network) => self.allow_network(network, until).await,
+            Entry::Key(key) => self.allow_key(&key, until).await,
+        }
+    }
+
     /// Puts `key` on the deny list until `until` (`None`: until
     /// [`remove_denied`](Self::remove_denied)): every request of the key is answered `403`
     /// ([`DENIED`](crate::response::DENIED)), and no policy counts it. The entry is kept in the
@@ -18,7 +70,9 @@ impl<St: Store, M> RateLimitLayer<St, M> {
     /// the requests whose keys it makes ([`KeyExtractor::entry_keys`](crate::key::KeyExtractor::entry_keys)):
     /// where keys are client addresses, `Key::from("::1")`, `Key::from(ip)` and
     /// `"::ffff:127.0.0.1"` are the address's key, an IPv6 one grouped as requests are (its
-    /// `/64` by default); where they are API keys, the token is hashed.
+    /// `/64` by default); where they are API keys, the token is hashed. (To list many single
+    /// addresses where keys are client addresses, this is the way: [`deny`](Self::deny)
+    /// takes an address as a network, and at most 1,000 networks are listed at runtime.)
     ///
     /// Fails with [`LimitError::NoLists`] unless the layer was built with
     /// [`lists`](crate::RateLimitLayerBuilder::lists) kept in the store (the default); with
@@ -48,10 +102,17 @@ impl<St: Store, M> RateLimitLayer<St, M> {
         answer.await.map(drop).map_err(LimitError::Store)
     }
 
-    /// Takes `key` off the deny list kept in the store (see [`deny_key`](Self::deny_key)).
-    pub async fn remove_denied(&self, key: &Key) -> Result<(), LimitError> {
-        let answer = self.limiter.list_key(true, key, None, true)?;
-        answer.await.map(drop).map_err(LimitError::Store)
+    /// Takes `entry` off the deny list kept in the store (see [`deny`](Self::deny)): a key
+    /// (`&Key` as well), or a network as
+    /// [`remove_denied_network`](Self::remove_denied_network) does.
+    pub async fn remove_denied(&self, entry: impl Into<Entry>) -> Result<(), LimitError> {
+        match entry.into() {
+            Entry::Network(network) => self.remove_denied_network(network).await,
+            Entry::Key(key) => {
+                let answer = self.limiter.list_key(true, &key, None, true)?;
+                answer.await.map(drop).map_err(LimitError::Store)
+            }
+        }
     }
 
     /// Puts `key` on the allow list until `until` (`None`: until
@@ -63,10 +124,17 @@ impl<St: Store, M> RateLimitLayer<St, M> {
         answer.await.map(drop).map_err(LimitError::Store)
     }
 
-    /// Takes `key` off the allow list kept in the store (see [`allow_key`](Self::allow_key)).
-    pub async fn remove_allowed(&self, key: &Key) -> Result<(), LimitError> {
-        let answer = self.limiter.list_key(false, key, None, true)?;
-        answer.await.map(drop).map_err(LimitError::Store)
+    /// Takes `entry` off the allow list kept in the store (see [`allow`](Self::allow)): a
+    /// key (`&Key` as well), or a network as
+    /// [`remove_allowed_network`](Self::remove_allowed_network) does.
+    pub async fn remove_allowed(&self, entry: impl Into<Entry>) -> Result<(), LimitError> {
+        match entry.into() {
+            Entry::Network(network) => self.remove_allowed_network(network).await,
+            Entry::Key(key) => {
+                let answer = self.limiter.list_key(false, &key, None, true)?;
+                answer.await.map(drop).map_err(LimitError::Store)
+            }
+        }
     }
 
     /// Replaces the networks and keys given to the layer's lists, e.g. when its configuration

@@ -680,8 +680,20 @@ impl RedisServer {
         clock: Option<&tower_ratelimit::ManualClock>,
         functions: bool,
     ) -> tower_ratelimit::RedisStore {
+        self.store_calling_within(prefix, clock, functions, Duration::from_secs(10))
+            .await
+    }
+
+    /// [`store_calling`](Self::store_calling), each decision awaited for up to `deadline`.
+    pub async fn store_calling_within(
+        &self,
+        prefix: &str,
+        clock: Option<&tower_ratelimit::ManualClock>,
+        functions: bool,
+        deadline: Duration,
+    ) -> tower_ratelimit::RedisStore {
         let mut builder = tower_ratelimit::RedisStore::builder(&self.url())
-            .deadline(Duration::from_secs(10))
+            .deadline(deadline)
             .prefix(prefix)
             .functions(functions);
         if let Some(clock) = clock {

@@ -119,7 +119,8 @@ pub fn read_reply(resp: &[u8], ops: &[u8]) -> Option<HeaderMap> {
 /// extractor (an address key, a client address behind a proxy, an API key, a header, the
 /// global key, and an API key or else the address), every key kept as the layer keeps it;
 /// and `secs` as an entry's end (`until`) given to a layer's deny and allow lists and to a
-/// key's own limit: every mistake an error, never a panic.
+/// key's own limit; `text` as a list entry (`lists::Entry`) put on the deny list and taken
+/// off: every mistake an error, never a panic.
 pub fn entry(text: &str, bytes: &[u8], secs: u64) {
     use crate::key::{ApiKey, ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
     let extractors: Vec<Box<dyn KeyExtractor>> = vec![
@@ -158,6 +159,13 @@ pub fn entry(text: &str, bytes: &[u8], secs: u64) {
     poll(std::pin::pin!(async {
         let _ = layer.allow_key(&key, until).await;
     }));
+    // The same text as a list entry, put on and taken off as the runtime operations take it.
+    if let Ok(entry) = text.parse::<crate::lists::Entry>() {
+        poll(std::pin::pin!(async {
+            let _ = layer.deny(entry.clone(), until).await;
+            let _ = layer.remove_denied(entry).await;
+        }));
+    }
     poll(std::pin::pin!(async {
         let _ = layer.set_limit("fuzz", &key, "5/s", until).await;
     }));

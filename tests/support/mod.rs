@@ -684,7 +684,9 @@ impl RedisServer {
             .await
     }
 
-    /// [`store_calling`](Self::store_calling), each decision awaited for up to `deadline`.
+    /// [`store_calling`](Self::store_calling), each decision awaited for up to `deadline`;
+    /// a longer one than its 10 s also awaits each reply on the connection as long (past the
+    /// default second).
     pub async fn store_calling_within(
         &self,
         prefix: &str,
@@ -692,10 +694,11 @@ impl RedisServer {
         functions: bool,
         deadline: Duration,
     ) -> tower_ratelimit::RedisStore {
-        let mut builder = tower_ratelimit::RedisStore::builder(&self.url())
-            .deadline(deadline)
-            .prefix(prefix)
-            .functions(functions);
+        let mut builder = tower_ratelimit::RedisStore::builder(&self.url()).deadline(deadline);
+        if deadline > Duration::from_secs(10) {
+            builder = builder.response_timeout(deadline);
+        }
+        let mut builder = builder.prefix(prefix).functions(functions);
         if let Some(clock) = clock {
             builder = builder.clock(clock.clone());
         }

@@ -120,9 +120,9 @@ impl Lists {
     /// Whether entries added at runtime are read at each decision (default `true`). Each
     /// decision then also looks at the key's two list entries in its one store call (in the
     /// Redis script, one `EXISTS` of their keys when the key has none, the usual case); with
-    /// `false` only the entries given here count, and the runtime operations fail. Policies that take leases
-    /// ([`Policy::lease`](crate::Policy::lease)) spend units without asking the store; with
-    /// entries kept in the store, each request asks it for them.
+    /// `false` only the entries given here count, and the runtime operations fail. Policies
+    /// that take leases ([`Policy::lease`](crate::Policy::lease)) spend units without asking
+    /// the store; with entries kept in the store, each request asks it for them.
     #[must_use]
     pub fn kept_in_store(mut self, kept: bool) -> Self {
         self.static_only = !kept;

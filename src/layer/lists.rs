@@ -98,8 +98,7 @@ impl<St: Store, M> RateLimitLayer<St, M> {
     /// # }
     /// ```
     pub async fn deny_key(&self, key: &Key, until: Option<SystemTime>) -> Result<(), LimitError> {
-        let answer = self.limiter.list_key(true, key, until, false)?;
-        answer.await.map(drop).map_err(LimitError::Store)
+        self.key_entry(true, key, until, false).await
     }
 
     /// Takes `entry` off the deny list kept in the store (see [`deny`](Self::deny)): a key
@@ -108,10 +107,7 @@ impl<St: Store, M> RateLimitLayer<St, M> {
     pub async fn remove_denied(&self, entry: impl Into<Entry>) -> Result<(), LimitError> {
         match entry.into() {
             Entry::Network(network) => self.remove_denied_network(network).await,
-            Entry::Key(key) => {
-                let answer = self.limiter.list_key(true, &key, None, true)?;
-                answer.await.map(drop).map_err(LimitError::Store)
-            }
+            Entry::Key(key) => self.key_entry(true, &key, None, true).await,
         }
     }
 
@@ -120,8 +116,7 @@ impl<St: Store, M> RateLimitLayer<St, M> {
     /// counted by any policy, on every instance sharing the store from its next request. A
     /// key on both lists is denied. Fails as [`deny_key`](Self::deny_key) does.
     pub async fn allow_key(&self, key: &Key, until: Option<SystemTime>) -> Result<(), LimitError> {
-        let answer = self.limiter.list_key(false, key, until, false)?;
-        answer.await.map(drop).map_err(LimitError::Store)
+        self.key_entry(false, key, until, false).await
     }
 
     /// Takes `entry` off the allow list kept in the store (see [`allow`](Self::allow)): a
@@ -130,11 +125,21 @@ impl<St: Store, M> RateLimitLayer<St, M> {
     pub async fn remove_allowed(&self, entry: impl Into<Entry>) -> Result<(), LimitError> {
         match entry.into() {
             Entry::Network(network) => self.remove_allowed_network(network).await,
-            Entry::Key(key) => {
-                let answer = self.limiter.list_key(false, &key, None, true)?;
-                answer.await.map(drop).map_err(LimitError::Store)
-            }
+            Entry::Key(key) => self.key_entry(false, &key, None, true).await,
         }
+    }
+
+    /// Puts `key` on the deny list (`deny`) or the allow list until `until`, or takes it off
+    /// (`remove`), in the store.
+    async fn key_entry(
+        &self,
+        deny: bool,
+        key: &Key,
+        until: Option<SystemTime>,
+        remove: bool,
+    ) -> Result<(), LimitError> {
+        let answer = self.limiter.list_key(deny, key, until, remove)?;
+        answer.await.map(drop).map_err(LimitError::Store)
     }
 
     /// Replaces the networks and keys given to the layer's lists, e.g. when its configuration

@@ -328,9 +328,6 @@ impl Tier {
         self.escalation.as_ref().map(|e| &e.0)
     }
 
-    /// The tag a Redis call sends: the tag, with the escalation after it (see
-    /// [`Escalation::lua_suffix`]).
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     /// The tag of a tier of `algorithm`: its algorithm and parameters, as short as it can
     /// be (a state and its tag are one string, whose allocation grows by 16 bytes past 12 and
     /// past 28 characters; a GCRA state is 16 digits).
@@ -340,6 +337,9 @@ impl Tier {
         format!("{}{}", tag_letter(lua_id), params.join(",")).into_boxed_str()
     }
 
+    /// The tag a Redis call sends: the tag, with the escalation after it (see
+    /// [`Escalation::lua_suffix`]).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn call_tag(&self) -> &str {
         self.escalation.as_ref().map_or(&self.tag, |e| &e.1)
     }

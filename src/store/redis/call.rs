@@ -160,6 +160,8 @@ impl Inner {
 
     /// One script call deciding `checks`, whose keys must share a hash slot on a cluster.
     async fn run(&self, link: &Link, checks: &[Check]) -> Result<Vec<Reply>, StoreError> {
+        // The lists' looks after one policy send no arguments (decide.lua's `looks`).
+        let looks = looks_follow(checks);
         let command = |name: &str, script: &str| {
             let mut cmd = redis::cmd(name);
             cmd.arg(script).arg(checks.len());
@@ -167,8 +169,6 @@ impl Inner {
                 cmd.arg(redis_key(&self.prefix, check.tier().name(), check.key()));
             }
             let injected = self.clock.is_some();
-            // The lists' looks after one policy send no arguments (decide.lua's `looks`).
-            let looks = looks_follow(checks);
             let sent = if looks { &checks[..1] } else { checks };
             for check in sent {
                 // The shape, the cost unless it is 1, the operation's own integers and the
@@ -200,7 +200,7 @@ impl Inner {
             .conn
             .with(|mut c| async move { self.invoke(&call, eval, &mut c).await })
             .await?;
-        read_reply(checks, &reply)
+        read_reply(checks, &reply, looks)
     }
 }
 
@@ -302,13 +302,14 @@ fn decision_of(checks: &[Check], verdicts: Vec<Reply>) -> Decision {
 /// The decision of `checks` from the script's `reply` (for the fuzz targets).
 #[cfg(fuzzing)]
 pub(crate) fn read_decision(checks: &[Check], reply: &[i64]) -> Result<Decision, StoreError> {
-    read_reply(checks, reply).map(|verdicts| decision_of(checks, verdicts))
+    read_reply(checks, reply, looks_follow(checks)).map(|verdicts| decision_of(checks, verdicts))
 }
 
 /// The script's reply to `checks` read back: each check's verdict and grant, then the keys
-/// decided under their own limit (`OWN_WIDTH` integers each).
-fn read_reply(checks: &[Check], reply: &[i64]) -> Result<Vec<Reply>, StoreError> {
-    if looks_follow(checks) && (reply.len() % OWN_WIDTH) == Op::REPLY % OWN_WIDTH {
+/// decided under their own limit (`OWN_WIDTH` integers each). `looks`: the call was one
+/// policy and the lists' looks ([`looks_follow`]), whose reply may be the policy's alone.
+fn read_reply(checks: &[Check], reply: &[i64], looks: bool) -> Result<Vec<Reply>, StoreError> {
+    if looks && (reply.len() % OWN_WIDTH) == Op::REPLY % OWN_WIDTH {
         // The policy's reply alone: its key has no runtime entry (decide.lua's `looks`), so
         // each look admits, with nothing to report.
         const LOOK: [i64; Op::REPLY] = looked_at_nothing();

@@ -8,6 +8,7 @@ use smallvec::SmallVec;
 
 use crate::algorithm::Verdict;
 use crate::policy::Tier;
+use crate::store::Listing;
 
 /// The outcome of one policy for one request.
 #[derive(Clone)]
@@ -220,13 +221,21 @@ const NO_RETRY: u64 = u64::MAX;
 pub struct Decision {
     outcomes: Outcomes,
     allowed: bool,
+    /// What the key's runtime list entries said, when the store read them in the same call
+    /// (then there are no outcomes: the policies were not decided); packed, to keep the
+    /// decision of two policies within 120 bytes.
+    listing: u32,
 }
 
 impl Decision {
     /// A decision from its outcomes: allowed when every enforced outcome is.
     pub(crate) fn new(outcomes: Outcomes) -> Self {
         let allowed = outcomes.iter().all(|o| o.allowed || o.shadow);
-        Decision { outcomes, allowed }
+        Decision {
+            outcomes,
+            allowed,
+            listing: 0,
+        }
     }
 
     /// A decision of enforced outcomes whose verdict the caller knows: `allowed` when every
@@ -234,7 +243,11 @@ impl Decision {
     #[inline]
     pub(crate) fn enforced(outcomes: Outcomes, allowed: bool) -> Self {
         debug_assert_eq!(allowed, outcomes.iter().all(|o| o.allowed && !o.shadow));
-        Decision { outcomes, allowed }
+        Decision {
+            outcomes,
+            allowed,
+            listing: 0,
+        }
     }
 
     /// A decision of one outcome (the common case: no loop, no push).
@@ -243,7 +256,26 @@ impl Decision {
         let allowed = outcome.allowed || outcome.shadow;
         let mut outcomes = Outcomes::new();
         outcomes.push(outcome);
-        Decision { outcomes, allowed }
+        Decision {
+            outcomes,
+            allowed,
+            listing: 0,
+        }
+    }
+
+    /// The answer of a key's runtime entries, which the store read before any policy: no
+    /// outcome.
+    pub(crate) fn listed(listing: Listing) -> Self {
+        Decision {
+            outcomes: Outcomes::new(),
+            allowed: true,
+            listing: listing.pack(),
+        }
+    }
+
+    /// What the key's runtime entries said, if the store read them in this decision's call.
+    pub(crate) fn listing(&self) -> Listing {
+        Listing::unpack(self.listing)
     }
 
     /// The outcomes, to update the leases' remaining units in.
@@ -259,15 +291,6 @@ impl Decision {
         }
         self.outcomes.drain(..n.min(self.outcomes.len()));
         Decision::new(self.outcomes)
-    }
-
-    /// The last `n` outcomes taken out (the checks of the allow and deny lists' entries,
-    /// which a request's store call carries after its policies'), the rest judged again.
-    pub(crate) fn take_last(&mut self, n: usize) -> Outcomes {
-        let at = self.outcomes.len().saturating_sub(n);
-        let last = self.outcomes.drain(at..).collect();
-        self.allowed = self.outcomes.iter().all(|o| o.allowed || o.shadow);
-        last
     }
 
     /// Whether the request may go on.

@@ -396,7 +396,7 @@ impl<St: Store> Limiter<St> {
         if let Some(answer) = self.checks(request, route, planned) {
             return answer;
         }
-        let lists = self.push_list_checks(listed, &mut checks);
+        let lists = self.push_list_check(listed, &mut checks);
         if checks.is_empty() {
             return Next::nothing();
         }

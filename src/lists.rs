@@ -118,8 +118,8 @@ impl Lists {
     }
 
     /// Whether entries added at runtime are read at each decision (default `true`). Each
-    /// decision then also looks at the key's two list entries in its one store call (in the
-    /// Redis script, one `EXISTS` of their keys when the key has none, the usual case); with
+    /// decision then also reads the key's record of list entries in its one store call (in
+    /// the Redis script, one `GET`, before any policy); with
     /// `false` only the entries given here count, and the runtime operations fail. Policies
     /// that take leases ([`Policy::lease`](crate::Policy::lease)) spend units without asking
     /// the store; with entries kept in the store, each request asks it for them.
@@ -378,12 +378,11 @@ impl fmt::Debug for Compiled {
     }
 }
 
-/// The lists of a layer built with them: as given (swapped by a reload), and the tiers their
-/// runtime entries are kept in.
+/// The lists of a layer built with them: as given (swapped by a reload), and the tier whose
+/// name the records of its runtime entries are kept under.
 pub(crate) struct LayerLists {
     lists: ArcSwap<Compiled>,
-    deny: Arc<Tier>,
-    allow: Arc<Tier>,
+    records: Arc<Tier>,
 }
 
 impl LayerLists {
@@ -400,25 +399,23 @@ impl LayerLists {
         Ok(lists)
     }
 
-    /// `lists` compiled (`key`: the layer's), and the entries' tiers registered in `store`.
+    /// `lists` compiled (`key`: the layer's), and the records' tier registered in `store`
+    /// (its name taken: no policy may have it).
     pub(crate) fn new<St: Store>(
         lists: &Lists,
         key: &Arc<dyn KeyExtractor>,
         store: &St,
     ) -> Result<Self, ConfigError> {
         let compiled = lists.compile(key)?;
-        let algorithm = entries_algorithm();
-        let names: [Arc<str>; 2] = [DENY.into(), ALLOW.into()];
-        let tiers = names.clone().map(|n| (n, algorithm.clone()));
-        let at = store.register(&tiers, &|_| false)?;
-        let [deny, allow] = [0, 1].map(|i| {
-            let part = Part::new(Op::ChargeIf);
-            Arc::new(Tier::new(names[i].clone(), at[i], algorithm.clone(), part))
-        });
+        let quota = Quota::per_second(std::num::NonZeroU32::MIN);
+        let algorithm = Definition::new(crate::Algorithm::Gcra, quota, Default::default())
+            .expect("1/s is a valid GCRA");
+        let name: Arc<str> = RECORDS.into();
+        let at = store.register(&[(name.clone(), algorithm.clone())], &|_| false)?[0];
+        let part = Part::new(Op::ChargeIf);
         Ok(LayerLists {
             lists: ArcSwap::from_pointee(compiled),
-            deny,
-            allow,
+            records: Arc::new(Tier::new(name, at, algorithm, part)),
         })
     }
 
@@ -437,28 +434,15 @@ impl LayerLists {
         self.present().in_store()
     }
 
-    /// The tier of the deny list's runtime entries.
-    pub(crate) fn deny(&self) -> &Arc<Tier> {
-        &self.deny
-    }
-
-    /// The tier of the allow list's runtime entries.
-    pub(crate) fn allow(&self) -> &Arc<Tier> {
-        &self.allow
+    /// The tier of the records of the runtime entries: a check of it at the end of a store
+    /// call says that the store reads the key's record first (Redis).
+    pub(crate) fn records(&self) -> &Arc<Tier> {
+        &self.records
     }
 }
 
-/// The algorithm of the tiers of the runtime entries: an entry is a block, which any
-/// algorithm keeps; the Redis script knows its tag (`LOOK_TAG`).
-pub(crate) fn entries_algorithm() -> Definition {
-    let quota = Quota::per_second(std::num::NonZeroU32::MIN);
-    Definition::new(crate::Algorithm::Gcra, quota, Default::default()).expect("1/s is a valid GCRA")
-}
-
-/// The name of the tier of the deny list's runtime entries (no policy may take it).
-pub(crate) const DENY: &str = "!deny";
-/// The name of the tier of the allow list's runtime entries.
-pub(crate) const ALLOW: &str = "!allow";
+/// The name the records of the runtime entries are kept under (no policy may take it).
+pub(crate) const RECORDS: &str = "!lists";
 
 /// Refuses policies that take leases beside lists whose entries are kept in a store that does
 /// not decide at once (`in_store`): every request would ask the store for its key's entries,

@@ -317,29 +317,48 @@ async fn runtime_entries_on_two_instances_of_one_redis() {
     support::assert_no_key_without_ttl(&server, "lists:");
 }
 
-/// On Redis, a key with no runtime entry costs its lists one `EXISTS` of the two entries'
-/// keys, in the policy's own call (the script then decides the policy alone); once an entry
-/// is there, its looks read it in the same call, and its end is obeyed.
+/// On Redis, a key with no runtime entry costs its lists one `GET` of its record, in the
+/// policy's own call (the script then decides the policy alone); once an entry is there, the
+/// record is read in the same call, and its end is obeyed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_key_without_entries_costs_its_lists_one_exists_on_redis() {
+async fn a_key_without_entries_costs_its_lists_one_get_on_redis() {
     let server = RedisServer::start();
     let clock = ManualClock::new();
+    let without = RateLimitLayer::builder()
+        .clock(clock.clone())
+        .policy(Policy::gcra("3/h").name("per-key"))
+        .key(HeaderKey::try_new("x-key").unwrap())
+        .store(server.store("alone:", &clock).await)
+        .build()
+        .unwrap();
+    let gets = server.calls("get");
+    assert_eq!(
+        ask(&app(&without), "a", "192.0.2.1", "").await.remaining(),
+        Some(2)
+    );
+    let policy_alone = server.calls("get") - gets;
     let layer = layer(server.store("looks:", &clock).await, Lists::new(), &clock);
     let app = app(&layer);
-    let exists = server.calls("exists");
+    // The first request has the networks listed at runtime read (a `GET` of their own, once
+    // a second), which is let pass first.
+    let gets = server.calls("get");
+    ask(&app, "w", "192.0.2.1", "").await;
+    let read = gets + policy_alone + 2;
+    support::wait_until(Duration::from_secs(10), "the networks read", || {
+        server.calls("get") >= read
+    });
+    let gets = server.calls("get");
     let reply = ask(&app, "a", "192.0.2.1", "").await;
     assert_eq!(reply.remaining(), Some(2));
-    assert_eq!(server.calls("exists"), exists + 1);
+    assert_eq!(server.calls("get"), gets + policy_alone + 1);
+    assert_eq!(server.calls("exists"), 0);
     layer
         .deny_key(&Key::from("a"), Some(at(&clock, Duration::from_secs(5))))
         .await
         .unwrap();
     let gets = server.calls("get");
     assert_denied(&ask(&app, "a", "192.0.2.1", "").await, KEY);
-    assert!(
-        server.calls("get") >= gets + 3,
-        "the entries are read once there"
-    );
+    assert!(server.calls("get") > gets, "the record is read");
     clock.advance(Duration::from_secs(5));
     let reply = ask(&app, "a", "192.0.2.1", "").await;
     assert_eq!((reply.status, reply.remaining()), (StatusCode::OK, Some(1)));
@@ -353,6 +372,78 @@ async fn runtime_entries_on_the_cluster() {
     let one = cluster.store("lists:", &clock).await;
     let two = cluster.store("lists:", &clock).await;
     runtime_entries(one, two, clock).await;
+}
+
+/// A key's entries beside policies keyed otherwise (per user, and a global policy): the
+/// record is the lists' key's, read before any policy (on the cluster in a slot of its own,
+/// read first), and a listed key charges none of them.
+async fn entries_beside_other_keys<St: Store>(one: St, two: St, clock: ManualClock) {
+    let layer = |store: St| {
+        RateLimitLayer::builder()
+            .clock(clock.clone())
+            .policy(
+                Policy::gcra("3/h")
+                    .name("per-user")
+                    .key(HeaderKey::try_new("x-user").unwrap()),
+            )
+            .policy(
+                Policy::fixed_window("100/h")
+                    .name("all")
+                    .key(tower_ratelimit::key::GlobalKey),
+            )
+            .key(HeaderKey::try_new("x-key").unwrap())
+            .lists(Lists::new())
+            .store(store)
+            .build()
+            .unwrap()
+    };
+    let (one, two) = (layer(one), layer(two));
+    let app = app(&two);
+    let ask = async |key: &str| {
+        let request = Request::builder()
+            .header("x-key", key)
+            .header("x-user", "u");
+        let mut request = request.body(()).unwrap();
+        let peer = std::net::SocketAddr::new("192.0.2.1".parse().unwrap(), 40000);
+        request.extensions_mut().insert(peer);
+        send(&app, request).await
+    };
+    assert_eq!(ask("a").await.remaining(), Some(2));
+    one.deny_key(&Key::from("a"), None).await.unwrap();
+    assert_denied(&ask("a").await, KEY);
+    one.allow_key(&Key::from("b"), None).await.unwrap();
+    for _ in 0..5 {
+        assert!(ask("b").await.remaining().is_none(), "allowed: not counted");
+    }
+    // Neither the denied nor the allowed requests were counted by either policy.
+    assert_eq!(ask("c").await.remaining(), Some(1));
+    one.remove_denied(&Key::from("a")).await.unwrap();
+    assert_eq!(ask("a").await.remaining(), Some(0));
+}
+
+#[tokio::test]
+async fn entries_beside_other_keys_in_memory() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    entries_beside_other_keys(store.clone(), store, clock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_beside_other_keys_on_two_instances_of_one_redis() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let store = || server.store("beside:", &clock);
+    entries_beside_other_keys(store().await, store().await, clock.clone()).await;
+    support::assert_no_key_without_ttl(&server, "beside:");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_beside_other_keys_on_the_cluster() {
+    let cluster = RedisCluster::start();
+    let clock = ManualClock::new();
+    let one = cluster.store("beside:", &clock).await;
+    let two = cluster.store("beside:", &clock).await;
+    entries_beside_other_keys(one, two, clock).await;
 }
 
 /// Networks put on the lists at runtime on `one`: obeyed by `one` at once and by `two`

@@ -138,8 +138,7 @@ impl<St: Store, M> RateLimitLayer<St, M> {
         until: Option<SystemTime>,
         remove: bool,
     ) -> Result<(), LimitError> {
-        let answer = self.limiter.list_key(deny, key, until, remove)?;
-        answer.await.map(drop).map_err(LimitError::Store)
+        self.limiter.list_key(deny, key, until, remove)?.await
     }
 
     /// Replaces the networks and keys given to the layer's lists, e.g. when its configuration

@@ -37,7 +37,7 @@ impl<St: Store> Limiter<St> {
                     breaker.success(ticket.gate);
                 }
                 if ticket.lists
-                    && let Some(next) = self.unlisted(&mut decision, &mut ticket.keys)
+                    && let Some(next) = self.unlisted(&decision, &mut ticket.keys)
                 {
                     return next;
                 }

@@ -6,7 +6,6 @@ use std::sync::atomic::Ordering;
 
 use tracing::Span;
 
-use super::lists::LIST_CHECKS;
 use super::{Limiter, Next, Ticket};
 use crate::decision::Decision;
 use crate::error::{FailurePolicy, StoreError, StoreErrorKind};
@@ -45,12 +44,8 @@ impl<St: Store> Limiter<St> {
     fn remembered_answer<F>(&self, ticket: &Ticket) -> Option<Result<Decision, Next<F>>> {
         let (remembered, keys) = (self.remembered.as_ref()?, ticket.keys.as_deref()?);
         let now = self.clock.now_micros();
-        let listed = ticket
-            .lists
-            .then(|| keys.len().checked_sub(LIST_CHECKS))
-            .flatten();
-        if let Some(at) = listed
-            && remembered.is_listed(keys[at].key(), now)
+        if let (true, Some(record)) = (ticket.lists, keys.last())
+            && remembered.is_listed(record.key(), now)
         {
             return Some(Err(self.denied(Why::Entry)));
         }

@@ -1,28 +1,24 @@
 //! A step before the decision: the allow and deny lists (`lists.rs`), before any policy.
 //!
-//! A network or key given to the layer answers here, without a store call. An entry added at
-//! runtime is kept in the store as a block of the key in one of two tiers registered under
-//! names no policy may take (`!deny`, `!allow`), looked at by a check of each
-//! (`Op::ChargeIf` at cost 0, which decides without being charged). With Redis, `plan` adds
-//! the two after the policies' checks: a listed key makes the store charge nothing, in the
-//! same atomic step, and every instance sharing the store sees an entry from its next
-//! request; `unlisted` takes their outcomes out of the decision. In memory, `begin` asks
-//! before the lane (`listed_at_once`), and looks at the entries only once one was ever added
-//! to the store (`Registry::listed`): a layer with lists keeps its lane.
+//! A network or key given to the layer answers here, without a store call. A key listed at
+//! runtime has one record in the store holding the end of each of its entries (deny and
+//! allow: `store/entries.rs`), written by `Sealed::keep_entry`. With Redis, `plan` adds a
+//! check of the records' tier after the policies': the script reads the key's record before
+//! any policy, and a listed key is answered (a typed `Listing` in the decision) with nothing
+//! charged, in the same atomic step, by every instance from its next request; `unlisted`
+//! reads it. In memory, `begin` asks before the lane (`listed_at_once`), and reads the
+//! registry's records only once an entry was ever added (`Registry::listed`): a layer with
+//! lists keeps its lane.
 
 use std::future::Future;
 use std::time::SystemTime;
 
-use super::admin::Answer;
 use super::{Limiter, Next};
-use crate::decision::{Decision, PolicyOutcome};
+use crate::decision::Decision;
 use crate::error::{ConfigError, LimitError};
 use crate::key::{Cidr, Key, RequestRef};
 use crate::lists::{Judged, Lists, Why};
-use crate::store::{Check, Checks, Listed, Op, Store, Stored};
-
-/// The checks a request's store call carries after its policies' for the lists' entries.
-pub(super) const LIST_CHECKS: usize = 2;
+use crate::store::{Check, Checks, Listed, Listing, Op, Store, Stored};
 
 impl<St: Store> Limiter<St> {
     /// What the lists say of `request` on a store that does not decide at once (in memory
@@ -60,64 +56,54 @@ impl<St: Store> Limiter<St> {
             Judged::Denied(why) => Some(self.denied(why)),
             Judged::Allowed => Some(Self::allowed("layer")),
             Judged::Neither(None) => None,
-            Judged::Neither(key) => {
-                let mut checks = Checks::new();
-                self.push_list_checks(key, &mut checks);
-                let decision = self.store.check_now(&checks)?;
-                self.entries_say(decision.outcomes())
+            Judged::Neither(Some(key)) => {
+                let listing = registry.entries().listing(&key, now());
+                self.listing_says(listing)
             }
         }
     }
 
-    /// Adds the looks at `key`'s runtime entries, if it has some to read, after a request's
-    /// policies' checks; whether it did.
-    pub(super) fn push_list_checks(&self, key: Option<Key>, checks: &mut Checks) -> bool {
+    /// Adds the look at `key`'s record of runtime entries, if it has one to read, after a
+    /// request's policies' checks; whether it did.
+    pub(super) fn push_list_check(&self, key: Option<Key>, checks: &mut Checks) -> bool {
         let (Some(lists), Some(key)) = (&self.lists, key) else {
             return false;
         };
-        checks.push(Check::new(
-            lists.deny().clone(),
-            key.clone(),
-            0,
-            Op::ChargeIf,
-        ));
-        checks.push(Check::new(lists.allow().clone(), key, 0, Op::ChargeIf));
+        checks.push(Check::new(lists.records().clone(), key, 0, Op::ChargeIf));
         true
     }
 
-    /// The store's answer to a request whose call carried its key's entries last: their
-    /// outcomes taken out (and the kept checks' too), and the answer when one is on a list.
+    /// The store's answer to a request whose call carried its key's record last: the answer
+    /// when the key is on a list, else none (the record's check taken out of the kept
+    /// checks, as the decision has no outcome of it).
     pub(super) fn unlisted<F>(
         &self,
-        decision: &mut Decision,
+        decision: &Decision,
         keys: &mut Option<Vec<Check>>,
     ) -> Option<Next<F>> {
-        let entries = decision.take_last(LIST_CHECKS);
+        let listing = decision.listing();
         if let Some(keys) = keys {
             // A deny entry seen is remembered, to answer while the store fails.
-            if let (Some(remembered), [deny, _]) = (&self.remembered, &entries[..])
-                && !deny.is_allowed()
-                && let Some(check) = keys.len().checked_sub(LIST_CHECKS).map(|i| &keys[i])
+            if let (Some(remembered), Listing::Denied { left_us }, Some(check)) =
+                (&self.remembered, listing, keys.last())
             {
                 let now = self.clock.now_micros();
-                let ends = deny.retry_after().map_or(0, |r| r.as_micros() as u64);
-                remembered.listed(check.key().clone(), now.saturating_add(ends), now);
+                remembered.listed(check.key().clone(), now.saturating_add(left_us), now);
             }
-            keys.truncate(decision.outcomes().len());
+            keys.pop();
         }
-        match self.entries_say(&entries) {
+        match self.listing_says(listing) {
             None if decision.outcomes().is_empty() => Some(Next::nothing()),
             said => said,
         }
     }
 
-    /// The answer the outcomes of a key's two runtime entries give (deny, then allow: an entry
-    /// is a block, so a denial), if one is there.
-    fn entries_say<F>(&self, entries: &[PolicyOutcome]) -> Option<Next<F>> {
-        match entries {
-            [deny, _] if !deny.is_allowed() => Some(self.denied(Why::Entry)),
-            [_, allow] if !allow.is_allowed() => Some(Self::allowed("store")),
-            _ => None,
+    /// The answer a key's runtime entries give, if it is on a list.
+    fn listing_says<F>(&self, listing: Listing) -> Option<Next<F>> {
+        match listing {
+            Listing::Denied { .. } => Some(self.denied(Why::Entry)),
+            Listing::Allowed => Some(Self::allowed("store")),
+            Listing::Neither => None,
         }
     }
 
@@ -136,53 +122,51 @@ impl<St: Store> Limiter<St> {
     }
 
     /// Puts `key` on the deny list (`deny`) or the allow list until `until` (`None`: until it
-    /// is removed), kept in the store; or takes it off (`until` in the past, or `remove`).
+    /// is removed), kept in the store; or takes it off (`remove`). An end already past is an
+    /// error, never a removal.
     pub(crate) fn list_key(
         &self,
         deny: bool,
         key: &Key,
         until: Option<SystemTime>,
         remove: bool,
-    ) -> Result<Answer<St::Future>, LimitError> {
+    ) -> Result<impl Future<Output = Result<(), LimitError>> + use<St>, LimitError> {
         let lists = self
             .lists
             .as_ref()
             .filter(|l| l.present().in_store())
             .ok_or(LimitError::NoLists)?;
-        let tier = if deny { lists.deny() } else { lists.allow() };
         let keys = (lists.present().entry_keys(key)).map_err(LimitError::Entry)?;
-        self.store.registry().mark_listed();
-        // An end already past is an error, never a removal.
-        let op = match (remove, until) {
-            (true, _) => Op::Reset,
-            (false, None) => Op::Block {
-                us: LISTED_FOR_GOOD_US,
-            },
+        let now = self.clock.now_micros();
+        let us = match (remove, until) {
+            (true, _) => 0,
+            (false, None) => LISTED_FOR_GOOD_US,
             (false, Some(until)) => {
                 let (until, now) = self.until_us(until)?;
-                Op::Block {
-                    us: (until - now).min(LISTED_FOR_GOOD_US),
-                }
+                (until - now).min(LISTED_FOR_GOOD_US)
             }
         };
-        let mut checks = Checks::new();
+        self.store.registry().mark_listed();
+        let mut kept = Vec::with_capacity(keys.len());
         for key in keys {
             if !deny && !remove {
                 self.forget_denials(&key);
             }
             // This instance holds its own word through an outage of the store.
             if deny && let Some(remembered) = &self.remembered {
-                match op {
-                    Op::Block { us } => {
-                        let now = self.clock.now_micros();
-                        remembered.listed(key.clone(), now.saturating_add(us), now);
-                    }
-                    _ => remembered.unlisted(&key),
+                match us {
+                    0 => remembered.unlisted(&key),
+                    us => remembered.listed(key.clone(), now.saturating_add(us), now),
                 }
             }
-            checks.push(Check::new(tier.clone(), key, 0, op));
+            kept.push(self.store.keep_entry(key, deny, us, now));
         }
-        Ok(self.store_decision(checks))
+        Ok(async move {
+            for entry in kept {
+                entry.await.map_err(LimitError::Store)?;
+            }
+            Ok(())
+        })
     }
 
     /// Puts `network` on the deny list (`deny`) or the allow list until `until` (`None`:

@@ -331,7 +331,7 @@ impl Tier {
     /// The tag of a tier of `algorithm`: its algorithm and parameters, as short as it can
     /// be (a state and its tag are one string, whose allocation grows by 16 bytes past 12 and
     /// past 28 characters; a GCRA state is 16 digits).
-    pub(crate) fn tag_of(algorithm: &Compiled) -> Box<str> {
+    fn tag_of(algorithm: &Compiled) -> Box<str> {
         let (lua_id, params) = algorithm.lua_args();
         let params: Vec<String> = params.iter().map(|&n| compact(n)).collect();
         format!("{}{}", tag_letter(lua_id), params.join(",")).into_boxed_str()

@@ -6,6 +6,7 @@
 
 mod memory;
 mod check;
+mod entries;
 mod networks;
 mod op;
 #[cfg(feature = "redis")]
@@ -22,6 +23,7 @@ pub use self::redis::{RedisStore, RedisStoreBuilder};
 #[cfg(feature = "tls")]
 pub use self::redis::{RedisTls, RedisTlsError, TlsSetting};
 pub(crate) use check::{Check, Checks, Enforced};
+pub(crate) use entries::{Entries, Listing};
 pub(crate) use memory::TOGETHER;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub(crate) use networks::{Listed, Networks, Stored, full as full_networks};
@@ -52,6 +54,10 @@ pub(crate) mod private {
     use crate::key::Key;
     use crate::policy::Tier;
     use crate::store::{Check, Listed, Registered, Registry, Stored};
+
+    /// The future of [`Sealed::keep_entry`].
+    pub(crate) type KeptEntry =
+        std::pin::Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'static>>;
 
     /// The future of [`Sealed::store_network`].
     pub(crate) type StoredNetworks =
@@ -130,6 +136,19 @@ pub(crate) mod private {
             None
         }
 
+        /// Sets the end of `key`'s runtime entry on the deny list (`deny`) or the allow list
+        /// to `us` after `now_us` (0: takes it off), where every decision of the store reads
+        /// it; by default in the registry's records (memory).
+        fn keep_entry(&self, key: Key, deny: bool, us: u64, now_us: u64) -> KeptEntry {
+            let ends = if us == 0 {
+                0
+            } else {
+                now_us.saturating_add(us)
+            };
+            self.registry().entries().keep(key, deny, ends, now_us);
+            Box::pin(std::future::ready(Ok(())))
+        }
+
         /// Keeps the change of a network entry listed at runtime (`entry`, taken off when
         /// `remove`; entries ended by `now_us` dropped) where every instance reads it (Redis:
         /// the entries kept after it); by default the registry's networks are the store's own
@@ -179,6 +198,8 @@ pub(crate) struct Registry {
     listed: AtomicBool,
     /// The networks listed at runtime.
     networks: Networks,
+    /// The keys listed at runtime, when the store keeps them in this process.
+    entries: Entries,
 }
 
 #[derive(Debug, Default)]
@@ -272,6 +293,11 @@ impl Registry {
     /// Whether an entry was ever added to the store's allow or deny list.
     pub(crate) fn listed(&self) -> bool {
         self.listed.load(Ordering::Relaxed)
+    }
+
+    /// The keys listed at runtime, when the store keeps them in this process (memory).
+    pub(crate) fn entries(&self) -> &Entries {
+        &self.entries
     }
 
     /// The networks listed at runtime, as this instance knows them.

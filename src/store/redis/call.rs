@@ -15,14 +15,17 @@ use smallvec::SmallVec;
 
 use super::conn::{AnyConn, load};
 use super::link::Link;
-use super::script::{ADMITTED, OWN_WIDTH, SCRIPT, at, flag_looks, looks_follow, shape};
+use super::script::{ADMITTED, OWN_WIDTH, SCRIPT, at, shape};
+use super::script::{LISTED_ALLOW, LISTED_DENY, LISTED_WIDTH};
+use super::script::{flag_listed, record_alone, record_follows};
 use super::{Inner, RELOAD_TIMEOUT, RedisStore, redis_key};
 use crate::algorithm::{Verdict, compact};
 use crate::decision::{Decision, Grant, Outcomes, PolicyOutcome};
 use crate::error::{StoreError, StoreErrorKind};
+use crate::key::Key;
 use crate::policy::Tier;
 use crate::quota::Quota;
-use crate::store::{Check, Checks, Op};
+use crate::store::{Check, Checks, Listing, Op};
 use crate::store::{Listed, Registry, private};
 
 /// Milliseconds added to every TTL when a clock is injected.
@@ -32,35 +35,48 @@ pub(super) const INJECTED_CLOCK_TTL_SLACK_MS: u64 = 60_000;
 /// with it, if any, and the tier of the key's own limit, when it has one.
 type Reply = (Verdict, Option<Grant>, Option<Arc<Tier>>);
 
+/// What one script call said: each policy's reply; or, when the call carried the key's record
+/// of runtime list entries and the key is on a list, that (no policy decided).
+enum Said {
+    Replies(Vec<Reply>),
+    Listed(Listing),
+}
+
 impl Inner {
     pub(super) async fn decision(&self, checks: &[Check]) -> Result<Decision, StoreError> {
         let link = self.linking.get(&self.target)?;
         let one_hash_slot = checks.iter().all(|c| c.key() == checks[0].key());
-        let verdicts = if !link.conn.is_cluster() || one_hash_slot {
+        let said = if !link.conn.is_cluster() || one_hash_slot {
             self.run(link, checks).await?
         } else {
             // Boxed, as the pools' futures are: only clusters take this path.
             Box::pin(self.across_hash_slots(link, checks)).await?
         };
-        Ok(decision_of(checks, verdicts))
+        Ok(match said {
+            Said::Replies(verdicts) => decision_of(checks, verdicts),
+            Said::Listed(listing) => Decision::listed(listing),
+        })
     }
 
     /// On a cluster, policies keyed by different caller keys live in different slots, which
     /// no single script may touch. Each key's policies are decided by one script, in order;
     /// once one denies the request, the rest are only looked at, and what the earlier scripts
     /// charged is refunded. No request is ever admitted past a limit; a concurrent request may
-    /// briefly see a charge that is then refunded, so the error is on the strict side.
-    async fn across_hash_slots(
-        &self,
-        link: &Link,
-        checks: &[Check],
-    ) -> Result<Vec<Reply>, StoreError> {
+    /// briefly see a charge that is then refunded, so the error is on the strict side. The
+    /// key's record of runtime list entries, when the call carries it, is read first, with
+    /// the policies of its slot: a listed key is answered before anything is charged.
+    async fn across_hash_slots(&self, link: &Link, checks: &[Check]) -> Result<Said, StoreError> {
         let mut groups: Vec<Vec<usize>> = Vec::new();
         for (i, c) in checks.iter().enumerate() {
             match groups.iter_mut().find(|g| checks[g[0]].key() == c.key()) {
                 Some(g) => g.push(i),
                 None => groups.push(vec![i]),
             }
+        }
+        let policies = checks.len() - usize::from(record_follows(checks));
+        if policies < checks.len() {
+            let with_record = groups.iter().position(|g| g.contains(&policies));
+            groups[..=with_record.expect("the record is in a group")].rotate_right(1);
         }
         let mut verdicts = vec![None; checks.len()];
         let mut charged: Vec<Check> = Vec::new();
@@ -71,7 +87,10 @@ impl Inner {
                 .iter()
                 .map(|&i| checks[i].with_op(if denied { Op::ChargeIf } else { checks[i].op() }))
                 .collect();
-            let result = self.run(link, &batch).await?;
+            let result = match self.run(link, &batch).await? {
+                Said::Replies(result) => result,
+                listed => return Ok(listed),
+            };
             let admitted = batch
                 .iter()
                 .zip(&result)
@@ -100,14 +119,17 @@ impl Inner {
                 }
             }
         }
-        Ok(verdicts
-            .into_iter()
-            .map(|v| {
-                let (verdict, grant, own) = v.expect("every check was decided");
-                // A denied request's leases were given back.
-                (verdict, grant.filter(|_| !denied), own)
-            })
-            .collect())
+        Ok(Said::Replies(
+            verdicts
+                .into_iter()
+                .take(policies)
+                .map(|v| {
+                    let (verdict, grant, own) = v.expect("every policy was decided");
+                    // A denied request's leases were given back.
+                    (verdict, grant.filter(|_| !denied), own)
+                })
+                .collect(),
+        ))
     }
 
     /// The tag a check is sent with: its tier's; for a key's own limit being set, followed
@@ -159,9 +181,9 @@ impl Inner {
     }
 
     /// One script call deciding `checks`, whose keys must share a hash slot on a cluster.
-    async fn run(&self, link: &Link, checks: &[Check]) -> Result<Vec<Reply>, StoreError> {
-        // The lists' looks after one policy send no arguments (decide.lua's `looks`).
-        let looks = looks_follow(checks);
+    async fn run(&self, link: &Link, checks: &[Check]) -> Result<Said, StoreError> {
+        // The key's record of list entries, last, sends no arguments (decide.lua's `listing`).
+        let record = record_follows(checks);
         let command = |name: &str, script: &str| {
             let mut cmd = redis::cmd(name);
             cmd.arg(script).arg(checks.len());
@@ -169,14 +191,21 @@ impl Inner {
                 cmd.arg(redis_key(&self.prefix, check.tier().name(), check.key()));
             }
             let injected = self.clock.is_some();
-            let sent = if looks { &checks[..1] } else { checks };
-            for check in sent {
+            let sent = &checks[..checks.len() - usize::from(record)];
+            if record && sent.is_empty() {
+                cmd.arg(record_alone(injected));
+            }
+            for (i, check) in sent.iter().enumerate() {
                 // The shape, the cost unless it is 1, the operation's own integers and the
                 // tag, which names the algorithm and its parameters (see decide.lua).
                 let id = check.tier().algorithm().algorithm().lua_id();
                 let (op, cost) = (check.op(), check.cost());
                 let shape = shape(id, op, cost, injected);
-                cmd.arg(if looks { flag_looks(shape) } else { shape });
+                cmd.arg(if record && i == 0 {
+                    flag_listed(shape)
+                } else {
+                    shape
+                });
                 if cost != 1 {
                     cmd.arg(cost);
                 }
@@ -200,7 +229,7 @@ impl Inner {
             .conn
             .with(|mut c| async move { self.invoke(&call, eval, &mut c).await })
             .await?;
-        read_reply(checks, &reply, looks)
+        read_reply(checks, &reply, record)
     }
 }
 
@@ -302,31 +331,30 @@ fn decision_of(checks: &[Check], verdicts: Vec<Reply>) -> Decision {
 /// The decision of `checks` from the script's `reply` (for the fuzz targets).
 #[cfg(fuzzing)]
 pub(crate) fn read_decision(checks: &[Check], reply: &[i64]) -> Result<Decision, StoreError> {
-    read_reply(checks, reply, looks_follow(checks)).map(|verdicts| decision_of(checks, verdicts))
+    Ok(match read_reply(checks, reply, record_follows(checks))? {
+        Said::Replies(verdicts) => decision_of(checks, verdicts),
+        Said::Listed(listing) => Decision::listed(listing),
+    })
 }
 
-/// The script's reply to `checks` read back: each check's verdict and grant, then the keys
-/// decided under their own limit (`OWN_WIDTH` integers each). `looks`: the call was one
-/// policy and the lists' looks ([`looks_follow`]), whose reply may be the policy's alone.
-fn read_reply(checks: &[Check], reply: &[i64], looks: bool) -> Result<Vec<Reply>, StoreError> {
-    if looks && (reply.len() % OWN_WIDTH) == Op::REPLY % OWN_WIDTH {
-        // The policy's reply alone: its key has no runtime entry (decide.lua's `looks`), so
-        // each look admits, with nothing to report.
-        const LOOK: [i64; Op::REPLY] = looked_at_nothing();
-        let mut full: SmallVec<[i64; 16]> = SmallVec::from_slice(&reply[..Op::REPLY]);
-        full.extend_from_slice(&LOOK);
-        full.extend_from_slice(&LOOK);
-        full.extend_from_slice(&reply[Op::REPLY..]);
-        return read_reply_of(checks, &full);
+/// The script's reply to `checks` read back (`record`: the last is the key's record of list
+/// entries, which has no reply of its own): the key's listing when the record put it on a
+/// list, else each check's verdict and grant, then the keys decided under their own limit
+/// (`OWN_WIDTH` integers each).
+fn read_reply(checks: &[Check], reply: &[i64], record: bool) -> Result<Said, StoreError> {
+    if record && reply.len() == LISTED_WIDTH {
+        return match reply[0] {
+            LISTED_DENY => Ok(Said::Listed(Listing::Denied {
+                left_us: reply[1].max(0) as u64,
+            })),
+            LISTED_ALLOW => Ok(Said::Listed(Listing::Allowed)),
+            other => Err(StoreError::new(format!(
+                "unexpected list entry {other} from the decision script"
+            ))),
+        };
     }
-    read_reply_of(checks, reply)
-}
-
-/// The reply of a look at a key with no runtime entry: admitted, nothing remaining or to wait.
-const fn looked_at_nothing() -> [i64; Op::REPLY] {
-    let mut look = [0; Op::REPLY];
-    look[at::VERDICT] = ADMITTED;
-    look
+    let policies = &checks[..checks.len() - usize::from(record)];
+    read_reply_of(policies, reply).map(Said::Replies)
 }
 
 fn read_reply_of(checks: &[Check], reply: &[i64]) -> Result<Vec<Reply>, StoreError> {
@@ -474,6 +502,11 @@ impl private::Sealed for RedisStore {
 
     fn registry(&self) -> &Registry {
         &self.inner.registry
+    }
+
+    fn keep_entry(&self, key: Key, deny: bool, us: u64, now_us: u64) -> private::KeptEntry {
+        let inner = self.inner.clone();
+        Box::pin(async move { inner.keep_entry(key, deny, us, now_us).await })
     }
 
     fn store_network(&self, entry: Listed, remove: bool, now_us: u64) -> private::StoredNetworks {

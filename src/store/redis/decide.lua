@@ -9,9 +9,9 @@
 -- Redis TIME.
 -- A shape is one integer: algorithm + MODE_UNIT * operation, plus COST_FLAG when a cost other
 -- than 1 follows and CLOCK_FLAG when the time is injected. The first shape may carry
--- LOOKS_FLAG: the call is one enforced policy and the lists' two looks at its key's runtime
--- entries (KEYS[2], KEYS[3]), whose arguments are not sent (`looks`); with no entry the
--- policy is decided alone, and the reply is its own.
+-- LISTED_FLAG: the last key is the record of the key's runtime list entries, which sends no
+-- argument and is read before any policy (`listing`); a call of the record alone sends that
+-- flag (with CLOCK_FLAG when the time is injected) as its only shape.
 -- The algorithm ids, the operations and each operation's facts are generated from Rust
 -- (`Algorithm`, and `Op` in `store/op.rs`, which says what each operation is): the tables
 -- DECIDES (a denial denies the request), CHARGES (0: never charged here; 1: when its own
@@ -33,7 +33,8 @@
 -- Every operation that acts does so first, in order; then phase one for each policy, then
 -- phase two for each (`phases`, in phases.lua), charged only if all that decide admit. A
 -- policy enforced alone, the usual call, is its twin's `enforced`: the same two phases.
--- Reply: CHECK_WIDTH integers per policy, each at its place (`at` in script.rs, AT_... here):
+-- Reply: {LISTED_DENY, microseconds left} or {LISTED_ALLOW, 0} when the record says the key
+-- is on a list (no policy decided); else CHECK_WIDTH integers per policy, each at its place (`at` in script.rs, AT_... here):
 -- the verdict (ADMITTED, or the retry-after in microseconds, or NEVER when no wait admits it),
 -- remaining, reset_after_us; remaining and reset describe the state after this request's
 -- charges. A granting operation's reply has REPLY_GRANT more: the units granted (0 when none),
@@ -137,12 +138,12 @@ local function read_all(args, n)
   return nil, injected, acts
 end
 
--- The first shape sent as a string flagged with LOOKS_FLAG, the same shape unflagged.
+-- The first shape sent as a string flagged with LISTED_FLAG, the same shape unflagged.
 local UNFLAGGED = {}
 
--- The first policy's shape, and whether the call is one enforced policy then the lists'
--- two looks at its key's runtime entries (the first shape flagged with LOOKS_FLAG, which is
--- taken off `args[1]` here, so nothing after this reads it). Nil when malformed.
+-- The first policy's shape, and whether the call's last key is the record of the key's
+-- runtime list entries (the first shape flagged with LISTED_FLAG, which is taken off
+-- `args[1]` here, so nothing after this reads it). Nil when malformed.
 --@inline
 local function first_shape(args)
   local s = args[1]
@@ -153,41 +154,37 @@ local function first_shape(args)
   local plain = UNFLAGGED[s]
   if not plain then
     shape = read_shape(s)
-    if not shape or shape < LOOKS_FLAG or shape >= LOOKS_FLAG + 2 * CLOCK_FLAG then
+    if not shape or shape < LISTED_FLAG or shape >= LISTED_FLAG + 2 * CLOCK_FLAG then
       return shape, false
     end
-    plain = tostring(shape - LOOKS_FLAG)
+    plain = tostring(shape - LISTED_FLAG)
     UNFLAGGED[s] = plain
   end
   args[1] = plain
   return SHAPES[plain] or read_shape(plain), true
 end
 
--- The lists' looks at a key's runtime entries (KEYS[2] and KEYS[3]), whose arguments are not
--- sent (the first shape's LOOKS_FLAG says they follow the policy, of shape `shape`). With
--- no entry (the usual case), they admit, charge nothing and keep nothing: returns true, and
--- the policy is decided alone, its reply alone (the caller knows what the looks say).
--- Else their arguments are written after the policy's (each the same: the entries' tier,
--- LOOK_TAG, looked at at cost 0), for them to be decided as any policy is; returns false.
+-- What the record of the key's runtime list entries says (`key`: `<deny end> <allow end>`,
+-- in microseconds, 0 for none; written by lists.lua, gone when both ended): the reply to a
+-- key on a list (the deny list first), else nil (no record: the usual case, one GET).
 --@inline
-local function looks(keys, args, shape)
-  if call('EXISTS', keys[2], keys[3]) == 0 then
-    return true
+local function listing(key, args, shape)
+  local record = call('GET', key)
+  if not record then
+    return nil
   end
-  local at, look = 3, LOOK_SHAPE
-  if shape % CLOCK_FLAG >= COST_FLAG then
-    at = 4
+  local deny, allow = match(record, '^(%d+) (%d+)$')
+  if not deny then
+    return nil
   end
-  if shape >= CLOCK_FLAG then
-    look = look + CLOCK_FLAG
+  local now = clock(args, shape >= CLOCK_FLAG)
+  if tonumber(deny) > now then
+    return { LISTED_DENY, tonumber(deny) - now }
   end
-  look = tostring(look)
-  for _ = 1, 2 do
-    table.insert(args, at, LOOK_TAG)
-    table.insert(args, at, '0')
-    table.insert(args, at, look)
+  if tonumber(allow) > now then
+    return { LISTED_ALLOW, 0 }
   end
-  return false
+  return nil
 end
 
 local function malformed(args, at)
@@ -204,15 +201,15 @@ local function decide(keys, args)
     bind_libraries()
   end
   local n = #keys
-  local shape, looked_at = first_shape(args)
-  local alone = n == 1
-  if looked_at then
-    if n ~= 3 then
-      return malformed(args, 1)
+  local shape, listed = first_shape(args)
+  if listed then
+    local said = listing(keys[n], args, shape)
+    n = n - 1
+    if said or n == 0 then
+      return said or {}
     end
-    alone = looks(keys, args, shape)
   end
-  if alone then
+  if n == 1 then
     local alg = ENFORCED[shape]
     if alg == nil and shape then
       alg = enforced_by(shape)

@@ -1,17 +1,22 @@
-//! The networks listed at runtime, kept in Redis (see `store/networks.rs`): one string under
-//! the store's prefix, changed by one script (`networks.lua`) and read with `GET`, the
-//! commands the decision already needs.
+//! The lists' runtime entries kept in Redis. The networks (see `store/networks.rs`): one
+//! string under the store's prefix, changed by one script (`networks.lua`) and read with
+//! `GET`. A key's entries (see `store/entries.rs`): its record, beside its states, written
+//! by `lists.lua` and read by the decision. Both use only the commands the decision needs.
 
 use std::sync::Arc;
 
-use super::Inner;
 use super::call::INJECTED_CLOCK_TTL_SLACK_MS;
+use super::{Inner, redis_key};
 use crate::error::StoreError;
+use crate::key::Key;
+use crate::lists::RECORDS;
 use crate::store::networks::{MOST, READ_EVERY};
 use crate::store::{Listed, Stored};
 
 /// The script that changes the string.
 const CHANGE: &str = include_str!("networks.lua");
+/// The script that changes a key's record.
+const KEEP: &str = include_str!("lists.lua");
 
 impl Inner {
     /// The string's key.
@@ -43,6 +48,43 @@ impl Inner {
         });
         match tokio::time::timeout(self.deadline, change).await {
             Ok(result) => Ok(result?.map_or(Stored::Full, Stored::Text)),
+            Err(_) => Err(self.missed_deadline()),
+        }
+    }
+
+    /// Sets the end of `key`'s deny entry (`deny`) or allow entry to `us` from now (0: takes
+    /// it off), within the deadline; now is Redis's time, as the decision's (the injected
+    /// clock's `now_us` when there is one).
+    pub(super) async fn keep_entry(
+        &self,
+        key: Key,
+        deny: bool,
+        us: u64,
+        now_us: u64,
+    ) -> Result<(), StoreError> {
+        let link = self.linking.get(&self.target)?;
+        let record = redis_key(&self.prefix, RECORDS, &key);
+        let (now, slack) = match self.clock {
+            Some(_) => (now_us.to_string(), INJECTED_CLOCK_TTL_SLACK_MS),
+            None => (String::new(), 0),
+        };
+        let list = if deny { "deny" } else { "allow" };
+        let keep = link.conn.with(|mut c| async move {
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(KEEP)
+                .arg(1)
+                .arg(&record)
+                .arg(list)
+                .arg(us)
+                .arg(now)
+                .arg(slack);
+            cmd.query_async::<i64>(&mut c).await
+        });
+        match tokio::time::timeout(self.deadline, keep).await {
+            Ok(result) => {
+                result?;
+                Ok(())
+            }
             Err(_) => Err(self.missed_deadline()),
         }
     }

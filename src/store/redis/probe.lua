@@ -8,7 +8,6 @@ if ARGV[1] == '1' then
 end
 redis.call('SET', k, '0', 'PX', 1000)
 redis.call('GET', k)
-redis.call('EXISTS', k)
 redis.call('PEXPIRE', k, 1000)
 redis.call('PTTL', k)
 redis.call('DEL', k)

@@ -12,7 +12,6 @@ local GRANTS = { false, false, false, true, true, true, false, false, false, fal
 local WIDTH = { 3, 3, 3, 6, 6, 6, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3 }
 local KEEPS = { false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, true }
 local FUSES = { true, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false }
-local LOOK_TAG = 'G1E6,1E6'
 -- tower-ratelimit: shared helpers. Every number is an integer below 2^53, so doubles are exact;
 -- divisions that must give an integer go through fdiv/cdiv. The library functions
 -- used on every decision, and `redis.call` (as `call`), are upvalues set by the first decision
@@ -5992,9 +5991,9 @@ end
 -- Redis TIME.
 -- A shape is one integer: algorithm + MODE_UNIT * operation, plus COST_FLAG when a cost other
 -- than 1 follows and CLOCK_FLAG when the time is injected. The first shape may carry
--- LOOKS_FLAG: the call is one enforced policy and the lists' two looks at its key's runtime
--- entries (KEYS[2], KEYS[3]), whose arguments are not sent (`looks`); with no entry the
--- policy is decided alone, and the reply is its own.
+-- LISTED_FLAG: the last key is the record of the key's runtime list entries, which sends no
+-- argument and is read before any policy (`listing`); a call of the record alone sends that
+-- flag (with CLOCK_FLAG when the time is injected) as its only shape.
 -- The algorithm ids, the operations and each operation's facts are generated from Rust
 -- (`Algorithm`, and `Op` in `store/op.rs`, which says what each operation is): the tables
 -- DECIDES (a denial denies the request), CHARGES (0: never charged here; 1: when its own
@@ -6016,7 +6015,8 @@ end
 -- Every operation that acts does so first, in order; then phase one for each policy, then
 -- phase two for each (`phases`, in phases.lua), charged only if all that decide admit. A
 -- policy enforced alone, the usual call, is its twin's `enforced`: the same two phases.
--- Reply: CHECK_WIDTH integers per policy, each at its place (`at` in script.rs, AT_... here):
+-- Reply: {LISTED_DENY, microseconds left} or {LISTED_ALLOW, 0} when the record says the key
+-- is on a list (no policy decided); else CHECK_WIDTH integers per policy, each at its place (`at` in script.rs, AT_... here):
 -- the verdict (ADMITTED, or the retry-after in microseconds, or NEVER when no wait admits it),
 -- remaining, reset_after_us; remaining and reset describe the state after this request's
 -- charges. A granting operation's reply has REPLY_GRANT more: the units granted (0 when none),
@@ -6189,12 +6189,12 @@ local function read_all(args, n)
   return nil, injected, acts
 end
 
--- The first shape sent as a string flagged with LOOKS_FLAG, the same shape unflagged.
+-- The first shape sent as a string flagged with LISTED_FLAG, the same shape unflagged.
 local UNFLAGGED = {}
 
--- The first policy's shape, and whether the call is one enforced policy then the lists'
--- two looks at its key's runtime entries (the first shape flagged with LOOKS_FLAG, which is
--- taken off `args[1]` here, so nothing after this reads it). Nil when malformed.
+-- The first policy's shape, and whether the call's last key is the record of the key's
+-- runtime list entries (the first shape flagged with LISTED_FLAG, which is taken off
+-- `args[1]` here, so nothing after this reads it). Nil when malformed.
 --@inline
 local function first_shape(args)
   local s = args[1]
@@ -6215,31 +6215,40 @@ local function first_shape(args)
   return SHAPES[plain] or read_shape(plain), true
 end
 
--- The lists' looks at a key's runtime entries (KEYS[2] and KEYS[3]), whose arguments are not
--- sent (the first shape's LOOKS_FLAG says they follow the policy, of shape `shape`). With
--- no entry (the usual case), they admit, charge nothing and keep nothing: returns true, and
--- the policy is decided alone, its reply alone (the caller knows what the looks say).
--- Else their arguments are written after the policy's (each the same: the entries' tier,
--- LOOK_TAG, looked at at cost 0), for them to be decided as any policy is; returns false.
+-- What the record of the key's runtime list entries says (`key`: `<deny end> <allow end>`,
+-- in microseconds, 0 for none; written by lists.lua, gone when both ended): the reply to a
+-- key on a list (the deny list first), else nil (no record: the usual case, one GET).
 --@inline
-local function looks(keys, args, shape)
-  if call('EXISTS', keys[2], keys[3]) == 0 then
-    return true
+local function listing(key, args, shape)
+  local record = call('GET', key)
+  if not record then
+    return nil
   end
-  local at, look = 3, 1126
-  if shape % 2048 >= 1024 then
-    at = 4
+  local deny, allow = match(record, '^(%d+) (%d+)$')
+  if not deny then
+    return nil
   end
-  if shape >= 2048 then
-    look = look + 2048
+  local now
+  do -- clock
+    local injected = shape >= 2048
+    local now_4, since
+    if injected then
+      now_4 = tonumber(args[#args - 1])
+      since = now_4 - 1000 * tonumber(args[#args])
+    else
+      local t = call('TIME')
+      now_4 = t[1] * 1000000 + t[2]
+      since = now_4
+    end
+    now = now_4, since
   end
-  look = tostring(look)
-  for _ = 1, 2 do
-    table.insert(args, at, LOOK_TAG)
-    table.insert(args, at, '0')
-    table.insert(args, at, look)
+  if tonumber(deny) > now then
+    return { 1, tonumber(deny) - now }
   end
-  return false
+  if tonumber(allow) > now then
+    return { 2, 0 }
+  end
+  return nil
 end
 
 local function malformed(args, at)
@@ -6256,51 +6265,65 @@ local function decide(keys, args)
     bind_libraries()
   end
   local n = #keys
-  local shape, looked_at
+  local shape, listed
   repeat -- first_shape
     local s = args[1]
-    local shape_4 = SHAPES[s]
-    if shape_4 then
-      shape, looked_at = shape_4, false break
+    local shape_5 = SHAPES[s]
+    if shape_5 then
+      shape, listed = shape_5, false break
     end
     local plain = UNFLAGGED[s]
     if not plain then
-      shape_4 = read_shape(s)
-      if not shape_4 or shape_4 < 4096 or shape_4 >= 4096 + 2 * 2048 then
-        shape, looked_at = shape_4, false break
+      shape_5 = read_shape(s)
+      if not shape_5 or shape_5 < 4096 or shape_5 >= 4096 + 2 * 2048 then
+        shape, listed = shape_5, false break
       end
-      plain = tostring(shape_4 - 4096)
+      plain = tostring(shape_5 - 4096)
       UNFLAGGED[s] = plain
     end
     args[1] = plain
-    shape, looked_at = SHAPES[plain] or read_shape(plain), true break
+    shape, listed = SHAPES[plain] or read_shape(plain), true break
   until true
-  local alone = n == 1
-  if looked_at then
-    if n ~= 3 then
-      return malformed(args, 1)
-    end
-    repeat -- looks
-      if call('EXISTS', keys[2], keys[3]) == 0 then
-        alone = true break
+  if listed then
+    local said
+    repeat -- listing
+      local key = keys[n]
+      local record = call('GET', key)
+      if not record then
+        said = nil break
       end
-      local at, look = 3, 1126
-      if shape % 2048 >= 1024 then
-        at = 4
+      local deny, allow = match(record, '^(%d+) (%d+)$')
+      if not deny then
+        said = nil break
       end
-      if shape >= 2048 then
-        look = look + 2048
+      local now
+      do -- clock
+        local injected = shape >= 2048
+        local now_7, since
+        if injected then
+          now_7 = tonumber(args[#args - 1])
+          since = now_7 - 1000 * tonumber(args[#args])
+        else
+          local t = call('TIME')
+          now_7 = t[1] * 1000000 + t[2]
+          since = now_7
+        end
+        now = now_7, since
       end
-      look = tostring(look)
-      for _ = 1, 2 do
-        table.insert(args, at, LOOK_TAG)
-        table.insert(args, at, '0')
-        table.insert(args, at, look)
+      if tonumber(deny) > now then
+        said = { 1, tonumber(deny) - now } break
       end
-      alone = false break
+      if tonumber(allow) > now then
+        said = { 2, 0 } break
+      end
+      said = nil break
     until true
+    n = n - 1
+    if said or n == 0 then
+      return said or {}
+    end
   end
-  if alone then
+  if n == 1 then
     local alg = ENFORCED[shape]
     if alg == nil and shape then
       alg = enforced_by(shape)

@@ -83,28 +83,43 @@ const MODE_UNIT: u64 = 32;
 const COST_FLAG: u64 = 1024;
 /// The time and the TTL slack are the last two arguments (an injected clock).
 const CLOCK_FLAG: u64 = 2048;
-/// On the first shape only: the call is one enforced policy, then the lists' two looks at its
-/// key's runtime entries (`!deny`, then `!allow`), whose arguments are not sent (each is the
-/// same), and which the script answers without deciding them when neither entry is there.
-const LOOKS_FLAG: u64 = 2 * CLOCK_FLAG;
+/// On the first shape only: the last key of the call is the record of the key's runtime list
+/// entries ([`crate::lists::RECORDS`]), which sends no argument and which the script reads
+/// before any policy (a call of the record alone sends this flag as its only shape).
+const LISTED_FLAG: u64 = 2 * CLOCK_FLAG;
+
+/// The reply of a call whose record says the key is on the deny list: this, then the
+/// microseconds its entry has left (a reply of [`LISTED_WIDTH`] integers, no policy decided).
+pub(crate) const LISTED_DENY: i64 = 1;
+/// The reply of a call whose record says the key is on the allow list: this, then 0.
+pub(crate) const LISTED_ALLOW: i64 = 2;
+/// The length of a listed key's reply, which no other reply has (a policy's is at least
+/// [`Op::REPLY`], a key's own limit [`OWN_WIDTH`] more).
+pub(crate) const LISTED_WIDTH: usize = 2;
 
 const _: () = {
     assert!(crate::Algorithm::ALL.len() < MODE_UNIT as usize);
     assert!(Op::KINDS.len() < (COST_FLAG / MODE_UNIT) as usize);
 };
 
-/// Whether `checks` are one enforced policy, then the lists' two looks at its key's entries:
-/// the call then sends the policy's arguments alone, its shape flagged with [`LOOKS_FLAG`].
-pub(crate) fn looks_follow(checks: &[crate::store::Check]) -> bool {
-    matches!(checks, [policy, deny, allow]
-        if policy.op() == Op::Enforce
-            && deny.tier().name() == crate::lists::DENY
-            && allow.tier().name() == crate::lists::ALLOW)
+/// Whether the last of `checks` is the record of the key's runtime list entries: the call
+/// then sends the other checks' arguments alone, its first shape flagged with
+/// [`LISTED_FLAG`].
+pub(crate) fn record_follows(checks: &[crate::store::Check]) -> bool {
+    checks
+        .last()
+        .is_some_and(|c| c.tier().name() == crate::lists::RECORDS)
 }
 
-/// The first shape of a call whose looks follow (see [`looks_follow`]).
-pub(crate) fn flag_looks(shape: u64) -> u64 {
-    shape + LOOKS_FLAG
+/// The first shape of a call whose record follows (see [`record_follows`]); `shape` is 0 or
+/// [`CLOCK_FLAG`] when the record is alone.
+pub(crate) fn flag_listed(shape: u64) -> u64 {
+    shape + LISTED_FLAG
+}
+
+/// The shape a call of the record alone sends (see [`flag_listed`]).
+pub(crate) fn record_alone(injected: bool) -> u64 {
+    flag_listed(if injected { CLOCK_FLAG } else { 0 })
 }
 
 /// The shape of a policy with the algorithm `id` and operation `op` whose cost is `cost`.
@@ -205,8 +220,9 @@ mod tests {
                 ("MODE_UNIT", MODE_UNIT as i64),
                 ("COST_FLAG", COST_FLAG as i64),
                 ("CLOCK_FLAG", CLOCK_FLAG as i64),
-                ("LOOKS_FLAG", LOOKS_FLAG as i64),
-                ("LOOK_SHAPE", look_shape() as i64),
+                ("LISTED_FLAG", LISTED_FLAG as i64),
+                ("LISTED_DENY", LISTED_DENY),
+                ("LISTED_ALLOW", LISTED_ALLOW),
             ]
             .map(|(name, value)| (name.to_owned(), value.to_string())),
         );
@@ -282,19 +298,8 @@ mod tests {
             table("WIDTH", &|op| op.reply_width().to_string()),
             table("KEEPS", &|op| op.keeps().to_string()),
             table("FUSES", &|op| fuses(op).to_string()),
-            format!(
-                "local LOOK_TAG = '{}'\n",
-                crate::policy::Tier::tag_of(&crate::lists::entries_algorithm())
-            ),
         ]
         .concat()
-    }
-
-    /// The shape of a look at a key's runtime entry: the entries' algorithm, looked at
-    /// (`Op::ChargeIf`) at cost 0 (see `looks` in decide.lua).
-    fn look_shape() -> u64 {
-        let id = crate::lists::entries_algorithm().algorithm().lua_id();
-        shape(id, Op::ChargeIf, 0, false)
     }
 
     /// Whether a policy of this operation is decided by the phases themselves (`phase_one`

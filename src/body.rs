@@ -71,6 +71,16 @@ impl BodyGuard {
         held
     }
 
+    /// What the response body of an admitted request holds: `held`, and the `permits` of the
+    /// adaptive limits that admitted it (none, the usual case: `held` as it is).
+    #[inline(always)]
+    pub(crate) fn held_with(held: Option<BodyGuard>, permits: Permits) -> Option<BodyGuard> {
+        if permits.is_empty() {
+            return held;
+        }
+        Some(BodyGuard::holding(held, permits))
+    }
+
     /// `held` (if any) holding `permits` too.
     pub(crate) fn holding(held: Option<BodyGuard>, permits: Permits) -> Self {
         Self::with(held, permits.into_iter().map(Hold::Permit))

@@ -20,12 +20,13 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use crate::adaptive::Permits;
 use crate::body::{BodyGuard, MakeBody, Wrapped};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::grpc;
 use crate::headers::RateLimitHeaders;
-use crate::limiter::{AfterResponse, Carried, Limiter, Next};
+use crate::limiter::{AfterResponse, Limiter, Next};
 use crate::store::Store;
 use crate::store::private::Sealed;
 use crate::waiting::Waiting;
@@ -124,16 +125,16 @@ where
         next: Next<<St as Sealed>::Future>,
         request: Request<ReqB>,
         inner: &mut S,
-        carried: Carried,
+        permits: Permits,
     ) -> Self {
         if !next.waits() {
-            return Self::new(respond_or_call(limiter, next, request, inner, carried));
+            return Self::new(respond_or_call(limiter, next, request, inner, permits));
         }
         // The inner service was made ready: that one waits with the request, and a clone
         // stays behind.
         let clone = inner.clone();
         let inner = std::mem::replace(inner, clone);
-        let waiting = Waiting::new(limiter, next, request, inner, carried);
+        let waiting = Waiting::new(limiter, next, request, inner, permits);
         Self::new(Phase::Waiting {
             waiting: Some(Box::new(waiting)),
         })
@@ -203,8 +204,8 @@ where
     let w = waiting.as_mut().expect(POLLED_AFTER_READY);
     let next = ready!(w.poll_next(cx));
     let request = w.request.take().expect(POLLED_AFTER_READY);
-    let carried = w.take_carried();
-    let phase = respond_or_call(&w.limiter, next, request, &mut w.inner, carried);
+    let permits = w.take_permits();
+    let phase = respond_or_call(&w.limiter, next, request, &mut w.inner, permits);
     *waiting = None;
     Poll::Ready(phase)
 }
@@ -217,7 +218,7 @@ fn respond_or_call<S, ReqB, C, R, St: Store>(
     next: Next<<St as Sealed>::Future>,
     request: Request<ReqB>,
     inner: &mut S,
-    carried: Carried,
+    permits: Permits,
 ) -> Phase<S, ReqB, S::Future, C, R, Limiter<St>>
 where
     S: Service<Request<ReqB>>,
@@ -253,14 +254,14 @@ where
             };
             (headers, decision, held, after)
         }
-        Next::Store(..) | Next::Lease(..) | Next::Pending(_) => {
+        Next::Store(..) | Next::Pending(_) => {
             unreachable!("a step that waits is awaited first")
         }
     };
     call(
         headers,
         decision,
-        carried.into_held(held),
+        BodyGuard::held_with(held, permits),
         charging(limiter, after),
         request,
         inner,

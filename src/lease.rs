@@ -4,7 +4,7 @@
 //! A request whose every policy takes leases ([`Policy::lease`](crate::Policy::lease)) is
 //! admitted here when each policy's key has a lease with room for its cost. Otherwise it asks
 //! the store for a lease ([`Op::Lease`](crate::store::Op)) where it needs one, unless another request of this
-//! instance is asking for that key already: then it waits for that answer ([`LeaseWait`]) and
+//! instance is asking for that key already: then it waits for that answer ([`Plan::Wait`]) and
 //! plans again. The store answers with the units leased and the lease's end; the units left
 //! after the asking request's cost are spent here by the next requests until then.
 //!
@@ -27,7 +27,7 @@ use std::collections::hash_map::RandomState;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
+use std::task::Poll;
 
 use hashbrown::HashTable;
 use smallvec::{SmallVec, smallvec};
@@ -91,8 +91,9 @@ pub(crate) enum Plan {
     Local(Decision),
     /// The store decides; these checks ask it for a lease. `None` when none does.
     Store(Option<Asking>),
-    /// Another request of this instance is asking for the lease a check needs: wait for it.
-    Wait(LeaseWait),
+    /// Another request of this instance is asking for the lease a check needs: wait for its
+    /// answer (granted or not, or the asking request gone), then plan again.
+    Wait(Pin<Box<dyn Future<Output = ()> + Send>>),
 }
 
 /// A check that asks for a lease: where it is among the store call's checks, its tier, key
@@ -222,12 +223,20 @@ impl Leases {
         self.ask(checks, &ask, now, None)
     }
 
-    fn wait(self: &Arc<Self>, check: &Check) -> LeaseWait {
-        LeaseWait {
-            leases: self.clone(),
-            tier: check.tier().id(),
-            key: check.key().clone(),
-        }
+    /// The wait for the answer to another request's asking for `check`'s lease.
+    fn wait(self: &Arc<Self>, check: &Check) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let (leases, tier, key) = (self.clone(), check.tier().id(), check.key().clone());
+        Box::pin(std::future::poll_fn(move |cx| {
+            leases.with(tier, &key, |entry| match entry {
+                Some(entry) if entry.asking => {
+                    if !entry.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                        entry.waiters.push(cx.waker().clone());
+                    }
+                    Poll::Pending
+                }
+                _ => Poll::Ready(()),
+            })
+        }))
     }
 
     /// The store call of `checks`, those at `ask` asking for a lease where they can (no other
@@ -490,29 +499,5 @@ impl Drop for Asking {
                 }
             });
         }
-    }
-}
-
-/// Waits for the answer to another request's asking for a lease on a key (granted or not,
-/// or the asking request gone).
-pub(crate) struct LeaseWait {
-    leases: Arc<Leases>,
-    tier: u32,
-    key: Key,
-}
-
-impl Future for LeaseWait {
-    type Output = ();
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.leases.with(self.tier, &self.key, |entry| match entry {
-            Some(entry) if entry.asking => {
-                if !entry.waiters.iter().any(|w| w.will_wake(cx.waker())) {
-                    entry.waiters.push(cx.waker().clone());
-                }
-                Poll::Pending
-            }
-            _ => Poll::Ready(()),
-        })
     }
 }

@@ -30,6 +30,7 @@ use tracing::Span;
 use bytes::Bytes;
 use http::Response;
 
+use crate::adaptive::Permits;
 use crate::body::BodyGuard;
 use crate::clock::Clock;
 use crate::decision::Decision;
@@ -37,7 +38,7 @@ use crate::error::{ConfigError, FailurePolicy, KeyRejection, StoreError, StoreEr
 use crate::grpc::ResponseStyle;
 use crate::headers::{HeaderConfig, RateLimitHeaders};
 use crate::key::{Key, KeyExtractor, RequestRef};
-use crate::lease::{self, Asking, LeaseWait, Leases};
+use crate::lease::{self, Asking, Leases};
 use crate::lists::LayerLists;
 use crate::policy::{CompiledPolicy, CostFn, Policy, RequestFn, StatusFn};
 use crate::reload::TierSummary;
@@ -61,7 +62,6 @@ mod lists;
 mod near;
 mod steps;
 
-pub(crate) use route::Carried;
 use route::{Around, Pending, PolicySet, Route, Steps};
 
 /// What a layer is configured with, besides its store: the builder fills it in, and
@@ -177,11 +177,8 @@ pub(crate) enum Next<F> {
     },
     /// Wait for the store's answer (`F`), then [`Limiter::answered`] with the ticket.
     Store(F, Ticket),
-    /// Wait for the answer to another request of this instance, which is asking the store for
-    /// the lease this one needs, then [`Limiter::resume`] with the request's checks and their
-    /// ticket.
-    Lease(LeaseWait, Box<(Checks, Ticket)>),
-    /// Wait for what a step before the decision waits for, then run the steps again
+    /// Wait (for a place in an adaptive limit's queue, for the answer to another request's
+    /// asking for the lease this one needs), then run the steps and the plan again
     /// ([`Limiter::resumed`]) with what it gave.
     Pending(Pending),
 }
@@ -190,10 +187,7 @@ impl<F> Next<F> {
     /// Whether the step waits for something (the store's answer, another's lease, or a
     /// booked time).
     pub(crate) fn waits(&self) -> bool {
-        matches!(
-            self,
-            Next::Store(..) | Next::Lease(..) | Next::Wait { .. } | Next::Pending(_)
-        )
+        matches!(self, Next::Store(..) | Next::Wait { .. } | Next::Pending(_))
     }
 
     /// Call the inner service with nothing added: no headers, no decision, no slots held, no
@@ -367,18 +361,18 @@ impl<St: Store> Limiter<St> {
     }
 
     /// Plans `request` and, where it can, decides it at once (steps 1 and 2); what its steps
-    /// before the decision give goes in `carried`, which the request keeps to its call.
+    /// before the decision give (the adaptive limits' permits) goes in `permits`, which the request keeps to its call.
     #[inline]
     pub(crate) fn begin(
         &self,
         request: &RequestRef<'_>,
-        carried: &mut Carried,
+        permits: &mut Permits,
     ) -> Next<St::Future> {
         if self.exempt.as_ref().is_some_and(|f| f(request)) {
             return Next::nothing();
         }
         let route = self.policies.load();
-        self.go(request, &route, carried)
+        self.go(request, &route, permits)
     }
 
     /// Plans `request` against every policy of `route` that applies (and the runtime entries of
@@ -483,13 +477,6 @@ impl<St: Store> Limiter<St> {
         Next::Respond(self.responses.rejected(rejection))
     }
 
-    /// [`Limiter::ask_store`] for a request that waited for another's lease.
-    pub(crate) fn resume(&self, checks: Checks, ticket: Ticket) -> Next<St::Future> {
-        let span = ticket.span.clone();
-        let _entered = span.enter();
-        self.ask_store(checks, ticket)
-    }
-
     /// The rest of the plan of a request: the leases held here, then the breaker and
     /// the store.
     #[inline(always)]
@@ -510,7 +497,12 @@ impl<St: Store> Limiter<St> {
                     return self.finish(decision, after, keys, false, span, ticket.steps);
                 }
                 lease::Plan::Store(a) => ticket.asking = a.map(Box::new),
-                lease::Plan::Wait(wait) => return Next::Lease(wait, Box::new((checks, ticket))),
+                lease::Plan::Wait(wait) => {
+                    return Next::Pending(Pending::new(async move {
+                        wait.await;
+                        Ok(None)
+                    }));
+                }
             }
         }
         if let Some(breaker) = &self.breaker {

@@ -8,10 +8,12 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
+use crate::adaptive::Permits;
+use crate::body::BodyGuard;
 use crate::body::{MakeBody, Wrapped};
 use crate::future::{ResponseFuture, with_decision};
 use crate::key::RequestRef;
-use crate::limiter::{Carried, Limiter, Next};
+use crate::limiter::{Limiter, Next};
 use crate::store::Store;
 
 /// The middleware made by [`RateLimitLayer`](crate::RateLimitLayer).
@@ -88,8 +90,8 @@ where
     }
 
     fn call(&mut self, mut request: Request<ReqB>) -> Self::Future {
-        let mut carried = Carried::default();
-        match self.limiter.begin(&RequestRef::new(&request), &mut carried) {
+        let mut permits = Permits::new();
+        match self.limiter.begin(&RequestRef::new(&request), &mut permits) {
             // The common case, with the request moved as little as it can be.
             Next::Call {
                 headers,
@@ -97,14 +99,14 @@ where
                 held,
                 after,
             } => {
-                let held = carried.into_held(held);
+                let held = BodyGuard::held_with(held, permits);
                 with_decision(&mut request, decision);
                 let future = self.inner.call(request);
                 ResponseFuture::called(&self.limiter, headers, held, after, future)
             }
             next => {
                 let limiter = &self.limiter;
-                ResponseFuture::next(limiter, next, request, &mut self.inner, carried)
+                ResponseFuture::next(limiter, next, request, &mut self.inner, permits)
             }
         }
     }

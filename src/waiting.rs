@@ -12,8 +12,9 @@ use std::task::{Context, Poll, ready};
 
 use http::Request;
 
+use crate::adaptive::Permits;
 use crate::key::RequestRef;
-use crate::limiter::{Carried, Limiter, Next};
+use crate::limiter::{Limiter, Next};
 use crate::store::Store;
 use crate::store::private::Sealed;
 
@@ -28,7 +29,7 @@ pub(crate) struct Waiting<S, ReqB, C, L> {
     pub(crate) request: Option<Request<ReqB>>,
     pub(crate) inner: S,
     pub(crate) limiter: Arc<L>,
-    /// What is awaited ([`Next::Store`], [`Next::Lease`] or [`Next::Wait`]); `None` once it
+    /// What is awaited ([`Next::Store`], [`Next::Pending`] or [`Next::Wait`]); `None` once it
     /// came.
     awaited: Option<Next<C>>,
     /// The sleep until the booked time of a [`Next::Wait`].
@@ -36,7 +37,7 @@ pub(crate) struct Waiting<S, ReqB, C, L> {
     /// What lets the store's decision finish without the request, and gives back what it took.
     abandoned: Option<Box<dyn FnOnce(C) + Send>>,
     /// What the steps before the decision gave, kept to the call.
-    carried: Carried,
+    permits: Permits,
 }
 
 impl<S, ReqB, C, L> Drop for Waiting<S, ReqB, C, L> {
@@ -59,10 +60,10 @@ where
         next: Next<<St as Sealed>::Future>,
         request: Request<ReqB>,
         inner: S,
-        carried: Carried,
+        permits: Permits,
     ) -> Self {
         let mut waiting = Waiting {
-            carried,
+            permits,
             request: Some(request),
             inner,
             limiter: limiter.clone(),
@@ -75,8 +76,8 @@ where
     }
 
     /// What the steps before the decision gave, taken to the call.
-    pub(crate) fn take_carried(&mut self) -> Carried {
-        std::mem::take(&mut self.carried)
+    pub(crate) fn take_permits(&mut self) -> Permits {
+        std::mem::take(&mut self.permits)
     }
 
     /// Waits for what `next` waits for from now on.
@@ -102,21 +103,12 @@ where
                     };
                     self.limiter.answered(ticket, result)
                 }
-                Some(Next::Lease(wait, _)) => {
-                    ready!(Pin::new(wait).poll(cx));
-                    let Some(Next::Lease(_, planned)) = self.awaited.take() else {
-                        unreachable!("the lease came");
-                    };
-                    // The lease came (or not): plan again.
-                    let (checks, ticket) = *planned;
-                    self.limiter.resume(checks, ticket)
-                }
                 Some(Next::Pending(pending)) => {
-                    let resumed = ready!(pending.poll(cx));
+                    let given = ready!(pending.poll(cx));
                     self.awaited = None;
                     let request =
                         RequestRef::new(self.request.as_ref().expect("a waiting request"));
-                    self.limiter.resumed(&request, resumed, &mut self.carried)
+                    self.limiter.resumed(&request, given, &mut self.permits)
                 }
                 Some(Next::Wait { .. }) => {
                     if let Some(sleep) = &mut self.sleep {

@@ -2,7 +2,7 @@
 //! policy that applies admits it (a permit, held until its response body ends), queues it, or
 //! sheds it (`503`). Decided in this process; the store is never asked.
 
-use super::route::{Pending, Resumed};
+use super::route::Pending;
 use super::{Limiter, Next};
 use crate::adaptive::{Admission, Permits};
 use crate::key::RequestRef;
@@ -36,7 +36,7 @@ impl<St: Store> Limiter<St> {
                 Admission::Queued(wait) => {
                     let policy: Box<str> = policy.name().into();
                     return Some(Next::Pending(Pending::new(async move {
-                        wait.await.map_or(Resumed::Shed(policy), Resumed::Permit)
+                        wait.await.map(Some).ok_or(policy)
                     })));
                 }
             }

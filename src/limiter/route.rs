@@ -19,8 +19,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use crate::adaptive::{AdaptivePermit, Permits};
-use crate::body::BodyGuard;
+use crate::adaptive::AdaptivePermit;
 use crate::policy::{CompiledPolicy, Policy};
 use crate::store::Store;
 use crate::store::TOGETHER;
@@ -229,50 +228,24 @@ kind_of_step! {
     }
 }
 
-/// What the steps before the decision give a request to keep until its call (and its response
-/// body, which holds them): the permits of the adaptive limits that admitted it. The request's
-/// future holds it, through every wait.
-#[derive(Default)]
-pub(crate) struct Carried {
-    permits: Permits,
-}
+/// A wait before the request is planned (a place in an adaptive limit's queue; the answer to
+/// another request's asking for the lease this one needs): once it ends, the steps run again,
+/// then the plan, with what it gave: `Ok(Some(permit))` a place in an adaptive limit (kept
+/// with the request's permits), `Ok(None)` nothing, or `Err(policy)` the name of the
+/// adaptive policy whose queue's wait ran out (the request is shed).
+pub(crate) struct Pending(Pin<Box<dyn Future<Output = Given> + Send>>);
 
-impl Carried {
-    /// Where the adaptive limits' step puts its permits.
-    pub(crate) fn permits(&mut self) -> &mut Permits {
-        &mut self.permits
-    }
-
-    /// What the response body of an admitted request holds: `held`, and the permits.
-    #[inline(always)]
-    pub(crate) fn into_held(self, held: Option<BodyGuard>) -> Option<BodyGuard> {
-        if self.permits.is_empty() {
-            return held;
-        }
-        Some(BodyGuard::holding(held, self.permits))
-    }
-}
-
-/// A step before the decision that waits (a place in an adaptive limit's queue): once what it
-/// waits for comes, the steps run again with what it gave in the request's [`Carried`].
-pub(crate) struct Pending(Pin<Box<dyn Future<Output = Resumed> + Send>>);
-
-/// What a step that waited gives.
-pub(crate) enum Resumed {
-    /// A place in an adaptive limit.
-    Permit(AdaptivePermit),
-    /// Nothing: the wait in the queue of the adaptive policy named ran out.
-    Shed(Box<str>),
-}
+/// What a [`Pending`] wait gives.
+pub(crate) type Given = Result<Option<AdaptivePermit>, Box<str>>;
 
 impl Pending {
     /// A step waiting for `wait`.
-    pub(crate) fn new(wait: impl Future<Output = Resumed> + Send + 'static) -> Self {
+    pub(crate) fn new(wait: impl Future<Output = Given> + Send + 'static) -> Self {
         Pending(Box::pin(wait))
     }
 
     /// Polls the wait.
-    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Resumed> {
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Given> {
         self.0.as_mut().poll(cx)
     }
 }

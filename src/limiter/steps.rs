@@ -1,8 +1,9 @@
 //! The engine's loops over a route's steps ([`Route`]): before the decision, and on a decision
 //! that admitted the request.
 
-use super::route::{After, Before, Carried, Lane, Resumed, Route, Steps};
+use super::route::{After, Before, Given, Lane, Route, Steps};
 use super::{AfterResponse, Limiter, Next};
+use crate::adaptive::Permits;
 use crate::body::BodyGuard;
 use crate::decision::{Decision, PolicyOutcome};
 use crate::headers::RateLimitHeaders;
@@ -11,16 +12,16 @@ use crate::store::{Check, Store};
 
 impl<St: Store> Limiter<St> {
     /// The route's steps before the decision for `request`, then its lane; what the steps
-    /// give goes in `carried`.
+    /// give goes in `permits`.
     #[inline(always)]
     pub(super) fn go(
         &self,
         request: &RequestRef<'_>,
         route: &Route,
-        carried: &mut Carried,
+        permits: &mut Permits,
     ) -> Next<St::Future> {
         let mut listed = None;
-        if let Some(answer) = self.steps_before(request, route, carried, &mut listed) {
+        if let Some(answer) = self.steps_before(request, route, permits, &mut listed) {
             return answer;
         }
         match route.lane() {
@@ -31,25 +32,25 @@ impl<St: Store> Limiter<St> {
     }
 
     /// The route's steps before the decision for `request`, in order: the answer of the first
-    /// that answers, if one does; what they give goes in `carried`, and the key whose runtime
+    /// that answers, if one does; what they give goes in `permits`. and the key whose runtime
     /// list entries the store call reads in `listed`.
     #[inline(always)]
     fn steps_before(
         &self,
         request: &RequestRef<'_>,
         route: &Route,
-        carried: &mut Carried,
+        permits: &mut Permits,
         listed: &mut Option<Key>,
     ) -> Option<Next<St::Future>> {
         for step in route.steps().before() {
-            if let Some(answer) = self.before(step, request, route, carried, listed) {
+            if let Some(answer) = self.before(step, request, route, permits, listed) {
                 return Some(answer);
             }
         }
         None
     }
 
-    /// Runs the step `step` before `request`'s decision, with what the earlier ones `carried`
+    /// Runs the step `step` before `request`'s decision, with what the earlier ones gave (`permits`)
     /// (and `listed`, as `steps_before`): `None` to go on, or the answer (a response, or a
     /// wait after which the request begins again).
     #[inline]
@@ -58,7 +59,7 @@ impl<St: Store> Limiter<St> {
         step: Before,
         request: &RequestRef<'_>,
         route: &Route,
-        carried: &mut Carried,
+        permits: &mut Permits,
         listed: &mut Option<Key>,
     ) -> Option<Next<St::Future>> {
         match step {
@@ -70,27 +71,28 @@ impl<St: Store> Limiter<St> {
                 }
                 Err(answer) => Some(answer),
             },
-            Before::Adaptive => self.admitted(request, route, carried.permits()),
+            Before::Adaptive => self.admitted(request, route, permits),
         }
     }
 
-    /// A request whose step before the decision waited, and gave `resumed`: its steps and its
-    /// decision again, with what it gave.
+    /// A request that waited before its plan (`Next::Pending`), which gave `given`: its steps
+    /// and its decision again, with what it gave.
     pub(crate) fn resumed(
         &self,
         request: &RequestRef<'_>,
-        resumed: Resumed,
-        carried: &mut Carried,
+        given: Given,
+        permits: &mut Permits,
     ) -> Next<St::Future> {
-        match resumed {
-            Resumed::Permit(permit) => carried.permits().push(permit),
-            Resumed::Shed(policy) => return self.shed(&policy),
+        match given {
+            Ok(Some(permit)) => permits.push(permit),
+            Ok(None) => {}
+            Err(policy) => return self.shed(&policy),
         }
         // Its steps again, then the general way: a route with a step that waits takes no
         // faster lane (and the lanes stay inlined in `begin` alone).
         let route = self.policies.load();
         let mut listed = None;
-        if let Some(answer) = self.steps_before(request, &route, carried, &mut listed) {
+        if let Some(answer) = self.steps_before(request, &route, permits, &mut listed) {
             return answer;
         }
         self.plan(request, &route, listed)

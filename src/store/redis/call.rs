@@ -66,18 +66,7 @@ impl Inner {
     /// key's record of runtime list entries, when the call carries it, is read first, with
     /// the policies of its slot: a listed key is answered before anything is charged.
     async fn across_hash_slots(&self, link: &Link, checks: &[Check]) -> Result<Said, StoreError> {
-        let mut groups: Vec<Vec<usize>> = Vec::new();
-        for (i, c) in checks.iter().enumerate() {
-            match groups.iter_mut().find(|g| checks[g[0]].key() == c.key()) {
-                Some(g) => g.push(i),
-                None => groups.push(vec![i]),
-            }
-        }
-        let policies = checks.len() - usize::from(record_follows(checks));
-        if policies < checks.len() {
-            let with_record = groups.iter().position(|g| g.contains(&policies));
-            groups[..=with_record.expect("the record is in a group")].rotate_right(1);
-        }
+        let (groups, policies) = by_key(checks);
         let mut verdicts = vec![None; checks.len()];
         let mut charged: Vec<Check> = Vec::new();
         let mut denied = false;
@@ -231,6 +220,24 @@ impl Inner {
             .await?;
         read_reply(checks, &reply, record)
     }
+}
+
+/// The places of `checks` grouped by key (one hash slot each), in order, but that the group of
+/// the key's record of list entries (the last check, if it is one) comes first; and how many
+/// checks are policies'.
+fn by_key(checks: &[Check]) -> (Vec<Vec<usize>>, usize) {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (i, c) in checks.iter().enumerate() {
+        match groups.iter_mut().find(|g| checks[g[0]].key() == c.key()) {
+            Some(g) => g.push(i),
+            None => groups.push(vec![i]),
+        }
+    }
+    let policies = checks.len() - usize::from(record_follows(checks));
+    if let Some(with_record) = groups.iter().position(|g| g.contains(&policies)) {
+        groups[..=with_record].rotate_right(1);
+    }
+    (groups, policies)
 }
 
 /// The quota of a key's own limit, as the script tells it.

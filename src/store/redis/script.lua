@@ -6016,10 +6016,10 @@ end
 -- phase two for each (`phases`, in phases.lua), charged only if all that decide admit. A
 -- policy enforced alone, the usual call, is its twin's `enforced`: the same two phases.
 -- Reply: {LISTED_DENY, microseconds left} or {LISTED_ALLOW, 0} when the record says the key
--- is on a list (no policy decided); else CHECK_WIDTH integers per policy, each at its place (`at` in script.rs, AT_... here):
--- the verdict (ADMITTED, or the retry-after in microseconds, or NEVER when no wait admits it),
--- remaining, reset_after_us; remaining and reset describe the state after this request's
--- charges. A granting operation's reply has REPLY_GRANT more: the units granted (0 when none),
+-- is on a list (no policy decided); else CHECK_WIDTH integers per policy, each at its place
+-- (`at` in script.rs, AT_... here): the verdict (ADMITTED, or the retry-after in
+-- microseconds, or NEVER when no wait admits it), remaining, reset_after_us; remaining and
+-- reset describe the state after this request's charges. A granting operation's reply has REPLY_GRANT more: the units granted (0 when none),
 -- the grant's end (a lease's end, a booked time, the time held slots were charged at), and
 -- the microseconds until then.
 

@@ -92,7 +92,9 @@ fn headers_of(decision: &Decision, key: &Key) -> HeaderMap {
 /// The Redis store reading a decision's reply, `resp` (the bytes Redis would send), for
 /// checks of the operations `ops` picks (two bytes each, at most eight: the kind, among every
 /// operation, and its payload; the algorithm and a tier tag from them); then the decision's
-/// headers. `None` when the reply is refused (as the store refuses it: a clear error).
+/// headers; an odd number of bytes in `ops` adds the key's record of list entries last (whose
+/// reply may say the key is listed). `None` when the reply is refused (as the store refuses
+/// it: a clear error).
 #[cfg(feature = "redis")]
 pub fn read_reply(resp: &[u8], ops: &[u8]) -> Option<HeaderMap> {
     let value = redis::parse_redis_value(resp).ok()?;
@@ -107,6 +109,17 @@ pub fn read_reply(resp: &[u8], ops: &[u8]) -> Option<HeaderMap> {
             .or_else(|_| tier("fuzz", kind / 32, quota, Op::Enforce))
             .ok()?;
         checks.push(crate::store::Check::new(tier, Key::from("k"), 1, op));
+    }
+    if ops.len() % 2 == 1 {
+        // The call carries the key's record of list entries last, as a layer with lists does.
+        let algorithm = crate::Algorithm::Gcra;
+        let records = Tier::alone(crate::lists::RECORDS, 0, algorithm, quota, Op::ChargeIf).ok()?;
+        checks.push(crate::store::Check::new(
+            records,
+            Key::from("k"),
+            0,
+            Op::ChargeIf,
+        ));
     }
     if checks.is_empty() {
         return None;

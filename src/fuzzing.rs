@@ -94,7 +94,7 @@ fn headers_of(decision: &Decision, key: &Key) -> HeaderMap {
 /// operation, and its payload; the algorithm and a tier tag from them); then the decision's
 /// headers; an odd number of bytes in `ops` adds the key's record of list entries last (whose
 /// reply may say the key is listed). `None` when the reply is refused (as the store refuses
-/// it: a clear error).
+/// it: a clear error) or decides no policy (a listed key, answered without headers).
 #[cfg(feature = "redis")]
 pub fn read_reply(resp: &[u8], ops: &[u8]) -> Option<HeaderMap> {
     let value = redis::parse_redis_value(resp).ok()?;
@@ -125,6 +125,11 @@ pub fn read_reply(resp: &[u8], ops: &[u8]) -> Option<HeaderMap> {
         return None;
     }
     let decision = crate::store::redis_decision(&checks, &reply).ok()?;
+    if decision.outcomes().is_empty() {
+        // A listed key (or a call of the record alone): the engine answers it without
+        // headers (`unlisted`), as the lists' step.
+        return None;
+    }
     Some(headers_of(&decision, &Key::from("k")))
 }
 

@@ -18,6 +18,38 @@ use tower_ratelimit::{
     Clock, LimitError, ManualClock, MemoryStore, Policy, RateLimitLayer, RedisStore, Store,
 };
 
+/// The three tests of a scenario on two layers (`one` changes, `two` obeys): in memory (one
+/// store shared), on two instances of one Redis under `prefix` (no key left without a TTL),
+/// and on the cluster; each named as given.
+macro_rules! on_two_of_each_store {
+    ($scenario:ident, $prefix:literal, $memory:ident, $redis:ident, $cluster:ident) => {
+        #[tokio::test]
+        async fn $memory() {
+            let clock = ManualClock::new();
+            let store = MemoryStore::builder().clock(clock.clone()).build();
+            $scenario(store.clone(), store, clock).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $redis() {
+            let server = RedisServer::start();
+            let clock = ManualClock::new();
+            let store = || server.store($prefix, &clock);
+            $scenario(store().await, store().await, clock.clone()).await;
+            support::assert_no_key_without_ttl(&server, $prefix);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $cluster() {
+            let cluster = RedisCluster::start();
+            let clock = ManualClock::new();
+            let one = cluster.store($prefix, &clock).await;
+            let two = cluster.store($prefix, &clock).await;
+            $scenario(one, two, clock).await;
+        }
+    };
+}
+
 /// The lists of these tests: networks and keys on both, behind the proxy 10.0.0.1.
 fn lists() -> Lists {
     Lists::new()
@@ -301,21 +333,13 @@ async fn the_deny_cache_obeys_the_administrator_on_the_cluster() {
     the_deny_cache_obeys_the_administrator(store, clock).await;
 }
 
-#[tokio::test]
-async fn runtime_entries_in_memory() {
-    let clock = ManualClock::new();
-    let store = MemoryStore::builder().clock(clock.clone()).build();
-    runtime_entries(store.clone(), store, clock).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn runtime_entries_on_two_instances_of_one_redis() {
-    let server = RedisServer::start();
-    let clock = ManualClock::new();
-    let store = || server.store("lists:", &clock);
-    runtime_entries(store().await, store().await, clock.clone()).await;
-    support::assert_no_key_without_ttl(&server, "lists:");
-}
+on_two_of_each_store!(
+    runtime_entries,
+    "lists:",
+    runtime_entries_in_memory,
+    runtime_entries_on_two_instances_of_one_redis,
+    runtime_entries_on_the_cluster
+);
 
 /// On Redis, a key with no runtime entry costs its lists one `GET` of its record, in the
 /// policy's own call (the script then decides the policy alone); once an entry is there, the
@@ -365,15 +389,6 @@ async fn a_key_without_entries_costs_its_lists_one_get_on_redis() {
     support::assert_no_key_without_ttl(&server, "looks:");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn runtime_entries_on_the_cluster() {
-    let cluster = RedisCluster::start();
-    let clock = ManualClock::new();
-    let one = cluster.store("lists:", &clock).await;
-    let two = cluster.store("lists:", &clock).await;
-    runtime_entries(one, two, clock).await;
-}
-
 /// A key's entries beside policies keyed otherwise (per user, and a global policy): the
 /// record is the lists' key's, read before any policy (on the cluster in a slot of its own,
 /// read first), and a listed key charges none of them.
@@ -421,30 +436,13 @@ async fn entries_beside_other_keys<St: Store>(one: St, two: St, clock: ManualClo
     assert_eq!(ask("a").await.remaining(), Some(0));
 }
 
-#[tokio::test]
-async fn entries_beside_other_keys_in_memory() {
-    let clock = ManualClock::new();
-    let store = MemoryStore::builder().clock(clock.clone()).build();
-    entries_beside_other_keys(store.clone(), store, clock).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn entries_beside_other_keys_on_two_instances_of_one_redis() {
-    let server = RedisServer::start();
-    let clock = ManualClock::new();
-    let store = || server.store("beside:", &clock);
-    entries_beside_other_keys(store().await, store().await, clock.clone()).await;
-    support::assert_no_key_without_ttl(&server, "beside:");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn entries_beside_other_keys_on_the_cluster() {
-    let cluster = RedisCluster::start();
-    let clock = ManualClock::new();
-    let one = cluster.store("beside:", &clock).await;
-    let two = cluster.store("beside:", &clock).await;
-    entries_beside_other_keys(one, two, clock).await;
-}
+on_two_of_each_store!(
+    entries_beside_other_keys,
+    "beside:",
+    entries_beside_other_keys_in_memory,
+    entries_beside_other_keys_on_two_instances_of_one_redis,
+    entries_beside_other_keys_on_the_cluster
+);
 
 /// Networks put on the lists at runtime on `one`: obeyed by `one` at once and by `two`
 /// (another layer on the same store; in Redis, another instance) within its next read, ending
@@ -598,55 +596,21 @@ async fn entries_as_the_lists_take_them<St: Store>(one: St, two: St, clock: Manu
     }
 }
 
-#[tokio::test]
-async fn entries_as_the_lists_take_them_in_memory() {
-    let clock = ManualClock::new();
-    let store = MemoryStore::builder().clock(clock.clone()).build();
-    entries_as_the_lists_take_them(store.clone(), store, clock).await;
-}
+on_two_of_each_store!(
+    entries_as_the_lists_take_them,
+    "entries-text:",
+    entries_as_the_lists_take_them_in_memory,
+    entries_as_the_lists_take_them_on_two_instances_of_one_redis,
+    entries_as_the_lists_take_them_on_the_cluster
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn entries_as_the_lists_take_them_on_two_instances_of_one_redis() {
-    let server = RedisServer::start();
-    let clock = ManualClock::new();
-    let store = || server.store("entries-text:", &clock);
-    entries_as_the_lists_take_them(store().await, store().await, clock.clone()).await;
-    support::assert_no_key_without_ttl(&server, "entries-text:");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn entries_as_the_lists_take_them_on_the_cluster() {
-    let cluster = RedisCluster::start();
-    let clock = ManualClock::new();
-    let one = cluster.store("entries-text:", &clock).await;
-    let two = cluster.store("entries-text:", &clock).await;
-    entries_as_the_lists_take_them(one, two, clock).await;
-}
-
-#[tokio::test]
-async fn runtime_networks_in_memory() {
-    let clock = ManualClock::new();
-    let store = MemoryStore::builder().clock(clock.clone()).build();
-    runtime_networks(store.clone(), store, clock).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn runtime_networks_on_two_instances_of_one_redis() {
-    let server = RedisServer::start();
-    let clock = ManualClock::new();
-    let store = || server.store("nets:", &clock);
-    runtime_networks(store().await, store().await, clock.clone()).await;
-    support::assert_no_key_without_ttl(&server, "nets:");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn runtime_networks_on_the_cluster() {
-    let cluster = RedisCluster::start();
-    let clock = ManualClock::new();
-    let one = cluster.store("nets:", &clock).await;
-    let two = cluster.store("nets:", &clock).await;
-    runtime_networks(one, two, clock).await;
-}
+on_two_of_each_store!(
+    runtime_networks,
+    "nets:",
+    runtime_networks_in_memory,
+    runtime_networks_on_two_instances_of_one_redis,
+    runtime_networks_on_the_cluster
+);
 
 /// A layer without lists kept in the store lists no network.
 #[tokio::test]

@@ -52,10 +52,7 @@ impl Inner {
             // Boxed, as the pools' futures are: only clusters take this path.
             Box::pin(self.across_hash_slots(link, checks)).await?
         };
-        Ok(match said {
-            Said::Replies(verdicts) => decision_of(checks, verdicts),
-            Said::Listed(listing) => Decision::listed(listing),
-        })
+        Ok(decision_of(checks, said))
     }
 
     /// On a cluster, policies keyed by different caller keys live in different slots, which
@@ -322,8 +319,13 @@ fn is_missing_function(e: &redis::RedisError) -> bool {
             .is_some_and(|d| d.starts_with("Function not found"))
 }
 
-/// The decision of `checks` from what the script said of each.
-fn decision_of(checks: &[Check], verdicts: Vec<Reply>) -> Decision {
+/// The decision of `checks` from what the script said: of each policy, or of the key's list
+/// entries.
+fn decision_of(checks: &[Check], said: Said) -> Decision {
+    let verdicts = match said {
+        Said::Replies(verdicts) => verdicts,
+        Said::Listed(listing) => return Decision::listed(listing),
+    };
     let outcomes: Outcomes = checks
         .iter()
         .zip(verdicts)
@@ -338,10 +340,7 @@ fn decision_of(checks: &[Check], verdicts: Vec<Reply>) -> Decision {
 /// The decision of `checks` from the script's `reply` (for the fuzz targets).
 #[cfg(fuzzing)]
 pub(crate) fn read_decision(checks: &[Check], reply: &[i64]) -> Result<Decision, StoreError> {
-    Ok(match read_reply(checks, reply, record_follows(checks))? {
-        Said::Replies(verdicts) => decision_of(checks, verdicts),
-        Said::Listed(listing) => Decision::listed(listing),
-    })
+    read_reply(checks, reply, record_follows(checks)).map(|said| decision_of(checks, said))
 }
 
 /// The script's reply to `checks` read back (`record`: the last is the key's record of list

@@ -25,22 +25,24 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use serde::Deserialize;
 
 use crate::algorithm::Algorithm;
 use crate::calendar::{Calendar, Weekday};
 use crate::error::ConfigError;
-use crate::key::{ApiKey, Cidr, ClientIp, GlobalKey, GrpcMethod, HeaderKey, KeyExtractor, PeerIp};
+use crate::key::{Cidr, ClientIp};
 use crate::lists::Lists;
 use crate::policy::Policy;
 use crate::quota::{Quota, QuotaUnit};
 
+mod key;
 mod raw;
 mod text;
 
-use text::{BodyMeasure, DurationText, HeaderNameText, RouteText, Status, Text};
+pub use key::KeySpec;
+
+use text::{BodyMeasure, CostText, DurationText, HeaderNameText, RouteText, Status, Text};
 
 /// A whole configuration: the policies, and the key of those that do not name their own.
 ///
@@ -234,98 +236,6 @@ fn toml_error(text: &str, e: &toml::de::Error) -> ConfigError {
     }
 }
 
-/// How a configured policy finds its key, as a string:
-///
-/// | string | key |
-/// |---|---|
-/// | `"ip"` | the connection's peer address ([`PeerIp`]) |
-/// | `"client_ip"` | the client behind the configuration's `trusted_proxies` ([`ClientIp`]) |
-/// | `"global"` | one key for every request ([`GlobalKey`]) |
-/// | `"bearer"` | the token of `Authorization: Bearer` ([`ApiKey::bearer`]) |
-/// | `"header:<name>"` | the value of a request header ([`HeaderKey`]), gRPC metadata included |
-/// | `"grpc_method"` | the full gRPC method name, `/package.Service/Method` ([`GrpcMethod`]) |
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum KeySpec {
-    /// `"ip"`.
-    Ip,
-    /// `"client_ip"`.
-    ClientIp,
-    /// `"global"`.
-    Global,
-    /// `"bearer"`.
-    Bearer,
-    /// `"header:<name>"`.
-    Header(String),
-    /// `"grpc_method"`.
-    GrpcMethod,
-}
-
-impl std::str::FromStr for KeySpec {
-    type Err = ConfigError;
-    fn from_str(s: &str) -> Result<Self, ConfigError> {
-        Ok(match s.trim() {
-            "ip" => KeySpec::Ip,
-            "client_ip" => KeySpec::ClientIp,
-            "global" => KeySpec::Global,
-            "bearer" => KeySpec::Bearer,
-            "grpc_method" => KeySpec::GrpcMethod,
-            other => match other.strip_prefix("header:") {
-                Some(name) => {
-                    HeaderKey::try_new(name)?;
-                    KeySpec::Header(name.to_owned())
-                }
-                None => {
-                    return Err(ConfigError::new(format!(
-                        "unknown key {other:?}; expected ip, client_ip, global, bearer, grpc_method or header:<name>"
-                    )));
-                }
-            },
-        })
-    }
-}
-
-impl std::fmt::Display for KeySpec {
-    /// As written in a configuration (`"header:x-user"`).
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            KeySpec::Ip => f.write_str("ip"),
-            KeySpec::ClientIp => f.write_str("client_ip"),
-            KeySpec::Global => f.write_str("global"),
-            KeySpec::Bearer => f.write_str("bearer"),
-            KeySpec::Header(name) => write!(f, "header:{name}"),
-            KeySpec::GrpcMethod => f.write_str("grpc_method"),
-        }
-    }
-}
-
-impl KeySpec {
-    /// The extractor; `proxies` are the trusted proxies of `client_ip`.
-    pub fn extractor(&self, proxies: &[Cidr]) -> Result<Arc<dyn KeyExtractor>, ConfigError> {
-        Ok(match self {
-            KeySpec::Ip => Arc::new(PeerIp::new()),
-            KeySpec::ClientIp => Arc::new(
-                proxies
-                    .iter()
-                    .fold(ClientIp::builder(), |b, &net| b.trusted_network(net))
-                    .build()
-                    .map_err(|e| e.context("trusted_proxies"))?,
-            ),
-            KeySpec::Global => Arc::new(GlobalKey),
-            KeySpec::Bearer => Arc::new(ApiKey::bearer()),
-            KeySpec::Header(name) => Arc::new(HeaderKey::try_new(name)?),
-            KeySpec::GrpcMethod => Arc::new(GrpcMethod::new()),
-        })
-    }
-}
-
-impl<'de> Deserialize<'de> for KeySpec {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        text.parse().map_err(serde::de::Error::custom)
-    }
-}
-
 /// A network read from a string such as `10.0.0.0/8`.
 #[derive(Clone, Debug)]
 struct CidrText(Cidr);
@@ -350,7 +260,7 @@ impl<'de> Deserialize<'de> for CidrText {
 /// | `buckets` | integer | sliding window ([`buckets`](Policy::buckets)) |
 /// | `key` | string | this policy's key ([`KeySpec`]) |
 /// | `routes` | strings | `"/path"`, `"GET /path"`, `"/prefix/*"` ([`route`](Policy::route)) |
-/// | `cost` | integer | units per request ([`cost`](Policy::cost)) |
+/// | `cost` | integer, string | units per request ([`cost`](Policy::cost)), or `"json:<pointer>"`: the number at that JSON pointer of the body ([`cost_json`](Policy::cost_json)) |
 /// | `shadow` | bool | dry run ([`shadow`](Policy::shadow)) |
 /// | `charge_if_status` | integers | charge only responses with these statuses ([`charge_if`](Policy::charge_if)) |
 /// | `refund_if_status` | integers | give the cost back for these statuses ([`refund_if`](Policy::refund_if)) |
@@ -413,7 +323,7 @@ struct RawPolicy {
     buckets: Option<u32>,
     key: Option<KeySpec>,
     routes: Vec<Text<RouteText>>,
-    cost: Option<u32>,
+    cost: Option<Text<CostText>>,
     shadow: bool,
     charge_if_status: Vec<Text<Status>>,
     refund_if_status: Vec<Text<Status>>,
@@ -471,8 +381,11 @@ impl TryFrom<RawPolicy> for PolicyConfig {
         for Text(RouteText(method, path)) in std::mem::take(&mut r.routes) {
             policy = policy.route(method, path);
         }
-        if let Some(cost) = r.cost {
-            policy = policy.cost(move |_| cost);
+        match r.cost.take().map(|Text(cost)| cost) {
+            Some(CostText::Units(units)) => policy = policy.cost(move |_| units),
+            #[cfg(feature = "json")]
+            Some(CostText::Json(pointer)) => policy = policy.cost_json(&pointer),
+            None => {}
         }
         policy = r.tiered(policy);
         policy = r.taking(policy);

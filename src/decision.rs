@@ -265,6 +265,7 @@ impl Decision {
 
     /// The answer of a key's runtime entries, which the store read before any policy: no
     /// outcome.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn listed(listing: Listing) -> Self {
         Decision {
             outcomes: Outcomes::new(),

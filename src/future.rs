@@ -26,6 +26,7 @@ use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::grpc;
 use crate::headers::RateLimitHeaders;
+use crate::key::RequestRef;
 use crate::limiter::{AfterResponse, Limiter, Next};
 use crate::store::Store;
 use crate::store::private::Sealed;
@@ -233,7 +234,7 @@ where
         Next::Respond(response) => {
             let response = match limiter.style().is_grpc(&request) {
                 true => grpc::answer(response),
-                false => response,
+                false => limiter.responded(&RequestRef::new(&request), response),
             };
             return Phase::Ready {
                 response: Some(response),

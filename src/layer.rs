@@ -14,6 +14,7 @@ use crate::key::{Key, KeyExtractor};
 use crate::limiter::Limiter;
 use crate::policy::Policy;
 use crate::reload::ReloadReport;
+use crate::request_body::{Read, ReadBodies, Unread};
 use crate::service::RateLimit;
 use crate::store::{MemoryStore, Op, Store};
 use crate::top::{LimitedKey, TopLimitedService, TopReport};
@@ -47,21 +48,27 @@ mod lists;
 /// inner service's by default, or axum's own with [`body`](Self::body).
 ///
 /// [`ResponseBody`]: crate::body::ResponseBody
-pub struct RateLimitLayer<St = MemoryStore, M = Wrapped> {
+///
+/// `R` says whether it reads request bodies: [`Unread`] (the default), or [`Read`] when built
+/// with [`read_bodies`](crate::RateLimitLayerBuilder::read_bodies) (its service is then a
+/// [`ReadBodies`]).
+pub struct RateLimitLayer<St = MemoryStore, M = Wrapped, R = Unread> {
     limiter: Arc<Limiter<St>>,
     body: PhantomData<fn() -> M>,
+    reads: PhantomData<fn() -> R>,
 }
 
-impl<St, M> Clone for RateLimitLayer<St, M> {
+impl<St, M, R> Clone for RateLimitLayer<St, M, R> {
     fn clone(&self) -> Self {
         RateLimitLayer {
             limiter: self.limiter.clone(),
             body: PhantomData,
+            reads: PhantomData,
         }
     }
 }
 
-impl<St: fmt::Debug, M> fmt::Debug for RateLimitLayer<St, M> {
+impl<St: fmt::Debug, M, R> fmt::Debug for RateLimitLayer<St, M, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.limiter.fmt(f)
     }
@@ -95,7 +102,7 @@ impl RateLimitLayer<MemoryStore> {
     }
 }
 
-impl<St, M> RateLimitLayer<St, M> {
+impl<St, M, R> RateLimitLayer<St, M, R> {
     /// The same layer, its responses carrying their bodies as `M2` says: behind axum,
     /// [`AxumBody`](crate::axum::AxumBody) saves the allocation of axum boxing each response's
     /// body into its own type.
@@ -111,10 +118,11 @@ impl<St, M> RateLimitLayer<St, M> {
     /// # let _ = layer;
     /// # Ok(()) }
     /// ```
-    pub fn body<M2>(self) -> RateLimitLayer<St, M2> {
+    pub fn body<M2>(self) -> RateLimitLayer<St, M2, R> {
         RateLimitLayer {
             limiter: self.limiter,
             body: PhantomData,
+            reads: PhantomData,
         }
     }
 
@@ -167,7 +175,7 @@ impl<St: Store> RateLimitLayer<St> {
     }
 }
 
-impl<St: Store, M> RateLimitLayer<St, M> {
+impl<St: Store, M, R> RateLimitLayer<St, M, R> {
     /// The `n` keys `policy` denied most over the period of the layer's
     /// [`top_limited`](crate::RateLimitLayerBuilder::top_limited) summary, the heaviest first; empty
     /// when the layer keeps none, or when the policy denied nothing.
@@ -289,7 +297,7 @@ impl<St: Store, M> RateLimitLayer<St, M> {
         &self,
         key: &Key,
         cost: u32,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'static + use<St, M> {
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'static + use<St, M, R> {
         self.limiter.key_decision(key, None, |_| u64::from(cost))
     }
 
@@ -429,10 +437,18 @@ impl<St: Store, M> RateLimitLayer<St, M> {
     }
 }
 
-impl<S, St, M> Layer<S> for RateLimitLayer<St, M> {
+impl<S, St, M> Layer<S> for RateLimitLayer<St, M, Unread> {
     type Service = RateLimit<S, St, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit::new(inner, self.limiter.clone())
+    }
+}
+
+impl<S, St, M> Layer<S> for RateLimitLayer<St, M, Read> {
+    type Service = ReadBodies<S, St, M>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ReadBodies::new(inner, self.limiter.clone())
     }
 }

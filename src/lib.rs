@@ -392,6 +392,7 @@ mod future;
 pub mod fuzzing;
 mod waiting;
 pub mod body;
+pub mod request_body;
 mod clock;
 pub mod calendar;
 mod error;

@@ -51,6 +51,7 @@ use crate::top::{TopLimited, Tracker};
 
 mod adaptive;
 mod alone;
+mod bodies;
 mod answer;
 mod admin;
 mod after;
@@ -132,6 +133,8 @@ pub(crate) struct Limiter<St> {
     top: Option<Arc<Tracker>>,
     /// The allow and deny lists, when the layer has them.
     lists: Option<LayerLists>,
+    /// How the layer reads the bodies its policies need, if it does.
+    bodies: Option<crate::request_body::BodyLimits>,
     /// When (layer clock) a store failure was last logged at `warn`, and how many were
     /// logged at `debug` since.
     warned: AtomicU64,
@@ -301,12 +304,14 @@ impl<St> Limiter<St> {
 
 impl<St: Store> Limiter<St> {
     /// Checks the whole configuration, registers the policies in `store`, and builds the
-    /// engine, with the allow and deny `lists` and the hook of warnings near the limit.
+    /// engine, with the allow and deny `lists`, the hook of warnings near the limit, and the
+    /// limits of the bodies it reads (`None`: it reads none).
     pub(crate) fn new(
         store: St,
         config: Config,
         lists: Option<crate::lists::Lists>,
         on_near_limit: Option<crate::near::NearHook>,
+        bodies: Option<crate::request_body::BodyLimits>,
     ) -> Result<Self, ConfigError> {
         let headers = config
             .headers
@@ -319,6 +324,7 @@ impl<St: Store> Limiter<St> {
         let (top, partition) = (config.top.is_some(), headers.partition.is_some());
         let around = Around::new::<St>(deny_cache, local, top, partition, lists.is_some());
         let store = store.suited(route::Lane::shared(&config.policies) && around.plain());
+        bodies::check_bodies(&config.policies, &config.key, bodies)?;
         let set = Self::compile(
             &config.policies,
             &store,
@@ -355,6 +361,7 @@ impl<St: Store> Limiter<St> {
             near: crate::near::Warned::new(on_near_limit),
             top,
             lists,
+            bodies,
             warned: AtomicU64::new(0),
             unwarned: AtomicU64::new(0),
         })
@@ -416,29 +423,54 @@ impl<St: Store> Limiter<St> {
         &self,
         request: &RequestRef<'_>,
         route: &Route,
-        (checks, fallback, after): Planned<'_>,
+        planned: Planned<'_>,
     ) -> Option<Next<St::Future>> {
+        let (checks, fallback, after) = planned;
         for policy in route.iter() {
             if !policy.applies(request) || policy.adaptive().is_some() {
                 continue;
             }
-            let key = match policy.key(request) {
-                Ok(key) => key,
+            #[cfg(feature = "json")]
+            if let Some(calls) = bodies::batch(policy, request) {
+                let planned = (&mut *checks, &mut *fallback, &mut *after);
+                match self.batch_checks(policy, request, calls, planned) {
+                    Ok(()) => continue,
+                    Err(rejection) => return Some(self.key_rejected(policy, &rejection)),
+                }
+            }
+            let key_and_cost = policy
+                .key(request)
+                .and_then(|k| Ok((k, policy.cost(request)?)));
+            let (key, cost) = match key_and_cost {
+                Ok(both) => both,
                 Err(rejection) => return Some(self.key_rejected(policy, &rejection)),
             };
             let index = policy.tier_index(request, &key);
-            let tier = policy.tier(index).seen_by(request);
-            let cost = policy.cost(request);
-            let op = tier.part().op();
-            AfterResponse::planned(policy, tier, &key, cost, after);
-            if let (Some(fallback), Some(local)) = (&mut *fallback, policy.fallback_tier(index)) {
-                let local = local.seen_by(request);
-                let op = local.part().op();
-                fallback.push(Check::new(local.clone(), key.clone(), cost, op));
-            }
-            checks.push(Check::new(tier.clone(), key, cost, op));
+            let planned = (&mut *checks, &mut *fallback, &mut *after);
+            Self::push_check(policy, request, index, key, cost, planned);
         }
         None
+    }
+
+    /// Adds the check of `policy` (its tier at `index`) on `key` at `cost` for `request`, its
+    /// local fallback's and its charges after the response.
+    fn push_check(
+        policy: &CompiledPolicy,
+        request: &RequestRef<'_>,
+        index: usize,
+        key: Key,
+        cost: u64,
+        (checks, fallback, after): Planned<'_>,
+    ) {
+        let tier = policy.tier(index).seen_by(request);
+        let op = tier.part().op();
+        AfterResponse::planned(policy, tier, &key, cost, after);
+        if let (Some(fallback), Some(local)) = (&mut *fallback, policy.fallback_tier(index)) {
+            let local = local.seen_by(request);
+            let op = local.part().op();
+            fallback.push(Check::new(local.clone(), key.clone(), cost, op));
+        }
+        checks.push(Check::new(tier.clone(), key, cost, op));
     }
 
     /// The answer of the deny cache, if it knows one of `checks`' keys to be limited.

@@ -190,6 +190,13 @@ pub const METRICS: &[Metric] = &[
         "Requests the allow or deny lists decided (list allow or deny; by network, key or store:          an entry added at runtime)",
     ),
     metric(
+        "ratelimit_body_rejected_total",
+        MetricKind::Counter,
+        &["code"],
+        "Requests whose body could not be read as their policies need, answered without a \
+         decision (code body_too_large, body_timeout, body_unreadable or body_not_json)",
+    ),
+    metric(
         "ratelimit_blocks_total",
         MetricKind::Counter,
         &["policy", "level"],

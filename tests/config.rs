@@ -258,3 +258,68 @@ async fn a_changed_file_reloads_the_layer_keeping_usage() {
     );
     assert_eq!(layer.peek(&key).await.unwrap().tightest().remaining(), 15);
 }
+
+/// Keys and costs of the body from a file: a policy per client and tool (`ip+jsonrpc`) and
+/// one costing the body's `/max_tokens`; a pointer that is none is reported at its line, and
+/// a file of body policies needs a layer that reads bodies.
+#[tokio::test]
+async fn a_file_configures_keys_and_costs_of_the_body() {
+    use tower_ratelimit::request_body::BodyLimits;
+    let limits = read(
+        r#"
+[[policy]]
+name = "per-tool"
+quota = "1/min"
+key = "header:x-client+jsonrpc"
+
+[[policy]]
+name = "tokens"
+algorithm = "fixed_window"
+quota = "100/min"
+key = "header:x-client"
+cost = "json:/max_tokens"
+"#,
+    )
+    .unwrap();
+    let layer = RateLimitLayer::builder()
+        .policies(limits.policies().unwrap())
+        .read_bodies(BodyLimits::new())
+        .build()
+        .unwrap();
+    let app = tower::service_fn(|_: Request<_>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    });
+    let service = layer.layer(app);
+    let call = |tool: &str| {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{tool}"}},"max_tokens":60}}"#
+        );
+        Request::post("/mcp")
+            .header("x-client", "a")
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .unwrap()
+    };
+    assert_eq!(send(&service, call("search")).await.status, StatusCode::OK);
+    // Another tool: its own key of the first policy, but the tokens are shared: 120 > 100.
+    let reply = send(&service, call("fetch")).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(reply.body.contains("\"tokens\""), "{}", reply.body);
+    assert_eq!(
+        layer.peek(&Key::from("a")).await.unwrap().outcomes()[1].remaining(),
+        40
+    );
+    let err = read("[[policy]]\nquota = \"1/s\"\ncost = \"json:max_tokens\"\n").unwrap_err();
+    assert!(
+        err.contains("line 3 (cost)") && err.contains("not a JSON pointer"),
+        "{err}"
+    );
+    let err = read("[[policy]]\nquota = \"1/s\"\nkey = \"ip+json:x\"\n").unwrap_err();
+    assert!(
+        err.contains("line 3 (key)") && err.contains("not a JSON pointer"),
+        "{err}"
+    );
+    let unread = RateLimitLayer::builder()
+        .policies(limits.policies().unwrap())
+        .build();
+    assert!(unread.unwrap_err().to_string().contains("read_bodies"));
+}

@@ -174,8 +174,8 @@ pub(crate) fn lists_follow(config: &Config) -> Arc<str> {
 
 /// The admin routes of the lists' entries, on `layer`; a `{key}` names requests as the
 /// lists' key makes keys of them (`follow` says which, in errors).
-pub(crate) fn routes<St: Store, M: Send + Sync + 'static>(
-    layer: RateLimitLayer<St, M>,
+pub(crate) fn routes<St: Store, M: Send + Sync + 'static, R: Send + Sync + 'static>(
+    layer: RateLimitLayer<St, M, R>,
     follow: Arc<str>,
 ) -> Router {
     let mut router = Router::new();
@@ -215,8 +215,8 @@ fn entry(text: &str) -> Result<Entry, ConfigError> {
 }
 
 /// `PUT`: the key or network on the list until `until` (unix seconds), or until taken off.
-async fn add<St: Store, M>(
-    layer: &RateLimitLayer<St, M>,
+async fn add<St: Store, M, R>(
+    layer: &RateLimitLayer<St, M, R>,
     deny: bool,
     text: &str,
     query: HashMap<String, String>,
@@ -233,8 +233,8 @@ async fn add<St: Store, M>(
 }
 
 /// `DELETE`: the key or network off the list.
-async fn remove<St: Store, M>(
-    layer: &RateLimitLayer<St, M>,
+async fn remove<St: Store, M, R>(
+    layer: &RateLimitLayer<St, M, R>,
     deny: bool,
     text: &str,
 ) -> Result<Result<(), LimitError>, Response> {

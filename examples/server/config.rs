@@ -46,6 +46,9 @@ pub(crate) struct Config {
     pub(crate) max_keys: Option<usize>,
     /// The lists and the warning before the limit (`DENY`, `ALLOW`, `NEAR_LIMIT`).
     pub(crate) abuse: crate::abuse::Abuse,
+    /// What the policies read of request bodies (`BODY_KEY`, `BODY_COST`, `JSONRPC`,
+    /// `BODY_LIMIT`).
+    pub(crate) bodies: crate::bodies::Bodies,
     pub(crate) redis_access: RedisAccess,
 }
 
@@ -241,6 +244,7 @@ pub(crate) fn config() -> Result<Config, String> {
             let set: Vec<&str> = REPLACED_BY_CONFIG
                 .into_iter()
                 .chain(crate::abuse::REPLACED_BY_CONFIG)
+                .chain(crate::bodies::REPLACED_BY_CONFIG)
                 .filter(|name| env_or(name, "").is_ok_and(|v| !v.is_empty()))
                 .collect();
             if !set.is_empty() {
@@ -461,6 +465,7 @@ pub(crate) fn config() -> Result<Config, String> {
         reserve,
         overload: crate::overload::read()?,
         abuse,
+        bodies: crate::bodies::Bodies::from_env()?,
         trusted_proxies,
     })
 }

@@ -16,7 +16,9 @@ use tower_ratelimit::{LimitError, Quota, RateLimitLayer, Store};
 
 /// The routes, on `layer`. A `{key}` names requests as the policy's key makes keys of them
 /// (an address in any form, a token): the library turns it into their key, or refuses it.
-pub(crate) fn routes<St: Store, M: Send + Sync + 'static>(layer: RateLimitLayer<St, M>) -> Router {
+pub(crate) fn routes<St: Store, M: Send + Sync + 'static, R: Send + Sync + 'static>(
+    layer: RateLimitLayer<St, M, R>,
+) -> Router {
     let cleared = layer.clone();
     Router::new().route(
         "/admin/limits/{policy}/{key}",
@@ -33,8 +35,8 @@ pub(crate) fn routes<St: Store, M: Send + Sync + 'static>(layer: RateLimitLayer<
     )
 }
 
-async fn set<St: Store, M>(
-    layer: &RateLimitLayer<St, M>,
+async fn set<St: Store, M, R>(
+    layer: &RateLimitLayer<St, M, R>,
     (policy, key): (String, String),
     query: HashMap<String, String>,
 ) -> Result<Response, Response> {
@@ -53,8 +55,8 @@ async fn set<St: Store, M>(
         .map_err(failed)
 }
 
-async fn clear<St: Store, M>(
-    layer: &RateLimitLayer<St, M>,
+async fn clear<St: Store, M, R>(
+    layer: &RateLimitLayer<St, M, R>,
     (policy, key): (String, String),
 ) -> Result<Response, Response> {
     let key = Key::from(key);

@@ -14,6 +14,7 @@
 //! (`/login`, `/slow`, `/spend`, `/stream`); this file builds the layer and serves.
 
 mod abuse;
+mod bodies;
 mod config;
 mod limits;
 mod overload;
@@ -27,7 +28,9 @@ use axum::routing::{get, post};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tower_ratelimit::admin::AdminGuardLayer;
 use tower_ratelimit::axum::AxumBody;
+use tower_ratelimit::body::Wrapped;
 use tower_ratelimit::key::Cidr;
+use tower_ratelimit::request_body::Read;
 use tower_ratelimit::top::TopLimited;
 use tower_ratelimit::{Policy, RateLimitLayer, RedisStore, Store, policy::Reserve};
 
@@ -146,6 +149,18 @@ Environment variables:
               whatever its state; each new block within a day doubles it (default unset)
   BLOCK_AFTER with BLOCK_FOR: block at this many denials within a minute (default 1)
   BLOCK_MAX   with BLOCK_FOR: the longest block (default 1h)
+  BODY_KEY    a JSON pointer, e.g. /params/name: the value there in the request's JSON
+              body joins KEY's key (KEY=ip BODY_KEY=/params/name: per client and tool);
+              a body without it is keyed (missing), limited as any other (default unset)
+  BODY_COST   a JSON pointer, e.g. /max_tokens: every RATE_LIMIT policy charges the
+              number there in the request's JSON body; absent, negative or fractional
+              is answered 400 (problem+json), charged nothing       (default unset)
+  JSONRPC     true: the JSON-RPC method joins KEY's key (tools/call:<name> for an MCP
+              tool call); a batch is charged per call in one decision, all or none,
+              and a denied batch names its calls over       (default false)
+  BODY_LIMIT  the most bytes of a body read for BODY_KEY, BODY_COST and JSONRPC; more
+              is answered 413, a body not all there within 10 s 408, a body that is
+              not JSON 400, none of them charged   (default 65536)
   NEAR_LIMIT  warn when a key has used this percent of a RATE_LIMIT policy, e.g. 80:
               once per key and window, counted in ratelimit_near_limit_total on /metrics,
               the key listed in near_keys on /admin/top   (default unset)
@@ -164,6 +179,14 @@ Routes:
   GET /stream?bytes=<n>
                rate limited, streams n bytes (at most 10000000) in chunks of 1000, the
                response's real cost for COST_BODY=bytes
+  POST /echo   rate limited, answers the request body as it came
+  POST /mcp    rate limited, answers a JSON-RPC result for each call (an array for a
+               batch), naming its method and tool
+  POST /graphql
+               rate limited, answers {\"data\":null}
+  GET /llm?tokens=<n>[&stream=true]
+               rate limited, answers {\"usage\":{\"total_tokens\":n}}, or with
+               stream=true three server-sent events, the last carrying that usage
   GET /health  never limited
   GET /metrics every metric of the layer, in Prometheus text format, with the server's
                live tokio tasks (demo_tasks_alive) and the memory store's keys
@@ -194,10 +217,10 @@ Routes:
 
 /// The file's policies, or one policy per quota in `RATE_LIMIT`, all with the chosen
 /// algorithm.
-fn policies<St: Store>(
+fn policies<St: Store, R>(
     config: &Config,
-    mut builder: tower_ratelimit::RateLimitLayerBuilder<St>,
-) -> Result<tower_ratelimit::RateLimitLayerBuilder<St>, String> {
+    mut builder: tower_ratelimit::RateLimitLayerBuilder<St, R>,
+) -> Result<tower_ratelimit::RateLimitLayerBuilder<St, R>, String> {
     if let Some((path, limits)) = &config.file {
         let policies = limits
             .policies()
@@ -220,6 +243,7 @@ fn policies<St: Store>(
         if let Some(name) = &config.policy_name {
             policy = policy.name(name.as_str());
         }
+        policy = config.bodies.policy(policy);
         if let Some(units) = config.lease {
             policy = policy.lease(units);
         }
@@ -270,7 +294,8 @@ fn app<St: Store>(
         .lists(abuse::lists(config)?);
     if config.file.is_none() {
         let listed = config.abuse.listed;
-        builder = builder.key(key_extractor(&config.key, &config.trusted_proxies, listed)?);
+        let key = key_extractor(&config.key, &config.trusted_proxies, listed)?;
+        builder = builder.key(config.bodies.key(key.into()));
     }
     let adaptive = config
         .overload
@@ -278,6 +303,7 @@ fn app<St: Store>(
         .and_then(overload::Overload::policy);
     let layer = policies(config, builder)?
         .policies(adaptive.clone())
+        .read_bodies(config.bodies.limits)
         .build()
         .map_err(|e| format!("{}: {e}", source(config)))?;
     let described = describe(layer.store());
@@ -314,7 +340,8 @@ fn app<St: Store>(
             "/spend",
             get(move |axum::extract::Query(q)| spend(cost_header.clone(), q)),
         )
-        .route("/stream", get(stream));
+        .route("/stream", get(stream))
+        .merge(bodies::routes());
     let public = match &config.overload {
         Some(overload) => public.route("/work", overload.route()),
         None => public,
@@ -363,7 +390,11 @@ fn prometheus() -> Result<PrometheusHandle, String> {
 
 /// Reads the policy file again on each `SIGHUP` and swaps the layer's policies, keeping
 /// every key's usage; a file with a mistake is rejected, and the old limits stay.
-fn reload_on_sighup<St: Store>(layer: RateLimitLayer<St>, path: String, adaptive: Option<Policy>) {
+fn reload_on_sighup<St: Store>(
+    layer: RateLimitLayer<St, Wrapped, Read>,
+    path: String,
+    adaptive: Option<Policy>,
+) {
     #[cfg(unix)]
     tokio::spawn(async move {
         use tokio::signal::unix::{SignalKind, signal};
@@ -447,6 +478,7 @@ async fn build(config: &Config) -> Result<(Apps, String), String> {
         Some(url) => {
             // Check the quota before connecting, so a typo is reported as such.
             policies(config, RateLimitLayer::builder())?
+                .read_bodies(config.bodies.limits)
                 .build()
                 .map_err(|e| format!("{}: {e}", source(config)))?;
             // The server starts while Redis is down: ON_STORE_ERROR answers until it is up.
@@ -534,7 +566,8 @@ async fn main() -> ExitCode {
         };
         let overload = config.overload.as_ref().map_or(String::new(), |o| o.describe());
         println!(
-            "listening on http://{addr} | store={store} {limits}{overload} HEADERS={:?} | admin={admin} (/metrics, /admin/top) | --help lists the variables",
+            "listening on http://{addr} | store={store} {limits}{overload}{} HEADERS={:?} | admin={admin} (/metrics, /admin/top) | --help lists the variables",
+            config.bodies.describe(),
             config.headers,
         );
         serve::serve(listener, app, async {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 use serde::Deserialize;
 
+use crate::error::ConfigError;
 use crate::quota::Quota;
 
 /// A value read from a string (or, for a status, a number) and parsed with `FromStr`.
@@ -120,4 +121,35 @@ impl std::str::FromStr for RouteText {
 /// Status codes as a list a predicate can search.
 pub(super) fn statuses(codes: &[Text<Status>]) -> Arc<[StatusCode]> {
     codes.iter().map(|c| c.0.0).collect()
+}
+
+/// A policy's cost as written: units (`3`), or `"json:<pointer>"`, the number at that JSON
+/// pointer of the request's body.
+#[derive(Clone, Debug)]
+pub(super) enum CostText {
+    Units(u32),
+    #[cfg(feature = "json")]
+    Json(String),
+}
+
+impl std::str::FromStr for CostText {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        if let Some(pointer) = s.strip_prefix("json:") {
+            #[cfg(feature = "json")]
+            {
+                crate::key::check_pointer(pointer)?;
+                return Ok(CostText::Json(pointer.to_owned()));
+            }
+            #[cfg(not(feature = "json"))]
+            return Err(ConfigError::new(format!(
+                "the cost json:{pointer} reads JSON bodies: build with the json feature"
+            )));
+        }
+        s.parse().map(CostText::Units).map_err(|_| {
+            ConfigError::new(format!(
+                "cost {s:?}: expected a whole number of units or json:<pointer>"
+            ))
+        })
+    }
 }

@@ -178,6 +178,10 @@ impl<K: KeyExtractor> KeyExtractor for FirstOf<Vec<K>> {
     fn client_ip(&self) -> Option<&ClientIp> {
         client_ip_of(self.0.iter().map(|k| k as &dyn KeyExtractor))
     }
+
+    fn reads_body(&self) -> bool {
+        self.0.iter().any(KeyExtractor::reads_body)
+    }
 }
 
 impl<K: KeyExtractor> KeyExtractor for All<Vec<K>> {
@@ -191,6 +195,10 @@ impl<K: KeyExtractor> KeyExtractor for All<Vec<K>> {
 
     fn client_ip(&self) -> Option<&ClientIp> {
         client_ip_of(self.0.iter().map(|k| k as &dyn KeyExtractor))
+    }
+
+    fn reads_body(&self) -> bool {
+        self.0.iter().any(KeyExtractor::reads_body)
     }
 }
 
@@ -211,6 +219,10 @@ macro_rules! tuples {
                 let list: &[&dyn KeyExtractor] = &[$(&self.0.$index),+];
                 client_ip_of(list.iter().copied())
             }
+
+            fn reads_body(&self) -> bool {
+                $(self.0.$index.reads_body())||+
+            }
         }
 
         impl<$($name: KeyExtractor),+> KeyExtractor for All<($($name,)+)> {
@@ -226,6 +238,10 @@ macro_rules! tuples {
             fn client_ip(&self) -> Option<&ClientIp> {
                 let list: &[&dyn KeyExtractor] = &[$(&self.0.$index),+];
                 client_ip_of(list.iter().copied())
+            }
+
+            fn reads_body(&self) -> bool {
+                $(self.0.$index.reads_body())||+
             }
         }
     )+};

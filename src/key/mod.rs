@@ -17,6 +17,8 @@
 //! | [`first_of`], [`KeyExtractor::or`] | the first of several that finds a key (user id, else client IP) |
 //! | [`all`] | several keys combined into one (route and client) |
 //! | [`from_fn`] | anything a closure computes from the request |
+//! | [`json`] | the value at a JSON pointer of the request's JSON body (feature `json`) |
+//! | [`jsonrpc`] | a JSON-RPC call's method, `tools/call:<name>` for an MCP tool (feature `json`) |
 //!
 //! Behind a load balancer or reverse proxy, [`PeerIp`] sees only the proxy, so every client
 //! shares one bucket. Never key on the leftmost `X-Forwarded-For` entry instead: the client
@@ -48,6 +50,8 @@ mod global;
 mod grpc;
 mod header;
 mod ip_group;
+#[cfg(feature = "json")]
+mod json;
 mod peer_ip;
 mod request;
 mod route;
@@ -69,6 +73,10 @@ pub use from_fn::{FromFn, from_fn};
 pub use global::GlobalKey;
 pub use grpc::GrpcMethod;
 pub use header::HeaderKey;
+#[cfg(feature = "json")]
+pub use json::{JsonKey, JsonRpcKey, MISSING, json, jsonrpc};
+#[cfg(feature = "json")]
+pub(crate) use json::{check_pointer, cost_at};
 pub(crate) use peer_ip::DefaultKey;
 pub use peer_ip::PeerIp;
 pub use request::RequestRef;
@@ -118,6 +126,15 @@ pub trait KeyExtractor: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// Whether this extractor reads the request body ([`json`], [`jsonrpc`], or a part of a
+    /// composite that does): a policy keyed so has the layer read the bodies of its requests,
+    /// and needs a layer that reads bodies
+    /// ([`read_bodies`](crate::RateLimitLayerBuilder::read_bodies)). An extractor of your own
+    /// that reads [`RequestRef::body`] says so here.
+    fn reads_body(&self) -> bool {
+        false
+    }
+
     /// This extractor's key, or else `other`'s: [`first_of`] with two.
     ///
     /// ```
@@ -148,6 +165,10 @@ impl<K: KeyExtractor + ?Sized> KeyExtractor for std::sync::Arc<K> {
     fn client_ip(&self) -> Option<&ClientIp> {
         (**self).client_ip()
     }
+
+    fn reads_body(&self) -> bool {
+        (**self).reads_body()
+    }
 }
 
 impl<K: KeyExtractor + ?Sized> KeyExtractor for Box<K> {
@@ -161,6 +182,10 @@ impl<K: KeyExtractor + ?Sized> KeyExtractor for Box<K> {
 
     fn client_ip(&self) -> Option<&ClientIp> {
         (**self).client_ip()
+    }
+
+    fn reads_body(&self) -> bool {
+        (**self).reads_body()
     }
 }
 

@@ -10,6 +10,9 @@ pub struct RequestRef<'a> {
     version: Version,
     headers: &'a HeaderMap,
     extensions: &'a Extensions,
+    /// The JSON the body keys read instead of the body's: one call of a JSON-RPC batch.
+    #[cfg(feature = "json")]
+    call: Option<&'a serde_json::Value>,
 }
 
 impl<'a> RequestRef<'a> {
@@ -21,7 +24,29 @@ impl<'a> RequestRef<'a> {
             version: request.version(),
             headers: request.headers(),
             extensions: request.extensions(),
+            #[cfg(feature = "json")]
+            call: None,
         }
+    }
+
+    /// The same request, its body keys reading `call` (one call of a JSON-RPC batch).
+    #[cfg(feature = "json")]
+    pub(crate) fn with_call(mut self, call: &'a serde_json::Value) -> Self {
+        self.call = Some(call);
+        self
+    }
+
+    /// The request body as the layer read it, if it did
+    /// ([`read_bodies`](crate::RateLimitLayerBuilder::read_bodies)).
+    pub fn body(&self) -> Option<&'a crate::request_body::RequestBody> {
+        self.extensions.get()
+    }
+
+    /// The JSON a key of the body reads: the body parsed, or in a JSON-RPC batch the call
+    /// being keyed; `None` when the layer did not read the body as JSON.
+    #[cfg(feature = "json")]
+    pub fn json(&self) -> Option<&'a serde_json::Value> {
+        self.call.or_else(|| self.body()?.json())
     }
 
     /// The request method.

@@ -9,6 +9,7 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 
 use super::RateLimitLayer;
+use crate::body::Wrapped;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, FailurePolicy, KeyRejection};
@@ -19,6 +20,7 @@ use crate::limiter::{Config, Limiter};
 use crate::lists::Lists;
 use crate::near::{NearHook, NearLimit};
 use crate::policy::Policy;
+use crate::request_body::{BodyLimits, Read, Unread};
 use crate::resilience::CircuitBreaker;
 use crate::response::Responses;
 use crate::store::{MemoryStore, Store};
@@ -46,20 +48,27 @@ impl RateLimitLayer<MemoryStore> {
             },
             lists: None,
             on_near_limit: None,
+            bodies: None,
+            reads: PhantomData,
         }
     }
 }
 
 /// Configures a [`RateLimitLayer`]; every mistake is reported by [`build`](Self::build).
 #[must_use]
-pub struct RateLimitLayerBuilder<St = MemoryStore> {
+///
+/// `R` says whether the layer reads request bodies: [`Unread`] (the default), or [`Read`]
+/// after [`read_bodies`](Self::read_bodies).
+pub struct RateLimitLayerBuilder<St = MemoryStore, R = Unread> {
     store: St,
     o: Config,
     lists: Option<Lists>,
     on_near_limit: Option<NearHook>,
+    bodies: Option<BodyLimits>,
+    reads: PhantomData<fn() -> R>,
 }
 
-impl<St: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<St> {
+impl<St: fmt::Debug, R> fmt::Debug for RateLimitLayerBuilder<St, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayerBuilder")
             .field("store", &self.store)
@@ -68,7 +77,7 @@ impl<St: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<St> {
     }
 }
 
-impl<St: Store> RateLimitLayerBuilder<St> {
+impl<St: Store, R> RateLimitLayerBuilder<St, R> {
     /// Hands each warning of a key near its limit
     /// ([`Policy::near_limit`](crate::Policy::near_limit)) to `hook`, whose
     /// future runs on a task of its own, never on the request's path: a webhook, an e-mail.
@@ -136,12 +145,14 @@ impl<St: Store> RateLimitLayerBuilder<St> {
 
     /// Decides in `store` instead of a fresh [`MemoryStore`]. Layers given clones of one store
     /// share its state.
-    pub fn store<T: Store>(self, store: T) -> RateLimitLayerBuilder<T> {
+    pub fn store<T: Store>(self, store: T) -> RateLimitLayerBuilder<T, R> {
         RateLimitLayerBuilder {
             store,
             o: self.o,
             lists: self.lists,
             on_near_limit: self.on_near_limit,
+            bodies: self.bodies,
+            reads: PhantomData,
         }
     }
 
@@ -307,15 +318,51 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// Fails when no policy was given, when a policy is invalid (see [`Policy`]), when two
     /// different policies share a name in one store, or when another setting is out of its
     /// range (such as [`top_limited`](Self::top_limited)'s).
-    pub fn build(self) -> Result<RateLimitLayer<St>, ConfigError> {
+    pub fn build(self) -> Result<RateLimitLayer<St, Wrapped, R>, ConfigError> {
         Ok(RateLimitLayer {
             limiter: Arc::new(Limiter::new(
                 self.store,
                 self.o,
                 self.lists,
                 self.on_near_limit,
+                self.bodies,
             )?),
             body: PhantomData,
+            reads: PhantomData,
         })
+    }
+
+    /// Has the layer read the request bodies its policies need (a policy keyed on the body,
+    /// [`key::json`](crate::key::json), [`key::jsonrpc`](crate::key::jsonrpc), or costing
+    /// what the body says, [`Policy::cost_json`]), within `limits`: see
+    /// [`request_body`](crate::request_body). The layer's service is then a
+    /// [`ReadBodies`](crate::request_body::ReadBodies), and the inner service's request body a
+    /// [`ReadBody`](crate::request_body::ReadBody). A request no such policy applies to is
+    /// not buffered. Without it, `build` refuses a policy that reads the body.
+    ///
+    /// ```
+    /// use axum::{Router, routing::post};
+    /// use tower_ratelimit::{Policy, RateLimitLayer, key::{self, PeerIp}, request_body::BodyLimits};
+    ///
+    /// # fn main() -> Result<(), tower_ratelimit::ConfigError> {
+    /// // An MCP server: 10 calls a second per client and tool.
+    /// let limit = RateLimitLayer::builder()
+    ///     .policy(Policy::gcra("10/s").key(key::all((PeerIp::new(), key::jsonrpc()))))
+    ///     .read_bodies(BodyLimits::new())
+    ///     .build()?;
+    /// let app: Router = Router::new()
+    ///     .route("/mcp", post(|body: String| async move { body }))
+    ///     .layer(limit);
+    /// # Ok(()) }
+    /// ```
+    pub fn read_bodies(self, limits: BodyLimits) -> RateLimitLayerBuilder<St, Read> {
+        RateLimitLayerBuilder {
+            store: self.store,
+            o: self.o,
+            lists: self.lists,
+            on_near_limit: self.on_near_limit,
+            bodies: Some(limits),
+            reads: PhantomData,
+        }
     }
 }

@@ -9,7 +9,7 @@ use crate::key::{Cidr, Key};
 use crate::lists::Entry;
 use crate::store::Store;
 
-impl<St: Store, M> RateLimitLayer<St, M> {
+impl<St: Store, M, R> RateLimitLayer<St, M, R> {
     /// Puts `entry` on the deny list until `until` (`None`: until
     /// [`remove_denied`](Self::remove_denied)), kept in the store: the same entries as
     /// [`Lists::deny`](crate::lists::Lists::deny) takes, meaning the same. A network (or an

@@ -30,12 +30,19 @@ impl<St: Store> Limiter<St> {
         if !policy.applies(request) {
             return Next::nothing();
         }
+        #[cfg(feature = "json")]
+        if super::bodies::batch(policy, request).is_some() {
+            return self.plan(request, route, None);
+        }
         let key = match policy.key(request) {
             Ok(key) => key,
             Err(rejection) => return self.key_rejected(policy, &rejection),
         };
         let tier = policy.tier(policy.tier_index(request, &key));
-        let cost = policy.cost(request);
+        let cost = match policy.cost(request) {
+            Ok(cost) => cost,
+            Err(rejection) => return self.key_rejected(policy, &rejection),
+        };
         match self.store.check_alone(tier, &key, cost) {
             Some((verdict, own)) => {
                 let tier = own.as_ref().unwrap_or(tier);
@@ -56,12 +63,20 @@ impl<St: Store> Limiter<St> {
     ) -> Next<St::Future> {
         let mut keys: SmallVec<[(&Arc<Tier>, Key, u64); TOGETHER]> = SmallVec::new();
         for policy in route.iter().filter(|p| p.applies(request)) {
+            #[cfg(feature = "json")]
+            if super::bodies::batch(policy, request).is_some() {
+                return self.plan(request, route, None);
+            }
             let key = match policy.key(request) {
                 Ok(key) => key,
                 Err(rejection) => return self.key_rejected(policy, &rejection),
             };
             let tier = policy.tier(policy.tier_index(request, &key));
-            keys.push((tier, key, policy.cost(request)));
+            let cost = match policy.cost(request) {
+                Ok(cost) => cost,
+                Err(rejection) => return self.key_rejected(policy, &rejection),
+            };
+            keys.push((tier, key, cost));
         }
         if keys.is_empty() {
             return Next::nothing();

@@ -83,6 +83,7 @@ impl<St: Store> Limiter<St> {
         let mut summary = lock(&self.summary);
         let old = self.policies.load();
         let owned = |name: &str| summary.iter().any(|t| t.name() == name);
+        super::bodies::check_bodies(policies, &self.key, self.bodies)?;
         let set = Self::compile(
             policies,
             &self.store,

@@ -95,12 +95,26 @@ pub(crate) struct Route {
     lane: Lane,
     list: Box<[CompiledPolicy]>,
     steps: Steps,
+    /// A policy reads the request body.
+    reads_body: bool,
 }
 
 impl Route {
     /// The route of `list`, taking `lane`, with its `steps`.
     pub(crate) fn new(list: Box<[CompiledPolicy]>, lane: Lane, steps: Steps) -> Self {
-        Route { lane, list, steps }
+        let reads_body = list.iter().any(CompiledPolicy::reads_body);
+        Route {
+            lane,
+            list,
+            steps,
+            reads_body,
+        }
+    }
+
+    /// Whether a policy reads the request body.
+    #[inline]
+    pub(crate) fn reads_body(&self) -> bool {
+        self.reads_body
     }
 
     /// The way their requests take.

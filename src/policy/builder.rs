@@ -53,6 +53,8 @@ pub struct Policy {
     pub(super) options: Options,
     pub(super) key: Option<Arc<dyn KeyExtractor>>,
     pub(super) cost: Option<CostFn>,
+    /// The JSON pointer of the body's cost ([`Policy::cost_json`]), or why it is none.
+    pub(super) cost_json: Option<Result<Arc<str>, ConfigError>>,
     /// How the policy takes part in a decision: the operation its checks make, chosen by one
     /// builder method ([`Policy::shadow`], [`Policy::charge_if`], [`Policy::wait_up_to`],
     /// [`Policy::concurrency`]; enforced unless one is called), or why it cannot (two ways
@@ -123,6 +125,7 @@ impl Policy {
             options: Options::default(),
             key: None,
             cost: None,
+            cost_json: None,
             takes: Ok(Op::Enforce),
             charge_if: None,
             lease: None,
@@ -355,6 +358,37 @@ impl Policy {
         F: Fn(&RequestRef<'_>) -> u32 + Send + Sync + 'static,
     {
         self.cost = Some(Arc::new(cost));
+        self.cost_json = None;
+        self
+    }
+
+    /// The request's cost is the number at `pointer` (RFC 6901, `/max_tokens`) of its JSON
+    /// body: an LLM call charged its tokens asked for, a batch import its rows. The number is a
+    /// whole number from 0 to `u32::MAX`; a body whose value is absent, negative, fractional,
+    /// too large or no number is answered `400` (code `bad_cost`, saying which), charged
+    /// nothing. The layer must read bodies
+    /// ([`read_bodies`](crate::RateLimitLayerBuilder::read_bodies)); a pointer that is none
+    /// is reported by `build`. Replaces a [`cost`](Self::cost) given before (and is replaced
+    /// by one given after). With [`settle`](Self::settle), it is the estimate the response
+    /// settles.
+    ///
+    /// ```
+    /// use tower_ratelimit::{Policy, RateLimitLayer, request_body::BodyLimits};
+    ///
+    /// # fn main() -> Result<(), tower_ratelimit::ConfigError> {
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::token_bucket("100000/min").cost_json("/max_tokens"))
+    ///     .read_bodies(BodyLimits::new())
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "json")]
+    #[must_use]
+    pub fn cost_json(mut self, pointer: &str) -> Self {
+        let checked = crate::key::check_pointer(pointer).map(|()| Arc::from(pointer));
+        self.cost_json = Some(checked.map_err(|e| e.context("cost_json")));
+        self.cost = None;
         self
     }
 

@@ -170,12 +170,22 @@ impl Policy {
         })
     }
 
-    /// The policy's own quota and each tier, named and compiled.
-    fn tiers_compiled(&self) -> Result<Vec<CompiledTier>, ConfigError> {
-        let described = match &self.name {
+    /// The policy, for people: `policy "name"`, or `gcra policy` when it has no name.
+    pub(crate) fn described(&self) -> String {
+        match &self.name {
             Some(n) => format!("policy {n:?}"),
             None => format!("{} policy", self.algorithm),
-        };
+        }
+    }
+
+    /// Whether its key (its own, else the layer's `key`) or its cost reads the request body.
+    pub(crate) fn reads_body(&self, key: &Arc<dyn KeyExtractor>) -> bool {
+        self.cost_json.is_some() || self.key.as_ref().unwrap_or(key).reads_body()
+    }
+
+    /// The policy's own quota and each tier, named and compiled.
+    fn tiers_compiled(&self) -> Result<Vec<CompiledTier>, ConfigError> {
+        let described = self.described();
         let context = |e: ConfigError| e.context(&described);
         self.takes.as_ref().map_err(|e| context(e.clone()))?;
         self.check_unit().map_err(context)?;
@@ -184,6 +194,9 @@ impl Policy {
         self.check_adaptive().map_err(context)?;
         self.check_near().map_err(context)?;
         self.check_escalation().map_err(context)?;
+        if let Some(Err(e)) = &self.cost_json {
+            return Err(context(e.clone()));
+        }
         if !self.tiers.is_empty() && self.name.is_none() {
             return Err(context(ConfigError::new(
                 "a policy with tiers needs a name",
@@ -469,6 +482,8 @@ impl Prepared<'_> {
             tier_overrides,
             key: p.key.clone().unwrap_or_else(|| key.clone()),
             cost: p.cost.clone().or_else(|| cost.clone()),
+            cost_json: p.cost_json.clone().and_then(Result::ok),
+            reads_body: p.cost_json.is_some() || p.key.as_ref().unwrap_or(key).reads_body(),
             refund_if: p.refund_if.clone(),
             settle: p.settle.clone().map(Arc::new),
             routes: p.routes.clone(),

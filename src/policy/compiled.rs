@@ -24,6 +24,10 @@ pub(crate) struct CompiledPolicy {
     pub(super) tier_overrides: HashMap<Key, usize>,
     pub(super) key: Arc<dyn KeyExtractor>,
     pub(super) cost: Option<CostFn>,
+    /// The JSON pointer of the body's cost, if the cost is read there.
+    pub(super) cost_json: Option<Arc<str>>,
+    /// Its key or its cost reads the request body.
+    pub(super) reads_body: bool,
     pub(super) refund_if: Option<StatusFn>,
     /// Where the real cost of a response comes from, for a policy that settles it.
     pub(super) settle: Option<Arc<Settle>>,
@@ -125,10 +129,25 @@ impl CompiledPolicy {
         self.fallback.as_ref().map(|tiers| tiers[index].get())
     }
 
-    /// The units `request` costs.
+    /// The units `request` costs, or why its body states no cost.
     #[inline]
-    pub(crate) fn cost(&self, request: &RequestRef<'_>) -> u64 {
-        self.cost.as_ref().map_or(1, |f| u64::from(f(request)))
+    pub(crate) fn cost(&self, request: &RequestRef<'_>) -> Result<u64, KeyRejection> {
+        #[cfg(feature = "json")]
+        if let Some(pointer) = &self.cost_json {
+            return crate::key::cost_at(request, pointer);
+        }
+        Ok(self.cost.as_ref().map_or(1, |f| u64::from(f(request))))
+    }
+
+    /// Whether its key or its cost reads the request body.
+    #[inline]
+    pub(crate) fn reads_body(&self) -> bool {
+        self.reads_body
+    }
+
+    /// Whether it reads the body as JSON (every policy that reads the body does, today).
+    pub(crate) fn reads_json(&self) -> bool {
+        self.reads_body
     }
 
     /// Whether every tier is decided and charged up front ([`Op::Enforce`](crate::store::Op),

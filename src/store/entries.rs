@@ -25,6 +25,7 @@ impl Listing {
     /// `self` in four bytes, as a decision keeps it (in the padding after its verdict): 0 on
     /// neither list, `u32::MAX` allowed, else denied for that many seconds, rounded up (at
     /// most 136 years, more than the longest entry).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn pack(self) -> u32 {
         match self {
             Listing::Neither => 0,

@@ -185,13 +185,26 @@ fn exchange(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> String {
 /// `method` `path` to `addr` over a fresh connection, with extra header lines: the whole
 /// response.
 fn exchange_as(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> String {
+    exchange_with(addr, method, path, headers, "")
+}
+
+/// `method` `path` with `body` to `addr` over a fresh connection, with extra header lines:
+/// the whole response.
+fn exchange_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> String {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     // The Host a client sends, the address it asked (unless the caller names another).
+    let length = body.len();
     let mut request =
-        format!("{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: 0\r\n");
+        format!("{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {length}\r\n");
     if !headers
         .iter()
         .any(|(name, _)| name.eq_ignore_ascii_case("host"))
@@ -202,6 +215,7 @@ fn exchange_as(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &st
         request.push_str(&format!("{name}: {value}\r\n"));
     }
     request.push_str("\r\n");
+    request.push_str(body);
     stream.write_all(request.as_bytes()).unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
@@ -232,9 +246,20 @@ pub fn request_with(
 /// the body, as sent.
 #[allow(dead_code)]
 pub fn fetch(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
-    let response = exchange(addr, path, headers);
+    body_of(&exchange(addr, path, headers))
+}
+
+/// POST `body` to `path` of `addr` over a fresh connection, with extra header lines: the
+/// status and the body, as sent.
+#[allow(dead_code)]
+pub fn post(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    body_of(&exchange_with(addr, "POST", path, headers, body))
+}
+
+/// The status and the body of `response`, a body sent in chunks joined.
+fn body_of(response: &str) -> (u16, String) {
     let status = response[9..12].parse().unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((response, ""));
     // A body sent in chunks: the chunks joined.
     if head
         .to_ascii_lowercase()

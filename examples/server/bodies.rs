@@ -1,0 +1,155 @@
+//! What the layer reads of request bodies (`BODY_KEY`, `BODY_COST`, `JSONRPC`, `BODY_LIMIT`)
+//! and the routes that show it: `POST /echo`, `POST /mcp`, `POST /graphql`, `GET /llm`.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use tower_ratelimit::Policy;
+use tower_ratelimit::key::{self, KeyExtractor};
+use tower_ratelimit::request_body::BodyLimits;
+
+use crate::config::env_or;
+
+/// The variables a policy file replaces (its policies say their keys and costs).
+pub(crate) const REPLACED_BY_CONFIG: [&str; 3] = ["BODY_KEY", "BODY_COST", "JSONRPC"];
+
+/// What the policies read of a request's body.
+pub(crate) struct Bodies {
+    /// `BODY_KEY`: the pointer whose value joins `KEY`'s key.
+    pointer: Option<String>,
+    /// `JSONRPC=true`: the call's method joins the key, a batch charged per call.
+    jsonrpc: bool,
+    /// `BODY_COST`: the pointer of the request's cost.
+    cost: Option<String>,
+    /// `BODY_LIMIT`: the bound on a body read.
+    pub(crate) limits: BodyLimits,
+}
+
+impl Bodies {
+    /// Reads the variables; a bad value names its variable.
+    pub(crate) fn from_env() -> Result<Self, String> {
+        let pointer = |name: &str| -> Result<Option<String>, String> {
+            match env_or(name, "")?.as_str() {
+                "" => Ok(None),
+                p => {
+                    key::json(p).map_err(|e| format!("{name}: {e}"))?;
+                    Ok(Some(p.to_owned()))
+                }
+            }
+        };
+        let jsonrpc = match env_or("JSONRPC", "false")?.as_str() {
+            "true" => true,
+            "false" => false,
+            other => return Err(format!("JSONRPC: {other:?} is neither true nor false")),
+        };
+        let limit = env_or("BODY_LIMIT", &BodyLimits::DEFAULT_LIMIT.to_string())?;
+        let limit = match limit.parse::<usize>() {
+            Ok(n) if (1..=1 << 30).contains(&n) => n,
+            _ => {
+                return Err(format!(
+                    "BODY_LIMIT: {limit:?} is not a number of bytes from 1 to 1073741824"
+                ));
+            }
+        };
+        Ok(Bodies {
+            pointer: pointer("BODY_KEY")?,
+            jsonrpc,
+            cost: pointer("BODY_COST")?,
+            limits: BodyLimits::new().limit(limit),
+        })
+    }
+
+    /// `head`, the key of `KEY`, joined with the body's parts the variables name.
+    pub(crate) fn key(&self, head: Arc<dyn KeyExtractor>) -> Arc<dyn KeyExtractor> {
+        let mut parts = vec![head];
+        if let Some(pointer) = &self.pointer {
+            parts.push(Arc::new(key::json(pointer).expect("checked when read")));
+        }
+        if self.jsonrpc {
+            parts.push(Arc::new(key::jsonrpc()));
+        }
+        match parts.len() {
+            1 => parts.remove(0),
+            _ => Arc::new(key::all(parts)),
+        }
+    }
+
+    /// `policy`, costing what the body says when `BODY_COST` is set.
+    pub(crate) fn policy(&self, policy: Policy) -> Policy {
+        match &self.cost {
+            Some(pointer) => policy.cost_json(pointer),
+            None => policy,
+        }
+    }
+
+    /// The variables set, for the start line.
+    pub(crate) fn describe(&self) -> String {
+        let mut said = format!(" BODY_LIMIT={}", self.limits.get_limit());
+        for (name, value) in [("BODY_KEY", &self.pointer), ("BODY_COST", &self.cost)] {
+            if let Some(value) = value {
+                said.push_str(&format!(" {name}={value}"));
+            }
+        }
+        if self.jsonrpc {
+            said.push_str(" JSONRPC=true");
+        }
+        said
+    }
+}
+
+/// The routes whose bodies the policies read.
+pub(crate) fn routes() -> Router {
+    Router::new()
+        .route("/echo", post(|body: axum::body::Bytes| async move { body }))
+        .route("/mcp", post(mcp))
+        .route(
+            "/graphql",
+            post(|| async { axum::Json(json!({"data": null})) }),
+        )
+        .route("/llm", get(llm))
+}
+
+/// `POST /mcp`: a JSON-RPC result for each call (an array for a batch), echoing its method.
+async fn mcp(body: axum::body::Bytes) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let answer = |call: &Value| {
+        json!({"jsonrpc": "2.0", "id": call.get("id"),
+               "result": {"method": call.get("method"), "tool": call.pointer("/params/name")}})
+    };
+    match serde_json::from_slice::<Value>(&body) {
+        Ok(Value::Array(calls)) => {
+            axum::Json(Value::Array(calls.iter().map(answer).collect())).into_response()
+        }
+        Ok(call) => axum::Json(answer(&call)).into_response(),
+        Err(_) => {
+            let error = json!({"jsonrpc": "2.0", "id": null,
+                               "error": {"code": -32700, "message": "Parse error"}});
+            axum::Json(error).into_response()
+        }
+    }
+}
+
+/// `GET /llm?tokens=N[&stream=true]`: the usage of N tokens as an LLM API reports it, in a
+/// JSON body, or as the last of three server-sent events.
+async fn llm(
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> Result<axum::response::Response, (axum::http::StatusCode, &'static str)> {
+    use axum::response::IntoResponse;
+    let bad = (
+        axum::http::StatusCode::BAD_REQUEST,
+        "tokens must be a whole number\n",
+    );
+    let tokens: u64 = q.get("tokens").ok_or(bad)?.parse().map_err(|_| bad)?;
+    let usage = json!({"usage": {"total_tokens": tokens}});
+    if q.get("stream").map(String::as_str) != Some("true") {
+        return Ok(axum::Json(usage).into_response());
+    }
+    let events = format!(
+        "data: {}\n\ndata: {}\n\ndata: {usage}\n\n",
+        json!({"delta": "Hello"}),
+        json!({"delta": " world"}),
+    );
+    Ok(([("content-type", "text/event-stream")], events).into_response())
+}

@@ -1,0 +1,212 @@
+//! The request bodies a layer reads: which requests' bodies its policies need, and the answer
+//! to a body that could not be read. The reading itself is the service's
+//! (`request_body/service.rs`): it waits for the body, which no step can.
+
+use bytes::Bytes;
+use http::Response;
+
+use super::Limiter;
+use crate::error::{ConfigError, KeyRejection};
+#[cfg(feature = "json")]
+use crate::key::Key;
+use crate::key::RequestRef;
+#[cfg(feature = "json")]
+use crate::policy::CompiledPolicy;
+use std::sync::Arc;
+
+use crate::key::KeyExtractor;
+use crate::policy::Policy;
+use crate::request_body::BodyLimits;
+
+impl<St> Limiter<St> {
+    /// What `request`'s policies need of its body, if any applies that reads it.
+    pub(crate) fn reading(&self, request: &RequestRef<'_>) -> Option<BodyLimits> {
+        let limits = self.bodies?;
+        let route = self.policies.load();
+        if !route.reads_body() {
+            return None;
+        }
+        let json = (route.iter())
+            .filter(|p| p.reads_body() && p.applies(request))
+            .fold(None, |json, p| Some(json.unwrap_or(false) | p.reads_json()))?;
+        Some(limits.parsing(json))
+    }
+
+    /// The answer to a request whose body could not be read as its policies need.
+    pub(crate) fn body_rejected(&self, rejection: &KeyRejection) -> Response<Bytes> {
+        tracing::debug!(code = rejection.code(), "request body rejected");
+        metrics::counter!("ratelimit_body_rejected_total", "code" => rejection.code()).increment(1);
+        self.responses.rejected(rejection)
+    }
+}
+
+/// Why `policies` (the layer's key `key`) cannot run on a layer that reads bodies within
+/// `bodies` (`None`: none), if they cannot: a policy reads the body and the layer does not.
+/// Checked before anything is registered.
+pub(super) fn check_bodies(
+    policies: &[Policy],
+    key: &Arc<dyn KeyExtractor>,
+    bodies: Option<BodyLimits>,
+) -> Result<(), ConfigError> {
+    if let Some(limits) = bodies {
+        return limits.check();
+    }
+    match policies.iter().find(|p| p.reads_body(key)) {
+        Some(p) => Err(ConfigError::new(format!(
+            "{} reads the request body (its key or cost): build the layer with \
+             .read_bodies(BodyLimits::new()) to have bodies read",
+            p.described()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The calls of `request`'s JSON-RPC batch (its body a JSON array), when `policy` reads the
+/// body: each call is keyed and costed on its own.
+#[cfg(feature = "json")]
+#[inline]
+pub(super) fn batch<'a>(
+    policy: &CompiledPolicy,
+    request: &RequestRef<'a>,
+) -> Option<&'a [serde_json::Value]> {
+    if !policy.reads_body() {
+        return None;
+    }
+    request.json()?.as_array().map(Vec::as_slice)
+}
+
+#[cfg(feature = "json")]
+impl<St: crate::store::Store> Limiter<St> {
+    /// The checks of `policy` for the `calls` of `request`'s batch: one per tier and key, at
+    /// the cost of its calls together (two checks of one key in one decision would each see
+    /// the key's state before the other's charge), or why a call has no key or cost.
+    pub(super) fn batch_checks(
+        &self,
+        policy: &CompiledPolicy,
+        request: &RequestRef<'_>,
+        calls: &[serde_json::Value],
+        (checks, fallback, after): super::Planned<'_>,
+    ) -> Result<(), KeyRejection> {
+        for group in groups(policy, request, calls)? {
+            let planned = (&mut *checks, &mut *fallback, &mut *after);
+            Self::push_check(policy, request, group.tier, group.key, group.cost, planned);
+        }
+        Ok(())
+    }
+}
+
+impl<St> Limiter<St> {
+    /// The limiter's own `response` to `request`, the calls that were over named in it when
+    /// the request was a denied JSON-RPC batch.
+    #[inline]
+    pub(crate) fn responded(
+        &self,
+        request: &RequestRef<'_>,
+        response: Response<Bytes>,
+    ) -> Response<Bytes> {
+        #[cfg(feature = "json")]
+        if self.bodies.is_some() {
+            return self.calls_named(request, response);
+        }
+        let _ = request;
+        response
+    }
+
+    /// `response`, a denial of a JSON-RPC batch, naming in its problem document (`calls`)
+    /// each call that was over: its place in the batch, its `id` and the policies it was over.
+    /// A call's keys are made again as they were planned: a policy's outcomes are in the order
+    /// of its checks, one per key in the order the calls first made them.
+    #[cfg(feature = "json")]
+    #[inline(never)]
+    fn calls_named(&self, request: &RequestRef<'_>, response: Response<Bytes>) -> Response<Bytes> {
+        use serde_json::{Value, json};
+        let (Some(decision), Some(calls)) = (
+            response.extensions().get::<crate::Decision>(),
+            request.json().and_then(Value::as_array),
+        ) else {
+            return response;
+        };
+        let Ok(Value::Object(mut problem)) = serde_json::from_slice::<Value>(response.body())
+        else {
+            return response;
+        };
+        let mut over: Vec<Vec<&str>> = vec![Vec::new(); calls.len()];
+        let route = self.policies.load();
+        for policy in route.iter().filter(|p| p.applies(request)) {
+            // A policy that does not read the body has one check, made by every call.
+            let groups: Vec<Vec<usize>> = match policy.reads_body() {
+                true => groups(policy, request, calls)
+                    .map(|gs| gs.into_iter().map(|g| g.calls).collect())
+                    .unwrap_or_default(),
+                false => vec![(0..calls.len()).collect()],
+            };
+            let outcomes: Vec<_> = (decision.outcomes().iter())
+                .filter(|o| policy.tiers().any(|t| t.name() == o.policy()))
+                .collect();
+            let exact = outcomes.len() == groups.len();
+            for (n, outcome) in outcomes.iter().enumerate() {
+                if outcome.is_allowed() {
+                    continue;
+                }
+                // Else (a denial remembered by the deny cache, of one key) every call of the
+                // policy is named.
+                let named = if exact { &groups[n..=n] } else { &groups[..] };
+                for i in named.iter().flatten() {
+                    over[*i].push(outcome.policy());
+                }
+            }
+        }
+        // A policy that does not read the body has one check, which every call made.
+        let named: Vec<Value> = (over.iter().enumerate())
+            .filter(|(_, policies)| !policies.is_empty())
+            .map(
+                |(i, policies)| json!({"index": i, "id": calls[i].get("id"), "policies": policies}),
+            )
+            .collect();
+        problem.insert("calls".to_owned(), Value::Array(named));
+        let (mut parts, _) = response.into_parts();
+        parts.headers.remove(http::header::CONTENT_LENGTH);
+        Response::from_parts(parts, Bytes::from(Value::Object(problem).to_string()))
+    }
+}
+
+/// The calls of a batch that make one check of a policy: of one tier and key, at their cost
+/// together (two checks of one key in one decision would each see the key's state before the
+/// other's charge).
+#[cfg(feature = "json")]
+struct Group {
+    tier: usize,
+    key: Key,
+    cost: u64,
+    calls: Vec<usize>,
+}
+
+/// The checks of `policy` the `calls` of `request`'s batch make, in the order the calls first
+/// make them, or why a call has no key or cost.
+#[cfg(feature = "json")]
+fn groups(
+    policy: &CompiledPolicy,
+    request: &RequestRef<'_>,
+    calls: &[serde_json::Value],
+) -> Result<Vec<Group>, KeyRejection> {
+    let mut groups: Vec<Group> = Vec::new();
+    for (i, call) in calls.iter().enumerate() {
+        let call = request.with_call(call);
+        let key = policy.key(&call)?;
+        let cost = policy.cost(&call)?;
+        let tier = policy.tier_index(&call, &key);
+        match groups.iter_mut().find(|g| g.tier == tier && g.key == key) {
+            Some(g) => {
+                g.cost = g.cost.saturating_add(cost);
+                g.calls.push(i);
+            }
+            None => groups.push(Group {
+                tier,
+                key,
+                cost,
+                calls: vec![i],
+            }),
+        }
+    }
+    Ok(groups)
+}

@@ -1,0 +1,179 @@
+//! Request bodies read before the decision, for policies whose key or cost is in the body.
+//!
+//! Most keys come from the request head. An MCP server, a JSON-RPC endpoint or an LLM API puts
+//! what matters in the body: the tool called, the method, the tokens asked for. A policy whose
+//! key or cost reads the body ([`key::json`](crate::key::json),
+//! [`key::jsonrpc`](crate::key::jsonrpc), [`Policy::cost_json`](crate::Policy::cost_json))
+//! needs a layer built with
+//! [`read_bodies`](crate::RateLimitLayerBuilder::read_bodies): the layer then reads the body
+//! of each request such a policy applies to, up to a bound ([`BodyLimits`]), parses it once
+//! for every policy, decides, and hands the inner service a [`ReadBody`] holding the same
+//! bytes (and trailers). Requests that no such policy applies to are not buffered: their body
+//! streams through as it came.
+//!
+//! | the body | the answer, nothing charged |
+//! |---|---|
+//! | over the bound (by its `Content-Length`, or as it arrives) | `413`, code `body_too_large` |
+//! | not all there within the deadline | `408`, code `body_timeout` |
+//! | broken off, or failing | `400`, code `body_unreadable` |
+//! | not JSON where a policy needs JSON | `400`, code `body_not_json` |
+//!
+//! Each is a `problem+json` (or the layer's
+//! [`on_key_rejected`](crate::RateLimitLayerBuilder::on_key_rejected) response), counted in
+//! `ratelimit_body_rejected_total{code}`.
+//!
+//! The inner service sees the body as a [`ReadBody`] (any framework that takes any body
+//! accepts it: axum's `Router`, tonic) and the parsed body as a [`RequestBody`] in the
+//! request's extensions. A layer built without `read_bodies` never changes the body type, and
+//! refuses at `build` (and at a reload) a policy that reads the body.
+
+mod replay;
+mod service;
+
+#[cfg(feature = "json")]
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+pub use replay::ReadBody;
+pub use service::{ReadBodies, ReadFuture};
+
+/// How much of a body the layer reads, and for how long (see the [module](self)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BodyLimits {
+    limit: usize,
+    deadline: Duration,
+    /// For one request: its policies read the body as JSON.
+    json: bool,
+}
+
+impl BodyLimits {
+    /// The default bound on a body read: 64 KiB.
+    pub const DEFAULT_LIMIT: usize = 64 * 1024;
+
+    /// The default time a body has to arrive: 10 seconds.
+    pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
+
+    /// 64 KiB within 10 seconds.
+    pub fn new() -> Self {
+        BodyLimits {
+            limit: Self::DEFAULT_LIMIT,
+            deadline: Self::DEFAULT_DEADLINE,
+            json: false,
+        }
+    }
+
+    /// At most `bytes` of a body (more: `413`). Checked when the layer is built: at least 1.
+    #[must_use]
+    pub fn limit(mut self, bytes: usize) -> Self {
+        self.limit = bytes;
+        self
+    }
+
+    /// The whole body within `deadline` of the request's call (later: `408`). Checked when
+    /// the layer is built: more than zero.
+    #[must_use]
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// The bound, in bytes.
+    pub fn get_limit(&self) -> usize {
+        self.limit
+    }
+
+    /// The deadline.
+    pub fn get_deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// Whether a request's policies read its body as JSON.
+    pub(crate) fn json(&self) -> bool {
+        self.json
+    }
+
+    /// These limits for a request whose policies read the body as JSON, or not.
+    pub(crate) fn parsing(mut self, json: bool) -> Self {
+        self.json = json;
+        self
+    }
+
+    /// Why these limits cannot be used, if they cannot.
+    pub(crate) fn check(&self) -> Result<(), crate::ConfigError> {
+        if self.limit == 0 {
+            return Err(crate::ConfigError::new(
+                "read_bodies: a body limit of 0 bytes reads no body; give at least 1",
+            ));
+        }
+        if self.deadline.is_zero() {
+            return Err(crate::ConfigError::new(
+                "read_bodies: a deadline of 0 gives no body the time to arrive",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for BodyLimits {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A layer's type when it leaves request bodies as they come (the default): its policies
+/// read the request head only.
+#[derive(Clone, Copy, Debug)]
+pub enum Unread {}
+
+/// A layer's type when it reads the bodies its policies need
+/// ([`read_bodies`](crate::RateLimitLayerBuilder::read_bodies)): its service is a
+/// [`ReadBodies`].
+#[derive(Clone, Copy, Debug)]
+pub enum Read {}
+
+/// A request body as the layer read it, in the request's extensions for the key extractors,
+/// the cost and the inner service: its bytes, and what they parse to.
+#[derive(Clone, Debug)]
+pub struct RequestBody {
+    bytes: Bytes,
+    #[cfg(feature = "json")]
+    json: Option<Arc<serde_json::Value>>,
+}
+
+impl RequestBody {
+    /// The body's bytes, as they came.
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+
+    /// The body parsed as JSON, when a policy of the request needed it.
+    #[cfg(feature = "json")]
+    pub fn json(&self) -> Option<&serde_json::Value> {
+        self.json.as_deref()
+    }
+
+    /// `bytes` parsed as JSON when `json` says so, or why they do not parse.
+    pub(crate) fn parse(bytes: Bytes, json: bool) -> Result<Self, crate::KeyRejection> {
+        #[cfg(feature = "json")]
+        let json = if json {
+            let value = serde_json::from_slice(&bytes).map_err(|e| {
+                crate::KeyRejection::bad_request(
+                    "body_not_json",
+                    format!("the request body is not JSON: {e}"),
+                )
+            })?;
+            Some(Arc::new(value))
+        } else {
+            None
+        };
+        #[cfg(not(feature = "json"))]
+        let _ = json;
+        Ok(RequestBody {
+            bytes,
+            #[cfg(feature = "json")]
+            json,
+        })
+    }
+}

@@ -1,0 +1,165 @@
+//! [`ReadBody`]: the body the inner service gets from a layer that reads bodies.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes};
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+pin_project! {
+    /// The request body the inner service of a layer that reads bodies gets: the bytes the
+    /// layer read (then the trailers that came with them), or the body as it came, streaming,
+    /// for a request no policy needed the body of. Its frames are `Bytes` (a chunk of `Bytes`
+    /// is handed on without a copy).
+    pub struct ReadBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B> {
+        Read { data: Option<Bytes>, trailers: Option<HeaderMap> },
+        Streaming { #[pin] body: B },
+    }
+}
+
+impl<B> ReadBody<B> {
+    /// The body `bytes`, then `trailers`.
+    pub(crate) fn read(bytes: Bytes, trailers: Option<HeaderMap>) -> Self {
+        let data = (!bytes.is_empty()).then_some(bytes);
+        ReadBody {
+            kind: Kind::Read { data, trailers },
+        }
+    }
+
+    /// `body` as it comes.
+    pub fn streaming(body: B) -> Self {
+        ReadBody {
+            kind: Kind::Streaming { body },
+        }
+    }
+
+    /// Whether the layer read this body (else it streams as it came).
+    pub fn was_read(&self) -> bool {
+        matches!(self.kind, Kind::Read { .. })
+    }
+}
+
+impl<B: Body> Body for ReadBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        match self.project().kind.project() {
+            KindProj::Read { data, trailers } => {
+                let frame = match data.take() {
+                    Some(data) => Some(Frame::data(data)),
+                    None => trailers.take().map(Frame::trailers),
+                };
+                Poll::Ready(frame.map(Ok))
+            }
+            KindProj::Streaming { body } => body.poll_frame(cx).map(|frame| {
+                frame.map(|r| r.map(|f| f.map_data(|mut d| d.copy_to_bytes(d.remaining()))))
+            }),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Read { data, trailers } => data.is_none() && trailers.is_none(),
+            Kind::Streaming { body } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Read { data, .. } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            Kind::Streaming { body } => body.size_hint(),
+        }
+    }
+}
+
+impl<B> std::fmt::Debug for ReadBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            Kind::Read { data, trailers } => f
+                .debug_struct("ReadBody")
+                .field("len", &data.as_ref().map_or(0, Bytes::len))
+                .field("trailers", &trailers.is_some())
+                .finish(),
+            Kind::Streaming { .. } => f.write_str("ReadBody(streaming)"),
+        }
+    }
+}
+
+/// The chunks of a body as they are read: the first kept as it came, later ones joined.
+#[derive(Default)]
+pub(super) struct Collected {
+    first: Option<Bytes>,
+    rest: Option<bytes::BytesMut>,
+    len: usize,
+}
+
+impl Collected {
+    /// Bytes read so far.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Adds `chunk`.
+    pub(super) fn push(&mut self, chunk: Bytes) {
+        if chunk.is_empty() {
+            return;
+        }
+        self.len += chunk.len();
+        match (&mut self.first, &mut self.rest) {
+            (None, None) => self.first = Some(chunk),
+            (first, rest) => {
+                let rest = rest.get_or_insert_with(|| {
+                    let mut joined = bytes::BytesMut::with_capacity(2 * chunk.len());
+                    joined.extend_from_slice(&first.take().unwrap_or_default());
+                    joined
+                });
+                rest.extend_from_slice(&chunk);
+            }
+        }
+    }
+
+    /// The whole body.
+    pub(super) fn finish(self) -> Bytes {
+        match self.rest {
+            Some(rest) => rest.freeze(),
+            None => self.first.unwrap_or_default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Collected;
+    use bytes::Bytes;
+
+    #[test]
+    fn one_chunk_is_kept_and_more_are_joined() {
+        let one = Bytes::from_static(b"abc");
+        let mut c = Collected::default();
+        c.push(one.clone());
+        let whole = c.finish();
+        assert_eq!(whole.as_ptr(), one.as_ptr(), "no copy of a single chunk");
+        let mut c = Collected::default();
+        for part in ["ab", "", "c", "de"] {
+            c.push(Bytes::from(part));
+        }
+        assert_eq!(c.len(), 5);
+        assert_eq!(c.finish(), "abcde");
+    }
+}

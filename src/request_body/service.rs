@@ -1,0 +1,252 @@
+//! [`ReadBodies`]: the service of a layer that reads bodies, and its future.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::Buf;
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use super::replay::{Collected, ReadBody};
+use super::{BodyLimits, RequestBody};
+use crate::body::{MakeBody, Wrapped};
+use crate::error::KeyRejection;
+use crate::future::ResponseFuture;
+use crate::key::RequestRef;
+use crate::limiter::Limiter;
+use crate::service::RateLimit;
+use crate::store::Store;
+
+/// The service of a layer built with
+/// [`read_bodies`](crate::RateLimitLayerBuilder::read_bodies): reads the body of a request
+/// whose policies need it, then hands the request, its body a [`ReadBody`], to the
+/// [`RateLimit`] inside, which decides as it always does. See the
+/// [module](crate::request_body).
+pub struct ReadBodies<S, St, M = Wrapped> {
+    inner: RateLimit<S, St, M>,
+    limiter: Arc<Limiter<St>>,
+}
+
+impl<S, St, M> ReadBodies<S, St, M> {
+    pub(crate) fn new(inner: S, limiter: Arc<Limiter<St>>) -> Self {
+        ReadBodies {
+            inner: RateLimit::new(inner, limiter.clone()),
+            limiter,
+        }
+    }
+
+    /// The [`RateLimit`] inside.
+    pub fn get_ref(&self) -> &RateLimit<S, St, M> {
+        &self.inner
+    }
+}
+
+impl<S: Clone, St, M> Clone for ReadBodies<S, St, M> {
+    fn clone(&self) -> Self {
+        ReadBodies {
+            inner: self.inner.clone(),
+            limiter: self.limiter.clone(),
+        }
+    }
+}
+
+impl<S: std::fmt::Debug, St: std::fmt::Debug, M> std::fmt::Debug for ReadBodies<S, St, M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ReadBodies").field(&self.inner).finish()
+    }
+}
+
+impl<S, St, M, B, ResB> Service<Request<B>> for ReadBodies<S, St, M>
+where
+    S: Service<Request<ReadBody<B>>, Response = Response<ResB>> + Clone,
+    St: Store,
+    M: MakeBody<ResB>,
+    B: Body,
+{
+    type Response = Response<M::Body>;
+    type Error = S::Error;
+    type Future = ReadFuture<S, B, St, M>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Service::<Request<ReadBody<B>>>::poll_ready(&mut self.inner, cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let Some(wanted) = self.limiter.reading(&RequestRef::new(&request)) else {
+            let future = self.inner.call(request.map(ReadBody::streaming));
+            return ReadFuture {
+                state: State::Calling { future },
+            };
+        };
+        // The inner service was made ready: that one waits with the body, a clone stays.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let (parts, body) = request.into_parts();
+        let reading = Reading {
+            too_long: body.size_hint().lower() > wanted.get_limit() as u64,
+            parts: Some(parts),
+            body,
+            collected: Collected::default(),
+            trailers: None,
+            deadline: tokio::time::sleep(wanted.get_deadline()),
+            wanted,
+            inner: Some(inner),
+            limiter: self.limiter.clone(),
+        };
+        ReadFuture {
+            state: State::Reading {
+                reading: Box::pin(reading),
+            },
+        }
+    }
+}
+
+pin_project! {
+    /// The response future of [`ReadBodies`]: the body read (when the request's policies need
+    /// it), then the [`RateLimit`]'s own future.
+    pub struct ReadFuture<S, B, St, M = Wrapped>
+    where
+        S: Service<Request<ReadBody<B>>>,
+        St: Store,
+    {
+        #[pin]
+        state: State<S, B, St, M>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, B, St, M>
+    where
+        S: Service<Request<ReadBody<B>>>,
+        St: Store,
+    {
+        Reading { reading: Pin<Box<Reading<S, B, St, M>>> },
+        Calling { #[pin] future: ResponseFuture<S, ReadBody<B>, St, M> },
+    }
+}
+
+pin_project! {
+    /// A body being read, with what the request goes on with once it is.
+    struct Reading<S, B, St, M> {
+        parts: Option<http::request::Parts>,
+        #[pin]
+        body: B,
+        collected: Collected,
+        trailers: Option<http::HeaderMap>,
+        too_long: bool,
+        #[pin]
+        deadline: tokio::time::Sleep,
+        wanted: BodyLimits,
+        inner: Option<RateLimit<S, St, M>>,
+        limiter: Arc<Limiter<St>>,
+    }
+}
+
+impl<S, B, St, M, ResB> Future for ReadFuture<S, B, St, M>
+where
+    S: Service<Request<ReadBody<B>>, Response = Response<ResB>> + Clone,
+    St: Store,
+    M: MakeBody<ResB>,
+    B: Body,
+{
+    type Output = Result<Response<M::Body>, S::Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            let next = match self.as_mut().project().state.project() {
+                StateProj::Calling { future } => return future.poll(cx),
+                StateProj::Reading { reading } => {
+                    let read = ready!(reading.as_mut().poll_read(cx));
+                    let this = reading.as_mut().project();
+                    match read {
+                        Ok(request) => {
+                            let mut inner = this.inner.take().expect("polled after its call");
+                            inner.call(request)
+                        }
+                        Err(rejection) => {
+                            let response = this.limiter.body_rejected(&rejection);
+                            return Poll::Ready(Ok(response.map(M::full)));
+                        }
+                    }
+                }
+            };
+            self.as_mut()
+                .project()
+                .state
+                .set(State::Calling { future: next });
+        }
+    }
+}
+
+impl<S, B: Body, St, M> Reading<S, B, St, M> {
+    /// Reads the body to its end, within the limits: the request to go on with, its body
+    /// read and parsed, or why it was not.
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Request<ReadBody<B>>, KeyRejection>> {
+        let mut this = self.project();
+        let limit = this.wanted.get_limit();
+        if *this.too_long {
+            return Poll::Ready(Err(too_large(limit)));
+        }
+        loop {
+            let frame = match this.body.as_mut().poll_frame(cx) {
+                Poll::Pending => {
+                    ready!(this.deadline.as_mut().poll(cx));
+                    return Poll::Ready(Err(KeyRejection::new(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "body_timeout",
+                        format!(
+                            "the request body did not arrive within {} ms",
+                            this.wanted.get_deadline().as_millis()
+                        ),
+                    )));
+                }
+                Poll::Ready(None) => break,
+                Poll::Ready(Some(Err(_))) => {
+                    return Poll::Ready(Err(KeyRejection::bad_request(
+                        "body_unreadable",
+                        "the request body was broken off or could not be read",
+                    )));
+                }
+                Poll::Ready(Some(Ok(frame))) => frame,
+            };
+            match frame.into_data() {
+                Ok(mut data) => {
+                    if this.collected.len() + data.remaining() > limit {
+                        return Poll::Ready(Err(too_large(limit)));
+                    }
+                    this.collected.push(data.copy_to_bytes(data.remaining()));
+                }
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        this.trailers
+                            .get_or_insert_with(Default::default)
+                            .extend(trailers);
+                    }
+                }
+            }
+        }
+        let bytes = std::mem::take(this.collected).finish();
+        let body = RequestBody::parse(bytes.clone(), this.wanted.json())?;
+        let mut parts = this.parts.take().expect("read once");
+        parts.extensions.insert(body);
+        let body = ReadBody::read(bytes, this.trailers.take());
+        Poll::Ready(Ok(Request::from_parts(parts, body)))
+    }
+}
+
+/// The rejection of a body over `limit` bytes.
+fn too_large(limit: usize) -> KeyRejection {
+    KeyRejection::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        format!("the request body is over the {limit} bytes a rate-limited request may send"),
+    )
+}

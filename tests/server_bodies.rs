@@ -1,0 +1,212 @@
+//! The demo server's body contract (`BODY_KEY`, `BODY_COST`, `JSONRPC`, `BODY_LIMIT`; the
+//! routes `/echo`, `/mcp`), checked from outside: in memory, on two servers sharing one
+//! Redis, and on two sharing a cluster.
+
+mod support;
+
+use serde_json::{Value, json};
+use support::demo::{DemoServer, post, start_error};
+use support::{RedisCluster, RedisServer};
+
+/// A JSON-RPC tool call.
+fn tool(id: u64, name: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": name}})
+}
+
+/// `body` posted to `/mcp` of `server`: the status and the body.
+fn mcp(server: &DemoServer, body: &Value) -> (u16, String) {
+    post(
+        server.addr,
+        "/mcp",
+        &[("content-type", "application/json")],
+        &body.to_string(),
+    )
+}
+
+/// An MCP client's calls through `a` and `b` (the same server, or two sharing a store) with
+/// `JSONRPC=true RATE_LIMIT=2/min`: per client and tool; a batch all or none, naming the call
+/// over; costs from `BODY_COST` through `/llm`'s requests.
+fn tools_and_batches(a: &DemoServer, b: &DemoServer) {
+    assert_eq!(mcp(a, &tool(1, "search")).0, 200);
+    let (status, body) = mcp(b, &tool(2, "search"));
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["result"]["tool"], "search", "{answer}");
+    assert_eq!(mcp(a, &tool(3, "search")).0, 429);
+    assert_eq!(mcp(b, &tool(4, "fetch")).0, 200);
+    // The search is over: the batch is denied, its fetch not charged.
+    let (status, body) = mcp(a, &json!([tool(5, "fetch"), tool(6, "search")]));
+    assert_eq!(status, 429, "{body}");
+    let problem: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        problem["calls"],
+        json!([{"index": 1, "id": 6, "policies": ["gcra:2/min"]}])
+    );
+    let (status, body) = mcp(b, &json!([tool(7, "fetch"), tool(8, "list")]));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(
+        mcp(a, &tool(9, "fetch")).0,
+        429,
+        "fetch spent its 2 in the batches"
+    );
+}
+
+#[test]
+fn mcp_tools_and_batches_in_memory() {
+    let server = DemoServer::start(&[("JSONRPC", "true"), ("RATE_LIMIT", "2/min")]);
+    assert!(
+        server.first_line.contains("JSONRPC=true"),
+        "{}",
+        server.first_line
+    );
+    tools_and_batches(&server, &server);
+}
+
+/// The variables of two servers on `url` under `prefix`.
+fn shared<'a>(
+    url: &'a str,
+    prefix: &'a str,
+    extra: &[(&'a str, &'a str)],
+) -> Vec<(&'a str, &'a str)> {
+    let mut env = vec![
+        ("REDIS_URL", url),
+        ("PREFIX", prefix),
+        ("STORE_TIMEOUT_MS", "10000"),
+    ];
+    env.extend_from_slice(extra);
+    env
+}
+
+#[test]
+fn mcp_tools_and_batches_on_two_servers_of_one_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let env = shared(
+        &url,
+        "mcp:",
+        &[("JSONRPC", "true"), ("RATE_LIMIT", "2/min")],
+    );
+    let (a, b) = (DemoServer::start(&env), DemoServer::start(&env));
+    tools_and_batches(&a, &b);
+    support::assert_no_key_without_ttl(&redis, "mcp:");
+}
+
+#[test]
+fn mcp_tools_and_batches_on_two_servers_of_a_cluster() {
+    let cluster = RedisCluster::start();
+    let url = cluster.url();
+    let env = shared(
+        &url,
+        "mcp:",
+        &[("JSONRPC", "true"), ("RATE_LIMIT", "2/min")],
+    );
+    let (a, b) = (DemoServer::start(&env), DemoServer::start(&env));
+    tools_and_batches(&a, &b);
+}
+
+/// `/echo` through `a` and `b` with `BODY_KEY=/user BODY_COST=/n RATE_LIMIT=10/min`: the body
+/// answered as it came; each user charged what its bodies say, across both.
+fn keys_and_costs(a: &DemoServer, b: &DemoServer) {
+    let echo = |s: &DemoServer, body: &str| post(s.addr, "/echo", &[], body);
+    let body = r#"{"user": "ann", "n": 6,   "padding": "as it came"}"#;
+    assert_eq!(echo(a, body), (200, body.to_owned()));
+    assert_eq!(echo(b, r#"{"user": "ann", "n": 4}"#).0, 200);
+    assert_eq!(echo(a, r#"{"user": "ann", "n": 1}"#).0, 429);
+    assert_eq!(echo(b, r#"{"user": "bob", "n": 10}"#).0, 200);
+    let (status, problem) = echo(a, r#"{"user": "cat", "n": -2}"#);
+    assert_eq!(status, 400, "{problem}");
+    assert!(
+        problem.contains("\"bad_cost\"") && problem.contains("negative"),
+        "{problem}"
+    );
+    let (status, problem) = echo(b, "not json");
+    assert_eq!(status, 400);
+    assert!(problem.contains("\"body_not_json\""), "{problem}");
+    let (status, problem) = echo(
+        a,
+        &format!(r#"{{"user": "cat", "n": 1, "pad": "{}"}}"#, "x".repeat(300)),
+    );
+    assert_eq!(status, 413, "{problem}");
+    assert!(problem.contains("\"body_too_large\""), "{problem}");
+    assert_eq!(
+        echo(b, r#"{"user": "cat", "n": 10}"#).0,
+        200,
+        "cat was charged nothing"
+    );
+}
+
+const KEYS_AND_COSTS: [(&str, &str); 5] = [
+    ("BODY_KEY", "/user"),
+    ("BODY_COST", "/n"),
+    ("RATE_LIMIT", "10/min"),
+    ("ALGORITHM", "fixed_window"),
+    ("BODY_LIMIT", "256"),
+];
+
+#[test]
+fn body_keys_and_costs_in_memory() {
+    let server = DemoServer::start(&KEYS_AND_COSTS);
+    keys_and_costs(&server, &server);
+}
+
+#[test]
+fn body_keys_and_costs_on_two_servers_of_one_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let env = shared(&url, "bk:", &KEYS_AND_COSTS);
+    let (a, b) = (DemoServer::start(&env), DemoServer::start(&env));
+    keys_and_costs(&a, &b);
+}
+
+#[test]
+fn body_keys_and_costs_on_two_servers_of_a_cluster() {
+    let cluster = RedisCluster::start();
+    let url = cluster.url();
+    let env = shared(&url, "bk:", &KEYS_AND_COSTS);
+    let (a, b) = (DemoServer::start(&env), DemoServer::start(&env));
+    keys_and_costs(&a, &b);
+}
+
+#[test]
+fn bad_body_variables_stop_the_server_naming_them() {
+    for (name, value, says) in [
+        (
+            "BODY_KEY",
+            "params/name",
+            "BODY_KEY: \"params/name\" is not a JSON pointer",
+        ),
+        (
+            "BODY_COST",
+            "tokens",
+            "BODY_COST: \"tokens\" is not a JSON pointer",
+        ),
+        (
+            "JSONRPC",
+            "yes",
+            "JSONRPC: \"yes\" is neither true nor false",
+        ),
+        (
+            "BODY_LIMIT",
+            "0",
+            "BODY_LIMIT: \"0\" is not a number of bytes",
+        ),
+        (
+            "BODY_LIMIT",
+            "64k",
+            "BODY_LIMIT: \"64k\" is not a number of bytes",
+        ),
+    ] {
+        let err = start_error(&[(name, value)]);
+        assert!(err.contains(says), "{name}={value}: {err}");
+    }
+    let err = start_error(&[("CONFIG", "examples/limits.toml"), ("JSONRPC", "true")]);
+    assert!(err.contains("JSONRPC cannot be set with it"), "{err}");
+}

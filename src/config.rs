@@ -266,7 +266,7 @@ impl<'de> Deserialize<'de> for CidrText {
 /// | `refund_if_status` | integers | give the cost back for these statuses ([`refund_if`](Policy::refund_if)) |
 /// | `unit` | string | `requests` (default), `content-bytes` or `tokens` ([`unit`](Policy::unit)) |
 /// | `settle_header`, `settle_trailer` | string | settle each request at the cost this response header, or trailer, reports ([`settle`](Policy::settle)) |
-/// | `settle_body` | string | `bytes`: settle each request at the bytes its response body sent |
+/// | `settle_body` | string | `bytes`: settle each request at the bytes its response body sent; `json:<pointer>`: at the number there in its JSON body, or its last server-sent event's ([`Settle::json`](crate::settle::Settle::json)) |
 /// | `settle_at_most` | integer | a reported cost is clamped to this many times the limit ([`Settle::at_most`](crate::settle::Settle::at_most), default 10) |
 /// | `time_zone` | string | count calendar periods of this IANA zone, e.g. `"Europe/Paris"` ([`calendar`](Policy::calendar)) |
 /// | `week_starts`, `month_starts` | string, integer | a calendar's week day (`"sunday"`) and day of the month (`15`); UTC without `time_zone` |

@@ -22,6 +22,7 @@ use support::{RedisCluster, RedisServer};
 use tower::ServiceExt;
 use tower_ratelimit::key::{self, HeaderKey};
 use tower_ratelimit::request_body::{BodyLimits, ReadBody, RequestBody};
+use tower_ratelimit::settle::Settle;
 use tower_ratelimit::{ManualClock, MemoryStore, Policy, RateLimitLayer, Store};
 
 /// The tests of a scenario on two layers sharing one store: in memory, on two instances of
@@ -363,6 +364,96 @@ on_two_of_each_store!(
     costs_in_memory,
     costs_on_two_instances_of_one_redis,
     costs_on_the_cluster
+);
+
+/// An LLM API: answers the usage the request's `"used"` says, as a JSON body, or with
+/// `"stream": true` as server-sent events (cut across frames), the last carrying it.
+async fn llm(request: Request<ReadBody<Frames>>) -> Result<Response<Frames>, Infallible> {
+    let body = request
+        .extensions()
+        .get::<RequestBody>()
+        .unwrap()
+        .json()
+        .unwrap()
+        .clone();
+    let usage = json!({"usage": {"total_tokens": body["used"]}}).to_string();
+    if body["stream"] != json!(true) {
+        return Ok(Response::new(Frames::new([Frame::data(Bytes::from(
+            usage,
+        ))])));
+    }
+    let events = format!("data: {{\"delta\": \"Hi\"}}\n\ndata: {usage}\n\ndata: [DONE]\n\n");
+    let (a, b) = events.split_at(30);
+    let frames = [a, b].map(|part| Frame::data(Bytes::copy_from_slice(part.as_bytes())));
+    let mut response = Response::new(Frames::new(frames));
+    let sse = http::HeaderValue::from_static("text/event-stream");
+    response
+        .headers_mut()
+        .insert(http::header::CONTENT_TYPE, sse);
+    Ok(response)
+}
+
+/// 100 tokens a minute per client: a call is charged its `max_tokens`, then settled at the
+/// usage its response reports.
+fn settled<St: Store>(
+    store: St,
+) -> RateLimitLayer<St, tower_ratelimit::body::Wrapped, tower_ratelimit::request_body::Read> {
+    let policy = Policy::fixed_window("100/min")
+        .name("tokens")
+        .cost_json("/max_tokens")
+        .settle(Settle::json("/usage/total_tokens"));
+    RateLimitLayer::builder()
+        .policy(policy)
+        .key(HeaderKey::try_new("x-client").unwrap())
+        .store(store)
+        .read_bodies(BodyLimits::new())
+        .build()
+        .unwrap()
+}
+
+/// Calls estimated from their bodies, settled from their responses' JSON and from the last
+/// event of a stream, exactly, as the other layer sees.
+async fn usage_settled_across_two_layers<St: Store + Clone>(one: St, two: St) {
+    use tower::Layer;
+    let (first, second) = (settled(one), settled(two));
+    let app = |layer: &RateLimitLayer<St, _, _>| layer.layer(tower::service_fn(llm));
+    let ask = async |layer, body: Value| {
+        let request = Request::post("/llm")
+            .header("x-client", "a")
+            .body(Frames::json(&body));
+        send(&app(layer), request.unwrap()).await
+    };
+    let left = async || {
+        let key = tower_ratelimit::key::Key::from("a");
+        second.peek(&key).await.unwrap().outcomes()[0].remaining()
+    };
+    let reply = ask(&first, json!({"max_tokens": 50, "used": 10})).await;
+    assert_eq!(
+        (reply.status, reply.remaining()),
+        (StatusCode::OK, Some(50)),
+        "the estimate"
+    );
+    support::eventually("settled at 10", async || left().await == 90).await;
+    let reply = ask(
+        &second,
+        json!({"max_tokens": 50, "used": 30, "stream": true}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(reply.body.ends_with("data: [DONE]\n\n"), "{}", reply.body);
+    support::eventually("settled at 30 from the stream", async || left().await == 60).await;
+    // A response without its usage: the estimate stays.
+    let reply = ask(&first, json!({"max_tokens": 20, "stream": true})).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    support::eventually("the estimate of 20 kept", async || left().await == 40).await;
+}
+
+on_two_of_each_store!(
+    usage_settled_across_two_layers,
+    "bodies-usage",
+    usage_in_memory,
+    usage_on_two_instances_of_one_redis,
+    usage_on_the_cluster
 );
 
 /// The inner service gets the bytes and trailers as they came, and the body parsed; a request

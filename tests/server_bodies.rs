@@ -210,3 +210,73 @@ fn bad_body_variables_stop_the_server_naming_them() {
     let err = start_error(&[("CONFIG", "examples/limits.toml"), ("JSONRPC", "true")]);
     assert!(err.contains("JSONRPC cannot be set with it"), "{err}");
 }
+
+/// X-RateLimit-Remaining of a whole response.
+fn remaining(response: &str) -> u64 {
+    let line = (response.lines())
+        .find(|l| l.to_ascii_lowercase().starts_with("x-ratelimit-remaining:"))
+        .unwrap_or_else(|| panic!("no X-RateLimit-Remaining in {response}"));
+    line.split(':').nth(1).unwrap().trim().parse().unwrap()
+}
+
+/// `/llm` through `a` and `b` with `COST_BODY=json:/usage/total_tokens RATE_LIMIT=100/h`:
+/// each call admitted on 1, then settled at the usage its JSON or its last event reports.
+fn usage_settled(a: &DemoServer, b: &DemoServer) {
+    let (status, body) = support::demo::fetch(a.addr, "/llm?tokens=30", &[]);
+    assert_eq!(
+        (status, body.as_str()),
+        (200, r#"{"usage":{"total_tokens":30}}"#)
+    );
+    // A look that costs nothing once settled (1, then 0) sees what the other settled.
+    let settled_to = |server: &DemoServer, left: u64| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let (_, response) = server.get("/llm?tokens=0", &[]);
+            if remaining(&response) == left {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never {left} left: {response}"
+            );
+        }
+    };
+    settled_to(b, 100 - 30 - 1);
+    let (status, body) = support::demo::fetch(b.addr, "/llm?tokens=25&stream=true", &[]);
+    assert_eq!(status, 200);
+    assert!(
+        body.ends_with("data: {\"usage\":{\"total_tokens\":25}}\n\n"),
+        "{body}"
+    );
+    settled_to(a, 100 - 30 - 25 - 1);
+}
+
+const USAGE: [(&str, &str); 3] = [
+    ("COST_BODY", "json:/usage/total_tokens"),
+    ("RATE_LIMIT", "100/h"),
+    ("ALGORITHM", "fixed_window"),
+];
+
+#[test]
+fn usage_settled_from_the_response_in_memory() {
+    let server = DemoServer::start(&USAGE);
+    usage_settled(&server, &server);
+}
+
+#[test]
+fn usage_settled_from_the_response_on_two_servers_of_one_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let env = shared(&url, "use:", &USAGE);
+    let (a, b) = (DemoServer::start(&env), DemoServer::start(&env));
+    usage_settled(&a, &b);
+}
+
+#[test]
+fn usage_settled_from_the_response_on_two_servers_of_a_cluster() {
+    let cluster = RedisCluster::start();
+    let url = cluster.url();
+    let env = shared(&url, "use:", &USAGE);
+    let (a, b) = (DemoServer::start(&env), DemoServer::start(&env));
+    usage_settled(&a, &b);
+}

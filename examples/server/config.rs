@@ -524,8 +524,13 @@ fn settle() -> Result<Option<Settle>, String> {
             Ok(Some(Settle::header(name)))
         }
         ("", "bytes") => Ok(Some(Settle::body_bytes())),
+        ("", json) if json.starts_with("json:") => {
+            let pointer = &json["json:".len()..];
+            tower_ratelimit::key::json(pointer).map_err(|e| format!("COST_BODY: {e}"))?;
+            Ok(Some(Settle::json(pointer)))
+        }
         ("", other) => Err(format!(
-            "COST_BODY: unknown value {other:?}; expected bytes"
+            "COST_BODY: unknown value {other:?}; expected bytes or json:<pointer>"
         )),
         _ => Err("COST_HEADER and COST_BODY: a policy settles from one; drop one".into()),
     }

@@ -128,8 +128,10 @@ Environment variables:
               /spend sets it), past the limit if need be: a key in debt gets 429 until
               time pays it back              (default unset: a request costs 1)
   COST_BODY   bytes: the same, settled at the bytes the response body sent (GET
-              /stream sends them), counted as it streams (default unset; not with
-              COST_HEADER)
+              /stream sends them), counted as it streams; json:<pointer>, e.g.
+              json:/usage/total_tokens: at the number there in the response's JSON, or
+              in its last server-sent event's (GET /llm sends them)
+              (default unset; not with COST_HEADER)
   HEADERS     legacy (X-RateLimit-*) | ietf (RateLimit-Policy, RateLimit) | both
                                                     (default legacy)
   KEY         ip | client_ip | global | header:<name> (default ip)
@@ -243,7 +245,6 @@ fn policies<St: Store, R>(
         if let Some(name) = &config.policy_name {
             policy = policy.name(name.as_str());
         }
-        policy = config.bodies.policy(policy);
         if let Some(units) = config.lease {
             policy = policy.lease(units);
         }
@@ -263,7 +264,8 @@ fn policies<St: Store, R>(
                 .others(others);
             policy = policy.reserve(reserve);
         }
-        builder = builder.policy(policy);
+        // Last: BODY_COST replaces the estimate of 1 a settled policy starts from.
+        builder = builder.policy(config.bodies.policy(policy));
     }
     if let Some((n, max)) = config.concurrency {
         builder = builder.policy(Policy::concurrency(n).max_duration(max));

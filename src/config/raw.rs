@@ -2,7 +2,7 @@
 //! [`PolicyConfig::try_from`](super::PolicyConfig) calls in turn.
 
 use super::RawPolicy;
-use super::text::{DurationText, HeaderNameText, Text, statuses};
+use super::text::{BodyMeasure, DurationText, HeaderNameText, Text, statuses};
 use crate::adaptive::Adaptive;
 use crate::algorithm::Algorithm;
 use crate::calendar::Calendar;
@@ -87,7 +87,11 @@ impl RawPolicy {
             }
             (Some(Text(HeaderNameText(name))), None, None) => Settle::header(name.as_str()),
             (None, Some(Text(HeaderNameText(name))), None) => Settle::trailer(name.as_str()),
-            (None, None, Some(_)) => Settle::body_bytes(),
+            (None, None, Some(Text(measure))) => match measure {
+                BodyMeasure::Bytes => Settle::body_bytes(),
+                #[cfg(feature = "json")]
+                BodyMeasure::Json(pointer) => Settle::json(pointer),
+            },
             _ => {
                 return Err(ConfigError::new(
                     "a policy settles its cost from one place: settle_header, settle_trailer \

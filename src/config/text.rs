@@ -77,17 +77,28 @@ impl std::str::FromStr for HeaderNameText {
     }
 }
 
-/// What a policy counts of a response body to settle its cost: `bytes`.
+/// What a policy reads of a response body to settle its cost: `bytes`, or `json:<pointer>`
+/// (the number there in its JSON, or in its last server-sent event's).
 #[derive(Clone, Debug)]
-pub(super) struct BodyMeasure;
+pub(super) enum BodyMeasure {
+    Bytes,
+    #[cfg(feature = "json")]
+    Json(String),
+}
 
 impl std::str::FromStr for BodyMeasure {
     type Err = String;
     fn from_str(text: &str) -> Result<Self, String> {
         match text.trim() {
-            "bytes" => Ok(BodyMeasure),
+            "bytes" => Ok(BodyMeasure::Bytes),
+            #[cfg(feature = "json")]
+            other if other.starts_with("json:") => {
+                let pointer = &other["json:".len()..];
+                crate::key::check_pointer(pointer).map_err(|e| e.to_string())?;
+                Ok(BodyMeasure::Json(pointer.to_owned()))
+            }
             other => Err(format!(
-                "{other:?} is not what a body is counted in; expected bytes"
+                "{other:?} is not what a body is read for; expected bytes or json:<pointer>"
             )),
         }
     }

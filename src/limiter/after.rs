@@ -92,8 +92,12 @@ impl<St: Store> Limiter<St> {
         }
         let meter = (!from_body.is_empty()).then(|| {
             let store = self.store.clone();
+            // A stream of server-sent events reports its cost in an event, not as its JSON.
+            let events = (response.headers().get(http::header::CONTENT_TYPE))
+                .is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"));
             Meter::new(
                 from_body,
+                events,
                 Box::new(move |checks| store.check_detached(checks)),
             )
         });

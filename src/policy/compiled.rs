@@ -25,6 +25,7 @@ pub(crate) struct CompiledPolicy {
     pub(super) key: Arc<dyn KeyExtractor>,
     pub(super) cost: Option<CostFn>,
     /// The JSON pointer of the body's cost, if the cost is read there.
+    #[cfg_attr(not(feature = "json"), allow(dead_code))]
     pub(super) cost_json: Option<Arc<str>>,
     /// Its key or its cost reads the request body.
     pub(super) reads_body: bool,

@@ -65,27 +65,45 @@ struct Counting {
     check: Check,
     settle: Arc<Settle>,
     reading: Reading,
+    /// What is read of the body for a cost at a JSON pointer.
+    #[cfg(feature = "json")]
+    json: Option<Box<super::json::JsonCost>>,
 }
 
 impl Meter {
-    /// A meter for the checks to settle from the body (each with its settle), whose checks
-    /// `send` gives the store.
+    /// A meter for the checks to settle from the body (each with its settle; `events`: the
+    /// body is a stream of server-sent events), whose checks `send` gives the store.
     pub(crate) fn new(
         pending: impl IntoIterator<Item = (Check, Arc<Settle>)>,
+        events: bool,
         send: Box<dyn FnOnce(Checks) + Send + Sync>,
     ) -> Self {
+        #[cfg(not(feature = "json"))]
+        let _ = events;
         let counting = pending
             .into_iter()
             .map(|(check, settle)| {
                 // A trailer that never comes is missing; a count starts at 0.
                 let reading = match settle.source {
                     CostSource::Trailer(_) => Reading::Missing,
+                    #[cfg(feature = "json")]
+                    CostSource::Json(_) => Reading::Missing,
                     _ => Reading::Cost(0),
+                };
+                #[cfg(feature = "json")]
+                let json = match &settle.source {
+                    CostSource::Json(Ok(pointer)) => Some(Box::new(super::json::JsonCost::new(
+                        pointer.clone(),
+                        events,
+                    ))),
+                    _ => None,
                 };
                 Counting {
                     check,
                     settle,
                     reading,
+                    #[cfg(feature = "json")]
+                    json,
                 }
             })
             .collect();
@@ -107,6 +125,13 @@ impl Meter {
                     }
                     0
                 }
+                #[cfg(feature = "json")]
+                CostSource::Json(_) => {
+                    if let (Some(json), Some(data)) = (&mut c.json, frame.data_ref()) {
+                        json.observe(data);
+                    }
+                    0
+                }
                 CostSource::Trailer(Err(_)) | CostSource::Extension | CostSource::Header(_) => 0,
             };
             if let Reading::Cost(n) = &mut c.reading {
@@ -120,7 +145,11 @@ impl Drop for Meter {
     fn drop(&mut self) {
         let mut checks = Checks::new();
         for c in self.counting.drain(..) {
-            if let Some(units) = c.settle.units(&c.check, c.reading) {
+            #[cfg(feature = "json")]
+            let reading = c.json.map_or(c.reading, |json| json.finish());
+            #[cfg(not(feature = "json"))]
+            let reading = c.reading;
+            if let Some(units) = c.settle.units(&c.check, reading) {
                 checks.push(c.check.with_cost(units));
             }
         }

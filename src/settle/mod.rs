@@ -18,6 +18,8 @@ use http_body::Frame;
 
 use crate::error::ConfigError;
 
+#[cfg(feature = "json")]
+mod json;
 pub(crate) mod meter;
 
 /// The real cost of a response, in the policy's units, set by the handler in the response's
@@ -73,6 +75,10 @@ enum CostSource {
     Trailer(Result<HeaderName, String>),
     BodyBytes,
     Body(FrameFn),
+    /// A JSON pointer into the body's JSON (or its last server-sent event's), or the text
+    /// that is none.
+    #[cfg(feature = "json")]
+    Json(Result<Arc<str>, String>),
 }
 
 type FrameFn = Arc<dyn Fn(&Frame<Bytes>) -> u64 + Send + Sync>;
@@ -93,6 +99,8 @@ impl fmt::Debug for Settle {
             CostSource::Trailer(name) => format!("trailer {}", display(name)),
             CostSource::BodyBytes => "body bytes".to_owned(),
             CostSource::Body(_) => "body frames".to_owned(),
+            #[cfg(feature = "json")]
+            CostSource::Json(pointer) => format!("body json {}", display(pointer)),
         };
         f.debug_struct("Settle")
             .field("source", &source)
@@ -101,9 +109,9 @@ impl fmt::Debug for Settle {
     }
 }
 
-fn display(name: &Result<HeaderName, String>) -> &str {
+fn display<T: AsRef<str>>(name: &Result<T, String>) -> &str {
     match name {
-        Ok(name) => name.as_str(),
+        Ok(name) => name.as_ref(),
         Err(raw) => raw,
     }
 }
@@ -144,6 +152,29 @@ impl Settle {
         Settle::new(CostSource::BodyBytes)
     }
 
+    /// The number at `pointer` (RFC 6901, `/usage/total_tokens`) of the response body's JSON,
+    /// as LLM APIs report what a completion cost; when the response is a stream of
+    /// server-sent events (`text/event-stream`), of the last event whose JSON `data` has it,
+    /// as they send it when streaming. Settled when the body ends (a body or an event over
+    /// 1 MiB, or one without the number, settles nothing: the estimate stays). A pointer that
+    /// is none is an error of [`build`](crate::RateLimitLayerBuilder::build).
+    ///
+    /// ```
+    /// use tower_ratelimit::{Policy, QuotaUnit, settle::Settle};
+    ///
+    /// // 100,000 tokens a minute, each call charged its max_tokens, then what it used.
+    /// let tokens = Policy::token_bucket("100000/min")
+    ///     .unit(QuotaUnit::Tokens)
+    ///     .cost_json("/max_tokens")
+    ///     .settle(Settle::json("/usage/total_tokens"));
+    /// # let _ = tokens;
+    /// ```
+    #[cfg(feature = "json")]
+    pub fn json(pointer: &str) -> Self {
+        let checked = crate::key::check_pointer(pointer).map(|()| Arc::from(pointer));
+        Settle::new(CostSource::Json(checked.map_err(|_| pointer.to_owned())))
+    }
+
     /// The sum of `count` over the response body's frames (data and trailers), e.g. the
     /// tokens of a stream of server-sent events, settled as [`body_bytes`](Self::body_bytes)
     /// is.
@@ -176,6 +207,10 @@ impl Settle {
             CostSource::Header(Err(name)) | CostSource::Trailer(Err(name)) => Err(
                 ConfigError::new(format!("settle: {name:?} is not a valid header name")),
             ),
+            #[cfg(feature = "json")]
+            CostSource::Json(Err(pointer)) => {
+                crate::key::check_pointer(pointer).map_err(|e| e.context("settle"))
+            }
             _ => Ok(()),
         }
     }
@@ -185,7 +220,16 @@ impl Settle {
         matches!(
             &self.source,
             CostSource::Trailer(_) | CostSource::BodyBytes | CostSource::Body(_)
-        )
+        ) || self.reads_json()
+    }
+
+    /// Whether it reads the body's JSON.
+    fn reads_json(&self) -> bool {
+        #[cfg(feature = "json")]
+        if let CostSource::Json(_) = self.source {
+            return true;
+        }
+        false
     }
 
     /// The cost a response head reports, for a cost read from the head.

@@ -260,7 +260,7 @@ impl<'de> Deserialize<'de> for CidrText {
 /// | `buckets` | integer | sliding window ([`buckets`](Policy::buckets)) |
 /// | `key` | string | this policy's key ([`KeySpec`]) |
 /// | `routes` | strings | `"/path"`, `"GET /path"`, `"/prefix/*"` ([`route`](Policy::route)) |
-/// | `cost` | integer, string | units per request ([`cost`](Policy::cost)), or `"json:<pointer>"`: the number at that JSON pointer of the body ([`cost_json`](Policy::cost_json)) |
+/// | `cost` | integer, string | units per request ([`cost`](Policy::cost)), or `"json:<pointer>"`: the number at that JSON pointer of the body ([`cost_json`](Policy::cost_json)), or `"graphql"` (`"graphql:<max depth>"`, 10 by default): its GraphQL query's calculated cost ([`cost_graphql`](Policy::cost_graphql)) |
 /// | `shadow` | bool | dry run ([`shadow`](Policy::shadow)) |
 /// | `charge_if_status` | integers | charge only responses with these statuses ([`charge_if`](Policy::charge_if)) |
 /// | `refund_if_status` | integers | give the cost back for these statuses ([`refund_if`](Policy::refund_if)) |
@@ -385,6 +385,8 @@ impl TryFrom<RawPolicy> for PolicyConfig {
             Some(CostText::Units(units)) => policy = policy.cost(move |_| units),
             #[cfg(feature = "json")]
             Some(CostText::Json(pointer)) => policy = policy.cost_json(&pointer),
+            #[cfg(feature = "graphql")]
+            Some(CostText::Graphql(depth)) => policy = policy.cost_graphql(depth),
             None => {}
         }
         policy = r.tiered(policy);

@@ -393,6 +393,8 @@ pub mod fuzzing;
 mod waiting;
 pub mod body;
 pub mod request_body;
+#[cfg(feature = "graphql")]
+pub mod graphql;
 mod clock;
 pub mod calendar;
 mod error;

@@ -140,6 +140,9 @@ pub struct RequestBody {
     bytes: Bytes,
     #[cfg(feature = "json")]
     json: Option<Arc<serde_json::Value>>,
+    /// The calculated cost of its GraphQL query, once a policy asked for it.
+    #[cfg(feature = "graphql")]
+    graphql: std::sync::OnceLock<Result<crate::graphql::QueryCost, crate::graphql::GraphqlError>>,
 }
 
 impl RequestBody {
@@ -152,6 +155,18 @@ impl RequestBody {
     #[cfg(feature = "json")]
     pub fn json(&self) -> Option<&serde_json::Value> {
         self.json.as_deref()
+    }
+
+    /// The calculated cost of the GraphQL query of its JSON body, computed once.
+    #[cfg(feature = "graphql")]
+    pub(crate) fn graphql_cost(
+        &self,
+    ) -> Result<crate::graphql::QueryCost, crate::graphql::GraphqlError> {
+        let measure = || match &self.json {
+            Some(json) => crate::graphql::request_cost(json),
+            None => crate::graphql::request_cost(&serde_json::Value::Null),
+        };
+        self.graphql.get_or_init(measure).clone()
     }
 
     /// `bytes` parsed as JSON when `json` says so, or why they do not parse.
@@ -174,6 +189,8 @@ impl RequestBody {
             bytes,
             #[cfg(feature = "json")]
             json,
+            #[cfg(feature = "graphql")]
+            graphql: std::sync::OnceLock::new(),
         })
     }
 }

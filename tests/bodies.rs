@@ -603,3 +603,77 @@ async fn a_body_policy_needs_a_layer_that_reads_bodies() {
     );
     assert!(key::json("params/name").is_err());
 }
+
+/// 100 points a minute per client, each query its calculated cost, at most 4 deep.
+fn graphql<St: Store>(
+    store: St,
+) -> RateLimitLayer<St, tower_ratelimit::body::Wrapped, tower_ratelimit::request_body::Read> {
+    RateLimitLayer::builder()
+        .policy(
+            Policy::fixed_window("100/min")
+                .name("points")
+                .cost_graphql(4),
+        )
+        .key(HeaderKey::try_new("x-client").unwrap())
+        .store(store)
+        .read_bodies(BodyLimits::new())
+        .build()
+        .unwrap()
+}
+
+/// GraphQL queries charged their calculated cost across two layers; a query too deep or
+/// that does not parse is answered 400 naming why, charged nothing.
+async fn graphql_costs_across_two_layers<St: Store + Clone>(one: St, two: St) {
+    let (one, two) = (app(&graphql(one)), app(&graphql(two)));
+    let query = |q: &str| Frames::json(&json!({"query": q}));
+    let issue = "{ viewer { repositories(first: 10) { nodes { name stars } } } }";
+    let reply = post(&one, "/graphql", "a", query(issue)).await;
+    assert_eq!(
+        (reply.status, reply.remaining()),
+        (StatusCode::OK, Some(68)),
+        "{}",
+        reply.body
+    );
+    let vars = json!({"query": "query($n: Int) { a(first: $n) { b } }", "variables": {"n": 30}});
+    let reply = post(&two, "/graphql", "a", Frames::json(&vars)).await;
+    assert_eq!(
+        (reply.status, reply.remaining()),
+        (StatusCode::OK, Some(37))
+    );
+    let reply = post(&one, "/graphql", "a", query("{ a(first: 40) { b } }")).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    let deep = post(
+        &two,
+        "/graphql",
+        "b",
+        query("{ a { b { c { d { e } } } } }"),
+    )
+    .await;
+    assert_problem(
+        &deep,
+        StatusCode::BAD_REQUEST,
+        "graphql_too_deep",
+        "5 fields deep",
+    );
+    let broken = post(&one, "/graphql", "b", query("{ a(first: ) }")).await;
+    assert_problem(
+        &broken,
+        StatusCode::BAD_REQUEST,
+        "bad_graphql",
+        "line 1, column",
+    );
+    let reply = post(&two, "/graphql", "b", query("{ a(first: 99) { b } }")).await;
+    assert_eq!(
+        (reply.status, reply.remaining()),
+        (StatusCode::OK, Some(0)),
+        "b had its 100"
+    );
+}
+
+on_two_of_each_store!(
+    graphql_costs_across_two_layers,
+    "bodies-graphql",
+    graphql_in_memory,
+    graphql_on_two_instances_of_one_redis,
+    graphql_on_the_cluster
+);

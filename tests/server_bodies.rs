@@ -207,6 +207,8 @@ fn bad_body_variables_stop_the_server_naming_them() {
         let err = start_error(&[(name, value)]);
         assert!(err.contains(says), "{name}={value}: {err}");
     }
+    let both = start_error(&[("BODY_COST", "/n"), ("GRAPHQL_COST", "true")]);
+    assert!(both.contains("BODY_COST and GRAPHQL_COST"), "{both}");
     let err = start_error(&[("CONFIG", "examples/limits.toml"), ("JSONRPC", "true")]);
     assert!(err.contains("JSONRPC cannot be set with it"), "{err}");
 }
@@ -279,4 +281,72 @@ fn usage_settled_from_the_response_on_two_servers_of_a_cluster() {
     let env = shared(&url, "use:", &USAGE);
     let (a, b) = (DemoServer::start(&env), DemoServer::start(&env));
     usage_settled(&a, &b);
+}
+
+/// `/graphql` through `a` and `b` with `GRAPHQL_COST=true GRAPHQL_MAX_DEPTH=4
+/// RATE_LIMIT=100/min`: each query charged its calculated cost across both; too deep or
+/// broken, 400 and nothing charged.
+fn graphql_costs(a: &DemoServer, b: &DemoServer) {
+    let query = |s: &DemoServer, q: &str| {
+        let body = json!({ "query": q }).to_string();
+        post(
+            s.addr,
+            "/graphql",
+            &[("content-type", "application/json")],
+            &body,
+        )
+    };
+    let issue = "{ viewer { repositories(first: 10) { nodes { name stars } } } }";
+    assert_eq!(query(a, issue), (200, r#"{"data":null}"#.to_owned()));
+    let (status, problem) = query(b, "{ a { b { c { d { e } } } } }");
+    assert_eq!(status, 400);
+    assert!(
+        problem.contains("\"graphql_too_deep\"") && problem.contains("5 fields deep"),
+        "{problem}"
+    );
+    let (status, problem) = query(a, "{ a(first: ) }");
+    assert_eq!(status, 400);
+    assert!(problem.contains("\"bad_graphql\""), "{problem}");
+    assert_eq!(
+        query(b, "{ a(first: 67) { b } }").0,
+        200,
+        "68 more: 100 spent"
+    );
+    assert_eq!(query(a, "{ a }").0, 429);
+}
+
+const GRAPHQL: [(&str, &str); 4] = [
+    ("GRAPHQL_COST", "true"),
+    ("GRAPHQL_MAX_DEPTH", "4"),
+    ("RATE_LIMIT", "100/min"),
+    ("ALGORITHM", "fixed_window"),
+];
+
+#[test]
+fn graphql_costs_in_memory() {
+    let server = DemoServer::start(&GRAPHQL);
+    assert!(
+        server.first_line.contains("GRAPHQL_MAX_DEPTH=4"),
+        "{}",
+        server.first_line
+    );
+    graphql_costs(&server, &server);
+}
+
+#[test]
+fn graphql_costs_on_two_servers_of_one_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let env = shared(&url, "gql:", &GRAPHQL);
+    let (a, b) = (DemoServer::start(&env), DemoServer::start(&env));
+    graphql_costs(&a, &b);
+}
+
+#[test]
+fn graphql_costs_on_two_servers_of_a_cluster() {
+    let cluster = RedisCluster::start();
+    let url = cluster.url();
+    let env = shared(&url, "gql:", &GRAPHQL);
+    let (a, b) = (DemoServer::start(&env), DemoServer::start(&env));
+    graphql_costs(&a, &b);
 }

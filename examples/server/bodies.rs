@@ -13,7 +13,13 @@ use tower_ratelimit::request_body::BodyLimits;
 use crate::config::env_or;
 
 /// The variables a policy file replaces (its policies say their keys and costs).
-pub(crate) const REPLACED_BY_CONFIG: [&str; 3] = ["BODY_KEY", "BODY_COST", "JSONRPC"];
+pub(crate) const REPLACED_BY_CONFIG: [&str; 5] = [
+    "BODY_KEY",
+    "BODY_COST",
+    "JSONRPC",
+    "GRAPHQL_COST",
+    "GRAPHQL_MAX_DEPTH",
+];
 
 /// What the policies read of a request's body.
 pub(crate) struct Bodies {
@@ -23,6 +29,8 @@ pub(crate) struct Bodies {
     jsonrpc: bool,
     /// `BODY_COST`: the pointer of the request's cost.
     cost: Option<String>,
+    /// `GRAPHQL_COST=true`: the query's calculated cost, at most `GRAPHQL_MAX_DEPTH` deep.
+    graphql: Option<u32>,
     /// `BODY_LIMIT`: the bound on a body read.
     pub(crate) limits: BodyLimits,
 }
@@ -39,11 +47,26 @@ impl Bodies {
                 }
             }
         };
-        let jsonrpc = match env_or("JSONRPC", "false")?.as_str() {
-            "true" => true,
-            "false" => false,
-            other => return Err(format!("JSONRPC: {other:?} is neither true nor false")),
+        let yes = |name: &str| match env_or(name, "false")?.as_str() {
+            "true" => Ok(true),
+            "false" => Ok(false),
+            other => Err(format!("{name}: {other:?} is neither true nor false")),
         };
+        let jsonrpc = yes("JSONRPC")?;
+        let depth = env_or("GRAPHQL_MAX_DEPTH", "10")?;
+        let depth = match depth.parse::<u32>() {
+            Ok(n) if n > 0 => n,
+            _ => {
+                return Err(format!(
+                    "GRAPHQL_MAX_DEPTH: {depth:?} is not a depth of 1 or more fields"
+                ));
+            }
+        };
+        let graphql = yes("GRAPHQL_COST")?.then_some(depth);
+        let cost = pointer("BODY_COST")?;
+        if cost.is_some() && graphql.is_some() {
+            return Err("BODY_COST and GRAPHQL_COST: a request has one cost; drop one".into());
+        }
         let limit = env_or("BODY_LIMIT", &BodyLimits::DEFAULT_LIMIT.to_string())?;
         let limit = match limit.parse::<usize>() {
             Ok(n) if (1..=1 << 30).contains(&n) => n,
@@ -56,7 +79,8 @@ impl Bodies {
         Ok(Bodies {
             pointer: pointer("BODY_KEY")?,
             jsonrpc,
-            cost: pointer("BODY_COST")?,
+            cost,
+            graphql,
             limits: BodyLimits::new().limit(limit),
         })
     }
@@ -76,11 +100,13 @@ impl Bodies {
         }
     }
 
-    /// `policy`, costing what the body says when `BODY_COST` is set.
+    /// `policy`, costing what the body says when `BODY_COST` is set, or its GraphQL query's
+    /// cost with `GRAPHQL_COST`.
     pub(crate) fn policy(&self, policy: Policy) -> Policy {
-        match &self.cost {
-            Some(pointer) => policy.cost_json(pointer),
-            None => policy,
+        match (&self.cost, self.graphql) {
+            (Some(pointer), _) => policy.cost_json(pointer),
+            (None, Some(depth)) => policy.cost_graphql(depth),
+            (None, None) => policy,
         }
     }
 
@@ -94,6 +120,9 @@ impl Bodies {
         }
         if self.jsonrpc {
             said.push_str(" JSONRPC=true");
+        }
+        if let Some(depth) = self.graphql {
+            said.push_str(&format!(" GRAPHQL_COST=true GRAPHQL_MAX_DEPTH={depth}"));
         }
         said
     }

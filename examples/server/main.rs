@@ -160,9 +160,17 @@ Environment variables:
   JSONRPC     true: the JSON-RPC method joins KEY's key (tools/call:<name> for an MCP
               tool call); a batch is charged per call in one decision, all or none,
               and a denied batch names its calls over       (default false)
-  BODY_LIMIT  the most bytes of a body read for BODY_KEY, BODY_COST and JSONRPC; more
-              is answered 413, a body not all there within 10 s 408, a body that is
-              not JSON 400, none of them charged   (default 65536)
+  GRAPHQL_COST
+              true: every RATE_LIMIT policy charges the calculated cost of the GraphQL
+              query in the JSON body (every field 1; first or last multiply their
+              field's selection; fragments expanded): { viewer { repositories(first: 10)
+              { nodes { name stars } } } } costs 32; a query that does not parse, or
+              is deeper than GRAPHQL_MAX_DEPTH fields, is answered 400 (default false)
+  GRAPHQL_MAX_DEPTH
+              with GRAPHQL_COST: the deepest query allowed, in fields (default 10)
+  BODY_LIMIT  the most bytes of a body read for BODY_KEY, BODY_COST, JSONRPC and
+              GRAPHQL_COST; more is answered 413, a body not all there within 10 s
+              408, a body that is not JSON 400, none of them charged (default 65536)
   NEAR_LIMIT  warn when a key has used this percent of a RATE_LIMIT policy, e.g. 80:
               once per key and window, counted in ratelimit_near_limit_total on /metrics,
               the key listed in near_keys on /admin/top   (default unset)

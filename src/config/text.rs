@@ -134,13 +134,16 @@ pub(super) fn statuses(codes: &[Text<Status>]) -> Arc<[StatusCode]> {
     codes.iter().map(|c| c.0.0).collect()
 }
 
-/// A policy's cost as written: units (`3`), or `"json:<pointer>"`, the number at that JSON
-/// pointer of the request's body.
+/// A policy's cost as written: units (`3`); `"json:<pointer>"`, the number at that JSON
+/// pointer of the request's body; `"graphql"` or `"graphql:<max depth>"`, its GraphQL
+/// query's calculated cost (at most 10 deep by default).
 #[derive(Clone, Debug)]
 pub(super) enum CostText {
     Units(u32),
     #[cfg(feature = "json")]
     Json(String),
+    #[cfg(feature = "graphql")]
+    Graphql(u32),
 }
 
 impl std::str::FromStr for CostText {
@@ -157,9 +160,21 @@ impl std::str::FromStr for CostText {
                 "the cost json:{pointer} reads JSON bodies: build with the json feature"
             )));
         }
+        #[cfg(feature = "graphql")]
+        if let Some(depth) = s.strip_prefix("graphql") {
+            let depth = match depth.strip_prefix(':') {
+                Some(depth) => depth.parse().ok().filter(|&d| d > 0),
+                None => depth.is_empty().then_some(10),
+            };
+            return depth.map(CostText::Graphql).ok_or_else(|| {
+                ConfigError::new(format!(
+                    "cost {s:?}: expected graphql, or graphql:<max depth> with a depth of 1 or more"
+                ))
+            });
+        }
         s.parse().map(CostText::Units).map_err(|_| {
             ConfigError::new(format!(
-                "cost {s:?}: expected a whole number of units or json:<pointer>"
+                "cost {s:?}: expected a whole number of units, json:<pointer> or graphql"
             ))
         })
     }

@@ -73,6 +73,8 @@ pub use from_fn::{FromFn, from_fn};
 pub use global::GlobalKey;
 pub use grpc::GrpcMethod;
 pub use header::HeaderKey;
+#[cfg(feature = "graphql")]
+pub(crate) use json::body_json;
 #[cfg(feature = "json")]
 pub use json::{JsonKey, JsonRpcKey, MISSING, json, jsonrpc};
 #[cfg(feature = "json")]

@@ -36,6 +36,12 @@ impl<'a> RequestRef<'a> {
         self
     }
 
+    /// The call of a JSON-RPC batch its body keys read, if they read one.
+    #[cfg(feature = "graphql")]
+    pub(crate) fn call(&self) -> Option<&'a serde_json::Value> {
+        self.call
+    }
+
     /// The request body as the layer read it, if it did
     /// ([`read_bodies`](crate::RateLimitLayerBuilder::read_bodies)).
     pub fn body(&self) -> Option<&'a crate::request_body::RequestBody> {

@@ -53,8 +53,9 @@ pub struct Policy {
     pub(super) options: Options,
     pub(super) key: Option<Arc<dyn KeyExtractor>>,
     pub(super) cost: Option<CostFn>,
-    /// The JSON pointer of the body's cost ([`Policy::cost_json`]), or why it is none.
-    pub(super) cost_json: Option<Result<Arc<str>, ConfigError>>,
+    /// Where the body states the cost ([`Policy::cost_json`], [`Policy::cost_graphql`]), or
+    /// why it cannot.
+    pub(super) body_cost: Option<Result<super::body_cost::BodyCost, ConfigError>>,
     /// How the policy takes part in a decision: the operation its checks make, chosen by one
     /// builder method ([`Policy::shadow`], [`Policy::charge_if`], [`Policy::wait_up_to`],
     /// [`Policy::concurrency`]; enforced unless one is called), or why it cannot (two ways
@@ -125,7 +126,7 @@ impl Policy {
             options: Options::default(),
             key: None,
             cost: None,
-            cost_json: None,
+            body_cost: None,
             takes: Ok(Op::Enforce),
             charge_if: None,
             lease: None,
@@ -358,7 +359,7 @@ impl Policy {
         F: Fn(&RequestRef<'_>) -> u32 + Send + Sync + 'static,
     {
         self.cost = Some(Arc::new(cost));
-        self.cost_json = None;
+        self.body_cost = None;
         self
     }
 
@@ -387,7 +388,43 @@ impl Policy {
     #[must_use]
     pub fn cost_json(mut self, pointer: &str) -> Self {
         let checked = crate::key::check_pointer(pointer).map(|()| Arc::from(pointer));
-        self.cost_json = Some(checked.map_err(|e| e.context("cost_json")));
+        let cost = checked.map(super::body_cost::BodyCost::Json);
+        self.body_cost = Some(cost.map_err(|e| e.context("cost_json")));
+        self.cost = None;
+        self
+    }
+
+    /// The request's cost is the calculated cost of the GraphQL query in its JSON body
+    /// (`{"query": ..., "operationName": ..., "variables": ...}`), decided before any resolver
+    /// runs: every field costs 1, `first` or `last` multiply their field's selection,
+    /// fragments are expanded (see [`graphql`](crate::graphql) for the cost exactly as
+    /// computed, and the GitHub and Shopify models beside it). A query deeper than
+    /// `max_depth` fields (10 is a common choice) is answered `400` (`graphql_too_deep`),
+    /// one that does not parse or has no cost `400` (`bad_graphql`, naming what is wrong and
+    /// where), charged nothing. A `max_depth` of 0 is reported by `build`. The layer must
+    /// read bodies ([`read_bodies`](crate::RateLimitLayerBuilder::read_bodies)).
+    ///
+    /// ```
+    /// use tower_ratelimit::{Policy, RateLimitLayer, request_body::BodyLimits};
+    ///
+    /// # fn main() -> Result<(), tower_ratelimit::ConfigError> {
+    /// // 1,000 points a minute per client, as a GraphQL API publishes its own.
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::token_bucket("1000/min").cost_graphql(10))
+    ///     .read_bodies(BodyLimits::new())
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "graphql")]
+    #[must_use]
+    pub fn cost_graphql(mut self, max_depth: u32) -> Self {
+        self.body_cost = Some(match max_depth {
+            0 => Err(ConfigError::new(
+                "cost_graphql(0): a query is at least 1 field deep; give the deepest allowed",
+            )),
+            max_depth => Ok(super::body_cost::BodyCost::Graphql { max_depth }),
+        });
         self.cost = None;
         self
     }

@@ -180,7 +180,7 @@ impl Policy {
 
     /// Whether its key (its own, else the layer's `key`) or its cost reads the request body.
     pub(crate) fn reads_body(&self, key: &Arc<dyn KeyExtractor>) -> bool {
-        self.cost_json.is_some() || self.key.as_ref().unwrap_or(key).reads_body()
+        self.body_cost.is_some() || self.key.as_ref().unwrap_or(key).reads_body()
     }
 
     /// The policy's own quota and each tier, named and compiled.
@@ -194,7 +194,7 @@ impl Policy {
         self.check_adaptive().map_err(context)?;
         self.check_near().map_err(context)?;
         self.check_escalation().map_err(context)?;
-        if let Some(Err(e)) = &self.cost_json {
+        if let Some(Err(e)) = &self.body_cost {
             return Err(context(e.clone()));
         }
         if !self.tiers.is_empty() && self.name.is_none() {
@@ -482,8 +482,8 @@ impl Prepared<'_> {
             tier_overrides,
             key: p.key.clone().unwrap_or_else(|| key.clone()),
             cost: p.cost.clone().or_else(|| cost.clone()),
-            cost_json: p.cost_json.clone().and_then(Result::ok),
-            reads_body: p.cost_json.is_some() || p.key.as_ref().unwrap_or(key).reads_body(),
+            body_cost: p.body_cost.clone().and_then(Result::ok),
+            reads_body: p.body_cost.is_some() || p.key.as_ref().unwrap_or(key).reads_body(),
             refund_if: p.refund_if.clone(),
             settle: p.settle.clone().map(Arc::new),
             routes: p.routes.clone(),

@@ -24,9 +24,8 @@ pub(crate) struct CompiledPolicy {
     pub(super) tier_overrides: HashMap<Key, usize>,
     pub(super) key: Arc<dyn KeyExtractor>,
     pub(super) cost: Option<CostFn>,
-    /// The JSON pointer of the body's cost, if the cost is read there.
-    #[cfg_attr(not(feature = "json"), allow(dead_code))]
-    pub(super) cost_json: Option<Arc<str>>,
+    /// Where the body states the cost, if it does.
+    pub(super) body_cost: Option<super::body_cost::BodyCost>,
     /// Its key or its cost reads the request body.
     pub(super) reads_body: bool,
     pub(super) refund_if: Option<StatusFn>,
@@ -133,9 +132,8 @@ impl CompiledPolicy {
     /// The units `request` costs, or why its body states no cost.
     #[inline]
     pub(crate) fn cost(&self, request: &RequestRef<'_>) -> Result<u64, KeyRejection> {
-        #[cfg(feature = "json")]
-        if let Some(pointer) = &self.cost_json {
-            return crate::key::cost_at(request, pointer);
+        if let Some(cost) = &self.body_cost {
+            return cost.of(request);
         }
         Ok(self.cost.as_ref().map_or(1, |f| u64::from(f(request))))
     }

@@ -16,6 +16,7 @@
 //! ```
 
 mod adaptive;
+mod body_cost;
 mod builder;
 mod compile;
 mod compiled;

@@ -40,6 +40,7 @@ echo "== building (release)" >&2
 BR=$(driver driver_redis)
 BH=$(driver driver_http)
 cargo bench --all-features --bench peers --no-run
+cargo bench --all-features --bench bodies --no-run
 [ -x "$BR" ] && [ -x "$BH" ] || { echo "bench.sh: cannot find the driver executables" >&2; exit 1; }
 
 rm -rf "$RAW"
@@ -170,6 +171,12 @@ cargo bench --all-features --bench peers -- --warm-up-time 2 --measurement-time 
     >"$RAW/criterion.txt" 2>&1
 cp -r target/criterion/decision "$RAW/criterion"
 cp -r target/criterion/request "$RAW/criterion-request"
+
+echo "== 13: reading request bodies: a JSON-RPC call, a GraphQL query's cost (criterion)" >&2
+rm -rf target/criterion/bodies
+cargo bench --all-features --bench bodies -- --warm-up-time 2 --measurement-time 4 --noplot \
+    >"$RAW/criterion-bodies.txt" 2>&1
+cp -r target/criterion/bodies "$RAW/criterion-bodies"
 
 echo "== 9, 10: two threads on shared keys; allocations per request" >&2
 "$(driver contention)" "$RUNS" 1 >"$RAW/contention.txt"

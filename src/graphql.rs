@@ -22,14 +22,21 @@
 //! # Ok::<(), tower_ratelimit::graphql::GraphqlError>(())
 //! ```
 //!
-//! Beside the published models: GitHub's GraphQL API counts, for its primary rate limit, the
-//! *requests* each connection's `first`/`last` makes (its nodes' parents), divided by 100 and
-//! rounded, at least 1 a query; and limits a query to 500,000 nodes. Shopify's Admin API
-//! counts 1 per object field, 0 per scalar field, a connection's `first` times its objects,
-//! and 10 per mutation, from a bucket of 1,000 points refilled 50 a second. Both need the
-//! schema (which fields are objects, connections, scalars); this cost needs the query alone,
-//! and charges every field 1, so it is an upper bound of the work a query asks for, in the
-//! same spirit: a client asking for ten thousand nodes pays for ten thousand.
+//! Beside the published models, which need the schema (which fields are objects,
+//! connections, scalars):
+//!
+//! | | this crate | GitHub (GraphQL API) | Shopify (Admin API) |
+//! |---|---|---|---|
+//! | a scalar field | 1 | 0 | 0 |
+//! | an object field | 1 | 0 | 1 |
+//! | a connection with `first: n` | 1 + n × its selection | the requests it takes to fetch (its parents' count), summed, divided by 100, rounded; at least 1 a query | 2 + n × its selection |
+//! | a mutation | its fields | as a query | 10 |
+//! | what is limited | any quota | 5,000 points an hour per user; at most 500,000 nodes a query | a bucket of points refilled each second, sized by the shop's plan |
+//!
+//! Charging every field 1 makes this cost an upper bound of the work a query asks for, in
+//! the same spirit: a client asking for ten thousand nodes pays for ten thousand. A query's
+//! depth is limited by the policy, its size by the body's bound, and its parsing by limits on
+//! nesting and tokens.
 
 use std::collections::HashMap;
 use std::fmt;

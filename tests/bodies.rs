@@ -268,6 +268,11 @@ async fn batches_across_two_layers<St: Store + Clone>(one: St, two: St) {
         reply.body
     );
     let problem: Value = serde_json::from_str(&reply.body).unwrap();
+    assert!(
+        reply.body.starts_with("{\"type\":"),
+        "members in their order: {}",
+        reply.body
+    );
     assert_eq!(
         problem["calls"],
         json!([{"index": 1, "id": 5, "policies": ["per-tool"]}]),

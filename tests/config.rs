@@ -323,3 +323,17 @@ cost = "json:/max_tokens"
         .build();
     assert!(unread.unwrap_err().to_string().contains("read_bodies"));
 }
+
+/// The body guide's file reads, and builds on a layer that reads bodies.
+#[test]
+fn the_body_guides_file_reads_and_builds() {
+    let guide = include_str!("../src/guide/body.md");
+    let start = guide.find("```toml\n").unwrap() + "```toml\n".len();
+    let text = &guide[start..start + guide[start..].find("```").unwrap()];
+    let limits = read(text).unwrap();
+    RateLimitLayer::builder()
+        .policies(limits.policies().unwrap())
+        .read_bodies(tower_ratelimit::request_body::BodyLimits::new())
+        .build()
+        .unwrap();
+}

@@ -11,6 +11,7 @@
 //! | [`plans`] | quotas the way API products sell them: a day, a week or a month in a time zone, per plan |
 //! | [`limits`] | one key's limit changed at runtime, on every instance, until a given time |
 //! | [`costs`] | costs known once the response is done: LLM tokens per minute and per day, bytes sent |
+//! | [`body`] | keys and costs in the request body: MCP tools, JSON-RPC batches, GraphQL costs, LLM tokens |
 //! | [`concurrency`] | how many requests may be in flight at once |
 //! | [`overload`] | when the service itself is the bottleneck: an adaptive concurrency limit, capacity kept for priority |
 //! | [`abuse`] | abusive clients: blocks that escalate, allow and deny lists of networks and keys, a warning before the limit |
@@ -37,6 +38,10 @@ pub mod limits {}
 
 #[doc = include_str!("costs.md")]
 pub mod costs {}
+
+#[cfg(feature = "graphql")]
+#[doc = include_str!("body.md")]
+pub mod body {}
 
 #[doc = include_str!("concurrency.md")]
 pub mod concurrency {}

@@ -126,8 +126,11 @@ impl<St> Limiter<St> {
         ) else {
             return response;
         };
-        let Ok(Value::Object(mut problem)) = serde_json::from_slice::<Value>(response.body())
-        else {
+        // A problem document (an object) gets its member last, its own members as they were.
+        let body = response.body();
+        let end = body.iter().rposition(|b| !b.is_ascii_whitespace());
+        let object = matches!(serde_json::from_slice::<Value>(body), Ok(Value::Object(_)));
+        let Some(end) = end.filter(|&end| object && body[end] == b'}') else {
             return response;
         };
         let mut over: Vec<Vec<&str>> = vec![Vec::new(); calls.len()];
@@ -163,10 +166,14 @@ impl<St> Limiter<St> {
                 |(i, policies)| json!({"index": i, "id": calls[i].get("id"), "policies": policies}),
             )
             .collect();
-        problem.insert("calls".to_owned(), Value::Array(named));
+        let mut written = body[..end].to_vec();
+        let empty = written.iter().rev().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+        written.extend_from_slice(if empty { b"\"calls\":" } else { b",\"calls\":" });
+        written.extend_from_slice(Value::Array(named).to_string().as_bytes());
+        written.push(b'}');
         let (mut parts, _) = response.into_parts();
         parts.headers.remove(http::header::CONTENT_LENGTH);
-        Response::from_parts(parts, Bytes::from(Value::Object(problem).to_string()))
+        Response::from_parts(parts, Bytes::from(written))
     }
 }
 

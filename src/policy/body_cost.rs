@@ -1,5 +1,5 @@
-//! A request's cost read from its body ([`Policy::cost_json`](super::Policy::cost_json),
-//! [`Policy::cost_graphql`](super::Policy::cost_graphql)).
+//! Where a policy reads a request's cost in its body (`Policy::cost_json`,
+//! `Policy::cost_graphql`, in `body_costs.rs`), and the cost it reads.
 
 use crate::error::KeyRejection;
 use crate::key::RequestRef;

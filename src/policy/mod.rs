@@ -17,6 +17,7 @@
 
 mod adaptive;
 mod body_cost;
+mod body_costs;
 mod builder;
 mod compile;
 mod compiled;

@@ -92,7 +92,8 @@ where
             body,
             collected: Collected::default(),
             trailers: None,
-            deadline: tokio::time::sleep(wanted.get_deadline()),
+            started: tokio::time::Instant::now(),
+            deadline: None,
             wanted,
             inner: Some(inner),
             limiter: self.limiter.clone(),
@@ -139,8 +140,10 @@ pin_project! {
         collected: Collected,
         trailers: Option<http::HeaderMap>,
         too_long: bool,
+        started: tokio::time::Instant,
+        // Made once the body makes the request wait: most bodies have come with the head.
         #[pin]
-        deadline: tokio::time::Sleep,
+        deadline: Option<tokio::time::Sleep>,
         wanted: BodyLimits,
         inner: Option<RateLimit<S, St, M>>,
         limiter: Arc<Limiter<St>>,
@@ -198,7 +201,12 @@ impl<S, B: Body, St, M> Reading<S, B, St, M> {
         loop {
             let frame = match this.body.as_mut().poll_frame(cx) {
                 Poll::Pending => {
-                    ready!(this.deadline.as_mut().poll(cx));
+                    if this.deadline.is_none() {
+                        let end = *this.started + this.wanted.get_deadline();
+                        this.deadline.set(Some(tokio::time::sleep_until(end)));
+                    }
+                    let deadline = this.deadline.as_mut().as_pin_mut().expect("set above");
+                    ready!(deadline.poll(cx));
                     return Poll::Ready(Err(KeyRejection::new(
                         StatusCode::REQUEST_TIMEOUT,
                         "body_timeout",

@@ -20,6 +20,8 @@ use crate::error::ConfigError;
 
 #[cfg(feature = "json")]
 mod json;
+#[cfg(all(fuzzing, feature = "json"))]
+pub(crate) use json::JsonCost;
 pub(crate) mod meter;
 
 /// The real cost of a response, in the policy's units, set by the handler in the response's

@@ -60,6 +60,8 @@ struct Frames {
     frames: VecDeque<Frame<Bytes>>,
     stall: bool,
     fail: bool,
+    /// The length it says it has (a `Content-Length`), if it says one.
+    length: Option<u64>,
 }
 
 impl Frames {
@@ -68,6 +70,7 @@ impl Frames {
             frames: frames.into_iter().collect(),
             stall: false,
             fail: false,
+            length: None,
         }
     }
 
@@ -93,7 +96,8 @@ impl Body for Frames {
     }
 
     fn size_hint(&self) -> SizeHint {
-        SizeHint::default()
+        self.length
+            .map_or_else(SizeHint::default, SizeHint::with_exact)
     }
 }
 
@@ -530,6 +534,16 @@ async fn bodies_that_cannot_be_read_are_answered_and_charge_nothing() {
     let ask = |body: Frames| send(&app, Request::post("/mcp").body(body).unwrap());
     let chunk = |n: usize| Frame::data(Bytes::from(vec![b' '; n]));
     let reply = ask(Frames::new([chunk(40), chunk(40)])).await;
+    assert_problem(
+        &reply,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        "64 bytes",
+    );
+    // Said by its length before any byte came: answered at once, not after the deadline.
+    let mut announced = Frames::new([]);
+    (announced.stall, announced.length) = (true, Some(65));
+    let reply = ask(announced).await;
     assert_problem(
         &reply,
         StatusCode::PAYLOAD_TOO_LARGE,

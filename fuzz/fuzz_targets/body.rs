@@ -17,7 +17,11 @@ struct Input<'a> {
 
 fuzz_target!(|input: Input<'_>| {
     let status = tower_ratelimit::fuzzing::body_status(input.body, input.layer);
-    assert!([200, 400, 413, 429].contains(&status), "{status}: {:?}", input.body);
+    assert!(
+        [200, 400, 413, 429].contains(&status),
+        "{status}: {:?}",
+        input.body
+    );
     if let Ok(query) = std::str::from_utf8(input.body) {
         if let Ok(cost) = tower_ratelimit::graphql::query_cost(query, None, None) {
             assert!(cost.depth <= 128, "{cost:?}");

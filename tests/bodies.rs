@@ -4,6 +4,7 @@
 //! broken body, a body that is not JSON), nothing charged; the inner service gets the same
 //! bytes and trailers, and a route without a body policy is not buffered.
 
+#[macro_use]
 mod support;
 
 use std::collections::VecDeque;
@@ -18,42 +19,11 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use support::http::{PROBLEM_JSON, Reply, send};
-use support::{RedisCluster, RedisServer};
 use tower::ServiceExt;
 use tower_ratelimit::key::{self, HeaderKey};
 use tower_ratelimit::request_body::{BodyLimits, ReadBody, RequestBody};
 use tower_ratelimit::settle::Settle;
-use tower_ratelimit::{ManualClock, MemoryStore, Policy, RateLimitLayer, Store};
-
-/// The tests of a scenario on two layers sharing one store: in memory, on two instances of
-/// one Redis under `prefix` (no key left without a TTL), and on the cluster.
-macro_rules! on_two_of_each_store {
-    ($scenario:ident, $prefix:literal, $memory:ident, $redis:ident, $cluster:ident) => {
-        #[tokio::test]
-        async fn $memory() {
-            let store = MemoryStore::new();
-            $scenario(store.clone(), store).await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $redis() {
-            let server = RedisServer::start();
-            let clock = ManualClock::new();
-            let store = || server.store($prefix, &clock);
-            $scenario(store().await, store().await).await;
-            support::assert_no_key_without_ttl(&server, $prefix);
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $cluster() {
-            let cluster = RedisCluster::start();
-            let clock = ManualClock::new();
-            let one = cluster.store($prefix, &clock).await;
-            let two = cluster.store($prefix, &clock).await;
-            $scenario(one, two).await;
-        }
-    };
-}
+use tower_ratelimit::{ManualClock, Policy, RateLimitLayer, Store};
 
 /// A body of these frames, then its end; `stall`: then waits forever instead.
 struct Frames {
@@ -191,7 +161,7 @@ fn per_tool<St: Store>(
 
 /// An MCP client's tool calls through two layers sharing a store: limited per client and
 /// tool, across both.
-async fn tools_across_two_layers<St: Store + Clone>(one: St, two: St) {
+async fn tools_across_two_layers<St: Store + Clone>(one: St, two: St, _: ManualClock) {
     let (one, two) = (app(&per_tool(one)), app(&per_tool(two)));
     let search = || Frames::json(&call(1, "tools/call", Some("search")));
     assert_eq!(
@@ -246,7 +216,7 @@ on_two_of_each_store!(
 
 /// A JSON-RPC batch through two layers sharing a store: each call charged to its own key in
 /// one decision, all or none; a denied batch names the calls that were over.
-async fn batches_across_two_layers<St: Store + Clone>(one: St, two: St) {
+async fn batches_across_two_layers<St: Store + Clone>(one: St, two: St, _: ManualClock) {
     let (one, two) = (app(&per_tool(one)), app(&per_tool(two)));
     let batch = |calls: &[(u64, &str)]| {
         let calls: Vec<Value> = (calls.iter())
@@ -328,7 +298,7 @@ fn tokens<St: Store>(
 
 /// Costs stated in bodies, charged across two layers; a cost that is none is answered 400
 /// and charged nothing.
-async fn costs_across_two_layers<St: Store + Clone>(one: St, two: St) {
+async fn costs_across_two_layers<St: Store + Clone>(one: St, two: St, _: ManualClock) {
     let (one, two) = (app(&tokens(one)), app(&tokens(two)));
     let asking = |n: Value| Frames::json(&json!({"model": "m", "max_tokens": n}));
     assert_eq!(
@@ -422,7 +392,7 @@ fn settled<St: Store>(
 
 /// Calls estimated from their bodies, settled from their responses' JSON and from the last
 /// event of a stream, exactly, as the other layer sees.
-async fn usage_settled_across_two_layers<St: Store + Clone>(one: St, two: St) {
+async fn usage_settled_across_two_layers<St: Store + Clone>(one: St, two: St, _: ManualClock) {
     use tower::Layer;
     let (first, second) = (settled(one), settled(two));
     let app = |layer: &RateLimitLayer<St, _, _>| layer.layer(tower::service_fn(llm));
@@ -642,7 +612,7 @@ fn graphql<St: Store>(
 
 /// GraphQL queries charged their calculated cost across two layers; a query too deep or
 /// that does not parse is answered 400 naming why, charged nothing.
-async fn graphql_costs_across_two_layers<St: Store + Clone>(one: St, two: St) {
+async fn graphql_costs_across_two_layers<St: Store + Clone>(one: St, two: St, _: ManualClock) {
     let (one, two) = (app(&graphql(one)), app(&graphql(two)));
     let query = |q: &str| Frames::json(&json!({"query": q}));
     let issue = "{ viewer { repositories(first: 10) { nodes { name stars } } } }";

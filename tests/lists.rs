@@ -4,6 +4,7 @@
 //! sharing it from its next request and ending at their time (an injected clock), on both
 //! stores and the cluster; a network match costs no store call; reloaded lists.
 
+#[macro_use]
 mod support;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -17,38 +18,6 @@ use tower_ratelimit::response::DENIED;
 use tower_ratelimit::{
     Clock, LimitError, ManualClock, MemoryStore, Policy, RateLimitLayer, RedisStore, Store,
 };
-
-/// The three tests of a scenario on two layers (`one` changes, `two` obeys): in memory (one
-/// store shared), on two instances of one Redis under `prefix` (no key left without a TTL),
-/// and on the cluster; each named as given.
-macro_rules! on_two_of_each_store {
-    ($scenario:ident, $prefix:literal, $memory:ident, $redis:ident, $cluster:ident) => {
-        #[tokio::test]
-        async fn $memory() {
-            let clock = ManualClock::new();
-            let store = MemoryStore::builder().clock(clock.clone()).build();
-            $scenario(store.clone(), store, clock).await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $redis() {
-            let server = RedisServer::start();
-            let clock = ManualClock::new();
-            let store = || server.store($prefix, &clock);
-            $scenario(store().await, store().await, clock.clone()).await;
-            support::assert_no_key_without_ttl(&server, $prefix);
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $cluster() {
-            let cluster = RedisCluster::start();
-            let clock = ManualClock::new();
-            let one = cluster.store($prefix, &clock).await;
-            let two = cluster.store($prefix, &clock).await;
-            $scenario(one, two, clock).await;
-        }
-    };
-}
 
 /// The lists of these tests: networks and keys on both, behind the proxy 10.0.0.1.
 fn lists() -> Lists {

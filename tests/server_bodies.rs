@@ -8,6 +8,36 @@ use serde_json::{Value, json};
 use support::demo::{DemoServer, post, start_error};
 use support::{RedisCluster, RedisServer};
 
+/// The three tests of a scenario `fn(a, b)` on demo servers run with `env`: one server in
+/// memory (as `a` and `b`), two sharing one Redis under `prefix` (no key left without a
+/// TTL), and two sharing a cluster; each named as given.
+macro_rules! on_each_store {
+    ($scenario:ident, $env:expr, $prefix:literal, $memory:ident, $redis:ident, $cluster:ident) => {
+        #[test]
+        fn $memory() {
+            let server = DemoServer::start(&$env);
+            $scenario(&server, &server);
+        }
+
+        #[test]
+        fn $redis() {
+            let redis = RedisServer::start();
+            let url = redis.url();
+            let env = shared(&url, $prefix, &$env);
+            $scenario(&DemoServer::start(&env), &DemoServer::start(&env));
+            support::assert_no_key_without_ttl(&redis, $prefix);
+        }
+
+        #[test]
+        fn $cluster() {
+            let cluster = RedisCluster::start();
+            let url = cluster.url();
+            let env = shared(&url, $prefix, &$env);
+            $scenario(&DemoServer::start(&env), &DemoServer::start(&env));
+        }
+    };
+}
+
 /// A JSON-RPC tool call.
 fn tool(id: u64, name: &str) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": name}})
@@ -27,6 +57,7 @@ fn mcp(server: &DemoServer, body: &Value) -> (u16, String) {
 /// `JSONRPC=true RATE_LIMIT=2/min`: per client and tool; a batch all or none, naming the call
 /// over; costs from `BODY_COST` through `/llm`'s requests.
 fn tools_and_batches(a: &DemoServer, b: &DemoServer) {
+    assert!(a.first_line.contains("JSONRPC=true"), "{}", a.first_line);
     assert_eq!(mcp(a, &tool(1, "search")).0, 200);
     let (status, body) = mcp(b, &tool(2, "search"));
     assert_eq!(status, 200, "{body}");
@@ -59,17 +90,6 @@ fn tools_and_batches(a: &DemoServer, b: &DemoServer) {
     );
 }
 
-#[test]
-fn mcp_tools_and_batches_in_memory() {
-    let server = DemoServer::start(&[("JSONRPC", "true"), ("RATE_LIMIT", "2/min")]);
-    assert!(
-        server.first_line.contains("JSONRPC=true"),
-        "{}",
-        server.first_line
-    );
-    tools_and_batches(&server, &server);
-}
-
 /// The variables of two servers on `url` under `prefix`.
 fn shared<'a>(
     url: &'a str,
@@ -83,33 +103,6 @@ fn shared<'a>(
     ];
     env.extend_from_slice(extra);
     env
-}
-
-#[test]
-fn mcp_tools_and_batches_on_two_servers_of_one_redis() {
-    let redis = RedisServer::start();
-    let url = redis.url();
-    let env = shared(
-        &url,
-        "mcp:",
-        &[("JSONRPC", "true"), ("RATE_LIMIT", "2/min")],
-    );
-    let (a, b) = (DemoServer::start(&env), DemoServer::start(&env));
-    tools_and_batches(&a, &b);
-    support::assert_no_key_without_ttl(&redis, "mcp:");
-}
-
-#[test]
-fn mcp_tools_and_batches_on_two_servers_of_a_cluster() {
-    let cluster = RedisCluster::start();
-    let url = cluster.url();
-    let env = shared(
-        &url,
-        "mcp:",
-        &[("JSONRPC", "true"), ("RATE_LIMIT", "2/min")],
-    );
-    let (a, b) = (DemoServer::start(&env), DemoServer::start(&env));
-    tools_and_batches(&a, &b);
 }
 
 /// `/echo` through `a` and `b` with `BODY_KEY=/user BODY_COST=/n RATE_LIMIT=10/min`: the body
@@ -150,30 +143,6 @@ const KEYS_AND_COSTS: [(&str, &str); 5] = [
     ("ALGORITHM", "fixed_window"),
     ("BODY_LIMIT", "256"),
 ];
-
-#[test]
-fn body_keys_and_costs_in_memory() {
-    let server = DemoServer::start(&KEYS_AND_COSTS);
-    keys_and_costs(&server, &server);
-}
-
-#[test]
-fn body_keys_and_costs_on_two_servers_of_one_redis() {
-    let redis = RedisServer::start();
-    let url = redis.url();
-    let env = shared(&url, "bk:", &KEYS_AND_COSTS);
-    let (a, b) = (DemoServer::start(&env), DemoServer::start(&env));
-    keys_and_costs(&a, &b);
-}
-
-#[test]
-fn body_keys_and_costs_on_two_servers_of_a_cluster() {
-    let cluster = RedisCluster::start();
-    let url = cluster.url();
-    let env = shared(&url, "bk:", &KEYS_AND_COSTS);
-    let (a, b) = (DemoServer::start(&env), DemoServer::start(&env));
-    keys_and_costs(&a, &b);
-}
 
 #[test]
 fn bad_body_variables_stop_the_server_naming_them() {
@@ -259,34 +228,15 @@ const USAGE: [(&str, &str); 3] = [
     ("ALGORITHM", "fixed_window"),
 ];
 
-#[test]
-fn usage_settled_from_the_response_in_memory() {
-    let server = DemoServer::start(&USAGE);
-    usage_settled(&server, &server);
-}
-
-#[test]
-fn usage_settled_from_the_response_on_two_servers_of_one_redis() {
-    let redis = RedisServer::start();
-    let url = redis.url();
-    let env = shared(&url, "use:", &USAGE);
-    let (a, b) = (DemoServer::start(&env), DemoServer::start(&env));
-    usage_settled(&a, &b);
-}
-
-#[test]
-fn usage_settled_from_the_response_on_two_servers_of_a_cluster() {
-    let cluster = RedisCluster::start();
-    let url = cluster.url();
-    let env = shared(&url, "use:", &USAGE);
-    let (a, b) = (DemoServer::start(&env), DemoServer::start(&env));
-    usage_settled(&a, &b);
-}
-
 /// `/graphql` through `a` and `b` with `GRAPHQL_COST=true GRAPHQL_MAX_DEPTH=4
 /// RATE_LIMIT=100/min`: each query charged its calculated cost across both; too deep or
 /// broken, 400 and nothing charged.
 fn graphql_costs(a: &DemoServer, b: &DemoServer) {
+    assert!(
+        a.first_line.contains("GRAPHQL_MAX_DEPTH=4"),
+        "{}",
+        a.first_line
+    );
     let query = |s: &DemoServer, q: &str| {
         let body = json!({ "query": q }).to_string();
         post(
@@ -322,31 +272,40 @@ const GRAPHQL: [(&str, &str); 4] = [
     ("ALGORITHM", "fixed_window"),
 ];
 
-#[test]
-fn graphql_costs_in_memory() {
-    let server = DemoServer::start(&GRAPHQL);
-    assert!(
-        server.first_line.contains("GRAPHQL_MAX_DEPTH=4"),
-        "{}",
-        server.first_line
-    );
-    graphql_costs(&server, &server);
-}
+const TOOLS: [(&str, &str); 2] = [("JSONRPC", "true"), ("RATE_LIMIT", "2/min")];
 
-#[test]
-fn graphql_costs_on_two_servers_of_one_redis() {
-    let redis = RedisServer::start();
-    let url = redis.url();
-    let env = shared(&url, "gql:", &GRAPHQL);
-    let (a, b) = (DemoServer::start(&env), DemoServer::start(&env));
-    graphql_costs(&a, &b);
-}
+on_each_store!(
+    tools_and_batches,
+    TOOLS,
+    "mcp:",
+    mcp_tools_and_batches_in_memory,
+    mcp_tools_and_batches_on_two_servers_of_one_redis,
+    mcp_tools_and_batches_on_two_servers_of_a_cluster
+);
 
-#[test]
-fn graphql_costs_on_two_servers_of_a_cluster() {
-    let cluster = RedisCluster::start();
-    let url = cluster.url();
-    let env = shared(&url, "gql:", &GRAPHQL);
-    let (a, b) = (DemoServer::start(&env), DemoServer::start(&env));
-    graphql_costs(&a, &b);
-}
+on_each_store!(
+    keys_and_costs,
+    KEYS_AND_COSTS,
+    "bk:",
+    body_keys_and_costs_in_memory,
+    body_keys_and_costs_on_two_servers_of_one_redis,
+    body_keys_and_costs_on_two_servers_of_a_cluster
+);
+
+on_each_store!(
+    usage_settled,
+    USAGE,
+    "use:",
+    usage_settled_from_the_response_in_memory,
+    usage_settled_from_the_response_on_two_servers_of_one_redis,
+    usage_settled_from_the_response_on_two_servers_of_a_cluster
+);
+
+on_each_store!(
+    graphql_costs,
+    GRAPHQL,
+    "gql:",
+    graphql_costs_in_memory,
+    graphql_costs_on_two_servers_of_one_redis,
+    graphql_costs_on_two_servers_of_a_cluster
+);

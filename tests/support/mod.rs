@@ -12,6 +12,42 @@ pub mod proxy;
 pub mod tls;
 pub mod trace;
 
+/// The three tests of a scenario `async fn(one: St, two: St, clock: ManualClock)` on two
+/// layers' stores sharing their state: one memory store (on `clock`), two stores of one
+/// Redis under `prefix` (no key left without a TTL after it), and two of a cluster; each
+/// test named as given. Used with `#[macro_use] mod support;`.
+#[allow(unused_macros)]
+macro_rules! on_two_of_each_store {
+    ($scenario:ident, $prefix:literal, $memory:ident, $redis:ident, $cluster:ident) => {
+        #[tokio::test]
+        async fn $memory() {
+            let clock = tower_ratelimit::ManualClock::new();
+            let store = tower_ratelimit::MemoryStore::builder()
+                .clock(clock.clone())
+                .build();
+            $scenario(store.clone(), store, clock).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $redis() {
+            let server = support::RedisServer::start();
+            let clock = tower_ratelimit::ManualClock::new();
+            let store = || server.store($prefix, &clock);
+            $scenario(store().await, store().await, clock.clone()).await;
+            support::assert_no_key_without_ttl(&server, $prefix);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $cluster() {
+            let cluster = support::RedisCluster::start();
+            let clock = tower_ratelimit::ManualClock::new();
+            let one = cluster.store($prefix, &clock).await;
+            let two = cluster.store($prefix, &clock).await;
+            $scenario(one, two, clock).await;
+        }
+    };
+}
+
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

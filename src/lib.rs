@@ -274,6 +274,12 @@
 //! client IP; [`key::all`] combines several, such as route and client. [`key::from_fn`] keys on
 //! anything else.
 //!
+//! Keys and costs can come from the request body too ([`key::jsonrpc`] per MCP tool or
+//! JSON-RPC method, [`key::json`] at a JSON pointer, [`Policy::cost_json`],
+//! [`Policy::cost_graphql`]) on a layer that reads bodies
+//! ([`read_bodies`](RateLimitLayerBuilder::read_bodies)): see [`guide::body`] and
+//! [`request_body`].
+//!
 //! # Where to put the layer
 //!
 //! * `Router::layer`: every route, and also unmatched paths (a 404 still costs a unit).
@@ -394,6 +400,7 @@ mod waiting;
 pub mod body;
 pub mod request_body;
 #[cfg(feature = "graphql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "graphql")))]
 pub mod graphql;
 mod clock;
 pub mod calendar;

@@ -44,8 +44,6 @@ pub use service::{ReadBodies, ReadFuture};
 pub struct BodyLimits {
     limit: usize,
     deadline: Duration,
-    /// For one request: its policies read the body as JSON.
-    json: bool,
 }
 
 impl BodyLimits {
@@ -60,7 +58,6 @@ impl BodyLimits {
         BodyLimits {
             limit: Self::DEFAULT_LIMIT,
             deadline: Self::DEFAULT_DEADLINE,
-            json: false,
         }
     }
 
@@ -87,17 +84,6 @@ impl BodyLimits {
     /// The deadline.
     pub fn get_deadline(&self) -> Duration {
         self.deadline
-    }
-
-    /// Whether a request's policies read its body as JSON.
-    pub(crate) fn json(&self) -> bool {
-        self.json
-    }
-
-    /// These limits for a request whose policies read the body as JSON, or not.
-    pub(crate) fn parsing(mut self, json: bool) -> Self {
-        self.json = json;
-        self
     }
 
     /// Why these limits cannot be used, if they cannot.
@@ -169,10 +155,11 @@ impl RequestBody {
         self.graphql.get_or_init(measure).clone()
     }
 
-    /// `bytes` parsed as JSON when `json` says so, or why they do not parse.
-    pub(crate) fn parse(bytes: Bytes, json: bool) -> Result<Self, crate::KeyRejection> {
+    /// `bytes` parsed as JSON (every policy that reads the body reads JSON), or why they do
+    /// not parse.
+    pub(crate) fn parse(bytes: Bytes) -> Result<Self, crate::KeyRejection> {
         #[cfg(feature = "json")]
-        let json = if json {
+        let json = {
             let value = serde_json::from_slice(&bytes).map_err(|e| {
                 crate::KeyRejection::bad_request(
                     "body_not_json",
@@ -180,11 +167,7 @@ impl RequestBody {
                 )
             })?;
             Some(Arc::new(value))
-        } else {
-            None
         };
-        #[cfg(not(feature = "json"))]
-        let _ = json;
         Ok(RequestBody {
             bytes,
             #[cfg(feature = "json")]

@@ -40,6 +40,11 @@ impl<S, St, M> RateLimit<S, St, M> {
         }
     }
 
+    /// The engine it asks.
+    pub(crate) fn limiter(&self) -> &Arc<Limiter<St>> {
+        &self.limiter
+    }
+
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner

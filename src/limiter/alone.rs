@@ -30,10 +30,6 @@ impl<St: Store> Limiter<St> {
         if !policy.applies(request) {
             return Next::nothing();
         }
-        #[cfg(feature = "json")]
-        if super::bodies::batch(policy, request).is_some() {
-            return self.plan(request, route, None);
-        }
         let key = match policy.key(request) {
             Ok(key) => key,
             Err(rejection) => return self.key_rejected(policy, &rejection),
@@ -63,10 +59,6 @@ impl<St: Store> Limiter<St> {
     ) -> Next<St::Future> {
         let mut keys: SmallVec<[(&Arc<Tier>, Key, u64); TOGETHER]> = SmallVec::new();
         for policy in route.iter().filter(|p| p.applies(request)) {
-            #[cfg(feature = "json")]
-            if super::bodies::batch(policy, request).is_some() {
-                return self.plan(request, route, None);
-            }
             let key = match policy.key(request) {
                 Ok(key) => key,
                 Err(rejection) => return self.key_rejected(policy, &rejection),

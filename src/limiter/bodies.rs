@@ -26,10 +26,9 @@ impl<St> Limiter<St> {
         if !route.reads_body() {
             return None;
         }
-        let json = (route.iter())
-            .filter(|p| p.reads_body() && p.applies(request))
-            .fold(None, |json, p| Some(json.unwrap_or(false) | p.reads_json()))?;
-        Some(limits.parsing(json))
+        (route.iter())
+            .any(|p| p.reads_body() && p.applies(request))
+            .then_some(limits)
     }
 
     /// The answer to a request whose body could not be read as its policies need.

@@ -46,7 +46,8 @@ impl Lane {
     /// The lane of `list` (compiled from `policies`, with the route's `steps`) on a store
     /// that decides at once or not (`at_once`), in a layer with nothing between a request and
     /// the store but its policies or not (`plain`). A faster lane takes policies decided and
-    /// charged up front whose route has no step but the lists.
+    /// charged up front whose route has no step but the lists, none reading the body (a batch
+    /// makes several checks of one policy, which only the general way plans).
     pub(crate) fn of(
         list: &[CompiledPolicy],
         policies: &[Policy],
@@ -54,7 +55,7 @@ impl Lane {
         at_once: bool,
         plain: bool,
     ) -> Lane {
-        let up_front = list.iter().all(CompiledPolicy::up_front) && steps.only_lists();
+        let up_front = (list.iter()).all(|p| p.up_front() && !p.reads_body()) && steps.only_lists();
         if !(at_once && plain && up_front) {
             return Lane::Checks;
         }

@@ -483,7 +483,7 @@ impl Prepared<'_> {
             key: p.key.clone().unwrap_or_else(|| key.clone()),
             cost: p.cost.clone().or_else(|| cost.clone()),
             body_cost: p.body_cost.clone().and_then(Result::ok),
-            reads_body: p.body_cost.is_some() || p.key.as_ref().unwrap_or(key).reads_body(),
+            reads_body: p.reads_body(key),
             refund_if: p.refund_if.clone(),
             settle: p.settle.clone().map(Arc::new),
             routes: p.routes.clone(),

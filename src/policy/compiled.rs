@@ -144,11 +144,6 @@ impl CompiledPolicy {
         self.reads_body
     }
 
-    /// Whether it reads the body as JSON (every policy that reads the body does, today).
-    pub(crate) fn reads_json(&self) -> bool {
-        self.reads_body
-    }
-
     /// Whether every tier is decided and charged up front ([`Op::Enforce`](crate::store::Op),
     /// no lease) and nothing is given back after the response: a request of this policy alone needs nothing but its decision.
     #[inline]

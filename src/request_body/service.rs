@@ -28,14 +28,12 @@ use crate::store::Store;
 /// [module](crate::request_body).
 pub struct ReadBodies<S, St, M = Wrapped> {
     inner: RateLimit<S, St, M>,
-    limiter: Arc<Limiter<St>>,
 }
 
 impl<S, St, M> ReadBodies<S, St, M> {
     pub(crate) fn new(inner: S, limiter: Arc<Limiter<St>>) -> Self {
         ReadBodies {
-            inner: RateLimit::new(inner, limiter.clone()),
-            limiter,
+            inner: RateLimit::new(inner, limiter),
         }
     }
 
@@ -49,7 +47,6 @@ impl<S: Clone, St, M> Clone for ReadBodies<S, St, M> {
     fn clone(&self) -> Self {
         ReadBodies {
             inner: self.inner.clone(),
-            limiter: self.limiter.clone(),
         }
     }
 }
@@ -76,7 +73,7 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let Some(wanted) = self.limiter.reading(&RequestRef::new(&request)) else {
+        let Some(wanted) = self.inner.limiter().reading(&RequestRef::new(&request)) else {
             let future = self.inner.call(request.map(ReadBody::streaming));
             return ReadFuture {
                 state: State::Calling { future },
@@ -96,7 +93,6 @@ where
             deadline: None,
             wanted,
             inner: Some(inner),
-            limiter: self.limiter.clone(),
         };
         ReadFuture {
             state: State::Reading {
@@ -145,8 +141,8 @@ pin_project! {
         #[pin]
         deadline: Option<tokio::time::Sleep>,
         wanted: BodyLimits,
+        // Taken when the body is read and the request goes on.
         inner: Option<RateLimit<S, St, M>>,
-        limiter: Arc<Limiter<St>>,
     }
 }
 
@@ -166,13 +162,11 @@ where
                 StateProj::Reading { reading } => {
                     let read = ready!(reading.as_mut().poll_read(cx));
                     let this = reading.as_mut().project();
+                    let mut inner = this.inner.take().expect("polled after its call");
                     match read {
-                        Ok(request) => {
-                            let mut inner = this.inner.take().expect("polled after its call");
-                            inner.call(request)
-                        }
+                        Ok(request) => inner.call(request),
                         Err(rejection) => {
-                            let response = this.limiter.body_rejected(&rejection);
+                            let response = inner.limiter().body_rejected(&rejection);
                             return Poll::Ready(Ok(response.map(M::full)));
                         }
                     }
@@ -242,7 +236,7 @@ impl<S, B: Body, St, M> Reading<S, B, St, M> {
             }
         }
         let bytes = std::mem::take(this.collected).finish();
-        let body = RequestBody::parse(bytes.clone(), this.wanted.json())?;
+        let body = RequestBody::parse(bytes.clone())?;
         let mut parts = this.parts.take().expect("read once");
         parts.extensions.insert(body);
         let body = ReadBody::read(bytes, this.trailers.take());

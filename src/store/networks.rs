@@ -7,12 +7,16 @@
 //! registry's are the store's own. With Redis they are also kept in one string under the
 //! store's prefix (`<prefix>!networks`), one line per entry, changed by one script; an
 //! instance reads it again once a second while requests come (`READ_EVERY`), and keeps what
-//! it last read while Redis fails.
+//! it last read while Redis fails. An instance's own change is applied to what it holds as
+//! the change itself, never as the string the store answers: replies are applied by the tasks
+//! that wait for them, in whatever order those run, and a string read before a change must not
+//! undo it when its task runs after the change's (a read begun before a change made here is
+//! dropped; the next one sees it).
 
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -34,8 +38,8 @@ pub(crate) enum Stored {
     /// Nowhere but in the registry's networks, which are the store's own (memory): the
     /// caller changes them.
     Here,
-    /// In the store, which holds these entries after it.
-    Text(String),
+    /// In the store too: the caller changes the registry's networks as the store did.
+    Kept,
     /// Nowhere: [`MOST`] networks are listed already.
     Full,
 }
@@ -105,6 +109,9 @@ pub(crate) struct Networks {
     /// is never), and whether a read is under way.
     read_at_ms: AtomicU64,
     reading: AtomicBool,
+    /// How many changes were made here: taken while one is made, so that they are made one
+    /// at a time and a read begun before one is not applied after it.
+    changes: Mutex<u64>,
 }
 
 impl Networks {
@@ -134,6 +141,7 @@ impl Networks {
     /// network off it (`remove`); entries ended by `now_us` are dropped. Fails, changing
     /// nothing, past [`MOST`] entries.
     pub(crate) fn change(&self, entry: Listed, remove: bool, now_us: u64) -> Result<(), String> {
+        let mut changes = self.changes.lock().unwrap_or_else(PoisonError::into_inner);
         let same = |e: &Listed| e.network == entry.network && e.deny == entry.deny;
         let mut listed: Vec<Listed> = (self.listed.load().iter())
             .filter(|e| e.until_us > now_us && !same(e))
@@ -146,13 +154,27 @@ impl Networks {
             return Err(full());
         }
         self.set(listed);
+        *changes += 1;
         Ok(())
     }
 
-    /// The networks kept in the store, as `text` (one entry a line; a line that is none is
-    /// skipped, and said).
+    /// How many changes were made here so far: read before the store is, and given to
+    /// [`replace`](Self::replace) with what it answered.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn replace(&self, text: &str) {
+    pub(crate) fn changes(&self) -> u64 {
+        *self.changes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The networks kept in the store, as `text` (one entry a line; a line that is none is
+    /// skipped, and said), read when [`changes`](Self::changes) said `seen`: dropped when a
+    /// change was made here since, which the text may not hold.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn replace(&self, text: &str, seen: u64) {
+        let changes = self.changes.lock().unwrap_or_else(PoisonError::into_inner);
+        if *changes != seen {
+            tracing::debug!("the networks read began before a change made here: dropped");
+            return;
+        }
         let listed = (text.lines().filter(|l| !l.is_empty()))
             .filter_map(|line| {
                 let entry = Listed::parse(line);
@@ -241,13 +263,30 @@ mod tests {
         let networks = Networks::default();
         let one = entry("2001:db8::/32", true, 7);
         let text = format!("{}\nnonsense\n{}\n", one.line(), "allow 10.0.0.0/8 9");
-        networks.replace(&text);
+        networks.replace(&text, 0);
         assert_eq!(
             *networks.listed.load().as_ref(),
             vec![one, entry("10.0.0.0/8", false, 9)]
         );
-        networks.replace("");
+        networks.replace("", 0);
         assert!(!networks.any());
+    }
+
+    #[test]
+    fn a_read_begun_before_a_change_here_does_not_undo_it() {
+        let networks = Networks::default();
+        let seen = networks.changes();
+        let denied = entry("2001:db8:bad::/48", true, 10);
+        networks.change(denied, false, 0).unwrap();
+        // The store's string as read before the change, applied after it.
+        networks.replace("", seen);
+        assert_eq!(*networks.listed.load().as_ref(), vec![denied]);
+        // A read begun after it is applied.
+        networks.replace("allow 10.0.0.0/8 9", networks.changes());
+        assert_eq!(
+            *networks.listed.load().as_ref(),
+            vec![entry("10.0.0.0/8", false, 9)]
+        );
     }
 
     #[test]

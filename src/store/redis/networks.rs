@@ -24,8 +24,8 @@ impl Inner {
         format!("{}!networks", self.prefix)
     }
 
-    /// Puts `entry` in the string, or takes it out (`remove`), within the deadline: the
-    /// string after it, or `Full`.
+    /// Puts `entry` in the string, or takes it out (`remove`), within the deadline: `Kept`,
+    /// or `Full`.
     pub(super) async fn store_network(
         &self,
         entry: Listed,
@@ -47,7 +47,7 @@ impl Inner {
             cmd.query_async::<Option<String>>(&mut c).await
         });
         match tokio::time::timeout(self.deadline, change).await {
-            Ok(result) => Ok(result?.map_or(Stored::Full, Stored::Text)),
+            Ok(result) => Ok(result?.map_or(Stored::Full, |_| Stored::Kept)),
             Err(_) => Err(self.missed_deadline()),
         }
     }
@@ -92,6 +92,7 @@ impl Inner {
     /// Reads the string into the registry's networks, within [`READ_EVERY`]; what they held
     /// stays when the read fails.
     pub(super) async fn read_networks(self: Arc<Self>) {
+        let seen = self.registry.networks().changes();
         let read = async {
             let link = self.linking.get(&self.target)?;
             let key = self.networks_key();
@@ -108,7 +109,7 @@ impl Inner {
             Ok(Ok(text)) => self
                 .registry
                 .networks()
-                .replace(text.as_deref().unwrap_or("")),
+                .replace(text.as_deref().unwrap_or(""), seen),
             Ok(Err(e)) => tracing::debug!(error = %e, "cannot read the networks listed at runtime"),
             Err(_) => tracing::debug!("reading the networks listed at runtime timed out"),
         }

@@ -139,7 +139,9 @@ pub(crate) fn answer(response: Response<Bytes>) -> Response<Bytes> {
             .ok()?;
         Some(Duration::from_secs(secs))
     });
-    let details = status_details(code, &message, delay, decision);
+    let violated: Vec<&str> =
+        decision.map_or(Vec::new(), |d| d.violated().map(|o| o.policy()).collect());
+    let details = status_details(code, &message, delay, decision.map(|_| &violated[..]));
     let headers = &mut parts.headers;
     headers.remove(CONTENT_LENGTH);
     headers.insert(CONTENT_TYPE, GRPC);
@@ -208,12 +210,12 @@ fn percent_encode(message: &str) -> Bytes {
 }
 
 /// A `google.rpc.Status` with a `RetryInfo` (when there is a delay) and a `QuotaFailure`
-/// (when policies were violated), in protobuf's wire format.
+/// (when policies were violated, `violated` naming them), in protobuf's wire format.
 fn status_details(
     code: Code,
     message: &str,
     delay: Option<Duration>,
-    decision: Option<&Decision>,
+    violated: Option<&[&str]>,
 ) -> Vec<u8> {
     let mut status = Vec::with_capacity(128);
     proto::varint_field(&mut status, 1, code as u64);
@@ -227,19 +229,41 @@ fn status_details(
         proto::bytes_field(&mut retry_info, 1, &duration);
         proto::any_field(&mut status, 3, "google.rpc.RetryInfo", &retry_info);
     }
-    if let Some(decision) = decision {
+    if let Some(violated) = violated {
         // QuotaFailure { repeated Violation violations = 1 }, Violation { subject = 1;
         // description = 2 }.
         let mut failure = Vec::new();
-        for o in decision.violated() {
+        for policy in violated {
             let mut violation = Vec::new();
-            proto::bytes_field(&mut violation, 1, o.policy().as_bytes());
+            proto::bytes_field(&mut violation, 1, policy.as_bytes());
             proto::bytes_field(&mut violation, 2, b"rate limit exceeded");
             proto::bytes_field(&mut failure, 1, &violation);
         }
         proto::any_field(&mut status, 3, "google.rpc.QuotaFailure", &failure);
     }
     status
+}
+
+/// The gRPC status of a message refused inside a stream ([`Limited`](crate::streams::Limited)):
+/// its code, message and details, as the layer answers a call.
+pub(crate) fn message_status(
+    status: StatusCode,
+    policy: &str,
+    delay: Option<Duration>,
+) -> (i32, String, Bytes) {
+    let code = Code::of_status(status);
+    let message = match code {
+        Code::ResourceExhausted => format!("rate limit exceeded ({policy})"),
+        Code::Unavailable => "the rate limiter is unavailable".to_owned(),
+        _ => status
+            .canonical_reason()
+            .unwrap_or("rate limiter")
+            .to_owned(),
+    };
+    let violated = [policy];
+    let violated = (code == Code::ResourceExhausted).then_some(&violated[..]);
+    let details = status_details(code, &message, delay, violated);
+    (code as i32, message, Bytes::from(details))
 }
 
 /// The few pieces of protobuf's wire format the status details need.

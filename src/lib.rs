@@ -23,8 +23,8 @@
 //! [`build`](RateLimitLayerBuilder::build).
 //!
 //! This page teaches the concepts; the [`guide`] goes through each task (several limits, keys,
-//! waits, concurrency limits, reload, Redis, gRPC, production, performance) with examples that
-//! run.
+//! waits, concurrency limits, messages inside WebSockets and streams, reload, Redis, gRPC,
+//! production, performance) with examples that run.
 //!
 //! # Concepts
 //!
@@ -402,6 +402,7 @@ pub mod request_body;
 #[cfg(feature = "graphql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "graphql")))]
 pub mod graphql;
+pub mod streams;
 mod clock;
 pub mod calendar;
 mod error;

@@ -187,7 +187,8 @@ pub const METRICS: &[Metric] = &[
         "ratelimit_listed_total",
         MetricKind::Counter,
         &["list", "by"],
-        "Requests the allow or deny lists decided (list allow or deny; by network, key or store:          an entry added at runtime)",
+        "Requests the allow or deny lists decided (list allow or deny; by network, key or store: \
+         an entry added at runtime)",
     ),
     metric(
         "ratelimit_body_rejected_total",
@@ -222,6 +223,20 @@ pub const METRICS: &[Metric] = &[
         &["policy"],
         "Warnings near the limit not handed to the on_near_limit hook, because 256 hooks were \
          running (counted, not queued)",
+    ),
+    metric(
+        "ratelimit_messages_limited_total",
+        MetricKind::Counter,
+        &["policy", "direction", "answer"],
+        "Messages of long-lived connections refused (streams::MessageLimiter), by the policy \
+         over its limit (none: the lists, the store or the key refused), the direction \
+         (inbound, outbound) and the answer (close or error)",
+    ),
+    metric(
+        "ratelimit_message_wait_seconds",
+        MetricKind::Histogram,
+        &["policy"],
+        "Waits of messages over a limit whose answer waits, before they are decided again",
     ),
 ];
 

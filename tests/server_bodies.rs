@@ -2,41 +2,11 @@
 //! routes `/echo`, `/mcp`), checked from outside: in memory, on two servers sharing one
 //! Redis, and on two sharing a cluster.
 
+#[macro_use]
 mod support;
 
 use serde_json::{Value, json};
 use support::demo::{DemoServer, post, start_error};
-use support::{RedisCluster, RedisServer};
-
-/// The three tests of a scenario `fn(a, b)` on demo servers run with `env`: one server in
-/// memory (as `a` and `b`), two sharing one Redis under `prefix` (no key left without a
-/// TTL), and two sharing a cluster; each named as given.
-macro_rules! on_each_store {
-    ($scenario:ident, $env:expr, $prefix:literal, $memory:ident, $redis:ident, $cluster:ident) => {
-        #[test]
-        fn $memory() {
-            let server = DemoServer::start(&$env);
-            $scenario(&server, &server);
-        }
-
-        #[test]
-        fn $redis() {
-            let redis = RedisServer::start();
-            let url = redis.url();
-            let env = shared(&url, $prefix, &$env);
-            $scenario(&DemoServer::start(&env), &DemoServer::start(&env));
-            support::assert_no_key_without_ttl(&redis, $prefix);
-        }
-
-        #[test]
-        fn $cluster() {
-            let cluster = RedisCluster::start();
-            let url = cluster.url();
-            let env = shared(&url, $prefix, &$env);
-            $scenario(&DemoServer::start(&env), &DemoServer::start(&env));
-        }
-    };
-}
 
 /// A JSON-RPC tool call.
 fn tool(id: u64, name: &str) -> Value {
@@ -88,21 +58,6 @@ fn tools_and_batches(a: &DemoServer, b: &DemoServer) {
         429,
         "fetch spent its 2 in the batches"
     );
-}
-
-/// The variables of two servers on `url` under `prefix`.
-fn shared<'a>(
-    url: &'a str,
-    prefix: &'a str,
-    extra: &[(&'a str, &'a str)],
-) -> Vec<(&'a str, &'a str)> {
-    let mut env = vec![
-        ("REDIS_URL", url),
-        ("PREFIX", prefix),
-        ("STORE_TIMEOUT_MS", "10000"),
-    ];
-    env.extend_from_slice(extra);
-    env
 }
 
 /// `/echo` through `a` and `b` with `BODY_KEY=/user BODY_COST=/n RATE_LIMIT=10/min`: the body
@@ -274,7 +229,7 @@ const GRAPHQL: [(&str, &str); 4] = [
 
 const TOOLS: [(&str, &str); 2] = [("JSONRPC", "true"), ("RATE_LIMIT", "2/min")];
 
-on_each_store!(
+on_each_demo_store!(
     tools_and_batches,
     TOOLS,
     "mcp:",
@@ -283,7 +238,7 @@ on_each_store!(
     mcp_tools_and_batches_on_two_servers_of_a_cluster
 );
 
-on_each_store!(
+on_each_demo_store!(
     keys_and_costs,
     KEYS_AND_COSTS,
     "bk:",
@@ -292,7 +247,7 @@ on_each_store!(
     body_keys_and_costs_on_two_servers_of_a_cluster
 );
 
-on_each_store!(
+on_each_demo_store!(
     usage_settled,
     USAGE,
     "use:",
@@ -301,7 +256,7 @@ on_each_store!(
     usage_settled_from_the_response_on_two_servers_of_a_cluster
 );
 
-on_each_store!(
+on_each_demo_store!(
     graphql_costs,
     GRAPHQL,
     "gql:",

@@ -49,6 +49,8 @@ pub(crate) struct Config {
     /// What the policies read of request bodies (`BODY_KEY`, `BODY_COST`, `JSONRPC`,
     /// `BODY_LIMIT`).
     pub(crate) bodies: crate::bodies::Bodies,
+    /// The limits on the messages of `/ws` (`MESSAGE_LIMIT`, `ON_MESSAGE_LIMIT`).
+    pub(crate) sockets: crate::sockets::Sockets,
     pub(crate) redis_access: RedisAccess,
 }
 
@@ -466,6 +468,7 @@ pub(crate) fn config() -> Result<Config, String> {
         overload: crate::overload::read()?,
         abuse,
         bodies: crate::bodies::Bodies::from_env()?,
+        sockets: crate::sockets::Sockets::from_env()?,
         trusted_proxies,
     })
 }

@@ -12,6 +12,7 @@
 //! | [`limits`] | one key's limit changed at runtime, on every instance, until a given time |
 //! | [`costs`] | costs known once the response is done: LLM tokens per minute and per day, bytes sent |
 //! | [`body`] | keys and costs in the request body: MCP tools, JSON-RPC batches, GraphQL costs, LLM tokens |
+//! | [`streams`] | messages inside WebSockets and other long-lived connections: per key, across instances; close, wait or an error |
 //! | [`concurrency`] | how many requests may be in flight at once |
 //! | [`overload`] | when the service itself is the bottleneck: an adaptive concurrency limit, capacity kept for priority |
 //! | [`abuse`] | abusive clients: blocks that escalate, allow and deny lists of networks and keys, a warning before the limit |
@@ -42,6 +43,10 @@ pub mod costs {}
 #[cfg(feature = "graphql")]
 #[doc = include_str!("body.md")]
 pub mod body {}
+
+#[cfg(feature = "ws")]
+#[doc = include_str!("streams.md")]
+pub mod streams {}
 
 #[doc = include_str!("concurrency.md")]
 pub mod concurrency {}

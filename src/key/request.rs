@@ -29,6 +29,20 @@ impl<'a> RequestRef<'a> {
         }
     }
 
+    /// Borrows the head `parts` (of an `http::Request` taken apart, as an axum extractor
+    /// sees it).
+    pub fn from_parts(parts: &'a http::request::Parts) -> Self {
+        RequestRef {
+            method: &parts.method,
+            uri: &parts.uri,
+            version: parts.version,
+            headers: &parts.headers,
+            extensions: &parts.extensions,
+            #[cfg(feature = "json")]
+            call: None,
+        }
+    }
+
     /// The same request, its body keys reading `call` (one call of a JSON-RPC batch).
     #[cfg(feature = "json")]
     pub(crate) fn with_call(mut self, call: &'a serde_json::Value) -> Self {

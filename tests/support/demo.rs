@@ -292,3 +292,18 @@ impl DemoServer {
             .unwrap_or_else(|| panic!("no admin address in {:?}", self.first_line))
     }
 }
+
+/// The variables of two servers on `url` under `prefix`.
+pub fn shared<'a>(
+    url: &'a str,
+    prefix: &'a str,
+    extra: &[(&'a str, &'a str)],
+) -> Vec<(&'a str, &'a str)> {
+    let mut env = vec![
+        ("REDIS_URL", url),
+        ("PREFIX", prefix),
+        ("STORE_TIMEOUT_MS", "10000"),
+    ];
+    env.extend_from_slice(extra);
+    env
+}

@@ -48,10 +48,68 @@ macro_rules! on_two_of_each_store {
     };
 }
 
+/// The three tests of a scenario `fn(a, b)` on demo servers (`support::demo`) run with `env`: one server in
+/// memory (as `a` and `b`), two sharing one Redis under `prefix` (no key left without a
+/// TTL), and two sharing a cluster; each named as given.
+#[allow(unused_macros)]
+macro_rules! on_each_demo_store {
+    ($scenario:ident, $env:expr, $prefix:literal, $memory:ident, $redis:ident, $cluster:ident) => {
+        #[test]
+        fn $memory() {
+            let server = support::demo::DemoServer::start(&$env);
+            $scenario(&server, &server);
+        }
+
+        #[test]
+        fn $redis() {
+            let redis = support::RedisServer::start();
+            let url = redis.url();
+            let env = support::demo::shared(&url, $prefix, &$env);
+            $scenario(
+                &support::demo::DemoServer::start(&env),
+                &support::demo::DemoServer::start(&env),
+            );
+            support::assert_no_key_without_ttl(&redis, $prefix);
+        }
+
+        #[test]
+        fn $cluster() {
+            let cluster = support::RedisCluster::start();
+            let url = cluster.url();
+            let env = support::demo::shared(&url, $prefix, &$env);
+            $scenario(
+                &support::demo::DemoServer::start(&env),
+                &support::demo::DemoServer::start(&env),
+            );
+        }
+    };
+}
+
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// Messages keyed by `x-key` (a header, or gRPC metadata), `policy` named `messages`, on
+/// `store` (its layer's clock `clock`, else the system's), answered `over` past it.
+pub fn message_limiter<St: tower_ratelimit::Store>(
+    store: St,
+    clock: Option<&tower_ratelimit::ManualClock>,
+    policy: tower_ratelimit::Policy,
+    over: tower_ratelimit::streams::OverLimit,
+) -> tower_ratelimit::streams::MessageLimiter {
+    let mut layer = tower_ratelimit::RateLimitLayer::builder()
+        .key(tower_ratelimit::key::HeaderKey::try_new("x-key").unwrap())
+        .policy(policy.name("messages"))
+        .store(store);
+    if let Some(clock) = clock {
+        layer = layer.clock(clock.clone());
+    }
+    tower_ratelimit::streams::MessageLimiter::builder(layer.build().unwrap())
+        .on_limit(over)
+        .build()
+        .unwrap()
+}
 
 /// A port nobody listens on now, claimed for this test process alone.
 ///

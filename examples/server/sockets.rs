@@ -1,0 +1,107 @@
+//! The echo WebSocket `GET /ws` and the limits on its messages (`MESSAGE_LIMIT`,
+//! `ON_MESSAGE_LIMIT`): a key's messages, keyed as its requests are (`KEY`), shared across its
+//! sockets and across the instances of one store.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::response::Response;
+use axum::routing::get;
+use futures_util::{Sink, SinkExt, Stream, StreamExt};
+use tower_ratelimit::streams::{CloseCode, Connection, MessageLimiter, OverLimit};
+use tower_ratelimit::{Policy, Quota, RateLimitLayer, Store};
+
+use crate::config::{Config, env_or, key_extractor};
+
+/// How long a message over `MESSAGE_LIMIT` waits with `ON_MESSAGE_LIMIT=wait`, at most,
+/// before its socket is closed with 1013.
+const LONGEST_WAIT: Duration = Duration::from_secs(10);
+
+/// The limits on the messages of `/ws`.
+pub(crate) struct Sockets {
+    /// `MESSAGE_LIMIT`: the messages a key may send.
+    limit: Option<Quota>,
+    /// `ON_MESSAGE_LIMIT`: what a message over it gets.
+    on_limit: (OverLimit, &'static str),
+}
+
+impl Sockets {
+    /// Reads the variables; a bad value names its variable.
+    pub(crate) fn from_env() -> Result<Self, String> {
+        let limit = match env_or("MESSAGE_LIMIT", "")?.as_str() {
+            "" => None,
+            text => Some(
+                text.parse::<Quota>()
+                    .map_err(|e| format!("MESSAGE_LIMIT: {e}"))?,
+            ),
+        };
+        let on_limit = match env_or("ON_MESSAGE_LIMIT", "close")?.as_str() {
+            "close" => (OverLimit::close(CloseCode::POLICY_VIOLATION), "close"),
+            "error" => (OverLimit::error(), "error"),
+            "wait" => (OverLimit::wait(LONGEST_WAIT), "wait"),
+            other => {
+                return Err(format!(
+                    "ON_MESSAGE_LIMIT: {other:?} is none of close, wait and error"
+                ));
+            }
+        };
+        Ok(Sockets { limit, on_limit })
+    }
+
+    /// What the startup line says of them.
+    pub(crate) fn describe(&self) -> String {
+        match &self.limit {
+            Some(quota) => format!(
+                " MESSAGE_LIMIT={quota} ON_MESSAGE_LIMIT={}",
+                self.on_limit.1
+            ),
+            None => String::new(),
+        }
+    }
+
+    /// `GET /ws`, its messages decided on `store` when `MESSAGE_LIMIT` is set (by `ALGORITHM`,
+    /// keyed by `KEY`).
+    pub(crate) fn routes<St: Store>(&self, config: &Config, store: St) -> Result<Router, String> {
+        let Some(quota) = &self.limit else {
+            return Ok(Router::new().route("/ws", get(plain)));
+        };
+        let key = key_extractor(&config.key, &config.trusted_proxies, config.abuse.listed)?;
+        let layer = RateLimitLayer::builder()
+            .store(store)
+            .key(key)
+            .policy(Policy::new(config.algorithm, *quota).name("messages"))
+            .build()
+            .map_err(|e| format!("MESSAGE_LIMIT: {e}"))?;
+        let limiter = MessageLimiter::builder(layer)
+            .on_limit(self.on_limit.0)
+            .build()
+            .map_err(|e| format!("ON_MESSAGE_LIMIT: {e}"))?;
+        Ok(Router::new()
+            .route("/ws", get(limited))
+            .layer(axum::Extension(limiter)))
+    }
+}
+
+/// `GET /ws` without limits on its messages.
+async fn plain(upgrade: WebSocketUpgrade) -> Response {
+    upgrade.on_upgrade(|socket: WebSocket| echo(socket))
+}
+
+/// `GET /ws` with them.
+async fn limited(upgrade: WebSocketUpgrade, limits: Connection) -> Response {
+    upgrade.on_upgrade(move |socket| echo(limits.socket(socket)))
+}
+
+/// Echoes text and binary messages as they came, until the socket ends.
+async fn echo<S, E>(mut socket: S)
+where
+    S: Stream<Item = Result<Message, E>> + Sink<Message> + Unpin,
+{
+    while let Some(Ok(message)) = socket.next().await {
+        let data = matches!(message, Message::Text(_) | Message::Binary(_));
+        if data && socket.send(message).await.is_err() {
+            break;
+        }
+    }
+}

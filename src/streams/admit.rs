@@ -1,0 +1,176 @@
+//! A message decided as a request: the connection's head, with the [`Message`] in its
+//! extensions, through a [`RateLimit`] around [`Admit`], so that every part of the engine
+//! (keys, lanes, leases, the deny cache, the lists, the failure policy, metrics) decides
+//! messages as it decides requests.
+
+use std::convert::Infallible;
+use std::future::{Future, Ready, ready};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::limited::{Answer, Direction, Limited, Message, OverLimit};
+use crate::Decision;
+use crate::body::ResponseBody;
+use crate::key::RequestRef;
+use crate::layer::RateLimitLayer;
+use crate::service::RateLimit;
+use crate::store::Store;
+
+/// The head of the request that opened a connection.
+pub(super) type Head = Request<()>;
+
+/// A copy of `request`'s head.
+pub(super) fn head(request: &RequestRef<'_>) -> Head {
+    let mut head = Request::new(());
+    *head.method_mut() = request.method().clone();
+    *head.uri_mut() = request.uri().clone();
+    *head.version_mut() = request.version();
+    *head.headers_mut() = request.headers().clone();
+    *head.extensions_mut() = request.extensions().clone();
+    head
+}
+
+/// The service a message reaches when its policies admit it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Admit;
+
+impl Service<Head> for Admit {
+    type Response = Response<()>;
+    type Error = Infallible;
+    type Future = Ready<Result<Response<()>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Head) -> Self::Future {
+        ready(Ok(Response::new(())))
+    }
+}
+
+/// The layer's answer to a message.
+type Answered = Response<ResponseBody<()>>;
+
+/// A [`RateLimit`] around [`Admit`], whatever its store.
+pub(super) trait Admitting: Send + Sync {
+    /// The layer's answer to `message`, a request.
+    fn ask(&self, message: Head) -> Pin<Box<dyn Future<Output = Answered> + Send>>;
+}
+
+impl<St: Store> Admitting for RateLimit<Admit, St> {
+    fn ask(&self, message: Head) -> Pin<Box<dyn Future<Output = Answered> + Send>> {
+        let answer = self.clone().call(message);
+        Box::pin(async move {
+            match answer.await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            }
+        })
+    }
+}
+
+/// `layer` around [`Admit`].
+pub(super) fn admitting<St: Store>(layer: RateLimitLayer<St>) -> Arc<dyn Admitting> {
+    Arc::new(layer.layer(Admit))
+}
+
+/// Decides `message`, a message of the connection opened by `head`, with `admitting`: asks
+/// the layer, and while the answer to the policy over its limit (`over`) waits and the
+/// message may still be admitted within its longest wait, waits the time the layer names and
+/// asks again.
+pub(super) async fn decide(
+    admitting: Arc<dyn Admitting>,
+    head: Arc<Head>,
+    message: Message,
+    over: impl Fn(&str) -> OverLimit,
+) -> Result<(), Limited> {
+    let mut waited = Duration::ZERO;
+    loop {
+        let mut request = Head::clone(&head);
+        request.extensions_mut().insert(message);
+        let response = admitting.ask(request).await;
+        let Some(mut limited) = refused(&response, message.direction) else {
+            return Ok(());
+        };
+        let over = over(&limited.policy);
+        match limited.retry_after {
+            Some(after)
+                if limited.status == StatusCode::TOO_MANY_REQUESTS
+                    && waited + after <= over.wait =>
+            {
+                message_waited(&limited.policy, after);
+                tokio::time::sleep(after.max(Duration::from_millis(1))).await;
+                waited += after;
+            }
+            _ => {
+                limited.answer = over.then;
+                message_limited(&limited);
+                return Err(limited);
+            }
+        }
+    }
+}
+
+/// What refused a message, when the layer did not let it through.
+fn refused(response: &Answered, direction: Direction) -> Option<Limited> {
+    // A message of a gRPC call is answered in gRPC's form: `200` and a `grpc-status`.
+    let grpc = response.headers().get("grpc-status");
+    let status = match grpc.and_then(|code| code.to_str().ok()?.parse::<u16>().ok()) {
+        Some(0) => return None,
+        Some(8) => StatusCode::TOO_MANY_REQUESTS,
+        Some(7) => StatusCode::FORBIDDEN,
+        Some(14) => StatusCode::SERVICE_UNAVAILABLE,
+        Some(_) => StatusCode::BAD_REQUEST,
+        None if response.status().is_success() => return None,
+        None => response.status(),
+    };
+    let decision = response.extensions().get::<Decision>();
+    let policy = decision.filter(|d| !d.is_allowed()).map(Decision::tightest);
+    let retry_after = decision.and_then(Decision::retry_after).or_else(|| {
+        let header = response.headers().get(http::header::RETRY_AFTER)?;
+        let seconds = header.to_str().ok()?.parse().ok()?;
+        Some(Duration::from_secs(seconds))
+    });
+    Some(Limited {
+        policy: policy.map_or_else(String::new, |p| p.policy().to_owned()),
+        retry_after,
+        status,
+        answer: Answer::Error,
+        direction,
+    })
+}
+
+/// Counts a message refused (`ratelimit_messages_limited_total`).
+pub(crate) fn message_limited(limited: &Limited) {
+    let policy = match limited.policy() {
+        "" => "none".to_owned(),
+        name => name.to_owned(),
+    };
+    let direction = match limited.direction() {
+        Direction::Inbound => "inbound",
+        Direction::Outbound => "outbound",
+    };
+    let answer = match limited.answer() {
+        Answer::Close(_) => "close",
+        Answer::Error => "error",
+    };
+    metrics::counter!(
+        "ratelimit_messages_limited_total",
+        "policy" => policy,
+        "direction" => direction,
+        "answer" => answer
+    )
+    .increment(1);
+}
+
+/// Records a message's wait before it is decided again (`ratelimit_message_wait_seconds`).
+pub(crate) fn message_waited(policy: &str, wait: std::time::Duration) {
+    metrics::histogram!("ratelimit_message_wait_seconds", "policy" => policy.to_owned())
+        .record(wait.as_secs_f64());
+}

@@ -1,0 +1,289 @@
+//! [`LimitedSocket`]: a WebSocket whose messages are decided.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use futures_core::Stream;
+use futures_sink::Sink;
+use pin_project_lite::pin_project;
+
+use super::frame::Frame;
+use super::limited::{Answer, Direction, Limited};
+use super::limiter::Connection;
+
+/// A decision on its way.
+type Deciding = Pin<Box<dyn Future<Output = Result<(), Limited>> + Send>>;
+
+/// Where the reading side is.
+enum Reading<M> {
+    /// Reading the next message.
+    Idle,
+    /// `message` read, decided by `decision`.
+    Deciding { message: M, decision: Deciding },
+    /// A frame owed to the client (an error message or a close frame; `None` once sent, then
+    /// flushed), after which the reading goes on, or ends (`end`).
+    Owing { frame: Option<M>, end: bool },
+    /// Closed by an answer, or by the socket.
+    Ended,
+}
+
+/// Where the sending side is (messages the server sends, when they are decided).
+enum Sending<M> {
+    /// Nothing held.
+    Idle,
+    /// `message` sent by the application, decided by `decision`.
+    Deciding { message: M, decision: Deciding },
+    /// `frame` to be handed to the socket: the message admitted, or a close frame.
+    Ready { frame: M },
+}
+
+pin_project! {
+    /// A WebSocket (any [`Stream`] of `Result<M, E>` and [`Sink`] of `M`: axum's `WebSocket`,
+    /// tokio-tungstenite's `WebSocketStream`) whose messages a [`Connection`]'s limits decide:
+    /// a message the client sends is handed on when admitted, and answered as its policy says
+    /// when not (the socket sends the error message or the close frame itself: the application
+    /// only sees the messages admitted, and the end of the stream after a close). Control
+    /// frames are never counted. Made by [`Connection::socket`].
+    ///
+    /// As a [`Sink`], it sends what the application sends; when the limiter decides the
+    /// server's messages too, a message is sent once admitted (`poll_ready` and `poll_flush`
+    /// wait for it), dropped when answered with an error, and replaced by a close frame when
+    /// answered with a close.
+    pub struct LimitedSocket<S, M> {
+        #[pin]
+        socket: S,
+        connection: Connection,
+        reading: Reading<M>,
+        sending: Sending<M>,
+    }
+}
+
+impl<S, M> fmt::Debug for LimitedSocket<S, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LimitedSocket")
+            .field("connection", &self.connection)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connection {
+    /// `socket`, its messages decided: the client's as it reads them, and the server's as it
+    /// sends them when the limiter decides those
+    /// ([`MessageLimiterBuilder::outbound`](super::MessageLimiterBuilder::outbound)).
+    pub fn socket<S, M: Frame>(self, socket: S) -> LimitedSocket<S, M> {
+        LimitedSocket::new(self, socket)
+    }
+}
+
+impl<S, M: Frame> LimitedSocket<S, M> {
+    fn new(connection: Connection, socket: S) -> Self {
+        LimitedSocket {
+            socket,
+            connection,
+            reading: Reading::Idle,
+            sending: Sending::Idle,
+        }
+    }
+
+    /// The socket inside.
+    pub fn get_ref(&self) -> &S {
+        &self.socket
+    }
+
+    /// The socket inside, mutably (what is sent through it is not decided).
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.socket
+    }
+
+    /// The connection's limits.
+    pub fn connection(&self) -> &Connection {
+        &self.connection
+    }
+
+    /// The frame that answers `limited`, and whether the reading ends after it.
+    fn answer(connection: &Connection, limited: &Limited) -> (M, bool) {
+        match limited.answer() {
+            Answer::Error => (M::text(connection.error_message(limited)), false),
+            Answer::Close(code) => (M::close(code, limited.close_reason()), true),
+        }
+    }
+}
+
+impl<S, M, E> LimitedSocket<S, M>
+where
+    S: Stream<Item = Result<M, E>> + Sink<M, Error = E> + Unpin,
+    M: Frame,
+{
+    /// The next message the client sent that its limits admit (`None` once the socket is
+    /// closed), as axum's `WebSocket::recv`.
+    pub async fn recv(&mut self) -> Option<Result<M, E>> {
+        std::future::poll_fn(|cx| Pin::new(&mut *self).poll_next(cx)).await
+    }
+
+    /// Sends `message` (decided first when the server's messages are) and flushes it, as
+    /// axum's `WebSocket::send`.
+    pub async fn send(&mut self, message: M) -> Result<(), E> {
+        std::future::poll_fn(|cx| Pin::new(&mut *self).poll_ready(cx)).await?;
+        Pin::new(&mut *self).start_send(message)?;
+        std::future::poll_fn(|cx| Pin::new(&mut *self).poll_flush(cx)).await
+    }
+}
+
+impl<S, M, E> LimitedSocket<S, M>
+where
+    S: Sink<M, Error = E>,
+    M: Frame,
+{
+    /// Sends and flushes the frame `reading` owes the client, then reads on or ends.
+    fn poll_owed(
+        mut socket: Pin<&mut S>,
+        reading: &mut Reading<M>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), E>> {
+        let Reading::Owing { frame, end } = reading else {
+            return Poll::Ready(Ok(()));
+        };
+        if frame.is_some() {
+            ready!(socket.as_mut().poll_ready(cx))?;
+            socket.as_mut().start_send(frame.take().expect("owed"))?;
+        }
+        ready!(socket.as_mut().poll_flush(cx))?;
+        *reading = if *end { Reading::Ended } else { Reading::Idle };
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S, M, E> Stream for LimitedSocket<S, M>
+where
+    S: Stream<Item = Result<M, E>> + Sink<M, Error = E>,
+    M: Frame,
+{
+    type Item = Result<M, E>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let mut this = self.project();
+        loop {
+            match this.reading {
+                Reading::Ended => return Poll::Ready(None),
+                Reading::Idle => match ready!(this.socket.as_mut().poll_next(cx)) {
+                    None => {
+                        *this.reading = Reading::Ended;
+                        return Poll::Ready(None);
+                    }
+                    Some(Ok(message)) => match message.counted_size() {
+                        None => return Poll::Ready(Some(Ok(message))),
+                        Some(bytes) => {
+                            let decision = this.connection.admit(bytes, Direction::Inbound);
+                            let decision = Box::pin(decision);
+                            *this.reading = Reading::Deciding { message, decision };
+                        }
+                    },
+                    Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                },
+                Reading::Deciding { decision, .. } => {
+                    let decided = ready!(decision.as_mut().poll(cx));
+                    let Reading::Deciding { message, .. } =
+                        std::mem::replace(this.reading, Reading::Idle)
+                    else {
+                        unreachable!("the state matched above")
+                    };
+                    match decided {
+                        Ok(()) => return Poll::Ready(Some(Ok(message))),
+                        Err(limited) => {
+                            let (frame, end) = Self::answer(this.connection, &limited);
+                            let frame = Some(frame);
+                            *this.reading = Reading::Owing { frame, end };
+                        }
+                    }
+                }
+                Reading::Owing { .. } => {
+                    if let Err(e) = ready!(Self::poll_owed(this.socket.as_mut(), this.reading, cx))
+                    {
+                        *this.reading = Reading::Ended;
+                        return Poll::Ready(Some(Err(e)));
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<S, M, E> LimitedSocket<S, M>
+where
+    S: Sink<M, Error = E>,
+    M: Frame,
+{
+    /// Ends the decision on a message the application sent, and hands what it gives to the
+    /// socket; ready when nothing is held.
+    fn poll_sending(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), E>> {
+        let mut this = self.project();
+        loop {
+            match this.sending {
+                Sending::Idle => return Poll::Ready(Ok(())),
+                Sending::Deciding { decision, .. } => {
+                    let decided = ready!(decision.as_mut().poll(cx));
+                    let Sending::Deciding { message, .. } =
+                        std::mem::replace(this.sending, Sending::Idle)
+                    else {
+                        unreachable!("the state matched above")
+                    };
+                    match decided {
+                        Ok(()) => *this.sending = Sending::Ready { frame: message },
+                        Err(limited) => {
+                            let (frame, end) = Self::answer(this.connection, &limited);
+                            if end {
+                                *this.reading = Reading::Ended;
+                                *this.sending = Sending::Ready { frame };
+                            }
+                        }
+                    }
+                }
+                Sending::Ready { .. } => {
+                    ready!(this.socket.as_mut().poll_ready(cx))?;
+                    let Sending::Ready { frame } = std::mem::replace(this.sending, Sending::Idle)
+                    else {
+                        unreachable!("the state matched above")
+                    };
+                    this.socket.as_mut().start_send(frame)?;
+                }
+            }
+        }
+    }
+}
+
+impl<S, M, E> Sink<M> for LimitedSocket<S, M>
+where
+    S: Sink<M, Error = E>,
+    M: Frame,
+{
+    type Error = E;
+
+    fn poll_ready(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), E>> {
+        ready!(self.as_mut().poll_sending(cx))?;
+        self.project().socket.poll_ready(cx)
+    }
+
+    fn start_send(self: Pin<&mut Self>, message: M) -> Result<(), E> {
+        let this = self.project();
+        match message.counted_size() {
+            Some(bytes) if this.connection.decides_outbound() => {
+                let decision = Box::pin(this.connection.admit(bytes, Direction::Outbound));
+                *this.sending = Sending::Deciding { message, decision };
+                Ok(())
+            }
+            _ => this.socket.start_send(message),
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), E>> {
+        ready!(self.as_mut().poll_sending(cx))?;
+        self.project().socket.poll_flush(cx)
+    }
+
+    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), E>> {
+        ready!(self.as_mut().poll_sending(cx))?;
+        self.project().socket.poll_close(cx)
+    }
+}

@@ -1,0 +1,177 @@
+//! The demo server's WebSocket contract (`GET /ws`, `MESSAGE_LIMIT`, `ON_MESSAGE_LIMIT`),
+//! checked from outside: in memory, on two servers sharing one Redis, and on two sharing a
+//! cluster; a key's messages shared across its sockets on both servers.
+
+#[macro_use]
+mod support;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use support::demo::{DemoServer, start_error};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+type Client = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// Runs `scenario` on a runtime of its own (the demo tests are synchronous).
+fn run<F: Future<Output = ()>>(scenario: F) {
+    tokio::runtime::Runtime::new().unwrap().block_on(scenario);
+}
+
+async fn connect(addr: SocketAddr, key: &str) -> Client {
+    let mut request = format!("ws://{addr}/ws").into_client_request().unwrap();
+    request.headers_mut().insert("x-key", key.parse().unwrap());
+    tokio_tungstenite::connect_async(request).await.unwrap().0
+}
+
+async fn next(client: &mut Client) -> Message {
+    tokio::time::timeout(Duration::from_secs(20), client.next())
+        .await
+        .expect("an answer within 20 s")
+        .expect("the socket open")
+        .expect("a message")
+}
+
+async fn say(client: &mut Client, text: &str) -> Message {
+    client.send(Message::text(text)).await.unwrap();
+    next(client).await
+}
+
+const CLOSE: [(&str, &str); 3] = [
+    ("MESSAGE_LIMIT", "3/min"),
+    ("KEY", "header:x-key"),
+    ("RATE_LIMIT", "100/s"),
+];
+
+fn closed(a: &DemoServer, b: &DemoServer) {
+    run(async {
+        let mut first = connect(a.addr, "k").await;
+        assert_eq!(say(&mut first, "1").await, Message::text("1"));
+        let binary = Message::binary(vec![0u8, 1, 2]);
+        first.send(binary.clone()).await.unwrap();
+        assert_eq!(next(&mut first).await, binary);
+        let mut second = connect(b.addr, "k").await;
+        assert_eq!(say(&mut second, "3").await, Message::text("3"));
+        let Message::Close(Some(frame)) = say(&mut second, "4").await else {
+            panic!("a close frame");
+        };
+        assert_eq!(frame.code, CloseCode::Policy);
+        assert_eq!(frame.reason.as_str(), "rate limited: messages");
+        // Another key's socket is not touched.
+        let mut other = connect(a.addr, "other").await;
+        assert_eq!(say(&mut other, "5").await, Message::text("5"));
+    });
+}
+
+on_each_demo_store!(
+    closed,
+    CLOSE,
+    "demo-ws-close:",
+    a_socket_past_message_limit_is_closed_with_1008_in_memory,
+    a_socket_past_message_limit_is_closed_with_1008_on_two_servers_of_one_redis,
+    a_socket_past_message_limit_is_closed_with_1008_on_two_servers_of_a_cluster
+);
+
+const ERROR: [(&str, &str); 4] = [
+    ("MESSAGE_LIMIT", "3/min"),
+    ("ON_MESSAGE_LIMIT", "error"),
+    ("KEY", "header:x-key"),
+    ("RATE_LIMIT", "100/s"),
+];
+
+fn answered(a: &DemoServer, b: &DemoServer) {
+    run(async {
+        let (mut first, mut second) = (connect(a.addr, "k").await, connect(b.addr, "k").await);
+        assert_eq!(say(&mut first, "1").await, Message::text("1"));
+        assert_eq!(say(&mut second, "2").await, Message::text("2"));
+        assert_eq!(say(&mut first, "3").await, Message::text("3"));
+        for client in [&mut second, &mut first] {
+            let Message::Text(error) = say(client, "4").await else {
+                panic!("an error message");
+            };
+            let error: serde_json::Value = serde_json::from_str(error.as_str()).unwrap();
+            assert_eq!(error["error"], "rate_limited");
+            assert_eq!(error["policy"], "messages");
+            let retry = error["retry_after_ms"].as_u64().unwrap();
+            assert!(retry > 0 && retry <= 60_000, "{retry}");
+            // The socket stays open.
+            client.send(Message::Ping("p".into())).await.unwrap();
+            assert_eq!(next(client).await, Message::Pong("p".into()));
+        }
+    });
+}
+
+on_each_demo_store!(
+    answered,
+    ERROR,
+    "demo-ws-error:",
+    a_message_past_message_limit_gets_an_error_and_the_socket_stays_in_memory,
+    a_message_past_message_limit_gets_an_error_and_the_socket_stays_on_two_servers_of_one_redis,
+    a_message_past_message_limit_gets_an_error_and_the_socket_stays_on_two_servers_of_a_cluster
+);
+
+const WAIT: [(&str, &str); 5] = [
+    ("MESSAGE_LIMIT", "5/s"),
+    ("ALGORITHM", "gcra"),
+    ("ON_MESSAGE_LIMIT", "wait"),
+    ("KEY", "header:x-key"),
+    ("RATE_LIMIT", "100/s"),
+];
+
+/// Ten messages of one key at once on two servers, 5 a second: the first five at once, the
+/// others one every 200 ms, so the last no sooner than a second after the first (real time:
+/// a tolerance of 300 ms), and every one echoed.
+fn waited(a: &DemoServer, b: &DemoServer) {
+    run(async {
+        let (mut first, mut second) = (connect(a.addr, "w").await, connect(b.addr, "w").await);
+        let started = Instant::now();
+        for i in 0..5 {
+            first.send(Message::text(format!("a{i}"))).await.unwrap();
+            second.send(Message::text(format!("b{i}"))).await.unwrap();
+        }
+        for i in 0..5 {
+            assert_eq!(next(&mut first).await, Message::text(format!("a{i}")));
+            assert_eq!(next(&mut second).await, Message::text(format!("b{i}")));
+        }
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(700), "{took:?}");
+    });
+}
+
+on_each_demo_store!(
+    waited,
+    WAIT,
+    "demo-ws-wait:",
+    messages_past_message_limit_wait_their_turn_in_memory,
+    messages_past_message_limit_wait_their_turn_on_two_servers_of_one_redis,
+    messages_past_message_limit_wait_their_turn_on_two_servers_of_a_cluster
+);
+
+#[test]
+fn without_message_limit_the_socket_echoes_everything() {
+    let server = DemoServer::start(&[("RATE_LIMIT", "100/s")]);
+    run(async {
+        let mut client = connect(server.addr, "k").await;
+        for i in 0..50 {
+            let text = i.to_string();
+            assert_eq!(say(&mut client, &text).await, Message::text(text));
+        }
+    });
+}
+
+#[test]
+fn bad_values_stop_the_server_naming_the_variable() {
+    for (name, value) in [
+        ("MESSAGE_LIMIT", "lots"),
+        ("MESSAGE_LIMIT", "0/s"),
+        ("ON_MESSAGE_LIMIT", "drop"),
+    ] {
+        let err = start_error(&[("MESSAGE_LIMIT", "5/s"), (name, value)]);
+        assert!(err.contains(name), "{name}={value}: {err}");
+    }
+}

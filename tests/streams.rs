@@ -1,0 +1,284 @@
+//! Messages of long-lived connections (`tower_ratelimit::streams`): a key's WebSocket
+//! messages across two servers sharing a store (in memory, two instances of one Redis, the
+//! cluster), answered by a close frame (1008, naming the policy) or an error message that
+//! leaves the socket open, control frames never counted; waiting as backpressure on one
+//! schedule; any stream's items; configuration mistakes.
+
+#[macro_use]
+mod support;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::ws::{Message as WsMessage, WebSocketUpgrade};
+use axum::response::Response;
+use axum::routing::get;
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode as WsCode;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use tower_ratelimit::streams::{Answer, CloseCode, Connection, MessageLimiter, OverLimit};
+use tower_ratelimit::{ManualClock, Policy, RateLimitLayer, Store};
+
+type Client = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+async fn echo(upgrade: WebSocketUpgrade, limits: Connection) -> Response {
+    upgrade.on_upgrade(move |socket| async move {
+        let mut socket = limits.socket(socket);
+        while let Some(Ok(message)) = socket.recv().await {
+            // Pings are answered by the socket itself.
+            let data = matches!(message, WsMessage::Text(_) | WsMessage::Binary(_));
+            if data && socket.send(message).await.is_err() {
+                break;
+            }
+        }
+    })
+}
+
+/// An echo WebSocket server at `/ws` whose messages `limiter` decides.
+async fn serve(limiter: MessageLimiter) -> SocketAddr {
+    let app = Router::new()
+        .route("/ws", get(echo))
+        .layer(axum::Extension(limiter));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+async fn connect(addr: SocketAddr, key: &str) -> Client {
+    let mut request = format!("ws://{addr}/ws").into_client_request().unwrap();
+    request.headers_mut().insert("x-key", key.parse().unwrap());
+    tokio_tungstenite::connect_async(request).await.unwrap().0
+}
+
+/// Sends `text` and returns what comes back first.
+async fn say(client: &mut Client, text: &str) -> Message {
+    client.send(Message::text(text)).await.unwrap();
+    next(client).await
+}
+
+async fn next(client: &mut Client) -> Message {
+    tokio::time::timeout(Duration::from_secs(10), client.next())
+        .await
+        .expect("an answer within 10 s")
+        .expect("the socket open")
+        .expect("a message")
+}
+
+/// Asserts a close frame of `code` whose reason names the policy.
+fn assert_closed(message: &Message, code: u16) {
+    let Message::Close(Some(frame)) = message else {
+        panic!("a close frame, not {message:?}");
+    };
+    assert_eq!(frame.code, WsCode::from(code));
+    assert_eq!(frame.reason.as_str(), "rate limited: messages");
+}
+
+async fn closed_over_the_limit<St: Store>(one: St, two: St, clock: ManualClock) {
+    let over = OverLimit::close(CloseCode::POLICY_VIOLATION);
+    let gcra = || Policy::gcra("3/h");
+    let one = serve(support::message_limiter(one, Some(&clock), gcra(), over)).await;
+    let two = serve(support::message_limiter(two, Some(&clock), gcra(), over)).await;
+    let mut first = connect(one, "a").await;
+    for text in ["1", "2"] {
+        assert_eq!(say(&mut first, text).await, Message::text(text));
+    }
+    // The key's third message on the other server, on a socket of its own.
+    let mut second = connect(two, "a").await;
+    assert_eq!(say(&mut second, "3").await, Message::text("3"));
+    // Control frames are never counted.
+    first.send(Message::Ping("p".into())).await.unwrap();
+    assert_eq!(next(&mut first).await, Message::Pong("p".into()));
+    assert_closed(&say(&mut second, "4").await, 1008);
+    assert_closed(&say(&mut first, "5").await, 1008);
+    // Another key is not touched.
+    let mut other = connect(two, "b").await;
+    assert_eq!(say(&mut other, "6").await, Message::text("6"));
+}
+
+on_two_of_each_store!(
+    closed_over_the_limit,
+    "streams-close:",
+    a_keys_messages_across_two_servers_close_past_the_limit_in_memory,
+    a_keys_messages_across_two_servers_close_past_the_limit_on_redis,
+    a_keys_messages_across_two_servers_close_past_the_limit_on_the_cluster
+);
+
+async fn answered_with_an_error<St: Store>(one: St, two: St, clock: ManualClock) {
+    let gcra = || Policy::gcra("3/h");
+    let one = serve(support::message_limiter(
+        one,
+        Some(&clock),
+        gcra(),
+        OverLimit::error(),
+    ))
+    .await;
+    let two = serve(support::message_limiter(
+        two,
+        Some(&clock),
+        gcra(),
+        OverLimit::error(),
+    ))
+    .await;
+    let (mut first, mut second) = (connect(one, "e").await, connect(two, "e").await);
+    assert_eq!(say(&mut first, "1").await, Message::text("1"));
+    assert_eq!(say(&mut second, "2").await, Message::text("2"));
+    assert_eq!(say(&mut first, "3").await, Message::text("3"));
+    let Message::Text(error) = say(&mut second, "4").await else {
+        panic!("an error message");
+    };
+    let error: serde_json::Value = serde_json::from_str(error.as_str()).unwrap();
+    assert_eq!(error["error"], "rate_limited");
+    assert_eq!(error["policy"], "messages");
+    // GCRA of 3 an hour: the next unit in 20 minutes.
+    let retry = error["retry_after_ms"].as_u64().unwrap();
+    assert!((1_199_000..=1_200_000).contains(&retry), "{retry}");
+    // The socket stays open, and takes a message once there is room.
+    clock.advance(Duration::from_secs(20 * 60));
+    assert_eq!(say(&mut second, "5").await, Message::text("5"));
+    let Message::Text(again) = say(&mut first, "6").await else {
+        panic!("an error message");
+    };
+    assert!(again.as_str().contains("rate_limited"));
+}
+
+on_two_of_each_store!(
+    answered_with_an_error,
+    "streams-error:",
+    messages_over_the_limit_get_an_error_and_the_socket_stays_in_memory,
+    messages_over_the_limit_get_an_error_and_the_socket_stays_on_redis,
+    messages_over_the_limit_get_an_error_and_the_socket_stays_on_the_cluster
+);
+
+/// Twelve messages of one key sent at once on two servers, 20 a second with no burst: each
+/// waits its turn on one schedule, so the last is echoed no sooner than 11 intervals after
+/// the first (real time: a tolerance of two intervals).
+async fn waiting_shares_one_schedule<St: Store>(one: St, two: St) {
+    let over = OverLimit::wait(Duration::from_secs(5));
+    let policy = || Policy::gcra("20/s").burst(1);
+    let one = serve(support::message_limiter(one, None, policy(), over)).await;
+    let two = serve(support::message_limiter(two, None, policy(), over)).await;
+    let (mut first, mut second) = (connect(one, "w").await, connect(two, "w").await);
+    let started = Instant::now();
+    for i in 0..6 {
+        first.send(Message::text(format!("a{i}"))).await.unwrap();
+        second.send(Message::text(format!("b{i}"))).await.unwrap();
+    }
+    for i in 0..6 {
+        assert_eq!(next(&mut first).await, Message::text(format!("a{i}")));
+        assert_eq!(next(&mut second).await, Message::text(format!("b{i}")));
+    }
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(450), "{took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_messages_share_one_schedule_in_memory() {
+    let store = tower_ratelimit::MemoryStore::new();
+    waiting_shares_one_schedule(store.clone(), store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_messages_share_one_schedule_on_two_instances_of_one_redis() {
+    let server = support::RedisServer::start();
+    let store = || server.store_calling("streams-wait:", None, true);
+    waiting_shares_one_schedule(store().await, store().await).await;
+    support::assert_no_key_without_ttl(&server, "streams-wait:");
+}
+
+#[tokio::test]
+async fn a_message_that_would_wait_too_long_gets_the_answer_after_the_wait() {
+    let clock = ManualClock::new();
+    let over = OverLimit::wait(Duration::from_secs(1)).then(OverLimit::error());
+    let messages = support::message_limiter(
+        tower_ratelimit::MemoryStore::builder()
+            .clock(clock.clone())
+            .build(),
+        Some(&clock),
+        Policy::gcra("1/min"),
+        over,
+    );
+    let connection = messages.connection(
+        &http::Request::builder()
+            .header("x-key", "t")
+            .body(())
+            .unwrap(),
+    );
+    let inbound = tower_ratelimit::streams::Direction::Inbound;
+    connection.admit(1, inbound).await.unwrap();
+    let limited = connection.admit(1, inbound).await.unwrap_err();
+    assert_eq!(limited.answer(), Answer::Error);
+    assert_eq!(limited.policy(), "messages");
+    assert!(limited.retry_after().unwrap() > Duration::from_secs(59));
+}
+
+#[tokio::test]
+async fn any_streams_items_are_decided_and_a_close_ends_it() {
+    let clock = ManualClock::new();
+    let request = http::Request::builder()
+        .header("x-key", "s")
+        .body(())
+        .unwrap();
+    for (over, after) in [
+        (OverLimit::error(), vec![false, false, false]),
+        (OverLimit::close(CloseCode::TRY_AGAIN_LATER), vec![false]),
+    ] {
+        let store = tower_ratelimit::MemoryStore::builder()
+            .clock(clock.clone())
+            .build();
+        let messages =
+            support::message_limiter(store, Some(&clock), Policy::fixed_window("2/h"), over);
+        let items = futures_util::stream::iter(1..=5);
+        let decided: Vec<bool> = messages
+            .connection(&request)
+            .stream(items, |_| Some(1))
+            .map(|item| item.is_ok())
+            .collect()
+            .await;
+        let expected: Vec<bool> = [true, true].into_iter().chain(after).collect();
+        assert_eq!(decided, expected, "{over:?}");
+    }
+    // An item not counted goes through.
+    let store = tower_ratelimit::MemoryStore::builder()
+        .clock(clock.clone())
+        .build();
+    let messages = support::message_limiter(
+        store,
+        Some(&clock),
+        Policy::fixed_window("1/h"),
+        OverLimit::error(),
+    );
+    let items = futures_util::stream::iter(1..=4);
+    let odd = |n: &i32| (n % 2 == 1).then_some(1);
+    let decided: Vec<bool> = (messages.connection(&request).stream(items, odd))
+        .map(|item| item.is_ok())
+        .collect()
+        .await;
+    assert_eq!(decided, [true, true, false, true]);
+}
+
+#[test]
+fn mistakes_are_errors() {
+    let layer = || {
+        RateLimitLayer::builder()
+            .policy(Policy::gcra("5/s").name("messages"))
+            .build()
+            .unwrap()
+    };
+    let unknown = MessageLimiter::builder(layer())
+        .on_limit_of("nope", OverLimit::error())
+        .build()
+        .unwrap_err();
+    assert!(unknown.to_string().contains("\"nope\""), "{unknown}");
+    let long = MessageLimiter::builder(layer())
+        .on_limit(OverLimit::wait(Duration::from_secs(3601)))
+        .build()
+        .unwrap_err();
+    assert!(long.to_string().contains("at most an hour"), "{long}");
+    assert!(CloseCode::new(1005).is_none());
+    assert_eq!(CloseCode::new(4000).map(CloseCode::get), Some(4000));
+}

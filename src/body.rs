@@ -190,6 +190,14 @@ impl<B> ResponseBody<B> {
         }
     }
 
+    /// The limiter's own body's bytes (none for the inner service's), dropping what it holds.
+    pub(crate) fn into_data(self) -> Bytes {
+        match self.kind {
+            Kind::Full { data } => data.unwrap_or_default(),
+            Kind::Inner { .. } => Bytes::new(),
+        }
+    }
+
     /// The inner service's body, holding `held` until its last frame.
     pub(crate) fn held(body: B, held: BodyGuard) -> Self {
         ResponseBody {

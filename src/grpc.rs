@@ -85,6 +85,7 @@ fn is_grpc(headers: &HeaderMap) -> bool {
 enum Code {
     Unknown = 2,
     InvalidArgument = 3,
+    DeadlineExceeded = 4,
     PermissionDenied = 7,
     ResourceExhausted = 8,
     Unimplemented = 12,
@@ -99,6 +100,7 @@ impl Code {
             StatusCode::TOO_MANY_REQUESTS => Code::ResourceExhausted,
             StatusCode::SERVICE_UNAVAILABLE => Code::Unavailable,
             StatusCode::BAD_REQUEST => Code::InvalidArgument,
+            StatusCode::REQUEST_TIMEOUT => Code::DeadlineExceeded,
             StatusCode::UNAUTHORIZED => Code::Unauthenticated,
             StatusCode::FORBIDDEN => Code::PermissionDenied,
             StatusCode::NOT_FOUND => Code::Unimplemented,

@@ -141,6 +141,11 @@ impl<St, M, R> RateLimitLayer<St, M, R> {
     pub fn policy_names(&self) -> Vec<String> {
         self.limiter.policy_names()
     }
+
+    /// The shortest time a slot of its concurrency policies is held in the store.
+    pub(crate) fn slots_held_at_most(&self) -> Option<std::time::Duration> {
+        self.limiter.slots_held_at_most()
+    }
 }
 
 impl<St: Store> RateLimitLayer<St> {

@@ -296,6 +296,17 @@ impl<St> Limiter<St> {
         policies.iter().map(|p| p.name().to_owned()).collect()
     }
 
+    /// The shortest time a slot of its concurrency policies is held in the store, if it has
+    /// any.
+    pub(crate) fn slots_held_at_most(&self) -> Option<std::time::Duration> {
+        let policies = self.policies.load();
+        let tiers = policies.iter().flat_map(|p| p.tiers());
+        let held = tiers
+            .filter(|t| t.limits_in_flight())
+            .map(|t| t.window_us());
+        held.min().map(std::time::Duration::from_micros)
+    }
+
     /// The leases this instance holds, if a policy takes leases.
     fn leases(&self) -> Option<&Arc<Leases>> {
         self.leases.get()

@@ -2,7 +2,8 @@
 //! anything that is a [`Stream`](futures_core::Stream) of messages.
 //!
 //! A connection is one HTTP request that may live for hours; the layer decides it once, when
-//! it opens. A [`MessageLimiter`] decides each message it carries, with a layer of its own
+//! it opens. A [`StreamLimiter`] bounds the connections a key holds open at once and how long
+//! each lives, and decides each message they carry, with a layer of its own
 //! (its policies, algorithms, store and leases, as for requests): the message is decided as a
 //! request with the head of the request that opened the connection, so it is keyed as that
 //! request was (client, user, route), shared across instances through the store, and a lease
@@ -22,20 +23,24 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_ratelimit::streams::{CloseCode, MessageLimiter, OverLimit};
+//! use tower_ratelimit::streams::{CloseCode, OverLimit, StreamLimiter};
 //! use tower_ratelimit::{Policy, RateLimitLayer, key::PeerIp};
 //!
 //! # fn main() -> Result<(), tower_ratelimit::ConfigError> {
-//! let messages = MessageLimiter::builder(
-//!     RateLimitLayer::builder()
-//!         .key(PeerIp::new())
-//!         .policy(Policy::gcra("5/s").name("messages"))
-//!         .build()?,
-//! )
-//! // Over 5 a second: wait up to a second, then close with 1013.
-//! .on_limit(OverLimit::wait(Duration::from_secs(1)).then(OverLimit::close(CloseCode::TRY_AGAIN_LATER)))
-//! .build()?;
-//! # let _ = messages;
+//! let limits = StreamLimiter::builder()
+//!     .messages(
+//!         RateLimitLayer::builder()
+//!             .key(PeerIp::new())
+//!             .policy(Policy::gcra("5/s").name("messages"))
+//!             .build()?,
+//!     )
+//!     // Over 5 a second: wait up to a second, then close with 1013.
+//!     .on_limit(
+//!         OverLimit::wait(Duration::from_secs(1))
+//!             .then(OverLimit::close(CloseCode::TRY_AGAIN_LATER)),
+//!     )
+//!     .build()?;
+//! # let _ = limits;
 //! # Ok(()) }
 //! ```
 //!
@@ -51,11 +56,16 @@ mod axum_ws;
 mod frame;
 mod limited;
 mod limiter;
+#[cfg(feature = "ws")]
+mod listener;
 mod socket;
 mod stream;
 
+pub use admit::Refusal;
 pub use frame::{CloseCode, Frame};
 pub use limited::{Answer, Direction, Limited, Message, OverLimit, message_bytes};
-pub use limiter::{Connection, MessageLimiter, MessageLimiterBuilder};
+pub use limiter::{Connection, StreamLimiter, StreamLimiterBuilder};
+#[cfg(feature = "ws")]
+pub use listener::LimitedListener;
 pub use socket::LimitedSocket;
 pub use stream::LimitedStream;

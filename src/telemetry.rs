@@ -228,9 +228,17 @@ pub const METRICS: &[Metric] = &[
         "ratelimit_messages_limited_total",
         MetricKind::Counter,
         &["policy", "direction", "answer"],
-        "Messages of long-lived connections refused (streams::MessageLimiter), by the policy \
+        "Messages of long-lived connections refused (streams::StreamLimiter), by the policy \
          over its limit (none: the lists, the store or the key refused), the direction \
          (inbound, outbound) and the answer (close or error)",
+    ),
+    metric(
+        "ratelimit_connections_refused_total",
+        MetricKind::Counter,
+        &["policy", "at"],
+        "Long-lived connections refused by a StreamLimiter's connections (at upgrade: answered \
+         429 before upgrading) or by a LimitedListener (at listener: closed once accepted), by \
+         the policy that refused them (none: the lists, the store or the key)",
     ),
     metric(
         "ratelimit_message_wait_seconds",

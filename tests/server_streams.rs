@@ -24,9 +24,22 @@ fn run<F: Future<Output = ()>>(scenario: F) {
 }
 
 async fn connect(addr: SocketAddr, key: &str) -> Client {
+    try_connect(addr, key).await.expect("upgraded")
+}
+
+/// A socket of `key`, or the status and `Retry-After` of the response that refused it.
+async fn try_connect(addr: SocketAddr, key: &str) -> Result<Client, (u16, String)> {
     let mut request = format!("ws://{addr}/ws").into_client_request().unwrap();
     request.headers_mut().insert("x-key", key.parse().unwrap());
-    tokio_tungstenite::connect_async(request).await.unwrap().0
+    match tokio_tungstenite::connect_async(request).await {
+        Ok((client, _)) => Ok(client),
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            let retry = response.headers().get("retry-after");
+            let retry = retry.map_or(String::new(), |v| v.to_str().unwrap().to_owned());
+            Err((response.status().as_u16(), retry))
+        }
+        Err(e) => panic!("{e}"),
+    }
 }
 
 async fn next(client: &mut Client) -> Message {
@@ -152,6 +165,61 @@ on_each_demo_store!(
     messages_past_message_limit_wait_their_turn_on_two_servers_of_a_cluster
 );
 
+const CONNECTIONS: [(&str, &str); 3] = [
+    ("CONNECTIONS", "2"),
+    ("KEY", "header:x-key"),
+    ("RATE_LIMIT", "100/s"),
+];
+
+fn bounded(a: &DemoServer, b: &DemoServer) {
+    run(async {
+        let mut first = connect(a.addr, "c").await;
+        let mut second = connect(b.addr, "c").await;
+        assert_eq!(say(&mut second, "1").await, Message::text("1"));
+        for server in [a, b] {
+            let refused = try_connect(server.addr, "c").await.err();
+            assert_eq!(refused, Some((429, "1".to_owned())), "a third socket");
+        }
+        connect(a.addr, "other").await;
+        first.close(None).await.unwrap();
+        support::eventually("the closed socket's place is free", async || {
+            try_connect(b.addr, "c").await.is_ok()
+        })
+        .await;
+        assert_eq!(say(&mut second, "2").await, Message::text("2"));
+    });
+}
+
+on_each_demo_store!(
+    bounded,
+    CONNECTIONS,
+    "demo-ws-connections:",
+    a_keys_sockets_past_connections_are_refused_before_upgrading_in_memory,
+    a_keys_sockets_past_connections_are_refused_before_upgrading_on_two_servers_of_one_redis,
+    a_keys_sockets_past_connections_are_refused_before_upgrading_on_two_servers_of_a_cluster
+);
+
+#[test]
+fn a_socket_open_past_max_connection_s_is_closed_with_1013() {
+    let server = DemoServer::start(&[("MAX_CONNECTION_S", "1"), ("CONNECTIONS", "1")]);
+    run(async {
+        let started = Instant::now();
+        let mut client = connect(server.addr, "l").await;
+        assert_eq!(say(&mut client, "1").await, Message::text("1"));
+        let Message::Close(Some(frame)) = next(&mut client).await else {
+            panic!("a close frame");
+        };
+        assert!(started.elapsed() >= Duration::from_secs(1));
+        assert_eq!(frame.code, CloseCode::Again);
+        assert_eq!(frame.reason.as_str(), "connection lifetime ended");
+        // Its place is free again.
+        support::eventually("the place is free", async || {
+            try_connect(server.addr, "l").await.is_ok()
+        })
+        .await;
+    });
+}
+
 #[test]
 fn without_message_limit_the_socket_echoes_everything() {
     let server = DemoServer::start(&[("RATE_LIMIT", "100/s")]);
@@ -170,6 +238,9 @@ fn bad_values_stop_the_server_naming_the_variable() {
         ("MESSAGE_LIMIT", "lots"),
         ("MESSAGE_LIMIT", "0/s"),
         ("ON_MESSAGE_LIMIT", "drop"),
+        ("CONNECTIONS", "0"),
+        ("CONNECTIONS", "many"),
+        ("MAX_CONNECTION_S", "-1"),
     ] {
         let err = start_error(&[("MESSAGE_LIMIT", "5/s"), (name, value)]);
         assert!(err.contains(name), "{name}={value}: {err}");

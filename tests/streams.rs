@@ -20,7 +20,8 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode as WsCode;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
-use tower_ratelimit::streams::{Answer, CloseCode, Connection, MessageLimiter, OverLimit};
+use tower_ratelimit::key::HeaderKey;
+use tower_ratelimit::streams::{Answer, CloseCode, Connection, OverLimit, StreamLimiter};
 use tower_ratelimit::{ManualClock, Policy, RateLimitLayer, Store};
 
 type Client = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -39,7 +40,7 @@ async fn echo(upgrade: WebSocketUpgrade, limits: Connection) -> Response {
 }
 
 /// An echo WebSocket server at `/ws` whose messages `limiter` decides.
-async fn serve(limiter: MessageLimiter) -> SocketAddr {
+async fn serve(limiter: StreamLimiter) -> SocketAddr {
     let app = Router::new()
         .route("/ws", get(echo))
         .layer(axum::Extension(limiter));
@@ -50,9 +51,21 @@ async fn serve(limiter: MessageLimiter) -> SocketAddr {
 }
 
 async fn connect(addr: SocketAddr, key: &str) -> Client {
+    try_connect(addr, key).await.expect("upgraded")
+}
+
+/// A socket of `key`, or the response that refused it.
+async fn try_connect(
+    addr: SocketAddr,
+    key: &str,
+) -> Result<Client, http::Response<Option<Vec<u8>>>> {
     let mut request = format!("ws://{addr}/ws").into_client_request().unwrap();
     request.headers_mut().insert("x-key", key.parse().unwrap());
-    tokio_tungstenite::connect_async(request).await.unwrap().0
+    match tokio_tungstenite::connect_async(request).await {
+        Ok((client, _)) => Ok(client),
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => Err(*response),
+        Err(e) => panic!("{e}"),
+    }
 }
 
 /// Sends `text` and returns what comes back first.
@@ -81,8 +94,8 @@ fn assert_closed(message: &Message, code: u16) {
 async fn closed_over_the_limit<St: Store>(one: St, two: St, clock: ManualClock) {
     let over = OverLimit::close(CloseCode::POLICY_VIOLATION);
     let gcra = || Policy::gcra("3/h");
-    let one = serve(support::message_limiter(one, Some(&clock), gcra(), over)).await;
-    let two = serve(support::message_limiter(two, Some(&clock), gcra(), over)).await;
+    let one = serve(support::stream_limiter(one, Some(&clock), gcra(), over)).await;
+    let two = serve(support::stream_limiter(two, Some(&clock), gcra(), over)).await;
     let mut first = connect(one, "a").await;
     for text in ["1", "2"] {
         assert_eq!(say(&mut first, text).await, Message::text(text));
@@ -110,14 +123,14 @@ on_two_of_each_store!(
 
 async fn answered_with_an_error<St: Store>(one: St, two: St, clock: ManualClock) {
     let gcra = || Policy::gcra("3/h");
-    let one = serve(support::message_limiter(
+    let one = serve(support::stream_limiter(
         one,
         Some(&clock),
         gcra(),
         OverLimit::error(),
     ))
     .await;
-    let two = serve(support::message_limiter(
+    let two = serve(support::stream_limiter(
         two,
         Some(&clock),
         gcra(),
@@ -160,8 +173,8 @@ on_two_of_each_store!(
 async fn waiting_shares_one_schedule<St: Store>(one: St, two: St) {
     let over = OverLimit::wait(Duration::from_secs(5));
     let policy = || Policy::gcra("20/s").burst(1);
-    let one = serve(support::message_limiter(one, None, policy(), over)).await;
-    let two = serve(support::message_limiter(two, None, policy(), over)).await;
+    let one = serve(support::stream_limiter(one, None, policy(), over)).await;
+    let two = serve(support::stream_limiter(two, None, policy(), over)).await;
     let (mut first, mut second) = (connect(one, "w").await, connect(two, "w").await);
     let started = Instant::now();
     for i in 0..6 {
@@ -190,11 +203,137 @@ async fn waiting_messages_share_one_schedule_on_two_instances_of_one_redis() {
     support::assert_no_key_without_ttl(&server, "streams-wait:");
 }
 
+/// At most `n` sockets of a key (`x-key`) at once, on `store`.
+fn connections<St: Store>(store: St, clock: &ManualClock, n: u32) -> StreamLimiter {
+    let layer = RateLimitLayer::builder()
+        .clock(clock.clone())
+        .key(HeaderKey::try_new("x-key").unwrap())
+        .policy(
+            Policy::concurrency(n)
+                .name("connections")
+                .max_duration(Duration::from_secs(3600)),
+        )
+        .store(store)
+        .build()
+        .unwrap();
+    StreamLimiter::builder().connections(layer).build().unwrap()
+}
+
+async fn sockets_per_key<St: Store>(one: St, two: St, clock: ManualClock) {
+    let one = serve(connections(one, &clock, 2)).await;
+    let two = serve(connections(two, &clock, 2)).await;
+    let mut first = connect(one, "c").await;
+    let mut second = connect(two, "c").await;
+    assert_eq!(say(&mut second, "open").await, Message::text("open"));
+    for server in [one, two] {
+        let refused = try_connect(server, "c").await.expect_err("a third socket");
+        assert_eq!(refused.status(), http::StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(refused.headers()["retry-after"], "1");
+    }
+    // Another key's sockets are its own.
+    connect(two, "d").await;
+    // A socket closed frees its place at once: as soon as the server has seen it go.
+    first.close(None).await.unwrap();
+    support::eventually("the closed socket's place is free", async || {
+        try_connect(two, "c").await.is_ok()
+    })
+    .await;
+    // The socket still open keeps its place, and works.
+    assert_eq!(say(&mut second, "still").await, Message::text("still"));
+}
+
+on_two_of_each_store!(
+    sockets_per_key,
+    "streams-connections:",
+    a_keys_sockets_across_two_servers_are_bounded_in_memory,
+    a_keys_sockets_across_two_servers_are_bounded_on_redis,
+    a_keys_sockets_across_two_servers_are_bounded_on_the_cluster
+);
+
+/// A plain HTTP request on a new connection to `addr`: the status line's code, or `None` when
+/// the connection was closed without an answer.
+async fn over_a_new_connection(addr: SocketAddr) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    let sent = tcp.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    if sent.await.is_err() {
+        return None;
+    }
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut answer));
+    match read.await.expect("an answer or the end within 10 s") {
+        Ok(_) if answer.starts_with(b"HTTP/1.1 ") => Some(
+            std::str::from_utf8(&answer[9..12])
+                .unwrap()
+                .parse()
+                .unwrap(),
+        ),
+        _ => None,
+    }
+}
+
+async fn accepts_per_address<St: Store>(one: St, two: St, clock: ManualClock) {
+    let serve_on = |store: St| {
+        let layer = RateLimitLayer::builder()
+            .clock(clock.clone())
+            .key(tower_ratelimit::key::PeerIp::new())
+            .policy(Policy::fixed_window("3/h").name("accepts"))
+            .store(store)
+            .build()
+            .unwrap();
+        async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let listener = tower_ratelimit::streams::LimitedListener::new(listener, layer);
+            let app = Router::new().route("/", get(|| async { "hello" }));
+            tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+            addr
+        }
+    };
+    let (one, two) = (serve_on(one).await, serve_on(two).await);
+    for server in [one, two, one] {
+        assert_eq!(over_a_new_connection(server).await, Some(200));
+    }
+    // The address's fourth connection, on either server, is closed unanswered.
+    assert_eq!(over_a_new_connection(two).await, None);
+    assert_eq!(over_a_new_connection(one).await, None);
+    clock.advance(Duration::from_secs(3600));
+    assert_eq!(over_a_new_connection(two).await, Some(200));
+}
+
+on_two_of_each_store!(
+    accepts_per_address,
+    "streams-accepts:",
+    connections_accepted_per_address_across_two_listeners_in_memory,
+    connections_accepted_per_address_across_two_listeners_on_redis,
+    connections_accepted_per_address_across_two_listeners_on_the_cluster
+);
+
+/// A socket open longer than its lifetime is closed with 1013 (real time, a lifetime of
+/// 300 ms: closed no sooner, and within 10 s).
+#[tokio::test]
+async fn a_socket_past_its_lifetime_is_closed_with_1013() {
+    let limiter = StreamLimiter::builder()
+        .max_lifetime(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let server = serve(limiter).await;
+    let started = Instant::now();
+    let mut client = connect(server, "l").await;
+    assert_eq!(say(&mut client, "1").await, Message::text("1"));
+    let Message::Close(Some(frame)) = next(&mut client).await else {
+        panic!("a close frame");
+    };
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(frame.code, WsCode::from(1013));
+    assert_eq!(frame.reason.as_str(), "connection lifetime ended");
+}
+
 #[tokio::test]
 async fn a_message_that_would_wait_too_long_gets_the_answer_after_the_wait() {
     let clock = ManualClock::new();
     let over = OverLimit::wait(Duration::from_secs(1)).then(OverLimit::error());
-    let messages = support::message_limiter(
+    let messages = support::stream_limiter(
         tower_ratelimit::MemoryStore::builder()
             .clock(clock.clone())
             .build(),
@@ -202,12 +341,8 @@ async fn a_message_that_would_wait_too_long_gets_the_answer_after_the_wait() {
         Policy::gcra("1/min"),
         over,
     );
-    let connection = messages.connection(
-        &http::Request::builder()
-            .header("x-key", "t")
-            .body(())
-            .unwrap(),
-    );
+    let request = http::Request::builder().header("x-key", "t").body(());
+    let connection = messages.open(&request.unwrap()).await.unwrap();
     let inbound = tower_ratelimit::streams::Direction::Inbound;
     connection.admit(1, inbound).await.unwrap();
     let limited = connection.admit(1, inbound).await.unwrap_err();
@@ -231,10 +366,9 @@ async fn any_streams_items_are_decided_and_a_close_ends_it() {
             .clock(clock.clone())
             .build();
         let messages =
-            support::message_limiter(store, Some(&clock), Policy::fixed_window("2/h"), over);
+            support::stream_limiter(store, Some(&clock), Policy::fixed_window("2/h"), over);
         let items = futures_util::stream::iter(1..=5);
-        let decided: Vec<bool> = messages
-            .connection(&request)
+        let decided: Vec<bool> = (messages.open(&request).await.unwrap())
             .stream(items, |_| Some(1))
             .map(|item| item.is_ok())
             .collect()
@@ -246,7 +380,7 @@ async fn any_streams_items_are_decided_and_a_close_ends_it() {
     let store = tower_ratelimit::MemoryStore::builder()
         .clock(clock.clone())
         .build();
-    let messages = support::message_limiter(
+    let messages = support::stream_limiter(
         store,
         Some(&clock),
         Policy::fixed_window("1/h"),
@@ -254,7 +388,8 @@ async fn any_streams_items_are_decided_and_a_close_ends_it() {
     );
     let items = futures_util::stream::iter(1..=4);
     let odd = |n: &i32| (n % 2 == 1).then_some(1);
-    let decided: Vec<bool> = (messages.connection(&request).stream(items, odd))
+    let connection = messages.open(&request).await.unwrap();
+    let decided: Vec<bool> = (connection.stream(items, odd))
         .map(|item| item.is_ok())
         .collect()
         .await;
@@ -269,16 +404,35 @@ fn mistakes_are_errors() {
             .build()
             .unwrap()
     };
-    let unknown = MessageLimiter::builder(layer())
+    let unknown = StreamLimiter::builder()
+        .messages(layer())
         .on_limit_of("nope", OverLimit::error())
         .build()
         .unwrap_err();
     assert!(unknown.to_string().contains("\"nope\""), "{unknown}");
-    let long = MessageLimiter::builder(layer())
+    let long = StreamLimiter::builder()
+        .messages(layer())
         .on_limit(OverLimit::wait(Duration::from_secs(3601)))
         .build()
         .unwrap_err();
     assert!(long.to_string().contains("at most an hour"), "{long}");
+    let nothing = StreamLimiter::builder().build().unwrap_err();
+    assert!(nothing.to_string().contains("limits nothing"), "{nothing}");
+    let slots = RateLimitLayer::builder()
+        .policy(Policy::concurrency(2).max_duration(Duration::from_secs(60)))
+        .build()
+        .unwrap();
+    let outlives = StreamLimiter::builder()
+        .connections(slots)
+        .max_lifetime(Duration::from_secs(61))
+        .build()
+        .unwrap_err();
+    assert!(outlives.to_string().contains("max_duration"), "{outlives}");
+    let zero = StreamLimiter::builder()
+        .max_lifetime(Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert!(zero.to_string().contains("above zero"), "{zero}");
     assert!(CloseCode::new(1005).is_none());
     assert_eq!(CloseCode::new(4000).map(CloseCode::get), Some(4000));
 }

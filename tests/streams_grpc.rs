@@ -18,7 +18,7 @@ use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::Channel;
 use tonic::{Code, Status, Streaming};
 use tonic_types::StatusExt;
-use tower_ratelimit::streams::{CloseCode, Connection, MessageLimiter, OverLimit};
+use tower_ratelimit::streams::{CloseCode, Connection, OverLimit, StreamLimiter};
 use tower_ratelimit::{ManualClock, Policy, Store};
 
 /// Messages as the bytes they are: a codec needing no protobuf schema.
@@ -101,13 +101,17 @@ fn feed(connection: Connection, call: tonic::Request<Streaming<Bytes>>) -> Repli
 type Reply = fn(Connection, tonic::Request<Streaming<Bytes>>) -> Replies;
 
 /// A gRPC server of `Chat` and `Feed` whose messages `limiter` decides.
-async fn serve(limiter: MessageLimiter) -> SocketAddr {
+async fn serve(limiter: StreamLimiter) -> SocketAddr {
     use axum::routing::post;
     let handler = |reply: Reply| {
         let limiter = limiter.clone();
         move |request: http::Request<axum::body::Body>| {
-            let connection = limiter.connection(&request);
+            let opened = limiter.open(&request);
             async move {
+                let connection = match opened.await {
+                    Ok(connection) => connection,
+                    Err(refusal) => return refusal.map(axum::body::Body::from),
+                };
                 let service = tower::service_fn(move |call: tonic::Request<Streaming<Bytes>>| {
                     let replies = reply(connection.clone(), call);
                     async move { Ok::<_, Status>(tonic::Response::new(replies)) }
@@ -170,14 +174,14 @@ async fn call(
 
 async fn exhausted_across_two_servers<St: Store>(one: St, two: St, clock: ManualClock) {
     let over = OverLimit::close(CloseCode::TRY_AGAIN_LATER);
-    let one = serve(support::message_limiter(
+    let one = serve(support::stream_limiter(
         one,
         Some(&clock),
         Policy::gcra("3/h"),
         over,
     ))
     .await;
-    let two = serve(support::message_limiter(
+    let two = serve(support::stream_limiter(
         two,
         Some(&clock),
         Policy::gcra("3/h"),
@@ -217,7 +221,7 @@ on_two_of_each_store!(
 async fn a_server_streams_messages_wait_their_turn() {
     let over = OverLimit::wait(Duration::from_secs(5));
     let store = tower_ratelimit::MemoryStore::new();
-    let server = serve(support::message_limiter(
+    let server = serve(support::stream_limiter(
         store,
         None,
         Policy::gcra("20/s").burst(1),

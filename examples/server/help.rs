@@ -145,6 +145,14 @@ Environment variables:
               allows, nothing more read meanwhile; past 10 s the socket is closed with
               1013), or error (a text message {\"error\":\"rate_limited\",
               \"retry_after_ms\":N,...}, the socket kept open)   (default close)
+  CONNECTIONS at most this many sockets of GET /ws open at once per key (KEY), across
+              the servers of one store; past it the upgrade is answered 429 with
+              Retry-After; a closed socket frees its place at once
+                                                    (default unset)
+  MAX_CONNECTION_S
+              a socket of GET /ws open longer is closed with 1013 (with CONNECTIONS
+              and without it, an hour: a socket's place is held in the store that
+              long at most)                         (default unset)
   NEAR_LIMIT  warn when a key has used this percent of a RATE_LIMIT policy, e.g. 80:
               once per key and window, counted in ratelimit_near_limit_total on /metrics,
               the key listed in near_keys on /admin/top   (default unset)
@@ -172,7 +180,8 @@ Routes:
                rate limited, answers {\"usage\":{\"total_tokens\":n}}, or with
                stream=true three server-sent events, the last carrying that usage
   GET /ws      rate limited when it opens; a WebSocket echoing text and binary messages
-               as they came, each decided by MESSAGE_LIMIT
+               as they came, each decided by MESSAGE_LIMIT, at most CONNECTIONS at once
+               per key, each open MAX_CONNECTION_S at most
   GET /health  never limited
   GET /metrics every metric of the layer, in Prometheus text format, with the server's
                live tokio tasks (demo_tasks_alive) and the memory store's keys

@@ -1,6 +1,6 @@
-//! The echo WebSocket `GET /ws` and the limits on its messages (`MESSAGE_LIMIT`,
-//! `ON_MESSAGE_LIMIT`): a key's messages, keyed as its requests are (`KEY`), shared across its
-//! sockets and across the instances of one store.
+//! The echo WebSocket `GET /ws` and its limits (`MESSAGE_LIMIT`, `ON_MESSAGE_LIMIT`,
+//! `CONNECTIONS`, `MAX_CONNECTION_S`): a key's messages and sockets, keyed as its requests are
+//! (`KEY`), shared across its sockets and across the instances of one store.
 
 use std::time::Duration;
 
@@ -9,7 +9,7 @@ use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::response::Response;
 use axum::routing::get;
 use futures_util::{Sink, SinkExt, Stream, StreamExt};
-use tower_ratelimit::streams::{CloseCode, Connection, MessageLimiter, OverLimit};
+use tower_ratelimit::streams::{CloseCode, Connection, OverLimit, StreamLimiter};
 use tower_ratelimit::{Policy, Quota, RateLimitLayer, Store};
 
 use crate::config::{Config, env_or, key_extractor};
@@ -18,12 +18,20 @@ use crate::config::{Config, env_or, key_extractor};
 /// before its socket is closed with 1013.
 const LONGEST_WAIT: Duration = Duration::from_secs(10);
 
-/// The limits on the messages of `/ws`.
+/// How long a socket lives at most without `MAX_CONNECTION_S`, when `CONNECTIONS` holds a
+/// slot for it.
+const LIFETIME_WITH_SLOT: Duration = Duration::from_secs(3600);
+
+/// The limits of `/ws`.
 pub(crate) struct Sockets {
     /// `MESSAGE_LIMIT`: the messages a key may send.
     limit: Option<Quota>,
     /// `ON_MESSAGE_LIMIT`: what a message over it gets.
     on_limit: (OverLimit, &'static str),
+    /// `CONNECTIONS`: the sockets a key may hold open at once.
+    connections: Option<u32>,
+    /// `MAX_CONNECTION_S`: how long a socket lives at most.
+    lifetime: Option<Duration>,
 }
 
 impl Sockets {
@@ -46,7 +54,15 @@ impl Sockets {
                 ));
             }
         };
-        Ok(Sockets { limit, on_limit })
+        let connections = crate::config::positive("CONNECTIONS")?;
+        let lifetime =
+            crate::config::positive("MAX_CONNECTION_S")?.map(|s| Duration::from_secs(u64::from(s)));
+        Ok(Sockets {
+            limit,
+            on_limit,
+            connections,
+            lifetime,
+        })
     }
 
     /// What the startup line says of them.
@@ -60,30 +76,49 @@ impl Sockets {
         }
     }
 
-    /// `GET /ws`, its messages decided on `store` when `MESSAGE_LIMIT` is set (by `ALGORITHM`,
-    /// keyed by `KEY`).
+    /// `GET /ws`, limited on `store` as the variables say (by `ALGORITHM`, keyed by `KEY`).
     pub(crate) fn routes<St: Store>(&self, config: &Config, store: St) -> Result<Router, String> {
-        let Some(quota) = &self.limit else {
+        if self.limit.is_none() && self.connections.is_none() && self.lifetime.is_none() {
             return Ok(Router::new().route("/ws", get(plain)));
-        };
-        let key = key_extractor(&config.key, &config.trusted_proxies, config.abuse.listed)?;
-        let layer = RateLimitLayer::builder()
-            .store(store)
-            .key(key)
-            .policy(Policy::new(config.algorithm, *quota).name("messages"))
+        }
+        let key = || key_extractor(&config.key, &config.trusted_proxies, config.abuse.listed);
+        let mut limiter = StreamLimiter::builder().on_limit(self.on_limit.0);
+        if let Some(quota) = self.limit {
+            let messages = RateLimitLayer::builder()
+                .store(store.clone())
+                .key(key()?)
+                .policy(Policy::new(config.algorithm, quota).name("messages"))
+                .build()
+                .map_err(|e| format!("MESSAGE_LIMIT: {e}"))?;
+            limiter = limiter.messages(messages);
+        }
+        if let Some(n) = self.connections {
+            let held = self.lifetime.unwrap_or(LIFETIME_WITH_SLOT);
+            let connections = RateLimitLayer::builder()
+                .store(store)
+                .key(key()?)
+                .policy(
+                    Policy::concurrency(n)
+                        .name("connections")
+                        .max_duration(held),
+                )
+                .build()
+                .map_err(|e| format!("CONNECTIONS: {e}"))?;
+            limiter = limiter.connections(connections);
+        }
+        if let Some(lifetime) = self.lifetime {
+            limiter = limiter.max_lifetime(lifetime);
+        }
+        let limiter = limiter
             .build()
-            .map_err(|e| format!("MESSAGE_LIMIT: {e}"))?;
-        let limiter = MessageLimiter::builder(layer)
-            .on_limit(self.on_limit.0)
-            .build()
-            .map_err(|e| format!("ON_MESSAGE_LIMIT: {e}"))?;
+            .map_err(|e| format!("MAX_CONNECTION_S: {e}"))?;
         Ok(Router::new()
             .route("/ws", get(limited))
             .layer(axum::Extension(limiter)))
     }
 }
 
-/// `GET /ws` without limits on its messages.
+/// `GET /ws` without limits.
 async fn plain(upgrade: WebSocketUpgrade) -> Response {
     upgrade.on_upgrade(|socket: WebSocket| echo(socket))
 }

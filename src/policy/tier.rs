@@ -301,6 +301,11 @@ impl Tier {
         self.part.charge_if.as_ref()
     }
 
+    /// Its window, in microseconds (for a concurrency limit: how long a slot is held at most).
+    pub(crate) fn window_us(&self) -> u64 {
+        self.algorithm.window_us()
+    }
+
     /// Whether the tier limits requests in flight.
     pub(crate) fn limits_in_flight(&self) -> bool {
         matches!(self.part.op, Op::Concurrency)

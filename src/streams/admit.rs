@@ -54,8 +54,13 @@ impl Service<Head> for Admit {
     }
 }
 
-/// The layer's answer to a message.
-type Answered = Response<ResponseBody<()>>;
+/// The answer to a connection refused when it opens: the connections' layer's own response
+/// (`429` with `Retry-After` and the rate-limit headers, a problem+json body), to send instead
+/// of upgrading.
+pub type Refusal = http::Response<bytes::Bytes>;
+
+/// The layer's answer to a message (or to a connection).
+pub(super) type Answered = Response<ResponseBody<()>>;
 
 /// A [`RateLimit`] around [`Admit`], whatever its store.
 pub(super) trait Admitting: Send + Sync {
@@ -117,19 +122,42 @@ pub(super) async fn decide(
     }
 }
 
-/// What refused a message, when the layer did not let it through.
-fn refused(response: &Answered, direction: Direction) -> Option<Limited> {
+/// Whether the layer let `response`'s request through.
+pub(super) fn admitted(response: &Answered) -> bool {
+    refused_with(response).is_none()
+}
+
+/// `answer`, a refusal, with its body's bytes, and a `Retry-After` (of a second when the
+/// layer gave none).
+pub(super) fn refusal(answer: Answered) -> Refusal {
+    let (mut parts, body) = answer.into_parts();
+    // A connection refused for want of a slot is told when to try again: no one knows when a
+    // slot frees, and clients that reconnect at once make a storm.
+    if parts.status == StatusCode::TOO_MANY_REQUESTS {
+        (parts.headers.entry(http::header::RETRY_AFTER))
+            .or_insert(http::HeaderValue::from_static("1"));
+    }
+    Response::from_parts(parts, body.into_data())
+}
+
+/// The status that refused `response`'s request, `None` when the layer let it through.
+fn refused_with(response: &Answered) -> Option<StatusCode> {
     // A message of a gRPC call is answered in gRPC's form: `200` and a `grpc-status`.
     let grpc = response.headers().get("grpc-status");
-    let status = match grpc.and_then(|code| code.to_str().ok()?.parse::<u16>().ok()) {
-        Some(0) => return None,
-        Some(8) => StatusCode::TOO_MANY_REQUESTS,
-        Some(7) => StatusCode::FORBIDDEN,
-        Some(14) => StatusCode::SERVICE_UNAVAILABLE,
-        Some(_) => StatusCode::BAD_REQUEST,
-        None if response.status().is_success() => return None,
-        None => response.status(),
-    };
+    match grpc.and_then(|code| code.to_str().ok()?.parse::<u16>().ok()) {
+        Some(0) => None,
+        Some(8) => Some(StatusCode::TOO_MANY_REQUESTS),
+        Some(7) => Some(StatusCode::FORBIDDEN),
+        Some(14) => Some(StatusCode::SERVICE_UNAVAILABLE),
+        Some(_) => Some(StatusCode::BAD_REQUEST),
+        None if response.status().is_success() => None,
+        None => Some(response.status()),
+    }
+}
+
+/// What refused a message, when the layer did not let it through.
+fn refused(response: &Answered, direction: Direction) -> Option<Limited> {
+    let status = refused_with(response)?;
     let decision = response.extensions().get::<Decision>();
     let policy = decision.filter(|d| !d.is_allowed()).map(Decision::tightest);
     let retry_after = decision.and_then(Decision::retry_after).or_else(|| {
@@ -173,4 +201,16 @@ pub(crate) fn message_limited(limited: &Limited) {
 pub(crate) fn message_waited(policy: &str, wait: std::time::Duration) {
     metrics::histogram!("ratelimit_message_wait_seconds", "policy" => policy.to_owned())
         .record(wait.as_secs_f64());
+}
+
+/// Counts a connection refused `at` the listener or the upgrade
+/// (`ratelimit_connections_refused_total`).
+pub(super) fn connection_refused(answer: &Answered, at: &'static str) {
+    let decision = answer
+        .extensions()
+        .get::<Decision>()
+        .filter(|d| !d.is_allowed());
+    let policy = decision.map_or("none".to_owned(), |d| d.tightest().policy().to_owned());
+    metrics::counter!("ratelimit_connections_refused_total", "policy" => policy, "at" => at)
+        .increment(1);
 }

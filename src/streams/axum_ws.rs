@@ -9,7 +9,7 @@ use http::request::Parts;
 use crate::key::RequestRef;
 
 use super::frame::{CloseCode, Frame};
-use super::limiter::{Connection, MessageLimiter};
+use super::limiter::{Connection, StreamLimiter};
 
 impl Frame for Message {
     fn counted_size(&self) -> Option<usize> {
@@ -55,13 +55,16 @@ impl Frame for tungstenite::Message {
     }
 }
 
-/// The connection a request opens, with the [`MessageLimiter`] in the request's extensions
-/// (`.layer(Extension(limiter))`): `500` when there is none.
+/// The connection a request opens ([`StreamLimiter::open`]), with the [`StreamLimiter`] in the
+/// request's extensions (`.layer(Extension(limiter))`): a connection the connections' layer
+/// refuses is answered its [`Refusal`](super::Refusal) (`429` with `Retry-After`) before the
+/// handler runs, so before any upgrade; `500` when there is no limiter.
 ///
 /// ```
+/// use std::time::Duration;
 /// use axum::extract::ws::WebSocketUpgrade;
 /// use axum::{Extension, Router, response::Response, routing::get};
-/// use tower_ratelimit::streams::{Connection, MessageLimiter};
+/// use tower_ratelimit::streams::{Connection, StreamLimiter};
 /// use tower_ratelimit::{Policy, RateLimitLayer, key::PeerIp};
 ///
 /// async fn echo(upgrade: WebSocketUpgrade, limits: Connection) -> Response {
@@ -76,23 +79,33 @@ impl Frame for tungstenite::Message {
 /// }
 ///
 /// # fn main() -> Result<(), tower_ratelimit::ConfigError> {
-/// let messages = MessageLimiter::builder(
-///     RateLimitLayer::builder().key(PeerIp::new()).policy(Policy::gcra("5/s")).build()?,
-/// )
-/// .build()?;
-/// let app: Router = Router::new().route("/ws", get(echo)).layer(Extension(messages));
+/// let limits = StreamLimiter::builder()
+///     // 5 messages a second per client...
+///     .messages(RateLimitLayer::builder().key(PeerIp::new()).policy(Policy::gcra("5/s")).build()?)
+///     // ...on at most 3 sockets at once, each open an hour at most.
+///     .connections(
+///         RateLimitLayer::builder()
+///             .key(PeerIp::new())
+///             .policy(Policy::concurrency(3).max_duration(Duration::from_secs(3600)))
+///             .build()?,
+///     )
+///     .build()?;
+/// let app: Router = Router::new().route("/ws", get(echo)).layer(Extension(limits));
 /// # let _ = app;
 /// # Ok(()) }
 /// ```
 impl<S: Send + Sync> FromRequestParts<S> for Connection {
-    type Rejection = (StatusCode, &'static str);
+    type Rejection = axum::response::Response;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        let limiter = parts.extensions.get::<MessageLimiter>().ok_or((
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "no MessageLimiter in the request's extensions: add .layer(Extension(limiter))",
-        ))?;
-        let request = RequestRef::from_parts(parts);
-        Ok(limiter.connection_of(super::admit::head(&request)))
+        use axum::response::IntoResponse;
+        let Some(limiter) = parts.extensions.get::<StreamLimiter>() else {
+            let missing =
+                "no StreamLimiter in the request's extensions: add .layer(Extension(limiter))";
+            return Err((StatusCode::INTERNAL_SERVER_ERROR, missing).into_response());
+        };
+        let head = super::admit::head(&RequestRef::from_parts(parts));
+        let opened = limiter.open_head(head).await;
+        opened.map_err(|refusal| refusal.map(axum::body::Body::from))
     }
 }

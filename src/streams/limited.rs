@@ -17,7 +17,7 @@ pub enum Direction {
     /// From the client: a message the connection reads.
     Inbound,
     /// To the client: a message the server sends (with
-    /// [`MessageLimiterBuilder::outbound`](super::MessageLimiterBuilder::outbound)).
+    /// [`StreamLimiterBuilder::outbound`](super::StreamLimiterBuilder::outbound)).
     Outbound,
 }
 
@@ -70,7 +70,7 @@ impl OverLimit {
     }
 
     /// Drops the message and sends the client an error message
-    /// ([`MessageLimiterBuilder::error_message`](super::MessageLimiterBuilder::error_message)); the connection stays open.
+    /// ([`StreamLimiterBuilder::error_message`](super::StreamLimiterBuilder::error_message)); the connection stays open.
     pub fn error() -> Self {
         OverLimit {
             wait: Duration::ZERO,
@@ -138,7 +138,8 @@ impl Limited {
     }
 
     /// The status the layer would have answered a request with: `429` over a limit, `403`
-    /// denied by the lists, `503` the store unavailable, `400` no key.
+    /// denied by the lists, `503` the store unavailable, `400` no key; `408` at the end of
+    /// the connection's lifetime ([`max_lifetime`](super::StreamLimiterBuilder::max_lifetime)).
     pub fn status(&self) -> StatusCode {
         self.status
     }
@@ -161,6 +162,7 @@ impl Limited {
             StatusCode::TOO_MANY_REQUESTS => "rate_limited",
             StatusCode::FORBIDDEN => "forbidden",
             StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+            StatusCode::REQUEST_TIMEOUT => "lifetime_ended",
             _ => "bad_request",
         };
         let retry = self
@@ -187,6 +189,7 @@ impl Limited {
             StatusCode::TOO_MANY_REQUESTS => format!("rate limited: {}", self.policy),
             StatusCode::FORBIDDEN => "denied".to_owned(),
             StatusCode::SERVICE_UNAVAILABLE => "rate limiter unavailable".to_owned(),
+            StatusCode::REQUEST_TIMEOUT => "connection lifetime ended".to_owned(),
             _ => "no key".to_owned(),
         };
         let mut end = reason.len().min(123);
@@ -195,6 +198,19 @@ impl Limited {
         }
         reason.truncate(end);
         reason
+    }
+}
+
+impl Limited {
+    /// The end of a connection's lifetime: closed with `1013`.
+    pub(super) fn lifetime_ended() -> Self {
+        Limited {
+            policy: String::new(),
+            retry_after: None,
+            status: StatusCode::REQUEST_TIMEOUT,
+            answer: Answer::Close(CloseCode::TRY_AGAIN_LATER),
+            direction: Direction::Inbound,
+        }
     }
 }
 

@@ -1,12 +1,13 @@
-//! [`MessageLimiter`], built from a layer, and the [`Connection`] it limits.
+//! [`StreamLimiter`], built from a layer, and the [`Connection`] it limits.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::Request;
 
-use super::admit::{self, Admitting, Head};
+use super::admit::{self, Admitting, Head, Refusal};
 use super::limited::{Direction, LONGEST_WAIT, Limited, Message, OverLimit};
 use crate::error::ConfigError;
 use crate::key::RequestRef;
@@ -16,25 +17,31 @@ use crate::store::Store;
 /// The error message a connection sends for a [`Limited`] message.
 type ErrorMessage = Arc<dyn Fn(&Limited) -> String + Send + Sync>;
 
-/// Decides the messages of connections: built once, from a [`RateLimitLayer`] whose policies
-/// are the messages' (see the [module](super)); [`connection`](Self::connection) for each
-/// connection opened. Cheap to clone.
+/// Limits long-lived connections and what flows in them (see the [module](super)): built once,
+/// from a layer for the messages ([`messages`](StreamLimiterBuilder::messages)), a layer for
+/// the connections themselves ([`connections`](StreamLimiterBuilder::connections)), a longest
+/// lifetime, or any of them; [`open`](Self::open) for each connection. Cheap to clone.
 #[derive(Clone)]
-pub struct MessageLimiter {
+pub struct StreamLimiter {
     shared: Arc<Shared>,
 }
 
 struct Shared {
-    admitting: Arc<dyn Admitting>,
+    messages: Option<Arc<dyn Admitting>>,
+    connections: Option<Arc<dyn Admitting>>,
+    lifetime: Option<Duration>,
     over: OverLimit,
     by_policy: HashMap<String, OverLimit>,
     error: ErrorMessage,
     outbound: bool,
 }
 
-impl fmt::Debug for MessageLimiter {
+impl fmt::Debug for StreamLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MessageLimiter")
+        f.debug_struct("StreamLimiter")
+            .field("messages", &self.shared.messages.is_some())
+            .field("connections", &self.shared.connections.is_some())
+            .field("lifetime", &self.shared.lifetime)
             .field("over", &self.shared.over)
             .field("by_policy", &self.shared.by_policy)
             .field("outbound", &self.shared.outbound)
@@ -42,12 +49,15 @@ impl fmt::Debug for MessageLimiter {
     }
 }
 
-impl MessageLimiter {
-    /// Starts a limiter deciding messages with `layer`'s policies, store and key.
-    pub fn builder<St: Store>(layer: RateLimitLayer<St>) -> MessageLimiterBuilder {
-        MessageLimiterBuilder {
-            names: layer.policy_names(),
-            admitting: admit::admitting(layer),
+impl StreamLimiter {
+    /// Starts a limiter, which limits nothing until given something to limit.
+    pub fn builder() -> StreamLimiterBuilder {
+        StreamLimiterBuilder {
+            names: Vec::new(),
+            messages: None,
+            connections: None,
+            held_at_most: None,
+            lifetime: None,
             over: OverLimit::default(),
             by_policy: HashMap::new(),
             error: Arc::new(Limited::to_json),
@@ -55,41 +65,107 @@ impl MessageLimiter {
         }
     }
 
-    /// The limits of one connection, opened by `request` (its head is kept: each message is
-    /// decided as this request with the [`Message`] in its extensions).
-    pub fn connection<B>(&self, request: &Request<B>) -> Connection {
-        self.connection_of(admit::head(&RequestRef::new(request)))
+    /// Opens a connection for `request`: takes its place in the connections' layer (a slot of
+    /// a concurrency policy is held until the [`Connection`] and every clone of it are
+    /// dropped), or answers the [`Refusal`] to send instead of upgrading. Its head is kept:
+    /// each message is decided as this request, with the [`Message`] in its extensions.
+    pub fn open<B>(
+        &self,
+        request: &Request<B>,
+    ) -> impl Future<Output = Result<Connection, Refusal>> + Send + 'static + use<B> {
+        self.open_head(admit::head(&RequestRef::new(request)))
     }
 
-    /// The limits of one connection opened by the request whose head is `head`.
-    pub fn connection_of(&self, head: Request<()>) -> Connection {
-        Connection {
-            shared: self.shared.clone(),
-            head: Arc::new(head),
+    /// [`open`](Self::open) for the request whose head is `head`.
+    pub fn open_head(
+        &self,
+        head: Request<()>,
+    ) -> impl Future<Output = Result<Connection, Refusal>> + Send + 'static + use<> {
+        let shared = self.shared.clone();
+        async move {
+            let head = Arc::new(head);
+            let held = match &shared.connections {
+                None => None,
+                Some(connections) => {
+                    let answer = connections.ask(Head::clone(&head)).await;
+                    if !admit::admitted(&answer) {
+                        admit::connection_refused(&answer, "upgrade");
+                        return Err(admit::refusal(answer));
+                    }
+                    Some(Arc::new(answer))
+                }
+            };
+            let ends = (shared.lifetime).map(|lifetime| tokio::time::Instant::now() + lifetime);
+            Ok(Connection {
+                shared,
+                head,
+                held,
+                ends,
+            })
         }
     }
 }
 
-/// Configures a [`MessageLimiter`]; [`build`](Self::build) checks it.
-pub struct MessageLimiterBuilder {
+/// Configures a [`StreamLimiter`]; [`build`](Self::build) checks it.
+pub struct StreamLimiterBuilder {
     names: Vec<String>,
-    admitting: Arc<dyn Admitting>,
+    messages: Option<Arc<dyn Admitting>>,
+    connections: Option<Arc<dyn Admitting>>,
+    /// The shortest time a slot of the connections' layer is held in the store.
+    held_at_most: Option<Duration>,
+    lifetime: Option<Duration>,
     over: OverLimit,
     by_policy: HashMap<String, OverLimit>,
     error: ErrorMessage,
     outbound: bool,
 }
 
-impl fmt::Debug for MessageLimiterBuilder {
+impl fmt::Debug for StreamLimiterBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MessageLimiterBuilder")
+        f.debug_struct("StreamLimiterBuilder")
             .field("policies", &self.names)
+            .field("lifetime", &self.lifetime)
             .field("over", &self.over)
             .finish_non_exhaustive()
     }
 }
 
-impl MessageLimiterBuilder {
+impl StreamLimiterBuilder {
+    /// Decides each message with `layer`'s policies, store and key, as the request that
+    /// opened its connection.
+    #[must_use]
+    pub fn messages<St: Store>(mut self, layer: RateLimitLayer<St>) -> Self {
+        self.names = layer.policy_names();
+        self.messages = Some(admit::admitting(layer));
+        self
+    }
+
+    /// Decides each connection when it opens with `layer`'s policies, store and key: a
+    /// concurrency policy ([`Policy::concurrency`](crate::Policy::concurrency)) bounds the
+    /// connections a key holds open at once, across instances, each holding its slot for its
+    /// whole life; a rate policy bounds how often a key opens them. A connection refused
+    /// gets the layer's answer, a [`Refusal`], before any upgrade.
+    ///
+    /// A slot is held in the store at most its policy's
+    /// [`max_duration`](crate::Policy::max_duration) (what frees the slots of a crashed
+    /// instance), so no connection may live longer: the [lifetime](Self::max_lifetime) is that
+    /// duration unless shorter.
+    #[must_use]
+    pub fn connections<St: Store>(mut self, layer: RateLimitLayer<St>) -> Self {
+        self.held_at_most = layer.slots_held_at_most();
+        self.connections = Some(admit::admitting(layer));
+        self
+    }
+
+    /// How long a connection lives at most: at its end a WebSocket is closed with `1013`
+    /// (and a [`LimitedStream`](super::LimitedStream) ends with a [`Limited`] whose
+    /// [`status`](Limited::status) is `408`).
+    #[must_use]
+    pub fn max_lifetime(mut self, lifetime: Duration) -> Self {
+        self.lifetime = Some(lifetime);
+        self
+    }
+
     /// The answer to a message over the limit (default: close with `1008`).
     #[must_use]
     pub fn on_limit(mut self, over: OverLimit) -> Self {
@@ -125,26 +201,20 @@ impl MessageLimiterBuilder {
         self
     }
 
-    /// The limiter; fails naming a policy [`on_limit_of`](Self::on_limit_of) names that the
-    /// layer does not have, or a wait over an hour.
-    pub fn build(self) -> Result<MessageLimiter, ConfigError> {
-        for name in self.by_policy.keys() {
-            if !self.names.contains(name) {
-                return Err(ConfigError::new(format!(
-                    "on_limit_of names the policy {name:?}, which the messages' layer does not have (it has {:?})",
-                    self.names
-                )));
-            }
-        }
-        let answers = std::iter::once(&self.over).chain(self.by_policy.values());
-        if answers.into_iter().any(|o| o.wait > LONGEST_WAIT) {
-            return Err(ConfigError::new(
-                "a message's longest wait must be at most an hour",
-            ));
-        }
-        Ok(MessageLimiter {
+    /// The limiter; fails when it limits nothing, when [`on_limit_of`](Self::on_limit_of)
+    /// names a policy the messages' layer does not have, on a wait over an hour, and on a
+    /// lifetime of zero or longer than a connection's slot is held.
+    pub fn build(self) -> Result<StreamLimiter, ConfigError> {
+        self.check()?;
+        let lifetime = match (self.lifetime, self.held_at_most) {
+            (Some(lifetime), _) => Some(lifetime),
+            (None, held) => held,
+        };
+        Ok(StreamLimiter {
             shared: Arc::new(Shared {
-                admitting: self.admitting,
+                messages: self.messages,
+                connections: self.connections,
+                lifetime,
                 over: self.over,
                 by_policy: self.by_policy,
                 error: self.error,
@@ -152,15 +222,48 @@ impl MessageLimiterBuilder {
             }),
         })
     }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let error = |text: String| Err(ConfigError::new(text));
+        if self.messages.is_none() && self.connections.is_none() && self.lifetime.is_none() {
+            return error(
+                "a StreamLimiter limits nothing: give it messages, connections or max_lifetime"
+                    .into(),
+            );
+        }
+        for name in self.by_policy.keys() {
+            if !self.names.contains(name) {
+                return error(format!(
+                    "on_limit_of names the policy {name:?}, which the messages' layer does not have (it has {:?})",
+                    self.names
+                ));
+            }
+        }
+        let answers = std::iter::once(&self.over).chain(self.by_policy.values());
+        if answers.into_iter().any(|o| o.wait > LONGEST_WAIT) {
+            return error("a message's longest wait must be at most an hour".into());
+        }
+        match (self.lifetime, self.held_at_most) {
+            (Some(Duration::ZERO), _) => error("max_lifetime must be above zero".into()),
+            (Some(lifetime), Some(held)) if lifetime > held => error(format!(
+                "max_lifetime is {lifetime:?}, but the connections' slots are held in the store {held:?} at most (their policy's max_duration): set it at least as long"
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
-/// The limits of one connection: its messages decided as the request that opened it
-/// ([`MessageLimiter::connection`]). Wrap the connection with [`socket`](Self::socket) or
-/// [`stream`](Self::stream), or decide each message with [`admit`](Self::admit).
+/// The limits of one connection opened by [`StreamLimiter::open`]: its messages decided as
+/// the request that opened it, its slot held while it or a clone lives, its lifetime. Wrap the
+/// connection with [`socket`](Self::socket) or [`stream`](Self::stream), or decide each
+/// message with [`admit`](Self::admit).
 #[derive(Clone)]
 pub struct Connection {
     shared: Arc<Shared>,
     head: Arc<Head>,
+    /// The connections' layer's answer, which holds its slots until dropped.
+    held: Option<Arc<admit::Answered>>,
+    ends: Option<tokio::time::Instant>,
 }
 
 impl fmt::Debug for Connection {
@@ -168,6 +271,8 @@ impl fmt::Debug for Connection {
         f.debug_struct("Connection")
             .field("method", self.head.method())
             .field("uri", self.head.uri())
+            .field("holds_slot", &self.held.is_some())
+            .field("ends", &self.ends)
             .finish_non_exhaustive()
     }
 }
@@ -180,11 +285,20 @@ impl Connection {
         &self,
         bytes: usize,
         direction: Direction,
-    ) -> impl Future<Output = Result<(), Limited>> + Send + 'static {
+    ) -> impl Future<Output = Result<(), Limited>> + Send + 'static + use<> {
         let (shared, head) = (self.shared.clone(), self.head.clone());
-        let over = move |policy: &str| over(&shared, policy);
-        let admitting = self.shared.admitting.clone();
-        admit::decide(admitting, head, Message { bytes, direction }, over)
+        async move {
+            let Some(messages) = &shared.messages else {
+                return Ok(());
+            };
+            let over = |policy: &str| over(&shared, policy);
+            admit::decide(messages.clone(), head, Message { bytes, direction }, over).await
+        }
+    }
+
+    /// Whether its messages are decided at all.
+    pub fn decides_messages(&self) -> bool {
+        self.shared.messages.is_some()
     }
 
     /// The error message for `limited`.
@@ -194,7 +308,12 @@ impl Connection {
 
     /// Whether the server's messages are decided too.
     pub fn decides_outbound(&self) -> bool {
-        self.shared.outbound
+        self.shared.outbound && self.decides_messages()
+    }
+
+    /// When its lifetime ends, if it has one.
+    pub fn ends_at(&self) -> Option<tokio::time::Instant> {
+        self.ends
     }
 }
 

@@ -57,6 +57,8 @@ pin_project! {
         connection: Connection,
         reading: Reading<M>,
         sending: Sending<M>,
+        // The end of the connection's lifetime.
+        ends: Option<Pin<Box<tokio::time::Sleep>>>,
     }
 }
 
@@ -71,7 +73,7 @@ impl<S, M> fmt::Debug for LimitedSocket<S, M> {
 impl Connection {
     /// `socket`, its messages decided: the client's as it reads them, and the server's as it
     /// sends them when the limiter decides those
-    /// ([`MessageLimiterBuilder::outbound`](super::MessageLimiterBuilder::outbound)).
+    /// ([`StreamLimiterBuilder::outbound`](super::StreamLimiterBuilder::outbound)).
     pub fn socket<S, M: Frame>(self, socket: S) -> LimitedSocket<S, M> {
         LimitedSocket::new(self, socket)
     }
@@ -79,11 +81,13 @@ impl Connection {
 
 impl<S, M: Frame> LimitedSocket<S, M> {
     fn new(connection: Connection, socket: S) -> Self {
+        let ends = (connection.ends_at()).map(|at| Box::pin(tokio::time::sleep_until(at)));
         LimitedSocket {
             socket,
             connection,
             reading: Reading::Idle,
             sending: Sending::Idle,
+            ends,
         }
     }
 
@@ -165,6 +169,14 @@ where
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let mut this = self.project();
         loop {
+            if let Some(ends) = this.ends
+                && ends.as_mut().poll(cx).is_ready()
+            {
+                *this.ends = None;
+                let (frame, end) = Self::answer(this.connection, &Limited::lifetime_ended());
+                let frame = Some(frame);
+                *this.reading = Reading::Owing { frame, end };
+            }
             match this.reading {
                 Reading::Ended => return Poll::Ready(None),
                 Reading::Idle => match ready!(this.socket.as_mut().poll_next(cx)) {
@@ -173,12 +185,12 @@ where
                         return Poll::Ready(None);
                     }
                     Some(Ok(message)) => match message.counted_size() {
-                        None => return Poll::Ready(Some(Ok(message))),
-                        Some(bytes) => {
+                        Some(bytes) if this.connection.decides_messages() => {
                             let decision = this.connection.admit(bytes, Direction::Inbound);
                             let decision = Box::pin(decision);
                             *this.reading = Reading::Deciding { message, decision };
                         }
+                        _ => return Poll::Ready(Some(Ok(message))),
                     },
                     Some(Err(e)) => return Poll::Ready(Some(Err(e))),
                 },

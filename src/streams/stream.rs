@@ -29,6 +29,8 @@ pin_project! {
         deciding: Option<(S::Item, Deciding)>,
         ended: bool,
         direction: Direction,
+        // The end of the connection's lifetime.
+        ends: Option<Pin<Box<tokio::time::Sleep>>>,
     }
 }
 
@@ -58,11 +60,12 @@ impl<S: Stream, F> LimitedStream<S, F> {
     fn new(connection: Connection, stream: S, size: F) -> Self {
         LimitedStream {
             stream,
-            connection,
             size,
             deciding: None,
             ended: false,
             direction: Direction::Inbound,
+            ends: (connection.ends_at()).map(|at| Box::pin(tokio::time::sleep_until(at))),
+            connection,
         }
     }
 
@@ -100,6 +103,13 @@ where
             if *this.ended {
                 return Poll::Ready(None);
             }
+            if let Some(ends) = this.ends
+                && ends.as_mut().poll(cx).is_ready()
+            {
+                *this.ends = None;
+                *this.ended = true;
+                return Poll::Ready(Some(Err(Limited::lifetime_ended())));
+            }
             if let Some((_, decision)) = this.deciding {
                 let decided = ready!(decision.as_mut().poll(cx));
                 let (item, _) = this.deciding.take().expect("deciding");
@@ -116,11 +126,11 @@ where
                 return Poll::Ready(None);
             };
             match (this.size)(&item) {
-                None => return Poll::Ready(Some(Ok(item))),
-                Some(bytes) => {
+                Some(bytes) if this.connection.decides_messages() => {
                     let decision = this.connection.admit(bytes, *this.direction);
                     *this.deciding = Some((item, Box::pin(decision)));
                 }
+                _ => return Poll::Ready(Some(Ok(item))),
             }
         }
     }

@@ -92,12 +92,12 @@ use std::time::{Duration, Instant};
 
 /// Messages keyed by `x-key` (a header, or gRPC metadata), `policy` named `messages`, on
 /// `store` (its layer's clock `clock`, else the system's), answered `over` past it.
-pub fn message_limiter<St: tower_ratelimit::Store>(
+pub fn stream_limiter<St: tower_ratelimit::Store>(
     store: St,
     clock: Option<&tower_ratelimit::ManualClock>,
     policy: tower_ratelimit::Policy,
     over: tower_ratelimit::streams::OverLimit,
-) -> tower_ratelimit::streams::MessageLimiter {
+) -> tower_ratelimit::streams::StreamLimiter {
     let mut layer = tower_ratelimit::RateLimitLayer::builder()
         .key(tower_ratelimit::key::HeaderKey::try_new("x-key").unwrap())
         .policy(policy.name("messages"))
@@ -105,7 +105,8 @@ pub fn message_limiter<St: tower_ratelimit::Store>(
     if let Some(clock) = clock {
         layer = layer.clock(clock.clone());
     }
-    tower_ratelimit::streams::MessageLimiter::builder(layer.build().unwrap())
+    tower_ratelimit::streams::StreamLimiter::builder()
+        .messages(layer.build().unwrap())
         .on_limit(over)
         .build()
         .unwrap()

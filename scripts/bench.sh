@@ -41,6 +41,7 @@ BR=$(driver driver_redis)
 BH=$(driver driver_http)
 cargo bench --all-features --bench peers --no-run
 cargo bench --all-features --bench bodies --no-run
+cargo bench --all-features --bench streams --no-run
 [ -x "$BR" ] && [ -x "$BH" ] || { echo "bench.sh: cannot find the driver executables" >&2; exit 1; }
 
 rm -rf "$RAW"
@@ -177,6 +178,13 @@ rm -rf target/criterion/bodies
 cargo bench --all-features --bench bodies -- --warm-up-time 2 --measurement-time 4 --noplot \
     >"$RAW/criterion-bodies.txt" 2>&1
 cp -r target/criterion/bodies "$RAW/criterion-bodies"
+
+echo "== 14: WebSocket messages through the StreamLimiter (memory; Redis with leases)" >&2
+BS=$(driver streams)
+"$BS" memory --runs "$RUNS" --messages 20000 >"$RAW/streams.txt"
+before=$(evalsha_calls)
+"$BS" redis "$URL" --messages 20000 >>"$RAW/streams.txt"
+echo "ws_lease_store_calls=$(($(evalsha_calls) - before))" >>"$RAW/streams.txt"
 
 echo "== 9, 10: two threads on shared keys; allocations per request" >&2
 "$(driver contention)" "$RUNS" 1 >"$RAW/contention.txt"

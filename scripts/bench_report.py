@@ -236,6 +236,18 @@ add("13 a 1 KiB JSON-RPC call, keyed per tool", "the layer's added time", added(
     "serde_json's parse alone, in a loop", body("serde_json"), "ns")
 add("13 a 2 KiB GraphQL query", "its calculated cost", body("graphql_cost"),
     "apollo-parser's parse of it", body("graphql_parse"), "ns", "<=", 1.5)
+# 14. WebSocket messages (benches/streams.rs): an echo over loopback, messages of 100 bytes
+# sent while their echoes are read, each decided by a StreamLimiter (GCRA 1,000,000/s, never
+# limiting) against the same echo without it; with Redis and leases of 20, the store's calls
+# per message against one per lease.
+streams = kv(os.path.join(RAW, "streams.txt"))
+add("14 WebSocket echo, messages/s", "each decided (memory store)",
+    num(streams, "ws_memory_msgs_per_s"), "the same echo without limits",
+    num(streams, "ws_plain_msgs_per_s"), "msg/s", ">=", 0.9)
+ws_calls, ws_messages = num(streams, "ws_lease_store_calls"), num(streams, "ws_lease_messages")
+add("14 WebSocket messages on Redis, leases of 20: store calls per message", "lease 20",
+    ws_calls / ws_messages if ws_calls is not None and ws_messages else None,
+    "one per lease (1/20)", 1 / LEASE, "calls", "<=", 1.2)
 
 
 def fmt(v, unit):
@@ -460,6 +472,12 @@ per key: growth of the process's resident memory over 200,000 keys divided by 20
    connections with variables, a fragment) against apollo-parser's parse of it, with the same
    limits. A route without a body policy is measured by `scripts/instructions.sh` (its rows
    are those of a layer without one).
+14. WebSocket messages (`benches/streams.rs`): an axum echo server on loopback and a
+   tokio-tungstenite client in one process, 20,000 messages of 100 bytes sent while their
+   echoes are read, median of the runs, interleaved: each message decided by a
+   `StreamLimiter` on the memory store (GCRA 1,000,000/s, which never limits), against the
+   same echo without it. Then the same through the Redis store with leases of 20 units: the
+   store's calls (`INFO commandstats`) per message, against one per lease.
 
 ## Overload: the adaptive concurrency limit and the reserve
 

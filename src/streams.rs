@@ -53,9 +53,11 @@
 mod admit;
 #[cfg(feature = "ws")]
 mod axum_ws;
+mod decide;
 mod frame;
 mod limited;
 mod limiter;
+mod message;
 #[cfg(feature = "ws")]
 mod listener;
 mod socket;
@@ -63,9 +65,10 @@ mod stream;
 
 pub use admit::Refusal;
 pub use frame::{CloseCode, Frame};
-pub use limited::{Answer, Direction, Limited, Message, OverLimit, message_bytes};
+pub use limited::{Answer, Limited, OverLimit, message_bytes};
 pub use limiter::{Connection, StreamLimiter, StreamLimiterBuilder};
 #[cfg(feature = "ws")]
 pub use listener::LimitedListener;
+pub use message::{Direction, Message};
 pub use socket::LimitedSocket;
 pub use stream::LimitedStream;

@@ -13,6 +13,8 @@ pub struct RequestRef<'a> {
     /// The JSON the body keys read instead of the body's: one call of a JSON-RPC batch.
     #[cfg(feature = "json")]
     call: Option<&'a serde_json::Value>,
+    /// The message of a long-lived connection being decided as this request.
+    message: Option<crate::streams::Message>,
 }
 
 impl<'a> RequestRef<'a> {
@@ -26,6 +28,7 @@ impl<'a> RequestRef<'a> {
             extensions: request.extensions(),
             #[cfg(feature = "json")]
             call: None,
+            message: None,
         }
     }
 
@@ -40,7 +43,21 @@ impl<'a> RequestRef<'a> {
             extensions: &parts.extensions,
             #[cfg(feature = "json")]
             call: None,
+            message: None,
         }
+    }
+
+    /// The same request, deciding `message` of the connection it opened.
+    pub(crate) fn with_message(mut self, message: crate::streams::Message) -> Self {
+        self.message = Some(message);
+        self
+    }
+
+    /// The message of a long-lived connection this request stands for, when a
+    /// [`StreamLimiter`](crate::streams::StreamLimiter) decides one: its size and direction.
+    pub fn message(&self) -> Option<crate::streams::Message> {
+        self.message
+            .or_else(|| self.extensions.get::<crate::streams::Message>().copied())
     }
 
     /// The same request, its body keys reading `call` (one call of a JSON-RPC batch).

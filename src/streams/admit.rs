@@ -14,11 +14,15 @@ use http::{Request, Response, StatusCode};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::limited::{Answer, Direction, Limited, Message, OverLimit};
+use super::limited::{Answer, Limited};
+use super::message::{Direction, Message};
 use crate::Decision;
-use crate::body::ResponseBody;
+use crate::adaptive::Permits;
+use crate::body::{ResponseBody, Wrapped};
+use crate::future::ResponseFuture;
 use crate::key::RequestRef;
 use crate::layer::RateLimitLayer;
+use crate::limiter::Next;
 use crate::service::RateLimit;
 use crate::store::Store;
 
@@ -62,15 +66,29 @@ pub type Refusal = http::Response<bytes::Bytes>;
 /// The layer's answer to a message (or to a connection).
 pub(super) type Answered = Response<ResponseBody<()>>;
 
+/// The layer's answer on its way.
+pub(super) type Answering = Pin<Box<dyn Future<Output = Answered> + Send>>;
+
+/// The engine's answer to a message: at once (`None`: admitted, else what refused it), or on
+/// its way (the store's answer, a wait for a booked time or another's lease).
+pub(super) enum Asked {
+    Now(Option<Limited>),
+    Later(Answering),
+}
+
 /// A [`RateLimit`] around [`Admit`], whatever its store.
 pub(super) trait Admitting: Send + Sync {
-    /// The layer's answer to `message`, a request.
-    fn ask(&self, message: Head) -> Pin<Box<dyn Future<Output = Answered> + Send>>;
+    /// The layer's answer to `request`.
+    fn ask(&self, request: Head) -> Answering;
+
+    /// The engine's answer to `message` of the connection opened by `head`: at once when it
+    /// decides at once (the head borrowed, nothing allocated), else through the service.
+    fn ask_message(&self, head: &Head, message: Message) -> Asked;
 }
 
 impl<St: Store> Admitting for RateLimit<Admit, St> {
-    fn ask(&self, message: Head) -> Pin<Box<dyn Future<Output = Answered> + Send>> {
-        let answer = self.clone().call(message);
+    fn ask(&self, request: Head) -> Answering {
+        let answer = self.clone().call(request);
         Box::pin(async move {
             match answer.await {
                 Ok(response) => response,
@@ -78,48 +96,34 @@ impl<St: Store> Admitting for RateLimit<Admit, St> {
             }
         })
     }
+
+    fn ask_message(&self, head: &Head, message: Message) -> Asked {
+        let limiter = self.limiter();
+        let mut permits = Permits::new();
+        let request = RequestRef::new(head).with_message(message);
+        match limiter.begin(&request, &mut permits) {
+            Next::Call { after, .. } if after.is_empty() => Asked::Now(None),
+            Next::Respond(response) => Asked::Now(refused(&response, message.direction)),
+            next => {
+                let mut request = Head::clone(head);
+                request.extensions_mut().insert(message);
+                let answer = ResponseFuture::<Admit, (), St, Wrapped>::next(
+                    limiter, next, request, &mut Admit, permits,
+                );
+                Asked::Later(Box::pin(async move {
+                    match answer.await {
+                        Ok(response) => response,
+                        Err(never) => match never {},
+                    }
+                }))
+            }
+        }
+    }
 }
 
 /// `layer` around [`Admit`].
 pub(super) fn admitting<St: Store>(layer: RateLimitLayer<St>) -> Arc<dyn Admitting> {
     Arc::new(layer.layer(Admit))
-}
-
-/// Decides `message`, a message of the connection opened by `head`, with `admitting`: asks
-/// the layer, and while the answer to the policy over its limit (`over`) waits and the
-/// message may still be admitted within its longest wait, waits the time the layer names and
-/// asks again.
-pub(super) async fn decide(
-    admitting: Arc<dyn Admitting>,
-    head: Arc<Head>,
-    message: Message,
-    over: impl Fn(&str) -> OverLimit,
-) -> Result<(), Limited> {
-    let mut waited = Duration::ZERO;
-    loop {
-        let mut request = Head::clone(&head);
-        request.extensions_mut().insert(message);
-        let response = admitting.ask(request).await;
-        let Some(mut limited) = refused(&response, message.direction) else {
-            return Ok(());
-        };
-        let over = over(&limited.policy);
-        match limited.retry_after {
-            Some(after)
-                if limited.status == StatusCode::TOO_MANY_REQUESTS
-                    && waited + after <= over.wait =>
-            {
-                message_waited(&limited.policy, after);
-                tokio::time::sleep(after.max(Duration::from_millis(1))).await;
-                waited += after;
-            }
-            _ => {
-                limited.answer = over.then;
-                message_limited(&limited);
-                return Err(limited);
-            }
-        }
-    }
 }
 
 /// Whether the layer let `response`'s request through.
@@ -141,7 +145,7 @@ pub(super) fn refusal(answer: Answered) -> Refusal {
 }
 
 /// The status that refused `response`'s request, `None` when the layer let it through.
-fn refused_with(response: &Answered) -> Option<StatusCode> {
+fn refused_with<B>(response: &Response<B>) -> Option<StatusCode> {
     // A message of a gRPC call is answered in gRPC's form: `200` and a `grpc-status`.
     let grpc = response.headers().get("grpc-status");
     match grpc.and_then(|code| code.to_str().ok()?.parse::<u16>().ok()) {
@@ -156,7 +160,7 @@ fn refused_with(response: &Answered) -> Option<StatusCode> {
 }
 
 /// What refused a message, when the layer did not let it through.
-fn refused(response: &Answered, direction: Direction) -> Option<Limited> {
+pub(super) fn refused<B>(response: &Response<B>, direction: Direction) -> Option<Limited> {
     let status = refused_with(response)?;
     let decision = response.extensions().get::<Decision>();
     let policy = decision.filter(|d| !d.is_allowed()).map(Decision::tightest);
@@ -172,35 +176,6 @@ fn refused(response: &Answered, direction: Direction) -> Option<Limited> {
         answer: Answer::Error,
         direction,
     })
-}
-
-/// Counts a message refused (`ratelimit_messages_limited_total`).
-pub(crate) fn message_limited(limited: &Limited) {
-    let policy = match limited.policy() {
-        "" => "none".to_owned(),
-        name => name.to_owned(),
-    };
-    let direction = match limited.direction() {
-        Direction::Inbound => "inbound",
-        Direction::Outbound => "outbound",
-    };
-    let answer = match limited.answer() {
-        Answer::Close(_) => "close",
-        Answer::Error => "error",
-    };
-    metrics::counter!(
-        "ratelimit_messages_limited_total",
-        "policy" => policy,
-        "direction" => direction,
-        "answer" => answer
-    )
-    .increment(1);
-}
-
-/// Records a message's wait before it is decided again (`ratelimit_message_wait_seconds`).
-pub(crate) fn message_waited(policy: &str, wait: std::time::Duration) {
-    metrics::histogram!("ratelimit_message_wait_seconds", "policy" => policy.to_owned())
-        .record(wait.as_secs_f64());
 }
 
 /// Counts a connection refused `at` the listener or the upgrade

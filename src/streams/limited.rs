@@ -6,39 +6,17 @@ use std::time::Duration;
 use http::StatusCode;
 
 use super::frame::CloseCode;
+use super::message::Direction;
 use crate::key::RequestRef;
 
 /// The longest wait an answer may give a message: an hour.
 pub(super) const LONGEST_WAIT: Duration = Duration::from_secs(3600);
 
-/// Which way a message goes, in the [`Message`] a policy reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Direction {
-    /// From the client: a message the connection reads.
-    Inbound,
-    /// To the client: a message the server sends (with
-    /// [`StreamLimiterBuilder::outbound`](super::StreamLimiterBuilder::outbound)).
-    Outbound,
-}
-
-/// The message being decided, in the extensions of the head a message's policies read: its
-/// size and direction. [`message_bytes`] is the cost that reads it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Message {
-    /// Its payload's size in bytes.
-    pub bytes: usize,
-    /// Which way it goes.
-    pub direction: Direction,
-}
-
 /// A message's cost in bytes (at least one, so that an empty message is not free), for
 /// [`Policy::cost`](crate::Policy::cost): `Policy::gcra("64KiB/s").cost(message_bytes)`. A
 /// request that is no message costs one.
 pub fn message_bytes(request: &RequestRef<'_>) -> u32 {
-    request
-        .extensions()
-        .get::<Message>()
-        .map_or(1, |m| m.bytes.clamp(1, u32::MAX as usize) as u32)
+    (request.message()).map_or(1, |m| m.bytes.clamp(1, u32::MAX as usize) as u32)
 }
 
 /// What a connection does with a message over the limit; see the [module](super).

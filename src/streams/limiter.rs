@@ -8,7 +8,9 @@ use std::time::Duration;
 use http::Request;
 
 use super::admit::{self, Admitting, Head, Refusal};
-use super::limited::{Direction, LONGEST_WAIT, Limited, Message, OverLimit};
+use super::decide::{self, Decided};
+use super::limited::{LONGEST_WAIT, Limited, OverLimit};
+use super::message::{Direction, Message};
 use crate::error::ConfigError;
 use crate::key::RequestRef;
 use crate::layer::RateLimitLayer;
@@ -286,14 +288,24 @@ impl Connection {
         bytes: usize,
         direction: Direction,
     ) -> impl Future<Output = Result<(), Limited>> + Send + 'static + use<> {
-        let (shared, head) = (self.shared.clone(), self.head.clone());
+        let decided = self.decide(bytes, direction);
         async move {
-            let Some(messages) = &shared.messages else {
-                return Ok(());
-            };
-            let over = |policy: &str| over(&shared, policy);
-            admit::decide(messages.clone(), head, Message { bytes, direction }, over).await
+            match decided {
+                Decided::Now(decided) => decided,
+                Decided::Later(deciding) => deciding.await,
+            }
         }
+    }
+
+    /// [`admit`](Self::admit), at once when the engine decides at once.
+    pub(super) fn decide(&self, bytes: usize, direction: Direction) -> Decided {
+        let Some(messages) = &self.shared.messages else {
+            return Decided::Now(Ok(()));
+        };
+        let shared = self.shared.clone();
+        let over = move |policy: &str| over(&shared, policy);
+        let message = Message { bytes, direction };
+        decide::decide(messages, &self.head, message, over)
     }
 
     /// Whether its messages are decided at all.

@@ -9,12 +9,11 @@ use futures_core::Stream;
 use futures_sink::Sink;
 use pin_project_lite::pin_project;
 
+use super::decide::{Decided, Deciding};
 use super::frame::Frame;
-use super::limited::{Answer, Direction, Limited};
+use super::limited::{Answer, Limited};
 use super::limiter::Connection;
-
-/// A decision on its way.
-type Deciding = Pin<Box<dyn Future<Output = Result<(), Limited>> + Send>>;
+use super::message::Direction;
 
 /// Where the reading side is.
 enum Reading<M> {
@@ -106,6 +105,22 @@ impl<S, M: Frame> LimitedSocket<S, M> {
         &self.connection
     }
 
+    /// What a message the server sends becomes when `limited`: nothing (an error answer drops
+    /// it), or a close frame, after which nothing more is read.
+    fn sending_refused(
+        connection: &Connection,
+        reading: &mut Reading<M>,
+        limited: &Limited,
+    ) -> Sending<M> {
+        match Self::answer(connection, limited) {
+            (frame, true) => {
+                *reading = Reading::Ended;
+                Sending::Ready { frame }
+            }
+            (_, false) => Sending::Idle,
+        }
+    }
+
     /// The frame that answers `limited`, and whether the reading ends after it.
     fn answer(connection: &Connection, limited: &Limited) -> (M, bool) {
         match limited.answer() {
@@ -186,9 +201,17 @@ where
                     }
                     Some(Ok(message)) => match message.counted_size() {
                         Some(bytes) if this.connection.decides_messages() => {
-                            let decision = this.connection.admit(bytes, Direction::Inbound);
-                            let decision = Box::pin(decision);
-                            *this.reading = Reading::Deciding { message, decision };
+                            match this.connection.decide(bytes, Direction::Inbound) {
+                                Decided::Now(Ok(())) => return Poll::Ready(Some(Ok(message))),
+                                Decided::Now(Err(limited)) => {
+                                    let (frame, end) = Self::answer(this.connection, &limited);
+                                    let frame = Some(frame);
+                                    *this.reading = Reading::Owing { frame, end };
+                                }
+                                Decided::Later(decision) => {
+                                    *this.reading = Reading::Deciding { message, decision };
+                                }
+                            }
                         }
                         _ => return Poll::Ready(Some(Ok(message))),
                     },
@@ -244,11 +267,8 @@ where
                     match decided {
                         Ok(()) => *this.sending = Sending::Ready { frame: message },
                         Err(limited) => {
-                            let (frame, end) = Self::answer(this.connection, &limited);
-                            if end {
-                                *this.reading = Reading::Ended;
-                                *this.sending = Sending::Ready { frame };
-                            }
+                            *this.sending =
+                                Self::sending_refused(this.connection, this.reading, &limited);
                         }
                     }
                 }
@@ -281,8 +301,13 @@ where
         let this = self.project();
         match message.counted_size() {
             Some(bytes) if this.connection.decides_outbound() => {
-                let decision = Box::pin(this.connection.admit(bytes, Direction::Outbound));
-                *this.sending = Sending::Deciding { message, decision };
+                *this.sending = match this.connection.decide(bytes, Direction::Outbound) {
+                    Decided::Now(Ok(())) => Sending::Ready { frame: message },
+                    Decided::Now(Err(limited)) => {
+                        Self::sending_refused(this.connection, this.reading, &limited)
+                    }
+                    Decided::Later(decision) => Sending::Deciding { message, decision },
+                };
                 Ok(())
             }
             _ => this.socket.start_send(message),

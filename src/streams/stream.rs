@@ -8,11 +8,10 @@ use std::task::{Context, Poll, ready};
 use futures_core::Stream;
 use pin_project_lite::pin_project;
 
-use super::limited::{Answer, Direction, Limited};
+use super::decide::{Decided, Deciding};
+use super::limited::{Answer, Limited};
 use super::limiter::Connection;
-
-/// A decision on its way.
-type Deciding = Pin<Box<dyn Future<Output = Result<(), Limited>> + Send>>;
+use super::message::Direction;
 
 pin_project! {
     /// A stream whose items a [`Connection`]'s limits decide, each at the size its function
@@ -127,8 +126,14 @@ where
             };
             match (this.size)(&item) {
                 Some(bytes) if this.connection.decides_messages() => {
-                    let decision = this.connection.admit(bytes, *this.direction);
-                    *this.deciding = Some((item, Box::pin(decision)));
+                    match this.connection.decide(bytes, *this.direction) {
+                        Decided::Now(Ok(())) => return Poll::Ready(Some(Ok(item))),
+                        Decided::Now(Err(limited)) => {
+                            *this.ended = matches!(limited.answer(), Answer::Close(_));
+                            return Poll::Ready(Some(Err(limited)));
+                        }
+                        Decided::Later(decision) => *this.deciding = Some((item, decision)),
+                    }
                 }
                 _ => return Poll::Ready(Some(Ok(item))),
             }

@@ -1,0 +1,121 @@
+//! A message decided: at once when the engine decides at once, else on its way, waiting while
+//! its answer waits and it may still be admitted within its longest wait.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+
+use super::admit::{Admitting, Answering, Asked, Head, refused};
+use super::limited::{Answer, Limited, OverLimit};
+use super::message::{Direction, Message};
+
+/// A decision on its way.
+pub(super) type Deciding = Pin<Box<dyn Future<Output = Result<(), Limited>> + Send>>;
+
+/// A message decided at once, or on its way.
+pub(super) enum Decided {
+    Now(Result<(), Limited>),
+    Later(Deciding),
+}
+
+/// What came first: a refusal, or the layer's answer on its way.
+enum First {
+    Refused(Limited),
+    Pending(Answering),
+}
+
+/// Decides `message`, a message of the connection opened by `head`, with `admitting`; `over`
+/// is the answer to the policy over its limit.
+pub(super) fn decide<F>(
+    admitting: &Arc<dyn Admitting>,
+    head: &Arc<Head>,
+    message: Message,
+    over: F,
+) -> Decided
+where
+    F: Fn(&str) -> OverLimit + Send + 'static,
+{
+    let first = match admitting.ask_message(head, message) {
+        Asked::Now(None) => return Decided::Now(Ok(())),
+        Asked::Now(Some(limited)) => {
+            let answer = over(&limited.policy);
+            if wait_for(&limited, &answer, Duration::ZERO).is_none() {
+                return Decided::Now(Err(answered(limited, answer)));
+            }
+            First::Refused(limited)
+        }
+        Asked::Later(answering) => First::Pending(answering),
+    };
+    let (admitting, head) = (admitting.clone(), head.clone());
+    Decided::Later(Box::pin(async move {
+        let direction = message.direction;
+        let mut limited = match first {
+            First::Refused(limited) => Some(limited),
+            First::Pending(answering) => refused(&answering.await, direction),
+        };
+        let mut waited = Duration::ZERO;
+        loop {
+            let Some(refusal) = limited else {
+                return Ok(());
+            };
+            let answer = over(&refusal.policy);
+            let Some(wait) = wait_for(&refusal, &answer, waited) else {
+                return Err(answered(refusal, answer));
+            };
+            message_waited(&refusal.policy, wait);
+            tokio::time::sleep(wait.max(Duration::from_millis(1))).await;
+            waited += wait;
+            limited = match admitting.ask_message(&head, message) {
+                Asked::Now(limited) => limited,
+                Asked::Later(answering) => refused(&answering.await, direction),
+            };
+        }
+    }))
+}
+
+/// How long `limited` waits before it is asked again, having `waited` already, when its
+/// answer waits and it may be admitted within the answer's longest wait.
+fn wait_for(limited: &Limited, over: &OverLimit, waited: Duration) -> Option<Duration> {
+    let after = limited.retry_after?;
+    let over_limit = limited.status == StatusCode::TOO_MANY_REQUESTS;
+    (over_limit && waited + after <= over.wait).then_some(after)
+}
+
+/// `limited` given its answer, and counted.
+fn answered(mut limited: Limited, over: OverLimit) -> Limited {
+    limited.answer = over.then;
+    message_limited(&limited);
+    limited
+}
+
+/// Counts a message refused (`ratelimit_messages_limited_total`).
+fn message_limited(limited: &Limited) {
+    let policy = match limited.policy() {
+        "" => "none".to_owned(),
+        name => name.to_owned(),
+    };
+    let direction = match limited.direction() {
+        Direction::Inbound => "inbound",
+        Direction::Outbound => "outbound",
+    };
+    let answer = match limited.answer() {
+        Answer::Close(_) => "close",
+        Answer::Error => "error",
+    };
+    metrics::counter!(
+        "ratelimit_messages_limited_total",
+        "policy" => policy,
+        "direction" => direction,
+        "answer" => answer
+    )
+    .increment(1);
+}
+
+/// Records a message's wait before it is decided again (`ratelimit_message_wait_seconds`).
+fn message_waited(policy: &str, wait: std::time::Duration) {
+    metrics::histogram!("ratelimit_message_wait_seconds", "policy" => policy.to_owned())
+        .record(wait.as_secs_f64());
+}

@@ -105,6 +105,27 @@ impl<S, M: Frame> LimitedSocket<S, M> {
         &self.connection
     }
 
+    /// Decides `message`, read from the client: `Some` when it goes on at once, else what
+    /// `reading` does with it (waits for its decision, or owes the client its answer).
+    fn read(connection: &Connection, reading: &mut Reading<M>, message: M) -> Option<M> {
+        let bytes = message
+            .counted_size()
+            .filter(|_| connection.decides_messages());
+        let Some(bytes) = bytes else {
+            return Some(message);
+        };
+        match connection.decide(bytes, Direction::Inbound) {
+            Decided::Now(Ok(())) => return Some(message),
+            Decided::Now(Err(limited)) => {
+                let (frame, end) = Self::answer(connection, &limited);
+                let frame = Some(frame);
+                *reading = Reading::Owing { frame, end };
+            }
+            Decided::Later(decision) => *reading = Reading::Deciding { message, decision },
+        }
+        None
+    }
+
     /// What a message the server sends becomes when `limited`: nothing (an error answer drops
     /// it), or a close frame, after which nothing more is read.
     fn sending_refused(
@@ -199,22 +220,11 @@ where
                         *this.reading = Reading::Ended;
                         return Poll::Ready(None);
                     }
-                    Some(Ok(message)) => match message.counted_size() {
-                        Some(bytes) if this.connection.decides_messages() => {
-                            match this.connection.decide(bytes, Direction::Inbound) {
-                                Decided::Now(Ok(())) => return Poll::Ready(Some(Ok(message))),
-                                Decided::Now(Err(limited)) => {
-                                    let (frame, end) = Self::answer(this.connection, &limited);
-                                    let frame = Some(frame);
-                                    *this.reading = Reading::Owing { frame, end };
-                                }
-                                Decided::Later(decision) => {
-                                    *this.reading = Reading::Deciding { message, decision };
-                                }
-                            }
+                    Some(Ok(message)) => {
+                        if let Some(message) = Self::read(this.connection, this.reading, message) {
+                            return Poll::Ready(Some(Ok(message)));
                         }
-                        _ => return Poll::Ready(Some(Ok(message))),
-                    },
+                    }
                     Some(Err(e)) => return Poll::Ready(Some(Err(e))),
                 },
                 Reading::Deciding { decision, .. } => {

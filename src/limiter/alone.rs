@@ -42,7 +42,9 @@ impl<St: Store> Limiter<St> {
         match self.store.check_alone(tier, &key, cost) {
             Some((verdict, own)) => {
                 let tier = own.as_ref().unwrap_or(tier);
-                self.answer_alone(tier, &key, cost, verdict, route.steps())
+                // A connection's message: nothing reads its decision or its headers.
+                let quiet = request.message().is_some();
+                self.answer_alone(tier, &key, cost, verdict, route.steps(), quiet)
             }
             // A store that says it decides alone always does; were it not to, the general way.
             None => self.plan(request, route, None),
@@ -95,7 +97,8 @@ impl<St: Store> Limiter<St> {
     }
 
     /// The verdict of a request decided alone: the headers of an admitted request made from
-    /// it directly where nothing else reads it, else its `Decision` settled the general way.
+    /// it directly where nothing else reads it (none for a `quiet` one, a connection's
+    /// message), else its `Decision` settled the general way.
     #[inline(always)]
     fn answer_alone(
         &self,
@@ -104,13 +107,13 @@ impl<St: Store> Limiter<St> {
         cost: u64,
         verdict: Verdict,
         steps: Steps,
+        quiet: bool,
     ) -> Next<St::Future> {
         if verdict.allowed
-            && !self.decision_extension
-            && !self.headers.writes_ietf()
+            && (quiet || !self.decision_extension && !self.headers.writes_ietf())
             && !spans_enabled()
         {
-            return self.admitted_alone(tier, &verdict);
+            return self.admitted_alone(tier, &verdict, quiet);
         }
         let span = decision_span();
         let _entered = span.enter();
@@ -124,11 +127,12 @@ impl<St: Store> Limiter<St> {
     }
 
     /// A request its one policy admitted when nothing reads the decision but the
-    /// `X-RateLimit-*` headers (no extension, no IETF fields, no span): no `Decision` is made.
+    /// `X-RateLimit-*` headers (no extension, no IETF fields, no span; none at all when
+    /// `quiet`): no `Decision` is made.
     #[inline(always)]
-    fn admitted_alone(&self, tier: &Tier, verdict: &Verdict) -> Next<St::Future> {
+    fn admitted_alone(&self, tier: &Tier, verdict: &Verdict, quiet: bool) -> Next<St::Future> {
         tier.count(true, false);
-        let headers = (self.headers.style != HeaderStyle::None).then(|| {
+        let headers = (!quiet && self.headers.style != HeaderStyle::None).then(|| {
             let now = || self.clock.now_micros();
             let (remaining, reset) = (verdict.remaining, verdict.reset_after_us);
             RateLimitHeaders::admitted_one(

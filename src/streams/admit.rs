@@ -1,7 +1,8 @@
-//! A message decided as a request: the connection's head, with the [`Message`] in its
-//! extensions, through a [`RateLimit`] around [`Admit`], so that every part of the engine
-//! (keys, lanes, leases, the deny cache, the lists, the failure policy, metrics) decides
-//! messages as it decides requests.
+//! A message decided as a request: the connection's head carrying the [`Message`]
+//! (`RequestRef::message`), through the engine of a [`RateLimit`] around [`Admit`], so that
+//! every part of the engine (keys, lanes, leases, the deny cache, the lists, the failure
+//! policy, metrics) decides messages as it decides requests. The engine's answer is taken at
+//! once when it decides at once; anything that waits goes on through the service.
 
 use std::convert::Infallible;
 use std::future::{Future, Ready, ready};

@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::StatusCode;
 
 use super::admit::{Admitting, Answering, Asked, Head, refused};
-use super::limited::{Answer, Limited, OverLimit};
+use super::limited::{Answer, Answers, Limited, OverLimit};
 use super::message::{Direction, Message};
 
 /// A decision on its way.
@@ -27,21 +27,18 @@ enum First {
     Pending(Answering),
 }
 
-/// Decides `message`, a message of the connection opened by `head`, with `admitting`; `over`
-/// is the answer to the policy over its limit.
-pub(super) fn decide<F>(
+/// Decides `message`, a message of the connection opened by `head`, with `admitting`;
+/// `answers` says what a policy over its limit answers. At once, nothing is cloned.
+pub(super) fn decide(
     admitting: &Arc<dyn Admitting>,
     head: &Arc<Head>,
     message: Message,
-    over: F,
-) -> Decided
-where
-    F: Fn(&str) -> OverLimit + Send + 'static,
-{
+    answers: &Arc<Answers>,
+) -> Decided {
     let first = match admitting.ask_message(head, message) {
         Asked::Now(None) => return Decided::Now(Ok(())),
         Asked::Now(Some(limited)) => {
-            let answer = over(&limited.policy);
+            let answer = answers.of(&limited.policy);
             if wait_for(&limited, &answer, Duration::ZERO).is_none() {
                 return Decided::Now(Err(answered(limited, answer)));
             }
@@ -49,7 +46,7 @@ where
         }
         Asked::Later(answering) => First::Pending(answering),
     };
-    let (admitting, head) = (admitting.clone(), head.clone());
+    let (admitting, head, answers) = (admitting.clone(), head.clone(), answers.clone());
     Decided::Later(Box::pin(async move {
         let direction = message.direction;
         let mut limited = match first {
@@ -61,7 +58,7 @@ where
             let Some(refusal) = limited else {
                 return Ok(());
             };
-            let answer = over(&refusal.policy);
+            let answer = answers.of(&refusal.policy);
             let Some(wait) = wait_for(&refusal, &answer, waited) else {
                 return Err(answered(refusal, answer));
             };

@@ -91,6 +91,21 @@ impl Default for OverLimit {
     }
 }
 
+/// The answer each policy's messages get over its limit.
+#[derive(Debug)]
+pub(super) struct Answers {
+    /// The answer of a policy not in `by_policy`.
+    pub(super) over: OverLimit,
+    pub(super) by_policy: std::collections::HashMap<String, OverLimit>,
+}
+
+impl Answers {
+    /// The answer to a message `policy` denied.
+    pub(super) fn of(&self, policy: &str) -> OverLimit {
+        self.by_policy.get(policy).map_or(self.over, |o| *o)
+    }
+}
+
 /// A message refused: the policy over its limit (or why else), how long until it would be
 /// admitted, and the answer the connection gives.
 #[derive(Clone, Debug, PartialEq, Eq)]

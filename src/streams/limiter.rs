@@ -9,7 +9,7 @@ use http::Request;
 
 use super::admit::{self, Admitting, Head, Refusal};
 use super::decide::{self, Decided};
-use super::limited::{LONGEST_WAIT, Limited, OverLimit};
+use super::limited::{Answers, LONGEST_WAIT, Limited, OverLimit};
 use super::message::{Direction, Message};
 use crate::error::ConfigError;
 use crate::key::RequestRef;
@@ -32,8 +32,7 @@ struct Shared {
     messages: Option<Arc<dyn Admitting>>,
     connections: Option<Arc<dyn Admitting>>,
     lifetime: Option<Duration>,
-    over: OverLimit,
-    by_policy: HashMap<String, OverLimit>,
+    answers: Arc<Answers>,
     error: ErrorMessage,
     outbound: bool,
 }
@@ -44,8 +43,7 @@ impl fmt::Debug for StreamLimiter {
             .field("messages", &self.shared.messages.is_some())
             .field("connections", &self.shared.connections.is_some())
             .field("lifetime", &self.shared.lifetime)
-            .field("over", &self.shared.over)
-            .field("by_policy", &self.shared.by_policy)
+            .field("answers", &self.shared.answers)
             .field("outbound", &self.shared.outbound)
             .finish_non_exhaustive()
     }
@@ -70,7 +68,8 @@ impl StreamLimiter {
     /// Opens a connection for `request`: takes its place in the connections' layer (a slot of
     /// a concurrency policy is held until the [`Connection`] and every clone of it are
     /// dropped), or answers the [`Refusal`] to send instead of upgrading. Its head is kept:
-    /// each message is decided as this request, with the [`Message`] in its extensions.
+    /// each message is decided as this request, carrying the [`Message`]
+    /// ([`RequestRef::message`]).
     pub fn open<B>(
         &self,
         request: &Request<B>,
@@ -217,8 +216,10 @@ impl StreamLimiterBuilder {
                 messages: self.messages,
                 connections: self.connections,
                 lifetime,
-                over: self.over,
-                by_policy: self.by_policy,
+                answers: Arc::new(Answers {
+                    over: self.over,
+                    by_policy: self.by_policy,
+                }),
                 error: self.error,
                 outbound: self.outbound,
             }),
@@ -302,10 +303,8 @@ impl Connection {
         let Some(messages) = &self.shared.messages else {
             return Decided::Now(Ok(()));
         };
-        let shared = self.shared.clone();
-        let over = move |policy: &str| over(&shared, policy);
         let message = Message { bytes, direction };
-        decide::decide(messages, &self.head, message, over)
+        decide::decide(messages, &self.head, message, &self.shared.answers)
     }
 
     /// Whether its messages are decided at all.
@@ -327,9 +326,4 @@ impl Connection {
     pub fn ends_at(&self) -> Option<tokio::time::Instant> {
         self.ends
     }
-}
-
-/// The answer to a message `policy` denied.
-fn over(shared: &Shared, policy: &str) -> OverLimit {
-    (shared.by_policy.get(policy)).map_or(shared.over, |o| *o)
 }

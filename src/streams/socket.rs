@@ -206,6 +206,7 @@ where
         let mut this = self.project();
         loop {
             if let Some(ends) = this.ends
+                && !matches!(this.reading, Reading::Ended)
                 && ends.as_mut().poll(cx).is_ready()
             {
                 *this.ends = None;

@@ -473,8 +473,8 @@ per key: growth of the process's resident memory over 200,000 keys divided by 20
    limits. A route without a body policy is measured by `scripts/instructions.sh` (its rows
    are those of a layer without one).
 14. WebSocket messages (`benches/streams.rs`): an axum echo server on loopback and a
-   tokio-tungstenite client in one process, 20,000 messages of 100 bytes sent while their
-   echoes are read, median of the runs, interleaved: each message decided by a
+   tokio-tungstenite client in one process, 100,000 messages of 100 bytes sent while their
+   echoes are read, median of the runs, interleaved (each going first in turn): each message decided by a
    `StreamLimiter` on the memory store (GCRA 1,000,000/s, which never limits), against the
    same echo without it. Then the same through the Redis store with leases of 20 units: the
    store's calls (`INFO commandstats`) per message, against one per lease.

@@ -131,19 +131,9 @@ pub(crate) fn answer(response: Response<Bytes>) -> Response<Bytes> {
     let rejection = parts.extensions.get::<KeyRejection>();
     let (code, message, delay) = status_of(decision, rejection, parts.status);
     // Without an exact delay, the `retry-after` seconds.
-    let delay = delay.or_else(|| {
-        let secs = parts
-            .headers
-            .get(RETRY_AFTER)?
-            .to_str()
-            .ok()?
-            .parse()
-            .ok()?;
-        Some(Duration::from_secs(secs))
-    });
-    let violated: Vec<&str> =
-        decision.map_or(Vec::new(), |d| d.violated().map(|o| o.policy()).collect());
-    let details = status_details(code, &message, delay, decision.map(|_| &violated[..]));
+    let delay = delay.or_else(|| retry_after_seconds(&parts.headers));
+    let violated = decision.map(|d| d.violated().map(|o| o.policy()));
+    let details = status_details(code, &message, delay, violated);
     let headers = &mut parts.headers;
     headers.remove(CONTENT_LENGTH);
     headers.insert(CONTENT_TYPE, GRPC);
@@ -211,13 +201,19 @@ fn percent_encode(message: &str) -> Bytes {
     Bytes::from(out)
 }
 
+/// The delay a `retry-after` of seconds in `headers` says, if it says one.
+pub(crate) fn retry_after_seconds(headers: &HeaderMap) -> Option<Duration> {
+    let seconds = headers.get(RETRY_AFTER)?.to_str().ok()?.parse().ok()?;
+    Some(Duration::from_secs(seconds))
+}
+
 /// A `google.rpc.Status` with a `RetryInfo` (when there is a delay) and a `QuotaFailure`
 /// (when policies were violated, `violated` naming them), in protobuf's wire format.
-fn status_details(
+fn status_details<'a>(
     code: Code,
     message: &str,
     delay: Option<Duration>,
-    violated: Option<&[&str]>,
+    violated: Option<impl Iterator<Item = &'a str>>,
 ) -> Vec<u8> {
     let mut status = Vec::with_capacity(128);
     proto::varint_field(&mut status, 1, code as u64);
@@ -262,8 +258,7 @@ pub(crate) fn message_status(
             .unwrap_or("rate limiter")
             .to_owned(),
     };
-    let violated = [policy];
-    let violated = (code == Code::ResourceExhausted).then_some(&violated[..]);
+    let violated = (code == Code::ResourceExhausted).then(|| std::iter::once(policy));
     let details = status_details(code, &message, delay, violated);
     (code as i32, message, Bytes::from(details))
 }

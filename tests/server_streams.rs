@@ -5,54 +5,17 @@
 #[macro_use]
 mod support;
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use futures_util::{SinkExt, StreamExt};
+use futures_util::SinkExt;
 use support::demo::{DemoServer, start_error};
-use tokio::net::TcpStream;
+use support::ws::{connect, next, say, try_connect};
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
-
-type Client = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 /// Runs `scenario` on a runtime of its own (the demo tests are synchronous).
 fn run<F: Future<Output = ()>>(scenario: F) {
     tokio::runtime::Runtime::new().unwrap().block_on(scenario);
-}
-
-async fn connect(addr: SocketAddr, key: &str) -> Client {
-    try_connect(addr, key).await.expect("upgraded")
-}
-
-/// A socket of `key`, or the status and `Retry-After` of the response that refused it.
-async fn try_connect(addr: SocketAddr, key: &str) -> Result<Client, (u16, String)> {
-    let mut request = format!("ws://{addr}/ws").into_client_request().unwrap();
-    request.headers_mut().insert("x-key", key.parse().unwrap());
-    match tokio_tungstenite::connect_async(request).await {
-        Ok((client, _)) => Ok(client),
-        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
-            let retry = response.headers().get("retry-after");
-            let retry = retry.map_or(String::new(), |v| v.to_str().unwrap().to_owned());
-            Err((response.status().as_u16(), retry))
-        }
-        Err(e) => panic!("{e}"),
-    }
-}
-
-async fn next(client: &mut Client) -> Message {
-    tokio::time::timeout(Duration::from_secs(20), client.next())
-        .await
-        .expect("an answer within 20 s")
-        .expect("the socket open")
-        .expect("a message")
-}
-
-async fn say(client: &mut Client, text: &str) -> Message {
-    client.send(Message::text(text)).await.unwrap();
-    next(client).await
 }
 
 const CLOSE: [(&str, &str); 3] = [
@@ -177,7 +140,11 @@ fn bounded(a: &DemoServer, b: &DemoServer) {
         let mut second = connect(b.addr, "c").await;
         assert_eq!(say(&mut second, "1").await, Message::text("1"));
         for server in [a, b] {
-            let refused = try_connect(server.addr, "c").await.err();
+            let refused = try_connect(server.addr, "c").await.err().map(|refused| {
+                let retry = refused.headers().get("retry-after");
+                let retry = retry.map_or(String::new(), |v| v.to_str().unwrap().to_owned());
+                (refused.status().as_u16(), retry)
+            });
             assert_eq!(refused, Some((429, "1".to_owned())), "a third socket");
         }
         connect(a.addr, "other").await;

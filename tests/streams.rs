@@ -15,16 +15,13 @@ use axum::extract::ws::{Message as WsMessage, WebSocketUpgrade};
 use axum::response::Response;
 use axum::routing::get;
 use futures_util::{SinkExt, StreamExt};
+use support::ws::{connect, next, say, try_connect};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode as WsCode;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use tower_ratelimit::key::HeaderKey;
 use tower_ratelimit::streams::{Answer, CloseCode, Connection, OverLimit, StreamLimiter};
 use tower_ratelimit::{ManualClock, Policy, RateLimitLayer, Store};
-
-type Client = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 async fn echo(upgrade: WebSocketUpgrade, limits: Connection) -> Response {
     upgrade.on_upgrade(move |socket| async move {
@@ -48,38 +45,6 @@ async fn serve(limiter: StreamLimiter) -> SocketAddr {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     addr
-}
-
-async fn connect(addr: SocketAddr, key: &str) -> Client {
-    try_connect(addr, key).await.expect("upgraded")
-}
-
-/// A socket of `key`, or the response that refused it.
-async fn try_connect(
-    addr: SocketAddr,
-    key: &str,
-) -> Result<Client, http::Response<Option<Vec<u8>>>> {
-    let mut request = format!("ws://{addr}/ws").into_client_request().unwrap();
-    request.headers_mut().insert("x-key", key.parse().unwrap());
-    match tokio_tungstenite::connect_async(request).await {
-        Ok((client, _)) => Ok(client),
-        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => Err(*response),
-        Err(e) => panic!("{e}"),
-    }
-}
-
-/// Sends `text` and returns what comes back first.
-async fn say(client: &mut Client, text: &str) -> Message {
-    client.send(Message::text(text)).await.unwrap();
-    next(client).await
-}
-
-async fn next(client: &mut Client) -> Message {
-    tokio::time::timeout(Duration::from_secs(10), client.next())
-        .await
-        .expect("an answer within 10 s")
-        .expect("the socket open")
-        .expect("a message")
 }
 
 /// Asserts a close frame of `code` whose reason names the policy.

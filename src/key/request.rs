@@ -53,6 +53,13 @@ impl<'a> RequestRef<'a> {
         self
     }
 
+    /// Whether this head was made to decide a connection's message at once (nothing reads
+    /// its decision or headers): the field alone, no lookup in the extensions.
+    #[inline]
+    pub(crate) fn is_message(&self) -> bool {
+        self.message.is_some()
+    }
+
     /// The message of a long-lived connection this request stands for, when a
     /// [`StreamLimiter`](crate::streams::StreamLimiter) decides one: its size and direction.
     pub fn message(&self) -> Option<crate::streams::Message> {

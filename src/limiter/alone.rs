@@ -43,7 +43,7 @@ impl<St: Store> Limiter<St> {
             Some((verdict, own)) => {
                 let tier = own.as_ref().unwrap_or(tier);
                 // A connection's message: nothing reads its decision or its headers.
-                let quiet = request.message().is_some();
+                let quiet = request.is_message();
                 self.answer_alone(tier, &key, cost, verdict, route.steps(), quiet)
             }
             // A store that says it decides alone always does; were it not to, the general way.

@@ -9,7 +9,6 @@ use std::future::{Future, Ready, ready};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use tower_layer::Layer;
@@ -165,11 +164,8 @@ pub(super) fn refused<B>(response: &Response<B>, direction: Direction) -> Option
     let status = refused_with(response)?;
     let decision = response.extensions().get::<Decision>();
     let policy = decision.filter(|d| !d.is_allowed()).map(Decision::tightest);
-    let retry_after = decision.and_then(Decision::retry_after).or_else(|| {
-        let header = response.headers().get(http::header::RETRY_AFTER)?;
-        let seconds = header.to_str().ok()?.parse().ok()?;
-        Some(Duration::from_secs(seconds))
-    });
+    let retry_after = (decision.and_then(Decision::retry_after))
+        .or_else(|| crate::grpc::retry_after_seconds(response.headers()));
     Some(Limited {
         policy: policy.map_or_else(String::new, |p| p.policy().to_owned()),
         retry_after,

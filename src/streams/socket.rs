@@ -116,11 +116,7 @@ impl<S, M: Frame> LimitedSocket<S, M> {
         };
         match connection.decide(bytes, Direction::Inbound) {
             Decided::Now(Ok(())) => return Some(message),
-            Decided::Now(Err(limited)) => {
-                let (frame, end) = Self::answer(connection, &limited);
-                let frame = Some(frame);
-                *reading = Reading::Owing { frame, end };
-            }
+            Decided::Now(Err(limited)) => *reading = Self::owing(connection, &limited),
             Decided::Later(decision) => *reading = Reading::Deciding { message, decision },
         }
         None
@@ -139,6 +135,15 @@ impl<S, M: Frame> LimitedSocket<S, M> {
                 Sending::Ready { frame }
             }
             (_, false) => Sending::Idle,
+        }
+    }
+
+    /// The reading that owes the client the frame answering `limited`.
+    fn owing(connection: &Connection, limited: &Limited) -> Reading<M> {
+        let (frame, end) = Self::answer(connection, limited);
+        Reading::Owing {
+            frame: Some(frame),
+            end,
         }
     }
 
@@ -210,9 +215,7 @@ where
                 && ends.as_mut().poll(cx).is_ready()
             {
                 *this.ends = None;
-                let (frame, end) = Self::answer(this.connection, &Limited::lifetime_ended());
-                let frame = Some(frame);
-                *this.reading = Reading::Owing { frame, end };
+                *this.reading = Self::owing(this.connection, &Limited::lifetime_ended());
             }
             match this.reading {
                 Reading::Ended => return Poll::Ready(None),
@@ -237,11 +240,7 @@ where
                     };
                     match decided {
                         Ok(()) => return Poll::Ready(Some(Ok(message))),
-                        Err(limited) => {
-                            let (frame, end) = Self::answer(this.connection, &limited);
-                            let frame = Some(frame);
-                            *this.reading = Reading::Owing { frame, end };
-                        }
+                        Err(limited) => *this.reading = Self::owing(this.connection, &limited),
                     }
                 }
                 Reading::Owing { .. } => {

@@ -5,7 +5,7 @@
 //! ```text
 //! instructions MODE N    # MODE: bare, identity, headers, none, axum_body, defaults, governor,
 //!                         # governor_headers, check, check_fixed, check_two, check_two_gcra,
-//!                         # governor_check, hot, hot_lease, lists or lists_given
+//!                         # governor_check, hot, hot_lease, lists, lists_given or message
 //! ```
 //!
 //! It makes 10,240 requests to warm up, then `N` more in `measured`, the only function
@@ -34,7 +34,10 @@
 //! request comes from one peer. `lists` is `headers` with allow and deny lists (a network on
 //! each, no request on either: what the lists cost a request they do not decide), entries
 //! added at runtime kept in the store (none is added: in memory they are then not looked at);
-//! `lists_given`, the same lists alone (`Lists::kept_in_store(false)`).
+//! `lists_given`, the same lists alone (`Lists::kept_in_store(false)`). `message` is a
+//! message of a connection decided by a `StreamLimiter` (`Connection::admit`) on the same
+//! policy, keyed by the peer IP of the request that opened it: what each message of a
+//! WebSocket pays.
 
 use std::net::SocketAddr;
 
@@ -44,6 +47,7 @@ use tower::ServiceExt;
 use tower_ratelimit::axum::AxumBody;
 use tower_ratelimit::key::{Key, PeerIp};
 use tower_ratelimit::lists::Lists;
+use tower_ratelimit::streams::{Direction, StreamLimiter};
 use tower_ratelimit::{Policy, RateLimitLayer, headers::HeaderStyle};
 
 #[path = "common/ready.rs"]
@@ -109,6 +113,19 @@ fn requests(mode: &str) -> Box<dyn FnMut(u64)> {
     let keys: Vec<Key> = (0..10_000u64).map(Key::from).collect();
     let base = Router::new().route("/", get(|| async { "hello" }));
     let app = match mode {
+        "message" => {
+            let limiter = StreamLimiter::builder().messages(layer(HeaderStyle::Legacy));
+            let limiter = limiter.build().expect("a valid limiter");
+            let mut head = Request::get("/ws").body(()).expect("a request");
+            let peer = SocketAddr::from(([10, 0, 0, 1], 1000));
+            head.extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
+            let connection = now(limiter.open_head(head)).expect("a connection");
+            return Box::new(move |_| {
+                let admitted = now(connection.admit(100, Direction::Inbound));
+                std::hint::black_box(admitted.expect("admitted"));
+            });
+        }
         "check" => {
             let limiter = layer(HeaderStyle::Legacy);
             return Box::new(move |i| {

@@ -51,6 +51,7 @@ use crate::top::{TopLimited, Tracker};
 
 mod adaptive;
 mod alone;
+pub(crate) use alone::Keyed;
 mod bodies;
 mod answer;
 mod admin;

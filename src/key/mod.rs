@@ -344,7 +344,7 @@ impl Key {
     /// field makes several, each paying SipHash's own buffering. Every copy into the buffer
     /// has a fixed size (an inline key's bytes are zero past its length), so none calls
     /// `memcpy`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn hash_in(&self, hasher: &impl BuildHasher) -> u64 {
         let mut h = hasher.build_hasher();
         let mut buf = [0u8; 1 + INLINE];

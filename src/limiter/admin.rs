@@ -75,7 +75,7 @@ impl<St: Store> Limiter<St> {
         match (op, policies.lane()) {
             (None, Lane::Alone) => {
                 let tier = policies[0].tier_of_key(key);
-                if let Some((verdict, own)) = self.store.check_alone(tier, key, units(tier)) {
+                if let Some((verdict, own)) = self.store.check_alone(tier, key, None, units(tier)) {
                     let outcome = PolicyOutcome::new(own.as_ref().unwrap_or(tier), false, verdict);
                     return Answer::Now(std::future::ready(Ok(Decision::one(outcome))));
                 }

@@ -7,9 +7,11 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::route::Route;
-use super::route::Steps;
+use arc_swap::Guard;
+
+use super::route::{Lane, Loaded, Route, Steps};
 use super::{Limiter, Next};
+use crate::adaptive::Permits;
 use crate::algorithm::Verdict;
 use crate::decision::{Decision, PolicyOutcome};
 use crate::headers::{HeaderStyle, RateLimitHeaders};
@@ -17,6 +19,15 @@ use crate::key::{Key, RequestRef};
 use crate::policy::{CompiledPolicy, Tier};
 use crate::store::{Check, Enforced, Op, Store, TOGETHER};
 use crate::telemetry::{decision_span, record_policies, spans_enabled, traced};
+
+/// The key of a connection's messages, taken once ([`Limiter::keyed`]), its hash in the store
+/// (when the store hashes keys), and the policies it was taken with (`None`: those the layer
+/// was built with).
+pub(crate) struct Keyed {
+    route: Option<Arc<Route>>,
+    key: Key,
+    hash: Option<u64>,
+}
 
 impl<St: Store> Limiter<St> {
     /// A request of [`Lane::Alone`](super::route::Lane::Alone): no check or ticket is made, no tier or key is cloned.
@@ -34,12 +45,11 @@ impl<St: Store> Limiter<St> {
             Ok(key) => key,
             Err(rejection) => return self.key_rejected(policy, &rejection),
         };
-        let tier = policy.tier(policy.tier_index(request, &key));
-        let cost = match policy.cost(request) {
-            Ok(cost) => cost,
-            Err(rejection) => return self.key_rejected(policy, &rejection),
+        let (tier, cost) = match self.priced(policy, request, &key) {
+            Ok(priced) => priced,
+            Err(rejected) => return rejected,
         };
-        match self.store.check_alone(tier, &key, cost) {
+        match self.store.check_alone(tier, &key, None, cost) {
             Some((verdict, own)) => {
                 let tier = own.as_ref().unwrap_or(tier);
                 // A connection's message: nothing reads its decision or its headers.
@@ -48,6 +58,86 @@ impl<St: Store> Limiter<St> {
             }
             // A store that says it decides alone always does; were it not to, the general way.
             None => self.plan(request, route, None),
+        }
+    }
+
+    /// The key of a connection's messages, taken once when it opens (keyed as the request
+    /// that opened it), when its route decides in [`Lane::Alone`](super::route::Lane::Alone):
+    /// each message then pays for no key (`begin_keyed`).
+    pub(crate) fn keyed(&self, request: &RequestRef<'_>) -> Option<Keyed> {
+        let loaded = self.policies.load();
+        if loaded.lane() != Lane::Alone {
+            return None;
+        }
+        let key = loaded[0].key(request).ok()?;
+        let hash = self.store.key_hash(&key);
+        let route = match loaded {
+            Loaded::First(_) => None,
+            Loaded::Reloaded(guard) => Some(Guard::into_inner(guard)),
+        };
+        Some(Keyed { route, key, hash })
+    }
+
+    /// [`begin`](Limiter::begin) for a message of a connection `keyed`: its key as taken,
+    /// while the policies are those it was taken with (after a reload, the general way).
+    /// `None`: admitted, with nothing more to do (nothing reads a message's decision or
+    /// headers).
+    pub(crate) fn begin_keyed(
+        &self,
+        keyed: &Keyed,
+        request: &RequestRef<'_>,
+        permits: &mut Permits,
+    ) -> Option<Next<St::Future>> {
+        if self.exempt.as_ref().is_some_and(|f| f(request)) {
+            return Some(Next::nothing());
+        }
+        let route = self.policies.load();
+        let same = match (&route, &keyed.route) {
+            (Loaded::First(_), None) => true,
+            (Loaded::Reloaded(now), Some(then)) => Arc::ptr_eq(now, then),
+            _ => false,
+        };
+        if !same {
+            return Some(self.go(request, &route, permits));
+        }
+        let mut listed = None;
+        if let Some(answer) = self.steps_before(request, &route, permits, &mut listed) {
+            return Some(answer);
+        }
+        let (policy, key) = (&route[0], &keyed.key);
+        if !policy.applies(request) {
+            return Some(Next::nothing());
+        }
+        let (tier, cost) = match self.priced(policy, request, key) {
+            Ok(priced) => priced,
+            Err(rejected) => return Some(rejected),
+        };
+        match self.store.check_alone(tier, key, keyed.hash, cost) {
+            Some((verdict, None)) if verdict.allowed && !spans_enabled() => {
+                tier.count(true, false);
+                None
+            }
+            Some((verdict, own)) => {
+                let tier = own.as_ref().unwrap_or(tier);
+                Some(self.answer_alone(tier, key, cost, verdict, route.steps(), true))
+            }
+            None => Some(self.plan(request, &route, None)),
+        }
+    }
+
+    /// The tier and the cost of `request` keyed `key` in `policy`, or the answer to a cost
+    /// it rejected.
+    #[inline(always)]
+    fn priced<'p>(
+        &self,
+        policy: &'p CompiledPolicy,
+        request: &RequestRef<'_>,
+        key: &Key,
+    ) -> Result<(&'p Arc<Tier>, u64), Next<St::Future>> {
+        let tier = policy.tier(policy.tier_index(request, key));
+        match policy.cost(request) {
+            Ok(cost) => Ok((tier, cost)),
+            Err(rejection) => Err(self.key_rejected(policy, &rejection)),
         }
     }
 

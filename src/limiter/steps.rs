@@ -35,7 +35,7 @@ impl<St: Store> Limiter<St> {
     /// that answers, if one does; what they give goes in `permits`. and the key whose runtime
     /// list entries the store call reads in `listed`.
     #[inline(always)]
-    fn steps_before(
+    pub(super) fn steps_before(
         &self,
         request: &RequestRef<'_>,
         route: &Route,

@@ -84,6 +84,11 @@ impl CompiledPolicy {
         if self.tiers.len() == 1 {
             return 0;
         }
+        self.tier_chosen(request, key)
+    }
+
+    /// [`tier_index`](Self::tier_index) of a policy of several tiers.
+    fn tier_chosen(&self, request: &RequestRef<'_>, key: &Key) -> usize {
         self.tier_overrides
             .get(key)
             .copied()

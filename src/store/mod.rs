@@ -112,14 +112,23 @@ pub(crate) mod private {
         /// Decides one enforced policy on `key` at once, on borrowed values, if the store can
         /// (the memory store): the verdict, from which the caller builds an outcome only when
         /// something reads it, and the tier of the key's own limit when it has one (which the
-        /// outcome reports).
+        /// outcome reports). `hash` is the key's [`key_hash`](Self::key_hash) when the caller
+        /// kept it (a connection's key, decided for each of its messages).
         fn check_alone(
             &self,
             tier: &Arc<Tier>,
             key: &Key,
+            hash: Option<u64>,
             cost: u64,
         ) -> Option<(Verdict, Option<Arc<Tier>>)> {
-            let _ = (tier, key, cost);
+            let _ = (tier, key, hash, cost);
+            None
+        }
+
+        /// The hash [`check_alone`](Self::check_alone) makes of `key`, for a caller that
+        /// decides one key many times (`None`: the store hashes nothing).
+        fn key_hash(&self, key: &Key) -> Option<u64> {
+            let _ = key;
             None
         }
 

@@ -22,7 +22,7 @@ use crate::body::{ResponseBody, Wrapped};
 use crate::future::ResponseFuture;
 use crate::key::RequestRef;
 use crate::layer::RateLimitLayer;
-use crate::limiter::Next;
+use crate::limiter::{Keyed, Next};
 use crate::service::RateLimit;
 use crate::store::Store;
 
@@ -38,6 +38,20 @@ pub(super) fn head(request: &RequestRef<'_>) -> Head {
     *head.headers_mut() = request.headers().clone();
     *head.extensions_mut() = request.extensions().clone();
     head
+}
+
+/// The request that opened a connection, and its messages' key when the engine takes it once
+/// ([`Limiter::keyed`](crate::limiter::Limiter::keyed)).
+pub(super) struct Opened {
+    pub(super) head: Head,
+    keyed: Option<Keyed>,
+}
+
+impl Opened {
+    /// A connection opened by `head` whose messages are not decided.
+    pub(super) fn new(head: Head) -> Self {
+        Opened { head, keyed: None }
+    }
 }
 
 /// The service a message reaches when its policies admit it.
@@ -81,9 +95,12 @@ pub(super) trait Admitting: Send + Sync {
     /// The layer's answer to `request`.
     fn ask(&self, request: Head) -> Answering;
 
-    /// The engine's answer to `message` of the connection opened by `head`: at once when it
-    /// decides at once (the head borrowed, nothing allocated), else through the service.
-    fn ask_message(&self, head: &Head, message: Message) -> Asked;
+    /// The connection opened by `head`, its messages' key taken now when the engine can.
+    fn open(&self, head: Head) -> Opened;
+
+    /// The engine's answer to `message` of the connection `opened`: at once when it decides
+    /// at once (the head borrowed, nothing allocated), else through the service.
+    fn ask_message(&self, opened: &Opened, message: Message) -> Asked;
 }
 
 impl<St: Store> Admitting for RateLimit<Admit, St> {
@@ -97,11 +114,24 @@ impl<St: Store> Admitting for RateLimit<Admit, St> {
         })
     }
 
-    fn ask_message(&self, head: &Head, message: Message) -> Asked {
+    fn open(&self, head: Head) -> Opened {
+        let keyed = self.limiter().keyed(&RequestRef::new(&head));
+        Opened { head, keyed }
+    }
+
+    fn ask_message(&self, opened: &Opened, message: Message) -> Asked {
         let limiter = self.limiter();
         let mut permits = Permits::new();
+        let head = &opened.head;
         let request = RequestRef::new(head).with_message(message);
-        match limiter.begin(&request, &mut permits) {
+        let next = match &opened.keyed {
+            Some(keyed) => match limiter.begin_keyed(keyed, &request, &mut permits) {
+                None => return Asked::Now(None),
+                Some(next) => next,
+            },
+            None => limiter.begin(&request, &mut permits),
+        };
+        match next {
             Next::Call { after, .. } if after.is_empty() => Asked::Now(None),
             Next::Respond(response) => Asked::Now(refused(&response, message.direction)),
             next => {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 
-use super::admit::{Admitting, Answering, Asked, Head, refused};
+use super::admit::{Admitting, Answering, Asked, Opened, refused};
 use super::limited::{Answer, Answers, Limited, OverLimit};
 use super::message::{Direction, Message};
 
@@ -27,15 +27,15 @@ enum First {
     Pending(Answering),
 }
 
-/// Decides `message`, a message of the connection opened by `head`, with `admitting`;
+/// Decides `message`, a message of the connection `opened`, with `admitting`;
 /// `answers` says what a policy over its limit answers. At once, nothing is cloned.
 pub(super) fn decide(
     admitting: &Arc<dyn Admitting>,
-    head: &Arc<Head>,
+    opened: &Arc<Opened>,
     message: Message,
     answers: &Arc<Answers>,
 ) -> Decided {
-    let first = match admitting.ask_message(head, message) {
+    let first = match admitting.ask_message(opened, message) {
         Asked::Now(None) => return Decided::Now(Ok(())),
         Asked::Now(Some(limited)) => {
             let answer = answers.of(&limited.policy);
@@ -46,7 +46,7 @@ pub(super) fn decide(
         }
         Asked::Later(answering) => First::Pending(answering),
     };
-    let (admitting, head, answers) = (admitting.clone(), head.clone(), answers.clone());
+    let (admitting, opened, answers) = (admitting.clone(), opened.clone(), answers.clone());
     Decided::Later(Box::pin(async move {
         let direction = message.direction;
         let mut limited = match first {
@@ -65,7 +65,7 @@ pub(super) fn decide(
             message_waited(&refusal.policy, wait);
             tokio::time::sleep(wait.max(Duration::from_millis(1))).await;
             waited += wait;
-            limited = match admitting.ask_message(&head, message) {
+            limited = match admitting.ask_message(&opened, message) {
                 Asked::Now(limited) => limited,
                 Asked::Later(answering) => refused(&answering.await, direction),
             };

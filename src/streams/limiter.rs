@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::Request;
 
-use super::admit::{self, Admitting, Head, Refusal};
+use super::admit::{self, Admitting, Head, Opened, Refusal};
 use super::decide::{self, Decided};
 use super::limited::{Answers, LONGEST_WAIT, Limited, OverLimit};
 use super::message::{Direction, Message};
@@ -84,7 +84,6 @@ impl StreamLimiter {
     ) -> impl Future<Output = Result<Connection, Refusal>> + Send + 'static + use<> {
         let shared = self.shared.clone();
         async move {
-            let head = Arc::new(head);
             let held = match &shared.connections {
                 None => None,
                 Some(connections) => {
@@ -96,10 +95,14 @@ impl StreamLimiter {
                     Some(Arc::new(answer))
                 }
             };
+            let opened = Arc::new(match &shared.messages {
+                Some(messages) => messages.open(head),
+                None => Opened::new(head),
+            });
             let ends = (shared.lifetime).map(|lifetime| tokio::time::Instant::now() + lifetime);
             Ok(Connection {
                 shared,
-                head,
+                opened,
                 held,
                 ends,
             })
@@ -263,7 +266,7 @@ impl StreamLimiterBuilder {
 #[derive(Clone)]
 pub struct Connection {
     shared: Arc<Shared>,
-    head: Arc<Head>,
+    opened: Arc<Opened>,
     /// The connections' layer's answer, which holds its slots until dropped.
     held: Option<Arc<admit::Answered>>,
     ends: Option<tokio::time::Instant>,
@@ -272,8 +275,8 @@ pub struct Connection {
 impl fmt::Debug for Connection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Connection")
-            .field("method", self.head.method())
-            .field("uri", self.head.uri())
+            .field("method", self.opened.head.method())
+            .field("uri", self.opened.head.uri())
             .field("holds_slot", &self.held.is_some())
             .field("ends", &self.ends)
             .finish_non_exhaustive()
@@ -304,7 +307,7 @@ impl Connection {
             return Decided::Now(Ok(()));
         };
         let message = Message { bytes, direction };
-        decide::decide(messages, &self.head, message, &self.shared.answers)
+        decide::decide(messages, &self.opened, message, &self.shared.answers)
     }
 
     /// Whether its messages are decided at all.

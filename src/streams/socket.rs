@@ -38,6 +38,26 @@ enum Sending<M> {
     Ready { frame: M },
 }
 
+/// The end of a connection's lifetime. Its timer is polled (the task's waker registered with
+/// it) on the first read and whenever the socket has nothing to read; a message read between
+/// only looks whether it fired, which costs no registration.
+struct Lifetime {
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    armed: bool,
+}
+
+impl Lifetime {
+    /// Whether the lifetime has ended; `idle`: the task is about to wait, so the timer must
+    /// wake it.
+    fn ended(&mut self, cx: &mut Context<'_>, idle: bool) -> bool {
+        if self.armed && !idle {
+            return self.sleep.is_elapsed();
+        }
+        self.armed = true;
+        self.sleep.as_mut().poll(cx).is_ready()
+    }
+}
+
 pin_project! {
     /// A WebSocket (any [`Stream`] of `Result<M, E>` and [`Sink`] of `M`: axum's `WebSocket`,
     /// tokio-tungstenite's `WebSocketStream`) whose messages a [`Connection`]'s limits decide:
@@ -57,7 +77,7 @@ pin_project! {
         reading: Reading<M>,
         sending: Sending<M>,
         // The end of the connection's lifetime.
-        ends: Option<Pin<Box<tokio::time::Sleep>>>,
+        ends: Option<Lifetime>,
     }
 }
 
@@ -80,7 +100,10 @@ impl Connection {
 
 impl<S, M: Frame> LimitedSocket<S, M> {
     fn new(connection: Connection, socket: S) -> Self {
-        let ends = (connection.ends_at()).map(|at| Box::pin(tokio::time::sleep_until(at)));
+        let ends = (connection.ends_at()).map(|at| Lifetime {
+            sleep: Box::pin(tokio::time::sleep_until(at)),
+            armed: false,
+        });
         LimitedSocket {
             socket,
             connection,
@@ -107,6 +130,7 @@ impl<S, M: Frame> LimitedSocket<S, M> {
 
     /// Decides `message`, read from the client: `Some` when it goes on at once, else what
     /// `reading` does with it (waits for its decision, or owes the client its answer).
+    #[inline]
     fn read(connection: &Connection, reading: &mut Reading<M>, message: M) -> Option<M> {
         let bytes = message
             .counted_size()
@@ -207,29 +231,32 @@ where
 {
     type Item = Result<M, E>;
 
+    #[inline]
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let mut this = self.project();
         loop {
-            if let Some(ends) = this.ends
-                && !matches!(this.reading, Reading::Ended)
-                && ends.as_mut().poll(cx).is_ready()
+            if !matches!(this.reading, Reading::Ended)
+                && (this.ends.as_mut()).is_some_and(|ends| ends.ended(cx, false))
             {
                 *this.ends = None;
                 *this.reading = Self::owing(this.connection, &Limited::lifetime_ended());
             }
             match this.reading {
                 Reading::Ended => return Poll::Ready(None),
-                Reading::Idle => match ready!(this.socket.as_mut().poll_next(cx)) {
-                    None => {
+                Reading::Idle => match this.socket.as_mut().poll_next(cx) {
+                    // Nothing to read: the lifetime's timer wakes the task when it ends.
+                    Poll::Pending if (this.ends.as_mut()).is_some_and(|e| e.ended(cx, true)) => {}
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(None) => {
                         *this.reading = Reading::Ended;
                         return Poll::Ready(None);
                     }
-                    Some(Ok(message)) => {
+                    Poll::Ready(Some(Ok(message))) => {
                         if let Some(message) = Self::read(this.connection, this.reading, message) {
                             return Poll::Ready(Some(Ok(message)));
                         }
                     }
-                    Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                    Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
                 },
                 Reading::Deciding { decision, .. } => {
                     let decided = ready!(decision.as_mut().poll(cx));
@@ -302,11 +329,15 @@ where
 {
     type Error = E;
 
+    #[inline]
     fn poll_ready(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), E>> {
-        ready!(self.as_mut().poll_sending(cx))?;
+        if !matches!(self.sending, Sending::Idle) {
+            ready!(self.as_mut().poll_sending(cx))?;
+        }
         self.project().socket.poll_ready(cx)
     }
 
+    #[inline]
     fn start_send(self: Pin<&mut Self>, message: M) -> Result<(), E> {
         let this = self.project();
         match message.counted_size() {
@@ -324,8 +355,11 @@ where
         }
     }
 
+    #[inline]
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), E>> {
-        ready!(self.as_mut().poll_sending(cx))?;
+        if !matches!(self.sending, Sending::Idle) {
+            ready!(self.as_mut().poll_sending(cx))?;
+        }
         self.project().socket.poll_flush(cx)
     }
 

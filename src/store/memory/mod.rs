@@ -261,7 +261,7 @@ impl MemoryStore {
         ((key_hash >> 32) as usize) & (self.inner.shards.len() - 1)
     }
 
-    /// One enforced policy on `key` at `cost`: the common case, decided under the shard's
+    /// One enforced policy on `key` (whose hash is `key_hash`) at `cost`: the common case, decided under the shard's
     /// shared lock when the key's state is packed, else under its exclusive lock. The checked
     /// tier and the key are borrowed: nothing is cloned, no reference count changes. The
     /// verdict, and the tier of the key's own limit when it has one (its outcome reports it).
@@ -270,15 +270,15 @@ impl MemoryStore {
     /// loaded): decisions on one key then see times in the order they are made, so each
     /// reports exactly what it left (read before, a decision could be made after a later one
     /// and see time go back).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn alone(
         &self,
         tier: &Arc<Tier>,
         key: &Key,
+        key_hash: u64,
         cost: u64,
     ) -> (Verdict, Option<Arc<Tier>>) {
         let check = CheckRef::enforce(tier, key, cost);
-        let key_hash = key.hash_in(&self.inner.hasher);
         let hash = Key::with_id(key_hash, tier.id());
         let clock = || self.inner.clock.now_micros();
         let shard = &self.inner.shards[self.shard_of(key_hash)];
@@ -398,14 +398,23 @@ impl private::Sealed for MemoryStore {
         Some(self.check_locked(checks))
     }
 
-    #[inline]
+    #[inline(always)]
     fn check_alone(
         &self,
         tier: &Arc<Tier>,
         key: &Key,
+        hash: Option<u64>,
         cost: u64,
     ) -> Option<(Verdict, Option<Arc<Tier>>)> {
-        Some(MemoryStore::alone(self, tier, key, cost))
+        let hash = match hash {
+            Some(hash) => hash,
+            None => key.hash_in(&self.inner.hasher),
+        };
+        Some(MemoryStore::alone(self, tier, key, hash, cost))
+    }
+
+    fn key_hash(&self, key: &Key) -> Option<u64> {
+        Some(key.hash_in(&self.inner.hasher))
     }
 
     fn check_together(&self, checks: &[Enforced<'_>], packed: bool) -> Option<Decision> {

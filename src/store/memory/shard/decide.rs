@@ -18,7 +18,7 @@ impl Shard {
     /// `clock` once the state is loaded. `None` when the key needs the exclusive lock: a new
     /// key, a state that is not packed, a state written under another definition, a denial
     /// that strikes (nothing written: the exclusive lock decides again).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn alone_shared(
         &self,
         check: &CheckRef<'_>,

@@ -294,6 +294,79 @@ async fn a_socket_past_its_lifetime_is_closed_with_1013() {
     assert_eq!(frame.reason.as_str(), "connection lifetime ended");
 }
 
+/// A socket that always has a message to read, and keeps what it is sent.
+#[derive(Default)]
+struct Busy {
+    sent: Vec<WsMessage>,
+}
+
+impl futures_util::Stream for Busy {
+    type Item = Result<WsMessage, std::convert::Infallible>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        std::task::Poll::Ready(Some(Ok(WsMessage::text("x"))))
+    }
+}
+
+impl futures_util::Sink<WsMessage> for Busy {
+    type Error = std::convert::Infallible;
+
+    fn poll_ready(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn start_send(mut self: std::pin::Pin<&mut Self>, item: WsMessage) -> Result<(), Self::Error> {
+        self.sent.push(item);
+        Ok(())
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_close(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+/// A client that never stops sending is closed at its lifetime's end all the same.
+#[tokio::test(start_paused = true)]
+async fn a_busy_socket_past_its_lifetime_is_closed_with_1013() {
+    let limiter = StreamLimiter::builder()
+        .max_lifetime(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let request = http::Request::new(());
+    let mut socket = limiter
+        .open(&request)
+        .await
+        .unwrap()
+        .socket(Busy::default());
+    for _ in 0..3 {
+        assert!(matches!(socket.next().await, Some(Ok(_))));
+    }
+    tokio::time::advance(Duration::from_secs(59)).await;
+    assert!(matches!(socket.next().await, Some(Ok(_))), "not yet");
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(socket.next().await.is_none(), "ended");
+    let [WsMessage::Close(Some(frame))] = socket.get_ref().sent.as_slice() else {
+        panic!("one close frame, not {:?}", socket.get_ref().sent);
+    };
+    assert_eq!(frame.code, 1013);
+}
+
 #[tokio::test]
 async fn a_message_that_would_wait_too_long_gets_the_answer_after_the_wait() {
     let clock = ManualClock::new();
@@ -359,6 +432,56 @@ async fn any_streams_items_are_decided_and_a_close_ends_it() {
         .collect()
         .await;
     assert_eq!(decided, [true, true, false, true]);
+}
+
+/// A connection's key is taken when it opens; its messages still follow the policies a
+/// reload puts in place, and the exemptions and the keys of other connections.
+#[tokio::test]
+async fn a_connection_follows_a_reload_of_its_policies() {
+    let clock = ManualClock::new();
+    let layer = RateLimitLayer::builder()
+        .key(HeaderKey::try_new("x-key").unwrap())
+        .policy(Policy::fixed_window("2/h").name("messages"))
+        .store(
+            tower_ratelimit::MemoryStore::builder()
+                .clock(clock.clone())
+                .build(),
+        )
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let limiter = StreamLimiter::builder()
+        .messages(layer.clone())
+        .on_limit(OverLimit::error())
+        .build()
+        .unwrap();
+    let opened = |key: &str| {
+        let request = http::Request::builder().header("x-key", key).body(());
+        limiter.open(&request.unwrap())
+    };
+    let (a, b) = (opened("a").await.unwrap(), opened("b").await.unwrap());
+    let admitted = |connection: &Connection| {
+        let decided = connection.admit(10, tower_ratelimit::streams::Direction::Inbound);
+        async move { decided.await.is_ok() }
+    };
+    assert!(admitted(&a).await && admitted(&a).await);
+    assert!(!admitted(&a).await, "the third of 2/h");
+    assert!(admitted(&b).await, "another key");
+    // 5 an hour from now: the 2 used still count.
+    layer
+        .reload([Policy::fixed_window("5/h").name("messages")])
+        .unwrap();
+    for n in 3..=5 {
+        assert!(admitted(&a).await, "message {n} of 5/h");
+    }
+    let refused = a
+        .admit(10, tower_ratelimit::streams::Direction::Inbound)
+        .await;
+    assert_eq!(refused.unwrap_err().policy(), "messages");
+    // And a reload again, to one that applies to another path only: nothing is decided.
+    let other = (Policy::fixed_window("1/h").name("messages")).route(None, "/other");
+    layer.reload([other]).unwrap();
+    assert!(admitted(&a).await, "no policy applies");
 }
 
 #[test]

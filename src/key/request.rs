@@ -62,6 +62,8 @@ impl<'a> RequestRef<'a> {
 
     /// The message of a long-lived connection this request stands for, when a
     /// [`StreamLimiter`](crate::streams::StreamLimiter) decides one: its size and direction.
+    /// Costs, exemptions and a policy's routes may read it; a key does not: a connection's key
+    /// is taken once, from the request that opened it, when its policy is decided alone.
     pub fn message(&self) -> Option<crate::streams::Message> {
         self.message
             .or_else(|| self.extensions.get::<crate::streams::Message>().copied())

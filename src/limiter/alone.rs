@@ -14,6 +14,7 @@ use super::{Limiter, Next};
 use crate::adaptive::Permits;
 use crate::algorithm::Verdict;
 use crate::decision::{Decision, PolicyOutcome};
+use crate::error::KeyRejection;
 use crate::headers::{HeaderStyle, RateLimitHeaders};
 use crate::key::{Key, RequestRef};
 use crate::policy::{CompiledPolicy, Tier};
@@ -45,9 +46,9 @@ impl<St: Store> Limiter<St> {
             Ok(key) => key,
             Err(rejection) => return self.key_rejected(policy, &rejection),
         };
-        let (tier, cost) = match self.priced(policy, request, &key) {
+        let (tier, cost) = match Self::priced(policy, request, &key) {
             Ok(priced) => priced,
-            Err(rejected) => return rejected,
+            Err(rejection) => return self.key_rejected(policy, &rejection),
         };
         match self.store.check_alone(tier, &key, None, cost) {
             Some((verdict, own)) => {
@@ -108,9 +109,9 @@ impl<St: Store> Limiter<St> {
         if !policy.applies(request) {
             return Some(Next::nothing());
         }
-        let (tier, cost) = match self.priced(policy, request, key) {
+        let (tier, cost) = match Self::priced(policy, request, key) {
             Ok(priced) => priced,
-            Err(rejected) => return Some(rejected),
+            Err(rejection) => return Some(self.key_rejected(policy, &rejection)),
         };
         match self.store.check_alone(tier, key, keyed.hash, cost) {
             Some((verdict, None)) if verdict.allowed && !spans_enabled() => {
@@ -125,20 +126,15 @@ impl<St: Store> Limiter<St> {
         }
     }
 
-    /// The tier and the cost of `request` keyed `key` in `policy`, or the answer to a cost
-    /// it rejected.
+    /// The tier and the cost of `request` keyed `key` in `policy`, or what its cost rejected.
     #[inline(always)]
     fn priced<'p>(
-        &self,
         policy: &'p CompiledPolicy,
         request: &RequestRef<'_>,
         key: &Key,
-    ) -> Result<(&'p Arc<Tier>, u64), Next<St::Future>> {
+    ) -> Result<(&'p Arc<Tier>, u64), KeyRejection> {
         let tier = policy.tier(policy.tier_index(request, key));
-        match policy.cost(request) {
-            Ok(cost) => Ok((tier, cost)),
-            Err(rejection) => Err(self.key_rejected(policy, &rejection)),
-        }
+        Ok((tier, policy.cost(request)?))
     }
 
     /// A request of [`Lane::Together`](super::route::Lane::Together): the policies that apply decided together on their

@@ -69,7 +69,10 @@ impl StreamLimiter {
     /// a concurrency policy is held until the [`Connection`] and every clone of it are
     /// dropped), or answers the [`Refusal`] to send instead of upgrading. Its head is kept:
     /// each message is decided as this request, carrying the [`Message`]
-    /// ([`RequestRef::message`]).
+    /// ([`RequestRef::message`]). When the messages' layer has one policy on a store that
+    /// decides at once (the memory store), the key is taken here, once, with its hash: a
+    /// message then pays for its decision alone (after a reload of the layer's policies, its
+    /// messages are decided the general way, with the new policies).
     pub fn open<B>(
         &self,
         request: &Request<B>,

@@ -260,7 +260,7 @@ def fmt(v, unit):
         return "n/a"
     if unit == "calls":
         return f"{v:.4f}"
-    if unit in ("req/s", "ns", "dec/s") and v >= 100:
+    if unit in ("req/s", "ns", "dec/s", "msg/s") and v >= 100:
         return f"{v:,.0f}"
     return f"{v:,.1f}"
 
@@ -483,9 +483,9 @@ per key: growth of the process's resident memory over 200,000 keys divided by 20
    turn), medians: each message decided by a `StreamLimiter` on the memory store (GCRA
    1,000,000/s, which never limits), against the same echo without it. The goal row counts
    messages per second of the server thread's CPU time (`/proc/thread-self/schedstat`), the
-   throughput of a saturated core, which varies by about 1% from run to run; messages per
-   second of the wall clock, the client's view, move by several percent with the machine's
-   other work (info). Then the same through the Redis store with leases of 20 units: the
+   throughput of a saturated core, which moves less from run to run than the wall clock's;
+   messages per second of the wall clock, the client's view, move by several percent with the
+   machine's other work (info). Then the same through the Redis store with leases of 20 units: the
    store's calls (`INFO commandstats`) per message, against one per lease.
 
 ## Overload: the adaptive concurrency limit and the reserve

@@ -55,6 +55,7 @@ mod admit;
 mod axum_ws;
 mod decide;
 mod frame;
+mod lifetime;
 mod limited;
 mod limiter;
 mod message;

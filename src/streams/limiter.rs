@@ -213,10 +213,7 @@ impl StreamLimiterBuilder {
     /// lifetime of zero or longer than a connection's slot is held.
     pub fn build(self) -> Result<StreamLimiter, ConfigError> {
         self.check()?;
-        let lifetime = match (self.lifetime, self.held_at_most) {
-            (Some(lifetime), _) => Some(lifetime),
-            (None, held) => held,
-        };
+        let lifetime = self.lifetime.or(self.held_at_most);
         Ok(StreamLimiter {
             shared: Arc::new(Shared {
                 messages: self.messages,

@@ -1,7 +1,6 @@
 //! [`LimitedSocket`]: a WebSocket whose messages are decided.
 
 use std::fmt;
-use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -11,6 +10,7 @@ use pin_project_lite::pin_project;
 
 use super::decide::{Decided, Deciding};
 use super::frame::Frame;
+use super::lifetime::Lifetime;
 use super::limited::{Answer, Limited};
 use super::limiter::Connection;
 use super::message::Direction;
@@ -36,26 +36,6 @@ enum Sending<M> {
     Deciding { message: M, decision: Deciding },
     /// `frame` to be handed to the socket: the message admitted, or a close frame.
     Ready { frame: M },
-}
-
-/// The end of a connection's lifetime. Its timer is polled (the task's waker registered with
-/// it) on the first read and whenever the socket has nothing to read; a message read between
-/// only looks whether it fired, which costs no registration.
-struct Lifetime {
-    sleep: Pin<Box<tokio::time::Sleep>>,
-    armed: bool,
-}
-
-impl Lifetime {
-    /// Whether the lifetime has ended; `idle`: the task is about to wait, so the timer must
-    /// wake it.
-    fn ended(&mut self, cx: &mut Context<'_>, idle: bool) -> bool {
-        if self.armed && !idle {
-            return self.sleep.is_elapsed();
-        }
-        self.armed = true;
-        self.sleep.as_mut().poll(cx).is_ready()
-    }
 }
 
 pin_project! {
@@ -100,10 +80,7 @@ impl Connection {
 
 impl<S, M: Frame> LimitedSocket<S, M> {
     fn new(connection: Connection, socket: S) -> Self {
-        let ends = (connection.ends_at()).map(|at| Lifetime {
-            sleep: Box::pin(tokio::time::sleep_until(at)),
-            armed: false,
-        });
+        let ends = Lifetime::of(&connection);
         LimitedSocket {
             socket,
             connection,

@@ -1,7 +1,6 @@
 //! [`LimitedStream`]: any stream whose items are decided, its caller answering.
 
 use std::fmt;
-use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -9,6 +8,7 @@ use futures_core::Stream;
 use pin_project_lite::pin_project;
 
 use super::decide::{Decided, Deciding};
+use super::lifetime::Lifetime;
 use super::limited::{Answer, Limited};
 use super::limiter::Connection;
 use super::message::Direction;
@@ -29,7 +29,7 @@ pin_project! {
         ended: bool,
         direction: Direction,
         // The end of the connection's lifetime.
-        ends: Option<Pin<Box<tokio::time::Sleep>>>,
+        ends: Option<Lifetime>,
     }
 }
 
@@ -63,7 +63,7 @@ impl<S: Stream, F> LimitedStream<S, F> {
             deciding: None,
             ended: false,
             direction: Direction::Inbound,
-            ends: (connection.ends_at()).map(|at| Box::pin(tokio::time::sleep_until(at))),
+            ends: Lifetime::of(&connection),
             connection,
         }
     }
@@ -102,9 +102,7 @@ where
             if *this.ended {
                 return Poll::Ready(None);
             }
-            if let Some(ends) = this.ends
-                && ends.as_mut().poll(cx).is_ready()
-            {
+            if (this.ends.as_mut()).is_some_and(|ends| ends.ended(cx, false)) {
                 *this.ends = None;
                 *this.ended = true;
                 return Poll::Ready(Some(Err(Limited::lifetime_ended())));
@@ -120,7 +118,15 @@ where
                     }
                 }));
             }
-            let Some(item) = ready!(this.stream.as_mut().poll_next(cx)) else {
+            let item = match this.stream.as_mut().poll_next(cx) {
+                // Nothing to read: the lifetime's timer wakes the task when it ends.
+                Poll::Pending if (this.ends.as_mut()).is_some_and(|e| e.ended(cx, true)) => {
+                    continue;
+                }
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(item) => item,
+            };
+            let Some(item) = item else {
                 *this.ended = true;
                 return Poll::Ready(None);
             };

@@ -181,7 +181,7 @@ cp -r target/criterion/bodies "$RAW/criterion-bodies"
 
 echo "== 14: WebSocket messages through the StreamLimiter (memory; Redis with leases)" >&2
 BS=$(driver streams)
-"$BS" memory --runs 31 --messages 300000 >"$RAW/streams.txt"
+"$BS" memory --runs 101 --messages 100000 >"$RAW/streams.txt"
 before=$(evalsha_calls)
 "$BS" redis "$URL" --messages 20000 >>"$RAW/streams.txt"
 echo "ws_lease_store_calls=$(($(evalsha_calls) - before))" >>"$RAW/streams.txt"

@@ -113,11 +113,15 @@ impl<St: Store> Limiter<St> {
             Ok(priced) => priced,
             Err(rejection) => return Some(self.key_rejected(policy, &rejection)),
         };
+        // An admission is told without its verdict: nothing reads it.
+        if let Some(hash) = keyed.hash
+            && !spans_enabled()
+            && self.store.admits_alone(tier, key, hash, cost)
+        {
+            tier.count(true, false);
+            return None;
+        }
         match self.store.check_alone(tier, key, keyed.hash, cost) {
-            Some((verdict, None)) if verdict.allowed && !spans_enabled() => {
-                tier.count(true, false);
-                None
-            }
             Some((verdict, own)) => {
                 let tier = own.as_ref().unwrap_or(tier);
                 Some(self.answer_alone(tier, key, cost, verdict, route.steps(), true))

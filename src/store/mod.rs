@@ -125,6 +125,15 @@ pub(crate) mod private {
             None
         }
 
+        /// Whether one enforced policy admits `key` (whose [`key_hash`](Self::key_hash) is
+        /// `hash`) at once and charges it, told without a verdict, for a caller that reads
+        /// nothing of an admission (a connection's message). `false`: denied, with nothing
+        /// written, or not decided this way; [`check_alone`](Self::check_alone) decides then.
+        fn admits_alone(&self, tier: &Arc<Tier>, key: &Key, hash: u64, cost: u64) -> bool {
+            let _ = (tier, key, hash, cost);
+            false
+        }
+
         /// The hash [`check_alone`](Self::check_alone) makes of `key`, for a caller that
         /// decides one key many times (`None`: the store hashes nothing).
         fn key_hash(&self, key: &Key) -> Option<u64> {

@@ -290,6 +290,17 @@ impl MemoryStore {
         }
     }
 
+    /// Whether `key` is admitted and charged in `tier` at `cost` on the shared path (see
+    /// [`Shard::admits_shared`](shard::Shard::admits_shared)): told without a verdict.
+    #[inline(always)]
+    pub(crate) fn admits(&self, tier: &Arc<Tier>, key: &Key, key_hash: u64, cost: u64) -> bool {
+        let check = CheckRef::enforce(tier, key, cost);
+        let hash = Key::with_id(key_hash, tier.id());
+        let clock = || self.inner.clock.now_micros();
+        let shard = &self.inner.shards[self.shard_of(key_hash)];
+        shard.read().admits_shared(&check, hash, clock)
+    }
+
     /// [`alone`](Self::alone) under the exclusive lock.
     #[inline(never)]
     fn enforced_locked(&self, check: &CheckRef<'_>) -> (Verdict, Option<Arc<Tier>>) {
@@ -413,6 +424,11 @@ impl private::Sealed for MemoryStore {
         Some(MemoryStore::alone(self, tier, key, hash, cost))
     }
 
+    #[inline(always)]
+    fn admits_alone(&self, tier: &Arc<Tier>, key: &Key, hash: u64, cost: u64) -> bool {
+        MemoryStore::admits(self, tier, key, hash, cost)
+    }
+
     fn key_hash(&self, key: &Key) -> Option<u64> {
         Some(key.hash_in(&self.inner.hasher))
     }
@@ -425,7 +441,54 @@ impl private::Sealed for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ManualClock;
     use crate::{Policy, RateLimitLayer, calendar::Calendar};
+
+    #[test]
+    fn a_quiet_admission_is_the_verdicts_admission() {
+        // GCRA (a word alone) and a fixed window (a word and its count): told without a
+        // verdict, each admission charges as the verdict's would, and a denial is `false` with
+        // nothing written: the verdicts after it are those of a store that never saw it.
+        use crate::algorithm::Algorithm;
+        for algorithm in [Algorithm::Gcra, Algorithm::FixedWindow] {
+            let clock = ManualClock::new();
+            let quota: crate::Quota = "3/s".parse().expect("a quota");
+            let tier = Tier::alone("q", 0, algorithm, quota, Op::Enforce).expect("a tier");
+            let store = || MemoryStore::builder().clock(clock.clone()).build();
+            let (quiet, told) = (store(), store());
+            let key = Key::from(7u64);
+            let (hash, told_hash) = (
+                key.hash_in(&quiet.inner.hasher),
+                key.hash_in(&told.inner.hasher),
+            );
+            // A new key is not decided quietly: its row is inserted under the exclusive lock.
+            assert!(!quiet.admits(&tier, &key, hash, 1), "{algorithm:?}");
+            assert!(quiet.alone(&tier, &key, hash, 1).0.allowed);
+            assert!(told.alone(&tier, &key, told_hash, 1).0.allowed);
+            for _ in 0..2 {
+                assert!(quiet.admits(&tier, &key, hash, 1), "{algorithm:?}");
+                assert!(told.alone(&tier, &key, told_hash, 1).0.allowed);
+            }
+            assert!(
+                !quiet.admits(&tier, &key, hash, 1),
+                "{algorithm:?}: past the limit"
+            );
+            let looked = |store: &MemoryStore, hash| {
+                let verdict = store.alone(&tier, &key, hash, 0).0;
+                (verdict.remaining, verdict.reset_after_us)
+            };
+            assert_eq!(
+                looked(&quiet, hash),
+                looked(&told, told_hash),
+                "{algorithm:?}"
+            );
+            clock.advance(std::time::Duration::from_secs(1));
+            assert!(
+                quiet.admits(&tier, &key, hash, 1),
+                "{algorithm:?}: a second on"
+            );
+        }
+    }
 
     #[tokio::test]
     async fn every_policy_of_a_key_is_in_its_shard() {

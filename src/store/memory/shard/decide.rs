@@ -4,9 +4,10 @@
 //! [`Shard::look_row`]), which `locked.rs` runs over the shards of a decision. The rule they
 //! serve is `rule.rs`'s.
 
+use super::atomic::{AtomicU32, AtomicU64};
 use super::word::Word;
 use super::{Cell, CheckRef, Row, Run, Shard, Unpacked};
-use crate::algorithm::Verdict;
+use crate::algorithm::{Compiled, Verdict};
 use crate::decision::Grant;
 use crate::store::Op;
 use crate::store::memory::rule;
@@ -25,6 +26,54 @@ impl Shard {
         hash: u64,
         clock: impl Fn() -> u64,
     ) -> Option<Verdict> {
+        let (word, algorithm, cost) = self.word_of(check, hash)?;
+        let (verdict, struck) = if algorithm.packs_count() {
+            let mut rows = Word::<_, true, false>::new(word, algorithm, cost, clock);
+            rule::decide(&mut rows);
+            (rows.verdict, rows.struck)
+        } else {
+            let mut rows = Word::<_, false, false>::new(word, algorithm, cost, clock);
+            rule::decide(&mut rows);
+            (rows.verdict, rows.struck)
+        };
+        // A strike is the exclusive lock's to make: it decides again.
+        let strikes = struck && check.tier().escalation().is_some();
+        (!strikes).then_some(verdict)
+    }
+
+    /// Whether [`alone_shared`](Self::alone_shared) admits and charges `check`, told without
+    /// its verdict (nothing else of it is computed). `false` when it denies (nothing is
+    /// written, a strike neither) or needs the exclusive lock.
+    #[inline(always)]
+    pub(crate) fn admits_shared(
+        &self,
+        check: &CheckRef<'_>,
+        hash: u64,
+        clock: impl Fn() -> u64,
+    ) -> bool {
+        let Some((word, algorithm, cost)) = self.word_of(check, hash) else {
+            return false;
+        };
+        if algorithm.packs_count() {
+            rule::decide(&mut Word::<_, true, true>::new(
+                word, algorithm, cost, clock,
+            ))
+        } else {
+            rule::decide(&mut Word::<_, false, true>::new(
+                word, algorithm, cost, clock,
+            ))
+        }
+    }
+
+    /// The packed word (and count) of `check`'s row, with the algorithm and cost to decide
+    /// it at; `None` when the word cannot decide (see [`alone_shared`](Self::alone_shared)).
+    #[inline(always)]
+    #[allow(clippy::type_complexity)]
+    fn word_of<'s, 'c>(
+        &'s self,
+        check: &'c CheckRef<'_>,
+        hash: u64,
+    ) -> Option<((&'s AtomicU64, &'s AtomicU32), &'c Compiled, u64)> {
         let row = self.find(check, hash)?;
         let Cell::Packed { count, word } = &row.cell else {
             return None;
@@ -32,19 +81,7 @@ impl Shard {
         if row.def != check.tier().def() {
             return None;
         }
-        let (algorithm, cost) = (check.tier().algorithm(), check.cost());
-        let (verdict, struck) = if algorithm.packs_count() {
-            let mut rows = Word::<_, true>::new((word, count), algorithm, cost, clock);
-            rule::decide(&mut rows);
-            (rows.verdict, rows.struck)
-        } else {
-            let mut rows = Word::<_, false>::new((word, count), algorithm, cost, clock);
-            rule::decide(&mut rows);
-            (rows.verdict, rows.struck)
-        };
-        // A strike is the exclusive lock's to make: it decides again.
-        let strikes = struck && check.tier().escalation().is_some();
-        (!strikes).then_some(verdict)
+        Some(((word, count), check.tier().algorithm(), check.cost()))
     }
 
     /// Phase one for `check` under the exclusive lock: finds its row once (phase two goes

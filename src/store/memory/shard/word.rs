@@ -15,8 +15,9 @@ use crate::store::memory::rule::Rows;
 
 /// The [`Rows`] of one enforced check whose state is `word` (and `count`, when `COUNTED`):
 /// loaded, judged, and written by one compare-and-swap (another decision wrote it in between:
-/// judged again); or, with a count, claimed, judged and written back.
-pub(super) struct Word<'a, C, const COUNTED: bool> {
+/// judged again); or, with a count, claimed, judged and written back. `QUIET`: only whether
+/// it is admitted is kept (`verdict.allowed`), so nothing else of the verdict is computed.
+pub(super) struct Word<'a, C, const COUNTED: bool, const QUIET: bool> {
     word: &'a AtomicU64,
     count: &'a AtomicU32,
     algorithm: &'a Compiled,
@@ -33,7 +34,7 @@ pub(super) struct Word<'a, C, const COUNTED: bool> {
     pub(super) struck: bool,
 }
 
-impl<'a, C: Fn() -> u64, const COUNTED: bool> Word<'a, C, COUNTED> {
+impl<'a, C: Fn() -> u64, const COUNTED: bool, const QUIET: bool> Word<'a, C, COUNTED, QUIET> {
     #[inline(always)]
     pub(super) fn new(
         (word, count): (&'a AtomicU64, &'a AtomicU32),
@@ -56,7 +57,7 @@ impl<'a, C: Fn() -> u64, const COUNTED: bool> Word<'a, C, COUNTED> {
     }
 }
 
-impl<C, const COUNTED: bool> Word<'_, C, COUNTED> {
+impl<C, const COUNTED: bool, const QUIET: bool> Word<'_, C, COUNTED, QUIET> {
     /// The state as loaded.
     #[inline(always)]
     fn was(&self) -> Packed {
@@ -64,7 +65,7 @@ impl<C, const COUNTED: bool> Word<'_, C, COUNTED> {
     }
 }
 
-impl<C: Fn() -> u64, const COUNTED: bool> Rows for Word<'_, C, COUNTED> {
+impl<C: Fn() -> u64, const COUNTED: bool, const QUIET: bool> Rows for Word<'_, C, COUNTED, QUIET> {
     #[inline(always)]
     fn len(&self) -> usize {
         1
@@ -101,7 +102,11 @@ impl<C: Fn() -> u64, const COUNTED: bool> Rows for Word<'_, C, COUNTED> {
     fn judge(&mut self, _: usize, now: u64) -> bool {
         let verdict;
         (verdict, self.next) = self.algorithm.judge_packed(self.was(), now, self.cost);
-        self.verdict = verdict;
+        if QUIET {
+            self.verdict.allowed = verdict.allowed;
+        } else {
+            self.verdict = verdict;
+        }
         verdict.allowed
     }
 

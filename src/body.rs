@@ -198,6 +198,11 @@ impl<B> ResponseBody<B> {
         }
     }
 
+    /// Whether the limiter wrote this body (its own answer), not the inner service.
+    pub(crate) fn is_limiters(&self) -> bool {
+        matches!(self.kind, Kind::Full { .. })
+    }
+
     /// The inner service's body, holding `held` until its last frame.
     pub(crate) fn held(body: B, held: BodyGuard) -> Self {
         ResponseBody {

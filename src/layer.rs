@@ -318,8 +318,10 @@ impl<St: Store, M, R> RateLimitLayer<St, M, R> {
 
     /// Denies `key` in every policy for `duration` (at most [`MAX_WINDOW`](crate::MAX_WINDOW)),
     /// whatever its state: every request is answered `429` with a `Retry-After` that runs to
-    /// the end of the block. [`reset`](Self::reset) lifts it. Returns the decision a request of
-    /// cost 0 gets afterwards.
+    /// the end of the block, but one whose policy waits ([`Policy::wait_up_to`](crate::Policy::wait_up_to))
+    /// as long as that is held until the block ends, and books its time after it.
+    /// [`reset`](Self::reset) lifts it. Returns the decision a request of cost 0 gets
+    /// afterwards.
     pub async fn block_for(&self, key: &Key, duration: Duration) -> Result<Decision, StoreError> {
         let micros = duration.min(crate::MAX_WINDOW).as_micros() as u64;
         let block = Op::Block { us: micros };

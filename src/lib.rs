@@ -403,6 +403,7 @@ pub mod request_body;
 #[cfg_attr(docsrs, doc(cfg(feature = "graphql")))]
 pub mod graphql;
 pub mod streams;
+pub mod egress;
 mod clock;
 pub mod calendar;
 mod error;

@@ -13,6 +13,7 @@
 //! | [`costs`] | costs known once the response is done: LLM tokens per minute and per day, bytes sent |
 //! | [`body`] | keys and costs in the request body: MCP tools, JSON-RPC batches, GraphQL costs, LLM tokens |
 //! | [`streams`] | messages inside WebSockets and other long-lived connections: per key, across instances; close, wait or an error |
+//! | [`egress`] | calls to an upstream within its limits, shared by every instance: LLM tokens per minute, a partner's quota; pauses learned from its 429s |
 //! | [`concurrency`] | how many requests may be in flight at once |
 //! | [`overload`] | when the service itself is the bottleneck: an adaptive concurrency limit, capacity kept for priority |
 //! | [`abuse`] | abusive clients: blocks that escalate, allow and deny lists of networks and keys, a warning before the limit |
@@ -47,6 +48,9 @@ pub mod body {}
 #[cfg(feature = "ws")]
 #[doc = include_str!("streams.md")]
 pub mod streams {}
+
+#[doc = include_str!("egress.md")]
+pub mod egress {}
 
 #[doc = include_str!("concurrency.md")]
 pub mod concurrency {}

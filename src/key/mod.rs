@@ -55,6 +55,7 @@ mod json;
 mod peer_ip;
 mod request;
 mod route;
+mod upstream;
 
 use std::fmt;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -83,6 +84,7 @@ pub(crate) use peer_ip::DefaultKey;
 pub use peer_ip::PeerIp;
 pub use request::RequestRef;
 pub use route::{MatchedRoute, matched_route};
+pub use upstream::UpstreamHost;
 
 /// Finds the key a request is charged to.
 pub trait KeyExtractor: Send + Sync + fmt::Debug + 'static {

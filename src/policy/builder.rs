@@ -579,6 +579,15 @@ impl Policy {
         self.take_part(Op::Wait { max_wait_us })
     }
 
+    /// This policy waiting up to `max` when it would otherwise refuse at once (it enforces,
+    /// takes no lease and has no wait of its own), else as it is: an outbound call's policy.
+    pub(crate) fn waiting_by_default(self, max: Duration) -> Self {
+        match self.takes {
+            Ok(Op::Enforce) if self.lease.is_none() => self.wait_up_to(max),
+            _ => self,
+        }
+    }
+
     /// The algorithm.
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm

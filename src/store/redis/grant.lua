@@ -7,10 +7,11 @@
 local SCRATCH = {}
 
 -- For a WAIT policy denied now with `verdict`: the wait until the time that admits it, when
--- it is a retry-after of at most `max_wait`, the cost is not 0 (a look books nothing) and
--- the key is not blocked (twin of `booking` in Rust); else nil.
+-- it is a retry-after of at most `max_wait` (a block's end included: a paused key's calls
+-- wait for it) and the cost is not 0 (a look books nothing) (twin of `booking` in Rust);
+-- else nil.
 local function booking(alg, p, st, ends, now, cost, key, verdict, max_wait)
-  if cost == 0 or verdict < 0 or verdict > max_wait or (ends and ends > now) then
+  if cost == 0 or verdict < 0 or verdict > max_wait then
     return nil
   end
   if alg:verdict(p, st, ends, now + verdict, cost, key) == ADMITTED then
@@ -31,9 +32,9 @@ local function book(alg, key, p, st, ends, now, cost, wait, at, since)
     alg:commit(key, p, st, at_time, cost, ends, since)
   end
   -- Admitted, the state reported as it is seen now (a look may deny: the sliding log still
-  -- counts, now, entries that are gone at that time).
+  -- counts, now, entries that are gone at that time; a paused key has nothing left now).
   local seen = alg.load(key, p, now, SCRATCH)
-  local _, remaining, reset = alg:verdict(p, seen, nil, now, 0, key)
+  local _, remaining, reset = alg:verdict(p, seen, ends, now, 0, key)
   REPLY[at + AT_VERDICT], REPLY[at + AT_REMAINING] = ADMITTED, remaining
   REPLY[at + AT_RESET] = reset
   REPLY[at + AT_UNITS], REPLY[at + AT_END], REPLY[at + AT_LASTS] = cost, at_time, wait

@@ -191,7 +191,8 @@ impl Shard {
 }
 
 /// For a check denied now with `verdict`: the wait until the time that admits it, if it is
-/// within `max_wait` and the key (its `entry`, if it has one) is not blocked.
+/// within `max_wait` (a block's end included: the verdict's retry-after runs to it, so a
+/// paused key's requests wait for it).
 fn booking(
     entry: Option<&Unpacked>,
     check: &CheckRef<'_>,
@@ -199,9 +200,6 @@ fn booking(
     verdict: &Verdict,
     max_wait: u64,
 ) -> Option<u64> {
-    if entry.is_some_and(|e| e.blocked_until() > now) {
-        return None;
-    }
     let tier = check.tier().algorithm();
     let state = entry.and_then(|e| e.live(now));
     let under = entry.map_or(tier, |e| e.algorithm(tier));

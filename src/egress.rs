@@ -1,0 +1,311 @@
+//! Outbound calls within the upstream's limits: a client-side limiter shared by every
+//! instance, that learns from the upstream's own answers.
+//!
+//! Half of the rate limiting a service does is on the calls it makes: an LLM provider's tokens
+//! per minute, a payment API's requests per second, a partner's daily quota. Ten instances that
+//! each limit themselves send ten times the budget. An [`EgressLayer`] wraps any client
+//! service of `http::Request`s (hyper-util's client, a tonic channel, a `tower` stack of your
+//! own) so that each call takes its place in the layer's policies before it is sent:
+//!
+//! * **Shared**: the policies live in the layer's store; with Redis, every instance takes
+//!   its calls from one budget. The key is the upstream ([`UpstreamHost`], its host and port)
+//!   unless you key otherwise (an API key, a model name: any [`KeyExtractor`]).
+//! * **Waiting, not failing**: a call over the budget waits for the moment the policy books
+//!   for it, in the store, first come first served across instances, up to
+//!   [`max_wait`](EgressLayerBuilder::max_wait); a call that would wait longer fails at once
+//!   with [`EgressError::GaveUp`], which says when to try again.
+//! * **Learning**: an upstream that answers `429` or `503` with `Retry-After`, or says it has
+//!   nothing left (`RateLimit: "default";r=0;t=30`, `X-RateLimit-Remaining: 0` with its reset),
+//!   pauses the key in the store until the time it names: no call of any instance reaches it
+//!   before then; the calls that can wait that long wait, the others give up.
+//! * **Costs**: a call may cost what it will spend (an LLM call's estimated tokens,
+//!   [`Policy::cost`]) and be settled from its response as a server's requests are
+//!   ([`settle`](crate::settle)).
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_ratelimit::Policy;
+//! use tower_ratelimit::egress::{EgressError, EgressLayer};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // The upstream: here a function; in production hyper-util's client or a tonic channel.
+//! let upstream = tower::service_fn(|_call: http::Request<String>| async {
+//!     Ok::<_, std::convert::Infallible>(http::Response::new(String::from("ok")))
+//! });
+//! let client = ServiceBuilder::new()
+//!     .layer(
+//!         EgressLayer::builder()
+//!             .policy(Policy::gcra("2/s").name("partner"))
+//!             .max_wait(Duration::from_millis(100))
+//!             .build()?,
+//!     )
+//!     .service(upstream);
+//! let call = || http::Request::get("https://api.example.com/v1/orders").body(String::new());
+//! // Two calls at once are sent at once; the third would wait 500 ms: more than 100 ms.
+//! for _ in 0..2 {
+//!     assert_eq!(client.clone().oneshot(call()?).await?.status(), 200);
+//! }
+//! match client.clone().oneshot(call()?).await {
+//!     Err(EgressError::GaveUp(gave_up)) => {
+//!         assert_eq!(gave_up.policy(), "partner");
+//!         assert!(gave_up.retry_after().is_some());
+//!     }
+//!     other => panic!("{other:?}"),
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! See [`guide::egress`](crate::guide::egress) for an LLM provider's tokens per minute shared
+//! across instances, and what happens when the upstream's limit is lower than configured.
+
+mod error;
+mod service;
+mod upstream;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_layer::Layer;
+
+pub use crate::key::UpstreamHost;
+pub use error::{EgressError, GaveUp, Reason};
+use service::Learn;
+pub use service::{Egress, EgressFuture, Upstream, UpstreamFuture};
+
+use crate::clock::Clock;
+use crate::error::{ConfigError, FailurePolicy};
+use crate::headers::HeaderStyle;
+use crate::key::{ClientIp, EntryError, Key, KeyExtractor, KeyRejection, RequestRef};
+use crate::layer::RateLimitLayer;
+use crate::policy::Policy;
+use crate::store::{MemoryStore, Store};
+
+/// The longest wait a call is given by default.
+pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// The longest pause an upstream's answer makes by default: an upstream asking for more (a
+/// bug, a date in its far future) is paused this long, then asked again.
+pub const DEFAULT_MAX_PAUSE: Duration = Duration::from_secs(600);
+
+/// A layer that limits the calls a client service sends (see the [module](self)).
+pub struct EgressLayer<St = MemoryStore> {
+    layer: RateLimitLayer<St>,
+    learn: Option<Arc<Learn<St>>>,
+}
+
+impl<St> Clone for EgressLayer<St> {
+    fn clone(&self) -> Self {
+        EgressLayer {
+            layer: self.layer.clone(),
+            learn: self.learn.clone(),
+        }
+    }
+}
+
+impl<St: std::fmt::Debug> std::fmt::Debug for EgressLayer<St> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EgressLayer")
+            .field("layer", &self.layer)
+            .field("learns", &self.learn.is_some())
+            .finish()
+    }
+}
+
+impl EgressLayer<MemoryStore> {
+    /// Starts configuring a layer, on a fresh [`MemoryStore`] unless given another store.
+    pub fn builder() -> EgressLayerBuilder<MemoryStore> {
+        EgressLayerBuilder {
+            store: MemoryStore::new(),
+            policies: Vec::new(),
+            key: Arc::new(UpstreamHost),
+            clock: None,
+            failure: None,
+            max_wait: DEFAULT_MAX_WAIT,
+            learn: true,
+            max_pause: DEFAULT_MAX_PAUSE,
+        }
+    }
+}
+
+impl<St> EgressLayer<St> {
+    /// The rate-limit layer that decides the calls: its store, its policies, and what it
+    /// offers in code ([`check`](RateLimitLayer::check), [`block_for`](RateLimitLayer::block_for),
+    /// [`reload`](RateLimitLayer::reload)...), keyed as the calls are.
+    pub fn limits(&self) -> &RateLimitLayer<St> {
+        &self.layer
+    }
+}
+
+impl<S, St: Store> Layer<S> for EgressLayer<St> {
+    type Service = Egress<S, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Egress {
+            limit: self.layer.layer(Upstream::new(inner, self.learn.clone())),
+        }
+    }
+}
+
+/// The layer's key, shared with what learns from the upstream.
+#[derive(Clone, Debug)]
+struct SharedKey(Arc<dyn KeyExtractor>);
+
+impl KeyExtractor for SharedKey {
+    fn extract(&self, request: &RequestRef<'_>) -> Result<Key, KeyRejection> {
+        self.0.extract(request)
+    }
+
+    fn entry_keys(&self, entry: &Key) -> Result<Vec<Key>, EntryError> {
+        self.0.entry_keys(entry)
+    }
+
+    fn client_ip(&self) -> Option<&ClientIp> {
+        self.0.client_ip()
+    }
+
+    fn reads_body(&self) -> bool {
+        self.0.reads_body()
+    }
+}
+
+/// Configures an [`EgressLayer`]; every mistake is reported by [`build`](Self::build).
+#[must_use]
+pub struct EgressLayerBuilder<St = MemoryStore> {
+    store: St,
+    policies: Vec<Policy>,
+    key: Arc<dyn KeyExtractor>,
+    clock: Option<Arc<dyn Clock>>,
+    failure: Option<FailurePolicy>,
+    max_wait: Duration,
+    learn: bool,
+    max_pause: Duration,
+}
+
+impl<St: std::fmt::Debug> std::fmt::Debug for EgressLayerBuilder<St> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EgressLayerBuilder")
+            .field("store", &self.store)
+            .field("policies", &self.policies)
+            .field("key", &self.key)
+            .field("max_wait", &self.max_wait)
+            .field("learn", &self.learn)
+            .field("max_pause", &self.max_pause)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St: Store> EgressLayerBuilder<St> {
+    /// The store the policies live in: a [`RedisStore`](crate::RedisStore) shares them with
+    /// every instance.
+    pub fn store<T: Store>(self, store: T) -> EgressLayerBuilder<T> {
+        EgressLayerBuilder {
+            store,
+            policies: self.policies,
+            key: self.key,
+            clock: self.clock,
+            failure: self.failure,
+            max_wait: self.max_wait,
+            learn: self.learn,
+            max_pause: self.max_pause,
+        }
+    }
+
+    /// Adds a policy. One that neither waits nor takes leases waits up to
+    /// [`max_wait`](Self::max_wait); give it its own
+    /// [`wait_up_to`](Policy::wait_up_to) to wait otherwise. A policy that takes leases
+    /// cannot wait: a call it refuses gives up at once.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policies.push(policy);
+        self
+    }
+
+    /// Adds policies (see [`policy`](Self::policy)).
+    pub fn policies(mut self, policies: impl IntoIterator<Item = Policy>) -> Self {
+        self.policies.extend(policies);
+        self
+    }
+
+    /// What a call is keyed by (default [`UpstreamHost`]: its URI's host and port): an API
+    /// key header, a model name, anything a [`KeyExtractor`] reads. An upstream's pause
+    /// applies to this key.
+    pub fn key(mut self, key: impl KeyExtractor) -> Self {
+        self.key = Arc::new(key);
+        self
+    }
+
+    /// How long a call waits for its place at most (default [`DEFAULT_MAX_WAIT`], at most an
+    /// hour); one that would wait longer gives up at once.
+    pub fn max_wait(mut self, max: Duration) -> Self {
+        self.max_wait = max;
+        self
+    }
+
+    /// Whether an upstream's answer pauses the key (default yes; see the [module](self)).
+    pub fn learn_from_upstream(mut self, yes: bool) -> Self {
+        self.learn = yes;
+        self
+    }
+
+    /// The longest pause one answer of the upstream makes (default [`DEFAULT_MAX_PAUSE`]).
+    pub fn max_pause(mut self, max: Duration) -> Self {
+        self.max_pause = max;
+        self
+    }
+
+    /// The clock the policies decide on (default the system's).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// What a call does when the store cannot decide (default: it is sent, as a server's
+    /// request goes through; [`FailurePolicy::Deny`] gives it up).
+    pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
+        self.failure = Some(policy);
+        self
+    }
+
+    /// Checks the configuration and builds the layer: the policies' mistakes as
+    /// [`RateLimitLayerBuilder::build`](crate::RateLimitLayerBuilder::build) reports them, a
+    /// longest wait of zero or over an hour, a longest pause of zero or over
+    /// [`MAX_WINDOW`](crate::MAX_WINDOW).
+    pub fn build(self) -> Result<EgressLayer<St>, ConfigError> {
+        if self.max_wait.is_zero() || self.max_wait > Duration::from_secs(3600) {
+            return Err(ConfigError::new(
+                "max_wait must be between 1 microsecond and one hour",
+            ));
+        }
+        if self.max_pause.is_zero() || self.max_pause > crate::MAX_WINDOW {
+            return Err(ConfigError::new(
+                "max_pause must be above zero and at most MAX_WINDOW",
+            ));
+        }
+        let max_wait = self.max_wait;
+        let policies = self
+            .policies
+            .into_iter()
+            .map(|p| p.waiting_by_default(max_wait));
+        let mut builder = RateLimitLayer::builder()
+            .store(self.store)
+            .policies(policies)
+            .key(SharedKey(self.key.clone()))
+            .headers(HeaderStyle::None);
+        if let Some(clock) = self.clock {
+            builder = builder.clock(clock);
+        }
+        if let Some(failure) = self.failure {
+            builder = builder.on_store_error(failure);
+        }
+        let layer = builder.build()?;
+        let learn = self.learn.then(|| {
+            Arc::new(Learn {
+                layer: layer.clone(),
+                key: self.key,
+                max_pause: self.max_pause,
+            })
+        });
+        Ok(EgressLayer { layer, learn })
+    }
+}

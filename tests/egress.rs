@@ -1,0 +1,316 @@
+//! Outbound calls (`egress::EgressLayer`): clients that share one budget through their store,
+//! wait for their booked time or give up, and learn pauses from the upstream's answers.
+//!
+//! In memory, the store decides on a `ManualClock` and the waits run on tokio's paused clock;
+//! on a real redis-server (and a real cluster) the store's clock is injected too, and the few
+//! waits that complete are short, only their lower bound asserted.
+
+mod support;
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use support::{RedisCluster, RedisServer};
+use tower::{Layer, Service, ServiceExt};
+use tower_ratelimit::egress::{EgressError, EgressLayer, GaveUp, Reason};
+use tower_ratelimit::{ManualClock, MemoryStore, Policy, Store};
+
+/// What the counting upstream answers its first call with (then `200`).
+type FirstAnswer = Option<(StatusCode, Vec<(&'static str, String)>)>;
+
+/// An upstream that counts the calls that reach it (with the time each came, on tokio's
+/// clock), answering the first as told.
+#[derive(Clone, Default)]
+struct Upstream {
+    calls: Arc<Mutex<Vec<tokio::time::Instant>>>,
+    first: Arc<Mutex<FirstAnswer>>,
+}
+
+impl Upstream {
+    fn answering_first(status: StatusCode, headers: &[(&'static str, &str)]) -> Self {
+        let headers = headers.iter().map(|(n, v)| (*n, v.to_string())).collect();
+        Upstream {
+            first: Arc::new(Mutex::new(Some((status, headers)))),
+            ..Upstream::default()
+        }
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.lock().unwrap().len()
+    }
+
+    fn service(
+        &self,
+    ) -> impl Service<
+        Request<String>,
+        Response = Response<String>,
+        Error = Infallible,
+        Future = impl Send,
+    > + Clone
+    + Send
+    + 'static {
+        let this = self.clone();
+        tower::service_fn(move |_: Request<String>| {
+            let this = this.clone();
+            async move {
+                this.calls.lock().unwrap().push(tokio::time::Instant::now());
+                let mut response = Response::new(String::from("ok"));
+                if let Some((status, headers)) = this.first.lock().unwrap().take() {
+                    *response.status_mut() = status;
+                    for (name, value) in headers {
+                        response.headers_mut().insert(name, value.parse().unwrap());
+                    }
+                }
+                Ok::<_, Infallible>(response)
+            }
+        })
+    }
+}
+
+/// GCRA at 2 per second (one every 500 ms, two at once), named `partner`.
+fn partner() -> Policy {
+    Policy::gcra("2/s").name("partner")
+}
+
+/// A call to the partner's API.
+fn call() -> Request<String> {
+    Request::post("https://api.partner.example/v1/orders")
+        .body(String::new())
+        .unwrap()
+}
+
+/// An egress layer on `store` (deciding on `clock`) with `partner()`, waiting up to `max_wait`.
+fn egress<St: Store>(store: St, clock: &ManualClock, max_wait: Duration) -> EgressLayer<St> {
+    EgressLayer::builder()
+        .store(store)
+        .clock(clock.clone())
+        .policy(partner())
+        .max_wait(max_wait)
+        .build()
+        .expect("a valid egress layer")
+}
+
+/// What a call through `layer` to `upstream` came to: its status, or why it was not sent.
+async fn send<St: Store>(
+    layer: &EgressLayer<St>,
+    upstream: &Upstream,
+) -> Result<StatusCode, GaveUp> {
+    match layer.layer(upstream.service()).oneshot(call()).await {
+        Ok(response) => Ok(response.status()),
+        Err(EgressError::GaveUp(gave_up)) => Err(gave_up),
+        Err(EgressError::Upstream(never)) => match never {},
+    }
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Six calls at once from two clients, alternating: two sent at once, two after their booked
+/// times (500 ms, 1 s), two given up (their times are past the longest wait of 1 s) naming
+/// the policy and when to retry. Returns when each sent call reached the upstream, from the
+/// start.
+async fn six_calls_from_two_clients<St: Store>(
+    a: &EgressLayer<St>,
+    b: &EgressLayer<St>,
+) -> (Vec<Duration>, Vec<GaveUp>) {
+    let upstream = Upstream::default();
+    let started = tokio::time::Instant::now();
+    let mut calls = Vec::new();
+    for i in 0..6 {
+        let (layer, upstream) = (if i % 2 == 0 { a } else { b }.clone(), upstream.clone());
+        calls.push(tokio::spawn(async move { send(&layer, &upstream).await }));
+        // Each books its time before the next asks.
+        tokio::task::yield_now().await;
+        tokio::time::sleep(ms(1)).await;
+    }
+    let mut gave_up = Vec::new();
+    for call in calls {
+        match call.await.unwrap() {
+            Ok(status) => assert_eq!(status, StatusCode::OK),
+            Err(g) => gave_up.push(g),
+        }
+    }
+    let times = upstream
+        .calls
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|t| *t - started)
+        .collect();
+    (times, gave_up)
+}
+
+fn assert_shared_budget(times: &[Duration], gave_up: &[GaveUp]) {
+    assert_eq!(times.len(), 4, "{times:?}");
+    let mut sorted = times.to_vec();
+    sorted.sort();
+    assert!(sorted[1] < ms(300), "two at once: {sorted:?}");
+    assert!(sorted[2] >= ms(500), "never before its time: {sorted:?}");
+    assert!(sorted[3] >= ms(1000), "never before its time: {sorted:?}");
+    assert_eq!(gave_up.len(), 2);
+    for g in gave_up {
+        assert_eq!((g.reason(), g.policy()), (Reason::Limited, "partner"));
+        let retry = g.retry_after().expect("when to retry");
+        assert!(retry > ms(1000) && retry <= ms(1500), "{retry:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_clients_on_one_memory_store_share_one_budget() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let (a, b) = (
+        egress(store.clone(), &clock, ms(1000)),
+        egress(store, &clock, ms(1000)),
+    );
+    let (times, gave_up) = six_calls_from_two_clients(&a, &b).await;
+    assert_shared_budget(&times, &gave_up);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_on_one_redis_share_one_budget() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let a = egress(server.store("egress:", &clock).await, &clock, ms(1000));
+    let b = egress(server.store("egress:", &clock).await, &clock, ms(1000));
+    let (times, gave_up) = six_calls_from_two_clients(&a, &b).await;
+    assert_shared_budget(&times, &gave_up);
+    support::assert_no_key_without_ttl(&server, "egress:");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_on_a_redis_cluster_share_one_budget() {
+    let cluster = RedisCluster::start();
+    let clock = ManualClock::new();
+    let a = egress(cluster.store("egress:", &clock).await, &clock, ms(1000));
+    let b = egress(cluster.store("egress:", &clock).await, &clock, ms(1000));
+    let (times, gave_up) = six_calls_from_two_clients(&a, &b).await;
+    assert_shared_budget(&times, &gave_up);
+}
+
+/// The forms an upstream tells its callers to pause in, each asking for 2 s.
+fn pausing_answers() -> Vec<(StatusCode, Vec<(&'static str, &'static str)>)> {
+    vec![
+        (StatusCode::TOO_MANY_REQUESTS, vec![("retry-after", "2")]),
+        (StatusCode::SERVICE_UNAVAILABLE, vec![("retry-after", "2")]),
+        (
+            StatusCode::TOO_MANY_REQUESTS,
+            vec![("ratelimit", "\"default\";r=0;t=2")],
+        ),
+        // Nothing left, said on a success.
+        (
+            StatusCode::OK,
+            vec![("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "2")],
+        ),
+    ]
+}
+
+/// `a`'s first call is answered with a pause of 2 s: it gets that answer as it came; then no
+/// call of `b` reaches the upstream before the pause ends: one that may wait 1 s gives up
+/// (retry after the pause), one that may wait 3 s is sent once it ends.
+async fn a_pause_holds_for_both<St: Store>(
+    a: &EgressLayer<St>,
+    b_short: &EgressLayer<St>,
+    b_long: &EgressLayer<St>,
+    answer: (StatusCode, Vec<(&'static str, &'static str)>),
+) {
+    let what = format!("{answer:?}");
+    let upstream = Upstream::answering_first(answer.0, &answer.1);
+    assert_eq!(send(a, &upstream).await, Ok(answer.0), "{what}");
+    let started = tokio::time::Instant::now();
+    let gave_up = send(b_short, &upstream).await.expect_err(&what);
+    assert_eq!(gave_up.reason(), Reason::Limited, "{what}");
+    let retry = gave_up.retry_after().expect("when to retry");
+    assert!(retry > ms(1000) && retry <= ms(2000), "{what}: {retry:?}");
+    assert_eq!(upstream.calls(), 1, "{what}");
+    assert_eq!(send(b_long, &upstream).await, Ok(StatusCode::OK), "{what}");
+    assert!(
+        started.elapsed() >= ms(1900),
+        "{what}: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(upstream.calls(), 2, "{what}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstreams_pause_holds_for_every_client_in_memory() {
+    for answer in pausing_answers() {
+        let clock = ManualClock::new();
+        let store = MemoryStore::with_clock(clock.clone());
+        let a = egress(store.clone(), &clock, ms(1000));
+        let b_short = egress(store.clone(), &clock, ms(1000));
+        let b_long = egress(store, &clock, ms(3000));
+        a_pause_holds_for_both(&a, &b_short, &b_long, answer).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstreams_pause_holds_for_every_client_on_redis() {
+    let server = RedisServer::start();
+    for (i, answer) in pausing_answers().into_iter().enumerate() {
+        let (clock, prefix) = (ManualClock::new(), format!("pause{i}:"));
+        let a = egress(server.store(&prefix, &clock).await, &clock, ms(1000));
+        let b_short = egress(server.store(&prefix, &clock).await, &clock, ms(1000));
+        let b_long = egress(server.store(&prefix, &clock).await, &clock, ms(3000));
+        a_pause_holds_for_both(&a, &b_short, &b_long, answer).await;
+        support::assert_no_key_without_ttl(&server, &prefix);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_layer_that_does_not_learn_lets_the_next_call_through() {
+    let clock = ManualClock::new();
+    let layer = EgressLayer::builder()
+        .clock(clock.clone())
+        .store(MemoryStore::with_clock(clock.clone()))
+        .policy(partner())
+        .learn_from_upstream(false)
+        .build()
+        .unwrap();
+    let upstream =
+        Upstream::answering_first(StatusCode::TOO_MANY_REQUESTS, &[("retry-after", "60")]);
+    assert_eq!(
+        send(&layer, &upstream).await,
+        Ok(StatusCode::TOO_MANY_REQUESTS)
+    );
+    assert_eq!(send(&layer, &upstream).await, Ok(StatusCode::OK));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_that_names_no_upstream_is_not_sent() {
+    let clock = ManualClock::new();
+    let layer = egress(MemoryStore::with_clock(clock.clone()), &clock, ms(1000));
+    let upstream = Upstream::default();
+    let relative = Request::get("/v1/orders").body(String::new()).unwrap();
+    let got = layer.layer(upstream.service()).oneshot(relative).await;
+    let Err(EgressError::GaveUp(gave_up)) = got else {
+        panic!("{got:?}")
+    };
+    assert_eq!(gave_up.reason(), Reason::KeyRejected);
+    assert_eq!(upstream.calls(), 0);
+    assert!(gave_up.to_string().contains("no key"), "{gave_up}");
+}
+
+#[test]
+fn absurd_waits_and_pauses_fail_the_build() {
+    let build = |b: tower_ratelimit::egress::EgressLayerBuilder| {
+        b.policy(partner())
+            .build()
+            .expect_err("refused")
+            .to_string()
+    };
+    assert!(build(EgressLayer::builder().max_wait(Duration::ZERO)).contains("max_wait"));
+    let day = Duration::from_secs(86_400);
+    assert!(build(EgressLayer::builder().max_wait(day)).contains("max_wait"));
+    assert!(build(EgressLayer::builder().max_pause(Duration::ZERO)).contains("max_pause"));
+    let none = EgressLayer::builder().build().expect_err("no policy");
+    assert!(!none.to_string().is_empty());
+    // A policy that takes leases cannot wait: it keeps refusing at once, and builds.
+    let leased = EgressLayer::builder()
+        .policy(Policy::gcra("100/s").lease(10))
+        .build();
+    assert!(leased.is_ok(), "{leased:?}");
+}

@@ -148,6 +148,22 @@ impl<S, St: Store> Layer<S> for EgressLayer<St> {
     }
 }
 
+/// The policy an upstream's pause is kept in: never charged (a look sees only a block).
+const PAUSE_POLICY: &str = "egress_pause";
+
+/// The layer of [`PAUSE_POLICY`] on `store`, deciding on `clock` (else the system's).
+fn pause_layer<St: Store>(
+    store: St,
+    clock: Option<Arc<dyn Clock>>,
+) -> Result<RateLimitLayer<St>, ConfigError> {
+    let policy = Policy::fixed_window("1000000/s").name(PAUSE_POLICY);
+    let mut builder = RateLimitLayer::builder().store(store).policy(policy);
+    if let Some(clock) = clock {
+        builder = builder.clock(clock);
+    }
+    builder.build()
+}
+
 /// The layer's key, shared with what learns from the upstream.
 #[derive(Clone, Debug)]
 struct SharedKey(Arc<dyn KeyExtractor>);
@@ -292,20 +308,23 @@ impl<St: Store> EgressLayerBuilder<St> {
             .policies(policies)
             .key(SharedKey(self.key.clone()))
             .headers(HeaderStyle::None);
-        if let Some(clock) = self.clock {
-            builder = builder.clock(clock);
+        let clock = self.clock;
+        if let Some(clock) = &clock {
+            builder = builder.clock(clock.clone());
         }
         if let Some(failure) = self.failure {
             builder = builder.on_store_error(failure);
         }
         let layer = builder.build()?;
-        let learn = self.learn.then(|| {
-            Arc::new(Learn {
+        let learn = match self.learn {
+            true => Some(Arc::new(Learn {
                 layer: layer.clone(),
                 key: self.key,
                 max_pause: self.max_pause,
-            })
-        });
+                pause: pause_layer(layer.store().clone(), clock)?,
+            })),
+            false => None,
+        };
         Ok(EgressLayer { layer, learn })
     }
 }

@@ -1,9 +1,10 @@
 //! Outbound calls (`egress::EgressLayer`): clients that share one budget through their store,
 //! wait for their booked time or give up, and learn pauses from the upstream's answers.
 //!
-//! In memory, the store decides on a `ManualClock` and the waits run on tokio's paused clock;
-//! on a real redis-server (and a real cluster) the store's clock is injected too, and the few
-//! waits that complete are short, only their lower bound asserted.
+//! Every store decides on tokio's clock ([`TokioClock`]): paused in memory, so that the waits
+//! (and the store's time with them) pass at once; on a real redis-server (and a real cluster)
+//! it is the real time, the few waits that complete are short, and only their lower bound is
+//! asserted.
 
 mod support;
 
@@ -15,7 +16,35 @@ use http::{Request, Response, StatusCode};
 use support::{RedisCluster, RedisServer};
 use tower::{Layer, Service, ServiceExt};
 use tower_ratelimit::egress::{EgressError, EgressLayer, GaveUp, Reason};
-use tower_ratelimit::{ManualClock, MemoryStore, Policy, Store};
+use tower_ratelimit::{Clock, MemoryStore, Policy, RedisStore, Store};
+
+/// The time of tokio's clock (paused or not), from a day's start: the stores decide on the
+/// same time the waits run on.
+#[derive(Clone, Debug)]
+struct TokioClock(tokio::time::Instant);
+
+impl TokioClock {
+    fn new() -> Self {
+        TokioClock(tokio::time::Instant::now())
+    }
+}
+
+impl Clock for TokioClock {
+    fn now_micros(&self) -> u64 {
+        999_993_600_000_000 + self.0.elapsed().as_micros() as u64
+    }
+}
+
+/// A store on `url` (a server's or a cluster's) with keys under `prefix`, on `clock`.
+async fn redis(url: &str, prefix: &str, clock: &TokioClock) -> RedisStore {
+    RedisStore::builder(url)
+        .prefix(prefix)
+        .deadline(Duration::from_secs(10))
+        .clock(clock.clone())
+        .build()
+        .await
+        .expect("connect to the test Redis")
+}
 
 /// What the counting upstream answers its first call with (then `200`).
 type FirstAnswer = Option<(StatusCode, Vec<(&'static str, String)>)>;
@@ -26,6 +55,8 @@ type FirstAnswer = Option<(StatusCode, Vec<(&'static str, String)>)>;
 struct Upstream {
     calls: Arc<Mutex<Vec<tokio::time::Instant>>>,
     first: Arc<Mutex<FirstAnswer>>,
+    /// How long the first answer takes.
+    slow_first: Duration,
 }
 
 impl Upstream {
@@ -55,9 +86,17 @@ impl Upstream {
         tower::service_fn(move |_: Request<String>| {
             let this = this.clone();
             async move {
-                this.calls.lock().unwrap().push(tokio::time::Instant::now());
+                let first = {
+                    let mut calls = this.calls.lock().unwrap();
+                    calls.push(tokio::time::Instant::now());
+                    calls.len() == 1
+                };
+                if first {
+                    tokio::time::sleep(this.slow_first).await;
+                }
                 let mut response = Response::new(String::from("ok"));
-                if let Some((status, headers)) = this.first.lock().unwrap().take() {
+                let answer = this.first.lock().unwrap().take();
+                if let Some((status, headers)) = answer {
                     *response.status_mut() = status;
                     for (name, value) in headers {
                         response.headers_mut().insert(name, value.parse().unwrap());
@@ -82,7 +121,7 @@ fn call() -> Request<String> {
 }
 
 /// An egress layer on `store` (deciding on `clock`) with `partner()`, waiting up to `max_wait`.
-fn egress<St: Store>(store: St, clock: &ManualClock, max_wait: Duration) -> EgressLayer<St> {
+fn egress<St: Store>(store: St, clock: &TokioClock, max_wait: Duration) -> EgressLayer<St> {
     EgressLayer::builder()
         .store(store)
         .clock(clock.clone())
@@ -160,7 +199,7 @@ fn assert_shared_budget(times: &[Duration], gave_up: &[GaveUp]) {
 
 #[tokio::test(start_paused = true)]
 async fn two_clients_on_one_memory_store_share_one_budget() {
-    let clock = ManualClock::new();
+    let clock = TokioClock::new();
     let store = MemoryStore::with_clock(clock.clone());
     let (a, b) = (
         egress(store.clone(), &clock, ms(1000)),
@@ -173,9 +212,17 @@ async fn two_clients_on_one_memory_store_share_one_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_clients_on_one_redis_share_one_budget() {
     let server = RedisServer::start();
-    let clock = ManualClock::new();
-    let a = egress(server.store("egress:", &clock).await, &clock, ms(1000));
-    let b = egress(server.store("egress:", &clock).await, &clock, ms(1000));
+    let clock = TokioClock::new();
+    let a = egress(
+        redis(&server.url(), "egress:", &clock).await,
+        &clock,
+        ms(1000),
+    );
+    let b = egress(
+        redis(&server.url(), "egress:", &clock).await,
+        &clock,
+        ms(1000),
+    );
     let (times, gave_up) = six_calls_from_two_clients(&a, &b).await;
     assert_shared_budget(&times, &gave_up);
     support::assert_no_key_without_ttl(&server, "egress:");
@@ -184,9 +231,17 @@ async fn two_clients_on_one_redis_share_one_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_clients_on_a_redis_cluster_share_one_budget() {
     let cluster = RedisCluster::start();
-    let clock = ManualClock::new();
-    let a = egress(cluster.store("egress:", &clock).await, &clock, ms(1000));
-    let b = egress(cluster.store("egress:", &clock).await, &clock, ms(1000));
+    let clock = TokioClock::new();
+    let a = egress(
+        redis(&cluster.url(), "egress:", &clock).await,
+        &clock,
+        ms(1000),
+    );
+    let b = egress(
+        redis(&cluster.url(), "egress:", &clock).await,
+        &clock,
+        ms(1000),
+    );
     let (times, gave_up) = six_calls_from_two_clients(&a, &b).await;
     assert_shared_budget(&times, &gave_up);
 }
@@ -238,7 +293,7 @@ async fn a_pause_holds_for_both<St: Store>(
 #[tokio::test(start_paused = true)]
 async fn an_upstreams_pause_holds_for_every_client_in_memory() {
     for answer in pausing_answers() {
-        let clock = ManualClock::new();
+        let clock = TokioClock::new();
         let store = MemoryStore::with_clock(clock.clone());
         let a = egress(store.clone(), &clock, ms(1000));
         let b_short = egress(store.clone(), &clock, ms(1000));
@@ -251,18 +306,72 @@ async fn an_upstreams_pause_holds_for_every_client_in_memory() {
 async fn an_upstreams_pause_holds_for_every_client_on_redis() {
     let server = RedisServer::start();
     for (i, answer) in pausing_answers().into_iter().enumerate() {
-        let (clock, prefix) = (ManualClock::new(), format!("pause{i}:"));
-        let a = egress(server.store(&prefix, &clock).await, &clock, ms(1000));
-        let b_short = egress(server.store(&prefix, &clock).await, &clock, ms(1000));
-        let b_long = egress(server.store(&prefix, &clock).await, &clock, ms(3000));
+        let (clock, prefix, url) = (TokioClock::new(), format!("pause{i}:"), server.url());
+        let a = egress(redis(&url, &prefix, &clock).await, &clock, ms(1000));
+        let b_short = egress(redis(&url, &prefix, &clock).await, &clock, ms(1000));
+        let b_long = egress(redis(&url, &prefix, &clock).await, &clock, ms(3000));
         a_pause_holds_for_both(&a, &b_short, &b_long, answer).await;
         support::assert_no_key_without_ttl(&server, &prefix);
     }
 }
 
+/// A call that booked its time before the upstream asked for a pause, whose time comes
+/// during it, is held: it books a time after the pause (or gives up, past its longest wait).
+async fn a_booked_call_is_held_by_a_later_pause<St: Store>(layer: &EgressLayer<St>) {
+    let mut upstream =
+        Upstream::answering_first(StatusCode::TOO_MANY_REQUESTS, &[("retry-after", "2")]);
+    upstream.slow_first = ms(100);
+    let started = tokio::time::Instant::now();
+    let first = tokio::spawn({
+        let (layer, upstream) = (layer.clone(), upstream.clone());
+        async move { send(&layer, &upstream).await }
+    });
+    tokio::time::sleep(ms(10)).await;
+    // Booked for 1 s from now, before the pause (learned at 100 ms) is.
+    let booked = tokio::spawn({
+        let (layer, upstream) = (layer.clone(), upstream.clone());
+        async move { send(&layer, &upstream).await }
+    });
+    assert_eq!(first.await.unwrap(), Ok(StatusCode::TOO_MANY_REQUESTS));
+    assert_eq!(booked.await.unwrap(), Ok(StatusCode::OK));
+    let calls = upstream.calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 2);
+    let sent = calls[1] - started;
+    assert!(sent >= ms(2100), "sent during the pause, at {sent:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_booked_call_is_held_by_a_later_pause_in_memory() {
+    let clock = TokioClock::new();
+    let policy = Policy::gcra("1/s").name("partner");
+    let layer = EgressLayer::builder()
+        .store(MemoryStore::with_clock(clock.clone()))
+        .clock(clock.clone())
+        .policy(policy)
+        .max_wait(ms(3000))
+        .build()
+        .unwrap();
+    a_booked_call_is_held_by_a_later_pause(&layer).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_booked_call_is_held_by_a_later_pause_on_redis() {
+    let server = RedisServer::start();
+    let clock = TokioClock::new();
+    let layer = EgressLayer::builder()
+        .store(redis(&server.url(), "held:", &clock).await)
+        .clock(clock.clone())
+        .policy(Policy::gcra("1/s").name("partner"))
+        .max_wait(ms(3000))
+        .build()
+        .unwrap();
+    a_booked_call_is_held_by_a_later_pause(&layer).await;
+    support::assert_no_key_without_ttl(&server, "held:");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_layer_that_does_not_learn_lets_the_next_call_through() {
-    let clock = ManualClock::new();
+    let clock = TokioClock::new();
     let layer = EgressLayer::builder()
         .clock(clock.clone())
         .store(MemoryStore::with_clock(clock.clone()))
@@ -281,7 +390,7 @@ async fn a_layer_that_does_not_learn_lets_the_next_call_through() {
 
 #[tokio::test(start_paused = true)]
 async fn a_call_that_names_no_upstream_is_not_sent() {
-    let clock = ManualClock::new();
+    let clock = TokioClock::new();
     let layer = egress(MemoryStore::with_clock(clock.clone()), &clock, ms(1000));
     let upstream = Upstream::default();
     let relative = Request::get("/v1/orders").body(String::new()).unwrap();

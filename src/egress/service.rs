@@ -12,7 +12,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::error::{EgressError, GaveUp};
+use super::error::{EgressError, GaveUp, Reason};
 use super::upstream;
 use crate::body::ResponseBody;
 use crate::decision::Decision;
@@ -28,6 +28,10 @@ pub(super) struct Learn<St> {
     pub(super) layer: RateLimitLayer<St>,
     pub(super) key: Arc<dyn KeyExtractor>,
     pub(super) max_pause: std::time::Duration,
+    /// One policy never charged, whose key is blocked for as long as its upstream's pause:
+    /// what a call that booked its time looks at before it is sent (the layer's own policies
+    /// cannot tell a pause from a schedule booked ahead).
+    pub(super) pause: RateLimitLayer<St>,
 }
 
 /// A client service whose calls wait for their place in the layer's policies before they are
@@ -52,15 +56,19 @@ impl<S: std::fmt::Debug, St> std::fmt::Debug for Egress<S, St> {
 
 impl<S, St, ReqB, ResB> Service<Request<ReqB>> for Egress<S, St>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+    ReqB: Send + 'static,
+    ResB: Send + 'static,
     St: Store,
 {
     type Response = Response<ResponseBody<ResB>>;
     type Error = EgressError<S::Error>;
-    type Future = EgressFuture<Upstream<S, St>, ReqB, St>;
+    type Future = EgressFuture<S, ReqB, St>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.limit.poll_ready(cx).map_err(EgressError::Upstream)
+        self.limit.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<ReqB>) -> Self::Future {
@@ -74,52 +82,62 @@ pin_project! {
     /// The response future of [`Egress`]: the call's response, or why it was not sent.
     pub struct EgressFuture<S, ReqB, St>
     where
-        S: Service<Request<ReqB>>,
+        Upstream<S, St>: Service<Request<ReqB>>,
         St: Store,
     {
         #[pin]
-        inner: ResponseFuture<S, ReqB, St>,
+        inner: ResponseFuture<Upstream<S, St>, ReqB, St>,
     }
 }
 
 impl<S, St, ReqB, ResB> Future for EgressFuture<S, ReqB, St>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+    ReqB: Send + 'static,
+    ResB: Send + 'static,
     St: Store,
 {
     type Output = Result<Response<ResponseBody<ResB>>, EgressError<S::Error>>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let response = ready!(self.project().inner.poll(cx)).map_err(EgressError::Upstream)?;
+        let response = ready!(self.project().inner.poll(cx))?;
         if !response.body().is_limiters() {
             return Poll::Ready(Ok(response));
         }
-        let decision = response.extensions().get::<Decision>();
-        let refused = decision.filter(|d| !d.is_allowed()).map(Decision::tightest);
-        let gave_up = GaveUp {
-            reason: GaveUp::reason_of(response.status()),
-            policy: refused.map_or_else(String::new, |p| p.policy().to_owned()),
-            retry_after: decision
-                .and_then(Decision::retry_after)
-                .or_else(|| crate::grpc::retry_after_seconds(response.headers())),
-        };
-        let policy = if gave_up.policy.is_empty() {
-            "none"
-        } else {
-            &gave_up.policy
-        };
-        metrics::counter!(
-            "ratelimit_egress_gave_up_total",
-            "policy" => policy.to_owned(),
-            "reason" => gave_up.reason.label()
-        )
-        .increment(1);
-        Poll::Ready(Err(EgressError::GaveUp(gave_up)))
+        Poll::Ready(Err(EgressError::GaveUp(gave_up(&response))))
     }
 }
 
+/// Why the engine answered a call itself (not sending it), counted.
+fn gave_up<B>(response: &Response<B>) -> GaveUp {
+    let decision = response.extensions().get::<Decision>();
+    let refused = decision.filter(|d| !d.is_allowed()).map(Decision::tightest);
+    let gave_up = GaveUp {
+        reason: GaveUp::reason_of(response.status()),
+        policy: refused.map_or_else(String::new, |p| p.policy().to_owned()),
+        retry_after: decision
+            .and_then(Decision::retry_after)
+            .or_else(|| crate::grpc::retry_after_seconds(response.headers())),
+    };
+    let policy = match gave_up.policy.as_str() {
+        "" => "none".to_owned(),
+        policy => policy.to_owned(),
+    };
+    metrics::counter!(
+        "ratelimit_egress_gave_up_total",
+        "policy" => policy,
+        "reason" => gave_up.reason.label()
+    )
+    .increment(1);
+    gave_up
+}
+
 /// The client, inside the engine: what reaches it was admitted (after its wait), and its
-/// upstream's answer is read for a pause.
+/// upstream's answer is read for a pause. A call that waited for its booked time first asks
+/// whether its upstream paused meanwhile (another instance may have learned it): if so, it
+/// books a time after the pause, or gives up.
 pub struct Upstream<S, St> {
     inner: S,
     learn: Option<Arc<Learn<St>>>,
@@ -149,31 +167,67 @@ impl<S: Clone, St> Clone for Upstream<S, St> {
     }
 }
 
+/// A call held until its upstream's pause is over, then sent.
+type Held<R, E> = Pin<Box<dyn Future<Output = Result<R, EgressError<E>>> + Send>>;
+
 impl<S, St, ReqB, ResB> Service<Request<ReqB>> for Upstream<S, St>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+    ReqB: Send + 'static,
+    ResB: Send + 'static,
     St: Store,
 {
     type Response = Response<ResB>;
-    type Error = S::Error;
-    type Future = UpstreamFuture<S::Future, ResB, St>;
+    type Error = EgressError<S::Error>;
+    type Future = UpstreamFuture<S::Future, ResB, S::Error, St>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(EgressError::Upstream)
     }
 
     fn call(&mut self, request: Request<ReqB>) -> Self::Future {
-        if let Some(decision) = request.extensions().get::<Decision>() {
-            waited(decision);
-        }
+        let decision = request.extensions().get::<Decision>();
+        let booked = decision.and_then(|d| {
+            waited(d);
+            let units = d
+                .outcomes()
+                .iter()
+                .filter_map(|o| o.booking())
+                .map(|g| g.units);
+            units.max()
+        });
         let learning = self.learn.as_ref().and_then(|learn| {
             let key = learn.key.extract(&RequestRef::new(&request)).ok()?;
             Some((learn.clone(), key))
         });
-        UpstreamFuture {
-            call: self.inner.call(request),
-            learning,
-            pausing: None,
+        match (learning, booked) {
+            (Some((learn, key)), Some(units)) => {
+                // The ready service goes with the call; a clone stays for the next one.
+                let clone = self.inner.clone();
+                let mut inner = std::mem::replace(&mut self.inner, clone);
+                let held = State::Held {
+                    held: Box::pin(async move {
+                        hold(&learn, &key, units)
+                            .await
+                            .map_err(EgressError::GaveUp)?;
+                        let response = inner.call(request).await.map_err(EgressError::Upstream)?;
+                        if let Some(duration) = asked(&response) {
+                            keep(&learn, &key, duration).await;
+                        }
+                        Ok(response)
+                    }),
+                };
+                UpstreamFuture { state: held }
+            }
+            (learning, _) => UpstreamFuture {
+                state: State::Sent {
+                    call: self.inner.call(request),
+                    learning,
+                    pausing: None,
+                },
+            },
         }
     }
 }
@@ -189,55 +243,114 @@ fn waited(decision: &Decision) {
     }
 }
 
+/// Holds a call that waited for its booked time while its upstream is paused (a pause learned
+/// after the call booked it): books `units` again, after the pause, and waits for that time;
+/// gives up when that is past the longest wait. A store that cannot answer holds nothing.
+async fn hold<St: Store>(learn: &Learn<St>, key: &Key, units: u64) -> Result<(), GaveUp> {
+    let units = u32::try_from(units).unwrap_or(u32::MAX);
+    while let Ok(seen) = learn.pause.peek(key).await
+        && !seen.is_allowed()
+    {
+        let Ok(again) = learn.layer.check(key, units).await else {
+            return Ok(());
+        };
+        if !again.is_allowed() {
+            let policy = again.tightest().policy().to_owned();
+            return Err(GaveUp {
+                reason: Reason::Limited,
+                policy,
+                retry_after: again.retry_after(),
+            });
+        }
+        tokio::time::sleep(again.wait()).await;
+    }
+    Ok(())
+}
+
+/// Keeps a pause of `key` in the store for every instance: for the decisions to come (a
+/// block of the policies' key), and for the calls that booked a time before it (which look
+/// at the pause's own policy before they are sent).
+async fn keep<St: Store>(learn: &Learn<St>, key: &Key, duration: std::time::Duration) {
+    let duration = duration.min(learn.max_pause);
+    let kept = learn.layer.block_for(key, duration).await;
+    let seen = learn.pause.block_for(key, duration).await;
+    if let Some(error) = kept.err().or(seen.err()) {
+        tracing::warn!(%error, "the upstream's pause could not be kept in the store");
+    }
+}
+
+/// The pause `response` asks for, if any, counted.
+fn asked<B>(response: &Response<B>) -> Option<std::time::Duration> {
+    let status = response.status();
+    if upstream::refused(status) {
+        let status = status.as_str().to_owned();
+        metrics::counter!("ratelimit_egress_upstream_refused_total", "status" => status)
+            .increment(1);
+    }
+    let (duration, source) = upstream::pause(status, response.headers(), SystemTime::now())?;
+    metrics::counter!("ratelimit_egress_pauses_total", "source" => source.label()).increment(1);
+    Some(duration)
+}
+
 /// A pause being kept in the store, with the response that asked for it.
 type Pausing<R> = (Pin<Box<dyn Future<Output = ()> + Send>>, Option<R>);
 
 pin_project! {
     /// The response future of [`Upstream`]: the client's response, once any pause it asks
     /// for is kept in the store (so that no call admitted after it is sent before it ends).
-    pub struct UpstreamFuture<F, ResB, St> {
+    pub struct UpstreamFuture<F, ResB, E, St> {
         #[pin]
-        call: F,
-        learning: Option<(Arc<Learn<St>>, Key)>,
-        pausing: Option<Pausing<Response<ResB>>>,
+        state: State<F, ResB, E, St>,
     }
 }
 
-impl<F, ResB, E, St> Future for UpstreamFuture<F, ResB, St>
+pin_project! {
+    #[project = StateProj]
+    enum State<F, ResB, E, St> {
+        // Sent at once: the common case, not boxed.
+        Sent {
+            #[pin]
+            call: F,
+            learning: Option<(Arc<Learn<St>>, Key)>,
+            pausing: Option<Pausing<Response<ResB>>>,
+        },
+        // Sent once its upstream's pause is over (a call that waited).
+        Held { held: Held<Response<ResB>, E> },
+    }
+}
+
+impl<F, ResB, E, St> Future for UpstreamFuture<F, ResB, E, St>
 where
     F: Future<Output = Result<Response<ResB>, E>>,
+    ResB: Send + 'static,
     St: Store,
 {
-    type Output = Result<Response<ResB>, E>;
+    type Output = Result<Response<ResB>, EgressError<E>>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
+        let (mut call, learning, pausing) = match self.project().state.project() {
+            StateProj::Held { held } => return held.as_mut().poll(cx),
+            StateProj::Sent {
+                call,
+                learning,
+                pausing,
+            } => (call, learning, pausing),
+        };
         loop {
-            if let Some((pause, response)) = this.pausing {
+            if let Some((pause, response)) = pausing {
                 ready!(pause.as_mut().poll(cx));
                 let response = response.take().expect("polled after completion");
                 return Poll::Ready(Ok(response));
             }
-            let response = ready!(this.call.as_mut().poll(cx))?;
-            let status = response.status();
-            if upstream::refused(status) {
-                metrics::counter!("ratelimit_egress_upstream_refused_total", "status" => status.as_str().to_owned())
-                    .increment(1);
-            }
-            let asked = upstream::pause(status, response.headers(), SystemTime::now());
-            let (Some((duration, source)), Some((learn, key))) = (asked, this.learning.take())
-            else {
+            let response = ready!(call.as_mut().poll(cx)).map_err(EgressError::Upstream)?;
+            let Some((learn, key)) = learning.take() else {
                 return Poll::Ready(Ok(response));
             };
-            metrics::counter!("ratelimit_egress_pauses_total", "source" => source.label())
-                .increment(1);
-            let duration = duration.min(learn.max_pause);
-            let pause = async move {
-                if let Err(error) = learn.layer.block_for(&key, duration).await {
-                    tracing::warn!(%error, "the upstream's pause could not be kept in the store");
-                }
+            let Some(duration) = asked(&response) else {
+                return Poll::Ready(Ok(response));
             };
-            *this.pausing = Some((Box::pin(pause), Some(response)));
+            let pause = async move { keep(&learn, &key, duration).await };
+            *pausing = Some((Box::pin(pause), Some(response)));
         }
     }
 }

@@ -1,5 +1,5 @@
-//! The demo servers (`examples/server/`, `examples/grpc.rs`) as child processes, over real
-//! TCP.
+//! The demo servers (`examples/server/`, `examples/grpc.rs`) and the egress demo
+//! (`examples/egress.rs`) as child processes, over real TCP.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -29,6 +29,13 @@ fn example_binary(name: &str) -> PathBuf {
     path.push(name);
     assert!(path.exists(), "{} exists", path.display());
     path
+}
+
+/// Builds the egress demo (`examples/egress.rs`) once and returns its path.
+#[allow(dead_code)]
+pub fn egress_binary() -> &'static PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| example_binary("egress"))
 }
 
 /// Builds the gRPC demo server once and returns its path.

@@ -1,0 +1,218 @@
+//! The egress demo's contract (`examples/egress.rs`, run as child processes): two processes on
+//! one Redis share one budget against an upstream whose own limit is that budget, and an
+//! upstream's pause, in each form it may be asked in, holds both.
+
+mod support;
+
+use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::get;
+use support::RedisServer;
+use support::demo::egress_binary;
+use tower_ratelimit::key::GlobalKey;
+use tower_ratelimit::{Policy, RateLimitLayer};
+
+/// What the upstream saw: each call's arrival, and the arrival of the one it refused.
+#[derive(Clone, Default)]
+struct Seen {
+    arrivals: Arc<Mutex<Vec<Instant>>>,
+    refused_at: Arc<Mutex<Option<Instant>>>,
+}
+
+/// An upstream on loopback: `limit` of its own when given (GCRA, holding a call that comes a
+/// little early for up to 50 ms, as NGINX's `limit_req` with a delay does, rather than
+/// refusing it for the network's jitter); its `refuse_nth` call answered `429` with `pause`.
+async fn upstream(limit: Option<&str>, refuse_nth: usize, pause: HeaderMap) -> (String, Seen) {
+    let seen = Seen::default();
+    let handler = {
+        let seen = seen.clone();
+        move || {
+            let (seen, pause) = (seen.clone(), pause.clone());
+            async move {
+                let now = Instant::now();
+                let nth = {
+                    let mut arrivals = seen.arrivals.lock().unwrap();
+                    arrivals.push(now);
+                    arrivals.len()
+                };
+                if nth == refuse_nth {
+                    *seen.refused_at.lock().unwrap() = Some(now);
+                    return (StatusCode::TOO_MANY_REQUESTS, pause, "slow down");
+                }
+                (StatusCode::OK, HeaderMap::new(), "ok")
+            }
+        }
+    };
+    let mut app = Router::new().route("/", get(handler));
+    if let Some(limit) = limit {
+        let policy = Policy::gcra(limit).wait_up_to(Duration::from_millis(50));
+        let layer = RateLimitLayer::builder().key(GlobalKey).policy(policy);
+        app = app.layer(layer.build().unwrap());
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, seen)
+}
+
+/// The demo's summary: its last line, parsed.
+fn summary(out: &Output) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let last = stdout.lines().last().expect("a last line");
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("{last:?}: {e}"))
+}
+
+/// Runs two demo processes at once with `env` (and each `REDIS_URL`): their summaries.
+async fn two_processes(env: Vec<(&'static str, String)>) -> [serde_json::Value; 2] {
+    let run = |env: Vec<(&'static str, String)>| {
+        tokio::task::spawn_blocking(move || {
+            Command::new(egress_binary())
+                .env_clear()
+                .envs(env)
+                .stdin(Stdio::null())
+                .output()
+                .expect("the egress demo runs")
+        })
+    };
+    let (a, b) = (run(env.clone()), run(env));
+    [summary(&a.await.unwrap()), summary(&b.await.unwrap())]
+}
+
+fn sum(summaries: &[serde_json::Value; 2], field: &str) -> u64 {
+    summaries
+        .iter()
+        .map(|s| s[field].as_u64().expect(field))
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_on_one_redis_send_within_the_budget() {
+    let redis = RedisServer::start();
+    let (url, seen) = upstream(Some("20/s"), 0, HeaderMap::new()).await;
+    egress_binary();
+    let env = vec![
+        ("UPSTREAM", url),
+        ("EGRESS_LIMIT", "20/s".to_owned()),
+        ("REQUESTS", "40".to_owned()),
+        ("REDIS_URL", redis.url()),
+        ("PREFIX", "demo:".to_owned()),
+    ];
+    let started = Instant::now();
+    let summaries = two_processes(env).await;
+    assert_eq!(sum(&summaries, "sent"), 80, "{summaries:?}");
+    assert_eq!(sum(&summaries, "ok"), 80, "{summaries:?}");
+    assert_eq!(sum(&summaries, "upstream_429"), 0, "{summaries:?}");
+    assert_eq!(sum(&summaries, "gave_up"), 0, "{summaries:?}");
+    // 20 at once, then one every 50 ms: the 80th no sooner than 3 s after the first.
+    let arrivals = seen.arrivals.lock().unwrap().clone();
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    // In any second, at most the burst and a second's worth (and one for the edges).
+    for (i, &from) in arrivals.iter().enumerate() {
+        let within = arrivals[i..]
+            .iter()
+            .take_while(|&&t| t - from < Duration::from_secs(1))
+            .count();
+        assert!(within <= 41, "{within} calls within a second of call {i}");
+    }
+    support::assert_no_key_without_ttl(&redis, "demo:");
+}
+
+/// Two processes, the upstream's 10th call answered with `pause` (2 s): no call of either
+/// reaches it for those 2 s, but those already on their way when it answered.
+async fn a_pause_holds_both_processes(pause: HeaderMap) {
+    let redis = RedisServer::start();
+    let what = format!("{pause:?}");
+    let (url, seen) = upstream(None, 10, pause).await;
+    egress_binary();
+    let env = vec![
+        ("UPSTREAM", url),
+        ("EGRESS_LIMIT", "20/s".to_owned()),
+        ("REQUESTS", "15".to_owned()),
+        ("CLIENTS", "2".to_owned()),
+        ("MAX_WAIT_MS", "10000".to_owned()),
+        ("REDIS_URL", redis.url()),
+    ];
+    let summaries = two_processes(env).await;
+    assert_eq!(sum(&summaries, "sent"), 30, "{what}: {summaries:?}");
+    assert_eq!(sum(&summaries, "upstream_429"), 1, "{what}: {summaries:?}");
+    assert_eq!(sum(&summaries, "gave_up"), 0, "{what}: {summaries:?}");
+    let refused = seen
+        .refused_at
+        .lock()
+        .unwrap()
+        .expect("the 10th call refused");
+    let arrivals = seen.arrivals.lock().unwrap().clone();
+    let during: Vec<_> = arrivals
+        .iter()
+        .filter(|&&t| t > refused)
+        .map(|&t| t - refused)
+        .filter(|&d| d > Duration::from_millis(20) && d < Duration::from_secs(2))
+        .collect();
+    assert!(
+        during.is_empty(),
+        "{what}: calls during the pause: {during:?}"
+    );
+    let after = arrivals.iter().filter(|&&t| t > refused).count();
+    assert!(after >= 20 - 10, "{what}: {after} calls after the pause");
+}
+
+fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    for (name, value) in pairs {
+        map.insert(*name, value.parse().unwrap());
+    }
+    map
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_pauses_both_processes() {
+    a_pause_holds_both_processes(headers(&[("retry-after", "2")])).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ietf_ratelimit_field_pauses_both_processes() {
+    a_pause_holds_both_processes(headers(&[("ratelimit", "\"default\";r=0;t=2")])).await;
+}
+
+#[test]
+fn bad_values_stop_the_demo_naming_the_variable() {
+    let cases = [
+        (vec![], "UPSTREAM"),
+        (vec![("UPSTREAM", "not a url")], "UPSTREAM"),
+        (vec![("UPSTREAM", "ftp://example.com/")], "UPSTREAM"),
+        (vec![("EGRESS_LIMIT", "10/parsec")], "EGRESS_LIMIT"),
+        (vec![("EGRESS_LIMIT", "0/s")], "EGRESS_LIMIT"),
+        (vec![("ALGORITHM", "magic")], "ALGORITHM"),
+        (vec![("REQUESTS", "0")], "REQUESTS"),
+        (vec![("CLIENTS", "many")], "CLIENTS"),
+        (vec![("MAX_WAIT_MS", "0")], "MAX_WAIT_MS"),
+        (vec![("REDIS_URL", "redis://127.0.0.1:1")], "REDIS_URL"),
+    ];
+    for (env, variable) in cases {
+        let mut full = vec![("UPSTREAM", "http://127.0.0.1:1/")];
+        full.retain(|(k, _)| !env.iter().any(|(e, _)| e == k));
+        full.extend(env.iter().copied());
+        if variable == "UPSTREAM" && env.is_empty() {
+            full.clear();
+        }
+        let out = Command::new(egress_binary())
+            .env_clear()
+            .envs(full.iter().copied())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{full:?}: {err}");
+        assert!(err.contains(variable), "{full:?}: {err}");
+    }
+}

@@ -61,6 +61,7 @@
 //! across instances, and what happens when the upstream's limit is lower than configured.
 
 mod error;
+mod retry;
 mod service;
 mod upstream;
 
@@ -71,6 +72,7 @@ use tower_layer::Layer;
 
 pub use crate::key::UpstreamHost;
 pub use error::{EgressError, GaveUp, Reason};
+pub use retry::{RetryBudget, RetryLayer, Retrying};
 use service::Learn;
 pub use service::{Egress, EgressFuture, Upstream, UpstreamFuture};
 

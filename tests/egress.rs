@@ -15,7 +15,7 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use support::{RedisCluster, RedisServer};
 use tower::{Layer, Service, ServiceExt};
-use tower_ratelimit::egress::{EgressError, EgressLayer, GaveUp, Reason};
+use tower_ratelimit::egress::{EgressError, EgressLayer, GaveUp, Reason, RetryBudget, RetryLayer};
 use tower_ratelimit::{Clock, MemoryStore, Policy, RedisStore, Store};
 
 /// The time of tokio's clock (paused or not), from a day's start: the stores decide on the
@@ -422,4 +422,83 @@ fn absurd_waits_and_pauses_fail_the_build() {
         .policy(Policy::gcra("100/s").lease(10))
         .build();
     assert!(leased.is_ok(), "{leased:?}");
+}
+
+/// A call of `method` through a [`RetryLayer`] made of `retry` (outside an egress layer) to an
+/// upstream that answers the first call with `first`: its status, and when each call reached
+/// the upstream after the first.
+async fn retried(
+    retry: RetryLayer,
+    method: http::Method,
+    first: (StatusCode, &[(&'static str, &str)]),
+) -> (StatusCode, Vec<Duration>) {
+    let clock = TokioClock::new();
+    let layer = egress(MemoryStore::with_clock(clock.clone()), &clock, ms(5000));
+    let upstream = Upstream::answering_first(first.0, first.1);
+    let client = retry.layer(layer.layer(upstream.service()));
+    let call = Request::builder()
+        .method(method)
+        .uri("https://api.partner.example/v1/orders/7")
+        .body(String::new())
+        .unwrap();
+    let status = client.oneshot(call).await.expect("answered").status();
+    let calls = upstream.calls.lock().unwrap().clone();
+    (status, calls.iter().map(|t| *t - calls[0]).collect())
+}
+
+const REFUSED: (StatusCode, &[(&str, &str)]) =
+    (StatusCode::TOO_MANY_REQUESTS, &[("retry-after", "1")]);
+
+#[tokio::test(start_paused = true)]
+async fn an_idempotent_call_refused_is_sent_again_at_the_named_time() {
+    for method in [http::Method::GET, http::Method::PUT, http::Method::DELETE] {
+        let retry = RetryLayer::new(RetryBudget::default());
+        let (status, calls) = retried(retry, method.clone(), REFUSED).await;
+        assert_eq!(status, StatusCode::OK, "{method}");
+        assert_eq!(calls.len(), 2, "{method}");
+        assert!(
+            calls[1] >= ms(1000),
+            "{method}: sent again at {:?}",
+            calls[1]
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_that_is_not_idempotent_is_never_sent_again_unless_asked() {
+    let retry = RetryLayer::new(RetryBudget::default());
+    for method in [http::Method::POST, http::Method::PATCH] {
+        let (status, calls) = retried(retry.clone(), method.clone(), REFUSED).await;
+        assert_eq!(
+            (status, calls.len()),
+            (StatusCode::TOO_MANY_REQUESTS, 1),
+            "{method}"
+        );
+    }
+    let asked = retry.non_idempotent(true);
+    let (status, calls) = retried(asked, http::Method::POST, REFUSED).await;
+    assert_eq!((status, calls.len()), (StatusCode::OK, 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_stay_within_their_budget_and_the_named_time() {
+    // No retry earned: the refusal is the answer.
+    let spent = RetryLayer::new(RetryBudget::new(0.0, 0));
+    let (status, calls) = retried(spent, http::Method::GET, REFUSED).await;
+    assert_eq!((status, calls.len()), (StatusCode::TOO_MANY_REQUESTS, 1));
+    // A refusal that names no time, or one past the longest wait, is not retried.
+    let retry = RetryLayer::new(RetryBudget::default());
+    let unnamed = (StatusCode::TOO_MANY_REQUESTS, &[][..]);
+    let (status, calls) = retried(retry.clone(), http::Method::GET, unnamed).await;
+    assert_eq!((status, calls.len()), (StatusCode::TOO_MANY_REQUESTS, 1));
+    let short = retry.longest_wait(ms(500));
+    let (status, calls) = retried(short, http::Method::GET, REFUSED).await;
+    assert_eq!((status, calls.len()), (StatusCode::TOO_MANY_REQUESTS, 1));
+    // A budget of one retry a second and none from calls: the second refusal in that second
+    // is not retried.
+    let one = RetryLayer::new(RetryBudget::new(0.0, 1));
+    let (status, calls) = retried(one.clone(), http::Method::GET, REFUSED).await;
+    assert_eq!((status, calls.len()), (StatusCode::OK, 2));
+    let (status, calls) = retried(one, http::Method::GET, REFUSED).await;
+    assert_eq!((status, calls.len()), (StatusCode::TOO_MANY_REQUESTS, 1));
 }

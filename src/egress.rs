@@ -232,8 +232,10 @@ impl<St: Store> EgressLayerBuilder<St> {
 
     /// Adds a policy. One that neither waits nor takes leases waits up to
     /// [`max_wait`](Self::max_wait); give it its own
-    /// [`wait_up_to`](Policy::wait_up_to) to wait otherwise. A policy that takes leases
-    /// cannot wait: a call it refuses gives up at once.
+    /// [`wait_up_to`](Policy::wait_up_to) to wait otherwise. A policy that takes leases,
+    /// keeps capacity for critical calls ([`Policy::reserve`]: a priority header's share) or
+    /// settles its cost from the response ([`Policy::settle`]) cannot wait: a call it refuses
+    /// gives up at once.
     pub fn policy(mut self, policy: Policy) -> Self {
         self.policies.push(policy);
         self

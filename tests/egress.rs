@@ -502,3 +502,91 @@ async fn retries_stay_within_their_budget_and_the_named_time() {
     let (status, calls) = retried(one, http::Method::GET, REFUSED).await;
     assert_eq!((status, calls.len()), (StatusCode::TOO_MANY_REQUESTS, 1));
 }
+
+#[tokio::test(start_paused = true)]
+async fn capacity_is_kept_for_critical_calls() {
+    use tower_ratelimit::policy::Reserve;
+    let clock = TokioClock::new();
+    let reserve = Reserve::header("x-priority")
+        .share("critical", 100)
+        .others(50);
+    let layer = EgressLayer::builder()
+        .store(MemoryStore::with_clock(clock.clone()))
+        .clock(clock.clone())
+        .policy(Policy::gcra("10/min").name("partner").reserve(reserve))
+        .build()
+        .unwrap();
+    let upstream = Upstream::default();
+    let client = layer.layer(upstream.service());
+    let call = |priority: Option<&str>| {
+        let mut call = Request::get("https://api.partner.example/v1/rates");
+        if let Some(p) = priority {
+            call = call.header("x-priority", p);
+        }
+        call.body(String::new()).unwrap()
+    };
+    for _ in 0..5 {
+        assert!(client.clone().oneshot(call(None)).await.is_ok());
+    }
+    // The others' half is used: theirs give up at once, the critical ones go on.
+    let refused = client
+        .clone()
+        .oneshot(call(None))
+        .await
+        .expect_err("past the share");
+    assert_eq!(refused.gave_up().map(GaveUp::reason), Some(Reason::Limited));
+    for _ in 0..5 {
+        assert!(client.clone().oneshot(call(Some("critical"))).await.is_ok());
+    }
+    assert!(
+        client
+            .clone()
+            .oneshot(call(Some("critical")))
+            .await
+            .is_err()
+    );
+    assert_eq!(upstream.calls(), 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_is_settled_at_what_its_response_says_it_used() {
+    use tower_ratelimit::key::Key;
+    use tower_ratelimit::settle::Settle;
+    let clock = TokioClock::new();
+    let tokens = Policy::token_bucket("100/min")
+        .name("tokens")
+        .cost(|_: &tower_ratelimit::key::RequestRef<'_>| 40)
+        .settle(Settle::header("x-tokens-used"));
+    let layer = EgressLayer::builder()
+        .store(MemoryStore::with_clock(clock.clone()))
+        .clock(clock.clone())
+        .policy(tokens)
+        .build()
+        .unwrap();
+    let upstream = Upstream::answering_first(StatusCode::OK, &[("x-tokens-used", "5")]);
+    let response = layer
+        .layer(upstream.service())
+        .oneshot(call())
+        .await
+        .unwrap();
+    drop(response);
+    let key = Key::from("api.partner.example:443");
+    let eventually_settled = async {
+        loop {
+            let left = layer
+                .limits()
+                .peek(&key)
+                .await
+                .unwrap()
+                .tightest()
+                .remaining();
+            if left == 95 {
+                return;
+            }
+            tokio::time::sleep(ms(1)).await;
+        }
+    };
+    tokio::time::timeout(ms(1000), eventually_settled)
+        .await
+        .expect("settled at 5 of 40");
+}

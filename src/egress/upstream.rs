@@ -7,7 +7,12 @@
 //!   seconds; the longest of those exhausted), and the older dictionary form of the drafts,
 //!   `RateLimit: limit=100, remaining=0, reset=30`;
 //! * `X-RateLimit-Remaining: 0` with `X-RateLimit-Reset` (seconds to wait, or the Unix time
-//!   of the reset when it is one: GitHub's form) or `X-RateLimit-Reset-After` (seconds).
+//!   of the reset when it is one: GitHub's form) or `X-RateLimit-Reset-After` (seconds);
+//!   OpenAI's `x-ratelimit-remaining-requests: 0` (or `-tokens`) with
+//!   `x-ratelimit-reset-requests: 6m0s` (a duration); Anthropic's
+//!   `anthropic-ratelimit-requests-remaining: 0` (or `-tokens`, `-input-tokens`,
+//!   `-output-tokens`) with `anthropic-ratelimit-requests-reset` (an RFC 3339 time). Of
+//!   several exhausted, the longest.
 //!
 //! A value that cannot be read is ignored, never an error: an upstream's headers are input.
 
@@ -151,8 +156,65 @@ fn split_outside_quotes(value: &str, separator: char) -> Vec<&str> {
     parts
 }
 
-/// `X-RateLimit-Remaining: 0` with its reset, as seconds or as a Unix time.
+/// The longest reset of the `X-RateLimit-*` families with nothing left.
 fn legacy(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let text = |name: &str| headers.get(name)?.to_str().ok().map(str::trim);
+    let exhausted = |name: &str| text(name).and_then(|r| r.parse::<u64>().ok()) == Some(0);
+    let mut longest = plain(headers, now);
+    let mut longer = |reset: Option<Duration>| {
+        if let Some(reset) = reset {
+            longest = Some(longest.map_or(reset, |l| l.max(reset)));
+        }
+    };
+    for what in ["requests", "tokens"] {
+        if exhausted(&format!("x-ratelimit-remaining-{what}")) {
+            longer(text(&format!("x-ratelimit-reset-{what}")).and_then(go_duration));
+        }
+    }
+    for what in ["requests", "tokens", "input-tokens", "output-tokens"] {
+        if exhausted(&format!("anthropic-ratelimit-{what}-remaining")) {
+            let at = text(&format!("anthropic-ratelimit-{what}-reset"));
+            let at = at.and_then(|t| t.parse::<jiff::Timestamp>().ok());
+            let secs = at.and_then(|t| u64::try_from(t.as_millisecond()).ok());
+            longer(secs.map(|ms| until(UNIX_EPOCH + Duration::from_millis(ms), now)));
+        }
+    }
+    longest
+}
+
+/// A duration as Go writes it (OpenAI's resets): `6m0s`, `1.5s`, `20ms`, `1h2m3s`.
+fn go_duration(text: &str) -> Option<Duration> {
+    let mut total = 0.0;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let number = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .filter(|&n| n > 0)?;
+        let value: f64 = rest[..number].parse().ok()?;
+        rest = &rest[number..];
+        let unit = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" => 1e-6,
+            "ns" => 1e-9,
+            _ => return None,
+        };
+        total += value * scale;
+        rest = &rest[unit..];
+    }
+    Duration::try_from_secs_f64(total).ok()
+}
+
+/// `X-RateLimit-Remaining: 0` with its reset, as seconds or as a Unix time.
+fn plain(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let text = |name: &str| headers.get(name)?.to_str().ok().map(str::trim);
     if text("x-ratelimit-remaining")?.parse::<u64>().ok()? != 0 {
         return None;
@@ -274,5 +336,62 @@ mod tests {
         );
         let left = [("x-ratelimit-remaining", "1"), ("x-ratelimit-reset", "30")];
         assert_eq!(at(&left, 429), None);
+    }
+
+    #[test]
+    fn the_llm_providers_fields_pause_for_their_longest_exhausted_limit() {
+        let secs = |s| Some((Duration::from_secs(s), Source::XRateLimit));
+        let openai = [
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "1m30s"),
+            ("x-ratelimit-remaining-tokens", "0"),
+            ("x-ratelimit-reset-tokens", "6m0s"),
+        ];
+        assert_eq!(at(&openai, 200), secs(360));
+        let tokens_left = [
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "1.5s"),
+            ("x-ratelimit-remaining-tokens", "900"),
+            ("x-ratelimit-reset-tokens", "6m0s"),
+        ];
+        assert_eq!(
+            at(&tokens_left, 200),
+            Some((Duration::from_millis(1500), Source::XRateLimit))
+        );
+        assert_eq!(
+            at(
+                &[
+                    ("x-ratelimit-remaining-requests", "0"),
+                    ("x-ratelimit-reset-requests", "20ms")
+                ],
+                200
+            ),
+            Some((Duration::from_millis(20), Source::XRateLimit))
+        );
+        assert_eq!(
+            at(
+                &[
+                    ("x-ratelimit-remaining-tokens", "0"),
+                    ("x-ratelimit-reset-tokens", "6 minutes")
+                ],
+                200
+            ),
+            None
+        );
+        // 1,800,000,000 s is 2027-01-15T08:00:00Z.
+        let anthropic = [
+            ("anthropic-ratelimit-output-tokens-remaining", "0"),
+            (
+                "anthropic-ratelimit-output-tokens-reset",
+                "2027-01-15T08:00:42Z",
+            ),
+            ("anthropic-ratelimit-requests-remaining", "12"),
+            ("anthropic-ratelimit-requests-reset", "2027-01-15T08:10:00Z"),
+        ];
+        assert_eq!(at(&anthropic, 200), secs(42));
+        assert_eq!(go_duration("1h2m3s"), Some(Duration::from_secs(3723)));
+        for bad in ["", "s", "5", "1x", "m5", "-1s"] {
+            assert_eq!(go_duration(bad), None, "{bad:?}");
+        }
     }
 }

@@ -579,11 +579,13 @@ impl Policy {
         self.take_part(Op::Wait { max_wait_us })
     }
 
-    /// This policy waiting up to `max` when it would otherwise refuse at once (it enforces,
-    /// takes no lease and has no wait of its own), else as it is: an outbound call's policy.
+    /// This policy waiting up to `max` when it would otherwise refuse at once and can wait
+    /// (it enforces, takes no lease, keeps no reserve, settles nothing and has no wait of its
+    /// own), else as it is: an outbound call's policy.
     pub(crate) fn waiting_by_default(self, max: Duration) -> Self {
+        let waits = self.lease.is_none() && self.reserve.is_none() && self.settle.is_none();
         match self.takes {
-            Ok(Op::Enforce) if self.lease.is_none() => self.wait_up_to(max),
+            Ok(Op::Enforce) if waits => self.wait_up_to(max),
             _ => self,
         }
     }

@@ -42,6 +42,7 @@ BH=$(driver driver_http)
 cargo bench --all-features --bench peers --no-run
 cargo bench --all-features --bench bodies --no-run
 cargo bench --all-features --bench streams --no-run
+cargo bench --all-features --bench egress --no-run
 [ -x "$BR" ] && [ -x "$BH" ] || { echo "bench.sh: cannot find the driver executables" >&2; exit 1; }
 
 rm -rf "$RAW"
@@ -185,6 +186,16 @@ BS=$(driver streams)
 before=$(evalsha_calls)
 "$BS" redis "$URL" --messages 20000 >>"$RAW/streams.txt"
 echo "ws_lease_store_calls=$(($(evalsha_calls) - before))" >>"$RAW/streams.txt"
+
+echo "== 15: outbound calls through an EgressLayer (memory; Redis, with and without leases)" >&2
+BE=$(driver egress)
+"$BE" memory --runs 31 --calls 5000 >"$RAW/egress.txt"
+before=$(evalsha_calls)
+"$BE" redis "$URL" --calls 2000 >>"$RAW/egress.txt"
+echo "egress_redis_store_calls=$(($(evalsha_calls) - before))" >>"$RAW/egress.txt"
+before=$(evalsha_calls)
+"$BE" redis "$URL" --calls 2000 --lease >>"$RAW/egress.txt"
+echo "egress_lease_store_calls=$(($(evalsha_calls) - before))" >>"$RAW/egress.txt"
 
 echo "== 9, 10: two threads on shared keys; allocations per request" >&2
 "$(driver contention)" "$RUNS" 1 >"$RAW/contention.txt"

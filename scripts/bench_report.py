@@ -257,6 +257,20 @@ ws_calls, ws_messages = num(streams, "ws_lease_store_calls"), num(streams, "ws_l
 add("14 WebSocket messages on Redis, leases of 20: store calls per message", "lease 20",
     ws_calls / ws_messages if ws_calls is not None and ws_messages else None,
     "one per lease (1/20)", 1 / LEASE, "calls", "<=", 1.2)
+# 15. Outbound calls (benches/egress.rs): hyper-util's client calling an axum upstream in
+# process over loopback, one call after another, through an EgressLayer (GCRA 1,000,000/s,
+# never limiting) against the same client without it, in alternating runs (the ratio: the
+# median of each limited run's time per call against the plain run beside it); on Redis, the
+# store's calls per call sent, without and with leases of 20.
+egress = kv(os.path.join(RAW, "egress.txt"))
+add("15 an outbound call through an EgressLayer (memory store)", "through the layer",
+    num(egress, "egress_memory_us"), "the same call without it", num(egress, "egress_plain_us"),
+    "µs", "<=", 1.1, ratio=num(egress, "egress_memory_ratio"))
+for what, label, goal in (("redis", "no lease", 1.0), ("lease", "lease 20", None)):
+    calls, sent = num(egress, f"egress_{what}_store_calls"), num(egress, f"egress_{what}_calls")
+    add("15 outbound calls on Redis: store calls per call sent", label,
+        calls / sent if calls is not None and sent else None, "one per call", 1.0, "calls",
+        *(("<=", goal) if goal else ()))
 
 
 def fmt(v, unit):
@@ -494,6 +508,15 @@ per key: growth of the process's resident memory over 200,000 keys divided by 20
    (`/proc/thread-self/schedstat`), the throughput of a saturated core; the wall clock's is
    info. Then the same through the Redis store with leases of 20 units: the store's calls
    (`INFO commandstats`) per message, against one per lease.
+15. Outbound calls (`benches/egress.rs`): hyper-util's client (its connections without
+   Nagle's delay) calling an axum upstream in process over loopback, on a thread and runtime of
+   its own, one call after another; each call through an `EgressLayer` on the memory store
+   (GCRA 1,000,000/s, which never limits) against the same client without it: 31 runs of
+   5,000 calls each, alternating (each going first in turn), the ratio being the median of
+   each limited run's time per call against the plain run's beside it. Then through the Redis
+   store, 2,000 calls without leases and 2,000 with leases of 20: the store's calls
+   (`INFO commandstats`) per call sent. A call that waits for its booked time makes one look
+   more before it is sent (none here: nothing waits).
 
 ## Overload: the adaptive concurrency limit and the reserve
 

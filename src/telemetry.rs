@@ -246,6 +246,45 @@ pub const METRICS: &[Metric] = &[
         &["policy"],
         "Waits of messages over a limit whose answer waits, before they are decided again",
     ),
+    metric(
+        "ratelimit_egress_waited_total",
+        MetricKind::Counter,
+        &["policy"],
+        "Outbound calls that waited for their booked time, by the policy that made them wait \
+         longest",
+    ),
+    metric(
+        "ratelimit_egress_wait_seconds",
+        MetricKind::Histogram,
+        &["policy"],
+        "How long outbound calls waited for their booked time",
+    ),
+    metric(
+        "ratelimit_egress_gave_up_total",
+        MetricKind::Counter,
+        &["policy", "reason"],
+        "Outbound calls not sent (reason: limited, key_rejected, store_unavailable), by the \
+         policy that refused them (none: the key or the store)",
+    ),
+    metric(
+        "ratelimit_egress_upstream_refused_total",
+        MetricKind::Counter,
+        &["status"],
+        "Outbound calls the upstream answered 429 or 503",
+    ),
+    metric(
+        "ratelimit_egress_pauses_total",
+        MetricKind::Counter,
+        &["source"],
+        "Pauses learned from an upstream's answers and kept in the store for every instance \
+         (source: retry-after, ratelimit, x-ratelimit)",
+    ),
+    metric(
+        "ratelimit_egress_retries_total",
+        MetricKind::Counter,
+        &[],
+        "Outbound calls sent again by a RetryLayer after the time their upstream named",
+    ),
 ];
 
 /// Describes every metric of [`METRICS`] to the installed `metrics` recorder: help text, and

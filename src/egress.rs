@@ -63,7 +63,7 @@
 mod error;
 mod retry;
 mod service;
-mod upstream;
+pub(crate) mod upstream;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -281,7 +281,7 @@ impl<St: Store> EgressLayerBuilder<St> {
     }
 
     /// What a call does when the store cannot decide (default: it is sent, as a server's
-    /// request goes through; [`FailurePolicy::Deny`] gives it up).
+    /// request goes through; [`FailurePolicy::Closed`] gives it up).
     pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
         self.failure = Some(policy);
         self

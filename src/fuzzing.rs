@@ -305,3 +305,22 @@ impl http_body::Body for FullBody {
         std::task::Poll::Ready(self.0.take().map(|b| Ok(http_body::Frame::data(b))))
     }
 }
+
+/// The pause an upstream's answer of `status` with `headers` asks for, at `now_secs` (Unix
+/// seconds), in microseconds; `None` for none. Never zero.
+pub fn upstream_pause(status: u16, headers: &[(String, Vec<u8>)], now_secs: u64) -> Option<u64> {
+    let status = http::StatusCode::from_u16(status).ok()?;
+    let mut map = http::HeaderMap::new();
+    for (name, value) in headers {
+        let (Ok(name), Ok(value)) = (
+            http::HeaderName::try_from(name.as_str()),
+            http::HeaderValue::from_bytes(value),
+        ) else {
+            continue;
+        };
+        map.append(name, value);
+    }
+    let now = std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_secs(now_secs))?;
+    let (pause, _) = crate::egress::upstream::pause(status, &map, now)?;
+    Some(u64::try_from(pause.as_micros()).unwrap_or(u64::MAX))
+}

@@ -22,9 +22,13 @@
 //! returning every mistake in configuration read at run time as a [`ConfigError`] from
 //! [`build`](RateLimitLayerBuilder::build).
 //!
+//! The same policies limit the calls a service makes: an [`egress::EgressLayer`] around a
+//! client has each call wait for its place in a budget every instance shares, and pauses them
+//! all when the upstream answers `429` with `Retry-After`.
+//!
 //! This page teaches the concepts; the [`guide`] goes through each task (several limits, keys,
-//! waits, concurrency limits, messages inside WebSockets and streams, reload, Redis, gRPC,
-//! production, performance) with examples that run.
+//! waits, concurrency limits, messages inside WebSockets and streams, outbound calls, reload,
+//! Redis, gRPC, production, performance) with examples that run.
 //!
 //! # Concepts
 //!

@@ -70,7 +70,10 @@ fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     seconds(value).or_else(|| {
         let date = jiff::fmt::rfc2822::parse(value).ok()?.timestamp();
         let secs = u64::try_from(date.as_second()).ok()?;
-        Some(until(UNIX_EPOCH + Duration::from_secs(secs), now))
+        Some(until(
+            UNIX_EPOCH.checked_add(Duration::from_secs(secs))?,
+            now,
+        ))
     })
 }
 
@@ -175,8 +178,9 @@ fn legacy(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
         if exhausted(&format!("anthropic-ratelimit-{what}-remaining")) {
             let at = text(&format!("anthropic-ratelimit-{what}-reset"));
             let at = at.and_then(|t| t.parse::<jiff::Timestamp>().ok());
-            let secs = at.and_then(|t| u64::try_from(t.as_millisecond()).ok());
-            longer(secs.map(|ms| until(UNIX_EPOCH + Duration::from_millis(ms), now)));
+            let ms = at.and_then(|t| u64::try_from(t.as_millisecond()).ok());
+            let at = ms.and_then(|ms| UNIX_EPOCH.checked_add(Duration::from_millis(ms)));
+            longer(at.map(|at| until(at, now)));
         }
     }
     longest
@@ -227,8 +231,8 @@ fn plain(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     // pause of 31 years); past it in milliseconds, a time in milliseconds.
     const A_TIME: u64 = 1_000_000_000;
     Some(match reset.as_secs() {
-        s if s >= A_TIME * 1000 => until(UNIX_EPOCH + Duration::from_millis(s), now),
-        s if s >= A_TIME => until(UNIX_EPOCH + reset, now),
+        s if s >= A_TIME * 1000 => until(UNIX_EPOCH.checked_add(Duration::from_millis(s))?, now),
+        s if s >= A_TIME => until(UNIX_EPOCH.checked_add(reset)?, now),
         _ => reset,
     })
 }
@@ -326,6 +330,9 @@ mod tests {
         assert_eq!(reset(&(NOW + 45).to_string()), secs(45));
         assert_eq!(reset(&((NOW + 45) * 1000).to_string()), secs(45));
         assert_eq!(reset(&(NOW - 45).to_string()), None);
+        // Times past what the clock can hold are no pause, not a panic.
+        assert_eq!(reset("18446744073709551615"), None);
+        assert_eq!(reset("1e300"), None);
         let after = [
             ("x-ratelimit-remaining", "0"),
             ("x-ratelimit-reset-after", "2.5"),

@@ -28,6 +28,10 @@ use tower::{Layer, Service, ServiceExt};
 use tower_ratelimit::egress::EgressLayer;
 use tower_ratelimit::{MemoryStore, Policy, RedisStore, Store};
 
+#[path = "common/args.rs"]
+mod args;
+use args::{arg, median};
+
 /// Tasks calling at once: one, so that a run measures what a call costs.
 const TASKS: usize = 1;
 
@@ -105,17 +109,6 @@ fn layer<St: Store>(store: St, lease: Option<u32>) -> EgressLayer<St> {
         .policy(policy)
         .build()
         .unwrap()
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
-fn arg(args: &[String], name: &str, default: usize) -> usize {
-    (args.iter().position(|a| a == name))
-        .and_then(|i| args.get(i + 1)?.parse().ok())
-        .unwrap_or(default)
 }
 
 /// Plain and limited runs, alternating, each going first in turn.

@@ -33,6 +33,10 @@ use futures_util::{SinkExt, StreamExt};
 use tower_ratelimit::streams::{Connection, StreamLimiter};
 use tower_ratelimit::{Policy, RateLimitLayer, RedisStore, Store};
 
+#[path = "common/args.rs"]
+mod args;
+use args::{arg, median};
+
 /// Echoes text and binary messages until the socket ends.
 async fn echo<S, E>(mut socket: S)
 where
@@ -177,17 +181,6 @@ async fn messages_per_second(server: &Server, path: &str, n: usize) -> Rate {
         wall: n as f64 / took.as_secs_f64(),
         cpu: n as f64 / (ran as f64 / 1e9),
     }
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
-fn arg(args: &[String], name: &str, default: usize) -> usize {
-    (args.iter().position(|a| a == name))
-        .and_then(|i| args.get(i + 1)?.parse().ok())
-        .unwrap_or(default)
 }
 
 /// Plain and limited runs, alternating, each going first in turn: the medians.

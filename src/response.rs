@@ -217,6 +217,22 @@ pub(crate) fn push_json_str(out: &mut String, value: &str) {
     out.push('"');
 }
 
+/// What the layer's own answer `response` says of its refusal: the policy that refused (empty
+/// when none did: the lists, the key, the store) and when the same request would go on (the
+/// decision's, else its `Retry-After` in seconds).
+pub(crate) fn refusal<B>(response: &http::Response<B>) -> (String, Option<std::time::Duration>) {
+    let decision = response.extensions().get::<crate::Decision>();
+    let policy = decision
+        .filter(|d| !d.is_allowed())
+        .map(crate::Decision::tightest);
+    let retry_after = (decision.and_then(crate::Decision::retry_after))
+        .or_else(|| crate::grpc::retry_after_seconds(response.headers()));
+    (
+        policy.map_or_else(String::new, |p| p.policy().to_owned()),
+        retry_after,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -112,14 +112,11 @@ where
 
 /// Why the engine answered a call itself (not sending it), counted.
 fn gave_up<B>(response: &Response<B>) -> GaveUp {
-    let decision = response.extensions().get::<Decision>();
-    let refused = decision.filter(|d| !d.is_allowed()).map(Decision::tightest);
+    let (policy, retry_after) = crate::response::refusal(response);
     let gave_up = GaveUp {
         reason: GaveUp::reason_of(response.status()),
-        policy: refused.map_or_else(String::new, |p| p.policy().to_owned()),
-        retry_after: decision
-            .and_then(Decision::retry_after)
-            .or_else(|| crate::grpc::retry_after_seconds(response.headers())),
+        policy,
+        retry_after,
     };
     let policy = match gave_up.policy.as_str() {
         "" => "none".to_owned(),

@@ -159,6 +159,35 @@ fn split_outside_quotes(value: &str, separator: char) -> Vec<&str> {
     parts
 }
 
+/// OpenAI's remaining and reset fields, of requests and of tokens.
+const OPENAI: [(&str, &str); 2] = [
+    (
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-reset-requests",
+    ),
+    ("x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"),
+];
+
+/// Anthropic's remaining and reset fields.
+const ANTHROPIC: [(&str, &str); 4] = [
+    (
+        "anthropic-ratelimit-requests-remaining",
+        "anthropic-ratelimit-requests-reset",
+    ),
+    (
+        "anthropic-ratelimit-tokens-remaining",
+        "anthropic-ratelimit-tokens-reset",
+    ),
+    (
+        "anthropic-ratelimit-input-tokens-remaining",
+        "anthropic-ratelimit-input-tokens-reset",
+    ),
+    (
+        "anthropic-ratelimit-output-tokens-remaining",
+        "anthropic-ratelimit-output-tokens-reset",
+    ),
+];
+
 /// The longest reset of the `X-RateLimit-*` families with nothing left.
 fn legacy(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let text = |name: &str| headers.get(name)?.to_str().ok().map(str::trim);
@@ -169,14 +198,14 @@ fn legacy(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
             longest = Some(longest.map_or(reset, |l| l.max(reset)));
         }
     };
-    for what in ["requests", "tokens"] {
-        if exhausted(&format!("x-ratelimit-remaining-{what}")) {
-            longer(text(&format!("x-ratelimit-reset-{what}")).and_then(go_duration));
+    for (remaining, reset) in OPENAI {
+        if exhausted(remaining) {
+            longer(text(reset).and_then(go_duration));
         }
     }
-    for what in ["requests", "tokens", "input-tokens", "output-tokens"] {
-        if exhausted(&format!("anthropic-ratelimit-{what}-remaining")) {
-            let at = text(&format!("anthropic-ratelimit-{what}-reset"));
+    for (remaining, reset) in ANTHROPIC {
+        if exhausted(remaining) {
+            let at = text(reset);
             let at = at.and_then(|t| t.parse::<jiff::Timestamp>().ok());
             let ms = at.and_then(|t| u64::try_from(t.as_millisecond()).ok());
             let at = ms.and_then(|ms| UNIX_EPOCH.checked_add(Duration::from_millis(ms)));

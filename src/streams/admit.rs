@@ -192,12 +192,9 @@ fn refused_with<B>(response: &Response<B>) -> Option<StatusCode> {
 /// What refused a message, when the layer did not let it through.
 pub(super) fn refused<B>(response: &Response<B>, direction: Direction) -> Option<Limited> {
     let status = refused_with(response)?;
-    let decision = response.extensions().get::<Decision>();
-    let policy = decision.filter(|d| !d.is_allowed()).map(Decision::tightest);
-    let retry_after = (decision.and_then(Decision::retry_after))
-        .or_else(|| crate::grpc::retry_after_seconds(response.headers()));
+    let (policy, retry_after) = crate::response::refusal(response);
     Some(Limited {
-        policy: policy.map_or_else(String::new, |p| p.policy().to_owned()),
+        policy,
         retry_after,
         status,
         answer: Answer::Error,

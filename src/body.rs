@@ -64,6 +64,11 @@ impl BodyGuard {
         }
     }
 
+    /// Keeps what the guard holds: nothing is given back.
+    pub(crate) fn keep(mut self) {
+        self.holds.clear();
+    }
+
     /// `held` (if any) holding `holds` too.
     fn with(held: Option<BodyGuard>, holds: impl IntoIterator<Item = Hold>) -> Self {
         let mut held = held.unwrap_or(BodyGuard { holds: Vec::new() });

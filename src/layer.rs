@@ -126,8 +126,7 @@ impl<St, M, R> RateLimitLayer<St, M, R> {
         }
     }
 
-    /// Its limiter, for the crate's unit tests.
-    #[cfg(test)]
+    /// Its limiter: for the crate's unit tests, and what holds a call in code (egress).
     pub(crate) fn limiter(&self) -> &Limiter<St> {
         &self.limiter
     }

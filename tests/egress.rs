@@ -369,6 +369,62 @@ async fn a_booked_call_is_held_by_a_later_pause_on_redis() {
     support::assert_no_key_without_ttl(&server, "held:");
 }
 
+/// A held call dropped while it waits for the time it booked after the pause (a timeout
+/// above it) gives that time back: the next call is sent when the pause ends, not a second
+/// after.
+async fn a_held_call_dropped_gives_its_time_back<St: Store>(layer: &EgressLayer<St>) {
+    let mut upstream =
+        Upstream::answering_first(StatusCode::TOO_MANY_REQUESTS, &[("retry-after", "2")]);
+    upstream.slow_first = ms(100);
+    let started = tokio::time::Instant::now();
+    let first = tokio::spawn({
+        let (layer, upstream) = (layer.clone(), upstream.clone());
+        async move { send(&layer, &upstream).await }
+    });
+    tokio::time::sleep(ms(10)).await;
+    // Booked for 1 s, held at 1 s by the pause, booked again after it (2.1 s), dropped at 1.5 s.
+    let dropped = tokio::time::timeout(ms(1500), send(layer, &upstream)).await;
+    assert!(dropped.is_err(), "{dropped:?}");
+    assert_eq!(first.await.unwrap(), Ok(StatusCode::TOO_MANY_REQUESTS));
+    assert_eq!(send(layer, &upstream).await, Ok(StatusCode::OK));
+    let calls = upstream.calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 2, "the dropped call was sent");
+    let sent = calls[1] - started;
+    assert!(sent >= ms(2100), "sent during the pause, at {sent:?}");
+    assert!(
+        sent < ms(2600),
+        "the dropped call's time was kept: sent at {sent:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_held_call_dropped_gives_its_time_back_in_memory() {
+    let clock = TokioClock::new();
+    let layer = EgressLayer::builder()
+        .store(MemoryStore::with_clock(clock.clone()))
+        .clock(clock.clone())
+        .policy(Policy::gcra("1/s").name("partner"))
+        .max_wait(ms(5000))
+        .build()
+        .unwrap();
+    a_held_call_dropped_gives_its_time_back(&layer).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_call_dropped_gives_its_time_back_on_redis() {
+    let server = RedisServer::start();
+    let clock = TokioClock::new();
+    let layer = EgressLayer::builder()
+        .store(redis(&server.url(), "dropped:", &clock).await)
+        .clock(clock.clone())
+        .policy(Policy::gcra("1/s").name("partner"))
+        .max_wait(ms(5000))
+        .build()
+        .unwrap();
+    a_held_call_dropped_gives_its_time_back(&layer).await;
+    support::assert_no_key_without_ttl(&server, "dropped:");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_layer_that_does_not_learn_lets_the_next_call_through() {
     let clock = TokioClock::new();

@@ -242,7 +242,9 @@ fn waited(decision: &Decision) {
 
 /// Holds a call that waited for its booked time while its upstream is paused (a pause learned
 /// after the call booked it): books `units` again, after the pause, and waits for that time;
-/// gives up when that is past the longest wait. A store that cannot answer holds nothing.
+/// gives up when that is past the longest wait. A store that cannot answer holds nothing. A
+/// call dropped while it waits gives the time it booked again back, as the engine's future
+/// gives back the first.
 async fn hold<St: Store>(learn: &Learn<St>, key: &Key, units: u64) -> Result<(), GaveUp> {
     let units = u32::try_from(units).unwrap_or(u32::MAX);
     while let Ok(seen) = learn.pause.peek(key).await
@@ -259,7 +261,12 @@ async fn hold<St: Store>(learn: &Learn<St>, key: &Key, units: u64) -> Result<(),
                 retry_after: again.retry_after(),
             });
         }
+        // Dropped while it waits (a timeout above the call), the call gives its time back.
+        let booked = learn.layer.limiter().booked_for(key, &again);
         tokio::time::sleep(again.wait()).await;
+        if let Some(booked) = booked {
+            booked.keep();
+        }
     }
     Ok(())
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::{Limiter, Ticket};
 use crate::body::BodyGuard;
 use crate::decision::{Decision, Grant, PolicyOutcome};
+use crate::key::Key;
 use crate::store::private::Sealed as _;
 use crate::store::{Check, Checks, Op, Store};
 
@@ -66,6 +67,21 @@ impl<St: Store> Limiter<St> {
                 })
             }
         })
+    }
+
+    /// What gives back the units `decision` (a [`key_decision`](Self::key_decision) for
+    /// `key`, as `RateLimitLayer::check` makes) booked for a wait, when dropped: for a call
+    /// held in code, not by the engine's future. `None` when it booked nothing.
+    pub(crate) fn booked_for(&self, key: &Key, decision: &Decision) -> Option<BodyGuard> {
+        let key = match key.is_long() {
+            true => key.clone().compact(),
+            false => key.clone(),
+        };
+        let mut keys = Checks::new();
+        for o in decision.outcomes().iter().filter(|o| o.booking().is_some()) {
+            keys.push(Check::new(o.tier().clone(), key.clone(), 0, Op::Enforce));
+        }
+        self.giving_back(decision, Some(&keys), false, |o| o.booking(), None)
     }
 
     /// A request that went away while the store decided: when it asked for slots, what

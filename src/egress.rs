@@ -57,10 +57,15 @@
 //! # Ok(()) }
 //! ```
 //!
+//! With the `reqwest` feature, [`EgressLayer::middleware`] is the same layer as
+//! reqwest-middleware's `Middleware`.
+//!
 //! See [`guide::egress`](crate::guide::egress) for an LLM provider's tokens per minute shared
 //! across instances, and what happens when the upstream's limit is lower than configured.
 
 mod error;
+#[cfg(feature = "reqwest")]
+mod middleware;
 mod retry;
 mod service;
 pub(crate) mod upstream;
@@ -72,6 +77,9 @@ use tower_layer::Layer;
 
 pub use crate::key::UpstreamHost;
 pub use error::{EgressError, GaveUp, Reason};
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub use middleware::EgressMiddleware;
 pub use retry::{RetryBudget, RetryLayer, Retrying};
 use service::Learn;
 pub use service::{Egress, EgressFuture, Upstream, UpstreamFuture};

@@ -11,6 +11,7 @@ pub mod lease;
 pub mod proxy;
 pub mod tls;
 pub mod trace;
+pub mod upstream;
 pub mod ws;
 
 /// The three tests of a scenario `async fn(one: St, two: St, clock: ManualClock)` on two

@@ -63,6 +63,7 @@
 //! See [`guide::egress`](crate::guide::egress) for an LLM provider's tokens per minute shared
 //! across instances, and what happens when the upstream's limit is lower than configured.
 
+pub(crate) mod counts;
 mod error;
 #[cfg(feature = "reqwest")]
 mod middleware;

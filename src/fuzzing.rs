@@ -307,7 +307,8 @@ impl http_body::Body for FullBody {
 }
 
 /// The pause an upstream's answer of `status` with `headers` asks for, at `now_secs` (Unix
-/// seconds), in microseconds; `None` for none. Never zero.
+/// seconds), in microseconds; `None` for none. Never zero. The remaining counts the headers
+/// report are read too (for a panic, not a value).
 pub fn upstream_pause(status: u16, headers: &[(String, Vec<u8>)], now_secs: u64) -> Option<u64> {
     let status = http::StatusCode::from_u16(status).ok()?;
     let mut map = http::HeaderMap::new();
@@ -320,6 +321,9 @@ pub fn upstream_pause(status: u16, headers: &[(String, Vec<u8>)], now_secs: u64)
         };
         map.append(name, value);
     }
+    // The counts it reports are read from the same headers.
+    let counts = crate::egress::counts::counts(&map);
+    std::hint::black_box(counts);
     let now = std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_secs(now_secs))?;
     let (pause, _) = crate::egress::upstream::pause(status, &map, now)?;
     Some(u64::try_from(pause.as_micros()).unwrap_or(u64::MAX))

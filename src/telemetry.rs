@@ -280,6 +280,13 @@ pub const METRICS: &[Metric] = &[
          (source: retry-after, ratelimit, x-ratelimit)",
     ),
     metric(
+        "ratelimit_egress_corrected_total",
+        MetricKind::Counter,
+        &["policy"],
+        "Policies charged the units an upstream's remaining count says were spent by callers \
+         the layer does not see",
+    ),
+    metric(
         "ratelimit_egress_retries_total",
         MetricKind::Counter,
         &[],

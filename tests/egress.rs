@@ -425,6 +425,118 @@ async fn a_held_call_dropped_gives_its_time_back_on_redis() {
     support::assert_no_key_without_ttl(&server, "dropped:");
 }
 
+/// GCRA at 100 an hour (a hundred at once; one more every 36 s: none in a test's time).
+fn hundred_an_hour() -> Policy {
+    Policy::gcra("100/h").name("partner")
+}
+
+/// The upstream answers the first call (through `a`) saying it has 5 left of `report`'s
+/// limit: when that is the policy's limit (and window, when named), `b` sends 5 more calls
+/// and gives up the 6th (its place is an hour away); otherwise it sends all 6.
+async fn a_remaining_count_corrects_the_policy<St: Store>(
+    a: &EgressLayer<St>,
+    b: &EgressLayer<St>,
+    report: &[(&'static str, &str)],
+    corrects: bool,
+) {
+    let upstream = Upstream::answering_first(StatusCode::OK, report);
+    assert_eq!(send(a, &upstream).await, Ok(StatusCode::OK));
+    let mut sent = 0;
+    for _ in 0..6 {
+        match send(b, &upstream).await {
+            Ok(_) => sent += 1,
+            Err(gave_up) => assert_eq!(gave_up.policy(), "partner"),
+        }
+    }
+    assert_eq!(sent, if corrects { 5 } else { 6 }, "{report:?}");
+}
+
+/// The reports of 5 left of a limit of 100 an hour, and whether each is the policy's.
+fn remaining_reports() -> Vec<(Vec<(&'static str, &'static str)>, bool)> {
+    vec![
+        (
+            vec![("x-ratelimit-limit", "100"), ("x-ratelimit-remaining", "5")],
+            true,
+        ),
+        (
+            vec![
+                ("ratelimit-policy", "\"hourly\";q=100;w=3600"),
+                ("ratelimit", "\"hourly\";r=5;t=600"),
+            ],
+            true,
+        ),
+        // Another limit, another window: another policy of the upstream's.
+        (
+            vec![("x-ratelimit-limit", "50"), ("x-ratelimit-remaining", "5")],
+            false,
+        ),
+        (
+            vec![
+                ("ratelimit-policy", "\"burst\";q=100;w=1"),
+                ("ratelimit", "\"burst\";r=5;t=1"),
+            ],
+            false,
+        ),
+    ]
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_remaining_count_corrects_the_policy_in_memory() {
+    for (report, corrects) in remaining_reports() {
+        let clock = TokioClock::new();
+        let store = MemoryStore::with_clock(clock.clone());
+        let layer = || {
+            EgressLayer::builder()
+                .store(store.clone())
+                .clock(clock.clone())
+                .policy(hundred_an_hour())
+                .max_wait(ms(100))
+                .build()
+                .unwrap()
+        };
+        a_remaining_count_corrects_the_policy(&layer(), &layer(), &report, corrects).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remaining_count_corrects_the_policy_on_redis() {
+    let server = RedisServer::start();
+    for (i, (report, corrects)) in remaining_reports().into_iter().enumerate() {
+        let clock = TokioClock::new();
+        let prefix = format!("corrected{i}:");
+        let layer = async || {
+            EgressLayer::builder()
+                .store(redis(&server.url(), &prefix, &clock).await)
+                .clock(clock.clone())
+                .policy(hundred_an_hour())
+                .max_wait(ms(100))
+                .build()
+                .unwrap()
+        };
+        let (a, b) = (layer().await, layer().await);
+        a_remaining_count_corrects_the_policy(&a, &b, &report, corrects).await;
+        support::assert_no_key_without_ttl(&server, &prefix);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remaining_count_corrects_the_policy_on_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let clock = TokioClock::new();
+    let layer = async || {
+        EgressLayer::builder()
+            .store(redis(&cluster.url(), "corrected:", &clock).await)
+            .clock(clock.clone())
+            .policy(hundred_an_hour())
+            .max_wait(ms(100))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (layer().await, layer().await);
+    let (report, _) = remaining_reports().remove(0);
+    a_remaining_count_corrects_the_policy(&a, &b, &report, true).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_layer_that_does_not_learn_lets_the_next_call_through() {
     let clock = TokioClock::new();

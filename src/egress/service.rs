@@ -6,28 +6,30 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use smallvec::SmallVec;
+
 use super::error::{EgressError, GaveUp, Reason};
-use super::upstream;
+use super::{counts, upstream};
 use crate::body::ResponseBody;
 use crate::decision::Decision;
 use crate::future::ResponseFuture;
 use crate::key::{Key, KeyExtractor, RequestRef};
 use crate::layer::RateLimitLayer;
 use crate::service::RateLimit;
-use crate::store::Store;
+use crate::store::{Op, Store};
 
 /// What an egress layer learns from its upstream with: the layer (to pause a key on every
 /// instance), the key a pause applies to, and the longest pause it takes.
 pub(super) struct Learn<St> {
     pub(super) layer: RateLimitLayer<St>,
     pub(super) key: Arc<dyn KeyExtractor>,
-    pub(super) max_pause: std::time::Duration,
+    pub(super) max_pause: Duration,
     /// One policy never charged, whose key is blocked for as long as its upstream's pause:
     /// what a call that booked its time looks at before it is sent (the layer's own policies
     /// cannot tell a pause from a schedule booked ahead).
@@ -197,21 +199,25 @@ where
         });
         let learning = self.learn.as_ref().and_then(|learn| {
             let key = learn.key.extract(&RequestRef::new(&request)).ok()?;
-            Some((learn.clone(), key))
+            Some(Learning {
+                learn: learn.clone(),
+                key,
+                seen: decision.map(seen).unwrap_or_default(),
+            })
         });
         match (learning, booked) {
-            (Some((learn, key)), Some(units)) => {
+            (Some(learning), Some(units)) => {
                 // The ready service goes with the call; a clone stays for the next one.
                 let clone = self.inner.clone();
                 let mut inner = std::mem::replace(&mut self.inner, clone);
                 let held = State::Held {
                     held: Box::pin(async move {
-                        hold(&learn, &key, units)
+                        hold(&learning.learn, &learning.key, units)
                             .await
                             .map_err(EgressError::GaveUp)?;
                         let response = inner.call(request).await.map_err(EgressError::Upstream)?;
-                        if let Some(duration) = asked(&response) {
-                            keep(&learn, &key, duration).await;
+                        if let Some(learned) = learning.learned(&response) {
+                            learned.await;
                         }
                         Ok(response)
                     }),
@@ -271,10 +277,95 @@ async fn hold<St: Store>(learn: &Learn<St>, key: &Key, units: u64) -> Result<(),
     Ok(())
 }
 
+/// What a call's learning works with: the layer's, the call's key, and what its policies
+/// had left when they admitted it.
+struct Learning<St> {
+    learn: Arc<Learn<St>>,
+    key: Key,
+    seen: Seen,
+}
+
+/// Of each policy that admitted a call: its tier's id, its limit and window, and what it had
+/// left.
+type Seen = SmallVec<[(u32, u64, Duration, u64); 2]>;
+
+/// What `decision`'s policies had left.
+fn seen(decision: &Decision) -> Seen {
+    let outcomes = decision.outcomes().iter();
+    outcomes
+        .map(|o| (o.tier().id(), o.limit(), o.window(), o.remaining()))
+        .collect()
+}
+
+impl<St: Store> Learning<St> {
+    /// What the layer learns from `response`, kept in the store by the future returned (none
+    /// when there is nothing to learn): the pause it asks for, and the units the upstream
+    /// says it has left under a policy's limit, fewer than the policy had left when it
+    /// admitted the call (the others' calls the upstream counted: charged here too).
+    fn learned<B>(self, response: &Response<B>) -> Option<BoxFuture> {
+        let pause = asked(response);
+        let fewer = self.fewer(response);
+        if pause.is_none() && fewer.is_empty() {
+            return None;
+        }
+        Some(Box::pin(async move {
+            if let Some(duration) = pause {
+                keep(&self.learn, &self.key, duration).await;
+            }
+            if !fewer.is_empty() {
+                self.correct(&fewer).await;
+            }
+        }))
+    }
+
+    /// Of each policy whose limit the upstream reports: its tier's id and how many units
+    /// fewer the upstream has left than it had.
+    fn fewer<B>(&self, response: &Response<B>) -> SmallVec<[(u32, u64); 2]> {
+        if self.seen.is_empty() {
+            return SmallVec::new();
+        }
+        let counts = counts::counts(response.headers());
+        let mut fewer = SmallVec::new();
+        for &(id, limit, window, had) in &self.seen {
+            let left = counts.iter().filter(|c| c.is_of(limit, window));
+            if let Some(left) = left.map(|c| c.remaining).min().filter(|&l| l < had) {
+                fewer.push((id, had - left));
+            }
+        }
+        fewer
+    }
+
+    /// Charges the call's key `fewer`'s units in each policy named (at most its capacity).
+    async fn correct(&self, fewer: &[(u32, u64)]) {
+        let units = |tier: &crate::policy::Tier| {
+            let found = fewer.iter().find(|(id, _)| *id == tier.id());
+            let units = found.map_or(0, |(_, units)| *units);
+            units.min(tier.algorithm().reported_limit())
+        };
+        let limiter = self.learn.layer.limiter();
+        let corrected = limiter.key_decision(&self.key, Some(Op::Penalize), units);
+        match corrected.await {
+            Ok(decision) => {
+                let policies = decision.outcomes().iter();
+                let policies =
+                    policies.filter(|o| fewer.iter().any(|(id, _)| *id == o.tier().id()));
+                for outcome in policies {
+                    let policy = outcome.policy().to_owned();
+                    metrics::counter!("ratelimit_egress_corrected_total", "policy" => policy)
+                        .increment(1);
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "the upstream's remaining count could not be kept in the store");
+            }
+        }
+    }
+}
+
 /// Keeps a pause of `key` in the store for every instance: for the decisions to come (a
 /// block of the policies' key), and for the calls that booked a time before it (which look
 /// at the pause's own policy before they are sent).
-async fn keep<St: Store>(learn: &Learn<St>, key: &Key, duration: std::time::Duration) {
+async fn keep<St: Store>(learn: &Learn<St>, key: &Key, duration: Duration) {
     let duration = duration.min(learn.max_pause);
     let kept = learn.layer.block_for(key, duration).await;
     let seen = learn.pause.block_for(key, duration).await;
@@ -284,7 +375,7 @@ async fn keep<St: Store>(learn: &Learn<St>, key: &Key, duration: std::time::Dura
 }
 
 /// The pause `response` asks for, if any, counted.
-fn asked<B>(response: &Response<B>) -> Option<std::time::Duration> {
+fn asked<B>(response: &Response<B>) -> Option<Duration> {
     let status = response.status();
     if upstream::refused(status) {
         let status = status.as_str().to_owned();
@@ -296,8 +387,11 @@ fn asked<B>(response: &Response<B>) -> Option<std::time::Duration> {
     Some(duration)
 }
 
-/// A pause being kept in the store, with the response that asked for it.
-type Pausing<R> = (Pin<Box<dyn Future<Output = ()> + Send>>, Option<R>);
+/// What is learned from a response being kept in the store.
+type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// What is learned from a response being kept in the store, with the response.
+type Pausing<R> = (BoxFuture, Option<R>);
 
 pin_project! {
     /// The response future of [`Upstream`]: the client's response, once any pause it asks
@@ -315,7 +409,7 @@ pin_project! {
         Sent {
             #[pin]
             call: F,
-            learning: Option<(Arc<Learn<St>>, Key)>,
+            learning: Option<Learning<St>>,
             pausing: Option<Pausing<Response<ResB>>>,
         },
         // Sent once its upstream's pause is over (a call that waited).
@@ -347,14 +441,11 @@ where
                 return Poll::Ready(Ok(response));
             }
             let response = ready!(call.as_mut().poll(cx)).map_err(EgressError::Upstream)?;
-            let Some((learn, key)) = learning.take() else {
+            let learned = learning.take().and_then(|l| l.learned(&response));
+            let Some(learned) = learned else {
                 return Poll::Ready(Ok(response));
             };
-            let Some(duration) = asked(&response) else {
-                return Poll::Ready(Ok(response));
-            };
-            let pause = async move { keep(&learn, &key, duration).await };
-            *pausing = Some((Box::pin(pause), Some(response)));
+            *pausing = Some((learned, Some(response)));
         }
     }
 }

@@ -78,7 +78,7 @@ fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
 }
 
 /// Non-negative seconds, a fraction tolerated.
-fn seconds(value: &str) -> Option<Duration> {
+pub(super) fn seconds(value: &str) -> Option<Duration> {
     let value = value.trim();
     if !value.starts_with(|c: char| c.is_ascii_digit()) {
         return None;
@@ -141,7 +141,7 @@ fn ietf_items(value: &str) -> Vec<(Option<u64>, Option<Duration>)> {
 }
 
 /// `value` split at each `separator` outside a quoted string.
-fn split_outside_quotes(value: &str, separator: char) -> Vec<&str> {
+pub(super) fn split_outside_quotes(value: &str, separator: char) -> Vec<&str> {
     let (mut parts, mut start, mut quoted, mut escaped) = (Vec::new(), 0, false, false);
     for (i, c) in value.char_indices() {
         match c {

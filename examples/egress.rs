@@ -20,7 +20,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::{Layer, ServiceExt};
-use tower_ratelimit::egress::{EgressError, EgressLayer};
+use tower_ratelimit::egress::{AdaptiveRate, EgressError, EgressLayer};
 use tower_ratelimit::{Algorithm, Policy, RedisStore, Store};
 
 const HELP: &str = "\
@@ -33,6 +33,8 @@ cargo run --example egress: calls to UPSTREAM within EGRESS_LIMIT, shared throug
   REQUESTS     how many calls to send                                      (default 100)
   CLIENTS      tasks sending at once                                       (default 4)
   MAX_WAIT_MS  how long a call waits for its place at most                 (default 30000)
+  EGRESS_ADAPTIVE  on: a bare 429 (no time named) halves the limit, answers raise it back
+                                                                           (default off)
   REDIS_URL    share the budget with every process on this Redis           (default: in memory)
   PREFIX       key prefix in Redis                                         (default rl:)
 
@@ -50,6 +52,7 @@ struct Config {
     requests: u64,
     clients: u64,
     max_wait: Duration,
+    adaptive: bool,
     redis_url: Option<String>,
     prefix: String,
 }
@@ -97,6 +100,11 @@ fn config() -> Result<Config, String> {
         .parse()
         .map_err(|e| format!("ALGORITHM: {e}"))?;
     let redis_url = Some(env_or("REDIS_URL", "")?).filter(|u| !u.is_empty());
+    let adaptive = match env_or("EGRESS_ADAPTIVE", "off")?.as_str() {
+        "on" | "true" | "1" => true,
+        "off" | "false" | "0" => false,
+        other => return Err(format!("EGRESS_ADAPTIVE: {other:?} is not on or off")),
+    };
     Ok(Config {
         upstream,
         limit,
@@ -104,6 +112,7 @@ fn config() -> Result<Config, String> {
         requests: number("REQUESTS", 100, 1, 10_000_000)?,
         clients: number("CLIENTS", 4, 1, 10_000)?,
         max_wait: Duration::from_millis(number("MAX_WAIT_MS", 30_000, 1, 3_600_000)?),
+        adaptive,
         redis_url,
         prefix: env_or("PREFIX", "rl:")?,
     })
@@ -172,10 +181,14 @@ async fn send<St: Store>(config: &Config, layer: EgressLayer<St>) -> Counts {
 /// The layer on `store`, its policy checked.
 fn layer<St: Store>(config: &Config, store: St) -> Result<EgressLayer<St>, String> {
     let policy = Policy::new(config.algorithm, config.limit.as_str()).name("egress");
-    EgressLayer::builder()
+    let mut builder = EgressLayer::builder()
         .store(store)
         .policy(policy)
-        .max_wait(config.max_wait)
+        .max_wait(config.max_wait);
+    if config.adaptive {
+        builder = builder.adaptive(AdaptiveRate::new());
+    }
+    builder
         .build()
         .map_err(|e| format!("EGRESS_LIMIT/ALGORITHM: {e}"))
 }

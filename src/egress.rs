@@ -63,6 +63,7 @@
 //! See [`guide::egress`](crate::guide::egress) for an LLM provider's tokens per minute shared
 //! across instances, and what happens when the upstream's limit is lower than configured.
 
+mod adaptive;
 pub(crate) mod counts;
 mod error;
 #[cfg(feature = "reqwest")]
@@ -77,6 +78,8 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 pub use crate::key::UpstreamHost;
+use adaptive::Adapt;
+pub use adaptive::AdaptiveRate;
 pub use error::{EgressError, GaveUp, Reason};
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
@@ -136,6 +139,7 @@ impl EgressLayer<MemoryStore> {
             max_wait: DEFAULT_MAX_WAIT,
             learn: true,
             max_pause: DEFAULT_MAX_PAUSE,
+            adaptive: None,
         }
     }
 }
@@ -208,6 +212,7 @@ pub struct EgressLayerBuilder<St = MemoryStore> {
     max_wait: Duration,
     learn: bool,
     max_pause: Duration,
+    adaptive: Option<AdaptiveRate>,
 }
 
 impl<St: std::fmt::Debug> std::fmt::Debug for EgressLayerBuilder<St> {
@@ -219,6 +224,7 @@ impl<St: std::fmt::Debug> std::fmt::Debug for EgressLayerBuilder<St> {
             .field("max_wait", &self.max_wait)
             .field("learn", &self.learn)
             .field("max_pause", &self.max_pause)
+            .field("adaptive", &self.adaptive)
             .finish_non_exhaustive()
     }
 }
@@ -236,6 +242,7 @@ impl<St: Store> EgressLayerBuilder<St> {
             max_wait: self.max_wait,
             learn: self.learn,
             max_pause: self.max_pause,
+            adaptive: self.adaptive,
         }
     }
 
@@ -283,6 +290,14 @@ impl<St: Store> EgressLayerBuilder<St> {
         self
     }
 
+    /// Finds the rate of an upstream that refuses calls without saying when: see
+    /// [`AdaptiveRate`] (default none: such a refusal is counted, and changes nothing).
+    /// Only while the layer learns from its upstream.
+    pub fn adaptive(mut self, rate: AdaptiveRate) -> Self {
+        self.adaptive = Some(rate);
+        self
+    }
+
     /// The clock the policies decide on (default the system's).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
@@ -311,6 +326,11 @@ impl<St: Store> EgressLayerBuilder<St> {
                 "max_pause must be above zero and at most MAX_WINDOW",
             ));
         }
+        if self.adaptive.is_some() && !self.learn {
+            return Err(ConfigError::new(
+                "an adaptive rate learns from the upstream: it needs learn_from_upstream(true)",
+            ));
+        }
         let max_wait = self.max_wait;
         let policies = self
             .policies
@@ -329,12 +349,17 @@ impl<St: Store> EgressLayerBuilder<St> {
             builder = builder.on_store_error(failure);
         }
         let layer = builder.build()?;
+        let adapt = match self.adaptive {
+            Some(rate) => Some(Adapt::new(rate, layer.store().clone(), clock.clone())?),
+            None => None,
+        };
         let learn = match self.learn {
             true => Some(Arc::new(Learn {
                 layer: layer.clone(),
                 key: self.key,
                 max_pause: self.max_pause,
                 pause: pause_layer(layer.store().clone(), clock)?,
+                adapt,
             })),
             false => None,
         };

@@ -280,6 +280,13 @@ pub const METRICS: &[Metric] = &[
          (source: retry-after, ratelimit, x-ratelimit)",
     ),
     metric(
+        "ratelimit_egress_adapted_total",
+        MetricKind::Counter,
+        &["policy", "direction"],
+        "Keys' limits lowered after a refusal that named no time (direction: down) or raised \
+         back (up) by an egress layer's adaptive rate",
+    ),
+    metric(
         "ratelimit_egress_corrected_total",
         MetricKind::Counter,
         &["policy"],

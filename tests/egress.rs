@@ -15,7 +15,10 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use support::{RedisCluster, RedisServer};
 use tower::{Layer, Service, ServiceExt};
-use tower_ratelimit::egress::{EgressError, EgressLayer, GaveUp, Reason, RetryBudget, RetryLayer};
+use tower_ratelimit::egress::{
+    AdaptiveRate, EgressError, EgressLayer, GaveUp, Reason, RetryBudget, RetryLayer,
+};
+use tower_ratelimit::key::Key;
 use tower_ratelimit::{Clock, MemoryStore, Policy, RedisStore, Store};
 
 /// The time of tokio's clock (paused or not), from a day's start: the stores decide on the
@@ -57,6 +60,8 @@ struct Upstream {
     first: Arc<Mutex<FirstAnswer>>,
     /// How long the first answer takes.
     slow_first: Duration,
+    /// How many calls get the first answer (one when 0).
+    times: usize,
 }
 
 impl Upstream {
@@ -86,16 +91,20 @@ impl Upstream {
         tower::service_fn(move |_: Request<String>| {
             let this = this.clone();
             async move {
-                let first = {
+                let nth = {
                     let mut calls = this.calls.lock().unwrap();
                     calls.push(tokio::time::Instant::now());
-                    calls.len() == 1
+                    calls.len()
                 };
+                let first = nth == 1;
                 if first {
                     tokio::time::sleep(this.slow_first).await;
                 }
                 let mut response = Response::new(String::from("ok"));
-                let answer = this.first.lock().unwrap().take();
+                let answer = match nth <= this.times.max(1) {
+                    true => this.first.lock().unwrap().clone(),
+                    false => None,
+                };
                 if let Some((status, headers)) = answer {
                     *response.status_mut() = status;
                     for (name, value) in headers {
@@ -537,6 +546,133 @@ async fn a_remaining_count_corrects_the_policy_on_a_redis_cluster() {
     a_remaining_count_corrects_the_policy(&a, &b, &report, true).await;
 }
 
+/// The key of the partner's calls.
+fn partner_key() -> Key {
+    Key::from("api.partner.example:443")
+}
+
+/// An egress layer on `store` with `partner()` (10 a second after `ten()`) and an adaptive
+/// rate raising every second.
+fn adaptive<St: Store>(store: St, clock: &TokioClock) -> EgressLayer<St> {
+    EgressLayer::builder()
+        .store(store)
+        .clock(clock.clone())
+        .policy(Policy::gcra("10/s").name("partner"))
+        .max_wait(ms(2000))
+        .adaptive(AdaptiveRate::new().raise_every(ms(1000)))
+        .build()
+        .expect("a valid egress layer")
+}
+
+/// The partner's limit for its key, as `layer` decides now.
+async fn limit_of<St: Store>(layer: &EgressLayer<St>) -> u64 {
+    let decision = layer.limits().peek(&partner_key()).await.unwrap();
+    decision.outcomes()[0].limit()
+}
+
+/// Two calls at once through `a`, both refused with a bare `429`, halve the partner's limit
+/// once, for `b` too; the next answer raises it a tenth of the configured limit only once a
+/// second has passed.
+async fn a_bare_refusal_lowers_the_limit<St: Store>(a: &EgressLayer<St>, b: &EgressLayer<St>) {
+    let mut upstream = Upstream::answering_first(StatusCode::TOO_MANY_REQUESTS, &[]);
+    upstream.times = 2;
+    // Both admitted under the configured limit: the first is answered after the second.
+    upstream.slow_first = ms(50);
+    let (one, two) = tokio::join!(send(a, &upstream), send(a, &upstream));
+    assert_eq!(
+        (one, two),
+        (
+            Ok(StatusCode::TOO_MANY_REQUESTS),
+            Ok(StatusCode::TOO_MANY_REQUESTS)
+        )
+    );
+    assert_eq!(limit_of(b).await, 5);
+    // An answer at once does not raise it.
+    assert_eq!(send(b, &upstream).await, Ok(StatusCode::OK));
+    assert_eq!(limit_of(a).await, 5);
+    tokio::time::sleep(ms(1100)).await;
+    assert_eq!(send(b, &upstream).await, Ok(StatusCode::OK));
+    assert_eq!(limit_of(a).await, 6);
+    // Nor the next, within the second.
+    assert_eq!(send(a, &upstream).await, Ok(StatusCode::OK));
+    assert_eq!(limit_of(b).await, 6);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bare_refusal_lowers_the_limit_and_answers_raise_it_back_in_memory() {
+    let clock = TokioClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let (a, b) = (adaptive(store.clone(), &clock), adaptive(store, &clock));
+    a_bare_refusal_lowers_the_limit(&a, &b).await;
+    // A second at a time, back to the configured limit: no limit of its own.
+    let upstream = Upstream::default();
+    for limit in 7..=10 {
+        tokio::time::sleep(ms(1100)).await;
+        assert_eq!(send(&a, &upstream).await, Ok(StatusCode::OK));
+        assert_eq!(limit_of(&b).await, limit);
+    }
+    tokio::time::sleep(ms(1100)).await;
+    assert_eq!(send(&a, &upstream).await, Ok(StatusCode::OK));
+    assert_eq!(limit_of(&b).await, 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_adaptive_limit_never_goes_below_its_floor() {
+    let clock = TokioClock::new();
+    let layer = adaptive(MemoryStore::with_clock(clock.clone()), &clock);
+    let mut upstream = Upstream::answering_first(StatusCode::TOO_MANY_REQUESTS, &[]);
+    upstream.times = 10;
+    for expected in [5, 2, 1, 1] {
+        assert_eq!(
+            send(&layer, &upstream).await,
+            Ok(StatusCode::TOO_MANY_REQUESTS)
+        );
+        assert_eq!(limit_of(&layer).await, expected);
+        tokio::time::sleep(ms(1100)).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lowered_limit_is_forgotten_after_a_while_without_news() {
+    let clock = TokioClock::new();
+    let layer = EgressLayer::builder()
+        .store(MemoryStore::with_clock(clock.clone()))
+        .clock(clock.clone())
+        .policy(Policy::gcra("10/s").name("partner"))
+        .adaptive(AdaptiveRate::new().forget_after(ms(30_000)))
+        .build()
+        .unwrap();
+    let upstream = Upstream::answering_first(StatusCode::TOO_MANY_REQUESTS, &[]);
+    assert_eq!(
+        send(&layer, &upstream).await,
+        Ok(StatusCode::TOO_MANY_REQUESTS)
+    );
+    assert_eq!(limit_of(&layer).await, 5);
+    tokio::time::sleep(ms(29_000)).await;
+    assert_eq!(limit_of(&layer).await, 5);
+    tokio::time::sleep(ms(2_000)).await;
+    assert_eq!(limit_of(&layer).await, 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bare_refusal_lowers_the_limit_on_redis() {
+    let server = RedisServer::start();
+    let clock = TokioClock::new();
+    let a = adaptive(redis(&server.url(), "adapt:", &clock).await, &clock);
+    let b = adaptive(redis(&server.url(), "adapt:", &clock).await, &clock);
+    a_bare_refusal_lowers_the_limit(&a, &b).await;
+    support::assert_no_key_without_ttl(&server, "adapt:");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bare_refusal_lowers_the_limit_on_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let clock = TokioClock::new();
+    let a = adaptive(redis(&cluster.url(), "adapt:", &clock).await, &clock);
+    let b = adaptive(redis(&cluster.url(), "adapt:", &clock).await, &clock);
+    a_bare_refusal_lowers_the_limit(&a, &b).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_layer_that_does_not_learn_lets_the_next_call_through() {
     let clock = TokioClock::new();
@@ -583,6 +719,14 @@ fn absurd_waits_and_pauses_fail_the_build() {
     let day = Duration::from_secs(86_400);
     assert!(build(EgressLayer::builder().max_wait(day)).contains("max_wait"));
     assert!(build(EgressLayer::builder().max_pause(Duration::ZERO)).contains("max_pause"));
+    let adapt = |rate: AdaptiveRate| build(EgressLayer::builder().adaptive(rate));
+    assert!(adapt(AdaptiveRate::new().decrease(1.0)).contains("decrease"));
+    assert!(adapt(AdaptiveRate::new().decrease(f64::NAN)).contains("decrease"));
+    assert!(adapt(AdaptiveRate::new().increase(0.0)).contains("increase"));
+    assert!(adapt(AdaptiveRate::new().floor(1.5)).contains("floor"));
+    assert!(adapt(AdaptiveRate::new().raise_every(Duration::ZERO)).contains("raise_every"));
+    let blind = EgressLayer::builder().learn_from_upstream(false);
+    assert!(build(blind.adaptive(AdaptiveRate::new())).contains("learn_from_upstream"));
     let none = EgressLayer::builder().build().expect_err("no policy");
     assert!(!none.to_string().is_empty());
     // A policy that takes leases cannot wait: it keeps refusing at once, and builds.

@@ -137,6 +137,36 @@ async fn an_ietf_ratelimit_field_pauses_both_processes() {
     a_pause_holds_both_processes(headers(&[("ratelimit", "\"default\";r=0;t=2")])).await;
 }
 
+/// With `EGRESS_ADAPTIVE=on`, two processes on one Redis halve their shared limit when the
+/// upstream refuses a call with a bare `429`: 60 calls at 20 a second (20 at once) take about
+/// 2 s without it, and at least 3 s with it (10 a second after the refusal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bare_refusal_slows_both_processes_with_an_adaptive_rate() {
+    let redis = RedisServer::start();
+    egress_binary();
+    let mut took = Vec::new();
+    for adaptive in ["off", "on"] {
+        let (url, _) = upstream(None, 25, HeaderMap::new()).await;
+        let env = vec![
+            ("UPSTREAM", url),
+            ("EGRESS_LIMIT", "20/s".to_owned()),
+            ("REQUESTS", "30".to_owned()),
+            ("EGRESS_ADAPTIVE", adaptive.to_owned()),
+            ("REDIS_URL", redis.url()),
+            ("PREFIX", format!("adaptive-{adaptive}:")),
+        ];
+        let started = Instant::now();
+        let summaries = two_processes(env).await;
+        assert_eq!(sum(&summaries, "upstream_429"), 1, "{summaries:?}");
+        assert_eq!(sum(&summaries, "gave_up"), 0, "{summaries:?}");
+        took.push(started.elapsed());
+    }
+    // Off: 20 at once, 40 more at 20 a second: 2 s. On: after the refusal (the 25th call), 10 a
+    // second: the 35 calls left take at least 3 s.
+    assert!(took[1] >= Duration::from_millis(3000), "{took:?}");
+    assert!(took[1] > took[0] + Duration::from_millis(500), "{took:?}");
+}
+
 #[test]
 fn bad_values_stop_the_demo_naming_the_variable() {
     let cases = [
@@ -149,6 +179,7 @@ fn bad_values_stop_the_demo_naming_the_variable() {
         (vec![("REQUESTS", "0")], "REQUESTS"),
         (vec![("CLIENTS", "many")], "CLIENTS"),
         (vec![("MAX_WAIT_MS", "0")], "MAX_WAIT_MS"),
+        (vec![("EGRESS_ADAPTIVE", "maybe")], "EGRESS_ADAPTIVE"),
         (vec![("REDIS_URL", "redis://127.0.0.1:1")], "REDIS_URL"),
     ];
     for (env, variable) in cases {

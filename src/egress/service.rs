@@ -14,6 +14,7 @@ use tower_service::Service;
 
 use smallvec::SmallVec;
 
+use super::adaptive::{self, Adapt, Change};
 use super::error::{EgressError, GaveUp, Reason};
 use super::{counts, upstream};
 use crate::body::ResponseBody;
@@ -21,6 +22,7 @@ use crate::decision::Decision;
 use crate::future::ResponseFuture;
 use crate::key::{Key, KeyExtractor, RequestRef};
 use crate::layer::RateLimitLayer;
+use crate::policy::Tier;
 use crate::service::RateLimit;
 use crate::store::{Op, Store};
 
@@ -34,6 +36,8 @@ pub(super) struct Learn<St> {
     /// what a call that booked its time looks at before it is sent (the layer's own policies
     /// cannot tell a pause from a schedule booked ahead).
     pub(super) pause: RateLimitLayer<St>,
+    /// The adaptive rate, if the layer has one.
+    pub(super) adapt: Option<Adapt<St>>,
 }
 
 /// A client service whose calls wait for their place in the layer's policies before they are
@@ -285,15 +289,16 @@ struct Learning<St> {
     seen: Seen,
 }
 
-/// Of each policy that admitted a call: its tier's id, its limit and window, and what it had
+/// Of each policy that admitted a call: its tier, its limit and window, and what it had
 /// left.
-type Seen = SmallVec<[(u32, u64, Duration, u64); 2]>;
+type Seen = SmallVec<[(Arc<Tier>, u64, Duration, u64); 2]>;
 
-/// What `decision`'s policies had left.
+/// What `decision`'s rate policies had left.
 fn seen(decision: &Decision) -> Seen {
     let outcomes = decision.outcomes().iter();
-    outcomes
-        .map(|o| (o.tier().id(), o.limit(), o.window(), o.remaining()))
+    let rates = outcomes.filter(|o| !o.tier().limits_in_flight());
+    rates
+        .map(|o| (o.tier().clone(), o.limit(), o.window(), o.remaining()))
         .collect()
 }
 
@@ -305,7 +310,9 @@ impl<St: Store> Learning<St> {
     fn learned<B>(self, response: &Response<B>) -> Option<BoxFuture> {
         let pause = asked(response);
         let fewer = self.fewer(response);
-        if pause.is_none() && fewer.is_empty() {
+        let refused = upstream::refused(response.status());
+        let adapting = self.adapting(refused && pause.is_none() && fewer.is_empty(), refused);
+        if pause.is_none() && fewer.is_empty() && adapting.is_none() {
             return None;
         }
         Some(Box::pin(async move {
@@ -315,7 +322,49 @@ impl<St: Store> Learning<St> {
             if !fewer.is_empty() {
                 self.correct(&fewer).await;
             }
+            if let Some((changes, direction)) = adapting {
+                self.adapt(&changes, direction).await;
+            }
         }))
+    }
+
+    /// The changes of the key's limits the adaptive rate makes: lower after a refusal with
+    /// nothing else to learn from (`lower`), higher after an answer (not `refused`) while a
+    /// limit is lowered and this instance may try; with their direction.
+    fn adapting(&self, lower: bool, refused: bool) -> Option<(Vec<Change>, &'static str)> {
+        let adapt = self.learn.adapt.as_ref()?;
+        if self.seen.is_empty() {
+            return None;
+        }
+        let limiter = self.learn.layer.limiter();
+        let configured = |t: &Tier| limiter.configured_limit(t.id()).unwrap_or(t.limit());
+        let seen: SmallVec<[_; 2]> = self
+            .seen
+            .iter()
+            .map(|(t, l, w, _)| (t.clone(), *l, *w))
+            .collect();
+        let changes = match (lower, refused) {
+            (true, _) => adapt.lowered(&seen, configured),
+            (false, false) => adapt.raised(&self.key, limiter.now_us(), &seen, configured)?,
+            (false, true) => return None,
+        };
+        let direction = if lower { "down" } else { "up" };
+        (!changes.is_empty()).then_some((changes, direction))
+    }
+
+    /// Makes `changes` of the key's limits (a raise once the gate lets it through).
+    async fn adapt(&self, changes: &[Change], direction: &'static str) {
+        let Some(adapt) = &self.learn.adapt else {
+            return;
+        };
+        let now = self.learn.layer.limiter().now_us();
+        match direction {
+            "up" if !adapt.may_raise(&self.key).await => return,
+            "up" => {}
+            _ => adapt.hold_raises(&self.key, now).await,
+        }
+        let until = adapt.until(now);
+        adaptive::apply(&self.learn.layer, &self.key, changes, until, direction).await;
     }
 
     /// Of each policy whose limit the upstream reports: its tier's id and how many units
@@ -326,10 +375,10 @@ impl<St: Store> Learning<St> {
         }
         let counts = counts::counts(response.headers());
         let mut fewer = SmallVec::new();
-        for &(id, limit, window, had) in &self.seen {
-            let left = counts.iter().filter(|c| c.is_of(limit, window));
-            if let Some(left) = left.map(|c| c.remaining).min().filter(|&l| l < had) {
-                fewer.push((id, had - left));
+        for (tier, limit, window, had) in &self.seen {
+            let left = counts.iter().filter(|c| c.is_of(*limit, *window));
+            if let Some(left) = left.map(|c| c.remaining).min().filter(|l| l < had) {
+                fewer.push((tier.id(), had - left));
             }
         }
         fewer
@@ -337,7 +386,7 @@ impl<St: Store> Learning<St> {
 
     /// Charges the call's key `fewer`'s units in each policy named (at most its capacity).
     async fn correct(&self, fewer: &[(u32, u64)]) {
-        let units = |tier: &crate::policy::Tier| {
+        let units = |tier: &Tier| {
             let found = fewer.iter().find(|(id, _)| *id == tier.id());
             let units = found.map_or(0, |(_, units)| *units);
             units.min(tier.algorithm().reported_limit())

@@ -194,6 +194,18 @@ impl<St: Store> Limiter<St> {
         }
     }
 
+    /// The limit of the layer's tier `id` as configured (not a key's own), if it has one.
+    pub(crate) fn configured_limit(&self, id: u32) -> Option<u64> {
+        let policies = self.policies.load();
+        let mut tiers = policies.iter().flat_map(|p| p.tiers());
+        tiers.find(|t| t.id() == id).map(|t| t.limit())
+    }
+
+    /// The layer's present, in microseconds since 1970.
+    pub(crate) fn now_us(&self) -> u64 {
+        self.clock.now_micros()
+    }
+
     /// `until` in microseconds since 1970, and the layer's present: an end that is not after
     /// the present, or that microseconds cannot count exactly, is an error naming `until`.
     pub(crate) fn until_us(&self, until: SystemTime) -> Result<(u64, u64), LimitError> {

@@ -270,14 +270,15 @@ pub const METRICS: &[Metric] = &[
         "ratelimit_egress_upstream_refused_total",
         MetricKind::Counter,
         &["status"],
-        "Outbound calls the upstream answered 429 or 503",
+        "Outbound calls the upstream answered 429 or 503 (grpc-8, grpc-14: a gRPC server's \
+         RESOURCE_EXHAUSTED, UNAVAILABLE)",
     ),
     metric(
         "ratelimit_egress_pauses_total",
         MetricKind::Counter,
         &["source"],
         "Pauses learned from an upstream's answers and kept in the store for every instance \
-         (source: retry-after, ratelimit, x-ratelimit)",
+         (source: retry-after, grpc-retry-pushback, ratelimit, x-ratelimit)",
     ),
     metric(
         "ratelimit_egress_adapted_total",

@@ -3,7 +3,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use http::StatusCode;
+use http::{Response, StatusCode};
+
+use crate::decision::Decision;
 
 /// Why the limiter did not send a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,11 +57,17 @@ impl GaveUp {
         self.retry_after
     }
 
-    /// What a refusal with `status` means.
-    pub(super) fn reason_of(status: StatusCode) -> Reason {
-        match status {
-            StatusCode::TOO_MANY_REQUESTS | StatusCode::FORBIDDEN => Reason::Limited,
-            StatusCode::SERVICE_UNAVAILABLE => Reason::StoreUnavailable,
+    /// What the engine's own answer `response` means: by its HTTP status, or by its
+    /// `grpc-status` when it answered a gRPC call (`200`, trailers-only).
+    pub(super) fn reason_of<B>(response: &Response<B>) -> Reason {
+        let grpc = response.headers().get("grpc-status").map(|v| v.as_bytes());
+        let denied = response.extensions().get::<Decision>();
+        match (response.status(), grpc) {
+            (StatusCode::SERVICE_UNAVAILABLE, _) | (_, Some(b"14")) => Reason::StoreUnavailable,
+            _ if denied.is_some_and(|d| !d.is_allowed()) => Reason::Limited,
+            (StatusCode::TOO_MANY_REQUESTS | StatusCode::FORBIDDEN, _) | (_, Some(b"8")) => {
+                Reason::Limited
+            }
             _ => Reason::KeyRejected,
         }
     }

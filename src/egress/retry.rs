@@ -199,7 +199,8 @@ where
                 let again = (left > 0).then(|| request.clone());
                 let response = inner.call(request).await?;
                 let status = response.status();
-                let Some(again) = again.filter(|_| upstream::refused(status)) else {
+                let refused = upstream::refused(status, response.headers());
+                let Some(again) = again.filter(|_| refused) else {
                     return Ok(response);
                 };
                 let named = upstream::pause(status, response.headers(), SystemTime::now());

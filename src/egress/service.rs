@@ -120,7 +120,7 @@ where
 fn gave_up<B>(response: &Response<B>) -> GaveUp {
     let (policy, retry_after) = crate::response::refusal(response);
     let gave_up = GaveUp {
-        reason: GaveUp::reason_of(response.status()),
+        reason: GaveUp::reason_of(response),
         policy,
         retry_after,
     };
@@ -310,7 +310,7 @@ impl<St: Store> Learning<St> {
     fn learned<B>(self, response: &Response<B>) -> Option<BoxFuture> {
         let pause = asked(response);
         let fewer = self.fewer(response);
-        let refused = upstream::refused(response.status());
+        let refused = upstream::refused(response.status(), response.headers());
         let adapting = self.adapting(refused && pause.is_none() && fewer.is_empty(), refused);
         if pause.is_none() && fewer.is_empty() && adapting.is_none() {
             return None;
@@ -426,8 +426,7 @@ async fn keep<St: Store>(learn: &Learn<St>, key: &Key, duration: Duration) {
 /// The pause `response` asks for, if any, counted.
 fn asked<B>(response: &Response<B>) -> Option<Duration> {
     let status = response.status();
-    if upstream::refused(status) {
-        let status = status.as_str().to_owned();
+    if let Some(status) = upstream::refusal(status, response.headers()) {
         metrics::counter!("ratelimit_egress_upstream_refused_total", "status" => status)
             .increment(1);
     }

@@ -2,7 +2,9 @@
 //!
 //! Three forms are read, the first found wins:
 //!
-//! * `Retry-After` (seconds, or an HTTP date) on a `429` or a `503`;
+//! * `Retry-After` (seconds, or an HTTP date) on a `429` or a `503`, or a gRPC answer of
+//!   `RESOURCE_EXHAUSTED` or `UNAVAILABLE`, whose time may also be gRPC's server pushback
+//!   (`grpc-retry-pushback-ms`);
 //! * the IETF fields, `RateLimit: "default";r=0;t=30` (a policy with no units left for `t`
 //!   seconds; the longest of those exhausted), and the older dictionary form of the drafts,
 //!   `RateLimit: limit=100, remaining=0, reset=30`;
@@ -24,6 +26,7 @@ use http::{HeaderMap, StatusCode};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Source {
     RetryAfter,
+    Pushback,
     RateLimit,
     XRateLimit,
 }
@@ -33,15 +36,32 @@ impl Source {
     pub(crate) fn label(self) -> &'static str {
         match self {
             Source::RetryAfter => "retry-after",
+            Source::Pushback => "grpc-retry-pushback",
             Source::RateLimit => "ratelimit",
             Source::XRateLimit => "x-ratelimit",
         }
     }
 }
 
-/// Whether `status` is an upstream's refusal for its limit (or its load).
-pub(crate) fn refused(status: StatusCode) -> bool {
-    status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE
+/// Whether an answer of `status` with `headers` is an upstream's refusal for its limit (or
+/// its load): the metric label of it (`429`, `503`, or a gRPC trailers-only answer's
+/// `grpc-8`, `RESOURCE_EXHAUSTED`, and `grpc-14`, `UNAVAILABLE`).
+pub(crate) fn refusal(status: StatusCode, headers: &HeaderMap) -> Option<&'static str> {
+    match status {
+        StatusCode::TOO_MANY_REQUESTS => return Some("429"),
+        StatusCode::SERVICE_UNAVAILABLE => return Some("503"),
+        _ => {}
+    }
+    match headers.get("grpc-status")?.as_bytes() {
+        b"8" => Some("grpc-8"),
+        b"14" => Some("grpc-14"),
+        _ => None,
+    }
+}
+
+/// Whether an answer of `status` with `headers` is a refusal (see [`refusal`]).
+pub(crate) fn refused(status: StatusCode, headers: &HeaderMap) -> bool {
+    refusal(status, headers).is_some()
 }
 
 /// How long the upstream that answered `status` with `headers` at `now` asks to be left alone,
@@ -51,8 +71,11 @@ pub(crate) fn pause(
     headers: &HeaderMap,
     now: SystemTime,
 ) -> Option<(Duration, Source)> {
-    let retry_after = || retry_after(headers, now).map(|d| (d, Source::RetryAfter));
-    let found = refused(status)
+    let retry_after = || {
+        let after = retry_after(headers, now).map(|d| (d, Source::RetryAfter));
+        after.or_else(|| pushback(headers).map(|d| (d, Source::Pushback)))
+    };
+    let found = refused(status, headers)
         .then(retry_after)
         .flatten()
         .or_else(|| ietf(headers).map(|d| (d, Source::RateLimit)))
@@ -75,6 +98,13 @@ fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
             now,
         ))
     })
+}
+
+/// gRPC's server pushback (`grpc-retry-pushback-ms`, in a trailers-only answer): a
+/// non-negative number of milliseconds (a negative one says not to retry: no time named).
+fn pushback(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-retry-pushback-ms")?.to_str().ok()?;
+    value.trim().parse().ok().map(Duration::from_millis)
 }
 
 /// Non-negative seconds, a fraction tolerated.
@@ -287,6 +317,35 @@ mod tests {
             &headers(pairs),
             UNIX_EPOCH + Duration::from_secs(NOW),
         )
+    }
+
+    #[test]
+    fn a_grpc_refusal_is_read_from_its_status_with_retry_after_or_pushback() {
+        let exhausted = [("grpc-status", "8"), ("retry-after", "2")];
+        assert_eq!(
+            at(&exhausted, 200),
+            Some((Duration::from_secs(2), Source::RetryAfter))
+        );
+        let pushback = [("grpc-status", "14"), ("grpc-retry-pushback-ms", "1500")];
+        assert_eq!(
+            at(&pushback, 200),
+            Some((Duration::from_millis(1500), Source::Pushback))
+        );
+        // A success, or a pushback saying not to retry: no pause.
+        assert_eq!(at(&[("grpc-status", "0"), ("retry-after", "2")], 200), None);
+        assert_eq!(
+            at(
+                &[("grpc-status", "8"), ("grpc-retry-pushback-ms", "-1")],
+                200
+            ),
+            None
+        );
+        let status = StatusCode::OK;
+        assert_eq!(
+            refusal(status, &headers(&[("grpc-status", "8")])),
+            Some("grpc-8")
+        );
+        assert_eq!(refusal(status, &headers(&[("grpc-status", "5")])), None);
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! ```text
 //! instructions MODE N    # MODE: bare, identity, headers, none, axum_body, defaults, governor,
 //!                         # governor_headers, check, check_fixed, check_two, check_two_gcra,
-//!                         # governor_check, hot, hot_lease, lists, lists_given or message
+//!                         # governor_check, hot, hot_lease, lists, lists_given, message,
+//!                         # egress_bare, egress or egress_blind
 //! ```
 //!
 //! It makes 10,240 requests to warm up, then `N` more in `measured`, the only function
@@ -37,7 +38,9 @@
 //! `lists_given`, the same lists alone (`Lists::kept_in_store(false)`). `message` is a
 //! message of a connection decided by a `StreamLimiter` (`Connection::admit`) on the same
 //! policy, keyed by the peer IP of the request that opened it: what each message of a
-//! WebSocket pays.
+//! WebSocket pays. `egress_bare` is a call to an in-process upstream (a `service_fn`
+//! answering at once), `egress` the same call through an `EgressLayer` on the same policy
+//! keyed by the upstream's host (learning from the answer), `egress_blind` without learning.
 
 use std::net::SocketAddr;
 
@@ -45,6 +48,7 @@ use axum::{Router, body::Body, routing::get};
 use http::Request;
 use tower::ServiceExt;
 use tower_ratelimit::axum::AxumBody;
+use tower_ratelimit::egress::EgressLayer;
 use tower_ratelimit::key::{Key, PeerIp};
 use tower_ratelimit::lists::Lists;
 use tower_ratelimit::streams::{Direction, StreamLimiter};
@@ -124,6 +128,30 @@ fn requests(mode: &str) -> Box<dyn FnMut(u64)> {
             return Box::new(move |_| {
                 let admitted = now(connection.admit(100, Direction::Inbound));
                 assert!(std::hint::black_box(admitted).is_ok(), "admitted");
+            });
+        }
+        "egress" | "egress_bare" | "egress_blind" => {
+            // A call to an in-process upstream, through an egress layer (learning from the
+            // answer, or not) or straight.
+            let upstream = tower::service_fn(|_: Request<()>| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(()))
+            });
+            let call = || Request::get("http://api.partner.example/v1").body(());
+            if mode == "egress_bare" {
+                return Box::new(move |_| {
+                    let response = now(upstream.oneshot(call().expect("a call")));
+                    std::hint::black_box(response.expect("a response"));
+                });
+            }
+            let egress = EgressLayer::builder()
+                .policy(Policy::gcra("1/min").burst(1_000_000).name("g"))
+                .learn_from_upstream(mode == "egress")
+                .build()
+                .expect("a valid egress layer");
+            let client = tower::Layer::layer(&egress, upstream);
+            return Box::new(move |_| {
+                let response = now(client.clone().oneshot(call().expect("a call")));
+                std::hint::black_box(response.expect("a response"));
             });
         }
         "check" => {

@@ -6,7 +6,7 @@
 #
 # For each mode of benches/instructions.rs (bare router, a layer doing nothing, our layer with
 # and without headers, tower_governor's, a check() call, governor's check_key and a message of a
-# connection) it counts 20,000 requests made after a warm-up, inside the driver's `measured` function only (start-up,
+# connection, an outbound call through an EgressLayer) it counts 20,000 requests made after a warm-up, inside the driver's `measured` function only (start-up,
 # the clock's calibration and first inserts are left out), and prints the count per request:
 # the same within 0.1% from run to run. Installs valgrind (Debian package) when it is missing.
 set -euo pipefail
@@ -25,7 +25,8 @@ count() {
 }
 declare -A per
 for mode in bare identity headers none axum_body defaults governor governor_headers check \
-    check_fixed check_two check_two_gcra governor_check hot hot_lease lists lists_given message; do
+    check_fixed check_two check_two_gcra governor_check hot hot_lease lists lists_given message \
+    egress_bare egress egress_blind; do
     per[$mode]=$(( $(count "$mode") / N ))
 done
 layer() { echo $(( per[$1] - per[bare] )); }
@@ -48,4 +49,6 @@ echo "  one hot key, defaults:          ${per[hot]}"
 echo "  ... with leases of 20:          ${per[hot_lease]} (the requests leases admit here)"
 echo "  X-RateLimit-*, allow and deny lists: ${per[lists]} (layer: $(layer lists); $(ratio "$(layer lists)" "$(layer headers)") the layer's without; entries kept in the store, none added)"
 echo "  ... only the lists given:       ${per[lists_given]} (layer: $(layer lists_given); $(ratio "$(layer lists_given)" "$(layer headers)"))"
+echo "  an outbound call, no layer:     ${per[egress_bare]} (an in-process upstream)"
+echo "  ... through an EgressLayer:     ${per[egress]} (layer: $(( per[egress] - per[egress_bare] )); learning from the answer: $(( per[egress] - per[egress_blind] )))"
 echo "  a connection's message:         ${per[message]} (StreamLimiter, the same policy keyed by the peer IP; $(ratio "${per[message]}" "${per[check]}") check's)"

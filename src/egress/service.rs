@@ -308,9 +308,12 @@ impl<St: Store> Learning<St> {
     /// says it has left under a policy's limit, fewer than the policy had left when it
     /// admitted the call (the others' calls the upstream counted: charged here too).
     fn learned<B>(self, response: &Response<B>) -> Option<BoxFuture> {
-        let pause = asked(response);
-        let fewer = self.fewer(response);
-        let refused = upstream::refused(response.status(), response.headers());
+        let (status, headers) = (response.status(), response.headers());
+        let (pause, fewer) = match upstream::may_say(status, headers) {
+            true => (asked(response), self.fewer(response)),
+            false => (None, SmallVec::new()),
+        };
+        let refused = upstream::refused(status, headers);
         let adapting = self.adapting(refused && pause.is_none() && fewer.is_empty(), refused);
         if pause.is_none() && fewer.is_empty() && adapting.is_none() {
             return None;

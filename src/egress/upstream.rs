@@ -20,7 +20,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, HeaderName, StatusCode};
 
 /// Where an upstream asked for a pause.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,11 +52,25 @@ pub(crate) fn refusal(status: StatusCode, headers: &HeaderMap) -> Option<&'stati
         StatusCode::SERVICE_UNAVAILABLE => return Some("503"),
         _ => {}
     }
-    match headers.get("grpc-status")?.as_bytes() {
+    const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+    match headers.get(GRPC_STATUS)?.as_bytes() {
         b"8" => Some("grpc-8"),
         b"14" => Some("grpc-14"),
         _ => None,
     }
+}
+
+/// Whether an answer of `status` with `headers` may say anything of the upstream's limit: a
+/// refusal, or a field of a rate-limit family. One look at each field's name, so that an
+/// answer saying nothing (the usual one) is not searched for each field by name.
+pub(crate) fn may_say(status: StatusCode, headers: &HeaderMap) -> bool {
+    refused(status, headers)
+        || headers.keys().any(|name| {
+            let name = name.as_str();
+            name.starts_with("ratelimit")
+                || name.starts_with("x-ratelimit")
+                || name.starts_with("anthropic-ratelimit")
+        })
 }
 
 /// Whether an answer of `status` with `headers` is a refusal (see [`refusal`]).

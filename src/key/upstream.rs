@@ -24,11 +24,7 @@ impl KeyExtractor for UpstreamHost {
                 Some("http" | "ws") => Some(80),
                 _ => None,
             });
-            let host = host.to_ascii_lowercase();
-            return Ok(Key::from(match port {
-                Some(port) => format!("{host}:{port}"),
-                None => host,
-            }));
+            return Ok(host_key(host, port));
         }
         let header = request.headers().get(http::header::HOST);
         match header.and_then(|h| h.to_str().ok()).map(str::trim) {
@@ -38,5 +34,58 @@ impl KeyExtractor for UpstreamHost {
                 "the call names no upstream: neither its URI nor a Host header has a host",
             )),
         }
+    }
+}
+
+/// The key `host:port` (or `host`), the host in lower case: made on the stack, without
+/// formatting, for a host of usual length (each outbound call makes one).
+fn host_key(host: &str, port: Option<u16>) -> Key {
+    // Room for the host, a colon and five digits.
+    let mut buf = [0u8; 96];
+    if host.len() + 6 > buf.len() {
+        let host = host.to_ascii_lowercase();
+        return Key::from(match port {
+            Some(port) => format!("{host}:{port}"),
+            None => host,
+        });
+    }
+    buf[..host.len()].copy_from_slice(host.as_bytes());
+    buf[..host.len()].make_ascii_lowercase();
+    let mut len = host.len();
+    if let Some(port) = port {
+        let mut digits = [0u8; 5];
+        let (mut at, mut rest) = (digits.len(), port);
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+            if rest == 0 {
+                break;
+            }
+        }
+        let digits = &digits[at..];
+        buf[len] = b':';
+        buf[len + 1..len + 1 + digits.len()].copy_from_slice(digits);
+        len += 1 + digits.len();
+    }
+    Key::from(&buf[..len])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_key_is_the_lower_case_host_and_its_port() {
+        assert_eq!(
+            host_key("API.Example.com", Some(443)),
+            Key::from("api.example.com:443")
+        );
+        assert_eq!(host_key("h", Some(0)), Key::from("h:0"));
+        assert_eq!(host_key("h", Some(65535)), Key::from("h:65535"));
+        assert_eq!(host_key("h", None), Key::from("h"));
+        let long = "A".repeat(200);
+        let key = format!("{}:8080", "a".repeat(200));
+        assert_eq!(host_key(&long, Some(8080)), Key::from(key.as_str()));
     }
 }

@@ -131,13 +131,28 @@ fn call() -> Request<String> {
 
 /// An egress layer on `store` (deciding on `clock`) with `partner()`, waiting up to `max_wait`.
 fn egress<St: Store>(store: St, clock: &TokioClock, max_wait: Duration) -> EgressLayer<St> {
+    egress_with(store, clock, partner(), max_wait)
+}
+
+/// An egress layer on `store` (deciding on `clock`) with `policy`, waiting up to `max_wait`.
+fn egress_with<St: Store>(
+    store: St,
+    clock: &TokioClock,
+    policy: Policy,
+    max_wait: Duration,
+) -> EgressLayer<St> {
     EgressLayer::builder()
         .store(store)
         .clock(clock.clone())
-        .policy(partner())
+        .policy(policy)
         .max_wait(max_wait)
         .build()
         .expect("a valid egress layer")
+}
+
+/// GCRA at one a second (one at once), named `partner`.
+fn one_a_second() -> Policy {
+    Policy::gcra("1/s").name("partner")
 }
 
 /// What a call through `layer` to `upstream` came to: its status, or why it was not sent.
@@ -352,14 +367,12 @@ async fn a_booked_call_is_held_by_a_later_pause<St: Store>(layer: &EgressLayer<S
 #[tokio::test(start_paused = true)]
 async fn a_booked_call_is_held_by_a_later_pause_in_memory() {
     let clock = TokioClock::new();
-    let policy = Policy::gcra("1/s").name("partner");
-    let layer = EgressLayer::builder()
-        .store(MemoryStore::with_clock(clock.clone()))
-        .clock(clock.clone())
-        .policy(policy)
-        .max_wait(ms(3000))
-        .build()
-        .unwrap();
+    let layer = egress_with(
+        MemoryStore::with_clock(clock.clone()),
+        &clock,
+        one_a_second(),
+        ms(3000),
+    );
     a_booked_call_is_held_by_a_later_pause(&layer).await;
 }
 
@@ -367,13 +380,12 @@ async fn a_booked_call_is_held_by_a_later_pause_in_memory() {
 async fn a_booked_call_is_held_by_a_later_pause_on_redis() {
     let server = RedisServer::start();
     let clock = TokioClock::new();
-    let layer = EgressLayer::builder()
-        .store(redis(&server.url(), "held:", &clock).await)
-        .clock(clock.clone())
-        .policy(Policy::gcra("1/s").name("partner"))
-        .max_wait(ms(3000))
-        .build()
-        .unwrap();
+    let layer = egress_with(
+        redis(&server.url(), "held:", &clock).await,
+        &clock,
+        one_a_second(),
+        ms(3000),
+    );
     a_booked_call_is_held_by_a_later_pause(&layer).await;
     support::assert_no_key_without_ttl(&server, "held:");
 }
@@ -409,13 +421,12 @@ async fn a_held_call_dropped_gives_its_time_back<St: Store>(layer: &EgressLayer<
 #[tokio::test(start_paused = true)]
 async fn a_held_call_dropped_gives_its_time_back_in_memory() {
     let clock = TokioClock::new();
-    let layer = EgressLayer::builder()
-        .store(MemoryStore::with_clock(clock.clone()))
-        .clock(clock.clone())
-        .policy(Policy::gcra("1/s").name("partner"))
-        .max_wait(ms(5000))
-        .build()
-        .unwrap();
+    let layer = egress_with(
+        MemoryStore::with_clock(clock.clone()),
+        &clock,
+        one_a_second(),
+        ms(5000),
+    );
     a_held_call_dropped_gives_its_time_back(&layer).await;
 }
 
@@ -423,13 +434,12 @@ async fn a_held_call_dropped_gives_its_time_back_in_memory() {
 async fn a_held_call_dropped_gives_its_time_back_on_redis() {
     let server = RedisServer::start();
     let clock = TokioClock::new();
-    let layer = EgressLayer::builder()
-        .store(redis(&server.url(), "dropped:", &clock).await)
-        .clock(clock.clone())
-        .policy(Policy::gcra("1/s").name("partner"))
-        .max_wait(ms(5000))
-        .build()
-        .unwrap();
+    let layer = egress_with(
+        redis(&server.url(), "dropped:", &clock).await,
+        &clock,
+        one_a_second(),
+        ms(5000),
+    );
     a_held_call_dropped_gives_its_time_back(&layer).await;
     support::assert_no_key_without_ttl(&server, "dropped:");
 }
@@ -494,15 +504,7 @@ async fn a_remaining_count_corrects_the_policy_in_memory() {
     for (report, corrects) in remaining_reports() {
         let clock = TokioClock::new();
         let store = MemoryStore::with_clock(clock.clone());
-        let layer = || {
-            EgressLayer::builder()
-                .store(store.clone())
-                .clock(clock.clone())
-                .policy(hundred_an_hour())
-                .max_wait(ms(100))
-                .build()
-                .unwrap()
-        };
+        let layer = || egress_with(store.clone(), &clock, hundred_an_hour(), ms(100));
         a_remaining_count_corrects_the_policy(&layer(), &layer(), &report, corrects).await;
     }
 }
@@ -514,13 +516,12 @@ async fn a_remaining_count_corrects_the_policy_on_redis() {
         let clock = TokioClock::new();
         let prefix = format!("corrected{i}:");
         let layer = async || {
-            EgressLayer::builder()
-                .store(redis(&server.url(), &prefix, &clock).await)
-                .clock(clock.clone())
-                .policy(hundred_an_hour())
-                .max_wait(ms(100))
-                .build()
-                .unwrap()
+            egress_with(
+                redis(&server.url(), &prefix, &clock).await,
+                &clock,
+                hundred_an_hour(),
+                ms(100),
+            )
         };
         let (a, b) = (layer().await, layer().await);
         a_remaining_count_corrects_the_policy(&a, &b, &report, corrects).await;
@@ -533,13 +534,12 @@ async fn a_remaining_count_corrects_the_policy_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
     let clock = TokioClock::new();
     let layer = async || {
-        EgressLayer::builder()
-            .store(redis(&cluster.url(), "corrected:", &clock).await)
-            .clock(clock.clone())
-            .policy(hundred_an_hour())
-            .max_wait(ms(100))
-            .build()
-            .unwrap()
+        egress_with(
+            redis(&cluster.url(), "corrected:", &clock).await,
+            &clock,
+            hundred_an_hour(),
+            ms(100),
+        )
     };
     let (a, b) = (layer().await, layer().await);
     let (report, _) = remaining_reports().remove(0);

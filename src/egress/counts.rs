@@ -175,14 +175,7 @@ fn items(value: &str) -> Vec<(String, Params)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (name, value) in pairs {
-            map.append(*name, value.parse().unwrap());
-        }
-        map
-    }
+    use crate::egress::upstream::tests::headers;
 
     fn count(limit: u64, window: Option<u64>, remaining: u64) -> Count {
         let window = window.map(Duration::from_secs);

@@ -311,10 +311,10 @@ fn plain(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+    pub(in crate::egress) fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
         for (name, value) in pairs {
             map.append(*name, value.parse().unwrap());

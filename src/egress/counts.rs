@@ -19,17 +19,24 @@ use std::time::Duration;
 use http::HeaderMap;
 use smallvec::SmallVec;
 
+#[cfg(test)]
+use super::upstream::headers;
 use super::upstream::{seconds, split_outside_quotes};
 
 /// One limit an upstream reports: its units, its window when it names one, and what is left.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Count {
-    pub(crate) limit: u64,
-    pub(crate) window: Option<Duration>,
-    pub(crate) remaining: u64,
+    limit: u64,
+    window: Option<Duration>,
+    remaining: u64,
 }
 
 impl Count {
+    /// The units left.
+    pub(crate) fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
     /// Whether this is the limit of a policy of `limit` units a `window`.
     pub(crate) fn is_of(&self, limit: u64, window: Duration) -> bool {
         self.limit == limit && self.window.is_none_or(|w| w == window)
@@ -175,7 +182,6 @@ fn items(value: &str) -> Vec<(String, Params)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::egress::upstream::tests::headers;
 
     fn count(limit: u64, window: Option<u64>, remaining: u64) -> Count {
         let window = window.map(Duration::from_secs);

@@ -281,6 +281,10 @@ async fn hold<St: Store>(learn: &Learn<St>, key: &Key, units: u64) -> Result<(),
     Ok(())
 }
 
+/// The adaptive rate's directions (the metric's labels).
+const DOWN: &str = "down";
+const UP: &str = "up";
+
 /// What a call's learning works with: the layer's, the call's key, and what its policies
 /// had left when they admitted it.
 struct Learning<St> {
@@ -313,8 +317,14 @@ impl<St: Store> Learning<St> {
             true => (asked(response), self.fewer(response)),
             false => (None, SmallVec::new()),
         };
-        let refused = upstream::refused(status, headers);
-        let adapting = self.adapting(refused && pause.is_none() && fewer.is_empty(), refused);
+        // An adaptive rate moves on answers that say nothing else: down on a refusal, up on
+        // an answer the upstream gave (not its own failure).
+        let quiet = pause.is_none() && fewer.is_empty();
+        let step = match upstream::refused(status, headers) {
+            true => quiet.then_some(DOWN),
+            false => (quiet && !status.is_server_error()).then_some(UP),
+        };
+        let adapting = step.and_then(|step| self.adapting(step));
         if pause.is_none() && fewer.is_empty() && adapting.is_none() {
             return None;
         }
@@ -331,10 +341,10 @@ impl<St: Store> Learning<St> {
         }))
     }
 
-    /// The changes of the key's limits the adaptive rate makes: lower after a refusal with
-    /// nothing else to learn from (`lower`), higher after an answer (not `refused`) while a
-    /// limit is lowered and this instance may try; with their direction.
-    fn adapting(&self, lower: bool, refused: bool) -> Option<(Vec<Change>, &'static str)> {
+    /// The changes of the key's limits the adaptive rate makes in direction `step`: lower
+    /// ([`DOWN`]), or higher ([`UP`]) while a limit is lowered and this instance may try;
+    /// with their direction.
+    fn adapting(&self, step: &'static str) -> Option<(Vec<Change>, &'static str)> {
         let adapt = self.learn.adapt.as_ref()?;
         if self.seen.is_empty() {
             return None;
@@ -346,13 +356,11 @@ impl<St: Store> Learning<St> {
             .iter()
             .map(|(t, l, w, _)| (t.clone(), *l, *w))
             .collect();
-        let changes = match (lower, refused) {
-            (true, _) => adapt.lowered(&seen, configured),
-            (false, false) => adapt.raised(&self.key, limiter.now_us(), &seen, configured)?,
-            (false, true) => return None,
+        let changes = match step {
+            DOWN => adapt.lowered(&seen, configured),
+            _ => adapt.raised(&self.key, limiter.now_us(), &seen, configured)?,
         };
-        let direction = if lower { "down" } else { "up" };
-        (!changes.is_empty()).then_some((changes, direction))
+        (!changes.is_empty()).then_some((changes, step))
     }
 
     /// Makes `changes` of the key's limits (a raise once the gate lets it through).
@@ -362,9 +370,9 @@ impl<St: Store> Learning<St> {
         };
         let now = self.learn.layer.limiter().now_us();
         match direction {
-            "up" if !adapt.may_raise(&self.key).await => return,
-            "up" => {}
-            _ => adapt.hold_raises(&self.key, now).await,
+            DOWN => adapt.hold_raises(&self.key, now).await,
+            _ if !adapt.may_raise(&self.key).await => return,
+            _ => {}
         }
         let until = adapt.until(now);
         adaptive::apply(&self.learn.layer, &self.key, changes, until, direction).await;
@@ -380,7 +388,7 @@ impl<St: Store> Learning<St> {
         let mut fewer = SmallVec::new();
         for (tier, limit, window, had) in &self.seen {
             let left = counts.iter().filter(|c| c.is_of(*limit, *window));
-            if let Some(left) = left.map(|c| c.remaining).min().filter(|l| l < had) {
+            if let Some(left) = left.map(|c| c.remaining()).min().filter(|l| l < had) {
                 fewer.push((tier.id(), had - left));
             }
         }

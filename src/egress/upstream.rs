@@ -310,17 +310,19 @@ fn plain(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     })
 }
 
+/// A header map of `pairs`, for the tests of the upstream's parsers.
 #[cfg(test)]
-pub(super) mod tests {
-    use super::*;
-
-    pub(in crate::egress) fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (name, value) in pairs {
-            map.append(*name, value.parse().unwrap());
-        }
-        map
+pub(super) fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    for (name, value) in pairs {
+        map.append(*name, value.parse().unwrap());
     }
+    map
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     const NOW: u64 = 1_800_000_000;
 

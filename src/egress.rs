@@ -17,7 +17,10 @@
 //! * **Learning**: an upstream that answers `429` or `503` with `Retry-After`, or says it has
 //!   nothing left (`RateLimit: "default";r=0;t=30`, `X-RateLimit-Remaining: 0` with its reset),
 //!   pauses the key in the store until the time it names: no call of any instance reaches it
-//!   before then; the calls that can wait that long wait, the others give up.
+//!   before then; the calls that can wait that long wait, the others give up. An answer
+//!   saying how much is left of a limit that is one of the policies' charges the key what
+//!   others spent; and with an [`AdaptiveRate`], a refusal that says nothing lowers the key's
+//!   limit, and answers raise it back.
 //! * **Costs**: a call may cost what it will spend (an LLM call's estimated tokens,
 //!   [`Policy::cost`]) and be settled from its response as a server's requests are
 //!   ([`settle`](crate::settle)).

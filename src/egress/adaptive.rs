@@ -173,7 +173,9 @@ impl<St: Store> Adapt<St> {
         configured: impl Fn(&Tier) -> u64,
     ) -> Option<Vec<Change>> {
         let mut changes = Vec::new();
-        for (tier, limit, _) in seen {
+        // Only a key under a limit of its own (a lowered one) is raised: a policy's share of
+        // a reserve reports less than its quota, and is not lowered.
+        for (tier, limit, _) in seen.iter().filter(|(t, ..)| t.own_quota().is_some()) {
             let full = configured(tier);
             if *limit < full {
                 let step = ((full as f64 * self.rate.increase).round() as u64).max(1);

@@ -286,7 +286,6 @@ impl Tier {
     }
 
     /// The quota of a key's own limit, for a tier made by [`relimited`](Self::relimited).
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn own_quota(&self) -> Option<Quota> {
         self.own
     }

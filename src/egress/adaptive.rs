@@ -145,18 +145,18 @@ impl<St: Store> Adapt<St> {
         })
     }
 
-    /// The lower limits of the policies (`seen`: each tier, with the limit and window that
-    /// admitted the call) after a refusal.
-    pub(super) fn lowered(
+    /// The lower limits of the policies (`seen`: each tier, with the limit that admitted the
+    /// call) after a refusal.
+    pub(super) fn lowered<'t>(
         &self,
-        seen: &[(Arc<Tier>, u64, Duration)],
+        seen: impl Iterator<Item = (&'t Arc<Tier>, u64)>,
         configured: impl Fn(&Tier) -> u64,
     ) -> Vec<Change> {
         let mut changes = Vec::new();
-        for (tier, limit, _) in seen {
+        for (tier, limit) in seen {
             let floor = ((configured(tier) as f64 * self.rate.floor).ceil() as u64).max(1);
-            let lower = ((*limit as f64 * self.rate.decrease).floor() as u64).max(floor);
-            if lower < *limit {
+            let lower = ((limit as f64 * self.rate.decrease).floor() as u64).max(floor);
+            if lower < limit {
                 changes.push((tier.clone(), Some(lower)));
             }
         }
@@ -165,19 +165,19 @@ impl<St: Store> Adapt<St> {
 
     /// The higher limits of the policies lowered before (`None` when none is), if this
     /// instance may try to raise them now.
-    pub(super) fn raised(
+    pub(super) fn raised<'t>(
         &self,
         key: &Key,
         now_us: u64,
-        seen: &[(Arc<Tier>, u64, Duration)],
+        seen: impl Iterator<Item = (&'t Arc<Tier>, u64)>,
         configured: impl Fn(&Tier) -> u64,
     ) -> Option<Vec<Change>> {
         let mut changes = Vec::new();
         // Only a key under a limit of its own (a lowered one) is raised: a policy's share of
         // a reserve reports less than its quota, and is not lowered.
-        for (tier, limit, _) in seen.iter().filter(|(t, ..)| t.own_quota().is_some()) {
+        for (tier, limit) in seen.filter(|(t, _)| t.own_quota().is_some()) {
             let full = configured(tier);
-            if *limit < full {
+            if limit < full {
                 let step = ((full as f64 * self.rate.increase).round() as u64).max(1);
                 let higher = limit.saturating_add(step);
                 changes.push((tier.clone(), (higher < full).then_some(higher)));

@@ -293,16 +293,28 @@ struct Learning<St> {
     seen: Seen,
 }
 
-/// Of each policy that admitted a call: its tier, its limit and window, and what it had
-/// left.
-type Seen = SmallVec<[(Arc<Tier>, u64, Duration, u64); 2]>;
+/// What each rate policy that admitted a call had.
+type Seen = SmallVec<[Admitted; 2]>;
+
+/// A rate policy that admitted a call: its tier, its limit and window, and what it had left.
+struct Admitted {
+    tier: Arc<Tier>,
+    limit: u64,
+    window: Duration,
+    remaining: u64,
+}
 
 /// What `decision`'s rate policies had left.
 fn seen(decision: &Decision) -> Seen {
     let outcomes = decision.outcomes().iter();
     let rates = outcomes.filter(|o| !o.tier().limits_in_flight());
     rates
-        .map(|o| (o.tier().clone(), o.limit(), o.window(), o.remaining()))
+        .map(|o| Admitted {
+            tier: o.tier().clone(),
+            limit: o.limit(),
+            window: o.window(),
+            remaining: o.remaining(),
+        })
         .collect()
 }
 
@@ -313,19 +325,20 @@ impl<St: Store> Learning<St> {
     /// admitted the call (the others' calls the upstream counted: charged here too).
     fn learned<B>(self, response: &Response<B>) -> Option<BoxFuture> {
         let (status, headers) = (response.status(), response.headers());
-        let (pause, fewer) = match upstream::may_say(status, headers) {
-            true => (asked(response), self.fewer(response)),
+        let refusal = upstream::refusal(status, headers);
+        let (pause, fewer) = match refusal.is_some() || upstream::names_a_limit(headers) {
+            true => (asked(refusal, response), self.fewer(response)),
             false => (None, SmallVec::new()),
         };
         // An adaptive rate moves on answers that say nothing else: down on a refusal, up on
         // an answer the upstream gave (not its own failure).
         let quiet = pause.is_none() && fewer.is_empty();
-        let step = match upstream::refused(status, headers) {
-            true => quiet.then_some(DOWN),
-            false => (quiet && !status.is_server_error()).then_some(UP),
+        let step = match refusal {
+            Some(_) => quiet.then_some(DOWN),
+            None => (quiet && !status.is_server_error()).then_some(UP),
         };
         let adapting = step.and_then(|step| self.adapting(step));
-        if pause.is_none() && fewer.is_empty() && adapting.is_none() {
+        if quiet && adapting.is_none() {
             return None;
         }
         Some(Box::pin(async move {
@@ -351,14 +364,10 @@ impl<St: Store> Learning<St> {
         }
         let limiter = self.learn.layer.limiter();
         let configured = |t: &Tier| limiter.configured_limit(t.id()).unwrap_or(t.limit());
-        let seen: SmallVec<[_; 2]> = self
-            .seen
-            .iter()
-            .map(|(t, l, w, _)| (t.clone(), *l, *w))
-            .collect();
+        let seen = self.seen.iter().map(|a| (&a.tier, a.limit));
         let changes = match step {
-            DOWN => adapt.lowered(&seen, configured),
-            _ => adapt.raised(&self.key, limiter.now_us(), &seen, configured)?,
+            DOWN => adapt.lowered(seen, configured),
+            _ => adapt.raised(&self.key, limiter.now_us(), seen, configured)?,
         };
         (!changes.is_empty()).then_some((changes, step))
     }
@@ -386,10 +395,11 @@ impl<St: Store> Learning<St> {
         }
         let counts = counts::counts(response.headers());
         let mut fewer = SmallVec::new();
-        for (tier, limit, window, had) in &self.seen {
-            let left = counts.iter().filter(|c| c.is_of(*limit, *window));
-            if let Some(left) = left.map(|c| c.remaining()).min().filter(|l| l < had) {
-                fewer.push((tier.id(), had - left));
+        for seen in &self.seen {
+            let left = counts.iter().filter(|c| c.is_of(seen.limit, seen.window));
+            let left = left.map(|c| c.remaining()).min();
+            if let Some(left) = left.filter(|&l| l < seen.remaining) {
+                fewer.push((seen.tier.id(), seen.remaining - left));
             }
         }
         fewer
@@ -434,14 +444,14 @@ async fn keep<St: Store>(learn: &Learn<St>, key: &Key, duration: Duration) {
     }
 }
 
-/// The pause `response` asks for, if any, counted.
-fn asked<B>(response: &Response<B>) -> Option<Duration> {
-    let status = response.status();
-    if let Some(status) = upstream::refusal(status, response.headers()) {
+/// The pause `response` (a `refusal`, or not) asks for, if any, counted.
+fn asked<B>(refusal: Option<&'static str>, response: &Response<B>) -> Option<Duration> {
+    if let Some(status) = refusal {
         metrics::counter!("ratelimit_egress_upstream_refused_total", "status" => status)
             .increment(1);
     }
-    let (duration, source) = upstream::pause(status, response.headers(), SystemTime::now())?;
+    let (duration, source) =
+        upstream::pause(response.status(), response.headers(), SystemTime::now())?;
     metrics::counter!("ratelimit_egress_pauses_total", "source" => source.label()).increment(1);
     Some(duration)
 }

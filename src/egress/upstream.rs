@@ -60,17 +60,16 @@ pub(crate) fn refusal(status: StatusCode, headers: &HeaderMap) -> Option<&'stati
     }
 }
 
-/// Whether an answer of `status` with `headers` may say anything of the upstream's limit: a
-/// refusal, or a field of a rate-limit family. One look at each field's name, so that an
-/// answer saying nothing (the usual one) is not searched for each field by name.
-pub(crate) fn may_say(status: StatusCode, headers: &HeaderMap) -> bool {
-    refused(status, headers)
-        || headers.keys().any(|name| {
-            let name = name.as_str();
-            name.starts_with("ratelimit")
-                || name.starts_with("x-ratelimit")
-                || name.starts_with("anthropic-ratelimit")
-        })
+/// Whether `headers` hold a field of a rate-limit family: one look at each field's name, so
+/// that an answer saying nothing of the upstream's limit (the usual one, when it is not a
+/// refusal) is not searched for each field by name.
+pub(crate) fn names_a_limit(headers: &HeaderMap) -> bool {
+    headers.keys().any(|name| {
+        let name = name.as_str();
+        name.starts_with("ratelimit")
+            || name.starts_with("x-ratelimit")
+            || name.starts_with("anthropic-ratelimit")
+    })
 }
 
 /// Whether an answer of `status` with `headers` is a refusal (see [`refusal`]).

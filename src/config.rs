@@ -261,6 +261,7 @@ impl<'de> Deserialize<'de> for CidrText {
 /// | `key` | string | this policy's key ([`KeySpec`]) |
 /// | `routes` | strings | `"/path"`, `"GET /path"`, `"/prefix/*"` ([`route`](Policy::route)) |
 /// | `cost` | integer, string | units per request ([`cost`](Policy::cost)), or `"json:<pointer>"`: the number at that JSON pointer of the body ([`cost_json`](Policy::cost_json)), or `"graphql"` (`"graphql:<max depth>"`, 10 by default): its GraphQL query's calculated cost ([`cost_graphql`](Policy::cost_graphql)) |
+/// | `min_body_cost` | integer | the least a cost read from the body counts, 1 by default; `0` lets a body stating 0 through uncharged ([`min_body_cost`](Policy::min_body_cost)) |
 /// | `shadow` | bool | dry run ([`shadow`](Policy::shadow)) |
 /// | `charge_if_status` | integers | charge only responses with these statuses ([`charge_if`](Policy::charge_if)) |
 /// | `refund_if_status` | integers | give the cost back for these statuses ([`refund_if`](Policy::refund_if)) |
@@ -350,6 +351,7 @@ struct RawPolicy {
     reserve_shares: BTreeMap<String, u8>,
     reserve_others: Option<u8>,
     near_limit: Option<u8>,
+    min_body_cost: Option<u32>,
     block_for: Option<Text<DurationText>>,
     block_after: Option<u32>,
     block_within: Option<Text<DurationText>>,
@@ -388,6 +390,9 @@ impl TryFrom<RawPolicy> for PolicyConfig {
             #[cfg(feature = "graphql")]
             Some(CostText::Graphql(depth)) => policy = policy.cost_graphql(depth),
             None => {}
+        }
+        if let Some(units) = r.min_body_cost {
+            policy = policy.min_body_cost(units);
         }
         policy = r.tiered(policy);
         policy = r.taking(policy);

@@ -17,6 +17,9 @@
 //! | not all there within the deadline | `408`, code `body_timeout` |
 //! | broken off, or failing | `400`, code `body_unreadable` |
 //! | not JSON where a policy needs JSON | `400`, code `body_not_json` |
+//! | a batch (a JSON array) of no call | `400`, code `batch_empty` |
+//! | a batch of more calls than [`BodyLimits::batch_calls`] (32) | `413`, code `batch_too_large` |
+//! | a batch a policy makes more keys of than [`BodyLimits::batch_keys`] (8) | `413`, code `batch_too_many_keys` |
 //!
 //! Each is a `problem+json` (or the layer's
 //! [`on_key_rejected`](crate::RateLimitLayerBuilder::on_key_rejected) response), counted in
@@ -44,6 +47,8 @@ pub use service::{ReadBodies, ReadFuture};
 pub struct BodyLimits {
     limit: usize,
     deadline: Duration,
+    batch_calls: usize,
+    batch_keys: usize,
 }
 
 impl BodyLimits {
@@ -53,11 +58,19 @@ impl BodyLimits {
     /// The default time a body has to arrive: 10 seconds.
     pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
 
-    /// 64 KiB within 10 seconds.
+    /// The default most calls of a JSON-RPC batch: 32.
+    pub const DEFAULT_BATCH_CALLS: usize = 32;
+
+    /// The default most distinct keys one policy makes of a batch's calls: 8.
+    pub const DEFAULT_BATCH_KEYS: usize = 8;
+
+    /// 64 KiB within 10 seconds; batches of at most 32 calls and 8 keys a policy.
     pub fn new() -> Self {
         BodyLimits {
             limit: Self::DEFAULT_LIMIT,
             deadline: Self::DEFAULT_DEADLINE,
+            batch_calls: Self::DEFAULT_BATCH_CALLS,
+            batch_keys: Self::DEFAULT_BATCH_KEYS,
         }
     }
 
@@ -74,6 +87,37 @@ impl BodyLimits {
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
         self
+    }
+
+    /// At most `calls` calls in a JSON-RPC batch (a JSON array body); more: `413`, code
+    /// `batch_too_large`. Each call is keyed and costed on its own, so the calls of a batch
+    /// are bounded on their own, not by the body's size alone: MCP clients send a handful.
+    /// Checked when the layer is built: at least 1.
+    #[must_use]
+    pub fn batch_calls(mut self, calls: usize) -> Self {
+        self.batch_calls = calls;
+        self
+    }
+
+    /// At most `keys` distinct keys (and tiers) one policy makes of a batch's calls; more:
+    /// `413`, code `batch_too_many_keys`. A policy checks each distinct key of a batch once,
+    /// all of them in one atomic decision: this bounds what one request holds in memory (the
+    /// rows it locks) and the store calls it makes on a cluster (one per hash slot).
+    /// Checked when the layer is built: at least 1.
+    #[must_use]
+    pub fn batch_keys(mut self, keys: usize) -> Self {
+        self.batch_keys = keys;
+        self
+    }
+
+    /// The most calls of a batch.
+    pub fn get_batch_calls(&self) -> usize {
+        self.batch_calls
+    }
+
+    /// The most distinct keys a policy makes of a batch.
+    pub fn get_batch_keys(&self) -> usize {
+        self.batch_keys
     }
 
     /// The bound, in bytes.
@@ -96,6 +140,12 @@ impl BodyLimits {
         if self.deadline.is_zero() {
             return Err(crate::ConfigError::new(
                 "read_bodies: a deadline of 0 gives no body the time to arrive",
+            ));
+        }
+        if self.batch_calls == 0 || self.batch_keys == 0 {
+            return Err(crate::ConfigError::new(
+                "read_bodies: a batch of at most 0 calls or 0 keys admits no batch; give at \
+                 least 1 (a batch of 1 call is a single request)",
             ));
         }
         Ok(())
@@ -156,8 +206,10 @@ impl RequestBody {
     }
 
     /// `bytes` parsed as JSON (every policy that reads the body reads JSON), or why they do
-    /// not parse.
-    pub(crate) fn parse(bytes: Bytes) -> Result<Self, crate::KeyRejection> {
+    /// not parse or are a batch `limits` refuse.
+    pub(crate) fn parse(bytes: Bytes, limits: &BodyLimits) -> Result<Self, crate::KeyRejection> {
+        #[cfg(not(feature = "json"))]
+        let _ = limits;
         #[cfg(feature = "json")]
         let json = {
             let value = serde_json::from_slice(&bytes).map_err(|e| {
@@ -166,6 +218,9 @@ impl RequestBody {
                     format!("the request body is not JSON: {e}"),
                 )
             })?;
+            if let serde_json::Value::Array(calls) = &value {
+                batch_bounded(calls.len(), limits)?;
+            }
             Some(Arc::new(value))
         };
         Ok(RequestBody {
@@ -176,4 +231,27 @@ impl RequestBody {
             graphql: std::sync::OnceLock::new(),
         })
     }
+}
+
+/// Why a batch of `calls` calls is refused, if it is: none (an empty batch asks for nothing and
+/// would be charged nothing), or more than `limits` allow.
+#[cfg(feature = "json")]
+fn batch_bounded(calls: usize, limits: &BodyLimits) -> Result<(), crate::KeyRejection> {
+    if calls == 0 {
+        return Err(crate::KeyRejection::bad_request(
+            "batch_empty",
+            "the request body is an empty batch: a batch has at least one call",
+        ));
+    }
+    if calls > limits.batch_calls {
+        return Err(crate::KeyRejection::new(
+            http::StatusCode::PAYLOAD_TOO_LARGE,
+            "batch_too_large",
+            format!(
+                "the batch has {calls} calls, over the {} a rate-limited batch may have",
+                limits.batch_calls
+            ),
+        ));
+    }
+    Ok(())
 }

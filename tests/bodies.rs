@@ -310,11 +310,9 @@ async fn costs_across_two_layers<St: Store + Clone>(one: St, two: St, _: ManualC
     assert_eq!(reply.remaining(), Some(0));
     let over = post(&one, "/llm", "a", asking(json!(1))).await;
     assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS);
-    // A look (cost 0) is admitted.
-    assert_eq!(
-        post(&two, "/llm", "a", asking(json!(0))).await.status,
-        StatusCode::OK
-    );
+    // A cost of 0 counts 1 (no free pass): over as well.
+    let zero = post(&two, "/llm", "a", asking(json!(0))).await;
+    assert_eq!(zero.status, StatusCode::TOO_MANY_REQUESTS, "{zero:?}");
     for (value, says) in [
         (json!(-1), "a negative number"),
         (json!(2.5), "not a whole number"),

@@ -60,6 +60,7 @@ use hmac::{Hmac, Mac as _};
 use http::header::Entry;
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue};
+use smallvec::SmallVec;
 
 use self::value::{ceil_secs, number};
 use crate::decision::{Decision, PolicyOutcome};
@@ -347,6 +348,32 @@ impl RateLimitHeaders {
     }
 }
 
+/// One outcome per policy (tier) name of `decision`, in the order the names come: a batch
+/// checks a policy once per key of its calls, and its fields describe each policy by its
+/// tightest key (denied before admitted; the longest wait among denials, the fewest units left
+/// among admissions), so that they are of one size whatever the batch.
+fn per_policy(decision: &Decision) -> SmallVec<[&PolicyOutcome; 4]> {
+    let mut each: SmallVec<[&PolicyOutcome; 4]> = SmallVec::new();
+    let tighter =
+        |o: &PolicyOutcome, than: &PolicyOutcome| match (o.is_allowed(), than.is_allowed()) {
+            (false, true) => true,
+            (true, false) => false,
+            (false, false) => {
+                let wait = |o: &PolicyOutcome| o.retry_after().unwrap_or(Duration::MAX);
+                wait(o) > wait(than)
+            }
+            (true, true) => o.remaining() < than.remaining(),
+        };
+    for o in decision.outcomes() {
+        match each.iter_mut().find(|e| e.policy() == o.policy()) {
+            Some(e) if tighter(o, e) => *e = o,
+            Some(_) => {}
+            None => each.push(o),
+        }
+    }
+    each
+}
+
 /// `RateLimit-Policy` and `RateLimit`: one list item per policy, shadow policies included;
 /// `secs` writes a time in seconds (rounded up, jitter added), `pk` gives a policy's `pk`.
 /// The largest integer a structured field carries (RFC 9651, 15 digits): a larger number (a
@@ -360,7 +387,7 @@ fn ietf_fields(
 ) -> Option<[HeaderValue; 2]> {
     let mut policy = String::new();
     let mut state = String::new();
-    for (i, o) in decision.outcomes().iter().enumerate() {
+    for (i, o) in per_policy(decision).into_iter().enumerate() {
         if i > 0 {
             policy.push_str(", ");
             state.push_str(", ");

@@ -86,7 +86,7 @@ impl<St: crate::store::Store> Limiter<St> {
         calls: &[serde_json::Value],
         (checks, fallback, after): super::Planned<'_>,
     ) -> Result<(), KeyRejection> {
-        for group in groups(policy, request, calls)? {
+        for group in groups(policy, request, calls, self.batch_keys())? {
             let planned = (&mut *checks, &mut *fallback, &mut *after);
             Self::push_check(policy, request, group.tier, group.key, group.cost, planned);
         }
@@ -95,6 +95,13 @@ impl<St: crate::store::Store> Limiter<St> {
 }
 
 impl<St> Limiter<St> {
+    /// The most distinct keys a policy makes of a batch.
+    #[cfg(feature = "json")]
+    fn batch_keys(&self) -> usize {
+        self.bodies
+            .map_or(BodyLimits::DEFAULT_BATCH_KEYS, |b| b.get_batch_keys())
+    }
+
     /// The limiter's own `response` to `request`, the calls that were over named in it when
     /// the request was a denied JSON-RPC batch.
     #[inline]
@@ -137,7 +144,7 @@ impl<St> Limiter<St> {
         for policy in route.iter().filter(|p| p.applies(request)) {
             // A policy that does not read the body has one check, made by every call.
             let groups: Vec<Vec<usize>> = match policy.reads_body() {
-                true => groups(policy, request, calls)
+                true => groups(policy, request, calls, self.batch_keys())
                     .map(|gs| gs.into_iter().map(|g| g.calls).collect())
                     .unwrap_or_default(),
                 false => vec![(0..calls.len()).collect()],
@@ -188,12 +195,14 @@ struct Group {
 }
 
 /// The checks of `policy` the `calls` of `request`'s batch make, in the order the calls first
-/// make them, or why a call has no key or cost.
+/// make them, or why a call has no key or cost, or why they make more than `most` checks.
+/// Each call is compared with at most `most` groups: linear in the calls.
 #[cfg(feature = "json")]
 fn groups(
     policy: &CompiledPolicy,
     request: &RequestRef<'_>,
     calls: &[serde_json::Value],
+    most: usize,
 ) -> Result<Vec<Group>, KeyRejection> {
     let mut groups: Vec<Group> = Vec::new();
     for (i, call) in calls.iter().enumerate() {
@@ -201,11 +210,13 @@ fn groups(
         let key = policy.key(&call)?;
         let cost = policy.cost(&call)?;
         let tier = policy.tier_index(&call, &key);
+        let full = groups.len() >= most;
         match groups.iter_mut().find(|g| g.tier == tier && g.key == key) {
             Some(g) => {
                 g.cost = g.cost.saturating_add(cost);
                 g.calls.push(i);
             }
+            None if full => return Err(too_many_keys(policy, most)),
             None => groups.push(Group {
                 tier,
                 key,
@@ -215,4 +226,18 @@ fn groups(
         }
     }
     Ok(groups)
+}
+
+/// The refusal of a batch whose calls make more than `most` keys of `policy`.
+#[cfg(feature = "json")]
+fn too_many_keys(policy: &CompiledPolicy, most: usize) -> KeyRejection {
+    KeyRejection::new(
+        http::StatusCode::PAYLOAD_TOO_LARGE,
+        "batch_too_many_keys",
+        format!(
+            "the batch's calls make more than the {most} keys of policy {} a rate-limited \
+             batch may make",
+            policy.name()
+        ),
+    )
 }

@@ -7,9 +7,37 @@ use super::builder::Policy;
 use crate::error::ConfigError;
 
 impl Policy {
+    /// The least a cost read from the body ([`cost_json`](Self::cost_json),
+    /// [`cost_graphql`](Self::cost_graphql)) counts: 1 by default, so that a client cannot
+    /// make itself free by asking for 0 (`{"max_tokens": 0}`, an empty query); each call of
+    /// a batch counts at least this much. `min_body_cost(0)` lets a body that states 0 through
+    /// uncharged, where a cost of 0 is a real answer (a dry run that costs nothing); a
+    /// larger floor charges every request some units (a call's own overhead). A cost
+    /// settled after the response ([`settle`](Self::settle)) is the response's, floored by
+    /// nothing.
+    ///
+    /// ```
+    /// use tower_ratelimit::{Policy, RateLimitLayer, request_body::BodyLimits};
+    ///
+    /// # fn main() -> Result<(), tower_ratelimit::ConfigError> {
+    /// // Every call costs its `max_tokens`, and at least 16.
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::token_bucket("100000/min").cost_json("/max_tokens").min_body_cost(16))
+    ///     .read_bodies(BodyLimits::new())
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn min_body_cost(mut self, units: u32) -> Self {
+        self.body_floor = units;
+        self
+    }
+
     /// The request's cost is the number at `pointer` (RFC 6901, `/max_tokens`) of its JSON
     /// body: an LLM call charged its tokens asked for, a batch import its rows. The number is a
-    /// whole number from 0 to `u32::MAX`; a body whose value is absent, negative, fractional,
+    /// whole number from 0 to `u32::MAX`, counted at least 1 (at least
+    /// [`min_body_cost`](Self::min_body_cost)); a body whose value is absent, negative, fractional,
     /// too large or no number is answered `400` (code `bad_cost`, saying which), charged
     /// nothing. The layer must read bodies
     /// ([`read_bodies`](crate::RateLimitLayerBuilder::read_bodies)); a pointer that is none

@@ -56,6 +56,8 @@ pub struct Policy {
     /// Where the body states the cost ([`Policy::cost_json`], [`Policy::cost_graphql`]), or
     /// why it cannot.
     pub(super) body_cost: Option<Result<super::body_cost::BodyCost, ConfigError>>,
+    /// The least a cost read from the body counts ([`Policy::min_body_cost`]): 1 by default.
+    pub(super) body_floor: u32,
     /// How the policy takes part in a decision: the operation its checks make, chosen by one
     /// builder method ([`Policy::shadow`], [`Policy::charge_if`], [`Policy::wait_up_to`],
     /// [`Policy::concurrency`]; enforced unless one is called), or why it cannot (two ways
@@ -127,6 +129,7 @@ impl Policy {
             key: None,
             cost: None,
             body_cost: None,
+            body_floor: 1,
             takes: Ok(Op::Enforce),
             charge_if: None,
             lease: None,

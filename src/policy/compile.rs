@@ -483,6 +483,7 @@ impl Prepared<'_> {
             key: p.key.clone().unwrap_or_else(|| key.clone()),
             cost: p.cost.clone().or_else(|| cost.clone()),
             body_cost: p.body_cost.clone().and_then(Result::ok),
+            body_floor: u64::from(p.body_floor),
             reads_body: p.reads_body(key),
             refund_if: p.refund_if.clone(),
             settle: p.settle.clone().map(Arc::new),

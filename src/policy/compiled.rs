@@ -26,6 +26,8 @@ pub(crate) struct CompiledPolicy {
     pub(super) cost: Option<CostFn>,
     /// Where the body states the cost, if it does.
     pub(super) body_cost: Option<super::body_cost::BodyCost>,
+    /// The least a cost read from the body counts.
+    pub(super) body_floor: u64,
     /// Its key or its cost reads the request body.
     pub(super) reads_body: bool,
     pub(super) refund_if: Option<StatusFn>,
@@ -138,7 +140,7 @@ impl CompiledPolicy {
     #[inline]
     pub(crate) fn cost(&self, request: &RequestRef<'_>) -> Result<u64, KeyRejection> {
         if let Some(cost) = &self.body_cost {
-            return cost.of(request);
+            return cost.of(request).map(|units| units.max(self.body_floor));
         }
         Ok(self.cost.as_ref().map_or(1, |f| u64::from(f(request))))
     }

@@ -236,7 +236,7 @@ impl<S, B: Body, St, M> Reading<S, B, St, M> {
             }
         }
         let bytes = std::mem::take(this.collected).finish();
-        let body = RequestBody::parse(bytes.clone())?;
+        let body = RequestBody::parse(bytes.clone(), this.wanted)?;
         let mut parts = this.parts.take().expect("read once");
         parts.extensions.insert(body);
         let body = ReadBody::read(bytes, this.trailers.take());

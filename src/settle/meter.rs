@@ -17,10 +17,15 @@ impl Settle {
     /// the bound, counted when it was not a clean number; `None` when the estimate stands.
     fn units(&self, check: &Check, reading: Reading) -> Option<u64> {
         let tier = check.tier();
-        let bound = tier
-            .algorithm()
-            .reported_limit()
-            .saturating_mul(u64::from(self.at_most));
+        let limit = tier.algorithm().reported_limit();
+        let mut bound = limit.saturating_mul(u64::from(self.at_most));
+        if let Some(pause) = self.owing_at_most_us {
+            // The units the policy's rate pays back in `pause`, past the estimate charged.
+            let window = u128::from(tier.window_us().max(1));
+            let owed = u128::from(limit) * u128::from(pause) / window;
+            let owed = u64::try_from(owed).unwrap_or(u64::MAX);
+            bound = bound.min(check.cost().saturating_add(owed));
+        }
         let (units, clamped) = match reading {
             Reading::Cost(units) if units > bound => (Some(bound), Some("too_large")),
             Reading::Cost(units) => (Some(units), None),

@@ -366,8 +366,10 @@ impl<St: Store> EgressLayerBuilder<St> {
             ));
         }
         let (max_wait, max_pause) = (self.max_wait, self.max_pause);
-        let policies = (self.policies.into_iter())
-            .map(|p| p.waiting_by_default(max_wait).settle_owing_at_most(max_pause));
+        let policies = (self.policies.into_iter()).map(|p| {
+            p.waiting_by_default(max_wait)
+                .settle_owing_at_most(max_pause)
+        });
         let mut builder = RateLimitLayer::builder()
             .store(self.store)
             .policies(policies)

@@ -287,7 +287,8 @@ impl Costing<'_> {
         let nests = self.reached - self.nested;
         self.reached = self.reached.max(reached);
         self.spreading.pop();
-        self.done.insert(name.to_owned(), (measured.0, measured.1, nests));
+        self.done
+            .insert(name.to_owned(), (measured.0, measured.1, nests));
         Ok(measured)
     }
 
@@ -450,8 +451,16 @@ mod tests {
         // A fragment costed once is as deep where it is spread again, deeper.
         let g = format!(" fragment G on Q {}{}", "{ a ".repeat(100), "}".repeat(100));
         assert!(query_cost(&format!("{{ ...G }}{g}"), None, None).is_ok());
-        let again = format!("{{ ...G x {}...G{} }}{g}", "{ b ".repeat(30), " }".repeat(30));
-        assert!(err(&again).contains("more than 128 deep"), "{}", err(&again));
+        let again = format!(
+            "{{ ...G x {}...G{} }}{g}",
+            "{ b ".repeat(30),
+            " }".repeat(30)
+        );
+        assert!(
+            err(&again).contains("more than 128 deep"),
+            "{}",
+            err(&again)
+        );
         // Inline fragments nest too (as deep as the parser allows, within the bound).
         let inline = format!("{{ {}a{} }}", "... on Q { ".repeat(127), " }".repeat(127));
         assert_eq!(cost(&inline), (1, 1));

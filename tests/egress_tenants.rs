@@ -41,9 +41,13 @@ fn upstream(
         let mut response = Response::new(String::new());
         if auth.ends_with(spent.as_bytes()) {
             *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-            response.headers_mut().insert("retry-after", "60".parse().unwrap());
+            response
+                .headers_mut()
+                .insert("retry-after", "60".parse().unwrap());
         } else {
-            response.headers_mut().insert("x-tokens-used", used.parse().unwrap());
+            response
+                .headers_mut()
+                .insert("x-tokens-used", used.parse().unwrap());
         }
         Ok::<_, Infallible>(response)
     })
@@ -51,7 +55,11 @@ fn upstream(
 
 /// What a call with `token` came to: its status, or that it gave up.
 async fn send<St: Store>(layer: &EgressLayer<St>, token: &str) -> Option<StatusCode> {
-    match layer.layer(upstream("spent", "1")).oneshot(call(token)).await {
+    match layer
+        .layer(upstream("spent", "1"))
+        .oneshot(call(token))
+        .await
+    {
         Ok(response) => Some(response.status()),
         Err(EgressError::GaveUp(_)) => None,
         Err(EgressError::Upstream(never)) => match never {},
@@ -69,7 +77,10 @@ async fn a_tenants_pause_holds_that_tenant_only<St: Store>(store: St, clock: Man
         .max_wait(Duration::from_secs(1))
         .build()
         .unwrap();
-    assert_eq!(send(&layer, "spent").await, Some(StatusCode::TOO_MANY_REQUESTS));
+    assert_eq!(
+        send(&layer, "spent").await,
+        Some(StatusCode::TOO_MANY_REQUESTS)
+    );
     assert_eq!(send(&layer, "spent").await, None, "paused for 60 s");
     assert_eq!(send(&layer, "tenant-b").await, Some(StatusCode::OK));
     assert_eq!(send(&layer, "tenant-b").await, Some(StatusCode::OK));
@@ -83,8 +94,17 @@ async fn a_tenants_pause_holds_that_tenant_only<St: Store>(store: St, clock: Man
     // tenant's.
     let spent = key_of("spent");
     assert!(!layer.limits().peek(&spent).await.unwrap().is_allowed());
-    assert!(layer.limits().peek(&key_of("tenant-b")).await.unwrap().is_allowed());
-    let host = UpstreamHost.extract(&RequestRef::new(&call("spent"))).unwrap();
+    assert!(
+        layer
+            .limits()
+            .peek(&key_of("tenant-b"))
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    let host = UpstreamHost
+        .extract(&RequestRef::new(&call("spent")))
+        .unwrap();
     assert!(layer.limits().peek(&host).await.unwrap().is_allowed());
     assert!(!format!("{spent:?}").contains("spent"), "{spent:?}");
 }
@@ -140,7 +160,10 @@ async fn a_settled_debt_pauses_the_key_max_pause_at_most<St: Store>(store: St, c
         .max_wait(Duration::from_millis(10))
         .build()
         .unwrap();
-    let sent = layer.layer(upstream("none", "1000")).oneshot(call("a")).await;
+    let sent = layer
+        .layer(upstream("none", "1000"))
+        .oneshot(call("a"))
+        .await;
     drop(sent.unwrap());
     let key = key_of("a");
     // Settled once the store has it (the settling is on its way when the call returns): the

@@ -230,7 +230,9 @@ fn remember(next_try: &mut HashMap<Key, u64>, key: &Key, now_us: u64, next: u64)
     if next_try.len() >= MOST_TRIES && !next_try.contains_key(key) {
         next_try.retain(|_, &mut at| at > now_us);
         if next_try.len() >= MOST_TRIES {
-            let earliest = (next_try.iter()).min_by_key(|(_, at)| **at).map(|(k, _)| k.clone());
+            let earliest = (next_try.iter())
+                .min_by_key(|(_, at)| **at)
+                .map(|(k, _)| k.clone());
             if let Some(earliest) = earliest {
                 next_try.remove(&earliest);
             }

@@ -155,7 +155,10 @@ impl JsonCost {
 fn event_end(kept: &[u8], from: usize, search: usize) -> Option<(usize, usize)> {
     let at = |i: usize, sep: &[u8]| i >= from && kept.get(i..i + sep.len()) == Some(sep);
     let mut i = search;
-    while let Some(n) = kept.get(i..).and_then(|rest| rest.iter().position(|&b| b == b'\n')) {
+    while let Some(n) = kept
+        .get(i..)
+        .and_then(|rest| rest.iter().position(|&b| b == b'\n'))
+    {
         i += n;
         // A `\r\n\r\n` has its first `\n` one after its start, a `\n\n` at it: in the order
         // of the `\n`s, the first found starts first.
@@ -286,14 +289,26 @@ mod tests {
         let next = "data: {\"usage\": {\"total_tokens\": 5}}\n\n";
         for (event, expected) in [
             // Over: skipped, the next read.
-            (format!("data: {{\"usage\": {{\"total_tokens\": 9}}}}\n{over}"), 5),
+            (
+                format!("data: {{\"usage\": {{\"total_tokens\": 9}}}}\n{over}"),
+                5,
+            ),
             // At the bound: read (its own cost comes before the next's).
-            (format!(": {at}\ndata: {{\"usage\": {{\"total_tokens\": 9}}}}"), 5),
+            (
+                format!(": {at}\ndata: {{\"usage\": {{\"total_tokens\": 9}}}}"),
+                5,
+            ),
         ] {
             let body = format!("{event}\r\n\r\n{next}");
             let whole = read(true, &[&body]);
             assert_eq!(whole, Reading::Cost(expected));
-            for chunk in [1 << 10, (1 << 20) - 1, 1 << 20, (1 << 20) + 1, (1 << 20) + 3] {
+            for chunk in [
+                1 << 10,
+                (1 << 20) - 1,
+                1 << 20,
+                (1 << 20) + 1,
+                (1 << 20) + 3,
+            ] {
                 let pieces: Vec<&str> = (body.as_bytes().chunks(chunk))
                     .map(|c| std::str::from_utf8(c).unwrap())
                     .collect();

@@ -173,7 +173,10 @@ fn reader_of(
     if let Some(at) = readers.iter().position(|r| r.pointer() == &**pointer) {
         return at;
     }
-    readers.push(Box::new(super::json::JsonCost::new(pointer.clone(), events)));
+    readers.push(Box::new(super::json::JsonCost::new(
+        pointer.clone(),
+        events,
+    )));
     readers.len() - 1
 }
 
@@ -243,7 +246,10 @@ mod tests {
 
     #[test]
     fn the_checks_of_a_batch_share_one_reading_of_the_response() {
-        let body = [r#"{"usage": {"total_tokens": 42,"#, r#" "prompt_tokens": 5}}"#];
+        let body = [
+            r#"{"usage": {"total_tokens": 42,"#,
+            r#" "prompt_tokens": 5}}"#,
+        ];
         for keys in [1, 10, 3_400] {
             let (readers, settled) = metered(keys, &body);
             // One reader a pointer, whatever the number of keys.

@@ -211,14 +211,13 @@ pub fn json_cost(body: &[u8], events: bool, cut: usize) -> (String, String) {
 /// however the stream is cut.
 #[cfg(feature = "json")]
 pub fn events_cost(body: &[u8], cuts: &[u8]) -> (String, String) {
-    let read = |chunks: &mut dyn Iterator<Item = &[u8]>| {
+    fn read<'a>(chunks: impl IntoIterator<Item = &'a [u8]>) -> String {
         let mut cost = crate::settle::JsonCost::new("/usage/total_tokens".into(), true);
         for chunk in chunks {
             cost.observe(chunk);
         }
         format!("{:?}", cost.finish())
-    };
-    let whole = read(&mut std::iter::once(body));
+    }
     let mut pieces = Vec::new();
     let mut rest = body;
     for &cut in cuts.iter().cycle().take(body.len()) {
@@ -230,7 +229,7 @@ pub fn events_cost(body: &[u8], cuts: &[u8]) -> (String, String) {
         rest = after;
     }
     pieces.push(rest);
-    (whole, read(&mut pieces.into_iter()))
+    (read([body]), read(pieces))
 }
 
 /// The status a layer that reads bodies answers `body` with, `POST`ed: `layer` picks its

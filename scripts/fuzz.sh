@@ -3,7 +3,7 @@
 # input), at most 512 MB in one allocation and 2 GB in all.
 #
 #     scripts/fuzz.sh TARGET SECONDS     one target (quota, config, client_ip, settle, entry,
-#                                        calendar, reply, ietf, body, upstream)
+#                                        calendar, reply, ietf, body, upstream, events)
 #     scripts/fuzz.sh all SECONDS        each target in turn (what .ci/run does, briefly)
 #
 # Built on the stable toolchain with libFuzzer's coverage flags (the ones `cargo fuzz` passes,
@@ -44,7 +44,7 @@ run() {
 }
 
 if [ "$TARGET" = all ]; then
-    for t in quota config client_ip settle calendar reply ietf entry body upstream; do run "$t"; done
+    for t in quota config client_ip settle calendar reply ietf entry body upstream events; do run "$t"; done
 else
     run "$TARGET"
 fi

@@ -94,7 +94,7 @@ pub use service::{Egress, EgressFuture, Upstream, UpstreamFuture};
 use crate::clock::Clock;
 use crate::error::{ConfigError, FailurePolicy};
 use crate::headers::HeaderStyle;
-use crate::key::{ClientIp, EntryError, Key, KeyExtractor, KeyRejection, RequestRef};
+use crate::key::{ApiKey, ClientIp, EntryError, Key, KeyExtractor, KeyRejection, RequestRef};
 use crate::layer::RateLimitLayer;
 use crate::policy::Policy;
 use crate::store::{MemoryStore, Store};
@@ -268,10 +268,37 @@ impl<St: Store> EgressLayerBuilder<St> {
 
     /// What a call is keyed by (default [`UpstreamHost`]: its URI's host and port): an API
     /// key header, a model name, anything a [`KeyExtractor`] reads. An upstream's pause
-    /// applies to this key.
+    /// applies to this key: for an upstream that limits each credential, key by it
+    /// ([`per_credential`](Self::per_credential)), or one tenant's exhausted credential
+    /// pauses every tenant of the host.
     pub fn key(mut self, key: impl KeyExtractor) -> Self {
         self.key = Arc::new(key);
         self
+    }
+
+    /// Keys each call by the upstream and the credential it carries ([`ApiKey`]: the
+    /// `Authorization` bearer token, or a header such as `x-api-key`), for an upstream that
+    /// limits each credential on its own (an LLM provider's API keys, a partner's accounts):
+    /// one tenant's credential refused or paused by the upstream pauses that credential's
+    /// calls, not every tenant's calls to the host. The credential reaches neither the store
+    /// nor the logs: the key holds its SHA-256 hash ([`ApiKey::key_for`]) after the host and
+    /// port. A call without the credential is not sent: it gives up
+    /// ([`Reason::KeyRejected`]).
+    ///
+    /// ```
+    /// use tower_ratelimit::Policy;
+    /// use tower_ratelimit::egress::EgressLayer;
+    /// use tower_ratelimit::key::ApiKey;
+    ///
+    /// let per_tenant = EgressLayer::builder()
+    ///     .per_credential(ApiKey::bearer())
+    ///     .policy(Policy::gcra("60/min").name("llm"))
+    ///     .build()?;
+    /// # let _ = per_tenant;
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn per_credential(self, credential: ApiKey) -> Self {
+        self.key(crate::key::all((UpstreamHost, credential)))
     }
 
     /// How long a call waits for its place at most (default [`DEFAULT_MAX_WAIT`], at most an
@@ -287,7 +314,11 @@ impl<St: Store> EgressLayerBuilder<St> {
         self
     }
 
-    /// The longest pause one answer of the upstream makes (default [`DEFAULT_MAX_PAUSE`]).
+    /// The longest pause one answer of the upstream makes (default [`DEFAULT_MAX_PAUSE`]),
+    /// and the longest one call's settled cost ([`Policy::settle`]) makes its key owe: a
+    /// call reported to have cost more than its estimate is charged at most what the
+    /// policy's rate pays back in `max_pause` past it (`1000/day` and 10 minutes: 6 units),
+    /// and the clamp is counted in `ratelimit_costs_clamped_total`.
     pub fn max_pause(mut self, max: Duration) -> Self {
         self.max_pause = max;
         self
@@ -334,11 +365,11 @@ impl<St: Store> EgressLayerBuilder<St> {
                 "an adaptive rate learns from the upstream: it needs learn_from_upstream(true)",
             ));
         }
-        let max_wait = self.max_wait;
-        let policies = self
-            .policies
-            .into_iter()
-            .map(|p| p.waiting_by_default(max_wait));
+        let (max_wait, max_pause) = (self.max_wait, self.max_pause);
+        let policies = (self.policies.into_iter()).map(|p| {
+            p.waiting_by_default(max_wait)
+                .settle_owing_at_most(max_pause)
+        });
         let mut builder = RateLimitLayer::builder()
             .store(self.store)
             .policies(policies)

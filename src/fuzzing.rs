@@ -205,6 +205,33 @@ pub fn json_cost(body: &[u8], events: bool, cut: usize) -> (String, String) {
     (read(&[body]), read(&[a, b]))
 }
 
+/// What the settle reader reads at `/usage/total_tokens` of a stream of server-sent events
+/// `body`: given whole, and cut in pieces of the lengths `cuts` names in turn (each from 1 to
+/// 256 bytes, round and round; the rest whole once they are spent). The two are the same
+/// however the stream is cut.
+#[cfg(feature = "json")]
+pub fn events_cost(body: &[u8], cuts: &[u8]) -> (String, String) {
+    fn read<'a>(chunks: impl IntoIterator<Item = &'a [u8]>) -> String {
+        let mut cost = crate::settle::JsonCost::new("/usage/total_tokens".into(), true);
+        for chunk in chunks {
+            cost.observe(chunk);
+        }
+        format!("{:?}", cost.finish())
+    }
+    let mut pieces = Vec::new();
+    let mut rest = body;
+    for &cut in cuts.iter().cycle().take(body.len()) {
+        if rest.is_empty() {
+            break;
+        }
+        let (piece, after) = rest.split_at((usize::from(cut) + 1).min(rest.len()));
+        pieces.push(piece);
+        rest = after;
+    }
+    pieces.push(rest);
+    (read([body]), read(pieces))
+}
+
 /// The status a layer that reads bodies answers `body` with, `POST`ed: `layer` picks its
 /// policy (keyed by a JSON-RPC call's method and a value at a pointer; costing a number at a
 /// pointer; costing a GraphQL query). A batch's calls are each keyed and costed.

@@ -37,6 +37,22 @@
 //! the same spirit: a client asking for ten thousand nodes pays for ten thousand. A query's
 //! depth is limited by the policy, its size by the body's bound, and its parsing by limits on
 //! nesting and tokens.
+//!
+//! Its selections may nest at most [`MOST_NESTED`] (128) deep, the selections of the
+//! fragments it spreads included: each field with a selection, each inline fragment and each
+//! fragment spread where it is spread goes one deeper, so that a chain of fragments, each
+//! spreading the next, is as deep as its links. A query nested deeper has no cost (an error,
+//! which a policy answers with `400 Bad Request`), and costing one uses a stack of a few
+//! hundred kilobytes at most, whatever the query.
+//!
+//! ```
+//! use tower_ratelimit::graphql::query_cost;
+//!
+//! let links: String = (0..200).map(|i| format!("fragment F{i} on Q {{ ...F{} }} ", i + 1)).collect();
+//! let chain = format!("{{ ...F0 }} {links} fragment F200 on Q {{ a }}");
+//! let refused = query_cost(&chain, None, None).unwrap_err();
+//! assert!(refused.to_string().contains("more than 128 deep"), "{refused}");
+//! ```
 
 use std::collections::HashMap;
 use std::fmt;
@@ -51,6 +67,10 @@ const RECURSION_LIMIT: usize = 128;
 
 /// The most tokens a query may have.
 const TOKEN_LIMIT: usize = 50_000;
+
+/// The most nested selections a query may have, those of the fragments it spreads included
+/// (see the [module](self)): a deeper one has no cost.
+pub const MOST_NESTED: usize = RECURSION_LIMIT;
 
 /// A query's calculated cost and depth (see the [module](self)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +134,8 @@ pub fn query_cost(
         fragments,
         done: HashMap::new(),
         spreading: Vec::new(),
+        nested: 0,
+        reached: 0,
         variables,
         defaults: defaults(&op),
     };
@@ -179,16 +201,36 @@ fn place(text: &str, index: usize) -> (usize, usize) {
 /// A query being costed: its fragments (each costed once), and its variables.
 struct Costing<'a> {
     fragments: HashMap<String, cst::FragmentDefinition>,
-    done: HashMap<String, (u64, u32)>,
+    /// Each fragment costed: its cost, depth, and how deep its selections nest.
+    done: HashMap<String, (u64, u32, usize)>,
     /// The fragments being costed, to find one that spreads itself.
     spreading: Vec<String>,
+    /// How deep the selection being costed is, fragments' included (at most [`MOST_NESTED`]).
+    nested: usize,
+    /// The deepest `nested` has been.
+    reached: usize,
     variables: Option<&'a Map<String, Value>>,
     defaults: HashMap<String, cst::Value>,
 }
 
 impl Costing<'_> {
-    /// The cost and depth of `set`.
+    /// The cost and depth of `set`, one deeper than the selection it is in.
     fn selection(&mut self, set: &cst::SelectionSet) -> Result<(u64, u32), GraphqlError> {
+        if self.nested >= MOST_NESTED {
+            return Err(error(format!(
+                "the query nests selections more than {MOST_NESTED} deep, the fragments it \
+                 spreads included"
+            )));
+        }
+        self.nested += 1;
+        self.reached = self.reached.max(self.nested);
+        let measured = self.selections(set);
+        self.nested -= 1;
+        measured
+    }
+
+    /// The cost and depth of the selections of `set`.
+    fn selections(&mut self, set: &cst::SelectionSet) -> Result<(u64, u32), GraphqlError> {
         let (mut cost, mut depth) = (0u64, 0u32);
         for selection in set.selections() {
             let (c, d) = match selection {
@@ -217,10 +259,18 @@ impl Costing<'_> {
         Ok((cost, depth))
     }
 
-    /// The cost and depth of the fragment `name`, costed once.
+    /// The cost and depth of the fragment `name`, costed once (and as deep, wherever it is
+    /// spread).
     fn fragment(&mut self, name: &str) -> Result<(u64, u32), GraphqlError> {
-        if let Some(&known) = self.done.get(name) {
-            return Ok(known);
+        if let Some(&(cost, depth, nests)) = self.done.get(name) {
+            if self.nested + nests > MOST_NESTED {
+                return Err(error(format!(
+                    "the query nests selections more than {MOST_NESTED} deep, the fragments it \
+                     spreads included"
+                )));
+            }
+            self.reached = self.reached.max(self.nested + nests);
+            return Ok((cost, depth));
         }
         if self.spreading.iter().any(|n| n == name) {
             return Err(error(format!("the fragment {name} spreads itself")));
@@ -229,12 +279,16 @@ impl Costing<'_> {
             .ok_or_else(|| error(format!("the query has no fragment {name}")))?
             .selection_set();
         self.spreading.push(name.to_owned());
+        let reached = std::mem::replace(&mut self.reached, self.nested);
         let measured = match set {
             Some(set) => self.selection(&set)?,
             None => (0, 0),
         };
+        let nests = self.reached - self.nested;
+        self.reached = self.reached.max(reached);
         self.spreading.pop();
-        self.done.insert(name.to_owned(), measured);
+        self.done
+            .insert(name.to_owned(), (measured.0, measured.1, nests));
         Ok(measured)
     }
 
@@ -374,5 +428,76 @@ mod tests {
     fn huge_counts_saturate() {
         let q = "{ a(first: 2000000000) { b(first: 2000000000) { c(first: 2000000000) { d } } } }";
         assert_eq!(cost(q).0, u64::MAX);
+    }
+
+    /// A chain of `links` fragments, each spreading the next, the last selecting a field.
+    fn chain(links: usize) -> String {
+        let mut q = String::from("{ ...F0 }");
+        for i in 0..links {
+            q.push_str(&format!(" fragment F{i} on Q {{ ...F{} }}", i + 1));
+        }
+        q.push_str(&format!(" fragment F{links} on Q {{ a }}"));
+        q
+    }
+
+    #[test]
+    fn fragments_nest_no_deeper_than_the_bound() {
+        // The operation's selection, then one a fragment: 1 + 127 = 128.
+        assert_eq!(cost(&chain(126)), (1, 1));
+        let e = err(&chain(127));
+        assert!(e.contains("more than 128 deep"), "{e}");
+        let long = err(&chain(2_000));
+        assert!(long.contains("more than 128 deep"), "{long}");
+        // A fragment costed once is as deep where it is spread again, deeper.
+        let g = format!(" fragment G on Q {}{}", "{ a ".repeat(100), "}".repeat(100));
+        assert!(query_cost(&format!("{{ ...G }}{g}"), None, None).is_ok());
+        let again = format!(
+            "{{ ...G x {}...G{} }}{g}",
+            "{ b ".repeat(30),
+            " }".repeat(30)
+        );
+        assert!(
+            err(&again).contains("more than 128 deep"),
+            "{}",
+            err(&again)
+        );
+        // Inline fragments nest too (as deep as the parser allows, within the bound).
+        let inline = format!("{{ {}a{} }}", "... on Q { ".repeat(127), " }".repeat(127));
+        assert_eq!(cost(&inline), (1, 1));
+        let e = err(&format!("{{ ...F }} fragment F on Q {inline}"));
+        assert!(e.contains("more than 128 deep"), "{e}");
+    }
+
+    /// The deepest queries within the bounds, costed on a thread of `stack` bytes.
+    fn deepest_on(stack: usize) -> bool {
+        std::thread::Builder::new()
+            .stack_size(stack)
+            .spawn(|| {
+                let fields = format!("{}z{}", "{ a ".repeat(126), " }".repeat(126));
+                let inline = format!("{{ {}a{} }}", "... on Q { ".repeat(126), " }".repeat(126));
+                let half = format!("{}...F0{}", "{ a ".repeat(60), " }".repeat(60));
+                let links: String = (0..60)
+                    .map(|i| format!(" fragment F{i} on Q {{ ...F{} }}", i + 1))
+                    .collect();
+                let mixed = format!("{half}{links} fragment F60 on Q {{ b {{ c }} }}");
+                for q in [chain(126), fields, inline, mixed] {
+                    assert!(q.len() < 64 << 10);
+                    query_cost(&q, None, None).unwrap();
+                }
+                // A longer chain, within the body's bound and the tokens': refused, not
+                // followed to its end.
+                let long = chain(2_000);
+                assert!(long.len() < 64 << 10);
+                assert!(query_cost(&long, None, None).is_err());
+            })
+            .unwrap()
+            .join()
+            .is_ok()
+    }
+
+    #[test]
+    fn the_deepest_query_allowed_is_costed_on_a_small_stack() {
+        // (A debug build's frames: about 300 KiB are needed.)
+        assert!(deepest_on(512 << 10));
     }
 }

@@ -190,11 +190,8 @@ impl<St: Store> Adapt<St> {
         if next_try.get(key).is_some_and(|&next| now_us < next) {
             return None;
         }
-        if next_try.len() >= 10_000 {
-            next_try.clear();
-        }
         let every = self.rate.raise_every.as_micros() as u64;
-        next_try.insert(key.clone(), now_us.saturating_add(every));
+        remember(&mut next_try, key, now_us, now_us.saturating_add(every));
         Some(changes)
     }
 
@@ -204,7 +201,7 @@ impl<St: Store> Adapt<St> {
         let every = self.rate.raise_every.as_micros() as u64;
         {
             let mut next_try = self.next_try.lock().unwrap_or_else(|e| e.into_inner());
-            next_try.insert(key.clone(), now_us.saturating_add(every));
+            remember(&mut next_try, key, now_us, now_us.saturating_add(every));
         }
         if let Err(error) = self.gate.block_for(key, self.rate.raise_every).await {
             tracing::warn!(%error, "an adaptive limit's next raise could not be kept in the store");
@@ -221,6 +218,27 @@ impl<St: Store> Adapt<St> {
     pub(super) fn until(&self, now_us: u64) -> u64 {
         now_us.saturating_add(self.rate.forget_after.as_micros() as u64)
     }
+}
+
+/// The most keys an instance remembers the next try of a raise for.
+const MOST_TRIES: usize = 10_000;
+
+/// Remembers `key`'s next try at `next` (it is `now_us`), within [`MOST_TRIES`] keys: when
+/// they are all there, the tries past are forgotten, else the earliest (a key forgotten is
+/// let try the gate, which holds it across instances).
+fn remember(next_try: &mut HashMap<Key, u64>, key: &Key, now_us: u64, next: u64) {
+    if next_try.len() >= MOST_TRIES && !next_try.contains_key(key) {
+        next_try.retain(|_, &mut at| at > now_us);
+        if next_try.len() >= MOST_TRIES {
+            let earliest = (next_try.iter())
+                .min_by_key(|(_, at)| **at)
+                .map(|(k, _)| k.clone());
+            if let Some(earliest) = earliest {
+                next_try.remove(&earliest);
+            }
+        }
+    }
+    next_try.insert(key.clone(), next);
 }
 
 /// Sets `changes` of `key`'s limits in `layer`, lasting until `until_us`; counted.
@@ -255,5 +273,32 @@ pub(super) async fn apply<St: Store>(
                 tracing::warn!(%error, "an adaptive limit could not be kept in the store")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Adapt, AdaptiveRate, MOST_TRIES};
+    use crate::key::Key;
+    use crate::store::MemoryStore;
+
+    #[tokio::test]
+    async fn the_next_tries_remembered_are_bounded() {
+        let adapt = Adapt::new(AdaptiveRate::new(), MemoryStore::new(), None).unwrap();
+        let tries = || adapt.next_try.lock().unwrap().len();
+        // Lowerings hold the raises of more keys than are remembered, all in the future.
+        for k in 0..MOST_TRIES as u64 + 50 {
+            adapt.hold_raises(&Key::from(k), 1_000 + k).await;
+            assert!(tries() <= MOST_TRIES, "{} after {k}", tries());
+        }
+        assert_eq!(tries(), MOST_TRIES);
+        // The earliest was forgotten; a key held later is remembered.
+        let next = |k: u64| adapt.next_try.lock().unwrap().get(&Key::from(k)).copied();
+        assert_eq!(next(0), None);
+        assert!(next(MOST_TRIES as u64 + 49).is_some());
+        // Once their tries are past, they make room at once.
+        let later = 100_000_000;
+        adapt.hold_raises(&Key::from("late"), later).await;
+        assert_eq!(tries(), 1);
     }
 }

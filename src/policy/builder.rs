@@ -593,6 +593,13 @@ impl Policy {
         }
     }
 
+    /// The same, a cost it settles leaving its key owing what its rate pays back in `pause`
+    /// at most (an egress layer's `max_pause`).
+    pub(crate) fn settle_owing_at_most(mut self, pause: Duration) -> Self {
+        self.settle = self.settle.map(|s| s.owing_at_most(pause));
+        self
+    }
+
     /// The algorithm.
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm

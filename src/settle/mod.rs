@@ -67,6 +67,9 @@ pub struct ActualCost(pub u64);
 pub struct Settle {
     source: CostSource,
     at_most: u32,
+    /// The longest time a settled cost may leave the key owing (microseconds), if bounded:
+    /// an egress layer's `max_pause`.
+    owing_at_most_us: Option<u64>,
 }
 
 /// Where the real cost is read.
@@ -107,6 +110,7 @@ impl fmt::Debug for Settle {
         f.debug_struct("Settle")
             .field("source", &source)
             .field("at_most", &self.at_most)
+            .field("owing_at_most_us", &self.owing_at_most_us)
             .finish()
     }
 }
@@ -127,6 +131,7 @@ impl Settle {
         Settle {
             source,
             at_most: DEFAULT_AT_MOST,
+            owing_at_most_us: None,
         }
     }
 
@@ -193,6 +198,13 @@ impl Settle {
     #[must_use]
     pub fn at_most(mut self, times: u32) -> Self {
         self.at_most = times;
+        self
+    }
+
+    /// The same, a settled cost charging no more past the estimate than the policy's rate
+    /// pays back in `pause`: the debt one call leaves pauses its key `pause` at most.
+    pub(crate) fn owing_at_most(mut self, pause: std::time::Duration) -> Self {
+        self.owing_at_most_us = Some(u64::try_from(pause.as_micros()).unwrap_or(u64::MAX));
         self
     }
 

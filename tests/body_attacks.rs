@@ -270,7 +270,7 @@ fn absurd_batch_bounds_are_refused_at_build() {
             .policy(Policy::fixed_window("2/min").cost_json("/n"))
             .read_bodies(limits)
             .build();
-        let error = built.err().expect("refused").to_string();
+        let error = built.expect_err("refused").to_string();
         assert!(error.contains("admits no batch"), "{error}");
     }
 }

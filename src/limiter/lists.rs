@@ -13,6 +13,7 @@
 use std::future::Future;
 use std::time::SystemTime;
 
+use super::route::Pending;
 use super::{Limiter, Next};
 use crate::decision::Decision;
 use crate::error::{ConfigError, LimitError};
@@ -32,8 +33,14 @@ impl<St: Store> Limiter<St> {
             return Ok(None);
         };
         let present = lists.present();
-        if present.in_store() {
-            self.store.read_networks();
+        // Never decided on networks older than the store's interval: wait for a fresh read.
+        if present.in_store()
+            && let Some(reading) = self.store.read_networks(self.clock.now_micros())
+        {
+            return Err(Next::Pending(Pending::new(async move {
+                reading.await;
+                Ok(None)
+            })));
         }
         let networks = self.store.registry().networks();
         match present.judge(request, true, networks, &|| self.clock.now_micros()) {

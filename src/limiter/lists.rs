@@ -214,6 +214,12 @@ impl<St: Store> Limiter<St> {
         })
     }
 
+    /// The layer's time, in microseconds (what a connection's messages refused locally are
+    /// timed on, `streams/decide.rs`).
+    pub(crate) fn now_micros(&self) -> u64 {
+        self.clock.now_micros()
+    }
+
     /// Replaces the lists given to the layer (its runtime entries stay).
     pub(crate) fn reload_lists(&self, lists: &Lists) -> Result<(), ConfigError> {
         let Some(present) = &self.lists else {

@@ -220,6 +220,12 @@ impl<St: Store> Limiter<St> {
         self.clock.now_micros()
     }
 
+    /// What names the present policy set, changed by a reload (a connection's refusals kept
+    /// locally are forgotten then).
+    pub(crate) fn policies_id(&self) -> usize {
+        std::ptr::from_ref::<super::route::Route>(&self.policies.load()) as usize
+    }
+
     /// Replaces the lists given to the layer (its runtime entries stay).
     pub(crate) fn reload_lists(&self, lists: &Lists) -> Result<(), ConfigError> {
         let Some(present) = &self.lists else {

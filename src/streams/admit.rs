@@ -111,6 +111,9 @@ pub(super) trait Admitting: Send + Sync {
 
     /// The layer's time, in microseconds.
     fn now_us(&self) -> u64;
+
+    /// What names the layer's present policy set (changed by a reload).
+    fn policies_id(&self) -> usize;
 }
 
 impl<St: Store> Admitting for RateLimit<Admit, St> {
@@ -135,6 +138,10 @@ impl<St: Store> Admitting for RateLimit<Admit, St> {
 
     fn now_us(&self) -> u64 {
         self.limiter().now_micros()
+    }
+
+    fn policies_id(&self) -> usize {
+        self.limiter().policies_id()
     }
 
     fn ask_message(&self, opened: &Opened, message: Message) -> Asked {

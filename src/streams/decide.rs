@@ -32,13 +32,15 @@ enum First {
 /// their time: a message refused over a limit with a retry time (`429`, once its wait, if any,
 /// is not enough) makes every message going its way refused the same way until then, so that
 /// a client sending on past its limit (an error answer leaves the socket open) costs nothing
-/// per message. A smaller message its policy would have let through sooner is refused too.
+/// per message. A smaller message its policy would have let through sooner is refused too; a
+/// reload of the layer's policies forgets them.
 #[derive(Debug, Default)]
 pub(super) struct Refusals {
     /// Until when, for each direction, in microseconds on the layer's clock (0: none).
     until_us: [AtomicU64; 2],
-    /// What refused each direction last.
-    limited: Mutex<[Option<Limited>; 2]>,
+    /// What refused each direction last, and the policy set it was refused by: a reload
+    /// forgets it.
+    limited: Mutex<[Option<(Limited, usize)>; 2]>,
 }
 
 impl Refusals {
@@ -52,26 +54,28 @@ impl Refusals {
     /// The refusal a message going `direction` gets at once, if its time has not come
     /// (`now_us`, read only when there is one).
     #[inline]
-    fn local(&self, direction: Direction, now_us: impl FnOnce() -> u64) -> Option<Limited> {
+    fn local(&self, direction: Direction, admitting: &Arc<dyn Admitting>) -> Option<Limited> {
         let until_us = &self.until_us[Self::slot(direction)];
         let until = until_us.load(Ordering::Acquire);
         if until == 0 {
             return None;
         }
-        let now = now_us();
-        if now >= until {
+        let now = admitting.now_us();
+        let held = self.limited.lock().unwrap_or_else(PoisonError::into_inner);
+        let (limited, policies) = held[Self::slot(direction)].as_ref()?;
+        if now >= until || *policies != admitting.policies_id() {
             // A later refusal written meanwhile stays.
             let _ = until_us.compare_exchange(until, 0, Ordering::AcqRel, Ordering::Relaxed);
             return None;
         }
-        let held = self.limited.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut limited = held[Self::slot(direction)].clone()?;
+        let mut limited = limited.clone();
         limited.retry_after = Some(Duration::from_micros(until - now));
         Some(limited)
     }
 
-    /// Keeps `limited`, given at `now_us`, when it is over a limit with a retry time.
-    fn remember(&self, limited: &Limited, now_us: u64) {
+    /// Keeps `limited`, given at `now_us` by the policy set `policies`, when it is over a
+    /// limit with a retry time.
+    fn remember(&self, limited: &Limited, now_us: u64, policies: usize) {
         let Some(after) = limited.retry_after else {
             return;
         };
@@ -80,7 +84,7 @@ impl Refusals {
         }
         let slot = Self::slot(limited.direction);
         let mut held = self.limited.lock().unwrap_or_else(PoisonError::into_inner);
-        held[slot] = Some(limited.clone());
+        held[slot] = Some((limited.clone(), policies));
         let until = now_us.saturating_add(after.as_micros().min(u64::MAX as u128) as u64);
         self.until_us[slot].store(until, Ordering::Release);
     }
@@ -95,7 +99,7 @@ pub(super) fn decide(
     message: Message,
     answers: &Arc<Answers>,
 ) -> Decided {
-    let local = (opened.refused).local(message.direction, || admitting.now_us());
+    let local = (opened.refused).local(message.direction, admitting);
     let asked = match local {
         Some(limited) => Asked::Now(Some(limited)),
         None => admitting.ask_message(opened, message),
@@ -154,7 +158,7 @@ fn refuse(
     limited: Limited,
     over: OverLimit,
 ) -> Limited {
-    opened.refused.remember(&limited, admitting.now_us());
+    (opened.refused).remember(&limited, admitting.now_us(), admitting.policies_id());
     answered(limited, over)
 }
 

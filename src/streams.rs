@@ -69,7 +69,7 @@ pub use frame::{CloseCode, Frame};
 pub use limited::{Answer, Limited, OverLimit, message_bytes};
 pub use limiter::{Connection, StreamLimiter, StreamLimiterBuilder};
 #[cfg(feature = "ws")]
-pub use listener::LimitedListener;
+pub use listener::{DECIDING_AT_MOST, LimitedIo, LimitedListener};
 pub use message::{Direction, Message};
 pub use socket::LimitedSocket;
 pub use stream::LimitedStream;

@@ -165,8 +165,9 @@ impl<St: Store, M, R> RateLimitLayer<St, M, R> {
     /// every instance holds the networks listed at runtime (at most 1,000) and matches each
     /// request against them without a store call: in memory at once; with Redis they are
     /// kept under the store's prefix (`<prefix>!networks`), this instance obeys at once and
-    /// every other instance sharing the store within about a second (each reads them again
-    /// once a second while requests come, and keeps what it read while Redis fails).
+    /// every other instance sharing the store from its first request a second or more after
+    /// the change (a request is never decided on networks read longer ago: it waits for a
+    /// read; while Redis fails, what was read last is kept).
     ///
     /// Fails as [`deny_key`](Self::deny_key) does, and with [`LimitError::Network`] when
     /// 1,000 networks are listed already.

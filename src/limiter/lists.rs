@@ -13,6 +13,7 @@
 use std::future::Future;
 use std::time::SystemTime;
 
+use super::route::Pending;
 use super::{Limiter, Next};
 use crate::decision::Decision;
 use crate::error::{ConfigError, LimitError};
@@ -32,8 +33,14 @@ impl<St: Store> Limiter<St> {
             return Ok(None);
         };
         let present = lists.present();
-        if present.in_store() {
-            self.store.read_networks();
+        // Never decided on networks older than the store's interval: wait for a fresh read.
+        if present.in_store()
+            && let Some(reading) = self.store.read_networks(self.clock.now_micros())
+        {
+            return Err(Next::Pending(Pending::new(async move {
+                reading.await;
+                Ok(None)
+            })));
         }
         let networks = self.store.registry().networks();
         match present.judge(request, true, networks, &|| self.clock.now_micros()) {
@@ -205,6 +212,18 @@ impl<St: Store> Limiter<St> {
             }
             Ok(())
         })
+    }
+
+    /// The layer's time, in microseconds (what a connection's messages refused locally are
+    /// timed on, `streams/decide.rs`).
+    pub(crate) fn now_micros(&self) -> u64 {
+        self.clock.now_micros()
+    }
+
+    /// What names the present policy set, changed by a reload (a connection's refusals kept
+    /// locally are forgotten then).
+    pub(crate) fn policies_id(&self) -> usize {
+        std::ptr::from_ref::<super::route::Route>(&self.policies.load()) as usize
     }
 
     /// Replaces the lists given to the layer (its runtime entries stay).

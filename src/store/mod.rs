@@ -26,7 +26,7 @@ pub(crate) use check::{Check, Checks, Enforced};
 pub(crate) use entries::{Entries, Listing};
 pub(crate) use memory::TOGETHER;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
-pub(crate) use networks::{Listed, Networks, Stored, full as full_networks};
+pub(crate) use networks::{Age, Listed, Networks, Stored, full as full_networks};
 pub(crate) use op::Op;
 
 use crate::algorithm::Compiled;
@@ -62,6 +62,9 @@ pub(crate) mod private {
     /// The future of [`Sealed::store_network`].
     pub(crate) type StoredNetworks =
         std::pin::Pin<Box<dyn Future<Output = Result<Stored, StoreError>> + Send + 'static>>;
+
+    /// The wait of [`Sealed::read_networks`]: a read of the networks kept in the store.
+    pub(crate) type ReadingNetworks = std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
     /// What a store does; out of reach of users (see [`Store`](super::Store)).
     #[allow(private_interfaces)]
@@ -176,9 +179,14 @@ pub(crate) mod private {
             Box::pin(std::future::ready(Ok(Stored::Here)))
         }
 
-        /// Reads the networks kept in the store into the registry's again, if they are due
-        /// (see `Networks::due`), on a task of its own: nothing in memory.
-        fn read_networks(&self) {}
+        /// Reads the networks kept in the store into the registry's again, for a request at
+        /// `now_us` on the layer's clock, when they are old (see `Networks::age`), on a task
+        /// of its own: the wait for it when the request must not be decided before it ends
+        /// (nothing in memory).
+        fn read_networks(&self, now_us: u64) -> Option<ReadingNetworks> {
+            let _ = now_us;
+            None
+        }
 
         /// Sends `checks` (units given back) without waiting for the answer: from a `Drop`,
         /// which cannot wait. By default decided at once; a store that decides later starts

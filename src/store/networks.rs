@@ -5,19 +5,20 @@
 //! are few, so every instance holds all of them ([`Networks`], in the store's registry) and
 //! matches a request's client address against them without a store call. In memory the
 //! registry's are the store's own. With Redis they are also kept in one string under the
-//! store's prefix (`<prefix>!networks`), one line per entry, changed by one script; an
-//! instance reads it again once a second while requests come (`READ_EVERY`), and keeps what
-//! it last read while Redis fails. An instance's own change is applied to what it holds as
+//! store's prefix (`<prefix>!networks`), one line per entry, changed by one script; a request
+//! is never decided on networks read longer ago than [`READ_EVERY`] (on the layer's clock): a
+//! request that finds them older waits for a read (one for every request that finds it so),
+//! and one that finds them older than [`READ_AHEAD`] starts one it does not wait for, so that
+//! steady traffic never waits. A read that fails keeps what was last read. An instance's own change is applied to what it holds as
 //! the change itself, never as the string the store answers: replies are applied by the tasks
 //! that wait for them, in whatever order those run, and a string read before a change must not
 //! undo it when its task runs after the change's (a read begun before a change made here is
 //! dropped; the next one sees it).
 
 use std::net::IpAddr;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
@@ -26,9 +27,26 @@ use crate::key::Cidr;
 /// The most networks listed at runtime at once: each is compared with every request's address.
 pub(crate) const MOST: usize = 1_000;
 
-/// How often an instance reads the networks stored in Redis again, while requests come.
+/// The oldest networks stored in Redis a request is decided on: a request that finds the last
+/// read begun longer ago waits for a new one.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) const READ_EVERY: Duration = Duration::from_secs(1);
+
+/// The age of the last read from which a request starts a new one without waiting for it.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) const READ_AHEAD: Duration = Duration::from_millis(500);
+
+/// How fresh the networks read from the store are for a request ([`Networks::age`]).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Age {
+    /// Read less than [`READ_AHEAD`] ago.
+    Fresh,
+    /// Read less than [`READ_EVERY`] ago: the request goes on, and a new read starts.
+    Aging,
+    /// Never read, or [`READ_EVERY`] ago or more: the request waits for a new read.
+    Stale,
+}
 
 /// Where a change of a network entry was stored ([`Sealed::store_network`](super::private::Sealed::store_network)).
 #[derive(Debug)]
@@ -105,10 +123,12 @@ pub(crate) struct Networks {
     listed: ArcSwap<Vec<Listed>>,
     /// Whether any network is listed: requests look no further when none is.
     any: AtomicBool,
-    /// When they were last read from the store, in milliseconds from [`base`] (plus one: 0
-    /// is never), and whether a read is under way.
-    read_at_ms: AtomicU64,
+    /// When the last read from the store began, in microseconds on the layer's clock (plus
+    /// one: 0 is never), and whether a read is under way.
+    read_at_us: AtomicU64,
     reading: AtomicBool,
+    /// Wakes the requests waiting for the read under way when it ends.
+    ended: tokio::sync::Notify,
     /// How many changes were made here: taken while one is made, so that they are made one
     /// at a time and a read begun before one is not applied after it.
     changes: Mutex<u64>,
@@ -166,14 +186,14 @@ impl Networks {
     }
 
     /// The networks kept in the store, as `text` (one entry a line; a line that is none is
-    /// skipped, and said), read when [`changes`](Self::changes) said `seen`: dropped when a
-    /// change was made here since, which the text may not hold.
+    /// skipped, and said), read when [`changes`](Self::changes) said `seen`: dropped (`false`)
+    /// when a change was made here since, which the text may not hold.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn replace(&self, text: &str, seen: u64) {
+    pub(crate) fn replace(&self, text: &str, seen: u64) -> bool {
         let changes = self.changes.lock().unwrap_or_else(PoisonError::into_inner);
         if *changes != seen {
             tracing::debug!("the networks read began before a change made here: dropped");
-            return;
+            return false;
         }
         let listed = (text.lines().filter(|l| !l.is_empty()))
             .filter_map(|line| {
@@ -186,6 +206,7 @@ impl Networks {
             .take(MOST)
             .collect();
         self.set(listed);
+        true
     }
 
     fn set(&self, listed: Vec<Listed>) {
@@ -193,30 +214,57 @@ impl Networks {
         self.listed.store(Arc::new(listed));
     }
 
-    /// Whether they are due to be read from the store again ([`READ_EVERY`] after the last
-    /// read, none under way): if so, the caller reads them and calls [`read`](Self::read).
+    /// How fresh the last read is at `now_us` (on the layer's clock; a clock set back makes
+    /// it stale).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     #[inline]
-    pub(crate) fn due(&self) -> bool {
-        let now = ms_since_base() + 1;
-        let last = self.read_at_ms.load(Ordering::Relaxed);
-        (last == 0 || now.saturating_sub(last) >= READ_EVERY.as_millis() as u64)
-            && !self.reading.swap(true, Ordering::Acquire)
+    pub(crate) fn age(&self, now_us: u64) -> Age {
+        let at = self.read_at_us.load(Ordering::Acquire);
+        match now_us.checked_sub(at.wrapping_sub(1)) {
+            _ if at == 0 => Age::Stale,
+            Some(age) if age < READ_AHEAD.as_micros() as u64 => Age::Fresh,
+            Some(age) if age < READ_EVERY.as_micros() as u64 => Age::Aging,
+            _ => Age::Stale,
+        }
     }
 
-    /// A read claimed by [`due`](Self::due) ended (whether or not it succeeded).
+    /// Claims the next read, if none is under way: if so, the caller reads them and calls
+    /// [`read`](Self::read).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn read(&self) {
-        self.read_at_ms
-            .store(ms_since_base() + 1, Ordering::Relaxed);
-        self.reading.store(false, Ordering::Release);
+    pub(crate) fn claim(&self) -> bool {
+        !self.reading.swap(true, Ordering::AcqRel)
     }
-}
 
-/// Milliseconds since the first time this process asked.
-fn ms_since_base() -> u64 {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    BASE.get_or_init(Instant::now).elapsed().as_millis() as u64
+    /// A read claimed by [`claim`](Self::claim), begun at `began_us`, ended; wakes the
+    /// requests waiting for it. `counts` but when what it read was dropped (a change was made
+    /// here since, see [`replace`](Self::replace)): the next request then reads again. A read
+    /// that failed counts: requests go on with what was last read, and the next read is
+    /// [`READ_EVERY`] later.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn read(&self, began_us: u64, counts: bool) {
+        if counts {
+            self.read_at_us.store(began_us + 1, Ordering::Release);
+        }
+        self.reading.store(false, Ordering::Release);
+        self.ended.notify_waiters();
+    }
+
+    /// Waits until the networks are no longer stale at `now_us`: at once if a read ended
+    /// since the caller looked, else until the read under way ends (`start` starts it when
+    /// none is: called with the claim).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) async fn fresh(&self, now_us: u64, start: impl FnOnce()) {
+        let ended = self.ended.notified();
+        let mut ended = std::pin::pin!(ended);
+        ended.as_mut().enable();
+        if self.age(now_us) != Age::Stale {
+            return;
+        }
+        if self.claim() {
+            start();
+        }
+        ended.await;
+    }
 }
 
 #[cfg(test)]
@@ -305,11 +353,21 @@ mod tests {
     }
 
     #[test]
-    fn one_read_at_a_time() {
+    fn one_read_at_a_time_and_their_age() {
         let networks = Networks::default();
-        assert!(networks.due());
-        assert!(!networks.due(), "under way");
-        networks.read();
-        assert!(!networks.due(), "read a moment ago");
+        assert_eq!(networks.age(0), Age::Stale, "never read");
+        assert!(networks.claim());
+        assert!(!networks.claim(), "under way");
+        networks.read(1_000_000, true);
+        assert_eq!(networks.age(1_000_000), Age::Fresh);
+        assert_eq!(networks.age(1_499_999), Age::Fresh);
+        assert_eq!(networks.age(1_500_000), Age::Aging);
+        assert_eq!(networks.age(1_999_999), Age::Aging);
+        assert_eq!(networks.age(2_000_000), Age::Stale);
+        assert_eq!(networks.age(999_999), Age::Stale, "a clock set back");
+        // A read dropped (a change made here since) keeps the last read's time.
+        assert!(networks.claim());
+        networks.read(3_000_000, false);
+        assert_eq!(networks.age(3_000_000), Age::Stale);
     }
 }

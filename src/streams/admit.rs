@@ -14,6 +14,7 @@ use http::{Request, Response, StatusCode};
 use tower_layer::Layer;
 use tower_service::Service;
 
+use super::decide::Refusals;
 use super::limited::{Answer, Limited};
 use super::message::{Direction, Message};
 use crate::Decision;
@@ -45,12 +46,18 @@ pub(super) fn head(request: &RequestRef<'_>) -> Head {
 pub(super) struct Opened {
     pub(super) head: Head,
     keyed: Option<Keyed>,
+    /// The refusals its messages are answered with locally until their time.
+    pub(super) refused: Refusals,
 }
 
 impl Opened {
     /// A connection opened by `head` whose messages are not decided.
     pub(super) fn new(head: Head) -> Self {
-        Opened { head, keyed: None }
+        Opened {
+            head,
+            keyed: None,
+            refused: Refusals::default(),
+        }
     }
 }
 
@@ -101,6 +108,12 @@ pub(super) trait Admitting: Send + Sync {
     /// The engine's answer to `message` of the connection `opened`: at once when it decides
     /// at once (the head borrowed, nothing allocated), else through the service.
     fn ask_message(&self, opened: &Opened, message: Message) -> Asked;
+
+    /// The layer's time, in microseconds.
+    fn now_us(&self) -> u64;
+
+    /// What names the layer's present policy set (changed by a reload).
+    fn policies_id(&self) -> usize;
 }
 
 impl<St: Store> Admitting for RateLimit<Admit, St> {
@@ -116,7 +129,19 @@ impl<St: Store> Admitting for RateLimit<Admit, St> {
 
     fn open(&self, head: Head) -> Opened {
         let keyed = self.limiter().keyed(&RequestRef::new(&head));
-        Opened { head, keyed }
+        Opened {
+            head,
+            keyed,
+            refused: Refusals::default(),
+        }
+    }
+
+    fn now_us(&self) -> u64 {
+        self.limiter().now_micros()
+    }
+
+    fn policies_id(&self) -> usize {
+        self.limiter().policies_id()
     }
 
     fn ask_message(&self, opened: &Opened, message: Message) -> Asked {

@@ -49,6 +49,9 @@ impl OverLimit {
 
     /// Drops the message and sends the client an error message
     /// ([`StreamLimiterBuilder::error_message`](super::StreamLimiterBuilder::error_message)); the connection stays open.
+    /// Until the time the refusal gave (its [`retry_after`](Limited::retry_after)), the
+    /// connection refuses its next messages going the same way itself, without a store call,
+    /// with the time left (a smaller message the policy would have let through sooner too).
     pub fn error() -> Self {
         OverLimit {
             wait: Duration::ZERO,

@@ -25,6 +25,7 @@ use crate::error::{StoreError, StoreErrorKind};
 use crate::key::Key;
 use crate::policy::Tier;
 use crate::quota::Quota;
+use crate::store::Age;
 use crate::store::{Check, Checks, Listing, Op};
 use crate::store::{Listed, Registry, private};
 
@@ -599,16 +600,26 @@ impl private::Sealed for RedisStore {
         Box::pin(async move { inner.store_network(entry, remove, now_us).await })
     }
 
-    /// On a task of its own; outside a runtime, not read (until the next second).
-    fn read_networks(&self) {
+    /// On a task of its own, one at a time; outside a runtime, not read (and not waited for).
+    fn read_networks(&self, now_us: u64) -> Option<private::ReadingNetworks> {
         let networks = self.inner.registry.networks();
-        if !networks.due() {
-            return;
+        let age = networks.age(now_us);
+        if age == Age::Fresh {
+            return None;
         }
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(self.inner.clone().read_networks())),
-            Err(_) => networks.read(),
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        let inner = self.inner.clone();
+        let start = move || drop(runtime.spawn(inner.read_networks(now_us)));
+        if age == Age::Aging {
+            if networks.claim() {
+                start();
+            }
+            return None;
         }
+        let inner = self.inner.clone();
+        Some(Box::pin(async move {
+            inner.registry.networks().fresh(now_us, start).await;
+        }))
     }
 
     /// On a task of its own; outside a runtime, the slots the decision took stay taken until

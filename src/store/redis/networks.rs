@@ -89,10 +89,12 @@ impl Inner {
         }
     }
 
-    /// Reads the string into the registry's networks, within [`READ_EVERY`]; what they held
+    /// Reads the string into the registry's networks, for a request at `began_us` on the
+    /// layer's clock, within the store's deadline (at most [`READ_EVERY`]): what they held
     /// stays when the read fails.
-    pub(super) async fn read_networks(self: Arc<Self>) {
-        let seen = self.registry.networks().changes();
+    pub(super) async fn read_networks(self: Arc<Self>, began_us: u64) {
+        let networks = self.registry.networks();
+        let seen = networks.changes();
         let read = async {
             let link = self.linking.get(&self.target)?;
             let key = self.networks_key();
@@ -105,14 +107,17 @@ impl Inner {
                 })
                 .await
         };
-        match tokio::time::timeout(READ_EVERY, read).await {
-            Ok(Ok(text)) => self
-                .registry
-                .networks()
-                .replace(text.as_deref().unwrap_or(""), seen),
-            Ok(Err(e)) => tracing::debug!(error = %e, "cannot read the networks listed at runtime"),
-            Err(_) => tracing::debug!("reading the networks listed at runtime timed out"),
-        }
-        self.registry.networks().read();
+        let counts = match tokio::time::timeout(self.deadline.min(READ_EVERY), read).await {
+            Ok(Ok(text)) => networks.replace(text.as_deref().unwrap_or(""), seen),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "cannot read the networks listed at runtime");
+                true
+            }
+            Err(_) => {
+                tracing::debug!("reading the networks listed at runtime timed out");
+                true
+            }
+        };
+        networks.read(began_us, counts);
     }
 }

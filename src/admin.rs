@@ -453,7 +453,10 @@ mod tests {
             header::AUTHORIZATION,
             HeaderValue::from_static("Bearer 0123456789abcdef"),
         );
-        assert!(AdminGuardLayer::token(token).admit(&request).is_ok(), "a token holder");
+        assert!(
+            AdminGuardLayer::token(token).admit(&request).is_ok(),
+            "a token holder"
+        );
     }
 
     #[test]

@@ -282,7 +282,13 @@ fn the_admin_routes_are_guarded() {
 fn the_admin_routes_answer_no_proxy_on_the_same_machine() {
     let local = DemoServer::start(&[("RATE_LIMIT", "2/h")]);
     let path = "/admin/allow/127.0.0.1";
-    for host in ["10.0.0.1", "10.0.0.1:3000", "192.0.2.7", "[2001:db8::1]:80", "[::]"] {
+    for host in [
+        "10.0.0.1",
+        "10.0.0.1:3000",
+        "192.0.2.7",
+        "[2001:db8::1]:80",
+        "[::]",
+    ] {
         let (status, response) = request_with(local.addr, "PUT", path, &[("host", host)]);
         assert_eq!(status, 403, "{host}: {response}");
         assert!(response.contains("application/problem+json"), "{response}");
@@ -298,11 +304,23 @@ fn the_admin_routes_answer_no_proxy_on_the_same_machine() {
         assert!(response.contains("application/problem+json"), "{response}");
         assert!(response.contains("forwarded"), "{header}: {response}");
     }
-    for host in ["127.0.0.1", "127.1.2.3:80", "localhost", "app.localhost:3000", "[::1]"] {
+    for host in [
+        "127.0.0.1",
+        "127.1.2.3:80",
+        "localhost",
+        "app.localhost:3000",
+        "[::1]",
+    ] {
         let (status, response) = request_with(local.addr, "PUT", path, &[("host", host)]);
         assert_eq!(status, 204, "{host}: {response}");
     }
-    for proxies in ["127.0.0.1", "10.0.0.0/8,::1", "127.8.0.0/16", "0.0.0.0/0", "::/0"] {
+    for proxies in [
+        "127.0.0.1",
+        "10.0.0.0/8,::1",
+        "127.8.0.0/16",
+        "0.0.0.0/0",
+        "::/0",
+    ] {
         let err = start_error(&[("KEY", "client_ip"), ("TRUSTED_PROXIES", proxies)]);
         assert!(err.starts_with("error: ADMIN_TOKEN:"), "{proxies}: {err}");
         assert!(err.contains("TRUSTED_PROXIES"), "{err}");

@@ -173,7 +173,10 @@ fn body_variables_leave_the_other_routes_alone() {
             ),
             _ => post(server.addr, "/echo", &[], r#"{"user": "ann", "n": 1}"#),
         };
-        assert_eq!(status, 200, "{body:?}: a body route has policies of its own: {answer}");
+        assert_eq!(
+            status, 200,
+            "{body:?}: a body route has policies of its own: {answer}"
+        );
         let (_, problem) = post(server.addr, "/echo", &[], "not json");
         if body.0 != "GRAPHQL_COST" {
             assert!(problem.contains("body_not_json"), "{body:?}: {problem}");

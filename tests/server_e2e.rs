@@ -695,7 +695,10 @@ fn closed_after(addr: std::net::SocketAddr, hello: &[u8]) -> std::time::Duration
     let read = client.read_to_end(&mut answer);
     let waited = started.elapsed();
     assert!(
-        read.is_ok() || read.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        read.is_ok()
+            || read
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
         "the connection was closed, not left open: {read:?} after {waited:?}"
     );
     waited
@@ -712,7 +715,11 @@ fn http2_connections_that_send_no_request_are_cut_off() {
     let mut preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
     preface.extend_from_slice(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
     let half_a_head = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n".to_vec();
-    for (what, hello) in [("the HTTP/2 preface", preface), ("nothing", vec![]), ("half a head", half_a_head)] {
+    for (what, hello) in [
+        ("the HTTP/2 preface", preface),
+        ("nothing", vec![]),
+        ("half a head", half_a_head),
+    ] {
         let waited = closed_after(server.addr, &hello);
         assert!(
             waited >= Duration::from_millis(900) && waited < Duration::from_secs(10),
@@ -740,7 +747,10 @@ fn http2_connections_that_send_no_request_are_cut_off() {
         let ended = tokio::time::timeout(Duration::from_secs(20), connection).await;
         assert!(ended.is_ok(), "an idle HTTP/2 connection is closed");
         let idle = answered.elapsed();
-        assert!(idle < Duration::from_secs(10), "closed after about 1 s idle: {idle:?}");
+        assert!(
+            idle < Duration::from_secs(10),
+            "closed after about 1 s idle: {idle:?}"
+        );
     });
     assert_eq!(server.get("/", &[]).0, 200);
 }

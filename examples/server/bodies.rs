@@ -121,7 +121,10 @@ impl Bodies {
                 "POLICY_NAME: the policy of the routes with bodies is named {name:?}, over 64 characters; shorten POLICY_NAME"
             ));
         }
-        let mut body = self.policy(policy.clone()).name(name).key(self.key(head()?));
+        let mut body = self
+            .policy(policy.clone())
+            .name(name)
+            .key(self.key(head()?));
         for path in BODY_ROUTES {
             body = body.route(Some(Method::POST), path);
         }
@@ -174,7 +177,10 @@ impl Bodies {
 /// The routes whose bodies the policies read.
 pub(crate) fn routes() -> Router {
     Router::new()
-        .route(BODY_ROUTES[0], post(|body: axum::body::Bytes| async move { body }))
+        .route(
+            BODY_ROUTES[0],
+            post(|body: axum::body::Bytes| async move { body }),
+        )
         .route(BODY_ROUTES[1], post(mcp))
         .route(
             BODY_ROUTES[2],

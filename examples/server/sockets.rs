@@ -133,7 +133,10 @@ impl Sockets {
             .build()
             .map_err(|e| format!("MAX_CONNECTION_S: {e}"))?;
         Ok(Router::new()
-            .route("/ws", get(move |upgrade, limits| limited(upgrade, limits, max)))
+            .route(
+                "/ws",
+                get(move |upgrade, limits| limited(upgrade, limits, max)),
+            )
             .layer(axum::Extension(limiter)))
     }
 }

@@ -10,14 +10,20 @@
 //!   `401` problem+json with `WWW-Authenticate: Bearer`.
 //! * **Without a token** ([`AdminGuardLayer::loopback`], the default of
 //!   [`TopLimitedService`](crate::top::TopLimitedService)), a request is answered only when
-//!   its peer is a loopback address and its `Host` is `localhost` (or a name under
-//!   `.localhost`) or an IP literal; anything else is `403` problem+json. The `Host` check
-//!   defeats DNS rebinding: a page of another site whose name was pointed at `127.0.0.1`
-//!   sends its own name as `Host`. The peer is read as [`crate::key::PeerIp`] reads it;
-//!   a request that carries no peer address is refused.
+//!   its peer is a loopback address, its `Host` (or, without one, its URI's authority) names
+//!   the loopback: `localhost`, a name under `.localhost`, an address of `127.0.0.0/8` or
+//!   `::1` (`[::1]`, with a port or without), and it carries none of `Forwarded`,
+//!   `X-Forwarded-For` and `X-Real-IP`; anything else, a request naming no host included, is
+//!   `403` problem+json. The `Host` check defeats DNS rebinding: a page of another site whose
+//!   name was pointed at `127.0.0.1` sends its own name as `Host`. The peer is read as
+//!   [`crate::key::PeerIp`] reads it; a request that carries no peer address is refused.
 //!
-//! Behind a reverse proxy on the same machine every request comes from a loopback peer: give
-//! such admin routes a token.
+//! A reverse proxy or a tunnel on the same machine connects from a loopback address, and
+//! passes on the `Host` its client sent: a client that named the machine by its address
+//! (`Host: 10.0.0.1`) is refused by the `Host` check, and a proxy that says whom it forwards
+//! (`X-Forwarded-For`, `Forwarded`, `X-Real-IP`) by the header check. A proxy that passes on
+//! `Host: localhost` from a remote client and adds no such header cannot be told from a local
+//! client: behind a proxy on the same machine, give the admin routes a token.
 //!
 //! ```
 //! use axum::{Router, routing::put};
@@ -163,10 +169,16 @@ impl AdminGuardLayer {
                         "admin routes without a token answer loopback clients only",
                     ));
                 }
+                if FORWARDED.iter().any(|h| request.headers().contains_key(*h)) {
+                    return Err(Refusal(
+                        StatusCode::FORBIDDEN,
+                        "admin routes without a token answer no forwarded request (Forwarded, X-Forwarded-For or X-Real-IP): behind a proxy, give them a token",
+                    ));
+                }
                 if !loopback_host(request) {
                     return Err(Refusal(
                         StatusCode::FORBIDDEN,
-                        "admin routes without a token answer a Host of localhost or an IP address only",
+                        "admin routes without a token answer a Host of localhost or a loopback address only",
                     ));
                 }
                 Ok(())
@@ -174,6 +186,10 @@ impl AdminGuardLayer {
         }
     }
 }
+
+/// The headers a proxy adds to say whom it forwards: a request carrying one of them came
+/// through a proxy, whatever its peer.
+const FORWARDED: [&str; 3] = ["forwarded", "x-forwarded-for", "x-real-ip"];
 
 /// The token of an `Authorization` value `Bearer <token>` (the scheme in any case).
 fn bearer(value: &[u8]) -> Option<&[u8]> {
@@ -191,8 +207,8 @@ fn unmapped(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// Whether the request's `Host` (or its URI's authority) is `localhost`, a name under
-/// `.localhost`, or an IP literal; a request that names no host passes.
+/// Whether the request's `Host` (or its URI's authority) names the loopback: `localhost`, a
+/// name under `.localhost`, or a loopback address; a request that names no host does not.
 fn loopback_host<B>(request: &Request<B>) -> bool {
     let host = match request.headers().get(header::HOST) {
         Some(value) => match value.to_str() {
@@ -201,19 +217,27 @@ fn loopback_host<B>(request: &Request<B>) -> bool {
         },
         None => match request.uri().authority() {
             Some(authority) => authority.as_str(),
-            None => return true,
+            None => return false,
         },
     };
     // `[v6]:port`, `[v6]`, `name:port`, `v4:port`, `name`.
     let name = match host.strip_prefix('[') {
-        Some(rest) => match rest.split_once(']') {
-            Some((v6, _)) => return v6.parse::<std::net::Ipv6Addr>().is_ok(),
-            None => return false,
-        },
+        Some(rest) => {
+            return match rest.split_once(']') {
+                Some((v6, port)) if port.is_empty() || port.starts_with(':') => v6
+                    .parse::<std::net::Ipv6Addr>()
+                    .is_ok_and(|v6| unmapped(IpAddr::V6(v6)).is_loopback()),
+                _ => false,
+            };
+        }
         None => host.rsplit_once(':').map_or(host, |(name, _)| name),
     };
     let name = name.trim_end_matches('.').to_ascii_lowercase();
-    name == "localhost" || name.ends_with(".localhost") || name.parse::<IpAddr>().is_ok()
+    name == "localhost"
+        || name.ends_with(".localhost")
+        || name
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|v4| v4.is_loopback())
 }
 
 /// Why a request is refused: its status and what went wrong.
@@ -364,7 +388,8 @@ mod tests {
             "127.0.0.1:3000",
             "[::1]:3000",
             "[::1]",
-            "10.0.0.7:80",
+            "[::ffff:127.0.0.1]:80",
+            "127.255.0.9",
         ] {
             assert!(loopback_host(&host(ok)), "{ok}");
         }
@@ -375,9 +400,63 @@ mod tests {
             "[::1",
             "[nope]:80",
             "127.0.0.1.nip.io",
+            "10.0.0.7:80",
+            "10.0.0.1",
+            "0.0.0.0",
+            "[::]:80",
+            "[2001:db8::1]",
+            "[::1]x",
+            "::1",
+            "",
         ] {
             assert!(!loopback_host(&host(refused)), "{refused}");
         }
+        let no_host = Request::builder().body(()).unwrap();
+        assert!(!loopback_host(&no_host), "no host named");
+        let authority = Request::builder()
+            .uri("http://127.0.0.1:9000/admin/top")
+            .body(())
+            .unwrap();
+        assert!(loopback_host(&authority), "the URI's authority");
+    }
+
+    /// A loopback request with a loopback `Host`, carrying `extra`.
+    fn local(extra: Option<(&str, &str)>) -> Request<()> {
+        let mut request = Request::builder()
+            .header("host", "127.0.0.1:3000")
+            .extension(std::net::SocketAddr::from(([127, 0, 0, 1], 4000)));
+        if let Some((name, value)) = extra {
+            request = request.header(name, value);
+        }
+        request.body(()).unwrap()
+    }
+
+    #[test]
+    fn forwarded_requests_are_refused_without_a_token() {
+        let guard = AdminGuardLayer::loopback();
+        assert!(guard.admit(&local(None)).is_ok());
+        for header in [
+            ("x-forwarded-for", "203.0.113.9"),
+            ("Forwarded", "for=203.0.113.9"),
+            ("X-Real-IP", "203.0.113.9"),
+            ("x-forwarded-for", ""),
+        ] {
+            let Err(refusal) = guard.admit(&local(Some(header))) else {
+                panic!("{header:?} admitted");
+            };
+            assert_eq!(refusal.0, StatusCode::FORBIDDEN, "{header:?}");
+            assert!(refusal.1.contains("forwarded"), "{}", refusal.1);
+        }
+        let token = AdminToken::new("0123456789abcdef").unwrap();
+        let mut request = local(Some(("x-forwarded-for", "203.0.113.9")));
+        request.headers_mut().insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer 0123456789abcdef"),
+        );
+        assert!(
+            AdminGuardLayer::token(token).admit(&request).is_ok(),
+            "a token holder"
+        );
     }
 
     #[test]

@@ -963,6 +963,8 @@ fn demo_server_behind_a_trusted_proxy_limits_per_real_client() {
     let server = DemoServer::start(&[
         ("KEY", "client_ip"),
         ("TRUSTED_PROXIES", "10.0.0.0/8, 127.0.0.1"),
+        // A proxy on this machine: the admin routes need a token.
+        ("ADMIN_TOKEN", "0123456789abcdef-admin"),
         ("RATE_LIMIT", "2/h"),
     ]);
     assert!(

@@ -128,6 +128,7 @@ fn networks_are_matched_behind_trusted_proxies_only() {
     let behind = DemoServer::start(&[
         ("KEY", "client_ip"),
         ("TRUSTED_PROXIES", "127.0.0.1"),
+        ("ADMIN_TOKEN", "0123456789abcdef-admin"),
         ("DENY", "203.0.113.0/24,2001:db8:bad::/48"),
         ("ALLOW", "198.51.100.0/24"),
         ("RATE_LIMIT", "1/h"),
@@ -271,6 +272,71 @@ fn the_admin_routes_are_guarded() {
         );
     }
     assert_eq!(fetch(local.addr, "/admin/top", &[]).0, 200);
+}
+
+/// Without a token, the admin routes answer no request a proxy on this machine could have
+/// passed on: a `Host` that is not a loopback name or address (a client that named the
+/// machine by its address), or a request carrying a forwarding header; and the server will
+/// not start trusting a proxy on a loopback address without a token.
+#[test]
+fn the_admin_routes_answer_no_proxy_on_the_same_machine() {
+    let local = DemoServer::start(&[("RATE_LIMIT", "2/h")]);
+    let path = "/admin/allow/127.0.0.1";
+    for host in [
+        "10.0.0.1",
+        "10.0.0.1:3000",
+        "192.0.2.7",
+        "[2001:db8::1]:80",
+        "[::]",
+    ] {
+        let (status, response) = request_with(local.addr, "PUT", path, &[("host", host)]);
+        assert_eq!(status, 403, "{host}: {response}");
+        assert!(response.contains("application/problem+json"), "{response}");
+        assert!(response.contains("loopback"), "{host}: {response}");
+    }
+    for header in ["x-forwarded-for", "forwarded", "x-real-ip"] {
+        let value = match header {
+            "forwarded" => "for=203.0.113.9",
+            _ => "203.0.113.9",
+        };
+        let (status, response) = request_with(local.addr, "PUT", path, &[(header, value)]);
+        assert_eq!(status, 403, "{header}: {response}");
+        assert!(response.contains("application/problem+json"), "{response}");
+        assert!(response.contains("forwarded"), "{header}: {response}");
+    }
+    for host in [
+        "127.0.0.1",
+        "127.1.2.3:80",
+        "localhost",
+        "app.localhost:3000",
+        "[::1]",
+    ] {
+        let (status, response) = request_with(local.addr, "PUT", path, &[("host", host)]);
+        assert_eq!(status, 204, "{host}: {response}");
+    }
+    for proxies in [
+        "127.0.0.1",
+        "10.0.0.0/8,::1",
+        "127.8.0.0/16",
+        "0.0.0.0/0",
+        "::/0",
+    ] {
+        let err = start_error(&[("KEY", "client_ip"), ("TRUSTED_PROXIES", proxies)]);
+        assert!(err.starts_with("error: ADMIN_TOKEN:"), "{proxies}: {err}");
+        assert!(err.contains("TRUSTED_PROXIES"), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    }
+    let token = "0123456789abcdef-admin";
+    let proxied = DemoServer::start(&[
+        ("KEY", "client_ip"),
+        ("TRUSTED_PROXIES", "127.0.0.1"),
+        ("ADMIN_TOKEN", token),
+    ]);
+    let bearer = format!("Bearer {token}");
+    let (status, response) = request_with(proxied.addr, "PUT", path, &[("authorization", &bearer)]);
+    assert_eq!(status, 204, "{response}");
+    let remote = DemoServer::start(&[("KEY", "client_ip"), ("TRUSTED_PROXIES", "10.0.0.0/8")]);
+    assert_eq!(request(remote.addr, "PUT", path).0, 204);
 }
 
 /// Every form of an address reaches its client on `/admin/deny`, `/admin/allow` and

@@ -41,7 +41,7 @@ fn tools_and_batches(a: &DemoServer, b: &DemoServer) {
     let problem: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
         problem["calls"],
-        json!([{"index": 1, "id": 6, "policies": ["gcra:2/min"]}])
+        json!([{"index": 1, "id": 6, "policies": ["gcra:2/min:body"]}])
     );
     let (status, body) = mcp(b, &json!([tool(7, "fetch"), tool(8, "list")]));
     assert_eq!(status, 200, "{body}");
@@ -135,6 +135,53 @@ fn bad_body_variables_stop_the_server_naming_them() {
     assert!(both.contains("BODY_COST and GRAPHQL_COST"), "{both}");
     let err = start_error(&[("CONFIG", "examples/limits.toml"), ("JSONRPC", "true")]);
     assert!(err.contains("JSONRPC cannot be set with it"), "{err}");
+}
+
+/// A body variable limits the routes with bodies (`POST /echo`, `/mcp`, `/graphql`) only:
+/// `GET /` and the WebSocket upgrade keep the plain policies of `RATE_LIMIT` (one of 3/min:
+/// the upgrade, two `GET /`, then 429 for both), and a body route is counted apart from them.
+#[test]
+fn body_variables_leave_the_other_routes_alone() {
+    for body in [
+        ("JSONRPC", "true"),
+        ("BODY_COST", "/n"),
+        ("BODY_KEY", "/user"),
+        ("GRAPHQL_COST", "true"),
+    ] {
+        let server = DemoServer::start(&[body, ("RATE_LIMIT", "3/min")]);
+        let upgrade = || {
+            tokio::runtime::Runtime::new().unwrap().block_on(async {
+                match support::ws::try_connect(server.addr, "k").await {
+                    Ok(_) => 101,
+                    Err(refused) => refused.status().as_u16(),
+                }
+            })
+        };
+        let mut statuses = vec![upgrade()];
+        statuses.extend((0..3).map(|_| server.get("/", &[]).0));
+        statuses.push(upgrade());
+        assert_eq!(statuses, [101, 200, 200, 429, 429], "{body:?}");
+        let (status, response) = server.get("/health", &[]);
+        assert_eq!(status, 200, "{body:?}: {response}");
+        let (status, answer) = match body.0 {
+            "JSONRPC" => mcp(&server, &tool(1, "search")),
+            "GRAPHQL_COST" => post(
+                server.addr,
+                "/graphql",
+                &[("content-type", "application/json")],
+                r#"{"query": "{ a }"}"#,
+            ),
+            _ => post(server.addr, "/echo", &[], r#"{"user": "ann", "n": 1}"#),
+        };
+        assert_eq!(
+            status, 200,
+            "{body:?}: a body route has policies of its own: {answer}"
+        );
+        let (_, problem) = post(server.addr, "/echo", &[], "not json");
+        if body.0 != "GRAPHQL_COST" {
+            assert!(problem.contains("body_not_json"), "{body:?}: {problem}");
+        }
+    }
 }
 
 /// X-RateLimit-Remaining of a whole response.

@@ -58,6 +58,8 @@ fn bad_configuration_stops_the_server_with_the_variable_named() {
         ("WEEK_STARTS", "someday", "WEEK_STARTS:"),
         ("MONTH_STARTS", "32", "MONTH_STARTS:"),
         ("POLICY_NAME", "no spaces", "POLICY_NAME:"),
+        ("HEADER_TIMEOUT_MS", "0", "HEADER_TIMEOUT_MS:"),
+        ("HEADER_TIMEOUT_MS", "soon", "HEADER_TIMEOUT_MS:"),
         ("ADMIN_TOKEN", "too short", "ADMIN_TOKEN:"),
     ] {
         let err = start_error(&[(name, value)]);
@@ -676,5 +678,79 @@ fn a_request_head_unfinished_after_ten_seconds_is_cut_off() {
         "cut off after about 10 s: {waited:?}"
     );
     // Meanwhile, and after, others are served.
+    assert_eq!(server.get("/", &[]).0, 200);
+}
+
+/// How long after `hello` the server at `addr` closed a connection that sent it and nothing
+/// more (panics if it was left open for 20 s).
+fn closed_after(addr: std::net::SocketAddr, hello: &[u8]) -> std::time::Duration {
+    use std::io::{Read, Write};
+    let mut client = std::net::TcpStream::connect(addr).unwrap();
+    client
+        .set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    let started = std::time::Instant::now();
+    client.write_all(hello).unwrap();
+    let mut answer = Vec::new();
+    let read = client.read_to_end(&mut answer);
+    let waited = started.elapsed();
+    assert!(
+        read.is_ok()
+            || read
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the connection was closed, not left open: {read:?} after {waited:?}"
+    );
+    waited
+}
+
+/// `HEADER_TIMEOUT_MS` cuts off HTTP/2 as HTTP/1: a connection that sends the HTTP/2 preface
+/// and an empty SETTINGS frame and then nothing, one that sends nothing at all, and half an
+/// HTTP/1 head are closed once it has passed; a request in flight longer than it is answered,
+/// over HTTP/2 too, and an HTTP/2 connection idle after its answer is closed in turn.
+#[test]
+fn http2_connections_that_send_no_request_are_cut_off() {
+    use std::time::Duration;
+    let server = DemoServer::start(&[("RATE_LIMIT", "100/s"), ("HEADER_TIMEOUT_MS", "1000")]);
+    let mut preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    preface.extend_from_slice(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
+    let half_a_head = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n".to_vec();
+    for (what, hello) in [
+        ("the HTTP/2 preface", preface),
+        ("nothing", vec![]),
+        ("half a head", half_a_head),
+    ] {
+        let waited = closed_after(server.addr, &hello);
+        assert!(
+            waited >= Duration::from_millis(900) && waited < Duration::from_secs(10),
+            "{what}: cut off after about 1 s: {waited:?}"
+        );
+    }
+    assert_eq!(server.get("/slow?ms=2500", &[]).0, 200, "HTTP/1, in flight");
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        use http_body_util::{BodyExt, Empty};
+        use hyper_util::rt::{TokioExecutor, TokioIo};
+        let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        let (mut sender, connection) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+                .await
+                .unwrap();
+        let connection = tokio::spawn(connection);
+        let request = http::Request::get(format!("http://{}/slow?ms=2500", server.addr))
+            .body(Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        assert_eq!(response.status(), 200, "HTTP/2, in flight");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"answered after 2500 ms\n");
+        let answered = std::time::Instant::now();
+        let ended = tokio::time::timeout(Duration::from_secs(20), connection).await;
+        assert!(ended.is_ok(), "an idle HTTP/2 connection is closed");
+        let idle = answered.elapsed();
+        assert!(
+            idle < Duration::from_secs(10),
+            "closed after about 1 s idle: {idle:?}"
+        );
+    });
     assert_eq!(server.get("/", &[]).0, 200);
 }

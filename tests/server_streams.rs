@@ -213,3 +213,46 @@ fn bad_values_stop_the_server_naming_the_variable() {
         assert!(err.contains(name), "{name}={value}: {err}");
     }
 }
+
+/// The close frame that ends `client`'s socket, within 20 s.
+async fn close_frame(client: &mut support::ws::Client) -> (CloseCode, String) {
+    use futures_util::StreamExt;
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(20), client.next())
+            .await
+            .expect("an answer within 20 s")
+            .expect("a close frame before the socket ends")
+            .expect("a message, not an error");
+        if let Message::Close(Some(frame)) = message {
+            return (frame.code, frame.reason.as_str().to_owned());
+        }
+    }
+}
+
+/// `/ws` reads messages of `WS_MAX_MESSAGE` bytes at most (1 MiB by default): one at the bound
+/// is echoed, one past it closes the socket with 1009 (message too big), with `MESSAGE_LIMIT`
+/// too; a bad value stops the server naming the variable.
+#[test]
+fn a_message_past_ws_max_message_closes_its_socket_with_1009() {
+    let small = DemoServer::start(&[("WS_MAX_MESSAGE", "4096")]);
+    let limited = DemoServer::start(&[("WS_MAX_MESSAGE", "4096"), ("MESSAGE_LIMIT", "100/s")]);
+    let default = DemoServer::start(&[]);
+    run(async {
+        for (server, bound) in [(&small, 4096), (&limited, 4096), (&default, 1 << 20)] {
+            let mut client = connect(server.addr, "k").await;
+            let at = Message::binary(vec![7u8; bound]);
+            client.send(at.clone()).await.unwrap();
+            assert_eq!(next(&mut client).await, at, "{bound} bytes echoed");
+            assert_eq!(say(&mut client, "small").await, Message::text("small"));
+            // The server may close before it has read the whole message.
+            let _ = client.send(Message::binary(vec![7u8; bound + 1])).await;
+            let (code, reason) = close_frame(&mut client).await;
+            assert_eq!(code, CloseCode::Size, "{bound} + 1 bytes: {reason}");
+            assert!(reason.contains("too big"), "{reason}");
+        }
+    });
+    for bad in ["0", "1M", "67108865"] {
+        let err = start_error(&[("WS_MAX_MESSAGE", bad)]);
+        assert!(err.starts_with("error: WS_MAX_MESSAGE:"), "{bad}: {err}");
+    }
+}

@@ -1,9 +1,14 @@
 //! What the layer reads of request bodies (`BODY_KEY`, `BODY_COST`, `JSONRPC`, `BODY_LIMIT`)
 //! and the routes that show it: `POST /echo`, `POST /mcp`, `POST /graphql`, `GET /llm`.
+//!
+//! With a body variable set, each `RATE_LIMIT` policy is two: one reading the body, for the
+//! routes with bodies only (`BODY_ROUTES`), named `<name>:body`; and the plain one, for every
+//! other route (`GET /`, the WebSocket upgrade...), which has no body to read.
 
 use std::sync::Arc;
 
 use axum::Router;
+use axum::http::Method;
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 use tower_ratelimit::Policy;
@@ -20,6 +25,14 @@ pub(crate) const REPLACED_BY_CONFIG: [&str; 5] = [
     "GRAPHQL_COST",
     "GRAPHQL_MAX_DEPTH",
 ];
+
+/// The routes with bodies (`POST`), the only ones the body variables apply to.
+const BODY_ROUTES: [&str; 3] = ["/echo", "/mcp", "/graphql"];
+
+/// Whether `request` is a `POST` to one of [`BODY_ROUTES`].
+fn has_body(request: &key::RequestRef<'_>) -> bool {
+    request.method() == Method::POST && BODY_ROUTES.contains(&request.uri().path())
+}
 
 /// What the policies read of a request's body.
 pub(crate) struct Bodies {
@@ -85,8 +98,41 @@ impl Bodies {
         })
     }
 
+    /// Whether a variable reads request bodies.
+    fn reads(&self) -> bool {
+        self.pointer.is_some() || self.jsonrpc || self.cost.is_some() || self.graphql.is_some()
+    }
+
+    /// `policy` (named `name`, keyed by `head`, the key of `KEY`) as the layer gets it: itself
+    /// when no variable reads bodies; else itself for the routes without bodies, and for
+    /// those with bodies a policy `<name>:body` reading them.
+    pub(crate) fn policies(
+        &self,
+        policy: Policy,
+        name: &str,
+        head: impl FnOnce() -> Result<Arc<dyn KeyExtractor>, String>,
+    ) -> Result<Vec<Policy>, String> {
+        if !self.reads() {
+            return Ok(vec![policy]);
+        }
+        let name = format!("{name}:body");
+        if name.len() > 64 {
+            return Err(format!(
+                "POLICY_NAME: the policy of the routes with bodies is named {name:?}, over 64 characters; shorten POLICY_NAME"
+            ));
+        }
+        let mut body = self
+            .policy(policy.clone())
+            .name(name)
+            .key(self.key(head()?));
+        for path in BODY_ROUTES {
+            body = body.route(Some(Method::POST), path);
+        }
+        Ok(vec![policy.exempt_if(has_body), body])
+    }
+
     /// `head`, the key of `KEY`, joined with the body's parts the variables name.
-    pub(crate) fn key(&self, head: Arc<dyn KeyExtractor>) -> Arc<dyn KeyExtractor> {
+    fn key(&self, head: Arc<dyn KeyExtractor>) -> Arc<dyn KeyExtractor> {
         let mut parts = vec![head];
         if let Some(pointer) = &self.pointer {
             parts.push(Arc::new(key::json(pointer).expect("checked when read")));
@@ -102,7 +148,7 @@ impl Bodies {
 
     /// `policy`, costing what the body says when `BODY_COST` is set, or its GraphQL query's
     /// cost with `GRAPHQL_COST`.
-    pub(crate) fn policy(&self, policy: Policy) -> Policy {
+    fn policy(&self, policy: Policy) -> Policy {
         match (&self.cost, self.graphql) {
             (Some(pointer), _) => policy.cost_json(pointer),
             (None, Some(depth)) => policy.cost_graphql(depth),
@@ -131,10 +177,13 @@ impl Bodies {
 /// The routes whose bodies the policies read.
 pub(crate) fn routes() -> Router {
     Router::new()
-        .route("/echo", post(|body: axum::body::Bytes| async move { body }))
-        .route("/mcp", post(mcp))
         .route(
-            "/graphql",
+            BODY_ROUTES[0],
+            post(|body: axum::body::Bytes| async move { body }),
+        )
+        .route(BODY_ROUTES[1], post(mcp))
+        .route(
+            BODY_ROUTES[2],
             post(|| async { axum::Json(json!({"data": null})) }),
         )
         .route("/llm", get(llm))

@@ -52,6 +52,8 @@ pub(crate) struct Config {
     /// The limits on the messages of `/ws` (`MESSAGE_LIMIT`, `ON_MESSAGE_LIMIT`).
     pub(crate) sockets: crate::sockets::Sockets,
     pub(crate) redis_access: RedisAccess,
+    /// `HEADER_TIMEOUT_MS`: how long a connection may go without a request head.
+    pub(crate) header_timeout: std::time::Duration,
 }
 
 /// Credentials and TLS settings for Redis, read (files included) at start.
@@ -169,6 +171,14 @@ fn admin_token(
     Ok(token)
 }
 
+/// Whether `net` holds a loopback address (of `127.0.0.0/8`, or `::1`).
+fn covers_loopback(net: &Cidr) -> bool {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    net.addr().is_loopback()
+        || net.contains(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 0)))
+        || net.contains(IpAddr::V6(Ipv6Addr::LOCALHOST))
+}
+
 /// The client address behind `trusted_proxies` (`TRUSTED_PROXIES`).
 pub(crate) fn client_ip(trusted_proxies: &[Cidr]) -> Result<ClientIp, String> {
     (trusted_proxies.iter())
@@ -280,6 +290,13 @@ pub(crate) fn config() -> Result<Config, String> {
                 .map_err(|e| format!("TRUSTED_PROXIES: {e}"))
         })
         .collect::<Result<_, _>>()?;
+    if admin_token.is_none()
+        && let Some(net) = trusted_proxies.iter().find(|net| covers_loopback(net))
+    {
+        return Err(format!(
+            "ADMIN_TOKEN: TRUSTED_PROXIES trusts a proxy on this machine ({net}), whose clients would all reach the admin routes as loopback clients; set ADMIN_TOKEN"
+        ));
+    }
     let rate_limit = env_or("RATE_LIMIT", "10/s")?;
     // Calendar periods are counted by the fixed window.
     let monthly = rate_limit.split(',').any(|q| {
@@ -390,6 +407,18 @@ pub(crate) fn config() -> Result<Config, String> {
             }
         },
     };
+    let header_timeout = {
+        let default = crate::serve::HEADER_TIMEOUT.as_millis().to_string();
+        let ms = env_or("HEADER_TIMEOUT_MS", &default)?;
+        match ms.parse::<u64>() {
+            Ok(ms) if (100..=3_600_000).contains(&ms) => std::time::Duration::from_millis(ms),
+            _ => {
+                return Err(format!(
+                    "HEADER_TIMEOUT_MS: {ms:?} is not a number of milliseconds from 100 to 3600000"
+                ));
+            }
+        }
+    };
     let abuse = crate::abuse::read(&trusted_proxies)?;
     // What a block on violation cannot go with, named here rather than as RATE_LIMIT's error.
     if abuse.escalation.is_some() {
@@ -427,6 +456,7 @@ pub(crate) fn config() -> Result<Config, String> {
         file,
         redis_url,
         redis_access,
+        header_timeout,
         prefix: env_or("PREFIX", "rl:")?,
         on_store_error: match env_or("ON_STORE_ERROR", "open")?.as_str() {
             "open" => FailurePolicy::Open,

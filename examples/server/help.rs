@@ -10,8 +10,8 @@ Environment variables:
                                                     (default unset: served on BIND)
   ADMIN_TOKEN the bearer token /admin/* ask for (16 or more of letters, digits and
               -._~+/=); without it they answer loopback clients only, and the server
-              will not start with them on an address other machines reach
-                                                    (default unset)
+              will not start with them on an address other machines reach, nor with
+              TRUSTED_PROXIES trusting a loopback address       (default unset)
   CONFIG      a TOML file of policies, e.g. examples/limits.toml, instead of ALGORITHM,
               RATE_LIMIT, KEY, TRUSTED_PROXIES, LEASE, WAIT_MS, CONCURRENCY, PRIORITY_HEADER,
               RESERVE, DENY, ALLOW, NEAR_LIMIT and BLOCK_* (which it replaces; setting both
@@ -33,6 +33,11 @@ Environment variables:
   REDIS_CLIENT_CERT, REDIS_CLIENT_KEY
               with a TLS REDIS_URL: PEM files of the certificate and key this server
               presents to a Redis that asks for one (mutual TLS)  (default unset)
+  HEADER_TIMEOUT_MS
+              a connection that has not sent a whole request head this many
+              milliseconds after it opened or after its last response (nothing, half
+              an HTTP/1 head, the HTTP/2 preface) is closed; HTTP/2 pings at this
+              interval close one whose peer went away (100 to 3600000; default 10000)
   PREFIX      key prefix in Redis                   (default rl:)
   PER_THREAD_READS
               without REDIS_URL: true gives the memory store's shards a reader lock per
@@ -68,7 +73,9 @@ Environment variables:
   RATE_LIMIT  a quota such as 10/s, 100/min, 20/10s, 2000/week, 10000/month, or several
               separated by commas, all enforced at once, e.g. 10/s,1000/h (default 10/s)
   POLICY_NAME the name of the RATE_LIMIT policy (of one quota), as 429 bodies, metrics
-              and /admin/limits name it (default ALGORITHM:QUOTA, e.g. gcra:10/s)
+              and /admin/limits name it; with BODY_KEY, BODY_COST, JSONRPC or
+              GRAPHQL_COST, the policy of the routes with bodies is <name>:body
+              (default ALGORITHM:QUOTA, e.g. gcra:10/s)
   TIME_ZONE   every RATE_LIMIT policy of a day, a week or a month counts the calendar
               periods of this IANA zone, e.g. Europe/Paris: a day from local midnight, a
               month from the 1st (default unset: windows from the Unix epoch; a month
@@ -116,7 +123,9 @@ Environment variables:
   BLOCK_AFTER with BLOCK_FOR: block at this many denials within a minute (default 1)
   BLOCK_MAX   with BLOCK_FOR: the longest block (default 1h)
   BODY_KEY    a JSON pointer, e.g. /params/name: the value there in the request's JSON
-              body joins KEY's key (KEY=ip BODY_KEY=/params/name: per client and tool);
+              body joins KEY's key on the routes with bodies (POST /echo, /mcp and
+              /graphql, as for BODY_COST, JSONRPC and GRAPHQL_COST: the others keep the
+              plain RATE_LIMIT policies, counted apart) (KEY=ip BODY_KEY=/params/name: per client and tool);
               a body without it is keyed (missing), limited as any other (default unset)
   BODY_COST   a JSON pointer, e.g. /max_tokens: every RATE_LIMIT policy charges the
               number there in the request's JSON body; absent, negative or fractional
@@ -153,6 +162,10 @@ Environment variables:
               a socket of GET /ws open longer is closed with 1013 (with CONNECTIONS
               and without it, an hour: a socket's place is held in the store that
               long at most)                         (default unset)
+  WS_MAX_MESSAGE
+              the largest message (and frame) a socket of GET /ws reads, in bytes (1 to
+              67108864): past it the socket is closed with 1009, message too big
+                                                    (default 1048576)
   NEAR_LIMIT  warn when a key has used this percent of a RATE_LIMIT policy, e.g. 80:
               once per key and window, counted in ratelimit_near_limit_total on /metrics,
               the key listed in near_keys on /admin/top   (default unset)
@@ -206,6 +219,7 @@ Routes:
                takes it off; 204
   With ADMIN_BIND set, /metrics and /admin/* are answered there, and not on BIND.
   /admin/* answer the holder of ADMIN_TOKEN (Authorization: Bearer <token>), or without
-  it loopback clients naming localhost or an IP address as Host only (401 or 403
+  it loopback clients naming localhost or a loopback address (127.0.0.1, [::1]) as
+  Host only, with none of Forwarded, X-Forwarded-For and X-Real-IP (401 or 403
   otherwise); /metrics is open where they are served.
 ";

@@ -61,9 +61,8 @@ fn policies<St: Store, R>(
         );
     }
     for quota in quotas {
-        let mut policy = config
-            .abuse
-            .policy(Policy::new(config.algorithm, quota.trim()));
+        let quota = quota.trim();
+        let mut policy = config.abuse.policy(Policy::new(config.algorithm, quota));
         if let Some(name) = &config.policy_name {
             policy = policy.name(name.as_str());
         }
@@ -87,7 +86,15 @@ fn policies<St: Store, R>(
             policy = policy.reserve(reserve);
         }
         // Last: BODY_COST replaces the estimate of 1 a settled policy starts from.
-        builder = builder.policy(config.bodies.policy(policy));
+        let name = match (&config.policy_name, quota.parse::<tower_ratelimit::Quota>()) {
+            (Some(name), _) => name.clone(),
+            (None, Ok(parsed)) => format!("{}:{parsed}", config.algorithm),
+            (None, Err(_)) => format!("{}:{quota}", config.algorithm),
+        };
+        let key = || {
+            key_extractor(&config.key, &config.trusted_proxies, config.abuse.listed).map(Into::into)
+        };
+        builder = builder.policies(config.bodies.policies(policy, &name, key)?);
     }
     if let Some((n, max)) = config.concurrency {
         builder = builder.policy(Policy::concurrency(n).max_duration(max));
@@ -119,7 +126,7 @@ fn app<St: Store>(
     if config.file.is_none() {
         let listed = config.abuse.listed;
         let key = key_extractor(&config.key, &config.trusted_proxies, listed)?;
-        builder = builder.key(config.bodies.key(key.into()));
+        builder = builder.key(key);
     }
     let adaptive = config
         .overload
@@ -358,7 +365,8 @@ async fn main() -> ExitCode {
                     .map_err(|e| format!("ADMIN_BIND: cannot listen on {admin_bind}: {e}"))?;
                 let admin_addr = admin.local_addr().map_err(|e| e.to_string())?;
                 let router = apps.admin;
-                tokio::spawn(serve::serve(admin, router, std::future::pending()));
+                let timeout = config.header_timeout;
+                tokio::spawn(serve::serve(admin, router, timeout, std::future::pending()));
                 (apps.public, format!("http://{admin_addr}"))
             }
         };
@@ -396,7 +404,7 @@ async fn main() -> ExitCode {
             config.sockets.describe(),
             config.headers,
         );
-        serve::serve(listener, app, async {
+        serve::serve(listener, app, config.header_timeout, async {
             let _ = tokio::signal::ctrl_c().await;
         })
         .await;

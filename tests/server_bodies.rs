@@ -58,6 +58,14 @@ fn tools_and_batches(a: &DemoServer, b: &DemoServer) {
         429,
         "fetch spent its 2 in the batches"
     );
+    // No free pass and no unbounded batch: `[]` is refused, 33 calls are over BATCH_CALLS.
+    let (status, problem) = mcp(b, &json!([]));
+    assert_eq!(status, 400, "{problem}");
+    assert!(problem.contains("\"batch_empty\""), "{problem}");
+    let many: Vec<Value> = (0..33).map(|i| tool(i, "ping")).collect();
+    let (status, problem) = mcp(a, &Value::Array(many));
+    assert_eq!(status, 413, "{problem}");
+    assert!(problem.contains("\"batch_too_large\""), "{problem}");
 }
 
 /// `/echo` through `a` and `b` with `BODY_KEY=/user BODY_COST=/n RATE_LIMIT=10/min`: the body
@@ -89,6 +97,8 @@ fn keys_and_costs(a: &DemoServer, b: &DemoServer) {
         200,
         "cat was charged nothing"
     );
+    // A cost of 0 counts 1: cat is over.
+    assert_eq!(echo(a, r#"{"user": "cat", "n": 0}"#).0, 429);
 }
 
 const KEYS_AND_COSTS: [(&str, &str); 5] = [
@@ -126,6 +136,21 @@ fn bad_body_variables_stop_the_server_naming_them() {
             "BODY_LIMIT",
             "64k",
             "BODY_LIMIT: \"64k\" is not a number of bytes",
+        ),
+        (
+            "BATCH_CALLS",
+            "0",
+            "BATCH_CALLS: \"0\" is not a number from 1",
+        ),
+        (
+            "BATCH_KEYS",
+            "many",
+            "BATCH_KEYS: \"many\" is not a number from 1",
+        ),
+        (
+            "MIN_BODY_COST",
+            "-1",
+            "MIN_BODY_COST: \"-1\" is not a whole number",
         ),
     ] {
         let err = start_error(&[(name, value)]);

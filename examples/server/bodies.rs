@@ -44,6 +44,8 @@ pub(crate) struct Bodies {
     cost: Option<String>,
     /// `GRAPHQL_COST=true`: the query's calculated cost, at most `GRAPHQL_MAX_DEPTH` deep.
     graphql: Option<u32>,
+    /// `MIN_BODY_COST`: the least a cost read from the body counts.
+    floor: u32,
     /// `BODY_LIMIT`: the bound on a body read.
     pub(crate) limits: BodyLimits,
 }
@@ -89,12 +91,30 @@ impl Bodies {
                 ));
             }
         };
+        let count = |name: &str, default: usize, most: usize| {
+            let value = env_or(name, &default.to_string())?;
+            match value.parse::<usize>() {
+                Ok(n) if (1..=most).contains(&n) => Ok(n),
+                _ => Err(format!(
+                    "{name}: {value:?} is not a number from 1 to {most}"
+                )),
+            }
+        };
+        let calls = count("BATCH_CALLS", BodyLimits::DEFAULT_BATCH_CALLS, 10_000)?;
+        let keys = count("BATCH_KEYS", BodyLimits::DEFAULT_BATCH_KEYS, 1_000)?;
+        let floor = env_or("MIN_BODY_COST", "1")?;
+        let floor = (floor.parse::<u32>())
+            .map_err(|_| format!("MIN_BODY_COST: {floor:?} is not a whole number of units"))?;
         Ok(Bodies {
             pointer: pointer("BODY_KEY")?,
             jsonrpc,
             cost,
             graphql,
-            limits: BodyLimits::new().limit(limit),
+            floor,
+            limits: BodyLimits::new()
+                .limit(limit)
+                .batch_calls(calls)
+                .batch_keys(keys),
         })
     }
 
@@ -150,15 +170,21 @@ impl Bodies {
     /// cost with `GRAPHQL_COST`.
     fn policy(&self, policy: Policy) -> Policy {
         match (&self.cost, self.graphql) {
-            (Some(pointer), _) => policy.cost_json(pointer),
-            (None, Some(depth)) => policy.cost_graphql(depth),
+            (Some(pointer), _) => policy.cost_json(pointer).min_body_cost(self.floor),
+            (None, Some(depth)) => policy.cost_graphql(depth).min_body_cost(self.floor),
             (None, None) => policy,
         }
     }
 
     /// The variables set, for the start line.
     pub(crate) fn describe(&self) -> String {
-        let mut said = format!(" BODY_LIMIT={}", self.limits.get_limit());
+        let mut said = format!(
+            " BODY_LIMIT={} BATCH_CALLS={} BATCH_KEYS={} MIN_BODY_COST={}",
+            self.limits.get_limit(),
+            self.limits.get_batch_calls(),
+            self.limits.get_batch_keys(),
+            self.floor
+        );
         for (name, value) in [("BODY_KEY", &self.pointer), ("BODY_COST", &self.cost)] {
             if let Some(value) = value {
                 said.push_str(&format!(" {name}={value}"));

@@ -258,7 +258,7 @@ pub fn body_status(body: &[u8], layer: u8) -> u16 {
                 Policy::fixed_window("500/s").cost_json("/n"),
                 Policy::token_bucket("500/s").cost_graphql(6),
             ];
-            let limits = BodyLimits::new().limit(4096);
+            let limits = BodyLimits::new();
             (policies.into_iter())
                 .map(|p| RateLimitLayer::builder().policy(p).read_bodies(limits).build())
                 .collect::<Result<_, _>>()

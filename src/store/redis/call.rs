@@ -65,7 +65,8 @@ impl Inner {
     /// On a cluster, policies keyed by different caller keys live in different slots, which
     /// no single script may touch. Each key's policies are decided by one script, the scripts
     /// of every key at once (one round trip, whatever the number of keys); when one denies the
-    /// request, what the others charged is refunded. No request is ever admitted past a
+    /// request, what the others charged is refunded (not when one failed and none denied: the
+    /// failure policy's answer, let through or not, leaves what was charged charged). No request is ever admitted past a
     /// limit; a concurrent request may briefly see a charge that is then refunded, so the
     /// error is on the strict side. A denial stands whatever else failed: a script that
     /// failed or missed the deadline (`bounded`: each is cut at the store's deadline) makes
@@ -124,7 +125,7 @@ impl Inner {
                 verdicts[i] = Some(v);
             }
         }
-        if denied || failed.is_some() {
+        if denied {
             let refunds = (charged.iter()).map(|refund| {
                 let refunding = self.run(link, std::slice::from_ref(refund));
                 async {

@@ -59,6 +59,7 @@ mod lifetime;
 mod limited;
 mod limiter;
 mod message;
+mod refusals;
 #[cfg(feature = "ws")]
 mod listener;
 mod socket;

@@ -14,9 +14,9 @@ use http::{Request, Response, StatusCode};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::decide::Refusals;
 use super::limited::{Answer, Limited};
 use super::message::{Direction, Message};
+use super::refusals::Refusals;
 use crate::Decision;
 use crate::adaptive::Permits;
 use crate::body::{ResponseBody, Wrapped};

@@ -3,8 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
@@ -28,78 +27,20 @@ enum First {
     Pending(Answering),
 }
 
-/// The refusals a connection answers its messages with itself, without a store call, until
-/// their time: a message refused over a limit with a retry time (`429`, once its wait, if any,
-/// is not enough) makes every message going its way refused the same way until then, so that
-/// a client sending on past its limit (an error answer leaves the socket open) costs nothing
-/// per message. A smaller message its policy would have let through sooner is refused too; a
-/// reload of the layer's policies forgets them.
-#[derive(Debug, Default)]
-pub(super) struct Refusals {
-    /// Until when, for each direction, in microseconds on the layer's clock (0: none).
-    until_us: [AtomicU64; 2],
-    /// What refused each direction last, and the policy set it was refused by: a reload
-    /// forgets it.
-    limited: Mutex<[Option<(Limited, usize)>; 2]>,
-}
-
-impl Refusals {
-    fn slot(direction: Direction) -> usize {
-        match direction {
-            Direction::Inbound => 0,
-            Direction::Outbound => 1,
-        }
-    }
-
-    /// The refusal a message going `direction` gets at once, if its time has not come
-    /// (`now_us`, read only when there is one).
-    #[inline]
-    fn local(&self, direction: Direction, admitting: &Arc<dyn Admitting>) -> Option<Limited> {
-        let until_us = &self.until_us[Self::slot(direction)];
-        let until = until_us.load(Ordering::Acquire);
-        if until == 0 {
-            return None;
-        }
-        let now = admitting.now_us();
-        let held = self.limited.lock().unwrap_or_else(PoisonError::into_inner);
-        let (limited, policies) = held[Self::slot(direction)].as_ref()?;
-        if now >= until || *policies != admitting.policies_id() {
-            // A later refusal written meanwhile stays.
-            let _ = until_us.compare_exchange(until, 0, Ordering::AcqRel, Ordering::Relaxed);
-            return None;
-        }
-        let mut limited = limited.clone();
-        limited.retry_after = Some(Duration::from_micros(until - now));
-        Some(limited)
-    }
-
-    /// Keeps `limited`, given at `now_us` by the policy set `policies`, when it is over a
-    /// limit with a retry time.
-    fn remember(&self, limited: &Limited, now_us: u64, policies: usize) {
-        let Some(after) = limited.retry_after else {
-            return;
-        };
-        if limited.status != StatusCode::TOO_MANY_REQUESTS || after.is_zero() {
-            return;
-        }
-        let slot = Self::slot(limited.direction);
-        let mut held = self.limited.lock().unwrap_or_else(PoisonError::into_inner);
-        held[slot] = Some((limited.clone(), policies));
-        let until = now_us.saturating_add(after.as_micros().min(u64::MAX as u128) as u64);
-        self.until_us[slot].store(until, Ordering::Release);
-    }
-}
-
 /// Decides `message`, a message of the connection `opened`, with `admitting`;
 /// `answers` says what a policy over its limit answers. At once, nothing is cloned. A message
-/// refused before its time ([`Refusals`]) is refused without a store call.
+/// refused before its time (`Refusals`) is refused without a store call.
 pub(super) fn decide(
     admitting: &Arc<dyn Admitting>,
     opened: &Arc<Opened>,
     message: Message,
     answers: &Arc<Answers>,
 ) -> Decided {
-    let local = (opened.refused).local(message.direction, admitting);
+    let local = (opened.refused).local(
+        message.direction,
+        || admitting.now_us(),
+        || admitting.policies_id(),
+    );
     let asked = match local {
         Some(limited) => Asked::Now(Some(limited)),
         None => admitting.ask_message(opened, message),

@@ -1,7 +1,7 @@
 //! A decision across a cluster's hash slots: one script per key's slot, all at once, a denial
 //! standing whatever else fails, and what was charged refunded when one denies.
 
-use super::{Reply, Said};
+use super::reply::{Reply, Said};
 use crate::algorithm::Verdict;
 use crate::error::StoreError;
 use crate::store::Check;

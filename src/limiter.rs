@@ -53,6 +53,8 @@ mod adaptive;
 mod alone;
 pub(crate) use alone::Keyed;
 mod bodies;
+mod head;
+pub(crate) use head::{Charged, Head};
 mod answer;
 mod admin;
 mod after;
@@ -231,6 +233,9 @@ pub(crate) struct Ticket {
     lists: bool,
     /// The steps of the route the request was planned on.
     steps: Steps,
+    /// The refusal of the request's body, when the checks are its charge to the head's keys
+    /// (the answer is then this, or `429`).
+    rejected: Option<Box<KeyRejection>>,
 }
 
 impl Ticket {
@@ -253,6 +258,7 @@ impl Ticket {
             span,
             lists: false,
             steps,
+            rejected: None,
         }
     }
 }
@@ -447,7 +453,7 @@ impl<St: Store> Limiter<St> {
                 let planned = (&mut *checks, &mut *fallback, &mut *after);
                 match self.batch_checks(policy, request, calls, planned) {
                     Ok(()) => continue,
-                    Err(rejection) => return Some(self.key_rejected(policy, &rejection)),
+                    Err(rejection) => return Some(self.body_key_rejected(request, rejection)),
                 }
             }
             let key_and_cost = policy
@@ -455,6 +461,9 @@ impl<St: Store> Limiter<St> {
                 .and_then(|k| Ok((k, policy.cost(request)?)));
             let (key, cost) = match key_and_cost {
                 Ok(both) => both,
+                Err(rejection) if policy.reads_body() => {
+                    return Some(self.body_key_rejected(request, rejection));
+                }
                 Err(rejection) => return Some(self.key_rejected(policy, &rejection)),
             };
             let index = policy.tier_index(request, &key);

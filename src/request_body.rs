@@ -11,7 +11,7 @@
 //! bytes (and trailers). Requests that no such policy applies to are not buffered: their body
 //! streams through as it came.
 //!
-//! | the body | the answer, nothing charged |
+//! | the body | the answer |
 //! |---|---|
 //! | over the bound (by its `Content-Length`, or as it arrives) | `413`, code `body_too_large` |
 //! | not all there within the deadline | `408`, code `body_timeout` |
@@ -23,7 +23,10 @@
 //!
 //! Each is a `problem+json` (or the layer's
 //! [`on_key_rejected`](crate::RateLimitLayerBuilder::on_key_rejected) response), counted in
-//! `ratelimit_body_rejected_total{code}`.
+//! `ratelimit_body_rejected_total{code}`, and charged to the keys of the request's head at the
+//! policy's floor (`429` instead when one is out of budget; see
+//! [`BodyLimits::charge_rejected`]). What the head alone decides (an exemption, the lists, a
+//! key out of budget) is answered before the body is read.
 //!
 //! The inner service sees the body as a [`ReadBody`] (any framework that takes any body
 //! accepts it: axum's `Router`, tonic) and the parsed body as a [`RequestBody`] in the
@@ -49,6 +52,7 @@ pub struct BodyLimits {
     deadline: Duration,
     batch_calls: usize,
     batch_keys: usize,
+    charge_rejected: bool,
 }
 
 impl BodyLimits {
@@ -71,6 +75,7 @@ impl BodyLimits {
             deadline: Self::DEFAULT_DEADLINE,
             batch_calls: Self::DEFAULT_BATCH_CALLS,
             batch_keys: Self::DEFAULT_BATCH_KEYS,
+            charge_rejected: true,
         }
     }
 
@@ -108,6 +113,23 @@ impl BodyLimits {
     pub fn batch_keys(mut self, keys: usize) -> Self {
         self.batch_keys = keys;
         self
+    }
+
+    /// Whether a body the layer refuses (`400`, `408`, `413`) is charged to the keys of the
+    /// request's head (yes, by default). Each policy that applies and keys requests by their
+    /// head is charged its cost from the head (a cost read from the body, its floor): a key
+    /// out of budget gets `429` instead of the refusal, so a client that floods bad bodies is
+    /// limited as one that floods good ones. `false` answers every refused body with its
+    /// refusal, charged nothing.
+    #[must_use]
+    pub fn charge_rejected(mut self, charge: bool) -> Self {
+        self.charge_rejected = charge;
+        self
+    }
+
+    /// Whether refused bodies are charged.
+    pub fn get_charge_rejected(&self) -> bool {
+        self.charge_rejected
     }
 
     /// The most calls of a batch.

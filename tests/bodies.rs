@@ -297,7 +297,7 @@ fn tokens<St: Store>(
 }
 
 /// Costs stated in bodies, charged across two layers; a cost that is none is answered 400
-/// and charged nothing.
+/// and charged the floor of 1, as every refused body is.
 async fn costs_across_two_layers<St: Store + Clone>(one: St, two: St, _: ManualClock) {
     let (one, two) = (app(&tokens(one)), app(&tokens(two)));
     let asking = |n: Value| Frames::json(&json!({"model": "m", "max_tokens": n}));
@@ -330,9 +330,11 @@ async fn costs_across_two_layers<St: Store + Clone>(one: St, two: St, _: ManualC
         "bad_cost",
         "\"/max_tokens\" of its body is absent",
     );
-    // None of them was charged: b has its 10.
-    let reply = post(&one, "/llm", "b", asking(json!(10))).await;
-    assert_eq!(reply.status, StatusCode::OK);
+    // Each was charged the floor of 1, as a refused body is: b has 5 of its 10.
+    let reply = post(&one, "/llm", "b", asking(json!(6))).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    let reply = post(&two, "/llm", "b", asking(json!(5))).await;
+    assert_eq!((reply.status, reply.remaining()), (StatusCode::OK, Some(0)));
 }
 
 on_two_of_each_store!(
@@ -649,11 +651,12 @@ async fn graphql_costs_across_two_layers<St: Store + Clone>(one: St, two: St, _:
         "bad_graphql",
         "line 1, column",
     );
-    let reply = post(&two, "/graphql", "b", query("{ a(first: 99) { b } }")).await;
+    // The two refused queries were charged 1 each: b has 98 of its 100.
+    let reply = post(&two, "/graphql", "b", query("{ a(first: 97) { b } }")).await;
     assert_eq!(
         (reply.status, reply.remaining()),
         (StatusCode::OK, Some(0)),
-        "b had its 100"
+        "b had 98 of its 100"
     );
 }
 

@@ -139,9 +139,10 @@ async fn no_free_pass<St: Store + Clone>(one: St, two: St, _: ManualClock) {
         statuses(&a2, &b2, "d", &json!({"n": 1}), 2).await,
         [200, 429]
     );
-    // An empty batch asks for nothing: refused, on a body cost and on a JSON-RPC key.
+    // An empty batch asks for nothing: refused, on a body cost and on a JSON-RPC key; and
+    // charged the floor, as a refused body is (the third is over 2).
     let empty = json!([]);
-    for _ in 0..3 {
+    for _ in 0..2 {
         let reply = post(&a, "e", &empty).await;
         assert_problem(
             &reply,
@@ -150,6 +151,13 @@ async fn no_free_pass<St: Store + Clone>(one: St, two: St, _: ManualClock) {
             "at least one call",
         );
     }
+    let reply = post(&b, "e", &empty).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        reply.body
+    );
     let (m1, m2) = (
         per_method(one, BodyLimits::new()),
         per_method(two, BodyLimits::new()),

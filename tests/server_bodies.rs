@@ -257,7 +257,7 @@ const USAGE: [(&str, &str); 3] = [
 
 /// `/graphql` through `a` and `b` with `GRAPHQL_COST=true GRAPHQL_MAX_DEPTH=4
 /// RATE_LIMIT=100/min`: each query charged its calculated cost across both; too deep or
-/// broken, 400 and nothing charged.
+/// broken, 400 and charged 1 (a refused body is charged its floor).
 fn graphql_costs(a: &DemoServer, b: &DemoServer) {
     assert!(
         a.first_line.contains("GRAPHQL_MAX_DEPTH=4"),
@@ -285,9 +285,9 @@ fn graphql_costs(a: &DemoServer, b: &DemoServer) {
     assert_eq!(status, 400);
     assert!(problem.contains("\"bad_graphql\""), "{problem}");
     assert_eq!(
-        query(b, "{ a(first: 67) { b } }").0,
+        query(b, "{ a(first: 65) { b } }").0,
         200,
-        "68 more: 100 spent"
+        "66 more: 100 spent, 2 of them by the refused queries"
     );
     assert_eq!(query(a, "{ a }").0, 429);
 }

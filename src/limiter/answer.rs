@@ -21,6 +21,9 @@ impl<St: Store> Limiter<St> {
         mut ticket: Ticket,
         result: Result<Decision, StoreError>,
     ) -> Next<F> {
+        if let Some(rejection) = ticket.rejected.take() {
+            return Next::Respond(self.charged(ticket, result, &rejection));
+        }
         let span = std::mem::replace(&mut ticket.span, Span::none());
         let _entered = span.enter();
         if let Some(started) = ticket.started {

@@ -50,6 +50,36 @@ impl<St: Store> Limiter<St> {
         }
     }
 
+    /// What the lists say of `request` before its body is read, without waiting: the answer
+    /// when they decide it. Networks listed at runtime count only while fresh; older, they
+    /// are read again on a task of their own, for the decision after the body, and only a
+    /// denial of what the layer was given answers here.
+    pub(super) fn listed_on_head<F>(&self, request: &RequestRef<'_>) -> Option<Next<F>> {
+        if St::DECIDES_ALONE {
+            return self.listed_at_once(request);
+        }
+        let present = self.lists.as_ref()?.present();
+        let now = || self.clock.now_micros();
+        let reading = present
+            .in_store()
+            .then(|| self.store.read_networks(now()))
+            .flatten();
+        let stale = reading.is_some();
+        if let (Some(reading), Ok(runtime)) = (reading, tokio::runtime::Handle::try_current()) {
+            drop(runtime.spawn(reading));
+        }
+        let none = crate::store::Networks::default();
+        let networks = match stale {
+            true => &none,
+            false => self.store.registry().networks(),
+        };
+        match present.judge(request, false, networks, &now) {
+            Judged::Denied(why) => Some(self.denied(why)),
+            Judged::Allowed if !stale => Some(Self::allowed("layer")),
+            _ => None,
+        }
+    }
+
     /// What the lists say of `request`, on a store that decides at once (in memory, before
     /// the lane: the lists take no `Check` lane of their own): the answer when they decide
     /// it. The key's runtime entries are looked at in a decision of their own, and only once

@@ -145,6 +145,20 @@ impl CompiledPolicy {
         Ok(self.cost.as_ref().map_or(1, |f| u64::from(f(request))))
     }
 
+    /// The units `request` costs as far as its head says: a cost read from the body counts
+    /// its floor.
+    pub(crate) fn head_cost(&self, request: &RequestRef<'_>) -> u64 {
+        match &self.body_cost {
+            Some(_) => self.body_floor,
+            None => self.cost.as_ref().map_or(1, |f| u64::from(f(request))),
+        }
+    }
+
+    /// Whether its key reads the request body (a key not known before the body is read).
+    pub(crate) fn keyed_by_body(&self) -> bool {
+        self.key.reads_body()
+    }
+
     /// Whether its key or its cost reads the request body.
     #[inline]
     pub(crate) fn reads_body(&self) -> bool {

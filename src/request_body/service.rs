@@ -17,7 +17,7 @@ use crate::body::{MakeBody, Wrapped};
 use crate::error::KeyRejection;
 use crate::future::ResponseFuture;
 use crate::key::RequestRef;
-use crate::limiter::Limiter;
+use crate::limiter::{Charged, Head, Limiter, Ticket};
 use crate::service::RateLimit;
 use crate::store::Store;
 
@@ -73,11 +73,21 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let Some(wanted) = self.inner.limiter().reading(&RequestRef::new(&request)) else {
-            let future = self.inner.call(request.map(ReadBody::streaming));
-            return ReadFuture {
-                state: State::Calling { future },
-            };
+        let wanted = match self.inner.limiter().before_body(&RequestRef::new(&request)) {
+            Head::Read(wanted) => wanted,
+            Head::Stream => {
+                let future = self.inner.call(request.map(ReadBody::streaming));
+                return ReadFuture {
+                    state: State::Calling { future },
+                };
+            }
+            Head::Respond(response) => {
+                return ReadFuture {
+                    state: State::Answered {
+                        response: Some(response),
+                    },
+                };
+            }
         };
         // The inner service was made ready: that one waits with the body, a clone stays.
         let clone = self.inner.clone();
@@ -124,6 +134,9 @@ pin_project! {
     {
         Reading { reading: Pin<Box<Reading<S, B, St, M>>> },
         Calling { #[pin] future: ResponseFuture<S, ReadBody<B>, St, M> },
+        // A refused body's charge to the head's keys, being decided.
+        Charging { charging: Box<Charging<St>> },
+        Answered { response: Option<Response<bytes::Bytes>> },
     }
 }
 
@@ -159,25 +172,59 @@ where
         loop {
             let next = match self.as_mut().project().state.project() {
                 StateProj::Calling { future } => return future.poll(cx),
+                StateProj::Answered { response } => {
+                    let response = response.take().expect("polled after its answer");
+                    return Poll::Ready(Ok(response.map(M::full)));
+                }
+                StateProj::Charging { charging } => {
+                    let charging = &mut **charging;
+                    let result = ready!(Pin::new(&mut charging.future).poll(cx));
+                    let ticket = charging.ticket.take().expect("polled after its answer");
+                    let limiter = &charging.limiter;
+                    let response = limiter.charged(ticket, result, &charging.rejection);
+                    return Poll::Ready(Ok(response.map(M::full)));
+                }
                 StateProj::Reading { reading } => {
                     let read = ready!(reading.as_mut().poll_read(cx));
                     let this = reading.as_mut().project();
                     let mut inner = this.inner.take().expect("polled after its call");
-                    match read {
-                        Ok(request) => inner.call(request),
-                        Err(rejection) => {
-                            let response = inner.limiter().body_rejected(&rejection);
-                            return Poll::Ready(Ok(response.map(M::full)));
+                    let rejection = match read {
+                        Ok(request) => {
+                            let future = inner.call(request);
+                            self.as_mut().project().state.set(State::Calling { future });
+                            continue;
                         }
+                        Err(rejection) => rejection,
+                    };
+                    let parts = this
+                        .parts
+                        .as_ref()
+                        .expect("the head stays while the body is read");
+                    let limiter = inner.limiter();
+                    match limiter.rejected(&RequestRef::from_parts(parts), rejection) {
+                        Charged::Answer(response) => return Poll::Ready(Ok(response.map(M::full))),
+                        Charged::Deciding(future, ticket, rejection) => State::Charging {
+                            charging: Box::new(Charging {
+                                future,
+                                ticket: Some(ticket),
+                                rejection,
+                                limiter: limiter.clone(),
+                            }),
+                        },
                     }
                 }
             };
-            self.as_mut()
-                .project()
-                .state
-                .set(State::Calling { future: next });
+            self.as_mut().project().state.set(next);
         }
     }
+}
+
+/// A refused body's charge to the head's keys, while the store decides it.
+struct Charging<St: Store> {
+    future: St::Future,
+    ticket: Option<Ticket>,
+    rejection: KeyRejection,
+    limiter: Arc<Limiter<St>>,
 }
 
 impl<S, B: Body, St, M> Reading<S, B, St, M> {

@@ -1,0 +1,218 @@
+//! What a layer that reads bodies decides on a request's head alone, before it reads the body
+//! (the exemptions, the lists, the deny cache, a key already out of budget), and the charge of
+//! a body it refused (too large, too slow, not JSON, a batch it bounds) to the head's keys.
+//!
+//! Only the policies whose key is in the head take part: a key read from the body is not
+//! known before it. A policy whose cost is in the body is looked at, and charged, at its
+//! floor ([`Policy::min_body_cost`](crate::Policy::min_body_cost)): a key out of budget for
+//! that is out of budget whatever the body says.
+
+use bytes::Bytes;
+use http::Response;
+use tracing::Span;
+
+use super::{Limiter, Next, Ticket};
+use crate::decision::Decision;
+use crate::error::{KeyRejection, StoreError, StoreErrorKind};
+use crate::key::RequestRef;
+use crate::request_body::BodyLimits;
+use crate::store::{Check, Checks, Op, Store};
+
+use super::route::Route;
+
+/// What a layer that reads bodies does with a request, from its head.
+pub(crate) enum Head {
+    /// Read its body within these limits, then decide.
+    Read(BodyLimits),
+    /// Hand it on, its body unread: no policy that reads the body applies, it is exempt, or
+    /// a list allows it.
+    Stream,
+    /// Answer at once: a list denies it, or a key of the head is out of budget.
+    Respond(Response<Bytes>),
+}
+
+/// A refused body's charge to the head's keys: its answer, or the store's decision to wait
+/// for (then [`Limiter::charged`] with the ticket and the rejection).
+pub(crate) enum Charged<F> {
+    Answer(Response<Bytes>),
+    Deciding(F, Ticket, KeyRejection),
+}
+
+impl<St: Store> Limiter<St> {
+    /// What to do with `request` before its body is read.
+    pub(crate) fn before_body(&self, request: &RequestRef<'_>) -> Head {
+        let Some(wanted) = self.reading(request) else {
+            return Head::Stream;
+        };
+        if self.exempt.as_ref().is_some_and(|f| f(request)) {
+            return Head::Stream;
+        }
+        match self.listed_on_head::<()>(request) {
+            Some(Next::Respond(response)) => return Head::Respond(response),
+            Some(Next::Call { .. }) => return Head::Stream,
+            _ => {}
+        }
+        let route = self.policies.load();
+        match self.out_of_budget(request, &route) {
+            Some(response) => Head::Respond(response),
+            None => Head::Read(wanted),
+        }
+    }
+
+    /// The checks of `request`'s head: of each policy that applies and keys it by its head,
+    /// at its cost from the head (a cost read from the body at its floor), as `op`. Policies
+    /// that hold or book units (concurrency, waits) and shadows take no part.
+    fn head_checks(&self, request: &RequestRef<'_>, route: &Route, op: Op) -> Checks {
+        let mut checks = Checks::new();
+        for policy in route.iter() {
+            if !policy.applies(request) || policy.adaptive().is_some() || policy.keyed_by_body() {
+                continue;
+            }
+            let Ok(key) = policy.key(request) else {
+                continue;
+            };
+            let cost = policy.head_cost(request);
+            let tier = policy
+                .tier(policy.tier_index(request, &key))
+                .seen_by(request);
+            let takes_part = matches!(
+                tier.part().op(),
+                Op::Enforce | Op::ChargeIf | Op::Reserve { .. } | Op::Lease { .. }
+            );
+            if cost > 0 && takes_part {
+                checks.push(Check::new(tier.clone(), key, cost, op));
+            }
+        }
+        checks
+    }
+
+    /// The denial of `request` on its head, when a key of it is out of budget as far as this
+    /// instance knows without a store call: the deny cache, or the memory store's look.
+    fn out_of_budget(&self, request: &RequestRef<'_>, route: &Route) -> Option<Response<Bytes>> {
+        let checks = self.head_checks(request, route, Op::Enforce);
+        if checks.is_empty() {
+            return None;
+        }
+        if let Some(Next::Respond(response)) =
+            self.known_denied(&checks, &Span::none(), route.steps())
+        {
+            return Some(response);
+        }
+        if !St::DECIDES_ALONE {
+            return None;
+        }
+        let looks: Checks = checks.iter().map(|c| c.with_op(Op::ChargeIf)).collect();
+        let decision = self.store.check_now(&looks).filter(|d| !d.is_allowed())?;
+        let steps = route.steps();
+        let next: Next<()> = self.finish(
+            decision,
+            Vec::new(),
+            Some(&checks),
+            false,
+            &Span::none(),
+            steps,
+        );
+        match next {
+            Next::Respond(response) => Some(response),
+            _ => None,
+        }
+    }
+
+    /// The answer to `request`, whose body was refused (`rejection`): when the layer charges
+    /// refused bodies, charged to the keys of its head, and `429` when one is out of budget.
+    pub(crate) fn rejected(
+        &self,
+        request: &RequestRef<'_>,
+        rejection: KeyRejection,
+    ) -> Charged<St::Future> {
+        let charges = self.bodies.is_some_and(|b| b.get_charge_rejected());
+        let route = self.policies.load();
+        let checks = match charges {
+            true => self.head_checks(request, &route, Op::Enforce),
+            false => Checks::new(),
+        };
+        if checks.is_empty() {
+            return Charged::Answer(self.body_rejected(&rejection));
+        }
+        let mut ticket = Ticket::planned(None, Vec::new(), Span::none(), route.steps());
+        ticket.keys = Some(checks.to_vec());
+        if let Some(breaker) = &self.breaker {
+            ticket.gate = breaker.gate(|| self.clock.now_micros());
+        }
+        if ticket.gate == crate::resilience::Gate::Reject {
+            return Charged::Answer(self.body_rejected(&rejection));
+        }
+        if let Some(decision) = self.store.check_now(&checks) {
+            return Charged::Answer(self.charged(ticket, Ok(decision), &rejection));
+        }
+        Charged::Deciding(self.store.check(checks), ticket, rejection)
+    }
+
+    /// The answer to a refused body once its charge is decided: `429` when a key was out of
+    /// budget (remembered by the deny cache), else the refusal; a failed store changes nothing
+    /// (the refusal stands, the failure policy is not asked).
+    pub(crate) fn charged(
+        &self,
+        ticket: Ticket,
+        result: Result<Decision, StoreError>,
+        rejection: &KeyRejection,
+    ) -> Response<Bytes> {
+        let denied = match result {
+            Ok(decision) => {
+                if let Some(breaker) = &self.breaker {
+                    breaker.success(ticket.gate);
+                }
+                (!decision.is_allowed()).then_some(decision)
+            }
+            Err(error) => {
+                if let (Some(breaker), true) =
+                    (&self.breaker, error.kind() != StoreErrorKind::CircuitOpen)
+                {
+                    breaker.failure(ticket.gate, self.clock.now_micros());
+                }
+                None
+            }
+        };
+        let response = self.body_rejected(rejection);
+        let Some(decision) = denied else {
+            return response;
+        };
+        let (keys, now) = (ticket.keys.as_deref(), self.clock.now_micros());
+        if let (Some(cache), Some(keys)) = (&self.deny_cache, keys) {
+            cache.remember(keys, &decision, now);
+        }
+        let next: Next<()> = self.finish(
+            decision,
+            Vec::new(),
+            keys,
+            false,
+            &Span::none(),
+            ticket.steps,
+        );
+        match next {
+            Next::Respond(limited) => limited,
+            _ => response,
+        }
+    }
+
+    /// The answer to `request`, whose body gives a policy no key or cost (a batch of too many
+    /// keys, a cost that is not a number): the refusal, charged as a refused body is.
+    #[inline(never)]
+    pub(super) fn body_key_rejected(
+        &self,
+        request: &RequestRef<'_>,
+        rejection: KeyRejection,
+    ) -> Next<St::Future> {
+        tracing::debug!(
+            code = rejection.code(),
+            "rate-limit key rejected by the body"
+        );
+        match self.rejected(request, rejection) {
+            Charged::Answer(response) => Next::Respond(response),
+            Charged::Deciding(future, mut ticket, rejection) => {
+                ticket.rejected = Some(Box::new(rejection));
+                Next::Store(future, ticket)
+            }
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! What a layer that reads bodies answers on the head alone, before the body is read (a list
+//! that denies, an exemption, a key already out of budget), and what a refused body costs (it
+//! is charged to the head's keys, so a flood of bad bodies meets `429`). On two layers sharing
+//! a store (in memory, two instances of one Redis, the cluster).
+
+#[macro_use]
+mod support;
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use serde_json::{Value, json};
+use support::http::{Reply, send};
+use tower_ratelimit::body::{ResponseBody, Wrapped};
+use tower_ratelimit::key::HeaderKey;
+use tower_ratelimit::lists::Lists;
+use tower_ratelimit::request_body::{BodyLimits, Read, ReadBody};
+use tower_ratelimit::{ManualClock, MemoryStore, Policy, RateLimitLayer, Store};
+
+type Body = BoxBody<Bytes, Infallible>;
+type Layer<St> = RateLimitLayer<St, Wrapped, Read>;
+type Service =
+    tower::util::BoxCloneSyncService<Request<Body>, Response<ResponseBody<String>>, Infallible>;
+
+/// Long enough that an answer within [`AT_ONCE`] was not a body's deadline.
+const DEADLINE: Duration = Duration::from_secs(60);
+const AT_ONCE: Duration = Duration::from_secs(10);
+
+/// `layer` around a service answering 200 with the body it read.
+fn app<St: Store + Clone>(layer: &Layer<St>) -> Service {
+    use tower::Layer;
+    let echo = tower::service_fn(|request: Request<ReadBody<Body>>| async {
+        let body = request.into_body().collect().await.map(|b| b.to_bytes());
+        let body = String::from_utf8_lossy(&body.unwrap_or_default()).into_owned();
+        Ok::<_, Infallible>(Response::new(body))
+    });
+    tower::util::BoxCloneSyncService::new(layer.layer(echo))
+}
+
+/// 2 a minute per `x-client`, each request costing its body's `/n`; the client `bad` denied,
+/// `/health` exempt; refused bodies charged or not (`charge`).
+fn layer<St: Store>(store: St, clock: &ManualClock, charge: bool) -> Layer<St> {
+    RateLimitLayer::builder()
+        .clock(clock.clone())
+        .policy(Policy::fixed_window("2/min").name("costed").cost_json("/n"))
+        .key(HeaderKey::try_new("x-client").unwrap())
+        .exempt_if(|r| r.uri().path() == "/health")
+        .lists(Lists::new().deny(["bad"]))
+        .deny_cache(1_000)
+        .store(store)
+        .read_bodies(BodyLimits::new().deadline(DEADLINE).charge_rejected(charge))
+        .build()
+        .unwrap()
+}
+
+/// `POST path` from `client` with `body`, answered within [`AT_ONCE`].
+async fn post(app: &Service, path: &str, client: &str, body: Body) -> Reply {
+    let request = Request::post(path)
+        .header("x-client", client)
+        .body(body)
+        .unwrap();
+    tokio::time::timeout(AT_ONCE, send(app, request))
+        .await
+        .expect("answered before the body's deadline")
+}
+
+fn json(value: &Value) -> Body {
+    Full::new(Bytes::from(value.to_string())).boxed()
+}
+
+fn text(text: &'static str) -> Body {
+    Full::new(Bytes::from_static(text.as_bytes())).boxed()
+}
+
+/// A body whose first bytes come and whose end never does.
+fn never_ending() -> Body {
+    let first =
+        futures_util::stream::once(async { Ok(Frame::data(Bytes::from_static(b"{\"n\":"))) });
+    BodyExt::boxed(StreamBody::new(
+        first.chain(futures_util::stream::pending()),
+    ))
+}
+
+/// The code of `reply`'s problem document.
+fn code(reply: &Reply) -> String {
+    let body: Value = serde_json::from_str(&reply.body).unwrap_or_default();
+    body["code"].as_str().unwrap_or_default().to_owned()
+}
+
+/// A denied client, an exempt route and a key out of budget are answered from the head: the
+/// body is not read (a body that never ends gets its answer at once).
+async fn heads_answered_first<St: Store + Clone>(one: St, two: St, clock: ManualClock) {
+    let (a, b) = (
+        app(&layer(one, &clock, true)),
+        app(&layer(two, &clock, true)),
+    );
+    for body in [never_ending(), text("not json"), json(&json!({"n": 1}))] {
+        let reply = post(&a, "/", "bad", body).await;
+        assert_eq!(reply.status, StatusCode::FORBIDDEN, "{}", reply.body);
+    }
+    // Exempt: the body streams through unread by the layer, whatever it is.
+    let reply = post(&b, "/health", "a", text("not json")).await;
+    assert_eq!(
+        (reply.status, reply.body.as_str()),
+        (StatusCode::OK, "not json")
+    );
+    assert_eq!(
+        post(&a, "/", "a", json(&json!({"n": 2}))).await.status,
+        StatusCode::OK
+    );
+    // The other instance learns the key is out of budget from the store (its deny cache
+    // remembers), then answers a body that never ends at once.
+    let reply = post(&b, "/", "a", json(&json!({"n": 1}))).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    let reply = post(&b, "/", "a", never_ending()).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        reply.body
+    );
+    assert!(reply.header("retry-after").is_some());
+    // A key with budget left waits for its body as before (answered at the deadline).
+    let request = Request::post("/")
+        .header("x-client", "c")
+        .body(never_ending())
+        .unwrap();
+    let waited = tokio::time::timeout(Duration::from_millis(300), send(&a, request)).await;
+    assert!(waited.is_err(), "a key with budget left waits for its body");
+}
+
+on_two_of_each_store!(
+    heads_answered_first,
+    "heads-first",
+    heads_answered_first_in_memory,
+    heads_answered_first_on_two_instances_of_one_redis,
+    heads_answered_first_on_the_cluster
+);
+
+/// In memory the store itself says a key is out of budget, no denial remembered first.
+#[tokio::test]
+async fn in_memory_a_key_out_of_budget_is_answered_without_its_body() {
+    let clock = ManualClock::new();
+    let app = app(&layer(
+        MemoryStore::builder().clock(clock.clone()).build(),
+        &clock,
+        true,
+    ));
+    assert_eq!(
+        post(&app, "/", "a", json(&json!({"n": 2}))).await.status,
+        StatusCode::OK
+    );
+    let reply = post(&app, "/", "a", never_ending()).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        reply.body
+    );
+    let reply = post(&app, "/", "b", json(&json!({"n": 2}))).await;
+    assert_eq!(reply.status, StatusCode::OK, "another key is not touched");
+}
+
+/// Refused bodies (not JSON, too large, a cost that is no number) are charged to the head's
+/// key at the policy's floor: two of them exhaust 2 a minute, the third and a good request
+/// after them get `429`. Charging off, they cost nothing.
+async fn refused_bodies_charged<St: Store + Clone>(one: St, two: St, clock: ManualClock) {
+    let (a, b) = (
+        app(&layer(one.clone(), &clock, true)),
+        app(&layer(two.clone(), &clock, true)),
+    );
+    let reply = post(&a, "/", "a", text("not json")).await;
+    assert_eq!(
+        (reply.status, code(&reply).as_str()),
+        (StatusCode::BAD_REQUEST, "body_not_json")
+    );
+    let big = Bytes::from(vec![b' '; BodyLimits::DEFAULT_LIMIT + 1]);
+    let reply = post(&b, "/", "a", Full::new(big).boxed()).await;
+    assert_eq!(reply.status, StatusCode::PAYLOAD_TOO_LARGE);
+    let reply = post(&a, "/", "a", json(&json!({"n": "lots"}))).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        reply.body
+    );
+    let reply = post(&b, "/", "a", json(&json!({"n": 1}))).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        reply.body
+    );
+    // A cost that is no number is charged as well.
+    let reply = post(&a, "/", "b", json(&json!({"n": "lots"}))).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.body);
+    assert_eq!(
+        post(&b, "/", "b", json(&json!({"n": 1}))).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        post(&a, "/", "b", json(&json!({"n": 1}))).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Charging off: refused bodies are free, and a good request after five still passes.
+    let (a, b) = (
+        app(&layer(one, &clock, false)),
+        app(&layer(two, &clock, false)),
+    );
+    for app in [&a, &b, &a, &b, &a] {
+        assert_eq!(
+            post(app, "/", "c", text("[")).await.status,
+            StatusCode::BAD_REQUEST
+        );
+    }
+    assert_eq!(
+        post(&b, "/", "c", json(&json!({"n": 2}))).await.status,
+        StatusCode::OK
+    );
+}
+
+on_two_of_each_store!(
+    refused_bodies_charged,
+    "heads-refused",
+    refused_bodies_charged_in_memory,
+    refused_bodies_charged_on_two_instances_of_one_redis,
+    refused_bodies_charged_on_the_cluster
+);

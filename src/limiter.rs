@@ -54,7 +54,7 @@ mod alone;
 pub(crate) use alone::Keyed;
 mod bodies;
 mod head;
-pub(crate) use head::{Charged, Head};
+pub(crate) use head::{Charged, Head, Looking};
 mod answer;
 mod admin;
 mod after;

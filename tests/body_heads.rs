@@ -21,7 +21,7 @@ use tower_ratelimit::body::{ResponseBody, Wrapped};
 use tower_ratelimit::key::HeaderKey;
 use tower_ratelimit::lists::Lists;
 use tower_ratelimit::request_body::{BodyLimits, Read, ReadBody};
-use tower_ratelimit::{ManualClock, MemoryStore, Policy, RateLimitLayer, Store};
+use tower_ratelimit::{ManualClock, Policy, RateLimitLayer, Store};
 
 type Body = BoxBody<Bytes, Infallible>;
 type Layer<St> = RateLimitLayer<St, Wrapped, Read>;
@@ -143,29 +143,51 @@ on_two_of_each_store!(
     heads_answered_first_on_the_cluster
 );
 
-/// In memory the store itself says a key is out of budget, no denial remembered first.
-#[tokio::test]
-async fn in_memory_a_key_out_of_budget_is_answered_without_its_body() {
-    let clock = ManualClock::new();
-    let app = app(&layer(
-        MemoryStore::builder().clock(clock.clone()).build(),
-        &clock,
-        true,
-    ));
+/// Without a deny cache, a body that does not come with its head has its head's keys looked
+/// at in the store while it is awaited: out of budget, `429` at once.
+async fn slow_bodies_looked_at<St: Store + Clone>(one: St, two: St, clock: ManualClock) {
+    let layer = |store| {
+        RateLimitLayer::builder()
+            .clock(clock.clone())
+            .policy(Policy::fixed_window("2/min").name("costed").cost_json("/n"))
+            .key(HeaderKey::try_new("x-client").unwrap())
+            .store(store)
+            .read_bodies(BodyLimits::new().deadline(DEADLINE))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (app(&layer(one)), app(&layer(two)));
     assert_eq!(
-        post(&app, "/", "a", json(&json!({"n": 2}))).await.status,
+        post(&a, "/", "a", json(&json!({"n": 2}))).await.status,
         StatusCode::OK
     );
-    let reply = post(&app, "/", "a", never_ending()).await;
+    let reply = post(&b, "/", "a", never_ending()).await;
     assert_eq!(
         reply.status,
         StatusCode::TOO_MANY_REQUESTS,
         "{}",
         reply.body
     );
-    let reply = post(&app, "/", "b", json(&json!({"n": 2}))).await;
-    assert_eq!(reply.status, StatusCode::OK, "another key is not touched");
+    assert_eq!(reply.header("retry-after"), Some("60"));
+    let request = Request::post("/")
+        .header("x-client", "b")
+        .body(never_ending())
+        .unwrap();
+    let waited = tokio::time::timeout(Duration::from_millis(300), send(&a, request)).await;
+    assert!(waited.is_err(), "a key with budget left waits for its body");
+    assert_eq!(
+        post(&a, "/", "b", json(&json!({"n": 2}))).await.status,
+        StatusCode::OK
+    );
 }
+
+on_two_of_each_store!(
+    slow_bodies_looked_at,
+    "heads-slow",
+    slow_bodies_looked_at_in_memory,
+    slow_bodies_looked_at_on_two_instances_of_one_redis,
+    slow_bodies_looked_at_on_the_cluster
+);
 
 /// Refused bodies (not JSON, too large, a cost that is no number) are charged to the head's
 /// key at the policy's floor: two of them exhaust 2 a minute, the third and a good request

@@ -5,6 +5,8 @@
 #[macro_use]
 mod support;
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
 use support::demo::{DemoServer, post, start_error};
 
@@ -290,6 +292,71 @@ fn graphql_costs(a: &DemoServer, b: &DemoServer) {
         "66 more: 100 spent, 2 of them by the refused queries"
     );
     assert_eq!(query(a, "{ a }").0, 429);
+}
+
+/// A `POST` to `path` of `server` whose head says 65,000 bytes and whose body stops after a
+/// few: the status, read within 5 s (the body's deadline is 10 s).
+fn unfinished(server: &DemoServer, path: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(server.addr).unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\n\
+         content-length: 65000\r\n\r\n{{\"query\": \""
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut response = [0u8; 12];
+    stream
+        .read_exact(&mut response)
+        .expect("answered before the body's deadline");
+    std::str::from_utf8(&response[9..12])
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// `GRAPHQL_COST=true GRAPHQL_MAX_DEPTH=2 RATE_LIMIT=1/min` through `a` and `b`: a flood of
+/// too-deep queries meets `429` after the first (each refused query is charged), and the
+/// client's next body, unfinished, is answered `429` without waiting for it.
+fn refused_and_unfinished(a: &DemoServer, b: &DemoServer) {
+    let deep = json!({"query": "{ a { b { c } } }"}).to_string();
+    let json = [("content-type", "application/json")];
+    let seen: Vec<u16> = (0..6)
+        .map(|i| post([a, b][i % 2].addr, "/graphql", &json, &deep).0)
+        .collect();
+    assert_eq!(seen, [400, 429, 429, 429, 429, 429]);
+    assert_eq!(unfinished(b, "/graphql"), 429);
+    assert_eq!(unfinished(a, "/graphql"), 429);
+}
+
+const REFUSED: [(&str, &str); 4] = [
+    ("GRAPHQL_COST", "true"),
+    ("GRAPHQL_MAX_DEPTH", "2"),
+    ("RATE_LIMIT", "1/min"),
+    ("ALGORITHM", "fixed_window"),
+];
+
+on_each_demo_store!(
+    refused_and_unfinished,
+    REFUSED,
+    "refused:",
+    refused_and_unfinished_bodies_in_memory,
+    refused_and_unfinished_bodies_on_two_servers_of_one_redis,
+    refused_and_unfinished_bodies_on_two_servers_of_a_cluster
+);
+
+/// `DENY=127.0.0.1 BODY_COST=/n`: a denied client gets `403` before its body is read,
+/// whatever the body.
+#[test]
+fn a_denied_client_is_answered_before_its_body() {
+    let server = DemoServer::start(&[("DENY", "127.0.0.1"), ("BODY_COST", "/n")]);
+    for body in ["not json", r#"{"n": 1}"#, ""] {
+        let (status, problem) = post(server.addr, "/echo", &[], body);
+        assert_eq!(status, 403, "{problem}");
+    }
+    assert_eq!(unfinished(&server, "/echo"), 403);
 }
 
 const GRAPHQL: [(&str, &str); 4] = [

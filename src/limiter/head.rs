@@ -20,6 +20,12 @@ use crate::store::{Check, Checks, Op, Store};
 
 use super::route::Route;
 
+/// A look at a request's head keys in the store, made while its body is awaited.
+pub(crate) struct Looking<F> {
+    pub(crate) future: F,
+    pub(crate) checks: Vec<Check>,
+}
+
 /// What a layer that reads bodies does with a request, from its head.
 pub(crate) enum Head {
     /// Read its body within these limits, then decide.
@@ -108,6 +114,56 @@ impl<St: Store> Limiter<St> {
             decision,
             Vec::new(),
             Some(&checks),
+            false,
+            &Span::none(),
+            steps,
+        );
+        match next {
+            Next::Respond(response) => Some(response),
+            _ => None,
+        }
+    }
+
+    /// The store's look at `request`'s head keys, for a body that is slow to come, when the
+    /// store does not decide at once (in memory [`before_body`](Self::before_body) looked):
+    /// one store call, made while the body is awaited, to answer `429` without it.
+    pub(crate) fn look_while_reading(
+        &self,
+        request: &RequestRef<'_>,
+    ) -> Option<Box<Looking<St::Future>>> {
+        if St::DECIDES_ALONE {
+            return None;
+        }
+        let route = self.policies.load();
+        let checks = self.head_checks(request, &route, Op::Enforce);
+        if checks.is_empty() {
+            return None;
+        }
+        let looks = checks.iter().map(|c| c.with_op(Op::ChargeIf)).collect();
+        let future = self.store.check(looks);
+        Some(Box::new(Looking {
+            future,
+            checks: checks.into_vec(),
+        }))
+    }
+
+    /// The answer of a look while the body was awaited: `429` when a key is out of budget
+    /// (remembered by the deny cache), else none (the body is awaited as before; a failed
+    /// store changes nothing).
+    pub(crate) fn looked(
+        &self,
+        checks: &[Check],
+        result: Result<Decision, StoreError>,
+    ) -> Option<Response<Bytes>> {
+        let decision = result.ok().filter(|d| !d.is_allowed())?;
+        if let Some(cache) = &self.deny_cache {
+            cache.remember(checks, &decision, self.clock.now_micros());
+        }
+        let steps = self.policies.load().steps();
+        let next: Next<()> = self.finish(
+            decision,
+            Vec::new(),
+            Some(checks),
             false,
             &Span::none(),
             steps,

@@ -17,7 +17,7 @@ use crate::body::{MakeBody, Wrapped};
 use crate::error::KeyRejection;
 use crate::future::ResponseFuture;
 use crate::key::RequestRef;
-use crate::limiter::{Charged, Head, Limiter, Ticket};
+use crate::limiter::{Charged, Head, Limiter, Looking, Ticket};
 use crate::service::RateLimit;
 use crate::store::Store;
 
@@ -102,6 +102,7 @@ where
             started: tokio::time::Instant::now(),
             deadline: None,
             wanted,
+            looking: None,
             inner: Some(inner),
         };
         ReadFuture {
@@ -142,7 +143,10 @@ pin_project! {
 
 pin_project! {
     /// A body being read, with what the request goes on with once it is.
-    struct Reading<S, B, St, M> {
+    struct Reading<S, B, St, M>
+    where
+        St: Store,
+    {
         parts: Option<http::request::Parts>,
         #[pin]
         body: B,
@@ -154,6 +158,8 @@ pin_project! {
         #[pin]
         deadline: Option<tokio::time::Sleep>,
         wanted: BodyLimits,
+        // The store's look at the head's keys, while a slow body is awaited.
+        looking: Option<Box<Looking<St::Future>>>,
         // Taken when the body is read and the request goes on.
         inner: Option<RateLimit<S, St, M>>,
     }
@@ -194,7 +200,10 @@ where
                             self.as_mut().project().state.set(State::Calling { future });
                             continue;
                         }
-                        Err(rejection) => rejection,
+                        Err(Refused::Limited(response)) => {
+                            return Poll::Ready(Ok(response.map(M::full)));
+                        }
+                        Err(Refused::Rejected(rejection)) => rejection,
                     };
                     let parts = this
                         .parts
@@ -227,24 +236,49 @@ struct Charging<St: Store> {
     limiter: Arc<Limiter<St>>,
 }
 
-impl<S, B: Body, St, M> Reading<S, B, St, M> {
+/// Why a body was not read: refused, or its key out of budget (the store's look, while the
+/// body was awaited).
+enum Refused {
+    Rejected(KeyRejection),
+    Limited(Response<bytes::Bytes>),
+}
+
+impl From<KeyRejection> for Refused {
+    fn from(rejection: KeyRejection) -> Self {
+        Refused::Rejected(rejection)
+    }
+}
+
+impl<S, B: Body, St: Store, M> Reading<S, B, St, M> {
     /// Reads the body to its end, within the limits: the request to go on with, its body
     /// read and parsed, or why it was not.
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Result<Request<ReadBody<B>>, KeyRejection>> {
+    ) -> Poll<Result<Request<ReadBody<B>>, Refused>> {
         let mut this = self.project();
         let limit = this.wanted.get_limit();
         if *this.too_long {
-            return Poll::Ready(Err(too_large(limit)));
+            return Poll::Ready(Err(too_large(limit).into()));
         }
         loop {
             let frame = match this.body.as_mut().poll_frame(cx) {
                 Poll::Pending => {
+                    let limiter = this.inner.as_ref().expect("read before its call").limiter();
                     if this.deadline.is_none() {
                         let end = *this.started + this.wanted.get_deadline();
                         this.deadline.set(Some(tokio::time::sleep_until(end)));
+                        let parts = this.parts.as_ref().expect("the head stays while read");
+                        *this.looking = limiter.look_while_reading(&RequestRef::from_parts(parts));
+                    }
+                    if let Some(looking) = this.looking.as_mut()
+                        && let Poll::Ready(result) = Pin::new(&mut looking.future).poll(cx)
+                    {
+                        let limited = limiter.looked(&looking.checks, result);
+                        *this.looking = None;
+                        if let Some(response) = limited {
+                            return Poll::Ready(Err(Refused::Limited(response)));
+                        }
                     }
                     let deadline = this.deadline.as_mut().as_pin_mut().expect("set above");
                     ready!(deadline.poll(cx));
@@ -255,21 +289,23 @@ impl<S, B: Body, St, M> Reading<S, B, St, M> {
                             "the request body did not arrive within {} ms",
                             this.wanted.get_deadline().as_millis()
                         ),
-                    )));
+                    )
+                    .into()));
                 }
                 Poll::Ready(None) => break,
                 Poll::Ready(Some(Err(_))) => {
                     return Poll::Ready(Err(KeyRejection::bad_request(
                         "body_unreadable",
                         "the request body was broken off or could not be read",
-                    )));
+                    )
+                    .into()));
                 }
                 Poll::Ready(Some(Ok(frame))) => frame,
             };
             match frame.into_data() {
                 Ok(mut data) => {
                     if this.collected.len() + data.remaining() > limit {
-                        return Poll::Ready(Err(too_large(limit)));
+                        return Poll::Ready(Err(too_large(limit).into()));
                     }
                     this.collected.push(data.copy_to_bytes(data.remaining()));
                 }

@@ -232,107 +232,6 @@ pub fn events_cost(body: &[u8], cuts: &[u8]) -> (String, String) {
     (read([body]), read(pieces))
 }
 
-/// The status a layer that reads bodies answers `body` with, `POST`ed: `layer` picks its
-/// policy (keyed by a JSON-RPC call's method and a value at a pointer; costing a number at a
-/// pointer; costing a GraphQL query). A batch's calls are each keyed and costed.
-#[cfg(feature = "graphql")]
-pub fn body_status(body: &[u8], layer: u8) -> u16 {
-    use crate::key;
-    use crate::request_body::{BodyLimits, Read};
-    use crate::{Policy, RateLimitLayer};
-    use tower_layer::Layer;
-    use tower_service::Service;
-
-    type Built = RateLimitLayer<crate::MemoryStore, crate::body::Wrapped, Read>;
-    thread_local! {
-        static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .expect("a runtime");
-        static LAYERS: Vec<Built> = {
-            let policies = [
-                Policy::fixed_window("5/s").key(key::all((
-                    key::jsonrpc(),
-                    key::json("/params/name").expect("a pointer"),
-                ))),
-                Policy::fixed_window("500/s").cost_json("/n"),
-                Policy::token_bucket("500/s").cost_graphql(6),
-            ];
-            let limits = BodyLimits::new();
-            (policies.into_iter())
-                .map(|p| RateLimitLayer::builder().policy(p).read_bodies(limits).build())
-                .collect::<Result<_, _>>()
-                .expect("valid layers")
-        };
-    }
-    let inner = |_: http::Request<_>| async {
-        Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
-    };
-    let mut service = LAYERS.with(|layers| {
-        let built = &layers[usize::from(layer) % layers.len()];
-        built.layer(tower_service_fn(inner))
-    });
-    let request = http::Request::post("/")
-        .extension(std::net::SocketAddr::from(([127, 0, 0, 1], 1)))
-        .body(FullBody(Some(bytes::Bytes::copy_from_slice(body))))
-        .expect("a request");
-    RUNTIME.with(|rt| {
-        rt.block_on(async { service.call(request).await })
-            .expect("infallible")
-            .status()
-            .as_u16()
-    })
-}
-
-/// A service of a closure (tower's `service_fn`, which the crate does not depend on).
-#[cfg(feature = "graphql")]
-fn tower_service_fn<F>(f: F) -> ServiceFn<F> {
-    ServiceFn(f)
-}
-
-#[cfg(feature = "graphql")]
-#[derive(Clone)]
-struct ServiceFn<F>(F);
-
-#[cfg(feature = "graphql")]
-impl<F, R, Fut, S> tower_service::Service<R> for ServiceFn<F>
-where
-    F: FnMut(R) -> Fut,
-    Fut: std::future::Future<Output = Result<S, std::convert::Infallible>>,
-{
-    type Response = S;
-    type Error = std::convert::Infallible;
-    type Future = Fut;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: R) -> Fut {
-        (self.0)(request)
-    }
-}
-
-/// A body of one chunk.
-#[cfg(feature = "graphql")]
-struct FullBody(Option<bytes::Bytes>);
-
-#[cfg(feature = "graphql")]
-impl http_body::Body for FullBody {
-    type Data = bytes::Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
-        std::task::Poll::Ready(self.0.take().map(|b| Ok(http_body::Frame::data(b))))
-    }
-}
-
 /// The pause an upstream's answer of `status` with `headers` asks for, at `now_secs` (Unix
 /// seconds), in microseconds; `None` for none. Never zero. The remaining counts the headers
 /// report are read too (for a panic, not a value).
@@ -355,3 +254,8 @@ pub fn upstream_pause(status: u16, headers: &[(String, Vec<u8>)], now_secs: u64)
     let (pause, _) = crate::egress::upstream::pause(status, &map, now)?;
     Some(u64::try_from(pause.as_micros()).unwrap_or(u64::MAX))
 }
+
+#[cfg(feature = "graphql")]
+mod bodies;
+#[cfg(feature = "graphql")]
+pub use bodies::{body_after_exhausted, body_status};

@@ -1,6 +1,9 @@
 //! Request bodies as a client sends them, through a layer that reads bodies (a JSON-RPC key,
 //! a cost at a pointer, a GraphQL cost: batches among them): every body is answered with a
-//! status of the layer's contract, never a panic; a GraphQL query's cost is computed or
+//! status of the layer's contract, never a panic; once a limit is (almost) spent, a body is
+//! admitted only where an oracle reading it on its own says a correct layer may (a batch, a
+//! cost of 0, a batch settled from the response's JSON: none gets past it); a GraphQL
+//! query's cost is computed or
 //! refused with an error; and the settle reader reads a response's JSON, or its events, the
 //! same however the body is cut.
 #![no_main]
@@ -20,6 +23,13 @@ fuzz_target!(|input: Input<'_>| {
     assert!(
         [200, 400, 413, 429].contains(&status),
         "{status}: {:?}",
+        input.body
+    );
+    let (after, admissible) =
+        tower_ratelimit::fuzzing::body_after_exhausted(input.body, input.layer);
+    assert!(
+        [200, 400, 413, 429].contains(&after) && (after != 200 || admissible),
+        "{after} past a spent limit: {:?}",
         input.body
     );
     if let Ok(query) = std::str::from_utf8(input.body) {

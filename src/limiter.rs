@@ -466,6 +466,11 @@ impl<St: Store> Limiter<St> {
                 }
                 Err(rejection) => return Some(self.key_rejected(policy, &rejection)),
             };
+            #[cfg(feature = "json")]
+            let cost = match self.bodies {
+                Some(_) => bodies::per_call(cost, request),
+                None => cost,
+            };
             let index = policy.tier_index(request, &key);
             let planned = (&mut *checks, &mut *fallback, &mut *after);
             Self::push_check(policy, request, index, key, cost, planned);

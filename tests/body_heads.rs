@@ -254,3 +254,51 @@ on_two_of_each_store!(
     refused_bodies_charged_on_two_instances_of_one_redis,
     refused_bodies_charged_on_the_cluster
 );
+
+/// A policy keyed by the head counts each call of a batch: a client's 5 a minute is 5 calls,
+/// in batches or not, whatever methods (and so fresh keys of the policy reading the body)
+/// the calls name.
+async fn batches_count_each_call<St: Store + Clone>(one: St, two: St, clock: ManualClock) {
+    let layer = |store| {
+        RateLimitLayer::builder()
+            .clock(clock.clone())
+            .policy(Policy::fixed_window("5/min").name("per-client"))
+            .policy(Policy::fixed_window("100/min").name("per-method").key(
+                tower_ratelimit::key::all((
+                    HeaderKey::try_new("x-client").unwrap(),
+                    tower_ratelimit::key::jsonrpc(),
+                )),
+            ))
+            .key(HeaderKey::try_new("x-client").unwrap())
+            .store(store)
+            .read_bodies(BodyLimits::new())
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (app(&layer(one)), app(&layer(two)));
+    let calls = |n: usize, from: usize| {
+        let calls: Vec<Value> = (from..from + n)
+            .map(|i| json!({"jsonrpc": "2.0", "id": i, "method": format!("m{i}")}))
+            .collect();
+        json(&Value::Array(calls))
+    };
+    let reply = post(&a, "/", "a", calls(4, 0)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(
+        post(&b, "/", "a", calls(2, 4)).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(post(&b, "/", "a", calls(1, 6)).await.status, StatusCode::OK);
+    assert_eq!(
+        post(&a, "/", "a", calls(1, 7)).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+on_two_of_each_store!(
+    batches_count_each_call,
+    "heads-calls",
+    batches_count_each_call_in_memory,
+    batches_count_each_call_on_two_instances_of_one_redis,
+    batches_count_each_call_on_the_cluster
+);

@@ -74,6 +74,17 @@ pub(super) fn batch<'a>(
     request.json()?.as_array().map(Vec::as_slice)
 }
 
+/// The cost of a request to a policy that does not read the body: `cost` for each call of
+/// its batch (a batch of 32 calls is 32 requests to a client's limit), else `cost`.
+#[cfg(feature = "json")]
+#[inline]
+pub(super) fn per_call(cost: u64, request: &RequestRef<'_>) -> u64 {
+    match request.json().and_then(serde_json::Value::as_array) {
+        Some(calls) => cost.saturating_mul(calls.len() as u64),
+        None => cost,
+    }
+}
+
 #[cfg(feature = "json")]
 impl<St: crate::store::Store> Limiter<St> {
     /// The checks of `policy` for the `calls` of `request`'s batch: one per tier and key, at

@@ -94,6 +94,9 @@ impl Inner {
     /// stays when the read fails.
     pub(super) async fn read_networks(self: Arc<Self>, began_us: u64) {
         let networks = self.registry.networks();
+        // Dropped before it ends (its runtime shut down), the read is ended uncounted: else
+        // the claim would stay taken, and requests on another runtime wait for it forever.
+        let mut unended = Unended(Some((networks, began_us)));
         let seen = networks.changes();
         let read = async {
             let link = self.linking.get(&self.target)?;
@@ -118,6 +121,18 @@ impl Inner {
                 true
             }
         };
+        unended.0 = None;
         networks.read(began_us, counts);
+    }
+}
+
+/// A read of the networks under way, ended uncounted if dropped before it ends.
+struct Unended<'a>(Option<(&'a crate::store::Networks, u64)>);
+
+impl Drop for Unended<'_> {
+    fn drop(&mut self) {
+        if let Some((networks, began_us)) = self.0.take() {
+            networks.read(began_us, false);
+        }
     }
 }

@@ -17,6 +17,7 @@ p99 beside single calls (the same flood, each request 32 calls instead of 1).
 
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -32,6 +33,19 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_cluster_port():
+    """A free port whose cluster bus port (10,000 above) is free and valid too."""
+    while True:
+        port = random.randint(20000, 50000)
+        try:
+            for p in (port, port + 10000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return port
+        except OSError:
+            continue
 
 
 def wait_port(port, what):
@@ -50,7 +64,7 @@ class Cluster:
 
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="batch-flood-")
-        self.ports = [free_port() for _ in range(3)]
+        self.ports = [free_cluster_port() for _ in range(3)]
         self.procs = []
         for port in self.ports:
             self.procs.append(subprocess.Popen(
@@ -137,7 +151,7 @@ def flood(port, body, seconds, out):
         lua.write('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n')
         lua.write(f"wrk.body = {json.dumps(body)}\n")
     result = subprocess.run(
-        ["wrk", "-t2", "-c16", f"-d{seconds}s", "-s", lua.name, f"http://127.0.0.1:{port}/mcp"],
+        ["wrk", "-t2", "-c16", f"-d{int(seconds)}s", "-s", lua.name, f"http://127.0.0.1:{port}/mcp"],
         capture_output=True, text=True)
     os.unlink(lua.name)
     rate = [l for l in result.stdout.splitlines() if l.startswith("Requests/sec")]

@@ -22,6 +22,7 @@ mod builder;
 mod compile;
 mod compiled;
 mod escalation;
+mod leases;
 mod near;
 mod per_route;
 mod priority;

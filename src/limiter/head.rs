@@ -22,8 +22,20 @@ use super::route::Route;
 
 /// A look at a request's head keys in the store, made while its body is awaited.
 pub(crate) struct Looking<F> {
-    pub(crate) future: F,
-    pub(crate) checks: Vec<Check>,
+    future: F,
+    checks: Vec<Check>,
+}
+
+impl<F: std::future::Future + Unpin> Looking<F> {
+    /// The store's answer, once it came.
+    pub(crate) fn poll(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<F::Output> {
+        std::pin::Pin::new(&mut self.future).poll(cx)
+    }
+
+    /// The checks looked at (as charged: for the deny cache and the headers).
+    pub(crate) fn checks(&self) -> &[Check] {
+        &self.checks
+    }
 }
 
 /// What a layer that reads bodies does with a request, from its head.

@@ -272,9 +272,9 @@ impl<S, B: Body, St: Store, M> Reading<S, B, St, M> {
                         *this.looking = limiter.look_while_reading(&RequestRef::from_parts(parts));
                     }
                     if let Some(looking) = this.looking.as_mut()
-                        && let Poll::Ready(result) = Pin::new(&mut looking.future).poll(cx)
+                        && let Poll::Ready(result) = looking.poll(cx)
                     {
-                        let limited = limiter.looked(&looking.checks, result);
+                        let limited = limiter.looked(looking.checks(), result);
                         *this.looking = None;
                         if let Some(response) = limited {
                             return Poll::Ready(Err(Refused::Limited(response)));

@@ -121,19 +121,7 @@ impl<St: Store> Limiter<St> {
         }
         let looks: Checks = checks.iter().map(|c| c.with_op(Op::ChargeIf)).collect();
         let decision = self.store.check_now(&looks).filter(|d| !d.is_allowed())?;
-        let steps = route.steps();
-        let next: Next<()> = self.finish(
-            decision,
-            Vec::new(),
-            Some(&checks),
-            false,
-            &Span::none(),
-            steps,
-        );
-        match next {
-            Next::Respond(response) => Some(response),
-            _ => None,
-        }
+        self.denial(decision, Some(&checks), route.steps())
     }
 
     /// The store's look at `request`'s head keys, for a body that is slow to come, when the
@@ -171,19 +159,7 @@ impl<St: Store> Limiter<St> {
         if let Some(cache) = &self.deny_cache {
             cache.remember(checks, &decision, self.clock.now_micros());
         }
-        let steps = self.policies.load().steps();
-        let next: Next<()> = self.finish(
-            decision,
-            Vec::new(),
-            Some(checks),
-            false,
-            &Span::none(),
-            steps,
-        );
-        match next {
-            Next::Respond(response) => Some(response),
-            _ => None,
-        }
+        self.denial(decision, Some(checks), self.policies.load().steps())
     }
 
     /// The answer to `request`, whose body was refused (`rejection`): when the layer charges
@@ -249,17 +225,22 @@ impl<St: Store> Limiter<St> {
         if let (Some(cache), Some(keys)) = (&self.deny_cache, keys) {
             cache.remember(keys, &decision, now);
         }
-        let next: Next<()> = self.finish(
-            decision,
-            Vec::new(),
-            keys,
-            false,
-            &Span::none(),
-            ticket.steps,
-        );
+        self.denial(decision, keys, ticket.steps)
+            .unwrap_or(response)
+    }
+
+    /// The limiter's response to `decision`, a denial of a request's head keys (`keys`),
+    /// counted as every denial is (`finish`, with no charge after it).
+    fn denial(
+        &self,
+        decision: Decision,
+        keys: Option<&[Check]>,
+        steps: super::route::Steps,
+    ) -> Option<Response<Bytes>> {
+        let next: Next<()> = self.finish(decision, Vec::new(), keys, false, &Span::none(), steps);
         match next {
-            Next::Respond(limited) => limited,
-            _ => response,
+            Next::Respond(response) => Some(response),
+            _ => None,
         }
     }
 

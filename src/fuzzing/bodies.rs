@@ -13,8 +13,9 @@ thread_local! {
 /// body as JSON): `layer` picks the limit. A JSON-RPC method's 1 a minute, `m` spent: no
 /// call of `m` passes, in a batch or alone. A cost at `/n`, 3 a minute, 2 spent: only one
 /// call of `n` 0 or 1 passes (a cost counts at least 1; a batch's calls add up). A GraphQL
-/// query's cost, 1 a minute, or a client's 1 a minute beside a batch settled from the
-/// response's JSON (`/usage/total_tokens`, which the inner service reports), spent: nothing.
+/// query's cost, 1 a minute, or a client's 2 a minute (a batch counts each call) beside a
+/// batch settled from the response's JSON (`/usage/total_tokens`, which the inner service
+/// reports), spent by a batch of two: nothing.
 pub fn body_after_exhausted(body: &[u8], layer: u8) -> (u16, bool) {
     use crate::key::{self, HeaderKey};
     use crate::request_body::BodyLimits;
@@ -51,7 +52,7 @@ pub fn body_after_exhausted(body: &[u8], layer: u8) -> (u16, bool) {
         ),
         _ => (
             vec![
-                Policy::fixed_window("1/min")
+                Policy::fixed_window("2/min")
                     .name("client")
                     .key(HeaderKey::try_new("x-client").expect("a header")),
                 (Policy::fixed_window("500/s").key(key::jsonrpc()))

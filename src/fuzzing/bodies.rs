@@ -8,30 +8,17 @@ thread_local! {
         .expect("a runtime");
 }
 
-/// The status a layer that reads bodies answers `body` with once a first request spent most
-/// of a limit, and whether a correct layer may admit it (an oracle of its own, read from the
-/// body as JSON): `layer` picks the limit. A JSON-RPC method's 1 a minute, `m` spent: no
-/// call of `m` passes, in a batch or alone. A cost at `/n`, 3 a minute, 2 spent: only one
-/// call of `n` 0 or 1 passes (a cost counts at least 1; a batch's calls add up). A GraphQL
-/// query's cost, 1 a minute, or a client's 2 a minute (a batch counts each call) beside a
-/// batch settled from the response's JSON (`/usage/total_tokens`, which the inner service
-/// reports), spent by a batch of two: nothing.
-pub fn body_after_exhausted(body: &[u8], layer: u8) -> (u16, bool) {
+/// The policies of `layer`, the body spending them, and whether `calls` may pass after it.
+fn exhausting(
+    layer: u8,
+    calls: &[serde_json::Value],
+) -> (Vec<crate::Policy>, serde_json::Value, bool) {
+    use crate::Policy;
     use crate::key::{self, HeaderKey};
-    use crate::request_body::BodyLimits;
     use crate::settle::Settle;
-    use crate::{Policy, RateLimitLayer};
     use serde_json::{Value, json};
-    use tower_layer::Layer;
-    use tower_service::Service;
 
-    let calls: Option<Vec<Value>> = match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Array(calls)) => Some(calls),
-        Ok(call) => Some(vec![call]),
-        Err(_) => None,
-    };
-    let calls = calls.unwrap_or_default();
-    let (policies, spend, admissible) = match layer % 4 {
+    match layer % 4 {
         0 => (
             vec![Policy::fixed_window("1/min").key(key::jsonrpc())],
             json!({"method": "m"}),
@@ -61,7 +48,31 @@ pub fn body_after_exhausted(body: &[u8], layer: u8) -> (u16, bool) {
             json!([{"method": "m"}, {"method": "n"}]),
             false,
         ),
+    }
+}
+
+/// The status a layer that reads bodies answers `body` with once a first request spent most
+/// of a limit, and whether a correct layer may admit it (an oracle of its own, read from the
+/// body as JSON): `layer` picks the limit. A JSON-RPC method's 1 a minute, `m` spent: no
+/// call of `m` passes, in a batch or alone. A cost at `/n`, 3 a minute, 2 spent: only one
+/// call of `n` 0 or 1 passes (a cost counts at least 1; a batch's calls add up). A GraphQL
+/// query's cost, 1 a minute, or a client's 2 a minute (a batch counts each call) beside a
+/// batch settled from the response's JSON (`/usage/total_tokens`, which the inner service
+/// reports), spent by a batch of two: nothing.
+pub fn body_after_exhausted(body: &[u8], layer: u8) -> (u16, bool) {
+    use crate::RateLimitLayer;
+    use crate::request_body::BodyLimits;
+    use serde_json::Value;
+    use tower_layer::Layer;
+    use tower_service::Service;
+
+    let calls: Option<Vec<Value>> = match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Array(calls)) => Some(calls),
+        Ok(call) => Some(vec![call]),
+        Err(_) => None,
     };
+    let calls = calls.unwrap_or_default();
+    let (policies, spend, admissible) = exhausting(layer, &calls);
     let built = RateLimitLayer::builder()
         .clock(crate::ManualClock::new())
         .policies(policies)

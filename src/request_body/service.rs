@@ -183,43 +183,28 @@ where
                     return Poll::Ready(Ok(response.map(M::full)));
                 }
                 StateProj::Charging { charging } => {
-                    let charging = &mut **charging;
-                    let result = ready!(Pin::new(&mut charging.future).poll(cx));
-                    let ticket = charging.ticket.take().expect("polled after its answer");
-                    let limiter = &charging.limiter;
-                    let response = limiter.charged(ticket, result, &charging.rejection);
-                    return Poll::Ready(Ok(response.map(M::full)));
+                    return charging
+                        .poll_charged(cx)
+                        .map(|response| Ok(response.map(M::full)));
                 }
                 StateProj::Reading { reading } => {
                     let read = ready!(reading.as_mut().poll_read(cx));
                     let this = reading.as_mut().project();
                     let mut inner = this.inner.take().expect("polled after its call");
-                    let rejection = match read {
-                        Ok(request) => {
-                            let future = inner.call(request);
-                            self.as_mut().project().state.set(State::Calling { future });
-                            continue;
+                    let charge = match read {
+                        Ok(request) => Ok(State::Calling {
+                            future: inner.call(request),
+                        }),
+                        Err(Refused::Limited(response)) => Err(response),
+                        Err(Refused::Rejected(rejection)) => {
+                            let parts = this.parts.as_ref().expect("the head stays while read");
+                            Charging::begin(inner.limiter(), parts, rejection)
+                                .map(|charging| State::Charging { charging })
                         }
-                        Err(Refused::Limited(response)) => {
-                            return Poll::Ready(Ok(response.map(M::full)));
-                        }
-                        Err(Refused::Rejected(rejection)) => rejection,
                     };
-                    let parts = this
-                        .parts
-                        .as_ref()
-                        .expect("the head stays while the body is read");
-                    let limiter = inner.limiter();
-                    match limiter.rejected(&RequestRef::from_parts(parts), rejection) {
-                        Charged::Answer(response) => return Poll::Ready(Ok(response.map(M::full))),
-                        Charged::Deciding(future, ticket, rejection) => State::Charging {
-                            charging: Box::new(Charging {
-                                future,
-                                ticket: Some(ticket),
-                                rejection,
-                                limiter: limiter.clone(),
-                            }),
-                        },
+                    match charge {
+                        Ok(state) => state,
+                        Err(response) => return Poll::Ready(Ok(response.map(M::full))),
                     }
                 }
             };
@@ -234,6 +219,36 @@ struct Charging<St: Store> {
     ticket: Option<Ticket>,
     rejection: KeyRejection,
     limiter: Arc<Limiter<St>>,
+}
+
+impl<St: Store> Charging<St> {
+    /// Charges a refused body to the head's keys: the refusal (or `429`) at once, or the
+    /// charge while the store decides it.
+    // The response is moved once, to be the request's answer: boxing it would cost an
+    // allocation for nothing.
+    #[allow(clippy::result_large_err)]
+    fn begin(
+        limiter: &Arc<Limiter<St>>,
+        parts: &http::request::Parts,
+        rejection: KeyRejection,
+    ) -> Result<Box<Self>, Response<bytes::Bytes>> {
+        match limiter.rejected(&RequestRef::from_parts(parts), rejection) {
+            Charged::Answer(response) => Err(response),
+            Charged::Deciding(future, ticket, rejection) => Ok(Box::new(Charging {
+                future,
+                ticket: Some(ticket),
+                rejection,
+                limiter: limiter.clone(),
+            })),
+        }
+    }
+
+    /// The refusal, or `429`, once the store decided the charge.
+    fn poll_charged(&mut self, cx: &mut Context<'_>) -> Poll<Response<bytes::Bytes>> {
+        let result = ready!(Pin::new(&mut self.future).poll(cx));
+        let ticket = self.ticket.take().expect("polled after its answer");
+        Poll::Ready(self.limiter.charged(ticket, result, &self.rejection))
+    }
 }
 
 /// Why a body was not read: refused, or its key out of budget (the store's look, while the
@@ -282,15 +297,7 @@ impl<S, B: Body, St: Store, M> Reading<S, B, St, M> {
                     }
                     let deadline = this.deadline.as_mut().as_pin_mut().expect("set above");
                     ready!(deadline.poll(cx));
-                    return Poll::Ready(Err(KeyRejection::new(
-                        StatusCode::REQUEST_TIMEOUT,
-                        "body_timeout",
-                        format!(
-                            "the request body did not arrive within {} ms",
-                            this.wanted.get_deadline().as_millis()
-                        ),
-                    )
-                    .into()));
+                    return Poll::Ready(Err(timed_out(this.wanted.get_deadline()).into()));
                 }
                 Poll::Ready(None) => break,
                 Poll::Ready(Some(Err(_))) => {
@@ -325,6 +332,13 @@ impl<S, B: Body, St: Store, M> Reading<S, B, St, M> {
         let body = ReadBody::read(bytes, this.trailers.take());
         Poll::Ready(Ok(Request::from_parts(parts, body)))
     }
+}
+
+/// The rejection of a body that did not arrive within `deadline`.
+fn timed_out(deadline: std::time::Duration) -> KeyRejection {
+    let ms = deadline.as_millis();
+    let detail = format!("the request body did not arrive within {ms} ms");
+    KeyRejection::new(StatusCode::REQUEST_TIMEOUT, "body_timeout", detail)
 }
 
 /// The rejection of a body over `limit` bytes.

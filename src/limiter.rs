@@ -333,12 +333,15 @@ impl<St: Store> Limiter<St> {
                 }
                 Err(rejection) => return Some(self.key_rejected(policy, &rejection)),
             };
+            let index = policy.tier_index(request, &key);
+            // A batch is one request in flight, however many calls it makes.
             #[cfg(feature = "json")]
             let cost = match self.bodies {
-                Some(_) => bodies::per_call(cost, request),
-                None => cost,
+                Some(_) if !policy.tier(index).limits_in_flight() => {
+                    bodies::per_call(cost, request)
+                }
+                _ => cost,
             };
-            let index = policy.tier_index(request, &key);
             let planned = (&mut *checks, &mut *fallback, &mut *after);
             Self::push_check(policy, request, index, key, cost, planned);
         }

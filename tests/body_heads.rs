@@ -257,12 +257,14 @@ on_two_of_each_store!(
 
 /// A policy keyed by the head counts each call of a batch: a client's 5 a minute is 5 calls,
 /// in batches or not, whatever methods (and so fresh keys of the policy reading the body)
-/// the calls name.
+/// the calls name; a limit of requests in flight counts a batch once.
 async fn batches_count_each_call<St: Store + Clone>(one: St, two: St, clock: ManualClock) {
     let layer = |store| {
         RateLimitLayer::builder()
             .clock(clock.clone())
             .policy(Policy::fixed_window("5/min").name("per-client"))
+            // A batch is one request in flight: 4 calls pass a limit of 2 at once.
+            .policy(Policy::concurrency(2).name("in-flight"))
             .policy(Policy::fixed_window("100/min").name("per-method").key(
                 tower_ratelimit::key::all((
                     HeaderKey::try_new("x-client").unwrap(),

@@ -107,9 +107,22 @@ pub(super) struct Collected {
     first: Option<Bytes>,
     rest: Option<bytes::BytesMut>,
     len: usize,
+    /// The bytes the body says it has (its exact size, within the limit), reserved at
+    /// once when it comes in more than one chunk: no buffer grown by doubling.
+    expected: usize,
 }
 
 impl Collected {
+    /// Ready for a body whose size, by its hint, is exactly `exact` bytes (if known), read
+    /// within `limit`.
+    pub(super) fn expecting(exact: Option<u64>, limit: usize) -> Self {
+        let expected = exact.map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX).min(limit));
+        Collected {
+            expected,
+            ..Collected::default()
+        }
+    }
+
     /// Bytes read so far.
     pub(super) fn len(&self) -> usize {
         self.len
@@ -125,7 +138,8 @@ impl Collected {
             (None, None) => self.first = Some(chunk),
             (first, rest) => {
                 let rest = rest.get_or_insert_with(|| {
-                    let mut joined = bytes::BytesMut::with_capacity(2 * chunk.len());
+                    let wanted = (2 * chunk.len()).max(self.expected);
+                    let mut joined = bytes::BytesMut::with_capacity(wanted);
                     joined.extend_from_slice(&first.take().unwrap_or_default());
                     joined
                 });
@@ -161,5 +175,21 @@ mod tests {
         }
         assert_eq!(c.len(), 5);
         assert_eq!(c.finish(), "abcde");
+    }
+
+    #[test]
+    fn a_body_of_known_size_is_joined_in_one_buffer_of_that_size() {
+        let chunk = Bytes::from(vec![b'x'; 1_000]);
+        let mut c = Collected::expecting(Some(65_000), 64 * 1024);
+        for _ in 0..65 {
+            c.push(chunk.clone());
+        }
+        let rest = c.rest.as_ref().expect("joined");
+        assert_eq!(rest.capacity(), 65_000, "reserved once, never doubled");
+        // A size over the limit reserves the limit only: the read is refused past it.
+        let mut c = Collected::expecting(Some(u64::MAX), 4_096);
+        c.push(chunk.clone());
+        c.push(chunk);
+        assert_eq!(c.rest.as_ref().map(|r| r.capacity()), Some(4_096));
     }
 }

@@ -93,11 +93,12 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let (parts, body) = request.into_parts();
+        let collected = Collected::expecting(body.size_hint().exact(), wanted.get_limit());
         let reading = Reading {
             too_long: body.size_hint().lower() > wanted.get_limit() as u64,
             parts: Some(parts),
             body,
-            collected: Collected::default(),
+            collected,
             trailers: None,
             started: tokio::time::Instant::now(),
             deadline: None,

@@ -38,8 +38,9 @@ impl Policy {
     /// body: an LLM call charged its tokens asked for, a batch import its rows. The number is a
     /// whole number from 0 to `u32::MAX`, counted at least 1 (at least
     /// [`min_body_cost`](Self::min_body_cost)); a body whose value is absent, negative, fractional,
-    /// too large or no number is answered `400` (code `bad_cost`, saying which), charged
-    /// nothing. The layer must read bodies
+    /// too large or no number is answered `400` (code `bad_cost`, saying which), and charged
+    /// as a refused body is ([`charge_rejected`](crate::request_body::BodyLimits::charge_rejected)):
+    /// to the head's keys, at the floor. The layer must read bodies
     /// ([`read_bodies`](crate::RateLimitLayerBuilder::read_bodies)); a pointer that is none
     /// is reported by `build`. Replaces a [`cost`](Self::cost) given before (and is replaced
     /// by one given after). With [`settle`](Self::settle), it is the estimate the response
@@ -73,7 +74,9 @@ impl Policy {
     /// computed, and the GitHub and Shopify models beside it). A query deeper than
     /// `max_depth` fields (10 is a common choice) is answered `400` (`graphql_too_deep`),
     /// one that does not parse or has no cost `400` (`bad_graphql`, naming what is wrong and
-    /// where), charged nothing. A `max_depth` of 0 is reported by `build`. The layer must
+    /// where), charged as a refused body is
+    /// ([`charge_rejected`](crate::request_body::BodyLimits::charge_rejected)). A `max_depth`
+    /// of 0 is reported by `build`. The layer must
     /// read bodies ([`read_bodies`](crate::RateLimitLayerBuilder::read_bodies)).
     ///
     /// ```

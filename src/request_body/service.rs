@@ -93,9 +93,10 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let (parts, body) = request.into_parts();
-        let collected = Collected::expecting(body.size_hint().exact(), wanted.get_limit());
+        let hint = body.size_hint();
+        let collected = Collected::expecting(hint.exact(), wanted.get_limit());
         let reading = Reading {
-            too_long: body.size_hint().lower() > wanted.get_limit() as u64,
+            too_long: hint.lower() > wanted.get_limit() as u64,
             parts: Some(parts),
             body,
             collected,
@@ -278,7 +279,7 @@ impl<S, B: Body, St: Store, M> Reading<S, B, St, M> {
             return Poll::Ready(Err(too_large(limit).into()));
         }
         loop {
-            let frame = match this.body.as_mut().poll_frame(cx) {
+            match this.body.as_mut().poll_frame(cx) {
                 Poll::Pending => {
                     let limiter = this.inner.as_ref().expect("read before its call").limiter();
                     if this.deadline.is_none() {
@@ -308,22 +309,7 @@ impl<S, B: Body, St: Store, M> Reading<S, B, St, M> {
                     )
                     .into()));
                 }
-                Poll::Ready(Some(Ok(frame))) => frame,
-            };
-            match frame.into_data() {
-                Ok(mut data) => {
-                    if this.collected.len() + data.remaining() > limit {
-                        return Poll::Ready(Err(too_large(limit).into()));
-                    }
-                    this.collected.push(data.copy_to_bytes(data.remaining()));
-                }
-                Err(frame) => {
-                    if let Ok(trailers) = frame.into_trailers() {
-                        this.trailers
-                            .get_or_insert_with(Default::default)
-                            .extend(trailers);
-                    }
-                }
+                Poll::Ready(Some(Ok(frame))) => keep(frame, this.collected, this.trailers, limit)?,
             }
         }
         let bytes = std::mem::take(this.collected).finish();
@@ -333,6 +319,30 @@ impl<S, B: Body, St: Store, M> Reading<S, B, St, M> {
         let body = ReadBody::read(bytes, this.trailers.take());
         Poll::Ready(Ok(Request::from_parts(parts, body)))
     }
+}
+
+/// Adds `frame` to what was read of a body: its data (within `limit` bytes in all), or its
+/// trailers.
+fn keep<D: Buf>(
+    frame: http_body::Frame<D>,
+    collected: &mut Collected,
+    trailers: &mut Option<http::HeaderMap>,
+    limit: usize,
+) -> Result<(), KeyRejection> {
+    match frame.into_data() {
+        Ok(mut data) => {
+            if collected.len() + data.remaining() > limit {
+                return Err(too_large(limit));
+            }
+            collected.push(data.copy_to_bytes(data.remaining()));
+        }
+        Err(frame) => {
+            if let Ok(more) = frame.into_trailers() {
+                trailers.get_or_insert_with(Default::default).extend(more);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The rejection of a body that did not arrive within `deadline`.

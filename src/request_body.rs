@@ -116,11 +116,13 @@ impl BodyLimits {
     }
 
     /// Whether a body the layer refuses (`400`, `408`, `413`) is charged to the keys of the
-    /// request's head (yes, by default). Each policy that applies and keys requests by their
-    /// head is charged its cost from the head (a cost read from the body, its floor): a key
-    /// out of budget gets `429` instead of the refusal, so a client that floods bad bodies is
-    /// limited as one that floods good ones. `false` answers every refused body with its
-    /// refusal, charged nothing.
+    /// request's head (yes, by default). Each policy that applies is charged its cost from the
+    /// head (a cost read from the body, its floor), a key read from the body keyed
+    /// [`UNREAD`](crate::key::UNREAD) (`all((ip, jsonrpc()))`: the client's address and
+    /// `(unread)`): a key out of budget gets `429` instead of the refusal, so a client that
+    /// floods bad bodies is limited as one that floods good ones. A key on a list at runtime
+    /// is answered as the list says (`403`, or the refusal charged nothing). `false` answers
+    /// every refused body with its refusal, charged nothing.
     #[must_use]
     pub fn charge_rejected(mut self, charge: bool) -> Self {
         self.charge_rejected = charge;

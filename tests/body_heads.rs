@@ -304,3 +304,136 @@ on_two_of_each_store!(
     batches_count_each_call_on_two_instances_of_one_redis,
     batches_count_each_call_on_the_cluster
 );
+
+/// A refused body is charged to a policy keyed by the body too, its body part `(unread)`:
+/// per client with `all((client, jsonrpc()))`, so a's third bad body gets `429` while a's
+/// calls and b's bad bodies keep their budgets. A policy that waits is charged as well, and
+/// answers `429` without waiting.
+async fn refused_bodies_charged_to_body_keys<St: Store + Clone>(
+    one: St,
+    two: St,
+    clock: ManualClock,
+) {
+    let client = || HeaderKey::try_new("x-client").unwrap();
+    let layer = |store, policy: Policy| {
+        RateLimitLayer::builder()
+            .clock(clock.clone())
+            .policy(policy)
+            .key(client())
+            .store(store)
+            .read_bodies(BodyLimits::new().deadline(DEADLINE))
+            .build()
+            .unwrap()
+    };
+    let per_method = || {
+        let key = tower_ratelimit::key::all((client(), tower_ratelimit::key::jsonrpc()));
+        Policy::fixed_window("2/min").name("per-method").key(key)
+    };
+    let (a, b) = (
+        app(&layer(one.clone(), per_method())),
+        app(&layer(two.clone(), per_method())),
+    );
+    for app in [&a, &b] {
+        let reply = post(app, "/", "a", text("not json")).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.body);
+    }
+    let reply = post(&a, "/", "a", text("[")).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        reply.body
+    );
+    assert!(reply.body.contains("per-method"), "{}", reply.body);
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "m"});
+    assert_eq!(post(&b, "/", "a", json(&call)).await.status, StatusCode::OK);
+    let reply = post(&b, "/", "b", text("not json")).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    // A policy that waits: charged, not waited for.
+    let smoothed = || {
+        Policy::fixed_window("2/min")
+            .name("smoothed")
+            .cost_json("/n")
+            .wait_up_to(Duration::from_secs(30))
+    };
+    let (a, b) = (app(&layer(one, smoothed())), app(&layer(two, smoothed())));
+    for app in [&a, &b] {
+        let reply = post(app, "/", "w", text("not json")).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.body);
+    }
+    let reply = post(&a, "/", "w", text("not json")).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        reply.body
+    );
+}
+
+on_two_of_each_store!(
+    refused_bodies_charged_to_body_keys,
+    "heads-unread",
+    refused_bodies_charged_to_body_keys_in_memory,
+    refused_bodies_charged_to_body_keys_on_two_instances_of_one_redis,
+    refused_bodies_charged_to_body_keys_on_the_cluster
+);
+
+/// A key listed at runtime, on one instance, is answered as the list says by the other
+/// before its body matters: denied, `403` for a refused body and at once for a body that
+/// never ends; allowed, its refused bodies charged nothing (three of them, then `429` for none) and a slow body of a spent key
+/// awaited, never `429`.
+async fn runtime_lists_answer_before_the_body<St: Store + Clone>(
+    one: St,
+    two: St,
+    clock: ManualClock,
+) {
+    use tower_ratelimit::key::Key;
+    let layer = |store| {
+        RateLimitLayer::builder()
+            .clock(clock.clone())
+            .policy(Policy::fixed_window("1/min").name("costed").cost_json("/n"))
+            .key(HeaderKey::try_new("x-client").unwrap())
+            .lists(Lists::new())
+            .store(store)
+            .read_bodies(BodyLimits::new().deadline(DEADLINE))
+            .build()
+            .unwrap()
+    };
+    let (one, two) = (layer(one), layer(two));
+    let (a, b) = (app(&one), app(&two));
+    one.deny_key(&Key::from("d"), None).await.unwrap();
+    for body in [text("not json"), never_ending()] {
+        let reply = post(&b, "/", "d", body).await;
+        assert_eq!(reply.status, StatusCode::FORBIDDEN, "{}", reply.body);
+    }
+    assert_eq!(
+        post(&a, "/", "k", json(&json!({"n": 1}))).await.status,
+        StatusCode::OK
+    );
+    one.allow_key(&Key::from("k"), None).await.unwrap();
+    // In memory the head knows the entry, and the body streams through unread (200); with
+    // Redis the store's call says so after the body is read (400): never a charge, or 429.
+    for app in [&a, &b, &a] {
+        let reply = post(app, "/", "k", text("[")).await;
+        let status = reply.status;
+        assert!(
+            matches!(status.as_u16(), 200 | 400),
+            "{status}: {}",
+            reply.body
+        );
+    }
+    let request = Request::post("/")
+        .header("x-client", "k")
+        .body(never_ending())
+        .unwrap();
+    let waited = tokio::time::timeout(Duration::from_millis(300), send(&b, request)).await;
+    assert!(waited.is_err(), "an allowed key's body is awaited");
+}
+
+on_two_of_each_store!(
+    runtime_lists_answer_before_the_body,
+    "heads-lists",
+    runtime_lists_answer_before_the_body_in_memory,
+    runtime_lists_answer_before_the_body_on_two_instances_of_one_redis,
+    runtime_lists_answer_before_the_body_on_the_cluster
+);

@@ -11,6 +11,13 @@ use crate::error::{ConfigError, KeyRejection};
 /// shared by every such request, and limited as any other (never a way around the limit).
 pub const MISSING: &str = "(missing)";
 
+/// The part a body key gives a request whose body was refused (too large, too slow, not
+/// JSON, a batch past its bounds): its head's other parts keep it apart from other clients
+/// (`all((ip, jsonrpc()))` keys it `<ip>` and `(unread)`), and the refusal is charged there,
+/// so a client that floods bad bodies meets `429` (see
+/// [`BodyLimits::charge_rejected`](crate::request_body::BodyLimits::charge_rejected)).
+pub const UNREAD: &str = "(unread)";
+
 /// The value at a JSON pointer of the request's JSON body (made by [`json`]).
 #[derive(Clone, Debug)]
 pub struct JsonKey {
@@ -64,6 +71,9 @@ pub(crate) fn body_json<'a>(request: &RequestRef<'a>) -> Result<&'a Value, KeyRe
 
 impl KeyExtractor for JsonKey {
     fn extract(&self, request: &RequestRef<'_>) -> Result<Key, KeyRejection> {
+        if request.is_unread() {
+            return Ok(Key::from(UNREAD));
+        }
         Ok(value_key(body_json(request)?.pointer(&self.pointer)))
     }
 
@@ -102,6 +112,9 @@ pub fn jsonrpc() -> JsonRpcKey {
 
 impl KeyExtractor for JsonRpcKey {
     fn extract(&self, request: &RequestRef<'_>) -> Result<Key, KeyRejection> {
+        if request.is_unread() {
+            return Ok(Key::from(UNREAD));
+        }
         Ok(method_key(body_json(request)?))
     }
 

@@ -78,7 +78,7 @@ pub use header::HeaderKey;
 #[cfg(feature = "graphql")]
 pub(crate) use json::body_json;
 #[cfg(feature = "json")]
-pub use json::{JsonKey, JsonRpcKey, MISSING, json, jsonrpc};
+pub use json::{JsonKey, JsonRpcKey, MISSING, UNREAD, json, jsonrpc};
 #[cfg(feature = "json")]
 pub(crate) use json::{check_pointer, cost_at};
 pub(crate) use peer_ip::DefaultKey;

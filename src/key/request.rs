@@ -15,6 +15,9 @@ pub struct RequestRef<'a> {
     call: Option<&'a serde_json::Value>,
     /// The message of a long-lived connection being decided as this request.
     message: Option<crate::streams::Message>,
+    /// Whether the body keys read [`UNREAD`](crate::key::UNREAD): the head of a request
+    /// whose body was refused, charged before it was read.
+    unread: bool,
 }
 
 impl<'a> RequestRef<'a> {
@@ -29,6 +32,7 @@ impl<'a> RequestRef<'a> {
             #[cfg(feature = "json")]
             call: None,
             message: None,
+            unread: false,
         }
     }
 
@@ -44,6 +48,7 @@ impl<'a> RequestRef<'a> {
             #[cfg(feature = "json")]
             call: None,
             message: None,
+            unread: false,
         }
     }
 
@@ -51,6 +56,18 @@ impl<'a> RequestRef<'a> {
     pub(crate) fn with_message(mut self, message: crate::streams::Message) -> Self {
         self.message = Some(message);
         self
+    }
+
+    /// The same request, its body keys reading [`UNREAD`](crate::key::UNREAD) (its body
+    /// refused, or not read yet).
+    pub(crate) fn unread(mut self) -> Self {
+        self.unread = true;
+        self
+    }
+
+    /// Whether its body keys read [`UNREAD`](crate::key::UNREAD).
+    pub(crate) fn is_unread(&self) -> bool {
+        self.unread
     }
 
     /// Whether this head was made to decide a connection's message at once (nothing reads

@@ -2,10 +2,12 @@
 //! (the exemptions, the lists, the deny cache, a key already out of budget), and the charge of
 //! a body it refused (too large, too slow, not JSON, a batch it bounds) to the head's keys.
 //!
-//! Only the policies whose key is in the head take part: a key read from the body is not
-//! known before it. A policy whose cost is in the body is looked at, and charged, at its
-//! floor ([`Policy::min_body_cost`](crate::Policy::min_body_cost)): a key out of budget for
-//! that is out of budget whatever the body says.
+//! A look takes the policies whose key is in the head: a key read from the body is not known
+//! before it. A refused body is charged to every policy that applies, a key read from the
+//! body keyed [`UNREAD`](crate::key::UNREAD). A policy whose cost is in the body is looked
+//! at, and charged, at its floor ([`Policy::min_body_cost`](crate::Policy::min_body_cost)): a
+//! key out of budget for that is out of budget whatever the body says. With Redis both carry
+//! the key's record of runtime list entries: a listed key is answered as the list says.
 
 use bytes::Bytes;
 use http::Response;
@@ -24,17 +26,14 @@ use super::route::Route;
 pub(crate) struct Looking<F> {
     future: F,
     checks: Vec<Check>,
+    /// Whether the look read the key's record of runtime list entries (after the checks).
+    lists: bool,
 }
 
 impl<F: std::future::Future + Unpin> Looking<F> {
     /// The store's answer, once it came.
     pub(crate) fn poll(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<F::Output> {
         std::pin::Pin::new(&mut self.future).poll(cx)
-    }
-
-    /// The checks looked at (as charged: for the deny cache and the headers).
-    pub(crate) fn checks(&self) -> &[Check] {
-        &self.checks
     }
 }
 
@@ -77,26 +76,32 @@ impl<St: Store> Limiter<St> {
         }
     }
 
-    /// The checks of `request`'s head: of each policy that applies and keys it by its head,
-    /// at its cost from the head (a cost read from the body at its floor), as `op`. Policies
-    /// that hold or book units (concurrency, waits) and shadows take no part.
-    fn head_checks(&self, request: &RequestRef<'_>, route: &Route, op: Op) -> Checks {
+    /// The checks of `request`'s head: of each policy that applies, at its cost from the head
+    /// (a cost read from the body at its floor), as `op`. A look (`charge` false) takes the
+    /// policies keyed by their head that decide at once; a refused body's charge takes those
+    /// keyed by the body too, their body parts [`UNREAD`](crate::key::UNREAD), and those that
+    /// wait (charged, not waited for). Policies that hold units (concurrency), adaptive ones
+    /// and shadows take no part.
+    fn head_checks(&self, request: &RequestRef<'_>, route: &Route, op: Op, charge: bool) -> Checks {
         let mut checks = Checks::new();
+        let unread = request.unread();
         for policy in route.iter() {
-            if !policy.applies(request) || policy.adaptive().is_some() || policy.keyed_by_body() {
+            let skipped = !charge && policy.keyed_by_body();
+            if skipped || !policy.applies(request) || policy.adaptive().is_some() {
                 continue;
             }
-            let Ok(key) = policy.key(request) else {
+            let Ok(key) = policy.key(&unread) else {
                 continue;
             };
             let cost = policy.head_cost(request);
             let tier = policy
-                .tier(policy.tier_index(request, &key))
+                .tier(policy.tier_index(&unread, &key))
                 .seen_by(request);
-            let takes_part = matches!(
-                tier.part().op(),
-                Op::Enforce | Op::ChargeIf | Op::Reserve { .. } | Op::Lease { .. }
-            );
+            let takes_part = match tier.part().op() {
+                Op::Enforce | Op::ChargeIf | Op::Reserve { .. } | Op::Lease { .. } => true,
+                Op::Wait { .. } => charge,
+                _ => false,
+            };
             if cost > 0 && takes_part {
                 checks.push(Check::new(tier.clone(), key, cost, op));
             }
@@ -107,7 +112,7 @@ impl<St: Store> Limiter<St> {
     /// The denial of `request` on its head, when a key of it is out of budget as far as this
     /// instance knows without a store call: the deny cache, or the memory store's look.
     fn out_of_budget(&self, request: &RequestRef<'_>, route: &Route) -> Option<Response<Bytes>> {
-        let checks = self.head_checks(request, route, Op::Enforce);
+        let checks = self.head_checks(request, route, Op::Enforce, false);
         if checks.is_empty() {
             return None;
         }
@@ -135,27 +140,38 @@ impl<St: Store> Limiter<St> {
             return None;
         }
         let route = self.policies.load();
-        let checks = self.head_checks(request, &route, Op::Enforce);
-        if checks.is_empty() {
+        let checks = self.head_checks(request, &route, Op::Enforce, false);
+        let mut looks: Checks = checks.iter().map(|c| c.with_op(Op::ChargeIf)).collect();
+        let lists = self.push_list_check(self.entry_key(request), &mut looks);
+        if looks.is_empty() {
             return None;
         }
-        let looks = checks.iter().map(|c| c.with_op(Op::ChargeIf)).collect();
         let future = self.store.check(looks);
         Some(Box::new(Looking {
             future,
             checks: checks.into_vec(),
+            lists,
         }))
     }
 
-    /// The answer of a look while the body was awaited: `429` when a key is out of budget
-    /// (remembered by the deny cache), else none (the body is awaited as before; a failed
-    /// store changes nothing).
-    pub(crate) fn looked(
+    /// The answer of a look while the body was awaited: `403` when the key is on the deny
+    /// list, `429` when a key is out of budget (remembered by the deny cache), else none (the
+    /// body is awaited as before; a key on the allow list, or a failed store, changes nothing).
+    pub(crate) fn looked<F>(
         &self,
-        checks: &[Check],
+        looking: &Looking<F>,
         result: Result<Decision, StoreError>,
     ) -> Option<Response<Bytes>> {
-        let decision = result.ok().filter(|d| !d.is_allowed())?;
+        let decision = result.ok()?;
+        if looking.lists {
+            match self.unlisted::<()>(&decision, &mut None) {
+                Some(Next::Respond(response)) => return Some(response),
+                Some(_) if decision.listing() != crate::store::Listing::Neither => return None,
+                _ => {}
+            }
+        }
+        let checks = &looking.checks;
+        let decision = Some(decision).filter(|d| !d.is_allowed())?;
         if let Some(cache) = &self.deny_cache {
             cache.remember(checks, &decision, self.clock.now_micros());
         }
@@ -171,15 +187,22 @@ impl<St: Store> Limiter<St> {
     ) -> Charged<St::Future> {
         let charges = self.bodies.is_some_and(|b| b.get_charge_rejected());
         let route = self.policies.load();
-        let checks = match charges {
-            true => self.head_checks(request, &route, Op::Enforce),
-            false => Checks::new(),
-        };
+        if !charges {
+            return Charged::Answer(self.body_rejected(&rejection));
+        }
+        let mut checks = self.head_checks(request, &route, Op::Enforce, true);
+        let mut keys = checks.to_vec();
+        let lists = self.push_list_check(self.entry_key(request), &mut checks);
         if checks.is_empty() {
             return Charged::Answer(self.body_rejected(&rejection));
         }
         let mut ticket = Ticket::planned(None, Vec::new(), Span::none(), route.steps());
-        ticket.keys = Some(checks.to_vec());
+        if lists {
+            // `unlisted` takes the record's check out of the kept checks.
+            keys.push(checks.last().expect("pushed above").clone());
+        }
+        ticket.keys = Some(keys);
+        ticket.lists = lists;
         if let Some(breaker) = &self.breaker {
             ticket.gate = breaker.gate(|| self.clock.now_micros());
         }
@@ -201,10 +224,20 @@ impl<St: Store> Limiter<St> {
         result: Result<Decision, StoreError>,
         rejection: &KeyRejection,
     ) -> Response<Bytes> {
+        let mut ticket = ticket;
         let denied = match result {
             Ok(decision) => {
                 if let Some(breaker) = &self.breaker {
                     breaker.success(ticket.gate);
+                }
+                if ticket.lists {
+                    match self.unlisted::<()>(&decision, &mut ticket.keys) {
+                        Some(Next::Respond(response)) => return response,
+                        Some(_) if decision.listing() != crate::store::Listing::Neither => {
+                            return self.body_rejected(rejection);
+                        }
+                        _ => {}
+                    }
                 }
                 (!decision.is_allowed()).then_some(decision)
             }

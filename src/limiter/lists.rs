@@ -80,6 +80,22 @@ impl<St: Store> Limiter<St> {
         }
     }
 
+    /// The key whose record of runtime entries a store call on `request`'s head reads, on a
+    /// store that does not decide at once (in memory `before_body` read them): what a look
+    /// or a refused body's charge carries, to answer a listed key as the list says.
+    pub(super) fn entry_key(&self, request: &RequestRef<'_>) -> Option<Key> {
+        let present = self
+            .lists
+            .as_ref()
+            .filter(|_| !St::DECIDES_ALONE)?
+            .present();
+        let networks = self.store.registry().networks();
+        match present.judge(request, true, networks, &|| self.clock.now_micros()) {
+            Judged::Neither(key) => key,
+            _ => None,
+        }
+    }
+
     /// What the lists say of `request`, on a store that decides at once (in memory, before
     /// the lane: the lists take no `Check` lane of their own): the answer when they decide
     /// it. The key's runtime entries are looked at in a decision of their own, and only once

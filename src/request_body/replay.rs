@@ -107,8 +107,10 @@ pub(super) struct Collected {
     first: Option<Bytes>,
     rest: Option<bytes::BytesMut>,
     len: usize,
-    /// The bytes the body says it has (its exact size, within the limit), reserved at
-    /// once when it comes in more than one chunk: no buffer grown by doubling.
+    /// The bytes the body says it has (its exact size, within the limit): the joined buffer
+    /// grows to twice what came, and to this size once that is near (the whole body in one
+    /// buffer of its size, while a client that declares much and sends little is held what
+    /// it sent).
     expected: usize,
 }
 
@@ -134,18 +136,24 @@ impl Collected {
             return;
         }
         self.len += chunk.len();
-        match (&mut self.first, &mut self.rest) {
-            (None, None) => self.first = Some(chunk),
-            (first, rest) => {
-                let rest = rest.get_or_insert_with(|| {
-                    let wanted = (2 * chunk.len()).max(self.expected);
-                    let mut joined = bytes::BytesMut::with_capacity(wanted);
-                    joined.extend_from_slice(&first.take().unwrap_or_default());
-                    joined
-                });
-                rest.extend_from_slice(&chunk);
-            }
+        if self.first.is_none() && self.rest.is_none() {
+            self.first = Some(chunk);
+            return;
         }
+        let rest = self.rest.get_or_insert_with(bytes::BytesMut::new);
+        // Grown by hand: `BytesMut` would double past the declared size.
+        if self.len > rest.capacity() {
+            let doubled = self.len.saturating_mul(2);
+            let capacity = match doubled >= self.expected {
+                true => self.expected.max(self.len),
+                false => doubled,
+            };
+            let mut grown = bytes::BytesMut::with_capacity(capacity);
+            let first = self.first.take();
+            grown.extend_from_slice(first.as_deref().unwrap_or(&rest[..]));
+            *rest = grown;
+        }
+        rest.extend_from_slice(&chunk);
     }
 
     /// The whole body.
@@ -185,11 +193,18 @@ mod tests {
             c.push(chunk.clone());
         }
         let rest = c.rest.as_ref().expect("joined");
-        assert_eq!(rest.capacity(), 65_000, "reserved once, never doubled");
-        // A size over the limit reserves the limit only: the read is refused past it.
+        assert_eq!(rest.capacity(), 65_000, "never grown past its size");
+        // A client that declares 65,000 bytes and sends two is held what it sent.
+        let mut c = Collected::expecting(Some(65_000), 64 * 1024);
+        c.push(Bytes::from_static(b"{"));
+        c.push(Bytes::from_static(b"\""));
+        assert_eq!(c.rest.as_ref().map(|r| r.capacity()), Some(4));
+        // A size over the limit grows to the limit at most: the read is refused past it.
         let mut c = Collected::expecting(Some(u64::MAX), 4_096);
         c.push(chunk.clone());
-        c.push(chunk);
-        assert_eq!(c.rest.as_ref().map(|r| r.capacity()), Some(4_096));
+        for _ in 0..2 {
+            c.push(chunk.clone());
+        }
+        assert_eq!(c.rest.as_ref().map(|r| r.capacity()), Some(4_000));
     }
 }

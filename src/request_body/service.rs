@@ -291,7 +291,7 @@ impl<S, B: Body, St: Store, M> Reading<S, B, St, M> {
                     if let Some(looking) = this.looking.as_mut()
                         && let Poll::Ready(result) = looking.poll(cx)
                     {
-                        let limited = limiter.looked(looking.checks(), result);
+                        let limited = limiter.looked(looking, result);
                         *this.looking = None;
                         if let Some(response) = limited {
                             return Poll::Ready(Err(Refused::Limited(response)));

@@ -135,6 +135,8 @@ pub(crate) struct Limiter<St> {
     lists: Option<LayerLists>,
     /// How the layer reads the bodies its policies need, if it does.
     bodies: Option<crate::request_body::BodyLimits>,
+    /// The bodies being read per key, when it reads bodies.
+    readers: Option<Arc<crate::request_body::Readers>>,
     /// When (layer clock) a store failure was last logged at `warn`, and how many were
     /// logged at `debug` since.
     warned: AtomicU64,
@@ -246,6 +248,7 @@ impl<St: Store> Limiter<St> {
             near: crate::near::Warned::new(on_near_limit),
             top,
             lists,
+            readers: bodies.as_ref().map(crate::request_body::Readers::new),
             bodies,
             warned: AtomicU64::new(0),
             unwarned: AtomicU64::new(0),

@@ -20,6 +20,7 @@
 //! | a batch (a JSON array) of no call | `400`, code `batch_empty` |
 //! | a batch of more calls than [`BodyLimits::batch_calls`] (32) | `413`, code `batch_too_large` |
 //! | a batch a policy makes more keys of than [`BodyLimits::batch_keys`] (8) | `413`, code `batch_too_many_keys` |
+//! | one more than [`BodyLimits::reading_per_key`] (16) being read for its key | `429`, code `bodies_in_flight`, not charged |
 //!
 //! Each is a `problem+json` (or the layer's
 //! [`on_key_rejected`](crate::RateLimitLayerBuilder::on_key_rejected) response), counted in
@@ -33,8 +34,11 @@
 //! request's extensions. A layer built without `read_bodies` never changes the body type, and
 //! refuses at `build` (and at a reload) a policy that reads the body.
 
+mod readers;
 mod replay;
 mod service;
+
+pub(crate) use readers::{Reader, Readers};
 
 #[cfg(feature = "json")]
 use std::sync::Arc;
@@ -52,6 +56,7 @@ pub struct BodyLimits {
     deadline: Duration,
     batch_calls: usize,
     batch_keys: usize,
+    reading_per_key: usize,
     charge_rejected: bool,
 }
 
@@ -68,13 +73,18 @@ impl BodyLimits {
     /// The default most distinct keys one policy makes of a batch's calls: 8.
     pub const DEFAULT_BATCH_KEYS: usize = 8;
 
-    /// 64 KiB within 10 seconds; batches of at most 32 calls and 8 keys a policy.
+    /// The default most bodies read at once for one key: 16.
+    pub const DEFAULT_READING_PER_KEY: usize = 16;
+
+    /// 64 KiB within 10 seconds, 16 bodies read at once per key; batches of at most 32 calls
+    /// and 8 keys a policy.
     pub fn new() -> Self {
         BodyLimits {
             limit: Self::DEFAULT_LIMIT,
             deadline: Self::DEFAULT_DEADLINE,
             batch_calls: Self::DEFAULT_BATCH_CALLS,
             batch_keys: Self::DEFAULT_BATCH_KEYS,
+            reading_per_key: Self::DEFAULT_READING_PER_KEY,
             charge_rejected: true,
         }
     }
@@ -113,6 +123,23 @@ impl BodyLimits {
     pub fn batch_keys(mut self, keys: usize) -> Self {
         self.batch_keys = keys;
         self
+    }
+
+    /// At most `bodies` bodies read at once for one key (the layer's
+    /// [`key`](crate::RateLimitLayerBuilder::key), a client's address by default); more:
+    /// `429`, code `bodies_in_flight`, at once, the body unread and nothing charged. What one
+    /// client can make the server hold while its bodies come is `bodies` times the
+    /// [limit](Self::limit) (1 MiB by default), for the [deadline](Self::deadline) at most.
+    /// Counted on each instance. Checked when the layer is built: at least 1.
+    #[must_use]
+    pub fn reading_per_key(mut self, bodies: usize) -> Self {
+        self.reading_per_key = bodies;
+        self
+    }
+
+    /// The most bodies read at once for one key.
+    pub fn get_reading_per_key(&self) -> usize {
+        self.reading_per_key
     }
 
     /// Whether a body the layer refuses (`400`, `408`, `413`) is charged to the keys of the
@@ -164,6 +191,11 @@ impl BodyLimits {
         if self.deadline.is_zero() {
             return Err(crate::ConfigError::new(
                 "read_bodies: a deadline of 0 gives no body the time to arrive",
+            ));
+        }
+        if self.reading_per_key == 0 {
+            return Err(crate::ConfigError::new(
+                "read_bodies: reading_per_key(0) reads no body; give at least 1",
             ));
         }
         if self.batch_calls == 0 || self.batch_keys == 0 {

@@ -437,3 +437,62 @@ on_two_of_each_store!(
     runtime_lists_answer_before_the_body_on_two_instances_of_one_redis,
     runtime_lists_answer_before_the_body_on_the_cluster
 );
+
+/// At most `reading_per_key` bodies are read at once for a key: the next one of that key gets
+/// `429` (`bodies_in_flight`) at once, unread and charged nothing, while another key's body
+/// is read; once one of the key's bodies ends, its next is read.
+async fn bodies_read_at_once_bounded_per_key<St: Store + Clone>(
+    one: St,
+    _two: St,
+    clock: ManualClock,
+) {
+    let layer = RateLimitLayer::builder()
+        .clock(clock.clone())
+        .policy(
+            Policy::fixed_window("100/min")
+                .name("costed")
+                .cost_json("/n"),
+        )
+        .key(HeaderKey::try_new("x-client").unwrap())
+        .store(one)
+        .read_bodies(BodyLimits::new().deadline(DEADLINE).reading_per_key(2))
+        .build()
+        .unwrap();
+    let app = app(&layer);
+    let slow = |client: &str| {
+        let request = Request::post("/")
+            .header("x-client", client)
+            .body(never_ending())
+            .unwrap();
+        Box::pin(send(&app, request))
+    };
+    let mut held = [slow("a"), slow("a")];
+    for reading in &mut held {
+        let waited = tokio::time::timeout(Duration::from_millis(50), reading).await;
+        assert!(waited.is_err(), "its body is awaited");
+    }
+    let reply = post(&app, "/", "a", json(&json!({"n": 1}))).await;
+    assert_eq!(
+        (reply.status, code(&reply).as_str()),
+        (StatusCode::TOO_MANY_REQUESTS, "bodies_in_flight"),
+        "{}",
+        reply.body
+    );
+    let request = Request::post("/")
+        .header("x-client", "b")
+        .body(never_ending())
+        .unwrap();
+    let waited = tokio::time::timeout(Duration::from_millis(300), send(&app, request)).await;
+    assert!(waited.is_err(), "another key's body is read");
+    drop(held);
+    let reply = post(&app, "/", "a", json(&json!({"n": 1}))).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+}
+
+on_two_of_each_store!(
+    bodies_read_at_once_bounded_per_key,
+    "heads-readers",
+    bodies_read_at_once_bounded_per_key_in_memory,
+    bodies_read_at_once_bounded_per_key_on_two_instances_of_one_redis,
+    bodies_read_at_once_bounded_per_key_on_the_cluster
+);

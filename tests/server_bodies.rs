@@ -359,6 +359,39 @@ fn a_denied_client_is_answered_before_its_body() {
     assert_eq!(unfinished(&server, "/echo"), 403);
 }
 
+/// `BODY_READING_PER_KEY=2 BODY_COST=/n`: with two bodies of a client being read, its next
+/// request with a body gets `429` `bodies_in_flight` at once; once they end, it is read.
+#[test]
+fn a_clients_bodies_read_at_once_are_bounded() {
+    use std::io::Write;
+    let server = DemoServer::start(&[
+        ("BODY_READING_PER_KEY", "2"),
+        ("BODY_COST", "/n"),
+        ("RATE_LIMIT", "1000/min"),
+    ]);
+    let held: Vec<std::net::TcpStream> = (0..2)
+        .map(|_| {
+            let mut stream = std::net::TcpStream::connect(server.addr).unwrap();
+            let head = "POST /echo HTTP/1.1\r\nHost: localhost\r\n\
+                        content-length: 65000\r\n\r\n{\"n\": ";
+            stream.write_all(head.as_bytes()).unwrap();
+            stream
+        })
+        .collect();
+    // The held heads reach the server in their own time: ask until they are seen (within
+    // the bodies' deadline of 10 s).
+    let refused = (0..300).find_map(|_| {
+        let (status, problem) = post(server.addr, "/echo", &[], r#"{"n": 1}"#);
+        std::thread::sleep(Duration::from_millis(20));
+        (status == 429).then_some(problem)
+    });
+    let problem = refused.expect("a third body of the client is refused while two are read");
+    assert!(problem.contains("bodies_in_flight"), "{problem}");
+    drop(held);
+    let passed = (0..200).any(|_| post(server.addr, "/echo", &[], r#"{"n": 1}"#).0 == 200);
+    assert!(passed, "read again once the held bodies ended");
+}
+
 const GRAPHQL: [(&str, &str); 4] = [
     ("GRAPHQL_COST", "true"),
     ("GRAPHQL_MAX_DEPTH", "4"),

@@ -102,6 +102,11 @@ impl Bodies {
         };
         let calls = count("BATCH_CALLS", BodyLimits::DEFAULT_BATCH_CALLS, 10_000)?;
         let keys = count("BATCH_KEYS", BodyLimits::DEFAULT_BATCH_KEYS, 1_000)?;
+        let reading = count(
+            "BODY_READING_PER_KEY",
+            BodyLimits::DEFAULT_READING_PER_KEY,
+            100_000,
+        )?;
         let floor = env_or("MIN_BODY_COST", "1")?;
         let floor = (floor.parse::<u32>())
             .map_err(|_| format!("MIN_BODY_COST: {floor:?} is not a whole number of units"))?;
@@ -114,7 +119,8 @@ impl Bodies {
             limits: BodyLimits::new()
                 .limit(limit)
                 .batch_calls(calls)
-                .batch_keys(keys),
+                .batch_keys(keys)
+                .reading_per_key(reading),
         })
     }
 
@@ -179,10 +185,11 @@ impl Bodies {
     /// The variables set, for the start line.
     pub(crate) fn describe(&self) -> String {
         let mut said = format!(
-            " BODY_LIMIT={} BATCH_CALLS={} BATCH_KEYS={} MIN_BODY_COST={}",
+            " BODY_LIMIT={} BATCH_CALLS={} BATCH_KEYS={} BODY_READING_PER_KEY={} MIN_BODY_COST={}",
             self.limits.get_limit(),
             self.limits.get_batch_calls(),
             self.limits.get_batch_keys(),
+            self.limits.get_reading_per_key(),
             self.floor
         );
         for (name, value) in [("BODY_KEY", &self.pointer), ("BODY_COST", &self.cost)] {

@@ -143,11 +143,15 @@ Environment variables:
               with GRAPHQL_COST: the deepest query allowed, in fields (default 10)
   BODY_LIMIT  the most bytes of a body read for BODY_KEY, BODY_COST, JSONRPC and
               GRAPHQL_COST; more is answered 413, a body not all there within 10 s
-              408, a body that is not JSON 400, none of them charged (default 65536)
+              408, a body that is not JSON 400, each charged as its floor would be
+              (default 65536)
   BATCH_CALLS the most calls of a JSON-RPC batch (a JSON array body); more is
               answered 413 batch_too_large, an empty batch 400 (default 32)
   BATCH_KEYS  the most distinct keys a policy makes of a batch's calls; more is
               answered 413 batch_too_many_keys (default 8)
+  BODY_READING_PER_KEY
+              the most bodies read at once for one key (KEY); one more is answered
+              429 bodies_in_flight at once, unread (default 16)
   MIN_BODY_COST
               the least a cost read from the body (BODY_COST, GRAPHQL_COST) counts;
               0 lets a body stating 0 through uncharged (default 1)

@@ -17,7 +17,7 @@ use super::{Limiter, Next, Ticket};
 use crate::decision::Decision;
 use crate::error::{KeyRejection, StoreError, StoreErrorKind};
 use crate::key::RequestRef;
-use crate::request_body::BodyLimits;
+use crate::request_body::{BodyLimits, Reader};
 use crate::store::{Check, Checks, Op, Store};
 
 use super::route::Route;
@@ -39,8 +39,9 @@ impl<F: std::future::Future + Unpin> Looking<F> {
 
 /// What a layer that reads bodies does with a request, from its head.
 pub(crate) enum Head {
-    /// Read its body within these limits, then decide.
-    Read(BodyLimits),
+    /// Read its body within these limits, counted among its key's bodies being read while
+    /// it is, then decide.
+    Read(BodyLimits, Option<Reader>),
     /// Hand it on, its body unread: no policy that reads the body applies, it is exempt, or
     /// a list allows it.
     Stream,
@@ -70,9 +71,25 @@ impl<St: Store> Limiter<St> {
             _ => {}
         }
         let route = self.policies.load();
-        match self.out_of_budget(request, &route) {
-            Some(response) => Head::Respond(response),
-            None => Head::Read(wanted),
+        if let Some(response) = self.out_of_budget(request, &route) {
+            return Head::Respond(response);
+        }
+        let Some(readers) = &self.readers else {
+            return Head::Read(wanted, None);
+        };
+        let Ok(key) = self.key.extract(&request.unread()) else {
+            return Head::Read(wanted, None);
+        };
+        match readers.enter(key) {
+            Some(reader) => Head::Read(wanted, Some(reader)),
+            None => Head::Respond(self.body_rejected(&KeyRejection::new(
+                http::StatusCode::TOO_MANY_REQUESTS,
+                "bodies_in_flight",
+                format!(
+                    "{} bodies of this client are being read; send the next when one is done",
+                    wanted.get_reading_per_key()
+                ),
+            ))),
         }
     }
 

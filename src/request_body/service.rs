@@ -12,7 +12,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::replay::{Collected, ReadBody};
-use super::{BodyLimits, RequestBody};
+use super::{BodyLimits, Reader, RequestBody};
 use crate::body::{MakeBody, Wrapped};
 use crate::error::KeyRejection;
 use crate::future::ResponseFuture;
@@ -73,8 +73,8 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let wanted = match self.inner.limiter().before_body(&RequestRef::new(&request)) {
-            Head::Read(wanted) => wanted,
+        let (wanted, reader) = match self.inner.limiter().before_body(&RequestRef::new(&request)) {
+            Head::Read(wanted, reader) => (wanted, reader),
             Head::Stream => {
                 let future = self.inner.call(request.map(ReadBody::streaming));
                 return ReadFuture {
@@ -105,6 +105,7 @@ where
             deadline: None,
             wanted,
             looking: None,
+            _reader: reader,
             inner: Some(inner),
         };
         ReadFuture {
@@ -162,6 +163,8 @@ pin_project! {
         wanted: BodyLimits,
         // The store's look at the head's keys, while a slow body is awaited.
         looking: Option<Box<Looking<St::Future>>>,
+        // Counts this body among its key's being read, until it is.
+        _reader: Option<Reader>,
         // Taken when the body is read and the request goes on.
         inner: Option<RateLimit<S, St, M>>,
     }

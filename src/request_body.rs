@@ -126,11 +126,14 @@ impl BodyLimits {
     }
 
     /// At most `bodies` bodies read at once for one key (the layer's
-    /// [`key`](crate::RateLimitLayerBuilder::key), a client's address by default); more:
+    /// [`key`](crate::RateLimitLayerBuilder::key), a client's address by default; the peer's
+    /// address when that key reads the body or the head has none); more:
     /// `429`, code `bodies_in_flight`, at once, the body unread and nothing charged. What one
     /// client can make the server hold while its bodies come is `bodies` times the
     /// [limit](Self::limit) (1 MiB by default), for the [deadline](Self::deadline) at most.
-    /// Counted on each instance. Checked when the layer is built: at least 1.
+    /// Counted on each instance. Behind a proxy, give the layer a key that finds the client
+    /// ([`ClientIp`](crate::key::ClientIp)): every client counts as the proxy's address
+    /// otherwise. Checked when the layer is built: at least 1.
     #[must_use]
     pub fn reading_per_key(mut self, bodies: usize) -> Self {
         self.reading_per_key = bodies;

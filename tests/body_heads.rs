@@ -307,27 +307,34 @@ on_two_of_each_store!(
 
 /// A refused body is charged to a policy keyed by the body too, its body part `(unread)`:
 /// per client with `all((client, jsonrpc()))`, so a's third bad body gets `429` while a's
-/// calls and b's bad bodies keep their budgets. A policy that waits is charged as well, and
-/// answers `429` without waiting.
+/// calls and b's bad bodies keep their budgets; a policy keyed by the method alone is not
+/// charged. A policy that waits is charged as well, and answers `429` without waiting.
 async fn refused_bodies_charged_to_body_keys<St: Store + Clone>(
     one: St,
     two: St,
     clock: ManualClock,
 ) {
     let client = || HeaderKey::try_new("x-client").unwrap();
-    let layer = |store, policy: Policy| {
+    let per_method = || {
+        let key = tower_ratelimit::key::all((client(), tower_ratelimit::key::jsonrpc()));
+        Policy::fixed_window("2/min").name("per-method").key(key)
+    };
+    // Keyed by the method alone: its one key of a bad body would be every client's.
+    let per_method_of_all = || {
+        Policy::fixed_window("1/min")
+            .name("of-all")
+            .key(tower_ratelimit::key::jsonrpc())
+    };
+    let layer = |store: St, policy: Policy| {
         RateLimitLayer::builder()
             .clock(clock.clone())
             .policy(policy)
+            .policy(per_method_of_all())
             .key(client())
             .store(store)
             .read_bodies(BodyLimits::new().deadline(DEADLINE))
             .build()
             .unwrap()
-    };
-    let per_method = || {
-        let key = tower_ratelimit::key::all((client(), tower_ratelimit::key::jsonrpc()));
-        Policy::fixed_window("2/min").name("per-method").key(key)
     };
     let (a, b) = (
         app(&layer(one.clone(), per_method())),
@@ -440,7 +447,8 @@ on_two_of_each_store!(
 
 /// At most `reading_per_key` bodies are read at once for a key: the next one of that key gets
 /// `429` (`bodies_in_flight`) at once, unread and charged nothing, while another key's body
-/// is read; once one of the key's bodies ends, its next is read.
+/// is read; once one of the key's bodies ends, its next is read. Requests without the key
+/// count by their peer.
 async fn bodies_read_at_once_bounded_per_key<St: Store + Clone>(
     one: St,
     _two: St,
@@ -460,13 +468,13 @@ async fn bodies_read_at_once_bounded_per_key<St: Store + Clone>(
         .unwrap();
     let app = app(&layer);
     let slow = |client: &str| {
-        let request = Request::post("/")
-            .header("x-client", client)
-            .body(never_ending())
-            .unwrap();
-        Box::pin(send(&app, request))
+        let mut request = Request::post("/");
+        if !client.is_empty() {
+            request = request.header("x-client", client);
+        }
+        Box::pin(send(&app, request.body(never_ending()).unwrap()))
     };
-    let mut held = [slow("a"), slow("a")];
+    let mut held = [slow("a"), slow("a"), slow(""), slow("")];
     for reading in &mut held {
         let waited = tokio::time::timeout(Duration::from_millis(50), reading).await;
         assert!(waited.is_err(), "its body is awaited");
@@ -484,6 +492,10 @@ async fn bodies_read_at_once_bounded_per_key<St: Store + Clone>(
         .unwrap();
     let waited = tokio::time::timeout(Duration::from_millis(300), send(&app, request)).await;
     assert!(waited.is_err(), "another key's body is read");
+    // Without the layer's key, bodies count by the peer (here none: one count for all).
+    let request = Request::post("/").body(text("{}")).unwrap();
+    let reply = send(&app, request).await;
+    assert_eq!(code(&reply), "bodies_in_flight", "{}", reply.body);
     drop(held);
     let reply = post(&app, "/", "a", json(&json!({"n": 1}))).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);

@@ -4,19 +4,12 @@
 
 use serde_json::Value;
 
-use super::{Key, KeyExtractor, RequestRef};
+use super::{Key, KeyExtractor, RequestRef, UNREAD};
 use crate::error::{ConfigError, KeyRejection};
 
 /// The key of a request whose JSON body has no value where a key looks: one key of its own,
 /// shared by every such request, and limited as any other (never a way around the limit).
 pub const MISSING: &str = "(missing)";
-
-/// The part a body key gives a request whose body was refused (too large, too slow, not
-/// JSON, a batch past its bounds): its head's other parts keep it apart from other clients
-/// (`all((ip, jsonrpc()))` keys it `<ip>` and `(unread)`), and the refusal is charged there,
-/// so a client that floods bad bodies meets `429` (see
-/// [`BodyLimits::charge_rejected`](crate::request_body::BodyLimits::charge_rejected)).
-pub const UNREAD: &str = "(unread)";
 
 /// The value at a JSON pointer of the request's JSON body (made by [`json`]).
 #[derive(Clone, Debug)]

@@ -78,12 +78,12 @@ pub use header::HeaderKey;
 #[cfg(feature = "graphql")]
 pub(crate) use json::body_json;
 #[cfg(feature = "json")]
-pub use json::{JsonKey, JsonRpcKey, MISSING, UNREAD, json, jsonrpc};
+pub use json::{JsonKey, JsonRpcKey, MISSING, json, jsonrpc};
 #[cfg(feature = "json")]
 pub(crate) use json::{check_pointer, cost_at};
 pub(crate) use peer_ip::DefaultKey;
 pub use peer_ip::PeerIp;
-pub use request::RequestRef;
+pub use request::{RequestRef, UNREAD};
 pub use route::{MatchedRoute, matched_route};
 pub use upstream::UpstreamHost;
 

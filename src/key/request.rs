@@ -2,6 +2,13 @@
 
 use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 
+/// The part a body key gives a request whose body was refused (too large, too slow, not
+/// JSON, a batch past its bounds): its head's other parts keep it apart from other clients
+/// (`all((ip, jsonrpc()))` keys it `<ip>` and `(unread)`), and the refusal is charged there,
+/// so a client that floods bad bodies meets `429` (see `BodyLimits::charge_rejected`). A
+/// policy keyed by the body alone is not charged: its one key would be every client's.
+pub const UNREAD: &str = "(unread)";
+
 /// A borrowed view of a request's head, whatever its body type.
 #[derive(Clone, Copy, Debug)]
 pub struct RequestRef<'a> {
@@ -66,6 +73,7 @@ impl<'a> RequestRef<'a> {
     }
 
     /// Whether its body keys read [`UNREAD`](crate::key::UNREAD).
+    #[cfg(feature = "json")]
     pub(crate) fn is_unread(&self) -> bool {
         self.unread
     }

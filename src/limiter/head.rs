@@ -16,7 +16,8 @@ use tracing::Span;
 use super::{Limiter, Next, Ticket};
 use crate::decision::Decision;
 use crate::error::{KeyRejection, StoreError, StoreErrorKind};
-use crate::key::RequestRef;
+use crate::key::{Key, KeyExtractor, RequestRef};
+use crate::lists::Judged;
 use crate::request_body::{BodyLimits, Reader};
 use crate::store::{Check, Checks, Op, Store};
 
@@ -77,10 +78,7 @@ impl<St: Store> Limiter<St> {
         let Some(readers) = &self.readers else {
             return Head::Read(wanted, None);
         };
-        let Ok(key) = self.key.extract(&request.unread()) else {
-            return Head::Read(wanted, None);
-        };
-        match readers.enter(key) {
+        match readers.enter(self.reader_key(request)) {
             Some(reader) => Head::Read(wanted, Some(reader)),
             None => Head::Respond(self.body_rejected(&KeyRejection::new(
                 http::StatusCode::TOO_MANY_REQUESTS,
@@ -91,6 +89,17 @@ impl<St: Store> Limiter<St> {
                 ),
             ))),
         }
+    }
+
+    /// The key `request`'s body is counted under among the bodies being read: the layer's
+    /// key, else (a key of the body, which has none yet, or a key the head lacks) the peer's
+    /// address, so that a client cannot share, or step out of, its count.
+    fn reader_key(&self, request: &RequestRef<'_>) -> Key {
+        let layer = (!self.key.reads_body()).then(|| self.key.extract(request).ok());
+        layer
+            .flatten()
+            .or_else(|| crate::key::PeerIp::new().extract(request).ok())
+            .unwrap_or_else(Key::global)
     }
 
     /// The checks of `request`'s head: of each policy that applies, at its cost from the head
@@ -110,6 +119,10 @@ impl<St: Store> Limiter<St> {
             let Ok(key) = policy.key(&unread) else {
                 continue;
             };
+            // A key of the body alone would be one for every client: not charged.
+            if key == Key::from(crate::key::UNREAD) {
+                continue;
+            }
             let cost = policy.head_cost(request);
             let tier = policy
                 .tier(policy.tier_index(&unread, &key))
@@ -159,7 +172,11 @@ impl<St: Store> Limiter<St> {
         let route = self.policies.load();
         let checks = self.head_checks(request, &route, Op::Enforce, false);
         let mut looks: Checks = checks.iter().map(|c| c.with_op(Op::ChargeIf)).collect();
-        let lists = self.push_list_check(self.entry_key(request), &mut looks);
+        let key = match self.judged_on_head(request) {
+            Judged::Neither(key) => key,
+            _ => None,
+        };
+        let lists = self.push_list_check(key, &mut looks);
         if looks.is_empty() {
             return None;
         }
@@ -207,9 +224,17 @@ impl<St: Store> Limiter<St> {
         if !charges {
             return Charged::Answer(self.body_rejected(&rejection));
         }
+        let key = match self.judged_on_head(request) {
+            Judged::Denied(why) => match self.denied::<()>(why) {
+                Next::Respond(response) => return Charged::Answer(response),
+                _ => None,
+            },
+            Judged::Allowed => return Charged::Answer(self.body_rejected(&rejection)),
+            Judged::Neither(key) => key,
+        };
         let mut checks = self.head_checks(request, &route, Op::Enforce, true);
         let mut keys = checks.to_vec();
-        let lists = self.push_list_check(self.entry_key(request), &mut checks);
+        let lists = self.push_list_check(key, &mut checks);
         if checks.is_empty() {
             return Charged::Answer(self.body_rejected(&rejection));
         }

@@ -80,20 +80,16 @@ impl<St: Store> Limiter<St> {
         }
     }
 
-    /// The key whose record of runtime entries a store call on `request`'s head reads, on a
-    /// store that does not decide at once (in memory `before_body` read them): what a look
-    /// or a refused body's charge carries, to answer a listed key as the list says.
-    pub(super) fn entry_key(&self, request: &RequestRef<'_>) -> Option<Key> {
-        let present = self
-            .lists
-            .as_ref()
-            .filter(|_| !St::DECIDES_ALONE)?
-            .present();
+    /// What the lists say of `request`'s head on a store that does not decide at once (in
+    /// memory `before_body` asked them), with the networks read last: for a look or a
+    /// refused body's charge, which carry the key's record of runtime entries (`Neither`'s
+    /// key) to answer a listed key as the list says.
+    pub(super) fn judged_on_head(&self, request: &RequestRef<'_>) -> Judged {
+        let Some(lists) = self.lists.as_ref().filter(|_| !St::DECIDES_ALONE) else {
+            return Judged::Neither(None);
+        };
         let networks = self.store.registry().networks();
-        match present.judge(request, true, networks, &|| self.clock.now_micros()) {
-            Judged::Neither(key) => key,
-            _ => None,
-        }
+        (lists.present()).judge(request, true, networks, &|| self.clock.now_micros())
     }
 
     /// What the lists say of `request`, on a store that decides at once (in memory, before

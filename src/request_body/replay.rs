@@ -144,8 +144,8 @@ impl Collected {
         // Grown by hand: `BytesMut` would double past the declared size.
         if self.len > rest.capacity() {
             let doubled = self.len.saturating_mul(2);
-            let capacity = match doubled >= self.expected {
-                true => self.expected.max(self.len),
+            let capacity = match self.len <= self.expected && doubled >= self.expected {
+                true => self.expected,
                 false => doubled,
             };
             let mut grown = bytes::BytesMut::with_capacity(capacity);
@@ -183,6 +183,24 @@ mod tests {
         }
         assert_eq!(c.len(), 5);
         assert_eq!(c.finish(), "abcde");
+    }
+
+    #[test]
+    fn a_body_of_unknown_size_in_tiny_chunks_is_copied_a_few_times_only() {
+        let mut c = Collected::default();
+        let mut grown = 0;
+        let mut capacity = 0;
+        for _ in 0..65_536 {
+            c.push(Bytes::from_static(b"x"));
+            let now = c.rest.as_ref().map_or(0, |r| r.capacity());
+            grown += usize::from(now != capacity);
+            capacity = now;
+        }
+        assert!(
+            grown <= 17,
+            "grown {grown} times: by doubling, never by each chunk"
+        );
+        assert_eq!(c.finish().len(), 65_536);
     }
 
     #[test]

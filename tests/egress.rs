@@ -406,6 +406,22 @@ async fn a_held_call_dropped_gives_its_time_back<St: Store>(layer: &EgressLayer<
     // Booked for 1 s, held at 1 s by the pause, booked again after it (2.1 s), dropped at 1.5 s.
     let dropped = tokio::time::timeout(ms(1500), send(layer, &upstream)).await;
     assert!(dropped.is_err(), "{dropped:?}");
+    // Its time goes back by a store call of its own (with Redis, on a task): the next call
+    // is made once it landed, when the key is free again by the pause's end, not a second after.
+    let key = Key::from("api.partner.example:443");
+    let mut free_at = Duration::MAX;
+    for _ in 0..10_000 {
+        let peeked = layer.limits().peek(&key).await.unwrap();
+        free_at = started.elapsed() + peeked.tightest().reset_after();
+        if free_at < ms(2600) {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        free_at < ms(2600),
+        "the dropped call's time was kept: free at {free_at:?}"
+    );
     assert_eq!(first.await.unwrap(), Ok(StatusCode::TOO_MANY_REQUESTS));
     assert_eq!(send(layer, &upstream).await, Ok(StatusCode::OK));
     let calls = upstream.calls.lock().unwrap().clone();

@@ -24,10 +24,10 @@ use crate::adaptive::Permits;
 use crate::body::{BodyGuard, MakeBody, Wrapped};
 use crate::decision::Decision;
 use crate::error::StoreError;
-use crate::grpc;
 use crate::headers::RateLimitHeaders;
 use crate::key::RequestRef;
-use crate::limiter::{AfterResponse, Limiter, Next};
+use crate::limiter::{AfterResponse, Go, Limiter, Next};
+use crate::refusal::Refusal;
 use crate::store::Store;
 use crate::store::private::Sealed;
 use crate::waiting::Waiting;
@@ -128,9 +128,10 @@ where
         inner: &mut S,
         permits: Permits,
     ) -> Self {
-        if !next.waits() {
-            return Self::new(respond_or_call(limiter, next, request, inner, permits));
-        }
+        let next = match next.settled() {
+            Ok(answer) => return Self::new(answered(limiter, answer, request, inner, permits)),
+            Err(next) => next,
+        };
         // The inner service was made ready: that one waits with the request, and a clone
         // stays behind.
         let clone = inner.clone();
@@ -203,20 +204,18 @@ where
     St: Store,
 {
     let w = waiting.as_mut().expect(POLLED_AFTER_READY);
-    let next = ready!(w.poll_next(cx));
-    let request = w.request.take().expect(POLLED_AFTER_READY);
-    let permits = w.take_permits();
-    let phase = respond_or_call(&w.limiter, next, request, &mut w.inner, permits);
+    let (answer, request, permits) = ready!(w.poll_answer(cx));
+    let limiter = w.limiter().clone();
+    let phase = answered(&limiter, answer, request, &mut w.inner, permits);
     *waiting = None;
     Poll::Ready(phase)
 }
 
-/// The limiter's own response (in the form its style gives the request), or the inner
-/// service called: [`Next::Call`]'s, or a waiting request's whose booked time came (its
-/// units are then spent, not given back).
-fn respond_or_call<S, ReqB, C, R, St: Store>(
+/// The state a request's answer leads to: the limiter's own response (rendered as the
+/// request is answered), or the inner service called.
+fn answered<S, ReqB, C, R, St: Store>(
     limiter: &Arc<Limiter<St>>,
-    next: Next<<St as Sealed>::Future>,
+    answer: Result<Go, Refusal>,
     request: Request<ReqB>,
     inner: &mut S,
     permits: Permits,
@@ -224,49 +223,38 @@ fn respond_or_call<S, ReqB, C, R, St: Store>(
 where
     S: Service<Request<ReqB>>,
 {
-    let (headers, decision, held, after) = match next {
-        Next::Call {
-            headers,
-            decision,
-            held,
-            after,
-        } => (headers, decision, held, after),
-        Next::Respond(response) => {
-            let response = match limiter.style().is_grpc(&request) {
-                true => grpc::answer(response),
-                false => limiter.responded(&RequestRef::new(&request), response),
-            };
-            return Phase::Ready {
-                response: Some(response),
-            };
-        }
-        Next::Wait { release, then, .. } => {
-            if let Some(release) = release {
-                release.spend();
-            }
-            let Next::Call {
+    match answer {
+        Ok(go) => {
+            let (headers, decision, held, after) = go.into_parts();
+            let held = BodyGuard::held_with(held, permits);
+            call(
                 headers,
                 decision,
                 held,
-                after,
-            } = *then
-            else {
-                unreachable!("a request that waited goes on to the inner service");
-            };
-            (headers, decision, held, after)
+                charging(limiter, after),
+                request,
+                inner,
+            )
         }
-        Next::Store(..) | Next::Pending(_) => {
-            unreachable!("a step that waits is awaited first")
-        }
-    };
-    call(
-        headers,
-        decision,
-        BodyGuard::held_with(held, permits),
-        charging(limiter, after),
-        request,
-        inner,
-    )
+        Err(refusal) => Phase::Ready {
+            response: Some(rendered(limiter, refusal, &RequestRef::new(&request))),
+        },
+    }
+}
+
+/// The HTTP answer of `refusal` to `request`: its problem document (naming the calls over
+/// of a denied batch), or its gRPC form.
+pub(crate) fn rendered<St>(
+    limiter: &Limiter<St>,
+    refusal: Refusal,
+    request: &RequestRef<'_>,
+) -> Response<Bytes> {
+    let responses = limiter.responses();
+    let grpc = responses.style.is_grpc(request.headers());
+    let calls = (!grpc)
+        .then(|| limiter.calls_over(request, &refusal))
+        .flatten();
+    responses.render(refusal, grpc, calls)
 }
 
 /// Calls the inner service with the decision (if any) in the request's extensions; `headers`
@@ -320,22 +308,12 @@ where
         loop {
             let next = match state.as_mut().project() {
                 PhaseProj::Calling { future, with } => {
-                    let response = match ready!(future.poll(cx)) {
-                        Ok(response) => response,
-                        Err(error) => {
-                            if let Some(held) = &mut with.held {
-                                held.responded(true);
-                            }
-                            return Poll::Ready(Err(error));
-                        }
-                    };
-                    let (headers, held, charging) =
-                        (with.headers.take(), with.held.take(), with.charging.take());
-                    match responded(headers, held, charging, response) {
-                        Ok((response, held)) => {
+                    match ready!(poll_called(future, with, cx)) {
+                        Ok(Ok((response, held))) => {
                             return Poll::Ready(Ok(body::<M, _>(response, held)));
                         }
-                        Err(adjusting) => Phase::Adjusting { adjusting },
+                        Ok(Err(adjusting)) => Phase::Adjusting { adjusting },
+                        Err(error) => return Poll::Ready(Err(error)),
                     }
                 }
                 PhaseProj::Waiting { waiting } => ready!(poll_waiting(waiting, cx)),
@@ -353,6 +331,36 @@ where
     }
 }
 
+/// What the inner service's future gave, once it did: its error (the held slots told the
+/// request failed), or its response as [`responded`] makes it.
+#[allow(clippy::type_complexity)]
+#[inline(always)]
+fn poll_called<St: Store, F, B, E>(
+    future: Pin<&mut F>,
+    with: &mut With<Limiter<St>>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Responded<St, B>, E>>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    let response = match ready!(future.poll(cx)) {
+        Ok(response) => response,
+        Err(error) => {
+            if let Some(held) = &mut with.held {
+                held.responded(true);
+            }
+            return Poll::Ready(Err(error));
+        }
+    };
+    let (headers, held, charging) = (with.headers.take(), with.held.take(), with.charging.take());
+    Poll::Ready(Ok(responded(headers, held, charging, response)))
+}
+
+/// The inner service's response with the slots its body holds, or the charges after it on
+/// their way with it.
+type Responded<St, B> =
+    Result<(Response<B>, Option<BodyGuard>), Box<Adjusting<<St as Sealed>::Future, Response<B>>>>;
+
 /// The inner service's response with the headers it gets, and the slots its body holds; or,
 /// when its status calls for charges after it, those charges on their way with it.
 #[allow(clippy::type_complexity)]
@@ -362,14 +370,14 @@ fn responded<St: Store, B>(
     mut held: Option<BodyGuard>,
     charging: Option<Box<Charging<Limiter<St>>>>,
     mut response: Response<B>,
-) -> Result<(Response<B>, Option<BodyGuard>), Box<Adjusting<<St as Sealed>::Future, Response<B>>>> {
+) -> Responded<St, B> {
     if let Some(held) = &mut held {
         held.responded(response.status().is_server_error());
     }
     let mut retell = None;
     let charges = charging.and_then(|charging| {
         let Charging { limiter, charges } = *charging;
-        let (call, meter) = limiter.after_response(charges, &response);
+        let (call, meter) = limiter.after_response(charges, head(&response));
         if let Some(meter) = meter {
             held = Some(BodyGuard::metered(held.take(), meter));
         }
@@ -421,6 +429,11 @@ where
         }
         Poll::Ready((response, self.held.take()))
     }
+}
+
+/// What the charges after `response` read of it: its status, headers and extensions.
+fn head<B>(response: &Response<B>) -> (http::StatusCode, &http::HeaderMap, &http::Extensions) {
+    (response.status(), response.headers(), response.extensions())
 }
 
 /// The inner service's response in the body `M` makes, holding `held` (the slots of its

@@ -39,7 +39,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
 use crate::decision::Decision;
 use crate::error::KeyRejection;
@@ -60,12 +60,12 @@ pub enum ResponseStyle {
 }
 
 impl ResponseStyle {
-    /// Whether `request` gets a gRPC answer.
-    pub(crate) fn is_grpc<B>(self, request: &Request<B>) -> bool {
+    /// Whether a request of these `headers` gets a gRPC answer.
+    pub(crate) fn is_grpc(self, headers: &HeaderMap) -> bool {
         match self {
             ResponseStyle::Http => false,
             ResponseStyle::Grpc => true,
-            ResponseStyle::Auto => is_grpc(request.headers()),
+            ResponseStyle::Auto => is_grpc(headers),
         }
     }
 }

@@ -376,6 +376,7 @@ mod lease;
 mod limiter;
 pub mod policy;
 mod quota;
+mod refusal;
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub mod config;

@@ -30,12 +30,12 @@ use tracing::Span;
 use crate::adaptive::Permits;
 use crate::clock::Clock;
 use crate::error::{ConfigError, FailurePolicy, KeyRejection, StoreError, StoreErrorKind};
-use crate::grpc::ResponseStyle;
 use crate::headers::HeaderConfig;
 use crate::key::{Key, KeyExtractor, RequestRef};
 use crate::lease::{self, Leases};
 use crate::lists::LayerLists;
 use crate::policy::{CompiledPolicy, CostFn, Policy, RequestFn};
+use crate::refusal::Refusal;
 use crate::reload::TierSummary;
 use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Gate, Remembered};
 use crate::response::Responses;
@@ -60,8 +60,10 @@ mod lists;
 mod near;
 mod steps;
 mod next;
+mod drive;
+pub(crate) use drive::Driver;
 use next::Planned;
-pub(crate) use next::{AfterResponse, Next, Ticket};
+pub(crate) use next::{AfterResponse, Go, Next, Ticket};
 
 use route::{Around, Pending, PolicySet, Route, Steps};
 
@@ -157,8 +159,13 @@ impl<St: fmt::Debug> fmt::Debug for Limiter<St> {
 
 impl<St> Limiter<St> {
     /// How the limiter's own responses are written.
-    pub(crate) fn style(&self) -> ResponseStyle {
-        self.responses.style
+    pub(crate) fn responses(&self) -> &Responses {
+        &self.responses
+    }
+
+    /// The status of a request over a limit.
+    pub(crate) fn limited_status(&self) -> http::StatusCode {
+        self.responses.status
     }
 
     /// The store.
@@ -334,7 +341,7 @@ impl<St: Store> Limiter<St> {
                 Err(rejection) if policy.reads_body() => {
                     return Some(self.body_key_rejected(request, rejection));
                 }
-                Err(rejection) => return Some(self.key_rejected(policy, &rejection)),
+                Err(rejection) => return Some(self.key_rejected(policy, rejection)),
             };
             let index = policy.tier_index(request, &key);
             // A batch is one request in flight, however many calls it makes.
@@ -389,11 +396,11 @@ impl<St: Store> Limiter<St> {
         let keys = Self::keys(checks, steps);
         self.record_limited(&decision, keys.as_deref());
         let headers = self.response_headers(&decision, keys.as_deref());
-        Some(self.limited(decision, &headers))
+        Some(self.limited(decision, headers))
     }
 
     /// The answer to a request whose key `policy` rejected.
-    fn key_rejected<F>(&self, policy: &CompiledPolicy, rejection: &KeyRejection) -> Next<F> {
+    fn key_rejected<F>(&self, policy: &CompiledPolicy, rejection: KeyRejection) -> Next<F> {
         let span = decision_span();
         let _entered = span.enter();
         traced(&span, |span| {
@@ -405,7 +412,7 @@ impl<St: Store> Limiter<St> {
             code = rejection.code(),
             "rate-limit key rejected"
         );
-        Next::Respond(self.responses.rejected(rejection))
+        Next::Refuse(Refusal::Rejected(rejection))
     }
 
     /// The rest of the plan of a request: the leases held here, then the breaker and

@@ -30,6 +30,7 @@ use crate::decision::Decision;
 use crate::error::KeyRejection;
 use crate::grpc::ResponseStyle;
 use crate::headers::RateLimitHeaders;
+use crate::refusal::{CallOver, Refusal};
 
 pub(crate) type LimitedHook = Arc<dyn Fn(&Decision) -> Response<Bytes> + Send + Sync>;
 pub(crate) type RejectedHook = Arc<dyn Fn(&KeyRejection) -> Response<Bytes> + Send + Sync>;
@@ -83,6 +84,38 @@ impl Default for Responses {
 }
 
 impl Responses {
+    /// The HTTP answer of `refusal`, in gRPC's form when `grpc`; `calls` names the calls that
+    /// were over in the problem document of a denied batch. Its extensions carry what it says
+    /// of the refusal (`Refused`), and a denial's [`Decision`] or a rejected key's
+    /// [`KeyRejection`].
+    pub(crate) fn render(
+        &self,
+        refusal: Refusal,
+        grpc: bool,
+        calls: Option<Vec<CallOver>>,
+    ) -> Response<Bytes> {
+        let refused = refusal.refused(self.status);
+        let mut response = match refusal {
+            Refusal::Limited { decision, headers } => {
+                let mut response = self.limited(&decision, &headers);
+                if let Some(calls) = calls.filter(|_| !grpc) {
+                    response = with_calls(response, &calls);
+                }
+                response.extensions_mut().insert(decision);
+                response
+            }
+            Refusal::Denied(why) => self.denied(why.detail()),
+            Refusal::Shed(policy) => self.shed(&policy),
+            Refusal::Rejected(rejection) => self.rejected(&rejection),
+            Refusal::Unavailable => self.unavailable(),
+        };
+        response.extensions_mut().insert(refused);
+        match grpc {
+            true => crate::grpc::answer(response),
+            false => response,
+        }
+    }
+
     /// The response to a denied request, with the rate-limit headers and `Retry-After`.
     pub(crate) fn limited(
         &self,
@@ -188,6 +221,43 @@ impl Responses {
     }
 }
 
+/// `response`, a denial of a JSON-RPC batch, naming in its problem document (`calls`) each
+/// call that was over; a body that is no JSON object (a hook's) is left as it is.
+fn with_calls(response: Response<Bytes>, calls: &[CallOver]) -> Response<Bytes> {
+    let body = response.body();
+    let end = body.iter().rposition(|b| !b.is_ascii_whitespace());
+    let Some(end) = end.filter(|&end| is_object(body) && body[end] == b'}') else {
+        return response;
+    };
+    let mut written = String::from_utf8_lossy(&body[..end]).into_owned();
+    let empty = written.trim_end().ends_with('{');
+    written.push_str(if empty { "\"calls\":[" } else { ",\"calls\":[" });
+    for (n, call) in calls.iter().enumerate() {
+        if n > 0 {
+            written.push(',');
+        }
+        written.push_str(call.json());
+    }
+    written.push_str("]}");
+    let (mut parts, _) = response.into_parts();
+    parts.headers.remove(http::header::CONTENT_LENGTH);
+    Response::from_parts(parts, Bytes::from(written))
+}
+
+/// Whether `body` is a JSON object.
+fn is_object(body: &[u8]) -> bool {
+    #[cfg(feature = "json")]
+    return matches!(
+        serde_json::from_slice::<serde_json::Value>(body),
+        Ok(serde_json::Value::Object(_))
+    );
+    #[cfg(not(feature = "json"))]
+    {
+        let _ = body;
+        false
+    }
+}
+
 /// The common members of a problem document, without the closing brace.
 fn problem(kind: &str, title: &str, status: StatusCode, detail: &str) -> String {
     let mut s = String::with_capacity(192);
@@ -215,22 +285,6 @@ pub(crate) fn push_json_str(out: &mut String, value: &str) {
         }
     }
     out.push('"');
-}
-
-/// What the layer's own answer `response` says of its refusal: the policy that refused (empty
-/// when none did: the lists, the key, the store) and when the same request would go on (the
-/// decision's, else its `Retry-After` in seconds).
-pub(crate) fn refusal<B>(response: &http::Response<B>) -> (String, Option<std::time::Duration>) {
-    let decision = response.extensions().get::<crate::Decision>();
-    let policy = decision
-        .filter(|d| !d.is_allowed())
-        .map(crate::Decision::tightest);
-    let retry_after = (decision.and_then(crate::Decision::retry_after))
-        .or_else(|| crate::grpc::retry_after_seconds(response.headers()));
-    (
-        policy.map_or_else(String::new, |p| p.policy().to_owned()),
-        retry_after,
-    )
 }
 
 #[cfg(test)]

@@ -98,12 +98,8 @@ where
         let mut permits = Permits::new();
         match self.limiter.begin(&RequestRef::new(&request), &mut permits) {
             // The common case, with the request moved as little as it can be.
-            Next::Call {
-                headers,
-                decision,
-                held,
-                after,
-            } => {
+            Next::Call(go) => {
+                let (headers, decision, held, after) = go.into_parts();
                 let held = BodyGuard::held_with(held, permits);
                 with_decision(&mut request, decision);
                 let future = self.inner.call(request);

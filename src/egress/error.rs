@@ -3,9 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use http::{Response, StatusCode};
-
-use crate::decision::Decision;
+use crate::refusal::{Kind, Refused};
 
 /// Why the limiter did not send a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,18 +55,26 @@ impl GaveUp {
         self.retry_after
     }
 
-    /// What the engine's own answer `response` means: by its HTTP status, or by its
-    /// `grpc-status` when it answered a gRPC call (`200`, trailers-only).
-    pub(super) fn reason_of<B>(response: &Response<B>) -> Reason {
-        let grpc = response.headers().get("grpc-status").map(|v| v.as_bytes());
-        let denied = response.extensions().get::<Decision>();
-        match (response.status(), grpc) {
-            (StatusCode::SERVICE_UNAVAILABLE, _) | (_, Some(b"14")) => Reason::StoreUnavailable,
-            _ if denied.is_some_and(|d| !d.is_allowed()) => Reason::Limited,
-            (StatusCode::TOO_MANY_REQUESTS | StatusCode::FORBIDDEN, _) | (_, Some(b"8")) => {
-                Reason::Limited
-            }
-            _ => Reason::KeyRejected,
+    /// What the engine's refusal means for a call.
+    pub(super) fn of(refused: &Refused) -> GaveUp {
+        let reason = match refused.kind() {
+            Kind::Unavailable => Reason::StoreUnavailable,
+            Kind::Limited | Kind::Denied | Kind::Shed => Reason::Limited,
+            Kind::Rejected => Reason::KeyRejected,
+        };
+        GaveUp {
+            reason,
+            policy: refused.policy().to_owned(),
+            retry_after: refused.retry_after(),
+        }
+    }
+
+    /// A call the engine answered with no refusal of its own (a hook's response).
+    pub(super) fn unknown() -> GaveUp {
+        GaveUp {
+            reason: Reason::Limited,
+            policy: String::new(),
+            retry_after: None,
         }
     }
 }

@@ -23,6 +23,7 @@ use crate::future::ResponseFuture;
 use crate::key::{Key, KeyExtractor, RequestRef};
 use crate::layer::RateLimitLayer;
 use crate::policy::Tier;
+use crate::refusal::Refused;
 use crate::service::RateLimit;
 use crate::store::{Op, Store};
 
@@ -116,14 +117,10 @@ where
     }
 }
 
-/// Why the engine answered a call itself (not sending it), counted.
+/// Why the engine answered a call itself (not sending it), as its answer says, counted.
 fn gave_up<B>(response: &Response<B>) -> GaveUp {
-    let (policy, retry_after) = crate::response::refusal(response);
-    let gave_up = GaveUp {
-        reason: GaveUp::reason_of(response),
-        policy,
-        retry_after,
-    };
+    let refused = response.extensions().get::<Refused>();
+    let gave_up = refused.map_or_else(GaveUp::unknown, GaveUp::of);
     let policy = match gave_up.policy.as_str() {
         "" => "none".to_owned(),
         policy => policy.to_owned(),

@@ -28,7 +28,7 @@ impl<St: Store> Limiter<St> {
             }
             let key = match policy.key(request) {
                 Ok(key) => key,
-                Err(rejection) => return Some(self.key_rejected(policy, &rejection)),
+                Err(rejection) => return Some(self.key_rejected(policy, rejection)),
             };
             match limits.admit(&key, &self.clock) {
                 Admission::Admitted(permit) => held.push(permit),
@@ -47,6 +47,6 @@ impl<St: Store> Limiter<St> {
     /// The answer to a request over the adaptive limit of `policy`.
     pub(crate) fn shed<F>(&self, policy: &str) -> Next<F> {
         tracing::debug!(policy, "adaptive concurrency limit reached; request shed");
-        Next::Respond(self.responses.shed(policy))
+        Next::Refuse(crate::refusal::Refusal::Shed(policy.into()))
     }
 }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use http::Response;
+use http::{HeaderMap, StatusCode};
 
 use super::{AfterResponse, Limiter};
 use crate::decision::Decision;
@@ -49,13 +49,13 @@ impl AfterResponse {
 }
 
 impl<St: Store> Limiter<St> {
-    /// The charges and refunds `charges` makes for `response` (its head), as one store call
-    /// (`None` when there are none), and the meter its body carries when a policy settles
-    /// from the body.
-    pub(crate) fn after_response<B>(
+    /// The charges and refunds `charges` makes for a response of `status` and `headers`, as
+    /// one store call (`None` when there are none), and the meter its body carries when a
+    /// policy settles from the body.
+    pub(crate) fn after_response(
         &self,
         charges: Vec<AfterResponse>,
-        response: &Response<B>,
+        (status, headers, extensions): (StatusCode, &HeaderMap, &http::Extensions),
     ) -> (Option<Charged<St::Future>>, Option<Meter>) {
         let mut checks = Checks::new();
         let mut from_body = Vec::new();
@@ -69,13 +69,13 @@ impl<St: Store> Limiter<St> {
                 AfterResponse::Cost { check, settle } => {
                     if settle.reads_body() {
                         from_body.push((check, settle));
-                    } else if let Some(check) = settle.settled_by(check, response) {
+                    } else if let Some(check) = settle.settled_by(check, headers, extensions) {
                         checks.push(check);
                     }
                     continue;
                 }
             };
-            if !accepts(response.status()) {
+            if !accepts(status) {
                 continue;
             }
             match (lease_end, self.leases()) {
@@ -93,7 +93,7 @@ impl<St: Store> Limiter<St> {
         let meter = (!from_body.is_empty()).then(|| {
             let store = self.store.clone();
             // A stream of server-sent events reports its cost in an event, not as its JSON.
-            let events = (response.headers().get(http::header::CONTENT_TYPE))
+            let events = (headers.get(http::header::CONTENT_TYPE))
                 .is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"));
             Meter::new(
                 from_body,

@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 use arc_swap::Guard;
 
 use super::route::{Lane, Loaded, Route, Steps};
-use super::{Limiter, Next};
+use super::{Go, Limiter, Next};
 use crate::adaptive::Permits;
 use crate::algorithm::Verdict;
 use crate::decision::{Decision, PolicyOutcome};
@@ -44,11 +44,11 @@ impl<St: Store> Limiter<St> {
         }
         let key = match policy.key(request) {
             Ok(key) => key,
-            Err(rejection) => return self.key_rejected(policy, &rejection),
+            Err(rejection) => return self.key_rejected(policy, rejection),
         };
         let (tier, cost) = match Self::priced(policy, request, &key) {
             Ok(priced) => priced,
-            Err(rejection) => return self.key_rejected(policy, &rejection),
+            Err(rejection) => return self.key_rejected(policy, rejection),
         };
         match self.store.check_alone(tier, &key, None, cost) {
             Some((verdict, own)) => {
@@ -111,7 +111,7 @@ impl<St: Store> Limiter<St> {
         }
         let (tier, cost) = match Self::priced(policy, request, key) {
             Ok(priced) => priced,
-            Err(rejection) => return Some(self.key_rejected(policy, &rejection)),
+            Err(rejection) => return Some(self.key_rejected(policy, rejection)),
         };
         // An admission is told without its verdict: nothing reads it.
         if let Some(hash) = keyed.hash
@@ -153,12 +153,12 @@ impl<St: Store> Limiter<St> {
         for policy in route.iter().filter(|p| p.applies(request)) {
             let key = match policy.key(request) {
                 Ok(key) => key,
-                Err(rejection) => return self.key_rejected(policy, &rejection),
+                Err(rejection) => return self.key_rejected(policy, rejection),
             };
             let tier = policy.tier(policy.tier_index(request, &key));
             let cost = match policy.cost(request) {
                 Ok(cost) => cost,
-                Err(rejection) => return self.key_rejected(policy, &rejection),
+                Err(rejection) => return self.key_rejected(policy, rejection),
             };
             keys.push((tier, key, cost));
         }
@@ -233,11 +233,11 @@ impl<St: Store> Limiter<St> {
                 reset,
             )
         });
-        Next::Call {
+        Next::Call(Go {
             headers,
             decision: None,
             held: None,
             after: Vec::new(),
-        }
+        })
     }
 }

@@ -4,11 +4,12 @@
 use tracing::Span;
 
 use super::route::{After, Steps};
-use super::{AfterResponse, Limiter, Next, Ticket};
+use super::{AfterResponse, Go, Limiter, Next, Ticket};
 use crate::body::BodyGuard;
 use crate::decision::{Decision, PolicyOutcome};
 use crate::error::StoreError;
 use crate::headers::RateLimitHeaders;
+use crate::refusal::Refusal;
 use crate::store::{Check, Store};
 use crate::telemetry::{record_outcome, traced};
 
@@ -22,7 +23,7 @@ impl<St: Store> Limiter<St> {
         result: Result<Decision, StoreError>,
     ) -> Next<F> {
         if let Some(rejection) = ticket.rejected.take() {
-            return Next::Respond(self.charged(ticket, result, &rejection));
+            return Next::Refuse(self.charged(ticket, result, *rejection));
         }
         let span = std::mem::replace(&mut ticket.span, Span::none());
         let _entered = span.enter();
@@ -122,7 +123,7 @@ impl<St: Store> Limiter<St> {
         metrics::histogram!("ratelimit_delay_seconds", "policy" => policy)
             .record(wait.as_secs_f64());
         let decision = self.decision_extension.then_some(decision);
-        let then = Next::Call {
+        let then = Go {
             headers: Some(headers),
             decision,
             held,
@@ -135,11 +136,9 @@ impl<St: Store> Limiter<St> {
         }
     }
 
-    /// The response to a denied request, with the decision in its extensions.
-    pub(super) fn limited<F>(&self, decision: Decision, headers: &RateLimitHeaders) -> Next<F> {
-        let mut response = self.responses.limited(&decision, headers);
-        response.extensions_mut().insert(decision);
-        Next::Respond(response)
+    /// The refusal of a denied request.
+    pub(super) fn limited<F>(&self, decision: Decision, headers: RateLimitHeaders) -> Next<F> {
+        Next::Refuse(Refusal::Limited { decision, headers })
     }
 
     pub(crate) fn response_headers(

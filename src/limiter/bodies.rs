@@ -2,9 +2,6 @@
 //! to a body that could not be read. The reading itself is the service's
 //! (`request_body/service.rs`): it waits for the body, which no step can.
 
-use bytes::Bytes;
-use http::Response;
-
 use super::Limiter;
 use crate::error::{ConfigError, KeyRejection};
 #[cfg(feature = "json")]
@@ -12,6 +9,7 @@ use crate::key::Key;
 use crate::key::RequestRef;
 #[cfg(feature = "json")]
 use crate::policy::CompiledPolicy;
+use crate::refusal::{CallOver, Refusal};
 use std::sync::Arc;
 
 use crate::key::KeyExtractor;
@@ -31,11 +29,11 @@ impl<St> Limiter<St> {
             .then_some(limits)
     }
 
-    /// The answer to a request whose body could not be read as its policies need.
-    pub(crate) fn body_rejected(&self, rejection: &KeyRejection) -> Response<Bytes> {
+    /// The refusal of a request whose body could not be read as its policies need, counted.
+    pub(crate) fn body_rejected(&self, rejection: KeyRejection) -> Refusal {
         tracing::debug!(code = rejection.code(), "request body rejected");
         metrics::counter!("ratelimit_body_rejected_total", "code" => rejection.code()).increment(1);
-        self.responses.rejected(rejection)
+        Refusal::Rejected(rejection)
     }
 }
 
@@ -113,43 +111,33 @@ impl<St> Limiter<St> {
             .map_or(BodyLimits::DEFAULT_BATCH_KEYS, |b| b.get_batch_keys())
     }
 
-    /// The limiter's own `response` to `request`, the calls that were over named in it when
-    /// the request was a denied JSON-RPC batch.
+    /// The calls of `request`, a JSON-RPC batch that `refusal` denied, that were over: each
+    /// one's place in the batch, its `id` and the policies it was over (`None` when the
+    /// request is no denied batch). A call's keys are made again as they were planned: a
+    /// policy's outcomes are in the order of its checks, one per key in the order the calls
+    /// first made them.
     #[inline]
-    pub(crate) fn responded(
+    pub(crate) fn calls_over(
         &self,
         request: &RequestRef<'_>,
-        response: Response<Bytes>,
-    ) -> Response<Bytes> {
+        refusal: &Refusal,
+    ) -> Option<Vec<CallOver>> {
         #[cfg(feature = "json")]
         if self.bodies.is_some() {
-            return self.calls_named(request, response);
+            return self.batch_over(request, refusal.decision()?);
         }
-        let _ = request;
-        response
+        let _ = (request, refusal);
+        None
     }
 
-    /// `response`, a denial of a JSON-RPC batch, naming in its problem document (`calls`)
-    /// each call that was over: its place in the batch, its `id` and the policies it was over.
-    /// A call's keys are made again as they were planned: a policy's outcomes are in the order
-    /// of its checks, one per key in the order the calls first made them.
     #[cfg(feature = "json")]
     #[inline(never)]
-    fn calls_named(&self, request: &RequestRef<'_>, response: Response<Bytes>) -> Response<Bytes> {
-        use serde_json::{Value, json};
-        let (Some(decision), Some(calls)) = (
-            response.extensions().get::<crate::Decision>(),
-            request.json().and_then(Value::as_array),
-        ) else {
-            return response;
-        };
-        // A problem document (an object) gets its member last, its own members as they were.
-        let body = response.body();
-        let end = body.iter().rposition(|b| !b.is_ascii_whitespace());
-        let object = matches!(serde_json::from_slice::<Value>(body), Ok(Value::Object(_)));
-        let Some(end) = end.filter(|&end| object && body[end] == b'}') else {
-            return response;
-        };
+    fn batch_over(
+        &self,
+        request: &RequestRef<'_>,
+        decision: &crate::Decision,
+    ) -> Option<Vec<CallOver>> {
+        let calls = request.json()?.as_array()?;
         let mut over: Vec<Vec<&str>> = vec![Vec::new(); calls.len()];
         let route = self.policies.load();
         for policy in route.iter().filter(|p| p.applies(request)) {
@@ -176,21 +164,14 @@ impl<St> Limiter<St> {
                 }
             }
         }
-        // A policy that does not read the body has one check, which every call made.
-        let named: Vec<Value> = (over.iter().enumerate())
+        let named = (over.iter().enumerate())
             .filter(|(_, policies)| !policies.is_empty())
-            .map(
-                |(i, policies)| json!({"index": i, "id": calls[i].get("id"), "policies": policies}),
-            )
-            .collect();
-        let mut written = body[..end].to_vec();
-        let empty = written.iter().rev().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
-        written.extend_from_slice(if empty { b"\"calls\":" } else { b",\"calls\":" });
-        written.extend_from_slice(Value::Array(named).to_string().as_bytes());
-        written.push(b'}');
-        let (mut parts, _) = response.into_parts();
-        parts.headers.remove(http::header::CONTENT_LENGTH);
-        Response::from_parts(parts, Bytes::from(written))
+            .map(|(i, policies)| {
+                let id = calls[i].get("id");
+                let named = serde_json::json!({"index": i, "id": id, "policies": policies});
+                CallOver::new(named.to_string())
+            });
+        Some(named.collect())
     }
 }
 

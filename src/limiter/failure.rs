@@ -102,7 +102,7 @@ impl<St: Store> Limiter<St> {
                     span.record("outcome", "unavailable");
                 });
                 self.store_failed(&error, "answering 503");
-                Err(Next::Respond(self.responses.unavailable()))
+                Err(Next::Refuse(crate::refusal::Refusal::Unavailable))
             }
             _ => {
                 traced(span, |span| {

@@ -9,8 +9,6 @@
 //! key out of budget for that is out of budget whatever the body says. With Redis both carry
 //! the key's record of runtime list entries: a listed key is answered as the list says.
 
-use bytes::Bytes;
-use http::Response;
 use tracing::Span;
 
 use super::{Limiter, Next, Ticket};
@@ -18,6 +16,7 @@ use crate::decision::Decision;
 use crate::error::{KeyRejection, StoreError, StoreErrorKind};
 use crate::key::{Key, KeyExtractor, RequestRef};
 use crate::lists::Judged;
+use crate::refusal::Refusal;
 use crate::request_body::{BodyLimits, Reader};
 use crate::store::{Check, Checks, Op, Store};
 
@@ -46,14 +45,14 @@ pub(crate) enum Head {
     /// Hand it on, its body unread: no policy that reads the body applies, it is exempt, or
     /// a list allows it.
     Stream,
-    /// Answer at once: a list denies it, or a key of the head is out of budget.
-    Respond(Response<Bytes>),
+    /// Refuse it at once: a list denies it, or a key of the head is out of budget.
+    Refuse(Refusal),
 }
 
 /// A refused body's charge to the head's keys: its answer, or the store's decision to wait
 /// for (then [`Limiter::charged`] with the ticket and the rejection).
 pub(crate) enum Charged<F> {
-    Answer(Response<Bytes>),
+    Answer(Refusal),
     Deciding(F, Ticket, KeyRejection),
 }
 
@@ -67,20 +66,20 @@ impl<St: Store> Limiter<St> {
             return Head::Stream;
         }
         match self.listed_on_head::<()>(request) {
-            Some(Next::Respond(response)) => return Head::Respond(response),
-            Some(Next::Call { .. }) => return Head::Stream,
+            Some(Next::Refuse(refusal)) => return Head::Refuse(refusal),
+            Some(Next::Call(_)) => return Head::Stream,
             _ => {}
         }
         let route = self.policies.load();
-        if let Some(response) = self.out_of_budget(request, &route) {
-            return Head::Respond(response);
+        if let Some(refusal) = self.out_of_budget(request, &route) {
+            return Head::Refuse(refusal);
         }
         let Some(readers) = &self.readers else {
             return Head::Read(wanted, None);
         };
         match readers.enter(self.reader_key(request)) {
             Some(reader) => Head::Read(wanted, Some(reader)),
-            None => Head::Respond(self.body_rejected(&KeyRejection::new(
+            None => Head::Refuse(self.body_rejected(KeyRejection::new(
                 http::StatusCode::TOO_MANY_REQUESTS,
                 "bodies_in_flight",
                 format!(
@@ -141,15 +140,15 @@ impl<St: Store> Limiter<St> {
 
     /// The denial of `request` on its head, when a key of it is out of budget as far as this
     /// instance knows without a store call: the deny cache, or the memory store's look.
-    fn out_of_budget(&self, request: &RequestRef<'_>, route: &Route) -> Option<Response<Bytes>> {
+    fn out_of_budget(&self, request: &RequestRef<'_>, route: &Route) -> Option<Refusal> {
         let checks = self.head_checks(request, route, Op::Enforce, false);
         if checks.is_empty() {
             return None;
         }
-        if let Some(Next::Respond(response)) =
+        if let Some(Next::Refuse(refusal)) =
             self.known_denied(&checks, &Span::none(), route.steps())
         {
-            return Some(response);
+            return Some(refusal);
         }
         if !St::DECIDES_ALONE {
             return None;
@@ -195,11 +194,11 @@ impl<St: Store> Limiter<St> {
         &self,
         looking: &Looking<F>,
         result: Result<Decision, StoreError>,
-    ) -> Option<Response<Bytes>> {
+    ) -> Option<Refusal> {
         let decision = result.ok()?;
         if looking.lists {
             match self.unlisted::<()>(&decision, &mut None) {
-                Some(Next::Respond(response)) => return Some(response),
+                Some(Next::Refuse(refusal)) => return Some(refusal),
                 Some(_) if decision.listing() != crate::store::Listing::Neither => return None,
                 _ => {}
             }
@@ -222,21 +221,21 @@ impl<St: Store> Limiter<St> {
         let charges = self.bodies.is_some_and(|b| b.get_charge_rejected());
         let route = self.policies.load();
         if !charges {
-            return Charged::Answer(self.body_rejected(&rejection));
+            return Charged::Answer(self.body_rejected(rejection));
         }
         let key = match self.judged_on_head(request) {
             Judged::Denied(why) => match self.denied::<()>(why) {
-                Next::Respond(response) => return Charged::Answer(response),
+                Next::Refuse(refusal) => return Charged::Answer(refusal),
                 _ => None,
             },
-            Judged::Allowed => return Charged::Answer(self.body_rejected(&rejection)),
+            Judged::Allowed => return Charged::Answer(self.body_rejected(rejection)),
             Judged::Neither(key) => key,
         };
         let mut checks = self.head_checks(request, &route, Op::Enforce, true);
         let mut keys = checks.to_vec();
         let lists = self.push_list_check(key, &mut checks);
         if checks.is_empty() {
-            return Charged::Answer(self.body_rejected(&rejection));
+            return Charged::Answer(self.body_rejected(rejection));
         }
         let mut ticket = Ticket::planned(None, Vec::new(), Span::none(), route.steps());
         if lists {
@@ -249,10 +248,10 @@ impl<St: Store> Limiter<St> {
             ticket.gate = breaker.gate(|| self.clock.now_micros());
         }
         if ticket.gate == crate::resilience::Gate::Reject {
-            return Charged::Answer(self.body_rejected(&rejection));
+            return Charged::Answer(self.body_rejected(rejection));
         }
         if let Some(decision) = self.store.check_now(&checks) {
-            return Charged::Answer(self.charged(ticket, Ok(decision), &rejection));
+            return Charged::Answer(self.charged(ticket, Ok(decision), rejection));
         }
         Charged::Deciding(self.store.check(checks), ticket, rejection)
     }
@@ -264,8 +263,8 @@ impl<St: Store> Limiter<St> {
         &self,
         ticket: Ticket,
         result: Result<Decision, StoreError>,
-        rejection: &KeyRejection,
-    ) -> Response<Bytes> {
+        rejection: KeyRejection,
+    ) -> Refusal {
         let mut ticket = ticket;
         let denied = match result {
             Ok(decision) => {
@@ -274,7 +273,7 @@ impl<St: Store> Limiter<St> {
                 }
                 if ticket.lists {
                     match self.unlisted::<()>(&decision, &mut ticket.keys) {
-                        Some(Next::Respond(response)) => return response,
+                        Some(Next::Refuse(refusal)) => return refusal,
                         Some(_) if decision.listing() != crate::store::Listing::Neither => {
                             return self.body_rejected(rejection);
                         }
@@ -292,16 +291,16 @@ impl<St: Store> Limiter<St> {
                 None
             }
         };
-        let response = self.body_rejected(rejection);
         let Some(decision) = denied else {
-            return response;
+            return self.body_rejected(rejection);
         };
         let (keys, now) = (ticket.keys.as_deref(), self.clock.now_micros());
         if let (Some(cache), Some(keys)) = (&self.deny_cache, keys) {
             cache.remember(keys, &decision, now);
         }
-        self.denial(decision, keys, ticket.steps)
-            .unwrap_or(response)
+        // The refusal is counted as every refused body is, and answered `429`.
+        let refused = self.body_rejected(rejection);
+        self.denial(decision, keys, ticket.steps).unwrap_or(refused)
     }
 
     /// The limiter's response to `decision`, a denial of a request's head keys (`keys`),
@@ -311,10 +310,10 @@ impl<St: Store> Limiter<St> {
         decision: Decision,
         keys: Option<&[Check]>,
         steps: super::route::Steps,
-    ) -> Option<Response<Bytes>> {
+    ) -> Option<Refusal> {
         let next: Next<()> = self.finish(decision, Vec::new(), keys, false, &Span::none(), steps);
         match next {
-            Next::Respond(response) => Some(response),
+            Next::Refuse(refusal) => Some(refusal),
             _ => None,
         }
     }
@@ -332,7 +331,7 @@ impl<St: Store> Limiter<St> {
             "rate-limit key rejected by the body"
         );
         match self.rejected(request, rejection) {
-            Charged::Answer(response) => Next::Respond(response),
+            Charged::Answer(refusal) => Next::Refuse(refusal),
             Charged::Deciding(future, mut ticket, rejection) => {
                 ticket.rejected = Some(Box::new(rejection));
                 Next::Store(future, ticket)

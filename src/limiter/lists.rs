@@ -161,7 +161,7 @@ impl<St: Store> Limiter<St> {
         metrics::counter!("ratelimit_listed_total", "list" => "deny", "by" => why.label())
             .increment(1);
         tracing::debug!(by = why.label(), "request denied by the deny list");
-        Next::Respond(self.responses.denied(why.detail()))
+        Next::Refuse(crate::refusal::Refusal::Denied(why))
     }
 
     /// A request on the allow list, found by `by`: let through, with nothing added.

@@ -4,8 +4,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
-use http::Response;
 use tracing::Span;
 
 use super::route::{Pending, Steps};
@@ -15,6 +13,7 @@ use crate::error::KeyRejection;
 use crate::headers::RateLimitHeaders;
 use crate::lease::Asking;
 use crate::policy::StatusFn;
+use crate::refusal::Refusal;
 use crate::resilience::Gate;
 use crate::settle::Settle;
 use crate::store::{Check, Checks};
@@ -25,24 +24,16 @@ use crate::store::{Check, Checks};
 // response future's boxed waiting state; the lease's is rare and boxed.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Next<F> {
-    /// Call the inner service, with the decision (if any) in the request's extensions; add
-    /// these headers (none when no policy applies, or the limiter failed open) to its
-    /// response, let its body hold the slots of the concurrency limits it holds, and make the
-    /// charges `after` its response once it is known.
-    Call {
-        headers: Option<RateLimitHeaders>,
-        decision: Option<Decision>,
-        held: Option<BodyGuard>,
-        after: Vec<AfterResponse>,
-    },
-    /// Answer with the limiter's own response.
-    Respond(Response<Bytes>),
+    /// Call the inner service (see [`Go`]).
+    Call(Go),
+    /// End the request with this refusal, which the adapter renders.
+    Refuse(Refusal),
     /// Wait until the times booked for the request come (`wait` from now), then go on
-    /// (`then`: a [`Next::Call`]); `release` gives the booked units back if it never does.
+    /// (`then`); `release` gives the booked units back if it never does.
     Wait {
         wait: std::time::Duration,
         release: Option<BodyGuard>,
-        then: Box<Next<F>>,
+        then: Box<Go>,
     },
     /// Wait for the store's answer (`F`), then [`Limiter::answered`] with the ticket.
     Store(F, Ticket),
@@ -52,17 +43,33 @@ pub(crate) enum Next<F> {
     Pending(Pending),
 }
 
-impl<F> Next<F> {
-    /// Whether the step waits for something (the store's answer, another's lease, or a
-    /// booked time).
-    pub(crate) fn waits(&self) -> bool {
-        matches!(self, Next::Store(..) | Next::Wait { .. } | Next::Pending(_))
+/// A request let through: call the inner service, with the decision (if any) in the
+/// request's extensions; add these headers (none when no policy applies, or the limiter
+/// failed open) to its response, let its body hold the slots of the concurrency limits it
+/// holds, and make the charges `after` its response once it is known.
+pub(crate) struct Go {
+    pub(super) headers: Option<RateLimitHeaders>,
+    pub(super) decision: Option<Decision>,
+    pub(super) held: Option<BodyGuard>,
+    pub(super) after: Vec<AfterResponse>,
+}
+
+impl Go {
+    /// Its parts: the headers, the decision, the slots held, the charges after.
+    #[inline(always)]
+    pub(crate) fn into_parts(self) -> GoParts {
+        (self.headers, self.decision, self.held, self.after)
     }
 
-    /// Call the inner service with nothing added: no headers, no decision, no slots held, no
-    /// charges after (no policy applies, or the limiter failed open).
+    /// Whether it makes charges after the response.
+    pub(crate) fn charges_after(&self) -> bool {
+        !self.after.is_empty()
+    }
+
+    /// Nothing added: no headers, no decision, no slots held, no charges after (no policy
+    /// applies, or the limiter failed open).
     pub(crate) fn nothing() -> Self {
-        Next::Call {
+        Go {
             headers: None,
             decision: None,
             held: None,
@@ -70,6 +77,33 @@ impl<F> Next<F> {
         }
     }
 }
+
+impl<F> Next<F> {
+    /// Call the inner service with nothing added (see [`Go::nothing`]).
+    pub(crate) fn nothing() -> Self {
+        Next::Call(Go::nothing())
+    }
+
+    /// The request's answer when it waits for nothing, else the step itself.
+    // Either is moved once, into the request's answer or its wait.
+    #[allow(clippy::result_large_err)]
+    #[inline]
+    pub(crate) fn settled(self) -> Result<Result<Go, Refusal>, Self> {
+        match self {
+            Next::Call(go) => Ok(Ok(go)),
+            Next::Refuse(refusal) => Ok(Err(refusal)),
+            next => Err(next),
+        }
+    }
+}
+
+/// A [`Go`]'s parts.
+pub(crate) type GoParts = (
+    Option<RateLimitHeaders>,
+    Option<Decision>,
+    Option<BodyGuard>,
+    Vec<AfterResponse>,
+);
 
 /// What answering a request's checks needs, from when they are planned until the store's
 /// answer comes: the breaker's gate (taken when they are sent), the local fallback's checks,

@@ -2,7 +2,7 @@
 //! that admitted the request.
 
 use super::route::{After, Before, Given, Lane, Route, Steps};
-use super::{AfterResponse, Limiter, Next};
+use super::{AfterResponse, Go, Limiter, Next};
 use crate::adaptive::Permits;
 use crate::body::BodyGuard;
 use crate::decision::{Decision, PolicyOutcome};
@@ -130,7 +130,7 @@ impl<St: Store> Limiter<St> {
         }
         if !allowed {
             tracing::debug!(policy = decision.tightest().policy(), "rate limit exceeded");
-            return self.limited(decision, &headers);
+            return self.limited(decision, headers);
         }
         if decision.shadow_violated().next().is_some() {
             tracing::debug!(
@@ -139,11 +139,11 @@ impl<St: Store> Limiter<St> {
             );
         }
         let decision = self.decision_extension.then_some(decision);
-        Next::Call {
+        Next::Call(Go {
             headers: Some(headers),
             decision,
             held: slots,
             after,
-        }
+        })
     }
 }

@@ -15,9 +15,10 @@ use super::replay::{Collected, ReadBody};
 use super::{BodyLimits, Reader, RequestBody};
 use crate::body::{MakeBody, Wrapped};
 use crate::error::KeyRejection;
-use crate::future::ResponseFuture;
+use crate::future::{ResponseFuture, rendered};
 use crate::key::RequestRef;
 use crate::limiter::{Charged, Head, Limiter, Looking, Ticket};
+use crate::refusal::Refusal;
 use crate::service::RateLimit;
 use crate::store::Store;
 
@@ -81,7 +82,9 @@ where
                     state: State::Calling { future },
                 };
             }
-            Head::Respond(response) => {
+            Head::Refuse(refusal) => {
+                let request = RequestRef::new(&request);
+                let response = rendered(self.inner.limiter(), refusal, &request);
                 return ReadFuture {
                     state: State::Answered {
                         response: Some(response),
@@ -200,7 +203,11 @@ where
                         Ok(request) => Ok(State::Calling {
                             future: inner.call(request),
                         }),
-                        Err(Refused::Limited(response)) => Err(response),
+                        Err(Refused::Limited(refusal)) => {
+                            let parts = this.parts.as_ref().expect("the head stays while read");
+                            let request = RequestRef::from_parts(parts);
+                            Err(rendered(inner.limiter(), refusal, &request))
+                        }
                         Err(Refused::Rejected(rejection)) => {
                             let parts = this.parts.as_ref().expect("the head stays while read");
                             Charging::begin(inner.limiter(), parts, rejection)
@@ -222,7 +229,9 @@ where
 struct Charging<St: Store> {
     future: St::Future,
     ticket: Option<Ticket>,
-    rejection: KeyRejection,
+    rejection: Option<KeyRejection>,
+    /// The request's head, which its answer is rendered for.
+    head: Request<()>,
     limiter: Arc<Limiter<St>>,
 }
 
@@ -237,12 +246,14 @@ impl<St: Store> Charging<St> {
         parts: &http::request::Parts,
         rejection: KeyRejection,
     ) -> Result<Box<Self>, Response<bytes::Bytes>> {
-        match limiter.rejected(&RequestRef::from_parts(parts), rejection) {
-            Charged::Answer(response) => Err(response),
+        let request = RequestRef::from_parts(parts);
+        match limiter.rejected(&request, rejection) {
+            Charged::Answer(refusal) => Err(rendered(limiter, refusal, &request)),
             Charged::Deciding(future, ticket, rejection) => Ok(Box::new(Charging {
                 future,
                 ticket: Some(ticket),
-                rejection,
+                rejection: Some(rejection),
+                head: head_of(parts),
                 limiter: limiter.clone(),
             })),
         }
@@ -252,7 +263,13 @@ impl<St: Store> Charging<St> {
     fn poll_charged(&mut self, cx: &mut Context<'_>) -> Poll<Response<bytes::Bytes>> {
         let result = ready!(Pin::new(&mut self.future).poll(cx));
         let ticket = self.ticket.take().expect("polled after its answer");
-        Poll::Ready(self.limiter.charged(ticket, result, &self.rejection))
+        let rejection = self.rejection.take().expect("polled after its answer");
+        let refusal = self.limiter.charged(ticket, result, rejection);
+        Poll::Ready(rendered(
+            &self.limiter,
+            refusal,
+            &RequestRef::new(&self.head),
+        ))
     }
 }
 
@@ -260,7 +277,7 @@ impl<St: Store> Charging<St> {
 /// body was awaited).
 enum Refused {
     Rejected(KeyRejection),
-    Limited(Response<bytes::Bytes>),
+    Limited(Refusal),
 }
 
 impl From<KeyRejection> for Refused {
@@ -296,8 +313,8 @@ impl<S, B: Body, St: Store, M> Reading<S, B, St, M> {
                     {
                         let limited = limiter.looked(looking, result);
                         *this.looking = None;
-                        if let Some(response) = limited {
-                            return Poll::Ready(Err(Refused::Limited(response)));
+                        if let Some(refusal) = limited {
+                            return Poll::Ready(Err(Refused::Limited(refusal)));
                         }
                     }
                     let deadline = this.deadline.as_mut().as_pin_mut().expect("set above");
@@ -346,6 +363,15 @@ fn keep<D: Buf>(
         }
     }
     Ok(())
+}
+
+/// A copy of the head of the request of `parts`, which its answer is rendered for.
+fn head_of(parts: &http::request::Parts) -> Request<()> {
+    let mut head = Request::new(());
+    *head.method_mut() = parts.method.clone();
+    *head.uri_mut() = parts.uri.clone();
+    *head.headers_mut() = parts.headers.clone();
+    head
 }
 
 /// The rejection of a body that did not arrive within `deadline`.

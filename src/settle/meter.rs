@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::Response;
 use http_body::Frame;
 use smallvec::SmallVec;
 
@@ -49,8 +48,13 @@ impl Settle {
     /// `check` (charged its estimate up front: `Op::Settle`'s payload, the check's units
     /// until the real ones replace them) at the units the response head says, if the
     /// estimate does not stand.
-    pub(crate) fn settled_by<B>(&self, check: Check, response: &Response<B>) -> Option<Check> {
-        let reading = self.read_head(response.headers(), response.extensions());
+    pub(crate) fn settled_by(
+        &self,
+        check: Check,
+        headers: &http::HeaderMap,
+        extensions: &http::Extensions,
+    ) -> Option<Check> {
+        let reading = self.read_head(headers, extensions);
         let units = self.units(&check, reading)?;
         Some(check.with_cost(units))
     }

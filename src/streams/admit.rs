@@ -14,16 +14,16 @@ use http::{Request, Response, StatusCode};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::limited::{Answer, Limited};
+use super::limited::Limited;
 use super::message::{Direction, Message};
 use super::refusals::Refusals;
-use crate::Decision;
 use crate::adaptive::Permits;
 use crate::body::{ResponseBody, Wrapped};
 use crate::future::ResponseFuture;
 use crate::key::RequestRef;
 use crate::layer::RateLimitLayer;
 use crate::limiter::{Keyed, Next};
+use crate::refusal::Refused;
 use crate::service::RateLimit;
 use crate::store::Store;
 
@@ -156,23 +156,26 @@ impl<St: Store> Admitting for RateLimit<Admit, St> {
             },
             None => limiter.begin(&request, &mut permits),
         };
-        match next {
-            Next::Call { after, .. } if after.is_empty() => Asked::Now(None),
-            Next::Respond(response) => Asked::Now(refused(&response, message.direction)),
-            next => {
-                let mut request = Head::clone(head);
-                request.extensions_mut().insert(message);
-                let answer = ResponseFuture::<Admit, (), St, Wrapped>::next(
-                    limiter, next, request, &mut Admit, permits,
-                );
-                Asked::Later(Box::pin(async move {
-                    match answer.await {
-                        Ok(response) => response,
-                        Err(never) => match never {},
-                    }
-                }))
+        let next = match next.settled() {
+            Ok(Ok(go)) if !go.charges_after() => return Asked::Now(None),
+            Ok(Err(refusal)) => {
+                let refused = refusal.refused(limiter.limited_status());
+                return Asked::Now(Some(Limited::of(&refused, message.direction)));
             }
-        }
+            Ok(Ok(go)) => Next::Call(go),
+            Err(next) => next,
+        };
+        let mut request = Head::clone(head);
+        request.extensions_mut().insert(message);
+        let answer = ResponseFuture::<Admit, (), St, Wrapped>::next(
+            limiter, next, request, &mut Admit, permits,
+        );
+        Asked::Later(Box::pin(async move {
+            match answer.await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            }
+        }))
     }
 }
 
@@ -183,7 +186,7 @@ pub(super) fn admitting<St: Store>(layer: RateLimitLayer<St>) -> Arc<dyn Admitti
 
 /// Whether the layer let `response`'s request through.
 pub(super) fn admitted(response: &Answered) -> bool {
-    refused_with(response).is_none()
+    response.extensions().get::<Refused>().is_none()
 }
 
 /// `answer`, a refusal, with its body's bytes, and a `Retry-After` (of a second when the
@@ -199,42 +202,20 @@ pub(super) fn refusal(answer: Answered) -> Refusal {
     Response::from_parts(parts, body.into_data())
 }
 
-/// The status that refused `response`'s request, `None` when the layer let it through.
-fn refused_with<B>(response: &Response<B>) -> Option<StatusCode> {
-    // A message of a gRPC call is answered in gRPC's form: `200` and a `grpc-status`.
-    let grpc = response.headers().get("grpc-status");
-    match grpc.and_then(|code| code.to_str().ok()?.parse::<u16>().ok()) {
-        Some(0) => None,
-        Some(8) => Some(StatusCode::TOO_MANY_REQUESTS),
-        Some(7) => Some(StatusCode::FORBIDDEN),
-        Some(14) => Some(StatusCode::SERVICE_UNAVAILABLE),
-        Some(_) => Some(StatusCode::BAD_REQUEST),
-        None if response.status().is_success() => None,
-        None => Some(response.status()),
-    }
-}
-
 /// What refused a message, when the layer did not let it through.
 pub(super) fn refused<B>(response: &Response<B>, direction: Direction) -> Option<Limited> {
-    let status = refused_with(response)?;
-    let (policy, retry_after) = crate::response::refusal(response);
-    Some(Limited {
-        policy,
-        retry_after,
-        status,
-        answer: Answer::Error,
-        direction,
-    })
+    let refused = response.extensions().get::<Refused>()?;
+    Some(Limited::of(refused, direction))
 }
 
 /// Counts a connection refused `at` the listener or the upgrade
 /// (`ratelimit_connections_refused_total`).
 pub(super) fn connection_refused(answer: &Answered, at: &'static str) {
-    let decision = answer
-        .extensions()
-        .get::<Decision>()
-        .filter(|d| !d.is_allowed());
-    let policy = decision.map_or("none".to_owned(), |d| d.tightest().policy().to_owned());
+    let refused = answer.extensions().get::<Refused>();
+    let policy = match refused.map(Refused::policy) {
+        None | Some("") => "none".to_owned(),
+        Some(policy) => policy.to_owned(),
+    };
     metrics::counter!("ratelimit_connections_refused_total", "policy" => policy, "at" => at)
         .increment(1);
 }

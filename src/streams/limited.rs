@@ -8,6 +8,7 @@ use http::StatusCode;
 use super::frame::CloseCode;
 use super::message::Direction;
 use crate::key::RequestRef;
+use crate::refusal::Refused;
 
 /// The longest wait an answer may give a message: an hour.
 pub(super) const LONGEST_WAIT: Duration = Duration::from_secs(3600);
@@ -121,6 +122,17 @@ pub struct Limited {
 }
 
 impl Limited {
+    /// A message the engine refused, going `direction`.
+    pub(super) fn of(refused: &Refused, direction: Direction) -> Limited {
+        Limited {
+            policy: refused.policy().to_owned(),
+            retry_after: refused.retry_after(),
+            status: refused.status(),
+            answer: Answer::Error,
+            direction,
+        }
+    }
+
     /// The violated policy's name (with several, the one with the longest wait); empty when
     /// no policy denied it (the key is denied by the lists, the store failed and the layer
     /// fails closed, or no key could be made of the connection's request).

@@ -4,7 +4,7 @@
 //! format that tracks positions (TOML, YAML) reports a bad policy at its line, with the
 //! field and what is wrong; [`Limits::policies`] then builds the [`Policy`] values for
 //! [`RateLimitLayerBuilder::policy`](crate::RateLimitLayerBuilder::policy) or
-//! [`RateLimitLayer::reload`](crate::RateLimitLayer::reload).
+//! [`RateLimitControl::reload`](crate::RateLimitControl::reload).
 //!
 //! ```
 //! use tower_ratelimit::{RateLimitLayer, config::Limits};
@@ -107,7 +107,7 @@ impl Limits {
     /// against the file's `lists_key`, else its `key` (an entry that key never makes is an
     /// error saying which key the lists follow), for
     /// [`RateLimitLayerBuilder::lists`](crate::RateLimitLayerBuilder::lists) and
-    /// [`RateLimitLayer::reload_lists`](crate::RateLimitLayer::reload_lists). When a policy
+    /// [`RateLimitControl::reload_lists`](crate::RateLimitControl::reload_lists). When a policy
     /// of the file takes leases, the lists are the entries the file gives only
     /// ([`kept_in_store(false)`](crate::lists::Lists::kept_in_store)): entries kept in the
     /// store would have every request ask it, and the leases save no call.

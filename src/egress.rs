@@ -149,8 +149,8 @@ impl EgressLayer<MemoryStore> {
 
 impl<St> EgressLayer<St> {
     /// The rate-limit layer that decides the calls: its store, its policies, and what it
-    /// offers in code ([`check`](RateLimitLayer::check), [`block_for`](RateLimitLayer::block_for),
-    /// [`reload`](RateLimitLayer::reload)...), keyed as the calls are.
+    /// offers in code ([`check`](RateLimitLayer::check), [`block_for`](crate::RateLimitControl::block_for),
+    /// [`reload`](crate::RateLimitControl::reload)...), keyed as the calls are.
     pub fn limits(&self) -> &RateLimitLayer<St> {
         &self.layer
     }

@@ -68,7 +68,7 @@ impl From<EntryError> for ConfigError {
 }
 
 /// Why a key's own limit was not set or cleared
-/// ([`RateLimitLayer::set_limit`](crate::RateLimitLayer::set_limit)).
+/// ([`RateLimitControl::set_limit`](crate::RateLimitControl::set_limit)).
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum LimitError {
@@ -91,7 +91,7 @@ pub enum LimitError {
     /// ([`KeyExtractor::entry_keys`](crate::key::KeyExtractor::entry_keys)).
     Entry(EntryError),
     /// The network cannot be listed: as many networks as the layer matches are listed at
-    /// runtime already ([`deny_network`](crate::RateLimitLayer::deny_network)).
+    /// runtime already ([`deny_network`](crate::RateLimitControl::deny_network)).
     Network(String),
 }
 

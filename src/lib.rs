@@ -82,7 +82,7 @@
 //! [`Policy::select_tier`] pick the plan per request, from a request extension or from a table
 //! you keep up to date. The lookup is synchronous, so keep the table in memory (refreshed by
 //! your own task) rather than querying per request; [`Policy::tier_for_key`] pins single keys,
-//! and [`RateLimitLayer::reload`] changes the plans' quotas while keeping every key's usage.
+//! and [`RateLimitControl::reload`] changes the plans' quotas while keeping every key's usage.
 //!
 //! ```
 //! use std::collections::HashMap;
@@ -206,7 +206,7 @@
 //!
 //! # Changing limits while running
 //!
-//! [`RateLimitLayer::reload`] swaps a layer's policies for every clone at once, and keeps what
+//! [`RateLimitControl::reload`] swaps a layer's policies for every clone at once, and keeps what
 //! each key has used: a policy (or tier) that keeps its name keeps its keys' state, re-counted
 //! under its new quota when the key is next used, in either store. 5 used of `10/min` are 5
 //! used of `20/min` (15 remain) or of `3/min` (2 past the limit, waited off at the new rate).
@@ -235,9 +235,9 @@
 //! for _ in 0..5 {
 //!     layer.check(&client, 1).await?;
 //! }
-//! let report = layer.reload([Policy::gcra("20/min").name("api")])?;
+//! let report = layer.control().reload([Policy::gcra("20/min").name("api")])?;
 //! println!("{report}"); // changed "api": gcra 10/min -> gcra 20/min; 0 unchanged
-//! assert_eq!(layer.peek(&client).await?.tightest().remaining(), 15);
+//! assert_eq!(layer.control().peek(&client).await?.tightest().remaining(), 15);
 //! # Ok(()) }
 //! ```
 //!
@@ -248,8 +248,8 @@
 //! traces each one as a `debug` span (see [`telemetry`]). Metrics carry no keys; to answer
 //! "who is being limited right now?", keep a bounded summary of the keys each policy denied
 //! with [`RateLimitLayerBuilder::top_limited`], and read it with
-//! [`RateLimitLayer::top_limited`] or serve it as JSON with
-//! [`RateLimitLayer::top_limited_service`] (see [`top`]).
+//! [`RateLimitControl::top_limited`] or serve it as JSON with
+//! [`RateLimitControl::top_limited_service`] (see [`top`]).
 //!
 //! # Choosing an algorithm
 //!
@@ -372,6 +372,7 @@ struct ReadmeDoctests;
 // tower glue (service, future, body), and the values around them.
 mod adaptive;
 mod layer;
+mod control;
 mod lease;
 mod limiter;
 pub mod policy;
@@ -419,6 +420,7 @@ pub mod axum;
 
 pub use algorithm::Algorithm;
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use control::RateLimitControl;
 pub use decision::{Decision, PolicyOutcome};
 pub use error::{
     ConfigError, EntryError, FailurePolicy, KeyRejection, LimitError, StoreError, StoreErrorKind,

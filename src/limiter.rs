@@ -22,7 +22,7 @@
 use std::cell::OnceCell;
 use std::fmt;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use tracing::Span;
@@ -36,7 +36,6 @@ use crate::lease::{self, Leases};
 use crate::lists::LayerLists;
 use crate::policy::{CompiledPolicy, CostFn, Policy, RequestFn};
 use crate::refusal::Refusal;
-use crate::reload::TierSummary;
 use crate::resilience::{Breaker, CircuitBreaker, DenyCache, Gate, Remembered};
 use crate::response::Responses;
 use crate::store::{Check, Checks, MemoryStore, Store};
@@ -51,6 +50,8 @@ mod head;
 pub(crate) use head::{Charged, Head, Looking};
 mod answer;
 mod admin;
+mod control;
+pub(crate) use control::Control;
 mod after;
 mod policies;
 mod route;
@@ -109,12 +110,9 @@ pub(crate) struct Limiter<St> {
     store: St,
     /// The route of the policies, swapped whole by [`Limiter::reload`].
     policies: PolicySet,
-    /// The layer's key and cost, for the policies of a reload without their own.
+    /// The layer's key (for the policies without their own, the lists' entries, the bodies
+    /// being read).
     key: Arc<dyn KeyExtractor>,
-    cost: Option<CostFn>,
-    /// What each tier of the present policies is, by name; held by a reload while it runs,
-    /// so that reloads run one at a time.
-    summary: Mutex<Vec<TierSummary>>,
     responses: Responses,
     failure: FailurePolicy,
     headers: HeaderConfig,
@@ -173,23 +171,6 @@ impl<St> Limiter<St> {
         &self.store
     }
 
-    /// The policies' names, in order.
-    pub(crate) fn policy_names(&self) -> Vec<String> {
-        let policies = self.policies.load();
-        policies.iter().map(|p| p.name().to_owned()).collect()
-    }
-
-    /// The shortest time a slot of its concurrency policies is held in the store, if it has
-    /// any.
-    pub(crate) fn slots_held_at_most(&self) -> Option<std::time::Duration> {
-        let policies = self.policies.load();
-        let tiers = policies.iter().flat_map(|p| p.tiers());
-        let held = tiers
-            .filter(|t| t.limits_in_flight())
-            .map(|t| t.window_us());
-        held.min().map(std::time::Duration::from_micros)
-    }
-
     /// The leases this instance holds, if a policy takes leases.
     fn leases(&self) -> Option<&Arc<Leases>> {
         self.leases.get()
@@ -199,14 +180,15 @@ impl<St> Limiter<St> {
 impl<St: Store> Limiter<St> {
     /// Checks the whole configuration, registers the policies in `store`, and builds the
     /// engine, with the allow and deny `lists`, the hook of warnings near the limit, and the
-    /// limits of the bodies it reads (`None`: it reads none).
-    pub(crate) fn new(
+    /// limits of the bodies it reads (`None`: it reads none); with what its administration
+    /// keeps.
+    pub(crate) fn build(
         store: St,
         config: Config,
         lists: Option<crate::lists::Lists>,
         on_near_limit: Option<crate::near::NearHook>,
         bodies: Option<crate::request_body::BodyLimits>,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Control<St>, ConfigError> {
         let headers = config
             .headers
             .with_partition(config.partition_secret.as_deref())?;
@@ -219,7 +201,7 @@ impl<St: Store> Limiter<St> {
         let around = Around::new::<St>(deny_cache, local, top, partition, lists.is_some());
         let store = store.suited(route::Lane::shared(&config.policies) && around.plain());
         bodies::check_bodies(&config.policies, &config.key, bodies)?;
-        let set = Self::compile(
+        let set = policies::compile(
             &config.policies,
             &store,
             fallback.as_ref(),
@@ -235,12 +217,10 @@ impl<St: Store> Limiter<St> {
         let lists = LayerLists::of(lists.as_ref(), &config.key, &store, set.leases)?;
         let route = Route::compile(set.policies, &config.policies, around);
         let leases = (set.leases.then(Leases::new)).map_or_else(OnceLock::new, OnceLock::from);
-        Ok(Limiter {
+        let engine = Limiter {
             store,
             policies: PolicySet::new(route),
             key: config.key,
-            cost: config.cost,
-            summary: Mutex::new(set.summary),
             responses: config.responses,
             failure: config.failure,
             headers,
@@ -259,7 +239,8 @@ impl<St: Store> Limiter<St> {
             bodies,
             warned: AtomicU64::new(0),
             unwarned: AtomicU64::new(0),
-        })
+        };
+        Ok(Control::new(Arc::new(engine), set.summary, config.cost))
     }
 
     /// Plans `request` and, where it can, decides it at once (steps 1 and 2); what its steps

@@ -8,7 +8,7 @@
 //! with none, the peer's own address); the key is the layer's (or [`Lists::key`]'s).
 //!
 //! Entries can also be added and removed while the service runs
-//! ([`RateLimitLayer::deny`](crate::RateLimitLayer::deny) and its siblings, taking the same
+//! ([`RateLimitControl::deny`](crate::RateLimitControl::deny) and its siblings, taking the same
 //! [`Entry`] as the lists given), with an optional end: a key's are kept in the store,
 //! beside the states of the key, so that every instance sharing the store obeys them from its
 //! next request, in the decision's one call.
@@ -69,7 +69,7 @@ impl Lists {
     /// address) or keys (anything else, matched against the request's key). An entry that
     /// has a `/` but is no network is an error of [`build`](crate::RateLimitLayerBuilder::build).
     /// The runtime operations take the same entries
-    /// ([`RateLimitLayer::allow`](crate::RateLimitLayer::allow)).
+    /// ([`RateLimitControl::allow`](crate::RateLimitControl::allow)).
     #[must_use]
     pub fn allow<I>(mut self, entries: I) -> Self
     where
@@ -159,7 +159,7 @@ impl Lists {
 }
 
 /// An entry of a list, as [`Lists::deny`] and [`Lists::allow`] read it and as the runtime
-/// operations ([`RateLimitLayer::deny`](crate::RateLimitLayer::deny) and its siblings) take
+/// operations ([`RateLimitControl::deny`](crate::RateLimitControl::deny) and its siblings) take
 /// it: a network or an address, matched against the client's address, or a key, matched
 /// against the request's key.
 ///

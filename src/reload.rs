@@ -28,7 +28,7 @@ impl TierSummary {
     }
 }
 
-/// What [`RateLimitLayer::reload`](crate::RateLimitLayer::reload) changed, policy tier by
+/// What [`RateLimitControl::reload`](crate::RateLimitControl::reload) changed, policy tier by
 /// policy tier (a policy's own quota is the tier named after the policy; a named tier is
 /// `POLICY:TIER`). Its `Display` is one line for a log.
 ///

@@ -4,7 +4,7 @@
 //! made-up keys would bring it down. Instead the layer can keep, per policy, a *heavy-hitters*
 //! summary of the keys it denied over a sliding period
 //! ([`RateLimitLayerBuilder::top_limited`](crate::RateLimitLayerBuilder::top_limited)), and
-//! report the heaviest on demand: [`RateLimitLayer::top_limited`](crate::RateLimitLayer::top_limited)
+//! report the heaviest on demand: [`RateLimitControl::top_limited`](crate::RateLimitControl::top_limited)
 //! in code, [`TopLimitedService`] as a JSON admin route.
 //!
 //! ```
@@ -17,7 +17,7 @@
 //!     // The 256 heaviest denied keys of each policy over the last minute.
 //!     .top_limited(TopLimited::new())
 //!     .build()?;
-//! for limited in layer.top_limited("per-ip", 10) {
+//! for limited in layer.control().top_limited("per-ip", 10) {
 //!     println!("{}: {} requests denied", limited.text(), limited.count());
 //! }
 //! # Ok(()) }
@@ -148,7 +148,7 @@ impl TopLimited {
     }
 }
 
-/// One of the keys a policy denied most, as [`RateLimitLayer::top_limited`](crate::RateLimitLayer::top_limited)
+/// One of the keys a policy denied most, as [`RateLimitControl::top_limited`](crate::RateLimitControl::top_limited)
 /// reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LimitedKey {

@@ -29,12 +29,12 @@ async fn scenario<St: Store>(store: St, clock: ManualClock, algorithm: Algorithm
     }
     // Peek: looks without charging.
     assert_eq!(
-        remaining(&layer.peek(&key).await.unwrap()),
+        remaining(&layer.control().peek(&key).await.unwrap()),
         7,
         "{ctx}: peek"
     );
     assert_eq!(
-        remaining(&layer.peek(&key).await.unwrap()),
+        remaining(&layer.control().peek(&key).await.unwrap()),
         7,
         "{ctx}: peek again"
     );
@@ -63,12 +63,12 @@ async fn scenario<St: Store>(store: St, clock: ManualClock, algorithm: Algorithm
     assert!(denied.retry_after().is_some(), "{ctx}");
     // Another key is untouched.
     assert_eq!(
-        remaining(&layer.peek(&other).await.unwrap()),
+        remaining(&layer.control().peek(&other).await.unwrap()),
         10,
         "{ctx}: other key"
     );
     // Reset: as if never seen.
-    let d = layer.reset(&key).await.unwrap();
+    let d = layer.control().reset(&key).await.unwrap();
     assert_eq!(remaining(&d), 10, "{ctx}: reset");
     assert_eq!(
         d.outcomes()[0].reset_after(),
@@ -76,9 +76,14 @@ async fn scenario<St: Store>(store: St, clock: ManualClock, algorithm: Algorithm
         "{ctx}: fresh"
     );
     assert!(layer.check(&key, 1).await.unwrap().is_allowed(), "{ctx}");
-    assert_eq!(remaining(&layer.peek(&key).await.unwrap()), 9, "{ctx}");
+    assert_eq!(
+        remaining(&layer.control().peek(&key).await.unwrap()),
+        9,
+        "{ctx}"
+    );
     // Block: denied whatever the state until the block ends, then back to its state.
     let d = layer
+        .control()
         .block_for(&key, Duration::from_secs(7_200))
         .await
         .unwrap();
@@ -99,11 +104,16 @@ async fn scenario<St: Store>(store: St, clock: ManualClock, algorithm: Algorithm
     );
     // Reset lifts a block.
     layer
+        .control()
         .block_for(&other, Duration::from_secs(60))
         .await
         .unwrap();
     assert!(!layer.check(&other, 1).await.unwrap().is_allowed(), "{ctx}");
-    assert_eq!(remaining(&layer.reset(&other).await.unwrap()), 10, "{ctx}");
+    assert_eq!(
+        remaining(&layer.control().reset(&other).await.unwrap()),
+        10,
+        "{ctx}"
+    );
     assert!(
         layer.check(&other, 1).await.unwrap().is_allowed(),
         "{ctx}: unblocked"
@@ -115,7 +125,11 @@ async fn scenario<St: Store>(store: St, clock: ManualClock, algorithm: Algorithm
         10,
         "{ctx}"
     );
-    assert_eq!(remaining(&layer.reset(&fresh).await.unwrap()), 10, "{ctx}");
+    assert_eq!(
+        remaining(&layer.control().reset(&fresh).await.unwrap()),
+        10,
+        "{ctx}"
+    );
 }
 
 #[tokio::test]

@@ -126,7 +126,7 @@ async fn counted_denials<St: Store>(store: St, clock: ManualClock) {
     assert!(ask(&app, "c").await.unwrap() <= 500);
     assert!(ask(&app, "c").await.unwrap() <= 500);
     assert_eq!(ask(&app, "c").await, Some(30_000), "the third within 10 s");
-    limiter.reset(&Key::from("c")).await.unwrap();
+    limiter.control().reset(&Key::from("c")).await.unwrap();
     spend(&app, "c").await;
     // The level was forgotten with the rest: the same first block again.
     for _ in 0..2 {
@@ -314,6 +314,7 @@ async fn no_strike_under_an_administrators_block<St: Store>(store: St, clock: Ma
     let escalation = Escalation::new(Duration::from_secs(100));
     let (app, limiter) = layer(store, Algorithm::Gcra, escalation, &clock, false);
     limiter
+        .control()
         .block_for(&Key::from("e"), Duration::from_secs(5))
         .await
         .unwrap();

@@ -404,7 +404,7 @@ async fn usage_settled_across_two_layers<St: Store + Clone>(one: St, two: St, _:
     };
     let left = async || {
         let key = tower_ratelimit::key::Key::from("a");
-        second.peek(&key).await.unwrap().outcomes()[0].remaining()
+        second.control().peek(&key).await.unwrap().outcomes()[0].remaining()
     };
     let reply = ask(&first, json!({"max_tokens": 50, "used": 10})).await;
     assert_eq!(
@@ -567,6 +567,7 @@ async fn a_body_policy_needs_a_layer_that_reads_bodies() {
         .build()
         .unwrap();
     let err = layer
+        .control()
         .reload([Policy::gcra("1/s").cost_json("/n")])
         .unwrap_err()
         .to_string();

@@ -415,7 +415,7 @@ async fn runtime_lists_answer_before_the_body<St: Store + Clone>(
     };
     let (one, two) = (layer(one), layer(two));
     let (a, b) = (app(&one), app(&two));
-    one.deny_key(&Key::from("d"), None).await.unwrap();
+    one.control().deny_key(&Key::from("d"), None).await.unwrap();
     for body in [text("not json"), never_ending()] {
         let reply = post(&b, "/", "d", body).await;
         assert_eq!(reply.status, StatusCode::FORBIDDEN, "{}", reply.body);
@@ -424,7 +424,10 @@ async fn runtime_lists_answer_before_the_body<St: Store + Clone>(
         post(&a, "/", "k", json(&json!({"n": 1}))).await.status,
         StatusCode::OK
     );
-    one.allow_key(&Key::from("k"), None).await.unwrap();
+    one.control()
+        .allow_key(&Key::from("k"), None)
+        .await
+        .unwrap();
     // In memory the head knows the entry, and the body streams through unread (200); with
     // Redis the store's call says so after the body is read (400): never a charge, or 429.
     for app in [&a, &b, &a] {

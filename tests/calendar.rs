@@ -419,6 +419,7 @@ async fn a_reload_keeps_the_periods_usage<St: Store>(store: St, clock: &ManualCl
     check(&layer).await;
     check(&layer).await;
     layer
+        .control()
         .reload([plan("reloaded", "5/month", zone("Asia/Kolkata"))])
         .unwrap();
     assert_eq!(check(&layer).await.1, 2, "two of five were used");

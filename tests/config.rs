@@ -202,7 +202,13 @@ settle_at_most = 2
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::OK);
-    let left = layer.peek(&Key::global()).await.unwrap().outcomes()[0].remaining();
+    let left = layer
+        .control()
+        .peek(&Key::global())
+        .await
+        .unwrap()
+        .outcomes()[0]
+        .remaining();
     assert_eq!(left, 960, "settled at 40, not the file's 100");
 }
 
@@ -251,12 +257,24 @@ async fn a_changed_file_reloads_the_layer_keeping_usage() {
     for _ in 0..5 {
         assert!(layer.check(&key, 1).await.unwrap().is_allowed());
     }
-    let report = layer.reload(file("20/min").policies().unwrap()).unwrap();
+    let report = layer
+        .control()
+        .reload(file("20/min").policies().unwrap())
+        .unwrap();
     assert_eq!(
         report.to_string(),
         r#"changed "api": sliding_window 10/min -> sliding_window 20/min; 0 unchanged"#
     );
-    assert_eq!(layer.peek(&key).await.unwrap().tightest().remaining(), 15);
+    assert_eq!(
+        layer
+            .control()
+            .peek(&key)
+            .await
+            .unwrap()
+            .tightest()
+            .remaining(),
+        15
+    );
 }
 
 /// Keys and costs of the body from a file: a policy per client and tool (`ip+jsonrpc`) and
@@ -305,7 +323,13 @@ cost = "json:/max_tokens"
     assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
     assert!(reply.body.contains("\"tokens\""), "{}", reply.body);
     assert_eq!(
-        layer.peek(&Key::from("a")).await.unwrap().outcomes()[1].remaining(),
+        layer
+            .control()
+            .peek(&Key::from("a"))
+            .await
+            .unwrap()
+            .outcomes()[1]
+            .remaining(),
         40
     );
     let err = read("[[policy]]\nquota = \"1/s\"\ncost = \"json:max_tokens\"\n").unwrap_err();

@@ -411,7 +411,7 @@ async fn a_held_call_dropped_gives_its_time_back<St: Store>(layer: &EgressLayer<
     let key = Key::from("api.partner.example:443");
     let mut free_at = Duration::MAX;
     for _ in 0..10_000 {
-        let peeked = layer.limits().peek(&key).await.unwrap();
+        let peeked = layer.limits().control().peek(&key).await.unwrap();
         free_at = started.elapsed() + peeked.tightest().reset_after();
         if free_at < ms(2600) {
             break;
@@ -582,7 +582,7 @@ fn adaptive<St: Store>(store: St, clock: &TokioClock) -> EgressLayer<St> {
 
 /// The partner's limit for its key, as `layer` decides now.
 async fn limit_of<St: Store>(layer: &EgressLayer<St>) -> u64 {
-    let decision = layer.limits().peek(&partner_key()).await.unwrap();
+    let decision = layer.limits().control().peek(&partner_key()).await.unwrap();
     decision.outcomes()[0].limit()
 }
 
@@ -903,6 +903,7 @@ async fn a_call_is_settled_at_what_its_response_says_it_used() {
         loop {
             let left = layer
                 .limits()
+                .control()
                 .peek(&key)
                 .await
                 .unwrap()

@@ -93,10 +93,19 @@ async fn a_tenants_pause_holds_that_tenant_only<St: Store>(store: St, clock: Man
     // The key is the host's and the credential's hash: the paused one is the spent
     // tenant's.
     let spent = key_of("spent");
-    assert!(!layer.limits().peek(&spent).await.unwrap().is_allowed());
+    assert!(
+        !layer
+            .limits()
+            .control()
+            .peek(&spent)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
     assert!(
         layer
             .limits()
+            .control()
             .peek(&key_of("tenant-b"))
             .await
             .unwrap()
@@ -105,7 +114,15 @@ async fn a_tenants_pause_holds_that_tenant_only<St: Store>(store: St, clock: Man
     let host = UpstreamHost
         .extract(&RequestRef::new(&call("spent")))
         .unwrap();
-    assert!(layer.limits().peek(&host).await.unwrap().is_allowed());
+    assert!(
+        layer
+            .limits()
+            .control()
+            .peek(&host)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
     assert!(!format!("{spent:?}").contains("spent"), "{spent:?}");
 }
 
@@ -171,7 +188,7 @@ async fn a_settled_debt_pauses_the_key_max_pause_at_most<St: Store>(store: St, c
     let full = Duration::from_secs(60);
     let mut settled = false;
     for _ in 0..1_000 {
-        let decision = layer.limits().peek(&key).await.unwrap();
+        let decision = layer.limits().control().peek(&key).await.unwrap();
         if decision.tightest().reset_after() > full {
             settled = true;
             break;

@@ -239,7 +239,7 @@ async fn each_fault_is_answered_within_the_deadline(behind: Behind) {
         let key = format!("exact-{round}");
         let cleared = Instant::now();
         eventually(&format!("{what}: decisions come back"), async || {
-            layer.peek(&Key::from(key.as_str())).await.is_ok()
+            layer.control().peek(&Key::from(key.as_str())).await.is_ok()
         })
         .await;
         eprintln!(
@@ -286,7 +286,7 @@ async fn a_lost_reply_was_decided_once_and_its_charge_stays(behind: Behind) {
         // falls on the decision's command, not on the reconnection's own (a TLS handshake, a
         // cluster's topology query), which raced it before and let the decision through.
         eventually("decisions come back after the reset", async || {
-            layer.peek(&key).await.is_ok()
+            layer.control().peek(&key).await.is_ok()
         })
         .await;
         // The peek that found the connection back ran once.
@@ -299,7 +299,7 @@ async fn a_lost_reply_was_decided_once_and_its_charge_stays(behind: Behind) {
         assert_eq!(proxy.fired().1, fired.1 + 1);
         proxy.clear();
         eventually("decisions come back", async || {
-            layer.peek(&key).await.is_ok()
+            layer.control().peek(&key).await.is_ok()
         })
         .await;
         // Two run since `before`, beside the peek: the one whose reply was lost, and the
@@ -309,7 +309,7 @@ async fn a_lost_reply_was_decided_once_and_its_charge_stays(behind: Behind) {
             2,
             "the cut command never ran"
         );
-        let seen = layer.peek(&key).await.unwrap();
+        let seen = layer.control().peek(&key).await.unwrap();
         assert_eq!(
             seen.tightest().remaining(),
             u64::from(LIMIT) - 2,
@@ -457,17 +457,29 @@ async fn a_lease_whose_reply_is_lost_is_spent_until_the_policy_refills(behind: B
     );
     behind.clear();
     eventually("decisions come back", async || {
-        layer.peek(&key).await.is_ok()
+        layer.control().peek(&key).await.is_ok()
     })
     .await;
-    let left = layer.peek(&key).await.unwrap().tightest().remaining();
+    let left = layer
+        .control()
+        .peek(&key)
+        .await
+        .unwrap()
+        .tightest()
+        .remaining();
     assert_eq!(
         left,
         u64::from(LIMIT) - 1 - 2,
         "the lost lease's 2 units are spent"
     );
     clock.advance(Duration::from_secs(36 * 60));
-    let left = layer.peek(&key).await.unwrap().tightest().remaining();
+    let left = layer
+        .control()
+        .peek(&key)
+        .await
+        .unwrap()
+        .tightest()
+        .remaining();
     assert_eq!(left, u64::from(LIMIT), "refilled in 36 minutes");
 }
 
@@ -513,7 +525,7 @@ async fn on_the_cluster_a_moved_slot_is_followed_and_decided_once() {
         "the old node ran nothing"
     );
     assert_eq!(to.calls("fcall") - before_to, 1, "the new node ran it once");
-    let seen = layer.peek(&key).await.unwrap();
+    let seen = layer.control().peek(&key).await.unwrap();
     assert_eq!(
         seen.tightest().remaining(),
         u64::from(LIMIT) - 1,

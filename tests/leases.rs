@@ -150,7 +150,7 @@ async fn a_reset_forgets_the_lease_held_here() {
     get(&svc).await;
     get(&svc).await;
     assert_eq!(left_in_store(&store, window("1000/h"), &clock).await, 997);
-    l.reset(&Key::global()).await.unwrap();
+    l.control().reset(&Key::global()).await.unwrap();
     assert_eq!(left_in_store(&store, window("1000/h"), &clock).await, 1000);
     // The unit left in the forgotten lease is not spent: the next request asks the store.
     get(&svc).await;
@@ -256,6 +256,7 @@ async fn a_block_through_another_instance_is_seen_when_the_lease_here_ends() {
     get(&here).await;
     get(&here).await;
     elsewhere
+        .control()
         .block_for(&Key::global(), Duration::from_secs(60))
         .await
         .unwrap();

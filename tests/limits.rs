@@ -41,6 +41,7 @@ async fn a_keys_limit_changes_and_ends<St: Store>(store: St, clock: &ManualClock
     }
     assert!(!check(&layer, "acme", 1).await.0);
     let decision = layer
+        .control()
         .set_limit(name, &Key::from("acme"), "50/min", at(T0 + 30 * S))
         .await
         .unwrap();
@@ -58,6 +59,7 @@ async fn a_keys_limit_changes_and_ends<St: Store>(store: St, clock: &ManualClock
     );
     // Lowered: 15 used of 5.
     layer
+        .control()
         .set_limit(name, &Key::from("acme"), "5/min", at(T0 + 30 * S))
         .await
         .unwrap();
@@ -72,11 +74,16 @@ async fn a_keys_limit_changes_and_ends<St: Store>(store: St, clock: &ManualClock
     // The next window, raised again, then cleared.
     clock.set_micros(T0 + 60 * S);
     layer
+        .control()
         .set_limit(name, &Key::from("acme"), "20/min", None)
         .await
         .unwrap();
     assert_eq!(check(&layer, "acme", 12).await, (true, 8, 20));
-    let cleared = layer.clear_limit(name, &Key::from("acme")).await.unwrap();
+    let cleared = layer
+        .control()
+        .clear_limit(name, &Key::from("acme"))
+        .await
+        .unwrap();
     assert_eq!(cleared.outcomes()[0].limit(), 10);
     assert!(!check(&layer, "acme", 1).await.0, "12 used of 10");
 }
@@ -99,10 +106,14 @@ async fn a_keys_limit_survives_a_reload<St: Store>(store: St, clock: &ManualCloc
     clock.set_micros(T0);
     let layer = global_layer(store, Policy::gcra("10/min").name("api"), clock);
     layer
+        .control()
         .set_limit("api", &Key::from("acme"), "100/min", at(T0 + 60 * S))
         .await
         .unwrap();
-    layer.reload([Policy::gcra("20/min").name("api")]).unwrap();
+    layer
+        .control()
+        .reload([Policy::gcra("20/min").name("api")])
+        .unwrap();
     assert_eq!(check(&layer, "acme", 1).await, (true, 99, 100));
     assert_eq!(check(&layer, "other", 1).await.2, 20);
     clock.set_micros(T0 + 60 * S);
@@ -129,6 +140,7 @@ async fn every_algorithm_takes_a_keys_limit<St: Store + Clone>(store: St, clock:
             clock,
         );
         layer
+            .control()
             .set_limit(&name, &Key::from("acme"), "8/min", at(T0 + 60 * S))
             .await
             .unwrap();
@@ -145,7 +157,11 @@ async fn every_algorithm_takes_a_keys_limit<St: Store + Clone>(store: St, clock:
         };
         assert_eq!(admitted("acme").await, 8, "{algorithm}: its own limit");
         assert_eq!(admitted("other").await, 4, "{algorithm}: the policy's");
-        layer.clear_limit(&name, &Key::from("acme")).await.unwrap();
+        layer
+            .control()
+            .clear_limit(&name, &Key::from("acme"))
+            .await
+            .unwrap();
         let (allowed, _, limit) = check(&layer, "acme", 1).await;
         assert_eq!((allowed, limit), (false, 4), "{algorithm}: 8 used of 4");
     }
@@ -177,13 +193,17 @@ async fn the_other_instance_obeys_at_once<St: Store>(a: St, b: St, clock: &Manua
         assert!(check(&b, "acme", 1).await.0);
     }
     assert!(!check(&b, "acme", 1).await.0);
-    a.set_limit("shared", &Key::from("acme"), "5/min", None)
+    a.control()
+        .set_limit("shared", &Key::from("acme"), "5/min", None)
         .await
         .unwrap();
     assert_eq!(check(&b, "acme", 1).await, (true, 1, 5));
     assert_eq!(check(&b, "acme", 1).await, (true, 0, 5));
     assert!(!check(&a, "acme", 1).await.0);
-    a.clear_limit("shared", &Key::from("acme")).await.unwrap();
+    a.control()
+        .clear_limit("shared", &Key::from("acme"))
+        .await
+        .unwrap();
     assert_eq!(check(&b, "acme", 0).await.2, 3);
 }
 
@@ -220,23 +240,26 @@ async fn bad_limits_are_errors() {
         .build()
         .unwrap();
     let key = Key::from("acme");
-    let error = layer.set_limit("nope", &key, "5/min", None).await;
+    let error = layer.control().set_limit("nope", &key, "5/min", None).await;
     assert!(
         matches!(error, Err(LimitError::UnknownPolicy(_))),
         "{error:?}"
     );
     let error = layer
+        .control()
         .set_limit("api", &key, "0/min", None)
         .await
         .unwrap_err();
     assert!(error.to_string().contains("zero"), "{error}");
     let error = layer
+        .control()
         .set_limit("plan", &key, "50/day", None)
         .await
         .unwrap_err();
     assert!(error.to_string().contains("calendar period"), "{error}");
     assert!(
         layer
+            .control()
             .set_limit("plan", &key, "5000/month", None)
             .await
             .is_ok()

@@ -91,7 +91,7 @@ async fn given_lists<St: Store>(store: St) {
         assert!(reply.remaining().is_none());
     }
     // ... and not counted: key b has its 3 requests.
-    let peek = layer.peek(&Key::from("b")).await.unwrap();
+    let peek = layer.control().peek(&Key::from("b")).await.unwrap();
     assert_eq!(peek.outcomes()[0].remaining(), 3);
     // The same address in a header a client wrote itself is not believed.
     for expected in [StatusCode::OK, StatusCode::OK, StatusCode::OK] {
@@ -119,6 +119,7 @@ async fn given_lists<St: Store>(store: St) {
     assert_denied(&ask(&app, "monitor", "203.0.113.9", "").await, NETWORK);
     // Reloaded: the new lists count, the old ones no more.
     layer
+        .control()
         .reload_lists(
             &Lists::new()
                 .deny(["d"])
@@ -130,7 +131,9 @@ async fn given_lists<St: Store>(store: St) {
         ask(&app, "e", "203.0.113.9", "").await.status,
         StatusCode::OK
     );
-    let bad = layer.reload_lists(&Lists::new().deny(["10.0.0.0/33"]));
+    let bad = layer
+        .control()
+        .reload_lists(&Lists::new().deny(["10.0.0.0/33"]));
     assert!(bad.unwrap_err().to_string().contains("deny list"));
     assert_denied(&ask(&app, "d", "192.0.2.1", "").await, KEY);
 }
@@ -173,7 +176,8 @@ async fn runtime_entries<St: Store>(one: St, two: St, clock: ManualClock) {
     let app = app(&two);
     let k = |name: &str| Key::from(name);
     // Denied for 10 s: refused at once by the other instance, again after 9.9 s, not at 10 s.
-    one.deny_key(&k("x"), Some(at(&clock, Duration::from_secs(10))))
+    one.control()
+        .deny_key(&k("x"), Some(at(&clock, Duration::from_secs(10))))
         .await
         .unwrap();
     assert_denied(&ask(&app, "x", "192.0.2.1", "").await, KEY);
@@ -186,13 +190,14 @@ async fn runtime_entries<St: Store>(one: St, two: St, clock: ManualClock) {
     // The denied requests were not counted.
     assert_eq!(reply.remaining(), Some(2));
     // Denied for good, then taken off.
-    one.deny_key(&k("x"), None).await.unwrap();
+    one.control().deny_key(&k("x"), None).await.unwrap();
     clock.advance(Duration::from_secs(30 * 86_400));
     assert_denied(&ask(&app, "x", "192.0.2.1", "").await, KEY);
-    one.remove_denied(&k("x")).await.unwrap();
+    one.control().remove_denied(&k("x")).await.unwrap();
     assert_eq!(ask(&app, "x", "192.0.2.1", "").await.status, StatusCode::OK);
     // Allowed for a minute: never limited, not counted, then limited again from 3.
-    one.allow_key(&k("z"), Some(at(&clock, Duration::from_secs(60))))
+    one.control()
+        .allow_key(&k("z"), Some(at(&clock, Duration::from_secs(60))))
         .await
         .unwrap();
     for _ in 0..10 {
@@ -206,28 +211,29 @@ async fn runtime_entries<St: Store>(one: St, two: St, clock: ManualClock) {
     clock.advance(Duration::from_secs(60));
     assert_eq!(ask(&app, "z", "192.0.2.1", "").await.remaining(), Some(2));
     // On both lists: denied.
-    one.allow_key(&k("w"), None).await.unwrap();
-    one.deny_key(&k("w"), None).await.unwrap();
+    one.control().allow_key(&k("w"), None).await.unwrap();
+    one.control().deny_key(&k("w"), None).await.unwrap();
     assert_denied(&ask(&app, "w", "192.0.2.1", "").await, KEY);
-    one.remove_denied(&k("w")).await.unwrap();
+    one.control().remove_denied(&k("w")).await.unwrap();
     assert!(ask(&app, "w", "192.0.2.1", "").await.remaining().is_none());
-    one.remove_allowed(&k("w")).await.unwrap();
+    one.control().remove_allowed(&k("w")).await.unwrap();
     assert_eq!(ask(&app, "w", "192.0.2.1", "").await.remaining(), Some(2));
     // An end that is not after the present is an error, and the entry stays: a PUT is never
     // a removal (the end at the layer's present included).
-    one.deny_key(&k("v"), None).await.unwrap();
+    one.control().deny_key(&k("v"), None).await.unwrap();
     for until in [UNIX_EPOCH, at(&clock, Duration::ZERO)] {
-        let refused = one.deny_key(&k("v"), Some(until)).await;
+        let refused = one.control().deny_key(&k("v"), Some(until)).await;
         assert!(matches!(refused, Err(LimitError::Until(_))), "{refused:?}");
-        let refused = one.allow_key(&k("v"), Some(until)).await;
+        let refused = one.control().allow_key(&k("v"), Some(until)).await;
         assert!(matches!(refused, Err(LimitError::Until(_))), "{refused:?}");
     }
     let far = UNIX_EPOCH + Duration::from_secs(1 << 40);
-    let refused = one.deny_key(&k("v"), Some(far)).await;
+    let refused = one.control().deny_key(&k("v"), Some(far)).await;
     assert!(matches!(refused, Err(LimitError::Until(_))), "{refused:?}");
     assert_denied(&ask(&app, "v", "192.0.2.1", "").await, KEY);
     // A key's own limit: the same.
     let refused = one
+        .control()
         .set_limit("per-key", &k("v"), "5/h", Some(UNIX_EPOCH))
         .await;
     assert!(matches!(refused, Err(LimitError::Until(_))), "{refused:?}");
@@ -257,25 +263,29 @@ async fn the_deny_cache_obeys_the_administrator<St: Store>(store: St, clock: Man
         );
     };
     limited().await;
-    layer.reset(&k).await.unwrap();
+    layer.control().reset(&k).await.unwrap();
     assert_eq!(
         ask(&app, "c", "192.0.2.1", "").await.status,
         StatusCode::OK,
         "reset"
     );
     limited().await;
-    layer.allow_key(&k, None).await.unwrap();
+    layer.control().allow_key(&k, None).await.unwrap();
     assert_eq!(
         ask(&app, "c", "192.0.2.1", "").await.status,
         StatusCode::OK,
         "allowed"
     );
-    layer.remove_allowed(&k).await.unwrap();
+    layer.control().remove_allowed(&k).await.unwrap();
     assert_eq!(
         ask(&app, "c", "192.0.2.1", "").await.status,
         StatusCode::TOO_MANY_REQUESTS
     );
-    layer.set_limit("cached", &k, "100/h", None).await.unwrap();
+    layer
+        .control()
+        .set_limit("cached", &k, "100/h", None)
+        .await
+        .unwrap();
     assert_eq!(
         ask(&app, "c", "192.0.2.1", "").await.status,
         StatusCode::OK,
@@ -350,6 +360,7 @@ async fn a_key_without_entries_costs_its_lists_one_get_on_redis() {
     assert_eq!(server.calls("get"), gets + policy_alone + 1);
     assert_eq!(server.calls("exists"), 0);
     layer
+        .control()
         .deny_key(&Key::from("a"), Some(at(&clock, Duration::from_secs(5))))
         .await
         .unwrap();
@@ -397,15 +408,18 @@ async fn entries_beside_other_keys<St: Store>(one: St, two: St, clock: ManualClo
         send(&app, request).await
     };
     assert_eq!(ask("a").await.remaining(), Some(2));
-    one.deny_key(&Key::from("a"), None).await.unwrap();
+    one.control().deny_key(&Key::from("a"), None).await.unwrap();
     assert_denied(&ask("a").await, KEY);
-    one.allow_key(&Key::from("b"), None).await.unwrap();
+    one.control()
+        .allow_key(&Key::from("b"), None)
+        .await
+        .unwrap();
     for _ in 0..5 {
         assert!(ask("b").await.remaining().is_none(), "allowed: not counted");
     }
     // Neither the denied nor the allowed requests were counted by either policy.
     assert_eq!(ask("c").await.remaining(), Some(1));
-    one.remove_denied(&Key::from("a")).await.unwrap();
+    one.control().remove_denied(&Key::from("a")).await.unwrap();
     assert_eq!(ask("a").await.remaining(), Some(0));
 }
 
@@ -425,7 +439,10 @@ async fn runtime_networks<St: Store>(one: St, two: St, clock: ManualClock) {
     let (one, two) = (layer(one, plain(), &clock), layer(two, plain(), &clock));
     let (app_one, app_two) = (app(&one), app(&two));
     let net = |text: &str| text.parse::<Cidr>().unwrap();
-    one.deny_network(net("192.0.2.0/24"), None).await.unwrap();
+    one.control()
+        .deny_network(net("192.0.2.0/24"), None)
+        .await
+        .unwrap();
     assert_denied(&ask(&app_one, "a", "192.0.2.7", "").await, NETWORK);
     assert_denied(&ask(&app_one, "a", "::ffff:192.0.2.7", "").await, NETWORK);
     // The address behind the trusted proxy, not the proxy's.
@@ -439,7 +456,8 @@ async fn runtime_networks<St: Store>(one: St, two: St, clock: ManualClock) {
     assert_denied(&ask(&app_two, "b", "192.0.2.8", "").await, NETWORK);
     // Allowed for ten seconds: neither limited nor counted, on both, then counted again.
     let until = at(&clock, Duration::from_secs(10));
-    one.allow_network(net("2001:db8::/32"), Some(until))
+    one.control()
+        .allow_network(net("2001:db8::/32"), Some(until))
         .await
         .unwrap();
     clock.advance(READ_EVERY);
@@ -451,7 +469,8 @@ async fn runtime_networks<St: Store>(one: St, two: St, clock: ManualClock) {
         }
     }
     // A denial wins over an allowed network.
-    one.deny_network(net("2001:db8:bad::/48"), None)
+    one.control()
+        .deny_network(net("2001:db8:bad::/48"), None)
         .await
         .unwrap();
     assert_denied(&ask(&app_one, "c", "2001:db8:bad::1", "").await, NETWORK);
@@ -465,7 +484,8 @@ async fn runtime_networks<St: Store>(one: St, two: St, clock: ManualClock) {
         Some(1)
     );
     // Taken off: lifted on this instance at once, on the other within its next read.
-    one.remove_denied_network(net("192.0.2.0/24"))
+    one.control()
+        .remove_denied_network(net("192.0.2.0/24"))
         .await
         .unwrap();
     assert_eq!(
@@ -479,6 +499,7 @@ async fn runtime_networks<St: Store>(one: St, two: St, clock: ManualClock) {
     );
     // An end already past is refused, and the entry stays.
     let refused = one
+        .control()
         .deny_network(net("2001:db8:bad::/48"), Some(UNIX_EPOCH))
         .await;
     assert!(matches!(refused, Err(LimitError::Until(_))), "{refused:?}");
@@ -486,17 +507,21 @@ async fn runtime_networks<St: Store>(one: St, two: St, clock: ManualClock) {
     // At most a thousand.
     for i in 0..999u32 {
         let network = Cidr::host(std::net::Ipv4Addr::from(0x0a00_0000 + i).into());
-        one.deny_network(network, None).await.unwrap();
+        one.control().deny_network(network, None).await.unwrap();
     }
-    let refused = one.deny_network(net("198.18.0.0/15"), None).await;
+    let refused = one.control().deny_network(net("198.18.0.0/15"), None).await;
     assert!(
         matches!(refused, Err(LimitError::Network(_))),
         "{refused:?}"
     );
-    one.remove_denied_network(net("2001:db8:bad::/48"))
+    one.control()
+        .remove_denied_network(net("2001:db8:bad::/48"))
         .await
         .unwrap();
-    one.deny_network(net("198.18.0.0/15"), None).await.unwrap();
+    one.control()
+        .deny_network(net("198.18.0.0/15"), None)
+        .await
+        .unwrap();
 }
 
 /// An instance idle past the interval reads the networks before it decides its next request:
@@ -518,17 +543,17 @@ async fn an_idle_instance_obeys_the_networks_at_its_next_request<St: Store>(
         ask(&app_two, "a", "192.0.2.7", "").await.status,
         StatusCode::OK
     );
-    one.deny_network(net, None).await.unwrap();
+    one.control().deny_network(net, None).await.unwrap();
     clock.advance(READ_EVERY);
     assert_denied(&ask(&app_two, "b", "192.0.2.7", "").await, NETWORK);
-    one.remove_denied_network(net).await.unwrap();
+    one.control().remove_denied_network(net).await.unwrap();
     clock.advance(READ_EVERY + Duration::from_millis(1));
     assert_eq!(
         ask(&app_two, "c", "192.0.2.7", "").await.status,
         StatusCode::OK
     );
     // Idle an hour: its first request is decided on what is stored then.
-    one.deny_network(net, None).await.unwrap();
+    one.control().deny_network(net, None).await.unwrap();
     clock.advance(Duration::from_secs(3600));
     assert_denied(&ask(&app_two, "d", "192.0.2.7", "").await, NETWORK);
 }
@@ -556,11 +581,17 @@ async fn entries_as_the_lists_take_them<St: Store>(one: St, two: St, clock: Manu
         assert!(bad.parse::<Entry>().is_err(), "{bad:?} is no entry");
     }
     // A key: refused by the other instance from its next request.
-    one.deny(entry("scraper"), None).await.unwrap();
+    one.control().deny(entry("scraper"), None).await.unwrap();
     assert_denied(&ask(&app_two, "scraper", "192.0.2.200", "").await, KEY);
     // A network, and an address: the client's address, within the other's next read.
-    one.deny(entry("192.0.2.0/24"), None).await.unwrap();
-    one.deny(entry("198.51.100.7"), None).await.unwrap();
+    one.control()
+        .deny(entry("192.0.2.0/24"), None)
+        .await
+        .unwrap();
+    one.control()
+        .deny(entry("198.51.100.7"), None)
+        .await
+        .unwrap();
     clock.advance(READ_EVERY);
     for peer in ["192.0.2.9", "198.51.100.7"] {
         assert_denied(&ask(&app_two, "a", peer, "").await, NETWORK);
@@ -571,16 +602,28 @@ async fn entries_as_the_lists_take_them<St: Store>(one: St, two: St, clock: Manu
         StatusCode::OK
     );
     // Allowed: neither limited nor counted.
-    one.allow(entry("monitor"), None).await.unwrap();
+    one.control().allow(entry("monitor"), None).await.unwrap();
     for _ in 0..5 {
         let reply = ask(&app_two, "monitor", "203.0.113.1", "").await;
         assert!(reply.remaining().is_none(), "allowed: not counted");
     }
     // Taken off, each as it was put on (a `&Key` is an entry too).
-    one.remove_denied(&Key::from("scraper")).await.unwrap();
-    one.remove_denied(entry("192.0.2.0/24")).await.unwrap();
-    one.remove_denied(entry("198.51.100.7")).await.unwrap();
-    one.remove_allowed(entry("monitor")).await.unwrap();
+    one.control()
+        .remove_denied(&Key::from("scraper"))
+        .await
+        .unwrap();
+    one.control()
+        .remove_denied(entry("192.0.2.0/24"))
+        .await
+        .unwrap();
+    one.control()
+        .remove_denied(entry("198.51.100.7"))
+        .await
+        .unwrap();
+    one.control()
+        .remove_allowed(entry("monitor"))
+        .await
+        .unwrap();
     assert_eq!(
         ask(&app_two, "scraper", "203.0.113.1", "")
             .await
@@ -622,6 +665,7 @@ async fn a_network_needs_lists_kept_in_the_store() {
     let kept = Lists::new().kept_in_store(false);
     let net: Cidr = "192.0.2.0/24".parse().unwrap();
     let refused = layer(MemoryStore::new(), kept, &clock)
+        .control()
         .deny_network(net, None)
         .await;
     assert!(matches!(refused, Err(LimitError::NoLists)), "{refused:?}");
@@ -646,7 +690,11 @@ async fn mistakes_are_errors() {
         .policy(Policy::gcra("1/s"))
         .build()
         .unwrap();
-    let error = without.deny_key(&Key::from("k"), None).await.unwrap_err();
+    let error = without
+        .control()
+        .deny_key(&Key::from("k"), None)
+        .await
+        .unwrap_err();
     assert!(matches!(error, LimitError::NoLists), "{error}");
     let static_only = layer(
         MemoryStore::new(),
@@ -654,11 +702,12 @@ async fn mistakes_are_errors() {
         &ManualClock::new(),
     );
     let error = static_only
+        .control()
         .allow_key(&Key::from("k"), None)
         .await
         .unwrap_err();
     assert!(matches!(error, LimitError::NoLists), "{error}");
-    assert!(without.reload_lists(&Lists::new()).is_err());
+    assert!(without.control().reload_lists(&Lists::new()).is_err());
 }
 
 #[cfg(feature = "toml")]
@@ -731,7 +780,11 @@ async fn the_files_entries_follow_the_lists_key() {
         ask(&app, "bob", "192.0.2.1", "").await.status,
         StatusCode::OK
     );
-    layer.deny_key(&Key::from("bob"), None).await.unwrap();
+    layer
+        .control()
+        .deny_key(&Key::from("bob"), None)
+        .await
+        .unwrap();
     assert_denied(&ask(&app, "bob", "192.0.2.1", "").await, KEY);
 }
 
@@ -768,18 +821,24 @@ async fn entries_match<St: Store>(one: St, two: St, clock: ManualClock) {
     let served = app(&served);
     // ::1 in its long form, an address of a /64 by another, a mapped IPv4 address.
     admin
+        .control()
         .deny_key(&Key::from("0:0:0:0:0:0:0:1"), None)
         .await
         .unwrap();
     assert_denied(&from(&served, "::1", None, "").await, KEY);
     let v6: std::net::IpAddr = "2001:db8:1:2::7".parse().unwrap();
-    admin.deny_key(&Key::from(v6), None).await.unwrap();
+    admin
+        .control()
+        .deny_key(&Key::from(v6), None)
+        .await
+        .unwrap();
     assert_denied(&from(&served, "2001:db8:1:2::99", None, "").await, KEY);
     assert_eq!(
         from(&served, "2001:db8:1:3::7", None, "").await.status,
         StatusCode::OK
     );
     admin
+        .control()
         .allow_key(&Key::from("::ffff:127.0.0.1"), None)
         .await
         .unwrap();
@@ -789,6 +848,7 @@ async fn entries_match<St: Store>(one: St, two: St, clock: ManualClock) {
         assert!(reply.remaining().is_none(), "allowed");
     }
     admin
+        .control()
         .set_limit("per-ip", &Key::from("[::ffff:127.0.0.2]"), "100/h", None)
         .await
         .unwrap();
@@ -796,12 +856,13 @@ async fn entries_match<St: Store>(one: St, two: St, clock: ManualClock) {
     assert_eq!(reply.remaining(), Some(99), "its own limit");
     // What no request has: refused, naming why.
     for refused in ["alice", "127.0.0.01", "203.0.113.0/24", ""] {
-        let denied = admin.deny_key(&Key::from(refused), None).await;
+        let denied = admin.control().deny_key(&Key::from(refused), None).await;
         assert!(
             matches!(denied, Err(LimitError::Entry(_))),
             "{refused}: {denied:?}"
         );
         let limited = admin
+            .control()
             .set_limit("per-ip", &Key::from(refused), "5/h", None)
             .await;
         assert!(
@@ -809,7 +870,11 @@ async fn entries_match<St: Store>(one: St, two: St, clock: ManualClock) {
             "{refused}: {limited:?}"
         );
     }
-    admin.remove_denied(&Key::from("::1")).await.unwrap();
+    admin
+        .control()
+        .remove_denied(&Key::from("::1"))
+        .await
+        .unwrap();
     assert_eq!(from(&served, "::1", None, "").await.status, StatusCode::OK);
 
     // An API key, or else the client's address behind a trusted proxy: an entry names the
@@ -830,9 +895,14 @@ async fn entries_match<St: Store>(one: St, two: St, clock: ManualClock) {
     };
     let (admin, served) = (either(one), either(two));
     let served = app(&served);
-    admin.deny_key(&Key::from(v6), None).await.unwrap();
+    admin
+        .control()
+        .deny_key(&Key::from(v6), None)
+        .await
+        .unwrap();
     assert_denied(&from(&served, "2001:db8:1:2::1", None, "").await, KEY);
     admin
+        .control()
         .deny_key(&Key::from("s3cret-t0ken"), None)
         .await
         .unwrap();
@@ -920,7 +990,7 @@ async fn leases_and_entries_kept_in_the_store_are_refused_together() {
     )
     .unwrap();
     assert!(
-        given.reload_lists(&Lists::new()).is_err(),
+        given.control().reload_lists(&Lists::new()).is_err(),
         "a reload keeping entries in the store"
     );
     // Without leases first, then a reload that adds them.
@@ -930,7 +1000,7 @@ async fn leases_and_entries_kept_in_the_store_are_refused_together() {
         .store(server.store("leased:", &clock).await)
         .build()
         .unwrap();
-    assert!(plain.reload(vec![leased()]).is_err());
+    assert!(plain.control().reload(vec![leased()]).is_err());
     #[cfg(feature = "toml")]
     {
         let limits = tower_ratelimit::config::Limits::from_toml(

@@ -108,7 +108,7 @@ async fn warned_once_per_window<St: Store>(one: St, two: St, clock: ManualClock)
         assert_eq!(ask(&other, "k").await, StatusCode::TOO_MANY_REQUESTS);
         assert!(warnings(&mut other_rx).await.is_empty());
         // Listed beside the top limited keys.
-        let report = &limiter.top_limited_reports(10)[0];
+        let report = &limiter.control().top_limited_reports(10)[0];
         assert_eq!(report.near_limit(), 1);
         assert_eq!(report.near_keys()[0].text(), "k");
         // A new window: warned again.

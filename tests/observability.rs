@@ -43,7 +43,7 @@ async fn status_of<St: Store>(layer: &RateLimitLayer<St>, user: &str) -> StatusC
 
 /// `(text, count)` of the `n` keys `policy` denied most.
 fn top<St: Store>(layer: &RateLimitLayer<St>, policy: &str, n: usize) -> Vec<(String, u64)> {
-    let top = layer.top_limited(policy, n);
+    let top = layer.control().top_limited(policy, n);
     top.iter()
         .map(|k| (k.text().to_owned(), k.count()))
         .collect()
@@ -90,7 +90,7 @@ async fn the_layer_reports_the_ten_heaviest_of_a_flood_of_distinct_keys() {
         let ready = service.ready().await.unwrap();
         ready.call(as_user(user)).await.unwrap();
     }
-    let reported = layer.top_limited("per-user", 10);
+    let reported = layer.control().top_limited("per-user", 10);
     let names: Vec<&str> = reported.iter().map(|k| k.text()).collect();
     let want: Vec<&str> = heavy.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(names, want);
@@ -99,14 +99,14 @@ async fn the_layer_reports_the_ten_heaviest_of_a_flood_of_distinct_keys() {
         assert!(limited.count() - limited.error() <= *count, "{limited:?}");
         assert!(limited.error() <= stream.len() as u64 / 256, "{limited:?}");
     }
-    assert!(layer.top_limited("roomy", 10).is_empty());
-    let reports = layer.top_limited_reports(3);
+    assert!(layer.control().top_limited("roomy", 10).is_empty());
+    let reports = layer.control().top_limited_reports(3);
     assert_eq!(reports.len(), 2);
     assert_eq!(reports[0].policy(), "per-user");
     assert_eq!(reports[0].limited(), stream.len() as u64);
     assert_eq!(reports[0].keys().len(), 3);
     assert_eq!(
-        layer.top_limited("per-user", 1)[0].key(),
+        layer.control().top_limited("per-user", 1)[0].key(),
         Some(&Key::from("heavy-0"))
     );
 }
@@ -177,6 +177,7 @@ async fn a_reload_keeps_the_summaries_of_the_policies_that_stay() {
     }
     assert_eq!(top(&layer, "goes", 5), [("dave".to_owned(), 2)]);
     layer
+        .control()
         .reload([
             Policy::fixed_window("1/h").name("stays"),
             Policy::fixed_window("1/h").name("new"),
@@ -224,7 +225,7 @@ async fn the_admin_route_answers_json_and_clear_errors() {
     ] {
         status_of(&layer, user).await;
     }
-    let service = layer.top_limited_service();
+    let service = layer.control().top_limited_service();
     let (status, all) = admin(&service, Method::GET, "/admin/top").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
@@ -273,8 +274,8 @@ async fn the_admin_route_answers_json_and_clear_errors() {
     }
     // A layer that keeps no summary says how to keep one.
     let plain = RateLimitLayer::new(Policy::gcra("1/s"), tower_ratelimit::key::GlobalKey);
-    assert!(plain.top_limited("gcra:1/s", 10).is_empty());
-    let (status, body) = admin(&plain.top_limited_service(), Method::GET, "/").await;
+    assert!(plain.control().top_limited("gcra:1/s", 10).is_empty());
+    let (status, body) = admin(&plain.control().top_limited_service(), Method::GET, "/").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert!(body["error"].as_str().unwrap().contains("top_limited"));
 }
@@ -307,7 +308,7 @@ async fn the_admin_route_is_guarded() {
         let challenge = response.headers().get("www-authenticate").cloned();
         (status, problem, challenge)
     };
-    let open = layer.top_limited_service();
+    let open = layer.control().top_limited_service();
     let local = Some([127, 0, 0, 1]);
     assert_eq!(ask(open.clone(), local, "localhost:80", None).await.0, 200);
     assert_eq!(ask(open.clone(), local, "[::1]:80", None).await.0, 200);
@@ -353,7 +354,7 @@ async fn hashed_keys_are_the_partition_keys_clients_see() {
     send(&service, as_user("grace")).await;
     let limited = send(&service, as_user("grace")).await;
     let header = limited.header("ratelimit").unwrap().to_owned();
-    let top = layer.top_limited("per-user", 1);
+    let top = layer.control().top_limited("per-user", 1);
     assert_eq!(top[0].key(), None);
     assert!(
         header.contains(&format!("pk={}", top[0].text())),

@@ -84,8 +84,14 @@ async fn denials_seen_hold_while_redis_is_paused() {
             "a ten-minute block: {}",
             blocked.retry_after()
         );
-        one.deny_key(&Key::from(k("denied")), None).await.unwrap();
-        two.deny_key(&Key::from(k("seen")), None).await.unwrap();
+        one.control()
+            .deny_key(&Key::from(k("denied")), None)
+            .await
+            .unwrap();
+        two.control()
+            .deny_key(&Key::from(k("seen")), None)
+            .await
+            .unwrap();
         assert_eq!(ask(&a, &k("seen")).await.status, StatusCode::FORBIDDEN);
 
         signal(&server, "-STOP");
@@ -139,7 +145,10 @@ async fn denials_seen_hold_while_redis_is_paused() {
         assert_eq!(fresh.status, StatusCode::OK);
         assert_eq!(fresh.remaining(), Some(1), "{failure:?}: decided by Redis");
         // Taken off on one: no longer held there.
-        one.remove_denied(&Key::from(k("denied"))).await.unwrap();
+        one.control()
+            .remove_denied(&Key::from(k("denied")))
+            .await
+            .unwrap();
         assert_eq!(ask(&a, &k("denied")).await.status, StatusCode::OK);
     }
 }

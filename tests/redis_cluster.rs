@@ -613,7 +613,7 @@ async fn reloads_keep_usage_on_the_cluster(cluster: &RedisCluster) {
                 assert!(a.check(key, 1).await.unwrap().is_allowed());
             }
         }
-        b.reload([api(20)]).unwrap();
+        b.control().reload([api(20)]).unwrap();
         for key in &keys {
             let mut admitted = 4;
             for i in 0..40 {
@@ -624,10 +624,10 @@ async fn reloads_keep_usage_on_the_cluster(cluster: &RedisCluster) {
             }
             assert_eq!(admitted, 20, "{algorithm} {key:?}");
         }
-        a.reload([api(20)]).unwrap();
+        a.control().reload([api(20)]).unwrap();
         for key in &keys {
             assert_eq!(
-                a.peek(key).await.unwrap().tightest().remaining(),
+                a.control().peek(key).await.unwrap().tightest().remaining(),
                 0,
                 "{algorithm}"
             );

@@ -137,12 +137,12 @@ async fn on_both<A: Store, B: Store>(
             redis.penalize(key, cost).await.unwrap(),
         ),
         Op::Reset => (
-            memory.reset(key).await.unwrap(),
-            redis.reset(key).await.unwrap(),
+            memory.control().reset(key).await.unwrap(),
+            redis.control().reset(key).await.unwrap(),
         ),
         Op::Block(d) => (
-            memory.block_for(key, d).await.unwrap(),
-            redis.block_for(key, d).await.unwrap(),
+            memory.control().block_for(key, d).await.unwrap(),
+            redis.control().block_for(key, d).await.unwrap(),
         ),
         Op::Settle(actual) => (
             memory.settle(key, cost, actual).await.unwrap(),
@@ -366,8 +366,8 @@ async fn reloads_convert_alike_in_both_stores() {
                     if traced(seed) {
                         eprintln!("reload {policy:?}");
                     }
-                    on_memory.reload([policy.clone()]).unwrap();
-                    on_redis.reload([policy]).unwrap();
+                    on_memory.control().reload([policy.clone()]).unwrap();
+                    on_redis.control().reload([policy]).unwrap();
                     reloads += 1;
                 }
                 match rng.range(0, 14) {
@@ -739,8 +739,8 @@ async fn calendar_periods_decide_alike_in_both_stores() {
                 if traced(seed) {
                     eprintln!("reload {policy:?}");
                 }
-                on_memory.reload([policy.clone()]).unwrap();
-                on_redis.reload([policy]).unwrap();
+                on_memory.control().reload([policy.clone()]).unwrap();
+                on_redis.control().reload([policy]).unwrap();
                 reloads += 1;
             }
             if rng.range(0, 6) == 0 {
@@ -749,8 +749,8 @@ async fn calendar_periods_decide_alike_in_both_stores() {
                 let now = tower_ratelimit::Clock::now_micros(&clock);
                 let (m, r) = match rng.range(0, 2) {
                     0 => (
-                        on_memory.clear_limit(&name, &key).await.unwrap(),
-                        on_redis.clear_limit(&name, &key).await.unwrap(),
+                        on_memory.control().clear_limit(&name, &key).await.unwrap(),
+                        on_redis.control().clear_limit(&name, &key).await.unwrap(),
                     ),
                     _ => {
                         let quota = format!("{}/{period}", rng.range(1, 20));
@@ -760,10 +760,12 @@ async fn calendar_periods_decide_alike_in_both_stores() {
                         });
                         (
                             on_memory
+                                .control()
                                 .set_limit(&name, &key, quota.as_str(), until)
                                 .await
                                 .unwrap(),
                             on_redis
+                                .control()
                                 .set_limit(&name, &key, quota.as_str(), until)
                                 .await
                                 .unwrap(),
@@ -864,15 +866,20 @@ async fn own_limits_decide_alike_in_both_stores() {
                         limits += 1;
                         (
                             on_memory
+                                .control()
                                 .set_limit(&name, &key, quota, until)
                                 .await
                                 .unwrap(),
-                            on_redis.set_limit(&name, &key, quota, until).await.unwrap(),
+                            on_redis
+                                .control()
+                                .set_limit(&name, &key, quota, until)
+                                .await
+                                .unwrap(),
                         )
                     }
                     2 => (
-                        on_memory.clear_limit(&name, &key).await.unwrap(),
-                        on_redis.clear_limit(&name, &key).await.unwrap(),
+                        on_memory.control().clear_limit(&name, &key).await.unwrap(),
+                        on_redis.control().clear_limit(&name, &key).await.unwrap(),
                     ),
                     3 => {
                         let policy = match algorithm {
@@ -880,8 +887,8 @@ async fn own_limits_decide_alike_in_both_stores() {
                             Algorithm::SlidingWindow => sliding(&mut rng),
                             _ => random_policy(&mut rng, algorithm, name.clone()),
                         };
-                        on_memory.reload([policy.clone()]).unwrap();
-                        on_redis.reload([policy]).unwrap();
+                        on_memory.control().reload([policy.clone()]).unwrap();
+                        on_redis.control().reload([policy]).unwrap();
                         on_both(Op::Check, &on_memory, &on_redis, &key, cost).await
                     }
                     4 => on_both(Op::Refund, &on_memory, &on_redis, &key, cost).await,

@@ -164,6 +164,7 @@ async fn a_decision_reads_the_clock_once_whatever_the_key_holds() {
         );
         let key = Key::from("blocked");
         layer
+            .control()
             .block_for(&key, Duration::from_secs(60))
             .await
             .unwrap();
@@ -207,6 +208,7 @@ async fn a_decision_of_several_policies_reads_the_clock_once() {
             s.clone(),
             policy(set[last], 1_000).name(format!("p{n}-{last}")),
         )
+        .control()
         .block_for(&key, Duration::from_secs(60))
         .await
         .unwrap();

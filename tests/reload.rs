@@ -86,7 +86,7 @@ async fn raised_limit_keeps_usage(stores: impl Stores) {
         let clock = clock();
         let (layer, key) = used(&stores, algorithm, &clock, 5).await;
         clock.advance(Duration::from_millis(10));
-        let report = layer.reload([api(algorithm, 20)]).unwrap();
+        let report = layer.control().reload([api(algorithm, 20)]).unwrap();
         assert_eq!(report.changed.len(), 1, "{algorithm}: {report}");
         assert_eq!(
             remaining(&layer, &key).await,
@@ -101,7 +101,7 @@ async fn raised_limit_keeps_usage(stores: impl Stores) {
             !layer.check(&key, 1).await.unwrap().is_allowed(),
             "{algorithm}"
         );
-        layer.reload([api(algorithm, 10)]).unwrap();
+        layer.control().reload([api(algorithm, 10)]).unwrap();
         assert_eq!(
             remaining(&layer, &key).await,
             0,
@@ -121,7 +121,7 @@ async fn lowered_limit_keeps_usage(stores: impl Stores) {
     for algorithm in Algorithm::ALL {
         let clock = clock();
         let (layer, key) = used(&stores, algorithm, &clock, 5).await;
-        layer.reload([api(algorithm, 3)]).unwrap();
+        layer.control().reload([api(algorithm, 3)]).unwrap();
         let d = layer.check(&key, 1).await.unwrap();
         assert!(!d.is_allowed(), "{algorithm}: 5 used of 3");
         assert_eq!(d.tightest().remaining(), 0, "{algorithm}");
@@ -135,7 +135,7 @@ async fn lowered_limit_keeps_usage(stores: impl Stores) {
                 "{algorithm}"
             );
         }
-        layer.reload([api(algorithm, 10)]).unwrap();
+        layer.control().reload([api(algorithm, 10)]).unwrap();
         assert_eq!(
             remaining(&layer, &key).await,
             5,
@@ -152,8 +152,11 @@ async fn longer_window(stores: impl Stores) {
         let (layer, key) = used(&stores, algorithm, &clock, 6).await;
         clock.advance(Duration::from_secs(1));
         let hour = Duration::from_secs(3600);
-        layer.reload([api_per(algorithm, 10, hour)]).unwrap();
-        let d = layer.peek(&key).await.unwrap();
+        layer
+            .control()
+            .reload([api_per(algorithm, 10, hour)])
+            .unwrap();
+        let d = layer.control().peek(&key).await.unwrap();
         // Every algorithm keeps the 6 units (the buckets and GCRA less what refilled in the
         // second, less than one unit at either rate), so 4 remain.
         assert_eq!(d.tightest().remaining(), 4, "{algorithm}");
@@ -185,7 +188,13 @@ async fn longer_window(stores: impl Stores) {
 
 /// What a look at `key` finds remaining.
 async fn remaining<St: Store>(layer: &RateLimitLayer<St>, key: &Key) -> u64 {
-    layer.peek(key).await.unwrap().tightest().remaining()
+    layer
+        .control()
+        .peek(key)
+        .await
+        .unwrap()
+        .tightest()
+        .remaining()
 }
 
 fn clock_now(clock: &ManualClock) -> u64 {
@@ -249,7 +258,7 @@ async fn reload_under_load<St: Store>(store: St, algorithm: Algorithm) {
                 match reply.status {
                     StatusCode::OK => {
                         if admitted.fetch_add(1, Ordering::SeqCst) + 1 == 50 {
-                            layer.reload([api(algorithm, 200)]).unwrap();
+                            layer.control().reload([api(algorithm, 200)]).unwrap();
                             reloaded.store(true, Ordering::SeqCst);
                         }
                     }
@@ -314,7 +323,7 @@ async fn two_instances_reloaded_one_after_the_other_share_one_usage() {
         for _ in 0..4 {
             assert!(a.check(&key, 1).await.unwrap().is_allowed());
         }
-        b.reload([api(algorithm, 20)]).unwrap();
+        b.control().reload([api(algorithm, 20)]).unwrap();
         let mut admitted = 4;
         for i in 0..40 {
             let instance = if i % 2 == 0 { &a } else { &b };
@@ -326,7 +335,7 @@ async fn two_instances_reloaded_one_after_the_other_share_one_usage() {
         assert_eq!(admitted, 20, "{algorithm}");
         assert_eq!(remaining(&a, &key).await, 0, "{algorithm}");
         assert_eq!(remaining(&b, &key).await, 0, "{algorithm}");
-        a.reload([api(algorithm, 20)]).unwrap();
+        a.control().reload([api(algorithm, 20)]).unwrap();
         assert_eq!(remaining(&a, &key).await, 0, "{algorithm}");
     }
 }
@@ -351,10 +360,11 @@ async fn a_bad_reload_is_rejected_and_the_old_limits_stay() {
         vec![api(Algorithm::Gcra, 10), api(Algorithm::Gcra, 20)],
     ];
     for policies in bad {
-        let err = layer.reload(policies.clone()).unwrap_err();
+        let err = layer.control().reload(policies.clone()).unwrap_err();
         assert!(!err.to_string().is_empty(), "{policies:?}");
     }
     let err = layer
+        .control()
         .reload([api(Algorithm::TokenBucket, 2)])
         .unwrap_err()
         .to_string();
@@ -381,6 +391,7 @@ async fn the_report_names_what_changed() {
         .build()
         .unwrap();
     let report = layer
+        .control()
         .reload([
             Policy::gcra("10/s").name("api").tier("pro", "200/s"),
             Policy::fixed_window("1/h").name("exports"),
@@ -398,6 +409,7 @@ async fn the_report_names_what_changed() {
     assert!(!d.is_allowed());
     assert!(
         layer
+            .control()
             .reload([
                 Policy::gcra("10/s").name("api").tier("pro", "200/s"),
                 Policy::fixed_window("1/h").name("exports")
@@ -432,7 +444,10 @@ async fn the_deny_cache_forgets_denials_of_a_changed_policy() {
         send(&service, Request::new(())).await.status,
         StatusCode::TOO_MANY_REQUESTS
     );
-    layer.reload([api(Algorithm::FixedWindow, 3)]).unwrap();
+    layer
+        .control()
+        .reload([api(Algorithm::FixedWindow, 3)])
+        .unwrap();
     assert_eq!(
         send(&service, Request::new(())).await.status,
         StatusCode::OK

@@ -134,7 +134,7 @@ async fn send<St: Store>(layer: &RateLimitLayer<St>, headers: &[(&str, &str)]) -
 
 /// Units the key `u` has left in the layer's one policy.
 async fn left<St: Store>(layer: &RateLimitLayer<St>) -> u64 {
-    let decision = layer.peek(&Key::from("u")).await.unwrap();
+    let decision = layer.control().peek(&Key::from("u")).await.unwrap();
     decision.outcomes()[0].remaining()
 }
 
@@ -349,7 +349,7 @@ async fn bad_reports_are_clamped_never_a_panic() {
             &[("x-estimate", "5"), ("x-used", "99999999999999999999")],
         )
         .await;
-        let peek = layer.peek(&key).await.unwrap();
+        let peek = layer.control().peek(&key).await.unwrap();
         assert_eq!(peek.outcomes()[0].remaining(), 0);
         let owed = peek.outcomes()[0].reset_after();
         // GCRA at 100/h: 36 s a unit; reset = 200 units past a fresh key + the 95 it had used.
@@ -358,7 +358,7 @@ async fn bad_reports_are_clamped_never_a_panic() {
             Duration::from_secs(36 * (200 + 5)),
             "clamped at 2 x 100"
         );
-        layer.reset(&key).await.unwrap();
+        layer.control().reset(&key).await.unwrap();
     });
 }
 

@@ -469,6 +469,7 @@ async fn a_connection_follows_a_reload_of_its_policies() {
     assert!(admitted(&b).await, "another key");
     // 5 an hour from now: the 2 used still count.
     layer
+        .control()
         .reload([Policy::fixed_window("5/h").name("messages")])
         .unwrap();
     for n in 3..=5 {
@@ -480,7 +481,7 @@ async fn a_connection_follows_a_reload_of_its_policies() {
     assert_eq!(refused.unwrap_err().policy(), "messages");
     // And a reload again, to one that applies to another path only: nothing is decided.
     let other = (Policy::fixed_window("1/h").name("messages")).route(None, "/other");
-    layer.reload([other]).unwrap();
+    layer.control().reload([other]).unwrap();
     assert!(admitted(&a).await, "no policy applies");
 }
 

@@ -227,8 +227,8 @@ async fn add<St: Store, M, R>(
     }
     let entry = entry(text).map_err(|e| bad("network", &e.to_string()))?;
     Ok(match deny {
-        true => layer.deny(entry, until).await,
-        false => layer.allow(entry, until).await,
+        true => layer.control().deny(entry, until).await,
+        false => layer.control().allow(entry, until).await,
     })
 }
 
@@ -240,8 +240,8 @@ async fn remove<St: Store, M, R>(
 ) -> Result<Result<(), LimitError>, Response> {
     let entry = entry(text).map_err(|e| bad("network", &e.to_string()))?;
     Ok(match deny {
-        true => layer.remove_denied(entry).await,
-        false => layer.remove_allowed(entry).await,
+        true => layer.control().remove_denied(entry).await,
+        false => layer.control().remove_allowed(entry).await,
     })
 }
 

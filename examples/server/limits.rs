@@ -49,7 +49,7 @@ async fn set<St: Store, M, R>(
     if let Some(name) = query.keys().find(|k| *k != "quota" && *k != "until") {
         return Err(bad(name, "unknown parameter; expected quota and until"));
     }
-    let result = layer.set_limit(&policy, &key, quota, until).await;
+    let result = layer.control().set_limit(&policy, &key, quota, until).await;
     result
         .map(|_| StatusCode::NO_CONTENT.into_response())
         .map_err(failed)
@@ -60,7 +60,7 @@ async fn clear<St: Store, M, R>(
     (policy, key): (String, String),
 ) -> Result<Response, Response> {
     let key = Key::from(key);
-    let result = layer.clear_limit(&policy, &key).await;
+    let result = layer.control().clear_limit(&policy, &key).await;
     result
         .map(|_| StatusCode::NO_CONTENT.into_response())
         .map_err(failed)

@@ -147,7 +147,10 @@ fn app<St: Store>(
     let admin = Router::new()
         .route_service(
             "/admin/top",
-            layer.top_limited_service().guard(AdminGuardLayer::anyone()),
+            layer
+                .control()
+                .top_limited_service()
+                .guard(AdminGuardLayer::anyone()),
         )
         .merge(limits::routes(layer.clone()))
         .merge(abuse::routes(layer.clone(), abuse::lists_follow(config)))
@@ -242,10 +245,12 @@ fn reload_on_sighup<St: Store>(
                 policies.extend(adaptive.clone());
                 let lists = limits.lists().map_err(|e| format!("CONFIG {path}: {e}"))?;
                 let report = layer
+                    .control()
                     .reload(policies)
                     .map_err(|e| format!("CONFIG {path}: {e}"))?;
                 // Checked before: it fails only on a malformed entry, which `lists` reports.
                 layer
+                    .control()
                     .reload_lists(&lists)
                     .map_err(|e| format!("CONFIG {path}: {e}"))?;
                 Ok(report)

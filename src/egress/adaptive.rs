@@ -23,7 +23,7 @@ use crate::store::Store;
 /// limit goes back up by [`increase`](Self::increase) of the configured limit at most once
 /// every [`raise_every`](Self::raise_every), for every instance together, up to the
 /// configured limit. A lowered limit is a key's own limit in the store
-/// ([`RateLimitLayer::set_limit`]): every instance sends at it, and it ends
+/// ([`RateLimitControl::set_limit`](crate::RateLimitControl::set_limit)): every instance sends at it, and it ends
 /// [`forget_after`](Self::forget_after) its last change without news.
 ///
 /// Refusals of calls admitted under the same limit all lower it to the same value: a burst
@@ -203,7 +203,12 @@ impl<St: Store> Adapt<St> {
             let mut next_try = self.next_try.lock().unwrap_or_else(|e| e.into_inner());
             remember(&mut next_try, key, now_us, now_us.saturating_add(every));
         }
-        if let Err(error) = self.gate.block_for(key, self.rate.raise_every).await {
+        if let Err(error) = self
+            .gate
+            .control()
+            .block_for(key, self.rate.raise_every)
+            .await
+        {
             tracing::warn!(%error, "an adaptive limit's next raise could not be kept in the store");
         }
     }
@@ -258,8 +263,10 @@ pub(super) async fn apply<St: Store>(
             },
             None => None,
         };
-        let limiter = layer.limiter();
-        let changed = match limiter.limit_key(tier.name(), key, quota, until_us) {
+        let changed = match layer
+            .controls()
+            .limit_key(tier.name(), key, quota, until_us)
+        {
             Ok(answer) => answer.await.map_err(LimitError::Store),
             Err(error) => Err(error),
         };

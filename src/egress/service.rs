@@ -254,7 +254,7 @@ fn waited(decision: &Decision) {
 /// gives back the first.
 async fn hold<St: Store>(learn: &Learn<St>, key: &Key, units: u64) -> Result<(), GaveUp> {
     let units = u32::try_from(units).unwrap_or(u32::MAX);
-    while let Ok(seen) = learn.pause.peek(key).await
+    while let Ok(seen) = learn.pause.control().peek(key).await
         && !seen.is_allowed()
     {
         let Ok(again) = learn.layer.check(key, units).await else {
@@ -359,12 +359,12 @@ impl<St: Store> Learning<St> {
         if self.seen.is_empty() {
             return None;
         }
-        let limiter = self.learn.layer.limiter();
-        let configured = |t: &Tier| limiter.configured_limit(t.id()).unwrap_or(t.limit());
+        let control = self.learn.layer.controls();
+        let configured = |t: &Tier| control.configured_limit(t.id()).unwrap_or(t.limit());
         let seen = self.seen.iter().map(|a| (&a.tier, a.limit));
         let changes = match step {
             DOWN => adapt.lowered(seen, configured),
-            _ => adapt.raised(&self.key, limiter.now_us(), seen, configured)?,
+            _ => adapt.raised(&self.key, control.engine().now_us(), seen, configured)?,
         };
         (!changes.is_empty()).then_some((changes, step))
     }
@@ -434,8 +434,8 @@ impl<St: Store> Learning<St> {
 /// at the pause's own policy before they are sent).
 async fn keep<St: Store>(learn: &Learn<St>, key: &Key, duration: Duration) {
     let duration = duration.min(learn.max_pause);
-    let kept = learn.layer.block_for(key, duration).await;
-    let seen = learn.pause.block_for(key, duration).await;
+    let kept = learn.layer.control().block_for(key, duration).await;
+    let seen = learn.pause.control().block_for(key, duration).await;
     if let Some(error) = kept.err().or(seen.err()) {
         tracing::warn!(%error, "the upstream's pause could not be kept in the store");
     }

@@ -111,7 +111,7 @@ impl<St: Store, R> RateLimitLayerBuilder<St, R> {
     /// Gives the layer allow and deny lists of networks and keys (see [`Lists`]): a request
     /// on the deny list is answered `403`, one on the allow list is neither limited nor
     /// counted. Entries can then also be added at runtime, kept in the store
-    /// ([`RateLimitLayer::deny_key`](crate::RateLimitLayer::deny_key)). A layer without
+    /// ([`RateLimitControl::deny_key`](crate::RateLimitControl::deny_key)). A layer without
     /// lists pays nothing for them. In memory, a request pays the match of the lists given,
     /// and a look at its key's runtime entries once one was ever added to the store; with
     /// Redis, the entries are read in the decision's one call.
@@ -295,8 +295,8 @@ impl<St: Store, R> RateLimitLayerBuilder<St, R> {
 
     /// Keeps, per policy, a summary of the keys it denied over a sliding period, in fixed
     /// memory, to answer "who is being limited right now?" (default: off): see the
-    /// [`top`](crate::top) module, [`RateLimitLayer::top_limited`] and
-    /// [`RateLimitLayer::top_limited_service`].
+    /// [`top`](crate::top) module, [`RateLimitControl::top_limited`](crate::RateLimitControl::top_limited) and
+    /// [`RateLimitControl::top_limited_service`](crate::RateLimitControl::top_limited_service).
     ///
     /// Only denied requests pay for it (a lock and a hash lookup); admitted ones carry their
     /// keys along, as they do with the deny cache.
@@ -320,7 +320,7 @@ impl<St: Store, R> RateLimitLayerBuilder<St, R> {
     /// range (such as [`top_limited`](Self::top_limited)'s).
     pub fn build(self) -> Result<RateLimitLayer<St, Wrapped, R>, ConfigError> {
         Ok(RateLimitLayer {
-            limiter: Arc::new(Limiter::new(
+            control: Arc::new(Limiter::build(
                 self.store,
                 self.o,
                 self.lists,

@@ -3,43 +3,18 @@
 
 use std::future::Ready;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::SystemTime;
 
 use super::Limiter;
 use super::route::Lane;
 use crate::decision::{Decision, PolicyOutcome};
-use crate::error::{LimitError, StoreError};
+use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::{CompiledPolicy, Tier};
-use crate::quota::Quota;
 use crate::store::{Check, Checks, Enforced, Op, Store, TOGETHER};
-use crate::top::{LimitedKey, TopLimitedService, TopReport};
 use smallvec::SmallVec;
 
 impl<St: Store> Limiter<St> {
-    /// The `n` keys `policy` denied most (none when the layer keeps no summary).
-    pub(crate) fn top_limited(&self, policy: &str, n: usize) -> Vec<LimitedKey> {
-        let Some(top) = &self.top else {
-            return Vec::new();
-        };
-        top.top(policy, n, self.clock.now_micros()).into_keys()
-    }
-
-    /// [`Limiter::top_limited`] of every policy, with how many requests each denied.
-    pub(crate) fn top_limited_reports(&self, n: usize) -> Vec<TopReport> {
-        match &self.top {
-            Some(top) => top.top_all(n, self.clock.now_micros()),
-            None => Vec::new(),
-        }
-    }
-
-    /// The JSON admin route of the summary.
-    pub(crate) fn top_limited_service(&self) -> TopLimitedService {
-        TopLimitedService::new(self.top.clone(), self.clock.clone())
-    }
-
     /// Counts each policy that denied the request (shadow or not) in its summary of the keys
     /// denied, when the layer keeps one.
     #[inline]
@@ -124,42 +99,6 @@ impl<St: Store> Limiter<St> {
         self.store_decision(checks)
     }
 
-    /// Puts `key` under a limit of its own in the tier named `name` (`quota`, until `until_us`
-    /// on the store's clock; 0 for the longest, [`MAX_WINDOW`](crate::MAX_WINDOW) from the
-    /// store's present), or back under the tier's own quota (`quota` `None`). Its leases here
-    /// are forgotten, as a block forgets them.
-    pub(crate) fn limit_key(
-        &self,
-        name: &str,
-        key: &Key,
-        quota: Option<Quota>,
-        until_us: u64,
-    ) -> Result<Answer<St::Future>, LimitError> {
-        let policies = self.policies.load();
-        let (policy, tier) = policies
-            .iter()
-            .find_map(|p| p.tier_named(name).map(|t| (p, t)))
-            .ok_or_else(|| LimitError::UnknownPolicy(name.to_owned()))?;
-        let keys = policy.entry_keys(key).map_err(LimitError::Entry)?;
-        let (tier, op) = match quota {
-            Some(quota) => {
-                let own = tier.relimited(quota).map_err(LimitError::Quota)?;
-                (Arc::new(own), Op::Limit { until: until_us })
-            }
-            None => (tier.clone(), Op::Unlimit),
-        };
-        let mut checks = Checks::new();
-        for key in keys {
-            if let Some(leases) = self.leases() {
-                leases.forget(tier.id(), &key);
-            }
-            self.forget_denial(tier.id(), &key);
-            checks.push(Check::new(tier.clone(), key, 0, op));
-        }
-        drop(policies);
-        Ok(self.store_decision(checks))
-    }
-
     /// [`key_decision`](Self::key_decision) of a key longer than
     /// [`LONGEST`](crate::key::LONGEST), as the layer keeps it: its hash.
     #[cold]
@@ -185,7 +124,7 @@ impl<St: Store> Limiter<St> {
     }
 
     /// Forgets what the deny cache and the denials remembered know of `key` in the tier `id`.
-    fn forget_denial(&self, id: u32, key: &Key) {
+    pub(super) fn forget_denial(&self, id: u32, key: &Key) {
         if let Some(cache) = &self.deny_cache {
             cache.forget(id, key);
         }
@@ -194,38 +133,9 @@ impl<St: Store> Limiter<St> {
         }
     }
 
-    /// The limit of the layer's tier `id` as configured (not a key's own), if it has one.
-    pub(crate) fn configured_limit(&self, id: u32) -> Option<u64> {
-        let policies = self.policies.load();
-        let mut tiers = policies.iter().flat_map(|p| p.tiers());
-        tiers.find(|t| t.id() == id).map(|t| t.limit())
-    }
-
     /// The layer's present, in microseconds since 1970.
     pub(crate) fn now_us(&self) -> u64 {
         self.clock.now_micros()
-    }
-
-    /// `until` in microseconds since 1970, and the layer's present: an end that is not after
-    /// the present, or that microseconds cannot count exactly, is an error naming `until`.
-    pub(crate) fn until_us(&self, until: SystemTime) -> Result<(u64, u64), LimitError> {
-        let us = until
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .ok()
-            .and_then(|d| u64::try_from(d.as_micros()).ok())
-            .filter(|us| *us <= crate::algorithm::MAX_EXACT)
-            .ok_or_else(|| {
-                LimitError::Until(format!(
-                    "{until:?} is not a time from 1970 to 2255 (2^53 microseconds)"
-                ))
-            })?;
-        let now = self.clock.now_micros();
-        if us <= now {
-            return Err(LimitError::Until(format!(
-                "{until:?} is not after the present ({now} microseconds since 1970)"
-            )));
-        }
-        Ok((us, now))
     }
 
     /// `checks` decided by the store: at once where it can, else its future.

@@ -10,16 +10,12 @@
 //! registry's records only once an entry was ever added (`Registry::listed`): a layer with
 //! lists keeps its lane.
 
-use std::future::Future;
-use std::time::SystemTime;
-
 use super::route::Pending;
 use super::{Limiter, Next};
 use crate::decision::Decision;
-use crate::error::{ConfigError, LimitError};
-use crate::key::{Cidr, Key, RequestRef};
-use crate::lists::{Judged, Lists, Why};
-use crate::store::{Check, Checks, Listed, Listing, Op, Store, Stored};
+use crate::key::{Key, RequestRef};
+use crate::lists::{Judged, Why};
+use crate::store::{Check, Checks, Listing, Op, Store};
 
 impl<St: Store> Limiter<St> {
     /// What the lists say of `request` on a store that does not decide at once (in memory
@@ -170,92 +166,6 @@ impl<St: Store> Limiter<St> {
         Next::nothing()
     }
 
-    /// Puts `key` on the deny list (`deny`) or the allow list until `until` (`None`: until it
-    /// is removed), kept in the store; or takes it off (`remove`). An end already past is an
-    /// error, never a removal.
-    pub(crate) fn list_key(
-        &self,
-        deny: bool,
-        key: &Key,
-        until: Option<SystemTime>,
-        remove: bool,
-    ) -> Result<impl Future<Output = Result<(), LimitError>> + use<St>, LimitError> {
-        let lists = self
-            .lists
-            .as_ref()
-            .filter(|l| l.present().in_store())
-            .ok_or(LimitError::NoLists)?;
-        let keys = (lists.present().entry_keys(key)).map_err(LimitError::Entry)?;
-        let now = self.clock.now_micros();
-        let us = match (remove, until) {
-            (true, _) => 0,
-            (false, None) => LISTED_FOR_GOOD_US,
-            (false, Some(until)) => {
-                let (until, now) = self.until_us(until)?;
-                (until - now).min(LISTED_FOR_GOOD_US)
-            }
-        };
-        self.store.registry().mark_listed();
-        let mut kept = Vec::with_capacity(keys.len());
-        for key in keys {
-            if !deny && !remove {
-                self.forget_denials(&key);
-            }
-            // This instance holds its own word through an outage of the store.
-            if deny && let Some(remembered) = &self.remembered {
-                match us {
-                    0 => remembered.unlisted(&key),
-                    us => remembered.listed(key.clone(), now.saturating_add(us), now),
-                }
-            }
-            kept.push(self.store.keep_entry(key, deny, us, now));
-        }
-        Ok(async move {
-            for entry in kept {
-                entry.await.map_err(LimitError::Store)?;
-            }
-            Ok(())
-        })
-    }
-
-    /// Puts `network` on the deny list (`deny`) or the allow list until `until` (`None`:
-    /// until it is removed), or takes it off (`remove`): in the registry's networks at once
-    /// in memory; with Redis in the string every instance reads, and this instance's then.
-    pub(crate) fn list_network(
-        &self,
-        deny: bool,
-        network: Cidr,
-        until: Option<SystemTime>,
-        remove: bool,
-    ) -> Result<impl Future<Output = Result<(), LimitError>> + use<St>, LimitError> {
-        self.lists
-            .as_ref()
-            .filter(|l| l.present().in_store())
-            .ok_or(LimitError::NoLists)?;
-        let now = self.clock.now_micros();
-        let until_us = match (remove, until) {
-            (true, _) => now,
-            (false, None) => now.saturating_add(LISTED_FOR_GOOD_US),
-            (false, Some(until)) => self.until_us(until)?.0,
-        };
-        let entry = Listed::new(network, deny, until_us);
-        let stored = self.store.store_network(entry, remove, now);
-        let store = self.store.clone();
-        Ok(async move {
-            let networks = store.registry().networks();
-            match stored.await.map_err(LimitError::Store)? {
-                Stored::Here => networks
-                    .change(entry, remove, now)
-                    .map_err(LimitError::Network)?,
-                // The store kept it within its bound; what is held here past it holds
-                // entries the store dropped, which the next read corrects.
-                Stored::Kept => drop(networks.change(entry, remove, now)),
-                Stored::Full => return Err(LimitError::Network(crate::store::full_networks())),
-            }
-            Ok(())
-        })
-    }
-
     /// The layer's time, in microseconds (what a connection's messages refused locally are
     /// timed on, `streams/decide.rs`).
     pub(crate) fn now_micros(&self) -> u64 {
@@ -267,20 +177,4 @@ impl<St: Store> Limiter<St> {
     pub(crate) fn policies_id(&self) -> usize {
         std::ptr::from_ref::<super::route::Route>(&self.policies.load()) as usize
     }
-
-    /// Replaces the lists given to the layer (its runtime entries stay).
-    pub(crate) fn reload_lists(&self, lists: &Lists) -> Result<(), ConfigError> {
-        let Some(present) = &self.lists else {
-            return Err(ConfigError::new(
-                "the layer was built without lists; build it with .lists(Lists::new()) to reload them",
-            ));
-        };
-        let compiled = lists.compile(&self.key)?;
-        crate::lists::leases_with_lists::<St>(self.leases().is_some(), compiled.in_store())?;
-        present.replace(compiled);
-        Ok(())
-    }
 }
-
-/// How long an entry without an end lasts: a hundred years.
-const LISTED_FOR_GOOD_US: u64 = 100 * 365 * 86_400 * 1_000_000;

@@ -270,7 +270,7 @@ impl Tier {
     }
 
     /// The tier a key of this one is decided under with a limit of its own of `quota`
-    /// (`RateLimitLayer::set_limit`): the same name, place and definition in the store, the
+    /// (`RateLimitControl::set_limit`): the same name, place and definition in the store, the
     /// same way of taking part, its algorithm with that quota. A calendar tier's key keeps its
     /// period; a concurrency limit is the same for every key.
     pub(crate) fn relimited(&self, quota: Quota) -> Result<Tier, ConfigError> {

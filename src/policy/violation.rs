@@ -11,7 +11,7 @@ impl Policy {
     /// is kept in the store beside the key's state and decided in the decision's one call, so
     /// every instance sees it; `Retry-After` and the headers count to its end, the deny cache
     /// remembers it, and `ratelimit_blocks_total{policy, level}` counts each block.
-    /// [`RateLimitLayer::reset`](crate::RateLimitLayer::reset) lifts the block and forgets
+    /// [`RateLimitControl::reset`](crate::RateLimitControl::reset) lifts the block and forgets
     /// the level. See the [abusive clients guide](crate::guide::abuse).
     ///
     /// For an enforced policy without leases; with another way of taking part it is an error

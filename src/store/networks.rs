@@ -1,5 +1,5 @@
 //! Networks put on the allow or deny list at runtime
-//! ([`RateLimitLayer::deny_network`](crate::RateLimitLayer::deny_network)). A key's entry is
+//! ([`RateLimitControl::deny_network`](crate::RateLimitControl::deny_network)). A key's entry is
 //! one state the store reads with the key's decision; a network names no key, and a request
 //! would have to ask for every network its address could be in. Networks listed at runtime
 //! are few, so every instance holds all of them ([`Networks`], in the store's registry) and

@@ -13,7 +13,7 @@ use crate::clock::Clock;
 use crate::response::push_json_str;
 
 /// A JSON admin route reporting the heaviest denied keys, made by
-/// [`RateLimitLayer::top_limited_service`](crate::RateLimitLayer::top_limited_service).
+/// [`RateLimitControl::top_limited_service`](crate::RateLimitControl::top_limited_service).
 ///
 /// `GET` answers `200` with every policy's report, or one policy's with `?policy=<name>`;
 /// `n=<count>` sets how many keys each report lists (default 10, at most the summary's size):

@@ -25,17 +25,19 @@ pub async fn everything(store: &RedisStore, flush: impl Fn()) {
             assert!(layer.check(&key, 1).await.unwrap().is_allowed());
         }
         assert!(!layer.check(&key, 1).await.unwrap().is_allowed());
-        layer.peek(&key).await.unwrap();
+        layer.control().peek(&key).await.unwrap();
         layer.refund(&key, 1).await.unwrap();
         layer.penalize(&key, 1).await.unwrap();
         layer
+            .control()
             .block_for(&key, Duration::from_secs(60))
             .await
             .unwrap();
         assert!(!layer.check(&key, 1).await.unwrap().is_allowed());
-        layer.reset(&key).await.unwrap();
+        layer.control().reset(&key).await.unwrap();
         assert!(layer.check(&key, 1).await.unwrap().is_allowed());
         layer
+            .control()
             .reload([Policy::new(algorithm, "5/h").name(algorithm.name())])
             .unwrap();
         assert!(layer.check(&key, 1).await.unwrap().is_allowed());

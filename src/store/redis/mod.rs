@@ -114,7 +114,7 @@ pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_millis(50);
 /// A key is `<prefix><policy name>:{<caller key>}`: the caller's key, escaped (or hashed when
 /// longer than 64 bytes), is the cluster hash tag, so every policy of one caller key lives in
 /// one hash slot, and nothing a client sends can choose the hash slot or reach another key. A block
-/// ([`RateLimitLayer::block_for`](crate::RateLimitLayer::block_for)) is kept in that key
+/// ([`RateLimitControl::block_for`](crate::RateLimitControl::block_for)) is kept in that key
 /// itself (after a `|` in a string state; as a member `block:<end>` scored `+inf` in the
 /// sliding log's sorted set), whose TTL then lasts at least to the block's end: a decision
 /// finds a block with the read it makes anyway, and a key never blocked pays nothing for it.

@@ -60,7 +60,7 @@ impl Marks {
     }
 }
 
-/// A key's own limit (`RateLimitLayer::set_limit`): its policy's tier with the key's quota
+/// A key's own limit (`RateLimitControl::set_limit`): its policy's tier with the key's quota
 /// (which the key's outcomes report), until `until`.
 #[derive(Debug)]
 pub(super) struct Limit {

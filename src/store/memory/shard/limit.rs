@@ -1,4 +1,4 @@
-//! A key's own limit (`RateLimitLayer::set_limit`): set on its row, and the conversion of
+//! A key's own limit (`RateLimitControl::set_limit`): set on its row, and the conversion of
 //! its state between the policy's definition and the key's limit.
 
 use std::sync::Arc;

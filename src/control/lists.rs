@@ -3,13 +3,13 @@
 
 use std::time::SystemTime;
 
-use super::RateLimitLayer;
+use super::RateLimitControl;
 use crate::error::{ConfigError, LimitError};
 use crate::key::{Cidr, Key};
 use crate::lists::Entry;
 use crate::store::Store;
 
-impl<St: Store, M, R> RateLimitLayer<St, M, R> {
+impl<St: Store> RateLimitControl<St> {
     /// Puts `entry` on the deny list until `until` (`None`: until
     /// [`remove_denied`](Self::remove_denied)), kept in the store: the same entries as
     /// [`Lists::deny`](crate::lists::Lists::deny) takes, meaning the same. A network (or an
@@ -29,8 +29,8 @@ impl<St: Store, M, R> RateLimitLayer<St, M, R> {
     ///     .build()?;
     /// for text in ["203.0.113.0/24", "scraper-7"] {
     ///     let entry: Entry = text.parse()?;
-    ///     layer.deny(entry.clone(), None).await?;
-    ///     layer.remove_denied(entry).await?;
+    ///     layer.control().deny(entry.clone(), None).await?;
+    ///     layer.control().remove_denied(entry).await?;
     /// }
     /// # Ok(())
     /// # }
@@ -92,8 +92,8 @@ impl<St: Store, M, R> RateLimitLayer<St, M, R> {
     ///     .build()?;
     /// // A day off for a scraper.
     /// let tomorrow = SystemTime::now() + Duration::from_secs(86_400);
-    /// layer.deny_key(&Key::from("scraper-7"), Some(tomorrow)).await?;
-    /// layer.remove_denied(&Key::from("scraper-7")).await?;
+    /// layer.control().deny_key(&Key::from("scraper-7"), Some(tomorrow)).await?;
+    /// layer.control().remove_denied(&Key::from("scraper-7")).await?;
     /// # Ok(())
     /// # }
     /// ```
@@ -138,7 +138,7 @@ impl<St: Store, M, R> RateLimitLayer<St, M, R> {
         until: Option<SystemTime>,
         remove: bool,
     ) -> Result<(), LimitError> {
-        self.limiter.list_key(deny, key, until, remove)?.await
+        self.control.list_key(deny, key, until, remove)?.await
     }
 
     /// Replaces the networks and keys given to the layer's lists, e.g. when its configuration
@@ -154,7 +154,7 @@ impl<St: Store, M, R> RateLimitLayer<St, M, R> {
     /// layer was built without lists, or when the new lists keep entries in the store beside
     /// policies that take leases.
     pub fn reload_lists(&self, lists: &crate::lists::Lists) -> Result<(), ConfigError> {
-        self.limiter.reload_lists(lists)
+        self.control.reload_lists(lists)
     }
 
     /// Puts the network `network` on the deny list until `until` (`None`: until
@@ -183,8 +183,8 @@ impl<St: Store, M, R> RateLimitLayer<St, M, R> {
     ///     .lists(Lists::new())
     ///     .build()?;
     /// let network: Cidr = "203.0.113.0/24".parse()?;
-    /// layer.deny_network(network, None).await?;
-    /// layer.remove_denied_network(network).await?;
+    /// layer.control().deny_network(network, None).await?;
+    /// layer.control().remove_denied_network(network).await?;
     /// # Ok(())
     /// # }
     /// ```
@@ -193,14 +193,14 @@ impl<St: Store, M, R> RateLimitLayer<St, M, R> {
         network: Cidr,
         until: Option<SystemTime>,
     ) -> Result<(), LimitError> {
-        self.limiter
+        self.control
             .list_network(true, network, until, false)?
             .await
     }
 
     /// Takes `network` off the deny list (see [`deny_network`](Self::deny_network)).
     pub async fn remove_denied_network(&self, network: Cidr) -> Result<(), LimitError> {
-        self.limiter.list_network(true, network, None, true)?.await
+        self.control.list_network(true, network, None, true)?.await
     }
 
     /// Puts the network `network` on the allow list until `until` (`None`: until
@@ -212,13 +212,13 @@ impl<St: Store, M, R> RateLimitLayer<St, M, R> {
         network: Cidr,
         until: Option<SystemTime>,
     ) -> Result<(), LimitError> {
-        self.limiter
+        self.control
             .list_network(false, network, until, false)?
             .await
     }
 
     /// Takes `network` off the allow list (see [`allow_network`](Self::allow_network)).
     pub async fn remove_allowed_network(&self, network: Cidr) -> Result<(), LimitError> {
-        self.limiter.list_network(false, network, None, true)?.await
+        self.control.list_network(false, network, None, true)?.await
     }
 }

@@ -172,20 +172,20 @@ pub fn entry(text: &str, bytes: &[u8], secs: u64) {
         let _ = future.poll(&mut cx);
     };
     poll(std::pin::pin!(async {
-        let _ = layer.deny_key(&key, until).await;
+        let _ = layer.control().deny_key(&key, until).await;
     }));
     poll(std::pin::pin!(async {
-        let _ = layer.allow_key(&key, until).await;
+        let _ = layer.control().allow_key(&key, until).await;
     }));
     // The same text as a list entry, put on and taken off as the runtime operations take it.
     if let Ok(entry) = text.parse::<crate::lists::Entry>() {
         poll(std::pin::pin!(async {
-            let _ = layer.deny(entry.clone(), until).await;
-            let _ = layer.remove_denied(entry).await;
+            let _ = layer.control().deny(entry.clone(), until).await;
+            let _ = layer.control().remove_denied(entry).await;
         }));
     }
     poll(std::pin::pin!(async {
-        let _ = layer.set_limit("fuzz", &key, "5/s", until).await;
+        let _ = layer.control().set_limit("fuzz", &key, "5/s", until).await;
     }));
 }
 

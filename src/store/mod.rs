@@ -26,7 +26,7 @@ pub(crate) use check::{Check, Checks, Enforced};
 pub(crate) use entries::{Entries, Listing};
 pub(crate) use memory::TOGETHER;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
-pub(crate) use networks::{Age, Listed, Networks, Stored, full as full_networks};
+pub(crate) use networks::{Listed, Networks, Stored, full as full_networks};
 pub(crate) use op::Op;
 
 use crate::algorithm::Compiled;

@@ -20,7 +20,7 @@ use crate::algorithm::compact;
 use crate::decision::Decision;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::Key;
-use crate::store::Age;
+use crate::store::networks::Age;
 use crate::store::{Check, Checks, Op};
 use crate::store::{Listed, Registry, private};
 

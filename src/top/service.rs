@@ -46,6 +46,7 @@ use crate::response::push_json_str;
 /// let admin: Router = Router::new().route_service(
 ///     "/admin/top",
 ///     layer
+///         .control()
 ///         .top_limited_service()
 ///         .guard(AdminGuardLayer::token(AdminToken::new("a-long-random-secret")?)),
 /// );
